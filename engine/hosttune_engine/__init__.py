@@ -1,0 +1,3 @@
+"""hosttune's bundled inference engine."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from hosttune.cli import main
+
+main()

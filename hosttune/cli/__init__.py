@@ -1,0 +1,8 @@
+"""The `hosttune` command line. Each command module registers itself on `app`."""
+
+from hosttune.cli.app import app
+from hosttune.cli import check as _check  # noqa: F401  (registers commands)
+
+
+def main() -> None:
+    app()

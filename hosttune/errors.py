@@ -1,0 +1,25 @@
+"""Errors a user can act on. Each message says what to fix."""
+
+
+class HosttuneError(Exception):
+    """Base of every error caused by user input or host state, not by a bug."""
+
+
+class InventoryError(HosttuneError):
+    """The inventory file is malformed; the message names file, line and field."""
+
+
+class ProfileError(HosttuneError):
+    """A playbook (profile) is malformed or unknown."""
+
+
+class TransportError(HosttuneError):
+    """A host could not be reached or a command could not be sent."""
+
+
+class HostKeyError(TransportError):
+    """A host's SSH key is unknown or has changed."""
+
+
+class ProbeError(HosttuneError):
+    """A probe's output could not be understood."""

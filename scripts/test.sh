@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Set up everything the test suite needs on a fresh Debian/Ubuntu machine, then run it.
+# As root it also installs the packages the live tests need (systemd-nspawn, debootstrap).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    need=()
+    for pkg in systemd-container debootstrap openssh-client nginx-light; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+    done
+    if [ ${#need[@]} -gt 0 ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    fi
+fi
+
+python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+# The CPU build of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
+.venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e . -e ./engine -r requirements-test.txt
+
+.venv/bin/python -m pytest -q "$@"
