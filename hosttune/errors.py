@@ -23,3 +23,7 @@ class HostKeyError(TransportError):
 
 class ProbeError(HosttuneError):
     """A probe's output could not be understood."""
+
+
+class BenchError(HosttuneError):
+    """A load test was misconfigured, or its target could not be used."""

@@ -1,0 +1,249 @@
+"""The load generator: closed-loop users or an open-loop arrival process, bounded by
+time or request count, with a warm-up period and a measurement of its own lag.
+
+- Closed loop (`users=N`): N users each send a request, wait for the whole response,
+  and send the next one at once.
+- Open loop (`rate=R`): requests arrive at R per second whatever the server does;
+  inter-arrival gaps are gamma-distributed with shape `burstiness` (1 is a Poisson
+  process; below 1 burstier, above 1 more regular), mean 1/R.
+
+The run sends requests for `warmup` seconds (not measured), then for `duration`
+seconds or until `num_requests` measured requests have been sent, then waits up to
+`drain_timeout` for the requests still running and cancels the rest. It always stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import time
+from array import array
+from dataclasses import dataclass
+from typing import Callable
+
+from hosttune.bench.client import Client, StreamResult
+from hosttune.bench.distributions import LengthDistribution
+from hosttune.bench.prompts import PromptBuilder
+from hosttune.bench.record import CANCELLED, LagSample, RequestRecord
+from hosttune.errors import BenchError
+
+LAG_INTERVAL = 0.005  # seconds between two loop-lag samples
+
+
+@dataclass(frozen=True)
+class Load:
+    """How much load to offer and for how long."""
+
+    users: int | None = None
+    rate: float | None = None
+    burstiness: float = 1.0
+    duration: float | None = None  # measured seconds, after the warm-up
+    num_requests: int | None = None  # measured requests, after the warm-up
+    warmup: float = 0.0
+    drain_timeout: float = 60.0
+    max_in_flight: int = 4096  # open loop: past this, arrivals wait (and show as send lag)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.users is None) == (self.rate is None):
+            raise BenchError("give either --users N (closed loop) or --rate R (open loop)")
+        if self.users is not None and self.users < 1:
+            raise BenchError(f"--users {self.users}: need at least one user")
+        if self.rate is not None and self.rate <= 0:
+            raise BenchError(f"--rate {self.rate:g}: the rate must be positive")
+        if self.burstiness <= 0:
+            raise BenchError(f"--burstiness {self.burstiness:g}: must be positive")
+        if (self.duration is None) == (self.num_requests is None):
+            raise BenchError("give either --duration or --requests, to bound the run")
+        if (self.duration or 1) <= 0 or (self.num_requests or 1) < 1 or self.warmup < 0:
+            raise BenchError("--duration, --requests and --warmup must be positive")
+
+    @property
+    def mode(self) -> str:
+        return "users" if self.users is not None else "rate"
+
+
+@dataclass(frozen=True)
+class Progress:
+    elapsed: float
+    num_sent: int
+    num_done: int
+    num_ok: int
+    num_errors: int
+    num_in_flight: int
+    is_warmup: bool
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    requests: tuple[RequestRecord, ...]
+    loop_lag: tuple[LagSample, ...]
+    warmup_end: float
+    window: tuple[float, float]
+    client_cpu: float
+
+
+class LoadGenerator:
+    """Runs one load pattern through one client; see the module docstring."""
+
+    def __init__(self, client: Client, load: Load, prompts: PromptBuilder,
+                 prompt_lengths: LengthDistribution, output_lengths: LengthDistribution,
+                 on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.client = client
+        self.load = load
+        self.prompts = prompts
+        self.prompt_lengths = prompt_lengths
+        self.output_lengths = output_lengths
+        self.on_progress = on_progress
+        self.rng = random.Random(load.seed)
+        self.records: list[RequestRecord] = []
+        self.lag: list[LagSample] = []
+        self.tasks: set[asyncio.Task] = set()
+        self.num_sent = 0
+        self.num_measured_sent = 0
+        self.t0 = 0.0
+        self.is_stopping = False
+        self.all_sent = asyncio.Event()
+
+    async def run(self) -> LoadResult:
+        self.t0 = time.perf_counter()
+        cpu0 = time.process_time()
+        gc.freeze()  # setup objects never need collecting again: shorter GC pauses
+        watchers = [asyncio.create_task(self._sample_lag())]
+        if self.on_progress:
+            watchers.append(asyncio.create_task(self._report_progress()))
+        try:
+            await (self._closed_loop() if self.load.mode == "users" else self._open_loop())
+            stop = self._now()
+            await self._drain()
+        finally:
+            for watcher in watchers:
+                watcher.cancel()
+            gc.unfreeze()
+        cpu = (time.process_time() - cpu0) / max(self._now(), 1e-9)
+        return LoadResult(tuple(sorted(self.records, key=lambda r: r.index)), tuple(self.lag),
+                          self.load.warmup, self._window(stop), cpu)
+
+    def _now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _window(self, stop: float) -> tuple[float, float]:
+        start = self.load.warmup
+        if self.load.duration is not None:
+            return start, start + self.load.duration
+        ends = [r.end for r in self.records if not r.is_warmup and r.outcome != CANCELLED]
+        return start, max(ends, default=stop)
+
+    def _may_send(self, now: float) -> bool:
+        if self.is_stopping:
+            return False
+        if now < self.load.warmup:
+            return True
+        if self.load.duration is not None:
+            return now < self.load.warmup + self.load.duration
+        return self.num_measured_sent < self.load.num_requests
+
+    # Phase: offering load.
+
+    async def _closed_loop(self) -> None:
+        for _ in range(self.load.users):
+            self._spawn(self._user())
+        if self.load.duration is not None:
+            await asyncio.sleep(self.load.warmup + self.load.duration - self._now())
+        else:
+            await self.all_sent.wait()
+
+    async def _user(self) -> None:
+        while self._may_send(self._now()):
+            await self._send(self._now())
+
+    async def _open_loop(self) -> None:
+        rate, shape = self.load.rate, self.load.burstiness
+        arrival = 0.0
+        while self._may_send(arrival):
+            delay = arrival - self._now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            while len(self.tasks) >= self.load.max_in_flight:
+                await asyncio.sleep(LAG_INTERVAL)
+            self._spawn(self._send(arrival))
+            arrival += self.rng.gammavariate(shape, 1.0 / (rate * shape))
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _send(self, scheduled: float) -> None:
+        index = self.num_sent
+        is_warmup = scheduled < self.load.warmup
+        self.num_sent += 1
+        self.num_measured_sent += not is_warmup
+        if self.load.num_requests is not None and self.num_measured_sent >= self.load.num_requests:
+            self.all_sent.set()
+        prompt_tokens = self.prompt_lengths.sample(self.rng, index)
+        max_tokens = self.output_lengths.sample(self.rng, index)
+        prompt = self.prompts.build(prompt_tokens)
+        sent = self._now()
+        try:
+            result = await self.client.stream(prompt, max_tokens)
+        except asyncio.CancelledError:
+            self.records.append(_cancelled(index, scheduled, sent, self._now(), prompt_tokens,
+                                           max_tokens, is_warmup))
+            raise
+        self.records.append(self._record(result, index, scheduled, prompt_tokens, max_tokens,
+                                         is_warmup))
+
+    def _record(self, result: StreamResult, index: int, scheduled: float, prompt_tokens: int,
+                max_tokens: int, is_warmup: bool) -> RequestRecord:
+        t0 = self.t0
+        return RequestRecord(
+            index=index, scheduled=scheduled, sent=result.sent - t0, end=result.end - t0,
+            chunks=array("d", (t - t0 for t in result.chunks)), outcome=result.outcome,
+            status=result.status, error=result.error, prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens, output_tokens=result.output_tokens,
+            reported_prompt_tokens=result.reported_prompt_tokens, is_warmup=is_warmup,
+        )
+
+    # Phase: letting the last requests finish.
+
+    async def _drain(self) -> None:
+        self.is_stopping = True
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=self.load.drain_timeout)
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(set(self.tasks))
+
+    # Watchers.
+
+    async def _sample_lag(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + LAG_INTERVAL
+            await asyncio.sleep(LAG_INTERVAL)
+            self.lag.append(LagSample(self._now(), max(0.0, loop.time() - due)))
+
+    async def _report_progress(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            self.on_progress(self.progress())
+
+    def progress(self) -> Progress:
+        done = self.records
+        num_ok = sum(r.outcome == "ok" for r in done)
+        now = self._now()
+        return Progress(now, self.num_sent, len(done), num_ok, len(done) - num_ok,
+                        self.num_sent - len(done), now < self.load.warmup)
+
+
+def _cancelled(index: int, scheduled: float, sent: float, end: float, prompt_tokens: int,
+               max_tokens: int, is_warmup: bool) -> RequestRecord:
+    return RequestRecord(
+        index=index, scheduled=scheduled, sent=sent, end=end, chunks=array("d"),
+        outcome=CANCELLED, status=0, error="cancelled: still running when the run stopped",
+        prompt_tokens=prompt_tokens, max_tokens=max_tokens, output_tokens=0,
+        reported_prompt_tokens=None, is_warmup=is_warmup,
+    )

@@ -1,0 +1,261 @@
+"""Pure functions from recorded timings to the numbers a report shows.
+
+Definitions (every time is measured by the client, in seconds):
+
+- **TTFT** (time to first token): from the moment the client starts sending the request
+  to the arrival of the first chunk that carries output text (a chat stream's opening
+  role-only chunk does not count).
+- **ITL** (inter-token latency): every gap between two consecutive output chunks of
+  one request, pooled over all requests. A server that packs several tokens into one
+  chunk shows one gap for them.
+- **TPOT** (time per output token), per request: (E2E - TTFT) / (output tokens - 1),
+  for requests with at least two output tokens.
+- **E2E** (end-to-end latency): from the start of sending to the end of the response
+  (the `[DONE]` event or the end of the body).
+- Percentiles use linear interpolation between the two nearest ranks (numpy's default,
+  Hyndman & Fan type 7).
+- Latency statistics cover *measured* requests: those sent after the warm-up period
+  that succeeded. Throughput counts measured and warm-up requests alike that finished
+  inside the throughput window (warm-up end to the stop of the run), divided by its
+  length; so it describes the steady state, not the ramp-up or the drain.
+- A request **succeeded** when it got HTTP 200 and a complete stream with no error
+  event. 429 responses are **rejections**, counted apart; everything else (other
+  statuses, transport errors, timeouts, an error event inside a 200 stream, a stream
+  cut short) is a **failure**.
+- **Goodput**: measured requests per second that succeeded *and* met every SLO on their
+  own (their TTFT, TPOT and E2E each within the limit), over the window.
+- **Client lag**: how late the client's event loop woke for a timer it set (sampled
+  every few milliseconds through the run), and how late each open-loop request was
+  sent after its scheduled time. The run is flagged when the P99 of either exceeds the
+  limit: then the client, not the server, may have set the pace.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Iterable, Sequence
+
+from hosttune.errors import BenchError
+from hosttune.bench.record import CANCELLED, FAILED, OK, REJECTED, RequestRecord, RunRecord
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Distribution of one latency metric, in seconds."""
+
+    count: int
+    mean: float
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    max: float
+
+    def at(self, percentile: float) -> float:
+        return {50: self.p50, 90: self.p90, 95: self.p95, 99: self.p99, 100: self.max}[percentile]
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Limits in seconds for each metric; None means not limited."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+    e2e: float | None = None
+    percentile: float = 95
+    max_error_rate: float = 0.01  # failures plus rejections, as a fraction of requests
+
+    def __post_init__(self) -> None:
+        if self.percentile not in PERCENTILES:
+            raise BenchError(f"SLO percentile {self.percentile:g}: choose one of 50, 90, 95, 99")
+        for name, limit in self.limits().items():
+            if limit <= 0:
+                raise BenchError(f"SLO {name}={limit:g}s: a limit must be positive")
+        if not 0 <= self.max_error_rate <= 1:
+            raise BenchError(f"SLO error rate {self.max_error_rate:g}: give a fraction in 0..1")
+
+    def limits(self) -> dict[str, float]:
+        named = {"ttft": self.ttft, "tpot": self.tpot, "e2e": self.e2e}
+        return {name: limit for name, limit in named.items() if limit is not None}
+
+
+@dataclass(frozen=True)
+class ClientLag:
+    """How far behind its own schedule the client fell."""
+
+    loop_p50: float
+    loop_p99: float
+    loop_max: float
+    send_p50: float
+    send_p99: float
+    send_max: float
+    cpu: float  # fraction of one core the client process used
+    limit: float
+    is_behind: bool  # the client may have been the bottleneck
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The statistics of one run."""
+
+    num_requests: int  # measured requests (sent after warm-up)
+    num_ok: int
+    num_rejected: int
+    num_failed: int
+    num_cancelled: int
+    num_warmup: int
+    errors_by_status: dict[str, int]  # "429", "500", "stream-error", "timeout", ...
+    ttft: LatencyStats | None
+    itl: LatencyStats | None
+    tpot: LatencyStats | None
+    e2e: LatencyStats | None
+    window_s: float
+    request_throughput: float  # successful requests per second
+    output_token_throughput: float
+    input_token_throughput: float
+    goodput: float | None  # good requests per second, when an SLO is given
+    goodput_fraction: float | None  # good / measured requests
+    slo_met: bool | None  # whether the run as a whole met the SLO
+    lag: ClientLag
+
+    @property
+    def error_rate(self) -> float:
+        return (self.num_failed + self.num_rejected) / self.num_requests if self.num_requests else 0.0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of values, linear between nearest ranks."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def latency_stats(values: Sequence[float]) -> LatencyStats | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    p50, p90, p95, p99 = (_sorted_percentile(ordered, q) for q in PERCENTILES)
+    return LatencyStats(len(ordered), sum(ordered) / len(ordered), p50, p90, p95, p99, ordered[-1])
+
+
+def _sorted_percentile(ordered: Sequence[float], q: float) -> float:
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def tpot(record: RequestRecord) -> float | None:
+    """(E2E - TTFT) / (output tokens - 1), or None below two output tokens."""
+    if record.ttft is None or record.output_tokens < 2:
+        return None
+    return (record.e2e - record.ttft) / (record.output_tokens - 1)
+
+
+def inter_chunk_gaps(record: RequestRecord) -> list[float]:
+    chunks = record.chunks
+    return [chunks[i + 1] - chunks[i] for i in range(len(chunks) - 1)]
+
+
+def measured(records: Iterable[RequestRecord]) -> list[RequestRecord]:
+    return [r for r in records if not r.is_warmup]
+
+
+def is_good(record: RequestRecord, slo: Slo) -> bool:
+    """A successful request whose own TTFT, TPOT and E2E each meet the SLO."""
+    if record.outcome != OK:
+        return False
+    values = {"ttft": record.ttft, "tpot": tpot(record), "e2e": record.e2e}
+    return all(values[name] is None or values[name] <= limit for name, limit in slo.limits().items())
+
+
+def errors_by_status(records: Iterable[RequestRecord]) -> dict[str, int]:
+    """Counts of unsuccessful requests, keyed by HTTP status or by error kind."""
+    counts: Counter[str] = Counter()
+    for r in records:
+        if r.outcome in (REJECTED, FAILED):
+            counts[str(r.status) if r.status not in (0, 200) else r.error.split(":")[0]] += 1
+    return dict(sorted(counts.items()))
+
+
+def client_lag(run: RunRecord, limit: float) -> ClientLag:
+    """Loop and send lag percentiles; `is_behind` when either P99 is over `limit`."""
+    loop = sorted(s.lag for s in run.loop_lag) or [0.0]
+    sends = sorted(max(0.0, r.sent - r.scheduled) for r in run.requests) or [0.0]
+    loop_p99, send_p99 = _sorted_percentile(loop, 99), _sorted_percentile(sends, 99)
+    return ClientLag(
+        loop_p50=_sorted_percentile(loop, 50), loop_p99=loop_p99, loop_max=loop[-1],
+        send_p50=_sorted_percentile(sends, 50), send_p99=send_p99, send_max=sends[-1],
+        cpu=run.client_cpu, limit=limit,
+        is_behind=loop_p99 > limit or send_p99 > limit,
+    )
+
+
+def summarize(run: RunRecord, slo: Slo | None = None, lag_limit: float = 0.005) -> Summary:
+    """Compute every statistic of a run (see the module docstring for definitions)."""
+    requests = measured(run.requests)
+    ok = [r for r in requests if r.outcome == OK]
+    start, stop = run.window
+    window_s = max(stop - start, 1e-9)
+    finished = [r for r in run.requests if r.outcome == OK and start <= r.end <= stop]
+    summary = Summary(
+        num_requests=len(requests),
+        num_ok=len(ok),
+        num_rejected=sum(r.outcome == REJECTED for r in requests),
+        num_failed=sum(r.outcome == FAILED for r in requests),
+        num_cancelled=sum(r.outcome == CANCELLED for r in requests),
+        num_warmup=len(run.requests) - len(requests),
+        errors_by_status=errors_by_status(requests),
+        ttft=latency_stats([r.ttft for r in ok if r.ttft is not None]),
+        itl=latency_stats([gap for r in ok for gap in inter_chunk_gaps(r)]),
+        tpot=latency_stats([t for r in ok if (t := tpot(r)) is not None]),
+        e2e=latency_stats([r.e2e for r in ok]),
+        window_s=window_s,
+        request_throughput=len(finished) / window_s,
+        output_token_throughput=sum(r.output_tokens for r in finished) / window_s,
+        input_token_throughput=sum(_prompt_tokens(r) for r in finished) / window_s,
+        goodput=None,
+        goodput_fraction=None,
+        slo_met=None,
+        lag=client_lag(run, lag_limit),
+    )
+    return with_slo(summary, requests, run.window, slo) if slo else summary
+
+
+def with_slo(summary: Summary, requests: list[RequestRecord], window: tuple[float, float],
+             slo: Slo) -> Summary:
+    """Add goodput and the SLO verdict to a summary of `requests` (measured ones)."""
+    start, stop = window
+    good = [r for r in requests if is_good(r, slo)]
+    good_in_window = [r for r in good if start <= r.end <= stop]
+    return replace(
+        summary,
+        goodput=len(good_in_window) / summary.window_s,
+        goodput_fraction=len(good) / len(requests) if requests else 0.0,
+        slo_met=meets_slo(summary, slo),
+    )
+
+
+def meets_slo(summary: Summary, slo: Slo) -> bool:
+    """The run met the SLO: each limited metric's percentile is within its limit and
+    failures plus rejections stay within `max_error_rate`."""
+    if summary.num_ok == 0 or summary.error_rate > slo.max_error_rate:
+        return False
+    stats = {"ttft": summary.ttft, "tpot": summary.tpot, "e2e": summary.e2e}
+    return all(
+        stats[name] is not None and stats[name].at(slo.percentile) <= limit
+        for name, limit in slo.limits().items()
+    )
+
+
+def _prompt_tokens(record: RequestRecord) -> int:
+    reported = record.reported_prompt_tokens
+    return reported if reported is not None else record.prompt_tokens

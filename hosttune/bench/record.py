@@ -1,0 +1,70 @@
+"""What a run records: one `RequestRecord` per request and a `RunRecord` per run.
+
+All times are seconds on the client's monotonic clock (`time.perf_counter`), relative
+to the start of the run, so records of one run compare directly.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+OK = "ok"
+REJECTED = "rejected"  # HTTP 429: the server shed load on purpose
+FAILED = "failed"  # any other status, a transport error, a timeout, an error in a stream
+CANCELLED = "cancelled"  # still running when the run stopped; no latency recorded
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request, as the client saw it."""
+
+    index: int
+    scheduled: float  # when the load generator meant to send it
+    sent: float  # when the client started sending it
+    end: float  # when the response ended (last byte, [DONE], or the failure)
+    chunks: array = field(repr=False)  # arrival time of every chunk that carried output
+    outcome: str  # OK, REJECTED, FAILED or CANCELLED
+    status: int  # HTTP status; 0 when no response came
+    error: str  # "" when the request succeeded
+    prompt_tokens: int  # length the prompt was built to
+    max_tokens: int
+    output_tokens: int  # usage.completion_tokens when reported, else the chunk count
+    reported_prompt_tokens: int | None  # usage.prompt_tokens when reported
+    is_warmup: bool  # sent during the warm-up period: kept, but not in the statistics
+
+    @property
+    def ttft(self) -> float | None:
+        return self.chunks[0] - self.sent if self.chunks else None
+
+    @property
+    def e2e(self) -> float:
+        return self.end - self.sent
+
+
+@dataclass(frozen=True)
+class LagSample:
+    """The event loop woke `lag` seconds after it was due to, at time `at`."""
+
+    at: float
+    lag: float
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Everything one run against one endpoint recorded."""
+
+    url: str
+    model: str
+    mode: str  # "users" (closed loop) or "rate" (open loop)
+    users: int | None
+    rate: float | None
+    burstiness: float | None
+    warmup_end: float  # requests sent before this are warm-up
+    window: tuple[float, float]  # throughput window: warm-up end to stop (or last end)
+    requests: tuple[RequestRecord, ...]
+    loop_lag: tuple[LagSample, ...]
+    client_cpu: float  # client process CPU seconds over the run, divided by wall seconds
+    tokenizer: str  # how prompt lengths were made exact (or that they are approximate)
+    prompt_lengths: str  # description of the prompt length distribution
+    output_lengths: str

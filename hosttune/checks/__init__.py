@@ -1,0 +1,26 @@
+"""The check catalogue, in report order."""
+
+from __future__ import annotations
+
+from hosttune.checks import cpu, driver, gpu, irq, memory, tools
+from hosttune.checks.base import Check
+from hosttune.errors import HosttuneError
+from hosttune.facts import Facts
+from hosttune.findings import Finding
+from hosttune.profile import Profile
+
+CATALOGUE: tuple[Check, ...] = (
+    *driver.CHECKS, *gpu.CHECKS, *cpu.CHECKS, *irq.CHECKS, *memory.CHECKS, *tools.CHECKS,
+)
+BY_ID = {c.id: c for c in CATALOGUE}
+
+
+def run_checks(facts: Facts, profile: Profile) -> list[Finding]:
+    return [check.run(facts, profile) for check in CATALOGUE]
+
+
+def get_check(check_id: str) -> Check:
+    try:
+        return BY_ID[check_id]
+    except KeyError:
+        raise HosttuneError(f"unknown check {check_id!r}; known checks: {', '.join(BY_ID)}") from None

@@ -1,0 +1,53 @@
+"""A check: fixed metadata plus a pure function from (facts, profile) to a verdict."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from hosttune.facts import Facts
+from hosttune.findings import Finding, Severity, Status, Verdict
+from hosttune.profile import Profile
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    title: str
+    severity: Severity
+    why: str  # one sentence: why this matters for serving
+    remediation: str  # what `hosttune apply` does about it
+    needs_reboot: bool
+    evaluate: Callable[[Facts, Profile], Verdict]
+
+    def run(self, facts: Facts, profile: Profile) -> Finding:
+        try:
+            verdict = self.evaluate(facts, profile)
+        except Exception as exc:  # noqa: BLE001 - one broken parser must not hide the other checks
+            verdict = Verdict(Status.ERROR, "-", detail=f"check failed on these facts: {type(exc).__name__}: {exc}")
+        return Finding(
+            check_id=self.id, title=self.title, status=verdict.status, severity=self.severity,
+            desired=verdict.desired, configured=verdict.configured, active=verdict.active,
+            detail=verdict.detail, remediation=self.remediation, needs_reboot=self.needs_reboot, why=self.why,
+        )
+
+
+def na(reason: str, desired: str = "-") -> Verdict:
+    return Verdict(Status.NOT_APPLICABLE, desired, detail=reason)
+
+
+def has_gpus(facts: Facts) -> bool:
+    return bool(facts.gpu.gpus or facts.gpu.pci_devices)
+
+
+def gpu_unavailable(facts: Facts) -> Verdict | None:
+    """not-applicable without NVIDIA hardware; error when the hardware is there but no driver answers."""
+    if facts.gpu.gpus:
+        return None
+    if facts.gpu.pci_devices:
+        return Verdict(Status.ERROR, "-", detail=f"NVIDIA GPUs on the PCI bus but NVML and nvidia-smi failed: {facts.gpu.error}")
+    return na("no NVIDIA GPU on this host")
+
+
+def is_systemd(facts: Facts) -> bool:
+    return facts.pid1 == "systemd"

@@ -1,0 +1,87 @@
+"""Checks of CPU frequency, idle states and kernel command-line settings."""
+
+from __future__ import annotations
+
+from hosttune import cpulist
+from hosttune.checks.base import Check, is_systemd, na
+from hosttune.facts import Facts
+from hosttune.findings import Severity, Status, Verdict, judge, show
+from hosttune.profile import Profile
+
+
+def governor(facts: Facts, profile: Profile) -> Verdict:
+    want = profile.cpu.governor
+    if want is None:
+        return na("CPU governor not managed by the profile")
+    govs = facts.cpu.governors
+    if not govs:
+        return na("no cpufreq driver: frequency is controlled by firmware or the hypervisor", want)
+    wrong = sorted(cpu for cpu, gov in govs.items() if gov != want)
+    unit = facts.services.get("hosttune-cpu-governor")
+    configured = None
+    if is_systemd(facts):
+        configured = want if unit and unit.enabled == "enabled" else "not persisted"
+    active = want if not wrong else show(sorted(set(govs.values())))
+    status = judge(want, configured, active, reboot=False)
+    detail = f"CPUs not in {want}: {cpulist.format(wrong)}" if wrong else ""
+    if configured == "not persisted":
+        detail = (detail + "; " if detail else "") + "nothing sets the governor at boot"
+    return Verdict(status, want, configured, active, detail)
+
+
+def _param_verdict(facts: Facts, params: dict[str, str], same=lambda a, b: a == b) -> Verdict:
+    desired = " ".join(f"{k}={v}" for k, v in params.items())
+
+    def state(configured: bool) -> str:
+        return " ".join(f"{k}={facts.cmdline_param(k, configured) or '-'}" for k in params)
+
+    def matches(configured: bool) -> bool:
+        return all(same(facts.cmdline_param(k, configured), v) for k, v in params.items())
+
+    active_ok = matches(False)
+    if facts.cmdline_configured is None:
+        status = Status.OK if active_ok else Status.DRIFT
+        return Verdict(status, desired, None, state(False), "no bootloader configuration found; judged on /proc/cmdline")
+    conf_ok = matches(True)
+    status = judge(True, conf_ok, active_ok, reboot=True)
+    return Verdict(status, desired, state(True), state(False), f"configured in {facts.cmdline_source}")
+
+
+def cstates(facts: Facts, profile: Profile) -> Verdict:
+    limit = profile.cpu.max_cstate
+    if limit is None:
+        return na("C-states not managed by the profile")
+    verdict = _param_verdict(facts, {"intel_idle.max_cstate": str(limit), "processor.max_cstate": str(limit)})
+    deep = [name for name, disabled, latency in facts.cpu.idle_states if not disabled and latency > 10]
+    if deep:
+        note = f"deep idle states enabled now: {', '.join(deep)}"
+        status = Status.DRIFT if verdict.status is Status.OK else verdict.status
+        return Verdict(status, verdict.desired, verdict.configured, verdict.active, f"{verdict.detail}; {note}")
+    return verdict
+
+
+def rcu_nocbs(facts: Facts, profile: Profile) -> Verdict:
+    want = profile.kernel.rcu_nocbs
+    if want is None:
+        return na("rcu_nocbs not managed by the profile")
+
+    def same(value: str | None, desired: str) -> bool:
+        try:
+            return value is not None and cpulist.parse(value) == cpulist.parse(desired)
+        except ValueError:
+            return False
+
+    return _param_verdict(facts, {"rcu_nocbs": want}, same)
+
+
+CHECKS = (
+    Check("cpu.governor", "CPU frequency governor", Severity.WARNING,
+          "A power-saving governor ramps clocks up only after load arrives, adding latency to the first tokens.",
+          "set scaling_governor=performance now and install a boot-time unit that sets it again", False, governor),
+    Check("cpu.cstates", "CPU idle states", Severity.WARNING,
+          "Waking a core from a deep C-state costs tens to hundreds of microseconds on every request burst.",
+          "add intel_idle.max_cstate and processor.max_cstate to the kernel command line (grub drop-in), reboot", True, cstates),
+    Check("kernel.rcu_nocbs", "RCU callback offload", Severity.INFO,
+          "RCU callbacks running on serving cores preempt the engine's scheduler thread at random.",
+          "add rcu_nocbs=CPUS to the kernel command line (grub drop-in), reboot", True, rcu_nocbs),
+)

@@ -1,0 +1,73 @@
+"""Checks of interrupt handling: irqbalance and GPU IRQ affinity."""
+
+from __future__ import annotations
+
+from hosttune import cpulist
+from hosttune.checks.base import Check, is_systemd, na
+from hosttune.facts import Facts, PciDevice
+from hosttune.findings import Severity, Status, Verdict
+from hosttune.profile import Profile
+
+
+def irqbalance(facts: Facts, profile: Profile) -> Verdict:
+    if profile.irq.irqbalance is None:
+        return na("irqbalance not managed by the profile")
+    want_on = profile.irq.irqbalance
+    desired = "running, enabled" if want_on else "stopped, disabled"
+    svc = facts.services.get("irqbalance")
+    running = bool(svc and (svc.running or svc.active == "active"))
+    enabled = svc.enabled if svc and is_systemd(facts) else None
+    installed = running or (enabled not in (None, "not-found", ""))
+    active = "running" if running else "stopped"
+    if not installed and not want_on:
+        return Verdict(Status.OK, desired, "not installed", active)
+    configured = None if enabled is None else ("enabled" if enabled in ("enabled", "static", "alias") else "disabled")
+    want_conf, want_active = ("enabled", "running") if want_on else ("disabled", "stopped")
+    ok = active == want_active and configured in (None, want_conf)
+    detail = "" if ok else "irqbalance rewrites smp_affinity every few seconds and undoes pinned GPU IRQs"
+    return Verdict(Status.OK if ok else Status.DRIFT, desired, configured, active, detail)
+
+
+def desired_cores(dev: PciDevice, facts: Facts, setting: str) -> tuple[int, ...]:
+    """The cores a GPU's IRQs belong on: the profile's list, else the GPU's NUMA-local CPUs."""
+    if setting != "numa-local":
+        return cpulist.parse(setting)
+    if dev.numa_node is not None and dev.numa_node in facts.numa_nodes:
+        return facts.numa_nodes[dev.numa_node]
+    if dev.local_cpus:
+        return dev.local_cpus
+    return tuple(range(facts.cpu.count))
+
+
+def gpu_affinity(facts: Facts, profile: Profile) -> Verdict:
+    setting = profile.irq.gpu_affinity
+    if setting is None:
+        return na("GPU IRQ affinity not managed by the profile")
+    devices = [d for d in facts.pci if d.irqs]
+    if not devices:
+        return na("no GPU MSI interrupts on this host")
+    outside, desired_text = [], []
+    for dev in devices:
+        cores = desired_cores(dev, facts, setting)
+        desired_text.append(f"{dev.bdf}: {cpulist.format(cores)}")
+        outside += [f"IRQ {i.irq} on {cpulist.format(i.cpus)}" for i in dev.irqs if not set(i.cpus) <= set(cores)]
+    active = "; ".join(f"{d.bdf}: " + ", ".join(f"{i.irq}→{cpulist.format(i.cpus)}" for i in d.irqs) for d in devices)
+    unit = facts.services.get("hosttune-irq-affinity")
+    configured = None
+    if is_systemd(facts):
+        configured = "persisted" if unit and unit.enabled == "enabled" else "not persisted"
+    problems = [f"outside the wanted cores: {', '.join(outside)}"] if outside else []
+    if configured == "not persisted":
+        problems.append("IRQ affinity does not survive a reboot and no boot-time unit sets it")
+    status = Status.DRIFT if problems else Status.OK
+    return Verdict(status, "; ".join(desired_text), configured, active, "; ".join(problems))
+
+
+CHECKS = (
+    Check("irq.irqbalance", "irqbalance", Severity.CRITICAL,
+          "irqbalance moves GPU interrupts back onto serving cores, undoing the pinning that keeps tail latency flat.",
+          "systemctl disable --now irqbalance", False, irqbalance),
+    Check("irq.gpu_affinity", "GPU IRQ affinity", Severity.WARNING,
+          "GPU completion interrupts handled on a far NUMA node or on a busy serving core delay every kernel launch.",
+          "write smp_affinity_list of each GPU MSI IRQ and install a boot-time unit that writes it again", False, gpu_affinity),
+)

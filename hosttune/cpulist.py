@@ -1,0 +1,36 @@
+"""Linux CPU lists ("0-3,8,10-11"), as the kernel prints them in sysfs and /proc."""
+
+from __future__ import annotations
+
+
+def parse(text: str) -> tuple[int, ...]:
+    """Parse a kernel cpulist; raises ValueError on anything else."""
+    cpus: set[int] = set()
+    text = text.strip()
+    if not text:
+        return ()
+    for part in text.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"not a CPU list: {text!r}")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise ValueError(f"descending range {part!r} in CPU list {text!r}")
+        cpus.update(range(first, last + 1))
+    return tuple(sorted(cpus))
+
+
+def format(cpus: tuple[int, ...] | list[int] | set[int]) -> str:  # noqa: A001 - mirrors parse
+    """The shortest kernel-style cpulist for a set of CPUs."""
+    ordered = sorted(set(cpus))
+    ranges: list[str] = []
+    start = prev = None
+    for cpu in ordered + [None]:
+        if start is not None and (cpu is None or cpu != prev + 1):
+            ranges.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if cpu is not None and start is None:
+            start = cpu
+        prev = cpu
+    return ",".join(ranges)

@@ -1,0 +1,296 @@
+"""The inventory: hosts, groups and their vars, read from YAML and validated.
+
+Layout (inventories/example.yaml shows every field):
+
+    defaults: {VARS}                 # for every host
+    groups:
+      NAME: {vars: {VARS}, hosts: {HOST: {VARS}, ...}}
+    hosts: {HOST: {VARS}, ...}       # hosts outside any group
+
+Vars merge defaults < group vars < host vars (mappings merge key by key).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from hosttune import cpulist
+from hosttune.errors import InventoryError
+from hosttune.transport.base import ConnectionSpec
+from hosttune.yamlfile import LocatedDict, load
+
+DEFAULT_PROFILE = "inference-latency"
+
+
+def _string(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError("must be a string")
+    return str(value)
+
+
+def _port(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise ValueError("must be a port number between 1 and 65535")
+    return value
+
+
+def _positive(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError("must be a positive number of seconds")
+    return float(value)
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be true or false")
+    return value
+
+
+def _cpus(value: Any) -> str:
+    text = _string(value)
+    cpulist.parse(text)
+    return text
+
+
+def _gpus(value: Any) -> str:
+    text = _string(value)
+    if text != "all":
+        cpulist.parse(text)  # GPU index lists use the same "0-3,5" syntax
+    return text
+
+
+def _one_of(*choices: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"must be one of: {', '.join(choices)}")
+        return value
+
+    return check
+
+
+def _mapping(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError("must be a mapping")
+    return value
+
+
+# The schema of host vars: a validator per field, or a nested schema for a mapping.
+VARS_SCHEMA: dict[str, Any] = {
+    "address": _string,
+    "transport": _one_of("ssh", "local"),
+    "ssh": {
+        "user": _string,
+        "port": _port,
+        "key": _string,
+        "known_hosts": _string,
+        "timeout": _positive,
+        "become": _bool,
+    },
+    "profile": _string,
+    "pins": {"driver": _string, "cuda": _string, "python": _string},
+    "gpus": _gpus,
+    "irq_cores": _cpus,
+    "rcu_nocbs": _cpus,
+    "tune": _mapping,
+}
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Versions the fleet is pinned to; None leaves the profile's value."""
+
+    driver: str | None = None
+    cuda: str | None = None
+    python: str | None = None
+
+
+@dataclass(frozen=True)
+class Host:
+    """One host with its merged vars."""
+
+    name: str
+    group: str
+    connection: ConnectionSpec
+    profile: str = DEFAULT_PROFILE
+    pins: Pins = Pins()
+    gpus: str = "all"
+    irq_cores: str | None = None
+    rcu_nocbs: str | None = None
+    tune: dict = field(default_factory=dict, hash=False)
+    source: str = "<built-in>"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Hosts in file order, and where they came from."""
+
+    hosts: tuple[Host, ...]
+    source: str
+
+    @property
+    def groups(self) -> dict[str, list[Host]]:
+        grouped: dict[str, list[Host]] = {}
+        for host in self.hosts:
+            grouped.setdefault(host.group, []).append(host)
+        return grouped
+
+    def limit(self, patterns: str | None) -> "Inventory":
+        """Keep hosts whose name or group matches any comma-separated glob."""
+        if not patterns:
+            return self
+        wanted = [p.strip() for p in patterns.split(",") if p.strip()]
+        kept = tuple(
+            h for h in self.hosts
+            if any(fnmatch.fnmatchcase(h.name, p) or fnmatch.fnmatchcase(h.group, p) for p in wanted)
+        )
+        if not kept:
+            raise InventoryError(f"--limit {patterns!r} matches no host or group in {self.source}")
+        return Inventory(kept, self.source)
+
+
+def local_inventory() -> Inventory:
+    """The built-in inventory: this machine over the local transport."""
+    spec = ConnectionSpec(host_name="localhost", transport="local")
+    return Inventory((Host(name="localhost", group="local", connection=spec),), "<built-in>")
+
+
+def load_inventory(path: str | Path, *, accept_new_host_keys: bool = False) -> Inventory:
+    """Read and validate an inventory file."""
+    path = Path(path)
+    doc = load(path, InventoryError)
+    reader = _Reader(path)
+    if not isinstance(doc, LocatedDict):
+        raise InventoryError(f"{path}:1: the inventory must be a mapping with 'groups' and/or 'hosts'")
+    reader.unknown_keys(doc, {"defaults", "groups", "hosts"}, "")
+    defaults = reader.vars(doc.get("defaults") or LocatedDict(), "defaults", doc.line_of("defaults"))
+    hosts: list[Host] = []
+    for group, gdoc in reader.entries(doc, "groups"):
+        reader.unknown_keys(gdoc, {"vars", "hosts"}, f"groups.{group}")
+        gvars = reader.vars(gdoc.get("vars") or LocatedDict(), f"groups.{group}.vars", gdoc.line)
+        for name, hdoc, line in reader.host_entries(gdoc, f"groups.{group}"):
+            hvars = reader.vars(hdoc, f"groups.{group}.hosts.{name}", line)
+            hosts.append(_build_host(name, group, _merge(defaults, gvars, hvars), f"{path}:{line}", accept_new_host_keys))
+    for name, hdoc, line in reader.host_entries(doc, ""):
+        hvars = reader.vars(hdoc, f"hosts.{name}", line)
+        hosts.append(_build_host(name, "ungrouped", _merge(defaults, hvars), f"{path}:{line}", accept_new_host_keys))
+    _no_duplicates(hosts)
+    if not hosts:
+        raise InventoryError(f"{path}: no hosts defined (add 'hosts:' or 'groups: NAME: hosts:')")
+    return Inventory(tuple(hosts), str(path))
+
+
+class _Reader:
+    """Walks the YAML tree; every complaint names file, line and field path."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, line: int, field_path: str, message: str) -> InventoryError:
+        return InventoryError(f"{self.path}:{line}: {field_path}: {message}")
+
+    def unknown_keys(self, node: LocatedDict, allowed: set[str], prefix: str) -> None:
+        for key in node:
+            if key not in allowed:
+                where = f"{prefix}.{key}" if prefix else str(key)
+                raise self.fail(node.line_of(key), where, f"unknown key (expected one of: {', '.join(sorted(allowed))})")
+
+    def entries(self, node: LocatedDict, key: str):
+        value = node.get(key)
+        if value is None:
+            return []
+        if not isinstance(value, LocatedDict):
+            raise self.fail(node.line_of(key), key, "must be a mapping of names to entries")
+        for name, sub in value.items():
+            if not isinstance(sub, LocatedDict):
+                raise self.fail(value.line_of(name), f"{key}.{name}", "must be a mapping")
+        return list(value.items())
+
+    def host_entries(self, node: LocatedDict, prefix: str):
+        key_path = f"{prefix}.hosts" if prefix else "hosts"
+        value = node.get("hosts")
+        if value is None:
+            return []
+        if not isinstance(value, LocatedDict):
+            raise self.fail(node.line_of("hosts"), key_path, "must be a mapping of host names to vars")
+        out = []
+        for name, hdoc in value.items():
+            line = value.line_of(name)
+            if hdoc is None:
+                hdoc = LocatedDict()
+                hdoc.line = line
+            if not isinstance(hdoc, LocatedDict):
+                raise self.fail(line, f"{key_path}.{name}", "must be a mapping of vars (or empty)")
+            out.append((str(name), hdoc, line))
+        return out
+
+    def vars(self, node: Any, field_path: str, line: int) -> dict:
+        if not isinstance(node, LocatedDict):
+            raise self.fail(line, field_path, "must be a mapping")
+        return self._validate(node, VARS_SCHEMA, field_path)
+
+    def _validate(self, node: LocatedDict, schema: dict, prefix: str) -> dict:
+        self.unknown_keys(node, set(schema), prefix)
+        out = {}
+        for key, value in node.items():
+            rule, where = schema[key], f"{prefix}.{key}"
+            if isinstance(rule, dict):
+                if not isinstance(value, LocatedDict):
+                    raise self.fail(node.line_of(key), where, "must be a mapping")
+                out[key] = self._validate(value, rule, where)
+                continue
+            try:
+                out[key] = rule(value)
+            except ValueError as exc:
+                raise self.fail(node.line_of(key), where, f"{exc} (got {value!r})") from None
+        return out
+
+
+def _merge(*layers: dict) -> dict:
+    merged: dict = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if isinstance(value, dict) and isinstance(merged.get(key), dict):
+                merged[key] = _merge(merged[key], value)
+            else:
+                merged[key] = value
+    return merged
+
+
+def _build_host(name: str, group: str, hvars: dict, source: str, accept_new: bool) -> Host:
+    ssh = hvars.get("ssh", {})
+    transport = hvars.get("transport") or ("local" if name == "localhost" and "address" not in hvars else "ssh")
+    spec = ConnectionSpec(
+        host_name=name,
+        transport=transport,
+        address=hvars.get("address", name),
+        port=ssh.get("port", 22),
+        user=ssh.get("user"),
+        key=ssh.get("key"),
+        known_hosts=ssh.get("known_hosts"),
+        timeout_s=ssh.get("timeout", 10.0),
+        become=ssh.get("become", False),
+        accept_new_host_keys=accept_new,
+    )
+    return Host(
+        name=name,
+        group=group,
+        connection=spec,
+        profile=hvars.get("profile", DEFAULT_PROFILE),
+        pins=Pins(**hvars.get("pins", {})),
+        gpus=hvars.get("gpus", "all"),
+        irq_cores=hvars.get("irq_cores"),
+        rcu_nocbs=hvars.get("rcu_nocbs"),
+        tune=dict(hvars.get("tune", {})),
+        source=source,
+    )
+
+
+def _no_duplicates(hosts: list[Host]) -> None:
+    seen: dict[str, Host] = {}
+    for host in hosts:
+        if host.name in seen:
+            raise InventoryError(f"{host.source}: host {host.name!r} is already defined at {seen[host.name].source}")
+        seen[host.name] = host

@@ -1,0 +1,1 @@
+"""Probes: read-only fact gathering. One batched script per host, pure parsers."""

@@ -1,0 +1,145 @@
+"""Gather a host's facts in one round trip: ship the probe script, parse its sections."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from importlib import resources
+
+from hosttune.errors import ProbeError
+from hosttune.facts import Facts, GpuFacts
+from hosttune.probes import gpu, pci, software, system
+from hosttune.probes.sections import Section, split
+from hosttune.transport.base import Transport
+
+PROBE_TIMEOUT_S = 60.0
+
+
+@lru_cache(maxsize=1)
+def probe_script() -> bytes:
+    """The shell script sent to every host, with the NVML probe embedded as a variable."""
+    pkg = resources.files("hosttune.probes")
+    nvml = pkg.joinpath("nvml_probe.py").read_text(encoding="utf-8")
+    assert "'" not in nvml, "nvml_probe.py must not contain single quotes (it is embedded in '...')"
+    body = pkg.joinpath("script.sh").read_text(encoding="utf-8")
+    return f"HOSTTUNE_NVML_PROBE='{nvml}'\n{body}".encode()
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """The facts of one host and where the time went."""
+
+    facts: Facts
+    connect_s: float
+    probe_s: float
+    parse_s: float
+
+
+def gather(transport: Transport) -> ProbeRun:
+    """Run the probe script on the host and parse it. Never changes the host."""
+    start = time.monotonic()
+    connect = getattr(transport, "connect", None)
+    if connect is not None:
+        connect()
+    connected = time.monotonic()
+    result = transport.run(["sh", "-s"], stdin=probe_script(), timeout=PROBE_TIMEOUT_S)
+    probed = time.monotonic()
+    if not result.ok:
+        raise ProbeError(f"{transport.host_name}: probe script exited {result.rc}: {result.stderr.strip()[-500:]}")
+    facts = parse_probe_output(result.stdout)
+    return ProbeRun(facts, connected - start, probed - connected, time.monotonic() - probed)
+
+
+def parse_probe_output(output: str) -> Facts:
+    """All sections → Facts. A section that fails to parse becomes a probe error, not a crash."""
+    sections = split(output)
+    if "meta" not in sections:
+        raise ProbeError("probe output has no 'meta' section; is /bin/sh a POSIX shell?")
+    errors: list[str] = []
+    facts = Facts(**system.parse_meta(sections["meta"].text))
+    for name, apply in _STEPS:
+        if name in sections:
+            try:
+                facts = apply(facts, sections[name])
+            except (ValueError, KeyError, ProbeError) as exc:
+                errors.append(f"{name}: {exc}")
+    facts = _with_gpus(facts, sections, errors)
+    return replace(facts, probe_errors=tuple(errors))
+
+
+def _bootloader(facts: Facts, sec: Section) -> Facts:
+    configured, source = system.parse_bootloader(sec.text)
+    return replace(facts, cmdline_configured=configured, cmdline_source=source)
+
+
+def _system(facts: Facts, sec: Section) -> Facts:
+    parsed = system.parse_system(sec.text)
+    gpu_facts = replace(
+        facts.gpu,
+        kernel_module_version=gpu.parse_module_version(parsed.pop("module_version_text")),
+        library_version=gpu.library_version(parsed.pop("nvml_libs")),
+    )
+    return replace(facts, gpu=gpu_facts, **parsed)
+
+
+def _pci(facts: Facts, sec: Section) -> Facts:
+    devices = pci.parse_gpu_pci(sec.text)
+    return replace(facts, pci=devices, gpu=replace(facts.gpu, pci_devices=tuple(d.bdf for d in devices)))
+
+
+def _packages(facts: Facts, sec: Section) -> Facts:
+    manager, installed, held = software.parse_packages(sec.text)
+    return replace(facts, package_manager=manager, packages=installed, held=held)
+
+
+def _sysctl(facts: Facts, sec: Section) -> Facts:
+    value, source = system.parse_sysctl_conf(sec.text)
+    return replace(facts, numa_balancing_configured=value, numa_balancing_source=source)
+
+
+_STEPS = (
+    ("bootloader", _bootloader),
+    ("system", _system),
+    ("gpu-pci", _pci),
+    ("cuda", lambda f, s: replace(f, cuda=software.parse_cuda(s.text))),
+    ("packages", _packages),
+    ("services", lambda f, s: replace(f, services=software.parse_services(s.text))),
+    ("sysctl", _sysctl),
+    ("tools", lambda f, s: replace(f, **software.parse_tools(s.text))),
+)
+
+_GPU_SOURCES = (
+    ("nvml", gpu.parse_nvml_json),
+    ("smi-xml", gpu.parse_smi_xml),
+    ("smi-csv", gpu.parse_smi_csv),
+)
+
+
+def _with_gpus(facts: Facts, sections: dict[str, Section], errors: list[str]) -> Facts:
+    """NVML first, then nvidia-smi XML, then CSV; the first that parses wins."""
+    failures = []
+    for name, parse in _GPU_SOURCES:
+        sec = sections.get(name)
+        if sec is None:
+            continue
+        if sec.rc != 0:
+            failures.append(f"{name} exited {sec.rc}" + (f": {sec.text.strip()[:200]}" if sec.text.strip() else ""))
+            continue
+        try:
+            info, gpus = parse(sec.text)
+        except ProbeError as exc:
+            failures.append(str(exc))
+            continue
+        return replace(facts, gpu=replace(
+            facts.gpu, source=name.replace("smi-", "nvidia-smi-"), gpus=gpus,
+            driver_version=info["driver_version"], cuda_driver_version=info["cuda_driver_version"],
+        ))
+    error = "; ".join(failures) if failures else None
+    if error and facts.gpu.pci_devices:
+        errors.append(f"gpu: NVIDIA devices on the PCI bus but no driver answered: {error}")
+    return replace(facts, gpu=replace(facts.gpu, error=error))
+
+
+def empty_facts() -> Facts:
+    return Facts(gpu=GpuFacts())

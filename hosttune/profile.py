@@ -1,0 +1,238 @@
+"""Profiles (playbooks): the desired state of a host, one dataclass per component.
+
+A playbook file is `playbooks/NAME.yaml` with `name`, optional `extends` and
+`description`, and `settings` whose sections mirror the dataclasses below. A setting
+of null means "not managed": its check reports not-applicable. Inventory pins and
+`tune:` override the playbook for one host or group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hosttune import cpulist
+from hosttune.errors import ProfileError
+from hosttune.inventory import Host
+from hosttune.yamlfile import LocatedDict, load
+
+PSTATES = tuple(f"P{i}" for i in range(16))
+GOVERNORS = ("performance", "powersave", "schedutil", "ondemand", "conservative", "userspace")
+THP_MODES = ("always", "madvise", "never")
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    version: str | None = None
+    held: bool = True
+
+
+@dataclass(frozen=True)
+class CudaSpec:
+    toolkit: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    persistence: bool | None = True
+    pstate: str | None = "P0"
+    pcie_link: str | None = "max"
+    ecc: bool | None = True
+    mig: bool | None = False
+
+    def __post_init__(self):
+        _choice(self.pstate, PSTATES, "gpu.pstate")
+        _choice(self.pcie_link, ("max",), "gpu.pcie_link")
+
+
+@dataclass(frozen=True)
+class CpuSpec:
+    governor: str | None = "performance"
+    max_cstate: int | None = 1
+
+    def __post_init__(self):
+        _choice(self.governor, GOVERNORS, "cpu.governor")
+        if self.max_cstate is not None and (not isinstance(self.max_cstate, int) or self.max_cstate < 0):
+            raise ProfileError(f"cpu.max_cstate: must be a non-negative integer (got {self.max_cstate!r})")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    rcu_nocbs: str | None = None
+
+    def __post_init__(self):
+        _cpus(self.rcu_nocbs, "kernel.rcu_nocbs")
+
+
+@dataclass(frozen=True)
+class IrqSpec:
+    irqbalance: bool | None = False
+    gpu_affinity: str | None = "numa-local"  # "numa-local" or a CPU list
+
+    def __post_init__(self):
+        if self.gpu_affinity != "numa-local":
+            _cpus(self.gpu_affinity, "irq.gpu_affinity")
+
+
+@dataclass(frozen=True)
+class NumaSpec:
+    balancing: bool | None = False
+
+
+@dataclass(frozen=True)
+class MemorySpec:
+    thp: str | None = "madvise"
+
+    def __post_init__(self):
+        _choice(self.thp, THP_MODES, "memory.thp")
+
+
+@dataclass(frozen=True)
+class NvmeSpec:
+    apst: bool | None = False
+
+
+@dataclass(frozen=True)
+class ToolsSpec:
+    numactl: bool | None = True
+    python: str | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The desired state of one host."""
+
+    name: str
+    description: str = ""
+    driver: DriverSpec = field(default_factory=DriverSpec)
+    cuda: CudaSpec = field(default_factory=CudaSpec)
+    gpu: GpuSpec = field(default_factory=GpuSpec)
+    cpu: CpuSpec = field(default_factory=CpuSpec)
+    kernel: KernelSpec = field(default_factory=KernelSpec)
+    irq: IrqSpec = field(default_factory=IrqSpec)
+    numa: NumaSpec = field(default_factory=NumaSpec)
+    memory: MemorySpec = field(default_factory=MemorySpec)
+    nvme: NvmeSpec = field(default_factory=NvmeSpec)
+    tools: ToolsSpec = field(default_factory=ToolsSpec)
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Profile) if f.name not in ("name", "description")}
+_SECTION_TYPES = {
+    "driver": DriverSpec, "cuda": CudaSpec, "gpu": GpuSpec, "cpu": CpuSpec, "kernel": KernelSpec,
+    "irq": IrqSpec, "numa": NumaSpec, "memory": MemorySpec, "nvme": NvmeSpec, "tools": ToolsSpec,
+}
+
+
+def _choice(value: Any, choices: tuple, where: str) -> None:
+    if value is not None and value not in choices:
+        raise ProfileError(f"{where}: must be one of {', '.join(choices)} (got {value!r})")
+
+
+def _cpus(value: Any, where: str) -> None:
+    if value is None:
+        return
+    try:
+        cpulist.parse(str(value))
+    except ValueError:
+        raise ProfileError(f"{where}: must be a CPU list like 0-3,8 (got {value!r})") from None
+
+
+def playbook_dirs() -> list[Path]:
+    """Where playbooks live: inside the wheel, or beside the package in a source checkout."""
+    here = Path(__file__).resolve().parent
+    return [d for d in (here / "playbooks", here.parent / "playbooks") if d.is_dir()]
+
+
+def find_playbook(name: str) -> Path:
+    """A playbook by name (`inference-latency`) or by path (`./my.yaml`)."""
+    as_path = Path(name)
+    if as_path.suffix in (".yaml", ".yml") and as_path.exists():
+        return as_path
+    for directory in playbook_dirs():
+        candidate = directory / f"{name}.yaml"
+        if candidate.exists():
+            return candidate
+    known = sorted({p.stem for d in playbook_dirs() for p in d.glob("*.yaml")})
+    raise ProfileError(f"unknown profile {name!r}; known profiles: {', '.join(known) or 'none'}")
+
+
+def _read_settings(name: str, seen: tuple[str, ...] = ()) -> tuple[dict, str]:
+    """The merged `settings` of a playbook and everything it extends."""
+    if name in seen:
+        raise ProfileError(f"profile {name!r} extends itself (cycle: {' -> '.join(seen + (name,))})")
+    path = find_playbook(name)
+    doc = load(path, ProfileError)
+    if not isinstance(doc, LocatedDict):
+        raise ProfileError(f"{path}:1: a playbook must be a mapping with 'name' and 'settings'")
+    for key in doc:
+        if key not in ("name", "extends", "description", "settings"):
+            raise ProfileError(f"{path}:{doc.line_of(key)}: {key}: unknown key (expected name, extends, description, settings)")
+    settings = doc.get("settings") or {}
+    if not isinstance(settings, dict):
+        raise ProfileError(f"{path}:{doc.line_of('settings')}: settings: must be a mapping")
+    _check_sections(settings, str(path))
+    base = _read_settings(doc["extends"], seen + (name,))[0] if doc.get("extends") else {}
+    return merge(base, settings), str(doc.get("description", ""))
+
+
+def _check_sections(settings: dict, where: str) -> None:
+    for section, values in settings.items():
+        line = settings.line_of(section) if isinstance(settings, LocatedDict) else 0
+        if section not in _SECTION_TYPES:
+            raise ProfileError(f"{where}:{line}: settings.{section}: unknown section (expected one of: {', '.join(_SECTION_TYPES)})")
+        if not isinstance(values, dict):
+            raise ProfileError(f"{where}:{line}: settings.{section}: must be a mapping")
+        known = {f.name for f in dataclasses.fields(_SECTION_TYPES[section])}
+        for key in values:
+            if key not in known:
+                kline = values.line_of(key) if isinstance(values, LocatedDict) else line
+                raise ProfileError(f"{where}:{kline}: settings.{section}.{key}: unknown setting (expected one of: {', '.join(sorted(known))})")
+
+
+def merge(base: dict, override: dict) -> dict:
+    out = {k: dict(v) for k, v in base.items()}
+    for section, values in override.items():
+        out.setdefault(section, {}).update(values)
+    return out
+
+
+def host_overrides(host: Host) -> dict:
+    """What the inventory says for this host, as profile settings."""
+    over: dict[str, dict] = {}
+    if host.pins.driver:
+        over.setdefault("driver", {})["version"] = host.pins.driver
+    if host.pins.cuda:
+        over.setdefault("cuda", {})["toolkit"] = host.pins.cuda
+    if host.pins.python:
+        over.setdefault("tools", {})["python"] = host.pins.python
+    if host.irq_cores:
+        over.setdefault("irq", {})["gpu_affinity"] = host.irq_cores
+    if host.rcu_nocbs:
+        over.setdefault("kernel", {})["rcu_nocbs"] = host.rcu_nocbs
+    _check_sections(host.tune, f"{host.source} (tune)")
+    return merge(over, host.tune)
+
+
+def build(name: str, settings: dict, description: str = "") -> Profile:
+    """A validated Profile from merged settings."""
+    sections = {}
+    for section, cls in _SECTION_TYPES.items():
+        values = settings.get(section, {})
+        try:
+            sections[section] = cls(**values)
+        except TypeError as exc:
+            raise ProfileError(f"profile {name}: settings.{section}: {exc}") from None
+    return Profile(name=name, description=description, **sections)
+
+
+def load_profile(name: str) -> Profile:
+    settings, description = _read_settings(name)
+    return build(name, settings, description)
+
+
+def profile_for(host: Host) -> Profile:
+    """The host's playbook with the inventory's pins and `tune:` applied."""
+    settings, description = _read_settings(host.profile)
+    return build(host.profile, merge(settings, host_overrides(host)), description)

@@ -1,0 +1,137 @@
+"""Run commands on a remote host over SSH (paramiko), with host keys checked."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+import time
+from typing import Sequence
+
+import paramiko
+
+from hosttune.errors import HostKeyError, TransportError
+from hosttune.quoting import join
+from hosttune.transport.base import CommandResult, ConnectionSpec, with_become
+
+_KNOWN_HOSTS_LOCK = threading.Lock()
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown keys unless the user accepted new ones; then record them."""
+
+    def __init__(self, spec: ConnectionSpec, known_hosts: str):
+        self.spec = spec
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        if not self.spec.accept_new_host_keys:
+            raise HostKeyError(
+                f"{self.spec.host_name}: unknown SSH host key for {hostname} "
+                f"({key.get_name()} {key.fingerprint}); verify it and add it to "
+                f"{self.known_hosts}, or pass --accept-new-host-keys"
+            )
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        with _KNOWN_HOSTS_LOCK:
+            os.makedirs(os.path.dirname(self.known_hosts) or ".", exist_ok=True)
+            with open(self.known_hosts, "a", encoding="ascii") as fh:
+                fh.write(line)
+
+
+def _known_hosts_path(spec: ConnectionSpec) -> str:
+    return os.path.expanduser(spec.known_hosts or "~/.ssh/known_hosts")
+
+
+class SshTransport:
+    """One SSH connection per host, opened on first use."""
+
+    def __init__(self, spec: ConnectionSpec):
+        self.spec = spec
+        self.host_name = spec.host_name
+        self._client: paramiko.SSHClient | None = None
+        self.connect_s = 0.0
+
+    def connect(self) -> paramiko.SSHClient:
+        if self._client is None:
+            start = time.monotonic()
+            self._client = self._open()
+            self.connect_s = time.monotonic() - start
+        return self._client
+
+    def _open(self) -> paramiko.SSHClient:
+        spec, known = self.spec, _known_hosts_path(self.spec)
+        client = paramiko.SSHClient()
+        if os.path.exists(known):
+            client.load_host_keys(known)
+        client.set_missing_host_key_policy(_HostKeyPolicy(spec, known))
+        key = os.path.expanduser(spec.key) if spec.key else None
+        try:
+            client.connect(
+                spec.address, port=spec.port, username=spec.user, key_filename=key,
+                timeout=spec.timeout_s, banner_timeout=spec.timeout_s,
+                auth_timeout=spec.timeout_s, look_for_keys=key is None, allow_agent=key is None,
+            )
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyError(
+                f"{spec.host_name}: SSH HOST KEY CHANGED for {spec.address}:{spec.port} "
+                f"(got {exc.key.get_name()} {exc.key.fingerprint}); someone may be intercepting "
+                f"the connection, or the host was reinstalled. Fix {known} by hand."
+            ) from exc
+        except HostKeyError:
+            client.close()
+            raise
+        except paramiko.AuthenticationException as exc:
+            raise TransportError(f"{spec.host_name}: SSH authentication failed as {spec.user}: {exc}") from exc
+        except (OSError, socket.timeout, paramiko.SSHException) as exc:
+            raise TransportError(f"{spec.host_name}: cannot reach {spec.address}:{spec.port}: {exc}") from exc
+        return client
+
+    def run(
+        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        full = with_become(argv, self.spec.become)
+        start = time.monotonic()
+        try:
+            chan = self.connect().get_transport().open_session(timeout=self.spec.timeout_s)
+            chan.exec_command(join(full))
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            rc, out, err = _drain(chan, timeout)
+        except (OSError, socket.timeout, paramiko.SSHException) as exc:
+            raise TransportError(f"{self.host_name}: command {argv[0]!r} failed over SSH: {exc}") from exc
+        return CommandResult(full, rc, out, err, time.monotonic() - start)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _drain(chan: paramiko.Channel, timeout: float | None) -> tuple[int, str, str]:
+    """Read stdout and stderr together (one blocked stream must not stall the other)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out, err = bytearray(), bytearray()
+    while True:
+        while chan.recv_ready():
+            out += chan.recv(65536)
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(65536)
+        if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            chan.close()
+            raise socket.timeout(f"no exit after {timeout}s")
+        select.select([chan], [], [], 0.1)
+    # Whatever arrived between the last read and the exit status.
+    out += _read_rest(chan.recv)
+    err += _read_rest(chan.recv_stderr)
+    return chan.recv_exit_status(), out.decode("utf-8", "surrogateescape"), err.decode("utf-8", "surrogateescape")
+
+
+def _read_rest(recv) -> bytes:
+    data = bytearray()
+    while chunk := recv(65536):
+        data += chunk
+    return bytes(data)
