@@ -1,0 +1,74 @@
+"""Engine configuration: one dataclass with defaults, validated when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hosttune_engine.errors import ConfigError
+
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+DEVICES = ("auto", "cuda", "cpu")
+KERNEL_BACKENDS = ("auto", "triton", "torch")
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to start.
+
+    `kernel_backend="auto"` runs the Triton kernels on CUDA and their torch
+    references elsewhere. `num_kv_blocks` overrides the KV pool size that is
+    otherwise derived from free GPU memory and `gpu_memory_utilization` (or
+    from `cpu_kv_cache_gib` on CPU). `max_num_seqs` is the hard maximum batch
+    size; `max_num_batched_tokens` is the per-step token budget that chunks long
+    prefills.
+    """
+
+    model: str
+    load_format: str = "auto"
+    dtype: str = "auto"
+    device: str = "auto"
+    kernel_backend: str = "auto"
+    seed: int = 0
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.90
+    cpu_kv_cache_gib: float = 0.25
+    num_kv_blocks: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice("load_format", self.load_format, LOAD_FORMATS)
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
+        _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                "max_num_batched_tokens must be >= max_num_seqs so every running sequence "
+                f"can decode each step ({self.max_num_batched_tokens} < {self.max_num_seqs})"
+            )
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.cpu_kv_cache_gib <= 0:
+            raise ConfigError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

@@ -1,0 +1,1 @@
+"""The life of a request: sequence, scheduler, model runner, engine loop."""

@@ -1,0 +1,185 @@
+"""Continuous batching with chunked prefill, a hard batch limit and preemption (torch-free).
+
+Each step the scheduler spends a token budget: first on running sequences (one
+token for each decode, the next chunk for each unfinished prefill), then on
+waiting ones in priority order. When the KV pool cannot hold a running
+sequence's next tokens, the least important running sequence not yet scheduled
+this step is preempted: its blocks are freed and it goes back to waiting, to be
+recomputed later (its full blocks usually survive in the prefix cache).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from hosttune_engine.cache.block_manager import BlockManager
+from hosttune_engine.core.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    max_model_len: int = 4096
+    policy: str = "fcfs"  # or "priority": lower value runs first
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's work. Prefill chunks (more than one new token) come before decodes."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def num_prefill_seqs(self) -> int:
+        return sum(1 for n in self.num_new_tokens if n > 1)
+
+    def sample_mask(self) -> list[bool]:
+        """Which sequences reach their last token this step, so get a sampled token."""
+        return [s.num_computed_tokens + n == s.num_tokens for s, n in zip(self.seqs, self.num_new_tokens)]
+
+
+class Scheduler:
+    """Decides which sequences run each step and with how many tokens."""
+
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, eos_token_ids=()):
+        self.config = config
+        self.block_manager = block_manager
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: list[Sequence] = []  # sorted by _queue_key
+        self.running: list[Sequence] = []  # admission order
+        self.num_preemptions = 0
+
+    # -- queue ------------------------------------------------------------------
+    def _queue_key(self, seq: Sequence) -> tuple[int, int]:
+        priority = seq.priority if self.config.policy == "priority" else 0
+        return (priority, seq.index)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=self._queue_key)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- schedule ---------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:  # admitting while preempting would thrash
+            self._schedule_waiting(out, budget)
+        order = sorted(range(len(out.seqs)), key=lambda i: out.num_new_tokens[i] == 1)
+        out.seqs = [out.seqs[i] for i in order]
+        out.num_new_tokens = [out.num_new_tokens[i] for i in order]
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.can_allocate(seq, n):
+                victim = self._pick_victim(i)
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                self.block_manager.allocate(seq, n)
+                out.seqs.append(seq)
+                out.num_new_tokens.append(n)
+                budget -= n
+                i += 1
+        return budget
+
+    def _pick_victim(self, first: int) -> Sequence:
+        """The least important running sequence not yet scheduled this step."""
+        candidates = self.running[first:]
+        if self.config.policy == "priority":
+            return max(candidates, key=lambda s: (s.priority, s.index))
+        return candidates[-1]
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+        self.add(seq)
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        bm = self.block_manager
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            cached = bm.lookup_prefix(seq)
+            n = min(seq.num_tokens - len(cached) * bm.block_size, budget)
+            if not bm.can_allocate(seq, n, cached):
+                break
+            bm.allocate(seq, n, cached)
+            self.waiting.pop(0)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.seqs.append(seq)
+            out.num_new_tokens.append(n)
+            budget -= n
+
+    # -- after the model ran -----------------------------------------------------
+    def postprocess(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
+        """Advance computed counts, append sampled tokens, finish on token-level stops.
+
+        `sampled[i]` is the new token of `out.seqs[i]`, or None for a prefill chunk
+        that did not reach the end of its prompt. Returns the sequences that got
+        a token this step (finished ones included).
+        """
+        advanced = []
+        for seq, n, token in zip(out.seqs, out.num_new_tokens, sampled):
+            seq.num_computed_tokens += n
+            if token is None:
+                continue
+            seq.append_token(token)
+            advanced.append(seq)
+            reason = self._token_stop_reason(seq, token)
+            if reason is not None:
+                self.finish(seq, reason, stop_reason=token if reason == "stop" else None)
+        return advanced
+
+    def _token_stop_reason(self, seq: Sequence, token: int) -> str | None:
+        params = seq.sampling
+        if token in params.stop_token_ids:
+            return "stop"
+        if token in self.eos_token_ids and not params.ignore_eos:
+            return "stop"
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            return "length"
+        return None
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
+        """End `seq` now (stop, length or abort) and return its blocks."""
+        if seq.is_finished:
+            return
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason

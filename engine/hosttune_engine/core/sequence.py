@@ -1,0 +1,82 @@
+"""One request's token state as the scheduler and block manager see it (torch-free)."""
+
+from __future__ import annotations
+
+import itertools
+from enum import Enum
+
+from hosttune_engine.sampling import SamplingParams
+
+_counter = itertools.count()
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Prompt plus generated tokens, how many of them have KV in the cache, and where.
+
+    `num_computed_tokens` counts tokens whose keys and values are in the KV cache;
+    a step computes `token_ids[num_computed_tokens : num_computed_tokens + n]`.
+    `block_hashes[i]` is the chained hash of full block i (filled lazily).
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        priority: int = 0,
+        arrival_time: float = 0.0,
+    ) -> None:
+        self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.sampling = sampling
+        self.priority = priority
+        self.arrival_time = arrival_time
+        self.index = next(_counter)  # admission order; ties in priority break on it
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prefix-cache hit when first scheduled
+        self.num_preemptions = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id!r}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, {self.status.value})"
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)
+
+    def block_tokens(self, block_index: int, block_size: int) -> tuple[int, ...]:
+        start = block_index * block_size
+        return tuple(self.token_ids[start : start + block_size])

@@ -1,0 +1,64 @@
+"""Sampling parameters of one request (torch-free)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hosttune_engine.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens for one request and when to stop.
+
+    `temperature=0` is greedy. `top_k=0` and `top_p=1` disable those filters.
+    `logprobs=None` returns no log-probabilities; `logprobs=n` returns the chosen
+    token's log-probability and the `n` most likely alternatives (raw model
+    distribution, before temperature and filters). Stop strings are cut from the
+    text unless `include_stop_str_in_output`; stop tokens end the request and are
+    kept in `token_ids`.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default=())
+    stop_token_ids: tuple[int, ...] = field(default=())
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+        self._validate()
+
+    def _validate(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 or -1 disables it), got {self.top_k}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ConfigError(f"logprobs must be between 0 and 20, got {self.logprobs}")
+        if any(not s for s in self.stop):
+            raise ConfigError("stop strings must not be empty")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ConfigError("stop_token_ids must be non-negative token ids")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def max_stop_len(self) -> int:
+        return max((len(s) for s in self.stop), default=0)

@@ -1,0 +1,170 @@
+"""Scheduler: continuous batching, chunked prefill, batch limit, preemption, priority.
+
+Runs the scheduler against the block manager with a fake "model" that emits
+token ids; no torch.
+"""
+
+import time
+
+from hosttune_engine.cache.block_manager import BlockManager
+from hosttune_engine.core.scheduler import Scheduler, SchedulerConfig
+from hosttune_engine.core.sequence import Sequence, SequenceStatus
+from hosttune_engine.sampling import SamplingParams
+
+BS = 4
+
+
+def make(num_blocks=64, **kw):
+    cfg = SchedulerConfig(**{"max_num_seqs": 8, "max_num_batched_tokens": 64, "max_model_len": 256, **kw})
+    return Scheduler(cfg, BlockManager(num_blocks, BS), eos_token_ids=[0])
+
+
+def seq(n, rid, max_tokens=4, priority=0, start=1):
+    return Sequence(rid, list(range(start, start + n)), SamplingParams(max_tokens=max_tokens), priority)
+
+
+def step(s, token=7):
+    out = s.schedule()
+    mask = out.sample_mask()
+    s.postprocess(out, [token if m else None for m in mask])
+    return out
+
+
+def run_to_end(s, max_steps=1000):
+    outs = []
+    for _ in range(max_steps):
+        if not s.has_unfinished():
+            return outs
+        outs.append(step(s))
+    raise AssertionError("did not finish")
+
+
+def test_prefill_then_decode_until_max_tokens():
+    s = make()
+    a = seq(10, "a", max_tokens=3)
+    s.add(a)
+    out = step(s)
+    assert out.num_new_tokens == [10]
+    assert a.output_token_ids == [7]
+    out = step(s)
+    assert out.num_new_tokens == [1]
+    step(s)
+    assert a.is_finished and a.finish_reason == "length" and a.output_token_ids == [7, 7, 7]
+    assert s.block_manager.num_free_blocks == 64
+
+
+def test_chunked_prefill_respects_token_budget_and_batches_decodes_first():
+    s = make(max_num_batched_tokens=16)
+    a = seq(40, "a", max_tokens=2)
+    b = seq(3, "b", max_tokens=5)
+    s.add(b)
+    s.add(a)
+    step(s)  # b prefilled (3 tokens); a gets a 13-token chunk
+    assert a.num_computed_tokens == 13 and a.num_output_tokens == 0
+    out = step(s)
+    assert out.num_tokens <= 16
+    assert out.seqs[0] is a and out.num_new_tokens[0] > 1  # prefill chunks first
+    assert out.seqs[-1] is b and out.num_new_tokens[-1] == 1
+    run_to_end(s)
+    assert a.output_token_ids == [7, 7] and b.num_output_tokens == 5
+
+
+def test_hard_max_batch_size():
+    s = make(max_num_seqs=3)
+    for i in range(5):
+        s.add(seq(4, f"r{i}", max_tokens=10, start=10 * i + 1))
+    for _ in range(5):
+        out = step(s)
+        assert len(out.seqs) <= 3 and s.num_running <= 3
+    assert s.num_waiting == 2
+
+
+def test_eos_and_stop_tokens_finish():
+    s = make()
+    a = seq(4, "a", max_tokens=10)
+    s.add(a)
+    s.postprocess(s.schedule(), [0])  # eos
+    assert a.finish_reason == "stop" and a.stop_reason == 0
+    b = Sequence("b", [1, 2], SamplingParams(max_tokens=10, stop_token_ids=[9]))
+    s.add(b)
+    s.postprocess(s.schedule(), [9])
+    assert b.finish_reason == "stop" and b.output_token_ids == [9]
+    c = Sequence("c", [1, 2], SamplingParams(max_tokens=10, ignore_eos=True))
+    s.add(c)
+    s.postprocess(s.schedule(), [0])
+    assert not c.is_finished
+
+
+def test_max_model_len_stops_with_length():
+    s = make(max_model_len=6)
+    a = seq(4, "a", max_tokens=100)
+    s.add(a)
+    run_to_end(s)
+    assert a.num_tokens == 6 and a.finish_reason == "length"
+
+
+def test_preemption_frees_blocks_and_everything_finishes():
+    s = make(num_blocks=6)  # 24 token slots for 3 sequences of 14 tokens
+    seqs = [seq(6, f"r{i}", max_tokens=8, start=100 * i + 1) for i in range(3)]
+    for x in seqs:
+        s.add(x)
+    run_to_end(s)
+    assert s.num_preemptions > 0
+    assert all(x.is_finished and x.num_output_tokens == 8 for x in seqs)
+    assert any(x.num_preemptions for x in seqs)
+    assert s.block_manager.num_free_blocks == 6
+
+
+def test_fcfs_preempts_the_latest_arrival():
+    s = make(num_blocks=4)
+    a, b = seq(7, "a", max_tokens=8), seq(7, "b", max_tokens=8, start=50)
+    s.add(a)
+    s.add(b)
+    step(s)  # both prefilled: 7 tokens in 2 blocks each, pool full
+    step(s)  # the 8th token still fits
+    step(s)  # a's 9th token needs a third block: b is preempted
+    assert b.status is SequenceStatus.WAITING and b.num_preemptions == 1
+    assert a.status is SequenceStatus.RUNNING and a.num_preemptions == 0
+
+
+def test_priority_orders_waiting_and_picks_victims():
+    s = make(num_blocks=4, policy="priority", max_num_seqs=2)
+    low = seq(7, "low", max_tokens=8, priority=5)
+    high = seq(7, "high", max_tokens=8, priority=-1, start=50)
+    s.add(low)
+    s.add(high)
+    assert s.waiting[0] is high
+    for _ in range(3):
+        step(s)
+    assert low.num_preemptions == 1 and high.num_preemptions == 0
+
+
+def test_preempted_sequence_resumes_from_prefix_cache():
+    s = make(num_blocks=5)
+    a, b = seq(8, "a", max_tokens=6), seq(8, "b", max_tokens=6, start=50)
+    s.add(a)
+    s.add(b)
+    run_to_end(s)
+    assert s.num_preemptions >= 1
+    assert s.block_manager.num_prefix_hits > 0  # the victim got its blocks back
+
+
+def test_abort_waiting_and_running():
+    s = make()
+    a, b = seq(5, "a", max_tokens=10), seq(5, "b", max_tokens=10, start=40)
+    s.add(a)
+    step(s)
+    s.add(b)
+    s.finish(a, "abort")
+    s.finish(b, "abort")
+    assert a.finish_reason == b.finish_reason == "abort"
+    assert not s.has_unfinished() and s.block_manager.num_free_blocks == 64
+
+
+def test_scheduling_is_fast():
+    s = make(num_blocks=4096, max_num_seqs=64, max_num_batched_tokens=2048)
+    for i in range(128):
+        s.add(seq(30, f"r{i}", max_tokens=16, start=1000 * i))
+    t0 = time.perf_counter()
+    run_to_end(s)
+    assert time.perf_counter() - t0 < 2.0
