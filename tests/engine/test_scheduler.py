@@ -55,8 +55,8 @@ def test_prefill_then_decode_until_max_tokens():
 
 def test_chunked_prefill_respects_token_budget_and_batches_decodes_first():
     s = make(max_num_batched_tokens=16)
+    b = seq(3, "b", max_tokens=5)  # arrives first
     a = seq(40, "a", max_tokens=2)
-    b = seq(3, "b", max_tokens=5)
     s.add(b)
     s.add(a)
     step(s)  # b prefilled (3 tokens); a gets a 13-token chunk
