@@ -1,0 +1,1 @@
+"""Live tests: real systemd hosts (systemd-nspawn containers) over real SSH."""

@@ -1,0 +1,159 @@
+"""One systemd-nspawn container: spawn it, find its PID 1, wait for sshd, stop it, kill it."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cgroup import Cgroup
+
+CONSOLE_TAIL_LINES = 60
+
+
+class BootError(RuntimeError):
+    """A container did not boot, or its sshd did not answer before the deadline."""
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A host directory bound over a container path (e.g. a writable stand-in for /sys/...)."""
+
+    host_dir: Path
+    path: str
+    read_only: bool = False
+
+    def nspawn_arg(self) -> str:
+        flag = "--bind-ro" if self.read_only else "--bind"
+        return f"{flag}={self.host_dir}:{self.path}"
+
+
+class Machine:
+    """The running container behind a LiveHost; mutable because it can be stopped and started."""
+
+    def __init__(self, machine_name: str, hostname: str, root: Path, console_log: Path,
+                 cgroup: Cgroup, binds: tuple[Bind, ...] = (), extra_args: tuple[str, ...] = ()):
+        self.machine_name = machine_name
+        self.hostname = hostname
+        self.root = root
+        self.console_log = console_log
+        self.cgroup = cgroup
+        self.binds = binds
+        self.extra_args = extra_args
+        self.process: subprocess.Popen | None = None
+        self.leader: int | None = None  # host PID of the container's PID 1 (systemd)
+
+    def argv(self) -> list[str]:
+        return [
+            "systemd-nspawn", "--register=no", "--keep-unit", "--boot",
+            f"--machine={self.machine_name}", f"--hostname={self.hostname}",
+            f"--directory={self.root}", "--console=read-only", "--link-journal=no",
+            "--resolv-conf=copy-host",
+            *(b.nspawn_arg() for b in self.binds), *self.extra_args,
+        ]
+
+    @property
+    def is_running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def spawn(self) -> None:
+        assert not self.is_running, f"{self.machine_name} is already running"
+        self.cgroup.create()
+        with open(self.console_log, "ab") as log:
+            log.write(f"\n=== {time.strftime('%H:%M:%S')} {' '.join(self.argv())}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.cgroup.enter_prefix() + self.argv(),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # a ^C in the terminal reaches pytest, not the containers
+            )
+        self.leader = None
+
+    def wait_ready(self, port: int, deadline: float) -> None:
+        """Block until sshd on 127.0.0.1:port sends its banner and PID 1 is known."""
+        while time.monotonic() < deadline:
+            if not self.is_running:
+                raise BootError(self._failure(f"systemd-nspawn exited with {self.process.returncode}"))
+            if self.leader is None:
+                self.leader = self._find_leader()
+            if self.leader is not None and ssh_banner(port):
+                return
+            time.sleep(0.1)
+        raise BootError(self._failure(f"sshd on 127.0.0.1:{port} did not answer in time"))
+
+    def _find_leader(self) -> int | None:
+        pid = self.process.pid
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except FileNotFoundError:
+            return None
+        for child in map(int, children):
+            if _ns_pid(child) == 1:
+                return child
+        return None
+
+    def _failure(self, what: str) -> str:
+        lines = self.console_log.read_text(errors="replace").splitlines()[-CONSOLE_TAIL_LINES:]
+        return f"container {self.machine_name}: {what}. Console ({self.console_log}):\n" + "\n".join(lines)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Power the container off (nspawn turns SIGTERM into a clean shutdown), else kill it."""
+        if self.is_running:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+    def kill(self) -> None:
+        """Kill every process of the container (cgroup.kill), and remove its cgroups."""
+        self.cgroup.kill()
+        if self.process is not None:
+            self.process.wait(10)
+        self.leader = None
+        self.cgroup.remove()
+        _rmdir(Path("/run/systemd/nspawn/propagate") / self.machine_name)
+
+    def nsenter_argv(self) -> list[str]:
+        """argv prefix that runs a command inside the container's namespaces and root."""
+        if self.leader is None:
+            raise RuntimeError(f"container {self.machine_name} is not running")
+        return [
+            "nsenter", f"--target={self.leader}", "--mount", "--uts", "--ipc", "--pid",
+            "--root", "--wd", "--", "/usr/bin/env", "-i",
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME=/root", "LANG=C.UTF-8", "TERM=dumb",
+        ]
+
+
+def ssh_banner(port: int, address: str = "127.0.0.1") -> bool:
+    """True if something on address:port speaks SSH (sends an 'SSH-' banner)."""
+    try:
+        with socket.create_connection((address, port), timeout=1.0) as sock:
+            sock.settimeout(2.0)
+            return sock.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def _ns_pid(pid: int) -> int | None:
+    """The PID of `pid` in its innermost PID namespace (1 for a container's init)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                ids = line.split()[1:]
+                return int(ids[-1]) if len(ids) > 1 else None
+    except FileNotFoundError:
+        pass
+    return None
+
+
+def _rmdir(path: Path) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
