@@ -20,6 +20,7 @@ class GpuInfo:
     sm_clock_max_mhz: int | None = None
     power_draw_w: float | None = None
     power_limit_w: float | None = None
+    power_limit_max_w: float | None = None
     utilization_pct: int | None = None
     clock_event_reasons: tuple[str, ...] = ()
     pcie_gen: int | None = None

@@ -220,11 +220,11 @@ class LoadGenerator:
     # Watchers.
 
     async def _sample_lag(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            due = loop.time() + LAG_INTERVAL
+            due = self._now() + LAG_INTERVAL
             await asyncio.sleep(LAG_INTERVAL)
-            self.lag.append(LagSample(self._now(), max(0.0, loop.time() - due)))
+            now = self._now()
+            self.lag.append(LagSample(now, max(0.0, now - due)))
 
     async def _report_progress(self) -> None:
         while True:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import selectors
 from collections import deque
 from dataclasses import dataclass
 
@@ -208,7 +209,7 @@ def _whole(is_chat: bool, prompt_tokens: int, num_tokens: int) -> dict:
     return {"id": "cmpl-scripted", "model": MODEL, "choices": [choice], "usage": usage}
 
 
-def _parse_args(argv: list[str] | None) -> tuple[Script, int, float]:
+def _parse_args(argv: list[str] | None) -> tuple[Script, int, float, bool]:
     parser = argparse.ArgumentParser(description="Scripted OpenAI-compatible test server.")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ttft", type=float, default=0.05)
@@ -219,6 +220,8 @@ def _parse_args(argv: list[str] | None) -> tuple[Script, int, float]:
     parser.add_argument("--error-every", type=int, default=0)
     parser.add_argument("--error-after", type=int, default=1)
     parser.add_argument("--fail-status-every", type=int, default=0)
+    parser.add_argument("--fast", action="store_true",
+                        help="use uvloop: more streams, but delays rounded up to 1 ms")
     parser.add_argument("--lifetime", type=float, default=3600.0,
                         help="exit after this many seconds, so a forgotten server stops")
     args = parser.parse_args(argv)
@@ -228,7 +231,7 @@ def _parse_args(argv: list[str] | None) -> tuple[Script, int, float]:
         max_queue=args.max_queue, error_every=args.error_every,
         error_after=args.error_after, fail_status_every=args.fail_status_every,
     )
-    return script, args.port, args.lifetime
+    return script, args.port, args.lifetime, args.fast
 
 
 async def serve(script: Script, port: int, lifetime: float) -> None:
@@ -243,12 +246,19 @@ async def serve(script: Script, port: int, lifetime: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    script, port, lifetime = _parse_args(argv)
+    script, port, lifetime, is_fast = _parse_args(argv)
+    if is_fast:
+        from uvloop import run  # more connections per second, but 1 ms timer resolution
+        run(serve(script, port, lifetime))
+        return
+    # epoll (asyncio's default) and uvloop round timer waits up to whole milliseconds;
+    # select() takes microseconds, so the scripted delays hold to a fraction of a
+    # millisecond. select() is limited to about 1,000 open connections.
+    loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
     try:
-        from uvloop import run  # optional: a faster loop keeps the server's own jitter low
-    except ImportError:
-        run = asyncio.run
-    run(serve(script, port, lifetime))
+        loop.run_until_complete(serve(script, port, lifetime))
+    finally:
+        loop.close()
 
 
 if __name__ == "__main__":

@@ -35,7 +35,11 @@ def pstate(facts: Facts, profile: Profile) -> Verdict:
         elif g.pstate != want:
             notes.append(f"GPU{g.index} idle in {g.pstate} (legitimate; judged under load)")
         if "sw_power_cap" in g.clock_event_reasons and is_busy(g):
-            problems.append(f"GPU{g.index} capped by software power limit {g.power_limit_w} W")
+            lowered = g.power_limit_w and g.power_limit_max_w and g.power_limit_w < g.power_limit_max_w
+            if lowered:
+                problems.append(f"GPU{g.index} capped by a lowered power limit {g.power_limit_w:.0f} W (max {g.power_limit_max_w:.0f} W)")
+            else:
+                notes.append(f"GPU{g.index} at its full power limit {g.power_limit_w} W under load (expected for dense math)")
     status = Status.DRIFT if problems else Status.OK
     active = show(_per_gpu(facts, lambda g: f"{g.pstate} {g.utilization_pct if g.utilization_pct is not None else '?'}% {g.sm_clock_mhz}/{g.sm_clock_max_mhz} MHz"))
     return Verdict(status, f"{want} under load, no slowdown", None, active, "; ".join(problems or notes))

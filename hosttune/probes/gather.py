@@ -131,6 +131,8 @@ def _with_gpus(facts: Facts, sections: dict[str, Section], errors: list[str]) ->
         except ProbeError as exc:
             failures.append(str(exc))
             continue
+        if name == "smi-xml":
+            gpus = _with_compute_caps(gpus, sections.get("smi-csv"))
         return replace(facts, gpu=replace(
             facts.gpu, source=name.replace("smi-", "nvidia-smi-"), gpus=gpus,
             driver_version=info["driver_version"], cuda_driver_version=info["cuda_driver_version"],
@@ -139,6 +141,17 @@ def _with_gpus(facts: Facts, sections: dict[str, Section], errors: list[str]) ->
     if error and facts.gpu.pci_devices:
         errors.append(f"gpu: NVIDIA devices on the PCI bus but no driver answered: {error}")
     return replace(facts, gpu=replace(facts.gpu, error=error))
+
+
+def _with_compute_caps(gpus, csv_section: Section | None):
+    """nvidia-smi's XML has no compute capability; its CSV query does."""
+    if csv_section is None or csv_section.rc != 0:
+        return gpus
+    try:
+        caps = {g.bdf: g.compute_cap for g in gpu.parse_smi_csv(csv_section.text)[1]}
+    except ProbeError:
+        return gpus
+    return tuple(replace(g, compute_cap=g.compute_cap or caps.get(g.bdf)) for g in gpus)
 
 
 def empty_facts() -> Facts:

@@ -126,6 +126,7 @@ def _gpu_from_xml(index: int, gpu: ET.Element) -> GpuInfo:
         sm_clock_max_mhz=_number(_text(gpu, "max_clocks/sm_clock")),
         power_draw_w=_power(gpu, "power_draw"),
         power_limit_w=_power(gpu, "current_power_limit") or _power(gpu, "power_limit"),
+        power_limit_max_w=_power(gpu, "max_power_limit"),
         utilization_pct=_number(_text(gpu, "utilization/gpu_util")),
         clock_event_reasons=_reasons(gpu),
         pcie_gen=_number(_text(gpu, f"{link}/pcie_gen/current_link_gen")),

@@ -41,6 +41,7 @@ def gpu(i):
     pci = get(N.nvmlDeviceGetPciInfo, h)
     power = get(N.nvmlDeviceGetPowerUsage, h)
     limit = get(N.nvmlDeviceGetEnforcedPowerLimit, h)
+    bounds = get(N.nvmlDeviceGetPowerManagementLimitConstraints, h)
     pstate = get(N.nvmlDeviceGetPerformanceState, h)
     pending = None
     if remap is not None:
@@ -60,6 +61,7 @@ def gpu(i):
         "sm_clock_max_mhz": get(N.nvmlDeviceGetMaxClockInfo, h, N.NVML_CLOCK_SM),
         "power_draw_w": None if power is None else power / 1000.0,
         "power_limit_w": None if limit is None else limit / 1000.0,
+        "power_limit_max_w": None if bounds is None else bounds[1] / 1000.0,
         "utilization_pct": None if util is None else util.gpu,
         "clock_event_reasons": [] if mask is None else [k for k, bit in REASONS.items() if mask & bit],
         "pcie_gen": get(N.nvmlDeviceGetCurrPcieLinkGeneration, h),

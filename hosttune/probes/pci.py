@@ -32,17 +32,20 @@ def _device(bdf: str, files: dict[str, str], irq_lines: dict[int, str]) -> PciDe
     )
 
 
+_IRQ_LINE = re.compile(r"^/proc/irq/(\d+)/smp_affinity_list:(.*)$")
+_SYSFS_LINE = re.compile(r"^(/sys/bus/pci/devices/[^/]+/\w+):(.*)$")
+
+
 def parse_gpu_pci(text: str) -> tuple[PciDevice, ...]:
     """The probe's gpu-pci section: 'device:BDF' then grep -H lines of its sysfs files and IRQs."""
     devices: list[tuple[str, dict[str, str], dict[int, str]]] = []
     for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key == "device":
-            devices.append((value.strip(), {}, {}))
-        elif devices and (m := re.match(r"/proc/irq/(\d+)/smp_affinity_list$", key)):
-            devices[-1][2][int(m.group(1))] = value.strip()
-        elif devices and key.startswith("/sys/"):
-            devices[-1][1][key] = value.strip()
+        if line.startswith("device:"):
+            devices.append((line.partition(":")[2].strip(), {}, {}))
+        elif devices and (m := _IRQ_LINE.match(line)):
+            devices[-1][2][int(m.group(1))] = m.group(2).strip()
+        elif devices and (m := _SYSFS_LINE.match(line)):  # the BDF in the path has colons too
+            devices[-1][1][m.group(1)] = m.group(2).strip()
     return tuple(_device(bdf, files, irqs) for bdf, files, irqs in devices)
 
 

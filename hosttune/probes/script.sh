@@ -1,6 +1,7 @@
 # hosttune probe: read-only. Prints sections "@@ht:NAME" ... "@@ht-end:NAME:RC".
 # Shipped as-is to every host; no inventory value is ever interpolated into it.
 export LC_ALL=C
+HT_PY0=$(command -v python3 2>/dev/null)  # the caller's python3 may be the one with pynvml
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 sec() { n=$1; shift; printf '@@ht:%s\n' "$n"; "$@" 2>/dev/null; r=$?; printf '\n@@ht-end:%s:%s\n' "$n" "$r"; return $r; }
 
@@ -103,9 +104,17 @@ sec packages packages
 sec services services
 sec sysctl sysctl_conf
 sec tools tools
-if ! sec nvml python3 -c "$HOSTTUNE_NVML_PROBE"; then
-  if command -v nvidia-smi >/dev/null; then
-    sec smi-xml nvidia-smi -q -x || sec smi-csv nvidia-smi --query-gpu=index,name,pci.bus_id,pstate,persistence_mode,clocks.sm,clocks.max.sm,power.draw,power.limit,driver_version,compute_cap --format=csv
-  fi
+nvml() {
+  r=127
+  for py in "$HT_PY0" /usr/bin/python3 python3; do
+    [ -n "$py" ] || continue
+    "$py" -c "$HOSTTUNE_NVML_PROBE"; r=$?
+    [ $r = 3 ] || return $r  # 3: no pynvml in this interpreter, try the next
+  done
+  return $r
+}
+if ! sec nvml nvml && command -v nvidia-smi >/dev/null; then
+  sec smi-xml nvidia-smi -q -x
+  sec smi-csv nvidia-smi --query-gpu=index,name,pci.bus_id,pstate,persistence_mode,clocks.sm,clocks.max.sm,power.draw,power.limit,driver_version,compute_cap --format=csv
 fi
 exit 0

@@ -1,0 +1,85 @@
+"""`hosttune check`, `hosttune facts` and `hosttune explain`."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hosttune import report
+from hosttune.checks import get_check
+from hosttune.cli.app import app
+from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, Progress, color_for, emit, load, user_errors
+from hosttune.fleet import check_fleet, exit_code
+from hosttune.report.jsonout import facts_json
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+    junit = "junit"
+    prometheus = "prometheus"
+
+
+@app.command()
+@user_errors
+def check(
+    inventory: Optional[Path] = InventoryOpt,
+    limit: Optional[str] = LimitOpt,
+    fmt: Format = typer.Option(Format.table, "--format", help="Report format."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
+    forks: int = ForksOpt,
+    accept_new_host_keys: bool = AcceptKeysOpt,
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also list not-applicable checks."),
+) -> None:
+    """Report how each host differs from its profile (desired / configured / active).
+
+    Exit code bits: 1 drift or pending reboot, 2 probe or usage error, 4 unreachable host.
+
+    Example: hosttune check --inventory inventories/prod.yaml --limit a100 --format junit -o check.xml
+    """
+    inv = load(inventory, limit, accept_new_host_keys)
+    progress = Progress("checking")
+    reports = check_fleet(inv, forks=forks, on_done=progress)
+    progress.close()
+    if fmt is Format.table:
+        emit(report.render("table", reports, color=color_for(output), verbose=verbose), output)
+    else:
+        emit(report.render(fmt.value, reports), output)
+    raise typer.Exit(exit_code(reports))
+
+
+@app.command()
+@user_errors
+def facts(
+    inventory: Optional[Path] = InventoryOpt,
+    limit: Optional[str] = LimitOpt,
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the JSON to this file."),
+    forks: int = ForksOpt,
+    accept_new_host_keys: bool = AcceptKeysOpt,
+) -> None:
+    """Dump the raw facts the probes gathered from each host, as JSON.
+
+    Example: hosttune facts --inventory inventories/prod.yaml --limit gpu-01
+    """
+    inv = load(inventory, limit, accept_new_host_keys)
+    progress = Progress("probing")
+    reports = check_fleet(inv, forks=forks, on_done=progress)
+    progress.close()
+    emit(facts_json(reports), output)
+    raise typer.Exit(exit_code(reports) & ~1)
+
+
+@app.command()
+@user_errors
+def explain(check_id: str = typer.Argument(..., help="A check id, e.g. irq.irqbalance.")) -> None:
+    """Say why a check matters for serving and what `hosttune apply` does about it.
+
+    Example: hosttune explain cpu.cstates
+    """
+    c = get_check(check_id)
+    typer.echo(f"{c.id}: {c.title} (severity {c.severity.value})")
+    typer.echo(f"why: {c.why}")
+    typer.echo(f"fix: {c.remediation}" + (" (needs a reboot)" if c.needs_reboot else ""))

@@ -1,0 +1,74 @@
+"""What every command shares: inventory options, error handling, output."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hosttune.errors import HosttuneError
+from hosttune.fleet import EXIT_ERROR, HostReport
+from hosttune.inventory import Inventory, load_inventory, local_inventory
+
+InventoryOpt = typer.Option(None, "--inventory", "-i", help="Inventory YAML (default: this machine over the local transport).")
+LimitOpt = typer.Option(None, "--limit", "-l", help="Only these hosts or groups (comma-separated globs).")
+ForksOpt = typer.Option(50, "--forks", "-f", min=1, help="Hosts probed in parallel.")
+AcceptKeysOpt = typer.Option(False, "--accept-new-host-keys", help="Trust and record SSH host keys not yet in known_hosts (changed keys are always refused).")
+
+
+def load(inventory: Optional[Path], limit: Optional[str], accept_new_host_keys: bool = False) -> Inventory:
+    inv = load_inventory(inventory, accept_new_host_keys=accept_new_host_keys) if inventory else local_inventory()
+    return inv.limit(limit)
+
+
+def user_errors(fn):
+    """Turn HosttuneError into a one-line message and exit code 2 (usage/probe error)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except HosttuneError as exc:
+            typer.secho(f"hosttune: {exc}", err=True, fg="red")
+            raise typer.Exit(EXIT_ERROR) from None
+
+    return wrapper
+
+
+def emit(text: str, output: Optional[Path]) -> None:
+    if output is None:
+        typer.echo(text)
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+    typer.echo(f"wrote {output}", err=True)
+
+
+class Progress:
+    """One updating line on stderr while hosts finish; silent when stderr is not a terminal."""
+
+    def __init__(self, label: str, enabled: bool | None = None):
+        self.label = label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+
+    def __call__(self, report: HostReport, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        state = "unreachable" if not report.reachable else "error" if report.error else "ok"
+        sys.stderr.write(f"\r{self.label} {done}/{total} hosts (last: {report.host.name} {state})\x1b[K")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def color_for(output: Optional[Path]):
+    """typer.style when printing to a terminal, identity otherwise."""
+    if output is None and sys.stdout.isatty():
+        return lambda text, c: typer.style(text, fg=c) if c else text
+    return None
