@@ -1,0 +1,139 @@
+"""Checks as data: these facts and this profile give these statuses."""
+
+from dataclasses import replace
+
+import pytest
+
+from hosttune.checks import BY_ID, CATALOGUE, get_check, run_checks
+from hosttune.errors import HosttuneError
+from hosttune.facts import Facts
+from hosttune.findings import Status
+from hosttune.inventory import Host, Pins
+from hosttune.probes.gather import parse_probe_output
+from hosttune.profile import load_profile, profile_for
+from hosttune.transport.base import ConnectionSpec
+
+
+def statuses(facts, profile):
+    return {f.check_id: f.status for f in run_checks(facts, profile)}
+
+
+@pytest.fixture
+def a100(fixture_text):
+    return parse_probe_output(fixture_text("a100-4gpu-2numa", "probe-output.txt"))
+
+
+@pytest.fixture
+def l40s(fixture_text):
+    return parse_probe_output(fixture_text("irqbalance-deep-cstates", "probe-output.txt"))
+
+
+@pytest.fixture
+def h200(fixture_text):
+    return parse_probe_output(fixture_text("h200", "probe-output.txt"))
+
+
+def host(**pins):
+    return Host("h", "g", ConnectionSpec("h"), pins=Pins(**pins), irq_cores="0-3")
+
+
+def test_catalogue_covers_design():
+    assert set(BY_ID) == {
+        "driver.version", "driver.held", "cuda.toolkit", "cuda.driver_compat", "gpu.pstate",
+        "gpu.persistence", "gpu.pcie_link", "gpu.ecc", "gpu.mig", "cpu.governor", "cpu.cstates",
+        "kernel.rcu_nocbs", "irq.irqbalance", "irq.gpu_affinity", "numa.topology", "mm.thp",
+        "nvme.power", "tools.numactl", "python.version",
+    }
+    assert all(c.why.endswith(".") and c.remediation for c in CATALOGUE)
+
+
+def test_a100_findings(a100):
+    s = statuses(a100, load_profile("inference-latency"))
+    assert s["driver.version"] is Status.OK  # pinned 535.129.03, module = library
+    assert s["driver.held"] is Status.DRIFT  # libnvidia-compute and cuda-toolkit not held
+    assert s["cuda.toolkit"] is Status.DRIFT  # CUDA 11.8 first on PATH
+    assert s["cuda.driver_compat"] is Status.DRIFT  # 12.4 on 535: minor-version compatibility only
+    assert s["gpu.pstate"] is Status.DRIFT  # GPU3 in P2 under load, GPU1 lowered power cap
+    assert s["gpu.persistence"] is Status.DRIFT  # GPU2 off
+    assert s["gpu.pcie_link"] is Status.DRIFT  # GPU0 x8, GPU3 Gen3 under load
+    assert s["gpu.ecc"] is Status.DRIFT  # GPU2 pending retirement
+    assert s["gpu.mig"] is Status.OK
+    assert s["cpu.governor"] is Status.DRIFT  # CPUs 60-63 powersave, no boot unit
+    assert s["cpu.cstates"] is Status.OK and s["kernel.rcu_nocbs"] is Status.OK
+    assert s["irq.irqbalance"] is Status.OK  # masked and not running
+    assert s["irq.gpu_affinity"] is Status.DRIFT
+    assert s["numa.topology"] is Status.DRIFT  # live 1, sysctl.d 0
+    assert s["nvme.power"] is Status.DRIFT  # nvme1 in D3hot
+    assert s["tools.numactl"] is Status.OK and s["python.version"] is Status.OK
+
+
+def test_a100_details_name_the_culprits(a100):
+    found = {f.check_id: f for f in run_checks(a100, load_profile("inference-latency"))}
+    assert "/usr/local/cuda-11.8" in found["cuda.toolkit"].detail
+    assert "minor-version compatibility" in found["cuda.driver_compat"].detail
+    assert "GPU1 capped by a lowered power limit 300 W" in found["gpu.pstate"].detail
+    assert "GPU3 in P2" in found["gpu.pstate"].detail
+    assert "GPU0 link x8 of x16" in found["gpu.pcie_link"].detail
+    assert "60-63" in found["cpu.governor"].detail
+    assert "GPU2 → node 1 → CPUs 32-63" in found["numa.topology"].detail
+    # irq_cores 0-3: GPUs 2 and 3 have IRQs on 32-35 and 0-63
+    assert "IRQ 128 on 32-35" in found["irq.gpu_affinity"].detail
+
+
+def test_numa_local_affinity(a100):
+    profile = load_profile("inference-throughput")  # gpu_affinity: numa-local
+    finding = BY_ID["irq.gpu_affinity"].run(a100, profile)
+    assert finding.status is Status.DRIFT
+    assert "0000:b1:00.0: 32-63" in finding.desired
+    assert "IRQ 134 on 0-63" in finding.detail and "IRQ 120" not in finding.detail
+
+
+def test_irqbalance_running_and_deep_cstates(l40s):
+    s = statuses(l40s, load_profile("inference-latency"))
+    assert s["irq.irqbalance"] is Status.DRIFT
+    assert s["cpu.cstates"] is Status.PENDING_REBOOT  # grub has it, /proc/cmdline not yet
+    assert s["cpu.governor"] is Status.DRIFT
+    assert s["driver.version"] is Status.ERROR  # device on the bus, no driver answering
+    assert s["gpu.pstate"] is Status.ERROR
+    assert s["tools.numactl"] is Status.DRIFT
+    assert s["mm.thp"] is Status.DRIFT
+
+
+def test_h200_is_what_it_is(h200):
+    profile = profile_for(host(driver="580.159.04", cuda="13.0", python="3.12"))
+    s = statuses(h200, profile)
+    assert s["driver.version"] is Status.OK and s["cuda.driver_compat"] is Status.OK
+    assert s["gpu.ecc"] is Status.OK and s["gpu.mig"] is Status.OK and s["gpu.pcie_link"] is Status.OK
+    assert s["irq.gpu_affinity"] is Status.DRIFT  # IRQs on 0-15, wanted 0-3
+    assert s["nvme.power"] is Status.NOT_APPLICABLE and s["irq.irqbalance"] is Status.OK
+
+
+def test_no_gpu_is_not_applicable():
+    s = statuses(Facts(), load_profile("inference-latency"))
+    for check_id in ("driver.version", "gpu.pstate", "gpu.persistence", "gpu.ecc", "irq.gpu_affinity"):
+        assert s[check_id] is Status.NOT_APPLICABLE
+
+
+def test_driver_library_mismatch(a100):
+    mismatched = replace(a100, gpu=replace(a100.gpu, kernel_module_version="535.104.05"))
+    finding = BY_ID["driver.version"].run(mismatched, load_profile("inference-latency"))
+    assert finding.status is Status.PENDING_REBOOT  # library is the pin; module is old
+    assert "version mismatch" in finding.detail
+
+
+def test_driver_compat_full_support(a100):
+    newer = replace(a100, gpu=replace(a100.gpu, kernel_module_version="550.54.14"))
+    assert BY_ID["cuda.driver_compat"].run(newer, load_profile("inference-latency")).status is Status.OK
+    old = replace(a100, gpu=replace(a100.gpu, kernel_module_version="470.57.02"))
+    f = BY_ID["cuda.driver_compat"].run(old, load_profile("inference-latency"))
+    assert f.status is Status.DRIFT and "too old" in f.detail
+
+
+def test_broken_check_reports_error_not_crash(a100):
+    broken = replace(a100, cpu=replace(a100.cpu, governors={0: None, 1: 3}))
+    assert BY_ID["cpu.governor"].run(broken, load_profile("inference-latency")).status is Status.ERROR
+
+
+def test_unknown_check():
+    with pytest.raises(HosttuneError, match="known checks"):
+        get_check("gpu.nope")

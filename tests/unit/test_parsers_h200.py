@@ -1,0 +1,71 @@
+"""Parsers on outputs recorded on a real H200 host (tests/fixtures/h200)."""
+
+from hosttune.probes import gpu, pci, software, system
+from hosttune.probes.gather import parse_probe_output
+
+
+def test_nvidia_smi_xml(fixture_text):
+    info, gpus = gpu.parse_smi_xml(fixture_text("h200", "nvidia-smi-q.xml"))
+    assert info == {"driver_version": "580.159.04", "cuda_driver_version": "13.0"}
+    (g,) = gpus
+    assert (g.name, g.bdf, g.pstate, g.persistence) == ("NVIDIA H200", "0000:00:06.0", "P0", True)
+    assert (g.pcie_gen, g.pcie_gen_max, g.pcie_width, g.pcie_width_max) == (5, 5, 16, 16)
+    assert (g.ecc_enabled, g.ecc_pending, g.retirement_pending) == (True, False, False)
+    assert (g.mig_enabled, g.mig_pending) == (False, False)
+    assert g.clock_event_reasons == ("gpu_idle",)
+    assert (g.power_limit_w, g.power_limit_max_w, g.sm_clock_max_mhz) == (700.0, 700.0, 1980)
+    assert g.memory_total_mib == 143771
+
+
+def test_nvidia_smi_csv(fixture_text):
+    info, (g,) = gpu.parse_smi_csv(fixture_text("h200", "nvidia-smi-query.csv"))
+    assert info["driver_version"] == "580.159.04"
+    assert (g.index, g.compute_cap, g.pstate, g.persistence) == (0, "9.0", "P0", True)
+    assert (g.sm_clock_mhz, g.power_draw_w) == (1980, 123.97)
+
+
+def test_kernel_module_version(fixture_text):
+    assert gpu.parse_module_version(fixture_text("h200", "proc-driver-nvidia-version.txt")) == "580.159.04"
+
+
+def test_nvcc_version(fixture_text):
+    assert software.nvcc_release(fixture_text("h200", "nvcc-version.txt")) == "13.0"
+
+
+def test_gpu_sysfs_numa_minus_one_is_no_numa_info(fixture_text):
+    dev = pci.parse_recorded_sysfs(fixture_text("h200", "gpu-pci-sysfs.txt"), "0000:00:06.0")
+    assert dev.numa_node is None
+    assert dev.local_cpus == tuple(range(16))
+    assert dev.power_state == "D0"
+    assert [i.irq for i in dev.irqs] == list(range(42, 50))
+    assert all(i.cpus == tuple(range(16)) for i in dev.irqs)
+
+
+def test_proc_interrupts(fixture_text):
+    irqs = pci.parse_interrupts(fixture_text("h200", "proc-interrupts-nvidia.txt"))
+    assert sorted(irqs) == list(range(42, 50))
+    assert irqs[44]["counts"][0] == 12 and len(irqs[44]["counts"]) == 16
+    assert "PCI-MSIX-0000:00:06.0" in irqs[42]["name"]
+
+
+def test_numa_thp_balancing(fixture_text):
+    assert system.parse_numactl_hardware(fixture_text("h200", "numactl-hardware.txt")) == {0: tuple(range(16))}
+    assert system.selected(fixture_text("h200", "thp-enabled.txt")) == "madvise"
+    assert fixture_text("h200", "numa_balancing.txt").strip() == "0"
+
+
+def test_whole_probe_output_recorded_on_h200(fixture_text):
+    """The probe script's own output, recorded on the H200 (NVML absent there, so nvidia-smi XML)."""
+    f = parse_probe_output(fixture_text("h200", "probe-output.txt"))
+    assert f.probe_errors == ()
+    assert f.gpu.source == "nvidia-smi-xml"
+    assert (f.gpu.driver_version, f.gpu.kernel_module_version, f.gpu.cuda_driver_version) == ("580.159.04",) * 2 + ("13.0",)
+    (g,) = f.gpu.gpus
+    assert g.name == "NVIDIA H200" and g.persistence is True and g.pstate == "P0"
+    (dev,) = f.pci
+    assert dev.bdf == g.bdf == "0000:00:06.0"
+    assert dev.numa_node is None and dev.local_cpus == tuple(range(16)) and dev.link_width == 16
+    assert [i.irq for i in dev.irqs] == list(range(42, 50))
+    assert f.cuda.symlink_version == "13.0" and f.cuda.nvcc_version is None  # nvcc is not on the login PATH there
+    assert f.numa_balancing == 0 and f.thp_enabled == "madvise" and f.pid1 != "systemd"
+    assert f.python_version.startswith("3.12")
