@@ -1,0 +1,26 @@
+"""Input checks shared by the paged attention wrappers."""
+
+from __future__ import annotations
+
+import torch
+
+from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, check_pow2, check_tensor
+
+
+def check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
+    check_tensor("q", q, 3)
+    check_last_dim_contiguous("q", q)
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, c, 4, dtypes=(q.dtype,), device=q.device)
+        check(c.is_contiguous(), f"{name} must be contiguous [num_blocks, block_size, H_kv, D]")
+    check(k_cache.shape == v_cache.shape, "k_cache and v_cache shapes differ")
+    d = q.shape[2]
+    check(k_cache.shape[3] == d, f"cache head dim {k_cache.shape[3]} != query head dim {d}")
+    check_pow2("head dim", d)
+    check(d >= 16, f"head dim must be >= 16, got {d}")
+    check(q.shape[1] % k_cache.shape[2] == 0, f"{q.shape[1]} query heads do not group over {k_cache.shape[2]} KV heads")
+    check_pow2("block size", k_cache.shape[1])
+    check_tensor("block_tables", block_tables, 2, dtypes=(torch.int32,), device=q.device)
+    check_last_dim_contiguous("block_tables", block_tables)
+    check_tensor("seq_lens", seq_lens, 1, dtypes=(torch.int32,), device=q.device)
+    check(block_tables.shape[0] == seq_lens.shape[0], "block_tables and seq_lens disagree on the batch size")

@@ -1,0 +1,35 @@
+"""Input checks shared by the kernel launch wrappers."""
+
+from __future__ import annotations
+
+import torch
+
+from hosttune_engine.errors import KernelInputError
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise KernelInputError(message)
+
+
+def check_tensor(name: str, t: torch.Tensor, ndim: int, dtypes=FLOAT_DTYPES, device=None) -> None:
+    check(isinstance(t, torch.Tensor), f"{name} must be a tensor")
+    check(t.dim() == ndim, f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    check(t.dtype in dtypes, f"{name} has dtype {t.dtype}; expected one of {dtypes}")
+    if device is not None:
+        check(t.device == device, f"{name} is on {t.device}, expected {device}")
+
+
+def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim (strides {t.stride()})")
+
+
+def check_pow2(name: str, value: int) -> None:
+    check(value > 0 and value & (value - 1) == 0, f"{name} must be a power of two, got {value}")
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())

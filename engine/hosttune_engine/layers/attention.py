@@ -1,0 +1,61 @@
+"""Paged attention layer and the per-step metadata that drives it.
+
+A step's tokens are packed: first the prefill chunks (sequences with more than
+one new token), then one token per decoding sequence. Keys and values of all
+of them are written to the paged cache first, then the prefill part runs the
+prefill kernel and the decode part the split-K decode kernel, both reading the
+cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hosttune_engine.kernels.decode_attention import decode_attention, decode_attention_ref
+from hosttune_engine.kernels.kv_write import write_kv, write_kv_ref
+from hosttune_engine.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+from hosttune_engine.layers.backend import KernelLayer
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64: cache slot of each token (-1: skip)
+    num_prefill_tokens: int
+    prefill_cu_seqlens_q: torch.Tensor | None = None  # [P + 1] int32
+    prefill_seq_lens: torch.Tensor | None = None  # [P] int32, context incl. this chunk
+    prefill_block_tables: torch.Tensor | None = None  # [P, W] int32
+    prefill_max_query_len: int = 0
+    decode_seq_lens: torch.Tensor | None = None  # [D] int32, context incl. this token
+    decode_block_tables: torch.Tensor | None = None  # [D, W] int32
+    decode_num_splits: int = 1
+
+
+class Attention(KernelLayer):
+    """Causal GQA attention over this layer's paged KV cache (`k_cache`, `v_cache`, set by the runner)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
+        self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, Hkv, D]
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
+        assert self.k_cache is not None, "the model runner must bind a KV cache first"
+        kc, vc = self.k_cache, self.v_cache
+        (write_kv if self.use_triton else write_kv_ref)(k, v, kc, vc, meta.slot_mapping)
+        out = torch.empty_like(q)
+        p = meta.num_prefill_tokens
+        if p:
+            fn = prefill_attention if self.use_triton else prefill_attention_ref
+            out[:p] = fn(q[:p], kc, vc, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens,
+                         meta.prefill_block_tables, meta.prefill_max_query_len, scale=self.scale)
+        if q.shape[0] > p:
+            args = (q[p:], kc, vc, meta.decode_block_tables, meta.decode_seq_lens, meta.decode_num_splits)
+            if self.use_triton:
+                decode_attention(*args, scale=self.scale, out=out[p:])
+            else:
+                out[p:] = decode_attention_ref(*args, scale=self.scale)
+        return out

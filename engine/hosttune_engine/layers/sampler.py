@@ -1,0 +1,98 @@
+"""Token sampling: greedy, temperature, top-k, top-p, per-request seeds, logprobs.
+
+Random rows sample by the exponential race (argmax of probs / Exp(1) noise),
+which needs no CPU sync; a seeded request draws its noise from its own
+generator, so its tokens do not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hosttune_engine.sampling import SamplingParams
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling settings as tensors, built once per step."""
+
+    temperatures: torch.Tensor  # [N] fp32, 1.0 for greedy rows
+    top_k: torch.Tensor  # [N] int64, vocab size where disabled
+    top_p: torch.Tensor  # [N] fp32
+    greedy: torch.Tensor  # [N] bool
+    generators: list[torch.Generator | None]
+    all_greedy: bool
+    use_top_k: bool
+    use_top_p: bool
+    num_logprobs: int | None  # the most alternatives any row asked for; None: no logprobs
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], generators, vocab_size: int, device) -> "SamplingBatch":
+        greedy = [p.is_greedy for p in params]
+        wanted = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            temperatures=torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)],
+                                      dtype=torch.float32, device=device),
+            top_k=torch.tensor([p.top_k or vocab_size for p in params], dtype=torch.int64, device=device),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            generators=list(generators),
+            all_greedy=all(greedy),
+            use_top_k=any(p.top_k > 0 and not g for p, g in zip(params, greedy)),
+            use_top_p=any(p.top_p < 1 and not g for p, g in zip(params, greedy)),
+            num_logprobs=max(wanted) if wanted else None,
+        )
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[float] | None = None  # of each chosen token
+    top_ids: list[list[int]] | None = None  # [N][num_logprobs]
+    top_logprobs: list[list[float]] | None = None
+
+
+def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Set logits outside each row's top-k and top-p nucleus to -inf. logits [N, V]."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    if top_k is not None:
+        ranks = torch.arange(logits.shape[-1], device=logits.device)
+        sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
+    if top_p is not None:
+        probs = sorted_logits.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # the first token is always kept
+        sorted_logits = sorted_logits.masked_fill(mass_before > top_p[:, None], float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+        """logits [N, V] fp32 -> one token per row."""
+        tokens = logits.argmax(dim=-1)
+        if not batch.all_greedy:
+            tokens = torch.where(batch.greedy, tokens, self._sample(logits, batch))
+        out = SamplerOutput(token_ids=tokens.tolist())
+        if batch.num_logprobs is not None:
+            self._add_logprobs(out, logits, tokens, batch.num_logprobs)
+        return out
+
+    def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+        scaled = logits / batch.temperatures.clamp(min=1e-5)[:, None]
+        if batch.use_top_k or batch.use_top_p:
+            scaled = filter_top_k_top_p(scaled, batch.top_k if batch.use_top_k else None,
+                                        batch.top_p if batch.use_top_p else None)
+        probs = scaled.softmax(dim=-1)
+        noise = torch.empty_like(probs).exponential_()
+        for i, gen in enumerate(batch.generators):
+            if gen is not None:
+                noise[i].exponential_(generator=gen)
+        return (probs / noise).argmax(dim=-1)
+
+    def _add_logprobs(self, out: SamplerOutput, logits: torch.Tensor, tokens: torch.Tensor, n: int) -> None:
+        logprobs = logits.log_softmax(dim=-1)
+        out.logprobs = logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
+        if n:
+            top = logprobs.topk(n, dim=-1)
+            out.top_ids, out.top_logprobs = top.indices.tolist(), top.values.tolist()

@@ -1,0 +1,28 @@
+"""Engine test setup: Triton kernels run under the interpreter when no GPU is present.
+
+TRITON_INTERPRET must be set before any kernel module is imported.
+"""
+
+import os
+
+import pytest
+
+try:
+    import torch
+
+    HAS_CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover - the engine's deps are installed by scripts/test.sh
+    HAS_CUDA = False
+
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """Paths of the tiny Llama and Qwen2 folders written by engine/scripts/make_tiny_models.py."""
+    from .tiny import build_tiny_models
+
+    return build_tiny_models(tmp_path_factory.mktemp("tiny-models"))

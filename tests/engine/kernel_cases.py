@@ -1,0 +1,38 @@
+"""Shared shapes, dtypes and tolerances for the kernel tests (CPU interpreter or GPU)."""
+
+import torch
+
+from .conftest import DEVICE, HAS_CUDA
+
+# The interpreter computes bf16 dots wrongly, so CPU runs fp32/fp16; the GPU runs bf16/fp16.
+DTYPES = [torch.bfloat16, torch.float16] if HAS_CUDA else [torch.float32, torch.float16]
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+HEAD_DIMS = [64, 128]
+# (query heads, kv heads): GQA ratios 1, 4 and 7
+HEADS = [(2, 2), (8, 2), (7, 1)]
+
+
+def assert_close(out, ref, dtype, scale=1.0):
+    tol = TOL[dtype] * scale
+    torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+def randn(*shape, dtype, gen):
+    return torch.randn(*shape, generator=gen, dtype=torch.float32).to(device=DEVICE, dtype=dtype)
+
+
+def paged_cache(num_blocks, page, hkv, d, dtype, gen):
+    return randn(num_blocks, page, hkv, d, dtype=dtype, gen=gen), randn(num_blocks, page, hkv, d, dtype=dtype, gen=gen)
+
+
+def block_tables_for(ctx_lens, page, num_blocks, gen):
+    """Scattered (non-contiguous) pages for each sequence, padded with zeros."""
+    need = [-(-n // page) for n in ctx_lens]
+    perm = torch.randperm(num_blocks, generator=gen)[: sum(need)]
+    width = max(need)
+    bt = torch.zeros(len(ctx_lens), width, dtype=torch.int32)
+    start = 0
+    for i, n in enumerate(need):
+        bt[i, :n] = perm[start : start + n]
+        start += n
+    return bt.to(DEVICE)

@@ -1,0 +1,119 @@
+"""Prefill (varlen, causal, GQA, paged) and split-K decode attention against references.
+
+The references themselves are checked against a dense causal softmax attention.
+"""
+
+import math
+
+import pytest
+import torch
+
+from hosttune_engine.errors import KernelInputError
+from hosttune_engine.kernels.decode_attention import choose_num_splits, decode_attention, decode_attention_ref
+from hosttune_engine.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+from .conftest import DEVICE
+from .kernel_cases import DTYPES, HEAD_DIMS, HEADS, assert_close, block_tables_for, paged_cache, randn
+
+# (query tokens, context tokens) per sequence: ragged, block-boundary, chunked and prefix-hit shapes
+PREFILL_BATCH = [(1, 1), (16, 16), (17, 17), (15, 47), (33, 33), (8, 120), (64, 64), (65, 81)]
+DECODE_LENS = [1, 15, 16, 17, 63, 64, 65, 200, 513]
+
+
+def run_prefill(fn, dtype, head_dim, hq, hkv, page, seed, **kw):
+    gen = torch.Generator().manual_seed(seed)
+    qlens = [q for q, _ in PREFILL_BATCH]
+    ctx = [c for _, c in PREFILL_BATCH]
+    nblocks = sum(-(-c // page) for c in ctx) + 5
+    kc, vc = paged_cache(nblocks, page, hkv, head_dim, dtype, gen)
+    q = randn(sum(qlens), hq, head_dim, dtype=dtype, gen=gen)
+    cu = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0)), dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor(ctx, dtype=torch.int32, device=DEVICE)
+    bt = block_tables_for(ctx, page, nblocks, gen)
+    out = fn(q, kc, vc, cu, lens, bt, max(qlens), **kw)
+    ref = prefill_attention_ref(q, kc, vc, cu, lens, bt)
+    return out, ref
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("hq,hkv", HEADS)
+@pytest.mark.parametrize("page,block_n", [(16, 64), (16, 16), (32, 32)])
+def test_prefill_attention(dtype, head_dim, hq, hkv, page, block_n):
+    out, ref = run_prefill(prefill_attention, dtype, head_dim, hq, hkv, page, seed=hq * head_dim + page,
+                           block_m=32, block_n=block_n)
+    assert_close(out, ref, dtype, scale=2)
+
+
+def test_prefill_ref_matches_dense_causal_attention():
+    gen = torch.Generator().manual_seed(1)
+    L, hq, hkv, d, page = 37, 4, 2, 16, 8
+    q, k, v = (torch.randn(L, h, d, generator=gen) for h in (hq, hkv, hkv))
+    nb = -(-L // page)
+    kc, vc = torch.zeros(nb, page, hkv, d), torch.zeros(nb, page, hkv, d)
+    kc.view(-1, hkv, d)[:L], vc.view(-1, hkv, d)[:L] = k, v
+    bt = torch.arange(nb, dtype=torch.int32)[None]
+    cu = torch.tensor([0, L], dtype=torch.int32)
+    ref = prefill_attention_ref(q, kc, vc, cu, torch.tensor([L], dtype=torch.int32), bt)
+    dense = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.repeat_interleave(2, 1).transpose(0, 1), v.repeat_interleave(2, 1).transpose(0, 1),
+        is_causal=True,
+    ).transpose(0, 1)
+    torch.testing.assert_close(ref, dense, atol=1e-5, rtol=1e-5)
+
+
+def run_decode(dtype, head_dim, hq, hkv, page, num_splits, seed, lens=DECODE_LENS):
+    gen = torch.Generator().manual_seed(seed)
+    nblocks = sum(-(-n // page) for n in lens) + 3
+    kc, vc = paged_cache(nblocks, page, hkv, head_dim, dtype, gen)
+    q = randn(len(lens), hq, head_dim, dtype=dtype, gen=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    bt = block_tables_for(lens, page, nblocks, gen)
+    out = decode_attention(q, kc, vc, bt, seq_lens, num_splits=num_splits, block_n=32)
+    return out, decode_attention_ref(q, kc, vc, bt, seq_lens)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("hq,hkv", HEADS)
+@pytest.mark.parametrize("num_splits", [1, 5])
+def test_decode_attention(dtype, head_dim, hq, hkv, num_splits):
+    out, ref = run_decode(dtype, head_dim, hq, hkv, 16, num_splits, seed=hq + head_dim + num_splits)
+    assert_close(out, ref, dtype, scale=2)
+
+
+def test_decode_more_splits_than_tiles_leaves_empty_splits_harmless():
+    out, ref = run_decode(DTYPES[0], 64, 4, 1, 16, num_splits=16, seed=3, lens=[1, 2, 40])
+    assert torch.isfinite(out.float()).all()
+    assert_close(out, ref, DTYPES[0], scale=2)
+
+
+def test_decode_ref_agrees_with_prefill_ref_on_last_token():
+    gen = torch.Generator().manual_seed(5)
+    L, page = 21, 8
+    kc, vc = paged_cache(4, page, 2, 16, torch.float32, gen)
+    q = randn(1, 4, 16, dtype=torch.float32, gen=gen)
+    bt = torch.tensor([[2, 0, 3]], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([L], dtype=torch.int32, device=DEVICE)
+    cu = torch.tensor([0, 1], dtype=torch.int32, device=DEVICE)
+    torch.testing.assert_close(decode_attention_ref(q, kc, vc, bt, lens), prefill_attention_ref(q, kc, vc, cu, lens, bt))
+
+
+def test_attention_wrappers_reject_bad_inputs():
+    q = torch.randn(2, 6, 32, device=DEVICE)
+    kc = torch.zeros(4, 16, 4, 32, device=DEVICE)
+    bt = torch.zeros(2, 1, dtype=torch.int32, device=DEVICE)
+    lens = torch.ones(2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(KernelInputError, match="do not group"):
+        decode_attention(q, kc, kc, bt, lens)
+    with pytest.raises(KernelInputError, match="dtype"):
+        decode_attention(q[:, :4], kc, kc, bt.long(), lens)
+    with pytest.raises(KernelInputError, match="power of two"):
+        decode_attention(torch.randn(2, 4, 48, device=DEVICE), torch.zeros(4, 16, 4, 48, device=DEVICE),
+                         torch.zeros(4, 16, 4, 48, device=DEVICE), bt, lens)
+
+
+def test_choose_num_splits():
+    assert choose_num_splits(1, 4, 32768) == 64
+    assert choose_num_splits(256, 4, 32768) == 1
+    assert choose_num_splits(1, 4, 10) == 1
+    assert math.isfinite(choose_num_splits(3, 1, 1000))

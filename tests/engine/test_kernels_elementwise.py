@@ -1,0 +1,106 @@
+"""RMSNorm(+residual), SwiGLU, RoPE and KV-cache write against their torch references."""
+
+import pytest
+import torch
+
+from hosttune_engine.errors import KernelInputError
+from hosttune_engine.kernels.kv_write import write_kv, write_kv_ref
+from hosttune_engine.kernels.rmsnorm import rms_norm, rms_norm_ref
+from hosttune_engine.kernels.rope import rope, rope_ref
+from hosttune_engine.kernels.swiglu import swiglu, swiglu_ref
+from hosttune_engine.layers.rotary import rope_cos_sin
+from .conftest import DEVICE
+from .kernel_cases import DTYPES, HEAD_DIMS, assert_close, randn
+
+GEN = torch.Generator().manual_seed(0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,hidden", [(1, 64), (7, 96), (33, 3584), (0, 64)])
+def test_rms_norm(dtype, tokens, hidden):
+    x = randn(tokens, hidden, dtype=dtype, gen=GEN)
+    w = randn(hidden, dtype=dtype, gen=GEN)
+    assert_close(rms_norm(x, w, 1e-6), rms_norm_ref(x, w, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,hidden", [(1, 64), (9, 112), (17, 3584)])
+def test_rms_norm_fused_residual(dtype, tokens, hidden):
+    x = randn(tokens, hidden, dtype=dtype, gen=GEN)
+    r = randn(tokens, hidden, dtype=dtype, gen=GEN)
+    w = randn(hidden, dtype=dtype, gen=GEN)
+    out, res = rms_norm(x, w, 1e-5, residual=r)
+    ref_out, ref_res = rms_norm_ref(x, w, 1e-5, residual=r)
+    assert_close(res, ref_res, dtype)
+    assert_close(out, ref_out, dtype)
+    assert_close(res, x.float() + r.float(), dtype)
+
+
+def test_rms_norm_rejects_bad_inputs():
+    x = torch.randn(4, 8, device=DEVICE)
+    with pytest.raises(KernelInputError, match="weight has 4 elements"):
+        rms_norm(x, torch.ones(4, device=DEVICE), 1e-6)
+    with pytest.raises(KernelInputError, match="contiguous"):
+        rms_norm(x.t(), torch.ones(4, device=DEVICE), 1e-6)
+    with pytest.raises(KernelInputError, match="dtype"):
+        rms_norm(x, torch.ones(8, device=DEVICE), 1e-6, residual=x.half())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,inter", [(1, 64), (5, 224), (13, 2500)])
+def test_swiglu(dtype, tokens, inter):
+    x = randn(tokens, 2 * inter, dtype=dtype, gen=GEN)
+    assert_close(swiglu(x), swiglu_ref(x), dtype)
+
+
+def test_swiglu_matches_definition():
+    x = torch.randn(3, 8, device=DEVICE)
+    g, u = x[:, :4], x[:, 4:]
+    assert_close(swiglu(x), torch.nn.functional.silu(g) * u, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS + [16])
+@pytest.mark.parametrize("heads", [1, 4, 7, 28])
+def test_rope(dtype, head_dim, heads):
+    cos_sin = rope_cos_sin(head_dim, 4096, 1e6).to(DEVICE)
+    x_full = randn(6, heads + 3, head_dim, dtype=dtype, gen=GEN)
+    x = x_full[:, :heads]  # a strided view, like q out of a fused qkv projection
+    pos = torch.tensor([0, 1, 15, 16, 1000, 4095], device=DEVICE)
+    assert_close(rope(x, pos, cos_sin), rope_ref(x, pos, cos_sin), dtype)
+
+
+def test_rope_ref_matches_hf_rotate_half():
+    d = 16
+    cos_sin = rope_cos_sin(d, 64, 10000.0)
+    x = torch.randn(5, 3, d, dtype=torch.float64).float()
+    pos = torch.arange(5)
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
+    ang = torch.outer(pos.float(), inv)
+    emb = torch.cat([ang, ang], -1)
+    rot = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)
+    want = x * emb.cos()[:, None] + rot * emb.sin()[:, None]
+    torch.testing.assert_close(rope_ref(x, pos, cos_sin), want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("hkv", [1, 4])
+def test_kv_write(dtype, head_dim, hkv):
+    page, nblocks = 16, 6
+    kv = randn(9, 2 * hkv, head_dim, dtype=dtype, gen=GEN)
+    k, v = kv[:, :hkv], kv[:, hkv:]  # strided views
+    slots = torch.tensor([0, 15, 16, 17, 40, -1, 95, 3, 50], device=DEVICE)
+    caches = [torch.zeros(nblocks, page, hkv, head_dim, dtype=dtype, device=DEVICE) for _ in range(4)]
+    write_kv(k, v, caches[0], caches[1], slots)
+    write_kv_ref(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    assert torch.equal(caches[0].view(-1, hkv, head_dim)[95], k[6])
+    assert caches[0].count_nonzero() == 8 * hkv * head_dim  # the -1 slot wrote nothing
+
+
+def test_kv_write_rejects_mismatched_cache():
+    k = torch.randn(2, 2, 16, device=DEVICE)
+    cache = torch.zeros(4, 16, 3, 16, device=DEVICE)
+    with pytest.raises(KernelInputError, match="does not hold heads"):
+        write_kv(k, k, cache, cache, torch.zeros(2, dtype=torch.int64, device=DEVICE))
