@@ -1,0 +1,49 @@
+"""Dependencies point one way; the control plane never imports torch, triton or the engine."""
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[2] / "hosttune"
+FORBIDDEN = ("torch", "triton", "hosttune_engine")
+# Lower layers must not import higher ones.
+LAYERS = ["transport", "probes", "checks", "fleet", "report", "cli"]
+
+
+def imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def layer_of(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[0] != "hosttune" or len(parts) < 2:
+        return None
+    return LAYERS.index(parts[1]) if parts[1] in LAYERS else None
+
+
+def test_control_plane_never_imports_ml_stack():
+    for path in PKG.rglob("*.py"):
+        bad = {m for m in imports(path) if m.split(".")[0] in FORBIDDEN}
+        assert not bad, f"{path} imports {bad}"
+
+
+def test_layers_point_one_way():
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        own = layer_of(".".join(rel.parts))
+        if own is None:
+            continue
+        for module in imports(path):
+            other = layer_of(module)
+            assert other is None or other <= own, f"{path} ({LAYERS[own]}) imports {module} ({LAYERS[other]})"
+
+
+def test_paramiko_only_in_ssh_transport():
+    users = [p for p in PKG.rglob("*.py") if "paramiko" in {m.split(".")[0] for m in imports(p)}]
+    assert [p.name for p in users] == ["ssh.py"]

@@ -1,0 +1,69 @@
+"""The CLI through typer's CliRunner: formats, exit codes, explain, bad input."""
+
+import json
+import xml.etree.ElementTree as ET
+
+from typer.testing import CliRunner
+
+from hosttune.cli import app
+from hosttune.fleet import EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE
+
+runner = CliRunner()
+
+
+def test_help_lists_commands():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("check", "facts", "explain"):
+        assert command in result.output
+
+
+def test_check_local_json_matches_exit_code():
+    result = runner.invoke(app, ["check", "--format", "json"])
+    doc = json.loads(result.stdout)
+    (host,) = doc["hosts"]
+    assert host["host"] == "localhost" and host["reachable"] and len(host["findings"]) == 19
+    assert result.exit_code == doc["exit_code"]
+    failing = any(f["status"] in ("drift", "pending-reboot") for f in host["findings"])
+    assert bool(result.exit_code & EXIT_DRIFT) == failing
+
+
+def test_check_junit_and_prometheus(tmp_path):
+    out = tmp_path / "r.xml"
+    runner.invoke(app, ["check", "--format", "junit", "--output", str(out)])
+    suite = ET.parse(out).getroot().find("testsuite")
+    assert suite.get("name") == "localhost" and int(suite.get("tests")) == 19
+    prom = runner.invoke(app, ["check", "--format", "prometheus"]).stdout
+    assert 'hosttune_host_reachable{host="localhost"} 1' in prom
+    assert prom.count('check="mm.thp"') == 5
+
+
+def test_unreachable_host_sets_bit_4_and_others_still_checked(tmp_path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  localhost: {transport: local}\n  dead:\n    address: 127.0.0.1\n    ssh: {port: 9, timeout: 2}\n")
+    result = runner.invoke(app, ["check", "-i", str(inv), "--format", "json"])
+    doc = json.loads(result.stdout)
+    by = {h["host"]: h for h in doc["hosts"]}
+    assert by["dead"]["reachable"] is False and "cannot reach 127.0.0.1:9" in by["dead"]["error"]
+    assert by["localhost"]["reachable"] and by["localhost"]["findings"]
+    assert result.exit_code & EXIT_UNREACHABLE
+
+
+def test_bad_inventory_is_exit_2_with_location(tmp_path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  a:\n    prot: 22\n")
+    result = runner.invoke(app, ["check", "-i", str(inv)])
+    assert result.exit_code == EXIT_ERROR
+    assert "inv.yaml:3: hosts.a.prot: unknown key" in result.output
+
+
+def test_explain():
+    result = runner.invoke(app, ["explain", "cpu.cstates"])
+    assert result.exit_code == 0 and "why:" in result.output and "needs a reboot" in result.output
+    assert runner.invoke(app, ["explain", "nope"]).exit_code == EXIT_ERROR
+
+
+def test_facts_dumps_json():
+    result = runner.invoke(app, ["facts"])
+    doc = json.loads(result.stdout)
+    assert doc["localhost"]["kernel"] and "gpu" in doc["localhost"]

@@ -1,0 +1,112 @@
+"""Inventory and profile loading: merging, --limit, and errors that name file, line and field."""
+
+import textwrap
+
+import pytest
+
+from hosttune.errors import InventoryError, ProfileError
+from hosttune.inventory import load_inventory
+from hosttune.profile import load_profile, profile_for
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path, text):
+    path = tmp_path / "inv.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_example_inventory_loads_and_merges():
+    inv = load_inventory(ROOT / "inventories" / "example.yaml")
+    by_name = {h.name: h for h in inv.hosts}
+    a2 = by_name["gpu-a100-02"]
+    assert a2.connection.port == 2222 and a2.connection.user == "deploy" and a2.connection.become
+    assert a2.pins.cuda == "12.4" and a2.irq_cores == "0-3" and a2.group == "a100"
+    h = by_name["gpu-h200-01"]
+    assert h.pins.driver == "580.159.04" and h.profile == "inference-throughput"
+    assert by_name["localhost"].connection.transport == "local"
+    profile = profile_for(h)
+    assert profile.driver.version == "580.159.04" and profile.memory.thp == "madvise"
+    assert profile.irq.gpu_affinity == "numa-local"  # from inference-throughput, not overridden
+
+
+def test_limit_by_group_and_glob():
+    inv = load_inventory(ROOT / "inventories" / "example.yaml")
+    assert [h.name for h in inv.limit("a100").hosts] == ["gpu-a100-01", "gpu-a100-02"]
+    assert [h.name for h in inv.limit("*h200*,localhost").hosts] == ["gpu-h200-01", "localhost"]
+    with pytest.raises(InventoryError, match="matches no host"):
+        inv.limit("nothing")
+
+
+@pytest.mark.parametrize("text, where", [
+    ("""\
+     groups:
+       g:
+         hosts:
+           a:
+             adress: 10.0.0.1
+     """, r"inv.yaml:5: groups.g.hosts.a.adress: unknown key"),
+    ("""\
+     hosts:
+       a:
+         ssh:
+           port: 99999
+     """, r"inv.yaml:4: hosts.a.ssh.port: must be a port number"),
+    ("""\
+     defaults:
+       irq_cores: "0-3; touch /tmp/x"
+     hosts:
+       a: {}
+     """, r"inv.yaml:2: defaults.irq_cores: not a CPU list"),
+    ("""\
+     hosts:
+       a:
+         ssh: {become: "yes"}
+     """, r"inv.yaml:3: hosts.a.ssh.become: must be true or false"),
+    ("""\
+     groups:
+       g:
+         hosts:
+           a: {}
+     hosts:
+       a: {}
+     """, r"host 'a' is already defined"),
+    ("hosts: [a, b]\n", r"inv.yaml:1: hosts: must be a mapping"),
+    ("hosts:\n  a: {\n", r"inv.yaml:\d+: invalid YAML"),
+    ("groups: {}\n", r"no hosts defined"),
+])
+def test_bad_inventory_names_file_line_field(tmp_path, text, where):
+    with pytest.raises(InventoryError, match=where):
+        load_inventory(write(tmp_path, text))
+
+
+def test_missing_inventory_file(tmp_path):
+    with pytest.raises(InventoryError, match="cannot read"):
+        load_inventory(tmp_path / "nope.yaml")
+
+
+def test_profile_extends_and_unknown_settings(tmp_path):
+    latency, throughput = load_profile("inference-latency"), load_profile("inference-throughput")
+    assert latency.cpu.max_cstate == 1 and throughput.cpu.max_cstate is None
+    assert throughput.driver == latency.driver  # inherited
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nextends: inference-latency\nsettings:\n  cpu:\n    governer: performance\n")
+    with pytest.raises(ProfileError, match=r"bad.yaml:5: settings.cpu.governer: unknown setting"):
+        load_profile(str(bad))
+    loop = tmp_path / "loop.yaml"
+    loop.write_text(f"name: loop\nextends: {loop}\nsettings: {{}}\n")
+    with pytest.raises(ProfileError, match="cycle"):
+        load_profile(str(loop))
+    with pytest.raises(ProfileError, match="known profiles: inference-latency, inference-throughput"):
+        load_profile("nope")
+
+
+def test_tune_is_validated(tmp_path):
+    inv = load_inventory(write(tmp_path, """\
+        hosts:
+          a:
+            tune: {gpu: {pstate: P9000}}
+        """))
+    with pytest.raises(ProfileError, match="gpu.pstate: must be one of"):
+        profile_for(inv.hosts[0])
