@@ -1,8 +1,8 @@
-"""An async streaming client for OpenAI-compatible endpoints, built on aiohttp.
+"""An async streaming client for OpenAI-compatible endpoints.
 
-One `Client` holds one connection pool (no limit on connections, keep-alive on), so a
-single process can keep hundreds of streams open. `stream()` sends one request and
-timestamps every server-sent event that carries output as it is read off the socket.
+One `Client` holds one pool of keep-alive connections (no limit on their number), so a
+single process keeps hundreds of streams open. Streams go through `connection.py`,
+which timestamps bytes as the socket delivers them; `discover_model` uses aiohttp.
 """
 
 from __future__ import annotations
@@ -12,16 +12,14 @@ import json
 import time
 from array import array
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 import aiohttp
 
+from hosttune.bench.connection import ConnectionPool, HttpError, Response
 from hosttune.bench.record import FAILED, OK, REJECTED
+from hosttune.bench.sse import parse_stream
 from hosttune.errors import BenchError
-
-try:  # orjson parses a stream event in a fraction of json's time; optional
-    from orjson import loads as _loads
-except ImportError:  # pragma: no cover - depends on the environment
-    _loads = json.loads
 
 COMPLETIONS = "completions"
 CHAT = "chat"
@@ -58,21 +56,20 @@ class StreamResult:
 
 
 class Client:
-    """A pool of keep-alive connections to one endpoint. Use as an async context manager."""
+    """Streams requests to one endpoint over a pool of keep-alive connections.
+
+    Use as an async context manager."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.session: aiohttp.ClientSession | None = None
+        self.pool = ConnectionPool(target.url)
+        self.path = urlparse(target.endpoint).path
 
     async def __aenter__(self) -> "Client":
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, enable_cleanup_closed=True)
-        timeout = aiohttp.ClientTimeout(total=self.target.timeout)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        assert self.session is not None
-        await self.session.close()
+        self.pool.close()
 
     def payload(self, prompt: str, max_tokens: int) -> dict:
         body: dict = {
@@ -91,102 +88,50 @@ class Client:
         return body
 
     async def stream(self, prompt: str, max_tokens: int) -> StreamResult:
-        """Send one streaming request and record when each output event arrived."""
-        assert self.session is not None
-        events = _EventReader()
-        data = json.dumps(self.payload(prompt, max_tokens)).encode()
-        headers = {"Content-Type": "application/json"}
+        """Send one streaming request; every output event is timed on arrival."""
+        body = json.dumps(self.payload(prompt, max_tokens)).encode()
+        request = self.pool.request_bytes(self.path, body)
         sent = time.perf_counter()
-        status = 0
-        try:
-            async with self.session.post(self.target.endpoint, data=data, headers=headers) as resp:
-                status = resp.status
-                if status != 200:
-                    body = await resp.read()
-                    return events.result(sent, _http_outcome(status), status, _http_error(status, body))
-                async for data_chunk in resp.content.iter_any():
-                    events.feed(data_chunk, time.perf_counter())
-                    if events.is_done:
-                        break
-        except asyncio.TimeoutError:
-            return events.result(sent, FAILED, status, f"timeout: no complete response in {self.target.timeout:g}s")
-        except aiohttp.ClientError as exc:
-            return events.result(sent, FAILED, status, f"transport: {type(exc).__name__}: {exc}")
-        return events.result(sent, *events.verdict(status))
+        for is_retry in (False, True):
+            try:
+                connection = await self.pool.acquire()
+            except HttpError as exc:
+                return _failure(sent, 0, f"transport: {exc}")
+            try:
+                response = await asyncio.wait_for(connection.send(request), self.target.timeout)
+            except asyncio.TimeoutError:
+                connection.close()
+                return _failure(sent, 0, f"timeout: no complete response in {self.target.timeout:g}s")
+            except HttpError as exc:
+                # A kept-alive connection the server had just closed: send once more.
+                if not is_retry and connection.num_requests > 1:
+                    continue
+                return _failure(sent, 0, f"transport: {exc}")
+            except asyncio.CancelledError:
+                connection.close()
+                raise
+            self.pool.release(connection)
+            return _result(sent, response)
+        raise AssertionError("unreachable")
 
 
-def _http_outcome(status: int) -> str:
-    return REJECTED if status == 429 else FAILED
+def _failure(sent: float, status: int, error: str) -> StreamResult:
+    return StreamResult(sent, time.perf_counter(), array("d"), FAILED, status, error, 0, None)
 
 
-def _http_error(status: int, body: bytes) -> str:
-    return f"http {status}: {body[:200].decode(errors='replace')}"
-
-
-class _EventReader:
-    """Splits a server-sent event stream into events and timestamps the ones with output."""
-
-    def __init__(self) -> None:
-        self.buffer = b""
-        self.chunks = array("d")
-        self.is_done = False
-        self.error = ""
-        self.usage: dict | None = None
-
-    def feed(self, data: bytes, now: float) -> None:
-        self.buffer += data
-        *lines, self.buffer = self.buffer.split(b"\n")
-        for line in lines:
-            if line.startswith(b"data:"):
-                self._event(line[5:].strip(), now)
-
-    def _event(self, payload: bytes, now: float) -> None:
-        if payload == b"[DONE]":
-            self.is_done = True
-            return
-        try:
-            event = _loads(payload)
-        except ValueError:
-            self.error = f"stream-error: unparsable event {payload[:100]!r}"
-            self.is_done = True
-            return
-        if "error" in event:
-            self.error = f"stream-error: {_error_message(event['error'])}"
-            self.is_done = True
-            return
-        if event.get("usage"):
-            self.usage = event["usage"]
-        if any(_has_output(choice) for choice in event.get("choices") or ()):
-            self.chunks.append(now)
-
-    def verdict(self, status: int) -> tuple[str, int, str]:
-        if self.error:
-            return FAILED, status, self.error
-        if not self.is_done:
-            return FAILED, status, "stream-cut: the stream ended without [DONE]"
-        return OK, status, ""
-
-    def result(self, sent: float, outcome: str, status: int, error: str) -> StreamResult:
-        usage = self.usage or {}
-        output_tokens = usage.get("completion_tokens", len(self.chunks))
-        return StreamResult(
-            sent=sent, end=time.perf_counter(), chunks=self.chunks, outcome=outcome,
-            status=status, error=error, output_tokens=output_tokens,
-            reported_prompt_tokens=usage.get("prompt_tokens"),
-        )
-
-
-def _has_output(choice: dict) -> bool:
-    if choice.get("text"):
-        return True
-    delta = choice.get("delta") or {}
-    return bool(delta.get("content") or delta.get("reasoning_content"))
-
-
-def _error_message(error: object) -> str:
-    if isinstance(error, dict):
-        return str(error.get("message", error))[:200]
-    return str(error)[:200]
+def _result(sent: float, response: Response) -> StreamResult:
+    last = response.segments[-1][0] if response.segments else time.perf_counter()
+    if response.status != 200:
+        outcome = REJECTED if response.status == 429 else FAILED
+        error = f"http {response.status}: {response.body()[:200].decode(errors='replace')}"
+        return StreamResult(sent, last, array("d"), outcome, response.status, error, 0, None)
+    events = parse_stream(response.segments, last)
+    return StreamResult(
+        sent=sent, end=events.end, chunks=events.chunks,
+        outcome=FAILED if events.error else OK, status=200, error=events.error,
+        output_tokens=events.usage.get("completion_tokens", len(events.chunks)),
+        reported_prompt_tokens=events.usage.get("prompt_tokens"),
+    )
 
 
 async def discover_model(url: str, timeout: float = 10.0) -> str:
