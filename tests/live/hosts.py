@@ -73,6 +73,7 @@ class LiveHost:
         exec_cgroup.create()  # so whatever the command leaves running dies with the container
         proc = subprocess.run(exec_cgroup.enter_prefix() + self.machine.nsenter_argv() + argv,
                               input=input, capture_output=True, text=True, timeout=timeout)
+        proc.args = argv
         if check and proc.returncode != 0:
             raise AssertionError(
                 f"[{self.name}] {argv!r} exited {proc.returncode}\n"
@@ -182,6 +183,10 @@ class Fleet:
     def start(self, host: LiveHost, timeout: float = BOOT_TIMEOUT_S) -> None:
         """Boot a stopped container again (same root, same port, same keys)."""
         host.machine.spawn()
+        self.wait_ready(host, timeout)
+
+    def wait_ready(self, host: LiveHost, timeout: float = BOOT_TIMEOUT_S) -> None:
+        """Wait until the host's sshd answers, e.g. after a `reboot` inside it."""
         host.machine.wait_ready(host.port, time.monotonic() + timeout)
 
     @contextmanager
@@ -222,12 +227,35 @@ class Fleet:
         path.write_text("".join(f"{line}\n" for line in lines))
         return path
 
+    def write_inventory(self, path: Path, known_hosts: Path, hosts: Sequence[LiveHost] | None = None,
+                        user: str = "root", become: bool = False, group: str = "live",
+                        host_vars: Mapping[str, Mapping] | None = None) -> Path:
+        """A hosttune inventory (inventories/example.yaml's layout) naming these hosts."""
+        import yaml
+
+        hosts = list(hosts if hosts is not None else self.hosts.values())
+        host_vars = host_vars or {}
+        inventory = {
+            "defaults": {"ssh": {"user": user, "key": str(self.client_key.private_path),
+                                 "known_hosts": str(known_hosts), "become": become}},
+            "groups": {group: {"hosts": {
+                h.name: _host_entry(h, host_vars.get(h.name, {})) for h in hosts
+            }}},
+        }
+        path.write_text(yaml.safe_dump(inventory, sort_keys=False))
+        return path
+
     def write_ssh_config(self, path: Path, known_hosts: Path,
                          hosts: Sequence[LiveHost] | None = None) -> Path:
         blocks = [ssh_config_block(h.name, h.address, h.port, h.user, h.key_path, known_hosts)
                   for h in (hosts if hosts is not None else self.hosts.values())]
         path.write_text("\n".join(blocks))
         return path
+
+
+def _host_entry(host: LiveHost, extra: Mapping) -> dict:
+    ssh = {"port": host.port, **extra.get("ssh", {})}
+    return {"address": host.address, **{k: v for k, v in extra.items() if k != "ssh"}, "ssh": ssh}
 
 
 def _port_is_free(port: int) -> bool:
@@ -296,6 +324,9 @@ def sweep_stale_runs(work_root: Path = WORK_ROOT) -> list[str]:
         Cgroup(f"{TOP}/{rundir.name}").kill()
         Cgroup(f"{TOP}/{rundir.name}").remove()
         remove_tree(rundir)
+        owner_pid = rundir.name.split("-")[0]
+        for leftover in Path("/run/systemd/nspawn/propagate").glob(f"ht{owner_pid}-*"):
+            leftover.rmdir()  # nspawn's per-machine directory; empty once the machine is gone
         swept.append(rundir.name)
     return swept
 

@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 from .cgroup import Cgroup
 
 CONSOLE_TAIL_LINES = 60
+REBOOT_EXIT = 133  # nspawn's exit status when the container rebooted (systemd-nspawn@.service restarts on it)
 
 
 class BootError(RuntimeError):
@@ -20,15 +22,20 @@ class BootError(RuntimeError):
 
 @dataclass(frozen=True)
 class Bind:
-    """A host directory bound over a container path (e.g. a writable stand-in for /sys/...)."""
+    """A host directory or file bound over a container path.
 
-    host_dir: Path
+    The way to make a writable stand-in for a read-only kernel path: inside a container
+    /proc/sys and /sys are read-only, so Bind(tmp_dir, "/sys/kernel/mm/transparent_hugepage")
+    lets a test watch what would have been written there.
+    """
+
+    host_path: Path
     path: str
     read_only: bool = False
 
     def nspawn_arg(self) -> str:
         flag = "--bind-ro" if self.read_only else "--bind"
-        return f"{flag}={self.host_dir}:{self.path}"
+        return f"{flag}={self.host_path}:{self.path}"
 
 
 class Machine:
@@ -45,6 +52,10 @@ class Machine:
         self.extra_args = extra_args
         self.process: subprocess.Popen | None = None
         self.leader: int | None = None  # host PID of the container's PID 1 (systemd)
+        self.num_reboots = 0
+        self._is_stopping = False
+        self._lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
 
     def argv(self) -> list[str]:
         return [
@@ -57,11 +68,21 @@ class Machine:
 
     @property
     def is_running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        """True while the container runs, and while it reboots (nspawn is then started again)."""
+        if self.process is None:
+            return False
+        rc = self.process.poll()
+        return rc is None or (rc == REBOOT_EXIT and not self._is_stopping)
 
     def spawn(self) -> None:
         assert not self.is_running, f"{self.machine_name} is already running"
+        self._is_stopping = False
         self.cgroup.create()
+        self._start_process()
+        self._watcher = threading.Thread(target=self._restart_on_reboot, daemon=True)
+        self._watcher.start()
+
+    def _start_process(self) -> None:
         with open(self.console_log, "ab") as log:
             log.write(f"\n=== {time.strftime('%H:%M:%S')} {' '.join(self.argv())}\n".encode())
             log.flush()
@@ -72,19 +93,33 @@ class Machine:
             )
         self.leader = None
 
+    def _restart_on_reboot(self) -> None:
+        # A `reboot` inside the container ends nspawn with 133; boot it again, as a real
+        # host would come back, so reboot-and-wait-for-SSH code can be tested.
+        while True:
+            rc = self.process.wait()
+            with self._lock:
+                if rc != REBOOT_EXIT or self._is_stopping:
+                    return
+                self.num_reboots += 1
+                self._start_process()
+
     def wait_ready(self, port: int, deadline: float) -> None:
         """Block until sshd on 127.0.0.1:port sends its banner and PID 1 is known."""
         while time.monotonic() < deadline:
             if not self.is_running:
                 raise BootError(self._failure(f"systemd-nspawn exited with {self.process.returncode}"))
-            if self.leader is None:
-                self.leader = self._find_leader()
-            if self.leader is not None and ssh_banner(port):
+            if self.find_leader() is not None and ssh_banner(port):
                 return
             time.sleep(0.1)
         raise BootError(self._failure(f"sshd on 127.0.0.1:{port} did not answer in time"))
 
-    def _find_leader(self) -> int | None:
+    def find_leader(self) -> int | None:
+        """The host PID of the container's PID 1 (a child of nspawn; new after a reboot)."""
+        self.leader = self._child_init()
+        return self.leader
+
+    def _child_init(self) -> int | None:
         pid = self.process.pid
         try:
             children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
@@ -101,6 +136,8 @@ class Machine:
 
     def stop(self, timeout: float = 20.0) -> None:
         """Power the container off (nspawn turns SIGTERM into a clean shutdown), else kill it."""
+        with self._lock:
+            self._is_stopping = True
         if self.is_running:
             self.process.send_signal(signal.SIGTERM)
             try:
@@ -111,19 +148,24 @@ class Machine:
 
     def kill(self) -> None:
         """Kill every process of the container (cgroup.kill), and remove its cgroups."""
+        with self._lock:
+            self._is_stopping = True
         self.cgroup.kill()
         if self.process is not None:
             self.process.wait(10)
+        if self._watcher is not None:
+            self._watcher.join(10)
         self.leader = None
         self.cgroup.remove()
         _rmdir(Path("/run/systemd/nspawn/propagate") / self.machine_name)
 
     def nsenter_argv(self) -> list[str]:
         """argv prefix that runs a command inside the container's namespaces and root."""
-        if self.leader is None:
+        leader = self.find_leader() if self.process is not None else None
+        if leader is None:
             raise RuntimeError(f"container {self.machine_name} is not running")
         return [
-            "nsenter", f"--target={self.leader}", "--mount", "--uts", "--ipc", "--pid",
+            "nsenter", f"--target={leader}", "--mount", "--uts", "--ipc", "--pid",
             "--root", "--wd", "--", "/usr/bin/env", "-i",
             "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME=/root", "LANG=C.UTF-8", "TERM=dumb",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import paramiko
@@ -97,6 +98,19 @@ def test_stopping_a_host_makes_its_port_refuse_and_start_brings_it_back(live_fle
     assert ssh_run(up, "true")[0] == 0
     live_fleet.start(down)
     assert ssh_run(down, "hostname")[1].strip() == "down"
+
+
+def test_reboot_inside_a_host_brings_it_back_like_a_real_host(live_fleet, fresh_hosts):
+    (host,) = fresh_hosts(["reboots"])
+    host.exec("touch /run/before-reboot")  # /run is a fresh tmpfs on every boot
+    rc, _, err = ssh_run(host, "systemctl reboot")
+    assert rc == 0, err
+    deadline = time.monotonic() + 30
+    while host.machine.num_reboots == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    live_fleet.wait_ready(host)
+    assert host.machine.num_reboots == 1
+    assert ssh_run(host, "test -e /run/before-reboot")[0] == 1
 
 
 def test_bound_standin_makes_a_read_only_kernel_path_writable(fresh_hosts, tmp_path):
