@@ -187,9 +187,11 @@ def errors_by_status(records: Iterable[RequestRecord]) -> dict[str, int]:
 
 
 def client_lag(run: RunRecord, limit: float) -> ClientLag:
-    """Loop and send lag percentiles; `is_behind` when either P99 is over `limit`."""
-    loop = sorted(s.lag for s in run.loop_lag) or [0.0]
-    sends = sorted(max(0.0, r.sent - r.scheduled) for r in run.requests) or [0.0]
+    """Loop lag (in the window) and send lag (of measured requests) percentiles;
+    `is_behind` when either P99 is over `limit`."""
+    start, stop = run.window
+    loop = sorted(s.lag for s in run.loop_lag if start <= s.at <= stop) or [0.0]
+    sends = sorted(max(0.0, r.sent - r.scheduled) for r in measured(run.requests)) or [0.0]
     loop_p99, send_p99 = _sorted_percentile(loop, 99), _sorted_percentile(sends, 99)
     return ClientLag(
         loop_p50=_sorted_percentile(loop, 50), loop_p99=loop_p99, loop_max=loop[-1],

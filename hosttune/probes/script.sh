@@ -61,9 +61,8 @@ services() {
   u="irqbalance nvidia-persistenced hosttune-irq-affinity hosttune-cpu-governor hosttune-thp"
   printf 'running:'; for p in /proc/[0-9]*/comm; do read -r c < "$p" 2>/dev/null && printf '%s ' "$c"; done; printf '\n'
   [ "$(cat /proc/1/comm)" = systemd ] || return 0
-  printf 'units:%s\n' "$u"
-  systemctl is-active $u | sed 's/^/active:/'
-  systemctl is-enabled $u | sed 's/^/enabled:/'
+  for x in $u; do set -- "$@" "$x.service"; done
+  systemctl show --property=Id,LoadState,ActiveState,UnitFileState "$@" | sed 's/^/unit:/'
   return 0
 }
 

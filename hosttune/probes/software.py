@@ -64,22 +64,37 @@ def _versionlock_name(entry: str) -> str:
     return match.group(1) if match else entry
 
 
+def _unit_blocks(pairs: list[tuple[str, str]]) -> list[dict[str, str]]:
+    """`systemctl show` property lines (tagged unit:KEY=VALUE), one dict per unit."""
+    blocks: list[dict[str, str]] = [{}]
+    for key, value in pairs:
+        if key != "unit":
+            continue
+        if not value.strip():  # systemctl separates units with a blank line
+            blocks.append({})
+            continue
+        prop, _, val = value.partition("=")
+        blocks[-1][prop] = val.strip()
+    return [b for b in blocks if "Id" in b]
+
+
 def parse_services(text: str) -> dict[str, ServiceState]:
     pairs = keyed(text)
     fields = dict(pairs)
     running = set(fields.get("running", "").split())
-    units = fields.get("units", "").split()
-    active = [v.strip() for k, v in pairs if k == "active"]
-    enabled = [v.strip() for k, v in pairs if k == "enabled"]
-    names = units or ["irqbalance", "nvidia-persistenced"]
     out = {}
-    for i, name in enumerate(names):
+    for block in _unit_blocks(pairs):
+        name = block.get("Id", "").removesuffix(".service")
+        missing = block.get("LoadState") == "not-found"
         out[name] = ServiceState(
             name=name,
-            active=active[i] if i < len(active) else None,
-            enabled=enabled[i] if i < len(enabled) else None,
-            running=name[:15] in running if "running" in fields else None,  # comm is cut at 15 chars
+            active=block.get("ActiveState"),
+            enabled="not-found" if missing else (block.get("UnitFileState") or None),
+            running=name[:15] in running,  # comm is cut at 15 chars
         )
+    for name in ("irqbalance", "nvidia-persistenced"):
+        if name not in out and "running" in fields:
+            out[name] = ServiceState(name=name, running=name[:15] in running)
     return out
 
 
