@@ -13,6 +13,8 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
     fi
+    # Root with the packages above: the live tests must run here, so a missing piece fails them.
+    export HOSTTUNE_REQUIRE_LIVE=1
 fi
 
 python3 -m venv .venv
