@@ -1,0 +1,60 @@
+"""Incremental detokenization and stop strings for one request (torch-free)."""
+
+from __future__ import annotations
+
+from hosttune_engine.sampling import SamplingParams
+
+CONTEXT_TOKENS = 5  # prompt tokens decoded with the output, so leading spaces come out right
+
+
+class IncrementalDetokenizer:
+    """Grows a request's text token by token.
+
+    Text is taken as the difference between decoding a window with and without
+    the new tokens, and only once it no longer ends in an incomplete UTF-8
+    sequence. While stop strings are set, the last `max_stop_len - 1` characters
+    are held back, because they could still become the start of a stop string.
+    """
+
+    def __init__(self, tokenizer, prompt_token_ids, params: SamplingParams):
+        self.tokenizer = tokenizer
+        self.params = params
+        self.ids = list(prompt_token_ids[-CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""
+        self.num_emitted = 0
+
+    def add_token(self, token_id: int) -> str | None:
+        """Append a token; return the stop string it completed, if any (the text is cut there)."""
+        self.ids.append(token_id)
+        skip = self.params.skip_special_tokens
+        before = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=skip)
+        after = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=skip)
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return None
+        new = after[len(before) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self.text += new
+        return self._check_stop(len(new))
+
+    def _check_stop(self, num_new_chars: int) -> str | None:
+        if not self.params.stop:
+            return None
+        window_start = max(0, len(self.text) - num_new_chars - self.params.max_stop_len + 1)
+        found = [(i, s) for s in self.params.stop if (i := self.text.find(s, window_start)) >= 0]
+        if not found:
+            return None
+        index, stop = min(found)
+        self.text = self.text[: index + (len(stop) if self.params.include_stop_str_in_output else 0)]
+        return stop
+
+    def take_new_text(self, finished: bool) -> str:
+        """Text not yet handed out, less what a stop string could still claim."""
+        end = len(self.text)
+        if not finished and self.params.stop:
+            end -= self.params.max_stop_len - 1
+        if end <= self.num_emitted:
+            return ""
+        new, self.num_emitted = self.text[self.num_emitted : end], end
+        return new

@@ -1,0 +1,172 @@
+"""The engine loop: requests in, one scheduled model step at a time, token outputs out.
+
+Each `step()` is schedule -> run -> post-process. Callers talk to it only with
+the message dataclasses of `core.messages`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hosttune_engine.cache.block_manager import BlockManager
+from hosttune_engine.config import EngineConfig
+from hosttune_engine.core.detokenizer import IncrementalDetokenizer
+from hosttune_engine.core.messages import AbortRequest, EngineRequest, EngineStats, TokenLogprob, TokenOutput
+from hosttune_engine.core.model_runner import ModelRunner, StepResult
+from hosttune_engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from hosttune_engine.core.sequence import Sequence
+from hosttune_engine.errors import RequestError
+from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.model.tokenizer import Tokenizer
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    detok: IncrementalDetokenizer | None
+
+
+class Engine:
+    """One model on one device, serving many requests with continuous batching.
+
+    Pairs: `add_request` / `abort_request`; `step` until `has_unfinished_requests`
+    is False. `stats()` gives the counters metrics are made of.
+    """
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model_config = ModelConfig.from_folder(config.model)
+        self.tokenizer = _load_tokenizer(config)
+        self.runner = ModelRunner(config, self.model_config)
+        self.max_model_len = self.runner.max_model_len
+        eos = self.model_config.eos_token_ids or (
+            (self.tokenizer.eos_token_id,) if self.tokenizer and self.tokenizer.eos_token_id is not None else ())
+        self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
+                            config.scheduling_policy),
+            self.block_manager, eos_token_ids=eos)
+        self.requests: dict[str, _Request] = {}
+        self._pending: list[TokenOutput] = []
+        self._prompt_tokens = self._generation_tokens = self._finished = 0
+
+    # -- messages in -----------------------------------------------------------------
+    def handle(self, message: EngineRequest | AbortRequest) -> None:
+        if isinstance(message, AbortRequest):
+            self.abort_request(message.request_id)
+        else:
+            self.add_request(message)
+
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a request; raises RequestError if it can never be served."""
+        self._validate(request)
+        seq = Sequence(request.request_id, list(request.prompt_token_ids), request.sampling, request.priority,
+                       request.arrival_time)
+        detok = IncrementalDetokenizer(self.tokenizer, seq.token_ids, request.sampling) if self.tokenizer else None
+        self.requests[request.request_id] = _Request(seq, detok)
+        self.scheduler.add(seq)
+        self._prompt_tokens += seq.num_prompt_tokens
+
+    def _validate(self, request: EngineRequest) -> None:
+        ids, params = request.prompt_token_ids, request.sampling
+        if request.request_id in self.requests:
+            raise RequestError(f"request id {request.request_id!r} is already in use")
+        if not ids:
+            raise RequestError("the prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise RequestError(f"the prompt has {len(ids)} tokens; max_model_len is {self.max_model_len} "
+                               "and at least one token must be generated")
+        vocab = self.model_config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        if params.stop and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer, and this model folder has none")
+        needed = self.block_manager.blocks_for(min(len(ids) + params.max_tokens, self.max_model_len))
+        if needed > self.block_manager.num_blocks:
+            raise RequestError(f"the request needs {needed} KV blocks, more than the pool's "
+                               f"{self.block_manager.num_blocks}; lower max_tokens")
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request now and free its KV blocks; its final output comes with the next step."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        self.scheduler.finish(req.seq, "abort")
+        self.runner.release(request_id)
+        self._pending.append(self._output(req, (), None, finished=True))
+        self._finished += 1
+        return True
+
+    # -- the loop ----------------------------------------------------------------------
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._pending)
+
+    def step(self) -> list[TokenOutput]:
+        """Run one scheduled batch; return each touched request's new tokens and text."""
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return outputs
+        result = self.runner.execute(sched)
+        logprobs = _logprobs_by_seq(sched, result)
+        for seq in self.scheduler.postprocess(sched, result.tokens):
+            outputs.append(self._advance(self.requests[seq.request_id], logprobs.get(id(seq))))
+        return outputs
+
+    def _advance(self, req: _Request, logprob: TokenLogprob | None) -> TokenOutput:
+        seq = req.seq
+        self._generation_tokens += 1
+        if req.detok is not None:
+            stop = req.detok.add_token(seq.token_ids[-1])
+            if stop is not None and seq.is_finished:  # it also hit max_tokens: the stop string wins
+                seq.finish_reason, seq.stop_reason = "stop", stop
+            elif stop is not None:
+                self.scheduler.finish(seq, "stop", stop_reason=stop)
+        if seq.is_finished:
+            del self.requests[seq.request_id]
+            self.runner.release(seq.request_id)
+            self._finished += 1
+        lps = (logprob,) if logprob is not None else None
+        return self._output(req, (seq.token_ids[-1],), lps, finished=seq.is_finished)
+
+    def _output(self, req: _Request, new_ids, logprobs, finished: bool) -> TokenOutput:
+        seq = req.seq
+        return TokenOutput(
+            request_id=seq.request_id, new_token_ids=tuple(new_ids),
+            new_text=req.detok.take_new_text(finished) if req.detok else "",
+            new_logprobs=logprobs, num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens, num_cached_tokens=seq.num_cached_tokens,
+            finished=finished, finish_reason=seq.finish_reason if finished else None,
+            stop_reason=seq.stop_reason if finished else None,
+        )
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            kv_usage=bm.usage, num_kv_blocks=bm.num_blocks, num_free_kv_blocks=bm.num_free_blocks,
+            prefix_cache_queries_total=bm.num_prefix_queries, prefix_cache_hits_total=bm.num_prefix_hits,
+            num_preemptions_total=self.scheduler.num_preemptions, prompt_tokens_total=self._prompt_tokens,
+            generation_tokens_total=self._generation_tokens, num_finished_total=self._finished,
+        )
+
+
+def _logprobs_by_seq(sched: SchedulerOutput, result: StepResult) -> dict[int, TokenLogprob]:
+    s = result.sampled
+    if s is None or s.logprobs is None:
+        return {}
+    sampled_seqs = [seq for seq, tok in zip(sched.seqs, result.tokens) if tok is not None]
+    out = {}
+    for row, seq in enumerate(sampled_seqs):
+        if seq.sampling.logprobs is None:
+            continue
+        n = seq.sampling.logprobs
+        top = tuple(zip(s.top_ids[row][:n], s.top_logprobs[row][:n])) if n else ()
+        out[id(seq)] = TokenLogprob(s.token_ids[row], s.logprobs[row], top)
+    return out
+
+
+def _load_tokenizer(config: EngineConfig) -> Tokenizer | None:
+    folder = Path(config.tokenizer or config.model)
+    return Tokenizer(folder) if (folder / "tokenizer.json").is_file() else None

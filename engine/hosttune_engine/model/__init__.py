@@ -1,0 +1,1 @@
+"""Llama and Qwen2 as plain nn.Modules, their config, weight loading and tokenizer."""

@@ -1,0 +1,133 @@
+"""Build a model on its device and fill its weights from safetensors shards or at random."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hosttune_engine.errors import ModelLoadError
+from hosttune_engine.layers.linear import MergedLinear
+from hosttune_engine.model.llama import MODEL_CLASSES
+from hosttune_engine.model.model_config import ModelConfig
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """An uninitialised model of `cfg`'s architecture, parameters already on `device` in `dtype`."""
+    with _default_dtype(dtype), torch.device(device):
+        return MODEL_CLASSES[cfg.architecture](cfg).eval().requires_grad_(False)
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [n for n in names if not (folder / n).is_file()]
+        if missing:
+            raise ModelLoadError(f"{folder}: shards listed in {index.name} are missing: {', '.join(missing)}")
+        return [folder / n for n in names]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} has no *.safetensors weights; use load_format='dummy' for random weights")
+    return files
+
+
+@torch.no_grad()
+def load_safetensors(model: nn.Module, folder: Path) -> None:
+    """Copy every checkpoint tensor into its parameter; fail on anything missing or misshapen."""
+    from safetensors import safe_open
+
+    params = dict(model.named_parameters())
+    expected = _expected_tensors(model)
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    for path in safetensors_files(folder):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if name.endswith(IGNORED_SUFFIXES):
+                    continue
+                if name == "lm_head.weight" and model.config.tie_word_embeddings:
+                    continue
+                target = _load_one(model, params, name, f.get_tensor(name), f"{path.name}:{name}")
+                (loaded.add(name) if target else unexpected.append(name))
+    if unexpected:
+        raise ModelLoadError(f"{folder}: checkpoint tensors the model does not have: {', '.join(unexpected[:5])}")
+    missing = sorted(expected - loaded)
+    if missing:
+        raise ModelLoadError(f"{folder}: weights missing from the checkpoint: {', '.join(missing[:5])}")
+
+
+def _load_one(model: nn.Module, params: dict, name: str, tensor: torch.Tensor, source: str) -> bool:
+    for part, (fused, shard) in model.packed_modules.items():
+        if f".{part}." in name:
+            module_name, kind = name.replace(f".{part}.", f".{fused}.").rsplit(".", 1)
+            module = model.get_submodule(module_name)
+            assert isinstance(module, MergedLinear)
+            module.load_shard(shard, kind, tensor, source)
+            return True
+    param = params.get(name)
+    if param is None:
+        return False
+    if param.shape != tensor.shape:
+        raise ModelLoadError(f"{source}: shape {tuple(tensor.shape)} does not match the model's "
+                             f"{tuple(param.shape)}; the checkpoint does not fit config.json")
+    param.copy_(tensor)
+    return True
+
+
+def _expected_tensors(model: nn.Module) -> set[str]:
+    """Checkpoint names the model needs (fused parameters expanded to their parts)."""
+    names = set()
+    unpack = {fused: [] for fused, _ in model.packed_modules.values()}
+    for part, (fused, _) in model.packed_modules.items():
+        unpack[fused].append(part)
+    for name, _ in model.named_parameters():
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        fused = next((f for f in unpack if f".{f}." in name), None)
+        names.update([name.replace(f".{fused}.", f".{p}.") for p in unpack[fused]] if fused else [name])
+    return names
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
+    """Random weights from config alone: N(0, 0.02) matrices, unit norms, zero biases.
+
+    Small matrices keep each layer a small update of the residual stream, so
+    random models generate stably (used by benchmarks and the GPU checks).
+    """
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif name.endswith(".bias"):
+            param.zero_()
+        else:
+            param.normal_(0.0, 0.02, generator=gen)
+
+
+def load_model(cfg: ModelConfig, folder: str | Path, load_format: str, device: torch.device,
+               dtype: torch.dtype, seed: int = 0) -> nn.Module:
+    """A ready model: `load_format` "dummy" for random weights, else the folder's safetensors."""
+    model = build_model(cfg, device, dtype)
+    if load_format == "dummy":
+        init_dummy_weights(model, seed)
+    else:
+        load_safetensors(model, Path(folder))
+    return model

@@ -1,0 +1,120 @@
+"""The parts of a Hugging Face config.json the engine uses, validated."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from hosttune_engine.errors import ModelLoadError, UnsupportedModelError
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_proj_bias: bool
+    dtype: str | None
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "ModelConfig":
+        folder = Path(folder)
+        path = folder / "config.json"
+        if not path.is_file():
+            raise ModelLoadError(f"{folder} has no config.json; point `model` at a Hugging Face model folder")
+        raw = _read_json(path)
+        generation = folder / "generation_config.json"
+        if generation.is_file():
+            eos = _read_json(generation).get("eos_token_id")
+            if eos is not None:
+                raw = {**raw, "eos_token_id": _as_list(raw.get("eos_token_id")) + _as_list(eos)}
+        return cls.from_dict(raw, source=str(path))
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "config.json") -> "ModelConfig":
+        arch = (raw.get("architectures") or [None])[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"{source}: architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        _check_unsupported_features(raw, arch, source)
+        get = _getter(raw, source)
+        heads = get("num_attention_heads")
+        rope = raw.get("rope_parameters") or {}
+        scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        is_qwen2 = arch == "Qwen2ForCausalLM"
+        return cls(
+            architecture=arch,
+            vocab_size=get("vocab_size"),
+            hidden_size=get("hidden_size"),
+            intermediate_size=get("intermediate_size"),
+            num_layers=get("num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or get("hidden_size") // heads,
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            rope_scaling=scaling,
+            max_position_embeddings=raw.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            qkv_bias=is_qwen2 or bool(raw.get("attention_bias", False)),
+            o_proj_bias=not is_qwen2 and bool(raw.get("attention_bias", False)),
+            dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            eos_token_ids=tuple(dict.fromkeys(_as_list(raw.get("eos_token_id")))),
+            bos_token_id=raw.get("bos_token_id"),
+        )._validated(source)
+
+    def _validated(self, source: str) -> "ModelConfig":
+        if self.num_heads % self.num_kv_heads:
+            raise ModelLoadError(f"{source}: {self.num_heads} attention heads do not divide into "
+                                 f"{self.num_kv_heads} key/value heads")
+        if self.head_dim % 2:
+            raise ModelLoadError(f"{source}: head_dim {self.head_dim} must be even for rotary embeddings")
+        return self
+
+
+def _check_unsupported_features(raw: dict, arch: str, source: str) -> None:
+    if raw.get("use_sliding_window"):
+        raise UnsupportedModelError(f"{source}: sliding-window attention is not supported")
+    if raw.get("mlp_bias"):
+        raise UnsupportedModelError(f"{source}: MLP biases (mlp_bias) are not supported")
+    if raw.get("quantization_config"):
+        raise UnsupportedModelError(f"{source}: quantized checkpoints are not supported")
+
+
+def _getter(raw: dict, source: str):
+    def get(key: str):
+        if key not in raw:
+            raise ModelLoadError(f"{source}: required field {key!r} is missing")
+        return raw[key]
+
+    return get
+
+
+def _as_list(value) -> list[int]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{path}: cannot read JSON: {e}") from e
