@@ -13,6 +13,7 @@ from pathlib import Path
 from .cgroup import Cgroup
 
 CONSOLE_TAIL_LINES = 60
+STANDIN_STAGING = "/.hosttune-standins"
 REBOOT_EXIT = 133  # nspawn's exit status when the container rebooted (systemd-nspawn@.service restarts on it)
 
 
@@ -26,7 +27,8 @@ class Bind:
 
     The way to make a writable stand-in for a read-only kernel path: inside a container
     /proc/sys and /sys are read-only, so Bind(tmp_dir, "/sys/kernel/mm/transparent_hugepage")
-    lets a test watch what would have been written there.
+    lets a test watch what would have been written there. Targets under /proc must already
+    exist there (procfs has no room for new mount points): /proc/cmdline, /proc/irq, ...
     """
 
     host_path: Path
@@ -63,8 +65,32 @@ class Machine:
             f"--machine={self.machine_name}", f"--hostname={self.hostname}",
             f"--directory={self.root}", "--console=read-only", "--link-journal=no",
             "--resolv-conf=copy-host",
-            *(b.nspawn_arg() for b in self.binds), *self.extra_args,
+            *self._bind_args(), *self.extra_args,
         ]
+
+    def _bind_args(self) -> list[str]:
+        args = []
+        for i, bind in enumerate(self.binds):
+            if bind.path.startswith("/proc/"):
+                # nspawn mounts binds into /proc only after entering the container's root,
+                # where host paths no longer resolve: bind the host path to a staging point
+                # in the root first, then the staging point over the /proc path.
+                stage = f"{STANDIN_STAGING}/{i}"
+                args.append(Bind(bind.host_path, stage, bind.read_only).nspawn_arg())
+                args.append(Bind(Path(stage), bind.path, bind.read_only).nspawn_arg())
+            else:
+                args.append(bind.nspawn_arg())
+        return args
+
+    def _make_staging_points(self) -> None:
+        for i, bind in enumerate(self.binds):
+            if bind.path.startswith("/proc/"):
+                point = self.root / STANDIN_STAGING.lstrip("/") / str(i)
+                point.parent.mkdir(exist_ok=True)
+                if bind.host_path.is_dir():
+                    point.mkdir(exist_ok=True)
+                else:
+                    point.touch()
 
     @property
     def is_running(self) -> bool:
@@ -78,6 +104,7 @@ class Machine:
         assert not self.is_running, f"{self.machine_name} is already running"
         self._is_stopping = False
         self.cgroup.create()
+        self._make_staging_points()
         self._start_process()
         self._watcher = threading.Thread(target=self._restart_on_reboot, daemon=True)
         self._watcher.start()

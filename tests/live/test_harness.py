@@ -113,14 +113,21 @@ def test_reboot_inside_a_host_brings_it_back_like_a_real_host(live_fleet, fresh_
     assert ssh_run(host, "test -e /run/before-reboot")[0] == 1
 
 
-def test_bound_standin_makes_a_read_only_kernel_path_writable(fresh_hosts, tmp_path):
-    standin = tmp_path / "thp"
-    standin.mkdir()
-    (standin / "enabled").write_text("always [madvise] never\n")
-    (host,) = fresh_hosts(["standin"], binds={"standin": [Bind(standin, "/sys/kernel/mm/transparent_hugepage")]})
-    rc, _, err = ssh_run(host, "echo never > /sys/kernel/mm/transparent_hugepage/enabled")
-    assert rc == 0, err
-    assert (standin / "enabled").read_text() == "never\n"
+def test_bound_standins_make_read_only_kernel_paths_writable(fresh_hosts, tmp_path):
+    thp, irq, cmdline = tmp_path / "thp", tmp_path / "irq", tmp_path / "cmdline"
+    thp.mkdir()
+    (thp / "enabled").write_text("always [madvise] never\n")
+    (irq / "42").mkdir(parents=True)
+    (irq / "42/smp_affinity_list").write_text("0-15\n")
+    cmdline.write_text("BOOT_IMAGE=/vmlinuz intel_idle.max_cstate=1\n")
+    binds = [Bind(thp, "/sys/kernel/mm/transparent_hugepage"), Bind(irq, "/proc/irq"),
+             Bind(cmdline, "/proc/cmdline", read_only=True)]
+    (host,) = fresh_hosts(["standin"], binds={"standin": binds})
+    rc, out, err = ssh_run(host, "echo never > /sys/kernel/mm/transparent_hugepage/enabled && "
+                                 "echo 0-3 > /proc/irq/42/smp_affinity_list && cat /proc/cmdline")
+    assert (rc, out) == (0, "BOOT_IMAGE=/vmlinuz intel_idle.max_cstate=1\n"), err
+    assert (thp / "enabled").read_text() == "never\n"
+    assert (irq / "42/smp_affinity_list").read_text() == "0-3\n"
     # Without a stand-in, kernel paths stay read-only inside a container.
     rc, _, err = ssh_run(host, "echo 10 > /proc/sys/vm/swappiness")
     assert rc != 0 and "Read-only file system" in err
