@@ -24,6 +24,7 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         self.text = ""
         self.num_emitted = 0
+        self.stopped = False  # a stop string cut the text: nothing more is added
 
     def add_token(self, token_id: int) -> str | None:
         """Append a token; return the stop string it completed, if any (the text is cut there)."""
@@ -46,11 +47,24 @@ class IncrementalDetokenizer:
         if not found:
             return None
         index, stop = min(found)
+        self.stopped = True
         self.text = self.text[: index + (len(stop) if self.params.include_stop_str_in_output else 0)]
         return stop
 
+    def _flush(self) -> None:
+        """At the end, bytes still waiting for the rest of a UTF-8 sequence come out as U+FFFD."""
+        if self.stopped or self.read_offset == len(self.ids):
+            return
+        skip = self.params.skip_special_tokens
+        before = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=skip)
+        after = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=skip)
+        self.text += after[len(before) :]
+        self.prefix_offset = self.read_offset = len(self.ids)
+
     def take_new_text(self, finished: bool) -> str:
         """Text not yet handed out, less what a stop string could still claim."""
+        if finished:
+            self._flush()
         end = len(self.text)
         if not finished and self.params.stop:
             end -= self.params.max_stop_len - 1

@@ -1,0 +1,23 @@
+"""The whole engine on the Triton kernels (interpreter on CPU) still matches transformers."""
+
+import pytest
+
+from hosttune_engine import Engine, EngineConfig, SamplingParams
+from hosttune_engine.core.messages import EngineRequest
+
+from .oracle import hf_greedy, prompt_ids
+from .test_oracle import run
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen2"])
+def test_triton_path_matches_hf(tiny_models, model):
+    path = tiny_models[model]
+    eng = Engine(EngineConfig(model=str(path), kernel_backend="triton", block_size=16, max_num_batched_tokens=24,
+                                 max_num_seqs=4))
+    assert eng.runner.use_triton
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompts = {"a": prompt_ids(5, seed=1), "b": prompt_ids(37, seed=2), "c": prompt_ids(16, seed=3)}
+    got = run(eng, {0: [EngineRequest("a", prompts["a"], params), EngineRequest("b", prompts["b"], params)],
+                    2: [EngineRequest("c", prompts["c"], params)]})
+    for rid, ids in prompts.items():
+        assert got[rid] == hf_greedy(path, ids, params.max_tokens)[0], rid
