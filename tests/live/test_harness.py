@@ -10,7 +10,7 @@ import paramiko
 import pytest
 
 from .cgroup import TOP, Cgroup
-from .hosts import Bind, Fleet
+from .hosts import Bind, BootError, Fleet
 from .image import mounts_under
 from .sshkeys import known_hosts_line
 
@@ -131,6 +131,19 @@ def test_bound_standins_make_read_only_kernel_paths_writable(fresh_hosts, tmp_pa
     # Without a stand-in, kernel paths stay read-only inside a container.
     rc, _, err = ssh_run(host, "echo 10 > /proc/sys/vm/swappiness")
     assert rc != 0 and "Read-only file system" in err
+
+
+def test_a_container_that_cannot_boot_fails_with_its_console(fresh_hosts, tmp_path):
+    with pytest.raises(BootError, match="(?s)exited with 1.*Failed to stat .*/missing"):
+        fresh_hosts(["nostart"], nspawn_args=[f"--bind={tmp_path}/missing:/mnt"])
+
+
+def test_a_host_whose_sshd_never_answers_times_out_with_its_console(live_fleet, fresh_hosts):
+    (host,) = fresh_hosts(["nossh"])
+    host.exec("systemctl disable ssh.service")
+    live_fleet.stop(host)
+    with pytest.raises(BootError, match="(?s)did not answer in time.*Console"):
+        live_fleet.start(host, timeout=3)
 
 
 def test_close_leaves_no_process_mount_or_file(live_image, tmp_path):
