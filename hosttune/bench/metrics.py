@@ -114,6 +114,7 @@ class Summary:
     tpot: LatencyStats | None
     e2e: LatencyStats | None
     window_s: float
+    offered_rate: float  # measured requests sent per second of the window
     request_throughput: float  # successful requests per second
     output_token_throughput: float
     input_token_throughput: float
@@ -121,6 +122,11 @@ class Summary:
     goodput_fraction: float | None  # good / measured requests
     slo_met: bool | None  # whether the run as a whole met the SLO
     lag: ClientLag
+
+    @property
+    def served_fraction(self) -> float:
+        """Successful completions over requests offered, per second of the window."""
+        return self.request_throughput / self.offered_rate if self.offered_rate else 0.0
 
     @property
     def error_rate(self) -> float:
@@ -221,6 +227,7 @@ def summarize(run: RunRecord, slo: Slo | None = None, lag_limit: float = 0.005) 
         tpot=latency_stats([t for r in ok if (t := tpot(r)) is not None]),
         e2e=latency_stats([r.e2e for r in ok]),
         window_s=window_s,
+        offered_rate=len(requests) / window_s,
         request_throughput=len(finished) / window_s,
         output_token_throughput=sum(r.output_tokens for r in finished) / window_s,
         input_token_throughput=sum(_prompt_tokens(r) for r in finished) / window_s,

@@ -86,11 +86,14 @@ class Stream:
         self.deadlines: list[float] = []
         self.handle: asyncio.TimerHandle | None = None
         self.is_closed = False
+        self.is_queued = False
 
     def start(self) -> None:
         """The request got a slot: schedule its tokens from now."""
         loop = asyncio.get_running_loop()
-        self.deadlines = self.server.deadlines(loop.time(), self.prompt_tokens, self.num_tokens)
+        # From the request's arrival when it got a slot at once, else from now.
+        start = max(self.connection.received, loop.time() if self.is_queued else 0.0)
+        self.deadlines = self.server.deadlines(start, self.prompt_tokens, self.num_tokens)
         if not self.is_streaming:
             self.handle = loop.call_at(self.deadlines[-1], self._whole)
             return

@@ -76,6 +76,7 @@ class Slots:
             self.num_busy += 1
             stream.start()
         else:
+            stream.is_queued = True
             self.waiters.append(stream)
 
     def leave(self, stream: Stream) -> None:
@@ -150,12 +151,15 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = b""
         self.stream: Stream | None = None
+        self.received = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        if not self.buffer:  # a new request starts arriving: its delays count from here
+            self.received = asyncio.get_running_loop().time()
         self.buffer += data
         while self.stream is None:
             parsed = parse_request(self.buffer)

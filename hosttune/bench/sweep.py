@@ -1,0 +1,106 @@
+"""The rate sweep: the highest open-loop request rate at which the SLO still holds.
+
+Each step is a short open-loop run at one rate (same prompts, seed and burstiness).
+A step holds when the SLO is met *and* the server kept up: it completed at least
+`min_served` of the requests offered per second (a server past saturation builds a
+queue that a short step may not yet show in its percentiles, but it shows here).
+The rate grows by `growth` per step until a step breaks (or `max_rate` is reached),
+then the gap between the highest rate that held and the lowest that broke is halved
+(in log space) until it is within `precision`. The answer is the highest rate that
+held. A step where the client fell behind is marked (`is_client_bound`): the client's
+lateness can only make latencies look worse, so a step that held still held, but a
+step that broke there may have broken because of the client.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from hosttune.bench.benchmark import BenchSpec, measure
+from hosttune.bench.metrics import Slo, Summary, summarize
+from hosttune.bench.record import RunRecord
+from hosttune.errors import BenchError
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    start_rate: float = 1.0
+    max_rate: float = 10_000.0
+    growth: float = 2.0
+    precision: float = 0.05  # stop when the bracket's width is this fraction of its low end
+    min_served: float = 0.95  # a step holds only if the server completed this share of the load
+    max_steps: int = 20
+
+    def __post_init__(self) -> None:
+        if not 0 < self.start_rate <= self.max_rate:
+            raise BenchError("--sweep-start must be positive and at most --sweep-max")
+        if self.growth <= 1 or not 0 < self.precision < 1 or self.max_steps < 1:
+            raise BenchError("sweep growth must be > 1 and precision in (0, 1)")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    rate: float
+    summary: Summary
+    run: RunRecord
+
+    min_served: float = 0.95
+
+    @property
+    def is_held(self) -> bool:
+        return bool(self.summary.slo_met) and self.summary.served_fraction >= self.min_served
+
+    @property
+    def is_client_bound(self) -> bool:
+        """The client fell behind: a broken SLO here may be the client's doing."""
+        return self.summary.lag.is_behind
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    url: str
+    slo: Slo
+    points: tuple[SweepPoint, ...]  # in the order they ran
+    max_rate: float | None  # highest rate that held; None if even the first broke
+    first_broken: float | None  # lowest rate that broke; None if none did
+    is_capped: bool  # reached max_rate without breaking
+
+
+def next_rate(held: float | None, broken: float | None, config: SweepConfig) -> float | None:
+    """The next rate to try, or None when the bracket is narrow enough."""
+    if broken is None:
+        rate = config.start_rate if held is None else held * config.growth
+        return None if held is not None and held >= config.max_rate else min(rate, config.max_rate)
+    if held is None:  # even the first rate broke: look lower
+        lower = broken / config.growth
+        return lower if lower >= config.start_rate / 100 else None
+    if broken / held - 1 <= config.precision:
+        return None
+    return math.sqrt(held * broken)
+
+
+async def sweep(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig,
+                on_point: Callable[[SweepPoint], None] | None = None) -> SweepResult:
+    """Run the sweep against one endpoint; `spec.load` gives duration and burstiness."""
+    if spec.load.rate is None:
+        raise BenchError("a sweep drives an open-loop rate: drop --users")
+    held: float | None = None
+    broken: float | None = None
+    points: list[SweepPoint] = []
+    while len(points) < config.max_steps:
+        rate = next_rate(held, broken, config)
+        if rate is None:
+            break
+        run = await measure(spec.with_load(rate=rate), url)
+        point = SweepPoint(rate, summarize(run, slo, spec.lag_limit), run, config.min_served)
+        points.append(point)
+        if on_point:
+            on_point(point)
+        if point.is_held:
+            held = rate
+        else:
+            broken = rate
+    is_capped = broken is None and held is not None and held >= config.max_rate
+    return SweepResult(url, slo, tuple(points), held, broken, is_capped)

@@ -1,0 +1,131 @@
+from array import array
+
+import numpy as np
+import pytest
+
+from hosttune.bench.metrics import (Slo, errors_by_status, latency_stats, percentile,
+                                    summarize, tpot)
+from hosttune.bench.record import (CANCELLED, FAILED, OK, REJECTED, LagSample,
+                                   RequestRecord, RunRecord)
+from hosttune.errors import BenchError
+
+
+def record(index, sent, chunks, end, outcome=OK, status=200, error="", tokens=None,
+           is_warmup=False, scheduled=None, prompt_tokens=100):
+    return RequestRecord(
+        index=index, scheduled=sent if scheduled is None else scheduled, sent=sent, end=end,
+        chunks=array("d", chunks), outcome=outcome, status=status, error=error,
+        prompt_tokens=prompt_tokens, max_tokens=len(chunks),
+        output_tokens=len(chunks) if tokens is None else tokens,
+        reported_prompt_tokens=None, is_warmup=is_warmup,
+    )
+
+
+def run_of(requests, window=(0.0, 10.0), lag=(), cpu=0.1):
+    return RunRecord(
+        url="http://127.0.0.1:1", model="m", mode="users", users=1, rate=None,
+        burstiness=None, warmup_end=window[0], window=window, requests=tuple(requests),
+        loop_lag=tuple(lag), client_cpu=cpu, tokenizer="t", prompt_lengths="p",
+        output_lengths="o",
+    )
+
+
+@pytest.mark.parametrize("q", [0, 1, 25, 50, 90, 95, 99, 100])
+def test_percentile_is_numpy_linear(q):
+    values = [0.3, 0.1, 0.7, 0.2, 0.9, 0.4, 0.5]
+    assert percentile(values, q) == pytest.approx(np.percentile(values, q))
+
+
+def test_latency_stats():
+    stats = latency_stats([float(i) for i in range(1, 101)])
+    assert (stats.count, stats.mean, stats.max) == (100, 50.5, 100.0)
+    assert stats.p50 == pytest.approx(50.5)
+    assert stats.p99 == pytest.approx(99.01)
+    assert latency_stats([]) is None
+
+
+def test_ttft_itl_tpot_e2e_of_one_request():
+    r = record(0, sent=1.0, chunks=[1.2, 1.25, 1.35], end=1.36)
+    assert r.ttft == pytest.approx(0.2)
+    assert r.e2e == pytest.approx(0.36)
+    assert tpot(r) == pytest.approx((0.36 - 0.2) / 2)
+    assert tpot(record(1, 0.0, [0.1], 0.1)) is None
+
+
+def test_summary_counts_and_excludes_warmup_and_failures_from_latency():
+    requests = [
+        record(0, 0.0, [0.5, 0.6], 0.6, is_warmup=True),  # warm-up: not measured
+        record(1, 1.0, [1.1, 1.2, 1.3], 1.3),
+        record(2, 2.0, [2.2, 2.3], 2.3),
+        record(3, 3.0, [], 3.01, outcome=REJECTED, status=429, error="http 429: full"),
+        record(4, 4.0, [4.1], 4.2, outcome=FAILED, error="stream-error: boom"),
+        record(5, 5.0, [], 5.5, outcome=FAILED, status=500, error="http 500: x"),
+        record(6, 6.0, [], 9.0, outcome=CANCELLED, status=0, error="cancelled: stop"),
+    ]
+    s = summarize(run_of(requests, window=(1.0, 11.0)))
+    assert (s.num_requests, s.num_ok, s.num_rejected, s.num_failed, s.num_cancelled,
+            s.num_warmup) == (6, 2, 1, 2, 1, 1)
+    assert s.errors_by_status == {"429": 1, "500": 1, "stream-error": 1}
+    assert s.ttft.count == 2 and s.ttft.p50 == pytest.approx(0.15)
+    assert s.e2e.max == pytest.approx(0.3)
+    assert sorted([s.itl.p50, s.itl.max]) == pytest.approx([0.1, 0.1])
+    assert s.request_throughput == pytest.approx(2 / 10)
+    assert s.output_token_throughput == pytest.approx(5 / 10)
+    assert s.input_token_throughput == pytest.approx(200 / 10)
+    assert s.error_rate == pytest.approx(3 / 6)
+    assert s.goodput is None and s.slo_met is None
+
+
+def test_throughput_counts_completions_inside_the_window_only():
+    requests = [record(i, float(i), [i + 0.5], i + 1.0) for i in range(10)]
+    s = summarize(run_of(requests, window=(2.0, 6.0)))
+    # Ends at 3, 4, 5, 6 fall in [2, 6]; the end at 2.0 too (from a request sent at 1).
+    assert s.request_throughput == pytest.approx(5 / 4)
+
+
+def test_goodput_and_slo_verdict():
+    fast = [record(i, float(i), [i + 0.1, i + 0.2], i + 0.2) for i in range(8)]
+    slow = [record(8 + i, 8.0 + i, [8.5 + i, 9.5 + i], 9.5 + i) for i in range(2)]
+    run = run_of(fast + slow, window=(0.0, 12.0))
+    s = summarize(run, Slo(ttft=0.3, e2e=1.0))
+    assert s.goodput == pytest.approx(8 / 12)
+    assert s.goodput_fraction == pytest.approx(0.8)
+    assert s.slo_met is False  # P95 E2E is 1.5 s
+    assert summarize(run, Slo(e2e=1.0, percentile=50)).slo_met is True
+    assert summarize(run, Slo(e2e=2.0)).slo_met is True
+
+
+def test_slo_fails_on_too_many_errors_even_with_fast_successes():
+    ok = [record(i, float(i), [i + 0.1], i + 0.1) for i in range(95)]
+    rejected = [record(95 + i, 95.0 + i, [], 95.01 + i, outcome=REJECTED, status=429)
+                for i in range(5)]
+    run = run_of(ok + rejected, window=(0.0, 100.0))
+    assert summarize(run, Slo(e2e=1.0)).slo_met is False
+    assert summarize(run, Slo(e2e=1.0, max_error_rate=0.05)).slo_met is True
+
+
+def test_client_lag_flags_a_slow_client():
+    requests = [record(i, float(i) + 0.0001, [i + 0.1], i + 0.1, scheduled=float(i))
+                for i in range(10)]
+    quiet = [LagSample(i * 0.005, 0.0002) for i in range(1000)]
+    loud = quiet[:980] + [LagSample(5.0, 0.02)] * 20
+    assert summarize(run_of(requests, lag=quiet)).lag.is_behind is False
+    lag = summarize(run_of(requests, lag=loud)).lag
+    assert lag.is_behind is True and lag.loop_p99 == pytest.approx(0.02)
+    late = [record(i, float(i) + 0.05, [i + 0.1], i + 0.1, scheduled=float(i)) for i in range(10)]
+    assert summarize(run_of(late, lag=quiet)).lag.send_p99 == pytest.approx(0.05)
+    assert summarize(run_of(late, lag=quiet)).lag.is_behind is True
+
+
+def test_errors_by_status_uses_the_error_kind_without_a_status():
+    rs = [record(0, 0, [], 1, outcome=FAILED, status=0, error="timeout: slow"),
+          record(1, 0, [], 1, outcome=FAILED, status=0, error="transport: refused"),
+          record(2, 0, [], 1, outcome=FAILED, status=200, error="stream-cut: no [DONE]")]
+    assert errors_by_status(rs) == {"stream-cut": 1, "timeout": 1, "transport": 1}
+
+
+def test_bad_slo_is_a_user_error():
+    with pytest.raises(BenchError, match="percentile"):
+        Slo(e2e=1.0, percentile=97)
+    with pytest.raises(BenchError, match="positive"):
+        Slo(ttft=0)

@@ -1,0 +1,55 @@
+import json
+
+import pytest
+
+from hosttune.bench.sse import parse_stream
+
+
+def ev(payload):
+    return b"data: " + (payload if isinstance(payload, bytes) else json.dumps(payload).encode()) + b"\n\n"
+
+
+TEXT = ev({"choices": [{"index": 0, "text": " a"}]})
+ROLE = ev({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+CHAT = ev({"choices": [{"index": 0, "delta": {"content": " a"}}]})
+USAGE = ev({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+DONE = ev(b"[DONE]")
+
+
+def test_each_output_event_is_timed_by_the_piece_that_completed_it():
+    body = TEXT + TEXT + TEXT + USAGE + DONE
+    # The second event arrives split over two pieces; the third with the usage.
+    pieces = [(1.0, TEXT + TEXT[:10]), (1.5, TEXT[10:]), (2.0, TEXT + USAGE), (2.1, DONE)]
+    assert b"".join(p for _, p in pieces) == body
+    events = parse_stream(pieces, end=9.0)
+    assert list(events.chunks) == [1.0, 1.5, 2.0]
+    assert events.end == 2.1 and events.error == ""
+    assert events.usage == {"prompt_tokens": 7, "completion_tokens": 3}
+
+
+def test_chat_role_chunk_is_not_a_token():
+    events = parse_stream([(1.0, ROLE), (2.0, CHAT), (3.0, CHAT + DONE)], end=9.0)
+    assert list(events.chunks) == [2.0, 3.0]
+
+
+def test_crlf_and_comments_are_tolerated():
+    body = b": keep-alive\r\n\r\n" + TEXT.replace(b"\n", b"\r\n") + DONE
+    events = parse_stream([(1.0, body)], end=9.0)
+    assert list(events.chunks) == [1.0] and events.error == ""
+
+
+def test_error_event_inside_a_200_stream_is_a_failure():
+    error = ev({"error": {"message": "out of KV blocks", "code": 500}})
+    events = parse_stream([(1.0, TEXT), (2.0, error), (3.0, DONE)], end=9.0)
+    assert events.error == "stream-error: out of KV blocks"
+    assert events.end == 2.0 and list(events.chunks) == [1.0]
+
+
+def test_a_stream_without_done_was_cut_short():
+    events = parse_stream([(1.0, TEXT)], end=4.0)
+    assert events.error.startswith("stream-cut") and events.end == 4.0
+
+
+@pytest.mark.parametrize("bad", [b"data: {not json\n\n", b"data: 42\n\n"])
+def test_garbage_events_fail_the_request(bad):
+    assert parse_stream([(1.0, bad)], end=2.0).error.startswith("stream-error")
