@@ -58,7 +58,8 @@ def live_fleet(live_image):
         yield fleet
     finally:
         for name, t in fleet.timings.items():
-            _timings.append(f"{name}: root ({t.root_mode}) {t.root_s:.3f}s, boot to ssh {t.boot_s:.2f}s")
+            boot = "did not boot" if t.boot_s is None else f"boot to ssh {t.boot_s:.2f}s"
+            _timings.append(f"{name}: root ({t.root_mode}) {t.root_s:.3f}s, {boot}")
         fleet.close()
 
 

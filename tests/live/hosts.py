@@ -21,7 +21,6 @@ import random
 import socket
 import subprocess
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,13 +30,13 @@ from typing import Iterator, Mapping, Sequence
 from .cgroup import TOP, Cgroup
 from .image import Image, remove_tree
 from .machine import Bind, BootError, Machine
+from .rootfs import ADDRESS, make_root, personalize
 from .sshkeys import KeyPair, generate_key, known_hosts_line, ssh_config_block
 
 __all__ = ["Bind", "BootError", "BootTiming", "Fleet", "LiveHost", "sweep_stale_runs"]
 
 WORK_ROOT = Path(os.environ.get("HOSTTUNE_LIVE_WORKDIR", "/var/tmp/hosttune-live"))
 BOOT_TIMEOUT_S = float(os.environ.get("HOSTTUNE_BOOT_TIMEOUT", "120"))
-ADDRESS = "127.0.0.1"
 PORT_RANGE = (20000, 30000)  # below the kernel's ephemeral range, so outgoing sockets never take them
 
 
@@ -100,7 +99,7 @@ class LiveHost:
 class BootTiming:
     root_mode: str  # "overlay" or "copy"
     root_s: float   # making the container's writable root
-    boot_s: float   # nspawn start to sshd banner
+    boot_s: float | None  # nspawn start to sshd banner; None until it has booted
 
 
 class Fleet:
@@ -150,11 +149,11 @@ class Fleet:
         hostdir = self.workdir / name
         hostdir.mkdir()
         started = time.monotonic()
-        root, mode = _make_root(self.image.root, hostdir)
+        root, mode = make_root(self.image.root, hostdir)
         root_s = time.monotonic() - started
         port = self._free_port()
         host_key = generate_key(hostdir / "ssh_host_ed25519_key", name)
-        _personalize(root, name, port, host_key, self.client_key.public)
+        personalize(root, name, port, host_key, self.client_key.public)
         machine = Machine(
             machine_name=f"ht{os.getpid()}-{name}", hostname=name, root=root,
             console_log=hostdir / "console.log",
@@ -163,7 +162,7 @@ class Fleet:
         host = LiveHost(name, ADDRESS, port, "root", self.client_key.private_path, root,
                         machine, host_key.public)
         self.hosts[name] = host
-        self.timings[name] = BootTiming(mode, root_s, 0.0)
+        self.timings[name] = BootTiming(mode, root_s, None)
         return host
 
     def _free_port(self) -> int:
@@ -265,54 +264,6 @@ def _port_is_free(port: int) -> bool:
             return True
         except OSError:
             return False
-
-
-def _make_root(image_root: Path, hostdir: Path) -> tuple[Path, str]:
-    """An overlay (image below, per-host upper on disk); a full copy if overlayfs is refused."""
-    root, upper, work = hostdir / "root", hostdir / "upper", hostdir / "work"
-    for d in (root, upper, work):
-        d.mkdir()
-    options = f"lowerdir={image_root},upperdir={upper},workdir={work}"
-    if subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(root)],
-                      capture_output=True).returncode == 0:
-        return root, "overlay"
-    root.rmdir()
-    subprocess.run(["cp", "-a", "--reflink=auto", str(image_root), str(root)], check=True)
-    return root, "copy"
-
-
-def _personalize(root: Path, name: str, port: int, host_key: KeyPair, client_public: str) -> None:
-    """What makes a container this host: name, machine id, host key, port, authorized key."""
-    (root / "etc/hostname").write_text(f"{name}\n")
-    (root / "etc/hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n::1\tlocalhost\n")
-    (root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
-    ssh = root / "etc/ssh"
-    for suffix in ("", ".pub"):
-        src = Path(f"{host_key.private_path}{suffix}")
-        dest = ssh / src.name
-        dest.write_bytes(src.read_bytes())
-        dest.chmod(0o600 if suffix == "" else 0o644)
-    (ssh / "sshd_config.d/60-hosttune-listen.conf").write_text(f"ListenAddress {ADDRESS}\nPort {port}\n")
-    uid, gid, home = _passwd_entry(root, "deploy")
-    _authorize(root / "root/.ssh", client_public, 0, 0)
-    _authorize(root / home.lstrip("/") / ".ssh", client_public, uid, gid)
-
-
-def _authorize(ssh_dir: Path, public: str, uid: int, gid: int) -> None:
-    ssh_dir.mkdir(mode=0o700, exist_ok=True)
-    keys = ssh_dir / "authorized_keys"
-    keys.write_text(public + "\n")
-    keys.chmod(0o600)
-    for p in (ssh_dir, keys):
-        os.chown(p, uid, gid)
-
-
-def _passwd_entry(root: Path, user: str) -> tuple[int, int, str]:
-    for line in (root / "etc/passwd").read_text().splitlines():
-        fields = line.split(":")
-        if fields[0] == user:
-            return int(fields[2]), int(fields[3]), fields[5]
-    raise RuntimeError(f"user {user} missing from the image at {root}")
 
 
 def sweep_stale_runs(work_root: Path = WORK_ROOT) -> list[str]:

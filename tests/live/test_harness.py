@@ -4,7 +4,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import paramiko
 import pytest
