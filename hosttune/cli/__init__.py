@@ -2,6 +2,7 @@
 
 from hosttune.cli.app import app
 from hosttune.cli import check as _check  # noqa: F401  (registers check, facts, explain)
+from hosttune.cli import bench as _bench  # noqa: F401  (registers bench)
 
 
 def main() -> None:

@@ -1,0 +1,54 @@
+"""Plain-text renderings for the terminal: the progress line and the result tables."""
+
+from __future__ import annotations
+
+from hosttune.bench.loadgen import Progress
+from hosttune.bench.metrics import Summary
+from hosttune.bench.record import RunRecord
+from hosttune.bench.report import summary_rows
+from hosttune.bench.sweep import SweepPoint, SweepResult
+
+
+def progress_line(url: str, progress: Progress, planned: str) -> str:
+    phase = "warm-up" if progress.is_warmup else "measuring"
+    return (f"{url} {phase} {progress.elapsed:6.1f}s/{planned} | sent {progress.num_sent} "
+            f"done {progress.num_done} ok {progress.num_ok} errors {progress.num_errors} "
+            f"in flight {progress.num_in_flight}")
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(header, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def summary_table(runs: list[tuple[RunRecord, Summary]]) -> str:
+    header = ["metric"] + [run.url for run, _ in runs]
+    rows = [[label] + values for label, values in summary_rows([s for _, s in runs])]
+    text = table(header, rows)
+    for run, s in runs:
+        if s.lag.is_behind:
+            text += (f"\nWARNING {run.url}: the client fell behind (loop lag P99 "
+                     f"{s.lag.loop_p99 * 1e3:.1f} ms, send lag P99 {s.lag.send_p99 * 1e3:.1f} ms); "
+                     "latencies may be the client's, not the server's.")
+        if run.tokenizer.startswith("approximate"):
+            text += f"\nNOTE {run.url}: prompt lengths are approximate (no /tokenize, no --tokenizer)."
+    return text
+
+
+def sweep_point_line(url: str, point: SweepPoint) -> str:
+    s = point.summary
+    e2e = "-" if s.e2e is None else f"{s.e2e.p95 * 1e3:.1f} ms"
+    lag = " (client behind)" if point.is_client_bound else ""
+    return (f"{url} rate {point.rate:8.2f}/s: served {s.request_throughput:.2f}/s, E2E P95 {e2e}, "
+            f"errors {s.error_rate:.1%} -> {'held' if point.is_held else 'broke'}{lag}")
+
+
+def sweep_table(sweeps: list[SweepResult]) -> str:
+    header = ["endpoint", "max rate held (req/s)", "lowest rate broken", "steps"]
+    rows = [[s.url, "-" if s.max_rate is None else f"{s.max_rate:.2f}" + (" (ceiling)" if s.is_capped else ""),
+             "-" if s.first_broken is None else f"{s.first_broken:.2f}", str(len(s.points))]
+            for s in sweeps]
+    return table(header, rows)

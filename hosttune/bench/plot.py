@@ -1,0 +1,101 @@
+"""PNG plots of bench results: latency CDFs per endpoint, and latency against rate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hosttune.bench.metrics import Summary, inter_chunk_gaps, tpot
+from hosttune.bench.record import OK, RunRecord
+from hosttune.bench.sweep import SweepResult
+
+CDF_FILE = "latency_cdf.png"
+SWEEP_FILE = "latency_vs_rate.png"
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _values(run: RunRecord) -> dict[str, list[float]]:
+    ok = [r for r in run.requests if r.outcome == OK and not r.is_warmup]
+    return {
+        "TTFT": [r.ttft * 1e3 for r in ok if r.ttft is not None],
+        "ITL": [g * 1e3 for r in ok for g in inter_chunk_gaps(r)],
+        "TPOT": [t * 1e3 for r in ok if (t := tpot(r)) is not None],
+        "E2E": [r.e2e * 1e3 for r in ok],
+    }
+
+
+def latency_cdfs(runs: list[tuple[RunRecord, Summary]], path: Path) -> None:
+    """One panel per metric; one empirical CDF per endpoint."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    for run, _ in runs:
+        for axis, (name, values) in zip(axes.flat, _values(run).items()):
+            if values:
+                ordered = sorted(values)
+                fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
+                axis.step(ordered, fractions, where="post", label=f"{run.url}")
+    for axis, name in zip(axes.flat, ("TTFT", "ITL", "TPOT", "E2E")):
+        axis.set_title(f"{name} (CDF)")
+        axis.set_xlabel("ms")
+        axis.set_ylabel("fraction of requests" if name != "ITL" else "fraction of gaps")
+        axis.grid(True, alpha=0.3)
+        for q in (0.5, 0.95, 0.99):
+            axis.axhline(q, color="grey", linewidth=0.5, linestyle=":")
+        axis.legend(fontsize=7, loc="lower right")
+    figure.suptitle("hosttune bench: latency distributions (measured requests)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def latency_vs_rate(sweeps: list[SweepResult], path: Path) -> None:
+    """P50 and P95 of E2E and TTFT at each offered rate, the SLO, the highest rate held."""
+    plt = _pyplot()
+    figure, (e2e_axis, ttft_axis) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for sweep in sweeps:
+        points = sorted(sweep.points, key=lambda p: p.rate)
+        rates = [p.rate for p in points]
+        for axis, name in ((e2e_axis, "e2e"), (ttft_axis, "ttft")):
+            for q, style in ((50, "--"), (95, "-")):
+                values = [_at(p.summary, name, q) for p in points]
+                axis.plot(rates, values, style, marker="o", markersize=3, label=f"{sweep.url} P{q}")
+            if sweep.max_rate is not None:
+                axis.axvline(sweep.max_rate, color="green", linewidth=0.8, linestyle=":")
+            limit = sweep.slo.limits().get(name)
+            if limit is not None:
+                axis.axhline(limit * 1e3, color="red", linewidth=0.8, label=f"SLO {name} {limit * 1e3:g} ms")
+    for axis, label in ((e2e_axis, "E2E"), (ttft_axis, "TTFT")):
+        axis.set_title(f"{label} latency vs offered rate")
+        axis.set_xlabel("offered requests/s")
+        axis.set_ylabel("ms")
+        axis.set_yscale("log")
+        axis.grid(True, alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def _at(summary: Summary, name: str, q: int) -> float:
+    stats = getattr(summary, name)
+    return float("nan") if stats is None else stats.at(q) * 1e3
+
+
+def write_plots(runs: list[tuple[RunRecord, Summary]], sweeps: list[SweepResult],
+                folder: Path) -> list[str]:
+    """Write the plots that apply; return their file names."""
+    names = []
+    if runs:
+        latency_cdfs(runs, folder / CDF_FILE)
+        names.append(CDF_FILE)
+    if sweeps:
+        latency_vs_rate(sweeps, folder / SWEEP_FILE)
+        names.append(SWEEP_FILE)
+    return names

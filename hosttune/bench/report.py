@@ -1,0 +1,191 @@
+"""Bench results as JSON (every request's timings) and as a Markdown report."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+from hosttune import __version__
+from hosttune.bench import metrics
+from hosttune.bench.metrics import LatencyStats, Summary
+from hosttune.bench.record import RequestRecord, RunRecord
+from hosttune.bench.sweep import SweepResult
+
+METRICS = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Everything one `hosttune bench` invocation measured, for the writers."""
+
+    runs: tuple[tuple[RunRecord, Summary], ...]  # one per endpoint (empty for a sweep)
+    sweeps: tuple[SweepResult, ...]  # one per endpoint (empty without --sweep)
+    command: str
+    created: str = ""
+
+    def all_runs(self) -> list[tuple[RunRecord, Summary]]:
+        return list(self.runs) + [(p.run, p.summary) for s in self.sweeps for p in s.points]
+
+
+def now_text() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+# JSON.
+
+def to_json(outcome: Outcome) -> dict:
+    return {
+        "tool": f"hosttune bench {__version__}",
+        "created": outcome.created or now_text(),
+        "command": outcome.command,
+        "client": {"python": platform.python_version(), "machine": platform.machine()},
+        "definitions": metrics.__doc__,
+        "runs": [_run_json(run, summary) for run, summary in outcome.runs],
+        "sweeps": [_sweep_json(s) for s in outcome.sweeps],
+    }
+
+
+def _run_json(run: RunRecord, summary: Summary) -> dict:
+    fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)
+              if f.name not in ("requests", "loop_lag")}
+    return {
+        **fields,
+        "summary": _plain(summary),
+        "loop_lag": [[round(s.at, 6), round(s.lag, 7)] for s in run.loop_lag],
+        "requests": [_request_json(r) for r in run.requests],
+    }
+
+
+def _request_json(r: RequestRecord) -> dict:
+    return {
+        "index": r.index, "scheduled": round(r.scheduled, 6), "sent": round(r.sent, 6),
+        "end": round(r.end, 6), "outcome": r.outcome, "status": r.status, "error": r.error,
+        "prompt_tokens": r.prompt_tokens, "reported_prompt_tokens": r.reported_prompt_tokens,
+        "max_tokens": r.max_tokens, "output_tokens": r.output_tokens, "is_warmup": r.is_warmup,
+        "ttft": None if r.ttft is None else round(r.ttft, 6), "e2e": round(r.e2e, 6),
+        "chunks": [round(t, 6) for t in r.chunks],
+    }
+
+
+def _sweep_json(sweep: SweepResult) -> dict:
+    return {
+        "url": sweep.url, "slo": _plain(sweep.slo), "max_rate": sweep.max_rate,
+        "first_broken": sweep.first_broken, "is_capped": sweep.is_capped,
+        "points": [{"rate": p.rate, "is_held": p.is_held, "is_client_bound": p.is_client_bound,
+                    **_run_json(p.run, p.summary)} for p in sweep.points],
+    }
+
+
+def _plain(value: object) -> object:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
+def write_json(outcome: Outcome, path: Path) -> None:
+    path.write_text(json.dumps(to_json(outcome), indent=1) + "\n")
+
+
+# Markdown.
+
+def markdown(outcome: Outcome, plots: list[str]) -> str:
+    lines = ["# hosttune bench report", "", f"Created {outcome.created or now_text()} by "
+             f"hosttune {__version__}.", "", "```", outcome.command, "```", ""]
+    if outcome.runs:
+        lines += _setup([run for run, _ in outcome.runs]) + _results(outcome.runs)
+    elif outcome.sweeps and outcome.sweeps[0].points:
+        lines += _setup([s.points[0].run for s in outcome.sweeps if s.points])
+    for sweep in outcome.sweeps:
+        lines += _sweep_section(sweep)
+    lines += [f"![{name}]({name})" for name in plots] + ([""] if plots else [])
+    lines += ["## Definitions", "", metrics.__doc__.strip(), ""]
+    return "\n".join(lines)
+
+
+def _setup(runs: list[RunRecord]) -> list[str]:
+    run = runs[0]
+    load = f"{run.users} closed-loop users" if run.mode == "users" else (
+        f"open loop, burstiness {run.burstiness:g}" + ("" if run.rate is None else f", {run.rate:g} requests/s"))
+    lines = ["## Setup", "", f"- Load: {load}; warm-up {run.warmup_end:g} s, excluded.",
+             f"- Prompt lengths: {run.prompt_lengths}.", f"- Output lengths: {run.output_lengths}."]
+    lines += [f"- Prompt token counts for {r.url} ({r.model}): {r.tokenizer}." for r in runs]
+    lines.append("")
+    for r in runs:
+        if r.tokenizer.startswith("approximate"):
+            lines += [f"> **Prompt lengths for {r.url} are approximate**: it has no `/tokenize` "
+                      "and no `--tokenizer` was given.", ""]
+    return lines
+
+
+def _results(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:
+    head = "| | " + " | ".join(f"{run.url} ({run.model})" for run, _ in runs) + " |"
+    rows = [head, "|---|" + "---|" * len(runs)]
+    for label, values in summary_rows([s for _, s in runs]):
+        rows.append(f"| {label} | " + " | ".join(values) + " |")
+    return ["## Results", ""] + rows + [""] + _warnings(runs)
+
+
+def summary_rows(summaries: list[Summary]) -> list[tuple[str, list[str]]]:
+    rows = [("requests measured (ok / 429 / failed)",
+             [f"{s.num_requests} ({s.num_ok} / {s.num_rejected} / {s.num_failed})" for s in summaries])]
+    for name, label in METRICS:
+        for q in metrics.PERCENTILES:
+            rows.append((f"{label} P{q} (ms)", [_ms(getattr(s, name), q) for s in summaries]))
+    rows += [
+        ("requests/s", [f"{s.request_throughput:.2f}" for s in summaries]),
+        ("output tokens/s", [f"{s.output_token_throughput:.1f}" for s in summaries]),
+        ("input tokens/s", [f"{s.input_token_throughput:.1f}" for s in summaries]),
+        ("errors by status", [_errors(s) for s in summaries]),
+        ("goodput (req/s, share)", [_goodput(s) for s in summaries]),
+        ("SLO met", [{None: "-", True: "yes", False: "no"}[s.slo_met] for s in summaries]),
+        ("client lag P99 loop / send (ms)",
+         [f"{s.lag.loop_p99 * 1e3:.2f} / {s.lag.send_p99 * 1e3:.2f}" for s in summaries]),
+        ("client CPU (cores)", [f"{s.lag.cpu:.2f}" for s in summaries]),
+    ]
+    return rows
+
+
+def _ms(stats: LatencyStats | None, q: int) -> str:
+    return "-" if stats is None else f"{stats.at(q) * 1e3:.1f}"
+
+
+def _errors(s: Summary) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in s.errors_by_status.items()) or "none"
+
+
+def _goodput(s: Summary) -> str:
+    return "-" if s.goodput is None else f"{s.goodput:.2f} ({s.goodput_fraction:.0%})"
+
+
+def _warnings(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:
+    lines = []
+    for run, s in runs:
+        if s.lag.is_behind:
+            lines.append(f"> **{run.url}: the client fell behind** (loop lag P99 "
+                         f"{s.lag.loop_p99 * 1e3:.1f} ms, send lag P99 {s.lag.send_p99 * 1e3:.1f} ms, "
+                         f"limit {s.lag.limit * 1e3:.0f} ms): latencies may be the client's, not the server's.")
+        if s.num_cancelled:
+            lines.append(f"> {run.url}: {s.num_cancelled} requests were still running at the stop and were cancelled.")
+    return lines + ([""] if lines else [])
+
+
+def _sweep_section(sweep: SweepResult) -> list[str]:
+    slo = ", ".join(f"{k} P{sweep.slo.percentile:g} <= {v * 1e3:g} ms" for k, v in sweep.slo.limits().items())
+    verdict = ("even the lowest rate broke the SLO" if sweep.max_rate is None else
+               f"**{sweep.max_rate:.2f} requests/s**" + (" (the sweep's ceiling; it never broke)" if sweep.is_capped else ""))
+    lines = [f"## Rate sweep: {sweep.url}", "", f"SLO: {slo}, errors <= {sweep.slo.max_error_rate:.0%}.",
+             f"Highest rate that held: {verdict}.", "",
+             "| offered req/s | served req/s | TTFT P95 (ms) | E2E P95 (ms) | errors | held | client lag |",
+             "|---|---|---|---|---|---|---|"]
+    for p in sorted(sweep.points, key=lambda p: p.rate):
+        s = p.summary
+        lines.append(f"| {p.rate:.2f} | {s.request_throughput:.2f} | {_ms(s.ttft, 95)} | {_ms(s.e2e, 95)} | "
+                     f"{s.error_rate:.1%} | {'yes' if p.is_held else 'no'} | "
+                     f"{'BEHIND' if p.is_client_bound else 'ok'} |")
+    return lines + [""]
+
+
+def write_markdown(outcome: Outcome, path: Path, plots: list[str]) -> None:
+    path.write_text(markdown(outcome, plots))

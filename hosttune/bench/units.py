@@ -1,0 +1,33 @@
+"""Durations and SLO strings as users type them: `90s`, `10m`, `500ms`, `ttft=500ms,e2e=2s`."""
+
+from __future__ import annotations
+
+import re
+
+from hosttune.bench.metrics import Slo
+from hosttune.errors import BenchError
+
+_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|)\s*$")
+
+
+def parse_duration(text: str, what: str = "duration") -> float:
+    """Seconds in `text`: a number with an optional unit ms, s, m or h (default s)."""
+    match = _DURATION.match(text)
+    if not match:
+        raise BenchError(f"{what} {text!r}: write a number with ms, s, m or h, e.g. 90s or 10m")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def parse_slo(text: str, percentile: float = 95, max_error_rate: float = 0.01) -> Slo:
+    """`ttft=500ms,tpot=50ms,e2e=2s` (any subset) into an Slo."""
+    limits: dict[str, float] = {}
+    for term in filter(None, (t.strip() for t in text.split(","))):
+        name, sep, value = term.partition("=")
+        name = name.strip().lower()
+        if not sep or name not in ("ttft", "tpot", "e2e"):
+            raise BenchError(f"SLO term {term!r}: use ttft=..., tpot=... or e2e=..., e.g. e2e=2s")
+        limits[name] = parse_duration(value, f"SLO {name}")
+    if not limits:
+        raise BenchError(f"SLO {text!r} names no limit; e.g. --slo e2e=2s")
+    return Slo(percentile=percentile, max_error_rate=max_error_rate, **limits)
