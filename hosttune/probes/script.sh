@@ -45,10 +45,21 @@ cuda() {
 }
 
 packages() {
-  if command -v dpkg-query >/dev/null; then
+  if [ -r /var/lib/dpkg/status ]; then
     printf 'manager:apt\n'
-    dpkg-query -W -f='pkg:${Package}\t${Version}\t${db:Status-Abbrev}\n' | grep -E '^pkg:(nvidia|libnvidia|cuda|libcuda|datacenter-gpu|irqbalance|numactl)'
-    apt-mark showhold | sed 's/^/held:/'
+    # One awk pass over dpkg's database: stack packages with versions, and holds
+    # (apt-mark hold sets the dpkg selection; apt-mark showhold would load the whole apt cache).
+    awk -v RS= -F '\n' '{
+      p = v = s = ""
+      for (i = 1; i <= NF; i++) {
+        if ($i ~ /^Package: /) p = substr($i, 10)
+        else if ($i ~ /^Version: /) v = substr($i, 10)
+        else if ($i ~ /^Status: /) s = substr($i, 9)
+      }
+      if (s ~ / installed$/ && p ~ /^(nvidia|libnvidia|cuda|libcuda|datacenter-gpu|irqbalance|numactl)/)
+        printf "pkg:%s\t%s\t%s\n", p, v, (s ~ /^hold/ ? "hi" : "ii")
+      if (s ~ /^hold/) print "held:" p
+    }' /var/lib/dpkg/status
   elif command -v rpm >/dev/null; then
     printf 'manager:dnf\n'
     rpm -qa --qf 'pkg:%{NAME}\t%{VERSION}-%{RELEASE}\tii\n' | grep -E '^pkg:(nvidia|libnvidia|cuda|libcuda|kmod-nvidia|datacenter-gpu|irqbalance|numactl)'
