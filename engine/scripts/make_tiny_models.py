@@ -60,11 +60,20 @@ LLAMA_CHAT = (
 )
 
 
-def train_tokenizer(special: list[str], bos: str | None, vocab_size: int = 384):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+# Qwen2's pre-tokenizer split (as in its tokenizer.json): digits one by one, words with their space.
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def train_tokenizer(special: list[str], bos: str | None, vocab_size: int = 384, split: str | None = None):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split is not None:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(split), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -109,9 +118,9 @@ def random_weights(cfg: dict, gen: torch.Generator) -> dict[str, torch.Tensor]:
 
 
 def write_model(out: Path, cfg: dict, special: list[str], bos: str | None, eos: str, chat: str, seed: int,
-                shards: int) -> Path:
+                shards: int, split: str | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    tok = train_tokenizer(special, bos)
+    tok = train_tokenizer(special, bos, split=split)
     tok.save(str(out / "tokenizer.json"))
     ids = {s: tok.token_to_id(s) for s in special}
     cfg = {**cfg, "vocab_size": tok.get_vocab_size(), "eos_token_id": ids[eos],
@@ -144,7 +153,7 @@ def make_tiny_models(root: str | Path, seed: int = 0) -> dict[str, Path]:
     return {
         "llama": write_model(root / "tiny-llama", LLAMA, ["<s>", "</s>"], "<s>", "</s>", LLAMA_CHAT, seed, 2),
         "qwen2": write_model(root / "tiny-qwen2", QWEN2, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None,
-                             "<|im_end|>", CHATML, seed + 1, 1),
+                             "<|im_end|>", CHATML, seed + 1, 1, split=QWEN2_SPLIT),
     }
 
 

@@ -12,8 +12,8 @@ from .test_oracle import run
 @pytest.mark.parametrize("model", ["llama", "qwen2"])
 def test_triton_path_matches_hf(tiny_models, model):
     path = tiny_models[model]
-    eng = Engine(EngineConfig(model=str(path), kernel_backend="triton", block_size=16, max_num_batched_tokens=24,
-                                 max_num_seqs=4))
+    eng = Engine(EngineConfig(model=str(path), kernel_backend="triton", dtype="float32", block_size=16, max_num_batched_tokens=24,
+                                 max_num_seqs=4, num_kv_blocks=256))
     assert eng.runner.use_triton
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     prompts = {"a": prompt_ids(5, seed=1), "b": prompt_ids(37, seed=2), "c": prompt_ids(16, seed=3)}

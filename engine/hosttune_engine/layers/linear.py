@@ -33,3 +33,21 @@ class MergedLinear(nn.Linear):
                 "the checkpoint does not fit config.json"
             )
         target.copy_(tensor)
+
+
+_FP32_OUT_MM: dict[torch.device, bool] = {}
+
+
+def logits_from_hidden(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """hidden [N, H] @ weight[V, H].T -> fp32 logits [N, V].
+
+    On CUDA the half-precision GEMM writes fp32 directly (no bf16 rounding of
+    logits, which would turn near-ties into ties); elsewhere, or where torch
+    lacks `mm(out_dtype=)`, the output is upcast.
+    """
+    if hidden.dtype != torch.float32 and hidden.is_cuda and _FP32_OUT_MM.get(hidden.device, True):
+        try:
+            return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+        except (RuntimeError, TypeError, NotImplementedError):
+            _FP32_OUT_MM[hidden.device] = False
+    return torch.nn.functional.linear(hidden, weight).float()

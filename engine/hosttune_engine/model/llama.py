@@ -12,7 +12,7 @@ from torch import nn
 
 from hosttune_engine.layers.activation import SiluAndMul
 from hosttune_engine.layers.attention import Attention, AttentionMetadata
-from hosttune_engine.layers.linear import MergedLinear
+from hosttune_engine.layers.linear import MergedLinear, logits_from_hidden
 from hosttune_engine.layers.norm import RMSNorm
 from hosttune_engine.layers.rotary import RotaryEmbedding
 from hosttune_engine.model.model_config import ModelConfig
@@ -107,7 +107,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> fp32 logits [N, V]."""
-        return self.lm_head(hidden).float()
+        return logits_from_hidden(hidden, self.lm_head.weight)
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

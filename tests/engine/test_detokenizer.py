@@ -1,0 +1,56 @@
+"""Incremental detokenization and stop strings with a fake byte tokenizer (no torch)."""
+
+from hosttune_engine.core.detokenizer import IncrementalDetokenizer
+from hosttune_engine.sampling import SamplingParams
+
+
+class ByteTokenizer:
+    """Token id = one UTF-8 byte; decode shows U+FFFD for a cut multi-byte character."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def feed(text: str, params: SamplingParams, finish_at_end=True):
+    d = IncrementalDetokenizer(ByteTokenizer(), list(b"ctx: "), params)
+    pieces, stop = [], None
+    data = text.encode()
+    for i, b in enumerate(data):
+        stop = d.add_token(b)
+        pieces.append(d.take_new_text(finished=stop is not None or (finish_at_end and i == len(data) - 1)))
+        if stop:
+            break
+    return pieces, stop, d
+
+
+def test_text_grows_and_waits_for_whole_characters():
+    pieces, stop, d = feed("aé€b", SamplingParams())
+    assert "".join(pieces) == "aé€b" and stop is None
+    assert all("\ufffd" not in p for p in pieces)
+    assert pieces[1] == "" and pieces[2] == "é"  # é is two bytes: nothing after the first
+
+
+def test_stop_string_cuts_text_and_is_never_streamed():
+    pieces, stop, _ = feed("hello STOP world", SamplingParams(stop=["STOP", "xyz"]))
+    assert stop == "STOP"
+    assert "".join(pieces) == "hello "
+    assert not any("S" in p for p in pieces)
+
+
+def test_stop_string_kept_when_asked():
+    pieces, stop, _ = feed("hello STOP world", SamplingParams(stop=["STOP"], include_stop_str_in_output=True))
+    assert "".join(pieces) == "hello STOP"
+
+
+def test_held_back_text_is_released_at_the_end():
+    pieces, stop, _ = feed("abcST", SamplingParams(stop=["STOP"]))
+    assert stop is None and "".join(pieces) == "abcST"
+    assert pieces == ["", "", "", "a", "bcST"]  # "bcS" could have begun "STOP" until the end
+
+
+def test_cut_character_at_the_end_is_flushed():
+    d = IncrementalDetokenizer(ByteTokenizer(), [], SamplingParams())
+    d.add_token(0x61)
+    d.add_token(0xE2)  # first byte of a three-byte character
+    assert d.take_new_text(finished=False) == "a"
+    assert d.take_new_text(finished=True) == "\ufffd"

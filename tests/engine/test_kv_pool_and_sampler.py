@@ -1,0 +1,63 @@
+"""KV pool sizing and binding; sampler filters and the exponential race."""
+
+import torch
+
+from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, num_blocks_for_memory
+from hosttune_engine.layers.attention import Attention
+from hosttune_engine.layers.sampler import Sampler, SamplingBatch, filter_top_k_top_p
+from hosttune_engine.sampling import SamplingParams
+
+QWEN7B_KV = KVCacheShape(num_layers=28, block_size=16, num_kv_heads=4, head_dim=128, dtype_bytes=2)
+
+
+def test_bytes_per_block_and_sizing():
+    assert QWEN7B_KV.bytes_per_block == 2 * 28 * 16 * 4 * 128 * 2  # 917,504 bytes: 57 KiB per token
+    gib = 2**30
+    blocks = num_blocks_for_memory(100 * gib, 0.9, 2 * gib, QWEN7B_KV)
+    assert blocks == (90 * gib - 2 * gib) // QWEN7B_KV.bytes_per_block
+    assert num_blocks_for_memory(gib, 0.9, 2 * gib, QWEN7B_KV) == 0
+
+
+def test_pool_binds_distinct_views_per_layer():
+    shape = KVCacheShape(num_layers=3, block_size=4, num_kv_heads=2, head_dim=16, dtype_bytes=4)
+    model = torch.nn.ModuleList(Attention(2, 2, 16, 0.25) for _ in range(3))
+    pool = KVPool(shape, num_blocks=5, device=torch.device("cpu"), dtype=torch.float32)
+    pool.bind(model)
+    assert model[0].k_cache.shape == (5, 4, 2, 16) and model[0].k_cache.is_contiguous()
+    model[1].v_cache.fill_(1.0)
+    assert pool.cache[1, 1].sum() == model[1].v_cache.numel() and pool.cache[1, 0].sum() == 0
+
+
+def test_top_k_and_top_p_filters():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]]))
+    out = filter_top_k_top_p(logits, torch.tensor([2, 4]), None)
+    assert torch.isinf(out[0, 2:]).all() and torch.isfinite(out[0, :2]).all() and torch.isfinite(out[1]).all()
+    out = filter_top_k_top_p(logits, None, torch.tensor([0.7, 0.6]))
+    assert torch.isfinite(out[0, :2]).all() and torch.isinf(out[0, 2:]).all()  # 0.5 + 0.3 covers 0.7
+    assert torch.isfinite(out[1, :3]).sum() == 3 and torch.isinf(out[1, 3])
+
+
+def test_sampling_follows_the_distribution_and_seeds_repeat():
+    probs = torch.tensor([0.6, 0.3, 0.1, 0.0])
+    logits = probs.clamp_min(1e-30).log().repeat(4000, 1)
+    params = [SamplingParams(temperature=1.0)] * 4000
+    batch = SamplingBatch.build(params, [None] * 4000, 4, "cpu")
+    tokens = torch.tensor(Sampler()(logits, batch).token_ids)
+    freq = torch.bincount(tokens, minlength=4).float() / 4000
+    assert (freq - probs).abs().max() < 0.03 and freq[3] == 0
+
+    def seeded(seed):
+        gen = torch.Generator().manual_seed(seed)
+        b = SamplingBatch.build([SamplingParams(temperature=1.0, seed=seed)], [gen], 4, "cpu")
+        return [Sampler()(logits[:1], b).token_ids[0] for _ in range(20)]
+
+    assert seeded(5) == seeded(5)
+
+
+def test_greedy_rows_ignore_temperature_rows():
+    logits = torch.tensor([[0.0, 3.0, 1.0], [0.0, 3.0, 1.0]])
+    batch = SamplingBatch.build([SamplingParams(temperature=0), SamplingParams(temperature=5.0, logprobs=2)],
+                                [None, None], 3, "cpu")
+    out = Sampler()(logits, batch)
+    assert out.token_ids[0] == 1
+    assert out.top_ids[1] == [1, 2] and abs(out.logprobs[0] - torch.log_softmax(logits[0], -1)[1].item()) < 1e-6

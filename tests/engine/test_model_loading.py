@@ -1,0 +1,123 @@
+"""Model folders: config parsing, safetensors shards, dummy weights, clear errors, tokenizer."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from hosttune_engine import LLM, SamplingParams
+from hosttune_engine.errors import ModelLoadError, UnsupportedModelError
+from hosttune_engine.model.loader import load_model
+from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.model.tokenizer import Tokenizer
+
+
+def copy(src, dst, edit=None):
+    shutil.copytree(src, dst)
+    if edit:
+        cfg = json.loads((dst / "config.json").read_text())
+        edit(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_config_parsing(tiny_models):
+    llama = ModelConfig.from_folder(tiny_models["llama"])
+    assert (llama.num_heads, llama.num_kv_heads, llama.head_dim) == (4, 1, 32)
+    assert not llama.qkv_bias and not llama.tie_word_embeddings and llama.rope_scaling["rope_type"] == "llama3"
+    qwen = ModelConfig.from_folder(tiny_models["qwen2"])
+    assert qwen.qkv_bias and not qwen.o_proj_bias and qwen.tie_word_embeddings
+    assert qwen.head_dim == 16 and qwen.eos_token_ids
+
+
+def test_unsupported_architecture_and_features(tmp_path, tiny_models):
+    bad = copy(tiny_models["llama"], tmp_path / "m", lambda c: c.update(architectures=["GPT2LMHeadModel"]))
+    with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel.*supported: LlamaForCausalLM"):
+        ModelConfig.from_folder(bad)
+    sw = copy(tiny_models["qwen2"], tmp_path / "sw", lambda c: c.update(use_sliding_window=True))
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        ModelConfig.from_folder(sw)
+    rope = copy(tiny_models["llama"], tmp_path / "rope", lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4}))
+    with pytest.raises(UnsupportedModelError, match="yarn"):
+        LLM(str(rope))
+
+
+def test_missing_files(tmp_path, tiny_models):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        ModelConfig.from_folder(tmp_path)
+    no_weights = tmp_path / "nw"
+    no_weights.mkdir()
+    shutil.copy(tiny_models["qwen2"] / "config.json", no_weights)
+    with pytest.raises(ModelLoadError, match="no \\*.safetensors.*dummy"):
+        LLM(str(no_weights))
+    shard = copy(tiny_models["llama"], tmp_path / "shard")
+    (shard / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="shards listed .* missing: model-00002"):
+        LLM(str(shard))
+    missing_field = copy(tiny_models["llama"], tmp_path / "mf", lambda c: c.pop("hidden_size"))
+    with pytest.raises(ModelLoadError, match="'hidden_size' is missing"):
+        ModelConfig.from_folder(missing_field)
+
+
+def test_shape_mismatch_names_the_tensor(tmp_path, tiny_models):
+    bad = copy(tiny_models["llama"], tmp_path / "m", lambda c: c.update(intermediate_size=300))
+    with pytest.raises(ModelLoadError, match="mlp.*shape .* does not match"):
+        LLM(str(bad))
+
+
+def test_missing_and_unexpected_tensors(tmp_path, tiny_models):
+    from safetensors.torch import load_file, save_file
+
+    src = tiny_models["qwen2"] / "model.safetensors"
+    tensors = load_file(str(src))
+    missing = copy(tiny_models["qwen2"], tmp_path / "missing")
+    save_file({k: v for k, v in tensors.items() if "layers.1.mlp.up_proj" not in k}, str(missing / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="missing from the checkpoint: model.layers.1.mlp.up_proj.weight"):
+        LLM(str(missing))
+    extra = copy(tiny_models["qwen2"], tmp_path / "extra")
+    save_file({**tensors, "model.layers.0.mlp.extra.weight": torch.zeros(2)}, str(extra / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="does not have: model.layers.0.mlp.extra.weight"):
+        LLM(str(extra))
+
+
+def test_dummy_weights_from_config_alone(tmp_path, tiny_models):
+    folder = tmp_path / "cfg-only"
+    folder.mkdir()
+    shutil.copy(tiny_models["qwen2"] / "config.json", folder)
+    llm = LLM(str(folder), load_format="dummy")
+    assert llm.tokenizer is None
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4 and out.text == ""
+    model = load_model(ModelConfig.from_folder(folder), folder, "dummy", torch.device("cpu"), torch.float32, seed=3)
+    again = load_model(ModelConfig.from_folder(folder), folder, "dummy", torch.device("cpu"), torch.float32, seed=3)
+    assert torch.equal(model.model.embed_tokens.weight, again.model.embed_tokens.weight)
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # tied
+    assert torch.equal(model.model.norm.weight, torch.ones_like(model.model.norm.weight))
+
+
+def test_fused_projections_hold_the_checkpoint_parts(tiny_models):
+    from safetensors.torch import load_file
+
+    path = tiny_models["qwen2"]
+    model = load_model(ModelConfig.from_folder(path), path, "auto", torch.device("cpu"), torch.float32)
+    t = load_file(str(path / "model.safetensors"))
+    qkv = model.model.layers[2].self_attn.qkv_proj
+    want = torch.cat([t[f"model.layers.2.self_attn.{n}_proj.weight"] for n in "qkv"])
+    assert torch.equal(qkv.weight, want)
+    assert torch.equal(qkv.bias, torch.cat([t[f"model.layers.2.self_attn.{n}_proj.bias"] for n in "qkv"]))
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen2"])
+def test_tokenizer_and_chat_template_match_transformers(tiny_models, model):
+    from transformers import AutoTokenizer
+
+    path = tiny_models[model]
+    ours, theirs = Tokenizer(path), AutoTokenizer.from_pretrained(str(path))
+    for text in ["The quick brown fox", "Numbers: 3.14 and 42!", " leading space", "héllo wörld"]:
+        assert ours.encode(text) == theirs(text)["input_ids"]
+        assert ours.decode(ours.encode(text)) == theirs.decode(theirs(text)["input_ids"], skip_special_tokens=True)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    assert ours.apply_chat_template(messages) == theirs.apply_chat_template(messages, tokenize=False,
+                                                                            add_generation_prompt=True)
+    assert ours.eos_token_id == ModelConfig.from_folder(path).eos_token_ids[0]
