@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import selectors
 import socket
 from collections import deque
@@ -201,6 +202,9 @@ def _parse_args(argv: list[str] | None) -> tuple[Script, argparse.Namespace]:
     parser.add_argument("--fail-status-every", type=int, default=0)
     parser.add_argument("--fast", action="store_true",
                         help="use uvloop: cheaper per connection, but timers round to 1 ms")
+    parser.add_argument("--realtime", action="store_true",
+                        help="run at real-time priority (SCHED_FIFO) when permitted, so other "
+                             "processes on a shared machine cannot delay the scripted tokens")
     parser.add_argument("--lifetime", type=float, default=3600.0,
                         help="exit after this many seconds, so a forgotten server stops")
     args = parser.parse_args(argv)
@@ -223,8 +227,24 @@ async def serve(script: Script, port: int, lifetime: float) -> None:
     listener.close()
 
 
+def raise_priority() -> str:
+    """SCHED_FIFO if permitted, else a lower nice value; says which it got."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+        return "SCHED_FIFO"
+    except (AttributeError, PermissionError, OSError):
+        pass
+    try:
+        os.nice(-10)
+        return "nice -10"
+    except (PermissionError, OSError):
+        return "normal"
+
+
 def main(argv: list[str] | None = None) -> None:
     script, args = _parse_args(argv)
+    if args.realtime:
+        print(f"priority: {raise_priority()}", flush=True)
     if args.fast:
         import uvloop
 

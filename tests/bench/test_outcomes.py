@@ -1,0 +1,99 @@
+"""Failures, rejections and open-loop arrivals, against the scripted server."""
+
+import statistics
+
+import pytest
+
+from hosttune.bench.benchmark import BenchSpec, measure, run_async
+from hosttune.bench.client import Client, Target
+from hosttune.bench.loadgen import Load
+from hosttune.bench.metrics import Slo, summarize
+from hosttune.bench.record import FAILED, OK, REJECTED
+from hosttune.errors import BenchError
+
+
+def spec(**load):
+    return BenchSpec(load=Load(**load), prompt_lengths="8", output_lengths="4", timeout=10)
+
+
+def test_http_errors_and_errors_inside_200_streams_are_failures_and_429_apart(server_factory):
+    url = server_factory("--ttft", "0.01", "--itl", "0.002", "--fail-status-every", "5",
+                         "--error-every", "7", "--error-after", "2")
+    run = run_async(measure(spec(users=2, num_requests=70), url))
+    s = summarize(run, Slo(e2e=1.0))
+    # The server numbers requests from 1, and /tokenize calls are not requests.
+    by_number = {n: (n % 5 == 0, n % 7 == 0 and n % 5 != 0) for n in range(1, 71)}
+    want_500 = sum(is_500 for is_500, _ in by_number.values())
+    want_stream = sum(is_stream for _, is_stream in by_number.values())
+    assert s.errors_by_status == {"500": want_500, "stream-error": want_stream}
+    assert s.num_failed == want_500 + want_stream and s.num_rejected == 0
+    assert s.num_ok == 70 - want_500 - want_stream
+    stream_failures = [r for r in run.requests if r.error.startswith("stream-error")]
+    assert all(r.status == 200 and r.outcome == FAILED and len(r.chunks) == 2 for r in stream_failures)
+    assert s.slo_met is False  # 30% errors
+
+
+def test_rejections_are_counted_apart(server_factory):
+    url = server_factory("--ttft", "0.05", "--itl", "0.01", "--capacity", "2", "--max-queue", "0")
+    run = run_async(measure(spec(users=6, num_requests=60), url))
+    s = summarize(run)
+    rejected = [r for r in run.requests if r.outcome == REJECTED]
+    assert s.num_rejected == len(rejected) > 0 and s.num_failed == 0
+    assert s.errors_by_status == {"429": s.num_rejected}
+    assert all(r.status == 429 and r.e2e < 0.05 for r in rejected)
+    assert s.num_ok + s.num_rejected == 60
+
+
+def test_a_request_past_its_timeout_fails(server_factory):
+    url = server_factory("--ttft", "0.5", "--itl", "0.01")
+    slow = BenchSpec(load=Load(users=1, num_requests=2), prompt_lengths="8",
+                     output_lengths="4", timeout=0.2)
+    run = run_async(measure(slow, url))
+    assert [r.error.split(":")[0] for r in run.requests] == ["timeout", "timeout"]
+    assert all(0.2 <= r.e2e < 0.4 for r in run.requests)
+
+
+def test_unreachable_endpoint_is_a_user_error():
+    with pytest.raises(BenchError, match="cannot reach"):
+        run_async(measure(spec(users=1, num_requests=1), "http://127.0.0.1:9"))
+
+
+def test_transport_failures_are_recorded_not_raised():
+    async def go():
+        async with Client(Target("http://127.0.0.1:9", "m", timeout=2)) as client:
+            return await client.stream("hello", 4)
+    result = run_async(go())
+    assert result.outcome == FAILED and result.error.startswith("transport")
+
+
+def test_open_loop_offers_the_asked_rate(server_factory):
+    url = server_factory("--ttft", "0.005", "--itl", "0.002")
+    run = run_async(measure(spec(rate=100, duration=3.0, warmup=0.5, seed=7), url))
+    s = summarize(run)
+    assert all(r.outcome == OK for r in run.requests)
+    # 300 expected arrivals; Poisson sd is about 17.
+    assert 250 <= s.num_requests <= 350
+    gaps = [b.scheduled - a.scheduled for a, b in zip(run.requests, run.requests[1:])]
+    assert statistics.mean(gaps) == pytest.approx(0.01, rel=0.1)
+    assert statistics.pstdev(gaps) / statistics.mean(gaps) == pytest.approx(1.0, abs=0.15)
+    assert s.lag.send_p50 < 0.002
+
+
+def test_burstiness_above_one_makes_arrivals_steadier(server_factory):
+    url = server_factory("--ttft", "0.005", "--itl", "0.002")
+    run = run_async(measure(spec(rate=100, burstiness=16, duration=2.0, seed=7), url))
+    gaps = [b.scheduled - a.scheduled for a, b in zip(run.requests, run.requests[1:])]
+    # Gamma with shape 16: coefficient of variation 1/4.
+    assert statistics.pstdev(gaps) / statistics.mean(gaps) == pytest.approx(0.25, abs=0.06)
+
+
+def test_warmup_requests_are_kept_but_not_measured(server_factory):
+    url = server_factory("--ttft", "0.01", "--itl", "0.002")
+    run = run_async(measure(spec(users=2, duration=1.0, warmup=0.5), url))
+    s = summarize(run)
+    warm = [r for r in run.requests if r.is_warmup]
+    assert warm and all(r.scheduled < 0.5 for r in warm)
+    assert all(r.scheduled >= 0.5 for r in run.requests if not r.is_warmup)
+    assert s.num_warmup == len(warm) and s.num_requests == len(run.requests) - len(warm)
+    # The run stops by itself: nothing was sent after warm-up + duration.
+    assert max(r.sent for r in run.requests) < 1.5

@@ -1,0 +1,45 @@
+"""Acceptance 3: a sweep finds the scripted server's saturation rate within 10%."""
+
+import pytest
+
+from hosttune.bench.benchmark import BenchSpec, run_async
+from hosttune.bench.loadgen import Load
+from hosttune.bench.metrics import Slo
+from hosttune.bench.sweep import SweepConfig, next_rate, sweep
+
+CAPACITY, TTFT, ITL, TOKENS = 32, 0.02, 0.02, 10
+SERVICE = TTFT + (TOKENS - 1) * ITL  # 0.2 s per request, whatever the load
+SATURATION = CAPACITY / SERVICE  # 160 requests/s
+
+
+def test_next_rate_grows_then_bisects():
+    config = SweepConfig(start_rate=10, growth=2, precision=0.05, max_rate=1000)
+    assert next_rate(None, None, config) == 10
+    assert next_rate(40, None, config) == 80
+    assert next_rate(40, 80, config) == pytest.approx(56.57, rel=1e-3)
+    assert next_rate(100, 104, config) is None
+    assert next_rate(None, 10, config) == 5  # the first rate broke: look lower
+    assert next_rate(1000, None, config) is None  # the ceiling held
+
+
+def test_sweep_finds_the_saturation_rate(server_factory):
+    url = server_factory("--ttft", str(TTFT), "--itl", str(ITL), "--capacity", str(CAPACITY))
+    spec = BenchSpec(load=Load(rate=1, duration=3.0, warmup=0.5, drain_timeout=10, seed=1),
+                     prompt_lengths="16", output_lengths=str(TOKENS))
+    slo = Slo(e2e=2 * SERVICE)  # P95 E2E at most twice the unloaded service time
+    result = run_async(sweep(spec, url, slo, SweepConfig(start_rate=80, growth=1.5)))
+
+    rates = [p.rate for p in result.points]
+    print("sweep:", [(round(p.rate, 1), round(p.summary.request_throughput, 1), p.is_held)
+                     for p in result.points])
+    assert result.max_rate is not None and result.first_broken is not None
+    assert abs(result.max_rate - SATURATION) / SATURATION <= 0.10
+    assert result.first_broken / result.max_rate - 1 <= 0.05 + 1e-9
+    # Below saturation every request was served as scripted; above, the server fell behind.
+    below = [p for p in result.points if p.rate <= 0.8 * SATURATION]
+    assert below and all(p.is_held and p.summary.e2e.p50 == pytest.approx(SERVICE, abs=0.005)
+                         for p in below)
+    above = [p for p in result.points if p.rate >= 1.1 * SATURATION]
+    assert above and all(not p.is_held for p in above)
+    assert all(p.summary.request_throughput <= SATURATION * 1.03 for p in result.points)
+    assert len(rates) <= 10
