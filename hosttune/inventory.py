@@ -259,8 +259,16 @@ def _merge(*layers: dict) -> dict:
     return merged
 
 
+def _relative_to(base: Path, value: str | None) -> str | None:
+    """Key and known_hosts paths in an inventory are relative to the inventory file."""
+    if value is None or value.startswith(("/", "~")):
+        return value
+    return str(base / value)
+
+
 def _build_host(name: str, group: str, hvars: dict, source: str, accept_new: bool) -> Host:
     ssh = hvars.get("ssh", {})
+    base = Path(source.rsplit(":", 1)[0]).parent
     transport = hvars.get("transport") or ("local" if name == "localhost" and "address" not in hvars else "ssh")
     spec = ConnectionSpec(
         host_name=name,
@@ -268,8 +276,8 @@ def _build_host(name: str, group: str, hvars: dict, source: str, accept_new: boo
         address=hvars.get("address", name),
         port=ssh.get("port", 22),
         user=ssh.get("user"),
-        key=ssh.get("key"),
-        known_hosts=ssh.get("known_hosts"),
+        key=_relative_to(base, ssh.get("key")),
+        known_hosts=_relative_to(base, ssh.get("known_hosts")),
         timeout_s=ssh.get("timeout", 10.0),
         become=ssh.get("become", False),
         accept_new_host_keys=accept_new,

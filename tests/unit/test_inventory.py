@@ -81,6 +81,17 @@ def test_bad_inventory_names_file_line_field(tmp_path, text, where):
         load_inventory(write(tmp_path, text))
 
 
+def test_relative_key_paths_are_relative_to_the_inventory(tmp_path):
+    inv = load_inventory(write(tmp_path, """\
+        hosts:
+          a: {ssh: {key: keys/id, known_hosts: /etc/kh}}
+          b: {ssh: {key: ~/.ssh/id}}
+        """))
+    a, b = inv.hosts
+    assert a.connection.key == str(tmp_path / "keys" / "id") and a.connection.known_hosts == "/etc/kh"
+    assert b.connection.key == "~/.ssh/id"
+
+
 def test_missing_inventory_file(tmp_path):
     with pytest.raises(InventoryError, match="cannot read"):
         load_inventory(tmp_path / "nope.yaml")
