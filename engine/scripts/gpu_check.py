@@ -72,7 +72,23 @@ def generate(engine, prompts, tag: str):
     return list(tokens.values()), list(lps.values()), time.time() - t0
 
 
+def _to_float32(engine) -> None:
+    """The same weights in fp32, with an fp32 KV pool: the ground truth for the half-precision runs."""
+    import torch
+    from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool
+
+    runner = engine.runner
+    runner.kv_pool = None
+    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    runner.model.float()
+    runner.dtype = torch.float32
+    shape = KVCacheShape(**{**runner.kv_shape.__dict__, "dtype_bytes": 4})
+    runner.kv_pool = KVPool(shape, runner.num_kv_blocks, runner.device, torch.float32)
+    runner.kv_pool.bind(runner.model)
+
+
 def compare_7b(config: dict, prompt_lens: list[int], dtype: str = "bfloat16") -> dict:
+    """Greedy tokens of the Triton and torch-reference paths, in `dtype` and in fp32 (same weights)."""
     import torch
     from hosttune_engine import Engine, EngineConfig
     from hosttune_engine.layers.backend import set_kernel_backend
@@ -82,28 +98,44 @@ def compare_7b(config: dict, prompt_lens: list[int], dtype: str = "bfloat16") ->
     t0 = time.time()
     engine = Engine(EngineConfig(model=str(folder), load_format="dummy", dtype=dtype, kernel_backend="triton",
                                  enable_prefix_caching=False, max_num_batched_tokens=8192, max_model_len=8192,
-                                 gpu_memory_utilization=0.8))  # headroom for the reference path's temporaries
+                                 num_kv_blocks=2048))
     load_s = time.time() - t0
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, config["vocab_size"], (n,), generator=gen).tolist() for n in prompt_lens]
-    set_kernel_backend(engine.runner.model, True)
-    tri_tokens, tri_lps, tri_s = generate(engine, prompts, "triton-")
-    set_kernel_backend(engine.runner.model, False)
-    ref_tokens, ref_lps, ref_s = generate(engine, prompts, "torch-")
-    rows = []
-    for n, a, b, la, lb in zip(prompt_lens, tri_tokens, ref_tokens, tri_lps, ref_lps):
-        first_diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        agree = len(a) if first_diff is None else first_diff
-        lp_diff = max((abs(x.logprob - y.logprob) for x, y in zip(la[:agree], lb[:agree])), default=0.0)
-        margin = None
-        if first_diff is not None:  # how close the reference's top two were where the paths split
-            top = lb[first_diff].top
-            margin = top[0][1] - top[1][1]
-        rows.append({"prompt_tokens": n, "match": a == b, "tokens_agreeing": agree, "max_logprob_diff": lp_diff,
-                     "ref_margin_at_split": margin})
-    return {"load_s": round(load_s, 1), "kv_blocks": engine.runner.num_kv_blocks,
-            "kv_tokens": engine.runner.num_kv_blocks * engine.config.block_size,
-            "triton_s": round(tri_s, 2), "torch_s": round(ref_s, 2), "rows": rows}
+    runs, seconds = {}, {}
+    for precision in ("half", "fp32"):
+        if precision == "fp32":
+            _to_float32(engine)
+        for path, use_triton in (("triton", True), ("torch", False)):
+            set_kernel_backend(engine.runner.model, use_triton)
+            key = f"{path}-{precision}"
+            toks, lps, secs = generate(engine, prompts, key + "-")
+            runs[key], seconds[key] = (toks, lps), round(secs, 2)
+    rows = [_row(n, i, runs) for i, n in enumerate(prompt_lens)]
+    return {"load_s": round(load_s, 1), "dtype": dtype, "seconds": seconds, "rows": rows}
+
+
+def _agreement(a, b):
+    """(tokens agreeing before the first difference, max |logprob diff| over them, b's top-2 margin there)."""
+    (ta, la), (tb, lb) = a, b
+    split = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
+    n = len(ta) if split is None else split
+    diff = max((abs(x.logprob - y.logprob) for x, y in zip(la[:n], lb[:n])), default=0.0)
+    margin = None if split is None else lb[split].top[0][1] - lb[split].top[1][1]
+    return n, diff, margin
+
+
+def _row(prompt_tokens: int, i: int, runs: dict) -> dict:
+    pick = {k: (v[0][i], v[1][i]) for k, v in runs.items()}
+    row = {"prompt_tokens": prompt_tokens}
+    for name, a, b in (("fp32_triton_vs_torch", "triton-fp32", "torch-fp32"),
+                       ("half_triton_vs_torch", "triton-half", "torch-half"),
+                       ("half_triton_vs_fp32", "triton-half", "torch-fp32"),
+                       ("half_torch_vs_fp32", "torch-half", "torch-fp32")):
+        n, diff, margin = _agreement(pick[a], pick[b])
+        row[name] = {"agree": n, "max_logprob_diff": round(diff, 5),
+                     "margin_at_split": None if margin is None else round(margin, 5)}
+    return row
 
 
 def env_info(commit: str) -> dict:
@@ -159,14 +191,15 @@ def print_table(result: dict) -> None:
     if "error" in q:
         print(f"| Qwen2.5-7B-shaped dummy | ERROR {q['error']} |")
         return
-    print(f"| 7B dummy: KV pool | {q['kv_blocks']} blocks = {q['kv_tokens']} tokens |")
-    print(f"| 7B dummy: wall time Triton / torch ref (eager, not a benchmark) | {q['triton_s']} s / {q['torch_s']} s |")
+    print(f"| 7B dummy ({q['dtype']}): wall seconds per run (eager, not a benchmark) | {q['seconds']} |")
     for r in q["rows"]:
-        split = "" if r["match"] else f", split at {r['tokens_agreeing']} (ref top-2 margin {r['ref_margin_at_split']:.4f})"
-        print(f"| 7B dummy greedy, prompt {r['prompt_tokens']} tok | "
-              f"{'MATCH' if r['match'] else 'DIFF'} {r['tokens_agreeing']}/{MAX_TOKENS}, "
-              f"max logprob diff {r['max_logprob_diff']:.4f}{split} |")
-
+        cells = []
+        for name, label in (("fp32_triton_vs_torch", "fp32 Triton=torch"), ("half_triton_vs_torch", "half Triton=torch"),
+                            ("half_triton_vs_fp32", "half Triton=fp32"), ("half_torch_vs_fp32", "half torch=fp32")):
+            c = r[name]
+            split = "" if c["margin_at_split"] is None else f" (split, margin {c['margin_at_split']:.4f})"
+            cells.append(f"{label} {c['agree']}/{MAX_TOKENS} dlp {c['max_logprob_diff']:.4f}{split}")
+        print(f"| 7B dummy greedy, prompt {r['prompt_tokens']} tok | {'; '.join(cells)} |")
 
 if __name__ == "__main__":
     main()

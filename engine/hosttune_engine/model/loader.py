@@ -108,16 +108,21 @@ def _expected_tensors(model: nn.Module) -> set[str]:
 def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
     """Random weights from config alone: N(0, 0.02) matrices, unit norms, zero biases.
 
-    Small matrices keep each layer a small update of the residual stream, so
-    random models generate stably (used by benchmarks and the GPU checks).
+    The projections back into the residual stream (o_proj, down_proj) are scaled
+    by 1/sqrt(2 * layers), as in GPT-2, so each layer is a small update and a
+    deep random model does not amplify rounding noise from layer to layer
+    (used by benchmarks and the GPU checks).
     """
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
+    residual_std = 0.02 / (2 * model.config.num_layers) ** 0.5
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
             param.fill_(1.0)
         elif name.endswith(".bias"):
             param.zero_()
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            param.normal_(0.0, residual_std, generator=gen)
         else:
             param.normal_(0.0, 0.02, generator=gen)
 
