@@ -78,7 +78,8 @@ async def measure(spec: BenchSpec, url: str,
     load = spec.load
     return RunRecord(
         url=url, model=model, mode=load.mode, users=load.users, rate=load.rate,
-        burstiness=load.burstiness if load.rate else None, warmup_end=result.warmup_end,
+        burstiness=load.burstiness if load.rate else None, clock_origin=result.clock_origin,
+        warmup_end=result.warmup_end,
         window=result.window, requests=result.requests, loop_lag=result.loop_lag,
         client_cpu=result.client_cpu, tokenizer=builder.calibration.source,
         prompt_lengths=spec.prompt_dist.describe(), output_lengths=spec.output_dist.describe(),

@@ -18,7 +18,6 @@ import aiohttp
 
 from hosttune.bench.connection import ConnectionPool, HttpError, Response
 from hosttune.bench.record import FAILED, OK, REJECTED
-from hosttune.bench.sse import parse_stream
 from hosttune.errors import BenchError
 
 COMPLETIONS = "completions"
@@ -120,12 +119,12 @@ def _failure(sent: float, status: int, error: str) -> StreamResult:
 
 
 def _result(sent: float, response: Response) -> StreamResult:
-    last = response.segments[-1][0] if response.segments else time.perf_counter()
-    if response.status != 200:
+    last = response.last_at or time.perf_counter()
+    if response.events is None:
         outcome = REJECTED if response.status == 429 else FAILED
-        error = f"http {response.status}: {response.body()[:200].decode(errors='replace')}"
+        error = f"http {response.status}: {bytes(response.body[:200]).decode(errors='replace')}"
         return StreamResult(sent, last, array("d"), outcome, response.status, error, 0, None)
-    events = parse_stream(response.segments, last)
+    events = response.events.result(last)
     return StreamResult(
         sent=sent, end=events.end, chunks=events.chunks,
         outcome=FAILED if events.error else OK, status=200, error=events.error,

@@ -79,6 +79,7 @@ class Progress:
 class LoadResult:
     requests: tuple[RequestRecord, ...]
     loop_lag: tuple[LagSample, ...]
+    clock_origin: float
     warmup_end: float
     window: tuple[float, float]
     client_cpu: float
@@ -123,7 +124,7 @@ class LoadGenerator:
             gc.unfreeze()
         cpu = (time.process_time() - cpu0) / max(self._now(), 1e-9)
         return LoadResult(tuple(sorted(self.records, key=lambda r: r.index)), tuple(self.lag),
-                          self.load.warmup, self._window(stop), cpu)
+                          self.t0, self.load.warmup, self._window(stop), cpu)
 
     def _now(self) -> float:
         return time.perf_counter() - self.t0

@@ -60,6 +60,7 @@ class RunRecord:
     users: int | None
     rate: float | None
     burstiness: float | None
+    clock_origin: float  # time.perf_counter() at the run's start (CLOCK_MONOTONIC on Linux)
     warmup_end: float  # requests sent before this are warm-up
     window: tuple[float, float]  # throughput window: warm-up end to stop (or last end)
     requests: tuple[RequestRecord, ...]

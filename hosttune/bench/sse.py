@@ -1,16 +1,22 @@
-"""Reading an OpenAI-style server-sent event stream from timestamped body pieces."""
+"""Reading an OpenAI-style server-sent event stream as its bytes arrive.
+
+`EventStream.feed()` runs inside the socket callback for every piece of a response
+body, so it must be cheap: an event that carries a token is recognised by a regular
+expression over its bytes (a non-empty "text", "content" or "reasoning_content"
+string) instead of a JSON parse. Events that could mean anything else — an "error"
+or "usage" key, or no output at all — are parsed as JSON in full.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from array import array
 from dataclasses import dataclass
 from typing import Iterable
 
-try:  # orjson parses an event in a fraction of json's time; optional
-    from orjson import loads as _loads
-except ImportError:  # pragma: no cover - depends on the environment
-    _loads = json.loads
+# A JSON key for output text followed by a string that is not empty.
+_HAS_OUTPUT = re.compile(rb'"(?:text|content|reasoning_content)"\s*:\s*"(?!")')
 
 
 @dataclass(frozen=True)
@@ -18,41 +24,69 @@ class StreamEvents:
     """What a completion stream said, and when."""
 
     chunks: array  # arrival time of each event that carried output text
-    end: float  # arrival time of [DONE], else of the last byte
+    end: float  # arrival time of [DONE] or of the error event, else the stream's end
     usage: dict  # the usage event's numbers ({} when none came)
     error: str  # "" unless the stream carried an error or was cut short
 
 
-def parse_stream(segments: Iterable[tuple[float, bytes]], end: float) -> StreamEvents:
-    """Split `(arrival time, bytes)` pieces into events. An event is timed by the piece
-    that completed its line. `end` is used when the stream has no [DONE]."""
-    chunks = array("d")
-    usage: dict = {}
-    buffer = b""
-    for now, data in segments:
-        buffer += data
-        *lines, buffer = buffer.split(b"\n")
+class EventStream:
+    """Incremental parser: feed it body pieces with their arrival times."""
+
+    def __init__(self) -> None:
+        self.partial = b""
+        self.chunks = array("d")
+        self.usage: dict = {}
+        self.error = ""
+        self.end_at: float | None = None  # set by [DONE] or an error event
+
+    def feed(self, data: bytes, now: float) -> None:
+        if self.end_at is not None:
+            return
+        *lines, self.partial = (self.partial + data).split(b"\n")
         for line in lines:
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                return StreamEvents(chunks, now, usage, "")
-            error = _read_event(payload, now, chunks, usage)
-            if error:
-                return StreamEvents(chunks, now, usage, error)
-    return StreamEvents(chunks, end, usage, "stream-cut: the stream ended without [DONE]")
+            if line.startswith(b"data:"):
+                self._event(line[5:].strip(), now)
+                if self.end_at is not None:
+                    return
+
+    def _event(self, payload: bytes, now: float) -> None:
+        if b'"error"' not in payload and b'"usage"' not in payload and _HAS_OUTPUT.search(payload):
+            self.chunks.append(now)  # the common case: one more token
+        elif payload == b"[DONE]":
+            self.end_at = now
+        else:
+            self.error = _read_event(payload, now, self.chunks, self.usage)
+            if self.error:
+                self.end_at = now
+
+    def result(self, end: float) -> StreamEvents:
+        """The events so far; a stream that ended without [DONE] was cut short."""
+        if self.end_at is None:
+            return StreamEvents(self.chunks, end, self.usage,
+                                self.error or "stream-cut: the stream ended without [DONE]")
+        return StreamEvents(self.chunks, self.end_at, self.usage, self.error)
+
+
+def parse_stream(segments: Iterable[tuple[float, bytes]], end: float) -> StreamEvents:
+    """Parse `(arrival time, bytes)` pieces at once. An event is timed by the piece that
+    completed its line; `end` is used when the stream has no [DONE]."""
+    stream = EventStream()
+    for now, data in segments:
+        stream.feed(data, now)
+    return stream.result(end)
 
 
 def _read_event(payload: bytes, now: float, chunks: array, usage: dict) -> str:
     try:
-        event = _loads(payload)
+        event = json.loads(payload)
     except ValueError:
         return f"stream-error: unparsable event {payload[:100]!r}"
     if not isinstance(event, dict):
         return f"stream-error: unexpected event {payload[:100]!r}"
-    if "error" in event:
+    if event.get("error") is not None:
         return f"stream-error: {_error_message(event['error'])}"
+    if event.get("object") == "error":
+        return f"stream-error: {_error_message(event)}"
     if event.get("usage"):
         usage.update(event["usage"])
     if any(_has_output(choice) for choice in event.get("choices") or ()):

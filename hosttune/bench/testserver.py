@@ -13,6 +13,9 @@ token is the word " tok". What it does is fixed by a `Script`:
   absolute, so timer overshoot never accumulates.
 - Prompt tokens are counted as 1 + the number of whitespace-separated words (a BOS
   token plus one per word); `/tokenize` counts the same way.
+- With `step`, every deadline is rounded up to a multiple of `step` on the monotonic
+  clock: all streams get their tokens at the same instants, as from a batched decode
+  step (the hardest pattern for a client: hundreds of chunks at once).
 - Every `error_every`-th request (1-based) sends an error event inside its 200 stream
   after `error_after` tokens; every `fail_status_every`-th gets HTTP 500.
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import selectors
 import socket
@@ -51,6 +55,7 @@ class Script:
     error_every: int = 0
     error_after: int = 1
     fail_status_every: int = 0
+    step: float = 0.0  # if set, tokens go out on a shared clock tick, as from a batched decode step
 
 
 def count_tokens(text: str) -> int:
@@ -141,6 +146,8 @@ class ScriptedServer:
         deadlines = [first]
         for i in range(num_tokens - 1):
             deadlines.append(deadlines[-1] + script.itl[i % len(script.itl)])
+        if script.step:
+            deadlines = [math.ceil(d / script.step) * script.step for d in deadlines]
         return deadlines
 
 
@@ -200,8 +207,10 @@ def _parse_args(argv: list[str] | None) -> tuple[Script, argparse.Namespace]:
     parser.add_argument("--error-every", type=int, default=0)
     parser.add_argument("--error-after", type=int, default=1)
     parser.add_argument("--fail-status-every", type=int, default=0)
+    parser.add_argument("--step", type=float, default=0.0,
+                        help="send tokens only on multiples of this many seconds (batched decode)")
     parser.add_argument("--fast", action="store_true",
-                        help="use uvloop: cheaper per connection, but timers round to 1 ms")
+                        help="epoll (or uvloop when installed): many connections, timers round to 1 ms")
     parser.add_argument("--realtime", action="store_true",
                         help="run at real-time priority (SCHED_FIFO) when permitted, so other "
                              "processes on a shared machine cannot delay the scripted tokens")
@@ -212,7 +221,7 @@ def _parse_args(argv: list[str] | None) -> tuple[Script, argparse.Namespace]:
         ttft=args.ttft, ttft_per_prompt_token=args.ttft_per_prompt_token,
         itl=tuple(float(x) for x in args.itl.split(",")), capacity=args.capacity,
         max_queue=args.max_queue, error_every=args.error_every,
-        error_after=args.error_after, fail_status_every=args.fail_status_every,
+        error_after=args.error_after, fail_status_every=args.fail_status_every, step=args.step,
     )
     return script, args
 
@@ -246,9 +255,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.realtime:
         print(f"priority: {raise_priority()}", flush=True)
     if args.fast:
-        import uvloop
-
-        uvloop.run(serve(script, args.port, args.lifetime))
+        try:
+            from uvloop import run
+        except ImportError:
+            run = asyncio.run
+        run(serve(script, args.port, args.lifetime))
         return
     # epoll (asyncio's default) and uvloop round timer waits up to whole milliseconds;
     # select() takes microseconds, so the scripted delays hold to a fraction of a

@@ -8,6 +8,7 @@ def chunked(*pieces: bytes) -> bytes:
 
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+TOKEN = b'data: {"choices":[{"text":" a"}]}\n\n'
 
 
 def feed_all(parser, data, split):
@@ -17,45 +18,52 @@ def feed_all(parser, data, split):
 
 
 @pytest.mark.parametrize("split", [1, 2, 3, 7, 64, 10_000])
-def test_chunked_body_survives_any_split(split):
-    body = chunked(b"data: one\n\n", b"data: two\n\n", b"data: [DONE]\n\n")
+def test_chunked_event_stream_survives_any_split(split):
+    body = chunked(TOKEN, TOKEN + TOKEN, b"data: [DONE]\n\n")
     response = feed_all(ResponseParser(), HEAD + body, split)
     assert response.is_complete and response.status == 200 and response.is_keep_alive
-    assert response.body() == b"data: one\n\ndata: two\n\ndata: [DONE]\n\n"
+    events = response.events.result(end=-1.0)
+    assert len(events.chunks) == 3 and events.error == ""
+    # The first token is timed by the read that brought the newline ending its line.
+    newline = len(HEAD) + len(b"23\r\n") + TOKEN.index(b"\n")
+    assert events.chunks[0] == float(newline // split * split)
+    assert list(events.chunks) == sorted(events.chunks)
 
 
 def test_pieces_keep_their_arrival_times():
     parser = ResponseParser()
-    parser.feed(HEAD + b"5\r\nhello\r\n", 1.0)
-    parser.feed(b"5\r\nworld\r\n5\r\n!!!!!\r\n", 2.0)
-    parser.feed(b"0\r\n\r\n", 3.0)
-    assert parser.response.segments == [(1.0, b"hello"), (2.0, b"world!!!!!")]
+    parser.feed(HEAD + b"%x\r\n%s\r\n" % (len(TOKEN), TOKEN), 1.0)
+    parser.feed(b"%x\r\n%s\r\n" % (2 * len(TOKEN), 2 * TOKEN), 2.0)
+    parser.feed(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n", 3.0)
+    events = parser.response.events.result(end=-1.0)
+    assert list(events.chunks) == [1.0, 2.0, 2.0] and events.end == 3.0
     assert parser.response.is_complete
 
 
-def test_content_length_body():
+def test_content_length_body_of_an_error():
     parser = ResponseParser()
     parser.feed(b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 4\r\nRetry-After: 1\r\n\r\nfu", 1.0)
     assert not parser.response.is_complete
     parser.feed(b"ll", 2.0)
     response = parser.response
-    assert response.is_complete and response.status == 429 and response.body() == b"full"
-    assert response.headers["retry-after"] == "1"
+    assert response.is_complete and response.status == 429 and bytes(response.body) == b"full"
+    assert response.headers["retry-after"] == "1" and response.events is None
 
 
 def test_close_delimited_body_ends_at_eof():
     parser = ResponseParser()
-    parser.feed(b"HTTP/1.0 200 OK\r\n\r\ndata: x\n\n", 1.0)
+    parser.feed(b"HTTP/1.0 200 OK\r\n\r\n" + TOKEN, 1.0)
     assert not parser.response.is_complete and not parser.response.is_keep_alive
-    parser.feed_eof(2.0)
-    assert parser.response.is_complete and parser.response.body() == b"data: x\n\n"
+    parser.feed_eof()
+    assert parser.response.is_complete
+    assert parser.response.events.result(end=2.0).error.startswith("stream-cut")
 
 
 def test_eof_in_the_middle_is_an_error():
     parser = ResponseParser()
     parser.feed(HEAD + b"5\r\nhel", 1.0)
     with pytest.raises(HttpError, match="closed before"):
-        parser.feed_eof(2.0)
+        parser.feed_eof()
 
 
 def test_connection_close_header_disables_keep_alive():
@@ -64,6 +72,10 @@ def test_connection_close_header_disables_keep_alive():
     assert parser.response.is_complete and not parser.response.is_keep_alive
 
 
-def test_not_http_is_an_error():
-    with pytest.raises(HttpError, match="not an HTTP"):
-        ResponseParser().feed(b"SSH-2.0-OpenSSH_9.6\r\n\r\n", 1.0)
+@pytest.mark.parametrize("data, message", [
+    (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "not an HTTP"),
+    (HEAD + b"zz\r\n", "bad chunk size"),
+])
+def test_garbage_is_an_error(data, message):
+    with pytest.raises(HttpError, match=message):
+        ResponseParser().feed(data, 1.0)

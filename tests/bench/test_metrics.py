@@ -24,7 +24,7 @@ def record(index, sent, chunks, end, outcome=OK, status=200, error="", tokens=No
 def run_of(requests, window=(0.0, 10.0), lag=(), cpu=0.1):
     return RunRecord(
         url="http://127.0.0.1:1", model="m", mode="users", users=1, rate=None,
-        burstiness=None, warmup_end=window[0], window=window, requests=tuple(requests),
+        burstiness=None, clock_origin=0.0, warmup_end=window[0], window=window, requests=tuple(requests),
         loop_lag=tuple(lag), client_cpu=cpu, tokenizer="t", prompt_lengths="p",
         output_lengths="o",
     )
