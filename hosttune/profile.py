@@ -9,6 +9,7 @@ of null means "not managed": its check reports not-applicable. Inventory pins an
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,19 @@ THP_MODES = ("always", "madvise", "never")
 class DriverSpec:
     version: str | None = None
     held: bool = True
+    packages: tuple[str, ...] | None = None  # None: the distribution's usual names for the pin
+
+    def __post_init__(self):
+        object.__setattr__(self, "packages", _names(self.packages, "driver.packages"))
 
 
 @dataclass(frozen=True)
 class CudaSpec:
     toolkit: str | None = None
+    packages: tuple[str, ...] | None = None  # None: cuda-toolkit-X-Y for the pinned X.Y
+
+    def __post_init__(self):
+        object.__setattr__(self, "packages", _names(self.packages, "cuda.packages"))
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,18 @@ _SECTION_TYPES = {
 def _choice(value: Any, choices: tuple, where: str) -> None:
     if value is not None and value not in choices:
         raise ProfileError(f"{where}: must be one of {', '.join(choices)} (got {value!r})")
+
+
+def _names(value: Any, where: str) -> tuple[str, ...] | None:
+    """A list of package names; each must look like one (it is passed to apt/dnf as argv)."""
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ProfileError(f"{where}: must be a list of package names (got {value!r})")
+    for name in value:
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9+._-]*", name):
+            raise ProfileError(f"{where}: {name!r} is not a package name")
+    return tuple(value)
 
 
 def _cpus(value: Any, where: str) -> None:

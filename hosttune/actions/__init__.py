@@ -1,0 +1,68 @@
+"""Actions: failing findings → steps. Pure functions of (facts, profile, host); nothing runs here.
+
+ACTIONS maps a check id to the functions that fix it. A function may serve several checks
+(the kernel command line serves C-states, rcu_nocbs, NVMe and THP), so it is called once
+per host and each of its steps keeps only the failing checks it fixes.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from hosttune.actions import cpu, cuda, gpu, irq, kernel, memory, packages
+from hosttune.actions.base import Step, blocked
+from hosttune.facts import Facts
+from hosttune.findings import Finding, Status
+from hosttune.inventory import Host
+from hosttune.profile import Profile
+
+Action = Callable[[Facts, Profile, Host], list[Step]]
+
+ACTIONS: dict[str, tuple[Action, ...]] = {
+    "driver.version": (packages.driver_version,),
+    "driver.held": (packages.driver_held,),
+    "cuda.toolkit": (cuda.cuda_toolkit,),
+    "gpu.persistence": (gpu.persistence,),
+    "gpu.ecc": (gpu.ecc,),
+    "gpu.mig": (gpu.mig,),
+    "cpu.governor": (cpu.governor,),
+    "cpu.cstates": (kernel.kernel_cmdline,),
+    "kernel.rcu_nocbs": (kernel.kernel_cmdline,),
+    "nvme.power": (kernel.kernel_cmdline,),
+    "irq.irqbalance": (irq.irqbalance,),
+    "irq.gpu_affinity": (irq.gpu_affinity,),
+    "numa.topology": (memory.numa_balancing,),
+    "mm.thp": (memory.thp, kernel.kernel_cmdline),
+    "tools.numactl": (packages.numactl,),
+    "python.version": (packages.python_version,),
+}
+
+
+def steps_for(findings: list[Finding] | tuple[Finding, ...], facts: Facts, profile: Profile, host: Host) -> list[Step]:
+    """The steps that fix every drifting finding; findings without an action get a blocked step.
+
+    pending-reboot findings get none: their configuration is right already.
+    """
+    drifting = [f for f in findings if f.status is Status.DRIFT]
+    failing = {f.check_id for f in drifting}
+    called: list[Action] = []
+    steps: list[Step] = []
+    for finding in drifting:
+        actions = ACTIONS.get(finding.check_id, ())
+        if not actions:
+            steps.append(blocked(finding.check_id, f"no automatic fix: {finding.remediation}"))
+        for action in actions:
+            if action in called:
+                continue
+            called.append(action)
+            steps += _keep_failing(action(facts, profile, host), failing)
+    return steps
+
+
+def _keep_failing(steps: list[Step], failing: set[str]) -> list[Step]:
+    kept = []
+    for step in steps:
+        fixes = tuple(c for c in step.fixes if c in failing)
+        if fixes:
+            kept.append(Step(fixes, step.summary, step.ops, step.needs_reboot, step.notes, step.blocked, step.opt_in))
+    return kept

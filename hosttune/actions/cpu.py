@@ -1,0 +1,32 @@
+"""CPU frequency governor, now and at every boot."""
+
+from __future__ import annotations
+
+from hosttune.actions.base import KernelWrite, Step
+from hosttune.actions.templates import render
+from hosttune.actions.units import boot_unit
+from hosttune.checks.base import is_systemd
+from hosttune.facts import Facts
+from hosttune.inventory import Host
+from hosttune.profile import Profile
+
+UNIT = "hosttune-cpu-governor"
+
+
+def governor_path(cpu: int) -> str:
+    return f"/sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor"
+
+
+def governor(facts: Facts, profile: Profile, host: Host) -> list[Step]:
+    """scaling_governor written on every CPU that differs, and a boot unit that writes it again."""
+    want = profile.cpu.governor
+    ops: tuple = ()
+    notes: tuple[str, ...] = ()
+    if is_systemd(facts):
+        ops += boot_unit(UNIT, f"CPU frequency governor {want}", render("hosttune-cpu-governor.sh.j2", governor=want))
+    else:
+        notes = (f"not persisted: PID 1 is {facts.pid1 or 'unknown'}, not systemd; set the governor at boot another way",)
+    wrong = tuple(governor_path(c) for c, g in sorted(facts.cpu.governors.items()) if g != want)
+    if wrong:
+        ops += (KernelWrite(wrong, want),)
+    return [Step(("cpu.governor",), f"CPU governor {want} now and at boot", ops, notes=notes)]

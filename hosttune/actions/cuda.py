@@ -1,0 +1,51 @@
+"""The pinned CUDA toolkit: installed, /usr/local/cuda pointing at it, first on every login PATH."""
+
+from __future__ import annotations
+
+import re
+
+from hosttune.actions.base import FileWrite, MoveAside, Step, Symlink
+from hosttune.actions.platform import select
+from hosttune.actions.templates import render
+from hosttune.facts import Facts
+from hosttune.inventory import Host
+from hosttune.profile import Profile
+
+PROFILE_D = "/etc/profile.d/hosttune-cuda.sh"
+CUDA_LINK = "/usr/local/cuda"
+
+
+def toolkit_dir(pin: str) -> str:
+    return f"/usr/local/cuda-{pin}"
+
+
+def stale_toolkits(facts: Facts, pin: str) -> tuple[str, ...]:
+    """/usr/local/cuda-X.Y directories of another X.Y (cuda-13 style alternatives links are not toolkits)."""
+    stale = []
+    for path in facts.cuda.toolkits:
+        m = re.fullmatch(r"/usr/local/cuda-(\d+\.\d+)", path)
+        if m and m.group(1) != pin:
+            stale.append(path)
+    return tuple(stale)
+
+
+def cuda_toolkit(facts: Facts, profile: Profile, host: Host) -> list[Step]:
+    """Toolkit package if missing, the /usr/local/cuda link, /etc/profile.d/hosttune-cuda.sh; stale toolkits reported."""
+    pin = profile.cuda.toolkit
+    platform = select(facts)
+    ops: tuple = ()
+    notes: list[str] = []
+    if toolkit_dir(pin) not in facts.cuda.toolkits:
+        if platform.packages is None:
+            notes.append(f"{toolkit_dir(pin)} is missing and this host has no apt or dnf: install CUDA {pin} by hand")
+        else:
+            names = profile.cuda.packages or platform.packages.cuda_packages(pin)
+            ops += (platform.packages_op(names, hold=profile.driver.held),)
+    ops += (Symlink(CUDA_LINK, toolkit_dir(pin)), FileWrite(PROFILE_D, render("hosttune-cuda.sh.j2", version=pin), 0o644))
+    stale = stale_toolkits(facts, pin)
+    steps = [Step(("cuda.toolkit",), f"CUDA {pin} at /usr/local/cuda and first on PATH", ops, notes=tuple(notes))]
+    if stale:
+        steps.append(Step(("cuda.toolkit",), f"stale toolkits moved aside: {', '.join(stale)}",
+                          tuple(MoveAside(p) for p in stale), opt_in="prune-cuda",
+                          notes=("kept in the run's backup folder until you delete it; rollback puts them back",)))
+    return steps

@@ -1,0 +1,44 @@
+"""irqbalance off, GPU MSI interrupts on their cores now and at every boot."""
+
+from __future__ import annotations
+
+from hosttune import cpulist
+from hosttune.actions.base import KernelWrite, Service, Step, blocked
+from hosttune.actions.templates import render
+from hosttune.actions.units import boot_unit
+from hosttune.checks.base import is_systemd
+from hosttune.checks.irq import desired_cores
+from hosttune.facts import Facts
+from hosttune.inventory import Host
+from hosttune.profile import Profile
+
+UNIT = "hosttune-irq-affinity"
+
+
+def irqbalance(facts: Facts, profile: Profile, host: Host) -> list[Step]:
+    """systemctl disable --now irqbalance (or enable --now, if the profile wants it)."""
+    want = bool(profile.irq.irqbalance)
+    if not is_systemd(facts):
+        return [blocked("irq.irqbalance", f"PID 1 is {facts.pid1 or 'unknown'}, not systemd: {'start' if want else 'stop'} irqbalance with the host's init system")]
+    verb = "started and enabled" if want else "stopped and disabled"
+    return [Step(("irq.irqbalance",), f"irqbalance {verb}", (Service("irqbalance.service", enabled=want, running=want),))]
+
+
+def gpu_affinity(facts: Facts, profile: Profile, host: Host) -> list[Step]:
+    """smp_affinity_list of each GPU MSI IRQ written now; a boot unit writes it again (IRQ affinity does not survive a reboot)."""
+    setting = profile.irq.gpu_affinity
+    devices = [d for d in facts.pci if d.irqs]
+    pins = [(d.bdf, cpulist.format(desired_cores(d, facts, setting))) for d in devices]
+    ops: tuple = ()
+    notes: tuple[str, ...] = ()
+    if is_systemd(facts):
+        script = render("hosttune-irq-affinity.sh.j2", pins=pins)
+        ops += boot_unit(UNIT, "pin GPU interrupts", script, after=("nvidia-persistenced.service",))
+    else:
+        notes = (f"not persisted: PID 1 is {facts.pid1 or 'unknown'}, not systemd; the pinning is lost at reboot",)
+    for dev, (_, cores) in zip(devices, pins):
+        wanted = set(cpulist.parse(cores))
+        wrong = tuple(f"/proc/irq/{i.irq}/smp_affinity_list" for i in dev.irqs if not set(i.cpus) <= wanted)
+        if wrong:
+            ops += (KernelWrite(wrong, cores),)
+    return [Step(("irq.gpu_affinity",), "GPU interrupts on their cores now and at boot", ops, notes=notes)]

@@ -1,0 +1,148 @@
+"""Where distributions differ, chosen in one place: `select(facts)`.
+
+A Platform bundles the package flavour (apt or dnf: install, hold, package names) and
+the boot loader flavour (a grub drop-in plus update-grub, or grubby). Every action asks
+the platform; no action tests the distribution itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hosttune.actions.base import Command, FileWrite, Packages, Step
+from hosttune.actions.templates import render
+from hosttune.facts import Facts
+
+GRUB_DROPIN = "/etc/default/grub.d/90-hosttune.cfg"
+
+
+def _major(version: str) -> str:
+    return version.split(".")[0]
+
+
+def _major_minor(version: str) -> str:
+    return "-".join(version.split(".")[:2])
+
+
+@dataclass(frozen=True)
+class Apt:
+    """Debian and Ubuntu: apt-get, apt-mark hold, NVIDIA's and Ubuntu's package names."""
+
+    name: str = "apt"
+
+    def install(self, specs: tuple[tuple[str, str | None], ...]) -> tuple[str, ...]:
+        words = tuple(f"{n}={v}" if v else n for n, v in specs)
+        return ("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q",
+                "--no-install-recommends", "--allow-downgrades", "--allow-change-held-packages", *words)
+
+    def refresh(self) -> tuple[str, ...]:
+        return ("apt-get", "update", "-q")
+
+    def hold(self, names: tuple[str, ...]) -> Command:
+        return Command(("apt-mark", "hold", *names), undo=("apt-mark", "unhold", *names))
+
+    def hold_support(self) -> tuple[str, ...]:
+        return ()  # apt-mark ships with apt
+
+    def driver_packages(self, pin: str) -> tuple[str, ...]:
+        return (f"nvidia-driver-{_major(pin)}",)
+
+    def cuda_packages(self, pin: str) -> tuple[str, ...]:
+        return (f"cuda-toolkit-{_major_minor(pin)}",)
+
+    def python_package(self, pin: str) -> str:
+        return f"python{pin}"
+
+
+@dataclass(frozen=True)
+class Dnf:
+    """RHEL, Rocky, Alma, Fedora: dnf, dnf versionlock, NVIDIA's RHEL repository names."""
+
+    name: str = "dnf"
+
+    def install(self, specs: tuple[tuple[str, str | None], ...]) -> tuple[str, ...]:
+        words = tuple(f"{n}-{v}" if v else n for n, v in specs)
+        return ("dnf", "install", "-y", "-q", "--allowerasing", *words)
+
+    def refresh(self) -> tuple[str, ...]:
+        return ("dnf", "makecache", "-q")
+
+    def hold(self, names: tuple[str, ...]) -> Command:
+        return Command(("dnf", "versionlock", "add", *names), undo=("dnf", "versionlock", "delete", *names))
+
+    def hold_support(self) -> tuple[str, ...]:
+        return ("python3-dnf-plugin-versionlock",)
+
+    def driver_packages(self, pin: str) -> tuple[str, ...]:
+        return ("nvidia-driver", "nvidia-driver-cuda")
+
+    def cuda_packages(self, pin: str) -> tuple[str, ...]:
+        return (f"cuda-toolkit-{_major_minor(pin)}",)
+
+    def python_package(self, pin: str) -> str:
+        return f"python{pin}"
+
+
+@dataclass(frozen=True)
+class GrubDropIn:
+    """Debian/Ubuntu grub: /etc/default/grub.d/90-hosttune.cfg, then update-grub."""
+
+    name: str = "grub drop-in"
+
+    def ops(self, params: tuple[str, ...], facts: Facts) -> tuple:
+        content = render("grub-hosttune.cfg.j2", params=params)
+        return (FileWrite(GRUB_DROPIN, content, 0o644), Command(("update-grub",), regenerate=True))
+
+
+@dataclass(frozen=True)
+class Grubby:
+    """RHEL-likes (BootLoaderSpec entries): grubby edits every installed kernel's arguments."""
+
+    name: str = "grubby"
+
+    def ops(self, params: tuple[str, ...], facts: Facts) -> tuple:
+        keys = [p.partition("=")[0] for p in params]
+        old = [f"{k}={v}" for k in keys if (v := facts.cmdline_param(k, configured=True)) is not None]
+        undo = ("grubby", "--update-kernel=ALL", f"--remove-args={' '.join(keys)}") + ((f"--args={' '.join(old)}",) if old else ())
+        return (Command(("grubby", "--update-kernel=ALL", f"--args={' '.join(params)}"), undo=undo),)
+
+
+PackageFlavour = Apt | Dnf
+BootFlavour = GrubDropIn | Grubby
+
+
+@dataclass(frozen=True)
+class Platform:
+    packages: PackageFlavour | None
+    boot: BootFlavour | None
+    why_no_boot: str = ""
+
+    def packages_op(self, names: tuple[str, ...], pin: str | None = None, hold: bool = False) -> Packages:
+        assert self.packages is not None
+        return Packages(self.packages.name, names, pin, hold)
+
+    def kernel_params_step(self, fixes: tuple[str, ...], params: tuple[str, ...], facts: Facts) -> Step:
+        assert self.boot is not None
+        return Step(fixes, f"kernel command line via {self.boot.name}: {' '.join(params)}",
+                    self.boot.ops(params, facts), needs_reboot=True)
+
+
+def _package_flavour(facts: Facts) -> PackageFlavour | None:
+    family = {facts.os_id, *facts.os_like}
+    if facts.package_manager == "apt" or family & {"debian", "ubuntu"}:
+        return Apt()
+    if facts.package_manager == "dnf" or family & {"rhel", "fedora", "centos"}:
+        return Dnf()
+    return None
+
+
+def select(facts: Facts) -> Platform:
+    """The one place that looks at the distribution and boot loader."""
+    packages = _package_flavour(facts)
+    if facts.cmdline_source == "grubby" or (isinstance(packages, Dnf) and facts.cmdline_source == "grub"):
+        return Platform(packages, Grubby())
+    if facts.cmdline_source == "grub":
+        return Platform(packages, GrubDropIn())
+    if facts.cmdline_source:
+        return Platform(packages, None, f"boot loader configured through {facts.cmdline_source}, which hosttune does not edit")
+    return Platform(packages, None, "no boot loader configuration found (a VM or container whose kernel command line is set by its host)")

@@ -1,0 +1,29 @@
+"""Boot-time oneshot units: a script in /usr/local/sbin run by a unit rendered from templates/."""
+
+from __future__ import annotations
+
+from hosttune.actions.base import Command, FileWrite, Op, Service
+from hosttune.actions.templates import render
+
+DAEMON_RELOAD = Command(("systemctl", "daemon-reload"), regenerate=True, offline=False)
+
+
+def unit_path(name: str) -> str:
+    return f"/etc/systemd/system/{name}.service"
+
+
+def script_path(name: str) -> str:
+    return f"/usr/local/sbin/{name}"
+
+
+def boot_unit(name: str, description: str, script: bytes, *, environment_file: str = "",
+              after: tuple[str, ...] = ()) -> tuple[Op, ...]:
+    """The script, its unit, a daemon-reload, and the unit enabled (not started: the caller writes the live value)."""
+    unit = render("hosttune-boot.service.j2", description=description, script=script_path(name),
+                  environment_file=environment_file, after=after)
+    return (
+        FileWrite(script_path(name), script, 0o755),
+        FileWrite(unit_path(name), unit, 0o644),
+        DAEMON_RELOAD,
+        Service(f"{name}.service", enabled=True),
+    )

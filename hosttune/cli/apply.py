@@ -1,0 +1,112 @@
+"""`hosttune apply`, `hosttune rollback` and `hosttune verify`."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from hosttune import plan_render
+from hosttune.cli.app import app
+from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, emit, load, user_errors
+from hosttune.execute import recap
+from hosttune.execute.journal import new_run_id
+from hosttune.execute.rollout import ApplyOptions, apply_plans, dry_run_outcome, fleet_exit_code, plan_fleet, rollback_fleet
+from hosttune.fleet import EXIT_ERROR, profiles
+from hosttune.verify import run_verify
+
+RootOpt = typer.Option(None, "--root", help="Write files under this directory (a mounted image or chroot); no live kernel writes.")
+
+
+class Output(str, Enum):
+    text = "text"
+    json = "json"
+
+
+@app.command()
+@user_errors
+def apply(
+    inventory: Optional[Path] = InventoryOpt,
+    limit: Optional[str] = LimitOpt,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (steps, commands, file diffs) and change nothing."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before changing hosts."),
+    root: Optional[str] = RootOpt,
+    prune_cuda: bool = typer.Option(False, "--prune-cuda", help="Also move stale /usr/local/cuda-* toolkits aside."),
+    serial: Optional[int] = typer.Option(None, "--serial", min=1, help="Hosts per batch (default: all at once)."),
+    max_fail_percent: Optional[float] = typer.Option(None, "--max-fail-percent", min=0, max=100, help="Stop starting batches once more than this share of hosts failed."),
+    reboot: bool = typer.Option(False, "--reboot", help="Reboot hosts that need it, a batch at a time; wait for SSH; re-check."),
+    forks: int = ForksOpt,
+    accept_new_host_keys: bool = AcceptKeysOpt,
+    fmt: Output = typer.Option(Output.text, "--format", help="Plan and recap as text or JSON."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
+) -> None:
+    """Fix what `hosttune check` reports: plan per host, confirm once, then change hosts with backups and a journal.
+
+    Exit code bits as for check: 1 drift left (unfixable or pending reboot), 2 a step failed, 4 unreachable.
+
+    Example: hosttune apply --inventory inventories/prod.yaml --serial 5 --max-fail-percent 20 --reboot
+    """
+    inv = load(inventory, limit, accept_new_host_keys)
+    wanted = profiles(inv)
+    options = ApplyOptions(root, prune_cuda, serial, max_fail_percent, reboot, forks)
+    plans = plan_fleet(inv, wanted, options)
+    if dry_run or not any(p.steps for p in plans):
+        outcomes = [dry_run_outcome(p) for p in plans]
+        text = recap.render_json(outcomes, None, True) if fmt is Output.json else plan_render.render(plans)
+        emit(text, output)
+        raise typer.Exit(fleet_exit_code(outcomes))
+    if fmt is Output.text:
+        typer.echo(plan_render.render(plans))
+    if not yes and not typer.confirm(f"Apply these changes to {sum(1 for p in plans if p.steps)} host(s)?", err=True):
+        raise typer.Exit(EXIT_ERROR)
+    run = new_run_id()
+    outcomes = apply_plans(plans, wanted, run, options)
+    emit(recap.render_json(outcomes, run, False) if fmt is Output.json else recap.render(outcomes, run), output)
+    raise typer.Exit(fleet_exit_code(outcomes))
+
+
+@app.command()
+@user_errors
+def rollback(
+    inventory: Optional[Path] = InventoryOpt,
+    limit: Optional[str] = LimitOpt,
+    run: Optional[str] = typer.Option(None, "--run", help="The run to undo (default: each host's latest run not yet rolled back)."),
+    root: Optional[str] = RootOpt,
+    forks: int = ForksOpt,
+    accept_new_host_keys: bool = AcceptKeysOpt,
+) -> None:
+    """Undo an apply from the journal on each host: files back byte for byte, units and kernel values as they were.
+
+    Example: hosttune rollback --inventory inventories/prod.yaml --run 20250102T030405Z-1a2b3c
+    """
+    inv = load(inventory, limit, accept_new_host_keys)
+    results = rollback_fleet(inv, run, root, forks)
+    typer.echo(recap.render_rollback(results))
+    bits = {"failed": EXIT_ERROR, "unreachable": 4}
+    code = 0
+    for r in results:
+        code |= bits.get(r.status, 0)
+    raise typer.Exit(code)
+
+
+@app.command()
+@user_errors
+def verify(
+    inventory: Optional[Path] = InventoryOpt,
+    limit: Optional[str] = LimitOpt,
+    junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help="Write a JUnit XML report here."),
+    accept_new_host_keys: bool = AcceptKeysOpt,
+    pytest_args: Optional[List[str]] = typer.Argument(None, help="Extra pytest arguments (after --)."),
+) -> None:
+    """Check tuned hosts with the testinfra suite (tests/host), independently of hosttune's probes.
+
+    Exit code: pytest's (0 when every host passes).
+
+    Example: hosttune verify --inventory inventories/prod.yaml --junit-xml verify.xml
+    """
+    inv = load(inventory, limit, accept_new_host_keys)
+    code = run_verify(inv, profiles(inv), junit_xml=junit_xml, accept_new_host_keys=accept_new_host_keys,
+                      pytest_args=tuple(pytest_args or ()))
+    raise typer.Exit(code)

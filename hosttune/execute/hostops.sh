@@ -1,0 +1,95 @@
+# hosttune host operations: the only shell code that changes files on a host.
+# Run as: sh -c "$SCRIPT" hosttune OP ARGS...  (every value arrives as argv, never as code)
+set -u
+umask 022
+op=$1; shift
+
+die() { echo "hosttune: $*" >&2; exit 1; }
+sha() { sha256sum < "$1" | cut -d' ' -f1; }
+current_sha() {
+    if [ -L "$1" ]; then echo "link:$(readlink -- "$1")"
+    elif [ -f "$1" ]; then sha "$1"
+    elif [ -e "$1" ]; then echo other
+    else echo absent; fi
+}
+exists() { [ -e "$1" ] || [ -L "$1" ]; }
+# A fresh temporary name in the same directory as $1 (so the final rename is atomic).
+tmp_beside() { mktemp -- "$(dirname -- "$1")/.hosttune-tmp.XXXXXX"; }
+
+# Copy $1 (file or link, with mode, owner and times) to $2, once: a retried write keeps the first backup.
+backup() {
+    [ -n "$2" ] && exists "$1" || return 0
+    exists "$2" && return 0
+    mkdir -p -- "$(dirname -- "$2")" || return 1
+    cp -a -- "$1" "$2.part" && mv -fT -- "$2.part" "$2"
+}
+
+# write PATH MODE SHA256 BACKUP EXPECTED: stdin becomes PATH, or PATH is left as it was.
+write() {
+    p=$1 mode=$2 want=$3 bk=$4 expected=$5
+    if [ -n "$expected" ] && [ "$(current_sha "$p")" != "$expected" ]; then
+        die "$p changed since the plan was made; run hosttune apply again"
+    fi
+    mkdir -p -- "$(dirname -- "$p")" || exit 1
+    backup "$p" "$bk" || die "cannot back up $p to $bk"
+    t=$(tmp_beside "$p") || exit 1
+    trap 'rm -f -- "$t"' EXIT
+    trap 'exit 1' HUP INT TERM PIPE
+    cat > "$t" || die "$p: cannot write $t"
+    [ "$(sha "$t")" = "$want" ] || die "$p: the new content did not arrive whole (connection lost?); $p is unchanged"
+    if [ -f "$p" ]; then
+        chown --reference="$p" -- "$t" && chmod --reference="$p" -- "$t" || exit 1
+    else
+        chmod -- "$mode" "$t" || exit 1
+    fi
+    sync -- "$t" 2>/dev/null
+    mv -fT -- "$t" "$p" || exit 1
+    trap - EXIT
+}
+
+# restore PATH BACKUP [optional]: PATH becomes a byte-for-byte copy of BACKUP (mode, owner, times too).
+# "optional": a missing backup means the write never started, so PATH is as it was.
+restore() {
+    if ! exists "$2"; then [ "${3:-}" = optional ] && return 0; die "backup $2 of $1 is missing"; fi
+    t=$(tmp_beside "$1") && rm -f -- "$t" || exit 1
+    cp -a -- "$2" "$t" && mv -fT -- "$t" "$1"
+}
+
+# remove PATH: a file hosttune created goes away again.
+remove() { [ -d "$1" ] && [ ! -L "$1" ] && die "$1 is a directory; not removing it"; rm -f -- "$1"; }
+
+# link PATH TARGET BACKUP: PATH becomes a symbolic link to TARGET, replaced atomically.
+link() {
+    backup "$1" "$3" || die "cannot back up $1"
+    t=$(tmp_beside "$1") && rm -f -- "$t" || exit 1
+    ln -s -- "$2" "$t" && mv -fT -- "$t" "$1"
+}
+
+# move FROM TO: rename (a toolkit moved aside, or back); nothing to do when FROM is gone.
+move() {
+    exists "$1" || return 0
+    exists "$2" && die "$2 is in the way"
+    mkdir -p -- "$(dirname -- "$2")" && mv -T -- "$1" "$2"
+}
+
+# journals DIR: every run journal in DIR, each after a "@@journal:NAME" line.
+journals() {
+    for f in "$1"/*.json; do
+        [ -f "$f" ] || continue
+        printf '@@journal:%s\n' "${f##*/}"; cat -- "$f"; printf '\n'
+    done
+}
+
+# runs-dir DIR: the journal folder, private to root.
+runs_dir() { mkdir -p -- "$1" && chmod 700 -- "$1"; }
+
+case $op in
+    write) write "$@" ;;
+    restore) restore "$@" ;;
+    remove) remove "$@" ;;
+    link) link "$@" ;;
+    move) move "$@" ;;
+    journals) journals "$@" ;;
+    runs-dir) runs_dir "$@" ;;
+    *) die "unknown host operation $op" ;;
+esac

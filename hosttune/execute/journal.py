@@ -1,0 +1,152 @@
+"""The run journal kept on each host: /var/lib/hosttune/runs/<run>.json.
+
+Written before the first step and after every step, so a run that stops half-way (a failed
+step, a lost connection) still says which steps ran, what was there before each change
+and where its backup lies. Rollback reads nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import secrets
+import time
+from dataclasses import dataclass, replace
+from pathlib import PurePosixPath
+
+from hosttune import __version__
+from hosttune.actions.base import Command, FileWrite, KernelWrite, MoveAside, Op, Service, Step, Symlink
+from hosttune.plan import HostPlan
+from hosttune.plan_state import State, sha256
+
+RUNS_DIR = "/var/lib/hosttune/runs"
+
+
+def new_run_id() -> str:
+    """Sortable by time, unique across a fleet run: 20250102T030405Z-1a2b3c."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def journal_path(run: str) -> str:
+    return f"{RUNS_DIR}/{run}.json"
+
+
+def backup_dir(run: str) -> str:
+    return f"{RUNS_DIR}/{run}.backup"
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One operation of a step: what it does, what was there before, how it went."""
+
+    kind: str  # write | link | move | service | kernel | command
+    description: str
+    path: str | None = None
+    target: str | None = None  # the link's target, or where a moved path went
+    existed: bool | None = None
+    sha_before: str | None = None  # "absent" when the file did not exist
+    sha_after: str | None = None
+    backup: str | None = None
+    unit: str | None = None
+    enabled: bool | None = None
+    running: bool | None = None
+    before_enabled: str | None = None
+    before_active: str | None = None
+    paths: tuple[str, ...] = ()
+    value: str | None = None
+    before_values: tuple[tuple[str, str | None], ...] = ()
+    argv: tuple[str, ...] = ()
+    undo: tuple[str, ...] | None = None
+    regenerate: bool = False
+    status: str = "pending"  # pending | done | failed | skipped
+    rc: int | None = None
+    stderr: str = ""
+
+
+@dataclass(frozen=True)
+class JournalStep:
+    index: int
+    fixes: tuple[str, ...]
+    summary: str
+    needs_reboot: bool
+    is_live_kernel_write: bool
+    ops: tuple[OpRecord, ...]
+    status: str = "pending"  # pending | running | done | failed
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Journal:
+    run: str
+    host: str
+    root: str
+    started: str
+    steps: tuple[JournalStep, ...]
+    status: str = "running"  # running | done | failed; "running" on disk after a lost connection
+    finished: str | None = None
+    hosttune_version: str = __version__
+    rolled_back: str | None = None
+    rollback_status: str | None = None
+
+    def with_step(self, step: JournalStep) -> "Journal":
+        steps = tuple(step if s.index == step.index else s for s in self.steps)
+        return replace(self, steps=steps)
+
+    def to_json(self) -> bytes:
+        return (json.dumps(dataclasses.asdict(self), indent=1) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, text: str) -> "Journal":
+        doc = json.loads(text)
+        steps = tuple(_step_from(s) for s in doc.pop("steps"))
+        return cls(steps=steps, **doc)
+
+
+def _step_from(doc: dict) -> JournalStep:
+    ops = tuple(OpRecord(**{**o, "paths": tuple(o["paths"]), "argv": tuple(o["argv"]),
+                            "undo": tuple(o["undo"]) if o["undo"] else None,
+                            "before_values": tuple(tuple(p) for p in o["before_values"])}) for o in doc.pop("ops"))
+    return JournalStep(ops=ops, **{**doc, "fixes": tuple(doc["fixes"])})
+
+
+def _backup_for(run: str, step: int, index: int, path: str) -> str:
+    return f"{backup_dir(run)}/{step}-{index}-{PurePosixPath(path).name}"
+
+
+def record_for(op: Op, state: State, run: str, step: int, index: int, description: str) -> OpRecord:
+    """The journal entry of an operation, with the state it finds (from the plan's state read)."""
+    if isinstance(op, FileWrite):
+        fs = state.files.get(op.path)
+        existed = bool(fs and fs.kind == "file")
+        return OpRecord("write", description, path=op.path, existed=existed,
+                        sha_before=fs.sha256 if existed else "absent", sha_after=sha256(op.content),
+                        backup=_backup_for(run, step, index, op.path) if existed else None)
+    if isinstance(op, Symlink):
+        fs = state.files.get(op.path)
+        existed = bool(fs and fs.exists)
+        return OpRecord("link", description, path=op.path, target=op.target, existed=existed,
+                        backup=_backup_for(run, step, index, op.path) if existed else None)
+    if isinstance(op, MoveAside):
+        return OpRecord("move", description, path=op.path, target=_backup_for(run, step, index, op.path))
+    if isinstance(op, Service):
+        unit = state.units.get(op.unit)
+        return OpRecord("service", description, unit=op.unit, enabled=op.enabled, running=op.running, argv=op.argv,
+                        before_enabled=unit.enabled if unit else "", before_active=unit.active if unit else None)
+    if isinstance(op, KernelWrite):
+        return OpRecord("kernel", description, paths=op.paths, value=op.value, argv=op.argv,
+                        before_values=tuple((p, state.kernel.get(p)) for p in op.paths))
+    assert isinstance(op, Command), f"unresolved operation in a plan: {op!r}"
+    return OpRecord("command", description, argv=op.argv, undo=op.undo, regenerate=op.regenerate)
+
+
+def start_journal(run: str, plan: HostPlan, describe) -> Journal:
+    steps = tuple(
+        JournalStep(i, step.fixes, step.summary, step.needs_reboot, step.is_live_kernel_write,
+                    tuple(record_for(op, plan.state, run, i, j, describe(op)) for j, op in enumerate(step.ops)))
+        for i, step in enumerate(plan.steps)
+    )
+    return Journal(run, plan.host.name, plan.root or "/", now(), steps)

@@ -1,0 +1,54 @@
+"""Reboot a host and wait until it is back: a new boot, answering over its transport again."""
+
+from __future__ import annotations
+
+import time
+
+from hosttune.errors import TransportError
+from hosttune.inventory import Host
+from hosttune.transport import open_transport
+
+REBOOT = ("sh", "-c", "systemctl reboot 2>/dev/null || reboot")
+
+
+def parse_boot_marker(text: str) -> str:
+    """boot_id plus the start time of PID 1: a VM gets a new boot_id, a container a new PID 1."""
+    boot_id, _, stat = text.partition("\n")
+    fields = stat.rpartition(")")[2].split()  # after "(comm)", which may contain spaces
+    start = fields[19] if len(fields) > 19 else ""
+    return f"{boot_id.strip()}/{start}"
+
+
+def boot_marker(host: Host) -> str:
+    transport = open_transport(host.connection)
+    try:
+        result = transport.run(["cat", "/proc/sys/kernel/random/boot_id", "/proc/1/stat"], timeout=host.connection.timeout_s)
+        if not result.ok:
+            raise TransportError(f"{host.name}: cannot read the boot id: {result.stderr.strip()}")
+        return parse_boot_marker(result.stdout)
+    finally:
+        transport.close()
+
+
+def reboot_and_wait(host: Host, timeout_s: float = 600.0, poll_s: float = 1.0) -> str | None:
+    """Reboot; None once the host answers from a new boot, else why not."""
+    try:
+        before = boot_marker(host)
+    except TransportError as exc:
+        return f"not rebooted: {exc}"
+    transport = open_transport(host.connection)
+    try:
+        transport.run(REBOOT, timeout=30)
+    except TransportError:
+        pass  # the connection often drops before the command returns
+    finally:
+        transport.close()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(poll_s)
+        try:
+            if boot_marker(host) != before:
+                return None
+        except TransportError:
+            continue
+    return f"did not come back within {timeout_s:.0f}s of the reboot"

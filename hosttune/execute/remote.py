@@ -1,0 +1,46 @@
+"""Host-side file operations as argv: hostops.sh does the work, values travel as arguments."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from functools import lru_cache
+from importlib import resources
+
+from hosttune.transport.base import CommandResult, Transport
+
+OP_TIMEOUT_S = 120.0
+
+
+@lru_cache(maxsize=1)
+def hostops_script() -> str:
+    return resources.files("hosttune.execute").joinpath("hostops.sh").read_text(encoding="utf-8")
+
+
+def hostops(transport: Transport, op: str, *args: str, stdin: bytes | None = None,
+            timeout: float = OP_TIMEOUT_S) -> CommandResult:
+    return transport.run(["sh", "-c", hostops_script(), "hosttune", op, *args], stdin=stdin, timeout=timeout)
+
+
+def write_file(transport: Transport, path: str, content: bytes, mode: int, *, backup: str = "",
+               expected: str = "") -> CommandResult:
+    """Atomically make path hold content (temp file + rename beside it), backing up what was there.
+
+    expected: the sha256 (or "absent") the file must still have, else nothing is written.
+    """
+    digest = hashlib.sha256(content).hexdigest()
+    return hostops(transport, "write", path, f"{mode:04o}", digest, backup, expected, stdin=content)
+
+
+def kernel_write(transport: Transport, paths: tuple[str, ...], value: str) -> CommandResult:
+    return transport.run(["tee", "--", *paths], stdin=(value + "\n").encode(), timeout=OP_TIMEOUT_S)
+
+
+_JOURNAL = re.compile(r"^@@journal:(?P<name>[\w.:-]+\.json)$", re.M)
+
+
+def read_journals(transport: Transport, runs_dir: str) -> dict[str, str]:
+    """{file name: JSON text} of every journal in runs_dir."""
+    result = hostops(transport, "journals", runs_dir)
+    parts = _JOURNAL.split(result.stdout)
+    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}

@@ -1,0 +1,155 @@
+"""Undo a run from its journal: files back byte for byte, units and kernel values as they were.
+
+The undo list is data (`undo_list(journal)`), built in three phases: first what depends on
+files still being there (units enabled or disabled, kernel values, package holds), in
+reverse order; then the files themselves, in reverse order; then the commands that rebuild
+state from files (daemon-reload, update-grub), once each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hosttune.errors import TransportError
+from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now
+from hosttune.execute.remote import hostops, read_journals, write_file
+from hosttune.inventory import Host
+from hosttune.plan import ACTIVE, ENABLED
+from hosttune.plan_state import rooted
+from hosttune.probes.system import selected
+from hosttune.transport.base import Transport
+
+
+@dataclass(frozen=True)
+class Undo:
+    description: str
+    argv: tuple[str, ...] = ()  # a command, or
+    hostop: tuple[str, ...] = ()  # a hostops.sh operation with its arguments
+    stdin: bytes | None = None
+    offline: bool = True  # meaningful under --root
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    host: Host
+    run: str | None
+    status: str  # restored | nothing | failed | unreachable
+    done: tuple[str, ...] = ()
+    error: str | None = None
+
+
+def touched(journal: Journal) -> list[tuple[JournalStep, OpRecord]]:
+    """Operations that ran or may have run: done or failed ones, and all of a step cut off mid-way."""
+    out = []
+    for step in journal.steps:
+        for rec in step.ops:
+            if rec.status in ("done", "failed") or (rec.status == "pending" and step.status == "running"):
+                out.append((step, rec))
+    return out
+
+
+def _service_undo(rec: OpRecord) -> list[Undo]:
+    out = []
+    if rec.enabled is True and rec.before_enabled not in ENABLED + ("static", "indirect", "generated"):
+        out.append(Undo(f"disable {rec.unit} again", ("systemctl", "disable", rec.unit)))
+    if rec.enabled is False and rec.before_enabled in ENABLED:
+        out.append(Undo(f"enable {rec.unit} again", ("systemctl", "enable", rec.unit)))
+    if rec.running is True and rec.before_active not in ACTIVE:
+        out.append(Undo(f"stop {rec.unit} again", ("systemctl", "stop", rec.unit), offline=False))
+    if rec.running is False and rec.before_active in ACTIVE:
+        out.append(Undo(f"start {rec.unit} again", ("systemctl", "start", rec.unit), offline=False))
+    return out
+
+
+def _kernel_undo(rec: OpRecord) -> list[Undo]:
+    out = []
+    for path, before in rec.before_values:
+        if before is not None:
+            value = selected(before) or before.strip()
+            out.append(Undo(f"write {value!r} back to {path}", ("tee", "--", path), stdin=(value + "\n").encode(), offline=False))
+    return out
+
+
+def _file_undo(rec: OpRecord) -> list[Undo]:
+    if rec.kind == "move":
+        return [Undo(f"move {rec.path} back", hostop=("move", rec.target, rec.path))]
+    if rec.backup:
+        return [Undo(f"restore {rec.path} from {rec.backup}", hostop=("restore", rec.path, rec.backup, "optional"))]
+    return [Undo(f"remove {rec.path} (hosttune created it)", hostop=("remove", rec.path))]
+
+
+def undo_list(journal: Journal) -> list[Undo]:
+    ops = touched(journal)
+    first: list[Undo] = []
+    files: list[Undo] = []
+    for _, rec in reversed(ops):
+        if rec.kind == "service":
+            first += _service_undo(rec)
+        elif rec.kind == "kernel":
+            first += _kernel_undo(rec)
+        elif rec.kind == "command" and rec.undo:
+            first.append(Undo(f"undo {' '.join(rec.argv)}", rec.undo))
+        elif rec.kind in ("write", "link", "move"):
+            files += _file_undo(rec)
+    steps_with_files = {step.index for step, rec in ops if rec.kind in ("write", "link", "move")}
+    regen: list[Undo] = []
+    for step in journal.steps:
+        for rec in step.ops:
+            if rec.regenerate and step.index in steps_with_files and rec.argv not in [u.argv for u in regen]:
+                regen.append(Undo(f"run {' '.join(rec.argv)} again", rec.argv, offline=rec.argv != ("systemctl", "daemon-reload")))
+    return first + files + regen
+
+
+def pick_journal(journals: list[Journal], run: str | None) -> Journal | None:
+    """The run asked for, else the latest run that changed something and was not rolled back."""
+    if run:
+        return next((j for j in journals if j.run == run), None)
+    candidates = [j for j in journals if not j.rolled_back and any(s.status != "pending" for s in j.steps)]
+    return max(candidates, key=lambda j: j.run, default=None)
+
+
+def load_journals(transport: Transport, root: str | None) -> list[Journal]:
+    return [Journal.from_json(text) for text in read_journals(transport, rooted(root, RUNS_DIR)).values() if text]
+
+
+def _run_undo(transport: Transport, undo: Undo, root: str | None):
+    offline = bool(root) and root != "/"
+    if undo.hostop:
+        op, *paths = undo.hostop
+        args = [rooted(root, p) if p.startswith("/") else p for p in paths]
+        return hostops(transport, op, *args)
+    if offline and not undo.offline:
+        return None
+    argv = undo.argv
+    if offline:
+        argv = ("systemctl", f"--root={root}", *argv[1:]) if argv[0] == "systemctl" else ("chroot", root, *argv)
+    return transport.run(argv, stdin=undo.stdin, timeout=3600)
+
+
+def rollback_journal(transport: Transport, host: Host, journal: Journal, root: str | None) -> RollbackResult:
+    done, errors = [], []
+    for undo in undo_list(journal):
+        result = _run_undo(transport, undo, root)
+        if result is None:
+            done.append(f"skipped under --root: {undo.description}")
+        elif result.ok:
+            done.append(undo.description)
+        else:
+            errors.append(f"{undo.description}: {result.stderr.strip()[-500:]}")
+    status = "failed" if errors else "restored"
+    marked = replace(journal, rolled_back=now(), rollback_status=status)
+    write_file(transport, rooted(root, journal_path(journal.run)), marked.to_json(), 0o600)
+    return RollbackResult(host, journal.run, status, tuple(done), "; ".join(errors) or None)
+
+
+def rollback_host(transport: Transport, host: Host, run: str | None, root: str | None) -> RollbackResult:
+    try:
+        journal = pick_journal(load_journals(transport, root), run)
+        if journal is None:
+            what = f"no run {run}" if run else "no run left to roll back"
+            return RollbackResult(host, run, "nothing", error=f"{what} in {RUNS_DIR}")
+        if journal.rolled_back and run:
+            return RollbackResult(host, run, "nothing", error=f"run {run} was already rolled back at {journal.rolled_back}")
+        return rollback_journal(transport, host, journal, root)
+    except TransportError as exc:
+        return RollbackResult(host, run, "unreachable", error=str(exc))

@@ -1,0 +1,160 @@
+"""Carry out one host's plan: journal first, then each step's operations in order.
+
+A failing operation stops the host's plan; its stderr goes into the result and the
+journal. Every file write is atomic and backed up first (see hostops.sh).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hosttune.actions.base import Command, FileWrite, KernelWrite, MoveAside, Op, Service, Step, Symlink
+from hosttune.errors import TransportError
+from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now, start_journal
+from hosttune.execute.remote import hostops, kernel_write, write_file
+from hosttune.inventory import Host
+from hosttune.plan import HostPlan
+from hosttune.plan_render import describe
+from hosttune.plan_state import rooted
+from hosttune.transport.base import CommandResult, Transport
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    index: int
+    fixes: tuple[str, ...]
+    summary: str
+    status: str  # done | failed | not run
+    needs_reboot: bool = False
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class HostRun:
+    """What apply did on one host."""
+
+    host: Host
+    run: str
+    status: str  # changed | ok | failed | unreachable | skipped
+    steps: tuple[StepOutcome, ...] = ()
+    error: str | None = None
+    journal: str | None = None
+
+    @property
+    def changed(self) -> int:
+        return sum(1 for s in self.steps if s.status == "done")
+
+    @property
+    def reboot_due(self) -> bool:
+        return any(s.needs_reboot and s.status == "done" for s in self.steps)
+
+
+class JournalError(Exception):
+    """The journal could not be written: nothing runs without one."""
+
+
+def is_offline(root: str | None) -> bool:
+    return bool(root) and root != "/"
+
+
+class Executor:
+    """Runs one plan over one transport; the only writer of hosts in hosttune."""
+
+    def __init__(self, transport: Transport, plan: HostPlan, run: str):
+        self.transport = transport
+        self.plan = plan
+        self.run_id = run
+        self.root = plan.root if is_offline(plan.root) else None
+        self.journal: Journal = start_journal(run, plan, describe)
+        self.num_saves = 0
+
+    # -- journal ---------------------------------------------------------------------
+
+    def _path(self, path: str) -> str:
+        return rooted(self.root, path)
+
+    def save(self) -> None:
+        result = write_file(self.transport, self._path(journal_path(self.run_id)), self.journal.to_json(), 0o600)
+        if not result.ok:
+            raise JournalError(f"cannot write the journal {journal_path(self.run_id)}: {result.stderr.strip()}")
+        self.num_saves += 1
+
+    # -- operations ------------------------------------------------------------------
+
+    def _do(self, op: Op, rec: OpRecord) -> tuple[CommandResult | None, str]:
+        """Run one operation; (result, why it was skipped)."""
+        t = self.transport
+        if isinstance(op, FileWrite):
+            backup = self._path(rec.backup) if rec.backup else ""
+            return write_file(t, self._path(op.path), op.content, op.mode, backup=backup, expected=rec.sha_before or ""), ""
+        if isinstance(op, Symlink):
+            return hostops(t, "link", self._path(op.path), op.target, self._path(rec.backup) if rec.backup else ""), ""
+        if isinstance(op, MoveAside):
+            return hostops(t, "move", self._path(op.path), self._path(rec.target)), ""
+        if isinstance(op, KernelWrite):
+            if self.root:
+                return None, "--root: live kernel write skipped"
+            return kernel_write(t, op.paths, op.value), ""
+        if isinstance(op, Service):
+            argv = op.argv if not self.root else ("systemctl", f"--root={self.root}", *op.argv[1:])
+            return t.run(argv), ""
+        assert isinstance(op, Command)
+        if self.root and not op.offline:
+            return None, "--root: acts on the running system; skipped"
+        return t.run(("chroot", self.root, *op.argv) if self.root else op.argv, timeout=3600), ""
+
+    def _run_step(self, index: int, step: Step) -> JournalStep:
+        jstep = self.journal.steps[index]
+        records = list(jstep.ops)
+        for j, op in enumerate(step.ops):
+            result, skipped = self._do(op, records[j])
+            if result is None:
+                records[j] = replace(records[j], status="skipped", stderr=skipped)
+                continue
+            records[j] = replace(records[j], status="done" if result.ok else "failed", rc=result.rc,
+                                 stderr=result.stderr.strip()[-2000:])
+            if not result.ok:
+                error = f"{describe(op)} exited {result.rc}: {result.stderr.strip()[-1000:] or result.stdout.strip()[-500:]}"
+                return replace(jstep, ops=tuple(records), status="failed", error=error)
+        return replace(jstep, ops=tuple(records), status="done")
+
+    def run(self) -> HostRun:
+        host = self.plan.host
+        outcomes: list[StepOutcome] = []
+        made = hostops(self.transport, "runs-dir", self._path(RUNS_DIR))
+        if not made.ok:
+            raise JournalError(f"cannot create {RUNS_DIR}: {made.stderr.strip()}")
+        self.save()
+        status = "done"
+        for index, step in enumerate(self.plan.steps):
+            self.journal = self.journal.with_step(replace(self.journal.steps[index], status="running"))
+            self.save()
+            done = self._run_step(index, step)
+            self.journal = self.journal.with_step(done)
+            outcomes.append(StepOutcome(index, step.fixes, step.summary, done.status, step.needs_reboot, done.error))
+            if done.status == "failed":
+                status = "failed"
+                break
+        self.journal = replace(self.journal, status=status, finished=now())
+        self.save()
+        outcomes += [StepOutcome(i, s.fixes, s.summary, "not run", s.needs_reboot) for i, s in enumerate(self.plan.steps) if i >= len(outcomes)]
+        failed = status == "failed"
+        error = next((o.error for o in outcomes if o.status == "failed"), None)
+        return HostRun(host, self.run_id, "failed" if failed else "changed", tuple(outcomes), error, journal_path(self.run_id))
+
+
+def execute_plan(transport: Transport, plan: HostPlan, run: str) -> HostRun:
+    """Apply a plan; a lost connection ends it as failed (the journal on the host says where)."""
+    if not plan.steps:
+        return HostRun(plan.host, run, "ok")
+    executor = Executor(transport, plan, run)
+    try:
+        return executor.run()
+    except JournalError as exc:
+        return HostRun(plan.host, run, "failed", error=str(exc))
+    except TransportError as exc:
+        if executor.num_saves == 0:
+            return HostRun(plan.host, run, "unreachable", error=str(exc))
+        ran = [s for s in executor.journal.steps if s.status != "pending"]
+        where = f" during step {ran[-1].index + 1} ({ran[-1].summary})" if ran else ""
+        return HostRun(plan.host, run, "failed", error=f"connection lost{where}: {exc}", journal=journal_path(run))

@@ -1,0 +1,214 @@
+"""A tuned host, checked from the outside: files, units, packages, kernel values."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+STACK = re.compile(r"^(nvidia|libnvidia|cuda|libcuda|kmod-nvidia|datacenter-gpu)")
+
+
+def cpus(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in filter(None, text.strip().split(",")):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def version_matches(version: str, pin: str) -> bool:
+    bare = version.split(":", 1)[-1]
+    return bare == pin or any(bare.startswith(pin + sep) for sep in "-+~")
+
+
+def unit_enabled(host, unit: str) -> bool:
+    return host.run(f"systemctl is-enabled {unit}").stdout.strip() in ("enabled", "enabled-runtime", "static", "alias")
+
+
+# -- services ----------------------------------------------------------------------------
+
+
+def test_irqbalance(host, want, facts):
+    if want["irqbalance"] is None:
+        pytest.skip("irqbalance not managed by the profile")
+    running = host.run("pgrep -x irqbalance").rc == 0
+    assert running == want["irqbalance"], f"irqbalance {'not ' if want['irqbalance'] else ''}running"
+    if facts["systemd"] and host.run("systemctl cat irqbalance.service").rc == 0:
+        assert host.service("irqbalance").is_enabled == want["irqbalance"], "irqbalance enabled at boot"
+
+
+def test_persistence_daemon(host, want, facts):
+    if not want["persistence"] or not (facts["gpus"] or facts["nvidia_smi"]):
+        pytest.skip("no NVIDIA GPU, or persistence not managed")
+    assert host.run("pgrep -x nvidia-persistenc").rc == 0, "nvidia-persistenced is not running"
+    if facts["systemd"]:
+        assert host.service("nvidia-persistenced").is_enabled
+
+
+# -- kernel: sysctl, THP, command line, governor, IRQs -----------------------------------
+
+
+def test_numa_balancing(host, want, facts):
+    if want["numa_balancing"] is None:
+        pytest.skip("NUMA balancing not managed by the profile")
+    if not host.file("/proc/sys/kernel/numa_balancing").exists:
+        pytest.skip("kernel without NUMA balancing")
+    if facts["systemd"]:
+        config = host.check_output("systemd-analyze cat-config sysctl.d")
+        values = re.findall(r"^\s*kernel[./]numa_balancing\s*=\s*(\d+)", config, re.M)
+        nodes = len(re.findall(r"^node\d+$", host.run("ls /sys/devices/system/node").stdout, re.M))
+        if values:
+            assert int(values[-1]) == want["numa_balancing"], "the sysctl.d files set another value at boot"
+        else:  # the kernel's default: balancing is off with a single node, on with several
+            assert want["numa_balancing"] == int(nodes > 1), "nothing sets kernel.numa_balancing at boot"
+    skip_in_container(facts, "kernel.numa_balancing")
+    assert host.sysctl("kernel.numa_balancing") == want["numa_balancing"]
+
+
+def test_transparent_hugepages(host, want, facts):
+    if want["thp"] is None or not host.file("/sys/kernel/mm/transparent_hugepage/enabled").exists:
+        pytest.skip("THP not managed, or no THP in this kernel")
+    defaults = host.file("/etc/default/hosttune-thp")
+    if defaults.exists:
+        assert f"THP_MODE={want['thp']}" in defaults.content_string.splitlines()
+        assert unit_enabled(host, "hosttune-thp.service"), "nothing sets THP at boot"
+    skip_in_container(facts, "transparent hugepages")
+    active = re.search(r"\[(\w+)\]", host.file("/sys/kernel/mm/transparent_hugepage/enabled").content_string)
+    assert active and active.group(1) == want["thp"]
+
+
+def wanted_params(host, want) -> list[str]:
+    params = []
+    if want["max_cstate"] is not None:
+        params += [f"intel_idle.max_cstate={want['max_cstate']}", f"processor.max_cstate={want['max_cstate']}"]
+    if want["rcu_nocbs"]:
+        params.append(f"rcu_nocbs={want['rcu_nocbs']}")
+    if want["nvme_apst"] is False and host.run("ls /sys/class/nvme/").stdout.strip():
+        params.append("nvme_core.default_ps_max_latency_us=0")
+    return params
+
+
+def last_values(words: list[str]) -> dict[str, str]:
+    return {k: v for k, _, v in (w.partition("=") for w in words)}
+
+
+def missing_params(words: list[str], params: list[str]) -> list[str]:
+    have = last_values(words)
+    out = []
+    for param in params:
+        key, _, value = param.partition("=")
+        ok = have.get(key) == value if key != "rcu_nocbs" else key in have and cpus(have[key]) == cpus(value)
+        if not ok:
+            out.append(param)
+    return out
+
+
+def test_kernel_command_line_configured(host, want):
+    params = wanted_params(host, want)
+    if not params:
+        pytest.skip("no kernel parameters in the profile")
+    grub = host.file("/boot/grub/grub.cfg")
+    if grub.exists:
+        entries = [l.split()[2:] for l in grub.content_string.splitlines() if l.strip().startswith("linux")]
+    elif host.exists("grubby"):
+        entries = [l.partition("=")[2].strip('"').split() for l in host.check_output("grubby --info=ALL").splitlines() if l.startswith("args=")]
+    else:
+        pytest.skip("no grub configuration: the kernel command line is set outside this host")
+    assert entries, "no boot entries found"
+    for words in entries:
+        assert not missing_params(words, params), f"boot entry lacks {missing_params(words, params)}"
+
+
+def test_kernel_command_line_active(host, want, facts):
+    params = wanted_params(host, want)
+    if not params:
+        pytest.skip("no kernel parameters in the profile")
+    skip_in_container(facts, "/proc/cmdline")
+    missing = missing_params(host.file("/proc/cmdline").content_string.split(), params)
+    assert not missing, f"not on the running kernel's command line (reboot pending?): {missing}"
+
+
+def test_cpu_governor(host, want, facts):
+    files = host.run("ls /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").rc == 0
+    if want["governor"] is None or not files:
+        pytest.skip("governor not managed, or no cpufreq driver")
+    govs = host.check_output("cat /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor").split()
+    assert set(govs) == {want["governor"]}
+    if facts["systemd"]:
+        assert unit_enabled(host, "hosttune-cpu-governor.service"), "nothing sets the governor at boot"
+
+
+def test_gpu_interrupts(host, want, facts):
+    if want["gpu_irq_cores"] is None or not facts["gpus"]:
+        pytest.skip("no NVIDIA GPU on the PCI bus, or IRQ affinity not managed")
+    for bdf in facts["gpus"]:
+        dev = f"/sys/bus/pci/devices/{bdf}"
+        if want["gpu_irq_cores"] != "numa-local":
+            cores = cpus(want["gpu_irq_cores"])
+        else:
+            cores = cpus(host.file(f"{dev}/local_cpulist").content_string)
+        for irq in host.run(f"ls {dev}/msi_irqs").stdout.split():
+            assert cpus(host.file(f"/proc/irq/{irq}/smp_affinity_list").content_string) <= cores, f"IRQ {irq} of {bdf}"
+    if facts["systemd"]:
+        assert unit_enabled(host, "hosttune-irq-affinity.service"), "nothing pins GPU IRQs at boot"
+
+
+# -- packages and tools ------------------------------------------------------------------
+
+
+def installed_stack(host, facts) -> list[str]:
+    if facts["apt"]:
+        listing = host.check_output("dpkg-query -W -f '${Package} ${db:Status-Abbrev}\\n'")
+        return [l.split()[0] for l in listing.splitlines() if STACK.match(l) and l.split()[1].startswith(("ii", "hi"))]
+    return [n for n in host.check_output("rpm -qa --qf '%{NAME}\\n'").split() if STACK.match(n)]
+
+
+def held(host, facts) -> set[str]:
+    if facts["apt"]:
+        return set(host.check_output("apt-mark showhold").split())
+    locks = host.run("dnf versionlock list -q").stdout.split()
+    return {re.sub(r"-(\d+:)?\d[^-]*-[^-]+$", "", l) for l in locks}
+
+
+def test_stack_packages_held(host, want, facts):
+    stack = installed_stack(host, facts)
+    if not want["driver"]["held"] or not stack:
+        pytest.skip("no driver or CUDA packages, or holds not wanted")
+    assert not set(stack) - held(host, facts), f"not held: {sorted(set(stack) - held(host, facts))}"
+
+
+def test_driver_at_pin(host, want, facts):
+    pin = want["driver"]["version"]
+    if pin is None or not (facts["gpus"] or facts["nvidia_smi"]):
+        pytest.skip("no driver pin, or no NVIDIA GPU")
+    names = want["driver"]["packages"]["apt" if facts["apt"] else "dnf"]
+    for name in names:
+        pkg = host.package(name)
+        assert pkg.is_installed, f"{name} is not installed"
+        assert version_matches(pkg.version, pin), f"{name} is {pkg.version}, not {pin}"
+    if want["driver"]["held"]:
+        assert not set(names) - held(host, facts), "pinned driver packages not held"
+
+
+def test_cuda_toolkit(host, want):
+    pin = want["cuda"]
+    if pin is None:
+        pytest.skip("no CUDA pin")
+    link = host.file("/usr/local/cuda")
+    assert link.is_symlink and link.linked_to == f"/usr/local/cuda-{pin}"
+    login = host.run("env -i HOME=/root PATH=/usr/bin:/bin sh -lc 'echo \"$PATH:$LD_LIBRARY_PATH\"; nvcc --version'")
+    assert f"release {pin}" in login.stdout, "nvcc on the login PATH is not the pinned toolkit"
+    stale = [d for d in re.findall(r"/usr/local/cuda-(\d+\.\d+)", login.stdout.splitlines()[0]) if d != pin]
+    assert not stale, f"other toolkits on PATH or LD_LIBRARY_PATH: {stale}"
+
+
+def test_numactl(host, want):
+    if not want["numactl"]:
+        pytest.skip("numactl not required")
+    assert host.exists("numactl")
+
+
+def test_python(host, want):
+    if want["python"] is None:
+        pytest.skip("no Python pin")
+    assert host.exists(f"python{want['python']}") or host.check_output("python3 --version").startswith(f"Python {want['python']}.")
