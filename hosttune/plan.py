@@ -43,6 +43,11 @@ class PlanOptions:
     def is_offline(self) -> bool:
         return bool(self.root) and self.root != "/"
 
+    @property
+    def statuses(self) -> tuple[Status, ...]:
+        """Findings that get steps: drifting ones; for an image every managed setting."""
+        return (Status.DRIFT, Status.PENDING_REBOOT, Status.OK) if self.is_offline else (Status.DRIFT,)
+
 
 @dataclass(frozen=True)
 class HostPlan:
@@ -267,7 +272,7 @@ def _diffs(steps: list[Step], state: State) -> dict[str, str]:
 def build_plan(host: Host, profile: Profile, facts: Facts, findings: list[Finding], state: State,
                options: PlanOptions, steps: list[Step] | None = None) -> HostPlan:
     """Pure: facts, findings and the current state → the plan. Tests call this with recorded data."""
-    steps = steps_for(findings, facts, profile, host) if steps is None else steps
+    steps = steps_for(findings, facts, profile, host, options.statuses) if steps is None else steps
     kept, blocked, left_out = [], [s for s in steps if s.blocked], []
     for step in steps:
         if step.blocked:
@@ -282,7 +287,7 @@ def build_plan(host: Host, profile: Profile, facts: Facts, findings: list[Findin
             continue
         if resolved is not None:
             kept.append(resolved)
-    pending = tuple(f.check_id for f in findings if f.status is Status.PENDING_REBOOT)
+    pending = () if options.is_offline else tuple(f.check_id for f in findings if f.status is Status.PENDING_REBOOT)
     return HostPlan(host, profile.name, True, None, tuple(findings), tuple(kept), tuple(blocked),
                     tuple(left_out), pending, _diffs(kept, state), state, options.root)
 
@@ -293,7 +298,7 @@ def plan_host(host: Host, profile: Profile, options: PlanOptions) -> HostPlan:
     try:
         facts = gather(transport).facts
         findings = run_checks(facts, profile)
-        steps = steps_for(findings, facts, profile, host)
+        steps = steps_for(findings, facts, profile, host, options.statuses)
         wanted = [s for s in steps if not s.blocked and (not s.opt_in or s.opt_in in options.opt_ins)]
         manager = select(facts).packages
         state = read_state(transport, requests_for(wanted, options.root), root=options.root,

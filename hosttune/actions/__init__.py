@@ -38,18 +38,21 @@ ACTIONS: dict[str, tuple[Action, ...]] = {
 }
 
 
-def steps_for(findings: list[Finding] | tuple[Finding, ...], facts: Facts, profile: Profile, host: Host) -> list[Step]:
+def steps_for(findings: list[Finding] | tuple[Finding, ...], facts: Facts, profile: Profile, host: Host,
+              statuses: tuple[Status, ...] = (Status.DRIFT,)) -> list[Step]:
     """The steps that fix every drifting finding; findings without an action get a blocked step.
 
-    pending-reboot findings get none: their configuration is right already.
+    pending-reboot findings get none: their configuration is right already. For an image
+    (--root) the host's own state says nothing about the image, so `statuses` then takes
+    every managed setting (ok and pending-reboot too); the plan drops what the image has.
     """
-    drifting = [f for f in findings if f.status is Status.DRIFT]
+    drifting = [f for f in findings if f.status in statuses]
     failing = {f.check_id for f in drifting}
     called: list[Action] = []
     steps: list[Step] = []
     for finding in drifting:
         actions = ACTIONS.get(finding.check_id, ())
-        if not actions:
+        if not actions and finding.status is Status.DRIFT:
             steps.append(blocked(finding.check_id, f"no automatic fix: {finding.remediation}"))
         for action in actions:
             if action in called:

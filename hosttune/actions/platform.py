@@ -128,10 +128,13 @@ class Platform:
 
 
 def _package_flavour(facts: Facts) -> PackageFlavour | None:
+    flavours = {"apt": Apt(), "dnf": Dnf()}
+    if facts.package_manager in flavours:
+        return flavours[facts.package_manager]
     family = {facts.os_id, *facts.os_like}
-    if facts.package_manager == "apt" or family & {"debian", "ubuntu"}:
+    if family & {"debian", "ubuntu"}:
         return Apt()
-    if facts.package_manager == "dnf" or family & {"rhel", "fedora", "centos"}:
+    if family & {"rhel", "fedora", "centos"}:
         return Dnf()
     return None
 

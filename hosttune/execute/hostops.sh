@@ -16,6 +16,18 @@ exists() { [ -e "$1" ] || [ -L "$1" ]; }
 # A fresh temporary name in the same directory as $1 (so the final rename is atomic).
 tmp_beside() { mktemp -- "$(dirname -- "$1")/.hosttune-tmp.XXXXXX"; }
 
+# mkdir -p, printing "created:DIR" for each directory it had to make (rollback removes them again).
+made_dirs() {
+    missing="" d=$1
+    while ! exists "$d"; do missing="$d
+$missing"; d=$(dirname -- "$d"); done
+    printf '%s' "$missing" | while IFS= read -r d; do
+        [ -n "$d" ] || continue
+        mkdir -- "$d" || exit 1
+        printf 'created:%s\n' "$d"
+    done
+}
+
 # Copy $1 (file or link, with mode, owner and times) to $2, once: a retried write keeps the first backup.
 backup() {
     [ -n "$2" ] && exists "$1" || return 0
@@ -30,7 +42,7 @@ write() {
     if [ -n "$expected" ] && [ "$(current_sha "$p")" != "$expected" ]; then
         die "$p changed since the plan was made; run hosttune apply again"
     fi
-    mkdir -p -- "$(dirname -- "$p")" || exit 1
+    made_dirs "$(dirname -- "$p")" || exit 1
     backup "$p" "$bk" || die "cannot back up $p to $bk"
     t=$(tmp_beside "$p") || exit 1
     trap 'rm -f -- "$t"' EXIT
@@ -54,6 +66,9 @@ restore() {
     t=$(tmp_beside "$1") && rm -f -- "$t" || exit 1
     cp -a -- "$2" "$t" && mv -fT -- "$t" "$1"
 }
+
+# rmdirs DIR...: directories hosttune created go away again, if they are empty.
+rmdirs() { for d in "$@"; do rmdir -- "$d" 2>/dev/null; done; return 0; }
 
 # remove PATH: a file hosttune created goes away again.
 remove() { [ -d "$1" ] && [ ! -L "$1" ] && die "$1 is a directory; not removing it"; rm -f -- "$1"; }
@@ -87,6 +102,7 @@ case $op in
     write) write "$@" ;;
     restore) restore "$@" ;;
     remove) remove "$@" ;;
+    rmdirs) rmdirs "$@" ;;
     link) link "$@" ;;
     move) move "$@" ;;
     journals) journals "$@" ;;

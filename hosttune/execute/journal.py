@@ -51,6 +51,7 @@ class OpRecord:
     sha_before: str | None = None  # "absent" when the file did not exist
     sha_after: str | None = None
     backup: str | None = None
+    created_dirs: tuple[str, ...] = ()  # directories the write had to make, shallowest first
     unit: str | None = None
     enabled: bool | None = None
     running: bool | None = None
@@ -107,7 +108,7 @@ class Journal:
 
 
 def _step_from(doc: dict) -> JournalStep:
-    ops = tuple(OpRecord(**{**o, "paths": tuple(o["paths"]), "argv": tuple(o["argv"]),
+    ops = tuple(OpRecord(**{**o, "paths": tuple(o["paths"]), "argv": tuple(o["argv"]), "created_dirs": tuple(o["created_dirs"]),
                             "undo": tuple(o["undo"]) if o["undo"] else None,
                             "before_values": tuple(tuple(p) for p in o["before_values"])}) for o in doc.pop("ops"))
     return JournalStep(ops=ops, **{**doc, "fixes": tuple(doc["fixes"])})

@@ -75,7 +75,11 @@ def _file_undo(rec: OpRecord) -> list[Undo]:
         return [Undo(f"move {rec.path} back", hostop=("move", rec.target, rec.path))]
     if rec.backup:
         return [Undo(f"restore {rec.path} from {rec.backup}", hostop=("restore", rec.path, rec.backup, "optional"))]
-    return [Undo(f"remove {rec.path} (hosttune created it)", hostop=("remove", rec.path))]
+    undo = [Undo(f"remove {rec.path} (hosttune created it)", hostop=("remove", rec.path))]
+    if rec.created_dirs:
+        undo.append(Undo(f"remove the directories made for it: {', '.join(rec.created_dirs)}",
+                         hostop=("rmdirs", *reversed(rec.created_dirs))))
+    return undo
 
 
 def undo_list(journal: Journal) -> list[Undo]:

@@ -73,6 +73,10 @@ class Executor:
     def _path(self, path: str) -> str:
         return rooted(self.root, path)
 
+    def _unrooted(self, paths: tuple[str, ...]) -> tuple[str, ...]:
+        prefix = self.root.rstrip("/") if self.root else ""
+        return tuple(p[len(prefix):] if prefix and p.startswith(prefix) else p for p in paths)
+
     def save(self) -> None:
         result = write_file(self.transport, self._path(journal_path(self.run_id)), self.journal.to_json(), 0o600)
         if not result.ok:
@@ -111,8 +115,9 @@ class Executor:
             if result is None:
                 records[j] = replace(records[j], status="skipped", stderr=skipped)
                 continue
+            made = tuple(line[8:] for line in result.stdout.splitlines() if line.startswith("created:"))
             records[j] = replace(records[j], status="done" if result.ok else "failed", rc=result.rc,
-                                 stderr=result.stderr.strip()[-2000:])
+                                 stderr=result.stderr.strip()[-2000:], created_dirs=self._unrooted(made))
             if not result.ok:
                 error = f"{describe(op)} exited {result.rc}: {result.stderr.strip()[-1000:] or result.stdout.strip()[-500:]}"
                 return replace(jstep, ops=tuple(records), status="failed", error=error)

@@ -38,8 +38,3 @@ def facts(host) -> dict:
         "apt": host.exists("dpkg-query"),
         "dnf": host.exists("rpm") and not host.exists("dpkg-query"),
     }
-
-
-def skip_in_container(facts: dict, what: str) -> None:
-    if facts["container"]:
-        pytest.skip(f"{what}: a container shares its host's kernel; only the configuration is checked here")

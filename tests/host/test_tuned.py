@@ -21,6 +21,11 @@ def version_matches(version: str, pin: str) -> bool:
     return bare == pin or any(bare.startswith(pin + sep) for sep in "-+~")
 
 
+def skip_in_container(facts: dict, what: str) -> None:
+    if facts["container"]:
+        pytest.skip(f"{what}: a container shares its host's kernel; only the configuration is checked here")
+
+
 def unit_enabled(host, unit: str) -> bool:
     return host.run(f"systemctl is-enabled {unit}").stdout.strip() in ("enabled", "enabled-runtime", "static", "alias")
 
@@ -40,7 +45,7 @@ def test_irqbalance(host, want, facts):
 def test_persistence_daemon(host, want, facts):
     if not want["persistence"] or not (facts["gpus"] or facts["nvidia_smi"]):
         pytest.skip("no NVIDIA GPU, or persistence not managed")
-    assert host.run("pgrep -x nvidia-persistenc").rc == 0, "nvidia-persistenced is not running"
+    assert host.run("pgrep -x nvidia-persiste").rc == 0, "nvidia-persistenced is not running"
     if facts["systemd"]:
         assert host.service("nvidia-persistenced").is_enabled
 

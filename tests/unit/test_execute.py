@@ -1,0 +1,275 @@
+"""Execute: the host-side file operations, the executor and rollback on a --root directory,
+the journal, undo lists as data, and fleet batching. Everything writes under tmp_path only."""
+
+import hashlib
+import json
+import os
+from dataclasses import replace
+
+import pytest
+
+from hosttune.actions.base import Command, CommentOut, FileWrite, KernelWrite, MoveAside, Service, Step, Symlink
+from hosttune.execute import rollout
+from hosttune.execute.journal import Journal, JournalStep, OpRecord, journal_path, new_run_id, start_journal
+from hosttune.execute.reboot import parse_boot_marker
+from hosttune.execute.remote import hostops, write_file
+from hosttune.execute.rollback import load_journals, pick_journal, rollback_host, undo_list
+from hosttune.execute.runner import execute_plan
+from hosttune.facts import Facts
+from hosttune.inventory import Host
+from hosttune.plan import HostPlan, PlanOptions, build_plan
+from hosttune.plan_render import describe
+from hosttune.plan_state import read_state, requests_for
+from hosttune.profile import load_profile
+from hosttune.transport.base import ConnectionSpec
+from hosttune.transport.local import LocalTransport
+
+HOST = Host("h", "g", ConnectionSpec("h"))
+LATENCY = load_profile("inference-latency")
+
+
+@pytest.fixture
+def local():
+    return LocalTransport()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- hostops.sh ---------------------------------------------------------------------------
+
+
+def test_write_is_atomic_keeps_owner_and_mode_and_backs_up(local, tmp_path):
+    target = tmp_path / "etc/app.conf"
+    target.parent.mkdir()
+    target.write_bytes(b"old\n")
+    target.chmod(0o600)
+    backup = tmp_path / "backup/0-0-app.conf"
+    result = write_file(local, str(target), b"new\n", 0o644, backup=str(backup), expected=sha(b"old\n"))
+    assert result.ok, result.stderr
+    assert target.read_bytes() == b"new\n" and target.stat().st_mode & 0o777 == 0o600
+    assert backup.read_bytes() == b"old\n" and backup.stat().st_mode & 0o777 == 0o600
+    assert write_file(local, str(target), b"newer\n", 0o644, backup=str(backup)).ok
+    assert backup.read_bytes() == b"old\n"  # the first backup is kept
+    fresh = tmp_path / "new/dir/file"
+    assert write_file(local, str(fresh), b"x", 0o640).ok and fresh.stat().st_mode & 0o777 == 0o640
+
+
+def test_truncated_content_leaves_the_file_untouched(local, tmp_path):
+    """What a dropped connection looks like to the host: stdin ends early. Nothing is renamed into place."""
+    target = tmp_path / "f"
+    target.write_bytes(b"original\n")
+    content = b"the whole new content\n" * 100
+    argv = ["sh", "-c", __import__("hosttune.execute.remote", fromlist=["x"]).hostops_script(), "hosttune", "write",
+            str(target), "0644", sha(content), "", ""]
+    result = local.run(argv, stdin=content[: len(content) // 2])
+    assert not result.ok and "did not arrive whole" in result.stderr
+    assert target.read_bytes() == b"original\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]  # no temporary file left behind
+
+
+def test_write_refuses_a_file_changed_since_the_plan(local, tmp_path):
+    target = tmp_path / "f"
+    target.write_bytes(b"someone else's edit\n")
+    result = write_file(local, str(target), b"ours\n", 0o644, expected=sha(b"what we planned against\n"))
+    assert not result.ok and "changed since the plan" in result.stderr
+    assert target.read_bytes() == b"someone else's edit\n"
+
+
+def test_link_restore_remove_move(local, tmp_path):
+    (tmp_path / "cuda-12.4").mkdir()
+    (tmp_path / "cuda-11.8").mkdir()
+    link = tmp_path / "cuda"
+    link.symlink_to("cuda-11.8")
+    assert hostops(local, "link", str(link), str(tmp_path / "cuda-12.4"), str(tmp_path / "bk/cuda")).ok
+    assert os.readlink(link) == str(tmp_path / "cuda-12.4") and os.readlink(tmp_path / "bk/cuda") == "cuda-11.8"
+    assert hostops(local, "restore", str(link), str(tmp_path / "bk/cuda")).ok and os.readlink(link) == "cuda-11.8"
+    assert hostops(local, "move", str(tmp_path / "cuda-11.8"), str(tmp_path / "bk/cuda-11.8")).ok
+    assert not (tmp_path / "cuda-11.8").exists() and (tmp_path / "bk/cuda-11.8").is_dir()
+    assert hostops(local, "move", str(tmp_path / "bk/cuda-11.8"), str(tmp_path / "cuda-11.8")).ok
+    assert hostops(local, "restore", str(tmp_path / "x"), str(tmp_path / "missing"), "optional").ok
+    assert not hostops(local, "restore", str(tmp_path / "x"), str(tmp_path / "missing")).ok
+    assert not hostops(local, "remove", str(tmp_path / "cuda-12.4")).ok  # never a directory
+
+
+# -- executor and rollback, for real, on a --root directory -------------------------------
+
+
+def tree(root) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if rel.split("/")[0] == "var":  # the journal and backups stay, by design
+            continue
+        out[rel] = ("link:" + os.readlink(p)) if p.is_symlink() else (sha(p.read_bytes()) + oct(p.stat().st_mode)) if p.is_file() else "dir"
+    return out
+
+
+def image(tmp_path):
+    root = tmp_path / "img"
+    (root / "etc/sysctl.d").mkdir(parents=True)
+    (root / "etc/sysctl.d/95-site.conf").write_bytes(b"vm.swappiness = 10\nkernel.numa_balancing = 1\n")
+    (root / "etc/sysctl.d/95-site.conf").chmod(0o640)
+    (root / "usr/local/cuda-12.4").mkdir(parents=True)
+    (root / "usr/local/cuda-11.8/bin").mkdir(parents=True)
+    (root / "usr/local/cuda").symlink_to("/usr/local/cuda-11.8")
+    return root
+
+
+STEPS = [
+    Step(("numa.topology",), "numa", (FileWrite("/etc/sysctl.d/90-hosttune.conf", b"kernel.numa_balancing = 0\n"),
+                                      CommentOut("/etc/sysctl.d/95-site.conf", "kernel.numa_balancing"),
+                                      KernelWrite(("/proc/sys/kernel/numa_balancing",), "0"))),
+    Step(("cuda.toolkit",), "cuda", (Symlink("/usr/local/cuda", "/usr/local/cuda-12.4"),
+                                     FileWrite("/etc/profile.d/hosttune-cuda.sh", b"export CUDA_HOME=/usr/local/cuda\n"))),
+    Step(("cuda.toolkit",), "prune", (MoveAside("/usr/local/cuda-11.8"),), opt_in="prune-cuda"),
+]
+
+
+def plan_for(local, root, steps=STEPS) -> HostPlan:
+    options = PlanOptions(root=str(root), opt_ins=frozenset({"prune-cuda"}))
+    state = read_state(local, requests_for(steps, str(root)), root=str(root), manager=None)
+    return build_plan(HOST, LATENCY, Facts(), [], state, options, steps)
+
+
+def test_apply_then_rollback_under_root_is_byte_for_byte(local, tmp_path):
+    root = image(tmp_path)
+    before = tree(root)
+    plan = plan_for(local, root)
+    assert [s.summary for s in plan.steps] == ["numa", "cuda", "prune"]
+    assert any("live kernel write skipped" in n for n in plan.steps[0].notes)
+    run = new_run_id()
+    result = execute_plan(local, plan, run)
+    assert result.status == "changed" and result.changed == 3, result
+    assert (root / "etc/sysctl.d/90-hosttune.conf").read_bytes() == b"kernel.numa_balancing = 0\n"
+    assert b"# kernel.numa_balancing = 1" in (root / "etc/sysctl.d/95-site.conf").read_bytes()
+    assert (root / "etc/sysctl.d/95-site.conf").stat().st_mode & 0o777 == 0o640
+    assert os.readlink(root / "usr/local/cuda") == "/usr/local/cuda-12.4" and not (root / "usr/local/cuda-11.8").exists()
+    journal = Journal.from_json((root / journal_path(run).lstrip("/")).read_text())
+    assert journal.status == "done" and [s.status for s in journal.steps] == ["done"] * 3
+    assert journal.steps[0].ops[0].existed is False and journal.steps[0].ops[1].backup
+    assert (root / journal_path(run).lstrip("/")).stat().st_mode & 0o777 == 0o600
+
+    again = plan_for(local, root)
+    assert not again.steps  # idempotent: nothing left to do
+
+    back = rollback_host(local, HOST, None, str(root))
+    assert back.status == "restored", back
+    assert tree(root) == before
+    assert Journal.from_json((root / journal_path(run).lstrip("/")).read_text()).rolled_back
+    assert rollback_host(local, HOST, None, str(root)).status == "nothing"
+
+
+def test_failing_step_stops_the_plan_and_the_journal_says_where(local, tmp_path):
+    root = image(tmp_path)
+    (root / "etc/profile.d").mkdir()
+    (root / "etc/profile.d/hosttune-cuda.sh").mkdir()  # a directory where a file must go
+    steps = STEPS[:2] + [Step(("x",), "never reached", (FileWrite("/etc/never", b"x"),))]
+    plan = plan_for(local, root, steps)
+    assert [s.summary for s in plan.blocked] == ["cuda"]  # the plan already sees it
+    bad = replace(plan, steps=(plan.steps[0], Step(("cuda.toolkit",), "cuda", (FileWrite("/etc/profile.d/hosttune-cuda.sh", b"x"),)), plan.steps[1]))
+    run = new_run_id()
+    result = execute_plan(local, bad, run)
+    assert result.status == "failed" and [s.status for s in result.steps] == ["done", "failed", "not run"]
+    assert "hosttune-cuda.sh" in result.error
+    journal = Journal.from_json((root / journal_path(run).lstrip("/")).read_text())
+    assert [s.status for s in journal.steps] == ["done", "failed", "pending"] and journal.status == "failed"
+    assert journal.steps[1].error and not (root / "etc/never").exists()
+
+
+# -- journal and undo lists as data -------------------------------------------------------
+
+
+def test_journal_round_trips():
+    j = Journal("r1", "h", "/", "t", (JournalStep(0, ("a",), "s", True, True, (
+        OpRecord("kernel", "d", paths=("/p",), value="0", before_values=(("/p", "1"),)),
+        OpRecord("command", "c", argv=("apt-mark", "hold", "x"), undo=("apt-mark", "unhold", "x"))), "done"),))
+    assert Journal.from_json(j.to_json().decode()) == j
+
+
+def test_undo_order_services_then_files_then_regenerate():
+    ops = (
+        OpRecord("write", "w", path="/etc/systemd/system/u.service", existed=False, status="done"),
+        OpRecord("command", "reload", argv=("systemctl", "daemon-reload"), regenerate=True, status="done"),
+        OpRecord("service", "enable", unit="u.service", enabled=True, before_enabled="", status="done"),
+        OpRecord("kernel", "k", paths=("/sys/kernel/mm/transparent_hugepage/enabled",), value="never",
+                 before_values=(("/sys/kernel/mm/transparent_hugepage/enabled", "always [madvise] never"),), status="done"),
+    )
+    hold = (OpRecord("command", "hold", argv=("apt-mark", "hold", "x"), undo=("apt-mark", "unhold", "x"), status="done"),
+            OpRecord("service", "disable", unit="irqbalance.service", enabled=False, running=False,
+                     before_enabled="enabled", before_active="active", status="done"))
+    j = Journal("r", "h", "/", "t", (JournalStep(0, ("mm.thp",), "thp", False, True, ops, "done"),
+                                     JournalStep(1, ("x",), "x", False, False, hold, "done")))
+    undo = [(u.argv or u.hostop, u.stdin) for u in undo_list(j)]
+    assert undo == [
+        (("systemctl", "enable", "irqbalance.service"), None),
+        (("systemctl", "start", "irqbalance.service"), None),
+        (("apt-mark", "unhold", "x"), None),
+        (("tee", "--", "/sys/kernel/mm/transparent_hugepage/enabled"), b"madvise\n"),
+        (("systemctl", "disable", "u.service"), None),
+        (("remove", "/etc/systemd/system/u.service"), None),
+        (("systemctl", "daemon-reload"), None),
+    ]
+
+
+def test_undo_of_a_cut_off_step_covers_every_operation_and_skips_unrun_steps():
+    w = OpRecord("write", "w", path="/etc/a", existed=True, backup="/b/0-0-a")
+    j = Journal("r", "h", "/", "t", (JournalStep(0, ("a",), "a", False, False, (w,), "running"),
+                                     JournalStep(1, ("b",), "b", False, False, (replace(w, path="/etc/b"),), "pending")))
+    assert [u.hostop for u in undo_list(j)] == [("restore", "/etc/a", "/b/0-0-a", "optional")]
+
+
+def test_pick_journal():
+    a = Journal("20250101T000000Z-a", "h", "/", "t", (JournalStep(0, (), "", False, False, (), "done"),))
+    b = replace(a, run="20250102T000000Z-b")
+    assert pick_journal([a, b], None) is b
+    assert pick_journal([a, replace(b, rolled_back="t")], None) is a
+    assert pick_journal([a, b], "20250101T000000Z-a") is a and pick_journal([a], "nope") is None
+
+
+# -- fleet control --------------------------------------------------------------------------
+
+
+def fake_plans(names):
+    return [HostPlan(Host(n, "g", ConnectionSpec(n)), "p", steps=(Step(("x",), "s", ()),)) for n in names]
+
+
+@pytest.fixture
+def fake_execute(monkeypatch):
+    ran = []
+
+    def execute(plan, run):
+        ran.append(plan.host.name)
+        return rollout.HostOutcome(plan, "failed" if plan.host.name.startswith("bad") else "changed")
+
+    monkeypatch.setattr(rollout, "_execute", execute)
+    return ran
+
+
+def test_serial_batches_and_max_fail_percent(fake_execute):
+    plans = fake_plans(["bad1", "ok2", "ok3", "ok4"])
+    out = rollout.apply_plans(plans, {}, "r", rollout.ApplyOptions(serial=1, max_fail_percent=0))
+    assert fake_execute == ["bad1"] and [o.state for o in out] == ["failed", "skipped", "skipped", "skipped"]
+    assert rollout.fleet_exit_code(out) == 2 | 1
+    fake_execute.clear()
+    out = rollout.apply_plans(plans, {}, "r", rollout.ApplyOptions(serial=2, max_fail_percent=50))
+    assert fake_execute == ["bad1", "ok2", "ok3", "ok4"]  # 1 of 2 is not more than 50%
+    fake_execute.clear()
+    out = rollout.apply_plans(plans, {}, "r", rollout.ApplyOptions(serial=2, max_fail_percent=49))
+    assert fake_execute == ["bad1", "ok2"] and out[2].state == "skipped"
+    fake_execute.clear()
+    out = rollout.apply_plans(plans, {}, "r", rollout.ApplyOptions())
+    assert sorted(fake_execute) == ["bad1", "ok2", "ok3", "ok4"] and [o.state for o in out][1:] == ["changed"] * 3
+
+
+def test_batches():
+    plans = fake_plans("abcde")
+    assert [[p.host.name for p in b] for b in rollout.batches(plans, 2)] == [["a", "b"], ["c", "d"], ["e"]]
+    assert len(rollout.batches(plans, None)) == 1
+
+
+def test_boot_marker_changes_with_boot_id_or_pid1():
+    stat = "1 (systemd) S 0 1 1 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 4242 1000 200"
+    assert parse_boot_marker(f"abc\n{stat}\n") == "abc/4242"
+    assert parse_boot_marker(f"abc\n{stat.replace('4242', '9999')}\n") != parse_boot_marker(f"abc\n{stat}\n")

@@ -1,0 +1,210 @@
+"""Plans as data: actions resolved against the current state; diffs; the state script's parser."""
+
+import subprocess
+from dataclasses import replace
+
+import pytest
+
+from hosttune.actions.base import Command, CommentOut, FileWrite, KernelWrite, MoveAside, Packages, Service, Step, Symlink
+from hosttune.actions.platform import GRUB_DROPIN
+from hosttune.checks import run_checks
+from hosttune.facts import Facts
+from hosttune.findings import Status
+from hosttune.inventory import Host
+from hosttune.plan import PlanOptions, build_plan, comment_out, kernel_value_holds, matches_pin, resolve_step
+from hosttune.plan_render import plan_dict, render
+from hosttune.plan_state import FileState, PackageState, State, UnitState, parse_state, requests_for, sha256, state_script
+from hosttune.probes.gather import parse_probe_output
+from hosttune.profile import load_profile
+from hosttune.transport.base import ConnectionSpec
+
+HOST = Host("h", "g", ConnectionSpec("h"))
+LATENCY = load_profile("inference-latency")
+ONLINE, OFFLINE = PlanOptions(), PlanOptions(root="/mnt/image")
+
+
+def file_state(path, content: bytes, mode=0o644):
+    return FileState(path, "file", mode=mode, uid=0, gid=0, sha256=sha256(content), content=content)
+
+
+def step(*ops, **kw):
+    return Step(("x",), "test", tuple(ops), **kw)
+
+
+# -- resolving -------------------------------------------------------------------------------
+
+
+def test_matches_pin():
+    assert matches_pin("535.129.03-0ubuntu1", "535.129.03")
+    assert matches_pin("3:535.129.03-1.el9", "535.129.03")
+    assert matches_pin("2.10-3", "2.10") and matches_pin("2.10", "2.10")
+    assert not matches_pin("2.100-1", "2.10") and not matches_pin("535.129.030-1", "535.129.03")
+
+
+def test_kernel_values_compare_like_the_kernel_prints_them():
+    assert kernel_value_holds("/sys/kernel/mm/transparent_hugepage/enabled", "always [madvise] never", "madvise")
+    assert not kernel_value_holds("/sys/kernel/mm/transparent_hugepage/enabled", "[always] madvise never", "madvise")
+    assert kernel_value_holds("/proc/irq/42/smp_affinity_list", "1-2", "0-3")
+    assert not kernel_value_holds("/proc/irq/42/smp_affinity_list", "0-15", "0-3")
+    assert not kernel_value_holds("/proc/sys/kernel/numa_balancing", None, "0")
+
+
+def test_what_already_holds_is_dropped():
+    content = b"kernel.numa_balancing = 0\n"
+    state = State(files={"/etc/a": file_state("/etc/a", content), "/usr/local/cuda": FileState("/usr/local/cuda", "dir", link="/usr/local/cuda-12.4")},
+                  units={"irqbalance.service": UnitState("irqbalance.service", "disabled", "inactive")},
+                  kernel={"/proc/sys/kernel/numa_balancing": "0"})
+    s = step(FileWrite("/etc/a", content), Command(("update-grub",), regenerate=True), Symlink("/usr/local/cuda", "/usr/local/cuda-12.4"),
+             Service("irqbalance.service", False, False), KernelWrite(("/proc/sys/kernel/numa_balancing",), "0"),
+             MoveAside("/usr/local/cuda-11.8"))
+    assert resolve_step(s, state, ONLINE) is None
+
+
+def test_changes_are_kept_minimal():
+    state = State(files={"/etc/a": file_state("/etc/a", b"old\n", 0o600)},
+                  units={"irqbalance.service": UnitState("irqbalance.service", "enabled", "inactive")},
+                  kernel={"/proc/irq/1/smp_affinity_list": "0-3", "/proc/irq/2/smp_affinity_list": "0-15"})
+    s = step(FileWrite("/etc/a", b"new\n"), Command(("update-grub",), regenerate=True), Service("irqbalance.service", False, False),
+             KernelWrite(("/proc/irq/1/smp_affinity_list", "/proc/irq/2/smp_affinity_list"), "0-3"))
+    resolved = resolve_step(s, state, ONLINE)
+    assert resolved.ops == (FileWrite("/etc/a", b"new\n"), Command(("update-grub",), regenerate=True),
+                            Service("irqbalance.service", False, None),
+                            KernelWrite(("/proc/irq/2/smp_affinity_list",), "0-3"))
+    assert resolved.ops[2].argv == ("systemctl", "disable", "irqbalance.service")
+
+
+def test_regenerate_only_when_its_files_change():
+    content = b"x\n"
+    state = State(files={GRUB_DROPIN: file_state(GRUB_DROPIN, content)}, units={"u.service": UnitState("u.service", "disabled", "inactive")})
+    s = step(FileWrite(GRUB_DROPIN, content), Command(("update-grub",), regenerate=True), Service("u.service", True))
+    assert resolve_step(s, state, ONLINE).ops == (Service("u.service", True, None),)
+
+
+def test_writes_go_through_symlinks_and_refuse_directories():
+    state = State(files={"/etc/sysctl.d/99-sysctl.conf": replace(file_state("/etc/sysctl.d/99-sysctl.conf", b"a=1\n"),
+                                                                link="../sysctl.conf", real="/etc/sysctl.conf"),
+                         "/etc/d": FileState("/etc/d", "dir")})
+    (op,) = resolve_step(step(CommentOut("/etc/sysctl.d/99-sysctl.conf", "a")), state, ONLINE).ops
+    assert op.path == "/etc/sysctl.conf" and op.content == b"# a=1  # disabled by hosttune (see /etc/sysctl.d/90-hosttune.conf)\n"
+    plan = build_plan(HOST, LATENCY, Facts(), [], state, ONLINE, [step(FileWrite("/etc/d", b"x"))])
+    assert not plan.steps and "is a directory" in plan.blocked[0].blocked
+
+
+def test_comment_out_keeps_everything_else():
+    text = b"# note\nvm.swappiness = 10\nkernel.numa_balancing = 1\n kernel/numa_balancing=1\n;kernel.numa_balancing = 1\n"
+    out = comment_out(text, "kernel.numa_balancing").decode().splitlines()
+    assert out[:2] == ["# note", "vm.swappiness = 10"] and out[2].startswith("# kernel.numa_balancing = 1")
+    assert out[3].startswith("#  kernel/numa_balancing=1") and out[4] == ";kernel.numa_balancing = 1"
+
+
+def test_packages_resolve_to_exact_versions_and_missing_holds():
+    state = State(packages={"hello": PackageState("hello", None, ("2.10-3", "2.9-1")),
+                            "numactl": PackageState("numactl", "2.0.16-1", ("2.0.16-1",))}, held=("numactl",))
+    resolved = resolve_step(step(Packages("apt", ("hello",), "2.10", hold=True), Packages("apt", ("numactl",), hold=True)), state, ONLINE)
+    refresh, install, hold = resolved.ops
+    assert refresh.argv == ("apt-get", "update", "-q")
+    assert install.argv[-1] == "hello=2.10-3" and "numactl" not in install.argv[-2:]
+    assert hold == Command(("apt-mark", "hold", "hello"), undo=("apt-mark", "unhold", "hello"))
+    done = State(packages={"hello": PackageState("hello", "2.10-3")}, held=("hello",))
+    assert resolve_step(step(Packages("apt", ("hello",), "2.10", hold=True)), done, ONLINE) is None
+
+
+def test_a_pin_nobody_offers_is_blocked_not_failed():
+    state = State(packages={"nvidia-driver-535": PackageState("nvidia-driver-535", None, ("535.54.03-1",))})
+    plan = build_plan(HOST, LATENCY, Facts(), [], state, ONLINE, [step(Packages("apt", ("nvidia-driver-535",), "535.129.03"))])
+    assert not plan.steps
+    assert "no nvidia-driver-535 535.129.03 in the package lists (available: 535.54.03-1)" in plan.blocked[0].blocked
+
+
+def test_offline_root_skips_live_writes_and_says_so():
+    state = State(units={"u.service": UnitState("u.service", "disabled", None)})
+    s = step(FileWrite("/etc/x", b"x"), Command(("systemctl", "daemon-reload"), regenerate=True, offline=False),
+             Service("u.service", True, True), KernelWrite(("/sys/kernel/mm/transparent_hugepage/enabled",), "never"),
+             Command(("nvidia-smi", "-e", "1"), offline=False))
+    resolved = resolve_step(s, state, OFFLINE)
+    assert resolved.ops == (FileWrite("/etc/x", b"x"), Service("u.service", True, None))
+    assert any("live kernel write skipped" in n for n in resolved.notes)
+    assert any("nvidia-smi" in n for n in resolved.notes)
+
+
+def test_opt_in_steps_are_left_out_without_their_flag():
+    s = step(MoveAside("/usr/local/cuda-11.8"), opt_in="prune-cuda")
+    state = State(files={"/usr/local/cuda-11.8": FileState("/usr/local/cuda-11.8", "dir")})
+    assert build_plan(HOST, LATENCY, Facts(), [], state, ONLINE, [s]).left_out == (s,)
+    pruning = build_plan(HOST, LATENCY, Facts(), [], state, PlanOptions(opt_ins=frozenset({"prune-cuda"})), [s])
+    assert pruning.steps == (s,)
+
+
+# -- grub drop-in: configured vs active, with recorded probe outputs --------------------------
+
+
+@pytest.fixture
+def grub(fixture_text):
+    return {name: parse_probe_output(fixture_text("grub-dropin", f"{name}.txt")) for name in ("before", "after-apply", "after-reboot")}
+
+
+def test_grub_drop_in_is_pending_reboot_until_proc_cmdline_matches(grub):
+    statuses = {name: {f.check_id: f.status for f in run_checks(facts, LATENCY)} for name, facts in grub.items()}
+    for check in ("cpu.cstates", "kernel.rcu_nocbs"):
+        assert statuses["before"][check] is Status.DRIFT
+        assert statuses["after-apply"][check] is Status.PENDING_REBOOT
+        assert statuses["after-reboot"][check] is Status.OK
+
+
+def test_grub_plans_before_and_after(grub):
+    before = grub["before"]
+    plan = build_plan(HOST, LATENCY, before, run_checks(before, LATENCY), State(), ONLINE)
+    (kernel_step,) = [s for s in plan.steps if "kernel command line" in s.summary]
+    assert kernel_step.needs_reboot and kernel_step.ops[0].path == GRUB_DROPIN
+    assert "+GRUB_CMDLINE_LINUX_DEFAULT=" in plan.diffs[GRUB_DROPIN] and plan.diffs[GRUB_DROPIN].startswith("--- /dev/null")
+    after = grub["after-apply"]
+    plan = build_plan(HOST, LATENCY, after, run_checks(after, LATENCY), State(), ONLINE)
+    assert not any("kernel command line" in s.summary for s in plan.steps)
+    assert set(plan.pending_reboot) == {"cpu.cstates", "kernel.rcu_nocbs"} and plan.needs_reboot
+
+
+# -- the state script, run for real on temporary files (it only reads) -------------------------
+
+
+def test_state_script_reads_files_links_and_kernel_values(tmp_path):
+    (tmp_path / "a.conf").write_bytes(b"one\n\x00two")
+    (tmp_path / "a.conf").chmod(0o640)
+    (tmp_path / "link").symlink_to("a.conf")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "value").write_text("always [madvise] never\n")
+    requests = [("file", str(tmp_path / "a.conf")), ("file", str(tmp_path / "link")), ("file", str(tmp_path / "dir")),
+                ("file", str(tmp_path / "none")), ("kernel", str(tmp_path / "value"))]
+    out = subprocess.run(["sh", "-c", state_script(), "hosttune-state", "/", "none", *(f"{k}:{v}" for k, v in requests)],
+                         capture_output=True, text=True, check=True).stdout
+    state = parse_state(out, requests, None)
+    a = state.files[str(tmp_path / "a.conf")]
+    assert (a.kind, a.mode, a.content, a.sha256) == ("file", 0o640, b"one\n\x00two", sha256(b"one\n\x00two"))
+    link = state.files[str(tmp_path / "link")]
+    assert link.link == "a.conf" and link.real == str(tmp_path / "a.conf") and link.content == a.content
+    assert state.files[str(tmp_path / "dir")].kind == "dir" and state.files[str(tmp_path / "none")].kind == "absent"
+    assert state.kernel[str(tmp_path / "value")] == "always [madvise] never"
+
+
+def test_state_requests_under_root_and_parsed_back_to_host_paths(tmp_path):
+    steps = [step(FileWrite("/etc/x", b"1"), KernelWrite(("/proc/sys/kernel/numa_balancing",), "0"), Service("u.service", True),
+                  Packages("apt", ("hello",)))]
+    assert requests_for(steps, str(tmp_path)) == [("file", f"{tmp_path}/etc/x"), ("unit", "u.service"), ("pkg", "hello"), ("held", "")]
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/x").write_text("1")
+    requests = [("file", f"{tmp_path}/etc/x")]
+    out = subprocess.run(["sh", "-c", state_script(), "s", str(tmp_path), "none", f"file:{tmp_path}/etc/x"], capture_output=True, text=True).stdout
+    assert parse_state(out, requests, str(tmp_path)).files["/etc/x"].content == b"1"
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+
+def test_render_shows_commands_diffs_and_what_is_not_fixed(grub):
+    facts = grub["before"]
+    plan = build_plan(HOST, LATENCY, facts, run_checks(facts, LATENCY), State(units={"irqbalance.service": UnitState("irqbalance.service", "enabled", "active")}), ONLINE)
+    text = render([plan])
+    assert "$ systemctl disable --now irqbalance.service" in text
+    assert "+++ /etc/default/grub.d/90-hosttune.cfg" in text and "$ update-grub" in text
+    assert "not fixed by apply" in text and text.endswith("host")
+    doc = plan_dict(plan)
+    assert doc["needs_reboot"] and GRUB_DROPIN in doc["diffs"]
