@@ -168,3 +168,38 @@ def test_scheduling_is_fast():
     t0 = time.perf_counter()
     run_to_end(s)
     assert time.perf_counter() - t0 < 2.0
+
+
+def test_random_workload_keeps_block_invariants():
+    """Random arrivals, aborts, tiny pool: every block is either free or held by exactly its users."""
+    import random
+
+    rng = random.Random(0)
+    for policy in ("fcfs", "priority"):
+        s = make(num_blocks=12, max_num_seqs=4, max_num_batched_tokens=8, policy=policy)
+        bm, live, n = s.block_manager, [], 0
+        for step_no in range(400):
+            if rng.random() < 0.3:
+                x = seq(rng.randint(1, 14), f"r{n}", max_tokens=rng.randint(1, 10), priority=rng.randint(0, 3),
+                        start=rng.choice([1, 1, 500 + n]))
+                n += 1
+                s.add(x)
+                live.append(x)
+            if live and rng.random() < 0.05:
+                s.finish(rng.choice(live), "abort")
+            out = s.schedule()
+            assert out.num_tokens <= 8 and len(out.seqs) <= 4
+            assert all(x.block_table for x in out.seqs)
+            s.postprocess(out, [rng.randint(1, 50) if m else None for m in out.sample_mask()])
+            refs = {}
+            for x in s.running:
+                assert len(x.block_table) == bm.blocks_for(x.num_computed_tokens) or x.num_computed_tokens == 0
+                for b in x.block_table:
+                    refs[b] = refs.get(b, 0) + 1
+            assert all(not x.block_table for x in s.waiting)
+            for b in bm.blocks:
+                assert b.ref_count == refs.get(b.block_id, 0)
+                assert (b.ref_count == 0) == (b.block_id in bm.free_ids)
+            live = [x for x in live if not x.is_finished]
+        run_to_end(s)
+        assert bm.num_free_blocks == 12
