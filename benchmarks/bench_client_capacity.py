@@ -12,10 +12,12 @@ closed-loop users (one stream each) through the real `measure()` path, and we re
   and includes the server's own lateness in writing 512 chunks;
 - whether bench flagged the run (lag P99 over 5 ms).
 
-As a baseline, the same load through a plain aiohttp streaming client (a coroutine
+A second server sends tokens on each request's own timers instead of shared ticks
+(no bursts), at the largest stream count. As a baseline, the ticked load through a
+plain aiohttp streaming client (a coroutine
 woken per chunk), the usual way of writing such a client.
 
-Run: python benchmarks/bench_client_capacity.py [--streams 128,256,512] [--duration 10]
+Run: python benchmarks/bench_client_capacity.py [--streams 128,256,512,1024] [--duration 10]
 All traffic goes to 127.0.0.1; every run is bounded in time.
 """
 
@@ -40,13 +42,18 @@ STEP = 0.02  # seconds between decode ticks
 TOKENS = 64  # output tokens per request
 
 
-def start_server() -> tuple[subprocess.Popen, str]:
+def start_server(is_ticked: bool, is_realtime: bool) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "hosttune.bench.testserver", "--fast", "--port", "0",
-         "--lifetime", "900", "--ttft", "0.02", "--itl", str(STEP), "--step", str(STEP)],
+         "--lifetime", "900", "--ttft", "0.02", "--itl", str(STEP)]
+        + (["--step", str(STEP)] if is_ticked else [])
+        + (["--realtime"] if is_realtime else []),
         stdout=subprocess.PIPE, text=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, {0})) if is_realtime else None,
     )
     line = process.stdout.readline()
+    if line.startswith("priority:"):
+        line = process.stdout.readline()
     if "listening on" not in line:
         raise RuntimeError(f"server did not start: {line!r}")
     return process, line.split("listening on ", 1)[1].strip()
@@ -57,16 +64,18 @@ def tick_delays(chunk_times: list[float]) -> list[float]:
     return [t - math.floor(t / STEP) * STEP for t in chunk_times]
 
 
-def run_bench_client(url: str, streams: int, duration: float, warmup: float) -> dict:
+def run_bench_client(url: str, streams: int, duration: float, warmup: float,
+                     is_ticked: bool = True) -> dict:
     spec = BenchSpec(load=Load(users=streams, duration=duration, warmup=warmup, drain_timeout=30),
                      prompt_lengths="16", output_lengths=str(TOKENS), timeout=60)
     run = run_async(measure(spec, url))
     summary = summarize(run)
     start, stop = run.window
     chunks = [run.clock_origin + t for r in run.requests for t in r.chunks if start <= t <= stop]
-    delays = tick_delays(chunks)
+    delays = tick_delays(chunks) if is_ticked else [math.nan]
     return {
-        "client": "hosttune bench", "streams": streams, "chunks_per_s": len(chunks) / (stop - start),
+        "client": "hosttune bench" + ("" if is_ticked else " (tokens not on ticks)"),
+        "streams": streams, "chunks_per_s": len(chunks) / (stop - start),
         "cpu": summary.lag.cpu, "lag_p50": summary.lag.loop_p50, "lag_p99": summary.lag.loop_p99,
         "lag_max": summary.lag.loop_max, "delay_p50": percentile(delays, 50),
         "delay_p99": percentile(delays, 99), "flagged": summary.lag.is_behind,
@@ -130,7 +139,7 @@ def environment() -> str:
 
 
 def row(result: dict) -> str:
-    ms = lambda x: f"{x * 1e3:.2f}"  # noqa: E731
+    ms = lambda x: "-" if math.isnan(x) else f"{x * 1e3:.2f}"  # noqa: E731
     return (f"| {result['client']} | {result['streams']} | {result['chunks_per_s']:,.0f} | "
             f"{result['cpu']:.2f} | {ms(result['lag_p50'])} / {ms(result['lag_p99'])} / "
             f"{ms(result['lag_max'])} | {ms(result['delay_p50'])} / {ms(result['delay_p99'])} | "
@@ -139,24 +148,32 @@ def row(result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--streams", default="128,256,512")
+    parser.add_argument("--streams", default="128,256,512,1024")
     parser.add_argument("--duration", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--realtime", action="store_true",
+                        help="pin server and client to a core each at SCHED_FIFO priority, so other "
+                             "processes on a shared machine do not preempt them (needs root)")
     args = parser.parse_args()
-    print(environment(), flush=True)
-    process, url = start_server()
+    if args.realtime:
+        os.sched_setaffinity(0, {os.cpu_count() - 1})
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+    print(environment() + (", server and client pinned at SCHED_FIFO" if args.realtime else ""), flush=True)
+    counts = [int(s) for s in args.streams.split(",")]
     results = []
-    try:
-        for streams in (int(s) for s in args.streams.split(",")):
-            results.append(run_bench_client(url, streams, args.duration, args.warmup))
-            print(row(results[-1]), flush=True)
-            if not args.no_baseline:
-                results.append(run_aiohttp_client(url, streams, args.duration, args.warmup))
+    for is_ticked in (True, False):
+        process, url = start_server(is_ticked, args.realtime)
+        try:
+            for streams in counts if is_ticked else [max(counts)]:
+                results.append(run_bench_client(url, streams, args.duration, args.warmup, is_ticked))
                 print(row(results[-1]), flush=True)
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+                if is_ticked and not args.no_baseline:
+                    results.append(run_aiohttp_client(url, streams, args.duration, args.warmup))
+                    print(row(results[-1]), flush=True)
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
     print("| client | streams | chunks/s | client CPU (cores) | loop lag P50 / P99 / max (ms) "
           "| tick delay P50 / P99 (ms) | flagged |")
