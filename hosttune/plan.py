@@ -82,16 +82,18 @@ def matches_pin(version: str, pin: str) -> bool:
     return bare == pin or any(bare.startswith(pin + sep) for sep in "-+~")
 
 
-def kernel_value_holds(path: str, current: str | None, want: str) -> bool:
+def kernel_value_holds(path: str, current: str | None, want: str, *, exact: bool = False) -> bool:
+    """Does the kernel file read as `want`? IRQ affinity holds within the wanted cores (exact: the same cores)."""
     if current is None:
         return False
     if path.endswith("/transparent_hugepage/enabled"):
         return (selected(current) or current.strip()) == want
     if path.endswith("/smp_affinity_list"):
         try:
-            return set(cpulist.parse(current)) <= set(cpulist.parse(want))
+            have, wanted = set(cpulist.parse(current)), set(cpulist.parse(want))
         except ValueError:
             return False
+        return have == wanted if exact else have <= wanted
     return current.strip() == want.strip()
 
 

@@ -14,7 +14,7 @@ from hosttune.errors import TransportError
 from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now
 from hosttune.execute.remote import hostops, read_journals, write_file
 from hosttune.inventory import Host
-from hosttune.plan import ACTIVE, ENABLED
+from hosttune.plan import ACTIVE, ENABLED, kernel_value_holds
 from hosttune.plan_state import rooted
 from hosttune.probes.system import selected
 from hosttune.transport.base import Transport
@@ -27,6 +27,7 @@ class Undo:
     hostop: tuple[str, ...] = ()  # a hostops.sh operation with its arguments
     stdin: bytes | None = None
     offline: bool = True  # meaningful under --root
+    unless_holds: tuple[str, str] | None = None  # (kernel path, value): nothing to do when it reads so already
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,8 @@ def _kernel_undo(rec: OpRecord) -> list[Undo]:
     for path, before in rec.before_values:
         if before is not None:
             value = selected(before) or before.strip()
-            out.append(Undo(f"write {value!r} back to {path}", ("tee", "--", path), stdin=(value + "\n").encode(), offline=False))
+            out.append(Undo(f"write {value!r} back to {path}", ("tee", "--", path), stdin=(value + "\n").encode(),
+                            offline=False, unless_holds=(path, value)))
     return out
 
 
@@ -124,6 +126,11 @@ def _run_undo(transport: Transport, undo: Undo, root: str | None):
         return hostops(transport, op, *args)
     if offline and not undo.offline:
         return None
+    if undo.unless_holds:
+        path, value = undo.unless_holds
+        current = transport.run(["head", "-n1", "--", path])
+        if current.ok and kernel_value_holds(path, current.stdout, value, exact=True):
+            return None
     argv = undo.argv
     if offline:
         argv = ("systemctl", f"--root={root}", *argv[1:]) if argv[0] == "systemctl" else ("chroot", root, *argv)
@@ -135,7 +142,7 @@ def rollback_journal(transport: Transport, host: Host, journal: Journal, root: s
     for undo in undo_list(journal):
         result = _run_undo(transport, undo, root)
         if result is None:
-            done.append(f"skipped under --root: {undo.description}")
+            done.append(f"nothing to do: {undo.description} (already so, or --root)")
         elif result.ok:
             done.append(undo.description)
         else:
