@@ -136,8 +136,8 @@ def _resolve_comment_out(op: CommentOut, state: State) -> list[Op]:
 
 def _resolve_symlink(op: Symlink, state: State) -> list[Op]:
     fs = _file(state, op.path)
-    if fs.link == op.target:
-        return []
+    if op.target in (fs.link, fs.real):
+        return []  # also when it gets there through a chain of links (update-alternatives)
     if fs.kind == "dir" and not fs.link:
         raise Blocked(f"{op.path} is a directory, not a link; move it away by hand first")
     return [op]
