@@ -52,14 +52,16 @@ def apply(
     wanted = profiles(inv)
     options = ApplyOptions(root, prune_cuda, serial, max_fail_percent, reboot, forks)
     plans = plan_fleet(inv, wanted, options)
-    if dry_run or not any(p.steps for p in plans):
+    reboots = sum(1 for p in plans if p.needs_reboot) if reboot and not root else 0
+    if dry_run or not (any(p.steps for p in plans) or reboots):
         outcomes = [dry_run_outcome(p) for p in plans]
         text = recap.render_json(outcomes, None, True) if fmt is Output.json else plan_render.render(plans)
         emit(text, output)
         raise typer.Exit(fleet_exit_code(outcomes))
     if fmt is Output.text:
         typer.echo(plan_render.render(plans))
-    if not yes and not typer.confirm(f"Apply these changes to {sum(1 for p in plans if p.steps)} host(s)?", err=True):
+    question = f"Apply these changes to {sum(1 for p in plans if p.steps)} host(s)" + (f" and reboot {reboots}" if reboots else "") + "?"
+    if not yes and not typer.confirm(question, err=True):
         raise typer.Exit(EXIT_ERROR)
     run = new_run_id()
     outcomes = apply_plans(plans, wanted, run, options)

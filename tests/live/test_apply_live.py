@@ -218,6 +218,11 @@ def test_serial_and_max_fail_percent_with_one_failing_host(fresh_hosts, live_fle
     thp_always = {**QUIET, "tune": {**QUIET["tune"], "memory": {"thp": "always"}}}
     inv = inventory(live_fleet, tmp_path, hosts, {"failer": thp_always, "second": QUIET, "third": QUIET})
 
+    declined = runner.invoke(app, ["apply", "-i", str(inv)], input="n\n")  # shows the plan, asks once
+    assert declined.exit_code == EXIT_ERROR and declined.output.count("Apply these changes to 3 host(s)?") == 1
+    assert "$ systemctl disable irqbalance.service" in declined.output
+    assert all(unit_state(h, "irqbalance.service")[0] == "enabled" for h in hosts)
+
     code, doc = apply_json(inv, "--yes", "--serial", "1", "--max-fail-percent", "0")
     states = {h: v["state"] for h, v in by_host(doc).items()}
     assert states == {"failer": "failed", "second": "skipped", "third": "skipped"}

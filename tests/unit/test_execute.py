@@ -273,3 +273,36 @@ def test_boot_marker_changes_with_boot_id_or_pid1():
     stat = "1 (systemd) S 0 1 1 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 4242 1000 200"
     assert parse_boot_marker(f"abc\n{stat}\n") == "abc/4242"
     assert parse_boot_marker(f"abc\n{stat.replace('4242', '9999')}\n") != parse_boot_marker(f"abc\n{stat}\n")
+
+
+def test_recap_text_names_each_host_state():
+    from hosttune.execute.recap import render as render_recap
+    from hosttune.execute.runner import HostRun, StepOutcome
+
+    plans = fake_plans(["a", "b", "c", "d"])
+    outcomes = [
+        rollout.HostOutcome(plans[0], "changed", HostRun(plans[0].host, "r", "changed", (StepOutcome(0, ("x",), "s", "done"),))),
+        rollout.HostOutcome(replace(plans[1], steps=()), "ok"),
+        rollout.HostOutcome(plans[2], "failed", error="step 1 exited 1: boom"),
+        rollout.HostOutcome(replace(plans[3], reachable=False), "unreachable", error="cannot reach"),
+    ]
+    text = render_recap(outcomes, "r")
+    assert "a  changed     1/1 steps done" in text and "c  failed      step 1 exited 1: boom" in text
+    assert text.splitlines()[-1] == "  changed=1, ok=1, failed=1, unreachable=1, skipped=0, exit 6"
+
+
+def test_layers_plan_execute_actions_point_one_way():
+    """cli → execute → plan → actions; nothing below imports what is above it."""
+    import ast
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parents[2] / "hosttune"
+    forbidden = {"actions": ("hosttune.plan", "hosttune.execute", "hosttune.cli"),
+                 "plan": ("hosttune.execute", "hosttune.cli"), "execute": ("hosttune.cli",)}
+    files = {"actions": list((pkg / "actions").glob("*.py")), "plan": list(pkg.glob("plan*.py")),
+             "execute": list((pkg / "execute").glob("*.py"))}
+    for layer, paths in files.items():
+        for path in paths:
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    assert not node.module.startswith(forbidden[layer]), f"{path} imports {node.module}"
