@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
 from hosttune import __version__
-from hosttune.actions.base import Command, FileWrite, KernelWrite, MoveAside, Op, Service, Step, Symlink
+from hosttune.actions.base import Command, FileWrite, KernelWrite, MoveAside, Op, Service, Symlink
 from hosttune.plan import HostPlan
 from hosttune.plan_state import State, sha256
 

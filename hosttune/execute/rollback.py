@@ -14,7 +14,7 @@ from hosttune.errors import TransportError
 from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now
 from hosttune.execute.remote import hostops, read_journals, write_file
 from hosttune.inventory import Host
-from hosttune.plan import ACTIVE, ENABLED, kernel_value_holds
+from hosttune.plan_resolve import ACTIVE, ENABLED, kernel_value_holds
 from hosttune.plan_state import rooted
 from hosttune.probes.system import selected
 from hosttune.transport.base import Transport

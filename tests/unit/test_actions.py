@@ -8,16 +8,16 @@ import pytest
 from hosttune.actions import ACTIONS, steps_for
 from hosttune.actions import cpu, cuda, gpu, irq, kernel, memory, packages
 from hosttune.actions.base import (
-    Command, CommentOut, FileWrite, KernelWrite, MoveAside, Packages, Service, Step, Symlink,
+    Command, CommentOut, FileWrite, KernelWrite, MoveAside, Packages, Service, Symlink,
 )
 from hosttune.actions.platform import GRUB_DROPIN, Apt, Dnf, GrubDropIn, Grubby, select
 from hosttune.actions.templates import render
 from hosttune.checks import BY_ID, run_checks
 from hosttune.facts import Facts, ServiceState
 from hosttune.findings import Status
-from hosttune.inventory import Host, Pins
+from hosttune.inventory import Host
 from hosttune.probes.gather import parse_probe_output
-from hosttune.profile import build, load_profile, profile_for
+from hosttune.profile import build, load_profile
 from hosttune.transport.base import ConnectionSpec
 
 HOST = Host("h", "g", ConnectionSpec("h"), irq_cores="0-3")

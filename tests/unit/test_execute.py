@@ -2,23 +2,21 @@
 the journal, undo lists as data, and fleet batching. Everything writes under tmp_path only."""
 
 import hashlib
-import json
 import os
 from dataclasses import replace
 
 import pytest
 
-from hosttune.actions.base import Command, CommentOut, FileWrite, KernelWrite, MoveAside, Service, Step, Symlink
+from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, MoveAside, Step, Symlink
 from hosttune.execute import rollout
-from hosttune.execute.journal import Journal, JournalStep, OpRecord, journal_path, new_run_id, start_journal
+from hosttune.execute.journal import Journal, JournalStep, OpRecord, journal_path, new_run_id
 from hosttune.execute.reboot import parse_boot_marker
-from hosttune.execute.remote import hostops, write_file
-from hosttune.execute.rollback import load_journals, pick_journal, rollback_host, undo_list
+from hosttune.execute.remote import hostops, hostops_script, write_file
+from hosttune.execute.rollback import pick_journal, rollback_host, undo_list
 from hosttune.execute.runner import execute_plan
 from hosttune.facts import Facts
 from hosttune.inventory import Host
 from hosttune.plan import HostPlan, PlanOptions, build_plan
-from hosttune.plan_render import describe
 from hosttune.plan_state import read_state, requests_for
 from hosttune.profile import load_profile
 from hosttune.transport.base import ConnectionSpec
@@ -61,7 +59,7 @@ def test_truncated_content_leaves_the_file_untouched(local, tmp_path):
     target = tmp_path / "f"
     target.write_bytes(b"original\n")
     content = b"the whole new content\n" * 100
-    argv = ["sh", "-c", __import__("hosttune.execute.remote", fromlist=["x"]).hostops_script(), "hosttune", "write",
+    argv = ["sh", "-c", hostops_script(), "hosttune", "write",
             str(target), "0644", sha(content), "", ""]
     result = local.run(argv, stdin=content[: len(content) // 2])
     assert not result.ok and "did not arrive whole" in result.stderr

@@ -11,7 +11,8 @@ from hosttune.checks import run_checks
 from hosttune.facts import Facts
 from hosttune.findings import Status
 from hosttune.inventory import Host
-from hosttune.plan import PlanOptions, build_plan, comment_out, kernel_value_holds, matches_pin, resolve_step
+from hosttune.plan import PlanOptions, build_plan
+from hosttune.plan_resolve import comment_out, kernel_value_holds, matches_pin, resolve_step
 from hosttune.plan_render import plan_dict, render
 from hosttune.plan_state import FileState, PackageState, State, UnitState, parse_state, requests_for, sha256, state_script
 from hosttune.probes.gather import parse_probe_output
@@ -20,7 +21,7 @@ from hosttune.transport.base import ConnectionSpec
 
 HOST = Host("h", "g", ConnectionSpec("h"))
 LATENCY = load_profile("inference-latency")
-ONLINE, OFFLINE = PlanOptions(), PlanOptions(root="/mnt/image")
+ONLINE = PlanOptions()
 
 
 def file_state(path, content: bytes, mode=0o644):
@@ -57,7 +58,7 @@ def test_what_already_holds_is_dropped():
     s = step(FileWrite("/etc/a", content), Command(("update-grub",), regenerate=True), Symlink("/usr/local/cuda", "/usr/local/cuda-12.4"),
              Service("irqbalance.service", False, False), KernelWrite(("/proc/sys/kernel/numa_balancing",), "0"),
              MoveAside("/usr/local/cuda-11.8"))
-    assert resolve_step(s, state, ONLINE) is None
+    assert resolve_step(s, state) is None
 
 
 def test_changes_are_kept_minimal():
@@ -66,7 +67,7 @@ def test_changes_are_kept_minimal():
                   kernel={"/proc/irq/1/smp_affinity_list": "0-3", "/proc/irq/2/smp_affinity_list": "0-15"})
     s = step(FileWrite("/etc/a", b"new\n"), Command(("update-grub",), regenerate=True), Service("irqbalance.service", False, False),
              KernelWrite(("/proc/irq/1/smp_affinity_list", "/proc/irq/2/smp_affinity_list"), "0-3"))
-    resolved = resolve_step(s, state, ONLINE)
+    resolved = resolve_step(s, state)
     assert resolved.ops == (FileWrite("/etc/a", b"new\n"), Command(("update-grub",), regenerate=True),
                             Service("irqbalance.service", False, None),
                             KernelWrite(("/proc/irq/2/smp_affinity_list",), "0-3"))
@@ -77,14 +78,14 @@ def test_regenerate_only_when_its_files_change():
     content = b"x\n"
     state = State(files={GRUB_DROPIN: file_state(GRUB_DROPIN, content)}, units={"u.service": UnitState("u.service", "disabled", "inactive")})
     s = step(FileWrite(GRUB_DROPIN, content), Command(("update-grub",), regenerate=True), Service("u.service", True))
-    assert resolve_step(s, state, ONLINE).ops == (Service("u.service", True, None),)
+    assert resolve_step(s, state).ops == (Service("u.service", True, None),)
 
 
 def test_writes_go_through_symlinks_and_refuse_directories():
     state = State(files={"/etc/sysctl.d/99-sysctl.conf": replace(file_state("/etc/sysctl.d/99-sysctl.conf", b"a=1\n"),
                                                                 link="../sysctl.conf", real="/etc/sysctl.conf"),
                          "/etc/d": FileState("/etc/d", "dir")})
-    (op,) = resolve_step(step(CommentOut("/etc/sysctl.d/99-sysctl.conf", "a")), state, ONLINE).ops
+    (op,) = resolve_step(step(CommentOut("/etc/sysctl.d/99-sysctl.conf", "a")), state).ops
     assert op.path == "/etc/sysctl.conf" and op.content == b"# a=1  # disabled by hosttune (see /etc/sysctl.d/90-hosttune.conf)\n"
     plan = build_plan(HOST, LATENCY, Facts(), [], state, ONLINE, [step(FileWrite("/etc/d", b"x"))])
     assert not plan.steps and "is a directory" in plan.blocked[0].blocked
@@ -100,13 +101,13 @@ def test_comment_out_keeps_everything_else():
 def test_packages_resolve_to_exact_versions_and_missing_holds():
     state = State(packages={"hello": PackageState("hello", None, ("2.10-3", "2.9-1")),
                             "numactl": PackageState("numactl", "2.0.16-1", ("2.0.16-1",))}, held=("numactl",))
-    resolved = resolve_step(step(Packages("apt", ("hello",), "2.10", hold=True), Packages("apt", ("numactl",), hold=True)), state, ONLINE)
+    resolved = resolve_step(step(Packages("apt", ("hello",), "2.10", hold=True), Packages("apt", ("numactl",), hold=True)), state)
     refresh, install, hold = resolved.ops
     assert refresh.argv == ("apt-get", "update", "-q")
     assert install.argv[-1] == "hello=2.10-3" and "numactl" not in install.argv[-2:]
     assert hold == Command(("apt-mark", "hold", "hello"), undo=("apt-mark", "unhold", "hello"))
     done = State(packages={"hello": PackageState("hello", "2.10-3")}, held=("hello",))
-    assert resolve_step(step(Packages("apt", ("hello",), "2.10", hold=True)), done, ONLINE) is None
+    assert resolve_step(step(Packages("apt", ("hello",), "2.10", hold=True)), done) is None
 
 
 def test_a_pin_nobody_offers_is_blocked_not_failed():
@@ -121,7 +122,7 @@ def test_offline_root_skips_live_writes_and_says_so():
     s = step(FileWrite("/etc/x", b"x"), Command(("systemctl", "daemon-reload"), regenerate=True, offline=False),
              Service("u.service", True, True), KernelWrite(("/sys/kernel/mm/transparent_hugepage/enabled",), "never"),
              Command(("nvidia-smi", "-e", "1"), offline=False))
-    resolved = resolve_step(s, state, OFFLINE)
+    resolved = resolve_step(s, state, offline=True)
     assert resolved.ops == (FileWrite("/etc/x", b"x"), Service("u.service", True, None))
     assert any("live kernel write skipped" in n for n in resolved.notes)
     assert any("nvidia-smi" in n for n in resolved.notes)
