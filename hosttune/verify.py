@@ -8,6 +8,7 @@ config built from the inventory, with host keys checked.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -96,6 +97,8 @@ def _key(host: Host) -> str:
 def run_verify(inventory: Inventory, profiles: dict[str, Profile], *, junit_xml: Path | None = None,
                accept_new_host_keys: bool = False, pytest_args: tuple[str, ...] = ()) -> int:
     """pytest tests/host --hosts=... ; returns pytest's exit code (0: every host verified)."""
+    if importlib.util.find_spec("testinfra") is None or importlib.util.find_spec("pytest") is None:
+        raise HosttuneError("hosttune verify needs pytest and pytest-testinfra: pip install 'hosttune[verify]'")
     hosts = list(inventory.hosts)
     for host in hosts:
         if not _NAME.match(host.name):

@@ -209,3 +209,28 @@ def test_render_shows_commands_diffs_and_what_is_not_fixed(grub):
     assert "not fixed by apply" in text and text.endswith("host")
     doc = plan_dict(plan)
     assert doc["needs_reboot"] and GRUB_DROPIN in doc["diffs"]
+
+
+# -- the H200 host (no systemd, no boot loader), from its recorded probe output ----------------
+
+
+def test_h200_plan_is_sensible_without_systemd(fixture_text):
+    from hosttune.inventory import load_inventory
+    from hosttune.profile import profile_for
+
+    facts = parse_probe_output(fixture_text("h200", "probe-output.txt"))
+    host = load_inventory("inventories/h200.yaml").hosts[0]
+    profile = profile_for(host)
+    state = State(kernel={f"/proc/irq/{i}/smp_affinity_list": "0-15" for i in range(42, 50)},
+                  files={"/usr/local/cuda": FileState("/usr/local/cuda", "dir", link="/etc/alternatives/cuda", real="/usr/local/cuda-13.0")})
+    plan = build_plan(host, profile, facts, run_checks(facts, profile), state, ONLINE)
+    written = [op.path for s in plan.steps for op in s.writes]
+    assert not any(p.startswith("/etc/systemd/") for p in written)  # no units on a host without systemd
+    irq = next(s for s in plan.steps if s.fixes == ("irq.gpu_affinity",))
+    (live,) = irq.ops
+    assert live.value == "0-3" and len(live.paths) == 8 and "not persisted" in irq.notes[0]
+    cuda = next(s for s in plan.steps if s.fixes == ("cuda.toolkit",))
+    assert [op.path for op in cuda.ops] == ["/etc/profile.d/hosttune-cuda.sh"]  # the link already resolves to 13.0
+    reasons = {c: s.blocked for s in plan.blocked for c in s.fixes}
+    assert "not systemd" in reasons["gpu.persistence"] and "no boot loader" in reasons["cpu.cstates"]
+    assert "driver.version" not in reasons and not plan.pending_reboot
