@@ -22,6 +22,11 @@ Definitions (every time is measured by the client, in seconds):
   event. 429 responses are **rejections**, counted apart; everything else (other
   statuses, transport errors, timeouts, an error event inside a 200 stream, a stream
   cut short) is a **failure**.
+- **Backlog growth**: requests in flight at the end of the window minus at its start
+  (arrivals minus completions). A server past saturation builds a queue that a short
+  run may not yet show in its percentiles; it shows here. The server **kept up** when the
+  growth is within 3 sigma of chance, taking the number in flight as Poisson around its
+  time-average: growth <= 3 * sqrt(2 * mean in flight) + 1.
 - **Goodput**: measured requests per second that succeeded *and* met every SLO on their
   own (their TTFT, TPOT and E2E each within the limit), over the window.
 - **Client lag**: how late the client's event loop woke for a timer it set (sampled
@@ -115,6 +120,8 @@ class Summary:
     e2e: LatencyStats | None
     window_s: float
     offered_rate: float  # measured requests sent per second of the window
+    mean_in_flight: float  # requests in flight, averaged over the window
+    backlog_growth: int  # requests in flight at the window's end minus at its start
     request_throughput: float  # successful requests per second
     output_token_throughput: float
     input_token_throughput: float
@@ -124,9 +131,10 @@ class Summary:
     lag: ClientLag
 
     @property
-    def served_fraction(self) -> float:
-        """Successful completions over requests offered, per second of the window."""
-        return self.request_throughput / self.offered_rate if self.offered_rate else 0.0
+    def is_kept_up(self) -> bool:
+        """The server finished requests as fast as they came: the number in flight grew
+        by no more than chance allows (3 sigma, taking it as Poisson around its mean)."""
+        return self.backlog_growth <= 3 * math.sqrt(2 * self.mean_in_flight) + 1
 
     @property
     def error_rate(self) -> float:
@@ -169,6 +177,18 @@ def tpot(record: RequestRecord) -> float | None:
 def inter_chunk_gaps(record: RequestRecord) -> list[float]:
     chunks = record.chunks
     return [chunks[i + 1] - chunks[i] for i in range(len(chunks) - 1)]
+
+
+def in_flight(records: Iterable[RequestRecord], at: float) -> int:
+    """Requests sent by `at` that had not ended by then."""
+    return sum(r.sent <= at < r.end for r in records)
+
+
+def mean_in_flight(records: Iterable[RequestRecord], window: tuple[float, float]) -> float:
+    """Time-average of the number of requests in flight over the window."""
+    start, stop = window
+    busy = sum(max(0.0, min(r.end, stop) - max(r.sent, start)) for r in records)
+    return busy / max(stop - start, 1e-9)
 
 
 def measured(records: Iterable[RequestRecord]) -> list[RequestRecord]:
@@ -228,6 +248,8 @@ def summarize(run: RunRecord, slo: Slo | None = None, lag_limit: float = 0.005) 
         e2e=latency_stats([r.e2e for r in ok]),
         window_s=window_s,
         offered_rate=len(requests) / window_s,
+        mean_in_flight=mean_in_flight(run.requests, run.window),
+        backlog_growth=in_flight(run.requests, stop) - in_flight(run.requests, start),
         request_throughput=len(finished) / window_s,
         output_token_throughput=sum(r.output_tokens for r in finished) / window_s,
         input_token_throughput=sum(_prompt_tokens(r) for r in finished) / window_s,

@@ -177,12 +177,12 @@ def _sweep_section(sweep: SweepResult) -> list[str]:
                f"**{sweep.max_rate:.2f} requests/s**" + (" (the sweep's ceiling; it never broke)" if sweep.is_capped else ""))
     lines = [f"## Rate sweep: {sweep.url}", "", f"SLO: {slo}, errors <= {sweep.slo.max_error_rate:.0%}.",
              f"Highest rate that held: {verdict}.", "",
-             "| offered req/s | served req/s | TTFT P95 (ms) | E2E P95 (ms) | errors | held | client lag |",
-             "|---|---|---|---|---|---|---|"]
+             "| offered req/s | served req/s | TTFT P95 (ms) | E2E P95 (ms) | errors | backlog growth | held | client lag |",
+             "|---|---|---|---|---|---|---|---|"]
     for p in sorted(sweep.points, key=lambda p: p.rate):
         s = p.summary
         lines.append(f"| {p.rate:.2f} | {s.request_throughput:.2f} | {_ms(s.ttft, 95)} | {_ms(s.e2e, 95)} | "
-                     f"{s.error_rate:.1%} | {'yes' if p.is_held else 'no'} | "
+                     f"{s.error_rate:.1%} | {s.backlog_growth:+d} | {'yes' if p.is_held else 'no'} | "
                      f"{'BEHIND' if p.is_client_bound else 'ok'} |")
     return lines + [""]
 

@@ -1,9 +1,9 @@
 """The rate sweep: the highest open-loop request rate at which the SLO still holds.
 
 Each step is a short open-loop run at one rate (same prompts, seed and burstiness).
-A step holds when the SLO is met *and* the server kept up: it completed at least
-`min_served` of the requests offered per second (a server past saturation builds a
-queue that a short step may not yet show in its percentiles, but it shows here).
+A step holds when the SLO is met *and* the server kept up: the number of requests in
+flight did not grow over the step by more than chance allows (a server past saturation
+builds a queue that a short step may not yet show in its percentiles; see metrics.py).
 The rate grows by `growth` per step until a step breaks (or `max_rate` is reached),
 then the gap between the highest rate that held and the lowest that broke is halved
 (in log space) until it is within `precision`. The answer is the highest rate that
@@ -30,7 +30,6 @@ class SweepConfig:
     max_rate: float = 10_000.0
     growth: float = 2.0
     precision: float = 0.05  # stop when the bracket's width is this fraction of its low end
-    min_served: float = 0.95  # a step holds only if the server completed this share of the load
     max_steps: int = 20
 
     def __post_init__(self) -> None:
@@ -46,11 +45,9 @@ class SweepPoint:
     summary: Summary
     run: RunRecord
 
-    min_served: float = 0.95
-
     @property
     def is_held(self) -> bool:
-        return bool(self.summary.slo_met) and self.summary.served_fraction >= self.min_served
+        return bool(self.summary.slo_met) and self.summary.is_kept_up
 
     @property
     def is_client_bound(self) -> bool:
@@ -94,7 +91,7 @@ async def sweep(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig,
         if rate is None:
             break
         run = await measure(spec.with_load(rate=rate), url)
-        point = SweepPoint(rate, summarize(run, slo, spec.lag_limit), run, config.min_served)
+        point = SweepPoint(rate, summarize(run, slo, spec.lag_limit), run)
         points.append(point)
         if on_point:
             on_point(point)

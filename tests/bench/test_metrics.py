@@ -129,3 +129,16 @@ def test_bad_slo_is_a_user_error():
         Slo(e2e=1.0, percentile=97)
     with pytest.raises(BenchError, match="positive"):
         Slo(ttft=0)
+
+
+def test_backlog_growth_shows_a_server_falling_behind():
+    # One arrival every 0.1 s. Kept up: each takes 0.05 s. Behind: each ends 0.1 s
+    # after the previous one ended, plus 0.05 s per request of growing queue.
+    steady = [record(i, i * 0.1, [i * 0.1 + 0.01], i * 0.1 + 0.05) for i in range(100)]
+    behind = [record(i, i * 0.1, [i * 0.1 + 0.01], i * 0.15 + 0.05) for i in range(100)]
+    s = summarize(run_of(steady, window=(1.0, 9.0)))
+    assert s.backlog_growth == 0 and s.mean_in_flight == pytest.approx(0.5, abs=0.02)
+    assert s.is_kept_up
+    b = summarize(run_of(behind, window=(1.0, 9.0)))
+    # In flight at t: sent by t (10t+1) minus ended by t ((t-0.05)/0.15+1).
+    assert b.backlog_growth == 27 and not b.is_kept_up
