@@ -69,3 +69,15 @@ def test_whole_probe_output_recorded_on_h200(fixture_text):
     assert f.cuda.symlink_version == "13.0" and f.cuda.nvcc_version is None  # nvcc is not on the login PATH there
     assert f.numa_balancing == 0 and f.thp_enabled == "madvise" and f.pid1 != "systemd"
     assert f.python_version.startswith("3.12")
+
+
+def test_whole_probe_output_through_nvml_on_h200(fixture_text):
+    """The same host probed again once the probe tried the caller's python3 (which has pynvml)."""
+    f = parse_probe_output(fixture_text("h200", "probe-output-nvml.txt"))
+    assert f.probe_errors == () and f.gpu.source == "nvml"
+    (g,) = f.gpu.gpus
+    assert (g.name, g.bdf, g.compute_cap, g.pstate, g.persistence) == ("NVIDIA H200", "0000:00:06.0", "9.0", "P0", True)
+    assert (g.power_limit_max_w, g.ecc_enabled, g.mig_enabled) == (700.0, True, False)
+    assert f.gpu.driver_version == f.gpu.kernel_module_version == "580.159.04"
+    assert f.gpu.cuda_driver_version == "13.0"
+    assert [i.irq for i in f.pci[0].irqs] == list(range(42, 50)) and f.pci[0].numa_node is None
