@@ -139,6 +139,7 @@ class Engine:
             num_output_tokens=seq.num_output_tokens, num_cached_tokens=seq.num_cached_tokens,
             finished=finished, finish_reason=seq.finish_reason if finished else None,
             stop_reason=seq.stop_reason if finished else None,
+            queue_time=(seq.first_scheduled_time - seq.arrival_time) if seq.first_scheduled_time else None,
         )
 
     def stats(self) -> EngineStats:

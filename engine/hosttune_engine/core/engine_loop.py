@@ -2,7 +2,8 @@
 
 An HTTP server puts `EngineRequest` / `AbortRequest` in with `submit` and gets
 every `TokenOutput` through the `on_output` callback (called on the engine
-thread: hand it to an event loop with `loop.call_soon_threadsafe`).
+thread: hand it to an event loop with `loop.call_soon_threadsafe`). An exception
+out of a step ends the thread; `on_fatal` hears of it, so a server can exit.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from hosttune_engine.errors import RequestError
 
 class EngineLoop:
     def __init__(self, engine: Engine, on_output: Callable[[TokenOutput], None],
-                 on_error: Callable[[str, Exception], None] | None = None):
+                 on_error: Callable[[str, Exception], None] | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None):
         self.engine = engine
         self.on_output = on_output
         self.on_error = on_error or (lambda request_id, error: None)
+        self.on_fatal = on_fatal
         self._inbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -44,7 +47,18 @@ class EngineLoop:
         self._inbox.put(None)  # wake the thread if it is idle
         self._thread.join(timeout)
 
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # the engine is broken: whoever drives it must know
+            if self.on_fatal is None:
+                raise
+            self.on_fatal(e)
+
+    def _loop(self) -> None:
         while not self._stop.is_set():
             self._drain(block=not self.engine.has_unfinished_requests())
             for output in self.engine.step():

@@ -51,6 +51,7 @@ class TokenOutput:
     finished: bool = False
     finish_reason: str | None = None  # "stop", "length" or "abort"
     stop_reason: str | int | None = None  # the stop string or stop token that ended it
+    queue_time: float | None = None  # seconds from arrival to first being scheduled (None: not yet)
 
 
 @dataclass(frozen=True)

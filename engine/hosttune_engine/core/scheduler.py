@@ -11,6 +11,7 @@ recomputed later (its full blocks usually survive in the prefix cache).
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass, field
 
 from hosttune_engine.cache.block_manager import BlockManager
@@ -136,6 +137,8 @@ class Scheduler:
             bm.allocate(seq, n, cached)
             self.waiting.pop(0)
             seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             self.running.append(seq)
             out.seqs.append(seq)
             out.num_new_tokens.append(n)

@@ -38,6 +38,7 @@ class Sequence:
         self.sampling = sampling
         self.priority = priority
         self.arrival_time = arrival_time
+        self.first_scheduled_time: float | None = None  # time.monotonic() when it first ran
         self.index = next(_counter)  # admission order; ties in priority break on it
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None

@@ -1,0 +1,8 @@
+"""The OpenAI-compatible HTTP server: `hosttune-engine serve --model PATH`.
+
+Modules: schemas (request bodies) and responses (response bodies), bodies
+(JSON in and out), app (routes), completions and streaming (generation
+endpoints, SSE), generation (one request's sequences), engine_client (the
+event loop's side of the engine thread), prompts, admission, metrics, health,
+warmup, state (what handlers share), config, serve (lifecycle), cli.
+"""

@@ -1,0 +1,103 @@
+"""The HTTP routes: the aiohttp application and the small endpoints beside the generation ones.
+
+Every error leaves as an OpenAI error body: `ApiError` with its status, aiohttp's
+own (404 route, 405 method, 413 body too large) with theirs. A bug still gives
+a 500 with a short body, and its traceback goes to the log.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from hosttune_engine import __version__
+from hosttune_engine.server import responses as r
+from hosttune_engine.server.bodies import error_response, json_response, read_json
+from hosttune_engine.server.completions import create_chat_completion, create_completion
+from hosttune_engine.server.schemas import ApiError, DetokenizeRequest, TokenizeRequest
+from hosttune_engine.server.state import STATE, ServerState
+
+log = logging.getLogger("hosttune_engine.server")
+
+HTTP_ERROR_TYPES = {404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except ApiError as e:
+        retry = request.app[STATE].config.retry_after_s
+        return error_response(e, {"Retry-After": str(retry)} if e.status in (429, 503) else None)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error_response(ApiError(e.status, (e.text or e.reason)[:300],
+                                       HTTP_ERROR_TYPES.get(e.status, "BadRequestError")))
+    except ConnectionResetError:
+        raise  # the client is gone; nothing can be answered
+    except Exception:
+        log.exception("unexpected error on %s %s", request.method, request.path)
+        return error_response(ApiError(500, "internal server error", "InternalServerError"))
+
+
+async def health(request: web.Request) -> web.Response:
+    """GET /health: 200 once warmed up, 503 while starting, warming up, draining or failed."""
+    state = request.app[STATE]
+    return json_response(state.health.body(state.stats()), state.health.status_code())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """GET /metrics: Prometheus text format with vLLM's metric names."""
+    state = request.app[STATE]
+    stats = state.stats()
+    text = state.metrics.render(stats) if stats else ""
+    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+                        headers={"X-Prometheus-Format": "0.0.4"})
+
+
+async def models(request: web.Request) -> web.Response:
+    """GET /v1/models"""
+    state = request.app[STATE]
+    return json_response(r.model_list(state.model_name, state.config.engine.model, state.max_model_len,
+                                      state.created))
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """POST /tokenize: {"prompt": text} or {"messages": [...]} -> {"tokens", "count", "max_model_len"}"""
+    state = request.app[STATE]
+    req = TokenizeRequest.parse(await read_json(request))
+    state.check_model(req.model)
+    prompts = state.usable_prompts()
+    if req.messages is not None:
+        ids = await prompts.encode_chat(req.messages, req.add_generation_prompt)
+    else:
+        ids = await prompts.encode(req.prompt, req.add_special_tokens)
+    return json_response({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    """POST /detokenize: {"tokens": [...]} -> {"prompt": text}"""
+    state = request.app[STATE]
+    req = DetokenizeRequest.parse(await read_json(request))
+    state.check_model(req.model)
+    return json_response({"prompt": state.usable_prompts().decode(req.tokens)})
+
+
+async def version(request: web.Request) -> web.Response:
+    return json_response({"version": __version__})
+
+
+def build_app(state: ServerState) -> web.Application:
+    app = web.Application(middlewares=[errors_as_json], client_max_size=state.config.max_body_bytes)
+    app[STATE] = state
+    app.router.add_post("/v1/completions", create_completion)
+    app.router.add_post("/v1/chat/completions", create_chat_completion)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/version", version)
+    return app

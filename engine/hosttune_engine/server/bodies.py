@@ -1,0 +1,50 @@
+"""Reading JSON request bodies and writing JSON and error responses.
+
+Every way a body can be unreadable (wrong content type, not UTF-8, not JSON,
+nested too deep, not an object) is a short 400 that never echoes the body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from aiohttp import web
+
+from hosttune_engine.server.responses import dumps, error_body
+from hosttune_engine.server.schemas import ApiError, bad_request, describe
+
+OFFLOAD_BYTES = 256 * 1024  # bigger bodies are parsed off the event loop
+
+
+async def read_json(request: web.Request) -> dict:
+    if request.content_type != "application/json":
+        raise bad_request(f"Content-Type must be application/json, got {request.content_type[:60]!r}")
+    raw = await request.read()  # aiohttp answers 413 past client_max_size
+    if len(raw) > OFFLOAD_BYTES:
+        body = await asyncio.get_running_loop().run_in_executor(None, _parse, raw)
+    else:
+        body = _parse(raw)
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {describe(body)}")
+    return body
+
+
+def _parse(raw: bytes):
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise bad_request(f"the request body is not valid UTF-8 (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise bad_request(f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise bad_request("the request body is not valid JSON: nested too deeply") from None
+
+
+def json_response(body: dict, status: int = 200) -> web.Response:
+    return web.Response(body=dumps(body), status=status, content_type="application/json")
+
+
+def error_response(err: ApiError, headers: dict | None = None) -> web.Response:
+    return web.Response(body=dumps(error_body(err)), status=err.status, content_type="application/json",
+                        headers=headers)

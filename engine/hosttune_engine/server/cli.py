@@ -1,0 +1,99 @@
+"""`hosttune-engine serve`: options in, a `ServerConfig` out, the server run, its exit code returned.
+
+Exit codes: 0 after a drain (SIGTERM/SIGINT), 1 when the engine fails to load,
+fails warmup or dies, 2 for bad options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+from hosttune_engine import __version__
+from hosttune_engine.config import DEVICES, DTYPES, KERNEL_BACKENDS, LOAD_FORMATS, EngineConfig
+from hosttune_engine.errors import ConfigError
+from hosttune_engine.server.config import ServerConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hosttune-engine", description="hosttune's bundled LLM engine.")
+    parser.add_argument("--version", action="version", version=__version__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    s = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
+                            description="Serve a model over an OpenAI-compatible HTTP API. Example: hosttune-engine "
+                                        "serve --model /models/qwen2.5-7b --host 0.0.0.0 --port 8000")
+    s.add_argument("--model", required=True, help="Hugging Face model folder (config.json, safetensors, tokenizer)")
+    s.add_argument("--served-model-name", help="the name clients use in 'model' (default: the --model path)")
+    s.add_argument("--tokenizer", help="tokenizer folder, if not the model folder")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-batch-size", type=int, default=256, help="most sequences running at once")
+    s.add_argument("--max-queue", type=int, default=64, help="sequences that may wait beyond the batch; past "
+                                                              "that, requests get HTTP 429")
+    s.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    s.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget of one step")
+    s.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    s.add_argument("--num-kv-blocks", type=int, help="KV-cache size in blocks (default: from free memory)")
+    s.add_argument("--cpu-kv-cache-gib", type=float, default=0.25, help="KV-cache size on CPU")
+    s.add_argument("--block-size", type=int, default=16)
+    s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    s.add_argument("--device", choices=DEVICES, default="auto")
+    s.add_argument("--dtype", choices=DTYPES, default="auto")
+    s.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
+                   help="'dummy' builds random weights from config.json alone (benchmarks)")
+    s.add_argument("--kernel-backend", choices=KERNEL_BACKENDS, default="auto")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish after SIGTERM")
+    s.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds sent with 429 and 503")
+    s.add_argument("--max-body-bytes", type=int, default=8 * 2**20)
+    s.add_argument("--skip-warmup", action="store_true", help="report healthy without a warmup generation")
+    s.add_argument("--log-prompts", action="store_true", help="put prompt text in the per-request log lines")
+    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    engine = EngineConfig(
+        model=args.model, tokenizer=args.tokenizer, load_format=args.load_format, dtype=args.dtype,
+        device=args.device, kernel_backend=args.kernel_backend, seed=args.seed, block_size=args.block_size,
+        gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_gib=args.cpu_kv_cache_gib,
+        num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_batch_size,
+        max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_batch_size),
+        max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
+        scheduling_policy="priority")  # equal priorities are first come, first served
+    return ServerConfig(engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
+                        max_queue=args.max_queue, shutdown_timeout_s=args.shutdown_timeout,
+                        retry_after_s=args.retry_after, max_body_bytes=args.max_body_bytes,
+                        log_prompts=args.log_prompts, warmup=not args.skip_warmup)
+
+
+def _run(coro) -> int:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(coro)
+    return asyncio.run(coro)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+    except ConfigError as e:
+        print(f"hosttune-engine: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    from hosttune_engine.server.serve import Server
+
+    code = _run(Server(config).run())
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # a model load still running on its thread must not hold the exit

@@ -1,0 +1,144 @@
+"""The generation endpoints: /v1/completions and /v1/chat/completions, streamed (SSE) or whole.
+
+A request meets its gates in this order: body and fields (400), model name
+(404), server phase (503), admission (429), prompt length (400). Only then
+does anything reach the engine loop. However the handler ends (done, client
+gone, error), what is left of its sequences is aborted and its slots returned.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from hosttune_engine.errors import RequestError
+from hosttune_engine.server import responses as r
+from hosttune_engine.server.bodies import json_response, read_json
+from hosttune_engine.server.engine_client import EngineDeadError
+from hosttune_engine.server.generation import Generation
+from hosttune_engine.server.schemas import ApiError, ChatRequest, CompletionRequest, GenerationOptions, bad_request
+from hosttune_engine.server.state import STATE, ServerState
+from hosttune_engine.server.streaming import DONE, ChunkWriter, sse
+
+CLIENT_CLOSED = 499  # nginx's status for a client that went away; only ever logged
+
+
+@dataclass(frozen=True)
+class _Kind:
+    id_prefix: str
+    chat: bool
+    default_max_tokens: int | None  # None: whatever room the context leaves
+    what: str  # how context errors name the prompt
+
+
+COMPLETION = _Kind("cmpl", False, 16, "prompt")
+CHAT = _Kind("chatcmpl", True, None, "messages")
+
+
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    """POST /v1/completions"""
+    arrival = time.monotonic()
+    state = request.app[STATE]
+    req = CompletionRequest.parse(await read_json(request))
+
+    async def encode():
+        return [await state.usable_prompts().encode(p) for p in req.prompts]
+
+    text = req.prompts[0] if isinstance(req.prompts[0], str) else None
+    return await _generate(request, state, COMPLETION, req.options, len(req.prompts), encode, text, arrival)
+
+
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    """POST /v1/chat/completions"""
+    arrival = time.monotonic()
+    state = request.app[STATE]
+    req = ChatRequest.parse(await read_json(request))
+
+    async def encode():
+        return [await state.usable_prompts().encode_chat(req.messages, req.add_generation_prompt,
+                                                         req.template_kwargs)]
+
+    text = req.messages[-1]["content"]
+    return await _generate(request, state, CHAT, req.options, 1, encode, text, arrival)
+
+
+async def _generate(request, state: ServerState, kind: _Kind, options: GenerationOptions, num_prompts: int,
+                    encode, prompt_text: str | None, arrival: float) -> web.StreamResponse:
+    state.check_model(options.model)
+    state.check_serving()
+    with state.admitted(options.n * num_prompts):
+        prompts = await encode()
+        builder = state.usable_prompts()
+        samplings = [options.sampling(builder.max_tokens_for(len(p), options.max_tokens, kind.default_max_tokens,
+                                                             kind.what)) for p in prompts]
+        gen = Generation(state.client, state.new_request_id(kind.id_prefix), prompts, samplings, options.n,
+                         options.priority, arrival)
+        status = CLIENT_CLOSED
+        try:
+            gen.start()
+            if options.stream:
+                response = await _stream(request, state, kind, options, gen)
+            else:
+                response = json_response(await _collect(state, kind, gen))
+            status = 200
+            return response
+        except ApiError as e:
+            status = e.status
+            raise
+        finally:
+            gen.abort()
+            state.finish(gen, status, prompt_text)
+
+
+def _as_api_error(error: Exception) -> ApiError:
+    if isinstance(error, RequestError):
+        return bad_request(str(error))
+    if isinstance(error, EngineDeadError):
+        return ApiError(500, "the engine failed; the server is exiting", "InternalServerError")
+    return ApiError(500, f"internal error: {type(error).__name__}", "InternalServerError")
+
+
+async def _collect(state: ServerState, kind: _Kind, gen: Generation) -> dict:
+    created = int(time.time())
+    try:
+        async for _ in gen.updates():
+            pass
+    except (RequestError, EngineDeadError) as e:
+        raise _as_api_error(e) from None
+    choices = []
+    for c in gen.choices:
+        lps = None
+        if c.sampling.logprobs is not None:
+            entries = state.logprob_entries(c.logprobs)
+            lps = r.chat_logprobs(entries) if kind.chat else r.completion_logprobs(entries)
+        build = r.chat_choice if kind.chat else r.completion_choice
+        choices.append(build(c.index, c.text, lps, c.finish_reason, c.stop_reason))
+    body = r.chat_completion if kind.chat else r.completion
+    return body(gen.request_id, created, state.model_name, choices,
+                r.usage(gen.num_prompt_tokens, gen.num_output_tokens))
+
+
+async def _stream(request, state: ServerState, kind: _Kind, options: GenerationOptions,
+                  gen: Generation) -> web.StreamResponse:
+    updates = gen.updates()
+    try:  # headers wait for the first output, so an engine refusal is still a plain 400
+        first = await anext(updates)
+    except (RequestError, EngineDeadError) as e:
+        raise _as_api_error(e) from None
+    writer = ChunkWriter(gen, kind.chat, state.model_name, int(time.time()), options.include_usage,
+                         options.logprobs is not None, state.logprob_entries)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    await response.write(writer.opening() + writer.chunks(first))
+    try:
+        async for batch in updates:
+            data = writer.chunks(batch)
+            if data:
+                await response.write(data)
+        await response.write(writer.closing())
+    except (RequestError, EngineDeadError) as e:  # headers are out: the error goes in the stream
+        await response.write(sse(r.error_body(_as_api_error(e))) + DONE)
+    await response.write_eof()
+    return response

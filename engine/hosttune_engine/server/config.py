@@ -1,0 +1,49 @@
+"""Server configuration: one dataclass with defaults, validated when built (the engine's own is `EngineConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hosttune_engine.config import EngineConfig
+from hosttune_engine.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the HTTP server runs one engine.
+
+    The engine's batch size (`engine.max_num_seqs`) is the `--max-batch-size`;
+    `max_queue` more sequences may wait, and past that requests get 429.
+    `served_model_name` defaults to the model path, as in vLLM.
+    """
+
+    engine: EngineConfig
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str | None = None
+    max_queue: int = 64
+    shutdown_timeout_s: float = 30.0
+    retry_after_s: int = 1
+    max_body_bytes: int = 8 * 2**20
+    log_prompts: bool = False
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        if self.max_queue < 0:
+            raise ConfigError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.shutdown_timeout_s < 0:
+            raise ConfigError(f"shutdown_timeout must be >= 0 seconds, got {self.shutdown_timeout_s}")
+        if self.retry_after_s < 1:
+            raise ConfigError(f"retry_after must be >= 1 second, got {self.retry_after_s}")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.engine.model
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.engine.max_num_seqs

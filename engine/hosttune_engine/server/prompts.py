@@ -1,0 +1,80 @@
+"""Turning request prompts into token ids: text, token ids or chat messages, checked against the context.
+
+Context errors use vLLM's wording, so clients that parse it keep working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from hosttune_engine.server.schemas import ApiError, Prompt, bad_request
+
+OFFLOAD_CHARS = 20_000  # longer texts are tokenized off the event loop, so 429s stay fast meanwhile
+
+
+class PromptBuilder:
+    def __init__(self, tokenizer, max_model_len: int, vocab_size: int):
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+
+    # -- text and chat ---------------------------------------------------------------------
+    def _need_tokenizer(self):
+        if self.tokenizer is None:
+            raise bad_request("this model has no tokenizer (tokenizer.json); send token ids instead", "prompt")
+        return self.tokenizer
+
+    async def encode(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a text or token-id prompt; the ids are checked against the vocabulary."""
+        if not isinstance(prompt, str):
+            return self.check_ids(list(prompt))
+        tok = self._need_tokenizer()
+        if len(prompt) < OFFLOAD_CHARS:
+            return tok.encode(prompt, add_special_tokens=add_special_tokens)
+        return await asyncio.get_running_loop().run_in_executor(None, tok.encode, prompt, add_special_tokens)
+
+    def render_chat(self, messages, add_generation_prompt: bool = True, template_kwargs: dict | None = None) -> str:
+        tok = self._need_tokenizer()
+        if not tok.chat_template:
+            raise bad_request("this model has no chat template; use /v1/completions", "messages")
+        try:
+            return tok.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
+                                           **(template_kwargs or {}))
+        except Exception as e:  # the template is user-facing Jinja: any failure is about the messages
+            raise bad_request(f"the chat template could not render these messages: {str(e)[:200]}",
+                              "messages") from None
+
+    async def encode_chat(self, messages, add_generation_prompt: bool = True,
+                          template_kwargs: dict | None = None) -> list[int]:
+        # The template writes BOS itself where the model wants one, as in vLLM.
+        text = self.render_chat(messages, add_generation_prompt, template_kwargs)
+        return await self.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self._need_tokenizer().decode(self.check_ids(list(ids), "tokens"), skip_special_tokens=False)
+
+    def check_ids(self, ids: list[int], param: str = "prompt") -> list[int]:
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise bad_request(f"token id {str(bad)[:24]} is out of the vocabulary [0, {self.vocab_size})", param)
+        return ids
+
+    # -- context length ------------------------------------------------------------------------
+    def max_tokens_for(self, num_prompt_tokens: int, requested: int | None, default: int | None,
+                       what: str = "prompt") -> int:
+        """The max_tokens to run with; a 400 if the prompt, or prompt plus max_tokens, exceeds the context."""
+        if num_prompt_tokens == 0:
+            raise bad_request(f"the {what} is empty", "prompt" if what == "prompt" else what)
+        room = self.max_model_len - num_prompt_tokens
+        if room < 1:
+            raise ApiError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                                f"your request has {num_prompt_tokens} input tokens. Please reduce the length "
+                                f"of the input {what}.", param=what)
+        if requested is None:
+            return room if default is None else min(default, room)
+        if requested > room:
+            raise ApiError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                                f"you requested {num_prompt_tokens + requested} tokens ({num_prompt_tokens} in "
+                                f"the {what}, {requested} in the completion). Please reduce the length of the "
+                                f"{what} or completion.", param="max_tokens")
+        return requested

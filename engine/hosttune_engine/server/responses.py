@@ -1,0 +1,111 @@
+"""OpenAI response bodies: completions, chat completions, their stream chunks, usage, logprobs, errors.
+
+Each builder returns a plain dict in the field order of OpenAI's API (and
+vLLM's extra `stop_reason`); `dumps` turns one into compact JSON bytes.
+Requests are parsed in `schemas.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from hosttune_engine.server.schemas import ApiError
+
+MIN_LOGPROB = -9999.0  # JSON has no -Infinity; vLLM clamps the same way
+
+
+def dumps(body: dict) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
+
+
+def error_body(err: ApiError) -> dict:
+    return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.status}}
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
+
+
+@dataclass(frozen=True)
+class LogprobEntry:
+    """One generated token's text and log-probability, with the most likely alternatives."""
+
+    text: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+def _lp(value: float) -> float:
+    return max(value, MIN_LOGPROB)
+
+
+def completion_logprobs(entries: list[LogprobEntry], text_offset: int = 0) -> dict:
+    """The legacy completions format; `text_offset` is where the first token starts in the choice's text."""
+    offsets = []
+    for e in entries:
+        offsets.append(text_offset)
+        text_offset += len(e.text)
+    return {"tokens": [e.text for e in entries], "token_logprobs": [_lp(e.logprob) for e in entries],
+            "top_logprobs": [{t: _lp(lp) for t, lp in e.top} for e in entries], "text_offset": offsets}
+
+
+def chat_logprobs(entries: list[LogprobEntry]) -> dict:
+    def item(text, lp):
+        return {"token": text, "logprob": _lp(lp), "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [{**item(e.text, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
+                        for e in entries]}
+
+
+# -- whole responses --------------------------------------------------------------------
+def completion_choice(index: int, text: str, logprobs: dict | None, finish_reason, stop_reason) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
+
+
+def chat_choice(index: int, text: str, logprobs: dict | None, finish_reason, stop_reason) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+            "finish_reason": finish_reason, "stop_reason": stop_reason}
+
+
+def completion(request_id: str, created: int, model: str, choices: list[dict], usage_body: dict) -> dict:
+    return {"id": request_id, "object": "text_completion", "created": created, "model": model,
+            "choices": choices, "usage": usage_body}
+
+
+def chat_completion(request_id: str, created: int, model: str, choices: list[dict], usage_body: dict) -> dict:
+    return {"id": request_id, "object": "chat.completion", "created": created, "model": model,
+            "choices": choices, "usage": usage_body}
+
+
+# -- stream chunks ------------------------------------------------------------------------
+def completion_chunk(request_id: str, created: int, model: str, choices: list[dict],
+                     with_usage: bool = False, usage_body: dict | None = None) -> dict:
+    body = {"id": request_id, "object": "text_completion", "created": created, "model": model, "choices": choices}
+    if with_usage:  # with include_usage every chunk carries usage: null, the last one the counts
+        body["usage"] = usage_body
+    return body
+
+
+def chat_chunk(request_id: str, created: int, model: str, choices: list[dict],
+               with_usage: bool = False, usage_body: dict | None = None) -> dict:
+    body = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": choices}
+    if with_usage:
+        body["usage"] = usage_body
+    return body
+
+
+def chat_delta_choice(index: int, delta: dict, logprobs: dict | None, finish_reason=None, stop_reason=None) -> dict:
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
+            "stop_reason": stop_reason}
+
+
+def model_list(name: str, root: str, max_model_len: int, created: int) -> dict:
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "hosttune",
+                                        "root": root, "parent": None, "max_model_len": max_model_len}]}

@@ -1,0 +1,192 @@
+"""The server's life: listen, load the engine, warm up, serve, drain on SIGTERM, exit.
+
+The socket opens first, so /health answers 503 while the model loads (on a
+thread) and while warmup runs; 200 only after that. SIGTERM or SIGINT stops
+admitting (503), lets in-flight requests finish for up to `shutdown_timeout_s`,
+aborts the rest and exits 0. An engine that dies, fails to load or fails
+warmup makes the process exit 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+
+from aiohttp import web
+
+from hosttune_engine.config import EngineConfig
+from hosttune_engine.server.app import build_app
+from hosttune_engine.server.config import ServerConfig
+from hosttune_engine.server.engine_client import EngineClient
+from hosttune_engine.server.health import GpuMonitor, Phase
+from hosttune_engine.server.state import ServerState
+from hosttune_engine.server.warmup import warm_up, warmup_requests
+
+log = logging.getLogger("hosttune_engine.server")
+
+HEALTH_SAMPLE_S = 0.5
+
+
+def build_engine(config: EngineConfig):
+    from hosttune_engine.core.engine import Engine  # loads torch
+
+    return Engine(config)
+
+
+class Server:
+    """Example: asyncio.run(Server(ServerConfig(EngineConfig(model="/models/qwen2.5-7b"))).run())"""
+
+    def __init__(self, config: ServerConfig, engine_factory=build_engine):
+        self.config = config
+        self.engine_factory = engine_factory
+        self.state = ServerState(config)
+        self.exit_code = 0
+        self._stopping: asyncio.Event | None = None
+
+    async def run(self) -> int:
+        """Serve until told to stop; returns the process exit code."""
+        self._stopping = asyncio.Event()
+        runner = web.AppRunner(build_app(self.state), handler_cancellation=True, access_log=None,
+                               shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.config.host, self.config.port).start()
+        except OSError as e:
+            log.error("cannot listen on %s:%s: %s", self.config.host, self.config.port, e)
+            await runner.cleanup()
+            return 1
+        log.info("listening on http://%s:%s (loading %s)", self.config.host, self.config.port, self.config.engine.model)
+        self._install_signal_handlers()
+        sampler = asyncio.create_task(self._sample_health())
+        try:
+            if await self._start_engine():
+                self.state.health.phase = Phase.READY
+                log.info("ready: serving %s", self.state.model_name)
+                await self._stopping.wait()
+                if self.exit_code == 0:
+                    await self._drain()
+            return self.exit_code
+        finally:
+            sampler.cancel()
+            await runner.cleanup()
+            if self.state.client is not None:
+                self.state.client.stop()
+
+    def stop(self) -> None:
+        """Begin the drain (what SIGTERM does)."""
+        if self._stopping is not None and not self._stopping.is_set():
+            log.info("stopping: no new requests; draining up to %.0f s", self.config.shutdown_timeout_s)
+            if self.state.health.phase is not Phase.FAILED:
+                self.state.health.phase = Phase.DRAINING
+            self._stopping.set()
+
+    def fail(self, error: BaseException) -> None:
+        log.error("engine failed: %r", error, exc_info=error)
+        self.state.health.phase = Phase.FAILED
+        self.state.health.detail = f"{type(error).__name__}: {str(error)[:200]}"
+        self.exit_code = 1
+        if self._stopping is not None:
+            self._stopping.set()
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # embedded in a test or another program: it calls stop() itself
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+
+    # -- starting -------------------------------------------------------------------------
+    async def _start_engine(self) -> bool:
+        """Load and warm up; False if a stop or a failure came first."""
+        try:
+            engine = await self._until_stopped(_in_thread(self.engine_factory, self.config.engine))
+            if engine is None:
+                return False
+            client = EngineClient(engine, on_fatal=self.fail).start()
+            self.state.attach(client, engine.tokenizer, engine.max_model_len, engine.model_config.vocab_size)
+            self.state.health.gpu = GpuMonitor(_pci_bus_id(engine))
+            if not self.config.warmup:
+                return True
+            self.state.health.phase = Phase.WARMING_UP
+            seconds = await self._until_stopped(warm_up(client, self._warmup_requests(engine, client)))
+            if seconds is None:
+                return False
+            log.info("warmup done in %.1f s", seconds)
+            return True
+        except Exception as e:
+            self.fail(e)
+            return False
+
+    def _warmup_requests(self, engine, client: EngineClient):
+        cfg = self.config.engine
+        kv_tokens = client.stats().num_kv_blocks * cfg.block_size
+        return warmup_requests(cfg.max_num_seqs, engine.max_model_len, cfg.max_num_batched_tokens, kv_tokens,
+                               engine.model_config.vocab_size, engine.runner.device.type == "cuda")
+
+    async def _until_stopped(self, awaitable):
+        """The awaitable's result, or None if stop() or fail() came first."""
+        task = asyncio.ensure_future(awaitable)
+        stopped = asyncio.create_task(self._stopping.wait())
+        await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            return None
+        return task.result()
+
+    async def _sample_health(self) -> None:
+        while True:
+            stats = self.state.stats()
+            if stats is not None:
+                self.state.health.tokens.sample(stats.generation_tokens_total)
+            await asyncio.sleep(HEALTH_SAMPLE_S)
+
+    # -- stopping ---------------------------------------------------------------------------
+    async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_timeout_s
+        admission = self.state.admission
+        while admission.num_in_flight and loop.time() < deadline and self.exit_code == 0:
+            await asyncio.sleep(0.05)
+        if admission.num_in_flight:
+            log.warning("shutdown timeout: aborting %d sequences still in flight", admission.num_in_flight)
+        else:
+            log.info("drained: every in-flight request finished")
+
+
+def _in_thread(fn, *args) -> asyncio.Future:
+    """Run fn on a daemon thread (a model load cannot be interrupted; a stop must not wait for it)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(setter, value):
+        if not future.done():
+            setter(value)
+
+    def target():
+        try:
+            outcome = (future.set_result, fn(*args))
+        except BaseException as e:
+            outcome = (future.set_exception, e)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the event loop is gone: nobody waits for this any more
+            pass
+
+    threading.Thread(target=target, name="engine-load", daemon=True).start()
+    return future
+
+
+def _pci_bus_id(engine) -> str | None:
+    device = engine.runner.device
+    if device.type != "cuda":
+        return None
+    import torch
+
+    p = torch.cuda.get_device_properties(device)
+    try:
+        return f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+    except AttributeError:  # an older torch without the PCI fields
+        return None

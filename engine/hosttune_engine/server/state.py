@@ -1,0 +1,114 @@
+"""What the HTTP handlers share: config, the engine client, prompts, admission, metrics and health."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from contextlib import contextmanager
+
+from aiohttp import web
+
+from hosttune_engine.core.messages import EngineStats, TokenLogprob
+from hosttune_engine.server.admission import Admission
+from hosttune_engine.server.config import ServerConfig
+from hosttune_engine.server.engine_client import EngineClient
+from hosttune_engine.server.generation import Generation
+from hosttune_engine.server.health import Health, Phase
+from hosttune_engine.server.metrics import Metrics
+from hosttune_engine.server.prompts import PromptBuilder
+from hosttune_engine.server.responses import LogprobEntry
+from hosttune_engine.server.schemas import ApiError, bad_request
+
+log = logging.getLogger("hosttune_engine.server")
+
+UNAVAILABLE = {Phase.STARTING: ("starting", "The server is loading the model; retry shortly"),
+               Phase.WARMING_UP: ("starting", "The server is warming up; retry shortly"),
+               Phase.DRAINING: ("draining", "The server is shutting down; send this request elsewhere"),
+               Phase.FAILED: ("draining", "The engine failed; the server is exiting")}
+
+
+class ServerState:
+    def __init__(self, config: ServerConfig, health: Health | None = None):
+        self.config = config
+        self.model_name = config.model_name
+        self.health = health or Health()
+        self.admission = Admission(config.max_batch_size, config.max_queue, config.retry_after_s)
+        self.metrics = Metrics(self.model_name)
+        self.created = int(time.time())
+        self.client: EngineClient | None = None
+        self.prompts: PromptBuilder | None = None
+        self.max_model_len = 0
+        self._token_texts: dict[int, str] = {}
+
+    def attach(self, client: EngineClient, tokenizer, max_model_len: int, vocab_size: int) -> None:
+        """The engine is loaded: from now on handlers can tokenize and generate."""
+        self.client = client
+        self.max_model_len = max_model_len
+        self.prompts = PromptBuilder(tokenizer, max_model_len, vocab_size)
+
+    def stats(self) -> EngineStats | None:
+        return self.client.stats() if self.client else None
+
+    # -- gates, in the order a generation request meets them ----------------------------------
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise ApiError(404, f"The model `{name[:100]}` does not exist.", "NotFoundError", "model")
+
+    def check_serving(self) -> None:
+        """A 503 unless ready: while starting, warming up, draining or failed."""
+        if self.health.is_ready:
+            return
+        reason, message = UNAVAILABLE[self.health.phase]
+        self.metrics.reject(reason)
+        raise ApiError(503, message, "ServiceUnavailableError")
+
+    @contextmanager
+    def admitted(self, num_seqs: int):
+        """Hold `num_seqs` admission slots for the block, or raise the 429 (or a 400 if it can never fit)."""
+        if not self.admission.fits_ever(num_seqs):
+            raise bad_request(f"this request asks for {num_seqs} sequences (n times prompts); the server takes at "
+                              f"most {self.admission.capacity} at once", "n")
+        rejected = self.admission.admit(num_seqs)
+        if rejected is not None:
+            self.metrics.reject("overload")
+            raise ApiError(429, rejected.message, "RateLimitError")
+        with self.admission.holding(num_seqs):
+            yield
+
+    def usable_prompts(self) -> PromptBuilder:
+        if self.prompts is None:
+            raise ApiError(503, UNAVAILABLE[Phase.STARTING][1], "ServiceUnavailableError")
+        return self.prompts
+
+    # -- helpers for responses ------------------------------------------------------------------
+    def new_request_id(self, prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex}"
+
+    def logprob_entries(self, logprobs: list[TokenLogprob]) -> list[LogprobEntry]:
+        return [LogprobEntry(self._text(lp.token_id), lp.logprob, tuple((self._text(t), v) for t, v in lp.top))
+                for lp in logprobs]
+
+    def _text(self, token_id: int) -> str:
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.prompts.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    # -- the end of a request ---------------------------------------------------------------------
+    def finish(self, gen: Generation, status: int, prompt_text: str | None = None) -> None:
+        """Observe each sequence's timings and write the request's one log line."""
+        now = time.monotonic()
+        for choice in gen.choices:
+            self.metrics.observe(choice.timing(now))
+        firsts = [c.first_token_time for c in gen.choices if c.first_token_time]
+        ttft = f"{min(firsts) - gen.arrival:.3f}s" if firsts else "-"
+        reasons = ",".join(sorted({c.finish_reason or "abort" for c in gen.choices}))
+        line = (f"request {gen.request_id} status={status} n={len(gen.choices)} prompt_tokens={gen.num_prompt_tokens}"
+                f" output_tokens={gen.num_output_tokens} ttft={ttft} total={now - gen.arrival:.3f}s finish={reasons}")
+        if self.config.log_prompts and prompt_text is not None:
+            line += f" prompt={prompt_text[:4000]!r}"
+        log.info(line)
+
+
+STATE = web.AppKey("state", ServerState)
