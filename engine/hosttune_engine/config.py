@@ -22,7 +22,8 @@ class EngineConfig:
     otherwise derived from free GPU memory and `gpu_memory_utilization` (or
     from `cpu_kv_cache_gib` on CPU). `max_num_seqs` is the hard maximum batch
     size; `max_num_batched_tokens` is the per-step token budget that chunks long
-    prefills.
+    prefills. On CUDA, decode-only steps of up to `max_cuda_graph_batch_size`
+    sequences replay CUDA graphs captured at start; `enforce_eager` turns that off.
     """
 
     model: str
@@ -41,6 +42,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
     tokenizer: str | None = None
+    enforce_eager: bool = False
+    max_cuda_graph_batch_size: int = 256
 
     def __post_init__(self) -> None:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
@@ -65,6 +68,8 @@ class EngineConfig:
             )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.max_cuda_graph_batch_size < 1:
+            raise ConfigError(f"max_cuda_graph_batch_size must be >= 1, got {self.max_cuda_graph_batch_size}")
         if self.cpu_kv_cache_gib <= 0:
             raise ConfigError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
 

@@ -44,6 +44,28 @@ def test_prefill_attention(dtype, head_dim, hq, hkv, page, block_n):
     assert_close(out, ref, dtype, scale=2)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim,hq,hkv", [(64, 8, 2), (128, 7, 1)])
+def test_prefill_attention_contiguous_matches_paged(dtype, head_dim, hq, hkv):
+    """Fresh prompts (no cached prefix): reading this step's k, v directly equals reading the cache."""
+    gen = torch.Generator().manual_seed(head_dim + hq)
+    qlens, page = [1, 16, 17, 40, 64, 65], 16
+    t = sum(qlens)
+    qkv = randn(t, hq + 2 * hkv, head_dim, dtype=dtype, gen=gen)
+    q, k, v = qkv.split([hq, hkv, hkv], dim=1)  # strided views, as the attention layer passes them
+    nblocks = sum(-(-n // page) for n in qlens) + 2
+    kc, vc = (torch.zeros(nblocks, page, hkv, head_dim, dtype=dtype, device=DEVICE) for _ in range(2))
+    bt = block_tables_for(qlens, page, nblocks, gen)
+    cu = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0)), dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor(qlens, dtype=torch.int32, device=DEVICE)
+    for b, n in enumerate(qlens):  # the KV write of this step
+        slots = torch.arange(n, device=DEVICE)
+        rows = bt[b, slots // page].long() * page + slots % page
+        kc.view(-1, hkv, head_dim)[rows], vc.view(-1, hkv, head_dim)[rows] = k[cu[b]:cu[b + 1]], v[cu[b]:cu[b + 1]]
+    out = prefill_attention(q, kc, vc, cu, lens, bt, max(qlens), contiguous=True, k=k, v=v, block_m=32, block_n=32)
+    assert_close(out, prefill_attention_ref(q, kc, vc, cu, lens, bt), dtype, scale=2)
+
+
 def test_prefill_ref_matches_dense_causal_attention():
     gen = torch.Generator().manual_seed(1)
     L, hq, hkv, d, page = 37, 4, 2, 16, 8

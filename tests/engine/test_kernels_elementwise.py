@@ -7,6 +7,7 @@ from hosttune_engine.errors import KernelInputError
 from hosttune_engine.kernels.kv_write import write_kv, write_kv_ref
 from hosttune_engine.kernels.rmsnorm import rms_norm, rms_norm_ref
 from hosttune_engine.kernels.rope import rope, rope_ref
+from hosttune_engine.kernels.rope_kv import rope_kv_write, rope_kv_write_ref
 from hosttune_engine.kernels.swiglu import swiglu, swiglu_ref
 from hosttune_engine.layers.rotary import rope_cos_sin
 from .conftest import DEVICE
@@ -104,3 +105,32 @@ def test_kv_write_rejects_mismatched_cache():
     cache = torch.zeros(4, 16, 3, 16, device=DEVICE)
     with pytest.raises(KernelInputError, match="does not hold heads"):
         write_kv(k, k, cache, cache, torch.zeros(2, dtype=torch.int64, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim,hq,hkv", [(128, 28, 4), (64, 7, 1), (16, 2, 2)])
+def test_rope_kv_write(dtype, head_dim, hq, hkv):
+    """Fused RoPE + KV write equals rope then write_kv: q, k rotated in place, k and v in their slots."""
+    page, nblocks, t = 16, 6, 9
+    cos_sin = rope_cos_sin(head_dim, 4096, 1e6).to(DEVICE)
+    qkv = randn(t, (hq + 2 * hkv) * head_dim, dtype=dtype, gen=GEN)
+    pos = torch.tensor([0, 1, 15, 16, 1000, 4095, 7, 8, 9], dtype=torch.int32, device=DEVICE)
+    slots = torch.tensor([0, 15, 16, 17, 40, -1, 95, 3, 50], device=DEVICE)
+    caches = [torch.zeros(nblocks, page, hkv, head_dim, dtype=dtype, device=DEVICE) for _ in range(4)]
+    got, want = qkv.clone(), qkv.clone()
+    rope_kv_write(got, pos, cos_sin, caches[0], caches[1], slots, hq, hkv)
+    rope_kv_write_ref(want, pos, cos_sin, caches[2], caches[3], slots, hq, hkv)
+    assert_close(got, want, dtype)
+    assert_close(caches[0], caches[2], dtype)
+    assert torch.equal(caches[1], caches[3])  # v is copied, not computed
+    q = qkv.view(t, -1, head_dim)[:, :hq]
+    assert_close(got.view(t, -1, head_dim)[:, :hq], rope_ref(q, pos, cos_sin), dtype)
+    assert caches[1].count_nonzero() == 8 * hkv * head_dim  # the -1 slot wrote nothing
+
+
+def test_rope_kv_write_rejects_a_mismatched_width():
+    cos_sin = rope_cos_sin(16, 64, 1e4).to(DEVICE)
+    cache = torch.zeros(2, 4, 1, 16, device=DEVICE)
+    with pytest.raises(KernelInputError, match="qkv width"):
+        rope_kv_write(torch.zeros(3, 5 * 16, device=DEVICE), torch.zeros(3, dtype=torch.int32, device=DEVICE),
+                      cos_sin, cache, cache, torch.zeros(3, dtype=torch.int32, device=DEVICE), 2, 1)

@@ -61,3 +61,10 @@ def test_greedy_rows_ignore_temperature_rows():
     out = Sampler()(logits, batch)
     assert out.token_ids[0] == 1
     assert out.top_ids[1] == [1, 2] and abs(out.logprobs[0] - torch.log_softmax(logits[0], -1)[1].item()) < 1e-6
+
+
+def test_all_greedy_batches_build_no_row_tensors():
+    batch = SamplingBatch.build([SamplingParams(temperature=0)] * 3, [None] * 3, 10, "cpu")
+    assert batch.all_greedy and batch.temperatures is None and batch.top_p is None
+    logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 5.0]])
+    assert Sampler()(logits, batch).token_ids == [1, 0, 2]

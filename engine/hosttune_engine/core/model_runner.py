@@ -1,19 +1,21 @@
 """Runs the model for one scheduled step: pack inputs, forward, sample.
 
 Inputs are packed as the attention layer expects (prefill chunks first, then
-one token per decoding sequence). `_forward` is the single entry to the model,
-so decode-only steps can later be replayed from CUDA graphs captured per batch
-size: their kernels' grids depend on the batch size only.
+one token per decoding sequence), with numpy into one int32 array that moves
+to the device in one copy. Decode-only steps on CUDA replay a CUDA graph
+captured per batch size (`core.cuda_graphs`); other steps run eagerly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, num_blocks_for_memory
 from hosttune_engine.config import EngineConfig
+from hosttune_engine.core.cuda_graphs import DecodeGraphs, DecodeInputs, capture_sizes
 from hosttune_engine.core.scheduler import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.errors import ConfigError
@@ -84,6 +86,26 @@ class ModelRunner:
         self.kv_pool.bind(self.model)
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
+        self.graphs: DecodeGraphs | None = None
+        if self.device.type == "cuda" and self.use_triton and not config.enforce_eager:
+            self.graphs = self.build_decode_graphs(use_graphs=True)
+
+    def build_decode_graphs(self, use_graphs: bool, max_batch: int | None = None) -> DecodeGraphs:
+        """Persistent decode buffers and, with `use_graphs`, one captured graph per batch size
+        (without, the padded buffers run eagerly: how CPU tests exercise this path)."""
+        max_batch = max_batch or min(self.config.max_num_seqs, self.config.max_cuda_graph_batch_size)
+        width = -(-self.max_model_len // self.block_size)
+        inputs = DecodeInputs(max_batch, width, self.block_size, self.device)
+        graphs = DecodeGraphs(self._decode_logits, inputs, capture_sizes(max_batch), self._graph_num_splits,
+                              use_graphs)
+        graphs.capture()
+        return graphs
+
+    def _graph_num_splits(self, batch: int) -> int:
+        return choose_num_splits(batch, self.model_config.num_kv_heads, self.max_model_len, self.num_sms)
+
+    def _decode_logits(self, input_ids, positions, meta) -> torch.Tensor:
+        return self.model.compute_logits(self.model(input_ids, positions, meta))  # [B, V] fp32
 
     # -- KV pool sizing ----------------------------------------------------------
     def _size_kv_pool(self) -> int:
@@ -124,20 +146,28 @@ class ModelRunner:
     # -- one step ------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
-        batch = self._prepare(sched)
-        hidden = self._forward(batch)
+        mask = sched.sample_mask()
+        if self.graphs is not None and self._is_decode_only(sched) and self.graphs.can_run(len(sched.seqs)):
+            logits = self.graphs.run(sched.seqs)  # [n, V] fp32
+            sample_seqs = [s for s, needs in zip(sched.seqs, mask) if needs]
+            if len(sample_seqs) < len(sched.seqs):
+                logits = logits[torch.tensor([i for i, needs in enumerate(mask) if needs], device=self.device)]
+        else:
+            batch = self._prepare(sched)
+            sample_seqs = batch.sample_seqs
+            logits = self.model.compute_logits(self._forward(batch)[batch.sample_rows]) if sample_seqs else None
         sampled = None
-        if batch.sample_seqs:
-            logits = self.model.compute_logits(hidden[batch.sample_rows])  # [N, V] fp32
-            sampling = SamplingBatch.build([s.sampling for s in batch.sample_seqs],
-                                           [self._generator(s) for s in batch.sample_seqs],
+        if sample_seqs:
+            sampling = SamplingBatch.build([s.sampling for s in sample_seqs],
+                                           [self._generator(s) for s in sample_seqs],
                                            logits.shape[-1], self.device)
             sampled = self.sampler(logits, sampling)
-        tokens: list[int | None] = []
         it = iter(sampled.token_ids if sampled else [])
-        for seq, needs in zip(sched.seqs, sched.sample_mask()):
-            tokens.append(next(it) if needs else None)
-        return StepResult(tokens, sampled)
+        return StepResult([next(it) if needs else None for needs in mask], sampled)
+
+    @staticmethod
+    def _is_decode_only(sched: SchedulerOutput) -> bool:
+        return all(n == 1 for n in sched.num_new_tokens)
 
     def _forward(self, batch: _Batch) -> torch.Tensor:
         return self.model(batch.input_ids, batch.positions, batch.meta)  # [T, H]
@@ -161,55 +191,85 @@ class ModelRunner:
 
     # -- input packing ---------------------------------------------------------------
     def _prepare(self, sched: SchedulerOutput) -> _Batch:
-        ids, pos, slots, sample_rows, sample_seqs = [], [], [], [], []
-        prefill: list[tuple[int, int, list[int]]] = []  # (query len, context len, block table)
-        decode: list[tuple[int, list[int]]] = []
+        """Pack a step's inputs in numpy (int32), then move them to the device in one copy."""
+        bs = self.block_size
+        ids, pos, slots = [], [], []
+        prefill, decode, sample_rows, sample_seqs = [], [], [], []
+        num_tokens = 0
         for seq, n in zip(sched.seqs, sched.num_new_tokens):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            ids.extend(seq.token_ids[start:end])
-            pos.extend(range(start, end))
-            slots.extend(self._slots(seq.block_table, start, end))
+            p = np.arange(start, end, dtype=np.int64)
+            ids.append(np.asarray(seq.token_ids[start:end], dtype=np.int64))
+            pos.append(p)
+            table = np.asarray(seq.block_table[start // bs: -(-end // bs)], dtype=np.int64)
+            slots.append(table[p // bs - start // bs] * bs + p % bs)
             (prefill.append((n, end, seq.block_table)) if n > 1 else decode.append((end, seq.block_table)))
+            num_tokens += n
             if end == seq.num_tokens:
-                sample_rows.append(len(ids) - 1)
+                sample_rows.append(num_tokens - 1)
                 sample_seqs.append(seq)
-        dev = self.device
+        host = _HostPack()
+        ids_at, pos_at, slots_at = (host.add(np.concatenate(x)) for x in (ids, pos, slots))
+        rows_at = host.add(np.asarray(sample_rows))
+        meta_at = self._pack_metadata(host, prefill, decode)
+        dev = host.to(self.device)
         return _Batch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(pos, dtype=torch.int64, device=dev),
-            meta=self._metadata(prefill, decode, torch.tensor(slots, dtype=torch.int64, device=dev)),
-            sample_rows=torch.tensor(sample_rows, dtype=torch.int64, device=dev),
-            sample_seqs=sample_seqs,
+            input_ids=dev[ids_at], positions=dev[pos_at],
+            meta=self._metadata(dev, meta_at, prefill, decode, dev[slots_at]),
+            sample_rows=dev[rows_at], sample_seqs=sample_seqs,
         )
 
-    def _slots(self, block_table: list[int], start: int, end: int) -> list[int]:
-        bs, out = self.block_size, []
-        for i in range(start // bs, -(-end // bs)):
-            lo, hi = max(start, i * bs) - i * bs, min(end, (i + 1) * bs) - i * bs
-            base = block_table[i] * bs
-            out.extend(range(base + lo, base + hi))
-        return out
+    def _pack_metadata(self, host: "_HostPack", prefill, decode) -> dict:
+        at = {}
+        if prefill:
+            at["cu"] = host.add(np.cumsum([0] + [q for q, _, _ in prefill]))
+            at["p_lens"] = host.add(np.asarray([c for _, c, _ in prefill]))
+            at["p_bt"] = host.add_table([t for _, _, t in prefill])
+        if decode:
+            at["d_lens"] = host.add(np.asarray([c for c, _ in decode]))
+            at["d_bt"] = host.add_table([t for _, t in decode])
+        return at
 
-    def _metadata(self, prefill, decode, slot_mapping) -> AttentionMetadata:
+    def _metadata(self, dev: torch.Tensor, at: dict, prefill, decode, slot_mapping) -> AttentionMetadata:
         meta = AttentionMetadata(slot_mapping=slot_mapping, num_prefill_tokens=sum(q for q, _, _ in prefill))
         if prefill:
-            cu = [0]
-            for q, _, _ in prefill:
-                cu.append(cu[-1] + q)
-            meta.prefill_cu_seqlens_q = self._int32(cu)
-            meta.prefill_seq_lens = self._int32([c for _, c, _ in prefill])
-            meta.prefill_block_tables = self._block_tables([t for _, _, t in prefill])
+            meta.prefill_cu_seqlens_q = dev[at["cu"]]
+            meta.prefill_seq_lens = dev[at["p_lens"]]
+            meta.prefill_block_tables = _table_view(dev, at["p_bt"])
             meta.prefill_max_query_len = max(q for q, _, _ in prefill)
+            meta.prefill_has_prefix = any(c != q for q, c, _ in prefill)
         if decode:
-            meta.decode_seq_lens = self._int32([c for c, _ in decode])
-            meta.decode_block_tables = self._block_tables([t for _, t in decode])
+            meta.decode_seq_lens = dev[at["d_lens"]]
+            meta.decode_block_tables = _table_view(dev, at["d_bt"])
             meta.decode_num_splits = choose_num_splits(len(decode), self.model_config.num_kv_heads,
                                                        max(c for c, _ in decode), self.num_sms)
         return meta
 
-    def _int32(self, values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32, device=self.device)
 
-    def _block_tables(self, tables: list[list[int]]) -> torch.Tensor:
+def _table_view(dev: torch.Tensor, at: tuple[slice, int]) -> torch.Tensor:
+    span, width = at
+    return dev[span].view(-1, width)
+
+
+class _HostPack:
+    """int32 arrays laid end to end on the host; `to(device)` moves them in one copy."""
+
+    def __init__(self):
+        self.parts: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, values: np.ndarray) -> slice:
+        self.parts.append(values)
+        self.size += len(values)
+        return slice(self.size - len(values), self.size)
+
+    def add_table(self, tables: list[list[int]]) -> tuple[slice, int]:
         width = max(len(t) for t in tables)
-        return self._int32([t + [0] * (width - len(t)) for t in tables])
+        rows = np.zeros((len(tables), width), dtype=np.int32)
+        for i, t in enumerate(tables):
+            rows[i, :len(t)] = t
+        return self.add(rows.reshape(-1)), width
+
+    def to(self, device: torch.device) -> torch.Tensor:
+        flat = np.concatenate(self.parts).astype(np.int32) if self.parts else np.zeros(0, np.int32)
+        return torch.from_numpy(flat).to(device, non_blocking=False)

@@ -17,22 +17,23 @@ import triton.language as tl
 from hosttune_engine.kernels.attention_checks import check_paged_attention_inputs
 from hosttune_engine.kernels.checks import check, next_pow2
 from hosttune_engine.kernels.paged import gather_pages, paged_token_offsets
+from hosttune_engine.kernels.tuning import batch_bucket, launch_config
 
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr,
-    qk_scale,
-    stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt,
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr, o_ptr,
+    qk_scale, num_splits,
+    stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ob, stride_oh,
     n_q_heads,
-    GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
     offs_h = tl.arange(0, BLOCK_H)
@@ -50,32 +51,38 @@ def _decode_split_kernel(
         n_valid = offs_n < end
         kv_off = paged_token_offsets(bt_row, start_n, offs_n, end, stride_kb, stride_ks, PAGE, BLOCK_N)
         kv_off += kvh * stride_kh
-        k = tl.load(k_ptr + kv_off[None, :] + offs_d[:, None], mask=n_valid[None, :], other=0.0)  # [D, BN]
-        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale
+        k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         qk = tl.where(n_valid[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
         m_i = m_new
-    has = l_i > 0  # an empty split contributes nothing
-    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-    o = acc / tl.where(has, l_i, 1.0)[:, None]
-    row = (b.to(tl.int64) * n_q_heads + heads) * NUM_SPLITS + split  # [BH]
-    tl.store(mid_lse_ptr + row, lse, mask=h_valid)
-    tl.store(mid_o_ptr + row[:, None] * HEAD_D + offs_d[None, :], o, mask=h_valid[:, None])
+    if DIRECT:  # one split: this program has the whole context, so it writes the output
+        o = acc / l_i[:, None]
+        tl.store(o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=h_valid[:, None])
+    else:
+        has = l_i > 0  # an empty split contributes nothing
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        o = acc / tl.where(has, l_i, 1.0)[:, None]
+        row = (b.to(tl.int64) * n_q_heads + heads) * num_splits + split  # [BH]
+        tl.store(mid_lse_ptr + row, lse, mask=h_valid)
+        tl.store(mid_o_ptr + row[:, None] * HEAD_D + offs_d[None, :], o, mask=h_valid[:, None])
 
 
 @triton.jit
-def _decode_merge_kernel(mid_o_ptr, mid_lse_ptr, o_ptr, stride_ob, stride_oh, n_q_heads,
-                         NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, HEAD_D: tl.constexpr):
+def _decode_merge_kernel(mid_o_ptr, mid_lse_ptr, o_ptr, stride_ob, stride_oh, n_q_heads, num_splits,
+                         BLOCK_S: tl.constexpr, HEAD_D: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
-    s_valid = s < NUM_SPLITS
-    row = (b.to(tl.int64) * n_q_heads + h) * NUM_SPLITS + s
+    s_valid = s < num_splits
+    row = (b.to(tl.int64) * n_q_heads + h) * num_splits + s
     lse = tl.load(mid_lse_ptr + row, mask=s_valid, other=float("-inf"))
     w = tl.exp2(lse - tl.max(lse, 0))  # [S]
     offs_d = tl.arange(0, HEAD_D)
@@ -84,32 +91,53 @@ def _decode_merge_kernel(mid_o_ptr, mid_lse_ptr, o_ptr, stride_ob, stride_oh, n_
     tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty))
 
 
+def default_config(dtype: torch.dtype, device) -> dict:
+    if dtype == torch.float32 or getattr(device, "type", "cpu") != "cuda":
+        return {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+
+
+def config_key(dtype, head_dim: int, group: int, page: int, batch: int) -> str:
+    return f"{str(dtype).removeprefix('torch.')}-d{head_dim}-g{group}-paged{page}-{batch_bucket(batch)}"
+
+
 def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, num_splits: int = 1,
-                     scale: float | None = None, block_n: int = 64, out=None):
-    """q [B, Hq, D]; paged caches; block_tables [B, max_blocks]; seq_lens [B] >= 1 -> [B, Hq, D]."""
+                     scale: float | None = None, block_n: int | None = None, out=None, config: dict | None = None):
+    """q [B, Hq, D]; paged caches; block_tables [B, max_blocks]; seq_lens [B] >= 1 -> [B, Hq, D].
+
+    The grid depends on B and `num_splits` only, never on the context lengths,
+    so a captured CUDA graph replays it for any lengths up to the table width.
+    """
     check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     check(q.shape[0] == seq_lens.shape[0], "q and seq_lens disagree on the batch size")
     check(num_splits >= 1, f"num_splits must be >= 1, got {num_splits}")
     bsz, hq, d = q.shape
-    out = torch.empty_like(q) if out is None else out
+    out = torch.empty((bsz, hq, d), dtype=q.dtype, device=q.device) if out is None else out
     if bsz == 0:
         return out
     hkv = k_cache.shape[2]
     group = hq // hkv
+    cfg = config or launch_config("decode_attention", config_key(q.dtype, d, group, k_cache.shape[1], bsz),
+                                  q.device, default_config(q.dtype, q.device))
+    if block_n:
+        cfg = {**cfg, "BLOCK_N": block_n}
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    mid_o = torch.empty((bsz, hq, num_splits, d), dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty((bsz, hq, num_splits), dtype=torch.float32, device=q.device)
+    direct = num_splits == 1
+    mid_o = out if direct else torch.empty((bsz, hq, num_splits, d), dtype=torch.float32, device=q.device)
+    mid_lse = out if direct else torch.empty((bsz, hq, num_splits), dtype=torch.float32, device=q.device)
     _decode_split_kernel[(bsz, hkv, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, scale * 1.4426950408889634,
+        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, scale * 1.4426950408889634, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        hq, GROUP=group, NUM_SPLITS=num_splits, PAGE=k_cache.shape[1], HEAD_D=d,
-        BLOCK_H=max(16, next_pow2(group)), BLOCK_N=block_n,
+        out.stride(0), out.stride(1), hq, GROUP=group, PAGE=k_cache.shape[1], HEAD_D=d,
+        BLOCK_H=max(16, next_pow2(group)), BLOCK_N=cfg["BLOCK_N"], DIRECT=direct,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    _decode_merge_kernel[(bsz, hq)](
-        mid_o, mid_lse, out, out.stride(0), out.stride(1), hq,
-        NUM_SPLITS=num_splits, BLOCK_S=next_pow2(num_splits), HEAD_D=d,
-    )
+    if not direct:
+        _decode_merge_kernel[(bsz, hq)](
+            mid_o, mid_lse, out, out.stride(0), out.stride(1), hq, num_splits,
+            BLOCK_S=next_pow2(num_splits), HEAD_D=d,
+        )
     return out
 
 
@@ -128,6 +156,10 @@ def decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, num_splits
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_context: int, num_sms: int = 132,
                       block_n: int = 64) -> int:
-    """Enough splits to give every SM about two programs, no more than the context has tiles."""
-    want = -(-2 * num_sms // max(1, batch_size * num_kv_heads))
+    """Splits so a small batch gives every SM about two programs; none once the batch alone fills
+    the SMs (one split writes the output directly, with no merge); never more than the context has tiles."""
+    programs = max(1, batch_size * num_kv_heads)
+    if programs >= num_sms:
+        return 1
+    want = -(-2 * num_sms // programs)
     return max(1, min(want, -(-max_context // block_n), 64))

@@ -5,6 +5,14 @@ last q_len of its seq_lens[b] context tokens, whose keys and values are already
 in the paged cache (written by kv_write this step). Query i attends to keys
 0 .. seq_lens[b] - q_len + i. This covers a fresh prompt, a chunk of a long
 prompt and a prompt whose prefix came from the prefix cache.
+
+When no sequence has a prefix (every context is exactly this step's tokens),
+`k`/`v` of this step can be passed instead of the caches (`contiguous=True`):
+the same loop reads them with one stride, without the block-table gather.
+
+Each program owns BLOCK_M queries of one head. Its key loop runs in two
+phases: tiles every query may see, without masks, then the tiles on the
+diagonal, masked. Programs take the heaviest (last) query tiles first.
 """
 
 from __future__ import annotations
@@ -16,8 +24,54 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.attention_checks import check_paged_attention_inputs
-from hosttune_engine.kernels.checks import check, check_tensor
+from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, check_tensor
 from hosttune_engine.kernels.paged import gather_pages, paged_token_offsets
+from hosttune_engine.kernels.tuning import launch_config, length_bucket
+
+
+@triton.jit
+def _kv_offsets(bt_row, kv_row0, start_n, offs_n, n_limit, stride_kb, stride_ks,
+                PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr):
+    if PAGED:
+        return paged_token_offsets(bt_row, start_n, offs_n, n_limit, stride_kb, stride_ks, PAGE, BLOCK_N)
+    else:
+        return (kv_row0 + offs_n).to(tl.int64) * stride_ks
+
+
+@triton.jit
+def _attend_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, bt_row, kv_row0, lo, hi, q_pos, ctx_len, qk_scale,
+                  stride_kb, stride_ks, offs_d,
+                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    """Online softmax over key tiles [lo, hi); k_ptr/v_ptr already point at this KV head."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_off = _kv_offsets(bt_row, kv_row0, start_n, offs_n, ctx_len, stride_kb, stride_ks, PAGE, BLOCK_N, PAGED)
+        if MASKED:
+            n_valid = offs_n < ctx_len
+            k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
+        else:
+            k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :])
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BM, BN]
+        if MASKED:
+            keep = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
+            qk = qk * qk_scale + tl.where(keep, 0.0, -1.0e30)
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            qk -= m_new[:, None]
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_new[:, None]
+        p = tl.exp2(qk)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
+        else:
+            v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :])
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -27,15 +81,17 @@ def _prefill_attention_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    pid = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
     q_start = tl.load(cu_q_ptr + b)
     q_len = tl.load(cu_q_ptr + b + 1) - q_start
-    if pid_m * BLOCK_M >= q_len:
+    num_m = tl.cdiv(q_len, BLOCK_M)
+    if pid >= num_m:
         return
+    pid_m = num_m - 1 - pid  # the longest rows first, so short ones fill the tail
     ctx_len = tl.load(lens_ptr + b)
     prefix = ctx_len - q_len  # keys already cached before this chunk
     kvh = h // GROUP
@@ -49,50 +105,80 @@ def _prefill_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    end_n = tl.minimum(ctx_len, prefix + (pid_m + 1) * BLOCK_M)
-    for start_n in range(0, end_n, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < ctx_len
-        kv_off = paged_token_offsets(bt_row, start_n, offs_n, ctx_len, stride_kb, stride_ks, PAGE, BLOCK_N)
-        kv_off += kvh * stride_kh
-        k = tl.load(k_ptr + kv_off[None, :] + offs_d[:, None], mask=n_valid[None, :], other=0.0)  # [D, BN]
-        qk = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [BM, BN], log2 units
-        causal = offs_n[None, :] <= prefix + offs_m[:, None]
-        qk = tl.where(causal & n_valid[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+    k_head = k_ptr + kvh * stride_kh
+    v_head = v_ptr + kvh * stride_kh
+    q_pos = prefix + offs_m
+    # Phase 1: keys below `lo` are visible to every query of the tile.
+    lo = (prefix + pid_m * BLOCK_M) // BLOCK_N * BLOCK_N
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_head, v_head, bt_row, q_start, 0, lo, q_pos, ctx_len,
+                                  qk_scale, stride_kb, stride_ks, offs_d, PAGE, BLOCK_N, PAGED, False, PRECISION)
+    # Phase 2: the diagonal tiles, masked.
+    hi = tl.minimum(ctx_len, prefix + (pid_m + 1) * BLOCK_M)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_head, v_head, bt_row, q_start, lo, hi, q_pos, ctx_len,
+                                  qk_scale, stride_kb, stride_ks, offs_d, PAGE, BLOCK_N, PAGED, True, PRECISION)
     acc = acc / l_i[:, None]
     tl.store(o_ptr + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
              acc.to(o_ptr.dtype.element_ty), mask=m_valid[:, None])
 
 
+def default_config(dtype: torch.dtype, device) -> dict:
+    if dtype == torch.float32 or getattr(device, "type", "cpu") != "cuda":
+        return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+
+
+def config_key(dtype, head_dim: int, group: int, page: int, contiguous: bool, max_query_len: int) -> str:
+    mode = "contig" if contiguous else f"paged{page}"
+    return f"{str(dtype).removeprefix('torch.')}-d{head_dim}-g{group}-{mode}-{length_bucket(max_query_len)}"
+
+
 def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_query_len: int,
-                      scale: float | None = None, block_m: int = 64, block_n: int = 64):
+                      scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
+                      contiguous: bool = False, k=None, v=None, config: dict | None = None, out=None):
     """q [T, Hq, D] packed by cu_seqlens_q [B+1]; seq_lens [B] context lengths;
-    block_tables [B, max_blocks] -> out [T, Hq, D]."""
+    block_tables [B, max_blocks] -> out [T, Hq, D].
+
+    With `contiguous=True`, `k`/`v` [T, Hkv, D] (this step's keys and values,
+    packed like q) are read instead of the caches; every seq_lens[b] must then
+    equal its query length (no cached prefix).
+    """
     check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     check_tensor("cu_seqlens_q", cu_seqlens_q, 1, dtypes=(torch.int32,), device=q.device)
     check(cu_seqlens_q.shape[0] == seq_lens.shape[0] + 1, "cu_seqlens_q needs batch + 1 entries")
     t, hq, d = q.shape
-    out = torch.empty_like(q)
+    out = torch.empty((t, hq, d), dtype=q.dtype, device=q.device) if out is None else out
     if t == 0:
         return out
+    hkv = k_cache.shape[2]
+    if contiguous:
+        _check_step_kv(q, k, v, hkv)
+        kk, vv, strides = k, v, (0, k.stride(0), k.stride(1))
+    else:
+        kk, vv, strides = k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+    cfg = config or launch_config("prefill_attention", config_key(q.dtype, d, hq // hkv, k_cache.shape[1],
+                                  contiguous, max_query_len), q.device, default_config(q.dtype, q.device))
+    cfg = {**cfg, **({"BLOCK_M": block_m} if block_m else {}), **({"BLOCK_N": block_n} if block_n else {})}
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    grid = (triton.cdiv(max_query_len, block_m), hq, seq_lens.shape[0])
+    grid = (triton.cdiv(max_query_len, cfg["BLOCK_M"]), hq, seq_lens.shape[0])
     _prefill_attention_kernel[grid](
-        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables,
+        q, kk, vv, out, cu_seqlens_q, seq_lens, block_tables,
         scale * 1.4426950408889634,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        GROUP=hq // k_cache.shape[2], PAGE=k_cache.shape[1], HEAD_D=d,
-        BLOCK_M=block_m, BLOCK_N=block_n, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        *strides, block_tables.stride(0),
+        GROUP=hq // hkv, PAGE=k_cache.shape[1], HEAD_D=d,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PAGED=not contiguous,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out
+
+
+def _check_step_kv(q, k, v, hkv: int) -> None:
+    for name, x in (("k", k), ("v", v)):
+        check_tensor(name, x, 3, dtypes=(q.dtype,), device=q.device)
+        check_last_dim_contiguous(name, x)
+        check(x.shape == (q.shape[0], hkv, q.shape[2]), f"{name} {tuple(x.shape)} must be [T, H_kv, D] like q")
+    check(k.stride() == v.stride(), "k and v need the same strides")
 
 
 def prefill_attention_ref(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_query_len: int = 0,

@@ -1,10 +1,11 @@
 """Paged attention layer and the per-step metadata that drives it.
 
 A step's tokens are packed: first the prefill chunks (sequences with more than
-one new token), then one token per decoding sequence. Keys and values of all
-of them are written to the paged cache first, then the prefill part runs the
-prefill kernel and the decode part the split-K decode kernel, both reading the
-cache.
+one new token), then one token per decoding sequence. RoPE and the KV-cache
+write of all of them run first (one fused kernel on the Triton path), then the
+prefill part runs the prefill kernel and the decode part the split-K decode
+kernel, both reading the cache (a prefill with no cached prefix reads this
+step's keys and values directly).
 """
 
 from __future__ import annotations
@@ -14,19 +15,20 @@ from dataclasses import dataclass
 import torch
 
 from hosttune_engine.kernels.decode_attention import decode_attention, decode_attention_ref
-from hosttune_engine.kernels.kv_write import write_kv, write_kv_ref
 from hosttune_engine.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+from hosttune_engine.kernels.rope_kv import rope_kv_write, rope_kv_write_ref
 from hosttune_engine.layers.backend import KernelLayer
 
 
 @dataclass
 class AttentionMetadata:
-    slot_mapping: torch.Tensor  # [T] int64: cache slot of each token (-1: skip)
+    slot_mapping: torch.Tensor  # [T] int32/int64: cache slot of each token (-1: skip)
     num_prefill_tokens: int
     prefill_cu_seqlens_q: torch.Tensor | None = None  # [P + 1] int32
     prefill_seq_lens: torch.Tensor | None = None  # [P] int32, context incl. this chunk
     prefill_block_tables: torch.Tensor | None = None  # [P, W] int32
     prefill_max_query_len: int = 0
+    prefill_has_prefix: bool = True  # False: every prefill context is this step's tokens alone
     decode_seq_lens: torch.Tensor | None = None  # [D] int32, context incl. this token
     decode_block_tables: torch.Tensor | None = None  # [D, W] int32
     decode_num_splits: int = 1
@@ -41,17 +43,30 @@ class Attention(KernelLayer):
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, Hkv, D]
         self.v_cache: torch.Tensor | None = None
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """q [T, Hq, D], k/v [T, Hkv, D] -> [T, Hq, D]."""
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, cos_sin: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """qkv [T, (Hq + 2 Hkv) * D] (rotated in place), cos_sin [max_pos, D] -> [T, Hq, D]."""
         assert self.k_cache is not None, "the model runner must bind a KV cache first"
+        t, hq, hkv = qkv.shape[0], self.num_heads, self.num_kv_heads
+        fn = rope_kv_write if self.use_triton else rope_kv_write_ref
+        fn(qkv, positions, cos_sin, self.k_cache, self.v_cache, meta.slot_mapping, hq, hkv)
+        q, k, v = qkv.view(t, hq + 2 * hkv, self.head_dim).split([hq, hkv, hkv], dim=1)  # strided views
+        return self.attend(q, k, v, meta)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, Hq, D] over the cache (and this step's k, v [T, Hkv, D]) -> [T, Hq, D]."""
         kc, vc = self.k_cache, self.v_cache
-        (write_kv if self.use_triton else write_kv_ref)(k, v, kc, vc, meta.slot_mapping)
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         p = meta.num_prefill_tokens
         if p:
-            fn = prefill_attention if self.use_triton else prefill_attention_ref
-            out[:p] = fn(q[:p], kc, vc, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens,
-                         meta.prefill_block_tables, meta.prefill_max_query_len, scale=self.scale)
+            args = (q[:p], kc, vc, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, meta.prefill_block_tables,
+                    meta.prefill_max_query_len)
+            if self.use_triton:
+                contiguous = not meta.prefill_has_prefix
+                prefill_attention(*args, scale=self.scale, contiguous=contiguous, out=out[:p],
+                                  k=k[:p] if contiguous else None, v=v[:p] if contiguous else None)
+            else:
+                out[:p] = prefill_attention_ref(*args, scale=self.scale)
         if q.shape[0] > p:
             args = (q[p:], kc, vc, meta.decode_block_tables, meta.decode_seq_lens, meta.decode_num_splits)
             if self.use_triton:

@@ -18,10 +18,10 @@ from hosttune_engine.sampling import SamplingParams
 class SamplingBatch:
     """Per-row sampling settings as tensors, built once per step."""
 
-    temperatures: torch.Tensor  # [N] fp32, 1.0 for greedy rows
-    top_k: torch.Tensor  # [N] int64, vocab size where disabled
-    top_p: torch.Tensor  # [N] fp32
-    greedy: torch.Tensor  # [N] bool
+    temperatures: torch.Tensor | None  # [N] fp32, 1.0 for greedy rows (None: all rows greedy)
+    top_k: torch.Tensor | None  # [N] int64, vocab size where disabled
+    top_p: torch.Tensor | None  # [N] fp32
+    greedy: torch.Tensor | None  # [N] bool
     generators: list[torch.Generator | None]
     all_greedy: bool
     use_top_k: bool
@@ -30,16 +30,19 @@ class SamplingBatch:
 
     @classmethod
     def build(cls, params: list[SamplingParams], generators, vocab_size: int, device) -> "SamplingBatch":
+        """All-greedy batches (the common decode case) skip the per-row tensors: no host-to-device copies."""
         greedy = [p.is_greedy for p in params]
         wanted = [p.logprobs for p in params if p.logprobs is not None]
+        all_greedy = all(greedy)
+        tensor = (lambda values, dtype: None) if all_greedy else (
+            lambda values, dtype: torch.tensor(values, dtype=dtype, device=device))
         return cls(
-            temperatures=torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)],
-                                      dtype=torch.float32, device=device),
-            top_k=torch.tensor([p.top_k or vocab_size for p in params], dtype=torch.int64, device=device),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            temperatures=tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32),
+            top_k=tensor([p.top_k or vocab_size for p in params], torch.int64),
+            top_p=tensor([p.top_p for p in params], torch.float32),
+            greedy=tensor(greedy, torch.bool),
             generators=list(generators),
-            all_greedy=all(greedy),
+            all_greedy=all_greedy,
             use_top_k=any(p.top_k > 0 and not g for p, g in zip(params, greedy)),
             use_top_p=any(p.top_p < 1 and not g for p, g in zip(params, greedy)),
             num_logprobs=max(wanted) if wanted else None,

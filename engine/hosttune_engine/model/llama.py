@@ -30,14 +30,9 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)  # [T, Hq*D], [T, Hkv*D] x2
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
-        o = self.attn(q, k, v, meta)  # [T, Hq, D]
-        return self.o_proj(o.view(t, -1))
+        qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hkv) * D]
+        o = self.attn(positions, qkv, self.rotary.cos_sin, meta)  # [T, Hq, D]
+        return self.o_proj(o.view(x.shape[0], -1))
 
 
 class LlamaMLP(nn.Module):

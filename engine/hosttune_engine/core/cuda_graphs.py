@@ -1,0 +1,144 @@
+"""Decode steps replayed from CUDA graphs, one graph per captured batch size.
+
+A decode-only step of n sequences runs the graph of the smallest captured size
+b >= n. The graph was captured on persistent buffers (`DecodeInputs`): each
+step fills their first n rows on the host, pads rows n..b (token 0 at
+position 0, cache slot -1 so nothing is written, context length 1) and moves
+them with two host-to-device copies. The decode kernel's split count and the
+block-table width are fixed per batch size at capture, so no kernel's grid or
+strides change between replays. The graph ends with the LM head: its fp32
+logits [b, V] stay in the graph's memory until the next replay.
+
+Off CUDA (tests), the same padded buffers run the model eagerly.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Callable
+
+import numpy as np
+import torch
+
+from hosttune_engine.core.sequence import Sequence
+from hosttune_engine.layers.attention import AttentionMetadata
+
+
+def capture_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 to 64, every 16 to 128, every 32 beyond; the largest is max_batch."""
+    sizes = [1, 2, 4, 8] + list(range(16, 65, 8)) + list(range(80, 129, 16)) + list(range(160, max_batch + 1, 32))
+    return sorted({s for s in sizes if s < max_batch} | {max_batch})
+
+
+def padded_size(n: int, sizes: list[int]) -> int | None:
+    """The smallest captured size that holds n sequences, or None if none does."""
+    i = bisect.bisect_left(sizes, n)
+    return sizes[i] if i < len(sizes) else None
+
+
+class DecodeInputs:
+    """A decode step's inputs, int32, in one host staging buffer and one device buffer of the same layout:
+    token ids, positions, cache slots, context lengths (`capacity` each), then block tables [capacity, width]."""
+
+    def __init__(self, capacity: int, max_blocks_per_seq: int, block_size: int, device: torch.device):
+        self.capacity, self.width, self.block_size = capacity, max_blocks_per_seq, block_size
+        size = capacity * (4 + max_blocks_per_seq)
+        self.host = torch.zeros(size, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.device_buffer = torch.zeros(size, dtype=torch.int32, device=device)
+        self._host_views = self._views(self.host.numpy())
+        self.token_ids, self.positions, self.slots, self.seq_lens, self.block_tables = self._views(self.device_buffer)
+        self._rows: list[tuple[Sequence, int, int] | None] = [None] * capacity  # (seq, preemptions, blocks written)
+        self.pad(0, capacity)
+
+    def _views(self, flat):
+        c = self.capacity
+        return (flat[:c], flat[c:2 * c], flat[2 * c:3 * c], flat[3 * c:4 * c], flat[4 * c:].reshape(c, self.width))
+
+    def fill(self, seqs: list[Sequence], padded: int) -> None:
+        """Rows 0..n for `seqs` (one new token each), rows n..padded as padding, on the host."""
+        n, bs = len(seqs), self.block_size
+        ids, pos, slots, lens, tables = self._host_views
+        starts = [s.num_computed_tokens for s in seqs]
+        ids[:n] = [s.token_ids[p] for s, p in zip(seqs, starts)]
+        pos[:n] = starts
+        lens[:n] = pos[:n] + 1
+        slots[:n] = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, starts)]
+        for i, seq in enumerate(seqs):
+            self._fill_table_row(i, seq, tables)
+        self.pad(n, padded)
+
+    def _fill_table_row(self, i: int, seq: Sequence, tables: np.ndarray) -> None:
+        """Write only the blocks this row does not hold yet: a running sequence's table only grows."""
+        row, table = self._rows[i], seq.block_table
+        done = row[2] if row is not None and row[0] is seq and row[1] == seq.num_preemptions else 0
+        if done < len(table):
+            tables[i, done:len(table)] = table[done:]
+            self._rows[i] = (seq, seq.num_preemptions, len(table))
+
+    def pad(self, start: int, end: int) -> None:
+        ids, pos, slots, lens, _ = self._host_views
+        ids[start:end], pos[start:end], slots[start:end], lens[start:end] = 0, 0, -1, 1
+
+    def upload(self, padded: int) -> None:
+        """Copy the header and the first `padded` block-table rows (asynchronous from pinned memory)."""
+        head, end = 4 * self.capacity, 4 * self.capacity + padded * self.width
+        self.device_buffer[:head].copy_(self.host[:head], non_blocking=True)
+        self.device_buffer[head:end].copy_(self.host[head:end], non_blocking=True)
+
+    def metadata(self, batch: int, num_splits: int) -> AttentionMetadata:
+        return AttentionMetadata(slot_mapping=self.slots[:batch], num_prefill_tokens=0,
+                                 decode_seq_lens=self.seq_lens[:batch], decode_block_tables=self.block_tables[:batch],
+                                 decode_num_splits=num_splits)
+
+
+class DecodeGraphs:
+    """Decode-only steps at the captured batch sizes: `can_run(n)`, then `run(seqs)` -> fp32 logits [n, V]."""
+
+    def __init__(self, step_fn: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor],
+                 inputs: DecodeInputs, sizes: list[int], num_splits: Callable[[int], int], use_graphs: bool):
+        self.step_fn = step_fn  # (token ids, positions, metadata) -> logits
+        self.inputs = inputs
+        self.sizes = sorted(sizes)
+        self.num_splits = {b: num_splits(b) for b in self.sizes}
+        self.use_graphs = use_graphs
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+
+    @property
+    def max_batch(self) -> int:
+        return self.sizes[-1]
+
+    def can_run(self, n: int) -> bool:
+        return 0 < n <= self.max_batch
+
+    def _step(self, b: int) -> torch.Tensor:
+        inp = self.inputs
+        return self.step_fn(inp.token_ids[:b], inp.positions[:b], inp.metadata(b, self.num_splits[b]))
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """One graph per size, largest first, all in one memory pool (a smaller graph reuses the larger's memory)."""
+        if not self.use_graphs:
+            return
+        self.inputs.pad(0, self.inputs.capacity)
+        self.inputs.upload(self.max_batch)
+        pool = torch.cuda.graph_pool_handle()
+        for b in reversed(self.sizes):
+            self._step(b)  # compiles kernels and warms cuBLAS outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.logits[b] = self._step(b)
+            self.graphs[b] = graph
+        torch.cuda.synchronize()
+
+    def run(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Logits [n, V] of one decode step of `seqs` (each with exactly one new token)."""
+        n = len(seqs)
+        b = padded_size(n, self.sizes)
+        self.inputs.fill(seqs, b)
+        self.inputs.upload(b)
+        if not self.use_graphs:
+            return self._step(b)[:n]
+        self.graphs[b].replay()
+        return self.logits[b][:n]

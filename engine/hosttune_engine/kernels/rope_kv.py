@@ -1,0 +1,102 @@
+"""RoPE on q and k and the KV-cache write, fused: one pass over the qkv projection's output.
+
+qkv is [T, (Hq + 2 Hkv) * D]: q heads, then k heads, then v heads. q and k are
+rotated in place (neox layout, fp32 math, rounded once, as `rope`), and the
+rotated k and the v of token t go to cache slot slot_mapping[t] (skipped when
+negative, as `write_kv`). Attention then reads q (and this step's k, v) as
+strided views of qkv.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hosttune_engine.kernels.checks import INDEX_DTYPES, check, check_tensor, next_pow2
+from hosttune_engine.kernels.kv_write import write_kv_ref
+from hosttune_engine.kernels.rope import rope_ref
+
+
+@triton.jit
+def _rotate_heads(base, cos, sin, n_heads, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rotate heads [n_heads, 2 * HALF] at `base` in place; return the rotated halves (fp32)."""
+    heads = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    mask = (heads[:, None] < n_heads) & (d[None, :] < HALF)
+    ptr = base + heads[:, None] * (2 * HALF) + d[None, :]
+    x1 = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(ptr + HALF, mask=mask, other=0.0).to(tl.float32)
+    y1 = (x1 * cos - x2 * sin).to(base.dtype.element_ty)
+    y2 = (x2 * cos + x1 * sin).to(base.dtype.element_ty)
+    tl.store(ptr, y1, mask=mask)
+    tl.store(ptr + HALF, y2, mask=mask)
+    return y1, y2
+
+
+@triton.jit
+def _rope_kv_write_kernel(
+    qkv_ptr, kc_ptr, vc_ptr, pos_ptr, slot_ptr, cs_ptr,
+    stride_t, stride_slot, stride_ch, stride_cs,
+    N_Q: tl.constexpr, N_KV: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HKV: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < HALF
+    cos = tl.load(cs_ptr + pos * stride_cs + d, mask=dmask, other=0.0)[None, :]
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + d, mask=dmask, other=0.0)[None, :]
+    row = qkv_ptr + t * stride_t
+    _rotate_heads(row, cos, sin, N_Q, HALF, BLOCK_HQ, BLOCK_D)
+    k1, k2 = _rotate_heads(row + N_Q * 2 * HALF, cos, sin, N_KV, HALF, BLOCK_HKV, BLOCK_D)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        heads = tl.arange(0, BLOCK_HKV)
+        mask = (heads[:, None] < N_KV) & dmask[None, :]
+        dst = slot * stride_slot + heads[:, None] * stride_ch + d[None, :]
+        tl.store(kc_ptr + dst, k1, mask=mask)
+        tl.store(kc_ptr + dst + HALF, k2, mask=mask)
+        src = row + (N_Q + N_KV) * 2 * HALF + heads[:, None] * (2 * HALF) + d[None, :]
+        tl.store(vc_ptr + dst, tl.load(src, mask=mask), mask=mask)
+        tl.store(vc_ptr + dst + HALF, tl.load(src + HALF, mask=mask), mask=mask)
+
+
+def _check(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads, num_kv_heads):
+    check_tensor("qkv", qkv, 2)
+    t = qkv.shape[0]
+    check(qkv.stride(1) == 1, f"qkv must be contiguous in its last dim (strides {qkv.stride()})")
+    check_tensor("positions", positions, 1, dtypes=INDEX_DTYPES, device=qkv.device)
+    check_tensor("slot_mapping", slot_mapping, 1, dtypes=INDEX_DTYPES, device=qkv.device)
+    check(positions.shape[0] == t and slot_mapping.shape[0] == t, "positions and slot_mapping need one entry per token")
+    check_tensor("cos_sin", cos_sin, 2, dtypes=(torch.float32,), device=qkv.device)
+    check(cos_sin.is_contiguous(), "cos_sin must be contiguous")
+    d = cos_sin.shape[1]
+    check(d % 2 == 0 and qkv.shape[1] == (num_q_heads + 2 * num_kv_heads) * d,
+          f"qkv width {qkv.shape[1]} != ({num_q_heads} + 2 * {num_kv_heads}) heads * head dim {d}")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, c, 4, dtypes=(qkv.dtype,), device=qkv.device)
+        check(c.is_contiguous(), f"{name} must be contiguous")
+        check(c.shape[2:] == (num_kv_heads, d), f"{name} {tuple(c.shape)} does not hold {num_kv_heads} heads of {d}")
+
+
+def rope_kv_write(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads: int, num_kv_heads: int) -> None:
+    """Rotate q and k of qkv [T, (Hq + 2 Hkv) * D] in place; write k, v to their cache slots."""
+    _check(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads, num_kv_heads)
+    t, half = qkv.shape[0], cos_sin.shape[1] // 2
+    if t:
+        _rope_kv_write_kernel[(t,)](
+            qkv, k_cache, v_cache, positions, slot_mapping, cos_sin,
+            qkv.stride(0), k_cache.stride(1), k_cache.stride(2), cos_sin.stride(0),
+            N_Q=num_q_heads, N_KV=num_kv_heads, HALF=half,
+            BLOCK_HQ=next_pow2(num_q_heads), BLOCK_HKV=next_pow2(num_kv_heads), BLOCK_D=next_pow2(half),
+        )
+
+
+def rope_kv_write_ref(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads: int,
+                      num_kv_heads: int) -> None:
+    t, d = qkv.shape[0], cos_sin.shape[1]
+    q, k, v = qkv.view(t, -1, d).split([num_q_heads, num_kv_heads, num_kv_heads], dim=1)
+    q.copy_(rope_ref(q, positions, cos_sin))
+    k.copy_(rope_ref(k, positions, cos_sin))
+    write_kv_ref(k, v, k_cache, v_cache, slot_mapping)

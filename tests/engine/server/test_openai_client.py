@@ -1,0 +1,183 @@
+"""The server as the official `openai` client sees it: completions and chat, streaming and not,
+n, stop sequences, include_usage, logprobs, seeds, and streamed text equal to whole text when greedy."""
+
+import json
+
+import pytest
+
+from .harness import post
+
+openai = pytest.importorskip("openai")
+
+PROMPT = "The engine reads a prompt"
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "what is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def _stream_completion(client, **kwargs):
+    chunks = list(client.completions.create(stream=True, **kwargs))
+    texts = {}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+    return chunks, texts
+
+
+def _stream_chat(client, **kwargs):
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    texts, roles = {}, {}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+            roles[ch.index] = roles.get(ch.index) or ch.delta.role
+    return chunks, texts, roles
+
+
+def test_models_lists_the_served_model(client, server, tiny_qwen2):
+    models = client.models.list().data
+    assert [m.id for m in models] == [str(tiny_qwen2)]
+
+
+def test_completion_greedy_streamed_equals_whole(client, model):
+    whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0, ignore_eos=True)
+    (choice,) = whole.choices
+    assert choice.finish_reason == "length"
+    assert whole.usage.completion_tokens == 24 and whole.usage.prompt_tokens > 0
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + 24
+    chunks, texts = _stream_completion(client, model=model, prompt=PROMPT, max_tokens=24, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert texts[0] == choice.text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.id == chunks[0].id for c in chunks)
+
+
+def test_chat_greedy_streamed_equals_whole(client, model):
+    whole = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=20, temperature=0)
+    (choice,) = whole.choices
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason in ("stop", "length")
+    chunks, texts, roles = _stream_chat(client, model=model, messages=MESSAGES, max_tokens=20, temperature=0)
+    assert texts[0] == choice.message.content
+    assert roles[0] == "assistant"
+    assert chunks[0].object == "chat.completion.chunk"
+    assert chunks[-1].choices[0].finish_reason == choice.finish_reason
+
+
+def test_chat_default_max_tokens_fills_the_context(client, model, server):
+    """Without max_tokens, chat may run to the end of the context (ignore_eos makes it do so)."""
+    r = client.chat.completions.create(model=model, messages=MESSAGES, temperature=0,
+                                       extra_body={"ignore_eos": True, "max_completion_tokens": 40})
+    assert r.usage.completion_tokens == 40
+
+
+def test_n_choices_streamed_and_whole(client, model):
+    whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, n=3, temperature=1.0, seed=7,
+                                      extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in whole.choices) == [0, 1, 2]
+    assert whole.usage.completion_tokens == 3 * 8
+    assert len({c.text for c in whole.choices}) > 1, "seeded choices of one request must differ"
+    _, texts = _stream_completion(client, model=model, prompt=PROMPT, max_tokens=8, n=3, temperature=1.0, seed=7,
+                                  extra_body={"ignore_eos": True})
+    assert texts == {c.index: c.text for c in whole.choices}, "same seed: same samples, streamed or not"
+    chat = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=6, n=2, temperature=0)
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert chat.choices[0].message.content == chat.choices[1].message.content  # greedy
+
+
+def test_batch_prompts_get_n_choices_each(client, model):
+    r = client.completions.create(model=model, prompt=["Hello", "The quick brown fox"], max_tokens=4, n=2,
+                                  temperature=0)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert r.choices[0].text == r.choices[1].text and r.choices[2].text == r.choices[3].text
+
+
+def _ascii_stop(text: str) -> str:
+    """A two-letter string that first occurs a few characters into `text`."""
+    for i in range(3, len(text) - 1):
+        s = text[i:i + 2]
+        if s.isascii() and s.isalpha() and text.index(s) == i:
+            return s
+    pytest.skip(f"no usable stop string in {text!r}")
+
+
+def test_stop_sequences(client, model):
+    full = client.completions.create(model=model, prompt=PROMPT, max_tokens=48, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = _ascii_stop(full)
+    expected = full[:full.index(stop)]
+    whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=48, temperature=0, stop=[stop, "\x00\x01"],
+                                      extra_body={"ignore_eos": True})
+    assert whole.choices[0].text == expected
+    assert whole.choices[0].finish_reason == "stop"
+    assert whole.choices[0].model_extra["stop_reason"] == stop
+    chunks, texts = _stream_completion(client, model=model, prompt=PROMPT, max_tokens=48, temperature=0, stop=stop,
+                                       extra_body={"ignore_eos": True})
+    assert texts[0] == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_include_usage_chunk(client, model):
+    chunks, texts = _stream_completion(client, model=model, prompt=PROMPT, max_tokens=10, temperature=0,
+                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == 10
+    assert last.usage.total_tokens == last.usage.prompt_tokens + 10
+    assert all(c.usage is None for c in chunks[:-1])
+    chat_chunks, _, _ = _stream_chat(client, model=model, messages=MESSAGES, max_tokens=5, temperature=0,
+                                     stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    assert chat_chunks[-1].usage.completion_tokens == 5
+    plain, _ = _stream_completion(client, model=model, prompt=PROMPT, max_tokens=3, temperature=0)
+    assert all(c.usage is None for c in plain)
+
+
+def test_logprobs(client, model):
+    r = client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert chosen <= 0 and len(top) <= 3 and abs(max(top.values()) - chosen) < 1e-4  # greedy: the best
+    chat = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True,
+                                          top_logprobs=2, extra_body={"ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(t.top_logprobs) == 2 for t in content)
+    chunks, _, _ = _stream_chat(client, model=model, messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True,
+                                extra_body={"ignore_eos": True})
+    streamed = [t for c in chunks for ch in c.choices if ch.logprobs for t in ch.logprobs.content]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-5)
+
+
+def test_seed_reproducible_and_sampling_options(client, model):
+    kwargs = dict(model=model, prompt=PROMPT, max_tokens=12, temperature=1.0, top_p=0.9, seed=1234,
+                  extra_body={"top_k": 50, "ignore_eos": True})
+    a = client.completions.create(**kwargs).choices[0].text
+    b = client.completions.create(**kwargs).choices[0].text
+    assert a == b
+
+
+def test_bad_request_surfaces_as_openai_error(client, model):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=model, prompt=PROMPT, max_tokens=100_000)
+    assert "maximum context length is 1024 tokens" in str(err.value)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=2)
+
+
+def test_tokenize_and_detokenize(server):
+    status, _, body = post(server.url + "/tokenize", {"prompt": "Hello there"})
+    tok = json.loads(body)
+    assert status == 200 and tok["count"] == len(tok["tokens"]) > 0 and tok["max_model_len"] == 1024
+    status, _, body = post(server.url + "/detokenize", {"tokens": tok["tokens"]})
+    assert status == 200 and json.loads(body)["prompt"] == "Hello there"
+    status, _, body = post(server.url + "/tokenize", {"messages": MESSAGES})
+    chat = json.loads(body)
+    assert status == 200 and chat["count"] > tok["count"]

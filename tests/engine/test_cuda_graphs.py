@@ -1,0 +1,96 @@
+"""Decode-graph bucketing and padding (CPU): sizes, padded rows, incremental block tables, and the
+padded decode path giving the same tokens as the eager path."""
+
+import numpy as np
+import pytest
+import torch
+
+from hosttune_engine import Engine, EngineConfig, SamplingParams
+from hosttune_engine.core.cuda_graphs import DecodeInputs, capture_sizes, padded_size
+from hosttune_engine.core.messages import EngineRequest
+from hosttune_engine.core.sequence import Sequence
+
+from .oracle import prompt_ids
+from .test_oracle import run
+
+
+def test_capture_sizes_cover_every_batch_up_to_the_maximum():
+    sizes = capture_sizes(256)
+    assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-1] == 256 and sizes == sorted(set(sizes))
+    assert capture_sizes(5) == [1, 2, 4, 5] and capture_sizes(1) == [1]
+    assert all(padded_size(n, sizes) >= n for n in range(1, 257))
+    assert padded_size(3, sizes) == 4 and padded_size(65, sizes) == 80 and padded_size(257, sizes) is None
+
+
+def _seq(rid, num_tokens, table):
+    seq = Sequence(rid, list(range(100, 100 + num_tokens)), SamplingParams())
+    seq.num_computed_tokens = num_tokens - 1
+    seq.block_table = list(table)
+    return seq
+
+
+def test_fill_writes_rows_and_pads_the_rest():
+    inp = DecodeInputs(capacity=8, max_blocks_per_seq=4, block_size=4, device=torch.device("cpu"))
+    a, b = _seq("a", 6, [7, 3]), _seq("b", 9, [1, 2, 5])
+    inp.fill([a, b], padded=4)
+    inp.upload(4)
+    assert inp.token_ids[:4].tolist() == [105, 108, 0, 0]
+    assert inp.positions[:4].tolist() == [5, 8, 0, 0]
+    assert inp.seq_lens[:4].tolist() == [6, 9, 1, 1]
+    assert inp.slots[:4].tolist() == [3 * 4 + 1, 5 * 4 + 0, -1, -1]  # position 5 -> block 1 (id 3), offset 1
+    assert inp.block_tables[0, :2].tolist() == [7, 3] and inp.block_tables[1, :3].tolist() == [1, 2, 5]
+
+
+def test_block_table_rows_are_rewritten_only_where_they_changed():
+    inp = DecodeInputs(capacity=4, max_blocks_per_seq=8, block_size=2, device=torch.device("cpu"))
+    tables = inp._host_views[4]
+    a, b = _seq("a", 3, [4, 5]), _seq("b", 2, [6])
+    inp.fill([a, b], padded=2)
+    tables[0, 0] = 99  # a cached row is not rewritten while its sequence keeps it...
+    a.block_table.append(9)
+    inp.fill([a, b], padded=2)
+    assert tables[0, :3].tolist() == [99, 5, 9]  # ...only its new block is written
+    inp.fill([b, a], padded=2)  # rows swapped: both rewritten in full
+    assert tables[0, :1].tolist() == [6] and tables[1, :3].tolist() == [4, 5, 9]
+    b.num_preemptions += 1  # a preempted sequence has new blocks: rewrite
+    b.block_table = [8]
+    tables[0, 0] = 99
+    inp.fill([b, a], padded=2)
+    assert tables[0, 0] == 8
+    assert np.array_equal(inp._host_views[2][:2], [8 * 2 + 1, 5 * 2 + 0])  # slots: b at 1, a at 2
+
+
+@pytest.mark.parametrize("model", ["llama", "qwen2"])
+def test_padded_decode_path_matches_the_eager_path(tiny_models, model):
+    """The buffers the CUDA graphs replay, run eagerly: same greedy tokens as the packed eager path."""
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, logprobs=1)
+    prompts = {"a": prompt_ids(5, seed=1), "b": prompt_ids(21, seed=2), "c": prompt_ids(3, seed=3)}
+    schedule = {0: [EngineRequest(r, ids, params) for r, ids in prompts.items() if r != "c"],
+                2: [EngineRequest("c", prompts["c"], params)]}
+    results = []
+    for padded in (False, True):
+        eng = Engine(EngineConfig(model=str(tiny_models[model]), dtype="float32", block_size=4, max_num_seqs=4,
+                                  num_kv_blocks=64, enable_prefix_caching=False))
+        if padded:
+            eng.runner.graphs = eng.runner.build_decode_graphs(use_graphs=False, max_batch=4)
+        results.append(run(eng, schedule))
+    assert results[0] == results[1]
+
+
+def test_padded_step_logits_equal_the_packed_step(tiny_models):
+    from hosttune_engine.core.scheduler import SchedulerOutput
+
+    eng = Engine(EngineConfig(model=str(tiny_models["qwen2"]), dtype="float32", block_size=4, max_num_seqs=4,
+                              num_kv_blocks=64, enable_prefix_caching=False))
+    for rid, n in (("a", 9), ("b", 4), ("c", 14)):
+        eng.add_request(EngineRequest(rid, prompt_ids(n, seed=n), SamplingParams(temperature=0, max_tokens=8)))
+    eng.step()
+    eng.step()  # every sequence now decodes
+    sched = eng.scheduler.schedule()
+    assert all(n == 1 for n in sched.num_new_tokens) and len(sched.seqs) == 3
+    runner = eng.runner
+    with torch.inference_mode():
+        batch = runner._prepare(sched)
+        eager = runner.model.compute_logits(runner._forward(batch)[batch.sample_rows])
+        padded = runner.build_decode_graphs(use_graphs=False, max_batch=4).run(sched.seqs)  # padded to 4 rows
+    torch.testing.assert_close(padded, eager, atol=1e-4, rtol=1e-4)  # fp32; GEMMs of 4 rows vs 3
