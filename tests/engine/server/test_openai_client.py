@@ -48,7 +48,8 @@ def test_models_lists_the_served_model(client, server, tiny_qwen2):
 
 
 def test_completion_greedy_streamed_equals_whole(client, model):
-    whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0, ignore_eos=True)
+    whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0,
+                                      extra_body={"ignore_eos": True})
     (choice,) = whole.choices
     assert choice.finish_reason == "length"
     assert whole.usage.completion_tokens == 24 and whole.usage.prompt_tokens > 0
