@@ -4,6 +4,7 @@ from hosttune.cli.app import app
 from hosttune.cli import check as _check  # noqa: F401  (registers check, facts, explain)
 from hosttune.cli import apply as _apply  # noqa: F401  (registers apply, rollback, verify)
 from hosttune.cli import bench as _bench  # noqa: F401  (registers bench)
+from hosttune.cli import build as _build  # noqa: F401  (registers build)
 
 
 def main() -> None:

@@ -1,0 +1,78 @@
+"""`hosttune build`: engine wheels for the fleet's GPU architectures, into a keyed wheelhouse."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hosttune.build import builder
+from hosttune.build.archs import parse_arch_list
+from hosttune.build.plan import BuildOptions
+from hosttune.build.wheelhouse import default_wheelhouse
+from hosttune.cli.app import app
+from hosttune.cli.common import AcceptKeysOpt, InventoryOpt, LimitOpt, load, user_errors
+
+
+class Engine(str, Enum):
+    custom = "custom"
+    vllm = "vllm"
+    sglang = "sglang"
+
+
+WheelhouseOpt = typer.Option(None, "--wheelhouse", "-w", help="Wheelhouse folder (default: ~/.cache/hosttune/wheelhouse).")
+
+
+@app.command()
+@user_errors
+def build(
+    engine: Engine = typer.Option(..., "--engine", "-e", help="custom (engine/ of this checkout), vllm or sglang."),
+    ref: Optional[str] = typer.Option(None, "--ref", help="Tag, branch or commit to build (default: the preset's pin; custom: the working tree)."),
+    source: Optional[str] = typer.Option(None, "--source", help="Source repository, a path or git URL (default: the preset's)."),
+    arch: str = typer.Option("auto", "--arch", help="CUDA archs, e.g. 8.0,9.0; auto: the GPUs the inventory's hosts report."),
+    wheelhouse: Optional[Path] = WheelhouseOpt,
+    inventory: Optional[Path] = InventoryOpt,
+    limit: Optional[str] = LimitOpt,
+    accept_new_host_keys: bool = AcceptKeysOpt,
+    python: Optional[str] = typer.Option(None, "--python", help="Build for this interpreter (default: the one running hosttune)."),
+    deps: bool = typer.Option(False, "--deps", help="Also download the dependency wheels, for hosts without a package index."),
+    constraint: Optional[Path] = typer.Option(None, "--constraint", "-c", help="pip constraints for the dependency download."),
+    build_isolation: bool = typer.Option(True, "--build-isolation/--no-build-isolation", help="Build against pip's isolated build requirements (default) or the build Python's own packages."),
+    cuobjdump: Optional[str] = typer.Option(None, "--cuobjdump", help="The cuobjdump that checks the machine code (default: PATH, CUDA, then Triton's)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan (commands and environment) and build nothing."),
+) -> None:
+    """Build an engine's wheels for the fleet's GPUs; a second build with the same key is a cache hit.
+
+    The key is (engine, ref, archs, CUDA version, Python ABI). Native libraries are checked
+    with cuobjdump to carry machine code for every arch; the build fails if one does not.
+
+    Example: hosttune build --engine vllm --ref v0.11.0 --arch auto -i inventories/prod.yaml
+    """
+    archs = () if engine is Engine.custom else (
+        builder.fleet_archs(load(inventory, limit, accept_new_host_keys)) if arch == "auto" else parse_arch_list(arch))
+    request = builder.BuildRequest(
+        engine.value, wheelhouse or default_wheelhouse(), archs, ref, source, python, deps, cuobjdump,
+        BuildOptions(build_isolation, str(constraint) if constraint else None))
+    if dry_run:
+        typer.echo(builder.plan(request)[0].render())
+        return
+    result = builder.build(request, on_step=lambda c: typer.echo(f"- {c.description}", err=True))
+    typer.echo(_summary(result))
+
+
+def _summary(result: builder.BuildResult) -> str:
+    entry = result.entry
+    head = (f"cache hit: {entry.key.name}" if result.cache_hit
+            else f"built {entry.key.name} in {result.build_s:.1f}s (log: {entry.path / 'build.log'})")
+    lines = [head, f"  {entry.path}"]
+    for wheel in entry.wheels:
+        if wheel.kind != "engine":
+            continue
+        archs = sorted({sm for sms in wheel.cuda_archs.values() for sm in sms})
+        lines.append(f"  {wheel.name}" + (f"  [{', '.join(archs)} in {len(wheel.cuda_archs)} libraries]" if archs else ""))
+    num_deps = sum(1 for w in entry.wheels if w.kind == "dep")
+    if num_deps:
+        lines.append(f"  + {num_deps} dependency wheels")
+    return "\n".join(lines)

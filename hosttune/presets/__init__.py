@@ -1,0 +1,109 @@
+"""Engine presets: how to build and serve custom, vllm and sglang, as data (NAME.yaml here).
+
+Values may name placeholders, filled in per host at deploy time: {venv} {model} {port}
+{num_gpus} {num_nodes} {address} {head_address} {ray_port} (and {max_jobs} in build env).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Mapping
+
+import yaml
+
+from hosttune.errors import HosttuneError
+
+ENGINES = ("custom", "vllm", "sglang")
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+
+
+class PresetError(HosttuneError):
+    """An engine preset, or an override of one, is malformed."""
+
+
+@dataclass(frozen=True)
+class Package:
+    path: str  # a directory of the source checkout that pip turns into one wheel
+    native: bool  # its wheel carries CUDA machine code, checked for every arch
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    source: str  # git URL, or "engine" for this checkout's engine/ folder
+    ref: str | None
+    packages: tuple[Package, ...]
+    env: dict[str, str] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    command: tuple[str, ...]
+    health: str = "/health"
+    drain_s: int | None = None  # how long SIGTERM drains, when no flag says it
+    drain_flag: str | None = None  # the flag that says how long SIGTERM drains
+    false_flag: str | None = None  # how a false boolean flag is written ("no-{flag}"), else left out
+    env: dict[str, str] = field(default_factory=dict, hash=False)
+    flags: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
+class MultinodeSpec:
+    ray_port: int
+    head_command: tuple[str, ...]
+    worker_command: tuple[str, ...]
+    flags: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
+class EnginePreset:
+    name: str
+    build: BuildSpec
+    serve: ServeSpec
+    multinode: MultinodeSpec | None = None
+
+    @property
+    def is_bundled(self) -> bool:
+        return self.build.source == "engine"
+
+
+def substitute(text: str, values: Mapping[str, Any]) -> str:
+    """Fill {placeholders}; an unknown one is a preset error naming it."""
+    def one(match: re.Match) -> str:
+        name = match.group(1)
+        if name not in values:
+            raise PresetError(f"unknown placeholder {{{name}}} in {text!r} (known: {', '.join(sorted(values))})")
+        return str(values[name])
+
+    return _PLACEHOLDER.sub(one, str(text))
+
+
+@lru_cache(maxsize=None)
+def load_preset(name: str) -> EnginePreset:
+    if name not in ENGINES:
+        raise PresetError(f"unknown engine {name!r}; use one of: {', '.join(ENGINES)}")
+    text = resources.files("hosttune.presets").joinpath(f"{name}.yaml").read_text(encoding="utf-8")
+    return parse_preset(yaml.safe_load(text), f"presets/{name}.yaml")
+
+
+def parse_preset(doc: dict, where: str) -> EnginePreset:
+    try:
+        build, serve = doc["build"], doc["serve"]
+        packages = tuple(Package(str(p["path"]), bool(p["native"])) for p in build["packages"])
+        build_spec = BuildSpec(str(build["source"]), build.get("ref"), packages, _strings(build.get("env")))
+        serve_spec = ServeSpec(
+            tuple(serve["command"]), serve.get("health", "/health"), serve.get("drain_s"), serve.get("drain_flag"),
+            serve.get("false_flag"), _strings(serve.get("env")), dict(serve.get("flags") or {}),
+        )
+        multi = doc.get("multinode")
+        multi_spec = None if not multi else MultinodeSpec(
+            int(multi["ray_port"]), tuple(multi["head_command"]), tuple(multi["worker_command"]), dict(multi.get("flags") or {}))
+        return EnginePreset(str(doc["name"]), build_spec, serve_spec, multi_spec)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PresetError(f"{where}: malformed preset ({exc!r})") from None
+
+
+def _strings(env: Mapping | None) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (env or {}).items()}

@@ -1,0 +1,142 @@
+"""Build planning as data: archs, keys, environment, commands, cuobjdump and git output parsing."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hosttune.build.archcheck import LibraryArchs, missing_archs, parse_list_elf
+from hosttune.build.archs import archs_of, cmake_cuda_architectures, parse_arch_list, sm_name, torch_cuda_arch_list
+from hosttune.build.builder import make_key
+from hosttune.build.errors import BuildError
+from hosttune.build.plan import BuildOptions, plan_build
+from hosttune.build.source import Source, parse_ls_remote
+from hosttune.build.toolchain import Toolchain, cuda_home_of, parse_gpu_archs, parse_nvcc_version
+from hosttune.build.wheelhouse import WheelKey
+from hosttune.cli import app
+from hosttune.facts import Facts, GpuFacts, GpuInfo
+from hosttune.presets import load_preset
+
+GIB = 2**30
+TOOLS = Toolchain("/usr/bin/python3", "cp311", (), cpu_count=64, mem_total_bytes=256 * GIB,
+                  nvcc="/usr/local/cuda-12.4/bin/nvcc", cuda_version="12.4", cuda_home="/usr/local/cuda-12.4",
+                  nvcc_archs=("5.0", "7.5", "8.0", "9.0"))
+
+
+def test_arch_lists_parse_sort_and_convert():
+    assert parse_arch_list("9.0, 8.0;8.0") == ("8.0", "9.0")
+    assert parse_arch_list("9.0a") == ("9.0a",) and sm_name("9.0a") == "sm_90a"
+    assert torch_cuda_arch_list(("8.0", "9.0")) == "8.0;9.0"
+    assert cmake_cuda_architectures(("8.0", "9.0a")) == "80;90a"
+    for bad in ("sm_80", "8", "eight", ""):
+        with pytest.raises(BuildError):
+            parse_arch_list(bad)
+
+
+def test_archs_of_fleet_facts():
+    a100 = Facts(gpu=GpuFacts(gpus=(GpuInfo(0, "A100", "0000:01:00.0", compute_cap="8.0"),)))
+    h200 = Facts(gpu=GpuFacts(gpus=(GpuInfo(0, "H200", "0000:02:00.0", compute_cap="9.0"),) * 2))
+    assert archs_of([h200, a100, Facts()]) == ("8.0", "9.0")
+
+
+def test_max_jobs_follows_memory_then_cpus():
+    assert TOOLS.max_jobs == 42  # 256 GiB / 6 GiB per job
+    small = Toolchain("py", "cp311", (), cpu_count=64, mem_total_bytes=16 * GIB)
+    assert small.max_jobs == 2
+    assert Toolchain("py", "cp311", (), cpu_count=2, mem_total_bytes=512 * GIB).max_jobs == 2
+    assert Toolchain("py", "cp311", (), cpu_count=8, mem_total_bytes=1 * GIB).max_jobs == 1
+
+
+def test_nvcc_output_parsers():
+    assert parse_nvcc_version("Cuda compilation tools, release 13.0, V13.0.88") == "13.0"
+    assert parse_gpu_archs("compute_75\ncompute_80\ncompute_90\ncompute_100\ncompute_90a") == ("7.5", "8.0", "9.0", "10.0", "9.0a")
+    assert cuda_home_of("/nonexistent/bin/nvcc")  # falls back to an installed toolkit or the parent
+
+
+def test_key_names_every_part():
+    key = WheelKey("vllm", "v0.11.0-1a2b3c4d5e6f", ("8.0", "9.0"), "12.4", "cp311")
+    assert key.name == "vllm-v0.11.0-1a2b3c4d5e6f-sm_80.sm_90-cu12.4-cp311"
+    source = Source("https://example.invalid/vllm.git", "v0.11.0", "1a2b3c4d5e6f" + "0" * 28)
+    assert make_key(load_preset("vllm"), source, ("9.0", "8.0"), TOOLS) == key
+    custom = make_key(load_preset("custom"), Source("/x/engine", "src.abc", None), ("9.0",), TOOLS)
+    assert custom.name == "custom-src.abc-anyarch-anycuda-cp311"  # pure Python: no arch, no CUDA in the key
+    with pytest.raises(BuildError, match="--arch"):
+        make_key(load_preset("vllm"), source, (), TOOLS)
+
+
+def test_source_labels():
+    sha = "d" * 40
+    assert Source("u", "v1.0", sha).label == "v1.0-dddddddddddd"
+    assert Source("u", sha, sha).label == "dddddddddddd"
+    assert Source("u", "feature/x y", sha).label == "feature_x_y-dddddddddddd"
+
+
+def test_ls_remote_prefers_the_peeled_tag():
+    out = f"{'a' * 40}\trefs/tags/v1\n{'b' * 40}\trefs/tags/v1^{{}}\n{'c' * 40}\trefs/heads/main\n"
+    assert parse_ls_remote(out, "v1") == "b" * 40
+    assert parse_ls_remote(out, "main") == "c" * 40
+    assert parse_ls_remote(out, "v2") is None
+
+
+def test_vllm_plan_is_data(tmp_path):
+    source = Source("https://github.com/vllm-project/vllm.git", "v0.11.0", "f" * 40)
+    key = make_key(load_preset("vllm"), source, ("8.0", "9.0"), TOOLS)
+    plan = plan_build(load_preset("vllm"), source, key, TOOLS, tmp_path / "work", tmp_path / "staging",
+                      BuildOptions(build_isolation=False))
+    argvs = [c.argv for c in plan.commands]
+    assert argvs[1][:2] == ("git", "clone") and "--filter=blob:none" in argvs[1]
+    assert argvs[2][-1] == "f" * 40
+    wheel = plan.commands[-1]
+    assert wheel.argv[:7] == ("/usr/bin/python3", "-m", "pip", "wheel", "--verbose", "--no-deps", "--wheel-dir")
+    assert "--no-build-isolation" in wheel.argv and wheel.argv[-1] == str(tmp_path / "work" / "src")
+    assert wheel.env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0" and wheel.env["CMAKE_CUDA_ARCHITECTURES"] == "80;90"
+    assert wheel.env["MAX_JOBS"] == "42" and wheel.env["CUDA_HOME"] == "/usr/local/cuda-12.4"
+    assert wheel.env["VLLM_TARGET_DEVICE"] == "cuda" and wheel.path_prepend == ("/usr/local/cuda-12.4/bin",)
+    assert "TORCH_CUDA_ARCH_LIST='8.0;9.0'" in plan.render()
+
+
+def test_sglang_plan_builds_kernel_then_package(tmp_path):
+    source = Source("https://github.com/sgl-project/sglang.git", "v0.5.4", "e" * 40)
+    preset = load_preset("sglang")
+    plan = plan_build(preset, source, make_key(preset, source, ("9.0",), TOOLS), TOOLS, tmp_path / "w", tmp_path / "s")
+    wheels = [c for c in plan.commands if "wheel" in c.argv]
+    assert [c.argv[-1] for c in wheels] == [str(tmp_path / "w/src/sgl-kernel"), str(tmp_path / "w/src/python")]
+    assert [p.native for p in plan.packages] == [True, False]
+    assert wheels[0].env["CMAKE_BUILD_PARALLEL_LEVEL"] == "42"
+
+
+def test_custom_plan_from_the_working_tree_or_a_ref(tmp_path):
+    preset = load_preset("custom")
+    here = Source(str(tmp_path / "engine"), "src.abc", None)
+    plan = plan_build(preset, here, make_key(preset, here, (), TOOLS), TOOLS, tmp_path / "w", tmp_path / "s")
+    assert [c.argv[3] for c in plan.commands[1:]] == ["wheel"] and plan.commands[-1].argv[-1] == str(tmp_path / "engine")
+    at_ref = Source(str(tmp_path), "v1", "a" * 40)
+    plan = plan_build(preset, at_ref, make_key(preset, at_ref, (), TOOLS), TOOLS, tmp_path / "w", tmp_path / "s")
+    assert plan.commands[1].argv[:4] == ("git", "-C", str(tmp_path), "archive") and plan.commands[1].argv[-1] == "engine"
+    assert plan.commands[-1].argv[-1] == str(tmp_path / "w/src/engine")
+
+
+def test_cuobjdump_list_elf_parsing():
+    text = "ELF file    1: libk.1.sm_80.cubin\nELF file    2: libk.2.sm_90a.cubin\nELF file    3: libk.3.sm_80.cubin\n"
+    assert parse_list_elf(text) == ("sm_80", "sm_90a")
+
+
+def test_missing_archs_per_library():
+    libs = [LibraryArchs("a/_C.so", ("sm_80", "sm_90a")), LibraryArchs("a/_moe.so", ("sm_80",)),
+            LibraryArchs("a/host_only.so", ())]
+    assert missing_archs(libs, ("8.0", "9.0")) == {"a/_moe.so": ("sm_90",)}
+
+
+def test_cli_custom_dry_run_prints_the_plan(tmp_path):
+    result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(tmp_path), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "build custom-src." in result.stdout and "pip wheel --verbose --no-deps" in result.stdout
+    assert not any(tmp_path.iterdir())
+
+
+def test_cli_bad_arch_and_ref_are_user_errors(tmp_path):
+    result = CliRunner().invoke(app, ["build", "--engine", "vllm", "--arch", "sm80", "-w", str(tmp_path)])
+    assert result.exit_code == 2 and "not a CUDA compute capability" in result.output
+    result = CliRunner().invoke(app, ["build", "--engine", "vllm", "--arch", "8.0", "--source", str(tmp_path),
+                                      "--ref", "v9", "-w", str(tmp_path)])
+    assert result.exit_code == 2 and ("names no commit" in result.output or "nvcc not found" in result.output)
