@@ -1,7 +1,7 @@
 # hosttune probe: read-only. Prints sections "@@ht:NAME" ... "@@ht-end:NAME:RC".
 # Shipped as-is to every host; no inventory value is ever interpolated into it.
 export LC_ALL=C
-HT_PY0=$(command -v python3 2>/dev/null)  # the caller's python3 may be the one with pynvml
+HT_PY0=$(command -v python3 2>/dev/null); HT_GPU=  # the caller's python3 may be the one with pynvml
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 sec() { n=$1; shift; printf '@@ht:%s\n' "$n"; "$@" 2>/dev/null; r=$?; printf '\n@@ht-end:%s:%s\n' "$n" "$r"; return $r; }
 
@@ -29,6 +29,7 @@ gpu_pci() {
     read -r c < "$d/class" 2>/dev/null || continue
     case $c in 0x03*) ;; *) continue ;; esac
     printf 'device:%s\n' "${d##*/}"
+    HT_GPU=1
     files=""
     for i in $(ls "$d/msi_irqs" 2>/dev/null); do files="$files /proc/irq/$i/smp_affinity_list"; done
     grep -sH '' "$d/numa_node" "$d/local_cpulist" "$d/power_state" "$d/current_link_speed" \
@@ -116,13 +117,15 @@ sec sysctl sysctl_conf
 sec tools tools
 nvml() {
   r=127
-  for py in "$HT_PY0" /usr/bin/python3 python3; do
-    [ -n "$py" ] || continue
+  for py in "$HT_PY0" /usr/bin/python3; do
+    [ -n "$py" ] && [ -x "$py" ] || continue
     "$py" -c "$HOSTTUNE_NVML_PROBE"; r=$?
     [ $r = 3 ] || return $r  # 3: no pynvml in this interpreter, try the next
   done
   return $r
 }
+# Interpreters cost ~50 ms each: ask NVML only where an NVIDIA GPU or driver is present.
+[ -n "$HT_GPU" ] || [ -e /proc/driver/nvidia/version ] || exit 0
 if ! sec nvml nvml && command -v nvidia-smi >/dev/null; then
   sec smi-xml nvidia-smi -q -x
   sec smi-csv nvidia-smi --query-gpu=index,name,pci.bus_id,pstate,persistence_mode,clocks.sm,clocks.max.sm,power.draw,power.limit,driver_version,compute_cap --format=csv
