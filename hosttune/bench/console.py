@@ -48,8 +48,9 @@ def sweep_point_line(url: str, point: SweepPoint) -> str:
 
 
 def sweep_table(sweeps: list[SweepResult]) -> str:
-    header = ["endpoint", "max rate held (req/s)", "lowest rate broken", "steps"]
+    header = ["endpoint", "max rate held (req/s)", "lowest rate broken", "max served (req/s)", "steps"]
     rows = [[s.url, "-" if s.max_rate is None else f"{s.max_rate:.2f}" + (" (ceiling)" if s.is_capped else ""),
-             "-" if s.first_broken is None else f"{s.first_broken:.2f}", str(len(s.points))]
+             "-" if s.first_broken is None else f"{s.first_broken:.2f}",
+             f"{max((p.summary.request_throughput for p in s.points), default=0.0):.2f}", str(len(s.points))]
             for s in sweeps]
     return table(header, rows)
