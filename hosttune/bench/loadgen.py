@@ -97,7 +97,9 @@ class LoadGenerator:
         self.prompt_lengths = prompt_lengths
         self.output_lengths = output_lengths
         self.on_progress = on_progress
+        # Separate streams, so request i gets the same lengths whatever the timing.
         self.rng = random.Random(load.seed)
+        self.arrival_rng = random.Random(f"arrivals-{load.seed}")
         self.records: list[RequestRecord] = []
         self.lag: list[LagSample] = []
         self.tasks: set[asyncio.Task] = set()
@@ -169,7 +171,7 @@ class LoadGenerator:
             while len(self.tasks) >= self.load.max_in_flight:
                 await asyncio.sleep(LAG_INTERVAL)
             self._spawn(self._send(arrival))
-            arrival += self.rng.gammavariate(shape, 1.0 / (rate * shape))
+            arrival += self.arrival_rng.gammavariate(shape, 1.0 / (rate * shape))
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.create_task(coroutine)

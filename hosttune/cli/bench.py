@@ -17,6 +17,7 @@ from hosttune.bench.sweep import SweepConfig, sweep as run_sweep
 from hosttune.bench.units import parse_duration, parse_slo
 from hosttune.cli.app import app
 from hosttune.cli.common import user_errors
+from hosttune.errors import BenchError
 
 EXIT_SLO_MISSED = 1
 EXIT_CLIENT_BEHIND = 4
@@ -54,7 +55,8 @@ def bench(
     """Load-test OpenAI-compatible endpoints the way production traffic does.
 
     Streams every request, reports TTFT/ITL/TPOT/E2E percentiles, throughput, errors by
-    status, goodput under the SLO, and flags runs where the client fell behind.
+    status, goodput under the SLO, and flags runs where the client fell behind. Several
+    --url are measured one after another with the same lengths, prompts and arrivals.
     Exit code bits: 1 SLO missed (or no rate held in a sweep), 2 usage error,
     4 the client fell behind.
 
@@ -85,6 +87,8 @@ def _slo(text: Optional[str], percentile: float, max_error_rate: float) -> Optio
 
 
 def _load(users, rate, burstiness, duration, requests, warmup, timeout, seed, is_sweep, sweep_start) -> Load:
+    if duration is not None and requests is not None:
+        raise BenchError("give either --duration or --requests, not both")
     if is_sweep:
         users, rate = None, sweep_start
     elif users is None and rate is None:

@@ -64,3 +64,9 @@ def test_bad_options_are_user_errors():
     assert result.exit_code == 2 and "base URL" in result.output
     result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--users", "2", "--rate", "3"])
     assert result.exit_code == 2 and "either --users" in result.output
+
+
+def test_duration_and_requests_together_is_a_user_error():
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--duration", "5s",
+                                 "--requests", "10"])
+    assert result.exit_code == 2 and "not both" in result.output

@@ -97,3 +97,14 @@ def test_warmup_requests_are_kept_but_not_measured(server_factory):
     assert s.num_warmup == len(warm) and s.num_requests == len(run.requests) - len(warm)
     # The run stops by itself: nothing was sent after warm-up + duration.
     assert max(r.sent for r in run.requests) < 1.5
+
+
+def test_same_seed_same_requests_whatever_the_server(server_factory):
+    fast = server_factory("--ttft", "0.002", "--itl", "0.001")
+    slow = server_factory("--ttft", "0.05", "--itl", "0.01")
+    lengths = dict(prompt_lengths="uniform:8-64", output_lengths="uniform:2-6")
+    runs = [run_async(measure(BenchSpec(load=Load(rate=80, duration=1.0, seed=3), **lengths), url))
+            for url in (fast, slow)]
+    plans = [[(r.index, round(r.scheduled, 9), r.prompt_tokens, r.max_tokens) for r in run.requests]
+             for run in runs]
+    assert plans[0] == plans[1] and len(plans[0]) > 40
