@@ -76,6 +76,7 @@ async def _generate(request, state: ServerState, kind: _Kind, options: Generatio
         gen = Generation(state.client, state.new_request_id(kind.id_prefix), prompts, samplings, options.n,
                          options.priority, arrival)
         status = CLIENT_CLOSED
+        state.generations.add(gen)
         try:
             gen.start()
             if options.stream:

@@ -10,7 +10,7 @@ format 0.0.4 by hand: prometheus-client is not needed.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hosttune_engine.core.messages import EngineStats
 
@@ -77,6 +77,11 @@ class Metrics:
         self.output_tokens = Histogram(TOKEN_BUCKETS)
         self.finished = dict.fromkeys(FINISH_REASONS, 0)
         self.rejected = dict.fromkeys(REJECT_REASONS, 0)
+        self.baseline: EngineStats | None = None
+
+    def set_baseline(self, stats: EngineStats) -> None:
+        """Engine counters as of now count as zero: warmup's tokens are not traffic."""
+        self.baseline = stats
 
     def observe(self, t: SequenceTiming) -> None:
         self.e2e.observe(t.e2e)
@@ -95,7 +100,18 @@ class Metrics:
     def reject(self, reason: str) -> None:
         self.rejected[reason] += 1
 
+    def _since_baseline(self, stats: EngineStats) -> EngineStats:
+        if self.baseline is None:
+            return stats
+        b = self.baseline
+        return replace(stats, prompt_tokens_total=stats.prompt_tokens_total - b.prompt_tokens_total,
+                       generation_tokens_total=stats.generation_tokens_total - b.generation_tokens_total,
+                       prefix_cache_queries_total=stats.prefix_cache_queries_total - b.prefix_cache_queries_total,
+                       prefix_cache_hits_total=stats.prefix_cache_hits_total - b.prefix_cache_hits_total,
+                       num_preemptions_total=stats.num_preemptions_total - b.num_preemptions_total)
+
     def render(self, stats: EngineStats) -> str:
+        stats = self._since_baseline(stats)
         out: list[str] = []
         for name, help_, value in (
             ("vllm:num_requests_running", "Sequences in the running batch.", stats.num_running),

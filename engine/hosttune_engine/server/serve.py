@@ -27,6 +27,7 @@ from hosttune_engine.server.warmup import warm_up, warmup_requests
 log = logging.getLogger("hosttune_engine.server")
 
 HEALTH_SAMPLE_S = 0.5
+ABORT_GRACE_S = 2.0  # after the shutdown timeout, for aborted requests to send their last bytes
 
 
 def build_engine(config: EngineConfig):
@@ -43,6 +44,7 @@ class Server:
         self.engine_factory = engine_factory
         self.state = ServerState(config)
         self.exit_code = 0
+        self.port: int | None = None
         self._stopping: asyncio.Event | None = None
 
     async def run(self) -> int:
@@ -57,11 +59,13 @@ class Server:
             log.error("cannot listen on %s:%s: %s", self.config.host, self.config.port, e)
             await runner.cleanup()
             return 1
-        log.info("listening on http://%s:%s (loading %s)", self.config.host, self.config.port, self.config.engine.model)
+        self.port = runner.addresses[0][1]  # the real one when --port 0 asked for any free port
+        log.info("listening on http://%s:%s (loading %s)", self.config.host, self.port, self.config.engine.model)
         self._install_signal_handlers()
         sampler = asyncio.create_task(self._sample_health())
         try:
             if await self._start_engine():
+                self.state.metrics.set_baseline(self.state.client.stats())
                 self.state.health.phase = Phase.READY
                 log.info("ready: serving %s", self.state.model_name)
                 await self._stopping.wait()
@@ -150,10 +154,15 @@ class Server:
         admission = self.state.admission
         while admission.num_in_flight and loop.time() < deadline and self.exit_code == 0:
             await asyncio.sleep(0.05)
-        if admission.num_in_flight:
-            log.warning("shutdown timeout: aborting %d sequences still in flight", admission.num_in_flight)
-        else:
+        if not admission.num_in_flight:
             log.info("drained: every in-flight request finished")
+            return
+        # Aborted sequences end with finish_reason "abort": streams still close with [DONE].
+        log.warning("shutdown timeout: aborting %d sequences still in flight", admission.num_in_flight)
+        self.state.abort_all()
+        deadline = loop.time() + ABORT_GRACE_S
+        while admission.num_in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.02)
 
 
 def _in_thread(fn, *args) -> asyncio.Future:

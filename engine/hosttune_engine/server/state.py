@@ -39,6 +39,7 @@ class ServerState:
         self.client: EngineClient | None = None
         self.prompts: PromptBuilder | None = None
         self.max_model_len = 0
+        self.generations: set[Generation] = set()  # in flight, so a drain that times out can abort them
         self._token_texts: dict[int, str] = {}
 
     def attach(self, client: EngineClient, tokenizer, max_model_len: int, vocab_size: int) -> None:
@@ -95,9 +96,14 @@ class ServerState:
             text = self._token_texts[token_id] = self.prompts.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
 
+    def abort_all(self) -> None:
+        for gen in self.generations:
+            gen.abort()
+
     # -- the end of a request ---------------------------------------------------------------------
     def finish(self, gen: Generation, status: int, prompt_text: str | None = None) -> None:
         """Observe each sequence's timings and write the request's one log line."""
+        self.generations.discard(gen)
         now = time.monotonic()
         for choice in gen.choices:
             self.metrics.observe(choice.timing(now))

@@ -1,0 +1,240 @@
+"""Fault tests against a running server: bad input gets a small 400 (never a 500), overload gets fast
+429s (never a 5xx or a hang), and clients that vanish leave no KV blocks behind."""
+
+import asyncio
+import json
+import statistics
+import time
+
+import aiohttp
+import pytest
+
+from .harness import metric, post, wait_idle
+
+BIG = "x" * 1_000_000
+MAX_ERROR_BODY = 2000
+
+
+def _deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+# (name, raw body or JSON-able body, content type, substring of the message)
+BAD_INPUTS = [
+    ("malformed JSON", b'{"prompt": "hi",', "application/json", "not valid JSON"),
+    ("not UTF-8", b'{"prompt": "\xff\xfe"}', "application/json", "not valid UTF-8"),
+    ("nested too deep", _deep(200_000).encode(), "application/json", "nested too deeply"),
+    ("array body", [1, 2], "application/json", "must be a JSON object"),
+    ("string body", '"hello"', "application/json", "must be a JSON object"),
+    ("wrong content type", {"prompt": "hi"}, "text/plain", "Content-Type must be application/json"),
+    ("form content type", b"prompt=hi", "application/x-www-form-urlencoded", "Content-Type must be application/json"),
+    ("no prompt", {"max_tokens": 3}, "application/json", "prompt must be"),
+    ("prompt of wrong type", {"prompt": {"a": 1}}, "application/json", "prompt must be"),
+    ("empty prompt list", {"prompt": []}, "application/json", "prompt must not be empty"),
+    ("max_tokens a string", {"prompt": "hi", "max_tokens": "ten"}, "application/json", "max_tokens must be an integer"),
+    ("max_tokens huge string", {"prompt": "hi", "max_tokens": BIG}, "application/json", "max_tokens must be an integer"),
+    ("max_tokens a float", {"prompt": "hi", "max_tokens": 2.5}, "application/json", "max_tokens must be an integer"),
+    ("max_tokens a bool", {"prompt": "hi", "max_tokens": True}, "application/json", "max_tokens must be an integer"),
+    ("max_tokens zero", {"prompt": "hi", "max_tokens": 0}, "application/json", "max_tokens must be at least 1"),
+    ("max_tokens negative", {"prompt": "hi", "max_tokens": -5}, "application/json", "max_tokens must be at least 1"),
+    ("max_tokens beyond context", {"prompt": "hi", "max_tokens": 5000}, "application/json",
+     "maximum context length is 1024 tokens. However, you requested"),
+    ("max_tokens astronomically large", {"prompt": "hi", "max_tokens": 10**40}, "application/json",
+     "maximum context length"),
+    ("prompt longer than context", {"prompt": "hello " * 3000}, "application/json",
+     "maximum context length is 1024 tokens. However, your request has"),
+    ("token prompt longer than context", {"prompt": [5] * 1024}, "application/json", "your request has 1024 input"),
+    ("token id out of vocabulary", {"prompt": [1, 2, 10**6]}, "application/json", "out of the vocabulary"),
+    ("negative token id", {"prompt": [1, -2]}, "application/json", "non-negative integer token ids"),
+    ("temperature a string", {"prompt": "hi", "temperature": "hot"}, "application/json", "temperature must be"),
+    ("temperature negative", {"prompt": "hi", "temperature": -1}, "application/json", "temperature must be at least 0"),
+    ("temperature NaN", b'{"prompt": "hi", "temperature": NaN}', "application/json", "finite number"),
+    ("top_p zero", {"prompt": "hi", "top_p": 0}, "application/json", "top_p must be in (0, 1]"),
+    ("top_k below -1", {"prompt": "hi", "top_k": -3}, "application/json", "top_k must be at least -1"),
+    ("n zero", {"prompt": "hi", "n": 0}, "application/json", "n must be at least 1"),
+    ("n past capacity", {"prompt": "hi", "n": 9}, "application/json", "the server takes at most 8"),
+    ("stop of wrong type", {"prompt": "hi", "stop": [1, 2]}, "application/json", "stop must be a string or an array"),
+    ("empty stop", {"prompt": "hi", "stop": ""}, "application/json", "stop strings must not be empty"),
+    ("seed too large", {"prompt": "hi", "seed": 2**70}, "application/json", "seed must be at most"),
+    ("logprobs too many", {"prompt": "hi", "logprobs": 50}, "application/json", "logprobs must be at most 20"),
+    ("stream not a bool", {"prompt": "hi", "stream": "yes"}, "application/json", "stream must be a boolean"),
+    ("stream_options without stream", {"prompt": "hi", "stream_options": {"include_usage": True}},
+     "application/json", "stream_options can only be set when stream is true"),
+    ("priority a string", {"prompt": "hi", "priority": "high"}, "application/json", "priority must be an integer"),
+    ("echo", {"prompt": "hi", "echo": True}, "application/json", "echo is not supported"),
+    ("presence penalty", {"prompt": "hi", "presence_penalty": 0.5}, "application/json", "presence_penalty is not"),
+]
+
+CHAT_BAD_INPUTS = [
+    ("no messages", {"max_tokens": 3}, "messages must be a non-empty array"),
+    ("messages not a list", {"messages": "hi"}, "messages must be a non-empty array"),
+    ("message without role", {"messages": [{"content": "hi"}]}, "must be an object with a string role"),
+    ("content of wrong type", {"messages": [{"role": "user", "content": 5}]}, "content must be a string"),
+    ("image part", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "only text parts"),
+    ("chat max_tokens zero", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0},
+     "max_tokens must be at least 1"),
+    ("chat messages longer than context", {"messages": [{"role": "user", "content": "hello " * 3000}]},
+     "Please reduce the length of the input messages"),
+    ("top_logprobs without logprobs", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
+     "top_logprobs needs logprobs"),
+    ("tools", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+     "tools are not supported"),
+]
+
+
+def _check_400(status, headers, body, expected):
+    assert status == 400, body[:300]
+    assert len(body) < MAX_ERROR_BODY, f"error body of {len(body)} bytes"
+    assert headers["Content-Type"].startswith("application/json")
+    error = json.loads(body)["error"]
+    assert expected in error["message"], error
+    assert error["code"] == 400 and error["type"] == "BadRequestError"
+
+
+@pytest.mark.parametrize("name,body,content_type,expected", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_completion_input_is_a_small_400(server, name, body, content_type, expected):
+    status, headers, raw = post(server.url + "/v1/completions", body, content_type)
+    _check_400(status, headers, raw, expected)
+
+
+@pytest.mark.parametrize("name,body,expected", CHAT_BAD_INPUTS, ids=[c[0] for c in CHAT_BAD_INPUTS])
+def test_bad_chat_input_is_a_small_400(server, name, body, expected):
+    status, headers, raw = post(server.url + "/v1/chat/completions", body)
+    _check_400(status, headers, raw, expected)
+
+
+def test_bad_tokenize_input_is_a_400(server):
+    for path, body, expected in (("/tokenize", {"prompt": 5}, "prompt must be a string"),
+                                 ("/tokenize", {}, "exactly one of prompt"),
+                                 ("/detokenize", {"tokens": "abc"}, "tokens must be an array"),
+                                 ("/detokenize", {"tokens": [10**9]}, "out of the vocabulary")):
+        _check_400(*post(server.url + path, body), expected)
+
+
+def test_other_http_errors_are_json(server):
+    status, _, raw = post(server.url + "/v1/completions", b"x" * (9 * 2**20))
+    assert status == 413 and len(raw) < MAX_ERROR_BODY and "error" in json.loads(raw)
+    status, _, raw = post(server.url + "/v1/nothing-here", {})
+    assert status == 404 and json.loads(raw)["error"]["code"] == 404
+
+
+def test_server_still_serves_after_bad_input(server):
+    status, _, raw = post(server.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] <= 2
+    assert "Traceback" not in server.log()
+
+
+# -- overload ------------------------------------------------------------------------------------
+NUM_CLIENTS = 64
+REQUESTS_PER_CLIENT = 3
+
+
+async def _client(session, url, results):
+    body = {"prompt": "The quick brown fox", "max_tokens": 96, "temperature": 0, "ignore_eos": True}
+    for _ in range(REQUESTS_PER_CLIENT):
+        t0 = time.perf_counter()
+        async with session.post(url + "/v1/completions", json=body) as r:
+            payload = await r.read()
+            results.append((r.status, time.perf_counter() - t0, r.headers.get("Retry-After"), payload))
+
+
+async def _overload(url):
+    results = []
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=NUM_CLIENTS)) as session:
+        await asyncio.wait_for(asyncio.gather(*(_client(session, url, results) for _ in range(NUM_CLIENTS))), 150)
+    return results
+
+
+def test_64_clients_against_batch_4_queue_4_get_only_200_and_fast_429(server):
+    before = server.metrics()
+    t0 = time.monotonic()
+    results = asyncio.run(_overload(server.url))
+    wall = time.monotonic() - t0
+    statuses = [s for s, _, _, _ in results]
+    assert len(results) == NUM_CLIENTS * REQUESTS_PER_CLIENT
+    assert set(statuses) <= {200, 429}, sorted(set(statuses))
+    ok = [r for r in results if r[0] == 200]
+    rejected = [r for r in results if r[0] == 429]
+    assert len(ok) >= 8 and rejected
+    for _, _, retry_after, payload in rejected:
+        assert retry_after == "1"
+        error = json.loads(payload)["error"]
+        assert error["code"] == 429 and error["type"] == "RateLimitError" and "capacity" in error["message"]
+    for _, _, _, payload in ok:
+        assert json.loads(payload)["usage"]["completion_tokens"] == 96
+    lat = sorted(t for _, t, _, _ in rejected)
+    p50, p95, worst = statistics.median(lat), lat[int(0.95 * (len(lat) - 1))], lat[-1]
+    print(f"\noverload: {len(ok)} x 200, {len(rejected)} x 429 in {wall:.1f} s; "
+          f"429 latency p50 {p50 * 1e3:.1f} ms, p95 {p95 * 1e3:.1f} ms, max {worst * 1e3:.1f} ms")
+    assert p50 < 0.1 and p95 < 0.5, "429s must come back at once, not after queueing"
+    wait_idle(server)
+    after = server.metrics()
+    assert (metric(after, "vllm:num_requests_rejected_total", reason="overload")
+            - metric(before, "vllm:num_requests_rejected_total", reason="overload")) == len(rejected)
+
+
+async def _probe_while_saturated(url, num_probes):
+    long_body = {"prompt": "The quick brown fox", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        async def long():
+            async with session.post(url + "/v1/completions", json=long_body) as r:
+                return r.status
+        fill = [asyncio.create_task(long()) for _ in range(8)]
+        await asyncio.sleep(0.5)
+        lat = []
+        for _ in range(num_probes):
+            t0 = time.perf_counter()
+            async with session.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 4}) as r:
+                await r.read()
+                assert r.status == 429
+            lat.append(time.perf_counter() - t0)
+        assert await asyncio.gather(*fill) == [200] * 8
+    return sorted(lat)
+
+
+def test_429_while_saturated_takes_about_a_millisecond(server):
+    """One client asking while 4 run and 4 wait: the 429 comes from admission, with no engine round trip."""
+    lat = asyncio.run(_probe_while_saturated(server.url, 50))
+    p50, p95 = statistics.median(lat), lat[int(0.95 * (len(lat) - 1))]
+    print(f"\n429 while saturated, one client: p50 {p50 * 1e3:.2f} ms, p95 {p95 * 1e3:.2f} ms, max {lat[-1] * 1e3:.2f} ms")
+    assert p50 < 0.02
+    wait_idle(server)
+
+
+# -- clients that go away -----------------------------------------------------------------------
+async def _abandon_streams(url, num_streams):
+    body = {"prompt": "Every kernel has a reference", "max_tokens": 900, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        responses = [await session.post(url + "/v1/completions", json=body) for _ in range(num_streams)]
+        for r in responses:
+            assert r.status == 200
+            await r.content.readuntil(b"\n\n")  # a first chunk arrived: the sequence is running
+            await r.content.readuntil(b"\n\n")
+        for r in responses:
+            r.close()  # drop the connection mid-stream
+
+
+async def _abandon_whole_request(url):
+    body = {"prompt": "Blocks that hold the same prefix", "max_tokens": 900, "temperature": 0, "ignore_eos": True}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
+        with pytest.raises(asyncio.TimeoutError):
+            async with session.post(url + "/v1/completions", json=body) as r:
+                await r.read()
+
+
+def test_clients_that_disconnect_leave_kv_usage_at_zero(server):
+    before = server.metrics()
+    asyncio.run(_abandon_streams(server.url, 4))
+    asyncio.run(_abandon_whole_request(server.url))
+    t0 = time.monotonic()
+    body = wait_idle(server, timeout=10)
+    assert body["kv_cache_usage"] == 0
+    after = server.metrics()
+    aborted = (metric(after, "vllm:request_success_total", finished_reason="abort")
+               - metric(before, "vllm:request_success_total", finished_reason="abort"))
+    assert aborted == 5, "each abandoned request is aborted, not run to its 900 tokens"
+    assert metric(after, "vllm:kv_cache_usage_perc") == 0
+    print(f"\nidle {time.monotonic() - t0:.2f} s after the last disconnect")

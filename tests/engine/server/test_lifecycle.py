@@ -1,0 +1,176 @@
+"""The server's life: /health 503 -> 200 -> 503, SIGTERM drains in-flight requests and exits 0,
+a drain past --shutdown-timeout aborts what is left, and failures exit non-zero."""
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import aiohttp
+from .harness import ServerProcess, get_json, post
+
+LONG = {"prompt": "When memory runs short", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
+
+
+async def _stream(session, url, body):
+    """Stream a completion to the end; returns (status, text, finish reasons, saw [DONE], first-chunk event)."""
+    async with session.post(url + "/v1/completions", json={**body, "stream": True}) as r:
+        text, reasons, done = "", [], False
+        async for line in r.content:
+            line = line.strip()
+            if line == b"data: [DONE]":
+                done = True
+            elif line.startswith(b"data: "):
+                chunk = json.loads(line[6:])
+                text += "".join(c["text"] for c in chunk["choices"])
+                reasons += [c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]]
+        return r.status, text, reasons, done
+
+
+async def _whole(session, url, body):
+    async with session.post(url + "/v1/completions", json=body) as r:
+        payload = await r.json()
+        return r.status, payload
+
+
+async def _sigterm_under_load(server: ServerProcess):
+    url = server.url
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        streams = [asyncio.create_task(_stream(session, url, LONG)) for _ in range(4)]
+        wholes = [asyncio.create_task(_whole(session, url, LONG)) for _ in range(2)]  # these two wait in the queue
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            async with session.get(url + "/health") as r:
+                body = await r.json()
+            if body["running"] == 4 and body["queued"] == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert body["running"] == 4 and body["queued"] == 2, body
+        server.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.1)
+        async with session.get(url + "/health") as r:
+            draining = (r.status, (await r.json())["status"])
+        async with session.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}) as r:
+            refused = (r.status, r.headers.get("Retry-After"), (await r.json())["error"]["message"])
+        return draining, refused, await asyncio.gather(*streams), await asyncio.gather(*wholes)
+
+
+def test_health_and_sigterm_during_load(tiny_qwen2, tmp_path):
+    server = ServerProcess(tiny_qwen2, tmp_path, ["--max-batch-size", "4", "--max-queue", "4",
+                                                  "--shutdown-timeout", "60"])
+    try:
+        code, body = server.health()
+        assert code == 503 and body["status"] == "starting"  # the socket opens before the model loads
+        status, headers, raw = post(server.url + "/v1/completions", {"prompt": "hi"})
+        assert status == 503 and headers["Retry-After"] == "1" and b"retry shortly" in raw
+        seen = server.wait_ready()
+        assert seen[0] == "starting" and seen[-1] == "ready"
+        code, body = server.health()
+        assert code == 200 and body["running"] == 0 and body["gpu_utilization"] is None
+        assert set(body) >= {"running", "queued", "kv_cache_usage", "tokens_per_second", "gpu_utilization"}
+        draining, refused, streams, wholes = asyncio.run(_sigterm_under_load(server))
+        assert draining == (503, "draining")
+        assert refused[0] == 503 and refused[1] == "1" and "shutting down" in refused[2]
+        for status, text, reasons, done in streams:
+            assert status == 200 and reasons == ["length"] and done and text
+        for status, payload in wholes:
+            assert status == 200 and payload["usage"]["completion_tokens"] == 300
+        assert server.proc.wait(60) == 0
+    finally:
+        server.terminate()
+    log = server.log()
+    assert "drained: every in-flight request finished" in log
+    assert log.count("status=200") == 6 and "When memory runs short" not in log  # no prompt text in logs
+
+
+def test_drain_past_shutdown_timeout_aborts_and_exits_0(tiny_qwen2, tmp_path):
+    server = ServerProcess(tiny_qwen2, tmp_path, ["--shutdown-timeout", "0.3", "--log-prompts"])
+    try:
+        server.wait_ready()
+
+        async def run():
+            body = {**LONG, "max_tokens": 1000}
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+                task = asyncio.create_task(_stream(session, server.url, body))
+                await asyncio.sleep(0.5)
+                server.proc.send_signal(signal.SIGTERM)
+                return await task
+
+        t0 = time.monotonic()
+        status, text, reasons, done = asyncio.run(run())
+        assert status == 200 and reasons == ["abort"] and done, "an aborted stream still ends cleanly"
+        assert server.proc.wait(30) == 0
+        assert time.monotonic() - t0 < 10
+    finally:
+        server.terminate()
+    assert "shutdown timeout: aborting 1 sequences" in server.log()
+    assert "prompt='When memory runs short'" in server.log()  # --log-prompts
+
+
+def test_model_that_cannot_load_exits_1(tmp_path):
+    (tmp_path / "empty").mkdir()
+    server = ServerProcess(tmp_path / "empty", tmp_path)
+    code, body = server.health()
+    assert code == 503
+    assert server.proc.wait(60) == 1
+    assert "engine failed" in server.log() and "config.json" in server.log()
+
+
+def test_bad_options_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hosttune_engine", "serve", "--model", str(tmp_path),
+                           "--max-batch-size", "0"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "max_num_seqs must be >= 1" in proc.stderr
+
+
+# -- a fatal engine error, in-process (a real engine whose step starts raising) --------------------
+class _InProcess:
+    def __init__(self, model):
+        from hosttune_engine.config import EngineConfig
+        from hosttune_engine.server.config import ServerConfig
+        from hosttune_engine.server.serve import Server, build_engine
+
+        self.engine = None
+
+        def factory(cfg):
+            self.engine = build_engine(cfg)
+            return self.engine
+
+        self.server = Server(ServerConfig(EngineConfig(model=str(model), device="cpu", max_num_seqs=4), port=0),
+                             engine_factory=factory)
+        self.exit_code = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        self.exit_code = asyncio.run(self.server.run())
+
+    def wait_ready(self, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.server.port and get_json(self.url + "/health")[0] == 200:
+                return
+            time.sleep(0.02)
+        raise TimeoutError("in-process server not ready")
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server.port}"
+
+
+def test_fatal_engine_error_fails_requests_and_exits_1(tiny_qwen2):
+    srv = _InProcess(tiny_qwen2)
+    srv.wait_ready()
+
+    def broken_step():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    srv.engine.step = broken_step
+    status, _, raw = post(srv.url + "/v1/completions", {"prompt": "hi", "max_tokens": 4})
+    assert status == 500 and "engine failed" in json.loads(raw)["error"]["message"]
+    srv.thread.join(30)
+    assert not srv.thread.is_alive() and srv.exit_code == 1
+    assert srv.server.state.health.phase.value == "failed"
+    assert "illegal memory access" in srv.server.state.health.detail
