@@ -207,7 +207,7 @@ class CompletionRequest:
             raise bad_request("echo is not supported by this server", "echo")
         prompts = _read_prompts(body.get("prompt"))
         logprobs = read_int(body, "logprobs", None, lo=0, hi=MAX_LOGPROBS)
-        return cls(prompts, read_options(body, _read_max_tokens(body, "max_tokens", 16), logprobs))
+        return cls(prompts, read_options(body, _read_max_tokens(body, "max_tokens", None), logprobs))
 
 
 def _read_prompts(prompt) -> tuple[Prompt, ...]:

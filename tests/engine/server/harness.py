@@ -22,7 +22,7 @@ class ServerProcess:
     def __init__(self, model: Path, log_dir: Path, extra_args: list[str] = ()):
         self.log_path = log_dir / "server.log"
         self._log = open(self.log_path, "w")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}  # a tiny model gains nothing from more
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hosttune_engine", "serve", "--model", str(model), "--port", "0",
              "--device", "cpu", *extra_args],

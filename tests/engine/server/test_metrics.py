@@ -1,0 +1,73 @@
+"""Metrics text, admission counting and the throughput window, as data (no server needed)."""
+
+import re
+
+from hosttune_engine.core.messages import EngineStats
+from hosttune_engine.server.admission import Admission
+from hosttune_engine.server.health import TokenRate
+from hosttune_engine.server.metrics import Histogram, Metrics, SequenceTiming
+
+STATS = EngineStats(num_running=3, num_waiting=1, kv_usage=0.25, num_kv_blocks=100, num_free_kv_blocks=75,
+                    prefix_cache_queries_total=50, prefix_cache_hits_total=16, num_preemptions_total=2,
+                    prompt_tokens_total=120, generation_tokens_total=300, num_finished_total=4)
+
+VLLM_NAMES = ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+              "vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
+              "vllm:request_queue_time_seconds", "vllm:num_requests_running", "vllm:num_requests_waiting",
+              "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+              "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
+              "vllm:request_success_total", "vllm:num_requests_rejected_total"]
+
+
+def test_histogram_buckets_are_cumulative():
+    h = Histogram((0.1, 1.0))
+    for v in (0.05, 0.1, 0.5, 5.0):
+        h.observe(v)
+    assert h.lines("m", 'a="b"') == ['m_bucket{a="b",le="0.1"} 2', 'm_bucket{a="b",le="1"} 3',
+                                     'm_bucket{a="b",le="+Inf"} 4', 'm_sum{a="b"} 5.65', 'm_count{a="b"} 4']
+
+
+def test_render_has_vllm_names_and_valid_lines():
+    m = Metrics('my "model"')
+    m.observe(SequenceTiming(10, 5, "stop", e2e=1.0, ttft=0.2, queue_time=0.01, inter_token=(0.2,) * 4))
+    m.observe(SequenceTiming(10, 0, "abort", e2e=0.5, ttft=None, queue_time=None, inter_token=()))
+    m.reject("overload")
+    text = m.render(STATS)
+    for name in VLLM_NAMES:
+        assert re.search(rf"^{re.escape(name)}(_bucket|_count)?{{", text, re.M), name
+    sample = re.compile(r'^[a-z0-9_:]+\{model_name="my \\"model\\""(,[a-z_]+="[^"]*")*\} -?[0-9.e+-]+$')
+    for line in text.splitlines():
+        assert line.startswith("# ") or sample.match(line), line
+    assert 'vllm:request_success_total{model_name="my \\"model\\"",finished_reason="stop"} 1' in text
+    assert 'finished_reason="abort"} 1' in text and 'reason="overload"} 1' in text
+    assert 'vllm:kv_cache_usage_perc{model_name="my \\"model\\""} 0.25' in text
+    assert 'vllm:time_to_first_token_seconds_count{model_name="my \\"model\\""} 1' in text
+    assert 'vllm:inter_token_latency_seconds_count{model_name="my \\"model\\""} 4' in text
+
+
+def test_baseline_hides_warmup_tokens():
+    m = Metrics("m")
+    m.set_baseline(STATS)
+    text = m.render(STATS)
+    assert 'vllm:generation_tokens_total{model_name="m"} 0' in text
+    assert 'vllm:num_requests_running{model_name="m"} 3' in text  # gauges are not offset
+
+
+def test_admission_counts_sequences():
+    a = Admission(max_running=4, max_queue=4)
+    assert a.admit(6) is None and a.num_in_flight == 6
+    rejected = a.admit(3)
+    assert rejected is not None and rejected.retry_after_s == 1 and a.num_rejected_total == 1
+    assert a.admit(2) is None and not a.can_admit(1)
+    with a.holding(8):
+        pass
+    assert a.num_in_flight == 0 and a.fits_ever(8) and not a.fits_ever(9)
+
+
+def test_token_rate_window():
+    rate = TokenRate(window_s=10)
+    assert rate.rate() == 0.0
+    for t in range(0, 30):
+        rate.sample(total_tokens=100 * t, now=float(t))
+    assert rate.rate() == 100.0
+    assert len(rate._samples) <= 12

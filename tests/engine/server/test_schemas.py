@@ -1,0 +1,89 @@
+"""Request parsing as data: this body gives these options, or this 400 message (no server needed)."""
+
+import pytest
+
+from hosttune_engine.server.prompts import PromptBuilder
+from hosttune_engine.server.schemas import ApiError, ChatRequest, CompletionRequest, TokenizeRequest
+
+PARSED = [
+    ({"prompt": "hi"}, dict(n=1, max_tokens=None, temperature=1.0, top_k=0, stop=(), stream=False)),
+    ({"prompt": "hi", "max_tokens": 7, "temperature": 0, "top_k": -1, "top_p": 0.5, "seed": -3, "n": 2},
+     dict(max_tokens=7, temperature=0.0, top_k=-1, top_p=0.5, seed=-3, n=2)),
+    ({"prompt": "hi", "stop": "x"}, dict(stop=("x",))),
+    ({"prompt": "hi", "stop": ["a", "bc"], "stop_token_ids": [3]}, dict(stop=("a", "bc"), stop_token_ids=(3,))),
+    ({"prompt": "hi", "stream": True, "stream_options": {"include_usage": True}},
+     dict(stream=True, include_usage=True)),
+    ({"prompt": "hi", "logprobs": 0}, dict(logprobs=0)),
+    ({"prompt": "hi", "priority": -2, "user": "u1", "unknown_field": {"x": 1}}, dict(priority=-2)),
+    ({"prompt": "hi", "max_tokens": None, "temperature": None, "presence_penalty": 0, "best_of": 1}, dict()),
+]
+
+
+@pytest.mark.parametrize("body,expected", PARSED)
+def test_completion_options(body, expected):
+    options = CompletionRequest.parse(body).options
+    assert {k: getattr(options, k) for k in expected} == expected
+
+
+@pytest.mark.parametrize("prompt,expected", [
+    ("hi", ("hi",)), (["a", "b"], ("a", "b")), ([1, 2, 3], ((1, 2, 3),)), ([[1], [2, 3]], ((1,), (2, 3))),
+])
+def test_prompt_forms(prompt, expected):
+    assert CompletionRequest.parse({"prompt": prompt}).prompts == expected
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"prompt": ["a", 1]}, "prompt must be a string, an array of strings"),
+    ({"prompt": "hi", "best_of": 3}, "best_of is not supported"),
+    ({"prompt": "hi", "logit_bias": {"1": 5}}, "logit_bias is not supported"),
+    ({"prompt": "hi", "temperature": float("inf")}, "finite number, got number inf"),
+    ({"prompt": "hi", "max_tokens": "x" * 100_000}, "max_tokens must be an integer, got a string"),
+])
+def test_completion_errors(body, message):
+    with pytest.raises(ApiError) as err:
+        CompletionRequest.parse(body)
+    assert message in err.value.message and err.value.status == 400 and len(err.value.message) < 200
+
+
+def test_chat_parsing():
+    req = ChatRequest.parse({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                       {"type": "text", "text": "b"}]}],
+                             "logprobs": True, "top_logprobs": 3, "max_completion_tokens": 9})
+    assert req.messages[0]["content"] == "a\nb"
+    assert req.options.logprobs == 3 and req.options.max_tokens == 9
+    assert ChatRequest.parse({"messages": [{"role": "user", "content": "x"}]}).options.logprobs is None
+    assert ChatRequest.parse({"messages": [{"role": "user", "content": "x"}], "logprobs": True}).options.logprobs == 0
+    tools_off = {"messages": [{"role": "user", "content": "x"}], "tools": [{}], "tool_choice": "none"}
+    assert ChatRequest.parse(tools_off).options.n == 1
+
+
+def test_tokenize_parsing():
+    assert TokenizeRequest.parse({"prompt": "hi"}).add_special_tokens is True
+    assert TokenizeRequest.parse({"messages": [{"role": "user", "content": "x"}]}).add_special_tokens is False
+    with pytest.raises(ApiError):
+        TokenizeRequest.parse({"prompt": "a", "messages": []})
+
+
+def test_sampling_errors_become_400():
+    options = CompletionRequest.parse({"prompt": "hi", "top_p": 1.5}).options
+    with pytest.raises(ApiError) as err:
+        options.sampling(4)
+    assert "top_p must be in (0, 1]" in err.value.message
+
+
+@pytest.mark.parametrize("num_prompt,requested,default,expected", [
+    (10, None, 16, 16), (1020, None, 16, 4), (10, None, None, 1014), (10, 1014, 16, 1014),
+])
+def test_max_tokens_for(num_prompt, requested, default, expected):
+    assert PromptBuilder(None, 1024, 100).max_tokens_for(num_prompt, requested, default) == expected
+
+
+@pytest.mark.parametrize("num_prompt,requested,message", [
+    (1024, None, "your request has 1024 input tokens"),
+    (10, 1015, "you requested 1025 tokens (10 in the prompt, 1015 in the completion)"),
+    (0, None, "the prompt is empty"),
+])
+def test_context_errors(num_prompt, requested, message):
+    with pytest.raises(ApiError) as err:
+        PromptBuilder(None, 1024, 100).max_tokens_for(num_prompt, requested, 16)
+    assert message in err.value.message
