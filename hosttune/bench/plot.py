@@ -56,23 +56,28 @@ def latency_cdfs(runs: list[tuple[RunRecord, Summary]], path: Path) -> None:
 
 
 def latency_vs_rate(sweeps: list[SweepResult], path: Path) -> None:
-    """P50 and P95 of E2E and TTFT at each offered rate, the SLO, the highest rate held."""
+    """P50 (dashed) and P95 (solid) of E2E and TTFT at each offered rate, one colour per
+    endpoint; the SLO in red; a dotted line at each endpoint's highest rate held."""
     plt = _pyplot()
-    figure, (e2e_axis, ttft_axis) = plt.subplots(1, 2, figsize=(12, 4.8))
-    for sweep in sweeps:
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, sweep in enumerate(sweeps):
+        colour = colours[index % len(colours)]
         points = sorted(sweep.points, key=lambda p: p.rate)
         rates = [p.rate for p in points]
-        for axis, name in ((e2e_axis, "e2e"), (ttft_axis, "ttft")):
+        for axis, name in zip(axes, ("e2e", "ttft")):
             for q, style in ((50, "--"), (95, "-")):
-                values = [_at(p.summary, name, q) for p in points]
-                axis.plot(rates, values, style, marker="o", markersize=3, label=f"{sweep.url} P{q}")
+                axis.plot(rates, [_at(p.summary, name, q) for p in points], style, color=colour,
+                          marker="o", markersize=3, label=f"{sweep.url} P{q}")
             if sweep.max_rate is not None:
-                axis.axvline(sweep.max_rate, color="green", linewidth=0.8, linestyle=":")
-            limit = sweep.slo.limits().get(name)
-            if limit is not None:
-                axis.axhline(limit * 1e3, color="red", linewidth=0.8, label=f"SLO {name} {limit * 1e3:g} ms")
-    for axis, label in ((e2e_axis, "E2E"), (ttft_axis, "TTFT")):
-        axis.set_title(f"{label} latency vs offered rate")
+                axis.axvline(sweep.max_rate, color=colour, linewidth=0.8, linestyle=":")
+    slo = sweeps[0].slo if sweeps else None
+    for axis, name, label in ((axes[0], "e2e", "E2E"), (axes[1], "ttft", "TTFT")):
+        limit = slo.limits().get(name) if slo else None
+        if limit is not None:
+            axis.axhline(limit * 1e3, color="red", linewidth=0.8,
+                         label=f"SLO: P{slo.percentile:g} {label} <= {limit * 1e3:g} ms")
+        axis.set_title(f"{label} latency vs offered rate (dotted: highest rate held)")
         axis.set_xlabel("offered requests/s")
         axis.set_ylabel("ms")
         axis.set_yscale("log")

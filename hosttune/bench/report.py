@@ -31,6 +31,11 @@ class Outcome:
         return list(self.runs) + [(p.run, p.summary) for s in self.sweeps for p in s.points]
 
 
+def definitions() -> str:
+    """The metric definitions: metrics.py's docstring after its first line."""
+    return metrics.__doc__.strip().split("\n\n", 1)[1]
+
+
 def now_text() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -43,7 +48,7 @@ def to_json(outcome: Outcome) -> dict:
         "created": outcome.created or now_text(),
         "command": outcome.command,
         "client": {"python": platform.python_version(), "machine": platform.machine()},
-        "definitions": metrics.__doc__,
+        "definitions": definitions(),
         "runs": [_run_json(run, summary) for run, summary in outcome.runs],
         "sweeps": [_sweep_json(s) for s in outcome.sweeps],
     }
@@ -96,18 +101,18 @@ def markdown(outcome: Outcome, plots: list[str]) -> str:
     if outcome.runs:
         lines += _setup([run for run, _ in outcome.runs]) + _results(outcome.runs)
     elif outcome.sweeps and outcome.sweeps[0].points:
-        lines += _setup([s.points[0].run for s in outcome.sweeps if s.points])
+        lines += _setup([s.points[0].run for s in outcome.sweeps if s.points], is_sweep=True)
     for sweep in outcome.sweeps:
         lines += _sweep_section(sweep)
     lines += [f"![{name}]({name})" for name in plots] + ([""] if plots else [])
-    lines += ["## Definitions", "", metrics.__doc__.strip(), ""]
+    lines += ["## Definitions", "", definitions(), ""]
     return "\n".join(lines)
 
 
-def _setup(runs: list[RunRecord]) -> list[str]:
+def _setup(runs: list[RunRecord], is_sweep: bool = False) -> list[str]:
     run = runs[0]
     load = f"{run.users} closed-loop users" if run.mode == "users" else (
-        f"open loop, burstiness {run.burstiness:g}" + ("" if run.rate is None else f", {run.rate:g} requests/s"))
+        f"open loop, burstiness {run.burstiness:g}, " + ("rate swept" if is_sweep else f"{run.rate:g} requests/s"))
     lines = ["## Setup", "", f"- Load: {load}; warm-up {run.warmup_end:g} s, excluded.",
              f"- Prompt lengths: {run.prompt_lengths}.", f"- Output lengths: {run.output_lengths}."]
     lines += [f"- Prompt token counts for {r.url} ({r.model}): {r.tokenizer}." for r in runs]
