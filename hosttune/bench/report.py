@@ -120,8 +120,17 @@ def _setup(runs: list[RunRecord], is_sweep: bool = False) -> list[str]:
     for r in runs:
         if r.tokenizer.startswith("approximate"):
             lines += [f"> **Prompt lengths for {r.url} are approximate**: it has no `/tokenize` "
-                      "and no `--tokenizer` was given.", ""]
+                      f"and no `--tokenizer` was given. {_length_error(r)}", ""]
     return lines
+
+
+def _length_error(run: RunRecord) -> str:
+    pairs = [(r.prompt_tokens, r.reported_prompt_tokens) for r in run.requests
+             if r.reported_prompt_tokens]
+    if not pairs:
+        return "The server reported no usage, so the real lengths are unknown."
+    error = sum(abs(real - want) / want for want, real in pairs) / len(pairs)
+    return f"The server's usage reports differ from the intended lengths by {error:.1%} on average."
 
 
 def _results(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:

@@ -56,6 +56,7 @@ class Script:
     error_after: int = 1
     fail_status_every: int = 0
     step: float = 0.0  # if set, tokens go out on a shared clock tick, as from a batched decode step
+    has_tokenize: bool = True  # False: no /tokenize route, like an endpoint that lacks one
 
 
 def count_tokens(text: str) -> int:
@@ -110,11 +111,12 @@ class ScriptedServer:
             ("GET", "/health"): lambda: connection.reply(json_response(200, {"status": "ok"})),
             ("GET", "/v1/models"): lambda: connection.reply(json_response(200, {
                 "object": "list", "data": [{"id": MODEL, "object": "model"}]})),
-            ("POST", "/tokenize"): lambda: self._tokenize(connection, body),
+            ("POST", "/tokenize"): (lambda: self._tokenize(connection, body))
+            if self.script.has_tokenize else None,
             ("POST", "/v1/completions"): lambda: self._complete(connection, body, False),
             ("POST", "/v1/chat/completions"): lambda: self._complete(connection, body, True),
         }
-        route = routes.get((method, path))
+        route = routes.get((method, path))  # None: 404
         if route is None:
             connection.reply(json_response(404, {"error": {"message": f"no route {path}"}}))
             return
@@ -209,6 +211,7 @@ def _parse_args(argv: list[str] | None) -> tuple[Script, argparse.Namespace]:
     parser.add_argument("--fail-status-every", type=int, default=0)
     parser.add_argument("--step", type=float, default=0.0,
                         help="send tokens only on multiples of this many seconds (batched decode)")
+    parser.add_argument("--no-tokenize", action="store_true", help="answer /tokenize with 404")
     parser.add_argument("--fast", action="store_true",
                         help="epoll (or uvloop when installed): many connections, timers round to 1 ms")
     parser.add_argument("--realtime", action="store_true",
@@ -222,6 +225,7 @@ def _parse_args(argv: list[str] | None) -> tuple[Script, argparse.Namespace]:
         itl=tuple(float(x) for x in args.itl.split(",")), capacity=args.capacity,
         max_queue=args.max_queue, error_every=args.error_every,
         error_after=args.error_after, fail_status_every=args.fail_status_every, step=args.step,
+        has_tokenize=not args.no_tokenize,
     )
     return script, args
 

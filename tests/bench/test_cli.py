@@ -70,3 +70,21 @@ def test_duration_and_requests_together_is_a_user_error():
     result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--duration", "5s",
                                  "--requests", "10"])
     assert result.exit_code == 2 and "not both" in result.output
+
+
+def test_without_tokenize_prompt_lengths_are_approximate_and_the_report_says_so(server_factory, tmp_path):
+    url = server_factory("--no-tokenize", "--ttft", "0.005", "--itl", "0.001")
+    out = tmp_path / "approx"
+    result = runner.invoke(app, ["bench", "--url", url, "--users", "2", "--requests", "10",
+                                 "--warmup", "0", "--prompts", "uniform:20-40", "--max-tokens", "4",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "prompt lengths are approximate" in result.output
+    markdown = (out / "report.md").read_text()
+    assert "Prompt lengths for" in markdown
+    # The scripted server counts a BOS plus one token per word, as the approximation does.
+    assert "differ from the intended lengths by 0.0% on average" in markdown
+    run = json.loads((out / "results.json").read_text())["runs"][0]
+    assert run["tokenizer"].startswith("approximate")
+    # The server's usage numbers show the real counts next to the intended ones.
+    assert all(r["reported_prompt_tokens"] is not None for r in run["requests"])
