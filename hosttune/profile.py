@@ -127,7 +127,6 @@ class Profile:
     tools: ToolsSpec = field(default_factory=ToolsSpec)
 
 
-SECTIONS = {f.name: f.type for f in dataclasses.fields(Profile) if f.name not in ("name", "description")}
 _SECTION_TYPES = {
     "driver": DriverSpec, "cuda": CudaSpec, "gpu": GpuSpec, "cpu": CpuSpec, "kernel": KernelSpec,
     "irq": IrqSpec, "numa": NumaSpec, "memory": MemorySpec, "nvme": NvmeSpec, "tools": ToolsSpec,

@@ -57,10 +57,24 @@ def gpu_affinity(facts: Facts, profile: Profile) -> Verdict:
     if is_systemd(facts):
         configured = "persisted" if unit and unit.enabled == "enabled" else "not persisted"
     problems = [f"outside the wanted cores: {', '.join(outside)}"] if outside else []
+    served = _served_elsewhere(facts, devices, setting)
+    if served:
+        problems.append(f"interrupts so far served on CPUs {cpulist.format(served)}")
     if configured == "not persisted":
         problems.append("IRQ affinity does not survive a reboot and no boot-time unit sets it")
     status = Status.DRIFT if problems else Status.OK
     return Verdict(status, "; ".join(desired_text), configured, active, "; ".join(problems))
+
+
+def _served_elsewhere(facts: Facts, devices: list[PciDevice], setting: str) -> set[int]:
+    """CPUs outside the wanted set that /proc/interrupts shows handling GPU IRQs."""
+    cpus: set[int] = set()
+    for dev in devices:
+        wanted = set(desired_cores(dev, facts, setting))
+        for irq in dev.irqs:
+            counts = facts.gpu_interrupts.get(irq.irq, ())
+            cpus |= {cpu for cpu, n in enumerate(counts) if n and cpu not in wanted}
+    return cpus
 
 
 CHECKS = (

@@ -8,7 +8,7 @@ from functools import lru_cache
 from importlib import resources
 
 from hosttune.errors import ProbeError
-from hosttune.facts import Facts, GpuFacts
+from hosttune.facts import Facts
 from hosttune.probes import gpu, pci, software, system
 from hosttune.probes.sections import Section, split
 from hosttune.transport.base import Transport
@@ -102,6 +102,8 @@ _STEPS = (
     ("bootloader", _bootloader),
     ("system", _system),
     ("gpu-pci", _pci),
+    ("interrupts", lambda f, s: replace(f, gpu_interrupts={
+        irq: tuple(v["counts"]) for irq, v in pci.parse_interrupts(s.text).items()})),
     ("cuda", lambda f, s: replace(f, cuda=software.parse_cuda(s.text))),
     ("packages", _packages),
     ("services", lambda f, s: replace(f, services=software.parse_services(s.text))),
@@ -152,7 +154,3 @@ def _with_compute_caps(gpus, csv_section: Section | None):
     except ProbeError:
         return gpus
     return tuple(replace(g, compute_cap=g.compute_cap or caps.get(g.bdf)) for g in gpus)
-
-
-def empty_facts() -> Facts:
-    return Facts(gpu=GpuFacts())

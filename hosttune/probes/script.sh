@@ -110,6 +110,7 @@ sec meta meta
 sec bootloader bootloader
 sec system system
 sec gpu-pci gpu_pci
+[ -n "$HT_GPU" ] && sec interrupts grep -E '^ +CPU0|nvidia' /proc/interrupts
 sec cuda cuda
 sec packages packages
 sec services services

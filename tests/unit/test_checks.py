@@ -137,3 +137,14 @@ def test_broken_check_reports_error_not_crash(a100):
 def test_unknown_check():
     with pytest.raises(HosttuneError, match="known checks"):
         get_check("gpu.nope")
+
+
+def test_gpu_affinity_names_cpus_that_served_gpu_interrupts(h200, fixture_text):
+    from hosttune.probes.pci import parse_interrupts
+
+    counts = {irq: tuple(v["counts"]) for irq, v in parse_interrupts(fixture_text("h200", "proc-interrupts-nvidia.txt")).items()}
+    facts = replace(h200, gpu_interrupts=counts)
+    profile = profile_for(Host("h", "g", ConnectionSpec("h"), irq_cores="4-7"))
+    finding = BY_ID["irq.gpu_affinity"].run(facts, profile)
+    assert finding.status is Status.DRIFT
+    assert "interrupts so far served on CPUs 0" in finding.detail  # IRQ 44 fired 12 times on CPU0
