@@ -96,7 +96,7 @@ class SshTransport:
             chan = self.connect().get_transport().open_session(timeout=self.spec.timeout_s)
             chan.exec_command(join(full))
             if stdin:
-                chan.sendall(stdin)
+                _send(chan, stdin)
             chan.shutdown_write()
             rc, out, err = _drain(chan, timeout)
         except (OSError, socket.timeout, paramiko.SSHException) as exc:
@@ -107,6 +107,17 @@ class SshTransport:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+STDIN_CHUNK = 1 << 18
+
+
+def _send(chan: paramiko.Channel, data: bytes) -> None:
+    """Send stdin in chunks: paramiko's sendall re-slices what is left after every packet,
+    which is quadratic in the size (a 190 MB wheel took ten minutes instead of seconds)."""
+    view = memoryview(data)
+    for start in range(0, len(view), STDIN_CHUNK):
+        chan.sendall(bytes(view[start:start + STDIN_CHUNK]))
 
 
 def _drain(chan: paramiko.Channel, timeout: float | None) -> tuple[int, str, str]:
