@@ -91,19 +91,22 @@ class Client:
         body = json.dumps(self.payload(prompt, max_tokens)).encode()
         request = self.pool.request_bytes(self.path, body)
         sent = time.perf_counter()
+        deadline = sent + self.target.timeout
         for is_retry in (False, True):
             try:
-                connection = await self.pool.acquire()
+                connection = await asyncio.wait_for(self.pool.acquire(), deadline - time.perf_counter())
             except HttpError as exc:
                 return _failure(sent, 0, f"transport: {exc}")
+            except asyncio.TimeoutError:
+                return _failure(sent, 0, f"timeout: no connection in {self.target.timeout:g}s")
             try:
-                response = await asyncio.wait_for(connection.send(request), self.target.timeout)
+                response = await asyncio.wait_for(connection.send(request), deadline - time.perf_counter())
             except asyncio.TimeoutError:
                 connection.close()
                 return _failure(sent, 0, f"timeout: no complete response in {self.target.timeout:g}s")
             except HttpError as exc:
-                # A kept-alive connection the server had just closed: send once more.
-                if not is_retry and connection.num_requests > 1:
+                # A kept-alive connection the server closed as we wrote: send once more.
+                if not is_retry and connection.num_requests > 1 and not connection.is_answered:
                     continue
                 return _failure(sent, 0, f"transport: {exc}")
             except asyncio.CancelledError:

@@ -155,6 +155,7 @@ class Connection(asyncio.BufferedProtocol):
         self.read_buffer = bytearray(READ_SIZE)
         self.is_closed = False
         self.num_requests = 0
+        self.is_answered = False  # bytes of the current request's response arrived
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -167,6 +168,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         now = time.perf_counter()
+        self.is_answered = True
         if self.parser is None:
             self._fail(HttpError("data arrived with no request outstanding"))
             return
@@ -198,6 +200,7 @@ class Connection(asyncio.BufferedProtocol):
         self.parser = ResponseParser()
         self.waiter = asyncio.get_running_loop().create_future()
         self.num_requests += 1
+        self.is_answered = False
         self.transport.write(request)
         return self.waiter
 

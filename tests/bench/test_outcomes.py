@@ -108,3 +108,37 @@ def test_same_seed_same_requests_whatever_the_server(server_factory):
     plans = [[(r.index, round(r.scheduled, 9), r.prompt_tokens, r.max_tokens) for r in run.requests]
              for run in runs]
     assert plans[0] == plans[1] and len(plans[0]) > 40
+
+
+def test_a_keep_alive_connection_closed_by_the_server_is_retried_once():
+    """A server that answers one request per connection and drops the second one
+    unanswered, as a server whose keep-alive timeout fires just as a request comes."""
+    import asyncio
+
+    from hosttune.bench.scripted_stream import STREAM_HEAD, TEXT_EVENT, event
+
+    seen = []
+
+    async def handle(reader, writer):
+        for number in (1, 2):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await reader.readexactly(length)
+            seen.append(number)
+            if number == 2:
+                writer.close()
+                return
+            writer.write(STREAM_HEAD + TEXT_EVENT + event("[DONE]") + b"0\r\n\r\n")
+            await writer.drain()
+
+    async def go():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with Client(Target(f"http://127.0.0.1:{port}", "m", timeout=5)) as client:
+            results = [await client.stream("hello", 1) for _ in range(3)]
+        server.close()
+        return results
+
+    results = run_async(go())
+    assert [r.outcome for r in results] == [OK, OK, OK]
+    assert seen == [1, 2, 1, 2, 1]  # the 2nd and 3rd requests were each sent twice
