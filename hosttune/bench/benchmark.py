@@ -93,9 +93,9 @@ async def prompt_builder(spec: BenchSpec, url: str) -> prompts.PromptBuilder:
         if spec.tokenizer is not None:
             count = prompts.local_counter(spec.tokenizer)
             source = f"local tokenizer {spec.tokenizer}"
-        elif await prompts.has_tokenize(session, url):
-            count = prompts.remote_counter(session, url)
-            source = f"{url}/tokenize"
+        elif await prompts.has_tokenize(session, url, spec.api == CHAT):
+            count = prompts.remote_counter(session, url, spec.api == CHAT)
+            source = f"{url}/tokenize" + (" (chat template applied)" if spec.api == CHAT else "")
         else:
             calibration = prompts.approximate_calibration()
             return prompts.PromptBuilder(calibration, spec.prompt_dist.high, spec.load.seed)

@@ -2,7 +2,8 @@
 
 How exactness is had: the words are checked, once per run, to be one token each with
 the target's tokenizer (its `/tokenize` endpoint, or a local tokenizer.json), and the
-number of special tokens the tokenizer adds (a BOS) is measured. Since tokenizers split
+number of tokens the tokenizer adds to any text (a BOS; for the chat API, the chat
+template around one user message) is measured. Since tokenizers split
 on spaces before merging, a prompt of n tokens is then `n - specials` such words, and a
 few built prompts are tokenized again to check. When neither tokenizer is available
 the count is an approximation (one token per word, one special token), and the report
@@ -15,6 +16,7 @@ prompt costs no tokenizer call and almost no time during the run.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,9 @@ where them any through before both could what four because each best found befor
 around since film work life team years called high name music day did over five game
 again state great area among house same series did work set main end even without
 """.split())
+
+# Letters and digits: small vocabularies (test models) keep few whole words as one token.
+FALLBACK_WORDS = tuple("abcdefghijklmnopqrstuvwxyz0123456789")
 
 Counter = Callable[[str], Awaitable[int]]
 
@@ -82,16 +87,36 @@ def _word_starts(words: list[str]) -> list[int]:
 
 
 async def calibrate(count: Counter, source: str) -> Calibration:
-    """Find the single-token words and the number of special tokens."""
-    num_specials = await count(WORDS[0]) - 1
-    if num_specials < 0:
-        raise BenchError(f"{source} counts {WORDS[0]!r} as no token at all")
-    words = tuple(dict.fromkeys(WORDS))
-    if await count(" ".join(words)) != num_specials + len(words):
-        words = tuple([w for w in words if await count(f"{WORDS[0]} {w}") == num_specials + 2])
-    if len(words) < 16:
-        raise BenchError(f"{source}: too few single-token words to build prompts from")
+    """Find the number of special tokens and the candidates that are one token each."""
+    num_specials = await _count_specials(count)
+    candidates = tuple(dict.fromkeys(WORDS + FALLBACK_WORDS))
+    if await count(" ".join(candidates)) == num_specials + len(candidates):
+        words = candidates  # each is at least one token, so each is exactly one
+    else:
+        words = await _single_token_words(count, candidates, num_specials)
+    if len(words) < 2:
+        raise BenchError(f"{source}: no words that are one token each; cannot make prompts exact "
+                         "(pass --tokenizer, or use a target without /tokenize for approximate lengths)")
     return Calibration(words, num_specials, source, is_exact=True)
+
+
+async def _count_specials(count: Counter) -> int:
+    """Tokens the tokenizer adds to any text: the count of an empty prompt, or else one
+    less than the shortest count among a few one-character prompts."""
+    try:
+        return await count("")
+    except (BenchError, aiohttp.ClientError, ValueError, KeyError):
+        return min([await count(w) for w in FALLBACK_WORDS[:8]]) - 1
+
+
+async def _single_token_words(count: Counter, candidates: tuple[str, ...],
+                              num_specials: int) -> tuple[str, ...]:
+    """Candidates that stay one token each both first and after a space (4 in a row)."""
+    counts = []
+    for start in range(0, len(candidates), 16):  # a few requests at a time
+        batch = candidates[start:start + 16]
+        counts += await asyncio.gather(*(count(" ".join([w] * 4)) for w in batch))
+    return tuple(w for w, n in zip(candidates, counts) if n == num_specials + 4)
 
 
 def approximate_calibration() -> Calibration:
@@ -114,12 +139,14 @@ async def check(builder: PromptBuilder, count: Counter, lengths: list[int]) -> N
             )
 
 
-def remote_counter(session: aiohttp.ClientSession, url: str) -> Counter:
-    """Counts tokens with the target's vLLM-style /tokenize endpoint."""
+def remote_counter(session: aiohttp.ClientSession, url: str, is_chat: bool = False) -> Counter:
+    """Counts tokens with the target's vLLM-style /tokenize endpoint; for chat, the text
+    as one user message with the chat template applied, as the server will."""
     endpoint = url.rstrip("/") + "/tokenize"
 
     async def count(text: str) -> int:
-        async with session.post(endpoint, json={"prompt": text}) as resp:
+        body = {"messages": [{"role": "user", "content": text}]} if is_chat else {"prompt": text}
+        async with session.post(endpoint, json=body) as resp:
             if resp.status != 200:
                 raise BenchError(f"{endpoint} answered HTTP {resp.status}")
             body = await resp.json(content_type=None)
@@ -130,9 +157,9 @@ def remote_counter(session: aiohttp.ClientSession, url: str) -> Counter:
     return count
 
 
-async def has_tokenize(session: aiohttp.ClientSession, url: str) -> bool:
+async def has_tokenize(session: aiohttp.ClientSession, url: str, is_chat: bool = False) -> bool:
     try:
-        return await remote_counter(session, url)("the") >= 1
+        return await remote_counter(session, url, is_chat)("the") >= 1
     except (aiohttp.ClientError, BenchError, ValueError, KeyError, TimeoutError):
         return False
 

@@ -3,7 +3,7 @@ import asyncio
 import pytest
 
 from hosttune.bench import prompts
-from hosttune.bench.prompts import WORDS, PromptBuilder, calibrate
+from hosttune.bench.prompts import FALLBACK_WORDS, WORDS, PromptBuilder, calibrate
 from hosttune.errors import BenchError
 
 
@@ -20,7 +20,7 @@ def test_calibration_finds_specials_and_drops_multi_token_words():
     calibration = asyncio.run(calibrate(count, "fake"))
     assert calibration.num_specials == 2 and calibration.is_exact
     assert not split & set(calibration.words)
-    assert len(calibration.words) == len(set(WORDS)) - len(split)
+    assert len(calibration.words) == len(set(WORDS)) + len(FALLBACK_WORDS) - len(split)
 
 
 @pytest.mark.parametrize("length", [1, 2, 3, 50, 777, 4000])
@@ -30,6 +30,21 @@ def test_built_prompts_count_exactly(length):
     builder = PromptBuilder(calibration, max_tokens=4000, seed=3)
     for _ in range(5):
         assert asyncio.run(count(builder.build(length))) == max(length, 2)
+
+
+def test_a_small_vocabulary_falls_back_to_letters():
+    """Like the engine's tiny test tokenizer: few whole words, most letters, no BOS, and
+    an empty prompt refused."""
+    keep = {"in", "is", "on", "a", "b", "c", "d"}
+
+    async def count(text):
+        if not text:
+            raise BenchError("HTTP 400")
+        return sum(1 if w in keep else 2 for w in text.split())
+    calibration = asyncio.run(calibrate(count, "tiny"))
+    assert calibration.num_specials == 0 and set(calibration.words) == keep
+    builder = PromptBuilder(calibration, 500, 0)
+    assert [asyncio.run(count(builder.build(n))) for n in (1, 7, 500)] == [1, 7, 500]
 
 
 def test_prompts_do_not_share_prefixes():
