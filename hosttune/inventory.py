@@ -95,6 +95,7 @@ VARS_SCHEMA: dict[str, Any] = {
     "irq_cores": _cpus,
     "rcu_nocbs": _cpus,
     "tune": _mapping,
+    "deploy": _mapping,  # engine serving settings, validated by hosttune.deploy.settings
 }
 
 
@@ -120,6 +121,7 @@ class Host:
     irq_cores: str | None = None
     rcu_nocbs: str | None = None
     tune: dict = field(default_factory=dict, hash=False)
+    deploy: dict = field(default_factory=dict, hash=False)
     source: str = "<built-in>"
 
 
@@ -292,6 +294,7 @@ def _build_host(name: str, group: str, hvars: dict, source: str, accept_new: boo
         irq_cores=hvars.get("irq_cores"),
         rcu_nocbs=hvars.get("rcu_nocbs"),
         tune=dict(hvars.get("tune", {})),
+        deploy=dict(hvars.get("deploy", {})),
         source=source,
     )
 

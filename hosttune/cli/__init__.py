@@ -5,6 +5,7 @@ from hosttune.cli import check as _check  # noqa: F401  (registers check, facts,
 from hosttune.cli import apply as _apply  # noqa: F401  (registers apply, rollback, verify)
 from hosttune.cli import bench as _bench  # noqa: F401  (registers bench)
 from hosttune.cli import build as _build  # noqa: F401  (registers build)
+from hosttune.cli import deploy as _deploy  # noqa: F401  (registers deploy)
 
 
 def main() -> None:

@@ -1,0 +1,150 @@
+"""vLLM across several nodes with its own Ray runtime: the group's first host is the Ray head and
+serves; the others are Ray workers. Started in order: head Ray, workers' Ray, wait until the
+cluster has every node, then the server on the head, then the gate.
+
+The order is data (`group_phases`); `deploy_group` walks it. A failure in any phase puts
+every host of the group back on the release it had.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from hosttune.deploy import plan as dplan
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.executor import run_ops
+from hosttune.deploy.gate import GateResult, journal_tail, run_gate
+from hosttune.deploy.host import HostDeploy, HostJob, load_release
+from hosttune.deploy.plan import Role
+from hosttune.deploy.release import wheel_path
+from hosttune.deploy.state import HostState, read_state
+from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
+from hosttune.errors import HosttuneError
+from hosttune.inventory import Host
+from hosttune.probes.gather import gather
+from hosttune.transport import open_transport
+
+RAY_WAIT_S = 300.0
+_RAY_NODE = re.compile(r"^\s*\d+\s+node_[0-9a-f]+", re.M)
+
+
+@dataclass(frozen=True)
+class Phase:
+    description: str
+    ops: dict[str, list[dplan.Op]]  # host name → operations, run in parallel across hosts
+    wait: str = ""  # "ray-head" | "ray-cluster" | "gate": what must hold before the next phase
+
+
+def roles(hosts: list[Host]) -> dict[str, Role]:
+    head = hosts[0].connection.address
+    n = len(hosts)
+    return {h.name: Role("head" if i == 0 else "worker", n, h.connection.address, head) for i, h in enumerate(hosts)}
+
+
+def group_phases(jobs: list[HostJob], states: dict[str, HostState]) -> list[Phase]:
+    head, workers = jobs[0], jobs[1:]
+    name = head.host.name
+    return [
+        Phase("install releases", {j.host.name: dplan.install_ops(j.release, j.entry, states[j.host.name], j.python)
+                                   + dplan.verify_ops(j.release) for j in jobs}),
+        Phase("start the Ray head", {name: dplan.activate_ops(head.release, states[name], start=(RAY_UNIT,))}, "ray-head"),
+        Phase("start the Ray workers", {j.host.name: dplan.activate_ops(j.release, states[j.host.name]) for j in workers},
+              "ray-cluster"),
+        Phase("start the server on the head", {name: dplan.start_ops([SERVE_UNIT])}, "gate"),
+    ]
+
+
+def parse_ray_nodes(text: str) -> int:
+    """Active nodes in `ray status` output."""
+    active = text.split("Active:", 1)[-1].split("Pending:", 1)[0] if "Active:" in text else ""
+    return len(_RAY_NODE.findall(active))
+
+
+def wait_ray(transport, job: HostJob, num_nodes: int, timeout: float = RAY_WAIT_S) -> None:
+    """Until `ray status` on the head counts num_nodes active nodes."""
+    port = job.preset.multinode.ray_port
+    ray = f"{job.release.dir}/bin/ray"
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while time.monotonic() < deadline:
+        result = transport.run([ray, "status", f"--address=127.0.0.1:{port}"], timeout=60)
+        seen = parse_ray_nodes(result.stdout) if result.ok else 0
+        if seen >= num_nodes:
+            return
+        time.sleep(2.0)
+    raise DeployError(f"{job.host.name}: the Ray cluster has {seen} of {num_nodes} nodes after {timeout:.0f}s")
+
+
+def deploy_group(hosts: list[Host], request, make_job: Callable) -> list[HostDeploy]:
+    transports = {h.name: open_transport(h.connection) for h in hosts}
+    try:
+        return _deploy_group(hosts, request, make_job, transports)
+    finally:
+        for t in transports.values():
+            t.close()
+
+
+def _parallel(fn, items):
+    with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
+    group_roles = roles(hosts)
+    try:
+        facts = dict(zip([h.name for h in hosts], _parallel(lambda h: gather(transports[h.name]).facts, hosts)))
+        jobs = [make_job(h, facts[h.name], request, group_roles[h.name]) for h in hosts]
+        states = {j.host.name: read_state(transports[j.host.name], j.release.id, [wheel_path(w) for w in j.release.wheels])
+                  for j in jobs}
+    except HosttuneError as exc:
+        return [HostDeploy(h, "failed", error=f"nothing changed on group {hosts[0].group}: {exc}") for h in hosts]
+    if request.dry_run:
+        return [HostDeploy(j.host, "planned", j.release.id, ops=tuple(
+            f"[{p.description}] {dplan.describe(op)}" for p in group_phases(jobs, states) for op in p.ops.get(j.host.name, [])))
+            for j in jobs]
+    head = jobs[0]
+    gate = None
+    for index, phase in enumerate(group_phases(jobs, states)):
+        try:
+            _parallel(lambda item: run_ops(transports[item[0]], item[1]), list(phase.ops.items()))
+            if phase.wait in ("ray-head", "ray-cluster"):
+                wait_ray(transports[head.host.name], head, 1 if phase.wait == "ray-head" else len(jobs))
+            elif phase.wait == "gate":
+                gate = run_gate(transports[head.host.name], SERVE_UNIT, head.settings, head.preset.serve.health)
+                if not gate.ok:
+                    raise DeployError(gate.summary())
+        except HosttuneError as exc:
+            if index == 0:  # only installs ran: nothing live changed
+                return [HostDeploy(j.host, "failed", j.release.id, _name(states[j.host.name].current), error=str(exc)) for j in jobs]
+            return _restore_group(jobs, states, transports, gate or GateResult(False, phase.description, str(exc)))
+    return [HostDeploy(j.host, "deployed", j.release.id, j.release.id, gate if j is head else None) for j in jobs]
+
+
+def _name(path: str | None) -> str | None:
+    return path.rstrip("/").rsplit("/", 1)[-1] if path else None
+
+
+def _restore_group(jobs, states, transports, gate: GateResult) -> list[HostDeploy]:
+    journal = journal_tail(transports[jobs[0].host.name], SERVE_UNIT)
+    outcomes = []
+    for job in reversed(jobs):  # workers first, the head (and its server) last
+        before = states[job.host.name]
+        transport = transports[job.host.name]
+        try:
+            if before.current and before.current != job.release.dir:
+                previous = load_release(transport, before.current)
+                run_ops(transport, dplan.activate_ops(previous, read_state(transport, previous.id, []), keep_previous=True))
+                restored = previous.id
+            else:
+                names = [n for n in (SERVE_UNIT, RAY_UNIT) if n in job.release.units]
+                run_ops(transport, [dplan.Run(("systemctl", "disable", "--now", *names))])
+                restored = None
+        except HosttuneError as exc:
+            restored, gate = None, GateResult(False, gate.phase, f"{gate.error}; restoring failed: {exc}")
+        outcomes.append(HostDeploy(job.host, "failed", job.release.id, restored, gate, gate.summary(),
+                                   journal if job is jobs[0] else "", restored))
+    return list(reversed(outcomes))

@@ -1,0 +1,36 @@
+"""What deploy did, per host, as text."""
+
+from __future__ import annotations
+
+import textwrap
+
+from hosttune.deploy.host import HostDeploy
+from hosttune.fleet import EXIT_ERROR, EXIT_UNREACHABLE
+
+
+def render(outcomes: list[HostDeploy]) -> str:
+    width = max((len(o.host.name) for o in outcomes), default=4)
+    lines = []
+    for o in outcomes:
+        detail = o.gate.summary() if o.gate and o.gate.ok else (o.error or "")
+        lines.append(f"{o.host.name:<{width}}  {o.state:<11} {o.release or '-':<20} {detail}".rstrip())
+        if o.ops:
+            lines += [f"{'':<{width}}    {op}" for op in o.ops]
+        if o.journal:
+            lines.append(f"{'':<{width}}  journal of the service (last lines):")
+            lines.append(textwrap.indent(o.journal, " " * (width + 4)))
+        if o.state == "failed" and o.release:
+            lines.append(f"{'':<{width}}  " + (f"previous release {o.restored} put back and serving" if o.serving
+                                                 else f"previous release {o.restored} put back but NOT serving" if o.restored
+                                                 else "no release is serving on this host"))
+    return "\n".join(lines)
+
+
+def exit_code(outcomes: list[HostDeploy]) -> int:
+    code = 0
+    for o in outcomes:
+        if o.state == "unreachable":
+            code |= EXIT_UNREACHABLE
+        elif o.state in ("failed", "skipped"):
+            code |= EXIT_ERROR
+    return code

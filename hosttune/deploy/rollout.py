@@ -1,0 +1,223 @@
+"""Deploy across a fleet: decide each host's release, roll hosts in batches (--serial) within a
+failure budget (--max-fail-percent), start multi-node vLLM groups in order, write nginx upstreams.
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from hosttune.build.archs import covers
+from hosttune.build.wheelhouse import Entry, entries, read_entry
+from hosttune.deploy import multinode
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, rollback_one
+from hosttune.deploy.placement import host_abi, place, preflight
+from hosttune.deploy.plan import Role, make_release
+from hosttune.deploy.settings import Overrides, ServeSettings, resolve
+from hosttune.deploy.units import Upstream, render_nginx
+from hosttune.errors import HosttuneError, TransportError
+from hosttune.execute.rollout import batches, over_budget
+from hosttune.facts import Facts
+from hosttune.inventory import Host, Inventory
+from hosttune.presets import load_preset
+from hosttune.probes.gather import gather
+from hosttune.transport import open_transport
+from hosttune.transport.base import Transport
+
+_ADDRESS = re.compile(r"^[A-Za-z0-9.:\[\]-]+$")
+
+
+@dataclass(frozen=True)
+class DeployRequest:
+    engine: str
+    model: str
+    wheelhouse: Path
+    gpus: str | None = None  # default: the inventory's `gpus` (all)
+    port: int | None = None
+    overrides: Overrides = field(default_factory=Overrides)
+    ref: str | None = None  # pick the wheelhouse entry built from this ref (default: the newest)
+    serial: int | None = None
+    max_fail_percent: float | None = None
+    forks: int = 50
+    timeouts: dict = field(default_factory=dict, hash=False)  # warmup, health_timeout_s, gate_timeout_s
+    dry_run: bool = False
+
+
+# -- deciding --------------------------------------------------------------------------
+
+
+def pick_entry(request: DeployRequest, abi: str | None, archs: tuple[str, ...], host: str) -> Entry:
+    """The newest wheelhouse entry of the engine that this host can install and run."""
+    candidates = entries(request.wheelhouse, request.engine)
+    if request.ref:
+        candidates = [e for e in candidates if e.key.ref == request.ref or e.key.ref.startswith(request.ref + "-")
+                      or (e.commit or "").startswith(request.ref)]
+    fitting = [e for e in candidates if (e.is_pure or e.key.python_abi == abi)
+               and all(covers(e.key.archs, a) for a in archs if e.key.archs)]
+    if not fitting:
+        have = ", ".join(e.key.name for e in candidates) or "none"
+        raise DeployError(
+            f"{host}: no {request.engine} wheels in {request.wheelhouse} fit this host (Python {abi or '?'}"
+            f"{', GPUs ' + ','.join(archs) if archs else ''}; built: {have}). Run: hosttune build --engine {request.engine}"
+            f"{' --ref ' + request.ref if request.ref else ''} --arch auto -i INVENTORY")
+    entry = read_entry(fitting[0].path)  # hashed again: what gets shipped is what was built
+    if entry is None:
+        raise DeployError(f"{fitting[0].path}: a wheel no longer matches its recorded hash; build it again")
+    return entry
+
+
+def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role()) -> HostJob:
+    """Everything about one host's deploy, decided from its facts; raises DeployError if it cannot run."""
+    preset = load_preset(request.engine)
+    settings = resolve(host, preset, request.model, request.port, request.overrides, request.timeouts)
+    placement = place(request.gpus or host.gpus, facts, host.name)
+    preflight(facts, host.name, placement, _device(settings))
+    python, abi = _python(host, facts)
+    archs = tuple(sorted({g.compute_cap for g in facts.gpu.gpus if g.index in placement.gpus and g.compute_cap}))
+    entry = pick_entry(request, abi, archs, host.name)
+    return HostJob(host, preset, settings, placement, entry, make_release(preset, settings, placement, entry, role), python)
+
+
+def _device(settings: ServeSettings) -> str | None:
+    device = settings.flags.get("device")
+    return str(device) if device is not None else None
+
+
+def _python(host: Host, facts: Facts) -> tuple[str, str | None]:
+    """The interpreter of the release venv: the inventory's pinned python if the host has it, else python3."""
+    pin = host.pins.python
+    if pin and f"python{pin}" in facts.pythons:
+        major, minor = pin.split(".")[:2]
+        return f"python{pin}", f"cp{major}{minor}"
+    return "python3", host_abi(facts)
+
+
+# -- doing ------------------------------------------------------------------------------
+
+
+def _connect_and_probe(host: Host) -> tuple[Transport, Facts]:
+    transport = open_transport(host.connection)
+    try:
+        return transport, gather(transport).facts
+    except BaseException:
+        transport.close()
+        raise
+
+
+def _single(host: Host, request: DeployRequest) -> HostDeploy:
+    try:
+        transport, facts = _connect_and_probe(host)
+    except TransportError as exc:
+        return HostDeploy(host, "unreachable", error=str(exc))
+    except HosttuneError as exc:
+        return HostDeploy(host, "failed", error=str(exc))
+    try:
+        job = make_job(host, facts, request)
+        return deploy_host(transport, job, dry_run=request.dry_run)
+    except HosttuneError as exc:
+        return HostDeploy(host, "failed", error=f"nothing changed: {exc}")
+    finally:
+        transport.close()
+
+
+def _parallel(fn, items: list, forks: int) -> list:
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(items)))) as pool:
+        return list(pool.map(fn, items))
+
+
+def rollout_units(inventory: Inventory, engine: str) -> list[list[Host]]:
+    """What rolls as one: a host, or a whole multi-node group (vLLM with deploy.multinode)."""
+    units: list[list[Host]] = []
+    seen: set[str] = set()
+    for host in inventory.hosts:
+        if host.group in seen:
+            continue
+        if engine == "vllm" and host.deploy.get("multinode"):
+            seen.add(host.group)
+            units.append([h for h in inventory.hosts if h.group == host.group])
+        else:
+            units.append([host])
+    return units
+
+
+def deploy_fleet(inventory: Inventory, request: DeployRequest,
+                 on_batch: Callable[[list[HostDeploy]], None] | None = None) -> list[HostDeploy]:
+    """Deploy batch by batch; once more than --max-fail-percent of hosts failed, later batches are skipped."""
+    outcomes: list[HostDeploy] = []
+    for batch in batches(rollout_units(inventory, request.engine), request.serial):
+        if over_budget(outcomes, request.max_fail_percent):
+            why = f"not run: more than {request.max_fail_percent:g}% of hosts failed"
+            outcomes += [HostDeploy(h, "skipped", error=why) for unit in batch for h in unit]
+            continue
+        done = _parallel(lambda unit: _run_unit(unit, request), batch, request.forks)
+        flat = [o for unit in done for o in unit]
+        if on_batch:
+            on_batch(flat)
+        outcomes += flat
+    return outcomes
+
+
+def _run_unit(unit: list[Host], request: DeployRequest) -> list[HostDeploy]:
+    if len(unit) == 1 and not unit[0].deploy.get("multinode"):
+        return [_single(unit[0], request)]
+    return multinode.deploy_group(unit, request, make_job)
+
+
+def rollback_fleet(inventory: Inventory, timeouts: dict, forks: int = 50) -> list[HostDeploy]:
+    def one(host: Host) -> HostDeploy:
+        try:
+            transport = open_transport(host.connection)
+        except TransportError as exc:
+            return HostDeploy(host, "unreachable", error=str(exc))
+        try:
+            base = ServeSettings("", "", 1, {}, {}, **{k: v for k, v in timeouts.items() if v is not None})
+            return rollback_one(transport, host, base)
+        except TransportError as exc:
+            return HostDeploy(host, "unreachable", error=str(exc))
+        except HosttuneError as exc:
+            return HostDeploy(host, "failed", error=str(exc))
+        finally:
+            transport.close()
+
+    return _parallel(one, list(inventory.hosts), forks)
+
+
+# -- load balancer ------------------------------------------------------------------------
+
+
+def upstreams(inventory: Inventory, request: DeployRequest, outcomes: list[HostDeploy]) -> list[Upstream]:
+    """An nginx upstream per group of several replicas, over the hosts serving after this deploy."""
+    serving = {o.host.name for o in outcomes if o.serving}
+    found = []
+    for group, hosts in inventory.groups.items():
+        if len(hosts) < 2 or (request.engine == "vllm" and hosts[0].deploy.get("multinode")):
+            continue
+        backends = []
+        for host in hosts:
+            if host.name not in serving:
+                continue
+            if not _ADDRESS.match(host.connection.address):
+                raise DeployError(f"{host.source}: address {host.connection.address!r} cannot go into an nginx upstream")
+            settings = resolve(host, load_preset(request.engine), request.model, request.port, request.overrides)
+            backends.append(f"{host.connection.address}:{settings.port}")
+        if backends:
+            lb_port = resolve(hosts[0], load_preset(request.engine), request.model, None, Overrides()).lb_port
+            found.append(Upstream(group, request.engine, tuple(backends), lb_port or 80))
+    return found
+
+
+def write_upstreams(found: list[Upstream], folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for upstream in found:
+        path = folder / f"hosttune-{upstream.group}.conf"
+        path.write_bytes(render_nginx(upstream))
+        written.append(path)
+    return written
+

@@ -1,0 +1,178 @@
+"""What to serve on each host: the preset's flags, overridden by the inventory's `deploy:` vars
+(defaults < group < host), overridden by `--set`.
+
+Inventory layout (every key optional):
+
+    deploy:
+      port: 8000
+      env: {NCCL_DEBUG: WARN}            # extra environment for the service
+      vllm: {max-model-len: 32768}       # flags of one engine; null leaves a preset flag out
+      multinode: true                    # vLLM: the group's hosts serve one model together (Ray)
+      lb_port: 8080                      # nginx listen port for a group of several replicas
+      warmup: 3                          # warmup requests before the gate
+      health_timeout: 900                # seconds for the service to load and say healthy
+      gate_timeout: 60                   # seconds for the one-token generation
+
+`--set FLAG=VALUE` sets an engine flag, `--set env.NAME=VALUE` an environment variable;
+values are read as YAML scalars (true, 0.9, 8192, null).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import yaml
+
+from hosttune.deploy.errors import DeployError
+from hosttune.inventory import Host
+from hosttune.presets import ENGINES, EnginePreset, substitute
+
+DEFAULT_PORT = 8000
+_FLAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SCALARS = (str, int, float, bool, type(None))
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """--set, parsed."""
+
+    flags: dict[str, Any] = field(default_factory=dict, hash=False)
+    env: dict[str, str | None] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """One host's serving settings, resolved."""
+
+    engine: str
+    model: str
+    port: int
+    flags: dict[str, Any] = field(hash=False)
+    env: dict[str, str] = field(hash=False)
+    multinode: bool = False
+    lb_port: int | None = None
+    warmup: int = 3
+    health_timeout_s: float = 600.0
+    gate_timeout_s: float = 60.0
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, _SCALARS) or any(c in str(value) for c in "\n\r\0"):
+        raise DeployError(f"{where}: must be a single-line scalar (got {value!r})")
+    return str(value)
+
+
+def parse_sets(items: tuple[str, ...] | list[str]) -> Overrides:
+    flags: dict[str, Any] = {}
+    env: dict[str, str | None] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise DeployError(f"--set {item!r}: write KEY=VALUE (an engine flag, or env.NAME for the environment)")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        if not isinstance(value, _SCALARS):
+            value = raw  # "[a, b]" and the like stay text: flags take scalars
+        if key.startswith("env."):
+            env[_env_name(key[4:], f"--set {item}")] = None if value is None else _text(value, f"--set {item}")
+        else:
+            flags[_flag_name(key, f"--set {item}")] = value
+            _text(value, f"--set {item}")
+    return Overrides(flags, env)
+
+
+def _flag_name(name: str, where: str) -> str:
+    name = name.removeprefix("--")
+    if not _FLAG.match(name):
+        raise DeployError(f"{where}: {name!r} is not a flag name (letters, digits, '-' and '_')")
+    return name
+
+
+def _env_name(name: str, where: str) -> str:
+    if not _ENV.match(name):
+        raise DeployError(f"{where}: {name!r} is not an environment variable name")
+    return name
+
+
+def _number(doc: Mapping, key: str, kind: type, where: str, default: Any) -> Any:
+    value = doc.get(key, default)
+    if value is default:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)) or value < 0:
+        raise DeployError(f"{where}: deploy.{key} must be a non-negative {'integer' if kind is int else 'number'} (got {value!r})")
+    return value
+
+
+KNOWN_KEYS = {"port", "env", "multinode", "lb_port", "warmup", "health_timeout", "gate_timeout", *ENGINES}
+
+
+def inventory_vars(host: Host) -> dict:
+    """The host's `deploy:` vars, checked; errors name the inventory line of the host."""
+    doc, where = host.deploy, host.source
+    unknown = set(doc) - KNOWN_KEYS
+    if unknown:
+        raise DeployError(f"{where}: deploy.{sorted(unknown)[0]}: unknown key (expected one of: {', '.join(sorted(KNOWN_KEYS))})")
+    for name in (*ENGINES, "env"):
+        if not isinstance(doc.get(name, {}), dict):
+            raise DeployError(f"{where}: deploy.{name} must be a mapping")
+    if not isinstance(doc.get("multinode", False), bool):
+        raise DeployError(f"{where}: deploy.multinode must be true or false")
+    return doc
+
+
+def resolve(host: Host, preset: EnginePreset, model: str, port: int | None, overrides: Overrides,
+            timeouts: Mapping[str, float | int | None] | None = None) -> ServeSettings:
+    """Preset < inventory (defaults < group < host) < --set."""
+    doc, where = inventory_vars(host), host.source
+    flags = dict(preset.serve.flags)
+    for name, value in doc.get(preset.name, {}).items():
+        flags[_flag_name(str(name), f"{where}: deploy.{preset.name}")] = value
+        _text(value, f"{where}: deploy.{preset.name}.{name}")
+    flags.update(overrides.flags)
+    env = dict(preset.serve.env)
+    env.update({_env_name(str(k), f"{where}: deploy.env"): _text(v, f"{where}: deploy.env.{k}")
+                for k, v in doc.get("env", {}).items()})
+    for name, value in overrides.env.items():
+        env.pop(name, None) if value is None else env.__setitem__(name, value)
+    chosen_port = port or _number(doc, "port", int, where, DEFAULT_PORT)
+    if not 1 <= chosen_port <= 65535:
+        raise DeployError(f"port {chosen_port} is not between 1 and 65535")
+    timeouts = {k: v for k, v in (timeouts or {}).items() if v is not None}
+    return ServeSettings(
+        preset.name, model, chosen_port, flags, env, doc.get("multinode", False), _number(doc, "lb_port", int, where, None),
+        timeouts.get("warmup", _number(doc, "warmup", int, where, 3)),
+        timeouts.get("health_timeout_s", _number(doc, "health_timeout", float, where, 600.0)),
+        timeouts.get("gate_timeout_s", _number(doc, "gate_timeout", float, where, 60.0)),
+    )
+
+
+def flag_argv(flags: Mapping[str, Any], values: Mapping[str, Any], false_flag: str | None) -> list[str]:
+    """--name value pairs: true is a bare --name, false is the preset's negation or nothing, null nothing."""
+    argv: list[str] = []
+    for name, value in flags.items():
+        if value is None:
+            continue
+        if value is True:
+            argv.append(f"--{name}")
+        elif value is False:
+            if false_flag:
+                argv.append("--" + false_flag.replace("{flag}", name))
+        else:
+            argv += [f"--{name}", substitute(str(value), values)]
+    return argv
+
+
+def drain_seconds(preset: EnginePreset, flags: Mapping[str, Any]) -> float:
+    """How long SIGTERM may take: the engine's drain flag, else the preset's figure."""
+    flag = preset.serve.drain_flag
+    if flag and flags.get(flag) is not None:
+        try:
+            return float(flags[flag])
+        except (TypeError, ValueError):
+            raise DeployError(f"--{flag} must be a number of seconds (got {flags[flag]!r})") from None
+    return float(preset.serve.drain_s or 30)

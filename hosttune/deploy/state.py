@@ -1,0 +1,58 @@
+"""What a host has now, for deploy: the live and previous release, installed wheels and units. Read-only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+
+from hosttune.errors import ProbeError
+from hosttune.transport.base import Transport
+
+STATE_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class UnitFile:
+    name: str
+    sha256: str
+    active: str  # systemctl is-active
+
+
+@dataclass(frozen=True)
+class HostState:
+    current: str | None  # the release folder `current` points at
+    previous: str | None
+    is_complete: bool  # the release being deployed is installed already
+    wheels: dict[str, str] = field(default_factory=dict, hash=False)  # path → sha256 of what is there
+    units: dict[str, UnitFile] = field(default_factory=dict, hash=False)
+
+
+@lru_cache(maxsize=1)
+def state_script() -> str:
+    return resources.files("hosttune.deploy").joinpath("state.sh").read_text(encoding="utf-8")
+
+
+def parse_state(text: str) -> HostState:
+    values: dict[str, str] = {}
+    wheels: dict[str, str] = {}
+    units: dict[str, UnitFile] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "wheel":
+            sha, _, path = value.partition(" ")
+            wheels[path] = sha
+        elif key == "unit":
+            name, sha, active = (value.split(" ") + ["", ""])[:3]
+            units[name] = UnitFile(name, sha, active)
+        else:
+            values[key] = value
+    return HostState(values.get("current") or None, values.get("previous") or None, bool(values.get("complete")),
+                     wheels, units)
+
+
+def read_state(transport: Transport, release_id: str, wheel_paths: list[str]) -> HostState:
+    result = transport.run(["sh", "-c", state_script(), "hosttune", release_id, *wheel_paths], timeout=STATE_TIMEOUT_S)
+    if not result.ok:
+        raise ProbeError(f"{transport.host_name}: reading the deploy state failed: {result.stderr.strip()[-400:]}")
+    return parse_state(result.stdout)

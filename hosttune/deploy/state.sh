@@ -1,0 +1,17 @@
+# hosttune deploy: what a host has now (read-only). Run as: sh -c "$SCRIPT" hosttune RELEASE_ID WHEEL_PATH...
+# Prints "key:value" lines; every value arrives as an argument, never as code.
+set -u
+root=/opt/hosttune
+id=$1; shift
+printf 'current:%s\n' "$(readlink -- "$root/current" 2>/dev/null)"
+printf 'previous:%s\n' "$(readlink -- "$root/previous" 2>/dev/null)"
+[ -f "$root/releases/$id/.hosttune/release.json" ] && printf 'complete:%s\n' "$id"
+for p in "$@"; do
+    [ -f "$p" ] && printf 'wheel:%s %s\n' "$(sha256sum < "$p" | cut -d' ' -f1)" "$p"
+done
+for u in hosttune-ray.service hosttune-serve.service; do
+    f=/etc/systemd/system/$u
+    [ -f "$f" ] || continue
+    printf 'unit:%s %s %s\n' "$u" "$(sha256sum < "$f" | cut -d' ' -f1)" "$(systemctl is-active "$u" 2>/dev/null)"
+done
+exit 0

@@ -1,0 +1,159 @@
+"""Acceptance 2: build the bundled engine's wheel, deploy it on a real systemd host over SSH with
+the tiny model on CPU, gate it, reach it with the `openai` client; redeploy (nothing changes);
+deploy a broken release (it fails the gate, shows the journal, the previous release serves
+again); --rollback.
+
+The host has no torch: `hosttune build --deps` puts the engine's dependency wheels (the CPU
+torch wheel on this machine's disk, pinned as scripts/test.sh pins it) into the wheelhouse,
+deploy uploads them once (content-addressed) and installs each release with --no-index.
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hosttune.cli import app
+
+pytestmark = [pytest.mark.live, pytest.mark.slow, pytest.mark.timeout(1500)]
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "/srv/models/tiny-qwen2"
+runner = CliRunner()
+
+
+def _torch_python() -> str | None:
+    """An interpreter that can write the tiny model (torch, safetensors, tokenizers)."""
+    for python in (os.environ.get("HOSTTUNE_TORCH_PYTHON"), sys.executable):
+        if python and subprocess.run([python, "-c", "import torch, safetensors, tokenizers"],
+                                     capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    python = _torch_python()
+    if python is None:
+        pytest.skip("no Python with torch to write the tiny model (set HOSTTUNE_TORCH_PYTHON)")
+    out = tmp_path_factory.mktemp("models")
+    subprocess.run([python, str(REPO / "engine/scripts/make_tiny_models.py"), str(out)], check=True,
+                   capture_output=True, timeout=600)
+    return out / "tiny-qwen2"
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory) -> Path:
+    """`hosttune build --engine custom --deps`: the engine wheel plus every dependency wheel."""
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    constraints = folder / "constraints.txt"
+    constraints.write_text("torch==2.13.0\n")  # the CPU wheel on disk (scripts/test.sh pins the same)
+    result = runner.invoke(app, ["build", "--engine", "custom", "--deps", "-c", str(constraints), "-w", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert "hosttune_engine-0.1.0-py3-none-any.whl" in result.stdout and "dependency wheels" in result.stdout
+    return folder
+
+
+def free_port() -> int:
+    for _ in range(100):
+        port = random.randrange(30000, 40000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port")
+
+
+def deploy(inventory: Path, wheelhouse: Path, port: int, *extra: str, model: str = MODEL):
+    argv = ["deploy", "--engine", "custom", "--gpus", "0", "--model", model, "-i", str(inventory),
+            "-w", str(wheelhouse), "--port", str(port), "--set", "device=cpu", "--set", "max-batch-size=8",
+            "--health-timeout", "240", *extra]
+    start = time.monotonic()
+    result = runner.invoke(app, argv)
+    return result, time.monotonic() - start
+
+
+def complete(port: int, model: str) -> str:
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=60)
+    out = client.completions.create(model=model, prompt="The capital of France is", max_tokens=4, temperature=0)
+    assert out.choices and out.usage.completion_tokens >= 1
+    return out.choices[0].text
+
+
+def show(host, *props: str) -> dict[str, str]:
+    out = host.exec(["systemctl", "show", "hosttune-serve.service", *(f"--property={p}" for p in props)]).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_deploy_custom_engine_gate_redeploy_broken_rollback(live_fleet, fresh_hosts, tmp_path, wheelhouse, tiny_model, capsys):
+    (host,) = fresh_hosts(["serve1"])
+    shutil.copytree(tiny_model, host.path(MODEL))
+    known = live_fleet.write_known_hosts(tmp_path / "known_hosts", [host])
+    inventory = live_fleet.write_inventory(tmp_path / "inv.yaml", known, [host], user="deploy", become=True)
+    port = free_port()
+    timings = {}
+
+    # 1. first deploy: upload, venv, unit, start, warmup, gate
+    result, timings["first deploy"] = deploy(inventory, wheelhouse, port)
+    assert result.exit_code == 0, result.output
+    line = result.stdout.splitlines()[0]
+    assert "deployed" in line and "warmup 3 requests" in line and "one-token generation" in line
+    release = line.split()[2]
+    assert release.startswith("custom-")
+    assert host.exec("systemctl is-active hosttune-serve.service").stdout.strip() == "active"
+    assert host.exec("readlink /opt/hosttune/current").stdout.strip() == f"/opt/hosttune/releases/{release}"
+    unit = host.path("/etc/systemd/system/hosttune-serve.service").read_text()
+    for expected in ("Environment=CUDA_VISIBLE_DEVICES=0", "Restart=always", "TimeoutStopSec=45", "LimitNOFILE=1048576",
+                     f"ExecStart=/opt/hosttune/releases/{release}/bin/hosttune-engine serve --model {MODEL}",
+                     f"--port {port}", "--device cpu", "--max-batch-size 8", "--shutdown-timeout 30"):
+        assert expected in unit
+    assert "numactl" not in unit  # one NUMA node: nothing to bind
+    text = complete(port, MODEL)
+    assert isinstance(text, str)
+    first = show(host, "MainPID", "ExecMainStartTimestampMonotonic")
+
+    # 2. the same release again: nothing changes, the process keeps running
+    result, timings["redeploy"] = deploy(inventory, wheelhouse, port)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split()[1:3] == ["unchanged", release]
+    assert show(host, "MainPID", "ExecMainStartTimestampMonotonic") == first
+
+    # 3. a broken release (its model does not exist): the gate fails, the journal shows why,
+    #    the previous release is put back and serves
+    result, timings["broken deploy"] = deploy(inventory, wheelhouse, port, model="/srv/models/missing")
+    assert result.exit_code == 2, result.output
+    out = result.stdout
+    assert out.split()[1] == "failed" and "gate failed at health" in out
+    assert "journal of the service (last lines):" in out and "/srv/models/missing" in out
+    assert f"previous release {release} put back and serving" in out
+    assert host.exec("readlink /opt/hosttune/current").stdout.strip() == f"/opt/hosttune/releases/{release}"
+    assert f"--model {MODEL}" in host.path("/etc/systemd/system/hosttune-serve.service").read_text()
+    complete(port, MODEL)
+
+    # 4. a second good release, then --rollback to the first
+    result, timings["second release"] = deploy(inventory, wheelhouse, port, "--set", "max-queue=16")
+    assert result.exit_code == 0, result.output
+    second = result.stdout.split()[2]
+    assert second != release and "--max-queue 16" in host.path("/etc/systemd/system/hosttune-serve.service").read_text()
+    start = time.monotonic()
+    result = runner.invoke(app, ["deploy", "--rollback", "-i", str(inventory), "--health-timeout", "240"])
+    timings["rollback"] = time.monotonic() - start
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split()[1:3] == ["rolled-back", release]
+    assert host.exec("readlink /opt/hosttune/current").stdout.strip() == f"/opt/hosttune/releases/{release}"
+    assert host.exec("readlink /opt/hosttune/previous").stdout.strip() == f"/opt/hosttune/releases/{second}"
+    assert "--max-queue" not in host.path("/etc/systemd/system/hosttune-serve.service").read_text()
+    complete(port, MODEL)
+    with capsys.disabled():
+        print("\n  deploy timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
