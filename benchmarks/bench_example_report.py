@@ -16,13 +16,30 @@ Then, exactly as a user would:
         --warmup 3s --prompts chat-docs --max-tokens uniform:32-128 --slo e2e=2s \
         --out docs/bench-example/sweep
 
-Run: python benchmarks/bench_example_report.py (about eight minutes).
+With --engine, also our own engine (`python -m hosttune_engine serve`, the tiny Qwen2
+test model on CPU; needs torch and the engine installed, as scripts/test.sh does):
+
+    hosttune bench --url ENGINE --users 4 --duration 20s --warmup 5s \
+        --prompts uniform:16-256 --max-tokens uniform:8-32 --slo ttft=250ms,e2e=1s \
+        --out docs/bench-example/engine-cpu
+    hosttune bench --url ENGINE --sweep --sweep-start 2 --duration 10s --warmup 3s \
+        --prompts uniform:16-256 --max-tokens uniform:8-32 --slo e2e=1s \
+        --out docs/bench-example/engine-cpu-sweep
+
+Run: python benchmarks/bench_example_report.py [--engine] [--only-engine]
+(about eight minutes for the scripted part).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
 import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,7 +67,58 @@ def bench(*args: str) -> None:
     print(f"exit code {code}", flush=True)
 
 
+def start_engine(folder: Path) -> tuple[subprocess.Popen, str]:
+    """The tiny Qwen2 on CPU, as tests/bench/test_engine_server.py serves it."""
+    spec = importlib.util.spec_from_file_location(
+        "make_tiny_models", ROOT / "engine" / "scripts" / "make_tiny_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.make_tiny_models(folder)["qwen2"]
+    log_path = folder / "server.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hosttune_engine", "serve", "--model", str(model), "--port", "0",
+         "--device", "cpu", "--served-model-name", "tiny-qwen2"],
+        stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", log_path.read_text())
+        if match and _healthy(match.group(1)):
+            return process, match.group(1)
+        if process.poll() is not None:
+            break
+        time.sleep(0.2)
+    process.terminate()
+    raise RuntimeError(f"engine did not start:\n{log_path.read_text()}")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
+
+
+def engine_runs() -> None:
+    engine_load = ["--prompts", "uniform:16-256", "--max-tokens", "uniform:8-32"]
+    with tempfile.TemporaryDirectory() as folder:
+        process, url = start_engine(Path(folder))
+        try:
+            bench("--url", url, "--users", "4", "--duration", "20s", "--warmup", "5s", *engine_load,
+                  "--slo", "ttft=250ms,e2e=1s", "--out", "docs/bench-example/engine-cpu")
+            bench("--url", url, "--sweep", "--sweep-start", "2", "--duration", "10s", "--warmup", "3s",
+                  *engine_load, "--slo", "e2e=1s", "--out", "docs/bench-example/engine-cpu-sweep")
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+
+
 def main() -> None:
+    if "--engine" in sys.argv or "--only-engine" in sys.argv:
+        engine_runs()
+    if "--only-engine" in sys.argv:
+        return
     servers = [start(FAST), start(SLOW)]
     fast, slow = (url for _, url in servers)
     try:
