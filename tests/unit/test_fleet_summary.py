@@ -1,0 +1,39 @@
+"""The fleet summary points out hosts whose facts differ from the rest of their group."""
+
+from dataclasses import replace
+
+from hosttune.checks import run_checks
+from hosttune.fleet import HostReport, outliers
+from hosttune.inventory import Host
+from hosttune.probes.gather import parse_probe_output
+from hosttune.profile import load_profile
+from hosttune.report.table import fleet_summary
+from hosttune.transport.base import ConnectionSpec
+
+
+def report(name, group, facts, reachable=True):
+    findings = tuple(run_checks(facts, load_profile("inference-latency"))) if reachable else ()
+    return HostReport(Host(name, group, ConnectionSpec(name)), "inference-latency", reachable,
+                      facts if reachable else None, findings)
+
+
+def test_outlier_driver_and_cuda_in_a_group(fixture_text):
+    base = parse_probe_output(fixture_text("a100-4gpu-2numa", "probe-output.txt"))
+    odd = replace(base, gpu=replace(base.gpu, kernel_module_version="550.54.14"),
+                  cuda=replace(base.cuda, nvcc_version="12.4"))
+    reports = [report("a1", "a100", base), report("a2", "a100", base), report("a3", "a100", odd),
+               report("solo", "h200", base), report("gone", "a100", None, reachable=False)]
+    found = {(o.host, o.fact): o for o in outliers(reports)}
+    assert set(found) == {("a3", "driver"), ("a3", "cuda")}
+    assert found[("a3", "driver")].majority == "535.129.03" and found[("a3", "driver")].value == "550.54.14"
+    lines = fleet_summary(reports)
+    assert lines[0] == "fleet: 5 hosts, 0 clean, 4 with findings or errors, 1 unreachable"
+    assert "outlier: a3 [a100] driver = '550.54.14' (group has '535.129.03')" in lines
+    assert "unreachable: gone" in lines
+
+
+def test_two_hosts_that_disagree_have_no_majority(fixture_text):
+    base = parse_probe_output(fixture_text("a100-4gpu-2numa", "probe-output.txt"))
+    other = replace(base, kernel="6.8.0-49-generic")
+    found = outliers([report("x", "g", base), report("y", "g", other)])
+    assert {(o.host, o.majority) for o in found} == {("x", None), ("y", None)}
