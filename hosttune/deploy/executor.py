@@ -31,6 +31,10 @@ def run_op(transport: Transport, op: Op) -> CommandResult:
     return transport.run(op.argv, timeout=op.timeout)
 
 
+def _complains(op: Op, result: CommandResult) -> bool:
+    return isinstance(op, Run) and any(word in result.stderr for word in op.fail_on_stderr)
+
+
 def run_ops(transport: Transport, ops: Iterable[Op], on_op: Callable[[Op], None] | None = None) -> int:
     """Run every operation; returns how many ran. Raises OperationFailed naming the one that failed."""
     count = 0
@@ -39,7 +43,7 @@ def run_ops(transport: Transport, ops: Iterable[Op], on_op: Callable[[Op], None]
             on_op(op)
         result = run_op(transport, op)
         count += 1
-        if not result.ok:
+        if not result.ok or _complains(op, result):
             output = (result.stderr.strip() or result.stdout.strip())[-1500:]
             raise OperationFailed(f"{transport.host_name}: {describe(op)} exited {result.rc}:\n{output}")
     return count

@@ -103,7 +103,8 @@ def load_release(transport: Transport, release_dir: str) -> Release:
         if not body.ok:
             raise DeployError(f"{transport.host_name}: release {rid} lacks its unit {name}")
         units[name] = body.stdout.encode("utf-8", "surrogateescape")
-    return Release(rid, doc["engine"], doc["entry"], (), doc["offline"], units, doc["settings"])
+    return Release(rid, doc["engine"], doc["entry"], (), doc["offline"], units, doc["settings"],
+                   tuple(doc.get("programs", ())))
 
 
 def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateResult) -> HostDeploy:

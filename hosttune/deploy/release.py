@@ -65,6 +65,7 @@ class Release:
     offline: bool  # every dependency is among the wheels: pip installs with --no-index
     units: dict[str, bytes] = field(hash=False)  # unit name → content, in start order
     settings: dict = field(hash=False)  # model, port, gpus, numa, flags, env: for people reading release.json
+    programs: tuple[str, ...] = ()  # what the units execute (behind numactl, which verify alone would check)
 
     @property
     def dir(self) -> str:
@@ -73,5 +74,5 @@ class Release:
     def manifest(self) -> bytes:
         doc = {"id": self.id, "engine": self.engine, "entry": self.entry, "offline": self.offline,
                "wheels": [{"name": w.name, "sha256": w.sha256} for w in self.wheels],
-               "units": sorted(self.units), "settings": self.settings}
+               "units": sorted(self.units), "settings": self.settings, "programs": list(self.programs)}
         return (json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n").encode()
