@@ -35,14 +35,18 @@ def latency_cdfs(runs: list[tuple[RunRecord, Summary]], path: Path) -> None:
     """One panel per metric; one empirical CDF per endpoint."""
     plt = _pyplot()
     figure, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    right = {}  # x-axis end per metric: the largest P99.9, so a lone outlier cannot squash the plot
     for run, _ in runs:
         for axis, (name, values) in zip(axes.flat, _values(run).items()):
             if values:
                 ordered = sorted(values)
                 fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
                 axis.step(ordered, fractions, where="post", label=f"{run.url}")
+                right[name] = max(right.get(name, 0.0), ordered[int(0.999 * (len(ordered) - 1))])
     for axis, name in zip(axes.flat, ("TTFT", "ITL", "TPOT", "E2E")):
-        axis.set_title(f"{name} (CDF)")
+        if right.get(name):
+            axis.set_xlim(0, right[name] * 1.05)
+        axis.set_title(f"{name} (CDF, x axis to P99.9)")
         axis.set_xlabel("ms")
         axis.set_ylabel("fraction of requests" if name != "ITL" else "fraction of gaps")
         axis.grid(True, alpha=0.3)
