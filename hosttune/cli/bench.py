@@ -48,6 +48,7 @@ def bench(
     sweep_growth: float = typer.Option(2.0, "--sweep-growth", help="Rate factor between steps until the SLO breaks."),
     sweep_precision: float = typer.Option(0.05, "--sweep-precision", help="Stop when the bracket is this narrow (fraction)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Folder for results.json, report.md and PNG plots."),
+    ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Ask for exactly --max-tokens tokens (vLLM/SGLang/hosttune extension)."),
     timeout: str = typer.Option("10m", "--timeout", help="Longest a single request may take."),
     max_client_lag: str = typer.Option("5ms", "--max-client-lag", help="Flag the run when the client's P99 lag exceeds this."),
     seed: int = typer.Option(0, "--seed", help="Seed for lengths, prompts and arrivals."),
@@ -67,7 +68,7 @@ def bench(
         load=_load(users, rate, burstiness, duration, requests, warmup, timeout, seed, sweep, sweep_start),
         prompt_lengths=prompts, output_lengths=max_tokens, api=api, model=model,
         tokenizer=tokenizer, timeout=parse_duration(timeout, "--timeout"), slo=slo_value,
-        lag_limit=parse_duration(max_client_lag, "--max-client-lag"),
+        lag_limit=parse_duration(max_client_lag, "--max-client-lag"), is_ignore_eos=ignore_eos,
     )
     command = "hosttune bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     if sweep:
