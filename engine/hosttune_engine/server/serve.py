@@ -22,7 +22,7 @@ from hosttune_engine.server.config import ServerConfig
 from hosttune_engine.server.engine_client import EngineClient
 from hosttune_engine.server.health import GpuMonitor, Phase
 from hosttune_engine.server.state import ServerState
-from hosttune_engine.server.warmup import warm_up, warmup_requests
+from hosttune_engine.server.warmup import warm_up, warmup_plan
 
 log = logging.getLogger("hosttune_engine.server")
 
@@ -114,7 +114,7 @@ class Server:
             if not self.config.warmup:
                 return True
             self.state.health.phase = Phase.WARMING_UP
-            seconds = await self._until_stopped(warm_up(client, self._warmup_requests(engine, client)))
+            seconds = await self._until_stopped(warm_up(client, self._warmup_plan(engine, client)))
             if seconds is None:
                 return False
             log.info("warmup done in %.1f s", seconds)
@@ -123,10 +123,10 @@ class Server:
             self.fail(e)
             return False
 
-    def _warmup_requests(self, engine, client: EngineClient):
+    def _warmup_plan(self, engine, client: EngineClient):
         cfg = self.config.engine
         kv_tokens = client.stats().num_kv_blocks * cfg.block_size
-        return warmup_requests(cfg.max_num_seqs, engine.max_model_len, cfg.max_num_batched_tokens, kv_tokens,
+        return warmup_plan(cfg.max_num_seqs, engine.max_model_len, cfg.max_num_batched_tokens, kv_tokens,
                                engine.model_config.vocab_size, engine.runner.device.type == "cuda")
 
     async def _until_stopped(self, awaitable):

@@ -1,12 +1,22 @@
 """Warmup: real generations through every compiled path before /health says 200.
 
-Three things must have run once before the first user request, or that request
-pays for compiling them: a prefill long enough to be chunked (when the
-context allows one longer than a step's token budget), decode at every batch
-size up to the warmup batch (request i stops after i + 1 tokens, so the batch
-shrinks one by one: kernels specialised, or CUDA graphs captured, per batch
-size all run), and each sampling path (greedy, temperature with top-p, top-k
-with a seed, logprobs).
+Triton compiles a kernel variant the first time it meets a new shape class,
+and that first request pays about a second for it. So warmup runs, in order:
+
+1. prefills alone in their steps, one per length class (under 1K, 1K-3K, 3K and
+   more, a length that is a multiple of 16 and one that is not, and one longer
+   than a step's token budget, which is chunked): the attention path without a
+   prefix;
+2. the same prompts plus a few tokens: prefix-cache hits, the paged path;
+3. staggered arrivals, so steps mix prefills with decodes;
+4. a ramp of decodes, request i stopping after i + 1 tokens, so every batch
+   size up to the warmup batch decodes once (graphs replayed, or kernels
+   specialised per batch size); two of them decode at the longest context; the
+   sampling paths rotate (greedy, temperature with top-p, top-k with a seed,
+   logprobs).
+
+An H200 run of the first version (only a long prefill and the ramp) showed
+1.1-1.4 s first-request TTFTs for shape classes it had missed; this one covers them.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from dataclasses import dataclass
 
 from hosttune_engine.core.messages import EngineRequest
 from hosttune_engine.sampling import SamplingParams
@@ -21,6 +32,17 @@ from hosttune_engine.server.engine_client import EngineClient, RequestFailed
 
 MAX_CUDA_BATCH = 512
 MAX_CPU_BATCH = 4  # the CPU path compiles nothing; a short warmup proves it generates
+PREFILL_LENGTHS = (37, 512, 1500, 2048, 4001, 4096)
+PREFIX_EXTRA = 7
+
+
+@dataclass(frozen=True)
+class WarmupGroup:
+    """Requests submitted `stagger_s` apart; the next group starts when all of these finish."""
+
+    name: str
+    requests: tuple[EngineRequest, ...]
+    stagger_s: float = 0.0
 
 
 def _sampling(i: int, max_tokens: int) -> SamplingParams:
@@ -29,33 +51,58 @@ def _sampling(i: int, max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, ignore_eos=True, **kinds[i % len(kinds)])
 
 
-def warmup_requests(max_batch: int, max_model_len: int, max_num_batched_tokens: int, kv_tokens: int,
-                    vocab_size: int, on_cuda: bool) -> list[EngineRequest]:
+def warmup_plan(max_batch: int, max_model_len: int, max_num_batched_tokens: int, kv_tokens: int,
+                vocab_size: int, on_cuda: bool) -> list[WarmupGroup]:
     rng = random.Random(0)
+
+    room = min(max_model_len, kv_tokens) - 2  # prompt + generated tokens must fit both
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(vocab_size) for _ in range(max(1, min(n, room - 2)))]
+
+    lengths = sorted({n for n in (*PREFILL_LENGTHS, max_num_batched_tokens + 16) if n <= room - PREFIX_EXTRA - 2}
+                     | {max(1, room - PREFIX_EXTRA - 2)})
+    if not on_cuda:
+        lengths = [lengths[0], lengths[-1]]
+    prompts = {n: tokens(n) for n in lengths}
+    groups = [WarmupGroup(f"prefill-{n}", (EngineRequest(f"warmup-prefill-{n}", ids, _sampling(0, 2)),))
+              for n, ids in prompts.items()]
+    groups += [WarmupGroup(f"prefix-hit-{n}", (EngineRequest(f"warmup-prefix-{n}", ids + tokens(PREFIX_EXTRA),
+                                                             _sampling(3, 2)),)) for n, ids in prompts.items()]
     batch = min(max_batch, MAX_CUDA_BATCH if on_cuda else MAX_CPU_BATCH)
-    room = min(max_model_len, kv_tokens) - 2
-    requests = []
-    long_len = max(1, min(max_num_batched_tokens + 16, room - 1))
-    requests.append(EngineRequest("warmup-long", [rng.randrange(vocab_size) for _ in range(long_len)],
-                                  _sampling(0, 1)))
+    mixed = []
     for i in range(batch):
-        prompt_len = max(1, min(8 + 8 * (i % 8), room - i - 1))
-        ids = [rng.randrange(vocab_size) for _ in range(prompt_len)]
-        requests.append(EngineRequest(f"warmup-{i}", ids, _sampling(i, max(1, min(i + 1, room - prompt_len)))))
-    return requests
+        ids = tokens(rng.randrange(8, max(9, min(300, room - 40))))
+        mixed.append(EngineRequest(f"warmup-mixed-{i}", ids, _sampling(i, max(1, min(rng.randrange(8, 33),
+                                                                                      room - len(ids))))))
+    groups.append(WarmupGroup("mixed", tuple(mixed), stagger_s=0.004 if on_cuda else 0.0))
+    groups.append(WarmupGroup("decode-ramp", _ramp(batch, room, prompts[lengths[-1]], tokens)))
+    return groups
 
 
-async def warm_up(client: EngineClient, requests: list[EngineRequest]) -> float:
-    """Run the requests to the end through the engine loop; returns the seconds it took."""
+def _ramp(batch: int, room: int, longest: list[int], tokens) -> tuple[EngineRequest, ...]:
+    requests = []
+    for i in range(batch):
+        ids = (longest + tokens(2))[:max(1, room - 2)] if i < 2 else tokens(8 + 8 * (i % 8))
+        max_tokens = max(1, min(i + 1, room - len(ids)))
+        requests.append(EngineRequest(f"warmup-ramp-{i}", ids, _sampling(i, max_tokens)))
+    return tuple(requests)
+
+
+async def warm_up(client: EngineClient, groups: list[WarmupGroup]) -> float:
+    """Run each group to the end through the engine loop, in order; returns the seconds it took."""
     t0 = time.monotonic()
-    queue: asyncio.Queue = asyncio.Queue()
-    for request in requests:
-        client.submit(request, queue)
-    unfinished = {r.request_id for r in requests}
-    while unfinished:
-        item = await queue.get()
-        if isinstance(item, RequestFailed):
-            raise RuntimeError(f"warmup request {item.request_id} failed: {item.error}")
-        if item.finished:
-            unfinished.discard(item.request_id)
+    for group in groups:
+        queue: asyncio.Queue = asyncio.Queue()
+        for request in group.requests:
+            client.submit(request, queue)
+            if group.stagger_s:
+                await asyncio.sleep(group.stagger_s)
+        unfinished = {r.request_id for r in group.requests}
+        while unfinished:
+            item = await queue.get()
+            if isinstance(item, RequestFailed):
+                raise RuntimeError(f"warmup request {item.request_id} ({group.name}) failed: {item.error}")
+            if item.finished:
+                unfinished.discard(item.request_id)
     return time.monotonic() - t0

@@ -1,0 +1,35 @@
+"""The warmup plan as data: every compiled-path class is visited, and every request fits the engine."""
+
+import pytest
+
+from hosttune_engine.server.warmup import warmup_plan
+
+
+def _fits(plan, max_model_len, kv_tokens, vocab):
+    for group in plan:
+        for r in group.requests:
+            n = len(r.prompt_token_ids)
+            assert 1 <= n < max_model_len, (group.name, n)
+            assert n + r.sampling.max_tokens <= min(max_model_len, kv_tokens), (group.name, n)
+            assert all(0 <= t < vocab for t in r.prompt_token_ids)
+
+
+def test_cuda_plan_for_a_7b_server():
+    plan = warmup_plan(max_batch=64, max_model_len=8192, max_num_batched_tokens=8192, kv_tokens=131072,
+                       vocab_size=152064, on_cuda=True)
+    names = [g.name for g in plan]
+    prefills = [len(g.requests[0].prompt_token_ids) for g in plan if g.name.startswith("prefill-")]
+    assert {37, 512, 1500, 2048, 4001, 4096} <= set(prefills)  # each length class, multiple of 16 and not
+    assert sum(n.startswith("prefix-hit-") for n in names) == len(prefills)
+    assert names[-2:] == ["mixed", "decode-ramp"] and plan[-2].stagger_s > 0
+    ramp = plan[-1].requests
+    assert sorted(r.sampling.max_tokens for r in ramp[2:]) == list(range(3, 65))  # every batch size decodes
+    assert len(ramp[0].prompt_token_ids) > 8000  # a decode at the longest context
+    _fits(plan, 8192, 131072, 152064)
+
+
+@pytest.mark.parametrize("max_model_len,kv_tokens", [(1024, 10**6), (64, 10**6), (4096, 300), (16, 10**6)])
+def test_small_contexts_and_pools_still_fit(max_model_len, kv_tokens):
+    for on_cuda in (True, False):
+        plan = warmup_plan(8, max_model_len, 8192, kv_tokens, 384, on_cuda)
+        _fits(plan, max_model_len, kv_tokens, 384)
