@@ -134,3 +134,13 @@ def test_rope_kv_write_rejects_a_mismatched_width():
     with pytest.raises(KernelInputError, match="qkv width"):
         rope_kv_write(torch.zeros(3, 5 * 16, device=DEVICE), torch.zeros(3, dtype=torch.int32, device=DEVICE),
                       cos_sin, cache, cache, torch.zeros(3, dtype=torch.int32, device=DEVICE), 2, 1)
+
+
+@pytest.mark.parametrize("m,n,k,bias,even", [(1, 37, 64, True, True), (3, 16, 96, False, False), (1, 8, 256, False, True)])
+def test_gemv(m, n, k, bias, even):
+    from hosttune_engine.kernels.gemv import gemv, gemv_ref
+
+    x, w = randn(m, k, dtype=torch.float32, gen=GEN), randn(n, k, dtype=torch.float32, gen=GEN)
+    b = randn(n, dtype=torch.float32, gen=GEN) if bias else None
+    cfg = {"BLOCK_N": 8, "BLOCK_K": 32 if even else 64, "num_warps": 4, "num_stages": 2}
+    assert_close(gemv(x, w, b, config=cfg), gemv_ref(x, w, b), torch.float32, scale=10)

@@ -1,0 +1,164 @@
+"""Shared pieces of the engine benchmarks: the model shape, FLOP and byte counts, the
+hardware ceilings measured in the same run, and timing helpers (CUDA events, graph replay)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "engine"))
+
+QWEN25_7B = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+    "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": 152064,
+    "tie_word_embeddings": False, "use_sliding_window": False, "torch_dtype": "bfloat16", "eos_token_id": 151645,
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the roofline models need to know about the model (bf16)."""
+
+    hidden: int = 3584
+    inter: int = 18944
+    layers: int = 28
+    heads: int = 28
+    kv_heads: int = 4
+    head_dim: int = 128
+    vocab: int = 152064
+    dtype_bytes: int = 2
+
+    @property
+    def layer_params(self) -> int:
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return h * (q + 2 * kv) + q * h + h * 2 * self.inter + self.inter * h
+
+    @property
+    def linear_params(self) -> int:
+        """Every matrix a decode step multiplies by: the layers' projections and the LM head."""
+        return self.layers * self.layer_params + self.hidden * self.vocab
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.linear_params * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    def attention_flops(self, q_len: int, prefix: int = 0) -> float:
+        """QK^T and PV over a causal prompt chunk of q_len after `prefix` cached tokens, all layers."""
+        pairs = q_len * prefix + q_len * (q_len + 1) / 2
+        return self.layers * 4 * self.heads * self.head_dim * pairs
+
+    def prefill_flops(self, n: int) -> float:
+        """A prompt of n tokens: every projection on every token, causal attention, the LM head once."""
+        return 2 * n * self.layers * self.layer_params + self.attention_flops(n) + 2 * self.hidden * self.vocab
+
+    def decode_step_flops(self, batch: int) -> float:
+        return 2 * batch * self.linear_params
+
+
+SHAPE = Shape()
+
+
+def env_info(commit: str) -> dict:
+    import torch
+    import triton
+
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                              "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    except FileNotFoundError:
+        smi = "no nvidia-smi"
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "gpu": smi,
+            "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
+            "python": sys.version.split()[0], "commit": commit}
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def sync() -> None:
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def bench_ms(fn, rep_ms: int = 60) -> float:
+    """Median ms of fn() with CUDA events (triton's do_bench: warm-up first, L2 flushed between calls)."""
+    import triton
+
+    return triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median")
+
+
+def graph_ms(fn, replays: int = 15) -> float:
+    """Median ms of one replay of fn() captured as a CUDA graph (after one eager warm-up)."""
+    import torch
+
+    fn()
+    sync()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    sync()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del graph
+    return statistics.median(times)
+
+
+def measure_ceilings() -> dict:
+    """Device-to-device copy bandwidth (bytes read + written) and the bf16 GEMM rate (8192^3, random data)."""
+    import torch
+
+    n = 1 << 30  # 1 GiB each way
+    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    copy_ms = bench_ms(lambda: dst.copy_(src), rep_ms=100)
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    gemm_ms = bench_ms(lambda: a @ b, rep_ms=200)
+    del a, b
+    torch.cuda.empty_cache()
+    return {"copy_tb_s": 2 * n / copy_ms / 1e9, "gemm_tflop_s": 2 * 8192**3 / gemm_ms / 1e9}
+
+
+def model_folder(config: dict) -> str:
+    folder = Path(tempfile.mkdtemp(prefix="qwen7b-dummy-"))
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+class Deadline:
+    """The run's time budget: sections ask before starting whether enough is left."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def allows(self, seconds: float) -> bool:
+        return self.left() >= seconds
