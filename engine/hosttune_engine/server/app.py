@@ -15,7 +15,8 @@ from hosttune_engine import __version__
 from hosttune_engine.server import responses as r
 from hosttune_engine.server.bodies import error_response, json_response, read_json
 from hosttune_engine.server.completions import create_chat_completion, create_completion
-from hosttune_engine.server.schemas import ApiError, DetokenizeRequest, TokenizeRequest
+from hosttune_engine.server.api_errors import ApiError
+from hosttune_engine.server.schemas import DetokenizeRequest, TokenizeRequest
 from hosttune_engine.server.state import STATE, ServerState
 
 log = logging.getLogger("hosttune_engine.server")

@@ -12,7 +12,8 @@ import json
 from aiohttp import web
 
 from hosttune_engine.server.responses import dumps, error_body
-from hosttune_engine.server.schemas import ApiError, bad_request, describe
+from hosttune_engine.server.api_errors import ApiError, bad_request
+from hosttune_engine.server.fields import describe
 
 OFFLOAD_BYTES = 256 * 1024  # bigger bodies are parsed off the event loop
 

@@ -18,7 +18,8 @@ from hosttune_engine.server import responses as r
 from hosttune_engine.server.bodies import json_response, read_json
 from hosttune_engine.server.engine_client import EngineDeadError
 from hosttune_engine.server.generation import Generation
-from hosttune_engine.server.schemas import ApiError, ChatRequest, CompletionRequest, GenerationOptions, bad_request
+from hosttune_engine.server.api_errors import ApiError, bad_request
+from hosttune_engine.server.schemas import ChatRequest, CompletionRequest, GenerationOptions
 from hosttune_engine.server.state import STATE, ServerState
 from hosttune_engine.server.streaming import DONE, ChunkWriter, sse
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from hosttune_engine.server.schemas import ApiError
+from hosttune_engine.server.api_errors import ApiError
 
 MIN_LOGPROB = -9999.0  # JSON has no -Infinity; vLLM clamps the same way
 

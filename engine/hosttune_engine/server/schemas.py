@@ -1,112 +1,23 @@
 """OpenAI request bodies: parsed from decoded JSON into frozen dataclasses, with validation.
 
 A body that breaks a rule raises `ApiError` (HTTP 400) whose message names the
-field and what it must be, in vLLM's wording where vLLM has one. Messages never
-quote more than a few characters of what the client sent, so error bodies stay
-small whatever the input. Null means "use the default", as in OpenAI's API.
-Unknown fields are ignored (as vLLM does); known fields this server does not
-implement are rejected when set to anything but their neutral value. Response
-bodies are built in `responses.py`.
+field and what it must be, in vLLM's wording where vLLM has one (the typed
+readers are in `fields.py`). Unknown fields are ignored (as vLLM does); known
+fields this server does not implement are rejected when set to anything but
+their neutral value. Response bodies are built in `responses.py`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.sampling import SamplingParams
+from hosttune_engine.server.api_errors import bad_request
+from hosttune_engine.server.fields import (INT64, describe, is_int, read_bool, read_field, read_int, read_number,
+                                           read_object, read_str, read_token_ids, reject_unless)
 
 MAX_LOGPROBS = 20
-INT64 = 2**63
-
-
-class ApiError(Exception):
-    """An error answered to the client as an OpenAI error body."""
-
-    def __init__(self, status: int, message: str, type_: str = "BadRequestError", param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param = status, message[:1000], type_, param
-
-
-def bad_request(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, "BadRequestError", param)
-
-
-# -- field readers --------------------------------------------------------------------
-def describe(value) -> str:
-    """A JSON value's type, and a short value for scalars (never the whole input)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"boolean {str(value).lower()}"
-    if isinstance(value, (int, float)):
-        return f"number {str(value)[:24]}"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _read(body: dict, name: str, ok, expected: str, default=None):
-    value = body.get(name)
-    if value is None:
-        return default
-    if not ok(value):
-        raise bad_request(f"{name} must be {expected}, got {describe(value)}", name)
-    return value
-
-
-def read_int(body, name, default=None, lo=None, hi=None):
-    value = _read(body, name, _is_int, "an integer", default)
-    _check_range(name, value, lo, hi)
-    return value
-
-
-def read_number(body, name, default=None, lo=None, hi=None):
-    value = _read(body, name, _is_number, "a finite number", default)
-    _check_range(name, value, lo, hi)
-    return float(value) if value is not None else None
-
-
-def read_bool(body, name, default=False):
-    return _read(body, name, lambda v: isinstance(v, bool), "a boolean", default)
-
-
-def read_str(body, name, default=None):
-    return _read(body, name, lambda v: isinstance(v, str), "a string", default)
-
-
-def read_object(body, name, default=None):
-    return _read(body, name, lambda v: isinstance(v, dict), "an object", default)
-
-
-def read_token_ids(value, name: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(_is_int(t) and 0 <= t < INT64 for t in value):
-        raise bad_request(f"{name} must be an array of non-negative integer token ids", name)
-    return tuple(value)
-
-
-def _check_range(name, value, lo, hi) -> None:
-    if value is None:
-        return
-    if lo is not None and value < lo:
-        raise bad_request(f"{name} must be at least {lo}, got {str(value)[:24]}", name)
-    if hi is not None and value > hi:
-        raise bad_request(f"{name} must be at most {hi}, got {str(value)[:24]}", name)
-
-
-def _reject_unless(body: dict, name: str, neutral) -> None:
-    value = body.get(name)
-    if value is not None and value not in neutral:
-        raise bad_request(f"{name} is not supported by this server", name)
 
 
 # -- requests -----------------------------------------------------------------------
@@ -164,7 +75,7 @@ def _read_stream_options(body: dict, stream: bool) -> bool:
 
 
 def _read_max_tokens(body: dict, name: str, default: int | None) -> int | None:
-    value = _read(body, name, _is_int, "an integer", default)
+    value = read_field(body, name, is_int, "an integer", default)
     if value is not None and value < 1:
         raise bad_request(f"{name} must be at least 1, got {value}.", name)
     return value
@@ -173,7 +84,7 @@ def _read_max_tokens(body: dict, name: str, default: int | None) -> int | None:
 def read_options(body: dict, max_tokens: int | None, logprobs: int | None) -> GenerationOptions:
     for name, neutral in (("presence_penalty", (0,)), ("frequency_penalty", (0,)), ("repetition_penalty", (1,)),
                           ("logit_bias", ({},)), ("min_tokens", (0,)), ("suffix", ("",))):
-        _reject_unless(body, name, neutral)
+        reject_unless(body, name, neutral)
     n = read_int(body, "n", 1, lo=1, hi=128)
     best_of = read_int(body, "best_of", n)
     if best_of != n:
@@ -218,7 +129,7 @@ def _read_prompts(prompt) -> tuple[Prompt, ...]:
     if not isinstance(prompt, list) or not prompt:
         raise bad_request(f"{expected}; got {describe(prompt)}" if prompt != [] else "prompt must not be empty",
                           "prompt")
-    if all(_is_int(t) for t in prompt):
+    if all(is_int(t) for t in prompt):
         return (read_token_ids(prompt, "prompt"),)
     if all(isinstance(p, str) for p in prompt):
         return tuple(prompt)

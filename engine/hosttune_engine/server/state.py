@@ -18,7 +18,7 @@ from hosttune_engine.server.health import Health, Phase
 from hosttune_engine.server.metrics import Metrics
 from hosttune_engine.server.prompts import PromptBuilder
 from hosttune_engine.server.responses import LogprobEntry
-from hosttune_engine.server.schemas import ApiError, bad_request
+from hosttune_engine.server.api_errors import ApiError, bad_request
 
 log = logging.getLogger("hosttune_engine.server")
 

@@ -3,7 +3,8 @@
 import pytest
 
 from hosttune_engine.server.prompts import PromptBuilder
-from hosttune_engine.server.schemas import ApiError, ChatRequest, CompletionRequest, TokenizeRequest
+from hosttune_engine.server.api_errors import ApiError
+from hosttune_engine.server.schemas import ChatRequest, CompletionRequest, TokenizeRequest
 
 PARSED = [
     ({"prompt": "hi"}, dict(n=1, max_tokens=None, temperature=1.0, top_k=0, stop=(), stream=False)),
