@@ -30,9 +30,12 @@ class PromptBuilder:
         if not isinstance(prompt, str):
             return self.check_ids(list(prompt))
         tok = self._need_tokenizer()
-        if len(prompt) < OFFLOAD_CHARS:
-            return tok.encode(prompt, add_special_tokens=add_special_tokens)
-        return await asyncio.get_running_loop().run_in_executor(None, tok.encode, prompt, add_special_tokens)
+        try:
+            if len(prompt) < OFFLOAD_CHARS:
+                return tok.encode(prompt, add_special_tokens=add_special_tokens)
+            return await asyncio.get_running_loop().run_in_executor(None, tok.encode, prompt, add_special_tokens)
+        except (TypeError, UnicodeError):  # JSON allows lone surrogates ("\ud800"); tokenizers do not
+            raise bad_request("the prompt is not valid Unicode (a lone surrogate escape?)", "prompt") from None
 
     def render_chat(self, messages, add_generation_prompt: bool = True, template_kwargs: dict | None = None) -> str:
         tok = self._need_tokenizer()

@@ -44,6 +44,7 @@ BAD_INPUTS = [
     ("prompt longer than context", {"prompt": "hello " * 3000}, "application/json",
      "maximum context length is 1024 tokens. However, your request has"),
     ("token prompt longer than context", {"prompt": [5] * 1024}, "application/json", "your request has 1024 input"),
+    ("lone surrogate in the prompt", b'{"prompt": "a\\ud800b"}', "application/json", "not valid Unicode"),
     ("token id out of vocabulary", {"prompt": [1, 2, 10**6]}, "application/json", "out of the vocabulary"),
     ("negative token id", {"prompt": [1, -2]}, "application/json", "non-negative integer token ids"),
     ("temperature a string", {"prompt": "hi", "temperature": "hot"}, "application/json", "temperature must be"),
@@ -72,6 +73,7 @@ CHAT_BAD_INPUTS = [
     ("content of wrong type", {"messages": [{"role": "user", "content": 5}]}, "content must be a string"),
     ("image part", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "only text parts"),
+    ("lone surrogate in a message", {"messages": [{"role": "user", "content": "a\ud800"}]}, "not valid Unicode"),
     ("chat max_tokens zero", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0},
      "max_tokens must be at least 1"),
     ("chat messages longer than context", {"messages": [{"role": "user", "content": "hello " * 3000}]},
@@ -241,3 +243,41 @@ def test_clients_that_disconnect_leave_kv_usage_at_zero(server):
     assert aborted == 5, "each abandoned request is aborted, not run to its 900 tokens"
     assert metric(after, "vllm:kv_cache_usage_perc") == 0
     print(f"\nidle {time.monotonic() - t0:.2f} s after the last disconnect")
+
+
+# -- every known field with every JSON type: a 200 or a 4xx, never a 5xx -------------------------------
+FUZZ_VALUES = [None, True, False, -1, 0, 1, 3, 2.5, 1e308, -(2**70), "", "s", "\ud800", [], [0], [[0]], ["a"],
+               [{"type": "text", "text": "x"}], {}, {"a": 1}, {"include_usage": True}]
+COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream",
+                     "stream_options", "stop", "stop_token_ids", "seed", "logprobs", "echo", "best_of", "priority",
+                     "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "presence_penalty",
+                     "logit_bias", "suffix", "user"]
+CHAT_FIELDS = ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+               "response_format", "add_generation_prompt", "chat_template_kwargs"]
+
+
+async def _fuzz(url):
+    statuses = {}
+    base = {"prompt": "hi", "max_tokens": 2}
+    chat_base = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    cases = [("/v1/completions", base, f, v) for f in COMPLETION_FIELDS for v in FUZZ_VALUES]
+    cases += [("/v1/chat/completions", chat_base, f, v) for f in CHAT_FIELDS + ["temperature", "stop", "n"]
+              for v in FUZZ_VALUES]
+    cases += [("/tokenize", {"prompt": "hi"}, f, v) for f in ("prompt", "messages", "add_special_tokens")
+              for v in FUZZ_VALUES]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        for path, body, field, value in cases:
+            data = json.dumps({**body, field: value})
+            async with session.post(url + path, data=data, headers={"Content-Type": "application/json"}) as r:
+                await r.read()
+                statuses.setdefault(r.status, []).append((path, field, value))
+    return statuses
+
+
+def test_fuzzed_field_types_never_500(server):
+    statuses = asyncio.run(_fuzz(server.url))
+    bad = {s: cases[:5] for s, cases in statuses.items() if s >= 500}
+    assert not bad, bad
+    assert set(statuses) <= {200, 400, 404, 429}, set(statuses)
+    assert len(statuses[200]) > 100 and len(statuses[400]) > 100  # both sides of every rule were reached
+    assert "Traceback" not in server.log()
