@@ -122,23 +122,59 @@ def make_release(preset: EnginePreset, settings: ServeSettings, placement: Place
     return Release(rid, preset.name, entry.key.name, entry.wheels, entry.has_deps, units, summary, programs)
 
 
+# Clone an installed virtualenv as hard links (seconds, no copy of torch), then point its scripts at
+# the new folder. sed -i writes a new file, so the old release's scripts stay as they were; bytecode
+# caches are left out (they name the old paths). Releases are never changed in place after this.
+_CLONE = r"""set -eu
+new=$1 old=$2
+rm -rf -- "$new"; mkdir -p -- "$new"
+cd -- "$old"
+find . -mindepth 1 -maxdepth 1 ! -name .hosttune -exec cp -al -- {} "$new"/ \;
+find "$new" -name __pycache__ -type d -prune -exec rm -rf -- {} +
+grep -rlIF -- "$old" "$new/bin" "$new/pyvenv.cfg" | while IFS= read -r f; do
+    [ -L "$f" ] || sed -i "s|$old|$new|g" -- "$f"
+done
+"""
+
+
+def wheel_set(release: Release, python: str) -> str:
+    """What a virtualenv was installed from: the interpreter and the exact wheels."""
+    text = "\n".join([python, str(release.offline), *sorted(w.sha256 for w in release.wheels)])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
 def install_ops(release: Release, entry: Entry, state: HostState, python: str = "python3") -> list[Op]:
-    """Upload the wheels the host lacks; make the virtualenv unless this release is installed already."""
+    """Upload the wheels the host lacks; make the virtualenv unless this release is installed already.
+
+    A release with the same wheel set as an installed one (a change of flags or model) is
+    cloned from it; otherwise pip installs the wheels into a fresh virtualenv.
+    """
     ops: list[Op] = [Upload(entry.file(w), wheel_path(w), w.sha256) for w in release.wheels
                      if state.wheels.get(wheel_path(w)) != w.sha256]
     if state.is_complete:
         return ops
+    venv, wheels = release.dir, wheel_set(release, python)
+    donor = next((d for d, ws in sorted(state.installed.items()) if ws == wheels and d.rstrip("/") != venv), None)
+    if donor:
+        ops.append(Run(("sh", "-c", _CLONE, "sh", venv, donor.rstrip("/")), INSTALL_TIMEOUT_S))
+    else:
+        ops += _pip_ops(release, python)
+    ops += [WriteFile(f"{meta_dir(release.id)}/{name}", body) for name, body in release.units.items()]
+    ops.append(WriteFile(f"{meta_dir(release.id)}/wheelset", wheels.encode()))
+    ops.append(WriteFile(manifest_path(release.id), release.manifest()))  # last: the release is complete
+    return ops
+
+
+def _pip_ops(release: Release, python: str) -> list[Op]:
     venv = release.dir
     pip = (f"{venv}/bin/pip", "install", "--no-compile", "--disable-pip-version-check", "--quiet")
     if release.offline:  # exactly the wheels resolved at build time, nothing from an index
         install = (*pip, "--no-index", "--no-deps", *(wheel_path(w) for w in release.wheels))
     else:
         install = (*pip, *(wheel_path(w) for w in release.wheels if w.kind == "engine"))
-    ops += [Run(("rm", "-rf", "--", venv)), Run((python, "-m", "venv", venv)), Run(install, INSTALL_TIMEOUT_S)]
+    ops: list[Op] = [Run(("rm", "-rf", "--", venv)), Run((python, "-m", "venv", venv)), Run(install, INSTALL_TIMEOUT_S)]
     if release.offline:
         ops.append(Run((f"{venv}/bin/pip", "check", "--disable-pip-version-check")))
-    ops += [WriteFile(f"{meta_dir(release.id)}/{name}", body) for name, body in release.units.items()]
-    ops.append(WriteFile(manifest_path(release.id), release.manifest()))  # last: the release is complete
     return ops
 
 

@@ -26,6 +26,7 @@ class HostState:
     is_complete: bool  # the release being deployed is installed already
     wheels: dict[str, str] = field(default_factory=dict, hash=False)  # path → sha256 of what is there
     units: dict[str, UnitFile] = field(default_factory=dict, hash=False)
+    installed: dict[str, str] = field(default_factory=dict, hash=False)  # complete release folder → its wheel set
 
 
 @lru_cache(maxsize=1)
@@ -37,18 +38,19 @@ def parse_state(text: str) -> HostState:
     values: dict[str, str] = {}
     wheels: dict[str, str] = {}
     units: dict[str, UnitFile] = {}
+    installed: dict[str, str] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        if key == "wheel":
-            sha, _, path = value.partition(" ")
-            wheels[path] = sha
+        if key in ("wheel", "installed"):
+            digest, _, path = value.partition(" ")
+            (wheels if key == "wheel" else installed)[path] = digest
         elif key == "unit":
             name, sha, active = (value.split(" ") + ["", ""])[:3]
             units[name] = UnitFile(name, sha, active)
         else:
             values[key] = value
     return HostState(values.get("current") or None, values.get("previous") or None, bool(values.get("complete")),
-                     wheels, units)
+                     wheels, units, installed)
 
 
 def read_state(transport: Transport, release_id: str, wheel_paths: list[str]) -> HostState:

@@ -6,6 +6,11 @@ id=$1; shift
 printf 'current:%s\n' "$(readlink -- "$root/current" 2>/dev/null)"
 printf 'previous:%s\n' "$(readlink -- "$root/previous" 2>/dev/null)"
 [ -f "$root/releases/$id/.hosttune/release.json" ] && printf 'complete:%s\n' "$id"
+# Complete releases and the wheel set each was installed from (a new release with the same set is cloned).
+for d in "$root"/releases/*/; do
+    d=${d%/}
+    [ -f "$d/.hosttune/release.json" ] && [ -f "$d/.hosttune/wheelset" ] && printf 'installed:%s %s\n' "$(cat -- "$d/.hosttune/wheelset")" "$d"
+done
 for p in "$@"; do
     [ -f "$p" ] && printf 'wheel:%s %s\n' "$(sha256sum < "$p" | cut -d' ' -f1)" "$p"
 done

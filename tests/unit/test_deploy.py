@@ -1,0 +1,300 @@
+"""Deploy as data: settings precedence, placement and preflight, release operations, host state and
+gate parsing, fleet units, and the failure and multi-node flows over a scripted transport."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from hosttune.cli import app
+from hosttune.deploy import host as dhost
+from hosttune.deploy import multinode, rollout
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.gate import parse_gate
+from hosttune.deploy.placement import place, preflight
+from hosttune.deploy.plan import Link, Remove, Role, Run, Upload, WriteFile, activate_ops, install_ops, is_unchanged, make_release
+from hosttune.deploy.recap import exit_code, render
+from hosttune.deploy.release import wheel_path
+from hosttune.deploy.settings import flag_argv, parse_sets, resolve
+from hosttune.deploy.state import HostState, UnitFile, parse_state
+from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
+from hosttune.facts import Facts
+from hosttune.presets import load_preset
+from hosttune.transport.base import CommandResult
+
+from deploy_fixtures import a100_facts, fake_entry, h200_facts, inventory
+
+runner = CliRunner()
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+
+def test_parse_sets_reads_yaml_scalars():
+    o = parse_sets(["max-num-seqs=64", "enable-prefix-caching=false", "--served-model-name=m", "x=null",
+                    "env.HF_HOME=/cache", "env.DROP=null", "ratio=0.9", "text=a=b"])
+    assert o.flags == {"max-num-seqs": 64, "enable-prefix-caching": False, "served-model-name": "m", "x": None,
+                       "ratio": 0.9, "text": "a=b"}
+    assert o.env == {"HF_HOME": "/cache", "DROP": None}
+    for bad in ("novalue", "bad flag=1", "env.1X=2"):
+        with pytest.raises(DeployError):
+            parse_sets([bad])
+
+
+def test_precedence_preset_group_host_set(tmp_path):
+    inv = inventory(tmp_path)
+    gpu_a, gpu_b = inv.hosts[0], inv.hosts[1]
+    preset = load_preset("vllm")
+    a = resolve(gpu_a, preset, "/m", None, parse_sets(["max-num-seqs=64"]))
+    b = resolve(gpu_b, preset, "/m", 9000, parse_sets(["env.NCCL_DEBUG=null"]))
+    assert a.flags["gpu-memory-utilization"] == 0.95  # group
+    assert a.flags["max-model-len"] == 32768 and b.flags["max-model-len"] == 8192  # host / preset
+    assert a.flags["max-num-seqs"] == 64 and b.flags["max-num-seqs"] == 128  # --set / group
+    assert (a.port, b.port) == (8100, 9000)  # inventory / --port
+    assert a.env["NCCL_DEBUG"] == "WARN" and "NCCL_DEBUG" not in b.env
+    assert a.lb_port == 8080 and not a.multinode and inv.hosts[2].deploy["multinode"] is True
+
+
+def test_bad_deploy_vars_name_the_inventory_line(tmp_path):
+    host = inventory(tmp_path).hosts[0]
+    for bad, message in (({"portt": 1}, "deploy.portt: unknown key"), ({"vllm": [1]}, "deploy.vllm must be a mapping"),
+                         ({"port": "x"}, "deploy.port must be"), ({"vllm": {"x": "a\nb"}}, "single-line")):
+        with pytest.raises(DeployError, match=message) as info:
+            resolve(replace(host, deploy=bad), load_preset("vllm"), "/m", None, parse_sets([]))
+        assert "inventory.yaml:" in str(info.value)
+
+
+def test_flag_argv_true_false_null():
+    flags = {"a": True, "b": False, "c": None, "d": 3, "e": "{port}"}
+    assert flag_argv(flags, {"port": 1}, "no-{flag}") == ["--a", "--no-b", "--d", "3", "--e", "1"]
+    assert flag_argv(flags, {"port": 1}, None) == ["--a", "--d", "3", "--e", "1"]
+
+
+# -- placement and preflight ------------------------------------------------------------------
+
+
+def test_gpu_selection_is_checked_against_the_host():
+    facts = a100_facts()
+    assert place("all", facts, "h").gpus == (0, 1, 2, 3)
+    with pytest.raises(DeployError, match="asks for GPU 4,5, but the host has GPUs 0-3"):
+        place("0,4-5", facts, "h")
+    with pytest.raises(DeployError, match="write GPU indices"):
+        place("zero", facts, "h")
+
+
+def test_preflight_refuses_a_host_without_systemd():
+    facts = h200_facts()
+    with pytest.raises(DeployError) as info:
+        preflight(facts, "h200-local", place("0", facts, "h200-local"), "cuda")
+    assert "h200-local: PID 1 is 'process_api', not systemd" in str(info.value)
+
+
+def test_preflight_needs_numactl_for_numa_binding_and_a_gpu_unless_cpu():
+    facts = replace(a100_facts(), numactl=None)
+    with pytest.raises(DeployError, match="numactl is missing"):
+        preflight(facts, "h", place("2-3", facts, "h"), "cuda")
+    no_gpu = Facts(pid1="systemd", python_version="3.11.2")
+    with pytest.raises(DeployError, match="no NVIDIA GPU found"):
+        preflight(no_gpu, "h", place("0", no_gpu, "h"), None)
+    preflight(no_gpu, "h", place("0", no_gpu, "h"), "cpu")
+
+
+# -- release operations -----------------------------------------------------------------------
+
+
+def release_for(tmp_path, engine="vllm", role=Role(), deps=False):
+    inv = inventory(tmp_path)
+    preset = load_preset(engine)
+    settings = resolve(inv.hosts[0], preset, "/m", None, parse_sets([]))
+    entry = fake_entry(tmp_path / "wh", engine)
+    if deps:
+        entry = replace(entry, wheels=entry.wheels + (replace(entry.wheels[0], name="torch-1-cp310.whl", kind="dep", sha256="f" * 64),))
+    return make_release(preset, settings, place("0-1", a100_facts(), "h"), entry, role), entry
+
+
+def test_install_uploads_what_is_missing_and_builds_the_venv(tmp_path):
+    release, entry = release_for(tmp_path, deps=True)
+    engine_wheel, dep = release.wheels
+    have = HostState(None, None, False, {wheel_path(dep): dep.sha256})
+    ops = install_ops(release, entry, have)
+    assert ops[0] == Upload(entry.file(engine_wheel), wheel_path(engine_wheel), engine_wheel.sha256)
+    assert not any(isinstance(op, Upload) and op.path == wheel_path(dep) for op in ops)
+    venv = f"/opt/hosttune/releases/{release.id}"
+    argvs = [op.argv for op in ops if isinstance(op, Run)]
+    assert argvs[0] == ("rm", "-rf", "--", venv) and argvs[1] == ("python3", "-m", "venv", venv)
+    assert argvs[2][:2] == (f"{venv}/bin/pip", "install") and "--no-index" in argvs[2] and "--no-deps" in argvs[2]
+    assert argvs[3][1] == "check"
+    assert isinstance(ops[-1], WriteFile) and ops[-1].path == f"{venv}/.hosttune/release.json"  # written last
+    assert install_ops(release, entry, HostState(None, None, True, {wheel_path(w): w.sha256 for w in release.wheels})) == []
+
+
+def test_same_wheel_set_is_cloned_not_reinstalled(tmp_path):
+    from hosttune.deploy.plan import wheel_set
+
+    release, entry = release_for(tmp_path, deps=True)
+    donor = "/opt/hosttune/releases/vllm-donor"
+    state = HostState(None, None, False, {wheel_path(w): w.sha256 for w in release.wheels},
+                      installed={donor: wheel_set(release, "python3"), "/opt/hosttune/releases/x": "other"})
+    ops = install_ops(release, entry, state)
+    (clone,) = [op for op in ops if isinstance(op, Run)]
+    assert clone.argv[:2] == ("sh", "-c") and clone.argv[3:] == ("sh", release.dir, donor)
+    assert [op.path.rsplit("/", 1)[-1] for op in ops if isinstance(op, WriteFile)] == [SERVE_UNIT, "wheelset", "release.json"]
+    other_python = install_ops(release, entry, state, python="python3.12")
+    assert any(isinstance(op, Run) and op.argv[1:3] == ("-m", "venv") for op in other_python)
+
+
+def test_install_without_dependency_wheels_uses_the_index(tmp_path):
+    release, entry = release_for(tmp_path)
+    (pip,) = [op.argv for op in install_ops(release, entry, HostState(None, None, False)) if isinstance(op, Run) and "install" in op.argv]
+    assert "--no-index" not in pip and pip[-1] == wheel_path(release.wheels[0])
+
+
+def test_activate_links_previous_removes_stale_units_and_restarts_in_order(tmp_path):
+    release, _ = release_for(tmp_path, role=Role("head", 2, "10.0.0.1", "10.0.0.1"))
+    old = "/opt/hosttune/releases/vllm-old"
+    ops = activate_ops(release, HostState(old, None, True, {}, {"hosttune-extra.service": UnitFile("hosttune-extra.service", "x", "active")}))
+    assert ops[0] == Run(("systemctl", "disable", "--now", "hosttune-extra.service"))
+    assert ops[1] == Remove("/etc/systemd/system/hosttune-extra.service")
+    assert Link("/opt/hosttune/previous", old) in ops and Link("/opt/hosttune/current", release.dir) in ops
+    restarts = [op.argv[2] for op in ops if isinstance(op, Run) and op.argv[1] == "restart"]
+    assert restarts == [RAY_UNIT, SERVE_UNIT]
+    head_first = activate_ops(release, HostState(None, None, True), start=(RAY_UNIT,))
+    assert [op.argv[2] for op in head_first if isinstance(op, Run) and op.argv[1] == "restart"] == [RAY_UNIT]
+    assert not any(isinstance(op, Link) and op.path.endswith("previous") for op in head_first)
+
+
+def test_unchanged_means_same_release_same_units_all_active(tmp_path):
+    import hashlib
+
+    release, _ = release_for(tmp_path)
+    sha = hashlib.sha256(release.units[SERVE_UNIT]).hexdigest()
+    live = HostState(release.dir, None, True, {}, {SERVE_UNIT: UnitFile(SERVE_UNIT, sha, "active")})
+    assert is_unchanged(release, live)
+    assert not is_unchanged(release, replace(live, units={SERVE_UNIT: UnitFile(SERVE_UNIT, sha, "failed")}))
+    assert not is_unchanged(release, replace(live, units={SERVE_UNIT: UnitFile(SERVE_UNIT, "0" * 64, "active")}))
+    assert not is_unchanged(release, replace(live, current="/opt/hosttune/releases/other"))
+
+
+def test_host_state_and_gate_parsers():
+    state = parse_state("current:/opt/hosttune/releases/a\nprevious:\ncomplete:b\nwheel:abc /opt/hosttune/wheels/x/y.whl\n"
+                        "unit:hosttune-serve.service 0123 active\ninstalled:ws1 /opt/hosttune/releases/a\n")
+    assert state.installed == {"/opt/hosttune/releases/a": "ws1"}
+    assert state.current == "/opt/hosttune/releases/a" and state.previous is None and state.is_complete
+    assert state.wheels == {"/opt/hosttune/wheels/x/y.whl": "abc"}
+    assert state.units[SERVE_UNIT] == UnitFile(SERVE_UNIT, "0123", "active")
+    ok = parse_gate('noise\n{"ok": true, "phase": "done", "health_s": 3.2, "warmup": {"requests": 3, "s": 1.5}, "gate_s": 0.04, "model": "m"}')
+    assert ok.ok and ok.summary() == "healthy after 3.2s, warmup 3 requests in 1.5s, one-token generation in 0.04s"
+    bad = parse_gate('{"ok": false, "phase": "health", "error": "not healthy after 60s"}')
+    assert not bad.ok and bad.summary() == "gate failed at health: not healthy after 60s"
+    assert not parse_gate("Traceback ...").ok
+
+
+# -- choosing wheels ------------------------------------------------------------------------------
+
+
+def test_pick_entry_fits_python_and_gpu(tmp_path):
+    wh = tmp_path / "wh"
+    fake_entry(wh, archs=("9.0",), built_at=3)
+    fit = fake_entry(wh, archs=("8.0", "9.0"), ref="v0.10.0-aaaaaaaaaaaa", built_at=2)
+    fake_entry(wh, archs=("8.0",), abi="cp312", built_at=4)
+    request = rollout.DeployRequest("vllm", "/m", wh)
+    assert rollout.pick_entry(request, "cp310", ("8.0",), "h").path == fit.path
+    assert rollout.pick_entry(replace(request, ref="v0.10.0"), "cp310", ("9.0",), "h").path == fit.path
+    with pytest.raises(DeployError, match="no vllm wheels .* fit this host .*GPUs 7.5.*hosttune build --engine vllm"):
+        rollout.pick_entry(request, "cp310", ("7.5",), "h")
+
+
+def test_multinode_groups_roll_as_one_unit(tmp_path):
+    inv = inventory(tmp_path)
+    assert [[h.name for h in u] for u in rollout.rollout_units(inv, "vllm")] == [["gpu-a"], ["gpu-b"], ["node-0", "node-1", "node-2"]]
+    assert len(rollout.rollout_units(inv, "sglang")) == 5  # multi-node is vLLM's (Ray)
+
+
+# -- flows over a scripted transport ---------------------------------------------------------------
+
+
+class ScriptedTransport:
+    """Answers commands by rules; records every argv (the host's side of the conversation)."""
+
+    def __init__(self, name: str, log: list, gate_ok=True, state="", ray_nodes=0):
+        self.host_name, self.log, self.gate_ok, self.state, self.ray_nodes = name, log, gate_ok, state, ray_nodes
+        self.files: dict[str, bytes] = {}
+
+    def run(self, argv, *, stdin=None, timeout=None):
+        argv = tuple(argv)
+        self.log.append((self.host_name, argv))
+        out = ""
+        if argv[:2] == ("sh", "-c") and argv[3:4] == ("hosttune",) and not argv[4].startswith(("write", "link", "remove")):
+            out = self.state  # state.sh
+        elif argv[:2] == ("python3", "-c"):
+            out = json.dumps({"ok": self.gate_ok, "phase": "done" if self.gate_ok else "health", "health_s": 1.0,
+                              "warmup": {"requests": 3, "s": 1.0}, "gate_s": 0.1, "error": "" if self.gate_ok else "boom"})
+        elif argv[0] == "cat":
+            out = self.files.get(argv[-1], b"").decode()
+        elif argv[0].endswith("/bin/ray"):
+            out = "Active:\n" + "".join(f" 1 node_{i:040x}\n" for i in range(self.ray_nodes)) + "Pending:\n"
+        elif argv[0] == "journalctl":
+            out = "engine: model not found"
+        return CommandResult(argv, 0, out, "", 0.0)
+
+    def close(self):
+        pass
+
+
+def job_for(tmp_path, host_name="gpu-a", role=Role()):
+    inv = inventory(tmp_path)
+    host = next(h for h in inv.hosts if h.name == host_name)
+    fake_entry(tmp_path / "wh")
+    return rollout.make_job(host, a100_facts(), rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-1"), role)
+
+
+def test_failed_gate_shows_the_journal_and_restores_the_previous_release(tmp_path):
+    job = job_for(tmp_path)
+    old = "/opt/hosttune/releases/vllm-old"
+    log: list = []
+    t = ScriptedTransport("gpu-a", log, gate_ok=False, state=f"current:{old}\n")
+    t.files[f"{old}/.hosttune/release.json"] = json.dumps(
+        {"engine": "vllm", "entry": "e", "offline": False, "units": [SERVE_UNIT], "settings": {"port": 8100}}).encode()
+    t.files[f"{old}/.hosttune/{SERVE_UNIT}"] = b"[Service]\nExecStart=/old\n"
+    outcome = dhost.deploy_one(t, job)
+    assert outcome.state == "failed" and outcome.restored == "vllm-old" and outcome.serving is None  # its gate fails too here
+    assert outcome.journal == "engine: model not found" and "gate failed at health: boom" in outcome.error
+    links = [a for _, a in log if a[:2] == ("sh", "-c") and a[4] == "link"]
+    assert [a[5:7] for a in links] == [("/opt/hosttune/previous", old), ("/opt/hosttune/current", job.release.dir),
+                                       ("/opt/hosttune/current", old)]
+    text = render([outcome])
+    assert "journal of the service" in text and "previous release vllm-old put back but NOT serving" in text
+    assert exit_code([outcome]) == 2
+
+
+def test_multinode_starts_ray_head_then_workers_then_the_server(tmp_path, monkeypatch):
+    inv = inventory(tmp_path)
+    hosts = [h for h in inv.hosts if h.group == "ray"]
+    fake_entry(tmp_path / "wh")
+    log: list = []
+    transports = {h.name: ScriptedTransport(h.name, log, ray_nodes=3) for h in hosts}
+    monkeypatch.setattr(multinode, "open_transport", lambda spec: transports[spec.host_name])
+    monkeypatch.setattr(multinode, "gather", lambda t: type("Run", (), {"facts": a100_facts()})())
+    request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3")
+    outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
+    assert [o.state for o in outcomes] == ["deployed"] * 3
+    events = [(h, a[2] if a[1] == "restart" else "ray status") for h, a in log
+              if a[:2] == ("systemctl", "restart") or a[0].endswith("/bin/ray")]
+    assert events[0] == ("node-0", RAY_UNIT) and events[1] == ("node-0", "ray status")
+    assert sorted(events[2:4]) == [("node-1", RAY_UNIT), ("node-2", RAY_UNIT)]
+    assert events[4:] == [("node-0", "ray status"), ("node-0", SERVE_UNIT)]
+    gate_at = max(i for i, (h, a) in enumerate(log) if a[:2] == ("python3", "-c"))
+    assert log[gate_at][0] == "node-0" and gate_at > max(i for i, (h, a) in enumerate(log) if a[-1:] == (SERVE_UNIT,))
+    assert multinode.parse_ray_nodes("Active:\n 1 node_ab12\n 1 node_cd34\nPending:\n 1 node_ef56\n") == 2
+
+
+def test_cli_refuses_a_host_without_systemd(monkeypatch, tmp_path):
+    monkeypatch.setattr(rollout, "gather", lambda t: type("Run", (), {"facts": h200_facts()})())
+    result = runner.invoke(app, ["deploy", "--engine", "custom", "--gpus", "0", "--model", "/tmp/none", "-w", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "nothing changed: localhost: PID 1 is 'process_api', not systemd" in result.stdout
+    result = runner.invoke(app, ["deploy", "--gpus", "0"])
+    assert result.exit_code == 2 and "--engine and --model are required" in result.output
