@@ -16,8 +16,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from hosttune.build.errors import BuildError
 
 # nvcc compiling vLLM's or SGLang's template-heavy kernels peaks at several GiB per job;
@@ -42,6 +40,10 @@ class Toolchain:
     def max_jobs(self) -> int:
         """Parallel compile jobs: one per GIB_PER_JOB of memory, at most one per CPU."""
         return max(1, min(self.cpu_count, self.mem_total_bytes // (GIB_PER_JOB * 2**30)))
+
+
+def _memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def python_info(python: str) -> tuple[str, tuple[str, ...]]:
@@ -101,7 +103,7 @@ def read_toolchain(python: str | None = None, *, need_cuda: bool) -> Toolchain:
     python = python or sys.executable
     abi, site_dirs = python_info(python)
     base = dict(python=python, python_abi=abi, site_dirs=site_dirs,
-                cpu_count=os.cpu_count() or 1, mem_total_bytes=psutil.virtual_memory().total)
+                cpu_count=os.cpu_count() or 1, mem_total_bytes=_memory_bytes())
     nvcc = find_nvcc()
     if nvcc is None:
         if need_cuda:
