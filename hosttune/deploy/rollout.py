@@ -148,10 +148,12 @@ def rollout_units(inventory: Inventory, engine: str) -> list[list[Host]]:
 
 def deploy_fleet(inventory: Inventory, request: DeployRequest,
                  on_batch: Callable[[list[HostDeploy]], None] | None = None) -> list[HostDeploy]:
-    """Deploy batch by batch; once more than --max-fail-percent of hosts failed, later batches are skipped."""
+    """Deploy batch by batch; once more than --max-fail-percent of the hosts tried failed, the rest is skipped."""
     outcomes: list[HostDeploy] = []
+    spent = False
     for batch in batches(rollout_units(inventory, request.engine), request.serial):
-        if over_budget(outcomes, request.max_fail_percent):
+        spent = spent or over_budget([o for o in outcomes if o.state != "skipped"], request.max_fail_percent)
+        if spent:
             why = f"not run: more than {request.max_fail_percent:g}% of hosts failed"
             outcomes += [HostDeploy(h, "skipped", error=why) for unit in batch for h in unit]
             continue

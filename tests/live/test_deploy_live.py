@@ -130,6 +130,12 @@ def test_deploy_custom_engine_gate_redeploy_broken_rollback(live_fleet, fresh_ho
     assert result.exit_code == 0, result.output
     assert result.stdout.split()[1:3] == ["unchanged", release]
     assert show(host, "MainPID", "ExecMainStartTimestampMonotonic") == first
+    result, _ = deploy(inventory, wheelhouse, port, "--set", "max-queue=4", "--dry-run")  # the plan, nothing done
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split()[1] == "planned" and "link /opt/hosttune/current -> /opt/hosttune/releases/custom-" in result.stdout
+    assert "systemd-analyze verify" in result.stdout and "systemctl restart hosttune-serve.service" in result.stdout
+    assert show(host, "MainPID", "ExecMainStartTimestampMonotonic") == first
+    assert host.exec("ls /opt/hosttune/releases").stdout.split() == [release]
 
     # 3. a broken release (its model does not exist): the gate fails, the journal shows why,
     #    the previous release is put back and serves

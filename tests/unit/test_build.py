@@ -1,6 +1,5 @@
 """Build planning as data: archs, keys, environment, commands, cuobjdump and git output parsing."""
 
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner

@@ -298,3 +298,37 @@ def test_cli_refuses_a_host_without_systemd(monkeypatch, tmp_path):
     assert "nothing changed: localhost: PID 1 is 'process_api', not systemd" in result.stdout
     result = runner.invoke(app, ["deploy", "--gpus", "0"])
     assert result.exit_code == 2 and "--engine and --model are required" in result.output
+
+
+def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):
+    base = [h for h in inventory(tmp_path).hosts if h.group == "a100"]
+    hosts = tuple(replace(base[i % 2], name=f"h{i}") for i in range(4))
+    inv = type(inventory(tmp_path))(hosts, "x")
+    ran: list[str] = []
+
+    def single(host, request):
+        ran.append(host.name)
+        return dhost.HostDeploy(host, "failed" if host.name == "h1" else "deployed", "r", "r")
+
+    monkeypatch.setattr(rollout, "_single", single)
+    request = rollout.DeployRequest("sglang", "/m", tmp_path, serial=1, max_fail_percent=60)
+    assert [o.state for o in rollout.deploy_fleet(inv, request)] == ["deployed", "failed", "deployed", "deployed"]
+    ran.clear()
+    outcomes = rollout.deploy_fleet(inv, replace(request, max_fail_percent=40))  # 1 of 2 failed: 50% > 40%
+    assert ran == ["h0", "h1"] and [o.state for o in outcomes] == ["deployed", "failed", "skipped", "skipped"]
+    assert "more than 40% of hosts failed" in outcomes[2].error
+
+
+def test_build_arch_auto_probes_the_fleet(tmp_path, monkeypatch):
+    from hosttune.build import builder
+    from hosttune.build.errors import BuildError
+    from hosttune.facts import GpuFacts, GpuInfo
+
+    h100 = Facts(gpu=GpuFacts(gpus=(GpuInfo(0, "H100", "0000:01:00.0", compute_cap="9.0"),)))
+    caps = {"gpu-a": a100_facts(), "gpu-b": h100}
+    inv = inventory(tmp_path).limit("a100")
+    monkeypatch.setattr(builder, "probe", lambda host: (caps[host.name], None))
+    assert builder.fleet_archs(inv) == ("8.0", "9.0")
+    monkeypatch.setattr(builder, "probe", lambda host: (Facts(), None))
+    with pytest.raises(BuildError, match="no host .* reported a GPU"):
+        builder.fleet_archs(inv)

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from hosttune.deploy.placement import place
-from hosttune.deploy.plan import Role, make_release, unit_specs
+from hosttune.deploy.plan import Role, make_release
 from hosttune.deploy.rollout import DeployRequest, upstreams
 from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.settings import parse_sets, resolve
