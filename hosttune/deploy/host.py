@@ -17,7 +17,7 @@ from hosttune.deploy.errors import DeployError
 from hosttune.deploy.executor import run_ops
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
 from hosttune.deploy.placement import Placement
-from hosttune.deploy.release import CURRENT, UNIT_DIR, Release, manifest_path, meta_dir, wheel_path
+from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, manifest_path, meta_dir, wheel_path
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.units import SERVE_UNIT, UNIT_NAMES
@@ -111,16 +111,22 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
     """The gate failed: keep the evidence, then put back what was live before (or stop, if nothing was)."""
     journal = journal_tail(transport, SERVE_UNIT)
     failed = HostDeploy(job.host, "failed", job.release.id, None, gate, gate.summary(), journal)
+    # The release live before; when this was a restart of the live release itself, the one before that.
+    target = before.current if before.current != job.release.dir else before.previous
     try:
-        if before.current is None or before.current == job.release.dir:
+        if target is None:
             run_ops(transport, _stop_ops(job.release))
             return failed
-        previous = load_release(transport, before.current)
+        previous = load_release(transport, target)
         after = read_state(transport, previous.id, [])
-        run_ops(transport, dplan.activate_ops(previous, after, keep_previous=True))
+        # `previous` goes back to what it named before this deploy (never to the release now live again)
+        keep = before.previous if before.previous not in (None, target) else None
+        link = [dplan.Link(PREVIOUS, keep)] if keep else [dplan.Remove(PREVIOUS)]
+        run_ops(transport, dplan.activate_ops(previous, after, keep_previous=True) + link)
     except HosttuneError as exc:
         return _with(failed, error=f"{failed.error}; putting the previous release back failed too: {exc}")
-    check = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health, warmup=0)
+    check = run_gate(transport, SERVE_UNIT, _settings_of(previous, job.settings), load_preset(previous.engine).serve.health,
+                     warmup=0)
     serving = previous.id if check.ok else None
     note = "" if check.ok else f"; the previous release {previous.id} did not come back healthy: {check.error}"
     return _with(failed, serving=serving, restored=previous.id, error=failed.error + note)
@@ -149,11 +155,16 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings) -> H
     run_ops(transport, dplan.verify_ops(previous) + dplan.activate_ops(previous, state))
     if SERVE_UNIT not in previous.units:
         return HostDeploy(host, "rolled-back", previous.id, previous.id)
-    settings = replace(timeouts, port=int(previous.settings.get("port", timeouts.port)))
+    settings = _settings_of(previous, timeouts)
     gate = run_gate(transport, SERVE_UNIT, settings, load_preset(previous.engine).serve.health, warmup=0)
     if gate.ok:
         return HostDeploy(host, "rolled-back", previous.id, previous.id, gate)
     return HostDeploy(host, "failed", previous.id, None, gate, gate.summary(), journal_tail(transport, SERVE_UNIT))
+
+
+def _settings_of(release: Release, base: ServeSettings) -> ServeSettings:
+    """The deadlines of this run, on the port the release serves on."""
+    return replace(base, port=int(release.settings.get("port", base.port)))
 
 
 def deploy_host(transport: Transport, job: HostJob, **kwargs) -> HostDeploy:

@@ -146,6 +146,7 @@ def test_deploy_custom_engine_gate_redeploy_broken_rollback(live_fleet, fresh_ho
     assert "journal of the service (last lines):" in out and "/srv/models/missing" in out
     assert f"previous release {release} put back and serving" in out
     assert host.exec("readlink /opt/hosttune/current").stdout.strip() == f"/opt/hosttune/releases/{release}"
+    assert host.exec("test -e /opt/hosttune/previous", check=False).returncode != 0  # as before the failed deploy
     assert f"--model {MODEL}" in host.path("/etc/systemd/system/hosttune-serve.service").read_text()
     complete(port, MODEL)
 

@@ -265,6 +265,8 @@ def test_failed_gate_shows_the_journal_and_restores_the_previous_release(tmp_pat
     links = [a for _, a in log if a[:2] == ("sh", "-c") and a[4] == "link"]
     assert [a[5:7] for a in links] == [("/opt/hosttune/previous", old), ("/opt/hosttune/current", job.release.dir),
                                        ("/opt/hosttune/current", old)]
+    removed = [a[5] for _, a in log if a[:2] == ("sh", "-c") and a[4] == "remove"]
+    assert removed == ["/opt/hosttune/previous"]  # there was none before this deploy
     text = render([outcome])
     assert "journal of the service" in text and "previous release vllm-old put back but NOT serving" in text
     assert exit_code([outcome]) == 2
