@@ -7,6 +7,8 @@ from hosttune.bench.loadgen import Load
 from hosttune.bench.metrics import Slo
 from hosttune.bench.sweep import SweepConfig, next_rate, sweep
 
+from .servers import realtime
+
 CAPACITY, TTFT, ITL, TOKENS = 32, 0.02, 0.02, 10
 SERVICE = TTFT + (TOKENS - 1) * ITL  # 0.2 s per request, whatever the load
 SATURATION = CAPACITY / SERVICE  # 160 requests/s
@@ -23,11 +25,14 @@ def test_next_rate_grows_then_bisects():
 
 
 def test_sweep_finds_the_saturation_rate(server_factory):
-    url = server_factory("--ttft", str(TTFT), "--itl", str(ITL), "--capacity", str(CAPACITY))
+    # Real-time priority where permitted, as in test_known_timings: on a machine whose two
+    # cores other work shares, preemption would otherwise look like server latency.
+    url = server_factory("--realtime", "--ttft", str(TTFT), "--itl", str(ITL), "--capacity", str(CAPACITY))
     spec = BenchSpec(load=Load(rate=1, duration=3.0, warmup=0.5, drain_timeout=10, seed=1),
                      prompt_lengths="16", output_lengths=str(TOKENS))
     slo = Slo(e2e=2 * SERVICE)  # P95 E2E at most twice the unloaded service time
-    result = run_async(sweep(spec, url, slo, SweepConfig(start_rate=80, growth=1.5)))
+    with realtime():
+        result = run_async(sweep(spec, url, slo, SweepConfig(start_rate=80, growth=1.5)))
 
     rates = [p.rate for p in result.points]
     print("sweep:", [(round(p.rate, 1), round(p.summary.request_throughput, 1), p.is_held)
