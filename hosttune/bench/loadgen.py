@@ -108,6 +108,7 @@ class LoadGenerator:
         self.t0 = 0.0
         self.is_stopping = False
         self.all_sent = asyncio.Event()
+        self.crashes: list[BaseException] = []  # a bug, not a failed request: re-raised
 
     async def run(self) -> LoadResult:
         self.t0 = time.perf_counter()
@@ -124,6 +125,8 @@ class LoadGenerator:
             for watcher in watchers:
                 watcher.cancel()
             gc.unfreeze()
+        if self.crashes:
+            raise self.crashes[0]
         cpu = (time.process_time() - cpu0) / max(self._now(), 1e-9)
         return LoadResult(tuple(sorted(self.records, key=lambda r: r.index)), tuple(self.lag),
                           self.t0, self.load.warmup, self._window(stop), cpu)
@@ -154,8 +157,11 @@ class LoadGenerator:
             self._spawn(self._user())
         if self.load.duration is not None:
             await asyncio.sleep(self.load.warmup + self.load.duration - self._now())
-        else:
-            await self.all_sent.wait()
+            return
+        all_sent = asyncio.create_task(self.all_sent.wait())
+        # Users end only once everything is sent, unless one crashed: then stop too.
+        await asyncio.wait({all_sent, *self.tasks}, return_when=asyncio.FIRST_COMPLETED)
+        all_sent.cancel()
 
     async def _user(self) -> None:
         while self._may_send(self._now()):
@@ -176,7 +182,12 @@ class LoadGenerator:
     def _spawn(self, coroutine) -> None:
         task = asyncio.create_task(coroutine)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.crashes.append(task.exception())
 
     async def _send(self, scheduled: float) -> None:
         index = self.num_sent

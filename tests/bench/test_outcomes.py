@@ -143,3 +143,23 @@ def test_a_keep_alive_connection_closed_by_the_server_is_retried_once():
     results = run_async(go())
     assert [r.outcome for r in results] == [OK, OK, OK]
     assert seen == [1, 2, 1, 2, 1]  # the 2nd and 3rd requests were each sent twice
+
+
+def test_a_crash_in_the_load_generator_surfaces_instead_of_hanging(server_factory):
+    url = server_factory("--ttft", "0.002", "--itl", "0.001")
+
+    class Broken:
+        high = 8
+
+        def sample(self, rng, index):
+            if index == 3:
+                raise ZeroDivisionError("a bug")
+            return 8
+
+        def describe(self):
+            return "broken"
+
+    spec = BenchSpec(load=Load(users=2, num_requests=20), prompt_lengths="8", output_lengths="2")
+    object.__setattr__(spec, "prompt_dist", Broken())
+    with pytest.raises(ZeroDivisionError):
+        run_async(measure(spec, url))
