@@ -68,14 +68,17 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
             if SERVE_UNIT in release.units and not dry_run else None
         if gate is None or gate.ok:
             return HostDeploy(job.host, "unchanged", release.id, release.id, gate)
-    install = dplan.install_ops(release, job.entry, state, job.python)
-    activate = dplan.verify_ops(release) + dplan.activate_ops(release, state)
+    install = dplan.install_ops(release, job.entry, state, job.python) + dplan.verify_ops(release)
+    activate = dplan.activate_ops(release, state)
     if dry_run:
         return HostDeploy(job.host, "planned", release.id, _name(state.current),
                           ops=tuple(dplan.describe(op) for op in install + activate))
-    run_ops(transport, install + dplan.verify_ops(release), on_op)  # nothing live has changed yet
     try:
-        run_ops(transport, dplan.activate_ops(release, state), on_op)
+        run_ops(transport, install, on_op)
+    except DeployError as exc:  # nothing live has changed yet
+        return HostDeploy(job.host, "failed", release.id, _name(state.current), error=str(exc))
+    try:
+        run_ops(transport, activate, on_op)
     except DeployError as exc:
         return _restore(transport, job, state, GateResult(False, "activate", str(exc)))
     if SERVE_UNIT not in release.units:  # a Ray worker: the head's gate judges the cluster

@@ -20,10 +20,15 @@ def render(outcomes: list[HostDeploy]) -> str:
             lines.append(f"{'':<{width}}  journal of the service (last lines):")
             lines.append(textwrap.indent(o.journal, " " * (width + 4)))
         if o.state == "failed" and o.release:
-            lines.append(f"{'':<{width}}  " + (f"previous release {o.restored} put back and serving" if o.serving
-                                                 else f"previous release {o.restored} put back but NOT serving" if o.restored
-                                                 else "no release is serving on this host"))
+            lines.append(f"{'':<{width}}  {_after_failure(o)}")
     return "\n".join(lines)
+
+
+def _after_failure(o: HostDeploy) -> str:
+    if o.restored:
+        return f"previous release {o.restored} put back and serving" if o.serving else \
+            f"previous release {o.restored} put back but NOT serving"
+    return f"nothing live changed (the live release is still {o.serving})" if o.serving else "no release is serving on this host"
 
 
 def exit_code(outcomes: list[HostDeploy]) -> int:

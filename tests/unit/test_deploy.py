@@ -334,3 +334,21 @@ def test_build_arch_auto_probes_the_fleet(tmp_path, monkeypatch):
     monkeypatch.setattr(builder, "probe", lambda host: (Facts(), None))
     with pytest.raises(BuildError, match="no host .* reported a GPU"):
         builder.fleet_archs(inv)
+
+
+def test_a_failed_install_changes_nothing_live(tmp_path):
+    job = job_for(tmp_path)
+    log: list = []
+
+    class FailingPip(ScriptedTransport):
+        def run(self, argv, *, stdin=None, timeout=None):
+            result = super().run(argv, stdin=stdin, timeout=timeout)
+            if "install" in argv and argv[0].endswith("/bin/pip"):
+                return CommandResult(tuple(argv), 1, "", "ERROR: No matching distribution found for torch", 0.0)
+            return result
+
+    t = FailingPip("gpu-a", log, state="current:/opt/hosttune/releases/vllm-old\n")
+    outcome = dhost.deploy_one(t, job)
+    assert outcome.state == "failed" and outcome.serving == "vllm-old" and "No matching distribution" in outcome.error
+    assert not any(a[:1] == ("systemctl",) or (a[:2] == ("sh", "-c") and a[4] == "link") for _, a in log)
+    assert "nothing live changed (the live release is still vllm-old)" in render([outcome])
