@@ -133,7 +133,11 @@ def ttft_ms(engine: Engine, prompt_len: int, reps: int = 3) -> dict:
 
 
 def offline_throughput(engine: Engine, n_req: int, n_in: int, n_out: int) -> dict:
+    """All requests at once, run to completion. Also: time inside the model runner by step kind (graph-replayed
+    decode or eager), and how many Triton kernels were compiled during the run (0 when warm)."""
     prompts = _prompts(n_req, n_in, seed=n_in * 1000 + n_out)
+    steps_by_kind = _time_runner_steps(engine)
+    compiled = triton_cache_entries()
     sync()
     t0 = time.perf_counter()
     _add(engine, prompts, max_tokens=n_out)
@@ -144,8 +148,66 @@ def offline_throughput(engine: Engine, n_req: int, n_in: int, n_out: int) -> dic
         steps += 1
     sync()
     seconds = time.perf_counter() - t0
+    del engine.runner.execute  # back to the class method
+    runner_s = steps_by_kind["graph_s"] + steps_by_kind["eager_s"]
     return {"requests": n_req, "in": n_in, "out": n_out, "seconds": seconds, "output_tokens": tokens,
-            "steps": steps, "output_tok_s": tokens / seconds}
+            "steps": steps, "output_tok_s": tokens / seconds, "runner": steps_by_kind,
+            "outside_runner_s": seconds - runner_s, "kernels_compiled": triton_cache_entries() - compiled}
+
+
+def _time_runner_steps(engine: Engine) -> dict:
+    runner, stats = engine.runner, {"graph_steps": 0, "graph_s": 0.0, "eager_steps": 0, "eager_s": 0.0,
+                                    "slowest_step_s": 0.0}
+    execute = runner.execute
+
+    def timed(sched):
+        t0 = time.perf_counter()
+        result = execute(sched)
+        dt = time.perf_counter() - t0
+        graph = runner.graphs is not None and runner._is_decode_only(sched) and runner.graphs.can_run(len(sched.seqs))
+        kind = "graph" if graph else "eager"
+        stats[f"{kind}_steps"] += 1
+        stats[f"{kind}_s"] += dt
+        stats["slowest_step_s"] = max(stats["slowest_step_s"], dt)
+        return result
+    runner.execute = timed
+    return stats
+
+
+def triton_cache_entries() -> int:
+    import os
+    from pathlib import Path
+
+    folder = Path(os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache")
+    return len(list(folder.iterdir())) if folder.is_dir() else -1
+
+
+def host_profile(engine: Engine, batch: int, steps: int = 40, top: int = 16) -> dict:
+    """cProfile of steady decode steps at this batch: where the host time goes (per step, microseconds)."""
+    import cProfile
+    import pstats
+
+    rids = _add(engine, _prompts(batch, 128, seed=batch + 2), max_tokens=steps + 16)
+    counts = dict.fromkeys(rids, 0)
+    while min(counts.values()) < 2:
+        for out in engine.step():
+            counts[out.request_id] += len(out.new_token_ids)
+    prof = cProfile.Profile()
+    sync()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    prof.disable()
+    wall = (time.perf_counter() - t0) / steps
+    for rid in rids:
+        engine.abort_request(rid)
+    _drain(engine)
+    st = pstats.Stats(prof).stats  # (file, line, fn) -> (cc, nc, tottime, cumtime, callers)
+    rows = sorted(((k, v[2], v[3]) for k, v in st.items()), key=lambda r: -r[1])[:top]
+    return {"batch": batch, "step_ms_profiled": wall * 1e3,
+            "top_tottime_us": [{"fn": f"{k[0].split('/')[-1]}:{k[1]}:{k[2]}", "tot_us": t / steps * 1e6,
+                                "cum_us": c / steps * 1e6} for k, t, c in rows]}
 
 
 def roofline(n_req: int, n_in: int, n_out: int, copy_tb_s: float, gemm_tflop_s: float, max_batch: int = 256) -> dict:
@@ -176,7 +238,7 @@ def graph_vs_eager(engine: Engine, prompt_lens=(7, 100, 515, 1500, 3000)) -> dic
     sched = engine.scheduler.schedule()
     runner = engine.runner
     with torch.inference_mode():
-        graph = runner.graphs.run(sched.seqs).clone()
+        graph = runner.graphs.run(sched.seqs)[0].clone()
         batch = runner._prepare(sched)
         eager = runner.model.compute_logits(runner._forward(batch)[batch.sample_rows])
     diff = (graph - eager).abs()

@@ -118,7 +118,10 @@ def run_engine(res: dict, log, deadline) -> None:
         log(row)
     res["profile"]["prefill_4096"] = eb.profile_prefill(engine, 4096)
     log(res["profile"])
-    eb.offline_throughput(engine, 32, 1024, 8)  # warm the mixed prefill/decode kernel variants
+    res["host_profile"] = [eb.host_profile(engine, b) for b in (1, 64)]
+    log(res["host_profile"])
+    res["warmup"] = [eb.offline_throughput(engine, 64, 1024, 16), eb.offline_throughput(engine, 64, 256, 24)]
+    log(res["warmup"])  # the workloads' shapes at a quarter of the requests: compile their kernel variants
     res["throughput"] = []
     for n_req, n_in, n_out in ((256, 1024, 128), (256, 256, 512)):
         if not deadline.allows(40):
@@ -185,6 +188,11 @@ def print_table(res: dict) -> None:
         print(f"| throughput {r['requests']}x({r['in']} in/{r['out']} out) | {r['output_tok_s']:.0f} tok/s "
               f"({r['seconds']:.2f} s) | roofline {rf['model_tok_s']:.0f} (refined {rf['refined_tok_s']:.0f}) | "
               f"{r['ratio_vs_roofline']:.2f} ({r['ratio_vs_refined_roofline']:.2f}) | ≥ 0.75 |")
+        ru = r["runner"]
+        print(f"| ... where the time went | graph steps {ru['graph_steps']} in {ru['graph_s']:.2f} s, eager steps "
+              f"{ru['eager_steps']} in {ru['eager_s']:.2f} s (slowest {ru['slowest_step_s'] * 1e3:.0f} ms), outside the "
+              f"runner {r['outside_runner_s']:.2f} s | model: prefill {rf['prefill_s']:.2f} s + decode {rf['decode_s']:.2f} s "
+              f"| kernels compiled: {r['kernels_compiled']} | |")
     hf = res.get("hf", {})
     for key, label in (("generate_batch1", "HF generate b1"), ("generate_batch_cb", "HF generate_batch")):
         v = hf.get(key, {})

@@ -92,5 +92,6 @@ def test_padded_step_logits_equal_the_packed_step(tiny_models):
     with torch.inference_mode():
         batch = runner._prepare(sched)
         eager = runner.model.compute_logits(runner._forward(batch)[batch.sample_rows])
-        padded = runner.build_decode_graphs(use_graphs=False, max_batch=4).run(sched.seqs)  # padded to 4 rows
+        padded, tokens = runner.build_decode_graphs(use_graphs=False, max_batch=4).run(sched.seqs)  # 4 rows
     torch.testing.assert_close(padded, eager, atol=1e-4, rtol=1e-4)  # fp32; GEMMs of 4 rows vs 3
+    assert tokens.tolist() == eager.argmax(-1).tolist()

@@ -144,3 +144,20 @@ def test_gemv(m, n, k, bias, even):
     b = randn(n, dtype=torch.float32, gen=GEN) if bias else None
     cfg = {"BLOCK_N": 8, "BLOCK_K": 32 if even else 64, "num_warps": 4, "num_stages": 2}
     assert_close(gemv(x, w, b, config=cfg), gemv_ref(x, w, b), torch.float32, scale=10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k,block_k", [(64, 32), (96, 64)])
+def test_gemv_prologues_equal_the_unfused_layers(dtype, k, block_k):
+    """RMSNorm (+ residual) and SwiGLU computed in the GEMV prologue give what the separate kernels give."""
+    from hosttune_engine.kernels.gemv import gemv_rmsnorm, gemv_rmsnorm_ref, gemv_swiglu, gemv_swiglu_ref
+
+    cfg = {"BLOCK_N": 8, "BLOCK_K": block_k, "num_warps": 4, "num_stages": 2}
+    x, r, gu = randn(1, k, dtype=dtype, gen=GEN), randn(1, k, dtype=dtype, gen=GEN), randn(1, 2 * k, dtype=dtype, gen=GEN)
+    nw, w, b = randn(k, dtype=dtype, gen=GEN), randn(37, k, dtype=dtype, gen=GEN), randn(37, dtype=dtype, gen=GEN)
+    res = [torch.empty_like(x), torch.empty_like(x)]
+    got = gemv_rmsnorm(x, nw, 1e-6, w, b, residual=r, residual_out=res[0], config=cfg)
+    assert_close(got, gemv_rmsnorm_ref(x, nw, 1e-6, w, b, residual=r, residual_out=res[1]), dtype, scale=4)
+    assert torch.equal(res[0], res[1])
+    assert_close(gemv_rmsnorm(x, nw, 1e-6, w, config=cfg), gemv_rmsnorm_ref(x, nw, 1e-6, w), dtype, scale=4)
+    assert_close(gemv_swiglu(gu, w, config=cfg), gemv_swiglu_ref(gu, w), dtype, scale=4)

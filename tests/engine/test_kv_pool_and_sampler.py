@@ -68,3 +68,17 @@ def test_all_greedy_batches_build_no_row_tensors():
     assert batch.all_greedy and batch.temperatures is None and batch.top_p is None
     logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0], [0.0, 0.0, 5.0]])
     assert Sampler()(logits, batch).token_ids == [1, 0, 2]
+
+
+def test_gemv_transform_patches_linears_and_follows_the_backend_switch():
+    from hosttune_engine.layers.backend import set_kernel_backend
+    from hosttune_engine.layers.one_row import use_gemv_for_one_row
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
+    use_gemv_for_one_row(model)
+    x = torch.randn(1, 8)
+    assert torch.allclose(model(x), x @ model[0].weight.t() @ model[1].weight.t()
+                          + model[0].bias @ model[1].weight.t() + model[1].bias, atol=1e-6)  # CPU: F.linear
+    assert model[0].use_triton and model[1].use_triton
+    set_kernel_backend(model, False)
+    assert not model[0].use_triton and not model[1].use_triton

@@ -21,3 +21,25 @@ def test_triton_path_matches_hf(tiny_models, model):
                     2: [EngineRequest("c", prompts["c"], params)]})
     for rid, ids in prompts.items():
         assert got[rid] == hf_greedy(path, ids, params.max_tokens)[0], rid
+
+
+def test_one_row_gemv_path_matches_hf(tiny_models, monkeypatch):
+    """Batch-1 decode through the GEMV transform (norms and SwiGLU fused into the projections' prologues),
+    run under the Triton interpreter by letting the path accept CPU tensors."""
+    from hosttune_engine.layers import one_row
+
+    calls = {"rmsnorm": 0, "swiglu": 0}
+    for name in calls:
+        fn = getattr(one_row, f"gemv_{name}")
+        monkeypatch.setattr(one_row, f"gemv_{name}", lambda *a, _fn=fn, _n=name, **k: (
+            calls.__setitem__(_n, calls[_n] + 1), _fn(*a, **k))[1])
+    monkeypatch.setattr(one_row, "_on_gpu", lambda x: True)
+    path = tiny_models["qwen2"]
+    eng = Engine(EngineConfig(model=str(path), kernel_backend="triton", dtype="float32", num_kv_blocks=64))
+    one_row.use_gemv_for_one_row(eng.runner.model)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    ids = prompt_ids(9, seed=4)
+    got = run(eng, {0: [EngineRequest("a", ids, params)]})
+    assert got["a"] == hf_greedy(path, ids, params.max_tokens)[0]
+    layers = 3
+    assert calls == {"rmsnorm": 2 * layers * 3, "swiglu": layers * 3}  # 3 one-token decode steps

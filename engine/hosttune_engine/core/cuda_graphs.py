@@ -4,10 +4,11 @@ A decode-only step of n sequences runs the graph of the smallest captured size
 b >= n. The graph was captured on persistent buffers (`DecodeInputs`): each
 step fills their first n rows on the host, pads rows n..b (token 0 at
 position 0, cache slot -1 so nothing is written, context length 1) and moves
-them with two host-to-device copies. The decode kernel's split count and the
+them with one host-to-device copy. The decode kernel's split count and the
 block-table width are fixed per batch size at capture, so no kernel's grid or
-strides change between replays. The graph ends with the LM head: its fp32
-logits [b, V] stay in the graph's memory until the next replay.
+strides change between replays. The graph ends with the LM head and a greedy
+argmax: fp32 logits [b, V] and token ids [b] stay in the graph's memory until
+the next replay.
 
 Off CUDA (tests), the same padded buffers run the model eagerly.
 """
@@ -80,10 +81,9 @@ class DecodeInputs:
         ids[start:end], pos[start:end], slots[start:end], lens[start:end] = 0, 0, -1, 1
 
     def upload(self, padded: int) -> None:
-        """Copy the header and the first `padded` block-table rows (asynchronous from pinned memory)."""
-        head, end = 4 * self.capacity, 4 * self.capacity + padded * self.width
-        self.device_buffer[:head].copy_(self.host[:head], non_blocking=True)
-        self.device_buffer[head:end].copy_(self.host[head:end], non_blocking=True)
+        """One asynchronous copy from pinned memory: the header and the first `padded` block-table rows."""
+        end = 4 * self.capacity + padded * self.width
+        self.device_buffer[:end].copy_(self.host[:end], non_blocking=True)
 
     def metadata(self, batch: int, num_splits: int) -> AttentionMetadata:
         return AttentionMetadata(slot_mapping=self.slots[:batch], num_prefill_tokens=0,
@@ -92,7 +92,8 @@ class DecodeInputs:
 
 
 class DecodeGraphs:
-    """Decode-only steps at the captured batch sizes: `can_run(n)`, then `run(seqs)` -> fp32 logits [n, V]."""
+    """Decode-only steps at the captured batch sizes: `can_run(n)`, then `run(seqs)` -> fp32 logits [n, V]
+    and their argmax [n]."""
 
     def __init__(self, step_fn: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor],
                  inputs: DecodeInputs, sizes: list[int], num_splits: Callable[[int], int], use_graphs: bool):
@@ -102,7 +103,7 @@ class DecodeGraphs:
         self.num_splits = {b: num_splits(b) for b in self.sizes}
         self.use_graphs = use_graphs
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per size: logits [b, V], argmax [b]
 
     @property
     def max_batch(self) -> int:
@@ -111,9 +112,10 @@ class DecodeGraphs:
     def can_run(self, n: int) -> bool:
         return 0 < n <= self.max_batch
 
-    def _step(self, b: int) -> torch.Tensor:
+    def _step(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         inp = self.inputs
-        return self.step_fn(inp.token_ids[:b], inp.positions[:b], inp.metadata(b, self.num_splits[b]))
+        logits = self.step_fn(inp.token_ids[:b], inp.positions[:b], inp.metadata(b, self.num_splits[b]))
+        return logits, logits.argmax(dim=-1)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -128,17 +130,19 @@ class DecodeGraphs:
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[b] = self._step(b)
+                self.outputs[b] = self._step(b)
             self.graphs[b] = graph
         torch.cuda.synchronize()
 
-    def run(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Logits [n, V] of one decode step of `seqs` (each with exactly one new token)."""
+    def run(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [n, V] and greedy tokens [n] of one decode step of `seqs` (each with exactly one new token)."""
         n = len(seqs)
         b = padded_size(n, self.sizes)
         self.inputs.fill(seqs, b)
         self.inputs.upload(b)
-        if not self.use_graphs:
-            return self._step(b)[:n]
-        self.graphs[b].replay()
-        return self.logits[b][:n]
+        if self.use_graphs:
+            self.graphs[b].replay()
+            logits, tokens = self.outputs[b]
+        else:
+            logits, tokens = self._step(b)
+        return logits[:n], tokens[:n]

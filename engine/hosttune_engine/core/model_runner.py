@@ -22,6 +22,7 @@ from hosttune_engine.errors import ConfigError
 from hosttune_engine.kernels.decode_attention import choose_num_splits
 from hosttune_engine.layers.attention import AttentionMetadata
 from hosttune_engine.layers.backend import set_kernel_backend
+from hosttune_engine.layers.one_row import use_gemv_for_one_row
 from hosttune_engine.layers.sampler import Sampler, SamplerOutput, SamplingBatch
 from hosttune_engine.model.loader import load_model
 from hosttune_engine.model.model_config import ModelConfig
@@ -87,8 +88,10 @@ class ModelRunner:
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
         self.graphs: DecodeGraphs | None = None
-        if self.device.type == "cuda" and self.use_triton and not config.enforce_eager:
-            self.graphs = self.build_decode_graphs(use_graphs=True)
+        if self.device.type == "cuda" and self.use_triton:
+            use_gemv_for_one_row(self.model)
+            if not config.enforce_eager:
+                self.graphs = self.build_decode_graphs(use_graphs=True)
 
     def build_decode_graphs(self, use_graphs: bool, max_batch: int | None = None) -> DecodeGraphs:
         """Persistent decode buffers and, with `use_graphs`, one captured graph per batch size
@@ -147,17 +150,21 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
         mask = sched.sample_mask()
+        greedy_tokens = None
         if self.graphs is not None and self._is_decode_only(sched) and self.graphs.can_run(len(sched.seqs)):
-            logits = self.graphs.run(sched.seqs)  # [n, V] fp32
+            logits, greedy_tokens = self.graphs.run(sched.seqs)  # [n, V] fp32, [n]
             sample_seqs = [s for s, needs in zip(sched.seqs, mask) if needs]
             if len(sample_seqs) < len(sched.seqs):
-                logits = logits[torch.tensor([i for i, needs in enumerate(mask) if needs], device=self.device)]
+                rows = torch.tensor([i for i, needs in enumerate(mask) if needs], device=self.device)
+                logits, greedy_tokens = logits[rows], greedy_tokens[rows]
         else:
             batch = self._prepare(sched)
             sample_seqs = batch.sample_seqs
             logits = self.model.compute_logits(self._forward(batch)[batch.sample_rows]) if sample_seqs else None
         sampled = None
-        if sample_seqs:
+        if sample_seqs and greedy_tokens is not None and all(_plain_greedy(s) for s in sample_seqs):
+            sampled = SamplerOutput(token_ids=greedy_tokens.tolist())  # the graph's argmax: no sampler launches
+        elif sample_seqs:
             sampling = SamplingBatch.build([s.sampling for s in sample_seqs],
                                            [self._generator(s) for s in sample_seqs],
                                            logits.shape[-1], self.device)
@@ -244,6 +251,10 @@ class ModelRunner:
             meta.decode_num_splits = choose_num_splits(len(decode), self.model_config.num_kv_heads,
                                                        max(c for c, _ in decode), self.num_sms)
         return meta
+
+
+def _plain_greedy(seq: Sequence) -> bool:
+    return seq.sampling.is_greedy and seq.sampling.logprobs is None
 
 
 def _table_view(dev: torch.Tensor, at: tuple[slice, int]) -> torch.Tensor:

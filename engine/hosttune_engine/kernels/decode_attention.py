@@ -20,7 +20,8 @@ from hosttune_engine.kernels.paged import gather_pages, paged_token_offsets
 from hosttune_engine.kernels.tuning import batch_bucket, launch_config
 
 
-@triton.jit
+# Runtime values that vary from step to step are not specialized on (one compiled variant each).
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr, o_ptr,
     qk_scale, num_splits,
@@ -75,7 +76,7 @@ def _decode_split_kernel(
         tl.store(mid_o_ptr + row[:, None] * HEAD_D + offs_d[None, :], o, mask=h_valid[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_merge_kernel(mid_o_ptr, mid_lse_ptr, o_ptr, stride_ob, stride_oh, n_q_heads, num_splits,
                          BLOCK_S: tl.constexpr, HEAD_D: tl.constexpr):
     b = tl.program_id(0)

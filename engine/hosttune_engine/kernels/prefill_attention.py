@@ -74,7 +74,7 @@ def _attend_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, bt_row, kv_row0, lo, hi, q_pos
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])  # the table width changes per step
 def _prefill_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, lens_ptr, bt_ptr,
     qk_scale,

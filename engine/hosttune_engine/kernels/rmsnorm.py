@@ -54,6 +54,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         _rms_norm_kernel[(x.shape[0],)](
             x, r, weight, out, ro, x.stride(0), r.stride(0), out.stride(0), ro.stride(0),
             x.shape[1], eps, HAS_RESIDUAL=residual is not None, BLOCK=next_pow2(x.shape[1]),
+            num_warps=min(16, max(4, next_pow2(x.shape[1]) // 512)),  # one row per program: more warps, less latency
         )
     return out if residual is None else (out, res_out)
 

@@ -14,5 +14,5 @@ class KernelLayer(nn.Module):
 def set_kernel_backend(model: nn.Module, use_triton: bool) -> None:
     """Switch every kernel-backed layer of a built model (same weights, same KV cache)."""
     for module in model.modules():
-        if isinstance(module, KernelLayer):
+        if isinstance(module, KernelLayer) or "use_triton" in vars(module):  # kernel layers, GEMV transform
             module.use_triton = use_triton

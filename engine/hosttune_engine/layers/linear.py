@@ -51,3 +51,4 @@ def logits_from_hidden(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tens
         except (RuntimeError, TypeError, NotImplementedError):
             _FP32_OUT_MM[hidden.device] = False
     return torch.nn.functional.linear(hidden, weight).float()
+
