@@ -1,0 +1,67 @@
+"""Streams over https: the client's own HTTP/1.1 connections on an asyncio TLS transport."""
+
+import asyncio
+import datetime as dt
+import ssl
+
+import pytest
+
+from hosttune.bench.benchmark import run_async
+from hosttune.bench.client import Client, Target
+from hosttune.bench.record import OK
+from hosttune.bench.scripted_stream import STREAM_HEAD, TEXT_EVENT, event
+
+x509 = pytest.importorskip("cryptography.x509")
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+from cryptography.x509.oid import NameOID  # noqa: E402
+
+
+def self_signed(folder):
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_streams_over_https_with_a_trusted_certificate(tmp_path, monkeypatch):
+    cert_path, key_path = self_signed(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert_path))  # the default context trusts it
+
+    async def handle(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        writer.write(STREAM_HEAD)
+        for _ in range(3):
+            writer.write(TEXT_EVENT)
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        writer.write(event("[DONE]") + b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    async def go():
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert_path, key_path)
+        server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=context)
+        port = server.sockets[0].getsockname()[1]
+        async with Client(Target(f"https://localhost:{port}", "m", timeout=10)) as client:
+            result = await client.stream("hello", 3)
+        server.close()
+        return result
+
+    result = run_async(go())
+    assert result.outcome == OK, result.error
+    assert len(result.chunks) == 3
+    assert result.chunks[2] - result.chunks[0] >= 0.015  # timed as they arrived, not at the end
