@@ -1,0 +1,105 @@
+"""What `hosttune bench` does once its options are parsed (imported only when benchmarking:
+aiohttp and uvloop cost ~0.3 s of start-up that `hosttune check` should not pay)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hosttune.bench import console, plot, report
+from hosttune.bench.benchmark import BenchSpec, measure, run_async
+from hosttune.bench.loadgen import Load
+from hosttune.bench.metrics import Slo, summarize
+from hosttune.bench.sweep import SweepConfig, sweep as run_sweep
+from hosttune.bench.units import parse_duration, parse_slo
+from hosttune.errors import BenchError
+
+EXIT_SLO_MISSED = 1
+EXIT_CLIENT_BEHIND = 4
+DEFAULT_SWEEP_SLO = "e2e=2s"  # the seed's "max RPS while P95 stays under 2 s"
+
+
+def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed) -> None:
+    slo_value = _slo(slo or (DEFAULT_SWEEP_SLO if sweep else None), slo_percentile, max_error_rate)
+    spec = BenchSpec(
+        load=_load(users, rate, burstiness, duration, requests, warmup, timeout, seed, sweep, sweep_start),
+        prompt_lengths=prompts, output_lengths=max_tokens, api=api, model=model,
+        tokenizer=tokenizer, timeout=parse_duration(timeout, "--timeout"), slo=slo_value,
+        lag_limit=parse_duration(max_client_lag, "--max-client-lag"), is_ignore_eos=ignore_eos,
+    )
+    command = "hosttune bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    if sweep:
+        config = SweepConfig(sweep_start, sweep_max, sweep_growth, sweep_precision)
+        outcome = report.Outcome((), tuple(_sweep_one(spec, u, slo_value, config) for u in url), command, report.now_text())
+        typer.echo(console.sweep_table(list(outcome.sweeps)))
+    else:
+        outcome = report.Outcome(tuple(_run_one(spec, u) for u in url), (), command, report.now_text())
+        typer.echo(console.summary_table(list(outcome.runs)))
+    if out is not None:
+        _write(outcome, out)
+    raise typer.Exit(_exit_code(outcome))
+
+
+def _slo(text: Optional[str], percentile: float, max_error_rate: float) -> Optional[Slo]:
+    return parse_slo(text, percentile, max_error_rate) if text else None
+
+
+def _load(users, rate, burstiness, duration, requests, warmup, timeout, seed, is_sweep, sweep_start) -> Load:
+    if duration is not None and requests is not None:
+        raise BenchError("give either --duration or --requests, not both")
+    if is_sweep:
+        users, rate = None, sweep_start
+    elif users is None and rate is None:
+        users = 128
+    seconds = None if requests is not None else parse_duration(duration or ("30s" if is_sweep else "60s"))
+    return Load(users=users, rate=rate, burstiness=burstiness, duration=seconds, num_requests=requests,
+                warmup=parse_duration(warmup, "--warmup"), seed=seed,
+                drain_timeout=parse_duration(timeout, "--timeout"))
+
+
+def _run_one(spec: BenchSpec, url: str):
+    planned = f"{spec.load.warmup + spec.load.duration:g}s" if spec.load.duration else f"{spec.load.num_requests} req"
+    run = run_async(measure(spec, url, _progress_printer(url, planned)))
+    _clear_progress()
+    return run, summarize(run, spec.slo, spec.lag_limit)
+
+
+def _sweep_one(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig):
+    return run_async(run_sweep(spec, url, slo, config,
+                               on_point=lambda p: typer.echo(console.sweep_point_line(url, p), err=True)))
+
+
+def _progress_printer(url: str, planned: str):
+    if not sys.stderr.isatty():
+        return None
+    return lambda progress: (sys.stderr.write("\r" + console.progress_line(url, progress, planned) + "\x1b[K"),
+                             sys.stderr.flush())
+
+
+def _clear_progress() -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\x1b[K")
+        sys.stderr.flush()
+
+
+def _write(outcome: report.Outcome, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    report.write_json(outcome, folder / "results.json")
+    cdf_runs = list(outcome.runs) or [(p.run, p.summary) for s in outcome.sweeps for p in s.points
+                                      if s.max_rate is not None and p.rate == s.max_rate]
+    names = plot.write_plots(cdf_runs, list(outcome.sweeps), folder)
+    report.write_markdown(outcome, folder / "report.md", names)
+    typer.echo(f"wrote {folder}/results.json, report.md" + "".join(f", {n}" for n in names), err=True)
+
+
+def _exit_code(outcome: report.Outcome) -> int:
+    code = 0
+    if any(s.slo_met is False for _, s in outcome.runs) or any(s.max_rate is None for s in outcome.sweeps):
+        code |= EXIT_SLO_MISSED
+    if any(s.lag.is_behind for _, s in outcome.runs):
+        code |= EXIT_CLIENT_BEHIND
+    return code
