@@ -116,7 +116,7 @@ def _replay_ms(engine: Engine, batch: int) -> float | None:
     return statistics.median(times)
 
 
-def ttft_ms(engine: Engine, prompt_len: int, reps: int = 3) -> dict:
+def ttft_ms(engine: Engine, prompt_len: int, reps: int = 5) -> dict:
     """Idle engine, one prompt, one output token: wall time from add_request to the token."""
     _add(engine, _prompts(1, prompt_len, seed=7), max_tokens=1)  # warm this length's kernel variants
     _drain(engine)

@@ -95,3 +95,16 @@ def test_padded_step_logits_equal_the_packed_step(tiny_models):
         padded, tokens = runner.build_decode_graphs(use_graphs=False, max_batch=4).run(sched.seqs)  # 4 rows
     torch.testing.assert_close(padded, eager, atol=1e-4, rtol=1e-4)  # fp32; GEMMs of 4 rows vs 3
     assert tokens.tolist() == eager.argmax(-1).tolist()
+
+
+def test_packed_inputs_start_at_16_byte_boundaries(tiny_models):
+    """Unaligned views would make Triton compile new kernel variants mid-serving."""
+    from hosttune_engine.core.model_runner import _HostPack
+
+    pack = _HostPack()
+    spans = [pack.add(np.arange(n)) for n in (5, 3, 1, 8)]
+    assert all(s.start % 4 == 0 for s in spans)
+    flat = pack.to(torch.device("cpu"))
+    assert flat[spans[1]].tolist() == [0, 1, 2] and flat[spans[3]].tolist() == list(range(8))
+    inp = DecodeInputs(capacity=5, max_blocks_per_seq=3, block_size=4, device=torch.device("cpu"))
+    assert inp.capacity == 8 and inp.positions.storage_offset() % 4 == 0 and inp.block_tables.storage_offset() % 4 == 0

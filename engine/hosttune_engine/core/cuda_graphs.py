@@ -42,7 +42,9 @@ class DecodeInputs:
     token ids, positions, cache slots, context lengths (`capacity` each), then block tables [capacity, width]."""
 
     def __init__(self, capacity: int, max_blocks_per_seq: int, block_size: int, device: torch.device):
-        self.capacity, self.width, self.block_size = capacity, max_blocks_per_seq, block_size
+        # rows rounded up to a multiple of 4 keep every view 16-byte aligned (Triton specializes on alignment)
+        self.capacity, self.width, self.block_size = -(-capacity // 4) * 4, max_blocks_per_seq, block_size
+        capacity = self.capacity
         size = capacity * (4 + max_blocks_per_seq)
         self.host = torch.zeros(size, dtype=torch.int32, pin_memory=device.type == "cuda")
         self.device_buffer = torch.zeros(size, dtype=torch.int32, device=device)

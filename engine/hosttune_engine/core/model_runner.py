@@ -270,6 +270,12 @@ class _HostPack:
         self.size = 0
 
     def add(self, values: np.ndarray) -> slice:
+        """Append at a 16-byte boundary: Triton specializes kernels on pointer alignment, so unaligned
+        views would compile a new variant of a kernel in the middle of serving."""
+        pad = -self.size % 4
+        if pad:
+            self.parts.append(np.zeros(pad, dtype=np.int32))
+            self.size += pad
         self.parts.append(values)
         self.size += len(values)
         return slice(self.size - len(values), self.size)
