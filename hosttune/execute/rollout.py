@@ -118,10 +118,11 @@ def batches(plans: list[HostPlan], serial: int | None) -> list[list[HostPlan]]:
 
 
 def over_budget(outcomes: list[HostOutcome], max_fail_percent: float | None) -> bool:
-    if max_fail_percent is None or not outcomes:
+    tried = [o for o in outcomes if o.state != "skipped"]  # skipped hosts must not dilute the budget
+    if max_fail_percent is None or not tried:
         return False
-    failed = sum(1 for o in outcomes if o.state in ("failed", "unreachable"))
-    return failed * 100.0 / len(outcomes) > max_fail_percent
+    failed = sum(1 for o in tried if o.state in ("failed", "unreachable"))
+    return failed * 100.0 / len(tried) > max_fail_percent
 
 
 def apply_plans(plans: list[HostPlan], profiles: dict[str, Profile], run: str, options: ApplyOptions,

@@ -125,8 +125,8 @@ nvml() {
   done
   return $r
 }
-# Interpreters cost ~50 ms each: ask NVML only where an NVIDIA GPU or driver is present.
-[ -n "$HT_GPU" ] || [ -e /proc/driver/nvidia/version ] || exit 0
+# Interpreters cost ~50 ms each: ask NVML only where an NVIDIA GPU, driver or nvidia-smi is present.
+[ -n "$HT_GPU" ] || [ -e /proc/driver/nvidia/version ] || command -v nvidia-smi >/dev/null || exit 0
 if ! sec nvml nvml && command -v nvidia-smi >/dev/null; then
   sec smi-xml nvidia-smi -q -x
   sec smi-csv nvidia-smi --query-gpu=index,name,pci.bus_id,pstate,persistence_mode,clocks.sm,clocks.max.sm,power.draw,power.limit,driver_version,compute_cap --format=csv

@@ -304,3 +304,16 @@ def test_layers_plan_execute_actions_point_one_way():
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.ImportFrom) and node.module:
                     assert not node.module.startswith(forbidden[layer]), f"{path} imports {node.module}"
+
+
+def test_failure_budget_stays_spent_once_later_batches_are_skipped():
+    from hosttune.execute.rollout import HostOutcome, over_budget
+
+    failed = HostOutcome(plan=None, state="failed")
+    skipped = HostOutcome(plan=None, state="skipped")
+    ok = HostOutcome(plan=None, state="ok")
+    assert over_budget([failed], 40)
+    # Skipped hosts were never tried: 1 failure out of 1 tried stays over 40 %.
+    assert over_budget([failed, skipped, skipped], 40)
+    assert not over_budget([failed, ok, ok], 40)
+    assert not over_budget([skipped], 0) and not over_budget([failed], None)
