@@ -35,7 +35,9 @@ def test_one_row_gemv_path_matches_hf(tiny_models, monkeypatch):
             calls.__setitem__(_n, calls[_n] + 1), _fn(*a, **k))[1])
     monkeypatch.setattr(one_row, "_on_gpu", lambda x: True)
     path = tiny_models["qwen2"]
-    eng = Engine(EngineConfig(model=str(path), kernel_backend="triton", dtype="float32", num_kv_blocks=64))
+    # Eager: on a GPU, CUDA graph replays would not go through the Python calls counted here.
+    eng = Engine(EngineConfig(model=str(path), kernel_backend="triton", dtype="float32", num_kv_blocks=64,
+                              enforce_eager=True))
     one_row.use_gemv_for_one_row(eng.runner.model)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     ids = prompt_ids(9, seed=4)
