@@ -3,7 +3,6 @@
 import subprocess
 from dataclasses import replace
 
-import pytest
 
 from hosttune.actions import ACTIONS, steps_for
 from hosttune.actions import cpu, cuda, gpu, irq, kernel, memory, packages
@@ -16,27 +15,11 @@ from hosttune.checks import BY_ID, run_checks
 from hosttune.facts import Facts, ServiceState
 from hosttune.findings import Status
 from hosttune.inventory import Host
-from hosttune.probes.gather import parse_probe_output
 from hosttune.profile import build, load_profile
 from hosttune.transport.base import ConnectionSpec
 
 HOST = Host("h", "g", ConnectionSpec("h"), irq_cores="0-3")
 LATENCY = load_profile("inference-latency")
-
-
-@pytest.fixture
-def a100(fixture_text):
-    return parse_probe_output(fixture_text("a100-4gpu-2numa", "probe-output.txt"))
-
-
-@pytest.fixture
-def l40s(fixture_text):
-    return parse_probe_output(fixture_text("irqbalance-deep-cstates", "probe-output.txt"))
-
-
-@pytest.fixture
-def h200(fixture_text):
-    return parse_probe_output(fixture_text("h200", "probe-output.txt"))
 
 
 def systemd_debian(**kw) -> Facts:

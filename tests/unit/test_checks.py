@@ -9,28 +9,12 @@ from hosttune.errors import HosttuneError
 from hosttune.facts import Facts
 from hosttune.findings import Status
 from hosttune.inventory import Host, Pins
-from hosttune.probes.gather import parse_probe_output
 from hosttune.profile import load_profile, profile_for
 from hosttune.transport.base import ConnectionSpec
 
 
 def statuses(facts, profile):
     return {f.check_id: f.status for f in run_checks(facts, profile)}
-
-
-@pytest.fixture
-def a100(fixture_text):
-    return parse_probe_output(fixture_text("a100-4gpu-2numa", "probe-output.txt"))
-
-
-@pytest.fixture
-def l40s(fixture_text):
-    return parse_probe_output(fixture_text("irqbalance-deep-cstates", "probe-output.txt"))
-
-
-@pytest.fixture
-def h200(fixture_text):
-    return parse_probe_output(fixture_text("h200", "probe-output.txt"))
 
 
 def host(**pins):
