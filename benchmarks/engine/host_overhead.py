@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Host time of one `Engine.step` of steady decode, with the model stubbed out (CPU, no GPU needed).
+
+The engine is a tiny model on the CPU. Its decode steps go through the same padded buffers as the
+CUDA-graph path (`DecodeGraphs` with `use_graphs=False`), but the graph body is a stub that returns
+fixed logits [b, V], so what is timed is the host work alone: scheduling, block accounting, input
+packing, the token list, stop checks, detokenization and `TokenOutput`s. Prompts are 128 tokens and
+every request decodes greedily with `ignore_eos`, as in engine_bench.decode_rate. Prints the median,
+mean and p90 per step in microseconds, with and without a tokenizer (the benchmark's dummy model has
+none; a served model has one).
+
+Example: PYTHONPATH=engine python benchmarks/engine/host_overhead.py --batch 64 --steps 300 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib.util
+import json
+import pstats
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from hosttune_engine import Engine, EngineConfig, SamplingParams
+from hosttune_engine.core.messages import EngineRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_model(root: Path) -> Path:
+    spec = importlib.util.spec_from_file_location("make_tiny_models", ROOT / "engine" / "scripts" / "make_tiny_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_tiny_models(root)["qwen2"]
+
+
+def plain_token(model: Path) -> int:
+    """A token that decodes to a plain word, so each step's text is complete (not a partial UTF-8 byte)."""
+    from hosttune_engine.model.tokenizer import Tokenizer
+
+    tok = Tokenizer(model)
+    return next(i for i in range(tok.vocab_size) if re.fullmatch(r" ?[a-z]{2,}", tok.decode([i])))
+
+
+def stubbed_engine(model: Path, tokenizer: bool, prefix_caching: bool, token: int) -> Engine:
+    """A CPU engine whose decode steps run the padded graph buffers around a stub model: fixed logits."""
+    no_tok = tempfile.mkdtemp(prefix="no-tokenizer-")
+    engine = Engine(EngineConfig(model=str(model), device="cpu", dtype="float32", block_size=16, max_num_seqs=256,
+                                 num_kv_blocks=8192, max_model_len=1024, enable_prefix_caching=prefix_caching,
+                                 tokenizer=None if tokenizer else no_tok))
+    runner = engine.runner
+    graphs = runner.build_decode_graphs(use_graphs=False, max_batch=256)
+    logits = torch.zeros(graphs.max_batch, runner.model_config.vocab_size)  # [B, V]
+    logits[:, token] = 1.0
+    graphs.step_fn = lambda ids, pos, meta: logits[: ids.shape[0]]
+    runner.graphs = graphs
+    return engine
+
+
+def time_steps(engine: Engine, batch: int, steps: int, warmup: int, profile: bool) -> dict:
+    gen = torch.Generator().manual_seed(batch)
+    vocab = engine.model_config.vocab_size
+    for i, ids in enumerate(torch.randint(3, vocab, (batch, 128), generator=gen).tolist()):
+        params = SamplingParams(temperature=0, max_tokens=steps + warmup + 8, ignore_eos=True)
+        engine.add_request(EngineRequest(f"r{i}", ids, params))
+    for _ in range(warmup):  # the prefill step(s) run the tiny model; then decode
+        engine.step()
+    assert engine.scheduler.num_running == batch and not engine.scheduler.waiting
+    prof = cProfile.Profile() if profile else None
+    times = []
+    for _ in range(steps):
+        if prof:
+            prof.enable()
+        t0 = time.perf_counter()
+        outs = engine.step()
+        times.append(time.perf_counter() - t0)
+        if prof:
+            prof.disable()
+        assert len(outs) == batch
+    us = sorted(t * 1e6 for t in times)
+    row = {"batch": batch, "steps": steps, "median_us": statistics.median(us), "mean_us": statistics.fmean(us),
+           "p90_us": us[int(0.9 * len(us))]}
+    if prof:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--prefix-caching", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="print cProfile's top functions (slows the steps)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model = tiny_model(Path(tempfile.mkdtemp(prefix="tiny-models-")))
+    for tokenizer in (False, True):
+        engine = stubbed_engine(model, tokenizer, args.prefix_caching, token=plain_token(model))
+        row = time_steps(engine, args.batch, args.steps, args.warmup, args.profile)
+        row.update(tokenizer=tokenizer, prefix_caching=args.prefix_caching)
+        print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
