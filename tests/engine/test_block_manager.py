@@ -141,3 +141,40 @@ def test_prefix_caching_off_never_hits():
     admit(bm, a)
     assert bm.lookup_prefix(seq(range(9), "b")) == []
     assert bm.hash_to_block == {}
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_append_for_a_decode_batch_equals_allocate_one_token_each(caching):
+    """The scheduler's decode fast path: `append(seqs)` takes the same blocks and registers the same hashes."""
+    def run(one_by_one):
+        bm = BlockManager(num_blocks=64, block_size=BS, enable_prefix_caching=caching)
+        seqs = [seq(range(i, i + 3 + i), rid=str(i)) for i in range(5)]
+        for s in seqs:
+            admit(bm, s)
+            s.num_computed_tokens = s.num_tokens
+        for step in range(9):
+            for s in seqs:
+                s.append_token(100 + step)
+            if one_by_one:
+                for s in seqs:
+                    assert bm.can_allocate(s, 1)
+                    bm.allocate(s, 1)
+            else:
+                assert bm.can_append(seqs)
+                bm.append(seqs)
+            for s in seqs:
+                s.num_computed_tokens += 1
+        return [s.block_table for s in seqs], dict(bm.hash_to_block), list(bm.free_ids)
+    assert run(one_by_one=False) == run(one_by_one=True)
+
+
+def test_can_append_counts_the_blocks_a_decode_batch_needs():
+    bm = BlockManager(num_blocks=3, block_size=BS, enable_prefix_caching=False)
+    a, b = seq(range(4), "a"), seq(range(3), "b")
+    admit(bm, a), admit(bm, b)  # a's block is full, b's has room
+    for s in (a, b):
+        s.num_computed_tokens = s.num_tokens
+        s.append_token(7)
+    assert bm.can_append([a, b])  # a needs one block, one is free
+    bm.allocate(seq(range(4), "c"), 4)
+    assert not bm.can_append([a, b]) and bm.can_append([b])

@@ -1,11 +1,12 @@
 """Sampling options, stop conditions, aborts, stats and the threaded engine loop, end to end."""
 
+import dataclasses
 import threading
 
 import pytest
 
 from hosttune_engine import LLM, Engine, EngineConfig, EngineLoop, SamplingParams
-from hosttune_engine.core.messages import AbortRequest, EngineRequest
+from hosttune_engine.core.messages import AbortRequest, EngineRequest, TokenOutput
 from hosttune_engine.errors import ConfigError, RequestError
 
 from .oracle import prompt_ids
@@ -88,6 +89,19 @@ def test_text_streams_incrementally_and_joins_to_the_full_text(tiny_models):
             pieces.append(out.new_text)
             tokens.extend(out.new_token_ids)
     assert "".join(pieces) == eng.tokenizer.decode(tokens)
+
+
+def test_step_outputs_equal_token_outputs_built_the_usual_way(tiny_models):
+    """Engine builds TokenOutputs without the frozen __init__ (host time); they must be ordinary, whole ones."""
+    eng = Engine(EngineConfig(model=str(tiny_models["llama"])))
+    eng.add_request(EngineRequest("t", prompt_ids(12, 3), greedy(3)))
+    outs = [o for _ in range(4) for o in eng.step()]
+    assert [len(o.new_token_ids) for o in outs] == [1, 1, 1] and outs[-1].finished
+    for out in outs:
+        assert out == TokenOutput(**{f.name: getattr(out, f.name) for f in dataclasses.fields(TokenOutput)})
+        assert set(vars(out)) == {f.name for f in dataclasses.fields(TokenOutput)}
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            out.finished = False
 
 
 def test_abort_frees_blocks_and_reports(tiny_models):

@@ -96,10 +96,8 @@ class BlockManager:
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, cached: list[int] = ()) -> bool:
         """Whether `num_new_tokens` more tokens of `seq` fit, reusing `cached` blocks."""
-        num_revived = sum(1 for b in cached if self.blocks[b].ref_count == 0)
-        return self._num_new_blocks(seq, num_new_tokens, list(cached)) + num_revived <= len(
-            self.free_ids
-        )
+        num_revived = sum(1 for b in cached if self.blocks[b].ref_count == 0) if cached else 0
+        return self._num_new_blocks(seq, num_new_tokens, cached) + num_revived <= len(self.free_ids)
 
     def allocate(self, seq: Sequence, num_new_tokens: int, cached: list[int] = ()) -> None:
         """Give `seq` slots for its next `num_new_tokens` tokens.
@@ -108,13 +106,28 @@ class BlockManager:
         first blocks and count as computed. Blocks that this step fills are
         registered under their hash, so later requests can share them.
         """
-        cached = list(cached)
         num_new = self._num_new_blocks(seq, num_new_tokens, cached)
         if not seq.block_table:
             self._take_cached(seq, cached)
         for _ in range(num_new):
             seq.block_table.append(self._take_free_block())
         self._register_full_blocks(seq, seq.num_computed_tokens + num_new_tokens)
+
+    # -- the decode step: one more token for each of many sequences ------------------
+    def can_append(self, seqs: list[Sequence]) -> bool:
+        """Whether every one of `seqs` (each holding blocks for its computed tokens) fits one more token."""
+        bs = self.block_size
+        return sum(s.num_computed_tokens // bs + 1 > len(s.block_table) for s in seqs) <= len(self.free_ids)
+
+    def append(self, seqs: list[Sequence]) -> None:
+        """`allocate(seq, 1)` for each of `seqs` in order, in one pass (after `can_append`)."""
+        bs, caching = self.block_size, self.enable_prefix_caching
+        for seq in seqs:
+            computed, table = seq.num_computed_tokens, seq.block_table
+            if computed // bs + 1 > len(table):
+                table.append(self._take_free_block())
+            if caching and (computed + 1) % bs == 0:  # this token fills its block
+                self._register_full_blocks(seq, computed + 1)
 
     def _take_cached(self, seq: Sequence, cached: list[int]) -> None:
         for block_id in cached:

@@ -65,9 +65,10 @@ class DecodeInputs:
         ids[:n] = [s.token_ids[p] for s, p in zip(seqs, starts)]
         pos[:n] = starts
         lens[:n] = pos[:n] + 1
-        slots[:n] = [s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, starts)]
         for i, seq in enumerate(seqs):
             self._fill_table_row(i, seq, tables)
+        p = pos[:n]
+        slots[:n] = tables[np.arange(n), p // bs] * bs + p % bs  # the rows now hold each seq's table
         self.pad(n, padded)
 
     def _fill_table_row(self, i: int, seq: Sequence, tables: np.ndarray) -> None:

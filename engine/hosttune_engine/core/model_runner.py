@@ -169,6 +169,8 @@ class ModelRunner:
                                            [self._generator(s) for s in sample_seqs],
                                            logits.shape[-1], self.device)
             sampled = self.sampler(logits, sampling)
+        if sampled is not None and len(sampled.token_ids) == len(mask):  # every sequence sampled
+            return StepResult(list(sampled.token_ids), sampled)
         it = iter(sampled.token_ids if sampled else [])
         return StepResult([next(it) if needs else None for needs in mask], sampled)
 

@@ -48,7 +48,7 @@ class SchedulerOutput:
 
     def sample_mask(self) -> list[bool]:
         """Which sequences reach their last token this step, so get a sampled token."""
-        return [s.num_computed_tokens + n == s.num_tokens for s, n in zip(self.seqs, self.num_new_tokens)]
+        return [s.num_computed_tokens + n == len(s.token_ids) for s, n in zip(self.seqs, self.num_new_tokens)]
 
 
 class Scheduler:
@@ -88,12 +88,15 @@ class Scheduler:
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:  # admitting while preempting would thrash
             self._schedule_waiting(out, budget)
-        order = sorted(range(len(out.seqs)), key=lambda i: out.num_new_tokens[i] == 1)
-        out.seqs = [out.seqs[i] for i in order]
-        out.num_new_tokens = [out.num_new_tokens[i] for i in order]
+        if max(out.num_new_tokens, default=1) > 1:  # prefill chunks first; an all-decode step is in order
+            order = sorted(range(len(out.seqs)), key=lambda i: out.num_new_tokens[i] == 1)
+            out.seqs = [out.seqs[i] for i in order]
+            out.num_new_tokens = [out.num_new_tokens[i] for i in order]
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        if self._schedule_decodes(out, budget):
+            return budget - len(out.seqs)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -110,6 +113,19 @@ class Scheduler:
                 budget -= n
                 i += 1
         return budget
+
+    def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> bool:
+        """The steady state in one pass: every running sequence decodes one token and all fit. Then the
+        loop above would schedule them all in order without preempting; otherwise it runs instead."""
+        running = self.running
+        if len(running) > budget or any(s.num_computed_tokens + 1 != len(s.token_ids) for s in running):
+            return False
+        if not self.block_manager.can_append(running):
+            return False
+        self.block_manager.append(running)
+        out.seqs.extend(running)
+        out.num_new_tokens.extend([1] * len(running))
+        return True
 
     def _pick_victim(self, first: int) -> Sequence:
         """The least important running sequence not yet scheduled this step."""
@@ -170,7 +186,8 @@ class Scheduler:
             return "stop"
         if token in self.eos_token_ids and not params.ignore_eos:
             return "stop"
-        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+        num_tokens = len(seq.token_ids)
+        if num_tokens - seq.num_prompt_tokens >= params.max_tokens or num_tokens >= self.config.max_model_len:
             return "length"
         return None
 
