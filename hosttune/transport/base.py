@@ -1,4 +1,4 @@
-"""What every transport offers: run a command, read a file, put a file."""
+"""What every transport offers: run an argument vector (with optional stdin) on its host."""
 
 from __future__ import annotations
 
@@ -38,12 +38,6 @@ class Transport(Protocol):
 def with_become(argv: Sequence[str], become: bool) -> tuple[str, ...]:
     """Prefix argv with non-interactive sudo when the host asks for privilege escalation."""
     return (*SUDO, *argv) if become else tuple(argv)
-
-
-def read_file(transport: Transport, path: str, *, timeout: float | None = None) -> bytes | None:
-    """Read a file on the host; None when it does not exist or cannot be read."""
-    result = transport.run(["cat", "--", path], timeout=timeout)
-    return result.stdout.encode("utf-8", "surrogateescape") if result.ok else None
 
 
 @dataclass(frozen=True)
