@@ -16,12 +16,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "engine"))
 
-QWEN25_7B = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
-    "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": 152064,
-    "tie_word_embeddings": False, "use_sliding_window": False, "torch_dtype": "bfloat16", "eos_token_id": 151645,
-}
+sys.path.insert(0, str(REPO / "engine" / "scripts"))
+from qwen25_7b import QWEN25_7B  # noqa: E402  (one definition, shared with the GPU checks)
 
 
 @dataclass(frozen=True)

@@ -30,12 +30,7 @@ from pathlib import Path
 
 import aiohttp
 
-QWEN25_7B = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
-    "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-    "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": 152064,
-    "tie_word_embeddings": False, "use_sliding_window": False, "torch_dtype": "bfloat16", "eos_token_id": 151645,
-}
+from qwen25_7b import QWEN25_7B  # beside this script
 SMALL = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 1, "vocab_size": 4096, "eos_token_id": 4000}
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}" \
