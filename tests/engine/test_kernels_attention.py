@@ -10,7 +10,7 @@ import torch
 
 from hosttune_engine.errors import KernelInputError
 from hosttune_engine.kernels.decode_attention import choose_num_splits, decode_attention, decode_attention_ref
-from hosttune_engine.kernels.prefill_attention import prefill_attention, prefill_attention_ref
+from hosttune_engine.kernels.prefill_attention import _descriptors_fit, prefill_attention, prefill_attention_ref
 from .conftest import DEVICE
 from .kernel_cases import DTYPES, HEAD_DIMS, HEADS, assert_close, block_tables_for, paged_cache, randn
 
@@ -45,14 +45,18 @@ def test_prefill_attention(dtype, head_dim, hq, hkv, page, block_n):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim,hq,hkv", [(64, 8, 2), (128, 7, 1)])
-def test_prefill_attention_contiguous_matches_paged(dtype, head_dim, hq, hkv):
-    """Fresh prompts (no cached prefix): reading this step's k, v directly equals reading the cache."""
+@pytest.mark.parametrize("head_dim,hq,hkv,aligned", [(64, 8, 2, True), (128, 7, 1, True), (32, 4, 2, False)])
+def test_prefill_attention_contiguous_matches_paged(dtype, head_dim, hq, hkv, aligned):
+    """Fresh prompts (no cached prefix): reading this step's k, v directly (through tensor descriptors)
+    equals reading the cache. A layout descriptors cannot take (base address not 16-byte aligned) is
+    read from the cache instead, with the same result."""
     gen = torch.Generator().manual_seed(head_dim + hq)
     qlens, page = [1, 16, 17, 40, 64, 65], 16
     t = sum(qlens)
-    qkv = randn(t, hq + 2 * hkv, head_dim, dtype=dtype, gen=gen)
+    flat = randn(t * (hq + 2 * hkv) * head_dim + 1, dtype=dtype, gen=gen)
+    qkv = (flat[:-1] if aligned else flat[1:]).view(t, hq + 2 * hkv, head_dim)
     q, k, v = qkv.split([hq, hkv, hkv], dim=1)  # strided views, as the attention layer passes them
+    assert _descriptors_fit(q, k, v) == aligned
     nblocks = sum(-(-n // page) for n in qlens) + 2
     kc, vc = (torch.zeros(nblocks, page, hkv, head_dim, dtype=dtype, device=DEVICE) for _ in range(2))
     bt = block_tables_for(qlens, page, nblocks, gen)

@@ -12,7 +12,15 @@ the same loop reads them with one stride, without the block-table gather.
 
 Each program owns BLOCK_M queries of one head. Its key loop runs in two
 phases: tiles every query may see, without masks, then the tiles on the
-diagonal, masked. Programs take the heaviest (last) query tiles first.
+diagonal, masked. Programs take the heaviest (last) query tiles first, and the
+grid runs heads fastest: all heads of a sequence's heaviest tile start before
+any lighter tile, so the long programs never end up in the last wave (on the
+H200 this ordering alone took 4K-token prefill from 0.71x to 0.86x torch SDPA).
+
+In the contiguous case, q, k and v tiles move through tensor descriptors (TMA
+on Hopper): about 8% faster again at 4K-8K tokens. Rows a tile reads past its
+own sequence belong to the next sequence (or are zero past the end): their
+scores are masked and their output rows are not stored.
 """
 
 from __future__ import annotations
@@ -30,6 +38,18 @@ from hosttune_engine.kernels.tuning import launch_config, length_bucket
 
 
 @triton.jit
+def _load_kv(ptr, desc, bt_row, kv_row0, start_n, offs_n, offs_d, n_limit, stride_kb, stride_ks,
+             PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr):
+    """One [BLOCK_N, D] tile of keys or values: through the descriptor when contiguous, else gathered."""
+    if not PAGED:
+        return desc.load([kv_row0 + start_n, 0])
+    kv_off = _kv_offsets(bt_row, kv_row0, start_n, offs_n, n_limit, stride_kb, stride_ks, PAGE, BLOCK_N, PAGED)
+    if MASKED:
+        return tl.load(ptr + kv_off[:, None] + offs_d[None, :], mask=(offs_n < n_limit)[:, None], other=0.0)
+    return tl.load(ptr + kv_off[:, None] + offs_d[None, :])
+
+
+@triton.jit
 def _kv_offsets(bt_row, kv_row0, start_n, offs_n, n_limit, stride_kb, stride_ks,
                 PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr):
     if PAGED:
@@ -39,22 +59,18 @@ def _kv_offsets(bt_row, kv_row0, start_n, offs_n, n_limit, stride_kb, stride_ks,
 
 
 @triton.jit
-def _attend_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, bt_row, kv_row0, lo, hi, q_pos, ctx_len, qk_scale,
+def _attend_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, k_desc, v_desc, bt_row, kv_row0, lo, hi, q_pos, ctx_len, qk_scale,
                   stride_kb, stride_ks, offs_d,
                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
                   PRECISION: tl.constexpr):
-    """Online softmax over key tiles [lo, hi); k_ptr/v_ptr already point at this KV head."""
+    """Online softmax over key tiles [lo, hi); k_ptr/v_ptr (or the descriptors) already point at this KV head."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kv_off = _kv_offsets(bt_row, kv_row0, start_n, offs_n, ctx_len, stride_kb, stride_ks, PAGE, BLOCK_N, PAGED)
-        if MASKED:
-            n_valid = offs_n < ctx_len
-            k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
-        else:
-            k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :])
+        k = _load_kv(k_ptr, k_desc, bt_row, kv_row0, start_n, offs_n, offs_d, ctx_len, stride_kb, stride_ks,
+                     PAGE, BLOCK_N, PAGED, MASKED)  # [BN, D]
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BM, BN]
         if MASKED:
-            keep = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
+            keep = (offs_n[None, :] <= q_pos[:, None]) & (offs_n < ctx_len)[None, :]
             qk = qk * qk_scale + tl.where(keep, 0.0, -1.0e30)
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             qk -= m_new[:, None]
@@ -64,10 +80,8 @@ def _attend_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, bt_row, kv_row0, lo, hi, q_pos
         p = tl.exp2(qk)
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
-        else:
-            v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :])
+        v = _load_kv(v_ptr, v_desc, bt_row, kv_row0, start_n, offs_n, offs_d, ctx_len, stride_kb, stride_ks,
+                     PAGE, BLOCK_N, PAGED, MASKED)  # [BN, D]
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
         m_i = m_new
@@ -77,14 +91,14 @@ def _attend_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, bt_row, kv_row0, lo, hi, q_pos
 @triton.jit(do_not_specialize=["stride_bt"])  # the table width changes per step
 def _prefill_attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, lens_ptr, bt_ptr,
-    qk_scale,
+    qk_scale, num_tokens,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    h = tl.program_id(1)
+    h = tl.program_id(0)  # heads fastest: see the module docstring
+    pid = tl.program_id(1)
     b = tl.program_id(2)
     q_start = tl.load(cu_q_ptr + b)
     q_len = tl.load(cu_q_ptr + b + 1) - q_start
@@ -99,22 +113,33 @@ def _prefill_attention_kernel(
     offs_d = tl.arange(0, HEAD_D)
     m_valid = offs_m < q_len
     q_rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                mask=m_valid[:, None], other=0.0)  # [BM, D]
+    k_head = k_ptr + kvh * stride_kh
+    v_head = v_ptr + kvh * stride_kh
+    k_desc = None
+    v_desc = None
+    if PAGED:
+        q = tl.load(q_ptr + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                    mask=m_valid[:, None], other=0.0)  # [BM, D]
+    else:
+        q_desc = tl.make_tensor_descriptor(q_ptr + h * stride_qh, shape=[num_tokens, HEAD_D], strides=[stride_qt, 1],
+                                           block_shape=[BLOCK_M, HEAD_D])
+        k_desc = tl.make_tensor_descriptor(k_head, shape=[num_tokens, HEAD_D], strides=[stride_ks, 1],
+                                           block_shape=[BLOCK_N, HEAD_D])
+        v_desc = tl.make_tensor_descriptor(v_head, shape=[num_tokens, HEAD_D], strides=[stride_ks, 1],
+                                           block_shape=[BLOCK_N, HEAD_D])
+        q = q_desc.load([q_start + pid_m * BLOCK_M, 0])
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    k_head = k_ptr + kvh * stride_kh
-    v_head = v_ptr + kvh * stride_kh
     q_pos = prefix + offs_m
     # Phase 1: keys below `lo` are visible to every query of the tile.
     lo = (prefix + pid_m * BLOCK_M) // BLOCK_N * BLOCK_N
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_head, v_head, bt_row, q_start, 0, lo, q_pos, ctx_len,
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_head, v_head, k_desc, v_desc, bt_row, q_start, 0, lo, q_pos, ctx_len,
                                   qk_scale, stride_kb, stride_ks, offs_d, PAGE, BLOCK_N, PAGED, False, PRECISION)
     # Phase 2: the diagonal tiles, masked.
     hi = tl.minimum(ctx_len, prefix + (pid_m + 1) * BLOCK_M)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_head, v_head, bt_row, q_start, lo, hi, q_pos, ctx_len,
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_head, v_head, k_desc, v_desc, bt_row, q_start, lo, hi, q_pos, ctx_len,
                                   qk_scale, stride_kb, stride_ks, offs_d, PAGE, BLOCK_N, PAGED, True, PRECISION)
     acc = acc / l_i[:, None]
     tl.store(o_ptr + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
@@ -124,7 +149,7 @@ def _prefill_attention_kernel(
 def default_config(dtype: torch.dtype, device) -> dict:
     if dtype == torch.float32 or getattr(device, "type", "cpu") != "cuda":
         return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
-    return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 
 
 def config_key(dtype, head_dim: int, group: int, page: int, contiguous: bool, max_query_len: int) -> str:
@@ -152,6 +177,9 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
     hkv = k_cache.shape[2]
     if contiguous:
         _check_step_kv(q, k, v, hkv)
+        contiguous = _descriptors_fit(q, k, v)  # else the same keys and values, read from the cache
+    if contiguous:
+        _use_torch_allocator()
         kk, vv, strides = k, v, (0, k.stride(0), k.stride(1))
     else:
         kk, vv, strides = k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
@@ -159,10 +187,10 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
                                   contiguous, max_query_len), q.device, default_config(q.dtype, q.device))
     cfg = {**cfg, **({"BLOCK_M": block_m} if block_m else {}), **({"BLOCK_N": block_n} if block_n else {})}
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    grid = (triton.cdiv(max_query_len, cfg["BLOCK_M"]), hq, seq_lens.shape[0])
+    grid = (hq, triton.cdiv(max_query_len, cfg["BLOCK_M"]), seq_lens.shape[0])
     _prefill_attention_kernel[grid](
         q, kk, vv, out, cu_seqlens_q, seq_lens, block_tables,
-        scale * 1.4426950408889634,
+        scale * 1.4426950408889634, t,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *strides, block_tables.stride(0),
         GROUP=hq // hkv, PAGE=k_cache.shape[1], HEAD_D=d,
@@ -171,6 +199,23 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out
+
+
+def _descriptors_fit(*tensors) -> bool:
+    """Tensor descriptors need 16-byte aligned base addresses and row strides, and rows of >= 16 bytes."""
+    return all(x.data_ptr() % 16 == 0 and x.stride(0) * x.element_size() % 16 == 0
+               and x.stride(1) * x.element_size() % 16 == 0 and x.shape[2] * x.element_size() >= 16
+               for x in tensors)
+
+
+def _alloc_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _use_torch_allocator() -> None:
+    """Descriptors made inside a kernel need a little global scratch per launch, which Triton asks its
+    allocator for. The setting is per thread (a context variable), so it is made where the kernel launches."""
+    triton.set_allocator(_alloc_scratch)
 
 
 def _check_step_kv(q, k, v, hkv: int) -> None:
