@@ -12,13 +12,14 @@ def check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens) ->
     check_last_dim_contiguous("q", q)
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, c, 4, dtypes=(q.dtype,), device=q.device)
-        check(c.is_contiguous(), f"{name} must be contiguous [num_blocks, block_size, H_kv, D]")
+        check(c.is_contiguous(), "the KV caches must be contiguous [num_blocks, block_size, H_kv, D]")
     check(k_cache.shape == v_cache.shape, "k_cache and v_cache shapes differ")
     d = q.shape[2]
-    check(k_cache.shape[3] == d, f"cache head dim {k_cache.shape[3]} != query head dim {d}")
-    check_pow2("head dim", d)
-    check(d >= 16, f"head dim must be >= 16, got {d}")
-    check(q.shape[1] % k_cache.shape[2] == 0, f"{q.shape[1]} query heads do not group over {k_cache.shape[2]} KV heads")
+    if k_cache.shape[3] != d or d < 16 or d & (d - 1) or q.shape[1] % k_cache.shape[2]:
+        check(k_cache.shape[3] == d, f"cache head dim {k_cache.shape[3]} != query head dim {d}")
+        check_pow2("head dim", d)
+        check(d >= 16, f"head dim must be >= 16, got {d}")
+        check(False, f"{q.shape[1]} query heads do not group over {k_cache.shape[2]} KV heads")
     check_pow2("block size", k_cache.shape[1])
     check_tensor("block_tables", block_tables, 2, dtypes=(torch.int32,), device=q.device)
     check_last_dim_contiguous("block_tables", block_tables)

@@ -79,11 +79,11 @@ def _attend_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, k_desc, v_desc, bt_row, kv_row
             qk = qk * qk_scale - m_new[:, None]
         p = tl.exp2(qk)
         alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
         v = _load_kv(v_ptr, v_desc, bt_row, kv_row0, start_n, offs_n, offs_d, ctx_len, stride_kb, stride_ks,
                      PAGE, BLOCK_N, PAGED, MASKED)  # [BN, D]
-        acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        l_i = l_i * alpha + tl.sum(p, 1)  # after the dot: p's row sums are not live across it
         m_i = m_new
     return acc, l_i, m_i
 
@@ -222,7 +222,8 @@ def _check_step_kv(q, k, v, hkv: int) -> None:
     for name, x in (("k", k), ("v", v)):
         check_tensor(name, x, 3, dtypes=(q.dtype,), device=q.device)
         check_last_dim_contiguous(name, x)
-        check(x.shape == (q.shape[0], hkv, q.shape[2]), f"{name} {tuple(x.shape)} must be [T, H_kv, D] like q")
+        if x.shape != (q.shape[0], hkv, q.shape[2]):
+            check(False, f"{name} {tuple(x.shape)} must be [T, H_kv, D] like q")
     check(k.stride() == v.stride(), "k and v need the same strides")
 
 
