@@ -84,7 +84,11 @@ class DecodeInputs:
         ids[start:end], pos[start:end], slots[start:end], lens[start:end] = 0, 0, -1, 1
 
     def upload(self, padded: int) -> None:
-        """One asynchronous copy from pinned memory: the header and the first `padded` block-table rows."""
+        """One asynchronous copy from pinned memory: the header and the first `padded` block-table rows.
+
+        The copy may still be reading `host` after this returns, so the next `fill` must not run before the
+        device has passed it. It cannot: the engine collects a step (waits for its replay, which the copy
+        precedes on the stream) before it fills the next one."""
         end = 4 * self.capacity + padded * self.width
         self.device_buffer[:end].copy_(self.host[:end], non_blocking=True)
 
@@ -138,7 +142,9 @@ class DecodeGraphs:
         torch.cuda.synchronize()
 
     def run(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits [n, V] and greedy tokens [n] of one decode step of `seqs` (each with exactly one new token)."""
+        """Logits [n, V] and greedy tokens [n] of one decode step of `seqs` (each with exactly one new token),
+        enqueued, not waited for. They are views of the graph's output buffers, which the next replay
+        overwrites: read them back before the next `run`."""
         n = len(seqs)
         b = padded_size(n, self.sizes)
         self.inputs.fill(seqs, b)

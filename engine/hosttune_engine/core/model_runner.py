@@ -4,6 +4,9 @@ Inputs are packed as the attention layer expects (prefill chunks first, then
 one token per decoding sequence), with numpy into one int32 array that moves
 to the device in one copy. Decode-only steps on CUDA replay a CUDA graph
 captured per batch size (`core.cuda_graphs`); other steps run eagerly.
+
+A step is `launch` (pack, enqueue the device work) then `collect` (wait, read
+the tokens back), so the engine can do host work while the device computes.
 """
 
 from __future__ import annotations
@@ -51,6 +54,15 @@ def resolve_dtype(name: str, checkpoint_dtype: str | None, device: torch.device)
 class StepResult:
     tokens: list[int | None]  # per scheduled sequence; None for a prefill chunk short of its end
     sampled: SamplerOutput | None  # rows in the order of the non-None tokens
+
+
+@dataclass
+class LaunchedStep:
+    """A step enqueued on the device whose tokens are not read back yet (`ModelRunner.collect` does)."""
+
+    mask: list[bool]  # per scheduled sequence: whether it gets a token this step
+    greedy_tokens: torch.Tensor | None  # [n] on the device: the decode graph's argmax of every row
+    sampled: SamplerOutput | None  # the sampler's tokens, already on the host
 
 
 @dataclass
@@ -146,33 +158,51 @@ class ModelRunner:
         torch.cuda.empty_cache()
         return peak
 
-    # -- one step ------------------------------------------------------------------
-    @torch.inference_mode()
+    # -- one step: launch, then collect -------------------------------------------------
     def execute(self, sched: SchedulerOutput) -> StepResult:
+        """Run one step to the end (tests, scoring); the engine loop calls `launch` and `collect` apart."""
+        return self.collect(self.launch(sched))
+
+    @torch.inference_mode()
+    def launch(self, sched: SchedulerOutput) -> LaunchedStep:
+        """Pack the step's inputs and enqueue its forward pass and sampling. On the greedy CUDA-graph path
+        nothing here waits for the device; the sampler reads its tokens back itself (layers/sampler.py),
+        so a step with random rows or logprobs waits here instead of in `collect`."""
         mask = sched.sample_mask()
-        greedy_tokens = None
-        if self.graphs is not None and self._is_decode_only(sched) and self.graphs.can_run(len(sched.seqs)):
+        if self._runs_graph(sched):
             logits, greedy_tokens = self.graphs.run(sched.seqs)  # [n, V] fp32, [n]
             sample_seqs = [s for s, needs in zip(sched.seqs, mask) if needs]
-            if len(sample_seqs) < len(sched.seqs):
-                rows = torch.tensor([i for i, needs in enumerate(mask) if needs], device=self.device)
-                logits, greedy_tokens = logits[rows], greedy_tokens[rows]
+            if sample_seqs and all(_plain_greedy(s) for s in sample_seqs):
+                return LaunchedStep(mask, greedy_tokens, None)  # the graph's argmax: no sampler launches
+            if sample_seqs and len(sample_seqs) < len(sched.seqs):
+                logits = logits[torch.tensor([i for i, needs in enumerate(mask) if needs], device=self.device)]
         else:
             batch = self._prepare(sched)
             sample_seqs = batch.sample_seqs
             logits = self.model.compute_logits(self._forward(batch)[batch.sample_rows]) if sample_seqs else None
-        sampled = None
-        if sample_seqs and greedy_tokens is not None and all(_plain_greedy(s) for s in sample_seqs):
-            sampled = SamplerOutput(token_ids=greedy_tokens.tolist())  # the graph's argmax: no sampler launches
-        elif sample_seqs:
-            sampling = SamplingBatch.build([s.sampling for s in sample_seqs],
-                                           [self._generator(s) for s in sample_seqs],
-                                           logits.shape[-1], self.device)
-            sampled = self.sampler(logits, sampling)
+        return LaunchedStep(mask, None, self._sample(sample_seqs, logits) if sample_seqs else None)
+
+    def collect(self, step: LaunchedStep) -> StepResult:
+        """Wait for a launched step and read its tokens back to the host. A graph's token ids live in
+        buffers that its next replay overwrites: collect a step before launching the next one."""
+        mask, sampled = step.mask, step.sampled
+        if step.greedy_tokens is not None:
+            tokens = step.greedy_tokens.tolist()  # the sync: waits for the replay
+            if all(mask):
+                return StepResult(tokens, SamplerOutput(token_ids=tokens))
+            sampled = SamplerOutput(token_ids=[t for t, needs in zip(tokens, mask) if needs])
         if sampled is not None and len(sampled.token_ids) == len(mask):  # every sequence sampled
             return StepResult(list(sampled.token_ids), sampled)
         it = iter(sampled.token_ids if sampled else [])
         return StepResult([next(it) if needs else None for needs in mask], sampled)
+
+    def _runs_graph(self, sched: SchedulerOutput) -> bool:
+        return self.graphs is not None and self._is_decode_only(sched) and self.graphs.can_run(len(sched.seqs))
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> SamplerOutput:
+        sampling = SamplingBatch.build([s.sampling for s in seqs], [self._generator(s) for s in seqs],
+                                       logits.shape[-1], self.device)
+        return self.sampler(logits, sampling)
 
     @staticmethod
     def _is_decode_only(sched: SchedulerOutput) -> bool:
