@@ -203,3 +203,17 @@ def test_random_workload_keeps_block_invariants():
             live = [x for x in live if not x.is_finished]
         run_to_end(s)
         assert bm.num_free_blocks == 12
+
+
+def test_postprocess_drops_the_token_of_a_sequence_finished_after_it_was_scheduled():
+    """The engine finds stop strings one step late, when the sequence may be scheduled again."""
+    s = make()
+    a, b = seq(4, "a", max_tokens=10), seq(4, "b", max_tokens=10, start=20)
+    s.add(a)
+    s.add(b)
+    step(s)
+    out = s.schedule()
+    s.finish(a, "stop", stop_reason="x")
+    assert s.postprocess(out, [8, 8]) == [b]
+    assert a.output_token_ids == [7] and a.num_computed_tokens == 0 and a.finish_reason == "stop"
+    assert b.output_token_ids == [7, 8] and s.block_manager.num_free_blocks == 64 - len(b.block_table)

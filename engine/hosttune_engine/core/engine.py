@@ -1,7 +1,9 @@
 """The engine loop: requests in, one scheduled model step at a time, token outputs out.
 
-Each `step()` is schedule -> run -> post-process. Callers talk to it only with
-the message dataclasses of `core.messages`.
+Each `step()` schedules and launches step N+1 on the device, builds the outputs
+of step N while the device computes (deferred output processing), then collects
+step N+1's tokens. Callers talk to it only with the message dataclasses of
+`core.messages`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from hosttune_engine.cache.block_manager import BlockManager
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.detokenizer import IncrementalDetokenizer
 from hosttune_engine.core.messages import AbortRequest, EngineRequest, EngineStats, TokenLogprob, TokenOutput
-from hosttune_engine.core.model_runner import ModelRunner, StepResult
+from hosttune_engine.core.model_runner import LaunchedStep, ModelRunner, StepResult
 from hosttune_engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.errors import RequestError
@@ -25,6 +27,15 @@ from hosttune_engine.model.tokenizer import Tokenizer
 class _Request:
     seq: Sequence
     detok: IncrementalDetokenizer | None
+
+
+@dataclass
+class _Collected:
+    """A collected step whose outputs are not built yet: the next `step` builds them while the device runs."""
+
+    seqs: list[Sequence]  # those that got a token, in scheduled order
+    sched: SchedulerOutput
+    result: StepResult
 
 
 class Engine:
@@ -48,7 +59,8 @@ class Engine:
                             config.scheduling_policy),
             self.block_manager, eos_token_ids=eos)
         self.requests: dict[str, _Request] = {}
-        self._pending: list[TokenOutput] = []
+        self._pending: list[TokenOutput] = []  # built, to go out with the next step
+        self._collected: _Collected | None = None
         self._prompt_tokens = self._generation_tokens = self._finished = 0
 
     # -- messages in -----------------------------------------------------------------
@@ -89,9 +101,12 @@ class Engine:
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks; its final output comes with the next step."""
-        req = self.requests.pop(request_id, None)
-        if req is None:
+        req = self.requests.get(request_id)
+        if req is not None:
+            self._build_now(req.seq)  # the token it already has goes out before the abort
+        if request_id not in self.requests:  # unknown, or that token finished it
             return False
+        del self.requests[request_id]
         self.scheduler.finish(req.seq, "abort")
         self.runner.release(request_id)
         self._pending.append(self._output(req, (), None, finished=True))
@@ -100,22 +115,49 @@ class Engine:
 
     # -- the loop ----------------------------------------------------------------------
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending)
+        return self.scheduler.has_unfinished() or bool(self._pending) or self._collected is not None
 
     def step(self) -> list[TokenOutput]:
-        """Run one scheduled batch; return each touched request's new tokens and text."""
-        outputs, self._pending = self._pending, []
+        """Run one scheduled batch; return the new tokens and text of the batch before it (and aborts).
+
+        The outputs of step N are built while the device computes step N+1, so the device waits only for
+        scheduling and input packing between two steps. Step N's tokens were appended and checked for
+        EOS and max_tokens when it was collected; its stop strings are found here, one step late.
+        """
         sched = self.scheduler.schedule()
-        if sched.is_empty:
-            return outputs
-        result = self.runner.execute(sched)
-        logprobs = _logprobs_by_seq(sched, result)
-        requests = self.requests
-        advanced = self.scheduler.postprocess(sched, result.tokens)
-        self._generation_tokens += len(advanced)
-        for seq in advanced:
-            outputs.append(self._advance(requests[seq.request_id], logprobs.get(id(seq)) if logprobs else None))
+        launched = None if sched.is_empty else self.runner.launch(sched)
+        outputs, self._pending = self._pending, []
+        outputs += self._build_collected()  # the device computes `sched` meanwhile
+        if launched is not None:
+            self._collect(sched, launched)
         return outputs
+
+    def _collect(self, sched: SchedulerOutput, launched: LaunchedStep) -> None:
+        """Wait for the step and append its tokens; its outputs are built in the next call. Nothing is left
+        in flight on the device, so the caller may abort requests before the next call."""
+        result = self.runner.collect(launched)
+        seqs = self.scheduler.postprocess(sched, result.tokens)
+        self._generation_tokens += len(seqs)
+        if seqs:
+            self._collected = _Collected(seqs, sched, result)
+
+    def _build_collected(self) -> list[TokenOutput]:
+        collected, self._collected = self._collected, None
+        if collected is None:
+            return []
+        logprobs = _logprobs_by_seq(collected.sched, collected.result)
+        requests = self.requests
+        return [self._advance(requests[seq.request_id], logprobs.get(id(seq)) if logprobs else None)
+                for seq in collected.seqs]
+
+    def _build_now(self, seq: Sequence) -> None:
+        """Build `seq`'s output of the collected step now, ahead of the others, into `_pending`."""
+        collected = self._collected
+        if collected is None or seq not in collected.seqs:
+            return
+        collected.seqs.remove(seq)
+        logprob = _logprobs_by_seq(collected.sched, collected.result).get(id(seq))
+        self._pending.append(self._advance(self.requests[seq.request_id], logprob))
 
     def _advance(self, req: _Request, logprob: TokenLogprob | None) -> TokenOutput:
         seq = req.seq
@@ -125,6 +167,10 @@ class Engine:
             if stop is not None and seq.is_finished:  # it also hit max_tokens: the stop string wins
                 seq.finish_reason, seq.stop_reason = "stop", stop
             elif stop is not None:
+                # The step launched earlier in this call may still be writing this sequence's KV into the
+                # blocks freed here; its token is dropped when collected (postprocess skips finished
+                # sequences). Safe: a freed block is handed out again no earlier than the next schedule,
+                # which runs after that step is collected, so the device is done with it by then.
                 self.scheduler.finish(seq, "stop", stop_reason=stop)
         finished = seq.is_finished
         if finished:

@@ -166,10 +166,15 @@ class Scheduler:
 
         `sampled[i]` is the new token of `out.seqs[i]`, or None for a prefill chunk
         that did not reach the end of its prompt. Returns the sequences that got
-        a token this step (finished ones included).
+        a token this step (finished ones included). A sequence that finished after
+        this step was scheduled (the engine finds stop strings one step late) is
+        left as it is: its token is dropped.
         """
         advanced = []
+        finished = SequenceStatus.FINISHED
         for seq, n, token in zip(out.seqs, out.num_new_tokens, sampled):
+            if seq.status is finished:
+                continue
             seq.num_computed_tokens += n
             if token is None:
                 continue

@@ -1,0 +1,207 @@
+"""Deferred output processing: step N's outputs are built while step N+1 runs, and nothing observable changes.
+
+Stop strings are found one step late, when the sequence is already scheduled again: that step's token must
+vanish without a trace. References are each request run alone to its full length, cut where the synchronous
+engine would have stopped it.
+"""
+
+from hosttune_engine import Engine, EngineConfig, SamplingParams
+from hosttune_engine.core.detokenizer import IncrementalDetokenizer
+from hosttune_engine.core.messages import EngineRequest
+
+from .oracle import prompt_ids
+
+FULL = 24  # tokens of each reference run
+TEXT = "User: what is the capital of France? Assistant:"
+
+
+def greedy(n=FULL, **kw):
+    return SamplingParams(temperature=0, max_tokens=n, **{"ignore_eos": True, **kw})
+
+
+class RecordingRunner:
+    """The engine's runner, writing each launch and collect to `log`."""
+
+    def __init__(self, runner, log: list):
+        self.runner, self.log = runner, log
+
+    def launch(self, sched):
+        self.log.append(("launch", tuple(s.request_id for s in sched.seqs)))
+        return self.runner.launch(sched)
+
+    def collect(self, launched):
+        self.log.append(("collect",))
+        return self.runner.collect(launched)
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+
+def recorded_engine(path, **kw) -> tuple[Engine, list]:
+    eng, log = Engine(EngineConfig(model=str(path), num_kv_blocks=64, block_size=16, **kw)), []
+    eng.runner = RecordingRunner(eng.runner, log)
+    return eng, log
+
+
+def drive(eng: Engine, arrivals: dict[int, list[EngineRequest]], aborts: dict[int, list[str]] | None = None) -> dict:
+    """Call step until done, adding and aborting requests before the calls given; each request's outputs."""
+    outputs: dict[str, list] = {}
+    aborts = aborts or {}
+    last = max([*arrivals, *aborts])
+    for call in range(500):
+        for req in arrivals.get(call, []):
+            eng.add_request(req)
+        for rid in aborts.get(call, []):
+            assert eng.abort_request(rid), rid
+        if call > last and not eng.has_unfinished_requests():
+            return outputs
+        for out in eng.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    raise AssertionError("engine did not finish")
+
+
+def alone(path, ids, n=FULL) -> list[int]:
+    """Greedy tokens of one request running alone."""
+    eng = Engine(EngineConfig(model=str(path), num_kv_blocks=64, block_size=16))
+    return tokens_of(drive(eng, {0: [EngineRequest("alone", ids, greedy(n))]})["alone"])
+
+
+def synchronous(eng: Engine, ids, full: list[int], params: SamplingParams, limit: int) -> tuple[list[int], str]:
+    """Tokens and text the synchronous engine gave: `full` cut after `limit` tokens or at the first token whose
+    text completes a stop string."""
+    detok = IncrementalDetokenizer(eng.tokenizer, ids, params)
+    for i, token in enumerate(full[:limit]):
+        if detok.add_token(token) is not None:
+            limit = i + 1
+            break
+    return full[:limit], detok.take_new_text(finished=True)
+
+
+def tokens_of(outs) -> list[int]:
+    return [t for o in outs for t in o.new_token_ids]
+
+
+def text_of(outs) -> str:
+    return "".join(o.new_text for o in outs)
+
+
+def assert_well_ordered(outs) -> None:
+    """One output per token, then exactly one finished output, last."""
+    assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
+    assert all(len(o.new_token_ids) == 1 for o in outs[:-1])
+
+
+def test_stop_string_found_a_step_late_drops_the_next_token_everywhere(tiny_models):
+    path = tiny_models["qwen2"]
+    eng, log = recorded_engine(path)
+    ids = eng.tokenizer.encode(TEXT)
+    full = alone(path, ids)
+    full_text = eng.tokenizer.decode(full)
+    stop = full_text[6:9]
+    params = greedy(logprobs=2, stop=[stop])
+    want, want_text = synchronous(eng, ids, full, params, FULL)
+    assert len(want) < FULL and want_text == full_text[: full_text.find(stop)]
+    eng.add_request(EngineRequest("s", ids, params))
+    seq = eng.requests["s"].seq
+    outs = drive(eng, {0: []})["s"]
+    assert_well_ordered(outs)
+    assert tokens_of(outs) == want and seq.output_token_ids == want  # the dropped token was never appended
+    assert text_of(outs) == want_text
+    assert (outs[-1].finish_reason, outs[-1].stop_reason, outs[-1].num_output_tokens) == ("stop", stop, len(want))
+    assert [lp.token_id for o in outs for lp in o.new_logprobs] == want
+    launches = [entry for entry in log if entry[0] == "launch"]
+    assert len(launches) == len(want) + 1  # it ran once more after the token that completed the stop string
+    stats = eng.stats()
+    assert stats.generation_tokens_total == len(want) and stats.num_finished_total == 1
+    assert stats.num_free_kv_blocks == stats.num_kv_blocks and seq.block_table == []
+
+
+def test_stop_string_on_the_last_allowed_token_wins_over_length(tiny_models):
+    path = tiny_models["qwen2"]
+    eng, log = recorded_engine(path)
+    ids = eng.tokenizer.encode(TEXT)
+    full = alone(path, ids)
+    stop = eng.tokenizer.decode(full)[6:9]
+    want, _ = synchronous(eng, ids, full, greedy(stop=[stop]), FULL)
+    outs = drive(eng, {0: [EngineRequest("s", ids, greedy(len(want), stop=[stop]))]})["s"]
+    assert tokens_of(outs) == want and (outs[-1].finish_reason, outs[-1].stop_reason) == ("stop", stop)
+    assert sum(entry[0] == "launch" for entry in log) == len(want)  # length finished it when collected
+
+
+def test_mixed_batch_matches_what_each_request_gives_alone(tiny_models):
+    """EOS, max_tokens, stop strings (one on its last allowed token), a late arrival and two aborts in one
+    batch: each request's tokens, text, finish reason and outputs are those of its run alone, cut where the
+    synchronous engine stopped it (an abort after k calls that ran it: k tokens)."""
+    path = tiny_models["qwen2"]
+    eng, _ = recorded_engine(path)
+    text_ids = eng.tokenizer.encode(TEXT)
+    prompts = {"len": prompt_ids(9, 1), "eos": prompt_ids(14, 2), "stop": text_ids, "stop_at_max": text_ids,
+               "late": prompt_ids(5, 3), "abort": prompt_ids(20, 4), "abort_early": prompt_ids(7, 5)}
+    full = {rid: alone(path, ids) for rid, ids in prompts.items()}
+    eos = full["eos"][4]
+    eng.scheduler.eos_token_ids = frozenset([eos])  # only "eos" heeds it: the others ignore EOS
+    stop = eng.tokenizer.decode(full["stop"])[6:9]
+    num_until_stop = len(synchronous(eng, text_ids, full["stop"], greedy(stop=[stop]), FULL)[0])
+    params = {"len": greedy(7), "eos": greedy(ignore_eos=False), "stop": greedy(stop=[stop]),
+              "stop_at_max": greedy(num_until_stop, stop=[stop]), "late": greedy(6), "abort": greedy(),
+              "abort_early": greedy()}
+    limits = {"len": 7, "eos": full["eos"].index(eos) + 1, "stop": FULL, "stop_at_max": FULL, "late": 6,
+              "abort": 5, "abort_early": 1}
+    reasons = {"len": "length", "eos": "stop", "stop": "stop", "stop_at_max": "stop", "late": "length",
+               "abort": "abort", "abort_early": "abort"}
+    reqs = {rid: EngineRequest(rid, prompts[rid], params[rid]) for rid in prompts}
+    arrivals = {0: [r for rid, r in reqs.items() if rid != "late"], 3: [reqs["late"]]}
+    outs = drive(eng, arrivals, aborts={1: ["abort_early"], 5: ["abort"]})  # after 1 and 5 calls that ran them
+
+    for rid, got in outs.items():
+        tokens, text = synchronous(eng, prompts[rid], full[rid], params[rid], limits[rid])
+        assert (tokens_of(got), text_of(got), got[-1].finish_reason) == (tokens, text, reasons[rid]), rid
+        assert [o.finished for o in got] == [False] * (len(got) - 1) + [True], rid  # nothing after the end
+        assert len(got) == len(tokens) + (reasons[rid] == "abort"), rid  # one output per token, and the abort's
+    assert set(outs) == set(prompts)
+    stats = eng.stats()
+    assert stats.generation_tokens_total == sum(len(tokens_of(got)) for got in outs.values())
+    assert stats.num_finished_total == len(prompts) and stats.num_free_kv_blocks == stats.num_kv_blocks
+
+
+def test_outputs_of_a_step_are_built_while_the_next_one_runs(tiny_models, monkeypatch):
+    eng, log = recorded_engine(tiny_models["llama"])
+    advance = eng._advance
+    monkeypatch.setattr(eng, "_advance", lambda req, lp: log.append(("build", req.seq.request_id)) or advance(req, lp))
+    for rid, seed in (("a", 1), ("b", 2)):
+        eng.add_request(EngineRequest(rid, prompt_ids(6, seed), greedy(3)))
+    calls = []
+    while eng.has_unfinished_requests():
+        log.append(("call",))
+        calls.append([(o.request_id, o.finished) for o in eng.step()])
+    launch, collect, call = ("launch", ("a", "b")), ("collect",), ("call",)
+    builds = [("build", "a"), ("build", "b")]
+    assert log == [call, launch, collect,
+                   call, launch, *builds, collect,  # step 1's outputs while step 2 runs on the device
+                   call, launch, *builds, collect,
+                   call, *builds]  # both finished by length in step 3: nothing left to launch
+    assert calls == [[], [("a", False), ("b", False)], [("a", False), ("b", False)], [("a", True), ("b", True)]]
+
+
+def test_abort_sends_the_collected_token_before_the_abort(tiny_models):
+    eng, _ = recorded_engine(tiny_models["llama"])
+    ids = prompt_ids(10, 6)
+    eng.add_request(EngineRequest("x", ids, greedy()))
+    outs = eng.step() + eng.step()  # the second call sent token 1 and collected token 2
+    assert eng.abort_request("x")
+    outs += eng.step()
+    assert [o.new_token_ids for o in outs] == [(t,) for t in alone(tiny_models["llama"], ids)[:2]] + [()]
+    assert [o.finish_reason for o in outs] == [None, None, "abort"] and outs[-1].num_output_tokens == 2
+    assert not eng.has_unfinished_requests()
+
+
+def test_abort_after_the_collected_token_finished_the_request_is_too_late(tiny_models):
+    eng, _ = recorded_engine(tiny_models["llama"])
+    eng.add_request(EngineRequest("x", prompt_ids(10, 6), greedy(2)))
+    eng.step()
+    eng.step()  # collects the last token: finished by length, its output not built yet
+    assert not eng.abort_request("x")
+    outs = eng.step()
+    assert [(o.new_token_ids != (), o.finish_reason) for o in outs] == [(True, "length")]
+    stats = eng.stats()
+    assert stats.num_finished_total == 1 and stats.num_free_kv_blocks == stats.num_kv_blocks
