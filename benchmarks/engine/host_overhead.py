@@ -9,6 +9,10 @@ every request decodes greedily with `ignore_eos`, as in engine_bench.decode_rate
 mean and p90 per step in microseconds, with and without a tokenizer (the benchmark's dummy model has
 none; a served model has one).
 
+Not all of that host time keeps a GPU waiting: the engine builds step N's outputs while step N+1 runs.
+`gap_*` is the part that does, per step: from the return of `runner.collect` for step N (the sync on its
+tokens) to the start of step N+1's graph body (where the replay would be enqueued).
+
 Example: PYTHONPATH=engine python benchmarks/engine/host_overhead.py --batch 64 --steps 300 --profile
 """
 
@@ -23,6 +27,7 @@ import re
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -48,7 +53,20 @@ def plain_token(model: Path) -> int:
     return next(i for i in range(tok.vocab_size) if re.fullmatch(r" ?[a-z]{2,}", tok.decode([i])))
 
 
-def stubbed_engine(model: Path, tokenizer: bool, prefix_caching: bool, token: int) -> Engine:
+@dataclass
+class Marks:
+    """perf_counter times at which each graph body started and each collect returned."""
+
+    launched: list[float] = field(default_factory=list)
+    collected: list[float] = field(default_factory=list)
+
+    def gaps_us(self, steps: int) -> list[float]:
+        """For each of the last `steps` launches, the time since the collect before it (the GPU-idle gap).
+        Each of the last `steps` + 1 calls launched one graph and collected it, so the lists align from the end."""
+        return [(t - c) * 1e6 for c, t in zip(self.collected[-steps - 1:-1], self.launched[-steps:])]
+
+
+def stubbed_engine(model: Path, tokenizer: bool, prefix_caching: bool, token: int) -> tuple[Engine, Marks]:
     """A CPU engine whose decode steps run the padded graph buffers around a stub model: fixed logits."""
     no_tok = tempfile.mkdtemp(prefix="no-tokenizer-")
     engine = Engine(EngineConfig(model=str(model), device="cpu", dtype="float32", block_size=16, max_num_seqs=256,
@@ -58,12 +76,24 @@ def stubbed_engine(model: Path, tokenizer: bool, prefix_caching: bool, token: in
     graphs = runner.build_decode_graphs(use_graphs=False, max_batch=256)
     logits = torch.zeros(graphs.max_batch, runner.model_config.vocab_size)  # [B, V]
     logits[:, token] = 1.0
-    graphs.step_fn = lambda ids, pos, meta: logits[: ids.shape[0]]
+    marks = Marks()
+
+    def stub(ids, pos, meta):
+        marks.launched.append(time.perf_counter())
+        return logits[: ids.shape[0]]
+
+    def collect(launched):
+        result = collect_step(launched)
+        marks.collected.append(time.perf_counter())
+        return result
+
+    graphs.step_fn = stub
     runner.graphs = graphs
-    return engine
+    collect_step, runner.collect = runner.collect, collect
+    return engine, marks
 
 
-def time_steps(engine: Engine, batch: int, steps: int, warmup: int, profile: bool) -> dict:
+def time_steps(engine: Engine, marks: Marks, batch: int, steps: int, warmup: int, profile: bool) -> dict:
     gen = torch.Generator().manual_seed(batch)
     vocab = engine.model_config.vocab_size
     for i, ids in enumerate(torch.randint(3, vocab, (batch, 128), generator=gen).tolist()):
@@ -84,8 +114,10 @@ def time_steps(engine: Engine, batch: int, steps: int, warmup: int, profile: boo
             prof.disable()
         assert len(outs) == batch
     us = sorted(t * 1e6 for t in times)
+    gaps = sorted(marks.gaps_us(steps))
     row = {"batch": batch, "steps": steps, "median_us": statistics.median(us), "mean_us": statistics.fmean(us),
-           "p90_us": us[int(0.9 * len(us))]}
+           "p90_us": us[int(0.9 * len(us))], "gap_median_us": statistics.median(gaps),
+           "gap_mean_us": statistics.fmean(gaps), "gap_p90_us": gaps[int(0.9 * len(gaps))]}
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
     return row
@@ -102,8 +134,8 @@ def main() -> None:
     torch.set_num_threads(1)
     model = tiny_model(Path(tempfile.mkdtemp(prefix="tiny-models-")))
     for tokenizer in (False, True):
-        engine = stubbed_engine(model, tokenizer, args.prefix_caching, token=plain_token(model))
-        row = time_steps(engine, args.batch, args.steps, args.warmup, args.profile)
+        engine, marks = stubbed_engine(model, tokenizer, args.prefix_caching, token=plain_token(model))
+        row = time_steps(engine, marks, args.batch, args.steps, args.warmup, args.profile)
         row.update(tokenizer=tokenizer, prefix_caching=args.prefix_caching)
         print(json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
 
