@@ -5,6 +5,8 @@ vanish without a trace. References are each request run alone to its full length
 engine would have stopped it.
 """
 
+import pytest
+
 from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.detokenizer import IncrementalDetokenizer
 from hosttune_engine.core.messages import EngineRequest
@@ -37,8 +39,11 @@ class RecordingRunner:
         return getattr(self.runner, name)
 
 
-def recorded_engine(path, **kw) -> tuple[Engine, list]:
-    eng, log = Engine(EngineConfig(model=str(path), num_kv_blocks=64, block_size=16, **kw)), []
+def recorded_engine(path, padded: bool = False) -> tuple[Engine, list]:
+    """An engine whose runner logs; with `padded`, decode steps run the CUDA-graph buffers (eagerly)."""
+    eng, log = Engine(EngineConfig(model=str(path), num_kv_blocks=64, block_size=16)), []
+    if padded:
+        eng.runner.graphs = eng.runner.build_decode_graphs(use_graphs=False, max_batch=8)
     eng.runner = RecordingRunner(eng.runner, log)
     return eng, log
 
@@ -91,9 +96,10 @@ def assert_well_ordered(outs) -> None:
     assert all(len(o.new_token_ids) == 1 for o in outs[:-1])
 
 
-def test_stop_string_found_a_step_late_drops_the_next_token_everywhere(tiny_models):
+@pytest.mark.parametrize("padded", [False, True])
+def test_stop_string_found_a_step_late_drops_the_next_token_everywhere(tiny_models, padded):
     path = tiny_models["qwen2"]
-    eng, log = recorded_engine(path)
+    eng, log = recorded_engine(path, padded)
     ids = eng.tokenizer.encode(TEXT)
     full = alone(path, ids)
     full_text = eng.tokenizer.decode(full)
@@ -128,12 +134,13 @@ def test_stop_string_on_the_last_allowed_token_wins_over_length(tiny_models):
     assert sum(entry[0] == "launch" for entry in log) == len(want)  # length finished it when collected
 
 
-def test_mixed_batch_matches_what_each_request_gives_alone(tiny_models):
+@pytest.mark.parametrize("padded", [False, True])
+def test_mixed_batch_matches_what_each_request_gives_alone(tiny_models, padded):
     """EOS, max_tokens, stop strings (one on its last allowed token), a late arrival and two aborts in one
     batch: each request's tokens, text, finish reason and outputs are those of its run alone, cut where the
     synchronous engine stopped it (an abort after k calls that ran it: k tokens)."""
     path = tiny_models["qwen2"]
-    eng, _ = recorded_engine(path)
+    eng, _ = recorded_engine(path, padded)
     text_ids = eng.tokenizer.encode(TEXT)
     prompts = {"len": prompt_ids(9, 1), "eos": prompt_ids(14, 2), "stop": text_ids, "stop_at_max": text_ids,
                "late": prompt_ids(5, 3), "abort": prompt_ids(20, 4), "abort_early": prompt_ids(7, 5)}
