@@ -23,9 +23,9 @@ DEV = "cuda"  # a CPU smoke run (interpreter) sets "cpu"
 POOL_TOKENS = 1 << 20  # decode benchmark cache: 1M tokens, 2 GiB of K+V, 35x the L2
 DECODE_CASES = ((1, 32, 128), (1024, 8192))  # batches, contexts
 PREFILL_LENS = (512, 2048, 4096, 8192)
-PREFILL_CANDIDATES = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
-    (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 4), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3),
-    (128, 128, 8, 2),
+PREFILL_CANDIDATES = [  # (BLOCK_M = two halves, BLOCK_N, num_warps, num_stages)
+    (128, 64, 4, 2), (128, 64, 4, 3), (128, 32, 4, 3), (128, 128, 4, 2), (64, 64, 4, 2), (256, 64, 8, 2),
+    (128, 64, 8, 2),
 ]
 DECODE_CANDIDATES = [(64, 4, 3), (32, 4, 3), (128, 4, 3), (64, 4, 4), (128, 8, 3), (64, 2, 3)]  # BLOCK_N, warps, stages
 

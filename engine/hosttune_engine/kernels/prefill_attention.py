@@ -10,7 +10,8 @@ When no sequence has a prefix (every context is exactly this step's tokens),
 `k`/`v` of this step can be passed instead of the caches (`contiguous=True`):
 the same loop reads them with one stride, without the block-table gather.
 
-Each program owns BLOCK_M queries of one head. Its key loop runs in two
+Each program owns BLOCK_M queries of one head, as two halves whose work is
+interleaved tile by tile (see `_attend_tiles`). Its key loop runs in two
 phases: tiles every query may see, without masks, then the tiles on the
 diagonal, masked. Programs take the heaviest (last) query tiles first, and the
 grid runs heads fastest: all heads of a sequence's heaviest tile start before
@@ -42,11 +43,14 @@ def _load_kv(ptr, desc, bt_row, kv_row0, start_n, offs_n, offs_d, n_limit, strid
              PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr):
     """One [BLOCK_N, D] tile of keys or values: through the descriptor when contiguous, else gathered."""
     if not PAGED:
-        return desc.load([kv_row0 + start_n, 0])
-    kv_off = _kv_offsets(bt_row, kv_row0, start_n, offs_n, n_limit, stride_kb, stride_ks, PAGE, BLOCK_N, PAGED)
-    if MASKED:
-        return tl.load(ptr + kv_off[:, None] + offs_d[None, :], mask=(offs_n < n_limit)[:, None], other=0.0)
-    return tl.load(ptr + kv_off[:, None] + offs_d[None, :])
+        x = desc.load([kv_row0 + start_n, 0])
+    else:
+        kv_off = _kv_offsets(bt_row, kv_row0, start_n, offs_n, n_limit, stride_kb, stride_ks, PAGE, BLOCK_N, PAGED)
+        if MASKED:
+            x = tl.load(ptr + kv_off[:, None] + offs_d[None, :], mask=(offs_n < n_limit)[:, None], other=0.0)
+        else:
+            x = tl.load(ptr + kv_off[:, None] + offs_d[None, :])
+    return x
 
 
 @triton.jit
@@ -59,33 +63,67 @@ def _kv_offsets(bt_row, kv_row0, start_n, offs_n, n_limit, stride_kb, stride_ks,
 
 
 @triton.jit
-def _attend_tiles(acc, l_i, m_i, q, k_ptr, v_ptr, k_desc, v_desc, bt_row, kv_row0, lo, hi, q_pos, ctx_len, qk_scale,
+def _softmax_tile(qk, m_i, offs_n, q_pos, qk_scale, MASKED: tl.constexpr):
+    """One tile's raw scores [HALF, BN] -> probabilities (base 2), the rescale of older tiles, the new row max."""
+    if MASKED:
+        # Causality alone: a stored row's keys end at its position, inside the context. Rows past the
+        # chunk (not stored) may see keys past ctx_len: zeros from masked loads, the next sequence's rows
+        # or TMA's zero fill, all finite. (Also masking ctx_len cost 8% at 8K tokens on the H200.)
+        keep = offs_n[None, :] <= q_pos[:, None]
+        qk = qk * qk_scale + tl.where(keep, 0.0, -1.0e30)
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        qk -= m_new[:, None]
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        qk = qk * qk_scale - m_new[:, None]
+    return tl.exp2(qk), tl.exp2(m_i - m_new), m_new
+
+
+@triton.jit
+def _attend_tiles(acc_a, l_a, m_a, acc_b, l_b, m_b, q_a, q_b, pos_a, pos_b,
+                  k_ptr, v_ptr, k_desc, v_desc, bt_row, kv_row0, lo, hi, ctx_len, qk_scale,
                   stride_kb, stride_ks, offs_d,
                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
                   PRECISION: tl.constexpr):
-    """Online softmax over key tiles [lo, hi); k_ptr/v_ptr (or the descriptors) already point at this KV head."""
+    """Online softmax of both query halves over key tiles [lo, hi); k_ptr/v_ptr (or the descriptors) point at
+    this KV head. Both halves' QK^T come first, then each half's softmax and PV in turn: the tensor cores work
+    on one half while the other half's exponentials run (about 7% faster at 4K-8K tokens on the H200)."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_kv(k_ptr, k_desc, bt_row, kv_row0, start_n, offs_n, offs_d, ctx_len, stride_kb, stride_ks,
-                     PAGE, BLOCK_N, PAGED, MASKED)  # [BN, D]
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # [BM, BN]
-        if MASKED:
-            keep = (offs_n[None, :] <= q_pos[:, None]) & (offs_n < ctx_len)[None, :]
-            qk = qk * qk_scale + tl.where(keep, 0.0, -1.0e30)
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            qk -= m_new[:, None]
-        else:
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            qk = qk * qk_scale - m_new[:, None]
-        p = tl.exp2(qk)
-        alpha = tl.exp2(m_i - m_new)
-        acc = acc * alpha[:, None]
+        k = tl.trans(_load_kv(k_ptr, k_desc, bt_row, kv_row0, start_n, offs_n, offs_d, ctx_len, stride_kb, stride_ks,
+                              PAGE, BLOCK_N, PAGED, MASKED))  # [D, BN]
+        s_a = tl.dot(q_a, k, input_precision=PRECISION)  # [HALF, BN]
+        s_b = tl.dot(q_b, k, input_precision=PRECISION)
+        p_a, alpha_a, m_a = _softmax_tile(s_a, m_a, offs_n, pos_a, qk_scale, MASKED)
         v = _load_kv(v_ptr, v_desc, bt_row, kv_row0, start_n, offs_n, offs_d, ctx_len, stride_kb, stride_ks,
                      PAGE, BLOCK_N, PAGED, MASKED)  # [BN, D]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-        l_i = l_i * alpha + tl.sum(p, 1)  # after the dot: p's row sums are not live across it
-        m_i = m_new
-    return acc, l_i, m_i
+        acc_a = tl.dot(p_a.to(v.dtype), v, acc_a * alpha_a[:, None], input_precision=PRECISION)
+        p_b, alpha_b, m_b = _softmax_tile(s_b, m_b, offs_n, pos_b, qk_scale, MASKED)
+        acc_b = tl.dot(p_b.to(v.dtype), v, acc_b * alpha_b[:, None], input_precision=PRECISION)
+        l_a = l_a * alpha_a + tl.sum(p_a, 1)  # after the dots: the row sums are not live across them
+        l_b = l_b * alpha_b + tl.sum(p_b, 1)
+    return acc_a, l_a, m_a, acc_b, l_b, m_b
+
+
+@triton.jit
+def _load_q(q_ptr, q_desc, q_start, row0, q_len, h, stride_qt, stride_qh, offs_d,
+            HALF: tl.constexpr, PAGED: tl.constexpr):
+    """Query rows row0 .. row0 + HALF of this sequence (rows past q_len: zeros, or the next sequence's)."""
+    if PAGED:  # (if/else, not an early return: code after a constexpr-if return is still compiled)
+        rows = row0 + tl.arange(0, HALF)
+        q_rows = (q_start + rows).to(tl.int64)
+        q = tl.load(q_ptr + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                    mask=(rows < q_len)[:, None], other=0.0)
+    else:
+        q = q_desc.load([q_start + row0, 0])
+    return q
+
+
+@triton.jit
+def _store_o(o_ptr, acc, l_i, q_start, rows, q_len, h, stride_ot, stride_oh, offs_d):
+    q_rows = (q_start + rows).to(tl.int64)
+    tl.store(o_ptr + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+             (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=(rows < q_len)[:, None])
 
 
 @triton.jit(do_not_specialize=["stride_bt"])  # the table width changes per step
@@ -97,6 +135,7 @@ def _prefill_attention_kernel(
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PRECISION: tl.constexpr,
 ):
+    HALF: tl.constexpr = BLOCK_M // 2
     h = tl.program_id(0)  # heads fastest: see the module docstring
     pid = tl.program_id(1)
     b = tl.program_id(2)
@@ -109,47 +148,52 @@ def _prefill_attention_kernel(
     ctx_len = tl.load(lens_ptr + b)
     prefix = ctx_len - q_len  # keys already cached before this chunk
     kvh = h // GROUP
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows_a = pid_m * BLOCK_M + tl.arange(0, HALF)
+    rows_b = rows_a + HALF
     offs_d = tl.arange(0, HEAD_D)
-    m_valid = offs_m < q_len
-    q_rows = (q_start + offs_m).to(tl.int64)
     k_head = k_ptr + kvh * stride_kh
     v_head = v_ptr + kvh * stride_kh
+    q_desc = None
     k_desc = None
     v_desc = None
-    if PAGED:
-        q = tl.load(q_ptr + q_rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                    mask=m_valid[:, None], other=0.0)  # [BM, D]
-    else:
+    if not PAGED:
         q_desc = tl.make_tensor_descriptor(q_ptr + h * stride_qh, shape=[num_tokens, HEAD_D], strides=[stride_qt, 1],
-                                           block_shape=[BLOCK_M, HEAD_D])
+                                           block_shape=[HALF, HEAD_D])
         k_desc = tl.make_tensor_descriptor(k_head, shape=[num_tokens, HEAD_D], strides=[stride_ks, 1],
                                            block_shape=[BLOCK_N, HEAD_D])
         v_desc = tl.make_tensor_descriptor(v_head, shape=[num_tokens, HEAD_D], strides=[stride_ks, 1],
                                            block_shape=[BLOCK_N, HEAD_D])
-        q = q_desc.load([q_start + pid_m * BLOCK_M, 0])
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+    q_a = _load_q(q_ptr, q_desc, q_start, pid_m * BLOCK_M, q_len, h, stride_qt, stride_qh, offs_d,
+                  HALF, PAGED)  # [HALF, D]
+    q_b = _load_q(q_ptr, q_desc, q_start, pid_m * BLOCK_M + HALF, q_len, h, stride_qt, stride_qh, offs_d,
+                  HALF, PAGED)
+    m_a = tl.full([HALF], float("-inf"), tl.float32)
+    m_b = tl.full([HALF], float("-inf"), tl.float32)
+    l_a = tl.zeros([HALF], tl.float32)
+    l_b = tl.zeros([HALF], tl.float32)
+    acc_a = tl.zeros([HALF, HEAD_D], tl.float32)
+    acc_b = tl.zeros([HALF, HEAD_D], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    q_pos = prefix + offs_m
     # Phase 1: keys below `lo` are visible to every query of the tile.
     lo = (prefix + pid_m * BLOCK_M) // BLOCK_N * BLOCK_N
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_head, v_head, k_desc, v_desc, bt_row, q_start, 0, lo, q_pos, ctx_len,
-                                  qk_scale, stride_kb, stride_ks, offs_d, PAGE, BLOCK_N, PAGED, False, PRECISION)
+    acc_a, l_a, m_a, acc_b, l_b, m_b = _attend_tiles(
+        acc_a, l_a, m_a, acc_b, l_b, m_b, q_a, q_b, prefix + rows_a, prefix + rows_b,
+        k_head, v_head, k_desc, v_desc, bt_row, q_start, 0, lo, ctx_len, qk_scale, stride_kb, stride_ks, offs_d,
+        PAGE, BLOCK_N, PAGED, False, PRECISION)
     # Phase 2: the diagonal tiles, masked.
     hi = tl.minimum(ctx_len, prefix + (pid_m + 1) * BLOCK_M)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_head, v_head, k_desc, v_desc, bt_row, q_start, lo, hi, q_pos, ctx_len,
-                                  qk_scale, stride_kb, stride_ks, offs_d, PAGE, BLOCK_N, PAGED, True, PRECISION)
-    acc = acc / l_i[:, None]
-    tl.store(o_ptr + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-             acc.to(o_ptr.dtype.element_ty), mask=m_valid[:, None])
+    acc_a, l_a, m_a, acc_b, l_b, m_b = _attend_tiles(
+        acc_a, l_a, m_a, acc_b, l_b, m_b, q_a, q_b, prefix + rows_a, prefix + rows_b,
+        k_head, v_head, k_desc, v_desc, bt_row, q_start, lo, hi, ctx_len, qk_scale, stride_kb, stride_ks, offs_d,
+        PAGE, BLOCK_N, PAGED, True, PRECISION)
+    _store_o(o_ptr, acc_a, l_a, q_start, rows_a, q_len, h, stride_ot, stride_oh, offs_d)
+    _store_o(o_ptr, acc_b, l_b, q_start, rows_b, q_len, h, stride_ot, stride_oh, offs_d)
 
 
 def default_config(dtype: torch.dtype, device) -> dict:
     if dtype == torch.float32 or getattr(device, "type", "cpu") != "cuda":
         return {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
-    return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+    return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
 def config_key(dtype, head_dim: int, group: int, page: int, contiguous: bool, max_query_len: int) -> str:
@@ -186,6 +230,8 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
     cfg = config or launch_config("prefill_attention", config_key(q.dtype, d, hq // hkv, k_cache.shape[1],
                                   contiguous, max_query_len), q.device, default_config(q.dtype, q.device))
     cfg = {**cfg, **({"BLOCK_M": block_m} if block_m else {}), **({"BLOCK_N": block_n} if block_n else {})}
+    check(cfg["BLOCK_M"] >= 32 and cfg["BLOCK_M"] & (cfg["BLOCK_M"] - 1) == 0,
+          f"BLOCK_M must be a power of two >= 32 (two halves of >= 16 rows), got {cfg['BLOCK_M']}")
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     grid = (hq, triton.cdiv(max_query_len, cfg["BLOCK_M"]), seq_lens.shape[0])
     _prefill_attention_kernel[grid](
