@@ -19,6 +19,7 @@ Example: PYTHONPATH=engine python benchmarks/engine/host_overhead.py --batch 64 
 from __future__ import annotations
 
 import argparse
+import bisect
 import cProfile
 import importlib.util
 import json
@@ -61,9 +62,15 @@ class Marks:
     collected: list[float] = field(default_factory=list)
 
     def gaps_us(self, steps: int) -> list[float]:
-        """For each of the last `steps` launches, the time since the collect before it (the GPU-idle gap).
-        Each of the last `steps` + 1 calls launched one graph and collected it, so the lists align from the end."""
-        return [(t - c) * 1e6 for c, t in zip(self.collected[-steps - 1:-1], self.launched[-steps:])]
+        """For each of the last `steps` launches, the time since the latest collect before it (the GPU-idle
+        gap). Paired by time, not by position: whether a call collects before or after it launches is what
+        this measures."""
+        gaps = []
+        for t in self.launched[-steps:]:
+            i = bisect.bisect_left(self.collected, t)
+            if i:
+                gaps.append((t - self.collected[i - 1]) * 1e6)
+        return gaps
 
 
 def stubbed_engine(model: Path, tokenizer: bool, prefix_caching: bool, token: int) -> tuple[Engine, Marks]:

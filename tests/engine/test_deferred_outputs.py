@@ -153,7 +153,7 @@ def test_mixed_batch_matches_what_each_request_gives_alone(tiny_models, padded):
               "stop_at_max": greedy(num_until_stop, stop=[stop]), "late": greedy(6), "abort": greedy(),
               "abort_early": greedy()}
     limits = {"len": 7, "eos": full["eos"].index(eos) + 1, "stop": FULL, "stop_at_max": FULL, "late": 6,
-              "abort": 5, "abort_early": 1}
+              "abort": 4, "abort_early": 0}
     reasons = {"len": "length", "eos": "stop", "stop": "stop", "stop_at_max": "stop", "late": "length",
                "abort": "abort", "abort_early": "abort"}
     reqs = {rid: EngineRequest(rid, prompts[rid], params[rid]) for rid in prompts}
@@ -183,32 +183,33 @@ def test_outputs_of_a_step_are_built_while_the_next_one_runs(tiny_models, monkey
         calls.append([(o.request_id, o.finished) for o in eng.step()])
     launch, collect, call = ("launch", ("a", "b")), ("collect",), ("call",)
     builds = [("build", "a"), ("build", "b")]
-    assert log == [call, launch, collect,
-                   call, launch, *builds, collect,  # step 1's outputs while step 2 runs on the device
-                   call, launch, *builds, collect,
-                   call, *builds]  # both finished by length in step 3: nothing left to launch
+    assert log == [call, launch,  # the prefill is left running
+                   call, collect, launch, *builds,  # step 1's outputs while step 2 runs on the device
+                   call, collect, launch, *builds,
+                   call, collect, *builds]  # both finished by length in step 3: nothing left to launch
     assert calls == [[], [("a", False), ("b", False)], [("a", False), ("b", False)], [("a", True), ("b", True)]]
 
 
-def test_abort_sends_the_collected_token_before_the_abort(tiny_models):
+def test_abort_drops_the_token_of_the_step_in_flight(tiny_models):
     eng, _ = recorded_engine(tiny_models["llama"])
     ids = prompt_ids(10, 6)
     eng.add_request(EngineRequest("x", ids, greedy()))
-    outs = eng.step() + eng.step()  # the second call sent token 1 and collected token 2
+    outs = eng.step() + eng.step()  # the second call sent token 1 and left the step of token 2 running
     assert eng.abort_request("x")
     outs += eng.step()
-    assert [o.new_token_ids for o in outs] == [(t,) for t in alone(tiny_models["llama"], ids)[:2]] + [()]
-    assert [o.finish_reason for o in outs] == [None, None, "abort"] and outs[-1].num_output_tokens == 2
+    assert [o.new_token_ids for o in outs] == [(alone(tiny_models["llama"], ids)[0],), ()]
+    assert [o.finish_reason for o in outs] == [None, "abort"] and outs[-1].num_output_tokens == 1
     assert not eng.has_unfinished_requests()
+    stats = eng.stats()
+    assert stats.generation_tokens_total == 1 and stats.num_free_kv_blocks == stats.num_kv_blocks
 
 
-def test_abort_after_the_collected_token_finished_the_request_is_too_late(tiny_models):
+def test_abort_after_the_last_token_went_out_is_too_late(tiny_models):
     eng, _ = recorded_engine(tiny_models["llama"])
     eng.add_request(EngineRequest("x", prompt_ids(10, 6), greedy(2)))
-    eng.step()
-    eng.step()  # collects the last token: finished by length, its output not built yet
+    outs = eng.step() + eng.step() + eng.step()  # the third call collected the last token and sent it
+    assert [(o.new_token_ids != (), o.finish_reason) for o in outs] == [(True, None), (True, "length")]
     assert not eng.abort_request("x")
-    outs = eng.step()
-    assert [(o.new_token_ids != (), o.finish_reason) for o in outs] == [(True, "length")]
+    assert eng.step() == [] and not eng.has_unfinished_requests()
     stats = eng.stats()
     assert stats.num_finished_total == 1 and stats.num_free_kv_blocks == stats.num_kv_blocks

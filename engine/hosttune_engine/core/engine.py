@@ -1,9 +1,9 @@
 """The engine loop: requests in, one scheduled model step at a time, token outputs out.
 
-Each `step()` schedules and launches step N+1 on the device, builds the outputs
-of step N while the device computes (deferred output processing), then collects
-step N+1's tokens. Callers talk to it only with the message dataclasses of
-`core.messages`.
+Each `step()` collects step N (launched by the previous call), schedules and
+launches step N+1, and builds step N's outputs while the device computes step
+N+1, which is still running when `step()` returns (deferred output processing).
+Callers talk to it only with the message dataclasses of `core.messages`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,16 @@ class _Request:
 
 
 @dataclass
+class _InFlight:
+    """A launched step, collected by the next `step` call."""
+
+    sched: SchedulerOutput
+    launched: LaunchedStep
+
+
+@dataclass
 class _Collected:
-    """A collected step whose outputs are not built yet: the next `step` builds them while the device runs."""
+    """A collected step whose outputs are not built yet: `step` builds them while the next step runs."""
 
     seqs: list[Sequence]  # those that got a token, in scheduled order
     sched: SchedulerOutput
@@ -60,7 +68,7 @@ class Engine:
             self.block_manager, eos_token_ids=eos)
         self.requests: dict[str, _Request] = {}
         self._pending: list[TokenOutput] = []  # built, to go out with the next step
-        self._collected: _Collected | None = None
+        self._in_flight: _InFlight | None = None
         self._prompt_tokens = self._generation_tokens = self._finished = 0
 
     # -- messages in -----------------------------------------------------------------
@@ -100,13 +108,14 @@ class Engine:
                                f"{self.block_manager.num_blocks}; lower max_tokens")
 
     def abort_request(self, request_id: str) -> bool:
-        """Stop a request now and free its KV blocks; its final output comes with the next step."""
-        req = self.requests.get(request_id)
-        if req is not None:
-            self._build_now(req.seq)  # the token it already has goes out before the abort
-        if request_id not in self.requests:  # unknown, or that token finished it
+        """Stop a request now and free its KV blocks; its final output comes with the next step.
+
+        A step launched by the last `step` call may still be computing this sequence on the device: its
+        token is dropped when collected (postprocess skips finished sequences), and its writes into the
+        freed blocks end before they are handed out again, since the next schedule follows that collect."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
             return False
-        del self.requests[request_id]
         self.scheduler.finish(req.seq, "abort")
         self.runner.release(request_id)
         self._pending.append(self._output(req, (), None, finished=True))
@@ -115,49 +124,40 @@ class Engine:
 
     # -- the loop ----------------------------------------------------------------------
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._pending) or self._collected is not None
+        return self.scheduler.has_unfinished() or bool(self._pending) or self._in_flight is not None
 
     def step(self) -> list[TokenOutput]:
-        """Run one scheduled batch; return the new tokens and text of the batch before it (and aborts).
+        """Collect the step launched by the previous call, launch the next one, and return the collected
+        step's new tokens and text (and the outputs of aborts since the last call).
 
-        The outputs of step N are built while the device computes step N+1, so the device waits only for
-        scheduling and input packing between two steps. Step N's tokens were appended and checked for
-        EOS and max_tokens when it was collected; its stop strings are found here, one step late.
+        The outputs of step N are built while the device computes step N+1, and step N+1 is left running
+        when this returns: between two steps the device waits only for step N's tokens to be appended
+        (EOS, max_tokens), the schedule and the input packing. Step N's stop strings are found while
+        building its outputs, so a sequence that hit one may already be in step N+1: that token is dropped.
         """
-        sched = self.scheduler.schedule()
-        launched = None if sched.is_empty else self.runner.launch(sched)
         outputs, self._pending = self._pending, []
-        outputs += self._build_collected()  # the device computes `sched` meanwhile
-        if launched is not None:
-            self._collect(sched, launched)
+        collected = self._collect() if self._in_flight is not None else None
+        sched = self.scheduler.schedule()
+        if not sched.is_empty:
+            self._in_flight = _InFlight(sched, self.runner.launch(sched))
+        if collected is not None:
+            outputs += self._build(collected)  # the device computes the step just launched meanwhile
         return outputs
 
-    def _collect(self, sched: SchedulerOutput, launched: LaunchedStep) -> None:
-        """Wait for the step and append its tokens; its outputs are built in the next call. Nothing is left
-        in flight on the device, so the caller may abort requests before the next call."""
+    def _collect(self) -> _Collected | None:
+        """Wait for the step in flight and append its tokens (EOS and max_tokens are checked here)."""
+        sched, launched = self._in_flight.sched, self._in_flight.launched
+        self._in_flight = None
         result = self.runner.collect(launched)
         seqs = self.scheduler.postprocess(sched, result.tokens)
         self._generation_tokens += len(seqs)
-        if seqs:
-            self._collected = _Collected(seqs, sched, result)
+        return _Collected(seqs, sched, result) if seqs else None
 
-    def _build_collected(self) -> list[TokenOutput]:
-        collected, self._collected = self._collected, None
-        if collected is None:
-            return []
+    def _build(self, collected: _Collected) -> list[TokenOutput]:
         logprobs = _logprobs_by_seq(collected.sched, collected.result)
         requests = self.requests
         return [self._advance(requests[seq.request_id], logprobs.get(id(seq)) if logprobs else None)
                 for seq in collected.seqs]
-
-    def _build_now(self, seq: Sequence) -> None:
-        """Build `seq`'s output of the collected step now, ahead of the others, into `_pending`."""
-        collected = self._collected
-        if collected is None or seq not in collected.seqs:
-            return
-        collected.seqs.remove(seq)
-        logprob = _logprobs_by_seq(collected.sched, collected.result).get(id(seq))
-        self._pending.append(self._advance(self.requests[seq.request_id], logprob))
 
     def _advance(self, req: _Request, logprob: TokenLogprob | None) -> TokenOutput:
         seq = req.seq
@@ -170,7 +170,7 @@ class Engine:
                 # The step launched earlier in this call may still be writing this sequence's KV into the
                 # blocks freed here; its token is dropped when collected (postprocess skips finished
                 # sequences). Safe: a freed block is handed out again no earlier than the next schedule,
-                # which runs after that step is collected, so the device is done with it by then.
+                # which runs after that step is collected (next call), so the device is done with it by then.
                 self.scheduler.finish(seq, "stop", stop_reason=stop)
         finished = seq.is_finished
         if finished:
