@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Hugging Face transformers on the same Qwen2.5-7B shape (random bf16 weights, SDPA attention):
-`generate` at batch 1, and continuous batching `generate_batch` on a slice of a workload.
+`generate` at batch 1, and continuous batching `generate_batch` on whole workloads (all requests at once).
 
 Run as a subprocess by run_all.py under a time limit; it rewrites --out after every stage, so a
 run cut short still reports what finished. Example:
-python benchmarks/engine/hf_baseline.py --out /tmp/hf.json --cb-requests 32 --cb-in 1024 --cb-out 32
+python benchmarks/engine/hf_baseline.py --out /tmp/hf.json --workload 256:1024:128 --workload 256:256:512
 """
 
 from __future__ import annotations
@@ -70,28 +70,41 @@ def generate_batch_cb(model, n_req: int, n_in: int, n_out: int) -> dict:
             "output_tok_s": tokens / seconds}
 
 
+def workload(text: str) -> tuple[int, int, int]:
+    """REQUESTS:IN:OUT, e.g. 256:1024:128."""
+    try:
+        n_req, n_in, n_out = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected REQUESTS:IN:OUT such as 256:1024:128, got {text!r}") from None
+    return n_req, n_in, n_out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--cb-requests", type=int, default=32)
-    parser.add_argument("--cb-in", type=int, default=1024)
-    parser.add_argument("--cb-out", type=int, default=32)
+    parser.add_argument("--workload", type=workload, action="append", default=[],
+                        help="REQUESTS:IN:OUT for generate_batch; repeat for several (default 256:1024:128)")
     args = parser.parse_args()
-    out, result = Path(args.out), {}
+    out, result = Path(args.out), {"generate_batch_cb": []}
     t0 = time.perf_counter()
     model = build_model()
     result["load_s"] = time.perf_counter() - t0
-    for name, fn in (("generate_batch1", lambda: generate_batch1(model, args.prompt, args.new_tokens)),
-                     ("generate_batch_cb", lambda: generate_batch_cb(model, args.cb_requests, args.cb_in, args.cb_out))):
+    stages = [("generate_batch1", lambda: generate_batch1(model, args.prompt, args.new_tokens))]
+    stages += [("generate_batch_cb", lambda w=w: generate_batch_cb(model, *w)) for w in args.workload or [(256, 1024, 128)]]
+    for name, fn in stages:
         try:
-            result[name] = fn()
+            row = fn()
         except Exception as e:  # report, and still try the next stage
             traceback.print_exc()
-            result[name] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            row = {"error": f"{type(e).__name__}: {e}"[:500]}
+        if name == "generate_batch_cb":
+            result[name].append(row)
+        else:
+            result[name] = row
         out.write_text(json.dumps(result, indent=1))
-        print(name, result[name], flush=True)
+        print(name, row, flush=True)
 
 
 if __name__ == "__main__":

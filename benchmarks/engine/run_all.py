@@ -24,6 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 SECTIONS = ("kernels", "engine", "greedy", "hf")
+WORKLOADS = ((256, 1024, 128), (256, 256, 512))  # issue 8's offline throughput workloads: requests, in, out
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
     parser.add_argument("--tune", action="store_true", help="tune the attention kernels' launch configs first")
     parser.add_argument("--skip", nargs="*", default=[], choices=SECTIONS)
     parser.add_argument("--budget-s", type=float, default=540, help="sections that would not fit are skipped")
-    parser.add_argument("--hf-limit-s", type=float, default=120)
+    parser.add_argument("--hf-limit-s", type=float, default=420)
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -123,7 +124,7 @@ def run_engine(res: dict, log, deadline) -> None:
     res["warmup"] = [eb.offline_throughput(engine, 64, 1024, 16), eb.offline_throughput(engine, 64, 256, 24)]
     log(res["warmup"])  # the workloads' shapes at a quarter of the requests: compile their kernel variants
     res["throughput"] = []
-    for n_req, n_in, n_out in ((256, 1024, 128), (256, 256, 512)):
+    for n_req, n_in, n_out in WORKLOADS:
         if not deadline.allows(40):
             break
         row = eb.offline_throughput(engine, n_req, n_in, n_out)
@@ -146,7 +147,7 @@ def run_greedy(res: dict, log) -> None:
 def run_hf(res: dict, out: Path, limit_s: float) -> None:
     path = out / "hf.json"
     cmd = [sys.executable, str(HERE / "hf_baseline.py"), "--out", str(path),
-           "--cb-requests", "32", "--cb-in", "1024", "--cb-out", "32"]
+           *(f"--workload={n}:{i}:{o}" for n, i, o in WORKLOADS)]
     t0 = time.perf_counter()
     try:
         subprocess.run(cmd, timeout=limit_s, check=False)
@@ -162,8 +163,9 @@ def print_table(res: dict) -> None:
     print(f"| copy bandwidth / bf16 GEMM 8192^3 | {c.get('copy_tb_s', 0):.2f} TB/s | {c.get('gemm_tflop_s', 0):.0f} TFLOP/s | | |")
     for r in res.get("prefill_attention", []):
         target = "≥ 0.90" if r["tokens"] >= 4096 and r["mode"] == "contiguous" else ""
+        graph = f" (GPU only, graph replay: {r['graph_ratio_vs_sdpa']:.2f})" if "graph_ratio_vs_sdpa" in r else ""
         print(f"| prefill attention {r['tokens']} tok ({r['mode']}) | {r['ours_tflop_s']:.0f} TFLOP/s | "
-              f"SDPA {r['sdpa_tflop_s']:.0f} TFLOP/s | {r['ratio_vs_sdpa']:.2f} | {target} |")
+              f"SDPA {r['sdpa_tflop_s']:.0f} TFLOP/s | {r['ratio_vs_sdpa']:.2f}{graph} | {target} |")
     for r in res.get("decode_attention", []):
         print(f"| decode attention b{r['batch']} ctx {r['context']} ({r['num_splits']} splits) | "
               f"{r['tb_s']:.2f} TB/s ({r['us']:.1f} us) | copy {c['copy_tb_s']:.2f} TB/s | "
@@ -194,10 +196,26 @@ def print_table(res: dict) -> None:
               f"runner {r['outside_runner_s']:.2f} s | model: prefill {rf['prefill_s']:.2f} s + decode {rf['decode_s']:.2f} s "
               f"| kernels compiled: {r['kernels_compiled']} | |")
     hf = res.get("hf", {})
-    for key, label in (("generate_batch1", "HF generate b1"), ("generate_batch_cb", "HF generate_batch")):
-        v = hf.get(key, {})
-        val = f"{v['tok_s' if 'tok_s' in v else 'output_tok_s']:.1f} tok/s" if "error" not in v and v else v.get("error", "not run")
-        print(f"| {label} | | {val} | | |")
+    b1, ours_b1 = hf.get("generate_batch1", {}), next((r for r in res.get("decode", []) if r["batch"] == 1), None)
+    if b1 and "error" not in b1:
+        ratio = f"{ours_b1['tok_s'] / b1['tok_s']:.1f}x" if ours_b1 else ""
+        print(f"| HF generate b1 (prompt {b1['prompt_tokens']}, {b1['new_tokens']} tokens) | "
+              f"{ours_b1['tok_s']:.0f} tok/s (decode b1) | {b1['tok_s']:.1f} tok/s | {ratio} | |")
+    else:
+        print(f"| HF generate b1 | | {b1.get('error', 'not run')} | | |")
+    ours = {(r["requests"], r["in"], r["out"]): r for r in res.get("throughput", [])}
+    for v in hf.get("generate_batch_cb", []):
+        if "error" in v:
+            print(f"| HF generate_batch | | {v['error']} | | |")
+            continue
+        mine = ours.get((v["requests"], v["in"], v["out"]))
+        ratio = f"{mine['output_tok_s'] / v['output_tok_s']:.1f}x" if mine else ""
+        print(f"| HF generate_batch {v['requests']}x({v['in']} in/{v['out']} out) | "
+              f"{mine['output_tok_s']:.0f} tok/s | {v['output_tok_s']:.0f} tok/s ({v['seconds']:.0f} s) | {ratio} | |"
+              if mine else f"| HF generate_batch {v['requests']}x({v['in']}/{v['out']}) | | "
+              f"{v['output_tok_s']:.0f} tok/s | | |")
+    if not hf.get("generate_batch_cb"):
+        print("| HF generate_batch | | not run | | |")
     g = res.get("graph_vs_eager")
     if g:
         print(f"| CUDA graph vs eager logits (bf16, b{g['batch']}) | max abs {g['max_abs_diff']:.3g}, "
