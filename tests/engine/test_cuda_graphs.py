@@ -99,9 +99,9 @@ def test_padded_step_logits_equal_the_packed_step(tiny_models):
 
 def test_packed_inputs_start_at_16_byte_boundaries(tiny_models):
     """Unaligned views would make Triton compile new kernel variants mid-serving."""
-    from hosttune_engine.core.model_runner import _HostPack
+    from hosttune_engine.core.step_inputs import HostPack
 
-    pack = _HostPack()
+    pack = HostPack()
     spans = [pack.add(np.arange(n)) for n in (5, 3, 1, 8)]
     assert all(s.start % 4 == 0 for s in spans)
     flat = pack.to(torch.device("cpu"))

@@ -1,0 +1,120 @@
+"""The inputs of one eagerly run step, packed for the attention layer.
+
+Prefill chunks come first, then one token per decoding sequence. Token ids,
+positions, cache slots, the rows to sample and the attention metadata are
+packed with numpy into one int32 array that moves to the device in one copy.
+(Decode-only steps on CUDA use the persistent buffers of `core.cuda_graphs`.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hosttune_engine.core.scheduler import SchedulerOutput
+from hosttune_engine.core.sequence import Sequence
+from hosttune_engine.kernels.decode_attention import choose_num_splits
+from hosttune_engine.layers.attention import AttentionMetadata
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    sample_rows: torch.Tensor  # [N] row of each sampled sequence's last token
+    sample_seqs: list[Sequence]
+
+
+def pack_step(sched: SchedulerOutput, block_size: int, device: torch.device, num_kv_heads: int,
+              num_sms: int) -> StepInputs:
+    """Pack a step's inputs in numpy (int32), then move them to the device in one copy."""
+    bs = block_size
+    ids, pos, slots = [], [], []
+    prefill, decode, sample_rows, sample_seqs = [], [], [], []
+    num_tokens = 0
+    for seq, n in zip(sched.seqs, sched.num_new_tokens):
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+        p = np.arange(start, end, dtype=np.int64)
+        ids.append(np.asarray(seq.token_ids[start:end], dtype=np.int64))
+        pos.append(p)
+        table = np.asarray(seq.block_table[start // bs: -(-end // bs)], dtype=np.int64)
+        slots.append(table[p // bs - start // bs] * bs + p % bs)
+        (prefill.append((n, end, seq.block_table)) if n > 1 else decode.append((end, seq.block_table)))
+        num_tokens += n
+        if end == seq.num_tokens:
+            sample_rows.append(num_tokens - 1)
+            sample_seqs.append(seq)
+    host = HostPack()
+    ids_at, pos_at, slots_at = (host.add(np.concatenate(x)) for x in (ids, pos, slots))
+    rows_at = host.add(np.asarray(sample_rows))
+    meta_at = _pack_metadata(host, prefill, decode)
+    dev = host.to(device)
+    meta = _metadata(dev, meta_at, prefill, decode, dev[slots_at])
+    if decode:
+        meta.decode_num_splits = choose_num_splits(len(decode), num_kv_heads, max(c for c, _ in decode), num_sms)
+    return StepInputs(input_ids=dev[ids_at], positions=dev[pos_at], meta=meta, sample_rows=dev[rows_at],
+                      sample_seqs=sample_seqs)
+
+
+def _pack_metadata(host: HostPack, prefill, decode) -> dict:
+    at = {}
+    if prefill:
+        at["cu"] = host.add(np.cumsum([0] + [q for q, _, _ in prefill]))
+        at["p_lens"] = host.add(np.asarray([c for _, c, _ in prefill]))
+        at["p_bt"] = host.add_table([t for _, _, t in prefill])
+    if decode:
+        at["d_lens"] = host.add(np.asarray([c for c, _ in decode]))
+        at["d_bt"] = host.add_table([t for _, t in decode])
+    return at
+
+
+def _metadata(dev: torch.Tensor, at: dict, prefill, decode, slot_mapping) -> AttentionMetadata:
+    meta = AttentionMetadata(slot_mapping=slot_mapping, num_prefill_tokens=sum(q for q, _, _ in prefill))
+    if prefill:
+        meta.prefill_cu_seqlens_q = dev[at["cu"]]
+        meta.prefill_seq_lens = dev[at["p_lens"]]
+        meta.prefill_block_tables = _table_view(dev, at["p_bt"])
+        meta.prefill_max_query_len = max(q for q, _, _ in prefill)
+        meta.prefill_has_prefix = any(c != q for q, c, _ in prefill)
+    if decode:
+        meta.decode_seq_lens = dev[at["d_lens"]]
+        meta.decode_block_tables = _table_view(dev, at["d_bt"])
+    return meta
+
+
+def _table_view(dev: torch.Tensor, at: tuple[slice, int]) -> torch.Tensor:
+    span, width = at
+    return dev[span].view(-1, width)
+
+
+class HostPack:
+    """int32 arrays laid end to end on the host; `to(device)` moves them in one copy."""
+
+    def __init__(self):
+        self.parts: list[np.ndarray] = []
+        self.size = 0
+
+    def add(self, values: np.ndarray) -> slice:
+        """Append at a 16-byte boundary: Triton specializes kernels on pointer alignment, so unaligned
+        views would compile a new variant of a kernel in the middle of serving."""
+        pad = -self.size % 4
+        if pad:
+            self.parts.append(np.zeros(pad, dtype=np.int32))
+            self.size += pad
+        self.parts.append(values)
+        self.size += len(values)
+        return slice(self.size - len(values), self.size)
+
+    def add_table(self, tables: list[list[int]]) -> tuple[slice, int]:
+        width = max(len(t) for t in tables)
+        rows = np.zeros((len(tables), width), dtype=np.int32)
+        for i, t in enumerate(tables):
+            rows[i, :len(t)] = t
+        return self.add(rows.reshape(-1)), width
+
+    def to(self, device: torch.device) -> torch.Tensor:
+        flat = np.concatenate(self.parts).astype(np.int32) if self.parts else np.zeros(0, np.int32)
+        return torch.from_numpy(flat).to(device, non_blocking=False)
