@@ -92,7 +92,8 @@ def main() -> None:
     model = build_model()
     result["load_s"] = time.perf_counter() - t0
     stages = [("generate_batch1", lambda: generate_batch1(model, args.prompt, args.new_tokens))]
-    stages += [("generate_batch_cb", lambda w=w: generate_batch_cb(model, *w)) for w in args.workload or [(256, 1024, 128)]]
+    workloads = args.workload or [(256, 1024, 128)]
+    stages += [("generate_batch_cb", lambda w=w: generate_batch_cb(model, *w)) for w in workloads]
     for name, fn in stages:
         try:
             row = fn()

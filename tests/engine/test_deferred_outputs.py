@@ -6,6 +6,7 @@ engine would have stopped it.
 """
 
 import pytest
+import torch
 
 from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.detokenizer import IncrementalDetokenizer
@@ -213,3 +214,28 @@ def test_abort_after_the_last_token_went_out_is_too_late(tiny_models):
     assert eng.step() == [] and not eng.has_unfinished_requests()
     stats = eng.stats()
     assert stats.num_finished_total == 1 and stats.num_free_kv_blocks == stats.num_kv_blocks
+
+
+def test_sampled_steps_read_their_tokens_back_in_collect(tiny_models, monkeypatch):
+    """Random sampling with logprobs also stays on the device until collect: launch enqueues, collect reads."""
+    from hosttune_engine.layers.sampler import DeviceSample
+
+    def run():
+        eng, log = recorded_engine(tiny_models["llama"])
+        to_host = DeviceSample.to_host
+        read = lambda self: log.append(("read", type(self.tokens))) or to_host(self)  # noqa: E731
+        monkeypatch.setattr(DeviceSample, "to_host", read)
+        eng.add_request(EngineRequest("s", prompt_ids(9, 4),
+                                      SamplingParams(temperature=0.8, top_p=0.9, seed=3, max_tokens=5, logprobs=2,
+                                                     ignore_eos=True)))
+        outs = []
+        while eng.has_unfinished_requests():
+            outs += eng.step()
+        return outs, log
+
+    outs, log = run()
+    assert [entry[0] for entry in log] == ["launch", "collect", "read"] * 5  # never read back inside launch
+    assert all(entry[1] is torch.Tensor for entry in log if entry[0] == "read")
+    assert [len(o.new_logprobs[0].top) for o in outs] == [2] * 5
+    again, _ = run()  # seeded: the same tokens and logprobs as the first run
+    assert [(o.new_token_ids, o.new_logprobs) for o in outs] == [(o.new_token_ids, o.new_logprobs) for o in again]

@@ -24,7 +24,7 @@ from hosttune_engine.errors import ConfigError
 from hosttune_engine.kernels.decode_attention import choose_num_splits
 from hosttune_engine.layers.backend import set_kernel_backend
 from hosttune_engine.layers.one_row import use_gemv_for_one_row
-from hosttune_engine.layers.sampler import Sampler, SamplerOutput, SamplingBatch
+from hosttune_engine.layers.sampler import DeviceSample, Sampler, SamplerOutput, SamplingBatch
 from hosttune_engine.model.loader import load_model
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.sampling import SamplingParams
@@ -60,7 +60,7 @@ class LaunchedStep:
 
     mask: list[bool]  # per scheduled sequence: whether it gets a token this step
     greedy_tokens: torch.Tensor | None  # [n] on the device: the decode graph's argmax of every row
-    sampled: SamplerOutput | None  # the sampler's tokens, already on the host
+    sampled: DeviceSample | None  # the sampler's tokens (and logprobs), on the device
 
 
 class ModelRunner:
@@ -154,32 +154,35 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, sched: SchedulerOutput) -> LaunchedStep:
-        """Pack the step's inputs and enqueue its forward pass and sampling. On the greedy CUDA-graph path
-        nothing here waits for the device; the sampler reads its tokens back itself (layers/sampler.py),
-        so a step with random rows or logprobs waits here instead of in `collect`."""
+        """Pack the step's inputs and enqueue its forward pass and sampling; nothing here waits for the work
+        it enqueues. Host-to-device copies from pageable memory (the packed inputs, the sampling settings) wait
+        for the stream, so they are made before this step's device work is enqueued."""
         mask = sched.sample_mask()
+        seqs = [s for s, needs in zip(sched.seqs, mask) if needs]
         if self._runs_graph(sched):
-            logits, greedy_tokens = self.graphs.run(sched.seqs)  # [n, V] fp32, [n]
-            sample_seqs = [s for s, needs in zip(sched.seqs, mask) if needs]
-            if sample_seqs and all(_plain_greedy(s) for s in sample_seqs):
-                return LaunchedStep(mask, greedy_tokens, None)  # the graph's argmax: no sampler launches
-            if sample_seqs and len(sample_seqs) < len(sched.seqs):
-                logits = logits[torch.tensor([i for i, needs in enumerate(mask) if needs], device=self.device)]
+            if seqs and all(_plain_greedy(s) for s in seqs):
+                return LaunchedStep(mask, self.graphs.run(sched.seqs)[1], None)  # the graph's argmax: no sampler
+            sampling = self._sampling(seqs)
+            rows = self._rows(mask) if seqs and len(seqs) < len(sched.seqs) else None
+            logits, _ = self.graphs.run(sched.seqs)  # [n, V] fp32
+            logits = logits if rows is None else logits[rows]
         else:
             batch = self._prepare(sched)
-            sample_seqs = batch.sample_seqs
-            logits = self.model.compute_logits(self._forward(batch)[batch.sample_rows]) if sample_seqs else None
-        return LaunchedStep(mask, None, self._sample(sample_seqs, logits) if sample_seqs else None)
+            sampling = self._sampling(seqs)
+            logits = self.model.compute_logits(self._forward(batch)[batch.sample_rows]) if seqs else None
+        return LaunchedStep(mask, None, self.sampler.sample(logits, sampling) if seqs else None)
 
     def collect(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step and read its tokens back to the host. A graph's token ids live in
         buffers that its next replay overwrites: collect a step before launching the next one."""
-        mask, sampled = step.mask, step.sampled
+        mask = step.mask
         if step.greedy_tokens is not None:
             tokens = step.greedy_tokens.tolist()  # the sync: waits for the replay
             if all(mask):
                 return StepResult(tokens, SamplerOutput(token_ids=tokens))
             sampled = SamplerOutput(token_ids=[t for t, needs in zip(tokens, mask) if needs])
+        else:
+            sampled = step.sampled.to_host() if step.sampled is not None else None  # the sync
         if sampled is not None and len(sampled.token_ids) == len(mask):  # every sequence sampled
             return StepResult(list(sampled.token_ids), sampled)
         it = iter(sampled.token_ids if sampled else [])
@@ -188,10 +191,14 @@ class ModelRunner:
     def _runs_graph(self, sched: SchedulerOutput) -> bool:
         return self.graphs is not None and self._is_decode_only(sched) and self.graphs.can_run(len(sched.seqs))
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> SamplerOutput:
-        sampling = SamplingBatch.build([s.sampling for s in seqs], [self._generator(s) for s in seqs],
-                                       logits.shape[-1], self.device)
-        return self.sampler(logits, sampling)
+    def _sampling(self, seqs: list[Sequence]) -> SamplingBatch | None:
+        if not seqs:
+            return None
+        return SamplingBatch.build([s.sampling for s in seqs], [self._generator(s) for s in seqs],
+                                   self.model_config.vocab_size, self.device)
+
+    def _rows(self, mask: list[bool]) -> torch.Tensor:
+        return torch.tensor([i for i, needs in enumerate(mask) if needs], device=self.device)
 
     @staticmethod
     def _is_decode_only(sched: SchedulerOutput) -> bool:

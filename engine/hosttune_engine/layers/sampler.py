@@ -70,15 +70,41 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: 
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
+@dataclass
+class DeviceSample:
+    """A step's sampled tokens (and logprobs) still on the device: `to_host` reads them back, which waits for
+    the device. The engine enqueues sampling with the forward pass and reads it after the next step's launch."""
+
+    tokens: torch.Tensor  # [N]
+    logprobs: torch.Tensor | None = None  # [N] of each chosen token
+    top: tuple[torch.Tensor, torch.Tensor] | None = None  # ids and logprobs [N, num_logprobs]
+
+    def to_host(self) -> SamplerOutput:
+        out = SamplerOutput(token_ids=self.tokens.tolist())
+        if self.logprobs is not None:
+            out.logprobs = self.logprobs.tolist()
+        if self.top is not None:
+            out.top_ids, out.top_logprobs = self.top[0].tolist(), self.top[1].tolist()
+        return out
+
+
 class Sampler:
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-        """logits [N, V] fp32 -> one token per row."""
+        """logits [N, V] fp32 -> one token per row, on the host."""
+        return self.sample(logits, batch).to_host()
+
+    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> DeviceSample:
+        """logits [N, V] fp32 -> one token per row, left on the device (no sync)."""
         tokens = logits.argmax(dim=-1)
         if not batch.all_greedy:
             tokens = torch.where(batch.greedy, tokens, self._sample(logits, batch))
-        out = SamplerOutput(token_ids=tokens.tolist())
+        out = DeviceSample(tokens)
         if batch.num_logprobs is not None:
-            self._add_logprobs(out, logits, tokens, batch.num_logprobs)
+            logprobs = logits.log_softmax(dim=-1)
+            out.logprobs = logprobs.gather(-1, tokens[:, None])[:, 0]
+            if batch.num_logprobs:
+                top = logprobs.topk(batch.num_logprobs, dim=-1)
+                out.top = (top.indices, top.values)
         return out
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
@@ -92,10 +118,3 @@ class Sampler:
             if gen is not None:
                 noise[i].exponential_(generator=gen)
         return (probs / noise).argmax(dim=-1)
-
-    def _add_logprobs(self, out: SamplerOutput, logits: torch.Tensor, tokens: torch.Tensor, n: int) -> None:
-        logprobs = logits.log_softmax(dim=-1)
-        out.logprobs = logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
-        if n:
-            top = logprobs.topk(n, dim=-1)
-            out.top_ids, out.top_logprobs = top.indices.tolist(), top.values.tolist()
