@@ -12,7 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import QWEN25_7B, SHAPE, graph_ms, model_folder, sync
+from common import QWEN25_7B, SHAPE, graph_ms, model_folder, replay_ms, sync
 from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.cuda_graphs import padded_size
 from hosttune_engine.core.messages import EngineRequest
@@ -92,28 +92,19 @@ def decode_rate(engine: Engine, batch: int, prompt_len: int = 128, steps: int = 
         engine.step()
     sync()
     step_ms = (time.perf_counter() - t0) / steps * 1e3
-    replay_ms = _replay_ms(engine, batch)
+    replayed = _replay_ms(engine, batch)
     for rid in rids:
         engine.abort_request(rid)
     _drain(engine)
     return {"batch": batch, "context_max": prompt_len + steps + 2, "step_ms": step_ms, "tok_s": batch / step_ms * 1e3,
-            "graph_replay_ms": replay_ms, "host_overhead_ms": None if replay_ms is None else step_ms - replay_ms}
+            "graph_replay_ms": replayed, "host_overhead_ms": None if replayed is None else step_ms - replayed}
 
 
 def _replay_ms(engine: Engine, batch: int) -> float | None:
     graphs = engine.runner.graphs
     if graphs is None or not graphs.use_graphs:
         return None
-    graph = graphs.graphs[padded_size(batch, graphs.sizes)]
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return replay_ms(graphs.graphs[padded_size(batch, graphs.sizes)], replays=10)
 
 
 def ttft_ms(engine: Engine, prompt_len: int, reps: int = 5) -> dict:
