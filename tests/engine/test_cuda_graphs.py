@@ -43,7 +43,7 @@ def test_fill_writes_rows_and_pads_the_rest():
 
 def test_block_table_rows_are_rewritten_only_where_they_changed():
     inp = DecodeInputs(capacity=4, max_blocks_per_seq=8, block_size=2, device=torch.device("cpu"))
-    tables = inp._host_views[4]
+    tables = inp._host_views[5]
     a, b = _seq("a", 3, [4, 5]), _seq("b", 2, [6])
     inp.fill([a, b], padded=2)
     tables[0, 0] = 99  # a cached row is not rewritten while its sequence keeps it...

@@ -28,9 +28,9 @@ class RecordingRunner:
     def __init__(self, runner, log: list):
         self.runner, self.log = runner, log
 
-    def launch(self, sched):
-        self.log.append(("launch", tuple(s.request_id for s in sched.seqs)))
-        return self.runner.launch(sched)
+    def launch(self, sched, after=None):
+        self.log.append(("launch", tuple(s.request_id for s in sched.seqs)) + (("ahead",) if after else ()))
+        return self.runner.launch(sched, after=after)
 
     def collect(self, launched):
         self.log.append(("collect",))
@@ -239,3 +239,43 @@ def test_sampled_steps_read_their_tokens_back_in_collect(tiny_models, monkeypatc
     assert [len(o.new_logprobs[0].top) for o in outs] == [2] * 5
     again, _ = run()  # seeded: the same tokens and logprobs as the first run
     assert [(o.new_token_ids, o.new_logprobs) for o in outs] == [(o.new_token_ids, o.new_logprobs) for o in again]
+
+
+def test_steady_greedy_decode_launches_the_next_step_before_collecting(tiny_models):
+    """On the graph buffers, each call launches step N+1 on step N's tokens still on the device, then
+    collects step N; a sequence that step N ends by length is left out of step N+1."""
+    eng, log = recorded_engine(tiny_models["qwen2"], padded=True)
+    reqs = [EngineRequest(rid, prompt_ids(6 + n, n), greedy(n)) for rid, n in (("a", 3), ("b", 4))]
+    outs = drive(eng, {0: reqs})
+    ab, ahead, collect, call = ("a", "b"), "ahead", ("collect",), ("call",)
+    assert [entry for entry in log] == [
+        ("launch", ab),  # prefill
+        collect, ("launch", ab),  # token 1 known: the first decode step is launched from the host
+        ("launch", ab, ahead), collect,  # token 3 launched before token 2 is read back
+        ("launch", ("b",), ahead), collect,  # a's token 3 is its last: b alone gets its 4th
+        collect,
+    ]
+    for req in reqs:
+        assert tokens_of(outs[req.request_id]) == alone(tiny_models["qwen2"], req.prompt_token_ids,
+                                                        req.sampling.max_tokens)
+    stats = eng.stats()
+    assert stats.num_free_kv_blocks == stats.num_kv_blocks and stats.generation_tokens_total == 7
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_generated_blocks_enter_the_prefix_cache_only_when_computed(tiny_models, padded):
+    """Blocks filled by generated tokens are cached (steps ahead register them once their token is known),
+    but not the block whose last token, the final one, was never computed: a prompt that extends the
+    finished sequence reuses exactly the computed blocks and gets the tokens an uncached engine gives."""
+    path = tiny_models["llama"]
+    eng = Engine(EngineConfig(model=str(path), num_kv_blocks=64, block_size=4, dtype="float32"))
+    if padded:
+        eng.runner.graphs = eng.runner.build_decode_graphs(use_graphs=False, max_batch=4)
+    first = drive(eng, {0: [EngineRequest("first", prompt_ids(6, 8), greedy(10))]})["first"]
+    whole = prompt_ids(6, 8) + tokens_of(first)  # 16 tokens: positions 0..14 computed, 15 never
+    follow = EngineRequest("follow", whole + [5], greedy(6))
+    got = drive(eng, {0: [follow]})["follow"]
+    assert got[-1].num_cached_tokens == 12  # blocks 0-2; block 3 holds position 15
+    fresh = Engine(EngineConfig(model=str(path), num_kv_blocks=64, block_size=4, dtype="float32",
+                                enable_prefix_caching=False))
+    assert tokens_of(got) == tokens_of(drive(fresh, {0: [follow]})["follow"])

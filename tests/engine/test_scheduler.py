@@ -217,3 +217,81 @@ def test_postprocess_drops_the_token_of_a_sequence_finished_after_it_was_schedul
     assert s.postprocess(out, [8, 8]) == [b]
     assert a.output_token_ids == [7] and a.num_computed_tokens == 0 and a.finish_reason == "stop"
     assert b.output_token_ids == [7, 8] and s.block_manager.num_free_blocks == 64 - len(b.block_table)
+
+
+def decoding(s, *seqs):
+    """Admit and prefill `seqs`, then schedule (not collect) their first decode step."""
+    for q in seqs:
+        s.add(q)
+    step(s)
+    return s.schedule()
+
+
+def test_schedule_ahead_counts_the_step_in_flight_and_holds_its_token_until_collected():
+    s = make()
+    a, b = seq(5, "a", max_tokens=8), seq(6, "b", max_tokens=8, start=40)
+    last = decoding(s, a, b)  # a computes position 5, b position 6; their tokens are not known yet
+    ahead = s.schedule_ahead(last)
+    assert ahead.seqs == [a, b] and ahead.num_new_tokens == [1, 1]
+    assert (a.num_computed_tokens, b.num_computed_tokens) == (6, 7)  # the step in flight counts as computed
+    assert (a.num_tokens, b.num_tokens) == (6, 7)  # its tokens are still pending
+    assert len(b.block_table) == 2  # position 7 (the pending token's) fits b's second block
+    s.postprocess(last, [11, 12], ahead=True)
+    assert (a.token_ids[-1], b.token_ids[-1]) == (11, 12)
+    assert (a.num_computed_tokens, b.num_computed_tokens) == (6, 7)  # not counted twice
+    assert ahead.sample_mask() == [True, True]  # the step ahead is an ordinary decode of the new tokens
+
+
+def test_schedule_ahead_registers_a_block_only_once_its_pending_token_is_known():
+    s = make()
+    a = seq(6, "a", max_tokens=8)  # position 7, the pending token's, completes block 1
+    last = decoding(s, a)
+    bm = s.block_manager
+    ahead = s.schedule_ahead(last)
+    assert ahead.seqs == [a]
+    block = bm.blocks[a.block_table[1]]
+    assert block.hash is None  # its last token is on the device: nothing to hash yet
+    s.postprocess(last, [9], ahead=True)
+    assert block.hash is not None and block.token_ids == (5, 6, 7, 9)
+    other = seq(9, "o", max_tokens=2)
+    other.token_ids = [*a.token_ids, 50]
+    assert bm.lookup_prefix(other) == a.block_table[:2]
+
+
+def test_schedule_ahead_leaves_out_a_sequence_its_last_token_ends_by_length():
+    s = make()
+    a, b = seq(5, "a", max_tokens=2), seq(5, "b", max_tokens=8, start=40)
+    last = decoding(s, a, b)  # a's token from `last` is its second and last
+    ahead = s.schedule_ahead(last)
+    assert ahead.seqs == [b]
+    s.postprocess(last, [3, 4], ahead=True)
+    assert a.is_finished and a.finish_reason == "length" and a.num_tokens == 7 and a.block_table == []
+
+
+def test_schedule_ahead_unfinished_by_eos_token_is_dropped_when_collected():
+    s = make()
+    a, b = seq(5, "a", max_tokens=8), seq(5, "b", max_tokens=8, start=40)
+    last = decoding(s, a, b)
+    ahead = s.schedule_ahead(last)
+    s.postprocess(last, [0, 4], ahead=True)  # a ends by EOS (token 0) while `ahead` computes it
+    assert a.is_finished and a.finish_reason == "stop"
+    again = s.schedule_ahead(ahead)
+    assert again.seqs == [b]
+    s.postprocess(ahead, [8, 8], ahead=True)
+    assert a.output_token_ids == [7, 0] and b.output_token_ids == [7, 4, 8]
+
+
+def test_schedule_ahead_declines_and_changes_nothing_when_the_host_must_decide():
+    s = make(num_blocks=4, max_num_seqs=2)
+    a = seq(7, "a", max_tokens=20)
+    last = decoding(s, a)
+    s.add(seq(3, "w", max_tokens=2, start=80))  # a request that could be admitted now
+    assert s.schedule_ahead(last) is None and a.num_computed_tokens == 7
+    s.waiting.clear()
+    s.running.append(seq(3, "x", max_tokens=2, start=80))  # running, but not in the step in flight
+    assert s.schedule_ahead(last) is None and a.num_computed_tokens == 7
+    s2 = make(num_blocks=2)
+    b = seq(7, "b", max_tokens=20)  # 2 blocks hold positions 0..7; position 8 needs a third
+    last = decoding(s2, b)
+    assert s2.schedule_ahead(last) is None  # would have to preempt: left to schedule()
+    assert b.num_computed_tokens == 7 and len(b.block_table) == 2

@@ -111,7 +111,7 @@ class BlockManager:
             self._take_cached(seq, cached)
         for _ in range(num_new):
             seq.block_table.append(self._take_free_block())
-        self._register_full_blocks(seq, seq.num_computed_tokens + num_new_tokens)
+        self.register_full_blocks(seq, seq.num_computed_tokens + num_new_tokens)
 
     # -- the decode step: one more token for each of many sequences ------------------
     def can_append(self, seqs: list[Sequence]) -> bool:
@@ -127,7 +127,7 @@ class BlockManager:
             if computed // bs + 1 > len(table):
                 table.append(self._take_free_block())
             if caching and (computed + 1) % bs == 0:  # this token fills its block
-                self._register_full_blocks(seq, computed + 1)
+                self.register_full_blocks(seq, computed + 1)
 
     def _take_cached(self, seq: Sequence, cached: list[int]) -> None:
         for block_id in cached:
@@ -148,7 +148,9 @@ class BlockManager:
         block.hash, block.token_ids, block.ref_count = None, (), 1
         return block_id
 
-    def _register_full_blocks(self, seq: Sequence, num_tokens_after_step: int) -> None:
+    def register_full_blocks(self, seq: Sequence, num_tokens_after_step: int) -> None:
+        """Make the blocks that `seq`'s first `num_tokens_after_step` tokens fill findable by their hash; only
+        blocks of known tokens (a token still on the device is registered once it is appended)."""
         if not self.enable_prefix_caching:
             return
         first = seq.num_computed_tokens // self.block_size  # earlier blocks are registered

@@ -7,8 +7,13 @@ position 0, cache slot -1 so nothing is written, context length 1) and moves
 them with one host-to-device copy. The decode kernel's split count and the
 block-table width are fixed per batch size at capture, so no kernel's grid or
 strides change between replays. The graph ends with the LM head and a greedy
-argmax: fp32 logits [b, V] and token ids [b] stay in the graph's memory until
-the next replay.
+argmax: fp32 logits [b, V] stay in the graph's memory until the next replay,
+and the token ids [b] in a buffer that every graph shares (`DecodeGraphs.tokens`).
+
+A row may take its input token from that buffer instead of the host (its
+`feed` entry: the row of the previous step whose token it continues). So a
+step can be launched while the previous step's greedy tokens are still on the
+device: the engine schedules step N+1 before it reads step N's tokens back.
 
 Off CUDA (tests), the same padded buffers run the model eagerly.
 """
@@ -39,30 +44,43 @@ def padded_size(n: int, sizes: list[int]) -> int | None:
 
 class DecodeInputs:
     """A decode step's inputs, int32, in one host staging buffer and one device buffer of the same layout:
-    token ids, positions, cache slots, context lengths (`capacity` each), then block tables [capacity, width]."""
+    token ids, positions, cache slots, context lengths, feed rows (`capacity` each), then block tables
+    [capacity, width]. A feed row >= 0 means: the input token is row `feed` of the previous step's tokens."""
+
+    HEADER = 5  # token ids, positions, slots, context lengths, feed rows
 
     def __init__(self, capacity: int, max_blocks_per_seq: int, block_size: int, device: torch.device):
         # rows rounded up to a multiple of 4 keep every view 16-byte aligned (Triton specializes on alignment)
         self.capacity, self.width, self.block_size = -(-capacity // 4) * 4, max_blocks_per_seq, block_size
         capacity = self.capacity
-        size = capacity * (4 + max_blocks_per_seq)
+        size = capacity * (self.HEADER + max_blocks_per_seq)
         self.host = torch.zeros(size, dtype=torch.int32, pin_memory=device.type == "cuda")
         self.device_buffer = torch.zeros(size, dtype=torch.int32, device=device)
         self._host_views = self._views(self.host.numpy())
-        self.token_ids, self.positions, self.slots, self.seq_lens, self.block_tables = self._views(self.device_buffer)
+        (self.token_ids, self.positions, self.slots, self.seq_lens, self.feed,
+         self.block_tables) = self._views(self.device_buffer)
         self._rows: list[tuple[Sequence, int, int] | None] = [None] * capacity  # (seq, preemptions, blocks written)
+        self._copied = None  # an event after the last upload (CUDA): the host buffer is free again once it passed
         self.pad(0, capacity)
 
     def _views(self, flat):
-        c = self.capacity
-        return (flat[:c], flat[c:2 * c], flat[2 * c:3 * c], flat[3 * c:4 * c], flat[4 * c:].reshape(c, self.width))
+        c, h = self.capacity, self.HEADER
+        return (*(flat[i * c:(i + 1) * c] for i in range(h)), flat[h * c:].reshape(c, self.width))
 
-    def fill(self, seqs: list[Sequence], padded: int) -> None:
-        """Rows 0..n for `seqs` (one new token each), rows n..padded as padding, on the host."""
+    def fill(self, seqs: list[Sequence], padded: int, feed: list[int] | None = None) -> None:
+        """Rows 0..n for `seqs` (one new token each), rows n..padded as padding, on the host. With `feed`,
+        row i's input token is row feed[i] of the previous step's tokens, still on the device."""
+        if self._copied is not None:
+            self._copied.synchronize()  # the last upload has read the host buffer (at once but for a step ahead)
         n, bs = len(seqs), self.block_size
-        ids, pos, slots, lens, tables = self._host_views
+        ids, pos, slots, lens, feeds, tables = self._host_views
         starts = [s.num_computed_tokens for s in seqs]
-        ids[:n] = [s.token_ids[p] for s, p in zip(seqs, starts)]
+        if feed is None:
+            ids[:n] = [s.token_ids[p] for s, p in zip(seqs, starts)]
+            feeds[:n] = -1
+        else:
+            ids[:n] = 0
+            feeds[:n] = feed
         pos[:n] = starts
         lens[:n] = pos[:n] + 1
         for i, seq in enumerate(seqs):
@@ -80,17 +98,24 @@ class DecodeInputs:
             self._rows[i] = (seq, seq.num_preemptions, len(table))
 
     def pad(self, start: int, end: int) -> None:
-        ids, pos, slots, lens, _ = self._host_views
-        ids[start:end], pos[start:end], slots[start:end], lens[start:end] = 0, 0, -1, 1
+        ids, pos, slots, lens, feeds, _ = self._host_views
+        ids[start:end], pos[start:end], slots[start:end], lens[start:end], feeds[start:end] = 0, 0, -1, 1, -1
 
     def upload(self, padded: int) -> None:
         """One asynchronous copy from pinned memory: the header and the first `padded` block-table rows.
 
-        The copy may still be reading `host` after this returns, so the next `fill` must not run before the
-        device has passed it. It cannot: the engine collects a step (waits for its replay, which the copy
-        precedes on the stream) before it fills the next one."""
-        end = 4 * self.capacity + padded * self.width
+        The copy may still be reading `host` after this returns: the next `fill` waits for the event recorded
+        here. That wait is nearly always over at once, since the copy runs ahead of the step it feeds."""
+        end = self.HEADER * self.capacity + padded * self.width
         self.device_buffer[:end].copy_(self.host[:end], non_blocking=True)
+        if self.device_buffer.is_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+    def input_ids(self, batch: int, previous: torch.Tensor) -> torch.Tensor:
+        """The step's input tokens on the device: the host's, or for fed rows the previous step's."""
+        ids, feed = self.token_ids[:batch], self.feed[:batch]
+        return torch.where(feed >= 0, previous[feed.clamp(min=0)], ids)
 
     def metadata(self, batch: int, num_splits: int) -> AttentionMetadata:
         return AttentionMetadata(slot_mapping=self.slots[:batch], num_prefill_tokens=0,
@@ -98,9 +123,22 @@ class DecodeInputs:
                                  decode_num_splits=num_splits)
 
 
+class TokenReadback:
+    """A step's token ids on their way to the host: the copy is enqueued after the step, and `tolist` waits
+    for it. Two alternate host buffers, so a step's tokens survive the next step's copy."""
+
+    def __init__(self, host: torch.Tensor, event: torch.cuda.Event | None):
+        self.host, self.event = host, event
+
+    def tolist(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
 class DecodeGraphs:
     """Decode-only steps at the captured batch sizes: `can_run(n)`, then `run(seqs)` -> fp32 logits [n, V]
-    and their argmax [n]."""
+    and their argmax [n] (a view of `tokens`), and `read_back(n)` to bring the argmax to the host."""
 
     def __init__(self, step_fn: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor],
                  inputs: DecodeInputs, sizes: list[int], num_splits: Callable[[int], int], use_graphs: bool):
@@ -111,6 +149,11 @@ class DecodeGraphs:
         self.use_graphs = use_graphs
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per size: logits [b, V], argmax [b]
+        device = inputs.device_buffer.device
+        self.tokens = torch.zeros(inputs.capacity, dtype=torch.int32, device=device)  # the last replay's argmax
+        pinned = device.type == "cuda"
+        self._host_tokens = [torch.zeros(inputs.capacity, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]
+        self._turn = 0
 
     @property
     def max_batch(self) -> int:
@@ -121,8 +164,9 @@ class DecodeGraphs:
 
     def _step(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         inp = self.inputs
-        logits = self.step_fn(inp.token_ids[:b], inp.positions[:b], inp.metadata(b, self.num_splits[b]))
-        return logits, logits.argmax(dim=-1)
+        logits = self.step_fn(inp.input_ids(b, self.tokens), inp.positions[:b], inp.metadata(b, self.num_splits[b]))
+        self.tokens[:b].copy_(logits.argmax(dim=-1))  # after the inputs were read: fed rows read the old tokens
+        return logits, self.tokens[:b]
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -141,13 +185,14 @@ class DecodeGraphs:
             self.graphs[b] = graph
         torch.cuda.synchronize()
 
-    def run(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, seqs: list[Sequence], feed: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [n, V] and greedy tokens [n] of one decode step of `seqs` (each with exactly one new token),
-        enqueued, not waited for. They are views of the graph's output buffers, which the next replay
-        overwrites: read them back before the next `run`."""
+        enqueued, not waited for. They are views of buffers that the next replay overwrites: use them, or
+        `read_back` the tokens, before the next `run`. With `feed`, row i's input token is row feed[i] of the
+        previous run's greedy tokens (see `DecodeInputs.fill`)."""
         n = len(seqs)
         b = padded_size(n, self.sizes)
-        self.inputs.fill(seqs, b)
+        self.inputs.fill(seqs, b, feed)
         self.inputs.upload(b)
         if self.use_graphs:
             self.graphs[b].replay()
@@ -155,3 +200,14 @@ class DecodeGraphs:
         else:
             logits, tokens = self._step(b)
         return logits[:n], tokens[:n]
+
+    def read_back(self, n: int) -> TokenReadback:
+        """Enqueue the copy of the last run's n greedy tokens to the host (after that run, before the next)."""
+        host = self._host_tokens[self._turn][:n]
+        self._turn ^= 1
+        host.copy_(self.tokens[:n], non_blocking=True)
+        if not self.tokens.is_cuda:
+            return TokenReadback(host, None)
+        event = torch.cuda.Event()
+        event.record()
+        return TokenReadback(host, event)

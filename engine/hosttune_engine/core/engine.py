@@ -3,6 +3,9 @@
 Each `step()` collects step N (launched by the previous call), schedules and
 launches step N+1, and builds step N's outputs while the device computes step
 N+1, which is still running when `step()` returns (deferred output processing).
+In the steady greedy decode state step N+1 is launched even before step N is
+collected, on step N's tokens still on the device (`Scheduler.schedule_ahead`),
+so the device does not wait for the host between the two.
 Callers talk to it only with the message dataclasses of `core.messages`.
 """
 
@@ -35,6 +38,7 @@ class _InFlight:
 
     sched: SchedulerOutput
     launched: LaunchedStep
+    ahead: bool = False  # the next step was scheduled before this one was collected
 
 
 @dataclass
@@ -112,7 +116,7 @@ class Engine:
 
         A step launched by the last `step` call may still be computing this sequence on the device: its
         token is dropped when collected (postprocess skips finished sequences), and its writes into the
-        freed blocks end before they are handed out again, since the next schedule follows that collect."""
+        freed blocks come before those of any later step (one stream), which may be given them."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return False
@@ -131,27 +135,42 @@ class Engine:
         step's new tokens and text (and the outputs of aborts since the last call).
 
         The outputs of step N are built while the device computes step N+1, and step N+1 is left running
-        when this returns: between two steps the device waits only for step N's tokens to be appended
-        (EOS, max_tokens), the schedule and the input packing. Step N's stop strings are found while
-        building its outputs, so a sequence that hit one may already be in step N+1: that token is dropped.
+        when this returns. Step N's stop strings are found while building its outputs, so a sequence that hit
+        one may already be in step N+1: that token is dropped. When step N is a greedy decode graph step that
+        every running sequence is in, and no request waits to be admitted, step N+1 is launched before step N
+        is collected, on its tokens on the device; then a sequence that step N ends by EOS is in step N+1
+        too, and that token is dropped the same way. Otherwise the device waits between the two steps for
+        step N's tokens to be appended (EOS, max_tokens), the schedule and the input packing.
         """
         outputs, self._pending = self._pending, []
-        collected = self._collect() if self._in_flight is not None else None
-        sched = self.scheduler.schedule()
-        if not sched.is_empty:
-            self._in_flight = _InFlight(sched, self.runner.launch(sched))
+        last, self._in_flight = self._in_flight, None
+        if last is not None:
+            self._in_flight = self._launch_ahead(last)
+        collected = self._collect(last) if last is not None else None
+        if self._in_flight is None:
+            sched = self.scheduler.schedule()
+            if not sched.is_empty:
+                self._in_flight = _InFlight(sched, self.runner.launch(sched))
         if collected is not None:
             outputs += self._build(collected)  # the device computes the step just launched meanwhile
         return outputs
 
-    def _collect(self) -> _Collected | None:
-        """Wait for the step in flight and append its tokens (EOS and max_tokens are checked here)."""
-        sched, launched = self._in_flight.sched, self._in_flight.launched
-        self._in_flight = None
-        result = self.runner.collect(launched)
-        seqs = self.scheduler.postprocess(sched, result.tokens)
+    def _launch_ahead(self, last: _InFlight) -> _InFlight | None:
+        """The next decode step, launched before `last`'s tokens are read back, or None if it cannot be."""
+        if not last.launched.feeds_next:
+            return None
+        sched = self.scheduler.schedule_ahead(last.sched)
+        if sched is None:
+            return None
+        last.ahead = True
+        return _InFlight(sched, self.runner.launch(sched, after=last.sched))
+
+    def _collect(self, flight: _InFlight) -> _Collected | None:
+        """Wait for a launched step and append its tokens (EOS and max_tokens are checked here)."""
+        result = self.runner.collect(flight.launched)
+        seqs = self.scheduler.postprocess(flight.sched, result.tokens, ahead=flight.ahead)
         self._generation_tokens += len(seqs)
-        return _Collected(seqs, sched, result) if seqs else None
+        return _Collected(seqs, flight.sched, result) if seqs else None
 
     def _build(self, collected: _Collected) -> list[TokenOutput]:
         logprobs = _logprobs_by_seq(collected.sched, collected.result)
@@ -169,8 +188,8 @@ class Engine:
             elif stop is not None:
                 # The step launched earlier in this call may still be writing this sequence's KV into the
                 # blocks freed here; its token is dropped when collected (postprocess skips finished
-                # sequences). Safe: a freed block is handed out again no earlier than the next schedule,
-                # which runs after that step is collected (next call), so the device is done with it by then.
+                # sequences). Safe: a step that gets a freed block is enqueued after that one on the same
+                # stream, so its own writes and reads come after those stale writes.
                 self.scheduler.finish(seq, "stop", stop_reason=stop)
         finished = seq.is_finished
         if finished:

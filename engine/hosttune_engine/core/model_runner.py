@@ -6,6 +6,8 @@ Decode-only steps on CUDA replay a CUDA graph captured per batch size
 
 A step is `launch` (pack, enqueue the device work) then `collect` (wait, read
 the tokens back), so the engine can do host work while the device computes.
+A greedy graph step leaves its tokens on the device as well: the next decode
+step may be launched on them (`launch(..., after=...)`) before they are read.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, num_blocks_for_memory
 from hosttune_engine.config import EngineConfig
-from hosttune_engine.core.cuda_graphs import DecodeGraphs, DecodeInputs, capture_sizes
+from hosttune_engine.core.cuda_graphs import DecodeGraphs, DecodeInputs, TokenReadback, capture_sizes
 from hosttune_engine.core.scheduler import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.core.step_inputs import StepInputs, pack_step
@@ -59,8 +61,13 @@ class LaunchedStep:
     """A step enqueued on the device whose tokens are not read back yet (`ModelRunner.collect` does)."""
 
     mask: list[bool]  # per scheduled sequence: whether it gets a token this step
-    greedy_tokens: torch.Tensor | None  # [n] on the device: the decode graph's argmax of every row
+    greedy_tokens: TokenReadback | None  # the decode graph's argmax of every row, on its way to the host
     sampled: DeviceSample | None  # the sampler's tokens (and logprobs), on the device
+
+    @property
+    def feeds_next(self) -> bool:
+        """Whether the next decode step can take this step's tokens on the device (a greedy graph step)."""
+        return self.greedy_tokens is not None
 
 
 class ModelRunner:
@@ -153,15 +160,21 @@ class ModelRunner:
         return self.collect(self.launch(sched))
 
     @torch.inference_mode()
-    def launch(self, sched: SchedulerOutput) -> LaunchedStep:
+    def launch(self, sched: SchedulerOutput, after: SchedulerOutput | None = None) -> LaunchedStep:
         """Pack the step's inputs and enqueue its forward pass and sampling; nothing here waits for the work
         it enqueues. Host-to-device copies from pageable memory (the packed inputs, the sampling settings) wait
-        for the stream, so they are made before this step's device work is enqueued."""
-        mask = sched.sample_mask()
+        for the stream, so they are made before this step's device work is enqueued.
+
+        `after`: the greedy graph step launched last (`feeds_next`), not collected yet; `sched` is a decode
+        step of some of its sequences, whose input tokens are that step's, still on the device."""
+        mask = sched.sample_mask() if after is None else [True] * len(sched.seqs)
         seqs = [s for s, needs in zip(sched.seqs, mask) if needs]
+        if after is not None:
+            return self._launch_fed(sched, after, mask)
         if self._runs_graph(sched):
             if seqs and all(_plain_greedy(s) for s in seqs):
-                return LaunchedStep(mask, self.graphs.run(sched.seqs)[1], None)  # the graph's argmax: no sampler
+                self.graphs.run(sched.seqs)
+                return LaunchedStep(mask, self.graphs.read_back(len(seqs)), None)  # the graph's argmax: no sampler
             sampling = self._sampling(seqs)
             rows = self._rows(mask) if seqs and len(seqs) < len(sched.seqs) else None
             logits, _ = self.graphs.run(sched.seqs)  # [n, V] fp32
@@ -172,12 +185,20 @@ class ModelRunner:
             logits = self.model.compute_logits(self._forward(batch)[batch.sample_rows]) if seqs else None
         return LaunchedStep(mask, None, self.sampler.sample(logits, sampling) if seqs else None)
 
+    def _launch_fed(self, sched: SchedulerOutput, after: SchedulerOutput, mask: list[bool]) -> LaunchedStep:
+        rows = {id(s): i for i, s in enumerate(after.seqs)}
+        feed = [rows[id(s)] for s in sched.seqs]
+        if not (self._runs_graph(sched) and all(_plain_greedy(s) for s in sched.seqs)):
+            raise RuntimeError("only a greedy decode graph step can take the previous step's tokens on the device")
+        self.graphs.run(sched.seqs, feed)
+        return LaunchedStep(mask, self.graphs.read_back(len(sched.seqs)), None)
+
     def collect(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step and read its tokens back to the host. A graph's token ids live in
         buffers that its next replay overwrites: collect a step before launching the next one."""
         mask = step.mask
         if step.greedy_tokens is not None:
-            tokens = step.greedy_tokens.tolist()  # the sync: waits for the replay
+            tokens = step.greedy_tokens.tolist()  # the sync: waits for the replay and the copy
             if all(mask):
                 return StepResult(tokens, SamplerOutput(token_ids=tokens))
             sampled = SamplerOutput(token_ids=[t for t, needs in zip(tokens, mask) if needs])

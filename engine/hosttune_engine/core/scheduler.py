@@ -6,6 +6,10 @@ waiting ones in priority order. When the KV pool cannot hold a running
 sequence's next tokens, the least important running sequence not yet scheduled
 this step is preempted: its blocks are freed and it goes back to waiting, to be
 recomputed later (its full blocks usually survive in the prefix cache).
+
+In the steady decode state the next step can be scheduled before the last
+one's tokens are known (`schedule_ahead`): those tokens stay on the device and
+feed the next step there, so the device never waits for the host.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []  # sorted by _queue_key
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions = 0
+        self._fills_block: set[int] = set()  # ids of sequences whose pending token completes a block (ahead)
 
     # -- queue ------------------------------------------------------------------
     def _queue_key(self, seq: Sequence) -> tuple[int, int]:
@@ -127,6 +132,40 @@ class Scheduler:
         out.num_new_tokens.extend([1] * len(running))
         return True
 
+    def schedule_ahead(self, last: SchedulerOutput) -> SchedulerOutput | None:
+        """The next decode step, scheduled while `last` (a decode step of every running sequence) is still on
+        the device and its tokens unknown; None when that cannot be decided yet, and nothing changed then.
+
+        It counts `last` as computed (`postprocess(..., ahead=True)` will not count it again) and gives every
+        running sequence one more token, except those that `last`'s token ends by length. One that `last`'s
+        token ends otherwise (EOS, a stop string) is finished when it is collected, and its token from this
+        step dropped. Waiting requests that could be admitted, and a step that would have to preempt, are
+        left to `schedule`, after `last` is collected."""
+        running = self.running
+        if not running or len(running) > self.config.max_num_batched_tokens or self._could_admit():
+            return None
+        in_last = {id(s) for s in last.seqs}
+        if any(id(s) not in in_last or s.num_computed_tokens + 1 != s.num_tokens for s in running):
+            return None
+        for seq in running:
+            seq.num_computed_tokens += 1
+        ahead = [s for s in running if not self._reaches_length(s, s.num_tokens + 1)]
+        if not ahead or not self.block_manager.can_append(ahead):
+            for seq in running:
+                seq.num_computed_tokens -= 1
+            return None
+        bs = self.block_manager.block_size
+        self._fills_block = {id(s) for s in ahead if (s.num_computed_tokens + 1) % bs == 0}
+        self.block_manager.append(ahead)  # registers no block that holds a pending token: see postprocess
+        return SchedulerOutput(seqs=ahead, num_new_tokens=[1] * len(ahead))
+
+    def _could_admit(self) -> bool:
+        return bool(self.waiting) and len(self.running) < self.config.max_num_seqs
+
+    def _reaches_length(self, seq: Sequence, num_tokens: int) -> bool:
+        return (num_tokens - seq.num_prompt_tokens >= seq.sampling.max_tokens
+                or num_tokens >= self.config.max_model_len)
+
     def _pick_victim(self, first: int) -> Sequence:
         """The least important running sequence not yet scheduled this step."""
         candidates = self.running[first:]
@@ -161,24 +200,29 @@ class Scheduler:
             budget -= n
 
     # -- after the model ran -----------------------------------------------------
-    def postprocess(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
+    def postprocess(self, out: SchedulerOutput, sampled: list[int | None], ahead: bool = False) -> list[Sequence]:
         """Advance computed counts, append sampled tokens, finish on token-level stops.
 
         `sampled[i]` is the new token of `out.seqs[i]`, or None for a prefill chunk
         that did not reach the end of its prompt. Returns the sequences that got
         a token this step (finished ones included). A sequence that finished after
         this step was scheduled (the engine finds stop strings one step late) is
-        left as it is: its token is dropped.
+        left as it is: its token is dropped. `ahead`: the next step was scheduled
+        ahead of this one's tokens, which counted this step's computed tokens.
         """
         advanced = []
         finished = SequenceStatus.FINISHED
+        fills_block, self._fills_block = self._fills_block, set()  # filled by schedule_ahead just before
         for seq, n, token in zip(out.seqs, out.num_new_tokens, sampled):
             if seq.status is finished:
                 continue
-            seq.num_computed_tokens += n
+            if not ahead:
+                seq.num_computed_tokens += n
             if token is None:
                 continue
             seq.append_token(token)
+            if id(seq) in fills_block:  # the step ahead computes this token: its block is full and known now
+                self.block_manager.register_full_blocks(seq, seq.num_computed_tokens + 1)
             advanced.append(seq)
             reason = self._token_stop_reason(seq, token)
             if reason is not None:
@@ -191,10 +235,7 @@ class Scheduler:
             return "stop"
         if token in self.eos_token_ids and not params.ignore_eos:
             return "stop"
-        num_tokens = len(seq.token_ids)
-        if num_tokens - seq.num_prompt_tokens >= params.max_tokens or num_tokens >= self.config.max_model_len:
-            return "length"
-        return None
+        return "length" if self._reaches_length(seq, len(seq.token_ids)) else None
 
     def finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
         """End `seq` now (stop, length or abort) and return its blocks."""
