@@ -151,7 +151,7 @@ def _time_runner_steps(engine: Engine) -> dict:
     the device). Engine.step leaves a launched step running and builds outputs meanwhile, so the rest of the
     wall time is host work that overlaps the device, not device idle time."""
     runner, stats = engine.runner, {"graph_steps": 0, "graph_s": 0.0, "eager_steps": 0, "eager_s": 0.0,
-                                    "slowest_step_s": 0.0}
+                                    "slowest_step_s": 0.0, "launched_ahead": 0}
     launch, collect = runner.launch, runner.collect
     kinds: dict[int, str] = {}
 
@@ -159,9 +159,10 @@ def _time_runner_steps(engine: Engine) -> dict:
         stats[f"{kind}_s"] += dt
         stats["slowest_step_s"] = max(stats["slowest_step_s"], dt)
 
-    def timed_launch(sched):
+    def timed_launch(sched, after=None):
         t0 = time.perf_counter()
-        launched = launch(sched)
+        launched = launch(sched, after=after)
+        stats["launched_ahead"] += after is not None
         graph = runner.graphs is not None and runner._is_decode_only(sched) and runner.graphs.can_run(len(sched.seqs))
         kind = kinds[id(launched)] = "graph" if graph else "eager"
         stats[f"{kind}_steps"] += 1

@@ -11,7 +11,9 @@ none; a served model has one).
 
 Not all of that host time keeps a GPU waiting: the engine builds step N's outputs while step N+1 runs.
 `gap_*` is the part that does, per step: from the return of `runner.collect` for step N (the sync on its
-tokens) to the start of step N+1's graph body (where the replay would be enqueued).
+tokens) to the start of step N+1's graph body (where the replay would be enqueued). A step launched ahead,
+before step N is collected (steady greedy decode), has no such gap: the device holds it queued behind step
+N, and waits only if a whole step's host time is longer than the step's device time. `ahead` counts those.
 
 Example: PYTHONPATH=engine python benchmarks/engine/host_overhead.py --batch 64 --steps 300 --profile
 """
@@ -19,7 +21,6 @@ Example: PYTHONPATH=engine python benchmarks/engine/host_overhead.py --batch 64 
 from __future__ import annotations
 
 import argparse
-import bisect
 import cProfile
 import importlib.util
 import json
@@ -56,21 +57,19 @@ def plain_token(model: Path) -> int:
 
 @dataclass
 class Marks:
-    """perf_counter times at which each graph body started and each collect returned."""
+    """In order, with perf_counter times: each step call's start ("call"), each graph body's start ("launch")
+    and each collect's return ("collect")."""
 
-    launched: list[float] = field(default_factory=list)
-    collected: list[float] = field(default_factory=list)
+    events: list[tuple[str, float]] = field(default_factory=list)
 
     def gaps_us(self, steps: int) -> list[float]:
-        """For each of the last `steps` launches, the time since the latest collect before it (the GPU-idle
-        gap). Paired by time, not by position: whether a call collects before or after it launches is what
-        this measures."""
+        """For each of the last `steps` launches, the GPU-idle gap before it: the time since the collect just
+        before it in the same call, or 0 for a launch that comes first in its call (ahead of the collect)."""
         gaps = []
-        for t in self.launched[-steps:]:
-            i = bisect.bisect_left(self.collected, t)
-            if i:
-                gaps.append((t - self.collected[i - 1]) * 1e6)
-        return gaps
+        for (kind, t), (before, t_before) in zip(self.events[1:], self.events):
+            if kind == "launch":
+                gaps.append((t - t_before) * 1e6 if before == "collect" else 0.0)
+        return gaps[-steps:]
 
 
 def stubbed_engine(model: Path, tokenizer: bool, prefix_caching: bool, token: int) -> tuple[Engine, Marks]:
@@ -86,12 +85,12 @@ def stubbed_engine(model: Path, tokenizer: bool, prefix_caching: bool, token: in
     marks = Marks()
 
     def stub(ids, pos, meta):
-        marks.launched.append(time.perf_counter())
+        marks.events.append(("launch", time.perf_counter()))
         return logits[: ids.shape[0]]
 
     def collect(launched):
         result = collect_step(launched)
-        marks.collected.append(time.perf_counter())
+        marks.events.append(("collect", time.perf_counter()))
         return result
 
     graphs.step_fn = stub
@@ -115,6 +114,7 @@ def time_steps(engine: Engine, marks: Marks, batch: int, steps: int, warmup: int
         if prof:
             prof.enable()
         t0 = time.perf_counter()
+        marks.events.append(("call", t0))
         outs = engine.step()
         times.append(time.perf_counter() - t0)
         if prof:
@@ -124,7 +124,8 @@ def time_steps(engine: Engine, marks: Marks, batch: int, steps: int, warmup: int
     gaps = sorted(marks.gaps_us(steps))
     row = {"batch": batch, "steps": steps, "median_us": statistics.median(us), "mean_us": statistics.fmean(us),
            "p90_us": us[int(0.9 * len(us))], "gap_median_us": statistics.median(gaps),
-           "gap_mean_us": statistics.fmean(gaps), "gap_p90_us": gaps[int(0.9 * len(gaps))]}
+           "gap_mean_us": statistics.fmean(gaps), "gap_p90_us": gaps[int(0.9 * len(gaps))],
+           "ahead": sum(1 for g in gaps if g == 0.0)}
     if prof:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
     return row
