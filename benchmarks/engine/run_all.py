@@ -108,7 +108,7 @@ def run_engine(res: dict, log, deadline) -> None:
         row["ratio_vs_floor"] = row["tok_s"] / row["floor_tok_s"]
         res["decode"].append(row)
         log(row)
-    res["profile"] = {"decode_b1": eb.profile_decode(engine, 1), "decode_b64": eb.profile_decode(engine, 64)}
+    res["profile"] = {f"decode_b{b}": eb.profile_decode(engine, b) for b in (1, 64, 256)}
     gemm = res["ceilings"]["gemm_tflop_s"]
     res["ttft"] = []
     for n in (1024, 4096):
