@@ -40,11 +40,24 @@ class RecordingRunner:
         return getattr(self.runner, name)
 
 
-def recorded_engine(path, padded: bool = False) -> tuple[Engine, list]:
-    """An engine whose runner logs; with `padded`, decode steps run the CUDA-graph buffers (eagerly)."""
-    eng, log = Engine(EngineConfig(model=str(path), num_kv_blocks=64, block_size=16)), []
-    if padded:
-        eng.runner.graphs = eng.runner.build_decode_graphs(use_graphs=False, max_batch=8)
+MODES = ["host", "padded", pytest.param("captured", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="captured CUDA graphs need a GPU"))]
+
+
+def engine_in_mode(path, mode: str, **config) -> Engine:
+    """An engine whose decode steps run: "host", inputs packed per step (no graph buffers); "padded", the
+    CUDA-graph buffers, eagerly; "captured", captured CUDA graphs (GPU only)."""
+    eng = Engine(EngineConfig(model=str(path), **{"num_kv_blocks": 64, "block_size": 16, **config}))
+    if mode == "padded" or (mode == "captured" and eng.runner.graphs is None):
+        eng.runner.graphs = eng.runner.build_decode_graphs(use_graphs=mode == "captured", max_batch=8)
+    elif mode == "host":
+        eng.runner.graphs = None
+    return eng
+
+
+def recorded_engine(path, mode: str = "host") -> tuple[Engine, list]:
+    """An engine (see `engine_in_mode`) whose runner logs."""
+    eng, log = engine_in_mode(path, mode), []
     eng.runner = RecordingRunner(eng.runner, log)
     return eng, log
 
@@ -97,10 +110,10 @@ def assert_well_ordered(outs) -> None:
     assert all(len(o.new_token_ids) == 1 for o in outs[:-1])
 
 
-@pytest.mark.parametrize("padded", [False, True])
-def test_stop_string_found_a_step_late_drops_the_next_token_everywhere(tiny_models, padded):
+@pytest.mark.parametrize("mode", MODES)
+def test_stop_string_found_a_step_late_drops_the_next_token_everywhere(tiny_models, mode):
     path = tiny_models["qwen2"]
-    eng, log = recorded_engine(path, padded)
+    eng, log = recorded_engine(path, mode)
     ids = eng.tokenizer.encode(TEXT)
     full = alone(path, ids)
     full_text = eng.tokenizer.decode(full)
@@ -135,13 +148,13 @@ def test_stop_string_on_the_last_allowed_token_wins_over_length(tiny_models):
     assert sum(entry[0] == "launch" for entry in log) == len(want)  # length finished it when collected
 
 
-@pytest.mark.parametrize("padded", [False, True])
-def test_mixed_batch_matches_what_each_request_gives_alone(tiny_models, padded):
+@pytest.mark.parametrize("mode", MODES)
+def test_mixed_batch_matches_what_each_request_gives_alone(tiny_models, mode):
     """EOS, max_tokens, stop strings (one on its last allowed token), a late arrival and two aborts in one
     batch: each request's tokens, text, finish reason and outputs are those of its run alone, cut where the
     synchronous engine stopped it (an abort after k calls that ran it: k tokens)."""
     path = tiny_models["qwen2"]
-    eng, _ = recorded_engine(path, padded)
+    eng, _ = recorded_engine(path, mode)
     text_ids = eng.tokenizer.encode(TEXT)
     prompts = {"len": prompt_ids(9, 1), "eos": prompt_ids(14, 2), "stop": text_ids, "stop_at_max": text_ids,
                "late": prompt_ids(5, 3), "abort": prompt_ids(20, 4), "abort_early": prompt_ids(7, 5)}
@@ -244,7 +257,7 @@ def test_sampled_steps_read_their_tokens_back_in_collect(tiny_models, monkeypatc
 def test_steady_greedy_decode_launches_the_next_step_before_collecting(tiny_models):
     """On the graph buffers, each call launches step N+1 on step N's tokens still on the device, then
     collects step N; a sequence that step N ends by length is left out of step N+1."""
-    eng, log = recorded_engine(tiny_models["qwen2"], padded=True)
+    eng, log = recorded_engine(tiny_models["qwen2"], "padded")
     reqs = [EngineRequest(rid, prompt_ids(6 + n, n), greedy(n)) for rid, n in (("a", 3), ("b", 4))]
     outs = drive(eng, {0: reqs})
     ab, ahead, collect, call = ("a", "b"), "ahead", ("collect",), ("call",)
@@ -262,15 +275,13 @@ def test_steady_greedy_decode_launches_the_next_step_before_collecting(tiny_mode
     assert stats.num_free_kv_blocks == stats.num_kv_blocks and stats.generation_tokens_total == 7
 
 
-@pytest.mark.parametrize("padded", [False, True])
-def test_generated_blocks_enter_the_prefix_cache_only_when_computed(tiny_models, padded):
+@pytest.mark.parametrize("mode", MODES)
+def test_generated_blocks_enter_the_prefix_cache_only_when_computed(tiny_models, mode):
     """Blocks filled by generated tokens are cached (steps ahead register them once their token is known),
     but not the block whose last token, the final one, was never computed: a prompt that extends the
     finished sequence reuses exactly the computed blocks and gets the tokens an uncached engine gives."""
     path = tiny_models["llama"]
-    eng = Engine(EngineConfig(model=str(path), num_kv_blocks=64, block_size=4, dtype="float32"))
-    if padded:
-        eng.runner.graphs = eng.runner.build_decode_graphs(use_graphs=False, max_batch=4)
+    eng = engine_in_mode(path, mode, block_size=4, dtype="float32")
     first = drive(eng, {0: [EngineRequest("first", prompt_ids(6, 8), greedy(10))]})["first"]
     whole = prompt_ids(6, 8) + tokens_of(first)  # 16 tokens: positions 0..14 computed, 15 never
     follow = EngineRequest("follow", whole + [5], greedy(6))
@@ -279,3 +290,27 @@ def test_generated_blocks_enter_the_prefix_cache_only_when_computed(tiny_models,
     fresh = Engine(EngineConfig(model=str(path), num_kv_blocks=64, block_size=4, dtype="float32",
                                 enable_prefix_caching=False))
     assert tokens_of(got) == tokens_of(drive(fresh, {0: [follow]})["follow"])
+
+
+def test_sampled_steps_are_launched_ahead_and_sample_what_the_host_path_samples(tiny_models):
+    """Seeded sampling (temperature, top-k/p, logprobs) beside greedy rows: the steps launched ahead on
+    the sampled tokens left on the device give each request the tokens and logprobs of the host path."""
+    path = tiny_models["llama"]
+    params = {"hot": SamplingParams(temperature=0.9, top_p=0.9, seed=5, max_tokens=9, logprobs=2, ignore_eos=True),
+              "topk": SamplingParams(temperature=1.3, top_k=5, seed=6, max_tokens=6, ignore_eos=True),
+              "cold": greedy(8)}
+    reqs = {0: [EngineRequest(rid, prompt_ids(7 + i, 20 + i), p) for i, (rid, p) in enumerate(params.items())]}
+    results = {}
+    for mode in ("host", "padded"):
+        eng, log = recorded_engine(path, mode)
+        results[mode] = drive(eng, reqs)
+        ahead = sum(entry[-1] == "ahead" for entry in log)
+        assert ahead == (0 if mode == "host" else 7), mode  # 8 decode steps of "cold": all but the first
+    host, padded = results["host"], results["padded"]
+    for rid in params:
+        assert tokens_of(host[rid]) == tokens_of(padded[rid]), rid
+    lps = {mode: [lp for o in got["hot"] for lp in o.new_logprobs] for mode, got in results.items()}
+    assert len(lps["padded"]) == 9
+    for a, b in zip(lps["host"], lps["padded"]):  # fp32, GEMMs of padded vs packed rows: equal to rounding
+        assert [t for t, _ in a.top] == [t for t, _ in b.top]
+        assert (a.logprob, *(v for _, v in a.top)) == pytest.approx((b.logprob, *(v for _, v in b.top)), abs=1e-4)

@@ -12,8 +12,9 @@ and the token ids [b] in a buffer that every graph shares (`DecodeGraphs.tokens`
 
 A row may take its input token from that buffer instead of the host (its
 `feed` entry: the row of the previous step whose token it continues). So a
-step can be launched while the previous step's greedy tokens are still on the
-device: the engine schedules step N+1 before it reads step N's tokens back.
+step can be launched while the previous step's tokens are still on the device
+(the argmax, or what the sampler wrote over it): the engine schedules step
+N+1 before it reads step N's tokens back.
 
 Off CUDA (tests), the same padded buffers run the model eagerly.
 """

@@ -3,7 +3,7 @@
 Each `step()` collects step N (launched by the previous call), schedules and
 launches step N+1, and builds step N's outputs while the device computes step
 N+1, which is still running when `step()` returns (deferred output processing).
-In the steady greedy decode state step N+1 is launched even before step N is
+In the steady decode state step N+1 is launched even before step N is
 collected, on step N's tokens still on the device (`Scheduler.schedule_ahead`),
 so the device does not wait for the host between the two.
 Callers talk to it only with the message dataclasses of `core.messages`.
@@ -136,8 +136,8 @@ class Engine:
 
         The outputs of step N are built while the device computes step N+1, and step N+1 is left running
         when this returns. Step N's stop strings are found while building its outputs, so a sequence that hit
-        one may already be in step N+1: that token is dropped. When step N is a greedy decode graph step that
-        every running sequence is in, and no request waits to be admitted, step N+1 is launched before step N
+        one may already be in step N+1: that token is dropped. When step N is a decode graph step that every
+        running sequence is in, and no request waits to be admitted, step N+1 is launched before step N
         is collected, on its tokens on the device; then a sequence that step N ends by EOS is in step N+1
         too, and that token is dropped the same way. Otherwise the device waits between the two steps for
         step N's tokens to be appended (EOS, max_tokens), the schedule and the input packing.

@@ -63,11 +63,7 @@ class LaunchedStep:
     mask: list[bool]  # per scheduled sequence: whether it gets a token this step
     greedy_tokens: TokenReadback | None  # the decode graph's argmax of every row, on its way to the host
     sampled: DeviceSample | None  # the sampler's tokens (and logprobs), on the device
-
-    @property
-    def feeds_next(self) -> bool:
-        """Whether the next decode step can take this step's tokens on the device (a greedy graph step)."""
-        return self.greedy_tokens is not None
+    feeds_next: bool = False  # the tokens of every row are in the decode graphs' token buffer, in row order
 
 
 class ModelRunner:
@@ -162,36 +158,43 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, sched: SchedulerOutput, after: SchedulerOutput | None = None) -> LaunchedStep:
         """Pack the step's inputs and enqueue its forward pass and sampling; nothing here waits for the work
-        it enqueues. Host-to-device copies from pageable memory (the packed inputs, the sampling settings) wait
-        for the stream, so they are made before this step's device work is enqueued.
+        it enqueues. Host-to-device copies from pageable memory (the packed inputs) wait for the stream, so
+        they are made before this step's device work is enqueued.
 
-        `after`: the greedy graph step launched last (`feeds_next`), not collected yet; `sched` is a decode
-        step of some of its sequences, whose input tokens are that step's, still on the device."""
+        `after`: the graph step launched last, not collected yet, whose tokens are on the device
+        (`feeds_next`); `sched` is a decode step of some of its sequences, which take those tokens as input."""
         mask = sched.sample_mask() if after is None else [True] * len(sched.seqs)
         seqs = [s for s, needs in zip(sched.seqs, mask) if needs]
-        if after is not None:
-            return self._launch_fed(sched, after, mask)
-        if self._runs_graph(sched):
-            if seqs and all(_plain_greedy(s) for s in seqs):
-                self.graphs.run(sched.seqs)
-                return LaunchedStep(mask, self.graphs.read_back(len(seqs)), None)  # the graph's argmax: no sampler
-            sampling = self._sampling(seqs)
-            rows = self._rows(mask) if seqs and len(seqs) < len(sched.seqs) else None
-            logits, _ = self.graphs.run(sched.seqs)  # [n, V] fp32
-            logits = logits if rows is None else logits[rows]
-        else:
-            batch = self._prepare(sched)
-            sampling = self._sampling(seqs)
-            logits = self.model.compute_logits(self._forward(batch)[batch.sample_rows]) if seqs else None
+        if after is not None or self._runs_graph(sched):
+            return self._launch_graph(sched, mask, seqs, self._feed(sched, after) if after is not None else None)
+        batch = self._prepare(sched)
+        sampling = self._sampling(seqs)
+        logits = self.model.compute_logits(self._forward(batch)[batch.sample_rows]) if seqs else None
         return LaunchedStep(mask, None, self.sampler.sample(logits, sampling) if seqs else None)
 
-    def _launch_fed(self, sched: SchedulerOutput, after: SchedulerOutput, mask: list[bool]) -> LaunchedStep:
+    def _launch_graph(self, sched: SchedulerOutput, mask: list[bool], seqs: list[Sequence],
+                      feed: list[int] | None) -> LaunchedStep:
+        """A decode step on the graphs. Its tokens stay in `graphs.tokens` when every row gets one, so the next
+        step can be launched on them before they are read back."""
+        if seqs and all(_plain_greedy(s) for s in seqs):
+            self.graphs.run(sched.seqs, feed)  # the graph's argmax: no sampler
+            return LaunchedStep(mask, self.graphs.read_back(len(seqs)), None, feeds_next=True)
+        sampling = self._sampling(seqs)
+        every_row = len(seqs) == len(sched.seqs)
+        logits, _ = self.graphs.run(sched.seqs, feed)  # [n, V] fp32
+        if not seqs:
+            return LaunchedStep(mask, None, None)
+        sample = self.sampler.sample(logits if every_row else logits[self._rows(mask)], sampling)
+        if every_row:
+            self.graphs.tokens[:len(seqs)].copy_(sample.tokens)  # the sampled tokens replace the argmax
+        return LaunchedStep(mask, None, sample, feeds_next=every_row)
+
+    def _feed(self, sched: SchedulerOutput, after: SchedulerOutput) -> list[int]:
+        """For each sequence of `sched`, its row in `after`, whose tokens are its input."""
+        if not self._runs_graph(sched):
+            raise RuntimeError("only a decode graph step can take the previous step's tokens on the device")
         rows = {id(s): i for i, s in enumerate(after.seqs)}
-        feed = [rows[id(s)] for s in sched.seqs]
-        if not (self._runs_graph(sched) and all(_plain_greedy(s) for s in sched.seqs)):
-            raise RuntimeError("only a greedy decode graph step can take the previous step's tokens on the device")
-        self.graphs.run(sched.seqs, feed)
-        return LaunchedStep(mask, self.graphs.read_back(len(sched.seqs)), None)
+        return [rows[id(s)] for s in sched.seqs]
 
     def collect(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step and read its tokens back to the host. A graph's token ids live in

@@ -30,12 +30,13 @@ class SamplingBatch:
 
     @classmethod
     def build(cls, params: list[SamplingParams], generators, vocab_size: int, device) -> "SamplingBatch":
-        """All-greedy batches (the common decode case) skip the per-row tensors: no host-to-device copies."""
+        """All-greedy batches (the common decode case) skip the per-row tensors: no host-to-device copies.
+        The others go through pinned memory, so the copy does not wait for the device's earlier work."""
         greedy = [p.is_greedy for p in params]
         wanted = [p.logprobs for p in params if p.logprobs is not None]
         all_greedy = all(greedy)
         tensor = (lambda values, dtype: None) if all_greedy else (
-            lambda values, dtype: torch.tensor(values, dtype=dtype, device=device))
+            lambda values, dtype: _to_device(torch.tensor(values, dtype=dtype), device))
         return cls(
             temperatures=tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32),
             top_k=tensor([p.top_k or vocab_size for p in params], torch.int64),
@@ -47,6 +48,12 @@ class SamplingBatch:
             use_top_p=any(p.top_p < 1 and not g for p, g in zip(params, greedy)),
             num_logprobs=max(wanted) if wanted else None,
         )
+
+
+def _to_device(values: torch.Tensor, device) -> torch.Tensor:
+    if torch.device(device).type != "cuda":
+        return values.to(device)
+    return values.pin_memory().to(device, non_blocking=True)  # the pinned block is kept until the copy ran
 
 
 @dataclass
