@@ -31,11 +31,15 @@ def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return torch.randint(0, SHAPE.vocab, (n, length), generator=gen).tolist()
 
 
-def _add(engine: Engine, prompts, max_tokens: int) -> list[str]:
+SAMPLED = {"temperature": 0.8, "top_p": 0.95}  # decode_rate's sampled variant
+
+
+def _add(engine: Engine, prompts, max_tokens: int, sampled: bool = False) -> list[str]:
     rids = []
     for ids in prompts:
         rid = f"b{next(_ids)}"
-        engine.add_request(EngineRequest(rid, ids, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)))
+        params = SamplingParams(**(SAMPLED if sampled else {"temperature": 0}), max_tokens=max_tokens, ignore_eos=True)
+        engine.add_request(EngineRequest(rid, ids, params))
         rids.append(rid)
     return rids
 
@@ -79,9 +83,10 @@ def lm_head_paths(model, batches=(1, 64, 256)) -> list[dict]:
     return rows
 
 
-def decode_rate(engine: Engine, batch: int, prompt_len: int = 128, steps: int = 64) -> dict:
-    """Steady decode through Engine.step (scheduler, graph replay, sampling, outputs): tok/s."""
-    rids = _add(engine, _prompts(batch, prompt_len, seed=batch), max_tokens=steps + 16)
+def decode_rate(engine: Engine, batch: int, prompt_len: int = 128, steps: int = 64, sampled: bool = False) -> dict:
+    """Steady decode through Engine.step (scheduler, graph replay, sampling, outputs): tok/s. Greedy, or
+    with `sampled` temperature and top-p sampling (SAMPLED) after the graph."""
+    rids = _add(engine, _prompts(batch, prompt_len, seed=batch), max_tokens=steps + 16, sampled=sampled)
     counts = dict.fromkeys(rids, 0)
     while min(counts.values()) < 2:
         for out in engine.step():
@@ -96,7 +101,8 @@ def decode_rate(engine: Engine, batch: int, prompt_len: int = 128, steps: int = 
     for rid in rids:
         engine.abort_request(rid)
     _drain(engine)
-    return {"batch": batch, "context_max": prompt_len + steps + 2, "step_ms": step_ms, "tok_s": batch / step_ms * 1e3,
+    return {"batch": batch, "sampled": SAMPLED if sampled else None, "context_max": prompt_len + steps + 2,
+            "step_ms": step_ms, "tok_s": batch / step_ms * 1e3,
             "graph_replay_ms": replayed, "host_overhead_ms": None if replayed is None else step_ms - replayed}
 
 

@@ -20,6 +20,18 @@ if not HAS_CUDA:
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
+@pytest.fixture(autouse=True)
+def _release_gpu_memory():
+    """On a GPU, free each test's engines before the next: an engine sized by gpu_memory_utilization takes
+    most of the device, so two alive at once run out of memory."""
+    yield
+    if HAS_CUDA:
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """Paths of the tiny Llama and Qwen2 folders written by engine/scripts/make_tiny_models.py."""

@@ -55,9 +55,9 @@ def engine_in_mode(path, mode: str, **config) -> Engine:
     return eng
 
 
-def recorded_engine(path, mode: str = "host") -> tuple[Engine, list]:
+def recorded_engine(path, mode: str = "host", **config) -> tuple[Engine, list]:
     """An engine (see `engine_in_mode`) whose runner logs."""
-    eng, log = engine_in_mode(path, mode), []
+    eng, log = engine_in_mode(path, mode, **config), []
     eng.runner = RecordingRunner(eng.runner, log)
     return eng, log
 
@@ -301,16 +301,18 @@ def test_sampled_steps_are_launched_ahead_and_sample_what_the_host_path_samples(
               "cold": greedy(8)}
     reqs = {0: [EngineRequest(rid, prompt_ids(7 + i, 20 + i), p) for i, (rid, p) in enumerate(params.items())]}
     results = {}
-    for mode in ("host", "padded"):
-        eng, log = recorded_engine(path, mode)
+    modes = ("host", "padded", "captured") if torch.cuda.is_available() else ("host", "padded")
+    for mode in modes:
+        eng, log = recorded_engine(path, mode, dtype="float32")  # fp32: the paths differ only by rounding
         results[mode] = drive(eng, reqs)
         ahead = sum(entry[-1] == "ahead" for entry in log)
         assert ahead == (0 if mode == "host" else 7), mode  # 8 decode steps of "cold": all but the first
-    host, padded = results["host"], results["padded"]
-    for rid in params:
-        assert tokens_of(host[rid]) == tokens_of(padded[rid]), rid
+    host = results["host"]
+    for mode in modes[1:]:
+        for rid in params:
+            assert tokens_of(host[rid]) == tokens_of(results[mode][rid]), (mode, rid)
     lps = {mode: [lp for o in got["hot"] for lp in o.new_logprobs] for mode, got in results.items()}
     assert len(lps["padded"]) == 9
-    for a, b in zip(lps["host"], lps["padded"]):  # fp32, GEMMs of padded vs packed rows: equal to rounding
+    for a, b in zip(lps["host"], lps[modes[-1]]):  # GEMMs of padded vs packed rows: equal to rounding
         assert [t for t, _ in a.top] == [t for t, _ in b.top]
         assert (a.logprob, *(v for _, v in a.top)) == pytest.approx((b.logprob, *(v for _, v in b.top)), abs=1e-4)
