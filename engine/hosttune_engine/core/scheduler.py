@@ -145,11 +145,14 @@ class Scheduler:
         if not running or len(running) > self.config.max_num_batched_tokens or self._could_admit():
             return None
         in_last = {id(s) for s in last.seqs}
-        if any(id(s) not in in_last or s.num_computed_tokens + 1 != s.num_tokens for s in running):
-            return None
+        for seq in running:  # a plain loop: this runs every decode step, for every sequence
+            if id(seq) not in in_last or seq.num_computed_tokens + 1 != len(seq.token_ids):
+                return None
+        ahead = []
         for seq in running:
             seq.num_computed_tokens += 1
-        ahead = [s for s in running if not self._reaches_length(s, s.num_tokens + 1)]
+            if not self._reaches_length(seq, len(seq.token_ids) + 1):
+                ahead.append(seq)
         if not ahead or not self.block_manager.can_append(ahead):
             for seq in running:
                 seq.num_computed_tokens -= 1
