@@ -79,19 +79,34 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: 
 
 @dataclass
 class DeviceSample:
-    """A step's sampled tokens (and logprobs) still on the device: `to_host` reads them back, which waits for
-    the device. The engine enqueues sampling with the forward pass and reads it after the next step's launch."""
+    """A step's sampled tokens (and logprobs) on the device, with their copies to the host enqueued right
+    behind the sampling (`Sampler.sample` starts them). `to_host` waits for those copies alone. A copy made
+    at read time would queue behind everything the stream got since: the engine reads a step's tokens after
+    it launched the next step, so it would wait for that step too, and the device would idle meanwhile."""
 
     tokens: torch.Tensor  # [N]
     logprobs: torch.Tensor | None = None  # [N] of each chosen token
     top: tuple[torch.Tensor, torch.Tensor] | None = None  # ids and logprobs [N, num_logprobs]
+    _host: list[torch.Tensor | None] | None = None  # tokens, logprobs, top ids, top logprobs on the host
+    _copied: torch.cuda.Event | None = None
+
+    def start_copy(self) -> None:
+        top = self.top or (None, None)
+        self._host = [t if t is None else t.to("cpu", non_blocking=True)  # into pinned memory, from CUDA
+                      for t in (self.tokens, self.logprobs, *top)]
+        if self.tokens.is_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
 
     def to_host(self) -> SamplerOutput:
-        out = SamplerOutput(token_ids=self.tokens.tolist())
-        if self.logprobs is not None:
-            out.logprobs = self.logprobs.tolist()
-        if self.top is not None:
-            out.top_ids, out.top_logprobs = self.top[0].tolist(), self.top[1].tolist()
+        if self._host is None:
+            self.start_copy()
+        if self._copied is not None:
+            self._copied.synchronize()
+        tokens, logprobs, top_ids, top_logprobs = (t if t is None else t.tolist() for t in self._host)
+        out = SamplerOutput(token_ids=tokens, logprobs=logprobs)
+        if top_ids is not None:
+            out.top_ids, out.top_logprobs = top_ids, top_logprobs
         return out
 
 
@@ -101,7 +116,7 @@ class Sampler:
         return self.sample(logits, batch).to_host()
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> DeviceSample:
-        """logits [N, V] fp32 -> one token per row, left on the device (no sync)."""
+        """logits [N, V] fp32 -> one token per row, left on the device, its copy to the host enqueued (no sync)."""
         tokens = logits.argmax(dim=-1)
         if not batch.all_greedy:
             tokens = torch.where(batch.greedy, tokens, self._sample(logits, batch))
@@ -112,6 +127,7 @@ class Sampler:
             if batch.num_logprobs:
                 top = logprobs.topk(batch.num_logprobs, dim=-1)
                 out.top = (top.indices, top.values)
+        out.start_copy()
         return out
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
