@@ -1,5 +1,8 @@
 """KV pool sizing and binding; sampler filters and the exponential race."""
 
+import math
+
+import pytest
 import torch
 
 from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, num_blocks_for_memory
@@ -82,3 +85,15 @@ def test_gemv_transform_patches_linears_and_follows_the_backend_switch():
     assert model[0].use_triton and model[1].use_triton
     set_kernel_backend(model, False)
     assert not model[0].use_triton and not model[1].use_triton
+
+
+def test_device_sample_is_copied_to_the_host_when_sampled_not_when_read():
+    """The engine reads a step's tokens after launching the next step; a copy made then would wait for it."""
+    logits = torch.log(torch.tensor([[0.1, 0.9], [0.8, 0.2]]))
+    batch = SamplingBatch.build([SamplingParams(temperature=0, logprobs=1)] * 2, [None] * 2, 2, "cpu")
+    sample = Sampler().sample(logits, batch)
+    sample.tokens.fill_(7)  # what a later step could do to the device buffers
+    sample.logprobs.fill_(0.0)
+    out = sample.to_host()
+    assert out.token_ids == [1, 0] and out.logprobs == pytest.approx([math.log(0.9), math.log(0.8)], abs=1e-6)
+    assert out.top_ids == [[1], [0]]

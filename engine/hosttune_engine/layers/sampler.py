@@ -92,7 +92,7 @@ class DeviceSample:
 
     def start_copy(self) -> None:
         top = self.top or (None, None)
-        self._host = [t if t is None else t.to("cpu", non_blocking=True)  # into pinned memory, from CUDA
+        self._host = [t if t is None else t.to("cpu", non_blocking=True, copy=True)  # pinned, from CUDA
                       for t in (self.tokens, self.logprobs, *top)]
         if self.tokens.is_cuda:
             self._copied = torch.cuda.Event()
