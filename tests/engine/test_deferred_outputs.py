@@ -316,3 +316,17 @@ def test_sampled_steps_are_launched_ahead_and_sample_what_the_host_path_samples(
     for a, b in zip(lps["host"], lps[modes[-1]]):  # GEMMs of padded vs packed rows: equal to rounding
         assert [t for t, _ in a.top] == [t for t, _ in b.top]
         assert (a.logprob, *(v for _, v in a.top)) == pytest.approx((b.logprob, *(v for _, v in b.top)), abs=1e-4)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_max_model_len_ends_a_sequence_the_same_way_ahead(tiny_models, mode):
+    """A sequence that reaches max_model_len is left out of the step launched ahead, like max_tokens."""
+    path = tiny_models["qwen2"]
+    eng, log = recorded_engine(path, mode, max_model_len=24)
+    ids = prompt_ids(15, 9)
+    outs = drive(eng, {0: [EngineRequest("m", ids, greedy(50)), EngineRequest("n", prompt_ids(4, 10), greedy(12))]})
+    assert tokens_of(outs["m"]) == alone(path, ids)[:9] and outs["m"][-1].finish_reason == "length"
+    assert len(ids) + outs["m"][-1].num_output_tokens == 24
+    assert tokens_of(outs["n"]) == alone(path, prompt_ids(4, 10), 12)
+    stats = eng.stats()
+    assert stats.num_free_kv_blocks == stats.num_kv_blocks
