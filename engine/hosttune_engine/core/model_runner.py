@@ -197,8 +197,9 @@ class ModelRunner:
         return [rows[id(s)] for s in sched.seqs]
 
     def collect(self, step: LaunchedStep) -> StepResult:
-        """Wait for a launched step and read its tokens back to the host. A graph's token ids live in
-        buffers that its next replay overwrites: collect a step before launching the next one."""
+        """Wait for a launched step's tokens to reach the host. Their copies were enqueued at launch, right
+        behind the step (`DecodeGraphs.read_back`, `DeviceSample`), so a step may be collected after the next
+        one was launched, but before the one after that (two read-back buffers alternate)."""
         mask = step.mask
         if step.greedy_tokens is not None:
             tokens = step.greedy_tokens.tolist()  # the sync: waits for the replay and the copy
