@@ -9,6 +9,15 @@ import time
 from contextlib import contextmanager
 
 
+def stop_process(process: subprocess.Popen, timeout: float) -> None:
+    """Terminate a child process; kill it if it has not exited within `timeout` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
 
 @contextmanager
 def scripted_server(*args: str, lifetime: float = 300):
@@ -29,12 +38,7 @@ def scripted_server(*args: str, lifetime: float = 300):
             raise RuntimeError(f"test server did not start: {line!r}")
         yield line.split("listening on ", 1)[1].strip()
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout=10)
 
 
 @contextmanager

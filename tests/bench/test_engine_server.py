@@ -26,6 +26,8 @@ from hosttune.bench.loadgen import Load
 from hosttune.bench.metrics import summarize
 from hosttune.bench.record import OK, REJECTED
 
+from .servers import stop_process
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("hosttune_engine") is None
     or importlib.util.find_spec("hosttune_engine.server") is None,
@@ -57,12 +59,7 @@ def engine_url(tmp_path_factory):
         _wait_healthy(url, process, log_path)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout=60)
 
 
 def _wait_listening(log_path: Path, process: subprocess.Popen) -> str:
