@@ -2,7 +2,9 @@
 
 Random rows sample by the exponential race (argmax of probs / Exp(1) noise),
 which needs no CPU sync; a seeded request draws its noise from its own
-generator, so its tokens do not depend on what else is in the batch.
+generator, so its tokens do not depend on what else is in the batch. Top-k and
+top-p run the race by rejection (`kernels.race`), without sorting the
+vocabulary; only a batch with a row that sets both sorts it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hosttune_engine.kernels.race import MIN_TEMPERATURE, race_sample, race_sample_ref
 from hosttune_engine.sampling import SamplingParams
 
 
@@ -24,8 +27,7 @@ class SamplingBatch:
     greedy: torch.Tensor | None  # [N] bool
     generators: list[torch.Generator | None]
     all_greedy: bool
-    use_top_k: bool
-    use_top_p: bool
+    top_k_with_top_p: bool  # a sampled row sets both: its nucleus is over its top k, renormalized
     num_logprobs: int | None  # the most alternatives any row asked for; None: no logprobs
 
     @classmethod
@@ -44,8 +46,7 @@ class SamplingBatch:
             greedy=tensor(greedy, torch.bool),
             generators=list(generators),
             all_greedy=all_greedy,
-            use_top_k=any(p.top_k > 0 and not g for p, g in zip(params, greedy)),
-            use_top_p=any(p.top_p < 1 and not g for p, g in zip(params, greedy)),
+            top_k_with_top_p=any(0 < p.top_k < vocab_size and p.top_p < 1 and not g for p, g in zip(params, greedy)),
             num_logprobs=max(wanted) if wanted else None,
         )
 
@@ -73,7 +74,8 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: 
     if top_p is not None:
         probs = sorted_logits.softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs  # the first token is always kept
-        sorted_logits = sorted_logits.masked_fill(mass_before > top_p[:, None], float("-inf"))
+        cut = (mass_before > top_p[:, None]) & (top_p[:, None] < 1.0)  # 1.0: keep all, whatever the rounding
+        sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
 
 
@@ -131,13 +133,13 @@ class Sampler:
         return out
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        scaled = logits / batch.temperatures.clamp(min=1e-5)[:, None]
-        if batch.use_top_k or batch.use_top_p:
-            scaled = filter_top_k_top_p(scaled, batch.top_k if batch.use_top_k else None,
-                                        batch.top_p if batch.use_top_p else None)
-        probs = scaled.softmax(dim=-1)
-        noise = torch.empty_like(probs).exponential_()
+        noise = torch.empty_like(logits, dtype=torch.float32).exponential_()
         for i, gen in enumerate(batch.generators):
             if gen is not None:
                 noise[i].exponential_(generator=gen)
-        return (probs / noise).argmax(dim=-1)
+        if batch.top_k_with_top_p:
+            scaled = logits / batch.temperatures.clamp(min=MIN_TEMPERATURE)[:, None]
+            probs = filter_top_k_top_p(scaled, batch.top_k, batch.top_p).softmax(dim=-1)
+            return (probs / noise).argmax(dim=-1)
+        race = race_sample if logits.is_cuda else race_sample_ref
+        return race(logits, noise, batch.temperatures, batch.top_k, batch.top_p)

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""The sampler after a decode step, on one GPU: greedy, temperature, top-k, top-p, top-k with top-p.
+
+`Sampler.sample` (top-k or top-p by the rejection race, `kernels.race`) against the sampling it replaced:
+top-k and top-p by a full sort of the vocabulary, then the race over what is left, with the same noise.
+Logits are random fp32 [batch, 152,064] (the Qwen2.5-7B vocabulary), scaled so a row's distribution is
+spread like a model's; each mode also counts how often both ways picked the same token. With --engine it
+also runs decode at batch 64 through `Engine.step`, greedy and sampled (engine_bench.SAMPLED).
+Prints JSON lines, then a table.
+
+Example: PYTHONPATH=engine python benchmarks/engine/sampler_bench.py --engine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import SHAPE, bench_ms  # noqa: E402
+
+from hosttune_engine.layers.sampler import Sampler, SamplingBatch, filter_top_k_top_p  # noqa: E402
+from hosttune_engine.sampling import SamplingParams  # noqa: E402
+
+MODES = {
+    "greedy": {"temperature": 0},
+    "temperature 0.8": {"temperature": 0.8},
+    "top-k 50": {"temperature": 0.8, "top_k": 50},
+    "top-p 0.95": {"temperature": 0.8, "top_p": 0.95},
+    "top-p 0.5": {"temperature": 0.8, "top_p": 0.5},
+    "top-k 50 + top-p 0.95 (sorts)": {"temperature": 0.8, "top_k": 50, "top_p": 0.95},
+}
+
+
+def by_sort(logits: torch.Tensor, noise: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """The sampler before the race by rejection: sort, mask, softmax, race."""
+    scaled = logits / batch.temperatures.clamp(min=1e-5)[:, None]
+    probs = filter_top_k_top_p(scaled, batch.top_k, batch.top_p).softmax(dim=-1)
+    return torch.where(batch.greedy, logits.argmax(dim=-1), (probs / noise).argmax(dim=-1))
+
+
+def sampler_row(batch: int, params: dict) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    logits = torch.randn(batch, SHAPE.vocab, device="cuda", generator=gen) * 4
+    settings = SamplingBatch.build([SamplingParams(**params)] * batch, [None] * batch, SHAPE.vocab, "cuda")
+    sampler = Sampler()
+    row = {"batch": batch, "ours_ms": bench_ms(lambda: sampler.sample(logits, settings))}
+    if settings.all_greedy:
+        return row
+    noise = torch.empty_like(logits).exponential_()
+    row["sort_ms"] = bench_ms(lambda: by_sort(logits, noise, settings))
+    row["speedup"] = row["sort_ms"] / row["ours_ms"]
+    torch.manual_seed(0)
+    ours = sampler.sample(logits, settings).tokens
+    torch.manual_seed(0)  # the same noise: the sampler draws it first, from the global generator
+    noise = torch.empty_like(logits).exponential_()
+    row["same_token"] = float((ours == by_sort(logits, noise, settings)).float().mean())
+    return row
+
+
+def decode_rows() -> list[dict]:
+    import engine_bench as eb
+
+    engine = eb.build_engine()
+    return [eb.decode_rate(engine, 64, sampled=sampled) for sampled in (False, True)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, nargs="*", default=[1, 64, 256])
+    parser.add_argument("--engine", action="store_true", help="also decode at batch 64 through Engine.step")
+    parser.add_argument("--out", help="write the rows as JSON here")
+    args = parser.parse_args()
+    rows = []
+    for batch in args.batch:
+        for name, params in MODES.items():
+            rows.append({"mode": name, **sampler_row(batch, params)})
+            print(json.dumps(rows[-1]), flush=True)
+    decode = decode_rows() if args.engine else []
+    for row in decode:
+        print(json.dumps(row), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"sampler": rows, "decode": decode}, indent=1))
+    print("\n| sampling, batch | Sampler.sample (ms) | by sort (ms) | speedup | same token |\n| --- | --- | --- | --- | --- |")
+    for r in rows:
+        sort = f"{r['sort_ms']:.3f} | {r['speedup']:.1f}x | {r['same_token']:.3f}" if "sort_ms" in r else "| |"
+        print(f"| {r['mode']}, b{r['batch']} | {r['ours_ms']:.3f} | {sort} |")
+    for r in decode:
+        kind = f"sampled {r['sampled']}" if r["sampled"] else "greedy"
+        print(f"| decode b64 through Engine.step, {kind} | {r['step_ms']:.2f} ms/step ({r['tok_s']:.0f} tok/s), "
+              f"graph {r['graph_replay_ms']:.2f} ms | | | |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""Sampling under top-k or top-p without sorting the vocabulary: the exponential race, by rejection.
+
+The sampler draws a row's token as the argmax of prob / noise (noise ~ Exp(1)) over the tokens the row
+keeps. Ranked by probability (ties: lower id first), a row keeps a prefix: rank < top_k, and mass before
+the token <= top_p. So the winner of the race over the whole row is kept, or everything ranked at or after
+it is not, and the winner is then among the tokens ranked before it. Each round is one pass over the row:
+it checks the candidate (the mass and count of the tokens ranked before it) and runs the race among those
+tokens, the next candidate. The first token is always kept, so the rounds end; the expected number is
+small (each new candidate falls about halfway up the prefix, by mass). With the same noise, the token is
+the one that masking the sorted row and racing over what is left gives, up to fp32 rounding of the mass.
+A row that uses both top-k and top-p (its nucleus is over the renormalized top k) is not handled here.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, check_tensor
+
+MIN_TEMPERATURE = 1e-5  # the sampler's clamp: temperatures below it divide by it
+
+
+@triton.jit
+def _row_stats(logits, n_cols, t, BLOCK: tl.constexpr):
+    """Max and sum of exp(x - max) of one row of logits / t, lane by lane (online), then combined."""
+    m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
+    z_vec = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(logits + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32) / t
+        m_new = tl.maximum(m_vec, x)
+        live = m_new > float("-inf")
+        z_vec = tl.where(live, z_vec * tl.exp(m_vec - m_new) + tl.exp(x - m_new), 0.0)
+        m_vec = m_new
+    m = tl.max(m_vec, axis=0)
+    z = tl.sum(tl.where(m_vec > float("-inf"), z_vec * tl.exp(m_vec - m), 0.0), axis=0)
+    return m, z
+
+
+@triton.jit
+def _round(logits, noise, n_cols, t, m, z, qc, c, BLOCK: tl.constexpr):
+    """Over the tokens ranked before the candidate (prob qc, id c): their mass, their count, and the winner
+    of their race (its id, -1 if there are none, and its prob)."""
+    mass = tl.zeros([BLOCK], tl.float32)
+    count = tl.zeros([BLOCK], tl.int32)
+    best = tl.full([BLOCK], -1.0, tl.float32)
+    best_id = tl.full([BLOCK], -1, tl.int32)
+    best_q = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        inside = cols < n_cols
+        x = tl.load(logits + cols, mask=inside, other=float("-inf")).to(tl.float32) / t
+        q = tl.exp(x - m) / z
+        e = tl.load(noise + cols, mask=inside, other=1.0)
+        before = inside & ((q > qc) | ((q == qc) & (cols < c)))
+        mass += tl.where(before, q, 0.0)
+        count += before.to(tl.int32)
+        score = tl.where(before, q / e, -1.0)
+        wins = score > best  # strict: a lane keeps its lowest id among equal scores
+        best = tl.where(wins, score, best)
+        best_id = tl.where(wins, cols, best_id)
+        best_q = tl.where(wins, q, best_q)
+    top = tl.max(best, axis=0)
+    winner = tl.min(tl.where(best == top, best_id, n_cols), axis=0)  # the lowest id among equal scores
+    winner_q = tl.max(tl.where(best_id == winner, best_q, -1.0), axis=0)
+    return tl.sum(mass, axis=0), tl.sum(count, axis=0), tl.where(top >= 0.0, winner, -1), winner_q
+
+
+@triton.jit
+def _race_kernel(logits_ptr, noise_ptr, temp_ptr, top_k_ptr, top_p_ptr, out_ptr, stride_l, stride_e, n_cols,
+                 MIN_T: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    logits = logits_ptr + row * stride_l
+    noise = noise_ptr + row * stride_e
+    t = tl.maximum(tl.load(temp_ptr + row), MIN_T)
+    top_k = tl.load(top_k_ptr + row)
+    top_p = tl.load(top_p_ptr + row)
+    m, z = _row_stats(logits, n_cols, t, BLOCK)
+    # round 0: every token is ranked before a virtual candidate of prob -1, so this is the whole row's race
+    _, _, c, qc = _round(logits, noise, n_cols, t, m, z, -1.0, n_cols, BLOCK)
+    done = ((top_p >= 1.0) & (top_k >= n_cols)) | (c < 0)
+    while done == 0:
+        mass, count, nxt, q_nxt = _round(logits, noise, n_cols, t, m, z, qc, c, BLOCK)
+        kept = ((mass <= top_p) | (top_p >= 1.0)) & (count < top_k)
+        done = kept | (nxt < 0)
+        c = tl.where(done, c, nxt)
+        qc = tl.where(done, qc, q_nxt)
+    tl.store(out_ptr + row, tl.maximum(c, 0).to(tl.int64))
+
+
+def race_sample(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                top_p: torch.Tensor, block: int = 2048) -> torch.Tensor:
+    """logits [N, V], noise [N, V] fp32 (Exp(1) draws), temperature, top_p [N] fp32, top_k [N] int (V or
+    more: off) -> token ids [N] int64. Rows run as one program each."""
+    check_tensor("logits", logits, 2)
+    check_tensor("noise", noise, 2, (torch.float32,), logits.device)
+    check(noise.shape == logits.shape, "noise needs the shape of logits")
+    check_last_dim_contiguous("logits", logits)
+    check_last_dim_contiguous("noise", noise)
+    n, vocab = logits.shape
+    for name, t, dtypes in (("temperature", temperature, (torch.float32,)), ("top_p", top_p, (torch.float32,)),
+                            ("top_k", top_k, (torch.int32, torch.int64))):
+        check_tensor(name, t, 1, dtypes, logits.device)
+        check(t.shape[0] == n, "temperature, top_k and top_p need one value per row of logits")
+    out = torch.empty(n, dtype=torch.int64, device=logits.device)
+    if n:
+        _race_kernel[(n,)](logits, noise, temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), out,
+                           logits.stride(0), noise.stride(0), vocab, MIN_T=MIN_TEMPERATURE,
+                           BLOCK=min(block, triton.next_power_of_2(vocab)), num_warps=8)
+    return out
+
+
+def race_sample_ref(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                    top_p: torch.Tensor) -> torch.Tensor:
+    """The same rounds in torch ops, all rows at once (the CPU path, and the kernel's reference)."""
+    probs = (logits.float() / temperature.clamp(min=MIN_TEMPERATURE)[:, None]).softmax(dim=-1)
+    score = probs / noise
+    ids = torch.arange(logits.shape[-1], device=logits.device)
+    c = score.argmax(dim=-1)
+    done = (top_p >= 1.0) & (top_k >= logits.shape[-1])
+    while not bool(done.all()):
+        qc = probs.gather(-1, c[:, None])
+        before = (probs > qc) | ((probs == qc) & (ids[None, :] < c[:, None]))
+        mass = torch.where(before, probs, 0.0).sum(dim=-1)
+        kept = ((mass <= top_p) | (top_p >= 1.0)) & (before.sum(dim=-1) < top_k)
+        stop = done | kept | ~before.any(dim=-1)
+        c = torch.where(stop, c, torch.where(before, score, -1.0).argmax(dim=-1))
+        done = stop
+    return c

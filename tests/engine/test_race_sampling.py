@@ -1,0 +1,101 @@
+"""Top-k / top-p sampling by the rejection race (kernels.race) against the sort it replaces.
+
+On a machine without a GPU the kernel runs under the Triton interpreter (conftest)."""
+
+import pytest
+import torch
+
+from hosttune_engine.errors import KernelInputError
+from hosttune_engine.kernels.race import race_sample, race_sample_ref
+from hosttune_engine.layers.sampler import Sampler, SamplingBatch, filter_top_k_top_p
+from hosttune_engine.sampling import SamplingParams
+
+from .conftest import DEVICE
+
+VOCAB = 300  # not a power of two: the last block of a row is partly masked
+
+
+def _rows(n: int, seed: int, vocab: int = VOCAB):
+    """Random logits, noise and per-row settings; a row sets top-k or top-p, not both."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, vocab, generator=gen) * 3
+    noise = torch.empty(n, vocab).exponential_(generator=gen)
+    temperature = torch.tensor([0.5, 1.0, 1.7, 1e-7])[torch.arange(n) % 4]
+    top_p = torch.tensor([1.0, 0.05, 0.5, 0.9, 0.999, 1.0])[torch.arange(n) % 6]
+    top_k = torch.where(top_p < 1, vocab, torch.tensor([1, 3, 50, vocab, 10**6])[torch.arange(n) % 5])
+    return [t.to(DEVICE) for t in (logits, noise, temperature, top_k, top_p)]
+
+
+def _by_sort(logits, noise, temperature, top_k, top_p):
+    """What the sampler did before: mask the sorted row, then race over what is left."""
+    scaled = logits / temperature.clamp(min=1e-5)[:, None]
+    return (filter_top_k_top_p(scaled, top_k, top_p).softmax(dim=-1) / noise).argmax(dim=-1)
+
+
+def test_reference_rounds_pick_what_the_sort_picks():
+    args = _rows(240, seed=1)
+    assert torch.equal(race_sample_ref(*args), _by_sort(*args))
+
+
+def test_kernel_matches_the_reference_across_blocks():
+    args = _rows(48, seed=2)
+    assert torch.equal(race_sample(*args, block=64), race_sample_ref(*args))
+    assert torch.equal(race_sample(*args), _by_sort(*args))  # one block holds the row
+
+
+def test_ties_at_the_cut_keep_the_lowest_ids():
+    """Eight equal tokens: top-p 0.3 keeps those whose mass before is <= 0.3 (ids 0-2), top-k 5 ids 0-4."""
+    n = 400
+    logits = torch.zeros(n, 8, device=DEVICE)
+    noise = torch.empty(n, 8).exponential_(generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    temperature = torch.ones(n, device=DEVICE)
+    for top_k, top_p, kept in ((8, 0.3, {0, 1, 2}), (5, 1.0, {0, 1, 2, 3, 4})):
+        settings = (temperature, torch.full((n,), top_k, device=DEVICE), torch.full((n,), top_p, device=DEVICE))
+        ref = race_sample_ref(logits, noise, *settings)
+        assert set(ref.tolist()) == kept
+        assert torch.equal(race_sample(logits, noise, *settings, block=4), ref)
+    flat = torch.ones(2, 8, device=DEVICE)  # equal scores too: the race goes to the lowest id, as argmax does
+    settings = (temperature[:2], torch.tensor([8, 8], device=DEVICE), torch.tensor([1.0, 0.5], device=DEVICE))
+    assert race_sample(logits[:2], flat, *settings, block=4).tolist() == [0, 0]
+    assert race_sample_ref(logits[:2], flat, *settings).tolist() == [0, 0]
+
+
+def test_sampled_frequencies_follow_the_renormalized_nucleus():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    n = 4000
+    batch = SamplingBatch.build([SamplingParams(temperature=1.0, top_p=0.7)] * n, [None] * n, 4, DEVICE)
+    tokens = Sampler().sample(probs.log().repeat(n, 1).to(DEVICE), batch).to_host().token_ids
+    freq = torch.bincount(torch.tensor(tokens), minlength=4).float() / n
+    assert freq[2:].sum() == 0 and abs(freq[0] - 0.5 / 0.8) < 0.03
+
+
+def test_a_row_with_top_k_and_top_p_renormalizes_over_its_top_k():
+    """top-k 2 leaves 0.5 and 0.3, renormalized 0.625 / 0.375; top-p 0.6 then keeps the first alone. Over
+    the whole row (no renormalization) top-p 0.6 would keep both."""
+    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log().repeat(200, 1).to(DEVICE)
+    params = [SamplingParams(temperature=1.0, top_k=2, top_p=0.6)] * 100
+    params += [SamplingParams(temperature=1.0, top_p=0.6)] * 100
+    batch = SamplingBatch.build(params, [None] * 200, 4, DEVICE)
+    assert batch.top_k_with_top_p
+    tokens = Sampler().sample(logits, batch).to_host().token_ids
+    assert set(tokens[:100]) == {0} and set(tokens[100:]) == {0, 1}
+
+
+def test_seeded_rows_repeat_whatever_the_batch():
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+
+    def draw(other: SamplingParams) -> int:
+        gen = torch.Generator(device=DEVICE).manual_seed(11)
+        params = [other, SamplingParams(temperature=0.9, top_p=0.8, seed=11), other]
+        batch = SamplingBatch.build(params, [None, gen, None], VOCAB, DEVICE)
+        return Sampler().sample(logits, batch).to_host().token_ids[1]
+
+    assert draw(SamplingParams(temperature=0)) == draw(SamplingParams(temperature=2.0, top_k=5))
+
+
+def test_bad_inputs_are_named():
+    logits, noise, temperature, top_k, top_p = _rows(4, seed=5)
+    with pytest.raises(KernelInputError, match="noise"):
+        race_sample(logits, noise[:, :10], temperature, top_k, top_p)
+    with pytest.raises(KernelInputError, match="one value per row"):
+        race_sample(logits, noise, temperature[:2], top_k, top_p)
