@@ -32,7 +32,8 @@ MODES = {
     "top-k 50": {"temperature": 0.8, "top_k": 50},
     "top-p 0.95": {"temperature": 0.8, "top_p": 0.95},
     "top-p 0.5": {"temperature": 0.8, "top_p": 0.5},
-    "top-k 50 + top-p 0.95 (sorts)": {"temperature": 0.8, "top_k": 50, "top_p": 0.95},
+    "top-k 50 + top-p 0.95": {"temperature": 0.8, "top_k": 50, "top_p": 0.95},
+    "top-k 20 + top-p 0.8 (Qwen2.5's defaults)": {"temperature": 0.7, "top_k": 20, "top_p": 0.8},
 }
 
 

@@ -16,13 +16,14 @@ VOCAB = 300  # not a power of two: the last block of a row is partly masked
 
 
 def _rows(n: int, seed: int, vocab: int = VOCAB):
-    """Random logits, noise and per-row settings; a row sets top-k or top-p, not both."""
+    """Random logits, noise and per-row settings: top-k, top-p, both (every 5th row) or neither."""
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(n, vocab, generator=gen) * 3
     noise = torch.empty(n, vocab).exponential_(generator=gen)
     temperature = torch.tensor([0.5, 1.0, 1.7, 1e-7])[torch.arange(n) % 4]
     top_p = torch.tensor([1.0, 0.05, 0.5, 0.9, 0.999, 1.0])[torch.arange(n) % 6]
-    top_k = torch.where(top_p < 1, vocab, torch.tensor([1, 3, 50, vocab, 10**6])[torch.arange(n) % 5])
+    top_k = torch.tensor([1, 3, 50, vocab, 10**6])[torch.arange(n) % 5]
+    top_k = torch.where((top_p < 1) & (torch.arange(n) % 5 != 2), vocab, top_k)
     return [t.to(DEVICE) for t in (logits, noise, temperature, top_k, top_p)]
 
 
@@ -45,7 +46,7 @@ def test_kernel_matches_the_reference_across_blocks():
 
 def test_ties_at_the_cut_keep_the_lowest_ids():
     """Eight equal tokens: top-p 0.3 keeps those whose mass before is <= 0.3 (ids 0-2), top-k 5 ids 0-4."""
-    n = 400
+    n = 120
     logits = torch.zeros(n, 8, device=DEVICE)
     noise = torch.empty(n, 8).exponential_(generator=torch.Generator().manual_seed(3)).to(DEVICE)
     temperature = torch.ones(n, device=DEVICE)
@@ -69,16 +70,21 @@ def test_sampled_frequencies_follow_the_renormalized_nucleus():
     assert freq[2:].sum() == 0 and abs(freq[0] - 0.5 / 0.8) < 0.03
 
 
-def test_a_row_with_top_k_and_top_p_renormalizes_over_its_top_k():
-    """top-k 2 leaves 0.5 and 0.3, renormalized 0.625 / 0.375; top-p 0.6 then keeps the first alone. Over
-    the whole row (no renormalization) top-p 0.6 would keep both."""
-    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log().repeat(200, 1).to(DEVICE)
-    params = [SamplingParams(temperature=1.0, top_k=2, top_p=0.6)] * 100
-    params += [SamplingParams(temperature=1.0, top_p=0.6)] * 100
-    batch = SamplingBatch.build(params, [None] * 200, 4, DEVICE)
-    assert batch.top_k_with_top_p
-    tokens = Sampler().sample(logits, batch).to_host().token_ids
-    assert set(tokens[:100]) == {0} and set(tokens[100:]) == {0, 1}
+@pytest.mark.parametrize("probs, top_k, top_p, kept", [
+    ([0.5, 0.3, 0.15, 0.05], 2, 0.6, {0}),  # top 2 renormalized: 0.625, 0.375 (over the whole row: {0, 1})
+    ([0.4, 0.2, 0.2, 0.2], 3, 0.55, {0, 1}),  # ties at the k-th: the top 3's mass is 0.8, so 0.44 fits 0.4
+    ([0.4, 0.2, 0.2, 0.2], 3, 0.8, {0, 1, 2}),  # 0.6 before id 2 fits 0.64; id 3 is past the top 3
+])
+def test_a_row_with_top_k_and_top_p_takes_its_nucleus_over_its_top_k(probs, top_k, top_p, kept):
+    n = 100
+    logits = torch.tensor(probs).log().repeat(n, 1).to(DEVICE)
+    noise = torch.empty(n, 4).exponential_(generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    settings = (torch.ones(n, device=DEVICE), torch.full((n,), top_k, device=DEVICE),
+                torch.full((n,), top_p, device=DEVICE))
+    assert set(race_sample(logits, noise, *settings, block=2).tolist()) == kept
+    assert set(race_sample_ref(logits, noise, *settings).tolist()) == kept
+    batch = SamplingBatch.build([SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)] * n, [None] * n, 4, DEVICE)
+    assert set(Sampler().sample(logits, batch).to_host().token_ids) == kept
 
 
 def test_seeded_rows_repeat_whatever_the_batch():

@@ -6,9 +6,11 @@ the token <= top_p. So the winner of the race over the whole row is kept, or eve
 it is not, and the winner is then among the tokens ranked before it. Each round is one pass over the row:
 it checks the candidate (the mass and count of the tokens ranked before it) and runs the race among those
 tokens, the next candidate. The first token is always kept, so the rounds end; the expected number is
-small (each new candidate falls about halfway up the prefix, by mass). With the same noise, the token is
-the one that masking the sorted row and racing over what is left gives, up to fp32 rounding of the mass.
-A row that uses both top-k and top-p (its nucleus is over the renormalized top k) is not handled here.
+small (each new candidate falls about halfway up the prefix, by mass). A row that sets both top-k and
+top-p takes its nucleus over the renormalized top k: the mass before a kept token is at most top_p times
+the top k's mass, which needs the k-th largest prob, selected 8 bits of its fp32 pattern a pass (4 passes).
+With the same noise, the token is the one that masking the sorted row and racing over what is left gives,
+up to fp32 rounding of the mass.
 """
 
 from __future__ import annotations
@@ -40,6 +42,45 @@ def _row_stats(logits, n_cols, t, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _probs(logits, cols, inside, t, m, z):
+    x = tl.load(logits + cols, mask=inside, other=float("-inf")).to(tl.float32) / t
+    return tl.exp(x - m) / z
+
+
+@triton.jit
+def _top_k_mass(logits, n_cols, t, m, z, k, BLOCK: tl.constexpr):
+    """The mass of the row's k most probable tokens. The k-th largest prob is selected by radix: a
+    non-negative fp32's bit pattern orders like the number, so each pass fixes its next 8 bits, from a
+    histogram of those bits over the tokens that match the bits fixed so far."""
+    prefix = tl.zeros((), tl.int32)
+    rank = k.to(tl.int32)  # the rank still to find among the tokens that match the prefix (1 = largest)
+    bins = tl.arange(0, 512)  # digits 0-255; 256 takes the tokens that do not match
+    for step in tl.static_range(4):
+        shift: tl.constexpr = 24 - 8 * step
+        hist = tl.zeros([512], tl.int32)
+        for start in range(0, n_cols, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            inside = cols < n_cols
+            bits = _probs(logits, cols, inside, t, m, z).to(tl.int32, bitcast=True)
+            match = inside
+            if step > 0:
+                match = match & ((bits >> (shift + 8)) == (prefix >> (shift + 8)))
+            hist += tl.histogram(tl.where(match, (bits >> shift) & 255, 256), 512)
+        hist = tl.where(bins < 256, hist, 0)
+        at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+        digit = tl.max(tl.where((bins < 256) & (at_or_above >= rank), bins, -1), axis=0)
+        rank -= tl.sum(tl.where((bins > digit) & (bins < 256), hist, 0), axis=0)
+        prefix = prefix | (digit << shift)
+    kth = prefix.to(tl.float32, bitcast=True)
+    mass = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        q = _probs(logits, cols, cols < n_cols, t, m, z)
+        mass += tl.where(q > kth, q, 0.0)
+    return tl.sum(mass, axis=0) + rank.to(tl.float32) * kth  # `rank` of the tokens tied at kth are in
+
+
+@triton.jit
 def _round(logits, noise, n_cols, t, m, z, qc, c, BLOCK: tl.constexpr):
     """Over the tokens ranked before the candidate (prob qc, id c): their mass, their count, and the winner
     of their race (its id, -1 if there are none, and its prob)."""
@@ -51,8 +92,7 @@ def _round(logits, noise, n_cols, t, m, z, qc, c, BLOCK: tl.constexpr):
     for start in range(0, n_cols, BLOCK):
         cols = start + tl.arange(0, BLOCK)
         inside = cols < n_cols
-        x = tl.load(logits + cols, mask=inside, other=float("-inf")).to(tl.float32) / t
-        q = tl.exp(x - m) / z
+        q = _probs(logits, cols, inside, t, m, z)
         e = tl.load(noise + cols, mask=inside, other=1.0)
         before = inside & ((q > qc) | ((q == qc) & (cols < c)))
         mass += tl.where(before, q, 0.0)
@@ -78,12 +118,15 @@ def _race_kernel(logits_ptr, noise_ptr, temp_ptr, top_k_ptr, top_p_ptr, out_ptr,
     top_k = tl.load(top_k_ptr + row)
     top_p = tl.load(top_p_ptr + row)
     m, z = _row_stats(logits, n_cols, t, BLOCK)
+    budget = top_p  # the mass before a kept token is at most this
+    if (top_k < n_cols) & (top_p < 1.0):
+        budget = top_p * _top_k_mass(logits, n_cols, t, m, z, top_k, BLOCK)
     # round 0: every token is ranked before a virtual candidate of prob -1, so this is the whole row's race
     _, _, c, qc = _round(logits, noise, n_cols, t, m, z, -1.0, n_cols, BLOCK)
     done = ((top_p >= 1.0) & (top_k >= n_cols)) | (c < 0)
     while done == 0:
         mass, count, nxt, q_nxt = _round(logits, noise, n_cols, t, m, z, qc, c, BLOCK)
-        kept = ((mass <= top_p) | (top_p >= 1.0)) & (count < top_k)
+        kept = ((mass <= budget) | (top_p >= 1.0)) & (count < top_k)
         done = kept | (nxt < 0)
         c = tl.where(done, c, nxt)
         qc = tl.where(done, qc, q_nxt)
@@ -117,15 +160,25 @@ def race_sample_ref(logits: torch.Tensor, noise: torch.Tensor, temperature: torc
     """The same rounds in torch ops, all rows at once (the CPU path, and the kernel's reference)."""
     probs = (logits.float() / temperature.clamp(min=MIN_TEMPERATURE)[:, None]).softmax(dim=-1)
     score = probs / noise
-    ids = torch.arange(logits.shape[-1], device=logits.device)
+    vocab = logits.shape[-1]
+    ids = torch.arange(vocab, device=logits.device)
+    both = (top_k < vocab) & (top_p < 1.0)
+    budget = torch.where(both, top_p * _top_k_mass_ref(probs, top_k), top_p) if bool(both.any()) else top_p
     c = score.argmax(dim=-1)
-    done = (top_p >= 1.0) & (top_k >= logits.shape[-1])
+    done = (top_p >= 1.0) & (top_k >= vocab)
     while not bool(done.all()):
         qc = probs.gather(-1, c[:, None])
         before = (probs > qc) | ((probs == qc) & (ids[None, :] < c[:, None]))
         mass = torch.where(before, probs, 0.0).sum(dim=-1)
-        kept = ((mass <= top_p) | (top_p >= 1.0)) & (before.sum(dim=-1) < top_k)
+        kept = ((mass <= budget) | (top_p >= 1.0)) & (before.sum(dim=-1) < top_k)
         stop = done | kept | ~before.any(dim=-1)
         c = torch.where(stop, c, torch.where(before, score, -1.0).argmax(dim=-1))
         done = stop
     return c
+
+
+def _top_k_mass_ref(probs: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    k = top_k.clamp(max=probs.shape[-1])
+    kth = probs.sort(dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])
+    above = probs > kth
+    return torch.where(above, probs, 0.0).sum(dim=-1) + (k - above.sum(dim=-1)) * kth[:, 0]

@@ -4,7 +4,7 @@ Random rows sample by the exponential race (argmax of probs / Exp(1) noise),
 which needs no CPU sync; a seeded request draws its noise from its own
 generator, so its tokens do not depend on what else is in the batch. Top-k and
 top-p run the race by rejection (`kernels.race`), without sorting the
-vocabulary; only a batch with a row that sets both sorts it.
+vocabulary; `filter_top_k_top_p`, the sort it replaced, stays as its reference.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hosttune_engine.kernels.race import MIN_TEMPERATURE, race_sample, race_sample_ref
+from hosttune_engine.kernels.race import race_sample, race_sample_ref
 from hosttune_engine.sampling import SamplingParams
 
 
@@ -27,7 +27,6 @@ class SamplingBatch:
     greedy: torch.Tensor | None  # [N] bool
     generators: list[torch.Generator | None]
     all_greedy: bool
-    top_k_with_top_p: bool  # a sampled row sets both: its nucleus is over its top k, renormalized
     num_logprobs: int | None  # the most alternatives any row asked for; None: no logprobs
 
     @classmethod
@@ -46,7 +45,6 @@ class SamplingBatch:
             greedy=tensor(greedy, torch.bool),
             generators=list(generators),
             all_greedy=all_greedy,
-            top_k_with_top_p=any(0 < p.top_k < vocab_size and p.top_p < 1 and not g for p, g in zip(params, greedy)),
             num_logprobs=max(wanted) if wanted else None,
         )
 
@@ -66,7 +64,8 @@ class SamplerOutput:
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    """Set logits outside each row's top-k and top-p nucleus to -inf. logits [N, V]."""
+    """Set logits outside each row's top-k and top-p nucleus to -inf. logits [N, V]. The sampler's reference
+    (tests, benchmarks): it sorts every row, which the race by rejection avoids."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     if top_k is not None:
         ranks = torch.arange(logits.shape[-1], device=logits.device)
@@ -137,9 +136,5 @@ class Sampler:
         for i, gen in enumerate(batch.generators):
             if gen is not None:
                 noise[i].exponential_(generator=gen)
-        if batch.top_k_with_top_p:
-            scaled = logits / batch.temperatures.clamp(min=MIN_TEMPERATURE)[:, None]
-            probs = filter_top_k_top_p(scaled, batch.top_k, batch.top_p).softmax(dim=-1)
-            return (probs / noise).argmax(dim=-1)
         race = race_sample if logits.is_cuda else race_sample_ref
         return race(logits, noise, batch.temperatures, batch.top_k, batch.top_p)
