@@ -2,6 +2,11 @@
 
 On a machine without a GPU the kernel runs under the Triton interpreter (conftest)."""
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -105,3 +110,27 @@ def test_bad_inputs_are_named():
         race_sample(logits, noise[:, :10], temperature, top_k, top_p)
     with pytest.raises(KernelInputError, match="one value per row"):
         race_sample(logits, noise, temperature[:2], top_k, top_p)
+
+
+COMPILE_FOR_HOPPER = textwrap.dedent("""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from hosttune_engine.kernels.race import _race_kernel
+    sig = {"logits_ptr": "*fp32", "noise_ptr": "*fp32", "temp_ptr": "*fp32", "top_k_ptr": "*i64",
+           "top_p_ptr": "*fp32", "out_ptr": "*i64", "stride_l": "i32", "stride_e": "i32", "n_cols": "i32",
+           "MIN_T": "constexpr", "BLOCK": "constexpr"}
+    src = ASTSource(_race_kernel, sig, constexprs={"MIN_T": 1e-5, "BLOCK": 2048})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+    print(sorted(kernel.asm))
+""")
+
+
+def test_kernel_compiles_for_hopper_without_a_gpu():
+    """The interpreter runs Python, not Triton's compiler: what only the compiler rejects (a constexpr
+    assigned twice in an unrolled loop, say) would first fail on the GPU. Compiling needs no GPU."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "cubin" in done.stdout

@@ -56,7 +56,7 @@ def _top_k_mass(logits, n_cols, t, m, z, k, BLOCK: tl.constexpr):
     rank = k.to(tl.int32)  # the rank still to find among the tokens that match the prefix (1 = largest)
     bins = tl.arange(0, 512)  # digits 0-255; 256 takes the tokens that do not match
     for step in tl.static_range(4):
-        shift: tl.constexpr = 24 - 8 * step
+        shift = 24 - 8 * step
         hist = tl.zeros([512], tl.int32)
         for start in range(0, n_cols, BLOCK):
             cols = start + tl.arange(0, BLOCK)
