@@ -72,7 +72,7 @@ def decode_rows() -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, nargs="*", default=[1, 64, 256])
+    parser.add_argument("--batch", type=int, nargs="*", default=[1, 8, 32, 64, 256])
     parser.add_argument("--engine", action="store_true", help="also decode at batch 64 through Engine.step")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()

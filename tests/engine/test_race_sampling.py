@@ -12,7 +12,7 @@ import torch
 
 from hosttune_engine.errors import KernelInputError
 from hosttune_engine.kernels.race import race_sample, race_sample_ref
-from hosttune_engine.layers.sampler import Sampler, SamplingBatch, filter_top_k_top_p
+from hosttune_engine.layers.sampler import SORT_TOP_K_AND_P_BELOW, Sampler, SamplingBatch, filter_top_k_top_p
 from hosttune_engine.sampling import SamplingParams
 
 from .conftest import DEVICE
@@ -90,6 +90,21 @@ def test_a_row_with_top_k_and_top_p_takes_its_nucleus_over_its_top_k(probs, top_
     assert set(race_sample_ref(logits, noise, *settings).tolist()) == kept
     batch = SamplingBatch.build([SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)] * n, [None] * n, 4, DEVICE)
     assert set(Sampler().sample(logits, batch).to_host().token_ids) == kept
+
+
+def test_small_batches_with_top_k_and_top_p_sort_and_pick_the_race_token():
+    """Below SORT_TOP_K_AND_P_BELOW rows the sampler sorts; with the same noise it picks what the race picks."""
+    args = _rows(SORT_TOP_K_AND_P_BELOW - 1, seed=7)
+    logits, _, temperature, top_k, top_p = args
+    params = [SamplingParams(temperature=float(t), top_k=int(k) if k < VOCAB else 0, top_p=float(p))
+              for t, k, p in zip(temperature, top_k, top_p)]
+    batch = SamplingBatch.build(params, [None] * len(params), VOCAB, DEVICE)
+    assert batch.top_k_and_p
+    torch.manual_seed(8)
+    tokens = Sampler().sample(logits, batch).tokens
+    torch.manual_seed(8)  # the sampler's noise comes first from the global generator
+    noise = torch.empty_like(logits).exponential_()
+    assert torch.equal(tokens, race_sample_ref(logits, noise, temperature, top_k, top_p))
 
 
 def test_seeded_rows_repeat_whatever_the_batch():

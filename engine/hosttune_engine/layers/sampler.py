@@ -4,7 +4,9 @@ Random rows sample by the exponential race (argmax of probs / Exp(1) noise),
 which needs no CPU sync; a seeded request draws its noise from its own
 generator, so its tokens do not depend on what else is in the batch. Top-k and
 top-p run the race by rejection (`kernels.race`), without sorting the
-vocabulary; `filter_top_k_top_p`, the sort it replaced, stays as its reference.
+vocabulary. A small batch with a row that sets both sorts instead
+(`filter_top_k_top_p`, also the race's reference): there, the race's one
+program per row selecting the k-th prob is slower than a sort over the GPU.
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from hosttune_engine.kernels.race import race_sample, race_sample_ref
+from hosttune_engine.kernels.race import MIN_TEMPERATURE, race_sample, race_sample_ref
 from hosttune_engine.sampling import SamplingParams
+
+# Below this many rows, a batch with a row that sets both top-k and top-p sorts. H200, vocab 152K (ms,
+# race vs sort): 1.13 vs 0.27 at 1 row, 1.43 vs 1.62 at 64, 2.07 vs 5.16 at 256 (BENCHMARKS.md).
+SORT_TOP_K_AND_P_BELOW = 64
 
 
 @dataclass
@@ -27,6 +33,7 @@ class SamplingBatch:
     greedy: torch.Tensor | None  # [N] bool
     generators: list[torch.Generator | None]
     all_greedy: bool
+    top_k_and_p: bool  # a sampled row sets both top-k and top-p
     num_logprobs: int | None  # the most alternatives any row asked for; None: no logprobs
 
     @classmethod
@@ -45,6 +52,7 @@ class SamplingBatch:
             greedy=tensor(greedy, torch.bool),
             generators=list(generators),
             all_greedy=all_greedy,
+            top_k_and_p=any(0 < p.top_k < vocab_size and p.top_p < 1 and not g for p, g in zip(params, greedy)),
             num_logprobs=max(wanted) if wanted else None,
         )
 
@@ -64,8 +72,8 @@ class SamplerOutput:
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    """Set logits outside each row's top-k and top-p nucleus to -inf. logits [N, V]. The sampler's reference
-    (tests, benchmarks): it sorts every row, which the race by rejection avoids."""
+    """Set logits outside each row's top-k and top-p nucleus to -inf. logits [N, V]. It sorts every row: the
+    sampler takes it only below SORT_TOP_K_AND_P_BELOW rows; the race's tests and benchmark compare with it."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     if top_k is not None:
         ranks = torch.arange(logits.shape[-1], device=logits.device)
@@ -136,5 +144,8 @@ class Sampler:
         for i, gen in enumerate(batch.generators):
             if gen is not None:
                 noise[i].exponential_(generator=gen)
+        if batch.top_k_and_p and logits.shape[0] < SORT_TOP_K_AND_P_BELOW:
+            scaled = logits / batch.temperatures.clamp(min=MIN_TEMPERATURE)[:, None]
+            return (filter_top_k_top_p(scaled, batch.top_k, batch.top_p).softmax(dim=-1) / noise).argmax(dim=-1)
         race = race_sample if logits.is_cuda else race_sample_ref
         return race(logits, noise, batch.temperatures, batch.top_k, batch.top_p)
