@@ -5,8 +5,9 @@
 top-k and top-p by a full sort of the vocabulary, then the race over what is left, with the same noise.
 Logits are random fp32 [batch, 152,064] (the Qwen2.5-7B vocabulary), scaled so a row's distribution is
 spread like a model's; each mode also counts how often both ways picked the same token. With --engine it
-also runs decode at batch 64 through `Engine.step`, greedy and sampled (engine_bench.SAMPLED).
-Prints JSON lines, then a table.
+also runs decode at batch 64 through `Engine.step`, greedy and sampled (engine_bench.SAMPLED); with
+--sweep it times the race kernel's launch configs (columns a program, warps) instead, checking that each
+picks the same tokens. Prints JSON lines, then a table.
 
 Example: PYTHONPATH=engine python benchmarks/engine/sampler_bench.py --engine
 """
@@ -23,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPE, bench_ms  # noqa: E402
 
+from hosttune_engine.kernels.race import launch_config, race_sample  # noqa: E402
 from hosttune_engine.layers.sampler import Sampler, SamplingBatch, filter_top_k_top_p  # noqa: E402
 from hosttune_engine.sampling import SamplingParams  # noqa: E402
 
@@ -63,6 +65,39 @@ def sampler_row(batch: int, params: dict) -> dict:
     return row
 
 
+SWEEP_MODES = {"top-p 0.95": (None, 0.95), "top-k 50": (50, 1.0), "top-k 50 + top-p 0.95": (50, 0.95)}
+
+
+def sweep_rows(batch: int) -> list[dict]:
+    """The race kernel alone under each (columns, warps), against the config `launch_config` picks."""
+    gen = torch.Generator(device="cuda").manual_seed(batch)
+    logits = torch.randn(batch, SHAPE.vocab, device="cuda", generator=gen) * 4
+    noise = torch.empty_like(logits).exponential_(generator=gen)
+    temperature = torch.full((batch,), 0.8, device="cuda")
+    rows = []
+    for mode, (k, p) in SWEEP_MODES.items():
+        settings = (temperature, torch.full((batch,), k or SHAPE.vocab, device="cuda"),
+                    torch.full((batch,), p, device="cuda"))
+        chosen = race_sample(logits, noise, *settings)
+        for config in [(block, warps) for block in (1024, 2048, 4096) for warps in (4, 8, 16)]:
+            ms = bench_ms(lambda: race_sample(logits, noise, *settings, config=config))
+            same = bool(torch.equal(race_sample(logits, noise, *settings, config=config), chosen))
+            rows.append({"batch": batch, "mode": mode, "config": config, "ms": ms, "same_token": same,
+                         "picked": config == launch_config(batch)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def print_sweep(rows: list[dict]) -> None:
+    print("\n| race kernel, batch | launch_config (ms) | best config | best (ms) | all configs same tokens |")
+    print("| --- | --- | --- | --- | --- |")
+    for key in dict.fromkeys((r["batch"], r["mode"]) for r in rows):
+        group = [r for r in rows if (r["batch"], r["mode"]) == key]
+        picked, best = next(r for r in group if r["picked"]), min(group, key=lambda r: r["ms"])
+        print(f"| {key[1]}, b{key[0]} | {picked['ms']:.3f} {tuple(picked['config'])} | {tuple(best['config'])} | "
+              f"{best['ms']:.3f} | {all(r['same_token'] for r in group)} |")
+
+
 def decode_rows() -> list[dict]:
     import engine_bench as eb
 
@@ -74,8 +109,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="*", default=[1, 8, 32, 64, 256])
     parser.add_argument("--engine", action="store_true", help="also decode at batch 64 through Engine.step")
+    parser.add_argument("--sweep", action="store_true", help="time the race kernel's launch configs instead")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
+    if args.sweep:
+        rows = [r for batch in args.batch for r in sweep_rows(batch)]
+        if args.out:
+            Path(args.out).write_text(json.dumps({"sweep": rows}, indent=1))
+        print_sweep(rows)
+        return
     rows = []
     for batch in args.batch:
         for name, params in MODES.items():
@@ -86,7 +128,8 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"sampler": rows, "decode": decode}, indent=1))
-    print("\n| sampling, batch | Sampler.sample (ms) | by sort (ms) | speedup | same token |\n| --- | --- | --- | --- | --- |")
+    print("\n| sampling, batch | Sampler.sample (ms) | by sort (ms) | speedup | same token |")
+    print("| --- | --- | --- | --- | --- |")
     for r in rows:
         sort = f"{r['sort_ms']:.3f} | {r['speedup']:.1f}x | {r['same_token']:.3f}" if "sort_ms" in r else "| |"
         print(f"| {r['mode']}, b{r['batch']} | {r['ours_ms']:.3f} | {sort} |")

@@ -45,7 +45,7 @@ def test_reference_rounds_pick_what_the_sort_picks():
 
 def test_kernel_matches_the_reference_across_blocks():
     args = _rows(48, seed=2)
-    assert torch.equal(race_sample(*args, block=64), race_sample_ref(*args))
+    assert torch.equal(race_sample(*args, config=(64, 4)), race_sample_ref(*args))
     assert torch.equal(race_sample(*args), _by_sort(*args))  # one block holds the row
 
 
@@ -59,10 +59,10 @@ def test_ties_at_the_cut_keep_the_lowest_ids():
         settings = (temperature, torch.full((n,), top_k, device=DEVICE), torch.full((n,), top_p, device=DEVICE))
         ref = race_sample_ref(logits, noise, *settings)
         assert set(ref.tolist()) == kept
-        assert torch.equal(race_sample(logits, noise, *settings, block=4), ref)
+        assert torch.equal(race_sample(logits, noise, *settings, config=(4, 4)), ref)
     flat = torch.ones(2, 8, device=DEVICE)  # equal scores too: the race goes to the lowest id, as argmax does
     settings = (temperature[:2], torch.tensor([8, 8], device=DEVICE), torch.tensor([1.0, 0.5], device=DEVICE))
-    assert race_sample(logits[:2], flat, *settings, block=4).tolist() == [0, 0]
+    assert race_sample(logits[:2], flat, *settings, config=(4, 4)).tolist() == [0, 0]
     assert race_sample_ref(logits[:2], flat, *settings).tolist() == [0, 0]
 
 
@@ -86,7 +86,7 @@ def test_a_row_with_top_k_and_top_p_takes_its_nucleus_over_its_top_k(probs, top_
     noise = torch.empty(n, 4).exponential_(generator=torch.Generator().manual_seed(6)).to(DEVICE)
     settings = (torch.ones(n, device=DEVICE), torch.full((n,), top_k, device=DEVICE),
                 torch.full((n,), top_p, device=DEVICE))
-    assert set(race_sample(logits, noise, *settings, block=2).tolist()) == kept
+    assert set(race_sample(logits, noise, *settings, config=(2, 4)).tolist()) == kept
     assert set(race_sample_ref(logits, noise, *settings).tolist()) == kept
     batch = SamplingBatch.build([SamplingParams(temperature=1.0, top_k=top_k, top_p=top_p)] * n, [None] * n, 4, DEVICE)
     assert set(Sampler().sample(logits, batch).to_host().token_ids) == kept

@@ -140,10 +140,10 @@ def launch_config(rows: int) -> tuple[int, int]:
 
 
 def race_sample(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                top_p: torch.Tensor, block: int | None = None) -> torch.Tensor:
+                top_p: torch.Tensor, config: tuple[int, int] | None = None) -> torch.Tensor:
     """logits [N, V], noise [N, V] fp32 (Exp(1) draws), temperature, top_p [N] fp32, top_k [N] int (V or
-    more: off) -> token ids [N] int64. Rows run as one program each; `block` overrides the columns a
-    program takes at a time (tests)."""
+    more: off) -> token ids [N] int64. Rows run as one program each; `config` (columns a program takes at a
+    time, warps) overrides `launch_config` (tests, the benchmark's sweep)."""
     check_tensor("logits", logits, 2)
     check_tensor("noise", noise, 2, (torch.float32,), logits.device)
     check(noise.shape == logits.shape, "noise needs the shape of logits")
@@ -156,10 +156,10 @@ def race_sample(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Te
         check(t.shape[0] == n, "temperature, top_k and top_p need one value per row of logits")
     out = torch.empty(n, dtype=torch.int64, device=logits.device)
     if n:
-        default_block, warps = launch_config(n)
+        block, warps = config or launch_config(n)
         _race_kernel[(n,)](logits, noise, temperature.contiguous(), top_k.contiguous(), top_p.contiguous(), out,
                            logits.stride(0), noise.stride(0), vocab, MIN_T=MIN_TEMPERATURE,
-                           BLOCK=min(block or default_block, triton.next_power_of_2(vocab)), num_warps=warps)
+                           BLOCK=min(block, triton.next_power_of_2(vocab)), num_warps=warps)
     return out
 
 
