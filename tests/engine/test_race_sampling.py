@@ -119,6 +119,20 @@ def test_seeded_rows_repeat_whatever_the_batch():
     assert draw(SamplingParams(temperature=0)) == draw(SamplingParams(temperature=2.0, top_k=5))
 
 
+def test_rows_that_are_not_finite_end_with_an_id_in_range():
+    """A loop that never accepted would hang the engine: NaN and infinite logits must still end it."""
+    logits = torch.randn(4, 40)
+    logits[0] = float("-inf")
+    logits[1, 3] = float("inf")
+    logits[2, ::2] = float("nan")
+    logits[3] = float("nan")
+    logits, noise = logits.to(DEVICE), torch.ones(4, 40, device=DEVICE)
+    settings = (torch.ones(4, device=DEVICE), torch.full((4,), 5, device=DEVICE), torch.full((4,), 0.3, device=DEVICE))
+    tokens = race_sample(logits, noise, *settings, config=(16, 4)).tolist()
+    assert all(0 <= t < 40 for t in tokens)
+    assert tokens[2] % 2 == 1  # the NaN logits take no part in the race
+
+
 def test_bad_inputs_are_named():
     logits, noise, temperature, top_k, top_p = _rows(4, seed=5)
     with pytest.raises(KernelInputError, match="noise"):
