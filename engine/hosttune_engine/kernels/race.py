@@ -94,7 +94,8 @@ def _round(logits, noise, n_cols, t, m, z, qc, c, BLOCK: tl.constexpr):
         inside = cols < n_cols
         q = _probs(logits, cols, inside, t, m, z)
         e = tl.load(noise + cols, mask=inside, other=1.0)
-        before = inside & ((q > qc) | ((q == qc) & (cols < c)))
+        # `cols != c`: the candidate never races again, so each round moves up and the loop ends
+        before = inside & (cols != c) & ((q > qc) | ((q == qc) & (cols < c)))
         mass += tl.where(before, q, 0.0)
         count += before.to(tl.int32)
         score = tl.where(before, q / e, -1.0)
