@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hosttune_engine.errors import KernelInputError
+from hosttune_engine.kernels.checks import check
 from hosttune_engine.kernels.kv_write import write_kv, write_kv_ref
 from hosttune_engine.kernels.rmsnorm import rms_norm, rms_norm_ref
 from hosttune_engine.kernels.rope import rope, rope_ref
@@ -35,6 +36,18 @@ def test_rms_norm_fused_residual(dtype, tokens, hidden):
     assert_close(res, ref_res, dtype)
     assert_close(out, ref_out, dtype)
     assert_close(res, x.float() + r.float(), dtype)
+
+
+def test_check_formats_its_message_only_on_failure():
+    class Unformattable:
+        def __format__(self, spec):
+            raise AssertionError("formatted although the check passed")
+
+    check(True, "x {}", Unformattable())
+    with pytest.raises(KernelInputError, match=r"^weight has 4 elements, x rows have 8$"):
+        check(False, "weight has {} elements, x rows have {}", 4, 8)
+    with pytest.raises(KernelInputError, match=r"^kept \{as is\}$"):  # no arguments: not formatted
+        check(False, "kept {as is}")
 
 
 def test_rms_norm_rejects_bad_inputs():

@@ -15,11 +15,11 @@ def check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens) ->
         check(c.is_contiguous(), "the KV caches must be contiguous [num_blocks, block_size, H_kv, D]")
     check(k_cache.shape == v_cache.shape, "k_cache and v_cache shapes differ")
     d = q.shape[2]
-    if k_cache.shape[3] != d or d < 16 or d & (d - 1) or q.shape[1] % k_cache.shape[2]:
-        check(k_cache.shape[3] == d, f"cache head dim {k_cache.shape[3]} != query head dim {d}")
-        check_pow2("head dim", d)
-        check(d >= 16, f"head dim must be >= 16, got {d}")
-        check(False, f"{q.shape[1]} query heads do not group over {k_cache.shape[2]} KV heads")
+    check(k_cache.shape[3] == d, "cache head dim {} != query head dim {}", k_cache.shape[3], d)
+    check_pow2("head dim", d)
+    check(d >= 16, "head dim must be >= 16, got {}", d)
+    check(q.shape[1] % k_cache.shape[2] == 0, "{} query heads do not group over {} KV heads", q.shape[1],
+          k_cache.shape[2])
     check_pow2("block size", k_cache.shape[1])
     check_tensor("block_tables", block_tables, 2, dtypes=(torch.int32,), device=q.device)
     check_last_dim_contiguous("block_tables", block_tables)

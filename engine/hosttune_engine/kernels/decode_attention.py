@@ -111,7 +111,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, num_splits: in
     """
     check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     check(q.shape[0] == seq_lens.shape[0], "q and seq_lens disagree on the batch size")
-    check(num_splits >= 1, f"num_splits must be >= 1, got {num_splits}")
+    check(num_splits >= 1, "num_splits must be >= 1, got {}", num_splits)
     bsz, hq, d = q.shape
     out = torch.empty((bsz, hq, d), dtype=q.dtype, device=q.device) if out is None else out
     if bsz == 0:

@@ -94,10 +94,10 @@ DEFAULT = {"BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
 
 def _check_weights(x, w, bias, k: int) -> None:
     check_tensor("w", w, 2, dtypes=(x.dtype,), device=x.device)
-    check(w.shape[1] == k and w.stride(1) == 1, f"w must be [N, {k}] and contiguous in K, got {tuple(w.shape)}")
+    check(w.shape[1] == k and w.stride(1) == 1, "w must be [N, {}] and contiguous in K, got {}", k, tuple(w.shape))
     if bias is not None:
         check_tensor("bias", bias, 1, dtypes=(x.dtype,), device=x.device)
-        check(bias.shape[0] == w.shape[0] and bias.is_contiguous(), f"bias must be [{w.shape[0]}] and contiguous")
+        check(bias.shape[0] == w.shape[0] and bias.is_contiguous(), "bias must be [{}] and contiguous", w.shape[0])
 
 
 def _launch(x, w, bias, y, k, prologue, config, r=None, nw=None, res_out=None, eps=0.0):
@@ -117,7 +117,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, out
     """x [M, K] (M <= 4), w [N, K], bias [N] -> [M, N] in out_dtype (default x's dtype)."""
     check_tensor("x", x, 2)
     m, k = x.shape
-    check(1 <= m <= 4 and x.stride(1) == 1, f"gemv takes 1 to 4 rows contiguous in K, got {tuple(x.shape)}")
+    check(1 <= m <= 4 and x.stride(1) == 1, "gemv takes 1 to 4 rows contiguous in K, got {}", tuple(x.shape))
     _check_weights(x, w, bias, k)
     y = torch.empty((m, w.shape[0]), dtype=out_dtype or x.dtype, device=x.device)
     return _launch(x, w, bias, y, k, PLAIN, config)
@@ -127,14 +127,14 @@ def gemv_rmsnorm(x, norm_weight, eps: float, w, bias=None, residual=None, residu
     """RMSNorm(x (+ residual)) [1, K] @ w.T (+ bias) -> [1, N]; with a residual, x + residual goes to residual_out."""
     check_tensor("x", x, 2)
     k = x.shape[1]
-    check(x.shape[0] == 1 and x.is_contiguous(), f"gemv_rmsnorm takes one contiguous row, got {tuple(x.shape)}")
+    check(x.shape[0] == 1 and x.is_contiguous(), "gemv_rmsnorm takes one contiguous row, got {}", tuple(x.shape))
     check_tensor("norm_weight", norm_weight, 1, dtypes=(x.dtype,), device=x.device)
     check(norm_weight.shape[0] == k and norm_weight.is_contiguous(), "norm_weight must be [K] and contiguous")
     _check_weights(x, w, bias, k)
     if residual is not None:
         for name, t in (("residual", residual), ("residual_out", residual_out)):
             check(isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == x.dtype and t.is_contiguous(),
-                  f"{name} must be a contiguous tensor like x")
+                  "{} must be a contiguous tensor like x", name)
     y = torch.empty((1, w.shape[0]), dtype=x.dtype, device=x.device)
     prologue = RMSNORM if residual is None else RMSNORM_RESIDUAL
     return _launch(x, w, bias, y, k, prologue, config, r=residual, nw=norm_weight, res_out=residual_out, eps=eps)
@@ -144,7 +144,7 @@ def gemv_swiglu(gate_up, w, bias=None, config=None):
     """SwiGLU(gate_up [1, 2K]) @ w.T (+ bias) -> [1, N]."""
     check_tensor("gate_up", gate_up, 2)
     check(gate_up.shape[0] == 1 and gate_up.is_contiguous() and gate_up.shape[1] % 2 == 0,
-          f"gemv_swiglu takes one contiguous row of even width, got {tuple(gate_up.shape)}")
+          "gemv_swiglu takes one contiguous row of even width, got {}", tuple(gate_up.shape))
     k = gate_up.shape[1] // 2
     _check_weights(gate_up, w, bias, k)
     y = torch.empty((1, w.shape[0]), dtype=gate_up.dtype, device=gate_up.device)

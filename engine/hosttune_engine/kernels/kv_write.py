@@ -37,11 +37,11 @@ def _kv_write_kernel(
 def _check(k, v, k_cache, v_cache, slot_mapping):
     check_tensor("k", k, 3)
     check_tensor("v", v, 3, dtypes=(k.dtype,), device=k.device)
-    check(k.shape == v.shape, f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    check(k.shape == v.shape, "k {} and v {} differ", tuple(k.shape), tuple(v.shape))
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, c, 4, dtypes=(k.dtype,), device=k.device)
-        check(c.shape[2:] == k.shape[1:], f"{name} {tuple(c.shape)} does not hold heads {tuple(k.shape[1:])}")
-        check(c.is_contiguous(), f"{name} must be contiguous")
+        check(c.shape[2:] == k.shape[1:], "{} {} does not hold heads {}", name, tuple(c.shape), tuple(k.shape[1:]))
+        check(c.is_contiguous(), "{} must be contiguous", name)
     check_tensor("slot_mapping", slot_mapping, 1, dtypes=INDEX_DTYPES, device=k.device)
     check(slot_mapping.shape[0] == k.shape[0], "slot_mapping needs one slot per token")
     check_last_dim_contiguous("k", k)

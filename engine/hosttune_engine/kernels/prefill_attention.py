@@ -231,7 +231,7 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
                                   contiguous, max_query_len), q.device, default_config(q.dtype, q.device))
     cfg = {**cfg, **({"BLOCK_M": block_m} if block_m else {}), **({"BLOCK_N": block_n} if block_n else {})}
     check(cfg["BLOCK_M"] >= 32 and cfg["BLOCK_M"] & (cfg["BLOCK_M"] - 1) == 0,
-          f"BLOCK_M must be a power of two >= 32 (two halves of >= 16 rows), got {cfg['BLOCK_M']}")
+          "BLOCK_M must be a power of two >= 32 (two halves of >= 16 rows), got {}", cfg['BLOCK_M'])
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     grid = (hq, triton.cdiv(max_query_len, cfg["BLOCK_M"]), seq_lens.shape[0])
     _prefill_attention_kernel[grid](
@@ -268,8 +268,8 @@ def _check_step_kv(q, k, v, hkv: int) -> None:
     for name, x in (("k", k), ("v", v)):
         check_tensor(name, x, 3, dtypes=(q.dtype,), device=q.device)
         check_last_dim_contiguous(name, x)
-        if x.shape != (q.shape[0], hkv, q.shape[2]):
-            check(False, f"{name} {tuple(x.shape)} must be [T, H_kv, D] like q")
+        check(x.shape == (q.shape[0], hkv, q.shape[2]), "{} {} must be [T, H_kv, D] like q", name,
+              tuple(x.shape))
     check(k.stride() == v.stride(), "k and v need the same strides")
 
 

@@ -38,14 +38,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     """x [T, N], weight [N] -> out [T, N] (and the new residual [T, N] if given one)."""
     check_tensor("x", x, 2)
     check_tensor("weight", weight, 1, device=x.device)
-    check(weight.shape[0] == x.shape[1], f"weight has {weight.shape[0]} elements, x rows have {x.shape[1]}")
+    check(weight.shape[0] == x.shape[1], "weight has {} elements, x rows have {}", weight.shape[0], x.shape[1])
     check_last_dim_contiguous("x", x)
     check(weight.is_contiguous(), "weight must be contiguous")
     out = torch.empty_like(x)
     res_out = None
     if residual is not None:
         check_tensor("residual", residual, 2, dtypes=(x.dtype,), device=x.device)
-        check(residual.shape == x.shape, f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
+        check(residual.shape == x.shape, "residual shape {} != x shape {}", tuple(residual.shape), tuple(x.shape))
         check_last_dim_contiguous("residual", residual)
         res_out = torch.empty_like(x)
     if x.shape[0]:

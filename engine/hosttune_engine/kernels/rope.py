@@ -42,8 +42,9 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor) -> tor
     check_tensor("positions", positions, 1, dtypes=INDEX_DTYPES, device=x.device)
     check_tensor("cos_sin", cos_sin, 2, dtypes=(torch.float32,), device=x.device)
     t, h, d = x.shape
-    check(d % 2 == 0 and cos_sin.shape[1] == d, f"head dim {d} must be even and match cos_sin {tuple(cos_sin.shape)}")
-    check(positions.shape[0] == t, f"positions has {positions.shape[0]} entries for {t} tokens")
+    check(d % 2 == 0 and cos_sin.shape[1] == d, "head dim {} must be even and match cos_sin {}", d,
+          tuple(cos_sin.shape))
+    check(positions.shape[0] == t, "positions has {} entries for {} tokens", positions.shape[0], t)
     check_last_dim_contiguous("x", x)
     check(cos_sin.is_contiguous(), "cos_sin must be contiguous")
     out = torch.empty((t, h, d), dtype=x.dtype, device=x.device)

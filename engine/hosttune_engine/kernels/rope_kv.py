@@ -65,7 +65,7 @@ def _rope_kv_write_kernel(
 def _check(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads, num_kv_heads):
     check_tensor("qkv", qkv, 2)
     t = qkv.shape[0]
-    check(qkv.stride(1) == 1, f"qkv must be contiguous in its last dim (strides {qkv.stride()})")
+    check(qkv.stride(1) == 1, "qkv must be contiguous in its last dim (strides {})", qkv.stride())
     check_tensor("positions", positions, 1, dtypes=INDEX_DTYPES, device=qkv.device)
     check_tensor("slot_mapping", slot_mapping, 1, dtypes=INDEX_DTYPES, device=qkv.device)
     check(positions.shape[0] == t and slot_mapping.shape[0] == t, "positions and slot_mapping need one entry per token")
@@ -73,11 +73,12 @@ def _check(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads,
     check(cos_sin.is_contiguous(), "cos_sin must be contiguous")
     d = cos_sin.shape[1]
     check(d % 2 == 0 and qkv.shape[1] == (num_q_heads + 2 * num_kv_heads) * d,
-          f"qkv width {qkv.shape[1]} != ({num_q_heads} + 2 * {num_kv_heads}) heads * head dim {d}")
+          "qkv width {} != ({} + 2 * {}) heads * head dim {}", qkv.shape[1], num_q_heads, num_kv_heads, d)
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         check_tensor(name, c, 4, dtypes=(qkv.dtype,), device=qkv.device)
-        check(c.is_contiguous(), f"{name} must be contiguous")
-        check(c.shape[2:] == (num_kv_heads, d), f"{name} {tuple(c.shape)} does not hold {num_kv_heads} heads of {d}")
+        check(c.is_contiguous(), "{} must be contiguous", name)
+        check(c.shape[2:] == (num_kv_heads, d), "{} {} does not hold {} heads of {}", name, tuple(c.shape),
+              num_kv_heads, d)
 
 
 def rope_kv_write(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads: int, num_kv_heads: int) -> None:

@@ -23,7 +23,7 @@ def _swiglu_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constex
 def swiglu(x: torch.Tensor) -> torch.Tensor:
     """x [T, 2I] (gate then up) -> [T, I]."""
     check_tensor("x", x, 2)
-    check(x.shape[1] % 2 == 0, f"x's last dim must be even (gate | up), got {x.shape[1]}")
+    check(x.shape[1] % 2 == 0, "x's last dim must be even (gate | up), got {}", x.shape[1])
     check_last_dim_contiguous("x", x)
     n = x.shape[1] // 2
     out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
