@@ -330,3 +330,19 @@ def test_max_model_len_ends_a_sequence_the_same_way_ahead(tiny_models, mode):
     assert tokens_of(outs["n"]) == alone(path, prompt_ids(4, 10), 12)
     stats = eng.stats()
     assert stats.num_free_kv_blocks == stats.num_kv_blocks
+
+
+@pytest.mark.parametrize("mode", ["padded", "captured"])
+def test_decode_steps_with_a_prompt_chunk_of_one_token_match_the_host_path(tiny_models, mode):
+    """A step budget of 2 tokens gives decode-only steps in which one sequence decodes and another gets one
+    more token of its prompt (no token for it): the graph path must hand out the right rows' tokens."""
+    if mode == "captured" and not torch.cuda.is_available():
+        pytest.skip("captured CUDA graphs need a GPU")
+    path = tiny_models["qwen2"]
+    results = {}
+    for m in ("host", mode):
+        eng, log = recorded_engine(path, m, max_num_batched_tokens=2, max_num_seqs=2)
+        ids = eng.tokenizer.encode(TEXT)
+        outs = drive(eng, {0: [EngineRequest("long", ids, greedy(8))], 1: [EngineRequest("short", ids[:3], greedy(8))]})
+        results[m] = {rid: tokens_of(o) for rid, o in outs.items()}
+    assert results[mode] == results["host"] and all(len(t) == 8 for t in results["host"].values())

@@ -61,7 +61,7 @@ class LaunchedStep:
     """A step enqueued on the device whose tokens are not read back yet (`ModelRunner.collect` does)."""
 
     mask: list[bool]  # per scheduled sequence: whether it gets a token this step
-    greedy_tokens: TokenReadback | None  # the decode graph's argmax of every row, on its way to the host
+    greedy_tokens: TokenReadback | None  # the decode graph's argmax of every row (`mask` picks), to the host
     sampled: DeviceSample | None  # the sampler's tokens (and logprobs), on the device
     feeds_next: bool = False  # the tokens of every row are in the decode graphs' token buffer, in row order
 
@@ -178,7 +178,7 @@ class ModelRunner:
         step can be launched on them before they are read back."""
         if seqs and all(_plain_greedy(s) for s in seqs):
             self.graphs.run(sched.seqs, feed)  # the graph's argmax: no sampler
-            return LaunchedStep(mask, self.graphs.read_back(len(seqs)), None, feeds_next=True)
+            return LaunchedStep(mask, self.graphs.read_back(len(sched.seqs)), None, feeds_next=True)
         sampling = self._sampling(seqs)
         every_row = len(seqs) == len(sched.seqs)
         logits, _ = self.graphs.run(sched.seqs, feed)  # [n, V] fp32
