@@ -199,9 +199,10 @@ def print_table(res: dict) -> None:
     hf = res.get("hf", {})
     b1, ours_b1 = hf.get("generate_batch1", {}), next((r for r in res.get("decode", []) if r["batch"] == 1), None)
     if b1 and "error" not in b1:
+        mine = f"{ours_b1['tok_s']:.0f} tok/s (decode b1)" if ours_b1 else ""  # none with --skip engine
         ratio = f"{ours_b1['tok_s'] / b1['tok_s']:.1f}x" if ours_b1 else ""
         print(f"| HF generate b1 (prompt {b1['prompt_tokens']}, {b1['new_tokens']} tokens) | "
-              f"{ours_b1['tok_s']:.0f} tok/s (decode b1) | {b1['tok_s']:.1f} tok/s | {ratio} | |")
+              f"{mine} | {b1['tok_s']:.1f} tok/s | {ratio} | |")
     else:
         print(f"| HF generate b1 | | {b1.get('error', 'not run')} | | |")
     ours = {(r["requests"], r["in"], r["out"]): r for r in res.get("throughput", [])}
