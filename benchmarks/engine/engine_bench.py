@@ -169,8 +169,7 @@ def _time_runner_steps(engine: Engine) -> dict:
         t0 = time.perf_counter()
         launched = launch(sched, after=after)
         stats["launched_ahead"] += after is not None
-        graph = runner.graphs is not None and runner._is_decode_only(sched) and runner.graphs.can_run(len(sched.seqs))
-        kind = kinds[id(launched)] = "graph" if graph else "eager"
+        kind = kinds[id(launched)] = "graph" if after is not None or runner._runs_graph(sched) else "eager"
         stats[f"{kind}_steps"] += 1
         add(kind, time.perf_counter() - t0)
         return launched
