@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import SHAPE, bench_ms  # noqa: E402
 
 from hosttune_engine.kernels.race import launch_config, race_sample  # noqa: E402
-from hosttune_engine.layers.sampler import Sampler, SamplingBatch, filter_top_k_top_p  # noqa: E402
+from hosttune_engine.layers.sampler import Sampler, SamplingBatch, sort_sample  # noqa: E402
 from hosttune_engine.sampling import SamplingParams  # noqa: E402
 
 MODES = {
@@ -41,9 +41,8 @@ MODES = {
 
 def by_sort(logits: torch.Tensor, noise: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """The sampler before the race by rejection: sort, mask, softmax, race."""
-    scaled = logits / batch.temperatures.clamp(min=1e-5)[:, None]
-    probs = filter_top_k_top_p(scaled, batch.top_k, batch.top_p).softmax(dim=-1)
-    return torch.where(batch.greedy, logits.argmax(dim=-1), (probs / noise).argmax(dim=-1))
+    sampled = sort_sample(logits, noise, batch.temperatures, batch.top_k, batch.top_p)
+    return torch.where(batch.greedy, logits.argmax(dim=-1), sampled)
 
 
 def sampler_row(batch: int, params: dict) -> dict:

@@ -5,7 +5,7 @@ which needs no CPU sync; a seeded request draws its noise from its own
 generator, so its tokens do not depend on what else is in the batch. Top-k and
 top-p run the race by rejection (`kernels.race`), without sorting the
 vocabulary. A small batch with a row that sets both sorts instead
-(`filter_top_k_top_p`, also the race's reference): there, the race's one
+(`sort_sample`, also the race's reference): there, the race's one
 program per row selecting the k-th prob is slower than a sort over the GPU.
 """
 
@@ -72,8 +72,8 @@ class SamplerOutput:
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
-    """Set logits outside each row's top-k and top-p nucleus to -inf. logits [N, V]. It sorts every row: the
-    sampler takes it only below SORT_TOP_K_AND_P_BELOW rows; the race's tests and benchmark compare with it."""
+    """Set logits outside each row's top-k and top-p nucleus to -inf. logits [N, V]. It sorts every row
+    (`sort_sample`)."""
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     if top_k is not None:
         ranks = torch.arange(logits.shape[-1], device=logits.device)
@@ -84,6 +84,14 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: 
         cut = (mass_before > top_p[:, None]) & (top_p[:, None] < 1.0)  # 1.0: keep all, whatever the rounding
         sorted_logits = sorted_logits.masked_fill(cut, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def sort_sample(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                top_p: torch.Tensor) -> torch.Tensor:
+    """`race_sample`'s tokens the sorting way: mask each sorted row to its top-k and top-p, then race over
+    what is left. The sampler's path for small batches that set both, and the race's reference."""
+    scaled = logits / temperature.clamp(min=MIN_TEMPERATURE)[:, None]
+    return (filter_top_k_top_p(scaled, top_k, top_p).softmax(dim=-1) / noise).argmax(dim=-1)
 
 
 @dataclass
@@ -145,7 +153,7 @@ class Sampler:
             if gen is not None:
                 noise[i].exponential_(generator=gen)
         if batch.top_k_and_p and logits.shape[0] < SORT_TOP_K_AND_P_BELOW:
-            scaled = logits / batch.temperatures.clamp(min=MIN_TEMPERATURE)[:, None]
-            return (filter_top_k_top_p(scaled, batch.top_k, batch.top_p).softmax(dim=-1) / noise).argmax(dim=-1)
-        race = race_sample if logits.is_cuda else race_sample_ref
-        return race(logits, noise, batch.temperatures, batch.top_k, batch.top_p)
+            sample = sort_sample
+        else:
+            sample = race_sample if logits.is_cuda else race_sample_ref
+        return sample(logits, noise, batch.temperatures, batch.top_k, batch.top_p)
