@@ -11,7 +11,7 @@ program per row selecting the k-th prob is slower than a sort over the GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -97,17 +97,17 @@ def sort_sample(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Te
 @dataclass
 class DeviceSample:
     """A step's sampled tokens (and logprobs) on the device, with their copies to the host enqueued right
-    behind the sampling (`Sampler.sample` starts them). `to_host` waits for those copies alone. A copy made
-    at read time would queue behind everything the stream got since: the engine reads a step's tokens after
-    it launched the next step, so it would wait for that step too, and the device would idle meanwhile."""
+    behind the sampling, when it is made. `to_host` waits for those copies alone. A copy made at read time
+    would queue behind everything the stream got since: the engine reads a step's tokens after it launched
+    the next step, so it would wait for that step too, and the device would idle meanwhile."""
 
     tokens: torch.Tensor  # [N]
     logprobs: torch.Tensor | None = None  # [N] of each chosen token
     top: tuple[torch.Tensor, torch.Tensor] | None = None  # ids and logprobs [N, num_logprobs]
-    _host: list[torch.Tensor | None] | None = None  # tokens, logprobs, top ids, top logprobs on the host
-    _copied: torch.cuda.Event | None = None
+    _host: list[torch.Tensor | None] = field(init=False, repr=False)  # tokens, logprobs, top ids, top logprobs
+    _copied: torch.cuda.Event | None = field(init=False, repr=False, default=None)
 
-    def start_copy(self) -> None:
+    def __post_init__(self) -> None:
         top = self.top or (None, None)
         self._host = [t if t is None else t.to("cpu", non_blocking=True, copy=True)  # pinned, from CUDA
                       for t in (self.tokens, self.logprobs, *top)]
@@ -116,8 +116,6 @@ class DeviceSample:
             self._copied.record()
 
     def to_host(self) -> SamplerOutput:
-        if self._host is None:
-            self.start_copy()
         if self._copied is not None:
             self._copied.synchronize()
         tokens, logprobs, top_ids, top_logprobs = (t if t is None else t.tolist() for t in self._host)
@@ -137,15 +135,12 @@ class Sampler:
         tokens = logits.argmax(dim=-1)
         if not batch.all_greedy:
             tokens = torch.where(batch.greedy, tokens, self._sample(logits, batch))
-        out = DeviceSample(tokens)
-        if batch.num_logprobs is not None:
-            logprobs = logits.log_softmax(dim=-1)
-            out.logprobs = logprobs.gather(-1, tokens[:, None])[:, 0]
-            if batch.num_logprobs:
-                top = logprobs.topk(batch.num_logprobs, dim=-1)
-                out.top = (top.indices, top.values)
-        out.start_copy()
-        return out
+        if batch.num_logprobs is None:
+            return DeviceSample(tokens)
+        logprobs = logits.log_softmax(dim=-1)
+        top = logprobs.topk(batch.num_logprobs, dim=-1) if batch.num_logprobs else None
+        return DeviceSample(tokens, logprobs.gather(-1, tokens[:, None])[:, 0],
+                            (top.indices, top.values) if top is not None else None)
 
     def _sample(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         noise = torch.empty_like(logits, dtype=torch.float32).exponential_()
