@@ -10,6 +10,9 @@ one weight tile run side by side and read it from HBM once. It then replays a wh
 projections on distinct weights plus the LM head) as one CUDA graph with the best config per shape, against
 the same graph through cuBLAS. Prints a table last; writes JSON.
 Example: python benchmarks/engine/wide_gemm.py --out /tmp/wide.json --rows 256
+
+Result on 2026-11-29 (BENCHMARKS.md, "Engine performance on H200"): no; the whole step 0.83x cuBLAS, every
+projection slower except qkv, which cuBLAS runs slowly only outside the engine's graph (eager, without bias).
 """
 
 from __future__ import annotations
