@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from hosttune_engine.core.sequence import Sequence
+from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.layers.attention import AttentionMetadata
 
 
@@ -124,19 +125,6 @@ class DecodeInputs:
                                  decode_num_splits=num_splits)
 
 
-class TokenReadback:
-    """A step's token ids on their way to the host: the copy is enqueued after the step, and `tolist` waits
-    for it. Two alternate host buffers, so a step's tokens survive the next step's copy."""
-
-    def __init__(self, host: torch.Tensor, event: torch.cuda.Event | None):
-        self.host, self.event = host, event
-
-    def tolist(self) -> list[int]:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.host.tolist()
-
-
 class DecodeGraphs:
     """Decode-only steps at the captured batch sizes: `can_run(n)`, then `run(seqs)` -> fp32 logits [n, V]
     and their argmax [n] (a view of `tokens`), and `read_back(n)` to bring the argmax to the host."""
@@ -202,13 +190,9 @@ class DecodeGraphs:
             logits, tokens = self._step(b)
         return logits[:n], tokens[:n]
 
-    def read_back(self, n: int) -> TokenReadback:
-        """Enqueue the copy of the last run's n greedy tokens to the host (after that run, before the next)."""
+    def read_back(self, n: int) -> HostCopy:
+        """Enqueue the copy of the last run's n greedy tokens to the host (after that run, before the next).
+        Two host buffers alternate, so a step's tokens survive the next step's copy."""
         host = self._host_tokens[self._turn][:n]
         self._turn ^= 1
-        host.copy_(self.tokens[:n], non_blocking=True)
-        if not self.tokens.is_cuda:
-            return TokenReadback(host, None)
-        event = torch.cuda.Event()
-        event.record()
-        return TokenReadback(host, event)
+        return HostCopy([self.tokens[:n]], into=[host])

@@ -18,11 +18,12 @@ import torch
 
 from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, num_blocks_for_memory
 from hosttune_engine.config import EngineConfig
-from hosttune_engine.core.cuda_graphs import DecodeGraphs, DecodeInputs, TokenReadback, capture_sizes
+from hosttune_engine.core.cuda_graphs import DecodeGraphs, DecodeInputs, capture_sizes
 from hosttune_engine.core.scheduler import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.core.step_inputs import StepInputs, pack_step
 from hosttune_engine.errors import ConfigError
+from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.kernels.decode_attention import choose_num_splits
 from hosttune_engine.layers.backend import set_kernel_backend
 from hosttune_engine.layers.one_row import use_gemv_for_one_row
@@ -61,7 +62,7 @@ class LaunchedStep:
     """A step enqueued on the device whose tokens are not read back yet (`ModelRunner.collect` does)."""
 
     mask: list[bool]  # per scheduled sequence: whether it gets a token this step
-    greedy_tokens: TokenReadback | None  # the decode graph's argmax of every row (`mask` picks), to the host
+    greedy_tokens: HostCopy | None  # the decode graph's argmax of every row (`mask` picks), to the host
     sampled: DeviceSample | None  # the sampler's tokens (and logprobs), on the device
     feeds_next: bool = False  # the tokens of every row are in the decode graphs' token buffer, in row order
 
@@ -202,7 +203,7 @@ class ModelRunner:
         one was launched, but before the one after that (two read-back buffers alternate)."""
         mask = step.mask
         if step.greedy_tokens is not None:
-            tokens = step.greedy_tokens.tolist()  # the sync: waits for the replay and the copy
+            (tokens,) = step.greedy_tokens.lists()  # the sync: waits for the replay and the copy
             if all(mask):
                 return StepResult(tokens, SamplerOutput(token_ids=tokens))
             sampled = SamplerOutput(token_ids=[t for t, needs in zip(tokens, mask) if needs])

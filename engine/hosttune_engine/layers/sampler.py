@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.kernels.race import MIN_TEMPERATURE, race_sample, race_sample_ref
 from hosttune_engine.sampling import SamplingParams
 
@@ -97,28 +98,18 @@ def sort_sample(logits: torch.Tensor, noise: torch.Tensor, temperature: torch.Te
 @dataclass
 class DeviceSample:
     """A step's sampled tokens (and logprobs) on the device, with their copies to the host enqueued right
-    behind the sampling, when it is made. `to_host` waits for those copies alone. A copy made at read time
-    would queue behind everything the stream got since: the engine reads a step's tokens after it launched
-    the next step, so it would wait for that step too, and the device would idle meanwhile."""
+    behind the sampling, when it is made (`HostCopy`); `to_host` waits for those copies alone."""
 
     tokens: torch.Tensor  # [N]
     logprobs: torch.Tensor | None = None  # [N] of each chosen token
     top: tuple[torch.Tensor, torch.Tensor] | None = None  # ids and logprobs [N, num_logprobs]
-    _host: list[torch.Tensor | None] = field(init=False, repr=False)  # tokens, logprobs, top ids, top logprobs
-    _copied: torch.cuda.Event | None = field(init=False, repr=False, default=None)
+    _copy: HostCopy = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        top = self.top or (None, None)
-        self._host = [t if t is None else t.to("cpu", non_blocking=True, copy=True)  # pinned, from CUDA
-                      for t in (self.tokens, self.logprobs, *top)]
-        if self.tokens.is_cuda:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+        self._copy = HostCopy([self.tokens, self.logprobs, *(self.top or (None, None))])
 
     def to_host(self) -> SamplerOutput:
-        if self._copied is not None:
-            self._copied.synchronize()
-        tokens, logprobs, top_ids, top_logprobs = (t if t is None else t.tolist() for t in self._host)
+        tokens, logprobs, top_ids, top_logprobs = self._copy.lists()
         out = SamplerOutput(token_ids=tokens, logprobs=logprobs)
         if top_ids is not None:
             out.top_ids, out.top_logprobs = top_ids, top_logprobs
