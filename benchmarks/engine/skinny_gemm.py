@@ -19,15 +19,10 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from common import SHAPE, bench_ms, graph_ms
-
-H, I = SHAPE.hidden, SHAPE.inter
-PROJECTIONS = {"qkv": (H + 2 * SHAPE.kv_heads * SHAPE.head_dim, H), "o": (H, H), "gate_up": (2 * I, H),
-               "down": (H, I), "lm_head": (SHAPE.vocab, H)}  # name: (N, K) of w [N, K]
+from gemm_sweep import cublas_step_ms, step_ms, sweep
 
 
 @triton.jit
@@ -74,43 +69,9 @@ def candidates(n: int, k: int, block_m: int) -> list[tuple]:
     return out
 
 
-def sweep(rows: int, workspace: torch.Tensor, log) -> dict[str, tuple]:
-    """The fastest config per projection at this many rows (and every timing, through log)."""
-    best = {}
-    for name, (n, k) in PROJECTIONS.items():
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-        ref = F.linear(x, w)
-        cublas_ms = bench_ms(lambda: F.linear(x, w))
-        timed = []
-        for cfg in candidates(n, k, 64 if rows <= 64 else 128):
-            try:
-                err = (swap_ab_linear(x, w, cfg, workspace).float() - ref.float()).abs().max().item()
-                timed.append((bench_ms(lambda: swap_ab_linear(x, w, cfg, workspace)), cfg, err))
-            except Exception as e:  # a config that does not compile or fit: report it, try the next
-                log({"rows": rows, "shape": name, "config": cfg, "error": f"{type(e).__name__}: {e}"[:200]})
-        if not timed:
-            raise RuntimeError(f"no candidate config ran for {name} at {rows} rows")
-        ms, cfg, err = min(timed, key=lambda t: t[0])
-        best[name] = cfg
-        log({"rows": rows, "shape": name, "cublas_us": cublas_ms * 1e3, "best_us": ms * 1e3, "best": cfg,
-             "max_abs_err": err, "weight_tb_s": n * k * 2 / ms / 1e9, "ratio_vs_cublas": cublas_ms / ms})
-    return best
-
-
 def whole_step(rows: int, best: dict[str, tuple], workspace: torch.Tensor) -> dict:
-    weights = {name: [torch.randn(*PROJECTIONS[name], device="cuda", dtype=torch.bfloat16) * 0.02
-                      for _ in range(1 if name == "lm_head" else SHAPE.layers)] for name in PROJECTIONS}
-    xs = {name: torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for name, (_, k) in PROJECTIONS.items()}
-
-    def step(linear):
-        for i in range(SHAPE.layers):
-            for name in ("qkv", "o", "gate_up", "down"):
-                linear(name, xs[name], weights[name][i])
-        linear("lm_head", xs["lm_head"], weights["lm_head"][0])
-
-    cublas = graph_ms(lambda: step(lambda name, x, w: F.linear(x, w)))
-    ours = graph_ms(lambda: step(lambda name, x, w: swap_ab_linear(x, w, best[name], workspace)))
+    cublas = cublas_step_ms(rows)
+    ours = step_ms(rows, lambda name: lambda x, w: swap_ab_linear(x, w, best[name], workspace))
     return {"rows": rows, "cublas_ms": cublas, "triton_ms": ours, "ratio_vs_cublas": cublas / ours}
 
 
@@ -126,7 +87,8 @@ def main() -> None:
     result = {"sweep": [], "whole_step": []}
     log = lambda row: (result["sweep"].append(row), print(json.dumps(row, default=str), flush=True))  # noqa: E731
     for rows in args.rows:
-        result["whole_step"].append(whole_step(rows, sweep(rows, workspace, log), workspace))
+        best = sweep(rows, swap_ab_linear, lambda n, k: candidates(n, k, 64 if rows <= 64 else 128), workspace, log)
+        result["whole_step"].append(whole_step(rows, best, workspace))
         Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     print("\n| rows | cuBLAS step | Triton swap-AB step | ratio |\n| --- | --- | --- | --- |")
     for r in result["whole_step"]:

@@ -26,11 +26,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from common import SHAPE, bench_ms, graph_ms
+from common import SHAPE
+from gemm_sweep import cublas_step_ms, step_ms, sweep
 
-H, I = SHAPE.hidden, SHAPE.inter
-PROJECTIONS = {"qkv": (H + 2 * SHAPE.kv_heads * SHAPE.head_dim, H), "o": (H, H), "gate_up": (2 * I, H),
-               "down": (H, I), "lm_head": (SHAPE.vocab, H)}  # name: (N, K) of w [N, K]
 SMEM_BYTES = 220 * 1024
 MAX_ACC_REGS = 128  # fp32 accumulator registers a thread may hold before the kernel spills
 
@@ -86,48 +84,12 @@ def candidates(rows: int, n: int, k: int) -> list[tuple]:
     return out
 
 
-def sweep(rows: int, workspace: torch.Tensor, log) -> dict[str, tuple]:
-    """The fastest config per projection at this many rows (and every timing, through log)."""
-    best = {}
-    for name, (n, k) in PROJECTIONS.items():
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-        ref = F.linear(x, w)
-        cublas_ms = bench_ms(lambda: F.linear(x, w))
-        timed = []
-        for cfg in candidates(rows, n, k):
-            try:
-                err = (wide_linear(x, w, cfg, workspace).float() - ref.float()).abs().max().item()
-                timed.append((bench_ms(lambda: wide_linear(x, w, cfg, workspace), rep_ms=25), cfg, err))
-            except Exception as e:  # a config that does not compile or fit: report it, try the next
-                log({"rows": rows, "shape": name, "config": cfg, "error": f"{type(e).__name__}: {e}"[:200]})
-        if not timed:
-            raise RuntimeError(f"no candidate config ran for {name} at {rows} rows")
-        timed.sort(key=lambda t: t[0])
-        ms, cfg, err = timed[0]
-        best[name] = cfg
-        flops = 2 * rows * n * k
-        log({"rows": rows, "shape": name, "cublas_us": cublas_ms * 1e3, "best_us": ms * 1e3, "best": cfg,
-             "max_abs_err": err, "cublas_tflop_s": flops / cublas_ms / 1e9, "best_tflop_s": flops / ms / 1e9,
-             "ratio_vs_cublas": cublas_ms / ms, "runners_up": [(round(t * 1e3, 1), c) for t, c, _ in timed[1:4]]})
-    return best
-
-
 def whole_step(rows: int, best: dict[str, tuple], workspace: torch.Tensor) -> dict:
-    weights = {name: [torch.randn(*PROJECTIONS[name], device="cuda", dtype=torch.bfloat16) * 0.02
-                      for _ in range(1 if name == "lm_head" else SHAPE.layers)] for name in PROJECTIONS}
-    xs = {name: torch.randn(rows, k, device="cuda", dtype=torch.bfloat16) for name, (_, k) in PROJECTIONS.items()}
-
-    def step(linear):
-        for i in range(SHAPE.layers):
-            for name in ("qkv", "o", "gate_up", "down"):
-                linear(name, xs[name], weights[name][i])
-        linear("lm_head", xs["lm_head"], weights["lm_head"][0])
-
-    cublas = graph_ms(lambda: step(lambda name, x, w: F.linear(x, w)))
-    ours = graph_ms(lambda: step(lambda name, x, w: wide_linear(x, w, best[name], workspace)))
-    mixed = graph_ms(lambda: step(lambda name, x, w: wide_linear(x, w, best[name], workspace)
-                                  if name in ("qkv", "o") else F.linear(x, w)))
+    def triton_for(names):
+        return lambda name: ((lambda x, w: wide_linear(x, w, best[name], workspace)) if name in names else F.linear)
+    cublas = cublas_step_ms(rows)
+    ours = step_ms(rows, triton_for(set(best)))
+    mixed = step_ms(rows, triton_for({"qkv", "o"}))
     flops = SHAPE.decode_step_flops(rows)
     return {"rows": rows, "cublas_ms": cublas, "triton_ms": ours, "qkv_o_triton_ms": mixed,
             "ratio_vs_cublas": cublas / ours, "cublas_tflop_s": flops / cublas / 1e9,
@@ -146,7 +108,8 @@ def main() -> None:
     result = {"sweep": [], "whole_step": []}
     log = lambda row: (result["sweep"].append(row), print(json.dumps(row, default=str), flush=True))  # noqa: E731
     for rows in args.rows:
-        result["whole_step"].append(whole_step(rows, sweep(rows, workspace, log), workspace))
+        best = sweep(rows, wide_linear, lambda n, k: candidates(rows, n, k), workspace, log, rep_ms=25)
+        result["whole_step"].append(whole_step(rows, best, workspace))
         Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     print("\n| rows | projection | cuBLAS | best Triton | ratio | config (BM, BN, BK, warps, stages, split) |")
     print("| --- | --- | --- | --- | --- | --- |")
