@@ -219,6 +219,14 @@ def host_profile(engine: Engine, batch: int, steps: int = 40, top: int = 16) -> 
                                 "cum_us": c / steps * 1e6} for k, t, c in rows]}
 
 
+def ttft_floor(prompt_len: int, ceilings: dict) -> dict:
+    """A prompt's prefill cannot beat its FLOPs at the GEMM rate, nor one read of the weights at the copy
+    bandwidth: the larger of the two (a short prompt is bound by the weights' bytes)."""
+    flops_ms = SHAPE.prefill_flops(prompt_len) / ceilings["gemm_tflop_s"] / 1e9
+    bytes_ms = SHAPE.weight_bytes / ceilings["copy_tb_s"] / 1e9
+    return {"floor_ms": max(flops_ms, bytes_ms), "floor_bound": "FLOPs" if flops_ms >= bytes_ms else "weight bytes"}
+
+
 def roofline(n_req: int, n_in: int, n_out: int, copy_tb_s: float, gemm_tflop_s: float, max_batch: int = 256) -> dict:
     """Issue 8's model: prefill FLOPs over the GEMM rate plus each decode step's weight and KV bytes over the
     copy bandwidth. 'refined' also lets a decode step be compute-bound (max of its two times), which it is

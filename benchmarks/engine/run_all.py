@@ -109,11 +109,10 @@ def run_engine(res: dict, log, deadline) -> None:
         res["decode"].append(row)
         log(row)
     res["profile"] = {f"decode_b{b}": eb.profile_decode(engine, b) for b in (1, 64, 256)}
-    gemm = res["ceilings"]["gemm_tflop_s"]
     res["ttft"] = []
-    for n in (1024, 4096):
+    for n in (128, 512, 1024, 4096):
         row = eb.ttft_ms(engine, n)
-        row["floor_ms"] = eb.SHAPE.prefill_flops(n) / gemm / 1e9
+        row.update(eb.ttft_floor(n, res["ceilings"]))
         row["ratio_to_floor"] = row["ttft_ms"] / row["floor_ms"]
         res["ttft"].append(row)
         log(row)
@@ -128,7 +127,7 @@ def run_engine(res: dict, log, deadline) -> None:
         if not deadline.allows(40):
             break
         row = eb.offline_throughput(engine, n_req, n_in, n_out)
-        row["roofline"] = eb.roofline(n_req, n_in, n_out, res["ceilings"]["copy_tb_s"], gemm)
+        row["roofline"] = eb.roofline(n_req, n_in, n_out, res["ceilings"]["copy_tb_s"], res["ceilings"]["gemm_tflop_s"])
         row["ratio_vs_roofline"] = row["output_tok_s"] / row["roofline"]["model_tok_s"]
         row["ratio_vs_refined_roofline"] = row["output_tok_s"] / row["roofline"]["refined_tok_s"]
         res["throughput"].append(row)
@@ -184,7 +183,8 @@ def print_table(res: dict) -> None:
               f"{r['ratio_vs_floor']:.2f} | {target} |")
     for r in res.get("ttft", []):
         target = "≤ 1.20" if r["prompt_tokens"] == 4096 else ""
-        print(f"| TTFT {r['prompt_tokens']} tok | {r['ttft_ms']:.1f} ms | floor {r['floor_ms']:.1f} ms | "
+        print(f"| TTFT {r['prompt_tokens']} tok | {r['ttft_ms']:.1f} ms | floor {r['floor_ms']:.1f} ms "
+              f"({r.get('floor_bound', 'FLOPs')}) | "
               f"{r['ratio_to_floor']:.2f} | {target} |")
     for r in res.get("throughput", []):
         rf = r["roofline"]
