@@ -1,8 +1,9 @@
 """Runs the model for one scheduled step: pack inputs, forward, sample.
 
 Decode-only steps on CUDA replay a CUDA graph captured per batch size
-(`core.cuda_graphs`); other steps run eagerly on inputs packed by
-`core.step_inputs`.
+(`core.cuda_graphs`), and a step of one short prompt chunk one captured per
+padded length (`core.prefill_graphs`); other steps run eagerly on inputs
+packed by `core.step_inputs`.
 
 A step is `launch` (pack, enqueue the device work) then `collect` (wait, read
 the tokens back), so the engine can do host work while the device computes.
@@ -19,6 +20,7 @@ import torch
 from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, num_blocks_for_memory
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.cuda_graphs import DecodeGraphs, DecodeInputs, capture_sizes
+from hosttune_engine.core.prefill_graphs import PREFILL_GRAPH_SIZES, PrefillGraphs, PrefillInputs
 from hosttune_engine.core.scheduler import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.core.step_inputs import StepInputs, pack_step
@@ -93,10 +95,12 @@ class ModelRunner:
         self.sampler = Sampler()
         self.generators: dict[str, torch.Generator] = {}
         self.graphs: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None
         if self.device.type == "cuda" and self.use_triton:
             use_gemv_for_one_row(self.model)
             if not config.enforce_eager:
                 self.graphs = self.build_decode_graphs(use_graphs=True)
+                self.prefill_graphs = self.build_prefill_graphs(use_graphs=True)
 
     def build_decode_graphs(self, use_graphs: bool, max_batch: int | None = None) -> DecodeGraphs:
         """Persistent decode buffers and, with `use_graphs`, one captured graph per batch size
@@ -106,6 +110,14 @@ class ModelRunner:
         inputs = DecodeInputs(max_batch, width, self.block_size, self.device)
         graphs = DecodeGraphs(self._decode_logits, inputs, capture_sizes(max_batch), self._graph_num_splits,
                               use_graphs)
+        graphs.capture()
+        return graphs
+
+    def build_prefill_graphs(self, use_graphs: bool) -> PrefillGraphs:
+        """Buffers and, with `use_graphs`, graphs for one short prompt chunk per step (`core.prefill_graphs`)."""
+        capacity = min(max(PREFILL_GRAPH_SIZES), self.config.max_num_batched_tokens, self.max_model_len)
+        inputs = PrefillInputs(capacity, -(-self.max_model_len // self.block_size), self.block_size, self.device)
+        graphs = PrefillGraphs(self.model, self.model.compute_logits, inputs, use_graphs)
         graphs.capture()
         return graphs
 
@@ -168,8 +180,11 @@ class ModelRunner:
         seqs = [s for s, needs in zip(sched.seqs, mask) if needs]
         if after is not None or self._runs_graph(sched):
             return self._launch_graph(sched, mask, seqs, self._feed(sched, after) if after is not None else None)
+        sampling = self._sampling(seqs)  # before the step's work: its copies from pageable memory would wait
+        if self.prefill_graphs is not None and self.prefill_graphs.can_run(sched):
+            logits = self.prefill_graphs.run(sched.seqs[0], sched.num_new_tokens[0])
+            return LaunchedStep(mask, None, self.sampler.sample(logits, sampling) if seqs else None)
         batch = self._prepare(sched)
-        sampling = self._sampling(seqs)
         logits = self.model.compute_logits(self._forward(batch)[batch.sample_rows]) if seqs else None
         return LaunchedStep(mask, None, self.sampler.sample(logits, sampling) if seqs else None)
 
