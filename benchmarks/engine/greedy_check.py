@@ -33,10 +33,12 @@ def fast_vs_reference(prompt_lens=(7, 300, 1500, 3000), max_tokens: int = 24) ->
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, QWEN25_7B["vocab_size"], (n,), generator=gen).tolist() for n in prompt_lens]
     assert engine.runner.graphs is not None and engine.runner.graphs.use_graphs
-    # all prompts together (batched decode, cuBLAS), then the second alone (batch 1: the Triton GEMV)
+    assert engine.runner.prefill_graphs is not None and engine.runner.prefill_graphs.use_graphs
+    # all prompts together (batched decode, cuBLAS), then the second alone (its prefill on a prefill graph,
+    # its decode at batch 1: the Triton GEMV)
     fast = [a + b for a, b in zip(_generate(engine, prompts, max_tokens, "fast"),
                                   _generate(engine, prompts[1:2], max_tokens, "solo"))]
-    engine.runner.graphs = None
+    engine.runner.graphs = engine.runner.prefill_graphs = None  # captured graphs hold the Triton kernels
     set_kernel_backend(engine.runner.model, False)
     ref = [a + b for a, b in zip(_generate(engine, prompts, max_tokens, "ref"),
                                  _generate(engine, prompts[1:2], max_tokens, "refsolo"))]

@@ -97,6 +97,7 @@ def compare_7b(config: dict, prompt_lens: list[int], dtype: str = "bfloat16") ->
     load_s = time.time() - t0
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, config["vocab_size"], (n,), generator=gen).tolist() for n in prompt_lens]
+    engine.runner.graphs = engine.runner.prefill_graphs = None  # both paths eager: graphs hold Triton kernels
     runs, seconds = {}, {}
     for precision in ("half", "fp32"):
         if precision == "fp32":
