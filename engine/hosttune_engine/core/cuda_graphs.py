@@ -22,7 +22,7 @@ Off CUDA (tests), the same padded buffers run the model eagerly.
 from __future__ import annotations
 
 import bisect
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -42,6 +42,23 @@ def padded_size(n: int, sizes: list[int]) -> int | None:
     """The smallest captured size that holds n sequences, or None if none does."""
     i = bisect.bisect_left(sizes, n)
     return sizes[i] if i < len(sizes) else None
+
+
+def capture_per_size(step: Callable[[int], Any], sizes: list[int]) -> tuple[dict[int, torch.cuda.CUDAGraph], dict]:
+    """One graph of `step(size)` per size, largest first, all in one memory pool (a smaller graph reuses the
+    larger's memory), and what each capture returned (its output buffers). Each size runs once eagerly
+    first: that compiles its kernels and warms cuBLAS outside the capture."""
+    graphs, outputs = {}, {}
+    pool = torch.cuda.graph_pool_handle()
+    for b in sorted(sizes, reverse=True):
+        step(b)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            outputs[b] = step(b)
+        graphs[b] = graph
+    torch.cuda.synchronize()
+    return graphs, outputs
 
 
 class DecodeInputs:
@@ -164,15 +181,7 @@ class DecodeGraphs:
             return
         self.inputs.pad(0, self.inputs.capacity)
         self.inputs.upload(self.max_batch)
-        pool = torch.cuda.graph_pool_handle()
-        for b in reversed(self.sizes):
-            self._step(b)  # compiles kernels and warms cuBLAS outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[b] = self._step(b)
-            self.graphs[b] = graph
-        torch.cuda.synchronize()
+        self.graphs, self.outputs = capture_per_size(self._step, self.sizes)
 
     def run(self, seqs: list[Sequence], feed: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [n, V] and greedy tokens [n] of one decode step of `seqs` (each with exactly one new token),

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from hosttune_engine.core.cuda_graphs import capture_per_size
 from hosttune_engine.core.scheduler import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.layers.attention import AttentionMetadata
@@ -58,6 +59,12 @@ class PrefillInputs:
         slots[:n] = table[0, pos[:n] // bs] * bs + pos[:n] % bs
         ids[n:padded], pos[n:padded], slots[n:padded] = 0, 0, -1
         cu[:], lens[0], row[0] = (0, n), start + n, n - 1
+
+    def pad_all(self) -> None:
+        """Every row padding (no cache slot written) and a one-token query: what the capture runs on."""
+        ids, pos, slots, cu, lens, row, _ = self._host_views
+        ids[:], pos[:], slots[:] = 0, 0, -1
+        cu[:], lens[0], row[0] = (0, 1), 1, 0
 
     def upload(self) -> None:
         """One asynchronous copy from pinned memory; the next `fill` waits for it to have read the buffer."""
@@ -101,19 +108,9 @@ class PrefillGraphs:
         """One graph per size, largest first, in one memory pool. The warm-up runs write no cache slot."""
         if not self.use_graphs:
             return
-        host = self.inputs._host_views
-        host[2][:] = -1  # every slot padding: capture writes no KV
-        host[3][:], host[4][0], host[5][0] = (0, 1), 1, 0
+        self.inputs.pad_all()
         self.inputs.upload()
-        pool = torch.cuda.graph_pool_handle()
-        for b in reversed(self.sizes):
-            self._step(b)  # compiles kernels and warms cuBLAS outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[b] = self._step(b)
-            self.graphs[b] = graph
-        torch.cuda.synchronize()
+        self.graphs, self.outputs = capture_per_size(self._step, self.sizes)
 
     def run(self, seq: Sequence, n: int) -> torch.Tensor:
         b = self.sizes[bisect.bisect_left(self.sizes, n)]
