@@ -45,6 +45,13 @@ def test_only_a_lone_short_chunk_runs_on_the_graphs():
     assert not graphs.can_run(SchedulerOutput(seqs=[a, b], num_new_tokens=[8, 8]))
 
 
+def test_a_step_budget_under_the_smallest_size_leaves_every_prefill_eager():
+    inp = PrefillInputs(capacity=8, width=4, block_size=4, device=torch.device("cpu"))
+    graphs = PrefillGraphs(None, None, inp, use_graphs=False)
+    seq = Sequence("a", [1] * 8, SamplingParams())
+    assert graphs.sizes == [] and not graphs.can_run(SchedulerOutput(seqs=[seq], num_new_tokens=[8]))
+
+
 def _engine(tiny_models, mode, prefix_caching=False):
     eng = Engine(EngineConfig(model=str(tiny_models["qwen2"]), dtype="float32", block_size=4, max_num_seqs=4,
                               num_kv_blocks=64, enable_prefix_caching=prefix_caching, max_num_batched_tokens=64))
