@@ -23,11 +23,13 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 @pytest.fixture(autouse=True)
 def _release_gpu_memory():
     """On a GPU, free each test's engines before the next: an engine sized by gpu_memory_utilization takes
-    most of the device, so two alive at once run out of memory."""
+    most of the device, so two alive at once run out of memory. The sync first makes an asynchronous device
+    fault (a sticky error, which fails every later test of the worker) fail the test that caused it."""
     yield
     if HAS_CUDA:
         import gc
 
+        torch.cuda.synchronize()
         gc.collect()
         torch.cuda.empty_cache()
 
