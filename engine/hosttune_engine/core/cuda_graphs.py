@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from hosttune_engine.core.sequence import Sequence
+from hosttune_engine.core.staging import Staging
 from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.layers.attention import AttentionMetadata
 
@@ -72,14 +73,11 @@ class DecodeInputs:
         # rows rounded up to a multiple of 4 keep every view 16-byte aligned (Triton specializes on alignment)
         self.capacity, self.width, self.block_size = -(-capacity // 4) * 4, max_blocks_per_seq, block_size
         capacity = self.capacity
-        size = capacity * (self.HEADER + max_blocks_per_seq)
-        self.host = torch.zeros(size, dtype=torch.int32, pin_memory=device.type == "cuda")
-        self.device_buffer = torch.zeros(size, dtype=torch.int32, device=device)
-        self._host_views = self._views(self.host.numpy())
+        self.staging = Staging(capacity * (self.HEADER + max_blocks_per_seq), device)
+        self._host_views = self._views(self.staging.host.numpy())
         (self.token_ids, self.positions, self.slots, self.seq_lens, self.feed,
-         self.block_tables) = self._views(self.device_buffer)
+         self.block_tables) = self._views(self.staging.device_buffer)
         self._rows: list[tuple[Sequence, int, int] | None] = [None] * capacity  # (seq, preemptions, blocks written)
-        self._copied = None  # an event after the last upload (CUDA): the host buffer is free again once it passed
         self.pad(0, capacity)
 
     def _views(self, flat):
@@ -89,8 +87,7 @@ class DecodeInputs:
     def fill(self, seqs: list[Sequence], padded: int, feed: list[int] | None = None) -> None:
         """Rows 0..n for `seqs` (one new token each), rows n..padded as padding, on the host. With `feed`,
         row i's input token is row feed[i] of the previous step's tokens, still on the device."""
-        if self._copied is not None:
-            self._copied.synchronize()  # the last upload has read the host buffer (at once but for a step ahead)
+        self.staging.writable()
         n, bs = len(seqs), self.block_size
         ids, pos, slots, lens, feeds, tables = self._host_views
         starts = [s.num_computed_tokens for s in seqs]
@@ -121,15 +118,8 @@ class DecodeInputs:
         ids[start:end], pos[start:end], slots[start:end], lens[start:end], feeds[start:end] = 0, 0, -1, 1, -1
 
     def upload(self, padded: int) -> None:
-        """One asynchronous copy from pinned memory: the header and the first `padded` block-table rows.
-
-        The copy may still be reading `host` after this returns: the next `fill` waits for the event recorded
-        here. That wait is nearly always over at once, since the copy runs ahead of the step it feeds."""
-        end = self.HEADER * self.capacity + padded * self.width
-        self.device_buffer[:end].copy_(self.host[:end], non_blocking=True)
-        if self.device_buffer.is_cuda:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+        """One asynchronous copy from pinned memory: the header and the first `padded` block-table rows."""
+        self.staging.upload(self.HEADER * self.capacity + padded * self.width)
 
     def input_ids(self, batch: int, previous: torch.Tensor) -> torch.Tensor:
         """The step's input tokens on the device: the host's, or for fed rows the previous step's."""
@@ -155,7 +145,7 @@ class DecodeGraphs:
         self.use_graphs = use_graphs
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per size: logits [b, V], argmax [b]
-        device = inputs.device_buffer.device
+        device = inputs.staging.device_buffer.device
         self.tokens = torch.zeros(inputs.capacity, dtype=torch.int32, device=device)  # the last replay's argmax
         pinned = device.type == "cuda"
         self._host_tokens = [torch.zeros(inputs.capacity, dtype=torch.int32, pin_memory=pinned) for _ in range(2)]

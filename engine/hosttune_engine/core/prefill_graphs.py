@@ -23,6 +23,7 @@ import torch
 from hosttune_engine.core.cuda_graphs import capture_per_size
 from hosttune_engine.core.scheduler import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
+from hosttune_engine.core.staging import Staging
 from hosttune_engine.layers.attention import AttentionMetadata
 
 PREFILL_GRAPH_SIZES = (16, 32, 64, 128, 256, 512)
@@ -35,13 +36,10 @@ class PrefillInputs:
 
     def __init__(self, capacity: int, width: int, block_size: int, device: torch.device):
         self.capacity, self.width, self.block_size = -(-capacity // 4) * 4, width, block_size
-        self.size = 3 * self.capacity + 12 + width
-        self.host = torch.zeros(self.size, dtype=torch.int32, pin_memory=device.type == "cuda")
-        self.device_buffer = torch.zeros(self.size, dtype=torch.int32, device=device)
-        self._host_views = self._views(self.host.numpy())
+        self.staging = Staging(3 * self.capacity + 12 + width, device)
+        self._host_views = self._views(self.staging.host.numpy())
         self.token_ids, self.positions, self.slots, self.cu_seqlens, self.seq_lens, self.sample_row, \
-            self.block_table = self._views(self.device_buffer)
-        self._copied: torch.cuda.Event | None = None
+            self.block_table = self._views(self.staging.device_buffer)
 
     def _views(self, flat):
         c = self.capacity
@@ -51,8 +49,7 @@ class PrefillInputs:
 
     def fill(self, seq: Sequence, n: int, padded: int) -> None:
         """The next n tokens of `seq` in rows 0..n, padding in rows n..padded, on the host."""
-        if self._copied is not None:
-            self._copied.synchronize()  # the last upload has read the host buffer
+        self.staging.writable()
         ids, pos, slots, cu, lens, row, table = self._host_views
         start, bs = seq.num_computed_tokens, self.block_size
         ids[:n] = seq.token_ids[start:start + n]
@@ -69,11 +66,7 @@ class PrefillInputs:
         cu[:], lens[0], row[0] = (0, 1), 1, 0
 
     def upload(self) -> None:
-        """One asynchronous copy from pinned memory; the next `fill` waits for it to have read the buffer."""
-        self.device_buffer.copy_(self.host, non_blocking=True)
-        if self.device_buffer.is_cuda:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+        self.staging.upload()
 
     def metadata(self, padded: int) -> AttentionMetadata:
         return AttentionMetadata(slot_mapping=self.slots[:padded], num_prefill_tokens=padded,

@@ -1,0 +1,32 @@
+"""A step's inputs staged in pinned host memory and mirrored on the device, moved over in one copy.
+
+The graphs read their inputs from fixed device buffers; the host writes the next step's into a pinned
+twin and uploads it asynchronously. The copy may still be reading the host side when the next step is
+filled (a step launched ahead), so `writable` waits for the event the last upload recorded. That wait is
+nearly always over at once, since the copy runs ahead of the step it feeds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Staging:
+    """`size` int32 values on the host (`host`, pinned on CUDA) and on the device (`device_buffer`)."""
+
+    def __init__(self, size: int, device: torch.device):
+        self.host = torch.zeros(size, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.device_buffer = torch.zeros(size, dtype=torch.int32, device=device)
+        self._copied: torch.cuda.Event | None = None  # recorded after the last upload (CUDA only)
+
+    def writable(self) -> None:
+        """Wait until the last upload has read the host buffer, so it can be written again."""
+        if self._copied is not None:
+            self._copied.synchronize()
+
+    def upload(self, end: int | None = None) -> None:
+        """One asynchronous copy of the first `end` values (all by default) from the host to the device."""
+        self.device_buffer[:end].copy_(self.host[:end], non_blocking=True)
+        if self.device_buffer.is_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
