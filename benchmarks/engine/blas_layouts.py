@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Does another cuBLAS path run the decode step's projections faster than the engine's `F.linear`?
+
+The engine's projections are `F.linear(x, w)` with w [N, K] (a "TN" GEMM) through torch's default BLAS
+handle. At 256 rows a decode step's projections are bound by FLOPs, and cuBLAS's heuristic picks one kernel
+per shape; a different entry point can pick another. This times, per projection of the Qwen2.5-7B shape and
+as a whole step replayed as one CUDA graph (28 layers on distinct weights plus the LM head):
+  linear      F.linear(x, w), torch's default library (what the engine runs)
+  linear-lt   the same with torch.backends.cuda.preferred_blas_library("cublaslt")
+  mm-nn       x @ wt with wt [K, N] stored transposed (an "NN" GEMM)
+  mm-nn-lt    the same through cuBLASLt
+Every path's output is checked against `F.linear`. Prints a table last; writes JSON.
+Example: python benchmarks/engine/blas_layouts.py --rows 64 256 --out /tmp/blas.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from common import bench_ms, env_info
+from gemm_sweep import PROJECTIONS, step_ms
+
+PATHS = ("linear", "linear-lt", "mm-nn", "mm-nn-lt")
+
+
+@contextmanager
+def blas_library(name: str):
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(name)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
+def _library(path: str) -> str:
+    return "cublaslt" if path.endswith("-lt") else "cublas"
+
+
+def _fn(path: str):
+    """(x, w) -> y for a path; the NN paths take the weight already transposed ([K, N], contiguous)."""
+    return (lambda x, w: x @ w) if path.startswith("mm-nn") else F.linear
+
+
+def projection_rows(rows: int) -> list[dict]:
+    out = []
+    for name, (n, k) in PROJECTIONS.items():
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        wt = w.t().contiguous()
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        ref = F.linear(x, w).float()
+        row = {"rows": rows, "shape": name}
+        for path in PATHS:
+            weight, fn = (wt if path.startswith("mm-nn") else w), _fn(path)
+            with blas_library(_library(path)):
+                err = (fn(x, weight).float() - ref).abs().max().item()
+                row[f"{path}_us"] = bench_ms(lambda: fn(x, weight)) * 1e3
+            row[f"{path}_err"] = err
+        row["tflop_s_linear"] = 2 * rows * n * k / row["linear_us"] / 1e6
+        out.append(row)
+        print(json.dumps(row), flush=True)
+    return out
+
+
+def whole_step(rows: int) -> dict:
+    res = {"rows": rows}
+    for path in PATHS:
+        fn = _fn(path)
+        transposed = path.startswith("mm-nn")
+        with blas_library(_library(path)):
+            # step_ms draws weights [N, K]; the NN paths read them as [K, N] (same bytes, same FLOPs)
+            res[f"{path}_ms"] = step_ms(rows, lambda name: (lambda x, w: fn(x, w.view(w.shape[1], w.shape[0])))
+                                        if transposed else fn)
+    print(json.dumps(res), flush=True)
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--out", default="blas-layouts.json")
+    args = parser.parse_args()
+    result = {"env": env_info("n/a"), "projections": [], "steps": []}
+    for rows in args.rows:
+        result["projections"] += projection_rows(rows)
+        result["steps"].append(whole_step(rows))
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    print("| rows | projection | " + " | ".join(f"{p} µs" for p in PATHS) + " | best / linear |")
+    print("| --- | --- |" + " --- |" * (len(PATHS) + 1))
+    for r in result["projections"]:
+        best = min(r[f"{p}_us"] for p in PATHS)
+        print(f"| {r['rows']} | {r['shape']} | " + " | ".join(f"{r[f'{p}_us']:.1f}" for p in PATHS)
+              + f" | {r['linear_us'] / best:.2f}x |")
+    for s in result["steps"]:
+        best = min(s[f"{p}_ms"] for p in PATHS)
+        print(f"| {s['rows']} | whole step (graph) | " + " | ".join(f"{s[f'{p}_ms']:.2f} ms" for p in PATHS)
+              + f" | {s['linear_ms'] / best:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
