@@ -17,26 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from contextlib import contextmanager
+import statistics
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from common import bench_ms, env_info
+from common import bench_ms, blas_library, env_info
 from gemm_sweep import PROJECTIONS, step_ms
 
 PATHS = ("linear", "linear-lt", "mm-nn", "mm-nn-lt")
-
-
-@contextmanager
-def blas_library(name: str):
-    before = torch.backends.cuda.preferred_blas_library()
-    torch.backends.cuda.preferred_blas_library(name)
-    try:
-        yield
-    finally:
-        torch.backends.cuda.preferred_blas_library(before)
 
 
 def _library(path: str) -> str:
@@ -68,28 +58,37 @@ def projection_rows(rows: int) -> list[dict]:
     return out
 
 
-def whole_step(rows: int) -> dict:
-    res = {"rows": rows}
-    for path in PATHS:
-        fn = _fn(path)
-        transposed = path.startswith("mm-nn")
-        with blas_library(_library(path)):
-            # step_ms draws weights [N, K]; the NN paths read them as [K, N] (same bytes, same FLOPs)
-            res[f"{path}_ms"] = step_ms(rows, lambda name: (lambda x, w: fn(x, w.view(w.shape[1], w.shape[0])))
-                                        if transposed else fn)
+def whole_step(rows: int, rounds: int) -> dict:
+    """Each path's whole-step graph, timed in `rounds` interleaved rounds (the median of each path's rounds):
+    one path measured after another would also measure the clocks drifting between them."""
+    times = {path: [] for path in PATHS}
+    for _ in range(rounds):
+        for path in PATHS:
+            fn = _fn(path)
+            with blas_library(_library(path)):
+                # step_ms draws weights [N, K]; the NN paths read them as [K, N] (same bytes, same FLOPs)
+                times[path].append(step_ms(rows, _nn(fn) if path.startswith("mm-nn") else (lambda name, fn=fn: fn)))
+    res = {"rows": rows, "rounds": times, **{f"{p}_ms": statistics.median(t) for p, t in times.items()}}
     print(json.dumps(res), flush=True)
     return res
+
+
+def _nn(fn):
+    """linear_for of an NN path: every weight read as [K, N]."""
+    return lambda name: (lambda x, w: fn(x, w.view(w.shape[1], w.shape[0])))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the whole-step graphs")
     parser.add_argument("--out", default="blas-layouts.json")
+    parser.add_argument("--commit", default="unknown")
     args = parser.parse_args()
-    result = {"env": env_info("n/a"), "projections": [], "steps": []}
+    result = {"env": env_info(args.commit), "projections": [], "steps": []}
     for rows in args.rows:
         result["projections"] += projection_rows(rows)
-        result["steps"].append(whole_step(rows))
+        result["steps"].append(whole_step(rows, args.rounds))
         Path(args.out).write_text(json.dumps(result, indent=1))
     print("| rows | projection | " + " | ".join(f"{p} µs" for p in PATHS) + " | best / linear |")
     print("| --- | --- |" + " --- |" * (len(PATHS) + 1))

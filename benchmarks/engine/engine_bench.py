@@ -12,7 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import QWEN25_7B, SHAPE, graph_ms, model_folder, replay_ms, sync
+from common import BLAS_LIBRARIES, QWEN25_7B, SHAPE, blas_library, graph_ms, model_folder, replay_ms, sync
 from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.cuda_graphs import padded_size
 from hosttune_engine.core.messages import EngineRequest
@@ -49,8 +49,9 @@ def _drain(engine: Engine) -> None:
         engine.step()
 
 
-def linear_floor_ms(model, batch: int) -> float:
-    """Every projection of every layer and the LM head at this batch, through cuBLAS, one CUDA graph."""
+def linear_floor(model, batch: int) -> dict:
+    """Every projection of every layer and the LM head at this batch, one CUDA graph, through each cuBLAS
+    library: the floor is the faster."""
     dt, dev = torch.bfloat16, "cuda"
     h = torch.randn(batch, SHAPE.hidden, dtype=dt, device=dev)
     q = torch.randn(batch, SHAPE.heads * SHAPE.head_dim, dtype=dt, device=dev)
@@ -64,7 +65,11 @@ def linear_floor_ms(model, batch: int) -> float:
             F.linear(h, mlp.gate_up_proj.weight)
             F.linear(i, mlp.down_proj.weight)
         F.linear(h, model.lm_head.weight)
-    return graph_ms(step)
+    by_library = {}
+    for lib in BLAS_LIBRARIES:
+        with blas_library(lib):
+            by_library[lib] = graph_ms(step)
+    return {"floor_ms": min(by_library.values()), "floor_ms_by_library": by_library}
 
 
 def lm_head_paths(model, batches=(1, 64, 256)) -> list[dict]:

