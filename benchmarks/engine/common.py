@@ -136,7 +136,7 @@ BLAS_LIBRARIES = ("cublas", "cublaslt")  # torch's two CUDA GEMM paths; a floor 
 
 @contextmanager
 def blas_library(name: str):
-    """torch's CUDA GEMMs through `name` inside the block (what the engine's `blas_library` sets)."""
+    """torch's CUDA GEMMs through `name` inside the block."""
     import torch
 
     before = torch.backends.cuda.preferred_blas_library()

@@ -34,8 +34,6 @@ def main() -> None:
     parser.add_argument("--tune", action="store_true", help="tune the attention kernels' launch configs first")
     parser.add_argument("--skip", nargs="*", default=[], choices=SECTIONS)
     parser.add_argument("--budget-s", type=float, default=540, help="sections that would not fit are skipped")
-    parser.add_argument("--blas-library", default="auto", choices=("auto", "cublas", "cublaslt"),
-                        help="the engine's blas_library (floors and ceilings take the faster library regardless)")
     parser.add_argument("--hf-limit-s", type=float, default=420)
     args = parser.parse_args()
     out = Path(args.out)
@@ -53,7 +51,7 @@ def main() -> None:
     log(res["ceilings"])
     save()
     for name, need_s, fn in (("kernels", 60, lambda: run_kernels(res, args.tune, log)),
-                             ("engine", 90, lambda: run_engine(res, log, deadline, args.blas_library)),
+                             ("engine", 90, lambda: run_engine(res, log, deadline)),
                              ("greedy", 40, lambda: run_greedy(res, log)),
                              ("hf", 45, lambda: run_hf(res, out, min(args.hf_limit_s, deadline.left() - 5)))):
         if name in args.skip or not deadline.allows(need_s):
@@ -89,14 +87,13 @@ def run_kernels(res: dict, tune: bool, log) -> None:
     res["gemv_b1"] = kernels.gemv_vs_cublas(copy, log)
 
 
-def run_engine(res: dict, log, deadline, blas: str) -> None:
+def run_engine(res: dict, log, deadline) -> None:
     import torch
 
     import engine_bench as eb
 
     t0 = time.perf_counter()
-    engine = eb.build_engine(blas_library=blas)
-    res["blas_library"] = engine.runner.blas_library
+    engine = eb.build_engine()
     res["engine_start_s"] = time.perf_counter() - t0
     model = engine.runner.model
     res["lm_head"] = eb.lm_head_paths(model)

@@ -11,7 +11,6 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
 KERNEL_BACKENDS = ("auto", "triton", "torch")
 SCHEDULING_POLICIES = ("fcfs", "priority")
-BLAS_LIBRARIES = ("auto", "cublas", "cublaslt")
 
 
 @dataclass(frozen=True)
@@ -25,8 +24,6 @@ class EngineConfig:
     size; `max_num_batched_tokens` is the per-step token budget that chunks long
     prefills. On CUDA, decode-only steps of up to `max_cuda_graph_batch_size`
     sequences replay CUDA graphs captured at start; `enforce_eager` turns that off.
-    `blas_library` is the cuBLAS library the projections' GEMMs go through on CUDA
-    (`layers.blas`; "auto" is the one measured faster on the H200).
     """
 
     model: str
@@ -47,7 +44,6 @@ class EngineConfig:
     tokenizer: str | None = None
     enforce_eager: bool = False
     max_cuda_graph_batch_size: int = 256
-    blas_library: str = "auto"
 
     def __post_init__(self) -> None:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
@@ -55,7 +51,6 @@ class EngineConfig:
         _check_choice("device", self.device, DEVICES)
         _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
-        _check_choice("blas_library", self.blas_library, BLAS_LIBRARIES)
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if not 0 < self.gpu_memory_utilization <= 1:

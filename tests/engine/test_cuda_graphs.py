@@ -108,3 +108,41 @@ def test_packed_inputs_start_at_16_byte_boundaries(tiny_models):
     assert flat[spans[1]].tolist() == [0, 1, 2] and flat[spans[3]].tolist() == list(range(8))
     inp = DecodeInputs(capacity=5, max_blocks_per_seq=3, block_size=4, device=torch.device("cpu"))
     assert inp.capacity == 8 and inp.positions.storage_offset() % 4 == 0 and inp.block_tables.storage_offset() % 4 == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures CUDA graphs")
+def test_garbage_found_by_the_collector_mid_capture_does_not_break_it():
+    """A graph of a dead engine, say, becomes cyclic garbage while graphs are being captured, with the
+    collector set to run at nearly every allocation: it must not be collected inside the capture (destroying
+    a graph there invalidates the capture), and the captured graphs must replay correctly."""
+    import gc
+
+    from hosttune_engine.core.cuda_graphs import capture_per_size
+
+    x = torch.arange(8, device="cuda", dtype=torch.float32)
+    old = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(old):
+        x.add_(0)
+    box = [old]
+    del old
+
+    def step(b: int) -> torch.Tensor:
+        if torch.cuda.is_current_stream_capturing() and box:
+            junk = {"graph": box.pop()}
+            junk["self"] = junk  # a young cycle holding the only reference to the old graph
+            del junk
+            [{} for _ in range(50)]  # allocations that would trigger a collection
+        return x[:b] * 2 + 1
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        graphs, outputs = capture_per_size(step, [4, 8])
+    finally:
+        gc.set_threshold(*thresholds)
+    gc.collect()
+    x.copy_(torch.full((8,), 3.0))
+    graphs[8].replay()
+    graphs[4].replay()
+    torch.cuda.synchronize()
+    assert outputs[8].tolist() == [7.0] * 8 and outputs[4].tolist() == [7.0] * 4

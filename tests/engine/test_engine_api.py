@@ -155,8 +155,6 @@ def test_bad_options_are_config_errors():
         EngineConfig(model="x", gpu_memory_utilization=1.5)
     with pytest.raises(ConfigError, match="max_num_batched_tokens"):
         EngineConfig(model="x", max_num_seqs=64, max_num_batched_tokens=32)
-    with pytest.raises(ConfigError, match="blas_library must be one of auto, cublas, cublaslt"):
-        EngineConfig(model="x", blas_library="mkl")
     with pytest.raises(ConfigError, match="top_p"):
         SamplingParams(top_p=0)
     with pytest.raises(ConfigError, match="max_tokens"):
@@ -188,23 +186,3 @@ def test_engine_loop_thread_serves_messages(tiny_models):
     assert outputs["b"][-1].finish_reason == "abort"
     assert errors and errors[0][0] == "bad"
     assert loop.stats().num_running == 0
-
-
-def test_blas_library_reaches_torch_on_cuda_only(tiny_models):
-    """The engine routes torch's CUDA GEMMs through the configured library before any graph is captured; on a
-    CPU there is nothing to route (torch's CPU build has no cuBLASLt) and the engine must still start."""
-    import torch
-
-    from hosttune_engine.server.cli import _parser, config_from_args
-
-    args = _parser().parse_args(["serve", "--model", "m", "--blas-library", "cublas"])
-    assert config_from_args(args).engine.blas_library == "cublas"
-    eng = Engine(EngineConfig(model=str(tiny_models["llama"]), num_kv_blocks=16, blas_library="cublas"))
-    if eng.runner.device.type == "cuda":
-        assert eng.runner.blas_library == "cublas"
-        assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublas
-        auto = Engine(EngineConfig(model=str(tiny_models["llama"]), num_kv_blocks=16))
-        assert auto.runner.blas_library == "cublaslt"
-        assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
-    else:
-        assert eng.runner.blas_library is None

@@ -22,6 +22,8 @@ Off CUDA (tests), the same padded buffers run the model eagerly.
 from __future__ import annotations
 
 import bisect
+import gc
+from contextlib import contextmanager
 from typing import Any, Callable
 
 import numpy as np
@@ -51,15 +53,32 @@ def capture_per_size(step: Callable[[int], Any], sizes: list[int]) -> tuple[dict
     first: that compiles its kernels and warms cuBLAS outside the capture."""
     graphs, outputs = {}, {}
     pool = torch.cuda.graph_pool_handle()
-    for b in sorted(sizes, reverse=True):
-        step(b)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            outputs[b] = step(b)
-        graphs[b] = graph
+    with cyclic_gc_held():
+        for b in sorted(sizes, reverse=True):
+            step(b)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                outputs[b] = step(b)
+            graphs[b] = graph
     torch.cuda.synchronize()
     return graphs, outputs
+
+
+@contextmanager
+def cyclic_gc_held():
+    """Collect garbage now, then no cyclic collection until the block ends. A collection that ran inside a
+    capture would free whatever dead objects it found there, a dead engine's graphs and pinned buffers
+    among them, and destroying a graph is a CUDA call a capture forbids: the capture fails, and the CUDA RNG
+    is left in capture mode (on the H200 that failed every later test of one pytest worker)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class DecodeInputs:

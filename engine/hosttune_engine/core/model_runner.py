@@ -28,7 +28,6 @@ from hosttune_engine.errors import ConfigError
 from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.kernels.decode_attention import choose_num_splits
 from hosttune_engine.layers.backend import set_kernel_backend
-from hosttune_engine.layers.blas import select_blas_library
 from hosttune_engine.layers.one_row import use_gemv_for_one_row
 from hosttune_engine.layers.sampler import DeviceSample, Sampler, SamplerOutput, SamplingBatch
 from hosttune_engine.model.loader import load_model
@@ -82,7 +81,6 @@ class ModelRunner:
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
         torch.manual_seed(config.seed)
-        self.blas_library = select_blas_library(config.blas_library) if self.device.type == "cuda" else None
         self.model = load_model(model_config, config.model, config.load_format, self.device, self.dtype, config.seed)
         self.use_triton = config.kernel_backend == "triton" or (
             config.kernel_backend == "auto" and self.device.type == "cuda")
