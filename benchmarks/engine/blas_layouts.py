@@ -30,16 +30,12 @@ import torch.nn.functional as F
 from common import bench_ms, blas_library, env_info
 from gemm_sweep import PROJECTIONS, step_ms
 
-PATHS = ("linear", "linear-lt", "mm-nn", "mm-nn-lt")
+PATHS = {"linear": ("cublas", False), "linear-lt": ("cublaslt", False),  # name: (library, weight as [K, N])
+         "mm-nn": ("cublas", True), "mm-nn-lt": ("cublaslt", True)}
 
 
-def _library(path: str) -> str:
-    return "cublaslt" if path.endswith("-lt") else "cublas"
-
-
-def _fn(path: str):
-    """(x, w) -> y for a path; the NN paths take the weight already transposed ([K, N], contiguous)."""
-    return (lambda x, w: x @ w) if path.startswith("mm-nn") else F.linear
+def _linear(x: torch.Tensor, w: torch.Tensor, transposed: bool) -> torch.Tensor:
+    return x @ w if transposed else F.linear(x, w)
 
 
 def projection_rows(rows: int) -> list[dict]:
@@ -50,12 +46,11 @@ def projection_rows(rows: int) -> list[dict]:
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
         ref = F.linear(x, w).float()
         row = {"rows": rows, "shape": name}
-        for path in PATHS:
-            weight, fn = (wt if path.startswith("mm-nn") else w), _fn(path)
-            with blas_library(_library(path)):
-                err = (fn(x, weight).float() - ref).abs().max().item()
-                row[f"{path}_us"] = bench_ms(lambda: fn(x, weight)) * 1e3
-            row[f"{path}_err"] = err
+        for path, (library, transposed) in PATHS.items():
+            weight = wt if transposed else w
+            with blas_library(library):
+                row[f"{path}_err"] = (_linear(x, weight, transposed).float() - ref).abs().max().item()
+                row[f"{path}_us"] = bench_ms(lambda: _linear(x, weight, transposed)) * 1e3
         row["tflop_s_linear"] = 2 * rows * n * k / row["linear_us"] / 1e6
         out.append(row)
         print(json.dumps(row), flush=True)
@@ -67,19 +62,19 @@ def whole_step(rows: int, rounds: int) -> dict:
     one path measured after another would also measure the clocks drifting between them."""
     times = {path: [] for path in PATHS}
     for _ in range(rounds):
-        for path in PATHS:
-            fn = _fn(path)
-            with blas_library(_library(path)):
-                # step_ms draws weights [N, K]; the NN paths read them as [K, N] (same bytes, same FLOPs)
-                times[path].append(step_ms(rows, _nn(fn) if path.startswith("mm-nn") else (lambda name, fn=fn: fn)))
+        for path, (library, transposed) in PATHS.items():
+            with blas_library(library):
+                times[path].append(step_ms(rows, lambda name, t=transposed: _step_linear(t)))
     res = {"rows": rows, "rounds": times, **{f"{p}_ms": statistics.median(t) for p, t in times.items()}}
     print(json.dumps(res), flush=True)
     return res
 
 
-def _nn(fn):
-    """linear_for of an NN path: every weight read as [K, N]."""
-    return lambda name: (lambda x, w: fn(x, w.view(w.shape[1], w.shape[0])))
+def _step_linear(transposed: bool):
+    """(x, w) -> y for step_ms, whose weights are [N, K]: a transposed path reads the same bytes as [K, N]."""
+    if not transposed:
+        return F.linear
+    return lambda x, w: x @ w.view(w.shape[1], w.shape[0])
 
 
 def main() -> None:

@@ -147,6 +147,15 @@ def blas_library(name: str):
         torch.backends.cuda.preferred_blas_library(before)
 
 
+def per_library(measure) -> dict[str, float]:
+    """measure() once under each BLAS library, by library name."""
+    results = {}
+    for lib in BLAS_LIBRARIES:
+        with blas_library(lib):
+            results[lib] = measure()
+    return results
+
+
 def measure_ceilings() -> dict:
     """Device-to-device copy bandwidth (bytes read + written) and the bf16 GEMM rate (8192^3, random data),
     the faster of the two BLAS libraries."""
@@ -159,10 +168,7 @@ def measure_ceilings() -> dict:
     del src, dst
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    rates = {}
-    for lib in BLAS_LIBRARIES:
-        with blas_library(lib):
-            rates[lib] = 2 * 8192**3 / bench_ms(lambda: a @ b, rep_ms=200) / 1e9
+    rates = per_library(lambda: 2 * 8192**3 / bench_ms(lambda: a @ b, rep_ms=200) / 1e9)
     del a, b
     torch.cuda.empty_cache()
     return {"copy_tb_s": 2 * n / copy_ms / 1e9, "gemm_tflop_s": max(rates.values()), "gemm_tflop_s_by_library": rates}

@@ -12,7 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import BLAS_LIBRARIES, QWEN25_7B, SHAPE, blas_library, graph_ms, model_folder, replay_ms, sync
+from common import QWEN25_7B, SHAPE, graph_ms, model_folder, per_library, replay_ms, sync
 from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.cuda_graphs import padded_size
 from hosttune_engine.core.messages import EngineRequest
@@ -65,10 +65,7 @@ def linear_floor(model, batch: int) -> dict:
             F.linear(h, mlp.gate_up_proj.weight)
             F.linear(i, mlp.down_proj.weight)
         F.linear(h, model.lm_head.weight)
-    by_library = {}
-    for lib in BLAS_LIBRARIES:
-        with blas_library(lib):
-            by_library[lib] = graph_ms(step)
+    by_library = per_library(lambda: graph_ms(step))
     return {"floor_ms": min(by_library.values()), "floor_ms_by_library": by_library}
 
 
