@@ -197,18 +197,30 @@ def _read_settings(name: str, seen: tuple[str, ...] = ()) -> tuple[dict, str]:
     return merge(base, settings), str(doc.get("description", ""))
 
 
-def _check_sections(settings: dict, where: str) -> None:
+def _check_sections(settings: dict, where: str, label: str = "settings") -> None:
     for section, values in settings.items():
         line = settings.line_of(section) if isinstance(settings, LocatedDict) else 0
         if section not in _SECTION_TYPES:
-            raise ProfileError(f"{where}:{line}: settings.{section}: unknown section (expected one of: {', '.join(_SECTION_TYPES)})")
+            raise ProfileError(f"{where}:{line}: {label}.{section}: unknown section (expected one of: {', '.join(_SECTION_TYPES)})")
         if not isinstance(values, dict):
-            raise ProfileError(f"{where}:{line}: settings.{section}: must be a mapping")
+            raise ProfileError(f"{where}:{line}: {label}.{section}: must be a mapping")
         known = {f.name for f in dataclasses.fields(_SECTION_TYPES[section])}
         for key in values:
             if key not in known:
                 kline = values.line_of(key) if isinstance(values, LocatedDict) else line
-                raise ProfileError(f"{where}:{kline}: settings.{section}.{key}: unknown setting (expected one of: {', '.join(sorted(known))})")
+                raise ProfileError(f"{where}:{kline}: {label}.{section}.{key}: unknown setting (expected one of: {', '.join(sorted(known))})")
+
+
+def _check_values(settings: dict, where: str, label: str) -> None:
+    """Each setting on its own against its section's dataclass, so an error names its line."""
+    for section, values in settings.items():
+        for key, value in values.items():
+            line = values.line_of(key) if isinstance(values, LocatedDict) else 0
+            try:
+                _SECTION_TYPES[section](**{key: value})
+            except (ProfileError, TypeError, ValueError) as exc:
+                message = str(exc).removeprefix(f"{section}.{key}: ")
+                raise ProfileError(f"{where}:{line}: {label}.{section}.{key}: {message}") from None
 
 
 def merge(base: dict, override: dict) -> dict:
@@ -231,7 +243,8 @@ def host_overrides(host: Host) -> dict:
         over.setdefault("irq", {})["gpu_affinity"] = host.irq_cores
     if host.rcu_nocbs:
         over.setdefault("kernel", {})["rcu_nocbs"] = host.rcu_nocbs
-    _check_sections(host.tune, f"{host.source} (tune)")
+    _check_sections(host.tune, host.path, "tune")
+    _check_values(host.tune, host.path, "tune")
     return merge(over, host.tune)
 
 
@@ -254,5 +267,9 @@ def load_profile(name: str) -> Profile:
 
 def profile_for(host: Host) -> Profile:
     """The host's playbook with the inventory's pins and `tune:` applied."""
+    try:
+        find_playbook(host.profile)
+    except ProfileError as exc:
+        raise ProfileError(f"{host.profile_source or host.source}: profile: {exc}") from None
     settings, description = _read_settings(host.profile)
     return build(host.profile, merge(settings, host_overrides(host)), description)
