@@ -60,7 +60,7 @@ def probe(host: Host) -> tuple[Facts, Timings]:
     start = time.monotonic()
     transport = open_transport(host.connection)
     try:
-        run = gather(transport)
+        run = gather(transport, host.probe_timeout_s)
     finally:
         transport.close()
     return run.facts, Timings(run.connect_s, run.probe_s, run.parse_s, time.monotonic() - start)

@@ -36,14 +36,14 @@ class ProbeRun:
     parse_s: float
 
 
-def gather(transport: Transport) -> ProbeRun:
-    """Run the probe script on the host and parse it. Never changes the host."""
+def gather(transport: Transport, timeout: float = PROBE_TIMEOUT_S) -> ProbeRun:
+    """Run the probe script on the host and parse it (at most `timeout` seconds). Never changes the host."""
     start = time.monotonic()
     connect = getattr(transport, "connect", None)
     if connect is not None:
         connect()
     connected = time.monotonic()
-    result = transport.run(["sh", "-s"], stdin=probe_script(), timeout=PROBE_TIMEOUT_S)
+    result = transport.run(["sh", "-s"], stdin=probe_script(), timeout=timeout)
     probed = time.monotonic()
     if not result.ok:
         raise ProbeError(f"{transport.host_name}: probe script exited {result.rc}: {result.stderr.strip()[-500:]}")
