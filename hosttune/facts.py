@@ -94,6 +94,7 @@ class ServiceState:
 @dataclass(frozen=True)
 class CpuFacts:
     count: int = 0
+    online: tuple[int, ...] = ()  # /sys/devices/system/cpu/online
     governors: dict[int, str] = field(default_factory=dict)
     idle_driver: str | None = None
     idle_states: tuple[tuple[str, bool, int], ...] = ()  # (name, disabled, exit latency µs) of cpu0

@@ -72,16 +72,17 @@ class KernelSpec:
     rcu_nocbs: str | None = None
 
     def __post_init__(self):
-        _cpus(self.rcu_nocbs, "kernel.rcu_nocbs")
+        if self.rcu_nocbs != "auto":  # auto: every CPU but each NUMA node's housekeeping cores
+            _cpus(self.rcu_nocbs, "kernel.rcu_nocbs")
 
 
 @dataclass(frozen=True)
 class IrqSpec:
     irqbalance: bool | None = False
-    gpu_affinity: str | None = "numa-local"  # "numa-local" or a CPU list
+    gpu_affinity: str | None = "numa-local"  # "numa-local", "housekeeping" (its node's first cores) or a CPU list
 
     def __post_init__(self):
-        if self.gpu_affinity != "numa-local":
+        if self.gpu_affinity not in ("numa-local", "housekeeping"):
             _cpus(self.gpu_affinity, "irq.gpu_affinity")
 
 

@@ -38,7 +38,8 @@ gpu_pci() {
 }
 
 cuda() {
-  printf 'symlink:%s\n' "$(readlink -f /usr/local/cuda 2>/dev/null)"
+  # readlink -f of a missing path prints the path itself: only an existing /usr/local/cuda has a target
+  { [ -e /usr/local/cuda ] || [ -L /usr/local/cuda ]; } && printf 'symlink:%s\n' "$(readlink -f /usr/local/cuda)"
   for t in /usr/local/cuda-*; do [ -d "$t" ] && printf 'toolkit:%s\n' "$t"; done
   [ -x /usr/local/cuda/bin/nvcc ] && printf 'symlink-nvcc:%s\n' "$(/usr/local/cuda/bin/nvcc --version | tail -n 2 | tr '\n' ' ')"
   env -i HOME=/root PATH=/usr/bin:/bin TERM=dumb sh -lc \
@@ -57,13 +58,13 @@ packages() {
         else if ($i ~ /^Version: /) v = substr($i, 10)
         else if ($i ~ /^Status: /) s = substr($i, 9)
       }
-      if (s ~ / installed$/ && p ~ /^(nvidia|libnvidia|cuda|libcuda|datacenter-gpu|irqbalance|numactl)/)
+      if (s ~ / installed$/ && p ~ /^(nvidia|libnvidia|cuda|libcuda|datacenter-gpu|libcublas|libcudnn|libnccl|irqbalance|numactl)/)
         printf "pkg:%s\t%s\t%s\n", p, v, (s ~ /^hold/ ? "hi" : "ii")
       if (s ~ /^hold/) print "held:" p
     }' /var/lib/dpkg/status
   elif command -v rpm >/dev/null; then
     printf 'manager:dnf\n'
-    rpm -qa --qf 'pkg:%{NAME}\t%{VERSION}-%{RELEASE}\tii\n' | grep -E '^pkg:(nvidia|libnvidia|cuda|libcuda|kmod-nvidia|datacenter-gpu|irqbalance|numactl)'
+    rpm -qa --qf 'pkg:%{NAME}\t%{VERSION}-%{RELEASE}\tii\n' | grep -E '^pkg:(nvidia|libnvidia|cuda|libcuda|kmod-nvidia|datacenter-gpu|libcublas|libcudnn|libnccl|irqbalance|numactl)'
     grep -hs . /etc/dnf/plugins/versionlock.list /etc/yum/pluginconf.d/versionlock.list | sed 's/^/lock:/'
   fi
   return 0
@@ -85,8 +86,8 @@ system() {
     /sys/devices/system/cpu/cpu0/cpuidle/state*/latency /sys/devices/system/node/node*/cpulist \
     /proc/sys/kernel/numa_balancing /sys/kernel/mm/transparent_hugepage/enabled \
     /sys/module/nvme_core/parameters/default_ps_max_latency_us /sys/class/nvme/nvme*/model \
-    /sys/class/nvme/nvme*/device/power_state /proc/driver/nvidia/version \
-    /etc/default/hosttune-thp
+    /sys/class/nvme/nvme*/device/power_state /proc/driver/nvidia/version
+  grep -sH '^[[:space:]]*THP_MODE=' /etc/default/hosttune-thp
   ls /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.* /usr/lib64/libnvidia-ml.so.* /usr/lib/aarch64-linux-gnu/libnvidia-ml.so.* 2>/dev/null | sed 's/^/nvml-lib:/'
   return 0
 }

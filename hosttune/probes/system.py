@@ -74,8 +74,10 @@ def parse_cpu(text: str) -> CpuFacts:
         states.append((files[name_path], disabled, latency))
     online = files.get("/sys/devices/system/cpu/online", "")
     max_cstate = files.get("/sys/module/intel_idle/parameters/max_cstate")
+    cpus = cpulist.parse(online) if online else ()
     return CpuFacts(
-        count=len(cpulist.parse(online)) if online else 0,
+        count=len(cpus),
+        online=cpus,
         governors=governors,
         idle_driver=files.get("/sys/devices/system/cpu/cpuidle/current_driver"),
         idle_states=tuple(states),
@@ -121,7 +123,7 @@ def parse_system(text: str) -> dict:
         "numa_nodes": parse_numa_nodes(text),
         "numa_balancing": int(balancing) if balancing and balancing.isdigit() else None,
         "thp_enabled": selected(thp) if thp else None,
-        "thp_configured": _thp_unit_mode(files.get("/etc/default/hosttune-thp")),
+        "thp_configured": _thp_unit_mode([v for k, v in keyed(text) if k == "/etc/default/hosttune-thp"]),
         "nvme": tuple(sorted(nvme, key=lambda d: d.name)),
         "nvme_ps_max_latency_us": int(ps_latency) if ps_latency and ps_latency.lstrip("-").isdigit() else None,
         "module_version_text": _all_lines(text, "/proc/driver/nvidia/version"),
@@ -129,12 +131,14 @@ def parse_system(text: str) -> dict:
     }
 
 
-def _thp_unit_mode(line: str | None) -> str | None:
-    """hosttune's THP boot unit reads THP_MODE=... from /etc/default/hosttune-thp."""
-    if not line:
-        return None
-    key, _, value = line.partition("=")
-    return value.strip().strip('"') if key.strip() == "THP_MODE" else None
+def _thp_unit_mode(lines: list[str]) -> str | None:
+    """hosttune's THP boot unit reads THP_MODE=... from /etc/default/hosttune-thp; the last one wins, comments aside."""
+    mode = None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() == "THP_MODE":
+            mode = value.strip().strip('"\'') or None
+    return mode
 
 
 def _all_lines(text: str, path: str) -> str:

@@ -121,3 +121,32 @@ def test_tune_is_validated(tmp_path):
         """))
     with pytest.raises(ProfileError, match="gpu.pstate: must be one of"):
         profile_for(inv.hosts[0])
+
+
+def test_probe_timeout_comes_from_the_inventory(tmp_path, monkeypatch, fixture_text):
+    from hosttune import fleet
+    from hosttune.transport.base import CommandResult
+
+    inv = load_inventory(write(tmp_path, """\
+        defaults: {probe_timeout: 240}
+        hosts:
+          a: {transport: local}
+          b: {transport: local, probe_timeout: 7.5}
+        """))
+    seen = {}
+
+    class Recording:
+        def __init__(self, name):
+            self.host_name = name
+
+        def run(self, argv, *, stdin=None, timeout=None):
+            seen[self.host_name] = timeout
+            return CommandResult(tuple(argv), 0, fixture_text("h200", "probe-output.txt"), "", 0.0)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(fleet, "open_transport", lambda spec: Recording(spec.host_name))
+    for host in inv.hosts:
+        fleet.probe(host)
+    assert seen == {"a": 240.0, "b": 7.5}
