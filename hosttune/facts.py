@@ -113,6 +113,7 @@ class Facts:
     """Everything one probe round trip learnt about a host."""
 
     hostname: str = ""
+    image: str = ""  # apply --root: the image directory these facts were read from ("" for a running host)
     os_id: str = ""
     os_version: str = ""
     os_like: tuple[str, ...] = ()

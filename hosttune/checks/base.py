@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hosttune.facts import Facts
-from hosttune.findings import Finding, Severity, Status, Verdict
+from hosttune.findings import Finding, Severity, Status, Verdict, show
 from hosttune.profile import Profile
 
 
@@ -51,3 +51,9 @@ def gpu_unavailable(facts: Facts) -> Verdict | None:
 
 def is_systemd(facts: Facts) -> bool:
     return facts.pid1 == "systemd"
+
+
+def image_verdict(desired: object, configured: object, detail: str = "") -> Verdict:
+    """apply --root: an image has no running kernel, so a setting is judged on what it configures."""
+    status = Status.OK if configured == desired else Status.DRIFT
+    return Verdict(status, show(desired), show(configured), "-", detail or "an image: judged on its configuration alone")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune import cores, cpulist
-from hosttune.checks.base import Check, is_systemd, na
+from hosttune.checks.base import Check, image_verdict, is_systemd, na
 from hosttune.facts import Facts
 from hosttune.findings import Severity, Status, Verdict, judge, show
 from hosttune.profile import Profile
@@ -14,6 +14,9 @@ def governor(facts: Facts, profile: Profile) -> Verdict:
     if want is None:
         return na("CPU governor not managed by the profile")
     govs = facts.cpu.governors
+    if facts.image and is_systemd(facts):
+        unit = facts.services.get("hosttune-cpu-governor")
+        return image_verdict(want, want if unit and unit.enabled == "enabled" else "not persisted")
     if not govs:
         return na("no cpufreq driver: frequency is controlled by firmware or the hypervisor", want)
     wrong = sorted(cpu for cpu, gov in govs.items() if gov != want)
@@ -39,6 +42,9 @@ def _param_verdict(facts: Facts, params: dict[str, str], same=lambda a, b: a == 
         return all(same(facts.cmdline_param(k, configured), v) for k, v in params.items())
 
     active_ok = matches(False)
+    if facts.image and facts.cmdline_configured is not None:
+        return Verdict(Status.OK if matches(True) else Status.DRIFT, desired, state(True), "-",
+                       f"an image: judged on {facts.cmdline_source} alone")
     if facts.cmdline_configured is None:
         status = Status.OK if active_ok else Status.DRIFT
         return Verdict(status, desired, None, state(False), "no bootloader configuration found; judged on /proc/cmdline")

@@ -36,14 +36,18 @@ class ProbeRun:
     parse_s: float
 
 
-def gather(transport: Transport, timeout: float = PROBE_TIMEOUT_S) -> ProbeRun:
-    """Run the probe script on the host and parse it (at most `timeout` seconds). Never changes the host."""
+def gather(transport: Transport, timeout: float = PROBE_TIMEOUT_S, root: str | None = None) -> ProbeRun:
+    """Run the probe script on the host and parse it (at most `timeout` seconds). Never changes the host.
+
+    root: probe the image under that directory instead (apply --root): its files only.
+    """
     start = time.monotonic()
     connect = getattr(transport, "connect", None)
     if connect is not None:
         connect()
     connected = time.monotonic()
-    result = transport.run(["sh", "-s"], stdin=probe_script(), timeout=timeout)
+    argv = ["sh", "-s"] if not root or root == "/" else ["sh", "-s", "--", root]
+    result = transport.run(argv, stdin=probe_script(), timeout=timeout)
     probed = time.monotonic()
     if not result.ok:
         raise ProbeError(f"{transport.host_name}: probe script exited {result.rc}: {result.stderr.strip()[-500:]}")

@@ -21,16 +21,22 @@ def _os_release(text: str) -> dict[str, str]:
 
 
 def parse_meta(text: str) -> dict:
-    """grep -H of /etc/os-release, hostname, osrelease, /proc/1/comm, /proc/cmdline; plus uid."""
+    """grep -H of /etc/os-release, hostname, osrelease, /proc/1/comm, /proc/cmdline; plus uid.
+
+    For an image (`image:` line) the hostname is its /etc/hostname, the kernel the newest
+    under /lib/modules and PID 1 the init /sbin/init resolves to; nothing is active.
+    """
     files: dict[str, list[str]] = {}
     for path, value in keyed(text):
         files.setdefault(path, []).append(value)
     release = _os_release("\n".join(files.get("/etc/os-release", [])))
     uid = files.get("uid", [""])[0].strip()
+    first = lambda *keys: next((files[k][0].strip() for k in keys if k in files), "")  # noqa: E731
     return {
-        "hostname": files.get("/proc/sys/kernel/hostname", [""])[0].strip(),
-        "kernel": files.get("/proc/sys/kernel/osrelease", [""])[0].strip(),
-        "pid1": files.get("/proc/1/comm", [""])[0].strip(),
+        "hostname": first("/proc/sys/kernel/hostname", "/etc/hostname"),
+        "image": first("image"),
+        "kernel": first("/proc/sys/kernel/osrelease", "kernel-image"),
+        "pid1": first("/proc/1/comm", "init"),
         "cmdline_active": tuple(shlex.split(files.get("/proc/cmdline", [""])[0])),
         "os_id": release.get("ID", ""),
         "os_version": release.get("VERSION_ID", ""),
