@@ -44,6 +44,8 @@ def gpu_unavailable(facts: Facts) -> Verdict | None:
     """not-applicable without NVIDIA hardware; error when the hardware is there but no driver answers."""
     if facts.gpu.gpus:
         return None
+    if facts.image:
+        return na("an image: GPU state is read on the running host (check it after the first boot)")
     if facts.gpu.pci_devices:
         return Verdict(Status.ERROR, "-", detail=f"NVIDIA GPUs on the PCI bus but NVML and nvidia-smi failed: {facts.gpu.error}")
     return na("no NVIDIA GPU on this host")

@@ -17,6 +17,8 @@ def governor(facts: Facts, profile: Profile) -> Verdict:
     if facts.image and is_systemd(facts):
         unit = facts.services.get("hosttune-cpu-governor")
         return image_verdict(want, want if unit and unit.enabled == "enabled" else "not persisted")
+    if facts.image:
+        return na(f"an image whose init is {facts.pid1 or 'unknown'}, not systemd: set the governor at boot another way", want)
     if not govs:
         return na("no cpufreq driver: frequency is controlled by firmware or the hypervisor", want)
     wrong = sorted(cpu for cpu, gov in govs.items() if gov != want)
