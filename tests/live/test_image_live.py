@@ -15,21 +15,12 @@ from typer.testing import CliRunner
 
 from hosttune.cli import app
 
-from .apply_setup import fake_nvcc
+from .apply_setup import UPDATE_GRUB, fake_nvcc
 from .rootfs import make_root
 
 pytestmark = pytest.mark.live
 runner = CliRunner()
 JOURNALS = "/var/lib/hosttune"  # the run journals stay, so rollback knows the run was undone
-UPDATE_GRUB = """\
-#!/bin/sh
-# Stand-in for update-grub (run inside the image with chroot): renders /boot/grub/grub.cfg like grub-mkconfig.
-set -e
-. /etc/default/grub
-for f in /etc/default/grub.d/*.cfg; do [ -r "$f" ] && . "$f"; done
-mkdir -p /boot/grub
-printf 'menuentry "Debian GNU/Linux" {\\n\\tlinux /boot/vmlinuz root=/dev/vda1 ro %s %s\\n}\\n' "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT" > /boot/grub/grub.cfg
-"""
 
 
 def write(root: Path, path: str, text: str, mode: int = 0o644) -> None:
@@ -46,7 +37,7 @@ def image(live_image, tmp_path):
     host_dir.mkdir()
     root, _ = make_root(live_image.root, host_dir)
     write(root, "/etc/default/grub", 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n')
-    write(root, "/usr/sbin/update-grub", UPDATE_GRUB, 0o755)
+    write(root, "/usr/sbin/update-grub", UPDATE_GRUB, 0o755)  # run inside the image with chroot
     write(root, "/usr/local/cuda-12.4/bin/nvcc", fake_nvcc("12.4"), 0o755)
     (root / "usr/local/cuda").symlink_to("/usr/local/cuda-12.4")
     subprocess.run(["chroot", str(root), "update-grub"], check=True)
