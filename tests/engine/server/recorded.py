@@ -112,9 +112,36 @@ def send(url: str, method: str, path: str, content_type: str, body: bytes) -> di
             "body": _events(raw) if ctype.startswith("text/event-stream") else _normalized(json.loads(raw))}
 
 
-def _events(raw: bytes) -> list:
-    events = [line[len(b"data: "):] for line in raw.split(b"\n\n") if line]
-    return [e.decode() if e == b"[DONE]" else _normalized(json.loads(e)) for e in events]
+def _events(raw: bytes) -> dict:
+    """A stream as a client assembles it: chunk boundaries depend on timing, so they are merged.
+
+    Kept: each choice's concatenated text, logprobs and final reasons; every chunk shape
+    (object, fields, choice fields); chunks without choices (usage, errors); the end marker.
+    """
+    choices, shapes, other = {}, set(), []
+    for event in (line[len(b"data: "):] for line in raw.split(b"\n\n") if line):
+        if event == b"[DONE]":
+            other.append("[DONE]")
+            continue
+        chunk = _normalized(json.loads(event))
+        for choice in chunk.get("choices", ()):
+            shapes.add(json.dumps([chunk["object"], sorted(chunk), sorted(choice)]))
+            _merge(choices.setdefault(choice["index"], {}), choice)
+        if not chunk.get("choices"):
+            other.append(chunk)
+    return {"choices": [choices[i] for i in sorted(choices)], "shapes": sorted(shapes), "other": other}
+
+
+def _merge(into: dict, part: dict) -> None:
+    for key, value in part.items():
+        if isinstance(value, dict):
+            _merge(into.setdefault(key, {}), value)
+        elif isinstance(value, list):
+            into[key] = into.get(key, []) + value
+        elif isinstance(value, str) and key in ("text", "content", "role"):
+            into[key] = into.get(key, "") + value
+        elif value is not None or key not in into:
+            into[key] = value
 
 
 def _normalized(body):
