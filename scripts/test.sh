@@ -21,6 +21,6 @@ python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 # The CPU build of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 .venv/bin/pip install -q torch==2.13.0
-.venv/bin/pip install -q -e . -e ./engine -r requirements-test.txt
+.venv/bin/pip install -q -e ".[bench]" -e ./engine -r requirements-test.txt
 
 .venv/bin/python -m pytest -q "$@"
