@@ -51,8 +51,8 @@ def code_lines(text: str) -> list[str]:
             first = line.split()[0] if line.split() else ""
             folder = first if first.endswith("/") else ""
             lines.append(line.strip())
-    spans = re.findall(r"`([^`\n]+)`", "\n".join(rest))
-    return lines + spans
+    spans = re.findall(r"`([^`]+)`", "\n".join(rest))  # a span may wrap onto the next line
+    return lines + [span.replace("\n", " ") for span in spans]
 
 
 def commands(line: str) -> list[list[str]]:
@@ -132,6 +132,8 @@ def command_faults(words: list[str]) -> list[str]:
     if program == "hosttune":
         if rest and rest[0].startswith("-"):
             return [] if rest[0] == "--version" else [f"hosttune has no option {rest[0]}"]
+        if rest and PLACEHOLDER.match(rest[0]):  # `hosttune COMMAND --help`
+            return []
         if not rest or rest[0] not in hosttune_commands():
             return [f"hosttune has no command {rest[:1]}"]
         help_text = hosttune_help(rest[0])
