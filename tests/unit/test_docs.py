@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from hosttune.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", ROOT / "engine" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "engine" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 # Where a relative path in a document may start: the repository, the document's folder, the
 # engine's distribution and package, the control plane's package.
 BASES = [ROOT, ROOT / "engine", ROOT / "engine" / "hosttune_engine", ROOT / "hosttune"]
@@ -75,8 +75,9 @@ def paths(line: str) -> list[str]:
     """The words of a line of code that name a file or folder of this repository.
 
     A word with a slash is one when its first part is a folder or file of the repository; a
-    bare file name always is (unless it lives in a model folder, a wheelhouse or a host). On a
-    layout line (`scripts/   make_tiny_models.py, ...`) bare names are inside the line's folder.
+    bare file name always is (unless it lives in a model folder, a wheelhouse or a host), and
+    must be the name of some file here. On a layout line (`scripts/   make_tiny_models.py, ...`)
+    bare names are inside the line's folder.
     """
     found, words = [], line.replace("=", " ").split()
     folder = words[0] if words and words[0].endswith("/") else ""
@@ -96,7 +97,16 @@ def paths(line: str) -> list[str]:
 
 
 def exists(path: str, doc: Path) -> bool:
+    """A path from one of the bases; a bare file name anywhere in the repository."""
+    if "/" not in path:
+        return path in repository_file_names()
     return any((base / path).exists() for base in [doc.parent, *BASES])
+
+
+@lru_cache(maxsize=1)
+def repository_file_names() -> frozenset[str]:
+    tops = [p for p in ROOT.iterdir() if not p.name.startswith(".")]
+    return frozenset(f.name for top in tops for f in [top, *top.rglob("*")] if "__pycache__" not in f.parts)
 
 
 # -- what the programs offer ----------------------------------------------------------------------------
@@ -129,6 +139,8 @@ def has_option(help_text: str, option: str) -> bool:
 
 def command_faults(words: list[str]) -> list[str]:
     program, rest = words[0], words[1:]
+    if not rest:  # the program's name alone
+        return []
     if program == "hosttune":
         if rest and rest[0].startswith("-"):
             return [] if rest[0] == "--version" else [f"hosttune has no option {rest[0]}"]
