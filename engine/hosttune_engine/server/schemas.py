@@ -11,7 +11,7 @@ what the client sent. Response bodies are built in `responses.py`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -201,12 +201,9 @@ class _Options(_Body):
         return options
 
     def generation_options(self, max_tokens: int | None, logprobs: int | None) -> GenerationOptions:
-        return GenerationOptions(
-            model=self.model, n=self.n, max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-            top_k=self.top_k, seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids,
-            ignore_eos=self.ignore_eos, skip_special_tokens=self.skip_special_tokens,
-            include_stop_str_in_output=self.include_stop_str_in_output, logprobs=logprobs, stream=self.stream,
-            include_usage=bool((self.stream_options or {}).get("include_usage")), priority=self.priority)
+        usage = bool((self.stream_options or {}).get("include_usage"))
+        same = {f.name: getattr(self, f.name) for f in fields(GenerationOptions) if f.name in type(self).model_fields}
+        return GenerationOptions(**{**same, "max_tokens": max_tokens, "logprobs": logprobs, "include_usage": usage})
 
 
 # -- /v1/completions ---------------------------------------------------------------------------
