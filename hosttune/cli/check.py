@@ -38,7 +38,7 @@ def check(
 
     Exit code bits: 1 drift or pending reboot, 2 probe or usage error, 4 unreachable host.
 
-    Example: hosttune check --inventory inventories/prod.yaml --limit a100 --format junit -o check.xml
+    Example: hosttune check --inventory inventories/example.yaml --limit a100 --format junit -o check.xml
     """
     inv = load(inventory, limit, accept_new_host_keys)
     progress = Progress("checking")
@@ -62,7 +62,7 @@ def facts(
 ) -> None:
     """Dump the raw facts the probes gathered from each host, as JSON.
 
-    Example: hosttune facts --inventory inventories/prod.yaml --limit gpu-01
+    Example: hosttune facts --inventory inventories/example.yaml --limit gpu-a100-01
     """
     inv = load(inventory, limit, accept_new_host_keys)
     progress = Progress("probing")
