@@ -141,7 +141,7 @@ acs_ctl() {  # $1: a bridge's sysfs dir. Walks the extended capabilities to ACS 
     h=$(od -An -tu4 -j$o -N4 "$1/config" 2>/dev/null | tr -d ' ')
     [ -n "$h" ] || { printf 'unreadable'; return; }
     [ "$h" = 0 ] || [ "$h" = 4294967295 ] && break
-    [ $((h & 65535)) = 13 ] && { od -An -tu2 -j$((o + 6)) -N2 "$1/config" | tr -d ' '; return; }
+    [ $((h & 65535)) = 13 ] && { od -An -tu2 -j$((o + 6)) -N2 "$1/config" | tr -d ' \n'; return; }
     o=$(( (h >> 20) & 4092 )); i=$((i + 1))
   done
   printf 'none'
