@@ -101,6 +101,11 @@ def p2p(facts: Facts, profile: Profile) -> Verdict:
     return Verdict(status, desired, None if configured_pt is None else ("iommu=pt" if configured_pt else "translated"), active, "; ".join(problems))
 
 
+def _worst_first(counters: tuple[tuple[str, int], ...]) -> list[tuple[str, int]]:
+    order = ("fatal", "nonfatal", "correctable")
+    return sorted(counters, key=lambda cv: order.index(cv[0].split()[0]))
+
+
 def aer(facts: Facts, profile: Profile) -> Verdict:
     counts = facts.health.aer
     if not counts:
@@ -112,7 +117,7 @@ def aer(facts: Facts, profile: Profile) -> Verdict:
         if bad or noisy else f"{len(counts)} link(s), no errors"
     if not bad and not noisy:
         return Verdict(Status.OK, desired, None, active)
-    detail = "; ".join(f"{a.kind} {a.bdf}: " + ", ".join(f"{c} {v}" for c, v in a.nonzero[:6]) for a in bad + noisy)
+    detail = "; ".join(f"{a.kind} {a.bdf}: " + ", ".join(f"{c} {v}" for c, v in _worst_first(a.nonzero)[:6]) for a in bad + noisy)
     return Verdict(Status.DRIFT, desired, None, active + " (correctable/non-fatal/fatal)", detail,
                    severity=Severity.CRITICAL if bad else Severity.WARNING)
 
