@@ -184,15 +184,27 @@ def init():
     return cu, count.value, None
 
 
+def smoke_into(results, cu, ordinal, host):
+    try:
+        results[ordinal] = {"index": ordinal, **smoke_one(cu, ordinal, host)}
+    except CudaError as exc:
+        results[ordinal] = {"index": ordinal, "bdf": "", "ok": False, "error": str(exc)}
+    except (AttributeError, OSError) as exc:  # a libcuda without one of these entry points
+        results[ordinal] = {"index": ordinal, "bdf": "", "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
 def smoke():
+    """Every GPU at once, one thread each: creating a context takes most of a second per GPU."""
     cu, count, error = init()
     out = {"runtime": None if cu is None else "libcuda", "error": error, "gpus": []}
     host = (ctypes.c_float * N)(*[float(i % 4096) for i in range(N)]) if count else None
-    for i in range(count or 0):
-        try:
-            out["gpus"].append({"index": i, **smoke_one(cu, i, host)})
-        except CudaError as exc:
-            out["gpus"].append({"index": i, "bdf": "", "ok": False, "error": str(exc)})
+    results = [None] * (count or 0)
+    threads = [threading.Thread(target=smoke_into, args=(results, cu, i, host)) for i in range(count or 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out["gpus"] = [r or {"index": i, "bdf": "", "ok": False, "error": "no result"} for i, r in enumerate(results)]
     return out
 
 
@@ -249,7 +261,7 @@ def spin(cu, ordinal, deadline, errors):
                 iters *= 2  # grow each launch towards ~50-100 ms, so the deadline holds
         cu.cuMemFree_v2(dst)
         gpu.close()
-    except CudaError as exc:
+    except (CudaError, AttributeError, OSError) as exc:
         errors.append(f"GPU{ordinal}: {exc}")
 
 
