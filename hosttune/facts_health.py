@@ -144,7 +144,7 @@ class ActiveRun:
     load_s: float = 0.0
     load_error: str | None = None
     samples: tuple[LoadSample, ...] = ()
-    diag: str | None = None  # "pass" | "fail" | None (no DCGM)
+    diag: str | None = None  # "pass" | "fail" | "unavailable" (no nv-hostengine) | None (no DCGM)
     diag_detail: str = ""
     allreduce: AllReduce | None = None
     allreduce_error: str | None = None

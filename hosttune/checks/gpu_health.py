@@ -53,7 +53,9 @@ def _node_problems(facts: Facts) -> list[str]:
         problems.append("nvidia-uvm is not loaded: CUDA cannot start (modprobe nvidia-uvm)")
     nodes = set(h.device_nodes)
     missing = [n for n in ("/dev/nvidiactl", "/dev/nvidia-uvm") if n not in nodes]
-    missing += [f"/dev/nvidia{g.index}" for g in facts.gpu.gpus if f"/dev/nvidia{g.index}" not in nodes]
+    per_gpu = [n for n in nodes if n.removeprefix("/dev/nvidia").isdigit()]
+    if len(per_gpu) < len(facts.gpu.gpus):  # minor numbers need not match NVML indices: count them
+        missing.append(f"{len(facts.gpu.gpus) - len(per_gpu)} of the /dev/nvidiaN nodes")
     if missing:
         problems.append(f"device node(s) missing: {', '.join(missing)} (nvidia-modprobe -c N -u creates them)")
     return problems
@@ -103,12 +105,19 @@ def _memory_problems(g: GpuHealth) -> tuple[list[str], list[str]]:
     return p, pending
 
 
-def memory_health(facts: Facts, profile: Profile) -> Verdict:
+def _no_health_fields(facts: Facts) -> Verdict | None:
+    """not-applicable without GPUs; an error when GPUs are there but nvidia-smi -q -x gave nothing."""
     if missing := gpu_unavailable(facts):
         return missing
+    if not facts.health.gpus:
+        return Verdict(Status.ERROR, "-", detail="nvidia-smi -q -x gave no GPU health, clock or power fields")
+    return None
+
+
+def memory_health(facts: Facts, profile: Profile) -> Verdict:
+    if missing := _no_health_fields(facts):
+        return missing
     gpus = facts.health.gpus
-    if not gpus:
-        return Verdict(Status.ERROR, "-", detail="nvidia-smi -q -x gave no GPU health fields")
     problems, pending = [], []
     for g in gpus:
         p, w = _memory_problems(g)
@@ -134,11 +143,9 @@ def _clock_power_problems(g: GpuHealth, margin: int | None) -> list[str]:
 
 
 def clocks_power(facts: Facts, profile: Profile) -> Verdict:
-    if missing := gpu_unavailable(facts):
+    if missing := _no_health_fields(facts):
         return missing
     gpus = facts.health.gpus
-    if not gpus:
-        return Verdict(Status.ERROR, "-", detail="nvidia-smi -q -x gave no clock or power fields")
     problems = [p for g in gpus for p in _clock_power_problems(g, profile.health.thermal_margin_c)]
     by_model: dict[str, set[str]] = {}
     for g in gpus:

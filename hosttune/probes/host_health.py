@@ -92,8 +92,13 @@ def parse_active_load(text: str, rc: int) -> ActiveRun:
 _DIAG_ROW = re.compile(r"^\|\s*([^|]+?)\s*\|\s*(Pass|Fail|Warn|Skip)\b", re.IGNORECASE)
 
 
+_NO_HOSTENGINE = re.compile(r"unable to (establish a connection|connect)|host engine", re.IGNORECASE)
+
+
 def parse_dcgm_diag(text: str, rc: int) -> tuple[str, str]:
-    """`dcgmi diag -r 1`'s table → ("pass" | "fail", the failing rows)."""
+    """`dcgmi diag -r 1`'s table → ("pass" | "fail" | "unavailable", the failing rows or why)."""
+    if rc != 0 and _NO_HOSTENGINE.search(text) and "|" not in text:
+        return "unavailable", text.strip().splitlines()[0][:200] if text.strip() else f"dcgmi exited {rc}"
     failed = [m[1] for line in text.splitlines() if (m := _DIAG_ROW.match(line)) and m[2].lower() == "fail"]
     if failed or rc != 0:
         tail = text.strip().splitlines()[-1:] if not failed else []

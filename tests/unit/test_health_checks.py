@@ -85,6 +85,8 @@ def test_gpu_missing_from_nvml_uvm_and_inventory(h200_ok):
     f = run("gpu.count", lost)
     assert f.status is Status.DRIFT and "driver lost 0000:00:07.0" in f.detail
     assert "nvidia-uvm is not loaded" in run("gpu.count", health(h200_ok, uvm_loaded=False)).detail
+    no_node = run("gpu.count", health(h200_ok, device_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm")))
+    assert "1 of the /dev/nvidiaN nodes" in no_node.detail
     wants_two = replace(PROFILE, health=replace(PROFILE.health, gpus="0-1", gpu_count=2))
     detail = run("gpu.count", h200_ok, wants_two).detail
     assert "expects 2 GPU(s)" in detail and "selects GPU 1" in detail
@@ -219,6 +221,8 @@ def test_dcgm_diag_and_allreduce_floor(h200_ok):
     failing = health(h200_ok, active=ActiveRun(diag="fail", diag_detail="Persistence Mode"))
     assert run("gpu.diag", failing).status is Status.DRIFT
     assert run("gpu.diag", health(h200_ok, active=ActiveRun())).status is Status.NOT_APPLICABLE  # no DCGM
+    no_engine = health(h200_ok, active=ActiveRun(diag="unavailable", diag_detail="Error: unable to connect"))
+    assert "host engine does not answer" in run("gpu.diag", no_engine).detail
     two = _two_gpus(h200_ok)
     nvlinked = health(two, nvlinks=(NvLink(0, 0, True), NvLink(1, 0, True)))
     slow = health(nvlinked, active=ActiveRun(allreduce=AllReduce(2, 256 << 20, 95.0)))

@@ -133,6 +133,8 @@ def test_dcgm_diag_tables(fixture_text):
     assert host_health.parse_dcgm_diag(fixture_text("gpu-health", "dcgmi-diag-r1-pass.txt"), 0) == ("pass", "")
     result, detail = host_health.parse_dcgm_diag(fixture_text("gpu-health", "dcgmi-diag-r1-fail.txt"), 226)
     assert result == "fail" and detail == "Persistence Mode, Page Retirement/Row Remap"
+    no_engine = "Error: unable to establish a connection to the specified host: localhost\nError: Unable to connect to host engine. Host engine connection invalid/disconnected.\n"
+    assert host_health.parse_dcgm_diag(no_engine, 255)[0] == "unavailable"
 
 
 def test_fabric_manager_version_and_state():
