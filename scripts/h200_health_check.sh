@@ -9,13 +9,14 @@
 #   imports.txt                the modules a local check loads (no paramiko, no pydantic)
 #   nvidia-smi-q.xml, nvlink-status.txt, nvlink-errors.txt, xid-lines.txt: raw outputs for fixtures
 # Changes no setting of the host: no clock, power, persistence or driver setting is touched.
-# Usage: OUT=/some/dir PYTHONPATH=$PWD bash scripts/h200_health_check.sh [inventory]
+# Usage: OUT=/some/dir PYTHONPATH=$PWD bash scripts/h200_health_check.sh [inventory (default inventories/h200.yaml)]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:?set OUT to the folder for the recorded files}; mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 py=${PYTHON:-python3}
-inv=${1:-}
+inv=${1:-inventories/h200.yaml}  # the H200's pins; pass "" for the built-in localhost
+[ -z "$inv" ] || [ -f "$inv" ] || { echo "no inventory $inv" >&2; exit 2; }
 args=(); [ -n "$inv" ] && args=(--inventory "$inv")
 
 $py - > "$out/imports.txt" 2>&1 <<'PY'
@@ -33,9 +34,9 @@ echo "exit $?" >> "$out/imports.txt"
 for active in 0 6; do
   name=probe-output$([ $active = 0 ] || echo -active)
   $py -c "import sys; from hosttune.probes.gather import probe_script; sys.stdout.buffer.write(probe_script($active))" > "$out/$name.sh"
-  start=$(date +%s.%N)
+  start=$(date +%s%N)
   sh -s < "$out/$name.sh" > "$out/$name.txt" 2> "$out/$name.stderr"
-  echo "exit $? in $(echo "$(date +%s.%N) - $start" | bc) s" > "$out/$name.time"
+  echo "exit $? in $(( ($(date +%s%N) - start) / 1000000 )) ms" > "$out/$name.time"
   rm -f "$out/$name.sh"
 done
 
