@@ -114,14 +114,14 @@ CHECKS = (
     Check("gpu.load", "GPUs under a short load", Severity.WARNING,
           "Idle GPUs drop to low clocks legitimately, so only a GPU under load shows a P-state, clock lock or "
           "slowdown that would slow serving.",
-          "manual: see the clock-event reason it names: cooling for thermal slowdown, power delivery for HW "
+          "see the clock-event reason it names: cooling for thermal slowdown, power delivery for HW "
           "slowdown, nvidia-smi -rgc for locked clocks", False, load),
     Check("gpu.diag", "DCGM quick diagnostic", Severity.CRITICAL,
           "DCGM's deployment diagnostic (dcgmi diag -r 1) catches driver, library, permission and memory problems "
           "the way NVIDIA's own fleet tooling does.",
-          "manual: follow the failing test's message in dcgmi diag -r 1", False, diag),
+          "follow the failing test's message in dcgmi diag -r 1", False, diag),
     Check("gpu.allreduce", "all-reduce bus bandwidth", Severity.WARNING,
           "Tensor parallelism all-reduces every layer's output; a host whose GPUs talk below the floor for their "
           "model and links serves every token slower.",
-          "manual: find the slow path with gpu.nvlink, pci.p2p and gpu.pcie_link, then nccl-tests' all_reduce_perf", False, allreduce),
+          "find the slow path with gpu.nvlink, pci.p2p and gpu.pcie_link, then nccl-tests' all_reduce_perf", False, allreduce),
 )

@@ -38,7 +38,7 @@ def nvlink(facts: Facts, profile: Profile) -> Verdict:
 def _fm_problems(facts: Facts) -> list[str]:
     fm = facts.health.fabric
     problems = []
-    if not fm.running and fm.active != "active":
+    if not fm.running and fm.active != "active":  # without systemd only the process tells
         problems.append("nvidia-fabricmanager is not running: every CUDA process fails with error 802")
     if is_systemd(facts) and fm.enabled not in ("enabled", None):
         problems.append(f"nvidia-fabricmanager is {fm.enabled}: it will not start after a reboot")
@@ -60,26 +60,26 @@ def fabric(facts: Facts, profile: Profile) -> Verdict:
                  if g.fabric_state != "Completed" or g.fabric_status not in ("Success", None)]
     desired = "Fabric Manager running at the driver's version; fabric state Completed/Success"
     configured = fm.enabled if fm.nvswitches and is_systemd(facts) else None
-    active = f"{fm.nvswitches} NVSwitch(es), Fabric Manager {'running' if fm.running or fm.active == 'active' else 'not running'}" \
-        + (f" {fm.version}" if fm.version else "") + (f", states {show(sorted({g.fabric_state for g in states}))}" if states else "")
+    running = "running" if fm.running or fm.active == "active" else "not running"
+    active = f"{fm.nvswitches} NVSwitch(es), Fabric Manager {running}{f' {fm.version}' if fm.version else ''}"
+    if states:
+        active += f", fabric {show(sorted({g.fabric_state for g in states}))}"
     return Verdict(Status.DRIFT if problems else Status.OK, desired, configured, active, "; ".join(problems))
 
 
-def _iommu_wanted(facts: Facts, configured: bool) -> bool:
-    """Does the (active or configured) command line put the IOMMU in passthrough or off?"""
-    pt = facts.cmdline_param("iommu", configured) == "pt"
-    off = any(facts.cmdline_param(k, configured) == "off" for k in ("intel_iommu", "amd_iommu"))
-    return pt or off
+def _configured_iommu(facts: Facts) -> str | None:
+    """What the configured kernel command line does to the IOMMU (None: no bootloader config found)."""
+    if facts.cmdline_configured is None:
+        return None
+    pt = facts.cmdline_param("iommu", configured=True) == "pt"
+    off = any(facts.cmdline_param(k, configured=True) == "off" for k in ("intel_iommu", "amd_iommu"))
+    return "iommu=pt" if pt or off else "translated"
 
 
-def _acs_problems(facts: Facts) -> list[str]:
-    problems = []
-    for b in facts.health.bridges:
-        if not b.readable:
-            problems.append(f"cannot read the config space of {b.bdf} (run as root)")
-        elif b.acs_ctl is not None and b.acs_ctl & (ACS_REQUEST_REDIRECT | ACS_COMPLETION_REDIRECT):
-            problems.append(f"ACS redirect on switch port {b.bdf} above GPU {b.gpu} (control 0x{b.acs_ctl:02x})")
-    return problems
+def _acs_redirects(facts: Facts) -> list[str]:
+    return [f"ACS redirect on switch port {b.bdf} above GPU {b.gpu} (control 0x{b.acs_ctl:02x})"
+            for b in facts.health.bridges
+            if b.acs_ctl is not None and b.acs_ctl & (ACS_REQUEST_REDIRECT | ACS_COMPLETION_REDIRECT)]
 
 
 def p2p(facts: Facts, profile: Profile) -> Verdict:
@@ -90,15 +90,17 @@ def p2p(facts: Facts, profile: Profile) -> Verdict:
     if len(facts.gpu.gpus) < 2:
         return na("fewer than two GPUs: no peer-to-peer traffic")
     translated = sorted(b for b, t in facts.health.iommu_types.items() if t in TRANSLATED)
+    unreadable = [b.bdf for b in facts.health.bridges if not b.readable]
+    redirects = _acs_redirects(facts)
+    configured = _configured_iommu(facts)
     desired = "IOMMU off or passthrough for GPUs, no ACS redirect between them"
     active = f"IOMMU {'translating' if translated else 'passthrough/off'}, {len(facts.health.bridges)} switch port(s) checked"
-    acs = _acs_problems(facts)
-    configured_pt = _iommu_wanted(facts, configured=True) if facts.cmdline_configured is not None else None
-    if translated and configured_pt and not acs:
-        return Verdict(Status.PENDING_REBOOT, desired, "iommu=pt", active, "iommu=pt is configured; the running kernel still translates GPU DMA")
-    problems = ([f"the IOMMU translates DMA of {', '.join(translated)}: P2P goes through it (slow, or NCCL hangs)"] if translated else []) + acs
-    status = Status.ERROR if acs and all("cannot read" in p for p in problems) else (Status.DRIFT if problems else Status.OK)
-    return Verdict(status, desired, None if configured_pt is None else ("iommu=pt" if configured_pt else "translated"), active, "; ".join(problems))
+    if translated and configured == "iommu=pt" and not redirects:
+        return Verdict(Status.PENDING_REBOOT, desired, configured, active, "iommu=pt is configured; the running kernel still translates GPU DMA")
+    problems = ([f"the IOMMU translates DMA of {', '.join(translated)}: P2P goes through it (slow, or NCCL hangs)"] if translated else []) + redirects
+    if unreadable and not problems:
+        return Verdict(Status.ERROR, desired, configured, active, f"cannot read the PCI config space of {', '.join(unreadable)}: run as root")
+    return Verdict(Status.DRIFT if problems else Status.OK, desired, configured, active, "; ".join(problems))
 
 
 def _worst_first(counters: tuple[tuple[str, int], ...]) -> list[tuple[str, int]]:
@@ -126,19 +128,19 @@ CHECKS = (
     Check("gpu.nvlink", "NVLink links", Severity.CRITICAL,
           "An inactive or erroring NVLink drops tensor-parallel all-reduces to PCIe speed or stalls NCCL "
           "until it times out.",
-          "manual: drain the host, reset the GPUs or reboot; links that stay down or keep counting errors need "
+          "drain the host, reset the GPUs or reboot; links that stay down or keep counting errors need "
           "the baseboard serviced", False, nvlink),
     Check("gpu.fabric", "NVSwitch fabric", Severity.CRITICAL,
           "On NVSwitch systems the GPUs cannot run CUDA (error 802, system not yet initialized) until Fabric "
           "Manager, at exactly the driver's version, has set up the fabric.",
-          "manual: install nvidia-fabricmanager of the driver's version, then systemctl enable --now nvidia-fabricmanager", False, fabric),
+          "install nvidia-fabricmanager of the driver's version, then systemctl enable --now nvidia-fabricmanager", False, fabric),
     Check("pci.p2p", "PCIe peer-to-peer path (IOMMU, ACS)", Severity.WARNING,
           "With the IOMMU translating GPU DMA, or ACS redirecting peer traffic on PCIe switches, GPU-to-GPU copies "
           "go through the root complex: NCCL is slow or hangs at start.",
-          "manual: boot with iommu=pt (or the IOMMU off) and disable ACS on the PCIe switch ports in the BIOS "
+          "boot with iommu=pt (or the IOMMU off) and disable ACS on the PCIe switch ports in the BIOS "
           "(or with setpci at boot, as NCCL's troubleshooting guide shows)", True, p2p),
     Check("pci.aer", "PCIe AER errors", Severity.WARNING,
           "PCIe errors on a GPU or NIC link mean replays, a link retraining or a device about to drop off the bus: "
           "transfers slow down, and a fatal one ends in an Xid 79.",
-          "manual: reseat or replace the card, riser or cable of the device with errors; a reboot clears the counters", False, aer),
+          "reseat or replace the card, riser or cable of the device with errors; a reboot clears the counters", False, aer),
 )

@@ -160,21 +160,21 @@ CHECKS = (
     Check("gpu.xid", "GPU Xid events since boot", Severity.CRITICAL,
           "An Xid is the driver reporting a GPU fault; the fatal ones (fallen off the bus, double-bit ECC, GSP timeouts) "
           "leave the GPU unusable until a reset, so the engine on it fails every request.",
-          "manual: drain the GPU's service, then reset it (nvidia-smi -r -i N) or reboot; a fatal Xid that comes back "
+          "drain the GPU's service, then reset it (nvidia-smi -r -i N) or reboot; a fatal Xid that comes back "
           "after a reset means the GPU, its riser or its power needs replacing", False, xid),
     Check("gpu.count", "GPUs seen by PCI, NVML and the inventory", Severity.CRITICAL,
           "A GPU that is on the PCI bus but missing from NVML, or missing altogether after a reboot, "
           "silently shrinks the replicas or tensor-parallel groups placed on that host.",
-          "manual: check dmesg for the missing GPU's Xid or probe errors, reseat or replace it; "
+          "check dmesg for the missing GPU's Xid or probe errors, reseat or replace it; "
           "modprobe nvidia-uvm when the UVM module is missing", False, count),
     Check("gpu.memory_health", "GPU memory health", Severity.CRITICAL,
           "Uncorrectable ECC errors kill the processes using that memory; a failed or pending row remap means "
           "the GPU serves on bad rows until it is reset, or must be replaced.",
-          "manual: drain the GPU and reset it (nvidia-smi -r) to apply pending remaps; replace it on a remap "
+          "drain the GPU and reset it (nvidia-smi -r) to apply pending remaps; replace it on a remap "
           "failure, unrepairable memory or too many retired pages", True, memory_health),
     Check("gpu.clocks_power", "GPU clocks, power limit, thermals, VBIOS", Severity.WARNING,
           "Clocks locked low, a lowered power limit or a GPU running near its slowdown temperature make that GPU "
           "the slow rank every tensor-parallel step waits for; mixed VBIOS versions behave differently under load.",
-          "manual: nvidia-smi -rac and -rgc reset clocks, nvidia-smi -pl sets the default power limit; "
+          "nvidia-smi -rac and -rgc reset clocks, nvidia-smi -pl sets the default power limit; "
           "fix cooling; flash one VBIOS across the group (hosttune changes no clock or power setting)", False, clocks_power),
 )

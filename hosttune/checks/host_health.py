@@ -60,11 +60,11 @@ CHECKS = (
     Check("sys.shm", "shared memory (/dev/shm) size", Severity.WARNING,
           "NCCL's shared-memory transport and multi-GPU engines put their buffers in /dev/shm; the 64 MiB a container "
           "gets by default makes them crash with bus errors.",
-          "manual: mount -o remount,size=16G /dev/shm and persist it in /etc/fstab "
+          "mount -o remount,size=16G /dev/shm and persist it in /etc/fstab "
           "(tmpfs /dev/shm tmpfs defaults,size=16G 0 0); in a container, start it with --shm-size or --ipc=host", False, shm),
     Check("cuda.smoke", "CUDA smoke test", Severity.CRITICAL,
           "NVML can report a healthy GPU on which no CUDA program runs (Fabric Manager down, a broken libcuda, a "
           "wedged GPU); only a real context, copy and kernel prove it can serve.",
-          "manual: read the CUDA error it names: start Fabric Manager for error 802, reset or reboot a wedged GPU, "
+          "read the CUDA error it names: start Fabric Manager for error 802, reset or reboot a wedged GPU, "
           "reinstall the driver for a library mismatch", False, cuda_smoke),
 )

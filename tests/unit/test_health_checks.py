@@ -240,3 +240,9 @@ def test_health_section_failures_are_probe_errors(h200):
     errors = []
     with_health(h200, {"cuda-smoke": Section("cuda-smoke", "Segmentation fault", 139)}, errors)
     assert errors and errors[0].startswith("cuda-smoke:")
+
+
+def test_p2p_unreadable_config_space_is_an_error(h200_ok):
+    bare = health(_two_gpus(h200_ok), hypervisor=False, bridges=(BridgeAcs("0000:05:00.0", "0000:00:06.0", None, readable=False),))
+    f = run("pci.p2p", bare)
+    assert f.status is Status.ERROR and "run as root" in f.detail
