@@ -178,10 +178,10 @@ fabric_manager() {
   return 0
 }
 
-cuda_python() {  # $@: arguments for the CUDA probe (libcuda through ctypes)
+cuda_python() {  # $@: arguments for the CUDA probe (libcuda through ctypes); 30 s keeps a hung GPU inside the probe timeout
   for py in "$HT_PY0" /usr/bin/python3; do
     [ -n "$py" ] && [ -x "$py" ] || continue
-    if command -v timeout >/dev/null; then timeout "${HT_CUDA_TIMEOUT:-60}" "$py" -c "$HOSTTUNE_CUDA_PROBE" "$@"
+    if command -v timeout >/dev/null; then timeout "${HT_CUDA_TIMEOUT:-30}" "$py" -c "$HOSTTUNE_CUDA_PROBE" "$@"
     else "$py" -c "$HOSTTUNE_CUDA_PROBE" "$@"; fi
     return $?
   done

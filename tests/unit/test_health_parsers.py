@@ -147,3 +147,12 @@ def test_allreduce_results():
     assert error is None and ok.busbw_gbps == 461.2
     assert host_health.parse_allreduce("", 127)[1].startswith("no python")
     assert "hang" in host_health.parse_allreduce("", 124)[1]
+
+
+def test_host_and_gpu_node_sections():
+    host = host_health.parse_health_host(
+        "hypervisor:yes\nshm:tmpfs 24684084 0 24684084 0% /dev/shm\nshm-mount:tmpfs /dev/shm tmpfs rw,nosuid,nodev 0 0\n")
+    assert host["hypervisor"] and host["shm"].size_kib == 24684084
+    nodes = host_health.parse_gpu_nodes("uvm-module:yes\ndevnode:/dev/nvidiactl\ndevnode:/dev/nvidia-uvm\ndevnode:/dev/nvidia0\n")
+    assert nodes == {"uvm_loaded": True, "device_nodes": ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0")}
+    assert host_health.parse_gpu_nodes("") == {"uvm_loaded": False, "device_nodes": ()}
