@@ -16,6 +16,11 @@ _CUDA_HINTS = {
 }
 
 
+# A GPU that a serving engine holds (exclusive-process mode, or its memory taken) refuses a
+# second context: that is the engine working, not a fault.
+_BUSY = ("CUDA_ERROR_DEVICES_UNAVAILABLE", "CUDA_ERROR_OUT_OF_MEMORY")
+
+
 def shm(facts: Facts, profile: Profile) -> Verdict:
     want = profile.health.shm_min_mib
     if want is None:
@@ -47,13 +52,15 @@ def cuda_smoke(facts: Facts, profile: Profile) -> Verdict:
         return na(f"no CUDA runtime to test with: {run.error}", desired)
     if run.error:
         return Verdict(Status.DRIFT, desired, None, "CUDA unusable", run.error + _hint(run.error))
-    failed = [g for g in run.gpus if not g.ok]
+    busy = [g for g in run.gpus if not g.ok and any(code in g.error for code in _BUSY)]
+    failed = [g for g in run.gpus if not g.ok and g not in busy]
     problems = [f"GPU{g.index}: {g.error}{_hint(g.error)}" for g in failed]
     if len(run.gpus) < len(facts.gpu.gpus):
         problems.append(f"CUDA sees {len(run.gpus)} GPU(s), NVML {len(facts.gpu.gpus)}")
     times = [g.ms for g in run.gpus if g.ok and g.ms is not None]
-    active = f"{len(run.gpus) - len(failed)} of {len(run.gpus)} GPU(s) passed" + (f" (slowest {max(times):.0f} ms)" if times else "")
-    return Verdict(Status.DRIFT if problems else Status.OK, desired, None, active, "; ".join(problems))
+    active = f"{len(run.gpus) - len(failed) - len(busy)} of {len(run.gpus)} GPU(s) passed" + (f" (slowest {max(times):.0f} ms)" if times else "")
+    notes = [f"GPU{g.index} not tested: held by another process ({g.error})" for g in busy]
+    return Verdict(Status.DRIFT if problems else Status.OK, desired, None, active, "; ".join(problems + notes))
 
 
 CHECKS = (

@@ -99,6 +99,12 @@ def test_cuda_error_802_names_fabric_manager(h200_ok):
     assert run("cuda.smoke", health(h200_ok, cuda=one_bad)).status is Status.DRIFT
 
 
+def test_gpu_held_by_an_engine_is_not_a_smoke_failure(h200_ok):
+    held = CudaRun("libcuda", None, (CudaSmoke(0, "0000:00:06.0", False, "cuDevicePrimaryCtxRetain: CUDA_ERROR_DEVICES_UNAVAILABLE (46)"),))
+    f = run("cuda.smoke", health(h200_ok, cuda=held))
+    assert f.status is Status.OK and "held by another process" in f.detail and f.active.startswith("0 of 1")
+
+
 def test_no_cuda_runtime_is_not_applicable_with_the_reason(h200_ok):
     f = run("cuda.smoke", health(h200_ok, cuda=CudaRun(None, "libcuda.so.1 not found")))
     assert f.status is Status.NOT_APPLICABLE and "libcuda.so.1 not found" in f.detail
