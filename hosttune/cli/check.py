@@ -33,6 +33,10 @@ def check(
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also list not-applicable checks."),
+    active: bool = typer.Option(
+        False, "--active",
+        help="Also load each host's GPUs for a few seconds (DCGM's quick diagnostic where installed, "
+             "all-reduce bandwidth on several GPUs) and judge clocks under that load. Changes no setting."),
 ) -> None:
     """Report how each host differs from its profile (desired / configured / active).
 
@@ -41,8 +45,8 @@ def check(
     Example: hosttune check --inventory inventories/example.yaml --limit a100 --format junit -o check.xml
     """
     inv = load(inventory, limit, accept_new_host_keys)
-    progress = Progress("checking")
-    reports = check_fleet(inv, forks=forks, on_done=progress)
+    progress = Progress("loading GPUs and checking" if active else "checking")
+    reports = check_fleet(inv, forks=forks, on_done=progress, active=active)
     progress.close()
     if fmt is Format.table:
         emit(report.render("table", reports, color=color_for(output), verbose=verbose), output)
