@@ -72,3 +72,5 @@ def test_image_findings_judge_its_configuration(tmp_path):
     assert found["numa.topology"].status is Status.DRIFT
     assert found["driver.held"].status is Status.DRIFT and "cuda-toolkit-12-4" in found["driver.held"].detail
     assert found["gpu.persistence"].status is Status.NOT_APPLICABLE and "an image" in found["gpu.persistence"].detail
+    assert found["sys.shm"].status is Status.NOT_APPLICABLE  # mounted at boot, not a file of the image
+    assert not [f.check_id for f in found.values() if f.status is Status.ERROR]
