@@ -42,8 +42,7 @@ def _address(value: Any) -> str:
     """A DNS name (ASCII, RFC 1123 lengths) or an IP address; nothing else reaches a resolver."""
     text = _string(value)
     try:
-        ipaddress.ip_address(text.strip("[]"))
-        return text
+        return str(ipaddress.ip_address(text.strip("[]")))  # [::1] → ::1, as sockets and ssh_config want it
     except ValueError:
         pass
     if not text.isascii():
