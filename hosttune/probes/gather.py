@@ -9,7 +9,7 @@ from importlib import resources
 
 from hosttune.errors import ProbeError
 from hosttune.facts import Facts
-from hosttune.probes import gpu, pci, software, system
+from hosttune.probes import engine_access, gpu, pci, software, system
 from hosttune.probes.sections import Section, split
 from hosttune.transport.base import Transport
 
@@ -22,8 +22,10 @@ def probe_script() -> bytes:
     pkg = resources.files("hosttune.probes")
     nvml = pkg.joinpath("nvml_probe.py").read_text(encoding="utf-8")
     assert "'" not in nvml, "nvml_probe.py must not contain single quotes (it is embedded in '...')"
+    access = pkg.joinpath("engine_access_probe.py").read_text(encoding="utf-8")
+    assert "'" not in access, "engine_access_probe.py must not contain single quotes (it is embedded in '...')"
     body = pkg.joinpath("script.sh").read_text(encoding="utf-8")
-    return f"HOSTTUNE_NVML_PROBE='{nvml}'\n{body}".encode()
+    return f"HOSTTUNE_NVML_PROBE='{nvml}'\nHOSTTUNE_ACCESS_PROBE='{access}'\n{body}".encode()
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ _STEPS = (
     ("services", lambda f, s: replace(f, services=software.parse_services(s.text))),
     ("sysctl", _sysctl),
     ("tools", lambda f, s: replace(f, **software.parse_tools(s.text))),
+    ("engine-access", lambda f, s: replace(f, engine_endpoints=engine_access.parse_engine_access(s.text))),
 )
 
 _GPU_SOURCES = (

@@ -116,6 +116,10 @@ sec packages packages
 sec services services
 sec sysctl sysctl_conf
 sec tools tools
+# A deployed engine or its nginx front: does it answer without a key? (an interpreter only where one is)
+if [ -e /opt/hosttune/current ] || [ -n "$(ls /etc/nginx/conf.d/hosttune-*.conf 2>/dev/null)" ]; then
+  command -v python3 >/dev/null && sec engine-access python3 -c "$HOSTTUNE_ACCESS_PROBE"
+fi
 nvml() {
   r=127
   for py in "$HT_PY0" /usr/bin/python3; do
