@@ -6,12 +6,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -19,7 +15,7 @@ import pytest
 from hosttune.bench.headers import REDACTED, redact_argv, request_headers
 from hosttune.errors import BenchError
 
-from .servers import stop_process
+from .test_engine_server import serve_tiny_qwen2
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "ht-bench-key-5f1d8a0c2b9e47d6"
@@ -51,43 +47,12 @@ def test_redact_argv_hides_key_and_header_values():
 @pytest.fixture(scope="module")
 def keyed_engine(tmp_path_factory):
     """The tiny Qwen2 served on CPU, with an API key."""
-    spec = importlib.util.spec_from_file_location("make_tiny_models", ROOT / "engine/scripts/make_tiny_models.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    folder = tmp_path_factory.mktemp("bench-keyed")
-    model = module.make_tiny_models(folder)["qwen2"]
-    log_path = folder / "server.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "hosttune_engine", "serve", "--model", str(model), "--port", "0", "--device", "cpu",
-             "--max-batch-size", "4"], stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HOSTTUNE_ENGINE_API_KEY": KEY})
-    try:
-        yield _wait_healthy(log_path, process)
-    finally:
-        stop_process(process, timeout=60)
-
-
-def _wait_healthy(log_path: Path, process: subprocess.Popen) -> str:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", log_path.read_text())
-        if match:
-            try:
-                with urllib.request.urlopen(match.group(1) + "/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        return match.group(1)
-            except (urllib.error.URLError, OSError):
-                pass
-        if process.poll() is not None:
-            raise RuntimeError(f"engine server exited:\n{log_path.read_text()}")
-        time.sleep(0.1)
-    raise TimeoutError(f"engine server not healthy:\n{log_path.read_text()}")
+    yield from serve_tiny_qwen2(tmp_path_factory.mktemp("bench-keyed"), [], {"HOSTTUNE_ENGINE_API_KEY": KEY})
 
 
 def _bench(url: str, out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "hosttune", "bench", "--url", url, "--users", "2", "--requests", "6",
-            "--warmup", "0s", "--prompts", "16", "--max-tokens", "4", "--timeout", "60s", "--out", str(out), *extra]
+            "--warmup", "0s", "--prompts", "16", "--max-tokens", "4", "--timeout", "60s", "--max-client-lag", "1s", "--out", str(out), *extra]
     environ = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     return subprocess.run(argv, capture_output=True, text=True, timeout=300, env={**environ, **(env or {})},
                           cwd=ROOT)

@@ -15,6 +15,7 @@ import ipaddress
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -77,8 +78,6 @@ def install_nginx(host) -> None:
 
 
 def get(url: str, key: str | None, ca: Path) -> int:
-    import ssl
-
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     context = ssl.create_default_context(cafile=str(ca))
     try:
@@ -151,7 +150,7 @@ def test_keyed_deploy_behind_nginx_with_tls(live_fleet, fresh_hosts, tmp_path, w
     import openai
 
     client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=60,
-                           http_client=openai.DefaultHttpxClient(verify=str(ca)))
+                           http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=str(ca))))
     out = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4, temperature=0)
     assert out.usage.completion_tokens >= 1
     stream = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
@@ -159,13 +158,14 @@ def test_keyed_deploy_behind_nginx_with_tls(live_fleet, fresh_hosts, tmp_path, w
     assert stream[-1].choices[0].finish_reason in ("length", "stop")
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=base + "/v1", api_key="ht-wrong-key-0000000000000000", max_retries=0,
-                      http_client=openai.DefaultHttpxClient(verify=str(ca))).models.list()
+                      http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=str(ca)))).models.list()
 
     # bench measures the keyed deployment through nginx; the key is in nothing it saved
     out_dir = tmp_path / "bench"
     bench = subprocess.run(
         [sys.executable, "-m", "hosttune", "bench", "--url", base, "--api-key", key, "--users", "2", "--requests", "6",
-         "--warmup", "0s", "--prompts", "16", "--max-tokens", "4", "--timeout", "120s", "--out", str(out_dir)],
+         "--warmup", "0s", "--prompts", "16", "--max-tokens", "4", "--timeout", "120s", "--max-client-lag", "1s",
+         "--out", str(out_dir)],
         capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, "SSL_CERT_FILE": str(ca)})
     assert bench.returncode == 0, bench.stdout + bench.stderr
     doc = json.loads((out_dir / "results.json").read_text())
