@@ -206,7 +206,7 @@ def upstreams(inventory: Inventory, request: DeployRequest, outcomes: list[HostD
     for group, hosts in inventory.groups.items():
         if len(hosts) < 2 or (request.engine == "vllm" and hosts[0].deploy.get("multinode")):
             continue
-        backends = []
+        backends, scheme = [], "http"
         for host in hosts:
             if host.name not in serving:
                 continue
@@ -215,9 +215,10 @@ def upstreams(inventory: Inventory, request: DeployRequest, outcomes: list[HostD
             settings = resolve(host, load_preset(request.engine), request.model, request.port, request.overrides)
             front = front_for(host)  # the engine listens on 127.0.0.1 behind it
             backends.append(f"{host.connection.address}:{front.port if front else settings.port}")
+            scheme = "https" if front and front.tls else scheme
         if backends:
             lb_port = resolve(hosts[0], load_preset(request.engine), request.model, None, Overrides()).lb_port
-            found.append(Upstream(group, request.engine, tuple(backends), lb_port or 80))
+            found.append(Upstream(group, request.engine, tuple(backends), lb_port or 80, backend_scheme=scheme))
     return found
 
 

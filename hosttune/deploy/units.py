@@ -60,6 +60,7 @@ class Upstream:
     tls_cert: str | None = None  # paths on the host: nginx then listens with TLS only
     tls_key: str | None = None
     default_server: bool = False  # the host's own front answers whatever Host a client names
+    backend_scheme: str = "http"  # "https" when the backends are hosts' nginx fronts with TLS
 
 
 def render_nginx(upstream: Upstream) -> bytes:
@@ -68,4 +69,4 @@ def render_nginx(upstream: Upstream) -> bytes:
                   backends=upstream.backends, listen=upstream.listen, server_name=upstream.server_name,
                   max_fails=upstream.max_fails, fail_timeout_s=upstream.fail_timeout_s,
                   read_timeout_s=upstream.read_timeout_s, tls_cert=upstream.tls_cert, tls_key=upstream.tls_key,
-                  default_server=upstream.default_server)
+                  default_server=upstream.default_server, backend_scheme=upstream.backend_scheme)

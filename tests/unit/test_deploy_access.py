@@ -17,6 +17,7 @@ import pytest
 from hosttune.deploy import rollout
 from hosttune.deploy.access import Access, Front, _LAUNCHER, access_for, launched_with_key
 from hosttune.deploy.errors import DeployError
+from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.front import front_ops, front_upstream, key_ops, nginx_conf_path
 from hosttune.deploy.plan import Run, WriteFile, describe
 from hosttune.deploy.units import Upstream, render_nginx
@@ -196,3 +197,16 @@ def test_nginx_accepts_the_rendered_front(tmp_path, tls):
 def test_the_front_upstream_is_the_hosts_replicas_on_loopback():
     up = front_upstream(Access("prod", None, Front(80)), "vllm", (8000, 8001))
     assert up.backends == ("127.0.0.1:8000", "127.0.0.1:8001") and up.listen == 80 and up.tls_cert is None
+
+
+def test_the_groups_upstream_points_at_the_hosts_nginx_fronts(tmp_path):
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("CERT")
+    key.write_text("KEY")
+    hosts = _hosts(tmp_path, f"lb_port: 8080\nnginx: {{port: 8443, tls_cert: {cert}, tls_key: {key}}}\n")
+    inv = load_inventory(tmp_path / "inventory.yaml")
+    outcomes = [HostDeploy(h, "deployed", "r", "r") for h in hosts]
+    (upstream,) = rollout.upstreams(inv, rollout.DeployRequest("custom", "/m", tmp_path), outcomes)
+    assert upstream.backends == ("10.0.0.1:8443", "10.0.0.2:8443") and upstream.backend_scheme == "https"
+    conf = render_nginx(upstream).decode()
+    assert "proxy_pass https://hosttune_prod;" in conf and "listen 8080;" in conf
