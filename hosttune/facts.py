@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hosttune.facts_health import HealthFacts
+
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -158,6 +160,7 @@ class Facts:
     numactl: str | None = None
     python_version: str | None = None
     pythons: tuple[str, ...] = ()
+    health: HealthFacts = field(default_factory=HealthFacts)  # GPU faults, fabric, PCI errors, /dev/shm
     engine_endpoints: tuple[EngineEndpoint, ...] | None = None  # None: not probed (no python3)
     probe_errors: tuple[str, ...] = ()
 

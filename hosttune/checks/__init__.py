@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune.checks import access, cpu, driver, gpu, irq, memory, tools
+from hosttune.checks import access, active, cpu, driver, fabric, gpu, gpu_health, host_health, irq, memory, tools
 from hosttune.checks.base import Check
 from hosttune.errors import HosttuneError
 from hosttune.facts import Facts
@@ -10,7 +10,8 @@ from hosttune.findings import Finding
 from hosttune.profile import Profile
 
 CATALOGUE: tuple[Check, ...] = (
-    *driver.CHECKS, *gpu.CHECKS, *cpu.CHECKS, *irq.CHECKS, *memory.CHECKS, *tools.CHECKS, *access.CHECKS,
+    *driver.CHECKS, *gpu.CHECKS, *cpu.CHECKS, *irq.CHECKS, *memory.CHECKS, *tools.CHECKS,
+    *gpu_health.CHECKS, *host_health.CHECKS, *fabric.CHECKS, *active.CHECKS, *access.CHECKS,
 )
 BY_ID = {c.id: c for c in CATALOGUE}
 

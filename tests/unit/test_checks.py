@@ -26,7 +26,9 @@ def test_catalogue_covers_design():
         "driver.version", "driver.held", "cuda.toolkit", "cuda.driver_compat", "gpu.pstate",
         "gpu.persistence", "gpu.pcie_link", "gpu.ecc", "gpu.mig", "cpu.governor", "cpu.cstates",
         "kernel.rcu_nocbs", "irq.irqbalance", "irq.gpu_affinity", "numa.topology", "mm.thp",
-        "nvme.power", "tools.numactl", "python.version", "serve.api_key",
+        "nvme.power", "tools.numactl", "python.version",
+        "gpu.xid", "gpu.count", "cuda.smoke", "gpu.memory_health", "gpu.nvlink", "gpu.fabric", "pci.p2p",
+        "pci.aer", "gpu.clocks_power", "sys.shm", "gpu.load", "gpu.diag", "gpu.allreduce", "serve.api_key",
     }
     assert all(c.why.endswith(".") and c.remediation for c in CATALOGUE)
 
