@@ -87,3 +87,12 @@ def test_bench_reads_openai_api_key(keyed_engine, tmp_path):
 def test_bench_without_the_key_says_to_pass_it(keyed_engine, tmp_path):
     result = _bench(keyed_engine, tmp_path)
     assert result.returncode == 2 and "answered 401: pass the endpoint's key with --api-key" in result.stderr
+
+
+def test_a_bad_header_is_a_usage_error():
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--header", "X-Tenant"])
+    assert result.exit_code == 2 and "write NAME=VALUE" in result.output
