@@ -84,6 +84,23 @@ class CudaFacts:
 
 
 @dataclass(frozen=True)
+class EngineEndpoint:
+    """A port of the deployed engine (or of the host nginx in front of it), asked for /v1/models without a key."""
+
+    role: str  # "engine" | "nginx"
+    port: int
+    scheme: str  # "http" | "https"
+    listen: tuple[str, ...]  # the addresses it listens on
+    status: str  # the HTTP status without a key ("200", "401"), "closed", or "error: ..."
+
+    @property
+    def is_exposed(self) -> bool:
+        """It listens beyond the loopback interface."""
+        return any(not (a.startswith("127.") or a == "::1" or a == "0000:0000:0000:0000:0000:0000:0000:0001")
+                   for a in self.listen)
+
+
+@dataclass(frozen=True)
 class ServiceState:
     """A systemd unit: active is 'active'/'inactive'/..., enabled is 'enabled'/'disabled'/..."""
 
@@ -146,6 +163,7 @@ class Facts:
     python_version: str | None = None
     pythons: tuple[str, ...] = ()
     health: HealthFacts = field(default_factory=HealthFacts)  # GPU faults, fabric, PCI errors, /dev/shm
+    engine_endpoints: tuple[EngineEndpoint, ...] | None = None  # None: not probed (no python3)
     probe_errors: tuple[str, ...] = ()
 
     def cmdline_param(self, key: str, configured: bool = False) -> str | None:

@@ -9,7 +9,7 @@ from importlib import resources
 
 from hosttune.errors import ProbeError
 from hosttune.facts import Facts
-from hosttune.probes import gpu, health, pci, software, system
+from hosttune.probes import engine_access, gpu, health, pci, software, system
 from hosttune.probes.sections import Section, split
 from hosttune.transport.base import Transport
 
@@ -21,6 +21,7 @@ _EMBEDDED = (
     ("HOSTTUNE_NVML_PROBE", "nvml_probe.py"),
     ("HOSTTUNE_CUDA_PROBE", "cuda_probe.py"),
     ("HOSTTUNE_ALLREDUCE_PROBE", "allreduce_probe.py"),
+    ("HOSTTUNE_ACCESS_PROBE", "engine_access_probe.py"),
 )
 
 
@@ -131,6 +132,7 @@ _STEPS = (
     ("services", lambda f, s: replace(f, services=software.parse_services(s.text))),
     ("sysctl", _sysctl),
     ("tools", lambda f, s: replace(f, **software.parse_tools(s.text))),
+    ("engine-access", lambda f, s: replace(f, engine_endpoints=engine_access.parse_engine_access(s.text))),
 )
 
 _GPU_SOURCES = (

@@ -316,6 +316,10 @@ sec health-host health_host
 sec kernel-log kernel_log
 sec pci-health pci_health
 [ -e /sys/bus/pci/drivers/nvidia ] || command -v nv-fabricmanager >/dev/null && sec fabric fabric_manager
+# A deployed engine or its nginx front: does it answer without a key? (an interpreter only where one is)
+if [ -e /opt/hosttune/current ] || [ -n "$(ls /etc/nginx/conf.d/hosttune-*.conf 2>/dev/null)" ]; then
+  command -v python3 >/dev/null && sec engine-access python3 -c "$HOSTTUNE_ACCESS_PROBE"
+fi
 nvml() {
   r=127
   for py in "$HT_PY0" /usr/bin/python3; do
