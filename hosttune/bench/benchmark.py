@@ -136,7 +136,8 @@ async def build_workload(spec: BenchSpec, url: str) -> tuple[Workload, str]:
         return SharedPrefix(builder, *spec.shared_prefix, spec.prefix_tokens, questions,
                             spec.output_dist), counts
     if spec.turns is not None:
-        return Conversations(spec.turns, questions, spec.output_dist), counts
+        return Conversations(spec.turns, questions, spec.output_dist,
+                             builder.calibration.num_specials), counts
     return Synthetic(questions, spec.output_dist, spec.prompt_dist.describe()), counts
 
 

@@ -9,7 +9,7 @@ Formats, told apart by content:
   "content": ...}, ...]}` (sent as they are to the chat API), each optionally with
   `"output_tokens"` (the length to ask for instead of `--max-tokens`).
 
-Entries without a usable prompt (ShareGPT lines with no human turn) are skipped; a file
+Entries without a user message (ShareGPT entries with no human turn) are skipped; a file
 with none left is an error.
 """
 
@@ -43,7 +43,7 @@ def load_dataset(path: Path) -> tuple[Entry, ...]:
     else:
         entries = [_jsonl_entry(line, path, number)
                    for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
-    entries = [e for e in entries if e.messages]
+    entries = [e for e in entries if any(role == "user" for role, _ in e.messages)]
     if not entries:
         raise BenchError(f"dataset {path} holds no prompts: expected ShareGPT JSON or JSONL "
                          "lines with \"prompt\" or \"messages\"")

@@ -11,7 +11,8 @@ own lag.
   last one unless a duration or request count ends it first.
 - `max_concurrency` caps the requests in flight of an open loop or a trace: an arrival
   past the cap waits for a request to end, and is then sent at once (its `scheduled`
-  time is that moment, so the wait shows in neither latency nor send lag).
+  time is that moment, so the wait shows in neither latency nor send lag); arrivals
+  that come due after the run's end are not sent.
 
 What each request says comes from a `Workload` (workload.py).
 
@@ -188,11 +189,13 @@ class LoadGenerator:
             delay = arrival - self._now()
             if delay > 0:
                 await asyncio.sleep(delay)
-            if len(self.tasks) >= cap:
-                while len(self.tasks) >= cap:
-                    self.slot_freed.clear()
-                    await self.slot_freed.wait()
-                arrival = max(arrival, self._now()) if self.load.max_concurrency else arrival
+            while len(self.tasks) >= cap:
+                self.slot_freed.clear()
+                await self.slot_freed.wait()
+            if self.load.max_concurrency:  # late because of the cap: due now, if still in time
+                arrival = max(arrival, self._now())
+                if not self._may_send(arrival):
+                    return
             self._spawn(self._send(arrival, None))
 
     def _arrivals(self):

@@ -126,11 +126,13 @@ class _History:
 
 @dataclass
 class Conversations:
-    """Conversations of `turns` turns, one at a time per closed-loop user."""
+    """Conversations of `turns` turns, one at a time per closed-loop user. A question's
+    token count includes the tokenizer's `num_specials` (a BOS), which a history holds once."""
 
     turns: int
     question: Question
     outputs: LengthDistribution
+    num_specials: int = 0
     num_users = None
     is_keep_text = True
     histories: dict[int, _History] = field(default_factory=dict)
@@ -148,6 +150,8 @@ class Conversations:
             history = self.histories[user] = _History(self.num_conversations)
             self.num_conversations += 1
         text, num_tokens = self.question(rng, index)
+        if history.turn:
+            num_tokens -= self.num_specials
         return Prompt(history.messages + (("user", text),), history.num_tokens + num_tokens,
                       self.outputs.sample(rng, index), history.conversation, history.turn + 1)
 
