@@ -18,6 +18,7 @@ def test_smollm2_at_full_context_is_healthy_within_a_minute(tmp_path):
         server.wait_ready(timeout=HEALTHY_WITHIN_S + 30)
         seconds = time.monotonic() - started
         print(f"SmolLM2-135M on CPU: healthy {seconds:.1f} s after start")
+        print("\n".join(line for line in server.log().splitlines() if "step budget" in line or "warmup done" in line))
         assert "warmup done" in server.log()
         _, models = get_json(server.url + "/v1/models")
         assert models["data"][0]["max_model_len"] == 8192
