@@ -28,13 +28,13 @@ from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.sampling import SamplingParams
 
 CUDA_TOKEN_POINTS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
-CPU_TOKEN_POINTS = (16, 128)  # a CPU step is linear in tokens past a few dozen
+CPU_TOKEN_POINTS = (16, 64)  # a CPU step is linear in tokens past a few dozen
 CUDA_RUNS, CPU_RUNS = 3, 1  # CPU references compile nothing
 AUTO_FLOOR_MS = 30.0
 AUTO_DECODE_STEPS = 3  # an automatic budget: this many mixed decode steps' time
 LONG_CONTEXT = 4096  # tokens, at most, for the attention terms
-DECODE_BATCH = 32  # decodes beside a short chunk, for the decode term
-PAIR_CHUNK = 256  # chunk tokens for the prefill-pair term (CPU: 64)
+DECODE_BATCH = {True: 32, False: 8}  # decodes beside a short chunk, for the decode term (CUDA, CPU)
+PAIR_CHUNK = {True: 256, False: 32}  # chunk tokens for the prefill-pair term
 
 
 @dataclass(frozen=True)
@@ -127,11 +127,12 @@ def measure_step_costs(probe: StepProbe, on_cuda: bool, kv_tokens: int) -> StepC
     points = sorted({n for n in points if n + 16 + 64 <= kv_tokens})
     seconds = [probe.seconds(n - 1, 0, 1, 16, runs) for n in points]
     model = StepCostModel(tuple(points), tuple(seconds), 0.0, 0.0)
-    context = min(LONG_CONTEXT, probe.max_context // 2, kv_tokens // (DECODE_BATCH + 4))
+    batch = DECODE_BATCH[on_cuda]
+    context = min(LONG_CONTEXT, probe.max_context // 2, kv_tokens // (batch + 4))
     if context < 64:
         return model
-    decodes = probe.seconds(16, 0, DECODE_BATCH, context, runs) - model.tokens_seconds(16 + DECODE_BATCH)
-    chunk = min(PAIR_CHUNK if on_cuda else 64, probe.max_tokens - 1)
+    decodes = probe.seconds(16, 0, batch, context, runs) - model.tokens_seconds(16 + batch)
+    chunk = min(PAIR_CHUNK[on_cuda], probe.max_tokens - 1)
     pairs = probe.seconds(chunk, context, 1, 16, runs) - model.tokens_seconds(chunk + 1)
-    return StepCostModel(model.token_points, model.token_seconds, max(0.0, decodes / (DECODE_BATCH * context)),
+    return StepCostModel(model.token_points, model.token_seconds, max(0.0, decodes / (batch * context)),
                          max(0.0, pairs / (chunk * context)))

@@ -79,11 +79,12 @@ def warmup_plan(max_batch: int, max_model_len: int, max_num_batched_tokens: int,
     groups += [WarmupGroup(f"prefix-hit-{n}", (EngineRequest(f"warmup-prefix-{n}", ids + tokens(PREFIX_EXTRA),
                                                              _sampling(3, 2)),)) for n, ids in prompts.items()]
     batch = min(max_batch, MAX_CUDA_BATCH if on_cuda else MAX_CPU_BATCH)
+    longest_mixed, most_tokens = (300, 33) if on_cuda else (CPU_MAX_PROMPT // 2, 5)
     mixed = []
     for i in range(batch):
-        ids = tokens(rng.randrange(8, max(9, min(300, room - 40))))
-        mixed.append(EngineRequest(f"warmup-mixed-{i}", ids, _sampling(i, max(1, min(rng.randrange(8, 33),
-                                                                                      room - len(ids))))))
+        ids = tokens(rng.randrange(8, max(9, min(longest_mixed, room - 40))))
+        max_tokens = max(1, min(rng.randrange(min(8, most_tokens - 1), most_tokens), room - len(ids)))
+        mixed.append(EngineRequest(f"warmup-mixed-{i}", ids, _sampling(i, max_tokens)))
     groups.append(WarmupGroup("mixed", tuple(mixed), stagger_s=0.004 if on_cuda else 0.0))
     groups.append(WarmupGroup("decode-ramp", _ramp(batch, room, prompts[lengths[-1]], tokens)))
     return groups
