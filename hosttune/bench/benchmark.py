@@ -54,6 +54,7 @@ class BenchSpec:
     turns: int | None = None  # multi-turn conversations of this many turns
     trace: Trace | None = None  # lengths from a trace (its arrivals are in `load`)
     metrics_interval: float | None = 1.0  # seconds between /metrics samples; None: none
+    priority: int | None = None  # sent with every request (lower runs first on servers that honour it)
     prompt_dist: LengthDistribution = field(init=False, repr=False, compare=False)
     output_dist: LengthDistribution = field(init=False, repr=False, compare=False)
 
@@ -99,7 +100,7 @@ async def measure(spec: BenchSpec, url: str,
     url = check_url(url)
     model = spec.model or await discover_model(url)
     workload, counts = await build_workload(spec, url)
-    target = Target(url, model, spec.api, spec.timeout, spec.is_ignore_eos)
+    target = Target(url, model, spec.api, spec.timeout, spec.is_ignore_eos, spec.priority)
     sampler = MetricsSampler(url, spec.metrics_interval) if spec.metrics_interval else None
     sampling = asyncio.create_task(sampler.run()) if sampler else None
     try:

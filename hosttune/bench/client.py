@@ -34,6 +34,7 @@ class Target:
     api: str = COMPLETIONS  # COMPLETIONS or CHAT
     timeout: float = 600.0  # seconds for a whole request
     is_ignore_eos: bool = True  # ask for exactly max_tokens (vLLM/SGLang extension)
+    priority: int | None = None  # request priority, lower first (vLLM/hosttune extension)
 
     @property
     def endpoint(self) -> str:
@@ -87,6 +88,8 @@ class Client:
         }
         if self.target.is_ignore_eos:
             body["ignore_eos"] = True
+        if self.target.priority is not None:
+            body["priority"] = self.target.priority
         if self.target.api == CHAT:
             body["messages"] = [{"role": role, "content": text} for role, text in messages]
         else:

@@ -30,6 +30,7 @@ def bench(
     trace: Optional[Path] = typer.Option(None, "--trace", help="Replay a JSONL trace of arrival (s) or timestamp (ms), input_length, output_length."),
     max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="With --rate or --trace: at most this many requests in flight; later arrivals wait."),
     metrics_interval: str = typer.Option("1s", "--metrics-interval", help="Sample the server's /metrics this often (0: never)."),
+    priority: Optional[int] = typer.Option(None, "--priority", help="Send this priority with every request (lower runs first, as in vLLM)."),
     api: str = typer.Option("completions", "--api", help="completions (/v1/completions) or chat (/v1/chat/completions)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name to send (default: the first one /v1/models lists)."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="tokenizer.json (or its folder) to make prompt lengths exact, when the target has no /tokenize."),
@@ -63,4 +64,4 @@ def bench(
     """
     from hosttune.cli import bench_run  # aiohttp/uvloop load only when benchmarking
 
-    bench_run.run(url=url, users=users, rate=rate, burstiness=burstiness, duration=duration, requests=requests, warmup=warmup, prompts=prompts, max_tokens=max_tokens, dataset=dataset, shared_prefix=shared_prefix, prefix_tokens=prefix_tokens, turns=turns, trace=trace, max_concurrency=max_concurrency, metrics_interval=metrics_interval, api=api, model=model, tokenizer=tokenizer, slo=slo, slo_percentile=slo_percentile, max_error_rate=max_error_rate, sweep=sweep, sweep_start=sweep_start, sweep_max=sweep_max, sweep_growth=sweep_growth, sweep_precision=sweep_precision, out=out, ignore_eos=ignore_eos, timeout=timeout, max_client_lag=max_client_lag, seed=seed)
+    bench_run.run(url=url, users=users, rate=rate, burstiness=burstiness, duration=duration, requests=requests, warmup=warmup, prompts=prompts, max_tokens=max_tokens, dataset=dataset, shared_prefix=shared_prefix, prefix_tokens=prefix_tokens, turns=turns, trace=trace, max_concurrency=max_concurrency, metrics_interval=metrics_interval, priority=priority, api=api, model=model, tokenizer=tokenizer, slo=slo, slo_percentile=slo_percentile, max_error_rate=max_error_rate, sweep=sweep, sweep_start=sweep_start, sweep_max=sweep_max, sweep_growth=sweep_growth, sweep_precision=sweep_precision, out=out, ignore_eos=ignore_eos, timeout=timeout, max_client_lag=max_client_lag, seed=seed)

@@ -24,7 +24,7 @@ EXIT_CLIENT_BEHIND = 4
 DEFAULT_SWEEP_SLO = "e2e=2s"  # the seed's "max RPS while P95 stays under 2 s"
 
 
-def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed) -> None:
+def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, priority, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed) -> None:
     slo_value = _slo(slo or (DEFAULT_SWEEP_SLO if sweep else None), slo_percentile, max_error_rate)
     grid = parse_shared_prefix(shared_prefix) if shared_prefix else None
     replay = load_trace(trace) if trace is not None else None
@@ -37,7 +37,7 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         tokenizer=tokenizer, timeout=parse_duration(timeout, "--timeout"), slo=slo_value,
         lag_limit=parse_duration(max_client_lag, "--max-client-lag"), is_ignore_eos=ignore_eos,
         dataset=dataset, shared_prefix=grid, prefix_tokens=prefix_tokens, turns=turns, trace=replay,
-        metrics_interval=interval or None,
+        metrics_interval=interval or None, priority=priority,
     )
     command = "hosttune bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
     if sweep:

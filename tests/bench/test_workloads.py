@@ -171,3 +171,14 @@ def test_bad_datasets_are_user_errors(tmp_path):
         load_dataset(tmp_path / "bad.jsonl")
     with pytest.raises(BenchError, match="does not exist"):
         load_dataset(tmp_path / "missing.json")
+
+
+def test_priority_and_messages_in_the_request_body():
+    from hosttune.bench.client import Client, Target
+
+    messages = (("system", "be brief"), ("user", "hello there"))
+    chat = Client(Target("http://127.0.0.1:9", "m", "chat", priority=-3)).payload(messages, 5)
+    assert chat["priority"] == -3 and chat["messages"] == [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    text = Client(Target("http://127.0.0.1:9", "m")).payload(messages, 5)
+    assert "priority" not in text and text["prompt"] == "be brief hello there"
