@@ -55,7 +55,8 @@ def latency_cdfs(runs: list[tuple[RunRecord, Summary]], path: Path) -> None:
         axis.grid(True, alpha=0.3)
         for q in (0.5, 0.95, 0.99):
             axis.axhline(q, color="grey", linewidth=0.5, linestyle=":")
-        axis.legend(fontsize=7, loc="lower right")
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=7, loc="lower right")
     figure.suptitle("hosttune bench: latency distributions (measured requests)")
     figure.tight_layout()
     figure.savefig(path, dpi=110)

@@ -125,7 +125,9 @@ def measure_step_costs(probe: StepProbe, on_cuda: bool, kv_tokens: int) -> StepC
     grid = CUDA_TOKEN_POINTS if on_cuda else CPU_TOKEN_POINTS
     points = [n for n in grid if n < probe.max_tokens] + ([probe.max_tokens] if on_cuda else [])
     points = sorted({n for n in points if n + 16 + 64 <= kv_tokens})
-    seconds = [probe.seconds(n - 1, 0, 1, 16, runs) for n in points]
+    seconds = []
+    for n in points:  # more tokens never cost less: a noisy point is lifted to the one before
+        seconds.append(max([probe.seconds(n - 1, 0, 1, 16, runs)] + seconds[-1:]))
     model = StepCostModel(tuple(points), tuple(seconds), 0.0, 0.0)
     batch = DECODE_BATCH[on_cuda]
     context = min(LONG_CONTEXT, probe.max_context // 2, kv_tokens // (batch + 4))
