@@ -234,6 +234,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, help="measured seconds of the traffic runs (60; --small 4)")
     parser.add_argument("--priority-duration", type=float, help="seconds of each priority run (30; --small 3)")
     parser.add_argument("--warmup", type=float, help="warm-up seconds before each measured run (10; --small 1)")
+    parser.add_argument("--max-step-ms", default="auto", help="the new setting's step budget (auto or milliseconds)")
     parser.add_argument("--budget-s", type=float, default=520, help="the priority scenario is skipped past this")
     parser.add_argument("--ready-timeout", type=float, default=240)
     args = parser.parse_args()
@@ -245,6 +246,7 @@ def main() -> None:
     args.prompts = "mix:0.3*uniform:8-32+0.7*normal:200,40,100-400" if small else "chat-docs"
     args.max_tokens = 16 if small else 512
     args.deadline = time.monotonic() + args.budget_s
+    SETTINGS["new"] = ["--max-step-ms", args.max_step_ms]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     folder = write_model(Path(tempfile.mkdtemp(prefix="tail-latency-model-")), small)

@@ -164,7 +164,7 @@ def test_a_full_pool_preempts_the_least_important_for_an_important_arrival():
     assert [q.request_id for q in out.preempted] == ["low"] and shape(out)["high"] == 12
 
 
-def test_auto_budget_is_three_decode_steps_and_at_least_30_ms():
+def test_auto_budget_is_three_decode_steps_and_at_least_25_ms():
     assert auto_budget_ms(StepCostModel((1, 1000), (0.001, 1.0), 0.0, 0.0), 256) == pytest.approx(3 * 64)
     fast = StepCostModel((1, 1000), (0.001, 0.002), 0.0, 0.0)
-    assert auto_budget_ms(fast, 256) == 30.0
+    assert auto_budget_ms(fast, 256) == 25.0

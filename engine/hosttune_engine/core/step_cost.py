@@ -27,10 +27,10 @@ from hosttune_engine.core.scheduler import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.sampling import SamplingParams
 
-CUDA_TOKEN_POINTS = (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
+CUDA_TOKEN_POINTS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384)
 CPU_TOKEN_POINTS = (16, 64)  # a CPU step is linear in tokens past a few dozen
-CUDA_RUNS, CPU_RUNS = 3, 1  # CPU references compile nothing
-AUTO_FLOOR_MS = 30.0
+CUDA_RUNS, CPU_RUNS = 2, 1  # the first CUDA run may compile; CPU references compile nothing
+AUTO_FLOOR_MS = 25.0
 AUTO_DECODE_STEPS = 3  # an automatic budget: this many mixed decode steps' time
 LONG_CONTEXT = 4096  # tokens, at most, for the attention terms
 DECODE_BATCH = {True: 32, False: 8}  # decodes beside a short chunk, for the decode term (CUDA, CPU)
@@ -76,7 +76,7 @@ class StepCostModel:
 
 def auto_budget_ms(model: StepCostModel, max_num_seqs: int) -> float:
     """The budget when none is given: three decode steps of a quarter-full batch (at most 64
-    sequences) on the mixed path, and at least 30 ms."""
+    sequences) on the mixed path, and at least 25 ms."""
     decode_s = model.tokens_seconds(max(1, min(64, max_num_seqs // 4)))
     return max(AUTO_FLOOR_MS, AUTO_DECODE_STEPS * decode_s * 1e3)
 
