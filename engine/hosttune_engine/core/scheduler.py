@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hosttune_engine.cache.block_manager import BlockManager
+from hosttune_engine.core.scheduler_output import SchedulerOutput  # noqa: F401  (the runner imports it from here)
 from hosttune_engine.core.sequence import Sequence, SequenceStatus
 from hosttune_engine.core.step_budget import StepBudget
 
@@ -34,31 +35,6 @@ class SchedulerConfig:
     max_model_len: int = 4096
     policy: str = "fcfs"  # or "priority": lower value runs first
     max_step_ms: float | None = None  # with a cost model: the time budget of a step that holds decodes
-
-
-@dataclass
-class SchedulerOutput:
-    """One step's work. Prefill chunks (more than one new token) come before decodes."""
-
-    seqs: list[Sequence] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.seqs
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    @property
-    def num_prefill_seqs(self) -> int:
-        return sum(1 for n in self.num_new_tokens if n > 1)
-
-    def sample_mask(self) -> list[bool]:
-        """Which sequences reach their last token this step, so get a sampled token."""
-        return [s.num_computed_tokens + n == len(s.token_ids) for s, n in zip(self.seqs, self.num_new_tokens)]
 
 
 class Scheduler:

@@ -23,7 +23,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from hosttune_engine.core.scheduler import SchedulerOutput
+from hosttune_engine.core.scheduler_output import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.sampling import SamplingParams
 
