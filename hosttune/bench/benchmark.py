@@ -18,7 +18,7 @@ import aiohttp
 
 from hosttune.bench import prompts
 from hosttune.bench.client import CHAT, COMPLETIONS, Client, Target, discover_model
-from hosttune.bench.dataset import Dataset, dataset_questions, load_dataset
+from hosttune.bench.dataset import Dataset, Entry, dataset_questions, load_dataset
 from hosttune.bench.distributions import LengthDistribution, parse_distribution
 from hosttune.bench.loadgen import Load, LoadGenerator, Progress
 from hosttune.bench.metrics import Slo
@@ -57,6 +57,7 @@ class BenchSpec:
     priority: int | None = None  # sent with every request (lower runs first on servers that honour it)
     prompt_dist: LengthDistribution = field(init=False, repr=False, compare=False)
     output_dist: LengthDistribution = field(init=False, repr=False, compare=False)
+    entries: tuple[Entry, ...] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.api not in (COMPLETIONS, CHAT):
@@ -72,6 +73,7 @@ class BenchSpec:
             prompt_dist, output_dist = self.trace.prompt_lengths, self.trace.output_lengths
         object.__setattr__(self, "prompt_dist", prompt_dist)
         object.__setattr__(self, "output_dist", output_dist)
+        object.__setattr__(self, "entries", load_dataset(self.dataset) if self.dataset is not None else None)
 
     def _check_workload(self) -> None:
         if self.shared_prefix is not None and (self.turns is not None or self.dataset is not None):
@@ -124,7 +126,7 @@ async def measure(spec: BenchSpec, url: str,
 
 async def build_workload(spec: BenchSpec, url: str) -> tuple[Workload, str]:
     """The workload `spec` asks for, and how its prompt lengths were counted."""
-    entries = load_dataset(spec.dataset) if spec.dataset is not None else None
+    entries = spec.entries
     if entries is not None and spec.turns is None:
         return Dataset(entries, spec.output_dist, str(spec.dataset)), DATASET_COUNTS
     if entries is not None:
