@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hosttune.facts_health import HealthFacts
+
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -94,6 +96,7 @@ class ServiceState:
 @dataclass(frozen=True)
 class CpuFacts:
     count: int = 0
+    online: tuple[int, ...] = ()  # /sys/devices/system/cpu/online
     governors: dict[int, str] = field(default_factory=dict)
     idle_driver: str | None = None
     idle_states: tuple[tuple[str, bool, int], ...] = ()  # (name, disabled, exit latency µs) of cpu0
@@ -112,6 +115,7 @@ class Facts:
     """Everything one probe round trip learnt about a host."""
 
     hostname: str = ""
+    image: str = ""  # apply --root: the image directory these facts were read from ("" for a running host)
     os_id: str = ""
     os_version: str = ""
     os_like: tuple[str, ...] = ()
@@ -141,6 +145,7 @@ class Facts:
     numactl: str | None = None
     python_version: str | None = None
     pythons: tuple[str, ...] = ()
+    health: HealthFacts = field(default_factory=HealthFacts)  # GPU faults, fabric, PCI errors, /dev/shm
     probe_errors: tuple[str, ...] = ()
 
     def cmdline_param(self, key: str, configured: bool = False) -> str | None:

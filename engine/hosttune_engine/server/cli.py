@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if not os.path.isdir(args.model):
+            raise ConfigError(f"--model {args.model}: no such folder (give a Hugging Face model folder)")
         config = config_from_args(args)
     except ConfigError as e:
         print(f"hosttune-engine: error: {e}", file=sys.stderr)

@@ -17,6 +17,7 @@ import threading
 from aiohttp import web
 
 from hosttune_engine.config import EngineConfig
+from hosttune_engine.errors import EngineError
 from hosttune_engine.server.app import build_app
 from hosttune_engine.server.config import ServerConfig
 from hosttune_engine.server.engine_client import EngineClient
@@ -87,7 +88,8 @@ class Server:
             self._stopping.set()
 
     def fail(self, error: BaseException) -> None:
-        log.error("engine failed: %r", error, exc_info=error)
+        # An EngineError (missing model files, bad config) says what to fix: its message is enough.
+        log.error("engine failed: %s", error, exc_info=None if isinstance(error, EngineError) else error)
         self.state.health.phase = Phase.FAILED
         self.state.health.detail = f"{type(error).__name__}: {str(error)[:200]}"
         self.exit_code = 1

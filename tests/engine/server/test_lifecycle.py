@@ -117,6 +117,15 @@ def test_model_that_cannot_load_exits_1(tmp_path):
     assert code == 503
     assert server.proc.wait(60) == 1
     assert "engine failed" in server.log() and "config.json" in server.log()
+    assert "Traceback" not in server.log()  # the error says what to fix; no stack for bad input
+
+
+def test_missing_model_folder_is_one_line_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hosttune_engine", "serve", "--model", str(tmp_path / "missing")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [f"hosttune-engine: error: --model {tmp_path / 'missing'}: no such folder "
+                                                "(give a Hugging Face model folder)"]
 
 
 def test_bad_options_exit_2(tmp_path):
