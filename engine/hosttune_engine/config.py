@@ -25,7 +25,7 @@ class EngineConfig:
     prefills. On CUDA, decode-only steps of up to `max_cuda_graph_batch_size`
     sequences replay CUDA graphs captured at start; `enforce_eager` turns that off.
     `max_step_ms` gives steps that hold decodes a time budget for their prefill tokens,
-    from step costs measured at start (0: three decode steps' time, at least 25 ms).
+    from step costs measured at start (0: 2.5 times a decode-only step of the same decodes).
     """
 
     model: str

@@ -82,18 +82,20 @@ class Engine:
 
     def _measure_step_costs(self) -> None:
         """Give the scheduler a cost model and a step time budget (core/step_cost.py)."""
-        from hosttune_engine.core.step_cost import StepProbe, auto_budget_ms, measure_step_costs
+        from hosttune_engine.core.step_cost import StepProbe, measure_step_costs
 
         cfg = self.config
         probe = StepProbe(self.runner, self.block_manager, cfg.max_num_batched_tokens, self.max_model_len)
-        model = measure_step_costs(probe, self.runner.device.type == "cuda",
-                                   self.block_manager.num_free_blocks * cfg.block_size)
-        budget = cfg.max_step_ms or auto_budget_ms(model, cfg.max_num_seqs)
+        on_cuda = self.runner.device.type == "cuda"
+        decode_batch = max(1, min(64 if on_cuda else 8, cfg.max_num_seqs // 4))  # a quarter-full batch
+        model = measure_step_costs(probe, on_cuda, self.block_manager.num_free_blocks * cfg.block_size, decode_batch)
         self.scheduler.cost_model = model
-        self.scheduler.config = replace(self.scheduler.config, max_step_ms=budget)
-        log.info("step budget %.1f ms; step costs: %s ms at %s tokens, %.3g ns per decode context token, "
-                 "%.3g ns per prefill pair", budget, "/".join(f"{t * 1e3:.1f}" for t in model.token_seconds),
-                 "/".join(map(str, model.token_points)), model.decode_s * 1e9, model.prefill_s * 1e9)
+        self.scheduler.config = replace(self.scheduler.config, max_step_ms=cfg.max_step_ms)
+        budget = f"{cfg.max_step_ms:g} ms" if cfg.max_step_ms else "auto"
+        log.info("step budget %s; step costs: %s ms at %s tokens, a decode-only step of %d %.1f ms, %.3g ns per "
+                 "decode context token, %.3g ns per prefill pair", budget,
+                 "/".join(f"{t * 1e3:.1f}" for t in model.token_seconds), "/".join(map(str, model.token_points)),
+                 decode_batch, model.decode_step_s * 1e3, model.decode_s * 1e9, model.prefill_s * 1e9)
 
     # -- messages in -----------------------------------------------------------------
     def handle(self, message: EngineRequest | AbortRequest) -> None:

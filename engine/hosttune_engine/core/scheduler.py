@@ -34,7 +34,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 4096
     policy: str = "fcfs"  # or "priority": lower value runs first
-    max_step_ms: float | None = None  # with a cost model: the time budget of a step that holds decodes
+    max_step_ms: float | None = None  # with a cost model: the time budget of a step that holds decodes (0: auto)
 
 
 class Scheduler:
@@ -154,7 +154,9 @@ class Scheduler:
         decodes = [s.num_computed_tokens for s, n in zip(out.seqs, out.num_new_tokens) if n == 1]
         if not decodes:
             return None
-        budget = StepBudget(self.cost_model, self.config.max_step_ms / 1e3, decodes)
+        limit_ms = self.config.max_step_ms
+        limit_s = limit_ms / 1e3 if limit_ms else self.cost_model.auto_budget_s(len(decodes), sum(decodes))
+        budget = StepBudget(self.cost_model, limit_s, decodes)
         for s, n in zip(out.seqs, out.num_new_tokens):
             if n > 1:
                 budget.add(s.num_computed_tokens, n)

@@ -12,8 +12,14 @@ The model of one step's seconds:
   (chunk tokens x context before the chunk), the attention work chunking adds.
 
 Measured on the path mixed steps take (eager, one decode beside a prefill chunk): T at
-a grid of token counts, then the two attention terms at a long context. Each point is the
-fastest of a few runs, the first of which may compile kernels.
+a grid of token counts, then the two attention terms at a long context; and a decode-only
+step (on CUDA graphs where the runner has them), the step whose time inter-token latency
+is when no prompt waits. Each point is the fastest of a few runs, the first of which may
+compile kernels.
+
+The automatic budget (`--max-step-ms auto`) is per step: 2.5 times what a decode-only
+step of the same decodes would take, so a mixed step's inter-token gap stays within 2.5x
+a plain one's; but never so small that a chunk of `USEFUL_CHUNK` tokens cannot fit.
 """
 
 from __future__ import annotations
@@ -30,8 +36,8 @@ from hosttune_engine.sampling import SamplingParams
 CUDA_TOKEN_POINTS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384)
 CPU_TOKEN_POINTS = (16, 64)  # a CPU step is linear in tokens past a few dozen
 CUDA_RUNS, CPU_RUNS = 2, 1  # the first CUDA run may compile; CPU references compile nothing
-AUTO_FLOOR_MS = 25.0
-AUTO_DECODE_STEPS = 3  # an automatic budget: this many mixed decode steps' time
+AUTO_DECODE_STEPS = 2.5  # the automatic budget: this many decode-only steps' time
+USEFUL_CHUNK = 256  # prompt tokens the automatic budget always leaves room for
 LONG_CONTEXT = 4096  # tokens, at most, for the attention terms
 DECODE_BATCH = {True: 32, False: 8}  # decodes beside a short chunk, for the decode term (CUDA, CPU)
 PAIR_CHUNK = {True: 256, False: 32}  # chunk tokens for the prefill-pair term
@@ -45,6 +51,7 @@ class StepCostModel:
     token_seconds: tuple[float, ...]
     decode_s: float  # per context token read by a decode
     prefill_s: float  # per (query, earlier key) pair of a prefill chunk
+    decode_step_s: float = 0.0  # a decode-only step at short context (0: not measured)
 
     def tokens_seconds(self, num_tokens: int) -> float:
         points, seconds = self.token_points, self.token_seconds
@@ -59,6 +66,11 @@ class StepCostModel:
     def step_seconds(self, num_tokens: int, decode_context: int, prefill_pairs: int) -> float:
         return self.tokens_seconds(num_tokens) + self.decode_s * decode_context + self.prefill_s * prefill_pairs
 
+    def auto_budget_s(self, num_decodes: int, decode_context: int) -> float:
+        """The automatic budget of a step holding these decodes (see the module docstring)."""
+        plain = (self.decode_step_s or self.tokens_seconds(num_decodes)) + self.decode_s * decode_context
+        return max(AUTO_DECODE_STEPS * plain, self.step_seconds(num_decodes + USEFUL_CHUNK, decode_context, 0))
+
     def max_chunk(self, budget_s: float, num_tokens: int, decode_context: int, prefill_pairs: int,
                   context: int, limit: int) -> int:
         """The most tokens (up to `limit`) of a prefill at `context` that a step already holding
@@ -72,13 +84,6 @@ class StepCostModel:
             middle = (low + high + 1) // 2
             low, high = (middle, high) if fits(middle) else (low, middle - 1)
         return low
-
-
-def auto_budget_ms(model: StepCostModel, max_num_seqs: int) -> float:
-    """The budget when none is given: three decode steps of a quarter-full batch (at most 64
-    sequences) on the mixed path, and at least 25 ms."""
-    decode_s = model.tokens_seconds(max(1, min(64, max_num_seqs // 4)))
-    return max(AUTO_FLOOR_MS, AUTO_DECODE_STEPS * decode_s * 1e3)
 
 
 class StepProbe:
@@ -99,8 +104,9 @@ class StepProbe:
         `num_decodes` decodes at `decode_context`."""
         best = float("inf")
         for _ in range(runs):
-            seqs = [self._seq(chunk_context, chunk)] + [self._seq(decode_context, 1) for _ in range(num_decodes)]
-            sched = SchedulerOutput(seqs, [chunk] + [1] * num_decodes)
+            seqs = [self._seq(chunk_context, chunk)] if chunk else []
+            seqs += [self._seq(decode_context, 1) for _ in range(num_decodes)]
+            sched = SchedulerOutput(seqs, [chunk] * bool(chunk) + [1] * num_decodes)
             try:
                 start = time.perf_counter()
                 self.runner.collect(self.runner.launch(sched))
@@ -119,8 +125,9 @@ class StepProbe:
         return seq
 
 
-def measure_step_costs(probe: StepProbe, on_cuda: bool, kv_tokens: int) -> StepCostModel:
-    """Fit the cost model from steps run through `probe` (see the module docstring)."""
+def measure_step_costs(probe: StepProbe, on_cuda: bool, kv_tokens: int, decode_batch: int) -> StepCostModel:
+    """Fit the cost model from steps run through `probe` (see the module docstring); the
+    decode-only step has `decode_batch` sequences."""
     runs = CUDA_RUNS if on_cuda else CPU_RUNS
     grid = CUDA_TOKEN_POINTS if on_cuda else CPU_TOKEN_POINTS
     points = [n for n in grid if n < probe.max_tokens] + ([probe.max_tokens] if on_cuda else [])
@@ -128,7 +135,8 @@ def measure_step_costs(probe: StepProbe, on_cuda: bool, kv_tokens: int) -> StepC
     seconds = []
     for n in points:  # more tokens never cost less: a noisy point is lifted to the one before
         seconds.append(max([probe.seconds(n - 1, 0, 1, 16, runs)] + seconds[-1:]))
-    model = StepCostModel(tuple(points), tuple(seconds), 0.0, 0.0)
+    decode_step = probe.seconds(0, 0, decode_batch, 16, runs) if decode_batch * 17 <= kv_tokens else 0.0
+    model = StepCostModel(tuple(points), tuple(seconds), 0.0, 0.0, decode_step)
     batch = DECODE_BATCH[on_cuda]
     context = min(LONG_CONTEXT, probe.max_context // 2, kv_tokens // (batch + 4))
     if context < 64:
@@ -137,4 +145,4 @@ def measure_step_costs(probe: StepProbe, on_cuda: bool, kv_tokens: int) -> StepC
     chunk = min(PAIR_CHUNK[on_cuda], probe.max_tokens - 1)
     pairs = probe.seconds(chunk, context, 1, 16, runs) - model.tokens_seconds(chunk + 1)
     return StepCostModel(model.token_points, model.token_seconds, max(0.0, decodes / (batch * context)),
-                         max(0.0, pairs / (chunk * context)))
+                         max(0.0, pairs / (chunk * context)), decode_step)
