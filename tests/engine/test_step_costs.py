@@ -61,3 +61,18 @@ def test_a_budget_chunks_a_prompt_beside_decodes_and_generates_the_same(tiny_mod
     long_chunks = [n for step in steps for rid, n in step if rid == "long"]
     assert long_chunks[:4] == [64, 64, 64, 8] and all(("short", 1) in step for step in steps[1:5])
     assert got == want and len(got["long"]) == 4 and len(got["short"]) == 24
+
+
+def test_the_server_option_takes_milliseconds_auto_or_off(capsys):
+    import pytest
+
+    from hosttune_engine.server.cli import _parser, config_from_args
+
+    def budget(*flags):
+        return config_from_args(_parser().parse_args(["serve", "--model", "m", *flags])).engine.max_step_ms
+    assert budget() == 0.0 and budget("--max-step-ms", "auto") == 0.0  # 0: the automatic budget
+    assert budget("--max-step-ms", "off") is None and budget("--max-step-ms", "12.5") == 12.5
+    for bad in ("0", "-3", "fast"):
+        with pytest.raises(SystemExit) as exit_info:
+            budget("--max-step-ms", bad)
+        assert exit_info.value.code == 2 and "auto or off" in capsys.readouterr().err
