@@ -57,10 +57,7 @@ def latency_cdfs(runs: list[tuple[RunRecord, Summary]], path: Path) -> None:
             axis.axhline(q, color="grey", linewidth=0.5, linestyle=":")
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=7, loc="lower right")
-    figure.suptitle("hosttune bench: latency distributions (measured requests)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(plt, figure, path, "hosttune bench: latency distributions (measured requests)")
 
 
 def latency_vs_rate(sweeps: list[SweepResult], path: Path) -> None:
@@ -91,9 +88,7 @@ def latency_vs_rate(sweeps: list[SweepResult], path: Path) -> None:
         axis.set_yscale("log")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(plt, figure, path)
 
 
 def timeline(runs: list[tuple[RunRecord, Summary]], path: Path) -> None:
@@ -117,10 +112,7 @@ def timeline(runs: list[tuple[RunRecord, Summary]], path: Path) -> None:
         axis.grid(True, alpha=0.3)
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=7, loc="upper left")
-    figure.suptitle("hosttune bench: latencies and the server's state over time")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    _save(plt, figure, path, "hosttune bench: latencies and the server's state over time")
 
 
 def _latency_panels(ttft_axis, itl_axis, run: RunRecord, colour: str) -> None:
@@ -150,6 +142,14 @@ def _server_panels(queue_axis, kv_axis, run: RunRecord, colour: str) -> None:
 
 def _nan(value: float | None) -> float:
     return float("nan") if value is None else value
+
+
+def _save(plt, figure, path: Path, title: str | None = None) -> None:
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def _at(summary: Summary, name: str, q: int) -> float:
