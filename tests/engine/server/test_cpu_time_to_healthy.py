@@ -3,15 +3,13 @@ CPU within a minute, warmup included, and then serves."""
 
 import time
 
-from tests.engine.smollm2_checkpoint import smollm2_folder
-
 from .harness import ServerProcess, get_json, post
 
 HEALTHY_WITHIN_S = 60
 
 
-def test_smollm2_at_full_context_is_healthy_within_a_minute(tmp_path):
-    folder = smollm2_folder()
+def test_smollm2_at_full_context_is_healthy_within_a_minute(smollm2, tmp_path):
+    folder = smollm2
     started = time.monotonic()
     server = ServerProcess(folder, tmp_path, ["--served-model-name", "smollm2"])
     try:
