@@ -21,7 +21,7 @@ def bench(
     burstiness: float = typer.Option(1.0, "--burstiness", help="Gamma shape of arrival gaps: 1 Poisson, <1 burstier, >1 steadier."),
     duration: Optional[str] = typer.Option(None, "--duration", help="Measured time after the warm-up, e.g. 10m (default 60s; a sweep's step: 30s)."),
     requests: Optional[int] = typer.Option(None, "--requests", help="Measured requests after the warm-up, instead of --duration."),
-    warmup: str = typer.Option("10s", "--warmup", help="Requests sent in this first period are not measured."),
+    warmup: Optional[str] = typer.Option(None, "--warmup", help="Requests sent in this first period are not measured (default 10s; with --trace 0s)."),
     prompts: str = typer.Option("chat-docs", "--prompts", help="Prompt length distribution: N, uniform:A-B, normal:MEAN,SIGMA[,MIN-MAX], mix:..., chat-docs, jsonl:PATH."),
     max_tokens: str = typer.Option("512", "--max-tokens", help="Output length distribution, same syntax (jsonl field output_tokens)."),
     dataset: Optional[Path] = typer.Option(None, "--dataset", help="Prompts from a file: ShareGPT JSON, or JSONL of {\"prompt\"} or {\"messages\"} (optional \"output_tokens\")."),

@@ -76,13 +76,15 @@ def _load(users, rate, burstiness, duration, requests, warmup, timeout, seed, is
     default = None if arrivals is not None else ("30s" if is_sweep else "60s")
     seconds = None if requests is not None or (duration or default) is None else parse_duration(duration or default)
     return Load(users=users, rate=rate, burstiness=burstiness, duration=seconds, num_requests=requests,
-                warmup=parse_duration(warmup, "--warmup"), seed=seed,
+                warmup=parse_duration(warmup or ("0s" if arrivals is not None else "10s"), "--warmup"), seed=seed,
                 drain_timeout=parse_duration(timeout, "--timeout"), max_concurrency=max_concurrency,
                 arrivals=arrivals)
 
 
 def _run_one(spec: BenchSpec, url: str):
-    planned = f"{spec.load.warmup + spec.load.duration:g}s" if spec.load.duration else f"{spec.load.num_requests} req"
+    load = spec.load
+    planned = (f"{load.warmup + load.duration:g}s" if load.duration else
+               f"{load.num_requests} req" if load.num_requests else f"{len(load.arrivals)} req (trace)")
     run = run_async(measure(spec, url, _progress_printer(url, planned)))
     _clear_progress()
     return run, summarize(run, spec.slo, spec.lag_limit)

@@ -96,10 +96,10 @@ def test_trace_shared_prefix_and_conversations_through_the_cli(server_factory, t
     trace.write_text("".join(json.dumps({"arrival": i * 0.05, "input_length": 12, "output_length": 2}) + "\n"
                              for i in range(10)))
     out = tmp_path / "trace"
-    result = runner.invoke(app, ["bench", "--url", url, "--trace", str(trace), "--warmup", "0", "--out", str(out)])
+    result = runner.invoke(app, ["bench", "--url", url, "--trace", str(trace), "--out", str(out)])  # no warm-up
     assert result.exit_code in (0, 4), result.output
     run = json.loads((out / "results.json").read_text())["runs"][0]
-    assert run["mode"] == "trace" and len(run["requests"]) == 10
+    assert run["mode"] == "trace" and len(run["requests"]) == run["summary"]["num_requests"] == 10
     assert "trace replay (10 requests)" in (out / "report.md").read_text()
 
     out = tmp_path / "prefix"
