@@ -18,6 +18,7 @@ import aiohttp
 
 from hosttune.bench.connection import ConnectionPool, HttpError, Response
 from hosttune.bench.record import FAILED, OK, REJECTED
+from hosttune.bench.workload import Messages
 from hosttune.errors import BenchError
 
 COMPLETIONS = "completions"
@@ -34,6 +35,7 @@ class Target:
     timeout: float = 600.0  # seconds for a whole request
     is_ignore_eos: bool = True  # ask for exactly max_tokens (vLLM/SGLang extension)
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold an API key
+    priority: int | None = None  # request priority, lower first (vLLM/hosttune extension)
 
     @property
     def endpoint(self) -> str:
@@ -53,6 +55,8 @@ class StreamResult:
     error: str
     output_tokens: int
     reported_prompt_tokens: int | None
+    cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache
+    text: str = ""  # the output text, when asked to keep it
 
 
 class Client:
@@ -71,7 +75,11 @@ class Client:
     async def __aexit__(self, *exc_info: object) -> None:
         self.pool.close()
 
-    def payload(self, prompt: str, max_tokens: int) -> dict:
+    def payload(self, messages: Messages | str, max_tokens: int) -> dict:
+        """The request body; a plain string is one user message. The completions API
+        gets the messages' texts joined by spaces."""
+        if isinstance(messages, str):
+            messages = (("user", messages),)
         body: dict = {
             "model": self.target.model,
             "max_tokens": max_tokens,
@@ -81,15 +89,19 @@ class Client:
         }
         if self.target.is_ignore_eos:
             body["ignore_eos"] = True
+        if self.target.priority is not None:
+            body["priority"] = self.target.priority
         if self.target.api == CHAT:
-            body["messages"] = [{"role": "user", "content": prompt}]
+            body["messages"] = [{"role": role, "content": text} for role, text in messages]
         else:
-            body["prompt"] = prompt
+            body["prompt"] = " ".join(text for _, text in messages)
         return body
 
-    async def stream(self, prompt: str, max_tokens: int) -> StreamResult:
-        """Send one streaming request; every output event is timed on arrival."""
-        body = json.dumps(self.payload(prompt, max_tokens)).encode()
+    async def stream(self, messages: Messages | str, max_tokens: int,
+                     is_keep_text: bool = False) -> StreamResult:
+        """Send one streaming request; every output event is timed on arrival. With
+        `is_keep_text` the result holds the output text too."""
+        body = json.dumps(self.payload(messages, max_tokens)).encode()
         request = self.pool.request_bytes(self.path, body)
         sent = time.perf_counter()
         deadline = sent + self.target.timeout
@@ -101,7 +113,8 @@ class Client:
             except asyncio.TimeoutError:
                 return _failure(sent, 0, f"timeout: no connection in {self.target.timeout:g}s")
             try:
-                response = await asyncio.wait_for(connection.send(request), deadline - time.perf_counter())
+                response = await asyncio.wait_for(connection.send(request, is_keep_text),
+                                                  deadline - time.perf_counter())
             except asyncio.TimeoutError:
                 connection.close()
                 return _failure(sent, 0, f"timeout: no complete response in {self.target.timeout:g}s")
@@ -134,6 +147,8 @@ def _result(sent: float, response: Response) -> StreamResult:
         outcome=FAILED if events.error else OK, status=200, error=events.error,
         output_tokens=events.usage.get("completion_tokens", len(events.chunks)),
         reported_prompt_tokens=events.usage.get("prompt_tokens"),
+        cached_tokens=(events.usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+        text=events.text,
     )
 
 

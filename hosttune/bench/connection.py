@@ -55,8 +55,9 @@ class Response:
 class ResponseParser:
     """Incremental HTTP/1.1 response parser (head, then chunked/length/close body)."""
 
-    def __init__(self) -> None:
+    def __init__(self, is_keep_text: bool = False) -> None:
         self.response = Response()
+        self.is_keep_text = is_keep_text
         self.buffer = b""
         self.state = HEAD
         self.remaining = 0  # bytes left in the current chunk or body
@@ -124,7 +125,7 @@ class ResponseParser:
             name, _, value = line.partition(":")
             response.headers[name.strip().lower()] = value.strip()
         if response.status == 200:
-            response.events = EventStream()
+            response.events = EventStream(self.is_keep_text)
         connection = response.headers.get("connection", "").lower()
         response.is_keep_alive = parts[0] == "HTTP/1.1" and connection != "close"
         if response.status in (204, 304) or 100 <= response.status < 200:
@@ -194,10 +195,11 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._finish()
 
-    def send(self, request: bytes) -> asyncio.Future:
-        """Write a request; the future resolves to its complete Response."""
+    def send(self, request: bytes, is_keep_text: bool = False) -> asyncio.Future:
+        """Write a request; the future resolves to its complete Response (with the
+        stream's text when `is_keep_text`)."""
         assert self.transport is not None and self.waiter is None
-        self.parser = ResponseParser()
+        self.parser = ResponseParser(is_keep_text)
         self.waiter = asyncio.get_running_loop().create_future()
         self.num_requests += 1
         self.is_answered = False

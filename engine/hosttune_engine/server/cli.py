@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
                                                               "that, requests get HTTP 429")
     s.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     s.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget of one step")
+    s.add_argument("--max-step-ms", type=_step_ms, default="auto",
+                   help="time budget of a step with running decodes, from step costs measured at start: "
+                        "milliseconds, auto (2.5 times a decode-only step of the same decodes) or off (token budget only)")
     s.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     s.add_argument("--num-kv-blocks", type=int, help="KV-cache size in blocks (default: from free memory)")
     s.add_argument("--cpu-kv-cache-gib", type=float, default=0.25, help="KV-cache size on CPU")
@@ -74,6 +77,18 @@ def _auth_and_connection_args(s: argparse.ArgumentParser) -> None:
                    help="open connections at most; past that a new one gets 503 and is closed")
 
 
+def _step_ms(text: str) -> float | None:
+    if text in ("auto", "off"):
+        return 0.0 if text == "auto" else None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give milliseconds (> 0), auto or off")
+    return value
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     engine = EngineConfig(
         model=args.model, tokenizer=args.tokenizer, load_format=args.load_format, dtype=args.dtype,
@@ -82,7 +97,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_batch_size,
         max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_batch_size),
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
-        enforce_eager=args.enforce_eager, scheduling_policy="priority")  # equal priorities are first come, first served
+        enforce_eager=args.enforce_eager, max_step_ms=args.max_step_ms,
+        scheduling_policy="priority")  # equal priorities are first come, first served
     return ServerConfig(engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
                         max_queue=args.max_queue, shutdown_timeout_s=args.shutdown_timeout,
                         retry_after_s=args.retry_after, max_body_bytes=args.max_body_bytes,

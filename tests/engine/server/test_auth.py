@@ -103,10 +103,11 @@ def test_openai_client_with_api_key(keyed):
 
 
 def test_no_key_reaches_the_log(keyed):
-    post(keyed.url + "/v1/completions", {"prompt": "Hello", "max_tokens": 2},
-         headers={"Authorization": f"Bearer {WRONG}"})
+    for key in (FILE_KEY, WRONG):
+        post(keyed.url + "/v1/completions", {"prompt": "Hello", "max_tokens": 2},
+             headers={"Authorization": f"Bearer {key}"})
     log = keyed.log()
-    assert "status=200" in log  # the requests above were logged, at debug level
+    assert "status=200" in log  # the requests were logged, at debug level
     for key in (FILE_KEY, ENV_KEY, WRONG):
         assert key not in log
 
