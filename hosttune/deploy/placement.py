@@ -233,8 +233,8 @@ def host_abi(facts: Facts) -> str | None:
     return f"cp{major}{minor}"
 
 
-def preflight(facts: Facts, host: str, placement: Placement, device: str | None) -> None:
-    """Refuse, before anything changes, a host that cannot run the service as asked."""
+def preflight_host(facts: Facts, host: str, device: str | None) -> None:
+    """Refuse, before anything changes, a host that cannot run the service at all."""
     if facts.pid1 != "systemd":
         raise DeployError(
             f"{host}: PID 1 is {facts.pid1 or 'unknown'!r}, not systemd: hosttune deploy runs the engine as a systemd "
@@ -243,11 +243,17 @@ def preflight(facts: Facts, host: str, placement: Placement, device: str | None)
             f"(hosttune-engine serve --model PATH ...)")
     if not facts.python_version:
         raise DeployError(f"{host}: no python3 found; the release virtualenv needs Python 3 with the venv module")
-    if placement.numa_nodes and not facts.numactl:
-        nodes = ",".join(map(str, placement.numa_nodes))
-        raise DeployError(f"{host}: the GPUs are on NUMA node {nodes}, but numactl is missing to bind the service "
-                          f"there; install it (hosttune apply fixes tools.numactl)")
     if device != CPU_DEVICE and not facts.gpu.gpus:
         why = f" ({facts.gpu.error})" if facts.gpu.error else ""
         raise DeployError(f"{host}: no NVIDIA GPU found{why}; the engine needs one (the custom engine runs "
                           f"on CPU with --set device=cpu)")
+
+
+def preflight(facts: Facts, host: str, placed: Placement | Layout, device: str | None) -> None:
+    """Refuse, before anything changes, a host that cannot run the service as placed."""
+    preflight_host(facts, host, device)
+    replicas = placed.replicas if isinstance(placed, Layout) else (placed,)
+    nodes = sorted({n for r in replicas for n in r.numa_nodes})
+    if nodes and not facts.numactl:
+        raise DeployError(f"{host}: the GPUs are on NUMA node {','.join(map(str, nodes))}, but numactl is missing to bind "
+                          f"the service there; install it (hosttune apply fixes tools.numactl)")

@@ -12,9 +12,10 @@ import json
 from functools import lru_cache
 from importlib import resources
 
+from hosttune.build.wheelhouse import Entry
 from hosttune.deploy.placement import Layout, Placement
-from hosttune.deploy.plan import Role, placeholder_values, serve_argv, serve_flags
-from hosttune.deploy.release import meta_dir
+from hosttune.deploy.plan import Role, make_release, named_release, placeholder_values, serve_argv, serve_flags
+from hosttune.deploy.release import VENV_PLACEHOLDER, Release, meta_dir, release_dir
 from hosttune.deploy.settings import ServeSettings, drain_seconds
 from hosttune.deploy.units import (REPLICA_TEMPLATE, UnitSpec, Upstream, render_nginx, render_probe_units, render_unit,
                                    variable)
@@ -108,3 +109,17 @@ def replica_files(preset: EnginePreset, settings: ServeSettings, layout: Layout,
     meta.update({LB_SCRIPT: lb_script(), REPLICAS_JSON: lb_config(layout, upstream)})
     files = {NGINX_CONF: render_nginx(upstream), SCRAPE_FILE: scrape_targets(layout, address, host, preset.name)}
     return units, meta, files
+
+
+def make_layout_release(preset: EnginePreset, settings: ServeSettings, layout: Layout, entry: Entry,
+                        address: str = "127.0.0.1", host: str = "") -> Release:
+    """One replica: the single service (plan.make_release); several: the templated unit and its nginx."""
+    if not layout.is_balanced:
+        return make_release(preset, settings, layout.replicas[0], entry)
+    venv = release_dir(VENV_PLACEHOLDER)
+    units, meta, files = replica_files(preset, settings, layout, venv, address, host)
+    summary = {"model": settings.model, "port": settings.port, "tensor_parallel": layout.tensor_parallel,
+               "replicas": replicas_doc(layout), "flags": settings.flags, "env": settings.env}
+    spec = template_spec(preset, settings, layout, venv)
+    program = spec.argv[len(_numactl_prefix(layout))]
+    return named_release(preset, entry, units, summary, (program,), meta, files)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -15,8 +15,11 @@ from hosttune.build.wheelhouse import Entry, entries, read_entry
 from hosttune.deploy import multinode
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, rollback_one
-from hosttune.deploy.placement import host_abi, place, preflight
+from hosttune.deploy.model import ModelShape, read_model
+from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutRequest, host_abi, place, plan_layout, preflight,
+                                       preflight_host)
 from hosttune.deploy.plan import Role, make_release
+from hosttune.deploy.replicas import make_layout_release
 from hosttune.deploy.settings import Overrides, ServeSettings, resolve
 from hosttune.deploy.units import Upstream, render_nginx
 from hosttune.errors import HosttuneError, TransportError
@@ -45,6 +48,10 @@ class DeployRequest:
     forks: int = 50
     timeouts: dict = field(default_factory=dict, hash=False)  # warmup, health_timeout_s, gate_timeout_s
     dry_run: bool = False
+    tensor_parallel: int | None = None  # default: the smallest that divides the heads and fits
+    replicas: str = PER_GPU  # "per-gpu" or a count per host
+    canary: int = 0  # hosts deployed (and checked) first, before the rest
+    session_affinity: bool | None = None  # None: the inventory's deploy.session_affinity
 
 
 # -- deciding --------------------------------------------------------------------------
@@ -70,16 +77,42 @@ def pick_entry(request: DeployRequest, abi: str | None, archs: tuple[str, ...], 
     return entry
 
 
-def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role()) -> HostJob:
+def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role(), model: ModelShape | None = None) -> HostJob:
     """Everything about one host's deploy, decided from its facts; raises DeployError if it cannot run."""
     preset = load_preset(request.engine)
-    settings = resolve(host, preset, request.model, request.port, request.overrides, request.timeouts)
-    placement = place(request.gpus or host.gpus, facts, host.name)
-    preflight(facts, host.name, placement, _device(settings))
+    settings = _settings(host, preset, request)
+    pinned = None if request.ref or _device(settings) == CPU_DEVICE else preset.release_for(facts.gpu.cuda_driver_version,
+                                                                                             host.name)
+    if pinned:  # the release for this host's CUDA, with the flags it has
+        preset = replace(preset, serve=replace(preset.serve, flags={**preset.serve.flags, **pinned.flags}))
+        settings = _settings(host, preset, request)
+        request = replace(request, ref=pinned.ref)
+    preflight_host(facts, host.name, _device(settings))
+    model = model or ModelShape(request.model, True)
+    if model.path.startswith("/") and not model.exists:
+        raise DeployError(f"{host.name}: the model folder {model.path} does not exist on the host; copy it there "
+                          f"or fix --model")
+    if role.kind == "single":
+        layout = plan_layout(LayoutRequest(request.gpus or host.gpus, request.tensor_parallel, request.replicas,
+                                           _device(settings)), facts, model, host.name, settings.port)
+    else:  # a multi-node group: every GPU of the host is one rank set of vLLM's Ray runtime
+        layout = Layout((place(request.gpus or host.gpus, facts, host.name),), 0, "multi-node")
+    placement = layout.replicas[0]
+    preflight(facts, host.name, layout, _device(settings))
     python, abi = _python(host, facts)
-    archs = tuple(sorted({g.compute_cap for g in facts.gpu.gpus if g.index in placement.gpus and g.compute_cap}))
+    used = {g for r in layout.replicas for g in r.gpus}
+    archs = tuple(sorted({g.compute_cap for g in facts.gpu.gpus if g.index in used and g.compute_cap}))
     entry = pick_entry(request, abi, archs, host.name)
-    return HostJob(host, preset, settings, placement, entry, make_release(preset, settings, placement, entry, role), python)
+    release = make_layout_release(preset, settings, layout, entry, host.connection.address, host.name) \
+        if role.kind == "single" else make_release(preset, settings, placement, entry, role)
+    return HostJob(host, preset, settings, placement, entry, release, python, layout)
+
+
+def _settings(host: Host, preset, request: DeployRequest) -> ServeSettings:
+    settings = resolve(host, preset, request.model, request.port, request.overrides, request.timeouts)
+    if request.session_affinity is not None:
+        settings = replace(settings, session_affinity=request.session_affinity)
+    return settings
 
 
 def _device(settings: ServeSettings) -> str | None:
@@ -116,7 +149,8 @@ def _single(host: Host, request: DeployRequest) -> HostDeploy:
     except HosttuneError as exc:
         return HostDeploy(host, "failed", error=str(exc))
     try:
-        job = make_job(host, facts, request)
+        model = read_model(transport, request.model) if request.model.startswith("/") else None
+        job = make_job(host, facts, request, model=model)
         return deploy_host(transport, job, dry_run=request.dry_run)
     except HosttuneError as exc:
         return HostDeploy(host, "failed", error=f"nothing changed: {exc}")
