@@ -181,22 +181,45 @@ def rollout_units(inventory: Inventory, engine: str) -> list[list[Host]]:
 
 
 def deploy_fleet(inventory: Inventory, request: DeployRequest,
-                 on_batch: Callable[[list[HostDeploy]], None] | None = None) -> list[HostDeploy]:
-    """Deploy batch by batch; once more than --max-fail-percent of the hosts tried failed, the rest is skipped."""
+                 on_batch: Callable[[list[HostDeploy]], None] | None = None,
+                 canary_check: Callable[[list[HostDeploy]], str | None] | None = None) -> list[HostDeploy]:
+    """Deploy batch by batch; once more than --max-fail-percent of the hosts tried failed, the rest is skipped.
+
+    --canary N: the first N hosts go first, alone; when one fails, or canary_check (an SLO bench
+    against them) gives a reason, the rest is skipped with that reason.
+    """
+    units = rollout_units(inventory, request.engine)
+    canaries, rest = units[:request.canary], units[request.canary:]
     outcomes: list[HostDeploy] = []
+    if canaries:
+        outcomes += _batch(canaries, request, on_batch)
+        why = _canary_verdict(outcomes, canary_check)
+        if why:
+            return outcomes + [HostDeploy(h, "skipped", error=f"not run: {why}") for unit in rest for h in unit]
     spent = False
-    for batch in batches(rollout_units(inventory, request.engine), request.serial):
+    for batch in batches(rest, request.serial):
         spent = spent or over_budget([o for o in outcomes if o.state != "skipped"], request.max_fail_percent)
         if spent:
             why = f"not run: more than {request.max_fail_percent:g}% of hosts failed"
             outcomes += [HostDeploy(h, "skipped", error=why) for unit in batch for h in unit]
             continue
-        done = _parallel(lambda unit: _run_unit(unit, request), batch, request.forks)
-        flat = [o for unit in done for o in unit]
-        if on_batch:
-            on_batch(flat)
-        outcomes += flat
+        outcomes += _batch(batch, request, on_batch)
     return outcomes
+
+
+def _batch(batch: list[list[Host]], request: DeployRequest, on_batch) -> list[HostDeploy]:
+    done = _parallel(lambda unit: _run_unit(unit, request), batch, request.forks)
+    flat = [o for unit in done for o in unit]
+    if on_batch:
+        on_batch(flat)
+    return flat
+
+
+def _canary_verdict(outcomes: list[HostDeploy], check) -> str | None:
+    failed = [o.host.name for o in outcomes if not o.ok]
+    if failed:
+        return f"the canary {', '.join(failed)} failed"
+    return check(outcomes) if check else None
 
 
 def _run_unit(unit: list[Host], request: DeployRequest) -> list[HostDeploy]:
