@@ -69,10 +69,10 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     unchanged = _unchanged(transport, job, state, dry_run)
     if unchanged:
         return unchanged
-    if release.replicas and not state.nginx:
-        raise DeployError(f"{job.host.name}: {len(release.replicas)} replicas need nginx on the host for their upstream on "
-                          f"port {job.settings.port}; install nginx (apt-get install nginx-light) or deploy --replicas 1")
-    check_installed_flags(transport, job, state)
+    try:
+        refuse(transport, job, state)
+    except DeployError as exc:  # one line, and the host as it was
+        return HostDeploy(job.host, "failed", None, _name(state.current), error=f"nothing changed: {exc}")
     install = dplan.install_ops(release, job.entry, state, job.python) + dplan.verify_ops(release)
     activate = rolling.switch_ops(release, state) if release.replicas else \
         rolling.leave_ops(state) + dplan.activate_ops(release, state)
@@ -97,6 +97,15 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     if gate.ok:
         return HostDeploy(job.host, "deployed", release.id, release.id, gate)
     return _restore(transport, job, state, gate)
+
+
+def refuse(transport: Transport, job: HostJob, state: HostState) -> None:
+    """What only the host can tell, before anything changes: nginx for several replicas, the flags."""
+    if job.release.replicas and not state.nginx:
+        raise DeployError(f"{job.host.name}: {len(job.release.replicas)} replicas need nginx on the host for their "
+                          f"upstream on port {job.settings.port}; install nginx (apt-get install nginx-light) "
+                          f"or deploy --replicas 1")
+    check_installed_flags(transport, job, state)
 
 
 def _unchanged(transport: Transport, job: HostJob, state: HostState, dry_run: bool) -> HostDeploy | None:

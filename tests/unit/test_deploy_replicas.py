@@ -16,6 +16,7 @@ import pytest
 from hosttune.deploy import host as dhost
 from hosttune.deploy import rollout
 from hosttune.deploy.errors import DeployError
+from hosttune.deploy.recap import exit_code, render
 from hosttune.deploy.model import ModelShape, parse_model
 from hosttune.deploy.placement import LayoutRequest, plan_layout
 from hosttune.deploy.replicas import NGINX_CONF, SCRAPE_FILE, local_upstream, make_layout_release
@@ -288,16 +289,16 @@ def test_a_replica_failing_its_gate_puts_back_the_replicas_that_moved(tmp_path):
 def test_several_replicas_need_nginx_and_an_unknown_flag_is_refused_before_any_change(tmp_path):
     j = job(tmp_path, a100_facts(), engine="custom", gpus="0-1")
     log: list = []
-    with pytest.raises(DeployError, match="2 replicas need nginx on the host"):
-        dhost.deploy_one(ScriptedTransport("gpu-a", log, state=""), j)
+    refused = dhost.deploy_one(ScriptedTransport("gpu-a", log, state=""), j)
+    assert refused.state == "failed" and "nothing changed: gpu-a: 2 replicas need nginx on the host" in refused.error
     from hosttune.deploy.plan import wheel_set
     donor = f"/opt/hosttune/releases/custom-same-wheels\ninstalled:{wheel_set(j.release, j.python)} /opt/hosttune/releases/custom-same"
     t = ScriptedTransport("gpu-a", log, state=f"nginx:/usr/sbin/nginx\ncurrent:{donor}\n")
     t.unknown_flags = ["--bogus"]
     log.clear()
-    with pytest.raises(DeployError) as info:
-        dhost.deploy_one(t, j)
-    assert "the installed hosttune-engine" in str(info.value) and "does not know --bogus" in str(info.value)
+    refused = dhost.deploy_one(t, j)
+    assert "the installed hosttune-engine" in refused.error and "does not know --bogus" in refused.error
+    assert len(render([refused]).splitlines()) == 1 and exit_code([refused]) == 2
     assert not any(a[:1] == ("systemctl",) or (a[:2] == ("sh", "-c") and a[4] in ("write", "link", "remove"))
                    for _, a in log)
 
