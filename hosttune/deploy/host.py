@@ -205,7 +205,7 @@ def _bring_back(transport: Transport, job: HostJob, previous: Release, link: lis
 
 def _stop_ops(release: Release) -> list[dplan.Op]:
     names = [n for n in reversed(UNIT_NAMES) if n in release.units]
-    return [dplan.Run(("systemctl", "disable", "--now", *names)),
+    return [*([dplan.Run(("systemctl", "disable", "--now", *names))] if names else []),
             *(dplan.Remove(f"{UNIT_DIR}/{n}") for n in names),
             dplan.Remove(CURRENT), dplan.Run(("systemctl", "daemon-reload"))]
 

@@ -17,7 +17,7 @@ from hosttune.deploy.release import (CURRENT, PREVIOUS, UNIT_DIR, VENV_PLACEHOLD
                                      meta_dir, release_dir, release_id, wheel_path)
 from hosttune.deploy.settings import ServeSettings, drain_seconds, flag_argv
 from hosttune.deploy.state import HostState
-from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT, UNIT_NAMES, UnitSpec, render_unit
+from hosttune.deploy.units import RAY_UNIT, REPLICA_UNITS, SERVE_UNIT, UNIT_NAMES, UnitSpec, render_unit
 from hosttune.presets import EnginePreset, substitute
 from hosttune.quoting import join
 
@@ -232,7 +232,8 @@ def activate_ops(release: Release, state: HostState, *, keep_previous: bool = Fa
     """
     ops: list[Op] = []
     for name in state.units:
-        if name not in release.units:  # a role this host no longer has (e.g. multi-node → single)
+        # a role this host no longer has (e.g. multi-node → single); replicas go through rolling.leave_ops
+        if name not in release.units and name not in REPLICA_UNITS:
             ops += [Run(("systemctl", "disable", "--now", name)), Remove(f"{UNIT_DIR}/{name}")]
     ops += [WriteFile(f"{UNIT_DIR}/{name}", body) for name, body in release.units.items()]
     if not keep_previous and state.current and state.current != release.dir:

@@ -19,7 +19,7 @@ from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, meta_d
 from hosttune.deploy.replicas import LB_SCRIPT, NGINX_CONF
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState
-from hosttune.deploy.units import PROBE_TIMER, RAY_UNIT, REPLICA_UNITS, SERVE_UNIT, replica_unit
+from hosttune.deploy.units import PROBE_TIMER, RAY_UNIT, REPLICA_TEMPLATE, REPLICA_UNITS, SERVE_UNIT, replica_unit
 from hosttune.transport.base import Transport
 
 NGINX = "nginx.service"
@@ -75,9 +75,10 @@ def leave_ops(state: HostState) -> list[dplan.Op]:
     if state.instances:
         ops.append(dplan.Run(("systemctl", "disable", "--now", *sorted(state.instances)), 900.0))
     present = [n for n in REPLICA_UNITS if n in state.units]
-    if present:
-        ops.append(dplan.Run(("systemctl", "disable", "--now", *present)))
-        ops += [dplan.Remove(f"{UNIT_DIR}/{n}") for n in present]
+    running = [n for n in present if n != REPLICA_TEMPLATE]  # a template has no state of its own, its instances do
+    if running:
+        ops.append(dplan.Run(("systemctl", "disable", "--now", *running)))
+    ops += [dplan.Remove(f"{UNIT_DIR}/{n}") for n in present]
     if state.instances or present:
         ops += [dplan.Remove(NGINX_CONF), dplan.Run(("systemctl", "try-reload-or-restart", NGINX))]
     return ops

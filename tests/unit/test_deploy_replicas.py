@@ -343,3 +343,19 @@ def test_replica_lb_marks_drained_and_failing_replicas_down(tmp_path):
     assert servers.read_text().count(" down;") == 2
     lb("in", "1")
     assert servers.read_text().count(" down;") == 1 and "127.0.0.1:2 max_fails=3 fail_timeout=10s;" in servers.read_text()
+
+
+def test_going_back_to_one_service_stops_the_replicas_probe_and_local_nginx(tmp_path):
+    from hosttune.deploy.rolling import leave_ops
+    from hosttune.deploy.state import UnitFile, parse_state
+
+    state = parse_state("unit:hosttune-engine@.service a inactive\nunit:hosttune-probe.timer b active\n"
+                        "instance:hosttune-engine@0.service active\ninstance:hosttune-engine@1.service failed\n")
+    assert state.instances == {"hosttune-engine@0.service": "active", "hosttune-engine@1.service": "failed"}
+    described = [op for op in leave_ops(state)]
+    assert [getattr(op, "argv", getattr(op, "path", None)) for op in described] == [
+        ("systemctl", "disable", "--now", "hosttune-engine@0.service", "hosttune-engine@1.service"),
+        ("systemctl", "disable", "--now", "hosttune-probe.timer"),
+        "/etc/systemd/system/hosttune-engine@.service", "/etc/systemd/system/hosttune-probe.timer",
+        NGINX_CONF, ("systemctl", "try-reload-or-restart", "nginx.service")]
+    assert leave_ops(parse_state("")) == [] and isinstance(state.units["hosttune-probe.timer"], UnitFile)
