@@ -92,7 +92,7 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
         assert f"HOSTTUNE_PORT={port + 1 + i}" in env
     assert host.exec("systemctl is-active nginx.service hosttune-probe.timer").stdout.split() == ["active", "active"]
     servers = host.path(SERVERS).read_text()
-    assert f"127.0.0.1:{port + 1} " in servers and f"127.0.0.1:{port + 2} " in servers and " down" not in servers
+    assert f"127.0.0.1:{port + 1} " in servers and f"127.0.0.1:{port + 2} " in servers and " down;" not in servers
     complete(port)
 
     # 2. a redeploy to a new release under a steady rate through nginx: every request answered 200
@@ -124,7 +124,7 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     timings["probe took it out"] = time.monotonic() - start
     complete(port)  # the other replica serves meanwhile
     wait_for("systemd restarts it", lambda: int(host.exec(f"systemctl show -p NRestarts --value {unit}").stdout) >= 1, 60)
-    wait_for("the probe puts it back", lambda: " down" not in host.path(SERVERS).read_text(), 180)
+    wait_for("the probe puts it back", lambda: " down;" not in host.path(SERVERS).read_text(), 180)
     timings["back in nginx"] = time.monotonic() - start
     assert host.exec(f"systemctl show -p MainPID --value {unit}").stdout.strip() != pid
 
