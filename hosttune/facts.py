@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hosttune.facts_health import HealthFacts
+
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -141,6 +143,7 @@ class Facts:
     numactl: str | None = None
     python_version: str | None = None
     pythons: tuple[str, ...] = ()
+    health: HealthFacts = field(default_factory=HealthFacts)  # GPU faults, fabric, PCI errors, /dev/shm
     probe_errors: tuple[str, ...] = ()
 
     def cmdline_param(self, key: str, configured: bool = False) -> str | None:

@@ -110,6 +110,28 @@ class ToolsSpec:
 
 
 @dataclass(frozen=True)
+class HealthSpec:
+    """GPU health and fabric checks: what a healthy host shows (null turns a check off)."""
+
+    gpu_count: int | None = None  # GPUs the host must show; None: PCI and NVML only have to agree
+    gpus: str | None = None  # the inventory's GPU selection (an index list): each must exist
+    shm_min_mib: int | None = 1024
+    thermal_margin_c: int | None = 5
+    allreduce_floor_gbps: float | None = None  # None: the floor for the GPU model and link
+    active_load_s: int = 6
+
+    def __post_init__(self):
+        for name in ("gpu_count", "shm_min_mib", "thermal_margin_c"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ProfileError(f"health.{name}: must be a non-negative integer (got {value!r})")
+        if not isinstance(self.active_load_s, int) or not 1 <= self.active_load_s <= 60:
+            raise ProfileError(f"health.active_load_s: must be 1-60 seconds (got {self.active_load_s!r})")
+        if self.gpus is not None:
+            _cpus(self.gpus, "health.gpus")
+
+
+@dataclass(frozen=True)
 class Profile:
     """The desired state of one host."""
 
@@ -125,11 +147,13 @@ class Profile:
     memory: MemorySpec = field(default_factory=MemorySpec)
     nvme: NvmeSpec = field(default_factory=NvmeSpec)
     tools: ToolsSpec = field(default_factory=ToolsSpec)
+    health: HealthSpec = field(default_factory=HealthSpec)
 
 
 _SECTION_TYPES = {
     "driver": DriverSpec, "cuda": CudaSpec, "gpu": GpuSpec, "cpu": CpuSpec, "kernel": KernelSpec,
     "irq": IrqSpec, "numa": NumaSpec, "memory": MemorySpec, "nvme": NvmeSpec, "tools": ToolsSpec,
+    "health": HealthSpec,
 }
 
 
@@ -231,6 +255,8 @@ def host_overrides(host: Host) -> dict:
         over.setdefault("irq", {})["gpu_affinity"] = host.irq_cores
     if host.rcu_nocbs:
         over.setdefault("kernel", {})["rcu_nocbs"] = host.rcu_nocbs
+    if host.gpus != "all":
+        over.setdefault("health", {})["gpus"] = host.gpus
     _check_sections(host.tune, f"{host.source} (tune)")
     return merge(over, host.tune)
 

@@ -26,7 +26,7 @@ class Check:
         except Exception as exc:  # noqa: BLE001 - one broken parser must not hide the other checks
             verdict = Verdict(Status.ERROR, "-", detail=f"check failed on these facts: {type(exc).__name__}: {exc}")
         return Finding(
-            check_id=self.id, title=self.title, status=verdict.status, severity=self.severity,
+            check_id=self.id, title=self.title, status=verdict.status, severity=verdict.severity or self.severity,
             desired=verdict.desired, configured=verdict.configured, active=verdict.active,
             detail=verdict.detail, remediation=self.remediation, needs_reboot=self.needs_reboot, why=self.why,
         )

@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 
+from hosttune.bench.extra import require_bench_extra
 from hosttune.cli.app import app
 from hosttune.cli.common import user_errors
 
@@ -50,6 +51,7 @@ def bench(
 
     Example: hosttune bench --url http://gpu-01:8000 --users 128 --duration 10m --slo e2e=2s --out bench/
     """
+    require_bench_extra()
     from hosttune.cli import bench_run  # aiohttp/uvloop load only when benchmarking
 
     bench_run.run(url=url, users=users, rate=rate, burstiness=burstiness, duration=duration, requests=requests, warmup=warmup, prompts=prompts, max_tokens=max_tokens, api=api, model=model, tokenizer=tokenizer, slo=slo, slo_percentile=slo_percentile, max_error_rate=max_error_rate, sweep=sweep, sweep_start=sweep_start, sweep_max=sweep_max, sweep_growth=sweep_growth, sweep_precision=sweep_precision, out=out, ignore_eos=ignore_eos, timeout=timeout, max_client_lag=max_client_lag, seed=seed)

@@ -59,7 +59,7 @@ def deploy(
     is replaced by the previous one again, with the service's journal tail shown.
     Exit code bits: 2 a host failed or was skipped, 4 unreachable.
 
-    Example: hosttune deploy --engine vllm --gpus 0-3 --model /models/qwen2.5-7b -i inventories/prod.yaml --canary 1 --canary-slo e2e=2s
+    Example: hosttune deploy --engine vllm --gpus 0-3 --model /models/qwen2.5-7b -i inventories/example.yaml --canary 1 --canary-slo e2e=2s
     """
     inv = load(inventory, limit, accept_new_host_keys)
     timeouts = {"warmup": warmup, "health_timeout_s": health_timeout, "gate_timeout_s": gate_timeout}

@@ -106,6 +106,120 @@ tools() {
   return 0
 }
 
+# ---- health probes: GPU faults, fabric, PCI errors, shared memory (read-only) ----
+# sec() keeps the section's name in n: no function here may set n.
+health_host() {
+  grep -qs '^flags.* hypervisor' /proc/cpuinfo && printf 'hypervisor:yes\n'
+  printf 'shm:%s\n' "$(df -Pk /dev/shm 2>/dev/null | tail -n 1)"
+  grep -s ' /dev/shm ' /proc/mounts | sed 's/^/shm-mount:/'
+  return 0
+}
+
+gpu_nodes() {  # read after the smoke test: the first CUDA call loads nvidia-uvm and makes its nodes
+  [ -d /sys/module/nvidia_uvm ] && printf 'uvm-module:yes\n'
+  for h_n in /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidia[0-9]*; do
+    [ -c "$h_n" ] && printf 'devnode:%s\n' "$h_n"
+  done
+  return 0
+}
+
+kernel_log() {  # Xid lines since boot: the ring buffer, else this boot's kernel journal
+  if dmesg >/dev/null 2>&1; then printf 'source:dmesg\n'; l=$(dmesg | grep 'NVRM: Xid')
+  elif journalctl -k -b -n 1 --no-pager >/dev/null 2>&1; then
+    printf 'source:journal\n'; l=$(journalctl -k -b --no-pager -o cat | grep 'NVRM: Xid')
+  else return 1
+  fi
+  [ -n "$l" ] || { printf 'total:0\n'; return 0; }
+  printf 'total:%s\n' "$(printf '%s\n' "$l" | wc -l)"
+  printf '%s\n' "$l" | tail -n 500 | sed 's/^/xid:/'
+}
+
+acs_ctl() {  # $1: a bridge's sysfs dir. Walks the extended capabilities to ACS (id 0x0d).
+  [ "$(stat -c %s "$1/config" 2>/dev/null || echo 0)" -gt 256 ] || { printf 'none'; return; }  # conventional PCI
+  o=256; i=0
+  while [ $o -ge 256 ] && [ $i -lt 64 ]; do
+    h=$(od -An -tu4 -j$o -N4 "$1/config" 2>/dev/null | tr -d ' ')
+    [ -n "$h" ] || { printf 'unreadable'; return; }
+    [ "$h" = 0 ] || [ "$h" = 4294967295 ] && break
+    [ $((h & 65535)) = 13 ] && { od -An -tu2 -j$((o + 6)) -N2 "$1/config" | tr -d ' \n'; return; }
+    o=$(( (h >> 20) & 4092 )); i=$((i + 1))
+  done
+  printf 'none'
+}
+
+pci_health() {  # AER counters of GPUs, NVSwitches and NICs; IOMMU and ACS on GPU paths
+  for d in /sys/bus/pci/devices/*; do
+    read -r v < "$d/vendor" 2>/dev/null || continue
+    read -r c < "$d/class" 2>/dev/null || continue
+    case $v:$c in 0x10de:0x03*) k=gpu ;; 0x10de:0x0680*) k=nvswitch ;; *:0x02*) k=nic ;; *) continue ;; esac
+    b=${d##*/}
+    printf 'dev:%s:%s\n' "$b" "$k"
+    for f in aer_dev_correctable aer_dev_nonfatal aer_dev_fatal; do
+      [ -r "$d/$f" ] && sed "s/^/aer:$b:$f:/" "$d/$f"
+    done
+    [ $k = gpu ] || continue
+    [ -r "$d/iommu_group/type" ] && printf 'iommu:%s:%s\n' "$b" "$(cat "$d/iommu_group/type")"
+    p=$(readlink -f "$d")
+    for a in $(printf '%s\n' "${p#/sys/devices/pci*/}" | tr '/' ' '); do
+      [ "$a" = "$b" ] && break
+      [ -n "$h_root" ] || { h_root=$a; continue; }  # the root port itself is not a switch port
+      printf 'acs:%s:%s:%s\n' "$a" "$b" "$(acs_ctl "/sys/bus/pci/devices/$a")"
+    done
+    h_root=
+  done
+  return 0
+}
+
+fabric_manager() {
+  command -v nv-fabricmanager >/dev/null && printf 'version:%s\n' "$(nv-fabricmanager --version 2>&1 | head -n 1)"
+  for p in /proc/[0-9]*/comm; do read -r c < "$p" 2>/dev/null; [ "$c" = nv-fabricmanage ] && { printf 'running:yes\n'; break; }; done
+  [ "$(cat /proc/1/comm)" = systemd ] || return 0
+  printf 'active:%s\nenabled:%s\n' "$(systemctl is-active nvidia-fabricmanager)" "$(systemctl is-enabled nvidia-fabricmanager)"
+  return 0
+}
+
+cuda_python() {  # $@: arguments for the CUDA probe (libcuda through ctypes); 30 s keeps a hung GPU inside the probe timeout
+  for py in "$HT_PY0" /usr/bin/python3; do
+    [ -n "$py" ] && [ -x "$py" ] || continue
+    if command -v timeout >/dev/null; then timeout "${HT_CUDA_TIMEOUT:-30}" "$py" -c "$HOSTTUNE_CUDA_PROBE" "$@"
+    else "$py" -c "$HOSTTUNE_CUDA_PROBE" "$@"; fi
+    return $?
+  done
+  return 127
+}
+
+torch_python() {  # the engine's virtualenv first, then the interpreters on PATH
+  for py in /opt/hosttune/current/bin/python $(ls -td /opt/hosttune/releases/*/bin/python 2>/dev/null) "$HT_PY0" /usr/bin/python3; do
+    [ -x "$py" ] && "$py" -c 'import torch' 2>/dev/null && { printf '%s' "$py"; return 0; }
+  done
+  return 1
+}
+
+allreduce() {
+  py=$(torch_python) || return 127
+  timeout 120 "$py" -c "$HOSTTUNE_ALLREDUCE_PROBE"
+}
+
+health_gpu_first() {
+  command -v nvidia-smi >/dev/null || return 0
+  sec nvlink-status nvidia-smi nvlink -s
+  sec nvlink-errors-1 nvidia-smi nvlink -e
+  [ -n "$HT_XML" ] || sec smi-xml nvidia-smi -q -x
+}
+
+health_gpu_last() {
+  sec cuda-smoke cuda_python smoke
+  sec gpu-nodes gpu_nodes
+  if [ -n "$HOSTTUNE_ACTIVE" ]; then
+    HT_CUDA_TIMEOUT=$((HOSTTUNE_ACTIVE + 60)); sec active-load cuda_python load "$HOSTTUNE_ACTIVE"; HT_CUDA_TIMEOUT=
+    command -v dcgmi >/dev/null && sec dcgm-diag timeout 300 dcgmi diag -r 1
+    [ "$(ls -d /dev/nvidia[0-9]* 2>/dev/null | wc -l)" -ge 2 ] && sec allreduce allreduce
+  fi
+  command -v nvidia-smi >/dev/null && sec nvlink-errors-2 nvidia-smi nvlink -e
+  return 0
+}
+# ---- end of health probes ----
+
 sec meta meta
 sec bootloader bootloader
 sec system system
@@ -116,6 +230,10 @@ sec packages packages
 sec services services
 sec sysctl sysctl_conf
 sec tools tools
+sec health-host health_host
+sec kernel-log kernel_log
+sec pci-health pci_health
+[ -e /sys/bus/pci/drivers/nvidia ] || command -v nv-fabricmanager >/dev/null && sec fabric fabric_manager
 nvml() {
   r=127
   for py in "$HT_PY0" /usr/bin/python3; do
@@ -128,7 +246,9 @@ nvml() {
 # Interpreters cost ~50 ms each: ask NVML only where an NVIDIA GPU, driver or nvidia-smi is present.
 [ -n "$HT_GPU" ] || [ -e /proc/driver/nvidia/version ] || command -v nvidia-smi >/dev/null || exit 0
 if ! sec nvml nvml && command -v nvidia-smi >/dev/null; then
-  sec smi-xml nvidia-smi -q -x
+  sec smi-xml nvidia-smi -q -x; HT_XML=1
   sec smi-csv nvidia-smi --query-gpu=index,name,pci.bus_id,pstate,persistence_mode,clocks.sm,clocks.max.sm,power.draw,power.limit,driver_version,compute_cap --format=csv
 fi
+health_gpu_first
+health_gpu_last
 exit 0

@@ -1,5 +1,4 @@
-"""bench against our own engine's server, on CPU, with the tiny Qwen2 model (issue 7,
-acceptance 1): a real `python -m hosttune_engine serve` process on 127.0.0.1.
+"""bench against our own engine's server, on CPU, with the tiny Qwen2 model: a real `python -m hosttune_engine serve` process on 127.0.0.1.
 
 The engine's timings are not scripted, so these tests check what must hold against a
 real server: prompts of exactly the asked length through its /tokenize (completions and

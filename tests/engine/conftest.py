@@ -55,3 +55,11 @@ def tiny_models(tmp_path_factory):
     from .tiny import build_tiny_models
 
     return build_tiny_models(tmp_path_factory.mktemp("tiny-models"))
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """Path of a real small model (SmolLM2-135M-Instruct, 9 heads, 3 KV heads, tied embeddings)."""
+    from .smollm2 import smollm2_checkpoint
+
+    return smollm2_checkpoint()

@@ -1,8 +1,8 @@
-"""Acceptance 3 (verify): the vLLM, SGLang and Ray units deploy renders pass `systemd-analyze verify`
-on a real systemd host, through deploy's own verify step, and so do the replica template, probe
-service and timer of a host running several replicas (its nginx config passes the host's
-`nginx -t`); a broken one does not. And systemd reads back exactly the argv and environment
-hosttune quoted into a unit, per replica instance too.
+"""The vLLM, SGLang and Ray units deploy renders pass `systemd-analyze verify` on a real systemd
+host, through deploy's own verify step, and so do the replica template, probe service and timer
+of a host running several replicas (its nginx config passes the host's `nginx -t`); a broken one
+does not. And systemd reads back exactly the argv and environment hosttune quoted into a unit,
+per replica instance too.
 """
 from __future__ import annotations
 

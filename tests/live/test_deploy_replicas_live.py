@@ -96,7 +96,7 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     complete(port)
 
     # 2. a redeploy to a new release under a steady rate through nginx: every request answered 200
-    bench = start_bench(port, tmp_path / "bench", 100)
+    bench = start_bench(port, tmp_path / "bench", 130)
     time.sleep(8)
     start = time.monotonic()
     result = deploy(inventory, wheelhouse, port, "--set", "max-queue=16")
@@ -105,11 +105,11 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     second = result.stdout.split()[2]
     assert second != first and host.exec("readlink /opt/hosttune/current").stdout.strip().endswith(second)
     bench_out, _ = bench.communicate(timeout=400)
-    assert timings["rolling redeploy"] < 90, "the bench ended before the roll did: raise its duration"
+    assert timings["rolling redeploy"] < 120, "the bench ended before the roll did: raise its duration"
     runs = json.loads((tmp_path / "bench" / "results.json").read_text())["runs"]
     requests = runs[0]["requests"]
     bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
-    assert len(requests) >= 150 and not bad, (bad[:10], bench_out[-2000:])
+    assert len(requests) >= 200 and not bad, (bad[:10], bench_out[-2000:])
     for i in range(2):  # both replicas run the new release now
         pid = host.exec(f"systemctl show -p MainPID --value hosttune-engine@{i}.service").stdout.strip()
         assert second in host.exec(f"cat /proc/{pid}/cmdline | tr '\\0' ' '").stdout

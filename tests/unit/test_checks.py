@@ -27,6 +27,8 @@ def test_catalogue_covers_design():
         "gpu.persistence", "gpu.pcie_link", "gpu.ecc", "gpu.mig", "cpu.governor", "cpu.cstates",
         "kernel.rcu_nocbs", "irq.irqbalance", "irq.gpu_affinity", "numa.topology", "mm.thp",
         "nvme.power", "tools.numactl", "python.version",
+        "gpu.xid", "gpu.count", "cuda.smoke", "gpu.memory_health", "gpu.nvlink", "gpu.fabric", "pci.p2p",
+        "pci.aer", "gpu.clocks_power", "sys.shm", "gpu.load", "gpu.diag", "gpu.allreduce",
     }
     assert all(c.why.endswith(".") and c.remediation for c in CATALOGUE)
 

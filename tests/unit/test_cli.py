@@ -5,6 +5,7 @@ import xml.etree.ElementTree as ET
 
 from typer.testing import CliRunner
 
+from hosttune.checks import CATALOGUE
 from hosttune.cli import app
 from hosttune.fleet import EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE
 
@@ -22,7 +23,7 @@ def test_check_local_json_matches_exit_code():
     result = runner.invoke(app, ["check", "--format", "json"])
     doc = json.loads(result.stdout)
     (host,) = doc["hosts"]
-    assert host["host"] == "localhost" and host["reachable"] and len(host["findings"]) == 19
+    assert host["host"] == "localhost" and host["reachable"] and len(host["findings"]) == len(CATALOGUE)
     assert result.exit_code == doc["exit_code"]
     failing = any(f["status"] in ("drift", "pending-reboot") for f in host["findings"])
     assert bool(result.exit_code & EXIT_DRIFT) == failing
@@ -32,7 +33,7 @@ def test_check_junit_and_prometheus(tmp_path):
     out = tmp_path / "r.xml"
     runner.invoke(app, ["check", "--format", "junit", "--output", str(out)])
     suite = ET.parse(out).getroot().find("testsuite")
-    assert suite.get("name") == "localhost" and int(suite.get("tests")) == 19
+    assert suite.get("name") == "localhost" and int(suite.get("tests")) == len(CATALOGUE)
     prom = runner.invoke(app, ["check", "--format", "prometheus"]).stdout
     assert 'hosttune_host_reachable{host="localhost"} 1' in prom
     assert prom.count('check="mm.thp"') == 5

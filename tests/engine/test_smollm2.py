@@ -1,0 +1,33 @@
+"""The engine on a real small model: SmolLM2-135M-Instruct with its own tokenizer and chat template."""
+
+import pytest
+import torch
+
+from hosttune_engine.llm import LLM
+from hosttune_engine.sampling import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+NUM_TOKENS = 12
+
+
+def _hf_greedy(path, prompt_ids: list[int]) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=NUM_TOKENS, do_sample=False)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def test_greedy_tokens_match_transformers(smollm2):
+    llm = LLM(model=str(smollm2), dtype="float32", device="cpu", max_model_len=512)
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    for out in llm.generate(PROMPTS, params):
+        assert list(out.token_ids) == _hf_greedy(smollm2, list(out.prompt_token_ids)), out.prompt
+
+
+def test_chat_template_comes_from_the_checkpoint(smollm2):
+    llm = LLM(model=str(smollm2), dtype="float32", device="cpu", max_model_len=512)
+    text = llm.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
+    assert text.startswith("<|im_start|>") and text.rstrip().endswith("<|im_start|>assistant")
