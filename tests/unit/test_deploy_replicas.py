@@ -359,3 +359,64 @@ def test_going_back_to_one_service_stops_the_replicas_probe_and_local_nginx(tmp_
         "/etc/systemd/system/hosttune-engine@.service", "/etc/systemd/system/hosttune-probe.timer",
         NGINX_CONF, ("systemctl", "try-reload-or-restart", "nginx.service")]
     assert leave_ops(parse_state("")) == [] and isinstance(state.units["hosttune-probe.timer"], UnitFile)
+
+
+# -- canaries --------------------------------------------------------------------------------------
+
+
+def test_canaries_go_first_and_a_failed_check_stops_the_rest(tmp_path, monkeypatch):
+    base = [h for h in inventory(tmp_path).hosts if h.group == "a100"]
+    hosts = tuple(replace(base[i % 2], name=f"h{i}") for i in range(4))
+    inv = type(inventory(tmp_path))(hosts, "x")
+    ran: list[str] = []
+
+    def single(host, request):
+        ran.append(host.name)
+        return dhost.HostDeploy(host, "deployed", "r", "r")
+
+    monkeypatch.setattr(rollout, "_single", single)
+    request = rollout.DeployRequest("sglang", "/m", tmp_path, canary=1)
+    checked: list[list[str]] = []
+
+    def slo_missed(outcomes):
+        checked.append([o.host.name for o in outcomes])
+        return "the canary h0 missed the SLO e2e=2s at 1 req/s (3 of 30 requests ok)"
+
+    outcomes = rollout.deploy_fleet(inv, request, canary_check=slo_missed)
+    assert ran == ["h0"] and checked == [["h0"]]
+    assert [o.state for o in outcomes] == ["deployed", "skipped", "skipped", "skipped"]
+    assert outcomes[1].error == "not run: the canary h0 missed the SLO e2e=2s at 1 req/s (3 of 30 requests ok)"
+    ran.clear()
+    assert [o.state for o in rollout.deploy_fleet(inv, request, canary_check=lambda o: None)] == ["deployed"] * 4
+    assert ran[0] == "h0" and sorted(ran[1:]) == ["h1", "h2", "h3"]
+
+
+def test_a_failed_canary_stops_the_rest_without_a_check(tmp_path, monkeypatch):
+    base = [h for h in inventory(tmp_path).hosts if h.group == "a100"]
+    inv = type(inventory(tmp_path))(tuple(replace(base[0], name=f"h{i}") for i in range(3)), "x")
+    monkeypatch.setattr(rollout, "_single", lambda host, request: dhost.HostDeploy(host, "failed", "r", None, error="x"))
+    outcomes = rollout.deploy_fleet(inv, rollout.DeployRequest("sglang", "/m", tmp_path, canary=1))
+    assert [o.state for o in outcomes] == ["failed", "skipped", "skipped"]
+    assert outcomes[2].error == "not run: the canary h0 failed"
+
+
+def test_the_canary_slo_bench_passes_a_fast_host_and_stops_a_slow_one(tmp_path):
+    from hosttune.deploy.canary import CanaryBench, slo_check
+
+    def check_against(ttft: str):
+        server = subprocess.Popen([sys.executable, "-m", "hosttune.bench.testserver", "--port", "0", "--lifetime", "60",
+                                   "--ttft", ttft, "--itl", "0.001"], stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(server.stdout.readline().rsplit(":", 1)[1])
+            host = replace(inventory(tmp_path).hosts[0], connection=replace(inventory(tmp_path).hosts[0].connection,
+                                                                             address="127.0.0.1"))
+            request = rollout.DeployRequest("custom", "/m", tmp_path, port=port)
+            bench = CanaryBench("ttft=200ms", rate=10, duration="2s", max_tokens="4")
+            return slo_check(bench, request)([dhost.HostDeploy(host, "deployed", "r", "r")])
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+
+    assert check_against("0.01") is None
+    missed = check_against("0.4")
+    assert missed.startswith("the canary gpu-a missed the SLO ttft=200ms at 10 req/s (") and "requests ok)" in missed
