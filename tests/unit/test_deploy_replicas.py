@@ -23,6 +23,7 @@ from hosttune.deploy.replicas import NGINX_CONF, SCRAPE_FILE, local_upstream, ma
 from hosttune.deploy.settings import parse_sets, resolve
 from hosttune.deploy.units import REPLICA_TEMPLATE, render_nginx
 from hosttune.presets import PresetError, load_preset
+from hosttune.transport.base import CommandResult
 
 from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, h100_facts, inventory
 
@@ -420,3 +421,38 @@ def test_the_canary_slo_bench_passes_a_fast_host_and_stops_a_slow_one(tmp_path):
     assert check_against("0.01") is None
     missed = check_against("0.4")
     assert missed.startswith("the canary gpu-a missed the SLO ttft=200ms at 10 req/s (") and "requests ok)" in missed
+
+
+MODEL_READ = {  # what model.py's read script prints for each folder on the scripted host
+    "/models/qwen2.5-7b": "dir:\nconfig-begin:\n{\"num_attention_heads\": 28, \"num_key_value_heads\": 4}\nconfig-end:\n"
+                          "weights:15230000000 model.safetensors\n",
+    "/models/qwen2.5-72b": "dir:\nconfig-begin:\n{\"num_attention_heads\": 64, \"num_key_value_heads\": 8}\nconfig-end:\n"
+                           "weights:145400000000 model.safetensors\n",
+    "/models/missing": "missing:\n",
+}
+
+
+class ModelHost(ScriptedTransport):
+    def run(self, argv, *, stdin=None, timeout=None):
+        argv = tuple(argv)
+        if argv[:2] == ("sh", "-c") and argv[3:4] == ("hosttune",) and argv[4] in MODEL_READ:
+            self.log.append((self.host_name, argv))
+            return CommandResult(argv, 0, MODEL_READ[argv[4]], "", 0.0)
+        return super().run(argv, stdin=stdin, timeout=timeout)
+
+
+@pytest.mark.parametrize("model, extra, message", [
+    ("/models/qwen2.5-7b", dict(tensor_parallel=3), "--tensor-parallel 3 does not divide /models/qwen2.5-7b's 28"),
+    ("/models/qwen2.5-7b", dict(gpus="0-7"), "--gpus 0-7 asks for GPU 4,5,6,7, but the host has GPUs 0-3"),
+    ("/models/qwen2.5-72b", dict(tensor_parallel=2), "a 1/2 shard of /models/qwen2.5-72b (72.7 GB) is more than 75%"),
+    ("/models/missing", {}, "the model folder /models/missing does not exist on the host"),
+])
+def test_refusals_only_read_the_host(tmp_path, monkeypatch, model, extra, message):
+    log: list = []
+    host = inventory(tmp_path).hosts[0]
+    monkeypatch.setattr(rollout, "_connect_and_probe", lambda h: (ModelHost(h.name, log), a100_facts()))
+    fake_entry(tmp_path / "wh", "vllm")
+    outcome = rollout._single(host, rollout.DeployRequest("vllm", model, tmp_path / "wh", **extra))
+    assert outcome.state == "failed" and outcome.error.startswith("nothing changed: gpu-a: ") and message in outcome.error
+    assert len(render([outcome]).splitlines()) == 1 and exit_code([outcome]) == 2
+    assert [a[4] for _, a in log] == [model]  # one read of the model folder, and nothing else
