@@ -110,6 +110,7 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     requests = runs[0]["requests"]
     bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
     assert len(requests) >= 200 and not bad, (bad[:10], bench_out[-2000:])
+    timings["requests during the roll, all 200"] = len(requests)
     for i in range(2):  # both replicas run the new release now
         pid = host.exec(f"systemctl show -p MainPID --value hosttune-engine@{i}.service").stdout.strip()
         assert second in host.exec(f"cat /proc/{pid}/cmdline | tr '\\0' ' '").stdout
@@ -138,5 +139,20 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
         assert result.exit_code == 2, result.output
         assert len(result.stdout.strip().splitlines()) == 1 and message in result.stdout, result.stdout
         assert tree_hash(host) == before, message
+
+    # 5. --rollback rolls the replicas back to the first release, one at a time
+    start = time.monotonic()
+    result = runner.invoke(app, ["deploy", "--rollback", "-i", str(inventory), "--health-timeout", "240"])
+    timings["rollback"] = time.monotonic() - start
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split()[1:3] == ["rolled-back", first]
+    assert host.exec("readlink /opt/hosttune/current").stdout.strip().endswith(first)
+    assert f"/opt/hosttune/releases/{first}/" in host.path("/etc/systemd/system/hosttune-engine@.service").read_text()
+    for i in range(2):
+        pid = host.exec(f"systemctl show -p MainPID --value hosttune-engine@{i}.service").stdout.strip()
+        assert first in host.exec(f"cat /proc/{pid}/cmdline | tr '\\0' ' '").stdout
+    assert " down;" not in host.path(SERVERS).read_text()
+    complete(port)
     with capsys.disabled():
-        print("\n  replica timings: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+        print("\n  replica timings: " + ", ".join(f"{k} {v:.1f}s" if isinstance(v, float) else f"{k} {v}"
+                                              for k, v in timings.items()))
