@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from hosttune.build.wheelhouse import Entry, WheelKey, describe_wheels, write_manifest
@@ -63,6 +64,12 @@ def inventory(tmp_path: Path):
     path = tmp_path / "inventory.yaml"
     path.write_text(INVENTORY)
     return load_inventory(path)
+
+
+def fleet_of(tmp_path: Path, count: int):
+    """An inventory of count single hosts h0, h1, ... (the a100 group's hosts, renamed)."""
+    base = [h for h in inventory(tmp_path).hosts if h.group == "a100"]
+    return type(inventory(tmp_path))(tuple(replace(base[i % 2], name=f"h{i}") for i in range(count)), "x")
 
 
 def fake_entry(wheelhouse: Path, engine: str = "vllm", archs=("8.0",), cuda: str | None = "12.4",

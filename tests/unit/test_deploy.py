@@ -25,7 +25,7 @@ from hosttune.facts import Facts
 from hosttune.presets import load_preset
 from hosttune.transport.base import CommandResult
 
-from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, h200_facts, inventory
+from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, fleet_of, h200_facts, inventory
 
 runner = CliRunner()
 
@@ -275,9 +275,7 @@ def test_cli_refuses_a_host_without_systemd(monkeypatch, tmp_path):
 
 
 def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):
-    base = [h for h in inventory(tmp_path).hosts if h.group == "a100"]
-    hosts = tuple(replace(base[i % 2], name=f"h{i}") for i in range(4))
-    inv = type(inventory(tmp_path))(hosts, "x")
+    inv = fleet_of(tmp_path, 4)
     ran: list[str] = []
 
     def single(host, request):

@@ -25,7 +25,7 @@ from hosttune.deploy.units import REPLICA_TEMPLATE, render_nginx
 from hosttune.presets import PresetError, load_preset
 from hosttune.transport.base import CommandResult
 
-from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, h100_facts, inventory
+from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, fleet_of, h100_facts, inventory
 
 GB = 10**9
 QWEN_7B = ModelShape("/models/qwen2.5-7b", True, 28, 4, int(15.23 * GB))  # fits one 80 GB GPU
@@ -366,16 +366,10 @@ def test_going_back_to_one_service_stops_the_replicas_probe_and_local_nginx(tmp_
 
 
 def test_canaries_go_first_and_a_failed_check_stops_the_rest(tmp_path, monkeypatch):
-    base = [h for h in inventory(tmp_path).hosts if h.group == "a100"]
-    hosts = tuple(replace(base[i % 2], name=f"h{i}") for i in range(4))
-    inv = type(inventory(tmp_path))(hosts, "x")
+    inv = fleet_of(tmp_path, 4)
     ran: list[str] = []
-
-    def single(host, request):
-        ran.append(host.name)
-        return dhost.HostDeploy(host, "deployed", "r", "r")
-
-    monkeypatch.setattr(rollout, "_single", single)
+    monkeypatch.setattr(rollout, "_single", lambda host, request: ran.append(host.name) or
+                        dhost.HostDeploy(host, "deployed", "r", "r"))
     request = rollout.DeployRequest("sglang", "/m", tmp_path, canary=1)
     checked: list[list[str]] = []
 
@@ -393,8 +387,7 @@ def test_canaries_go_first_and_a_failed_check_stops_the_rest(tmp_path, monkeypat
 
 
 def test_a_failed_canary_stops_the_rest_without_a_check(tmp_path, monkeypatch):
-    base = [h for h in inventory(tmp_path).hosts if h.group == "a100"]
-    inv = type(inventory(tmp_path))(tuple(replace(base[0], name=f"h{i}") for i in range(3)), "x")
+    inv = fleet_of(tmp_path, 3)
     monkeypatch.setattr(rollout, "_single", lambda host, request: dhost.HostDeploy(host, "failed", "r", None, error="x"))
     outcomes = rollout.deploy_fleet(inv, rollout.DeployRequest("sglang", "/m", tmp_path, canary=1))
     assert [o.state for o in outcomes] == ["failed", "skipped", "skipped"]
