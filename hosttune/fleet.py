@@ -63,7 +63,7 @@ def probe(host: Host, active_s: int = 0) -> tuple[Facts, Timings]:
     start = time.monotonic()
     transport = open_transport(host.connection)
     try:
-        run = gather(transport, active_s)
+        run = gather(transport, active_s, timeout=host.probe_timeout_s)
     finally:
         transport.close()
     return run.facts, Timings(run.connect_s, run.probe_s, run.parse_s, time.monotonic() - start)

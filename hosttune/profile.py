@@ -72,16 +72,17 @@ class KernelSpec:
     rcu_nocbs: str | None = None
 
     def __post_init__(self):
-        _cpus(self.rcu_nocbs, "kernel.rcu_nocbs")
+        if self.rcu_nocbs != "auto":  # auto: every CPU but each NUMA node's housekeeping cores
+            _cpus(self.rcu_nocbs, "kernel.rcu_nocbs")
 
 
 @dataclass(frozen=True)
 class IrqSpec:
     irqbalance: bool | None = False
-    gpu_affinity: str | None = "numa-local"  # "numa-local" or a CPU list
+    gpu_affinity: str | None = "numa-local"  # "numa-local", "housekeeping" (its node's first cores) or a CPU list
 
     def __post_init__(self):
-        if self.gpu_affinity != "numa-local":
+        if self.gpu_affinity not in ("numa-local", "housekeeping"):
             _cpus(self.gpu_affinity, "irq.gpu_affinity")
 
 
@@ -221,18 +222,30 @@ def _read_settings(name: str, seen: tuple[str, ...] = ()) -> tuple[dict, str]:
     return merge(base, settings), str(doc.get("description", ""))
 
 
-def _check_sections(settings: dict, where: str) -> None:
+def _check_sections(settings: dict, where: str, label: str = "settings") -> None:
     for section, values in settings.items():
         line = settings.line_of(section) if isinstance(settings, LocatedDict) else 0
         if section not in _SECTION_TYPES:
-            raise ProfileError(f"{where}:{line}: settings.{section}: unknown section (expected one of: {', '.join(_SECTION_TYPES)})")
+            raise ProfileError(f"{where}:{line}: {label}.{section}: unknown section (expected one of: {', '.join(_SECTION_TYPES)})")
         if not isinstance(values, dict):
-            raise ProfileError(f"{where}:{line}: settings.{section}: must be a mapping")
+            raise ProfileError(f"{where}:{line}: {label}.{section}: must be a mapping")
         known = {f.name for f in dataclasses.fields(_SECTION_TYPES[section])}
         for key in values:
             if key not in known:
                 kline = values.line_of(key) if isinstance(values, LocatedDict) else line
-                raise ProfileError(f"{where}:{kline}: settings.{section}.{key}: unknown setting (expected one of: {', '.join(sorted(known))})")
+                raise ProfileError(f"{where}:{kline}: {label}.{section}.{key}: unknown setting (expected one of: {', '.join(sorted(known))})")
+
+
+def _check_values(settings: dict, where: str, label: str) -> None:
+    """Each setting on its own against its section's dataclass, so an error names its line."""
+    for section, values in settings.items():
+        for key, value in values.items():
+            line = values.line_of(key) if isinstance(values, LocatedDict) else 0
+            try:
+                _SECTION_TYPES[section](**{key: value})
+            except (ProfileError, TypeError, ValueError) as exc:
+                message = str(exc).removeprefix(f"{section}.{key}: ")
+                raise ProfileError(f"{where}:{line}: {label}.{section}.{key}: {message}") from None
 
 
 def merge(base: dict, override: dict) -> dict:
@@ -257,7 +270,8 @@ def host_overrides(host: Host) -> dict:
         over.setdefault("kernel", {})["rcu_nocbs"] = host.rcu_nocbs
     if host.gpus != "all":
         over.setdefault("health", {})["gpus"] = host.gpus
-    _check_sections(host.tune, f"{host.source} (tune)")
+    _check_sections(host.tune, host.path, "tune")
+    _check_values(host.tune, host.path, "tune")
     return merge(over, host.tune)
 
 
@@ -280,5 +294,9 @@ def load_profile(name: str) -> Profile:
 
 def profile_for(host: Host) -> Profile:
     """The host's playbook with the inventory's pins and `tune:` applied."""
+    try:
+        find_playbook(host.profile)
+    except ProfileError as exc:
+        raise ProfileError(f"{host.profile_source or host.source}: profile: {exc}") from None
     settings, description = _read_settings(host.profile)
     return build(host.profile, merge(settings, host_overrides(host)), description)

@@ -40,6 +40,7 @@ class BenchSpec:
     slo: Slo | None = None
     lag_limit: float = 0.005
     is_ignore_eos: bool = True
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # --header, --api-key
     prompt_dist: LengthDistribution = field(init=False, repr=False, compare=False)
     output_dist: LengthDistribution = field(init=False, repr=False, compare=False)
 
@@ -68,9 +69,9 @@ async def measure(spec: BenchSpec, url: str,
                   on_progress: Callable[[Progress], None] | None = None) -> RunRecord:
     """Run the benchmark `spec` against the endpoint at `url`."""
     url = check_url(url)
-    model = spec.model or await discover_model(url)
+    model = spec.model or await discover_model(url, headers=spec.headers)
     builder = await prompt_builder(spec, url)
-    target = Target(url, model, spec.api, spec.timeout, spec.is_ignore_eos)
+    target = Target(url, model, spec.api, spec.timeout, spec.is_ignore_eos, spec.headers)
     async with Client(target) as client:
         generator = LoadGenerator(client, spec.load, builder, spec.prompt_dist,
                                   spec.output_dist, on_progress)
@@ -89,7 +90,7 @@ async def measure(spec: BenchSpec, url: str,
 async def prompt_builder(spec: BenchSpec, url: str) -> prompts.PromptBuilder:
     """Calibrate words against the best tokenizer available, then check a few prompts."""
     timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=timeout, headers=spec.headers) as session:
         if spec.tokenizer is not None:
             count = prompts.local_counter(spec.tokenizer)
             source = f"local tokenizer {spec.tokenizer}"

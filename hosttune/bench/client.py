@@ -11,7 +11,7 @@ import asyncio
 import json
 import time
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import aiohttp
@@ -33,6 +33,7 @@ class Target:
     api: str = COMPLETIONS  # COMPLETIONS or CHAT
     timeout: float = 600.0  # seconds for a whole request
     is_ignore_eos: bool = True  # ask for exactly max_tokens (vLLM/SGLang extension)
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold an API key
 
     @property
     def endpoint(self) -> str:
@@ -61,7 +62,7 @@ class Client:
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.pool = ConnectionPool(target.url)
+        self.pool = ConnectionPool(target.url, target.headers)
         self.path = urlparse(target.endpoint).path
 
     async def __aenter__(self) -> "Client":
@@ -136,12 +137,15 @@ def _result(sent: float, response: Response) -> StreamResult:
     )
 
 
-async def discover_model(url: str, timeout: float = 10.0) -> str:
+async def discover_model(url: str, timeout: float = 10.0, headers: tuple[tuple[str, str], ...] = ()) -> str:
     """The first model the endpoint lists at /v1/models."""
     endpoint = url.rstrip("/") + "/v1/models"
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), headers=headers) as session:
             async with session.get(endpoint) as resp:
+                if resp.status == 401:
+                    raise BenchError(f"{endpoint} answered 401: pass the endpoint's key with --api-key "
+                                     f"(or $OPENAI_API_KEY)")
                 body = await resp.json(content_type=None) if resp.status == 200 else {}
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
         raise BenchError(f"cannot reach {endpoint}: {exc or type(exc).__name__}; is the server up?") from None

@@ -229,8 +229,9 @@ class Connection(asyncio.BufferedProtocol):
 class ConnectionPool:
     """Keep-alive connections to one origin, opened on demand, with no upper limit."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
         parsed = urlparse(url)
+        self.extra_head = "".join(f"{name}: {value}\r\n" for name, value in headers)
         self.host = parsed.hostname or "127.0.0.1"
         self.is_tls = parsed.scheme == "https"
         self.port = parsed.port or (443 if self.is_tls else 80)
@@ -241,7 +242,7 @@ class ConnectionPool:
     def request_bytes(self, path: str, body: bytes) -> bytes:
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
-            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{self.extra_head}"
             f"Content-Length: {len(body)}\r\n\r\n"
         )
         return head.encode("latin-1") + body

@@ -25,6 +25,8 @@ def shm(facts: Facts, profile: Profile) -> Verdict:
     want = profile.health.shm_min_mib
     if want is None:
         return na("/dev/shm size not managed by the profile")
+    if facts.image:
+        return na("an image: /dev/shm is a tmpfs mounted at boot (check it on the running host)", f">= {want} MiB")
     s = facts.health.shm
     desired = f">= {want} MiB"
     if s.size_kib is None:

@@ -40,6 +40,8 @@ def bench(
     timeout: str = typer.Option("10m", "--timeout", help="Longest a single request may take."),
     max_client_lag: str = typer.Option("5ms", "--max-client-lag", help="Flag the run when the client's P99 lag exceeds this."),
     seed: int = typer.Option(0, "--seed", help="Seed for lengths, prompts and arrivals."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help="Sent as 'Authorization: Bearer KEY'; redacted in printed and saved command lines."),
+    header: Optional[List[str]] = typer.Option(None, "--header", help="NAME=VALUE, an extra request header; repeatable; its value is redacted in reports."),
 ) -> None:
     """Load-test OpenAI-compatible endpoints the way production traffic does.
 
@@ -54,4 +56,4 @@ def bench(
     require_bench_extra()
     from hosttune.cli import bench_run  # aiohttp/uvloop load only when benchmarking
 
-    bench_run.run(url=url, users=users, rate=rate, burstiness=burstiness, duration=duration, requests=requests, warmup=warmup, prompts=prompts, max_tokens=max_tokens, api=api, model=model, tokenizer=tokenizer, slo=slo, slo_percentile=slo_percentile, max_error_rate=max_error_rate, sweep=sweep, sweep_start=sweep_start, sweep_max=sweep_max, sweep_growth=sweep_growth, sweep_precision=sweep_precision, out=out, ignore_eos=ignore_eos, timeout=timeout, max_client_lag=max_client_lag, seed=seed)
+    bench_run.run(url=url, users=users, rate=rate, burstiness=burstiness, duration=duration, requests=requests, warmup=warmup, prompts=prompts, max_tokens=max_tokens, api=api, model=model, tokenizer=tokenizer, slo=slo, slo_percentile=slo_percentile, max_error_rate=max_error_rate, sweep=sweep, sweep_start=sweep_start, sweep_max=sweep_max, sweep_growth=sweep_growth, sweep_precision=sweep_precision, out=out, ignore_eos=ignore_eos, timeout=timeout, max_client_lag=max_client_lag, seed=seed, api_key=api_key, header=header or [])

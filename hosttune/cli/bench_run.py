@@ -12,6 +12,7 @@ import typer
 
 from hosttune.bench import console, plot, report
 from hosttune.bench.benchmark import BenchSpec, measure, run_async
+from hosttune.bench.headers import redact_argv, request_headers
 from hosttune.bench.loadgen import Load
 from hosttune.bench.metrics import Slo, summarize
 from hosttune.bench.sweep import SweepConfig, sweep as run_sweep
@@ -23,15 +24,16 @@ EXIT_CLIENT_BEHIND = 4
 DEFAULT_SWEEP_SLO = "e2e=2s"  # the seed's "max RPS while P95 stays under 2 s"
 
 
-def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed) -> None:
+def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed, api_key=None, header=()) -> None:
     slo_value = _slo(slo or (DEFAULT_SWEEP_SLO if sweep else None), slo_percentile, max_error_rate)
     spec = BenchSpec(
         load=_load(users, rate, burstiness, duration, requests, warmup, timeout, seed, sweep, sweep_start),
         prompt_lengths=prompts, output_lengths=max_tokens, api=api, model=model,
         tokenizer=tokenizer, timeout=parse_duration(timeout, "--timeout"), slo=slo_value,
         lag_limit=parse_duration(max_client_lag, "--max-client-lag"), is_ignore_eos=ignore_eos,
+        headers=request_headers(header, api_key),
     )
-    command = "hosttune bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    command = "hosttune bench " + " ".join(shlex.quote(a) for a in redact_argv(sys.argv[2:]))
     if sweep:
         config = SweepConfig(sweep_start, sweep_max, sweep_growth, sweep_precision)
         outcome = report.Outcome((), tuple(_sweep_one(spec, u, slo_value, config) for u in url), command, report.now_text())

@@ -45,6 +45,7 @@ def deploy(
     health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1, help="Seconds for the service to load and report healthy (default 600)."),
     gate_timeout: Optional[float] = typer.Option(None, "--gate-timeout", min=1, help="Seconds the one-token generation may take (default 60)."),
     nginx_dir: Path = typer.Option(Path("hosttune-nginx"), "--nginx-dir", help="Where nginx upstreams for groups of several replicas are written."),
+    keys_dir: Path = typer.Option(Path("hosttune-keys"), "--keys-dir", help="Where a group with deploy.api_key: true keeps its generated key (GROUP.key, mode 0600)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each host's release and operations; change nothing."),
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
@@ -70,7 +71,7 @@ def deploy(
             raise DeployError("--engine and --model are required (or --rollback)")
         request = DeployRequest(engine.value, model, wheelhouse or default_wheelhouse(), gpus, port,
                                 parse_sets(set_ or ()), ref, serial, max_fail_percent, forks, timeouts, dry_run,
-                                tensor_parallel, parse_replicas(replicas), canary, session_affinity)
+                                tensor_parallel, parse_replicas(replicas), canary, session_affinity, keys_dir)
         check = slo_check(CanaryBench(canary_slo, canary_rate, canary_duration), request) \
             if canary and canary_slo and not dry_run else None
         outcomes = deploy_fleet(inv, request, on_batch=lambda done: typer.echo(recap.render(done), err=True)

@@ -14,6 +14,8 @@ from typing import Callable
 from hosttune.build.wheelhouse import Entry
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
+from hosttune.deploy.access import Access
+from hosttune.deploy.front import front_ops, key_ops, refresh_tls_ops, tls_ops
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.executor import run_ops
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
@@ -60,26 +62,33 @@ class HostJob:
     release: Release
     python: str = "python3"
     layout: Layout | None = None  # the host's replicas (None: one service over placement)
+    access: Access = Access()
 
 
 def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
                on_op: Callable[[dplan.Op], None] | None = None) -> HostDeploy:
     release = job.release
     state = read_state(transport, release.id, [wheel_path(w) for w in release.wheels] + list(release.files))
+    serves = SERVE_UNIT in release.units
+    front = front_ops(job.access, job.preset.name, (job.settings.port,)) if serves else []
     unchanged = _unchanged(transport, job, state, dry_run)
     if unchanged:
-        return unchanged
+        return _fronted(transport, job, state, unchanged, _refront_ops(job, front) if not dry_run else [])
     try:
         refuse(transport, job, state)
     except DeployError as exc:  # one line, and the host as it was
         return HostDeploy(job.host, "failed", None, _name(state.current), error=f"nothing changed: {exc}")
     install = dplan.install_ops(release, job.entry, state, job.python) + dplan.verify_ops(release)
-    activate = rolling.switch_ops(release, state) if release.replicas else \
+    # the key file before any unit (re)starts, so every replica starts with its key
+    keys = key_ops(job.access, job.preset) + (tls_ops(job.access) if release.replicas else [])
+    switch = rolling.switch_ops(release, state) if release.replicas else \
         rolling.leave_ops(state) + dplan.activate_ops(release, state)
+    activate = keys + switch
     if dry_run:
-        lines = rolling.plan_lines(release, state) if release.replicas else [dplan.describe(op) for op in activate]
+        lines = rolling.plan_lines(release, state) if release.replicas else [dplan.describe(op) for op in switch]
         return HostDeploy(job.host, "planned", release.id, _name(state.current),
-                          ops=tuple(dplan.describe(op) for op in install) + tuple(lines))
+                          ops=tuple(dplan.describe(op) for op in install + keys) + tuple(lines)
+                          + tuple(dplan.describe(op) for op in front))
     try:
         run_ops(transport, install, on_op)
         check_flags(transport, job, release.dir)
@@ -91,11 +100,11 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
         return _restore(transport, job, state, GateResult(False, "activate", str(exc)))
     if release.replicas:
         return _roll(transport, job, state, on_op)
-    if SERVE_UNIT not in release.units:  # a Ray worker: the head's gate judges the cluster
+    if not serves:  # a Ray worker: the head's gate judges the cluster
         return HostDeploy(job.host, "deployed", release.id, release.id)
-    gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health)
+    gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health, key_file=release.key_file)
     if gate.ok:
-        return HostDeploy(job.host, "deployed", release.id, release.id, gate)
+        return _fronted(transport, job, state, HostDeploy(job.host, "deployed", release.id, release.id, gate), front)
     return _restore(transport, job, state, gate)
 
 
@@ -118,8 +127,8 @@ def _unchanged(transport: Transport, job: HostJob, state: HostState, dry_run: bo
     else:
         if not dplan.is_unchanged(release, state):
             return None
-        gate = run_gate(transport, SERVE_UNIT, job.settings, health, warmup=0, just_started=False) \
-            if SERVE_UNIT in release.units and not dry_run else None
+        gate = run_gate(transport, SERVE_UNIT, job.settings, health, warmup=0, just_started=False,
+                        key_file=release.key_file) if SERVE_UNIT in release.units and not dry_run else None
     return HostDeploy(job.host, "unchanged", release.id, release.id, gate) if gate is None or gate.ok else None
 
 
@@ -133,6 +142,22 @@ def _roll(transport: Transport, job: HostJob, state: HostState, on_op) -> HostDe
     except DeployError as exc:
         gate, failed = GateResult(False, "roll", str(exc)), None
     return _restore(transport, job, state, gate, failed)
+
+
+def _fronted(transport: Transport, job: HostJob, before: HostState, outcome: HostDeploy, front: list) -> HostDeploy:
+    """The engine serves: now the host's nginx in front of it (a config nginx refuses puts the old release back)."""
+    try:
+        run_ops(transport, front)
+    except DeployError as exc:
+        if outcome.state == "unchanged":
+            return _with(outcome, state="failed", error=f"nginx: {exc}")
+        return _restore(transport, job, before, GateResult(False, "nginx", str(exc)))
+    return outcome
+
+
+def _refront_ops(job: HostJob, front: list[dplan.Op]) -> list[dplan.Op]:
+    """An unchanged release: its nginx front again (replicas: their nginx config is the release's, the TLS files not)."""
+    return refresh_tls_ops(job.access) if job.release.replicas else front
 
 
 def _name(release_dir: str | None) -> str | None:
@@ -192,7 +217,10 @@ def _bring_back(transport: Transport, job: HostJob, previous: Release, link: lis
     settings, health = _settings_of(previous, job.settings), load_preset(previous.engine).serve.health
     if not previous.replicas:
         run_ops(transport, rolling.leave_ops(after) + dplan.activate_ops(previous, after, keep_previous=True) + link)
-        return run_gate(transport, SERVE_UNIT, settings, health, warmup=0)
+        gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
+        if gate.ok and job.release.replicas:  # leave_ops took the replicas' nginx config: the front again
+            run_ops(transport, front_ops(job.access, previous.engine, (settings.port,)))
+        return gate
     run_ops(transport, rolling.switch_ops(previous, after, keep_previous=True) + link)
     # Replicas after the failed one never left the previous release: only those before it, and it, go back.
     moved = None
@@ -235,7 +263,7 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings) -> H
     run_ops(transport, dplan.verify_ops(previous) + rolling.leave_ops(state) + dplan.activate_ops(previous, state))
     if SERVE_UNIT not in previous.units:
         return HostDeploy(host, "rolled-back", previous.id, previous.id)
-    gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0)
+    gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
     if gate.ok:
         return HostDeploy(host, "rolled-back", previous.id, previous.id, gate)
     return HostDeploy(host, "failed", previous.id, None, gate, gate.summary(), journal_tail(transport, SERVE_UNIT))

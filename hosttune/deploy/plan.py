@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Union
 
 from hosttune.build.wheelhouse import Entry
+from hosttune.deploy.access import Access, launched_with_key
 from hosttune.deploy.placement import Placement
 from hosttune.deploy.release import (CURRENT, PREVIOUS, UNIT_DIR, VENV_PLACEHOLDER, Release, copy_name, manifest_path,
                                      meta_dir, release_dir, release_id, wheel_path)
@@ -99,11 +100,28 @@ def serve_flags(preset: EnginePreset, settings: ServeSettings, placement: Placem
     return flags
 
 
-def serve_argv(preset: EnginePreset, flags: dict, values: dict) -> tuple[str, ...]:
-    return (*(substitute(a, values) for a in preset.serve.command), *flag_argv(flags, values, preset.serve.false_flag))
+def serve_argv(preset: EnginePreset, flags: dict, values: dict, access: Access = Access()) -> tuple[str, ...]:
+    """The engine's command line; an engine that takes its key only as a flag runs behind the key launcher."""
+    command = tuple(substitute(a, values) for a in preset.serve.command)
+    if access.key and preset.serve.api_key_flag:
+        command = launched_with_key(command, preset.serve.api_key_env, preset.serve.api_key_flag)
+    return (*command, *flag_argv(flags, values, preset.serve.false_flag))
 
 
-def unit_specs(preset: EnginePreset, settings: ServeSettings, placement: Placement, venv: str, role: Role) -> list[UnitSpec]:
+def key_env_files(access: Access) -> tuple[str, ...]:
+    """The EnvironmentFile= that gives a unit its key (never its text or argv)."""
+    return (access.env_file,) if access.key else ()
+
+
+def key_summary(summary: dict, access: Access) -> dict:
+    """The key file and which key it holds (a new key is a new release), never the key."""
+    if access.key:
+        summary["api_key"] = {"file": access.env_file, "fingerprint": access.fingerprint}
+    return summary
+
+
+def unit_specs(preset: EnginePreset, settings: ServeSettings, placement: Placement, venv: str, role: Role,
+               access: Access = Access()) -> list[UnitSpec]:
     multi = preset.multinode
     values = placeholder_values(preset, settings, placement, venv, role)
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # indices as nvidia-smi prints them
@@ -120,18 +138,20 @@ def unit_specs(preset: EnginePreset, settings: ServeSettings, placement: Placeme
         flags = serve_flags(preset, settings, placement, role)
         ray = (RAY_UNIT,) if role.kind == "head" else ()
         specs.append(UnitSpec(SERVE_UNIT, f"hosttune {preset.name} engine serving {settings.model}",
-                              (*prefix, *serve_argv(preset, flags, values)), env, venv,
-                              drain_seconds(preset, flags), after=ray, requires=ray))
+                              (*prefix, *serve_argv(preset, flags, values, access)), env, venv,
+                              drain_seconds(preset, flags), after=ray, requires=ray,
+                              environment_files=key_env_files(access)))
     return specs
 
 
 def make_release(preset: EnginePreset, settings: ServeSettings, placement: Placement, entry: Entry,
-                 role: Role = Role()) -> Release:
+                 role: Role = Role(), access: Access = Access()) -> Release:
     """The release for these settings: units rendered once with a placeholder id, hashed, then named."""
-    specs = unit_specs(preset, settings, placement, release_dir(VENV_PLACEHOLDER), role)
+    specs = unit_specs(preset, settings, placement, release_dir(VENV_PLACEHOLDER), role, access)
     drafts = {s.name: render_unit(s, VENV_PLACEHOLDER) for s in specs}
     summary = {"model": settings.model, "port": settings.port, "gpus": list(placement.gpus),
                "numa_nodes": list(placement.numa_nodes), "role": role.kind, "flags": settings.flags, "env": settings.env}
+    key_summary(summary, access)
     skip = len(placement.numactl_prefix())
     programs = tuple(dict.fromkeys(s.argv[skip] for s in specs))
     return named_release(preset, entry, drafts, summary, programs)

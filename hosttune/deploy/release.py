@@ -80,6 +80,11 @@ class Release:
         return list(self.settings.get("replicas", []))
 
     @property
+    def key_file(self) -> str | None:
+        """The key file on the host that the release's units read their API key from (its gates read it too)."""
+        return (self.settings.get("api_key") or {}).get("file")
+
+    @property
     def dir(self) -> str:
         return release_dir(self.id)
 

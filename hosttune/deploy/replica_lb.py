@@ -6,6 +6,7 @@
 #   out INDEX    drain: take the replica out of nginx (deploy, before it restarts the replica)
 #   in INDEX     put it back (deploy, after its gate passed)
 #   probe        one one-token generation per replica; failing ones out, recovered ones back in
+#                (with the replicas' API key, read from their key file by host_key.py, sent in front)
 # Prints one JSON line.
 import fcntl
 import json
@@ -80,20 +81,20 @@ def nginx_active():
     return subprocess.run(["systemctl", "is-active", "--quiet", "nginx.service"]).returncode == 0
 
 
-def request(url, body=None, timeout=10.0):
+def request(url, headers, body=None, timeout=10.0):
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read().decode("utf-8", "replace"))
 
 
-def generates(port, timeout):
+def generates(port, headers, timeout):
     """One real one-token generation on the replica, or why not."""
     base = f"http://127.0.0.1:{port}"
     try:
-        model = request(base + "/v1/models", timeout=timeout)["data"][0]["id"]
-        doc = request(base + "/v1/completions", {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0},
-                      timeout=timeout)
+        model = request(base + "/v1/models", headers, timeout=timeout)["data"][0]["id"]
+        doc = request(base + "/v1/completions", headers,
+                      {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}, timeout=timeout)
         return "" if doc.get("choices") else "no choices in the answer"
     except (OSError, ValueError, KeyError, IndexError, urllib.error.URLError) as exc:
         return f"{type(exc).__name__}: {exc}"
@@ -101,12 +102,13 @@ def generates(port, timeout):
 
 def probe(conf):
     result = {}
+    headers = request_headers(conf.get("key_file"))  # host_key.py
     for r in conf["replicas"]:
         index = r["index"]
         if is_marked(conf, "drained", index):
             result[index] = "drained"
             continue
-        why = generates(r["port"], conf["probe_timeout_s"])
+        why = generates(r["port"], headers, conf["probe_timeout_s"])
         mark(conf, "failed", index, bool(why))
         result[index] = why or "ok"
     return result

@@ -16,7 +16,8 @@ from hosttune.deploy import plan as dplan
 from hosttune.deploy.executor import run_ops
 from hosttune.deploy.gate import GateResult, run_gate
 from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, meta_dir
-from hosttune.deploy.replicas import LB_SCRIPT, NGINX_CONF
+from hosttune.deploy.front import NGINX_CONF
+from hosttune.deploy.replicas import LB_SCRIPT
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState
 from hosttune.deploy.units import PROBE_TIMER, RAY_UNIT, REPLICA_TEMPLATE, REPLICA_UNITS, SERVE_UNIT, replica_unit
@@ -106,7 +107,8 @@ def roll(transport: Transport, release: Release, settings: ServeSettings, health
         if only is not None and index not in only:
             continue
         run_ops(transport, restart_ops(release, index), on_op)
-        gate = run_gate(transport, replica_unit(index), replica_settings(release, settings, index), health)
+        gate = run_gate(transport, replica_unit(index), replica_settings(release, settings, index), health,
+                        key_file=release.key_file)
         if not gate.ok:
             return gate, index
         run_ops(transport, [lb_op(release, "in", index)], on_op)
@@ -118,7 +120,7 @@ def gate_all(transport: Transport, release: Release, settings: ServeSettings, he
     gate = None
     for index in indices(release):
         gate = run_gate(transport, replica_unit(index), replica_settings(release, settings, index), health,
-                        warmup=0, just_started=False)
+                        warmup=0, just_started=False, key_file=release.key_file)
         if not gate.ok:
             return gate
     return gate

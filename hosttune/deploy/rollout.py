@@ -13,7 +13,9 @@ from typing import Callable
 from hosttune.build.archs import covers
 from hosttune.build.wheelhouse import Entry, entries, read_entry
 from hosttune.deploy import multinode
+from hosttune.deploy.access import access_for, front_for
 from hosttune.deploy.errors import DeployError
+from hosttune.deploy.front import on_loopback
 from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, rollback_one
 from hosttune.deploy.model import ModelShape, read_model
 from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutRequest, host_abi, place, plan_layout, preflight,
@@ -52,6 +54,7 @@ class DeployRequest:
     replicas: str = PER_GPU  # "per-gpu" or a count per host
     canary: int = 0  # hosts deployed (and checked) first, before the rest
     session_affinity: bool | None = None  # None: the inventory's deploy.session_affinity
+    keys_dir: Path = Path("hosttune-keys")  # where deploy.api_key: true keeps each group's generated key
 
 
 # -- deciding --------------------------------------------------------------------------
@@ -98,14 +101,17 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
     else:  # a multi-node group: every GPU of the host is one rank set of vLLM's Ray runtime
         layout = Layout((place(request.gpus or host.gpus, facts, host.name),), 0, "multi-node")
     placement = layout.replicas[0]
+    access = access_for(host, request.keys_dir)
+    if access.front:  # one service behind the host's nginx (replicas always are: make_layout_release)
+        settings = on_loopback(settings)
     preflight(facts, host.name, layout, _device(settings))
     python, abi = _python(host, facts)
     used = {g for r in layout.replicas for g in r.gpus}
     archs = tuple(sorted({g.compute_cap for g in facts.gpu.gpus if g.index in used and g.compute_cap}))
     entry = pick_entry(request, abi, archs, host.name)
-    release = make_layout_release(preset, settings, layout, entry, host.connection.address, host.name) \
-        if role.kind == "single" else make_release(preset, settings, placement, entry, role)
-    return HostJob(host, preset, settings, placement, entry, release, python, layout)
+    release = make_layout_release(preset, settings, layout, entry, host.name, access) \
+        if role.kind == "single" else make_release(preset, settings, placement, entry, role, access)
+    return HostJob(host, preset, settings, placement, entry, release, python, layout, access)
 
 
 def _settings(host: Host, preset, request: DeployRequest) -> ServeSettings:
@@ -257,17 +263,19 @@ def upstreams(inventory: Inventory, request: DeployRequest, outcomes: list[HostD
     for group, hosts in inventory.groups.items():
         if len(hosts) < 2 or (request.engine == "vllm" and hosts[0].deploy.get("multinode")):
             continue
-        backends = []
+        backends, scheme = [], "http"
         for host in hosts:
             if host.name not in serving:
                 continue
             if not _ADDRESS.match(host.connection.address):
                 raise DeployError(f"{host.source}: address {host.connection.address!r} cannot go into an nginx upstream")
             settings = resolve(host, load_preset(request.engine), request.model, request.port, request.overrides)
-            backends.append(f"{host.connection.address}:{settings.port}")
+            front = front_for(host)  # the engine listens on 127.0.0.1 behind it
+            backends.append(f"{host.connection.address}:{front.port if front else settings.port}")
+            scheme = "https" if front and front.tls else scheme
         if backends:
             lb_port = resolve(hosts[0], load_preset(request.engine), request.model, None, Overrides()).lb_port
-            found.append(Upstream(group, request.engine, tuple(backends), lb_port or 80))
+            found.append(Upstream(group, request.engine, tuple(backends), lb_port or 80, backend_scheme=scheme))
     return found
 
 

@@ -113,7 +113,7 @@ def _number(doc: Mapping, key: str, kind: type, where: str, default: Any) -> Any
 
 
 KNOWN_KEYS = {"port", "env", "multinode", "lb_port", "warmup", "health_timeout", "gate_timeout", "probe_interval",
-              "session_affinity", *ENGINES}
+              "session_affinity", *ENGINES, "api_key", "api_key_file", "nginx"}  # the last three: hosttune.deploy.access
 
 
 def inventory_vars(host: Host) -> dict:

@@ -32,7 +32,7 @@ class UnitSpec:
     drain_s: float = 30.0
     after: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
-    environment_files: tuple[str, ...] = ()
+    environment_files: tuple[str, ...] = ()  # EnvironmentFile=: secrets and per-instance values stay out of the unit's text
     variables: tuple[str, ...] = ()  # @NAME@ in argv becomes ${NAME}: set per instance by its environment file
 
 
@@ -83,6 +83,10 @@ class Upstream:
     session_affinity: bool = False  # hash on X-Session-Id instead of least_conn
     servers_file: str | None = None  # the servers come from this file (a host's replicas), not backends
     tries: int = 3  # upstreams one request may try
+    tls_cert: str | None = None  # paths on the host: nginx then listens with TLS only
+    tls_key: str | None = None
+    default_server: bool = False  # the host's own front answers whatever Host a client names
+    backend_scheme: str = "http"  # "https" when the backends are hosts' nginx fronts with TLS
 
 
 def render_nginx(upstream: Upstream) -> bytes:
@@ -91,7 +95,9 @@ def render_nginx(upstream: Upstream) -> bytes:
                   backends=upstream.backends, listen=upstream.listen, server_name=upstream.server_name,
                   max_fails=upstream.max_fails, fail_timeout_s=upstream.fail_timeout_s,
                   read_timeout_s=upstream.read_timeout_s, session_affinity=upstream.session_affinity,
-                  servers_file=upstream.servers_file, tries=upstream.tries)
+                  servers_file=upstream.servers_file, tries=upstream.tries, tls_cert=upstream.tls_cert,
+                  tls_key=upstream.tls_key, default_server=upstream.default_server,
+                  backend_scheme=upstream.backend_scheme)
 
 
 def render_probe_units(release: str, argv: tuple[str, ...], interval_s: int, timeout_s: int) -> dict[str, bytes]:

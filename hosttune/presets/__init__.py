@@ -46,6 +46,8 @@ class ServeSpec:
     drain_flag: str | None = None  # the flag that says how long SIGTERM drains
     false_flag: str | None = None  # how a false boolean flag is written ("no-{flag}"), else left out
     tp_flag: str | None = None  # the engine's tensor-parallel flag, given a replica's TP when it is above one
+    api_key_env: str | None = None  # the environment variable the engine reads its API key from
+    api_key_flag: str | None = None  # an engine that takes its key only as this flag gets it through a launcher
     env: dict[str, str] = field(default_factory=dict, hash=False)
     flags: dict[str, Any] = field(default_factory=dict, hash=False)
     help: tuple[str, ...] = ()  # the installed release's help, which every flag is checked against
@@ -134,8 +136,8 @@ def parse_preset(doc: dict, where: str) -> EnginePreset:
         build_spec = BuildSpec(str(build["source"]), build.get("ref"), packages, _strings(build.get("env")))
         serve_spec = ServeSpec(
             tuple(serve["command"]), serve.get("health", "/health"), serve.get("drain_s"), serve.get("drain_flag"),
-            serve.get("false_flag"), serve.get("tp_flag"), _strings(serve.get("env")), dict(serve.get("flags") or {}),
-            tuple(serve.get("help") or ()),
+            serve.get("false_flag"), serve.get("tp_flag"), serve.get("api_key_env"), serve.get("api_key_flag"),
+            _strings(serve.get("env")), dict(serve.get("flags") or {}), tuple(serve.get("help") or ()),
         )
         multi = doc.get("multinode")
         multi_spec = None if not multi else MultinodeSpec(

@@ -9,7 +9,7 @@ from importlib import resources
 
 from hosttune.errors import ProbeError
 from hosttune.facts import Facts
-from hosttune.probes import gpu, health, pci, software, system
+from hosttune.probes import engine_access, gpu, health, pci, software, system
 from hosttune.probes.sections import Section, split
 from hosttune.transport.base import Transport
 
@@ -21,6 +21,7 @@ _EMBEDDED = (
     ("HOSTTUNE_NVML_PROBE", "nvml_probe.py"),
     ("HOSTTUNE_CUDA_PROBE", "cuda_probe.py"),
     ("HOSTTUNE_ALLREDUCE_PROBE", "allreduce_probe.py"),
+    ("HOSTTUNE_ACCESS_PROBE", "engine_access_probe.py"),
 )
 
 
@@ -51,18 +52,20 @@ class ProbeRun:
     parse_s: float
 
 
-def gather(transport: Transport, active_s: int = 0) -> ProbeRun:
-    """Run the probe script on the host and parse it. Never changes a setting of the host.
+def gather(transport: Transport, active_s: int = 0, timeout: float = PROBE_TIMEOUT_S, root: str | None = None) -> ProbeRun:
+    """Run the probe script on the host and parse it (at most `timeout` seconds). Never changes a setting of the host.
 
     active_s > 0 also runs the bounded GPU load of `check --active` for that many seconds.
+    root: probe the image under that directory instead (apply --root): its files only.
     """
     start = time.monotonic()
     connect = getattr(transport, "connect", None)
     if connect is not None:
         connect()
     connected = time.monotonic()
-    timeout = PROBE_TIMEOUT_S + (active_s + ACTIVE_EXTRA_S if active_s else 0)
-    result = transport.run(["sh", "-s"], stdin=probe_script(active_s), timeout=timeout)
+    timeout = timeout + (active_s + ACTIVE_EXTRA_S if active_s else 0)
+    argv = ["sh", "-s"] if not root or root == "/" else ["sh", "-s", "--", root]
+    result = transport.run(argv, stdin=probe_script(active_s), timeout=timeout)
     probed = time.monotonic()
     if not result.ok:
         raise ProbeError(f"{transport.host_name}: probe script exited {result.rc}: {result.stderr.strip()[-500:]}")
@@ -129,6 +132,7 @@ _STEPS = (
     ("services", lambda f, s: replace(f, services=software.parse_services(s.text))),
     ("sysctl", _sysctl),
     ("tools", lambda f, s: replace(f, **software.parse_tools(s.text))),
+    ("engine-access", lambda f, s: replace(f, engine_endpoints=engine_access.parse_engine_access(s.text))),
 )
 
 _GPU_SOURCES = (

@@ -45,7 +45,7 @@ def test_unreachable_host_sets_bit_4_and_others_still_checked(tmp_path):
     result = runner.invoke(app, ["check", "-i", str(inv), "--format", "json"])
     doc = json.loads(result.stdout)
     by = {h["host"]: h for h in doc["hosts"]}
-    assert by["dead"]["reachable"] is False and "cannot reach 127.0.0.1:9" in by["dead"]["error"]
+    assert by["dead"]["reachable"] is False and "127.0.0.1:9: connection refused" in by["dead"]["error"]
     assert by["localhost"]["reachable"] and by["localhost"]["findings"]
     assert result.exit_code & EXIT_UNREACHABLE
 
@@ -68,3 +68,18 @@ def test_facts_dumps_json():
     result = runner.invoke(app, ["facts"])
     doc = json.loads(result.stdout)
     assert doc["localhost"]["kernel"] and "gpu" in doc["localhost"]
+
+
+def test_unexpected_exception_is_one_line_naming_the_traceback_file(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise KeyError("a bug, not bad input")
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr("hosttune.cli.check.check_fleet", broken)
+    result = runner.invoke(app, ["check"])
+    assert result.exit_code == 2 and result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("hosttune: internal error: KeyError: 'a bug, not bad input' (traceback in ")
+    (written,) = (tmp_path / "hosttune").glob("crash-*.txt")
+    assert str(written) in line
+    assert "Traceback (most recent call last)" in written.read_text() and "def broken" not in line

@@ -9,7 +9,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -108,7 +110,7 @@ def replica_release(tmp_path, engine="custom", model=QWEN_7B, facts=None, sets=(
     result = plan_layout(LayoutRequest(**{"gpus": "0-3", **kwargs}), facts or a100_facts(), model, host.name, settings.port)
     entry = fake_entry(tmp_path / "wh", engine, archs=() if engine == "custom" else ("8.0",),
                        cuda=None if engine == "custom" else "12.4")
-    return make_layout_release(preset, settings, result, entry, host.connection.address, host.name)
+    return make_layout_release(preset, settings, result, entry, host.name)
 
 
 def env_of(release, index) -> dict[str, str]:
@@ -122,7 +124,7 @@ def test_each_replica_is_an_instance_of_one_template_with_its_gpus_node_and_port
     venv = f"/opt/hosttune/releases/{release.id}"
     assert f"EnvironmentFile={venv}/.hosttune/replica-%i.env\n" in unit
     assert (f"ExecStart=/usr/bin/numactl --cpunodebind=${{HOSTTUNE_NUMA}} --membind=${{HOSTTUNE_NUMA}} {venv}/bin/hosttune-engine "
-            "serve --model /models/qwen2.5-7b --host 0.0.0.0 --port ${HOSTTUNE_PORT} --device cuda --shutdown-timeout 30\n") in unit
+            "serve --model /models/qwen2.5-7b --host 127.0.0.1 --port ${HOSTTUNE_PORT} --device cuda --shutdown-timeout 30\n") in unit
     assert "Restart=always" in unit and "TimeoutStopSec=45" in unit and "KillMode=mixed" in unit
     assert [env_of(release, i) for i in range(4)] == [
         {"HOSTTUNE_PORT": str(8101 + i), "CUDA_VISIBLE_DEVICES": str(i), "HOSTTUNE_NUMA": str(i // 2)} for i in range(4)]
@@ -130,7 +132,7 @@ def test_each_replica_is_an_instance_of_one_template_with_its_gpus_node_and_port
     timer = release.units["hosttune-probe.timer"].decode()
     assert "OnUnitActiveSec=10" in timer and f"{venv}/.hosttune/replica_lb.py probe" in release.units["hosttune-probe.service"].decode()
     targets = json.loads(release.files[SCRAPE_FILE])
-    assert [t["targets"] for t in targets] == [[f"10.0.0.11:{8101 + i}"] for i in range(4)]
+    assert [t["targets"] for t in targets] == [[f"127.0.0.1:{8101 + i}"] for i in range(4)]  # on loopback only
     assert targets[2]["labels"] == {"job": "hosttune", "host": "gpu-a", "engine": "custom", "replica": "2", "gpus": "2"}
 
 
@@ -146,10 +148,10 @@ def test_vllm_and_sglang_replicas_get_their_tp_flag(tmp_path):
 def test_host_local_nginx_balances_over_the_replicas_file(tmp_path):
     conf = replica_release(tmp_path).files[NGINX_CONF].decode()
     for line in ("upstream hosttune_local {", "least_conn;", "include /etc/hosttune/nginx/local-servers.conf;",
-                 "listen 8100;", "proxy_next_upstream error timeout http_502 http_503 non_idempotent;",
-                 "proxy_next_upstream_tries 4;", "proxy_buffering off;"):
+                 "listen 8100 default_server;", "proxy_next_upstream error timeout http_502 http_503 non_idempotent;",
+                 "proxy_next_upstream_tries 4;", "proxy_buffering off;", "keepalive 64;", "keepalive_timeout 60s;"):
         assert line in conf
-    assert "hash" not in conf
+    assert "hash" not in conf and "ssl" not in conf  # no deploy.nginx: plain http on the service port
 
 
 def host_local_conf(tmp_path, affinity: bool) -> str:
@@ -315,18 +317,18 @@ def test_dry_run_lists_the_roll(tmp_path):
 # -- the host-side balancer script ---------------------------------------------------------------------
 
 
-def test_replica_lb_marks_drained_and_failing_replicas_down(tmp_path):
+def replica_lb(tmp_path, replicas, **conf):
+    """replica_lb.py as deploy installs it, beside its replicas.json, with nginx and systemctl recorded."""
     from hosttune.deploy.replicas import lb_script
 
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(parents=True)
     for tool in ("nginx", "systemctl"):  # record what would reach nginx and systemd
         (bin_dir / tool).write_text(f"#!/bin/sh\necho {tool} \"$@\" >> {tmp_path}/calls\n")
         (bin_dir / tool).chmod(0o755)
     (tmp_path / "replica_lb.py").write_bytes(lb_script())
-    servers = tmp_path / "servers.conf"
-    conf = {"replicas": [{"index": 0, "port": 1}, {"index": 1, "port": 2}], "servers_file": str(servers),
-            "state_dir": str(tmp_path / "state"), "max_fails": 3, "fail_timeout_s": 10, "probe_timeout_s": 1}
+    conf = {"replicas": replicas, "servers_file": str(tmp_path / "servers.conf"), "state_dir": str(tmp_path / "state"),
+            "max_fails": 3, "fail_timeout_s": 10, "probe_timeout_s": 1, **conf}
     (tmp_path / "replicas.json").write_text(json.dumps(conf))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
@@ -335,6 +337,12 @@ def test_replica_lb_marks_drained_and_failing_replicas_down(tmp_path):
                              text=True, timeout=60)
         return json.loads(out.stdout)
 
+    return lb
+
+
+def test_replica_lb_marks_drained_and_failing_replicas_down(tmp_path):
+    lb = replica_lb(tmp_path, [{"index": 0, "port": 1}, {"index": 1, "port": 2}])
+    servers = tmp_path / "servers.conf"
     assert lb("out", "1")["ok"]
     assert "server 127.0.0.1:1 max_fails=3 fail_timeout=10s;" in servers.read_text()
     assert "server 127.0.0.1:2 max_fails=3 fail_timeout=10s down;" in servers.read_text()
@@ -344,6 +352,47 @@ def test_replica_lb_marks_drained_and_failing_replicas_down(tmp_path):
     assert servers.read_text().count(" down;") == 2
     lb("in", "1")
     assert servers.read_text().count(" down;") == 1 and "127.0.0.1:2 max_fails=3 fail_timeout=10s;" in servers.read_text()
+
+
+class KeyedEngine(BaseHTTPRequestHandler):
+    """/v1/models and /v1/completions for `Authorization: Bearer KEY` only, 401 otherwise."""
+
+    KEY = "ht-probe-key-0123456789abcdef"
+
+    def _answer(self, body: dict) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        ok = self.headers.get("Authorization") == f"Bearer {self.KEY}"
+        data = json.dumps(body if ok else {"error": {"message": "invalid API key"}}).encode()
+        self.send_response(200 if ok else 401)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._answer({"data": [{"id": "m"}]})
+
+    def do_POST(self):
+        self._answer({"choices": [{"text": "!"}]})
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_probe_sends_the_replicas_key_from_their_key_file(tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), KeyedEngine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        key_file = tmp_path / "prod.env"
+        key_file.write_text(f"HOSTTUNE_ENGINE_API_KEY={KeyedEngine.KEY}\n")
+        replicas = [{"index": 0, "port": server.server_address[1]}]
+        keyed = replica_lb(tmp_path / "keyed", replicas, key_file=str(key_file))
+        assert keyed("probe")["replicas"] == {"0": "ok"}
+        unkeyed = replica_lb(tmp_path / "unkeyed", replicas)  # without it the replica answers 401: out of nginx
+        assert "401" in unkeyed("probe")["replicas"]["0"]
+        assert " down;" in (tmp_path / "unkeyed" / "servers.conf").read_text()
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_going_back_to_one_service_stops_the_replicas_probe_and_local_nginx(tmp_path):
