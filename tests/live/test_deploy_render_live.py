@@ -2,7 +2,7 @@
 host, through deploy's own verify step, and so do the replica template, probe service and timer
 of a host running several replicas (its nginx config passes the host's `nginx -t`); a broken one
 does not. And systemd reads back exactly the argv and environment hosttune quoted into a unit,
-per replica instance too.
+per replica instance too (its own environment file and the group's key file).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hosttune.build.wheelhouse import Entry, WheelFile, WheelKey
+from hosttune.deploy.access import Access
 from hosttune.deploy.executor import OperationFailed, run_ops
 from hosttune.deploy.model import ModelShape
 from hosttune.deploy.placement import LayoutRequest, place, plan_layout
@@ -51,6 +52,11 @@ def releases():
             settings = resolve(host, load_preset(engine), model.path, 8000, parse_sets([]))
             layout = plan_layout(LayoutRequest("0-3"), facts, model, "gpu", 8000)
             made[f"{engine}-replicas-{name}"] = make_layout_release(load_preset(engine), settings, layout, ENTRY)
+    # keyed: each instance reads the group's key file too; SGLang's through the key launcher
+    settings = resolve(host, load_preset("sglang"), SEVEN_B.path, 8000, parse_sets([]))
+    layout = plan_layout(LayoutRequest("0-3"), facts, SEVEN_B, "gpu", 8000)
+    made["sglang-replicas-keyed"] = make_layout_release(load_preset("sglang"), settings, layout, ENTRY,
+                                                        access=Access("g", "ht-render-key-0123456789abcdef"))
     return made
 
 
@@ -116,13 +122,16 @@ def test_systemd_reads_back_the_quoted_argv_and_environment(fresh_hosts):
 
 def test_each_replica_instance_reads_its_own_environment_file(fresh_hosts):
     (host,) = fresh_hosts(["instances"])
-    program = ("import json, os, sys, time; print(json.dumps([sys.argv[1:], os.environ.get('CUDA_VISIBLE_DEVICES')]), "
-               "flush=True); time.sleep(3600)")
+    program = ("import json, os, sys, time; print(json.dumps([sys.argv[1:], os.environ.get('CUDA_VISIBLE_DEVICES'), "
+               "os.environ.get('HOSTTUNE_ENGINE_API_KEY') == 'ht-shared-key-0123456789abcdef']), flush=True); "
+               "time.sleep(3600)")
     spec = UnitSpec(REPLICA_TEMPLATE, "replica test", ("/usr/bin/python3", "-c", program, "--port", variable(PORT_VAR),
                                                        f"--node={variable(NUMA_VAR)}"), {"A": "b"},
-                    environment_files=("/etc/hosttune-test/replica-%i.env",), variables=(PORT_VAR, NUMA_VAR))
+                    environment_files=("/etc/hosttune-test/replica-%i.env", "/etc/hosttune-test/keys.env"),
+                    variables=(PORT_VAR, NUMA_VAR))
     host.path("/etc/systemd/system/" + REPLICA_TEMPLATE).write_bytes(render_unit(spec, "test"))
     host.path("/etc/hosttune-test").mkdir()
+    host.path("/etc/hosttune-test/keys.env").write_text("HOSTTUNE_ENGINE_API_KEY=ht-shared-key-0123456789abcdef\n")
     for i in range(2):
         host.path(f"/etc/hosttune-test/replica-{i}.env").write_text(
             f"HOSTTUNE_PORT={8001 + i}\nCUDA_VISIBLE_DEVICES={2 * i},{2 * i + 1}\nHOSTTUNE_NUMA={i}\n")
@@ -136,5 +145,6 @@ def test_each_replica_instance_reads_its_own_environment_file(fresh_hosts):
             if out.strip():
                 seen[i] = json.loads(out)
         time.sleep(0.3)
-    assert seen == {0: [["--port", "8001", "--node=0"], "0,1"], 1: [["--port", "8002", "--node=1"], "2,3"]}
+    # each its own port, GPUs and node; both the group's key from the one key file
+    assert seen == {0: [["--port", "8001", "--node=0"], "0,1", True], 1: [["--port", "8002", "--node=1"], "2,3", True]}
 
