@@ -14,7 +14,7 @@ from typing import Callable
 from hosttune.build.wheelhouse import Entry
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
-from hosttune.deploy.access import Access
+from hosttune.deploy.access import Access, front_for
 from hosttune.deploy.front import front_ops, key_ops, refresh_tls_ops, tls_ops
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.executor import run_ops
@@ -260,11 +260,14 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings) -> H
             run_ops(transport, rolling.retire_ops(previous, state))
             return HostDeploy(host, "rolled-back", previous.id, previous.id, gate)
         return HostDeploy(host, "failed", previous.id, None, gate, gate.summary(), journal_tail(transport, replica_unit(bad)))
-    run_ops(transport, dplan.verify_ops(previous) + rolling.leave_ops(state) + dplan.activate_ops(previous, state))
+    leave = rolling.leave_ops(state)
+    run_ops(transport, dplan.verify_ops(previous) + leave + dplan.activate_ops(previous, state))
     if SERVE_UNIT not in previous.units:
         return HostDeploy(host, "rolled-back", previous.id, previous.id)
     gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
     if gate.ok:
+        if leave:  # the replicas' nginx config went with them: the one service's front again
+            run_ops(transport, front_ops(Access(host.group, front=front_for(host)), previous.engine, (settings.port,)))
         return HostDeploy(host, "rolled-back", previous.id, previous.id, gate)
     return HostDeploy(host, "failed", previous.id, None, gate, gate.summary(), journal_tail(transport, SERVE_UNIT))
 

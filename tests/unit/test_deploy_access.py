@@ -18,9 +18,10 @@ import pytest
 from hosttune.deploy import rollout
 from hosttune.deploy.access import Access, Front, _LAUNCHER, access_for, launched_with_key
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.host import HostDeploy, deploy_one
+from hosttune.deploy.host import HostDeploy, deploy_one, rollback_one
 from hosttune.deploy.front import NGINX_CONF, front_ops, front_upstream, key_ops
 from hosttune.deploy.plan import Run, WriteFile, describe
+from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.units import REPLICA_TEMPLATE, Upstream, render_nginx
 from hosttune.inventory import load_inventory
 from hosttune.presets import load_preset
@@ -252,3 +253,23 @@ def test_a_keyed_replica_deploy_writes_key_and_tls_before_the_roll_and_gates_wit
     assert [(g["port"], g["key_file"]) for g in gates] == [(8001, "/etc/hosttune/keys/prod.env"),
                                                           (8002, "/etc/hosttune/keys/prod.env")]
     assert all(job.access.key not in " ".join(a) for _, a in log)  # the key only in the key file's content
+
+
+def test_rolling_back_from_replicas_to_a_fronted_service_puts_its_front_back(tmp_path):
+    previous = _job(tmp_path, "custom", "api_key: true\nnginx: {port: 8080}\n").release
+    (host, _) = _hosts(tmp_path, "api_key: true\nnginx: {port: 8080}\n")
+    state = (f"current:/opt/hosttune/releases/custom-replicas\nprevious:{previous.dir}\n"
+             "instance:hosttune-engine@0.service active\ninstance:hosttune-engine@1.service active\n")
+    log: list = []
+    t = ScriptedTransport("gpu-a", log, state=state)
+    t.files[f"{previous.dir}/.hosttune/release.json"] = previous.manifest()
+    for name, body in previous.units.items():
+        t.files[f"{previous.dir}/.hosttune/{name}"] = body
+    outcome = rollback_one(t, host, ServeSettings("", "", 1, {}, {}))
+    assert outcome.state == "rolled-back", outcome.error
+    argvs = [a for _, a in log]
+    gate = next(json.loads(a[3]) for a in argvs if a[:2] == ("python3", "-c") and "UNKNOWN" not in a[2])
+    assert gate["key_file"] == "/etc/hosttune/keys/prod.env" and gate["port"] == 8000
+    removed = next(i for i, a in enumerate(argvs) if a[:2] == ("sh", "-c") and a[4] == "remove" and a[5] == NGINX_CONF)
+    written = next(i for i, a in enumerate(argvs) if a[:2] == ("sh", "-c") and a[4] == "write" and a[5] == NGINX_CONF + ".new")
+    assert removed < written and argvs[-1] == ("systemctl", "reload-or-restart", "nginx")
