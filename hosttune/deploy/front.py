@@ -1,18 +1,23 @@
-"""The operations that guard a host's engine: its key file, and the host's nginx in front of it.
+"""The operations that guard a host's engine: its key file, and the host's one nginx in front of it.
 
 Operations as data, like plan.py: the key file (root, 0600, in a 0700 folder) before the units
-restart, so the engine starts with its key; nginx's config (and TLS files) once the engine is
-up, checked with `nginx -t` before nginx reloads, so a bad config never replaces a working one.
+restart, so the engine starts with its key. The host has one nginx front, NGINX_CONF: over the
+one service (written here once the engine is up, checked with `nginx -t` before nginx reloads, so
+a bad config never replaces a working one), or over the host's replicas (a file of their release,
+which replica_lb.py checks and reloads; its TLS files come from here first).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hosttune.deploy.access import HOST_KEY_DIR, HOST_TLS_DIR, Access
 from hosttune.deploy.plan import Op, Run, WriteFile
+from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.units import Upstream, render_nginx
 from hosttune.presets import EnginePreset
 
-NGINX_CONF_DIR = "/etc/nginx/conf.d"
+NGINX_CONF = "/etc/nginx/conf.d/hosttune-local.conf"  # the host's front: conf.d includes *.conf only
 LOOPBACK = "127.0.0.1"
 
 # The new config goes live only if `nginx -t` accepts the whole configuration with it; else the one
@@ -30,6 +35,11 @@ rm -f -- "$conf.old"
 """
 
 
+def on_loopback(settings: ServeSettings) -> ServeSettings:
+    """An engine behind the host's nginx listens on 127.0.0.1 only: nginx alone listens on the network."""
+    return replace(settings, flags={**settings.flags, "host": LOOPBACK})
+
+
 def key_ops(access: Access, preset: EnginePreset) -> list[Op]:
     if not access.key:
         return []
@@ -42,30 +52,40 @@ def key_ops(access: Access, preset: EnginePreset) -> list[Op]:
             Run(("chmod", "0700", "--", HOST_KEY_DIR)), Run(("chmod", "0600", "--", path))]
 
 
-def nginx_conf_path(access: Access) -> str:
-    return f"{NGINX_CONF_DIR}/hosttune-{access.group}.conf"
-
-
-def front_upstream(access: Access, engine: str, ports: tuple[int, ...]) -> Upstream:
-    """The host's nginx over its replicas on the loopback address."""
-    tls = access.front.tls
+def front_upstream(access: Access, engine: str, ports: tuple[int, ...] = (), *, listen: int = 80,
+                   servers_file: str | None = None, session_affinity: bool = False, tries: int = 3) -> Upstream:
+    """The host's nginx over its replicas on the loopback address (their ports, or the servers file that lists
+    them): on deploy.nginx's port with its TLS, else on `listen` (the service port)."""
+    front = access.front
+    tls = front.tls if front else None
     cert, key = (f"{HOST_TLS_DIR}/{access.group}.crt", f"{HOST_TLS_DIR}/{access.group}.key") if tls else (None, None)
-    return Upstream(access.group, engine, tuple(f"{LOOPBACK}:{p}" for p in ports), access.front.port,
-                    tls_cert=cert, tls_key=key, default_server=True)
+    return Upstream("local", engine, tuple(f"{LOOPBACK}:{p}" for p in ports), front.port if front else listen,
+                    tls_cert=cert, tls_key=key, default_server=True, session_affinity=session_affinity,
+                    servers_file=servers_file, tries=tries)
+
+
+def tls_ops(access: Access) -> list[Op]:
+    """The front's certificate and private key (root, 0600) where its nginx config names them."""
+    if access.front is None or access.front.tls is None:
+        return []
+    upstream = front_upstream(access, "")
+    return [WriteFile(upstream.tls_cert, access.front.tls.cert.read_bytes(), 0o644),
+            WriteFile(upstream.tls_key, access.front.tls.key.read_bytes(), 0o600),
+            Run(("chown", "root:root", "--", upstream.tls_key)), Run(("chmod", "0600", "--", upstream.tls_key))]
+
+
+def refresh_tls_ops(access: Access) -> list[Op]:
+    """A live release whose nginx config stays: the TLS files again (a renewed certificate), and nginx reloaded."""
+    ops = tls_ops(access)
+    return ops + [Run(("systemctl", "reload-or-restart", "nginx"))] if ops else []
 
 
 def front_ops(access: Access, engine: str, ports: tuple[int, ...]) -> list[Op]:
-    """TLS files, the nginx config, `nginx -t`, then nginx enabled and reloaded."""
+    """One service behind the front: TLS files, the nginx config, `nginx -t`, then nginx enabled and reloaded."""
     if access.front is None:
         return []
-    upstream = front_upstream(access, engine, ports)
-    ops: list[Op] = []
-    if access.front.tls:
-        ops += [WriteFile(upstream.tls_cert, access.front.tls.cert.read_bytes(), 0o644),
-                WriteFile(upstream.tls_key, access.front.tls.key.read_bytes(), 0o600),
-                Run(("chown", "root:root", "--", upstream.tls_key)), Run(("chmod", "0600", "--", upstream.tls_key))]
-    conf = nginx_conf_path(access)
-    return ops + [WriteFile(conf + ".new", render_nginx(upstream)),  # conf.d includes *.conf only
-                  Run(("sh", "-c", _SWAP_CHECKED, "sh", conf)),
-                  Run(("systemctl", "enable", "--quiet", "nginx")),
-                  Run(("systemctl", "reload-or-restart", "nginx"))]
+    conf = NGINX_CONF
+    return tls_ops(access) + [WriteFile(conf + ".new", render_nginx(front_upstream(access, engine, ports))),
+                              Run(("sh", "-c", _SWAP_CHECKED, "sh", conf)),
+                              Run(("systemctl", "enable", "--quiet", "nginx")),
+                              Run(("systemctl", "reload-or-restart", "nginx"))]

@@ -39,7 +39,9 @@ class GateResult:
 
 @lru_cache(maxsize=1)
 def gate_script() -> str:
-    return resources.files("hosttune.deploy").joinpath("gate_probe.py").read_text(encoding="utf-8")
+    folder = resources.files("hosttune.deploy")
+    return folder.joinpath("host_key.py").read_text(encoding="utf-8") + "\n\n" + \
+        folder.joinpath("gate_probe.py").read_text(encoding="utf-8")
 
 
 def parse_gate(text: str) -> GateResult:

@@ -2,8 +2,8 @@
 # Waits for the service to be healthy, sends warmup requests, then the gate: one real
 # one-token generation within a deadline. Prints one JSON line; never changes anything.
 # argv[1]: JSON {unit, port, health_path, health_timeout_s, warmup, gate_timeout_s, restarts_baseline, key_file}
-# key_file: the service's EnvironmentFile holding its API key (NAME=KEY), read here so the key is
-# never in this script's arguments; requests then carry `Authorization: Bearer KEY`.
+# key_file: the service's EnvironmentFile holding its API key (NAME=KEY), read by host_key.py (sent in
+# front of this script) so the key is never in its arguments; requests then carry `Authorization: Bearer KEY`.
 import json
 import subprocess
 import sys
@@ -21,15 +21,6 @@ def unit_state(unit):
 
 
 HEADERS = {"Content-Type": "application/json"}
-
-
-def read_key(path):
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            name, sep, value = line.strip().partition("=")
-            if sep and value and not name.startswith("#"):
-                return value.strip().strip("'\"")
-    raise RuntimeError(f"{path} holds no KEY=VALUE line")
 
 
 def request(url, body=None, timeout=10.0):
@@ -83,8 +74,7 @@ def main():
     result = {"ok": False, "phase": "health"}
     start = time.monotonic()
     try:
-        if args.get("key_file"):
-            HEADERS["Authorization"] = "Bearer " + read_key(args["key_file"])
+        HEADERS.update(request_headers(args.get("key_file")))  # request_headers: host_key.py, put in front
         result["health_s"] = round(wait_healthy(args, base, start), 2)
         result["phase"] = "models"
         status, text = request(base + "/v1/models")

@@ -13,16 +13,18 @@ from typing import Callable
 
 from hosttune.build.wheelhouse import Entry
 from hosttune.deploy import plan as dplan
-from hosttune.deploy.access import Access
-from hosttune.deploy.front import front_ops, key_ops
+from hosttune.deploy import rolling
+from hosttune.deploy.access import Access, front_for
+from hosttune.deploy.front import front_ops, key_ops, refresh_tls_ops, tls_ops
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.executor import run_ops
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
-from hosttune.deploy.placement import Placement
+from hosttune.deploy.placement import Layout, Placement
 from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, manifest_path, meta_dir, wheel_path
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState, read_state
-from hosttune.deploy.units import SERVE_UNIT, UNIT_NAMES
+from hosttune.deploy.flagcheck import check_flags, check_installed_flags
+from hosttune.deploy.units import SERVE_UNIT, UNIT_NAMES, replica_unit
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.inventory import Host
 from hosttune.presets import EnginePreset, load_preset
@@ -59,40 +61,87 @@ class HostJob:
     entry: Entry
     release: Release
     python: str = "python3"
+    layout: Layout | None = None  # the host's replicas (None: one service over placement)
     access: Access = Access()
 
 
 def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
                on_op: Callable[[dplan.Op], None] | None = None) -> HostDeploy:
     release = job.release
-    state = read_state(transport, release.id, [wheel_path(w) for w in release.wheels])
+    state = read_state(transport, release.id, [wheel_path(w) for w in release.wheels] + list(release.files))
     serves = SERVE_UNIT in release.units
     front = front_ops(job.access, job.preset.name, (job.settings.port,)) if serves else []
-    if dplan.is_unchanged(release, state):
-        gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health, warmup=0, just_started=False,
-                        key_file=job.access.env_file) if serves and not dry_run else None
-        if gate is None or gate.ok:
-            return _fronted(transport, job, state, HostDeploy(job.host, "unchanged", release.id, release.id, gate),
-                            front if not dry_run else [])
+    unchanged = _unchanged(transport, job, state, dry_run)
+    if unchanged:
+        return _fronted(transport, job, state, unchanged, _refront_ops(job, front) if not dry_run else [])
+    try:
+        refuse(transport, job, state)
+    except DeployError as exc:  # one line, and the host as it was
+        return HostDeploy(job.host, "failed", None, _name(state.current), error=f"nothing changed: {exc}")
     install = dplan.install_ops(release, job.entry, state, job.python) + dplan.verify_ops(release)
-    activate = key_ops(job.access, job.preset) + dplan.activate_ops(release, state)
+    # the key file before any unit (re)starts, so every replica starts with its key
+    keys = key_ops(job.access, job.preset) + (tls_ops(job.access) if release.replicas else [])
+    switch = rolling.switch_ops(release, state) if release.replicas else \
+        rolling.leave_ops(state) + dplan.activate_ops(release, state)
+    activate = keys + switch
     if dry_run:
+        lines = rolling.plan_lines(release, state) if release.replicas else [dplan.describe(op) for op in switch]
         return HostDeploy(job.host, "planned", release.id, _name(state.current),
-                          ops=tuple(dplan.describe(op) for op in install + activate + front))
+                          ops=tuple(dplan.describe(op) for op in install + keys) + tuple(lines)
+                          + tuple(dplan.describe(op) for op in front))
     try:
         run_ops(transport, install, on_op)
+        check_flags(transport, job, release.dir)
     except DeployError as exc:  # nothing live has changed yet
         return HostDeploy(job.host, "failed", release.id, _name(state.current), error=str(exc))
     try:
         run_ops(transport, activate, on_op)
     except DeployError as exc:
         return _restore(transport, job, state, GateResult(False, "activate", str(exc)))
+    if release.replicas:
+        return _roll(transport, job, state, on_op)
     if not serves:  # a Ray worker: the head's gate judges the cluster
         return HostDeploy(job.host, "deployed", release.id, release.id)
-    gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health, key_file=job.access.env_file)
+    gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health, key_file=release.key_file)
     if gate.ok:
         return _fronted(transport, job, state, HostDeploy(job.host, "deployed", release.id, release.id, gate), front)
     return _restore(transport, job, state, gate)
+
+
+def refuse(transport: Transport, job: HostJob, state: HostState) -> None:
+    """What only the host can tell, before anything changes: nginx for several replicas, the flags."""
+    if job.release.replicas and not state.nginx:
+        raise DeployError(f"{job.host.name}: {len(job.release.replicas)} replicas need nginx on the host for their "
+                          f"upstream on port {job.settings.port}; install nginx (apt-get install nginx-light) "
+                          f"or deploy --replicas 1")
+    check_installed_flags(transport, job, state)
+
+
+def _unchanged(transport: Transport, job: HostJob, state: HostState, dry_run: bool) -> HostDeploy | None:
+    """The release is live and serving: nothing to do (a failed gate means: deploy it again)."""
+    release, health = job.release, job.preset.serve.health
+    if release.replicas:
+        if not rolling.is_unchanged(release, state):
+            return None
+        gate = None if dry_run else rolling.gate_all(transport, release, job.settings, health)
+    else:
+        if not dplan.is_unchanged(release, state):
+            return None
+        gate = run_gate(transport, SERVE_UNIT, job.settings, health, warmup=0, just_started=False,
+                        key_file=release.key_file) if SERVE_UNIT in release.units and not dry_run else None
+    return HostDeploy(job.host, "unchanged", release.id, release.id, gate) if gate is None or gate.ok else None
+
+
+def _roll(transport: Transport, job: HostJob, state: HostState, on_op) -> HostDeploy:
+    release = job.release
+    try:
+        gate, failed = rolling.roll(transport, release, job.settings, job.preset.serve.health, on_op=on_op)
+        if failed is None:
+            run_ops(transport, rolling.retire_ops(release, state), on_op)
+            return HostDeploy(job.host, "deployed", release.id, release.id, gate)
+    except DeployError as exc:
+        gate, failed = GateResult(False, "roll", str(exc)), None
+    return _restore(transport, job, state, gate, failed)
 
 
 def _fronted(transport: Transport, job: HostJob, before: HostState, outcome: HostDeploy, front: list) -> HostDeploy:
@@ -106,9 +155,9 @@ def _fronted(transport: Transport, job: HostJob, before: HostState, outcome: Hos
     return outcome
 
 
-def key_file(release: Release) -> str | None:
-    """The key file a release's service reads (its gate reads the key there too)."""
-    return (release.settings.get("api_key") or {}).get("file")
+def _refront_ops(job: HostJob, front: list[dplan.Op]) -> list[dplan.Op]:
+    """An unchanged release: its nginx front again (replicas: their nginx config is the release's, the TLS files not)."""
+    return refresh_tls_ops(job.access) if job.release.replicas else front
 
 
 def _name(release_dir: str | None) -> str | None:
@@ -122,44 +171,69 @@ def load_release(transport: Transport, release_dir: str) -> Release:
     if not text.ok:
         raise DeployError(f"{transport.host_name}: release {rid} has no readable release.json ({text.stderr.strip()})")
     doc = json.loads(text.stdout)
-    units = {}
-    for name in doc["units"]:
-        body = transport.run(["cat", "--", f"{meta_dir(rid)}/{name}"], timeout=60)
-        if not body.ok:
-            raise DeployError(f"{transport.host_name}: release {rid} lacks its unit {name}")
-        units[name] = body.stdout.encode("utf-8", "surrogateescape")
+    units = {name: _meta_file(transport, rid, name) for name in doc["units"]}
+    meta = {name: _meta_file(transport, rid, name) for name in doc.get("meta", [])}
+    files = {path: _meta_file(transport, rid, copy) for path, copy in doc.get("files", {}).items()}
     return Release(rid, doc["engine"], doc["entry"], (), doc["offline"], units, doc["settings"],
-                   tuple(doc.get("programs", ())))
+                   tuple(doc.get("programs", ())), meta, files)
 
 
-def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateResult) -> HostDeploy:
+def _meta_file(transport: Transport, rid: str, name: str) -> bytes:
+    body = transport.run(["cat", "--", f"{meta_dir(rid)}/{name}"], timeout=60)
+    if not body.ok:
+        raise DeployError(f"{transport.host_name}: release {rid} lacks its file {name}")
+    return body.stdout.encode("utf-8", "surrogateescape")
+
+
+def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateResult,
+             failed_replica: int | None = None) -> HostDeploy:
     """The gate failed: keep the evidence, then put back what was live before (or stop, if nothing was)."""
-    journal = journal_tail(transport, SERVE_UNIT)
+    unit = replica_unit(failed_replica) if failed_replica is not None else SERVE_UNIT
+    journal = journal_tail(transport, unit)
     failed = HostDeploy(job.host, "failed", job.release.id, None, gate, gate.summary(), journal)
     # The release live before; when this was a restart of the live release itself, the one before that.
     target = before.current if before.current != job.release.dir else before.previous
     try:
         if target is None:
-            run_ops(transport, _stop_ops(job.release))
+            now = read_state(transport, job.release.id, [])
+            run_ops(transport, rolling.leave_ops(now) + _stop_ops(job.release))
             return failed
         previous = load_release(transport, target)
-        after = read_state(transport, previous.id, [])
         # `previous` goes back to what it named before this deploy (never to the release now live again)
         keep = before.previous if before.previous not in (None, target) else None
         link = [dplan.Link(PREVIOUS, keep)] if keep else [dplan.Remove(PREVIOUS)]
-        run_ops(transport, dplan.activate_ops(previous, after, keep_previous=True) + link)
+        check = _bring_back(transport, job, previous, link, failed_replica)
     except HosttuneError as exc:
         return _with(failed, error=f"{failed.error}; putting the previous release back failed too: {exc}")
-    check = run_gate(transport, SERVE_UNIT, _settings_of(previous, job.settings), load_preset(previous.engine).serve.health,
-                     warmup=0, key_file=key_file(previous))
     serving = previous.id if check.ok else None
     note = "" if check.ok else f"; the previous release {previous.id} did not come back healthy: {check.error}"
     return _with(failed, serving=serving, restored=previous.id, error=failed.error + note)
 
 
+def _bring_back(transport: Transport, job: HostJob, previous: Release, link: list[dplan.Op],
+                failed_replica: int | None) -> GateResult:
+    """Activate `previous` again; replicas are rolled back one at a time like a deploy."""
+    after = read_state(transport, previous.id, [])
+    settings, health = _settings_of(previous, job.settings), load_preset(previous.engine).serve.health
+    if not previous.replicas:
+        run_ops(transport, rolling.leave_ops(after) + dplan.activate_ops(previous, after, keep_previous=True) + link)
+        gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
+        if gate.ok and job.release.replicas:  # leave_ops took the replicas' nginx config: the front again
+            run_ops(transport, front_ops(job.access, previous.engine, (settings.port,)))
+        return gate
+    run_ops(transport, rolling.switch_ops(previous, after, keep_previous=True) + link)
+    # Replicas after the failed one never left the previous release: only those before it, and it, go back.
+    moved = None
+    if failed_replica is not None and rolling.indices(previous) == rolling.indices(job.release):
+        moved = [i for i in rolling.indices(previous) if i <= failed_replica]
+    gate, bad = rolling.roll(transport, previous, settings, health, only=moved)
+    run_ops(transport, rolling.retire_ops(previous, read_state(transport, previous.id, [])))
+    return gate if gate is not None else GateResult(True, "done")
+
+
 def _stop_ops(release: Release) -> list[dplan.Op]:
     names = [n for n in reversed(UNIT_NAMES) if n in release.units]
-    return [dplan.Run(("systemctl", "disable", "--now", *names)),
+    return [*([dplan.Run(("systemctl", "disable", "--now", *names))] if names else []),
             *(dplan.Remove(f"{UNIT_DIR}/{n}") for n in names),
             dplan.Remove(CURRENT), dplan.Run(("systemctl", "daemon-reload"))]
 
@@ -177,13 +251,23 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings) -> H
     if state.previous is None:
         raise DeployError(f"{host.name}: no previous release to go back to ({_name(state.current) or 'nothing'} is live)")
     previous = load_release(transport, state.previous)
-    run_ops(transport, dplan.verify_ops(previous) + dplan.activate_ops(previous, state))
+    settings = _settings_of(previous, timeouts)
+    health = load_preset(previous.engine).serve.health
+    if previous.replicas:
+        run_ops(transport, dplan.verify_ops(previous) + rolling.switch_ops(previous, state))
+        gate, bad = rolling.roll(transport, previous, settings, health)
+        if bad is None:
+            run_ops(transport, rolling.retire_ops(previous, state))
+            return HostDeploy(host, "rolled-back", previous.id, previous.id, gate)
+        return HostDeploy(host, "failed", previous.id, None, gate, gate.summary(), journal_tail(transport, replica_unit(bad)))
+    leave = rolling.leave_ops(state)
+    run_ops(transport, dplan.verify_ops(previous) + leave + dplan.activate_ops(previous, state))
     if SERVE_UNIT not in previous.units:
         return HostDeploy(host, "rolled-back", previous.id, previous.id)
-    settings = _settings_of(previous, timeouts)
-    gate = run_gate(transport, SERVE_UNIT, settings, load_preset(previous.engine).serve.health, warmup=0,
-                    key_file=key_file(previous))
+    gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
     if gate.ok:
+        if leave:  # the replicas' nginx config went with them: the one service's front again
+            run_ops(transport, front_ops(Access(host.group, front=front_for(host)), previous.engine, (settings.port,)))
         return HostDeploy(host, "rolled-back", previous.id, previous.id, gate)
     return HostDeploy(host, "failed", previous.id, None, gate, gate.summary(), journal_tail(transport, SERVE_UNIT))
 

@@ -1,17 +1,32 @@
-"""Where the service runs on a host: which GPUs, which NUMA node; and whether the host can run it at all.
+"""Where the service runs on a host: replicas × tensor parallel over its GPUs, each replica's GPUs,
+NUMA node and port; and whether the host can run it at all.
+
+Placement rules (docs/deploy.md shows them worked out for 4 and 8 GPUs):
+- TP is --tensor-parallel, else the smallest that divides the model's attention heads (its KV
+  heads split evenly or are replicated whole) and whose share of the weights fits one GPU with
+  room left for the KV cache (WEIGHT_SHARE of its memory).
+- Replicas: --replicas N, else as many as the GPUs hold (per-gpu: GPUs // TP).
+- A replica's GPUs share a NUMA node: each node's GPUs are cut into groups of TP in index
+  order; only what is left over on the nodes is pooled into replicas spanning them.
+- One replica serves on the service port itself; several serve on the ports after it and
+  a host-local nginx on the service port balances over them.
 
 Pure functions of the host's facts and the settings; nothing here talks to a host.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hosttune import cpulist
 from hosttune.deploy.errors import DeployError
+from hosttune.deploy.model import ModelShape
 from hosttune.facts import Facts
 
 CPU_DEVICE = "cpu"
+PER_GPU = "per-gpu"
+WEIGHT_SHARE = 0.75  # of a GPU's memory for its shard of the weights; the rest: KV cache, activations, graphs
+MAX_TP = 64
 
 
 @dataclass(frozen=True)
@@ -19,6 +34,9 @@ class Placement:
     gpus: tuple[int, ...]  # GPU indices as nvidia-smi numbers them (PCI bus order)
     numa_nodes: tuple[int, ...]  # the NUMA nodes of those GPUs; () when unknown or the host has one node
     numactl: str | None  # the numactl binary that binds them, when binding
+    index: int = 0  # the replica's number on its host: hosttune-engine@INDEX.service
+    port: int | None = None  # where the replica listens, when the host runs several
+    tensor_parallel: int = 0  # 0: one rank per GPU; set for CPU replicas, which have no GPUs
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -27,6 +45,10 @@ class Placement:
     @property
     def num_gpus(self) -> int:
         return max(1, len(self.gpus))
+
+    @property
+    def tp(self) -> int:
+        return self.tensor_parallel or self.num_gpus
 
     def numactl_prefix(self) -> tuple[str, ...]:
         if not self.numa_nodes or not self.numactl:
@@ -64,9 +86,143 @@ def gpu_numa_nodes(gpus: tuple[int, ...], facts: Facts) -> tuple[int, ...]:
 
 
 def place(gpus: str, facts: Facts, host: str) -> Placement:
-    chosen = select_gpus(gpus, facts, host)
-    nodes = gpu_numa_nodes(chosen, facts)
-    return Placement(chosen, nodes, facts.numactl if nodes else None)
+    """All the selected GPUs as one replica (a multi-node group's host, or a one-replica layout)."""
+    return place_gpus(select_gpus(gpus, facts, host), facts)
+
+
+@dataclass(frozen=True)
+class LayoutRequest:
+    """--gpus, --tensor-parallel and --replicas as given (None: decide)."""
+
+    gpus: str = "all"
+    tensor_parallel: int | None = None
+    replicas: str = PER_GPU  # "per-gpu" or a count
+    device: str | None = None  # the engine's device flag: "cpu" places replicas without GPUs
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A host's replicas, in start order; TP is the same for all of them."""
+
+    replicas: tuple[Placement, ...]
+    tensor_parallel: int
+    reason: str  # how TP was chosen, for --dry-run and the docs
+
+    @property
+    def is_balanced(self) -> bool:
+        """Several replicas: the service port is a host-local nginx over them."""
+        return len(self.replicas) > 1
+
+
+def parse_replicas(text: str) -> str:
+    """--replicas per-gpu | N."""
+    if text == PER_GPU or (text.isdigit() and int(text) > 0):
+        return text
+    raise DeployError(f"--replicas {text!r}: write per-gpu or a number of replicas such as 2")
+
+
+def plan_layout(request: LayoutRequest, facts: Facts, model: ModelShape, host: str, port: int) -> Layout:
+    """Replicas × TP on this host's GPUs; raises DeployError (one line, what to change) when it cannot."""
+    if request.device == CPU_DEVICE:
+        tp = request.tensor_parallel or 1
+        _check_heads(tp, model, host)
+        count = 1 if request.replicas == PER_GPU else int(request.replicas)
+        replicas = tuple(Placement((), (), None, i, tensor_parallel=tp) for i in range(count))
+        return Layout(_ports(replicas, port, host), tp, f"CPU replicas, TP {tp}")
+    chosen = select_gpus(request.gpus, facts, host)
+    if not chosen:
+        raise DeployError(f"{host}: --gpus {request.gpus} selects no GPU")
+    tp, reason = choose_tp(request.tensor_parallel, chosen, facts, model, host)
+    groups = gpu_groups(chosen, tp, facts)
+    if request.replicas != PER_GPU:
+        wanted = int(request.replicas)
+        if wanted > len(groups):
+            raise DeployError(f"{host}: --replicas {wanted} at TP {tp} needs {wanted * tp} GPUs, "
+                              f"but --gpus {request.gpus} gives {len(chosen)}")
+        groups = groups[:wanted]
+    replicas = tuple(replace(place_gpus(g, facts), index=i) for i, g in enumerate(groups))
+    return Layout(_ports(replicas, port, host), tp, reason)
+
+
+def place_gpus(gpus: tuple[int, ...], facts: Facts) -> Placement:
+    nodes = gpu_numa_nodes(gpus, facts)
+    return Placement(gpus, nodes, facts.numactl if nodes else None)
+
+
+def _ports(replicas: tuple[Placement, ...], port: int, host: str) -> tuple[Placement, ...]:
+    if len(replicas) == 1:
+        return (replace(replicas[0], port=port),)
+    if port + len(replicas) > 65535:
+        raise DeployError(f"{host}: {len(replicas)} replicas need ports {port + 1}-{port + len(replicas)}; use a lower --port")
+    return tuple(replace(r, port=port + 1 + r.index) for r in replicas)
+
+
+def divisors_of_heads(model: ModelShape, limit: int) -> list[int]:
+    """The TPs up to limit that split the attention heads evenly (and the KV heads, or replicate them)."""
+    return [tp for tp in range(1, limit + 1) if _splits(tp, model)]
+
+
+def _splits(tp: int, model: ModelShape) -> bool:
+    if model.num_heads is None:
+        return True
+    kv = model.num_kv_heads or model.num_heads
+    return model.num_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+
+
+def _check_heads(tp: int, model: ModelShape, host: str) -> None:
+    if not _splits(tp, model):
+        fits = ", ".join(map(str, divisors_of_heads(model, max(tp, 8))))
+        raise DeployError(f"{host}: --tensor-parallel {tp} does not divide {model.path}'s {model.num_heads} attention heads "
+                          f"({model.num_kv_heads} KV heads); use one of {fits}")
+
+
+def _gpu_bytes(gpus: tuple[int, ...], facts: Facts) -> int | None:
+    sizes = [g.memory_total_mib for g in facts.gpu.gpus if g.index in gpus]
+    return None if not sizes or None in sizes else min(sizes) * 2**20
+
+
+def _shard_fits(tp: int, model: ModelShape, gpu_bytes: int | None) -> bool:
+    return model.weight_bytes is None or gpu_bytes is None or model.weight_bytes / tp <= WEIGHT_SHARE * gpu_bytes
+
+
+def choose_tp(requested: int | None, gpus: tuple[int, ...], facts: Facts, model: ModelShape, host: str) -> tuple[int, str]:
+    gpu_bytes = _gpu_bytes(gpus, facts)
+    memory = f"{gpu_bytes / 2**30:.0f} GiB" if gpu_bytes else "unknown"
+    if requested is not None:
+        if requested > len(gpus):
+            raise DeployError(f"{host}: --tensor-parallel {requested} needs {requested} GPUs, but --gpus gives {len(gpus)}")
+        _check_heads(requested, model, host)
+        if not _shard_fits(requested, model, gpu_bytes):
+            raise DeployError(f"{host}: a 1/{requested} shard of {model.path} ({model.weight_gb / requested:.1f} GB) is more "
+                              f"than {WEIGHT_SHARE:.0%} of a GPU's {memory}; use a larger --tensor-parallel")
+        return requested, f"TP {requested} as asked"
+    for tp in divisors_of_heads(model, len(gpus)):
+        if _shard_fits(tp, model, gpu_bytes):
+            return tp, (f"TP {tp}: the smallest that divides {model.num_heads or '?'} heads and fits "
+                        f"{model.weight_gb / tp:.1f} GB of weights per GPU in {WEIGHT_SHARE:.0%} of {memory}")
+    raise DeployError(f"{host}: {model.path} ({model.weight_gb:.1f} GB of weights) does not fit {len(gpus)} GPUs of "
+                      f"{memory} at any TP that divides its {model.num_heads} heads; give it more GPUs")
+
+
+def gpu_groups(gpus: tuple[int, ...], tp: int, facts: Facts) -> list[tuple[int, ...]]:
+    """GPUs cut into replicas of tp: within each NUMA node first, leftovers pooled across nodes."""
+    by_node: dict[int | None, list[int]] = {}
+    for gpu in gpus:
+        by_node.setdefault(_node_of(gpu, facts), []).append(gpu)
+    groups, leftover = [], []
+    for node in sorted(by_node, key=lambda n: (n is None, n or 0)):
+        members = by_node[node]
+        whole = len(members) - len(members) % tp
+        groups += [tuple(members[i:i + tp]) for i in range(0, whole, tp)]
+        leftover += members[whole:]
+    leftover.sort()
+    groups += [tuple(leftover[i:i + tp]) for i in range(0, len(leftover) - len(leftover) % tp, tp)]
+    return groups
+
+
+def _node_of(gpu: int, facts: Facts) -> int | None:
+    nodes = gpu_numa_nodes((gpu,), facts)
+    return nodes[0] if nodes else None
 
 
 def host_abi(facts: Facts) -> str | None:
@@ -77,8 +233,8 @@ def host_abi(facts: Facts) -> str | None:
     return f"cp{major}{minor}"
 
 
-def preflight(facts: Facts, host: str, placement: Placement, device: str | None) -> None:
-    """Refuse, before anything changes, a host that cannot run the service as asked."""
+def preflight_host(facts: Facts, host: str, device: str | None) -> None:
+    """Refuse, before anything changes, a host that cannot run the service at all."""
     if facts.pid1 != "systemd":
         raise DeployError(
             f"{host}: PID 1 is {facts.pid1 or 'unknown'!r}, not systemd: hosttune deploy runs the engine as a systemd "
@@ -87,11 +243,17 @@ def preflight(facts: Facts, host: str, placement: Placement, device: str | None)
             f"(hosttune-engine serve --model PATH ...)")
     if not facts.python_version:
         raise DeployError(f"{host}: no python3 found; the release virtualenv needs Python 3 with the venv module")
-    if placement.numa_nodes and not facts.numactl:
-        nodes = ",".join(map(str, placement.numa_nodes))
-        raise DeployError(f"{host}: the GPUs are on NUMA node {nodes}, but numactl is missing to bind the service "
-                          f"there; install it (hosttune apply fixes tools.numactl)")
     if device != CPU_DEVICE and not facts.gpu.gpus:
         why = f" ({facts.gpu.error})" if facts.gpu.error else ""
         raise DeployError(f"{host}: no NVIDIA GPU found{why}; the engine needs one (the custom engine runs "
                           f"on CPU with --set device=cpu)")
+
+
+def preflight(facts: Facts, host: str, placed: Placement | Layout, device: str | None) -> None:
+    """Refuse, before anything changes, a host that cannot run the service as placed."""
+    preflight_host(facts, host, device)
+    replicas = placed.replicas if isinstance(placed, Layout) else (placed,)
+    nodes = sorted({n for r in replicas for n in r.numa_nodes})
+    if nodes and not facts.numactl:
+        raise DeployError(f"{host}: the GPUs are on NUMA node {','.join(map(str, nodes))}, but numactl is missing to bind "
+                          f"the service there; install it (hosttune apply fixes tools.numactl)")

@@ -14,11 +14,11 @@ from typing import Union
 from hosttune.build.wheelhouse import Entry
 from hosttune.deploy.access import Access, launched_with_key
 from hosttune.deploy.placement import Placement
-from hosttune.deploy.release import (CURRENT, PREVIOUS, UNIT_DIR, VENV_PLACEHOLDER, Release, manifest_path, meta_dir,
-                                     release_dir, release_id, wheel_path)
+from hosttune.deploy.release import (CURRENT, PREVIOUS, UNIT_DIR, VENV_PLACEHOLDER, Release, copy_name, manifest_path,
+                                     meta_dir, release_dir, release_id, wheel_path)
 from hosttune.deploy.settings import ServeSettings, drain_seconds, flag_argv
 from hosttune.deploy.state import HostState
-from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT, UNIT_NAMES, UnitSpec, render_unit
+from hosttune.deploy.units import RAY_UNIT, REPLICA_UNITS, SERVE_UNIT, UNIT_NAMES, UnitSpec, render_unit
 from hosttune.presets import EnginePreset, substitute
 from hosttune.quoting import join
 
@@ -84,12 +84,46 @@ class Role:
     head_address: str = ""
 
 
+def placeholder_values(preset: EnginePreset, settings: ServeSettings, placement: Placement, venv: str,
+                       role: Role = Role(), port: object = None) -> dict:
+    multi = preset.multinode
+    return dict(venv=venv, model=settings.model, port=settings.port if port is None else port,
+                num_gpus=placement.tp, num_nodes=role.num_nodes, address=role.address,
+                head_address=role.head_address, ray_port=multi.ray_port if multi else "")
+
+
+def serve_flags(preset: EnginePreset, settings: ServeSettings, placement: Placement, role: Role = Role()) -> dict:
+    """The engine's flags: settings, the multi-node head's, and the replica's TP when above one."""
+    flags = {**settings.flags, **(preset.multinode.flags if role.kind == "head" else {})}
+    if placement.tp > 1 and preset.serve.tp_flag:
+        flags[preset.serve.tp_flag] = placement.tp
+    return flags
+
+
+def serve_argv(preset: EnginePreset, flags: dict, values: dict, access: Access = Access()) -> tuple[str, ...]:
+    """The engine's command line; an engine that takes its key only as a flag runs behind the key launcher."""
+    command = tuple(substitute(a, values) for a in preset.serve.command)
+    if access.key and preset.serve.api_key_flag:
+        command = launched_with_key(command, preset.serve.api_key_env, preset.serve.api_key_flag)
+    return (*command, *flag_argv(flags, values, preset.serve.false_flag))
+
+
+def key_env_files(access: Access) -> tuple[str, ...]:
+    """The EnvironmentFile= that gives a unit its key (never its text or argv)."""
+    return (access.env_file,) if access.key else ()
+
+
+def key_summary(summary: dict, access: Access) -> dict:
+    """The key file and which key it holds (a new key is a new release), never the key."""
+    if access.key:
+        summary["api_key"] = {"file": access.env_file, "fingerprint": access.fingerprint}
+    return summary
+
+
 def unit_specs(preset: EnginePreset, settings: ServeSettings, placement: Placement, venv: str, role: Role,
                access: Access = Access()) -> list[UnitSpec]:
     multi = preset.multinode
-    values = dict(venv=venv, model=settings.model, port=settings.port, num_gpus=placement.num_gpus,
-                  num_nodes=role.num_nodes, address=role.address, head_address=role.head_address,
-                  ray_port=multi.ray_port if multi else "")
+    values = placeholder_values(preset, settings, placement, venv, role)
     env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # indices as nvidia-smi prints them
     if placement.gpus:
         env["CUDA_VISIBLE_DEVICES"] = placement.cuda_visible_devices
@@ -101,15 +135,12 @@ def unit_specs(preset: EnginePreset, settings: ServeSettings, placement: Placeme
         specs.append(UnitSpec(RAY_UNIT, f"hosttune Ray {role.kind} for {preset.name}",
                               (*prefix, *(substitute(a, values) for a in command)), env, venv, 10.0))
     if role.kind != "worker":
-        flags = {**settings.flags, **(multi.flags if role.kind == "head" else {})}
-        command = tuple(substitute(a, values) for a in preset.serve.command)
-        if access.key and preset.serve.api_key_flag:
-            command = launched_with_key(command, preset.serve.api_key_env, preset.serve.api_key_flag)
-        argv = (*prefix, *command, *flag_argv(flags, values, preset.serve.false_flag))
+        flags = serve_flags(preset, settings, placement, role)
         ray = (RAY_UNIT,) if role.kind == "head" else ()
-        env_files = (access.env_file,) if access.key else ()
-        specs.append(UnitSpec(SERVE_UNIT, f"hosttune {preset.name} engine serving {settings.model}", argv, env, venv,
-                              drain_seconds(preset, flags), after=ray, requires=ray, env_files=env_files))
+        specs.append(UnitSpec(SERVE_UNIT, f"hosttune {preset.name} engine serving {settings.model}",
+                              (*prefix, *serve_argv(preset, flags, values, access)), env, venv,
+                              drain_seconds(preset, flags), after=ray, requires=ray,
+                              environment_files=key_env_files(access)))
     return specs
 
 
@@ -120,13 +151,26 @@ def make_release(preset: EnginePreset, settings: ServeSettings, placement: Place
     drafts = {s.name: render_unit(s, VENV_PLACEHOLDER) for s in specs}
     summary = {"model": settings.model, "port": settings.port, "gpus": list(placement.gpus),
                "numa_nodes": list(placement.numa_nodes), "role": role.kind, "flags": settings.flags, "env": settings.env}
-    if access.key:  # the key file and which key it holds (a new key is a new release), never the key
-        summary["api_key"] = {"file": access.env_file, "fingerprint": access.fingerprint}
-    rid = release_id(preset.name, entry.wheels, drafts, summary)
-    units = {name: body.replace(VENV_PLACEHOLDER.encode(), rid.encode()) for name, body in drafts.items()}
+    key_summary(summary, access)
     skip = len(placement.numactl_prefix())
-    programs = tuple(dict.fromkeys(s.argv[skip].replace(VENV_PLACEHOLDER, rid) for s in specs))
-    return Release(rid, preset.name, entry.key.name, entry.wheels, entry.has_deps, units, summary, programs)
+    programs = tuple(dict.fromkeys(s.argv[skip] for s in specs))
+    return named_release(preset, entry, drafts, summary, programs)
+
+
+def named_release(preset: EnginePreset, entry: Entry, units: dict[str, bytes], summary: dict, programs: tuple[str, ...],
+                  meta: dict[str, bytes] | None = None, files: dict[str, bytes] | None = None) -> Release:
+    """Everything drafted with the placeholder id is hashed into the id, then given it."""
+    meta, files = meta or {}, files or {}
+    rid = release_id(preset.name, entry.wheels, {**units, **{f"meta/{k}": v for k, v in meta.items()},
+                                                 **{f"file{k}": v for k, v in files.items()}}, summary)
+
+    def named(body: bytes) -> bytes:
+        return body.replace(VENV_PLACEHOLDER.encode(), rid.encode())
+
+    return Release(rid, preset.name, entry.key.name, entry.wheels, entry.has_deps,
+                   {n: named(b) for n, b in units.items()}, summary,
+                   tuple(p.replace(VENV_PLACEHOLDER, rid) for p in programs),
+                   {n: named(b) for n, b in meta.items()}, {p: named(b) for p, b in files.items()})
 
 
 # Clone an installed virtualenv as hard links (seconds, no copy of torch), then point its scripts at
@@ -167,6 +211,8 @@ def install_ops(release: Release, entry: Entry, state: HostState, python: str = 
     else:
         ops += _pip_ops(release, python)
     ops += [WriteFile(f"{meta_dir(release.id)}/{name}", body) for name, body in release.units.items()]
+    ops += [WriteFile(f"{meta_dir(release.id)}/{name}", body) for name, body in release.meta.items()]
+    ops += [WriteFile(f"{meta_dir(release.id)}/{copy_name(path)}", body) for path, body in release.files.items()]
     ops.append(WriteFile(f"{meta_dir(release.id)}/wheelset", wheels.encode()))
     ops.append(WriteFile(manifest_path(release.id), release.manifest()))  # last: the release is complete
     return ops
@@ -206,7 +252,8 @@ def activate_ops(release: Release, state: HostState, *, keep_previous: bool = Fa
     """
     ops: list[Op] = []
     for name in state.units:
-        if name not in release.units:  # a role this host no longer has (e.g. multi-node → single)
+        # a role this host no longer has (e.g. multi-node → single); replicas go through rolling.leave_ops
+        if name not in release.units and name not in REPLICA_UNITS:
             ops += [Run(("systemctl", "disable", "--now", name)), Remove(f"{UNIT_DIR}/{name}")]
     ops += [WriteFile(f"{UNIT_DIR}/{name}", body) for name, body in release.units.items()]
     if not keep_previous and state.current and state.current != release.dir:

@@ -40,6 +40,11 @@ def manifest_path(release_id: str) -> str:
     return f"{meta_dir(release_id)}/release.json"
 
 
+def copy_name(path: str) -> str:
+    """Where a release keeps its copy of a host file (for rollback): .hosttune/host-<name>."""
+    return "host-" + path.rstrip("/").rsplit("/", 1)[-1]
+
+
 def wheel_path(wheel: WheelFile) -> str:
     """Content-addressed: two builds of hosttune_engine-0.1.0 with different code never collide."""
     return f"{WHEELS}/{wheel.sha256[:16]}/{wheel.name}"
@@ -66,6 +71,18 @@ class Release:
     units: dict[str, bytes] = field(hash=False)  # unit name → content, in start order
     settings: dict = field(hash=False)  # model, port, gpus, numa, flags, env: for people reading release.json
     programs: tuple[str, ...] = ()  # what the units execute (behind numactl, which verify alone would check)
+    meta: dict[str, bytes] = field(default_factory=dict, hash=False)  # more files of .hosttune/ (replica env files, ...)
+    files: dict[str, bytes] = field(default_factory=dict, hash=False)  # host files outside the release (nginx), by path
+
+    @property
+    def replicas(self) -> list[dict]:
+        """The replicas of a host that runs several ({index, port, gpus, numa_nodes}); [] when it runs one service."""
+        return list(self.settings.get("replicas", []))
+
+    @property
+    def key_file(self) -> str | None:
+        """The key file on the host that the release's units read their API key from (its gates read it too)."""
+        return (self.settings.get("api_key") or {}).get("file")
 
     @property
     def dir(self) -> str:
@@ -74,5 +91,6 @@ class Release:
     def manifest(self) -> bytes:
         doc = {"id": self.id, "engine": self.engine, "entry": self.entry, "offline": self.offline,
                "wheels": [{"name": w.name, "sha256": w.sha256} for w in self.wheels],
-               "units": sorted(self.units), "settings": self.settings, "programs": list(self.programs)}
+               "units": sorted(self.units), "settings": self.settings, "programs": list(self.programs),
+               "meta": sorted(self.meta), "files": {path: copy_name(path) for path in sorted(self.files)}}
         return (json.dumps(doc, indent=1, sort_keys=True, default=str) + "\n").encode()

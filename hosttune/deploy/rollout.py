@@ -15,9 +15,13 @@ from hosttune.build.wheelhouse import Entry, entries, read_entry
 from hosttune.deploy import multinode
 from hosttune.deploy.access import access_for, front_for
 from hosttune.deploy.errors import DeployError
+from hosttune.deploy.front import on_loopback
 from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, rollback_one
-from hosttune.deploy.placement import host_abi, place, preflight
+from hosttune.deploy.model import ModelShape, read_model
+from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutRequest, host_abi, place, plan_layout, preflight,
+                                       preflight_host)
 from hosttune.deploy.plan import Role, make_release
+from hosttune.deploy.replicas import make_layout_release
 from hosttune.deploy.settings import Overrides, ServeSettings, resolve
 from hosttune.deploy.units import Upstream, render_nginx
 from hosttune.errors import HosttuneError, TransportError
@@ -46,6 +50,10 @@ class DeployRequest:
     forks: int = 50
     timeouts: dict = field(default_factory=dict, hash=False)  # warmup, health_timeout_s, gate_timeout_s
     dry_run: bool = False
+    tensor_parallel: int | None = None  # default: the smallest that divides the heads and fits
+    replicas: str = PER_GPU  # "per-gpu" or a count per host
+    canary: int = 0  # hosts deployed (and checked) first, before the rest
+    session_affinity: bool | None = None  # None: the inventory's deploy.session_affinity
     keys_dir: Path = Path("hosttune-keys")  # where deploy.api_key: true keeps each group's generated key
 
 
@@ -72,20 +80,45 @@ def pick_entry(request: DeployRequest, abi: str | None, archs: tuple[str, ...], 
     return entry
 
 
-def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role()) -> HostJob:
+def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role(), model: ModelShape | None = None) -> HostJob:
     """Everything about one host's deploy, decided from its facts; raises DeployError if it cannot run."""
     preset = load_preset(request.engine)
-    settings = resolve(host, preset, request.model, request.port, request.overrides, request.timeouts)
+    settings = _settings(host, preset, request)
+    pinned = None if request.ref or _device(settings) == CPU_DEVICE else preset.release_for(facts.gpu.cuda_driver_version,
+                                                                                             host.name)
+    if pinned:  # the release for this host's CUDA, with the flags it has
+        preset = replace(preset, serve=replace(preset.serve, flags={**preset.serve.flags, **pinned.flags}))
+        settings = _settings(host, preset, request)
+        request = replace(request, ref=pinned.ref)
+    preflight_host(facts, host.name, _device(settings))
+    model = model or ModelShape(request.model, True)
+    if model.path.startswith("/") and not model.exists:
+        raise DeployError(f"{host.name}: the model folder {model.path} does not exist on the host; copy it there "
+                          f"or fix --model")
+    if role.kind == "single":
+        layout = plan_layout(LayoutRequest(request.gpus or host.gpus, request.tensor_parallel, request.replicas,
+                                           _device(settings)), facts, model, host.name, settings.port)
+    else:  # a multi-node group: every GPU of the host is one rank set of vLLM's Ray runtime
+        layout = Layout((place(request.gpus or host.gpus, facts, host.name),), 0, "multi-node")
+    placement = layout.replicas[0]
     access = access_for(host, request.keys_dir)
-    if access.front:  # nginx alone listens on the network
-        settings = replace(settings, flags={**settings.flags, "host": "127.0.0.1"})
-    placement = place(request.gpus or host.gpus, facts, host.name)
-    preflight(facts, host.name, placement, _device(settings))
+    if access.front:  # one service behind the host's nginx (replicas always are: make_layout_release)
+        settings = on_loopback(settings)
+    preflight(facts, host.name, layout, _device(settings))
     python, abi = _python(host, facts)
-    archs = tuple(sorted({g.compute_cap for g in facts.gpu.gpus if g.index in placement.gpus and g.compute_cap}))
+    used = {g for r in layout.replicas for g in r.gpus}
+    archs = tuple(sorted({g.compute_cap for g in facts.gpu.gpus if g.index in used and g.compute_cap}))
     entry = pick_entry(request, abi, archs, host.name)
-    release = make_release(preset, settings, placement, entry, role, access)
-    return HostJob(host, preset, settings, placement, entry, release, python, access)
+    release = make_layout_release(preset, settings, layout, entry, host.name, access) \
+        if role.kind == "single" else make_release(preset, settings, placement, entry, role, access)
+    return HostJob(host, preset, settings, placement, entry, release, python, layout, access)
+
+
+def _settings(host: Host, preset, request: DeployRequest) -> ServeSettings:
+    settings = resolve(host, preset, request.model, request.port, request.overrides, request.timeouts)
+    if request.session_affinity is not None:
+        settings = replace(settings, session_affinity=request.session_affinity)
+    return settings
 
 
 def _device(settings: ServeSettings) -> str | None:
@@ -122,7 +155,8 @@ def _single(host: Host, request: DeployRequest) -> HostDeploy:
     except HosttuneError as exc:
         return HostDeploy(host, "failed", error=str(exc))
     try:
-        job = make_job(host, facts, request)
+        model = read_model(transport, request.model) if request.model.startswith("/") else None
+        job = make_job(host, facts, request, model=model)
         return deploy_host(transport, job, dry_run=request.dry_run)
     except HosttuneError as exc:
         return HostDeploy(host, "failed", error=f"nothing changed: {exc}")
@@ -153,22 +187,45 @@ def rollout_units(inventory: Inventory, engine: str) -> list[list[Host]]:
 
 
 def deploy_fleet(inventory: Inventory, request: DeployRequest,
-                 on_batch: Callable[[list[HostDeploy]], None] | None = None) -> list[HostDeploy]:
-    """Deploy batch by batch; once more than --max-fail-percent of the hosts tried failed, the rest is skipped."""
+                 on_batch: Callable[[list[HostDeploy]], None] | None = None,
+                 canary_check: Callable[[list[HostDeploy]], str | None] | None = None) -> list[HostDeploy]:
+    """Deploy batch by batch; once more than --max-fail-percent of the hosts tried failed, the rest is skipped.
+
+    --canary N: the first N hosts go first, alone; when one fails, or canary_check (an SLO bench
+    against them) gives a reason, the rest is skipped with that reason.
+    """
+    units = rollout_units(inventory, request.engine)
+    canaries, rest = units[:request.canary], units[request.canary:]
     outcomes: list[HostDeploy] = []
+    if canaries:
+        outcomes += _batch(canaries, request, on_batch)
+        why = _canary_verdict(outcomes, canary_check)
+        if why:
+            return outcomes + [HostDeploy(h, "skipped", error=f"not run: {why}") for unit in rest for h in unit]
     spent = False
-    for batch in batches(rollout_units(inventory, request.engine), request.serial):
+    for batch in batches(rest, request.serial):
         spent = spent or over_budget([o for o in outcomes if o.state != "skipped"], request.max_fail_percent)
         if spent:
             why = f"not run: more than {request.max_fail_percent:g}% of hosts failed"
             outcomes += [HostDeploy(h, "skipped", error=why) for unit in batch for h in unit]
             continue
-        done = _parallel(lambda unit: _run_unit(unit, request), batch, request.forks)
-        flat = [o for unit in done for o in unit]
-        if on_batch:
-            on_batch(flat)
-        outcomes += flat
+        outcomes += _batch(batch, request, on_batch)
     return outcomes
+
+
+def _batch(batch: list[list[Host]], request: DeployRequest, on_batch) -> list[HostDeploy]:
+    done = _parallel(lambda unit: _run_unit(unit, request), batch, request.forks)
+    flat = [o for unit in done for o in unit]
+    if on_batch:
+        on_batch(flat)
+    return flat
+
+
+def _canary_verdict(outcomes: list[HostDeploy], check) -> str | None:
+    failed = [o.host.name for o in outcomes if not o.ok]
+    if failed:
+        return f"the canary {', '.join(failed)} failed"
+    return check(outcomes) if check else None
 
 
 def _run_unit(unit: list[Host], request: DeployRequest) -> list[HostDeploy]:

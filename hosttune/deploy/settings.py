@@ -12,6 +12,8 @@ Inventory layout (every key optional):
       warmup: 3                          # warmup requests before the gate
       health_timeout: 900                # seconds for the service to load and say healthy
       gate_timeout: 60                   # seconds for the one-token generation
+      probe_interval: 10                 # seconds between generation probes of a host's replicas
+      session_affinity: false            # host-local nginx: one X-Session-Id keeps its replica
 
 `--set FLAG=VALUE` sets an engine flag, `--set env.NAME=VALUE` an environment variable;
 values are read as YAML scalars (true, 0.9, 8192, null).
@@ -57,6 +59,8 @@ class ServeSettings:
     warmup: int = 3
     health_timeout_s: float = 600.0
     gate_timeout_s: float = 60.0
+    probe_interval_s: int = 10
+    session_affinity: bool = False
 
 
 def _text(value: Any, where: str) -> str:
@@ -108,8 +112,8 @@ def _number(doc: Mapping, key: str, kind: type, where: str, default: Any) -> Any
     return value
 
 
-KNOWN_KEYS = {"port", "env", "multinode", "lb_port", "warmup", "health_timeout", "gate_timeout", *ENGINES,
-              "api_key", "api_key_file", "nginx"}  # the last three: hosttune.deploy.access
+KNOWN_KEYS = {"port", "env", "multinode", "lb_port", "warmup", "health_timeout", "gate_timeout", "probe_interval",
+              "session_affinity", *ENGINES, "api_key", "api_key_file", "nginx"}  # the last three: hosttune.deploy.access
 
 
 def inventory_vars(host: Host) -> dict:
@@ -121,8 +125,9 @@ def inventory_vars(host: Host) -> dict:
     for name in (*ENGINES, "env"):
         if not isinstance(doc.get(name, {}), dict):
             raise DeployError(f"{where}: deploy.{name} must be a mapping")
-    if not isinstance(doc.get("multinode", False), bool):
-        raise DeployError(f"{where}: deploy.multinode must be true or false")
+    for name in ("multinode", "session_affinity"):
+        if not isinstance(doc.get(name, False), bool):
+            raise DeployError(f"{where}: deploy.{name} must be true or false")
     return doc
 
 
@@ -149,6 +154,7 @@ def resolve(host: Host, preset: EnginePreset, model: str, port: int | None, over
         timeouts.get("warmup", _number(doc, "warmup", int, where, 3)),
         timeouts.get("health_timeout_s", _number(doc, "health_timeout", float, where, 600.0)),
         timeouts.get("gate_timeout_s", _number(doc, "gate_timeout", float, where, 60.0)),
+        max(1, _number(doc, "probe_interval", int, where, 10)), doc.get("session_affinity", False),
     )
 
 

@@ -24,9 +24,11 @@ class HostState:
     current: str | None  # the release folder `current` points at
     previous: str | None
     is_complete: bool  # the release being deployed is installed already
-    wheels: dict[str, str] = field(default_factory=dict, hash=False)  # path → sha256 of what is there
+    wheels: dict[str, str] = field(default_factory=dict, hash=False)  # path → sha256, of the wheels and files asked about
     units: dict[str, UnitFile] = field(default_factory=dict, hash=False)
     installed: dict[str, str] = field(default_factory=dict, hash=False)  # complete release folder → its wheel set
+    instances: dict[str, str] = field(default_factory=dict, hash=False)  # hosttune-engine@N.service → is-active
+    nginx: str | None = None  # the nginx binary, when the host has one
 
 
 @lru_cache(maxsize=1)
@@ -39,6 +41,7 @@ def parse_state(text: str) -> HostState:
     wheels: dict[str, str] = {}
     units: dict[str, UnitFile] = {}
     installed: dict[str, str] = {}
+    instances: dict[str, str] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key in ("wheel", "installed"):
@@ -47,10 +50,13 @@ def parse_state(text: str) -> HostState:
         elif key == "unit":
             name, sha, active = (value.split(" ") + ["", ""])[:3]
             units[name] = UnitFile(name, sha, active)
+        elif key == "instance":
+            name, _, active = value.partition(" ")
+            instances[name] = active
         else:
             values[key] = value
     return HostState(values.get("current") or None, values.get("previous") or None, bool(values.get("complete")),
-                     wheels, units, installed)
+                     wheels, units, installed, instances, values.get("nginx") or None)
 
 
 def read_state(transport: Transport, release_id: str, wheel_paths: list[str]) -> HostState:

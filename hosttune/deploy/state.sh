@@ -1,5 +1,6 @@
 # hosttune deploy: what a host has now (read-only). Run as: sh -c "$SCRIPT" hosttune RELEASE_ID WHEEL_PATH...
 # Prints "key:value" lines; every value arrives as an argument, never as code.
+# The paths are wheels and the host files a release writes (nginx): each one there is hashed.
 set -u
 root=/opt/hosttune
 id=$1; shift
@@ -14,9 +15,14 @@ done
 for p in "$@"; do
     [ -f "$p" ] && printf 'wheel:%s %s\n' "$(sha256sum < "$p" | cut -d' ' -f1)" "$p"
 done
-for u in hosttune-ray.service hosttune-serve.service; do
+for u in hosttune-ray.service hosttune-serve.service hosttune-engine@.service hosttune-probe.service hosttune-probe.timer; do
     f=/etc/systemd/system/$u
     [ -f "$f" ] || continue
     printf 'unit:%s %s %s\n' "$u" "$(sha256sum < "$f" | cut -d' ' -f1)" "$(systemctl is-active "$u" 2>/dev/null)"
 done
+# The replicas: instances of the templated unit systemd knows (loaded, running or failed).
+systemctl list-units --all --plain --no-legend 'hosttune-engine@*.service' 2>/dev/null | while read -r u load active rest; do
+    printf 'instance:%s %s\n' "$u" "$active"
+done
+printf 'nginx:%s\n' "$(command -v nginx || ls /usr/sbin/nginx 2>/dev/null)"
 exit 0

@@ -45,10 +45,12 @@ class ServeSpec:
     drain_s: int | None = None  # how long SIGTERM drains, when no flag says it
     drain_flag: str | None = None  # the flag that says how long SIGTERM drains
     false_flag: str | None = None  # how a false boolean flag is written ("no-{flag}"), else left out
+    tp_flag: str | None = None  # the engine's tensor-parallel flag, given a replica's TP when it is above one
     api_key_env: str | None = None  # the environment variable the engine reads its API key from
     api_key_flag: str | None = None  # an engine that takes its key only as this flag gets it through a launcher
     env: dict[str, str] = field(default_factory=dict, hash=False)
     flags: dict[str, Any] = field(default_factory=dict, hash=False)
+    help: tuple[str, ...] = ()  # the installed release's help, which every flag is checked against
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,36 @@ class MultinodeSpec:
 
 
 @dataclass(frozen=True)
+class EngineRelease:
+    """A release pinned for hosts whose driver's CUDA has this major version."""
+
+    cuda: int
+    ref: str
+    torch: str
+    flags: dict[str, Any] = field(default_factory=dict, hash=False)  # over serve.flags, for this release
+
+
+@dataclass(frozen=True)
 class EnginePreset:
     name: str
     build: BuildSpec
     serve: ServeSpec
     multinode: MultinodeSpec | None = None
+    releases: tuple[EngineRelease, ...] = ()  # empty: one release for every host (build.ref)
+
+    def release_for(self, cuda: str | None, host: str) -> EngineRelease | None:
+        """The pinned release for a host whose driver supports this CUDA; None when the preset pins none.
+
+        Raises PresetError naming what the host has and what the releases need."""
+        if not self.releases:
+            return None
+        major = _major(cuda)
+        fitting = [r for r in self.releases if r.cuda == major]
+        if not fitting:
+            known = ", ".join(f"CUDA {r.cuda}.x → {self.name} {r.ref}" for r in self.releases)
+            raise PresetError(f"{host}: its driver supports CUDA {cuda or 'unknown'}; {self.name} releases are pinned "
+                              f"for {known}: update the driver (hosttune apply) or deploy with --ref")
+        return fitting[0]
 
     @property
     def is_bundled(self) -> bool:
@@ -90,6 +117,18 @@ def load_preset(name: str) -> EnginePreset:
     return parse_preset(yaml.safe_load(text), f"presets/{name}.yaml")
 
 
+def _major(version: str | None) -> int | None:
+    try:
+        return int(str(version).split(".")[0])
+    except ValueError:
+        return None
+
+
+def _releases(items: list | None) -> tuple[EngineRelease, ...]:
+    return tuple(EngineRelease(int(r["cuda"]), str(r["ref"]), str(r["torch"]), dict(r.get("flags") or {}))
+                 for r in items or ())
+
+
 def parse_preset(doc: dict, where: str) -> EnginePreset:
     try:
         build, serve = doc["build"], doc["serve"]
@@ -97,13 +136,13 @@ def parse_preset(doc: dict, where: str) -> EnginePreset:
         build_spec = BuildSpec(str(build["source"]), build.get("ref"), packages, _strings(build.get("env")))
         serve_spec = ServeSpec(
             tuple(serve["command"]), serve.get("health", "/health"), serve.get("drain_s"), serve.get("drain_flag"),
-            serve.get("false_flag"), serve.get("api_key_env"), serve.get("api_key_flag"), _strings(serve.get("env")),
-            dict(serve.get("flags") or {}),
+            serve.get("false_flag"), serve.get("tp_flag"), serve.get("api_key_env"), serve.get("api_key_flag"),
+            _strings(serve.get("env")), dict(serve.get("flags") or {}), tuple(serve.get("help") or ()),
         )
         multi = doc.get("multinode")
         multi_spec = None if not multi else MultinodeSpec(
             int(multi["ray_port"]), tuple(multi["head_command"]), tuple(multi["worker_command"]), dict(multi.get("flags") or {}))
-        return EnginePreset(str(doc["name"]), build_spec, serve_spec, multi_spec)
+        return EnginePreset(str(doc["name"]), build_spec, serve_spec, multi_spec, _releases(doc.get("releases")))
     except (KeyError, TypeError, ValueError) as exc:
         raise PresetError(f"{where}: malformed preset ({exc!r})") from None
 

@@ -1,5 +1,6 @@
 # Runs ON THE HOST with python3 (standard library only), embedded in the probe script; read-only.
-# For the engine hosttune deploy runs here (its live release.json) and the host nginx fronts deploy
+# For the engine hosttune deploy runs here (its live release.json: the service, or each replica) and the
+# host nginx front deploy
 # wrote (/etc/nginx/conf.d/hosttune-*.conf): the addresses each port listens on (/proc/net/tcp*)
 # and the status of GET /v1/models sent WITHOUT a key. Prints one JSON line per port.
 # NB: embedded between single quotes: this file must not contain any.
@@ -47,9 +48,10 @@ def endpoints():
     try:
         with open(ROOT + "/opt/hosttune/current/.hosttune/release.json") as f:
             doc = json.load(f)
-        port = (doc.get("settings") or {}).get("port")
-        if port:
-            out.append({"role": "engine", "port": int(port), "scheme": "http"})
+        settings = doc.get("settings") or {}
+        # a host of several replicas: each on its own port (the service port is then its nginx front)
+        ports = [r.get("port") for r in settings.get("replicas") or []] or [settings.get("port")]
+        out += [{"role": "engine", "port": int(p), "scheme": "http"} for p in ports if p]
     except (OSError, ValueError):
         pass
     for conf in sorted(glob.glob(ROOT + "/etc/nginx/conf.d/hosttune-*.conf")):

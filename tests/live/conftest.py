@@ -8,6 +8,8 @@ Fixtures
 - fresh_hosts (function): factory, fresh_hosts(["a", "b"], binds=...) boots private
                          hosts for one test (~0.5 s) and removes them after it.
 - live_known_hosts (function): a known_hosts file for live_hosts in tmp_path.
+- tiny_model, wheelhouse (session): the deploy tests' tiny model folder and the bundled
+                         engine's wheelhouse with its dependency wheels (deploy_setup.py).
 
 Live tests skip when not root or systemd-nspawn is missing. With HOSTTUNE_REQUIRE_LIVE=1
 (scripts/test.sh sets it when it runs as root) a missing prerequisite fails instead, so CI
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from .deploy_setup import build_wheelhouse, make_tiny_model
 from .hosts import Fleet, sweep_stale_runs
 from .image import ensure_image
 
@@ -92,3 +95,13 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("-", "live hosts")
         for line in _timings:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(tmp_path_factory) -> Path:
+    return build_wheelhouse(tmp_path_factory)

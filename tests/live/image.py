@@ -22,10 +22,11 @@ READY_MARK = ".hosttune-image-ok"
 
 # What hosttune's probes and actions expect on a Debian host, beyond systemd and sshd:
 # sysctl/ps (procps), ip, lsmod, numactl, irqbalance (inactive in containers by its own
-# ConditionVirtualization=!container), and venv for deploy's versioned virtualenvs.
+# ConditionVirtualization=!container), venv for deploy's versioned virtualenvs, and nginx
+# for the host-local upstream over a host's replicas.
 PACKAGES = (
     "systemd", "systemd-sysv", "openssh-server", "python3", "dbus", "sudo",
-    "procps", "iproute2", "kmod", "python3-venv", "numactl", "irqbalance",
+    "procps", "iproute2", "kmod", "python3-venv", "numactl", "irqbalance", "nginx-light",
 )
 
 # Runs inside the new root (chroot) once per build. Host keys are removed here and
@@ -49,6 +50,8 @@ for unit in apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer \
             e2scrub_all.timer fstrim.timer console-getty.service; do
     ln -sf /dev/null "/etc/systemd/system/$unit"
 done
+# Containers share the host's network: no nginx on port 80 at boot; deploy starts it on its own port.
+rm -f /etc/nginx/sites-enabled/default /etc/systemd/system/multi-user.target.wants/nginx.service
 apt-get clean
 """
 

@@ -6,7 +6,7 @@ client reaches it over https trusting the test CA, `hosttune bench --api-key` me
 no saved file) and `hosttune check` finds nothing open.
 
 The host gets nginx-light from Debian's mirror (its start held back until deploy configures it).
-Uses test_deploy_live's wheelhouse and tiny model; ~2-3 minutes on a 2-core VM.
+Uses the deploy live tests' wheelhouse and tiny model (conftest); ~2-3 minutes on a 2-core VM.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from .test_deploy_live import MODEL, REPO, deploy, free_port, tiny_model, wheelhouse  # noqa: F401 (fixtures)
+from .deploy_setup import MODEL, REPO, free_port
+from .test_deploy_live import deploy
 
 pytestmark = [pytest.mark.live, pytest.mark.slow, pytest.mark.timeout(1500)]
 x509 = pytest.importorskip("cryptography.x509")

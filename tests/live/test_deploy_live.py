@@ -11,12 +11,7 @@ with the same wheels are hard-link clones (seconds). The whole test: ~100 s on a
 """
 from __future__ import annotations
 
-import os
-import random
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -25,57 +20,10 @@ from typer.testing import CliRunner
 
 from hosttune.cli import app
 
+from .deploy_setup import MODEL, free_port
+
 pytestmark = [pytest.mark.live, pytest.mark.slow, pytest.mark.timeout(1500)]
-REPO = Path(__file__).resolve().parents[2]
-MODEL = "/srv/models/tiny-qwen2"
 runner = CliRunner()
-
-
-def _torch_python() -> str | None:
-    """An interpreter that can write the tiny model (torch, safetensors, tokenizers)."""
-    for python in (os.environ.get("HOSTTUNE_TORCH_PYTHON"), sys.executable):
-        if python and subprocess.run([python, "-c", "import torch, safetensors, tokenizers"],
-                                     capture_output=True).returncode == 0:
-            return python
-    return None
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    python = _torch_python()
-    if python is None:
-        why = "no Python with torch to write the tiny model (scripts/test.sh installs it; or set HOSTTUNE_TORCH_PYTHON)"
-        if os.environ.get("HOSTTUNE_REQUIRE_LIVE") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-    out = tmp_path_factory.mktemp("models")
-    subprocess.run([python, str(REPO / "engine/scripts/make_tiny_models.py"), str(out)], check=True,
-                   capture_output=True, timeout=600)
-    return out / "tiny-qwen2"
-
-
-@pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory) -> Path:
-    """`hosttune build --engine custom --deps`: the engine wheel plus every dependency wheel."""
-    folder = tmp_path_factory.mktemp("wheelhouse")
-    constraints = folder / "constraints.txt"
-    constraints.write_text("torch==2.13.0\n")  # the CPU wheel on disk (scripts/test.sh pins the same)
-    result = runner.invoke(app, ["build", "--engine", "custom", "--deps", "-c", str(constraints), "-w", str(folder)])
-    assert result.exit_code == 0, result.output
-    assert "hosttune_engine-0.1.0-py3-none-any.whl" in result.stdout and "dependency wheels" in result.stdout
-    return folder
-
-
-def free_port() -> int:
-    for _ in range(100):
-        port = random.randrange(30000, 40000)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise RuntimeError("no free port")
 
 
 def deploy(inventory: Path, wheelhouse: Path, port: int, *extra: str, model: str = MODEL):
@@ -119,7 +67,8 @@ def test_deploy_custom_engine_gate_redeploy_broken_rollback(live_fleet, fresh_ho
     assert host.exec("systemctl is-active hosttune-serve.service").stdout.strip() == "active"
     assert host.exec("readlink /opt/hosttune/current").stdout.strip() == f"/opt/hosttune/releases/{release}"
     unit = host.path("/etc/systemd/system/hosttune-serve.service").read_text()
-    for expected in ("Environment=CUDA_VISIBLE_DEVICES=0", "Restart=always", "TimeoutStopSec=45", "LimitNOFILE=1048576",
+    assert "CUDA_VISIBLE_DEVICES" not in unit  # a CPU replica has no GPU
+    for expected in ("Restart=always", "TimeoutStopSec=45", "LimitNOFILE=1048576",
                      f"ExecStart=/opt/hosttune/releases/{release}/bin/hosttune-engine serve --model {MODEL}",
                      f"--port {port}", "--device cpu", "--max-batch-size 8", "--shutdown-timeout 30"):
         assert expected in unit
@@ -140,13 +89,17 @@ def test_deploy_custom_engine_gate_redeploy_broken_rollback(live_fleet, fresh_ho
     assert show(host, "MainPID", "ExecMainStartTimestampMonotonic") == first
     assert host.exec("ls /opt/hosttune/releases").stdout.split() == [release]
 
-    # 3. a broken release (its model does not exist): the gate fails, the journal shows why,
-    #    the previous release is put back and serves
-    result, timings["broken deploy"] = deploy(inventory, wheelhouse, port, model="/srv/models/missing")
+    # 3. a model folder the host lacks is refused before anything changes; a broken one (its weights
+    #    are missing) fails the gate, the journal shows why, the previous release is put back and serves
+    result, _ = deploy(inventory, wheelhouse, port, model="/srv/models/missing")
+    assert result.exit_code == 2 and "the model folder /srv/models/missing does not exist on the host" in result.stdout
+    broken = "/srv/models/broken"
+    shutil.copytree(tiny_model, host.path(broken), ignore=shutil.ignore_patterns("*.safetensors"))
+    result, timings["broken deploy"] = deploy(inventory, wheelhouse, port, model=broken)
     assert result.exit_code == 2, result.output
     out = result.stdout
     assert out.split()[1] == "failed" and "gate failed at health" in out
-    assert "journal of the service (last lines):" in out and "/srv/models/missing" in out
+    assert "journal of the service (last lines):" in out and broken in out
     assert f"previous release {release} put back and serving" in out
     assert host.exec("readlink /opt/hosttune/current").stdout.strip() == f"/opt/hosttune/releases/{release}"
     assert host.exec("test -e /opt/hosttune/previous", check=False).returncode != 0  # as before the failed deploy

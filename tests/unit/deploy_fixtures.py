@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from hosttune.build.wheelhouse import Entry, WheelKey, describe_wheels, write_manifest
 from hosttune.inventory import load_inventory
 from hosttune.probes.gather import parse_probe_output
+from hosttune.transport.base import CommandResult
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -46,6 +49,11 @@ def a100_facts():
     return parse_probe_output((FIXTURES / "a100-4gpu-2numa" / "probe-output.txt").read_text())
 
 
+def h100_facts():
+    """8 H100s, GPUs 0-3 on NUMA node 0 and 4-7 on node 1, driver CUDA 13.0, numactl installed, systemd."""
+    return parse_probe_output((FIXTURES / "h100-8gpu-2numa" / "probe-output.txt").read_text())
+
+
 def h200_facts():
     """The lent H200 box: PID 1 is not systemd."""
     return parse_probe_output((FIXTURES / "h200" / "probe-output.txt").read_text())
@@ -56,6 +64,12 @@ def inventory(tmp_path: Path):
     path = tmp_path / "inventory.yaml"
     path.write_text(INVENTORY)
     return load_inventory(path)
+
+
+def fleet_of(tmp_path: Path, count: int):
+    """An inventory of count single hosts h0, h1, ... (the a100 group's hosts, renamed)."""
+    base = [h for h in inventory(tmp_path).hosts if h.group == "a100"]
+    return type(inventory(tmp_path))(tuple(replace(base[i % 2], name=f"h{i}") for i in range(count)), "x")
 
 
 def fake_entry(wheelhouse: Path, engine: str = "vllm", archs=("8.0",), cuda: str | None = "12.4",
@@ -70,3 +84,34 @@ def fake_entry(wheelhouse: Path, engine: str = "vllm", archs=("8.0",), cuda: str
                   built_at or time.time(), 1.0, {})
     write_manifest(entry)
     return entry
+
+
+class ScriptedTransport:
+    """Answers commands by rules; records every argv (the host's side of the conversation)."""
+
+    def __init__(self, name: str, log: list, gate_ok=True, state="", ray_nodes=0):
+        self.host_name, self.log, self.gate_ok, self.state, self.ray_nodes = name, log, gate_ok, state, ray_nodes
+        self.files: dict[str, bytes] = {}
+        self.unknown_flags: list[str] = []
+
+    def run(self, argv, *, stdin=None, timeout=None):
+        argv = tuple(argv)
+        self.log.append((self.host_name, argv))
+        out = ""
+        if argv[:2] == ("sh", "-c") and argv[3:4] == ("hosttune",) and not argv[4].startswith(("write", "link", "remove")):
+            out = self.state  # state.sh
+        elif argv[:2] == ("python3", "-c") and "UNKNOWN" in argv[2]:
+            out = "UNKNOWN " + json.dumps(self.unknown_flags)  # flagcheck: what the engine's --help lacks
+        elif argv[:2] == ("python3", "-c"):
+            out = json.dumps({"ok": self.gate_ok, "phase": "done" if self.gate_ok else "health", "health_s": 1.0,
+                              "warmup": {"requests": 3, "s": 1.0}, "gate_s": 0.1, "error": "" if self.gate_ok else "boom"})
+        elif argv[0] == "cat":
+            out = self.files.get(argv[-1], b"").decode()
+        elif argv[0].endswith("/bin/ray"):
+            out = "Active:\n" + "".join(f" 1 node_{i:040x}\n" for i in range(self.ray_nodes)) + "Pending:\n"
+        elif argv[0] == "journalctl":
+            out = "engine: model not found"
+        return CommandResult(argv, 0, out, "", 0.0)
+
+    def close(self):
+        pass

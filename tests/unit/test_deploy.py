@@ -25,7 +25,7 @@ from hosttune.facts import Facts
 from hosttune.presets import load_preset
 from hosttune.transport.base import CommandResult
 
-from deploy_fixtures import a100_facts, fake_entry, h200_facts, inventory
+from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, fleet_of, h200_facts, inventory
 
 runner = CliRunner()
 
@@ -216,39 +216,11 @@ def test_multinode_groups_roll_as_one_unit(tmp_path):
 # -- flows over a scripted transport ---------------------------------------------------------------
 
 
-class ScriptedTransport:
-    """Answers commands by rules; records every argv (the host's side of the conversation)."""
-
-    def __init__(self, name: str, log: list, gate_ok=True, state="", ray_nodes=0):
-        self.host_name, self.log, self.gate_ok, self.state, self.ray_nodes = name, log, gate_ok, state, ray_nodes
-        self.files: dict[str, bytes] = {}
-
-    def run(self, argv, *, stdin=None, timeout=None):
-        argv = tuple(argv)
-        self.log.append((self.host_name, argv))
-        out = ""
-        if argv[:2] == ("sh", "-c") and argv[3:4] == ("hosttune",) and not argv[4].startswith(("write", "link", "remove")):
-            out = self.state  # state.sh
-        elif argv[:2] == ("python3", "-c"):
-            out = json.dumps({"ok": self.gate_ok, "phase": "done" if self.gate_ok else "health", "health_s": 1.0,
-                              "warmup": {"requests": 3, "s": 1.0}, "gate_s": 0.1, "error": "" if self.gate_ok else "boom"})
-        elif argv[0] == "cat":
-            out = self.files.get(argv[-1], b"").decode()
-        elif argv[0].endswith("/bin/ray"):
-            out = "Active:\n" + "".join(f" 1 node_{i:040x}\n" for i in range(self.ray_nodes)) + "Pending:\n"
-        elif argv[0] == "journalctl":
-            out = "engine: model not found"
-        return CommandResult(argv, 0, out, "", 0.0)
-
-    def close(self):
-        pass
-
-
 def job_for(tmp_path, host_name="gpu-a", role=Role()):
     inv = inventory(tmp_path)
     host = next(h for h in inv.hosts if h.name == host_name)
     fake_entry(tmp_path / "wh")
-    return rollout.make_job(host, a100_facts(), rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-1"), role)
+    return rollout.make_job(host, a100_facts(), rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-1", tensor_parallel=2), role)
 
 
 def test_failed_gate_shows_the_journal_and_restores_the_previous_release(tmp_path):
@@ -303,9 +275,7 @@ def test_cli_refuses_a_host_without_systemd(monkeypatch, tmp_path):
 
 
 def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):
-    base = [h for h in inventory(tmp_path).hosts if h.group == "a100"]
-    hosts = tuple(replace(base[i % 2], name=f"h{i}") for i in range(4))
-    inv = type(inventory(tmp_path))(hosts, "x")
+    inv = fleet_of(tmp_path, 4)
     ran: list[str] = []
 
     def single(host, request):

@@ -4,6 +4,7 @@ its command line, the engine on 127.0.0.1 behind the host's nginx, and nginx con
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -17,14 +18,15 @@ import pytest
 from hosttune.deploy import rollout
 from hosttune.deploy.access import Access, Front, _LAUNCHER, access_for, launched_with_key
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.host import HostDeploy
-from hosttune.deploy.front import front_ops, front_upstream, key_ops, nginx_conf_path
+from hosttune.deploy.host import HostDeploy, deploy_one, rollback_one
+from hosttune.deploy.front import NGINX_CONF, front_ops, front_upstream, key_ops
 from hosttune.deploy.plan import Run, WriteFile, describe
-from hosttune.deploy.units import Upstream, render_nginx
+from hosttune.deploy.settings import ServeSettings
+from hosttune.deploy.units import REPLICA_TEMPLATE, Upstream, render_nginx
 from hosttune.inventory import load_inventory
 from hosttune.presets import load_preset
 
-from deploy_fixtures import a100_facts, fake_entry
+from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry
 
 KEY = "ht-inventory-key-3b8f0e6a91d2c457"
 
@@ -101,10 +103,10 @@ def test_key_file_operations_write_the_engines_variable_root_only(tmp_path):
     assert key_ops(Access("prod"), load_preset("vllm")) == []
 
 
-def _job(tmp_path, engine: str, deploy: str):
+def _job(tmp_path, engine: str, deploy: str, gpus: str = "0"):
     (a, _) = _hosts(tmp_path, deploy)
     fake_entry(tmp_path / "wh", engine, archs=("8.0",) if engine != "custom" else ())
-    request = rollout.DeployRequest(engine, "/m", tmp_path / "wh", "0-1", keys_dir=tmp_path / "keys")
+    request = rollout.DeployRequest(engine, "/m", tmp_path / "wh", gpus, keys_dir=tmp_path / "keys")
     return rollout.make_job(a, a100_facts(), request)
 
 
@@ -163,11 +165,11 @@ def test_front_operations_upload_tls_check_nginx_then_reload(tmp_path):
     ops = front_ops(access, "custom", (8000,))
     writes = {op.path: op for op in ops if isinstance(op, WriteFile)}
     assert writes["/etc/hosttune/tls/prod.crt"].content == b"CERT" and writes["/etc/hosttune/tls/prod.key"].mode == 0o600
-    conf = writes[nginx_conf_path(access) + ".new"].content.decode()
+    conf = writes[NGINX_CONF + ".new"].content.decode()
     assert "listen 443 ssl default_server;" in conf and "ssl_certificate /etc/hosttune/tls/prod.crt;" in conf
     assert "server 127.0.0.1:8000 " in conf and "keepalive 64;" in conf and "keepalive_timeout 60s;" in conf
     runs = [op.argv for op in ops if isinstance(op, Run)]
-    assert runs[-3][:2] == ("sh", "-c") and runs[-3][-1] == "/etc/nginx/conf.d/hosttune-prod.conf"
+    assert runs[-3][:2] == ("sh", "-c") and runs[-3][-1] == "/etc/nginx/conf.d/hosttune-local.conf"
     assert runs[-2:] == [("systemctl", "enable", "--quiet", "nginx"), ("systemctl", "reload-or-restart", "nginx")]
     assert front_ops(Access("prod"), "custom", (8000,)) == []
 
@@ -210,3 +212,64 @@ def test_the_groups_upstream_points_at_the_hosts_nginx_fronts(tmp_path):
     assert upstream.backends == ("10.0.0.1:8443", "10.0.0.2:8443") and upstream.backend_scheme == "https"
     conf = render_nginx(upstream).decode()
     assert "proxy_pass https://hosttune_prod;" in conf and "listen 8080;" in conf
+
+
+def _tls_files(tmp_path: Path) -> str:
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("CERT")
+    key.write_text("KEY")
+    return f"nginx: {{tls_cert: {cert}, tls_key: {key}}}\n"
+
+
+def test_keyed_replicas_read_the_key_file_behind_the_hosts_one_tls_front(tmp_path):
+    job = _job(tmp_path, "sglang", "api_key: true\n" + _tls_files(tmp_path), gpus="0-1")
+    release, key = job.release, job.access.key
+    assert len(release.replicas) == 2 and release.key_file == "/etc/hosttune/keys/prod.env"
+    unit = release.units[REPLICA_TEMPLATE].decode()
+    assert (f"EnvironmentFile={release.dir}/.hosttune/replica-%i.env\n"
+            "EnvironmentFile=/etc/hosttune/keys/prod.env\n") in unit
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert "SGLANG_API_KEY api-key sglang.launch_server" in exec_start and "--host 127.0.0.1" in exec_start
+    everything = b"".join([*release.units.values(), *release.meta.values(), *release.files.values(), release.manifest()])
+    assert key.encode() not in everything
+    assert json.loads(release.meta["replicas.json"])["key_file"] == release.key_file  # the probe sends it
+    assert [p for p in release.files if p.startswith("/etc/nginx/")] == [NGINX_CONF]  # one nginx per host
+    conf = release.files[NGINX_CONF].decode()
+    for line in ("listen 443 ssl default_server;", "ssl_certificate /etc/hosttune/tls/prod.crt;",
+                 "include /etc/hosttune/nginx/local-servers.conf;", "keepalive 64;", "non_idempotent;"):
+        assert line in conf
+
+
+def test_a_keyed_replica_deploy_writes_key_and_tls_before_the_roll_and_gates_with_the_key(tmp_path):
+    job = _job(tmp_path, "custom", "api_key: true\n" + _tls_files(tmp_path), gpus="0-1")
+    log: list = []
+    outcome = deploy_one(ScriptedTransport("gpu-a", log, state="nginx:/usr/sbin/nginx\n"), job)
+    assert outcome.state == "deployed", outcome.error
+    first_lb = next(i for i, (_, a) in enumerate(log) if a[0] == "python3" and a[1].endswith("replica_lb.py"))
+    written = [a[5] for _, a in log[:first_lb] if a[:2] == ("sh", "-c") and a[4] == "write"]
+    assert [p for p in written if p.startswith("/etc/hosttune/")][:3] == [
+        "/etc/hosttune/keys/prod.env", "/etc/hosttune/tls/prod.crt", "/etc/hosttune/tls/prod.key"]
+    gates = [json.loads(a[3]) for _, a in log if a[:2] == ("python3", "-c") and "UNKNOWN" not in a[2]]
+    assert [(g["port"], g["key_file"]) for g in gates] == [(8001, "/etc/hosttune/keys/prod.env"),
+                                                          (8002, "/etc/hosttune/keys/prod.env")]
+    assert all(job.access.key not in " ".join(a) for _, a in log)  # the key only in the key file's content
+
+
+def test_rolling_back_from_replicas_to_a_fronted_service_puts_its_front_back(tmp_path):
+    previous = _job(tmp_path, "custom", "api_key: true\nnginx: {port: 8080}\n").release
+    (host, _) = _hosts(tmp_path, "api_key: true\nnginx: {port: 8080}\n")
+    state = (f"current:/opt/hosttune/releases/custom-replicas\nprevious:{previous.dir}\n"
+             "instance:hosttune-engine@0.service active\ninstance:hosttune-engine@1.service active\n")
+    log: list = []
+    t = ScriptedTransport("gpu-a", log, state=state)
+    t.files[f"{previous.dir}/.hosttune/release.json"] = previous.manifest()
+    for name, body in previous.units.items():
+        t.files[f"{previous.dir}/.hosttune/{name}"] = body
+    outcome = rollback_one(t, host, ServeSettings("", "", 1, {}, {}))
+    assert outcome.state == "rolled-back", outcome.error
+    argvs = [a for _, a in log]
+    gate = next(json.loads(a[3]) for a in argvs if a[:2] == ("python3", "-c") and "UNKNOWN" not in a[2])
+    assert gate["key_file"] == "/etc/hosttune/keys/prod.env" and gate["port"] == 8000
+    removed = next(i for i, a in enumerate(argvs) if a[:2] == ("sh", "-c") and a[4] == "remove" and a[5] == NGINX_CONF)
+    written = next(i for i, a in enumerate(argvs) if a[:2] == ("sh", "-c") and a[4] == "write" and a[5] == NGINX_CONF + ".new")
+    assert removed < written and argvs[-1] == ("systemctl", "reload-or-restart", "nginx")

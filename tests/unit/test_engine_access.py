@@ -53,13 +53,15 @@ def _probe(root) -> str:
                           timeout=60).stdout
 
 
-def _deployed(root, engine_port: int, nginx_port: int | None = None) -> None:
+def _deployed(root, engine_port: int, nginx_port: int | None = None, replicas: tuple[int, ...] = ()) -> None:
     meta = root / "opt/hosttune/current/.hosttune"
     meta.mkdir(parents=True)
-    (meta / "release.json").write_text(json.dumps({"settings": {"port": engine_port}}))
+    settings = {"port": engine_port, **({"replicas": [{"index": i, "port": p} for i, p in enumerate(replicas)]}
+                                        if replicas else {})}
+    (meta / "release.json").write_text(json.dumps({"settings": settings}))
     if nginx_port:
         (root / "etc/nginx/conf.d").mkdir(parents=True)
-        (root / "etc/nginx/conf.d/hosttune-prod.conf").write_text(
+        (root / "etc/nginx/conf.d/hosttune-local.conf").write_text(
             f"upstream x {{\n    server 127.0.0.1:{engine_port};\n}}\nserver {{\n    listen {nginx_port} ssl default_server;\n}}\n")
 
 
@@ -86,6 +88,16 @@ def test_a_keyed_engine_or_one_on_loopback_only_is_ok(tmp_path):
     assert endpoints[1].role == "nginx" and endpoints[1].port == keyed and endpoints[1].scheme == "https"
     assert _verdict(endpoints).status is Status.OK
     assert _verdict((EngineEndpoint("nginx", 80, "http", ("0.0.0.0",), "401"),)).status is Status.OK
+
+
+def test_every_replica_port_is_asked_and_one_open_to_all_is_a_finding(tmp_path):
+    with _server("127.0.0.1", 200) as first, _server("0.0.0.0", 200) as second, _server("0.0.0.0", 401) as front:
+        _deployed(tmp_path, front, nginx_port=front, replicas=(first, second))
+        endpoints = parse_engine_access(_probe(tmp_path))
+    engines = [e for e in endpoints if e.role == "engine"]
+    assert [(e.port, e.listen) for e in engines] == [(first, ("127.0.0.1",)), (second, ("0.0.0.0",))]
+    finding = _verdict(endpoints)
+    assert finding.status is Status.DRIFT and finding.detail.startswith(f"engine port {second} answers /v1/models")
 
 
 def test_nothing_deployed_is_not_applicable(tmp_path):

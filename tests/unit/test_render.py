@@ -39,9 +39,9 @@ def test_vllm_unit_has_gpus_numa_and_flags_from_inventory_and_set(tmp_path):
     assert placement.numa_nodes == (1,)  # GPUs 2 and 3 hang off node 1 in the recorded A100 host
     venv = f"/opt/hosttune/releases/{release.id}"
     assert (f"ExecStart=/usr/bin/numactl --cpunodebind=1 --membind=1 {venv}/bin/vllm serve /models/qwen2.5-7b "
-            "--host 0.0.0.0 --port 8100 --tensor-parallel-size 2 --gpu-memory-utilization 0.95 --max-num-seqs 64 "
+            "--host 0.0.0.0 --port 8100 --gpu-memory-utilization 0.95 --max-num-seqs 64 "
             "--max-model-len 32768 --max-num-batched-tokens 8192 --enable-chunked-prefill --no-enable-prefix-caching "
-            "--disable-log-requests\n") in unit
+            "--tensor-parallel-size 2\n") in unit
     for line in ("Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID", "Environment=CUDA_VISIBLE_DEVICES=2,3",
                  "Environment=NCCL_DEBUG=WARN", "Environment=VLLM_LOGGING_LEVEL=DEBUG",
                  "Environment=VLLM_WORKER_MULTIPROC_METHOD=spawn", "Restart=always", "TimeoutStopSec=45",
@@ -75,8 +75,8 @@ def test_sglang_unit(tmp_path):
     release = make_release(preset, settings, place("0-1", a100_facts(), host.name), fake_entry(tmp_path / "wh", "sglang"))
     unit = release.units[SERVE_UNIT].decode()
     assert (f"ExecStart=/usr/bin/numactl --cpunodebind=0 --membind=0 /opt/hosttune/releases/{release.id}/bin/python "
-            "-m sglang.launch_server --model-path /models/llama-3-8b --host 0.0.0.0 --port 30000 --tp-size 2 "
-            "--mem-fraction-static 0.85 --chunked-prefill-size 4096 --max-running-requests 256 --schedule-policy fcfs\n") in unit
+            "-m sglang.launch_server --model-path /models/llama-3-8b --host 0.0.0.0 --port 30000 "
+            "--mem-fraction-static 0.85 --chunked-prefill-size 4096 --max-running-requests 256 --schedule-policy fcfs --tp-size 2\n") in unit
     assert "--enable-metrics" not in unit  # false, and SGLang has no --no- form: left out
     assert "Environment=CUDA_VISIBLE_DEVICES=0,1" in unit and "TimeoutStopSec=45" in unit
 
@@ -117,7 +117,7 @@ def test_nginx_upstream_for_a_group_of_replicas(tmp_path):
     conf = render_nginx(upstream).decode()
     for line in ("upstream hosttune_a100 {", "least_conn;", "server 10.0.0.11:8100 max_fails=3 fail_timeout=10s;",
                  "listen 8080;", "proxy_buffering off;", "proxy_http_version 1.1;",
-                 "proxy_next_upstream error timeout http_502 http_503;", "proxy_pass http://hosttune_a100;"):
+                 "proxy_next_upstream error timeout http_502 http_503 non_idempotent;", "proxy_pass http://hosttune_a100;"):
         assert line in conf
 
 

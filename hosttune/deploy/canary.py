@@ -1,0 +1,50 @@
+"""--canary N with an SLO: after the first N hosts are deployed, a short open-loop `hosttune bench`
+against each of them; one that misses the SLO stops the rollout before the other hosts change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hosttune.deploy.host import HostDeploy
+from hosttune.deploy.settings import resolve
+from hosttune.presets import load_preset
+
+
+@dataclass(frozen=True)
+class CanaryBench:
+    slo: str  # as `hosttune bench --slo`, e.g. e2e=2s,ttft=500ms
+    rate: float = 1.0  # requests per second, Poisson
+    duration: str = "30s"
+    prompts: str = "uniform:32-512"
+    max_tokens: str = "64"
+    percentile: float = 95.0
+    max_error_rate: float = 0.0
+
+
+def service_url(outcome: HostDeploy, request) -> str:
+    settings = resolve(outcome.host, load_preset(request.engine), request.model, request.port, request.overrides)
+    return f"http://{outcome.host.connection.address}:{settings.port}"
+
+
+def slo_check(bench: CanaryBench, request):
+    """A canary_check for deploy_fleet: the reason the canaries fail the SLO, or None."""
+    # bench pulls in aiohttp: imported only when a canary is benchmarked
+    from hosttune.bench.benchmark import BenchSpec, measure_sync
+    from hosttune.bench.loadgen import Load
+    from hosttune.bench.metrics import summarize
+    from hosttune.bench.units import parse_duration, parse_slo
+
+    slo = parse_slo(bench.slo, bench.percentile, bench.max_error_rate)
+    load = Load(users=None, rate=bench.rate, duration=parse_duration(bench.duration, "--canary-duration"), warmup=0.0)
+    spec = BenchSpec(load=load, prompt_lengths=bench.prompts, output_lengths=bench.max_tokens, slo=slo)
+
+    def check(outcomes: list[HostDeploy]) -> str | None:
+        for outcome in outcomes:
+            url = service_url(outcome, request)
+            summary = summarize(measure_sync(spec, url), slo)
+            if not summary.slo_met:
+                return (f"the canary {outcome.host.name} missed the SLO {bench.slo} at {bench.rate:g} req/s "
+                        f"({summary.num_ok} of {summary.num_requests} requests ok)")
+        return None
+
+    return check

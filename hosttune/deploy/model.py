@@ -1,0 +1,68 @@
+"""The model on a host, as placement needs it: does the folder exist, how many attention heads,
+how many bytes of weights. Read-only: one `sh -c` round trip, parsed by a pure function.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from hosttune.errors import ProbeError
+from hosttune.transport.base import Transport
+
+# Prints "dir:" when the folder exists, then config.json between markers, then one
+# "weights:BYTES NAME" line per safetensors file. The path arrives as an argument, never as code.
+_READ = r"""set -u
+m=$1
+[ -d "$m" ] || { echo "missing:"; exit 0; }
+echo "dir:"
+if [ -r "$m/config.json" ]; then echo "config-begin:"; head -c 1000000 -- "$m/config.json"; echo; echo "config-end:"; fi
+for f in "$m"/*.safetensors; do
+    [ -f "$f" ] && printf 'weights:%s %s\n' "$(stat -L -c %s -- "$f")" "${f##*/}"
+done
+exit 0
+"""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    path: str
+    exists: bool
+    num_heads: int | None = None  # num_attention_heads of config.json
+    num_kv_heads: int | None = None  # num_key_value_heads (GQA); the attention heads when absent
+    weight_bytes: int | None = None  # all *.safetensors files; None when there are none
+    error: str = ""  # why config.json could not be read, when it could not
+
+    @property
+    def weight_gb(self) -> float:
+        return (self.weight_bytes or 0) / 1e9
+
+
+def parse_model(path: str, text: str) -> ModelShape:
+    lines = text.splitlines()
+    if "dir:" not in lines:
+        return ModelShape(path, False)
+    sizes = [int(line[8:].split(" ", 1)[0]) for line in lines if line.startswith("weights:")]
+    weights = sum(sizes) if sizes else None
+    if "config-begin:" not in lines:
+        return ModelShape(path, True, weight_bytes=weights, error="no readable config.json")
+    start, end = lines.index("config-begin:"), len(lines) - 1 - lines[::-1].index("config-end:")
+    try:
+        config = json.loads("\n".join(lines[start + 1:end]))
+    except ValueError as exc:
+        return ModelShape(path, True, weight_bytes=weights, error=f"config.json is not JSON ({exc})")
+    config = config.get("text_config", config) if isinstance(config, dict) else {}
+    heads = _positive(config.get("num_attention_heads"))
+    kv = _positive(config.get("num_key_value_heads")) or heads
+    return ModelShape(path, True, heads, kv, weights, "" if heads else "config.json has no num_attention_heads")
+
+
+def _positive(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def read_model(transport: Transport, path: str) -> ModelShape:
+    result = transport.run(["sh", "-c", _READ, "hosttune", path], timeout=60)
+    if not result.ok:
+        raise ProbeError(f"{transport.host_name}: reading the model folder {path} failed: {result.stderr.strip()[-300:]}")
+    return parse_model(path, result.stdout)

@@ -1,0 +1,141 @@
+# Runs ON THE HOST with its system python3 (standard library only), from the release folder as
+# `python3 replica_lb.py COMMAND [INDEX]`, beside the replicas.json deploy wrote there.
+# Keeps the host-local nginx upstream in step with the replicas: a replica is "down" in nginx while
+# deploy drains it (out/in) or while it fails the generation probe (probe), and serving otherwise.
+#   sync         write the servers file from the markers and reload nginx
+#   out INDEX    drain: take the replica out of nginx (deploy, before it restarts the replica)
+#   in INDEX     put it back (deploy, after its gate passed)
+#   probe        one one-token generation per replica; failing ones out, recovered ones back in
+#                (with the replicas' API key, read from their key file by host_key.py, sent in front)
+# Prints one JSON line.
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SETTLE_S = 1.0  # after a reload, for nginx's new workers to take over from the old ones
+
+
+def load():
+    with open(os.path.join(HERE, "replicas.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def marker(conf, kind, index):
+    return os.path.join(conf["state_dir"], f"{kind}-{index}")
+
+
+def is_marked(conf, kind, index):
+    return os.path.exists(marker(conf, kind, index))
+
+
+def mark(conf, kind, index, on):
+    path = marker(conf, kind, index)
+    if on:
+        open(path, "w").close()
+    elif os.path.exists(path):
+        os.unlink(path)
+
+
+def servers_text(conf):
+    lines = ["# Managed by hosttune (replica_lb.py): the replicas of this host; down = drained or failing its probe."]
+    for r in conf["replicas"]:
+        down = is_marked(conf, "drained", r["index"]) or is_marked(conf, "failed", r["index"])
+        lines.append(f"server 127.0.0.1:{r['port']} max_fails={conf['max_fails']} "
+                     f"fail_timeout={conf['fail_timeout_s']}s{' down' if down else ''};")
+    return "\n".join(lines) + "\n"
+
+
+def run(argv):
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}: {(result.stderr or result.stdout).strip()[-400:]}")
+
+
+def sync(conf):
+    """Write the servers file (atomically) and have nginx load it; unchanged text changes nothing."""
+    path, text = conf["servers_file"], servers_text(conf)
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text and nginx_active():
+                return False
+    except FileNotFoundError:
+        pass
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    run(["nginx", "-t", "-q"])
+    run(["systemctl", "reload-or-restart", "nginx.service"])
+    time.sleep(SETTLE_S)
+    return True
+
+
+def nginx_active():
+    return subprocess.run(["systemctl", "is-active", "--quiet", "nginx.service"]).returncode == 0
+
+
+def request(url, headers, body=None, timeout=10.0):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers=headers)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read().decode("utf-8", "replace"))
+
+
+def generates(port, headers, timeout):
+    """One real one-token generation on the replica, or why not."""
+    base = f"http://127.0.0.1:{port}"
+    try:
+        model = request(base + "/v1/models", headers, timeout=timeout)["data"][0]["id"]
+        doc = request(base + "/v1/completions", headers,
+                      {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}, timeout=timeout)
+        return "" if doc.get("choices") else "no choices in the answer"
+    except (OSError, ValueError, KeyError, IndexError, urllib.error.URLError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def probe(conf):
+    result = {}
+    headers = request_headers(conf.get("key_file"))  # host_key.py
+    for r in conf["replicas"]:
+        index = r["index"]
+        if is_marked(conf, "drained", index):
+            result[index] = "drained"
+            continue
+        why = generates(r["port"], headers, conf["probe_timeout_s"])
+        mark(conf, "failed", index, bool(why))
+        result[index] = why or "ok"
+    return result
+
+
+def main():
+    command = sys.argv[1]
+    conf = load()
+    os.makedirs(conf["state_dir"], exist_ok=True)
+    out = {"ok": True, "command": command}
+    with open(os.path.join(conf["state_dir"], "lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # deploy and the probe timer never write the servers file at once
+        try:
+            if command in ("out", "in"):
+                index = int(sys.argv[2])
+                mark(conf, "drained", index, command == "out")
+                if command == "in":
+                    mark(conf, "failed", index, False)  # its gate just passed
+            elif command == "probe":
+                out["replicas"] = probe(conf)
+            elif command != "sync":
+                raise RuntimeError(f"unknown command {command!r}")
+            out["reloaded"] = sync(conf)
+        except Exception as exc:  # the caller gets the reason as JSON and a non-zero exit
+            out.update(ok=False, error=f"{type(exc).__name__}: {exc}")
+    print(json.dumps(out))
+    sys.exit(0 if out["ok"] else 1)
+
+
+main()

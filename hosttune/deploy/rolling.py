@@ -1,0 +1,136 @@
+"""A host's replicas onto a release, one at a time: out of the host's nginx, drained (SIGTERM: the
+engine finishes in-flight requests within its shutdown timeout), started on the release, gated,
+back in; then the next. While one replica restarts the others serve, and nginx resends a request
+that found a replica draining or gone (non_idempotent retries), so clients see no error.
+
+Operations are data (switch_ops, out/in, retire_ops); `roll` walks the replicas with the gate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from typing import Callable
+
+from hosttune.deploy import plan as dplan
+from hosttune.deploy.executor import run_ops
+from hosttune.deploy.gate import GateResult, run_gate
+from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, meta_dir
+from hosttune.deploy.front import NGINX_CONF
+from hosttune.deploy.replicas import LB_SCRIPT
+from hosttune.deploy.settings import ServeSettings
+from hosttune.deploy.state import HostState
+from hosttune.deploy.units import PROBE_TIMER, RAY_UNIT, REPLICA_TEMPLATE, REPLICA_UNITS, SERVE_UNIT, replica_unit
+from hosttune.transport.base import Transport
+
+NGINX = "nginx.service"
+
+
+def lb_op(release: Release, command: str, *indices: int) -> dplan.Run:
+    """The release's replica_lb.py on the host: out/in/sync of the host-local upstream."""
+    return dplan.Run(("python3", f"{meta_dir(release.id)}/{LB_SCRIPT}", command, *map(str, indices)), 120.0)
+
+
+def indices(release: Release) -> list[int]:
+    return [int(r["index"]) for r in release.replicas]
+
+
+def switch_ops(release: Release, state: HostState, *, keep_previous: bool = False) -> list[dplan.Op]:
+    """The release's units and host files in place, `current` linked, nothing restarted: replicas not
+    running yet are marked out of nginx until their gate passes; nginx and the probe timer enabled."""
+    ops: list[dplan.Op] = []
+    single = [n for n in (SERVE_UNIT, RAY_UNIT) if n in state.units]
+    if single:  # the one service held the service port, which nginx takes now
+        ops += [dplan.Run(("systemctl", "disable", "--now", *single)), *(dplan.Remove(f"{UNIT_DIR}/{n}") for n in single)]
+    ops += [dplan.WriteFile(f"{UNIT_DIR}/{name}", body) for name, body in release.units.items()]
+    ops += [dplan.WriteFile(path, body) for path, body in release.files.items()]
+    if not keep_previous and state.current and state.current != release.dir:
+        ops.append(dplan.Link(PREVIOUS, state.current))
+    ops += [dplan.Link(CURRENT, release.dir), dplan.Run(("systemctl", "daemon-reload"))]
+    new = [i for i in indices(release) if state.instances.get(replica_unit(i)) != "active"]
+    ops.append(lb_op(release, "out", *new) if new else lb_op(release, "sync"))
+    units = [replica_unit(i) for i in indices(release)]
+    return ops + [dplan.Run(("systemctl", "enable", "--quiet", NGINX, *units)),
+                  dplan.Run(("systemctl", "enable", "--now", "--quiet", PROBE_TIMER))]
+
+
+def restart_ops(release: Release, index: int) -> list[dplan.Op]:
+    """Out of nginx, then the restart: systemd's SIGTERM drains it, and it starts on the release."""
+    return [lb_op(release, "out", index), dplan.Run(("systemctl", "restart", replica_unit(index)), 900.0)]
+
+
+def stale_instances(release: Release, state: HostState) -> list[str]:
+    keep = {replica_unit(i) for i in indices(release)}
+    return sorted(name for name in state.instances if name not in keep)
+
+
+def retire_ops(release: Release, state: HostState) -> list[dplan.Op]:
+    """Replicas the release no longer has (a smaller layout): stopped once the others serve."""
+    stale = stale_instances(release, state)
+    return [dplan.Run(("systemctl", "disable", "--now", *stale), 900.0)] if stale else []
+
+
+def leave_ops(state: HostState) -> list[dplan.Op]:
+    """From replicas back to one service (or nothing): the replicas, the probe and the host-local nginx go."""
+    ops: list[dplan.Op] = []
+    if state.instances:
+        ops.append(dplan.Run(("systemctl", "disable", "--now", *sorted(state.instances)), 900.0))
+    present = [n for n in REPLICA_UNITS if n in state.units]
+    running = [n for n in present if n != REPLICA_TEMPLATE]  # a template has no state of its own, its instances do
+    if running:
+        ops.append(dplan.Run(("systemctl", "disable", "--now", *running)))
+    ops += [dplan.Remove(f"{UNIT_DIR}/{n}") for n in present]
+    if state.instances or present:
+        ops += [dplan.Remove(NGINX_CONF), dplan.Run(("systemctl", "try-reload-or-restart", NGINX))]
+    return ops
+
+
+def plan_lines(release: Release, state: HostState) -> list[str]:
+    """What a roll does, for --dry-run."""
+    lines = [dplan.describe(op) for op in switch_ops(release, state)]
+    for index in indices(release):
+        lines += [dplan.describe(op) for op in restart_ops(release, index)]
+        lines += [f"gate {replica_unit(index)}", dplan.describe(lb_op(release, "in", index))]
+    return lines + [dplan.describe(op) for op in retire_ops(release, state)]
+
+
+def replica_settings(release: Release, settings: ServeSettings, index: int) -> ServeSettings:
+    port = next(int(r["port"]) for r in release.replicas if int(r["index"]) == index)
+    return replace(settings, port=port)
+
+
+def roll(transport: Transport, release: Release, settings: ServeSettings, health: str, only: list[int] | None = None,
+         on_op: Callable[[dplan.Op], None] | None = None) -> tuple[GateResult | None, int | None]:
+    """Each replica in turn; stops at the first whose gate fails: (its gate, its index), else (last gate, None)."""
+    gate = None
+    for index in indices(release):
+        if only is not None and index not in only:
+            continue
+        run_ops(transport, restart_ops(release, index), on_op)
+        gate = run_gate(transport, replica_unit(index), replica_settings(release, settings, index), health,
+                        key_file=release.key_file)
+        if not gate.ok:
+            return gate, index
+        run_ops(transport, [lb_op(release, "in", index)], on_op)
+    return gate, None
+
+
+def gate_all(transport: Transport, release: Release, settings: ServeSettings, health: str) -> GateResult | None:
+    """A release already live: every replica still generates (no warmup, restarts before now are history)."""
+    gate = None
+    for index in indices(release):
+        gate = run_gate(transport, replica_unit(index), replica_settings(release, settings, index), health,
+                        warmup=0, just_started=False, key_file=release.key_file)
+        if not gate.ok:
+            return gate
+    return gate
+
+
+def is_unchanged(release: Release, state: HostState) -> bool:
+    """The same balanced release is live: unit and host files as rendered, every replica active."""
+    if state.current != release.dir or not state.is_complete:
+        return False
+    units = all(n in state.units and state.units[n].sha256 == hashlib.sha256(b).hexdigest() for n, b in release.units.items())
+    files = all(state.wheels.get(p) == hashlib.sha256(b).hexdigest() for p, b in release.files.items())
+    running = all(state.instances.get(replica_unit(i)) == "active" for i in indices(release))
+    return units and files and running and not stale_instances(release, state)

@@ -1,0 +1,70 @@
+"""What the deploy live tests share: the tiny model (written once with torch on this machine), the
+bundled engine's wheelhouse with every dependency wheel (built once), free ports."""
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hosttune.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "/srv/models/tiny-qwen2"
+runner = CliRunner()
+
+
+def _torch_python() -> str | None:
+    """An interpreter that can write the tiny model (torch, safetensors, tokenizers)."""
+    for python in (os.environ.get("HOSTTUNE_TORCH_PYTHON"), sys.executable):
+        if python and subprocess.run([python, "-c", "import torch, safetensors, tokenizers"],
+                                     capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+def make_tiny_model(tmp_path_factory) -> Path:
+    python = _torch_python()
+    if python is None:
+        why = "no Python with torch to write the tiny model (scripts/test.sh installs it; or set HOSTTUNE_TORCH_PYTHON)"
+        if os.environ.get("HOSTTUNE_REQUIRE_LIVE") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    out = tmp_path_factory.mktemp("models")
+    subprocess.run([python, str(REPO / "engine/scripts/make_tiny_models.py"), str(out)], check=True,
+                   capture_output=True, timeout=600)
+    return out / "tiny-qwen2"
+
+
+def build_wheelhouse(tmp_path_factory) -> Path:
+    """`hosttune build --engine custom --deps`: the engine wheel plus every dependency wheel."""
+    folder = tmp_path_factory.mktemp("wheelhouse")
+    constraints = folder / "constraints.txt"
+    constraints.write_text("torch==2.13.0\n")  # the CPU wheel on disk (scripts/test.sh pins the same)
+    result = runner.invoke(app, ["build", "--engine", "custom", "--deps", "-c", str(constraints), "-w", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert "hosttune_engine-0.1.0-py3-none-any.whl" in result.stdout and "dependency wheels" in result.stdout
+    return folder
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port(count: int = 1) -> int:
+    """A port with the count - 1 after it free too (a host's nginx and its replicas)."""
+    for _ in range(100):
+        port = random.randrange(30000, 40000)
+        if all(_is_free(port + i) for i in range(count)):
+            return port
+    raise RuntimeError("no free port")

@@ -1,0 +1,187 @@
+"""Acceptance 2 and 3, live: two keyed CPU replicas of the bundled engine behind the host's own nginx on
+a real systemd host over SSH.
+
+- The group's key reaches both replicas through their EnvironmentFile (in no command line or unit);
+  they listen on 127.0.0.1 only, and through nginx a request without the key gets 401, with it 200.
+
+- A redeploy to a new release while `hosttune bench` sends a steady open-loop rate through nginx
+  loses no request: every response is a 200 as the bench counts them (one replica at a time is
+  taken out of nginx, drained, restarted on the new release, gated and put back).
+- A replica killed with SIGKILL is restarted by systemd; the probe timer takes it out of nginx
+  and puts it back once it generates again (its generation sends the key).
+- Refusals (a TP that does not divide the heads, a model folder the host lacks, a flag the
+  installed engine does not know) are one line each, exit 2, and leave /etc and /opt as they were.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hosttune.cli import app
+
+from .deploy_setup import MODEL, REPO, free_port
+
+pytestmark = [pytest.mark.live, pytest.mark.slow, pytest.mark.timeout(1500)]
+runner = CliRunner()
+SERVERS = "/etc/hosttune/nginx/local-servers.conf"
+
+
+def deploy(inventory: Path, wheelhouse: Path, port: int, *extra: str, model: str = MODEL):
+    argv = ["deploy", "--engine", "custom", "--model", model, "-i", str(inventory), "-w", str(wheelhouse),
+            "--port", str(port), "--replicas", "2", "--set", "device=cpu", "--set", "max-batch-size=8",
+            "--health-timeout", "240", "--warmup", "1", "--keys-dir", str(inventory.parent / "keys"), *extra]
+    return runner.invoke(app, argv)
+
+
+def group_key(inventory: Path) -> str:
+    """The key deploy generated for the inventory's group (deploy.api_key: true)."""
+    (path,) = (inventory.parent / "keys").glob("*.key")
+    return path.read_text().strip()
+
+
+def status(port: int, key: str | None) -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers=headers),
+                                    timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def start_bench(port: int, key: str, out: Path, seconds: int) -> subprocess.Popen:
+    """`hosttune bench` in its own process: a steady open-loop rate through the host's nginx."""
+    argv = [sys.executable, "-m", "hosttune", "bench", "--url", f"http://127.0.0.1:{port}", "--api-key", key, "--rate", "2",
+            "--burstiness", "100", "--duration", f"{seconds}s", "--warmup", "0s", "--prompts", "uniform:8-24",
+            "--max-tokens", "8", "--timeout", "120s", "--max-client-lag", "1s", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "engine"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def tree_hash(host) -> str:
+    """Every path under /etc and /opt with its type, size, mtime and link target: any change shows."""
+    return host.exec("find /etc /opt -printf '%p %y %s %T@ %l\\n' | sort | sha256sum").stdout.split()[0]
+
+
+def wait_for(what: str, check, timeout: float, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"not within {timeout:.0f}s: {what}")
+
+
+def complete(port: int, key: str) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, timeout=60)
+    out = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=2, temperature=0)
+    assert out.choices and out.usage.completion_tokens >= 1
+
+
+def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_hosts, tmp_path, wheelhouse, tiny_model,
+                                                             capsys):
+    (host,) = fresh_hosts(["replicas"])
+    shutil.copytree(tiny_model, host.path(MODEL))
+    known = live_fleet.write_known_hosts(tmp_path / "known_hosts", [host])
+    inventory = live_fleet.write_inventory(tmp_path / "inv.yaml", known, [host], user="deploy", become=True,
+                                           host_vars={host.name: {"deploy": {"probe_interval": 2, "api_key": True}}})
+    port = free_port(3)
+    timings = {}
+
+    # 1. two keyed replicas on the ports after the service port, on loopback only; nginx on the service port
+    start = time.monotonic()
+    result = deploy(inventory, wheelhouse, port)
+    timings["first deploy"] = time.monotonic() - start
+    assert result.exit_code == 0, result.output
+    first = result.stdout.split()[2]
+    for i in range(2):
+        assert host.exec(f"systemctl is-active hosttune-engine@{i}.service").stdout.strip() == "active"
+        env = host.path(f"/opt/hosttune/releases/{first}/.hosttune/replica-{i}.env").read_text()
+        assert f"HOSTTUNE_PORT={port + 1 + i}" in env
+    assert host.exec("systemctl is-active nginx.service hosttune-probe.timer").stdout.split() == ["active", "active"]
+    servers = host.path(SERVERS).read_text()
+    assert f"127.0.0.1:{port + 1} " in servers and f"127.0.0.1:{port + 2} " in servers and " down;" not in servers
+    key = group_key(inventory)
+    template = host.path("/etc/systemd/system/hosttune-engine@.service").read_text()
+    assert "EnvironmentFile=/etc/hosttune/keys/live.env" in template and key not in template
+    assert key not in host.exec("ps -eo args").stdout and key not in result.output
+    for replica_port in (port + 1, port + 2):
+        out = host.exec(["ss", "-ltnH", f"sport = :{replica_port}"]).stdout
+        assert {line.split()[3].rsplit(":", 1)[0] for line in out.splitlines() if line.strip()} == {"127.0.0.1"}
+    assert (status(port, None), status(port, "ht-wrong-key-0000000000000000"), status(port, key)) == (401, 401, 200)
+    complete(port, key)
+
+    # 2. a redeploy to a new release under a steady rate through nginx: every request answered 200
+    bench = start_bench(port, key, tmp_path / "bench", 130)
+    time.sleep(8)
+    start = time.monotonic()
+    result = deploy(inventory, wheelhouse, port, "--set", "max-queue=16")
+    timings["rolling redeploy"] = time.monotonic() - start
+    assert result.exit_code == 0, result.output
+    second = result.stdout.split()[2]
+    assert second != first and host.exec("readlink /opt/hosttune/current").stdout.strip().endswith(second)
+    bench_out, _ = bench.communicate(timeout=400)
+    assert timings["rolling redeploy"] < 120, "the bench ended before the roll did: raise its duration"
+    runs = json.loads((tmp_path / "bench" / "results.json").read_text())["runs"]
+    requests = runs[0]["requests"]
+    bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
+    assert len(requests) >= 200 and not bad, (bad[:10], bench_out[-2000:])
+    timings["requests during the roll, all 200"] = len(requests)
+    for i in range(2):  # both replicas run the new release now
+        pid = host.exec(f"systemctl show -p MainPID --value hosttune-engine@{i}.service").stdout.strip()
+        assert second in host.exec(f"cat /proc/{pid}/cmdline | tr '\\0' ' '").stdout
+
+    # 3. SIGKILL one replica: systemd restarts it; the probe takes it out of nginx and puts it back
+    unit = "hosttune-engine@1.service"
+    pid = host.exec(f"systemctl show -p MainPID --value {unit}").stdout.strip()
+    host.exec(f"kill -KILL {pid}")
+    start = time.monotonic()
+    wait_for("the probe takes replica 1 out", lambda: f"127.0.0.1:{port + 2} max_fails=3 fail_timeout=10s down;"
+             in host.path(SERVERS).read_text(), 60)
+    timings["probe took it out"] = time.monotonic() - start
+    complete(port, key)  # the other replica serves meanwhile
+    wait_for("systemd restarts it", lambda: int(host.exec(f"systemctl show -p NRestarts --value {unit}").stdout) >= 1, 60)
+    wait_for("the probe puts it back", lambda: " down;" not in host.path(SERVERS).read_text(), 180)
+    timings["back in nginx"] = time.monotonic() - start
+    assert host.exec(f"systemctl show -p MainPID --value {unit}").stdout.strip() != pid
+
+    # 4. refusals: one line, exit 2, /etc and /opt as they were
+    before = tree_hash(host)
+    for extra, model, message in (
+            (("--tensor-parallel", "2"), MODEL, "--tensor-parallel 2 does not divide /srv/models/tiny-qwen2's 7 attention heads"),
+            ((), "/srv/models/missing", "the model folder /srv/models/missing does not exist on the host"),
+            (("--set", "bogus-flag=1"), MODEL, "does not know --bogus-flag")):
+        result = deploy(inventory, wheelhouse, port, *extra, model=model)
+        assert result.exit_code == 2, result.output
+        assert len(result.stdout.strip().splitlines()) == 1 and message in result.stdout, result.stdout
+        assert tree_hash(host) == before, message
+
+    # 5. --rollback rolls the replicas back to the first release, one at a time
+    start = time.monotonic()
+    result = runner.invoke(app, ["deploy", "--rollback", "-i", str(inventory), "--health-timeout", "240"])
+    timings["rollback"] = time.monotonic() - start
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split()[1:3] == ["rolled-back", first]
+    assert host.exec("readlink /opt/hosttune/current").stdout.strip().endswith(first)
+    assert f"/opt/hosttune/releases/{first}/" in host.path("/etc/systemd/system/hosttune-engine@.service").read_text()
+    for i in range(2):
+        pid = host.exec(f"systemctl show -p MainPID --value hosttune-engine@{i}.service").stdout.strip()
+        assert first in host.exec(f"cat /proc/{pid}/cmdline | tr '\\0' ' '").stdout
+    assert " down;" not in host.path(SERVERS).read_text()
+    complete(port, key)
+    with capsys.disabled():
+        print("\n  replica timings: " + ", ".join(f"{k} {v:.1f}s" if isinstance(v, float) else f"{k} {v}"
+                                              for k, v in timings.items()))
