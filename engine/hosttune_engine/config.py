@@ -24,6 +24,8 @@ class EngineConfig:
     size; `max_num_batched_tokens` is the per-step token budget that chunks long
     prefills. On CUDA, decode-only steps of up to `max_cuda_graph_batch_size`
     sequences replay CUDA graphs captured at start; `enforce_eager` turns that off.
+    `tensor_parallel_size` GPUs run one copy of the model, each a shard of it, in a
+    process of its own (`parallel/`); 1 is one GPU in this process.
     """
 
     model: str
@@ -44,6 +46,7 @@ class EngineConfig:
     tokenizer: str | None = None
     enforce_eager: bool = False
     max_cuda_graph_batch_size: int = 256
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
@@ -70,6 +73,8 @@ class EngineConfig:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_cuda_graph_batch_size < 1:
             raise ConfigError(f"max_cuda_graph_batch_size must be >= 1, got {self.max_cuda_graph_batch_size}")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.cpu_kv_cache_gib <= 0:
             raise ConfigError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
 

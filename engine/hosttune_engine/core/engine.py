@@ -14,11 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from hosttune_engine.cache.block_manager import BlockManager
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.detokenizer import IncrementalDetokenizer
 from hosttune_engine.core.messages import AbortRequest, EngineRequest, EngineStats, TokenLogprob, TokenOutput
-from hosttune_engine.core.model_runner import LaunchedStep, ModelRunner, StepResult
+from hosttune_engine.core.model_runner import LaunchedStep, ModelRunner, StepResult, resolve_device, resolve_dtype
 from hosttune_engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.errors import RequestError
@@ -54,14 +56,17 @@ class Engine:
     """One model on one device, serving many requests with continuous batching.
 
     Pairs: `add_request` / `abort_request`; `step` until `has_unfinished_requests`
-    is False. `stats()` gives the counters metrics are made of.
+    is False. `stats()` gives the counters metrics are made of. With
+    `tensor_parallel_size` > 1 this process is rank 0 of several (one per GPU);
+    `shutdown` stops the others.
     """
 
     def __init__(self, config: EngineConfig):
         self.config = config
         self.model_config = ModelConfig.from_folder(config.model)
         self.tokenizer = _load_tokenizer(config)
-        self.runner = ModelRunner(config, self.model_config)
+        self.workers = None
+        self.runner = self._start_runner()
         self.max_model_len = self.runner.max_model_len
         eos = self.model_config.eos_token_ids or (
             (self.tokenizer.eos_token_id,) if self.tokenizer and self.tokenizer.eos_token_id is not None else ())
@@ -74,6 +79,33 @@ class Engine:
         self._pending: list[TokenOutput] = []  # built, to go out with the next step
         self._in_flight: _InFlight | None = None
         self._prompt_tokens = self._generation_tokens = self._finished = 0
+
+    def _start_runner(self) -> ModelRunner:
+        config = self.config
+        if config.tensor_parallel_size == 1:
+            return ModelRunner(config, self.model_config)
+        from hosttune_engine.parallel.checks import check_startup
+        from hosttune_engine.parallel.workers import start_ranks
+
+        device = resolve_device(config.device)
+        check_startup(config, self.model_config, device, resolve_dtype(config.dtype, self.model_config.dtype, device))
+        group, self.workers = start_ranks(config, torch.device("cuda", 0) if device.type == "cuda" else device)
+        try:
+            return ModelRunner(config, self.model_config, group)
+        except BaseException:
+            self.workers.kill()
+            group.leave()
+            raise
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do with one GPU). Call it once no step runs."""
+        workers, self.workers = self.workers, None
+        if workers is None:
+            return
+        workers.stopping()
+        self.runner.group.broadcast(None)
+        workers.wait()
+        self.runner.group.leave()
 
     # -- messages in -----------------------------------------------------------------
     def handle(self, message: EngineRequest | AbortRequest) -> None:

@@ -1,0 +1,98 @@
+"""Rank 0's side of a tensor-parallel engine: start the other ranks, watch them, stop them.
+
+One process per rank above 0 (`parallel.worker`), each on its own GPU. A watcher thread polls them: a
+rank that exits while the engine runs (killed, out of memory, a NCCL error) leaves the others blocked in
+a collective that will never complete, so the watcher kills the rest and ends this process with exit
+code 1 at once, and a service manager restarts it. `stop` is the orderly end: a `None` message, then
+the processes' exit, killed if they take too long.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from hosttune_engine.config import EngineConfig
+from hosttune_engine.parallel.group import TensorParallelGroup, open_store
+
+POLL_S = 0.2
+STOP_TIMEOUT_S = 10.0
+EXIT_CODE = 1
+
+
+class Workers:
+    """Ranks 1..world_size-1 of one engine, started against rank 0's rendezvous port."""
+
+    def __init__(self, config: EngineConfig, port: int):
+        self.world_size = config.tensor_parallel_size
+        payload = json.dumps(dataclasses.asdict(config))
+        self.processes = [
+            subprocess.Popen([sys.executable, "-m", "hosttune_engine.parallel.worker", str(rank),
+                              str(self.world_size), str(port), payload], stdin=subprocess.DEVNULL, env=_env())
+            for rank in range(1, self.world_size)]
+        self._stopping = threading.Event()
+        threading.Thread(target=self._watch, name="tp-watch", daemon=True).start()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def _watch(self) -> None:
+        while not self._stopping.is_set():
+            for rank, process in enumerate(self.processes, start=1):
+                code = process.poll()
+                if code is not None and not self._stopping.is_set():
+                    self._die(rank, code)
+            time.sleep(POLL_S)
+
+    def _die(self, rank: int, code: int) -> None:
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        print(f"hosttune-engine: error: tensor-parallel rank {rank} {how}; stopping every rank",
+              file=sys.stderr, flush=True)
+        self.kill()
+        os._exit(EXIT_CODE)
+
+    def stopping(self) -> None:
+        """From now on a rank that exits is expected."""
+        self._stopping.set()
+
+    def wait(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Wait for every rank to exit (after the stop message), killing what is left after `timeout`."""
+        self._stopping.set()
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                break
+        self.kill()
+
+    def kill(self) -> None:
+        self._stopping.set()
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+        for process in self.processes:
+            process.wait()
+
+
+def _env() -> dict[str, str]:
+    """This environment, with this copy of the engine first on the path (it may not be installed)."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
+def start_ranks(config: EngineConfig, device: torch.device) -> tuple[TensorParallelGroup, Workers]:
+    """Rank 0's group (this process, on `device`) and the processes of the other ranks."""
+    store = open_store(config.tensor_parallel_size)
+    workers = Workers(config, store.port)
+    return TensorParallelGroup.join(store, 0, config.tensor_parallel_size, device), workers
