@@ -214,8 +214,10 @@ class ModelRunner:
         if self.group is not None:
             self._share(StepKind.EAGER, sched, sample=bool(seqs))
         batch = self._prepare(sched)
-        logits = self.model.compute_logits(self._forward(batch)[batch.sample_rows]) if seqs else None
-        return LaunchedStep(mask, None, self.sampler.sample(logits, sampling) if seqs else None)
+        hidden = self._forward(batch)  # also when no sequence samples: a prompt chunk's KV must be written
+        if not seqs:
+            return LaunchedStep(mask, None, None)
+        return LaunchedStep(mask, None, self.sampler.sample(self.model.compute_logits(hidden[batch.sample_rows]), sampling))
 
     def _launch_graph(self, sched: SchedulerOutput, mask: list[bool], seqs: list[Sequence],
                       feed: list[int] | None) -> LaunchedStep:
