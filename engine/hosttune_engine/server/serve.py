@@ -17,6 +17,7 @@ import threading
 from aiohttp import web
 
 from hosttune_engine.config import EngineConfig
+from hosttune_engine.errors import EngineError
 from hosttune_engine.server.app import build_app
 from hosttune_engine.server.config import ServerConfig
 from hosttune_engine.server.engine_client import EngineClient
@@ -87,7 +88,9 @@ class Server:
             self._stopping.set()
 
     def fail(self, error: BaseException) -> None:
-        log.error("engine failed: %r", error, exc_info=error)
+        # An EngineError is bad input or a machine that does not fit (its message says what to fix): no traceback.
+        log.error("engine failed: %s", error if isinstance(error, EngineError) else repr(error),
+                  exc_info=None if isinstance(error, EngineError) else error)
         self.state.health.phase = Phase.FAILED
         self.state.health.detail = f"{type(error).__name__}: {str(error)[:200]}"
         self.exit_code = 1
