@@ -20,7 +20,8 @@ from hosttune_engine.cache.block_manager import BlockManager
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.detokenizer import IncrementalDetokenizer
 from hosttune_engine.core.messages import AbortRequest, EngineRequest, EngineStats, TokenLogprob, TokenOutput
-from hosttune_engine.core.model_runner import LaunchedStep, ModelRunner, StepResult, resolve_device, resolve_dtype
+from hosttune_engine.core.device import resolve_device, resolve_dtype
+from hosttune_engine.core.model_runner import LaunchedStep, ModelRunner, StepResult
 from hosttune_engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.errors import RequestError
@@ -103,9 +104,17 @@ class Engine:
         if workers is None:
             return
         workers.stopping()
-        self.runner.group.broadcast(None)
+        try:
+            self.runner.group.broadcast(None)
+        except RuntimeError:  # a rank is gone already: what is left gets killed
+            pass
         workers.wait()
         self.runner.group.leave()
+
+    def check_ranks(self) -> None:
+        """After a step failed: if another tensor-parallel rank died, say so and end this process (exit 1)."""
+        if self.workers is not None:
+            self.workers.exit_if_one_died()
 
     # -- messages in -----------------------------------------------------------------
     def handle(self, message: EngineRequest | AbortRequest) -> None:

@@ -58,6 +58,7 @@ class EngineLoop:
         try:
             self._loop()
         except BaseException as e:  # the engine is broken: whoever drives it must know
+            self.engine.check_ranks()  # a dead tensor-parallel rank ends the process here, with its reason
             if self.on_fatal is None:
                 raise
             self.on_fatal(e)

@@ -11,7 +11,7 @@ A greedy graph step leaves its tokens on the device as well: the next decode
 step may be launched on them (`launch(..., after=...)`) before they are read.
 
 With tensor parallelism (`group`), every rank has a runner over its shard of
-the model and of the KV pool. Rank 0's broadcasts each step's message before
+the model and of the KV pool. Rank 0 broadcasts each step's message before
 it launches the step; the other ranks `replay` it, the same kernels and
 collectives in the same order, and sample nothing. With one GPU there is no
 group and nothing of this runs.
@@ -27,6 +27,7 @@ import torch
 from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, num_blocks_for_memory
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.cuda_graphs import DecodeGraphs, DecodeInputs, capture_sizes
+from hosttune_engine.core.device import resolve_device, resolve_dtype
 from hosttune_engine.core.prefill_graphs import PREFILL_GRAPH_SIZES, PrefillGraphs, PrefillInputs
 from hosttune_engine.core.scheduler import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
@@ -44,25 +45,6 @@ from hosttune_engine.parallel.layout import ShardLayout
 from hosttune_engine.parallel.step_message import StepKind, step_message
 from hosttune_engine.parallel.transform import gather_logits, shard_model
 from hosttune_engine.sampling import SamplingParams
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' but torch sees no CUDA device; use device='cpu' or 'auto'")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:
-    if name != "auto":
-        return DTYPES[name]
-    if device.type == "cpu":
-        return torch.float32  # CPU half-precision matmuls are slow and loose
-    return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
-
 
 @dataclass
 class StepResult:

@@ -28,7 +28,8 @@ def run(rank: int, world_size: int, port: int, config_json: str) -> None:
     import torch
 
     from hosttune_engine.config import EngineConfig
-    from hosttune_engine.core.model_runner import ModelRunner, resolve_device
+    from hosttune_engine.core.device import resolve_device
+    from hosttune_engine.core.model_runner import ModelRunner
     from hosttune_engine.model.model_config import ModelConfig
     from hosttune_engine.parallel.group import TensorParallelGroup, join_store
     from hosttune_engine.parallel.step_message import Mirrors

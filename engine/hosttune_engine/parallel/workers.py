@@ -25,6 +25,7 @@ from hosttune_engine.parallel.group import TensorParallelGroup, open_store
 
 POLL_S = 0.2
 STOP_TIMEOUT_S = 10.0
+DEATH_WAIT_S = 2.0
 EXIT_CODE = 1
 
 
@@ -47,11 +48,22 @@ class Workers:
 
     def _watch(self) -> None:
         while not self._stopping.is_set():
-            for rank, process in enumerate(self.processes, start=1):
-                code = process.poll()
-                if code is not None and not self._stopping.is_set():
-                    self._die(rank, code)
+            self._die_if_one_exited()
             time.sleep(POLL_S)
+
+    def _die_if_one_exited(self) -> None:
+        for rank, process in enumerate(self.processes, start=1):
+            code = process.poll()
+            if code is not None and not self._stopping.is_set():
+                self._die(rank, code)
+
+    def exit_if_one_died(self, within_s: float = DEATH_WAIT_S) -> None:
+        """After a collective failed on rank 0: if a rank exits within `within_s` (gloo reports a peer's
+        death as a connection reset, maybe before its process is reaped), say which and exit at once."""
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            self._die_if_one_exited()
+            time.sleep(POLL_S / 4)
 
     def _die(self, rank: int, code: int) -> None:
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
