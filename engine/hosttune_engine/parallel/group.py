@@ -7,6 +7,7 @@ Rank 0 opens the rendezvous store on a free port before it starts the workers, s
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -35,6 +36,7 @@ class TensorParallelGroup:
     device: torch.device
     device_group: object  # the model's all-reduce and all-gather
     cpu_group: object  # step messages (gloo)
+    cpu_threads: int | None = None  # on CPU: this process's thread count before it joined, restored on leave
 
     @classmethod
     def join(cls, store: dist.TCPStore, rank: int, world_size: int, device: torch.device) -> "TensorParallelGroup":
@@ -42,15 +44,19 @@ class TensorParallelGroup:
             torch.cuda.set_device(device)
             dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, timeout=TIMEOUT,
                                     device_id=device)
-            cpu_group = dist.new_group(backend="gloo", timeout=TIMEOUT)
-        else:
-            dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=TIMEOUT)
-            cpu_group = dist.group.WORLD
-        return cls(rank, world_size, device, dist.group.WORLD, cpu_group)
+            return cls(rank, world_size, device, dist.group.WORLD, dist.new_group(backend="gloo", timeout=TIMEOUT))
+        # The ranks share the host's cores: with more threads than cores each collective waits for a rank
+        # whose threads spin elsewhere (a 135M model's step took 18 s instead of 0.4 on 2 cores).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=TIMEOUT)
+        return cls(rank, world_size, device, dist.group.WORLD, dist.group.WORLD, threads)
 
     def leave(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self.cpu_threads is not None:
+            torch.set_num_threads(self.cpu_threads)
 
     # -- inside the model --------------------------------------------------------------
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
