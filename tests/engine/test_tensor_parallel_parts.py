@@ -98,3 +98,10 @@ def test_mirrors_follow_rank_zeros_sequences():
     assert fed is mirror and fed.num_tokens == 5
     mirrors.update(step_message(StepKind.EAGER, SchedulerOutput(), released=("r",)))
     assert mirrors.seqs == {}
+
+
+def test_serve_takes_the_tensor_parallel_size():
+    from hosttune_engine.server.cli import _parser, config_from_args
+
+    args = _parser().parse_args(["serve", "--model", "/m", "--tensor-parallel-size", "4"])
+    assert config_from_args(args).engine.tensor_parallel_size == 4
