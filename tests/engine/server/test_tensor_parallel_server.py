@@ -103,3 +103,15 @@ def test_sigterm_drains_the_streams_and_stops_every_rank(tiny_qwen2, tmp_path):
         server.terminate()
     assert not any(_running(pid) for pid in workers)
     assert not _children(server.proc.pid)
+
+
+def test_a_size_that_does_not_split_the_heads_exits_1_with_one_line(tiny_qwen2, tmp_path):
+    server = ServerProcess(tiny_qwen2, tmp_path, ["--tensor-parallel-size", "3", "--skip-warmup"])
+    try:
+        assert server.proc.wait(60) == 1
+    finally:
+        server.terminate()
+    log = server.log()
+    assert ("engine failed: tensor_parallel_size=3 must divide the model's 8 attention heads (2 KV heads); "
+            "use one of 1, 2, 4, 8") in log
+    assert "Traceback" not in log and not _children(server.proc.pid)
