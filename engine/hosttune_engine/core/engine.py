@@ -15,13 +15,10 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import torch
-
 from hosttune_engine.cache.block_manager import BlockManager
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.detokenizer import IncrementalDetokenizer
 from hosttune_engine.core.messages import AbortRequest, EngineRequest, EngineStats, TokenLogprob, TokenOutput
-from hosttune_engine.core.device import resolve_device, resolve_dtype
 from hosttune_engine.core.model_runner import LaunchedStep, ModelRunner, StepResult
 from hosttune_engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
@@ -104,34 +101,18 @@ class Engine:
                  decode_batch, model.decode_step_s * 1e3, model.decode_s * 1e9, model.prefill_s * 1e9)
 
     def _start_runner(self) -> ModelRunner:
-        config = self.config
-        if config.tensor_parallel_size == 1:
-            return ModelRunner(config, self.model_config)
-        from hosttune_engine.parallel.checks import check_startup
-        from hosttune_engine.parallel.workers import start_ranks
+        if self.config.tensor_parallel_size == 1:
+            return ModelRunner(self.config, self.model_config)
+        from hosttune_engine.parallel.workers import start_tensor_parallel
 
-        device = resolve_device(config.device)
-        check_startup(config, self.model_config, device, resolve_dtype(config.dtype, self.model_config.dtype, device))
-        group, self.workers = start_ranks(config, torch.device("cuda", 0) if device.type == "cuda" else device)
-        try:
-            return ModelRunner(config, self.model_config, group)
-        except BaseException:
-            self.workers.kill()
-            group.leave()
-            raise
+        runner, self.workers = start_tensor_parallel(self.config, self.model_config)
+        return runner
 
     def shutdown(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do with one GPU). Call it once no step runs."""
         workers, self.workers = self.workers, None
-        if workers is None:
-            return
-        workers.stopping()
-        try:
-            self.runner.group.broadcast(None)
-        except RuntimeError:  # a rank is gone already: what is left gets killed
-            pass
-        workers.wait()
-        self.runner.group.leave()
+        if workers is not None:
+            workers.stop(self.runner.group)
 
     def check_ranks(self) -> None:
         """After a step failed: if another tensor-parallel rank died, say so and end this process (exit 1)."""

@@ -21,6 +21,10 @@ from pathlib import Path
 import torch
 
 from hosttune_engine.config import EngineConfig
+from hosttune_engine.core.device import resolve_device, resolve_dtype
+from hosttune_engine.core.model_runner import ModelRunner
+from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.parallel.checks import check_startup
 from hosttune_engine.parallel.group import TensorParallelGroup, open_store
 
 POLL_S = 0.2
@@ -72,9 +76,15 @@ class Workers:
         self.kill()
         os._exit(EXIT_CODE)
 
-    def stopping(self) -> None:
-        """From now on a rank that exits is expected."""
+    def stop(self, group: TensorParallelGroup) -> None:
+        """The orderly end: tell every rank to stop, wait for them (killing what is left), leave the group."""
         self._stopping.set()
+        try:
+            group.broadcast(None)
+        except RuntimeError:  # a rank is gone already: what is left gets killed
+            pass
+        self.wait()
+        group.leave()
 
     def wait(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Wait for every rank to exit (after the stop message), killing what is left after `timeout`."""
@@ -103,8 +113,17 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
 
 
-def start_ranks(config: EngineConfig, device: torch.device) -> tuple[TensorParallelGroup, Workers]:
-    """Rank 0's group (this process, on `device`) and the processes of the other ranks."""
+def start_tensor_parallel(config: EngineConfig, model_config: ModelConfig) -> tuple[ModelRunner, Workers]:
+    """Check, start the other ranks, and build rank 0's runner (this process, on the first GPU)."""
+    device = resolve_device(config.device)
+    check_startup(config, model_config, device, resolve_dtype(config.dtype, model_config.dtype, device))
     store = open_store(config.tensor_parallel_size)
     workers = Workers(config, store.port)
-    return TensorParallelGroup.join(store, 0, config.tensor_parallel_size, device), workers
+    rank0 = torch.device("cuda", 0) if device.type == "cuda" else device
+    group = TensorParallelGroup.join(store, 0, config.tensor_parallel_size, rank0)
+    try:
+        return ModelRunner(config, model_config, group), workers
+    except BaseException:
+        workers.kill()
+        group.leave()
+        raise
