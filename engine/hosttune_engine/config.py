@@ -26,6 +26,8 @@ class EngineConfig:
     sequences replay CUDA graphs captured at start; `enforce_eager` turns that off.
     `max_step_ms` gives steps that hold decodes a time budget for their prefill tokens,
     from step costs measured at start (0: 2.5 times a decode-only step of the same decodes).
+    `tensor_parallel_size` GPUs run one copy of the model, each a shard of it, in a
+    process of its own (`parallel/`); 1 is one GPU in this process.
     """
 
     model: str
@@ -47,6 +49,7 @@ class EngineConfig:
     enforce_eager: bool = False
     max_cuda_graph_batch_size: int = 256
     max_step_ms: float | None = None  # None: steps bounded by tokens only; 0: a budget from the measured costs
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
@@ -75,6 +78,8 @@ class EngineConfig:
             raise ConfigError(f"max_cuda_graph_batch_size must be >= 1, got {self.max_cuda_graph_batch_size}")
         if self.max_step_ms is not None and self.max_step_ms < 0:
             raise ConfigError(f"max_step_ms must be >= 0 (0: measured), got {self.max_step_ms}")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.cpu_kv_cache_gib <= 0:
             raise ConfigError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
 

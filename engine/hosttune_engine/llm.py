@@ -29,11 +29,23 @@ class LLM:
     """Generate for a batch of prompts with one engine, all requests batched together.
 
     Example: LLM(model="/models/qwen2.5-7b").generate(["Hello"], SamplingParams(temperature=0))
+
+    With `tensor_parallel_size=N` it starts N - 1 more processes, one per GPU: `shutdown()` (or a `with`
+    block) stops them.
     """
 
     def __init__(self, model: str, **engine_options):
         self.engine = Engine(EngineConfig(model=model, **engine_options))
         self._ids = itertools.count()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
 
     @property
     def tokenizer(self):

@@ -44,8 +44,8 @@ LLAMA = {
     "torch_dtype": "float32",
 }
 QWEN2 = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 112,
-    "intermediate_size": 192, "num_hidden_layers": 3, "num_attention_heads": 7, "num_key_value_heads": 1,
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 128,
+    "intermediate_size": 192, "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2,
     "max_position_embeddings": 1024, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
     "tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": None,
     "max_window_layers": 3, "hidden_act": "silu", "torch_dtype": "float32",

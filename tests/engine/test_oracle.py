@@ -138,3 +138,14 @@ def test_preemption_with_small_kv_pool_matches_hf(tiny_models, model, prefix_cac
     for rid, ids in prompts.items():
         assert got[rid] == hf_greedy(path, ids, GREEDY.max_tokens)[0], rid
     assert eng.block_manager.num_free_blocks == 10
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_lone_prompt_longer_than_the_step_budget_matches_hf(tiny_models, model):
+    """Its first chunks sample nothing; their keys and values must still reach the cache."""
+    path = tiny_models[model]
+    eng = engine(path, max_num_batched_tokens=16, max_num_seqs=4)
+    ids = prompt_ids(40, seed=3)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    got = run(eng, {0: [EngineRequest("a", ids, params)]})
+    assert got["a"] == hf_greedy(path, ids, params.max_tokens)[0]

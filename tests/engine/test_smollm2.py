@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from hosttune_engine.errors import ConfigError
 from hosttune_engine.llm import LLM
 from hosttune_engine.sampling import SamplingParams
 
@@ -31,3 +32,18 @@ def test_chat_template_comes_from_the_checkpoint(smollm2):
     llm = LLM(model=str(smollm2), dtype="float32", device="cpu", max_model_len=512)
     text = llm.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
     assert text.startswith("<|im_start|>") and text.rstrip().endswith("<|im_start|>assistant")
+
+
+def test_three_tensor_parallel_ranks_give_one_gpus_tokens(smollm2):
+    """9 attention heads and 3 KV heads: three ranks of 3 query heads and one KV head each."""
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True)
+    one = LLM(model=str(smollm2), dtype="float32", device="cpu", max_model_len=512).generate(PROMPTS, params)
+    with LLM(model=str(smollm2), dtype="float32", device="cpu", max_model_len=512, tensor_parallel_size=3) as llm:
+        three = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in three] == [o.token_ids for o in one]
+
+
+def test_two_tensor_parallel_ranks_are_refused_naming_the_head_counts(smollm2):
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 must divide the model's 9 attention heads "
+                                          r"\(3 KV heads\); use one of 1, 3, 9"):
+        LLM(model=str(smollm2), dtype="float32", device="cpu", tensor_parallel_size=2)

@@ -57,14 +57,17 @@ class Engine:
     """One model on one device, serving many requests with continuous batching.
 
     Pairs: `add_request` / `abort_request`; `step` until `has_unfinished_requests`
-    is False. `stats()` gives the counters metrics are made of.
+    is False. `stats()` gives the counters metrics are made of. With
+    `tensor_parallel_size` > 1 this process is rank 0 of several (one per GPU);
+    `shutdown` stops the others.
     """
 
     def __init__(self, config: EngineConfig):
         self.config = config
         self.model_config = ModelConfig.from_folder(config.model)
         self.tokenizer = _load_tokenizer(config)
-        self.runner = ModelRunner(config, self.model_config)
+        self.workers = None
+        self.runner = self._start_runner()
         self.max_model_len = self.runner.max_model_len
         eos = self.model_config.eos_token_ids or (
             (self.tokenizer.eos_token_id,) if self.tokenizer and self.tokenizer.eos_token_id is not None else ())
@@ -96,6 +99,25 @@ class Engine:
                  "decode context token, %.3g ns per prefill pair", budget,
                  "/".join(f"{t * 1e3:.1f}" for t in model.token_seconds), "/".join(map(str, model.token_points)),
                  decode_batch, model.decode_step_s * 1e3, model.decode_s * 1e9, model.prefill_s * 1e9)
+
+    def _start_runner(self) -> ModelRunner:
+        if self.config.tensor_parallel_size == 1:
+            return ModelRunner(self.config, self.model_config)
+        from hosttune_engine.parallel.workers import start_tensor_parallel
+
+        runner, self.workers = start_tensor_parallel(self.config, self.model_config)
+        return runner
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do with one GPU). Call it once no step runs."""
+        workers, self.workers = self.workers, None
+        if workers is not None:
+            workers.stop(self.runner.group)
+
+    def check_ranks(self) -> None:
+        """After a step failed: if another tensor-parallel rank died, say so and end this process (exit 1)."""
+        if self.workers is not None:
+            self.workers.exit_if_one_died()
 
     # -- messages in -----------------------------------------------------------------
     def handle(self, message: EngineRequest | AbortRequest) -> None:

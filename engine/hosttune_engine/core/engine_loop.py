@@ -43,9 +43,13 @@ class EngineLoop:
         return self._stats
 
     def stop(self, timeout: float | None = None) -> None:
+        """End the thread, then the engine's other tensor-parallel ranks (if the thread ended: a step still
+        running would share the ranks' message channel; the ranks end with this process then)."""
         self._stop.set()
         self._inbox.put(None)  # wake the thread if it is idle
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.engine.shutdown()
 
     def is_alive(self) -> bool:
         return self._thread.is_alive()
@@ -54,6 +58,7 @@ class EngineLoop:
         try:
             self._loop()
         except BaseException as e:  # the engine is broken: whoever drives it must know
+            self.engine.check_ranks()  # a dead tensor-parallel rank ends the process here, with its reason
             if self.on_fatal is None:
                 raise
             self.on_fatal(e)

@@ -9,17 +9,25 @@ A step is `launch` (pack, enqueue the device work) then `collect` (wait, read
 the tokens back), so the engine can do host work while the device computes.
 A greedy graph step leaves its tokens on the device as well: the next decode
 step may be launched on them (`launch(..., after=...)`) before they are read.
+
+With tensor parallelism (`group`), every rank has a runner over its shard of
+the model and of the KV pool. Rank 0 broadcasts each step's message before
+it launches the step; the other ranks `replay` it, the same kernels and
+collectives in the same order, and sample nothing. With one GPU there is no
+group and nothing of this runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, num_blocks_for_memory
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.cuda_graphs import DecodeGraphs, DecodeInputs, capture_sizes
+from hosttune_engine.core.device import resolve_device, resolve_dtype
 from hosttune_engine.core.prefill_graphs import PREFILL_GRAPH_SIZES, PrefillGraphs, PrefillInputs
 from hosttune_engine.core.scheduler import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
@@ -32,26 +40,11 @@ from hosttune_engine.layers.one_row import use_gemv_for_one_row
 from hosttune_engine.layers.sampler import DeviceSample, Sampler, SamplerOutput, SamplingBatch
 from hosttune_engine.model.loader import load_model
 from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.parallel.group import TensorParallelGroup
+from hosttune_engine.parallel.layout import ShardLayout
+from hosttune_engine.parallel.step_message import StepKind, step_message
+from hosttune_engine.parallel.transform import gather_logits, shard_model
 from hosttune_engine.sampling import SamplingParams
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' but torch sees no CUDA device; use device='cpu' or 'auto'")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:
-    if name != "auto":
-        return DTYPES[name]
-    if device.type == "cpu":
-        return torch.float32  # CPU half-precision matmuls are slow and loose
-    return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
-
 
 @dataclass
 class StepResult:
@@ -70,22 +63,33 @@ class LaunchedStep:
 
 
 class ModelRunner:
-    """Owns the model, its KV pool and the sampler on one device."""
+    """Owns the model, its KV pool and the sampler on one device (this rank's shards of the model and the
+    pool with a tensor-parallel `group`)."""
 
-    def __init__(self, config: EngineConfig, model_config: ModelConfig):
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, group: TensorParallelGroup | None = None):
         self.config = config
         self.model_config = model_config
-        self.device = resolve_device(config.device)
+        self.group = group
+        self._released: list[str] = []  # requests finished since the last step message (tensor parallel)
+        self.device = group.device if group is not None else resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, model_config.dtype, self.device)
         self.block_size = config.block_size
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
         torch.manual_seed(config.seed)
-        self.model = load_model(model_config, config.model, config.load_format, self.device, self.dtype, config.seed)
+        layout = ShardLayout.of(model_config, group.rank, group.world_size) if group is not None else None
+        shard = partial(shard_model, layout=layout, group=group) if group is not None else None
+        self.model = load_model(model_config, config.model, config.load_format, self.device, self.dtype, config.seed,
+                                shard=shard)
         self.use_triton = config.kernel_backend == "triton" or (
             config.kernel_backend == "auto" and self.device.type == "cuda")
         set_kernel_backend(self.model, self.use_triton)
-        self.kv_shape = KVCacheShape(model_config.num_layers, config.block_size, model_config.num_kv_heads,
+        if self.device.type == "cuda" and self.use_triton:
+            use_gemv_for_one_row(self.model)
+        if group is not None:
+            gather_logits(self.model, group)  # after the GEMV transform: it wraps both paths
+        self.num_kv_heads = layout.num_kv_heads if layout is not None else model_config.num_kv_heads
+        self.kv_shape = KVCacheShape(model_config.num_layers, config.block_size, self.num_kv_heads,
                                      model_config.head_dim, torch.finfo(self.dtype).bits // 8)
         self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                         if self.device.type == "cuda" else 1)
@@ -96,11 +100,9 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
-        if self.device.type == "cuda" and self.use_triton:
-            use_gemv_for_one_row(self.model)
-            if not config.enforce_eager:
-                self.graphs = self.build_decode_graphs(use_graphs=True)
-                self.prefill_graphs = self.build_prefill_graphs(use_graphs=True)
+        if self.device.type == "cuda" and self.use_triton and not config.enforce_eager:
+            self.graphs = self.build_decode_graphs(use_graphs=True)
+            self.prefill_graphs = self.build_prefill_graphs(use_graphs=True)
 
     def build_decode_graphs(self, use_graphs: bool, max_batch: int | None = None) -> DecodeGraphs:
         """Persistent decode buffers and, with `use_graphs`, one captured graph per batch size
@@ -122,7 +124,7 @@ class ModelRunner:
         return graphs
 
     def _graph_num_splits(self, batch: int) -> int:
-        return choose_num_splits(batch, self.model_config.num_kv_heads, self.max_model_len, self.num_sms)
+        return choose_num_splits(batch, self.num_kv_heads, self.max_model_len, self.num_sms)
 
     def _decode_logits(self, input_ids, positions, meta) -> torch.Tensor:
         return self.model.compute_logits(self.model(input_ids, positions, meta))  # [B, V] fp32
@@ -136,6 +138,8 @@ class ModelRunner:
         peak = self._profile_activation_bytes()
         free, _ = torch.cuda.mem_get_info(self.device)
         blocks = num_blocks_for_memory(free, self.config.gpu_memory_utilization, peak, self.kv_shape)
+        if self.group is not None:  # every rank's pool holds the same block ids
+            blocks = self.group.min_over_ranks(blocks)
         if blocks * self.block_size < self.max_model_len:
             raise ConfigError(
                 f"the KV cache fits {blocks * self.block_size} tokens, fewer than max_model_len="
@@ -179,14 +183,23 @@ class ModelRunner:
         mask = sched.sample_mask() if after is None else [True] * len(sched.seqs)
         seqs = [s for s, needs in zip(sched.seqs, mask) if needs]
         if after is not None or self._runs_graph(sched):
-            return self._launch_graph(sched, mask, seqs, self._feed(sched, after) if after is not None else None)
+            feed = self._feed(sched, after) if after is not None else None
+            if self.group is not None:
+                self._share(StepKind.DECODE_GRAPH, sched, feed)
+            return self._launch_graph(sched, mask, seqs, feed)
         sampling = self._sampling(seqs)  # before the step's work: its copies from pageable memory would wait
         if self.prefill_graphs is not None and self.prefill_graphs.can_run(sched):
+            if self.group is not None:
+                self._share(StepKind.PREFILL_GRAPH, sched)
             logits = self.prefill_graphs.run(sched.seqs[0], sched.num_new_tokens[0])
             return LaunchedStep(mask, None, self.sampler.sample(logits, sampling) if seqs else None)
+        if self.group is not None:
+            self._share(StepKind.EAGER, sched, sample=bool(seqs))
         batch = self._prepare(sched)
-        logits = self.model.compute_logits(self._forward(batch)[batch.sample_rows]) if seqs else None
-        return LaunchedStep(mask, None, self.sampler.sample(logits, sampling) if seqs else None)
+        hidden = self._forward(batch)  # also when no sequence samples: a prompt chunk's KV must be written
+        if not seqs:
+            return LaunchedStep(mask, None, None)
+        return LaunchedStep(mask, None, self.sampler.sample(self.model.compute_logits(hidden[batch.sample_rows]), sampling))
 
     def _launch_graph(self, sched: SchedulerOutput, mask: list[bool], seqs: list[Sequence],
                       feed: list[int] | None) -> LaunchedStep:
@@ -201,9 +214,10 @@ class ModelRunner:
         if not seqs:
             return LaunchedStep(mask, None, None)
         sample = self.sampler.sample(logits if every_row else logits[self._rows(mask)], sampling)
-        if every_row:
+        feeds_next = every_row and self.group is None  # the other ranks' buffers hold the argmax
+        if feeds_next:
             self.graphs.tokens[:len(seqs)].copy_(sample.tokens)  # the sampled tokens replace the argmax
-        return LaunchedStep(mask, None, sample, feeds_next=every_row)
+        return LaunchedStep(mask, None, sample, feeds_next=feeds_next)
 
     def _feed(self, sched: SchedulerOutput, after: SchedulerOutput) -> list[int]:
         """For each sequence of `sched`, its row in `after`, whose tokens are its input."""
@@ -251,8 +265,10 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill_logits(self, seq: Sequence) -> torch.Tensor:
         """Logits at every prompt position of a sequence whose blocks are allocated (tests, scoring)."""
-        batch = self._prepare(SchedulerOutput(seqs=[seq], num_new_tokens=[seq.num_uncomputed_tokens]))
-        return self.model.compute_logits(self._forward(batch))
+        sched = SchedulerOutput(seqs=[seq], num_new_tokens=[seq.num_uncomputed_tokens])
+        if self.group is not None:
+            self._share(StepKind.ALL_LOGITS, sched)
+        return self.model.compute_logits(self._forward(self._prepare(sched)))
 
     def _generator(self, seq: Sequence) -> torch.Generator | None:
         if seq.sampling.seed is None or seq.sampling.is_greedy:
@@ -264,9 +280,31 @@ class ModelRunner:
 
     def release(self, request_id: str) -> None:
         self.generators.pop(request_id, None)
+        if self.group is not None:
+            self._released.append(request_id)
 
     def _prepare(self, sched: SchedulerOutput) -> StepInputs:
-        return pack_step(sched, self.block_size, self.device, self.model_config.num_kv_heads, self.num_sms)
+        return pack_step(sched, self.block_size, self.device, self.num_kv_heads, self.num_sms)
+
+    # -- tensor parallel ------------------------------------------------------------------
+    def _share(self, kind: StepKind, sched: SchedulerOutput, feed: list[int] | None = None,
+               sample: bool = False) -> None:
+        """Rank 0: the step's message to the other ranks, before its own work is enqueued."""
+        released, self._released = tuple(self._released), []
+        self.group.broadcast(step_message(kind, sched, feed, sample, released))
+
+    @torch.inference_mode()
+    def replay(self, kind: StepKind, sched: SchedulerOutput, feed: list[int] | None, sample: bool) -> None:
+        """Ranks > 0: the device work rank 0 launches for the step, without sampling."""
+        if kind is StepKind.DECODE_GRAPH:
+            self.graphs.run(sched.seqs, feed)
+        elif kind is StepKind.PREFILL_GRAPH:
+            self.prefill_graphs.run(sched.seqs[0], sched.num_new_tokens[0])
+        else:
+            batch = self._prepare(sched)
+            hidden = self._forward(batch)
+            if kind is StepKind.ALL_LOGITS or sample:
+                self.model.compute_logits(hidden if kind is StepKind.ALL_LOGITS else hidden[batch.sample_rows])
 
 
 def _plain_greedy(seq: Sequence) -> bool:

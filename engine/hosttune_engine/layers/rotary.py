@@ -43,7 +43,12 @@ def rope_cos_sin(head_dim: int, max_positions: int, theta: float, scaling: dict 
 class RotaryEmbedding(KernelLayer):
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None = None):
         super().__init__()
-        self.register_buffer("cos_sin", rope_cos_sin(head_dim, max_positions, theta, scaling), persistent=False)
+        self._table_args = (head_dim, max_positions, theta, scaling)
+        self.register_buffer("cos_sin", rope_cos_sin(*self._table_args), persistent=False)
+
+    def fill_table(self) -> None:
+        """Compute the table again (a model built on the meta device, then given storage)."""
+        self.cos_sin = rope_cos_sin(*self._table_args).to(self.cos_sin.device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """positions [T]; q [T, Hq, D], k [T, Hkv, D] -> rotated q, k."""

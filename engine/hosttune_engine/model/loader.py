@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -13,6 +14,7 @@ from hosttune_engine.errors import ModelLoadError
 from hosttune_engine.layers.linear import MergedLinear
 from hosttune_engine.model.llama import MODEL_CLASSES
 from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.parallel.shard import read_tensor
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -27,10 +29,20 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    """An uninitialised model of `cfg`'s architecture, parameters already on `device` in `dtype`."""
-    with _default_dtype(dtype), torch.device(device):
-        return MODEL_CLASSES[cfg.architecture](cfg).eval().requires_grad_(False)
+def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, shard=None) -> nn.Module:
+    """An uninitialised model of `cfg`'s architecture, parameters already on `device` in `dtype`.
+
+    `shard(model)`, for tensor parallelism, replaces layers by this rank's shards of them; the model is
+    built on the meta device first, so only the shards ever take memory."""
+    if shard is None:
+        with _default_dtype(dtype), torch.device(device):
+            return MODEL_CLASSES[cfg.architecture](cfg).eval().requires_grad_(False)
+    from hosttune_engine.parallel.transform import materialize
+
+    with _default_dtype(dtype), torch.device("meta"):
+        model = MODEL_CLASSES[cfg.architecture](cfg).eval().requires_grad_(False)
+        shard(model)
+    return materialize(model, device)
 
 
 def safetensors_files(folder: Path) -> list[Path]:
@@ -63,7 +75,7 @@ def load_safetensors(model: nn.Module, folder: Path) -> None:
                     continue
                 if name == "lm_head.weight" and model.config.tie_word_embeddings:
                     continue
-                target = _load_one(model, params, name, f.get_tensor(name), f"{path.name}:{name}")
+                target = _load_one(model, params, name, partial(read_tensor, f, name), f"{path.name}:{name}")
                 (loaded.add(name) if target else unexpected.append(name))
     if unexpected:
         raise ModelLoadError(f"{folder}: checkpoint tensors the model does not have: {', '.join(unexpected[:5])}")
@@ -72,17 +84,21 @@ def load_safetensors(model: nn.Module, folder: Path) -> None:
         raise ModelLoadError(f"{folder}: weights missing from the checkpoint: {', '.join(missing[:5])}")
 
 
-def _load_one(model: nn.Module, params: dict, name: str, tensor: torch.Tensor, source: str) -> bool:
+def _load_one(model: nn.Module, params: dict, name: str, read, source: str) -> bool:
+    """`read(shard)`: the checkpoint tensor, or only the part a tensor-parallel rank holds (`tp_parts` of a
+    fused layer, `tp_shards` of another: see `parallel.transform`)."""
     for part, (fused, shard) in model.packed_modules.items():
         if f".{part}." in name:
             module_name, kind = name.replace(f".{part}.", f".{fused}.").rsplit(".", 1)
             module = model.get_submodule(module_name)
             assert isinstance(module, MergedLinear)
-            module.load_shard(shard, kind, tensor, source)
+            module.load_shard(shard, kind, read(getattr(module, "tp_parts", {}).get(shard)), source)
             return True
     param = params.get(name)
     if param is None:
         return False
+    module_name, kind = name.rsplit(".", 1)
+    tensor = read(getattr(model.get_submodule(module_name), "tp_shards", {}).get(kind))
     if param.shape != tensor.shape:
         raise ModelLoadError(f"{source}: shape {tuple(tensor.shape)} does not match the model's "
                              f"{tuple(param.shape)}; the checkpoint does not fit config.json")
@@ -128,9 +144,10 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
 
 
 def load_model(cfg: ModelConfig, folder: str | Path, load_format: str, device: torch.device,
-               dtype: torch.dtype, seed: int = 0) -> nn.Module:
-    """A ready model: `load_format` "dummy" for random weights, else the folder's safetensors."""
-    model = build_model(cfg, device, dtype)
+               dtype: torch.dtype, seed: int = 0, shard=None) -> nn.Module:
+    """A ready model: `load_format` "dummy" for random weights, else the folder's safetensors (with `shard`,
+    this rank's part of them: see `build_model`)."""
+    model = build_model(cfg, device, dtype, shard)
     if load_format == "dummy":
         init_dummy_weights(model, seed)
     else:

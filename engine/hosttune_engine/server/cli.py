@@ -50,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="'dummy' builds random weights from config.json alone (benchmarks)")
     s.add_argument("--kernel-backend", choices=KERNEL_BACKENDS, default="auto")
     s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    s.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="GPUs that share the model, one process each (the first of CUDA_VISIBLE_DEVICES is rank 0)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
@@ -98,6 +100,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_batch_size),
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
         enforce_eager=args.enforce_eager, max_step_ms=args.max_step_ms,
+        tensor_parallel_size=args.tensor_parallel_size,
         scheduling_policy="priority")  # equal priorities are first come, first served
     return ServerConfig(engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
                         max_queue=args.max_queue, shutdown_timeout_s=args.shutdown_timeout,

@@ -1,0 +1,1 @@
+"""Tensor parallelism: one engine over several GPUs of a host, one process per GPU (torch.distributed)."""
