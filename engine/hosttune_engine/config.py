@@ -11,6 +11,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
 KERNEL_BACKENDS = ("auto", "triton", "torch")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+QUANTIZATIONS = ("fp8", "fp8-block", "fp8-channel", "fp8-tensor", "awq", "gptq")  # all but fp8: dummy weights
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class EngineConfig:
     size; `max_num_batched_tokens` is the per-step token budget that chunks long
     prefills. On CUDA, decode-only steps of up to `max_cuda_graph_batch_size`
     sequences replay CUDA graphs captured at start; `enforce_eager` turns that off.
+    `quantization="fp8"` quantizes a bf16 checkpoint's projections to FP8 at load (a quantized
+    checkpoint needs nothing: config.json says its layout); with `load_format="dummy"` any of
+    QUANTIZATIONS quantizes the random weights in that layout.
     """
 
     model: str
@@ -44,6 +48,7 @@ class EngineConfig:
     tokenizer: str | None = None
     enforce_eager: bool = False
     max_cuda_graph_batch_size: int = 256
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
@@ -51,6 +56,11 @@ class EngineConfig:
         _check_choice("device", self.device, DEVICES)
         _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        if self.quantization is not None:
+            _check_choice("quantization", self.quantization, QUANTIZATIONS)
+            if self.quantization != "fp8" and self.load_format != "dummy":
+                raise ConfigError(f"quantization={self.quantization!r} is for dummy weights only; with a "
+                                  "checkpoint use 'fp8' (quantize at load) or none (config.json says the layout)")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -81,7 +81,8 @@ class ModelRunner:
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
                                  model_config.max_position_embeddings)
         torch.manual_seed(config.seed)
-        self.model = load_model(model_config, config.model, config.load_format, self.device, self.dtype, config.seed)
+        self.model = load_model(model_config, config.model, config.load_format, self.device, self.dtype, config.seed,
+                                config.quantization)
         self.use_triton = config.kernel_backend == "triton" or (
             config.kernel_backend == "auto" and self.device.type == "cuda")
         set_kernel_backend(self.model, self.use_triton)

@@ -13,7 +13,7 @@ import os
 import sys
 
 from hosttune_engine import __version__
-from hosttune_engine.config import DEVICES, DTYPES, KERNEL_BACKENDS, LOAD_FORMATS, EngineConfig
+from hosttune_engine.config import DEVICES, DTYPES, KERNEL_BACKENDS, LOAD_FORMATS, QUANTIZATIONS, EngineConfig
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.server.config import ServerConfig
 
@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", choices=DTYPES, default="auto")
     s.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                    help="'dummy' builds random weights from config.json alone (benchmarks)")
+    s.add_argument("--quantization", choices=QUANTIZATIONS,
+                   help="'fp8' quantizes a bf16 checkpoint to FP8 at load; the others name a layout for dummy "
+                        "weights (a quantized checkpoint needs none: config.json says its layout)")
     s.add_argument("--kernel-backend", choices=KERNEL_BACKENDS, default="auto")
     s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     s.add_argument("--seed", type=int, default=0)
@@ -65,7 +68,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_batch_size,
         max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_batch_size),
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
-        enforce_eager=args.enforce_eager, scheduling_policy="priority")  # equal priorities are first come, first served
+        enforce_eager=args.enforce_eager, quantization=args.quantization,
+        scheduling_policy="priority")  # equal priorities are first come, first served
     return ServerConfig(engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
                         max_queue=args.max_queue, shutdown_timeout_s=args.shutdown_timeout,
                         retry_after_s=args.retry_after, max_body_bytes=args.max_body_bytes,
