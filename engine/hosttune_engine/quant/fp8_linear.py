@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from hosttune_engine.quant.kernel_dispatch import fp8_linear
 from hosttune_engine.quant.quant_linear import QuantLinear
 from hosttune_engine.quant.quantize import FP8, fp8_per_channel
 from hosttune_engine.quant.spec import Layout
@@ -31,6 +32,7 @@ class Fp8Linear(QuantLinear):
         self.register_buffer("weight_scale", torch.ones(start, -(-k // self.block_k), dtype=torch.float32,
                                                         device=device))
         self.register_buffer("scale_row", torch.cat(scale_row).to(device=device, dtype=torch.int32))
+        self.row_scale: torch.Tensor | None = None
 
     def _rows_per_block(self, rows: int) -> int:
         layout = self.spec.layout
@@ -51,10 +53,10 @@ class Fp8Linear(QuantLinear):
         scale = scale.float().reshape(-1, self.weight_scale.shape[1])
         self.weight_scale[start:start + scale.shape[0]].copy_(scale)
 
-    @property
-    def row_scales(self) -> torch.Tensor | None:
-        """One scale per output row [N] when the scales do not vary along K (else None)."""
-        return self.weight_scale[self.scale_row.long(), 0] if self.weight_scale.shape[1] == 1 else None
+    def finish_loading(self) -> None:
+        """`row_scale` [N]: one scale per output row, where the scales do not vary along K (else None)."""
+        if self.weight_scale.shape[1] == 1:
+            self.row_scale = self.weight_scale[self.scale_row.long(), 0].contiguous()
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         scale = self.weight_scale[self.scale_row.long()]  # [N, KB]
@@ -62,6 +64,4 @@ class Fp8Linear(QuantLinear):
         return (self.weight.float() * scale).to(dtype)
 
     def kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
-        from hosttune_engine.quant.fp8_dispatch import fp8_linear
-
         return fp8_linear(self, x)

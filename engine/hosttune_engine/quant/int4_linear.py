@@ -13,6 +13,7 @@ import torch
 
 from hosttune_engine.errors import QuantizationError
 from hosttune_engine.quant.int4_packing import AWQ_ORDER, pack_int4, unpack_int4
+from hosttune_engine.quant.kernel_dispatch import int4_linear
 from hosttune_engine.quant.quant_linear import QuantLinear
 from hosttune_engine.quant.spec import Layout
 
@@ -63,6 +64,4 @@ class Int4Linear(QuantLinear):
         return w.t().to(dtype)
 
     def kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
-        from hosttune_engine.quant.int4_dispatch import int4_linear
-
         return int4_linear(self, x)

@@ -15,6 +15,10 @@ from hosttune_engine.quant.spec import QuantSpec
 WHOLE = None  # the shard name of an unfused layer
 
 
+def _on_gpu(x: torch.Tensor) -> bool:  # tests point this at the CPU to run the kernels under the interpreter
+    return x.is_cuda
+
+
 class QuantLinear(KernelLayer):
     """A linear layer [N, K] stored quantized; `shards` (name -> rows) for a fused projection."""
 
@@ -65,11 +69,14 @@ class QuantLinear(KernelLayer):
                 raise ModelLoadError(f"{self.where}{'.' + shard if shard else ''}: checkpoint tensors missing: "
                                      f"{', '.join(missing)}")
 
+    def finish_loading(self) -> None:
+        """Derive what the kernels need once every tensor is in (nothing, unless a layer says otherwise)."""
+
     def forward(self, x) -> torch.Tensor:
         """x [T, K] -> [T, N] in x's dtype."""
         if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)):
             x = x.materialize()
-        if self.use_triton and x.is_cuda:
+        if self.use_triton and _on_gpu(x):
             return self.kernel_forward(x)
         return torch.nn.functional.linear(x, self.dequantized(x.dtype), self.bias)
 

@@ -96,12 +96,14 @@ def quantize_loaded(model: nn.Module, spec: QuantSpec, dtype: torch.dtype) -> No
                 layer.load_shard(shard, kind, t, f"{p.parts[shard]}.{kind}")
             start += rows
         model.set_submodule(p.module, layer)
+    check_loaded(model)
     if model.lm_head.weight.device.type == "cuda":
         torch.cuda.empty_cache()
 
 
 def check_loaded(model: nn.Module) -> None:
-    """Every quantized layer got all its checkpoint tensors."""
+    """Every quantized layer got all its checkpoint tensors (and derived what its kernels need)."""
     for m in model.modules():
         if isinstance(m, QuantLinear):
             m.check_complete()
+            m.finish_loading()

@@ -1,0 +1,41 @@
+"""Which kernel runs a quantized layer on the GPU: the GEMV for one to four rows (decode), a GEMM for
+more; FP8 with one scale per row takes the FP8 tensor cores where the GPU has them."""
+
+from __future__ import annotations
+
+import torch
+
+from hosttune_engine.kernels.dequant_gemm import DEFAULT as GEMM_DEFAULT
+from hosttune_engine.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm
+from hosttune_engine.kernels.fp8_gemv import DEFAULT as FP8_GEMV_DEFAULT
+from hosttune_engine.kernels.fp8_gemv import fp8_gemv
+from hosttune_engine.kernels.fp8_scaled_mm import fp8_scaled_mm, supports_fp8_mm
+from hosttune_engine.kernels.int4_gemv import DEFAULT as INT4_GEMV_DEFAULT
+from hosttune_engine.kernels.int4_gemv import int4_gemv
+from hosttune_engine.kernels.tuning import batch_bucket, launch_config
+
+GEMV_ROWS = 4
+
+
+def _key(x: torch.Tensor) -> str:
+    return f"{str(x.dtype).removeprefix('torch.')}-{batch_bucket(x.shape[0])}"
+
+
+def fp8_linear(layer, x: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    if x.shape[0] <= GEMV_ROWS:
+        cfg = launch_config("fp8_gemv", _key(x), x.device, FP8_GEMV_DEFAULT)
+        return fp8_gemv(x, layer.weight, layer.weight_scale, layer.scale_row, layer.block_k, layer.bias, cfg)
+    if layer.row_scale is not None and x.dtype != torch.float32 and supports_fp8_mm(x.device) \
+            and layer.in_features % 16 == 0 and layer.out_features % 16 == 0:
+        return fp8_scaled_mm(x, layer.weight, layer.row_scale, layer.bias)
+    cfg = launch_config("w8a16_gemm", _key(x), x.device, GEMM_DEFAULT)
+    return w8a16_gemm(x, layer.weight, layer.weight_scale, layer.scale_row, layer.block_k, layer.bias, cfg)
+
+
+def int4_linear(layer, x: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    args = (layer.qweight, layer.scales, layer.zeros, layer.g_idx, layer.group_size, layer.sorted_groups, layer.bias)
+    if x.shape[0] <= GEMV_ROWS:
+        return int4_gemv(x, *args, config=launch_config("int4_gemv", _key(x), x.device, INT4_GEMV_DEFAULT))
+    return w4a16_gemm(x, *args, config=launch_config("w4a16_gemm", _key(x), x.device, GEMM_DEFAULT))

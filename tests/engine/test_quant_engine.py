@@ -1,0 +1,70 @@
+"""The engine on quantized weights through the Triton kernels (the interpreter on CPU): GEMMs for
+prefill, GEMVs for one-token decode (after the one-row transform's deferred norms), and dummy
+weights quantized by the checkpoint writer's code."""
+
+import pytest
+import torch
+
+from hosttune_engine import Engine, EngineConfig, SamplingParams
+from hosttune_engine.core.messages import EngineRequest
+from hosttune_engine.core.sequence import Sequence
+from hosttune_engine.layers import one_row
+from hosttune_engine.quant import kernel_dispatch, quant_linear
+from hosttune_engine.quant.fp8_linear import Fp8Linear
+from hosttune_engine.quant.int4_linear import Int4Linear
+
+from .oracle import hf_greedy, hf_logits, prompt_ids
+from .quant_checkpoints import write
+from .quant_reference import dequantize_folder
+from .test_oracle import run
+
+LAYOUTS = ["fp8-block", "fp8-channel", "awq-g64", "gptq-g64-zeros-act-order"]
+
+
+@pytest.fixture
+def kernels_on_cpu(monkeypatch):
+    """Count the quantized kernels' launches, and let the GPU paths take CPU tensors."""
+    calls = {}
+    for name in ("fp8_gemv", "w8a16_gemm", "int4_gemv", "w4a16_gemm"):
+        fn = getattr(kernel_dispatch, name)
+        monkeypatch.setattr(kernel_dispatch, name, lambda *a, _fn=fn, _n=name, **k: (
+            calls.__setitem__(_n, calls.get(_n, 0) + 1), _fn(*a, **k))[1])
+    monkeypatch.setattr(quant_linear, "_on_gpu", lambda x: True)
+    monkeypatch.setattr(one_row, "_on_gpu", lambda x: True)
+    return calls
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_kernel_path_matches_transformers_on_the_dequantized_weights(tiny_models, tmp_path, kernels_on_cpu, name):
+    quantized = write(tiny_models["llama"], tmp_path / "q", name)
+    plain = dequantize_folder(quantized, tmp_path / "plain")
+    eng = Engine(EngineConfig(model=str(quantized), kernel_backend="triton", dtype="float32", num_kv_blocks=64,
+                              enforce_eager=True))
+    one_row.use_gemv_for_one_row(eng.runner.model)
+    ids = prompt_ids(24, seed=5)
+    seq = Sequence("x", ids, SamplingParams(temperature=0))
+    eng.block_manager.allocate(seq, len(ids))
+    torch.testing.assert_close(eng.runner.prefill_logits(seq).cpu(), hf_logits(plain, ids), atol=1e-3, rtol=0)
+    eng.block_manager.free(seq)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    assert run(eng, {0: [EngineRequest("a", ids, params)]})["a"] == hf_greedy(plain, ids, 4)[0]
+    gemm, gemv = ("w8a16_gemm", "fp8_gemv") if name.startswith("fp8") else ("w4a16_gemm", "int4_gemv")
+    assert kernels_on_cpu[gemm] > 0 and kernels_on_cpu[gemv] > 0
+
+
+@pytest.mark.parametrize("quantization, cls, error", [("fp8", Fp8Linear, 0.04), ("fp8-block", Fp8Linear, 0.04),
+                                                      ("awq", Int4Linear, 0.15), ("gptq", Int4Linear, 0.15)])
+def test_dummy_weights_quantized_in_each_layout(tiny_models, quantization, cls, error):
+    """The same random weights as plain dummy weights, quantized: each layer dequantizes to them within the
+    layout's rounding error (relative Frobenius norm)."""
+    options = dict(model=str(tiny_models["llama"]), load_format="dummy", dtype="float32", num_kv_blocks=32)
+    eng = Engine(EngineConfig(quantization=quantization, **options))
+    plain = Engine(EngineConfig(**options)).runner.model.model.layers[0]
+    layer = eng.runner.model.model.layers[0]
+    for got, want in ((layer.self_attn.qkv_proj, plain.self_attn.qkv_proj), (layer.mlp.down_proj, plain.mlp.down_proj)):
+        assert isinstance(got, cls)
+        w = got.dequantized(torch.float32)
+        assert 0 < (w - want.weight).norm() / want.weight.norm() < error
+    out = run(eng, {0: [EngineRequest("a", prompt_ids(8, seed=1), SamplingParams(temperature=0, max_tokens=3,
+                                                                                    ignore_eos=True))]})
+    assert len(out["a"]) == 3
