@@ -7,6 +7,7 @@ import torch
 from hosttune_engine.errors import KernelInputError
 from hosttune_engine.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm
 from hosttune_engine.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
+from hosttune_engine.kernels.gemv import RMSNORM, RMSNORM_RESIDUAL, SWIGLU
 from hosttune_engine.kernels.fp8_scaled_mm import fp8_scaled_mm, fp8_scaled_mm_ref, scale_epilogue, supports_fp8_mm
 from hosttune_engine.kernels.int4_gemv import int4_gemv, int4_gemv_ref
 from hosttune_engine.quant.int4_packing import pack_int4
@@ -48,13 +49,32 @@ def _close(got, want, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("case", list(FP8_CASES))
 @pytest.mark.parametrize("m", [1, 3])
-def test_fp8_gemv(case, dtype, m):
+@pytest.mark.parametrize("tile", [32, 64])  # a K tile of one or of two scale blocks
+def test_fp8_gemv(case, dtype, m, tile):
     n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
     w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     bias = torch.randn(n, device=DEVICE).to(dtype)
-    cfg = {"BLOCK_N": 8, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "num_warps": 4, "num_stages": 1}
     _close(fp8_gemv(x, w, scale, srow, block_k, bias, config=cfg), fp8_gemv_ref(x, w, scale, srow, block_k, bias), dtype)
+
+
+@pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
+@pytest.mark.parametrize("case", ["block", "channel"])
+def test_fp8_gemv_prologues(case, prologue):
+    n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
+    w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
+    x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE)
+    extra = {} if prologue == SWIGLU else {"norm_weight": torch.rand(k, device=DEVICE) + 0.5, "eps": 1e-6}
+    if prologue == RMSNORM_RESIDUAL:
+        extra["residual"] = torch.randn(1, k, device=DEVICE)
+    outs = [torch.empty(1, k, device=DEVICE) for _ in range(2)]
+    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1}
+    got = fp8_gemv(x, w, scale, srow, block_k, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
+    want = fp8_gemv_ref(x, w, scale, srow, block_k, prologue=prologue, residual_out=outs[1], **extra)
+    _close(got, want, torch.float32)
+    if prologue == RMSNORM_RESIDUAL:
+        torch.testing.assert_close(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -112,7 +132,7 @@ def test_wrappers_check_their_inputs():
         fp8_gemv(x, w.float(), scale, srow, 32)
     with pytest.raises(KernelInputError, match="scale must be"):
         fp8_gemv(x, w, scale[:, :2].contiguous(), srow, 32)
-    with pytest.raises(KernelInputError, match="1 to 4 rows"):
+    with pytest.raises(KernelInputError, match="1 to 4 contiguous rows"):
         fp8_gemv(torch.randn(5, 128, device=DEVICE), w, scale, srow, 32)
     q, s, z, g_idx = int4_weight(48, 128, 32, False)
     with pytest.raises(KernelInputError, match="qweight must be"):

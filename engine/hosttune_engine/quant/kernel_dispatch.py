@@ -10,9 +10,11 @@ from hosttune_engine.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm
 from hosttune_engine.kernels.fp8_gemv import DEFAULT as FP8_GEMV_DEFAULT
 from hosttune_engine.kernels.fp8_gemv import fp8_gemv
 from hosttune_engine.kernels.fp8_scaled_mm import fp8_scaled_mm, supports_fp8_mm
+from hosttune_engine.kernels.gemv import RMSNORM, RMSNORM_RESIDUAL, SWIGLU
 from hosttune_engine.kernels.int4_gemv import DEFAULT as INT4_GEMV_DEFAULT
 from hosttune_engine.kernels.int4_gemv import int4_gemv
 from hosttune_engine.kernels.tuning import batch_bucket, launch_config
+from hosttune_engine.layers.one_row import DeferredRMSNorm, DeferredSwiGLU
 
 GEMV_ROWS = 4
 
@@ -21,11 +23,20 @@ def _key(x: torch.Tensor) -> str:
     return f"{str(x.dtype).removeprefix('torch.')}-{batch_bucket(x.shape[0])}"
 
 
-def fp8_linear(layer, x: torch.Tensor) -> torch.Tensor:
+def fp8_linear(layer, x) -> torch.Tensor:
+    """x [T, K], or a deferred RMSNorm / SwiGLU row, which the GEMV computes in its prologue."""
+    weights = (layer.weight, layer.weight_scale, layer.scale_row, layer.block_k, layer.bias)
+    if isinstance(x, DeferredRMSNorm):
+        cfg = launch_config("fp8_gemv", _key(x.x), x.x.device, FP8_GEMV_DEFAULT)
+        prologue = RMSNORM if x.residual is None else RMSNORM_RESIDUAL
+        return fp8_gemv(x.x, *weights, cfg, prologue=prologue, residual=x.residual, norm_weight=x.weight,
+                        residual_out=x.residual_out, eps=x.eps)
+    if isinstance(x, DeferredSwiGLU):
+        cfg = launch_config("fp8_gemv", _key(x.gate_up), x.gate_up.device, FP8_GEMV_DEFAULT)
+        return fp8_gemv(x.gate_up, *weights, cfg, prologue=SWIGLU)
     x = x.contiguous()
     if x.shape[0] <= GEMV_ROWS:
-        cfg = launch_config("fp8_gemv", _key(x), x.device, FP8_GEMV_DEFAULT)
-        return fp8_gemv(x, layer.weight, layer.weight_scale, layer.scale_row, layer.block_k, layer.bias, cfg)
+        return fp8_gemv(x, *weights, launch_config("fp8_gemv", _key(x), x.device, FP8_GEMV_DEFAULT))
     if layer.row_scale is not None and x.dtype != torch.float32 and supports_fp8_mm(x.device) \
             and layer.in_features % 16 == 0 and layer.out_features % 16 == 0:
         return fp8_scaled_mm(x, layer.weight, layer.row_scale, layer.bias)
@@ -33,7 +44,9 @@ def fp8_linear(layer, x: torch.Tensor) -> torch.Tensor:
     return w8a16_gemm(x, layer.weight, layer.weight_scale, layer.scale_row, layer.block_k, layer.bias, cfg)
 
 
-def int4_linear(layer, x: torch.Tensor) -> torch.Tensor:
+def int4_linear(layer, x) -> torch.Tensor:
+    if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)):
+        x = x.materialize()
     x = x.contiguous()
     args = (layer.qweight, layer.scales, layer.zeros, layer.g_idx, layer.group_size, layer.sorted_groups, layer.bias)
     if x.shape[0] <= GEMV_ROWS:

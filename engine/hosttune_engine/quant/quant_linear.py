@@ -15,8 +15,8 @@ from hosttune_engine.quant.spec import QuantSpec
 WHOLE = None  # the shard name of an unfused layer
 
 
-def _on_gpu(x: torch.Tensor) -> bool:  # tests point this at the CPU to run the kernels under the interpreter
-    return x.is_cuda
+def _on_gpu(x) -> bool:  # tests point this at the CPU to run the kernels under the interpreter
+    return (x.x if isinstance(x, DeferredRMSNorm) else x.gate_up if isinstance(x, DeferredSwiGLU) else x).is_cuda
 
 
 class QuantLinear(KernelLayer):
@@ -73,18 +73,19 @@ class QuantLinear(KernelLayer):
         """Derive what the kernels need once every tensor is in (nothing, unless a layer says otherwise)."""
 
     def forward(self, x) -> torch.Tensor:
-        """x [T, K] -> [T, N] in x's dtype."""
-        if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)):
-            x = x.materialize()
+        """x [T, K] (or the one-row transform's deferred norm or SwiGLU) -> [T, N] in x's dtype."""
         if self.use_triton and _on_gpu(x):
             return self.kernel_forward(x)
+        if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)):
+            x = x.materialize()
         return torch.nn.functional.linear(x, self.dequantized(x.dtype), self.bias)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight [N, K] as plain numbers (the torch reference path)."""
         raise NotImplementedError
 
-    def kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def kernel_forward(self, x) -> torch.Tensor:
+        """The GPU path: x a tensor or a deferred input."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:
