@@ -29,8 +29,8 @@ def spec_from_args(args) -> QuantSpec:
     layout = Layout(args.layout)
     if layout is Layout.FP8_BLOCK:
         return QuantSpec(layout, block=(args.block, args.block), ignore=("lm_head",))
-    if layout.is_fp8:
-        return QuantSpec(layout, ignore=("lm_head",))
+    if layout.is_fp8:  # llm-compressor's FP8_DYNAMIC: FP8 weights, per-token dynamic FP8 activations
+        return QuantSpec(layout, fp8_activations=True, ignore=("lm_head",))
     if layout is Layout.AWQ:
         return QuantSpec(layout, group_size=args.group_size)
     return QuantSpec(layout, group_size=args.group_size, zero_point=not args.sym, desc_act=args.desc_act,

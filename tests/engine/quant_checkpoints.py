@@ -19,8 +19,8 @@ QUANT_DIR = Path(__file__).resolve().parents[2] / "engine" / "hosttune_engine" /
 
 SPECS = {
     "fp8-block": QuantSpec(Layout.FP8_BLOCK, block=(128, 128), ignore=("lm_head",)),
-    "fp8-channel": QuantSpec(Layout.FP8_CHANNEL, ignore=("lm_head",)),
-    "fp8-tensor": QuantSpec(Layout.FP8_TENSOR, ignore=("lm_head",)),
+    "fp8-channel": QuantSpec(Layout.FP8_CHANNEL, fp8_activations=True, ignore=("lm_head",)),  # FP8_DYNAMIC
+    "fp8-tensor": QuantSpec(Layout.FP8_TENSOR, fp8_activations=True, ignore=("lm_head",)),
     "awq-g64": QuantSpec(Layout.AWQ, group_size=64),
     "gptq-g64-sym": QuantSpec(Layout.GPTQ, group_size=64, zero_point=False, zero_offset=1),
     "gptq-g64-zeros-act-order": QuantSpec(Layout.GPTQ, group_size=64, desc_act=True, zero_offset=1),

@@ -74,3 +74,21 @@ def test_dummy_weights_quantized_in_each_layout(tiny_models, quantization, cls, 
     out = run(eng, {0: [EngineRequest("a", prompt_ids(8, seed=1), SamplingParams(temperature=0, max_tokens=3,
                                                                                     ignore_eos=True))]})
     assert len(out["a"]) == 3
+
+
+def test_teacher_forcing_one_row_at_a_time_equals_the_prefill(tiny_models, tmp_path, kernels_on_cpu):
+    """The GPU accuracy test's one-row pass (every position through the GEMVs), checked on the interpreter."""
+    from .test_quant_accuracy import teacher_forced_one_row
+
+    quantized = write(tiny_models["llama"], tmp_path / "q", "fp8-block")
+    eng = Engine(EngineConfig(model=str(quantized), kernel_backend="triton", dtype="float32", num_kv_blocks=64,
+                              enforce_eager=True))
+    one_row.use_gemv_for_one_row(eng.runner.model)
+    ids = prompt_ids(6, seed=6)
+    seq = Sequence("x", ids, SamplingParams(temperature=0))
+    eng.block_manager.allocate(seq, len(ids))
+    prefill = eng.runner.prefill_logits(seq).cpu()
+    eng.block_manager.free(seq)
+    calls = kernels_on_cpu.get("fp8_gemv prologue 2", 0)
+    torch.testing.assert_close(teacher_forced_one_row(eng, ids), prefill, atol=1e-3, rtol=0)
+    assert kernels_on_cpu["fp8_gemv prologue 2"] > calls

@@ -2,9 +2,10 @@
 W[k, n] = (q[k, n] - zeros[g, n]) * scales[g, n], g = g_idx[k], dequantized in registers.
 
 q is packed eight to an int32 along K ([K/8, N], value k at bits 4 (k % 8)), so a program owning
-BLOCK_N output columns reads contiguous int32s along N; each weight costs half a byte of traffic, a
-quarter of bf16's. With plain groups (g = k // group_size, BLOCK_K dividing group_size) a tile has
-one group and loads one scale and zero per column; act-order groups (g_idx) gather them per row.
+BLOCK_N output columns reads contiguous int32s along N, each once, and unpacks its eight nibbles in
+registers; each weight costs half a byte of traffic, a quarter of bf16's. With plain groups
+(g = k // group_size, BLOCK_K dividing group_size) a tile has one group: it sums (q - zero) * x and
+scales once per column; act-order groups (g_idx) gather scale and zero per row.
 """
 
 from __future__ import annotations
@@ -15,25 +16,7 @@ import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
 
-DEFAULT = {"BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4, "num_stages": 4}
-
-
-@triton.jit
-def _dequant_tile(q_ptr, s_ptr, z_ptr, g_ptr, offs_k, offs_n, k_mask, n_mask, k0, N, group_size,
-                  SORTED: tl.constexpr):
-    """W[offs_k, offs_n] in fp32 [BLOCK_K, BLOCK_N]."""
-    mask = k_mask[:, None] & n_mask[None, :]
-    packed = tl.load(q_ptr + (offs_k // 8).to(tl.int64)[:, None] * N + offs_n[None, :], mask=mask, other=0)
-    q = ((packed >> ((offs_k % 8) * 4)[:, None]) & 0xF).to(tl.float32)
-    if SORTED:
-        g = k0 // group_size
-        s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.float32)[None, :]
-    else:
-        g = tl.load(g_ptr + offs_k, mask=k_mask, other=0).to(tl.int64)[:, None] * N + offs_n[None, :]
-        s = tl.load(s_ptr + g, mask=mask, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + g, mask=mask, other=0).to(tl.float32)
-    return (q - z) * s
+DEFAULT = {"BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
 
 
 @triton.jit
@@ -43,15 +26,33 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, N, K, gro
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
+    ROWS: tl.constexpr = BLOCK_K // 8  # packed rows per tile: each int32 is loaded once, its 8 nibbles unpacked
     for m in tl.static_range(M):  # M <= 4: the repeated weight reads of m > 0 come from cache
-        acc = tl.zeros([BLOCK_K, BLOCK_N], tl.float32)
+        acc = tl.zeros([BLOCK_N], tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < K
-            w = _dequant_tile(q_ptr, s_ptr, z_ptr, g_ptr, offs_k, offs_n, k_mask, n_mask, k0, N, group_size, SORTED)
-            x = tl.load(x_ptr + m * stride_xm + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-            acc += w * x[:, None]
-        y = tl.sum(acc, 0)
+            rows = k0 // 8 + tl.arange(0, ROWS)
+            r_mask = rows < K // 8
+            mask = r_mask[:, None] & n_mask[None, :]
+            packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * N + offs_n[None, :], mask=mask, other=0)
+            if SORTED:  # the tile lies in one group: sum (q - zero) * x, then scale once
+                g = k0 // group_size
+                z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.float32)[None, :]
+                tile = tl.zeros([ROWS, BLOCK_N], tl.float32)
+                for i in tl.static_range(8):
+                    x = tl.load(x_ptr + m * stride_xm + rows * 8 + i, mask=r_mask, other=0.0).to(tl.float32)
+                    tile += (((packed >> (4 * i)) & 0xF).to(tl.float32) - z) * x[:, None]
+                acc += tl.sum(tile, 0) * tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            else:  # act-order groups: scale and zero gathered per input row
+                tile = tl.zeros([ROWS, BLOCK_N], tl.float32)
+                for i in tl.static_range(8):
+                    k = rows * 8 + i
+                    x = tl.load(x_ptr + m * stride_xm + k, mask=r_mask, other=0.0).to(tl.float32)
+                    gi = tl.load(g_ptr + k, mask=r_mask, other=0).to(tl.int64)[:, None] * N + offs_n[None, :]
+                    s = tl.load(s_ptr + gi, mask=mask, other=0.0).to(tl.float32)
+                    z = tl.load(z_ptr + gi, mask=mask, other=0).to(tl.float32)
+                    tile += (((packed >> (4 * i)) & 0xF).to(tl.float32) - z) * s * x[:, None]
+                acc += tl.sum(tile, 0)
+        y = acc
         if HAS_BIAS:
             y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)

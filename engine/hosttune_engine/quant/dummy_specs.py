@@ -9,8 +9,8 @@ from hosttune_engine.quant.spec import Layout, QuantSpec, at_load_spec
 DUMMY_SPECS = {
     "fp8": at_load_spec(),
     "fp8-block": QuantSpec(Layout.FP8_BLOCK, block=(128, 128), ignore=("lm_head",)),
-    "fp8-channel": QuantSpec(Layout.FP8_CHANNEL, ignore=("lm_head",)),
-    "fp8-tensor": QuantSpec(Layout.FP8_TENSOR, ignore=("lm_head",)),
+    "fp8-channel": QuantSpec(Layout.FP8_CHANNEL, fp8_activations=True, ignore=("lm_head",)),
+    "fp8-tensor": QuantSpec(Layout.FP8_TENSOR, fp8_activations=True, ignore=("lm_head",)),
     "awq": QuantSpec(Layout.AWQ, group_size=128, ignore=("lm_head",)),
     "gptq": QuantSpec(Layout.GPTQ, group_size=128, zero_point=False, zero_offset=1, ignore=("lm_head",)),
 }

@@ -1,5 +1,7 @@
 """Which kernel runs a quantized layer on the GPU: the GEMV for one to four rows (decode), a GEMM for
-more; FP8 with one scale per row takes the FP8 tensor cores where the GPU has them."""
+more. FP8 layers whose scheme quantizes activations (FP8 at load, compressed-tensors with FP8 input
+activations) and have one scale per row take the FP8 tensor cores where the GPU has them; the others
+keep activations in bf16/fp16 (W8A16, W4A16): what the CPU references compute."""
 
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ def fp8_linear(layer, x) -> torch.Tensor:
     x = x.contiguous()
     if x.shape[0] <= GEMV_ROWS:
         return fp8_gemv(x, *weights, launch_config("fp8_gemv", _key(x), x.device, FP8_GEMV_DEFAULT))
-    if layer.row_scale is not None and x.dtype != torch.float32 and supports_fp8_mm(x.device) \
+    if layer.spec.fp8_activations and layer.row_scale is not None and x.dtype != torch.float32 \
+            and supports_fp8_mm(x.device) \
             and layer.in_features % 16 == 0 and layer.out_features % 16 == 0:
         return fp8_scaled_mm(x, layer.weight, layer.row_scale, layer.bias)
     cfg = launch_config("w8a16_gemm", _key(x), x.device, GEMM_DEFAULT)

@@ -82,10 +82,12 @@ def _float8_args(strategy: str, dynamic: bool, block=None) -> dict:
 
 def _compressed_tensors_config(spec: QuantSpec) -> dict:
     strategy = {Layout.FP8_CHANNEL: "channel", Layout.FP8_TENSOR: "tensor", Layout.FP8_CT_BLOCK: "block"}
-    inputs = (_float8_args("tensor", False) if spec.static_input_scale else
-              _float8_args("group" if spec.block else "token", True))
-    if spec.block and not spec.static_input_scale:
-        inputs["group_size"] = spec.block[1]
+    inputs = None  # weights only (W8A16)
+    if spec.static_input_scale:
+        inputs = _float8_args("tensor", False)
+    elif spec.fp8_activations:
+        inputs = _float8_args("group" if spec.block else "token", True)
+        inputs["group_size"] = spec.block[1] if spec.block else None
     group = {"targets": ["Linear"], "weights": _float8_args(strategy[spec.layout], False, spec.block),
              "input_activations": inputs, "output_activations": None}
     return {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",

@@ -38,6 +38,7 @@ class QuantSpec:
     desc_act: bool = False  # GPTQ: groups follow g_idx, not column order
     zero_offset: int = 0  # GPTQ v1 stores zero - 1
     static_input_scale: bool = False  # compressed-tensors static activations: an input_scale per layer
+    fp8_activations: bool = False  # batched GEMMs may round activations to e4m3 (per token) for FP8 tensor cores
     ignore: tuple[str, ...] = ()  # modules kept in the checkpoint's dtype
     at_load: bool = False  # FP8 quantized by the engine from a bf16 checkpoint
 
@@ -129,8 +130,9 @@ def _parse_compressed_tensors(raw: dict, source: str) -> QuantSpec:
     block = weights.get("block_structure") if strategy == "block" else None
     _require(strategy != "block" or (isinstance(block, list) and len(block) == 2), source,
              f"block weights need a block_structure of two ints, got {block!r}")
+    acts = group.get("input_activations")
     return QuantSpec(CT_STRATEGIES[strategy], block=tuple(block) if block else None,
-                     static_input_scale=_static_input(group.get("input_activations"), source),
+                     static_input_scale=_static_input(acts, source), fp8_activations=bool(acts),
                      ignore=tuple(raw.get("ignore") or ()))
 
 
@@ -146,4 +148,4 @@ def _static_input(acts: dict | None, source: str) -> bool:
 
 def at_load_spec() -> QuantSpec:
     """`quantization="fp8"`: a bf16 checkpoint quantized at load, one scale per output channel."""
-    return QuantSpec(Layout.FP8_CHANNEL, at_load=True, ignore=("lm_head",))
+    return QuantSpec(Layout.FP8_CHANNEL, at_load=True, fp8_activations=True, ignore=("lm_head",))
