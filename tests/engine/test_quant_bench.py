@@ -33,10 +33,11 @@ def test_every_row_is_measured_on_a_tiny_model(quant_bench):
     quant_bench.run_quant(res, logged.append, plan)
     fp8, awq = res["quant"]
     assert fp8["scheme"] == "fp8" and awq["scheme"] == "awq"
-    # The FP8 step reads 1 byte per projection weight (plus a scale per row) and the fp32 LM head; 4-bit a half.
+    # The FP8 step reads 1 byte per projection weight (plus a scale and its index per row: 6% at K = 128) and
+    # the fp32 LM head; 4-bit a half byte (plus an fp16 scale and a zero per 128).
     layer = 128 * (128 + 2 * 32) + 128 * 128 + 128 * 2 * 256 + 256 * 128
     head = 152064 * 128 * 4  # engine_bench draws prompts from the 7B vocabulary
-    assert 2 * layer + head < fp8["b1"]["step_gb"] * 1e9 < 2 * layer * 1.05 + head
+    assert 2 * layer + head < fp8["b1"]["step_gb"] * 1e9 < 2 * layer * 1.07 + head
     assert 2 * layer / 2 + head < awq["b1"]["step_gb"] * 1e9 < 2 * layer / 2 * 1.2 + head
     assert fp8["batched"]["floor_ms"] > 0 and fp8["batched"]["ratio_vs_floor"] > 0
     assert fp8["ttft"]["ratio_vs_bf16"] > 0

@@ -44,7 +44,7 @@ def _epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS: tl.c
 @triton.jit
 def _w8a16_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, M, N, K, block_k, stride_xm, stride_wn, stride_s,
                   stride_ym, HAS_BIAS: tl.constexpr, ROW_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -58,7 +58,7 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, M, N, K, block_k,
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn + offs_k[:, None],
                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
-        part = tl.dot(a, w.to(a.dtype))
+        part = tl.dot(a, w.to(a.dtype), input_precision=PRECISION)
         if ROW_SCALE:
             acc += part
         else:
@@ -71,7 +71,7 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, M, N, K, block_k,
 @triton.jit
 def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, M, N, K, group_size, stride_xm, stride_ym,
                   HAS_BIAS: tl.constexpr, SORTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
     pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -89,12 +89,12 @@ def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, M, N, K, grou
             g = k0 // group_size
             s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
             z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.int32)
-            acc += tl.dot(a, (q - z[None, :]).to(a.dtype)) * s[None, :]
+            acc += tl.dot(a, (q - z[None, :]).to(a.dtype), input_precision=PRECISION) * s[None, :]
         else:
             gi = tl.load(g_ptr + offs_k, mask=k_mask, other=0).to(tl.int64)[:, None] * N + offs_n[None, :]
             s = tl.load(s_ptr + gi, mask=mask, other=0.0).to(tl.float32)
             z = tl.load(z_ptr + gi, mask=mask, other=0).to(tl.float32)
-            acc += tl.dot(a, ((q.to(tl.float32) - z) * s).to(a.dtype))
+            acc += tl.dot(a, ((q.to(tl.float32) - z) * s).to(a.dtype), input_precision=PRECISION)
     _epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
 
 
@@ -104,6 +104,10 @@ def _check_x_bias(x, bias, n: int) -> None:
     if bias is not None:
         check_tensor("bias", bias, 1, dtypes=(x.dtype,), device=x.device)
         check(bias.shape[0] == n and bias.is_contiguous(), "bias must be [{}] and contiguous", n)
+
+
+def _precision(x: torch.Tensor) -> str:
+    return "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 engines (tests, references) get fp32 products
 
 
 def _grid(m: int, n: int, cfg: dict) -> tuple[int]:
@@ -126,7 +130,7 @@ def w8a16_gemm(x, w, scale, scale_row, block_k: int, bias=None, config: dict | N
         x, w, scale, scale_row, bias if bias is not None else x, y, m, n, k, block_k, x.stride(0), w.stride(0),
         scale.stride(0), y.stride(0), HAS_BIAS=bias is not None, ROW_SCALE=row_scale, BLOCK_M=cfg["BLOCK_M"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        num_stages=cfg["num_stages"], PRECISION=_precision(x))
     return y
 
 
@@ -145,5 +149,5 @@ def w4a16_gemm(x, qweight, scales, zeros, g_idx, group_size: int, sorted_groups:
         x, qweight, scales, zeros, g_idx, bias if bias is not None else x, y, m, n, k, group_size, x.stride(0),
         y.stride(0), HAS_BIAS=bias is not None, SORTED=sorted_groups, BLOCK_M=cfg["BLOCK_M"],
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        num_stages=cfg["num_stages"], PRECISION=_precision(x))
     return y

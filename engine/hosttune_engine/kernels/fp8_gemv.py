@@ -42,8 +42,8 @@ def _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, PRO
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm,
                      stride_wn, stride_s, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     SCALE_K: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+                     SCALE_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -61,7 +61,6 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr,
                 if pid == 0:
                     tl.store(res_out_ptr + offs_k, s.to(res_out_ptr.dtype.element_ty), mask=k_mask)
         rstd = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + eps)
-    SUB: tl.constexpr = BLOCK_K // SCALE_K if SCALE_K > 0 else 1  # scale blocks per tile
     for m in tl.static_range(M):
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         acc_blocks = tl.zeros([BLOCK_N, SUB], tl.float32)
@@ -138,7 +137,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, scale_row: t
         x, w, scale, scale_row, bias if bias is not None else x, y, residual if residual is not None else x,
         norm_weight if norm_weight is not None else x, residual_out if residual_out is not None else x, n, k,
         x.stride(0), w.stride(0), scale.stride(0), y.stride(0), eps, M=m, HAS_BIAS=bias is not None,
-        SCALE_K=scale_k, EVEN_K=k % block == 0, PROLOGUE=prologue, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block,
+        SCALE_K=scale_k, SUB=block // scale_k if scale_k else 1, EVEN_K=k % block == 0, PROLOGUE=prologue, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y
 

@@ -18,7 +18,6 @@ from hosttune_engine.kernels.checks import check, check_tensor
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 EPILOGUE = {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 4}
-_ONES: dict = {}
 
 
 def supports_fp8_mm(device: torch.device) -> bool:
@@ -60,14 +59,10 @@ def scale_epilogue(acc, sx, sw, bias, out_dtype) -> torch.Tensor:
     return y
 
 
-def _one(device) -> torch.Tensor:
-    if device not in _ONES:
-        _ONES[device] = torch.ones((), dtype=torch.float32, device=device)
-    return _ONES[device]
-
-
-def fp8_scaled_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias=None) -> torch.Tensor:
-    """x [M, K] bf16/fp16 @ (w [N, K] e4m3 * w_scale [N]).T (+ bias) -> [M, N] in x's dtype (FP8 activations)."""
+def fp8_scaled_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias=None,
+                  unit: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] bf16/fp16 @ (w [N, K] e4m3 * w_scale [N]).T (+ bias) -> [M, N] in x's dtype (FP8 activations).
+    `unit` is a fp32 scalar 1 on x's device (layers keep one, so a CUDA graph capture allocates none)."""
     check_tensor("x", x, 2, dtypes=(torch.bfloat16, torch.float16))
     check_tensor("w", w, 2, dtypes=(FP8,), device=x.device)
     n, k = w.shape
@@ -77,7 +72,7 @@ def fp8_scaled_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias=
     check_tensor("w_scale", w_scale, 1, dtypes=(torch.float32,), device=x.device)
     check(w_scale.shape[0] == n, "w_scale must be [{}]", n)
     xq, sx = quantize_per_token(x)
-    one = _one(x.device)
+    one = unit if unit is not None else torch.ones((), dtype=torch.float32, device=x.device)
     acc = torch._scaled_mm(xq, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     return scale_epilogue(acc, sx, w_scale, bias, x.dtype)
 

@@ -32,6 +32,8 @@ class Fp8Linear(QuantLinear):
         self.register_buffer("weight_scale", torch.ones(start, -(-k // self.block_k), dtype=torch.float32,
                                                         device=device))
         self.register_buffer("scale_row", torch.cat(scale_row).to(device=device, dtype=torch.int32))
+        # The FP8 tensor-core GEMM's unit operand scale, made here so a CUDA graph capture allocates none.
+        self.register_buffer("unit_scale", torch.ones((), device=device), persistent=False)
         self.row_scale: torch.Tensor | None = None
 
     def _rows_per_block(self, rows: int) -> int:

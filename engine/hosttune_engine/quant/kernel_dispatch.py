@@ -42,7 +42,7 @@ def fp8_linear(layer, x) -> torch.Tensor:
     if layer.spec.fp8_activations and layer.row_scale is not None and x.dtype != torch.float32 \
             and supports_fp8_mm(x.device) \
             and layer.in_features % 16 == 0 and layer.out_features % 16 == 0:
-        return fp8_scaled_mm(x, layer.weight, layer.row_scale, layer.bias)
+        return fp8_scaled_mm(x, layer.weight, layer.row_scale, layer.bias, layer.unit_scale)
     cfg = launch_config("w8a16_gemm", _key(x), x.device, GEMM_DEFAULT)
     return w8a16_gemm(x, layer.weight, layer.weight_scale, layer.scale_row, layer.block_k, layer.bias, cfg)
 
