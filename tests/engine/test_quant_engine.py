@@ -37,18 +37,28 @@ def kernels_on_cpu(monkeypatch):
     return calls
 
 
+def _triton_engine(folder) -> Engine:
+    eng = Engine(EngineConfig(model=str(folder), kernel_backend="triton", dtype="float32", num_kv_blocks=64,
+                              enforce_eager=True))
+    one_row.use_gemv_for_one_row(eng.runner.model)
+    return eng
+
+
+def _prefill_logits(eng: Engine, ids) -> torch.Tensor:
+    seq = Sequence("x", ids, SamplingParams(temperature=0))
+    eng.block_manager.allocate(seq, len(ids))
+    logits = eng.runner.prefill_logits(seq).cpu()
+    eng.block_manager.free(seq)
+    return logits
+
+
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_kernel_path_matches_transformers_on_the_dequantized_weights(tiny_models, tmp_path, kernels_on_cpu, name):
     quantized = write(tiny_models["llama"], tmp_path / "q", name)
     plain = dequantize_folder(quantized, tmp_path / "plain")
-    eng = Engine(EngineConfig(model=str(quantized), kernel_backend="triton", dtype="float32", num_kv_blocks=64,
-                              enforce_eager=True))
-    one_row.use_gemv_for_one_row(eng.runner.model)
+    eng = _triton_engine(quantized)
     ids = prompt_ids(24, seed=5)
-    seq = Sequence("x", ids, SamplingParams(temperature=0))
-    eng.block_manager.allocate(seq, len(ids))
-    torch.testing.assert_close(eng.runner.prefill_logits(seq).cpu(), hf_logits(plain, ids), atol=1e-3, rtol=0)
-    eng.block_manager.free(seq)
+    torch.testing.assert_close(_prefill_logits(eng, ids), hf_logits(plain, ids), atol=1e-3, rtol=0)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     assert run(eng, {0: [EngineRequest("a", ids, params)]})["a"] == hf_greedy(plain, ids, 4)[0]
     if name.startswith("fp8"):  # decode: RMSNorm (with the residual) and SwiGLU in the GEMV's prologue
@@ -80,15 +90,9 @@ def test_teacher_forcing_one_row_at_a_time_equals_the_prefill(tiny_models, tmp_p
     """The GPU accuracy test's one-row pass (every position through the GEMVs), checked on the interpreter."""
     from .test_quant_accuracy import teacher_forced_one_row
 
-    quantized = write(tiny_models["llama"], tmp_path / "q", "fp8-block")
-    eng = Engine(EngineConfig(model=str(quantized), kernel_backend="triton", dtype="float32", num_kv_blocks=64,
-                              enforce_eager=True))
-    one_row.use_gemv_for_one_row(eng.runner.model)
+    eng = _triton_engine(write(tiny_models["llama"], tmp_path / "q", "fp8-block"))
     ids = prompt_ids(6, seed=6)
-    seq = Sequence("x", ids, SamplingParams(temperature=0))
-    eng.block_manager.allocate(seq, len(ids))
-    prefill = eng.runner.prefill_logits(seq).cpu()
-    eng.block_manager.free(seq)
+    prefill = _prefill_logits(eng, ids)
     calls = kernels_on_cpu.get("fp8_gemv prologue 2", 0)
     torch.testing.assert_close(teacher_forced_one_row(eng, ids), prefill, atol=1e-3, rtol=0)
     assert kernels_on_cpu["fp8_gemv prologue 2"] > calls

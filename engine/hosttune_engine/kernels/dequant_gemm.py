@@ -22,14 +22,16 @@ DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warp
 
 
 @triton.jit
-def _tile_ids(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """Program -> (row tile, column tile), GROUP_M row tiles at a time so their weight tiles stay in L2."""
+def _tile_offsets(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Program -> (row offsets, column offsets) of its output tile, GROUP_M row tiles at a time so their
+    weight tiles stay in L2."""
     pid = tl.program_id(0)
     num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     group = pid // (GROUP_M * num_n)
     first_m = group * GROUP_M
     size = tl.minimum(num_m - first_m, GROUP_M)
-    return first_m + (pid % size), (pid % (GROUP_M * num_n)) // size
+    pid_m, pid_n = first_m + (pid % size), (pid % (GROUP_M * num_n)) // size
+    return pid_m * BLOCK_M + tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
 
 
 @triton.jit
@@ -45,17 +47,15 @@ def _epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS: tl.c
 def _w8a16_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, M, N, K, block_k, stride_xm, stride_wn, stride_s,
                   stride_ym, HAS_BIAS: tl.constexpr, ROW_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask, n_mask = offs_m < M, offs_n < N
+    offs_m, offs_n = _tile_offsets(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    n_mask = offs_n < N
     s_rows = s_ptr + tl.load(srow_ptr + offs_n, mask=n_mask, other=0).to(tl.int64) * stride_s
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         a = tl.load(x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :],
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+                    mask=(offs_m < M)[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn + offs_k[:, None],
                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
         part = tl.dot(a, w.to(a.dtype), input_precision=PRECISION)
@@ -72,16 +72,14 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, M, N, K, block_k,
 def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, M, N, K, group_size, stride_xm, stride_ym,
                   HAS_BIAS: tl.constexpr, SORTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
-    pid_m, pid_n = _tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask, n_mask = offs_m < M, offs_n < N
+    offs_m, offs_n = _tile_offsets(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    n_mask = offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
         a = tl.load(x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :],
-                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+                    mask=(offs_m < M)[:, None] & k_mask[None, :], other=0.0)
         mask = k_mask[:, None] & n_mask[None, :]
         packed = tl.load(q_ptr + (offs_k // 8).to(tl.int64)[:, None] * N + offs_n[None, :], mask=mask, other=0)
         q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF

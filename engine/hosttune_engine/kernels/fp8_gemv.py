@@ -17,26 +17,11 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
-from hosttune_engine.kernels.gemv import PLAIN, RMSNORM, RMSNORM_RESIDUAL, SWIGLU, _hidden_tile, _load_k
+from hosttune_engine.kernels.gemv import PLAIN, RMSNORM, RMSNORM_RESIDUAL, SWIGLU, _input_tile, _rms_rstd, _weight_tile
 from hosttune_engine.kernels.rmsnorm import rms_norm_ref
 from hosttune_engine.kernels.swiglu import swiglu_ref
 
 DEFAULT = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
-
-
-@triton.jit
-def _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, PROLOGUE: tl.constexpr,
-                EVEN_K: tl.constexpr):
-    """The GEMV's input for one K tile in fp32, after the prologue (rounded to x's dtype as unfused)."""
-    if PROLOGUE == 0:
-        return _load_k(x_ptr + m * stride_xm, offs_k, k_mask, EVEN_K)
-    elif PROLOGUE == 3:
-        g = _load_k(x_ptr, offs_k, k_mask, EVEN_K)
-        u = _load_k(x_ptr + K, offs_k, k_mask, EVEN_K)
-        return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
-    else:
-        s = _hidden_tile(x_ptr, r_ptr, offs_k, k_mask, PROLOGUE, EVEN_K)
-        return (s * rstd * _load_k(nw_ptr, offs_k, k_mask, EVEN_K)).to(x_ptr.dtype.element_ty).to(tl.float32)
 
 
 @triton.jit
@@ -49,28 +34,14 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr,
     n_mask = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     s_rows = s_ptr + tl.load(srow_ptr + offs_n, mask=n_mask, other=0).to(tl.int64) * stride_s  # [BLOCK_N]
-    rstd = 1.0
-    if PROLOGUE == 1 or PROLOGUE == 2:  # RMSNorm statistics over the whole row; program 0 writes the residual
-        sq = tl.zeros([BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < K
-            s = _hidden_tile(x_ptr, r_ptr, offs_k, k_mask, PROLOGUE, EVEN_K)
-            sq += s * s
-            if PROLOGUE == 2:
-                if pid == 0:
-                    tl.store(res_out_ptr + offs_k, s.to(res_out_ptr.dtype.element_ty), mask=k_mask)
-        rstd = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + eps)
+    rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, EVEN_K, BLOCK_K)
     for m in tl.static_range(M):
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         acc_blocks = tl.zeros([BLOCK_N, SUB], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
-            if EVEN_K:
-                w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0)
-            else:
-                w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            w = _weight_tile(w_rows, offs_k, n_mask, k_mask, EVEN_K)
             x = _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, PROLOGUE, EVEN_K)
             prod = w.to(tl.float32) * x[None, :]
             if SCALE_K == 0:
