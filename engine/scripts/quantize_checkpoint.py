@@ -7,7 +7,8 @@ Example:
 Layouts: fp8-block (quant_method fp8, 128x128 blocks, weight_scale_inv, as the Qwen3 and DeepSeek
 FP8 releases), fp8-channel / fp8-tensor (compressed-tensors, as llm-compressor writes), awq (gemm,
 zero points), gptq (--sym or zero points, --desc-act for act-order groups with g_idx). Round to
-nearest; the lm_head and embeddings stay in --dtype.
+nearest, or for 4-bit with --calibration-text, after an activation-aware scale search (AWQ's); the
+lm_head and embeddings stay in --dtype.
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ def spec_from_args(args) -> QuantSpec:
                      zero_offset=1)
 
 
+def calibration_ids(args) -> list[int] | None:
+    if args.calibration_text is None:
+        return None
+    from hosttune_engine.model.tokenizer import Tokenizer
+
+    return Tokenizer(args.model).encode(args.calibration_text.read_text())[:512]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, type=Path, help="plain Hugging Face checkpoint folder")
@@ -47,13 +56,15 @@ def main(argv=None) -> int:
     parser.add_argument("--group-size", type=int, default=128, help="4-bit: input columns per scale")
     parser.add_argument("--sym", action="store_true", help="gptq: symmetric, no zero points")
     parser.add_argument("--desc-act", action="store_true", help="gptq: act-order groups (g_idx)")
+    parser.add_argument("--calibration-text", type=Path, help="4-bit: a text file whose activations choose "
+                                                                 "AWQ-style scales (first 512 tokens)")
     parser.add_argument("--dtype", choices=DTYPES, help="dtype of what stays unquantized "
                                                          "(default bfloat16 for fp8, float16 for 4-bit)")
     args = parser.parse_args(argv)
     spec = spec_from_args(args)
     dtype = DTYPES[args.dtype or ("bfloat16" if spec.layout.is_fp8 else "float16")]
     try:
-        write_quantized(args.model, args.out, spec, dtype)
+        write_quantized(args.model, args.out, spec, dtype, calibration_ids(args))
     except EngineError as e:
         print(f"quantize_checkpoint: error: {e}", file=sys.stderr)
         return 2

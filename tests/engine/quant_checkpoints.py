@@ -27,6 +27,21 @@ SPECS = {
 }
 
 
+# Written after the activation-aware scale search, calibrated on other text than the accuracy tests read.
+SEARCHED = {"awq-g64-search": SPECS["awq-g64"]}
+
+
+def calibration_text() -> str:
+    """A BSD licence an installed package ships (the accuracy tests read an Apache licence)."""
+    import importlib.metadata
+
+    for package in ("numpy", "jinja2", "markupsafe", "click"):
+        for f in importlib.metadata.distribution(package).files or ():
+            if f.name.startswith(("LICENSE", "LICENCE")) and "Redistribution" in (text := f.read_text()):
+                return text
+    raise RuntimeError("no installed package ships a BSD licence file")
+
+
 def dtype_of(spec: QuantSpec) -> torch.dtype:
     return torch.bfloat16 if spec.layout.is_fp8 else torch.float16
 
@@ -34,12 +49,17 @@ def dtype_of(spec: QuantSpec) -> torch.dtype:
 def writer_version() -> str:
     """A hash of the writer's code: a cached checkpoint is rewritten when the code that wrote it changes."""
     h = hashlib.sha256()
-    for name in ("quantize.py", "int4_packing.py", "layouts.py", "writer.py", "spec.py"):
+    for name in ("quantize.py", "int4_packing.py", "layouts.py", "writer.py", "spec.py", "scale_search.py"):
         h.update((QUANT_DIR / name).read_bytes())
     return h.hexdigest()[:12]
 
 
 def write(source: Path, target: Path, name: str) -> Path:
+    if name in SEARCHED:
+        from hosttune_engine.model.tokenizer import Tokenizer
+
+        ids = Tokenizer(source).encode(calibration_text())[:512]
+        return write_quantized(source, target, SEARCHED[name], dtype_of(SEARCHED[name]), calibration_ids=ids)
     spec = SPECS[name]
     return write_quantized(source, target, spec, dtype_of(spec))
 

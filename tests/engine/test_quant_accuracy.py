@@ -21,7 +21,7 @@ from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.sampling import SamplingParams
 
 from .oracle import hf_logits
-from .quant_checkpoints import SPECS, cached_pair
+from .quant_checkpoints import SEARCHED, SPECS, cached_pair
 
 pytestmark = pytest.mark.slow
 
@@ -83,12 +83,21 @@ def _report(name, ours, dequantized, unquantized) -> float:
     return kl_scheme
 
 
-@pytest.mark.parametrize("name", list(SPECS))
+@pytest.mark.parametrize("name", [*SPECS, *SEARCHED])
 def test_engine_adds_no_error_to_each_layout(smollm2, reference, name):
     ids, unquantized = reference
     quantized, plain = cached_pair(smollm2, name)
     kl_scheme = _report(name, engine_logits(quantized, ids), hf_logits(plain, ids), unquantized)
-    assert kl_scheme <= KL_TO_UNQUANTIZED["fp8" if SPECS[name].layout.is_fp8 else "4bit"]
+    assert kl_scheme <= KL_TO_UNQUANTIZED["fp8" if {**SPECS, **SEARCHED}[name].layout.is_fp8 else "4bit"]
+
+
+def test_scale_search_improves_on_round_to_nearest(smollm2, reference):
+    """AWQ groups of 64: the activation-aware scales (calibrated on another text) against plain rounding."""
+    ids, unquantized = reference
+    kl = {name: mean_kl(unquantized, hf_logits(cached_pair(smollm2, name)[1], ids)) for name in ("awq-g64",
+                                                                                                  "awq-g64-search")}
+    print(f"\nAWQ g64 KL to unquantized: round to nearest {kl['awq-g64']:.4f}, scale search {kl['awq-g64-search']:.4f}")
+    assert kl["awq-g64-search"] < kl["awq-g64"]
 
 
 def fp8_per_channel_weights(path, target):

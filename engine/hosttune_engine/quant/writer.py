@@ -63,8 +63,11 @@ def _scale_dtype(spec: QuantSpec, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if spec.layout is Layout.FP8_BLOCK else dtype
 
 
-def write_quantized(source: Path, target: Path, spec: QuantSpec, dtype: torch.dtype) -> Path:
-    """Write `source` quantized in `spec`'s layout into `target` (created); returns `target`."""
+def write_quantized(source: Path, target: Path, spec: QuantSpec, dtype: torch.dtype,
+                    calibration_ids: list[int] | None = None) -> Path:
+    """Write `source` quantized in `spec`'s layout into `target` (created); returns `target`. With
+    `calibration_ids` (token ids of representative text), 4-bit layouts first get activation-aware scales
+    (quant/scale_search.py)."""
     from safetensors.torch import save_file
 
     from hosttune_engine.model.loader import build_model
@@ -72,7 +75,12 @@ def write_quantized(source: Path, target: Path, spec: QuantSpec, dtype: torch.dt
 
     cfg = ModelConfig.from_folder(source)
     meta = build_model(cfg, torch.device("meta"), dtype)
-    tensors = quantize_state_dict(read_state_dict(source), meta, spec, dtype)
+    state = read_state_dict(source)
+    if calibration_ids and not spec.layout.is_fp8:
+        from hosttune_engine.quant.scale_search import search_scales
+
+        search_scales(state, source, cfg.num_layers, calibration_ids, spec.group_size)
+    tensors = quantize_state_dict(state, meta, spec, dtype)
     target.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((source / "config.json").read_text())
