@@ -133,3 +133,34 @@ def test_engine_reads_each_layout(tiny_models, tmp_path, model, name):
     plain = dequantize_folder(quantized, tmp_path / "plain")
     ids = prompt_ids(40, seed=3)
     torch.testing.assert_close(_engine_logits(quantized, ids), hf_logits(plain, ids), atol=1e-4, rtol=0)
+
+
+def _script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "engine" / "scripts" / "quantize_checkpoint.py"
+    spec = importlib.util.spec_from_file_location("quantize_checkpoint", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("args", [["--layout", "fp8-block"], ["--layout", "fp8-tensor"],
+                                  ["--layout", "gptq", "--group-size", "32", "--sym", "--desc-act"],
+                                  ["--layout", "awq", "--group-size", "64", "--calibration-text", "TEXT"]])
+def test_script_writes_checkpoints_the_engine_reads(tiny_models, tmp_path, args):
+    text = tmp_path / "calibration.txt"
+    text.write_text("The engine reads a prompt and writes tokens, one step at a time. " * 20)
+    out = tmp_path / "out"
+    argv = ["--model", str(tiny_models["llama"]), "--out", str(out), *[str(text) if a == "TEXT" else a for a in args]]
+    assert _script().main(argv) == 0
+    plain = dequantize_folder(out, tmp_path / "plain")
+    ids = prompt_ids(20, seed=4)
+    torch.testing.assert_close(_engine_logits(out, ids), hf_logits(plain, ids), atol=1e-4, rtol=0)
+
+
+def test_script_reports_a_width_the_group_size_does_not_divide(tiny_models, tmp_path, capsys):
+    argv = ["--model", str(tiny_models["llama"]), "--out", str(tmp_path / "out"), "--layout", "awq", "--group-size", "48"]
+    assert _script().main(argv) == 2
+    assert "group size 48 does not divide its input width 128" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from hosttune_engine.quant.layouts import quantization_config
+from hosttune_engine.quant.layouts import checkpoint_tensors, quantization_config
 from hosttune_engine.quant.quantize import quantize_weight
 from hosttune_engine.quant.spec import Layout, QuantSpec
 from hosttune_engine.quant.transform import quantized_projections
@@ -45,7 +45,11 @@ def act_order_g_idx(weights: list[torch.Tensor], group_size: int) -> torch.Tenso
 def quantize_state_dict(state: dict, meta_model, spec: QuantSpec, dtype: torch.dtype) -> dict:
     """The checkpoint tensors of `state` in `spec`'s layout."""
     out = {}
-    for p in quantized_projections(meta_model, spec):
+    projections = quantized_projections(meta_model, spec)
+    for p in projections:  # refuse a width the layout cannot hold before quantizing anything
+        for shard, name in p.parts.items():
+            checkpoint_tensors(spec, p.shards[shard], p.in_features, name)
+    for p in projections:
         names = list(p.parts.values())
         weights = [state.pop(f"{name}.weight") for name in names]
         g_idx = act_order_g_idx(weights, spec.group_size) if spec.desc_act else None
