@@ -96,3 +96,14 @@ def test_teacher_forcing_one_row_at_a_time_equals_the_prefill(tiny_models, tmp_p
     calls = kernels_on_cpu.get("fp8_gemv prologue 2", 0)
     torch.testing.assert_close(teacher_forced_one_row(eng, ids), prefill, atol=1e-3, rtol=0)
     assert kernels_on_cpu["fp8_gemv prologue 2"] > calls
+
+
+def test_serve_takes_the_quantization_option(tiny_models):
+    from hosttune_engine.server.cli import _parser, config_from_args
+
+    args = _parser().parse_args(["serve", "--model", str(tiny_models["llama"]), "--quantization", "fp8"])
+    assert config_from_args(args).engine.quantization == "fp8"
+    args = _parser().parse_args(["serve", "--model", str(tiny_models["llama"])])
+    assert config_from_args(args).engine.quantization is None
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", "--model", "m", "--quantization", "int3"])
