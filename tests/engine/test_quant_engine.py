@@ -107,3 +107,20 @@ def test_serve_takes_the_quantization_option(tiny_models):
     assert config_from_args(args).engine.quantization is None
     with pytest.raises(SystemExit):
         _parser().parse_args(["serve", "--model", "m", "--quantization", "int3"])
+
+
+@pytest.mark.parametrize("name", ["fp8-channel", "awq-g64"])
+def test_prefix_caching_and_graphs_keep_working(tiny_models, tmp_path, name):
+    """Two prompts sharing a prefix, one after the other: the second reuses the cached blocks, and both
+    continue as transformers does on the dequantized weights (on a GPU: decode and prefill graphs, kernels)."""
+    from hosttune_engine import LLM
+
+    quantized = write(tiny_models["llama"], tmp_path / "q", name)
+    plain = dequantize_folder(quantized, tmp_path / "plain")
+    llm = LLM(str(quantized), dtype="float32", num_kv_blocks=128, enable_prefix_caching=True)
+    shared = prompt_ids(40, seed=7)
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    for i, tail in enumerate((prompt_ids(5, seed=8), prompt_ids(7, seed=9))):
+        out = llm.generate([shared + tail], params)[0]
+        assert list(out.token_ids) == hf_greedy(plain, shared + tail, 5)[0]
+        assert out.num_cached_tokens >= (32 if i else 0)
