@@ -124,3 +124,19 @@ def test_prefix_caching_and_graphs_keep_working(tiny_models, tmp_path, name):
         out = llm.generate([shared + tail], params)[0]
         assert list(out.token_ids) == hf_greedy(plain, shared + tail, 5)[0]
         assert out.num_cached_tokens >= (32 if i else 0)
+
+
+def test_quantized_build_keeps_no_plain_projection_weights(tiny_models, tmp_path):
+    """Each projection's plain weight goes to the meta device as it is made (so the device holds at most one
+    at a time, briefly); the model keeps only the quantized layers, and tied embeddings stay tied."""
+    from hosttune_engine.model import loader
+    from hosttune_engine.model.model_config import ModelConfig
+    from hosttune_engine.quant.build import build_quantized
+
+    cfg = ModelConfig.from_folder(write(tiny_models["qwen2"], tmp_path / "q", "fp8-channel"))
+    model = build_quantized(loader.build_model, cfg, torch.device("cpu"), torch.float32, cfg.quantization)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    plain = {n for n, p in model.named_parameters() if p.dim() == 2}
+    assert plain == {"model.embed_tokens.weight"}
+    assert all(t.device.type == "cpu" for t in [*model.parameters(), *model.buffers()])
+    assert all(isinstance(m.self_attn.qkv_proj, Fp8Linear) for m in model.model.layers)

@@ -15,7 +15,8 @@ from hosttune_engine.model.llama import MODEL_CLASSES
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.quant.preflight import check_checkpoint, resolve_spec
 from hosttune_engine.quant.quant_linear import QuantLinear
-from hosttune_engine.quant.transform import apply_quantization, check_loaded, quantize_loaded
+from hosttune_engine.quant.build import build_quantized
+from hosttune_engine.quant.transform import check_loaded, quantize_loaded
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -152,14 +153,13 @@ def load_model(cfg: ModelConfig, folder: str | Path, load_format: str, device: t
     spec = resolve_spec(cfg.quantization, quantization, load_format, str(folder))
     if spec is not None and load_format != "dummy":
         check_checkpoint(build_model(cfg, torch.device("meta"), dtype), spec, safetensors_files(Path(folder)))
-    model = build_model(cfg, device, dtype)
     if load_format == "dummy":
+        model = build_model(cfg, device, dtype)
         init_dummy_weights(model, seed)
         if spec is not None:
             quantize_loaded(model, spec, dtype)
         return model
-    if spec is not None:
-        apply_quantization(model, spec, dtype)
+    model = build_model(cfg, device, dtype) if spec is None else build_quantized(build_model, cfg, device, dtype, spec)
     load_safetensors(model, Path(folder))
     check_loaded(model)
     return model

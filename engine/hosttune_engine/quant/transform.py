@@ -70,9 +70,8 @@ def _make(p: Projection, spec: QuantSpec, dtype, device) -> QuantLinear:
     return cls(p.in_features, p.shards, p.bias, spec, dtype, device, p.module)
 
 
-def apply_quantization(model: nn.Module, spec: QuantSpec, dtype: torch.dtype) -> None:
-    """Swap every projection `spec` quantizes for its quantized layer (weights to be loaded)."""
-    device = model.lm_head.weight.device
+def apply_quantization(model: nn.Module, spec: QuantSpec, dtype: torch.dtype, device: torch.device) -> None:
+    """Swap every projection `spec` quantizes for its quantized layer on `device` (weights to be loaded)."""
     for p in quantized_projections(model, spec):
         model.set_submodule(p.module, _make(p, spec, dtype, device))
     if device.type == "cuda":
