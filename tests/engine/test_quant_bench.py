@@ -23,6 +23,7 @@ def quant_bench(monkeypatch):
         sys.modules.pop(name, None)
 
 
+@pytest.mark.slow
 def test_every_row_is_measured_on_a_tiny_model(quant_bench):
     plan = quant_bench.Plan(config=TINY, engine={"dtype": "float32", "kernel_backend": "torch", "max_model_len": 256,
                                                  "num_kv_blocks": 256, "max_num_seqs": 8},
