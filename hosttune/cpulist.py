@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+MAX_CPUS = 8192  # Linux's largest NR_CPUS (x86 MAXSMP); a list past it is a typo, not a host
+
 
 def parse(text: str) -> tuple[int, ...]:
-    """Parse a kernel cpulist; raises ValueError on anything else."""
+    """Parse a kernel cpulist; raises ValueError on anything else (or on CPUs past MAX_CPUS)."""
     cpus: set[int] = set()
     text = text.strip()
     if not text:
@@ -12,9 +14,11 @@ def parse(text: str) -> tuple[int, ...]:
     for part in text.split(","):
         part = part.strip()
         lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+        if not _number(lo) or (sep and not _number(hi)):
             raise ValueError(f"not a CPU list: {text!r}")
         first, last = int(lo), int(hi) if sep else int(lo)
+        if last >= MAX_CPUS:
+            raise ValueError(f"CPU {last} in {part!r} is past the largest CPU number Linux supports ({MAX_CPUS - 1})")
         if last < first:
             raise ValueError(f"descending range {part!r} in CPU list {text!r}")
         cpus.update(range(first, last + 1))
@@ -34,3 +38,7 @@ def format(cpus: tuple[int, ...] | list[int] | set[int]) -> str:  # noqa: A001 -
             start = cpu
         prev = cpu
     return ",".join(ranges)
+
+
+def _number(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 6

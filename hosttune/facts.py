@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hosttune.facts_health import HealthFacts
+
 
 @dataclass(frozen=True)
 class GpuInfo:
@@ -82,6 +84,23 @@ class CudaFacts:
 
 
 @dataclass(frozen=True)
+class EngineEndpoint:
+    """A port of the deployed engine (or of the host nginx in front of it), asked for /v1/models without a key."""
+
+    role: str  # "engine" | "nginx"
+    port: int
+    scheme: str  # "http" | "https"
+    listen: tuple[str, ...]  # the addresses it listens on
+    status: str  # the HTTP status without a key ("200", "401"), "closed", or "error: ..."
+
+    @property
+    def is_exposed(self) -> bool:
+        """It listens beyond the loopback interface."""
+        return any(not (a.startswith("127.") or a == "::1" or a == "0000:0000:0000:0000:0000:0000:0000:0001")
+                   for a in self.listen)
+
+
+@dataclass(frozen=True)
 class ServiceState:
     """A systemd unit: active is 'active'/'inactive'/..., enabled is 'enabled'/'disabled'/..."""
 
@@ -94,6 +113,7 @@ class ServiceState:
 @dataclass(frozen=True)
 class CpuFacts:
     count: int = 0
+    online: tuple[int, ...] = ()  # /sys/devices/system/cpu/online
     governors: dict[int, str] = field(default_factory=dict)
     idle_driver: str | None = None
     idle_states: tuple[tuple[str, bool, int], ...] = ()  # (name, disabled, exit latency µs) of cpu0
@@ -112,6 +132,7 @@ class Facts:
     """Everything one probe round trip learnt about a host."""
 
     hostname: str = ""
+    image: str = ""  # apply --root: the image directory these facts were read from ("" for a running host)
     os_id: str = ""
     os_version: str = ""
     os_like: tuple[str, ...] = ()
@@ -141,6 +162,8 @@ class Facts:
     numactl: str | None = None
     python_version: str | None = None
     pythons: tuple[str, ...] = ()
+    health: HealthFacts = field(default_factory=HealthFacts)  # GPU faults, fabric, PCI errors, /dev/shm
+    engine_endpoints: tuple[EngineEndpoint, ...] | None = None  # None: not probed (no python3)
     probe_errors: tuple[str, ...] = ()
 
     def cmdline_param(self, key: str, configured: bool = False) -> str | None:

@@ -29,6 +29,7 @@ class Verdict:
     configured: str | None = None
     active: str | None = None
     detail: str = ""
+    severity: Severity | None = None  # overrides the check's severity for this finding
 
 
 @dataclass(frozen=True)

@@ -55,20 +55,23 @@ class HostReport:
         return bits
 
 
-def probe(host: Host) -> tuple[Facts, Timings]:
-    """Connect, run the probe script, parse. Raises TransportError when unreachable."""
+def probe(host: Host, active_s: int = 0) -> tuple[Facts, Timings]:
+    """Connect, run the probe script, parse. Raises TransportError when unreachable.
+
+    active_s > 0 adds the bounded GPU load of `check --active` (seconds).
+    """
     start = time.monotonic()
     transport = open_transport(host.connection)
     try:
-        run = gather(transport)
+        run = gather(transport, active_s, timeout=host.probe_timeout_s)
     finally:
         transport.close()
     return run.facts, Timings(run.connect_s, run.probe_s, run.parse_s, time.monotonic() - start)
 
 
-def check_host(host: Host, profile: Profile) -> HostReport:
+def check_host(host: Host, profile: Profile, active: bool = False) -> HostReport:
     try:
-        facts, timings = probe(host)
+        facts, timings = probe(host, profile.health.active_load_s if active else 0)
     except TransportError as exc:
         return HostReport(host, profile.name, reachable=False, error=str(exc))
     except ProbeError as exc:
@@ -84,14 +87,17 @@ def profiles(inventory: Inventory) -> dict[str, Profile]:
 
 def check_fleet(
     inventory: Inventory, *, forks: int = DEFAULT_FORKS,
-    on_done: Callable[[HostReport, int, int], None] | None = None,
+    on_done: Callable[[HostReport, int, int], None] | None = None, active: bool = False,
 ) -> list[HostReport]:
-    """Check every host, at most `forks` at a time; reports come back in inventory order."""
+    """Check every host, at most `forks` at a time; reports come back in inventory order.
+
+    active: also load each host's GPUs for a few seconds (`check --active`); changes no setting.
+    """
     wanted = profiles(inventory)
     hosts = inventory.hosts
     done: dict[str, HostReport] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(forks, len(hosts)))) as pool:
-        futures = {pool.submit(_safe_check, h, wanted[h.name]): h for h in hosts}
+        futures = {pool.submit(_safe_check, h, wanted[h.name], active): h for h in hosts}
         for future in as_completed(futures):
             report = future.result()
             done[report.host.name] = report
@@ -100,9 +106,9 @@ def check_fleet(
     return [done[h.name] for h in hosts]
 
 
-def _safe_check(host: Host, profile: Profile) -> HostReport:
+def _safe_check(host: Host, profile: Profile, active: bool = False) -> HostReport:
     try:
-        return check_host(host, profile)
+        return check_host(host, profile, active)
     except HosttuneError as exc:
         return HostReport(host, profile.name, reachable=True, error=str(exc))
 
@@ -122,6 +128,7 @@ COMPARED: dict[str, Callable[[Facts], str]] = {
     "os": lambda f: f"{f.os_id} {f.os_version}",
     "cmdline": lambda f: " ".join(w for w in f.cmdline_active if not w.startswith(("BOOT_IMAGE=", "initrd="))),
     "gpus": lambda f: ", ".join(sorted(Counter(g.name for g in f.gpu.gpus).elements())) or "none",
+    "vbios": lambda f: ", ".join(sorted({g.vbios or "?" for g in f.health.gpus})) or "none",
 }
 
 

@@ -13,6 +13,9 @@ Vars merge defaults < group vars < host vars (mappings merge key by key).
 from __future__ import annotations
 
 import fnmatch
+import ipaddress
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -25,10 +28,30 @@ from hosttune.yamlfile import LocatedDict, load
 DEFAULT_PROFILE = "inference-latency"
 
 
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@:-]{0,252}")
+_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+
+
 def _string(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ValueError("must be a string")
     return str(value)
+
+
+def _address(value: Any) -> str:
+    """A DNS name (ASCII, RFC 1123 lengths) or an IP address; nothing else reaches a resolver."""
+    text = _string(value)
+    try:
+        return str(ipaddress.ip_address(text.strip("[]")))  # [::1] → ::1, as sockets and ssh_config want it
+    except ValueError:
+        pass
+    if not text.isascii():
+        raise ValueError("must be an ASCII host name or IP address (write an international name in its xn-- form)")
+    name = text.removesuffix(".")
+    if not name or len(name) > 253 or not all(_LABEL.fullmatch(label) for label in name.split(".")):
+        raise ValueError("must be a host name (dot-separated labels of at most 63 letters, digits or '-', "
+                         "253 characters in all) or an IP address")
+    return text
 
 
 def _port(value: Any) -> int:
@@ -79,7 +102,7 @@ def _mapping(value: Any) -> dict:
 
 # The schema of host vars: a validator per field, or a nested schema for a mapping.
 VARS_SCHEMA: dict[str, Any] = {
-    "address": _string,
+    "address": _address,
     "transport": _one_of("ssh", "local"),
     "ssh": {
         "user": _string,
@@ -90,6 +113,7 @@ VARS_SCHEMA: dict[str, Any] = {
         "become": _bool,
     },
     "profile": _string,
+    "probe_timeout": _positive,
     "pins": {"driver": _string, "cuda": _string, "python": _string},
     "gpus": _gpus,
     "irq_cores": _cpus,
@@ -123,6 +147,13 @@ class Host:
     tune: dict = field(default_factory=dict, hash=False)
     deploy: dict = field(default_factory=dict, hash=False)
     source: str = "<built-in>"
+    probe_timeout_s: float = 60.0
+    profile_source: str = ""  # FILE:LINE where the profile was named ("" for the default)
+
+    @property
+    def path(self) -> str:
+        """The inventory file this host came from."""
+        return self.source.rsplit(":", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -174,10 +205,10 @@ def load_inventory(path: str | Path, *, accept_new_host_keys: bool = False) -> I
         gvars = reader.vars(gdoc.get("vars") or LocatedDict(), f"groups.{group}.vars", gdoc.line)
         for name, hdoc, line in reader.host_entries(gdoc, f"groups.{group}"):
             hvars = reader.vars(hdoc, f"groups.{group}.hosts.{name}", line)
-            hosts.append(_build_host(name, group, _merge(defaults, gvars, hvars), f"{path}:{line}", accept_new_host_keys))
+            hosts.append(reader.host(name, group, _merge(defaults, gvars, hvars), line, accept_new_host_keys))
     for name, hdoc, line in reader.host_entries(doc, ""):
         hvars = reader.vars(hdoc, f"hosts.{name}", line)
-        hosts.append(_build_host(name, "ungrouped", _merge(defaults, hvars), f"{path}:{line}", accept_new_host_keys))
+        hosts.append(reader.host(name, "ungrouped", _merge(defaults, hvars), line, accept_new_host_keys))
     _no_duplicates(hosts)
     if not hosts:
         raise InventoryError(f"{path}: no hosts defined (add 'hosts:' or 'groups: NAME: hosts:')")
@@ -193,10 +224,16 @@ class _Reader:
     def fail(self, line: int, field_path: str, message: str) -> InventoryError:
         return InventoryError(f"{self.path}:{line}: {field_path}: {message}")
 
+    def name(self, line: int, field_path: str, name: Any) -> None:
+        """Host and group names reach reports and ssh configs: printable, no spaces or control characters."""
+        if isinstance(name, bool) or not isinstance(name, (str, int)) or not NAME.fullmatch(str(name)):
+            raise self.fail(line, field_path, f"{_shown(name)} is not a valid name (letters, digits and . _ - @ :, "
+                            "starting with a letter, digit or _, at most 253 characters)")
+
     def unknown_keys(self, node: LocatedDict, allowed: set[str], prefix: str) -> None:
         for key in node:
             if key not in allowed:
-                where = f"{prefix}.{key}" if prefix else str(key)
+                where = f"{prefix}.{_shown(key, quote=False)}" if prefix else _shown(key, quote=False)
                 raise self.fail(node.line_of(key), where, f"unknown key (expected one of: {', '.join(sorted(allowed))})")
 
     def entries(self, node: LocatedDict, key: str):
@@ -206,6 +243,7 @@ class _Reader:
         if not isinstance(value, LocatedDict):
             raise self.fail(node.line_of(key), key, "must be a mapping of names to entries")
         for name, sub in value.items():
+            self.name(value.line_of(name), key, name)
             if not isinstance(sub, LocatedDict):
                 raise self.fail(value.line_of(name), f"{key}.{name}", "must be a mapping")
         return list(value.items())
@@ -220,6 +258,7 @@ class _Reader:
         out = []
         for name, hdoc in value.items():
             line = value.line_of(name)
+            self.name(line, key_path, name)
             if hdoc is None:
                 hdoc = LocatedDict()
                 hdoc.line = line
@@ -233,9 +272,10 @@ class _Reader:
             raise self.fail(line, field_path, "must be a mapping")
         return self._validate(node, VARS_SCHEMA, field_path)
 
-    def _validate(self, node: LocatedDict, schema: dict, prefix: str) -> dict:
+    def _validate(self, node: LocatedDict, schema: dict, prefix: str) -> LocatedDict:
         self.unknown_keys(node, set(schema), prefix)
-        out = {}
+        out = LocatedDict()
+        out.line, out.lines = node.line, dict(node.lines)
         for key, value in node.items():
             rule, where = schema[key], f"{prefix}.{key}"
             if isinstance(rule, dict):
@@ -246,18 +286,40 @@ class _Reader:
             try:
                 out[key] = rule(value)
             except ValueError as exc:
-                raise self.fail(node.line_of(key), where, f"{exc} (got {value!r})") from None
+                raise self.fail(node.line_of(key), where, f"{exc} (got {_shown(value)})") from None
         return out
 
+    def host(self, name: str, group: str, hvars: LocatedDict, line: int, accept_new: bool) -> Host:
+        """A Host from merged vars; paths it names are checked here, so errors still have a line."""
+        ssh = hvars.get("ssh", LocatedDict())
+        base = self.path.parent
+        for key in ("key", "known_hosts"):
+            value = _relative_to(base, ssh.get(key))
+            if value is not None and os.path.isdir(os.path.expanduser(value)):
+                raise self.fail(ssh.line_of(key), f"ssh.{key}", f"{value} is a directory; name a file")
+        profile_line = hvars.lines.get("profile")
+        return _build_host(name, group, hvars, f"{self.path}:{line}", accept_new,
+                           f"{self.path}:{profile_line}" if profile_line else "")
 
-def _merge(*layers: dict) -> dict:
-    merged: dict = {}
+
+def _shown(value: Any, limit: int = 60, quote: bool = True) -> str:
+    """A value as it goes into an error message: repr (control characters escaped), cut short."""
+    text = repr(value) if quote or not isinstance(value, str) else repr(value)[1:-1]
+    return text if len(text) <= limit else text[:limit] + "...(cut)"
+
+
+def _merge(*layers: dict) -> LocatedDict:
+    """Later layers win key by key; each key keeps the line of the layer that set it."""
+    merged = LocatedDict()
     for layer in layers:
+        merged.line = getattr(layer, "line", merged.line)
         for key, value in layer.items():
             if isinstance(value, dict) and isinstance(merged.get(key), dict):
                 merged[key] = _merge(merged[key], value)
             else:
                 merged[key] = value
+            if isinstance(layer, LocatedDict):
+                merged.lines[key] = layer.line_of(key)
     return merged
 
 
@@ -268,7 +330,7 @@ def _relative_to(base: Path, value: str | None) -> str | None:
     return str(base / value)
 
 
-def _build_host(name: str, group: str, hvars: dict, source: str, accept_new: bool) -> Host:
+def _build_host(name: str, group: str, hvars: dict, source: str, accept_new: bool, profile_source: str = "") -> Host:
     ssh = hvars.get("ssh", {})
     base = Path(source.rsplit(":", 1)[0]).parent
     transport = hvars.get("transport") or ("local" if name == "localhost" and "address" not in hvars else "ssh")
@@ -293,9 +355,11 @@ def _build_host(name: str, group: str, hvars: dict, source: str, accept_new: boo
         gpus=hvars.get("gpus", "all"),
         irq_cores=hvars.get("irq_cores"),
         rcu_nocbs=hvars.get("rcu_nocbs"),
-        tune=dict(hvars.get("tune", {})),
+        tune=hvars.get("tune", LocatedDict()),
         deploy=dict(hvars.get("deploy", {})),
         source=source,
+        probe_timeout_s=hvars.get("probe_timeout", 60.0),
+        profile_source=profile_source,
     )
 
 

@@ -106,7 +106,7 @@ def plan_host(host: Host, profile: Profile, options: PlanOptions) -> HostPlan:
     """Probe the host, check it, and plan; never changes it. Unreachable hosts get a plan saying so."""
     transport = open_transport(host.connection)
     try:
-        facts = gather(transport).facts
+        facts = gather(transport, timeout=host.probe_timeout_s, root=options.root if options.is_offline else None).facts
         findings = run_checks(facts, profile)
         steps = steps_for(findings, facts, profile, host, options.statuses)
         wanted = [s for s in steps if not s.blocked and (not s.opt_in or s.opt_in in options.opt_ins)]

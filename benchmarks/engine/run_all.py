@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The engine benchmark suite, in one run on one GPU (issue 8): hardware ceilings, then
+"""The engine benchmark suite, in one run on one GPU: hardware ceilings, then
 (a) prefill attention vs torch SDPA, (b) paged decode attention bandwidth, (c) fused
 elementwise kernels' bandwidth, (d) decode tok/s vs the cuBLAS linear floor, (e) TTFT vs the
 prefill compute floor, (f) offline throughput vs the roofline model and Hugging Face, (g) FP8 and
@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 SECTIONS = ("kernels", "engine", "quant", "greedy", "hf")
-WORKLOADS = ((256, 1024, 128), (256, 256, 512))  # issue 8's offline throughput workloads: requests, in, out
+WORKLOADS = ((256, 1024, 128), (256, 256, 512))  # offline throughput workloads: requests, in, out
 
 
 def main() -> None:

@@ -20,13 +20,16 @@ def toolkit_dir(pin: str) -> str:
 
 
 def stale_toolkits(facts: Facts, pin: str) -> tuple[str, ...]:
-    """/usr/local/cuda-X.Y directories of another X.Y (cuda-13 style alternatives links are not toolkits)."""
-    stale = []
-    for path in facts.cuda.toolkits:
-        m = re.fullmatch(r"/usr/local/cuda-(\d+\.\d+)", path)
-        if m and m.group(1) != pin:
-            stale.append(path)
-    return tuple(stale)
+    """/usr/local/cuda-X.Y directories of another X.Y that nothing points at (cuda-13 style alternatives links are not toolkits).
+
+    Never the pinned toolkit, never the one /usr/local/cuda resolves to (builds may use it
+    until the link moves), and never the only toolkit on the host.
+    """
+    toolkits = [p for p in facts.cuda.toolkits if re.fullmatch(r"/usr/local/cuda-(\d+\.\d+)", p)]
+    if len(toolkits) < 2:
+        return ()
+    keep = {toolkit_dir(pin), facts.cuda.symlink_target}
+    return tuple(p for p in toolkits if p not in keep)
 
 
 def cuda_toolkit(facts: Facts, profile: Profile, host: Host) -> list[Step]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from hosttune import cpulist
+from hosttune import cores, cpulist
 from hosttune.actions.base import KernelWrite, Step
 from hosttune.actions.platform import select
+from hosttune.checks.cpu import no_idle_driver
 from hosttune.facts import Facts
 from hosttune.inventory import Host
 from hosttune.profile import Profile
@@ -19,10 +20,11 @@ PARAM_CHECKS = {
 def kernel_params(facts: Facts, profile: Profile) -> tuple[str, ...]:
     """Every kernel parameter the profile manages, in a stable order."""
     params: list[str] = []
-    if profile.cpu.max_cstate is not None:
+    if profile.cpu.max_cstate is not None and not no_idle_driver(facts):
         params += [f"intel_idle.max_cstate={profile.cpu.max_cstate}", f"processor.max_cstate={profile.cpu.max_cstate}"]
-    if profile.kernel.rcu_nocbs:
-        params.append(f"rcu_nocbs={cpulist.format(cpulist.parse(profile.kernel.rcu_nocbs))}")
+    nocbs = cores.rcu_nocbs(facts, profile.kernel.rcu_nocbs)
+    if nocbs and not cores.beyond(facts, nocbs):
+        params.append(f"rcu_nocbs={cpulist.format(nocbs)}")
     if profile.nvme.apst is False and facts.nvme:
         params.append("nvme_core.default_ps_max_latency_us=0")
     thp = facts.cmdline_param("transparent_hugepage", configured=True)

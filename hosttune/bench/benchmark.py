@@ -1,7 +1,8 @@
 """One benchmark: its configuration, and running it against one endpoint.
 
 `measure()` finds the model, makes prompts exact with the best tokenizer it can get,
-runs the load generator and returns a `RunRecord`. Nothing here prints.
+builds the workload, runs the load generator while sampling the server's /metrics, and
+returns a `RunRecord`. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ import aiohttp
 
 from hosttune.bench import prompts
 from hosttune.bench.client import CHAT, COMPLETIONS, Client, Target, discover_model
+from hosttune.bench.dataset import Dataset, Entry, dataset_questions, load_dataset
 from hosttune.bench.distributions import LengthDistribution, parse_distribution
 from hosttune.bench.loadgen import Load, LoadGenerator, Progress
 from hosttune.bench.metrics import Slo
 from hosttune.bench.record import RunRecord
+from hosttune.bench.server_metrics import MetricsSampler
+from hosttune.bench.trace import Trace
+from hosttune.bench.workload import Conversations, SharedPrefix, Synthetic, Workload, word_questions
 from hosttune.errors import BenchError
+
+DATASET_COUNTS = ("dataset text: prompt lengths estimated at 4 tokens per 3 words; the "
+                  "server's usage counts are used where it reports them")
 
 NUM_CHECKED_PROMPTS = 4
 
@@ -40,18 +48,43 @@ class BenchSpec:
     slo: Slo | None = None
     lag_limit: float = 0.005
     is_ignore_eos: bool = True
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # --header, --api-key
+    dataset: Path | None = None  # prompts from a file (dataset.py)
+    shared_prefix: tuple[int, int] | None = None  # (system prompts, users per system prompt)
+    prefix_tokens: int = 1024
+    turns: int | None = None  # multi-turn conversations of this many turns
+    trace: Trace | None = None  # lengths from a trace (its arrivals are in `load`)
+    metrics_interval: float | None = 1.0  # seconds between /metrics samples; None: none
+    priority: int | None = None  # sent with every request (lower runs first on servers that honour it)
     prompt_dist: LengthDistribution = field(init=False, repr=False, compare=False)
     output_dist: LengthDistribution = field(init=False, repr=False, compare=False)
+    entries: tuple[Entry, ...] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.api not in (COMPLETIONS, CHAT):
             raise BenchError(f"--api {self.api}: choose {COMPLETIONS} or {CHAT}")
         if self.timeout <= 0 or self.lag_limit <= 0:
             raise BenchError("--timeout and --max-client-lag must be positive")
-        object.__setattr__(self, "prompt_dist", parse_distribution(self.prompt_lengths))
-        object.__setattr__(
-            self, "output_dist", parse_distribution(self.output_lengths, jsonl_field="output_tokens")
-        )
+        if self.metrics_interval is not None and self.metrics_interval <= 0:
+            raise BenchError("--metrics-interval must be positive")
+        self._check_workload()
+        prompt_dist = parse_distribution(self.prompt_lengths)
+        output_dist = parse_distribution(self.output_lengths, jsonl_field="output_tokens")
+        if self.trace is not None:
+            prompt_dist, output_dist = self.trace.prompt_lengths, self.trace.output_lengths
+        object.__setattr__(self, "prompt_dist", prompt_dist)
+        object.__setattr__(self, "output_dist", output_dist)
+        object.__setattr__(self, "entries", load_dataset(self.dataset) if self.dataset is not None else None)
+
+    def _check_workload(self) -> None:
+        if self.shared_prefix is not None and (self.turns is not None or self.dataset is not None):
+            raise BenchError("--shared-prefix builds its own prompts: drop --turns and --dataset")
+        if self.trace is not None and (self.turns, self.dataset, self.shared_prefix) != (None,) * 3:
+            raise BenchError("--trace gives the prompt lengths: drop --dataset, --shared-prefix and --turns")
+        if self.turns is not None and self.load.mode != "users":
+            raise BenchError("--turns needs closed-loop users (--users): a turn waits for the last answer")
+        if (self.trace is None) != (self.load.mode != "trace"):
+            raise BenchError("a trace replay needs both the trace's lengths and its arrivals")
 
     def with_load(self, **changes: object) -> "BenchSpec":
         return replace(self, load=replace(self.load, **changes))
@@ -68,28 +101,55 @@ async def measure(spec: BenchSpec, url: str,
                   on_progress: Callable[[Progress], None] | None = None) -> RunRecord:
     """Run the benchmark `spec` against the endpoint at `url`."""
     url = check_url(url)
-    model = spec.model or await discover_model(url)
-    builder = await prompt_builder(spec, url)
-    target = Target(url, model, spec.api, spec.timeout, spec.is_ignore_eos)
-    async with Client(target) as client:
-        generator = LoadGenerator(client, spec.load, builder, spec.prompt_dist,
-                                  spec.output_dist, on_progress)
-        result = await generator.run()
+    model = spec.model or await discover_model(url, headers=spec.headers)
+    workload, counts = await build_workload(spec, url)
+    target = Target(url, model, spec.api, spec.timeout, spec.is_ignore_eos, headers=spec.headers,
+                    priority=spec.priority)
+    sampler = MetricsSampler(url, spec.metrics_interval, spec.headers) if spec.metrics_interval else None
+    sampling = asyncio.create_task(sampler.run()) if sampler else None
+    try:
+        async with Client(target) as client:
+            result = await LoadGenerator(client, spec.load, workload, on_progress).run()
+    finally:
+        if sampling is not None:
+            sampling.cancel()
+            await asyncio.gather(sampling, return_exceptions=True)
     load = spec.load
     return RunRecord(
         url=url, model=model, mode=load.mode, users=load.users, rate=load.rate,
         burstiness=load.burstiness if load.rate else None, clock_origin=result.clock_origin,
         warmup_end=result.warmup_end,
         window=result.window, requests=result.requests, loop_lag=result.loop_lag,
-        client_cpu=result.client_cpu, tokenizer=builder.calibration.source,
-        prompt_lengths=spec.prompt_dist.describe(), output_lengths=spec.output_dist.describe(),
+        client_cpu=result.client_cpu, tokenizer=counts, prompt_lengths=workload.describe(),
+        output_lengths=spec.output_dist.describe(), max_concurrency=load.max_concurrency,
+        server_metrics=sampler.relative_to(result.clock_origin) if sampler else (),
     )
 
 
-async def prompt_builder(spec: BenchSpec, url: str) -> prompts.PromptBuilder:
+async def build_workload(spec: BenchSpec, url: str) -> tuple[Workload, str]:
+    """The workload `spec` asks for, and how its prompt lengths were counted."""
+    entries = spec.entries
+    if entries is not None and spec.turns is None:
+        return Dataset(entries, spec.output_dist, str(spec.dataset)), DATASET_COUNTS
+    if entries is not None:
+        return Conversations(spec.turns, dataset_questions(entries), spec.output_dist), DATASET_COUNTS
+    longest = spec.prompt_dist.high + (spec.prefix_tokens if spec.shared_prefix else 0)
+    builder = await prompt_builder(spec, url, longest)
+    questions = word_questions(builder, spec.prompt_dist)
+    counts = builder.calibration.source
+    if spec.shared_prefix is not None:
+        return SharedPrefix(builder, *spec.shared_prefix, spec.prefix_tokens, questions,
+                            spec.output_dist), counts
+    if spec.turns is not None:
+        return Conversations(spec.turns, questions, spec.output_dist,
+                             builder.calibration.num_specials), counts
+    return Synthetic(questions, spec.output_dist, spec.prompt_dist.describe()), counts
+
+
+async def prompt_builder(spec: BenchSpec, url: str, longest: int) -> prompts.PromptBuilder:
     """Calibrate words against the best tokenizer available, then check a few prompts."""
     timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with aiohttp.ClientSession(timeout=timeout, headers=spec.headers) as session:
         if spec.tokenizer is not None:
             count = prompts.local_counter(spec.tokenizer)
             source = f"local tokenizer {spec.tokenizer}"
@@ -98,9 +158,9 @@ async def prompt_builder(spec: BenchSpec, url: str) -> prompts.PromptBuilder:
             source = f"{url}/tokenize" + (" (chat template applied)" if spec.api == CHAT else "")
         else:
             calibration = prompts.approximate_calibration()
-            return prompts.PromptBuilder(calibration, spec.prompt_dist.high, spec.load.seed)
+            return prompts.PromptBuilder(calibration, longest, spec.load.seed)
         calibration = await prompts.calibrate(count, source)
-        builder = prompts.PromptBuilder(calibration, spec.prompt_dist.high, spec.load.seed)
+        builder = prompts.PromptBuilder(calibration, longest, spec.load.seed)
         rng = random.Random(spec.load.seed)
         lengths = [spec.prompt_dist.sample(rng, i) for i in range(NUM_CHECKED_PROMPTS)]
         await prompts.check(builder, count, lengths + [spec.prompt_dist.high])

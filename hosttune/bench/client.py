@@ -11,13 +11,14 @@ import asyncio
 import json
 import time
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import aiohttp
 
 from hosttune.bench.connection import ConnectionPool, HttpError, Response
 from hosttune.bench.record import FAILED, OK, REJECTED
+from hosttune.bench.workload import Messages
 from hosttune.errors import BenchError
 
 COMPLETIONS = "completions"
@@ -33,6 +34,8 @@ class Target:
     api: str = COMPLETIONS  # COMPLETIONS or CHAT
     timeout: float = 600.0  # seconds for a whole request
     is_ignore_eos: bool = True  # ask for exactly max_tokens (vLLM/SGLang extension)
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold an API key
+    priority: int | None = None  # request priority, lower first (vLLM/hosttune extension)
 
     @property
     def endpoint(self) -> str:
@@ -52,6 +55,8 @@ class StreamResult:
     error: str
     output_tokens: int
     reported_prompt_tokens: int | None
+    cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache
+    text: str = ""  # the output text, when asked to keep it
 
 
 class Client:
@@ -61,7 +66,7 @@ class Client:
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.pool = ConnectionPool(target.url)
+        self.pool = ConnectionPool(target.url, target.headers)
         self.path = urlparse(target.endpoint).path
 
     async def __aenter__(self) -> "Client":
@@ -70,7 +75,11 @@ class Client:
     async def __aexit__(self, *exc_info: object) -> None:
         self.pool.close()
 
-    def payload(self, prompt: str, max_tokens: int) -> dict:
+    def payload(self, messages: Messages | str, max_tokens: int) -> dict:
+        """The request body; a plain string is one user message. The completions API
+        gets the messages' texts joined by spaces."""
+        if isinstance(messages, str):
+            messages = (("user", messages),)
         body: dict = {
             "model": self.target.model,
             "max_tokens": max_tokens,
@@ -80,15 +89,19 @@ class Client:
         }
         if self.target.is_ignore_eos:
             body["ignore_eos"] = True
+        if self.target.priority is not None:
+            body["priority"] = self.target.priority
         if self.target.api == CHAT:
-            body["messages"] = [{"role": "user", "content": prompt}]
+            body["messages"] = [{"role": role, "content": text} for role, text in messages]
         else:
-            body["prompt"] = prompt
+            body["prompt"] = " ".join(text for _, text in messages)
         return body
 
-    async def stream(self, prompt: str, max_tokens: int) -> StreamResult:
-        """Send one streaming request; every output event is timed on arrival."""
-        body = json.dumps(self.payload(prompt, max_tokens)).encode()
+    async def stream(self, messages: Messages | str, max_tokens: int,
+                     is_keep_text: bool = False) -> StreamResult:
+        """Send one streaming request; every output event is timed on arrival. With
+        `is_keep_text` the result holds the output text too."""
+        body = json.dumps(self.payload(messages, max_tokens)).encode()
         request = self.pool.request_bytes(self.path, body)
         sent = time.perf_counter()
         deadline = sent + self.target.timeout
@@ -100,7 +113,8 @@ class Client:
             except asyncio.TimeoutError:
                 return _failure(sent, 0, f"timeout: no connection in {self.target.timeout:g}s")
             try:
-                response = await asyncio.wait_for(connection.send(request), deadline - time.perf_counter())
+                response = await asyncio.wait_for(connection.send(request, is_keep_text),
+                                                  deadline - time.perf_counter())
             except asyncio.TimeoutError:
                 connection.close()
                 return _failure(sent, 0, f"timeout: no complete response in {self.target.timeout:g}s")
@@ -133,15 +147,20 @@ def _result(sent: float, response: Response) -> StreamResult:
         outcome=FAILED if events.error else OK, status=200, error=events.error,
         output_tokens=events.usage.get("completion_tokens", len(events.chunks)),
         reported_prompt_tokens=events.usage.get("prompt_tokens"),
+        cached_tokens=(events.usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+        text=events.text,
     )
 
 
-async def discover_model(url: str, timeout: float = 10.0) -> str:
+async def discover_model(url: str, timeout: float = 10.0, headers: tuple[tuple[str, str], ...] = ()) -> str:
     """The first model the endpoint lists at /v1/models."""
     endpoint = url.rstrip("/") + "/v1/models"
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), headers=headers) as session:
             async with session.get(endpoint) as resp:
+                if resp.status == 401:
+                    raise BenchError(f"{endpoint} answered 401: pass the endpoint's key with --api-key "
+                                     f"(or $OPENAI_API_KEY)")
                 body = await resp.json(content_type=None) if resp.status == 200 else {}
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
         raise BenchError(f"cannot reach {endpoint}: {exc or type(exc).__name__}; is the server up?") from None

@@ -55,8 +55,9 @@ class Response:
 class ResponseParser:
     """Incremental HTTP/1.1 response parser (head, then chunked/length/close body)."""
 
-    def __init__(self) -> None:
+    def __init__(self, is_keep_text: bool = False) -> None:
         self.response = Response()
+        self.is_keep_text = is_keep_text
         self.buffer = b""
         self.state = HEAD
         self.remaining = 0  # bytes left in the current chunk or body
@@ -124,7 +125,7 @@ class ResponseParser:
             name, _, value = line.partition(":")
             response.headers[name.strip().lower()] = value.strip()
         if response.status == 200:
-            response.events = EventStream()
+            response.events = EventStream(self.is_keep_text)
         connection = response.headers.get("connection", "").lower()
         response.is_keep_alive = parts[0] == "HTTP/1.1" and connection != "close"
         if response.status in (204, 304) or 100 <= response.status < 200:
@@ -194,10 +195,11 @@ class Connection(asyncio.BufferedProtocol):
             return
         self._finish()
 
-    def send(self, request: bytes) -> asyncio.Future:
-        """Write a request; the future resolves to its complete Response."""
+    def send(self, request: bytes, is_keep_text: bool = False) -> asyncio.Future:
+        """Write a request; the future resolves to its complete Response (with the
+        stream's text when `is_keep_text`)."""
         assert self.transport is not None and self.waiter is None
-        self.parser = ResponseParser()
+        self.parser = ResponseParser(is_keep_text)
         self.waiter = asyncio.get_running_loop().create_future()
         self.num_requests += 1
         self.is_answered = False
@@ -229,8 +231,9 @@ class Connection(asyncio.BufferedProtocol):
 class ConnectionPool:
     """Keep-alive connections to one origin, opened on demand, with no upper limit."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
         parsed = urlparse(url)
+        self.extra_head = "".join(f"{name}: {value}\r\n" for name, value in headers)
         self.host = parsed.hostname or "127.0.0.1"
         self.is_tls = parsed.scheme == "https"
         self.port = parsed.port or (443 if self.is_tls else 80)
@@ -241,7 +244,7 @@ class ConnectionPool:
     def request_bytes(self, path: str, body: bytes) -> bytes:
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
-            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{self.extra_head}"
             f"Content-Length: {len(body)}\r\n\r\n"
         )
         return head.encode("latin-1") + body

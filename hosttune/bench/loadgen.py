@@ -1,11 +1,20 @@
-"""The load generator: closed-loop users or an open-loop arrival process, bounded by
-time or request count, with a warm-up period and a measurement of its own lag.
+"""The load generator: closed-loop users, an open-loop arrival process or a replayed
+trace, bounded by time or request count, with a warm-up period and a measurement of its
+own lag.
 
 - Closed loop (`users=N`): N users each send a request, wait for the whole response,
   and send the next one at once.
 - Open loop (`rate=R`): requests arrive at R per second whatever the server does;
   inter-arrival gaps are gamma-distributed with shape `burstiness` (1 is a Poisson
   process; below 1 burstier, above 1 more regular), mean 1/R.
+- Trace (`arrivals=[...]`): requests arrive at the trace's times; the run ends after the
+  last one unless a duration or request count ends it first.
+- `max_concurrency` caps the requests in flight of an open loop or a trace: an arrival
+  past the cap waits for a request to end, and is then sent at once (its `scheduled`
+  time is that moment, so the wait shows in neither latency nor send lag); arrivals
+  that come due after the run's end are not sent.
+
+What each request says comes from a `Workload` (workload.py).
 
 The run sends requests for `warmup` seconds (not measured), then for `duration`
 seconds or until `num_requests` measured requests have been sent, then waits up to
@@ -23,12 +32,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hosttune.bench.client import Client, StreamResult
-from hosttune.bench.distributions import LengthDistribution
-from hosttune.bench.prompts import PromptBuilder
-from hosttune.bench.record import CANCELLED, LagSample, RequestRecord
+from hosttune.bench.record import CANCELLED, OK, LagSample, RequestRecord
+from hosttune.bench.workload import Prompt, Workload
 from hosttune.errors import BenchError
 
 LAG_INTERVAL = 0.005  # seconds between two loop-lag samples
+MAX_IN_FLIGHT = 4096  # open loop without a cap: past this, arrivals wait (and show as send lag)
 
 
 @dataclass(frozen=True)
@@ -42,26 +51,31 @@ class Load:
     num_requests: int | None = None  # measured requests, after the warm-up
     warmup: float = 0.0
     drain_timeout: float = 60.0
-    max_in_flight: int = 4096  # open loop: past this, arrivals wait (and show as send lag)
+    max_concurrency: int | None = None  # open loop or trace: requests in flight at most
+    arrivals: tuple[float, ...] | None = None  # a trace's arrival times, seconds from the start
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if (self.users is None) == (self.rate is None):
-            raise BenchError("give either --users N (closed loop) or --rate R (open loop)")
+        if sum(x is not None for x in (self.users, self.rate, self.arrivals)) != 1:
+            raise BenchError("give either --users N (closed loop), --rate R (open loop) or --trace FILE")
+        if self.max_concurrency is not None and (self.users is not None or self.max_concurrency < 1):
+            raise BenchError("--max-concurrency caps an open loop (--rate or --trace) and must be positive")
         if self.users is not None and self.users < 1:
             raise BenchError(f"--users {self.users}: need at least one user")
         if self.rate is not None and self.rate <= 0:
             raise BenchError(f"--rate {self.rate:g}: the rate must be positive")
         if self.burstiness <= 0:
             raise BenchError(f"--burstiness {self.burstiness:g}: must be positive")
-        if (self.duration is None) == (self.num_requests is None):
+        if self.duration is not None and self.num_requests is not None:
+            raise BenchError("give either --duration or --requests, not both")
+        if self.arrivals is None and self.duration is None and self.num_requests is None:
             raise BenchError("give either --duration or --requests, to bound the run")
         if (self.duration or 1) <= 0 or (self.num_requests or 1) < 1 or self.warmup < 0:
             raise BenchError("--duration, --requests and --warmup must be positive")
 
     @property
     def mode(self) -> str:
-        return "users" if self.users is not None else "rate"
+        return "users" if self.users is not None else "rate" if self.rate is not None else "trace"
 
 
 @dataclass(frozen=True)
@@ -88,14 +102,11 @@ class LoadResult:
 class LoadGenerator:
     """Runs one load pattern through one client; see the module docstring."""
 
-    def __init__(self, client: Client, load: Load, prompts: PromptBuilder,
-                 prompt_lengths: LengthDistribution, output_lengths: LengthDistribution,
+    def __init__(self, client: Client, load: Load, workload: Workload,
                  on_progress: Callable[[Progress], None] | None = None) -> None:
         self.client = client
         self.load = load
-        self.prompts = prompts
-        self.prompt_lengths = prompt_lengths
-        self.output_lengths = output_lengths
+        self.workload = workload
         self.on_progress = on_progress
         # Separate streams, so request i gets the same lengths whatever the timing.
         self.rng = random.Random(load.seed)
@@ -108,6 +119,7 @@ class LoadGenerator:
         self.t0 = 0.0
         self.is_stopping = False
         self.all_sent = asyncio.Event()
+        self.slot_freed = asyncio.Event()
         self.crashes: list[BaseException] = []  # a bug, not a failed request: re-raised
 
     async def run(self) -> LoadResult:
@@ -148,13 +160,15 @@ class LoadGenerator:
             return True
         if self.load.duration is not None:
             return now < self.load.warmup + self.load.duration
+        if self.load.num_requests is None:
+            return True  # a trace, replayed to its end
         return self.num_measured_sent < self.load.num_requests
 
     # Phase: offering load.
 
     async def _closed_loop(self) -> None:
-        for _ in range(self.load.users):
-            self._spawn(self._user())
+        for user in range(self.load.users):
+            self._spawn(self._user(user))
         if self.load.duration is not None:
             await asyncio.sleep(self.load.warmup + self.load.duration - self._now())
             return
@@ -163,20 +177,35 @@ class LoadGenerator:
         await asyncio.wait({all_sent, *self.tasks}, return_when=asyncio.FIRST_COMPLETED)
         all_sent.cancel()
 
-    async def _user(self) -> None:
+    async def _user(self, user: int) -> None:
         while self._may_send(self._now()):
-            await self._send(self._now())
+            await self._send(self._now(), user)
 
     async def _open_loop(self) -> None:
-        rate, shape = self.load.rate, self.load.burstiness
-        arrival = 0.0
-        while self._may_send(arrival):
+        cap = self.load.max_concurrency or MAX_IN_FLIGHT
+        for arrival in self._arrivals():
+            if not self._may_send(arrival):
+                return
             delay = arrival - self._now()
             if delay > 0:
                 await asyncio.sleep(delay)
-            while len(self.tasks) >= self.load.max_in_flight:
-                await asyncio.sleep(LAG_INTERVAL)
-            self._spawn(self._send(arrival))
+            while len(self.tasks) >= cap:
+                self.slot_freed.clear()
+                await self.slot_freed.wait()
+            if self.load.max_concurrency:  # late because of the cap: due now, if still in time
+                arrival = max(arrival, self._now())
+                if not self._may_send(arrival):
+                    return
+            self._spawn(self._send(arrival, None))
+
+    def _arrivals(self):
+        if self.load.arrivals is not None:
+            yield from self.load.arrivals
+            return
+        rate, shape = self.load.rate, self.load.burstiness
+        arrival = 0.0
+        while True:
+            yield arrival
             arrival += self.arrival_rng.gammavariate(shape, 1.0 / (rate * shape))
 
     def _spawn(self, coroutine) -> None:
@@ -186,38 +215,40 @@ class LoadGenerator:
 
     def _done(self, task: asyncio.Task) -> None:
         self.tasks.discard(task)
+        self.slot_freed.set()
         if not task.cancelled() and task.exception() is not None:
             self.crashes.append(task.exception())
 
-    async def _send(self, scheduled: float) -> None:
+    async def _send(self, scheduled: float, user: int | None) -> None:
         index = self.num_sent
         is_warmup = scheduled < self.load.warmup
         self.num_sent += 1
         self.num_measured_sent += not is_warmup
         if self.load.num_requests is not None and self.num_measured_sent >= self.load.num_requests:
             self.all_sent.set()
-        prompt_tokens = self.prompt_lengths.sample(self.rng, index)
-        max_tokens = self.output_lengths.sample(self.rng, index)
-        prompt = self.prompts.build(prompt_tokens)
+        prompt = self.workload.next(self.rng, index, user)
         sent = self._now()
         try:
-            result = await self.client.stream(prompt, max_tokens)
+            result = await self.client.stream(prompt.messages, prompt.max_tokens,
+                                              self.workload.is_keep_text)
         except asyncio.CancelledError:
-            self.records.append(_cancelled(index, scheduled, sent, self._now(), prompt_tokens,
-                                           max_tokens, is_warmup))
+            self.records.append(_cancelled(index, scheduled, sent, self._now(), prompt, is_warmup))
             raise
-        self.records.append(self._record(result, index, scheduled, prompt_tokens, max_tokens,
-                                         is_warmup))
+        if result.outcome == OK:
+            self.workload.answered(user, prompt, result.text, result.output_tokens)
+        self.records.append(self._record(result, index, scheduled, prompt, is_warmup))
 
-    def _record(self, result: StreamResult, index: int, scheduled: float, prompt_tokens: int,
-                max_tokens: int, is_warmup: bool) -> RequestRecord:
+    def _record(self, result: StreamResult, index: int, scheduled: float, prompt: Prompt,
+                is_warmup: bool) -> RequestRecord:
         t0 = self.t0
         return RequestRecord(
             index=index, scheduled=scheduled, sent=result.sent - t0, end=result.end - t0,
             chunks=array("d", (t - t0 for t in result.chunks)), outcome=result.outcome,
-            status=result.status, error=result.error, prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens, output_tokens=result.output_tokens,
+            status=result.status, error=result.error, prompt_tokens=prompt.num_tokens,
+            max_tokens=prompt.max_tokens, output_tokens=result.output_tokens,
             reported_prompt_tokens=result.reported_prompt_tokens, is_warmup=is_warmup,
+            cached_tokens=result.cached_tokens, conversation=prompt.conversation,
+            turn=prompt.turn, group=prompt.group,
         )
 
     # Phase: letting the last requests finish.
@@ -247,17 +278,18 @@ class LoadGenerator:
 
     def progress(self) -> Progress:
         done = self.records
-        num_ok = sum(r.outcome == "ok" for r in done)
+        num_ok = sum(r.outcome == OK for r in done)
         now = self._now()
         return Progress(now, self.num_sent, len(done), num_ok, len(done) - num_ok,
                         self.num_sent - len(done), now < self.load.warmup)
 
 
-def _cancelled(index: int, scheduled: float, sent: float, end: float, prompt_tokens: int,
-               max_tokens: int, is_warmup: bool) -> RequestRecord:
+def _cancelled(index: int, scheduled: float, sent: float, end: float, prompt: Prompt,
+               is_warmup: bool) -> RequestRecord:
     return RequestRecord(
         index=index, scheduled=scheduled, sent=sent, end=end, chunks=array("d"),
         outcome=CANCELLED, status=0, error="cancelled: still running when the run stopped",
-        prompt_tokens=prompt_tokens, max_tokens=max_tokens, output_tokens=0,
-        reported_prompt_tokens=None, is_warmup=is_warmup,
+        prompt_tokens=prompt.num_tokens, max_tokens=prompt.max_tokens, output_tokens=0,
+        reported_prompt_tokens=None, is_warmup=is_warmup, conversation=prompt.conversation,
+        turn=prompt.turn, group=prompt.group,
     )

@@ -1,15 +1,18 @@
-"""PNG plots of bench results: latency CDFs per endpoint, and latency against rate."""
+"""PNG plots of bench results: latency CDFs per endpoint, latency against rate, and a
+timeline of latencies beside the server's own gauges (from its /metrics)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hosttune.bench.metrics import Summary, inter_chunk_gaps, tpot
+from hosttune.bench.metrics import Summary, inter_chunk_gaps, percentile, tpot
 from hosttune.bench.record import OK, RunRecord
 from hosttune.bench.sweep import SweepResult
 
 CDF_FILE = "latency_cdf.png"
 SWEEP_FILE = "latency_vs_rate.png"
+TIMELINE_FILE = "timeline.png"
+BIN = 1.0  # seconds per point of the ITL P99 line
 
 
 def _pyplot():
@@ -52,11 +55,9 @@ def latency_cdfs(runs: list[tuple[RunRecord, Summary]], path: Path) -> None:
         axis.grid(True, alpha=0.3)
         for q in (0.5, 0.95, 0.99):
             axis.axhline(q, color="grey", linewidth=0.5, linestyle=":")
-        axis.legend(fontsize=7, loc="lower right")
-    figure.suptitle("hosttune bench: latency distributions (measured requests)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=7, loc="lower right")
+    _save(plt, figure, path, "hosttune bench: latency distributions (measured requests)")
 
 
 def latency_vs_rate(sweeps: list[SweepResult], path: Path) -> None:
@@ -87,6 +88,65 @@ def latency_vs_rate(sweeps: list[SweepResult], path: Path) -> None:
         axis.set_yscale("log")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=7)
+    _save(plt, figure, path)
+
+
+def timeline(runs: list[tuple[RunRecord, Summary]], path: Path) -> None:
+    """Over the run's time, one colour per endpoint: TTFT of each request (dots, at its
+    send time) and ITL P99 per second (line) on the left; the server's waiting and
+    running requests, KV-cache use and preemptions on the right."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(2, 2, figsize=(13, 7.5), sharex=True)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, (run, _) in enumerate(runs):
+        colour = colours[index % len(colours)]
+        _latency_panels(axes[0][0], axes[1][0], run, colour)
+        _server_panels(axes[0][1], axes[1][1], run, colour)
+    titles = (("TTFT per request (ms)", "ITL P99 per second (ms)"),
+              ("server: waiting (dashed) and running requests", "server: KV cache use (%), preemptions (dotted, right)"))
+    for column, (top, bottom) in enumerate(titles):
+        axes[0][column].set_title(top)
+        axes[1][column].set_title(bottom)
+        axes[1][column].set_xlabel("seconds since the run's start")
+    for axis in axes.flat:
+        axis.grid(True, alpha=0.3)
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=7, loc="upper left")
+    _save(plt, figure, path, "hosttune bench: latencies and the server's state over time")
+
+
+def _latency_panels(ttft_axis, itl_axis, run: RunRecord, colour: str) -> None:
+    ok = [r for r in run.requests if r.outcome == OK and r.ttft is not None]
+    ttft_axis.plot([r.sent for r in ok], [r.ttft * 1e3 for r in ok], ".", color=colour,
+                   markersize=3, label=run.url)
+    bins: dict[int, list[float]] = {}
+    for r in ok:
+        for i in range(len(r.chunks) - 1):
+            bins.setdefault(int(r.chunks[i + 1] // BIN), []).append(r.chunks[i + 1] - r.chunks[i])
+    keys = sorted(bins)
+    itl_axis.plot([(k + 0.5) * BIN for k in keys], [percentile(bins[k], 99) * 1e3 for k in keys],
+                  "-", color=colour, label=run.url)
+
+
+def _server_panels(queue_axis, kv_axis, run: RunRecord, colour: str) -> None:
+    samples = run.server_metrics
+    times = [s.at for s in samples]
+    for key, style in (("waiting", "--"), ("running", "-")):
+        queue_axis.plot(times, [_nan(getattr(s, key)) for s in samples], style, color=colour,
+                        label=f"{run.url} {key}")
+    kv_axis.plot(times, [_nan(s.kv_usage) * 100 for s in samples], "-", color=colour, label=run.url)
+    first = next((s.preemptions for s in samples if s.preemptions is not None), 0.0)
+    preemptions = kv_axis.twinx()
+    preemptions.plot(times, [_nan(s.preemptions) - first for s in samples], ":", color=colour)
+
+
+def _nan(value: float | None) -> float:
+    return float("nan") if value is None else value
+
+
+def _save(plt, figure, path: Path, title: str | None = None) -> None:
+    if title:
+        figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -103,7 +163,8 @@ def write_plots(runs: list[tuple[RunRecord, Summary]], sweeps: list[SweepResult]
     names = []
     if runs:
         latency_cdfs(runs, folder / CDF_FILE)
-        names.append(CDF_FILE)
+        timeline(runs, folder / TIMELINE_FILE)
+        names += [CDF_FILE, TIMELINE_FILE]
     if sweeps:
         latency_vs_rate(sweeps, folder / SWEEP_FILE)
         names.append(SWEEP_FILE)

@@ -32,6 +32,10 @@ class RequestRecord:
     output_tokens: int  # usage.completion_tokens when reported, else the chunk count
     reported_prompt_tokens: int | None  # usage.prompt_tokens when reported
     is_warmup: bool  # sent during the warm-up period: kept, but not in the statistics
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens when reported
+    conversation: int | None = None  # the conversation a turn belongs to (--turns)
+    turn: int | None = None  # 1 for a conversation's first request
+    group: int | None = None  # the shared system prompt it starts with (--shared-prefix)
 
     @property
     def ttft(self) -> float | None:
@@ -51,6 +55,18 @@ class LagSample:
 
 
 @dataclass(frozen=True)
+class ServerSample:
+    """The server's own gauges at time `at` (vLLM metric names; see server_metrics.py);
+    None where the server does not export one."""
+
+    at: float
+    waiting: float | None
+    running: float | None
+    kv_usage: float | None  # fraction of the KV cache in use, 0..1
+    preemptions: float | None  # cumulative count
+
+
+@dataclass(frozen=True)
 class RunRecord:
     """Everything one run against one endpoint recorded."""
 
@@ -67,5 +83,7 @@ class RunRecord:
     loop_lag: tuple[LagSample, ...]
     client_cpu: float  # client process CPU seconds over the run, divided by wall seconds
     tokenizer: str  # how prompt lengths were made exact (or that they are approximate)
-    prompt_lengths: str  # description of the prompt length distribution
+    prompt_lengths: str  # description of the prompt length distribution (or the workload)
     output_lengths: str
+    max_concurrency: int | None = None
+    server_metrics: tuple[ServerSample, ...] = ()  # /metrics sampled through the run

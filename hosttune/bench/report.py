@@ -56,10 +56,11 @@ def to_json(outcome: Outcome) -> dict:
 
 def _run_json(run: RunRecord, summary: Summary) -> dict:
     fields = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)
-              if f.name not in ("requests", "loop_lag")}
+              if f.name not in ("requests", "loop_lag", "server_metrics")}
     return {
         **fields,
         "summary": _plain(summary),
+        "server_metrics": [_plain(s) for s in run.server_metrics],
         "loop_lag": [[round(s.at, 6), round(s.lag, 7)] for s in run.loop_lag],
         "requests": [_request_json(r) for r in run.requests],
     }
@@ -71,6 +72,8 @@ def _request_json(r: RequestRecord) -> dict:
         "end": round(r.end, 6), "outcome": r.outcome, "status": r.status, "error": r.error,
         "prompt_tokens": r.prompt_tokens, "reported_prompt_tokens": r.reported_prompt_tokens,
         "max_tokens": r.max_tokens, "output_tokens": r.output_tokens, "is_warmup": r.is_warmup,
+        "cached_tokens": r.cached_tokens, "conversation": r.conversation, "turn": r.turn,
+        "group": r.group,
         "ttft": None if r.ttft is None else round(r.ttft, 6), "e2e": round(r.e2e, 6),
         "chunks": [round(t, 6) for t in r.chunks],
     }
@@ -111,9 +114,7 @@ def markdown(outcome: Outcome, plots: list[str]) -> str:
 
 def _setup(runs: list[RunRecord], is_sweep: bool = False) -> list[str]:
     run = runs[0]
-    load = f"{run.users} closed-loop users" if run.mode == "users" else (
-        f"open loop, burstiness {run.burstiness:g}, " + ("rate swept" if is_sweep else f"{run.rate:g} requests/s"))
-    lines = ["## Setup", "", f"- Load: {load}; warm-up {run.warmup_end:g} s, excluded.",
+    lines = ["## Setup", "", f"- Load: {_load_text(run, is_sweep)}; warm-up {run.warmup_end:g} s, excluded.",
              f"- Prompt lengths: {run.prompt_lengths}.", f"- Output lengths: {run.output_lengths}."]
     lines += [f"- Prompt token counts for {r.url} ({r.model}): {r.tokenizer}." for r in runs]
     lines.append("")
@@ -122,6 +123,32 @@ def _setup(runs: list[RunRecord], is_sweep: bool = False) -> list[str]:
             lines += [f"> **Prompt lengths for {r.url} are approximate**: it has no `/tokenize` "
                       f"and no `--tokenizer` was given. {_length_error(r)}", ""]
     return lines
+
+
+def _load_text(run: RunRecord, is_sweep: bool) -> str:
+    if run.mode == "users":
+        return f"{run.users} closed-loop users"
+    cap = f", at most {run.max_concurrency} in flight" if run.max_concurrency else ""
+    if run.mode == "trace":
+        return f"trace replay ({len(run.requests)} requests){cap}"
+    rate = "rate swept" if is_sweep else f"{run.rate:g} requests/s"
+    return f"open loop, burstiness {run.burstiness:g}, {rate}{cap}"
+
+
+def server_rows(runs: list[RunRecord]) -> list[tuple[str, list[str]]]:
+    """The server's own gauges over each run's window (from its /metrics)."""
+    def window(run: RunRecord) -> list:
+        return [s for s in run.server_metrics if run.window[0] <= s.at <= run.window[1]] or list(run.server_metrics)
+
+    def stat(run: RunRecord, key: str, how) -> str:
+        values = [getattr(s, key) for s in window(run) if getattr(s, key) is not None]
+        return "-" if not values else how(values)
+    return [
+        ("server: waiting mean / max", [stat(r, "waiting", lambda v: f"{sum(v) / len(v):.1f} / {max(v):g}") for r in runs]),
+        ("server: running mean / max", [stat(r, "running", lambda v: f"{sum(v) / len(v):.1f} / {max(v):g}") for r in runs]),
+        ("server: KV cache use max", [stat(r, "kv_usage", lambda v: f"{max(v):.0%}") for r in runs]),
+        ("server: preemptions", [stat(r, "preemptions", lambda v: f"{v[-1] - v[0]:g}") for r in runs]),
+    ]
 
 
 def _length_error(run: RunRecord) -> str:
@@ -136,7 +163,8 @@ def _length_error(run: RunRecord) -> str:
 def _results(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:
     head = "| | " + " | ".join(f"{run.url} ({run.model})" for run, _ in runs) + " |"
     rows = [head, "|---|" + "---|" * len(runs)]
-    for label, values in summary_rows([s for _, s in runs]):
+    server = server_rows([run for run, _ in runs]) if any(run.server_metrics for run, _ in runs) else []
+    for label, values in summary_rows([s for _, s in runs]) + server:
         rows.append(f"| {label} | " + " | ".join(values) + " |")
     return ["## Results", ""] + rows + [""] + _warnings(runs)
 

@@ -40,6 +40,13 @@ def json_response(status: int, payload: dict, extra: str = "") -> bytes:
     return head.encode() + body
 
 
+def text_response(text: str) -> bytes:
+    body = text.encode()
+    head = (f"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
 STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
 
@@ -61,9 +68,10 @@ def chat_chunk(delta: dict) -> dict:
             "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
 
 
-def usage(prompt_tokens: int, num_tokens: int) -> dict:
+def usage(prompt_tokens: int, num_tokens: int, cached_tokens: int = 0) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": num_tokens,
-            "total_tokens": prompt_tokens + num_tokens}
+            "total_tokens": prompt_tokens + num_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 TEXT_EVENT = event(text_chunk(TOKEN_TEXT))
@@ -87,6 +95,7 @@ class Stream:
         self.handle: asyncio.TimerHandle | None = None
         self.is_closed = False
         self.is_queued = False
+        self.cached_tokens = 0
 
     def start(self) -> None:
         """The request got a slot: schedule its tokens from now."""
@@ -119,7 +128,7 @@ class Stream:
     def _usage_event(self) -> dict:
         chunk = chat_chunk({}) if self.is_chat else text_chunk("")
         chunk["choices"] = []
-        chunk["usage"] = usage(self.prompt_tokens, self.num_tokens)
+        chunk["usage"] = usage(self.prompt_tokens, self.num_tokens, self.cached_tokens)
         return chunk
 
     def _end(self) -> None:

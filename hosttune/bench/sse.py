@@ -4,7 +4,8 @@
 body, so it must be cheap: an event that carries a token is recognised by a regular
 expression over its bytes (a non-empty "text", "content" or "reasoning_content"
 string) instead of a JSON parse. Events that could mean anything else — an "error"
-or "usage" key, or no output at all — are parsed as JSON in full.
+or "usage" key, or no output at all — are parsed as JSON in full. A stream that keeps
+its text (a conversation needs the answer for its next turn) parses every event.
 """
 
 from __future__ import annotations
@@ -27,17 +28,19 @@ class StreamEvents:
     end: float  # arrival time of [DONE] or of the error event, else the stream's end
     usage: dict  # the usage event's numbers ({} when none came)
     error: str  # "" unless the stream carried an error or was cut short
+    text: str = ""  # the output text, when the stream was asked to keep it
 
 
 class EventStream:
     """Incremental parser: feed it body pieces with their arrival times."""
 
-    def __init__(self) -> None:
+    def __init__(self, is_keep_text: bool = False) -> None:
         self.partial = b""
         self.chunks = array("d")
         self.usage: dict = {}
         self.error = ""
         self.end_at: float | None = None  # set by [DONE] or an error event
+        self.texts: list[str] | None = [] if is_keep_text else None
 
     def feed(self, data: bytes, now: float) -> None:
         if self.end_at is not None:
@@ -50,7 +53,11 @@ class EventStream:
                     return
 
     def _event(self, payload: bytes, now: float) -> None:
-        if b'"error"' not in payload and b'"usage"' not in payload and _HAS_OUTPUT.search(payload):
+        if self.texts is not None and payload != b"[DONE]":
+            self.error = _read_event(payload, now, self.chunks, self.usage, self.texts)
+            if self.error:
+                self.end_at = now
+        elif b'"error"' not in payload and b'"usage"' not in payload and _HAS_OUTPUT.search(payload):
             self.chunks.append(now)  # the common case: one more token
         elif payload == b"[DONE]":
             self.end_at = now
@@ -61,10 +68,11 @@ class EventStream:
 
     def result(self, end: float) -> StreamEvents:
         """The events so far; a stream that ended without [DONE] was cut short."""
+        text = "".join(self.texts or ())
         if self.end_at is None:
             return StreamEvents(self.chunks, end, self.usage,
-                                self.error or "stream-cut: the stream ended without [DONE]")
-        return StreamEvents(self.chunks, self.end_at, self.usage, self.error)
+                                self.error or "stream-cut: the stream ended without [DONE]", text)
+        return StreamEvents(self.chunks, self.end_at, self.usage, self.error, text)
 
 
 def parse_stream(segments: Iterable[tuple[float, bytes]], end: float) -> StreamEvents:
@@ -76,7 +84,8 @@ def parse_stream(segments: Iterable[tuple[float, bytes]], end: float) -> StreamE
     return stream.result(end)
 
 
-def _read_event(payload: bytes, now: float, chunks: array, usage: dict) -> str:
+def _read_event(payload: bytes, now: float, chunks: array, usage: dict,
+                texts: list[str] | None = None) -> str:
     try:
         event = json.loads(payload)
     except ValueError:
@@ -89,16 +98,19 @@ def _read_event(payload: bytes, now: float, chunks: array, usage: dict) -> str:
         return f"stream-error: {_error_message(event)}"
     if event.get("usage"):
         usage.update(event["usage"])
-    if any(_has_output(choice) for choice in event.get("choices") or ()):
+    outputs = [text for choice in event.get("choices") or () if (text := _output(choice))]
+    if outputs:
         chunks.append(now)
+        if texts is not None:
+            texts += outputs
     return ""
 
 
-def _has_output(choice: dict) -> bool:
+def _output(choice: dict) -> str:
     if choice.get("text"):
-        return True
+        return choice["text"]
     delta = choice.get("delta") or {}
-    return bool(delta.get("content") or delta.get("reasoning_content"))
+    return delta.get("content") or delta.get("reasoning_content") or ""
 
 
 def _error_message(error: object) -> str:

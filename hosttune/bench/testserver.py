@@ -1,8 +1,8 @@
 """A scripted OpenAI-compatible server whose timings are known exactly.
 
 It answers `POST /v1/completions` and `/v1/chat/completions` (streaming or not),
-`GET /v1/models`, `POST /tokenize` and `GET /health`, and generates no text: every output
-token is the word " tok". What it does is fixed by a `Script`:
+`GET /v1/models`, `POST /tokenize`, `GET /metrics` and `GET /health`, and generates no
+text: every output token is the word " tok". What it does is fixed by a `Script`:
 
 - A request holds one of `capacity` slots while it is served; requests past that wait
   in a FIFO queue of at most `max_queue` (then get 429 with Retry-After). So with fixed
@@ -16,6 +16,9 @@ token is the word " tok". What it does is fixed by a `Script`:
 - With `step`, every deadline is rounded up to a multiple of `step` on the monotonic
   clock: all streams get their tokens at the same instants, as from a batched decode
   step (the hardest pattern for a client: hundreds of chunks at once).
+- Prompts go through a prefix cache (scripted_cache.py); the usage event reports the
+  cached tokens as `prompt_tokens_details.cached_tokens`. Timings do not depend on it.
+- `/metrics` gives vLLM's queue, batch and KV-cache gauges for the slots.
 - Every `error_every`-th request (1-based) sends an error event inside its 200 stream
   after `error_after` tokens; every `fail_status_every`-th gets HTTP 500.
 
@@ -40,7 +43,8 @@ import socket
 from collections import deque
 from dataclasses import dataclass
 
-from hosttune.bench.scripted_stream import Stream, json_response, parse_request
+from hosttune.bench.scripted_cache import PrefixCache, render_metrics
+from hosttune.bench.scripted_stream import Stream, json_response, parse_request, text_response
 
 MODEL = "scripted"
 
@@ -104,11 +108,14 @@ class ScriptedServer:
     def __init__(self, script: Script) -> None:
         self.script = script
         self.slots = Slots(script.capacity, script.max_queue)
+        self.cache = PrefixCache()
         self.num_requests = 0
 
     def handle(self, connection: "Connection", method: str, path: str, body: bytes) -> None:
         routes = {
             ("GET", "/health"): lambda: connection.reply(json_response(200, {"status": "ok"})),
+            ("GET", "/metrics"): lambda: connection.reply(text_response(render_metrics(
+                len(self.slots.waiters), self.slots.num_busy, self.script.capacity))),
             ("GET", "/v1/models"): lambda: connection.reply(json_response(200, {
                 "object": "list", "data": [{"id": MODEL, "object": "model"}]})),
             ("POST", "/tokenize"): (lambda: self._tokenize(connection, body))
@@ -138,7 +145,9 @@ class ScriptedServer:
                                            extra="Retry-After: 1\r\n"))
             return
         is_error = bool(script.error_every) and number % script.error_every == 0
-        stream = Stream(connection, self, body, count_tokens(_prompt_text(body)), is_chat, is_error)
+        text = _prompt_text(body)
+        stream = Stream(connection, self, body, count_tokens(text), is_chat, is_error)
+        stream.cached_tokens = self.cache.admit(text)
         connection.stream = stream
         self.slots.enter(stream)
 

@@ -31,3 +31,11 @@ def parse_slo(text: str, percentile: float = 95, max_error_rate: float = 0.01) -
     if not limits:
         raise BenchError(f"SLO {text!r} names no limit; e.g. --slo e2e=2s")
     return Slo(percentile=percentile, max_error_rate=max_error_rate, **limits)
+
+
+def parse_shared_prefix(text: str) -> tuple[int, int]:
+    """`4x16` (4 system prompts, 16 users each) into (4, 16)."""
+    left, sep, right = text.lower().partition("x")
+    if not sep or not left.strip().isdigit() or not right.strip().isdigit() or "0" in (left.strip(), right.strip()):
+        raise BenchError(f"--shared-prefix {text!r}: write NxM, e.g. 4x16 (4 system prompts, 16 users each)")
+    return int(left), int(right)

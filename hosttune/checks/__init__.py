@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune.checks import cpu, driver, gpu, irq, memory, tools
+from hosttune.checks import access, active, cpu, driver, fabric, gpu, gpu_health, host_health, irq, memory, tools
 from hosttune.checks.base import Check
 from hosttune.errors import HosttuneError
 from hosttune.facts import Facts
@@ -11,6 +11,7 @@ from hosttune.profile import Profile
 
 CATALOGUE: tuple[Check, ...] = (
     *driver.CHECKS, *gpu.CHECKS, *cpu.CHECKS, *irq.CHECKS, *memory.CHECKS, *tools.CHECKS,
+    *gpu_health.CHECKS, *host_health.CHECKS, *fabric.CHECKS, *active.CHECKS, *access.CHECKS,
 )
 BY_ID = {c.id: c for c in CATALOGUE}
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hosttune.facts import Facts
-from hosttune.findings import Finding, Severity, Status, Verdict
+from hosttune.findings import Finding, Severity, Status, Verdict, show
 from hosttune.profile import Profile
 
 
@@ -26,7 +26,7 @@ class Check:
         except Exception as exc:  # noqa: BLE001 - one broken parser must not hide the other checks
             verdict = Verdict(Status.ERROR, "-", detail=f"check failed on these facts: {type(exc).__name__}: {exc}")
         return Finding(
-            check_id=self.id, title=self.title, status=verdict.status, severity=self.severity,
+            check_id=self.id, title=self.title, status=verdict.status, severity=verdict.severity or self.severity,
             desired=verdict.desired, configured=verdict.configured, active=verdict.active,
             detail=verdict.detail, remediation=self.remediation, needs_reboot=self.needs_reboot, why=self.why,
         )
@@ -44,6 +44,8 @@ def gpu_unavailable(facts: Facts) -> Verdict | None:
     """not-applicable without NVIDIA hardware; error when the hardware is there but no driver answers."""
     if facts.gpu.gpus:
         return None
+    if facts.image:
+        return na("an image: GPU state is read on the running host (check it after the first boot)")
     if facts.gpu.pci_devices:
         return Verdict(Status.ERROR, "-", detail=f"NVIDIA GPUs on the PCI bus but NVML and nvidia-smi failed: {facts.gpu.error}")
     return na("no NVIDIA GPU on this host")
@@ -51,3 +53,9 @@ def gpu_unavailable(facts: Facts) -> Verdict | None:
 
 def is_systemd(facts: Facts) -> bool:
     return facts.pid1 == "systemd"
+
+
+def image_verdict(desired: object, configured: object, detail: str = "") -> Verdict:
+    """apply --root: an image has no running kernel, so a setting is judged on what it configures."""
+    status = Status.OK if configured == desired else Status.DRIFT
+    return Verdict(status, show(desired), show(configured), "-", detail or "an image: judged on its configuration alone")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hosttune import cpulist
-from hosttune.checks.base import Check, is_systemd, na
+from hosttune import cores, cpulist
+from hosttune.checks.base import Check, image_verdict, is_systemd, na
 from hosttune.facts import Facts
 from hosttune.findings import Severity, Status, Verdict, judge, show
 from hosttune.profile import Profile
@@ -14,6 +14,11 @@ def governor(facts: Facts, profile: Profile) -> Verdict:
     if want is None:
         return na("CPU governor not managed by the profile")
     govs = facts.cpu.governors
+    if facts.image and is_systemd(facts):
+        unit = facts.services.get("hosttune-cpu-governor")
+        return image_verdict(want, want if unit and unit.enabled == "enabled" else "not persisted")
+    if facts.image:
+        return na(f"an image whose init is {facts.pid1 or 'unknown'}, not systemd: set the governor at boot another way", want)
     if not govs:
         return na("no cpufreq driver: frequency is controlled by firmware or the hypervisor", want)
     wrong = sorted(cpu for cpu, gov in govs.items() if gov != want)
@@ -39,6 +44,9 @@ def _param_verdict(facts: Facts, params: dict[str, str], same=lambda a, b: a == 
         return all(same(facts.cmdline_param(k, configured), v) for k, v in params.items())
 
     active_ok = matches(False)
+    if facts.image and facts.cmdline_configured is not None:
+        return Verdict(Status.OK if matches(True) else Status.DRIFT, desired, state(True), "-",
+                       f"an image: judged on {facts.cmdline_source} alone")
     if facts.cmdline_configured is None:
         status = Status.OK if active_ok else Status.DRIFT
         return Verdict(status, desired, None, state(False), "no bootloader configuration found; judged on /proc/cmdline")
@@ -47,10 +55,19 @@ def _param_verdict(facts: Facts, params: dict[str, str], same=lambda a, b: a == 
     return Verdict(status, desired, state(True), state(False), f"configured in {facts.cmdline_source}")
 
 
+def no_idle_driver(facts: Facts) -> bool:
+    """The running kernel reports no active cpuidle driver (a VM without one, idle=poll): C-state limits change nothing."""
+    return bool(facts.cpu.count) and facts.cpu.idle_driver in (None, "none")
+
+
 def cstates(facts: Facts, profile: Profile) -> Verdict:
     limit = profile.cpu.max_cstate
     if limit is None:
         return na("C-states not managed by the profile")
+    if no_idle_driver(facts):
+        return na("no cpuidle driver is active on this host (cpuidle/current_driver: "
+                  f"{facts.cpu.idle_driver or 'missing'}): the CPUs enter no idle states a limit could cap",
+                  f"max_cstate={limit}")
     verdict = _param_verdict(facts, {"intel_idle.max_cstate": str(limit), "processor.max_cstate": str(limit)})
     deep = [name for name, disabled, latency in facts.cpu.idle_states if not disabled and latency > 10]
     if deep:
@@ -61,9 +78,19 @@ def cstates(facts: Facts, profile: Profile) -> Verdict:
 
 
 def rcu_nocbs(facts: Facts, profile: Profile) -> Verdict:
-    want = profile.kernel.rcu_nocbs
-    if want is None:
+    setting = profile.kernel.rcu_nocbs
+    if setting is None:
         return na("rcu_nocbs not managed by the profile")
+    want = cores.rcu_nocbs(facts, setting)
+    if want is None:
+        return na("rcu_nocbs: auto needs the host's CPUs, and none were read (an image?): "
+                  "set rcu_nocbs for these hosts in the inventory", "rcu_nocbs=auto")
+    if not want:
+        return na(f"too few CPUs ({len(cores.online(facts))}) to offload RCU callbacks from any", "rcu_nocbs=auto")
+    if missing := cores.beyond(facts, want):
+        return Verdict(Status.ERROR, f"rcu_nocbs={cpulist.format(want)}", None, None,
+                       f"CPUs {cpulist.format(missing)} are not on this host (online: {cpulist.format(cores.online(facts))}); "
+                       "the kernel rejects such a list: set rcu_nocbs for this host in the inventory, or use auto")
 
     def same(value: str | None, desired: str) -> bool:
         try:
@@ -71,7 +98,7 @@ def rcu_nocbs(facts: Facts, profile: Profile) -> Verdict:
         except ValueError:
             return False
 
-    return _param_verdict(facts, {"rcu_nocbs": want}, same)
+    return _param_verdict(facts, {"rcu_nocbs": cpulist.format(want)}, same)
 
 
 CHECKS = (

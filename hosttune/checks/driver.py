@@ -9,7 +9,9 @@ from hosttune.facts import Facts
 from hosttune.findings import Severity, Status, Verdict, show
 from hosttune.profile import Profile
 
-STACK_PACKAGE = re.compile(r"^(nvidia|libnvidia|cuda|libcuda|kmod-nvidia|datacenter-gpu)")
+# The driver, the toolkit, and CUDA's math and communication libraries (an upgrade of libcublas,
+# libcudnn or libnccl under a built engine breaks it as surely as a driver upgrade).
+STACK_PACKAGE = re.compile(r"^(nvidia|libnvidia|cuda|libcuda|kmod-nvidia|datacenter-gpu|libcublas|libcudnn|libnccl)")
 
 # Linux driver needed for full support of each CUDA toolkit (NVIDIA CUDA release notes, table 3).
 FULL_SUPPORT = {
@@ -48,7 +50,7 @@ def driver_version(facts: Facts, profile: Profile) -> Verdict:
 def driver_held(facts: Facts, profile: Profile) -> Verdict:
     if not profile.driver.held:
         return na("the profile does not ask for held packages")
-    stack = sorted(p for p in facts.packages if STACK_PACKAGE.match(p))
+    stack = sorted({p for p in (*facts.packages, *facts.held) if STACK_PACKAGE.match(p)})
     if not stack:
         return na("no driver or CUDA packages installed (a .run installer, or no GPU stack)", "held")
     unheld = [p for p in stack if p not in facts.held]

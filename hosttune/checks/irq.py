@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune import cpulist
+from hosttune import cores, cpulist
 from hosttune.checks.base import Check, is_systemd, na
 from hosttune.facts import Facts, PciDevice
 from hosttune.findings import Severity, Status, Verdict
@@ -29,14 +29,8 @@ def irqbalance(facts: Facts, profile: Profile) -> Verdict:
 
 
 def desired_cores(dev: PciDevice, facts: Facts, setting: str) -> tuple[int, ...]:
-    """The cores a GPU's IRQs belong on: the profile's list, else the GPU's NUMA-local CPUs."""
-    if setting != "numa-local":
-        return cpulist.parse(setting)
-    if dev.numa_node is not None and dev.numa_node in facts.numa_nodes:
-        return facts.numa_nodes[dev.numa_node]
-    if dev.local_cpus:
-        return dev.local_cpus
-    return tuple(range(facts.cpu.count))
+    """The cores a GPU's IRQs belong on: the profile's list, the NUMA node's housekeeping cores, or all its CPUs."""
+    return cores.gpu_irq_cores(dev, facts, setting)
 
 
 def gpu_affinity(facts: Facts, profile: Profile) -> Verdict:
@@ -48,9 +42,13 @@ def gpu_affinity(facts: Facts, profile: Profile) -> Verdict:
         return na("no GPU MSI interrupts on this host")
     outside, desired_text = [], []
     for dev in devices:
-        cores = desired_cores(dev, facts, setting)
-        desired_text.append(f"{dev.bdf}: {cpulist.format(cores)}")
-        outside += [f"IRQ {i.irq} on {cpulist.format(i.cpus)}" for i in dev.irqs if not set(i.cpus) <= set(cores)]
+        wanted = desired_cores(dev, facts, setting)
+        if missing := cores.beyond(facts, wanted):
+            return Verdict(Status.ERROR, f"{dev.bdf}: {cpulist.format(wanted)}", None, None,
+                           f"CPUs {cpulist.format(missing)} are not on this host (online: {cpulist.format(cores.online(facts))}); "
+                           "set irq_cores for this host in the inventory, or use gpu_affinity: housekeeping")
+        desired_text.append(f"{dev.bdf}: {cpulist.format(wanted)}")
+        outside += [f"IRQ {i.irq} on {cpulist.format(i.cpus)}" for i in dev.irqs if not set(i.cpus) <= set(wanted)]
     active = "; ".join(f"{d.bdf}: " + ", ".join(f"{i.irq}→{cpulist.format(i.cpus)}" for i in d.irqs) for d in devices)
     unit = facts.services.get("hosttune-irq-affinity")
     configured = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune import cpulist
-from hosttune.checks.base import Check, na
+from hosttune.checks.base import Check, image_verdict, na
 from hosttune.facts import Facts
 from hosttune.findings import Severity, Status, Verdict, judge, show
 from hosttune.profile import Profile
@@ -27,6 +27,10 @@ def numa(facts: Facts, profile: Profile) -> Verdict:
         return na("NUMA balancing not managed by the profile")
     desired = int(want)
     active, configured = facts.numa_balancing, facts.numa_balancing_configured
+    if facts.image:
+        where = f"configured in {facts.numa_balancing_source}" if facts.numa_balancing_source else ""
+        return image_verdict(f"kernel.numa_balancing={desired}",
+                             None if configured is None else f"kernel.numa_balancing={configured}", where)
     if active is None:
         return na("kernel without NUMA balancing support", f"kernel.numa_balancing={desired}")
     status = judge(desired, configured, active, reboot=False)
@@ -45,9 +49,11 @@ def thp(facts: Facts, profile: Profile) -> Verdict:
     want = profile.memory.thp
     if want is None:
         return na("transparent hugepages not managed by the profile")
+    configured = facts.cmdline_param("transparent_hugepage", configured=True) or facts.thp_configured
+    if facts.image:
+        return image_verdict(want, configured)
     if facts.thp_enabled is None:
         return na("kernel without transparent hugepages", want)
-    configured = facts.cmdline_param("transparent_hugepage", configured=True) or facts.thp_configured
     status = judge(want, configured, facts.thp_enabled, reboot=False)
     return Verdict(status, want, configured, facts.thp_enabled)
 

@@ -2,6 +2,8 @@
 
 import typer
 
+from hosttune import __version__
+
 app = typer.Typer(
     name="hosttune",
     help="Tune GPU hosts for LLM serving: check, apply, build, deploy, bench, verify.",
@@ -9,3 +11,17 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"hosttune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print hosttune's version and exit."),
+) -> None:
+    pass

@@ -46,7 +46,7 @@ def apply(
 
     Exit code bits as for check: 1 drift left (unfixable or pending reboot), 2 a step failed, 4 unreachable.
 
-    Example: hosttune apply --inventory inventories/prod.yaml --serial 5 --max-fail-percent 20 --reboot
+    Example: hosttune apply --inventory inventories/example.yaml --serial 5 --max-fail-percent 20 --reboot
     """
     inv = load(inventory, limit, accept_new_host_keys)
     wanted = profiles(inv)
@@ -81,7 +81,7 @@ def rollback(
 ) -> None:
     """Undo an apply from the journal on each host: files back byte for byte, units and kernel values as they were.
 
-    Example: hosttune rollback --inventory inventories/prod.yaml --run 20250102T030405Z-1a2b3c
+    Example: hosttune rollback --inventory inventories/example.yaml --run 20250102T030405Z-1a2b3c
     """
     inv = load(inventory, limit, accept_new_host_keys)
     results = rollback_fleet(inv, run, root, forks)
@@ -106,7 +106,7 @@ def verify(
 
     Exit code: pytest's (0 when every host passes).
 
-    Example: hosttune verify --inventory inventories/prod.yaml --junit-xml verify.xml
+    Example: hosttune verify --inventory inventories/example.yaml --junit-xml verify.xml
     """
     inv = load(inventory, limit, accept_new_host_keys)
     code = run_verify(inv, profiles(inv), junit_xml=junit_xml, accept_new_host_keys=accept_new_host_keys,

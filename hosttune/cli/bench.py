@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 
+from hosttune.bench.extra import require_bench_extra
 from hosttune.cli.app import app
 from hosttune.cli.common import user_errors
 
@@ -20,9 +21,17 @@ def bench(
     burstiness: float = typer.Option(1.0, "--burstiness", help="Gamma shape of arrival gaps: 1 Poisson, <1 burstier, >1 steadier."),
     duration: Optional[str] = typer.Option(None, "--duration", help="Measured time after the warm-up, e.g. 10m (default 60s; a sweep's step: 30s)."),
     requests: Optional[int] = typer.Option(None, "--requests", help="Measured requests after the warm-up, instead of --duration."),
-    warmup: str = typer.Option("10s", "--warmup", help="Requests sent in this first period are not measured."),
+    warmup: Optional[str] = typer.Option(None, "--warmup", help="Requests sent in this first period are not measured (default 10s; with --trace 0s)."),
     prompts: str = typer.Option("chat-docs", "--prompts", help="Prompt length distribution: N, uniform:A-B, normal:MEAN,SIGMA[,MIN-MAX], mix:..., chat-docs, jsonl:PATH."),
     max_tokens: str = typer.Option("512", "--max-tokens", help="Output length distribution, same syntax (jsonl field output_tokens)."),
+    dataset: Optional[Path] = typer.Option(None, "--dataset", help="Prompts from a file: ShareGPT JSON, or JSONL of {\"prompt\"} or {\"messages\"} (optional \"output_tokens\")."),
+    shared_prefix: Optional[str] = typer.Option(None, "--shared-prefix", help="NxM: N system prompts, each shared by M users (closed loop: N*M users)."),
+    prefix_tokens: int = typer.Option(1024, "--prefix-tokens", help="Length of each shared system prompt, tokens."),
+    turns: Optional[int] = typer.Option(None, "--turns", help="Multi-turn conversations: each user's history (with the real answers) grows for this many turns."),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Replay a JSONL trace of arrival (s) or timestamp (ms), input_length, output_length."),
+    max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="With --rate or --trace: at most this many requests in flight; later arrivals wait."),
+    metrics_interval: str = typer.Option("1s", "--metrics-interval", help="Sample the server's /metrics this often (0: never)."),
+    priority: Optional[int] = typer.Option(None, "--priority", help="Send this priority with every request (lower runs first, as in vLLM)."),
     api: str = typer.Option("completions", "--api", help="completions (/v1/completions) or chat (/v1/chat/completions)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name to send (default: the first one /v1/models lists)."),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="tokenizer.json (or its folder) to make prompt lengths exact, when the target has no /tokenize."),
@@ -39,17 +48,24 @@ def bench(
     timeout: str = typer.Option("10m", "--timeout", help="Longest a single request may take."),
     max_client_lag: str = typer.Option("5ms", "--max-client-lag", help="Flag the run when the client's P99 lag exceeds this."),
     seed: int = typer.Option(0, "--seed", help="Seed for lengths, prompts and arrivals."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help="Sent as 'Authorization: Bearer KEY'; redacted in printed and saved command lines."),
+    header: Optional[List[str]] = typer.Option(None, "--header", help="NAME=VALUE, an extra request header; repeatable; its value is redacted in reports."),
 ) -> None:
     """Load-test OpenAI-compatible endpoints the way production traffic does.
 
     Streams every request, reports TTFT/ITL/TPOT/E2E percentiles, throughput, errors by
     status, goodput under the SLO, and flags runs where the client fell behind. Several
     --url are measured one after another with the same lengths, prompts and arrivals.
+    Workloads: random prompts of --prompts lengths (default), --dataset, --shared-prefix,
+    --turns (conversations; with --dataset its user turns) or --trace. --out writes
+    results.json, report.md, CSV files and PNG plots (latencies over time beside the
+    server's queue, batch, KV-cache use and preemptions, when it has /metrics).
     Exit code bits: 1 SLO missed (or no rate held in a sweep), 2 usage error,
     4 the client fell behind.
 
     Example: hosttune bench --url http://gpu-01:8000 --users 128 --duration 10m --slo e2e=2s --out bench/
     """
+    require_bench_extra()
     from hosttune.cli import bench_run  # aiohttp/uvloop load only when benchmarking
 
-    bench_run.run(url=url, users=users, rate=rate, burstiness=burstiness, duration=duration, requests=requests, warmup=warmup, prompts=prompts, max_tokens=max_tokens, api=api, model=model, tokenizer=tokenizer, slo=slo, slo_percentile=slo_percentile, max_error_rate=max_error_rate, sweep=sweep, sweep_start=sweep_start, sweep_max=sweep_max, sweep_growth=sweep_growth, sweep_precision=sweep_precision, out=out, ignore_eos=ignore_eos, timeout=timeout, max_client_lag=max_client_lag, seed=seed)
+    bench_run.run(url=url, users=users, rate=rate, burstiness=burstiness, duration=duration, requests=requests, warmup=warmup, prompts=prompts, max_tokens=max_tokens, dataset=dataset, shared_prefix=shared_prefix, prefix_tokens=prefix_tokens, turns=turns, trace=trace, max_concurrency=max_concurrency, metrics_interval=metrics_interval, priority=priority, api=api, model=model, tokenizer=tokenizer, slo=slo, slo_percentile=slo_percentile, max_error_rate=max_error_rate, sweep=sweep, sweep_start=sweep_start, sweep_max=sweep_max, sweep_growth=sweep_growth, sweep_precision=sweep_precision, out=out, ignore_eos=ignore_eos, timeout=timeout, max_client_lag=max_client_lag, seed=seed, api_key=api_key, header=header or [])

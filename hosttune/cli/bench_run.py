@@ -10,12 +10,14 @@ from typing import Optional
 
 import typer
 
-from hosttune.bench import console, plot, report
+from hosttune.bench import console, plot, report, report_csv
 from hosttune.bench.benchmark import BenchSpec, measure, run_async
+from hosttune.bench.headers import redact_argv, request_headers
 from hosttune.bench.loadgen import Load
 from hosttune.bench.metrics import Slo, summarize
 from hosttune.bench.sweep import SweepConfig, sweep as run_sweep
-from hosttune.bench.units import parse_duration, parse_slo
+from hosttune.bench.trace import load_trace
+from hosttune.bench.units import parse_duration, parse_shared_prefix, parse_slo
 from hosttune.errors import BenchError
 
 EXIT_SLO_MISSED = 1
@@ -23,15 +25,23 @@ EXIT_CLIENT_BEHIND = 4
 DEFAULT_SWEEP_SLO = "e2e=2s"  # the seed's "max RPS while P95 stays under 2 s"
 
 
-def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed) -> None:
+def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, priority, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed, api_key=None, header=()) -> None:
     slo_value = _slo(slo or (DEFAULT_SWEEP_SLO if sweep else None), slo_percentile, max_error_rate)
+    grid = parse_shared_prefix(shared_prefix) if shared_prefix else None
+    replay = load_trace(trace) if trace is not None else None
+    users = _users(users, rate, grid, replay is not None or sweep)
+    interval = parse_duration(metrics_interval, "--metrics-interval")
     spec = BenchSpec(
-        load=_load(users, rate, burstiness, duration, requests, warmup, timeout, seed, sweep, sweep_start),
+        load=_load(users, rate, burstiness, duration, requests, warmup, timeout, seed, sweep, sweep_start,
+                   max_concurrency, replay.arrivals if replay else None),
         prompt_lengths=prompts, output_lengths=max_tokens, api=api, model=model,
         tokenizer=tokenizer, timeout=parse_duration(timeout, "--timeout"), slo=slo_value,
         lag_limit=parse_duration(max_client_lag, "--max-client-lag"), is_ignore_eos=ignore_eos,
+        headers=request_headers(header, api_key),
+        dataset=dataset, shared_prefix=grid, prefix_tokens=prefix_tokens, turns=turns, trace=replay,
+        metrics_interval=interval or None, priority=priority,
     )
-    command = "hosttune bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    command = "hosttune bench " + " ".join(shlex.quote(a) for a in redact_argv(sys.argv[2:]))
     if sweep:
         config = SweepConfig(sweep_start, sweep_max, sweep_growth, sweep_precision)
         outcome = report.Outcome((), tuple(_sweep_one(spec, u, slo_value, config) for u in url), command, report.now_text())
@@ -48,21 +58,35 @@ def _slo(text: Optional[str], percentile: float, max_error_rate: float) -> Optio
     return parse_slo(text, percentile, max_error_rate) if text else None
 
 
-def _load(users, rate, burstiness, duration, requests, warmup, timeout, seed, is_sweep, sweep_start) -> Load:
+def _users(users, rate, grid, is_open) -> Optional[int]:
+    """Closed-loop users: --users, or N*M for --shared-prefix NxM, or 128."""
+    if grid is not None and users is not None and users != grid[0] * grid[1]:
+        raise BenchError(f"--shared-prefix {grid[0]}x{grid[1]} means {grid[0] * grid[1]} users; drop --users")
+    if users is not None or rate is not None or is_open:
+        return users
+    return grid[0] * grid[1] if grid else 128
+
+
+def _load(users, rate, burstiness, duration, requests, warmup, timeout, seed, is_sweep, sweep_start,
+          max_concurrency, arrivals) -> Load:
     if duration is not None and requests is not None:
         raise BenchError("give either --duration or --requests, not both")
     if is_sweep:
         users, rate = None, sweep_start
-    elif users is None and rate is None:
-        users = 128
-    seconds = None if requests is not None else parse_duration(duration or ("30s" if is_sweep else "60s"))
+    if arrivals is not None and (users is not None or rate is not None):
+        raise BenchError("--trace gives the arrivals: drop --users and --rate")
+    default = None if arrivals is not None else ("30s" if is_sweep else "60s")
+    seconds = None if requests is not None or (duration or default) is None else parse_duration(duration or default)
     return Load(users=users, rate=rate, burstiness=burstiness, duration=seconds, num_requests=requests,
-                warmup=parse_duration(warmup, "--warmup"), seed=seed,
-                drain_timeout=parse_duration(timeout, "--timeout"))
+                warmup=parse_duration(warmup or ("0s" if arrivals is not None else "10s"), "--warmup"), seed=seed,
+                drain_timeout=parse_duration(timeout, "--timeout"), max_concurrency=max_concurrency,
+                arrivals=arrivals)
 
 
 def _run_one(spec: BenchSpec, url: str):
-    planned = f"{spec.load.warmup + spec.load.duration:g}s" if spec.load.duration else f"{spec.load.num_requests} req"
+    load = spec.load
+    planned = (f"{load.warmup + load.duration:g}s" if load.duration else
+               f"{load.num_requests} req" if load.num_requests else f"{len(load.arrivals)} req (trace)")
     run = run_async(measure(spec, url, _progress_printer(url, planned)))
     _clear_progress()
     return run, summarize(run, spec.slo, spec.lag_limit)
@@ -89,11 +113,12 @@ def _clear_progress() -> None:
 def _write(outcome: report.Outcome, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     report.write_json(outcome, folder / "results.json")
+    csv_names = report_csv.write_csv(outcome, folder)
     cdf_runs = list(outcome.runs) or [(p.run, p.summary) for s in outcome.sweeps for p in s.points
                                       if s.max_rate is not None and p.rate == s.max_rate]
     names = plot.write_plots(cdf_runs, list(outcome.sweeps), folder)
     report.write_markdown(outcome, folder / "report.md", names)
-    typer.echo(f"wrote {folder}/results.json, report.md" + "".join(f", {n}" for n in names), err=True)
+    typer.echo(f"wrote {folder}/results.json, report.md" + "".join(f", {n}" for n in csv_names + names), err=True)
 
 
 def _exit_code(outcome: report.Outcome) -> int:

@@ -48,7 +48,7 @@ def build(
     The key is (engine, ref, archs, CUDA version, Python ABI). Native libraries are checked
     with cuobjdump to carry machine code for every arch; the build fails if one does not.
 
-    Example: hosttune build --engine vllm --ref v0.11.0 --arch auto -i inventories/prod.yaml
+    Example: hosttune build --engine vllm --ref v0.11.0 --arch auto -i inventories/example.yaml
     """
     archs = () if engine is Engine.custom else (
         builder.fleet_archs(load(inventory, limit, accept_new_host_keys)) if arch == "auto" else parse_arch_list(arch))

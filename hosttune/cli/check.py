@@ -33,16 +33,20 @@ def check(
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also list not-applicable checks."),
+    active: bool = typer.Option(
+        False, "--active",
+        help="Also load each host's GPUs for a few seconds (DCGM's quick diagnostic where installed, "
+             "all-reduce bandwidth on several GPUs) and judge clocks under that load. Changes no setting."),
 ) -> None:
     """Report how each host differs from its profile (desired / configured / active).
 
     Exit code bits: 1 drift or pending reboot, 2 probe or usage error, 4 unreachable host.
 
-    Example: hosttune check --inventory inventories/prod.yaml --limit a100 --format junit -o check.xml
+    Example: hosttune check --inventory inventories/example.yaml --limit a100 --format junit -o check.xml
     """
     inv = load(inventory, limit, accept_new_host_keys)
-    progress = Progress("checking")
-    reports = check_fleet(inv, forks=forks, on_done=progress)
+    progress = Progress("loading GPUs and checking" if active else "checking")
+    reports = check_fleet(inv, forks=forks, on_done=progress, active=active)
     progress.close()
     if fmt is Format.table:
         emit(report.render("table", reports, color=color_for(output), verbose=verbose), output)
@@ -62,7 +66,7 @@ def facts(
 ) -> None:
     """Dump the raw facts the probes gathered from each host, as JSON.
 
-    Example: hosttune facts --inventory inventories/prod.yaml --limit gpu-01
+    Example: hosttune facts --inventory inventories/example.yaml --limit gpu-a100-01
     """
     inv = load(inventory, limit, accept_new_host_keys)
     progress = Progress("probing")

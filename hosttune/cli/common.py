@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
+import tempfile
+import time
+import traceback
 from pathlib import Path
 from typing import Optional
 
@@ -25,7 +29,10 @@ def load(inventory: Optional[Path], limit: Optional[str], accept_new_host_keys: 
 
 
 def user_errors(fn):
-    """Turn HosttuneError into a one-line message and exit code 2 (usage/probe error)."""
+    """Turn HosttuneError into a one-line message and exit code 2 (usage/probe error).
+
+    Anything else is a bug: one line names it and the file its traceback went to.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -34,8 +41,41 @@ def user_errors(fn):
         except HosttuneError as exc:
             typer.secho(f"hosttune: {exc}", err=True, fg="red")
             raise typer.Exit(EXIT_ERROR) from None
+        except Exception as exc:  # noqa: BLE001 - the last line of defence against a traceback on the terminal
+            if _is_cli_control(exc):
+                raise
+            where = write_traceback(exc)
+            typer.secho(f"hosttune: internal error: {type(exc).__name__}: {str(exc)[:200]} (traceback in {where}; "
+                        "please report it)", err=True, fg="red")
+            raise typer.Exit(EXIT_ERROR) from None
 
     return wrapper
+
+
+def _is_cli_control(exc: Exception) -> bool:
+    """typer.Exit, Abort and usage errors: the CLI framework's own control flow, not failures."""
+    return isinstance(exc, (typer.Exit, typer.Abort)) or type(exc).__module__.startswith(("click", "typer"))
+
+
+def crash_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hosttune"
+
+
+def write_traceback(exc: BaseException) -> str:
+    """The traceback in a fresh file under ~/.cache/hosttune (the temp folder if that cannot be written)."""
+    text = "".join(traceback.format_exception(exc))
+    prefix = f"crash-{time.strftime('%Y%m%dT%H%M%S')}-"
+    for directory in (crash_dir(), Path(tempfile.gettempdir())):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, path = tempfile.mkstemp(prefix=prefix, suffix=".txt", dir=directory)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            return path
+        except OSError:
+            continue
+    return "nowhere: no writable folder"
 
 
 def emit(text: str, output: Optional[Path]) -> None:

@@ -36,6 +36,7 @@ def deploy(
     health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1, help="Seconds for the service to load and report healthy (default 600)."),
     gate_timeout: Optional[float] = typer.Option(None, "--gate-timeout", min=1, help="Seconds the one-token generation may take (default 60)."),
     nginx_dir: Path = typer.Option(Path("hosttune-nginx"), "--nginx-dir", help="Where nginx upstreams for groups of several replicas are written."),
+    keys_dir: Path = typer.Option(Path("hosttune-keys"), "--keys-dir", help="Where a group with deploy.api_key: true keeps its generated key (GROUP.key, mode 0600)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each host's release and operations; change nothing."),
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
@@ -47,7 +48,7 @@ def deploy(
     gate is replaced by the previous one again, with the service's journal tail shown.
     Exit code bits: 2 a host failed or was skipped, 4 unreachable.
 
-    Example: hosttune deploy --engine vllm --gpus 0-3 --model /models/qwen2.5-7b -i inventories/prod.yaml --serial 2
+    Example: hosttune deploy --engine vllm --gpus 0-3 --model /models/qwen2.5-7b -i inventories/example.yaml --serial 2
     """
     inv = load(inventory, limit, accept_new_host_keys)
     timeouts = {"warmup": warmup, "health_timeout_s": health_timeout, "gate_timeout_s": gate_timeout}
@@ -57,7 +58,7 @@ def deploy(
         if engine is None or not model:
             raise DeployError("--engine and --model are required (or --rollback)")
         request = DeployRequest(engine.value, model, wheelhouse or default_wheelhouse(), gpus, port,
-                                parse_sets(set_ or ()), ref, serial, max_fail_percent, forks, timeouts, dry_run)
+                                parse_sets(set_ or ()), ref, serial, max_fail_percent, forks, timeouts, dry_run, keys_dir)
         outcomes = deploy_fleet(inv, request, on_batch=lambda done: typer.echo(recap.render(done), err=True) if serial else None)
         found = upstreams(inv, request, outcomes) if not dry_run else []
         for path in write_upstreams(found, nginx_dir) if found else []:

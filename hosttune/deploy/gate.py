@@ -53,13 +53,15 @@ def parse_gate(text: str) -> GateResult:
 
 
 def run_gate(transport: Transport, unit: str, settings: ServeSettings, health_path: str, *,
-             warmup: int | None = None, just_started: bool = True) -> GateResult:
+             warmup: int | None = None, just_started: bool = True, key_file: str | None = None) -> GateResult:
     """Wait until the service serves; raises nothing: a failure is a GateResult with ok=False.
 
     just_started: the unit was (re)started by this deploy, so any automatic restart is a crash;
     otherwise restarts before the gate began are history.
+    key_file: the service's key file on the host; the script reads the key there and sends it,
+    so the key is never in its arguments.
     """
-    args = {"unit": unit, "port": settings.port, "health_path": health_path,
+    args = {"unit": unit, "port": settings.port, "health_path": health_path, "key_file": key_file,
             "health_timeout_s": settings.health_timeout_s, "gate_timeout_s": settings.gate_timeout_s,
             "warmup": settings.warmup if warmup is None else warmup, "restarts_baseline": 0 if just_started else None}
     limit = settings.health_timeout_s + settings.gate_timeout_s * (args["warmup"] + 2) + 30

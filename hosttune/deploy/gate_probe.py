@@ -1,7 +1,9 @@
 # Runs ON THE HOST with its system python3 (standard library only), sent as `python3 -c`.
 # Waits for the service to be healthy, sends warmup requests, then the gate: one real
 # one-token generation within a deadline. Prints one JSON line; never changes anything.
-# argv[1]: JSON {unit, port, health_path, health_timeout_s, warmup, gate_timeout_s, restarts_baseline}
+# argv[1]: JSON {unit, port, health_path, health_timeout_s, warmup, gate_timeout_s, restarts_baseline, key_file}
+# key_file: the service's EnvironmentFile holding its API key (NAME=KEY), read here so the key is
+# never in this script's arguments; requests then carry `Authorization: Bearer KEY`.
 import json
 import subprocess
 import sys
@@ -18,9 +20,21 @@ def unit_state(unit):
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+HEADERS = {"Content-Type": "application/json"}
+
+
+def read_key(path):
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            name, sep, value = line.strip().partition("=")
+            if sep and value and not name.startswith("#"):
+                return value.strip().strip("'\"")
+    raise RuntimeError(f"{path} holds no KEY=VALUE line")
+
+
 def request(url, body=None, timeout=10.0):
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, headers=HEADERS)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read().decode("utf-8", "replace")
@@ -69,6 +83,8 @@ def main():
     result = {"ok": False, "phase": "health"}
     start = time.monotonic()
     try:
+        if args.get("key_file"):
+            HEADERS["Authorization"] = "Bearer " + read_key(args["key_file"])
         result["health_s"] = round(wait_healthy(args, base, start), 2)
         result["phase"] = "models"
         status, text = request(base + "/v1/models")

@@ -13,6 +13,8 @@ from typing import Callable
 
 from hosttune.build.wheelhouse import Entry
 from hosttune.deploy import plan as dplan
+from hosttune.deploy.access import Access
+from hosttune.deploy.front import front_ops, key_ops
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.executor import run_ops
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
@@ -57,22 +59,26 @@ class HostJob:
     entry: Entry
     release: Release
     python: str = "python3"
+    access: Access = Access()
 
 
 def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
                on_op: Callable[[dplan.Op], None] | None = None) -> HostDeploy:
     release = job.release
     state = read_state(transport, release.id, [wheel_path(w) for w in release.wheels])
+    serves = SERVE_UNIT in release.units
+    front = front_ops(job.access, job.preset.name, (job.settings.port,)) if serves else []
     if dplan.is_unchanged(release, state):
-        gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health, warmup=0, just_started=False) \
-            if SERVE_UNIT in release.units and not dry_run else None
+        gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health, warmup=0, just_started=False,
+                        key_file=job.access.env_file) if serves and not dry_run else None
         if gate is None or gate.ok:
-            return HostDeploy(job.host, "unchanged", release.id, release.id, gate)
+            return _fronted(transport, job, state, HostDeploy(job.host, "unchanged", release.id, release.id, gate),
+                            front if not dry_run else [])
     install = dplan.install_ops(release, job.entry, state, job.python) + dplan.verify_ops(release)
-    activate = dplan.activate_ops(release, state)
+    activate = key_ops(job.access, job.preset) + dplan.activate_ops(release, state)
     if dry_run:
         return HostDeploy(job.host, "planned", release.id, _name(state.current),
-                          ops=tuple(dplan.describe(op) for op in install + activate))
+                          ops=tuple(dplan.describe(op) for op in install + activate + front))
     try:
         run_ops(transport, install, on_op)
     except DeployError as exc:  # nothing live has changed yet
@@ -81,12 +87,28 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
         run_ops(transport, activate, on_op)
     except DeployError as exc:
         return _restore(transport, job, state, GateResult(False, "activate", str(exc)))
-    if SERVE_UNIT not in release.units:  # a Ray worker: the head's gate judges the cluster
+    if not serves:  # a Ray worker: the head's gate judges the cluster
         return HostDeploy(job.host, "deployed", release.id, release.id)
-    gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health)
+    gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health, key_file=job.access.env_file)
     if gate.ok:
-        return HostDeploy(job.host, "deployed", release.id, release.id, gate)
+        return _fronted(transport, job, state, HostDeploy(job.host, "deployed", release.id, release.id, gate), front)
     return _restore(transport, job, state, gate)
+
+
+def _fronted(transport: Transport, job: HostJob, before: HostState, outcome: HostDeploy, front: list) -> HostDeploy:
+    """The engine serves: now the host's nginx in front of it (a config nginx refuses puts the old release back)."""
+    try:
+        run_ops(transport, front)
+    except DeployError as exc:
+        if outcome.state == "unchanged":
+            return _with(outcome, state="failed", error=f"nginx: {exc}")
+        return _restore(transport, job, before, GateResult(False, "nginx", str(exc)))
+    return outcome
+
+
+def key_file(release: Release) -> str | None:
+    """The key file a release's service reads (its gate reads the key there too)."""
+    return (release.settings.get("api_key") or {}).get("file")
 
 
 def _name(release_dir: str | None) -> str | None:
@@ -129,7 +151,7 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
     except HosttuneError as exc:
         return _with(failed, error=f"{failed.error}; putting the previous release back failed too: {exc}")
     check = run_gate(transport, SERVE_UNIT, _settings_of(previous, job.settings), load_preset(previous.engine).serve.health,
-                     warmup=0)
+                     warmup=0, key_file=key_file(previous))
     serving = previous.id if check.ok else None
     note = "" if check.ok else f"; the previous release {previous.id} did not come back healthy: {check.error}"
     return _with(failed, serving=serving, restored=previous.id, error=failed.error + note)
@@ -159,7 +181,8 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings) -> H
     if SERVE_UNIT not in previous.units:
         return HostDeploy(host, "rolled-back", previous.id, previous.id)
     settings = _settings_of(previous, timeouts)
-    gate = run_gate(transport, SERVE_UNIT, settings, load_preset(previous.engine).serve.health, warmup=0)
+    gate = run_gate(transport, SERVE_UNIT, settings, load_preset(previous.engine).serve.health, warmup=0,
+                    key_file=key_file(previous))
     if gate.ok:
         return HostDeploy(host, "rolled-back", previous.id, previous.id, gate)
     return HostDeploy(host, "failed", previous.id, None, gate, gate.summary(), journal_tail(transport, SERVE_UNIT))

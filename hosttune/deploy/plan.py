@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Union
 
 from hosttune.build.wheelhouse import Entry
+from hosttune.deploy.access import Access, launched_with_key
 from hosttune.deploy.placement import Placement
 from hosttune.deploy.release import (CURRENT, PREVIOUS, UNIT_DIR, VENV_PLACEHOLDER, Release, manifest_path, meta_dir,
                                      release_dir, release_id, wheel_path)
@@ -83,7 +84,8 @@ class Role:
     head_address: str = ""
 
 
-def unit_specs(preset: EnginePreset, settings: ServeSettings, placement: Placement, venv: str, role: Role) -> list[UnitSpec]:
+def unit_specs(preset: EnginePreset, settings: ServeSettings, placement: Placement, venv: str, role: Role,
+               access: Access = Access()) -> list[UnitSpec]:
     multi = preset.multinode
     values = dict(venv=venv, model=settings.model, port=settings.port, num_gpus=placement.num_gpus,
                   num_nodes=role.num_nodes, address=role.address, head_address=role.head_address,
@@ -100,21 +102,26 @@ def unit_specs(preset: EnginePreset, settings: ServeSettings, placement: Placeme
                               (*prefix, *(substitute(a, values) for a in command)), env, venv, 10.0))
     if role.kind != "worker":
         flags = {**settings.flags, **(multi.flags if role.kind == "head" else {})}
-        argv = (*prefix, *(substitute(a, values) for a in preset.serve.command),
-                *flag_argv(flags, values, preset.serve.false_flag))
+        command = tuple(substitute(a, values) for a in preset.serve.command)
+        if access.key and preset.serve.api_key_flag:
+            command = launched_with_key(command, preset.serve.api_key_env, preset.serve.api_key_flag)
+        argv = (*prefix, *command, *flag_argv(flags, values, preset.serve.false_flag))
         ray = (RAY_UNIT,) if role.kind == "head" else ()
+        env_files = (access.env_file,) if access.key else ()
         specs.append(UnitSpec(SERVE_UNIT, f"hosttune {preset.name} engine serving {settings.model}", argv, env, venv,
-                              drain_seconds(preset, flags), after=ray, requires=ray))
+                              drain_seconds(preset, flags), after=ray, requires=ray, env_files=env_files))
     return specs
 
 
 def make_release(preset: EnginePreset, settings: ServeSettings, placement: Placement, entry: Entry,
-                 role: Role = Role()) -> Release:
+                 role: Role = Role(), access: Access = Access()) -> Release:
     """The release for these settings: units rendered once with a placeholder id, hashed, then named."""
-    specs = unit_specs(preset, settings, placement, release_dir(VENV_PLACEHOLDER), role)
+    specs = unit_specs(preset, settings, placement, release_dir(VENV_PLACEHOLDER), role, access)
     drafts = {s.name: render_unit(s, VENV_PLACEHOLDER) for s in specs}
     summary = {"model": settings.model, "port": settings.port, "gpus": list(placement.gpus),
                "numa_nodes": list(placement.numa_nodes), "role": role.kind, "flags": settings.flags, "env": settings.env}
+    if access.key:  # the key file and which key it holds (a new key is a new release), never the key
+        summary["api_key"] = {"file": access.env_file, "fingerprint": access.fingerprint}
     rid = release_id(preset.name, entry.wheels, drafts, summary)
     units = {name: body.replace(VENV_PLACEHOLDER.encode(), rid.encode()) for name, body in drafts.items()}
     skip = len(placement.numactl_prefix())

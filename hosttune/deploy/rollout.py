@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from hosttune.build.archs import covers
 from hosttune.build.wheelhouse import Entry, entries, read_entry
 from hosttune.deploy import multinode
+from hosttune.deploy.access import access_for, front_for
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, rollback_one
 from hosttune.deploy.placement import host_abi, place, preflight
@@ -45,6 +46,7 @@ class DeployRequest:
     forks: int = 50
     timeouts: dict = field(default_factory=dict, hash=False)  # warmup, health_timeout_s, gate_timeout_s
     dry_run: bool = False
+    keys_dir: Path = Path("hosttune-keys")  # where deploy.api_key: true keeps each group's generated key
 
 
 # -- deciding --------------------------------------------------------------------------
@@ -74,12 +76,16 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
     """Everything about one host's deploy, decided from its facts; raises DeployError if it cannot run."""
     preset = load_preset(request.engine)
     settings = resolve(host, preset, request.model, request.port, request.overrides, request.timeouts)
+    access = access_for(host, request.keys_dir)
+    if access.front:  # nginx alone listens on the network
+        settings = replace(settings, flags={**settings.flags, "host": "127.0.0.1"})
     placement = place(request.gpus or host.gpus, facts, host.name)
     preflight(facts, host.name, placement, _device(settings))
     python, abi = _python(host, facts)
     archs = tuple(sorted({g.compute_cap for g in facts.gpu.gpus if g.index in placement.gpus and g.compute_cap}))
     entry = pick_entry(request, abi, archs, host.name)
-    return HostJob(host, preset, settings, placement, entry, make_release(preset, settings, placement, entry, role), python)
+    release = make_release(preset, settings, placement, entry, role, access)
+    return HostJob(host, preset, settings, placement, entry, release, python, access)
 
 
 def _device(settings: ServeSettings) -> str | None:
@@ -200,17 +206,19 @@ def upstreams(inventory: Inventory, request: DeployRequest, outcomes: list[HostD
     for group, hosts in inventory.groups.items():
         if len(hosts) < 2 or (request.engine == "vllm" and hosts[0].deploy.get("multinode")):
             continue
-        backends = []
+        backends, scheme = [], "http"
         for host in hosts:
             if host.name not in serving:
                 continue
             if not _ADDRESS.match(host.connection.address):
                 raise DeployError(f"{host.source}: address {host.connection.address!r} cannot go into an nginx upstream")
             settings = resolve(host, load_preset(request.engine), request.model, request.port, request.overrides)
-            backends.append(f"{host.connection.address}:{settings.port}")
+            front = front_for(host)  # the engine listens on 127.0.0.1 behind it
+            backends.append(f"{host.connection.address}:{front.port if front else settings.port}")
+            scheme = "https" if front and front.tls else scheme
         if backends:
             lb_port = resolve(hosts[0], load_preset(request.engine), request.model, None, Overrides()).lb_port
-            found.append(Upstream(group, request.engine, tuple(backends), lb_port or 80))
+            found.append(Upstream(group, request.engine, tuple(backends), lb_port or 80, backend_scheme=scheme))
     return found
 
 

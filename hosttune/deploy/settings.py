@@ -108,7 +108,8 @@ def _number(doc: Mapping, key: str, kind: type, where: str, default: Any) -> Any
     return value
 
 
-KNOWN_KEYS = {"port", "env", "multinode", "lb_port", "warmup", "health_timeout", "gate_timeout", *ENGINES}
+KNOWN_KEYS = {"port", "env", "multinode", "lb_port", "warmup", "health_timeout", "gate_timeout", *ENGINES,
+              "api_key", "api_key_file", "nginx"}  # the last three: hosttune.deploy.access
 
 
 def inventory_vars(host: Host) -> dict:

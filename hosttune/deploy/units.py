@@ -27,6 +27,7 @@ class UnitSpec:
     drain_s: float = 30.0
     after: tuple[str, ...] = ()
     requires: tuple[str, ...] = ()
+    env_files: tuple[str, ...] = ()  # EnvironmentFile=: secrets stay out of the unit's text
 
 
 def render_unit(spec: UnitSpec, release: str) -> bytes:
@@ -38,6 +39,7 @@ def render_unit(spec: UnitSpec, release: str) -> bytes:
         requires=spec.requires,
         working_dir=systemd_word(spec.working_dir),
         environment=[systemd_word(f"{k}={v}") for k, v in spec.env.items()],
+        environment_files=[systemd_word(f) for f in spec.env_files],
         exec_start=systemd_exec(spec.argv),
         restart_sec=RESTART_SEC,
         drain_s=int(spec.drain_s),
@@ -55,6 +57,10 @@ class Upstream:
     max_fails: int = 3
     fail_timeout_s: int = 10
     read_timeout_s: int = 3600
+    tls_cert: str | None = None  # paths on the host: nginx then listens with TLS only
+    tls_key: str | None = None
+    default_server: bool = False  # the host's own front answers whatever Host a client names
+    backend_scheme: str = "http"  # "https" when the backends are hosts' nginx fronts with TLS
 
 
 def render_nginx(upstream: Upstream) -> bytes:
@@ -62,4 +68,5 @@ def render_nginx(upstream: Upstream) -> bytes:
     return render("nginx-upstream.conf.j2", upstream=name, group=upstream.group, engine=upstream.engine,
                   backends=upstream.backends, listen=upstream.listen, server_name=upstream.server_name,
                   max_fails=upstream.max_fails, fail_timeout_s=upstream.fail_timeout_s,
-                  read_timeout_s=upstream.read_timeout_s)
+                  read_timeout_s=upstream.read_timeout_s, tls_cert=upstream.tls_cert, tls_key=upstream.tls_key,
+                  default_server=upstream.default_server, backend_scheme=upstream.backend_scheme)

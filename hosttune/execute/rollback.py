@@ -52,6 +52,9 @@ def touched(journal: Journal) -> list[tuple[JournalStep, OpRecord]]:
 def _service_undo(rec: OpRecord) -> list[Undo]:
     out = []
     if rec.enabled is True and rec.before_enabled not in ENABLED + ("static", "indirect", "generated"):
+        if rec.running is None and rec.before_active not in ACTIVE:
+            # A boot unit apply only enabled has run at every boot since: stop it before its files go.
+            out.append(Undo(f"stop {rec.unit} (started at boot since the apply)", ("systemctl", "stop", rec.unit), offline=False))
         out.append(Undo(f"disable {rec.unit} again", ("systemctl", "disable", rec.unit)))
     if rec.enabled is False and rec.before_enabled in ENABLED:
         out.append(Undo(f"enable {rec.unit} again", ("systemctl", "enable", rec.unit)))

@@ -45,6 +45,8 @@ class ServeSpec:
     drain_s: int | None = None  # how long SIGTERM drains, when no flag says it
     drain_flag: str | None = None  # the flag that says how long SIGTERM drains
     false_flag: str | None = None  # how a false boolean flag is written ("no-{flag}"), else left out
+    api_key_env: str | None = None  # the environment variable the engine reads its API key from
+    api_key_flag: str | None = None  # an engine that takes its key only as this flag gets it through a launcher
     env: dict[str, str] = field(default_factory=dict, hash=False)
     flags: dict[str, Any] = field(default_factory=dict, hash=False)
 
@@ -95,7 +97,8 @@ def parse_preset(doc: dict, where: str) -> EnginePreset:
         build_spec = BuildSpec(str(build["source"]), build.get("ref"), packages, _strings(build.get("env")))
         serve_spec = ServeSpec(
             tuple(serve["command"]), serve.get("health", "/health"), serve.get("drain_s"), serve.get("drain_flag"),
-            serve.get("false_flag"), _strings(serve.get("env")), dict(serve.get("flags") or {}),
+            serve.get("false_flag"), serve.get("api_key_env"), serve.get("api_key_flag"), _strings(serve.get("env")),
+            dict(serve.get("flags") or {}),
         )
         multi = doc.get("multinode")
         multi_spec = None if not multi else MultinodeSpec(

@@ -9,21 +9,37 @@ from importlib import resources
 
 from hosttune.errors import ProbeError
 from hosttune.facts import Facts
-from hosttune.probes import gpu, pci, software, system
+from hosttune.probes import engine_access, gpu, health, pci, software, system
 from hosttune.probes.sections import Section, split
 from hosttune.transport.base import Transport
 
 PROBE_TIMEOUT_S = 60.0
+ACTIVE_EXTRA_S = 480.0  # DCGM's quick diagnostic, the all-reduce and their start-up, at most
 
 
-@lru_cache(maxsize=1)
-def probe_script() -> bytes:
-    """The shell script sent to every host, with the NVML probe embedded as a variable."""
+_EMBEDDED = (
+    ("HOSTTUNE_NVML_PROBE", "nvml_probe.py"),
+    ("HOSTTUNE_CUDA_PROBE", "cuda_probe.py"),
+    ("HOSTTUNE_ALLREDUCE_PROBE", "allreduce_probe.py"),
+    ("HOSTTUNE_ACCESS_PROBE", "engine_access_probe.py"),
+)
+
+
+@lru_cache(maxsize=2)
+def probe_script(active_s: int = 0) -> bytes:
+    """The shell script sent to every host, with the Python probes embedded as variables.
+
+    active_s > 0 adds the active probes: a GPU load of that many seconds (`check --active`).
+    """
     pkg = resources.files("hosttune.probes")
-    nvml = pkg.joinpath("nvml_probe.py").read_text(encoding="utf-8")
-    assert "'" not in nvml, "nvml_probe.py must not contain single quotes (it is embedded in '...')"
+    lines = []
+    for var, name in _EMBEDDED:
+        code = pkg.joinpath(name).read_text(encoding="utf-8")
+        assert "'" not in code, f"{name} must not contain single quotes (it is embedded in '...')"
+        lines.append(f"{var}='{code}'")
+    lines.append(f"HOSTTUNE_ACTIVE={active_s or ''}")
     body = pkg.joinpath("script.sh").read_text(encoding="utf-8")
-    return f"HOSTTUNE_NVML_PROBE='{nvml}'\n{body}".encode()
+    return ("\n".join(lines) + "\n" + body).encode()
 
 
 @dataclass(frozen=True)
@@ -36,14 +52,20 @@ class ProbeRun:
     parse_s: float
 
 
-def gather(transport: Transport) -> ProbeRun:
-    """Run the probe script on the host and parse it. Never changes the host."""
+def gather(transport: Transport, active_s: int = 0, timeout: float = PROBE_TIMEOUT_S, root: str | None = None) -> ProbeRun:
+    """Run the probe script on the host and parse it (at most `timeout` seconds). Never changes a setting of the host.
+
+    active_s > 0 also runs the bounded GPU load of `check --active` for that many seconds.
+    root: probe the image under that directory instead (apply --root): its files only.
+    """
     start = time.monotonic()
     connect = getattr(transport, "connect", None)
     if connect is not None:
         connect()
     connected = time.monotonic()
-    result = transport.run(["sh", "-s"], stdin=probe_script(), timeout=PROBE_TIMEOUT_S)
+    timeout = timeout + (active_s + ACTIVE_EXTRA_S if active_s else 0)
+    argv = ["sh", "-s"] if not root or root == "/" else ["sh", "-s", "--", root]
+    result = transport.run(argv, stdin=probe_script(active_s), timeout=timeout)
     probed = time.monotonic()
     if not result.ok:
         raise ProbeError(f"{transport.host_name}: probe script exited {result.rc}: {result.stderr.strip()[-500:]}")
@@ -65,6 +87,7 @@ def parse_probe_output(output: str) -> Facts:
             except (ValueError, KeyError, ProbeError) as exc:
                 errors.append(f"{name}: {exc}")
     facts = _with_gpus(facts, sections, errors)
+    facts = health.with_health(facts, sections, errors)
     return replace(facts, probe_errors=tuple(errors))
 
 
@@ -109,6 +132,7 @@ _STEPS = (
     ("services", lambda f, s: replace(f, services=software.parse_services(s.text))),
     ("sysctl", _sysctl),
     ("tools", lambda f, s: replace(f, **software.parse_tools(s.text))),
+    ("engine-access", lambda f, s: replace(f, engine_endpoints=engine_access.parse_engine_access(s.text))),
 )
 
 _GPU_SOURCES = (

@@ -1,9 +1,72 @@
 # hosttune probe: read-only. Prints sections "@@ht:NAME" ... "@@ht-end:NAME:RC".
 # Shipped as-is to every host; no inventory value is ever interpolated into it.
+# `sh -s -- ROOT` probes the image under ROOT (apply --root) instead of the running system:
+# then every fact comes from files under ROOT, none from /proc, /sys or this machine's PATH.
 export LC_ALL=C
+R=${1:-/}; R=${R%/}
 HT_PY0=$(command -v python3 2>/dev/null); HT_GPU=  # the caller's python3 may be the one with pynvml
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 sec() { n=$1; shift; printf '@@ht:%s\n' "$n"; "$@" 2>/dev/null; r=$?; printf '\n@@ht-end:%s:%s\n' "$n" "$r"; return $r; }
+
+# grep -H of paths inside the image, printed as the image sees them (/etc/x, not ROOT/etc/x).
+rgrep() { pat=$1; shift; (cd "$R/" && for f in "$@"; do grep -sH -- "$pat" ".$f"; done) | sed 's/^\.//'; }
+# A path resolved through symbolic links the way the image will resolve it (absolute targets inside ROOT).
+rresolve() {  # sec() keeps the section's name in n: the names here are rr_*
+  rr_p=$1 rr_n=0
+  while [ -L "$R$rr_p" ] && [ $rr_n -lt 40 ]; do
+    rr_t=$(readlink -- "$R$rr_p"); rr_n=$((rr_n + 1))
+    case $rr_t in /*) rr_p=$rr_t ;; *) rr_p=$(dirname -- "$rr_p")/$rr_t ;; esac
+  done
+  printf '%s' "$rr_p"
+}
+inroot() { chroot "$R" "$@"; }
+# has NAME PATH: the tool is on this host's PATH, or (for an image) at PATH inside it.
+has() { if [ -n "$R" ]; then [ -x "$R$2" ]; else command -v "$1" >/dev/null; fi; }
+
+image_meta() {
+  printf 'image:%s\n' "$R"
+  rgrep '' /etc/os-release /etc/hostname
+  [ -e "$R/etc/os-release" ] || rgrep '' /usr/lib/os-release | sed 's|^/usr/lib/os-release|/etc/os-release|'
+  printf 'init:%s\n' "$(basename -- "$(rresolve /sbin/init)")"
+  printf 'kernel-image:%s\n' "$(ls "$R/lib/modules" 2>/dev/null | sort -V | tail -n 1)"
+  printf 'uid:%s\n' "$(id -u)"
+}
+
+image_system() {
+  rgrep '^[[:space:]]*THP_MODE=' /etc/default/hosttune-thp
+  for d in /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib/aarch64-linux-gnu; do
+    for f in "$R$d"/libnvidia-ml.so.*; do [ -e "$f" ] && printf 'nvml-lib:%s\n' "${f#"$R"}"; done
+  done
+  return 0
+}
+
+image_cuda() {
+  { [ -e "$R/usr/local/cuda" ] || [ -L "$R/usr/local/cuda" ]; } && printf 'symlink:%s\n' "$(rresolve /usr/local/cuda)"
+  for t in "$R"/usr/local/cuda-*; do [ -d "$t" ] && printf 'toolkit:%s\n' "${t#"$R"}"; done
+  [ -x "$R/usr/local/cuda/bin/nvcc" ] && printf 'symlink-nvcc:%s\n' "$(inroot /usr/local/cuda/bin/nvcc --version | tail -n 2 | tr '\n' ' ')"
+  inroot env -i HOME=/root PATH=/usr/bin:/bin TERM=dumb sh -lc \
+    'printf "path:%s\nld:%s\nnvcc:%s\n" "$PATH" "$LD_LIBRARY_PATH" "$(command -v nvcc)"; nvcc --version 2>/dev/null | tail -n 2 | sed "s/^/nvcc-version:/"' < /dev/null
+  return 0
+}
+
+image_services() {
+  [ "$(basename -- "$(rresolve /sbin/init)")" = systemd ] || return 0
+  for x in $HT_UNITS; do
+    state=$(systemctl --root="$R" is-enabled "$x.service" 2>/dev/null | head -n 1)
+    printf 'unit:Id=%s.service\nunit:LoadState=%s\nunit:UnitFileState=%s\nunit:\n' "$x" "$([ -n "$state" ] && echo loaded || echo not-found)" "$state"
+  done
+  return 0
+}
+
+image_tools() {
+  for t in /usr/bin/numactl /bin/numactl /usr/local/bin/numactl; do [ -x "$R$t" ] && { printf 'numactl:%s\n' "$t"; break; }; done
+  printf 'python3:%s\n' "$(inroot python3 --version 2>&1)"
+  for p in "$R"/usr/bin/python3.* "$R"/usr/local/bin/python3.*; do
+    case $p in *-config|*m) continue ;; esac
+    [ -x "$p" ] && printf 'python:%s\n' "${p##*/}"
+  done
+  return 0
+}
 
 meta() {
   grep -sH '' /etc/os-release /proc/sys/kernel/hostname /proc/sys/kernel/osrelease /proc/1/comm /proc/cmdline
@@ -11,14 +74,15 @@ meta() {
 }
 
 bootloader() {
-  if [ -r /etc/default/grub ]; then
-    ( . /etc/default/grub
-      for f in /etc/default/grub.d/*.cfg; do [ -r "$f" ] && . "$f"; done
+  if [ -r "$R/etc/default/grub" ]; then
+    ( . "$R/etc/default/grub"
+      for f in "$R"/etc/default/grub.d/*.cfg; do [ -r "$f" ] && . "$f"; done
       printf 'source:grub\nargs:%s %s\n' "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT" )
-  elif command -v grubby >/dev/null; then
-    printf 'source:grubby\n'; grubby --info=DEFAULT | sed -n 's/^args="\{0,1\}\([^"]*\)"\{0,1\}$/args:\1/p'
-  elif [ -r /etc/kernel/cmdline ]; then
-    printf 'source:/etc/kernel/cmdline\nargs:'; cat /etc/kernel/cmdline
+  elif has grubby /usr/sbin/grubby; then
+    printf 'source:grubby\n'
+    if [ -n "$R" ]; then inroot grubby --info=DEFAULT; else grubby --info=DEFAULT; fi | sed -n 's/^args="\{0,1\}\([^"]*\)"\{0,1\}$/args:\1/p'
+  elif [ -r "$R/etc/kernel/cmdline" ]; then
+    printf 'source:/etc/kernel/cmdline\nargs:'; cat "$R/etc/kernel/cmdline"
   fi
 }
 
@@ -38,7 +102,8 @@ gpu_pci() {
 }
 
 cuda() {
-  printf 'symlink:%s\n' "$(readlink -f /usr/local/cuda 2>/dev/null)"
+  # readlink -f of a missing path prints the path itself: only an existing /usr/local/cuda has a target
+  { [ -e /usr/local/cuda ] || [ -L /usr/local/cuda ]; } && printf 'symlink:%s\n' "$(readlink -f /usr/local/cuda)"
   for t in /usr/local/cuda-*; do [ -d "$t" ] && printf 'toolkit:%s\n' "$t"; done
   [ -x /usr/local/cuda/bin/nvcc ] && printf 'symlink-nvcc:%s\n' "$(/usr/local/cuda/bin/nvcc --version | tail -n 2 | tr '\n' ' ')"
   env -i HOME=/root PATH=/usr/bin:/bin TERM=dumb sh -lc \
@@ -46,7 +111,7 @@ cuda() {
 }
 
 packages() {
-  if [ -r /var/lib/dpkg/status ]; then
+  if [ -r "$R/var/lib/dpkg/status" ]; then
     printf 'manager:apt\n'
     # One awk pass over dpkg's database: stack packages with versions, and holds
     # (apt-mark hold sets the dpkg selection; apt-mark showhold would load the whole apt cache).
@@ -57,20 +122,23 @@ packages() {
         else if ($i ~ /^Version: /) v = substr($i, 10)
         else if ($i ~ /^Status: /) s = substr($i, 9)
       }
-      if (s ~ / installed$/ && p ~ /^(nvidia|libnvidia|cuda|libcuda|datacenter-gpu|irqbalance|numactl)/)
+      if (s ~ / installed$/ && p ~ /^(nvidia|libnvidia|cuda|libcuda|datacenter-gpu|libcublas|libcudnn|libnccl|irqbalance|numactl)/)
         printf "pkg:%s\t%s\t%s\n", p, v, (s ~ /^hold/ ? "hi" : "ii")
       if (s ~ /^hold/) print "held:" p
-    }' /var/lib/dpkg/status
-  elif command -v rpm >/dev/null; then
+    }' "$R/var/lib/dpkg/status"
+  elif has rpm /usr/bin/rpm; then
     printf 'manager:dnf\n'
-    rpm -qa --qf 'pkg:%{NAME}\t%{VERSION}-%{RELEASE}\tii\n' | grep -E '^pkg:(nvidia|libnvidia|cuda|libcuda|kmod-nvidia|datacenter-gpu|irqbalance|numactl)'
-    grep -hs . /etc/dnf/plugins/versionlock.list /etc/yum/pluginconf.d/versionlock.list | sed 's/^/lock:/'
+    if [ -n "$R" ]; then inroot rpm -qa --qf "$HT_RPM_QF"; else rpm -qa --qf "$HT_RPM_QF"; fi \
+      | grep -E '^pkg:(nvidia|libnvidia|cuda|libcuda|kmod-nvidia|datacenter-gpu|libcublas|libcudnn|libnccl|irqbalance|numactl)'
+    grep -hs . "$R/etc/dnf/plugins/versionlock.list" "$R/etc/yum/pluginconf.d/versionlock.list" | sed 's/^/lock:/'
   fi
   return 0
 }
 
+HT_RPM_QF='pkg:%{NAME}\t%{VERSION}-%{RELEASE}\tii\n'
+HT_UNITS="irqbalance nvidia-persistenced hosttune-irq-affinity hosttune-cpu-governor hosttune-thp"
 services() {
-  u="irqbalance nvidia-persistenced hosttune-irq-affinity hosttune-cpu-governor hosttune-thp"
+  u=$HT_UNITS
   printf 'running:'; for p in /proc/[0-9]*/comm; do read -r c < "$p" 2>/dev/null && printf '%s ' "$c"; done; printf '\n'
   [ "$(cat /proc/1/comm)" = systemd ] || return 0
   for x in $u; do set -- "$@" "$x.service"; done
@@ -85,14 +153,15 @@ system() {
     /sys/devices/system/cpu/cpu0/cpuidle/state*/latency /sys/devices/system/node/node*/cpulist \
     /proc/sys/kernel/numa_balancing /sys/kernel/mm/transparent_hugepage/enabled \
     /sys/module/nvme_core/parameters/default_ps_max_latency_us /sys/class/nvme/nvme*/model \
-    /sys/class/nvme/nvme*/device/power_state /proc/driver/nvidia/version \
-    /etc/default/hosttune-thp
+    /sys/class/nvme/nvme*/device/power_state /proc/driver/nvidia/version
+  grep -sH '^[[:space:]]*THP_MODE=' /etc/default/hosttune-thp
   ls /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.* /usr/lib64/libnvidia-ml.so.* /usr/lib/aarch64-linux-gnu/libnvidia-ml.so.* 2>/dev/null | sed 's/^/nvml-lib:/'
   return 0
 }
 
 sysctl_conf() {
-  grep -sH 'numa_balancing' /etc/sysctl.conf /etc/sysctl.d/*.conf /run/sysctl.d/*.conf /usr/local/lib/sysctl.d/*.conf /usr/lib/sysctl.d/*.conf /lib/sysctl.d/*.conf
+  (cd "$R/" && grep -sH 'numa_balancing' ./etc/sysctl.conf ./etc/sysctl.d/*.conf ./run/sysctl.d/*.conf \
+    ./usr/local/lib/sysctl.d/*.conf ./usr/lib/sysctl.d/*.conf ./lib/sysctl.d/*.conf) | sed 's/^\.//'
   return 0
 }
 
@@ -106,6 +175,133 @@ tools() {
   return 0
 }
 
+# ---- health probes: GPU faults, fabric, PCI errors, shared memory (read-only) ----
+# sec() keeps the section's name in n: no function here may set n.
+health_host() {
+  grep -qs '^flags.* hypervisor' /proc/cpuinfo && printf 'hypervisor:yes\n'
+  printf 'shm:%s\n' "$(df -Pk /dev/shm 2>/dev/null | tail -n 1)"
+  grep -s ' /dev/shm ' /proc/mounts | sed 's/^/shm-mount:/'
+  return 0
+}
+
+gpu_nodes() {  # read after the smoke test: the first CUDA call loads nvidia-uvm and makes its nodes
+  [ -d /sys/module/nvidia_uvm ] && printf 'uvm-module:yes\n'
+  for h_n in /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidia[0-9]*; do
+    [ -c "$h_n" ] && printf 'devnode:%s\n' "$h_n"
+  done
+  return 0
+}
+
+kernel_log() {  # Xid lines since boot: the ring buffer, else this boot's kernel journal
+  if dmesg >/dev/null 2>&1; then printf 'source:dmesg\n'; l=$(dmesg | grep 'NVRM: Xid')
+  elif journalctl -k -b -n 1 --no-pager >/dev/null 2>&1; then
+    printf 'source:journal\n'; l=$(journalctl -k -b --no-pager -o cat | grep 'NVRM: Xid')
+  else return 1
+  fi
+  [ -n "$l" ] || { printf 'total:0\n'; return 0; }
+  printf 'total:%s\n' "$(printf '%s\n' "$l" | wc -l)"
+  printf '%s\n' "$l" | tail -n 500 | sed 's/^/xid:/'
+}
+
+acs_ctl() {  # $1: a bridge's sysfs dir. Walks the extended capabilities to ACS (id 0x0d).
+  [ "$(stat -c %s "$1/config" 2>/dev/null || echo 0)" -gt 256 ] || { printf 'none'; return; }  # conventional PCI
+  o=256; i=0
+  while [ $o -ge 256 ] && [ $i -lt 64 ]; do
+    h=$(od -An -tu4 -j$o -N4 "$1/config" 2>/dev/null | tr -d ' ')
+    [ -n "$h" ] || { printf 'unreadable'; return; }
+    [ "$h" = 0 ] || [ "$h" = 4294967295 ] && break
+    [ $((h & 65535)) = 13 ] && { od -An -tu2 -j$((o + 6)) -N2 "$1/config" | tr -d ' \n'; return; }
+    o=$(( (h >> 20) & 4092 )); i=$((i + 1))
+  done
+  printf 'none'
+}
+
+pci_health() {  # AER counters of GPUs, NVSwitches and NICs; IOMMU and ACS on GPU paths
+  for d in /sys/bus/pci/devices/*; do
+    read -r v < "$d/vendor" 2>/dev/null || continue
+    read -r c < "$d/class" 2>/dev/null || continue
+    case $v:$c in 0x10de:0x03*) k=gpu ;; 0x10de:0x0680*) k=nvswitch ;; *:0x02*) k=nic ;; *) continue ;; esac
+    b=${d##*/}
+    printf 'dev:%s:%s\n' "$b" "$k"
+    for f in aer_dev_correctable aer_dev_nonfatal aer_dev_fatal; do
+      [ -r "$d/$f" ] && sed "s/^/aer:$b:$f:/" "$d/$f"
+    done
+    [ $k = gpu ] || continue
+    [ -r "$d/iommu_group/type" ] && printf 'iommu:%s:%s\n' "$b" "$(cat "$d/iommu_group/type")"
+    p=$(readlink -f "$d")
+    for a in $(printf '%s\n' "${p#/sys/devices/pci*/}" | tr '/' ' '); do
+      [ "$a" = "$b" ] && break
+      [ -n "$h_root" ] || { h_root=$a; continue; }  # the root port itself is not a switch port
+      printf 'acs:%s:%s:%s\n' "$a" "$b" "$(acs_ctl "/sys/bus/pci/devices/$a")"
+    done
+    h_root=
+  done
+  return 0
+}
+
+fabric_manager() {
+  command -v nv-fabricmanager >/dev/null && printf 'version:%s\n' "$(nv-fabricmanager --version 2>&1 | head -n 1)"
+  for p in /proc/[0-9]*/comm; do read -r c < "$p" 2>/dev/null; [ "$c" = nv-fabricmanage ] && { printf 'running:yes\n'; break; }; done
+  [ "$(cat /proc/1/comm)" = systemd ] || return 0
+  printf 'active:%s\nenabled:%s\n' "$(systemctl is-active nvidia-fabricmanager)" "$(systemctl is-enabled nvidia-fabricmanager)"
+  return 0
+}
+
+cuda_python() {  # $@: arguments for the CUDA probe (libcuda through ctypes); 30 s keeps a hung GPU inside the probe timeout
+  for py in "$HT_PY0" /usr/bin/python3; do
+    [ -n "$py" ] && [ -x "$py" ] || continue
+    if command -v timeout >/dev/null; then timeout "${HT_CUDA_TIMEOUT:-30}" "$py" -c "$HOSTTUNE_CUDA_PROBE" "$@"
+    else "$py" -c "$HOSTTUNE_CUDA_PROBE" "$@"; fi
+    return $?
+  done
+  return 127
+}
+
+torch_python() {  # the engine's virtualenv first, then the interpreters on PATH
+  for py in /opt/hosttune/current/bin/python $(ls -td /opt/hosttune/releases/*/bin/python 2>/dev/null) "$HT_PY0" /usr/bin/python3; do
+    [ -x "$py" ] && "$py" -c 'import torch' 2>/dev/null && { printf '%s' "$py"; return 0; }
+  done
+  return 1
+}
+
+allreduce() {
+  py=$(torch_python) || return 127
+  timeout 120 "$py" -c "$HOSTTUNE_ALLREDUCE_PROBE"
+}
+
+health_gpu_first() {
+  command -v nvidia-smi >/dev/null || return 0
+  sec nvlink-status nvidia-smi nvlink -s
+  sec nvlink-errors-1 nvidia-smi nvlink -e
+  [ -n "$HT_XML" ] || sec smi-xml nvidia-smi -q -x
+}
+
+health_gpu_last() {
+  sec cuda-smoke cuda_python smoke
+  sec gpu-nodes gpu_nodes
+  if [ -n "$HOSTTUNE_ACTIVE" ]; then
+    HT_CUDA_TIMEOUT=$((HOSTTUNE_ACTIVE + 60)); sec active-load cuda_python load "$HOSTTUNE_ACTIVE"; HT_CUDA_TIMEOUT=
+    command -v dcgmi >/dev/null && sec dcgm-diag timeout 300 dcgmi diag -r 1
+    [ "$(ls -d /dev/nvidia[0-9]* 2>/dev/null | wc -l)" -ge 2 ] && sec allreduce allreduce
+  fi
+  command -v nvidia-smi >/dev/null && sec nvlink-errors-2 nvidia-smi nvlink -e
+  return 0
+}
+# ---- end of health probes ----
+
+
+if [ -n "$R" ]; then
+  # An image: no kernel, no devices, no processes; its files only.
+  sec meta image_meta
+  sec bootloader bootloader
+  sec system image_system
+  sec cuda image_cuda
+  sec packages packages
+  sec services image_services
+  sec sysctl sysctl_conf
+  sec tools image_tools
+  exit 0
+fi
 sec meta meta
 sec bootloader bootloader
 sec system system
@@ -116,6 +312,14 @@ sec packages packages
 sec services services
 sec sysctl sysctl_conf
 sec tools tools
+sec health-host health_host
+sec kernel-log kernel_log
+sec pci-health pci_health
+[ -e /sys/bus/pci/drivers/nvidia ] || command -v nv-fabricmanager >/dev/null && sec fabric fabric_manager
+# A deployed engine or its nginx front: does it answer without a key? (an interpreter only where one is)
+if [ -e /opt/hosttune/current ] || [ -n "$(ls /etc/nginx/conf.d/hosttune-*.conf 2>/dev/null)" ]; then
+  command -v python3 >/dev/null && sec engine-access python3 -c "$HOSTTUNE_ACCESS_PROBE"
+fi
 nvml() {
   r=127
   for py in "$HT_PY0" /usr/bin/python3; do
@@ -128,7 +332,9 @@ nvml() {
 # Interpreters cost ~50 ms each: ask NVML only where an NVIDIA GPU, driver or nvidia-smi is present.
 [ -n "$HT_GPU" ] || [ -e /proc/driver/nvidia/version ] || command -v nvidia-smi >/dev/null || exit 0
 if ! sec nvml nvml && command -v nvidia-smi >/dev/null; then
-  sec smi-xml nvidia-smi -q -x
+  sec smi-xml nvidia-smi -q -x; HT_XML=1
   sec smi-csv nvidia-smi --query-gpu=index,name,pci.bus_id,pstate,persistence_mode,clocks.sm,clocks.max.sm,power.draw,power.limit,driver_version,compute_cap --format=csv
 fi
+health_gpu_first
+health_gpu_last
 exit 0

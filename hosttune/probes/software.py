@@ -25,6 +25,8 @@ def parse_cuda(text: str) -> CudaFacts:
     pairs = keyed(text)
     fields = dict(pairs)
     target = fields.get("symlink", "").strip() or None
+    if target == "/usr/local/cuda":
+        target = None  # readlink -f of a missing link names itself
     path = tuple(p for p in fields.get("path", "").split(":") if p)
     ld = tuple(p for p in fields.get("ld", "").split(":") if p)
     nvcc_lines = " ".join(v for k, v in pairs if k == "nvcc-version")

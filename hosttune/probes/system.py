@@ -21,16 +21,22 @@ def _os_release(text: str) -> dict[str, str]:
 
 
 def parse_meta(text: str) -> dict:
-    """grep -H of /etc/os-release, hostname, osrelease, /proc/1/comm, /proc/cmdline; plus uid."""
+    """grep -H of /etc/os-release, hostname, osrelease, /proc/1/comm, /proc/cmdline; plus uid.
+
+    For an image (`image:` line) the hostname is its /etc/hostname, the kernel the newest
+    under /lib/modules and PID 1 the init /sbin/init resolves to; nothing is active.
+    """
     files: dict[str, list[str]] = {}
     for path, value in keyed(text):
         files.setdefault(path, []).append(value)
     release = _os_release("\n".join(files.get("/etc/os-release", [])))
     uid = files.get("uid", [""])[0].strip()
+    first = lambda *keys: next((files[k][0].strip() for k in keys if k in files), "")  # noqa: E731
     return {
-        "hostname": files.get("/proc/sys/kernel/hostname", [""])[0].strip(),
-        "kernel": files.get("/proc/sys/kernel/osrelease", [""])[0].strip(),
-        "pid1": files.get("/proc/1/comm", [""])[0].strip(),
+        "hostname": first("/proc/sys/kernel/hostname", "/etc/hostname"),
+        "image": first("image"),
+        "kernel": first("/proc/sys/kernel/osrelease", "kernel-image"),
+        "pid1": first("/proc/1/comm", "init"),
         "cmdline_active": tuple(shlex.split(files.get("/proc/cmdline", [""])[0])),
         "os_id": release.get("ID", ""),
         "os_version": release.get("VERSION_ID", ""),
@@ -74,8 +80,10 @@ def parse_cpu(text: str) -> CpuFacts:
         states.append((files[name_path], disabled, latency))
     online = files.get("/sys/devices/system/cpu/online", "")
     max_cstate = files.get("/sys/module/intel_idle/parameters/max_cstate")
+    cpus = cpulist.parse(online) if online else ()
     return CpuFacts(
-        count=len(cpulist.parse(online)) if online else 0,
+        count=len(cpus),
+        online=cpus,
         governors=governors,
         idle_driver=files.get("/sys/devices/system/cpu/cpuidle/current_driver"),
         idle_states=tuple(states),
@@ -121,7 +129,7 @@ def parse_system(text: str) -> dict:
         "numa_nodes": parse_numa_nodes(text),
         "numa_balancing": int(balancing) if balancing and balancing.isdigit() else None,
         "thp_enabled": selected(thp) if thp else None,
-        "thp_configured": _thp_unit_mode(files.get("/etc/default/hosttune-thp")),
+        "thp_configured": _thp_unit_mode([v for k, v in keyed(text) if k == "/etc/default/hosttune-thp"]),
         "nvme": tuple(sorted(nvme, key=lambda d: d.name)),
         "nvme_ps_max_latency_us": int(ps_latency) if ps_latency and ps_latency.lstrip("-").isdigit() else None,
         "module_version_text": _all_lines(text, "/proc/driver/nvidia/version"),
@@ -129,12 +137,14 @@ def parse_system(text: str) -> dict:
     }
 
 
-def _thp_unit_mode(line: str | None) -> str | None:
-    """hosttune's THP boot unit reads THP_MODE=... from /etc/default/hosttune-thp."""
-    if not line:
-        return None
-    key, _, value = line.partition("=")
-    return value.strip().strip('"') if key.strip() == "THP_MODE" else None
+def _thp_unit_mode(lines: list[str]) -> str | None:
+    """hosttune's THP boot unit reads THP_MODE=... from /etc/default/hosttune-thp; the last one wins, comments aside."""
+    mode = None
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() == "THP_MODE":
+            mode = value.strip().strip('"\'') or None
+    return mode
 
 
 def _all_lines(text: str, path: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import socket
@@ -16,6 +17,10 @@ from hosttune.quoting import join
 from hosttune.transport.base import CommandResult, ConnectionSpec, with_become
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
+# paramiko logs every failed handshake with a traceback from its own thread; the reason reaches
+# the user as one TransportError line instead.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
@@ -62,13 +67,17 @@ class SshTransport:
     def _open(self) -> paramiko.SSHClient:
         spec, known = self.spec, _known_hosts_path(self.spec)
         client = paramiko.SSHClient()
-        if os.path.exists(known):
-            client.load_host_keys(known)
+        try:
+            if os.path.exists(known):
+                client.load_host_keys(known)
+        except (OSError, paramiko.SSHException) as exc:
+            raise TransportError(f"{spec.host_name}: cannot read known_hosts {known}: {getattr(exc, 'strerror', None) or exc}") from exc
         client.set_missing_host_key_policy(_HostKeyPolicy(spec, known))
         key = os.path.expanduser(spec.key) if spec.key else None
+        sock = _ssh_socket(spec)
         try:
             client.connect(
-                spec.address, port=spec.port, username=spec.user, key_filename=key,
+                spec.address, port=spec.port, username=spec.user, key_filename=key, sock=sock,
                 timeout=spec.timeout_s, banner_timeout=spec.timeout_s,
                 auth_timeout=spec.timeout_s, look_for_keys=key is None, allow_agent=key is None,
             )
@@ -82,9 +91,11 @@ class SshTransport:
             client.close()
             raise
         except paramiko.AuthenticationException as exc:
+            client.close()
             raise TransportError(f"{spec.host_name}: SSH authentication failed as {spec.user}: {exc}") from exc
-        except (OSError, socket.timeout, paramiko.SSHException) as exc:
-            raise TransportError(f"{spec.host_name}: cannot reach {spec.address}:{spec.port}: {exc}") from exc
+        except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
+            client.close()
+            raise TransportError(f"{spec.host_name}: {spec.address}:{spec.port} does not speak SSH: {exc or type(exc).__name__}") from exc
         return client
 
     def run(
@@ -146,3 +157,30 @@ def _read_rest(recv) -> bytes:
     while chunk := recv(65536):
         data += chunk
     return bytes(data)
+
+
+def _ssh_socket(spec: ConnectionSpec) -> socket.socket:
+    """A TCP connection that has sent something: refused, silent and closing ports each get one plain line."""
+    where = f"{spec.host_name}: {spec.address}:{spec.port}"
+    try:
+        sock = socket.create_connection((spec.address, spec.port), timeout=spec.timeout_s)
+    except socket.gaierror as exc:
+        raise TransportError(f"{spec.host_name}: cannot resolve {spec.address}: {exc.strerror}") from exc
+    except ConnectionRefusedError as exc:
+        raise TransportError(f"{where}: connection refused (is sshd running, and on this port?)") from exc
+    except (socket.timeout, TimeoutError) as exc:
+        raise TransportError(f"{where}: no answer within {spec.timeout_s:g}s (host down, or the port is filtered)") from exc
+    except (OSError, UnicodeError) as exc:
+        raise TransportError(f"{where}: cannot connect: {getattr(exc, 'strerror', None) or exc}") from exc
+    try:
+        ready, _, _ = select.select([sock], [], [], spec.timeout_s)
+        first = sock.recv(1, socket.MSG_PEEK) if ready else None
+    except OSError as exc:
+        sock.close()
+        raise TransportError(f"{where}: connection reset before SSH started: {exc.strerror}") from exc
+    if first is None or first == b"":
+        sock.close()
+        what = f"accepts TCP connections but sent no SSH banner within {spec.timeout_s:g}s" if first is None \
+            else "accepted the connection and closed it without speaking SSH"
+        raise TransportError(f"{where}: {what} (not an SSH server on this port, or sshd is overloaded)")
+    return sock

@@ -88,3 +88,39 @@ def test_without_tokenize_prompt_lengths_are_approximate_and_the_report_says_so(
     assert run["tokenizer"].startswith("approximate")
     # The server's usage numbers show the real counts next to the intended ones.
     assert all(r["reported_prompt_tokens"] is not None for r in run["requests"])
+
+
+def test_trace_shared_prefix_and_conversations_through_the_cli(server_factory, tmp_path):
+    url = server_factory("--ttft", "0.005", "--itl", "0.001")
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"arrival": i * 0.05, "input_length": 12, "output_length": 2}) + "\n"
+                             for i in range(10)))
+    out = tmp_path / "trace"
+    result = runner.invoke(app, ["bench", "--url", url, "--trace", str(trace), "--out", str(out)])  # no warm-up
+    assert result.exit_code in (0, 4), result.output
+    run = json.loads((out / "results.json").read_text())["runs"][0]
+    assert run["mode"] == "trace" and len(run["requests"]) == run["summary"]["num_requests"] == 10
+    assert "trace replay (10 requests)" in (out / "report.md").read_text()
+
+    out = tmp_path / "prefix"
+    result = runner.invoke(app, ["bench", "--url", url, "--shared-prefix", "2x3", "--prefix-tokens", "64",
+                                 "--requests", "12", "--warmup", "0", "--prompts", "8", "--max-tokens", "2",
+                                 "--out", str(out)])
+    assert result.exit_code in (0, 4), result.output
+    run = json.loads((out / "results.json").read_text())["runs"][0]
+    assert run["users"] == 6 and {r["group"] for r in run["requests"]} == {0, 1}
+
+    result = runner.invoke(app, ["bench", "--url", url, "--users", "2", "--turns", "3", "--requests", "6",
+                                 "--warmup", "0", "--prompts", "8", "--max-tokens", "2"])
+    assert result.exit_code in (0, 4), result.output
+
+
+def test_bad_workload_options_are_user_errors(tmp_path):
+    for args, message in ((["--shared-prefix", "3"], "write NxM"),
+                          (["--shared-prefix", "2x2", "--users", "5"], "means 4 users"),
+                          (["--rate", "2", "--turns", "3"], "--turns needs closed-loop users"),
+                          (["--users", "2", "--max-concurrency", "2"], "--max-concurrency caps an open loop"),
+                          (["--trace", str(tmp_path / "none.jsonl")], "does not exist"),
+                          (["--dataset", str(tmp_path / "none.json")], "does not exist")):
+        result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", *args])
+        assert result.exit_code == 2 and message in result.output, (args, result.output)

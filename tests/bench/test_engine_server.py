@@ -1,5 +1,4 @@
-"""bench against our own engine's server, on CPU, with the tiny Qwen2 model (issue 7,
-acceptance 1): a real `python -m hosttune_engine serve` process on 127.0.0.1.
+"""bench against our own engine's server, on CPU, with the tiny Qwen2 model: a real `python -m hosttune_engine serve` process on 127.0.0.1.
 
 The engine's timings are not scripted, so these tests check what must hold against a
 real server: prompts of exactly the asked length through its /tokenize (completions and
@@ -41,19 +40,23 @@ START_TIMEOUT_S = 120
 @pytest.fixture(scope="module")
 def engine_url(tmp_path_factory):
     """The tiny Qwen2 served on CPU, 4 sequences at a time and 4 waiting, then 429."""
+    yield from serve_tiny_qwen2(tmp_path_factory.mktemp("bench-engine"), ["--max-queue", "4"])
+
+
+def serve_tiny_qwen2(folder: Path, args: list[str], env: dict | None = None):
+    """Make the tiny Qwen2 in `folder`, serve it on CPU (4 sequences at a time), yield its URL, stop it."""
     spec = importlib.util.spec_from_file_location(
         "make_tiny_models", ROOT / "engine" / "scripts" / "make_tiny_models.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    folder = tmp_path_factory.mktemp("bench-engine")
     model = module.make_tiny_models(folder)["qwen2"]
     log_path = folder / "server.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "hosttune_engine", "serve", "--model", str(model), "--port", "0",
-             "--device", "cpu", "--max-batch-size", "4", "--max-queue", "4"],
+             "--device", "cpu", "--max-batch-size", "4", *args],
             stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})})
     try:
         url = _wait_listening(log_path, process)
         _wait_healthy(url, process, log_path)

@@ -1,4 +1,4 @@
-"""Acceptance 1: against a server whose delays are scripted, bench reports the
+"""Against a server whose delays are scripted, bench reports the
 percentiles those delays imply, within 1 ms."""
 
 import json

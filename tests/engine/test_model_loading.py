@@ -121,3 +121,16 @@ def test_tokenizer_and_chat_template_match_transformers(tiny_models, model):
     assert ours.apply_chat_template(messages) == theirs.apply_chat_template(messages, tokenize=False,
                                                                             add_generation_prompt=True)
     assert ours.eos_token_id == ModelConfig.from_folder(path).eos_token_ids[0]
+
+
+def test_chat_template_is_compiled_once_per_tokenizer(tiny_models, monkeypatch):
+    from hosttune_engine.model import tokenizer as tokenizer_module
+
+    compiled = []
+    compile_ = tokenizer_module._compile
+    monkeypatch.setattr(tokenizer_module, "_compile", lambda t: compiled.append(t) or compile_(t))
+    tok = Tokenizer(tiny_models["qwen2"])
+    first = tok.apply_chat_template([{"role": "user", "content": "first question"}])
+    second = tok.apply_chat_template([{"role": "user", "content": "second question"}])
+    assert compiled == [tok.chat_template]
+    assert first.replace("first question", "second question") == second

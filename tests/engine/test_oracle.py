@@ -1,4 +1,4 @@
-"""Greedy generation matches Hugging Face transformers token for token (acceptance 1, 3, 4).
+"""Greedy generation matches Hugging Face transformers token for token.
 
 Tolerance, documented: in fp32 on CPU, our logits and transformers' differ by at
 most LOGIT_ATOL (observed around 1e-5: different summation orders only).

@@ -87,7 +87,7 @@ def wanted_params(host, want) -> list[str]:
     if want["max_cstate"] is not None:
         params += [f"intel_idle.max_cstate={want['max_cstate']}", f"processor.max_cstate={want['max_cstate']}"]
     if want["rcu_nocbs"]:
-        params.append(f"rcu_nocbs={want['rcu_nocbs']}")
+        params.append(f"rcu_nocbs={want['rcu_nocbs']}")  # "auto": any list of this host's online CPUs
     if want["nvme_apst"] is False and host.run("ls /sys/class/nvme/").stdout.strip():
         params.append("nvme_core.default_ps_max_latency_us=0")
     return params
@@ -97,15 +97,25 @@ def last_values(words: list[str]) -> dict[str, str]:
     return {k: v for k, _, v in (w.partition("=") for w in words)}
 
 
-def missing_params(words: list[str], params: list[str]) -> list[str]:
+def missing_params(words: list[str], params: list[str], online: set[int]) -> list[str]:
     have = last_values(words)
     out = []
     for param in params:
         key, _, value = param.partition("=")
-        ok = have.get(key) == value if key != "rcu_nocbs" else key in have and cpus(have[key]) == cpus(value)
+        ok = have.get(key) == value if key != "rcu_nocbs" else key in have and rcu_matches(have[key], value, online)
         if not ok:
             out.append(param)
     return out
+
+
+def rcu_matches(have: str, value: str, online: set[int]) -> bool:
+    if value != "auto":
+        return cpus(have) == cpus(value)
+    return bool(cpus(have)) and cpus(have) < online  # some CPUs kept for housekeeping
+
+
+def online_cpus(host) -> set[int]:
+    return cpus(host.file("/sys/devices/system/cpu/online").content_string)
 
 
 def test_kernel_command_line_configured(host, want):
@@ -121,7 +131,8 @@ def test_kernel_command_line_configured(host, want):
         pytest.skip("no grub configuration: the kernel command line is set outside this host")
     assert entries, "no boot entries found"
     for words in entries:
-        assert not missing_params(words, params), f"boot entry lacks {missing_params(words, params)}"
+        missing = missing_params(words, params, online_cpus(host))
+        assert not missing, f"boot entry lacks {missing}"
 
 
 def test_kernel_command_line_active(host, want, facts):
@@ -129,7 +140,7 @@ def test_kernel_command_line_active(host, want, facts):
     if not params:
         pytest.skip("no kernel parameters in the profile")
     skip_in_container(facts, "/proc/cmdline")
-    missing = missing_params(host.file("/proc/cmdline").content_string.split(), params)
+    missing = missing_params(host.file("/proc/cmdline").content_string.split(), params, online_cpus(host))
     assert not missing, f"not on the running kernel's command line (reboot pending?): {missing}"
 
 
@@ -148,7 +159,7 @@ def test_gpu_interrupts(host, want, facts):
         pytest.skip("no NVIDIA GPU on the PCI bus, or IRQ affinity not managed")
     for bdf in facts["gpus"]:
         dev = f"/sys/bus/pci/devices/{bdf}"
-        if want["gpu_irq_cores"] != "numa-local":
+        if want["gpu_irq_cores"] not in ("numa-local", "housekeeping"):  # housekeeping cores are NUMA-local too
             cores = cpus(want["gpu_irq_cores"])
         else:
             cores = cpus(host.file(f"{dev}/local_cpulist").content_string)

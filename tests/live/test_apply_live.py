@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from hosttune import cores, cpulist
 from hosttune.cli import app
 from hosttune.errors import TransportError
 from hosttune.execute.journal import Journal, journal_path, new_run_id
@@ -16,9 +17,11 @@ from hosttune.execute.runner import execute_plan
 from hosttune.fleet import EXIT_ERROR
 from hosttune.inventory import load_inventory
 from hosttune.plan import PlanOptions, plan_host
+from hosttune.probes.gather import gather
 from hosttune.profile import profile_for
 from hosttune.quoting import join
 from hosttune.transport.base import with_become
+from hosttune.transport.local import LocalTransport
 from hosttune.transport.ssh import SshTransport
 
 from .apply_setup import FAKE_DRIVER_PKG, UPDATE_GRUB, held, host_vars, make_untuned, snapshot, unit_state, write
@@ -26,7 +29,15 @@ from .hosts import Bind
 
 pytestmark = pytest.mark.live
 runner = CliRunner()
-PARAMS = "intel_idle.max_cstate=1 processor.max_cstate=1 rcu_nocbs=4-63"
+
+
+def _auto_params() -> str:
+    """The kernel parameters the latency playbook gives these containers: they share this machine's CPUs."""
+    facts = gather(LocalTransport()).facts
+    return f"intel_idle.max_cstate=1 processor.max_cstate=1 rcu_nocbs={cpulist.format(cores.rcu_nocbs(facts, 'auto'))}"
+
+
+PARAMS = _auto_params()
 QUIET = {"pins": {"python": "3.11"}, "tune": {"cuda": {"toolkit": None}}}  # fresh container: irqbalance is the only drift
 
 
@@ -268,7 +279,7 @@ def test_reboot_then_recheck_pending_until_cmdline_matches(fresh_hosts, live_fle
 
 def test_root_writes_under_the_root_and_skips_live_kernel_writes(fresh_hosts, live_fleet, tmp_path):
     (host,) = fresh_hosts(["baker"])
-    host.exec("mkdir -p /srv/img/etc")
+    host.exec("mkdir -p /srv/img/etc /srv/img/sbin && ln -s /lib/systemd/systemd /srv/img/sbin/init")  # boots systemd
     vars_ = {**QUIET, "tune": {**QUIET["tune"], "memory": {"thp": "always"}}}
     inv = inventory(live_fleet, tmp_path, [host], {"baker": vars_})
     live_before = snapshot(host)
@@ -289,4 +300,26 @@ def test_root_writes_under_the_root_and_skips_live_kernel_writes(fresh_hosts, li
 
     code, out = invoke("rollback", "-i", str(inv), "--root", "/srv/img")
     assert code == 0 and "restored" in out, out
-    assert sorted(p.name for p in (img / "etc").iterdir()) == []
+    assert sorted(p.name for p in (img / "etc").iterdir()) == []  # every directory apply made is gone again
+
+
+# -- 7: rollback stops the boot units it removes ----------------------------------------------
+
+
+def test_rollback_stops_a_boot_unit_that_ran_since_and_removes_it(fresh_hosts, live_fleet, tmp_path):
+    thp = tmp_path / "thp"
+    thp.mkdir()
+    (thp / "enabled").write_text("always [madvise] never\n")
+    (host,) = fresh_hosts(["unitstop"], binds={"unitstop": [Bind(thp, "/sys/kernel/mm/transparent_hugepage")]})
+    inv = inventory(live_fleet, tmp_path, [host], {"unitstop": {**QUIET, "tune": {**QUIET["tune"], "memory": {"thp": "always"}}}})
+    before = snapshot(host)
+
+    code, doc = apply_json(inv, "--yes")
+    assert by_host(doc)["unitstop"]["state"] == "changed", doc
+    host.exec("systemctl start hosttune-thp.service")  # what every boot after the apply does
+    assert unit_state(host, "hosttune-thp.service") == ("enabled", "active")
+
+    code, out = invoke("rollback", "-i", str(inv))
+    assert code == 0 and "stop hosttune-thp.service" in out, out
+    assert unit_state(host, "hosttune-thp.service")[1] == "inactive"
+    assert snapshot(host) == before  # unit, script and defaults file gone, and the directories made for them

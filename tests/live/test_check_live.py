@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from hosttune.checks import CATALOGUE
 from hosttune.cli import app
 from hosttune.fleet import EXIT_UNREACHABLE
 
@@ -159,8 +160,8 @@ def test_stopped_host_is_unreachable_and_the_other_still_checked(fresh_hosts, li
     live_fleet.stop(down)
     code, doc = check_json(inv)
     by = {h["host"]: h for h in doc["hosts"]}
-    assert by["down2"]["reachable"] is False and "cannot reach" in by["down2"]["error"]
-    assert by["up2"]["reachable"] is True and len(by["up2"]["findings"]) == 19
+    assert by["down2"]["reachable"] is False and "connection refused" in by["down2"]["error"]
+    assert by["up2"]["reachable"] is True and len(by["up2"]["findings"]) == len(CATALOGUE)
     assert code & EXIT_UNREACHABLE
 
 

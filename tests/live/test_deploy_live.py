@@ -1,4 +1,4 @@
-"""Acceptance 2: build the bundled engine's wheel, deploy it on a real systemd host over SSH with
+"""Build the bundled engine's wheel, deploy it on a real systemd host over SSH with
 the tiny model on CPU, gate it, reach it with the `openai` client; redeploy (nothing changes);
 deploy a broken release (it fails the gate, shows the journal, the previous release serves
 again); --rollback.

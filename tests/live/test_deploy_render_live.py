@@ -1,4 +1,4 @@
-"""Acceptance 3 (verify): the vLLM, SGLang and Ray units deploy renders pass `systemd-analyze verify`
+"""The vLLM, SGLang and Ray units deploy renders pass `systemd-analyze verify`
 on a real systemd host, through deploy's own verify step; a broken one does not. And systemd
 reads back exactly the argv and environment hosttune quoted into a unit.
 """

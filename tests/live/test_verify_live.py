@@ -31,7 +31,8 @@ def test_verify_checks_host_keys_fails_before_apply_and_passes_after(fresh_hosts
     junit = tmp_path / "verify.xml"
 
     result = runner.invoke(app, ["verify", "-i", str(inv), "--junit-xml", str(junit)])
-    assert result.exit_code != 0 and "passed" not in cases(junit).values()  # unknown host key: nothing ran
+    assert result.exit_code == 2 and not junit.exists()  # unknown host key: nothing ran
+    assert result.output.count("\n") == 1 and "unknown SSH host key" in result.output, result.output
     assert known.read_text() == ""
 
     result = runner.invoke(app, ["verify", "-i", str(inv), "--junit-xml", str(junit), "--accept-new-host-keys"])

@@ -1,5 +1,6 @@
 """Actions as data: these facts and this profile give these steps and commands."""
 
+import dataclasses
 import subprocess
 from dataclasses import replace
 
@@ -20,6 +21,10 @@ from hosttune.transport.base import ConnectionSpec
 
 HOST = Host("h", "g", ConnectionSpec("h"), irq_cores="0-3")
 LATENCY = load_profile("inference-latency")
+# The latency playbook with explicit core sets, for facts that carry no CPUs.
+PINNED_CORES = build("pinned", {**{f.name: dataclasses.asdict(getattr(LATENCY, f.name)) for f in dataclasses.fields(LATENCY)
+                                   if f.name not in ("name", "description")},
+                                "kernel": {"rcu_nocbs": "4-63"}, "irq": {"irqbalance": False, "gpu_affinity": "0-3"}})
 
 
 def systemd_debian(**kw) -> Facts:
@@ -62,13 +67,13 @@ def test_grub_drop_in_and_update_grub(l40s):
     assert write.path == GRUB_DROPIN and write.mode == 0o644
     assert write.content.decode().splitlines()[-1] == (
         'GRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT} "'
-        "'intel_idle.max_cstate=1 processor.max_cstate=1 rcu_nocbs=4-63'")
+        "'intel_idle.max_cstate=1 processor.max_cstate=1 rcu_nocbs=2-15'")  # auto on 16 CPUs: 0-1 keep house
     assert update == Command(("update-grub",), regenerate=True)
 
 
 def test_grub_drop_in_sourced_by_sh_appends_params(tmp_path):
     """What update-grub (and the probe) see after sourcing /etc/default/grub and the drop-in."""
-    (step,) = kernel.kernel_cmdline(systemd_debian(), LATENCY, HOST)
+    (step,) = kernel.kernel_cmdline(systemd_debian(), PINNED_CORES, HOST)
     (tmp_path / "grub").write_text('GRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\n')
     (tmp_path / "90-hosttune.cfg").write_bytes(step.ops[0].content)
     out = subprocess.run(["sh", "-c", f'. {tmp_path}/grub; . {tmp_path}/90-hosttune.cfg; printf %s "$GRUB_CMDLINE_LINUX_DEFAULT"'],
@@ -79,7 +84,7 @@ def test_grub_drop_in_sourced_by_sh_appends_params(tmp_path):
 def test_grubby_on_rhel_likes_with_undo():
     facts = Facts(pid1="systemd", os_id="rocky", os_like=("rhel",), package_manager="dnf", cmdline_source="grub",
                   cmdline_configured=("ro", "intel_idle.max_cstate=9"))
-    (step,) = kernel.kernel_cmdline(facts, LATENCY, HOST)
+    (step,) = kernel.kernel_cmdline(facts, PINNED_CORES, HOST)
     (cmd,) = step.ops
     assert cmd.argv == ("grubby", "--update-kernel=ALL", "--args=intel_idle.max_cstate=1 processor.max_cstate=1 rcu_nocbs=4-63")
     assert cmd.undo == ("grubby", "--update-kernel=ALL", "--remove-args=intel_idle.max_cstate processor.max_cstate rcu_nocbs",
@@ -89,7 +94,13 @@ def test_grubby_on_rhel_likes_with_undo():
 def test_no_boot_loader_is_blocked_with_the_params_to_add(h200):
     (step,) = kernel.kernel_cmdline(h200, LATENCY, HOST)
     assert step.blocked and not step.ops
-    assert "no boot loader configuration" in step.blocked and "rcu_nocbs=4-63" in step.blocked
+    assert "no boot loader configuration" in step.blocked and "rcu_nocbs=2-15" in step.blocked  # its 16 CPUs
+    assert "max_cstate" not in step.blocked  # no cpuidle driver on that VM: nothing to limit
+
+
+def test_rcu_nocbs_past_the_hosts_cpus_is_never_written(h200):
+    steps = kernel.kernel_cmdline(h200, PINNED_CORES, HOST)  # 4-63 on a host of 16 CPUs
+    assert not any("rcu_nocbs" in s.blocked + s.summary for s in steps)
 
 
 def test_nvme_param_and_wake_only_with_nvme(a100):
@@ -123,13 +134,14 @@ def test_gpu_irq_affinity_written_now_and_persisted(a100):
     (step,) = irq.gpu_affinity(a100, LATENCY, HOST)
     script, unit, reload, enable, *live = step.ops
     assert script.path == "/usr/local/sbin/hosttune-irq-affinity" and script.mode == 0o755
-    assert b"pin 0000:17:00.0 0-3\n" in script.content
+    assert b"pin 0000:17:00.0 0-1\n" in script.content  # housekeeping cores of each GPU's NUMA node
+    assert b"pin 0000:b1:00.0 32-33\n" in script.content
     assert unit.path == "/etc/systemd/system/hosttune-irq-affinity.service"
     assert b"ExecStart=/usr/local/sbin/hosttune-irq-affinity" in unit.content
     assert reload == Command(("systemctl", "daemon-reload"), regenerate=True, offline=False)
     assert enable == Service("hosttune-irq-affinity.service", enabled=True)
-    assert step.is_live_kernel_write and all(k.value == "0-3" for k in live)
-    assert "/proc/irq/128/smp_affinity_list" in live[0].paths
+    assert step.is_live_kernel_write and {k.value for k in live} == {"0-1", "32-33"}
+    assert "/proc/irq/128/smp_affinity_list" in [p for k in live for p in k.paths]
 
 
 def test_irq_script_quotes_what_it_is_given(tmp_path):
@@ -257,3 +269,15 @@ def test_actions_never_touch_a_transport():
                 assert not node.module.startswith(("hosttune.transport", "hosttune.execute", "hosttune.probes.gather", "subprocess")), path
             if isinstance(node, ast.Import):
                 assert all(a.name not in ("subprocess", "paramiko") for a in node.names), path
+
+
+def _toolkits(*paths, link=None) -> Facts:
+    return Facts(cuda=replace(Facts().cuda, toolkits=paths, symlink_target=link))
+
+
+def test_prune_cuda_never_moves_the_linked_the_pinned_or_the_only_toolkit():
+    prune = lambda facts: [s for s in cuda.cuda_toolkit(facts, LATENCY, HOST) if s.opt_in == "prune-cuda"]  # noqa: E731
+    assert prune(_toolkits("/usr/local/cuda-13.0", "/usr/local/cuda-13", link="/usr/local/cuda-13.0")) == []  # the only one
+    assert prune(_toolkits("/usr/local/cuda-11.8")) == []  # the only one, even unpinned and unlinked
+    (step,) = prune(_toolkits("/usr/local/cuda-11.8", "/usr/local/cuda-12.4", "/usr/local/cuda-13.0", link="/usr/local/cuda-13.0"))
+    assert step.ops == (MoveAside("/usr/local/cuda-11.8"),)  # 12.4 is the pin, 13.0 what /usr/local/cuda points at

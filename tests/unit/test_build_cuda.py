@@ -1,4 +1,4 @@
-"""Acceptance 1: a real CUDA extension built from source with nvcc for 8.0 and 9.0 through
+"""A real CUDA extension built from source with nvcc for 8.0 and 9.0 through
 `hosttune build` (the vLLM code path: git checkout at a ref, pip wheel --no-deps,
 TORCH_CUDA_ARCH_LIST), its machine code checked with cuobjdump; an artefact missing an
 arch fails the check; the second build with the same key is a cache hit.

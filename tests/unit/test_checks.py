@@ -27,6 +27,8 @@ def test_catalogue_covers_design():
         "gpu.persistence", "gpu.pcie_link", "gpu.ecc", "gpu.mig", "cpu.governor", "cpu.cstates",
         "kernel.rcu_nocbs", "irq.irqbalance", "irq.gpu_affinity", "numa.topology", "mm.thp",
         "nvme.power", "tools.numactl", "python.version",
+        "gpu.xid", "gpu.count", "cuda.smoke", "gpu.memory_health", "gpu.nvlink", "gpu.fabric", "pci.p2p",
+        "pci.aer", "gpu.clocks_power", "sys.shm", "gpu.load", "gpu.diag", "gpu.allreduce", "serve.api_key",
     }
     assert all(c.why.endswith(".") and c.remediation for c in CATALOGUE)
 
@@ -43,7 +45,8 @@ def test_a100_findings(a100):
     assert s["gpu.ecc"] is Status.DRIFT  # GPU2 pending retirement
     assert s["gpu.mig"] is Status.OK
     assert s["cpu.governor"] is Status.DRIFT  # CPUs 60-63 powersave, no boot unit
-    assert s["cpu.cstates"] is Status.OK and s["kernel.rcu_nocbs"] is Status.OK
+    assert s["cpu.cstates"] is Status.OK
+    assert s["kernel.rcu_nocbs"] is Status.DRIFT  # set to 4-63; auto keeps 0-1 and 32-33 (two nodes of 32)
     assert s["irq.irqbalance"] is Status.OK  # masked and not running
     assert s["irq.gpu_affinity"] is Status.DRIFT
     assert s["numa.topology"] is Status.DRIFT  # live 1, sysctl.d 0
@@ -90,6 +93,25 @@ def test_h200_is_what_it_is(h200):
     assert s["gpu.ecc"] is Status.OK and s["gpu.mig"] is Status.OK and s["gpu.pcie_link"] is Status.OK
     assert s["irq.gpu_affinity"] is Status.DRIFT  # IRQs on 0-15, wanted 0-3
     assert s["nvme.power"] is Status.NOT_APPLICABLE and s["irq.irqbalance"] is Status.OK
+
+
+def test_h200_findings_from_its_own_cpus(h200):
+    """The recorded H200 VM: 16 CPUs in one node, no cpuidle driver, CUDA math libraries held."""
+    found = {f.check_id: f for f in run_checks(h200, profile_for(Host("h", "g", ConnectionSpec("h"), pins=Pins("580.159.04", "13.0", "3.12"))))}
+    assert found["cpu.cstates"].status is Status.NOT_APPLICABLE and "no cpuidle driver" in found["cpu.cstates"].detail
+    assert found["kernel.rcu_nocbs"].desired == "rcu_nocbs=2-15"  # never past CPU 15
+    assert found["irq.gpu_affinity"].desired == "0000:00:06.0: 0-1"
+    assert "IRQ 42 on 0-15" in found["irq.gpu_affinity"].detail
+    held = found["driver.held"]
+    assert "libcublas-13-0, libcublas-dev-13-0, libcudnn9-cuda-13, libnccl-dev, libnccl2" in held.active
+    assert "libcublas" not in held.detail and "cuda-nvcc-13-0" in held.detail  # held libraries are not reported unheld
+
+
+def test_explicit_core_lists_past_the_hosts_cpus_are_errors(h200):
+    profile = profile_for(Host("h", "g", ConnectionSpec("h"), irq_cores="0-3,32", rcu_nocbs="4-63"))
+    found = {f.check_id: f for f in run_checks(h200, profile)}
+    assert found["kernel.rcu_nocbs"].status is Status.ERROR and "CPUs 16-63 are not on this host" in found["kernel.rcu_nocbs"].detail
+    assert found["irq.gpu_affinity"].status is Status.ERROR and "CPUs 32 are not on this host" in found["irq.gpu_affinity"].detail
 
 
 def test_no_gpu_is_not_applicable():

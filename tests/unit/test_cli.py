@@ -5,6 +5,7 @@ import xml.etree.ElementTree as ET
 
 from typer.testing import CliRunner
 
+from hosttune.checks import CATALOGUE
 from hosttune.cli import app
 from hosttune.fleet import EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE
 
@@ -22,7 +23,7 @@ def test_check_local_json_matches_exit_code():
     result = runner.invoke(app, ["check", "--format", "json"])
     doc = json.loads(result.stdout)
     (host,) = doc["hosts"]
-    assert host["host"] == "localhost" and host["reachable"] and len(host["findings"]) == 19
+    assert host["host"] == "localhost" and host["reachable"] and len(host["findings"]) == len(CATALOGUE)
     assert result.exit_code == doc["exit_code"]
     failing = any(f["status"] in ("drift", "pending-reboot") for f in host["findings"])
     assert bool(result.exit_code & EXIT_DRIFT) == failing
@@ -32,7 +33,7 @@ def test_check_junit_and_prometheus(tmp_path):
     out = tmp_path / "r.xml"
     runner.invoke(app, ["check", "--format", "junit", "--output", str(out)])
     suite = ET.parse(out).getroot().find("testsuite")
-    assert suite.get("name") == "localhost" and int(suite.get("tests")) == 19
+    assert suite.get("name") == "localhost" and int(suite.get("tests")) == len(CATALOGUE)
     prom = runner.invoke(app, ["check", "--format", "prometheus"]).stdout
     assert 'hosttune_host_reachable{host="localhost"} 1' in prom
     assert prom.count('check="mm.thp"') == 5
@@ -44,7 +45,7 @@ def test_unreachable_host_sets_bit_4_and_others_still_checked(tmp_path):
     result = runner.invoke(app, ["check", "-i", str(inv), "--format", "json"])
     doc = json.loads(result.stdout)
     by = {h["host"]: h for h in doc["hosts"]}
-    assert by["dead"]["reachable"] is False and "cannot reach 127.0.0.1:9" in by["dead"]["error"]
+    assert by["dead"]["reachable"] is False and "127.0.0.1:9: connection refused" in by["dead"]["error"]
     assert by["localhost"]["reachable"] and by["localhost"]["findings"]
     assert result.exit_code & EXIT_UNREACHABLE
 
@@ -67,3 +68,18 @@ def test_facts_dumps_json():
     result = runner.invoke(app, ["facts"])
     doc = json.loads(result.stdout)
     assert doc["localhost"]["kernel"] and "gpu" in doc["localhost"]
+
+
+def test_unexpected_exception_is_one_line_naming_the_traceback_file(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise KeyError("a bug, not bad input")
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr("hosttune.cli.check.check_fleet", broken)
+    result = runner.invoke(app, ["check"])
+    assert result.exit_code == 2 and result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("hosttune: internal error: KeyError: 'a bug, not bad input' (traceback in ")
+    (written,) = (tmp_path / "hosttune").glob("crash-*.txt")
+    assert str(written) in line
+    assert "Traceback (most recent call last)" in written.read_text() and "def broken" not in line

@@ -121,3 +121,45 @@ def test_tune_is_validated(tmp_path):
         """))
     with pytest.raises(ProfileError, match="gpu.pstate: must be one of"):
         profile_for(inv.hosts[0])
+
+
+def test_probe_timeout_comes_from_the_inventory(tmp_path, monkeypatch, fixture_text):
+    from hosttune import fleet
+    from hosttune.transport.base import CommandResult
+
+    inv = load_inventory(write(tmp_path, """\
+        defaults: {probe_timeout: 240}
+        hosts:
+          a: {transport: local}
+          b: {transport: local, probe_timeout: 7.5}
+        """))
+    seen = {}
+
+    class Recording:
+        def __init__(self, name):
+            self.host_name = name
+
+        def run(self, argv, *, stdin=None, timeout=None):
+            seen[self.host_name] = timeout
+            return CommandResult(tuple(argv), 0, fixture_text("h200", "probe-output.txt"), "", 0.0)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(fleet, "open_transport", lambda spec: Recording(spec.host_name))
+    for host in inv.hosts:
+        fleet.probe(host)
+    assert seen == {"a": 240.0, "b": 7.5}
+
+
+def test_addresses_are_names_or_ips(tmp_path):
+    inv = load_inventory(write(tmp_path, """\
+        hosts:
+          a: {address: "[fe80::1]"}
+          b: {address: 10.0.0.7}
+          c: {address: gpu-01.xn--bcher-kva.example.}
+        """))
+    assert [h.connection.address for h in inv.hosts] == ["fe80::1", "10.0.0.7", "gpu-01.xn--bcher-kva.example."]
+    for bad in ("-gpu.example", "gpu..example", "gpu_01 .example", "a" * 64 + ".example"):
+        with pytest.raises(InventoryError, match=r"inv.yaml:3: hosts.a.address: must be a host name"):
+            load_inventory(write(tmp_path, f"hosts:\n  a:\n    address: '{bad}'\n"))

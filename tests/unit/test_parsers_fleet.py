@@ -49,3 +49,21 @@ def test_sysctl_precedence():
     assert parse_sysctl_conf(text) == (0, "/etc/sysctl.d/50-default.conf")
     later = text + "\n/etc/sysctl.conf:kernel.numa_balancing=1"
     assert parse_sysctl_conf(later) == (1, "/etc/sysctl.conf")
+
+
+def test_thp_boot_setting_read_past_a_leading_comment():
+    from hosttune.probes.system import parse_system
+    text = ("/etc/default/hosttune-thp:# Managed by hosttune (transparent hugepages).\n"
+            "/etc/default/hosttune-thp:THP_MODE=never\n")
+    assert parse_system(text)["thp_configured"] == "never"
+
+
+def test_missing_usr_local_cuda_reads_nothing():
+    from hosttune.checks.driver import cuda_toolkit
+    from hosttune.facts import Facts
+    from hosttune.probes.software import parse_cuda
+    from hosttune.profile import load_profile
+    recorded = parse_cuda("symlink:/usr/local/cuda\ntoolkit:/usr/local/cuda-12.4\npath:/usr/bin:/bin\nld:\nnvcc:\n")
+    assert recorded.symlink_target is None  # readlink -f of a missing link prints the link itself
+    verdict = cuda_toolkit(Facts(cuda=recorded), load_profile("inference-latency"))
+    assert "/usr/local/cuda points at nothing" in verdict.detail

@@ -16,7 +16,7 @@ from hosttune.plan_resolve import comment_out, kernel_value_holds, matches_pin, 
 from hosttune.plan_render import plan_dict, render
 from hosttune.plan_state import FileState, PackageState, State, UnitState, parse_state, requests_for, sha256, state_script
 from hosttune.probes.gather import parse_probe_output
-from hosttune.profile import load_profile
+from hosttune.profile import KernelSpec, load_profile
 from hosttune.transport.base import ConnectionSpec
 
 HOST = Host("h", "g", ConnectionSpec("h"))
@@ -144,24 +144,34 @@ def grub(fixture_text):
     return {name: parse_probe_output(fixture_text("grub-dropin", f"{name}.txt")) for name in ("before", "after-apply", "after-reboot")}
 
 
+# The recordings were made when the playbook said rcu_nocbs=4-63 whatever the host; these hosts have 2 CPUs.
+CSTATES_ONLY = replace(LATENCY, kernel=KernelSpec(rcu_nocbs=None))
+
+
 def test_grub_drop_in_is_pending_reboot_until_proc_cmdline_matches(grub):
     statuses = {name: {f.check_id: f.status for f in run_checks(facts, LATENCY)} for name, facts in grub.items()}
-    for check in ("cpu.cstates", "kernel.rcu_nocbs"):
-        assert statuses["before"][check] is Status.DRIFT
-        assert statuses["after-apply"][check] is Status.PENDING_REBOOT
-        assert statuses["after-reboot"][check] is Status.OK
+    assert statuses["before"]["cpu.cstates"] is Status.DRIFT
+    assert statuses["after-apply"]["cpu.cstates"] is Status.PENDING_REBOOT
+    assert statuses["after-reboot"]["cpu.cstates"] is Status.OK
+    assert {s["kernel.rcu_nocbs"] for s in statuses.values()} == {Status.DRIFT}  # auto on 2 CPUs: 1, not 4-63
+
+
+def test_rcu_nocbs_naming_cpus_the_host_lacks_is_an_error(grub):
+    pinned = replace(LATENCY, kernel=KernelSpec(rcu_nocbs="4-63"))
+    finding = next(f for f in run_checks(grub["after-reboot"], pinned) if f.check_id == "kernel.rcu_nocbs")
+    assert finding.status is Status.ERROR and "CPUs 4-63 are not on this host (online: 0-1)" in finding.detail
 
 
 def test_grub_plans_before_and_after(grub):
     before = grub["before"]
-    plan = build_plan(HOST, LATENCY, before, run_checks(before, LATENCY), State(), ONLINE)
+    plan = build_plan(HOST, CSTATES_ONLY, before, run_checks(before, CSTATES_ONLY), State(), ONLINE)
     (kernel_step,) = [s for s in plan.steps if "kernel command line" in s.summary]
     assert kernel_step.needs_reboot and kernel_step.ops[0].path == GRUB_DROPIN
     assert "+GRUB_CMDLINE_LINUX_DEFAULT=" in plan.diffs[GRUB_DROPIN] and plan.diffs[GRUB_DROPIN].startswith("--- /dev/null")
     after = grub["after-apply"]
-    plan = build_plan(HOST, LATENCY, after, run_checks(after, LATENCY), State(), ONLINE)
+    plan = build_plan(HOST, CSTATES_ONLY, after, run_checks(after, CSTATES_ONLY), State(), ONLINE)
     assert not any("kernel command line" in s.summary for s in plan.steps)
-    assert set(plan.pending_reboot) == {"cpu.cstates", "kernel.rcu_nocbs"} and plan.needs_reboot
+    assert set(plan.pending_reboot) == {"cpu.cstates"} and plan.needs_reboot
 
 
 # -- the state script, run for real on temporary files (it only reads) -------------------------
@@ -228,9 +238,10 @@ def test_h200_plan_is_sensible_without_systemd(fixture_text):
     assert not any(p.startswith("/etc/systemd/") for p in written)  # no units on a host without systemd
     irq = next(s for s in plan.steps if s.fixes == ("irq.gpu_affinity",))
     (live,) = irq.ops
-    assert live.value == "0-3" and len(live.paths) == 8 and "not persisted" in irq.notes[0]
+    assert live.value == "0-1" and len(live.paths) == 8 and "not persisted" in irq.notes[0]  # housekeeping of 16 CPUs
     cuda = next(s for s in plan.steps if s.fixes == ("cuda.toolkit",))
     assert [op.path for op in cuda.ops] == ["/etc/profile.d/hosttune-cuda.sh"]  # the link already resolves to 13.0
     reasons = {c: s.blocked for s in plan.blocked for c in s.fixes}
-    assert "not systemd" in reasons["gpu.persistence"] and "no boot loader" in reasons["cpu.cstates"]
+    assert "not systemd" in reasons["gpu.persistence"] and "no boot loader" in reasons["kernel.rcu_nocbs"]
+    assert "rcu_nocbs=2-15" in reasons["kernel.rcu_nocbs"] and "cpu.cstates" not in reasons  # no cpuidle driver
     assert "driver.version" not in reasons and not plan.pending_reboot

@@ -1,4 +1,4 @@
-"""Acceptance 3 (content): vLLM, SGLang and Ray units and the nginx upstream rendered from an inventory
+"""vLLM, SGLang and Ray units and the nginx upstream rendered from an inventory
 carry the GPU, NUMA and flag settings it asked for; the nginx config passes `nginx -t`.
 (tests/live/test_deploy_render_live.py runs `systemd-analyze verify` on them on a systemd host.)
 """

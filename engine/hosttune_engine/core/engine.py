@@ -11,7 +11,8 @@ Callers talk to it only with the message dataclasses of `core.messages`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hosttune_engine.cache.block_manager import BlockManager
@@ -24,6 +25,8 @@ from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.errors import RequestError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.model.tokenizer import Tokenizer
+
+log = logging.getLogger("hosttune_engine.engine")
 
 
 @dataclass
@@ -70,10 +73,29 @@ class Engine:
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
                             config.scheduling_policy),
             self.block_manager, eos_token_ids=eos)
+        if config.max_step_ms is not None:
+            self._measure_step_costs()
         self.requests: dict[str, _Request] = {}
         self._pending: list[TokenOutput] = []  # built, to go out with the next step
         self._in_flight: _InFlight | None = None
         self._prompt_tokens = self._generation_tokens = self._finished = 0
+
+    def _measure_step_costs(self) -> None:
+        """Give the scheduler a cost model and a step time budget (core/step_cost.py)."""
+        from hosttune_engine.core.step_cost import StepProbe, measure_step_costs
+
+        cfg = self.config
+        probe = StepProbe(self.runner, self.block_manager, cfg.max_num_batched_tokens, self.max_model_len)
+        on_cuda = self.runner.device.type == "cuda"
+        decode_batch = max(1, min(64 if on_cuda else 8, cfg.max_num_seqs // 4))  # a quarter-full batch
+        model = measure_step_costs(probe, on_cuda, self.block_manager.num_free_blocks * cfg.block_size, decode_batch)
+        self.scheduler.cost_model = model
+        self.scheduler.config = replace(self.scheduler.config, max_step_ms=cfg.max_step_ms)
+        budget = f"{cfg.max_step_ms:g} ms" if cfg.max_step_ms else "auto"
+        log.info("step budget %s; step costs: %s ms at %s tokens, a decode-only step of %d %.1f ms, %.3g ns per "
+                 "decode context token, %.3g ns per prefill pair", budget,
+                 "/".join(f"{t * 1e3:.1f}" for t in model.token_seconds), "/".join(map(str, model.token_points)),
+                 decode_batch, model.decode_step_s * 1e3, model.decode_s * 1e9, model.prefill_s * 1e9)
 
     # -- messages in -----------------------------------------------------------------
     def handle(self, message: EngineRequest | AbortRequest) -> None:

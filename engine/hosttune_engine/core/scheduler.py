@@ -1,11 +1,15 @@
 """Continuous batching with chunked prefill, a hard batch limit and preemption (torch-free).
 
-Each step the scheduler spends a token budget: first on running sequences (one
-token for each decode, the next chunk for each unfinished prefill), then on
-waiting ones in priority order. When the KV pool cannot hold a running
-sequence's next tokens, the least important running sequence not yet scheduled
-this step is preempted: its blocks are freed and it goes back to waiting, to be
-recomputed later (its full blocks usually survive in the prefix cache).
+Each step the scheduler spends a token budget: first one token for each running
+decode, then prefill chunks, most important first: the next chunk of a running
+prefill or the first of a waiting sequence. Beside decodes, prefill tokens are also
+limited by a time budget (`max_step_ms`) that a cost model measured at start turns
+into chunk sizes (core/step_budget.py), so long prompts never stall decoding. When the
+KV pool cannot hold a running sequence's next tokens, the least important running
+sequence not yet scheduled this step is preempted: its blocks are freed and it goes
+back to waiting, to be recomputed later (its full blocks usually survive in the
+prefix cache). Under the priority policy a waiting sequence that finds the batch or
+the pool full preempts a less important running one.
 
 In the steady decode state the next step can be scheduled before the last
 one's tokens are known (`schedule_ahead`): those tokens stay on the device and
@@ -16,10 +20,12 @@ from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hosttune_engine.cache.block_manager import BlockManager
+from hosttune_engine.core.scheduler_output import SchedulerOutput  # noqa: F401  (the runner imports it from here)
 from hosttune_engine.core.sequence import Sequence, SequenceStatus
+from hosttune_engine.core.step_budget import StepBudget
 
 
 @dataclass(frozen=True)
@@ -28,31 +34,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     max_model_len: int = 4096
     policy: str = "fcfs"  # or "priority": lower value runs first
-
-
-@dataclass
-class SchedulerOutput:
-    """One step's work. Prefill chunks (more than one new token) come before decodes."""
-
-    seqs: list[Sequence] = field(default_factory=list)
-    num_new_tokens: list[int] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.seqs
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
-    @property
-    def num_prefill_seqs(self) -> int:
-        return sum(1 for n in self.num_new_tokens if n > 1)
-
-    def sample_mask(self) -> list[bool]:
-        """Which sequences reach their last token this step, so get a sampled token."""
-        return [s.num_computed_tokens + n == len(s.token_ids) for s, n in zip(self.seqs, self.num_new_tokens)]
+    max_step_ms: float | None = None  # with a cost model: the time budget of a step that holds decodes (0: auto)
 
 
 class Scheduler:
@@ -65,6 +47,7 @@ class Scheduler:
         self.waiting: list[Sequence] = []  # sorted by _queue_key
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions = 0
+        self.cost_model = None  # a StepCostModel (core/step_cost.py), set once measured
         self._fills_block: set[int] = set()  # ids of sequences whose pending token completes a block (ahead)
 
     # -- queue ------------------------------------------------------------------
@@ -90,38 +73,18 @@ class Scheduler:
     # -- schedule ---------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
-        if not out.preempted:  # admitting while preempting would thrash
-            self._schedule_waiting(out, budget)
+        if not self._schedule_decodes(out, self.config.max_num_batched_tokens):
+            self._schedule_running_decodes(out)
+        self._schedule_prefills(out, is_admitting=not out.preempted)  # admitting while preempting would thrash
         if max(out.num_new_tokens, default=1) > 1:  # prefill chunks first; an all-decode step is in order
             order = sorted(range(len(out.seqs)), key=lambda i: out.num_new_tokens[i] == 1)
             out.seqs = [out.seqs[i] for i in order]
             out.num_new_tokens = [out.num_new_tokens[i] for i in order]
         return out
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        if self._schedule_decodes(out, budget):
-            return budget - len(out.seqs)
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_uncomputed_tokens, budget)
-            while not self.block_manager.can_allocate(seq, n):
-                victim = self._pick_victim(i)
-                self._preempt(victim, out)
-                if victim is seq:
-                    break
-            else:
-                self.block_manager.allocate(seq, n)
-                out.seqs.append(seq)
-                out.num_new_tokens.append(n)
-                budget -= n
-                i += 1
-        return budget
-
     def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> bool:
-        """The steady state in one pass: every running sequence decodes one token and all fit. Then the
-        loop above would schedule them all in order without preempting; otherwise it runs instead."""
+        """The steady state in one pass: every running sequence decodes one token and all fit. Otherwise the
+        slower path below runs instead."""
         running = self.running
         if len(running) > budget or any(s.num_computed_tokens + 1 != len(s.token_ids) for s in running):
             return False
@@ -130,6 +93,112 @@ class Scheduler:
         self.block_manager.append(running)
         out.seqs.extend(running)
         out.num_new_tokens.extend([1] * len(running))
+        return True
+
+    def _schedule_running_decodes(self, out: SchedulerOutput) -> None:
+        """One token for each running decode, in admission order, preempting when the pool is full."""
+        budget = self.config.max_num_batched_tokens
+        for seq in [s for s in self.running if s.num_uncomputed_tokens == 1]:
+            if budget <= 0:
+                return
+            if seq.status is SequenceStatus.RUNNING and self._allocate_running(seq, 1, out):
+                budget -= 1
+
+    def _allocate_running(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
+        """Give a running `seq` room for `n` tokens this step, preempting the least important sequences not
+        yet scheduled (possibly `seq` itself: then False)."""
+        while not self.block_manager.can_allocate(seq, n):
+            victim = self._pick_victim(out)
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        self.block_manager.allocate(seq, n)
+        out.seqs.append(seq)
+        out.num_new_tokens.append(n)
+        return True
+
+    def _schedule_prefills(self, out: SchedulerOutput, is_admitting: bool) -> None:
+        """Running prefills' next chunks and waiting sequences' first ones, most important first (running
+        ones first among equals), within the token budget and, beside decodes, the step's time budget."""
+        in_step = {id(s) for s in out.seqs}
+        running = sorted((s for s in self.running if id(s) not in in_step), key=self._queue_key)
+        preempted = {id(s) for s in out.preempted}
+        while True:
+            budget = self.config.max_num_batched_tokens - out.num_tokens
+            running = [s for s in running if s.status is SequenceStatus.RUNNING]
+            waiting = self.waiting[0] if is_admitting and self.waiting else None
+            if budget <= 0 or waiting is not None and id(waiting) in preempted:
+                waiting = None
+            if budget <= 0 or not running and waiting is None:
+                return
+            if running and (waiting is None or self._queue_key(running[0]) <= self._queue_key(waiting)):
+                seq = running.pop(0)
+                n = self._chunk(seq, seq.num_computed_tokens, min(seq.num_uncomputed_tokens, budget), out)
+                if n == 0:
+                    return
+                self._allocate_running(seq, n, out)
+                is_admitting = is_admitting and not out.preempted
+            elif not self._admit(waiting, budget, out):
+                return
+            preempted = {id(s) for s in out.preempted}
+
+    def _chunk(self, seq: Sequence, context: int, wanted: int, out: SchedulerOutput) -> int:
+        """Prefill tokens of `seq` to run this step: `wanted`, or fewer where a time budget applies."""
+        budget = self._step_budget(out)
+        return wanted if budget is None else budget.chunk(context, wanted)
+
+    def _step_budget(self, out: SchedulerOutput) -> StepBudget | None:
+        """The time budget of the step so far: only with a cost model, a limit, and decodes in the step."""
+        if self.cost_model is None or self.config.max_step_ms is None:
+            return None
+        decodes = [s.num_computed_tokens for s, n in zip(out.seqs, out.num_new_tokens) if n == 1]
+        if not decodes:
+            return None
+        limit_ms = self.config.max_step_ms
+        limit_s = limit_ms / 1e3 if limit_ms else self.cost_model.auto_budget_s(len(decodes), sum(decodes))
+        budget = StepBudget(self.cost_model, limit_s, decodes)
+        for s, n in zip(out.seqs, out.num_new_tokens):
+            if n > 1:
+                budget.add(s.num_computed_tokens, n)
+        return budget
+
+    def _admit(self, seq: Sequence, budget: int, out: SchedulerOutput) -> bool:
+        """Start `seq`'s prefill this step; under the priority policy a full batch or pool makes room by
+        preempting less important sequences. False when it cannot start now."""
+        bm = self.block_manager
+        cached = bm.lookup_prefix(seq)
+        context = len(cached) * bm.block_size
+        n = self._chunk(seq, context, min(seq.num_tokens - context, budget), out)
+        while n > 0 and (len(self.running) >= self.config.max_num_seqs or not bm.can_allocate(seq, n, cached)):
+            if not self._evict_for(seq, out):
+                return False
+            cached = bm.lookup_prefix(seq)
+            n = min(n, self.config.max_num_batched_tokens - out.num_tokens)
+        if n <= 0:
+            return False
+        bm.allocate(seq, n, cached)
+        self.waiting.remove(seq)
+        seq.status = SequenceStatus.RUNNING
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = time.monotonic()
+        self.running.append(seq)
+        out.seqs.append(seq)
+        out.num_new_tokens.append(n)
+        return True
+
+    def _evict_for(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Preempt the least important running sequence if it is less important than `seq` (priority policy
+        only), taking it out of this step if it was in it."""
+        if self.config.policy != "priority" or not self.running:
+            return False
+        victim = max(self.running, key=lambda s: (s.priority, s.index))
+        if victim.priority <= seq.priority:
+            return False
+        for i, s in enumerate(out.seqs):
+            if s is victim:
+                del out.seqs[i], out.num_new_tokens[i]
+                break
+        self._preempt(victim, out)
         return True
 
     def schedule_ahead(self, last: SchedulerOutput) -> SchedulerOutput | None:
@@ -169,9 +238,10 @@ class Scheduler:
         return (num_tokens - seq.num_prompt_tokens >= seq.sampling.max_tokens
                 or num_tokens >= self.config.max_model_len)
 
-    def _pick_victim(self, first: int) -> Sequence:
+    def _pick_victim(self, out: SchedulerOutput) -> Sequence:
         """The least important running sequence not yet scheduled this step."""
-        candidates = self.running[first:]
+        in_step = {id(s) for s in out.seqs}
+        candidates = [s for s in self.running if id(s) not in in_step]
         if self.config.policy == "priority":
             return max(candidates, key=lambda s: (s.priority, s.index))
         return candidates[-1]
@@ -183,24 +253,6 @@ class Scheduler:
         self.num_preemptions += 1
         out.preempted.append(seq)
         self.add(seq)
-
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        bm = self.block_manager
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            cached = bm.lookup_prefix(seq)
-            n = min(seq.num_tokens - len(cached) * bm.block_size, budget)
-            if not bm.can_allocate(seq, n, cached):
-                break
-            bm.allocate(seq, n, cached)
-            self.waiting.pop(0)
-            seq.status = SequenceStatus.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
-            self.running.append(seq)
-            out.seqs.append(seq)
-            out.num_new_tokens.append(n)
-            budget -= n
 
     # -- after the model ran -----------------------------------------------------
     def postprocess(self, out: SchedulerOutput, sampled: list[int | None], ahead: bool = False) -> list[Sequence]:

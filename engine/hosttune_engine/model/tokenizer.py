@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 
 from hosttune_engine.errors import ModelLoadError
@@ -61,10 +62,15 @@ class Tokenizer:
         """Render `messages` with the model's chat template (Jinja, sandboxed, like transformers)."""
         if not self.chat_template:
             raise ModelLoadError("this tokenizer has no chat template (tokenizer_config.json chat_template)")
-        return _compile(self.chat_template).render(
+        return self._template.render(
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs,
         )
+
+    @cached_property
+    def _template(self):
+        """The chat template, compiled once: compiling takes milliseconds, rendering microseconds."""
+        return _compile(self.chat_template)
 
 
 def _compile(template: str):

@@ -16,6 +16,7 @@ from hosttune_engine.server import responses as r
 from hosttune_engine.server.bodies import error_response, json_response, read_json
 from hosttune_engine.server.completions import create_chat_completion, create_completion
 from hosttune_engine.server.api_errors import ApiError
+from hosttune_engine.server.auth import KeyRing, auth_middleware
 from hosttune_engine.server.schemas import DetokenizeRequest, TokenizeRequest
 from hosttune_engine.server.state import STATE, ServerState
 
@@ -29,8 +30,7 @@ async def errors_as_json(request: web.Request, handler):
     try:
         return await handler(request)
     except ApiError as e:
-        retry = request.app[STATE].config.retry_after_s
-        return error_response(e, {"Retry-After": str(retry)} if e.status in (429, 503) else None)
+        return error_response(e, _error_headers(e.status, request.app[STATE].config.retry_after_s))
     except web.HTTPException as e:
         if e.status < 400:
             raise
@@ -41,6 +41,14 @@ async def errors_as_json(request: web.Request, handler):
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
         return error_response(ApiError(500, "internal server error", "InternalServerError"))
+
+
+def _error_headers(status: int, retry_after_s: int) -> dict | None:
+    if status in (429, 503):
+        return {"Retry-After": str(retry_after_s)}
+    if status == 401:
+        return {"WWW-Authenticate": "Bearer"}
+    return None
 
 
 async def health(request: web.Request) -> web.Response:
@@ -91,7 +99,12 @@ async def version(request: web.Request) -> web.Response:
 
 
 def build_app(state: ServerState) -> web.Application:
-    app = web.Application(middlewares=[errors_as_json], client_max_size=state.config.max_body_bytes)
+    config = state.config
+    middlewares = [errors_as_json]
+    if config.api_keys:
+        ring = KeyRing(tuple(k.encode("utf-8", "surrogateescape") for k in config.api_keys))
+        middlewares.append(auth_middleware(ring, config.protect_probes))
+    app = web.Application(middlewares=middlewares, client_max_size=config.max_body_bytes)
     app[STATE] = state
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)

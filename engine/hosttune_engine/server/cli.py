@@ -15,6 +15,7 @@ import sys
 from hosttune_engine import __version__
 from hosttune_engine.config import DEVICES, DTYPES, KERNEL_BACKENDS, LOAD_FORMATS, QUANTIZATIONS, EngineConfig
 from hosttune_engine.errors import ConfigError
+from hosttune_engine.server.auth import KEY_ENV, load_keys
 from hosttune_engine.server.config import ServerConfig
 
 
@@ -35,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
                                                               "that, requests get HTTP 429")
     s.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
     s.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget of one step")
+    s.add_argument("--max-step-ms", type=_step_ms, default="auto",
+                   help="time budget of a step with running decodes, from step costs measured at start: "
+                        "milliseconds, auto (2.5 times a decode-only step of the same decodes) or off (token budget only)")
     s.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     s.add_argument("--num-kv-blocks", type=int, help="KV-cache size in blocks (default: from free memory)")
     s.add_argument("--cpu-kv-cache-gib", type=float, default=0.25, help="KV-cache size on CPU")
@@ -56,8 +60,36 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-body-bytes", type=int, default=8 * 2**20)
     s.add_argument("--skip-warmup", action="store_true", help="report healthy without a warmup generation")
     s.add_argument("--log-prompts", action="store_true", help="put prompt text in the per-request log lines")
+    _auth_and_connection_args(s)
     s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
+
+
+def _auth_and_connection_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help="a key clients must send as 'Authorization: Bearer KEY' (repeatable). Visible in ps: prefer "
+                        f"--api-key-file or ${KEY_ENV} (keys separated by commas)")
+    s.add_argument("--api-key-file", action="append", default=[], metavar="PATH",
+                   help="a file of API keys, one a line (repeatable)")
+    s.add_argument("--protect-probes", action="store_true", help="require the key for /health and /metrics too")
+    s.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection gets to send a request's headers")
+    s.add_argument("--idle-timeout", type=float, default=75.0,
+                   help="seconds a connection may stay open between requests")
+    s.add_argument("--max-connections", type=int, default=4096,
+                   help="open connections at most; past that a new one gets 503 and is closed")
+
+
+def _step_ms(text: str) -> float | None:
+    if text in ("auto", "off"):
+        return 0.0 if text == "auto" else None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give milliseconds (> 0), auto or off")
+    return value
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -68,12 +100,15 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_batch_size,
         max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_batch_size),
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
-        enforce_eager=args.enforce_eager, quantization=args.quantization,
+        enforce_eager=args.enforce_eager, max_step_ms=args.max_step_ms, quantization=args.quantization,
         scheduling_policy="priority")  # equal priorities are first come, first served
     return ServerConfig(engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
                         max_queue=args.max_queue, shutdown_timeout_s=args.shutdown_timeout,
                         retry_after_s=args.retry_after, max_body_bytes=args.max_body_bytes,
-                        log_prompts=args.log_prompts, warmup=not args.skip_warmup)
+                        log_prompts=args.log_prompts, warmup=not args.skip_warmup,
+                        api_keys=load_keys(args.api_key, args.api_key_file), protect_probes=args.protect_probes,
+                        header_timeout_s=args.header_timeout, idle_timeout_s=args.idle_timeout,
+                        max_connections=args.max_connections)
 
 
 def _run(coro) -> int:
@@ -91,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if not os.path.isdir(args.model):
+            raise ConfigError(f"--model {args.model}: no such folder (give a Hugging Face model folder)")
         config = config_from_args(args)
     except ConfigError as e:
         print(f"hosttune-engine: error: {e}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.errors import ConfigError
@@ -15,6 +15,10 @@ class ServerConfig:
     The engine's batch size (`engine.max_num_seqs`) is the `--max-batch-size`;
     `max_queue` more sequences may wait, and past that requests get 429.
     `served_model_name` defaults to the model path, as in vLLM.
+    With `api_keys`, every route but /health, /metrics and /version needs one of them
+    (those too with `protect_probes`). A connection gets `header_timeout_s` to send a
+    request's headers and may sit idle `idle_timeout_s` between requests; past
+    `max_connections` open ones, a new connection gets a 503 and is closed.
     """
 
     engine: EngineConfig
@@ -27,6 +31,11 @@ class ServerConfig:
     max_body_bytes: int = 8 * 2**20
     log_prompts: bool = False
     warmup: bool = True
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    protect_probes: bool = False
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 75.0
+    max_connections: int = 4096
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -39,6 +48,13 @@ class ServerConfig:
             raise ConfigError(f"retry_after must be >= 1 second, got {self.retry_after_s}")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.header_timeout_s <= 0 or self.idle_timeout_s <= 0:
+            raise ConfigError("header_timeout and idle_timeout must be > 0 seconds")
+        if self.max_connections < 1:
+            raise ConfigError(f"max_connections must be >= 1, got {self.max_connections}")
+        if self.protect_probes and not self.api_keys:
+            raise ConfigError("protecting /health and /metrics needs an API key (--api-key, --api-key-file or "
+                              "$HOSTTUNE_ENGINE_API_KEY)")
 
     @property
     def model_name(self) -> str:

@@ -3,7 +3,8 @@
 The socket opens first, so /health answers 503 while the model loads (on a
 thread) and while warmup runs; 200 only after that. SIGTERM or SIGINT stops
 admitting (503), lets in-flight requests finish for up to `shutdown_timeout_s`,
-aborts the rest and exits 0. An engine that dies, fails to load or fails
+aborts the rest and exits 0; a second SIGTERM aborts them at once (streams end with
+finish_reason "abort") and exits 0. An engine that dies, fails to load or fails
 warmup makes the process exit 1.
 """
 
@@ -17,8 +18,10 @@ import threading
 from aiohttp import web
 
 from hosttune_engine.config import EngineConfig
+from hosttune_engine.errors import EngineError
 from hosttune_engine.server.app import build_app
 from hosttune_engine.server.config import ServerConfig
+from hosttune_engine.server.connections import GuardedSite
 from hosttune_engine.server.engine_client import EngineClient
 from hosttune_engine.server.health import GpuMonitor, Phase
 from hosttune_engine.server.state import ServerState
@@ -46,15 +49,21 @@ class Server:
         self.exit_code = 0
         self.port: int | None = None
         self._stopping: asyncio.Event | None = None
+        self._hurry: asyncio.Event | None = None
+        self.site: GuardedSite | None = None
 
     async def run(self) -> int:
         """Serve until told to stop; returns the process exit code."""
-        self._stopping = asyncio.Event()
+        self._stopping, self._hurry = asyncio.Event(), asyncio.Event()
         runner = web.AppRunner(build_app(self.state), handler_cancellation=True, access_log=None,
-                               shutdown_timeout=1.0)
+                               shutdown_timeout=1.0, keepalive_timeout=self.config.idle_timeout_s)
         await runner.setup()
+        self.site = GuardedSite(runner, self.config.host, self.config.port,
+                                {"max_connections": self.config.max_connections,
+                                 "header_timeout_s": self.config.header_timeout_s,
+                                 "retry_after_s": self.config.retry_after_s})
         try:
-            await web.TCPSite(runner, self.config.host, self.config.port).start()
+            await self.site.start()
         except OSError as e:
             log.error("cannot listen on %s:%s: %s", self.config.host, self.config.port, e)
             await runner.cleanup()
@@ -79,15 +88,21 @@ class Server:
                 self.state.client.stop()
 
     def stop(self) -> None:
-        """Begin the drain (what SIGTERM does)."""
-        if self._stopping is not None and not self._stopping.is_set():
+        """Begin the drain (what SIGTERM does); a second call ends it at once, aborting what is in flight."""
+        if self._stopping is not None and self._stopping.is_set():
+            if not self._hurry.is_set():
+                log.warning("stopping now: aborting %d sequences in flight", self.state.admission.num_in_flight)
+                self._hurry.set()
+            return
+        if self._stopping is not None:
             log.info("stopping: no new requests; draining up to %.0f s", self.config.shutdown_timeout_s)
             if self.state.health.phase is not Phase.FAILED:
                 self.state.health.phase = Phase.DRAINING
             self._stopping.set()
 
     def fail(self, error: BaseException) -> None:
-        log.error("engine failed: %r", error, exc_info=error)
+        # An EngineError (missing model files, bad config) says what to fix: its message is enough.
+        log.error("engine failed: %s", error, exc_info=None if isinstance(error, EngineError) else error)
         self.state.health.phase = Phase.FAILED
         self.state.health.detail = f"{type(error).__name__}: {str(error)[:200]}"
         self.exit_code = 1
@@ -152,13 +167,14 @@ class Server:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.shutdown_timeout_s
         admission = self.state.admission
-        while admission.num_in_flight and loop.time() < deadline and self.exit_code == 0:
+        while admission.num_in_flight and loop.time() < deadline and self.exit_code == 0 and not self._hurry.is_set():
             await asyncio.sleep(0.05)
         if not admission.num_in_flight:
             log.info("drained: every in-flight request finished")
             return
         # Aborted sequences end with finish_reason "abort": streams still close with [DONE].
-        log.warning("shutdown timeout: aborting %d sequences still in flight", admission.num_in_flight)
+        if not self._hurry.is_set():
+            log.warning("shutdown timeout: aborting %d sequences still in flight", admission.num_in_flight)
         self.state.abort_all()
         deadline = loop.time() + ABORT_GRACE_S
         while admission.num_in_flight and loop.time() < deadline:

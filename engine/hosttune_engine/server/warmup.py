@@ -17,6 +17,12 @@ and that first request pays about a second for it. So warmup runs, in order:
 
 An H200 run of the first version (only a long prefill and the ramp) showed
 1.1-1.4 s first-request TTFTs for shape classes it had missed; this one covers them.
+
+On CPU the engine runs the torch references, which compile nothing: the warmup only
+proves that the model generates, through each step kind once (a prefill, a prefix hit,
+mixed steps, a decode ramp of a few sequences), all on short prompts. A long-context
+pass there would cost minutes (an 8K prefill of a 135M model takes most of one on two
+cores) and warm nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ MAX_CUDA_BATCH = 512
 MAX_CPU_BATCH = 4  # the CPU path compiles nothing; a short warmup proves it generates
 PREFILL_LENGTHS = (37, 512, 1500, 2048, 4001, 4096)
 PREFIX_EXTRA = 7
+CPU_MAX_PROMPT = 64  # tokens: the longest warmup prompt on CPU
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,8 @@ def warmup_plan(max_batch: int, max_model_len: int, max_num_batched_tokens: int,
     rng = random.Random(0)
 
     room = min(max_model_len, kv_tokens) - 2  # prompt + generated tokens must fit both
+    if not on_cuda:
+        room = min(room, CPU_MAX_PROMPT + 48)
 
     def tokens(n: int) -> list[int]:
         return [rng.randrange(vocab_size) for _ in range(max(1, min(n, room - 2)))]
@@ -63,18 +72,19 @@ def warmup_plan(max_batch: int, max_model_len: int, max_num_batched_tokens: int,
     lengths = sorted({n for n in (*PREFILL_LENGTHS, max_num_batched_tokens + 16) if n <= room - PREFIX_EXTRA - 2}
                      | {max(1, room - PREFIX_EXTRA - 2)})
     if not on_cuda:
-        lengths = [lengths[0], lengths[-1]]
+        lengths = lengths[:1]
     prompts = {n: tokens(n) for n in lengths}
     groups = [WarmupGroup(f"prefill-{n}", (EngineRequest(f"warmup-prefill-{n}", ids, _sampling(0, 2)),))
               for n, ids in prompts.items()]
     groups += [WarmupGroup(f"prefix-hit-{n}", (EngineRequest(f"warmup-prefix-{n}", ids + tokens(PREFIX_EXTRA),
                                                              _sampling(3, 2)),)) for n, ids in prompts.items()]
     batch = min(max_batch, MAX_CUDA_BATCH if on_cuda else MAX_CPU_BATCH)
+    longest_mixed, most_tokens = (300, 33) if on_cuda else (CPU_MAX_PROMPT // 2, 5)
     mixed = []
     for i in range(batch):
-        ids = tokens(rng.randrange(8, max(9, min(300, room - 40))))
-        mixed.append(EngineRequest(f"warmup-mixed-{i}", ids, _sampling(i, max(1, min(rng.randrange(8, 33),
-                                                                                      room - len(ids))))))
+        ids = tokens(rng.randrange(8, max(9, min(longest_mixed, room - 40))))
+        max_tokens = max(1, min(rng.randrange(min(8, most_tokens - 1), most_tokens), room - len(ids)))
+        mixed.append(EngineRequest(f"warmup-mixed-{i}", ids, _sampling(i, max_tokens)))
     groups.append(WarmupGroup("mixed", tuple(mixed), stagger_s=0.004 if on_cuda else 0.0))
     groups.append(WarmupGroup("decode-ramp", _ramp(batch, room, prompts[lengths[-1]], tokens)))
     return groups

@@ -19,10 +19,10 @@ START_TIMEOUT_S = 90
 class ServerProcess:
     """`python -m hosttune_engine serve` on a free port, its log in a file."""
 
-    def __init__(self, model: Path, log_dir: Path, extra_args: list[str] = ()):
+    def __init__(self, model: Path, log_dir: Path, extra_args: list[str] = (), env: dict[str, str] | None = None):
         self.log_path = log_dir / "server.log"
         self._log = open(self.log_path, "w")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}  # a tiny model gains nothing from more
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}  # a tiny model gains nothing from more threads
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hosttune_engine", "serve", "--model", str(model), "--port", "0",
              "--device", "cpu", *extra_args],
@@ -86,10 +86,11 @@ def get_json(url: str) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-def post(url: str, body, content_type: str = "application/json", timeout: float = 60) -> tuple[int, dict, bytes]:
+def post(url: str, body, content_type: str = "application/json", timeout: float = 60,
+         headers: dict[str, str] | None = None) -> tuple[int, dict, bytes]:
     """POST raw bytes, a str, or JSON; returns (status, headers, body bytes)."""
     data = body if isinstance(body, bytes) else body.encode() if isinstance(body, str) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": content_type})
+    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": content_type, **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, dict(r.headers), r.read()

@@ -110,6 +110,34 @@ def test_drain_past_shutdown_timeout_aborts_and_exits_0(tiny_qwen2, tmp_path):
     assert "prompt='When memory runs short'" in server.log()  # --log-prompts
 
 
+def test_second_sigterm_ends_the_drain_at_once(tiny_qwen2, tmp_path):
+    server = ServerProcess(tiny_qwen2, tmp_path, ["--shutdown-timeout", "120"])
+    try:
+        server.wait_ready()
+
+        async def run():
+            body = {**LONG, "max_tokens": 1000}
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+                tasks = [asyncio.create_task(_stream(session, server.url, body)) for _ in range(2)]
+                await asyncio.sleep(0.5)
+                server.proc.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.5)  # draining: the streams go on
+                assert server.proc.poll() is None
+                server.proc.send_signal(signal.SIGTERM)
+                sent = time.monotonic()
+                results = await asyncio.gather(*tasks)
+                code = await asyncio.get_running_loop().run_in_executor(None, server.proc.wait, 30)
+                return results, code, time.monotonic() - sent
+
+        results, code, seconds = asyncio.run(run())
+        assert code == 0 and seconds < 1.0, seconds
+        for status, text, reasons, done in results:
+            assert status == 200 and reasons == ["abort"] and done and text
+    finally:
+        server.terminate()
+    assert "stopping now: aborting 2 sequences in flight" in server.log()
+
+
 def test_model_that_cannot_load_exits_1(tmp_path):
     (tmp_path / "empty").mkdir()
     server = ServerProcess(tmp_path / "empty", tmp_path)
@@ -117,6 +145,15 @@ def test_model_that_cannot_load_exits_1(tmp_path):
     assert code == 503
     assert server.proc.wait(60) == 1
     assert "engine failed" in server.log() and "config.json" in server.log()
+    assert "Traceback" not in server.log()  # the error says what to fix; no stack for bad input
+
+
+def test_missing_model_folder_is_one_line_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hosttune_engine", "serve", "--model", str(tmp_path / "missing")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [f"hosttune-engine: error: --model {tmp_path / 'missing'}: no such folder "
+                                                "(give a Hugging Face model folder)"]
 
 
 def test_bad_options_exit_2(tmp_path):

@@ -2,10 +2,12 @@
 
 import re
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from hosttune_engine.core.messages import EngineStats
 from hosttune_engine.server.admission import Admission
 from hosttune_engine.server.health import TokenRate
-from hosttune_engine.server.metrics import Histogram, Metrics, SequenceTiming
+from hosttune_engine.server.metrics import Metrics, SequenceTiming
 
 STATS = EngineStats(num_running=3, num_waiting=1, kv_usage=0.25, num_kv_blocks=100, num_free_kv_blocks=75,
                     prefix_cache_queries_total=50, prefix_cache_hits_total=16, num_preemptions_total=2,
@@ -19,12 +21,24 @@ VLLM_NAMES = ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seco
               "vllm:request_success_total", "vllm:num_requests_rejected_total"]
 
 
-def test_histogram_buckets_are_cumulative():
-    h = Histogram((0.1, 1.0))
-    for v in (0.05, 0.1, 0.5, 5.0):
-        h.observe(v)
-    assert h.lines("m", 'a="b"') == ['m_bucket{a="b",le="0.1"} 2', 'm_bucket{a="b",le="1"} 3',
-                                     'm_bucket{a="b",le="+Inf"} 4', 'm_sum{a="b"} 5.65', 'm_count{a="b"} 4']
+def _samples(text: str) -> dict:
+    """(name, labels without model_name) -> value, read back with prometheus-client's own parser."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))] = s.value
+    return out
+
+
+def test_histogram_buckets_are_cumulative_with_vllm_buckets():
+    m = Metrics("m")
+    for e2e in (0.2, 0.3, 0.9, 9000.0):
+        m.observe(SequenceTiming(10, 1, "stop", e2e=e2e, ttft=None, queue_time=None, inter_token=()))
+    samples = _samples(m.render(STATS))
+    name = "vllm:e2e_request_latency_seconds"
+    assert [samples[f"{name}_bucket", (("le", le),)] for le in ("0.3", "0.5", "1.0", "7680.0", "+Inf")] == \
+        [2, 2, 3, 3, 4]
+    assert samples[f"{name}_sum", ()] == 9001.4 and samples[f"{name}_count", ()] == 4
 
 
 def test_render_has_vllm_names_and_valid_lines():
@@ -35,22 +49,28 @@ def test_render_has_vllm_names_and_valid_lines():
     text = m.render(STATS)
     for name in VLLM_NAMES:
         assert re.search(rf"^{re.escape(name)}(_bucket|_count)?{{", text, re.M), name
-    sample = re.compile(r'^[a-z0-9_:]+\{model_name="my \\"model\\""(,[a-z_]+="[^"]*")*\} -?[0-9.e+-]+$')
+    sample = re.compile(r'^[a-z0-9_:]+\{([a-z_]+="(\\.|[^"\\])*",?)+\} -?[0-9.e+-]+$')
     for line in text.splitlines():
-        assert line.startswith("# ") or sample.match(line), line
-    assert 'vllm:request_success_total{model_name="my \\"model\\"",finished_reason="stop"} 1' in text
-    assert 'finished_reason="abort"} 1' in text and 'reason="overload"} 1' in text
-    assert 'vllm:kv_cache_usage_perc{model_name="my \\"model\\""} 0.25' in text
-    assert 'vllm:time_to_first_token_seconds_count{model_name="my \\"model\\""} 1' in text
-    assert 'vllm:inter_token_latency_seconds_count{model_name="my \\"model\\""} 4' in text
+        assert line.startswith("# ") or (sample.match(line) and 'model_name="my \\"model\\""' in line), line
+    samples = _samples(text)
+    assert samples["vllm:request_success_total", (("finished_reason", "stop"),)] == 1
+    assert samples["vllm:request_success_total", (("finished_reason", "abort"),)] == 1
+    assert samples["vllm:request_success_total", (("finished_reason", "length"),)] == 0
+    assert samples["vllm:num_requests_rejected_total", (("reason", "overload"),)] == 1
+    assert samples["vllm:kv_cache_usage_perc", ()] == 0.25
+    assert samples["vllm:prefix_cache_hits_total", ()] == 16
+    assert samples["vllm:time_to_first_token_seconds_count", ()] == 1
+    assert samples["vllm:inter_token_latency_seconds_count", ()] == 4
+    assert samples["vllm:time_per_output_token_seconds_count", ()] == 4
+    assert samples["vllm:request_time_per_output_token_seconds_sum", ()] == 0.2
 
 
 def test_baseline_hides_warmup_tokens():
     m = Metrics("m")
     m.set_baseline(STATS)
-    text = m.render(STATS)
-    assert 'vllm:generation_tokens_total{model_name="m"} 0' in text
-    assert 'vllm:num_requests_running{model_name="m"} 3' in text  # gauges are not offset
+    samples = _samples(m.render(STATS))
+    assert samples["vllm:generation_tokens_total", ()] == 0
+    assert samples["vllm:num_requests_running", ()] == 3  # gauges are not offset
 
 
 def test_admission_counts_sequences():

@@ -33,3 +33,14 @@ def test_small_contexts_and_pools_still_fit(max_model_len, kv_tokens):
     for on_cuda in (True, False):
         plan = warmup_plan(8, max_model_len, 8192, kv_tokens, 384, on_cuda)
         _fits(plan, max_model_len, kv_tokens, 384)
+
+
+def test_cpu_plan_is_short_whatever_the_context():
+    """The CPU path compiles nothing: each step kind once, on short prompts, even at 8192."""
+    plan = warmup_plan(max_batch=256, max_model_len=8192, max_num_batched_tokens=8192, kv_tokens=5800,
+                       vocab_size=49152, on_cuda=False)
+    names = [g.name for g in plan]
+    assert names == ["prefill-37", "prefix-hit-37", "mixed", "decode-ramp"]
+    assert max(len(r.prompt_token_ids) for g in plan for r in g.requests) <= 64
+    assert sum(len(g.requests) for g in plan) <= 10
+    _fits(plan, 8192, 5800, 49152)

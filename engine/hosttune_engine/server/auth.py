@@ -1,0 +1,93 @@
+"""Who may call the server: `Authorization: Bearer <key>` checked against the configured keys.
+
+Every key is compared in constant time (hmac.compare_digest), and every one of them is
+compared, so the time a check takes says nothing about which key came close. A key never
+reaches a log line: a refusal logs the path only. /health and /metrics stay open for load
+balancers and Prometheus unless the server is told to protect them too.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from hosttune_engine.errors import ConfigError
+from hosttune_engine.server.api_errors import ApiError
+
+KEY_ENV = "HOSTTUNE_ENGINE_API_KEY"  # one key, or several separated by commas
+PROBE_PATHS = frozenset({"/health", "/metrics"})
+OPEN_PATHS = frozenset({"/version"})
+REFUSAL = "Incorrect or missing API key: send it as 'Authorization: Bearer <key>'"
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    """The keys a request may present; empty means the server answers anyone."""
+
+    keys: tuple[bytes, ...] = field(default=(), repr=False)
+
+    @property
+    def is_enabled(self) -> bool:
+        return bool(self.keys)
+
+    def accepts(self, authorization: str | None) -> bool:
+        offered = _bearer(authorization)
+        matched = False
+        for key in self.keys:
+            matched |= hmac.compare_digest(offered, key)
+        return matched and bool(offered)
+
+
+def _bearer(authorization: str | None) -> bytes:
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return b""
+    return token.strip().encode("utf-8", "surrogateescape")
+
+
+def load_keys(flags: list[str], files: list[str], environ: dict[str, str] = os.environ) -> tuple[str, ...]:
+    """Keys from --api-key, --api-key-file (one a line, # comments) and $HOSTTUNE_ENGINE_API_KEY."""
+    keys = [k for k in flags]
+    for name in files:
+        keys += _keys_in_file(Path(name))
+    keys += [k.strip() for k in environ.get(KEY_ENV, "").split(",")]
+    keys = [k.strip() for k in keys if k and k.strip()]
+    short = [k for k in keys if len(k) < 8]
+    if short:
+        raise ConfigError("an API key must be at least 8 characters long")
+    return tuple(dict.fromkeys(keys))
+
+
+def _keys_in_file(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read the API key file {path}: {e.strerror}") from None
+    keys = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise ConfigError(f"the API key file {path} holds no key")
+    return keys
+
+
+def is_protected(path: str, protect_probes: bool) -> bool:
+    if path in OPEN_PATHS:
+        return False
+    if path in PROBE_PATHS:
+        return protect_probes
+    return True  # /v1/*, /tokenize, /detokenize, and any route added later
+
+
+def auth_middleware(ring: KeyRing, protect_probes: bool):
+    """An aiohttp middleware that answers 401 (an OpenAI error body) to a request without a valid key."""
+
+    @web.middleware
+    async def require_key(request: web.Request, handler):
+        if is_protected(request.path, protect_probes) and not ring.accepts(request.headers.get("Authorization")):
+            raise ApiError(401, REFUSAL, "AuthenticationError")
+        return await handler(request)
+
+    return require_key

@@ -1,0 +1,69 @@
+"""Traces to replay, for `--trace PATH`: when each request arrived and how long it was.
+
+JSONL, one request a line, in any order:
+
+    {"arrival": 0.25, "input_length": 812, "output_length": 64}
+
+`arrival` is seconds from the trace's start; `timestamp` (milliseconds, as the Mooncake
+traces write it) may be given instead. Lengths may also be named `prompt_tokens` and
+`output_tokens`. Arrivals are shifted so that the first request arrives at 0.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from hosttune.bench.distributions import Replay
+from hosttune.errors import BenchError
+
+INPUT_FIELDS = ("input_length", "prompt_tokens")
+OUTPUT_FIELDS = ("output_length", "output_tokens")
+
+
+@dataclass(frozen=True)
+class Trace:
+    arrivals: tuple[float, ...]  # seconds, sorted, the first at 0
+    prompt_lengths: Replay
+    output_lengths: Replay
+
+
+def load_trace(path: Path) -> Trace:
+    if not path.is_file():
+        raise BenchError(f"trace file {path} does not exist")
+    rows = [_row(line, path, number)
+            for number, line in enumerate(path.read_text().splitlines(), start=1) if line.strip()]
+    if not rows:
+        raise BenchError(f"trace file {path} has no requests")
+    rows.sort(key=lambda row: row[0])
+    start = rows[0][0]
+    return Trace(tuple(at - start for at, _, _ in rows),
+                 Replay(tuple(n for _, n, _ in rows), str(path)),
+                 Replay(tuple(m for _, _, m in rows), str(path)))
+
+
+def _row(line: str, path: Path, number: int) -> tuple[float, int, int]:
+    try:
+        item = json.loads(line)
+    except ValueError:
+        item = None
+    if not isinstance(item, dict):
+        raise BenchError(f"{path}:{number}: not a JSON object")
+    if isinstance(item.get("arrival"), (int, float)):
+        at = float(item["arrival"])
+    elif isinstance(item.get("timestamp"), (int, float)):
+        at = item["timestamp"] / 1000.0
+    else:
+        raise BenchError(f"{path}:{number}: give \"arrival\" (seconds) or \"timestamp\" (milliseconds)")
+    return at, _length(item, INPUT_FIELDS, path, number), _length(item, OUTPUT_FIELDS, path, number)
+
+
+def _length(item: dict, names: tuple[str, ...], path: Path, number: int) -> int:
+    for name in names:
+        if name in item:
+            value = item[name]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise BenchError(f"{path}:{number}: {name} must be a positive integer, got {value!r}")
+            return value
+    raise BenchError(f"{path}:{number}: give {names[0]} (or {names[1]})")

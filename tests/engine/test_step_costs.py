@@ -1,0 +1,78 @@
+"""Step costs measured through the real runner at start, and a time budget that chunks
+prompts beside decodes without changing what is generated."""
+
+from hosttune_engine import Engine, EngineConfig, SamplingParams
+from hosttune_engine.core.messages import EngineRequest
+from hosttune_engine.core.step_cost import StepCostModel
+
+from .oracle import prompt_ids
+
+
+def greedy(n):
+    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+
+
+def run(engine, first, later):
+    """Each request's tokens, and every step's chunks (tokens per sequence): `first` is added,
+    one step runs, then `later` joins."""
+    steps, schedule = [], engine.scheduler.schedule
+
+    def recording():
+        out = schedule()
+        steps.append([(s.request_id, n) for s, n in zip(out.seqs, out.num_new_tokens)])
+        return out
+    engine.scheduler.schedule = recording
+    tokens, pending = {}, list(later)
+    for request in first:
+        engine.add_request(request)
+    while engine.has_unfinished_requests() or pending:
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+        for request in pending:
+            engine.add_request(request)
+        pending = []
+    return tokens, steps
+
+
+def short():
+    return [EngineRequest("short", prompt_ids(8, 1), greedy(24))]
+
+
+def long():
+    return [EngineRequest("long", prompt_ids(200, 2), greedy(4))]
+
+
+def test_costs_are_measured_at_start_and_leave_the_pool_empty(tiny_models):
+    engine = Engine(EngineConfig(model=str(tiny_models["llama"]), max_step_ms=0))
+    model = engine.scheduler.cost_model
+    assert isinstance(model, StepCostModel) and all(t > 0 for t in model.token_seconds)
+    assert list(model.token_seconds) == sorted(model.token_seconds) and model.decode_s >= 0 and model.prefill_s >= 0
+    assert engine.scheduler.config.max_step_ms == 0 and model.decode_step_s > 0  # 0: the automatic budget
+    stats = engine.stats()
+    assert stats.num_free_kv_blocks == stats.num_kv_blocks and engine.runner.generators == {}
+
+
+def test_a_budget_chunks_a_prompt_beside_decodes_and_generates_the_same(tiny_models):
+    folder = str(tiny_models["llama"])
+    want, plain_steps = run(Engine(EngineConfig(model=folder)), short(), long())
+    assert [n for step in plain_steps for rid, n in step if rid == "long"][0] == 200  # one chunk
+    # A budget far below any step's time: the prompt gets its minimum share beside the decode.
+    got, steps = run(Engine(EngineConfig(model=folder, max_step_ms=0.001)), short(), long())
+    long_chunks = [n for step in steps for rid, n in step if rid == "long"]
+    assert long_chunks[:4] == [64, 64, 64, 8] and all(("short", 1) in step for step in steps[1:5])
+    assert got == want and len(got["long"]) == 4 and len(got["short"]) == 24
+
+
+def test_the_server_option_takes_milliseconds_auto_or_off(capsys):
+    import pytest
+
+    from hosttune_engine.server.cli import _parser, config_from_args
+
+    def budget(*flags):
+        return config_from_args(_parser().parse_args(["serve", "--model", "m", *flags])).engine.max_step_ms
+    assert budget() == 0.0 and budget("--max-step-ms", "auto") == 0.0  # 0: the automatic budget
+    assert budget("--max-step-ms", "off") is None and budget("--max-step-ms", "12.5") == 12.5
+    for bad in ("0", "-3", "fast"):
+        with pytest.raises(SystemExit) as exit_info:
+            budget("--max-step-ms", bad)
+        assert exit_info.value.code == 2 and "auto or off" in capsys.readouterr().err

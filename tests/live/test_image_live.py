@@ -1,0 +1,111 @@
+"""`apply --root` bakes a Debian image: facts from the image only, idempotent, rollback byte for byte.
+
+The image is an overlay of the cached debootstrap root with a grub configuration added; hosttune
+reaches it over the local transport, as on an image build machine. Nothing here boots.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hosttune.cli import app
+
+from .apply_setup import UPDATE_GRUB, fake_nvcc
+from .rootfs import make_root
+
+pytestmark = pytest.mark.live
+runner = CliRunner()
+JOURNALS = "/var/lib/hosttune"  # the run journals stay, so rollback knows the run was undone
+
+
+def write(root: Path, path: str, text: str, mode: int = 0o644) -> None:
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    target.chmod(mode)
+
+
+@pytest.fixture
+def image(live_image, tmp_path):
+    """A writable image with grub's configuration, update-grub and a CUDA 12.4 toolkit that /usr/local/cuda names."""
+    host_dir = tmp_path / "image"
+    host_dir.mkdir()
+    root, _ = make_root(live_image.root, host_dir)
+    write(root, "/etc/default/grub", 'GRUB_DEFAULT=0\nGRUB_TIMEOUT=5\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n')
+    write(root, "/usr/sbin/update-grub", UPDATE_GRUB, 0o755)  # run inside the image with chroot
+    write(root, "/usr/local/cuda-12.4/bin/nvcc", fake_nvcc("12.4"), 0o755)
+    (root / "usr/local/cuda").symlink_to("/usr/local/cuda-12.4")
+    subprocess.run(["chroot", str(root), "update-grub"], check=True)
+    yield root
+    subprocess.run(["umount", str(root)], capture_output=True)
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every path under root with its kind, mode and bytes (or link target); hosttune's journals aside."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = "/" + str(path.relative_to(root))
+        if rel == JOURNALS or rel.startswith(JOURNALS + "/"):
+            continue
+        st = path.lstat()
+        if path.is_symlink():
+            out[rel] = "link " + str(path.readlink())
+        elif path.is_file():
+            out[rel] = f"file {st.st_mode:o} {st.st_uid}:{st.st_gid} " + hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[rel] = f"{'dir' if path.is_dir() else 'other'} {st.st_mode:o} {st.st_uid}:{st.st_gid}"
+    return out
+
+
+def apply_json(inv: Path, root: Path, *args: str) -> tuple[int, dict]:
+    result = runner.invoke(app, ["apply", "-i", str(inv), "--root", str(root), "--format", "json", *args])
+    assert isinstance(result.exception, (SystemExit, type(None))), result.exception
+    return result.exit_code, json.loads(result.stdout)
+
+
+def unit_enabled(root: Path, unit: str) -> str:
+    return subprocess.run(["systemctl", f"--root={root}", "is-enabled", unit], capture_output=True, text=True).stdout.strip()
+
+
+def test_apply_root_bakes_the_image_from_its_own_facts_then_rollback_restores_every_byte(image, tmp_path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text('hosts:\n  localhost:\n    transport: local\n    rcu_nocbs: "2-31"\n'
+                   '    pins: {cuda: "12.4", python: "3.11"}\n')
+    before = tree(image)
+
+    code, dry = apply_json(inv, image, "--dry-run")
+    (host,) = dry["hosts"]
+    fixes = {c for step in host["plan"]["steps"] for c in step["fixes"]}
+    assert fixes == {"cpu.governor", "cpu.cstates", "kernel.rcu_nocbs", "irq.irqbalance", "numa.topology", "mm.thp",
+                     "cuda.toolkit"}, host["plan"]
+    text = runner.invoke(app, ["apply", "-i", str(inv), "--root", str(image), "--dry-run"]).stdout
+    pid1 = Path("/proc/1/comm").read_text().strip()
+    assert "PID 1" not in text and pid1 not in text  # the build machine's init is nobody's business here
+    assert "rcu_nocbs=2-31" in text  # the inventory's list: an image has no CPUs to derive one from
+    assert tree(image) == before
+
+    code, doc = apply_json(inv, image, "--yes")
+    (host,) = doc["hosts"]
+    assert host["state"] == "changed", host
+    dropin = (image / "etc/default/grub.d/90-hosttune.cfg").read_text()
+    assert "intel_idle.max_cstate=1 processor.max_cstate=1 rcu_nocbs=2-31" in dropin
+    assert "quiet intel_idle.max_cstate=1 processor.max_cstate=1 rcu_nocbs=2-31" in (image / "boot/grub/grub.cfg").read_text()
+    assert unit_enabled(image, "irqbalance.service") == "disabled"
+    assert unit_enabled(image, "hosttune-thp.service") == "enabled"
+    assert unit_enabled(image, "hosttune-cpu-governor.service") == "enabled"
+    assert (image / "etc/sysctl.d/90-hosttune.conf").read_text().endswith("kernel.numa_balancing = 0\n")
+    assert "/usr/local/cuda/bin" in (image / "etc/profile.d/hosttune-cuda.sh").read_text()
+
+    code, again = apply_json(inv, image, "--dry-run")
+    (host,) = again["hosts"]
+    assert host["plan"]["steps"] == [] and code == 0, host["plan"]  # idempotent: the image holds every setting
+
+    result = runner.invoke(app, ["rollback", "-i", str(inv), "--root", str(image)])
+    assert result.exit_code == 0 and "restored" in result.stdout, result.stdout
+    after = tree(image)
+    assert {k: v for k, v in after.items() if before.get(k) != v} == {} and set(before) == set(after)

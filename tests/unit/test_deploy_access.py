@@ -1,0 +1,212 @@
+"""Deploy's keys and front as data: a key per group (generated once, or from a file), the key file's
+operations, units that name the key file but never hold the key, SGLang's launcher keeping the key out of
+its command line, the engine on 127.0.0.1 behind the host's nginx, and nginx configs that `nginx -t` takes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hosttune.deploy import rollout
+from hosttune.deploy.access import Access, Front, _LAUNCHER, access_for, launched_with_key
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.host import HostDeploy
+from hosttune.deploy.front import front_ops, front_upstream, key_ops, nginx_conf_path
+from hosttune.deploy.plan import Run, WriteFile, describe
+from hosttune.deploy.units import Upstream, render_nginx
+from hosttune.inventory import load_inventory
+from hosttune.presets import load_preset
+
+from deploy_fixtures import a100_facts, fake_entry
+
+KEY = "ht-inventory-key-3b8f0e6a91d2c457"
+
+
+def _inventory(tmp_path: Path, deploy: str) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(textwrap.dedent("""\
+        groups:
+          prod:
+            vars:
+              deploy:
+        {deploy}
+            hosts:
+              gpu-a: {{address: 10.0.0.1}}
+              gpu-b: {{address: 10.0.0.2}}
+        """).format(deploy=textwrap.indent(textwrap.dedent(deploy), " " * 8)))
+    return path
+
+
+def _hosts(tmp_path: Path, deploy: str):
+    return load_inventory(_inventory(tmp_path, deploy)).hosts
+
+
+def test_a_generated_key_is_made_once_per_group_mode_0600_and_reused(tmp_path):
+    a, b = _hosts(tmp_path, "api_key: true\n")
+    keys = tmp_path / "keys"
+    first = access_for(a, keys)
+    assert first.key.startswith("ht-") and len(first.key) > 40
+    assert access_for(b, keys).key == first.key == access_for(a, keys).key
+    assert stat.S_IMODE((keys / "prod.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o700
+    assert first.env_file == "/etc/hosttune/keys/prod.env" and first.key not in repr(first)
+
+
+def test_a_key_file_relative_to_the_inventory(tmp_path):
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "prod.key").write_text(f"# prod's key\n{KEY}\n")
+    (a, _) = _hosts(tmp_path, "api_key_file: secrets/prod.key\n")
+    assert access_for(a, tmp_path / "unused").key == KEY
+    assert not (tmp_path / "unused").exists()
+
+
+@pytest.mark.parametrize("content,message", [
+    ("short\n", "at least 16"), ("two words key-0123456789\n", "without spaces"), (f"{KEY}\n{KEY}x\n", "one line")])
+def test_a_bad_key_file_is_one_clear_error(tmp_path, content, message):
+    (tmp_path / "k").write_text(content)
+    (a, _) = _hosts(tmp_path, "api_key_file: k\n")
+    with pytest.raises(DeployError, match=message):
+        access_for(a, tmp_path)
+
+
+def test_no_key_by_default_and_bad_values_are_refused(tmp_path):
+    (a, _) = _hosts(tmp_path, "port: 8000\n")
+    assert access_for(a, tmp_path) == Access("prod")
+    for deploy, message in (("api_key: yes-please\n", "true or false"), ("nginx: {tls_cert: c.pem}\n", "both"),
+                            ("nginx: {port: 0}\n", "port number"), ("nginx: {listen: 80}\n", "takes port"),
+                            ("api_key_file: missing.key\n", "cannot read")):
+        (a, _) = _hosts(tmp_path, deploy)
+        with pytest.raises(DeployError, match=message):
+            access_for(a, tmp_path)
+
+
+def test_key_file_operations_write_the_engines_variable_root_only(tmp_path):
+    access = Access("prod", KEY)
+    ops = key_ops(access, load_preset("vllm"))
+    write = ops[0]
+    assert isinstance(write, WriteFile) and write.path == "/etc/hosttune/keys/prod.env" and write.mode == 0o600
+    assert write.content == f"VLLM_API_KEY={KEY}\n".encode()
+    assert [op.argv for op in ops[1:]] == [("chown", "root:root", "--", "/etc/hosttune/keys", write.path),
+                                           ("chmod", "0700", "--", "/etc/hosttune/keys"),
+                                           ("chmod", "0600", "--", write.path)]
+    assert all(KEY not in describe(op) for op in ops)  # what a plan or a failure prints
+    assert key_ops(Access("prod"), load_preset("vllm")) == []
+
+
+def _job(tmp_path, engine: str, deploy: str):
+    (a, _) = _hosts(tmp_path, deploy)
+    fake_entry(tmp_path / "wh", engine, archs=("8.0",) if engine != "custom" else ())
+    request = rollout.DeployRequest(engine, "/m", tmp_path / "wh", "0-1", keys_dir=tmp_path / "keys")
+    return rollout.make_job(a, a100_facts(), request)
+
+
+@pytest.mark.parametrize("engine,variable", [("custom", "HOSTTUNE_ENGINE_API_KEY"), ("vllm", "VLLM_API_KEY"),
+                                             ("sglang", "SGLANG_API_KEY")])
+def test_units_name_the_key_file_and_never_hold_the_key(tmp_path, engine, variable):
+    job = _job(tmp_path, engine, "api_key: true\nnginx: {port: 8080}\n")
+    key = job.access.key
+    unit = job.release.units["hosttune-serve.service"].decode()
+    assert "EnvironmentFile=/etc/hosttune/keys/prod.env\n" in unit and key not in unit
+    assert key not in job.release.manifest().decode()
+    assert job.release.settings["api_key"] == {"file": "/etc/hosttune/keys/prod.env",
+                                               "fingerprint": job.access.fingerprint}
+    assert job.settings.flags["host"] == "127.0.0.1"  # behind nginx
+    assert key_ops(job.access, job.preset)[0].content == f"{variable}={key}\n".encode()
+    if engine == "sglang":
+        exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+        assert "runpy.run_module" in exec_start and "SGLANG_API_KEY api-key sglang.launch_server" in exec_start
+        assert "--api-key" not in exec_start
+
+
+def test_a_new_key_is_a_new_release(tmp_path):
+    (tmp_path / "k").write_text(KEY + "\n")
+    first = _job(tmp_path / "a", "vllm", f"api_key_file: {tmp_path / 'k'}\n").release.id
+    (tmp_path / "k").write_text(KEY + "-rotated\n")
+    second = _job(tmp_path / "b", "vllm", f"api_key_file: {tmp_path / 'k'}\n").release.id
+    unkeyed = _job(tmp_path / "c", "vllm", "port: 8000\n")
+    assert first != second and "api_key" not in unkeyed.release.settings
+    assert "EnvironmentFile" not in unkeyed.release.units["hosttune-serve.service"].decode()
+    assert unkeyed.settings.flags["host"] == "0.0.0.0"
+
+
+def test_the_launcher_adds_the_key_to_argv_but_not_to_the_command_line(tmp_path):
+    (tmp_path / "fakeengine.py").write_text(
+        "import sys\n"
+        "print(sys.argv[1:])\n"
+        "print(open('/proc/self/cmdline', 'rb').read().replace(b'\\0', b' ').decode())\n")
+    argv = launched_with_key((sys.executable, "-m", "fakeengine", "--port", "1"), "SGLANG_API_KEY", "api-key")
+    assert argv[:3] == (sys.executable, "-c", _LAUNCHER)
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, check=True, timeout=60,
+                         env={**os.environ, "SGLANG_API_KEY": KEY, "PYTHONPATH": str(tmp_path)}).stdout
+    parsed, cmdline = out.splitlines()
+    assert parsed == str(["--port", "1", "--api-key", KEY])
+    assert KEY not in cmdline and "fakeengine --port 1" in cmdline
+    with pytest.raises(DeployError, match="python -m MODULE"):
+        launched_with_key(("/venv/bin/sglang", "serve"), "SGLANG_API_KEY", "api-key")
+
+
+def test_front_operations_upload_tls_check_nginx_then_reload(tmp_path):
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("CERT")
+    key.write_text("KEY")
+    (a, _) = _hosts(tmp_path, f"nginx: {{tls_cert: {cert}, tls_key: {key}}}\n")
+    access = access_for(a, tmp_path)
+    assert access.front.port == 443
+    ops = front_ops(access, "custom", (8000,))
+    writes = {op.path: op for op in ops if isinstance(op, WriteFile)}
+    assert writes["/etc/hosttune/tls/prod.crt"].content == b"CERT" and writes["/etc/hosttune/tls/prod.key"].mode == 0o600
+    conf = writes[nginx_conf_path(access) + ".new"].content.decode()
+    assert "listen 443 ssl default_server;" in conf and "ssl_certificate /etc/hosttune/tls/prod.crt;" in conf
+    assert "server 127.0.0.1:8000 " in conf and "keepalive 64;" in conf and "keepalive_timeout 60s;" in conf
+    runs = [op.argv for op in ops if isinstance(op, Run)]
+    assert runs[-3][:2] == ("sh", "-c") and runs[-3][-1] == "/etc/nginx/conf.d/hosttune-prod.conf"
+    assert runs[-2:] == [("systemctl", "enable", "--quiet", "nginx"), ("systemctl", "reload-or-restart", "nginx")]
+    assert front_ops(Access("prod"), "custom", (8000,)) == []
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(folder / "key.pem"), "-out", str(folder / "cert.pem"), "-days", "1",
+                    "-subj", "/CN=localhost"], check=True, capture_output=True, timeout=60)
+    return folder / "cert.pem", folder / "key.pem"
+
+
+@pytest.mark.skipif(shutil.which("nginx") is None or shutil.which("openssl") is None, reason="needs nginx and openssl")
+@pytest.mark.parametrize("tls", [False, True])
+def test_nginx_accepts_the_rendered_front(tmp_path, tls):
+    cert, key = _self_signed(tmp_path) if tls else (None, None)
+    upstream = Upstream("prod", "custom", ("127.0.0.1:8000",), 8443 if tls else 8080,
+                        tls_cert=str(cert) if tls else None, tls_key=str(key) if tls else None, default_server=True)
+    (tmp_path / "front.conf").write_bytes(render_nginx(upstream))
+    (tmp_path / "nginx.conf").write_text(
+        f"pid {tmp_path}/nginx.pid;\nerror_log {tmp_path}/error.log;\nevents {{}}\n"
+        f"http {{\n    access_log off;\n    include {tmp_path}/front.conf;\n}}\n")
+    result = subprocess.run(["nginx", "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_front_upstream_is_the_hosts_replicas_on_loopback():
+    up = front_upstream(Access("prod", None, Front(80)), "vllm", (8000, 8001))
+    assert up.backends == ("127.0.0.1:8000", "127.0.0.1:8001") and up.listen == 80 and up.tls_cert is None
+
+
+def test_the_groups_upstream_points_at_the_hosts_nginx_fronts(tmp_path):
+    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
+    cert.write_text("CERT")
+    key.write_text("KEY")
+    hosts = _hosts(tmp_path, f"lb_port: 8080\nnginx: {{port: 8443, tls_cert: {cert}, tls_key: {key}}}\n")
+    inv = load_inventory(tmp_path / "inventory.yaml")
+    outcomes = [HostDeploy(h, "deployed", "r", "r") for h in hosts]
+    (upstream,) = rollout.upstreams(inv, rollout.DeployRequest("custom", "/m", tmp_path), outcomes)
+    assert upstream.backends == ("10.0.0.1:8443", "10.0.0.2:8443") and upstream.backend_scheme == "https"
+    conf = render_nginx(upstream).decode()
+    assert "proxy_pass https://hosttune_prod;" in conf and "listen 8080;" in conf

@@ -1,0 +1,187 @@
+"""The documents name only what exists: every repository path in their code, and every
+`hosttune` / `hosttune-engine` command, subcommand and option they show."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import shlex
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hosttune.cli import app
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "engine" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# Where a relative path in a document may start: the repository, the document's folder, the
+# engine's distribution and package, the control plane's package.
+BASES = [ROOT, ROOT / "engine", ROOT / "engine" / "hosttune_engine", ROOT / "hosttune"]
+EXTENSIONS = (".py", ".md", ".yaml", ".yml", ".sh", ".json", ".j2", ".toml", ".txt", ".jinja")
+OUTPUT_OPTIONS = {"--out", "-o", "--output", "--junit-xml", "--json"}  # what follows them is made, not read
+PLACEHOLDER = re.compile(r"^[A-Z][A-Z_]*$")  # NAME, DIR, PATH: a part the reader fills in
+# Files that documents name but that live elsewhere: in a model folder, a wheelhouse entry or a release.
+NOT_IN_REPO = {"config.json", "tokenizer.json", "tokenizer_config.json", "manifest.json", "release.json",
+               "build.log"}
+FIRST_COMMANDS = ["bash scripts/setup.sh && .venv/bin/hosttune check", "bash scripts/test.sh"]
+HELP_ENV = {"COLUMNS": "250"}
+
+
+# -- what the documents show -------------------------------------------------------------------------------
+def code_lines(text: str) -> list[str]:
+    """Lines of fenced code blocks and inline code spans outside them.
+
+    In a block, a line ending in a backslash continues on the next, and an indented line
+    continues a layout line (`scripts/   a.py, b.py`) inside the same folder.
+    """
+    lines, fenced, rest, folder = [], False, [], ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced, folder = not fenced, ""
+        elif not fenced:
+            rest.append(line)
+        elif lines and lines[-1].endswith("\\"):
+            lines[-1] = lines[-1][:-1] + " " + line.strip()
+        elif line[:1].isspace() and folder:
+            lines.append(f"{folder} {line.strip()}")
+        else:
+            first = line.split()[0] if line.split() else ""
+            folder = first if first.endswith("/") else ""
+            lines.append(line.strip())
+    spans = re.findall(r"`([^`]+)`", "\n".join(rest))  # a span may wrap onto the next line
+    return lines + [span.replace("\n", " ") for span in spans]
+
+
+def commands(line: str) -> list[list[str]]:
+    """Each `hosttune ...` or `hosttune-engine ...` in one line of code, as words."""
+    out = []
+    for part in re.split(r"&&|\|\||;|\|", line):
+        try:
+            words = [w.strip("[]") for w in shlex.split(part, comments=True)]
+        except ValueError:  # prose in a span, not a command
+            continue
+        words = [w for w in words if w]
+        if words[:3] == ["python", "-m", "hosttune_engine"]:
+            words = ["hosttune-engine", *words[3:]]
+        if words and words[0] in ("hosttune", ".venv/bin/hosttune", "hosttune-engine"):
+            out.append([Path(words[0]).name, *words[1:]])
+    return out
+
+
+def paths(line: str) -> list[str]:
+    """The words of a line of code that name a file or folder of this repository.
+
+    A word with a slash is one when its first part is a folder or file of the repository; a
+    bare file name always is (unless it lives in a model folder, a wheelhouse or a host), and
+    must be the name of some file here. On a layout line (`scripts/   make_tiny_models.py, ...`)
+    bare names are inside the line's folder.
+    """
+    found, words = [], line.replace("=", " ").split()
+    folder = words[0] if words and words[0].endswith("/") else ""
+    for before, word in zip(["", *words], words):
+        word = word.strip("\"'()[],;:*").rstrip(".").removeprefix("./")
+        if word.split("/")[0] == ".venv":  # made by scripts/setup.sh
+            continue
+        if before in OUTPUT_OPTIONS or not re.fullmatch(r"[\w.\-/]+", word) or word.startswith(("-", "/")):
+            continue
+        if any(PLACEHOLDER.match(part.split(".")[0]) for part in word.split("/")):
+            continue
+        if "/" in word and any((base / word.split("/")[0]).exists() for base in BASES):
+            found.append(word)
+        elif "/" not in word and word.endswith(EXTENSIONS) and word not in NOT_IN_REPO:
+            found.append(folder + word)
+    return found
+
+
+def exists(path: str, doc: Path) -> bool:
+    """A path from one of the bases; a bare file name anywhere in the repository."""
+    if "/" not in path:
+        return path in repository_file_names()
+    return any((base / path).exists() for base in [doc.parent, *BASES])
+
+
+@lru_cache(maxsize=1)
+def repository_file_names() -> frozenset[str]:
+    tops = [p for p in ROOT.iterdir() if not p.name.startswith(".")]
+    return frozenset(f.name for top in tops for f in [top, *top.rglob("*")] if "__pycache__" not in f.parts)
+
+
+# -- what the programs offer ----------------------------------------------------------------------------
+def hosttune_help(*args: str) -> str:
+    result = CliRunner().invoke(app, [*args, "--help"], env=HELP_ENV)
+    assert result.exit_code == 0, f"hosttune {' '.join(args)} --help: {result.output}"
+    return result.output
+
+
+@lru_cache(maxsize=None)
+def hosttune_commands() -> frozenset[str]:
+    panel = hosttune_help().split("Commands", 1)[1]
+    return frozenset(re.findall(r"^│ (\w[\w-]*) ", panel, re.M))
+
+
+@lru_cache(maxsize=None)
+def engine_help(*args: str) -> str:
+    from hosttune_engine.server.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as done:
+        main([*args, "--help"])
+    assert done.value.code == 0, f"hosttune-engine {' '.join(args)} --help failed"
+    return out.getvalue()
+
+
+def has_option(help_text: str, option: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", help_text) is not None
+
+
+def command_faults(words: list[str]) -> list[str]:
+    program, rest = words[0], words[1:]
+    if not rest:  # the program's name alone
+        return []
+    if program == "hosttune":
+        if rest and rest[0].startswith("-"):
+            return [] if rest[0] == "--version" else [f"hosttune has no option {rest[0]}"]
+        if rest and PLACEHOLDER.match(rest[0]):  # `hosttune COMMAND --help`
+            return []
+        if not rest or rest[0] not in hosttune_commands():
+            return [f"hosttune has no command {rest[:1]}"]
+        help_text = hosttune_help(rest[0])
+    else:
+        if rest[:1] != ["serve"]:
+            return [f"hosttune-engine has no command {rest[:1]}"]
+        help_text = engine_help("serve")
+    options = [w.split("=", 1)[0] for w in rest[1:] if w.startswith("-") and w != "-"]
+    return [f"{program} {rest[0]} has no option {o}" for o in options if not has_option(help_text, o)]
+
+
+# -- the tests -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_every_path_a_document_names_exists(doc):
+    named = {p for line in code_lines(doc.read_text()) for p in paths(line)}
+    missing = sorted(p for p in named if not exists(p, doc))
+    assert not missing, f"{doc.relative_to(ROOT)} names paths that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
+def test_every_command_a_document_shows_exists(doc):
+    shown = [c for line in code_lines(doc.read_text()) for c in commands(line)]
+    faults = sorted({f for words in shown for f in command_faults(words)})
+    assert not faults, f"{doc.relative_to(ROOT)}: {faults}"
+
+
+def test_the_documents_show_commands_and_paths():
+    """The extraction finds what the documents hold (a parser that found nothing would pass everything)."""
+    readme = code_lines((ROOT / "README.md").read_text())
+    assert sum(len(commands(line)) for line in readme) >= 10
+    assert "scripts/setup.sh" in {p for line in readme for p in paths(line)}
+    assert command_faults(["hosttune", "chek"]) and command_faults(["hosttune", "check", "--inventroy", "x"])
+    assert command_faults(["hosttune-engine", "serve", "--max-batch", "4"])
+    assert not exists("inventories/prod.yaml", ROOT / "README.md")
+
+
+def test_readme_starts_with_the_two_commands_a_fresh_machine_runs():
+    first_block = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    assert first_block.splitlines() == FIRST_COMMANDS

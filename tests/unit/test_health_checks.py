@@ -1,0 +1,254 @@
+"""Health checks as data: recorded H200 facts are healthy; documented faults fail the right check."""
+
+from dataclasses import replace
+
+import pytest
+
+from hosttune.checks import BY_ID, get_check
+from hosttune.facts_health import (ActiveRun, AerCounts, AllReduce, BridgeAcs, CudaRun, CudaSmoke, FabricManager,
+                                   KernelLog, LoadSample, NvLink, ShmFacts, XidEvent)
+from hosttune.findings import Severity, Status
+from hosttune.probes import gpu_health, kernel_log
+from hosttune.probes.health import with_health
+from hosttune.probes.sections import Section
+from hosttune.profile import load_profile
+
+PROFILE = load_profile("inference-latency")
+NEW = ("gpu.xid", "gpu.count", "cuda.smoke", "gpu.memory_health", "gpu.nvlink", "gpu.fabric", "pci.p2p",
+       "pci.aer", "gpu.clocks_power", "sys.shm", "gpu.load", "gpu.diag", "gpu.allreduce")
+
+
+def run(check_id, facts, profile=PROFILE):
+    return get_check(check_id).run(facts, profile)
+
+
+def health(facts, **fields):
+    return replace(facts, health=replace(facts.health, **fields))
+
+
+@pytest.fixture
+def h200_ok(h200):
+    """The recorded H200 plus what a healthy probe of it adds: uvm, nodes, a passing smoke test."""
+    return health(h200, uvm_loaded=True, device_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0"),
+                  cuda=CudaRun("libcuda", None, (CudaSmoke(0, "0000:00:06.0", True, ms=380.0),)),
+                  kernel_log=KernelLog("dmesg"), shm=ShmFacts(64 << 20, 0, "tmpfs"), hypervisor=True)
+
+
+def test_every_new_check_has_an_explain_text():
+    for check_id in NEW:
+        c = BY_ID[check_id]
+        assert c.why.endswith(".") and len(c.why) > 60 and c.remediation
+
+
+def test_recorded_h200_is_healthy(h200_ok):
+    statuses = {i: run(i, h200_ok).status for i in NEW}
+    assert statuses == {
+        "gpu.xid": Status.OK, "gpu.count": Status.OK, "cuda.smoke": Status.OK, "gpu.memory_health": Status.OK,
+        "gpu.nvlink": Status.NOT_APPLICABLE, "gpu.fabric": Status.NOT_APPLICABLE, "pci.p2p": Status.NOT_APPLICABLE,
+        "pci.aer": Status.NOT_APPLICABLE, "gpu.clocks_power": Status.OK, "sys.shm": Status.OK,
+        "gpu.load": Status.NOT_APPLICABLE, "gpu.diag": Status.NOT_APPLICABLE, "gpu.allreduce": Status.NOT_APPLICABLE,
+    }
+    assert "Pass-Through" not in run("pci.p2p", h200_ok).detail and "virtual machine" in run("pci.p2p", h200_ok).detail
+
+
+def test_without_gpu_every_gpu_check_is_not_applicable():
+    from hosttune.facts import Facts
+    facts = Facts(health=replace(Facts().health, shm=ShmFacts(1 << 22, 0, "tmpfs"), kernel_log=KernelLog("dmesg")))
+    for check_id in set(NEW) - {"sys.shm"}:
+        assert run(check_id, facts).status is Status.NOT_APPLICABLE, check_id
+
+
+def test_fatal_xid_is_critical_others_are_warnings(h200_ok, fixture_text):
+    lines = fixture_text("gpu-health", "dmesg-xid.txt").splitlines()
+    events = tuple(e for line in lines if (e := kernel_log.parse_xid_line(line)))
+    fatal = run("gpu.xid", health(h200_ok, kernel_log=KernelLog("dmesg", events, len(events))))
+    assert fatal.status is Status.DRIFT and fatal.severity is Severity.CRITICAL
+    assert fatal.detail.startswith("PCI 0000:3b:00 Xid 79: GPU has fallen off the bus")
+    assert "GPU0 Xid 13 x2: graphics engine exception" in fatal.detail
+    app_only = run("gpu.xid", health(h200_ok, kernel_log=KernelLog("dmesg", events[:3], 3)))
+    assert app_only.status is Status.DRIFT and app_only.severity is Severity.WARNING
+
+
+def test_xid_in_the_log_counts_even_when_the_gpu_is_gone():
+    from hosttune.facts import Facts
+    event = XidEvent("0000:3b:00", 79, "GPU has fallen off the bus.")
+    f = run("gpu.xid", Facts(health=replace(Facts().health, kernel_log=KernelLog("dmesg", (event,), 1))))
+    assert f.status is Status.DRIFT and f.severity is Severity.CRITICAL
+
+
+def test_unreadable_kernel_log_is_an_error(h200_ok):
+    assert run("gpu.xid", health(h200_ok, kernel_log=KernelLog())).status is Status.ERROR
+
+
+def test_gpu_missing_from_nvml_uvm_and_inventory(h200_ok):
+    lost = replace(h200_ok, gpu=replace(h200_ok.gpu, pci_devices=("0000:00:06.0", "0000:00:07.0")))
+    f = run("gpu.count", lost)
+    assert f.status is Status.DRIFT and "driver lost 0000:00:07.0" in f.detail
+    assert "nvidia-uvm is not loaded" in run("gpu.count", health(h200_ok, uvm_loaded=False)).detail
+    no_node = run("gpu.count", health(h200_ok, device_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm")))
+    assert "1 of the /dev/nvidiaN nodes" in no_node.detail
+    wants_two = replace(PROFILE, health=replace(PROFILE.health, gpus="0-1", gpu_count=2))
+    detail = run("gpu.count", h200_ok, wants_two).detail
+    assert "expects 2 GPU(s)" in detail and "selects GPU 1" in detail
+
+
+def test_cuda_error_802_names_fabric_manager(h200_ok):
+    f = run("cuda.smoke", health(h200_ok, cuda=CudaRun("libcuda", "cuInit: CUDA_ERROR_SYSTEM_NOT_READY (802)")))
+    assert f.status is Status.DRIFT and "gpu.fabric" in f.detail
+    one_bad = CudaRun("libcuda", None, (CudaSmoke(0, "0000:00:06.0", False, "kernel: CUDA_ERROR_ILLEGAL_ADDRESS (700)"),))
+    assert run("cuda.smoke", health(h200_ok, cuda=one_bad)).status is Status.DRIFT
+
+
+def test_gpu_held_by_an_engine_is_not_a_smoke_failure(h200_ok):
+    held = CudaRun("libcuda", None, (CudaSmoke(0, "0000:00:06.0", False, "cuDevicePrimaryCtxRetain: CUDA_ERROR_DEVICES_UNAVAILABLE (46)"),))
+    f = run("cuda.smoke", health(h200_ok, cuda=held))
+    assert f.status is Status.OK and "held by another process" in f.detail and f.active.startswith("0 of 1")
+
+
+def test_no_cuda_runtime_is_not_applicable_with_the_reason(h200_ok):
+    f = run("cuda.smoke", health(h200_ok, cuda=CudaRun(None, "libcuda.so.1 not found")))
+    assert f.status is Status.NOT_APPLICABLE and "libcuda.so.1 not found" in f.detail
+
+
+def test_faulty_memory_and_clocks(h200_ok, fixture_text):
+    faulty = health(h200_ok, gpus=gpu_health.parse_health_xml(fixture_text("gpu-health", "nvidia-smi-q-faulty.xml")))
+    mem = run("gpu.memory_health", faulty)
+    assert mem.status is Status.DRIFT
+    for text in ("row remapping failed", "1 memory bank(s) with no spare rows", "2 uncorrectable DRAM", "recovery action Reset"):
+        assert text in mem.detail
+    clocks = run("gpu.clocks_power", faulty)
+    assert clocks.status is Status.DRIFT
+    for text in ("applications clocks 1410 MHz", "power limit 500 W, below the default 700 W", "3 C from thermal slowdown"):
+        assert text in clocks.detail
+
+
+def test_pending_remap_alone_is_pending_reboot(h200_ok):
+    (g,) = h200_ok.health.gpus
+    f = run("gpu.memory_health", health(h200_ok, gpus=(replace(g, remap_pending=True),)))
+    assert f.status is Status.PENDING_REBOOT and f.needs_reboot
+
+
+def test_vbios_mix_on_one_host(h200_ok):
+    (g,) = h200_ok.health.gpus
+    mixed = (g, replace(g, index=1, bdf="0000:00:07.0", vbios="96.00.74.00.01"))
+    assert "VBIOS differ" in run("gpu.clocks_power", health(h200_ok, gpus=mixed)).detail
+
+
+def _two_gpus(facts):
+    (g,) = facts.gpu.gpus
+    gpus = (g, replace(g, index=1, bdf="0000:00:07.0"))
+    return replace(facts, gpu=replace(facts.gpu, gpus=gpus, pci_devices=tuple(x.bdf for x in gpus)))
+
+
+def test_nvlink_inactive_and_rising_errors(h200_ok, fixture_text):
+    links = gpu_health.parse_nvlink_status(fixture_text("gpu-health", "nvlink-status-8gpu.txt"))
+    reads = tuple(gpu_health.parse_nvlink_errors(fixture_text("gpu-health", f"nvlink-errors-{i}.txt")) for i in (1, 2))
+    f = run("gpu.nvlink", health(_two_gpus(h200_ok), nvlinks=links, nvlink_errors=reads))
+    assert f.status is Status.DRIFT and "GPU1 link 1" in f.detail and "GPU0 link 1 CRC Errors 12 -> 19" in f.detail
+    steady = health(_two_gpus(h200_ok), nvlinks=tuple(replace(l, active=True) for l in links), nvlink_errors=reads[:1] * 2)
+    assert run("gpu.nvlink", steady).status is Status.OK
+
+
+def test_single_gpu_with_idle_links_is_not_applicable(h200_ok):
+    idle = health(h200_ok, nvlinks=tuple(NvLink(0, i, False) for i in range(18)))
+    assert run("gpu.nvlink", idle).status is Status.NOT_APPLICABLE
+
+
+def test_fabric_manager_down_or_wrong_version(h200_ok):
+    nvswitch = health(h200_ok, fabric=FabricManager(nvswitches=4, active="inactive", enabled="disabled", version="580.95.05"))
+    nvswitch = replace(nvswitch, pid1="systemd")
+    f = run("gpu.fabric", nvswitch)
+    assert f.status is Status.DRIFT and "error 802" in f.detail and "differs from driver 580.159.04" in f.detail
+    (g,) = h200_ok.health.gpus
+    in_progress = health(h200_ok, gpus=(replace(g, fabric_state="In Progress"),))
+    assert "fabric In Progress" in run("gpu.fabric", in_progress).detail
+    good = health(h200_ok, fabric=FabricManager(4, "active", "enabled", True, "580.159.04"),
+                  gpus=(replace(g, fabric_state="Completed", fabric_status="Success"),))
+    assert run("gpu.fabric", replace(good, pid1="systemd")).status is Status.OK
+
+
+def test_p2p_iommu_and_acs_on_bare_metal(h200_ok):
+    bare = health(_two_gpus(h200_ok), hypervisor=False, iommu_types={"0000:00:06.0": "DMA-FQ", "0000:00:07.0": "DMA-FQ"},
+                  bridges=(BridgeAcs("0000:05:00.0", "0000:00:06.0", 0x1D),))
+    f = run("pci.p2p", bare)
+    assert f.status is Status.DRIFT and "translates DMA" in f.detail and "ACS redirect on switch port 0000:05:00.0" in f.detail
+    fixed = health(bare, iommu_types={"0000:00:06.0": "identity"}, bridges=(BridgeAcs("0000:05:00.0", "0000:00:06.0", 0x01),))
+    assert run("pci.p2p", fixed).status is Status.OK
+    pending = replace(health(bare, bridges=()), cmdline_configured=("quiet", "iommu=pt"))
+    assert run("pci.p2p", pending).status is Status.PENDING_REBOOT
+
+
+def test_aer_fatal_is_critical_correctable_a_warning(h200_ok):
+    fatal = AerCounts("0000:5e:00.0", "nic", correctable=6, fatal=1, nonzero=(("fatal CmpltTO", 1),))
+    f = run("pci.aer", health(h200_ok, aer=(fatal,)))
+    assert f.status is Status.DRIFT and f.severity is Severity.CRITICAL and "CmpltTO 1" in f.detail
+    noisy = run("pci.aer", health(h200_ok, aer=(AerCounts("0000:00:06.0", "gpu", correctable=3),)))
+    assert noisy.status is Status.DRIFT and noisy.severity is Severity.WARNING
+    assert run("pci.aer", health(h200_ok, aer=(AerCounts("0000:00:06.0", "gpu"),))).status is Status.OK
+
+
+def test_shm_of_a_default_container_is_too_small(h200_ok):
+    f = run("sys.shm", health(h200_ok, shm=ShmFacts(65536, 0, "tmpfs")))
+    assert f.status is Status.DRIFT and "64 MiB" in f.detail
+    assert run("sys.shm", health(h200_ok, shm=ShmFacts())).status is Status.DRIFT
+
+
+def _loaded(facts, samples, **more):
+    """Facts as the probe leaves them after an active load (GPU fields judged under that load)."""
+    return with_health(health(facts, active=ActiveRun(6.0, None, tuple(samples), **more)), {}, [])
+
+
+def sample(**kw):
+    base = dict(gpu=0, pstate="P0", sm_mhz=1980, sm_max_mhz=1980, util_pct=100, power_w=420.0, reasons=())
+    return LoadSample(**{**base, **kw})
+
+
+def test_active_load_judges_pstate_and_clocks_under_load(h200_ok):
+    good = _loaded(h200_ok, [sample(), sample(sm_mhz=1965)])
+    assert run("gpu.load", good).status is Status.OK
+    assert run("gpu.pstate", good).status is Status.OK and "1965/1980 MHz" in run("gpu.pstate", good).active
+    hot = _loaded(h200_ok, [sample(sm_mhz=1200, reasons=("hw_thermal_slowdown",))])
+    assert run("gpu.load", hot).status is Status.DRIFT and "hw_thermal_slowdown" in run("gpu.load", hot).detail
+    assert run("gpu.pstate", hot).status is Status.DRIFT  # the idle reading would have passed
+    locked = _loaded(h200_ok, [sample(sm_mhz=1410, reasons=("applications_clocks_setting",))])
+    assert "locked at 1410 of 1980 MHz" in run("gpu.load", locked).detail
+    capped = _loaded(h200_ok, [sample(sm_mhz=1700, reasons=("sw_power_cap",), power_w=699.0)])
+    assert run("gpu.load", capped).status is Status.OK  # dense math at the full power limit
+
+
+def test_active_load_that_never_loads_the_gpu(h200_ok):
+    idle = _loaded(h200_ok, [sample(util_pct=0, pstate="P8", sm_mhz=345)])
+    assert "never above 30%" in run("gpu.load", idle).detail
+    failed = health(h200_ok, active=ActiveRun(load_error="GPU0: cuLaunchKernel: CUDA_ERROR_LAUNCH_FAILED (719)"))
+    assert run("gpu.load", failed).status is Status.DRIFT
+
+
+def test_dcgm_diag_and_allreduce_floor(h200_ok):
+    failing = health(h200_ok, active=ActiveRun(diag="fail", diag_detail="Persistence Mode"))
+    assert run("gpu.diag", failing).status is Status.DRIFT
+    assert run("gpu.diag", health(h200_ok, active=ActiveRun())).status is Status.NOT_APPLICABLE  # no DCGM
+    no_engine = health(h200_ok, active=ActiveRun(diag="unavailable", diag_detail="Error: unable to connect"))
+    assert "host engine does not answer" in run("gpu.diag", no_engine).detail
+    two = _two_gpus(h200_ok)
+    nvlinked = health(two, nvlinks=(NvLink(0, 0, True), NvLink(1, 0, True)))
+    slow = health(nvlinked, active=ActiveRun(allreduce=AllReduce(2, 256 << 20, 95.0)))
+    f = run("gpu.allreduce", slow)
+    assert f.status is Status.DRIFT and "NVIDIA H200 over NVLink" in f.desired
+    fast = health(nvlinked, active=ActiveRun(allreduce=AllReduce(2, 256 << 20, 340.0)))
+    assert run("gpu.allreduce", fast).status is Status.OK
+    pcie = health(two, active=ActiveRun(allreduce=AllReduce(2, 256 << 20, 24.0)))
+    assert run("gpu.allreduce", pcie).status is Status.OK and "PCIe Gen5" in run("gpu.allreduce", pcie).desired
+    hung = health(two, active=ActiveRun(allreduce_error="the all-reduce did not finish within 120 s"))
+    assert run("gpu.allreduce", hung).status is Status.DRIFT
+
+
+def test_health_section_failures_are_probe_errors(h200):
+    errors = []
+    with_health(h200, {"cuda-smoke": Section("cuda-smoke", "Segmentation fault", 139)}, errors)
+    assert errors and errors[0].startswith("cuda-smoke:")
+
+
+def test_p2p_unreadable_config_space_is_an_error(h200_ok):
+    bare = health(_two_gpus(h200_ok), hypervisor=False, bridges=(BridgeAcs("0000:05:00.0", "0000:00:06.0", None, readable=False),))
+    f = run("pci.p2p", bare)
+    assert f.status is Status.ERROR and "run as root" in f.detail

@@ -1,0 +1,119 @@
+"""A corpus of hostile or broken inventories: each one is exit 2 with FILE:LINE, in bounded time and memory.
+
+Every case runs the real CLI (`python -m hosttune check -i FILE`) in a child process under an
+address-space limit, so a case that would allocate without bound fails here instead of taking
+the machine down; its wall time and peak RSS are measured from the child's own rusage.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_SECONDS = 5.0
+MAX_RSS_MB = 200
+HOST = "hosts:\n  gpu-01:\n    transport: local\n"
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+    f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(8))
+
+# name → (file bytes, the line the error must name, a word the message must contain)
+CORPUS: dict[str, tuple[bytes, int, str]] = {
+    "latin-1 bytes": (b"# caf\xe9 fleet\nhosts:\n  gpu-01: {}\n", 1, "UTF-8"),
+    "latin-1 on line 3": (b"hosts:\n  gpu-01:\n    address: caf\xe9.example\n", 3, "UTF-8"),
+    "utf-16 with BOM": ("hosts:\n  gpu-01: {}\n".encode("utf-16"), 1, "UTF-16"),
+    "utf-16 without BOM": ("hosts:\n  gpu-01: {}\n".encode("utf-16-le"), 1, "UTF-16"),
+    "nul byte": (b"hosts:\n  gpu-01: {}\n  gpu-02:\x00 {}\n", 3, "not allowed"),
+    "raw escape character": (b"hosts:\n  gpu-01: {}\n  \x1b[2Kfake: {}\n", 3, "not allowed"),
+    "list as a mapping key": (b"hosts:\n  ? [a, b]\n  : {}\n", 2, "mapping key"),
+    "mapping as a mapping key": (b"hosts:\n  gpu-01: {}\n  {a: 1}: {}\n", 3, "mapping key"),
+    "nested 10000 levels": (("hosts:\n  gpu-01:\n    tune: " + "[" * 10000 + "]" * 10000 + "\n").encode(), 3, "nested deeper"),
+    "nested mappings": (("hosts:\n  gpu-01:\n    tune: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n").encode(), 3, "nested deeper"),
+    "alias bomb": ((BOMB + HOST + "    tune: {cpu: {governor: *i}}\n").encode(), 5, "alias"),
+    "cpu list far past the host": ((HOST + '    irq_cores: "0-99999999999"\n').encode(), 4, "irq_cores"),
+    "cpu list past linux": ((HOST + '    rcu_nocbs: "0-9000"\n').encode(), 4, "largest CPU"),
+    "gpu list past linux": ((HOST + '    gpus: "0-123456"\n').encode(), 4, "gpus"),
+    "address of 300 characters": ((HOST + f"    address: {'a' * 300}.example\n").encode(), 4, "address"),
+    "address label of 64": ((HOST + f"    address: {'b' * 64}.example\n").encode(), 4, "address"),
+    "non-ascii address": ((HOST + "    address: gpü-01.example\n").encode(), 4, "xn--"),
+    "address with a shell word": ((HOST + "    address: 'gpu-01;reboot'\n").encode(), 4, "address"),
+    "known_hosts is a directory": ((HOST + "    ssh: {known_hosts: /tmp}\n").encode(), 4, "directory"),
+    "key is a directory": (b"defaults:\n  ssh:\n    key: /\nhosts:\n  gpu-01: {}\n", 3, "directory"),
+    "escape sequence in a host name": (b'hosts:\n  gpu-01: {}\n  "gpu-02\\e[1A\\e[2K  gpu-02  ok": {}\n', 3, "not a valid name"),
+    "newline in a host name": (b'hosts:\n  "gpu-01\\nfake-host ok": {}\n', 2, "not a valid name"),
+    "newline in a group name": (b'groups:\n  "a\\nb":\n    hosts: {gpu-01: {}}\n', 2, "not a valid name"),
+    "unknown profile": ((HOST + "    profile: no-such-profile\n").encode(), 4, "unknown profile"),
+    "unknown profile in defaults": (b"defaults:\n  profile: nope\nhosts:\n  gpu-01: {}\n", 2, "unknown profile"),
+    "bad value under tune": ((HOST + "    tune:\n      cpu:\n        max_cstate: -1\n").encode(), 6, "tune.cpu.max_cstate"),
+    "bad choice under tune": (b"defaults:\n  tune:\n    gpu: {pstate: P99}\nhosts:\n  gpu-01: {}\n", 3, "tune.gpu.pstate"),
+    "unknown section under tune": ((HOST + "    tune:\n      cpus: {governor: performance}\n").encode(), 5, "tune.cpus"),
+    "tune section not a mapping": ((HOST + "    tune: {cpu: 5}\n").encode(), 4, "tune.cpu"),
+    "unknown setting under tune": ((HOST + "    tune: {irq: {balance: false}}\n").encode(), 4, "tune.irq.balance"),
+    "tune cpu list past linux": ((HOST + "    tune: {kernel: {rcu_nocbs: 0-99999}}\n").encode(), 4, "tune.kernel.rcu_nocbs"),
+    "probe timeout not a number": ((HOST + "    probe_timeout: soon\n").encode(), 4, "probe_timeout"),
+    "huge value in an error": ((HOST + f"    ssh: {{port: '{'9' * 100000}'}}\n").encode(), 4, "port"),
+    "top level is a list": (b"- gpu-01\n- gpu-02\n", 1, "mapping"),
+    "unclosed flow mapping": (b"hosts:\n  gpu-01: {address: x\n", 3, "invalid YAML"),
+}
+
+
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Each corpus entry through the CLI once, in its own child."""
+    out = {}
+    base = tmp_path_factory.mktemp("hostile")
+    for name, (data, _, _) in CORPUS.items():
+        path = base / (re.sub(r"\W+", "-", name) + ".yaml")
+        path.write_bytes(data)
+        out[name] = (path, *_bounded(path))
+    return out
+
+
+# The child reports its own peak: VmHWM of the process after exec. wait4's ru_maxrss would also count the
+# pages the child shared with this test process between fork and exec (a pytest worker that loaded torch).
+CHILD = """
+import atexit, runpy, sys
+peak_file, path = sys.argv[1:3]
+def peak():
+    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+    open(peak_file, "w").write(line.split()[1])
+atexit.register(peak)
+sys.argv = ["hosttune", "check", "-i", path]
+runpy.run_module("hosttune", run_name="__main__")
+"""
+
+
+def _bounded(path: Path) -> tuple[int, str, float, float]:
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    peak = path.with_suffix(".peak")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(peak), str(path)], capture_output=True,
+                          env=env, cwd=path.parent, preexec_fn=limit)
+    seconds = time.monotonic() - start
+    rss_mb = int(peak.read_text()) / 1024 if peak.exists() else float("inf")
+    return proc.returncode, proc.stderr.decode("utf-8", "replace"), seconds, rss_mb
+
+
+@pytest.mark.parametrize("name", list(CORPUS))
+def test_hostile_inventory_is_exit_2_with_file_line_in_bounded_time_and_memory(results, name):
+    path, code, err, seconds, rss_mb = results[name]
+    _, line, word = CORPUS[name]
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"{path}:{line}: " in err and word in err, err
+    assert seconds < MAX_SECONDS, f"{seconds:.1f} s"
+    assert rss_mb < MAX_RSS_MB, f"{rss_mb:.0f} MB"

@@ -1,0 +1,76 @@
+"""The probe under `--root`: every fact from the image's files, none from the machine that runs it."""
+
+from __future__ import annotations
+
+import socket
+
+from hosttune.checks import run_checks
+from hosttune.findings import Status
+from hosttune.probes.gather import gather
+from hosttune.profile import load_profile
+from hosttune.transport.local import LocalTransport
+
+DPKG_STATUS = """\
+Package: libcudnn9-cuda-12
+Status: hold ok installed
+Version: 9.1.0.70-1
+
+Package: cuda-toolkit-12-4
+Status: install ok installed
+Version: 12.4.1-1
+
+Package: irqbalance
+Status: install ok installed
+Version: 1.9.2-1
+"""
+
+
+def write(root, path: str, text: str) -> None:
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+
+
+def make_image(root) -> None:
+    write(root, "/etc/os-release", 'ID=debian\nVERSION_ID="12"\n')
+    write(root, "/etc/hostname", "baked-image\n")
+    write(root, "/etc/default/grub", 'GRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX="console=ttyS0"\n')
+    write(root, "/etc/default/hosttune-thp", "# Managed by hosttune (transparent hugepages).\nTHP_MODE=never\n")
+    write(root, "/etc/sysctl.d/90-site.conf", "kernel.numa_balancing = 1\n")
+    write(root, "/var/lib/dpkg/status", DPKG_STATUS)
+    (root / "usr/local/cuda-12.4/bin").mkdir(parents=True)
+    (root / "usr/local/cuda").symlink_to("/usr/local/cuda-12.4")  # absolute: resolved inside the image
+    (root / "lib/systemd").mkdir(parents=True)
+    (root / "lib/systemd/systemd").write_text("")
+    (root / "sbin").mkdir()
+    (root / "sbin/init").symlink_to("/lib/systemd/systemd")
+
+
+def test_facts_come_from_the_image_only(tmp_path):
+    make_image(tmp_path)
+    facts = gather(LocalTransport(), root=str(tmp_path)).facts
+    assert facts.image == str(tmp_path) and facts.hostname == "baked-image" != socket.gethostname()
+    assert facts.os_id == "debian" and facts.pid1 == "systemd"  # what /sbin/init resolves to in the image
+    assert facts.cmdline_configured == ("console=ttyS0", "quiet") and facts.cmdline_source == "grub"
+    assert facts.cmdline_active == ()  # an image runs no kernel
+    assert facts.cuda.symlink_target == "/usr/local/cuda-12.4" and facts.cuda.toolkits == ("/usr/local/cuda-12.4",)
+    assert facts.packages == {"libcudnn9-cuda-12": "9.1.0.70-1", "cuda-toolkit-12-4": "12.4.1-1", "irqbalance": "1.9.2-1"}
+    assert facts.held == ("libcudnn9-cuda-12",)
+    assert facts.thp_configured == "never" and facts.numa_balancing_configured == 1
+    assert facts.numa_balancing_source == "/etc/sysctl.d/90-site.conf"
+    assert facts.cpu.count == 0 and facts.numa_nodes == {} and facts.pci == () and facts.gpu.gpus == ()
+
+
+def test_image_findings_judge_its_configuration(tmp_path):
+    make_image(tmp_path)
+    facts = gather(LocalTransport(), root=str(tmp_path)).facts
+    found = {f.check_id: f for f in run_checks(facts, load_profile("inference-latency"))}
+    assert found["cpu.cstates"].status is Status.DRIFT and found["cpu.cstates"].active == "-"
+    assert found["kernel.rcu_nocbs"].status is Status.NOT_APPLICABLE  # auto needs CPUs; an image has none
+    assert "set rcu_nocbs" in found["kernel.rcu_nocbs"].detail
+    assert found["mm.thp"].status is Status.DRIFT and found["mm.thp"].configured == "never"
+    assert found["numa.topology"].status is Status.DRIFT
+    assert found["driver.held"].status is Status.DRIFT and "cuda-toolkit-12-4" in found["driver.held"].detail
+    assert found["gpu.persistence"].status is Status.NOT_APPLICABLE and "an image" in found["gpu.persistence"].detail
+    assert found["sys.shm"].status is Status.NOT_APPLICABLE  # mounted at boot, not a file of the image
+    assert not [f.check_id for f in found.values() if f.status is Status.ERROR]

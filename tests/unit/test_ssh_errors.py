@@ -1,0 +1,77 @@
+"""Hosts that refuse, stay silent or close the connection: one plain line each, nothing on stderr."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from hosttune.errors import TransportError
+from hosttune.transport.base import ConnectionSpec
+from hosttune.transport.ssh import SshTransport
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _server(mode: str) -> int:
+    """A TCP port that never speaks SSH: `silent` accepts and waits, `close` hangs up, `http` answers HTTP."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    kept = []
+
+    def serve():
+        while True:
+            conn, _ = srv.accept()
+            kept.append(conn)
+            if mode == "http":
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            if mode in ("close", "http"):
+                conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv.getsockname()[1]
+
+
+def _refused_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture(scope="module")
+def ports():
+    return {"silent": _server("silent"), "close": _server("close"), "http": _server("http"), "refused": _refused_port()}
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("silent", "accepts TCP connections but sent no SSH banner within 1s"),
+    ("close", "closed it without speaking SSH"),
+    ("http", "does not speak SSH"),
+    ("refused", "connection refused"),
+])
+def test_transport_error_says_what_the_port_did(ports, tmp_path, mode, message):
+    spec = ConnectionSpec("h", "ssh", "127.0.0.1", ports[mode], known_hosts=str(tmp_path / "kh"), timeout_s=1.0)
+    with pytest.raises(TransportError, match=message):
+        SshTransport(spec).connect()
+
+
+def test_check_prints_one_line_per_host_and_nothing_on_stderr(ports, tmp_path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n" + "".join(
+        f"  {mode}:\n    address: 127.0.0.1\n    ssh: {{port: {port}, timeout: 1, known_hosts: kh}}\n"
+        for mode, port in ports.items()))
+    proc = subprocess.run([sys.executable, "-m", "hosttune", "check", "-i", str(inv)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert proc.stderr == ""
+    for mode in ports:
+        lines = [line for line in proc.stdout.splitlines() if line.startswith(f"  {mode}: ")]
+        assert len(lines) == 1, proc.stdout
