@@ -2,7 +2,8 @@
 """The engine benchmark suite, in one run on one GPU: hardware ceilings, then
 (a) prefill attention vs torch SDPA, (b) paged decode attention bandwidth, (c) fused
 elementwise kernels' bandwidth, (d) decode tok/s vs the cuBLAS linear floor, (e) TTFT vs the
-prefill compute floor, (f) offline throughput vs the roofline model and Hugging Face, plus the
+prefill compute floor, (f) offline throughput vs the roofline model and Hugging Face, (g) FP8 and
+4-bit weights (quant_bench.py) against their weight-read rooflines, an FP8 linear floor and bf16, plus the
 CUDA-graph and fp32 greedy correctness checks. Writes results.json (after every section) and
 prints a table of ratios last.
 
@@ -23,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-SECTIONS = ("kernels", "engine", "greedy", "hf")
+SECTIONS = ("kernels", "engine", "quant", "greedy", "hf")
 WORKLOADS = ((256, 1024, 128), (256, 256, 512))  # offline throughput workloads: requests, in, out
 
 
@@ -52,6 +53,7 @@ def main() -> None:
     save()
     for name, need_s, fn in (("kernels", 60, lambda: run_kernels(res, args.tune, log)),
                              ("engine", 90, lambda: run_engine(res, log, deadline)),
+                             ("quant", 150, lambda: run_quant(res, log)),
                              ("greedy", 40, lambda: run_greedy(res, log)),
                              ("hf", 45, lambda: run_hf(res, out, min(args.hf_limit_s, deadline.left() - 5)))):
         if name in args.skip or not deadline.allows(need_s):
@@ -136,6 +138,12 @@ def run_engine(res: dict, log, deadline) -> None:
     torch.cuda.empty_cache()
 
 
+def run_quant(res: dict, log) -> None:
+    import quant_bench
+
+    quant_bench.run_quant(res, log)
+
+
 def run_greedy(res: dict, log) -> None:
     import greedy_check
 
@@ -196,6 +204,10 @@ def print_table(res: dict) -> None:
               f"{ru['eager_steps']} in {ru['eager_s']:.2f} s (slowest {ru['slowest_step_s'] * 1e3:.0f} ms), outside the "
               f"runner {r['outside_runner_s']:.2f} s | model: prefill {rf['prefill_s']:.2f} s + decode {rf['decode_s']:.2f} s "
               f"| kernels compiled: {r['kernels_compiled']} | |")
+    if res.get("quant"):
+        import quant_bench
+
+        print("\n".join(quant_bench.table_rows(res)))
     hf = res.get("hf", {})
     b1, ours_b1 = hf.get("generate_batch1", {}), next((r for r in res.get("decode", []) if r["batch"] == 1), None)
     if b1 and "error" not in b1:

@@ -11,6 +11,7 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICES = ("auto", "cuda", "cpu")
 KERNEL_BACKENDS = ("auto", "triton", "torch")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+QUANTIZATIONS = ("fp8", "fp8-block", "fp8-channel", "fp8-tensor", "awq", "gptq")  # all but fp8: dummy weights
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,9 @@ class EngineConfig:
     from step costs measured at start (0: 2.5 times a decode-only step of the same decodes).
     `tensor_parallel_size` GPUs run one copy of the model, each a shard of it, in a
     process of its own (`parallel/`); 1 is one GPU in this process.
+    `quantization="fp8"` quantizes a bf16 checkpoint's projections to FP8 at load (a quantized
+    checkpoint needs nothing: config.json says its layout); with `load_format="dummy"` any of
+    QUANTIZATIONS quantizes the random weights in that layout.
     """
 
     model: str
@@ -50,6 +54,7 @@ class EngineConfig:
     max_cuda_graph_batch_size: int = 256
     max_step_ms: float | None = None  # None: steps bounded by tokens only; 0: a budget from the measured costs
     tensor_parallel_size: int = 1
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
@@ -57,6 +62,11 @@ class EngineConfig:
         _check_choice("device", self.device, DEVICES)
         _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        if self.quantization is not None:
+            _check_choice("quantization", self.quantization, QUANTIZATIONS)
+            if self.quantization != "fp8" and self.load_format != "dummy":
+                raise ConfigError(f"quantization={self.quantization!r} is for dummy weights only; with a "
+                                  "checkpoint use 'fp8' (quantize at load) or none (config.json says the layout)")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
         if not 0 < self.gpu_memory_utilization <= 1:

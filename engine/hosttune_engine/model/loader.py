@@ -15,6 +15,10 @@ from hosttune_engine.layers.linear import MergedLinear
 from hosttune_engine.model.llama import MODEL_CLASSES
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.parallel.shard import read_tensor
+from hosttune_engine.quant.preflight import check_checkpoint, resolve_spec
+from hosttune_engine.quant.quant_linear import QuantLinear
+from hosttune_engine.quant.build import build_quantized
+from hosttune_engine.quant.transform import check_loaded, quantize_loaded
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -91,19 +95,30 @@ def _load_one(model: nn.Module, params: dict, name: str, read, source: str) -> b
         if f".{part}." in name:
             module_name, kind = name.replace(f".{part}.", f".{fused}.").rsplit(".", 1)
             module = model.get_submodule(module_name)
-            assert isinstance(module, MergedLinear)
+            assert isinstance(module, (MergedLinear, QuantLinear))
             module.load_shard(shard, kind, read(getattr(module, "tp_parts", {}).get(shard)), source)
             return True
+    module_name, kind = name.rsplit(".", 1) if "." in name else ("", name)
+    module = _submodule_or_none(model, module_name)
+    if isinstance(module, QuantLinear):  # a quantized layer converts its checkpoint tensors itself
+        module.load_shard(None, kind, read(None), source)
+        return True
     param = params.get(name)
     if param is None:
         return False
-    module_name, kind = name.rsplit(".", 1)
-    tensor = read(getattr(model.get_submodule(module_name), "tp_shards", {}).get(kind))
+    tensor = read(getattr(module, "tp_shards", {}).get(kind))
     if param.shape != tensor.shape:
         raise ModelLoadError(f"{source}: shape {tuple(tensor.shape)} does not match the model's "
                              f"{tuple(param.shape)}; the checkpoint does not fit config.json")
     param.copy_(tensor)
     return True
+
+
+def _submodule_or_none(model: nn.Module, name: str) -> nn.Module | None:
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        return None
 
 
 def _expected_tensors(model: nn.Module) -> set[str]:
@@ -144,12 +159,26 @@ def init_dummy_weights(model: nn.Module, seed: int = 0) -> None:
 
 
 def load_model(cfg: ModelConfig, folder: str | Path, load_format: str, device: torch.device,
-               dtype: torch.dtype, seed: int = 0, shard=None) -> nn.Module:
+               dtype: torch.dtype, seed: int = 0, quantization: str | None = None, shard=None) -> nn.Module:
     """A ready model: `load_format` "dummy" for random weights, else the folder's safetensors (with `shard`,
-    this rank's part of them: see `build_model`)."""
-    model = build_model(cfg, device, dtype, shard)
+    this rank's part of them: see `build_model`).
+
+    A quantized checkpoint (config.json's quantization_config) is checked against its safetensors
+    headers before any weight is allocated; `quantization` "fp8" quantizes a bf16 checkpoint at load,
+    and with dummy weights names any layout (quant/dummy_specs.py)."""
+    spec = resolve_spec(cfg.quantization, quantization, load_format, str(folder))
+    if spec is not None and shard is not None:
+        raise ModelLoadError(f"{folder}: quantized weights run on one GPU only for now; "
+                             "use tensor_parallel_size 1 or a bf16 checkpoint")
+    if spec is not None and load_format != "dummy":
+        check_checkpoint(build_model(cfg, torch.device("meta"), dtype), spec, safetensors_files(Path(folder)))
     if load_format == "dummy":
+        model = build_model(cfg, device, dtype, shard)
         init_dummy_weights(model, seed)
-    else:
-        load_safetensors(model, Path(folder))
+        if spec is not None:
+            quantize_loaded(model, spec, dtype)
+        return model
+    model = build_model(cfg, device, dtype, shard) if spec is None else build_quantized(build_model, cfg, device, dtype, spec)
+    load_safetensors(model, Path(folder))
+    check_loaded(model)
     return model

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hosttune_engine.errors import ModelLoadError, UnsupportedModelError
+from hosttune_engine.quant.spec import QuantSpec, parse_quantization_config
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 
@@ -31,6 +32,7 @@ class ModelConfig:
     dtype: str | None
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    quantization: QuantSpec | None = None  # from quantization_config; None for plain weights
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "ModelConfig":
@@ -78,6 +80,7 @@ class ModelConfig:
             dtype=raw.get("torch_dtype") or raw.get("dtype"),
             eos_token_ids=tuple(dict.fromkeys(_as_list(raw.get("eos_token_id")))),
             bos_token_id=raw.get("bos_token_id"),
+            quantization=parse_quantization_config(raw.get("quantization_config"), source),
         )._validated(source)
 
     def _validated(self, source: str) -> "ModelConfig":
@@ -94,8 +97,6 @@ def _check_unsupported_features(raw: dict, arch: str, source: str) -> None:
         raise UnsupportedModelError(f"{source}: sliding-window attention is not supported")
     if raw.get("mlp_bias"):
         raise UnsupportedModelError(f"{source}: MLP biases (mlp_bias) are not supported")
-    if raw.get("quantization_config"):
-        raise UnsupportedModelError(f"{source}: quantized checkpoints are not supported")
 
 
 def _getter(raw: dict, source: str):

@@ -13,7 +13,7 @@ import os
 import sys
 
 from hosttune_engine import __version__
-from hosttune_engine.config import DEVICES, DTYPES, KERNEL_BACKENDS, LOAD_FORMATS, EngineConfig
+from hosttune_engine.config import DEVICES, DTYPES, KERNEL_BACKENDS, LOAD_FORMATS, QUANTIZATIONS, EngineConfig
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.server.auth import KEY_ENV, load_keys
 from hosttune_engine.server.config import ServerConfig
@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", choices=DTYPES, default="auto")
     s.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                    help="'dummy' builds random weights from config.json alone (benchmarks)")
+    s.add_argument("--quantization", choices=QUANTIZATIONS,
+                   help="'fp8' quantizes a bf16 checkpoint to FP8 at load; the others name a layout for dummy "
+                        "weights (a quantized checkpoint needs none: config.json says its layout)")
     s.add_argument("--kernel-backend", choices=KERNEL_BACKENDS, default="auto")
     s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     s.add_argument("--tensor-parallel-size", type=int, default=1,
@@ -100,7 +103,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_batch_size),
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
         enforce_eager=args.enforce_eager, max_step_ms=args.max_step_ms,
-        tensor_parallel_size=args.tensor_parallel_size,
+        tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
         scheduling_policy="priority")  # equal priorities are first come, first served
     return ServerConfig(engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
                         max_queue=args.max_queue, shutdown_timeout_s=args.shutdown_timeout,

@@ -1,0 +1,132 @@
+"""FP8-weight matrix-vector product for one-token decode: y [M, N] = x [M, K] @ (w * scale).T (+ bias), M <= 4,
+optionally with the layer before it computed in the prologue, as kernels/gemv.py does for bf16.
+
+w [N, K] is float8 e4m3, dequantized in registers: row n, column k uses scale[scale_row[n], k // block_k]
+(fp32 scale table [R, KB]), which covers block-wise, per-channel and per-tensor scales alike. Each
+program owns BLOCK_N rows and walks K in BLOCK_K tiles accumulating in fp32, reading each weight byte
+once: half the bytes of the bf16 GEMV. With one scale per row (block_k >= K) the scale is applied once
+at the end; with block scales a tile holds BLOCK_K / block_k whole scale blocks, each summed apart and
+scaled. Prologues (one row): RMSNorm (+ residual add, program 0 writing the new residual) or SwiGLU over
+[gate | up], with the unfused kernels' roundings.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hosttune_engine.kernels.checks import check, check_tensor
+from hosttune_engine.kernels.gemv import PLAIN, RMSNORM, RMSNORM_RESIDUAL, SWIGLU, _input_tile, _rms_rstd, _weight_tile
+from hosttune_engine.kernels.rmsnorm import rms_norm_ref
+from hosttune_engine.kernels.swiglu import swiglu_ref
+
+DEFAULT = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
+
+
+@triton.jit
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm,
+                     stride_wn, stride_s, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     SCALE_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    s_rows = s_ptr + tl.load(srow_ptr + offs_n, mask=n_mask, other=0).to(tl.int64) * stride_s  # [BLOCK_N]
+    rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, EVEN_K, BLOCK_K)
+    for m in tl.static_range(M):
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        acc_blocks = tl.zeros([BLOCK_N, SUB], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < K
+            w = _weight_tile(w_rows, offs_k, n_mask, k_mask, EVEN_K)
+            x = _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, PROLOGUE, EVEN_K)
+            prod = w.to(tl.float32) * x[None, :]
+            if SCALE_K == 0:
+                acc += prod
+            else:
+                blocks = tl.sum(tl.reshape(prod, [BLOCK_N, SUB, SCALE_K]), 2)  # [BLOCK_N, SUB]
+                kb = k0 // SCALE_K + tl.arange(0, SUB)
+                scale = tl.load(s_rows[:, None] + kb[None, :], mask=n_mask[:, None] & (kb * SCALE_K < K)[None, :],
+                                other=0.0)
+                acc_blocks += blocks * scale
+        if SCALE_K == 0:
+            y = tl.sum(acc, 1) * tl.load(s_rows, mask=n_mask, other=0.0)
+        else:
+            y = tl.sum(acc_blocks, 1)
+        if HAS_BIAS:
+            y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+
+
+def check_fp8_weight(w, scale, scale_row, block_k: int, k: int, device) -> None:
+    check_tensor("w", w, 2, dtypes=(torch.float8_e4m3fn,), device=device)
+    check(w.shape[1] == k and w.stride(1) == 1, "w must be [N, {}] and contiguous in K, got {}", k, tuple(w.shape))
+    check_tensor("scale", scale, 2, dtypes=(torch.float32,), device=device)
+    check(scale.stride(1) == 1 and scale.shape[1] == -(-k // block_k),
+          "scale must be [R, ceil(K / block_k)] = [R, {}] and contiguous, got {}", -(-k // block_k), tuple(scale.shape))
+    check_tensor("scale_row", scale_row, 1, dtypes=(torch.int32,), device=device)
+    check(scale_row.shape[0] == w.shape[0] and scale_row.is_contiguous(), "scale_row must be [N] and contiguous")
+
+
+def _tile(cfg: dict, block_k: int, k: int) -> tuple[int, int]:
+    """(BLOCK_K, SCALE_K): SCALE_K 0 for one scale per row, else the scale block, which the tile must hold whole."""
+    if block_k >= k:
+        return cfg["BLOCK_K"], 0
+    check(block_k & (block_k - 1) == 0, "block scales of {} columns: the FP8 GEMV needs a power of two", block_k)
+    return max(cfg["BLOCK_K"], block_k), block_k
+
+
+def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, scale_row: torch.Tensor, block_k: int,
+             bias: torch.Tensor | None = None, config: dict | None = None, prologue: int = PLAIN,
+             residual=None, norm_weight=None, residual_out=None, eps: float = 0.0) -> torch.Tensor:
+    """x [M, K] (M <= 4) @ dequant(w [N, K] fp8).T + bias -> [M, N] in x's dtype. With `prologue` RMSNORM(_RESIDUAL)
+    x is the raw hidden row [1, K]; with SWIGLU it is [1, 2K] [gate | up]."""
+    check_tensor("x", x, 2)
+    m = x.shape[0]
+    k = x.shape[1] // 2 if prologue == SWIGLU else x.shape[1]
+    check(1 <= m <= 4 and x.is_contiguous(), "fp8_gemv takes 1 to 4 contiguous rows, got {}", tuple(x.shape))
+    check(prologue == PLAIN or m == 1, "a prologue takes one row, got {}", m)
+    check_fp8_weight(w, scale, scale_row, block_k, k, x.device)
+    if bias is not None:
+        check_tensor("bias", bias, 1, dtypes=(x.dtype,), device=x.device)
+        check(bias.shape[0] == w.shape[0] and bias.is_contiguous(), "bias must be [{}] and contiguous", w.shape[0])
+    if prologue in (RMSNORM, RMSNORM_RESIDUAL):
+        check_tensor("norm_weight", norm_weight, 1, dtypes=(x.dtype,), device=x.device)
+        check(norm_weight.shape[0] == k, "norm_weight must be [K]")
+    if prologue == RMSNORM_RESIDUAL:
+        for name, t in (("residual", residual), ("residual_out", residual_out)):
+            check(isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == x.dtype and t.is_contiguous(),
+                  "{} must be a contiguous tensor like x", name)
+    cfg = config or DEFAULT
+    block, scale_k = _tile(cfg, block_k, k)
+    n = w.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    _fp8_gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
+        x, w, scale, scale_row, bias if bias is not None else x, y, residual if residual is not None else x,
+        norm_weight if norm_weight is not None else x, residual_out if residual_out is not None else x, n, k,
+        x.stride(0), w.stride(0), scale.stride(0), y.stride(0), eps, M=m, HAS_BIAS=bias is not None,
+        SCALE_K=scale_k, SUB=block // scale_k if scale_k else 1, EVEN_K=k % block == 0, PROLOGUE=prologue, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return y
+
+
+def fp8_dequantize_ref(w, scale, scale_row, block_k: int) -> torch.Tensor:
+    """w [N, K] fp8 -> fp32 [N, K] with its scales."""
+    per_element = scale[scale_row.long()].repeat_interleave(block_k, 1)[:, :w.shape[1]]
+    return w.float() * per_element
+
+
+def fp8_gemv_ref(x, w, scale, scale_row, block_k: int, bias=None, prologue: int = PLAIN, residual=None,
+                 norm_weight=None, residual_out=None, eps: float = 0.0) -> torch.Tensor:
+    if prologue == SWIGLU:
+        x = swiglu_ref(x)
+    elif prologue == RMSNORM:
+        x = rms_norm_ref(x, norm_weight, eps)
+    elif prologue == RMSNORM_RESIDUAL:
+        x, new_residual = rms_norm_ref(x, norm_weight, eps, residual=residual)
+        residual_out.copy_(new_residual)
+    y = x.float() @ fp8_dequantize_ref(w, scale, scale_row, block_k).t()
+    return (y + (bias.float() if bias is not None else 0.0)).to(x.dtype)

@@ -1,0 +1,92 @@
+"""What the FP8 and 4-bit linear layers share: shards of a fused projection, and collecting each shard's
+checkpoint tensors until it is complete."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hosttune_engine.errors import ModelLoadError
+from hosttune_engine.layers.backend import KernelLayer
+from hosttune_engine.layers.one_row import DeferredRMSNorm, DeferredSwiGLU
+from hosttune_engine.quant.layouts import checkpoint_tensors, require_layout
+from hosttune_engine.quant.spec import QuantSpec
+
+WHOLE = None  # the shard name of an unfused layer
+
+
+def _on_gpu(x) -> bool:  # tests point this at the CPU to run the kernels under the interpreter
+    return (x.x if isinstance(x, DeferredRMSNorm) else x.gate_up if isinstance(x, DeferredSwiGLU) else x).is_cuda
+
+
+class QuantLinear(KernelLayer):
+    """A linear layer [N, K] stored quantized; `shards` (name -> rows) for a fused projection."""
+
+    def __init__(self, in_features: int, shards: dict, bias: bool, spec: QuantSpec, dtype: torch.dtype,
+                 device, where: str):
+        super().__init__()
+        self.in_features, self.out_features = in_features, sum(shards.values())
+        self.spec, self.where = spec, where
+        self.shard_slices: dict = {}
+        start = 0
+        for name, size in shards.items():
+            self.shard_slices[name] = slice(start, start + size)
+            start += size
+        self.bias = nn.Parameter(torch.zeros(self.out_features, dtype=dtype, device=device)) if bias else None
+        self._pending: dict = {name: {} for name in shards}
+
+    def shard_layout(self, shard) -> dict:
+        s = self.shard_slices[shard]
+        return checkpoint_tensors(self.spec, s.stop - s.start, self.in_features, self.where)
+
+    @torch.no_grad()
+    def load_shard(self, shard, kind: str, tensor: torch.Tensor, source: str) -> None:
+        """Take one checkpoint tensor of a shard; a shard is converted once all its tensors are in."""
+        rows = self.shard_slices[shard]
+        if kind == "bias" and self.bias is not None:
+            if tensor.shape != (rows.stop - rows.start,):
+                raise ModelLoadError(f"{source}: bias shape {list(tensor.shape)} does not fit {self.where}")
+            self.bias[rows].copy_(tensor)
+            return
+        want = self.shard_layout(shard)
+        if kind not in want:
+            raise ModelLoadError(f"{source}: a {self.spec.layout.value} layer has no {kind!r} tensor")
+        require_layout(kind, tensor.dtype, tuple(tensor.shape), want[kind], source)
+        pending = self._pending[shard]
+        pending[kind] = tensor
+        if set(pending) == set(want):
+            self.store_shard(shard, rows, pending)
+            pending.clear()
+            pending["done"] = True
+
+    def store_shard(self, shard, rows: slice, tensors: dict) -> None:
+        raise NotImplementedError
+
+    def check_complete(self) -> None:
+        for shard, pending in self._pending.items():
+            if not pending.get("done"):
+                missing = sorted(set(self.shard_layout(shard)) - set(pending))
+                raise ModelLoadError(f"{self.where}{'.' + shard if shard else ''}: checkpoint tensors missing: "
+                                     f"{', '.join(missing)}")
+
+    def finish_loading(self) -> None:
+        """Derive what the kernels need once every tensor is in (nothing, unless a layer says otherwise)."""
+
+    def forward(self, x) -> torch.Tensor:
+        """x [T, K] (or the one-row transform's deferred norm or SwiGLU) -> [T, N] in x's dtype."""
+        if self.use_triton and _on_gpu(x):
+            return self.kernel_forward(x)
+        if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)):
+            x = x.materialize()
+        return torch.nn.functional.linear(x, self.dequantized(x.dtype), self.bias)
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight [N, K] as plain numbers (the torch reference path)."""
+        raise NotImplementedError
+
+    def kernel_forward(self, x) -> torch.Tensor:
+        """The GPU path: x a tensor or a deferred input."""
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, layout={self.spec.layout.value}"

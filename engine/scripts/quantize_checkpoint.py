@@ -1,0 +1,76 @@
+"""Write a Hugging Face checkpoint quantized in one of the public layouts the engine loads.
+
+Example:
+    python engine/scripts/quantize_checkpoint.py --model /models/qwen2.5-7b --out /models/qwen2.5-7b-awq \
+        --layout awq --group-size 128
+
+Layouts: fp8-block (quant_method fp8, 128x128 blocks, weight_scale_inv, as the Qwen3 and DeepSeek
+FP8 releases), fp8-channel / fp8-tensor (compressed-tensors, as llm-compressor writes), awq (gemm,
+zero points), gptq (--sym or zero points, --desc-act for act-order groups with g_idx). Round to
+nearest, or for 4-bit with --calibration-text, after an activation-aware scale search (AWQ's); the
+lm_head and embeddings stay in --dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from hosttune_engine.errors import EngineError
+from hosttune_engine.quant.spec import Layout, QuantSpec
+from hosttune_engine.quant.writer import write_quantized
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def spec_from_args(args) -> QuantSpec:
+    layout = Layout(args.layout)
+    if layout is Layout.FP8_BLOCK:
+        return QuantSpec(layout, block=(args.block, args.block), ignore=("lm_head",))
+    if layout.is_fp8:  # llm-compressor's FP8_DYNAMIC: FP8 weights, per-token dynamic FP8 activations
+        return QuantSpec(layout, fp8_activations=True, ignore=("lm_head",))
+    if layout is Layout.AWQ:
+        return QuantSpec(layout, group_size=args.group_size)
+    return QuantSpec(layout, group_size=args.group_size, zero_point=not args.sym, desc_act=args.desc_act,
+                     zero_offset=1)
+
+
+def calibration_ids(args) -> list[int] | None:
+    if args.calibration_text is None:
+        return None
+    from hosttune_engine.model.tokenizer import Tokenizer
+
+    return Tokenizer(args.model).encode(args.calibration_text.read_text())[:512]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, type=Path, help="plain Hugging Face checkpoint folder")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--layout", required=True,
+                        choices=[l.value for l in Layout if l is not Layout.FP8_CT_BLOCK])
+    parser.add_argument("--block", type=int, default=128, help="fp8-block: block size")
+    parser.add_argument("--group-size", type=int, default=128, help="4-bit: input columns per scale")
+    parser.add_argument("--sym", action="store_true", help="gptq: symmetric, no zero points")
+    parser.add_argument("--desc-act", action="store_true", help="gptq: act-order groups (g_idx)")
+    parser.add_argument("--calibration-text", type=Path, help="4-bit: a text file whose activations choose "
+                                                                 "AWQ-style scales (first 512 tokens)")
+    parser.add_argument("--dtype", choices=DTYPES, help="dtype of what stays unquantized "
+                                                         "(default bfloat16 for fp8, float16 for 4-bit)")
+    args = parser.parse_args(argv)
+    spec = spec_from_args(args)
+    dtype = DTYPES[args.dtype or ("bfloat16" if spec.layout.is_fp8 else "float16")]
+    try:
+        write_quantized(args.model, args.out, spec, dtype, calibration_ids(args))
+    except EngineError as e:
+        print(f"quantize_checkpoint: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out} ({spec.layout.value})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Quantized checkpoints written by the engine's writer, for the tests, cached by the writer's source."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import shutil
+from pathlib import Path
+
+import torch
+
+from hosttune_engine.quant.spec import Layout, QuantSpec
+from hosttune_engine.quant.writer import write_quantized
+
+from .quant_reference import dequantize_folder
+from .smollm2 import CACHE
+
+QUANT_DIR = Path(__file__).resolve().parents[2] / "engine" / "hosttune_engine" / "quant"
+
+SPECS = {
+    "fp8-block": QuantSpec(Layout.FP8_BLOCK, block=(128, 128), ignore=("lm_head",)),
+    "fp8-channel": QuantSpec(Layout.FP8_CHANNEL, fp8_activations=True, ignore=("lm_head",)),  # FP8_DYNAMIC
+    "fp8-tensor": QuantSpec(Layout.FP8_TENSOR, fp8_activations=True, ignore=("lm_head",)),
+    "awq-g64": QuantSpec(Layout.AWQ, group_size=64),
+    "gptq-g64-sym": QuantSpec(Layout.GPTQ, group_size=64, zero_point=False, zero_offset=1),
+    "gptq-g64-zeros-act-order": QuantSpec(Layout.GPTQ, group_size=64, desc_act=True, zero_offset=1),
+}
+
+
+# Written after the activation-aware scale search, calibrated on other text than the accuracy tests read.
+SEARCHED = {"awq-g64-search": SPECS["awq-g64"]}
+
+
+def calibration_text() -> str:
+    """A BSD licence an installed package ships (the accuracy tests read an Apache licence)."""
+    import importlib.metadata
+
+    for package in ("numpy", "jinja2", "markupsafe", "click"):
+        for f in importlib.metadata.distribution(package).files or ():
+            if f.name.startswith(("LICENSE", "LICENCE")) and "Redistribution" in (text := f.read_text()):
+                return text
+    raise RuntimeError("no installed package ships a BSD licence file")
+
+
+def dtype_of(spec: QuantSpec) -> torch.dtype:
+    return torch.bfloat16 if spec.layout.is_fp8 else torch.float16
+
+
+def writer_version() -> str:
+    """A hash of the writer's code: a cached checkpoint is rewritten when the code that wrote it changes."""
+    h = hashlib.sha256()
+    for name in ("quantize.py", "int4_packing.py", "layouts.py", "writer.py", "spec.py", "scale_search.py"):
+        h.update((QUANT_DIR / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def write(source: Path, target: Path, name: str) -> Path:
+    if name in SEARCHED:
+        from hosttune_engine.model.tokenizer import Tokenizer
+
+        ids = Tokenizer(source).encode(calibration_text())[:512]
+        return write_quantized(source, target, SEARCHED[name], dtype_of(SEARCHED[name]), calibration_ids=ids)
+    spec = SPECS[name]
+    return write_quantized(source, target, spec, dtype_of(spec))
+
+
+def cached_pair(source: Path, name: str) -> tuple[Path, Path]:
+    """(quantized folder, its fp32 dequantization) of `source` in layout `name`, written once per writer version."""
+    root = CACHE / f"quant-{writer_version()}" / f"{source.name}-{name}"
+    quantized, plain = root / "quantized", root / "dequantized"
+    if (plain / "config.json").exists():
+        return quantized, plain
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (plain / "config.json").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            write(source, quantized, name)
+            dequantize_folder(quantized, root / ".dequantized")
+            (root / ".dequantized").rename(plain)
+    return quantized, plain

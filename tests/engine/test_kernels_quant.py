@@ -1,0 +1,156 @@
+"""The quantized-weight kernels against their torch references (under the Triton interpreter on CPU,
+fp32 and fp16), and their wrappers' input checks."""
+
+import pytest
+import torch
+
+from hosttune_engine.errors import KernelInputError
+from hosttune_engine.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm
+from hosttune_engine.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
+from hosttune_engine.kernels.gemv import RMSNORM, RMSNORM_RESIDUAL, SWIGLU
+from hosttune_engine.kernels.fp8_scaled_mm import (fp8_scaled_mm, fp8_scaled_mm_ref, quantize_per_token,
+                                                   quantize_per_token_ref, scale_epilogue, supports_fp8_mm)
+from hosttune_engine.kernels.int4_gemv import int4_gemv, int4_gemv_ref
+from hosttune_engine.quant.int4_packing import pack_int4
+
+from .conftest import DEVICE
+
+TOL = {torch.float32: 2e-4, torch.float16: 2e-2}
+
+
+def fp8_weight(n, k, scale_shape, scale_row, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scale = torch.rand(scale_shape, generator=g) * 0.01 + 0.001
+    return w.to(DEVICE), scale.to(DEVICE), scale_row.to(device=DEVICE, dtype=torch.int32)
+
+
+FP8_CASES = {  # name -> (N, K, block_k, scale shape, scale_row)
+    "block": (40, 128, 32, (3, 4), torch.arange(40) // 16),
+    "block-ragged-k": (24, 80, 32, (2, 3), torch.arange(24) // 16),
+    "channel": (40, 96, 96, (40, 1), torch.arange(40)),
+    "tensor-per-shard": (48, 64, 64, (2, 1), (torch.arange(48) >= 32).long()),
+}
+
+
+def int4_weight(n, k, group, act_order, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (k, n), generator=g, dtype=torch.uint8)
+    groups = k // group
+    scales = (torch.rand(groups, n, generator=g) * 0.02 + 0.001).half()
+    zeros = torch.randint(0, 16, (groups, n), generator=g, dtype=torch.uint8)
+    g_idx = torch.randperm(k, generator=g) // group if act_order else torch.arange(k) // group
+    return [t.to(DEVICE) for t in (pack_int4(q, 0), scales, zeros, g_idx.to(torch.int32))]
+
+
+def _close(got, want, dtype):
+    torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype] * want.abs().max().item(), rtol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", list(FP8_CASES))
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("tile", [32, 64])  # a K tile of one or of two scale blocks
+def test_fp8_gemv(case, dtype, m, tile):
+    n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
+    w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    bias = torch.randn(n, device=DEVICE).to(dtype)
+    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "num_warps": 4, "num_stages": 1}
+    _close(fp8_gemv(x, w, scale, srow, block_k, bias, config=cfg), fp8_gemv_ref(x, w, scale, srow, block_k, bias), dtype)
+
+
+@pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
+@pytest.mark.parametrize("case", ["block", "channel"])
+def test_fp8_gemv_prologues(case, prologue):
+    n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
+    w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
+    x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE)
+    extra = {} if prologue == SWIGLU else {"norm_weight": torch.rand(k, device=DEVICE) + 0.5, "eps": 1e-6}
+    if prologue == RMSNORM_RESIDUAL:
+        extra["residual"] = torch.randn(1, k, device=DEVICE)
+    outs = [torch.empty(1, k, device=DEVICE) for _ in range(2)]
+    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1}
+    got = fp8_gemv(x, w, scale, srow, block_k, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
+    want = fp8_gemv_ref(x, w, scale, srow, block_k, prologue=prologue, residual_out=outs[1], **extra)
+    _close(got, want, torch.float32)
+    if prologue == RMSNORM_RESIDUAL:
+        torch.testing.assert_close(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", ["block", "channel"])
+def test_w8a16_gemm(case, dtype):
+    n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
+    w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
+    x = torch.randn(37, k, device=DEVICE).to(dtype)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 1}
+    _close(w8a16_gemm(x, w, scale, srow, block_k, config=cfg), fp8_gemv_ref(x, w, scale, srow, block_k), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("m", [1, 4])
+def test_int4_gemv(act_order, dtype, m):
+    q, s, z, g_idx = int4_weight(48, 128, 32, act_order)
+    x = torch.randn(m, 128, device=DEVICE).to(dtype)
+    bias = torch.randn(48, device=DEVICE).to(dtype)
+    cfg = {"BLOCK_N": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1}
+    got = int4_gemv(x, q, s, z, g_idx, 32, not act_order, bias, config=cfg)
+    _close(got, int4_gemv_ref(x, q, s, z, g_idx, bias), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_w4a16_gemm(act_order, dtype):
+    q, s, z, g_idx = int4_weight(48, 128, 32, act_order)
+    x = torch.randn(21, 128, device=DEVICE).to(dtype)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 1}
+    _close(w4a16_gemm(x, q, s, z, g_idx, 32, not act_order, config=cfg), int4_gemv_ref(x, q, s, z, g_idx), dtype)
+
+
+def test_quantize_per_token():
+    x = torch.randn(5, 300, device=DEVICE) * torch.arange(1, 6, device=DEVICE)[:, None]
+    q, s = quantize_per_token(x, block_k=128)
+    want_q, want_s = quantize_per_token_ref(x)
+    torch.testing.assert_close(s, want_s)
+    got, want = q.float(), want_q.float()
+    if DEVICE == "cpu":  # the interpreter's fp32 -> e4m3 cast halves values that round up to a power of two
+        carried = (want != 0) & (want.abs().log2() == want.abs().log2().round()) & (x / want_s).abs().lt(want.abs())
+        got, want = got[~carried], want[~carried]
+    assert torch.equal(got, want)
+
+
+def test_scale_epilogue():
+    acc = torch.randn(33, 130, device=DEVICE)
+    sx, sw, bias = torch.rand(33, 1, device=DEVICE), torch.rand(130, device=DEVICE), torch.randn(130, device=DEVICE)
+    got = scale_epilogue(acc, sx, sw, bias, torch.float32)
+    torch.testing.assert_close(got, acc * sx * sw + bias)
+
+
+@pytest.mark.skipif(DEVICE == "cpu" or not supports_fp8_mm(torch.device(DEVICE)),
+                    reason="FP8 tensor cores (torch._scaled_mm) need a Hopper or Ada GPU")
+def test_fp8_scaled_mm_on_gpu():
+    w, scale, srow = fp8_weight(256, 512, (256, 1), torch.arange(256))
+    x = torch.randn(64, 512, device=DEVICE, dtype=torch.bfloat16)
+    bias = torch.randn(256, device=DEVICE, dtype=torch.bfloat16)
+    want = fp8_scaled_mm_ref(x, w, scale[:, 0].contiguous(), bias)
+    _close(fp8_scaled_mm(x, w, scale[:, 0].contiguous(), bias), want, torch.float16)
+
+
+def test_wrappers_check_their_inputs():
+    w, scale, srow = fp8_weight(40, 128, (3, 4), torch.arange(40) // 16)
+    x = torch.randn(1, 128, device=DEVICE)
+    with pytest.raises(KernelInputError, match="w has dtype"):
+        fp8_gemv(x, w.float(), scale, srow, 32)
+    with pytest.raises(KernelInputError, match="scale must be"):
+        fp8_gemv(x, w, scale[:, :2].contiguous(), srow, 32)
+    with pytest.raises(KernelInputError, match="1 to 4 contiguous rows"):
+        fp8_gemv(torch.randn(5, 128, device=DEVICE), w, scale, srow, 32)
+    q, s, z, g_idx = int4_weight(48, 128, 32, False)
+    with pytest.raises(KernelInputError, match="qweight must be"):
+        int4_gemv(torch.randn(1, 64, device=DEVICE), q, s, z, g_idx, 32, True)
+    with pytest.raises(KernelInputError, match="group_size 48 must divide"):
+        w4a16_gemm(torch.randn(8, 128, device=DEVICE), q, s, z, g_idx, 48, True)
+    with pytest.raises(KernelInputError, match="x must be contiguous"):
+        w4a16_gemm(torch.randn(128, 8, device=DEVICE).t(), q, s, z, g_idx, 32, True)

@@ -1,0 +1,47 @@
+"""The quantized benchmark rows (benchmarks/engine/quant_bench.py) measured end to end on a tiny model on
+the CPU: every row is produced, with its floor and ratio."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "engine"
+
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 152064,
+        "max_position_embeddings": 512, "torch_dtype": "float32"}
+
+
+@pytest.fixture
+def quant_bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import quant_bench
+
+    yield quant_bench
+    for name in ("quant_bench", "engine_bench", "common"):
+        sys.modules.pop(name, None)
+
+
+@pytest.mark.slow
+def test_every_row_is_measured_on_a_tiny_model(quant_bench):
+    plan = quant_bench.Plan(config=TINY, engine={"dtype": "float32", "kernel_backend": "torch", "max_model_len": 256,
+                                                 "num_kv_blocks": 256, "max_num_seqs": 8},
+                            batch=4, ttft_tokens=64, workload=(4, 32, 4))
+    logged = []
+    res = {"ceilings": {"copy_tb_s": 0.01}}
+    res.update(quant_bench.bf16_rows(plan, logged.append))
+    quant_bench.run_quant(res, logged.append, plan)
+    fp8, awq = res["quant"]
+    assert fp8["scheme"] == "fp8" and awq["scheme"] == "awq"
+    # The FP8 step reads 1 byte per projection weight (plus a scale and its index per row: 6% at K = 128) and
+    # the fp32 LM head; 4-bit a half byte (plus an fp16 scale and a zero per 128).
+    layer = 128 * (128 + 2 * 32) + 128 * 128 + 128 * 2 * 256 + 256 * 128
+    head = 152064 * 128 * 4  # engine_bench draws prompts from the 7B vocabulary
+    assert 2 * layer + head < fp8["b1"]["step_gb"] * 1e9 < 2 * layer * 1.07 + head
+    assert 2 * layer / 2 + head < awq["b1"]["step_gb"] * 1e9 < 2 * layer / 2 * 1.2 + head
+    assert fp8["batched"]["floor_ms"] > 0 and fp8["batched"]["ratio_vs_floor"] > 0
+    assert fp8["ttft"]["ratio_vs_bf16"] > 0
+    assert all(r["throughput"]["output_tokens"] == 16 for r in res["quant"])
+    rows = quant_bench.table_rows(res)
+    assert len(rows) == 6 and all(r.count("|") == 6 for r in rows)
