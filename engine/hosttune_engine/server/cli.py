@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget of one step")
     s.add_argument("--max-step-ms", type=_step_ms, default="auto",
                    help="time budget of a step with running decodes, from step costs measured at start: "
-                        "milliseconds, auto (2.5 times a decode-only step of the same decodes) or off (token budget only)")
+                        "milliseconds, auto (12 times a decode-only step of the same decodes) or off (token budget only)")
     s.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     s.add_argument("--num-kv-blocks", type=int, help="KV-cache size in blocks (default: from free memory)")
     s.add_argument("--cpu-kv-cache-gib", type=float, default=0.25, help="KV-cache size on CPU")
