@@ -161,7 +161,7 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     # 4. refusals: one line, exit 2, /etc and /opt as they were
     before = tree_hash(host)
     for extra, model, message in (
-            (("--tensor-parallel", "2"), MODEL, "--tensor-parallel 2 does not divide /srv/models/tiny-qwen2's 7 attention heads"),
+            (("--tensor-parallel", "3"), MODEL, "--tensor-parallel 3 does not divide /srv/models/tiny-qwen2's 8 attention heads"),
             ((), "/srv/models/missing", "the model folder /srv/models/missing does not exist on the host"),
             (("--set", "bogus-flag=1"), MODEL, "does not know --bogus-flag")):
         result = deploy(inventory, wheelhouse, port, *extra, model=model)
