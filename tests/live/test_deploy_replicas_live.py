@@ -1,4 +1,4 @@
-"""Acceptance 2 and 3, live: two keyed CPU replicas of the bundled engine behind the host's own nginx on
+"""Live: two keyed CPU replicas of the bundled engine behind the host's own nginx on
 a real systemd host over SSH.
 
 - The group's key reaches both replicas through their EnvironmentFile (in no command line or unit);
