@@ -9,7 +9,7 @@ does is reported by the check (`beyond`), never written to a host.
 from __future__ import annotations
 
 from hosttune import cpulist
-from hosttune.facts import Facts, PciDevice
+from hosttune.probes.facts import Facts, PciDevice
 
 AUTO = "auto"  # rcu_nocbs: every online CPU but the housekeeping ones
 HOUSEKEEPING = "housekeeping"  # gpu_affinity: the housekeeping cores of the GPU's NUMA node

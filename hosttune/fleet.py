@@ -10,11 +10,11 @@ from typing import Callable
 
 from hosttune.checks import run_checks
 from hosttune.errors import HosttuneError, ProbeError, TransportError
-from hosttune.facts import Facts
-from hosttune.findings import Finding, Status
-from hosttune.inventory import Host, Inventory
+from hosttune.probes.facts import Facts
+from hosttune.checks.findings import Finding, Status
+from hosttune.config.inventory import Host, Inventory
 from hosttune.probes.gather import gather
-from hosttune.profile import Profile, profile_for
+from hosttune.config.profile import Profile, profile_for
 from hosttune.transport import open_transport
 
 DEFAULT_FORKS = 50

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from hosttune.actions.platform import Apt, Dnf
 from hosttune.errors import HosttuneError, TransportError
-from hosttune.inventory import Host, Inventory
-from hosttune.profile import Profile
+from hosttune.config.inventory import Host, Inventory
+from hosttune.config.profile import Profile
 from hosttune.transport import open_transport
 
 EXPECT_ENV = "HOSTTUNE_VERIFY_EXPECT"

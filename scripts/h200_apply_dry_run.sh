@@ -24,8 +24,8 @@ if grep -q "ModuleNotFoundError" "$out/apply-dry-run.stderr"; then
     $py - > "$out/apply-dry-run-library.txt" 2>&1 <<'PY'
 from hosttune.execute.rollout import ApplyOptions, plan_fleet
 from hosttune.fleet import profiles
-from hosttune.inventory import load_inventory
-from hosttune.plan_render import render
+from hosttune.config.inventory import load_inventory
+from hosttune.plan.render import render
 inv = load_inventory("inventories/h200.yaml")
 print(render(plan_fleet(inv, profiles(inv), ApplyOptions())))
 PY

@@ -23,7 +23,7 @@ $py - > "$out/imports.txt" 2>&1 <<'PY'
 import sys
 from hosttune.cli import app  # noqa: F401  (every command module, as `hosttune check` loads them)
 from hosttune.fleet import probe
-from hosttune.inventory import local_inventory
+from hosttune.config.inventory import local_inventory
 probe(local_inventory().hosts[0])
 bad = sorted(m for m in sys.modules if m.split(".")[0] in ("paramiko", "pydantic", "torch"))
 print("modules loaded by a local probe that should not be:", bad or "none")
@@ -48,7 +48,7 @@ $py - "$out/facts-active.json" "${args[@]}" <<'PY'
 import json, sys
 from dataclasses import asdict
 from hosttune.fleet import probe
-from hosttune.inventory import load_inventory, local_inventory
+from hosttune.config.inventory import load_inventory, local_inventory
 inv = load_inventory(sys.argv[3]) if len(sys.argv) > 3 else local_inventory()
 facts, timings = probe(inv.hosts[0], active_s=6)
 with open(sys.argv[1], "w") as f:

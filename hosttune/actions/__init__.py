@@ -11,10 +11,10 @@ from typing import Callable
 
 from hosttune.actions import cpu, cuda, gpu, irq, kernel, memory, packages
 from hosttune.actions.base import Step, blocked
-from hosttune.facts import Facts
-from hosttune.findings import Finding, Status
-from hosttune.inventory import Host
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.checks.findings import Finding, Status
+from hosttune.config.inventory import Host
+from hosttune.config.profile import Profile
 
 Action = Callable[[Facts, Profile, Host], list[Step]]
 

@@ -6,9 +6,9 @@ from hosttune.actions.base import KernelWrite, Step
 from hosttune.actions.templates import render
 from hosttune.actions.units import boot_unit
 from hosttune.checks.base import is_systemd
-from hosttune.facts import Facts
-from hosttune.inventory import Host
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.config.inventory import Host
+from hosttune.config.profile import Profile
 
 UNIT = "hosttune-cpu-governor"
 

@@ -7,9 +7,9 @@ import re
 from hosttune.actions.base import FileWrite, MoveAside, Step, Symlink
 from hosttune.actions.platform import select
 from hosttune.actions.templates import render
-from hosttune.facts import Facts
-from hosttune.inventory import Host
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.config.inventory import Host
+from hosttune.config.profile import Profile
 
 PROFILE_D = "/etc/profile.d/hosttune-cuda.sh"
 CUDA_LINK = "/usr/local/cuda"

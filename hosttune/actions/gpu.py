@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from hosttune.actions.base import Command, Service, Step, blocked
 from hosttune.checks.base import is_systemd
-from hosttune.facts import Facts
-from hosttune.inventory import Host
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.config.inventory import Host
+from hosttune.config.profile import Profile
 
 
 def persistence(facts: Facts, profile: Profile, host: Host) -> list[Step]:

@@ -8,9 +8,9 @@ from hosttune.actions.templates import render
 from hosttune.actions.units import boot_unit
 from hosttune.checks.base import is_systemd
 from hosttune.checks.irq import desired_cores
-from hosttune.facts import Facts
-from hosttune.inventory import Host
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.config.inventory import Host
+from hosttune.config.profile import Profile
 
 UNIT = "hosttune-irq-affinity"
 

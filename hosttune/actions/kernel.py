@@ -6,9 +6,9 @@ from hosttune import cores, cpulist
 from hosttune.actions.base import KernelWrite, Step
 from hosttune.actions.platform import select
 from hosttune.checks.cpu import no_idle_driver
-from hosttune.facts import Facts
-from hosttune.inventory import Host
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.config.inventory import Host
+from hosttune.config.profile import Profile
 
 # Which check each kernel parameter serves.
 PARAM_CHECKS = {

@@ -6,10 +6,10 @@ from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, Step, mana
 from hosttune.actions.templates import render
 from hosttune.actions.units import boot_unit
 from hosttune.checks.base import is_systemd
-from hosttune.facts import Facts
-from hosttune.inventory import Host
+from hosttune.probes.facts import Facts
+from hosttune.config.inventory import Host
 from hosttune.probes.system import parse_sysctl_conf
-from hosttune.profile import Profile
+from hosttune.config.profile import Profile
 
 THP_UNIT = "hosttune-thp"
 THP_DEFAULTS = "/etc/default/hosttune-thp"  # the probe reads THP_MODE from here

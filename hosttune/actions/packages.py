@@ -5,9 +5,9 @@ from __future__ import annotations
 from hosttune.actions.base import Step, blocked
 from hosttune.actions.platform import select
 from hosttune.checks.driver import STACK_PACKAGE
-from hosttune.facts import Facts
-from hosttune.inventory import Host
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.config.inventory import Host
+from hosttune.config.profile import Profile
 
 NO_MANAGER = "no apt or dnf on this host: install and hold packages with its own package manager"
 

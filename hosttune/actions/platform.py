@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from hosttune.actions.base import Command, FileWrite, Packages, Step
 from hosttune.actions.templates import render
-from hosttune.facts import Facts
+from hosttune.probes.facts import Facts
 
 GRUB_DROPIN = "/etc/default/grub.d/90-hosttune.cfg"
 

@@ -10,7 +10,7 @@ import re
 from typing import Iterable
 
 from hosttune.build.errors import BuildError
-from hosttune.facts import Facts
+from hosttune.probes.facts import Facts
 
 _ARCH = re.compile(r"^(\d+)\.(\d)([af]?)$")
 

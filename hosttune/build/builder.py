@@ -20,7 +20,7 @@ from hosttune.build.toolchain import Toolchain, find_cuobjdump, read_toolchain
 from hosttune.build.wheelhouse import Entry, WheelKey, describe_wheels, lookup, write_manifest
 from hosttune.errors import HosttuneError
 from hosttune.fleet import probe
-from hosttune.inventory import Inventory
+from hosttune.config.inventory import Inventory
 from hosttune.presets import EnginePreset, load_preset
 
 

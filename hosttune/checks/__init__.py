@@ -5,9 +5,9 @@ from __future__ import annotations
 from hosttune.checks import access, active, cpu, driver, fabric, gpu, gpu_health, host_health, irq, memory, tools
 from hosttune.checks.base import Check
 from hosttune.errors import HosttuneError
-from hosttune.facts import Facts
-from hosttune.findings import Finding
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.checks.findings import Finding
+from hosttune.config.profile import Profile
 
 CATALOGUE: tuple[Check, ...] = (
     *driver.CHECKS, *gpu.CHECKS, *cpu.CHECKS, *irq.CHECKS, *memory.CHECKS, *tools.CHECKS,

@@ -7,10 +7,10 @@ from statistics import median
 
 from hosttune.checks.base import Check, gpu_unavailable, na
 from hosttune.checks.gpu import BUSY_PCT, SLOWDOWNS
-from hosttune.facts import Facts
-from hosttune.facts_health import LoadSample
-from hosttune.findings import Severity, Status, Verdict, show
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.probes.facts_health import LoadSample
+from hosttune.checks.findings import Severity, Status, Verdict, show
+from hosttune.config.profile import Profile
 
 PASSIVE = "measured only by hosttune check --active"
 CLOCK_FLOOR = 0.90  # under load without a power cap, the SM clock reaches this share of its maximum

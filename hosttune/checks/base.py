@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from hosttune.facts import Facts
-from hosttune.findings import Finding, Severity, Status, Verdict, show
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.checks.findings import Finding, Severity, Status, Verdict, show
+from hosttune.config.profile import Profile
 
 
 @dataclass(frozen=True)

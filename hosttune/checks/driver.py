@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from hosttune.checks.base import Check, gpu_unavailable, na
-from hosttune.facts import Facts
-from hosttune.findings import Severity, Status, Verdict, show
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.checks.findings import Severity, Status, Verdict, show
+from hosttune.config.profile import Profile
 
 # The driver, the toolkit, and CUDA's math and communication libraries (an upgrade of libcublas,
 # libcudnn or libnccl under a built engine breaks it as surely as a driver upgrade).

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from hosttune.checks.base import Check, gpu_unavailable, is_systemd, na
-from hosttune.facts import Facts
-from hosttune.findings import Severity, Status, Verdict, show
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.checks.findings import Severity, Status, Verdict, show
+from hosttune.config.profile import Profile
 
 ACS_REQUEST_REDIRECT = 0x4
 ACS_COMPLETION_REDIRECT = 0x8

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from hosttune.checks.base import Check, gpu_unavailable, is_systemd, na
-from hosttune.facts import Facts, GpuInfo
-from hosttune.findings import Severity, Status, Verdict, show
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts, GpuInfo
+from hosttune.checks.findings import Severity, Status, Verdict, show
+from hosttune.config.profile import Profile
 
 BUSY_PCT = 30  # above this utilisation a GPU is "under load" and must be in its top state
 SLOWDOWNS = ("hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown")

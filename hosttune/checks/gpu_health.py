@@ -7,10 +7,10 @@ from collections import Counter
 from hosttune import cpulist
 from hosttune.checks.base import Check, gpu_unavailable, has_gpus, na
 from hosttune.checks.xid_codes import FATAL, meaning
-from hosttune.facts import Facts
-from hosttune.facts_health import GpuHealth
-from hosttune.findings import Severity, Status, Verdict, show
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.probes.facts_health import GpuHealth
+from hosttune.checks.findings import Severity, Status, Verdict, show
+from hosttune.config.profile import Profile
 
 RETIRED_PAGES_RMA = 60  # NVIDIA's replacement threshold for retired pages
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from hosttune.checks.base import Check, gpu_unavailable, na
-from hosttune.facts import Facts
-from hosttune.findings import Severity, Status, Verdict
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.checks.findings import Severity, Status, Verdict
+from hosttune.config.profile import Profile
 
 # cuInit errors whose cause the host shows elsewhere, with the check that explains it.
 _CUDA_HINTS = {

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from hosttune import cores, cpulist
 from hosttune.checks.base import Check, is_systemd, na
-from hosttune.facts import Facts, PciDevice
-from hosttune.findings import Severity, Status, Verdict
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts, PciDevice
+from hosttune.checks.findings import Severity, Status, Verdict
+from hosttune.config.profile import Profile
 
 
 def irqbalance(facts: Facts, profile: Profile) -> Verdict:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from hosttune import cpulist
 from hosttune.checks.base import Check, image_verdict, na
-from hosttune.facts import Facts
-from hosttune.findings import Severity, Status, Verdict, judge, show
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.checks.findings import Severity, Status, Verdict, judge, show
+from hosttune.config.profile import Profile
 
 
 def topology_text(facts: Facts) -> str:

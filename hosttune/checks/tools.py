@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from hosttune.checks.base import Check, na
-from hosttune.facts import Facts
-from hosttune.findings import Severity, Status, Verdict
-from hosttune.profile import Profile
+from hosttune.probes.facts import Facts
+from hosttune.checks.findings import Severity, Status, Verdict
+from hosttune.config.profile import Profile
 
 
 def numactl(facts: Facts, profile: Profile) -> Verdict:

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from hosttune import plan_render
+from hosttune.plan import render as plan_render
 from hosttune.cli.app import app
 from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, emit, load, user_errors
 from hosttune.execute import recap

@@ -15,7 +15,7 @@ import typer
 
 from hosttune.errors import HosttuneError
 from hosttune.fleet import EXIT_ERROR, HostReport
-from hosttune.inventory import Inventory, load_inventory, local_inventory
+from hosttune.config.inventory import Inventory, load_inventory, local_inventory
 
 InventoryOpt = typer.Option(None, "--inventory", "-i", help="Inventory YAML (default: this machine over the local transport).")
 LimitOpt = typer.Option(None, "--limit", "-l", help="Only these hosts or groups (comma-separated globs).")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hosttune.deploy.errors import DeployError
-from hosttune.inventory import Host
+from hosttune.config.inventory import Host
 
 HOST_KEY_DIR = "/etc/hosttune/keys"
 HOST_TLS_DIR = "/etc/hosttune/tls"

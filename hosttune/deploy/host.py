@@ -26,7 +26,7 @@ from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.flagcheck import check_flags, check_installed_flags
 from hosttune.deploy.units import SERVE_UNIT, UNIT_NAMES, replica_unit
 from hosttune.errors import HosttuneError, TransportError
-from hosttune.inventory import Host
+from hosttune.config.inventory import Host
 from hosttune.presets import EnginePreset, load_preset
 from hosttune.transport.base import Transport
 

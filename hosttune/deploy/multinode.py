@@ -24,7 +24,7 @@ from hosttune.deploy.release import wheel_path
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
 from hosttune.errors import HosttuneError
-from hosttune.inventory import Host
+from hosttune.config.inventory import Host
 from hosttune.probes.gather import gather
 from hosttune.transport import open_transport
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from hosttune import cpulist
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.model import ModelShape
-from hosttune.facts import Facts
+from hosttune.probes.facts import Facts
 
 CPU_DEVICE = "cpu"
 PER_GPU = "per-gpu"

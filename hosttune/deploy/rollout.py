@@ -26,8 +26,8 @@ from hosttune.deploy.settings import Overrides, ServeSettings, resolve
 from hosttune.deploy.units import Upstream, render_nginx
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.execute.rollout import batches, over_budget
-from hosttune.facts import Facts
-from hosttune.inventory import Host, Inventory
+from hosttune.probes.facts import Facts
+from hosttune.config.inventory import Host, Inventory
 from hosttune.presets import load_preset
 from hosttune.probes.gather import gather
 from hosttune.transport import open_transport

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import yaml
 
 from hosttune.deploy.errors import DeployError
-from hosttune.inventory import Host
+from hosttune.config.inventory import Host
 from hosttune.presets import ENGINES, EnginePreset, substitute
 
 DEFAULT_PORT = 8000

@@ -16,8 +16,8 @@ from pathlib import PurePosixPath
 
 from hosttune import __version__
 from hosttune.actions.base import Command, FileWrite, KernelWrite, MoveAside, Op, Service, Symlink
-from hosttune.plan import HostPlan
-from hosttune.plan_state import State, sha256
+from hosttune.plan.host_plan import HostPlan
+from hosttune.plan.state import State, sha256
 
 RUNS_DIR = "/var/lib/hosttune/runs"
 

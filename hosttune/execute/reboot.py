@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from hosttune.errors import TransportError
-from hosttune.inventory import Host
+from hosttune.config.inventory import Host
 from hosttune.transport import open_transport
 
 REBOOT = ("sh", "-c", "systemctl reboot 2>/dev/null || reboot")

@@ -6,8 +6,8 @@ import json
 
 from hosttune.execute.rollback import RollbackResult
 from hosttune.execute.rollout import HostOutcome, fleet_exit_code
-from hosttune.findings import Status
-from hosttune.plan_render import plan_dict
+from hosttune.checks.findings import Status
+from hosttune.plan.render import plan_dict
 
 
 def _detail(o: HostOutcome) -> str:

@@ -13,9 +13,9 @@ from dataclasses import dataclass, replace
 from hosttune.errors import TransportError
 from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now
 from hosttune.execute.remote import hostops, read_journals, write_file
-from hosttune.inventory import Host
-from hosttune.plan_resolve import ACTIVE, ENABLED, kernel_value_holds
-from hosttune.plan_state import rooted
+from hosttune.config.inventory import Host
+from hosttune.plan.resolve import ACTIVE, ENABLED, kernel_value_holds
+from hosttune.plan.state import rooted
 from hosttune.probes.system import selected
 from hosttune.transport.base import Transport
 

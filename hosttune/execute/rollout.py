@@ -11,9 +11,9 @@ from hosttune.execute.reboot import reboot_and_wait
 from hosttune.execute.rollback import RollbackResult, rollback_host
 from hosttune.execute.runner import HostRun, execute_plan
 from hosttune.fleet import EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE, HostReport, check_host
-from hosttune.inventory import Host, Inventory
-from hosttune.plan import HostPlan, PlanOptions, plan_host
-from hosttune.profile import Profile
+from hosttune.config.inventory import Host, Inventory
+from hosttune.plan.host_plan import HostPlan, PlanOptions, plan_host
+from hosttune.config.profile import Profile
 from hosttune.transport import open_transport
 
 DEFAULT_FORKS = 50

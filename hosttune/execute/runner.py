@@ -12,10 +12,10 @@ from hosttune.actions.base import Command, FileWrite, KernelWrite, MoveAside, Op
 from hosttune.errors import TransportError
 from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now, start_journal
 from hosttune.execute.remote import hostops, kernel_write, write_file
-from hosttune.inventory import Host
-from hosttune.plan import HostPlan
-from hosttune.plan_render import describe
-from hosttune.plan_state import rooted
+from hosttune.config.inventory import Host
+from hosttune.plan.host_plan import HostPlan
+from hosttune.plan.render import describe
+from hosttune.plan.state import rooted
 from hosttune.transport.base import CommandResult, Transport
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from hosttune.errors import ProbeError
-from hosttune.facts import EngineEndpoint
+from hosttune.probes.facts import EngineEndpoint
 
 
 def parse_engine_access(text: str) -> tuple[EngineEndpoint, ...]:

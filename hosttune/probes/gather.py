@@ -8,7 +8,7 @@ from functools import lru_cache
 from importlib import resources
 
 from hosttune.errors import ProbeError
-from hosttune.facts import Facts
+from hosttune.probes.facts import Facts
 from hosttune.probes import engine_access, gpu, health, pci, software, system
 from hosttune.probes.sections import Section, split
 from hosttune.transport.base import Transport

@@ -9,7 +9,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from hosttune.errors import ProbeError
-from hosttune.facts import GpuInfo
+from hosttune.probes.facts import GpuInfo
 
 
 def normalize_bdf(bus_id: str) -> str:

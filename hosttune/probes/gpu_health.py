@@ -6,7 +6,7 @@ import re
 import xml.etree.ElementTree as ET
 
 from hosttune.errors import ProbeError
-from hosttune.facts_health import GpuHealth, NvLink
+from hosttune.probes.facts_health import GpuHealth, NvLink
 from hosttune.probes.gpu import _number, _text, normalize_bdf
 
 

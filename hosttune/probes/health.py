@@ -8,8 +8,8 @@ from typing import Callable
 from hosttune.errors import ProbeError
 
 BUSY_PCT = 30  # the same threshold as the GPU checks' "under load"
-from hosttune.facts import Facts, GpuInfo
-from hosttune.facts_health import ActiveRun, HealthFacts
+from hosttune.probes.facts import Facts, GpuInfo
+from hosttune.probes.facts_health import ActiveRun, HealthFacts
 from hosttune.probes import gpu_health, host_health, kernel_log, pci_health
 from hosttune.probes.sections import Section
 

@@ -7,7 +7,7 @@ import json
 import re
 
 from hosttune.errors import ProbeError
-from hosttune.facts_health import ActiveRun, AllReduce, CudaRun, CudaSmoke, FabricManager, LoadSample, ShmFacts
+from hosttune.probes.facts_health import ActiveRun, AllReduce, CudaRun, CudaSmoke, FabricManager, LoadSample, ShmFacts
 from hosttune.probes.gpu import normalize_bdf
 from hosttune.probes.sections import by_key, keyed
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from hosttune.facts_health import KernelLog, XidEvent
+from hosttune.probes.facts_health import KernelLog, XidEvent
 from hosttune.probes.sections import keyed
 
 # "[ 1234.5] NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from hosttune import cpulist
-from hosttune.facts import IrqAffinity, PciDevice
+from hosttune.probes.facts import IrqAffinity, PciDevice
 
 
 def _int(value: str | None) -> int | None:

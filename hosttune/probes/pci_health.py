@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune.facts_health import AerCounts, BridgeAcs
+from hosttune.probes.facts_health import AerCounts, BridgeAcs
 from hosttune.probes.sections import keyed
 
 _AER_FILES = {"aer_dev_correctable": "correctable", "aer_dev_nonfatal": "nonfatal", "aer_dev_fatal": "fatal"}

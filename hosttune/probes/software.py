@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from hosttune.facts import CudaFacts, ServiceState
+from hosttune.probes.facts import CudaFacts, ServiceState
 from hosttune.probes.sections import keyed
 
 _RELEASE = re.compile(r"release (\d+\.\d+)")

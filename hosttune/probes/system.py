@@ -7,7 +7,7 @@ import shlex
 from pathlib import PurePosixPath
 
 from hosttune import cpulist
-from hosttune.facts import CpuFacts, NvmeDevice
+from hosttune.probes.facts import CpuFacts, NvmeDevice
 from hosttune.probes.sections import keyed
 
 

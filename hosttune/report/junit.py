@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from hosttune.findings import Status
+from hosttune.checks.findings import Status
 from hosttune.fleet import HostReport
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune.findings import Status
+from hosttune.checks.findings import Status
 from hosttune.fleet import HostReport
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune.findings import Finding, Status
+from hosttune.checks.findings import Finding, Status
 from hosttune.fleet import HostReport, outliers
 
 MARK = {

@@ -15,10 +15,10 @@ from hosttune.errors import TransportError
 from hosttune.execute.journal import Journal, journal_path, new_run_id
 from hosttune.execute.runner import execute_plan
 from hosttune.fleet import EXIT_ERROR
-from hosttune.inventory import load_inventory
-from hosttune.plan import PlanOptions, plan_host
+from hosttune.config.inventory import load_inventory
+from hosttune.plan.host_plan import PlanOptions, plan_host
 from hosttune.probes.gather import gather
-from hosttune.profile import profile_for
+from hosttune.config.profile import profile_for
 from hosttune.quoting import join
 from hosttune.transport.base import with_become
 from hosttune.transport.local import LocalTransport

@@ -23,7 +23,7 @@ from hosttune.deploy.replicas import NGINX_CONF, SERVERS_FILE, make_layout_relea
 from hosttune.deploy.settings import parse_sets, resolve
 from hosttune.deploy.replicas import NUMA_VAR, PORT_VAR
 from hosttune.deploy.units import REPLICA_TEMPLATE, UnitSpec, render_unit, variable
-from hosttune.inventory import Host, load_inventory
+from hosttune.config.inventory import Host, load_inventory
 from hosttune.presets import load_preset
 from hosttune.probes.gather import parse_probe_output
 from hosttune.transport import open_transport

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hosttune.build.wheelhouse import Entry, WheelKey, describe_wheels, write_manifest
-from hosttune.inventory import load_inventory
+from hosttune.config.inventory import load_inventory
 from hosttune.probes.gather import parse_probe_output
 from hosttune.transport.base import CommandResult
 

@@ -13,10 +13,10 @@ from hosttune.actions.base import (
 from hosttune.actions.platform import GRUB_DROPIN, Apt, Dnf, GrubDropIn, Grubby, select
 from hosttune.actions.templates import render
 from hosttune.checks import BY_ID, run_checks
-from hosttune.facts import Facts, ServiceState
-from hosttune.findings import Status
-from hosttune.inventory import Host
-from hosttune.profile import build, load_profile
+from hosttune.probes.facts import Facts, ServiceState
+from hosttune.checks.findings import Status
+from hosttune.config.inventory import Host
+from hosttune.config.profile import build, load_profile
 from hosttune.transport.base import ConnectionSpec
 
 HOST = Host("h", "g", ConnectionSpec("h"), irq_cores="0-3")

@@ -13,7 +13,7 @@ from hosttune.build.source import Source, parse_ls_remote
 from hosttune.build.toolchain import Toolchain, cuda_home_of, parse_gpu_archs, parse_nvcc_version
 from hosttune.build.wheelhouse import WheelKey
 from hosttune.cli import app
-from hosttune.facts import Facts, GpuFacts, GpuInfo
+from hosttune.probes.facts import Facts, GpuFacts, GpuInfo
 from hosttune.presets import load_preset
 
 GIB = 2**30

@@ -6,10 +6,10 @@ import pytest
 
 from hosttune.checks import BY_ID, CATALOGUE, get_check, run_checks
 from hosttune.errors import HosttuneError
-from hosttune.facts import Facts
-from hosttune.findings import Status
-from hosttune.inventory import Host, Pins
-from hosttune.profile import load_profile, profile_for
+from hosttune.probes.facts import Facts
+from hosttune.checks.findings import Status
+from hosttune.config.inventory import Host, Pins
+from hosttune.config.profile import load_profile, profile_for
 from hosttune.transport.base import ConnectionSpec
 
 

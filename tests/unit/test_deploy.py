@@ -21,7 +21,7 @@ from hosttune.deploy.release import wheel_path
 from hosttune.deploy.settings import flag_argv, parse_sets, resolve
 from hosttune.deploy.state import HostState, UnitFile, parse_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
-from hosttune.facts import Facts
+from hosttune.probes.facts import Facts
 from hosttune.presets import load_preset
 from hosttune.transport.base import CommandResult
 
@@ -294,7 +294,7 @@ def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):
 def test_build_arch_auto_probes_the_fleet(tmp_path, monkeypatch):
     from hosttune.build import builder
     from hosttune.build.errors import BuildError
-    from hosttune.facts import GpuFacts, GpuInfo
+    from hosttune.probes.facts import GpuFacts, GpuInfo
 
     h100 = Facts(gpu=GpuFacts(gpus=(GpuInfo(0, "H100", "0000:01:00.0", compute_cap="9.0"),)))
     caps = {"gpu-a": a100_facts(), "gpu-b": h100}

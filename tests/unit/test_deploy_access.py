@@ -23,7 +23,7 @@ from hosttune.deploy.front import NGINX_CONF, front_ops, front_upstream, key_ops
 from hosttune.deploy.plan import Run, WriteFile, describe
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.units import REPLICA_TEMPLATE, Upstream, render_nginx
-from hosttune.inventory import load_inventory
+from hosttune.config.inventory import load_inventory
 from hosttune.presets import load_preset
 
 from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry

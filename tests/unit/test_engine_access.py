@@ -13,11 +13,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 
 from hosttune.checks import BY_ID
-from hosttune.facts import EngineEndpoint, Facts
-from hosttune.findings import Status
+from hosttune.probes.facts import EngineEndpoint, Facts
+from hosttune.checks.findings import Status
 from hosttune.probes.engine_access import parse_engine_access
 from hosttune.probes.gather import parse_probe_output, probe_script
-from hosttune.profile import load_profile
+from hosttune.config.profile import load_profile
 
 
 def _handler(status: int):

@@ -14,11 +14,11 @@ from hosttune.execute.reboot import parse_boot_marker
 from hosttune.execute.remote import hostops, hostops_script, write_file
 from hosttune.execute.rollback import pick_journal, rollback_host, undo_list
 from hosttune.execute.runner import execute_plan
-from hosttune.facts import Facts
-from hosttune.inventory import Host
-from hosttune.plan import HostPlan, PlanOptions, build_plan
-from hosttune.plan_state import read_state, requests_for
-from hosttune.profile import load_profile
+from hosttune.probes.facts import Facts
+from hosttune.config.inventory import Host
+from hosttune.plan.host_plan import HostPlan, PlanOptions, build_plan
+from hosttune.plan.state import read_state, requests_for
+from hosttune.config.profile import load_profile
 from hosttune.transport.base import ConnectionSpec
 from hosttune.transport.local import LocalTransport
 
@@ -296,7 +296,7 @@ def test_layers_plan_execute_actions_point_one_way():
     from pathlib import Path
 
     pkg = Path(__file__).resolve().parents[2] / "hosttune"
-    forbidden = {"actions": ("hosttune.plan", "hosttune.execute", "hosttune.cli"),
+    forbidden = {"actions": ("hosttune.plan.host_plan", "hosttune.execute", "hosttune.cli"),
                  "plan": ("hosttune.execute", "hosttune.cli"), "execute": ("hosttune.cli",)}
     files = {"actions": list((pkg / "actions").glob("*.py")), "plan": list(pkg.glob("plan*.py")),
              "execute": list((pkg / "execute").glob("*.py"))}

@@ -7,8 +7,8 @@ from typer.testing import CliRunner
 
 from hosttune.cli import app
 from hosttune.errors import HosttuneError
-from hosttune.inventory import Host
-from hosttune.profile import build, load_profile
+from hosttune.config.inventory import Host
+from hosttune.config.profile import build, load_profile
 from hosttune.transport.base import ConnectionSpec
 from hosttune.verify import expectations, host_spec, ssh_config, suite_dir
 

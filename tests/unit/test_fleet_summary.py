@@ -4,9 +4,9 @@ from dataclasses import replace
 
 from hosttune.checks import run_checks
 from hosttune.fleet import HostReport, outliers
-from hosttune.inventory import Host
+from hosttune.config.inventory import Host
 from hosttune.probes.gather import parse_probe_output
-from hosttune.profile import load_profile
+from hosttune.config.profile import load_profile
 from hosttune.report.table import fleet_summary
 from hosttune.transport.base import ConnectionSpec
 

@@ -5,13 +5,13 @@ from dataclasses import replace
 import pytest
 
 from hosttune.checks import BY_ID, get_check
-from hosttune.facts_health import (ActiveRun, AerCounts, AllReduce, BridgeAcs, CudaRun, CudaSmoke, FabricManager,
+from hosttune.probes.facts_health import (ActiveRun, AerCounts, AllReduce, BridgeAcs, CudaRun, CudaSmoke, FabricManager,
                                    KernelLog, LoadSample, NvLink, ShmFacts, XidEvent)
-from hosttune.findings import Severity, Status
+from hosttune.checks.findings import Severity, Status
 from hosttune.probes import gpu_health, kernel_log
 from hosttune.probes.health import with_health
 from hosttune.probes.sections import Section
-from hosttune.profile import load_profile
+from hosttune.config.profile import load_profile
 
 PROFILE = load_profile("inference-latency")
 NEW = ("gpu.xid", "gpu.count", "cuda.smoke", "gpu.memory_health", "gpu.nvlink", "gpu.fabric", "pci.p2p",
@@ -52,7 +52,7 @@ def test_recorded_h200_is_healthy(h200_ok):
 
 
 def test_without_gpu_every_gpu_check_is_not_applicable():
-    from hosttune.facts import Facts
+    from hosttune.probes.facts import Facts
     facts = Facts(health=replace(Facts().health, shm=ShmFacts(1 << 22, 0, "tmpfs"), kernel_log=KernelLog("dmesg")))
     for check_id in set(NEW) - {"sys.shm"}:
         assert run(check_id, facts).status is Status.NOT_APPLICABLE, check_id
@@ -70,7 +70,7 @@ def test_fatal_xid_is_critical_others_are_warnings(h200_ok, fixture_text):
 
 
 def test_xid_in_the_log_counts_even_when_the_gpu_is_gone():
-    from hosttune.facts import Facts
+    from hosttune.probes.facts import Facts
     event = XidEvent("0000:3b:00", 79, "GPU has fallen off the bus.")
     f = run("gpu.xid", Facts(health=replace(Facts().health, kernel_log=KernelLog("dmesg", (event,), 1))))
     assert f.status is Status.DRIFT and f.severity is Severity.CRITICAL

@@ -5,9 +5,9 @@ from __future__ import annotations
 import socket
 
 from hosttune.checks import run_checks
-from hosttune.findings import Status
+from hosttune.checks.findings import Status
 from hosttune.probes.gather import gather
-from hosttune.profile import load_profile
+from hosttune.config.profile import load_profile
 from hosttune.transport.local import LocalTransport
 
 DPKG_STATUS = """\

@@ -5,8 +5,8 @@ import textwrap
 import pytest
 
 from hosttune.errors import InventoryError, ProfileError
-from hosttune.inventory import load_inventory
-from hosttune.profile import load_profile, profile_for
+from hosttune.config.inventory import load_inventory
+from hosttune.config.profile import load_profile, profile_for
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 

@@ -60,9 +60,9 @@ def test_thp_boot_setting_read_past_a_leading_comment():
 
 def test_missing_usr_local_cuda_reads_nothing():
     from hosttune.checks.driver import cuda_toolkit
-    from hosttune.facts import Facts
+    from hosttune.probes.facts import Facts
     from hosttune.probes.software import parse_cuda
-    from hosttune.profile import load_profile
+    from hosttune.config.profile import load_profile
     recorded = parse_cuda("symlink:/usr/local/cuda\ntoolkit:/usr/local/cuda-12.4\npath:/usr/bin:/bin\nld:\nnvcc:\n")
     assert recorded.symlink_target is None  # readlink -f of a missing link prints the link itself
     verdict = cuda_toolkit(Facts(cuda=recorded), load_profile("inference-latency"))

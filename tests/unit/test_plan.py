@@ -8,15 +8,15 @@ import pytest
 from hosttune.actions.base import Command, CommentOut, FileWrite, KernelWrite, MoveAside, Packages, Service, Step, Symlink
 from hosttune.actions.platform import GRUB_DROPIN
 from hosttune.checks import run_checks
-from hosttune.facts import Facts
-from hosttune.findings import Status
-from hosttune.inventory import Host
-from hosttune.plan import PlanOptions, build_plan
-from hosttune.plan_resolve import comment_out, kernel_value_holds, matches_pin, resolve_step
-from hosttune.plan_render import plan_dict, render
-from hosttune.plan_state import FileState, PackageState, State, UnitState, parse_state, requests_for, sha256, state_script
+from hosttune.probes.facts import Facts
+from hosttune.checks.findings import Status
+from hosttune.config.inventory import Host
+from hosttune.plan.host_plan import PlanOptions, build_plan
+from hosttune.plan.resolve import comment_out, kernel_value_holds, matches_pin, resolve_step
+from hosttune.plan.render import plan_dict, render
+from hosttune.plan.state import FileState, PackageState, State, UnitState, parse_state, requests_for, sha256, state_script
 from hosttune.probes.gather import parse_probe_output
-from hosttune.profile import KernelSpec, load_profile
+from hosttune.config.profile import KernelSpec, load_profile
 from hosttune.transport.base import ConnectionSpec
 
 HOST = Host("h", "g", ConnectionSpec("h"))
@@ -225,8 +225,8 @@ def test_render_shows_commands_diffs_and_what_is_not_fixed(grub):
 
 
 def test_h200_plan_is_sensible_without_systemd(fixture_text):
-    from hosttune.inventory import load_inventory
-    from hosttune.profile import profile_for
+    from hosttune.config.inventory import load_inventory
+    from hosttune.config.profile import profile_for
 
     facts = parse_probe_output(fixture_text("h200", "probe-output.txt"))
     host = load_inventory("inventories/h200.yaml").hosts[0]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from hosttune.checks import run_checks
-from hosttune.findings import Status
+from hosttune.checks.findings import Status
 from hosttune.probes.gather import parse_probe_output, probe_script
-from hosttune.profile import load_profile
+from hosttune.config.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from hosttune import cpulist
 from hosttune.errors import InventoryError
 from hosttune.transport.base import ConnectionSpec
-from hosttune.yamlfile import LocatedDict, load
+from hosttune.config.yamlfile import LocatedDict, load
 
 DEFAULT_PROFILE = "inference-latency"
 

@@ -68,7 +68,7 @@ def sha256(data: bytes) -> str:
 
 @lru_cache(maxsize=1)
 def state_script() -> str:
-    return resources.files("hosttune").joinpath("plan_state.sh").read_text(encoding="utf-8")
+    return resources.files("hosttune.plan").joinpath("state.sh").read_text(encoding="utf-8")
 
 
 def rooted(root: str | None, path: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hosttune.facts_health import HealthFacts
+from hosttune.probes.facts_health import HealthFacts
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from hosttune.actions.base import (
     Command, CommentOut, FileWrite, KernelWrite, MoveAside, Op, Packages, Service, Step, Symlink,
 )
 from hosttune.actions.platform import Apt, Dnf
-from hosttune.plan_state import FileState, PackageState, State, sha256
+from hosttune.plan.state import FileState, PackageState, State, sha256
 from hosttune.probes.system import selected
 
 FILE_OPS = (FileWrite, CommentOut, Symlink, MoveAside)

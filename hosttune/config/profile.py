@@ -16,8 +16,8 @@ from typing import Any
 
 from hosttune import cpulist
 from hosttune.errors import ProfileError
-from hosttune.inventory import Host
-from hosttune.yamlfile import LocatedDict, load
+from hosttune.config.inventory import Host
+from hosttune.config.yamlfile import LocatedDict, load
 
 PSTATES = tuple(f"P{i}" for i in range(16))
 GOVERNORS = ("performance", "powersave", "schedutil", "ondemand", "conservative", "userspace")
@@ -186,8 +186,8 @@ def _cpus(value: Any, where: str) -> None:
 
 def playbook_dirs() -> list[Path]:
     """Where playbooks live: inside the wheel, or beside the package in a source checkout."""
-    here = Path(__file__).resolve().parent
-    return [d for d in (here / "playbooks", here.parent / "playbooks") if d.is_dir()]
+    package = Path(__file__).resolve().parents[1]
+    return [d for d in (package / "playbooks", package.parent / "playbooks") if d.is_dir()]
 
 
 def find_playbook(name: str) -> Path:

@@ -16,13 +16,13 @@ from hosttune.actions.base import Step
 from hosttune.actions.platform import select
 from hosttune.checks import run_checks
 from hosttune.errors import HosttuneError, TransportError
-from hosttune.facts import Facts
-from hosttune.findings import Finding, Status
-from hosttune.inventory import Host
-from hosttune.plan_resolve import Blocked, resolve_step
-from hosttune.plan_state import FileState, State, read_state, requests_for
+from hosttune.probes.facts import Facts
+from hosttune.checks.findings import Finding, Status
+from hosttune.config.inventory import Host
+from hosttune.plan.resolve import Blocked, resolve_step
+from hosttune.plan.state import FileState, State, read_state, requests_for
 from hosttune.probes.gather import gather
-from hosttune.profile import Profile
+from hosttune.config.profile import Profile
 from hosttune.transport import open_transport
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune.actions.base import Command, CommentOut, FileWrite, KernelWrite, MoveAside, Op, Step, Symlink
-from hosttune.plan import HostPlan
+from hosttune.plan.host_plan import HostPlan
 from hosttune.quoting import join
 
 
