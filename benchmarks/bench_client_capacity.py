@@ -1,6 +1,6 @@
 """How many concurrent streams can `hosttune bench`'s client keep without falling behind?
 
-Method: a scripted server (`hosttune.bench.testserver --fast`) in its own process on
+Method: a scripted server (tests/support/scripted_server, `--fast`) in its own process on
 127.0.0.1 streams every token of every request on a shared 20 ms clock tick, the way a
 batched decode step emits one token for every running sequence at once: at 512 streams,
 512 chunks land on the client in the same instant, 50 times a second. The client runs
@@ -31,6 +31,7 @@ import platform
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import aiohttp
 
@@ -38,25 +39,17 @@ from hosttune.bench.benchmark import BenchSpec, measure, run_async
 from hosttune.bench.loadgen import LAG_INTERVAL, Load
 from hosttune.bench.metrics import percentile, summarize
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+from scripted_server import launch  # noqa: E402  (test support, not part of the package)
+
 STEP = 0.02  # seconds between decode ticks
 TOKENS = 64  # output tokens per request
 
 
 def start_server(is_ticked: bool, is_realtime: bool) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hosttune.bench.testserver", "--fast", "--port", "0",
-         "--lifetime", "900", "--ttft", "0.02", "--itl", str(STEP)]
-        + (["--step", str(STEP)] if is_ticked else [])
-        + (["--realtime"] if is_realtime else []),
-        stdout=subprocess.PIPE, text=True,
-        preexec_fn=(lambda: os.sched_setaffinity(0, {0})) if is_realtime else None,
-    )
-    line = process.stdout.readline()
-    if line.startswith("priority:"):
-        line = process.stdout.readline()
-    if "listening on" not in line:
-        raise RuntimeError(f"server did not start: {line!r}")
-    return process, line.split("listening on ", 1)[1].strip()
+    args = ["--fast", "--ttft", "0.02", "--itl", str(STEP)] + (["--step", str(STEP)] if is_ticked else [])
+    return launch.start(*args, *(["--realtime"] if is_realtime else []), lifetime=900,
+                        preexec_fn=(lambda: os.sched_setaffinity(0, {0})) if is_realtime else None)
 
 
 def tick_delays(chunk_times: list[float]) -> list[float]:
@@ -172,8 +165,7 @@ def main() -> None:
                     results.append(run_aiohttp_client(url, streams, args.duration, args.warmup))
                     print(row(results[-1]), flush=True)
         finally:
-            process.terminate()
-            process.wait(timeout=10)
+            launch.stop(process, timeout=10)
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
     print("| client | streams | chunks/s | client CPU (cores) | loop lag P50 / P99 / max (ms) "
           "| tick delay P50 / P99 (ms) | flagged |")

@@ -49,15 +49,8 @@ SLOW = ["--ttft", "0.04", "--ttft-per-prompt-token", "0.00003", "--itl", "0.012"
         "--capacity", "16", "--max-queue", "16"]
 LOAD = ["--prompts", "chat-docs", "--max-tokens", "uniform:32-128"]
 
-
-def start(args: list[str]) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "hosttune.bench.testserver", "--fast", "--port", "0",
-         "--lifetime", "900", *args], stdout=subprocess.PIPE, text=True)
-    line = process.stdout.readline()
-    if "listening on" not in line:
-        raise RuntimeError(f"server did not start: {line!r}")
-    return process, line.split("listening on ", 1)[1].strip()
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+from scripted_server import launch  # noqa: E402  (test support, not part of the package)
 
 
 def bench(*args: str) -> None:
@@ -119,7 +112,7 @@ def main() -> None:
         engine_runs()
     if "--only-engine" in sys.argv:
         return
-    servers = [start(FAST), start(SLOW)]
+    servers = [launch.start("--fast", *FAST, lifetime=900), launch.start("--fast", *SLOW, lifetime=900)]
     fast, slow = (url for _, url in servers)
     try:
         bench("--url", fast, "--url", slow, "--users", "32", "--duration", "20s", "--warmup", "5s",
@@ -128,8 +121,7 @@ def main() -> None:
               "--warmup", "3s", *LOAD, "--slo", "e2e=2s", "--out", str((OUT / "sweep").relative_to(ROOT)))
     finally:
         for process, _ in servers:
-            process.terminate()
-            process.wait(timeout=10)
+            launch.stop(process, timeout=10)
 
 
 if __name__ == "__main__":

@@ -16,5 +16,4 @@ One noun per module, in the order a run uses them:
 - metrics.py        pure statistics over records, with their definitions
 - sweep.py          the highest rate that meets the SLO
 - report.py, report_csv.py, plot.py, console.py, units.py   JSON/Markdown, CSV, PNGs, terminal text, parsing
-- testserver.py, scripted_stream.py, scripted_cache.py     a scripted server with known timings (tests)
 """

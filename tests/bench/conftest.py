@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .servers import scripted_server
+from scripted_server.launch import running
 
 
 @pytest.fixture
@@ -13,7 +13,7 @@ def server_factory():
     stack = []
 
     def start(*args: str) -> str:
-        manager = scripted_server(*args)
+        manager = running(*args)
         url = manager.__enter__()
         stack.append(manager)
         return url

@@ -24,8 +24,7 @@ from hosttune.bench.benchmark import BenchSpec, measure, run_async
 from hosttune.bench.loadgen import Load
 from hosttune.bench.metrics import summarize
 from hosttune.bench.record import OK, REJECTED
-
-from .servers import stop_process
+from scripted_server.launch import stop
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("hosttune_engine") is None
@@ -62,7 +61,7 @@ def serve_tiny_qwen2(folder: Path, args: list[str], env: dict | None = None):
         _wait_healthy(url, process, log_path)
         yield url
     finally:
-        stop_process(process, timeout=60)
+        stop(process, timeout=60)
 
 
 def _wait_listening(log_path: Path, process: subprocess.Popen) -> str:

@@ -116,7 +116,7 @@ def test_a_keep_alive_connection_closed_by_the_server_is_retried_once():
     unanswered, as a server whose keep-alive timeout fires just as a request comes."""
     import asyncio
 
-    from hosttune.bench.scripted_stream import STREAM_HEAD, TEXT_EVENT, event
+    from scripted_server.stream import STREAM_HEAD, TEXT_EVENT, event
 
     seen = []
 

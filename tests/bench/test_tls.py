@@ -9,7 +9,7 @@ import pytest
 from hosttune.bench.benchmark import run_async
 from hosttune.bench.client import Client, Target
 from hosttune.bench.record import OK
-from hosttune.bench.scripted_stream import STREAM_HEAD, TEXT_EVENT, event
+from scripted_server.stream import STREAM_HEAD, TEXT_EVENT, event
 
 x509 = pytest.importorskip("cryptography.x509")
 from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402

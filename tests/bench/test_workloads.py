@@ -10,9 +10,9 @@ from hosttune.bench.benchmark import BenchSpec, measure, run_async
 from hosttune.bench.loadgen import Load
 from hosttune.bench.metrics import in_flight, summarize
 from hosttune.bench.record import OK
-from hosttune.bench.scripted_cache import BLOCK
 from hosttune.bench.trace import load_trace
 from hosttune.errors import BenchError
+from scripted_server.cache import BLOCK
 
 from .servers import realtime
 

@@ -26,6 +26,7 @@ from hosttune.deploy.settings import parse_sets, resolve
 from hosttune.deploy.units import REPLICA_TEMPLATE, render_nginx
 from hosttune.presets import PresetError, load_preset
 from hosttune.transport.base import CommandResult
+from scripted_server.launch import running
 
 from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, fleet_of, h100_facts, inventory
 
@@ -447,18 +448,13 @@ def test_the_canary_slo_bench_passes_a_fast_host_and_stops_a_slow_one(tmp_path):
     from hosttune.deploy.canary import CanaryBench, slo_check
 
     def check_against(ttft: str):
-        server = subprocess.Popen([sys.executable, "-m", "hosttune.bench.testserver", "--port", "0", "--lifetime", "60",
-                                   "--ttft", ttft, "--itl", "0.001"], stdout=subprocess.PIPE, text=True)
-        try:
-            port = int(server.stdout.readline().rsplit(":", 1)[1])
+        with running("--ttft", ttft, "--itl", "0.001", lifetime=60) as url:
+            port = int(url.rsplit(":", 1)[1])
             host = replace(inventory(tmp_path).hosts[0], connection=replace(inventory(tmp_path).hosts[0].connection,
                                                                              address="127.0.0.1"))
             request = rollout.DeployRequest("custom", "/m", tmp_path, port=port)
             bench = CanaryBench("ttft=200ms", rate=10, duration="2s", max_tokens="4")
             return slo_check(bench, request)([dhost.HostDeploy(host, "deployed", "r", "r")])
-        finally:
-            server.terminate()
-            server.wait(timeout=10)
 
     assert check_against("0.01") is None
     missed = check_against("0.4")

@@ -16,7 +16,7 @@ text: every output token is the word " tok". What it does is fixed by a `Script`
 - With `step`, every deadline is rounded up to a multiple of `step` on the monotonic
   clock: all streams get their tokens at the same instants, as from a batched decode
   step (the hardest pattern for a client: hundreds of chunks at once).
-- Prompts go through a prefix cache (scripted_cache.py); the usage event reports the
+- Prompts go through a prefix cache (cache.py); the usage event reports the
   cached tokens as `prompt_tokens_details.cached_tokens`. Timings do not depend on it.
 - `/metrics` gives vLLM's queue, batch and KV-cache gauges for the slots.
 - Every `error_every`-th request (1-based) sends an error event inside its 200 stream
@@ -26,9 +26,9 @@ It speaks HTTP/1.1 straight from an asyncio protocol and writes each token from 
 callback, so its own overhead is tens of microseconds per request and a few per token:
 the scripted delays are what a client sees, to a fraction of a millisecond.
 
-Run it as `python -m hosttune.bench.testserver --port 0 ...`; it prints
-`listening on http://127.0.0.1:PORT` once it accepts connections, binds only to
-127.0.0.1, and exits after `--lifetime` seconds. A test fixture and benchmark target.
+Run it as `python -m scripted_server --port 0 ...` with tests/support on the path (launch.py
+does that); it prints `listening on http://127.0.0.1:PORT` once it accepts connections, binds
+only to 127.0.0.1, and exits after `--lifetime` seconds. A test fixture and benchmark target.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ import socket
 from collections import deque
 from dataclasses import dataclass
 
-from hosttune.bench.scripted_cache import PrefixCache, render_metrics
-from hosttune.bench.scripted_stream import Stream, json_response, parse_request, text_response
+from scripted_server.cache import PrefixCache, render_metrics
+from scripted_server.stream import Stream, json_response, parse_request, text_response
 
 MODEL = "scripted"
 

@@ -7,8 +7,8 @@ import asyncio
 import json
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # only for annotations; testserver imports this module
-    from hosttune.bench.testserver import Connection, ScriptedServer
+if TYPE_CHECKING:  # only for annotations; server.py imports this module
+    from scripted_server.server import Connection, ScriptedServer
 
 TOKEN_TEXT = " tok"
 MAX_HEAD = 64 * 1024
