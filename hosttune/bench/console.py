@@ -1,6 +1,8 @@
-"""Plain-text renderings for the terminal: the progress line and the result tables."""
+"""Plain-text renderings for the terminal: the progress status and the result tables."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 from hosttune.bench.loadgen import Progress
 from hosttune.bench.metrics import Summary
@@ -9,14 +11,17 @@ from hosttune.bench.report import summary_rows
 from hosttune.bench.sweep import SweepPoint, SweepResult
 
 
-def progress_line(url: str, progress: Progress, planned: str) -> str:
+def progress_status(progress: Progress) -> str:
     phase = "warm-up" if progress.is_warmup else "measuring"
-    return (f"{url} {phase} {progress.elapsed:6.1f}s/{planned} | sent {progress.num_sent} "
-            f"done {progress.num_done} ok {progress.num_ok} errors {progress.num_errors} "
-            f"in flight {progress.num_in_flight}")
+    return (f"{phase}: {progress.num_done} done, {progress.num_ok} ok, {progress.num_errors} errors, "
+            f"{progress.num_in_flight} in flight")
+
+
+TableRenderer = Callable[[list[str], list[list[str]]], str]
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns padded with spaces, a dashed rule under the header: for logs, pipes and files."""
     widths = [max(len(row[i]) for row in [header] + rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(header, widths)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
@@ -24,10 +29,10 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def summary_table(runs: list[tuple[RunRecord, Summary]]) -> str:
+def summary_table(runs: list[tuple[RunRecord, Summary]], render: TableRenderer = table) -> str:
     header = ["metric"] + [run.url for run, _ in runs]
     rows = [[label] + values for label, values in summary_rows([s for _, s in runs])]
-    text = table(header, rows)
+    text = render(header, rows)
     for run, s in runs:
         if s.lag.is_behind:
             text += (f"\nWARNING {run.url}: the client fell behind (loop lag P99 "
@@ -47,10 +52,10 @@ def sweep_point_line(url: str, point: SweepPoint) -> str:
             f"-> {'held' if point.is_held else 'broke'}{lag}")
 
 
-def sweep_table(sweeps: list[SweepResult]) -> str:
+def sweep_table(sweeps: list[SweepResult], render: TableRenderer = table) -> str:
     header = ["endpoint", "max rate held (req/s)", "lowest rate broken", "max served (req/s)", "steps"]
     rows = [[s.url, "-" if s.max_rate is None else f"{s.max_rate:.2f}" + (" (ceiling)" if s.is_capped else ""),
              "-" if s.first_broken is None else f"{s.first_broken:.2f}",
              f"{max((p.summary.request_throughput for p in s.points), default=0.0):.2f}", str(len(s.points))]
             for s in sweeps]
-    return table(header, rows)
+    return render(header, rows)

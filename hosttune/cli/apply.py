@@ -9,8 +9,10 @@ from typing import List, Optional
 import typer
 
 from hosttune.plan import render as plan_render
+from hosttune.plan.host_plan import HostPlan
 from hosttune.cli.app import app
 from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, emit, load, user_errors
+from hosttune.cli.progress import Progress
 from hosttune.execute import recap
 from hosttune.execute.journal import new_run_id
 from hosttune.execute.rollout import ApplyOptions, apply_plans, dry_run_outcome, fleet_exit_code, plan_fleet, rollback_fleet
@@ -51,7 +53,8 @@ def apply(
     inv = load(inventory, limit, accept_new_host_keys)
     wanted = profiles(inv)
     options = ApplyOptions(root, prune_cuda, serial, max_fail_percent, reboot, forks)
-    plans = plan_fleet(inv, wanted, options)
+    with Progress("planning", total=len(inv.hosts)) as progress:
+        plans = plan_fleet(inv, wanted, options, on_done=lambda plan: progress.advance(plan.host.name, plan_state(plan)))
     reboots = sum(1 for p in plans if p.needs_reboot) if reboot and not root else 0
     if dry_run or not (any(p.steps for p in plans) or reboots):
         outcomes = [dry_run_outcome(p) for p in plans]
@@ -64,9 +67,16 @@ def apply(
     if not yes and not typer.confirm(question, err=True):
         raise typer.Exit(EXIT_ERROR)
     run = new_run_id()
-    outcomes = apply_plans(plans, wanted, run, options)
+    with Progress("applying", total=len(plans)) as progress:
+        outcomes = apply_plans(plans, wanted, run, options, on_batch=progress.advance_each)
     emit(recap.render_json(outcomes, run, False) if fmt is Output.json else recap.render(outcomes, run), output)
     raise typer.Exit(fleet_exit_code(outcomes))
+
+
+def plan_state(plan: HostPlan) -> str:
+    if not plan.reachable:
+        return "unreachable"
+    return "error" if plan.error else "to change" if plan.steps else "ok"
 
 
 @app.command()

@@ -13,11 +13,13 @@ import typer
 from hosttune.bench import console, plot, report, report_csv
 from hosttune.bench.benchmark import BenchSpec, measure, run_async
 from hosttune.bench.headers import redact_argv, request_headers
-from hosttune.bench.loadgen import Load
+from hosttune.bench.loadgen import Load, Progress as LoadProgress
 from hosttune.bench.metrics import Slo, summarize
 from hosttune.bench.sweep import SweepConfig, sweep as run_sweep
 from hosttune.bench.trace import load_trace
 from hosttune.bench.units import parse_duration, parse_shared_prefix, parse_slo
+from hosttune.cli.progress import Progress
+from hosttune.cli.tables import table_renderer
 from hosttune.errors import BenchError
 
 EXIT_SLO_MISSED = 1
@@ -45,10 +47,10 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
     if sweep:
         config = SweepConfig(sweep_start, sweep_max, sweep_growth, sweep_precision)
         outcome = report.Outcome((), tuple(_sweep_one(spec, u, slo_value, config) for u in url), command, report.now_text())
-        typer.echo(console.sweep_table(list(outcome.sweeps)))
+        typer.echo(console.sweep_table(list(outcome.sweeps), table_renderer(console.table)))
     else:
         outcome = report.Outcome(tuple(_run_one(spec, u) for u in url), (), command, report.now_text())
-        typer.echo(console.summary_table(list(outcome.runs)))
+        typer.echo(console.summary_table(list(outcome.runs), table_renderer(console.table)))
     if out is not None:
         _write(outcome, out)
     raise typer.Exit(_exit_code(outcome))
@@ -84,30 +86,31 @@ def _load(users, rate, burstiness, duration, requests, warmup, timeout, seed, is
 
 
 def _run_one(spec: BenchSpec, url: str):
-    load = spec.load
-    planned = (f"{load.warmup + load.duration:g}s" if load.duration else
-               f"{load.num_requests} req" if load.num_requests else f"{len(load.arrivals)} req (trace)")
-    run = run_async(measure(spec, url, _progress_printer(url, planned)))
-    _clear_progress()
+    total, unit = _planned(spec.load)
+    # Drawn from the event loop's own progress callback, every 0.5 s: no drawing thread
+    # competes with the client for the interpreter while it timestamps tokens.
+    with Progress(url, total=total, unit=unit, auto_refresh=False) as bar:
+        def show(progress: LoadProgress) -> None:
+            position = progress.elapsed if unit == "s" else progress.num_done
+            bar.update(min(position, total) if total else position, status=console.progress_status(progress))
+
+        run = run_async(measure(spec, url, show if bar.is_shown else None))
     return run, summarize(run, spec.slo, spec.lag_limit)
+
+
+def _planned(load: Load) -> tuple[float | None, str]:
+    """The bar's length: seconds for a timed run, requests for a trace, unknown for --requests
+    (warm-up requests come first and are not counted in it)."""
+    if load.duration:
+        return load.warmup + load.duration, "s"
+    if load.arrivals is not None:
+        return len(load.arrivals), "requests"
+    return None, "requests"
 
 
 def _sweep_one(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig):
     return run_async(run_sweep(spec, url, slo, config,
                                on_point=lambda p: typer.echo(console.sweep_point_line(url, p), err=True)))
-
-
-def _progress_printer(url: str, planned: str):
-    if not sys.stderr.isatty():
-        return None
-    return lambda progress: (sys.stderr.write("\r" + console.progress_line(url, progress, planned) + "\x1b[K"),
-                             sys.stderr.flush())
-
-
-def _clear_progress() -> None:
-    if sys.stderr.isatty():
-        sys.stderr.write("\r\x1b[K")
-        sys.stderr.flush()
 
 
 def _write(outcome: report.Outcome, folder: Path) -> None:

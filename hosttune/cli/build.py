@@ -14,6 +14,7 @@ from hosttune.build.plan import BuildOptions
 from hosttune.build.wheelhouse import default_wheelhouse
 from hosttune.cli.app import app
 from hosttune.cli.common import AcceptKeysOpt, InventoryOpt, LimitOpt, load, user_errors
+from hosttune.cli.progress import Progress
 
 
 class Engine(str, Enum):
@@ -58,8 +59,15 @@ def build(
     if dry_run:
         typer.echo(builder.plan(request)[0].render())
         return
-    result = builder.build(request, on_step=lambda c: typer.echo(f"- {c.description}", err=True))
+    with Progress(f"building {engine.value}", unit="steps") as progress:
+        result = builder.build(request, on_step=lambda command: _step(progress, command))
     typer.echo(_summary(result))
+
+
+def _step(progress: Progress, command) -> None:
+    """A build step starts: its line on stderr, and the bar shows it as the current one."""
+    progress.note(f"- {command.description}")
+    progress.update(progress.num_done + 1, status=command.description)
 
 
 def _summary(result: builder.BuildResult) -> str:

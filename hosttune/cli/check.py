@@ -11,8 +11,9 @@ import typer
 from hosttune import report
 from hosttune.checks import get_check
 from hosttune.cli.app import app
-from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, Progress, color_for, emit, load, user_errors
-from hosttune.fleet import check_fleet, exit_code
+from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, color_for, emit, load, user_errors
+from hosttune.cli.progress import Progress
+from hosttune.fleet import HostReport, check_fleet, exit_code
 from hosttune.report.jsonout import facts_json
 
 
@@ -45,9 +46,8 @@ def check(
     Example: hosttune check --inventory inventories/example.yaml --limit a100 --format junit -o check.xml
     """
     inv = load(inventory, limit, accept_new_host_keys)
-    progress = Progress("loading GPUs and checking" if active else "checking")
-    reports = check_fleet(inv, forks=forks, on_done=progress, active=active)
-    progress.close()
+    with Progress("loading GPUs and checking" if active else "checking", total=len(inv.hosts)) as progress:
+        reports = check_fleet(inv, forks=forks, on_done=on_report(progress), active=active)
     if fmt is Format.table:
         emit(report.render("table", reports, color=color_for(output), verbose=verbose), output)
     else:
@@ -69,11 +69,23 @@ def facts(
     Example: hosttune facts --inventory inventories/example.yaml --limit gpu-a100-01
     """
     inv = load(inventory, limit, accept_new_host_keys)
-    progress = Progress("probing")
-    reports = check_fleet(inv, forks=forks, on_done=progress)
-    progress.close()
+    with Progress("probing", total=len(inv.hosts)) as progress:
+        reports = check_fleet(inv, forks=forks, on_done=on_report(progress))
     emit(facts_json(reports), output)
     raise typer.Exit(exit_code(reports) & ~1)
+
+
+def on_report(progress: Progress):
+    """check_fleet's callback: each host's report advances the bar."""
+    return lambda report, _num_done, _total: progress.advance(report.host.name, host_state(report))
+
+
+def host_state(report: HostReport) -> str:
+    if not report.reachable:
+        return "unreachable"
+    if report.error or report.exit_bits & ~1:
+        return "error"
+    return "drift" if report.exit_bits else "ok"
 
 
 @app.command()

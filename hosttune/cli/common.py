@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from hosttune.errors import HosttuneError
-from hosttune.fleet import EXIT_ERROR, HostReport
+from hosttune.fleet import EXIT_ERROR
 from hosttune.config.inventory import Inventory, load_inventory, local_inventory
 
 InventoryOpt = typer.Option(None, "--inventory", "-i", help="Inventory YAML (default: this machine over the local transport).")
@@ -85,26 +85,6 @@ def emit(text: str, output: Optional[Path]) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
     typer.echo(f"wrote {output}", err=True)
-
-
-class Progress:
-    """One updating line on stderr while hosts finish; silent when stderr is not a terminal."""
-
-    def __init__(self, label: str, enabled: bool | None = None):
-        self.label = label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-
-    def __call__(self, report: HostReport, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        state = "unreachable" if not report.reachable else "error" if report.error else "ok"
-        sys.stderr.write(f"\r{self.label} {done}/{total} hosts (last: {report.host.name} {state})\x1b[K")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
 
 
 def color_for(output: Optional[Path]):

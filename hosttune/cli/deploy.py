@@ -11,6 +11,7 @@ from hosttune.build.wheelhouse import default_wheelhouse
 from hosttune.cli.app import app
 from hosttune.cli.build import Engine, WheelhouseOpt
 from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, load, user_errors
+from hosttune.cli.progress import Progress
 from hosttune.deploy import recap
 from hosttune.deploy.canary import CanaryBench, slo_check
 from hosttune.deploy.placement import parse_replicas
@@ -74,10 +75,18 @@ def deploy(
                                 tensor_parallel, parse_replicas(replicas), canary, session_affinity, keys_dir)
         check = slo_check(CanaryBench(canary_slo, canary_rate, canary_duration), request) \
             if canary and canary_slo and not dry_run else None
-        outcomes = deploy_fleet(inv, request, on_batch=lambda done: typer.echo(recap.render(done), err=True)
-                                if serial or canary else None, canary_check=check)
+        with Progress("deploying", total=len(inv.hosts)) as progress:
+            outcomes = deploy_fleet(inv, request, on_batch=lambda done: _batch_done(progress, done, bool(serial or canary)),
+                                    canary_check=check)
         found = upstreams(inv, request, outcomes) if not dry_run else []
         for path in write_upstreams(found, nginx_dir) if found else []:
             typer.echo(f"nginx upstream: {path}", err=True)
     typer.echo(recap.render(outcomes))
     raise typer.Exit(recap.exit_code(outcomes))
+
+
+def _batch_done(progress: Progress, done: list, is_batched: bool) -> None:
+    """A batch's hosts advance the bar; in batches (--serial, --canary) its recap goes to stderr too."""
+    progress.advance_each(done)
+    if is_batched:
+        progress.note(recap.render(done))
