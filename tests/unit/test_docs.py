@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import shlex
 from functools import lru_cache
@@ -16,16 +17,29 @@ from typer.testing import CliRunner
 from hosttune.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "engine" / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def markdown_files(root: Path) -> list[Path]:
+    """Every Markdown file of the repository (READMEs, docs/, the benchmark notes, the fixtures'
+    provenance), without walking hidden folders such as .git and .venv."""
+    found = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d != "__pycache__")
+        found += [Path(folder) / f for f in files if f.endswith(".md")]
+    return sorted(found)
+
+
+DOCS = markdown_files(ROOT)
 # Where a relative path in a document may start: the repository, the document's folder, the
 # engine's distribution and package, the control plane's package.
 BASES = [ROOT, ROOT / "engine", ROOT / "engine" / "hosttune_engine", ROOT / "hosttune"]
 EXTENSIONS = (".py", ".md", ".yaml", ".yml", ".sh", ".json", ".j2", ".toml", ".txt", ".jinja")
 OUTPUT_OPTIONS = {"--out", "-o", "--output", "--junit-xml", "--json"}  # what follows them is made, not read
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z_]*$")  # NAME, DIR, PATH: a part the reader fills in
-# Files that documents name but that live elsewhere: in a model folder, a wheelhouse entry or a release.
+# Files that documents name but that live elsewhere: in a model folder, a wheelhouse entry or a release,
+# in a bench run's --out folder, or in a live test's own folder.
 NOT_IN_REPO = {"config.json", "tokenizer.json", "tokenizer_config.json", "manifest.json", "release.json",
-               "build.log"}
+               "build.log", "results.json", "inventory.yaml", "inv.yaml"}
 FIRST_COMMANDS = ["bash scripts/setup.sh && .venv/bin/hosttune check", "bash scripts/test.sh"]
 HELP_ENV = {"COLUMNS": "250"}
 
@@ -85,7 +99,7 @@ def paths(line: str) -> list[str]:
         word = word.strip("\"'()[],;:*").rstrip(".").removeprefix("./")
         if word.split("/")[0] == ".venv":  # made by scripts/setup.sh
             continue
-        if before in OUTPUT_OPTIONS or not re.fullmatch(r"[\w.\-/]+", word) or word.startswith(("-", "/")):
+        if before in OUTPUT_OPTIONS or not re.fullmatch(r"[\w.\-/]+", word) or word.startswith(("-", "/", "...")):
             continue
         if any(PLACEHOLDER.match(part.split(".")[0]) for part in word.split("/")):
             continue
@@ -180,6 +194,8 @@ def test_the_documents_show_commands_and_paths():
     assert command_faults(["hosttune", "chek"]) and command_faults(["hosttune", "check", "--inventroy", "x"])
     assert command_faults(["hosttune-engine", "serve", "--max-batch", "4"])
     assert not exists("inventories/prod.yaml", ROOT / "README.md")
+    assert paths("as in `...-205c4ff.json`") == []  # an abbreviated name, not a file
+    assert {"templates/README.md", "benchmarks/NOTES.md", "tests/live/README.md"} <= {str(d.relative_to(ROOT)) for d in DOCS}
 
 
 def test_readme_starts_with_the_two_commands_a_fresh_machine_runs():
