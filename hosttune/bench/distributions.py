@@ -8,7 +8,7 @@ Spec syntax (tokens):
     normal:4200,1200,300-6800 normal clipped to [300, 6800]
     mix:0.3*uniform:32-512+0.7*normal:4200,1200,300-6800
                               a weighted mixture of the above
-    chat-docs                 the seed's production mix: 30% short chat turns
+    chat-docs                 a production mix of chat and documents: 30% short chat turns
                               (uniform 32-512) and 70% documents (normal 4200, sigma
                               1200, clipped to 300-6800)
     jsonl:PATH[:FIELD]        lengths replayed in file order from a JSONL file; FIELD

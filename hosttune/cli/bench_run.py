@@ -24,7 +24,7 @@ from hosttune.errors import BenchError
 
 EXIT_SLO_MISSED = 1
 EXIT_CLIENT_BEHIND = 4
-DEFAULT_SWEEP_SLO = "e2e=2s"  # the seed's "max RPS while P95 stays under 2 s"
+DEFAULT_SWEEP_SLO = "e2e=2s"  # a sweep finds the highest rate whose E2E P95 stays under 2 s
 
 
 def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, priority, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed, api_key=None, header=()) -> None:
