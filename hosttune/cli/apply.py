@@ -54,7 +54,8 @@ def apply(
     wanted = profiles(inv)
     options = ApplyOptions(root, prune_cuda, serial, max_fail_percent, reboot, forks)
     with Progress("planning", total=len(inv.hosts)) as progress:
-        plans = plan_fleet(inv, wanted, options, on_done=lambda plan: progress.advance(plan.host.name, plan_state(plan)))
+        plans = plan_fleet(inv, wanted, options,
+                           on_done=lambda plan: progress.advance(plan.host.name, plan_state(plan)))
     reboots = sum(1 for p in plans if p.needs_reboot) if reboot and not root else 0
     if dry_run or not (any(p.steps for p in plans) or reboots):
         outcomes = [dry_run_outcome(p) for p in plans]

@@ -51,10 +51,11 @@ class Progress:
             from rich.console import Console
             from rich.progress import BarColumn, Progress as Bar, TextColumn, TimeElapsedColumn
 
-            self._bar = Bar(TextColumn("{task.description}"), BarColumn(bar_width=24), TextColumn("{task.fields[count]}"),
-                            TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
-                            console=Console(file=self.stream), transient=True, auto_refresh=self._auto_refresh,
-                            redirect_stdout=False)  # stdout is the command's output: never onto stderr
+            columns = (TextColumn("{task.description}"), BarColumn(bar_width=24), TextColumn("{task.fields[count]}"),
+                       TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
+            # transient: the bar goes when done; stdout is the command's output, never redirected onto stderr
+            self._bar = Bar(*columns, console=Console(file=self.stream), transient=True,
+                            auto_refresh=self._auto_refresh, redirect_stdout=False)
             self._bar.start()
             self._task = self._bar.add_task(self.label, total=self.total, count=self._count(), status="")
         return self
@@ -64,8 +65,10 @@ class Progress:
             self._bar.stop()
             self._bar = None
 
-    def advance(self, name: str, outcome: str) -> None:
-        """One item (a host, a build step) is done: `name` ended `outcome`. Thread-safe."""
+    def advance(self, name: str, outcome: str | Enum) -> None:
+        """One item (a host, a build step) is done: `name` ended `outcome` (a word, or an Enum
+        whose value is one). Thread-safe: a fleet runner's `on_host_done` can be this method."""
+        outcome = outcome.value if isinstance(outcome, Enum) else str(outcome)
         with self._lock:
             self.num_done += 1
             self.outcomes[outcome] += 1
@@ -74,8 +77,7 @@ class Progress:
     def advance_each(self, outcomes: Iterable) -> None:
         """Each of a batch's outcomes (apply's, deploy's: a `host` and a `state`) counts one host done."""
         for outcome in outcomes:
-            state = outcome.state
-            self.advance(outcome.host.name, state.value if isinstance(state, Enum) else str(state))
+            self.advance(outcome.host.name, outcome.state)
 
     def note(self, text: str) -> None:
         """A line for stderr: above the bar while it is shown, else as `typer.echo(err=True)` prints it."""
