@@ -12,12 +12,12 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from hosttune.build.wheelhouse import Entry
+from hosttune.actions.base import Command, Op, Remove, Symlink, describe
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
 from hosttune.deploy.access import Access, front_for
 from hosttune.deploy.front import front_ops, key_ops, refresh_tls_ops, tls_ops
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.executor import run_ops
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
 from hosttune.deploy.placement import Layout, Placement
 from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, manifest_path, meta_dir, wheel_path
@@ -25,6 +25,7 @@ from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.flagcheck import check_flags, check_installed_flags
 from hosttune.deploy.units import SERVE_UNIT, UNIT_NAMES, replica_unit
+from hosttune.execute.perform import OperationFailed, run_ops
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.config.inventory import Host
 from hosttune.presets import EnginePreset, load_preset
@@ -66,7 +67,7 @@ class HostJob:
 
 
 def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
-               on_op: Callable[[dplan.Op], None] | None = None) -> HostDeploy:
+               on_op: Callable[[Op], None] | None = None) -> HostDeploy:
     release = job.release
     state = read_state(transport, release.id, [wheel_path(w) for w in release.wheels] + list(release.files))
     serves = SERVE_UNIT in release.units
@@ -85,18 +86,18 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
         rolling.leave_ops(state) + dplan.activate_ops(release, state)
     activate = keys + switch
     if dry_run:
-        lines = rolling.plan_lines(release, state) if release.replicas else [dplan.describe(op) for op in switch]
+        lines = rolling.plan_lines(release, state) if release.replicas else [describe(op) for op in switch]
         return HostDeploy(job.host, "planned", release.id, _name(state.current),
-                          ops=tuple(dplan.describe(op) for op in install + keys) + tuple(lines)
-                          + tuple(dplan.describe(op) for op in front))
+                          ops=tuple(describe(op) for op in install + keys) + tuple(lines)
+                          + tuple(describe(op) for op in front))
     try:
         run_ops(transport, install, on_op)
         check_flags(transport, job, release.dir)
-    except DeployError as exc:  # nothing live has changed yet
+    except (DeployError, OperationFailed) as exc:  # nothing live has changed yet
         return HostDeploy(job.host, "failed", release.id, _name(state.current), error=str(exc))
     try:
         run_ops(transport, activate, on_op)
-    except DeployError as exc:
+    except (DeployError, OperationFailed) as exc:
         return _restore(transport, job, state, GateResult(False, "activate", str(exc)))
     if release.replicas:
         return _roll(transport, job, state, on_op)
@@ -139,7 +140,7 @@ def _roll(transport: Transport, job: HostJob, state: HostState, on_op) -> HostDe
         if failed is None:
             run_ops(transport, rolling.retire_ops(release, state), on_op)
             return HostDeploy(job.host, "deployed", release.id, release.id, gate)
-    except DeployError as exc:
+    except (DeployError, OperationFailed) as exc:
         gate, failed = GateResult(False, "roll", str(exc)), None
     return _restore(transport, job, state, gate, failed)
 
@@ -148,14 +149,14 @@ def _fronted(transport: Transport, job: HostJob, before: HostState, outcome: Hos
     """The engine serves: now the host's nginx in front of it (a config nginx refuses puts the old release back)."""
     try:
         run_ops(transport, front)
-    except DeployError as exc:
+    except (DeployError, OperationFailed) as exc:
         if outcome.state == "unchanged":
             return _with(outcome, state="failed", error=f"nginx: {exc}")
         return _restore(transport, job, before, GateResult(False, "nginx", str(exc)))
     return outcome
 
 
-def _refront_ops(job: HostJob, front: list[dplan.Op]) -> list[dplan.Op]:
+def _refront_ops(job: HostJob, front: list[Op]) -> list[Op]:
     """An unchanged release: its nginx front again (replicas: their nginx config is the release's, the TLS files not)."""
     return refresh_tls_ops(job.access) if job.release.replicas else front
 
@@ -201,7 +202,7 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
         previous = load_release(transport, target)
         # `previous` goes back to what it named before this deploy (never to the release now live again)
         keep = before.previous if before.previous not in (None, target) else None
-        link = [dplan.Link(PREVIOUS, keep)] if keep else [dplan.Remove(PREVIOUS)]
+        link = [Symlink(PREVIOUS, keep)] if keep else [Remove(PREVIOUS)]
         check = _bring_back(transport, job, previous, link, failed_replica)
     except HosttuneError as exc:
         return _with(failed, error=f"{failed.error}; putting the previous release back failed too: {exc}")
@@ -210,7 +211,7 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
     return _with(failed, serving=serving, restored=previous.id, error=failed.error + note)
 
 
-def _bring_back(transport: Transport, job: HostJob, previous: Release, link: list[dplan.Op],
+def _bring_back(transport: Transport, job: HostJob, previous: Release, link: list[Op],
                 failed_replica: int | None) -> GateResult:
     """Activate `previous` again; replicas are rolled back one at a time like a deploy."""
     after = read_state(transport, previous.id, [])
@@ -231,11 +232,11 @@ def _bring_back(transport: Transport, job: HostJob, previous: Release, link: lis
     return gate if gate is not None else GateResult(True, "done")
 
 
-def _stop_ops(release: Release) -> list[dplan.Op]:
+def _stop_ops(release: Release) -> list[Op]:
     names = [n for n in reversed(UNIT_NAMES) if n in release.units]
-    return [*([dplan.Run(("systemctl", "disable", "--now", *names))] if names else []),
-            *(dplan.Remove(f"{UNIT_DIR}/{n}") for n in names),
-            dplan.Remove(CURRENT), dplan.Run(("systemctl", "daemon-reload"))]
+    return [*([Command(("systemctl", "disable", "--now", *names))] if names else []),
+            *(Remove(f"{UNIT_DIR}/{n}") for n in names),
+            Remove(CURRENT), Command(("systemctl", "daemon-reload"))]
 
 
 def _with(outcome: HostDeploy, **changes) -> HostDeploy:

@@ -14,15 +14,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
+from hosttune.actions.base import Command, Op, describe
 from hosttune.deploy import plan as dplan
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.executor import run_ops
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
 from hosttune.deploy.host import HostDeploy, HostJob, load_release
 from hosttune.deploy.plan import Role
 from hosttune.deploy.release import wheel_path
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
+from hosttune.execute.perform import run_ops
 from hosttune.errors import HosttuneError
 from hosttune.config.inventory import Host
 from hosttune.probes.gather import gather
@@ -35,7 +36,7 @@ _RAY_NODE = re.compile(r"^\s*\d+\s+node_[0-9a-f]+", re.M)
 @dataclass(frozen=True)
 class Phase:
     description: str
-    ops: dict[str, list[dplan.Op]]  # host name → operations, run in parallel across hosts
+    ops: dict[str, list[Op]]  # host name → operations, run in parallel across hosts
     wait: str = ""  # "ray-head" | "ray-cluster" | "gate": what must hold before the next phase
 
 
@@ -104,7 +105,7 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
         return [HostDeploy(h, "failed", error=f"nothing changed on group {hosts[0].group}: {exc}") for h in hosts]
     if request.dry_run:
         return [HostDeploy(j.host, "planned", j.release.id, ops=tuple(
-            f"[{p.description}] {dplan.describe(op)}" for p in group_phases(jobs, states) for op in p.ops.get(j.host.name, [])))
+            f"[{p.description}] {describe(op)}" for p in group_phases(jobs, states) for op in p.ops.get(j.host.name, [])))
             for j in jobs]
     head = jobs[0]
     gate = None
@@ -141,7 +142,7 @@ def _restore_group(jobs, states, transports, gate: GateResult) -> list[HostDeplo
                 restored = previous.id
             else:
                 names = [n for n in (SERVE_UNIT, RAY_UNIT) if n in job.release.units]
-                run_ops(transport, [dplan.Run(("systemctl", "disable", "--now", *names))])
+                run_ops(transport, [Command(("systemctl", "disable", "--now", *names))])
                 restored = None
         except HosttuneError as exc:
             restored, gate = None, GateResult(False, gate.phase, f"{gate.error}; restoring failed: {exc}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
 from hosttune import __version__
-from hosttune.actions.base import Command, FileWrite, KernelWrite, MoveAside, Op, Service, Symlink
+from hosttune.actions.base import Command, FileWrite, KernelWrite, Remove, Op, Service, Symlink
 from hosttune.plan.host_plan import HostPlan
 from hosttune.plan.state import State, sha256
 
@@ -131,7 +131,7 @@ def record_for(op: Op, state: State, run: str, step: int, index: int, descriptio
         existed = bool(fs and fs.exists)
         return OpRecord("link", description, path=op.path, target=op.target, existed=existed,
                         backup=_backup_for(run, step, index, op.path) if existed else None)
-    if isinstance(op, MoveAside):
+    if isinstance(op, Remove):
         return OpRecord("move", description, path=op.path, target=_backup_for(run, step, index, op.path))
     if isinstance(op, Service):
         unit = state.units.get(op.unit)

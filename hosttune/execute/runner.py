@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hosttune.actions.base import Command, FileWrite, KernelWrite, MoveAside, Op, Service, Step, Symlink
+from hosttune.actions.base import Command, KernelWrite, Op, Step, describe
 from hosttune.errors import TransportError
 from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now, start_journal
-from hosttune.execute.remote import hostops, kernel_write, write_file
+from hosttune.execute.perform import perform
+from hosttune.execute.remote import hostops, write_file
 from hosttune.config.inventory import Host
 from hosttune.plan.host_plan import HostPlan
-from hosttune.plan.render import describe
 from hosttune.plan.state import rooted
 from hosttune.transport.base import CommandResult, Transport
 
@@ -87,25 +87,11 @@ class Executor:
 
     def _do(self, op: Op, rec: OpRecord) -> tuple[CommandResult | None, str]:
         """Run one operation; (result, why it was skipped)."""
-        t = self.transport
-        if isinstance(op, FileWrite):
-            backup = self._path(rec.backup) if rec.backup else ""
-            return write_file(t, self._path(op.path), op.content, op.mode, backup=backup, expected=rec.sha_before or ""), ""
-        if isinstance(op, Symlink):
-            return hostops(t, "link", self._path(op.path), op.target, self._path(rec.backup) if rec.backup else ""), ""
-        if isinstance(op, MoveAside):
-            return hostops(t, "move", self._path(op.path), self._path(rec.target)), ""
-        if isinstance(op, KernelWrite):
-            if self.root:
-                return None, "--root: live kernel write skipped"
-            return kernel_write(t, op.paths, op.value), ""
-        if isinstance(op, Service):
-            argv = op.argv if not self.root else ("systemctl", f"--root={self.root}", *op.argv[1:])
-            return t.run(argv), ""
-        assert isinstance(op, Command)
-        if self.root and not op.offline:
+        if isinstance(op, KernelWrite) and self.root:
+            return None, "--root: live kernel write skipped"
+        if isinstance(op, Command) and self.root and not op.offline:
             return None, "--root: acts on the running system; skipped"
-        return t.run(("chroot", self.root, *op.argv) if self.root else op.argv, timeout=3600), ""
+        return perform(self.transport, op, rec, self.root), ""
 
     def _run_step(self, index: int, step: Step) -> JournalStep:
         jstep = self.journal.steps[index]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
-from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, MoveAside, Packages, Service, Step, Symlink
+from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, Remove, Packages, Service, Step, Symlink
 from hosttune.errors import ProbeError
 from hosttune.probes.software import parse_packages
 from hosttune.transport.base import Transport
@@ -87,7 +87,7 @@ def requests_for(steps: list[Step], root: str | None) -> list[tuple[str, str]]:
 
 
 def _requests_of(op, root: str | None) -> list[tuple[str, str]]:
-    if isinstance(op, (FileWrite, CommentOut, Symlink, MoveAside)):
+    if isinstance(op, (FileWrite, CommentOut, Symlink, Remove)):
         return [("file", rooted(root, op.path))]
     if isinstance(op, Service):
         return [("unit", op.unit)]

@@ -14,10 +14,11 @@ import pytest
 
 from hosttune.build.wheelhouse import Entry, WheelFile, WheelKey
 from hosttune.deploy.access import Access
-from hosttune.deploy.executor import OperationFailed, run_ops
 from hosttune.deploy.model import ModelShape
 from hosttune.deploy.placement import LayoutRequest, place, plan_layout
-from hosttune.deploy.plan import Role, WriteFile, make_release, verify_ops
+from hosttune.actions.base import FileWrite
+from hosttune.deploy.plan import Role, make_release, verify_ops
+from hosttune.execute.perform import OperationFailed, run_ops
 from hosttune.deploy.release import meta_dir
 from hosttune.deploy.replicas import NGINX_CONF, SERVERS_FILE, make_layout_release
 from hosttune.deploy.settings import parse_sets, resolve
@@ -74,7 +75,7 @@ def test_rendered_units_pass_systemd_analyze_verify(live_fleet, fresh_hosts, tmp
     try:
         for name, release in releases().items():
             stub_binaries(host, release)
-            writes = [WriteFile(f"{meta_dir(release.id)}/{unit}", body) for unit, body in {**release.units, **release.meta}.items()]
+            writes = [FileWrite(f"{meta_dir(release.id)}/{unit}", body) for unit, body in {**release.units, **release.meta}.items()]
             assert run_ops(transport, writes + verify_ops(release)) == len(writes) + 2, name
             unit = host.path(f"{meta_dir(release.id)}/{next(iter(release.units))}").read_text()
             assert "/usr/bin/numactl --cpunodebind=" in unit

@@ -396,6 +396,7 @@ def test_the_probe_sends_the_replicas_key_from_their_key_file(tmp_path):
 
 
 def test_going_back_to_one_service_stops_the_replicas_probe_and_local_nginx(tmp_path):
+    from hosttune.actions.base import Command
     from hosttune.deploy.rolling import leave_ops
     from hosttune.deploy.state import UnitFile, parse_state
 
@@ -403,7 +404,7 @@ def test_going_back_to_one_service_stops_the_replicas_probe_and_local_nginx(tmp_
                         "instance:hosttune-engine@0.service active\ninstance:hosttune-engine@1.service failed\n")
     assert state.instances == {"hosttune-engine@0.service": "active", "hosttune-engine@1.service": "failed"}
     described = [op for op in leave_ops(state)]
-    assert [getattr(op, "argv", getattr(op, "path", None)) for op in described] == [
+    assert [op.argv if isinstance(op, Command) else op.path for op in described] == [
         ("systemctl", "disable", "--now", "hosttune-engine@0.service", "hosttune-engine@1.service"),
         ("systemctl", "disable", "--now", "hosttune-probe.timer"),
         "/etc/systemd/system/hosttune-engine@.service", "/etc/systemd/system/hosttune-probe.timer",

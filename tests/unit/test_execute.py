@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, MoveAside, Step, Symlink
+from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, Remove, Step, Symlink
 from hosttune.execute import rollout
 from hosttune.execute.journal import Journal, JournalStep, OpRecord, journal_path, new_run_id
 from hosttune.execute.reboot import parse_boot_marker
@@ -121,7 +121,7 @@ STEPS = [
                                       KernelWrite(("/proc/sys/kernel/numa_balancing",), "0"))),
     Step(("cuda.toolkit",), "cuda", (Symlink("/usr/local/cuda", "/usr/local/cuda-12.4"),
                                      FileWrite("/etc/profile.d/hosttune-cuda.sh", b"export CUDA_HOME=/usr/local/cuda\n"))),
-    Step(("cuda.toolkit",), "prune", (MoveAside("/usr/local/cuda-11.8"),), opt_in="prune-cuda"),
+    Step(("cuda.toolkit",), "prune", (Remove("/usr/local/cuda-11.8"),), opt_in="prune-cuda"),
 ]
 
 
