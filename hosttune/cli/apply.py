@@ -13,8 +13,9 @@ from hosttune.cli.app import app
 from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, emit, load, user_errors
 from hosttune.execute import recap
 from hosttune.execute.journal import new_run_id
-from hosttune.execute.rollout import ApplyOptions, apply_plans, dry_run_outcome, fleet_exit_code, plan_fleet, rollback_fleet
-from hosttune.fleet import EXIT_ERROR, profiles
+from hosttune.execute.rollout import ApplyOptions, apply_plans, dry_run_outcome, plan_fleet, rollback_fleet
+from hosttune.fleet import profiles
+from hosttune.fleet_runner import EXIT_ERROR, exit_code
 from hosttune.verify import run_verify
 
 RootOpt = typer.Option(None, "--root", help="Write files under this directory (a mounted image or chroot); no live kernel writes.")
@@ -57,7 +58,7 @@ def apply(
         outcomes = [dry_run_outcome(p) for p in plans]
         text = recap.render_json(outcomes, None, True) if fmt is Output.json else plan_render.render(plans)
         emit(text, output)
-        raise typer.Exit(fleet_exit_code(outcomes))
+        raise typer.Exit(exit_code(outcomes))
     if fmt is Output.text:
         typer.echo(plan_render.render(plans))
     question = f"Apply these changes to {sum(1 for p in plans if p.steps)} host(s)" + (f" and reboot {reboots}" if reboots else "") + "?"
@@ -66,7 +67,7 @@ def apply(
     run = new_run_id()
     outcomes = apply_plans(plans, wanted, run, options)
     emit(recap.render_json(outcomes, run, False) if fmt is Output.json else recap.render(outcomes, run), output)
-    raise typer.Exit(fleet_exit_code(outcomes))
+    raise typer.Exit(exit_code(outcomes))
 
 
 @app.command()
@@ -86,11 +87,7 @@ def rollback(
     inv = load(inventory, limit, accept_new_host_keys)
     results = rollback_fleet(inv, run, root, forks)
     typer.echo(recap.render_rollback(results))
-    bits = {"failed": EXIT_ERROR, "unreachable": 4}
-    code = 0
-    for r in results:
-        code |= bits.get(r.status, 0)
-    raise typer.Exit(code)
+    raise typer.Exit(exit_code(results))
 
 
 @app.command()

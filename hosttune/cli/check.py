@@ -12,7 +12,8 @@ from hosttune import report
 from hosttune.checks import get_check
 from hosttune.cli.app import app
 from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, Progress, color_for, emit, load, user_errors
-from hosttune.fleet import check_fleet, exit_code
+from hosttune.fleet import check_fleet
+from hosttune.fleet_runner import exit_code
 from hosttune.report.jsonout import facts_json
 
 
@@ -45,8 +46,8 @@ def check(
     Example: hosttune check --inventory inventories/example.yaml --limit a100 --format junit -o check.xml
     """
     inv = load(inventory, limit, accept_new_host_keys)
-    progress = Progress("loading GPUs and checking" if active else "checking")
-    reports = check_fleet(inv, forks=forks, on_done=progress, active=active)
+    progress = Progress("loading GPUs and checking" if active else "checking", len(inv.hosts))
+    reports = check_fleet(inv, forks=forks, on_host_done=progress, active=active)
     progress.close()
     if fmt is Format.table:
         emit(report.render("table", reports, color=color_for(output), verbose=verbose), output)
@@ -69,8 +70,8 @@ def facts(
     Example: hosttune facts --inventory inventories/example.yaml --limit gpu-a100-01
     """
     inv = load(inventory, limit, accept_new_host_keys)
-    progress = Progress("probing")
-    reports = check_fleet(inv, forks=forks, on_done=progress)
+    progress = Progress("probing", len(inv.hosts))
+    reports = check_fleet(inv, forks=forks, on_host_done=progress)
     progress.close()
     emit(facts_json(reports), output)
     raise typer.Exit(exit_code(reports) & ~1)

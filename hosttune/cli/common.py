@@ -14,7 +14,8 @@ from typing import Optional
 import typer
 
 from hosttune.errors import HosttuneError
-from hosttune.fleet import EXIT_ERROR, HostReport
+from hosttune.fleet import HostReport
+from hosttune.fleet_runner import EXIT_ERROR
 from hosttune.config.inventory import Inventory, load_inventory, local_inventory
 
 InventoryOpt = typer.Option(None, "--inventory", "-i", help="Inventory YAML (default: this machine over the local transport).")
@@ -90,15 +91,17 @@ def emit(text: str, output: Optional[Path]) -> None:
 class Progress:
     """One updating line on stderr while hosts finish; silent when stderr is not a terminal."""
 
-    def __init__(self, label: str, enabled: bool | None = None):
-        self.label = label
+    def __init__(self, label: str, total: int, enabled: bool | None = None):
+        self.label, self.total, self.done = label, total, 0
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
 
-    def __call__(self, report: HostReport, done: int, total: int) -> None:
+    def __call__(self, name: str, report: HostReport) -> None:
+        """The fleet runner's on_host_done."""
+        self.done += 1
         if not self.enabled:
             return
         state = "unreachable" if not report.reachable else "error" if report.error else "ok"
-        sys.stderr.write(f"\r{self.label} {done}/{total} hosts (last: {report.host.name} {state})\x1b[K")
+        sys.stderr.write(f"\r{self.label} {self.done}/{self.total} hosts (last: {name} {state})\x1b[K")
         sys.stderr.flush()
 
     def close(self) -> None:

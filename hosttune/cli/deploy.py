@@ -17,6 +17,7 @@ from hosttune.deploy.placement import parse_replicas
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.rollout import DeployRequest, deploy_fleet, rollback_fleet, upstreams, write_upstreams
 from hosttune.deploy.settings import parse_sets
+from hosttune.fleet_runner import exit_code
 
 
 @app.command()
@@ -80,4 +81,4 @@ def deploy(
         for path in write_upstreams(found, nginx_dir) if found else []:
             typer.echo(f"nginx upstream: {path}", err=True)
     typer.echo(recap.render(outcomes))
-    raise typer.Exit(recap.exit_code(outcomes))
+    raise typer.Exit(exit_code(outcomes))

@@ -68,7 +68,7 @@ def run_gate(transport: Transport, unit: str, settings: ServeSettings, health_pa
             "warmup": settings.warmup if warmup is None else warmup, "restarts_baseline": 0 if just_started else None}
     limit = settings.health_timeout_s + settings.gate_timeout_s * (args["warmup"] + 2) + 30
     try:
-        result = transport.run(["python3", "-c", gate_script(), json.dumps(args)], timeout=limit)
+        result = transport.read(["python3", "-c", gate_script(), json.dumps(args)], timeout=limit)
     except TransportError as exc:
         return GateResult(False, "health", str(exc))
     if not result.ok:
@@ -78,6 +78,6 @@ def run_gate(transport: Transport, unit: str, settings: ServeSettings, health_pa
 
 def journal_tail(transport: Transport, unit: str, lines: int = JOURNAL_LINES) -> str:
     """The unit's last log lines, for the operator to see why it failed."""
-    result = transport.run(["journalctl", "--unit", unit, "--lines", str(lines), "--no-pager", "--output", "short-iso"],
+    result = transport.read(["journalctl", "--unit", unit, "--lines", str(lines), "--no-pager", "--output", "short-iso"],
                            timeout=60)
     return (result.stdout or result.stderr).rstrip()

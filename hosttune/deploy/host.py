@@ -28,6 +28,7 @@ from hosttune.deploy.units import SERVE_UNIT, UNIT_NAMES, replica_unit
 from hosttune.execute.perform import OperationFailed, run_ops
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.config.inventory import Host
+from hosttune.fleet_runner import EXIT_ERROR, EXIT_UNREACHABLE, Outcome
 from hosttune.presets import EnginePreset, load_preset
 from hosttune.transport.base import Transport
 
@@ -37,7 +38,7 @@ class HostDeploy:
     """What deploy did on one host."""
 
     host: Host
-    state: str  # deployed | unchanged | rolled-back | failed | unreachable | skipped | planned
+    state: Outcome  # DEPLOYED, UNCHANGED, ROLLED_BACK, PLANNED, FAILED, UNREACHABLE or SKIPPED
     release: str | None = None  # the release this run was about
     serving: str | None = None  # the release live when it finished (None: nothing serving)
     gate: GateResult | None = None
@@ -48,7 +49,13 @@ class HostDeploy:
 
     @property
     def ok(self) -> bool:
-        return self.state in ("deployed", "unchanged", "rolled-back", "planned")
+        return self.state in (Outcome.DEPLOYED, Outcome.UNCHANGED, Outcome.ROLLED_BACK, Outcome.PLANNED)
+
+    @property
+    def exit_bits(self) -> int:
+        if self.state is Outcome.UNREACHABLE:
+            return EXIT_UNREACHABLE
+        return EXIT_ERROR if self.state in (Outcome.FAILED, Outcome.SKIPPED) else 0
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,7 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     try:
         refuse(transport, job, state)
     except DeployError as exc:  # one line, and the host as it was
-        return HostDeploy(job.host, "failed", None, _name(state.current), error=f"nothing changed: {exc}")
+        return HostDeploy(job.host, Outcome.FAILED, None, _name(state.current), error=f"nothing changed: {exc}")
     install = dplan.install_ops(release, job.entry, state, job.python) + dplan.verify_ops(release)
     # the key file before any unit (re)starts, so every replica starts with its key
     keys = key_ops(job.access, job.preset) + (tls_ops(job.access) if release.replicas else [])
@@ -87,14 +94,14 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     activate = keys + switch
     if dry_run:
         lines = rolling.plan_lines(release, state) if release.replicas else [describe(op) for op in switch]
-        return HostDeploy(job.host, "planned", release.id, _name(state.current),
+        return HostDeploy(job.host, Outcome.PLANNED, release.id, _name(state.current),
                           ops=tuple(describe(op) for op in install + keys) + tuple(lines)
                           + tuple(describe(op) for op in front))
     try:
         run_ops(transport, install, on_op)
         check_flags(transport, job, release.dir)
     except (DeployError, OperationFailed) as exc:  # nothing live has changed yet
-        return HostDeploy(job.host, "failed", release.id, _name(state.current), error=str(exc))
+        return HostDeploy(job.host, Outcome.FAILED, release.id, _name(state.current), error=str(exc))
     try:
         run_ops(transport, activate, on_op)
     except (DeployError, OperationFailed) as exc:
@@ -102,10 +109,10 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     if release.replicas:
         return _roll(transport, job, state, on_op)
     if not serves:  # a Ray worker: the head's gate judges the cluster
-        return HostDeploy(job.host, "deployed", release.id, release.id)
+        return HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id)
     gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health, key_file=release.key_file)
     if gate.ok:
-        return _fronted(transport, job, state, HostDeploy(job.host, "deployed", release.id, release.id, gate), front)
+        return _fronted(transport, job, state, HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate), front)
     return _restore(transport, job, state, gate)
 
 
@@ -130,7 +137,7 @@ def _unchanged(transport: Transport, job: HostJob, state: HostState, dry_run: bo
             return None
         gate = run_gate(transport, SERVE_UNIT, job.settings, health, warmup=0, just_started=False,
                         key_file=release.key_file) if SERVE_UNIT in release.units and not dry_run else None
-    return HostDeploy(job.host, "unchanged", release.id, release.id, gate) if gate is None or gate.ok else None
+    return HostDeploy(job.host, Outcome.UNCHANGED, release.id, release.id, gate) if gate is None or gate.ok else None
 
 
 def _roll(transport: Transport, job: HostJob, state: HostState, on_op) -> HostDeploy:
@@ -139,7 +146,7 @@ def _roll(transport: Transport, job: HostJob, state: HostState, on_op) -> HostDe
         gate, failed = rolling.roll(transport, release, job.settings, job.preset.serve.health, on_op=on_op)
         if failed is None:
             run_ops(transport, rolling.retire_ops(release, state), on_op)
-            return HostDeploy(job.host, "deployed", release.id, release.id, gate)
+            return HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate)
     except (DeployError, OperationFailed) as exc:
         gate, failed = GateResult(False, "roll", str(exc)), None
     return _restore(transport, job, state, gate, failed)
@@ -150,8 +157,8 @@ def _fronted(transport: Transport, job: HostJob, before: HostState, outcome: Hos
     try:
         run_ops(transport, front)
     except (DeployError, OperationFailed) as exc:
-        if outcome.state == "unchanged":
-            return _with(outcome, state="failed", error=f"nginx: {exc}")
+        if outcome.state is Outcome.UNCHANGED:
+            return _with(outcome, state=Outcome.FAILED, error=f"nginx: {exc}")
         return _restore(transport, job, before, GateResult(False, "nginx", str(exc)))
     return outcome
 
@@ -168,7 +175,7 @@ def _name(release_dir: str | None) -> str | None:
 def load_release(transport: Transport, release_dir: str) -> Release:
     """A release installed on the host, from its release.json and unit files."""
     rid = _name(release_dir)
-    text = transport.run(["cat", "--", manifest_path(rid)], timeout=60)
+    text = transport.read(["cat", "--", manifest_path(rid)], timeout=60)
     if not text.ok:
         raise DeployError(f"{transport.host_name}: release {rid} has no readable release.json ({text.stderr.strip()})")
     doc = json.loads(text.stdout)
@@ -180,7 +187,7 @@ def load_release(transport: Transport, release_dir: str) -> Release:
 
 
 def _meta_file(transport: Transport, rid: str, name: str) -> bytes:
-    body = transport.run(["cat", "--", f"{meta_dir(rid)}/{name}"], timeout=60)
+    body = transport.read(["cat", "--", f"{meta_dir(rid)}/{name}"], timeout=60)
     if not body.ok:
         raise DeployError(f"{transport.host_name}: release {rid} lacks its file {name}")
     return body.stdout.encode("utf-8", "surrogateescape")
@@ -191,7 +198,7 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
     """The gate failed: keep the evidence, then put back what was live before (or stop, if nothing was)."""
     unit = replica_unit(failed_replica) if failed_replica is not None else SERVE_UNIT
     journal = journal_tail(transport, unit)
-    failed = HostDeploy(job.host, "failed", job.release.id, None, gate, gate.summary(), journal)
+    failed = HostDeploy(job.host, Outcome.FAILED, job.release.id, None, gate, gate.summary(), journal)
     # The release live before; when this was a restart of the live release itself, the one before that.
     target = before.current if before.current != job.release.dir else before.previous
     try:
@@ -259,18 +266,18 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings) -> H
         gate, bad = rolling.roll(transport, previous, settings, health)
         if bad is None:
             run_ops(transport, rolling.retire_ops(previous, state))
-            return HostDeploy(host, "rolled-back", previous.id, previous.id, gate)
-        return HostDeploy(host, "failed", previous.id, None, gate, gate.summary(), journal_tail(transport, replica_unit(bad)))
+            return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id, gate)
+        return HostDeploy(host, Outcome.FAILED, previous.id, None, gate, gate.summary(), journal_tail(transport, replica_unit(bad)))
     leave = rolling.leave_ops(state)
     run_ops(transport, dplan.verify_ops(previous) + leave + dplan.activate_ops(previous, state))
     if SERVE_UNIT not in previous.units:
-        return HostDeploy(host, "rolled-back", previous.id, previous.id)
+        return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id)
     gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
     if gate.ok:
         if leave:  # the replicas' nginx config went with them: the one service's front again
             run_ops(transport, front_ops(Access(host.group, front=front_for(host)), previous.engine, (settings.port,)))
-        return HostDeploy(host, "rolled-back", previous.id, previous.id, gate)
-    return HostDeploy(host, "failed", previous.id, None, gate, gate.summary(), journal_tail(transport, SERVE_UNIT))
+        return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id, gate)
+    return HostDeploy(host, Outcome.FAILED, previous.id, None, gate, gate.summary(), journal_tail(transport, SERVE_UNIT))
 
 
 def _settings_of(release: Release, base: ServeSettings) -> ServeSettings:
@@ -283,6 +290,6 @@ def deploy_host(transport: Transport, job: HostJob, **kwargs) -> HostDeploy:
     try:
         return deploy_one(transport, job, **kwargs)
     except TransportError as exc:
-        return HostDeploy(job.host, "unreachable", job.release.id, error=str(exc))
+        return HostDeploy(job.host, Outcome.UNREACHABLE, job.release.id, error=str(exc))
     except HosttuneError as exc:
-        return HostDeploy(job.host, "failed", job.release.id, error=str(exc))
+        return HostDeploy(job.host, Outcome.FAILED, job.release.id, error=str(exc))

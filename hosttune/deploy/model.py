@@ -62,7 +62,7 @@ def _positive(value) -> int | None:
 
 
 def read_model(transport: Transport, path: str) -> ModelShape:
-    result = transport.run(["sh", "-c", _READ, "hosttune", path], timeout=60)
+    result = transport.read(["sh", "-c", _READ, "hosttune", path], timeout=60)
     if not result.ok:
         raise ProbeError(f"{transport.host_name}: reading the model folder {path} failed: {result.stderr.strip()[-300:]}")
     return parse_model(path, result.stdout)

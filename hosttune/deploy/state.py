@@ -60,7 +60,7 @@ def parse_state(text: str) -> HostState:
 
 
 def read_state(transport: Transport, release_id: str, wheel_paths: list[str]) -> HostState:
-    result = transport.run(["sh", "-c", state_script(), "hosttune", release_id, *wheel_paths], timeout=STATE_TIMEOUT_S)
+    result = transport.read(["sh", "-c", state_script(), "hosttune", release_id, *wheel_paths], timeout=STATE_TIMEOUT_S)
     if not result.ok:
         raise ProbeError(f"{transport.host_name}: reading the deploy state failed: {result.stderr.strip()[-400:]}")
     return parse_state(result.stdout)

@@ -36,9 +36,9 @@ def perform(t: Transport, op: Op, rec: OpRecord | None = None, root: str | None 
     if isinstance(op, KernelWrite):
         return kernel_write(t, op.paths, op.value)
     if isinstance(op, Service):
-        return t.run(("systemctl", f"--root={root}", *op.argv[1:]) if root else op.argv)
+        return t.change(("systemctl", f"--root={root}", *op.argv[1:]) if root else op.argv)
     assert isinstance(op, Command), f"unresolved operation: {op!r}"
-    return t.run(("chroot", root, *op.argv) if root else op.argv, timeout=op.timeout)
+    return t.change(("chroot", root, *op.argv) if root else op.argv, timeout=op.timeout)
 
 
 def _complains(op: Op, result: CommandResult) -> bool:

@@ -7,6 +7,7 @@ journal. Every file write is atomic and backed up first (see hostops.sh).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import Enum
 
 from hosttune.actions.base import Command, KernelWrite, Op, Step, describe
 from hosttune.errors import TransportError
@@ -14,9 +15,21 @@ from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, j
 from hosttune.execute.perform import perform
 from hosttune.execute.remote import hostops, write_file
 from hosttune.config.inventory import Host
+from hosttune.fleet_runner import Outcome
 from hosttune.plan.host_plan import HostPlan
 from hosttune.plan.state import rooted
 from hosttune.transport.base import CommandResult, Transport
+
+
+class StepStatus(str, Enum):
+    """How one step of a host's plan went."""
+
+    DONE = "done"
+    FAILED = "failed"
+    NOT_RUN = "not run"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -24,7 +37,7 @@ class StepOutcome:
     index: int
     fixes: tuple[str, ...]
     summary: str
-    status: str  # done | failed | not run
+    status: StepStatus
     needs_reboot: bool = False
     error: str = ""
 
@@ -35,18 +48,18 @@ class HostRun:
 
     host: Host
     run: str
-    status: str  # changed | ok | failed | unreachable | skipped
+    status: Outcome  # CHANGED, OK, FAILED or UNREACHABLE
     steps: tuple[StepOutcome, ...] = ()
     error: str | None = None
     journal: str | None = None
 
     @property
     def changed(self) -> int:
-        return sum(1 for s in self.steps if s.status == "done")
+        return sum(1 for s in self.steps if s.status is StepStatus.DONE)
 
     @property
     def reboot_due(self) -> bool:
-        return any(s.needs_reboot and s.status == "done" for s in self.steps)
+        return any(s.needs_reboot and s.status is StepStatus.DONE for s in self.steps)
 
 
 class JournalError(Exception):
@@ -122,30 +135,31 @@ class Executor:
             self.save()
             done = self._run_step(index, step)
             self.journal = self.journal.with_step(done)
-            outcomes.append(StepOutcome(index, step.fixes, step.summary, done.status, step.needs_reboot, done.error))
+            outcomes.append(StepOutcome(index, step.fixes, step.summary, StepStatus(done.status), step.needs_reboot, done.error))
             if done.status == "failed":
                 status = "failed"
                 break
         self.journal = replace(self.journal, status=status, finished=now())
         self.save()
-        outcomes += [StepOutcome(i, s.fixes, s.summary, "not run", s.needs_reboot) for i, s in enumerate(self.plan.steps) if i >= len(outcomes)]
-        failed = status == "failed"
-        error = next((o.error for o in outcomes if o.status == "failed"), None)
-        return HostRun(host, self.run_id, "failed" if failed else "changed", tuple(outcomes), error, journal_path(self.run_id))
+        outcomes += [StepOutcome(i, s.fixes, s.summary, StepStatus.NOT_RUN, s.needs_reboot)
+                     for i, s in enumerate(self.plan.steps) if i >= len(outcomes)]
+        error = next((o.error for o in outcomes if o.status is StepStatus.FAILED), None)
+        state = Outcome.FAILED if status == "failed" else Outcome.CHANGED
+        return HostRun(host, self.run_id, state, tuple(outcomes), error, journal_path(self.run_id))
 
 
 def execute_plan(transport: Transport, plan: HostPlan, run: str) -> HostRun:
     """Apply a plan; a lost connection ends it as failed (the journal on the host says where)."""
     if not plan.steps:
-        return HostRun(plan.host, run, "ok")
+        return HostRun(plan.host, run, Outcome.OK)
     executor = Executor(transport, plan, run)
     try:
         return executor.run()
     except JournalError as exc:
-        return HostRun(plan.host, run, "failed", error=str(exc))
+        return HostRun(plan.host, run, Outcome.FAILED, error=str(exc))
     except TransportError as exc:
         if executor.num_saves == 0:
-            return HostRun(plan.host, run, "unreachable", error=str(exc))
+            return HostRun(plan.host, run, Outcome.UNREACHABLE, error=str(exc))
         ran = [s for s in executor.journal.steps if s.status != "pending"]
         where = f" during step {ran[-1].index + 1} ({ran[-1].summary})" if ran else ""
-        return HostRun(plan.host, run, "failed", error=f"connection lost{where}: {exc}", journal=journal_path(run))
+        return HostRun(plan.host, run, Outcome.FAILED, error=f"connection lost{where}: {exc}", journal=journal_path(run))

@@ -103,7 +103,7 @@ def read_state(transport: Transport, requests: list[tuple[str, str]], *, root: s
     if not requests:
         return State()
     argv = ["sh", "-c", state_script(), "hosttune-state", root or "/", manager or "none", *(f"{k}:{v}" for k, v in requests)]
-    result = transport.run(argv, timeout=STATE_TIMEOUT_S)
+    result = transport.read(argv, timeout=STATE_TIMEOUT_S)
     if not result.ok:
         raise ProbeError(f"{transport.host_name}: reading the current state failed ({result.rc}): {result.stderr.strip()[-300:]}")
     return parse_state(result.stdout, requests, root)

@@ -1,9 +1,11 @@
-"""What every transport offers: run an argument vector (with optional stdin) on its host."""
+"""What every transport offers: read from or change its host with an argument vector (and optional stdin)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Sequence
+
+from hosttune.errors import ReadOnlyError
 
 SUDO = ("sudo", "-n", "--")
 
@@ -23,16 +25,38 @@ class CommandResult:
         return self.rc == 0
 
 
-class Transport(Protocol):
-    """A connection to one host. Commands are argument vectors, never shell strings."""
+class Transport:
+    """A connection to one host; commands are argument vectors, never shell strings.
+
+    Two verbs, so code says what it does to the host: `read` runs a command that changes
+    nothing (probes, state scripts, health gates, logs) and `change` one that may change the
+    host, which only `hosttune.execute` calls. A transport opened read-only (check, plan,
+    verify) refuses `change`. Backends implement `_command`; use a transport as a context
+    manager, so it is closed on every path.
+    """
 
     host_name: str
+    read_only: bool = False
 
-    def run(
-        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
-    ) -> CommandResult: ...
+    def _command(self, argv: Sequence[str], stdin: bytes | None, timeout: float | None) -> CommandResult:
+        raise NotImplementedError
 
-    def close(self) -> None: ...
+    def read(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+        return self._command(argv, stdin, timeout)
+
+    def change(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+        if self.read_only:
+            raise ReadOnlyError(f"{self.host_name}: this connection is read-only; {argv[0]!r} would change the host")
+        return self._command(argv, stdin, timeout)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "Transport":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
 
 def with_become(argv: Sequence[str], become: bool) -> tuple[str, ...]:

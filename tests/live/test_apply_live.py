@@ -14,7 +14,7 @@ from hosttune.cli import app
 from hosttune.errors import TransportError
 from hosttune.execute.journal import Journal, journal_path, new_run_id
 from hosttune.execute.runner import execute_plan
-from hosttune.fleet import EXIT_ERROR
+from hosttune.fleet_runner import EXIT_ERROR
 from hosttune.config.inventory import load_inventory
 from hosttune.plan.host_plan import PlanOptions, plan_host
 from hosttune.probes.gather import gather
@@ -166,9 +166,9 @@ class DroppedMidWrite(SshTransport):
         super().__init__(spec)
         self.live_host, self.path, self.killed = live_host, path, False
 
-    def run(self, argv, *, stdin=None, timeout=None):
+    def _command(self, argv, stdin, timeout):
         if self.killed or "write" not in argv or self.path not in argv:
-            return super().run(argv, stdin=stdin, timeout=timeout)
+            return super()._command(argv, stdin, timeout)
         chan = self.connect().get_transport().open_session()
         chan.exec_command(join(with_become(argv, self.spec.become)))
         chan.sendall(stdin[: len(stdin) // 2])

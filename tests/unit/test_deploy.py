@@ -17,7 +17,8 @@ from hosttune.deploy.gate import parse_gate
 from hosttune.deploy.placement import place, preflight
 from hosttune.actions.base import Command, FileWrite, Remove, Symlink
 from hosttune.deploy.plan import Role, activate_ops, install_ops, is_unchanged, make_release
-from hosttune.deploy.recap import exit_code, render
+from hosttune.deploy.recap import render
+from hosttune.fleet_runner import Outcome, exit_code
 from hosttune.deploy.release import wheel_path
 from hosttune.deploy.settings import flag_argv, parse_sets, resolve
 from hosttune.deploy.state import HostState, UnitFile, parse_state
@@ -251,7 +252,7 @@ def test_multinode_starts_ray_head_then_workers_then_the_server(tmp_path, monkey
     fake_entry(tmp_path / "wh")
     log: list = []
     transports = {h.name: ScriptedTransport(h.name, log, ray_nodes=3) for h in hosts}
-    monkeypatch.setattr(multinode, "open_transport", lambda spec: transports[spec.host_name])
+    monkeypatch.setattr(multinode, "open_transport", lambda spec, **kw: transports[spec.host_name])
     monkeypatch.setattr(multinode, "gather", lambda t: type("Run", (), {"facts": a100_facts()})())
     request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3")
     outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
@@ -281,7 +282,7 @@ def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):
 
     def single(host, request):
         ran.append(host.name)
-        return dhost.HostDeploy(host, "failed" if host.name == "h1" else "deployed", "r", "r")
+        return dhost.HostDeploy(host, Outcome.FAILED if host.name == "h1" else Outcome.DEPLOYED, "r", "r")
 
     monkeypatch.setattr(rollout, "_single", single)
     request = rollout.DeployRequest("sglang", "/m", tmp_path, serial=1, max_fail_percent=60)
@@ -312,8 +313,8 @@ def test_a_failed_install_changes_nothing_live(tmp_path):
     log: list = []
 
     class FailingPip(ScriptedTransport):
-        def run(self, argv, *, stdin=None, timeout=None):
-            result = super().run(argv, stdin=stdin, timeout=timeout)
+        def _command(self, argv, stdin, timeout):
+            result = super()._command(argv, stdin, timeout)
             if "install" in argv and argv[0].endswith("/bin/pip"):
                 return CommandResult(tuple(argv), 1, "", "ERROR: No matching distribution found for torch", 0.0)
             return result

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hosttune.fleet_runner import Outcome
 from hosttune.deploy import rollout
 from hosttune.deploy.access import Access, Front, _LAUNCHER, access_for, launched_with_key
 from hosttune.deploy.errors import DeployError
@@ -207,7 +208,7 @@ def test_the_groups_upstream_points_at_the_hosts_nginx_fronts(tmp_path):
     key.write_text("KEY")
     hosts = _hosts(tmp_path, f"lb_port: 8080\nnginx: {{port: 8443, tls_cert: {cert}, tls_key: {key}}}\n")
     inv = load_inventory(tmp_path / "inventory.yaml")
-    outcomes = [HostDeploy(h, "deployed", "r", "r") for h in hosts]
+    outcomes = [HostDeploy(h, Outcome.DEPLOYED, "r", "r") for h in hosts]
     (upstream,) = rollout.upstreams(inv, rollout.DeployRequest("custom", "/m", tmp_path), outcomes)
     assert upstream.backends == ("10.0.0.1:8443", "10.0.0.2:8443") and upstream.backend_scheme == "https"
     conf = render_nginx(upstream).decode()
