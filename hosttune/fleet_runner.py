@@ -43,9 +43,6 @@ class Outcome(str, Enum):
     def __str__(self) -> str:
         return self.value
 
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
     @property
     def is_failure(self) -> bool:
         return self in (Outcome.FAILED, Outcome.UNREACHABLE)

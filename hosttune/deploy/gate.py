@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 
 from hosttune.deploy.settings import ServeSettings
 from hosttune.errors import TransportError
-from hosttune.transport.base import Transport
+from hosttune.transport.base import Transport, bundled_script
 
 JOURNAL_LINES = 40
 
@@ -37,11 +35,8 @@ class GateResult:
                 f"one-token generation in {self.gate_s:.2f}s")
 
 
-@lru_cache(maxsize=1)
 def gate_script() -> str:
-    folder = resources.files("hosttune.deploy")
-    return folder.joinpath("host_key.py").read_text(encoding="utf-8") + "\n\n" + \
-        folder.joinpath("gate_probe.py").read_text(encoding="utf-8")
+    return bundled_script("hosttune.deploy", "host_key.py") + "\n\n" + bundled_script("hosttune.deploy", "gate_probe.py")
 
 
 def parse_gate(text: str) -> GateResult:

@@ -20,7 +20,8 @@ from hosttune.deploy.front import front_ops, key_ops, refresh_tls_ops, tls_ops
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
 from hosttune.deploy.placement import Layout, Placement
-from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, manifest_path, meta_dir, wheel_path
+from hosttune.deploy.release import (CURRENT, PREVIOUS, UNIT_DIR, Release, manifest_path, meta_dir, release_name,
+                                     wheel_path)
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.flagcheck import check_flags, check_installed_flags
@@ -85,7 +86,7 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     try:
         refuse(transport, job, state)
     except DeployError as exc:  # one line, and the host as it was
-        return HostDeploy(job.host, Outcome.FAILED, None, _name(state.current), error=f"nothing changed: {exc}")
+        return HostDeploy(job.host, Outcome.FAILED, None, release_name(state.current), error=f"nothing changed: {exc}")
     install = dplan.install_ops(release, job.entry, state, job.python) + dplan.verify_ops(release)
     # the key file before any unit (re)starts, so every replica starts with its key
     keys = key_ops(job.access, job.preset) + (tls_ops(job.access) if release.replicas else [])
@@ -94,14 +95,14 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     activate = keys + switch
     if dry_run:
         lines = rolling.plan_lines(release, state) if release.replicas else [describe(op) for op in switch]
-        return HostDeploy(job.host, Outcome.PLANNED, release.id, _name(state.current),
+        return HostDeploy(job.host, Outcome.PLANNED, release.id, release_name(state.current),
                           ops=tuple(describe(op) for op in install + keys) + tuple(lines)
                           + tuple(describe(op) for op in front))
     try:
         run_ops(transport, install, on_op)
         check_flags(transport, job, release.dir)
     except (DeployError, OperationFailed) as exc:  # nothing live has changed yet
-        return HostDeploy(job.host, Outcome.FAILED, release.id, _name(state.current), error=str(exc))
+        return HostDeploy(job.host, Outcome.FAILED, release.id, release_name(state.current), error=str(exc))
     try:
         run_ops(transport, activate, on_op)
     except (DeployError, OperationFailed) as exc:
@@ -158,7 +159,7 @@ def _fronted(transport: Transport, job: HostJob, before: HostState, outcome: Hos
         run_ops(transport, front)
     except (DeployError, OperationFailed) as exc:
         if outcome.state is Outcome.UNCHANGED:
-            return _with(outcome, state=Outcome.FAILED, error=f"nginx: {exc}")
+            return replace(outcome, state=Outcome.FAILED, error=f"nginx: {exc}")
         return _restore(transport, job, before, GateResult(False, "nginx", str(exc)))
     return outcome
 
@@ -168,13 +169,9 @@ def _refront_ops(job: HostJob, front: list[Op]) -> list[Op]:
     return refresh_tls_ops(job.access) if job.release.replicas else front
 
 
-def _name(release_dir: str | None) -> str | None:
-    return release_dir.rstrip("/").rsplit("/", 1)[-1] if release_dir else None
-
-
 def load_release(transport: Transport, release_dir: str) -> Release:
     """A release installed on the host, from its release.json and unit files."""
-    rid = _name(release_dir)
+    rid = release_name(release_dir)
     text = transport.read(["cat", "--", manifest_path(rid)], timeout=60)
     if not text.ok:
         raise DeployError(f"{transport.host_name}: release {rid} has no readable release.json ({text.stderr.strip()})")
@@ -212,10 +209,10 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
         link = [Symlink(PREVIOUS, keep)] if keep else [Remove(PREVIOUS)]
         check = _bring_back(transport, job, previous, link, failed_replica)
     except HosttuneError as exc:
-        return _with(failed, error=f"{failed.error}; putting the previous release back failed too: {exc}")
+        return replace(failed, error=f"{failed.error}; putting the previous release back failed too: {exc}")
     serving = previous.id if check.ok else None
     note = "" if check.ok else f"; the previous release {previous.id} did not come back healthy: {check.error}"
-    return _with(failed, serving=serving, restored=previous.id, error=failed.error + note)
+    return replace(failed, serving=serving, restored=previous.id, error=failed.error + note)
 
 
 def _bring_back(transport: Transport, job: HostJob, previous: Release, link: list[Op],
@@ -246,10 +243,6 @@ def _stop_ops(release: Release) -> list[Op]:
             Remove(CURRENT), Command(("systemctl", "daemon-reload"))]
 
 
-def _with(outcome: HostDeploy, **changes) -> HostDeploy:
-    return replace(outcome, **changes)
-
-
 def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings) -> HostDeploy:
     """--rollback: make the previous release live again (the one left becomes `previous`).
 
@@ -257,7 +250,7 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings) -> H
     """
     state = read_state(transport, "-", [])
     if state.previous is None:
-        raise DeployError(f"{host.name}: no previous release to go back to ({_name(state.current) or 'nothing'} is live)")
+        raise DeployError(f"{host.name}: no previous release to go back to ({release_name(state.current) or 'nothing'} is live)")
     previous = load_release(transport, state.previous)
     settings = _settings_of(previous, timeouts)
     health = load_preset(previous.engine).serve.health

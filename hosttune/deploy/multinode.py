@@ -20,7 +20,7 @@ from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
 from hosttune.deploy.host import HostDeploy, HostJob, load_release
 from hosttune.deploy.plan import Role
-from hosttune.deploy.release import wheel_path
+from hosttune.deploy.release import release_name, wheel_path
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
 from hosttune.execute.perform import run_ops
@@ -114,13 +114,9 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
                     raise DeployError(gate.summary())
         except HosttuneError as exc:
             if index == 0:  # only installs ran: nothing live changed
-                return [HostDeploy(j.host, Outcome.FAILED, j.release.id, _name(states[j.host.name].current), error=str(exc)) for j in jobs]
+                return [HostDeploy(j.host, Outcome.FAILED, j.release.id, release_name(states[j.host.name].current), error=str(exc)) for j in jobs]
             return _restore_group(jobs, states, transports, gate or GateResult(False, phase.description, str(exc)))
     return [HostDeploy(j.host, Outcome.DEPLOYED, j.release.id, j.release.id, gate if j is head else None) for j in jobs]
-
-
-def _name(path: str | None) -> str | None:
-    return path.rstrip("/").rsplit("/", 1)[-1] if path else None
 
 
 def _restore_group(jobs, states, transports, gate: GateResult) -> list[HostDeploy]:

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-from functools import lru_cache
-from importlib import resources
-
-from hosttune.transport.base import CommandResult, Transport
+from hosttune.transport.base import CommandResult, Transport, bundled_script
 
 OP_TIMEOUT_S = 120.0
 
 
-@lru_cache(maxsize=1)
 def hostops_script() -> str:
-    return resources.files("hosttune.execute").joinpath("hostops.sh").read_text(encoding="utf-8")
+    return bundled_script("hosttune.execute", "hostops.sh")
 
 
 def hostops(transport: Transport, op: str, *args: str, stdin: bytes | None = None,

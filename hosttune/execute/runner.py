@@ -17,7 +17,7 @@ from hosttune.execute.remote import hostops, write_file
 from hosttune.config.inventory import Host
 from hosttune.fleet_runner import Outcome
 from hosttune.plan.host_plan import HostPlan
-from hosttune.plan.state import rooted
+from hosttune.plan.state import rooted, unrooted
 from hosttune.transport.base import CommandResult, Transport
 
 
@@ -57,17 +57,9 @@ class HostRun:
     def changed(self) -> int:
         return sum(1 for s in self.steps if s.status is StepStatus.DONE)
 
-    @property
-    def reboot_due(self) -> bool:
-        return any(s.needs_reboot and s.status is StepStatus.DONE for s in self.steps)
-
 
 class JournalError(Exception):
     """The journal could not be written: nothing runs without one."""
-
-
-def is_offline(root: str | None) -> bool:
-    return bool(root) and root != "/"
 
 
 class Executor:
@@ -77,21 +69,14 @@ class Executor:
         self.transport = transport
         self.plan = plan
         self.run_id = run
-        self.root = plan.root if is_offline(plan.root) else None
+        self.root = plan.root if plan.root != "/" else None
         self.journal: Journal = start_journal(run, plan, describe)
         self.num_saves = 0
 
     # -- journal ---------------------------------------------------------------------
 
-    def _path(self, path: str) -> str:
-        return rooted(self.root, path)
-
-    def _unrooted(self, paths: tuple[str, ...]) -> tuple[str, ...]:
-        prefix = self.root.rstrip("/") if self.root else ""
-        return tuple(p[len(prefix):] if prefix and p.startswith(prefix) else p for p in paths)
-
     def save(self) -> None:
-        result = write_file(self.transport, self._path(journal_path(self.run_id)), self.journal.to_json(), 0o600)
+        result = write_file(self.transport, rooted(self.root, journal_path(self.run_id)), self.journal.to_json(), 0o600)
         if not result.ok:
             raise JournalError(f"cannot write the journal {journal_path(self.run_id)}: {result.stderr.strip()}")
         self.num_saves += 1
@@ -116,7 +101,7 @@ class Executor:
                 continue
             made = tuple(line[8:] for line in result.stdout.splitlines() if line.startswith("created:"))
             records[j] = replace(records[j], status="done" if result.ok else "failed", rc=result.rc,
-                                 stderr=result.stderr.strip()[-2000:], created_dirs=self._unrooted(made))
+                                 stderr=result.stderr.strip()[-2000:], created_dirs=tuple(unrooted(self.root, p) for p in made))
             if not result.ok:
                 error = f"{describe(op)} exited {result.rc}: {result.stderr.strip()[-1000:] or result.stdout.strip()[-500:]}"
                 return replace(jstep, ops=tuple(records), status="failed", error=error)
@@ -125,7 +110,7 @@ class Executor:
     def run(self) -> HostRun:
         host = self.plan.host
         outcomes: list[StepOutcome] = []
-        made = hostops(self.transport, "runs-dir", self._path(RUNS_DIR))
+        made = hostops(self.transport, "runs-dir", rooted(self.root, RUNS_DIR))
         if not made.ok:
             raise JournalError(f"cannot create {RUNS_DIR}: {made.stderr.strip()}")
         self.save()

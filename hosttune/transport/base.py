@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
 from typing import Sequence
 
-from hosttune.errors import ReadOnlyError
+from hosttune.errors import ProbeError, ReadOnlyError
+
+SCRIPT_TIMEOUT_S = 120.0
 
 SUDO = ("sudo", "-n", "--")
 
@@ -44,6 +48,13 @@ class Transport:
     def read(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
         return self._command(argv, stdin, timeout)
 
+    def read_script(self, script: str, *args: str, what: str, timeout: float = SCRIPT_TIMEOUT_S) -> str:
+        """A shell script that changes nothing, its values as arguments: its output, or ProbeError saying `what` failed."""
+        result = self.read(["sh", "-c", script, "hosttune", *args], timeout=timeout)
+        if not result.ok:
+            raise ProbeError(f"{self.host_name}: {what} failed ({result.rc}): {result.stderr.strip()[-400:]}")
+        return result.stdout
+
     def change(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
         if self.read_only:
             raise ReadOnlyError(f"{self.host_name}: this connection is read-only; {argv[0]!r} would change the host")
@@ -57,6 +68,12 @@ class Transport:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+@lru_cache(maxsize=None)
+def bundled_script(package: str, name: str) -> str:
+    """A script shipped inside hosttune, sent to hosts as it is (never templated)."""
+    return resources.files(package).joinpath(name).read_text(encoding="utf-8")
 
 
 def with_become(argv: Sequence[str], become: bool) -> tuple[str, ...]:
