@@ -197,12 +197,9 @@ def test_killed_connection_leaves_no_partial_file_and_a_rerun_completes(fresh_ho
     target = load_inventory(inv).hosts[0]
     plan = plan_host(target, profile_for(target), PlanOptions())
     assert [s.fixes for s in plan.steps] == [("irq.irqbalance",), ("numa.topology",)]
-    transport = DroppedMidWrite(target.connection, host, "/etc/sysctl.d/95-site.conf")
     run = new_run_id()
-    try:
+    with DroppedMidWrite(target.connection, host, "/etc/sysctl.d/95-site.conf") as transport:
         result = execute_plan(transport, plan, run)
-    finally:
-        transport.close()
     assert transport.killed and result.status == "failed" and "connection lost during step 2" in result.error
 
     assert host.path("/etc/sysctl.d/95-site.conf").read_text() == SITE  # old content, not half of the new

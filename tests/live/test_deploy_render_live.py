@@ -71,8 +71,7 @@ def test_rendered_units_pass_systemd_analyze_verify(live_fleet, fresh_hosts, tmp
     (host,) = fresh_hosts(["units"])
     known = live_fleet.write_known_hosts(tmp_path / "known_hosts", [host])
     inv = load_inventory(live_fleet.write_inventory(tmp_path / "inv.yaml", known, [host]))
-    transport = open_transport(inv.hosts[0].connection)
-    try:
+    with open_transport(inv.hosts[0].connection) as transport:
         for name, release in releases().items():
             stub_binaries(host, release)
             writes = [FileWrite(f"{meta_dir(release.id)}/{unit}", body) for unit, body in {**release.units, **release.meta}.items()]
@@ -99,8 +98,6 @@ def test_rendered_units_pass_systemd_analyze_verify(live_fleet, fresh_hosts, tmp
         template.write_text(template.read_text().replace("KillMode=mixed", "KillMode=sometimes"))
         with pytest.raises(OperationFailed, match="hosttune-engine@.service"):
             run_ops(transport, verify_ops(replicas))
-    finally:
-        transport.close()
 
 
 def test_systemd_reads_back_the_quoted_argv_and_environment(fresh_hosts):
