@@ -70,7 +70,7 @@ class Executor:
         self.plan = plan
         self.run_id = run
         self.root = plan.root if plan.root != "/" else None
-        self.journal: Journal = start_journal(run, plan, describe)
+        self.journal: Journal = start_journal(run, plan)
         self.num_saves = 0
 
     # -- journal ---------------------------------------------------------------------
