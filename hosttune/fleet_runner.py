@@ -47,6 +47,11 @@ class Outcome(str, Enum):
     def is_failure(self) -> bool:
         return self in (Outcome.FAILED, Outcome.UNREACHABLE)
 
+    @property
+    def exit_bits(self) -> int:
+        """2 for a failed host, 4 for an unreachable one; what else a host's result means is its command's to say."""
+        return {Outcome.FAILED: EXIT_ERROR, Outcome.UNREACHABLE: EXIT_UNREACHABLE}.get(self, 0)
+
 
 def exit_code(results: Iterable) -> int:
     """The bits of every host's result (each has `exit_bits`), ORed."""

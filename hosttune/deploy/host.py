@@ -29,7 +29,7 @@ from hosttune.deploy.units import SERVE_UNIT, UNIT_NAMES, replica_unit
 from hosttune.execute.perform import OperationFailed, run_ops
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.config.inventory import Host
-from hosttune.fleet_runner import EXIT_ERROR, EXIT_UNREACHABLE, Outcome
+from hosttune.fleet_runner import EXIT_ERROR, Outcome
 from hosttune.presets import EnginePreset, load_preset
 from hosttune.transport.base import Transport
 
@@ -54,9 +54,7 @@ class HostDeploy:
 
     @property
     def exit_bits(self) -> int:
-        if self.state is Outcome.UNREACHABLE:
-            return EXIT_UNREACHABLE
-        return EXIT_ERROR if self.state in (Outcome.FAILED, Outcome.SKIPPED) else 0
+        return EXIT_ERROR if self.state is Outcome.SKIPPED else self.state.exit_bits
 
 
 @dataclass(frozen=True)
@@ -278,11 +276,16 @@ def _settings_of(release: Release, base: ServeSettings) -> ServeSettings:
     return replace(base, port=int(release.settings.get("port", base.port)))
 
 
+def guarded(host: Host, attempt: Callable[[], HostDeploy], release: str | None = None) -> HostDeploy:
+    """attempt(), with a lost connection (unreachable) or a refused operation (failed) as the host's outcome."""
+    try:
+        return attempt()
+    except TransportError as exc:
+        return HostDeploy(host, Outcome.UNREACHABLE, release, error=str(exc))
+    except HosttuneError as exc:
+        return HostDeploy(host, Outcome.FAILED, release, error=str(exc))
+
+
 def deploy_host(transport: Transport, job: HostJob, **kwargs) -> HostDeploy:
     """deploy_one, with a lost connection or a refused operation as the host's outcome."""
-    try:
-        return deploy_one(transport, job, **kwargs)
-    except TransportError as exc:
-        return HostDeploy(job.host, Outcome.UNREACHABLE, job.release.id, error=str(exc))
-    except HosttuneError as exc:
-        return HostDeploy(job.host, Outcome.FAILED, job.release.id, error=str(exc))
+    return guarded(job.host, lambda: deploy_one(transport, job, **kwargs), job.release.id)

@@ -15,7 +15,7 @@ from hosttune.deploy import multinode
 from hosttune.deploy.access import access_for, front_for
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.front import on_loopback
-from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, rollback_one
+from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, guarded, rollback_one
 from hosttune.deploy.model import ModelShape, read_model
 from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutRequest, host_abi, place, plan_layout, preflight,
                                        preflight_host)
@@ -23,7 +23,7 @@ from hosttune.deploy.plan import Role, make_release
 from hosttune.deploy.replicas import make_layout_release
 from hosttune.deploy.settings import Overrides, ServeSettings, resolve
 from hosttune.deploy.units import Upstream, render_nginx
-from hosttune.errors import HosttuneError, TransportError
+from hosttune.errors import HosttuneError
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host, Inventory
 from hosttune.fleet_runner import DEFAULT_FORKS, FleetRunner, Outcome
@@ -137,19 +137,17 @@ def _python(host: Host, facts: Facts) -> tuple[str, str | None]:
 
 
 def _single(host: Host, request: DeployRequest) -> HostDeploy:
-    with open_transport(host.connection) as transport:
-        try:
+    def attempt() -> HostDeploy:
+        with open_transport(host.connection) as transport:
             facts = gather(transport).facts
-        except TransportError as exc:
-            return HostDeploy(host, Outcome.UNREACHABLE, error=str(exc))
-        except HosttuneError as exc:
-            return HostDeploy(host, Outcome.FAILED, error=str(exc))
-        try:
-            model = read_model(transport, request.model) if request.model.startswith("/") else None
-            job = make_job(host, facts, request, model=model)
+            try:
+                model = read_model(transport, request.model) if request.model.startswith("/") else None
+                job = make_job(host, facts, request, model=model)
+            except HosttuneError as exc:
+                return HostDeploy(host, Outcome.FAILED, error=f"nothing changed: {exc}")
             return deploy_host(transport, job, dry_run=request.dry_run)
-        except HosttuneError as exc:
-            return HostDeploy(host, Outcome.FAILED, error=f"nothing changed: {exc}")
+
+    return guarded(host, attempt)
 
 
 def rollout_units(inventory: Inventory, engine: str) -> list[list[Host]]:
@@ -219,15 +217,11 @@ def rollback_fleet(inventory: Inventory, timeouts: dict, forks: int = DEFAULT_FO
     base = ServeSettings("", "", 1, {}, {}, **{k: v for k, v in timeouts.items() if v is not None})
 
     def one(host: Host) -> HostDeploy:
-        try:
-            with open_transport(host.connection) as transport:
-                return rollback_one(transport, host, base)
-        except TransportError as exc:
-            return HostDeploy(host, Outcome.UNREACHABLE, error=str(exc))
-        except HosttuneError as exc:
-            return HostDeploy(host, Outcome.FAILED, error=str(exc))
+        with open_transport(host.connection) as transport:
+            return rollback_one(transport, host, base)
 
-    return FleetRunner(forks, on_host_done=on_host_done).map(one, list(inventory.hosts), name=lambda h: h.name)
+    return FleetRunner(forks, on_host_done=on_host_done).map(lambda h: guarded(h, lambda: one(h)), list(inventory.hosts),
+                                                             name=lambda h: h.name)
 
 
 # -- load balancer ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from hosttune.errors import TransportError
 from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now
 from hosttune.execute.remote import hostops, read_journals, write_file
 from hosttune.config.inventory import Host
-from hosttune.fleet_runner import EXIT_ERROR, EXIT_UNREACHABLE, Outcome
+from hosttune.fleet_runner import Outcome
 from hosttune.plan.resolve import ACTIVE, ENABLED, kernel_value_holds
 from hosttune.plan.state import rooted
 from hosttune.probes.system import selected
@@ -41,7 +41,7 @@ class RollbackResult:
 
     @property
     def exit_bits(self) -> int:
-        return {Outcome.FAILED: EXIT_ERROR, Outcome.UNREACHABLE: EXIT_UNREACHABLE}.get(self.status, 0)
+        return self.status.exit_bits
 
 
 def touched(journal: Journal) -> list[tuple[JournalStep, OpRecord]]:

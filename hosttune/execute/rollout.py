@@ -10,7 +10,7 @@ from hosttune.execute.reboot import reboot_and_wait
 from hosttune.execute.rollback import RollbackResult, rollback_host
 from hosttune.execute.runner import HostRun, execute_plan
 from hosttune.fleet import HostReport, check_host
-from hosttune.fleet_runner import DEFAULT_FORKS, EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE, FleetRunner, Outcome
+from hosttune.fleet_runner import DEFAULT_FORKS, EXIT_DRIFT, FleetRunner, Outcome
 from hosttune.config.inventory import Host, Inventory
 from hosttune.plan.host_plan import HostPlan, PlanOptions, plan_host
 from hosttune.config.profile import Profile
@@ -48,10 +48,8 @@ class HostOutcome:
 
     @property
     def exit_bits(self) -> int:
-        if self.state is Outcome.UNREACHABLE:
-            return EXIT_UNREACHABLE
-        if self.state is Outcome.FAILED:
-            return EXIT_ERROR
+        if self.state.is_failure:
+            return self.state.exit_bits
         if self.state is Outcome.SKIPPED:
             return EXIT_DRIFT if (self.plan.steps or self.plan.blocked or self.plan.needs_reboot) else 0
         if self.recheck is not None:
