@@ -21,6 +21,10 @@ class HostKeyError(TransportError):
     """A host's SSH key is unknown or has changed."""
 
 
+class ReadOnlyError(HosttuneError):
+    """A connection opened read-only (check, plan, verify) was asked to change its host."""
+
+
 class ProbeError(HosttuneError):
     """A probe's output could not be understood."""
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -15,13 +14,8 @@ from hosttune.checks.findings import Finding, Status
 from hosttune.config.inventory import Host, Inventory
 from hosttune.probes.gather import gather
 from hosttune.config.profile import Profile, profile_for
+from hosttune.fleet_runner import DEFAULT_FORKS, EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE, FleetRunner
 from hosttune.transport import open_transport
-
-DEFAULT_FORKS = 50
-
-EXIT_DRIFT = 1
-EXIT_ERROR = 2
-EXIT_UNREACHABLE = 4
 
 
 @dataclass(frozen=True)
@@ -61,11 +55,8 @@ def probe(host: Host, active_s: int = 0) -> tuple[Facts, Timings]:
     active_s > 0 adds the bounded GPU load of `check --active` (seconds).
     """
     start = time.monotonic()
-    transport = open_transport(host.connection)
-    try:
+    with open_transport(host.connection, read_only=True) as transport:
         run = gather(transport, active_s, timeout=host.probe_timeout_s)
-    finally:
-        transport.close()
     return run.facts, Timings(run.connect_s, run.probe_s, run.parse_s, time.monotonic() - start)
 
 
@@ -87,23 +78,15 @@ def profiles(inventory: Inventory) -> dict[str, Profile]:
 
 def check_fleet(
     inventory: Inventory, *, forks: int = DEFAULT_FORKS,
-    on_done: Callable[[HostReport, int, int], None] | None = None, active: bool = False,
+    on_host_done: Callable[[str, HostReport], None] | None = None, active: bool = False,
 ) -> list[HostReport]:
     """Check every host, at most `forks` at a time; reports come back in inventory order.
 
     active: also load each host's GPUs for a few seconds (`check --active`); changes no setting.
     """
     wanted = profiles(inventory)
-    hosts = inventory.hosts
-    done: dict[str, HostReport] = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(hosts)))) as pool:
-        futures = {pool.submit(_safe_check, h, wanted[h.name], active): h for h in hosts}
-        for future in as_completed(futures):
-            report = future.result()
-            done[report.host.name] = report
-            if on_done:
-                on_done(report, len(done), len(hosts))
-    return [done[h.name] for h in hosts]
+    return FleetRunner(forks, on_host_done=on_host_done).map(
+        lambda h: _safe_check(h, wanted[h.name], active), list(inventory.hosts), name=lambda h: h.name)
 
 
 def _safe_check(host: Host, profile: Profile, active: bool = False) -> HostReport:
@@ -111,13 +94,6 @@ def _safe_check(host: Host, profile: Profile, active: bool = False) -> HostRepor
         return check_host(host, profile, active)
     except HosttuneError as exc:
         return HostReport(host, profile.name, reachable=True, error=str(exc))
-
-
-def exit_code(reports: list[HostReport]) -> int:
-    code = 0
-    for report in reports:
-        code |= report.exit_bits
-    return code
 
 
 # Facts that should agree across the hosts of one group.

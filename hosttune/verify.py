@@ -15,13 +15,13 @@ import re
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hosttune.actions.platform import Apt, Dnf
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.config.inventory import Host, Inventory
 from hosttune.config.profile import Profile
+from hosttune.fleet_runner import FleetRunner
 from hosttune.transport import open_transport
 
 EXPECT_ENV = "HOSTTUNE_VERIFY_EXPECT"
@@ -98,13 +98,11 @@ def _key(host: Host) -> str:
 
 def _reach(host: Host) -> str | None:
     """Connect once with hosttune's own host-key check; the reason when that fails."""
-    transport = open_transport(host.connection)
     try:
-        transport.connect()
+        with open_transport(host.connection, read_only=True) as transport:
+            transport.connect()
     except TransportError as exc:
         return str(exc)
-    finally:
-        transport.close()
     return None
 
 
@@ -113,8 +111,7 @@ def preflight(hosts: list[Host]) -> None:
     remote = [h for h in hosts if h.connection.transport != "local"]
     if not remote:
         return
-    with ThreadPoolExecutor(max_workers=min(32, len(remote))) as pool:
-        problems = [p for p in pool.map(_reach, remote) if p]
+    problems = [p for p in FleetRunner(forks=32).map(_reach, remote) if p]
     if problems:
         raise HosttuneError("; ".join(problems))
 

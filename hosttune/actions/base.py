@@ -1,28 +1,41 @@
-"""What an action yields: steps made of operations, as plain frozen data.
+"""The one vocabulary of host changes: operations, and the steps `apply` groups them into.
 
 Actions never run anything. An operation says *what* should hold on the host (this file
-with these bytes, this unit disabled, this value in this kernel file); `hosttune.plan`
-drops the operations that already hold, and `hosttune.execute` is the only code that
-carries the rest out, backing up and journalling as it goes.
+with these bytes, this unit disabled, this value in this kernel file). `apply` and `deploy`
+both build lists of these operations; `hosttune.plan` drops the ones that already hold,
+and `hosttune.execute` is the only code that carries them out (backing up and journalling
+an apply as it goes). The vocabulary sits at the actions layer so that plan, deploy and
+execute, which all sit above it, can share it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Union
+
+from hosttune.quoting import join
 
 
 @dataclass(frozen=True)
 class FileWrite:
-    """Make `path` hold exactly `content`. A new file gets `mode`; an existing one keeps owner and mode."""
+    """Make `path` hold exactly `content` (or the bytes of the local file `source`, e.g. a wheel).
+
+    A new file gets `mode`; an existing one keeps owner and mode. The write is atomic and its
+    hash is checked on arrival.
+    """
 
     path: str
-    content: bytes
+    content: bytes = b""
     mode: int = 0o644
+    source: Path | None = None
 
     @property
     def argv(self) -> tuple[str, ...]:
         return ("hosttune-write", self.path)
+
+    def body(self) -> bytes:
+        return self.source.read_bytes() if self.source is not None else self.content
 
 
 @dataclass(frozen=True)
@@ -50,14 +63,15 @@ class Symlink:
 
 
 @dataclass(frozen=True)
-class MoveAside:
-    """Take `path` out of the way: moved into the run's backup folder, so rollback can bring it back."""
+class Remove:
+    """Take `path` off the host. A journalled run (apply) moves it into the run's backup folder,
+    so rollback can bring it back; a deploy removes it (its releases are how deploy goes back)."""
 
     path: str
 
     @property
     def argv(self) -> tuple[str, ...]:
-        return ("mv", self.path, "<run backup>/")
+        return ("rm", "-rf", "--", self.path)
 
 
 @dataclass(frozen=True)
@@ -98,12 +112,15 @@ class Command:
     again after restoring those files.
     offline: it is meaningful on an image too (--root runs it inside the root with chroot);
     False: it acts on the running system only, and --root skips it.
+    fail_on_stderr: an exit 0 still fails when stderr mentions any of these.
     """
 
     argv: tuple[str, ...]
     undo: tuple[str, ...] | None = None
     regenerate: bool = False
     offline: bool = True
+    timeout: float = 3600.0
+    fail_on_stderr: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,7 +142,27 @@ class Packages:
         return (f"{self.manager}-install", *specs) + (("+hold",) if self.hold else ())
 
 
-Op = Union[FileWrite, CommentOut, Symlink, MoveAside, Service, KernelWrite, Command, Packages]
+Op = Union[FileWrite, CommentOut, Symlink, Remove, Service, KernelWrite, Command, Packages]
+
+
+def describe(op: Op) -> str:
+    """One line per operation, shell-like where there is a command: what dry runs, journals and errors print."""
+    if isinstance(op, FileWrite):
+        if op.source is not None:
+            return f"upload {op.source.name} to {op.path}"
+        return f"write {op.path} ({len(op.content)} bytes, new files get mode {op.mode:04o})"
+    if isinstance(op, CommentOut):
+        return f"comment out {op.key} in {op.path}"
+    if isinstance(op, Symlink):
+        return f"link {op.path} -> {op.target}"
+    if isinstance(op, Remove):
+        return f"remove {op.path}"
+    if isinstance(op, KernelWrite):
+        shown = ", ".join(op.paths[:4]) + (f" and {len(op.paths) - 4} more" if len(op.paths) > 4 else "")
+        return f"live kernel write: {op.value!r} to {shown}"
+    if isinstance(op, Command) and op.undo:
+        return f"$ {join(op.argv)}    (undo: {join(op.undo)})"
+    return f"$ {join(op.argv)}"
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from hosttune.actions.base import FileWrite, MoveAside, Step, Symlink
+from hosttune.actions.base import FileWrite, Remove, Step, Symlink
 from hosttune.actions.platform import select
 from hosttune.actions.templates import render
 from hosttune.probes.facts import Facts
@@ -49,6 +49,6 @@ def cuda_toolkit(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     steps = [Step(("cuda.toolkit",), f"CUDA {pin} at /usr/local/cuda and first on PATH", ops, notes=tuple(notes))]
     if stale:
         steps.append(Step(("cuda.toolkit",), f"stale toolkits moved aside: {', '.join(stale)}",
-                          tuple(MoveAside(p) for p in stale), opt_in="prune-cuda",
+                          tuple(Remove(p) for p in stale), opt_in="prune-cuda",
                           notes=("kept in the run's backup folder until you delete it; rollback puts them back",)))
     return steps

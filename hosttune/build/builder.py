@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -20,6 +19,7 @@ from hosttune.build.toolchain import Toolchain, find_cuobjdump, read_toolchain
 from hosttune.build.wheelhouse import Entry, WheelKey, describe_wheels, lookup, write_manifest
 from hosttune.errors import HosttuneError
 from hosttune.fleet import probe
+from hosttune.fleet_runner import DEFAULT_FORKS, FleetRunner
 from hosttune.config.inventory import Inventory
 from hosttune.presets import EnginePreset, load_preset
 
@@ -46,7 +46,7 @@ class BuildResult:
     build_s: float = 0.0
 
 
-def fleet_archs(inventory: Inventory, forks: int = 50) -> tuple[str, ...]:
+def fleet_archs(inventory: Inventory, forks: int = DEFAULT_FORKS) -> tuple[str, ...]:
     """--arch auto: the compute capabilities of the GPUs the inventory's hosts report (one probe each)."""
     def one(host):
         try:
@@ -54,9 +54,7 @@ def fleet_archs(inventory: Inventory, forks: int = 50) -> tuple[str, ...]:
         except HosttuneError as exc:
             raise BuildError(f"--arch auto: cannot read the GPUs of {host.name}: {exc}") from None
 
-    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(inventory.hosts)))) as pool:
-        facts = list(pool.map(one, inventory.hosts))
-    archs = archs_of(facts)
+    archs = archs_of(FleetRunner(forks).map(one, list(inventory.hosts)))
     if not archs:
         raise BuildError(f"--arch auto: no host in {inventory.source} reported a GPU with a compute capability; "
                          "pass the archs explicitly, e.g. --arch 8.0,9.0")

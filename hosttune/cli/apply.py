@@ -15,8 +15,9 @@ from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt,
 from hosttune.cli.progress import Progress
 from hosttune.execute import recap
 from hosttune.execute.journal import new_run_id
-from hosttune.execute.rollout import ApplyOptions, apply_plans, dry_run_outcome, fleet_exit_code, plan_fleet, rollback_fleet
-from hosttune.fleet import EXIT_ERROR, profiles
+from hosttune.execute.rollout import ApplyOptions, apply_plans, dry_run_outcome, plan_fleet, rollback_fleet
+from hosttune.fleet import profiles
+from hosttune.fleet_runner import EXIT_ERROR, exit_code
 from hosttune.verify import run_verify
 
 RootOpt = typer.Option(None, "--root", help="Write files under this directory (a mounted image or chroot); no live kernel writes.")
@@ -55,13 +56,13 @@ def apply(
     options = ApplyOptions(root, prune_cuda, serial, max_fail_percent, reboot, forks)
     with Progress("planning", total=len(inv.hosts)) as progress:
         plans = plan_fleet(inv, wanted, options,
-                           on_done=lambda plan: progress.advance(plan.host.name, plan_state(plan)))
+                           on_host_done=lambda name, plan: progress.advance(name, plan_state(plan)))
     reboots = sum(1 for p in plans if p.needs_reboot) if reboot and not root else 0
     if dry_run or not (any(p.steps for p in plans) or reboots):
         outcomes = [dry_run_outcome(p) for p in plans]
         text = recap.render_json(outcomes, None, True) if fmt is Output.json else plan_render.render(plans)
         emit(text, output)
-        raise typer.Exit(fleet_exit_code(outcomes))
+        raise typer.Exit(exit_code(outcomes))
     if fmt is Output.text:
         typer.echo(plan_render.render(plans))
     question = f"Apply these changes to {sum(1 for p in plans if p.steps)} host(s)" + (f" and reboot {reboots}" if reboots else "") + "?"
@@ -71,7 +72,7 @@ def apply(
     with Progress("applying", total=len(plans)) as progress:
         outcomes = apply_plans(plans, wanted, run, options, on_batch=progress.advance_each)
     emit(recap.render_json(outcomes, run, False) if fmt is Output.json else recap.render(outcomes, run), output)
-    raise typer.Exit(fleet_exit_code(outcomes))
+    raise typer.Exit(exit_code(outcomes))
 
 
 def plan_state(plan: HostPlan) -> str:
@@ -95,13 +96,10 @@ def rollback(
     Example: hosttune rollback --inventory inventories/example.yaml --run 20250102T030405Z-1a2b3c
     """
     inv = load(inventory, limit, accept_new_host_keys)
-    results = rollback_fleet(inv, run, root, forks)
+    with Progress("rolling back", total=len(inv.hosts)) as progress:
+        results = rollback_fleet(inv, run, root, forks, on_host_done=lambda name, r: progress.advance(name, r.status))
     typer.echo(recap.render_rollback(results))
-    bits = {"failed": EXIT_ERROR, "unreachable": 4}
-    code = 0
-    for r in results:
-        code |= bits.get(r.status, 0)
-    raise typer.Exit(code)
+    raise typer.Exit(exit_code(results))
 
 
 @app.command()

@@ -13,7 +13,8 @@ from hosttune.checks import get_check
 from hosttune.cli.app import app
 from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, color_for, emit, load, user_errors
 from hosttune.cli.progress import Progress
-from hosttune.fleet import HostReport, check_fleet, exit_code
+from hosttune.fleet import HostReport, check_fleet
+from hosttune.fleet_runner import exit_code
 from hosttune.report.jsonout import facts_json
 
 
@@ -47,7 +48,7 @@ def check(
     """
     inv = load(inventory, limit, accept_new_host_keys)
     with Progress("loading GPUs and checking" if active else "checking", total=len(inv.hosts)) as progress:
-        reports = check_fleet(inv, forks=forks, on_done=on_report(progress), active=active)
+        reports = check_fleet(inv, forks=forks, on_host_done=on_report(progress), active=active)
     if fmt is Format.table:
         emit(report.render("table", reports, color=color_for(output), verbose=verbose), output)
     else:
@@ -70,14 +71,14 @@ def facts(
     """
     inv = load(inventory, limit, accept_new_host_keys)
     with Progress("probing", total=len(inv.hosts)) as progress:
-        reports = check_fleet(inv, forks=forks, on_done=on_report(progress))
+        reports = check_fleet(inv, forks=forks, on_host_done=on_report(progress))
     emit(facts_json(reports), output)
     raise typer.Exit(exit_code(reports) & ~1)
 
 
 def on_report(progress: Progress):
     """check_fleet's callback: each host's report advances the bar."""
-    return lambda report, _num_done, _total: progress.advance(report.host.name, host_state(report))
+    return lambda name, report: progress.advance(name, host_state(report))
 
 
 def host_state(report: HostReport) -> str:

@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from hosttune.errors import HosttuneError
-from hosttune.fleet import EXIT_ERROR
+from hosttune.fleet_runner import EXIT_ERROR
 from hosttune.config.inventory import Inventory, load_inventory, local_inventory
 
 InventoryOpt = typer.Option(None, "--inventory", "-i", help="Inventory YAML (default: this machine over the local transport).")

@@ -18,6 +18,7 @@ from hosttune.deploy.placement import parse_replicas
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.rollout import DeployRequest, deploy_fleet, rollback_fleet, upstreams, write_upstreams
 from hosttune.deploy.settings import parse_sets
+from hosttune.fleet_runner import exit_code
 
 
 @app.command()
@@ -66,7 +67,8 @@ def deploy(
     inv = load(inventory, limit, accept_new_host_keys)
     timeouts = {"warmup": warmup, "health_timeout_s": health_timeout, "gate_timeout_s": gate_timeout}
     if rollback:
-        outcomes = rollback_fleet(inv, timeouts, forks)
+        with Progress("rolling back", total=len(inv.hosts)) as progress:
+            outcomes = rollback_fleet(inv, timeouts, forks, on_host_done=lambda name, d: progress.advance(name, d.state))
     else:
         if engine is None or not model:
             raise DeployError("--engine and --model are required (or --rollback)")
@@ -82,7 +84,7 @@ def deploy(
         for path in write_upstreams(found, nginx_dir) if found else []:
             typer.echo(f"nginx upstream: {path}", err=True)
     typer.echo(recap.render(outcomes))
-    raise typer.Exit(recap.exit_code(outcomes))
+    raise typer.Exit(exit_code(outcomes))
 
 
 def _batch_done(progress: Progress, done: list, is_batched: bool) -> None:

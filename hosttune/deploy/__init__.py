@@ -13,6 +13,6 @@ release's --help), gate.py (health, warmup, one-token generation), rolling.py (r
 restarted one at a time, drained), host.py (one host's deploy and rollback), rollout.py (the
 fleet: canaries, batches, multi-node order, load balancer), canary.py (the canaries' SLO bench).
 
-Every change to a host goes through hosttune.execute.remote (atomic, verified writes and
-links); commands are argument vectors sent through the host's transport.
+Every change to a host goes through hosttune.execute.perform (atomic, verified writes and
+links); everything else here only reads the host.
 """

@@ -54,7 +54,7 @@ def check_flags(transport: Transport, job, venv: str) -> None:
     if not help_argv:
         return
     args = {"help": help_argv, "flags": flag_names(job), "timeout": HELP_TIMEOUT_S}
-    result = transport.run(["python3", "-c", _CHECK, json.dumps(args)], timeout=HELP_TIMEOUT_S + 30)
+    result = transport.read(["python3", "-c", _CHECK, json.dumps(args)], timeout=HELP_TIMEOUT_S + 30)
     answer = next((line for line in result.stdout.splitlines() if line.startswith(("UNKNOWN ", "FAILED "))), "")
     if not answer:
         raise DeployError(f"{job.host.name}: checking the engine's flags failed: {result.stderr.strip()[-300:]}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hosttune.deploy.access import HOST_KEY_DIR, HOST_TLS_DIR, Access
-from hosttune.deploy.plan import Op, Run, WriteFile
+from hosttune.actions.base import Command, FileWrite, Op
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.units import Upstream, render_nginx
 from hosttune.presets import EnginePreset
@@ -48,8 +48,8 @@ def key_ops(access: Access, preset: EnginePreset) -> list[Op]:
     line = f"{preset.serve.api_key_env}={access.key}\n".encode()
     path = access.env_file
     # write() keeps the owner and mode of a file that is already there: set them every time
-    return [WriteFile(path, line, 0o600), Run(("chown", "root:root", "--", HOST_KEY_DIR, path)),
-            Run(("chmod", "0700", "--", HOST_KEY_DIR)), Run(("chmod", "0600", "--", path))]
+    return [FileWrite(path, line, 0o600), Command(("chown", "root:root", "--", HOST_KEY_DIR, path)),
+            Command(("chmod", "0700", "--", HOST_KEY_DIR)), Command(("chmod", "0600", "--", path))]
 
 
 def front_upstream(access: Access, engine: str, ports: tuple[int, ...] = (), *, listen: int = 80,
@@ -69,15 +69,15 @@ def tls_ops(access: Access) -> list[Op]:
     if access.front is None or access.front.tls is None:
         return []
     upstream = front_upstream(access, "")
-    return [WriteFile(upstream.tls_cert, access.front.tls.cert.read_bytes(), 0o644),
-            WriteFile(upstream.tls_key, access.front.tls.key.read_bytes(), 0o600),
-            Run(("chown", "root:root", "--", upstream.tls_key)), Run(("chmod", "0600", "--", upstream.tls_key))]
+    return [FileWrite(upstream.tls_cert, access.front.tls.cert.read_bytes(), 0o644),
+            FileWrite(upstream.tls_key, access.front.tls.key.read_bytes(), 0o600),
+            Command(("chown", "root:root", "--", upstream.tls_key)), Command(("chmod", "0600", "--", upstream.tls_key))]
 
 
 def refresh_tls_ops(access: Access) -> list[Op]:
     """A live release whose nginx config stays: the TLS files again (a renewed certificate), and nginx reloaded."""
     ops = tls_ops(access)
-    return ops + [Run(("systemctl", "reload-or-restart", "nginx"))] if ops else []
+    return ops + [Command(("systemctl", "reload-or-restart", "nginx"))] if ops else []
 
 
 def front_ops(access: Access, engine: str, ports: tuple[int, ...]) -> list[Op]:
@@ -85,7 +85,7 @@ def front_ops(access: Access, engine: str, ports: tuple[int, ...]) -> list[Op]:
     if access.front is None:
         return []
     conf = NGINX_CONF
-    return tls_ops(access) + [WriteFile(conf + ".new", render_nginx(front_upstream(access, engine, ports))),
-                              Run(("sh", "-c", _SWAP_CHECKED, "sh", conf)),
-                              Run(("systemctl", "enable", "--quiet", "nginx")),
-                              Run(("systemctl", "reload-or-restart", "nginx"))]
+    return tls_ops(access) + [FileWrite(conf + ".new", render_nginx(front_upstream(access, engine, ports))),
+                              Command(("sh", "-c", _SWAP_CHECKED, "sh", conf)),
+                              Command(("systemctl", "enable", "--quiet", "nginx")),
+                              Command(("systemctl", "reload-or-restart", "nginx"))]

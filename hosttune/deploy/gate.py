@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 
 from hosttune.deploy.settings import ServeSettings
 from hosttune.errors import TransportError
-from hosttune.transport.base import Transport
+from hosttune.transport.base import Transport, bundled_script
 
 JOURNAL_LINES = 40
 
@@ -37,11 +35,8 @@ class GateResult:
                 f"one-token generation in {self.gate_s:.2f}s")
 
 
-@lru_cache(maxsize=1)
 def gate_script() -> str:
-    folder = resources.files("hosttune.deploy")
-    return folder.joinpath("host_key.py").read_text(encoding="utf-8") + "\n\n" + \
-        folder.joinpath("gate_probe.py").read_text(encoding="utf-8")
+    return bundled_script("hosttune.deploy", "host_key.py") + "\n\n" + bundled_script("hosttune.deploy", "gate_probe.py")
 
 
 def parse_gate(text: str) -> GateResult:
@@ -68,7 +63,7 @@ def run_gate(transport: Transport, unit: str, settings: ServeSettings, health_pa
             "warmup": settings.warmup if warmup is None else warmup, "restarts_baseline": 0 if just_started else None}
     limit = settings.health_timeout_s + settings.gate_timeout_s * (args["warmup"] + 2) + 30
     try:
-        result = transport.run(["python3", "-c", gate_script(), json.dumps(args)], timeout=limit)
+        result = transport.read(["python3", "-c", gate_script(), json.dumps(args)], timeout=limit)
     except TransportError as exc:
         return GateResult(False, "health", str(exc))
     if not result.ok:
@@ -78,6 +73,6 @@ def run_gate(transport: Transport, unit: str, settings: ServeSettings, health_pa
 
 def journal_tail(transport: Transport, unit: str, lines: int = JOURNAL_LINES) -> str:
     """The unit's last log lines, for the operator to see why it failed."""
-    result = transport.run(["journalctl", "--unit", unit, "--lines", str(lines), "--no-pager", "--output", "short-iso"],
+    result = transport.read(["journalctl", "--unit", unit, "--lines", str(lines), "--no-pager", "--output", "short-iso"],
                            timeout=60)
     return (result.stdout or result.stderr).rstrip()

@@ -12,21 +12,24 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from hosttune.build.wheelhouse import Entry
+from hosttune.actions.base import Command, Op, Remove, Symlink, describe
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
 from hosttune.deploy.access import Access, front_for
 from hosttune.deploy.front import front_ops, key_ops, refresh_tls_ops, tls_ops
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.executor import run_ops
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
 from hosttune.deploy.placement import Layout, Placement
-from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, manifest_path, meta_dir, wheel_path
+from hosttune.deploy.release import (CURRENT, PREVIOUS, UNIT_DIR, Release, manifest_path, meta_dir, release_name,
+                                     wheel_path)
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.flagcheck import check_flags, check_installed_flags
 from hosttune.deploy.units import SERVE_UNIT, UNIT_NAMES, replica_unit
+from hosttune.execute.perform import OperationFailed, run_ops
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.config.inventory import Host
+from hosttune.fleet_runner import EXIT_ERROR, Outcome
 from hosttune.presets import EnginePreset, load_preset
 from hosttune.transport.base import Transport
 
@@ -36,7 +39,7 @@ class HostDeploy:
     """What deploy did on one host."""
 
     host: Host
-    state: str  # deployed | unchanged | rolled-back | failed | unreachable | skipped | planned
+    state: Outcome  # DEPLOYED, UNCHANGED, ROLLED_BACK, PLANNED, FAILED, UNREACHABLE or SKIPPED
     release: str | None = None  # the release this run was about
     serving: str | None = None  # the release live when it finished (None: nothing serving)
     gate: GateResult | None = None
@@ -47,7 +50,11 @@ class HostDeploy:
 
     @property
     def ok(self) -> bool:
-        return self.state in ("deployed", "unchanged", "rolled-back", "planned")
+        return self.state in (Outcome.DEPLOYED, Outcome.UNCHANGED, Outcome.ROLLED_BACK, Outcome.PLANNED)
+
+    @property
+    def exit_bits(self) -> int:
+        return EXIT_ERROR if self.state is Outcome.SKIPPED else self.state.exit_bits
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ class HostJob:
 
 
 def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
-               on_op: Callable[[dplan.Op], None] | None = None) -> HostDeploy:
+               on_op: Callable[[Op], None] | None = None) -> HostDeploy:
     release = job.release
     state = read_state(transport, release.id, [wheel_path(w) for w in release.wheels] + list(release.files))
     serves = SERVE_UNIT in release.units
@@ -77,7 +84,7 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     try:
         refuse(transport, job, state)
     except DeployError as exc:  # one line, and the host as it was
-        return HostDeploy(job.host, "failed", None, _name(state.current), error=f"nothing changed: {exc}")
+        return HostDeploy(job.host, Outcome.FAILED, None, release_name(state.current), error=f"nothing changed: {exc}")
     install = dplan.install_ops(release, job.entry, state, job.python) + dplan.verify_ops(release)
     # the key file before any unit (re)starts, so every replica starts with its key
     keys = key_ops(job.access, job.preset) + (tls_ops(job.access) if release.replicas else [])
@@ -85,26 +92,26 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
         rolling.leave_ops(state) + dplan.activate_ops(release, state)
     activate = keys + switch
     if dry_run:
-        lines = rolling.plan_lines(release, state) if release.replicas else [dplan.describe(op) for op in switch]
-        return HostDeploy(job.host, "planned", release.id, _name(state.current),
-                          ops=tuple(dplan.describe(op) for op in install + keys) + tuple(lines)
-                          + tuple(dplan.describe(op) for op in front))
+        lines = rolling.plan_lines(release, state) if release.replicas else [describe(op) for op in switch]
+        return HostDeploy(job.host, Outcome.PLANNED, release.id, release_name(state.current),
+                          ops=tuple(describe(op) for op in install + keys) + tuple(lines)
+                          + tuple(describe(op) for op in front))
     try:
         run_ops(transport, install, on_op)
         check_flags(transport, job, release.dir)
-    except DeployError as exc:  # nothing live has changed yet
-        return HostDeploy(job.host, "failed", release.id, _name(state.current), error=str(exc))
+    except (DeployError, OperationFailed) as exc:  # nothing live has changed yet
+        return HostDeploy(job.host, Outcome.FAILED, release.id, release_name(state.current), error=str(exc))
     try:
         run_ops(transport, activate, on_op)
-    except DeployError as exc:
+    except (DeployError, OperationFailed) as exc:
         return _restore(transport, job, state, GateResult(False, "activate", str(exc)))
     if release.replicas:
         return _roll(transport, job, state, on_op)
     if not serves:  # a Ray worker: the head's gate judges the cluster
-        return HostDeploy(job.host, "deployed", release.id, release.id)
+        return HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id)
     gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health, key_file=release.key_file)
     if gate.ok:
-        return _fronted(transport, job, state, HostDeploy(job.host, "deployed", release.id, release.id, gate), front)
+        return _fronted(transport, job, state, HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate), front)
     return _restore(transport, job, state, gate)
 
 
@@ -129,7 +136,7 @@ def _unchanged(transport: Transport, job: HostJob, state: HostState, dry_run: bo
             return None
         gate = run_gate(transport, SERVE_UNIT, job.settings, health, warmup=0, just_started=False,
                         key_file=release.key_file) if SERVE_UNIT in release.units and not dry_run else None
-    return HostDeploy(job.host, "unchanged", release.id, release.id, gate) if gate is None or gate.ok else None
+    return HostDeploy(job.host, Outcome.UNCHANGED, release.id, release.id, gate) if gate is None or gate.ok else None
 
 
 def _roll(transport: Transport, job: HostJob, state: HostState, on_op) -> HostDeploy:
@@ -138,8 +145,8 @@ def _roll(transport: Transport, job: HostJob, state: HostState, on_op) -> HostDe
         gate, failed = rolling.roll(transport, release, job.settings, job.preset.serve.health, on_op=on_op)
         if failed is None:
             run_ops(transport, rolling.retire_ops(release, state), on_op)
-            return HostDeploy(job.host, "deployed", release.id, release.id, gate)
-    except DeployError as exc:
+            return HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate)
+    except (DeployError, OperationFailed) as exc:
         gate, failed = GateResult(False, "roll", str(exc)), None
     return _restore(transport, job, state, gate, failed)
 
@@ -148,26 +155,22 @@ def _fronted(transport: Transport, job: HostJob, before: HostState, outcome: Hos
     """The engine serves: now the host's nginx in front of it (a config nginx refuses puts the old release back)."""
     try:
         run_ops(transport, front)
-    except DeployError as exc:
-        if outcome.state == "unchanged":
-            return _with(outcome, state="failed", error=f"nginx: {exc}")
+    except (DeployError, OperationFailed) as exc:
+        if outcome.state is Outcome.UNCHANGED:
+            return replace(outcome, state=Outcome.FAILED, error=f"nginx: {exc}")
         return _restore(transport, job, before, GateResult(False, "nginx", str(exc)))
     return outcome
 
 
-def _refront_ops(job: HostJob, front: list[dplan.Op]) -> list[dplan.Op]:
+def _refront_ops(job: HostJob, front: list[Op]) -> list[Op]:
     """An unchanged release: its nginx front again (replicas: their nginx config is the release's, the TLS files not)."""
     return refresh_tls_ops(job.access) if job.release.replicas else front
 
 
-def _name(release_dir: str | None) -> str | None:
-    return release_dir.rstrip("/").rsplit("/", 1)[-1] if release_dir else None
-
-
 def load_release(transport: Transport, release_dir: str) -> Release:
     """A release installed on the host, from its release.json and unit files."""
-    rid = _name(release_dir)
-    text = transport.run(["cat", "--", manifest_path(rid)], timeout=60)
+    rid = release_name(release_dir)
+    text = transport.read(["cat", "--", manifest_path(rid)], timeout=60)
     if not text.ok:
         raise DeployError(f"{transport.host_name}: release {rid} has no readable release.json ({text.stderr.strip()})")
     doc = json.loads(text.stdout)
@@ -179,7 +182,7 @@ def load_release(transport: Transport, release_dir: str) -> Release:
 
 
 def _meta_file(transport: Transport, rid: str, name: str) -> bytes:
-    body = transport.run(["cat", "--", f"{meta_dir(rid)}/{name}"], timeout=60)
+    body = transport.read(["cat", "--", f"{meta_dir(rid)}/{name}"], timeout=60)
     if not body.ok:
         raise DeployError(f"{transport.host_name}: release {rid} lacks its file {name}")
     return body.stdout.encode("utf-8", "surrogateescape")
@@ -190,7 +193,7 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
     """The gate failed: keep the evidence, then put back what was live before (or stop, if nothing was)."""
     unit = replica_unit(failed_replica) if failed_replica is not None else SERVE_UNIT
     journal = journal_tail(transport, unit)
-    failed = HostDeploy(job.host, "failed", job.release.id, None, gate, gate.summary(), journal)
+    failed = HostDeploy(job.host, Outcome.FAILED, job.release.id, None, gate, gate.summary(), journal)
     # The release live before; when this was a restart of the live release itself, the one before that.
     target = before.current if before.current != job.release.dir else before.previous
     try:
@@ -201,16 +204,16 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
         previous = load_release(transport, target)
         # `previous` goes back to what it named before this deploy (never to the release now live again)
         keep = before.previous if before.previous not in (None, target) else None
-        link = [dplan.Link(PREVIOUS, keep)] if keep else [dplan.Remove(PREVIOUS)]
+        link = [Symlink(PREVIOUS, keep)] if keep else [Remove(PREVIOUS)]
         check = _bring_back(transport, job, previous, link, failed_replica)
     except HosttuneError as exc:
-        return _with(failed, error=f"{failed.error}; putting the previous release back failed too: {exc}")
+        return replace(failed, error=f"{failed.error}; putting the previous release back failed too: {exc}")
     serving = previous.id if check.ok else None
     note = "" if check.ok else f"; the previous release {previous.id} did not come back healthy: {check.error}"
-    return _with(failed, serving=serving, restored=previous.id, error=failed.error + note)
+    return replace(failed, serving=serving, restored=previous.id, error=failed.error + note)
 
 
-def _bring_back(transport: Transport, job: HostJob, previous: Release, link: list[dplan.Op],
+def _bring_back(transport: Transport, job: HostJob, previous: Release, link: list[Op],
                 failed_replica: int | None) -> GateResult:
     """Activate `previous` again; replicas are rolled back one at a time like a deploy."""
     after = read_state(transport, previous.id, [])
@@ -231,15 +234,11 @@ def _bring_back(transport: Transport, job: HostJob, previous: Release, link: lis
     return gate if gate is not None else GateResult(True, "done")
 
 
-def _stop_ops(release: Release) -> list[dplan.Op]:
+def _stop_ops(release: Release) -> list[Op]:
     names = [n for n in reversed(UNIT_NAMES) if n in release.units]
-    return [*([dplan.Run(("systemctl", "disable", "--now", *names))] if names else []),
-            *(dplan.Remove(f"{UNIT_DIR}/{n}") for n in names),
-            dplan.Remove(CURRENT), dplan.Run(("systemctl", "daemon-reload"))]
-
-
-def _with(outcome: HostDeploy, **changes) -> HostDeploy:
-    return replace(outcome, **changes)
+    return [*([Command(("systemctl", "disable", "--now", *names))] if names else []),
+            *(Remove(f"{UNIT_DIR}/{n}") for n in names),
+            Remove(CURRENT), Command(("systemctl", "daemon-reload"))]
 
 
 def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings) -> HostDeploy:
@@ -249,7 +248,7 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings) -> H
     """
     state = read_state(transport, "-", [])
     if state.previous is None:
-        raise DeployError(f"{host.name}: no previous release to go back to ({_name(state.current) or 'nothing'} is live)")
+        raise DeployError(f"{host.name}: no previous release to go back to ({release_name(state.current) or 'nothing'} is live)")
     previous = load_release(transport, state.previous)
     settings = _settings_of(previous, timeouts)
     health = load_preset(previous.engine).serve.health
@@ -258,18 +257,18 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings) -> H
         gate, bad = rolling.roll(transport, previous, settings, health)
         if bad is None:
             run_ops(transport, rolling.retire_ops(previous, state))
-            return HostDeploy(host, "rolled-back", previous.id, previous.id, gate)
-        return HostDeploy(host, "failed", previous.id, None, gate, gate.summary(), journal_tail(transport, replica_unit(bad)))
+            return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id, gate)
+        return HostDeploy(host, Outcome.FAILED, previous.id, None, gate, gate.summary(), journal_tail(transport, replica_unit(bad)))
     leave = rolling.leave_ops(state)
     run_ops(transport, dplan.verify_ops(previous) + leave + dplan.activate_ops(previous, state))
     if SERVE_UNIT not in previous.units:
-        return HostDeploy(host, "rolled-back", previous.id, previous.id)
+        return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id)
     gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
     if gate.ok:
         if leave:  # the replicas' nginx config went with them: the one service's front again
             run_ops(transport, front_ops(Access(host.group, front=front_for(host)), previous.engine, (settings.port,)))
-        return HostDeploy(host, "rolled-back", previous.id, previous.id, gate)
-    return HostDeploy(host, "failed", previous.id, None, gate, gate.summary(), journal_tail(transport, SERVE_UNIT))
+        return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id, gate)
+    return HostDeploy(host, Outcome.FAILED, previous.id, None, gate, gate.summary(), journal_tail(transport, SERVE_UNIT))
 
 
 def _settings_of(release: Release, base: ServeSettings) -> ServeSettings:
@@ -277,11 +276,16 @@ def _settings_of(release: Release, base: ServeSettings) -> ServeSettings:
     return replace(base, port=int(release.settings.get("port", base.port)))
 
 
+def guarded(host: Host, attempt: Callable[[], HostDeploy], release: str | None = None) -> HostDeploy:
+    """attempt(), with a lost connection (unreachable) or a refused operation (failed) as the host's outcome."""
+    try:
+        return attempt()
+    except TransportError as exc:
+        return HostDeploy(host, Outcome.UNREACHABLE, release, error=str(exc))
+    except HosttuneError as exc:
+        return HostDeploy(host, Outcome.FAILED, release, error=str(exc))
+
+
 def deploy_host(transport: Transport, job: HostJob, **kwargs) -> HostDeploy:
     """deploy_one, with a lost connection or a refused operation as the host's outcome."""
-    try:
-        return deploy_one(transport, job, **kwargs)
-    except TransportError as exc:
-        return HostDeploy(job.host, "unreachable", job.release.id, error=str(exc))
-    except HosttuneError as exc:
-        return HostDeploy(job.host, "failed", job.release.id, error=str(exc))
+    return guarded(job.host, lambda: deploy_one(transport, job, **kwargs), job.release.id)

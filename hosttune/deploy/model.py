@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from hosttune.errors import ProbeError
 from hosttune.transport.base import Transport
 
 # Prints "dir:" when the folder exists, then config.json between markers, then one
@@ -62,7 +61,4 @@ def _positive(value) -> int | None:
 
 
 def read_model(transport: Transport, path: str) -> ModelShape:
-    result = transport.run(["sh", "-c", _READ, "hosttune", path], timeout=60)
-    if not result.ok:
-        raise ProbeError(f"{transport.host_name}: reading the model folder {path} failed: {result.stderr.strip()[-300:]}")
-    return parse_model(path, result.stdout)
+    return parse_model(path, transport.read_script(_READ, path, what=f"reading the model folder {path}", timeout=60))

@@ -10,21 +10,23 @@ from __future__ import annotations
 
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable
 
+from hosttune.actions.base import Command, Op, describe
 from hosttune.deploy import plan as dplan
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.executor import run_ops
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
 from hosttune.deploy.host import HostDeploy, HostJob, load_release
 from hosttune.deploy.plan import Role
-from hosttune.deploy.release import wheel_path
+from hosttune.deploy.release import release_name, wheel_path
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
+from hosttune.execute.perform import run_ops
 from hosttune.errors import HosttuneError
 from hosttune.config.inventory import Host
+from hosttune.fleet_runner import FleetRunner, Outcome
 from hosttune.probes.gather import gather
 from hosttune.transport import open_transport
 
@@ -35,7 +37,7 @@ _RAY_NODE = re.compile(r"^\s*\d+\s+node_[0-9a-f]+", re.M)
 @dataclass(frozen=True)
 class Phase:
     description: str
-    ops: dict[str, list[dplan.Op]]  # host name → operations, run in parallel across hosts
+    ops: dict[str, list[Op]]  # host name → operations, run in parallel across hosts
     wait: str = ""  # "ray-head" | "ray-cluster" | "gate": what must hold before the next phase
 
 
@@ -71,7 +73,7 @@ def wait_ray(transport, job: HostJob, num_nodes: int, timeout: float = RAY_WAIT_
     deadline = time.monotonic() + timeout
     seen = 0
     while time.monotonic() < deadline:
-        result = transport.run([ray, "status", f"--address=127.0.0.1:{port}"], timeout=60)
+        result = transport.read([ray, "status", f"--address=127.0.0.1:{port}"], timeout=60)
         seen = parse_ray_nodes(result.stdout) if result.ok else 0
         if seen >= num_nodes:
             return
@@ -80,37 +82,30 @@ def wait_ray(transport, job: HostJob, num_nodes: int, timeout: float = RAY_WAIT_
 
 
 def deploy_group(hosts: list[Host], request, make_job: Callable) -> list[HostDeploy]:
-    transports = {h.name: open_transport(h.connection) for h in hosts}
-    try:
+    with ExitStack() as stack:
+        transports = {h.name: stack.enter_context(open_transport(h.connection)) for h in hosts}
         return _deploy_group(hosts, request, make_job, transports)
-    finally:
-        for t in transports.values():
-            t.close()
-
-
-def _parallel(fn, items):
-    with ThreadPoolExecutor(max_workers=max(1, len(items))) as pool:
-        return list(pool.map(fn, items))
 
 
 def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
     group_roles = roles(hosts)
+    together = FleetRunner(forks=len(hosts))  # a phase runs on every host of the group at once
     try:
-        facts = dict(zip([h.name for h in hosts], _parallel(lambda h: gather(transports[h.name]).facts, hosts)))
+        facts = dict(zip([h.name for h in hosts], together.map(lambda h: gather(transports[h.name]).facts, hosts)))
         jobs = [make_job(h, facts[h.name], request, group_roles[h.name]) for h in hosts]
         states = {j.host.name: read_state(transports[j.host.name], j.release.id, [wheel_path(w) for w in j.release.wheels])
                   for j in jobs}
     except HosttuneError as exc:
-        return [HostDeploy(h, "failed", error=f"nothing changed on group {hosts[0].group}: {exc}") for h in hosts]
+        return [HostDeploy(h, Outcome.FAILED, error=f"nothing changed on group {hosts[0].group}: {exc}") for h in hosts]
     if request.dry_run:
-        return [HostDeploy(j.host, "planned", j.release.id, ops=tuple(
-            f"[{p.description}] {dplan.describe(op)}" for p in group_phases(jobs, states) for op in p.ops.get(j.host.name, [])))
+        return [HostDeploy(j.host, Outcome.PLANNED, j.release.id, ops=tuple(
+            f"[{p.description}] {describe(op)}" for p in group_phases(jobs, states) for op in p.ops.get(j.host.name, [])))
             for j in jobs]
     head = jobs[0]
     gate = None
     for index, phase in enumerate(group_phases(jobs, states)):
         try:
-            _parallel(lambda item: run_ops(transports[item[0]], item[1]), list(phase.ops.items()))
+            together.map(lambda item: run_ops(transports[item[0]], item[1]), list(phase.ops.items()))
             if phase.wait in ("ray-head", "ray-cluster"):
                 wait_ray(transports[head.host.name], head, 1 if phase.wait == "ray-head" else len(jobs))
             elif phase.wait == "gate":
@@ -119,13 +114,9 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
                     raise DeployError(gate.summary())
         except HosttuneError as exc:
             if index == 0:  # only installs ran: nothing live changed
-                return [HostDeploy(j.host, "failed", j.release.id, _name(states[j.host.name].current), error=str(exc)) for j in jobs]
+                return [HostDeploy(j.host, Outcome.FAILED, j.release.id, release_name(states[j.host.name].current), error=str(exc)) for j in jobs]
             return _restore_group(jobs, states, transports, gate or GateResult(False, phase.description, str(exc)))
-    return [HostDeploy(j.host, "deployed", j.release.id, j.release.id, gate if j is head else None) for j in jobs]
-
-
-def _name(path: str | None) -> str | None:
-    return path.rstrip("/").rsplit("/", 1)[-1] if path else None
+    return [HostDeploy(j.host, Outcome.DEPLOYED, j.release.id, j.release.id, gate if j is head else None) for j in jobs]
 
 
 def _restore_group(jobs, states, transports, gate: GateResult) -> list[HostDeploy]:
@@ -141,10 +132,10 @@ def _restore_group(jobs, states, transports, gate: GateResult) -> list[HostDeplo
                 restored = previous.id
             else:
                 names = [n for n in (SERVE_UNIT, RAY_UNIT) if n in job.release.units]
-                run_ops(transport, [dplan.Run(("systemctl", "disable", "--now", *names))])
+                run_ops(transport, [Command(("systemctl", "disable", "--now", *names))])
                 restored = None
         except HosttuneError as exc:
             restored, gate = None, GateResult(False, gate.phase, f"{gate.error}; restoring failed: {exc}")
-        outcomes.append(HostDeploy(job.host, "failed", job.release.id, restored, gate, gate.summary(),
+        outcomes.append(HostDeploy(job.host, Outcome.FAILED, job.release.id, restored, gate, gate.summary(),
                                    journal if job is jobs[0] else "", restored))
     return list(reversed(outcomes))

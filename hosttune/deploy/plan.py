@@ -1,16 +1,15 @@
 """A host's deploy as data: the release it gets, and the operations that install and activate it.
 
 Nothing here talks to a host; host.py reads the state, asks for these operations and hands
-them to the executor, so `--dry-run` prints what a real deploy does.
+them to hosttune.execute, so `--dry-run` prints what a real deploy does.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Union
 
+from hosttune.actions.base import Command, FileWrite, Op, Remove, Symlink
 from hosttune.build.wheelhouse import Entry
 from hosttune.deploy.access import Access, launched_with_key
 from hosttune.deploy.placement import Placement
@@ -20,58 +19,8 @@ from hosttune.deploy.settings import ServeSettings, drain_seconds, flag_argv
 from hosttune.deploy.state import HostState
 from hosttune.deploy.units import RAY_UNIT, REPLICA_UNITS, SERVE_UNIT, UNIT_NAMES, UnitSpec, render_unit
 from hosttune.presets import EnginePreset, substitute
-from hosttune.quoting import join
 
 INSTALL_TIMEOUT_S = 1800.0
-
-
-@dataclass(frozen=True)
-class Upload:
-    """A wheel from the wheelhouse, written to `path` (atomically, its hash checked on arrival)."""
-
-    local: Path
-    path: str
-    sha256: str
-
-
-@dataclass(frozen=True)
-class WriteFile:
-    path: str
-    content: bytes
-    mode: int = 0o644
-
-
-@dataclass(frozen=True)
-class Link:
-    path: str
-    target: str
-
-
-@dataclass(frozen=True)
-class Remove:
-    path: str
-
-
-@dataclass(frozen=True)
-class Run:
-    argv: tuple[str, ...]
-    timeout: float = 300.0
-    fail_on_stderr: tuple[str, ...] = ()  # an exit 0 still fails when stderr mentions any of these
-
-
-Op = Union[Upload, WriteFile, Link, Remove, Run]
-
-
-def describe(op: Op) -> str:
-    if isinstance(op, Upload):
-        return f"upload {op.local.name} to {op.path}"
-    if isinstance(op, WriteFile):
-        return f"write {op.path} ({len(op.content)} bytes)"
-    if isinstance(op, Link):
-        return f"link {op.path} -> {op.target}"
-    if isinstance(op, Remove):
-        return f"remove {op.path}"
-    return join(op.argv)
 
 
 @dataclass(frozen=True)
@@ -200,21 +149,21 @@ def install_ops(release: Release, entry: Entry, state: HostState, python: str = 
     A release with the same wheel set as an installed one (a change of flags or model) is
     cloned from it; otherwise pip installs the wheels into a fresh virtualenv.
     """
-    ops: list[Op] = [Upload(entry.file(w), wheel_path(w), w.sha256) for w in release.wheels
+    ops: list[Op] = [FileWrite(wheel_path(w), source=entry.file(w)) for w in release.wheels
                      if state.wheels.get(wheel_path(w)) != w.sha256]
     if state.is_complete:
         return ops
     venv, wheels = release.dir, wheel_set(release, python)
     donor = next((d for d, ws in sorted(state.installed.items()) if ws == wheels and d.rstrip("/") != venv), None)
     if donor:
-        ops.append(Run(("sh", "-c", _CLONE, "sh", venv, donor.rstrip("/")), INSTALL_TIMEOUT_S))
+        ops.append(Command(("sh", "-c", _CLONE, "sh", venv, donor.rstrip("/")), timeout=INSTALL_TIMEOUT_S))
     else:
         ops += _pip_ops(release, python)
-    ops += [WriteFile(f"{meta_dir(release.id)}/{name}", body) for name, body in release.units.items()]
-    ops += [WriteFile(f"{meta_dir(release.id)}/{name}", body) for name, body in release.meta.items()]
-    ops += [WriteFile(f"{meta_dir(release.id)}/{copy_name(path)}", body) for path, body in release.files.items()]
-    ops.append(WriteFile(f"{meta_dir(release.id)}/wheelset", wheels.encode()))
-    ops.append(WriteFile(manifest_path(release.id), release.manifest()))  # last: the release is complete
+    ops += [FileWrite(f"{meta_dir(release.id)}/{name}", body) for name, body in release.units.items()]
+    ops += [FileWrite(f"{meta_dir(release.id)}/{name}", body) for name, body in release.meta.items()]
+    ops += [FileWrite(f"{meta_dir(release.id)}/{copy_name(path)}", body) for path, body in release.files.items()]
+    ops.append(FileWrite(f"{meta_dir(release.id)}/wheelset", wheels.encode()))
+    ops.append(FileWrite(manifest_path(release.id), release.manifest()))  # last: the release is complete
     return ops
 
 
@@ -225,9 +174,9 @@ def _pip_ops(release: Release, python: str) -> list[Op]:
         install = (*pip, "--no-index", "--no-deps", *(wheel_path(w) for w in release.wheels))
     else:
         install = (*pip, *(wheel_path(w) for w in release.wheels if w.kind == "engine"))
-    ops: list[Op] = [Run(("rm", "-rf", "--", venv)), Run((python, "-m", "venv", venv)), Run(install, INSTALL_TIMEOUT_S)]
+    ops: list[Op] = [Command(("rm", "-rf", "--", venv)), Command((python, "-m", "venv", venv)), Command(install, timeout=INSTALL_TIMEOUT_S)]
     if release.offline:
-        ops.append(Run((f"{venv}/bin/pip", "check", "--disable-pip-version-check")))
+        ops.append(Command((f"{venv}/bin/pip", "check", "--disable-pip-version-check")))
     return ops
 
 
@@ -237,10 +186,10 @@ _EXECUTABLE = 'for p do [ -x "$p" ] || { echo "$p is not executable" >&2; exit 1
 def verify_ops(release: Release) -> list[Op]:
     """Before the release's units replace the live ones: the programs they run exist (behind numactl,
     systemd-analyze only looks at numactl), and systemd-analyze verify accepts the units."""
-    ops: list[Op] = [Run(("sh", "-c", _EXECUTABLE, "sh", *release.programs))] if release.programs else []
+    ops: list[Op] = [Command(("sh", "-c", _EXECUTABLE, "sh", *release.programs))] if release.programs else []
     # systemd ignores a setting it cannot parse (a warning, exit 0); in a unit hosttune rendered that is a bug.
     verify = ("systemd-analyze", "verify", *(f"{meta_dir(release.id)}/{name}" for name in release.units))
-    return ops + [Run(verify, fail_on_stderr=tuple(f"{name}:" for name in release.units))]
+    return ops + [Command(verify, fail_on_stderr=tuple(f"{name}:" for name in release.units))]
 
 
 def activate_ops(release: Release, state: HostState, *, keep_previous: bool = False,
@@ -254,18 +203,18 @@ def activate_ops(release: Release, state: HostState, *, keep_previous: bool = Fa
     for name in state.units:
         # a role this host no longer has (e.g. multi-node → single); replicas go through rolling.leave_ops
         if name not in release.units and name not in REPLICA_UNITS:
-            ops += [Run(("systemctl", "disable", "--now", name)), Remove(f"{UNIT_DIR}/{name}")]
-    ops += [WriteFile(f"{UNIT_DIR}/{name}", body) for name, body in release.units.items()]
+            ops += [Command(("systemctl", "disable", "--now", name)), Remove(f"{UNIT_DIR}/{name}")]
+    ops += [FileWrite(f"{UNIT_DIR}/{name}", body) for name, body in release.units.items()]
     if not keep_previous and state.current and state.current != release.dir:
-        ops.append(Link(PREVIOUS, state.current))
-    ops.append(Link(CURRENT, release.dir))
+        ops.append(Symlink(PREVIOUS, state.current))
+    ops.append(Symlink(CURRENT, release.dir))
     names = [n for n in UNIT_NAMES if n in release.units]
-    ops += [Run(("systemctl", "daemon-reload")), Run(("systemctl", "enable", "--quiet", *names))]
+    ops += [Command(("systemctl", "daemon-reload")), Command(("systemctl", "enable", "--quiet", *names))]
     return ops + start_ops([n for n in names if start is None or n in start])
 
 
 def start_ops(names: list[str]) -> list[Op]:
-    return [Run(("systemctl", "restart", name), 900.0) for name in names]  # a restart waits for the old one to drain
+    return [Command(("systemctl", "restart", name), timeout=900.0) for name in names]  # a restart waits for the old one to drain
 
 
 def is_unchanged(release: Release, state: HostState) -> bool:

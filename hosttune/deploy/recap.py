@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from hosttune.deploy.host import HostDeploy
-from hosttune.fleet import EXIT_ERROR, EXIT_UNREACHABLE
+from hosttune.fleet_runner import Outcome
 
 
 def render(outcomes: list[HostDeploy]) -> str:
@@ -19,7 +19,7 @@ def render(outcomes: list[HostDeploy]) -> str:
         if o.journal:
             lines.append(f"{'':<{width}}  journal of the service (last lines):")
             lines.append(textwrap.indent(o.journal, " " * (width + 4)))
-        if o.state == "failed" and o.release:
+        if o.state is Outcome.FAILED and o.release:
             lines.append(f"{'':<{width}}  {_after_failure(o)}")
     return "\n".join(lines)
 
@@ -29,13 +29,3 @@ def _after_failure(o: HostDeploy) -> str:
         return f"previous release {o.restored} put back and serving" if o.serving else \
             f"previous release {o.restored} put back but NOT serving"
     return f"nothing live changed (the live release is still {o.serving})" if o.serving else "no release is serving on this host"
-
-
-def exit_code(outcomes: list[HostDeploy]) -> int:
-    code = 0
-    for o in outcomes:
-        if o.state == "unreachable":
-            code |= EXIT_UNREACHABLE
-        elif o.state in ("failed", "skipped"):
-            code |= EXIT_ERROR
-    return code

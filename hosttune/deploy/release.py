@@ -32,6 +32,11 @@ def release_dir(release_id: str) -> str:
     return f"{RELEASES}/{release_id}"
 
 
+def release_name(folder: str | None) -> str | None:
+    """The id of the release in a release folder (what `current` and `previous` point at)."""
+    return folder.rstrip("/").rsplit("/", 1)[-1] if folder else None
+
+
 def meta_dir(release_id: str) -> str:
     return f"{release_dir(release_id)}/.hosttune"
 

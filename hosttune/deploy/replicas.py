@@ -9,8 +9,6 @@ Pure: the release is data (plan.make_layout_release hashes and names it); rollin
 from __future__ import annotations
 
 import json
-from functools import lru_cache
-from importlib import resources
 
 from hosttune.build.wheelhouse import Entry
 from hosttune.deploy.access import Access
@@ -22,6 +20,7 @@ from hosttune.deploy.release import VENV_PLACEHOLDER, Release, meta_dir, release
 from hosttune.deploy.settings import ServeSettings, drain_seconds
 from hosttune.deploy.units import REPLICA_TEMPLATE, UnitSpec, Upstream, render_nginx, render_probe_units, render_unit, variable
 from hosttune.presets import EnginePreset
+from hosttune.transport.base import bundled_script
 
 SERVERS_FILE = "/etc/hosttune/nginx/local-servers.conf"
 SCRAPE_FILE = "/etc/hosttune/prometheus/hosttune-replicas.json"
@@ -32,11 +31,9 @@ PROBE_TIMEOUT_S = 30
 PORT_VAR, NUMA_VAR = "HOSTTUNE_PORT", "HOSTTUNE_NUMA"
 
 
-@lru_cache(maxsize=1)
 def lb_script() -> bytes:
     """replica_lb.py as the host runs it: after host_key.py, which reads the key its probe sends."""
-    folder = resources.files("hosttune.deploy")
-    return folder.joinpath("host_key.py").read_bytes() + b"\n\n" + folder.joinpath(LB_SCRIPT).read_bytes()
+    return (bundled_script("hosttune.deploy", "host_key.py") + "\n\n" + bundled_script("hosttune.deploy", LB_SCRIPT)).encode()
 
 
 def env_file(index: int) -> str:

@@ -12,51 +12,51 @@ import hashlib
 from dataclasses import replace
 from typing import Callable
 
-from hosttune.deploy import plan as dplan
-from hosttune.deploy.executor import run_ops
+from hosttune.actions.base import Command, FileWrite, Op, Remove, Symlink, describe
 from hosttune.deploy.gate import GateResult, run_gate
 from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, meta_dir
 from hosttune.deploy.front import NGINX_CONF
 from hosttune.deploy.replicas import LB_SCRIPT
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState
+from hosttune.execute.perform import run_ops
 from hosttune.deploy.units import PROBE_TIMER, RAY_UNIT, REPLICA_TEMPLATE, REPLICA_UNITS, SERVE_UNIT, replica_unit
 from hosttune.transport.base import Transport
 
 NGINX = "nginx.service"
 
 
-def lb_op(release: Release, command: str, *indices: int) -> dplan.Run:
+def lb_op(release: Release, command: str, *indices: int) -> Command:
     """The release's replica_lb.py on the host: out/in/sync of the host-local upstream."""
-    return dplan.Run(("python3", f"{meta_dir(release.id)}/{LB_SCRIPT}", command, *map(str, indices)), 120.0)
+    return Command(("python3", f"{meta_dir(release.id)}/{LB_SCRIPT}", command, *map(str, indices)), timeout=120.0)
 
 
 def indices(release: Release) -> list[int]:
     return [int(r["index"]) for r in release.replicas]
 
 
-def switch_ops(release: Release, state: HostState, *, keep_previous: bool = False) -> list[dplan.Op]:
+def switch_ops(release: Release, state: HostState, *, keep_previous: bool = False) -> list[Op]:
     """The release's units and host files in place, `current` linked, nothing restarted: replicas not
     running yet are marked out of nginx until their gate passes; nginx and the probe timer enabled."""
-    ops: list[dplan.Op] = []
+    ops: list[Op] = []
     single = [n for n in (SERVE_UNIT, RAY_UNIT) if n in state.units]
     if single:  # the one service held the service port, which nginx takes now
-        ops += [dplan.Run(("systemctl", "disable", "--now", *single)), *(dplan.Remove(f"{UNIT_DIR}/{n}") for n in single)]
-    ops += [dplan.WriteFile(f"{UNIT_DIR}/{name}", body) for name, body in release.units.items()]
-    ops += [dplan.WriteFile(path, body) for path, body in release.files.items()]
+        ops += [Command(("systemctl", "disable", "--now", *single)), *(Remove(f"{UNIT_DIR}/{n}") for n in single)]
+    ops += [FileWrite(f"{UNIT_DIR}/{name}", body) for name, body in release.units.items()]
+    ops += [FileWrite(path, body) for path, body in release.files.items()]
     if not keep_previous and state.current and state.current != release.dir:
-        ops.append(dplan.Link(PREVIOUS, state.current))
-    ops += [dplan.Link(CURRENT, release.dir), dplan.Run(("systemctl", "daemon-reload"))]
+        ops.append(Symlink(PREVIOUS, state.current))
+    ops += [Symlink(CURRENT, release.dir), Command(("systemctl", "daemon-reload"))]
     new = [i for i in indices(release) if state.instances.get(replica_unit(i)) != "active"]
     ops.append(lb_op(release, "out", *new) if new else lb_op(release, "sync"))
     units = [replica_unit(i) for i in indices(release)]
-    return ops + [dplan.Run(("systemctl", "enable", "--quiet", NGINX, *units)),
-                  dplan.Run(("systemctl", "enable", "--now", "--quiet", PROBE_TIMER))]
+    return ops + [Command(("systemctl", "enable", "--quiet", NGINX, *units)),
+                  Command(("systemctl", "enable", "--now", "--quiet", PROBE_TIMER))]
 
 
-def restart_ops(release: Release, index: int) -> list[dplan.Op]:
+def restart_ops(release: Release, index: int) -> list[Op]:
     """Out of nginx, then the restart: systemd's SIGTERM drains it, and it starts on the release."""
-    return [lb_op(release, "out", index), dplan.Run(("systemctl", "restart", replica_unit(index)), 900.0)]
+    return [lb_op(release, "out", index), Command(("systemctl", "restart", replica_unit(index)), timeout=900.0)]
 
 
 def stale_instances(release: Release, state: HostState) -> list[str]:
@@ -64,34 +64,34 @@ def stale_instances(release: Release, state: HostState) -> list[str]:
     return sorted(name for name in state.instances if name not in keep)
 
 
-def retire_ops(release: Release, state: HostState) -> list[dplan.Op]:
+def retire_ops(release: Release, state: HostState) -> list[Op]:
     """Replicas the release no longer has (a smaller layout): stopped once the others serve."""
     stale = stale_instances(release, state)
-    return [dplan.Run(("systemctl", "disable", "--now", *stale), 900.0)] if stale else []
+    return [Command(("systemctl", "disable", "--now", *stale), timeout=900.0)] if stale else []
 
 
-def leave_ops(state: HostState) -> list[dplan.Op]:
+def leave_ops(state: HostState) -> list[Op]:
     """From replicas back to one service (or nothing): the replicas, the probe and the host-local nginx go."""
-    ops: list[dplan.Op] = []
+    ops: list[Op] = []
     if state.instances:
-        ops.append(dplan.Run(("systemctl", "disable", "--now", *sorted(state.instances)), 900.0))
+        ops.append(Command(("systemctl", "disable", "--now", *sorted(state.instances)), timeout=900.0))
     present = [n for n in REPLICA_UNITS if n in state.units]
     running = [n for n in present if n != REPLICA_TEMPLATE]  # a template has no state of its own, its instances do
     if running:
-        ops.append(dplan.Run(("systemctl", "disable", "--now", *running)))
-    ops += [dplan.Remove(f"{UNIT_DIR}/{n}") for n in present]
+        ops.append(Command(("systemctl", "disable", "--now", *running)))
+    ops += [Remove(f"{UNIT_DIR}/{n}") for n in present]
     if state.instances or present:
-        ops += [dplan.Remove(NGINX_CONF), dplan.Run(("systemctl", "try-reload-or-restart", NGINX))]
+        ops += [Remove(NGINX_CONF), Command(("systemctl", "try-reload-or-restart", NGINX))]
     return ops
 
 
 def plan_lines(release: Release, state: HostState) -> list[str]:
     """What a roll does, for --dry-run."""
-    lines = [dplan.describe(op) for op in switch_ops(release, state)]
+    lines = [describe(op) for op in switch_ops(release, state)]
     for index in indices(release):
-        lines += [dplan.describe(op) for op in restart_ops(release, index)]
-        lines += [f"gate {replica_unit(index)}", dplan.describe(lb_op(release, "in", index))]
-    return lines + [dplan.describe(op) for op in retire_ops(release, state)]
+        lines += [describe(op) for op in restart_ops(release, index)]
+        lines += [f"gate {replica_unit(index)}", describe(lb_op(release, "in", index))]
+    return lines + [describe(op) for op in retire_ops(release, state)]
 
 
 def replica_settings(release: Release, settings: ServeSettings, index: int) -> ServeSettings:
@@ -100,7 +100,7 @@ def replica_settings(release: Release, settings: ServeSettings, index: int) -> S
 
 
 def roll(transport: Transport, release: Release, settings: ServeSettings, health: str, only: list[int] | None = None,
-         on_op: Callable[[dplan.Op], None] | None = None) -> tuple[GateResult | None, int | None]:
+         on_op: Callable[[Op], None] | None = None) -> tuple[GateResult | None, int | None]:
     """Each replica in turn; stops at the first whose gate fails: (its gate, its index), else (last gate, None)."""
     gate = None
     for index in indices(release):

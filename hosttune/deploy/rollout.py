@@ -5,7 +5,6 @@ failure budget (--max-fail-percent), start multi-node vLLM groups in order, writ
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -16,7 +15,7 @@ from hosttune.deploy import multinode
 from hosttune.deploy.access import access_for, front_for
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.front import on_loopback
-from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, rollback_one
+from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, guarded, rollback_one
 from hosttune.deploy.model import ModelShape, read_model
 from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutRequest, host_abi, place, plan_layout, preflight,
                                        preflight_host)
@@ -24,14 +23,13 @@ from hosttune.deploy.plan import Role, make_release
 from hosttune.deploy.replicas import make_layout_release
 from hosttune.deploy.settings import Overrides, ServeSettings, resolve
 from hosttune.deploy.units import Upstream, render_nginx
-from hosttune.errors import HosttuneError, TransportError
-from hosttune.execute.rollout import batches, over_budget
+from hosttune.errors import HosttuneError
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host, Inventory
+from hosttune.fleet_runner import DEFAULT_FORKS, FleetRunner, Outcome
 from hosttune.presets import load_preset
 from hosttune.probes.gather import gather
 from hosttune.transport import open_transport
-from hosttune.transport.base import Transport
 
 _ADDRESS = re.compile(r"^[A-Za-z0-9.:\[\]-]+$")
 
@@ -47,7 +45,7 @@ class DeployRequest:
     ref: str | None = None  # pick the wheelhouse entry built from this ref (default: the newest)
     serial: int | None = None
     max_fail_percent: float | None = None
-    forks: int = 50
+    forks: int = DEFAULT_FORKS
     timeouts: dict = field(default_factory=dict, hash=False)  # warmup, health_timeout_s, gate_timeout_s
     dry_run: bool = False
     tensor_parallel: int | None = None  # default: the smallest that divides the heads and fits
@@ -138,37 +136,18 @@ def _python(host: Host, facts: Facts) -> tuple[str, str | None]:
 # -- doing ------------------------------------------------------------------------------
 
 
-def _connect_and_probe(host: Host) -> tuple[Transport, Facts]:
-    transport = open_transport(host.connection)
-    try:
-        return transport, gather(transport).facts
-    except BaseException:
-        transport.close()
-        raise
-
-
 def _single(host: Host, request: DeployRequest) -> HostDeploy:
-    try:
-        transport, facts = _connect_and_probe(host)
-    except TransportError as exc:
-        return HostDeploy(host, "unreachable", error=str(exc))
-    except HosttuneError as exc:
-        return HostDeploy(host, "failed", error=str(exc))
-    try:
-        model = read_model(transport, request.model) if request.model.startswith("/") else None
-        job = make_job(host, facts, request, model=model)
-        return deploy_host(transport, job, dry_run=request.dry_run)
-    except HosttuneError as exc:
-        return HostDeploy(host, "failed", error=f"nothing changed: {exc}")
-    finally:
-        transport.close()
+    def attempt() -> HostDeploy:
+        with open_transport(host.connection) as transport:
+            facts = gather(transport).facts
+            try:
+                model = read_model(transport, request.model) if request.model.startswith("/") else None
+                job = make_job(host, facts, request, model=model)
+            except HosttuneError as exc:
+                return HostDeploy(host, Outcome.FAILED, error=f"nothing changed: {exc}")
+            return deploy_host(transport, job, dry_run=request.dry_run)
 
-
-def _parallel(fn, items: list, forks: int) -> list:
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(items)))) as pool:
-        return list(pool.map(fn, items))
+    return guarded(host, attempt)
 
 
 def rollout_units(inventory: Inventory, engine: str) -> list[list[Host]]:
@@ -186,39 +165,34 @@ def rollout_units(inventory: Inventory, engine: str) -> list[list[Host]]:
     return units
 
 
+def _skipped(unit: list[Host], why: str) -> list[HostDeploy]:
+    return [HostDeploy(h, Outcome.SKIPPED, error=why) for h in unit]
+
+
 def deploy_fleet(inventory: Inventory, request: DeployRequest,
                  on_batch: Callable[[list[HostDeploy]], None] | None = None,
-                 canary_check: Callable[[list[HostDeploy]], str | None] | None = None) -> list[HostDeploy]:
+                 canary_check: Callable[[list[HostDeploy]], str | None] | None = None,
+                 on_host_done: Callable[[str, object], None] | None = None) -> list[HostDeploy]:
     """Deploy batch by batch; once more than --max-fail-percent of the hosts tried failed, the rest is skipped.
 
     --canary N: the first N hosts go first, alone; when one fails, or canary_check (an SLO bench
     against them) gives a reason, the rest is skipped with that reason.
     """
+    runner = FleetRunner(request.forks, request.serial, request.max_fail_percent, on_host_done)
     units = rollout_units(inventory, request.engine)
     canaries, rest = units[:request.canary], units[request.canary:]
-    outcomes: list[HostDeploy] = []
-    if canaries:
-        outcomes += _batch(canaries, request, on_batch)
-        why = _canary_verdict(outcomes, canary_check)
-        if why:
-            return outcomes + [HostDeploy(h, "skipped", error=f"not run: {why}") for unit in rest for h in unit]
-    spent = False
-    for batch in batches(rest, request.serial):
-        spent = spent or over_budget([o for o in outcomes if o.state != "skipped"], request.max_fail_percent)
-        if spent:
-            why = f"not run: more than {request.max_fail_percent:g}% of hosts failed"
-            outcomes += [HostDeploy(h, "skipped", error=why) for unit in batch for h in unit]
-            continue
-        outcomes += _batch(batch, request, on_batch)
-    return outcomes
 
+    def run_batch(batch: list[list[Host]]) -> list[HostDeploy]:
+        done = [o for unit in runner.map(lambda unit: _run_unit(unit, request, runner), batch) for o in unit]
+        if on_batch:
+            on_batch(done)
+        return done
 
-def _batch(batch: list[list[Host]], request: DeployRequest, on_batch) -> list[HostDeploy]:
-    done = _parallel(lambda unit: _run_unit(unit, request), batch, request.forks)
-    flat = [o for unit in done for o in unit]
-    if on_batch:
-        on_batch(flat)
-    return flat
+    outcomes = run_batch(canaries) if canaries else []
+    why = _canary_verdict(outcomes, canary_check) if canaries else None
+    if why:
+        return outcomes + [o for unit in rest for o in _skipped(unit, f"not run: {why}")]
+    return outcomes + runner.rollout(rest, run_batch, _skipped, before=outcomes)
 
 
 def _canary_verdict(outcomes: list[HostDeploy], check) -> str | None:
@@ -228,29 +202,26 @@ def _canary_verdict(outcomes: list[HostDeploy], check) -> str | None:
     return check(outcomes) if check else None
 
 
-def _run_unit(unit: list[Host], request: DeployRequest) -> list[HostDeploy]:
+def _run_unit(unit: list[Host], request: DeployRequest, runner: FleetRunner) -> list[HostDeploy]:
     if len(unit) == 1 and not unit[0].deploy.get("multinode"):
-        return [_single(unit[0], request)]
-    return multinode.deploy_group(unit, request, make_job)
+        done = [_single(unit[0], request)]
+    else:
+        done = multinode.deploy_group(unit, request, make_job)
+    for outcome in done:
+        runner.done(outcome.host.name, outcome)
+    return done
 
 
-def rollback_fleet(inventory: Inventory, timeouts: dict, forks: int = 50) -> list[HostDeploy]:
+def rollback_fleet(inventory: Inventory, timeouts: dict, forks: int = DEFAULT_FORKS,
+                   on_host_done: Callable[[str, object], None] | None = None) -> list[HostDeploy]:
+    base = ServeSettings("", "", 1, {}, {}, **{k: v for k, v in timeouts.items() if v is not None})
+
     def one(host: Host) -> HostDeploy:
-        try:
-            transport = open_transport(host.connection)
-        except TransportError as exc:
-            return HostDeploy(host, "unreachable", error=str(exc))
-        try:
-            base = ServeSettings("", "", 1, {}, {}, **{k: v for k, v in timeouts.items() if v is not None})
+        with open_transport(host.connection) as transport:
             return rollback_one(transport, host, base)
-        except TransportError as exc:
-            return HostDeploy(host, "unreachable", error=str(exc))
-        except HosttuneError as exc:
-            return HostDeploy(host, "failed", error=str(exc))
-        finally:
-            transport.close()
 
-    return _parallel(one, list(inventory.hosts), forks)
+    return FleetRunner(forks, on_host_done=on_host_done).map(lambda h: guarded(h, lambda: one(h)), list(inventory.hosts),
+                                                             name=lambda h: h.name)
 
 
 # -- load balancer ------------------------------------------------------------------------

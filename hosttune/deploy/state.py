@@ -3,13 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import resources
-
-from hosttune.errors import ProbeError
-from hosttune.transport.base import Transport
-
-STATE_TIMEOUT_S = 120.0
+from hosttune.transport.base import Transport, bundled_script
 
 
 @dataclass(frozen=True)
@@ -29,11 +23,6 @@ class HostState:
     installed: dict[str, str] = field(default_factory=dict, hash=False)  # complete release folder → its wheel set
     instances: dict[str, str] = field(default_factory=dict, hash=False)  # hosttune-engine@N.service → is-active
     nginx: str | None = None  # the nginx binary, when the host has one
-
-
-@lru_cache(maxsize=1)
-def state_script() -> str:
-    return resources.files("hosttune.deploy").joinpath("state.sh").read_text(encoding="utf-8")
 
 
 def parse_state(text: str) -> HostState:
@@ -60,7 +49,5 @@ def parse_state(text: str) -> HostState:
 
 
 def read_state(transport: Transport, release_id: str, wheel_paths: list[str]) -> HostState:
-    result = transport.run(["sh", "-c", state_script(), "hosttune", release_id, *wheel_paths], timeout=STATE_TIMEOUT_S)
-    if not result.ok:
-        raise ProbeError(f"{transport.host_name}: reading the deploy state failed: {result.stderr.strip()[-400:]}")
-    return parse_state(result.stdout)
+    script = bundled_script("hosttune.deploy", "state.sh")
+    return parse_state(transport.read_script(script, release_id, *wheel_paths, what="reading the deploy state"))

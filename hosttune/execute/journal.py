@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
 from hosttune import __version__
-from hosttune.actions.base import Command, FileWrite, KernelWrite, MoveAside, Op, Service, Symlink
+from hosttune.actions.base import Command, FileWrite, KernelWrite, Remove, Op, Service, Symlink, describe
 from hosttune.plan.host_plan import HostPlan
 from hosttune.plan.state import State, sha256
 
@@ -118,8 +118,9 @@ def _backup_for(run: str, step: int, index: int, path: str) -> str:
     return f"{backup_dir(run)}/{step}-{index}-{PurePosixPath(path).name}"
 
 
-def record_for(op: Op, state: State, run: str, step: int, index: int, description: str) -> OpRecord:
+def record_for(op: Op, state: State, run: str, step: int, index: int) -> OpRecord:
     """The journal entry of an operation, with the state it finds (from the plan's state read)."""
+    description = describe(op)
     if isinstance(op, FileWrite):
         fs = state.files.get(op.path)
         existed = bool(fs and fs.kind == "file")
@@ -131,7 +132,7 @@ def record_for(op: Op, state: State, run: str, step: int, index: int, descriptio
         existed = bool(fs and fs.exists)
         return OpRecord("link", description, path=op.path, target=op.target, existed=existed,
                         backup=_backup_for(run, step, index, op.path) if existed else None)
-    if isinstance(op, MoveAside):
+    if isinstance(op, Remove):
         return OpRecord("move", description, path=op.path, target=_backup_for(run, step, index, op.path))
     if isinstance(op, Service):
         unit = state.units.get(op.unit)
@@ -144,10 +145,10 @@ def record_for(op: Op, state: State, run: str, step: int, index: int, descriptio
     return OpRecord("command", description, argv=op.argv, undo=op.undo, regenerate=op.regenerate)
 
 
-def start_journal(run: str, plan: HostPlan, describe) -> Journal:
+def start_journal(run: str, plan: HostPlan) -> Journal:
     steps = tuple(
         JournalStep(i, step.fixes, step.summary, step.needs_reboot, step.is_live_kernel_write,
-                    tuple(record_for(op, plan.state, run, i, j, describe(op)) for j, op in enumerate(step.ops)))
+                    tuple(record_for(op, plan.state, run, i, j) for j, op in enumerate(step.ops)))
         for i, step in enumerate(plan.steps)
     )
     return Journal(run, plan.host.name, plan.root or "/", now(), steps)

@@ -20,14 +20,11 @@ def parse_boot_marker(text: str) -> str:
 
 
 def boot_marker(host: Host) -> str:
-    transport = open_transport(host.connection)
-    try:
-        result = transport.run(["cat", "/proc/sys/kernel/random/boot_id", "/proc/1/stat"], timeout=host.connection.timeout_s)
-        if not result.ok:
-            raise TransportError(f"{host.name}: cannot read the boot id: {result.stderr.strip()}")
-        return parse_boot_marker(result.stdout)
-    finally:
-        transport.close()
+    with open_transport(host.connection, read_only=True) as transport:
+        result = transport.read(["cat", "/proc/sys/kernel/random/boot_id", "/proc/1/stat"], timeout=host.connection.timeout_s)
+    if not result.ok:
+        raise TransportError(f"{host.name}: cannot read the boot id: {result.stderr.strip()}")
+    return parse_boot_marker(result.stdout)
 
 
 def reboot_and_wait(host: Host, timeout_s: float = 600.0, poll_s: float = 1.0) -> str | None:
@@ -36,13 +33,11 @@ def reboot_and_wait(host: Host, timeout_s: float = 600.0, poll_s: float = 1.0) -
         before = boot_marker(host)
     except TransportError as exc:
         return f"not rebooted: {exc}"
-    transport = open_transport(host.connection)
     try:
-        transport.run(REBOOT, timeout=30)
+        with open_transport(host.connection) as transport:
+            transport.change(REBOOT, timeout=30)
     except TransportError:
         pass  # the connection often drops before the command returns
-    finally:
-        transport.close()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(poll_s)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from hosttune.execute.rollback import RollbackResult
-from hosttune.execute.rollout import HostOutcome, fleet_exit_code
+from hosttune.execute.rollout import HostOutcome
+from hosttune.fleet_runner import Outcome, exit_code
 from hosttune.checks.findings import Status
 from hosttune.plan.render import plan_dict
 
@@ -21,9 +22,9 @@ def _detail(o: HostOutcome) -> str:
     if o.recheck is not None:
         failing = [f.check_id for f in o.recheck.findings if f.is_failing]
         parts.append("re-checked: " + (f"still failing {', '.join(failing)}" if failing else "clean"))
-    elif o.plan.needs_reboot and o.state in ("changed", "ok"):
+    elif o.plan.needs_reboot and o.state in (Outcome.CHANGED, Outcome.OK):
         parts.append("reboot pending")
-    if o.plan.blocked and o.state in ("changed", "ok"):
+    if o.plan.blocked and o.state in (Outcome.CHANGED, Outcome.OK):
         parts.append(f"{len(o.plan.blocked)} not fixable by apply")
     return "; ".join(parts)
 
@@ -33,8 +34,9 @@ def render(outcomes: list[HostOutcome], run: str | None) -> str:
     lines = [f"recap{f' (run {run})' if run else ''}:"]
     for o in outcomes:
         lines.append(f"  {o.host.name:<{width}}  {o.state:<11} {_detail(o)}".rstrip())
-    counts = {s: sum(1 for o in outcomes if o.state == s) for s in ("changed", "ok", "failed", "unreachable", "skipped")}
-    lines.append("  " + ", ".join(f"{k}={v}" for k, v in counts.items()) + f", exit {fleet_exit_code(outcomes)}")
+    states = (Outcome.CHANGED, Outcome.OK, Outcome.FAILED, Outcome.UNREACHABLE, Outcome.SKIPPED)
+    counts = {s: sum(1 for o in outcomes if o.state is s) for s in states}
+    lines.append("  " + ", ".join(f"{k}={v}" for k, v in counts.items()) + f", exit {exit_code(outcomes)}")
     return "\n".join(lines)
 
 
@@ -51,7 +53,7 @@ def outcome_dict(o: HostOutcome) -> dict:
 
 
 def render_json(outcomes: list[HostOutcome], run: str | None, dry_run: bool) -> str:
-    doc = {"run": run, "dry_run": dry_run, "hosts": [outcome_dict(o) for o in outcomes], "exit_code": fleet_exit_code(outcomes)}
+    doc = {"run": run, "dry_run": dry_run, "hosts": [outcome_dict(o) for o in outcomes], "exit_code": exit_code(outcomes)}
     return json.dumps(doc, indent=2)
 
 

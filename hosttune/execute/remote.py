@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import re
-from functools import lru_cache
-from importlib import resources
-
-from hosttune.transport.base import CommandResult, Transport
+from hosttune.transport.base import CommandResult, Transport, bundled_script
 
 OP_TIMEOUT_S = 120.0
 
 
-@lru_cache(maxsize=1)
 def hostops_script() -> str:
-    return resources.files("hosttune.execute").joinpath("hostops.sh").read_text(encoding="utf-8")
+    return bundled_script("hosttune.execute", "hostops.sh")
 
 
 def hostops(transport: Transport, op: str, *args: str, stdin: bytes | None = None,
             timeout: float = OP_TIMEOUT_S) -> CommandResult:
-    return transport.run(["sh", "-c", hostops_script(), "hosttune", op, *args], stdin=stdin, timeout=timeout)
+    return transport.change(["sh", "-c", hostops_script(), "hosttune", op, *args], stdin=stdin, timeout=timeout)
 
 
 def write_file(transport: Transport, path: str, content: bytes, mode: int, *, backup: str = "",
@@ -33,7 +29,7 @@ def write_file(transport: Transport, path: str, content: bytes, mode: int, *, ba
 
 
 def kernel_write(transport: Transport, paths: tuple[str, ...], value: str) -> CommandResult:
-    return transport.run(["tee", "--", *paths], stdin=(value + "\n").encode(), timeout=OP_TIMEOUT_S)
+    return transport.change(["tee", "--", *paths], stdin=(value + "\n").encode(), timeout=OP_TIMEOUT_S)
 
 
 _JOURNAL = re.compile(r"^@@journal:(?P<name>[\w.:-]+\.json)$", re.M)
@@ -41,6 +37,6 @@ _JOURNAL = re.compile(r"^@@journal:(?P<name>[\w.:-]+\.json)$", re.M)
 
 def read_journals(transport: Transport, runs_dir: str) -> dict[str, str]:
     """{file name: JSON text} of every journal in runs_dir."""
-    result = hostops(transport, "journals", runs_dir)
+    result = transport.read(["sh", "-c", hostops_script(), "hosttune", "journals", runs_dir], timeout=OP_TIMEOUT_S)
     parts = _JOURNAL.split(result.stdout)
     return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}

@@ -14,6 +14,7 @@ from hosttune.errors import TransportError
 from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now
 from hosttune.execute.remote import hostops, read_journals, write_file
 from hosttune.config.inventory import Host
+from hosttune.fleet_runner import Outcome
 from hosttune.plan.resolve import ACTIVE, ENABLED, kernel_value_holds
 from hosttune.plan.state import rooted
 from hosttune.probes.system import selected
@@ -34,9 +35,13 @@ class Undo:
 class RollbackResult:
     host: Host
     run: str | None
-    status: str  # restored | nothing | failed | unreachable
+    status: Outcome  # RESTORED, NOTHING, FAILED or UNREACHABLE
     done: tuple[str, ...] = ()
     error: str | None = None
+
+    @property
+    def exit_bits(self) -> int:
+        return self.status.exit_bits
 
 
 def touched(journal: Journal) -> list[tuple[JournalStep, OpRecord]]:
@@ -131,13 +136,13 @@ def _run_undo(transport: Transport, undo: Undo, root: str | None):
         return None
     if undo.unless_holds:
         path, value = undo.unless_holds
-        current = transport.run(["head", "-n1", "--", path])
+        current = transport.read(["head", "-n1", "--", path])
         if current.ok and kernel_value_holds(path, current.stdout, value, exact=True):
             return None
     argv = undo.argv
     if offline:
         argv = ("systemctl", f"--root={root}", *argv[1:]) if argv[0] == "systemctl" else ("chroot", root, *argv)
-    return transport.run(argv, stdin=undo.stdin, timeout=3600)
+    return transport.change(argv, stdin=undo.stdin, timeout=3600)
 
 
 def rollback_journal(transport: Transport, host: Host, journal: Journal, root: str | None) -> RollbackResult:
@@ -150,8 +155,8 @@ def rollback_journal(transport: Transport, host: Host, journal: Journal, root: s
             done.append(undo.description)
         else:
             errors.append(f"{undo.description}: {result.stderr.strip()[-500:]}")
-    status = "failed" if errors else "restored"
-    marked = replace(journal, rolled_back=now(), rollback_status=status)
+    status = Outcome.FAILED if errors else Outcome.RESTORED
+    marked = replace(journal, rolled_back=now(), rollback_status=status.value)
     write_file(transport, rooted(root, journal_path(journal.run)), marked.to_json(), 0o600)
     return RollbackResult(host, journal.run, status, tuple(done), "; ".join(errors) or None)
 
@@ -161,9 +166,9 @@ def rollback_host(transport: Transport, host: Host, run: str | None, root: str |
         journal = pick_journal(load_journals(transport, root), run)
         if journal is None:
             what = f"no run {run}" if run else "no run left to roll back"
-            return RollbackResult(host, run, "nothing", error=f"{what} in {RUNS_DIR}")
+            return RollbackResult(host, run, Outcome.NOTHING, error=f"{what} in {RUNS_DIR}")
         if journal.rolled_back and run:
-            return RollbackResult(host, run, "nothing", error=f"run {run} was already rolled back at {journal.rolled_back}")
+            return RollbackResult(host, run, Outcome.NOTHING, error=f"run {run} was already rolled back at {journal.rolled_back}")
         return rollback_journal(transport, host, journal, root)
     except TransportError as exc:
-        return RollbackResult(host, run, "unreachable", error=str(exc))
+        return RollbackResult(host, run, Outcome.UNREACHABLE, error=str(exc))

@@ -7,16 +7,29 @@ journal. Every file write is atomic and backed up first (see hostops.sh).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import Enum
 
-from hosttune.actions.base import Command, FileWrite, KernelWrite, MoveAside, Op, Service, Step, Symlink
+from hosttune.actions.base import Command, KernelWrite, Op, Step, describe
 from hosttune.errors import TransportError
 from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now, start_journal
-from hosttune.execute.remote import hostops, kernel_write, write_file
+from hosttune.execute.perform import perform
+from hosttune.execute.remote import hostops, write_file
 from hosttune.config.inventory import Host
+from hosttune.fleet_runner import Outcome
 from hosttune.plan.host_plan import HostPlan
-from hosttune.plan.render import describe
-from hosttune.plan.state import rooted
+from hosttune.plan.state import rooted, unrooted
 from hosttune.transport.base import CommandResult, Transport
+
+
+class StepStatus(str, Enum):
+    """How one step of a host's plan went."""
+
+    DONE = "done"
+    FAILED = "failed"
+    NOT_RUN = "not run"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -24,7 +37,7 @@ class StepOutcome:
     index: int
     fixes: tuple[str, ...]
     summary: str
-    status: str  # done | failed | not run
+    status: StepStatus
     needs_reboot: bool = False
     error: str = ""
 
@@ -35,26 +48,18 @@ class HostRun:
 
     host: Host
     run: str
-    status: str  # changed | ok | failed | unreachable | skipped
+    status: Outcome  # CHANGED, OK, FAILED or UNREACHABLE
     steps: tuple[StepOutcome, ...] = ()
     error: str | None = None
     journal: str | None = None
 
     @property
     def changed(self) -> int:
-        return sum(1 for s in self.steps if s.status == "done")
-
-    @property
-    def reboot_due(self) -> bool:
-        return any(s.needs_reboot and s.status == "done" for s in self.steps)
+        return sum(1 for s in self.steps if s.status is StepStatus.DONE)
 
 
 class JournalError(Exception):
     """The journal could not be written: nothing runs without one."""
-
-
-def is_offline(root: str | None) -> bool:
-    return bool(root) and root != "/"
 
 
 class Executor:
@@ -64,21 +69,14 @@ class Executor:
         self.transport = transport
         self.plan = plan
         self.run_id = run
-        self.root = plan.root if is_offline(plan.root) else None
-        self.journal: Journal = start_journal(run, plan, describe)
+        self.root = plan.root if plan.root != "/" else None
+        self.journal: Journal = start_journal(run, plan)
         self.num_saves = 0
 
     # -- journal ---------------------------------------------------------------------
 
-    def _path(self, path: str) -> str:
-        return rooted(self.root, path)
-
-    def _unrooted(self, paths: tuple[str, ...]) -> tuple[str, ...]:
-        prefix = self.root.rstrip("/") if self.root else ""
-        return tuple(p[len(prefix):] if prefix and p.startswith(prefix) else p for p in paths)
-
     def save(self) -> None:
-        result = write_file(self.transport, self._path(journal_path(self.run_id)), self.journal.to_json(), 0o600)
+        result = write_file(self.transport, rooted(self.root, journal_path(self.run_id)), self.journal.to_json(), 0o600)
         if not result.ok:
             raise JournalError(f"cannot write the journal {journal_path(self.run_id)}: {result.stderr.strip()}")
         self.num_saves += 1
@@ -87,25 +85,11 @@ class Executor:
 
     def _do(self, op: Op, rec: OpRecord) -> tuple[CommandResult | None, str]:
         """Run one operation; (result, why it was skipped)."""
-        t = self.transport
-        if isinstance(op, FileWrite):
-            backup = self._path(rec.backup) if rec.backup else ""
-            return write_file(t, self._path(op.path), op.content, op.mode, backup=backup, expected=rec.sha_before or ""), ""
-        if isinstance(op, Symlink):
-            return hostops(t, "link", self._path(op.path), op.target, self._path(rec.backup) if rec.backup else ""), ""
-        if isinstance(op, MoveAside):
-            return hostops(t, "move", self._path(op.path), self._path(rec.target)), ""
-        if isinstance(op, KernelWrite):
-            if self.root:
-                return None, "--root: live kernel write skipped"
-            return kernel_write(t, op.paths, op.value), ""
-        if isinstance(op, Service):
-            argv = op.argv if not self.root else ("systemctl", f"--root={self.root}", *op.argv[1:])
-            return t.run(argv), ""
-        assert isinstance(op, Command)
-        if self.root and not op.offline:
+        if isinstance(op, KernelWrite) and self.root:
+            return None, "--root: live kernel write skipped"
+        if isinstance(op, Command) and self.root and not op.offline:
             return None, "--root: acts on the running system; skipped"
-        return t.run(("chroot", self.root, *op.argv) if self.root else op.argv, timeout=3600), ""
+        return perform(self.transport, op, rec, self.root), ""
 
     def _run_step(self, index: int, step: Step) -> JournalStep:
         jstep = self.journal.steps[index]
@@ -117,7 +101,7 @@ class Executor:
                 continue
             made = tuple(line[8:] for line in result.stdout.splitlines() if line.startswith("created:"))
             records[j] = replace(records[j], status="done" if result.ok else "failed", rc=result.rc,
-                                 stderr=result.stderr.strip()[-2000:], created_dirs=self._unrooted(made))
+                                 stderr=result.stderr.strip()[-2000:], created_dirs=tuple(unrooted(self.root, p) for p in made))
             if not result.ok:
                 error = f"{describe(op)} exited {result.rc}: {result.stderr.strip()[-1000:] or result.stdout.strip()[-500:]}"
                 return replace(jstep, ops=tuple(records), status="failed", error=error)
@@ -126,7 +110,7 @@ class Executor:
     def run(self) -> HostRun:
         host = self.plan.host
         outcomes: list[StepOutcome] = []
-        made = hostops(self.transport, "runs-dir", self._path(RUNS_DIR))
+        made = hostops(self.transport, "runs-dir", rooted(self.root, RUNS_DIR))
         if not made.ok:
             raise JournalError(f"cannot create {RUNS_DIR}: {made.stderr.strip()}")
         self.save()
@@ -136,30 +120,31 @@ class Executor:
             self.save()
             done = self._run_step(index, step)
             self.journal = self.journal.with_step(done)
-            outcomes.append(StepOutcome(index, step.fixes, step.summary, done.status, step.needs_reboot, done.error))
+            outcomes.append(StepOutcome(index, step.fixes, step.summary, StepStatus(done.status), step.needs_reboot, done.error))
             if done.status == "failed":
                 status = "failed"
                 break
         self.journal = replace(self.journal, status=status, finished=now())
         self.save()
-        outcomes += [StepOutcome(i, s.fixes, s.summary, "not run", s.needs_reboot) for i, s in enumerate(self.plan.steps) if i >= len(outcomes)]
-        failed = status == "failed"
-        error = next((o.error for o in outcomes if o.status == "failed"), None)
-        return HostRun(host, self.run_id, "failed" if failed else "changed", tuple(outcomes), error, journal_path(self.run_id))
+        outcomes += [StepOutcome(i, s.fixes, s.summary, StepStatus.NOT_RUN, s.needs_reboot)
+                     for i, s in enumerate(self.plan.steps) if i >= len(outcomes)]
+        error = next((o.error for o in outcomes if o.status is StepStatus.FAILED), None)
+        state = Outcome.FAILED if status == "failed" else Outcome.CHANGED
+        return HostRun(host, self.run_id, state, tuple(outcomes), error, journal_path(self.run_id))
 
 
 def execute_plan(transport: Transport, plan: HostPlan, run: str) -> HostRun:
     """Apply a plan; a lost connection ends it as failed (the journal on the host says where)."""
     if not plan.steps:
-        return HostRun(plan.host, run, "ok")
+        return HostRun(plan.host, run, Outcome.OK)
     executor = Executor(transport, plan, run)
     try:
         return executor.run()
     except JournalError as exc:
-        return HostRun(plan.host, run, "failed", error=str(exc))
+        return HostRun(plan.host, run, Outcome.FAILED, error=str(exc))
     except TransportError as exc:
         if executor.num_saves == 0:
-            return HostRun(plan.host, run, "unreachable", error=str(exc))
+            return HostRun(plan.host, run, Outcome.UNREACHABLE, error=str(exc))
         ran = [s for s in executor.journal.steps if s.status != "pending"]
         where = f" during step {ran[-1].index + 1} ({ran[-1].summary})" if ran else ""
-        return HostRun(plan.host, run, "failed", error=f"connection lost{where}: {exc}", journal=journal_path(run))
+        return HostRun(plan.host, run, Outcome.FAILED, error=f"connection lost{where}: {exc}", journal=journal_path(run))

@@ -104,19 +104,17 @@ def build_plan(host: Host, profile: Profile, facts: Facts, findings: list[Findin
 
 def plan_host(host: Host, profile: Profile, options: PlanOptions) -> HostPlan:
     """Probe the host, check it, and plan; never changes it. Unreachable hosts get a plan saying so."""
-    transport = open_transport(host.connection)
     try:
-        facts = gather(transport, timeout=host.probe_timeout_s, root=options.root if options.is_offline else None).facts
-        findings = run_checks(facts, profile)
-        steps = steps_for(findings, facts, profile, host, options.statuses)
-        wanted = [s for s in steps if not s.blocked and (not s.opt_in or s.opt_in in options.opt_ins)]
-        manager = select(facts).packages
-        state = read_state(transport, requests_for(wanted, options.root), root=options.root,
-                           manager=manager.name if manager else None)
-        return build_plan(host, profile, facts, findings, state, options, steps)
+        with open_transport(host.connection, read_only=True) as transport:
+            facts = gather(transport, timeout=host.probe_timeout_s, root=options.root if options.is_offline else None).facts
+            findings = run_checks(facts, profile)
+            steps = steps_for(findings, facts, profile, host, options.statuses)
+            wanted = [s for s in steps if not s.blocked and (not s.opt_in or s.opt_in in options.opt_ins)]
+            manager = select(facts).packages
+            state = read_state(transport, requests_for(wanted, options.root), root=options.root,
+                               manager=manager.name if manager else None)
     except TransportError as exc:
         return HostPlan(host, profile.name, reachable=False, error=str(exc))
     except HosttuneError as exc:
         return HostPlan(host, profile.name, error=str(exc))
-    finally:
-        transport.close()
+    return build_plan(host, profile, facts, findings, state, options, steps)

@@ -2,27 +2,8 @@
 
 from __future__ import annotations
 
-from hosttune.actions.base import Command, CommentOut, FileWrite, KernelWrite, MoveAside, Op, Step, Symlink
+from hosttune.actions.base import FileWrite, KernelWrite, Op, Step, describe
 from hosttune.plan.host_plan import HostPlan
-from hosttune.quoting import join
-
-
-def describe(op: Op) -> str:
-    """One line per operation, shell-like where there is a command."""
-    if isinstance(op, FileWrite):
-        return f"write {op.path} (new files get mode {op.mode:04o})"
-    if isinstance(op, CommentOut):
-        return f"comment out {op.key} in {op.path}"
-    if isinstance(op, Symlink):
-        return f"$ ln -sfn {join([op.target, op.path])}"
-    if isinstance(op, MoveAside):
-        return f"move {op.path} into the run's backup folder"
-    if isinstance(op, KernelWrite):
-        shown = ", ".join(op.paths[:4]) + (f" and {len(op.paths) - 4} more" if len(op.paths) > 4 else "")
-        return f"live kernel write: {op.value!r} to {shown}"
-    if isinstance(op, Command) and op.undo:
-        return f"$ {join(op.argv)}    (undo: {join(op.undo)})"
-    return f"$ {join(op.argv)}"
 
 
 def _step_lines(index: int, step: Step, plan: HostPlan) -> list[str]:

@@ -12,13 +12,13 @@ from dataclasses import replace
 
 from hosttune import cpulist
 from hosttune.actions.base import (
-    Command, CommentOut, FileWrite, KernelWrite, MoveAside, Op, Packages, Service, Step, Symlink,
+    Command, CommentOut, FileWrite, KernelWrite, Remove, Op, Packages, Service, Step, Symlink,
 )
 from hosttune.actions.platform import Apt, Dnf
 from hosttune.plan.state import FileState, PackageState, State, sha256
 from hosttune.probes.system import selected
 
-FILE_OPS = (FileWrite, CommentOut, Symlink, MoveAside)
+FILE_OPS = (FileWrite, CommentOut, Symlink, Remove)
 ENABLED = ("enabled", "enabled-runtime", "alias", "linked", "linked-runtime")
 ACTIVE = ("active", "activating", "reloading")
 
@@ -158,7 +158,7 @@ def _resolve_op(op: Op, state: State, step: Step, offline: bool) -> list[Op]:
         return _resolve_comment_out(op, state)
     if isinstance(op, Symlink):
         return _resolve_symlink(op, state)
-    if isinstance(op, MoveAside):
+    if isinstance(op, Remove):
         return [op] if _file(state, op.path).exists else []
     if isinstance(op, Service):
         return _resolve_service(op, state, step, offline)

@@ -11,16 +11,11 @@ import base64
 import hashlib
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import resources
 
-from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, MoveAside, Packages, Service, Step, Symlink
+from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, Remove, Packages, Service, Step, Symlink
 from hosttune.errors import ProbeError
 from hosttune.probes.software import parse_packages
-from hosttune.transport.base import Transport
-
-STATE_TIMEOUT_S = 120.0
-
+from hosttune.transport.base import Transport, bundled_script
 
 @dataclass(frozen=True)
 class FileState:
@@ -66,14 +61,19 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@lru_cache(maxsize=1)
 def state_script() -> str:
-    return resources.files("hosttune.plan").joinpath("state.sh").read_text(encoding="utf-8")
+    return bundled_script("hosttune.plan", "state.sh")
 
 
 def rooted(root: str | None, path: str) -> str:
     """Where a host path lies under --root."""
     return path if not root or root == "/" else root.rstrip("/") + path
+
+
+def unrooted(root: str | None, path: str) -> str:
+    """The host path of a path under --root."""
+    prefix = "" if not root or root == "/" else root.rstrip("/")
+    return path[len(prefix):] if prefix and path.startswith(prefix) else path
 
 
 def requests_for(steps: list[Step], root: str | None) -> list[tuple[str, str]]:
@@ -87,7 +87,7 @@ def requests_for(steps: list[Step], root: str | None) -> list[tuple[str, str]]:
 
 
 def _requests_of(op, root: str | None) -> list[tuple[str, str]]:
-    if isinstance(op, (FileWrite, CommentOut, Symlink, MoveAside)):
+    if isinstance(op, (FileWrite, CommentOut, Symlink, Remove)):
         return [("file", rooted(root, op.path))]
     if isinstance(op, Service):
         return [("unit", op.unit)]
@@ -102,11 +102,9 @@ def read_state(transport: Transport, requests: list[tuple[str, str]], *, root: s
     """Ask the host (read-only) about every request, in one command."""
     if not requests:
         return State()
-    argv = ["sh", "-c", state_script(), "hosttune-state", root or "/", manager or "none", *(f"{k}:{v}" for k, v in requests)]
-    result = transport.run(argv, timeout=STATE_TIMEOUT_S)
-    if not result.ok:
-        raise ProbeError(f"{transport.host_name}: reading the current state failed ({result.rc}): {result.stderr.strip()[-300:]}")
-    return parse_state(result.stdout, requests, root)
+    output = transport.read_script(state_script(), root or "/", manager or "none", *(f"{k}:{v}" for k, v in requests),
+                                   what="reading the current state")
+    return parse_state(output, requests, root)
 
 
 _START = re.compile(r"^@@s:(\d+)$")
@@ -135,17 +133,17 @@ def parse_state(output: str, requests: list[tuple[str, str]], root: str | None) 
     kernel: dict[str, str | None] = {}
     packages: dict[str, PackageState] = {}
     held: tuple[str, ...] = ()
-    prefix = "" if not root or root == "/" else root.rstrip("/")
     for index, (kind, value) in enumerate(requests):
         lines = answers.get(index)
         if lines is None:
             raise ProbeError(f"no answer about {kind} {value!r} from the state script")
         fields = _fields(lines)
         if kind == "file":
-            path = value[len(prefix):] if prefix else value
-            files[path] = _file_state(path, fields, prefix)
+            path = unrooted(root, value)
+            files[path] = _file_state(path, fields, root)
         elif kind == "unit":
-            units[value] = UnitState(value, _first(fields, "enabled") or "", _first(fields, "active") if not prefix else None)
+            active = _first(fields, "active") if not root or root == "/" else None
+            units[value] = UnitState(value, _first(fields, "enabled") or "", active)
         elif kind == "kernel":
             kernel[value] = _first(fields, "value")
         elif kind == "pkg":
@@ -169,12 +167,11 @@ def _first(fields: dict[str, list[str]], key: str) -> str | None:
     return values[0].strip() if values else None
 
 
-def _file_state(path: str, fields: dict[str, list[str]], prefix: str) -> FileState:
+def _file_state(path: str, fields: dict[str, list[str]], root: str | None) -> FileState:
     stat = (_first(fields, "stat") or "absent").split()
     real = _first(fields, "real")
     kind = stat[0]
-    common = dict(path=path, kind=kind, link=_first(fields, "link"),
-                  real=real[len(prefix):] if real and prefix and real.startswith(prefix) else real)
+    common = dict(path=path, kind=kind, link=_first(fields, "link"), real=unrooted(root, real) if real else real)
     if kind != "file":
         return FileState(**common)
     data = base64.b64decode(_first(fields, "data") or "")

@@ -65,7 +65,7 @@ def gather(transport: Transport, active_s: int = 0, timeout: float = PROBE_TIMEO
     connected = time.monotonic()
     timeout = timeout + (active_s + ACTIVE_EXTRA_S if active_s else 0)
     argv = ["sh", "-s"] if not root or root == "/" else ["sh", "-s", "--", root]
-    result = transport.run(argv, stdin=probe_script(active_s), timeout=timeout)
+    result = transport.read(argv, stdin=probe_script(active_s), timeout=timeout)
     probed = time.monotonic()
     if not result.ok:
         raise ProbeError(f"{transport.host_name}: probe script exited {result.rc}: {result.stderr.strip()[-500:]}")

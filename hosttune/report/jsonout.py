@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from hosttune.fleet import HostReport, exit_code, outliers
+from hosttune.fleet import HostReport, outliers
+from hosttune.fleet_runner import exit_code
 
 
 def finding_dict(f) -> dict:

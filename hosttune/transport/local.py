@@ -8,19 +8,18 @@ import time
 from typing import Sequence
 
 from hosttune.errors import TransportError
-from hosttune.transport.base import CommandResult, with_become
+from hosttune.transport.base import CommandResult, Transport, with_become
 
 
-class LocalTransport:
+class LocalTransport(Transport):
     """The local machine; `become` uses sudo only when not already root."""
 
-    def __init__(self, host_name: str = "localhost", become: bool = False):
+    def __init__(self, host_name: str = "localhost", become: bool = False, read_only: bool = False):
         self.host_name = host_name
         self.become = become and os.geteuid() != 0
+        self.read_only = read_only
 
-    def run(
-        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
-    ) -> CommandResult:
+    def _command(self, argv: Sequence[str], stdin: bytes | None, timeout: float | None) -> CommandResult:
         full = with_become(argv, self.become)
         start = time.monotonic()
         try:
@@ -38,6 +37,3 @@ class LocalTransport:
             proc.stderr.decode("utf-8", "surrogateescape"),
             time.monotonic() - start,
         )
-
-    def close(self) -> None:
-        pass

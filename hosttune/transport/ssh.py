@@ -14,7 +14,7 @@ import paramiko
 
 from hosttune.errors import HostKeyError, TransportError
 from hosttune.quoting import join
-from hosttune.transport.base import CommandResult, ConnectionSpec, with_become
+from hosttune.transport.base import CommandResult, ConnectionSpec, Transport, with_become
 
 _KNOWN_HOSTS_LOCK = threading.Lock()
 # paramiko logs every failed handshake with a traceback from its own thread; the reason reaches
@@ -48,11 +48,12 @@ def _known_hosts_path(spec: ConnectionSpec) -> str:
     return os.path.expanduser(spec.known_hosts or "~/.ssh/known_hosts")
 
 
-class SshTransport:
+class SshTransport(Transport):
     """One SSH connection per host, opened on first use."""
 
-    def __init__(self, spec: ConnectionSpec):
+    def __init__(self, spec: ConnectionSpec, read_only: bool = False):
         self.spec = spec
+        self.read_only = read_only
         self.host_name = spec.host_name
         self._client: paramiko.SSHClient | None = None
         self.connect_s = 0.0
@@ -98,9 +99,7 @@ class SshTransport:
             raise TransportError(f"{spec.host_name}: {spec.address}:{spec.port} does not speak SSH: {exc or type(exc).__name__}") from exc
         return client
 
-    def run(
-        self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None
-    ) -> CommandResult:
+    def _command(self, argv: Sequence[str], stdin: bytes | None, timeout: float | None) -> CommandResult:
         full = with_become(argv, self.spec.become)
         start = time.monotonic()
         try:

@@ -14,7 +14,7 @@ from hosttune.cli import app
 from hosttune.errors import TransportError
 from hosttune.execute.journal import Journal, journal_path, new_run_id
 from hosttune.execute.runner import execute_plan
-from hosttune.fleet import EXIT_ERROR
+from hosttune.fleet_runner import EXIT_ERROR
 from hosttune.config.inventory import load_inventory
 from hosttune.plan.host_plan import PlanOptions, plan_host
 from hosttune.probes.gather import gather
@@ -166,9 +166,9 @@ class DroppedMidWrite(SshTransport):
         super().__init__(spec)
         self.live_host, self.path, self.killed = live_host, path, False
 
-    def run(self, argv, *, stdin=None, timeout=None):
+    def _command(self, argv, stdin, timeout):
         if self.killed or "write" not in argv or self.path not in argv:
-            return super().run(argv, stdin=stdin, timeout=timeout)
+            return super()._command(argv, stdin, timeout)
         chan = self.connect().get_transport().open_session()
         chan.exec_command(join(with_become(argv, self.spec.become)))
         chan.sendall(stdin[: len(stdin) // 2])
@@ -197,12 +197,9 @@ def test_killed_connection_leaves_no_partial_file_and_a_rerun_completes(fresh_ho
     target = load_inventory(inv).hosts[0]
     plan = plan_host(target, profile_for(target), PlanOptions())
     assert [s.fixes for s in plan.steps] == [("irq.irqbalance",), ("numa.topology",)]
-    transport = DroppedMidWrite(target.connection, host, "/etc/sysctl.d/95-site.conf")
     run = new_run_id()
-    try:
+    with DroppedMidWrite(target.connection, host, "/etc/sysctl.d/95-site.conf") as transport:
         result = execute_plan(transport, plan, run)
-    finally:
-        transport.close()
     assert transport.killed and result.status == "failed" and "connection lost during step 2" in result.error
 
     assert host.path("/etc/sysctl.d/95-site.conf").read_text() == SITE  # old content, not half of the new

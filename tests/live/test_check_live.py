@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from hosttune.checks import CATALOGUE
 from hosttune.cli import app
-from hosttune.fleet import EXIT_UNREACHABLE
+from hosttune.fleet_runner import EXIT_UNREACHABLE
 
 from .sshkeys import known_hosts_line
 

@@ -14,10 +14,11 @@ import pytest
 
 from hosttune.build.wheelhouse import Entry, WheelFile, WheelKey
 from hosttune.deploy.access import Access
-from hosttune.deploy.executor import OperationFailed, run_ops
 from hosttune.deploy.model import ModelShape
 from hosttune.deploy.placement import LayoutRequest, place, plan_layout
-from hosttune.deploy.plan import Role, WriteFile, make_release, verify_ops
+from hosttune.actions.base import FileWrite
+from hosttune.deploy.plan import Role, make_release, verify_ops
+from hosttune.execute.perform import OperationFailed, run_ops
 from hosttune.deploy.release import meta_dir
 from hosttune.deploy.replicas import NGINX_CONF, SERVERS_FILE, make_layout_release
 from hosttune.deploy.settings import parse_sets, resolve
@@ -70,11 +71,10 @@ def test_rendered_units_pass_systemd_analyze_verify(live_fleet, fresh_hosts, tmp
     (host,) = fresh_hosts(["units"])
     known = live_fleet.write_known_hosts(tmp_path / "known_hosts", [host])
     inv = load_inventory(live_fleet.write_inventory(tmp_path / "inv.yaml", known, [host]))
-    transport = open_transport(inv.hosts[0].connection)
-    try:
+    with open_transport(inv.hosts[0].connection) as transport:
         for name, release in releases().items():
             stub_binaries(host, release)
-            writes = [WriteFile(f"{meta_dir(release.id)}/{unit}", body) for unit, body in {**release.units, **release.meta}.items()]
+            writes = [FileWrite(f"{meta_dir(release.id)}/{unit}", body) for unit, body in {**release.units, **release.meta}.items()]
             assert run_ops(transport, writes + verify_ops(release)) == len(writes) + 2, name
             unit = host.path(f"{meta_dir(release.id)}/{next(iter(release.units))}").read_text()
             assert "/usr/bin/numactl --cpunodebind=" in unit
@@ -98,8 +98,6 @@ def test_rendered_units_pass_systemd_analyze_verify(live_fleet, fresh_hosts, tmp
         template.write_text(template.read_text().replace("KillMode=mixed", "KillMode=sometimes"))
         with pytest.raises(OperationFailed, match="hosttune-engine@.service"):
             run_ops(transport, verify_ops(replicas))
-    finally:
-        transport.close()
 
 
 def test_systemd_reads_back_the_quoted_argv_and_environment(fresh_hosts):

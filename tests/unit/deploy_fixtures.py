@@ -10,7 +10,7 @@ from pathlib import Path
 from hosttune.build.wheelhouse import Entry, WheelKey, describe_wheels, write_manifest
 from hosttune.config.inventory import load_inventory
 from hosttune.probes.gather import parse_probe_output
-from hosttune.transport.base import CommandResult
+from hosttune.transport.base import CommandResult, Transport
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -86,7 +86,7 @@ def fake_entry(wheelhouse: Path, engine: str = "vllm", archs=("8.0",), cuda: str
     return entry
 
 
-class ScriptedTransport:
+class ScriptedTransport(Transport):
     """Answers commands by rules; records every argv (the host's side of the conversation)."""
 
     def __init__(self, name: str, log: list, gate_ok=True, state="", ray_nodes=0):
@@ -94,7 +94,7 @@ class ScriptedTransport:
         self.files: dict[str, bytes] = {}
         self.unknown_flags: list[str] = []
 
-    def run(self, argv, *, stdin=None, timeout=None):
+    def _command(self, argv, stdin, timeout):
         argv = tuple(argv)
         self.log.append((self.host_name, argv))
         out = ""
@@ -112,6 +112,3 @@ class ScriptedTransport:
         elif argv[0] == "journalctl":
             out = "engine: model not found"
         return CommandResult(argv, 0, out, "", 0.0)
-
-    def close(self):
-        pass

@@ -8,7 +8,7 @@ from dataclasses import replace
 from hosttune.actions import ACTIONS, steps_for
 from hosttune.actions import cpu, cuda, gpu, irq, kernel, memory, packages
 from hosttune.actions.base import (
-    Command, CommentOut, FileWrite, KernelWrite, MoveAside, Packages, Service, Symlink,
+    Command, CommentOut, FileWrite, KernelWrite, Remove, Packages, Service, Symlink,
 )
 from hosttune.actions.platform import GRUB_DROPIN, Apt, Dnf, GrubDropIn, Grubby, select
 from hosttune.actions.templates import render
@@ -216,7 +216,7 @@ def test_cuda_link_profile_d_and_stale_toolkits(a100):
     assert Symlink("/usr/local/cuda", "/usr/local/cuda-12.4") in main.ops
     profile_d = next(op for op in main.writes if op.path == "/etc/profile.d/hosttune-cuda.sh")
     assert b"export CUDA_HOME=/usr/local/cuda" in profile_d.content
-    assert prune.opt_in == "prune-cuda" and prune.ops == (MoveAside("/usr/local/cuda-11.8"),)
+    assert prune.opt_in == "prune-cuda" and prune.ops == (Remove("/usr/local/cuda-11.8"),)
 
 
 def test_cuda_profile_d_puts_the_pin_first_and_drops_stale_toolkits(tmp_path):
@@ -280,4 +280,4 @@ def test_prune_cuda_never_moves_the_linked_the_pinned_or_the_only_toolkit():
     assert prune(_toolkits("/usr/local/cuda-13.0", "/usr/local/cuda-13", link="/usr/local/cuda-13.0")) == []  # the only one
     assert prune(_toolkits("/usr/local/cuda-11.8")) == []  # the only one, even unpinned and unlinked
     (step,) = prune(_toolkits("/usr/local/cuda-11.8", "/usr/local/cuda-12.4", "/usr/local/cuda-13.0", link="/usr/local/cuda-13.0"))
-    assert step.ops == (MoveAside("/usr/local/cuda-11.8"),)  # 12.4 is the pin, 13.0 what /usr/local/cuda points at
+    assert step.ops == (Remove("/usr/local/cuda-11.8"),)  # 12.4 is the pin, 13.0 what /usr/local/cuda points at

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from hosttune.checks import CATALOGUE
 from hosttune.cli import app
-from hosttune.fleet import EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE
+from hosttune.fleet_runner import EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE
 
 runner = CliRunner()
 

@@ -15,8 +15,10 @@ from hosttune.deploy import multinode, rollout
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import parse_gate
 from hosttune.deploy.placement import place, preflight
-from hosttune.deploy.plan import Link, Remove, Role, Run, Upload, WriteFile, activate_ops, install_ops, is_unchanged, make_release
-from hosttune.deploy.recap import exit_code, render
+from hosttune.actions.base import Command, FileWrite, Remove, Symlink
+from hosttune.deploy.plan import Role, activate_ops, install_ops, is_unchanged, make_release
+from hosttune.deploy.recap import render
+from hosttune.fleet_runner import Outcome, exit_code
 from hosttune.deploy.release import wheel_path
 from hosttune.deploy.settings import flag_argv, parse_sets, resolve
 from hosttune.deploy.state import HostState, UnitFile, parse_state
@@ -120,14 +122,14 @@ def test_install_uploads_what_is_missing_and_builds_the_venv(tmp_path):
     engine_wheel, dep = release.wheels
     have = HostState(None, None, False, {wheel_path(dep): dep.sha256})
     ops = install_ops(release, entry, have)
-    assert ops[0] == Upload(entry.file(engine_wheel), wheel_path(engine_wheel), engine_wheel.sha256)
-    assert not any(isinstance(op, Upload) and op.path == wheel_path(dep) for op in ops)
+    assert ops[0] == FileWrite(wheel_path(engine_wheel), source=entry.file(engine_wheel))
+    assert not any(isinstance(op, FileWrite) and op.path == wheel_path(dep) for op in ops)
     venv = f"/opt/hosttune/releases/{release.id}"
-    argvs = [op.argv for op in ops if isinstance(op, Run)]
+    argvs = [op.argv for op in ops if isinstance(op, Command)]
     assert argvs[0] == ("rm", "-rf", "--", venv) and argvs[1] == ("python3", "-m", "venv", venv)
     assert argvs[2][:2] == (f"{venv}/bin/pip", "install") and "--no-index" in argvs[2] and "--no-deps" in argvs[2]
     assert argvs[3][1] == "check"
-    assert isinstance(ops[-1], WriteFile) and ops[-1].path == f"{venv}/.hosttune/release.json"  # written last
+    assert isinstance(ops[-1], FileWrite) and ops[-1].path == f"{venv}/.hosttune/release.json"  # written last
     assert install_ops(release, entry, HostState(None, None, True, {wheel_path(w): w.sha256 for w in release.wheels})) == []
 
 
@@ -139,16 +141,16 @@ def test_same_wheel_set_is_cloned_not_reinstalled(tmp_path):
     state = HostState(None, None, False, {wheel_path(w): w.sha256 for w in release.wheels},
                       installed={donor: wheel_set(release, "python3"), "/opt/hosttune/releases/x": "other"})
     ops = install_ops(release, entry, state)
-    (clone,) = [op for op in ops if isinstance(op, Run)]
+    (clone,) = [op for op in ops if isinstance(op, Command)]
     assert clone.argv[:2] == ("sh", "-c") and clone.argv[3:] == ("sh", release.dir, donor)
-    assert [op.path.rsplit("/", 1)[-1] for op in ops if isinstance(op, WriteFile)] == [SERVE_UNIT, "wheelset", "release.json"]
+    assert [op.path.rsplit("/", 1)[-1] for op in ops if isinstance(op, FileWrite) and op.source is None] == [SERVE_UNIT, "wheelset", "release.json"]
     other_python = install_ops(release, entry, state, python="python3.12")
-    assert any(isinstance(op, Run) and op.argv[1:3] == ("-m", "venv") for op in other_python)
+    assert any(isinstance(op, Command) and op.argv[1:3] == ("-m", "venv") for op in other_python)
 
 
 def test_install_without_dependency_wheels_uses_the_index(tmp_path):
     release, entry = release_for(tmp_path)
-    (pip,) = [op.argv for op in install_ops(release, entry, HostState(None, None, False)) if isinstance(op, Run) and "install" in op.argv]
+    (pip,) = [op.argv for op in install_ops(release, entry, HostState(None, None, False)) if isinstance(op, Command) and "install" in op.argv]
     assert "--no-index" not in pip and pip[-1] == wheel_path(release.wheels[0])
 
 
@@ -156,14 +158,14 @@ def test_activate_links_previous_removes_stale_units_and_restarts_in_order(tmp_p
     release, _ = release_for(tmp_path, role=Role("head", 2, "10.0.0.1", "10.0.0.1"))
     old = "/opt/hosttune/releases/vllm-old"
     ops = activate_ops(release, HostState(old, None, True, {}, {"hosttune-extra.service": UnitFile("hosttune-extra.service", "x", "active")}))
-    assert ops[0] == Run(("systemctl", "disable", "--now", "hosttune-extra.service"))
+    assert ops[0] == Command(("systemctl", "disable", "--now", "hosttune-extra.service"))
     assert ops[1] == Remove("/etc/systemd/system/hosttune-extra.service")
-    assert Link("/opt/hosttune/previous", old) in ops and Link("/opt/hosttune/current", release.dir) in ops
-    restarts = [op.argv[2] for op in ops if isinstance(op, Run) and op.argv[1] == "restart"]
+    assert Symlink("/opt/hosttune/previous", old) in ops and Symlink("/opt/hosttune/current", release.dir) in ops
+    restarts = [op.argv[2] for op in ops if isinstance(op, Command) and op.argv[1] == "restart"]
     assert restarts == [RAY_UNIT, SERVE_UNIT]
     head_first = activate_ops(release, HostState(None, None, True), start=(RAY_UNIT,))
-    assert [op.argv[2] for op in head_first if isinstance(op, Run) and op.argv[1] == "restart"] == [RAY_UNIT]
-    assert not any(isinstance(op, Link) and op.path.endswith("previous") for op in head_first)
+    assert [op.argv[2] for op in head_first if isinstance(op, Command) and op.argv[1] == "restart"] == [RAY_UNIT]
+    assert not any(isinstance(op, Symlink) and op.path.endswith("previous") for op in head_first)
 
 
 def test_unchanged_means_same_release_same_units_all_active(tmp_path):
@@ -250,7 +252,7 @@ def test_multinode_starts_ray_head_then_workers_then_the_server(tmp_path, monkey
     fake_entry(tmp_path / "wh")
     log: list = []
     transports = {h.name: ScriptedTransport(h.name, log, ray_nodes=3) for h in hosts}
-    monkeypatch.setattr(multinode, "open_transport", lambda spec: transports[spec.host_name])
+    monkeypatch.setattr(multinode, "open_transport", lambda spec, **kw: transports[spec.host_name])
     monkeypatch.setattr(multinode, "gather", lambda t: type("Run", (), {"facts": a100_facts()})())
     request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3")
     outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
@@ -280,7 +282,7 @@ def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):
 
     def single(host, request):
         ran.append(host.name)
-        return dhost.HostDeploy(host, "failed" if host.name == "h1" else "deployed", "r", "r")
+        return dhost.HostDeploy(host, Outcome.FAILED if host.name == "h1" else Outcome.DEPLOYED, "r", "r")
 
     monkeypatch.setattr(rollout, "_single", single)
     request = rollout.DeployRequest("sglang", "/m", tmp_path, serial=1, max_fail_percent=60)
@@ -311,8 +313,8 @@ def test_a_failed_install_changes_nothing_live(tmp_path):
     log: list = []
 
     class FailingPip(ScriptedTransport):
-        def run(self, argv, *, stdin=None, timeout=None):
-            result = super().run(argv, stdin=stdin, timeout=timeout)
+        def _command(self, argv, stdin, timeout):
+            result = super()._command(argv, stdin, timeout)
             if "install" in argv and argv[0].endswith("/bin/pip"):
                 return CommandResult(tuple(argv), 1, "", "ERROR: No matching distribution found for torch", 0.0)
             return result

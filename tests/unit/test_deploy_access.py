@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from hosttune.fleet_runner import Outcome
 from hosttune.deploy import rollout
 from hosttune.deploy.access import Access, Front, _LAUNCHER, access_for, launched_with_key
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy, deploy_one, rollback_one
 from hosttune.deploy.front import NGINX_CONF, front_ops, front_upstream, key_ops
-from hosttune.deploy.plan import Run, WriteFile, describe
+from hosttune.actions.base import Command, FileWrite, describe
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.units import REPLICA_TEMPLATE, Upstream, render_nginx
 from hosttune.config.inventory import load_inventory
@@ -94,7 +95,7 @@ def test_key_file_operations_write_the_engines_variable_root_only(tmp_path):
     access = Access("prod", KEY)
     ops = key_ops(access, load_preset("vllm"))
     write = ops[0]
-    assert isinstance(write, WriteFile) and write.path == "/etc/hosttune/keys/prod.env" and write.mode == 0o600
+    assert isinstance(write, FileWrite) and write.path == "/etc/hosttune/keys/prod.env" and write.mode == 0o600
     assert write.content == f"VLLM_API_KEY={KEY}\n".encode()
     assert [op.argv for op in ops[1:]] == [("chown", "root:root", "--", "/etc/hosttune/keys", write.path),
                                            ("chmod", "0700", "--", "/etc/hosttune/keys"),
@@ -163,12 +164,12 @@ def test_front_operations_upload_tls_check_nginx_then_reload(tmp_path):
     access = access_for(a, tmp_path)
     assert access.front.port == 443
     ops = front_ops(access, "custom", (8000,))
-    writes = {op.path: op for op in ops if isinstance(op, WriteFile)}
+    writes = {op.path: op for op in ops if isinstance(op, FileWrite)}
     assert writes["/etc/hosttune/tls/prod.crt"].content == b"CERT" and writes["/etc/hosttune/tls/prod.key"].mode == 0o600
     conf = writes[NGINX_CONF + ".new"].content.decode()
     assert "listen 443 ssl default_server;" in conf and "ssl_certificate /etc/hosttune/tls/prod.crt;" in conf
     assert "server 127.0.0.1:8000 " in conf and "keepalive 64;" in conf and "keepalive_timeout 60s;" in conf
-    runs = [op.argv for op in ops if isinstance(op, Run)]
+    runs = [op.argv for op in ops if isinstance(op, Command)]
     assert runs[-3][:2] == ("sh", "-c") and runs[-3][-1] == "/etc/nginx/conf.d/hosttune-local.conf"
     assert runs[-2:] == [("systemctl", "enable", "--quiet", "nginx"), ("systemctl", "reload-or-restart", "nginx")]
     assert front_ops(Access("prod"), "custom", (8000,)) == []
@@ -207,7 +208,7 @@ def test_the_groups_upstream_points_at_the_hosts_nginx_fronts(tmp_path):
     key.write_text("KEY")
     hosts = _hosts(tmp_path, f"lb_port: 8080\nnginx: {{port: 8443, tls_cert: {cert}, tls_key: {key}}}\n")
     inv = load_inventory(tmp_path / "inventory.yaml")
-    outcomes = [HostDeploy(h, "deployed", "r", "r") for h in hosts]
+    outcomes = [HostDeploy(h, Outcome.DEPLOYED, "r", "r") for h in hosts]
     (upstream,) = rollout.upstreams(inv, rollout.DeployRequest("custom", "/m", tmp_path), outcomes)
     assert upstream.backends == ("10.0.0.1:8443", "10.0.0.2:8443") and upstream.backend_scheme == "https"
     conf = render_nginx(upstream).decode()

@@ -18,7 +18,8 @@ import pytest
 from hosttune.deploy import host as dhost
 from hosttune.deploy import rollout
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.recap import exit_code, render
+from hosttune.deploy.recap import render
+from hosttune.fleet_runner import Outcome, exit_code
 from hosttune.deploy.model import ModelShape, parse_model
 from hosttune.deploy.placement import LayoutRequest, plan_layout
 from hosttune.deploy.replicas import NGINX_CONF, SCRAPE_FILE, local_upstream, make_layout_release
@@ -258,13 +259,13 @@ class NewReplicaOneFails(ScriptedTransport):
 
     new_dir = current = ""
 
-    def run(self, argv, *, stdin=None, timeout=None):
+    def _command(self, argv, stdin, timeout):
         argv = tuple(argv)
         if argv[:2] == ("sh", "-c") and len(argv) > 6 and argv[4] == "link" and argv[5] == "/opt/hosttune/current":
             self.current = argv[6]
         if argv[:2] == ("python3", "-c") and "UNKNOWN" not in argv[2]:
             self.gate_ok = not (json.loads(argv[3])["port"] == 8102 and self.current == self.new_dir)
-        return super().run(argv, stdin=stdin, timeout=timeout)
+        return super()._command(argv, stdin, timeout)
 
 
 def test_a_replica_failing_its_gate_puts_back_the_replicas_that_moved(tmp_path):
@@ -397,6 +398,7 @@ def test_the_probe_sends_the_replicas_key_from_their_key_file(tmp_path):
 
 
 def test_going_back_to_one_service_stops_the_replicas_probe_and_local_nginx(tmp_path):
+    from hosttune.actions.base import Command
     from hosttune.deploy.rolling import leave_ops
     from hosttune.deploy.state import UnitFile, parse_state
 
@@ -404,7 +406,7 @@ def test_going_back_to_one_service_stops_the_replicas_probe_and_local_nginx(tmp_
                         "instance:hosttune-engine@0.service active\ninstance:hosttune-engine@1.service failed\n")
     assert state.instances == {"hosttune-engine@0.service": "active", "hosttune-engine@1.service": "failed"}
     described = [op for op in leave_ops(state)]
-    assert [getattr(op, "argv", getattr(op, "path", None)) for op in described] == [
+    assert [op.argv if isinstance(op, Command) else op.path for op in described] == [
         ("systemctl", "disable", "--now", "hosttune-engine@0.service", "hosttune-engine@1.service"),
         ("systemctl", "disable", "--now", "hosttune-probe.timer"),
         "/etc/systemd/system/hosttune-engine@.service", "/etc/systemd/system/hosttune-probe.timer",
@@ -419,7 +421,7 @@ def test_canaries_go_first_and_a_failed_check_stops_the_rest(tmp_path, monkeypat
     inv = fleet_of(tmp_path, 4)
     ran: list[str] = []
     monkeypatch.setattr(rollout, "_single", lambda host, request: ran.append(host.name) or
-                        dhost.HostDeploy(host, "deployed", "r", "r"))
+                        dhost.HostDeploy(host, Outcome.DEPLOYED, "r", "r"))
     request = rollout.DeployRequest("sglang", "/m", tmp_path, canary=1)
     checked: list[list[str]] = []
 
@@ -438,7 +440,7 @@ def test_canaries_go_first_and_a_failed_check_stops_the_rest(tmp_path, monkeypat
 
 def test_a_failed_canary_stops_the_rest_without_a_check(tmp_path, monkeypatch):
     inv = fleet_of(tmp_path, 3)
-    monkeypatch.setattr(rollout, "_single", lambda host, request: dhost.HostDeploy(host, "failed", "r", None, error="x"))
+    monkeypatch.setattr(rollout, "_single", lambda host, request: dhost.HostDeploy(host, Outcome.FAILED, "r", None, error="x"))
     outcomes = rollout.deploy_fleet(inv, rollout.DeployRequest("sglang", "/m", tmp_path, canary=1))
     assert [o.state for o in outcomes] == ["failed", "skipped", "skipped"]
     assert outcomes[2].error == "not run: the canary h0 failed"
@@ -454,7 +456,7 @@ def test_the_canary_slo_bench_passes_a_fast_host_and_stops_a_slow_one(tmp_path):
                                                                              address="127.0.0.1"))
             request = rollout.DeployRequest("custom", "/m", tmp_path, port=port)
             bench = CanaryBench("ttft=200ms", rate=10, duration="2s", max_tokens="4")
-            return slo_check(bench, request)([dhost.HostDeploy(host, "deployed", "r", "r")])
+            return slo_check(bench, request)([dhost.HostDeploy(host, Outcome.DEPLOYED, "r", "r")])
 
     assert check_against("0.01") is None
     missed = check_against("0.4")
@@ -471,12 +473,12 @@ MODEL_READ = {  # what model.py's read script prints for each folder on the scri
 
 
 class ModelHost(ScriptedTransport):
-    def run(self, argv, *, stdin=None, timeout=None):
+    def _command(self, argv, stdin, timeout):
         argv = tuple(argv)
         if argv[:2] == ("sh", "-c") and argv[3:4] == ("hosttune",) and argv[4] in MODEL_READ:
             self.log.append((self.host_name, argv))
             return CommandResult(argv, 0, MODEL_READ[argv[4]], "", 0.0)
-        return super().run(argv, stdin=stdin, timeout=timeout)
+        return super()._command(argv, stdin, timeout)
 
 
 @pytest.mark.parametrize("model, extra, message", [
@@ -488,7 +490,8 @@ class ModelHost(ScriptedTransport):
 def test_refusals_only_read_the_host(tmp_path, monkeypatch, model, extra, message):
     log: list = []
     host = inventory(tmp_path).hosts[0]
-    monkeypatch.setattr(rollout, "_connect_and_probe", lambda h: (ModelHost(h.name, log), a100_facts()))
+    monkeypatch.setattr(rollout, "open_transport", lambda spec: ModelHost(spec.host_name, log))
+    monkeypatch.setattr(rollout, "gather", lambda t: type("Run", (), {"facts": a100_facts()})())
     fake_entry(tmp_path / "wh", "vllm")
     outcome = rollout._single(host, rollout.DeployRequest("vllm", model, tmp_path / "wh", **extra))
     assert outcome.state == "failed" and outcome.error.startswith("nothing changed: gpu-a: ") and message in outcome.error

@@ -7,13 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, MoveAside, Step, Symlink
+from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, Remove, Step, Symlink
 from hosttune.execute import rollout
 from hosttune.execute.journal import Journal, JournalStep, OpRecord, journal_path, new_run_id
 from hosttune.execute.reboot import parse_boot_marker
 from hosttune.execute.remote import hostops, hostops_script, write_file
 from hosttune.execute.rollback import pick_journal, rollback_host, undo_list
 from hosttune.execute.runner import execute_plan
+from hosttune.fleet_runner import Outcome, batches, exit_code, over_budget
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host
 from hosttune.plan.host_plan import HostPlan, PlanOptions, build_plan
@@ -61,7 +62,7 @@ def test_truncated_content_leaves_the_file_untouched(local, tmp_path):
     content = b"the whole new content\n" * 100
     argv = ["sh", "-c", hostops_script(), "hosttune", "write",
             str(target), "0644", sha(content), "", ""]
-    result = local.run(argv, stdin=content[: len(content) // 2])
+    result = local.change(argv, stdin=content[: len(content) // 2])
     assert not result.ok and "did not arrive whole" in result.stderr
     assert target.read_bytes() == b"original\n"
     assert [p.name for p in tmp_path.iterdir()] == ["f"]  # no temporary file left behind
@@ -121,7 +122,7 @@ STEPS = [
                                       KernelWrite(("/proc/sys/kernel/numa_balancing",), "0"))),
     Step(("cuda.toolkit",), "cuda", (Symlink("/usr/local/cuda", "/usr/local/cuda-12.4"),
                                      FileWrite("/etc/profile.d/hosttune-cuda.sh", b"export CUDA_HOME=/usr/local/cuda\n"))),
-    Step(("cuda.toolkit",), "prune", (MoveAside("/usr/local/cuda-11.8"),), opt_in="prune-cuda"),
+    Step(("cuda.toolkit",), "prune", (Remove("/usr/local/cuda-11.8"),), opt_in="prune-cuda"),
 ]
 
 
@@ -240,7 +241,7 @@ def fake_execute(monkeypatch):
 
     def execute(plan, run):
         ran.append(plan.host.name)
-        return rollout.HostOutcome(plan, "failed" if plan.host.name.startswith("bad") else "changed")
+        return rollout.HostOutcome(plan, Outcome.FAILED if plan.host.name.startswith("bad") else Outcome.CHANGED)
 
     monkeypatch.setattr(rollout, "_execute", execute)
     return ran
@@ -250,7 +251,7 @@ def test_serial_batches_and_max_fail_percent(fake_execute):
     plans = fake_plans(["bad1", "ok2", "ok3", "ok4"])
     out = rollout.apply_plans(plans, {}, "r", rollout.ApplyOptions(serial=1, max_fail_percent=0))
     assert fake_execute == ["bad1"] and [o.state for o in out] == ["failed", "skipped", "skipped", "skipped"]
-    assert rollout.fleet_exit_code(out) == 2 | 1
+    assert exit_code(out) == 2 | 1
     fake_execute.clear()
     out = rollout.apply_plans(plans, {}, "r", rollout.ApplyOptions(serial=2, max_fail_percent=50))
     assert fake_execute == ["bad1", "ok2", "ok3", "ok4"]  # 1 of 2 is not more than 50%
@@ -264,8 +265,8 @@ def test_serial_batches_and_max_fail_percent(fake_execute):
 
 def test_batches():
     plans = fake_plans("abcde")
-    assert [[p.host.name for p in b] for b in rollout.batches(plans, 2)] == [["a", "b"], ["c", "d"], ["e"]]
-    assert len(rollout.batches(plans, None)) == 1
+    assert [[p.host.name for p in b] for b in batches(plans, 2)] == [["a", "b"], ["c", "d"], ["e"]]
+    assert len(batches(plans, None)) == 1
 
 
 def test_boot_marker_changes_with_boot_id_or_pid1():
@@ -276,14 +277,15 @@ def test_boot_marker_changes_with_boot_id_or_pid1():
 
 def test_recap_text_names_each_host_state():
     from hosttune.execute.recap import render as render_recap
-    from hosttune.execute.runner import HostRun, StepOutcome
+    from hosttune.execute.runner import HostRun, StepOutcome, StepStatus
 
     plans = fake_plans(["a", "b", "c", "d"])
     outcomes = [
-        rollout.HostOutcome(plans[0], "changed", HostRun(plans[0].host, "r", "changed", (StepOutcome(0, ("x",), "s", "done"),))),
-        rollout.HostOutcome(replace(plans[1], steps=()), "ok"),
-        rollout.HostOutcome(plans[2], "failed", error="step 1 exited 1: boom"),
-        rollout.HostOutcome(replace(plans[3], reachable=False), "unreachable", error="cannot reach"),
+        rollout.HostOutcome(plans[0], Outcome.CHANGED,
+                            HostRun(plans[0].host, "r", Outcome.CHANGED, (StepOutcome(0, ("x",), "s", StepStatus.DONE),))),
+        rollout.HostOutcome(replace(plans[1], steps=()), Outcome.OK),
+        rollout.HostOutcome(plans[2], Outcome.FAILED, error="step 1 exited 1: boom"),
+        rollout.HostOutcome(replace(plans[3], reachable=False), Outcome.UNREACHABLE, error="cannot reach"),
     ]
     text = render_recap(outcomes, "r")
     assert "a  changed     1/1 steps done" in text and "c  failed      step 1 exited 1: boom" in text
@@ -308,11 +310,7 @@ def test_layers_plan_execute_actions_point_one_way():
 
 
 def test_failure_budget_stays_spent_once_later_batches_are_skipped():
-    from hosttune.execute.rollout import HostOutcome, over_budget
-
-    failed = HostOutcome(plan=None, state="failed")
-    skipped = HostOutcome(plan=None, state="skipped")
-    ok = HostOutcome(plan=None, state="ok")
+    failed, skipped, ok = Outcome.FAILED, Outcome.SKIPPED, Outcome.OK
     assert over_budget([failed], 40)
     # Skipped hosts were never tried: 1 failure out of 1 tried stays over 40 %.
     assert over_budget([failed, skipped, skipped], 40)

@@ -30,7 +30,7 @@ def test_quoting_round_trips_through_a_real_shell(tmp_path):
 
 def test_local_transport_passes_argv_verbatim(tmp_path):
     marker, values = hostile_values(tmp_path)
-    result = LocalTransport().run(["printf", "%s\\n", *values])
+    result = LocalTransport().read(["printf", "%s\\n", *values])
     assert result.ok and result.stdout.splitlines()[:1] == [values[0]]
     assert not marker.exists()
 

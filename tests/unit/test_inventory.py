@@ -125,7 +125,7 @@ def test_tune_is_validated(tmp_path):
 
 def test_probe_timeout_comes_from_the_inventory(tmp_path, monkeypatch, fixture_text):
     from hosttune import fleet
-    from hosttune.transport.base import CommandResult
+    from hosttune.transport.base import CommandResult, Transport
 
     inv = load_inventory(write(tmp_path, """\
         defaults: {probe_timeout: 240}
@@ -135,18 +135,15 @@ def test_probe_timeout_comes_from_the_inventory(tmp_path, monkeypatch, fixture_t
         """))
     seen = {}
 
-    class Recording:
+    class Recording(Transport):
         def __init__(self, name):
             self.host_name = name
 
-        def run(self, argv, *, stdin=None, timeout=None):
+        def _command(self, argv, stdin, timeout):
             seen[self.host_name] = timeout
             return CommandResult(tuple(argv), 0, fixture_text("h200", "probe-output.txt"), "", 0.0)
 
-        def close(self):
-            pass
-
-    monkeypatch.setattr(fleet, "open_transport", lambda spec: Recording(spec.host_name))
+    monkeypatch.setattr(fleet, "open_transport", lambda spec, **kw: Recording(spec.host_name))
     for host in inv.hosts:
         fleet.probe(host)
     assert seen == {"a": 240.0, "b": 7.5}

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from hosttune.actions.base import Command, CommentOut, FileWrite, KernelWrite, MoveAside, Packages, Service, Step, Symlink
+from hosttune.actions.base import Command, CommentOut, FileWrite, KernelWrite, Remove, Packages, Service, Step, Symlink
 from hosttune.actions.platform import GRUB_DROPIN
 from hosttune.checks import run_checks
 from hosttune.probes.facts import Facts
@@ -57,7 +57,7 @@ def test_what_already_holds_is_dropped():
                   kernel={"/proc/sys/kernel/numa_balancing": "0"})
     s = step(FileWrite("/etc/a", content), Command(("update-grub",), regenerate=True), Symlink("/usr/local/cuda", "/usr/local/cuda-12.4"),
              Service("irqbalance.service", False, False), KernelWrite(("/proc/sys/kernel/numa_balancing",), "0"),
-             MoveAside("/usr/local/cuda-11.8"))
+             Remove("/usr/local/cuda-11.8"))
     assert resolve_step(s, state) is None
 
 
@@ -129,7 +129,7 @@ def test_offline_root_skips_live_writes_and_says_so():
 
 
 def test_opt_in_steps_are_left_out_without_their_flag():
-    s = step(MoveAside("/usr/local/cuda-11.8"), opt_in="prune-cuda")
+    s = step(Remove("/usr/local/cuda-11.8"), opt_in="prune-cuda")
     state = State(files={"/usr/local/cuda-11.8": FileState("/usr/local/cuda-11.8", "dir")})
     assert build_plan(HOST, LATENCY, Facts(), [], state, ONLINE, [s]).left_out == (s,)
     pruning = build_plan(HOST, LATENCY, Facts(), [], state, PlanOptions(opt_ins=frozenset({"prune-cuda"})), [s])

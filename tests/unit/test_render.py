@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from hosttune.fleet_runner import Outcome
 from hosttune.deploy.placement import place
 from hosttune.deploy.plan import Role, make_release
 from hosttune.deploy.rollout import DeployRequest, upstreams
@@ -106,7 +107,7 @@ def test_hostile_values_are_quoted_for_systemd(tmp_path):
 def nginx_upstream(tmp_path) -> Upstream:
     inv = inventory(tmp_path)
     request = DeployRequest("vllm", "/models/m", tmp_path / "wh")
-    outcomes = [HostDeploy(h, "deployed", "r", "r") for h in inv.hosts]
+    outcomes = [HostDeploy(h, Outcome.DEPLOYED, "r", "r") for h in inv.hosts]
     (found,) = upstreams(inv, request, outcomes)  # the ray group serves one model: no upstream
     return found
 
