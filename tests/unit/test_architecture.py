@@ -11,12 +11,12 @@ FORBIDDEN = ("torch", "triton", "hosttune_engine")
 # of one layer are independent of each other. `__init__` is the package itself.
 LAYERS = [
     ("__init__", "errors"),            # the version; the typed errors every layer raises
-    ("quoting", "cpulist"),            # shell and systemd quoting; CPU list syntax
+    ("quoting", "cpulist", "fleet_runner"),  # shell and systemd quoting; CPU list syntax; hosts in parallel, outcomes, exit bits
     ("transport",),                    # run a command, read and put a file: local or SSH
     ("config", "presets", "probes"),   # inventory, profile, engine presets; read-only facts
     ("cores",),                        # housekeeping cores, from facts
     ("checks",),                       # facts and profile in, findings out
-    ("fleet",),                        # hosts in parallel, reports, exit bits
+    ("fleet",),                        # check many hosts: probe, checks, reports
     ("actions",),                      # findings in, operations out; never run
     ("plan", "build", "bench", "verify"),
     ("execute",),                      # the one writer to hosts
