@@ -9,7 +9,7 @@ Per shape (decodes at a 1,024-token context beside one prompt chunk at context 0
   host to enqueue the whole step, then CUDA events time the step's work;
 - step: launch to tokens on the host from an idle device, the latency a decode sees in this step.
 The graph path runs in the bucket the default list gives; a shape past the largest default bucket runs on a
-bucket of its own (rounded up to 256 tokens), marked "+", to show what graphs would give there. Each shape
+bucket of its own (its token count rounded up to 16), marked "+", to show what graphs would give there. Each shape
 also compares the graph path's logits with the eager path's (bf16: a tolerance, and argmax agreement).
 The capture time of the default bucket list (part of the time to /health 200) is measured first.
 Writes OUT/mixed_step.json and prints the table last.
@@ -44,7 +44,7 @@ SMALL_SHAPES = ((4, 12), (4, 60), (1, 120))
 SMALL = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 1, "vocab_size": 2048, "max_position_embeddings": 1024}
 SLEEP_CYCLES = 200_000_000  # about 0.1 s of device sleep: longer than any step's host time
-OWN_BUCKET = 256  # a shape past the default buckets gets one rounded up to this
+OWN_BUCKET = 16  # a shape past the default buckets gets one of its token count rounded up to this
 
 
 @dataclass(frozen=True)
