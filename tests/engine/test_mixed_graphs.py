@@ -179,3 +179,23 @@ def _attention_layers(eng):
     from hosttune_engine.layers.attention import Attention
 
     return [m for m in eng.runner.model.modules() if isinstance(m, Attention)]
+
+
+def test_another_rank_replays_a_mixed_step_as_rank_zero_launches_it(tiny_models):
+    """With tensor parallelism the other ranks `replay` rank 0's step message; here one runner does both
+    and both write the same keys and values into the cache."""
+    from hosttune_engine.parallel.step_message import StepKind
+
+    eng = _engine(tiny_models, "padded")
+    sched = _mixed_step(eng, prompt_ids(11, seed=6))
+    layers = _attention_layers(eng)
+    before = [(layer.k_cache.clone(), layer.v_cache.clone()) for layer in layers]
+    eng.runner.collect(eng.runner.launch(sched))
+    launched = [(layer.k_cache.clone(), layer.v_cache.clone()) for layer in layers]
+    for layer, (k, v) in zip(layers, before):
+        layer.k_cache.copy_(k)
+        layer.v_cache.copy_(v)
+    eng.runner.replay(StepKind.MIXED_GRAPH, sched, None, sample=True)
+    assert all(torch.equal(layer.k_cache, k) and torch.equal(layer.v_cache, v)
+               for layer, (k, v) in zip(layers, launched))
+    assert any(not torch.equal(k, k0) for (k, _), (k0, _) in zip(launched, before))
