@@ -106,3 +106,21 @@ def test_a_server_measures_after_warmup_on_the_idle_engine_loop(tiny_models):
         loop.stop(timeout=10)
     assert seen_running == [False] and not engine.needs_step_costs
     assert engine.scheduler.cost_model is measured.result()
+
+
+def test_no_measured_step_reaches_past_the_context():
+    """On CUDA the grid runs up to the token budget; a model of a shorter context caps it (a position past
+    the context would read past RoPE's table on the GPU)."""
+    from hosttune_engine.core.step_cost import measure_step_costs
+
+    class Probe:
+        max_tokens, max_context, asked = 8192, 1024, []
+
+        def seconds(self, chunk, chunk_context, num_decodes, decode_context, runs):
+            self.asked.append((chunk + chunk_context, decode_context + 1))
+            return 1e-3 * (1 + chunk + num_decodes) + 1e-7 * (chunk * chunk_context + num_decodes * decode_context)
+
+    probe = Probe()
+    model = measure_step_costs(probe, on_cuda=True, kv_tokens=1 << 20, decode_batch=64, runs=1)
+    assert max(max(pair) for pair in probe.asked) <= 1024
+    assert model.token_points[-1] == 1024 and model.decode_s > 0 and model.prefill_s > 0

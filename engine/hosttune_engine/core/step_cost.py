@@ -135,7 +135,8 @@ def measure_step_costs(probe: StepProbe, on_cuda: bool, kv_tokens: int, decode_b
     decode-only step has `decode_batch` sequences. `runs` per step (default: CUDA_RUNS or CPU_RUNS)."""
     runs = runs or (CUDA_RUNS if on_cuda else CPU_RUNS)
     grid = CUDA_TOKEN_POINTS if on_cuda else CPU_TOKEN_POINTS
-    points = [n for n in grid if n < probe.max_tokens] + ([probe.max_tokens] if on_cuda else [])
+    largest = min(probe.max_tokens, probe.max_context)  # positions past the context would read past RoPE's table
+    points = [n for n in grid if n < largest] + ([largest] if on_cuda else [])
     points = sorted({n for n in points if n + 16 + 64 <= kv_tokens})
     seconds = []
     for n in points:  # more tokens never cost less: a noisy point is lifted to the one before
