@@ -2,9 +2,9 @@
 
 Decode-only steps on CUDA replay a CUDA graph captured per batch size
 (`core.cuda_graphs`), a step of one short prompt chunk one captured per
-padded length (`core.prefill_graphs`), and other steps up to a few thousand
-tokens piecewise graphs per padded token count, with attention run between
-them (`core.mixed_graphs`); the rest run eagerly on inputs packed by
+padded length (`core.prefill_graphs`), and other steps of up to 640 tokens
+piecewise graphs per padded token count, with attention run between them
+(`core.mixed_graphs`); the rest run eagerly on inputs packed by
 `core.step_inputs`.
 
 A step is `launch` (pack, enqueue the device work) then `collect` (wait, read
