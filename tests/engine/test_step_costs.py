@@ -85,7 +85,8 @@ def test_a_server_measures_after_warmup_on_the_idle_engine_loop(tiny_models):
 
     from hosttune_engine import EngineLoop
 
-    engine = Engine(EngineConfig(model=str(tiny_models["llama"]), max_step_ms=0), measure_step_costs=False)
+    engine = Engine(EngineConfig(model=str(tiny_models["llama"]), max_step_ms=0, max_num_seqs=4,
+                                 max_num_batched_tokens=64, num_kv_blocks=256), measure_step_costs=False)
     assert engine.needs_step_costs and engine.scheduler.cost_model is None
     finished, seen_running = threading.Event(), []
 
