@@ -121,6 +121,25 @@ def test_a_more_important_prompt_takes_the_budget_first():
     assert sorted(seq.request_id for seq in s.running) == ["d", "high", "low"]
 
 
+def test_a_prompt_more_important_than_every_decode_is_not_held_to_the_budget():
+    """The budget protects the decodes at least as important as the chunk's sequence: beside low-priority
+    decodes a high-priority prompt takes the token budget, as it would alone; a low one stays chunked."""
+    s = make()
+    for rid in ("d1", "d2"):
+        s.add(seq(8, rid, priority=5))
+    step(s)
+    step(s)
+    s.add(seq(1000, "high", priority=0))
+    s.add(seq(1000, "low", priority=5))
+    assert shape(step(s)) == {"d1": 1, "d2": 1, "high": 510}
+    assert shape(step(s)) == {"d1": 1, "d2": 1, "high": 490}  # its prompt is in after two steps
+    assert shape(step(s)) == {"d1": 1, "d2": 1, "high": 1, "low": 202}  # low is chunked beside the decodes
+    fcfs = make(policy="fcfs")
+    decoding(fcfs, "d")
+    fcfs.add(seq(1000, "first", priority=0))
+    assert shape(step(fcfs))["first"] == 204  # without the priority policy every decode is protected
+
+
 def test_running_prefills_go_most_important_first():
     s = make(max_step_ms=None, max_num_batched_tokens=64)
     for rid, priority in (("c", 3), ("a", 1), ("b", 2)):

@@ -76,3 +76,52 @@ def test_the_server_option_takes_milliseconds_auto_or_off(capsys):
         with pytest.raises(SystemExit) as exit_info:
             budget("--max-step-ms", bad)
         assert exit_info.value.code == 2 and "auto or off" in capsys.readouterr().err
+
+
+def test_a_server_measures_after_warmup_on_the_idle_engine_loop(tiny_models):
+    """`measure_step_costs=False` leaves the model to the caller; `EngineLoop.when_idle` runs the measurement
+    once the requests in the engine have finished, before the messages sent after it."""
+    import threading
+
+    from hosttune_engine import EngineLoop
+
+    engine = Engine(EngineConfig(model=str(tiny_models["llama"]), max_step_ms=0, max_num_seqs=4,
+                                 max_num_batched_tokens=64, num_kv_blocks=256), measure_step_costs=False)
+    assert engine.needs_step_costs and engine.scheduler.cost_model is None
+    finished, seen_running = threading.Event(), []
+
+    def on_output(out):
+        if out.finished and out.request_id == "after":
+            finished.set()
+
+    def measure():
+        seen_running.append(engine.has_unfinished_requests())
+        return engine.measure_step_costs(runs=1)
+    loop = EngineLoop(engine, on_output).start()
+    try:
+        loop.submit(EngineRequest("before", prompt_ids(12, 3), greedy(6)))
+        measured = loop.when_idle(measure)
+        loop.submit(EngineRequest("after", prompt_ids(12, 4), greedy(2)))
+        assert isinstance(measured.result(timeout=60), StepCostModel) and finished.wait(60)
+    finally:
+        loop.stop(timeout=10)
+    assert seen_running == [False] and not engine.needs_step_costs
+    assert engine.scheduler.cost_model is measured.result()
+
+
+def test_no_measured_step_reaches_past_the_context():
+    """On CUDA the grid runs up to the token budget; a model of a shorter context caps it (a position past
+    the context would read past RoPE's table on the GPU)."""
+    from hosttune_engine.core.step_cost import measure_step_costs
+
+    class Probe:
+        max_tokens, max_context, asked = 8192, 1024, []
+
+        def seconds(self, chunk, chunk_context, num_decodes, decode_context, runs):
+            self.asked.append((chunk + chunk_context, decode_context + 1))
+            return 1e-3 * (1 + chunk + num_decodes) + 1e-7 * (chunk * chunk_context + num_decodes * decode_context)
+
+    probe = Probe()
+    model = measure_step_costs(probe, on_cuda=True, kv_tokens=1 << 20, decode_batch=64, runs=1)
+    assert max(max(pair) for pair in probe.asked) <= 1024
+    assert model.token_points[-1] == 1024 and model.decode_s > 0 and model.prefill_s > 0

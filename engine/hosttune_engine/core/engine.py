@@ -59,10 +59,13 @@ class Engine:
     Pairs: `add_request` / `abort_request`; `step` until `has_unfinished_requests`
     is False. `stats()` gives the counters metrics are made of. With
     `tensor_parallel_size` > 1 this process is rank 0 of several (one per GPU);
-    `shutdown` stops the others.
+    `shutdown` stops the others. With `max_step_ms` set, the step costs are
+    measured at the end of construction, or, with `measure_step_costs=False`,
+    when the caller calls `measure_step_costs` (a server does after its warmup,
+    when every kernel is compiled: it times each step shape once).
     """
 
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, measure_step_costs: bool = True):
         self.config = config
         self.model_config = ModelConfig.from_folder(config.model)
         self.tokenizer = _load_tokenizer(config)
@@ -76,22 +79,32 @@ class Engine:
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
                             config.scheduling_policy),
             self.block_manager, eos_token_ids=eos)
-        if config.max_step_ms is not None:
-            self._measure_step_costs()
         self.requests: dict[str, _Request] = {}
         self._pending: list[TokenOutput] = []  # built, to go out with the next step
         self._in_flight: _InFlight | None = None
         self._prompt_tokens = self._generation_tokens = self._finished = 0
+        if config.max_step_ms is not None and measure_step_costs:
+            self.measure_step_costs()
 
-    def _measure_step_costs(self) -> None:
-        """Give the scheduler a cost model and a step time budget (core/step_cost.py)."""
+    @property
+    def needs_step_costs(self) -> bool:
+        """A step budget is set and its cost model not measured yet."""
+        return self.config.max_step_ms is not None and self.scheduler.cost_model is None
+
+    def measure_step_costs(self, runs: int | None = None):
+        """Time synthetic steps and give the scheduler their cost model and the step time budget
+        (core/step_cost.py); returns the model. Only on an idle engine (no request in it). `runs` per step
+        shape: the default lets the first run compile kernels; after a warmup one is enough."""
         from hosttune_engine.core.step_cost import StepProbe, measure_step_costs
 
+        if self.has_unfinished_requests():
+            raise RuntimeError("step costs are measured on an idle engine")
         cfg = self.config
         probe = StepProbe(self.runner, self.block_manager, cfg.max_num_batched_tokens, self.max_model_len)
         on_cuda = self.runner.device.type == "cuda"
         decode_batch = max(1, min(64 if on_cuda else 8, cfg.max_num_seqs // 4))  # a quarter-full batch
-        model = measure_step_costs(probe, on_cuda, self.block_manager.num_free_blocks * cfg.block_size, decode_batch)
+        model = measure_step_costs(probe, on_cuda, self.block_manager.num_free_blocks * cfg.block_size, decode_batch,
+                                   runs)
         self.scheduler.cost_model = model
         self.scheduler.config = replace(self.scheduler.config, max_step_ms=cfg.max_step_ms)
         budget = f"{cfg.max_step_ms:g} ms" if cfg.max_step_ms else "auto"
@@ -99,6 +112,7 @@ class Engine:
                  "decode context token, %.3g ns per prefill pair", budget,
                  "/".join(f"{t * 1e3:.1f}" for t in model.token_seconds), "/".join(map(str, model.token_points)),
                  decode_batch, model.decode_step_s * 1e3, model.decode_s * 1e9, model.prefill_s * 1e9)
+        return model
 
     def _start_runner(self) -> ModelRunner:
         if self.config.tensor_parallel_size == 1:

@@ -4,12 +4,15 @@ An HTTP server puts `EngineRequest` / `AbortRequest` in with `submit` and gets
 every `TokenOutput` through the `on_output` callback (called on the engine
 thread: hand it to an event loop with `loop.call_soon_threadsafe`). An exception
 out of a step ends the thread; `on_fatal` hears of it, so a server can exit.
+`when_idle` runs a function on the engine thread once no request is in the engine
+(a server measures its step costs that way after warmup).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from concurrent.futures import Future
 from typing import Callable
 
 from hosttune_engine.core.engine import Engine
@@ -27,6 +30,7 @@ class EngineLoop:
         self.on_fatal = on_fatal
         self._inbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
+        self._waiting_call: _IdleCall | None = None  # taken from the inbox, run once the engine is idle
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._stats = engine.stats()
 
@@ -37,6 +41,13 @@ class EngineLoop:
     def submit(self, message: EngineRequest | AbortRequest) -> None:
         """Thread-safe: queue a request or an abort for the engine thread."""
         self._inbox.put(message)
+
+    def when_idle(self, fn: Callable[[], object]) -> Future:
+        """Thread-safe: run fn() on the engine thread as soon as no request is in the engine (before the
+        messages queued after this call); the future gets its result or its exception."""
+        future: Future = Future()
+        self._inbox.put(_IdleCall(fn, future))
+        return future
 
     def stats(self) -> EngineStats:
         """The counters as of the end of the last step (safe from any thread)."""
@@ -65,15 +76,24 @@ class EngineLoop:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._drain(block=not self.engine.has_unfinished_requests())
+            idle = not self.engine.has_unfinished_requests()
+            if idle and self._waiting_call is not None:
+                call, self._waiting_call = self._waiting_call, None
+                call.run()
+            if self._waiting_call is None:  # the messages after a waiting call wait for it
+                self._drain(block=idle)
             for output in self.engine.step():
                 self.on_output(output)
             self._stats = self.engine.stats()
 
     def _drain(self, block: bool) -> None:
+        """Handle the queued messages, up to a call that waits for the engine to be idle."""
         try:
             message = self._inbox.get(block=block)
             while True:
+                if isinstance(message, _IdleCall):
+                    self._waiting_call = message
+                    return
                 if message is not None:
                     self._handle(message)
                 message = self._inbox.get_nowait()
@@ -85,3 +105,14 @@ class EngineLoop:
             self.engine.handle(message)
         except RequestError as e:
             self.on_error(message.request_id, e)
+
+
+class _IdleCall:
+    def __init__(self, fn: Callable[[], object], future: Future):
+        self.fn, self.future = fn, future
+
+    def run(self) -> None:
+        try:
+            self.future.set_result(self.fn())
+        except Exception as e:  # the caller decides: a failed measurement need not end the engine thread
+            self.future.set_exception(e)

@@ -1,9 +1,11 @@
 """Runs the model for one scheduled step: pack inputs, forward, sample.
 
 Decode-only steps on CUDA replay a CUDA graph captured per batch size
-(`core.cuda_graphs`), and a step of one short prompt chunk one captured per
-padded length (`core.prefill_graphs`); other steps run eagerly on inputs
-packed by `core.step_inputs`.
+(`core.cuda_graphs`), a step of one short prompt chunk one captured per
+padded length (`core.prefill_graphs`), and other steps of up to 640 tokens
+piecewise graphs per padded token count, with attention run between them
+(`core.mixed_graphs`); the rest run eagerly on inputs packed by
+`core.step_inputs`.
 
 A step is `launch` (pack, enqueue the device work) then `collect` (wait, read
 the tokens back), so the engine can do host work while the device computes.
@@ -28,10 +30,11 @@ from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, num_blocks_for_m
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.cuda_graphs import DecodeGraphs, DecodeInputs, capture_sizes
 from hosttune_engine.core.device import resolve_device, resolve_dtype
+from hosttune_engine.core.mixed_graphs import MixedGraphs, MixedInputs, SegmentBuffers, mixed_sizes
 from hosttune_engine.core.prefill_graphs import PREFILL_GRAPH_SIZES, PrefillGraphs, PrefillInputs
 from hosttune_engine.core.scheduler import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
-from hosttune_engine.core.step_inputs import StepInputs, pack_step
+from hosttune_engine.core.step_inputs import StepInputs, pack_step, plan_step
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.kernels.decode_attention import choose_num_splits
@@ -100,9 +103,11 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator] = {}
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
+        self.mixed_graphs: MixedGraphs | None = None
         if self.device.type == "cuda" and self.use_triton and not config.enforce_eager:
             self.graphs = self.build_decode_graphs(use_graphs=True)
             self.prefill_graphs = self.build_prefill_graphs(use_graphs=True)
+            self.mixed_graphs = self.build_mixed_graphs(use_graphs=True)
 
     def build_decode_graphs(self, use_graphs: bool, max_batch: int | None = None) -> DecodeGraphs:
         """Persistent decode buffers and, with `use_graphs`, one captured graph per batch size
@@ -120,6 +125,17 @@ class ModelRunner:
         capacity = min(max(PREFILL_GRAPH_SIZES), self.config.max_num_batched_tokens, self.max_model_len)
         inputs = PrefillInputs(capacity, -(-self.max_model_len // self.block_size), self.block_size, self.device)
         graphs = PrefillGraphs(self.model, self.model.compute_logits, inputs, use_graphs)
+        graphs.capture()
+        return graphs
+
+    def build_mixed_graphs(self, use_graphs: bool, sizes: list[int] | None = None) -> MixedGraphs:
+        """Static buffers and, with `use_graphs`, piecewise graphs for the other steps up to a bucket's tokens
+        (`core.mixed_graphs`)."""
+        sizes = mixed_sizes(self.config.max_num_batched_tokens) if sizes is None else sizes
+        capacity = max(sizes, default=0)
+        graphs = MixedGraphs(self.model, MixedInputs(capacity, self.device),
+                             SegmentBuffers.for_model(self.model, capacity, self.device), sizes, use_graphs,
+                             self.num_kv_heads, self.num_sms)
         graphs.capture()
         return graphs
 
@@ -193,13 +209,22 @@ class ModelRunner:
                 self._share(StepKind.PREFILL_GRAPH, sched)
             logits = self.prefill_graphs.run(sched.seqs[0], sched.num_new_tokens[0])
             return LaunchedStep(mask, None, self.sampler.sample(logits, sampling) if seqs else None)
+        mixed = self.mixed_graphs is not None and self.mixed_graphs.can_run(sched.num_tokens)
         if self.group is not None:
-            self._share(StepKind.EAGER, sched, sample=bool(seqs))
-        batch = self._prepare(sched)
-        hidden = self._forward(batch)  # also when no sequence samples: a prompt chunk's KV must be written
+            self._share(StepKind.MIXED_GRAPH if mixed else StepKind.EAGER, sched, sample=bool(seqs))
+        # also when no sequence samples: a prompt chunk's KV must be written
+        hidden, rows = self._run_mixed(sched) if mixed else self._run_eager(sched)
         if not seqs:
             return LaunchedStep(mask, None, None)
-        return LaunchedStep(mask, None, self.sampler.sample(self.model.compute_logits(hidden[batch.sample_rows]), sampling))
+        return LaunchedStep(mask, None, self.sampler.sample(self.model.compute_logits(hidden[rows]), sampling))
+
+    def _run_mixed(self, sched: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final hidden states [T, H] and the rows to sample, on the piecewise graphs."""
+        return self.mixed_graphs.run(plan_step(sched, self.block_size))
+
+    def _run_eager(self, sched: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self._prepare(sched)
+        return self._forward(batch), batch.sample_rows
 
     def _launch_graph(self, sched: SchedulerOutput, mask: list[bool], seqs: list[Sequence],
                       feed: list[int] | None) -> LaunchedStep:
@@ -300,6 +325,10 @@ class ModelRunner:
             self.graphs.run(sched.seqs, feed)
         elif kind is StepKind.PREFILL_GRAPH:
             self.prefill_graphs.run(sched.seqs[0], sched.num_new_tokens[0])
+        elif kind is StepKind.MIXED_GRAPH:
+            hidden, rows = self._run_mixed(sched)
+            if sample:
+                self.model.compute_logits(hidden[rows])
         else:
             batch = self._prepare(sched)
             hidden = self._forward(batch)

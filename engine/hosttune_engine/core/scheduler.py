@@ -4,7 +4,8 @@ Each step the scheduler spends a token budget: first one token for each running
 decode, then prefill chunks, most important first: the next chunk of a running
 prefill or the first of a waiting sequence. Beside decodes, prefill tokens are also
 limited by a time budget (`max_step_ms`) that a cost model measured at start turns
-into chunk sizes (core/step_budget.py), so long prompts never stall decoding. When the
+into chunk sizes (core/step_budget.py), so long prompts never stall decoding (under the
+priority policy: the decoding of sequences at least as important). When the
 KV pool cannot hold a running sequence's next tokens, the least important running
 sequence not yet scheduled this step is preempted: its blocks are freed and it goes
 back to waiting, to be recomputed later (its full blocks usually survive in the
@@ -144,16 +145,20 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, context: int, wanted: int, out: SchedulerOutput) -> int:
         """Prefill tokens of `seq` to run this step: `wanted`, or fewer where a time budget applies."""
-        budget = self._step_budget(out)
+        budget = self._step_budget(out, seq)
         return wanted if budget is None else budget.chunk(context, wanted)
 
-    def _step_budget(self, out: SchedulerOutput) -> StepBudget | None:
-        """The time budget of the step so far: only with a cost model, a limit, and decodes in the step."""
+    def _step_budget(self, out: SchedulerOutput, seq: Sequence) -> StepBudget | None:
+        """The time budget of the step so far for a chunk of `seq`: only with a cost model, a limit, and
+        decodes in the step that the budget protects. Under the priority policy it protects the decodes at
+        least as important as `seq`: a prompt more important than every decode in the step is bounded by the
+        token budget alone, as with nothing else running (its time to first token is what priority buys)."""
         if self.cost_model is None or self.config.max_step_ms is None:
             return None
-        decodes = [s.num_computed_tokens for s, n in zip(out.seqs, out.num_new_tokens) if n == 1]
-        if not decodes:
+        decodes = [s for s, n in zip(out.seqs, out.num_new_tokens) if n == 1]
+        if not any(self._queue_key(s)[0] <= self._queue_key(seq)[0] for s in decodes):
             return None
+        decodes = [s.num_computed_tokens for s in decodes]
         limit_ms = self.config.max_step_ms
         limit_s = limit_ms / 1e3 if limit_ms else self.cost_model.auto_budget_s(len(decodes), sum(decodes))
         budget = StepBudget(self.cost_model, limit_s, decodes)

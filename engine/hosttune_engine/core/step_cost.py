@@ -11,11 +11,12 @@ The model of one step's seconds:
 - `prefill_pairs`: (query, key) pairs of prefill chunks over their earlier context
   (chunk tokens x context before the chunk), the attention work chunking adds.
 
-Measured on the path mixed steps take (eager, one decode beside a prefill chunk): T at
-a grid of token counts, then the two attention terms at a long context; and a decode-only
-step (on CUDA graphs where the runner has them), the step whose time inter-token latency
-is when no prompt waits. Each point is the fastest of a few runs, the first of which may
-compile kernels.
+Measured on the path mixed steps take (one decode beside a prefill chunk: piecewise graphs
+up to their largest bucket on CUDA, eager past it): T at a grid of token counts, then the
+two attention terms at a long context; and a decode-only step (on CUDA graphs where the
+runner has them), the step whose time inter-token latency is when no prompt waits. Each
+point is the fastest of a few runs, the first of which may compile kernels; a server
+measures after its warmup, when nothing is left to compile, with one run each.
 
 The automatic budget (`--max-step-ms auto`) is per step: `AUTO_DECODE_STEPS` times what a
 decode-only step of the same decodes would take; but never so small that a chunk of
@@ -121,19 +122,21 @@ class StepProbe:
         return best
 
     def _seq(self, context: int, num_new: int) -> Sequence:
-        ids = [self.rng.randrange(self.vocab) for _ in range(context + num_new)]
+        ids = self.rng.choices(range(self.vocab), k=context + num_new)  # a few times faster than randrange
         seq = Sequence(f"step-cost-{self.rng.getrandbits(48):x}", ids, SamplingParams(max_tokens=1))
         self.block_manager.allocate(seq, context + num_new)  # slots for everything
         seq.num_computed_tokens = context  # the earlier context counts as cached
         return seq
 
 
-def measure_step_costs(probe: StepProbe, on_cuda: bool, kv_tokens: int, decode_batch: int) -> StepCostModel:
+def measure_step_costs(probe: StepProbe, on_cuda: bool, kv_tokens: int, decode_batch: int,
+                       runs: int | None = None) -> StepCostModel:
     """Fit the cost model from steps run through `probe` (see the module docstring); the
-    decode-only step has `decode_batch` sequences."""
-    runs = CUDA_RUNS if on_cuda else CPU_RUNS
+    decode-only step has `decode_batch` sequences. `runs` per step (default: CUDA_RUNS or CPU_RUNS)."""
+    runs = runs or (CUDA_RUNS if on_cuda else CPU_RUNS)
     grid = CUDA_TOKEN_POINTS if on_cuda else CPU_TOKEN_POINTS
-    points = [n for n in grid if n < probe.max_tokens] + ([probe.max_tokens] if on_cuda else [])
+    largest = min(probe.max_tokens, probe.max_context)  # positions past the context would read past RoPE's table
+    points = [n for n in grid if n < largest] + ([largest] if on_cuda else [])
     points = sorted({n for n in points if n + 16 + 64 <= kv_tokens})
     seconds = []
     for n in points:  # more tokens never cost less: a noisy point is lifted to the one before

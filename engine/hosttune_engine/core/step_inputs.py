@@ -3,7 +3,9 @@
 Prefill chunks come first, then one token per decoding sequence. Token ids,
 positions, cache slots, the rows to sample and the attention metadata are
 packed with numpy into one int32 array that moves to the device in one copy.
-(Decode-only steps on CUDA use the persistent buffers of `core.cuda_graphs`.)
+(Decode-only steps on CUDA use the persistent buffers of `core.cuda_graphs`; mixed
+steps on CUDA put ids, positions and slots in those of `core.mixed_graphs`, and the
+rest through `pack_attention`.)
 """
 
 from __future__ import annotations
@@ -28,9 +30,25 @@ class StepInputs:
     sample_seqs: list[Sequence]
 
 
-def pack_step(sched: SchedulerOutput, block_size: int, device: torch.device, num_kv_heads: int,
-              num_sms: int) -> StepInputs:
-    """Pack a step's inputs in numpy (int32), then move them to the device in one copy."""
+@dataclass
+class StepPlan:
+    """A step's inputs on the host: per token its id, position and cache slot (int64 [T]), per prefill
+    chunk (query length, context incl. the chunk, block table), per decode (context, block table)."""
+
+    ids: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray
+    prefill: list[tuple[int, int, list[int]]]
+    decode: list[tuple[int, list[int]]]
+    sample_rows: list[int]
+    sample_seqs: list[Sequence]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.ids)
+
+
+def plan_step(sched: SchedulerOutput, block_size: int) -> StepPlan:
     bs = block_size
     ids, pos, slots = [], [], []
     prefill, decode, sample_rows, sample_seqs = [], [], [], []
@@ -47,16 +65,34 @@ def pack_step(sched: SchedulerOutput, block_size: int, device: torch.device, num
         if end == seq.num_tokens:
             sample_rows.append(num_tokens - 1)
             sample_seqs.append(seq)
+    return StepPlan(np.concatenate(ids), np.concatenate(pos), np.concatenate(slots), prefill, decode, sample_rows,
+                    sample_seqs)
+
+
+def pack_step(sched: SchedulerOutput, block_size: int, device: torch.device, num_kv_heads: int,
+              num_sms: int) -> StepInputs:
+    """Pack a step's inputs in numpy (int32), then move them to the device in one copy."""
+    plan = plan_step(sched, block_size)
     host = HostPack()
-    ids_at, pos_at, slots_at = (host.add(np.concatenate(x)) for x in (ids, pos, slots))
-    rows_at = host.add(np.asarray(sample_rows))
-    meta_at = _pack_metadata(host, prefill, decode)
+    ids_at, pos_at, slots_at = (host.add(x) for x in (plan.ids, plan.positions, plan.slots))
+    dev, meta, rows = pack_attention(plan, host, device, num_kv_heads, num_sms)
+    meta.slot_mapping = dev[slots_at]
+    return StepInputs(input_ids=dev[ids_at], positions=dev[pos_at], meta=meta, sample_rows=rows,
+                      sample_seqs=plan.sample_seqs)
+
+
+def pack_attention(plan: StepPlan, host: HostPack, device: torch.device, num_kv_heads: int,
+                   num_sms: int) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """Add the sampled rows and the attention metadata to `host` and move it all to the device in one copy:
+    (the device copy, the metadata, whose `slot_mapping` the caller sets, the sampled rows [N])."""
+    rows_at = host.add(np.asarray(plan.sample_rows))
+    meta_at = _pack_metadata(host, plan.prefill, plan.decode)
     dev = host.to(device)
-    meta = _metadata(dev, meta_at, prefill, decode, dev[slots_at])
-    if decode:
-        meta.decode_num_splits = choose_num_splits(len(decode), num_kv_heads, max(c for c, _ in decode), num_sms)
-    return StepInputs(input_ids=dev[ids_at], positions=dev[pos_at], meta=meta, sample_rows=dev[rows_at],
-                      sample_seqs=sample_seqs)
+    meta = _metadata(dev, meta_at, plan.prefill, plan.decode, None)
+    if plan.decode:
+        meta.decode_num_splits = choose_num_splits(len(plan.decode), num_kv_heads, max(c for c, _ in plan.decode),
+                                                   num_sms)
+    return dev, meta, dev[rows_at]
 
 
 def _pack_metadata(host: HostPack, prefill, decode) -> dict:

@@ -2,10 +2,10 @@
 
 A step's tokens are packed: first the prefill chunks (sequences with more than
 one new token), then one token per decoding sequence. RoPE and the KV-cache
-write of all of them run first (one fused kernel on the Triton path), then the
-prefill part runs the prefill kernel and the decode part the split-K decode
-kernel, both reading the cache (a prefill with no cached prefix reads this
-step's keys and values directly).
+write of all of them run first (`write`, one fused kernel on the Triton path),
+then (`attend_qkv`) the prefill part runs the prefill kernel and the decode part
+the split-K decode kernel, both reading the cache (a prefill with no cached
+prefix reads this step's keys and values directly).
 """
 
 from __future__ import annotations
@@ -43,20 +43,25 @@ class Attention(KernelLayer):
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, Hkv, D]
         self.v_cache: torch.Tensor | None = None
 
-    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, cos_sin: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        """qkv [T, (Hq + 2 Hkv) * D] (rotated in place), cos_sin [max_pos, D] -> [T, Hq, D]."""
+    def write(self, positions: torch.Tensor, qkv: torch.Tensor, cos_sin: torch.Tensor,
+              slot_mapping: torch.Tensor) -> None:
+        """RoPE on q and k of qkv (in place) and k, v into their cache slots: work of a fixed shape per
+        token count, which a piecewise graph captures (`core.mixed_graphs`)."""
         assert self.k_cache is not None, "the model runner must bind a KV cache first"
-        t, hq, hkv = qkv.shape[0], self.num_heads, self.num_kv_heads
         fn = rope_kv_write if self.use_triton else rope_kv_write_ref
-        fn(qkv, positions, cos_sin, self.k_cache, self.v_cache, meta.slot_mapping, hq, hkv)
-        q, k, v = qkv.view(t, hq + 2 * hkv, self.head_dim).split([hq, hkv, hkv], dim=1)  # strided views
-        return self.attend(q, k, v, meta)
+        fn(qkv, positions, cos_sin, self.k_cache, self.v_cache, slot_mapping, self.num_heads, self.num_kv_heads)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """q [T, Hq, D] over the cache (and this step's k, v [T, Hkv, D]) -> [T, Hq, D]."""
+    def attend_qkv(self, qkv: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of the first `len(meta.slot_mapping)` rows of a written qkv -> [T, Hq, D] (into `out`)."""
+        t, hq, hkv = meta.slot_mapping.shape[0], self.num_heads, self.num_kv_heads
+        q, k, v = qkv[:t].view(t, hq + 2 * hkv, self.head_dim).split([hq, hkv, hkv], dim=1)  # strided views
+        return self.attend(q, k, v, meta, out)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """q [T, Hq, D] over the cache (and this step's k, v [T, Hkv, D]) -> [T, Hq, D] (`out` if given)."""
         kc, vc = self.k_cache, self.v_cache
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
         p = meta.num_prefill_tokens
         if p:
             args = (q[:p], kc, vc, meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, meta.prefill_block_tables,

@@ -29,10 +29,14 @@ class LlamaAttention(nn.Module):
         self.rotary = rotary
         self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        qkv = self.qkv_proj(x)  # [T, (Hq + 2 Hkv) * D]
-        o = self.attn(positions, qkv, self.rotary.cos_sin, meta)  # [T, Hq, D]
-        return self.o_proj(o.view(x.shape[0], -1))
+    def project(self, positions: torch.Tensor, x: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        """x [T, H] -> qkv [T, (Hq + 2 Hkv) * D], rotated, its k and v written to the cache."""
+        qkv = self.qkv_proj(x)
+        self.attn.write(positions, qkv, self.rotary.cos_sin, slot_mapping)
+        return qkv
+
+    def output(self, o: torch.Tensor) -> torch.Tensor:
+        return self.o_proj(o.view(o.shape[0], -1))  # [T, Hq, D] -> [T, H]
 
 
 class LlamaMLP(nn.Module):
@@ -55,13 +59,17 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, positions, hidden, residual, meta):
+    def before_attention(self, positions, hidden, residual, slot_mapping):
+        """hidden [T, H] (and the residual, None in the first layer) -> (qkv written to the cache, residual)."""
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, meta)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.self_attn.project(positions, hidden, slot_mapping), residual
+
+    def after_attention(self, o, residual):
+        """The attention output o [T, Hq, D] -> (hidden [T, H], residual) for the next layer."""
+        hidden, residual = self.post_attention_layernorm(self.self_attn.output(o), residual)
         return self.mlp(hidden), residual
 
 
@@ -74,11 +82,37 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        hidden, residual = self.embed_tokens(input_ids), None  # [T, H]
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, meta)
-        hidden, _ = self.norm(hidden, residual)
+        x, residual = input_ids, None
+        for k in range(len(self.layers)):
+            qkv, residual = self.segment(k, x, residual, positions, meta.slot_mapping)
+            x = self.attention(k, qkv, meta)
+        hidden, _ = self.segment(len(self.layers), x, residual, positions, meta.slot_mapping)
         return hidden
+
+    # The forward cut at its attention calls: segment 0, attention 0, segment 1, ..., segment L. A segment's
+    # shapes depend on the token count alone, so a piecewise CUDA graph captures it (`core.mixed_graphs`);
+    # attention's depend on the step's sequences, so it runs between the replays.
+    @property
+    def num_segments(self) -> int:
+        return len(self.layers) + 1
+
+    def segment(self, k: int, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Segment k: from the input ids [T] (k = 0) or layer k-1's attention output [T, Hq, D] to layer k's
+        written qkv and the residual; the last segment (k = L) ends with the final norm: (hidden [T, H], None)."""
+        if k == 0:
+            hidden = self.embed_tokens(x)  # [T, H]
+        else:
+            hidden, residual = self.layers[k - 1].after_attention(x, residual)
+        if k == len(self.layers):
+            hidden, _ = self.norm(hidden, residual)
+            return hidden, None
+        return self.layers[k].before_attention(positions, hidden, residual, slot_mapping)
+
+    def attention(self, k: int, qkv: torch.Tensor, meta: AttentionMetadata,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+        """Layer k's attention over the cache: qkv [>= T, W] -> [T, Hq, D] (into `out`), T = len(slot_mapping)."""
+        return self.layers[k].self_attn.attn.attend_qkv(qkv, meta, out)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -2,8 +2,9 @@
 
 The other ranks hold no scheduler: a message carries, per scheduled sequence, what their model runner
 reads (token ids to compute, positions, block table), and which path rank 0 takes (decode graph, prefill
-graph, eager), so every rank launches the same kernels and collectives in the same order. A rank keeps a
-mirror `Sequence` per request (`Mirrors`) so the decode graphs' block-table rows are reused as on rank 0.
+graph, mixed graphs, eager), so every rank launches the same kernels and collectives in the same order.
+A rank keeps a mirror `Sequence` per request (`Mirrors`) so the decode graphs' block-table rows are reused
+as on rank 0.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hosttune_engine.sampling import SamplingParams
 class StepKind(Enum):
     DECODE_GRAPH = "decode_graph"  # DecodeGraphs.run
     PREFILL_GRAPH = "prefill_graph"  # PrefillGraphs.run
+    MIXED_GRAPH = "mixed_graph"  # MixedGraphs.run; logits of the sampled rows when `sample`
     EAGER = "eager"  # the packed step; logits of the sampled rows when `sample`
     ALL_LOGITS = "all_logits"  # the packed step, logits of every row (ModelRunner.prefill_logits)
 

@@ -51,6 +51,10 @@ class EngineClient:
     def stats(self) -> EngineStats:
         return self._loop.stats()
 
+    def when_idle(self, fn) -> asyncio.Future:
+        """fn() run on the engine thread once no request is in the engine; await its result."""
+        return asyncio.wrap_future(self._loop.when_idle(fn), loop=self._aio)
+
     @property
     def num_routed(self) -> int:
         """Requests whose final output has not arrived yet (aborted ones until the engine confirms)."""

@@ -36,7 +36,7 @@ ABORT_GRACE_S = 2.0  # after the shutdown timeout, for aborted requests to send 
 def build_engine(config: EngineConfig):
     from hosttune_engine.core.engine import Engine  # loads torch
 
-    return Engine(config)
+    return Engine(config, measure_step_costs=False)  # after warmup (Server._measure_step_costs)
 
 
 class Server:
@@ -126,17 +126,30 @@ class Server:
             client = EngineClient(engine, on_fatal=self.fail).start()
             self.state.attach(client, engine.tokenizer, engine.max_model_len, engine.model_config.vocab_size)
             self.state.health.gpu = GpuMonitor(_pci_bus_id(engine))
-            if not self.config.warmup:
-                return True
-            self.state.health.phase = Phase.WARMING_UP
-            seconds = await self._until_stopped(warm_up(client, self._warmup_plan(engine, client)))
-            if seconds is None:
-                return False
-            log.info("warmup done in %.1f s", seconds)
-            return True
+            if self.config.warmup:
+                self.state.health.phase = Phase.WARMING_UP
+                seconds = await self._until_stopped(warm_up(client, self._warmup_plan(engine, client)))
+                if seconds is None:
+                    return False
+                log.info("warmup done in %.1f s", seconds)
+            return await self._measure_step_costs(engine, client)
         except Exception as e:
             self.fail(e)
             return False
+
+    async def _measure_step_costs(self, engine, client: EngineClient) -> bool:
+        """The step budget's cost model, timed on the idle engine after warmup: every kernel is compiled and
+        every graph captured by then, so one run of each step shape is enough (and warmup runs its steps
+        without a time budget, as many as it needs and no more). False if a stop came first."""
+        if not getattr(engine, "needs_step_costs", False):
+            return True
+        runs = 1 if self.config.warmup else None
+        start = asyncio.get_running_loop().time()
+        model = await self._until_stopped(client.when_idle(lambda: engine.measure_step_costs(runs)))
+        if model is None:
+            return False
+        log.info("step costs measured in %.1f s", asyncio.get_running_loop().time() - start)
+        return True
 
     def _warmup_plan(self, engine, client: EngineClient):
         cfg = self.config.engine

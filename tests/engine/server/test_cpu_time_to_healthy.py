@@ -1,5 +1,5 @@
 """A real 135M-parameter model (SmolLM2) at its full context of 8192 becomes healthy on
-CPU within a minute, warmup included, and then serves."""
+CPU within a minute, warmup and the step-cost measurement included, and then serves."""
 
 import time
 
@@ -17,7 +17,9 @@ def test_smollm2_at_full_context_is_healthy_within_a_minute(smollm2, tmp_path):
         seconds = time.monotonic() - started
         print(f"SmolLM2-135M on CPU: healthy {seconds:.1f} s after start")
         print("\n".join(line for line in server.log().splitlines() if "step budget" in line or "warmup done" in line))
-        assert "warmup done" in server.log()
+        log = server.log()
+        # the step costs are timed after warmup, when nothing is left to compile, before /health says 200
+        assert log.index("warmup done") < log.index("step budget auto") < log.index("step costs measured")
         _, models = get_json(server.url + "/v1/models")
         assert models["data"][0]["max_model_len"] == 8192
         assert seconds <= HEALTHY_WITHIN_S, server.log()
