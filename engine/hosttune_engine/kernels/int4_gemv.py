@@ -1,11 +1,17 @@
-"""4-bit-weight matrix-vector product for one-token decode: y [M, N] = x [M, K] @ W (+ bias), M <= 4, with
-W[k, n] = (q[k, n] - zeros[g, n]) * scales[g, n], g = g_idx[k], dequantized in registers.
+"""4-bit-weight matrix-vector product for one-token decode: y [M, N] = x [M, K] @ W (+ bias), M <= 4, in the
+layout of kernels/int4_layout.py, optionally with the layer before it computed in the prologue (RMSNorm,
+with the residual add, or SwiGLU), as kernels/gemv.py does for bf16.
 
-q is packed eight to an int32 along K ([K/8, N], value k at bits 4 (k % 8)), so a program owning
-BLOCK_N output columns reads contiguous int32s along N, each once, and unpacks its eight nibbles in
-registers; each weight costs half a byte of traffic, a quarter of bf16's. With plain groups
-(g = k // group_size, BLOCK_K dividing group_size) a tile has one group: it sums (q - zero) * x and
-scales once per column; act-order groups (g_idx) gather scale and zero per row.
+Parallelism is the bf16 GEMV's: each program owns BLOCK_N rows of qweight [N, K/8] and walks K in
+BLOCK_K tiles of contiguous words, so N / BLOCK_N programs (hundreds per projection) stream the weights
+with wide loads, each word once. A tile's nibble i of every word is multiplied by the activations at
+positions 8j + i; sums stay per group ([BLOCK_N, groups in the tile]) and take their scale and zero once:
+sum((q - z) * x) * s = (sum(q * x) - z * sum(x)) * s.
+
+Unpacking: with MAGIC the nibble is masked in place and ORed into the mantissa of 2^23, so one logic op
+and one float subtract give q * 16^j exactly (the activation is pre-scaled by 16^-j, j = i % 4; the upper
+four nibbles come from the word shifted by 16 once). Without it, shift, mask and an int-to-float
+conversion (the GPU's slower conversion unit). Both are exact; the tuner picks per GPU.
 """
 
 from __future__ import annotations
@@ -15,104 +21,141 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
+from hosttune_engine.kernels.gemv import PLAIN, RMSNORM, RMSNORM_RESIDUAL, SWIGLU, _input_tile, _rms_rstd
+from hosttune_engine.kernels.int4_layout import check_int4_weight, dequantize_ref, tile_in_group
+from hosttune_engine.kernels.rmsnorm import rms_norm_ref
+from hosttune_engine.kernels.swiglu import swiglu_ref
 
-DEFAULT = {"BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
+DEFAULT = {"BLOCK_N": 8, "BLOCK_K": 512, "MAGIC": 1, "num_warps": 4, "num_stages": 3}
 
 
 @triton.jit
-def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, N, K, group_size, stride_xm, stride_ym,
-                      M: tl.constexpr, HAS_BIAS: tl.constexpr, SORTED: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+def _nibble(p, p_hi, I: tl.constexpr, MAGIC: tl.constexpr):
+    """Nibble I of each word as fp32: q * 16^(I % 4) with MAGIC, else q."""
+    if MAGIC:
+        MASK: tl.constexpr = 15 << (4 * (I % 4))
+        if I < 4:
+            bits = (p & MASK) | 0x4B000000
+        else:
+            bits = (p_hi & MASK) | 0x4B000000
+        return bits.to(tl.float32, bitcast=True) - 8388608.0
+    else:
+        return ((p >> (4 * I)) & 0xF).to(tl.float32)
+
+
+@triton.jit
+def _unscale(x, I: tl.constexpr):
+    """x / 16^(I % 4): the MAGIC nibble I carries that factor."""
+    if I % 4 == 1:
+        x = x * 0.0625
+    elif I % 4 == 2:
+        x = x * 0.00390625
+    elif I % 4 == 3:
+        x = x * 0.000244140625
+    return x
+
+
+@triton.jit
+def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm,
+                      stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr, PERMUTED: tl.constexpr,
+                      PROLOGUE: tl.constexpr, MAGIC: tl.constexpr, EVEN_K: tl.constexpr, GROUP: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    ROWS: tl.constexpr = BLOCK_K // 8  # packed rows per tile: each int32 is loaded once, its 8 nibbles unpacked
+    WORDS: tl.constexpr = BLOCK_K // 8
+    PART: tl.constexpr = GROUP if GROUP < BLOCK_K else BLOCK_K  # columns of one group inside a tile
+    SUB: tl.constexpr = BLOCK_K // PART
+    kw, groups = K // 8, K // GROUP
+    q_rows = q_ptr + offs_n.to(tl.int64)[:, None] * kw
+    g_rows = offs_n[:, None] * groups
+    rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, EVEN_K, BLOCK_K)
     for m in tl.static_range(M):  # M <= 4: the repeated weight reads of m > 0 come from cache
-        acc = tl.zeros([BLOCK_N], tl.float32)
+        acc = tl.zeros([BLOCK_N, SUB], tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            rows = k0 // 8 + tl.arange(0, ROWS)
-            r_mask = rows < K // 8
-            mask = r_mask[:, None] & n_mask[None, :]
-            packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * N + offs_n[None, :], mask=mask, other=0)
-            if SORTED:  # the tile lies in one group: sum (q - zero) * x, then scale once
-                g = k0 // group_size
-                z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.float32)[None, :]
-                tile = tl.zeros([ROWS, BLOCK_N], tl.float32)
-                for i in tl.static_range(8):
-                    x = tl.load(x_ptr + m * stride_xm + rows * 8 + i, mask=r_mask, other=0.0).to(tl.float32)
-                    tile += (((packed >> (4 * i)) & 0xF).to(tl.float32) - z) * x[:, None]
-                acc += tl.sum(tile, 0) * tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            else:  # act-order groups: scale and zero gathered per input row
-                tile = tl.zeros([ROWS, BLOCK_N], tl.float32)
-                for i in tl.static_range(8):
-                    k = rows * 8 + i
-                    x = tl.load(x_ptr + m * stride_xm + k, mask=r_mask, other=0.0).to(tl.float32)
-                    gi = tl.load(g_ptr + k, mask=r_mask, other=0).to(tl.int64)[:, None] * N + offs_n[None, :]
-                    s = tl.load(s_ptr + gi, mask=mask, other=0.0).to(tl.float32)
-                    z = tl.load(z_ptr + gi, mask=mask, other=0).to(tl.float32)
-                    tile += (((packed >> (4 * i)) & 0xF).to(tl.float32) - z) * s * x[:, None]
-                acc += tl.sum(tile, 0)
-        y = acc
+            words = k0 // 8 + tl.arange(0, WORDS)
+            if EVEN_K:
+                p = tl.load(q_rows + words[None, :], mask=n_mask[:, None], other=0)  # [BLOCK_N, WORDS]
+            else:
+                p = tl.load(q_rows + words[None, :], mask=n_mask[:, None] & (words < kw)[None, :], other=0)
+            p_hi = p >> 16
+            part = tl.zeros([BLOCK_N, WORDS], tl.float32)
+            x_sum = tl.zeros([WORDS], tl.float32)
+            for i in tl.static_range(8):
+                offs_k = words * 8 + i
+                k_mask = offs_k < K
+                cols = offs_k
+                if PERMUTED:
+                    cols = tl.load(perm_ptr + offs_k, mask=k_mask, other=0)
+                x = _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols, k_mask, rstd, PROLOGUE, EVEN_K)
+                x_sum += x
+                if MAGIC:
+                    x = _unscale(x, i)
+                part += _nibble(p, p_hi, i, MAGIC) * x[None, :]
+            qx = tl.sum(tl.reshape(part, [BLOCK_N, SUB, PART // 8]), 2)  # [BLOCK_N, SUB]
+            xs = tl.sum(tl.reshape(x_sum, [SUB, PART // 8]), 1)  # [SUB]
+            g = (k0 + tl.arange(0, SUB) * PART) // GROUP
+            g_mask = n_mask[:, None] & (g < groups)[None, :]
+            s = tl.load(s_ptr + g_rows + g[None, :], mask=g_mask, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + g_rows + g[None, :], mask=g_mask, other=0).to(tl.float32)
+            acc += s * (qx - z * xs[None, :])
+        y = tl.sum(acc, 1)
         if HAS_BIAS:
             y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-def check_int4_weight(qweight, scales, zeros, g_idx, group_size: int, k: int, device) -> None:
-    check_tensor("qweight", qweight, 2, dtypes=(torch.int32,), device=device)
-    n = qweight.shape[1]
-    check(qweight.shape[0] * 8 == k and qweight.is_contiguous(), "qweight must be [K/8, N] = [{}, N] and "
-          "contiguous, got {}", k // 8, tuple(qweight.shape))
-    check(group_size > 0 and k % group_size == 0, "group_size {} must divide K {}", group_size, k)
-    groups = k // group_size
-    check_tensor("scales", scales, 2, dtypes=(torch.float16, torch.bfloat16, torch.float32), device=device)
-    check_tensor("zeros", zeros, 2, dtypes=(torch.uint8,), device=device)
-    for name, t in (("scales", scales), ("zeros", zeros)):
-        check(tuple(t.shape) == (groups, n) and t.is_contiguous(), "{} must be [{}, {}] and contiguous, got {}",
-              name, groups, n, tuple(t.shape))
-    check_tensor("g_idx", g_idx, 1, dtypes=(torch.int32,), device=device)
-    check(g_idx.shape[0] == k and g_idx.is_contiguous(), "g_idx must be [K] = [{}] and contiguous", k)
+def _check_prologue(x, k: int, prologue: int, residual, norm_weight, residual_out) -> None:
+    check(prologue == PLAIN or x.shape[0] == 1, "a prologue takes one row, got {}", x.shape[0])
+    if prologue in (RMSNORM, RMSNORM_RESIDUAL):
+        check_tensor("norm_weight", norm_weight, 1, dtypes=(x.dtype,), device=x.device)
+        check(norm_weight.shape[0] == k and norm_weight.is_contiguous(), "norm_weight must be [K] and contiguous")
+    if prologue == RMSNORM_RESIDUAL:
+        for name, t in (("residual", residual), ("residual_out", residual_out)):
+            check(isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == x.dtype and t.is_contiguous(),
+                  "{} must be a contiguous tensor like x", name)
 
 
-def int4_block_k(cfg: dict, group_size: int, sorted_groups: bool) -> int:
-    """The K tile: with plain groups it must lie inside one group."""
-    block_k = cfg["BLOCK_K"]
-    if sorted_groups:
-        while group_size % block_k:
-            block_k //= 2
-    return block_k
-
-
-def int4_gemv(x, qweight, scales, zeros, g_idx, group_size: int, sorted_groups: bool, bias=None,
-              config: dict | None = None) -> torch.Tensor:
-    """x [M, K] (M <= 4) @ W [K, N] (+ bias) -> [M, N] in x's dtype."""
+def int4_gemv(x, qweight, scales, zeros, perm, group_size: int, bias=None, config: dict | None = None,
+              prologue: int = PLAIN, residual=None, norm_weight=None, residual_out=None,
+              eps: float = 0.0) -> torch.Tensor:
+    """x [M, K] (M <= 4) @ W (+ bias) -> [M, N] in x's dtype. With `prologue` RMSNORM(_RESIDUAL) x is the raw
+    hidden row [1, K]; with SWIGLU it is [1, 2K] [gate | up]."""
     check_tensor("x", x, 2)
-    m, k = x.shape
-    check(1 <= m <= 4 and x.stride(1) == 1, "int4_gemv takes 1 to 4 rows contiguous in K, got {}", tuple(x.shape))
-    check_int4_weight(qweight, scales, zeros, g_idx, group_size, k, x.device)
-    n = qweight.shape[1]
+    m = x.shape[0]
+    k = x.shape[1] // 2 if prologue == SWIGLU else x.shape[1]
+    check(1 <= m <= 4 and x.is_contiguous(), "int4_gemv takes 1 to 4 contiguous rows, got {}", tuple(x.shape))
+    check_int4_weight(qweight, scales, zeros, perm, group_size, k, x.device)
+    n = qweight.shape[0]
     if bias is not None:
         check_tensor("bias", bias, 1, dtypes=(x.dtype,), device=x.device)
         check(bias.shape[0] == n and bias.is_contiguous(), "bias must be [{}] and contiguous", n)
+    _check_prologue(x, k, prologue, residual, norm_weight, residual_out)
     cfg = config or DEFAULT
-    block_k = int4_block_k(cfg, group_size, sorted_groups)
-    check(block_k >= 8, "group_size {} leaves no K tile of at least 8", group_size)
+    block_k = cfg["BLOCK_K"]
+    if group_size & (group_size - 1):  # a tile holding several groups needs them a power of two wide
+        block_k = tile_in_group(block_k, group_size)
+    check(block_k >= 8 and block_k & (block_k - 1) == 0 and (block_k % group_size == 0 or group_size % block_k == 0),
+          "BLOCK_K {} must be a power of two, a multiple or a divisor of group_size {}", block_k, group_size)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     _int4_gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-        x, qweight, scales, zeros, g_idx, bias if bias is not None else x, y, n, k, group_size, x.stride(0),
-        y.stride(0), M=m, HAS_BIAS=bias is not None, SORTED=sorted_groups, BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_K=block_k, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        x, qweight, scales, zeros, perm if perm is not None else qweight, bias if bias is not None else x, y,
+        residual if residual is not None else x, norm_weight if norm_weight is not None else x,
+        residual_out if residual_out is not None else x, n, k, x.stride(0), y.stride(0), eps, M=m,
+        HAS_BIAS=bias is not None, PERMUTED=perm is not None, PROLOGUE=prologue, MAGIC=cfg.get("MAGIC", 1),
+        EVEN_K=k % block_k == 0, GROUP=group_size, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y
 
 
-def int4_dequantize_ref(qweight, scales, zeros, g_idx) -> torch.Tensor:
-    """qweight [K/8, N] -> fp32 W [K, N]."""
-    shifts = torch.arange(0, 32, 4, device=qweight.device, dtype=torch.int32)
-    q = ((qweight[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(-1, qweight.shape[1]).float()
-    g = g_idx.long()
-    return (q - zeros[g].float()) * scales[g].float()
-
-
-def int4_gemv_ref(x, qweight, scales, zeros, g_idx, bias=None) -> torch.Tensor:
-    y = x.float() @ int4_dequantize_ref(qweight, scales, zeros, g_idx)
+def int4_gemv_ref(x, qweight, scales, zeros, perm, group_size: int, bias=None, prologue: int = PLAIN, residual=None,
+                  norm_weight=None, residual_out=None, eps: float = 0.0) -> torch.Tensor:
+    if prologue == SWIGLU:
+        x = swiglu_ref(x)
+    elif prologue == RMSNORM:
+        x = rms_norm_ref(x, norm_weight, eps)
+    elif prologue == RMSNORM_RESIDUAL:
+        x, new_residual = rms_norm_ref(x, norm_weight, eps, residual=residual)
+        residual_out.copy_(new_residual)
+    y = x.float() @ dequantize_ref(qweight, scales, zeros, perm, group_size).t()
     return (y + (bias.float() if bias is not None else 0.0)).to(x.dtype)

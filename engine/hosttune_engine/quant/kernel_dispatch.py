@@ -48,10 +48,17 @@ def fp8_linear(layer, x) -> torch.Tensor:
 
 
 def int4_linear(layer, x) -> torch.Tensor:
-    if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)):
-        x = x.materialize()
+    """x [T, K], or a deferred RMSNorm / SwiGLU row, which the GEMV computes in its prologue."""
+    weights = (layer.qweight, layer.scales, layer.zeros, layer.kernel_perm, layer.group_size, layer.bias)
+    if isinstance(x, DeferredRMSNorm):
+        cfg = launch_config("int4_gemv", _key(x.x), x.x.device, INT4_GEMV_DEFAULT)
+        prologue = RMSNORM if x.residual is None else RMSNORM_RESIDUAL
+        return int4_gemv(x.x, *weights, cfg, prologue=prologue, residual=x.residual, norm_weight=x.weight,
+                         residual_out=x.residual_out, eps=x.eps)
+    if isinstance(x, DeferredSwiGLU):
+        cfg = launch_config("int4_gemv", _key(x.gate_up), x.gate_up.device, INT4_GEMV_DEFAULT)
+        return int4_gemv(x.gate_up, *weights, cfg, prologue=SWIGLU)
     x = x.contiguous()
-    args = (layer.qweight, layer.scales, layer.zeros, layer.g_idx, layer.group_size, layer.sorted_groups, layer.bias)
     if x.shape[0] <= GEMV_ROWS:
-        return int4_gemv(x, *args, config=launch_config("int4_gemv", _key(x), x.device, INT4_GEMV_DEFAULT))
-    return w4a16_gemm(x, *args, config=launch_config("w4a16_gemm", _key(x), x.device, GEMM_DEFAULT))
+        return int4_gemv(x, *weights, launch_config("int4_gemv", _key(x), x.device, INT4_GEMV_DEFAULT))
+    return w4a16_gemm(x, *weights, launch_config("w4a16_gemm", _key(x), x.device, GEMM_DEFAULT))
