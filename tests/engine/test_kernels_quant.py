@@ -69,18 +69,20 @@ def _close(got, want, dtype):
 @pytest.mark.parametrize("case", list(FP8_CASES))
 @pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("tile", [32, 64])  # a K tile of one or of two scale blocks
-def test_fp8_gemv(case, dtype, m, tile):
+@pytest.mark.parametrize("dot", [0, 1])
+def test_fp8_gemv(case, dtype, m, tile, dot):
     n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
     w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     bias = torch.randn(n, device=DEVICE).to(dtype)
-    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 16 if dot else 8, "BLOCK_K": tile, "DOT": dot, "num_warps": 4, "num_stages": 1}
     _close(fp8_gemv(x, w, scale, srow, block_k, bias, config=cfg), fp8_gemv_ref(x, w, scale, srow, block_k, bias), dtype)
 
 
 @pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
 @pytest.mark.parametrize("case", ["block", "channel"])
-def test_fp8_gemv_prologues(case, prologue):
+@pytest.mark.parametrize("dot", [0, 1])
+def test_fp8_gemv_prologues(case, prologue, dot):
     n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
     w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
     x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE)
@@ -88,7 +90,7 @@ def test_fp8_gemv_prologues(case, prologue):
     if prologue == RMSNORM_RESIDUAL:
         extra["residual"] = torch.randn(1, k, device=DEVICE)
     outs = [torch.empty(1, k, device=DEVICE) for _ in range(2)]
-    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 16 if dot else 8, "BLOCK_K": 64, "DOT": dot, "num_warps": 4, "num_stages": 1}
     got = fp8_gemv(x, w, scale, srow, block_k, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
     want = fp8_gemv_ref(x, w, scale, srow, block_k, prologue=prologue, residual_out=outs[1], **extra)
     _close(got, want, torch.float32)

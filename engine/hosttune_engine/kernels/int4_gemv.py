@@ -68,10 +68,10 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
     SUB: tl.constexpr = BLOCK_K // PART
     kw, groups = K // 8, K // GROUP
     q_rows = q_ptr + offs_n.to(tl.int64)[:, None] * kw
-    g_rows = offs_n[:, None] * groups
+    g_rows = offs_n * groups  # [BLOCK_N]
     rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, EVEN_K, BLOCK_K)
     for m in tl.static_range(M):  # M <= 4: the repeated weight reads of m > 0 come from cache
-        acc = tl.zeros([BLOCK_N, SUB], tl.float32)
+        acc = tl.zeros([BLOCK_N], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             words = k0 // 8 + tl.arange(0, WORDS)
             if EVEN_K:
@@ -92,14 +92,20 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
                 if MAGIC:
                     x = _unscale(x, i)
                 part += _nibble(p, p_hi, i, MAGIC) * x[None, :]
-            qx = tl.sum(tl.reshape(part, [BLOCK_N, SUB, PART // 8]), 2)  # [BLOCK_N, SUB]
-            xs = tl.sum(tl.reshape(x_sum, [SUB, PART // 8]), 1)  # [SUB]
-            g = (k0 + tl.arange(0, SUB) * PART) // GROUP
-            g_mask = n_mask[:, None] & (g < groups)[None, :]
-            s = tl.load(s_ptr + g_rows + g[None, :], mask=g_mask, other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + g_rows + g[None, :], mask=g_mask, other=0).to(tl.float32)
-            acc += s * (qx - z * xs[None, :])
-        y = tl.sum(acc, 1)
+            if SUB == 1:  # the tile lies in one group
+                g = k0 // GROUP
+                s = tl.load(s_ptr + g_rows + g, mask=n_mask, other=0.0).to(tl.float32)
+                z = tl.load(z_ptr + g_rows + g, mask=n_mask, other=0).to(tl.float32)
+                acc += s * (tl.sum(part, 1) - z * tl.sum(x_sum, 0))
+            else:
+                qx = tl.sum(tl.reshape(part, [BLOCK_N, SUB, PART // 8]), 2)  # [BLOCK_N, SUB]
+                xs = tl.sum(tl.reshape(x_sum, [SUB, PART // 8]), 1)  # [SUB]
+                g = k0 // GROUP + tl.arange(0, SUB)
+                g_mask = n_mask[:, None] & (g < groups)[None, :]
+                s = tl.load(s_ptr + g_rows[:, None] + g[None, :], mask=g_mask, other=0.0).to(tl.float32)
+                z = tl.load(z_ptr + g_rows[:, None] + g[None, :], mask=g_mask, other=0).to(tl.float32)
+                acc += tl.sum(s * (qx - z * xs[None, :]), 1)
+        y = acc
         if HAS_BIAS:
             y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
