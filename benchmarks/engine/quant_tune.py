@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -280,71 +281,112 @@ def lm_head_ms(t: Tuner) -> float:
     return t.per_call_ms([lambda: gemv(x, w, out_dtype=torch.float32, config=cfg)] * 2)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="quant-tune")
-    parser.add_argument("--tiny", action="store_true", help="tiny shapes and two configs per kernel (CPU test)")
-    parser.add_argument("--budget-s", type=float, default=200.0, help="stop starting sweeps after this long")
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+STAGES = {  # stage -> share of the budget; each runs in its own process, so a fault in one loses only it
+    "gemv": 0.5, "prefill": 0.25, "batched": 0.25}
+
+
+def run_stage(stage: str, args, out: Path) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # the interpreter's dot needs fp32
     shape = cases.TINY if args.tiny else cases.QWEN7B
     projs = cases.projections(**{k: shape[k] for k in ("hidden", "inter", "heads", "kv_heads", "head_dim")})
-    t = Tuner(device, dtype, args.budget_s, args.tiny)
-    t0 = time.perf_counter()
+    t = Tuner(device, dtype, args.budget_s * STAGES[stage], args.tiny)
     bw = copy_tb_s(device)
-    print(f"copy bandwidth {bw:.2f} TB/s on {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}",
-          flush=True)
-    res = {"copy_tb_s": bw, "shape": shape}
-    res["b1_step_linear_ms"] = tune_gemvs(t, projs, bw)
-    res["prefill_fp8_paths_ms"] = tune_gemms(t, projs, 160 if args.tiny else 4096, bw)
-    res["b64_fp8_paths_ms"] = tune_gemms(t, projs, 8 if args.tiny else 64, bw)
-    res["lm_head_ms"] = lm_head_ms(t)
-    finish(t, res, shape, out, device, time.perf_counter() - t0)
+    res = {"copy_tb_s": bw}
+    if stage == "gemv":
+        res["b1_step_linear_ms"] = tune_gemvs(t, projs, bw)
+        res["lm_head_ms"] = lm_head_ms(t)
+    elif stage == "prefill":
+        res["prefill_fp8_paths_ms"] = tune_gemms(t, projs, 160 if args.tiny else 4096, bw)
+    else:
+        res["b64_fp8_paths_ms"] = tune_gemms(t, projs, 8 if args.tiny else 64, bw)
+    res.update(rows=t.rows, table=t.table, skipped=t.skipped, device=device_name(device))
+    (out / f"stage-{stage}.json").write_text(json.dumps(res, default=str))
 
 
-def _bucket_winners(t: Tuner) -> None:
-    """Per kernel and batch bucket, the config with the least total time over the projections (the fallback
-    for shapes the tuner did not see), and the FP8 batched path."""
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="quant-tune")
+    parser.add_argument("--tiny", action="store_true", help="tiny shapes and two configs per kernel (CPU test)")
+    parser.add_argument("--budget-s", type=float, default=180.0, help="stop starting sweeps after this long")
+    parser.add_argument("--stage", choices=list(STAGES), help=argparse.SUPPRESS)  # one stage, in a child
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.stage:
+        return run_stage(args.stage, args, out)
+    t0 = time.perf_counter()
+    res: dict = {"stages": {}}
+    for stage in STAGES:
+        cmd = [sys.executable, __file__, "--out", str(out), "--budget-s", str(args.budget_s), "--stage", stage]
+        code = subprocess.run(cmd + (["--tiny"] if args.tiny else [])).returncode
+        path = out / f"stage-{stage}.json"
+        res["stages"][stage] = code
+        if code == 0 and path.exists():
+            part = json.loads(path.read_text())
+            for key in ("rows", "skipped"):
+                res.setdefault(key, []).extend(part.pop(key))
+            for kernel, keys in part.pop("table").items():
+                res.setdefault("table", {}).setdefault(kernel, {}).update(keys)
+            res.update(part)
+        else:
+            print(f"stage {stage} failed (exit {code}); its results are missing", flush=True)
+    finish(res, cases.TINY if args.tiny else cases.QWEN7B, out, time.perf_counter() - t0)
+
+
+def device_name(device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _bucket_winners(rows: list[dict], table: dict, dtype: str) -> None:
+    """Per kernel and batch bucket, the config with the least total time over the projections: the fallback
+    for shapes the tuner did not see."""
     for kernel in ("fp8_gemv", "int4_gemv", "w4a16_gemm", "w8a16_gemm"):
-        for m in sorted({r["m"] for r in t.rows if r["kernel"] == kernel}):
-            rows = [r for r in t.rows if r["kernel"] == kernel and r["m"] == m]
+        for m in sorted({r["m"] for r in rows if r["kernel"] == kernel}):
             totals: dict = {}
-            for r in rows:
+            for r in (r for r in rows if r["kernel"] == kernel and r["m"] == m):
                 for tr in r["tried"]:
                     key = json.dumps(tr["cfg"], sort_keys=True)
                     totals[key] = totals.get(key, 0.0) + (tr["ms"] if tr["ms"] is not None else float("inf"))
             if totals and min(totals.values()) < float("inf"):
                 best = json.loads(min(totals, key=totals.get))
                 for bucket in (["le1"] if m == 1 else _buckets(m)):
-                    t.record(kernel, f"{_dtype(t)}-{bucket}", best)
+                    table.setdefault(kernel, {})[f"{dtype}-{bucket}"] = best
 
 
-def finish(t: Tuner, res: dict, shape: dict, out: Path, device, elapsed: float) -> None:
-    _bucket_winners(t)
-    for label, m in (("b64_fp8_paths_ms", 64), ("prefill_fp8_paths_ms", 4096)):
-        paths = res[label]
+def _fp8_paths(res: dict, table: dict, dtype: str, layers: int) -> None:
+    """The FP8 batched path with the least total time over the projections, per bucket."""
+    for label, m in (("prefill_fp8_paths_ms", 4096), ("b64_fp8_paths_ms", 64)):
+        paths = res.get(label)
+        if not paths:
+            continue
+        print(f"{label}: " + ", ".join(f"{k} {v * layers:.3f} ms/step" for k, v in paths.items()))
         if min(paths.values()) < float("inf"):
-            method = min(paths, key=paths.get)
             for bucket in _buckets(m):
-                t.record("fp8_mm", f"{_dtype(t)}-{bucket}", {"METHOD": method})
+                table.setdefault("fp8_mm", {})[f"{dtype}-{bucket}"] = {"METHOD": min(paths, key=paths.get)}
+
+
+def finish(res: dict, shape: dict, out: Path, elapsed: float) -> None:
+    rows, table = res.get("rows", []), res.setdefault("table", {})
+    dtype = "float32" if res.get("device", "cpu") == "cpu" else "bfloat16"
     layers = shape["layers"]
-    step = res["b1_step_linear_ms"]
-    summary = {k: v * layers + res["lm_head_ms"] for k, v in step.items()}
-    res.update(rows=t.rows, skipped=t.skipped, elapsed_s=elapsed, b1_step_with_lm_head_ms=summary)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    _bucket_winners(rows, table, dtype)
+    print()
+    if "b1_step_linear_ms" in res:
+        summary = {k: v * layers + res["lm_head_ms"] for k, v in res["b1_step_linear_ms"].items()}
+        res["b1_step_with_lm_head_ms"] = summary
+        print(f"batch-1 linear layers of a {layers}-layer step + bf16 LM head ({res['lm_head_ms'] * 1e3:.0f} us): "
+              + ", ".join(f"{k} {v:.3f} ms" for k, v in summary.items()))
+    _fp8_paths(res, table, dtype, layers)
+    res["elapsed_s"] = elapsed
     (out / "quant_tune.json").write_text(json.dumps(res, indent=1, default=str))
-    (out / "quant_tuned_configs.json").write_text(json.dumps({name: t.table}, indent=1, sort_keys=True))
-    print(f"\nbatch-1 linear layers of a {layers}-layer step + bf16 LM head ({res['lm_head_ms'] * 1e3:.0f} us): "
-          + ", ".join(f"{k} {v:.3f} ms" for k, v in summary.items()))
-    for label in ("b64_fp8_paths_ms", "prefill_fp8_paths_ms"):
-        print(f"{label}: " + ", ".join(f"{k} {v * layers:.3f} ms/step" for k, v in res[label].items()))
-    failed = [r for r in t.rows if "best" not in r]
-    print(f"{len(t.rows)} sweeps, {len(failed)} with no config, {len(t.skipped)} configs skipped past the budget, "
-          f"{elapsed:.0f} s; max error over all checked configs "
-          f"{max((r['max_err'] or 0) for r in t.rows):.1e}; configs in {out / 'quant_tuned_configs.json'}")
+    (out / "quant_tuned_configs.json").write_text(json.dumps({res.get("device", "cpu"): table}, indent=1,
+                                                             sort_keys=True))
+    failed = [r for r in rows if "best" not in r]
+    print(f"stages {res['stages']} (0 = ran); {len(rows)} sweeps, {len(failed)} with no config, "
+          f"{len(res.get('skipped', []))} configs skipped past the budget, {elapsed:.0f} s; max error over all "
+          f"checked configs {max((r['max_err'] or 0) for r in rows) if rows else float('nan'):.1e}; "
+          f"configs in {out / 'quant_tuned_configs.json'}")
 
 
 if __name__ == "__main__":

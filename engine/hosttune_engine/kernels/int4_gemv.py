@@ -59,12 +59,12 @@ def _unscale(x, I: tl.constexpr):
 def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm,
                       stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr, PERMUTED: tl.constexpr,
                       PROLOGUE: tl.constexpr, MAGIC: tl.constexpr, EVEN_K: tl.constexpr, GROUP: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      PART: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """PART = min(GROUP, BLOCK_K): the columns of one group inside a tile."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     WORDS: tl.constexpr = BLOCK_K // 8
-    PART: tl.constexpr = GROUP if GROUP < BLOCK_K else BLOCK_K  # columns of one group inside a tile
     SUB: tl.constexpr = BLOCK_K // PART
     kw, groups = K // 8, K // GROUP
     q_rows = q_ptr + offs_n.to(tl.int64)[:, None] * kw
@@ -149,8 +149,8 @@ def int4_gemv(x, qweight, scales, zeros, perm, group_size: int, bias=None, confi
         residual if residual is not None else x, norm_weight if norm_weight is not None else x,
         residual_out if residual_out is not None else x, n, k, x.stride(0), y.stride(0), eps, M=m,
         HAS_BIAS=bias is not None, PERMUTED=perm is not None, PROLOGUE=prologue, MAGIC=cfg.get("MAGIC", 1),
-        EVEN_K=k % block_k == 0, GROUP=group_size, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        EVEN_K=k % block_k == 0, GROUP=group_size, PART=min(group_size, block_k), BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=block_k, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y
 
 
