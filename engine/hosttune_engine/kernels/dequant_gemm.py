@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
-from hosttune_engine.kernels.fp8_gemv import check_fp8_weight
+from hosttune_engine.kernels.fp8_gemv import _add_scaled, _row_scaled, check_fp8_weight
 from hosttune_engine.kernels.int4_layout import check_int4_weight, tile_in_group
 
 DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
@@ -100,13 +100,9 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, 
         a = _activation_tile(x_ptr, offs_m, offs_k, m_mask, k_mask, stride_xm)
         w = tl.load(w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn + offs_k[:, None],
                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
-        part = tl.dot(a, w.to(a.dtype), input_precision=PRECISION)
-        if ROW_SCALE:
-            acc += part
-        else:
-            acc += part * tl.load(s_rows + k0 // block_k, mask=n_mask, other=0.0)[None, :]
-    if ROW_SCALE:
-        acc *= tl.load(s_rows, mask=n_mask, other=0.0)[None, :]
+        acc = _add_scaled(acc, tl.dot(a, w.to(a.dtype), input_precision=PRECISION), s_rows, k0 // block_k, n_mask,
+                          ROW_SCALE)
+    acc = _row_scaled(acc, s_rows, n_mask, ROW_SCALE)
     _finish(acc, b_ptr, y_ptr, ws_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
 
 

@@ -21,9 +21,8 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
-from hosttune_engine.kernels.gemv import PLAIN, RMSNORM, RMSNORM_RESIDUAL, SWIGLU, _input_tile, _rms_rstd, _weight_tile
-from hosttune_engine.kernels.rmsnorm import rms_norm_ref
-from hosttune_engine.kernels.swiglu import swiglu_ref
+from hosttune_engine.kernels.gemv import (PLAIN, SWIGLU, _input_tile, _rms_rstd, _weight_tile, check_prologue,
+                                          prologue_ref)
 
 DEFAULT = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
 
@@ -66,6 +65,24 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr,
 
 
 @triton.jit
+def _add_scaled(acc, part, s_rows, kb, n_mask, ROW_SCALE: tl.constexpr):
+    """acc += a dot's fp32 result [., BLOCK_N], times its K block's scales unless the scale is one per row."""
+    if ROW_SCALE:
+        return acc + part
+    else:
+        return acc + part * tl.load(s_rows + kb, mask=n_mask, other=0.0)[None, :]
+
+
+@triton.jit
+def _row_scaled(acc, s_rows, n_mask, ROW_SCALE: tl.constexpr):
+    """With one scale per row, applied once at the end."""
+    if ROW_SCALE:
+        return acc * tl.load(s_rows, mask=n_mask, other=0.0)[None, :]
+    else:
+        return acc
+
+
+@triton.jit
 def _fp8_gemv_dot_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, block_k,
                          stride_xm, stride_wn, stride_s, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
                          ROW_SCALE: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
@@ -91,12 +108,8 @@ def _fp8_gemv_dot_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_
             a = tl.where((rows == 0)[:, None], x[None, :], 0.0).to(x_ptr.dtype.element_ty)
         w = _weight_tile(w_rows, offs_k, n_mask, k_mask, EVEN_K)  # [BLOCK_N, BLOCK_K]
         part = tl.dot(a, tl.trans(w.to(a.dtype)), input_precision=PRECISION)  # [16, BLOCK_N]
-        if ROW_SCALE:
-            acc += part
-        else:
-            acc += part * tl.load(s_rows + k0 // block_k, mask=n_mask, other=0.0)[None, :]
-    if ROW_SCALE:
-        acc *= tl.load(s_rows, mask=n_mask, other=0.0)[None, :]
+        acc = _add_scaled(acc, part, s_rows, k0 // block_k, n_mask, ROW_SCALE)
+    acc = _row_scaled(acc, s_rows, n_mask, ROW_SCALE)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(y_ptr + rows[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
@@ -130,18 +143,11 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, scale_row: t
     m = x.shape[0]
     k = x.shape[1] // 2 if prologue == SWIGLU else x.shape[1]
     check(1 <= m <= 4 and x.is_contiguous(), "fp8_gemv takes 1 to 4 contiguous rows, got {}", tuple(x.shape))
-    check(prologue == PLAIN or m == 1, "a prologue takes one row, got {}", m)
     check_fp8_weight(w, scale, scale_row, block_k, k, x.device)
     if bias is not None:
         check_tensor("bias", bias, 1, dtypes=(x.dtype,), device=x.device)
         check(bias.shape[0] == w.shape[0] and bias.is_contiguous(), "bias must be [{}] and contiguous", w.shape[0])
-    if prologue in (RMSNORM, RMSNORM_RESIDUAL):
-        check_tensor("norm_weight", norm_weight, 1, dtypes=(x.dtype,), device=x.device)
-        check(norm_weight.shape[0] == k, "norm_weight must be [K]")
-    if prologue == RMSNORM_RESIDUAL:
-        for name, t in (("residual", residual), ("residual_out", residual_out)):
-            check(isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == x.dtype and t.is_contiguous(),
-                  "{} must be a contiguous tensor like x", name)
+    check_prologue(x, k, prologue, residual, norm_weight, residual_out)
     cfg = config or DEFAULT
     n = w.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -178,12 +184,6 @@ def fp8_dequantize_ref(w, scale, scale_row, block_k: int) -> torch.Tensor:
 
 def fp8_gemv_ref(x, w, scale, scale_row, block_k: int, bias=None, prologue: int = PLAIN, residual=None,
                  norm_weight=None, residual_out=None, eps: float = 0.0) -> torch.Tensor:
-    if prologue == SWIGLU:
-        x = swiglu_ref(x)
-    elif prologue == RMSNORM:
-        x = rms_norm_ref(x, norm_weight, eps)
-    elif prologue == RMSNORM_RESIDUAL:
-        x, new_residual = rms_norm_ref(x, norm_weight, eps, residual=residual)
-        residual_out.copy_(new_residual)
+    x = prologue_ref(x, prologue, residual, norm_weight, residual_out, eps)
     y = x.float() @ fp8_dequantize_ref(w, scale, scale_row, block_k).t()
     return (y + (bias.float() if bias is not None else 0.0)).to(x.dtype)

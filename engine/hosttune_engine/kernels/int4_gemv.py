@@ -21,10 +21,8 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
-from hosttune_engine.kernels.gemv import PLAIN, RMSNORM, RMSNORM_RESIDUAL, SWIGLU, _input_tile, _rms_rstd
+from hosttune_engine.kernels.gemv import PLAIN, SWIGLU, _input_tile, _rms_rstd, check_prologue, prologue_ref
 from hosttune_engine.kernels.int4_layout import check_int4_weight, dequantize_ref, tile_in_group
-from hosttune_engine.kernels.rmsnorm import rms_norm_ref
-from hosttune_engine.kernels.swiglu import swiglu_ref
 
 DEFAULT = {"BLOCK_N": 8, "BLOCK_K": 512, "MAGIC": 1, "num_warps": 4, "num_stages": 3}
 
@@ -111,17 +109,6 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
         tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-def _check_prologue(x, k: int, prologue: int, residual, norm_weight, residual_out) -> None:
-    check(prologue == PLAIN or x.shape[0] == 1, "a prologue takes one row, got {}", x.shape[0])
-    if prologue in (RMSNORM, RMSNORM_RESIDUAL):
-        check_tensor("norm_weight", norm_weight, 1, dtypes=(x.dtype,), device=x.device)
-        check(norm_weight.shape[0] == k and norm_weight.is_contiguous(), "norm_weight must be [K] and contiguous")
-    if prologue == RMSNORM_RESIDUAL:
-        for name, t in (("residual", residual), ("residual_out", residual_out)):
-            check(isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == x.dtype and t.is_contiguous(),
-                  "{} must be a contiguous tensor like x", name)
-
-
 def int4_gemv(x, qweight, scales, zeros, perm, group_size: int, bias=None, config: dict | None = None,
               prologue: int = PLAIN, residual=None, norm_weight=None, residual_out=None,
               eps: float = 0.0) -> torch.Tensor:
@@ -136,7 +123,7 @@ def int4_gemv(x, qweight, scales, zeros, perm, group_size: int, bias=None, confi
     if bias is not None:
         check_tensor("bias", bias, 1, dtypes=(x.dtype,), device=x.device)
         check(bias.shape[0] == n and bias.is_contiguous(), "bias must be [{}] and contiguous", n)
-    _check_prologue(x, k, prologue, residual, norm_weight, residual_out)
+    check_prologue(x, k, prologue, residual, norm_weight, residual_out)
     cfg = config or DEFAULT
     block_k = cfg["BLOCK_K"]
     if group_size & (group_size - 1):  # a tile holding several groups needs them a power of two wide
@@ -154,14 +141,8 @@ def int4_gemv(x, qweight, scales, zeros, perm, group_size: int, bias=None, confi
     return y
 
 
-def int4_gemv_ref(x, qweight, scales, zeros, perm, group_size: int, bias=None, prologue: int = PLAIN, residual=None,
-                  norm_weight=None, residual_out=None, eps: float = 0.0) -> torch.Tensor:
-    if prologue == SWIGLU:
-        x = swiglu_ref(x)
-    elif prologue == RMSNORM:
-        x = rms_norm_ref(x, norm_weight, eps)
-    elif prologue == RMSNORM_RESIDUAL:
-        x, new_residual = rms_norm_ref(x, norm_weight, eps, residual=residual)
-        residual_out.copy_(new_residual)
+def int4_gemv_ref(x, qweight, scales, zeros, perm, group_size: int, bias=None, prologue: int = PLAIN,
+                  residual=None, norm_weight=None, residual_out=None, eps: float = 0.0) -> torch.Tensor:
+    x = prologue_ref(x, prologue, residual, norm_weight, residual_out, eps)
     y = x.float() @ dequantize_ref(qweight, scales, zeros, perm, group_size).t()
     return (y + (bias.float() if bias is not None else 0.0)).to(x.dtype)

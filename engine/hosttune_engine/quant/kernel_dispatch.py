@@ -38,20 +38,29 @@ def _config(kernel: str, x: torch.Tensor, n: int, k: int, default: dict) -> dict
     return shaped or launch_config(kernel, _key(x), x.device, default)
 
 
+def _one_row(kernel: str, fn, default: dict, weights: tuple, n: int, k: int, x):
+    """Up to GEMV_ROWS rows through the GEMV, a deferred RMSNorm / SwiGLU row through its prologue; None for
+    more rows."""
+    if isinstance(x, DeferredRMSNorm):
+        prologue = RMSNORM if x.residual is None else RMSNORM_RESIDUAL
+        return fn(x.x, *weights, _config(kernel, x.x, n, k, default), prologue=prologue, residual=x.residual,
+                  norm_weight=x.weight, residual_out=x.residual_out, eps=x.eps)
+    if isinstance(x, DeferredSwiGLU):
+        return fn(x.gate_up, *weights, _config(kernel, x.gate_up, n, k, default), prologue=SWIGLU)
+    if x.shape[0] <= GEMV_ROWS:
+        x = x.contiguous()
+        return fn(x, *weights, _config(kernel, x, n, k, default))
+    return None
+
+
 def fp8_linear(layer, x) -> torch.Tensor:
     """x [T, K], or a deferred RMSNorm / SwiGLU row, which the GEMV computes in its prologue."""
     weights = (layer.weight, layer.weight_scale, layer.scale_row, layer.block_k, layer.bias)
     n, k = layer.out_features, layer.in_features
-    if isinstance(x, DeferredRMSNorm):
-        cfg = _config("fp8_gemv", x.x, n, k, FP8_GEMV_DEFAULT)
-        prologue = RMSNORM if x.residual is None else RMSNORM_RESIDUAL
-        return fp8_gemv(x.x, *weights, cfg, prologue=prologue, residual=x.residual, norm_weight=x.weight,
-                        residual_out=x.residual_out, eps=x.eps)
-    if isinstance(x, DeferredSwiGLU):
-        return fp8_gemv(x.gate_up, *weights, _config("fp8_gemv", x.gate_up, n, k, FP8_GEMV_DEFAULT), prologue=SWIGLU)
+    y = _one_row("fp8_gemv", fp8_gemv, FP8_GEMV_DEFAULT, weights, n, k, x)
+    if y is not None:
+        return y
     x = x.contiguous()
-    if x.shape[0] <= GEMV_ROWS:
-        return fp8_gemv(x, *weights, _config("fp8_gemv", x, n, k, FP8_GEMV_DEFAULT))
     method = _fp8_mm_method(layer, x)
     if method != "w8a16":
         rowwise = method == "rowwise"
@@ -71,14 +80,8 @@ def int4_linear(layer, x) -> torch.Tensor:
     """x [T, K], or a deferred RMSNorm / SwiGLU row, which the GEMV computes in its prologue."""
     weights = (layer.qweight, layer.scales, layer.zeros, layer.kernel_perm, layer.group_size, layer.bias)
     n, k = layer.out_features, layer.in_features
-    if isinstance(x, DeferredRMSNorm):
-        cfg = _config("int4_gemv", x.x, n, k, INT4_GEMV_DEFAULT)
-        prologue = RMSNORM if x.residual is None else RMSNORM_RESIDUAL
-        return int4_gemv(x.x, *weights, cfg, prologue=prologue, residual=x.residual, norm_weight=x.weight,
-                         residual_out=x.residual_out, eps=x.eps)
-    if isinstance(x, DeferredSwiGLU):
-        return int4_gemv(x.gate_up, *weights, _config("int4_gemv", x.gate_up, n, k, INT4_GEMV_DEFAULT), prologue=SWIGLU)
+    y = _one_row("int4_gemv", int4_gemv, INT4_GEMV_DEFAULT, weights, n, k, x)
+    if y is not None:
+        return y
     x = x.contiguous()
-    if x.shape[0] <= GEMV_ROWS:
-        return int4_gemv(x, *weights, _config("int4_gemv", x, n, k, INT4_GEMV_DEFAULT))
     return w4a16_gemm(x, *weights, _config("w4a16_gemm", x, n, k, GEMM_DEFAULT))
