@@ -39,7 +39,8 @@ from hosttune_engine.kernels.fp8_scaled_mm import fp8_scaled_mm, fp8_scaled_mm_r
 from hosttune_engine.kernels.gemv import RMSNORM_RESIDUAL, SWIGLU, gemv, gemv_rmsnorm, gemv_swiglu  # noqa: E402
 from hosttune_engine.kernels.int4_gemv import int4_gemv, int4_gemv_ref  # noqa: E402
 from hosttune_engine.kernels.tuning import batch_bucket, launch_config  # noqa: E402
-from hosttune_engine.layers.one_row import GEMV_DEFAULT  # noqa: E402
+from hosttune_engine.layers.one_row import GEMV_DEFAULT, DeferredRMSNorm, DeferredSwiGLU  # noqa: E402
+from hosttune_engine.quant.kernel_dispatch import gemv_one_row  # noqa: E402
 
 GROUP = 128
 TOL = 2e-2  # max |error| / max |reference| for bf16 outputs
@@ -150,6 +151,15 @@ def gemv_inputs(proj, dtype, device) -> dict:
     return inputs
 
 
+def deferred(proj, inputs):
+    """The GEMV's input as the one-row decode step hands it over: a deferred RMSNorm / SwiGLU, or the row."""
+    if proj.prologue == SWIGLU:
+        return DeferredSwiGLU(inputs["x"])
+    if proj.prologue == RMSNORM_RESIDUAL:
+        return DeferredRMSNorm(inputs["x"], inputs["norm_weight"], 1e-6, inputs["residual"], inputs["residual_out"])
+    return inputs["x"]
+
+
 def _prologue_kwargs(proj, inputs) -> dict:
     return {k: v for k, v in inputs.items() if k != "x"} | {"prologue": proj.prologue}
 
@@ -192,8 +202,9 @@ def tune_gemvs(t: Tuner, projs, copy_bw: float) -> dict:
                 args = lambda w: (w.weight, w.scale, w.scale_row, proj.k, bias)  # noqa: E731
                 fn, ref = fp8_gemv, fp8_gemv_ref
             want = ref(x, *args(ws[0]), **ref_extra)
-            row = t.sweep(kernel, proj, 1, cands, lambda cfg, i: (lambda: fn(x, *args(ws[i]), config=cfg, **extra)),
-                          want, ws[0].nbytes / copy_bw / 1e9 * 1e3, bf16)
+            row = t.sweep(kernel, proj, 1, cands,
+                          lambda cfg, i: (lambda: gemv_one_row(fn, cfg, args(ws[i]), deferred(proj, inputs))),
+                          want, ws[0].nbytes / copy_bw / 1e9, bf16)
             if "best" in row:
                 t.record(kernel, f"{_dtype(t)}-le1-{proj.n}x{proj.k}", row["best"])
                 step[kernel] += row["best_ms"]
@@ -237,14 +248,16 @@ def tune_gemms(t: Tuner, projs, m: int, copy_bw: float) -> dict:
         for kernel in ("w4a16_gemm", "w8a16_gemm"):
             ws = _int4_weights(t, proj, most) if kernel == "w4a16_gemm" else _fp8_weights(t, proj, most)
             t.n_copies = len(ws)
+            kernel_cands = cands
             if kernel == "w4a16_gemm":
                 args = lambda w: (w.qweight, w.scales, w.zeros, None, GROUP, bias)  # noqa: E731
                 fn, want = w4a16_gemm, int4_gemv_ref(x, *args(ws[0]))
             else:
+                kernel_cands = [c for c in cands if "DEQUANT" not in c]
                 args = lambda w: (w.weight, w.scale, w.scale_row, proj.k, bias)  # noqa: E731
                 fn, want = w8a16_gemm, fp8_gemv_ref(x, *args(ws[0]))
-            roof = (ws[0].nbytes + io_bytes) / copy_bw / 1e9 * 1e3
-            row = t.sweep(kernel, proj, m, cands, lambda cfg, i: (lambda: fn(x, *args(ws[i]), config=cfg)), want,
+            roof = (ws[0].nbytes + io_bytes) / copy_bw / 1e9
+            row = t.sweep(kernel, proj, m, kernel_cands, lambda cfg, i: (lambda: fn(x, *args(ws[i]), config=cfg)), want,
                           roof, bf16)
             if "best" in row:
                 for bucket in _buckets(m):

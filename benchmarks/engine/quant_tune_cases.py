@@ -38,32 +38,31 @@ def _grid(keys, rows) -> list[dict]:
     return [dict(zip(keys, r)) for r in rows]
 
 
-_GEMV_KEYS = ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
+_GEMV_KEYS = ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "FUSE")  # FUSE 0: the prologue's own kernels first
 FP8_GEMV = (
     [{**c, "DOT": 0} for c in _grid(_GEMV_KEYS, [
-        (4, 512, 4, 4), (8, 512, 4, 4), (8, 256, 4, 4), (16, 256, 4, 3), (4, 1024, 4, 3), (8, 1024, 8, 3),
-        (16, 512, 8, 3), (2, 1024, 4, 4)])]
-    + [{**c, "DOT": 1} for c in _grid(_GEMV_KEYS, [
-        (16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 4, 3), (16, 128, 4, 4), (32, 128, 4, 4), (64, 128, 4, 4)])])
-INT4_GEMV = (
-    [{**c, "MAGIC": 1} for c in _grid(_GEMV_KEYS, [
-        (4, 512, 4, 3), (8, 512, 4, 3), (8, 256, 4, 3), (16, 256, 4, 3), (4, 1024, 4, 2), (8, 1024, 8, 2),
-        (16, 512, 8, 2), (2, 1024, 4, 3), (16, 128, 4, 4), (32, 128, 4, 3)])]
-    + [{**c, "MAGIC": 0} for c in _grid(_GEMV_KEYS, [(8, 512, 4, 3), (16, 256, 4, 3)])])
+        (16, 512, 8, 3, 1), (8, 512, 4, 4, 1), (4, 1024, 4, 3, 1), (4, 512, 4, 4, 1), (16, 256, 4, 3, 1),
+        (8, 1024, 8, 3, 1), (16, 512, 8, 3, 0), (4, 1024, 4, 3, 0)])]
+    + [{**c, "DOT": 1} for c in _grid(_GEMV_KEYS, [(32, 256, 4, 3, 1)])])
+INT4_GEMV = _grid(_GEMV_KEYS, [
+    (4, 1024, 4, 2, 1), (4, 512, 4, 3, 1), (8, 1024, 8, 2, 1), (8, 512, 4, 3, 1), (16, 512, 4, 2, 1),
+    (16, 1024, 4, 2, 1), (8, 128, 1, 4, 1), (16, 128, 2, 4, 1), (32, 128, 4, 3, 1), (4, 1024, 4, 3, 1),
+    (4, 1024, 4, 2, 0), (8, 512, 4, 3, 0), (16, 1024, 4, 2, 0), (8, 128, 1, 4, 0)])
 _GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
 GEMM_FEW_ROWS = [{**c, "GROUP_M": 8} for c in _grid(_GEMM_KEYS, [  # 64 rows: memory-bound, few output tiles
     (64, 64, 128, 1, 4, 3), (64, 128, 64, 1, 4, 4), (32, 64, 128, 1, 4, 4), (64, 64, 128, 2, 4, 3),
-    (64, 32, 128, 2, 4, 4), (16, 64, 128, 2, 4, 4), (64, 64, 64, 4, 4, 4), (64, 128, 128, 2, 8, 3)])]
+    (64, 32, 128, 2, 4, 4), (16, 64, 128, 2, 4, 4), (64, 64, 64, 4, 4, 4), (64, 128, 128, 2, 8, 3)])] + [
+    {"DEQUANT": 1}]  # the W4A16 GEMM only: the weight dequantized, then cuBLAS
 GEMM_MANY_ROWS = [{**c, "GROUP_M": 8} for c in _grid(_GEMM_KEYS, [  # a 4K-token prefill: compute-bound
     (128, 128, 64, 1, 4, 3), (128, 128, 64, 1, 8, 3), (128, 256, 64, 1, 8, 3), (64, 128, 64, 1, 4, 4),
-    (128, 128, 128, 1, 8, 3), (128, 64, 64, 1, 4, 4), (256, 128, 64, 1, 8, 3)])]
+    (128, 128, 128, 1, 8, 3), (128, 64, 64, 1, 4, 4), (256, 128, 64, 1, 8, 3)])] + [{"DEQUANT": 1}]
 
 
 def tiny_candidates(cands: list[dict]) -> list[dict]:
     """Two configs of each kernel kind for the CPU test (the interpreter is slow)."""
     kinds = {}
     for c in cands:
-        kinds.setdefault((c.get("DOT"), c.get("MAGIC"), c.get("SPLIT_K", 1) > 1), []).append(c)
+        kinds.setdefault((c.get("DOT"), c.get("FUSE"), c.get("DEQUANT"), c.get("SPLIT_K", 1) > 1), []).append(c)
     return [c for group in kinds.values() for c in group[:1]]
 
 

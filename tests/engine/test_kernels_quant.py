@@ -11,7 +11,7 @@ from hosttune_engine.kernels.gemv import RMSNORM, RMSNORM_RESIDUAL, SWIGLU
 from hosttune_engine.kernels.fp8_scaled_mm import (fp8_scaled_mm, fp8_scaled_mm_ref, quantize_per_token,
                                                    quantize_per_token_ref, scale_epilogue, supports_fp8_mm)
 from hosttune_engine.kernels.int4_gemv import int4_gemv, int4_gemv_ref
-from hosttune_engine.kernels.int4_layout import dequantize_ref, group_order, repack
+from hosttune_engine.kernels.int4_layout import dequantize_ref, group_order, repack, stored_columns
 
 from .conftest import DEVICE
 
@@ -48,17 +48,25 @@ def int4_weight(n, k, group, act_order, seed=0):
     """The same weights in the kernels' layout: qweight [N, K/8], scales / zeros [N, G], perm [K] or None."""
     q, scales, zeros, g_idx = int4_values(n, k, group, act_order, seed)
     perm = group_order(g_idx, group)
-    packed = repack(q, scales, zeros, perm)
+    packed = repack(q, scales, zeros, perm, group)
     return [t.to(DEVICE) for t in packed] + [perm.to(DEVICE) if perm is not None else None]
 
 
 @pytest.mark.parametrize("act_order", [False, True])
-def test_int4_layout_dequantizes_to_the_checkpoint_weights(act_order):
-    q, scales, zeros, g_idx = int4_values(24, 64, 16, act_order)
+@pytest.mark.parametrize("group", [16, 128])
+def test_int4_layout_dequantizes_to_the_checkpoint_weights(act_order, group):
+    q, scales, zeros, g_idx = int4_values(24, 256, group, act_order)
     want = (q.float() - zeros[g_idx.long()].float()) * scales[g_idx.long()].float()  # [K, N]
-    qweight, s, z, perm = int4_weight(24, 64, 16, act_order)
+    qweight, s, z, perm = int4_weight(24, 256, group, act_order)
     assert (perm is not None) == act_order
-    torch.testing.assert_close(dequantize_ref(qweight, s, z, perm, 16).cpu(), want.t())
+    torch.testing.assert_close(dequantize_ref(qweight, s, z, perm, group).cpu(), want.t())
+
+
+def test_int4_layout_interleaves_columns_in_pack_blocks():
+    """Word j of a 64-column block holds column 8 i + j at nibble i (groups of 64 or more); 16 columns for 16."""
+    assert stored_columns(128, 128)[:16].tolist() == [0, 8, 16, 24, 32, 40, 48, 56, 1, 9, 17, 25, 33, 41, 49, 57]
+    assert stored_columns(128, 128)[64:66].tolist() == [64, 72]
+    assert stored_columns(32, 16)[:10].tolist() == [0, 2, 4, 6, 8, 10, 12, 14, 1, 3]
 
 
 def _close(got, want, dtype):
@@ -115,14 +123,17 @@ def test_w8a16_gemm(case, dtype, split_k):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("m", [1, 4])
-@pytest.mark.parametrize("tile, magic", [(16, 1), (64, 0), (64, 1), (256, 1)])  # in a group, two groups, past K
-def test_int4_gemv(act_order, dtype, m, tile, magic):
-    q, s, z, perm = int4_weight(48, 128, 32, act_order)
-    x = torch.randn(m, 128, device=DEVICE).to(dtype)
+@pytest.mark.parametrize("group, tile", [(32, 16), (64, 32), (32, 64), (64, 256), (96, 64)])
+def test_int4_gemv(act_order, dtype, m, group, tile):
+    """Tiles of part of a group (16: below the pack block, widened), a group, two groups, past K (narrowed),
+    and groups of a width that is no power of two."""
+    k = 192 if group == 96 else 128
+    q, s, z, perm = int4_weight(48, k, group, act_order)
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
     bias = torch.randn(48, device=DEVICE).to(dtype)
-    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "MAGIC": magic, "num_warps": 4, "num_stages": 1}
-    got = int4_gemv(x, q, s, z, perm, 32, bias, config=cfg)
-    _close(got, int4_gemv_ref(x, q, s, z, perm, 32, bias), dtype)
+    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "num_warps": 4, "num_stages": 1}
+    got = int4_gemv(x, q, s, z, perm, group, bias, config=cfg)
+    _close(got, int4_gemv_ref(x, q, s, z, perm, group, bias), dtype)
 
 
 @pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
@@ -135,7 +146,7 @@ def test_int4_gemv_prologues(prologue, act_order):
     if prologue == RMSNORM_RESIDUAL:
         extra["residual"] = torch.randn(1, k, device=DEVICE)
     outs = [torch.empty(1, k, device=DEVICE) for _ in range(2)]
-    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "MAGIC": 1, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1}
     got = int4_gemv(x, q, s, z, perm, 32, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
     want = int4_gemv_ref(x, q, s, z, perm, 32, prologue=prologue, residual_out=outs[1], **extra)
     _close(got, want, torch.float32)
@@ -145,14 +156,16 @@ def test_int4_gemv_prologues(prologue, act_order):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("act_order", [False, True])
-@pytest.mark.parametrize("split_k", [1, 3])
-def test_w4a16_gemm(act_order, dtype, split_k):
-    q, s, z, perm = int4_weight(48, 128, 32, act_order)
-    x = torch.randn(21, 128, device=DEVICE).to(dtype)
+@pytest.mark.parametrize("split_k, dequant", [(1, 0), (3, 0), (1, 1)])
+@pytest.mark.parametrize("group", [32, 128])
+def test_w4a16_gemm(act_order, dtype, split_k, dequant, group):
+    q, s, z, perm = int4_weight(48, 256, group, act_order)
+    x = torch.randn(21, 256, device=DEVICE).to(dtype)
     bias = torch.randn(48, device=DEVICE).to(dtype)
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "SPLIT_K": split_k, "num_warps": 4,
-           "num_stages": 1}
-    _close(w4a16_gemm(x, q, s, z, perm, 32, bias, config=cfg), int4_gemv_ref(x, q, s, z, perm, 32, bias), dtype)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "SPLIT_K": split_k, "DEQUANT": dequant,
+           "num_warps": 4, "num_stages": 1}
+    want = int4_gemv_ref(x, q, s, z, perm, group, bias)
+    _close(w4a16_gemm(x, q, s, z, perm, group, bias, config=cfg), want, dtype)
 
 
 def test_quantize_per_token():

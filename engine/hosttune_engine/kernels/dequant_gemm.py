@@ -17,7 +17,7 @@ import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
 from hosttune_engine.kernels.fp8_gemv import _add_scaled, _row_scaled, check_fp8_weight
-from hosttune_engine.kernels.int4_layout import check_int4_weight, tile_in_group
+from hosttune_engine.kernels.int4_layout import check_int4_weight, pack_block, tile_in_group
 
 DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
 
@@ -107,34 +107,54 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, 
 
 
 @triton.jit
+def _int4_tile(q_rows, z_ptr, s_ptr, g_rows, k0, n_mask, dtype: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W [BLOCK_N, BLOCK_K] at columns k0.. in group order, dequantized to `dtype` (rounded as the reference
+    rounds): the tile's words unpacked, the pack blocks' interleave undone, its row's zero and scale applied."""
+    p = tl.load(q_rows + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :], mask=n_mask[:, None], other=0)
+    q = (p[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF  # [BLOCK_N, words, nibble]
+    q = tl.reshape(q, [BLOCK_N, BLOCK_K // (8 * R), R, 8])  # word = block * R + j
+    q = tl.reshape(tl.permute(q, [0, 1, 3, 2]), [BLOCK_N, BLOCK_K])  # column = block * 8R + R * nibble + j
+    g = k0 // GROUP
+    s = tl.load(s_ptr + g_rows + g, mask=n_mask, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + g_rows + g, mask=n_mask, other=0).to(tl.float32)
+    return ((q.to(tl.float32) - z[:, None]) * s[:, None]).to(dtype)
+
+
+@triton.jit
 def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, stride_ym,
-                  HAS_BIAS: tl.constexpr, PERMUTED: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
-                  PRECISION: tl.constexpr):
-    """BLOCK_K divides GROUP: each tile's [BLOCK_N, BLOCK_K] weights share one scale and zero per row."""
+                  HAS_BIAS: tl.constexpr, PERMUTED: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  SPLIT_K: tl.constexpr, PRECISION: tl.constexpr):
+    """BLOCK_K divides GROUP and holds whole pack blocks: each tile has one scale and zero per row."""
     offs_m, offs_n = _tile_offsets(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     m_mask, n_mask = offs_m < M, offs_n < N
-    kw, groups = K // 8, K // GROUP
-    q_rows = q_ptr + offs_n.to(tl.int64)[:, None] * kw
-    g_rows = offs_n * groups
-    shifts = tl.arange(0, 8) * 4
+    q_rows = q_ptr + offs_n.to(tl.int64)[:, None] * (K // 8)
+    g_rows = offs_n * (K // GROUP)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     start, stop = _k_range(K, BLOCK_K, SPLIT_K)
     for k0 in range(start, stop, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
         cols = offs_k
         if PERMUTED:
             cols = tl.load(perm_ptr + offs_k)
-        a = _activation_tile(x_ptr, offs_m, cols, m_mask, k_mask, stride_xm)
-        p = tl.load(q_rows + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :], mask=n_mask[:, None], other=0)
-        q = tl.reshape((p[:, :, None] >> shifts[None, None, :]) & 0xF, [BLOCK_N, BLOCK_K])  # [BLOCK_N, BLOCK_K]
-        g = k0 // GROUP
-        s = tl.load(s_ptr + g_rows + g, mask=n_mask, other=0.0).to(tl.float32)
-        z = tl.load(z_ptr + g_rows + g, mask=n_mask, other=0).to(tl.float32)
-        w = ((q.to(tl.float32) - z[:, None]) * s[:, None]).to(a.dtype)  # rounded as the reference rounds
+        a = _activation_tile(x_ptr, offs_m, cols, m_mask, offs_k < K, stride_xm)
+        w = _int4_tile(q_rows, z_ptr, s_ptr, g_rows, k0, n_mask, a.dtype, GROUP, R, BLOCK_N, BLOCK_K)
         acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
     _finish(acc, b_ptr, y_ptr, ws_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _int4_dequantize_kernel(q_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUP: tl.constexpr, R: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W [N, K] (group order) in w's dtype, one [BLOCK_N, BLOCK_K] tile a program."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    n_mask = offs_n < N
+    w = _int4_tile(q_ptr + offs_n.to(tl.int64)[:, None] * (K // 8), z_ptr, s_ptr, offs_n * (K // GROUP), k0, n_mask,
+                   w_ptr.dtype.element_ty, GROUP, R, BLOCK_N, BLOCK_K)
+    tl.store(w_ptr + offs_n.to(tl.int64)[:, None] * K + (k0 + tl.arange(0, BLOCK_K))[None, :], w,
+             mask=n_mask[:, None])
 
 
 def _check_x_bias(x, bias, n: int) -> None:
@@ -189,13 +209,30 @@ def w8a16_gemm(x, w, scale, scale_row, block_k: int, bias=None, config: dict | N
     return _split_sum(ws, bias, y, cfg)
 
 
+def int4_dequantize(qweight, scales, zeros, group_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """W [N, K] in `dtype`, columns in group order (an act-order layer's inputs are then x[:, perm])."""
+    n, k = qweight.shape[0], qweight.shape[1] * 8
+    block_k = max(tile_in_group(128, group_size), pack_block(group_size))
+    w = torch.empty((n, k), dtype=dtype, device=qweight.device)
+    _int4_dequantize_kernel[(triton.cdiv(n, 32), k // block_k)](
+        qweight, scales, zeros, w, n, k, GROUP=group_size, R=pack_block(group_size) // 8, BLOCK_N=32,
+        BLOCK_K=block_k, num_warps=4)
+    return w
+
+
 def w4a16_gemm(x, qweight, scales, zeros, perm, group_size: int, bias=None, config: dict | None = None) -> torch.Tensor:
-    """x [M, K] @ W (4-bit, kernels/int4_layout.py) (+ bias) -> [M, N] in x's dtype."""
+    """x [M, K] @ W (4-bit, kernels/int4_layout.py) (+ bias) -> [M, N] in x's dtype. With DEQUANT in the config the
+    weight is dequantized into a scratch [N, K] and multiplied by torch (cuBLAS on a GPU), which beats the fused
+    kernel once the rows are many."""
     m, k = x.shape if x.dim() == 2 else (0, 0)
     _check_x_bias(x, bias, qweight.shape[0] if qweight.dim() == 2 else -1)
     check_int4_weight(qweight, scales, zeros, perm, group_size, k, x.device)
     cfg = dict(config or DEFAULT)
-    cfg["BLOCK_K"] = tile_in_group(cfg["BLOCK_K"], group_size)
+    if cfg.get("DEQUANT"):
+        w = int4_dequantize(qweight, scales, zeros, group_size, x.dtype)
+        return torch.nn.functional.linear(x if perm is None else x[:, perm], w, bias)
+    # a tile inside one group, of whole pack blocks
+    cfg["BLOCK_K"] = max(tile_in_group(cfg["BLOCK_K"], group_size), pack_block(group_size))
     check(cfg["BLOCK_K"] >= 16, "group_size {} leaves no K tile of at least 16 for the dot", group_size)
     n = qweight.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
@@ -203,7 +240,7 @@ def w4a16_gemm(x, qweight, scales, zeros, perm, group_size: int, bias=None, conf
     _w4a16_kernel[_grid(m, n, cfg)](
         x, qweight, scales, zeros, perm if perm is not None else qweight, bias if bias is not None else x, y, ws,
         m, n, k, x.stride(0), y.stride(0), HAS_BIAS=bias is not None, PERMUTED=perm is not None, GROUP=group_size,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
-        SPLIT_K=cfg.get("SPLIT_K", 1), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        PRECISION=_precision(x))
+        R=pack_block(group_size) // 8, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        GROUP_M=cfg["GROUP_M"], SPLIT_K=cfg.get("SPLIT_K", 1), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], PRECISION=_precision(x))
     return _split_sum(ws, bias, y, cfg)

@@ -5,9 +5,11 @@ the stored rows holds input column perm[k'] (perm is None when groups are plain,
 act-order checkpoints are sorted by group at load, so every kernel sees plain groups and gathers the
 few activations instead of every scale).
 
-- qweight [N, K/8] int32: row n, position k' at bits 4 (k' % 8) of word k' // 8. Rows are contiguous
-  along K, so a GEMV program owning a few output rows streams long vectorised runs of words, as the
-  bf16 GEMV streams w [N, K].
+- qweight [N, K/8] int32, rows contiguous along K, so a GEMV program owning a few output rows streams
+  long vectorised runs of words, as the bf16 GEMV streams w [N, K]. The columns are interleaved in
+  blocks of PB = pack_block(group_size) (64 for groups of 64 or more): word j of a block holds, at
+  nibble i, the block's column R i + j (R = PB / 8 words a block), so nibble i of R consecutive words
+  multiplies R consecutive activations: the GEMV loads them with one vector load instead of R gathers.
 - scales [N, G] (fp16/bf16/fp32) and zeros [N, G] uint8: one of each per row and group.
 """
 
@@ -32,10 +34,25 @@ def groups_are_full(g_idx: torch.Tensor, group_size: int, groups: int) -> bool:
     return bool((counts == group_size).all())
 
 
-def repack(values: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, perm: torch.Tensor | None):
+def pack_block(group_size: int) -> int:
+    """Columns interleaved together: the largest power of two up to 64 that divides the group size."""
+    return tile_in_group(64, group_size)
+
+
+def stored_columns(k: int, group_size: int) -> torch.Tensor:
+    """[K]: the column (in group order) that stored position p = 8 word + nibble holds."""
+    r = pack_block(group_size) // 8
+    p = torch.arange(k)
+    word, nibble = p // 8, p % 8
+    return (word // r) * (8 * r) + r * nibble + word % r
+
+
+def repack(values: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, perm: torch.Tensor | None,
+           group_size: int):
     """values [K, N] (ints 0-15), scales / zeros [G, N] -> (qweight [N, K/8] int32, scales [N, G],
     zeros [N, G] uint8) in the kernels' layout."""
     q = values if perm is None else values[perm.long()]
+    q = q[stored_columns(q.shape[0], group_size).to(q.device)]
     q = q.t().to(torch.int64).reshape(q.shape[1], -1, 8)  # [N, K/8, 8]
     shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=q.device)
     words = (q << shifts).sum(-1)
@@ -71,7 +88,9 @@ def check_int4_weight(qweight, scales, zeros, perm, group_size: int, k: int, dev
 def dequantize_ref(qweight, scales, zeros, perm, group_size: int) -> torch.Tensor:
     """The kernels' layout -> fp32 W [N, K] in input-column order."""
     shifts = torch.arange(0, 32, 4, device=qweight.device, dtype=torch.int32)
-    q = ((qweight[:, :, None] >> shifts) & 0xF).reshape(qweight.shape[0], -1).float()  # [N, K] stored order
+    stored = ((qweight[:, :, None] >> shifts) & 0xF).reshape(qweight.shape[0], -1).float()  # [N, K] stored order
+    q = torch.empty_like(stored)
+    q[:, stored_columns(q.shape[1], group_size).to(q.device)] = stored  # group order
     g = torch.arange(q.shape[1], device=q.device) // group_size
     w = (q - zeros[:, g].float()) * scales[:, g].float()
     if perm is None:

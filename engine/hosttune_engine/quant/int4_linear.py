@@ -42,7 +42,7 @@ class Int4Linear(QuantLinear):
             values = unpack_int4(t["qweight"], 0)  # [K/8, N] -> [K, N]
             zeros = unpack_int4(t["qzeros"], 1) + self.spec.zero_offset
             self._take_g_idx(t["g_idx"], shard)
-        qweight, scales, zeros = repack(values, t["scales"], zeros.clamp_max(15), self.kernel_perm)
+        qweight, scales, zeros = repack(values, t["scales"], zeros.clamp_max(15), self.kernel_perm, self.group_size)
         self.qweight[rows].copy_(qweight)
         self.zeros[rows].copy_(zeros)
         self.scales[rows].copy_(scales)

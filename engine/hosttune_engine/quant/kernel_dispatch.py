@@ -39,18 +39,28 @@ def _config(kernel: str, x: torch.Tensor, n: int, k: int, default: dict) -> dict
 
 
 def _one_row(kernel: str, fn, default: dict, weights: tuple, n: int, k: int, x):
-    """Up to GEMV_ROWS rows through the GEMV, a deferred RMSNorm / SwiGLU row through its prologue; None for
-    more rows."""
-    if isinstance(x, DeferredRMSNorm):
-        prologue = RMSNORM if x.residual is None else RMSNORM_RESIDUAL
-        return fn(x.x, *weights, _config(kernel, x.x, n, k, default), prologue=prologue, residual=x.residual,
-                  norm_weight=x.weight, residual_out=x.residual_out, eps=x.eps)
-    if isinstance(x, DeferredSwiGLU):
-        return fn(x.gate_up, *weights, _config(kernel, x.gate_up, n, k, default), prologue=SWIGLU)
+    """Up to GEMV_ROWS rows, or a deferred RMSNorm / SwiGLU row, through the GEMV; None for more rows."""
+    if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)):
+        return gemv_one_row(fn, _config(kernel, x.x if isinstance(x, DeferredRMSNorm) else x.gate_up, n, k, default),
+                            weights, x)
     if x.shape[0] <= GEMV_ROWS:
         x = x.contiguous()
-        return fn(x, *weights, _config(kernel, x, n, k, default))
+        return gemv_one_row(fn, _config(kernel, x, n, k, default), weights, x)
     return None
+
+
+def gemv_one_row(fn, cfg: dict, weights: tuple, x) -> torch.Tensor:
+    """fn (a quantized GEMV) on x: rows, or a deferred RMSNorm / SwiGLU row computed in its prologue, or first by
+    its own kernels when the config says FUSE 0 (what the tuner found faster for that GEMV)."""
+    if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)) and not cfg.get("FUSE", 1):
+        x = x.materialize()
+    if isinstance(x, DeferredRMSNorm):
+        prologue = RMSNORM if x.residual is None else RMSNORM_RESIDUAL
+        return fn(x.x, *weights, cfg, prologue=prologue, residual=x.residual, norm_weight=x.weight,
+                  residual_out=x.residual_out, eps=x.eps)
+    if isinstance(x, DeferredSwiGLU):
+        return fn(x.gate_up, *weights, cfg, prologue=SWIGLU)
+    return fn(x, *weights, cfg)
 
 
 def fp8_linear(layer, x) -> torch.Tensor:
