@@ -9,11 +9,15 @@ SwiGLU before down) and the GEMMs at 64 rows (batched decode) and a 4096-token p
 CUDA graph that calls the kernel once on each of several copies of the weights (more bytes than L2), as a
 decode step reads each layer's weights once. Printed per kernel and projection: the best config, its
 time, and its fraction of the weight-read roofline (bytes over the copy bandwidth measured first, here),
-next to bf16 (the tuned bf16 GEMV at one row, cuBLAS above). For FP8 layers with FP8 activations the
-batched path (unit-scale or row-wise torch._scaled_mm, or the W8A16 GEMM) is chosen per batch size.
+next to bf16 (the tuned bf16 GEMV at one row, cuBLAS above). The candidates include the alternatives the
+engine can take: a GEMV with its prologue run as separate kernels first (FUSE 0), the FP8 GEMV on the
+tensor cores (DOT), the 4-bit weight dequantized and multiplied by cuBLAS (DEQUANT); for FP8 layers with
+FP8 activations the batched path (unit-scale or row-wise torch._scaled_mm, or the W8A16 GEMM) is chosen
+per batch size. Each stage runs in its own process.
 
 Writes $OUT/quant_tune.json (every measurement) and $OUT/quant_tuned_configs.json (the winners, in the
-format of hosttune_engine/kernels/tuned_configs.json, to merge into it).
+format of hosttune_engine/kernels/tuned_configs.json: merge them into it, or point $HOSTTUNE_KERNEL_CONFIGS
+at the file).
 Example: python benchmarks/engine/quant_tune.py --out /tmp/quant-tune      (--tiny: the CPU test)
 """
 
@@ -224,7 +228,8 @@ def _int4_weights(t: Tuner, proj, most: int = 24):
 
 def _fp8_weights(t: Tuner, proj, most: int = 24):
     first = cases.fp8_weights(proj.n, proj.k, t.device, 0)
-    return [first] + [cases.fp8_weights(proj.n, proj.k, t.device, s) for s in range(1, min(most, t.copies(first.nbytes)))]
+    count = min(most, t.copies(first.nbytes))
+    return [first] + [cases.fp8_weights(proj.n, proj.k, t.device, s) for s in range(1, count)]
 
 
 def bf16_linear_ms(t: Tuner, proj, x, n_copies: int) -> float | None:

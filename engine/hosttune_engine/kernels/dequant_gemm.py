@@ -6,7 +6,8 @@ exact in x's dtype, go into the dot and the tile's scale multiplies its fp32 res
 the 4-bit layout of kernels/int4_layout.py: each [BLOCK_N, BLOCK_K] tile of packed words is unpacked,
 has its row's zero subtracted and scale applied in registers (one group per tile) and goes into the dot.
 Few output tiles (skinny batched decode) can split K over SPLIT_K programs, whose fp32 partials one
-small kernel sums. Plain Triton (no FP8 tensor cores), so it runs on Ampere as well as Hopper.
+small kernel sums. `int4_dequantize` writes the whole 4-bit weight in x's dtype with the same tile code,
+for w4a16_gemm's DEQUANT path (dequantize, then cuBLAS). Plain Triton (no FP8 tensor cores), so it runs on Ampere as well as Hopper.
 """
 
 from __future__ import annotations

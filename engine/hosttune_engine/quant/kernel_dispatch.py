@@ -7,7 +7,9 @@ Launch configs come from the tuned tables (kernels/tuning.py), per projection sh
 measured one ("bfloat16-le1-4608x3584": batch bucket, then N x K), else per batch bucket. For FP8
 layers with FP8 activations the table's `fp8_mm` entry also picks the batched path per bucket:
 "unit" (torch._scaled_mm with unit scales and our scale epilogue), "rowwise" (scales in cuBLAS's
-epilogue) or "w8a16" (our GEMM, activations kept in bf16)."""
+epilogue) or "w8a16" (our GEMM, activations kept in bf16). Configs may also say FUSE 0 (a GEMV's
+RMSNorm / SwiGLU prologue run by its own kernels first) and DEQUANT 1 (W4A16 through a dequantized weight
+and cuBLAS): whichever the tuner measured faster."""
 
 from __future__ import annotations
 
