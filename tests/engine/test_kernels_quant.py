@@ -11,7 +11,7 @@ from hosttune_engine.kernels.gemv import RMSNORM, RMSNORM_RESIDUAL, SWIGLU
 from hosttune_engine.kernels.fp8_scaled_mm import (fp8_scaled_mm, fp8_scaled_mm_ref, quantize_per_token,
                                                    quantize_per_token_ref, scale_epilogue, supports_fp8_mm)
 from hosttune_engine.kernels.int4_gemv import int4_gemv, int4_gemv_ref
-from hosttune_engine.quant.int4_packing import pack_int4
+from hosttune_engine.kernels.int4_layout import dequantize_ref, group_order, repack, stored_columns
 
 from .conftest import DEVICE
 
@@ -33,14 +33,40 @@ FP8_CASES = {  # name -> (N, K, block_k, scale shape, scale_row)
 }
 
 
-def int4_weight(n, k, group, act_order, seed=0):
+def int4_values(n, k, group, act_order, seed=0):
+    """Random 4-bit weights as a checkpoint holds them: values [K, N], scales / zeros [G, N], g_idx [K]."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randint(0, 16, (k, n), generator=g, dtype=torch.uint8)
     groups = k // group
     scales = (torch.rand(groups, n, generator=g) * 0.02 + 0.001).half()
     zeros = torch.randint(0, 16, (groups, n), generator=g, dtype=torch.uint8)
     g_idx = torch.randperm(k, generator=g) // group if act_order else torch.arange(k) // group
-    return [t.to(DEVICE) for t in (pack_int4(q, 0), scales, zeros, g_idx.to(torch.int32))]
+    return q, scales, zeros, g_idx.to(torch.int32)
+
+
+def int4_weight(n, k, group, act_order, seed=0):
+    """The same weights in the kernels' layout: qweight [N, K/8], scales / zeros [N, G], perm [K] or None."""
+    q, scales, zeros, g_idx = int4_values(n, k, group, act_order, seed)
+    perm = group_order(g_idx, group)
+    packed = repack(q, scales, zeros, perm, group)
+    return [t.to(DEVICE) for t in packed] + [perm.to(DEVICE) if perm is not None else None]
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("group", [16, 128])
+def test_int4_layout_dequantizes_to_the_checkpoint_weights(act_order, group):
+    q, scales, zeros, g_idx = int4_values(24, 256, group, act_order)
+    want = (q.float() - zeros[g_idx.long()].float()) * scales[g_idx.long()].float()  # [K, N]
+    qweight, s, z, perm = int4_weight(24, 256, group, act_order)
+    assert (perm is not None) == act_order
+    torch.testing.assert_close(dequantize_ref(qweight, s, z, perm, group).cpu(), want.t())
+
+
+def test_int4_layout_interleaves_columns_in_pack_blocks():
+    """Word j of a 64-column block holds column 8 i + j at nibble i (groups of 64 or more); 16 columns for 16."""
+    assert stored_columns(128, 128)[:16].tolist() == [0, 8, 16, 24, 32, 40, 48, 56, 1, 9, 17, 25, 33, 41, 49, 57]
+    assert stored_columns(128, 128)[64:66].tolist() == [64, 72]
+    assert stored_columns(32, 16)[:10].tolist() == [0, 2, 4, 6, 8, 10, 12, 14, 1, 3]
 
 
 def _close(got, want, dtype):
@@ -51,18 +77,20 @@ def _close(got, want, dtype):
 @pytest.mark.parametrize("case", list(FP8_CASES))
 @pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("tile", [32, 64])  # a K tile of one or of two scale blocks
-def test_fp8_gemv(case, dtype, m, tile):
+@pytest.mark.parametrize("dot", [0, 1])
+def test_fp8_gemv(case, dtype, m, tile, dot):
     n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
     w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     bias = torch.randn(n, device=DEVICE).to(dtype)
-    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 16 if dot else 8, "BLOCK_K": tile, "DOT": dot, "num_warps": 4, "num_stages": 1}
     _close(fp8_gemv(x, w, scale, srow, block_k, bias, config=cfg), fp8_gemv_ref(x, w, scale, srow, block_k, bias), dtype)
 
 
 @pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
 @pytest.mark.parametrize("case", ["block", "channel"])
-def test_fp8_gemv_prologues(case, prologue):
+@pytest.mark.parametrize("dot", [0, 1])
+def test_fp8_gemv_prologues(case, prologue, dot):
     n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
     w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
     x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE)
@@ -70,7 +98,7 @@ def test_fp8_gemv_prologues(case, prologue):
     if prologue == RMSNORM_RESIDUAL:
         extra["residual"] = torch.randn(1, k, device=DEVICE)
     outs = [torch.empty(1, k, device=DEVICE) for _ in range(2)]
-    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 16 if dot else 8, "BLOCK_K": 64, "DOT": dot, "num_warps": 4, "num_stages": 1}
     got = fp8_gemv(x, w, scale, srow, block_k, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
     want = fp8_gemv_ref(x, w, scale, srow, block_k, prologue=prologue, residual_out=outs[1], **extra)
     _close(got, want, torch.float32)
@@ -80,33 +108,64 @@ def test_fp8_gemv_prologues(case, prologue):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("case", ["block", "channel"])
-def test_w8a16_gemm(case, dtype):
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_w8a16_gemm(case, dtype, split_k):
     n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
     w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
     x = torch.randn(37, k, device=DEVICE).to(dtype)
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 1}
-    _close(w8a16_gemm(x, w, scale, srow, block_k, config=cfg), fp8_gemv_ref(x, w, scale, srow, block_k), dtype)
+    bias = torch.randn(n, device=DEVICE).to(dtype)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "SPLIT_K": split_k, "num_warps": 4,
+           "num_stages": 1}
+    want = fp8_gemv_ref(x, w, scale, srow, block_k, bias)
+    _close(w8a16_gemm(x, w, scale, srow, block_k, bias, config=cfg), want, dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("m", [1, 4])
-def test_int4_gemv(act_order, dtype, m):
-    q, s, z, g_idx = int4_weight(48, 128, 32, act_order)
-    x = torch.randn(m, 128, device=DEVICE).to(dtype)
+@pytest.mark.parametrize("group, tile", [(32, 16), (64, 32), (32, 64), (64, 256), (96, 64)])
+def test_int4_gemv(act_order, dtype, m, group, tile):
+    """Tiles of part of a group (16: below the pack block, widened), a group, two groups, past K (narrowed),
+    and groups of a width that is no power of two."""
+    k = 192 if group == 96 else 128
+    q, s, z, perm = int4_weight(48, k, group, act_order)
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
     bias = torch.randn(48, device=DEVICE).to(dtype)
-    cfg = {"BLOCK_N": 16, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1}
-    got = int4_gemv(x, q, s, z, g_idx, 32, not act_order, bias, config=cfg)
-    _close(got, int4_gemv_ref(x, q, s, z, g_idx, bias), dtype)
+    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "num_warps": 4, "num_stages": 1}
+    got = int4_gemv(x, q, s, z, perm, group, bias, config=cfg)
+    _close(got, int4_gemv_ref(x, q, s, z, perm, group, bias), dtype)
+
+
+@pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_int4_gemv_prologues(prologue, act_order):
+    q, s, z, perm = int4_weight(40, 128, 32, act_order)
+    k = 128
+    x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE)
+    extra = {} if prologue == SWIGLU else {"norm_weight": torch.rand(k, device=DEVICE) + 0.5, "eps": 1e-6}
+    if prologue == RMSNORM_RESIDUAL:
+        extra["residual"] = torch.randn(1, k, device=DEVICE)
+    outs = [torch.empty(1, k, device=DEVICE) for _ in range(2)]
+    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1}
+    got = int4_gemv(x, q, s, z, perm, 32, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
+    want = int4_gemv_ref(x, q, s, z, perm, 32, prologue=prologue, residual_out=outs[1], **extra)
+    _close(got, want, torch.float32)
+    if prologue == RMSNORM_RESIDUAL:
+        torch.testing.assert_close(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("act_order", [False, True])
-def test_w4a16_gemm(act_order, dtype):
-    q, s, z, g_idx = int4_weight(48, 128, 32, act_order)
-    x = torch.randn(21, 128, device=DEVICE).to(dtype)
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 1}
-    _close(w4a16_gemm(x, q, s, z, g_idx, 32, not act_order, config=cfg), int4_gemv_ref(x, q, s, z, g_idx), dtype)
+@pytest.mark.parametrize("split_k, dequant", [(1, 0), (3, 0), (1, 1)])
+@pytest.mark.parametrize("group", [32, 128])
+def test_w4a16_gemm(act_order, dtype, split_k, dequant, group):
+    q, s, z, perm = int4_weight(48, 256, group, act_order)
+    x = torch.randn(21, 256, device=DEVICE).to(dtype)
+    bias = torch.randn(48, device=DEVICE).to(dtype)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 2, "SPLIT_K": split_k, "DEQUANT": dequant,
+           "num_warps": 4, "num_stages": 1}
+    want = int4_gemv_ref(x, q, s, z, perm, group, bias)
+    _close(w4a16_gemm(x, q, s, z, perm, group, bias, config=cfg), want, dtype)
 
 
 def test_quantize_per_token():
@@ -147,10 +206,12 @@ def test_wrappers_check_their_inputs():
         fp8_gemv(x, w, scale[:, :2].contiguous(), srow, 32)
     with pytest.raises(KernelInputError, match="1 to 4 contiguous rows"):
         fp8_gemv(torch.randn(5, 128, device=DEVICE), w, scale, srow, 32)
-    q, s, z, g_idx = int4_weight(48, 128, 32, False)
+    q, s, z, perm = int4_weight(48, 128, 32, False)
     with pytest.raises(KernelInputError, match="qweight must be"):
-        int4_gemv(torch.randn(1, 64, device=DEVICE), q, s, z, g_idx, 32, True)
-    with pytest.raises(KernelInputError, match="group_size 48 must divide"):
-        w4a16_gemm(torch.randn(8, 128, device=DEVICE), q, s, z, g_idx, 48, True)
+        int4_gemv(torch.randn(1, 64, device=DEVICE), q, s, z, perm, 32)
+    with pytest.raises(KernelInputError, match="group_size 48 must be a multiple of 8 dividing"):
+        w4a16_gemm(torch.randn(8, 128, device=DEVICE), q, s, z, perm, 48)
+    with pytest.raises(KernelInputError, match="scales must be"):
+        int4_gemv(torch.randn(1, 128, device=DEVICE), q, s.t().contiguous(), z, perm, 32)
     with pytest.raises(KernelInputError, match="x must be contiguous"):
-        w4a16_gemm(torch.randn(128, 8, device=DEVICE).t(), q, s, z, g_idx, 32, True)
+        w4a16_gemm(torch.randn(128, 8, device=DEVICE).t(), q, s, z, perm, 32)

@@ -62,11 +62,10 @@ def test_kernel_path_matches_transformers_on_the_dequantized_weights(tiny_models
     torch.testing.assert_close(_prefill_logits(eng, ids), hf_logits(plain, ids), atol=1e-3, rtol=0)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     assert run(eng, {0: [EngineRequest("a", ids, params)]})["a"] == hf_greedy(plain, ids, 4)[0]
-    if name.startswith("fp8"):  # decode: RMSNorm (with the residual) and SwiGLU in the GEMV's prologue
-        assert kernels_on_cpu["w8a16_gemm"] > 0 and kernels_on_cpu["fp8_gemv"] > 0
-        assert {"fp8_gemv prologue 2", "fp8_gemv prologue 3"} <= set(kernels_on_cpu)
-    else:
-        assert kernels_on_cpu["w4a16_gemm"] > 0 and kernels_on_cpu["int4_gemv"] > 0
+    gemm, gemv = ("w8a16_gemm", "fp8_gemv") if name.startswith("fp8") else ("w4a16_gemm", "int4_gemv")
+    assert kernels_on_cpu[gemm] > 0 and kernels_on_cpu[gemv] > 0
+    # decode: RMSNorm (with the residual) and SwiGLU in the GEMV's prologue
+    assert {f"{gemv} prologue 2", f"{gemv} prologue 3"} <= set(kernels_on_cpu)
 
 
 @pytest.mark.parametrize("quantization, cls, error", [("fp8", Fp8Linear, 0.04), ("fp8-block", Fp8Linear, 0.04),

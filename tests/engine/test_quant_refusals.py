@@ -64,6 +64,7 @@ def _load(folder, **kw):
     ("fp8-block", {"weight_block_size": None}, "weight_block_size must be two positive ints"),
     ("gptq-g64-sym", {"lm_head": True}, "a quantized lm_head is not supported"),
     ("awq-g64", {"group_size": 48}, f"{Q_PROJ}: group size 48 does not divide its input width 128"),
+    ("awq-g64", {"group_size": 4}, f"{Q_PROJ}: group size 4 is not a multiple of 8"),
 ])
 def test_unsupported_configs_are_refused(tiny_models, tmp_path, no_device_weights, name, changes, message):
     folder = _written(tiny_models, tmp_path, name)
@@ -146,3 +147,16 @@ def test_layers_the_checkpoint_ignores_stay_plain(tiny_models, tmp_path):
     folder = write_quantized(tiny_models["llama"], tmp_path / "q", spec, torch.bfloat16)
     mlp = _load(folder).runner.model.model.layers[0].mlp
     assert isinstance(mlp.gate_up_proj, Fp8Linear) and type(mlp.down_proj) is torch.nn.Linear
+
+
+def test_act_order_groups_of_unequal_sizes_are_refused(tiny_models, tmp_path):
+    """The engine sorts act-order columns into plain groups at load, which needs group_size columns in each."""
+    folder = _written(tiny_models, tmp_path, "gptq-g64-zeros-act-order")
+
+    def uneven(t):
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            g_idx = t[f"model.layers.0.self_attn.{proj}.g_idx"]
+            g_idx[g_idx == 1] = 0  # group 0 gets two groups' columns, group 1 none
+    _edit_tensors(folder, uneven)
+    with pytest.raises(QuantizationError, match="g_idx must give every group exactly 64 columns"):
+        _load(folder)

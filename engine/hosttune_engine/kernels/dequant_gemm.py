@@ -1,11 +1,13 @@
 """GEMMs with quantized weights dequantized tile by tile in registers, for prefill and batched decode:
 y [M, N] = x [M, K] @ W (+ bias), x in bf16/fp16/fp32 and the tensor-core dot in x's dtype.
 
-`w8a16_gemm`: W = (w [N, K] fp8 * scale).T, scales as in kernels/fp8_gemv.py. `w4a16_gemm`: W [K, N]
-4-bit, as in kernels/int4_gemv.py. Where a K tile shares one scale per column (FP8 blocks, per-channel
-FP8, plain 4-bit groups) the tile's integers or e4m3 values, exact in x's dtype, go into the dot and the
-scale multiplies its fp32 result; act-order 4-bit groups are dequantized per element first. Plain
-Triton (no FP8 tensor cores), so it runs on Ampere as well as Hopper.
+`w8a16_gemm`: W = (w [N, K] fp8 * scale).T, scales as in kernels/fp8_gemv.py: the tile's e4m3 values,
+exact in x's dtype, go into the dot and the tile's scale multiplies its fp32 result. `w4a16_gemm`: W in
+the 4-bit layout of kernels/int4_layout.py: each [BLOCK_N, BLOCK_K] tile of packed words is unpacked,
+has its row's zero subtracted and scale applied in registers (one group per tile) and goes into the dot.
+Few output tiles (skinny batched decode) can split K over SPLIT_K programs, whose fp32 partials one
+small kernel sums. `int4_dequantize` writes the whole 4-bit weight in x's dtype with the same tile code,
+for w4a16_gemm's DEQUANT path (dequantize, then cuBLAS). Plain Triton (no FP8 tensor cores), so it runs on Ampere as well as Hopper.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
-from hosttune_engine.kernels.fp8_gemv import check_fp8_weight
-from hosttune_engine.kernels.int4_gemv import check_int4_weight, int4_block_k
+from hosttune_engine.kernels.fp8_gemv import _add_scaled, _row_scaled, check_fp8_weight
+from hosttune_engine.kernels.int4_layout import check_int4_weight, pack_block, tile_in_group
 
-DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
 
 
 @triton.jit
@@ -44,56 +46,116 @@ def _epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS: tl.c
 
 
 @triton.jit
-def _w8a16_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, M, N, K, block_k, stride_xm, stride_wn, stride_s,
-                  stride_ym, HAS_BIAS: tl.constexpr, ROW_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
-    offs_m, offs_n = _tile_offsets(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    n_mask = offs_n < N
-    s_rows = s_ptr + tl.load(srow_ptr + offs_n, mask=n_mask, other=0).to(tl.int64) * stride_s
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
-        a = tl.load(x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :],
-                    mask=(offs_m < M)[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn + offs_k[:, None],
-                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
-        part = tl.dot(a, w.to(a.dtype), input_precision=PRECISION)
-        if ROW_SCALE:
-            acc += part
-        else:
-            acc += part * tl.load(s_rows + k0 // block_k, mask=n_mask, other=0.0)[None, :]
-    if ROW_SCALE:
-        acc *= tl.load(s_rows, mask=n_mask, other=0.0)[None, :]
-    _epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
+def _activation_tile(x_ptr, offs_m, cols, m_mask, k_mask, stride_xm):
+    """x [BLOCK_M, BLOCK_K] at rows offs_m and columns `cols` (gathered for permuted 4-bit inputs)."""
+    return tl.load(x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + cols[None, :],
+                   mask=m_mask[:, None] & k_mask[None, :], other=0.0)
 
 
 @triton.jit
-def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, M, N, K, group_size, stride_xm, stride_ym,
-                  HAS_BIAS: tl.constexpr, SORTED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr):
+def _k_range(K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """This program's share of K, whole tiles: [start, stop)."""
+    per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    start = tl.program_id(1) * per
+    return start, tl.minimum(start + per, K)
+
+
+@triton.jit
+def _finish(acc, b_ptr, y_ptr, ws_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS: tl.constexpr,
+            SPLIT_K: tl.constexpr):
+    """The output tile, or with split K this program's fp32 partial (summed by _split_sum_kernel)."""
+    if SPLIT_K == 1:
+        _epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
+    else:
+        mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+        base = ws_ptr + tl.program_id(1).to(tl.int64) * M * N
+        tl.store(base + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], acc, mask=mask)
+
+
+@triton.jit
+def _split_sum_kernel(ws_ptr, b_ptr, y_ptr, MN, N, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _w8a16_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, block_k, stride_xm, stride_wn,
+                  stride_s, stride_ym, HAS_BIAS: tl.constexpr, ROW_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+                  PRECISION: tl.constexpr):
     offs_m, offs_n = _tile_offsets(M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    n_mask = offs_n < N
+    m_mask, n_mask = offs_m < M, offs_n < N
+    s_rows = s_ptr + tl.load(srow_ptr + offs_n, mask=n_mask, other=0).to(tl.int64) * stride_s
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    start, stop = _k_range(K, BLOCK_K, SPLIT_K)
+    for k0 in range(start, stop, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
-        a = tl.load(x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + offs_k[None, :],
-                    mask=(offs_m < M)[:, None] & k_mask[None, :], other=0.0)
-        mask = k_mask[:, None] & n_mask[None, :]
-        packed = tl.load(q_ptr + (offs_k // 8).to(tl.int64)[:, None] * N + offs_n[None, :], mask=mask, other=0)
-        q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
-        if SORTED:  # one group per tile: integers into the dot, the scale on its result
-            g = k0 // group_size
-            s = tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.int32)
-            acc += tl.dot(a, (q - z[None, :]).to(a.dtype), input_precision=PRECISION) * s[None, :]
-        else:
-            gi = tl.load(g_ptr + offs_k, mask=k_mask, other=0).to(tl.int64)[:, None] * N + offs_n[None, :]
-            s = tl.load(s_ptr + gi, mask=mask, other=0.0).to(tl.float32)
-            z = tl.load(z_ptr + gi, mask=mask, other=0).to(tl.float32)
-            acc += tl.dot(a, ((q.to(tl.float32) - z) * s).to(a.dtype), input_precision=PRECISION)
-    _epilogue(acc, b_ptr, y_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS)
+        a = _activation_tile(x_ptr, offs_m, offs_k, m_mask, k_mask, stride_xm)
+        w = tl.load(w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn + offs_k[:, None],
+                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
+        acc = _add_scaled(acc, tl.dot(a, w.to(a.dtype), input_precision=PRECISION), s_rows, k0 // block_k, n_mask,
+                          ROW_SCALE)
+    acc = _row_scaled(acc, s_rows, n_mask, ROW_SCALE)
+    _finish(acc, b_ptr, y_ptr, ws_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _int4_tile(q_rows, z_ptr, s_ptr, g_rows, k0, n_mask, dtype: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W [BLOCK_N, BLOCK_K] at columns k0.. in group order, dequantized to `dtype` (rounded as the reference
+    rounds): the tile's words unpacked, the pack blocks' interleave undone, its row's zero and scale applied."""
+    p = tl.load(q_rows + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :], mask=n_mask[:, None], other=0)
+    q = (p[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF  # [BLOCK_N, words, nibble]
+    q = tl.reshape(q, [BLOCK_N, BLOCK_K // (8 * R), R, 8])  # word = block * R + j
+    q = tl.reshape(tl.permute(q, [0, 1, 3, 2]), [BLOCK_N, BLOCK_K])  # column = block * 8R + R * nibble + j
+    g = k0 // GROUP
+    s = tl.load(s_ptr + g_rows + g, mask=n_mask, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + g_rows + g, mask=n_mask, other=0).to(tl.float32)
+    return ((q.to(tl.float32) - z[:, None]) * s[:, None]).to(dtype)
+
+
+@triton.jit
+def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, stride_ym,
+                  HAS_BIAS: tl.constexpr, PERMUTED: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  SPLIT_K: tl.constexpr, PRECISION: tl.constexpr):
+    """BLOCK_K divides GROUP and holds whole pack blocks: each tile has one scale and zero per row."""
+    offs_m, offs_n = _tile_offsets(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    m_mask, n_mask = offs_m < M, offs_n < N
+    q_rows = q_ptr + offs_n.to(tl.int64)[:, None] * (K // 8)
+    g_rows = offs_n * (K // GROUP)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    start, stop = _k_range(K, BLOCK_K, SPLIT_K)
+    for k0 in range(start, stop, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        cols = offs_k
+        if PERMUTED:
+            cols = tl.load(perm_ptr + offs_k)
+        a = _activation_tile(x_ptr, offs_m, cols, m_mask, offs_k < K, stride_xm)
+        w = _int4_tile(q_rows, z_ptr, s_ptr, g_rows, k0, n_mask, a.dtype, GROUP, R, BLOCK_N, BLOCK_K)
+        acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
+    _finish(acc, b_ptr, y_ptr, ws_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
+def _int4_dequantize_kernel(q_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUP: tl.constexpr, R: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W [N, K] (group order) in w's dtype, one [BLOCK_N, BLOCK_K] tile a program."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    n_mask = offs_n < N
+    w = _int4_tile(q_ptr + offs_n.to(tl.int64)[:, None] * (K // 8), z_ptr, s_ptr, offs_n * (K // GROUP), k0, n_mask,
+                   w_ptr.dtype.element_ty, GROUP, R, BLOCK_N, BLOCK_K)
+    tl.store(w_ptr + offs_n.to(tl.int64)[:, None] * K + (k0 + tl.arange(0, BLOCK_K))[None, :], w,
+             mask=n_mask[:, None])
 
 
 def _check_x_bias(x, bias, n: int) -> None:
@@ -108,8 +170,23 @@ def _precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 engines (tests, references) get fp32 products
 
 
-def _grid(m: int, n: int, cfg: dict) -> tuple[int]:
-    return (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]),)
+def _grid(m: int, n: int, cfg: dict) -> tuple[int, int]:
+    return (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), cfg.get("SPLIT_K", 1))
+
+
+def _workspace(m: int, n: int, cfg: dict, y: torch.Tensor) -> torch.Tensor:
+    """fp32 partials [SPLIT_K, M, N] with split K, else a placeholder (y)."""
+    split = cfg.get("SPLIT_K", 1)
+    return torch.empty((split, m, n), dtype=torch.float32, device=y.device) if split > 1 else y
+
+
+def _split_sum(ws, bias, y, cfg: dict) -> torch.Tensor:
+    split = cfg.get("SPLIT_K", 1)
+    if split > 1:
+        mn, block = y.numel(), 1024
+        _split_sum_kernel[(triton.cdiv(mn, block),)](ws, bias if bias is not None else y, y, mn, y.shape[1],
+                                                     HAS_BIAS=bias is not None, SPLIT_K=split, BLOCK=block)
+    return y
 
 
 def w8a16_gemm(x, w, scale, scale_row, block_k: int, bias=None, config: dict | None = None) -> torch.Tensor:
@@ -124,28 +201,47 @@ def w8a16_gemm(x, w, scale, scale_row, block_k: int, bias=None, config: dict | N
         check(block_k % cfg["BLOCK_K"] == 0, "BLOCK_K {} must divide the scale block {}", cfg["BLOCK_K"], block_k)
     n = w.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = _workspace(m, n, cfg, y)
     _w8a16_kernel[_grid(m, n, cfg)](
-        x, w, scale, scale_row, bias if bias is not None else x, y, m, n, k, block_k, x.stride(0), w.stride(0),
+        x, w, scale, scale_row, bias if bias is not None else x, y, ws, m, n, k, block_k, x.stride(0), w.stride(0),
         scale.stride(0), y.stride(0), HAS_BIAS=bias is not None, ROW_SCALE=row_scale, BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], PRECISION=_precision(x))
-    return y
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], SPLIT_K=cfg.get("SPLIT_K", 1),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], PRECISION=_precision(x))
+    return _split_sum(ws, bias, y, cfg)
 
 
-def w4a16_gemm(x, qweight, scales, zeros, g_idx, group_size: int, sorted_groups: bool, bias=None,
-               config: dict | None = None) -> torch.Tensor:
-    """x [M, K] @ W [K, N] 4-bit (+ bias) -> [M, N] in x's dtype."""
+def int4_dequantize(qweight, scales, zeros, group_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """W [N, K] in `dtype`, columns in group order (an act-order layer's inputs are then x[:, perm])."""
+    n, k = qweight.shape[0], qweight.shape[1] * 8
+    block_k = max(tile_in_group(128, group_size), pack_block(group_size))
+    w = torch.empty((n, k), dtype=dtype, device=qweight.device)
+    _int4_dequantize_kernel[(triton.cdiv(n, 32), k // block_k)](
+        qweight, scales, zeros, w, n, k, GROUP=group_size, R=pack_block(group_size) // 8, BLOCK_N=32,
+        BLOCK_K=block_k, num_warps=4)
+    return w
+
+
+def w4a16_gemm(x, qweight, scales, zeros, perm, group_size: int, bias=None, config: dict | None = None) -> torch.Tensor:
+    """x [M, K] @ W (4-bit, kernels/int4_layout.py) (+ bias) -> [M, N] in x's dtype. With DEQUANT in the config the
+    weight is dequantized into a scratch [N, K] and multiplied by torch (cuBLAS on a GPU), which beats the fused
+    kernel once the rows are many."""
     m, k = x.shape if x.dim() == 2 else (0, 0)
-    _check_x_bias(x, bias, qweight.shape[1] if qweight.dim() == 2 else -1)
-    check_int4_weight(qweight, scales, zeros, g_idx, group_size, k, x.device)
+    _check_x_bias(x, bias, qweight.shape[0] if qweight.dim() == 2 else -1)
+    check_int4_weight(qweight, scales, zeros, perm, group_size, k, x.device)
     cfg = dict(config or DEFAULT)
-    cfg["BLOCK_K"] = int4_block_k(cfg, group_size, sorted_groups)
+    if cfg.get("DEQUANT"):
+        w = int4_dequantize(qweight, scales, zeros, group_size, x.dtype)
+        return torch.nn.functional.linear(x if perm is None else x[:, perm], w, bias)
+    # a tile inside one group, of whole pack blocks
+    cfg["BLOCK_K"] = max(tile_in_group(cfg["BLOCK_K"], group_size), pack_block(group_size))
     check(cfg["BLOCK_K"] >= 16, "group_size {} leaves no K tile of at least 16 for the dot", group_size)
-    n = qweight.shape[1]
+    n = qweight.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = _workspace(m, n, cfg, y)
     _w4a16_kernel[_grid(m, n, cfg)](
-        x, qweight, scales, zeros, g_idx, bias if bias is not None else x, y, m, n, k, group_size, x.stride(0),
-        y.stride(0), HAS_BIAS=bias is not None, SORTED=sorted_groups, BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], num_warps=cfg["num_warps"],
+        x, qweight, scales, zeros, perm if perm is not None else qweight, bias if bias is not None else x, y, ws,
+        m, n, k, x.stride(0), y.stride(0), HAS_BIAS=bias is not None, PERMUTED=perm is not None, GROUP=group_size,
+        R=pack_block(group_size) // 8, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        GROUP_M=cfg["GROUP_M"], SPLIT_K=cfg.get("SPLIT_K", 1), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], PRECISION=_precision(x))
-    return y
+    return _split_sum(ws, bias, y, cfg)

@@ -8,6 +8,10 @@ once: half the bytes of the bf16 GEMV. With one scale per row (block_k >= K) the
 at the end; with block scales a tile holds BLOCK_K / block_k whole scale blocks, each summed apart and
 scaled. Prologues (one row): RMSNorm (+ residual add, program 0 writing the new residual) or SwiGLU over
 [gate | up], with the unfused kernels' roundings.
+
+With DOT in the config the products run on the tensor cores instead (`_fp8_gemv_dot_kernel`): the rows
+padded to 16, the e4m3 tile converted to x's dtype (exact) for the dot, the tile's scale on its fp32
+result. Which is faster depends on the GPU's conversion and FMA rates; the tuner measures both.
 """
 
 from __future__ import annotations
@@ -17,9 +21,8 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
-from hosttune_engine.kernels.gemv import PLAIN, RMSNORM, RMSNORM_RESIDUAL, SWIGLU, _input_tile, _rms_rstd, _weight_tile
-from hosttune_engine.kernels.rmsnorm import rms_norm_ref
-from hosttune_engine.kernels.swiglu import swiglu_ref
+from hosttune_engine.kernels.gemv import (PLAIN, SWIGLU, _input_tile, _rms_rstd, _weight_tile, check_prologue,
+                                          prologue_ref)
 
 DEFAULT = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
 
@@ -61,6 +64,58 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr,
         tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
+@triton.jit
+def _add_scaled(acc, part, s_rows, kb, n_mask, ROW_SCALE: tl.constexpr):
+    """acc += a dot's fp32 result [., BLOCK_N], times its K block's scales unless the scale is one per row."""
+    if ROW_SCALE:
+        return acc + part
+    else:
+        return acc + part * tl.load(s_rows + kb, mask=n_mask, other=0.0)[None, :]
+
+
+@triton.jit
+def _row_scaled(acc, s_rows, n_mask, ROW_SCALE: tl.constexpr):
+    """With one scale per row, applied once at the end."""
+    if ROW_SCALE:
+        return acc * tl.load(s_rows, mask=n_mask, other=0.0)[None, :]
+    else:
+        return acc
+
+
+@triton.jit
+def _fp8_gemv_dot_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, block_k,
+                         stride_xm, stride_wn, stride_s, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         ROW_SCALE: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
+    """The same product on the tensor cores: the M rows padded to 16 with zeros, e4m3 weights converted to x's
+    dtype (exactly) for the dot; no per-weight fp32 conversion or FMA. BLOCK_K lies inside one scale block."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    s_rows = s_ptr + tl.load(srow_ptr + offs_n, mask=n_mask, other=0).to(tl.int64) * stride_s  # [BLOCK_N]
+    rows = tl.arange(0, 16)
+    rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, EVEN_K, BLOCK_K)
+    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        if PROLOGUE == 0:
+            a = tl.load(x_ptr + rows[:, None] * stride_xm + offs_k[None, :], mask=(rows < M)[:, None] & k_mask[None, :],
+                        other=0.0)
+        else:
+            x = _input_tile(x_ptr, r_ptr, nw_ptr, 0, stride_xm, K, offs_k, k_mask, rstd, PROLOGUE, EVEN_K)
+            a = tl.where((rows == 0)[:, None], x[None, :], 0.0).to(x_ptr.dtype.element_ty)
+        w = _weight_tile(w_rows, offs_k, n_mask, k_mask, EVEN_K)  # [BLOCK_N, BLOCK_K]
+        part = tl.dot(a, tl.trans(w.to(a.dtype)), input_precision=PRECISION)  # [16, BLOCK_N]
+        acc = _add_scaled(acc, part, s_rows, k0 // block_k, n_mask, ROW_SCALE)
+    acc = _row_scaled(acc, s_rows, n_mask, ROW_SCALE)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rows[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=(rows < M)[:, None] & n_mask[None, :])
+
+
 def check_fp8_weight(w, scale, scale_row, block_k: int, k: int, device) -> None:
     check_tensor("w", w, 2, dtypes=(torch.float8_e4m3fn,), device=device)
     check(w.shape[1] == k and w.stride(1) == 1, "w must be [N, {}] and contiguous in K, got {}", k, tuple(w.shape))
@@ -88,29 +143,37 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, scale_row: t
     m = x.shape[0]
     k = x.shape[1] // 2 if prologue == SWIGLU else x.shape[1]
     check(1 <= m <= 4 and x.is_contiguous(), "fp8_gemv takes 1 to 4 contiguous rows, got {}", tuple(x.shape))
-    check(prologue == PLAIN or m == 1, "a prologue takes one row, got {}", m)
     check_fp8_weight(w, scale, scale_row, block_k, k, x.device)
     if bias is not None:
         check_tensor("bias", bias, 1, dtypes=(x.dtype,), device=x.device)
         check(bias.shape[0] == w.shape[0] and bias.is_contiguous(), "bias must be [{}] and contiguous", w.shape[0])
-    if prologue in (RMSNORM, RMSNORM_RESIDUAL):
-        check_tensor("norm_weight", norm_weight, 1, dtypes=(x.dtype,), device=x.device)
-        check(norm_weight.shape[0] == k, "norm_weight must be [K]")
-    if prologue == RMSNORM_RESIDUAL:
-        for name, t in (("residual", residual), ("residual_out", residual_out)):
-            check(isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == x.dtype and t.is_contiguous(),
-                  "{} must be a contiguous tensor like x", name)
+    check_prologue(x, k, prologue, residual, norm_weight, residual_out)
     cfg = config or DEFAULT
-    block, scale_k = _tile(cfg, block_k, k)
     n = w.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    args = (x, w, scale, scale_row, bias if bias is not None else x, y, residual if residual is not None else x,
+            norm_weight if norm_weight is not None else x, residual_out if residual_out is not None else x)
+    if cfg.get("DOT"):
+        _launch_dot(args, n, k, block_k, x, w, scale, y, eps, bias is not None, prologue, cfg)
+        return y
+    block, scale_k = _tile(cfg, block_k, k)
     _fp8_gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-        x, w, scale, scale_row, bias if bias is not None else x, y, residual if residual is not None else x,
-        norm_weight if norm_weight is not None else x, residual_out if residual_out is not None else x, n, k,
-        x.stride(0), w.stride(0), scale.stride(0), y.stride(0), eps, M=m, HAS_BIAS=bias is not None,
-        SCALE_K=scale_k, SUB=block // scale_k if scale_k else 1, EVEN_K=k % block == 0, PROLOGUE=prologue, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        *args, n, k, x.stride(0), w.stride(0), scale.stride(0), y.stride(0), eps, M=m, HAS_BIAS=bias is not None,
+        SCALE_K=scale_k, SUB=block // scale_k if scale_k else 1, EVEN_K=k % block == 0, PROLOGUE=prologue,
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y
+
+
+def _launch_dot(args, n, k, block_k, x, w, scale, y, eps, has_bias, prologue, cfg) -> None:
+    row_scale = block_k >= k
+    block = cfg["BLOCK_K"] if row_scale else min(cfg["BLOCK_K"], block_k)
+    check(cfg["BLOCK_N"] >= 16 and (row_scale or block_k % block == 0), "the tensor-core FP8 GEMV needs BLOCK_N "
+          ">= 16 and BLOCK_K dividing the scale block {}, got {}", block_k, cfg)
+    _fp8_gemv_dot_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
+        *args, n, k, block_k, x.stride(0), w.stride(0), scale.stride(0), y.stride(0), eps, M=x.shape[0],
+        HAS_BIAS=has_bias, ROW_SCALE=row_scale, EVEN_K=k % block == 0, PROLOGUE=prologue, BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=block, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
 
 
 def fp8_dequantize_ref(w, scale, scale_row, block_k: int) -> torch.Tensor:
@@ -121,12 +184,6 @@ def fp8_dequantize_ref(w, scale, scale_row, block_k: int) -> torch.Tensor:
 
 def fp8_gemv_ref(x, w, scale, scale_row, block_k: int, bias=None, prologue: int = PLAIN, residual=None,
                  norm_weight=None, residual_out=None, eps: float = 0.0) -> torch.Tensor:
-    if prologue == SWIGLU:
-        x = swiglu_ref(x)
-    elif prologue == RMSNORM:
-        x = rms_norm_ref(x, norm_weight, eps)
-    elif prologue == RMSNORM_RESIDUAL:
-        x, new_residual = rms_norm_ref(x, norm_weight, eps, residual=residual)
-        residual_out.copy_(new_residual)
+    x = prologue_ref(x, prologue, residual, norm_weight, residual_out, eps)
     y = x.float() @ fp8_dequantize_ref(w, scale, scale_row, block_k).t()
     return (y + (bias.float() if bias is not None else 0.0)).to(x.dtype)

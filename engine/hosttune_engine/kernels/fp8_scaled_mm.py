@@ -1,10 +1,13 @@
 """FP8 GEMM on FP8 tensor cores (Hopper, Ada) for prefill and batched decode, with per-token activation
 scales and per-output-channel weight scales.
 
-x is quantized per row to e4m3 (scale amax / 448, one Triton kernel); torch._scaled_mm multiplies the e4m3 operands
-with unit scales, its fastest form (with row-wise scales cuBLAS is ~1.7x slower on an H200), into
-bf16 (the unscaled products can pass fp16's range); one Triton epilogue then applies both scales and
-the bias: y[m, n] = acc[m, n] * sx[m] * sw[n] + bias[n].
+x is quantized per row to e4m3 (scale amax / 448, one Triton kernel). Two ways to multiply:
+- unit scales (`fp8_scaled_mm`): torch._scaled_mm's fastest form at few rows (with row-wise scales cuBLAS
+  is ~1.7x slower on an H200 at 16-64 rows), into bf16 (the unscaled products can pass fp16's range);
+  one Triton epilogue then applies both scales and the bias: y[m, n] = acc[m, n] * sx[m] * sw[n] + bias[n].
+  That epilogue reads and writes the output once more, which a long prefill feels.
+- row-wise scales (`rowwise=True`): scales and bias in the GEMM's own epilogue, one launch, no extra pass.
+The tuned table says which one each batch size takes.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ def scale_epilogue(acc, sx, sw, bias, out_dtype) -> torch.Tensor:
 
 
 def fp8_scaled_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias=None,
-                  unit: torch.Tensor | None = None) -> torch.Tensor:
+                  unit: torch.Tensor | None = None, rowwise: bool = False) -> torch.Tensor:
     """x [M, K] bf16/fp16 @ (w [N, K] e4m3 * w_scale [N]).T (+ bias) -> [M, N] in x's dtype (FP8 activations).
     `unit` is a fp32 scalar 1 on x's device (layers keep one, so a CUDA graph capture allocates none)."""
     check_tensor("x", x, 2, dtypes=(torch.bfloat16, torch.float16))
@@ -100,6 +103,8 @@ def fp8_scaled_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias=
     check_tensor("w_scale", w_scale, 1, dtypes=(torch.float32,), device=x.device)
     check(w_scale.shape[0] == n, "w_scale must be [{}]", n)
     xq, sx = quantize_per_token(x)
+    if rowwise:
+        return torch._scaled_mm(xq, w.t(), scale_a=sx, scale_b=w_scale[None, :], bias=bias, out_dtype=x.dtype)
     one = unit if unit is not None else torch.ones((), dtype=torch.float32, device=x.device)
     acc = torch._scaled_mm(xq, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
     return scale_epilogue(acc, sx, w_scale, bias, x.dtype)

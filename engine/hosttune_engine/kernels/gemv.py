@@ -178,6 +178,30 @@ def gemv_ref(x, w, bias=None, out_dtype=None):
     return y.to(out_dtype or x.dtype)
 
 
+def check_prologue(x, k: int, prologue: int, residual, norm_weight, residual_out) -> None:
+    """The inputs a GEMV prologue reads (the quantized GEMVs take the prologue as an argument)."""
+    check(prologue == PLAIN or x.shape[0] == 1, "a prologue takes one row, got {}", x.shape[0])
+    if prologue in (RMSNORM, RMSNORM_RESIDUAL):
+        check_tensor("norm_weight", norm_weight, 1, dtypes=(x.dtype,), device=x.device)
+        check(norm_weight.shape[0] == k and norm_weight.is_contiguous(), "norm_weight must be [K] and contiguous")
+    if prologue == RMSNORM_RESIDUAL:
+        for name, t in (("residual", residual), ("residual_out", residual_out)):
+            check(isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == x.dtype and t.is_contiguous(),
+                  "{} must be a contiguous tensor like x", name)
+
+
+def prologue_ref(x, prologue: int, residual=None, norm_weight=None, residual_out=None, eps: float = 0.0):
+    """The GEMV's input after its prologue, by the torch references (residual_out receives x + residual)."""
+    if prologue == SWIGLU:
+        return swiglu_ref(x)
+    if prologue == RMSNORM:
+        return rms_norm_ref(x, norm_weight, eps)
+    if prologue == RMSNORM_RESIDUAL:
+        x, new_residual = rms_norm_ref(x, norm_weight, eps, residual=residual)
+        residual_out.copy_(new_residual)
+    return x
+
+
 def gemv_rmsnorm_ref(x, norm_weight, eps, w, bias=None, residual=None, residual_out=None):
     if residual is None:
         return gemv_ref(rms_norm_ref(x, norm_weight, eps), w, bias)

@@ -1,11 +1,17 @@
-"""4-bit-weight matrix-vector product for one-token decode: y [M, N] = x [M, K] @ W (+ bias), M <= 4, with
-W[k, n] = (q[k, n] - zeros[g, n]) * scales[g, n], g = g_idx[k], dequantized in registers.
+"""4-bit-weight matrix-vector product for one-token decode: y [M, N] = x [M, K] @ W (+ bias), M <= 4, in the
+layout of kernels/int4_layout.py, optionally with the layer before it computed in the prologue (RMSNorm,
+with the residual add, or SwiGLU), as kernels/gemv.py does for bf16.
 
-q is packed eight to an int32 along K ([K/8, N], value k at bits 4 (k % 8)), so a program owning
-BLOCK_N output columns reads contiguous int32s along N, each once, and unpacks its eight nibbles in
-registers; each weight costs half a byte of traffic, a quarter of bf16's. With plain groups
-(g = k // group_size, BLOCK_K dividing group_size) a tile has one group: it sums (q - zero) * x and
-scales once per column; act-order groups (g_idx) gather scale and zero per row.
+Parallelism is the bf16 GEMV's: each program owns BLOCK_N rows of qweight [N, K/8] and walks K in
+BLOCK_K tiles of contiguous words, so N / BLOCK_N programs (hundreds per projection) stream the weights
+with wide loads, each word once. The columns are interleaved in blocks (kernels/int4_layout.py), so nibble
+i of a run of words meets a run of consecutive activations, loaded (and put through the prologue) with
+vector loads.
+
+Unpacking costs one logic op and one subtract per weight, exact: nibble j (j < 4; nibbles 4-7 come from
+the word shifted by 16 once) is masked in place and ORed into the mantissa of 2^23, which as a float is
+2^23 + q 16^j; subtracting 2^23 + zero 16^j (once per row and group) leaves (q - zero) 16^j. The products
+of the four nibble positions are summed with their 1 / 16^j and the group's scale once per tile.
 """
 
 from __future__ import annotations
@@ -15,104 +21,146 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
+from hosttune_engine.kernels.gemv import PLAIN, SWIGLU, _input_tile, _rms_rstd, check_prologue, prologue_ref
+from hosttune_engine.kernels.int4_layout import check_int4_weight, dequantize_ref, pack_block, tile_in_group
 
-DEFAULT = {"BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4}
+DEFAULT = {"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4, "num_stages": 2}
 
 
 @triton.jit
-def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, b_ptr, y_ptr, N, K, group_size, stride_xm, stride_ym,
-                      M: tl.constexpr, HAS_BIAS: tl.constexpr, SORTED: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+def _magic(src, c, J: tl.constexpr):
+    """(q - zero) * 16^J of the nibble at bits 4J..4J+3 of src, in fp32 and exact: the nibble, masked in place,
+    ORed into the mantissa of 2^23 is the float 2^23 + q 16^J; c = 2^23 + zero 16^J."""
+    MASK: tl.constexpr = 15 << (4 * J)
+    return ((src & MASK) | 0x4B000000).to(tl.float32, bitcast=True) - c
+
+
+@triton.jit
+def _pow16(J: tl.constexpr):
+    if J == 0:
+        return 1.0
+    elif J == 1:
+        return 16.0
+    elif J == 2:
+        return 256.0
+    else:
+        return 4096.0
+
+
+@triton.jit
+def _group_params(z_ptr, s_ptr, g_rows, k0, n_mask, GROUP: tl.constexpr, SUB: tl.constexpr):
+    """Zeros and scales of the tile's groups as fp32 [BLOCK_N, SUB] ([BLOCK_N, 1] for a tile inside a group)."""
+    if SUB == 1:
+        offs = g_rows + k0 // GROUP
+        z = tl.load(z_ptr + offs, mask=n_mask, other=0).to(tl.float32)[:, None]
+        s = tl.load(s_ptr + offs, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    else:
+        offs = g_rows[:, None] + (k0 // GROUP + tl.arange(0, SUB))[None, :]
+        z = tl.load(z_ptr + offs, mask=n_mask[:, None], other=0).to(tl.float32)
+        s = tl.load(s_ptr + offs, mask=n_mask[:, None], other=0.0).to(tl.float32)
+    return z, s
+
+
+@triton.jit
+def _per_word(v, BLOCK_N: tl.constexpr, SUB: tl.constexpr, GW: tl.constexpr):
+    """[BLOCK_N, SUB] per group -> per word of the tile [BLOCK_N, SUB * GW] (as is for SUB == 1: it broadcasts)."""
+    if SUB == 1:
+        return v
+    else:
+        return tl.reshape(tl.broadcast_to(v[:, :, None], [BLOCK_N, SUB, GW]), [BLOCK_N, SUB * GW])
+
+
+@triton.jit
+def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm,
+                      stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr, PERMUTED: tl.constexpr,
+                      PROLOGUE: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr, PART: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """PART = min(GROUP, BLOCK_K): the columns of one group inside a tile; R words a pack block. K is a
+    multiple of BLOCK_K (which divides the group size or is a multiple of it; the wrapper sees to it)."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    ROWS: tl.constexpr = BLOCK_K // 8  # packed rows per tile: each int32 is loaded once, its 8 nibbles unpacked
+    WORDS: tl.constexpr = BLOCK_K // 8
+    SUB: tl.constexpr = BLOCK_K // PART
+    GW: tl.constexpr = PART // 8  # words of one group inside a tile
+    kw, groups = K // 8, K // GROUP
+    q_rows = q_ptr + offs_n.to(tl.int64)[:, None] * kw
+    g_rows = offs_n * groups  # [BLOCK_N]
+    words = tl.arange(0, WORDS)
+    first_col = (words // R) * (8 * R) + words % R  # [WORDS]: the column of each word's nibble 0 in the tile
+    rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, True, BLOCK_K)
     for m in tl.static_range(M):  # M <= 4: the repeated weight reads of m > 0 come from cache
-        acc = tl.zeros([BLOCK_N], tl.float32)
+        acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            rows = k0 // 8 + tl.arange(0, ROWS)
-            r_mask = rows < K // 8
-            mask = r_mask[:, None] & n_mask[None, :]
-            packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * N + offs_n[None, :], mask=mask, other=0)
-            if SORTED:  # the tile lies in one group: sum (q - zero) * x, then scale once
-                g = k0 // group_size
-                z = tl.load(z_ptr + g * N + offs_n, mask=n_mask, other=0).to(tl.float32)[None, :]
-                tile = tl.zeros([ROWS, BLOCK_N], tl.float32)
-                for i in tl.static_range(8):
-                    x = tl.load(x_ptr + m * stride_xm + rows * 8 + i, mask=r_mask, other=0.0).to(tl.float32)
-                    tile += (((packed >> (4 * i)) & 0xF).to(tl.float32) - z) * x[:, None]
-                acc += tl.sum(tile, 0) * tl.load(s_ptr + g * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            else:  # act-order groups: scale and zero gathered per input row
-                tile = tl.zeros([ROWS, BLOCK_N], tl.float32)
-                for i in tl.static_range(8):
-                    k = rows * 8 + i
-                    x = tl.load(x_ptr + m * stride_xm + k, mask=r_mask, other=0.0).to(tl.float32)
-                    gi = tl.load(g_ptr + k, mask=r_mask, other=0).to(tl.int64)[:, None] * N + offs_n[None, :]
-                    s = tl.load(s_ptr + gi, mask=mask, other=0.0).to(tl.float32)
-                    z = tl.load(z_ptr + gi, mask=mask, other=0).to(tl.float32)
-                    tile += (((packed >> (4 * i)) & 0xF).to(tl.float32) - z) * s * x[:, None]
-                acc += tl.sum(tile, 0)
-        y = acc
+            p = tl.load(q_rows + (k0 // 8 + words)[None, :], mask=n_mask[:, None], other=0)  # [BLOCK_N, WORDS]
+            p_hi = p >> 16
+            z, s = _group_params(z_ptr, s_ptr, g_rows, k0, n_mask, GROUP, SUB)
+            parts = tl.zeros([BLOCK_N, WORDS], tl.float32)
+            for j in tl.static_range(4):  # nibbles j (from p) and j + 4 (from p_hi) share 16^j
+                c = _per_word(8388608.0 + z * _pow16(j), BLOCK_N, SUB, GW)
+                lo = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, k0 + first_col + R * j, rstd,
+                                 PROLOGUE, PERMUTED)
+                hi = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, k0 + first_col + R * (j + 4), rstd,
+                                 PROLOGUE, PERMUTED)
+                t = _magic(p, c, j) * lo[None, :] + _magic(p_hi, c, j) * hi[None, :]
+                parts += t * (1.0 / _pow16(j))
+            acc += parts * _per_word(s, BLOCK_N, SUB, GW)
+        y = tl.sum(acc, 1)
         if HAS_BIAS:
             y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-def check_int4_weight(qweight, scales, zeros, g_idx, group_size: int, k: int, device) -> None:
-    check_tensor("qweight", qweight, 2, dtypes=(torch.int32,), device=device)
-    n = qweight.shape[1]
-    check(qweight.shape[0] * 8 == k and qweight.is_contiguous(), "qweight must be [K/8, N] = [{}, N] and "
-          "contiguous, got {}", k // 8, tuple(qweight.shape))
-    check(group_size > 0 and k % group_size == 0, "group_size {} must divide K {}", group_size, k)
-    groups = k // group_size
-    check_tensor("scales", scales, 2, dtypes=(torch.float16, torch.bfloat16, torch.float32), device=device)
-    check_tensor("zeros", zeros, 2, dtypes=(torch.uint8,), device=device)
-    for name, t in (("scales", scales), ("zeros", zeros)):
-        check(tuple(t.shape) == (groups, n) and t.is_contiguous(), "{} must be [{}, {}] and contiguous, got {}",
-              name, groups, n, tuple(t.shape))
-    check_tensor("g_idx", g_idx, 1, dtypes=(torch.int32,), device=device)
-    check(g_idx.shape[0] == k and g_idx.is_contiguous(), "g_idx must be [K] = [{}] and contiguous", k)
+@triton.jit
+def _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, PROLOGUE: tl.constexpr,
+                PERMUTED: tl.constexpr):
+    """The GEMV's input at tile positions `pos` (runs of R consecutive columns), after the prologue."""
+    cols = pos
+    if PERMUTED:
+        cols = tl.load(perm_ptr + pos)
+    return _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols, pos < K, rstd, PROLOGUE, True)
 
 
-def int4_block_k(cfg: dict, group_size: int, sorted_groups: bool) -> int:
-    """The K tile: with plain groups it must lie inside one group."""
-    block_k = cfg["BLOCK_K"]
-    if sorted_groups:
-        while group_size % block_k:
-            block_k //= 2
-    return block_k
+def _block_k(block_k: int, group_size: int, k: int) -> int:
+    """The K tile: a power of two of at least one pack block that divides K; a group or several (of a power of
+    two width) or a part of one."""
+    check(block_k >= 8 and block_k & (block_k - 1) == 0, "BLOCK_K {} must be a power of two", block_k)
+    block_k = max(block_k, pack_block(group_size))
+    while block_k > group_size and (group_size & (group_size - 1) or k % block_k):
+        block_k //= 2
+    return tile_in_group(block_k, group_size) if block_k <= group_size else block_k
 
 
-def int4_gemv(x, qweight, scales, zeros, g_idx, group_size: int, sorted_groups: bool, bias=None,
-              config: dict | None = None) -> torch.Tensor:
-    """x [M, K] (M <= 4) @ W [K, N] (+ bias) -> [M, N] in x's dtype."""
+def int4_gemv(x, qweight, scales, zeros, perm, group_size: int, bias=None, config: dict | None = None,
+              prologue: int = PLAIN, residual=None, norm_weight=None, residual_out=None,
+              eps: float = 0.0) -> torch.Tensor:
+    """x [M, K] (M <= 4) @ W (+ bias) -> [M, N] in x's dtype. With `prologue` RMSNORM(_RESIDUAL) x is the raw
+    hidden row [1, K]; with SWIGLU it is [1, 2K] [gate | up]."""
     check_tensor("x", x, 2)
-    m, k = x.shape
-    check(1 <= m <= 4 and x.stride(1) == 1, "int4_gemv takes 1 to 4 rows contiguous in K, got {}", tuple(x.shape))
-    check_int4_weight(qweight, scales, zeros, g_idx, group_size, k, x.device)
-    n = qweight.shape[1]
+    m = x.shape[0]
+    k = x.shape[1] // 2 if prologue == SWIGLU else x.shape[1]
+    check(1 <= m <= 4 and x.is_contiguous(), "int4_gemv takes 1 to 4 contiguous rows, got {}", tuple(x.shape))
+    check_int4_weight(qweight, scales, zeros, perm, group_size, k, x.device)
+    n = qweight.shape[0]
     if bias is not None:
         check_tensor("bias", bias, 1, dtypes=(x.dtype,), device=x.device)
         check(bias.shape[0] == n and bias.is_contiguous(), "bias must be [{}] and contiguous", n)
+    check_prologue(x, k, prologue, residual, norm_weight, residual_out)
     cfg = config or DEFAULT
-    block_k = int4_block_k(cfg, group_size, sorted_groups)
-    check(block_k >= 8, "group_size {} leaves no K tile of at least 8", group_size)
+    block_k = _block_k(cfg["BLOCK_K"], group_size, k)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     _int4_gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-        x, qweight, scales, zeros, g_idx, bias if bias is not None else x, y, n, k, group_size, x.stride(0),
-        y.stride(0), M=m, HAS_BIAS=bias is not None, SORTED=sorted_groups, BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_K=block_k, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        x, qweight, scales, zeros, perm if perm is not None else qweight, bias if bias is not None else x, y,
+        residual if residual is not None else x, norm_weight if norm_weight is not None else x,
+        residual_out if residual_out is not None else x, n, k, x.stride(0), y.stride(0), eps, M=m,
+        HAS_BIAS=bias is not None, PERMUTED=perm is not None, PROLOGUE=prologue, GROUP=group_size,
+        R=pack_block(group_size) // 8, PART=min(group_size, block_k), BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y
 
 
-def int4_dequantize_ref(qweight, scales, zeros, g_idx) -> torch.Tensor:
-    """qweight [K/8, N] -> fp32 W [K, N]."""
-    shifts = torch.arange(0, 32, 4, device=qweight.device, dtype=torch.int32)
-    q = ((qweight[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(-1, qweight.shape[1]).float()
-    g = g_idx.long()
-    return (q - zeros[g].float()) * scales[g].float()
-
-
-def int4_gemv_ref(x, qweight, scales, zeros, g_idx, bias=None) -> torch.Tensor:
-    y = x.float() @ int4_dequantize_ref(qweight, scales, zeros, g_idx)
+def int4_gemv_ref(x, qweight, scales, zeros, perm, group_size: int, bias=None, prologue: int = PLAIN,
+                  residual=None, norm_weight=None, residual_out=None, eps: float = 0.0) -> torch.Tensor:
+    x = prologue_ref(x, prologue, residual, norm_weight, residual_out, eps)
+    y = x.float() @ dequantize_ref(qweight, scales, zeros, perm, group_size).t()
     return (y + (bias.float() if bias is not None else 0.0)).to(x.dtype)

@@ -1,7 +1,15 @@
 """Which kernel runs a quantized layer on the GPU: the GEMV for one to four rows (decode), a GEMM for
 more. FP8 layers whose scheme quantizes activations (FP8 at load, compressed-tensors with FP8 input
-activations) and have one scale per row take the FP8 tensor cores where the GPU has them; the others
-keep activations in bf16/fp16 (W8A16, W4A16): what the CPU references compute."""
+activations) and have one scale per row may take the FP8 tensor cores where the GPU has them; the others
+keep activations in bf16/fp16 (W8A16, W4A16): what the CPU references compute.
+
+Launch configs come from the tuned tables (kernels/tuning.py), per projection shape where the tuner
+measured one ("bfloat16-le1-4608x3584": batch bucket, then N x K), else per batch bucket. For FP8
+layers with FP8 activations the table's `fp8_mm` entry also picks the batched path per bucket:
+"unit" (torch._scaled_mm with unit scales and our scale epilogue), "rowwise" (scales in cuBLAS's
+epilogue) or "w8a16" (our GEMM, activations kept in bf16). Configs may also say FUSE 0 (a GEMV's
+RMSNorm / SwiGLU prologue run by its own kernels first) and DEQUANT 1 (W4A16 through a dequantized weight
+and cuBLAS): whichever the tuner measured faster."""
 
 from __future__ import annotations
 
@@ -19,39 +27,73 @@ from hosttune_engine.kernels.tuning import batch_bucket, launch_config
 from hosttune_engine.layers.one_row import DeferredRMSNorm, DeferredSwiGLU
 
 GEMV_ROWS = 4
+FP8_MM_DEFAULT = {"METHOD": "unit"}
 
 
 def _key(x: torch.Tensor) -> str:
     return f"{str(x.dtype).removeprefix('torch.')}-{batch_bucket(x.shape[0])}"
 
 
+def _config(kernel: str, x: torch.Tensor, n: int, k: int, default: dict) -> dict:
+    """The tuned config for this projection's shape, else for the batch bucket, else `default`."""
+    shaped = launch_config(kernel, f"{_key(x)}-{n}x{k}", x.device, {})
+    return shaped or launch_config(kernel, _key(x), x.device, default)
+
+
+def _one_row(kernel: str, fn, default: dict, weights: tuple, n: int, k: int, x):
+    """Up to GEMV_ROWS rows, or a deferred RMSNorm / SwiGLU row, through the GEMV; None for more rows."""
+    if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)):
+        return gemv_one_row(fn, _config(kernel, x.x if isinstance(x, DeferredRMSNorm) else x.gate_up, n, k, default),
+                            weights, x)
+    if x.shape[0] <= GEMV_ROWS:
+        x = x.contiguous()
+        return gemv_one_row(fn, _config(kernel, x, n, k, default), weights, x)
+    return None
+
+
+def gemv_one_row(fn, cfg: dict, weights: tuple, x) -> torch.Tensor:
+    """fn (a quantized GEMV) on x: rows, or a deferred RMSNorm / SwiGLU row computed in its prologue, or first by
+    its own kernels when the config says FUSE 0 (what the tuner found faster for that GEMV)."""
+    if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)) and not cfg.get("FUSE", 1):
+        x = x.materialize()
+    if isinstance(x, DeferredRMSNorm):
+        prologue = RMSNORM if x.residual is None else RMSNORM_RESIDUAL
+        return fn(x.x, *weights, cfg, prologue=prologue, residual=x.residual, norm_weight=x.weight,
+                  residual_out=x.residual_out, eps=x.eps)
+    if isinstance(x, DeferredSwiGLU):
+        return fn(x.gate_up, *weights, cfg, prologue=SWIGLU)
+    return fn(x, *weights, cfg)
+
+
 def fp8_linear(layer, x) -> torch.Tensor:
     """x [T, K], or a deferred RMSNorm / SwiGLU row, which the GEMV computes in its prologue."""
     weights = (layer.weight, layer.weight_scale, layer.scale_row, layer.block_k, layer.bias)
-    if isinstance(x, DeferredRMSNorm):
-        cfg = launch_config("fp8_gemv", _key(x.x), x.x.device, FP8_GEMV_DEFAULT)
-        prologue = RMSNORM if x.residual is None else RMSNORM_RESIDUAL
-        return fp8_gemv(x.x, *weights, cfg, prologue=prologue, residual=x.residual, norm_weight=x.weight,
-                        residual_out=x.residual_out, eps=x.eps)
-    if isinstance(x, DeferredSwiGLU):
-        cfg = launch_config("fp8_gemv", _key(x.gate_up), x.gate_up.device, FP8_GEMV_DEFAULT)
-        return fp8_gemv(x.gate_up, *weights, cfg, prologue=SWIGLU)
+    n, k = layer.out_features, layer.in_features
+    y = _one_row("fp8_gemv", fp8_gemv, FP8_GEMV_DEFAULT, weights, n, k, x)
+    if y is not None:
+        return y
     x = x.contiguous()
-    if x.shape[0] <= GEMV_ROWS:
-        return fp8_gemv(x, *weights, launch_config("fp8_gemv", _key(x), x.device, FP8_GEMV_DEFAULT))
-    if layer.spec.fp8_activations and layer.row_scale is not None and x.dtype != torch.float32 \
-            and supports_fp8_mm(x.device) \
-            and layer.in_features % 16 == 0 and layer.out_features % 16 == 0:
-        return fp8_scaled_mm(x, layer.weight, layer.row_scale, layer.bias, layer.unit_scale)
-    cfg = launch_config("w8a16_gemm", _key(x), x.device, GEMM_DEFAULT)
-    return w8a16_gemm(x, layer.weight, layer.weight_scale, layer.scale_row, layer.block_k, layer.bias, cfg)
+    method = _fp8_mm_method(layer, x)
+    if method != "w8a16":
+        rowwise = method == "rowwise"
+        return fp8_scaled_mm(x, layer.weight, layer.row_scale, layer.bias, layer.unit_scale, rowwise=rowwise)
+    return w8a16_gemm(x, *weights, _config("w8a16_gemm", x, n, k, GEMM_DEFAULT))
+
+
+def _fp8_mm_method(layer, x) -> str:
+    """"unit", "rowwise" (FP8 tensor cores) or "w8a16" for a batched FP8 layer."""
+    if not (layer.spec.fp8_activations and layer.row_scale is not None and x.dtype != torch.float32
+            and supports_fp8_mm(x.device) and layer.in_features % 16 == 0 and layer.out_features % 16 == 0):
+        return "w8a16"
+    return launch_config("fp8_mm", _key(x), x.device, FP8_MM_DEFAULT)["METHOD"]
 
 
 def int4_linear(layer, x) -> torch.Tensor:
-    if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)):
-        x = x.materialize()
+    """x [T, K], or a deferred RMSNorm / SwiGLU row, which the GEMV computes in its prologue."""
+    weights = (layer.qweight, layer.scales, layer.zeros, layer.kernel_perm, layer.group_size, layer.bias)
+    n, k = layer.out_features, layer.in_features
+    y = _one_row("int4_gemv", int4_gemv, INT4_GEMV_DEFAULT, weights, n, k, x)
+    if y is not None:
+        return y
     x = x.contiguous()
-    args = (layer.qweight, layer.scales, layer.zeros, layer.g_idx, layer.group_size, layer.sorted_groups, layer.bias)
-    if x.shape[0] <= GEMV_ROWS:
-        return int4_gemv(x, *args, config=launch_config("int4_gemv", _key(x), x.device, INT4_GEMV_DEFAULT))
-    return w4a16_gemm(x, *args, config=launch_config("w4a16_gemm", _key(x), x.device, GEMM_DEFAULT))
+    return w4a16_gemm(x, *weights, _config("w4a16_gemm", x, n, k, GEMM_DEFAULT))

@@ -56,6 +56,9 @@ def _check_int4_widths(spec: QuantSpec, n: int, k: int, where: str) -> None:
         raise QuantizationError(f"{where}: group size {spec.group_size} does not divide its input width {k}")
     if n % 8 or k % 8:
         raise QuantizationError(f"{where}: 4-bit layers need widths that are multiples of 8, got [{n}, {k}]")
+    if spec.group_size % 8:
+        raise QuantizationError(f"{where}: group size {spec.group_size} is not a multiple of 8; the 4-bit kernels "
+                                "pack eight columns of one group to a word")
 
 
 def quantization_config(spec: QuantSpec) -> dict:

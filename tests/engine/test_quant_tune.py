@@ -1,0 +1,26 @@
+"""The quantized-kernel tuner (benchmarks/engine/quant_tune.py) on tiny shapes on the CPU: every candidate is
+checked against its reference before it is timed, and the winners come out in the tuned-table format."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_gemv_stage_checks_times_and_writes_configs(tmp_path):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{REPO}:{REPO / 'engine'}"}
+    cmd = [sys.executable, str(REPO / "benchmarks" / "engine" / "quant_tune.py"), "--tiny", "--out", str(tmp_path),
+           "--stage", "gemv"]
+    subprocess.run(cmd, check=True, env=env, timeout=600)
+    res = json.loads((tmp_path / "stage-gemv.json").read_text())
+    rows = {(r["kernel"], r["proj"]) for r in res["rows"] if "best" in r}
+    assert rows == {(k, p) for k in ("int4_gemv", "fp8_gemv") for p in ("qkv", "o", "gate_up", "down")}
+    assert all(r["max_err"] < 1e-4 for r in res["rows"])  # fp32 on the CPU
+    assert {"FUSE", "BLOCK_N", "BLOCK_K"} <= set(res["table"]["int4_gemv"]["float32-le1-1024x256"])
+    assert res["lm_head_ms"] > 0
