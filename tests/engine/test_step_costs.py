@@ -125,3 +125,22 @@ def test_no_measured_step_reaches_past_the_context():
     model = measure_step_costs(probe, on_cuda=True, kv_tokens=1 << 20, decode_batch=64, runs=1)
     assert max(max(pair) for pair in probe.asked) <= 1024
     assert model.token_points[-1] == 1024 and model.decode_s > 0 and model.prefill_s > 0
+
+
+def test_one_slow_step_does_not_stand_for_every_larger_one():
+    """A first step that meets a one-off cost (681 ms where 6 ms was due, seen on an H200) is lowered to the
+    points after it, so the budget still admits prompt chunks; the costs still grow with the tokens."""
+    from hosttune_engine.core.step_cost import measure_step_costs
+
+    class Probe:
+        max_tokens, max_context, calls = 8192, 8192, 0
+
+        def seconds(self, chunk, chunk_context, num_decodes, decode_context, runs):
+            self.calls += 1
+            return 0.681 if self.calls == 1 else 1e-3 * (5 + (chunk + num_decodes) / 100)
+
+    model = measure_step_costs(Probe(), on_cuda=True, kv_tokens=1 << 20, decode_batch=64, runs=1)
+    seconds = model.token_seconds
+    assert seconds[0] < 0.01 and seconds[-1] > seconds[0]
+    assert all(a <= b for a, b in zip(seconds, seconds[1:]))
+    assert model.max_chunk(0.03, 64, 0, 0, 0, 8192) > 1000

@@ -15,8 +15,8 @@ Measured on the path mixed steps take (one decode beside a prefill chunk: piecew
 up to their largest bucket on CUDA, eager past it): T at a grid of token counts, then the
 two attention terms at a long context; and a decode-only step (on CUDA graphs where the
 runner has them), the step whose time inter-token latency is when no prompt waits. Each
-point is the fastest of a few runs, the first of which may compile kernels; a server
-measures after its warmup, when nothing is left to compile, with one run each.
+point is the fastest of a few runs, the first of which may compile kernels or meet a one-off
+cost (a server measures after its warmup, and still takes the fastest of them).
 
 The automatic budget (`--max-step-ms auto`) is per step: `AUTO_DECODE_STEPS` times what a
 decode-only step of the same decodes would take; but never so small that a chunk of
@@ -138,9 +138,9 @@ def measure_step_costs(probe: StepProbe, on_cuda: bool, kv_tokens: int, decode_b
     largest = min(probe.max_tokens, probe.max_context)  # positions past the context would read past RoPE's table
     points = [n for n in grid if n < largest] + ([largest] if on_cuda else [])
     points = sorted({n for n in points if n + 16 + 64 <= kv_tokens})
-    seconds = []
-    for n in points:  # more tokens never cost less: a noisy point is lifted to the one before
-        seconds.append(max([probe.seconds(n - 1, 0, 1, 16, runs)] + seconds[-1:]))
+    seconds = [probe.seconds(n - 1, 0, 1, 16, runs) for n in points]
+    for i in range(len(seconds) - 2, -1, -1):  # more tokens never cost less: a slow outlier is lowered to
+        seconds[i] = min(seconds[i], seconds[i + 1])  # the point after it, never spread over the points after
     decode_step = probe.seconds(0, 0, decode_batch, 16, runs) if decode_batch * 17 <= kv_tokens else 0.0
     model = StepCostModel(tuple(points), tuple(seconds), 0.0, 0.0, decode_step)
     batch = DECODE_BATCH[on_cuda]

@@ -139,13 +139,13 @@ class Server:
 
     async def _measure_step_costs(self, engine, client: EngineClient) -> bool:
         """The step budget's cost model, timed on the idle engine after warmup: every kernel is compiled and
-        every graph captured by then, so one run of each step shape is enough (and warmup runs its steps
-        without a time budget, as many as it needs and no more). False if a stop came first."""
+        every graph captured by then (warmup runs its steps without a time budget, as many as it needs and no
+        more); each shape still runs more than once, since one slow first step (681 ms against 6 ms on an
+        H200) would otherwise stand for it. False if a stop came first."""
         if not getattr(engine, "needs_step_costs", False):
             return True
-        runs = 1 if self.config.warmup else None
         start = asyncio.get_running_loop().time()
-        model = await self._until_stopped(client.when_idle(lambda: engine.measure_step_costs(runs)))
+        model = await self._until_stopped(client.when_idle(engine.measure_step_costs))
         if model is None:
             return False
         log.info("step costs measured in %.1f s", asyncio.get_running_loop().time() - start)
