@@ -70,7 +70,7 @@ def apply(
         raise typer.Exit(EXIT_ERROR)
     run = new_run_id()
     with Progress("applying", total=len(plans)) as progress:
-        outcomes = apply_plans(plans, wanted, run, options, on_batch=progress.advance_each)
+        outcomes = apply_plans(plans, wanted, run, options, on_host_done=lambda name, o: progress.advance(name, o.state))
     emit(recap.render_json(outcomes, run, False) if fmt is Output.json else recap.render(outcomes, run), output)
     raise typer.Exit(exit_code(outcomes))
 

@@ -78,17 +78,11 @@ def deploy(
         check = slo_check(CanaryBench(canary_slo, canary_rate, canary_duration), request) \
             if canary and canary_slo and not dry_run else None
         with Progress("deploying", total=len(inv.hosts)) as progress:
-            outcomes = deploy_fleet(inv, request, on_batch=lambda done: _batch_done(progress, done, bool(serial or canary)),
-                                    canary_check=check)
+            outcomes = deploy_fleet(inv, request, on_batch=lambda done: progress.note(recap.render(done))
+                                    if serial or canary else None, canary_check=check,
+                                    on_host_done=lambda name, d: progress.advance(name, d.state))
         found = upstreams(inv, request, outcomes) if not dry_run else []
         for path in write_upstreams(found, nginx_dir) if found else []:
             typer.echo(f"nginx upstream: {path}", err=True)
     typer.echo(recap.render(outcomes))
     raise typer.Exit(exit_code(outcomes))
-
-
-def _batch_done(progress: Progress, done: list, is_batched: bool) -> None:
-    """A batch's hosts advance the bar; in batches (--serial, --canary) its recap goes to stderr too."""
-    progress.advance_each(done)
-    if is_batched:
-        progress.note(recap.render(done))

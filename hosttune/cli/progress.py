@@ -15,7 +15,6 @@ from __future__ import annotations
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterable
 from enum import Enum
 from typing import IO, TYPE_CHECKING
 
@@ -73,11 +72,6 @@ class Progress:
             self.num_done += 1
             self.outcomes[outcome] += 1
             self._show(completed=self.num_done, status=f"{self._tally()} (last: {name} {outcome})")
-
-    def advance_each(self, outcomes: Iterable) -> None:
-        """Each of a batch's outcomes (apply's, deploy's: a `host` and a `state`) counts one host done."""
-        for outcome in outcomes:
-            self.advance(outcome.host.name, outcome.state)
 
     def note(self, text: str) -> None:
         """A line for stderr: above the bar while it is shown, else as `typer.echo(err=True)` prints it."""

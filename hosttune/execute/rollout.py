@@ -98,7 +98,6 @@ def _reboot(outcome: HostOutcome, profiles: dict[str, Profile], options: ApplyOp
 
 
 def apply_plans(plans: list[HostPlan], profiles: dict[str, Profile], run: str, options: ApplyOptions,
-                on_batch: Callable[[list[HostOutcome]], None] | None = None,
                 on_host_done: Callable[[str, object], None] | None = None) -> list[HostOutcome]:
     """Execute the plans batch by batch; once the failure budget is spent, later batches are skipped."""
     runner = runner_for(options, on_host_done)
@@ -108,8 +107,6 @@ def apply_plans(plans: list[HostPlan], profiles: dict[str, Profile], run: str, o
         done = runner.map(lambda p: _execute(p, run), batch, name=None if options.reboot else host_name)
         if options.reboot:  # the batch's pending hosts reboot together, once all of it ran
             done = runner.map(lambda o: _reboot(o, profiles, options), done, name=host_name)
-        if on_batch:
-            on_batch(done)
         return done
 
     return runner.rollout(plans, run_batch, lambda p, why: [HostOutcome(p, Outcome.SKIPPED, error=why)])

@@ -9,7 +9,6 @@ import pty
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 from hosttune.cli.progress import Progress
 
@@ -41,15 +40,13 @@ def test_off_a_terminal_nothing_is_written():
     assert stream.getvalue() == "" and not progress.is_shown
 
 
-def test_a_batch_of_outcomes_advances_one_host_each_with_its_state():
+def test_hosts_advance_one_each_tallied_by_their_outcome_word_or_enum():
     class State(enum.Enum):
         DEPLOYED = "deployed"
 
-    def outcome(name, state):
-        return SimpleNamespace(host=SimpleNamespace(name=name), state=state)
-
     with Progress("deploy", total=3, stream=io.StringIO()) as progress:
-        progress.advance_each([outcome("a", State.DEPLOYED), outcome("b", "failed"), outcome("c", "deployed")])
+        for name, state in (("a", State.DEPLOYED), ("b", "failed"), ("c", "deployed")):
+            progress.advance(name, state)
     assert progress.num_done == 3 and progress.outcomes == {"deployed": 2, "failed": 1}
 
 

@@ -94,7 +94,7 @@ class Engine:
     def measure_step_costs(self, runs: int | None = None):
         """Time synthetic steps and give the scheduler their cost model and the step time budget
         (core/step_cost.py); returns the model. Only on an idle engine (no request in it). `runs` per step
-        shape: the default lets the first run compile kernels; after a warmup one is enough."""
+        shape (default: the fastest of a few, since a first run may compile or meet a one-off cost)."""
         from hosttune_engine.core.step_cost import StepProbe, measure_step_costs
 
         if self.has_unfinished_requests():
