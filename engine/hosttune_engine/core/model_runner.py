@@ -21,6 +21,9 @@ group and nothing of this runs.
 
 from __future__ import annotations
 
+import logging
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -48,6 +51,17 @@ from hosttune_engine.parallel.layout import ShardLayout
 from hosttune_engine.parallel.step_message import StepKind, step_message
 from hosttune_engine.parallel.transform import gather_logits, shard_model
 from hosttune_engine.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _phase(what: str):
+    """Log how long a start-up phase took (the parts of the time to healthy)."""
+    start = time.perf_counter()
+    yield
+    log.info("%s in %.1f s", what, time.perf_counter() - start)
+
 
 @dataclass
 class StepResult:
@@ -82,8 +96,9 @@ class ModelRunner:
         torch.manual_seed(config.seed)
         layout = ShardLayout.of(model_config, group.rank, group.world_size) if group is not None else None
         shard = partial(shard_model, layout=layout, group=group) if group is not None else None
-        self.model = load_model(model_config, config.model, config.load_format, self.device, self.dtype, config.seed,
-                                config.quantization, shard=shard)
+        with _phase("model loaded"):
+            self.model = load_model(model_config, config.model, config.load_format, self.device, self.dtype,
+                                    config.seed, config.quantization, shard=shard)
         self.use_triton = config.kernel_backend == "triton" or (
             config.kernel_backend == "auto" and self.device.type == "cuda")
         set_kernel_backend(self.model, self.use_triton)
@@ -96,7 +111,8 @@ class ModelRunner:
                                      model_config.head_dim, torch.finfo(self.dtype).bits // 8)
         self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                         if self.device.type == "cuda" else 1)
-        self.num_kv_blocks = self._size_kv_pool()
+        with _phase("KV pool sized"):
+            self.num_kv_blocks = self._size_kv_pool()
         self.kv_pool = KVPool(self.kv_shape, self.num_kv_blocks, self.device, self.dtype)
         self.kv_pool.bind(self.model)
         self.sampler = Sampler()
@@ -105,9 +121,12 @@ class ModelRunner:
         self.prefill_graphs: PrefillGraphs | None = None
         self.mixed_graphs: MixedGraphs | None = None
         if self.device.type == "cuda" and self.use_triton and not config.enforce_eager:
-            self.graphs = self.build_decode_graphs(use_graphs=True)
-            self.prefill_graphs = self.build_prefill_graphs(use_graphs=True)
-            self.mixed_graphs = self.build_mixed_graphs(use_graphs=True)
+            with _phase("decode graphs captured"):
+                self.graphs = self.build_decode_graphs(use_graphs=True)
+            with _phase("prefill graphs captured"):
+                self.prefill_graphs = self.build_prefill_graphs(use_graphs=True)
+            with _phase("mixed-step graphs captured"):
+                self.mixed_graphs = self.build_mixed_graphs(use_graphs=True)
 
     def build_decode_graphs(self, use_graphs: bool, max_batch: int | None = None) -> DecodeGraphs:
         """Persistent decode buffers and, with `use_graphs`, one captured graph per batch size
