@@ -9,9 +9,10 @@ with `hosttune bench`'s load generator: 64 closed-loop streaming users, the defa
 (30% 32-512 tokens, 70% normal around 4,200, 512 out), 10 s of warm-up and 60 s measured, the
 server's /metrics sampled every second. Then the priority scenario: a high-priority open-loop stream
 (priority 0, at a quarter of the users' request rate, so 20% of requests) alone, then beside the 64
-low-priority users (priority 10); its TTFT P95 loaded over idle is the figure. Writes
-OUT/results.json (after every phase), each run's bench outputs under OUT/<setting>/, and prints a
-table last.
+low-priority users (priority 10); its TTFT P95 loaded over idle is the figure. Each server keeps a
+step log (--step-log): results.json sums up its steps in each phase (how many held prompt tokens, their
+real times, the budget's correction). Writes OUT/results.json (after every phase), each run's bench
+outputs and step log under OUT/<setting>/, and prints a table last.
 
 Example (H200): python benchmarks/engine/tail_latency.py --out $OUT
 CPU dry run (a tiny model): python benchmarks/engine/tail_latency.py --out /tmp/tail --small
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -109,6 +111,31 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+FIRST_LENGTHS = (37, 700, 1500, 4100, 6000)  # prompt tokens of the requests timed right after /health 200
+SMALL_FIRST_LENGTHS = (12, 100, 400)
+
+
+def first_ttfts(url: str, small: bool) -> list[float]:
+    """TTFT in ms of one streaming request per prompt length, one after another on the idle server: right
+    after /health 200 they show whether warmup left a shape class to compile; after the traffic, the warm
+    level."""
+    rng = random.Random(3)
+    words = list(dict.fromkeys(WORDS))
+    result = []
+    for n in SMALL_FIRST_LENGTHS if small else FIRST_LENGTHS:
+        body = json.dumps({"model": "qwen7b-dummy", "prompt": " ".join(rng.choices(words, k=n)), "max_tokens": 4,
+                           "stream": True, "ignore_eos": True}).encode()
+        request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+        start = time.monotonic()
+        with urllib.request.urlopen(request, timeout=120) as response:
+            for line in response:
+                if line.startswith(b"data: {") and b'"text":""' not in line.replace(b" ", b""):
+                    result.append(round((time.monotonic() - start) * 1e3, 1))
+                    break
+            response.read()
+    return result
+
+
 def spec(args, load: Load, priority: int | None = None) -> BenchSpec:
     return BenchSpec(load=load, prompt_lengths=args.prompts, output_lengths=str(args.max_tokens),
                      timeout=120, priority=priority)
@@ -146,6 +173,28 @@ def write_bench(folder: Path, runs, command: str) -> None:
     report.write_markdown(outcome, folder / "report.md", names)
 
 
+def step_summary(path: Path, start: float, end: float) -> dict | None:
+    """The server's steps between two `time.monotonic()` readings (its --step-log): how many held
+    prompt tokens, their real times against the decode-only ones, and the step budget's correction."""
+    if not path.is_file():
+        return None
+    steps = [r for r in map(json.loads, path.read_text().splitlines()) if start <= r["t"] <= end and r["ms"]]
+    mixed = [r for r in steps if r["decodes"] and r["prefill_tokens"]]
+    plain = [r for r in steps if not r["prefill_tokens"]]
+
+    def q(rows, p):
+        values = sorted(r["ms"] for r in rows)
+        return round(values[min(len(values) - 1, int(p / 100 * len(values)))], 2) if values else None
+    ratios = sorted(r["ms"] / r["estimate_ms"] for r in mixed if r["estimate_ms"])
+    return {"steps": len(steps), "mixed_share": round(len(mixed) / len(steps), 3) if steps else None,
+            "mixed_ms_p50": q(mixed, 50), "mixed_ms_p99": q(mixed, 99), "decode_ms_p50": q(plain, 50),
+            "decode_ms_p99": q(plain, 99), "all_ms_p99": q(steps, 99),
+            "prefill_tokens_per_mixed_step": round(sum(r["prefill_tokens"] for r in mixed) / len(mixed), 1)
+            if mixed else None,
+            "real_over_estimate_p50": round(ratios[len(ratios) // 2], 3) if ratios else None,
+            "scale_last": steps[-1]["scale"] if steps else None}
+
+
 async def traffic(args, url: str, out: Path) -> dict:
     run = await measure(spec(args, users_load(args, args.duration)), url)
     summary = summarize(run)
@@ -177,18 +226,25 @@ def run_setting(args, name: str, folder: Path, out: Path, results: dict, rate: f
     setting_out = out / name
     setting_out.mkdir(parents=True, exist_ok=True)
     log = setting_out / "server.log"
-    proc = start_server(folder, log, args.small, SETTINGS[name])
+    proc = start_server(folder, log, args.small, [*SETTINGS[name], "--step-log", str(setting_out / "steps.jsonl")])
     entry = results.setdefault("settings", {}).setdefault(name, {"flags": SETTINGS[name]})
     try:
         url, healthy = wait_healthy(proc, log, args.ready_timeout)
         entry["seconds_to_healthy"] = round(healthy, 1)
         entry["step_budget_log"] = [line.split(": ", 1)[-1] for line in log.read_text().splitlines() if "step budget" in line]
+        entry["first_ttft_ms"] = {"prompt_tokens": list(SMALL_FIRST_LENGTHS if args.small else FIRST_LENGTHS),
+                                  "after_healthy": first_ttfts(url, args.small)}
+        start = time.monotonic()
         entry["traffic"] = asyncio.run(traffic(args, url, setting_out))
+        entry["traffic_steps"] = step_summary(setting_out / "steps.jsonl", start + args.warmup, time.monotonic())
+        entry["first_ttft_ms"]["warm"] = first_ttfts(url, args.small)
         _save(out, results)
         rate = rate or entry["traffic"]["request_s"] / 4  # the high stream: 20% of all requests
         needed = 2 * (args.priority_duration + args.warmup) + 40
         if rate > 0 and time.monotonic() + needed < args.deadline:
+            start = time.monotonic()
             entry["priority"] = asyncio.run(priority(args, url, rate, setting_out))
+            entry["priority_steps"] = step_summary(setting_out / "steps.jsonl", start, time.monotonic())
         else:
             entry["priority"] = "skipped: not enough time left in the run's budget"
         _save(out, results)
@@ -237,6 +293,7 @@ def main() -> None:
     parser.add_argument("--max-step-ms", default="auto", help="the new setting's step budget (auto or milliseconds)")
     parser.add_argument("--budget-s", type=float, default=520, help="the priority scenario is skipped past this")
     parser.add_argument("--ready-timeout", type=float, default=240)
+    parser.add_argument("--settings", default="new,old", help="which servers run, in order (new, old or both)")
     args = parser.parse_args()
     small = args.small
     args.users = args.users or (4 if small else 64)
@@ -254,7 +311,10 @@ def main() -> None:
                "prompts": args.prompts, "max_tokens": args.max_tokens, "duration_s": args.duration,
                "priority_duration_s": args.priority_duration}
     rate = None
-    for name in SETTINGS:
+    names = [n.strip() for n in args.settings.split(",") if n.strip()]
+    if not names or any(n not in SETTINGS for n in names):
+        parser.error(f"--settings: a comma-separated list of {', '.join(SETTINGS)}")
+    for name in names:
         rate = run_setting(args, name, folder, out, results, rate)
     _save(out, results)
     print(table(results))

@@ -32,7 +32,8 @@ class EngineConfig:
     process of its own (`parallel/`); 1 is one GPU in this process.
     `quantization="fp8"` quantizes a bf16 checkpoint's projections to FP8 at load (a quantized
     checkpoint needs nothing: config.json says its layout); with `load_format="dummy"` any of
-    QUANTIZATIONS quantizes the random weights in that layout.
+    QUANTIZATIONS quantizes the random weights in that layout. `step_log` names a file that gets a JSON
+    line per step (its real time, tokens and the budget's estimate), for tuning `max_step_ms`.
     """
 
     model: str
@@ -56,6 +57,7 @@ class EngineConfig:
     max_step_ms: float | None = None  # None: steps bounded by tokens only; 0: a budget from the measured costs
     tensor_parallel_size: int = 1
     quantization: str | None = None
+    step_log: str | None = None  # a file that gets a JSON line per step (core/step_log.py)
 
     def __post_init__(self) -> None:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)

@@ -203,3 +203,49 @@ def test_an_automatic_budget_chunks_by_the_decodes_in_the_step():
     budget = model.auto_budget_s(1, context)
     want = max(n for n in range(1, 2000) if model.step_seconds(1 + n, context, 0) <= budget)
     assert abs(shape(out)["long"] - want) <= 1 and 498 <= want <= 500  # one token of float rounding at the edge
+
+
+def test_steps_held_to_a_budget_carry_the_model_s_estimate():
+    s = make()
+    decoding(s, "d1", "d2")
+    s.add(seq(1000, "long"))
+    out = s.schedule()
+    assert out.estimate_s == pytest.approx((2 + 203) * 0.0001)  # 20.5 ms: within the 20.55 ms budget
+    s.postprocess(out, [7 if m else None for m in out.sample_mask()])
+    assert step(s).estimate_s is not None
+    plain = make()
+    plain.add(seq(100, "alone"))
+    assert plain.schedule().estimate_s is None  # no decodes: no budget, nothing to compare
+
+
+def test_steps_slower_than_estimated_shrink_the_chunks_until_real_times_fit_the_budget():
+    s = make(max_step_ms=20.0, num_blocks=5000, max_model_len=20_000)
+    for rid in ("d1", "d2"):
+        s.add(seq(8, rid, max_tokens=1000))
+    step(s)
+    s.add(seq(16_000, "long", max_tokens=2))
+    host_s = 0.005  # what every step really costs beyond the model's estimate
+    real = []
+    for _ in range(80):
+        out = s.schedule()
+        real.append(out.estimate_s + host_s)
+        s.observe_step(out, real[-1])
+        s.postprocess(out, [7 if m else None for m in out.sample_mask()])
+    assert real[0] == pytest.approx(0.025, abs=2e-4)  # first over the budget by the host time
+    # Then the estimates leave room for it: the scale settles where estimate + host time = the budget.
+    assert s.correction.scale == pytest.approx(1 / (1 - host_s / 0.020), rel=0.02)
+    assert max(real[-10:]) <= 0.0203
+
+
+def test_the_correction_ignores_tiny_estimates_and_is_bounded():
+    from hosttune_engine.core.step_budget import CostCorrection
+
+    c = CostCorrection()
+    c.observe(1e-4, 1.0)
+    assert (c.scale, c.num_steps) == (1.0, 0)
+    for _ in range(200):
+        c.observe(0.01, 10.0)
+    assert c.scale == pytest.approx(CostCorrection.LIMITS[1])
+    for _ in range(200):
+        c.observe(0.01, 0.0001)
+    assert c.scale == pytest.approx(CostCorrection.LIMITS[0])

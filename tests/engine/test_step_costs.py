@@ -63,6 +63,25 @@ def test_a_budget_chunks_a_prompt_beside_decodes_and_generates_the_same(tiny_mod
     assert got == want and len(got["long"]) == 4 and len(got["short"]) == 24
 
 
+def test_the_step_log_records_each_step_with_its_real_time_and_estimate(tiny_models, tmp_path):
+    import json
+
+    path = tmp_path / "steps.jsonl"
+    engine = Engine(EngineConfig(model=str(tiny_models["llama"]), max_step_ms=50, step_log=str(path)))
+    tokens, steps = run(engine, short(), long())
+    engine.shutdown()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    steps = [step for step in steps if step]  # the last schedule finds nothing to run
+    assert len(records) == len(steps) and len(tokens["short"]) == 24
+    assert records[0]["ms"] is None and all(r["ms"] > 0 for r in records[1:])  # the first follows an idle engine
+    assert [r["prefill_tokens"] for r in records] == [sum(n for _, n in step if n > 1) for step in steps]
+    assert [r["decodes"] for r in records] == [sum(1 for _, n in step if n == 1) for step in steps]
+    mixed = [r for r in records if r["decodes"] and r["prefill_tokens"]]
+    assert mixed and all(r["estimate_ms"] > 0 for r in mixed)  # a step held to the budget has an estimate
+    assert all(r["estimate_ms"] is None for r in records if not r["decodes"] or not r["prefill_tokens"])
+    assert engine.scheduler.correction.num_steps == len([r for r in mixed if r["ms"] is not None])
+
+
 def test_the_server_option_takes_milliseconds_auto_or_off(capsys):
     import pytest
 

@@ -12,6 +12,7 @@ Callers talk to it only with the message dataclasses of `core.messages`.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from hosttune_engine.core.messages import AbortRequest, EngineRequest, EngineSta
 from hosttune_engine.core.model_runner import LaunchedStep, ModelRunner, StepResult
 from hosttune_engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
+from hosttune_engine.core.step_log import StepLog
 from hosttune_engine.errors import RequestError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.model.tokenizer import Tokenizer
@@ -42,6 +44,7 @@ class _InFlight:
     sched: SchedulerOutput
     launched: LaunchedStep
     ahead: bool = False  # the next step was scheduled before this one was collected
+    since: float | None = None  # when the tokens of the step before reached the host (perf_counter)
 
 
 @dataclass
@@ -83,6 +86,7 @@ class Engine:
         self._pending: list[TokenOutput] = []  # built, to go out with the next step
         self._in_flight: _InFlight | None = None
         self._prompt_tokens = self._generation_tokens = self._finished = 0
+        self.step_log = StepLog(config.step_log) if config.step_log else None
         if config.max_step_ms is not None and measure_step_costs:
             self.measure_step_costs()
 
@@ -123,7 +127,11 @@ class Engine:
         return runner
 
     def shutdown(self) -> None:
-        """Stop the other tensor-parallel ranks (nothing to do with one GPU). Call it once no step runs."""
+        """Stop the other tensor-parallel ranks (nothing to do with one GPU) and close the step log. Call it
+        once no step runs."""
+        if self.step_log is not None:
+            self.step_log.close()
+            self.step_log = None
         workers, self.workers = self.workers, None
         if workers is not None:
             workers.stop(self.runner.group)
@@ -205,13 +213,27 @@ class Engine:
         if last is not None:
             self._in_flight = self._launch_ahead(last)
         collected = self._collect(last) if last is not None else None
+        now = time.perf_counter() if last is not None else None
+        if last is not None:
+            self._observe(last, now)
         if self._in_flight is None:
             sched = self.scheduler.schedule()
             if not sched.is_empty:
                 self._in_flight = _InFlight(sched, self.runner.launch(sched))
+        if self._in_flight is not None:
+            self._in_flight.since = now
         if collected is not None:
             outputs += self._build(collected)  # the device computes the step just launched meanwhile
         return outputs
+
+    def _observe(self, flight: _InFlight, collected_at: float) -> None:
+        """A collected step's real time, from the tokens of the step before (unknown after an idle engine),
+        for the step budget's correction and the step log."""
+        real_s = None if flight.since is None else collected_at - flight.since
+        if real_s is not None:
+            self.scheduler.observe_step(flight.sched, real_s)
+        if self.step_log is not None:
+            self.step_log.write(flight.sched, real_s, self.scheduler.correction.scale)
 
     def _launch_ahead(self, last: _InFlight) -> _InFlight | None:
         """The next decode step, launched before `last`'s tokens are read back, or None if it cannot be."""

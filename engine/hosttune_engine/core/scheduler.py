@@ -4,7 +4,8 @@ Each step the scheduler spends a token budget: first one token for each running
 decode, then prefill chunks, most important first: the next chunk of a running
 prefill or the first of a waiting sequence. Beside decodes, prefill tokens are also
 limited by a time budget (`max_step_ms`) that a cost model measured at start turns
-into chunk sizes (core/step_budget.py), so long prompts never stall decoding (under the
+into chunk sizes (core/step_budget.py), corrected by the real times of the steps it
+estimated, so long prompts never stall decoding (under the
 priority policy: the decoding of sequences at least as important). When the
 KV pool cannot hold a running sequence's next tokens, the least important running
 sequence not yet scheduled this step is preempted: its blocks are freed and it goes
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from hosttune_engine.cache.block_manager import BlockManager
 from hosttune_engine.core.scheduler_output import SchedulerOutput  # noqa: F401  (the runner imports it from here)
 from hosttune_engine.core.sequence import Sequence, SequenceStatus
-from hosttune_engine.core.step_budget import StepBudget
+from hosttune_engine.core.step_budget import CostCorrection, StepBudget
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions = 0
         self.cost_model = None  # a StepCostModel (core/step_cost.py), set once measured
+        self.correction = CostCorrection()  # the budgeted steps' real times against the model's
         self._fills_block: set[int] = set()  # ids of sequences whose pending token completes a block (ahead)
 
     # -- queue ------------------------------------------------------------------
@@ -81,7 +83,22 @@ class Scheduler:
             order = sorted(range(len(out.seqs)), key=lambda i: out.num_new_tokens[i] == 1)
             out.seqs = [out.seqs[i] for i in order]
             out.num_new_tokens = [out.num_new_tokens[i] for i in order]
+            out.estimate_s = self._estimate(out)
         return out
+
+    def _estimate(self, out: SchedulerOutput) -> float | None:
+        """The cost model's time of a step of decodes and prefill chunks when a time budget applies, to be
+        compared with its real time (`observe_step`)."""
+        if self.cost_model is None or self.config.max_step_ms is None or 1 not in out.num_new_tokens:
+            return None
+        decode_context = sum(s.num_computed_tokens for s, n in zip(out.seqs, out.num_new_tokens) if n == 1)
+        pairs = sum(s.num_computed_tokens * n for s, n in zip(out.seqs, out.num_new_tokens) if n > 1)
+        return self.cost_model.step_seconds(out.num_tokens, decode_context, pairs)
+
+    def observe_step(self, out: SchedulerOutput, real_s: float) -> None:
+        """A collected step's real time (tokens to tokens); steps with an estimate correct the budget."""
+        if out.estimate_s is not None:
+            self.correction.observe(out.estimate_s, real_s)
 
     def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> bool:
         """The steady state in one pass: every running sequence decodes one token and all fit. Otherwise the
@@ -161,7 +178,7 @@ class Scheduler:
         decodes = [s.num_computed_tokens for s in decodes]
         limit_ms = self.config.max_step_ms
         limit_s = limit_ms / 1e3 if limit_ms else self.cost_model.auto_budget_s(len(decodes), sum(decodes))
-        budget = StepBudget(self.cost_model, limit_s, decodes)
+        budget = StepBudget(self.cost_model, limit_s / self.correction.scale, decodes)
         for s, n in zip(out.seqs, out.num_new_tokens):
             if n > 1:
                 budget.add(s.num_computed_tokens, n)

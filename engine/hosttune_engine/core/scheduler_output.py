@@ -14,6 +14,7 @@ class SchedulerOutput:
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    estimate_s: float | None = None  # the cost model's time of a step held to a time budget
 
     @property
     def is_empty(self) -> bool:

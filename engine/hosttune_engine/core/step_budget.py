@@ -40,3 +40,29 @@ class StepBudget:
 
     def estimate_s(self) -> float:
         return self.cost_model.step_seconds(self.num_tokens, self.decode_context, self.prefill_pairs)
+
+
+class CostCorrection:
+    """How the budgeted steps' real times compare with the cost model's estimates, so the budget holds for
+    the time decodes see.
+
+    A step's real time, from the tokens of the step before to its own, also holds what the estimate
+    leaves out: the host's work between two steps that are not launched ahead (collecting, scheduling,
+    packing), and any error of the model (a shape measured once at start, a device warmer or busier than
+    then). `scale` is a moving average of real over estimated time; the scheduler divides the budget by
+    it. With a constant host time h per step, the estimates settle at the budget minus h."""
+
+    WEIGHT = 0.1  # of each new step in the average
+    LIMITS = (0.25, 4.0)  # the scale never leaves these
+    MIN_ESTIMATE_S = 1e-3  # shorter estimates are mostly noise
+
+    def __init__(self) -> None:
+        self.scale = 1.0
+        self.num_steps = 0
+
+    def observe(self, estimate_s: float, real_s: float) -> None:
+        if estimate_s < self.MIN_ESTIMATE_S or real_s <= 0:
+            return
+        ratio = min(max(real_s / estimate_s, self.LIMITS[0]), self.LIMITS[1])
+        self.scale += self.WEIGHT * (ratio - self.scale)
+        self.num_steps += 1

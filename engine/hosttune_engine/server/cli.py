@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-step-ms", type=_step_ms, default="auto",
                    help="time budget of a step with running decodes, from step costs measured at start: "
                         "milliseconds, auto (12 times a decode-only step of the same decodes) or off (token budget only)")
+    s.add_argument("--step-log", metavar="PATH",
+                   help="append a JSON line per step to PATH (its real time, tokens, the budget's estimate): "
+                        "for tuning --max-step-ms on real traffic")
     s.add_argument("--gpu-memory-utilization", type=float, default=0.90)
     s.add_argument("--num-kv-blocks", type=int, help="KV-cache size in blocks (default: from free memory)")
     s.add_argument("--cpu-kv-cache-gib", type=float, default=0.25, help="KV-cache size on CPU")
@@ -103,7 +106,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_batch_size),
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
         enforce_eager=args.enforce_eager, max_step_ms=args.max_step_ms,
-        tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization,
+        tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization, step_log=args.step_log,
         scheduling_policy="priority")  # equal priorities are first come, first served
     return ServerConfig(engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
                         max_queue=args.max_queue, shutdown_timeout_s=args.shutdown_timeout,

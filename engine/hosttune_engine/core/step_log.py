@@ -1,0 +1,44 @@
+"""A JSON line per collected step, for tuning a step budget on real traffic (torch-free).
+
+Each line: `t` (when its tokens reached the host, `time.monotonic()`: one clock for every process
+of the machine), `ms` (the step's real time, from the tokens of
+the step before to its own; null after an idle engine), `decodes`, `prefill_tokens`, `prefill_seqs`,
+`estimate_ms` (the cost model's time for a step held to a budget, else null), `scale` (the budget's
+correction then, see core/step_budget.py) and `priority` (the most important sequence in the step).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from hosttune_engine.core.scheduler_output import SchedulerOutput
+
+
+class StepLog:
+    FLUSH_S = 1.0  # lines reach the file at least this often
+
+    def __init__(self, path: str | Path):
+        self._file = open(path, "a", buffering=1 << 16)
+        self._flushed = time.monotonic()
+
+    def write(self, sched: SchedulerOutput, real_s: float | None, scale: float) -> None:
+        prefill = [n for n in sched.num_new_tokens if n > 1]
+        record = {
+            "t": round(time.monotonic(), 4),
+            "ms": None if real_s is None else round(real_s * 1e3, 3),
+            "decodes": len(sched.num_new_tokens) - len(prefill),
+            "prefill_tokens": sum(prefill),
+            "prefill_seqs": len(prefill),
+            "estimate_ms": None if sched.estimate_s is None else round(sched.estimate_s * 1e3, 3),
+            "scale": round(scale, 4),
+            "priority": min((s.priority for s in sched.seqs), default=None),
+        }
+        self._file.write(json.dumps(record) + "\n")
+        if record["t"] - self._flushed >= self.FLUSH_S:
+            self._file.flush()
+            self._flushed = record["t"]
+
+    def close(self) -> None:
+        self._file.close()
