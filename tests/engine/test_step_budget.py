@@ -121,9 +121,10 @@ def test_a_more_important_prompt_takes_the_budget_first():
     assert sorted(seq.request_id for seq in s.running) == ["d", "high", "low"]
 
 
-def test_a_prompt_more_important_than_every_decode_is_not_held_to_the_budget():
-    """The budget protects the decodes at least as important as the chunk's sequence: beside low-priority
-    decodes a high-priority prompt takes the token budget, as it would alone; a low one stays chunked."""
+def test_a_prompt_more_important_than_every_decode_takes_the_step_while_they_sit_out():
+    """The budget protects the decodes at least as important as the chunk's sequence. Less important decodes
+    sit out the steps of a more important prompt: beside only such decodes it takes the token budget, as it
+    would alone, and they resume once it is in; a prompt no more important than them stays chunked."""
     s = make()
     for rid in ("d1", "d2"):
         s.add(seq(8, rid, priority=5))
@@ -131,13 +132,45 @@ def test_a_prompt_more_important_than_every_decode_is_not_held_to_the_budget():
     step(s)
     s.add(seq(1000, "high", priority=0))
     s.add(seq(1000, "low", priority=5))
-    assert shape(step(s)) == {"d1": 1, "d2": 1, "high": 510}
-    assert shape(step(s)) == {"d1": 1, "d2": 1, "high": 490}  # its prompt is in after two steps
+    assert shape(step(s)) == {"high": 512}
+    assert shape(step(s)) == {"high": 488, "low": 24}  # its prompt is in after two steps; low takes the rest
     assert shape(step(s)) == {"d1": 1, "d2": 1, "high": 1, "low": 202}  # low is chunked beside the decodes
+    assert {q.request_id for q in s.running} == {"d1", "d2", "high", "low"} and s.num_preemptions == 0
     fcfs = make(policy="fcfs")
     decoding(fcfs, "d")
     fcfs.add(seq(1000, "first", priority=0))
-    assert shape(step(fcfs))["first"] == 204  # without the priority policy every decode is protected
+    assert shape(step(fcfs)) == {"d": 1, "first": 204}  # without the priority policy every decode is protected
+
+
+def test_beside_decodes_as_important_a_prompt_gets_the_share_the_others_leave():
+    s = make()
+    s.add(seq(8, "mine", priority=0))
+    for rid in ("l1", "l2", "l3", "l4"):
+        s.add(seq(8, rid, priority=5))
+    step(s)
+    step(s)
+    s.add(seq(1000, "high", priority=0))
+    out = shape(step(s))
+    # The low decodes sit out; the budget still protects the high decode: 20.55 ms less its 0.1 ms.
+    assert out == {"mine": 1, "high": 204}
+    unbudgeted = make(max_step_ms=None)
+    for rid in ("l1", "l2"):
+        unbudgeted.add(seq(8, rid, priority=5))
+    step(unbudgeted)
+    unbudgeted.add(seq(1000, "high", priority=0))
+    assert shape(step(unbudgeted)) == {"l1": 1, "l2": 1, "high": 510}  # no budget: nobody sits out
+
+
+def test_a_budgeted_step_stays_within_the_largest_graph_step():
+    s = make(max_step_ms=1000.0)  # room for every token
+    decoding(s, "d")
+    s.budgeted_tokens = 96
+    s.add(seq(1000, "long"))
+    assert shape(step(s)) == {"d": 1, "long": 95}
+    alone = make(max_step_ms=1000.0)
+    alone.budgeted_tokens = 96
+    alone.add(seq(1000, "long"))
+    assert shape(step(alone)) == {"long": 512}  # no decodes, no budget: the token budget alone
 
 
 def test_running_prefills_go_most_important_first():

@@ -82,6 +82,8 @@ class Engine:
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
                             config.scheduling_policy),
             self.block_manager, eos_token_ids=eos)
+        graphs = self.runner.mixed_graphs
+        self.scheduler.budgeted_tokens = graphs.sizes[-1] if graphs is not None and graphs.sizes else None
         self.requests: dict[str, _Request] = {}
         self._pending: list[TokenOutput] = []  # built, to go out with the next step
         self._in_flight: _InFlight | None = None

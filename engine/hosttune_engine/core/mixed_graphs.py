@@ -32,13 +32,15 @@ from hosttune_engine.core.cuda_graphs import cyclic_gc_held
 from hosttune_engine.core.staging import Staging
 from hosttune_engine.core.step_inputs import HostPack, StepPlan, pack_attention
 
-# Token counts captured (those up to the step's token budget). On an H200 (7B shape, 64 decodes beside a
-# chunk) the graphs took a mixed step of 80-320 tokens from 16-30 ms to 10-12 ms, matched eager at 576, and
-# lost past that: such a step's kernels outlast their launches, so the host is off the critical path and
-# padding only adds GPU time (1088 tokens in a 1280 bucket: 29.4 ms against 26.3). Below about 256 tokens
-# the GEMMs read the weights in the same time whatever the rows, so padding costs little there; above, the
-# buckets are at most 1/8 apart. Past the last, steps run eagerly.
-MIXED_GRAPH_SIZES = (32, 64, 128, 192, 256, 320, 384, 448, 512, 576, 640)
+# Token counts captured (those up to the step's token budget). On an idle H200 (7B shape, 64 decodes beside
+# a chunk) the graphs took a mixed step of 80-320 tokens from 16-30 ms to 10-12 ms and matched eager at 576:
+# past that such a step's kernels outlast their launches. In a server under load, though, the eager path's
+# 280 launches share the interpreter with the HTTP threads: eager steps of 650-1100 tokens took 36-48 ms
+# where the idle estimate said 25-30. So the buckets go on to 1,024 (a step held to a time budget stays
+# within the last one: core/scheduler.py), at most 1/6 apart past 640 (below about 256 tokens the GEMMs read
+# the weights in the same time whatever the rows, so padding costs little there). Past the last, steps run
+# eagerly.
+MIXED_GRAPH_SIZES = (32, 64, 128, 192, 256, 320, 384, 448, 512, 576, 640, 768, 896, 1024)
 
 
 def mixed_sizes(max_tokens: int, sizes: tuple[int, ...] = MIXED_GRAPH_SIZES) -> list[int]:

@@ -2,7 +2,7 @@
 
 Decode-only steps on CUDA replay a CUDA graph captured per batch size
 (`core.cuda_graphs`), a step of one short prompt chunk one captured per
-padded length (`core.prefill_graphs`), and other steps of up to 640 tokens
+padded length (`core.prefill_graphs`), and other steps of up to 1,024 tokens
 piecewise graphs per padded token count, with attention run between them
 (`core.mixed_graphs`); the rest run eagerly on inputs packed by
 `core.step_inputs`.

@@ -11,7 +11,10 @@ KV pool cannot hold a running sequence's next tokens, the least important runnin
 sequence not yet scheduled this step is preempted: its blocks are freed and it goes
 back to waiting, to be recomputed later (its full blocks usually survive in the
 prefix cache). Under the priority policy a waiting sequence that finds the batch or
-the pool full preempts a less important running one.
+the pool full preempts a less important running one, and while a prompt is more
+important than some running decodes, those sit out its steps (with a time budget: the
+prompt gets the step they would have shared). A step held to a time budget also
+stays within the largest step the runner has graphs for (`budgeted_tokens`).
 
 In the steady decode state the next step can be scheduled before the last
 one's tokens are known (`schedule_ahead`): those tokens stay on the device and
@@ -51,6 +54,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.cost_model = None  # a StepCostModel (core/step_cost.py), set once measured
         self.correction = CostCorrection()  # the budgeted steps' real times against the model's
+        self.budgeted_tokens: int | None = None  # most tokens of a budgeted step (the runner's mixed graphs)
         self._fills_block: set[int] = set()  # ids of sequences whose pending token completes a block (ahead)
 
     # -- queue ------------------------------------------------------------------
@@ -76,9 +80,10 @@ class Scheduler:
     # -- schedule ---------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        if not self._schedule_decodes(out, self.config.max_num_batched_tokens):
-            self._schedule_running_decodes(out)
-        self._schedule_prefills(out, is_admitting=not out.preempted)  # admitting while preempting would thrash
+        held = self._held_decodes()
+        if held or not self._schedule_decodes(out, self.config.max_num_batched_tokens):
+            self._schedule_running_decodes(out, held)
+        self._schedule_prefills(out, is_admitting=not out.preempted, held=held)  # admitting while preempting would thrash
         if max(out.num_new_tokens, default=1) > 1:  # prefill chunks first; an all-decode step is in order
             order = sorted(range(len(out.seqs)), key=lambda i: out.num_new_tokens[i] == 1)
             out.seqs = [out.seqs[i] for i in order]
@@ -113,10 +118,22 @@ class Scheduler:
         out.num_new_tokens.extend([1] * len(running))
         return True
 
-    def _schedule_running_decodes(self, out: SchedulerOutput) -> None:
-        """One token for each running decode, in admission order, preempting when the pool is full."""
+    def _held_decodes(self) -> set[int]:
+        """Under the priority policy, while a prompt more important than some running decodes waits or is
+        being prefilled, those decodes sit the step out (keeping their KV): the prompt's chunk then gets the
+        step that they would have shared. The ids of the decodes held."""
+        if self.config.policy != "priority" or self.cost_model is None or self.config.max_step_ms is None:
+            return set()
+        prompts = [s for s in self.running if s.num_uncomputed_tokens > 1] + self.waiting[:1]
+        if not prompts:
+            return set()
+        top = min(s.priority for s in prompts)
+        return {id(s) for s in self.running if s.num_uncomputed_tokens == 1 and s.priority > top}
+
+    def _schedule_running_decodes(self, out: SchedulerOutput, held: set[int] = frozenset()) -> None:
+        """One token for each running decode not held, in admission order, preempting when the pool is full."""
         budget = self.config.max_num_batched_tokens
-        for seq in [s for s in self.running if s.num_uncomputed_tokens == 1]:
+        for seq in [s for s in self.running if s.num_uncomputed_tokens == 1 and id(s) not in held]:
             if budget <= 0:
                 return
             if seq.status is SequenceStatus.RUNNING and self._allocate_running(seq, 1, out):
@@ -135,10 +152,10 @@ class Scheduler:
         out.num_new_tokens.append(n)
         return True
 
-    def _schedule_prefills(self, out: SchedulerOutput, is_admitting: bool) -> None:
+    def _schedule_prefills(self, out: SchedulerOutput, is_admitting: bool, held: set[int] = frozenset()) -> None:
         """Running prefills' next chunks and waiting sequences' first ones, most important first (running
         ones first among equals), within the token budget and, beside decodes, the step's time budget."""
-        in_step = {id(s) for s in out.seqs}
+        in_step = {id(s) for s in out.seqs} | held
         running = sorted((s for s in self.running if id(s) not in in_step), key=self._queue_key)
         preempted = {id(s) for s in out.preempted}
         while True:
@@ -161,9 +178,14 @@ class Scheduler:
             preempted = {id(s) for s in out.preempted}
 
     def _chunk(self, seq: Sequence, context: int, wanted: int, out: SchedulerOutput) -> int:
-        """Prefill tokens of `seq` to run this step: `wanted`, or fewer where a time budget applies."""
+        """Prefill tokens of `seq` to run this step: `wanted`, or fewer where a time budget applies (then
+        also no more than `budgeted_tokens` in the step, when set)."""
         budget = self._step_budget(out, seq)
-        return wanted if budget is None else budget.chunk(context, wanted)
+        if budget is None:
+            return wanted
+        if self.budgeted_tokens:
+            wanted = max(0, min(wanted, self.budgeted_tokens - out.num_tokens))
+        return budget.chunk(context, wanted) if wanted else 0
 
     def _step_budget(self, out: SchedulerOutput, seq: Sequence) -> StepBudget | None:
         """The time budget of the step so far for a chunk of `seq`: only with a cost model, a limit, and
