@@ -284,9 +284,15 @@ def _num_splits(num_splits, max_context, contiguous: bool, programs: int, cfg: d
         check(isinstance(num_splits, int) and not isinstance(num_splits, bool) and 1 <= num_splits <= MAX_SPLITS,
               "num_splits must be an int in 1..{}, got {!r}", MAX_SPLITS, num_splits)
         return num_splits
-    if contiguous or not max_context or device.type != "cuda":
+    return 1 if contiguous else auto_splits(programs, max_context, cfg["BLOCK_N"], device)
+
+
+def auto_splits(programs: int, max_context: int | None, block_n: int, device) -> int:
+    """The split count of a paged launch of `programs` (heads x query tiles x sequences) whose longest context
+    is `max_context`: 1 off a GPU or when `max_context` is unknown."""
+    if not max_context or device.type != "cuda":
         return 1
-    return choose_splits(programs, triton.cdiv(max_context, cfg["BLOCK_N"]), device_sms(device))
+    return choose_splits(programs, triton.cdiv(max_context, block_n), device_sms(device))
 
 
 def _descriptors_fit(*tensors) -> bool:
