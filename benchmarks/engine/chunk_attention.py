@@ -4,11 +4,12 @@ Qwen2.5-7B attention shape (28 query heads, 4 KV heads, head dim 128, bf16, KV p
 
 Cases: one chunk of 64-1,024 tokens after a cached prefix of 0-6,144 tokens, and a few calls of two chunks
 (two sequences at different prefixes). Each case times, on scattered cache pages:
-- the sweep: split counts 1, 2, 4, 8, 16 for each block shape (BLOCK_M 64/128, BLOCK_N 32/64);
+- the sweep: split counts 1, 2, 4, 8, 16 for each launch config (BLOCK_M 64/128, BLOCK_N 32/64, warps, stages);
 - as the engine runs it: the tuned config and the automatic split count (`max_context` given);
 and checks every variant against `prefill_attention_ref` (bf16 tolerance). Times are per layer (CUDA events,
 L2 flushed between calls); ns/pair is the time of all 28 layers per (query, visible key) pair.
-"Before" is the kernel as it ran before split-K: one split, BLOCK_M 128, BLOCK_N 64 (the first block shape).
+"Before" is the kernel as it ran before split-K: one split, BLOCK_M 128, BLOCK_N 64, 4 warps, 2 stages (the
+first config; variants are named splits x BLOCK_M/BLOCK_N/warps w stages s).
 Writes OUT/chunk_attention.json and prints the table last.
 
 Example (H200): python benchmarks/engine/chunk_attention.py --out $OUT
@@ -49,25 +50,26 @@ class Setup:
     prefixes: tuple
     pairs: tuple  # ((chunk, prefix), (chunk, prefix)): two sequences in one call
     splits: tuple
-    blocks: tuple  # (BLOCK_M, BLOCK_N)
+    configs: tuple  # (BLOCK_M, BLOCK_N, num_warps, num_stages)
     tol: float
 
 
 FULL = Setup(SHAPE.heads, SHAPE.kv_heads, SHAPE.head_dim, 16, torch.bfloat16, "cuda",
-             chunks=(64, 128, 256, 512, 1024), prefixes=(0, 1024, 2048, 4096, 6144),
+             chunks=(64, 128, 256, 512, 1024), prefixes=(4096, 2048, 6144, 1024, 0),
              pairs=(((256, 4096), (256, 1024)), ((512, 6144), (64, 2048)), ((128, 4096), (128, 4096)),
                     ((1024, 2048), (256, 6144))),
-             splits=(1, 2, 4, 8, 16), blocks=((128, 64), (64, 64), (128, 32), (64, 32)), tol=3e-2)
+             splits=(1, 2, 4, 8, 16), tol=3e-2, configs=((128, 64, 4, 2), (64, 64, 4, 2), (128, 32, 4, 2),
+                                                         (64, 32, 4, 2), (128, 64, 4, 3), (64, 64, 4, 3),
+                                                         (128, 64, 8, 2)))
 SMALL = Setup(4, 2, 32, 16, torch.float32, "cpu", chunks=(16, 40), prefixes=(0, 37), pairs=(((8, 50), (24, 24)),),
-              splits=(1, 3), blocks=((32, 16), (64, 32)), tol=1e-4)
+              splits=(1, 3), configs=((32, 16, 4, 2), (64, 32, 4, 1)), tol=1e-4)
 
 
 @dataclass(frozen=True)
 class Timing:
-    name: str  # "SxBM/BN" (splits x block shape), or "auto" (the engine's choice)
+    name: str  # "SxBM/BN/WwSs" (splits x launch config), or "auto" (the engine's choice)
     splits: int
-    block_m: int
-    block_n: int
+    config: dict
     ms: float  # one layer
     ns_per_pair: float  # all layers
     max_err: float
@@ -120,6 +122,14 @@ class Case:
         return tuning.launch_config("prefill_attention", key, self.q.device, default_config(s.dtype, self.q.device))
 
 
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+
+
+def name(config: tuple) -> str:
+    bm, bn, warps, stages = config
+    return f"{bm}/{bn}/{warps}w{stages}s"
+
+
 def time_ms(fn, on_cuda: bool) -> float:
     if on_cuda:
         return bench_ms(fn, rep_ms=20)
@@ -130,18 +140,18 @@ def time_ms(fn, on_cuda: bool) -> float:
 
 def measure(case: Case, on_cuda: bool) -> CaseResult:
     s, ref = case.setup, case.reference()
-    variants = {f"{n}x{bm}/{bn}": dict(num_splits=n, block_m=bm, block_n=bn) for bm, bn in s.blocks for n in s.splits}
+    variants = {f"{n}x{name(c)}": dict(num_splits=n, config=dict(zip(CONFIG_KEYS, c))) for c in s.configs
+                for n in s.splits}
     cfg = case.engine_config()
     tiles = -(-case.max_q // cfg["BLOCK_M"])
     auto = auto_splits(s.hq * tiles * len(case.seqs), case.max_context, cfg["BLOCK_N"], case.q.device)
     variants["auto"] = dict(max_context=case.max_context)
     timings = []
-    for name, kw in variants.items():
+    for label, kw in variants.items():
         err = (case.run(**kw).float() - ref).abs().max().item()
         ms = time_ms(lambda: case.run(**kw), on_cuda)
-        n, bm, bn = (auto, cfg["BLOCK_M"], cfg["BLOCK_N"]) if name == "auto" else (
-            kw["num_splits"], kw["block_m"], kw["block_n"])
-        timings.append(Timing(name, n, bm, bn, ms, ms * 1e6 * SHAPE.layers / case.pairs, err))
+        n, c = (auto, cfg) if label == "auto" else (kw["num_splits"], kw["config"])
+        timings.append(Timing(label, n, c, ms, ms * 1e6 * SHAPE.layers / case.pairs, err))
     return CaseResult(case.seqs, case.pairs, tuple(timings))
 
 
@@ -150,13 +160,14 @@ def cases(setup: Setup) -> list[tuple]:
 
 
 def table(results: list[CaseResult], before: str) -> str:
-    lines = [f"{'chunk@prefix':>22} {'before ns/pair':>14} {'auto ns/pair':>12} {'auto':>9} {'speedup':>7} "
-             f"{'best':>10} {'best ns/pair':>12}"]
+    lines = [f"{'chunk@prefix':>22} {'before ns/pair':>14} {'auto ns/pair':>12} {'auto':>15} {'speedup':>7} "
+             f"{'best':>15} {'best ns/pair':>12}"]
     for r in results:
         b, a, best = r.get(before), r.get("auto"), r.best()
-        lines.append(f"{'+'.join(f'{c}@{p}' for c, p in r.seqs):>22} {b.ns_per_pair:>14.2f} {a.ns_per_pair:>12.2f} "
-                     f"{f'{a.splits}x{a.block_m}/{a.block_n}':>9} {b.ms / a.ms:>6.2f}x {best.name:>10} "
-                     f"{best.ns_per_pair:>12.2f}")
+        auto = f"{a.splits}x{name(tuple(a.config[k] for k in CONFIG_KEYS))}"
+        seqs = "+".join(f"{c}@{p}" for c, p in r.seqs)
+        lines.append(f"{seqs:>22} {b.ns_per_pair:>14.2f} {a.ns_per_pair:>12.2f} {auto:>15} {b.ms / a.ms:>6.2f}x "
+                     f"{best.name:>15} {best.ns_per_pair:>12.2f}")
     return "\n".join(lines)
 
 
@@ -168,7 +179,7 @@ def main() -> None:
     args = parser.parse_args()
     setup = SMALL if args.small else FULL
     on_cuda = setup.device == "cuda"
-    before = f"1x{setup.blocks[0][0]}/{setup.blocks[0][1]}"
+    before = f"1x{name(setup.configs[0])}"
     deadline, out = Deadline(args.budget_s), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout

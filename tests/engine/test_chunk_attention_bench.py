@@ -27,9 +27,10 @@ def test_each_variant_is_timed_and_checked(chunk_attention):
     one, two = results
     assert (one.pairs, two.pairs) == (16 * 37 + 16 * 17 // 2, 8 * 50 + 8 * 9 // 2 + 24 * 24 + 24 * 25 // 2)
     for r in results:
-        assert {t.name for t in r.timings} == {"1x32/16", "3x32/16", "1x64/32", "3x64/32", "auto"}
+        assert {t.name for t in r.timings} == {"1x32/16/4w2s", "3x32/16/4w2s", "1x64/32/4w1s", "3x64/32/4w1s",
+                                              "auto"}
         assert all(t.max_err < setup.tol and t.ms > 0 and t.ns_per_pair > 0 for t in r.timings)
         assert r.get("auto").splits == 1  # no split off a GPU
         assert r.best().name != "auto"
-    lines = chunk_attention.table(results, "1x32/16").splitlines()
+    lines = chunk_attention.table(results, "1x32/16/4w2s").splitlines()
     assert len(lines) == 3 and lines[1].split()[0] == "16@37" and lines[2].split()[0] == "8@50+24@24"
