@@ -59,15 +59,16 @@ def test_prefill_split_k_matches_reference(dtype, hq, hkv, num_splits):
 
 
 def test_prefill_split_k_agrees_with_one_split():
-    """Split or not, the same attention (fp32, to rounding); one split is the automatic choice off a GPU."""
+    """Split or not, the same attention (fp32, to rounding), and so is the automatic choice (one split off a
+    GPU; on a GPU, splits where the grid leaves SMs idle)."""
     base, _ = run_prefill(prefill_attention, torch.float32, 32, 4, 2, 16, seed=9, batch=SPLIT_BATCH,
                           block_m=32, block_n=32, num_splits=1)
     auto, _ = run_prefill(prefill_attention, torch.float32, 32, 4, 2, 16, seed=9, batch=SPLIT_BATCH,
                           block_m=32, block_n=32, max_context=100)
     split, _ = run_prefill(prefill_attention, torch.float32, 32, 4, 2, 16, seed=9, batch=SPLIT_BATCH,
                            block_m=32, block_n=32, num_splits=4)
-    assert torch.equal(auto, base)
-    torch.testing.assert_close(split, base, atol=1e-5, rtol=1e-5)
+    for other in (auto, split):
+        torch.testing.assert_close(other, base, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("bad", [0, -1, MAX_SPLITS + 1, 2.0, True])
