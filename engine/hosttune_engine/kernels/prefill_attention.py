@@ -18,6 +18,10 @@ grid runs heads fastest: all heads of a sequence's heaviest tile start before
 any lighter tile, so the long programs never end up in the last wave (on the
 H200 this ordering alone took 4K-token prefill from 0.71x to 0.86x torch SDPA).
 
+A short chunk over a long cached prefix gives few programs (heads x query
+tiles x sequences), each walking every cached key: split-K then cuts each
+program's keys into parts run side by side and merged after (kernels/split_k.py).
+
 In the contiguous case, q, k and v tiles move through tensor descriptors (TMA
 on Hopper): about 8% faster again at 4K-8K tokens. Rows a tile reads past its
 own sequence belong to the next sequence (or are zero past the end): their
