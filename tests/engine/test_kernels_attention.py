@@ -82,11 +82,14 @@ def test_prefill_attention_rejects_a_bad_split_count(bad):
         prefill_attention(q, kc, kc, cu, lens, bt, 4, num_splits=bad)
 
 
-def test_choose_splits_fills_the_sms_and_keeps_whole_grids_unsplit():
-    assert choose_splits(56, 4096 // 64, 132) == 5  # 256 queries (2 tiles x 28 heads) over a 4K prefix
-    assert choose_splits(264, 64, 132) == 1  # two programs per SM already: no scratch, no merge
-    assert choose_splits(28, 8, 132) == 2  # few key tiles: each split keeps enough of them
-    assert choose_splits(28, 3, 132) == 1
+def test_choose_splits_fills_the_sms_with_powers_of_two_and_keeps_full_grids_unsplit():
+    assert choose_splits(28, 4160 // 64, 132) == 8  # 64 queries (1 tile x 28 heads) over a 4K prefix
+    assert choose_splits(56, 4352 // 64, 132) == 4  # 256 queries: 2 tiles
+    assert choose_splits(112, 4608 // 64, 132) == 2
+    assert choose_splits(133, 1 << 20, 132) == 1  # more than one program per SM: no scratch, no merge
+    assert choose_splits(28, 16, 132) == 2  # a short context: each split keeps 8 key tiles
+    assert choose_splits(28, 15, 132) == 1
+    assert choose_splits(20, 1000, 132) == 8  # 13 would fit: the power of two below
     assert choose_splits(1, 1 << 20, 132) == MAX_SPLITS
 
 

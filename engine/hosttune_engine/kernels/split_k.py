@@ -18,8 +18,8 @@ import triton.language as tl
 from hosttune_engine.kernels.checks import next_pow2
 
 MAX_SPLITS = 64
-PROGRAMS_PER_SM = 2  # a grid with fewer programs than this per SM is split
-MIN_SPLIT_TILES = 4  # key tiles each split keeps at least: fewer and the merge costs more than it gains
+PROGRAMS_PER_SM = 2  # a split grid holds at most this many programs per SM
+MIN_SPLIT_TILES = 8  # key tiles a split keeps at least: fewer, and the scratch and merge cost more than they save
 
 
 @triton.jit
@@ -50,10 +50,12 @@ def _merge_kernel(mid_o_ptr, mid_lse_ptr, o_ptr, stride_or, stride_oh, n_q_heads
 
 
 def split_scratch(rows: int, heads: int, num_splits: int, head_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Partial outputs [R, Hq, S, D] and log-sum-exps [R, Hq, S], fp32, from torch's caching allocator (a
-    captured decode graph keeps its own in the graph's pool)."""
-    mid_o = torch.empty((rows, heads, num_splits, head_dim), dtype=torch.float32, device=device)
-    return mid_o, torch.empty((rows, heads, num_splits), dtype=torch.float32, device=device)
+    """Partial outputs [R, Hq, S, D] and log-sum-exps [R, Hq, S], fp32, views of one allocation (from torch's
+    caching allocator; a captured decode graph keeps its own in the graph's pool)."""
+    n = rows * heads * num_splits
+    flat = torch.empty(n * (head_dim + 1), dtype=torch.float32, device=device)
+    mid_o = flat[:n * head_dim].view(rows, heads, num_splits, head_dim)
+    return mid_o, flat[n * head_dim:].view(rows, heads, num_splits)
 
 
 def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -66,12 +68,16 @@ def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor) 
 
 
 def choose_splits(programs: int, key_tiles: int, num_sms: int) -> int:
-    """Splits so that a grid of `programs`, each walking up to `key_tiles` key tiles, holds about
-    PROGRAMS_PER_SM programs per SM; none when it already does (no scratch, no merge)."""
-    target = PROGRAMS_PER_SM * num_sms
-    if programs >= target:
-        return 1
-    return max(1, min(-(-target // programs), key_tiles // MIN_SPLIT_TILES, MAX_SPLITS))
+    """Splits for a grid of `programs`, each walking up to `key_tiles` key tiles: the largest power of two
+    that keeps the split grid within PROGRAMS_PER_SM programs per SM and each split at MIN_SPLIT_TILES tiles
+    or more. So a grid of more than one program per SM is not split (no scratch, no merge).
+
+    Measured on the H200 (benchmarks/engine/chunk_attention.py, split counts 1-16 swept): splitting a grid
+    of more than 132 programs (one per SM), or a context of 512 keys or fewer, was slower than one split;
+    short chunks over a 1K-6K prefix ran 1.2-3.5x faster split this way. The powers of two are the counts
+    that sweep measured."""
+    limit = min(PROGRAMS_PER_SM * num_sms // max(programs, 1), key_tiles // MIN_SPLIT_TILES, MAX_SPLITS)
+    return 1 << (max(limit, 1).bit_length() - 1)
 
 
 @lru_cache(maxsize=None)
