@@ -1,4 +1,4 @@
-"""Prefill (varlen, causal, GQA, paged) and split-K decode attention against references.
+"""Prefill (varlen, causal, GQA, paged, split-K) and split-K decode attention against references.
 
 The references themselves are checked against a dense causal softmax attention.
 """
@@ -11,18 +11,21 @@ import torch
 from hosttune_engine.errors import KernelInputError
 from hosttune_engine.kernels.decode_attention import choose_num_splits, decode_attention, decode_attention_ref
 from hosttune_engine.kernels.prefill_attention import _descriptors_fit, prefill_attention, prefill_attention_ref
+from hosttune_engine.kernels.split_k import MAX_SPLITS, choose_splits
 from .conftest import DEVICE
 from .kernel_cases import DTYPES, HEAD_DIMS, HEADS, assert_close, block_tables_for, paged_cache, randn
 
 # (query tokens, context tokens) per sequence: ragged, block-boundary, chunked and prefix-hit shapes
 PREFILL_BATCH = [(1, 1), (16, 16), (17, 17), (15, 47), (33, 33), (8, 120), (64, 64), (65, 81)]
+# chunks after cached prefixes of 65, 0, 83, 8 and 37 tokens: off the page and key-tile grid
+SPLIT_BATCH = [(5, 70), (40, 40), (17, 100), (1, 9), (24, 61)]
 DECODE_LENS = [1, 15, 16, 17, 63, 64, 65, 200, 513]
 
 
-def run_prefill(fn, dtype, head_dim, hq, hkv, page, seed, **kw):
+def run_prefill(fn, dtype, head_dim, hq, hkv, page, seed, batch=PREFILL_BATCH, **kw):
     gen = torch.Generator().manual_seed(seed)
-    qlens = [q for q, _ in PREFILL_BATCH]
-    ctx = [c for _, c in PREFILL_BATCH]
+    qlens = [q for q, _ in batch]
+    ctx = [c for _, c in batch]
     nblocks = sum(-(-c // page) for c in ctx) + 5
     kc, vc = paged_cache(nblocks, page, hkv, head_dim, dtype, gen)
     q = randn(sum(qlens), hq, head_dim, dtype=dtype, gen=gen)
@@ -42,6 +45,52 @@ def test_prefill_attention(dtype, head_dim, hq, hkv, page, block_n):
     out, ref = run_prefill(prefill_attention, dtype, head_dim, hq, hkv, page, seed=hq * head_dim + page,
                            block_m=32, block_n=block_n)
     assert_close(out, ref, dtype, scale=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hq,hkv,num_splits", [(8, 2, 2), (7, 1, 3), (2, 2, 16), (4, 1, 1)])
+def test_prefill_split_k_matches_reference(dtype, hq, hkv, num_splits):
+    """Chunks after a cached prefix, several sequences of different lengths in one call, split over their
+    keys; with 16 splits most splits of the short sequences' tiles see no key at all."""
+    out, ref = run_prefill(prefill_attention, dtype, 32, hq, hkv, 16, seed=hq + num_splits, batch=SPLIT_BATCH,
+                           block_m=32, block_n=16, num_splits=num_splits)
+    assert torch.isfinite(out.float()).all()
+    assert_close(out, ref, dtype, scale=2)
+
+
+def test_prefill_split_k_agrees_with_one_split():
+    """Split or not, the same attention (fp32, to rounding), and so is the automatic choice (one split off a
+    GPU; on a GPU, splits where the grid leaves SMs idle)."""
+    base, _ = run_prefill(prefill_attention, torch.float32, 32, 4, 2, 16, seed=9, batch=SPLIT_BATCH,
+                          block_m=32, block_n=32, num_splits=1)
+    auto, _ = run_prefill(prefill_attention, torch.float32, 32, 4, 2, 16, seed=9, batch=SPLIT_BATCH,
+                          block_m=32, block_n=32, max_context=100)
+    split, _ = run_prefill(prefill_attention, torch.float32, 32, 4, 2, 16, seed=9, batch=SPLIT_BATCH,
+                           block_m=32, block_n=32, num_splits=4)
+    for other in (auto, split):
+        torch.testing.assert_close(other, base, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad", [0, -1, MAX_SPLITS + 1, 2.0, True])
+def test_prefill_attention_rejects_a_bad_split_count(bad):
+    q = torch.randn(4, 2, 16, device=DEVICE)
+    kc = torch.zeros(2, 16, 2, 16, device=DEVICE)
+    cu = torch.tensor([0, 4], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([4], dtype=torch.int32, device=DEVICE)
+    bt = torch.zeros(1, 1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(KernelInputError, match="num_splits must be an int in 1..64"):
+        prefill_attention(q, kc, kc, cu, lens, bt, 4, num_splits=bad)
+
+
+def test_choose_splits_fills_the_sms_with_powers_of_two_and_keeps_full_grids_unsplit():
+    assert choose_splits(28, 4160 // 64, 132) == 8  # 64 queries (1 tile x 28 heads) over a 4K prefix
+    assert choose_splits(56, 4352 // 64, 132) == 4  # 256 queries: 2 tiles
+    assert choose_splits(112, 4608 // 64, 132) == 2
+    assert choose_splits(133, 1 << 20, 132) == 1  # more than one program per SM: no scratch, no merge
+    assert choose_splits(28, 16, 132) == 2  # a short context: each split keeps 8 key tiles
+    assert choose_splits(28, 15, 132) == 1
+    assert choose_splits(20, 1000, 132) == 8  # 13 would fit: the power of two below
+    assert choose_splits(1, 1 << 20, 132) == MAX_SPLITS
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

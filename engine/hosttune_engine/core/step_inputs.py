@@ -114,6 +114,7 @@ def _metadata(dev: torch.Tensor, at: dict, prefill, decode, slot_mapping) -> Att
         meta.prefill_seq_lens = dev[at["p_lens"]]
         meta.prefill_block_tables = _table_view(dev, at["p_bt"])
         meta.prefill_max_query_len = max(q for q, _, _ in prefill)
+        meta.prefill_max_context = max(c for _, c, _ in prefill)
         meta.prefill_has_prefix = any(c != q for q, c, _ in prefill)
     if decode:
         meta.decode_seq_lens = dev[at["d_lens"]]

@@ -2,8 +2,9 @@
 
 Stage 1: program (b, kv head, split) attends the GQA group's query heads to its
 slice of the context and writes a partial output and its log-sum-exp. Stage 2
-merges the splits. The grid depends on the batch size and `num_splits` only,
-never on the context lengths, so a decode step can be captured in a CUDA graph.
+merges the splits (kernels/split_k.py). The grid depends on the batch size and
+`num_splits` only, never on the context lengths, so a decode step can be
+captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import triton.language as tl
 from hosttune_engine.kernels.attention_checks import check_paged_attention_inputs
 from hosttune_engine.kernels.checks import check, next_pow2
 from hosttune_engine.kernels.paged import gather_pages, paged_token_offsets
+from hosttune_engine.kernels.split_k import merge_splits, split_scratch, store_split
 from hosttune_engine.kernels.tuning import batch_bucket, launch_config
 
 
@@ -68,28 +70,8 @@ def _decode_split_kernel(
         tl.store(o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  o.to(o_ptr.dtype.element_ty), mask=h_valid[:, None])
     else:
-        has = l_i > 0  # an empty split contributes nothing
-        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        o = acc / tl.where(has, l_i, 1.0)[:, None]
         row = (b.to(tl.int64) * n_q_heads + heads) * num_splits + split  # [BH]
-        tl.store(mid_lse_ptr + row, lse, mask=h_valid)
-        tl.store(mid_o_ptr + row[:, None] * HEAD_D + offs_d[None, :], o, mask=h_valid[:, None])
-
-
-@triton.jit(do_not_specialize=["num_splits"])
-def _decode_merge_kernel(mid_o_ptr, mid_lse_ptr, o_ptr, stride_ob, stride_oh, n_q_heads, num_splits,
-                         BLOCK_S: tl.constexpr, HEAD_D: tl.constexpr):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    s = tl.arange(0, BLOCK_S)
-    s_valid = s < num_splits
-    row = (b.to(tl.int64) * n_q_heads + h) * num_splits + s
-    lse = tl.load(mid_lse_ptr + row, mask=s_valid, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))  # [S]
-    offs_d = tl.arange(0, HEAD_D)
-    o = tl.load(mid_o_ptr + row[:, None] * HEAD_D + offs_d[None, :], mask=s_valid[:, None], other=0.0)
-    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
-    tl.store(o_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty))
+        store_split(mid_o_ptr, mid_lse_ptr, row, acc, m_i, l_i, h_valid, offs_d, HEAD_D)
 
 
 def default_config(dtype: torch.dtype, device) -> dict:
@@ -124,8 +106,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, num_splits: in
         cfg = {**cfg, "BLOCK_N": block_n}
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     direct = num_splits == 1
-    mid_o = out if direct else torch.empty((bsz, hq, num_splits, d), dtype=torch.float32, device=q.device)
-    mid_lse = out if direct else torch.empty((bsz, hq, num_splits), dtype=torch.float32, device=q.device)
+    mid_o, mid_lse = (out, out) if direct else split_scratch(bsz, hq, num_splits, d, q.device)
     _decode_split_kernel[(bsz, hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, scale * 1.4426950408889634, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
@@ -135,10 +116,7 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, num_splits: in
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if not direct:
-        _decode_merge_kernel[(bsz, hq)](
-            mid_o, mid_lse, out, out.stride(0), out.stride(1), hq, num_splits,
-            BLOCK_S=next_pow2(num_splits), HEAD_D=d,
-        )
+        merge_splits(mid_o, mid_lse, out)
     return out
 
 

@@ -18,6 +18,10 @@ grid runs heads fastest: all heads of a sequence's heaviest tile start before
 any lighter tile, so the long programs never end up in the last wave (on the
 H200 this ordering alone took 4K-token prefill from 0.71x to 0.86x torch SDPA).
 
+A short chunk over a long cached prefix gives few programs (heads x query
+tiles x sequences), each walking every cached key: split-K then cuts each
+program's keys into parts run side by side and merged after (kernels/split_k.py).
+
 In the contiguous case, q, k and v tiles move through tensor descriptors (TMA
 on Hopper): about 8% faster again at 4K-8K tokens. Rows a tile reads past its
 own sequence belong to the next sequence (or are zero past the end): their
@@ -35,6 +39,8 @@ import triton.language as tl
 from hosttune_engine.kernels.attention_checks import check_paged_attention_inputs
 from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, check_tensor
 from hosttune_engine.kernels.paged import gather_pages, paged_token_offsets
+from hosttune_engine.kernels.split_k import MAX_SPLITS, choose_splits, device_sms, merge_splits, split_scratch, \
+    store_split
 from hosttune_engine.kernels.tuning import launch_config, length_bucket
 
 
@@ -126,19 +132,24 @@ def _store_o(o_ptr, acc, l_i, q_start, rows, q_len, h, stride_ot, stride_oh, off
              (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=(rows < q_len)[:, None])
 
 
-@triton.jit(do_not_specialize=["stride_bt"])  # the table width changes per step
+@triton.jit(do_not_specialize=["stride_bt", "num_splits"])  # the table width changes per step
 def _prefill_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, lens_ptr, bt_ptr,
-    qk_scale, num_tokens,
+    q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, lens_ptr, bt_ptr, mid_o_ptr, mid_lse_ptr,
+    qk_scale, num_tokens, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     HALF: tl.constexpr = BLOCK_M // 2
     h = tl.program_id(0)  # heads fastest: see the module docstring
     pid = tl.program_id(1)
     b = tl.program_id(2)
+    split = 0
+    if SPLIT:  # a tile's splits are neighbours on the grid
+        split = pid % num_splits
+        pid = pid // num_splits
     q_start = tl.load(cu_q_ptr + b)
     q_len = tl.load(cu_q_ptr + b + 1) - q_start
     num_m = tl.cdiv(q_len, BLOCK_M)
@@ -176,18 +187,33 @@ def _prefill_attention_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     # Phase 1: keys below `lo` are visible to every query of the tile.
     lo = (prefix + pid_m * BLOCK_M) // BLOCK_N * BLOCK_N
+    hi = tl.minimum(ctx_len, prefix + (pid_m + 1) * BLOCK_M)
+    start = 0
+    if SPLIT:  # this split's share of the tile's keys [0, hi); the diagonal belongs to the last
+        span = tl.cdiv(tl.cdiv(hi, BLOCK_N), num_splits) * BLOCK_N
+        start = tl.minimum(split * span, lo)
+        lo_end = tl.minimum(start + span, lo)
+    else:
+        lo_end = lo
     acc_a, l_a, m_a, acc_b, l_b, m_b = _attend_tiles(
         acc_a, l_a, m_a, acc_b, l_b, m_b, q_a, q_b, prefix + rows_a, prefix + rows_b,
-        k_head, v_head, k_desc, v_desc, bt_row, q_start, 0, lo, ctx_len, qk_scale, stride_kb, stride_ks, offs_d,
-        PAGE, BLOCK_N, PAGED, False, PRECISION)
+        k_head, v_head, k_desc, v_desc, bt_row, q_start, start, lo_end, ctx_len, qk_scale, stride_kb, stride_ks,
+        offs_d, PAGE, BLOCK_N, PAGED, False, PRECISION)
     # Phase 2: the diagonal tiles, masked.
-    hi = tl.minimum(ctx_len, prefix + (pid_m + 1) * BLOCK_M)
+    if SPLIT:
+        hi = tl.where(split == num_splits - 1, hi, lo)
     acc_a, l_a, m_a, acc_b, l_b, m_b = _attend_tiles(
         acc_a, l_a, m_a, acc_b, l_b, m_b, q_a, q_b, prefix + rows_a, prefix + rows_b,
         k_head, v_head, k_desc, v_desc, bt_row, q_start, lo, hi, ctx_len, qk_scale, stride_kb, stride_ks, offs_d,
         PAGE, BLOCK_N, PAGED, True, PRECISION)
-    _store_o(o_ptr, acc_a, l_a, q_start, rows_a, q_len, h, stride_ot, stride_oh, offs_d)
-    _store_o(o_ptr, acc_b, l_b, q_start, rows_b, q_len, h, stride_ot, stride_oh, offs_d)
+    if SPLIT:
+        row_a = ((q_start + rows_a).to(tl.int64) * tl.num_programs(0) + h) * num_splits + split  # [HALF]
+        store_split(mid_o_ptr, mid_lse_ptr, row_a, acc_a, m_a, l_a, rows_a < q_len, offs_d, HEAD_D)
+        store_split(mid_o_ptr, mid_lse_ptr, row_a + HALF * tl.num_programs(0) * num_splits, acc_b, m_b, l_b,
+                    rows_b < q_len, offs_d, HEAD_D)
+    else:
+        _store_o(o_ptr, acc_a, l_a, q_start, rows_a, q_len, h, stride_ot, stride_oh, offs_d)
+        _store_o(o_ptr, acc_b, l_b, q_start, rows_b, q_len, h, stride_ot, stride_oh, offs_d)
 
 
 def default_config(dtype: torch.dtype, device) -> dict:
@@ -203,13 +229,20 @@ def config_key(dtype, head_dim: int, group: int, page: int, contiguous: bool, ma
 
 def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_query_len: int,
                       scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
-                      contiguous: bool = False, k=None, v=None, config: dict | None = None, out=None):
+                      contiguous: bool = False, k=None, v=None, config: dict | None = None, out=None,
+                      num_splits: int | None = None, max_context: int | None = None):
     """q [T, Hq, D] packed by cu_seqlens_q [B+1]; seq_lens [B] context lengths;
     block_tables [B, max_blocks] -> out [T, Hq, D].
 
     With `contiguous=True`, `k`/`v` [T, Hkv, D] (this step's keys and values,
     packed like q) are read instead of the caches; every seq_lens[b] must then
     equal its query length (no cached prefix).
+
+    Split-K: each query tile's keys are cut into `num_splits` parts run side by
+    side, then merged (kernels/split_k.py). Left None, the count is chosen on a
+    GPU from `max_context` (the longest seq_lens entry, known on the host) when
+    the grid alone would leave SMs idle: short chunks over a long cached prefix.
+    Without `max_context` (or on the contiguous path) nothing is split.
     """
     check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     check_tensor("cu_seqlens_q", cu_seqlens_q, 1, dtypes=(torch.int32,), device=q.device)
@@ -233,18 +266,37 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
     check(cfg["BLOCK_M"] >= 32 and cfg["BLOCK_M"] & (cfg["BLOCK_M"] - 1) == 0,
           "BLOCK_M must be a power of two >= 32 (two halves of >= 16 rows), got {}", cfg['BLOCK_M'])
     scale = 1.0 / math.sqrt(d) if scale is None else scale
-    grid = (hq, triton.cdiv(max_query_len, cfg["BLOCK_M"]), seq_lens.shape[0])
-    _prefill_attention_kernel[grid](
-        q, kk, vv, out, cu_seqlens_q, seq_lens, block_tables,
-        scale * 1.4426950408889634, t,
+    tiles = triton.cdiv(max_query_len, cfg["BLOCK_M"])
+    splits = _num_splits(num_splits, max_context, contiguous, hq * tiles * seq_lens.shape[0], cfg, q.device)
+    mid_o, mid_lse = (out, out) if splits == 1 else split_scratch(t, hq, splits, d, q.device)
+    _prefill_attention_kernel[(hq, tiles * splits, seq_lens.shape[0])](
+        q, kk, vv, out, cu_seqlens_q, seq_lens, block_tables, mid_o, mid_lse,
+        scale * 1.4426950408889634, t, splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *strides, block_tables.stride(0),
         GROUP=hq // hkv, PAGE=k_cache.shape[1], HEAD_D=d,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PAGED=not contiguous,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PAGED=not contiguous, SPLIT=splits > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    return out
+    return out if splits == 1 else merge_splits(mid_o, mid_lse, out)
+
+
+def _num_splits(num_splits, max_context, contiguous: bool, programs: int, cfg: dict, device) -> int:
+    """The split count asked for (checked), else the automatic choice (see the wrapper's docstring)."""
+    if num_splits is not None:
+        check(isinstance(num_splits, int) and not isinstance(num_splits, bool) and 1 <= num_splits <= MAX_SPLITS,
+              "num_splits must be an int in 1..{}, got {!r}", MAX_SPLITS, num_splits)
+        return num_splits
+    return 1 if contiguous else auto_splits(programs, max_context, cfg["BLOCK_N"], device)
+
+
+def auto_splits(programs: int, max_context: int | None, block_n: int, device) -> int:
+    """The split count of a paged launch of `programs` (heads x query tiles x sequences) whose longest context
+    is `max_context`: 1 off a GPU or when `max_context` is unknown."""
+    if not max_context or device.type != "cuda":
+        return 1
+    return choose_splits(programs, triton.cdiv(max_context, block_n), device_sms(device))
 
 
 def _descriptors_fit(*tensors) -> bool:

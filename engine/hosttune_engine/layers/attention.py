@@ -28,6 +28,7 @@ class AttentionMetadata:
     prefill_seq_lens: torch.Tensor | None = None  # [P] int32, context incl. this chunk
     prefill_block_tables: torch.Tensor | None = None  # [P, W] int32
     prefill_max_query_len: int = 0
+    prefill_max_context: int = 0  # the longest seq_lens entry, from the host (0: unknown, attention not split)
     prefill_has_prefix: bool = True  # False: every prefill context is this step's tokens alone
     decode_seq_lens: torch.Tensor | None = None  # [D] int32, context incl. this token
     decode_block_tables: torch.Tensor | None = None  # [D, W] int32
@@ -69,7 +70,8 @@ class Attention(KernelLayer):
             if self.use_triton:
                 contiguous = not meta.prefill_has_prefix
                 prefill_attention(*args, scale=self.scale, contiguous=contiguous, out=out[:p],
-                                  k=k[:p] if contiguous else None, v=v[:p] if contiguous else None)
+                                  k=k[:p] if contiguous else None, v=v[:p] if contiguous else None,
+                                  max_context=meta.prefill_max_context)
             else:
                 out[:p] = prefill_attention_ref(*args, scale=self.scale)
         if q.shape[0] > p:
