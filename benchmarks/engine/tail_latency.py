@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Tail latency of the engine server under production-shaped streaming traffic: fixed 8,192-token
-prefill chunks ("old", --max-step-ms off) against the step time budget ("new", --max-step-ms auto),
+prefill chunks ("old", --max-step-ms off) against the step time budget ("new", --max-step-ms auto, the default),
 side by side in one run on one GPU, Qwen2.5-7B shape with bf16 dummy weights.
 
 For each setting it starts `python -m hosttune_engine serve` (prefix caching off, so that chance

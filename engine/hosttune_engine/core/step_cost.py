@@ -19,8 +19,9 @@ point is the fastest of a few runs, the first of which may compile kernels or me
 cost (a server measures after its warmup, and still takes the fastest of them).
 
 The automatic budget (`--max-step-ms auto`) is per step: `AUTO_DECODE_STEPS` times what a
-decode-only step of the same decodes would take; but never so small that a chunk of
-`USEFUL_CHUNK` tokens cannot fit.
+decode-only step takes (the real time of recent ones where the engine has seen some, else the
+model's estimate for the step's own decodes); but never so small that a chunk of `USEFUL_CHUNK`
+tokens cannot fit.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ CUDA_TOKEN_POINTS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384)
 CPU_TOKEN_POINTS = (16, 64)  # a CPU step is linear in tokens past a few dozen
 CUDA_RUNS, CPU_RUNS = 2, 1  # the first CUDA run may compile; CPU references compile nothing
 # The automatic budget: this many decode-only steps' time. On an H200 (7B shape, 64 streaming users,
-# long prompts) 2.5 kept inter-token p99 within 1.5x p50 but cut output throughput to 0.40x of unbounded
-# 8192-token chunks; a 60 ms budget (about 12 decode steps there) kept 0.95x of it with p99 at 6.4x p50.
-AUTO_DECODE_STEPS = 12.0
+# long prompts, decode-only steps of 9.9 ms) a 24 ms budget kept inter-token p99 within 1.4x p50 (29 ms):
+# within 3x even if every step but the budgeted ones were decode-only.
+AUTO_DECODE_STEPS = 2.4
 USEFUL_CHUNK = 256  # prompt tokens the automatic budget always leaves room for
 LONG_CONTEXT = 4096  # tokens, at most, for the attention terms
 DECODE_BATCH = {True: 32, False: 8}  # decodes beside a short chunk, for the decode term (CUDA, CPU)
@@ -70,9 +71,11 @@ class StepCostModel:
     def step_seconds(self, num_tokens: int, decode_context: int, prefill_pairs: int) -> float:
         return self.tokens_seconds(num_tokens) + self.decode_s * decode_context + self.prefill_s * prefill_pairs
 
-    def auto_budget_s(self, num_decodes: int, decode_context: int) -> float:
-        """The automatic budget of a step holding these decodes (see the module docstring)."""
-        plain = (self.decode_step_s or self.tokens_seconds(num_decodes)) + self.decode_s * decode_context
+    def auto_budget_s(self, num_decodes: int, decode_context: int, decode_step_s: float | None = None) -> float:
+        """The automatic budget of a step holding these decodes, given the real time of recent decode-only
+        steps if known (see the module docstring)."""
+        plain = decode_step_s or (
+            (self.decode_step_s or self.tokens_seconds(num_decodes)) + self.decode_s * decode_context)
         return max(AUTO_DECODE_STEPS * plain, self.step_seconds(num_decodes + USEFUL_CHUNK, decode_context, 0))
 
     def max_chunk(self, budget_s: float, num_tokens: int, decode_context: int, prefill_pairs: int,
