@@ -284,15 +284,13 @@ def test_the_correction_ignores_tiny_estimates_and_is_bounded():
     assert c.scale == pytest.approx(CostCorrection.LIMITS[0])
 
 
-def test_the_automatic_budget_follows_the_real_decode_only_steps():
-    model = StepCostModel((1, 1000), (0.0001, 0.1), decode_s=0.0, prefill_s=0.0, decode_step_s=0.001)
+def test_the_automatic_budget_is_one_figure_once_a_full_decode_step_is_measured():
+    model = StepCostModel((1, 1000), (0.00001, 0.01), decode_s=1e-8, prefill_s=0.0, decode_step_s=0.001,
+                          full_decode_s=0.0015)
+    # Whatever the step holds: a server whose prompts queue (few, fast decodes) keeps its budget.
+    assert model.auto_budget_s(2, 100) == model.auto_budget_s(64, 10_000) == pytest.approx(AUTO_DECODE_STEPS * 0.0015)
     s = make(cost=model, max_step_ms=0.0)
-    s.add(seq(8, "d", max_tokens=1000))
-    step(s)
-    for _ in range(100):  # decode-only steps really take 20 ms, twenty times the model's 1 ms
-        s.observe_step(step(s), 0.020)
-    assert s.correction.decode_step_s == pytest.approx(0.020)
+    decoding(s, "d")
     s.add(seq(2000, "long", max_tokens=2))
-    out = step(s)
-    want = max(n for n in range(1, 2000) if model.step_seconds(1 + n, 0, 0) <= AUTO_DECODE_STEPS * 0.020)
-    assert abs(shape(out)["long"] - want) <= 1 and want > 400  # 2.4 x 20 ms, not 2.4 x the model's 1 ms
+    want = max(n for n in range(1, 2000) if model.step_seconds(1 + n, 16, 0) <= AUTO_DECODE_STEPS * 0.0015)
+    assert abs(shape(step(s))["long"] - want) <= 1 and 300 < want < 500

@@ -48,6 +48,7 @@ def test_costs_are_measured_at_start_and_leave_the_pool_empty(tiny_models):
     assert isinstance(model, StepCostModel) and all(t > 0 for t in model.token_seconds)
     assert list(model.token_seconds) == sorted(model.token_seconds) and model.decode_s >= 0 and model.prefill_s >= 0
     assert engine.scheduler.config.max_step_ms == 0 and model.decode_step_s > 0  # 0: the automatic budget
+    assert model.full_decode_s > 0
     stats = engine.stats()
     assert stats.num_free_kv_blocks == stats.num_kv_blocks and engine.runner.generators == {}
 

@@ -113,11 +113,13 @@ class Engine:
                                    runs)
         self.scheduler.cost_model = model
         self.scheduler.config = replace(self.scheduler.config, max_step_ms=cfg.max_step_ms)
-        budget = f"{cfg.max_step_ms:g} ms" if cfg.max_step_ms else "auto"
-        log.info("step budget %s; step costs: %s ms at %s tokens, a decode-only step of %d %.1f ms, %.3g ns per "
-                 "decode context token, %.3g ns per prefill pair", budget,
+        budget = f"{cfg.max_step_ms:g} ms" if cfg.max_step_ms else (
+            f"auto ({model.auto_budget_s(decode_batch, 0) * 1e3:.1f} ms)" if model.full_decode_s else "auto")
+        log.info("step budget %s; step costs: %s ms at %s tokens, a decode-only step of %d %.1f ms (%.1f ms at long "
+                 "context), %.3g ns per decode context token, %.3g ns per prefill pair", budget,
                  "/".join(f"{t * 1e3:.1f}" for t in model.token_seconds), "/".join(map(str, model.token_points)),
-                 decode_batch, model.decode_step_s * 1e3, model.decode_s * 1e9, model.prefill_s * 1e9)
+                 decode_batch, model.decode_step_s * 1e3, model.full_decode_s * 1e3, model.decode_s * 1e9,
+                 model.prefill_s * 1e9)
         return model
 
     def _start_runner(self) -> ModelRunner:

@@ -104,8 +104,6 @@ class Scheduler:
         """A collected step's real time (tokens to tokens); steps with an estimate correct the budget."""
         if out.estimate_s is not None:
             self.correction.observe(out.estimate_s, real_s)
-        elif out.num_new_tokens and max(out.num_new_tokens) == 1:
-            self.correction.observe_decode(real_s)
 
     def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> bool:
         """The steady state in one pass: every running sequence decodes one token and all fit. Otherwise the
@@ -201,8 +199,7 @@ class Scheduler:
             return None
         decodes = [s.num_computed_tokens for s in decodes]
         limit_ms = self.config.max_step_ms
-        limit_s = limit_ms / 1e3 if limit_ms else self.cost_model.auto_budget_s(len(decodes), sum(decodes),
-                                                                                  self.correction.decode_step_s)
+        limit_s = limit_ms / 1e3 if limit_ms else self.cost_model.auto_budget_s(len(decodes), sum(decodes))
         budget = StepBudget(self.cost_model, limit_s / self.correction.scale, decodes)
         for s, n in zip(out.seqs, out.num_new_tokens):
             if n > 1:

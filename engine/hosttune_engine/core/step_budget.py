@@ -50,8 +50,7 @@ class CostCorrection:
     leaves out: the host's work between two steps that are not launched ahead (collecting, scheduling,
     packing), and any error of the model (a shape measured once at start, a device warmer or busier than
     then). `scale` is a moving average of real over estimated time; the scheduler divides the budget by
-    it. With a constant host time h per step, the estimates settle at the budget minus h.
-    `decode_step_s` is a moving average of decode-only steps' real times (the automatic budget's unit)."""
+    it. With a constant host time h per step, the estimates settle at the budget minus h."""
 
     WEIGHT = 0.1  # of each new step in the average
     LIMITS = (0.25, 4.0)  # the scale never leaves these
@@ -60,12 +59,6 @@ class CostCorrection:
     def __init__(self) -> None:
         self.scale = 1.0
         self.num_steps = 0
-        self.decode_step_s: float | None = None
-
-    def observe_decode(self, real_s: float) -> None:
-        if real_s > 0:
-            last = self.decode_step_s
-            self.decode_step_s = real_s if last is None else last + self.WEIGHT * (real_s - last)
 
     def observe(self, estimate_s: float, real_s: float) -> None:
         if estimate_s < self.MIN_ESTIMATE_S or real_s <= 0:

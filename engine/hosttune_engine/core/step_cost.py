@@ -18,10 +18,12 @@ runner has them), the step whose time inter-token latency is when no prompt wait
 point is the fastest of a few runs, the first of which may compile kernels or meet a one-off
 cost (a server measures after its warmup, and still takes the fastest of them).
 
-The automatic budget (`--max-step-ms auto`) is per step: `AUTO_DECODE_STEPS` times what a
-decode-only step takes (the real time of recent ones where the engine has seen some, else the
-model's estimate for the step's own decodes); but never so small that a chunk of `USEFUL_CHUNK`
-tokens cannot fit.
+The automatic budget (`--max-step-ms auto`) is one figure per server: `AUTO_DECODE_STEPS` times a
+full decode-only step measured at start (the decode-only batch at the long context of the decode
+term); without that measurement, that many times the model's decode-only step of the step's own
+decodes. Never so small that a chunk of `USEFUL_CHUNK` tokens cannot fit. It does not follow the
+load: a budget that shrank with the decode-only steps seen (few and fast while prompts queue) once
+shrank itself to 13 ms and halved a server's output rate.
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ from hosttune_engine.sampling import SamplingParams
 CUDA_TOKEN_POINTS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384)
 CPU_TOKEN_POINTS = (16, 64)  # a CPU step is linear in tokens past a few dozen
 CUDA_RUNS, CPU_RUNS = 2, 1  # the first CUDA run may compile; CPU references compile nothing
-# The automatic budget: this many decode-only steps' time. On an H200 (7B shape, 64 streaming users,
-# long prompts, decode-only steps of 9.9 ms) a 24 ms budget kept inter-token p99 within 1.4x p50 (29 ms):
-# within 3x even if every step but the budgeted ones were decode-only.
-AUTO_DECODE_STEPS = 2.4
+# The automatic budget: this many full decode-only steps. On an H200 (7B shape) 64 decodes at 4,096 tokens of
+# context take 8.9 ms alone; with 64 streaming users (decode-only steps of 9.8 ms in the server) a 24 ms
+# budget kept inter-token p99 within 1.5x p50: within 3x even if every other step were decode-only.
+AUTO_DECODE_STEPS = 2.7
 USEFUL_CHUNK = 256  # prompt tokens the automatic budget always leaves room for
 LONG_CONTEXT = 4096  # tokens, at most, for the attention terms
 DECODE_BATCH = {True: 32, False: 8}  # decodes beside a short chunk, for the decode term (CUDA, CPU)
@@ -57,6 +59,7 @@ class StepCostModel:
     decode_s: float  # per context token read by a decode
     prefill_s: float  # per (query, earlier key) pair of a prefill chunk
     decode_step_s: float = 0.0  # a decode-only step at short context (0: not measured)
+    full_decode_s: float = 0.0  # the same decodes at the long context of the decode term (0: not measured)
 
     def tokens_seconds(self, num_tokens: int) -> float:
         points, seconds = self.token_points, self.token_seconds
@@ -71,10 +74,9 @@ class StepCostModel:
     def step_seconds(self, num_tokens: int, decode_context: int, prefill_pairs: int) -> float:
         return self.tokens_seconds(num_tokens) + self.decode_s * decode_context + self.prefill_s * prefill_pairs
 
-    def auto_budget_s(self, num_decodes: int, decode_context: int, decode_step_s: float | None = None) -> float:
-        """The automatic budget of a step holding these decodes, given the real time of recent decode-only
-        steps if known (see the module docstring)."""
-        plain = decode_step_s or (
+    def auto_budget_s(self, num_decodes: int, decode_context: int) -> float:
+        """The automatic budget of a step holding these decodes (see the module docstring)."""
+        plain = self.full_decode_s or (
             (self.decode_step_s or self.tokens_seconds(num_decodes)) + self.decode_s * decode_context)
         return max(AUTO_DECODE_STEPS * plain, self.step_seconds(num_decodes + USEFUL_CHUNK, decode_context, 0))
 
@@ -153,5 +155,7 @@ def measure_step_costs(probe: StepProbe, on_cuda: bool, kv_tokens: int, decode_b
     decodes = probe.seconds(16, 0, batch, context, runs) - model.tokens_seconds(16 + batch)
     chunk = min(PAIR_CHUNK[on_cuda], probe.max_tokens - 1)
     pairs = probe.seconds(chunk, context, 1, 16, runs) - model.tokens_seconds(chunk + 1)
+    full = probe.seconds(0, 0, decode_batch, context, runs) if decode_step and decode_batch * (context + 1) <= kv_tokens \
+        else 0.0
     return StepCostModel(model.token_points, model.token_seconds, max(0.0, decodes / (batch * context)),
-                         max(0.0, pairs / (chunk * context)), decode_step)
+                         max(0.0, pairs / (chunk * context)), decode_step, full)
