@@ -1,23 +1,15 @@
 """The chunk-attention benchmark (benchmarks/engine/chunk_attention.py) on its tiny CPU setup: every variant
 runs and is checked against the reference, and the table has a row per case."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "engine"
+from .bench_scripts import bench_script
 
 
 @pytest.fixture
 def chunk_attention(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import chunk_attention
-
-    yield chunk_attention
-    for name in ("chunk_attention", "common"):
-        sys.modules.pop(name, None)
+    yield from bench_script(monkeypatch, "chunk_attention")
 
 
 def test_each_variant_is_timed_and_checked(chunk_attention):

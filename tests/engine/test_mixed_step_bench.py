@@ -1,22 +1,14 @@
 """The mixed-step benchmark (benchmarks/engine/mixed_step.py) on a tiny model on the CPU: both paths are
 timed on the same step, the graph path's logits are the eager path's, and the table has a row per shape."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "engine"
+from .bench_scripts import bench_script
 
 
 @pytest.fixture
 def mixed_step(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import mixed_step
-
-    yield mixed_step
-    for name in ("mixed_step", "common"):
-        sys.modules.pop(name, None)
+    yield from bench_script(monkeypatch, "mixed_step")
 
 
 def test_each_shape_is_timed_on_both_paths(mixed_step):

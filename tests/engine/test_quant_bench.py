@@ -1,12 +1,9 @@
 """The quantized benchmark rows (benchmarks/engine/quant_bench.py) measured end to end on a tiny model on
 the CPU: every row is produced, with its floor and ratio."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "engine"
+from .bench_scripts import bench_script
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 152064,
@@ -15,12 +12,7 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_si
 
 @pytest.fixture
 def quant_bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import quant_bench
-
-    yield quant_bench
-    for name in ("quant_bench", "engine_bench", "common"):
-        sys.modules.pop(name, None)
+    yield from bench_script(monkeypatch, "quant_bench", "engine_bench")
 
 
 @pytest.mark.slow
