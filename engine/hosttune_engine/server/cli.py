@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if not os.path.isdir(args.model):
             raise ConfigError(f"--model {args.model}: no such folder (give a Hugging Face model folder)")
+        if args.step_log and not os.path.isdir(os.path.dirname(os.path.abspath(args.step_log))):
+            raise ConfigError(f"--step-log {args.step_log}: its folder does not exist")
         config = config_from_args(args)
     except ConfigError as e:
         print(f"hosttune-engine: error: {e}", file=sys.stderr)

@@ -156,6 +156,14 @@ def test_missing_model_folder_is_one_line_exit_2(tmp_path):
                                                 "(give a Hugging Face model folder)"]
 
 
+def test_a_step_log_in_a_missing_folder_is_one_line_exit_2(tmp_path):
+    log = tmp_path / "no" / "steps.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "hosttune_engine", "serve", "--model", str(tmp_path),
+                           "--step-log", str(log)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"hosttune-engine: error: --step-log {log}: its folder does not exist"]
+
+
 def test_bad_options_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hosttune_engine", "serve", "--model", str(tmp_path),
                            "--max-batch-size", "0"], capture_output=True, text=True, timeout=60)
