@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -32,7 +31,7 @@ if "--small" in sys.argv:  # before triton is imported
 
 import torch  # noqa: E402
 
-from common import REPO, SHAPE, Deadline, bench_ms, env_info  # noqa: E402
+from common import SHAPE, Deadline, bench_ms, env_info, head_commit  # noqa: E402
 from hosttune_engine.kernels import tuning  # noqa: E402
 from hosttune_engine.kernels.prefill_attention import (  # noqa: E402
     auto_splits, config_key, default_config, prefill_attention, prefill_attention_ref)
@@ -182,8 +181,7 @@ def main() -> None:
     before = f"1x{name(setup.configs[0])}"
     deadline, out = Deadline(args.budget_s), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
-    report = {"env": env_info(commit.strip()), "setup": {**asdict(setup), "dtype": str(setup.dtype)},
+    report = {"env": env_info(head_commit()), "setup": {**asdict(setup), "dtype": str(setup.dtype)},
               "before": before, "cases": []}
     gen, results = torch.Generator().manual_seed(0), []
     for seqs in cases(setup):

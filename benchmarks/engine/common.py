@@ -68,6 +68,11 @@ class Shape:
 SHAPE = Shape()
 
 
+def head_commit() -> str:
+    """The repository's short commit, for a script that records its own."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
+
+
 def env_info(commit: str) -> dict:
     import torch
     import triton

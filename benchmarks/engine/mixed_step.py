@@ -24,7 +24,6 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from common import QWEN25_7B, REPO, Deadline, env_info, model_folder, sync
+from common import QWEN25_7B, Deadline, env_info, head_commit, model_folder, sync
 
 from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.mixed_graphs import mixed_sizes
@@ -218,7 +217,6 @@ def main() -> None:
     deadline = Deadline(args.budget_s)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout
     t0 = time.perf_counter()
     engine = build_engine(args.small)
     start_s = time.perf_counter() - t0
@@ -226,7 +224,7 @@ def main() -> None:
     default = [32, 64, 128] if args.small else mixed_sizes(engine.config.max_num_batched_tokens)
     capture_s = capture_seconds(engine, default)
     steps = Steps(engine, decode_context=32 if args.small else 1024)
-    report = {"env": env_info(commit.strip()), "engine_start_s": start_s, "capture_s": capture_s,
+    report = {"env": env_info(head_commit()), "engine_start_s": start_s, "capture_s": capture_s,
               "buckets": default, "segments": engine.runner.model.model.num_segments, "shapes": []}
     results = []
     for d, p in SMALL_SHAPES if args.small else SHAPES:
