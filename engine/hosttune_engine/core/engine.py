@@ -44,7 +44,7 @@ class _InFlight:
     sched: SchedulerOutput
     launched: LaunchedStep
     ahead: bool = False  # the next step was scheduled before this one was collected
-    since: float | None = None  # when the tokens of the step before reached the host (perf_counter)
+    since: float | None = None  # when the tokens of the step before reached the host (time.monotonic)
 
 
 @dataclass
@@ -216,9 +216,9 @@ class Engine:
         last, self._in_flight = self._in_flight, None
         if last is not None:
             self._in_flight = self._launch_ahead(last)
-        collected = self._collect(last) if last is not None else None
-        now = time.perf_counter() if last is not None else None
+        collected, now = None, None
         if last is not None:
+            collected, now = self._collect(last), time.monotonic()
             self._observe(last, now)
         if self._in_flight is None:
             sched = self.scheduler.schedule()
@@ -237,7 +237,7 @@ class Engine:
         if real_s is not None:
             self.scheduler.observe_step(flight.sched, real_s)
         if self.step_log is not None:
-            self.step_log.write(flight.sched, real_s, self.scheduler.correction.scale)
+            self.step_log.write(flight.sched, collected_at, real_s, self.scheduler.correction.scale)
 
     def _launch_ahead(self, last: _InFlight) -> _InFlight | None:
         """The next decode step, launched before `last`'s tokens are read back, or None if it cannot be."""

@@ -96,9 +96,8 @@ class Scheduler:
         compared with its real time (`observe_step`)."""
         if self.cost_model is None or self.config.max_step_ms is None or 1 not in out.num_new_tokens:
             return None
-        decode_context = sum(s.num_computed_tokens for s, n in zip(out.seqs, out.num_new_tokens) if n == 1)
-        pairs = sum(s.num_computed_tokens * n for s, n in zip(out.seqs, out.num_new_tokens) if n > 1)
-        return self.cost_model.step_seconds(out.num_tokens, decode_context, pairs)
+        decodes = [s.num_computed_tokens for s, n in zip(out.seqs, out.num_new_tokens) if n == 1]
+        return self._budget_of(out, 0.0, decodes).estimate_s()
 
     def observe_step(self, out: SchedulerOutput, real_s: float) -> None:
         """A collected step's real time (tokens to tokens); steps with an estimate correct the budget."""
@@ -200,7 +199,11 @@ class Scheduler:
         decodes = [s.num_computed_tokens for s in decodes]
         limit_ms = self.config.max_step_ms
         limit_s = limit_ms / 1e3 if limit_ms else self.cost_model.auto_budget_s(len(decodes), sum(decodes))
-        budget = StepBudget(self.cost_model, limit_s / self.correction.scale, decodes)
+        return self._budget_of(out, limit_s / self.correction.scale, decodes)
+
+    def _budget_of(self, out: SchedulerOutput, limit_s: float, decode_contexts: list[int]) -> StepBudget:
+        """A budget of `limit_s` holding these decodes and the step's prefill chunks so far."""
+        budget = StepBudget(self.cost_model, limit_s, decode_contexts)
         for s, n in zip(out.seqs, out.num_new_tokens):
             if n > 1:
                 budget.add(s.num_computed_tokens, n)

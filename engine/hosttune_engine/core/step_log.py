@@ -23,10 +23,11 @@ class StepLog:
         self._file = open(path, "a", buffering=1 << 16)
         self._flushed = time.monotonic()
 
-    def write(self, sched: SchedulerOutput, real_s: float | None, scale: float) -> None:
+    def write(self, sched: SchedulerOutput, at: float, real_s: float | None, scale: float) -> None:
+        """One step, whose tokens reached the host `at` (`time.monotonic()`)."""
         prefill = [n for n in sched.num_new_tokens if n > 1]
         record = {
-            "t": round(time.monotonic(), 4),
+            "t": round(at, 4),
             "ms": None if real_s is None else round(real_s * 1e3, 3),
             "decodes": len(sched.num_new_tokens) - len(prefill),
             "prefill_tokens": sum(prefill),
