@@ -42,7 +42,7 @@ from qwen25_7b import QWEN25_7B  # noqa: E402
 from hosttune.bench import plot, report, report_csv  # noqa: E402
 from hosttune.bench.benchmark import BenchSpec, measure  # noqa: E402
 from hosttune.bench.loadgen import Load  # noqa: E402
-from hosttune.bench.metrics import summarize  # noqa: E402
+from hosttune.bench.metrics import percentile, summarize  # noqa: E402
 from hosttune.bench.prompts import FALLBACK_WORDS, WORDS  # noqa: E402
 
 SETTINGS = {"new": ["--max-step-ms", "auto"], "old": ["--max-step-ms", "off"]}
@@ -183,15 +183,14 @@ def step_summary(path: Path, start: float, end: float) -> dict | None:
     plain = [r for r in steps if not r["prefill_tokens"]]
 
     def q(rows, p):
-        values = sorted(r["ms"] for r in rows)
-        return round(values[min(len(values) - 1, int(p / 100 * len(values)))], 2) if values else None
-    ratios = sorted(r["ms"] / r["estimate_ms"] for r in mixed if r["estimate_ms"])
+        return round(percentile([r["ms"] for r in rows], p), 2) if rows else None
+    ratios = [r["ms"] / r["estimate_ms"] for r in mixed if r["estimate_ms"]]
     return {"steps": len(steps), "mixed_share": round(len(mixed) / len(steps), 3) if steps else None,
             "mixed_ms_p50": q(mixed, 50), "mixed_ms_p99": q(mixed, 99), "decode_ms_p50": q(plain, 50),
             "decode_ms_p99": q(plain, 99), "all_ms_p99": q(steps, 99),
             "prefill_tokens_per_mixed_step": round(sum(r["prefill_tokens"] for r in mixed) / len(mixed), 1)
             if mixed else None,
-            "real_over_estimate_p50": round(ratios[len(ratios) // 2], 3) if ratios else None,
+            "real_over_estimate_p50": round(percentile(ratios, 50), 3) if ratios else None,
             "scale_last": steps[-1]["scale"] if steps else None}
 
 
