@@ -41,6 +41,7 @@ from hosttune_engine.core.step_inputs import StepInputs, pack_step, plan_step
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.kernels.decode_attention import choose_num_splits
+from hosttune_engine.kernels.split_k import device_sms
 from hosttune_engine.layers.backend import set_kernel_backend
 from hosttune_engine.layers.one_row import use_gemv_for_one_row
 from hosttune_engine.layers.sampler import DeviceSample, Sampler, SamplerOutput, SamplingBatch
@@ -109,8 +110,7 @@ class ModelRunner:
         self.num_kv_heads = layout.num_kv_heads if layout is not None else model_config.num_kv_heads
         self.kv_shape = KVCacheShape(model_config.num_layers, config.block_size, self.num_kv_heads,
                                      model_config.head_dim, torch.finfo(self.dtype).bits // 8)
-        self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                        if self.device.type == "cuda" else 1)
+        self.num_sms = device_sms(self.device) if self.device.type == "cuda" else 1
         with _phase("KV pool sized"):
             self.num_kv_blocks = self._size_kv_pool()
         self.kv_pool = KVPool(self.kv_shape, self.num_kv_blocks, self.device, self.dtype)
