@@ -17,8 +17,8 @@ def run(engine, first, later):
     one step runs, then `later` joins."""
     steps, schedule = [], engine.scheduler.schedule
 
-    def recording():
-        out = schedule()
+    def recording(**kw):  # `schedule_ahead` passes the sequences that sit the step out
+        out = schedule(**kw)
         steps.append([(s.request_id, n) for s, n in zip(out.seqs, out.num_new_tokens)])
         return out
     engine.scheduler.schedule = recording
@@ -51,6 +51,19 @@ def test_costs_are_measured_at_start_and_leave_the_pool_empty(tiny_models):
     assert model.full_decode_s > 0
     stats = engine.stats()
     assert stats.num_free_kv_blocks == stats.num_kv_blocks and engine.runner.generators == {}
+
+
+def test_the_decode_terms_fit_a_small_pool_whatever_the_block_rounding(tiny_models):
+    """The GPU's grid (32 decodes) on a 256-block pool: each decode's context is cut to whole blocks, so
+    the probe's sequences fit the pool they were sized for (a context of 113 took 8 blocks each: 257)."""
+    from hosttune_engine.core.step_cost import StepProbe, measure_step_costs
+
+    engine = Engine(EngineConfig(model=str(tiny_models["llama"]), num_kv_blocks=256, max_num_batched_tokens=64,
+                                 max_num_seqs=4))
+    probe = StepProbe(engine.runner, engine.block_manager, 64, engine.max_model_len)
+    model = measure_step_costs(probe, True, engine.block_manager.num_free_blocks * 16, 1, runs=1)
+    assert model.decode_s > 0 or model.prefill_s >= 0
+    assert engine.block_manager.num_free_blocks == 256
 
 
 def test_a_budget_chunks_a_prompt_beside_decodes_and_generates_the_same(tiny_models):
@@ -135,7 +148,7 @@ def test_no_measured_step_reaches_past_the_context():
     from hosttune_engine.core.step_cost import measure_step_costs
 
     class Probe:
-        max_tokens, max_context, asked = 8192, 1024, []
+        max_tokens, max_context, block_size, asked = 8192, 1024, 16, []
 
         def seconds(self, chunk, chunk_context, num_decodes, decode_context, runs):
             self.asked.append((chunk + chunk_context, decode_context + 1))
@@ -153,7 +166,7 @@ def test_one_slow_step_does_not_stand_for_every_larger_one():
     from hosttune_engine.core.step_cost import measure_step_costs
 
     class Probe:
-        max_tokens, max_context, calls = 8192, 8192, 0
+        max_tokens, max_context, block_size, calls = 8192, 8192, 16, 0
 
         def seconds(self, chunk, chunk_context, num_decodes, decode_context, runs):
             self.calls += 1

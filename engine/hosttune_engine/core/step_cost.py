@@ -104,6 +104,7 @@ class StepProbe:
         self.block_manager = block_manager
         self.max_tokens = max_tokens
         self.max_context = max_context
+        self.block_size = block_manager.block_size
         self.rng = random.Random(0x5eed)
         self.vocab = runner.model_config.vocab_size
 
@@ -150,6 +151,8 @@ def measure_step_costs(probe: StepProbe, on_cuda: bool, kv_tokens: int, decode_b
     model = StepCostModel(tuple(points), tuple(seconds), 0.0, 0.0, decode_step)
     batch = DECODE_BATCH[on_cuda]
     context = min(LONG_CONTEXT, probe.max_context // 2, kv_tokens // (batch + 4))
+    bs = probe.block_size
+    context = (context + 1) // bs * bs - 1  # each decode's context and token fill whole blocks: no rounding up
     if context < 64:
         return model
     decodes = probe.seconds(16, 0, batch, context, runs) - model.tokens_seconds(16 + batch)
