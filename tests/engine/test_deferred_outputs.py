@@ -255,15 +255,15 @@ def test_sampled_steps_read_their_tokens_back_in_collect(tiny_models, monkeypatc
 
 
 def test_steady_greedy_decode_launches_the_next_step_before_collecting(tiny_models):
-    """On the graph buffers, each call launches step N+1 on step N's tokens still on the device, then
-    collects step N; a sequence that step N ends by length is left out of step N+1."""
+    """With the graph buffers, each call launches step N+1 on step N's tokens still on the device (the
+    prefill's too), then collects step N; a sequence that step N ends by length is left out of step N+1."""
     eng, log = recorded_engine(tiny_models["qwen2"], "padded")
     reqs = [EngineRequest(rid, prompt_ids(6 + n, n), greedy(n)) for rid, n in (("a", 3), ("b", 4))]
     outs = drive(eng, {0: reqs})
     ab, ahead, collect, call = ("a", "b"), "ahead", ("collect",), ("call",)
     assert [entry for entry in log] == [
         ("launch", ab),  # prefill
-        collect, ("launch", ab),  # token 1 known: the first decode step is launched from the host
+        ("launch", ab, ahead), collect,  # the first decode, on the prefill's tokens still on the device
         ("launch", ab, ahead), collect,  # token 3 launched before token 2 is read back
         ("launch", ("b",), ahead), collect,  # a's token 3 is its last: b alone gets its 4th
         collect,
@@ -306,7 +306,7 @@ def test_sampled_steps_are_launched_ahead_and_sample_what_the_host_path_samples(
         eng, log = recorded_engine(path, mode, dtype="float32")  # fp32: the paths differ only by rounding
         results[mode] = drive(eng, reqs)
         ahead = sum(entry[-1] == "ahead" for entry in log)
-        assert ahead == (0 if mode == "host" else 7), mode  # 8 decode steps of "cold": all but the first
+        assert ahead == (0 if mode == "host" else 8), mode  # the 8 decode steps of "cold"
     host = results["host"]
     for mode in modes[1:]:
         for rid in params:

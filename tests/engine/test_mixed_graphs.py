@@ -82,9 +82,9 @@ def _record_runs(eng) -> list[tuple[int, int]]:
     graphs, calls = eng.runner.mixed_graphs, []
     run_graphs = graphs.run
 
-    def recorded(plan):
+    def recorded(plan, source=None):
         calls.append((plan.num_tokens, graphs.bucket(plan.num_tokens)))
-        return run_graphs(plan)
+        return run_graphs(plan, source)
     graphs.run = recorded
     return calls
 
@@ -148,6 +148,32 @@ def test_generation_matches_the_eager_engine(tiny_models, mode):
     assert run(eng, schedule) == eager
     buckets = {b for _, b in calls}
     assert all(n <= b for n, b in calls) and 64 in buckets and len(buckets) >= 2
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mixed_steps_launched_ahead_match_the_eager_engine(tiny_models, mode):
+    """With the decode graphs' token buffer beside the mixed graphs, a step with prompt chunks is launched
+    before the step before it is collected, its decodes taking that step's tokens on the device (greedy and
+    seeded sampling): every token as with no graphs, where no step is launched ahead."""
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=4, max_tokens=7, ignore_eos=True)
+    schedule = {0: [EngineRequest("a", prompt_ids(7, seed=1), greedy)],
+                2: [EngineRequest("b", prompt_ids(30, seed=2), seeded),
+                    EngineRequest("c", prompt_ids(3, seed=3), greedy)],
+                4: [EngineRequest("d", prompt_ids(90, seed=4), seeded)]}
+    eager = run(Engine(_config(tiny_models, "eager")), schedule)
+    eng = _engine(tiny_models, mode)
+    eng.runner.graphs = eng.runner.build_decode_graphs(use_graphs=mode == "captured", max_batch=4)
+    fed, run_graphs = [], eng.runner.mixed_graphs.run
+
+    def recorded(plan, source=None):
+        if plan.feed is not None:
+            fed.append((plan.num_tokens, int((plan.feed >= 0).sum()), len(plan.prefill)))
+        return run_graphs(plan, source)
+    eng.runner.mixed_graphs.run = recorded
+    assert run(eng, schedule) == eager
+    assert any(prefills and n_fed for _, n_fed, prefills in fed)  # a chunk beside fed decodes
+    assert any(n_fed > 1 for _, n_fed, _ in fed)
 
 
 @pytest.mark.parametrize("mode", MODES)

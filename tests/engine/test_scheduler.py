@@ -227,17 +227,24 @@ def decoding(s, *seqs):
     return s.schedule()
 
 
+def ahead_of(s, last, **kw):
+    """`schedule_ahead` of `last` with the sequences that it samples."""
+    return s.schedule_ahead(last, last.sample_mask(), **kw)
+
+
 def test_schedule_ahead_counts_the_step_in_flight_and_holds_its_token_until_collected():
     s = make()
     a, b = seq(5, "a", max_tokens=8), seq(6, "b", max_tokens=8, start=40)
     last = decoding(s, a, b)  # a computes position 5, b position 6; their tokens are not known yet
-    ahead = s.schedule_ahead(last)
+    ahead = ahead_of(s, last)
     assert ahead.seqs == [a, b] and ahead.num_new_tokens == [1, 1]
     assert (a.num_computed_tokens, b.num_computed_tokens) == (6, 7)  # the step in flight counts as computed
-    assert (a.num_tokens, b.num_tokens) == (6, 7)  # its tokens are still pending
+    assert (a.num_known_tokens, b.num_known_tokens) == (6, 7)  # its tokens are still pending
+    assert a.has_pending_token and b.has_pending_token and (a.num_tokens, b.num_tokens) == (7, 8)
     assert len(b.block_table) == 2  # position 7 (the pending token's) fits b's second block
     s.postprocess(last, [11, 12], ahead=True)
-    assert (a.token_ids[-1], b.token_ids[-1]) == (11, 12)
+    assert (a.token_ids[-1], b.token_ids[-1]) == (11, 12) and (a.num_tokens, b.num_tokens) == (7, 8)
+    assert not a.has_pending_token and not b.has_pending_token
     assert (a.num_computed_tokens, b.num_computed_tokens) == (6, 7)  # not counted twice
     assert ahead.sample_mask() == [True, True]  # the step ahead is an ordinary decode of the new tokens
 
@@ -247,7 +254,7 @@ def test_schedule_ahead_registers_a_block_only_once_its_pending_token_is_known()
     a = seq(6, "a", max_tokens=8)  # position 7, the pending token's, completes block 1
     last = decoding(s, a)
     bm = s.block_manager
-    ahead = s.schedule_ahead(last)
+    ahead = ahead_of(s, last)
     assert ahead.seqs == [a]
     block = bm.blocks[a.block_table[1]]
     assert block.hash is None  # its last token is on the device: nothing to hash yet
@@ -262,7 +269,7 @@ def test_schedule_ahead_leaves_out_a_sequence_its_last_token_ends_by_length():
     s = make()
     a, b = seq(5, "a", max_tokens=2), seq(5, "b", max_tokens=8, start=40)
     last = decoding(s, a, b)  # a's token from `last` is its second and last
-    ahead = s.schedule_ahead(last)
+    ahead = ahead_of(s, last)
     assert ahead.seqs == [b]
     s.postprocess(last, [3, 4], ahead=True)
     assert a.is_finished and a.finish_reason == "length" and a.num_tokens == 7 and a.block_table == []
@@ -272,26 +279,55 @@ def test_schedule_ahead_unfinished_by_eos_token_is_dropped_when_collected():
     s = make()
     a, b = seq(5, "a", max_tokens=8), seq(5, "b", max_tokens=8, start=40)
     last = decoding(s, a, b)
-    ahead = s.schedule_ahead(last)
+    ahead = ahead_of(s, last)
     s.postprocess(last, [0, 4], ahead=True)  # a ends by EOS (token 0) while `ahead` computes it
     assert a.is_finished and a.finish_reason == "stop"
-    again = s.schedule_ahead(ahead)
+    again = ahead_of(s, ahead)
     assert again.seqs == [b]
     s.postprocess(ahead, [8, 8], ahead=True)
     assert a.output_token_ids == [7, 0] and b.output_token_ids == [7, 4, 8]
 
 
-def test_schedule_ahead_declines_and_changes_nothing_when_the_host_must_decide():
+def test_schedule_ahead_also_schedules_prompt_chunks_and_admissions():
+    """Ahead of a step that decodes one sequence and prefills another's first chunk: the decode of the
+    pending token, the prompt's next chunk and a waiting request's first, as `schedule` would give them."""
+    s = make(max_num_batched_tokens=8)
+    a, b, c = seq(3, "a", max_tokens=8), seq(20, "b", max_tokens=2, start=40), seq(5, "c", max_tokens=2, start=90)
+    s.add(a)
+    step(s)  # a's prompt
+    s.add(b)
+    last = s.schedule()  # a's first decode beside b's first 7 prompt tokens
+    assert last.seqs == [b, a] and last.num_new_tokens == [7, 1]
+    s.add(c)
+    ahead = ahead_of(s, last)
+    assert ahead.seqs == [b, a] and ahead.num_new_tokens == [7, 1]  # c waits: the token budget is spent
+    assert a.has_pending_token and not b.has_pending_token and b.num_computed_tokens == 7
+    s.postprocess(last, [None, 5], ahead=True)
+    assert a.output_token_ids == [7, 5] and b.num_computed_tokens == 7
+    again = ahead_of(s, ahead)  # b's last 6 prompt tokens sample its first token; c gets the rest of the budget
+    assert again.seqs == [b, a, c] and again.num_new_tokens == [6, 1, 1]
+    s.postprocess(ahead, [None, 6], ahead=True)
+    s.postprocess(again, [8, 9, None])
+    assert a.output_token_ids == [7, 5, 6, 9] and b.output_token_ids == [8] and c.num_computed_tokens == 1
+
+
+def test_schedule_ahead_of_the_steady_decode_only_declines_and_changes_nothing_when_the_host_must_decide():
     s = make(num_blocks=4, max_num_seqs=2)
     a = seq(7, "a", max_tokens=20)
     last = decoding(s, a)
     s.add(seq(3, "w", max_tokens=2, start=80))  # a request that could be admitted now
-    assert s.schedule_ahead(last) is None and a.num_computed_tokens == 7
+    assert ahead_of(s, last, decodes_only=True) is None and a.num_computed_tokens == 7
     s.waiting.clear()
     s.running.append(seq(3, "x", max_tokens=2, start=80))  # running, but not in the step in flight
-    assert s.schedule_ahead(last) is None and a.num_computed_tokens == 7
-    s2 = make(num_blocks=2)
+    assert ahead_of(s, last, decodes_only=True) is None and a.num_computed_tokens == 7
+    assert not a.has_pending_token and a.num_tokens == 8
+
+
+def test_schedule_ahead_may_preempt_and_the_pending_token_survives_it():
+    s = make(num_blocks=2)
     b = seq(7, "b", max_tokens=20)  # 2 blocks hold positions 0..7; position 8 needs a third
-    last = decoding(s2, b)
-    assert s2.schedule_ahead(last) is None  # would have to preempt: left to schedule()
-    assert b.num_computed_tokens == 7 and len(b.block_table) == 2
+    last = decoding(s, b)
+    ahead = ahead_of(s, last)
+    assert ahead.is_empty and ahead.preempted == [b] and b.status is SequenceStatus.WAITING
+    s.postprocess(last, [5], ahead=True)
+    assert b.output_token_ids == [7, 5] and not b.has_pending_token and b.num_computed_tokens == 0

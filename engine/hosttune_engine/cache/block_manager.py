@@ -154,7 +154,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         first = seq.num_computed_tokens // self.block_size  # earlier blocks are registered
-        for i in range(first, min(num_tokens_after_step, seq.num_tokens) // self.block_size):
+        for i in range(first, min(num_tokens_after_step, seq.num_known_tokens) // self.block_size):
             block = self.blocks[seq.block_table[i]]
             if block.hash is not None:
                 continue

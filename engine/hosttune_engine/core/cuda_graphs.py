@@ -105,7 +105,7 @@ class DecodeInputs:
 
     def fill(self, seqs: list[Sequence], padded: int, feed: list[int] | None = None) -> None:
         """Rows 0..n for `seqs` (one new token each), rows n..padded as padding, on the host. With `feed`,
-        row i's input token is row feed[i] of the previous step's tokens, still on the device."""
+        row i's input token is row feed[i] of the previous step's tokens, still on the device (-1: its id)."""
         self.staging.writable()
         n, bs = len(seqs), self.block_size
         ids, pos, slots, lens, feeds, tables = self._host_views
@@ -113,8 +113,8 @@ class DecodeInputs:
         if feed is None:
             ids[:n] = [s.token_ids[p] for s, p in zip(seqs, starts)]
             feeds[:n] = -1
-        else:
-            ids[:n] = 0
+        else:  # a fed row's id is not read (a tensor-parallel rank's mirror does not hold it)
+            ids[:n] = [0 if f >= 0 else s.token_ids[p] for s, p, f in zip(seqs, starts, feed)]
             feeds[:n] = feed
         pos[:n] = starts
         lens[:n] = pos[:n] + 1

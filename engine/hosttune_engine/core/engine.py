@@ -3,9 +3,10 @@
 Each `step()` collects step N (launched by the previous call), schedules and
 launches step N+1, and builds step N's outputs while the device computes step
 N+1, which is still running when `step()` returns (deferred output processing).
-In the steady decode state step N+1 is launched even before step N is
-collected, on step N's tokens still on the device (`Scheduler.schedule_ahead`),
-so the device does not wait for the host between the two.
+When step N left its tokens on the device (the graph paths do), step N+1 is
+scheduled and launched even before step N is collected, its decodes taking
+step N's tokens there (`Scheduler.schedule_ahead`), so the device does not wait
+for the host between the two.
 Callers talk to it only with the message dataclasses of `core.messages`.
 """
 
@@ -206,11 +207,12 @@ class Engine:
 
         The outputs of step N are built while the device computes step N+1, and step N+1 is left running
         when this returns. Step N's stop strings are found while building its outputs, so a sequence that hit
-        one may already be in step N+1: that token is dropped. When step N is a decode graph step that every
-        running sequence is in, and no request waits to be admitted, step N+1 is launched before step N
-        is collected, on its tokens on the device; then a sequence that step N ends by EOS is in step N+1
-        too, and that token is dropped the same way. Otherwise the device waits between the two steps for
-        step N's tokens to be appended (EOS, max_tokens), the schedule and the input packing.
+        one may already be in step N+1: that token is dropped. When step N's tokens are on the device, step
+        N+1 is scheduled and launched before step N is collected (with tensor parallelism: only in the
+        steady decode state, a decode graph step of every running sequence with no request to admit); then
+        a sequence that step N ends by EOS is in step N+1 too, and that token is dropped the same way.
+        Otherwise the device waits between the two steps for step N's tokens to be appended (EOS,
+        max_tokens), the schedule and the input packing.
         """
         outputs, self._pending = self._pending, []
         last, self._in_flight = self._in_flight, None
@@ -240,14 +242,17 @@ class Engine:
             self.step_log.write(flight.sched, collected_at, real_s, self.scheduler.correction.scale)
 
     def _launch_ahead(self, last: _InFlight) -> _InFlight | None:
-        """The next decode step, launched before `last`'s tokens are read back, or None if it cannot be."""
+        """The next step, launched before `last`'s tokens are read back, or None if it cannot be (or is
+        empty: the sequences left all end with `last`'s tokens)."""
         if not last.launched.feeds_next:
             return None
-        sched = self.scheduler.schedule_ahead(last.sched)
+        sched = self.scheduler.schedule_ahead(last.sched, last.launched.mask, decodes_only=self.workers is not None)
         if sched is None:
             return None
         last.ahead = True
-        return _InFlight(sched, self.runner.launch(sched, after=last.sched))
+        if sched.is_empty:
+            return None
+        return _InFlight(sched, self.runner.launch(sched, after=last.launched))
 
     def _collect(self, flight: _InFlight) -> _Collected | None:
         """Wait for a launched step and append its tokens (EOS and max_tokens are checked here)."""

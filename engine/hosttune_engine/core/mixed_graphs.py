@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from hosttune_engine.core.cuda_graphs import cyclic_gc_held
-from hosttune_engine.core.staging import Staging
-from hosttune_engine.core.step_inputs import HostPack, StepPlan, pack_attention
+from hosttune_engine.core.staging import Staging, Uploads
+from hosttune_engine.core.step_inputs import HostPack, StepPlan, feed_tokens, pack_attention
 
 # Token counts captured (those up to the step's token budget). On an idle H200 (7B shape, 64 decodes beside
 # a chunk) the graphs took a mixed step of 80-320 tokens from 16-30 ms to 10-12 ms and matched eager at 576:
@@ -49,35 +49,41 @@ def mixed_sizes(max_tokens: int, sizes: tuple[int, ...] = MIXED_GRAPH_SIZES) -> 
 
 
 class MixedInputs:
-    """A mixed step's token ids, positions and cache slots (int32, `capacity` each) in a pinned host
-    buffer and a device buffer of the same layout."""
+    """A mixed step's token ids, positions, cache slots and feed rows (int32, `capacity` each) in a pinned
+    host buffer and a device buffer of the same layout. A feed row >= 0: the token's id is that row of the
+    previous step's tokens, still on the device (`feed`)."""
 
     def __init__(self, capacity: int, device: torch.device):
         self.capacity = -(-capacity // 4) * 4  # 16-byte aligned views: Triton specializes on alignment
-        self.staging = Staging(3 * self.capacity, device)
+        self.staging = Staging(4 * self.capacity, device)
         self._host_views = self._views(self.staging.host.numpy())
-        self.token_ids, self.positions, self.slots = self._views(self.staging.device_buffer)
+        self.token_ids, self.positions, self.slots, self.feed_rows = self._views(self.staging.device_buffer)
 
     def _views(self, flat):
         c = self.capacity
-        return flat[:c], flat[c:2 * c], flat[2 * c:3 * c]
+        return tuple(flat[i * c:(i + 1) * c] for i in range(4))
 
     def fill(self, plan: StepPlan, padded: int) -> None:
         """The plan's n tokens in rows 0..n, padding in rows n..padded, on the host."""
         self.staging.writable()
-        ids, pos, slots = self._host_views
+        ids, pos, slots, feed = self._host_views
         n = plan.num_tokens
         ids[:n], pos[:n], slots[:n] = plan.ids, plan.positions, plan.slots
-        ids[n:padded], pos[n:padded], slots[n:padded] = 0, 0, -1
+        feed[:n] = -1 if plan.feed is None else plan.feed
+        ids[n:padded], pos[n:padded], slots[n:padded], feed[n:padded] = 0, 0, -1, -1
 
     def pad_all(self) -> None:
         """Every row padding: what the capture runs on."""
-        ids, pos, slots = self._host_views
-        ids[:], pos[:], slots[:] = 0, 0, -1
+        ids, pos, slots, feed = self._host_views
+        ids[:], pos[:], slots[:], feed[:] = 0, 0, -1, -1
 
     def upload(self) -> None:
-        """One asynchronous copy of all three fields."""
+        """One asynchronous copy of all four fields."""
         self.staging.upload()
+
+    def feed(self, n: int, source: torch.Tensor) -> None:
+        """The fed rows' token ids from `source`, the previous step's tokens, on the device."""
+        feed_tokens(self.token_ids[:n], self.feed_rows[:n], source)
 
 
 class SegmentBuffers:
@@ -112,6 +118,7 @@ class MixedGraphs:
         self.use_graphs, self.num_kv_heads, self.num_sms = use_graphs, num_kv_heads, num_sms
         self.num_segments = model.model.num_segments
         self.graphs: dict[int, list[torch.cuda.CUDAGraph]] = {}  # per bucket, one graph per segment
+        self.uploads = Uploads(inputs.staging.device_buffer.device)  # the attention metadata's pinned buffer
 
     def can_run(self, num_tokens: int) -> bool:
         return bool(self.sizes) and 0 < num_tokens <= self.sizes[-1]
@@ -154,15 +161,19 @@ class MixedGraphs:
             self._segment(b, k)
         return graph
 
-    def run(self, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, plan: StepPlan, source: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One step: the inputs uploaded, then segment, attention, ..., segment; the hidden states of its
-        n real rows and the rows to sample."""
+        n real rows and the rows to sample. Nothing waits for the device, so the step can be enqueued while
+        the one before still runs; `source` holds that step's tokens for the plan's fed rows."""
         n = plan.num_tokens
         b = self.bucket(n)
         inp, buf, model = self.inputs, self.buffers, self.model.model
         inp.fill(plan, b)
         inp.upload()
-        _, meta, rows = pack_attention(plan, HostPack(), inp.slots.device, self.num_kv_heads, self.num_sms)
+        if plan.feed is not None:
+            inp.feed(n, source)
+        _, meta, rows = pack_attention(plan, HostPack(), inp.slots.device, self.num_kv_heads, self.num_sms,
+                                       self.uploads)
         meta.slot_mapping = inp.slots[:n]
         out = buf.attn_out[:n]
         for k in range(self.num_segments - 1):

@@ -9,8 +9,9 @@ piecewise graphs per padded token count, with attention run between them
 
 A step is `launch` (pack, enqueue the device work) then `collect` (wait, read
 the tokens back), so the engine can do host work while the device computes.
-A greedy graph step leaves its tokens on the device as well: the next decode
-step may be launched on them (`launch(..., after=...)`) before they are read.
+A step's tokens are also left on the device, in the decode graphs' token
+buffer: the next step may be launched on them (`launch(..., after=...)`)
+before they are read back, its rows whose token is pending taking it there.
 
 With tensor parallelism (`group`), every rank has a runner over its shard of
 the model and of the KV pool. Rank 0 broadcasts each step's message before
@@ -77,7 +78,8 @@ class LaunchedStep:
     mask: list[bool]  # per scheduled sequence: whether it gets a token this step
     greedy_tokens: HostCopy | None  # the decode graph's argmax of every row (`mask` picks), to the host
     sampled: DeviceSample | None  # the sampler's tokens (and logprobs), on the device
-    feeds_next: bool = False  # the tokens of every row are in the decode graphs' token buffer, in row order
+    feeds_next: bool = False  # its tokens are in the decode graphs' token buffer, so the next step can take them
+    token_seqs: list[Sequence] | None = None  # with `feeds_next`: the sequence of each row of that buffer
 
 
 class ModelRunner:
@@ -208,67 +210,81 @@ class ModelRunner:
         return self.collect(self.launch(sched))
 
     @torch.inference_mode()
-    def launch(self, sched: SchedulerOutput, after: SchedulerOutput | None = None) -> LaunchedStep:
+    def launch(self, sched: SchedulerOutput, after: LaunchedStep | None = None) -> LaunchedStep:
         """Pack the step's inputs and enqueue its forward pass and sampling; nothing here waits for the work
-        it enqueues. Host-to-device copies from pageable memory (the packed inputs) wait for the stream, so
-        they are made before this step's device work is enqueued.
+        it enqueues. Host-to-device copies from pageable memory (the eager path's packed inputs) wait for
+        the stream, so they are made before this step's device work is enqueued.
 
-        `after`: the graph step launched last, not collected yet, whose tokens are on the device
-        (`feeds_next`); `sched` is a decode step of some of its sequences, which take those tokens as input."""
-        mask = sched.sample_mask() if after is None else [True] * len(sched.seqs)
+        `after`: the step launched last, not collected yet, whose tokens are on the device (`feeds_next`);
+        `sched` was scheduled ahead of them (`Scheduler.schedule_ahead`), and its sequences whose token is
+        pending take it from there."""
+        mask = sched.sample_mask()
         seqs = [s for s, needs in zip(sched.seqs, mask) if needs]
-        if after is not None or self._runs_graph(sched):
-            feed = self._feed(sched, after) if after is not None else None
+        feed = self._feed(sched, after) if after is not None else None
+        if self._runs_graph(sched):
             if self.group is not None:
                 self._share(StepKind.DECODE_GRAPH, sched, feed)
             return self._launch_graph(sched, mask, seqs, feed)
+        if feed is not None and self.group is not None:
+            raise RuntimeError("with tensor parallelism only a decode graph step takes the previous step's tokens")
         sampling = self._sampling(seqs)  # before the step's work: its copies from pageable memory would wait
-        if self.prefill_graphs is not None and self.prefill_graphs.can_run(sched):
+        if feed is None and self.prefill_graphs is not None and self.prefill_graphs.can_run(sched):
             if self.group is not None:
                 self._share(StepKind.PREFILL_GRAPH, sched)
             logits = self.prefill_graphs.run(sched.seqs[0], sched.num_new_tokens[0])
-            return LaunchedStep(mask, None, self.sampler.sample(logits, sampling) if seqs else None)
+            return self._sampled_step(mask, seqs, self.sampler.sample(logits, sampling) if seqs else None)
         mixed = self.mixed_graphs is not None and self.mixed_graphs.can_run(sched.num_tokens)
         if self.group is not None:
             self._share(StepKind.MIXED_GRAPH if mixed else StepKind.EAGER, sched, sample=bool(seqs))
         # also when no sequence samples: a prompt chunk's KV must be written
-        hidden, rows = self._run_mixed(sched) if mixed else self._run_eager(sched)
+        hidden, rows = self._run_mixed(sched, feed) if mixed else self._run_eager(sched, feed)
         if not seqs:
             return LaunchedStep(mask, None, None)
-        return LaunchedStep(mask, None, self.sampler.sample(self.model.compute_logits(hidden[rows]), sampling))
+        return self._sampled_step(mask, seqs, self.sampler.sample(self.model.compute_logits(hidden[rows]), sampling))
 
-    def _run_mixed(self, sched: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sampled_step(self, mask: list[bool], seqs: list[Sequence], sample: DeviceSample | None) -> LaunchedStep:
+        """A launched step whose sampled tokens (of `seqs`) also go into the decode graphs' token buffer, for a
+        next step launched before they are read back (one GPU: the other ranks of a tensor-parallel group
+        sample nothing)."""
+        graphs = self.graphs
+        if sample is None or graphs is None or self.group is not None or len(seqs) > graphs.tokens.shape[0]:
+            return LaunchedStep(mask, None, sample)
+        graphs.tokens[:len(seqs)].copy_(sample.tokens)
+        return LaunchedStep(mask, None, sample, feeds_next=True, token_seqs=seqs)
+
+    def _run_mixed(self, sched: SchedulerOutput, feed: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Final hidden states [T, H] and the rows to sample, on the piecewise graphs."""
-        return self.mixed_graphs.run(plan_step(sched, self.block_size))
+        source = self.graphs.tokens if feed is not None else None
+        return self.mixed_graphs.run(plan_step(sched, self.block_size, feed), source)
 
-    def _run_eager(self, sched: SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = self._prepare(sched)
+    def _run_eager(self, sched: SchedulerOutput, feed: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self._prepare(sched, feed)
         return self._forward(batch), batch.sample_rows
 
     def _launch_graph(self, sched: SchedulerOutput, mask: list[bool], seqs: list[Sequence],
                       feed: list[int] | None) -> LaunchedStep:
-        """A decode step on the graphs. Its tokens stay in `graphs.tokens` when every row gets one, so the next
-        step can be launched on them before they are read back."""
+        """A decode step on the graphs. Its tokens stay in `graphs.tokens`, so the next step can be launched on
+        them before they are read back."""
         if seqs and all(_plain_greedy(s) for s in seqs):
             self.graphs.run(sched.seqs, feed)  # the graph's argmax: no sampler
-            return LaunchedStep(mask, self.graphs.read_back(len(sched.seqs)), None, feeds_next=True)
+            return LaunchedStep(mask, self.graphs.read_back(len(sched.seqs)), None, feeds_next=True,
+                                token_seqs=sched.seqs)
         sampling = self._sampling(seqs)
         every_row = len(seqs) == len(sched.seqs)
         logits, _ = self.graphs.run(sched.seqs, feed)  # [n, V] fp32
         if not seqs:
             return LaunchedStep(mask, None, None)
-        sample = self.sampler.sample(logits if every_row else logits[self._rows(mask)], sampling)
-        feeds_next = every_row and self.group is None  # the other ranks' buffers hold the argmax
-        if feeds_next:
-            self.graphs.tokens[:len(seqs)].copy_(sample.tokens)  # the sampled tokens replace the argmax
-        return LaunchedStep(mask, None, sample, feeds_next=feeds_next)
+        return self._sampled_step(mask, seqs, self.sampler.sample(logits if every_row else logits[self._rows(mask)],
+                                                                  sampling))
 
-    def _feed(self, sched: SchedulerOutput, after: SchedulerOutput) -> list[int]:
-        """For each sequence of `sched`, its row in `after`, whose tokens are its input."""
-        if not self._runs_graph(sched):
-            raise RuntimeError("only a decode graph step can take the previous step's tokens on the device")
-        rows = {id(s): i for i, s in enumerate(after.seqs)}
-        return [rows[id(s)] for s in sched.seqs]
+    def _feed(self, sched: SchedulerOutput, after: LaunchedStep) -> list[int] | None:
+        """For each sequence of `sched`, the row of `after`'s tokens that is its pending input token (-1 for
+        those whose input is on the host); None when no sequence has one."""
+        if not after.feeds_next:
+            raise RuntimeError("the previous step's tokens are not on the device for this step to take")
+        rows = {id(s): i for i, s in enumerate(after.token_seqs)}
+        feed = [rows[id(s)] if s.has_pending_token else -1 for s in sched.seqs]
+        return feed if max(feed, default=-1) >= 0 else None
 
     def collect(self, step: LaunchedStep) -> StepResult:
         """Wait for a launched step's tokens to reach the host. Their copies were enqueued at launch, right
@@ -327,8 +343,9 @@ class ModelRunner:
         if self.group is not None:
             self._released.append(request_id)
 
-    def _prepare(self, sched: SchedulerOutput) -> StepInputs:
-        return pack_step(sched, self.block_size, self.device, self.num_kv_heads, self.num_sms)
+    def _prepare(self, sched: SchedulerOutput, feed: list[int] | None = None) -> StepInputs:
+        source = self.graphs.tokens if feed is not None else None
+        return pack_step(sched, self.block_size, self.device, self.num_kv_heads, self.num_sms, feed, source)
 
     # -- tensor parallel ------------------------------------------------------------------
     def _share(self, kind: StepKind, sched: SchedulerOutput, feed: list[int] | None = None,

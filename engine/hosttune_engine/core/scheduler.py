@@ -16,9 +16,9 @@ important than some running decodes, those sit out its steps (with a time budget
 prompt gets the step they would have shared). A step held to a time budget also
 stays within the largest step the runner has graphs for (`budgeted_tokens`).
 
-In the steady decode state the next step can be scheduled before the last
-one's tokens are known (`schedule_ahead`): those tokens stay on the device and
-feed the next step there, so the device never waits for the host.
+The next step can be scheduled before the last one's tokens are known
+(`schedule_ahead`): those tokens stay on the device and feed the next step
+there, so the device does not wait for the host between the two.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ from hosttune_engine.cache.block_manager import BlockManager
 from hosttune_engine.core.scheduler_output import SchedulerOutput  # noqa: F401  (the runner imports it from here)
 from hosttune_engine.core.sequence import Sequence, SequenceStatus
 from hosttune_engine.core.step_budget import CostCorrection, StepBudget
+
+
+PENDING_TOKEN = 0  # the id held for a token still on the device; the runner feeds the real one to the model
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ class Scheduler:
         self.cost_model = None  # a StepCostModel (core/step_cost.py), set once measured
         self.correction = CostCorrection()  # the budgeted steps' real times against the model's
         self.budgeted_tokens: int | None = None  # most tokens of a budgeted step (the runner's mixed graphs)
-        self._fills_block: set[int] = set()  # ids of sequences whose pending token completes a block (ahead)
+        self._fed: set[int] = set()  # ids of the sequences whose pending token the step ahead computes
 
     # -- queue ------------------------------------------------------------------
     def _queue_key(self, seq: Sequence) -> tuple[int, int]:
@@ -78,9 +81,10 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # -- schedule ---------------------------------------------------------------
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, leave_out: set[int] = frozenset()) -> SchedulerOutput:
+        """The next step. `leave_out`: ids of running sequences that sit it out (their last token ends them)."""
         out = SchedulerOutput()
-        held = self._held_decodes()
+        held = self._held_decodes() | leave_out
         if held or not self._schedule_decodes(out, self.config.max_num_batched_tokens):
             self._schedule_running_decodes(out, held)
         self._schedule_prefills(out, is_admitting=not out.preempted, held=held)  # admitting while preempting would thrash
@@ -248,35 +252,39 @@ class Scheduler:
         self._preempt(victim, out)
         return True
 
-    def schedule_ahead(self, last: SchedulerOutput) -> SchedulerOutput | None:
-        """The next decode step, scheduled while `last` (a decode step of every running sequence) is still on
-        the device and its tokens unknown; None when that cannot be decided yet, and nothing changed then.
+    def schedule_ahead(self, last: SchedulerOutput, sampled: list[bool],
+                       decodes_only: bool = False) -> SchedulerOutput | None:
+        """The next step, scheduled while `last` is still on the device and the tokens it samples (`sampled`
+        per sequence) are unknown; None when it cannot be, and nothing changed then.
 
-        It counts `last` as computed (`postprocess(..., ahead=True)` will not count it again) and gives every
-        running sequence one more token, except those that `last`'s token ends by length. One that `last`'s
-        token ends otherwise (EOS, a stop string) is finished when it is collected, and its token from this
-        step dropped. Waiting requests that could be admitted, and a step that would have to preempt, are
-        left to `schedule`, after `last` is collected."""
+        It counts `last` as computed (`postprocess(..., ahead=True)` will not count it again) and holds a
+        placeholder for each token `last` samples (`Sequence.has_pending_token`): the runner feeds those
+        tokens from the device. Then it schedules as `schedule` does, decodes, prompt chunks and admissions,
+        leaving out the sequences that `last`'s token ends by length. One that `last`'s token ends otherwise
+        (EOS, a stop string) is finished when it is collected, and its token from this step dropped.
+        `decodes_only`: only the steady decode state (every running sequence decoded in `last`, no request
+        to admit), where the next step is a decode of every one of them."""
         running = self.running
-        if not running or len(running) > self.config.max_num_batched_tokens or self._could_admit():
+        if not running or decodes_only and not self._steady_decode(last):
             return None
+        ending = set()
+        for seq, n, samples in zip(last.seqs, last.num_new_tokens, sampled):
+            if seq.status is not SequenceStatus.RUNNING:  # finished since it was scheduled: its token is dropped
+                continue
+            seq.num_computed_tokens += n
+            if samples:
+                seq.hold_pending_token(PENDING_TOKEN)
+                if self._reaches_length(seq, seq.num_tokens):
+                    ending.add(id(seq))
+        out = self.schedule(leave_out=ending)
+        self._fed = {id(s) for s in out.seqs if s.has_pending_token}
+        return out
+
+    def _steady_decode(self, last: SchedulerOutput) -> bool:
+        if len(self.running) > self.config.max_num_batched_tokens or self._could_admit():
+            return False
         in_last = {id(s) for s in last.seqs}
-        for seq in running:  # a plain loop: this runs every decode step, for every sequence
-            if id(seq) not in in_last or seq.num_computed_tokens + 1 != len(seq.token_ids):
-                return None
-        ahead = []
-        for seq in running:
-            seq.num_computed_tokens += 1
-            if not self._reaches_length(seq, len(seq.token_ids) + 1):
-                ahead.append(seq)
-        if not ahead or not self.block_manager.can_append(ahead):
-            for seq in running:
-                seq.num_computed_tokens -= 1
-            return None
-        bs = self.block_manager.block_size
-        self._fills_block = {id(s) for s in ahead if (s.num_computed_tokens + 1) % bs == 0}
-        self.block_manager.append(ahead)  # registers no block that holds a pending token: see postprocess
-        return SchedulerOutput(seqs=ahead, num_new_tokens=[1] * len(ahead))
+        return all(id(s) in in_last and s.num_computed_tokens + 1 == len(s.token_ids) for s in self.running)
 
     def _could_admit(self) -> bool:
         return bool(self.waiting) and len(self.running) < self.config.max_num_seqs
@@ -314,7 +322,7 @@ class Scheduler:
         """
         advanced = []
         finished = SequenceStatus.FINISHED
-        fills_block, self._fills_block = self._fills_block, set()  # filled by schedule_ahead just before
+        fed, self._fed = self._fed, set()  # the step scheduled ahead of this one's tokens
         for seq, n, token in zip(out.seqs, out.num_new_tokens, sampled):
             if seq.status is finished:
                 continue
@@ -322,9 +330,12 @@ class Scheduler:
                 seq.num_computed_tokens += n
             if token is None:
                 continue
-            seq.append_token(token)
-            if id(seq) in fills_block:  # the step ahead computes this token: its block is full and known now
-                self.block_manager.register_full_blocks(seq, seq.num_computed_tokens + 1)
+            if seq.has_pending_token:
+                seq.set_pending_token(token)
+                if id(seq) in fed:  # the step ahead computes this token: the block it ends is known now
+                    self.block_manager.register_full_blocks(seq, seq.num_computed_tokens + 1)
+            else:
+                seq.append_token(token)
             advanced.append(seq)
             reason = self._token_stop_reason(seq, token)
             if reason is not None:

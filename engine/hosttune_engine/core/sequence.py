@@ -22,6 +22,9 @@ class Sequence:
     `num_computed_tokens` counts tokens whose keys and values are in the KV cache;
     a step computes `token_ids[num_computed_tokens : num_computed_tokens + n]`.
     `block_hashes[i]` is the chained hash of full block i (filled lazily).
+    While a step scheduled ahead of the one before is in flight, the last of
+    `token_ids` may be a placeholder for a token still on the device
+    (`has_pending_token`): it is set when that step is collected.
     """
 
     def __init__(
@@ -48,6 +51,7 @@ class Sequence:
         self.num_preemptions = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
+        self.has_pending_token = False
 
     def __repr__(self) -> str:
         return (
@@ -58,6 +62,11 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose ids are on the host (all but a pending one)."""
+        return len(self.token_ids) - self.has_pending_token
 
     @property
     def num_output_tokens(self) -> int:
@@ -77,6 +86,15 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def hold_pending_token(self, placeholder: int) -> None:
+        """A token that a step in flight samples, appended before its id is known."""
+        self.token_ids.append(placeholder)
+        self.has_pending_token = True
+
+    def set_pending_token(self, token_id: int) -> None:
+        self.token_ids[-1] = token_id
+        self.has_pending_token = False
 
     def block_tokens(self, block_index: int, block_size: int) -> tuple[int, ...]:
         start = block_index * block_size

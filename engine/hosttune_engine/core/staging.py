@@ -8,6 +8,7 @@ nearly always over at once, since the copy runs ahead of the step it feeds.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -30,3 +31,30 @@ class Staging:
         if self.device_buffer.is_cuda:
             self._copied = torch.cuda.Event()
             self._copied.record()
+
+
+class Uploads:
+    """int32 arrays of any size moved to a new device tensor each through one pinned host buffer, grown as
+    needed: the copy is asynchronous, so it does not wait for the device's earlier work (a step launched
+    ahead of the one before). Off CUDA, a plain copy."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.host: torch.Tensor | None = None
+        self._copied: torch.cuda.Event | None = None
+
+    def upload(self, values: np.ndarray) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return torch.from_numpy(values).to(self.device)
+        if self._copied is not None:
+            self._copied.synchronize()  # the last copy has read the host buffer
+        n = len(values)
+        if self.host is None or self.host.shape[0] < n:
+            self.host = torch.empty(max(n, 2 * (0 if self.host is None else self.host.shape[0])), dtype=torch.int32,
+                                    pin_memory=True)
+        self.host[:n].numpy()[:] = values
+        out = torch.empty(n, dtype=torch.int32, device=self.device)
+        out.copy_(self.host[:n], non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return out

@@ -17,6 +17,7 @@ import torch
 
 from hosttune_engine.core.scheduler import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
+from hosttune_engine.core.staging import Uploads
 from hosttune_engine.kernels.decode_attention import choose_num_splits
 from hosttune_engine.layers.attention import AttentionMetadata
 
@@ -42,18 +43,24 @@ class StepPlan:
     decode: list[tuple[int, list[int]]]
     sample_rows: list[int]
     sample_seqs: list[Sequence]
+    feed: np.ndarray | None = None  # per token: the row of the previous step's tokens it takes (-1: its id)
 
     @property
     def num_tokens(self) -> int:
         return len(self.ids)
 
 
-def plan_step(sched: SchedulerOutput, block_size: int) -> StepPlan:
+def plan_step(sched: SchedulerOutput, block_size: int, feed: list[int] | None = None) -> StepPlan:
+    """`feed`: per sequence, the row of the previous step's tokens (still on the device) that is its one new
+    token, or -1 (see `ModelRunner.launch`)."""
     bs = block_size
     ids, pos, slots = [], [], []
     prefill, decode, sample_rows, sample_seqs = [], [], [], []
+    fed = []  # (token row, source row)
     num_tokens = 0
-    for seq, n in zip(sched.seqs, sched.num_new_tokens):
+    for i, (seq, n) in enumerate(zip(sched.seqs, sched.num_new_tokens)):
+        if feed is not None and feed[i] >= 0:
+            fed.append((num_tokens, feed[i]))
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
         p = np.arange(start, end, dtype=np.int64)
         ids.append(np.asarray(seq.token_ids[start:end], dtype=np.int64))
@@ -65,29 +72,45 @@ def plan_step(sched: SchedulerOutput, block_size: int) -> StepPlan:
         if end == seq.num_tokens:
             sample_rows.append(num_tokens - 1)
             sample_seqs.append(seq)
+    token_feed = None
+    if fed:
+        token_feed = np.full(num_tokens, -1, dtype=np.int64)
+        rows, sources = zip(*fed)
+        token_feed[list(rows)] = sources
     return StepPlan(np.concatenate(ids), np.concatenate(pos), np.concatenate(slots), prefill, decode, sample_rows,
-                    sample_seqs)
+                    sample_seqs, token_feed)
+
+
+def feed_tokens(ids: torch.Tensor, feed: torch.Tensor, source: torch.Tensor) -> None:
+    """Where `feed` >= 0, replace the token id in `ids` (in place) by row `feed` of `source`, the previous
+    step's tokens on the device; enqueued, not waited for."""
+    ids.copy_(torch.where(feed >= 0, source[feed.clamp(min=0)].to(ids.dtype), ids))
 
 
 def pack_step(sched: SchedulerOutput, block_size: int, device: torch.device, num_kv_heads: int,
-              num_sms: int) -> StepInputs:
-    """Pack a step's inputs in numpy (int32), then move them to the device in one copy."""
-    plan = plan_step(sched, block_size)
+              num_sms: int, feed: list[int] | None = None, source: torch.Tensor | None = None) -> StepInputs:
+    """Pack a step's inputs in numpy (int32), then move them to the device in one copy. With `feed` (see
+    `plan_step`), the fed tokens' ids are then taken from `source` on the device."""
+    plan = plan_step(sched, block_size, feed)
     host = HostPack()
     ids_at, pos_at, slots_at = (host.add(x) for x in (plan.ids, plan.positions, plan.slots))
+    feed_at = host.add(plan.feed) if plan.feed is not None else None
     dev, meta, rows = pack_attention(plan, host, device, num_kv_heads, num_sms)
     meta.slot_mapping = dev[slots_at]
+    if feed_at is not None:
+        feed_tokens(dev[ids_at], dev[feed_at], source)
     return StepInputs(input_ids=dev[ids_at], positions=dev[pos_at], meta=meta, sample_rows=rows,
                       sample_seqs=plan.sample_seqs)
 
 
 def pack_attention(plan: StepPlan, host: HostPack, device: torch.device, num_kv_heads: int,
-                   num_sms: int) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
-    """Add the sampled rows and the attention metadata to `host` and move it all to the device in one copy:
-    (the device copy, the metadata, whose `slot_mapping` the caller sets, the sampled rows [N])."""
+                   num_sms: int, uploads: Uploads | None = None) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+    """Add the sampled rows and the attention metadata to `host` and move it all to the device in one copy
+    (through `uploads`' pinned buffer when given, so without waiting for the device's earlier work): (the
+    device copy, the metadata, whose `slot_mapping` the caller sets, the sampled rows [N])."""
     rows_at = host.add(np.asarray(plan.sample_rows))
     meta_at = _pack_metadata(host, plan.prefill, plan.decode)
-    dev = host.to(device)
+    dev = host.to(device) if uploads is None else uploads.upload(host.flat())
     meta = _metadata(dev, meta_at, plan.prefill, plan.decode, None)
     if plan.decode:
         meta.decode_num_splits = choose_num_splits(len(plan.decode), num_kv_heads, max(c for c, _ in plan.decode),
@@ -152,6 +175,9 @@ class HostPack:
             rows[i, :len(t)] = t
         return self.add(rows.reshape(-1)), width
 
+    def flat(self) -> np.ndarray:
+        return np.concatenate(self.parts).astype(np.int32) if self.parts else np.zeros(0, np.int32)
+
     def to(self, device: torch.device) -> torch.Tensor:
-        flat = np.concatenate(self.parts).astype(np.int32) if self.parts else np.zeros(0, np.int32)
-        return torch.from_numpy(flat).to(device, non_blocking=False)
+        """One copy from pageable memory: on CUDA it waits for the device's earlier work."""
+        return torch.from_numpy(self.flat()).to(device, non_blocking=False)
