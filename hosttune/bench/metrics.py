@@ -19,6 +19,12 @@ Definitions (every time is measured by the client, in seconds):
   that succeeded. Throughput counts measured and warm-up requests alike that finished
   inside the throughput window (warm-up end to the stop of the run), divided by its
   length; so it describes the steady state, not the ramp-up or the drain.
+- **Streamed output tokens/s**: the output tokens that *arrived* inside the throughput
+  window, whatever became of their request, over its length (each chunk counted at its
+  arrival, weighing its request's output tokens over its chunks). Counting finished
+  requests instead, a closed-loop run whose users all ask for the same output length
+  finishes them in waves, and one wave more or less in the window moves the figure by
+  users x output length / window (64 x 512 tokens over 60 s: 550 tokens/s).
 - A request **succeeded** when it got HTTP 200 and a complete stream with no error
   event. 429 responses are **rejections**, counted apart; everything else (other
   statuses, transport errors, timeouts, an error event inside a 200 stream, a stream
@@ -125,6 +131,7 @@ class Summary:
     backlog_growth: int  # requests in flight at the window's end minus at its start
     request_throughput: float  # successful requests per second
     output_token_throughput: float
+    streamed_token_throughput: float  # output tokens that arrived in the window, per second
     input_token_throughput: float
     goodput: float | None  # good requests per second, when an SLO is given
     goodput_fraction: float | None  # good / measured requests
@@ -173,6 +180,18 @@ def tpot(record: RequestRecord) -> float | None:
     if record.ttft is None or record.output_tokens < 2:
         return None
     return (record.e2e - record.ttft) / (record.output_tokens - 1)
+
+
+def streamed_tokens(records: Iterable[RequestRecord], window: tuple[float, float]) -> float:
+    """Output tokens whose chunks arrived inside `window`: each chunk weighs its request's output tokens over
+    its chunk count (a chunk may carry several tokens)."""
+    start, stop = window
+    total = 0.0
+    for r in records:
+        if r.chunks:
+            inside = sum(start <= t <= stop for t in r.chunks)
+            total += inside * max(r.output_tokens, len(r.chunks)) / len(r.chunks)
+    return total
 
 
 def inter_chunk_gaps(record: RequestRecord) -> list[float]:
@@ -253,6 +272,7 @@ def summarize(run: RunRecord, slo: Slo | None = None, lag_limit: float = 0.005) 
         backlog_growth=in_flight(run.requests, stop) - in_flight(run.requests, start),
         request_throughput=len(finished) / window_s,
         output_token_throughput=sum(r.output_tokens for r in finished) / window_s,
+        streamed_token_throughput=streamed_tokens(run.requests, run.window) / window_s,
         input_token_throughput=sum(_prompt_tokens(r) for r in finished) / window_s,
         goodput=None,
         goodput_fraction=None,

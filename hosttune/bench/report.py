@@ -178,6 +178,7 @@ def summary_rows(summaries: list[Summary]) -> list[tuple[str, list[str]]]:
     rows += [
         ("requests/s", [f"{s.request_throughput:.2f}" for s in summaries]),
         ("output tokens/s", [f"{s.output_token_throughput:.1f}" for s in summaries]),
+        ("output tokens/s streamed", [f"{s.streamed_token_throughput:.1f}" for s in summaries]),
         ("input tokens/s", [f"{s.input_token_throughput:.1f}" for s in summaries]),
         ("errors by status", [_errors(s) for s in summaries]),
         ("goodput (req/s, share)", [_goodput(s) for s in summaries]),

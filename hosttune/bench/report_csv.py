@@ -18,7 +18,7 @@ REQUEST_COLUMNS = ("url", "rate", "index", "scheduled", "sent", "end", "outcome"
 SUMMARY_COLUMNS = ("url", "rate", "requests", "ok", "rejected", "failed", "ttft_p50", "ttft_p95",
                    "ttft_p99", "itl_p50", "itl_p95", "itl_p99", "tpot_p50", "tpot_p95", "e2e_p50",
                    "e2e_p95", "e2e_p99", "request_throughput", "output_token_throughput",
-                   "input_token_throughput", "goodput", "slo_met", "client_behind")
+                   "streamed_token_throughput", "input_token_throughput", "goodput", "slo_met", "client_behind")
 SERVER_COLUMNS = ("url", "rate", "at", "waiting", "running", "kv_usage", "preemptions")
 
 
@@ -57,7 +57,7 @@ def summary_row(run: RunRecord, s: Summary) -> tuple:
             at(s.ttft, 50), at(s.ttft, 95), at(s.ttft, 99), at(s.itl, 50), at(s.itl, 95), at(s.itl, 99),
             at(s.tpot, 50), at(s.tpot, 95), at(s.e2e, 50), at(s.e2e, 95), at(s.e2e, 99),
             _round(s.request_throughput), _round(s.output_token_throughput),
-            _round(s.input_token_throughput), _blank(s.goodput), _blank(s.slo_met), int(s.lag.is_behind))
+            _round(s.streamed_token_throughput), _round(s.input_token_throughput), _blank(s.goodput), _blank(s.slo_met), int(s.lag.is_behind))
 
 
 def server_row(run: RunRecord, sample) -> tuple:

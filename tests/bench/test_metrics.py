@@ -83,6 +83,33 @@ def test_throughput_counts_completions_inside_the_window_only():
     assert s.request_throughput == pytest.approx(5 / 4)
 
 
+def test_streamed_throughput_counts_the_tokens_that_arrived_inside_the_window():
+    """Chunks count at their arrival, from requests of any outcome; a chunk of a request that reported more
+    tokens than it had chunks weighs accordingly."""
+    requests = [
+        record(0, 0.0, [0.5, 1.5, 2.5, 3.5], 3.6),  # two chunks inside [1, 3]
+        record(1, 1.0, [1.2, 1.4], 1.5, tokens=6),  # two chunks of three tokens each
+        record(2, 2.0, [2.5, 3.5], 4.0, outcome=CANCELLED, status=0, error="cancelled: stop"),  # one inside
+        record(3, 2.0, [], 2.1, outcome=REJECTED, status=429),
+    ]
+    s = summarize(run_of(requests, window=(1.0, 3.0)))
+    assert s.streamed_token_throughput == pytest.approx((2 + 6 + 1) / 2)
+    assert s.output_token_throughput == pytest.approx(6 / 2)  # only request 1 finished inside
+
+
+def test_streamed_throughput_does_not_see_completion_waves():
+    """Closed-loop users that all ask for the same output length finish in waves: a window that catches one
+    wave more counts its whole output as finished, while the tokens streamed are the same either way."""
+    def users(offset):  # 4 users, each 10 tokens over 1 s, back to back from `offset` on
+        return [record(u * 100 + k, offset + k, [offset + k + 0.1 * (i + 1) for i in range(10)], offset + k + 1.0)
+                for u in range(4) for k in range(6)]
+    early, late = summarize(run_of(users(0.0), window=(1.0, 4.0))), summarize(run_of(users(0.05), window=(1.0, 4.0)))
+    assert early.output_token_throughput == pytest.approx(4 * 10 * 4 / 3)  # waves ending at 1, 2, 3, 4
+    assert late.output_token_throughput == pytest.approx(4 * 10 * 3 / 3)  # at 1.05, 2.05, 3.05
+    assert early.streamed_token_throughput == pytest.approx(late.streamed_token_throughput, rel=0.05)
+    assert early.streamed_token_throughput == pytest.approx(4 * 10, rel=0.05)
+
+
 def test_goodput_and_slo_verdict():
     fast = [record(i, float(i), [i + 0.1, i + 0.2], i + 0.2) for i in range(8)]
     slow = [record(8 + i, 8.0 + i, [8.5 + i, 9.5 + i], 9.5 + i) for i in range(2)]
