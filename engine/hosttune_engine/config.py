@@ -26,7 +26,7 @@ class EngineConfig:
     prefills. On CUDA, decode-only steps of up to `max_cuda_graph_batch_size`
     sequences replay CUDA graphs captured at start; `enforce_eager` turns that off.
     `max_step_ms` gives steps that hold decodes a time budget for their prefill tokens,
-    from step costs measured at start, or after warmup in a server (0: 2.7 times a full decode-only step
+    from step costs measured at start, or after warmup in a server (0: 2.4 times a full decode-only step
     measured then).
     `tensor_parallel_size` GPUs run one copy of the model, each a shard of it, in a
     process of its own (`parallel/`); 1 is one GPU in this process.

@@ -43,7 +43,7 @@ CUDA_RUNS, CPU_RUNS = 2, 1  # the first CUDA run may compile; CPU references com
 # The automatic budget: this many full decode-only steps. On an H200 (7B shape) 64 decodes at 4,096 tokens of
 # context take 8.9 ms alone; with 64 streaming users (decode-only steps of 9.8 ms in the server) a 24 ms
 # budget kept inter-token p99 within 1.5x p50: within 3x even if every other step were decode-only.
-AUTO_DECODE_STEPS = 2.7
+AUTO_DECODE_STEPS = 2.4
 USEFUL_CHUNK = 256  # prompt tokens the automatic budget always leaves room for
 LONG_CONTEXT = 4096  # tokens, at most, for the attention terms
 DECODE_BATCH = {True: 32, False: 8}  # decodes beside a short chunk, for the decode term (CUDA, CPU)

@@ -103,8 +103,8 @@ def pack_step(sched: SchedulerOutput, block_size: int, device: torch.device, num
                       sample_seqs=plan.sample_seqs)
 
 
-def pack_attention(plan: StepPlan, host: HostPack, device: torch.device, num_kv_heads: int,
-                   num_sms: int, uploads: Uploads | None = None) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
+def pack_attention(plan: StepPlan, host: HostPack, device: torch.device, num_kv_heads: int, num_sms: int,
+                   uploads: Uploads | None = None) -> tuple[torch.Tensor, AttentionMetadata, torch.Tensor]:
     """Add the sampled rows and the attention metadata to `host` and move it all to the device in one copy
     (through `uploads`' pinned buffer when given, so without waiting for the device's earlier work): (the
     device copy, the metadata, whose `slot_mapping` the caller sets, the sampled rows [N])."""

@@ -45,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget of one step")
     s.add_argument("--max-step-ms", type=_step_ms, default="auto",
                    help="time budget of a step with running decodes, from step costs measured at start: "
-                        "milliseconds, auto (2.7 times a full decode-only step measured at start) or off (token budget only)")
+                        "milliseconds, auto (2.4 times a full decode-only step measured at start) or off (token budget only)")
     s.add_argument("--step-log", metavar="PATH",
                    help="append a JSON line per step to PATH (its real time, tokens, the budget's estimate): "
                         "for tuning --max-step-ms on real traffic")
