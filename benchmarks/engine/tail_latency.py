@@ -6,7 +6,7 @@ side by side in one run on one GPU, Qwen2.5-7B shape with bf16 dummy weights.
 For each setting it starts `python -m hosttune_engine serve` (prefix caching off, so that chance
 repeats of a prompt's start cannot flatter either), records the time to /health 200, then drives it
 with `hosttune bench`'s load generator: 64 closed-loop streaming users, the default length mix
-(30% 32-512 tokens, 70% normal around 4,200, 512 out), 10 s of warm-up and 60 s measured, the
+(30% 32-512 tokens, 70% normal around 4,200, 512 out), 20 s of warm-up and 60 s measured, the
 server's /metrics sampled every second. Then the priority scenario: a high-priority open-loop stream
 (priority 0, at a quarter of the users' request rate, so 20% of requests) alone, then beside the 64
 low-priority users (priority 10); its TTFT P95 loaded over idle is the figure. Each server keeps a
@@ -292,7 +292,10 @@ def main() -> None:
     parser.add_argument("--users", type=int)
     parser.add_argument("--duration", type=float, help="measured seconds of the traffic runs (60; --small 4)")
     parser.add_argument("--priority-duration", type=float, help="seconds of each priority run (30; --small 3)")
-    parser.add_argument("--warmup", type=float, help="warm-up seconds before each measured run (10; --small 1)")
+    parser.add_argument("--warmup", type=float,
+                        help="warm-up seconds before each measured run (20; --small 1): the users all start at once, "
+                             "so their first requests, about 10 s long on an H200, end together and the next ones "
+                             "arrive as one burst, a start-up transient that the warm-up covers")
     parser.add_argument("--max-step-ms", default="auto", help="the new setting's step budget (auto or milliseconds)")
     parser.add_argument("--budget-s", type=float, default=520, help="the priority scenario is skipped past this")
     parser.add_argument("--ready-timeout", type=float, default=240)
@@ -302,7 +305,7 @@ def main() -> None:
     args.users = args.users or (4 if small else 64)
     args.duration = args.duration or (4.0 if small else 60.0)
     args.priority_duration = args.priority_duration or (3.0 if small else 30.0)
-    args.warmup = args.warmup if args.warmup is not None else (1.0 if small else 10.0)
+    args.warmup = args.warmup if args.warmup is not None else (1.0 if small else 20.0)
     args.prompts = "mix:0.3*uniform:8-32+0.7*normal:200,40,100-400" if small else "chat-docs"
     args.max_tokens = 16 if small else 512
     args.deadline = time.monotonic() + args.budget_s
