@@ -41,8 +41,10 @@ CUDA_TOKEN_POINTS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384)
 CPU_TOKEN_POINTS = (16, 64)  # a CPU step is linear in tokens past a few dozen
 CUDA_RUNS, CPU_RUNS = 2, 1  # the first CUDA run may compile; CPU references compile nothing
 # The automatic budget: this many full decode-only steps. On an H200 (7B shape) 64 decodes at 4,096 tokens of
-# context take 8.9 ms alone; with 64 streaming users (decode-only steps of 9.8 ms in the server) a 24 ms
-# budget kept inter-token p99 within 1.5x p50: within 3x even if every other step were decode-only.
+# context take 9-11 ms alone. With 64 streaming users and every step launched ahead of the one before, most
+# steps are decode-only once prompts stop queueing, and those (10 ms) are the inter-token median: 2.7 of them
+# (28.8 ms) put p99 at 3.2x p50, 2.4 (24-26 ms) at 1.6-2.8x, with TTFT p95 0.76-0.77 s past the users'
+# start-up burst (BENCHMARKS.md).
 AUTO_DECODE_STEPS = 2.4
 USEFUL_CHUNK = 256  # prompt tokens the automatic budget always leaves room for
 LONG_CONTEXT = 4096  # tokens, at most, for the attention terms
