@@ -133,15 +133,19 @@ def test_replayed_graphs_equal_the_same_segments_run_eagerly(tiny_models):
     assert torch.equal(graph, _logits(eng.runner, sched, mixed=True))
 
 
+def _staggered(a_and_c: SamplingParams, b_and_d: SamplingParams) -> dict[int, list[EngineRequest]]:
+    """Four requests arriving at steps 0, 2, 2 and 4, of 7, 30, 3 and 90 prompt tokens."""
+    return {0: [EngineRequest("a", prompt_ids(7, seed=1), a_and_c)],
+            2: [EngineRequest("b", prompt_ids(30, seed=2), b_and_d), EngineRequest("c", prompt_ids(3, seed=3), a_and_c)],
+            4: [EngineRequest("d", prompt_ids(90, seed=4), b_and_d)]}
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_generation_matches_the_eager_engine(tiny_models, mode):
     """Staggered requests, so steps mix chunks (one of them filling the largest bucket) with decodes: every
     token and logprob as with no graphs at all."""
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
-    schedule = {0: [EngineRequest("a", prompt_ids(7, seed=1), params)],
-                2: [EngineRequest("b", prompt_ids(30, seed=2), params),
-                    EngineRequest("c", prompt_ids(3, seed=3), params)],
-                4: [EngineRequest("d", prompt_ids(90, seed=4), params)]}
+    schedule = _staggered(params, params)
     eager = run(Engine(_config(tiny_models, "eager")), schedule)
     eng = _engine(tiny_models, mode)
     calls = _record_runs(eng)
@@ -155,12 +159,8 @@ def test_mixed_steps_launched_ahead_match_the_eager_engine(tiny_models, mode):
     """With the decode graphs' token buffer beside the mixed graphs, a step with prompt chunks is launched
     before the step before it is collected, its decodes taking that step's tokens on the device (greedy and
     seeded sampling): every token as with no graphs, where no step is launched ahead."""
-    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=4, max_tokens=7, ignore_eos=True)
-    schedule = {0: [EngineRequest("a", prompt_ids(7, seed=1), greedy)],
-                2: [EngineRequest("b", prompt_ids(30, seed=2), seeded),
-                    EngineRequest("c", prompt_ids(3, seed=3), greedy)],
-                4: [EngineRequest("d", prompt_ids(90, seed=4), seeded)]}
+    schedule = _staggered(SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+                          SamplingParams(temperature=0.8, top_p=0.9, seed=4, max_tokens=7, ignore_eos=True))
     eager = run(Engine(_config(tiny_models, "eager")), schedule)
     eng = _engine(tiny_models, mode)
     eng.runner.graphs = eng.runner.build_decode_graphs(use_graphs=mode == "captured", max_batch=4)
