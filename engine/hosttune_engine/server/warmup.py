@@ -7,7 +7,10 @@ and that first request pays about a second for it. So warmup runs, in order:
    more, a length that is a multiple of 16 and one that is not, and one longer
    than a step's token budget, which is chunked): the attention path without a
    prefix;
-2. the same prompts plus a few tokens: prefix-cache hits, the paged path;
+2. with prefix caching, the same prompts plus a few tokens: prefix-cache hits, the
+   paged path (without it they would only repeat the prefills, at up to a second
+   each for the longest context; the prompt longer than the token budget takes the
+   paged path in its second chunk);
 3. staggered arrivals, so steps mix prefills with decodes;
 4. a ramp of decodes, request i stopping after i + 1 tokens, so every batch
    size up to the warmup batch decodes once (graphs replayed, or kernels
@@ -59,7 +62,7 @@ def _sampling(i: int, max_tokens: int) -> SamplingParams:
 
 
 def warmup_plan(max_batch: int, max_model_len: int, max_num_batched_tokens: int, kv_tokens: int,
-                vocab_size: int, on_cuda: bool) -> list[WarmupGroup]:
+                vocab_size: int, on_cuda: bool, prefix_caching: bool = True) -> list[WarmupGroup]:
     rng = random.Random(0)
 
     room = min(max_model_len, kv_tokens) - 2  # prompt + generated tokens must fit both
@@ -76,8 +79,9 @@ def warmup_plan(max_batch: int, max_model_len: int, max_num_batched_tokens: int,
     prompts = {n: tokens(n) for n in lengths}
     groups = [WarmupGroup(f"prefill-{n}", (EngineRequest(f"warmup-prefill-{n}", ids, _sampling(0, 2)),))
               for n, ids in prompts.items()]
-    groups += [WarmupGroup(f"prefix-hit-{n}", (EngineRequest(f"warmup-prefix-{n}", ids + tokens(PREFIX_EXTRA),
-                                                             _sampling(3, 2)),)) for n, ids in prompts.items()]
+    if prefix_caching:
+        groups += [WarmupGroup(f"prefix-hit-{n}", (EngineRequest(f"warmup-prefix-{n}", ids + tokens(PREFIX_EXTRA),
+                                                                 _sampling(3, 2)),)) for n, ids in prompts.items()]
     batch = min(max_batch, MAX_CUDA_BATCH if on_cuda else MAX_CPU_BATCH)
     longest_mixed, most_tokens = (300, 33) if on_cuda else (CPU_MAX_PROMPT // 2, 5)
     mixed = []

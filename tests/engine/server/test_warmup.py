@@ -28,6 +28,16 @@ def test_cuda_plan_for_a_7b_server():
     _fits(plan, 8192, 131072, 152064)
 
 
+def test_without_prefix_caching_the_plan_does_not_repeat_its_prefills():
+    """No cache to hit: the prefix-hit group would recompute every prompt. The prompt longer than the token
+    budget still takes the paged path (its second chunk has a prefix)."""
+    kw = dict(max_batch=64, max_model_len=32768, max_num_batched_tokens=8192, kv_tokens=10**6, vocab_size=152064,
+              on_cuda=True)
+    cached, uncached = warmup_plan(**kw), warmup_plan(**kw, prefix_caching=False)
+    assert [g.name for g in uncached] == [g.name for g in cached if not g.name.startswith("prefix-hit-")]
+    assert any(len(g.requests[0].prompt_token_ids) > 8192 for g in uncached if g.name.startswith("prefill-"))
+
+
 @pytest.mark.parametrize("max_model_len,kv_tokens", [(1024, 10**6), (64, 10**6), (4096, 300), (16, 10**6)])
 def test_small_contexts_and_pools_still_fit(max_model_len, kv_tokens):
     for on_cuda in (True, False):
