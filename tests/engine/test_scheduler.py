@@ -321,6 +321,11 @@ def test_schedule_ahead_of_the_steady_decode_only_declines_and_changes_nothing_w
     s.running.append(seq(3, "x", max_tokens=2, start=80))  # running, but not in the step in flight
     assert ahead_of(s, last, decodes_only=True) is None and a.num_computed_tokens == 7
     assert not a.has_pending_token and a.num_tokens == 8
+    p = make(max_num_seqs=1, policy="priority")
+    low = seq(7, "low", max_tokens=20, priority=5)
+    last = decoding(p, low)
+    p.add(seq(3, "high", max_tokens=2, start=80, priority=0))  # the batch is full, but it may evict `low`
+    assert ahead_of(p, last, decodes_only=True) is None and low.num_computed_tokens == 7
 
 
 def test_schedule_ahead_may_preempt_and_the_pending_token_survives_it():

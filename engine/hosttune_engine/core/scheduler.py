@@ -281,7 +281,11 @@ class Scheduler:
         return out
 
     def _steady_decode(self, last: SchedulerOutput) -> bool:
+        """Every running sequence decoded in `last`, and no waiting one can join (under the priority policy
+        a waiting one may take a running one's place)."""
         if len(self.running) > self.config.max_num_batched_tokens or self._could_admit():
+            return False
+        if self.waiting and self.config.policy == "priority":
             return False
         in_last = {id(s) for s in last.seqs}
         return all(id(s) in in_last and s.num_computed_tokens + 1 == len(s.token_ids) for s in self.running)
