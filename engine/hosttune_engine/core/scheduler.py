@@ -58,7 +58,8 @@ class Scheduler:
         self.cost_model = None  # a StepCostModel (core/step_cost.py), set once measured
         self.correction = CostCorrection()  # the budgeted steps' real times against the model's
         self.budgeted_tokens: int | None = None  # most tokens of a budgeted step (the runner's mixed graphs)
-        self._fed: set[int] = set()  # ids of the sequences whose pending token the step ahead computes
+        self._fills_block: set[int] = set()  # ids of the sequences whose pending token, computed by the step
+        # scheduled ahead, completes a block
 
     # -- queue ------------------------------------------------------------------
     def _queue_key(self, seq: Sequence) -> tuple[int, int]:
@@ -158,6 +159,8 @@ class Scheduler:
     def _schedule_prefills(self, out: SchedulerOutput, is_admitting: bool, held: set[int] = frozenset()) -> None:
         """Running prefills' next chunks and waiting sequences' first ones, most important first (running
         ones first among equals), within the token budget and, beside decodes, the step's time budget."""
+        if not self.waiting and len(out.seqs) == len(self.running):  # the steady decode: every one is in the step
+            return
         in_step = {id(s) for s in out.seqs} | held
         running = sorted((s for s in self.running if id(s) not in in_step), key=self._queue_key)
         preempted = {id(s) for s in out.preempted}
@@ -274,10 +277,11 @@ class Scheduler:
             seq.num_computed_tokens += n
             if samples:
                 seq.hold_pending_token(PENDING_TOKEN)
-                if self._reaches_length(seq, seq.num_tokens):
+                if self._reaches_length(seq, len(seq.token_ids)):
                     ending.add(id(seq))
         out = self.schedule(leave_out=ending)
-        self._fed = {id(s) for s in out.seqs if s.has_pending_token}
+        bs = self.block_manager.block_size
+        self._fills_block = {id(s) for s in out.seqs if s.has_pending_token and (s.num_computed_tokens + 1) % bs == 0}
         return out
 
     def _steady_decode(self, last: SchedulerOutput) -> bool:
@@ -326,7 +330,7 @@ class Scheduler:
         """
         advanced = []
         finished = SequenceStatus.FINISHED
-        fed, self._fed = self._fed, set()  # the step scheduled ahead of this one's tokens
+        fills_block, self._fills_block = self._fills_block, set()  # from the step scheduled ahead of these tokens
         for seq, n, token in zip(out.seqs, out.num_new_tokens, sampled):
             if seq.status is finished:
                 continue
@@ -336,7 +340,7 @@ class Scheduler:
                 continue
             if seq.has_pending_token:
                 seq.set_pending_token(token)
-                if id(seq) in fed:  # the step ahead computes this token: the block it ends is known now
+                if id(seq) in fills_block:  # the step ahead computes this token: the block it ends is known now
                     self.block_manager.register_full_blocks(seq, seq.num_computed_tokens + 1)
             else:
                 seq.append_token(token)
