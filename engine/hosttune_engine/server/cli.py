@@ -21,8 +21,9 @@ from hosttune_engine.server.config import ServerConfig
 
 # The engine thread's host work (collect, schedule, launch) and the event loop thread's streaming share the
 # interpreter lock. A thread that wants it waits for the holder to drop it, at worst a whole switch
-# interval (5 ms by default): on an H200 with 64 streaming users, a mixed step (whose host work cannot
-# overlap the step before) took 5-7 ms longer in the server than alone. A shorter interval bounds that wait.
+# interval (5 ms by default): on an H200 with 64 streaming users, mixed steps took 5-7 ms longer in the
+# server than alone (measured while their host work still ran between steps, before they were launched
+# ahead of the step before). A shorter interval bounds that wait.
 SWITCH_INTERVAL_S = 0.0005
 
 
