@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from hosttune_engine.core.sequence import Sequence
-from hosttune_engine.core.staging import Staging
+from hosttune_engine.core.staging import Staging, fed_ids
 from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.layers.attention import AttentionMetadata
 
@@ -142,8 +142,7 @@ class DecodeInputs:
 
     def input_ids(self, batch: int, previous: torch.Tensor) -> torch.Tensor:
         """The step's input tokens on the device: the host's, or for fed rows the previous step's."""
-        ids, feed = self.token_ids[:batch], self.feed[:batch]
-        return torch.where(feed >= 0, previous[feed.clamp(min=0)], ids)
+        return fed_ids(self.token_ids[:batch], self.feed[:batch], previous)
 
     def metadata(self, batch: int, num_splits: int) -> AttentionMetadata:
         return AttentionMetadata(slot_mapping=self.slots[:batch], num_prefill_tokens=0,

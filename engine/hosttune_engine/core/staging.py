@@ -58,3 +58,9 @@ class Uploads:
         self._copied = torch.cuda.Event()
         self._copied.record()
         return out
+
+
+def fed_ids(ids: torch.Tensor, feed: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """The step's token ids on the device: `ids`, except where `feed` >= 0, which takes row `feed` of
+    `source` (the previous step's tokens, still on the device)."""
+    return torch.where(feed >= 0, source[feed.clamp(min=0)].to(ids.dtype), ids)

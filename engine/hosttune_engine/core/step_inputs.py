@@ -17,7 +17,7 @@ import torch
 
 from hosttune_engine.core.scheduler import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
-from hosttune_engine.core.staging import Uploads
+from hosttune_engine.core.staging import Uploads, fed_ids
 from hosttune_engine.kernels.decode_attention import choose_num_splits
 from hosttune_engine.layers.attention import AttentionMetadata
 
@@ -84,7 +84,7 @@ def plan_step(sched: SchedulerOutput, block_size: int, feed: list[int] | None = 
 def feed_tokens(ids: torch.Tensor, feed: torch.Tensor, source: torch.Tensor) -> None:
     """Where `feed` >= 0, replace the token id in `ids` (in place) by row `feed` of `source`, the previous
     step's tokens on the device; enqueued, not waited for."""
-    ids.copy_(torch.where(feed >= 0, source[feed.clamp(min=0)].to(ids.dtype), ids))
+    ids.copy_(fed_ids(ids, feed, source))
 
 
 def pack_step(sched: SchedulerOutput, block_size: int, device: torch.device, num_kv_heads: int,
