@@ -10,7 +10,6 @@ in one launch. Steps of more rows, and the torch backend, run as before.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -18,46 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from hosttune_engine.kernels.gemv import gemv, gemv_rmsnorm, gemv_swiglu
-from hosttune_engine.kernels.rmsnorm import rms_norm
-from hosttune_engine.kernels.swiglu import swiglu
 from hosttune_engine.kernels.tuning import launch_config
+from hosttune_engine.layers.deferred import DeferredRMSNorm, DeferredSwiGLU, materialized, source_of
 
 GEMV_DEFAULT = {"BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
 DEFERRING = ("input_layernorm", "post_attention_layernorm", "mlp.act")  # each feeds exactly one projection
-
-
-@dataclass
-class DeferredRMSNorm:
-    """RMSNorm(x (+ residual)) not computed yet; `residual_out` receives x + residual when it is."""
-
-    x: torch.Tensor  # [1, H]
-    weight: torch.Tensor
-    eps: float
-    residual: torch.Tensor | None = None
-    residual_out: torch.Tensor | None = None
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.x.shape
-
-    def materialize(self) -> torch.Tensor:
-        if self.residual is None:
-            return rms_norm(self.x, self.weight, self.eps)
-        out, new_residual = rms_norm(self.x, self.weight, self.eps, residual=self.residual)
-        self.residual_out.copy_(new_residual)
-        return out
-
-
-@dataclass
-class DeferredSwiGLU:
-    gate_up: torch.Tensor  # [1, 2I]
-
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((self.gate_up.shape[0], self.gate_up.shape[1] // 2))
-
-    def materialize(self) -> torch.Tensor:
-        return swiglu(self.gate_up)
 
 
 def runs_one_row(layer: nn.Module, x) -> bool:
@@ -66,15 +30,7 @@ def runs_one_row(layer: nn.Module, x) -> bool:
 
 
 def _on_gpu(x) -> bool:  # tests point this at the CPU to run the path under the Triton interpreter
-    return (x.x if isinstance(x, DeferredRMSNorm) else x.gate_up if isinstance(x, DeferredSwiGLU) else x).is_cuda
-
-
-def defer_rms_norm(x, weight, eps, residual=None):
-    """What RMSNorm returns under the transform for one CUDA row: the deferred norm (and the new residual)."""
-    if residual is None:
-        return DeferredRMSNorm(x, weight, eps)
-    deferred = DeferredRMSNorm(x, weight, eps, residual, torch.empty_like(x))
-    return deferred, deferred.residual_out
+    return source_of(x).is_cuda
 
 
 def use_gemv_for_one_row(model: nn.Module) -> None:
@@ -105,9 +61,7 @@ def _linear_forward(module: nn.Linear, x) -> torch.Tensor:
         if isinstance(x, DeferredSwiGLU):
             return gemv_swiglu(x.gate_up, w, b, config=cfg)
         return gemv(x, w, b, config=cfg)
-    if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)):
-        x = x.materialize()
-    return F.linear(x, w, b)
+    return F.linear(materialized(x), w, b)
 
 
 def _logits_forward(model: nn.Module, original, hidden: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from hosttune_engine.kernels.gemv import RMSNORM, RMSNORM_RESIDUAL, SWIGLU
 from hosttune_engine.kernels.int4_gemv import DEFAULT as INT4_GEMV_DEFAULT
 from hosttune_engine.kernels.int4_gemv import int4_gemv
 from hosttune_engine.kernels.tuning import batch_bucket, launch_config
-from hosttune_engine.layers.one_row import DeferredRMSNorm, DeferredSwiGLU
+from hosttune_engine.layers.deferred import DEFERRED, DeferredRMSNorm, DeferredSwiGLU, materialized, source_of
 
 GEMV_ROWS = 4
 FP8_MM_DEFAULT = {"METHOD": "unit"}
@@ -41,20 +41,21 @@ def _config(kernel: str, x: torch.Tensor, n: int, k: int, default: dict) -> dict
 
 
 def _one_row(kernel: str, fn, default: dict, weights: tuple, n: int, k: int, x):
-    """Up to GEMV_ROWS rows, or a deferred RMSNorm / SwiGLU row, through the GEMV; None for more rows."""
-    if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)):
-        return gemv_one_row(fn, _config(kernel, x.x if isinstance(x, DeferredRMSNorm) else x.gate_up, n, k, default),
-                            weights, x)
-    if x.shape[0] <= GEMV_ROWS:
+    """Up to GEMV_ROWS rows through the GEMV, a deferred RMSNorm / SwiGLU row computed in its prologue (the
+    prologues take one row: more deferred rows are computed first); None for more rows."""
+    if x.shape[0] > GEMV_ROWS:
+        return None
+    if isinstance(x, DEFERRED) and x.shape[0] > 1:
+        x = x.materialize()
+    if not isinstance(x, DEFERRED):
         x = x.contiguous()
-        return gemv_one_row(fn, _config(kernel, x, n, k, default), weights, x)
-    return None
+    return gemv_one_row(fn, _config(kernel, source_of(x), n, k, default), weights, x)
 
 
 def gemv_one_row(fn, cfg: dict, weights: tuple, x) -> torch.Tensor:
     """fn (a quantized GEMV) on x: rows, or a deferred RMSNorm / SwiGLU row computed in its prologue, or first by
     its own kernels when the config says FUSE 0 (what the tuner found faster for that GEMV)."""
-    if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)) and not cfg.get("FUSE", 1):
+    if isinstance(x, DEFERRED) and not cfg.get("FUSE", 1):
         x = x.materialize()
     if isinstance(x, DeferredRMSNorm):
         prologue = RMSNORM if x.residual is None else RMSNORM_RESIDUAL
@@ -66,13 +67,14 @@ def gemv_one_row(fn, cfg: dict, weights: tuple, x) -> torch.Tensor:
 
 
 def fp8_linear(layer, x) -> torch.Tensor:
-    """x [T, K], or a deferred RMSNorm / SwiGLU row, which the GEMV computes in its prologue."""
+    """x [T, K], or a deferred RMSNorm / SwiGLU (a row the GEMV computes in its prologue; more rows are
+    computed first)."""
     weights = (layer.weight, layer.weight_scale, layer.scale_row, layer.block_k, layer.bias)
     n, k = layer.out_features, layer.in_features
     y = _one_row("fp8_gemv", fp8_gemv, FP8_GEMV_DEFAULT, weights, n, k, x)
     if y is not None:
         return y
-    x = x.contiguous()
+    x = materialized(x).contiguous()
     method = _fp8_mm_method(layer, x)
     if method != "w8a16":
         rowwise = method == "rowwise"
@@ -95,5 +97,5 @@ def int4_linear(layer, x) -> torch.Tensor:
     y = _one_row("int4_gemv", int4_gemv, INT4_GEMV_DEFAULT, weights, n, k, x)
     if y is not None:
         return y
-    x = x.contiguous()
+    x = materialized(x).contiguous()
     return w4a16_gemm(x, *weights, _config("w4a16_gemm", x, n, k, GEMM_DEFAULT))

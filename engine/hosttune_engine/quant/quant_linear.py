@@ -8,7 +8,7 @@ from torch import nn
 
 from hosttune_engine.errors import ModelLoadError
 from hosttune_engine.layers.backend import KernelLayer
-from hosttune_engine.layers.one_row import DeferredRMSNorm, DeferredSwiGLU
+from hosttune_engine.layers.deferred import materialized, source_of
 from hosttune_engine.quant.layouts import checkpoint_tensors, require_layout
 from hosttune_engine.quant.spec import QuantSpec
 
@@ -16,7 +16,7 @@ WHOLE = None  # the shard name of an unfused layer
 
 
 def _on_gpu(x) -> bool:  # tests point this at the CPU to run the kernels under the interpreter
-    return (x.x if isinstance(x, DeferredRMSNorm) else x.gate_up if isinstance(x, DeferredSwiGLU) else x).is_cuda
+    return source_of(x).is_cuda
 
 
 class QuantLinear(KernelLayer):
@@ -73,11 +73,10 @@ class QuantLinear(KernelLayer):
         """Derive what the kernels need once every tensor is in (nothing, unless a layer says otherwise)."""
 
     def forward(self, x) -> torch.Tensor:
-        """x [T, K] (or the one-row transform's deferred norm or SwiGLU) -> [T, N] in x's dtype."""
+        """x [T, K] (or a deferred norm or SwiGLU: layers/deferred.py) -> [T, N] in x's dtype."""
         if self.use_triton and _on_gpu(x):
             return self.kernel_forward(x)
-        if isinstance(x, (DeferredRMSNorm, DeferredSwiGLU)):
-            x = x.materialize()
+        x = materialized(x)
         return torch.nn.functional.linear(x, self.dequantized(x.dtype), self.bias)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:

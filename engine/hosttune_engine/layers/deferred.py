@@ -1,0 +1,91 @@
+"""Inputs a layer hands its consumer uncomputed: RMSNorm (with the residual add) and SwiGLU.
+
+The layer before a projection is small and streams its rows once; the projection that consumes it can
+compute it on the way in (the one-row GEMV's prologue, the FP8 GEMM's activation quantization), saving a
+launch and a round trip of its output through memory. A norm or activation returns a deferred input only
+where a transform said its one consumer takes them (layers/one_row.py for one-row steps,
+quant/transform.py `defer_to_fp8_inputs` for FP8-activation projections at any row count). A consumer
+without a fused form calls `materialize()`. A deferred input is made and consumed inside one model segment
+(the norms before qkv_proj and gate_up_proj, the activation before down_proj), so it never crosses the
+piecewise graphs' boundaries (core/mixed_graphs.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hosttune_engine.kernels.rmsnorm import rms_norm
+from hosttune_engine.kernels.swiglu import swiglu
+
+
+@dataclass
+class DeferredRMSNorm:
+    """RMSNorm(x (+ residual)) not computed yet; `residual_out` receives x + residual when it is."""
+
+    x: torch.Tensor  # [T, H]
+    weight: torch.Tensor
+    eps: float
+    residual: torch.Tensor | None = None
+    residual_out: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.x.shape
+
+    @property
+    def source(self) -> torch.Tensor:
+        return self.x
+
+    def materialize(self) -> torch.Tensor:
+        if self.residual is None:
+            return rms_norm(self.x, self.weight, self.eps)
+        out, new_residual = rms_norm(self.x, self.weight, self.eps, residual=self.residual)
+        self.residual_out.copy_(new_residual)
+        return out
+
+
+@dataclass
+class DeferredSwiGLU:
+    gate_up: torch.Tensor  # [T, 2I]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.gate_up.shape[0], self.gate_up.shape[1] // 2))
+
+    @property
+    def source(self) -> torch.Tensor:
+        return self.gate_up
+
+    def materialize(self) -> torch.Tensor:
+        return swiglu(self.gate_up)
+
+
+DEFERRED = (DeferredRMSNorm, DeferredSwiGLU)
+
+
+def source_of(x) -> torch.Tensor:
+    """The tensor a (possibly deferred) input is computed from: its device, dtype and row count."""
+    return x.source if isinstance(x, DEFERRED) else x
+
+
+def materialized(x) -> torch.Tensor:
+    return x.materialize() if isinstance(x, DEFERRED) else x
+
+
+def defer_rms_norm(x, weight, eps, residual=None):
+    """What RMSNorm returns when it defers: the deferred norm (and the new residual, filled when computed)."""
+    if residual is None:
+        return DeferredRMSNorm(x, weight, eps)
+    deferred = DeferredRMSNorm(x, weight, eps, residual, torch.empty_like(x))
+    return deferred, deferred.residual_out
+
+
+def runs_batched(layer, x) -> bool:
+    """Whether a layer set to defer at any row count does: the Triton backend is on and x is on a GPU."""
+    return layer.use_triton and x.shape[0] > 0 and _on_gpu(x)
+
+
+def _on_gpu(x) -> bool:  # tests point this at the CPU to run the path under the Triton interpreter
+    return source_of(x).is_cuda
