@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hosttune_engine.cache.block_manager import BlockManager
+from hosttune_engine.core import kernel_compiles
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.detokenizer import IncrementalDetokenizer
 from hosttune_engine.core.messages import AbortRequest, EngineRequest, EngineStats, TokenLogprob, TokenOutput
@@ -73,6 +74,7 @@ class Engine:
         self.config = config
         self.model_config = ModelConfig.from_folder(config.model)
         self.tokenizer = _load_tokenizer(config)
+        self.kernel_compiles = kernel_compiles.install()  # before the first kernel launch
         self.workers = None
         self.runner = self._start_runner()
         self.max_model_len = self.runner.max_model_len
@@ -309,6 +311,7 @@ class Engine:
             prefix_cache_queries_total=bm.num_prefix_queries, prefix_cache_hits_total=bm.num_prefix_hits,
             num_preemptions_total=self.scheduler.num_preemptions, prompt_tokens_total=self._prompt_tokens,
             generation_tokens_total=self._generation_tokens, num_finished_total=self._finished,
+            kernel_compiles_total=self.kernel_compiles.total if self.kernel_compiles is not None else None,
         )
 
 

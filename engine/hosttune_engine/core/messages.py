@@ -69,3 +69,4 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     num_finished_total: int
+    kernel_compiles_total: int | None = None  # Triton kernel variants built so far (None: not counted here)

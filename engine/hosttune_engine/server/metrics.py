@@ -2,9 +2,12 @@
 
 Latencies are histograms with vLLM's buckets, observed once per finished
 sequence; engine counters and gauges are read from `EngineStats` at scrape
-time. Our one addition is `vllm:num_requests_rejected_total{reason}` (429s
-while overloaded, 503s while starting or draining). Each server has its own
-prometheus-client registry, written in the text format at every scrape.
+time. Our additions: `vllm:num_requests_rejected_total{reason}` (429s while
+overloaded, 503s while starting or draining) and
+`hosttune:kernel_compiles_total` (Triton kernel variants built since the server
+became ready: each one is a shape warmup missed, and the steps then running
+waited for it). Each server has its own prometheus-client registry, written in
+the text format at every scrape.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ COUNTERS = (  # exposed with a _total suffix
     ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries_total"),
     ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits_total"),
     ("vllm:num_preemptions", "Sequences preempted (KV blocks freed, recomputed later).", "num_preemptions_total"),
+    ("hosttune:kernel_compiles", "Triton kernel variants built while serving (each one stalled the steps then "
+     "running; warmup should leave none).", "kernel_compiles_total"),
 )
 HISTOGRAMS = (  # (attribute, name, help, buckets)
     ("ttft", "vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS),
@@ -85,7 +90,8 @@ class _EngineStatsCollector:
         for name, help_, field in GAUGES:
             yield self._family(GaugeMetricFamily, name, help_, field)
         for name, help_, field in COUNTERS:
-            yield self._family(CounterMetricFamily, name, help_, field)
+            if getattr(self.stats, field) is not None:  # None: this engine does not count it
+                yield self._family(CounterMetricFamily, name, help_, field)
 
     def _family(self, kind, name: str, help_: str, field: str):
         family = kind(name, help_, labels=["model_name"])
@@ -140,7 +146,8 @@ class Metrics:
     def _since_baseline(self, stats: EngineStats) -> EngineStats:
         if self.baseline is None:
             return stats
-        return replace(stats, **{f: getattr(stats, f) - getattr(self.baseline, f) for f in BASELINED})
+        return replace(stats, **{f: getattr(stats, f) - (getattr(self.baseline, f) or 0) for f in BASELINED
+                                 if getattr(stats, f) is not None})
 
     def render(self, stats: EngineStats) -> str:
         """The Prometheus text format: engine gauges and counters as of `stats`, then the server's own."""

@@ -131,8 +131,15 @@ class Server:
                 seconds = await self._until_stopped(warm_up(client, self._warmup_plan(engine, client)))
                 if seconds is None:
                     return False
-                log.info("warmup done in %.1f s", seconds)
-            return await self._measure_step_costs(engine, client)
+                log.info("warmup done in %.1f s (%s)", sum(seconds.values()),
+                         ", ".join(f"{name} {s:.2f}" for name, s in seconds.items()))
+            if not await self._measure_step_costs(engine, client):
+                return False
+            compiles = getattr(engine, "kernel_compiles", None)
+            if compiles is not None:
+                compiles.mark_ready()  # from here each kernel built is a shape warmup missed
+                log.info("%d kernel variants built during start, %.1f s of it", compiles.total, compiles.seconds)
+            return True
         except Exception as e:
             self.fail(e)
             return False
@@ -154,9 +161,10 @@ class Server:
     def _warmup_plan(self, engine, client: EngineClient):
         cfg = self.config.engine
         kv_tokens = client.stats().num_kv_blocks * cfg.block_size
+        graphs = engine.runner.graphs
         return warmup_plan(cfg.max_num_seqs, engine.max_model_len, cfg.max_num_batched_tokens, kv_tokens,
                            engine.model_config.vocab_size, engine.runner.device.type == "cuda",
-                           cfg.enable_prefix_caching)
+                           cfg.enable_prefix_caching, graphs.sizes if graphs is not None and graphs.use_graphs else None)
 
     async def _until_stopped(self, awaitable):
         """The awaitable's result, or None if stop() or fail() came first."""

@@ -1,6 +1,7 @@
 """Metrics text, admission counting and the throughput window, as data (no server needed)."""
 
 import re
+from dataclasses import replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -71,6 +72,17 @@ def test_baseline_hides_warmup_tokens():
     samples = _samples(m.render(STATS))
     assert samples["vllm:generation_tokens_total", ()] == 0
     assert samples["vllm:num_requests_running", ()] == 3  # gauges are not offset
+
+
+def test_kernel_compiles_count_from_ready_and_only_where_counted():
+    """Warmup's compiles are the baseline; the ones after it show a shape warmup missed. An engine that
+    cannot count them (no Triton hooks) exposes no such series rather than a 0."""
+    m = Metrics("m")
+    assert not any(name.startswith("hosttune:kernel_compiles") for name, _ in _samples(m.render(STATS)))
+    warm = replace(STATS, kernel_compiles_total=41)
+    m.set_baseline(warm)
+    assert _samples(m.render(warm))["hosttune:kernel_compiles_total", ()] == 0
+    assert _samples(m.render(replace(warm, kernel_compiles_total=43)))["hosttune:kernel_compiles_total", ()] == 2
 
 
 def test_admission_counts_sequences():
