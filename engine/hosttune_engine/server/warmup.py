@@ -11,15 +11,20 @@ and that first request pays about a second for it. So warmup runs, in order:
    paged path (without it they would only repeat the prefills, at up to a second
    each for the longest context; the prompt longer than the token budget takes the
    paged path in its second chunk);
-3. staggered arrivals, so steps mix prefills with decodes;
-4. a ramp of decodes, request i stopping after i + 1 tokens, so every batch
-   size up to the warmup batch decodes once (graphs replayed, or kernels
-   specialised per batch size); two of them decode at the longest context; the
-   sampling paths rotate (greedy, temperature with top-p, top-k with a seed,
-   logprobs).
+3. staggered arrivals, so steps mix prefills with decodes (up to 64 at a time:
+   past 33 decodes on a 132-SM GPU a step's decode attention takes its one-split
+   form, and the mixed steps' graphs were all captured at start);
+4. a ramp of decodes, requests stopping one after another so that each batch size
+   that has kernels of its own decodes once: every captured decode graph's size
+   (its kernels were built when it was captured; a first replay still pays for
+   itself) and every size past the largest, or, without graphs, every size up to
+   the warmup batch; two of them decode at the longest context; the sampling
+   paths rotate (greedy, temperature with top-p, top-k with a seed, logprobs).
 
 An H200 run of the first version (only a long prefill and the ramp) showed
 1.1-1.4 s first-request TTFTs for shape classes it had missed; this one covers them.
+Whatever it still misses shows up as `hosttune:kernel_compiles_total` in /metrics
+and a warning naming the kernel (core/kernel_compiles.py).
 
 On CPU the engine runs the torch references, which compile nothing: the warmup only
 proves that the model generates, through each step kind once (a prefill, a prefix hit,
@@ -41,6 +46,7 @@ from hosttune_engine.server.engine_client import EngineClient, RequestFailed
 
 MAX_CUDA_BATCH = 512
 MAX_CPU_BATCH = 4  # the CPU path compiles nothing; a short warmup proves it generates
+MAX_MIXED = 64  # staggered requests beside each other (CUDA)
 PREFILL_LENGTHS = (37, 512, 1500, 2048, 4001, 4096)
 PREFIX_EXTRA = 7
 CPU_MAX_PROMPT = 64  # tokens: the longest warmup prompt on CPU
@@ -62,7 +68,10 @@ def _sampling(i: int, max_tokens: int) -> SamplingParams:
 
 
 def warmup_plan(max_batch: int, max_model_len: int, max_num_batched_tokens: int, kv_tokens: int,
-                vocab_size: int, on_cuda: bool, prefix_caching: bool = True) -> list[WarmupGroup]:
+                vocab_size: int, on_cuda: bool, prefix_caching: bool = True,
+                graph_sizes: list[int] | None = None) -> list[WarmupGroup]:
+    """The groups to run, in order. `graph_sizes`: the batch sizes of the captured decode graphs (None: no
+    graphs, so the ramp decodes at every batch size)."""
     rng = random.Random(0)
 
     room = min(max_model_len, kv_tokens) - 2  # prompt + generated tokens must fit both
@@ -85,28 +94,42 @@ def warmup_plan(max_batch: int, max_model_len: int, max_num_batched_tokens: int,
     batch = min(max_batch, MAX_CUDA_BATCH if on_cuda else MAX_CPU_BATCH)
     longest_mixed, most_tokens = (300, 33) if on_cuda else (CPU_MAX_PROMPT // 2, 5)
     mixed = []
-    for i in range(batch):
+    for i in range(min(batch, MAX_MIXED)):
         ids = tokens(rng.randrange(8, max(9, min(longest_mixed, room - 40))))
         max_tokens = max(1, min(rng.randrange(min(8, most_tokens - 1), most_tokens), room - len(ids)))
         mixed.append(EngineRequest(f"warmup-mixed-{i}", ids, _sampling(i, max_tokens)))
     groups.append(WarmupGroup("mixed", tuple(mixed), stagger_s=0.004 if on_cuda else 0.0))
-    groups.append(WarmupGroup("decode-ramp", _ramp(batch, room, prompts[lengths[-1]], tokens)))
+    groups.append(WarmupGroup("decode-ramp", _ramp(_ramp_sizes(batch, graph_sizes if on_cuda else None), room,
+                                                   prompts[lengths[-1]], tokens)))
     return groups
 
 
-def _ramp(batch: int, room: int, longest: list[int], tokens) -> tuple[EngineRequest, ...]:
+def _ramp_sizes(batch: int, graph_sizes: list[int] | None) -> list[int]:
+    """The batch sizes the ramp decodes at: each captured graph's and every one past the largest, or all."""
+    if not graph_sizes:
+        return list(range(1, batch + 1))
+    return sorted({s for s in graph_sizes if s < batch} | set(range(max(graph_sizes) + 1, batch + 1)) | {batch})
+
+
+def _ramp(sizes: list[int], room: int, longest: list[int], tokens) -> tuple[EngineRequest, ...]:
+    """One request per sequence of the largest batch; decode step t runs the ones with more than t tokens to
+    make, so a request that the sizes put in r steps asks for r + 1 (the first token comes from its prefill).
+    The two at the longest context stop first."""
+    batch = max(sizes)
+    steps = sorted(1 + sum(s > i for s in sizes) for i in range(batch))
     requests = []
-    for i in range(batch):
+    for i, n in enumerate(steps):
         ids = (longest + tokens(2))[:max(1, room - 2)] if i < 2 else tokens(8 + 8 * (i % 8))
-        max_tokens = max(1, min(i + 1, room - len(ids)))
+        max_tokens = max(1, min(n, room - len(ids)))
         requests.append(EngineRequest(f"warmup-ramp-{i}", ids, _sampling(i, max_tokens)))
     return tuple(requests)
 
 
-async def warm_up(client: EngineClient, groups: list[WarmupGroup]) -> float:
-    """Run each group to the end through the engine loop, in order; returns the seconds it took."""
-    t0 = time.monotonic()
+async def warm_up(client: EngineClient, groups: list[WarmupGroup]) -> dict[str, float]:
+    """Run each group to the end through the engine loop, in order; returns the seconds each took."""
+    seconds = {}
     for group in groups:
+        t0 = time.monotonic()
         queue: asyncio.Queue = asyncio.Queue()
         for request in group.requests:
             client.submit(request, queue)
@@ -119,4 +142,5 @@ async def warm_up(client: EngineClient, groups: list[WarmupGroup]) -> float:
                 raise RuntimeError(f"warmup request {item.request_id} ({group.name}) failed: {item.error}")
             if item.finished:
                 unfinished.discard(item.request_id)
-    return time.monotonic() - t0
+        seconds[group.name] = time.monotonic() - t0
+    return seconds

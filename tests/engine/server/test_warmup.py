@@ -23,9 +23,32 @@ def test_cuda_plan_for_a_7b_server():
     assert sum(n.startswith("prefix-hit-") for n in names) == len(prefills)
     assert names[-2:] == ["mixed", "decode-ramp"] and plan[-2].stagger_s > 0
     ramp = plan[-1].requests
-    assert sorted(r.sampling.max_tokens for r in ramp[2:]) == list(range(3, 65))  # every batch size decodes
+    assert _decode_batches(ramp) == list(range(64, 0, -1))  # no graphs: every batch size decodes
     assert len(ramp[0].prompt_token_ids) > 8000  # a decode at the longest context
     _fits(plan, 8192, 131072, 152064)
+
+
+def _decode_batches(ramp) -> list[int]:
+    """The batch of each decode step, each request making its first token in its prefill."""
+    batches, t = [], 1
+    while n := sum(r.sampling.max_tokens > t for r in ramp):
+        batches.append(n)
+        t += 1
+    return batches
+
+
+def test_with_graphs_the_ramp_decodes_once_at_each_captured_size_and_past_them():
+    """A captured graph's kernels were built at its capture; sizes past the largest graph run eagerly."""
+    from hosttune_engine.core.cuda_graphs import capture_sizes
+
+    kw = dict(max_model_len=8192, max_num_batched_tokens=8192, kv_tokens=10**6, vocab_size=152064, on_cuda=True)
+    plan = warmup_plan(max_batch=256, graph_sizes=capture_sizes(256), **kw)
+    assert _decode_batches(plan[-1].requests) == capture_sizes(256)[::-1]
+    assert len(plan[-1].requests[1].prompt_token_ids) > 8000  # still two at the longest context
+    assert len(next(g for g in plan if g.name == "mixed").requests) == 64
+    plan = warmup_plan(max_batch=300, graph_sizes=capture_sizes(256), **kw)
+    assert _decode_batches(plan[-1].requests) == list(range(300, 256, -1)) + capture_sizes(256)[::-1]
+    _fits(plan, 8192, 10**6, 152064)
 
 
 def test_without_prefix_caching_the_plan_does_not_repeat_its_prefills():
