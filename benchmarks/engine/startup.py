@@ -3,15 +3,15 @@
 
 Starts `python -m hosttune_engine serve` (Qwen2.5-7B shape, bf16 dummy weights, the step budget on, as
 tail_latency.py's "new" server) `--runs` times in a row. For each start: the seconds from the process's
-start to /health 200, and to each phase the server logs (listening, model loaded, KV pool sized, decode /
-prefill / mixed-step graphs captured, warmup with its groups, step costs, ready); how many Triton kernel
-variants it built while starting and how long they took (a first start on a machine compiles them, later
-ones load them from Triton's compile cache under the user's home); then, on the ready server, one
-streaming request per prompt length one after another (their TTFTs), a burst of closed-loop streaming
-users with the default length mix, the same single requests again (the warm TTFTs), and
-`hosttune:kernel_compiles_total` from /metrics: variants built while serving, each one a shape warmup
-missed (the server's log names them). Writes OUT/results.json and each start's server log, and prints a
-table last.
+start to /health 200, and to each phase the server logs (listening, engine code imported, model loaded,
+KV pool sized, decode / prefill / mixed-step graphs captured, warmup with its groups, step costs, ready);
+how many Triton kernel variants it built while starting and how long they took (a first start on a
+machine compiles them, later ones load them from Triton's compile cache under the user's home); then, on
+the ready server, one streaming request per prompt length one after another (their TTFTs), a burst of
+closed-loop streaming users with the default length mix, the same single requests again (the warm
+TTFTs), and `hosttune:kernel_compiles_total` from /metrics: variants built while serving, each one a shape
+warmup missed (the server's log names them). Writes OUT/results.json and each start's server log, and
+prints a table last.
 
 Example (H200): python benchmarks/engine/startup.py --out $OUT
 CPU dry run (a tiny model): python benchmarks/engine/startup.py --out /tmp/startup --small
@@ -41,7 +41,7 @@ from hosttune.bench.loadgen import Load  # noqa: E402
 from hosttune.bench.metrics import summarize  # noqa: E402
 
 PHASES = (  # (name, what the server logs when the phase ends)
-    ("listening", r"listening on "), ("model", r"model loaded in "), ("kv_pool", r"KV pool sized in "),
+    ("listening", r"listening on "), ("imports", r"engine code imported in "), ("model", r"model loaded in "), ("kv_pool", r"KV pool sized in "),
     ("decode_graphs", r"decode graphs captured in "), ("prefill_graphs", r"prefill graphs captured in "),
     ("mixed_graphs", r"mixed-step graphs captured in "), ("warmup", r"warmup done in "),
     ("step_costs", r"step costs measured in "), ("ready", r"ready: serving "),

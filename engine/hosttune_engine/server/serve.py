@@ -14,6 +14,7 @@ import asyncio
 import logging
 import signal
 import threading
+import time
 
 from aiohttp import web
 
@@ -34,8 +35,10 @@ ABORT_GRACE_S = 2.0  # after the shutdown timeout, for aborted requests to send 
 
 
 def build_engine(config: EngineConfig):
-    from hosttune_engine.core.engine import Engine  # loads torch
+    start = time.perf_counter()
+    from hosttune_engine.core.engine import Engine  # loads torch and Triton
 
+    log.info("engine code imported in %.1f s", time.perf_counter() - start)
     return Engine(config, measure_step_costs=False)  # after warmup (Server._measure_step_costs)
 
 
