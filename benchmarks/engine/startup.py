@@ -41,7 +41,8 @@ from hosttune.bench.loadgen import Load  # noqa: E402
 from hosttune.bench.metrics import summarize  # noqa: E402
 
 PHASES = (  # (name, what the server logs when the phase ends)
-    ("listening", r"listening on "), ("imports", r"engine code imported in "), ("model", r"model loaded in "), ("kv_pool", r"KV pool sized in "),
+    ("listening", r"listening on "), ("imports", r"engine code imported in "), ("model", r"model loaded in "),
+    ("kv_pool", r"KV pool sized in "),
     ("decode_graphs", r"decode graphs captured in "), ("prefill_graphs", r"prefill graphs captured in "),
     ("mixed_graphs", r"mixed-step graphs captured in "), ("warmup", r"warmup done in "),
     ("step_costs", r"step costs measured in "), ("ready", r"ready: serving "),

@@ -165,9 +165,10 @@ class Server:
         cfg = self.config.engine
         kv_tokens = client.stats().num_kv_blocks * cfg.block_size
         graphs = engine.runner.graphs
+        captured = graphs.sizes if graphs is not None and graphs.use_graphs else None
         return warmup_plan(cfg.max_num_seqs, engine.max_model_len, cfg.max_num_batched_tokens, kv_tokens,
                            engine.model_config.vocab_size, engine.runner.device.type == "cuda",
-                           cfg.enable_prefix_caching, graphs.sizes if graphs is not None and graphs.use_graphs else None)
+                           cfg.enable_prefix_caching, captured)
 
     async def _until_stopped(self, awaitable):
         """The awaitable's result, or None if stop() or fail() came first."""
