@@ -96,18 +96,33 @@ def fp8_scaled_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias=
     `unit` is a fp32 scalar 1 on x's device (layers keep one, so a CUDA graph capture allocates none)."""
     check_tensor("x", x, 2, dtypes=(torch.bfloat16, torch.float16))
     check_tensor("w", w, 2, dtypes=(FP8,), device=x.device)
-    n, k = w.shape
-    check(x.shape[1] == k and x.is_contiguous() and w.is_contiguous(), "x [M, {}] and w [N, {}] must be "
-          "contiguous, got {} and {}", k, k, tuple(x.shape), tuple(w.shape))
-    check(k % 16 == 0 and n % 16 == 0, "FP8 tensor cores need K and N multiples of 16, got [{}, {}]", n, k)
-    check_tensor("w_scale", w_scale, 1, dtypes=(torch.float32,), device=x.device)
-    check(w_scale.shape[0] == n, "w_scale must be [{}]", n)
+    check(x.is_contiguous() and x.shape[1] == w.shape[1], "x [M, {}] must be contiguous, got {} (strides {})",
+          w.shape[1], tuple(x.shape), x.stride())
     xq, sx = quantize_per_token(x)
+    return fp8_mm(xq, sx, w, w_scale, bias, unit, rowwise, x.dtype)
+
+
+def fp8_mm(xq: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias, unit, rowwise: bool,
+           out_dtype: torch.dtype) -> torch.Tensor:
+    """(xq [M, K] e4m3 * sx [M, 1]) @ (w [N, K] e4m3 * w_scale [N]).T (+ bias) -> [M, N] in out_dtype: the
+    GEMM of fp8_scaled_mm on activations already quantized per token (quantize_per_token, kernels/fp8_inputs)."""
+    check_tensor("xq", xq, 2, dtypes=(FP8,))
+    check_tensor("w", w, 2, dtypes=(FP8,), device=xq.device)
+    n, k = w.shape
+    check(xq.shape[1] == k and xq.is_contiguous() and w.is_contiguous(), "xq [M, {}] and w [N, {}] must be "
+          "contiguous, got {} and {}", k, k, tuple(xq.shape), tuple(w.shape))
+    check(k % 16 == 0 and n % 16 == 0, "FP8 tensor cores need K and N multiples of 16, got [{}, {}]", n, k)
+    check_tensor("sx", sx, 2, dtypes=(torch.float32,), device=xq.device)
+    check(sx.shape == (xq.shape[0], 1) and sx.is_contiguous(), "sx must be [{}, 1] and contiguous, got {}",
+          xq.shape[0], tuple(sx.shape))
+    check_tensor("w_scale", w_scale, 1, dtypes=(torch.float32,), device=xq.device)
+    check(w_scale.shape[0] == n, "w_scale must be [{}]", n)
+    check(out_dtype in (torch.bfloat16, torch.float16), "out_dtype must be bf16 or fp16, got {}", out_dtype)
     if rowwise:
-        return torch._scaled_mm(xq, w.t(), scale_a=sx, scale_b=w_scale[None, :], bias=bias, out_dtype=x.dtype)
-    one = unit if unit is not None else torch.ones((), dtype=torch.float32, device=x.device)
+        return torch._scaled_mm(xq, w.t(), scale_a=sx, scale_b=w_scale[None, :], bias=bias, out_dtype=out_dtype)
+    one = unit if unit is not None else torch.ones((), dtype=torch.float32, device=xq.device)
     acc = torch._scaled_mm(xq, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    return scale_epilogue(acc, sx, w_scale, bias, x.dtype)
+    return scale_epilogue(acc, sx, w_scale, bias, out_dtype)
 
 
 def fp8_scaled_mm_ref(x, w, w_scale, bias=None) -> torch.Tensor:

@@ -63,6 +63,17 @@ class DeferredSwiGLU:
 
 
 DEFERRED = (DeferredRMSNorm, DeferredSwiGLU)
+# A layer that may defer (by how its module name ends) -> the one projection it feeds, in the same decoder layer.
+CONSUMERS = {"input_layernorm": "self_attn.qkv_proj", "post_attention_layernorm": "mlp.gate_up_proj",
+             "mlp.act": "mlp.down_proj"}
+
+
+def consumer_name(name: str) -> str | None:
+    """The module name of the projection a deferring layer `name` feeds, or None if it is not one."""
+    for end, consumer in CONSUMERS.items():
+        if name == end or name.endswith("." + end):
+            return name[:len(name) - len(end)] + consumer
+    return None
 
 
 def source_of(x) -> torch.Tensor:

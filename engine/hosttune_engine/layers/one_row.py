@@ -18,10 +18,10 @@ from torch import nn
 
 from hosttune_engine.kernels.gemv import gemv, gemv_rmsnorm, gemv_swiglu
 from hosttune_engine.kernels.tuning import launch_config
-from hosttune_engine.layers.deferred import DeferredRMSNorm, DeferredSwiGLU, materialized, source_of
+from hosttune_engine.layers.deferred import CONSUMERS, DeferredRMSNorm, DeferredSwiGLU, materialized, source_of
 
 GEMV_DEFAULT = {"BLOCK_N": 4, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
-DEFERRING = ("input_layernorm", "post_attention_layernorm", "mlp.act")  # each feeds exactly one projection
+DEFERRING = tuple(CONSUMERS)  # each feeds exactly one projection
 
 
 def runs_one_row(layer: nn.Module, x) -> bool:

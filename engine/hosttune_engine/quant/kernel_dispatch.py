@@ -19,7 +19,8 @@ from hosttune_engine.kernels.dequant_gemm import DEFAULT as GEMM_DEFAULT
 from hosttune_engine.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm
 from hosttune_engine.kernels.fp8_gemv import DEFAULT as FP8_GEMV_DEFAULT
 from hosttune_engine.kernels.fp8_gemv import fp8_gemv
-from hosttune_engine.kernels.fp8_scaled_mm import fp8_scaled_mm, supports_fp8_mm
+from hosttune_engine.kernels.fp8_inputs import rms_norm_fp8, swiglu_fp8
+from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token, supports_fp8_mm
 from hosttune_engine.kernels.gemv import RMSNORM, RMSNORM_RESIDUAL, SWIGLU
 from hosttune_engine.kernels.int4_gemv import DEFAULT as INT4_GEMV_DEFAULT
 from hosttune_engine.kernels.int4_gemv import int4_gemv
@@ -67,25 +68,41 @@ def gemv_one_row(fn, cfg: dict, weights: tuple, x) -> torch.Tensor:
 
 
 def fp8_linear(layer, x) -> torch.Tensor:
-    """x [T, K], or a deferred RMSNorm / SwiGLU (a row the GEMV computes in its prologue; more rows are
-    computed first)."""
+    """x [T, K], or a deferred RMSNorm / SwiGLU: a row the GEMV computes in its prologue; more rows, where the
+    layer takes FP8 activations, one kernel computes and quantizes per token (else they are computed first)."""
     weights = (layer.weight, layer.weight_scale, layer.scale_row, layer.block_k, layer.bias)
     n, k = layer.out_features, layer.in_features
     y = _one_row("fp8_gemv", fp8_gemv, FP8_GEMV_DEFAULT, weights, n, k, x)
     if y is not None:
         return y
-    x = materialized(x).contiguous()
-    method = _fp8_mm_method(layer, x)
-    if method != "w8a16":
-        rowwise = method == "rowwise"
-        return fp8_scaled_mm(x, layer.weight, layer.row_scale, layer.bias, layer.unit_scale, rowwise=rowwise)
-    return w8a16_gemm(x, *weights, _config("w8a16_gemm", x, n, k, GEMM_DEFAULT))
+    method = _fp8_mm_method(layer, source_of(x))
+    if method == "w8a16":
+        x = materialized(x).contiguous()
+        return w8a16_gemm(x, *weights, _config("w8a16_gemm", x, n, k, GEMM_DEFAULT))
+    xq, sx = fp8_rows(x)
+    return fp8_mm(xq, sx, layer.weight, layer.row_scale, layer.bias, layer.unit_scale, method == "rowwise",
+                  source_of(x).dtype)
+
+
+def fp8_rows(x) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] or a deferred RMSNorm / SwiGLU -> (e4m3 [T, K], fp32 per-token scales [T, 1]), in one kernel."""
+    if isinstance(x, DeferredRMSNorm):
+        return rms_norm_fp8(x.x, x.weight, x.eps, x.residual, x.residual_out)
+    if isinstance(x, DeferredSwiGLU):
+        return swiglu_fp8(x.gate_up)
+    return quantize_per_token(x.contiguous())
+
+
+def takes_fp8_activations(layer) -> bool:
+    """Whether a loaded FP8 layer may run on FP8 tensor cores: its scheme quantizes activations, it has one
+    scale per output row, and its shape suits them (the GPU and the activations' dtype decide per call)."""
+    return (layer.spec.fp8_activations and layer.row_scale is not None and layer.in_features % 16 == 0
+            and layer.out_features % 16 == 0)
 
 
 def _fp8_mm_method(layer, x) -> str:
     """"unit", "rowwise" (FP8 tensor cores) or "w8a16" for a batched FP8 layer."""
-    if not (layer.spec.fp8_activations and layer.row_scale is not None and x.dtype != torch.float32
-            and supports_fp8_mm(x.device) and layer.in_features % 16 == 0 and layer.out_features % 16 == 0):
+    if not (takes_fp8_activations(layer) and x.dtype != torch.float32 and supports_fp8_mm(x.device)):
         return "w8a16"
     return launch_config("fp8_mm", _key(x), x.device, FP8_MM_DEFAULT)["METHOD"]
 

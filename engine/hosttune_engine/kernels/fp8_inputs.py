@@ -1,0 +1,121 @@
+"""RMSNorm (with the residual add) and SwiGLU that write an FP8 GEMM's input: per-token e4m3 rows and their
+fp32 scales, in one kernel instead of the layer's and quantize_per_token's (kernels/fp8_scaled_mm.py).
+
+The arithmetic is the unfused kernels', roundings included: the norm's or activation's output is rounded to
+the activations' dtype, then quantized (scale = amax / 448 over the row, q = x / scale in e4m3). So the rows
+and scales equal what rms_norm or swiglu followed by quantize_per_token write.
+
+One program per row. The norm holds its row in registers (as kernels/rmsnorm.py does); the SwiGLU's rows are
+longer (18,944 for a 7B model), so it walks them twice, the amax and then the quantized values, the second
+pass reading gate | up again (from L2 at decode batch sizes).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, check_tensor, next_pow2
+from hosttune_engine.kernels.fp8_scaled_mm import FP8, quantize_per_token_ref
+from hosttune_engine.kernels.rmsnorm import rms_norm_ref
+from hosttune_engine.kernels.swiglu import swiglu_ref
+
+SWIGLU_BLOCK = 2048
+
+
+@triton.jit
+def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, stride_x, stride_r, stride_ro,
+                         n_cols, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+        s = (x + r).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * stride_ro + cols, s, mask=mask)
+        x = s.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = (x * rstd * w).to(x_ptr.dtype.element_ty).to(tl.float32)  # the unfused norm's output rounding
+    scale = tl.maximum(tl.max(tl.abs(y), 0), 1e-12) / 448.0
+    tl.store(s_ptr + row, scale)
+    q = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)
+    tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+                 residual_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, H] (+ residual [T, H]) -> (e4m3 [T, H], fp32 scales [T, 1]) of RMSNorm(x (+ residual)) * weight;
+    with a residual, x + residual goes into `residual_out` [T, H] (contiguous, x's dtype)."""
+    check_tensor("x", x, 2, dtypes=(torch.bfloat16, torch.float16, torch.float32))
+    check_last_dim_contiguous("x", x)
+    check_tensor("weight", weight, 1, device=x.device)
+    check(weight.shape[0] == x.shape[1] and weight.is_contiguous(), "weight must be [{}] and contiguous, got {}",
+          x.shape[1], tuple(weight.shape))
+    check((residual is None) == (residual_out is None), "residual and residual_out go together")
+    if residual is not None:
+        for name, t in (("residual", residual), ("residual_out", residual_out)):
+            check_tensor(name, t, 2, dtypes=(x.dtype,), device=x.device)
+            check(t.shape == x.shape, "{} shape {} != x shape {}", name, tuple(t.shape), tuple(x.shape))
+            check_last_dim_contiguous(name, t)
+    t, h = x.shape
+    q = torch.empty((t, h), dtype=FP8, device=x.device)
+    scale = torch.empty((t, 1), dtype=torch.float32, device=x.device)
+    if t:
+        r = residual if residual is not None else x
+        ro = residual_out if residual_out is not None else x
+        _rms_norm_fp8_kernel[(t,)](x, r, weight, q, scale, ro, x.stride(0), r.stride(0), ro.stride(0), h, eps,
+                                   HAS_RESIDUAL=residual is not None, BLOCK=next_pow2(h),
+                                   num_warps=min(16, max(4, next_pow2(h) // 512)))
+    return q, scale
+
+
+def rms_norm_fp8_ref(x, weight, eps, residual=None):
+    """(e4m3, scales) and, with a residual, the new residual: rms_norm_ref then quantize_per_token_ref."""
+    if residual is None:
+        return quantize_per_token_ref(rms_norm_ref(x, weight, eps))
+    out, new_residual = rms_norm_ref(x, weight, eps, residual)
+    return (*quantize_per_token_ref(out), new_residual)
+
+
+@triton.jit
+def _silu_mul(x_ptr, row, stride_x, n_cols, offs, mask):
+    g = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(x_ptr + row * stride_x + n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+    return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)  # swiglu's output rounding
+
+
+@triton.jit
+def _swiglu_fp8_kernel(x_ptr, q_ptr, s_ptr, stride_x, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    amax = tl.zeros([BLOCK], tl.float32)
+    for c0 in range(0, n_cols, BLOCK):
+        offs = c0 + tl.arange(0, BLOCK)
+        amax = tl.maximum(amax, tl.abs(_silu_mul(x_ptr, row, stride_x, n_cols, offs, offs < n_cols)))
+    scale = tl.maximum(tl.max(amax, 0), 1e-12) / 448.0
+    tl.store(s_ptr + row, scale)
+    for c0 in range(0, n_cols, BLOCK):
+        offs = c0 + tl.arange(0, BLOCK)
+        y = _silu_mul(x_ptr, row, stride_x, n_cols, offs, offs < n_cols)
+        q = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)
+        tl.store(q_ptr + row * n_cols + offs, q.to(q_ptr.dtype.element_ty), mask=offs < n_cols)
+
+
+def swiglu_fp8(x: torch.Tensor, block: int = SWIGLU_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, 2I] (gate then up) -> (e4m3 [T, I], fp32 scales [T, 1]) of silu(gate) * up."""
+    check_tensor("x", x, 2, dtypes=(torch.bfloat16, torch.float16, torch.float32))
+    check(x.shape[1] % 2 == 0, "x's last dim must be even (gate | up), got {}", x.shape[1])
+    check_last_dim_contiguous("x", x)
+    check(block > 0 and block & (block - 1) == 0, "block must be a power of two, got {}", block)
+    t, n = x.shape[0], x.shape[1] // 2
+    q = torch.empty((t, n), dtype=FP8, device=x.device)
+    scale = torch.empty((t, 1), dtype=torch.float32, device=x.device)
+    if t:
+        _swiglu_fp8_kernel[(t,)](x, q, scale, x.stride(0), n, BLOCK=min(block, next_pow2(n)), num_warps=8)
+    return q, scale
+
+
+def swiglu_fp8_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return quantize_per_token_ref(swiglu_ref(x))

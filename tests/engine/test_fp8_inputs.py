@@ -1,0 +1,198 @@
+"""RMSNorm and SwiGLU fused with the per-token FP8 quantization of the projection they feed: the kernels
+against their torch references and the unfused kernels (under the Triton interpreter on CPU, fp32 and fp16;
+compiled on a GPU), their wrappers' checks, and an FP8 model whose batched steps take them. On CPU
+torch._scaled_mm runs too, so the whole FP8 tensor-core path runs there with its GPU checks pointed at the CPU."""
+
+import pytest
+import torch
+
+from hosttune_engine import Engine, EngineConfig, SamplingParams
+from hosttune_engine.core.sequence import Sequence
+from hosttune_engine.errors import KernelInputError
+from hosttune_engine.kernels.fp8_inputs import rms_norm_fp8, rms_norm_fp8_ref, swiglu_fp8, swiglu_fp8_ref
+from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token, supports_fp8_mm
+from hosttune_engine.kernels.rmsnorm import rms_norm
+from hosttune_engine.kernels.swiglu import swiglu
+from hosttune_engine.layers import deferred, one_row
+from hosttune_engine.layers.deferred import DeferredRMSNorm, DeferredSwiGLU, consumer_name
+from hosttune_engine.quant import kernel_dispatch, quant_linear
+
+from .conftest import DEVICE
+
+DTYPES = [torch.float32, torch.float16] if DEVICE == "cpu" else [torch.float32, torch.float16, torch.bfloat16]
+
+
+def assert_e4m3_equal(got: torch.Tensor, want: torch.Tensor, unscaled: torch.Tensor) -> None:
+    """got == want, e4m3 values; `unscaled` [M, K] fp32 the values before the cast. The interpreter's fp32 ->
+    e4m3 cast halves a value that rounds up to a power of two (test_kernels_quant.py) and rounds subnormals
+    (below 2^-6) its own way, so there those are left out."""
+    got, want = got.float(), want.float()
+    if DEVICE == "cpu":
+        carried = (want != 0) & (want.abs().log2() == want.abs().log2().round()) & unscaled.abs().lt(want.abs())
+        odd = carried | (unscaled.abs() < 2.0**-6)
+        assert odd.float().mean() < 0.3  # most values are compared (SwiGLU makes many near 0)
+        got, want = got[~odd], want[~odd]
+    assert torch.equal(got, want)
+
+
+def _rows(m, k, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    spread = torch.logspace(-2, 1, m)[:, None]  # rows of very different magnitudes: their own scales
+    return (torch.randn(m, k, generator=g) * spread).to(device=DEVICE, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_fp8_matches_its_reference_and_the_unfused_kernels(dtype, with_residual):
+    x, r = _rows(7, 96, dtype, 0), _rows(7, 96, dtype, 1) if with_residual else None  # 96: a masked block
+    w = (torch.rand(96, generator=torch.Generator().manual_seed(2)) + 0.5).to(device=DEVICE, dtype=dtype)
+    r_out = torch.empty_like(x) if with_residual else None
+    q, s = rms_norm_fp8(x, w, 1e-6, r, r_out)
+    want = rms_norm_fp8_ref(x, w, 1e-6, r)
+    torch.testing.assert_close(s, want[1], rtol=1e-6 if dtype == torch.float32 else 0, atol=0)
+    unfused = rms_norm(x, w, 1e-6, residual=r)
+    normed = unfused[0] if with_residual else unfused
+    assert_e4m3_equal(q, want[0], normed.float() / s)
+    unfused_q, unfused_s = quantize_per_token(normed)  # the two kernels it replaces: the same bits
+    assert torch.equal(q.view(torch.uint8), unfused_q.view(torch.uint8)) and torch.equal(s, unfused_s)
+    if with_residual:
+        assert torch.equal(r_out, want[2]) and torch.equal(r_out, unfused[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width, block", [(200, 64), (128, 2048)])  # several blocks a row, ragged; one block
+def test_swiglu_fp8_matches_its_reference_and_the_unfused_kernels(dtype, width, block):
+    x = _rows(5, 2 * width, dtype, 3) * 3
+    q, s = swiglu_fp8(x, block=block)
+    want_q, want_s = swiglu_fp8_ref(x)
+    torch.testing.assert_close(s, want_s, rtol=1e-6 if dtype == torch.float32 else 0, atol=0)
+    act = swiglu(x)
+    assert_e4m3_equal(q, want_q, act.float() / s)
+    unfused_q, unfused_s = quantize_per_token(act)
+    assert torch.equal(q.view(torch.uint8), unfused_q.view(torch.uint8)) and torch.equal(s, unfused_s)
+
+
+def test_no_rows_launch_nothing():
+    x = torch.empty(0, 64, device=DEVICE)
+    q, s = rms_norm_fp8(x, torch.ones(64, device=DEVICE), 1e-6)
+    assert q.shape == (0, 64) and s.shape == (0, 1)
+    assert swiglu_fp8(torch.empty(0, 64, device=DEVICE))[0].shape == (0, 32)
+
+
+def test_wrappers_check_their_inputs():
+    x, w = torch.randn(4, 64, device=DEVICE), torch.ones(64, device=DEVICE)
+    with pytest.raises(KernelInputError, match="residual and residual_out go together"):
+        rms_norm_fp8(x, w, 1e-6, residual=x)
+    with pytest.raises(KernelInputError, match="residual has dtype"):
+        rms_norm_fp8(x, w, 1e-6, x.half(), torch.empty_like(x))
+    with pytest.raises(KernelInputError, match="residual_out shape"):
+        rms_norm_fp8(x, w, 1e-6, x, torch.empty(4, 32, device=DEVICE))
+    with pytest.raises(KernelInputError, match="weight must be"):
+        rms_norm_fp8(x, torch.ones(32, device=DEVICE), 1e-6)
+    with pytest.raises(KernelInputError, match="x must be contiguous in its last dim"):
+        rms_norm_fp8(torch.randn(64, 4, device=DEVICE).t(), w, 1e-6)
+    with pytest.raises(KernelInputError, match="must be even"):
+        swiglu_fp8(torch.randn(4, 63, device=DEVICE))
+    with pytest.raises(KernelInputError, match="block must be a power of two"):
+        swiglu_fp8(torch.randn(4, 64, device=DEVICE), block=96)
+    xq, sx = quantize_per_token(x)
+    wq, ws = torch.randn(32, 64, device=DEVICE).to(torch.float8_e4m3fn), torch.ones(32, device=DEVICE)
+    with pytest.raises(KernelInputError, match=r"sx must be \[4, 1\]"):
+        fp8_mm(xq, sx[:2], wq, ws, None, None, False, torch.bfloat16)
+    with pytest.raises(KernelInputError, match="xq has dtype"):
+        fp8_mm(x, sx, wq, ws, None, None, False, torch.bfloat16)
+    with pytest.raises(KernelInputError, match="out_dtype must be"):
+        fp8_mm(xq, sx, wq, ws, None, None, False, torch.float32)
+
+
+def test_each_deferring_layer_names_the_one_projection_it_feeds():
+    assert consumer_name("model.layers.3.input_layernorm") == "model.layers.3.self_attn.qkv_proj"
+    assert consumer_name("model.layers.0.post_attention_layernorm") == "model.layers.0.mlp.gate_up_proj"
+    assert consumer_name("model.layers.0.mlp.act") == "model.layers.0.mlp.down_proj"
+    assert consumer_name("model.norm") is None and consumer_name("model.layers.0.my_input_layernorm") is None
+
+
+# The model: an FP8 model (per-channel weights quantized at load, per-token activations) with its batched
+# steps on the FP8 tensor-core path, once with the norms and SwiGLU deferred to the projections and once not.
+
+@pytest.fixture
+def fp8_path(monkeypatch):
+    """Count the activation kernels fp8_linear launches; on CPU, let the GPU paths take CPU tensors."""
+    if DEVICE == "cpu":
+        for module in (quant_linear, deferred, one_row):
+            monkeypatch.setattr(module, "_on_gpu", lambda x: True)
+        monkeypatch.setattr(kernel_dispatch, "supports_fp8_mm", lambda device: True)
+    elif not supports_fp8_mm(torch.device(DEVICE)):
+        pytest.skip("FP8 tensor cores (torch._scaled_mm) need a Hopper or Ada GPU")
+    calls = {}
+    for name in ("rms_norm_fp8", "swiglu_fp8", "quantize_per_token", "fp8_mm"):
+        def counted(*a, _fn=getattr(kernel_dispatch, name), _n=name, **k):
+            calls[_n] = calls.get(_n, 0) + 1
+            return _fn(*a, **k)
+        monkeypatch.setattr(kernel_dispatch, name, counted)
+    return calls
+
+
+def _fp8_engine(tiny_models, dtype: str) -> Engine:
+    return Engine(EngineConfig(model=str(tiny_models["qwen2"]), load_format="dummy", quantization="fp8",
+                               kernel_backend="triton", dtype=dtype, num_kv_blocks=64, enforce_eager=True))
+
+
+def _prefill_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
+    seq = Sequence("x", ids, SamplingParams(temperature=0))
+    eng.block_manager.allocate(seq, len(ids))
+    logits = eng.runner.prefill_logits(seq).cpu()
+    eng.block_manager.free(seq)
+    return logits
+
+
+def _set_deferral(model, on: bool) -> None:
+    for module in model.modules():
+        if hasattr(module, "defer_rows") and module.defer_rows is not on:
+            module.defer_rows = on
+
+
+def test_the_transform_defers_only_to_fp8_activation_layers(tiny_models):
+    """FP8 at load (per-token e4m3 activations): the two norms and the activation of every layer defer at any
+    row count; block-wise FP8 keeps bf16 activations, and the final norm feeds the unquantized LM head."""
+    model = _fp8_engine(tiny_models, "float32").runner.model
+    deferring = {name for name, m in model.named_modules() if getattr(m, "defer_rows", False)}
+    layers = len(model.model.layers)
+    assert deferring == {f"model.layers.{i}.{end}" for i in range(layers)
+                         for end in ("input_layernorm", "post_attention_layernorm", "mlp.act")}
+    block = Engine(EngineConfig(model=str(tiny_models["qwen2"]), load_format="dummy", quantization="fp8-block",
+                                dtype="float32", num_kv_blocks=16)).runner.model
+    assert not any(getattr(m, "defer_rows", False) for m in block.modules())
+
+
+def test_batched_rows_quantize_in_the_norm_and_swiglu_and_give_the_unfused_logits(tiny_models, fp8_path):
+    """24 prompt rows through every layer: the fused kernels write the very bits the norm (or SwiGLU) and
+    quantize_per_token wrote (the kernel tests above), so the GEMMs see the same inputs and the logits are
+    equal, not merely close. Only o_proj, fed by attention, still quantizes on its own."""
+    eng = _fp8_engine(tiny_models, "float16")
+    layers = len(eng.runner.model.model.layers)
+    ids = list(range(3, 27))
+    fused = _prefill_logits(eng, ids)
+    assert fp8_path == {"rms_norm_fp8": 2 * layers, "swiglu_fp8": layers, "quantize_per_token": layers,
+                        "fp8_mm": 4 * layers}
+    fp8_path.clear()
+    _set_deferral(eng.runner.model, False)
+    unfused = _prefill_logits(eng, ids)
+    assert fp8_path == {"quantize_per_token": 4 * layers, "fp8_mm": 4 * layers}
+    assert torch.isfinite(fused).all() and torch.equal(fused, unfused)
+
+
+def test_few_rows_and_other_paths_compute_the_deferred_input_first(tiny_models, fp8_path, monkeypatch):
+    """Two to four rows go through the GEMV, whose prologues take one row; a batch size tuned to W8A16 (or a
+    GPU without FP8 tensor cores) keeps bf16 activations: both compute the deferred layer first."""
+    eng = _fp8_engine(tiny_models, "float16")
+    layer = eng.runner.model.model.layers[0]
+    x, w = _rows(3, 128, torch.float16, 4), layer.input_layernorm.weight
+    want = layer.self_attn.qkv_proj(rms_norm(x, w, 1e-6))
+    torch.testing.assert_close(layer.self_attn.qkv_proj(DeferredRMSNorm(x, w, 1e-6)), want, rtol=0, atol=0)
+    assert "rms_norm_fp8" not in fp8_path
+    monkeypatch.setattr(kernel_dispatch, "_fp8_mm_method", lambda layer, x: "w8a16")
+    gate_up = _rows(8, 2 * layer.mlp.down_proj.in_features, torch.float16, 5)
+    want = layer.mlp.down_proj(swiglu(gate_up))
+    torch.testing.assert_close(layer.mlp.down_proj(DeferredSwiGLU(gate_up)), want, rtol=0, atol=0)
+    assert "swiglu_fp8" not in fp8_path and "fp8_mm" not in fp8_path
