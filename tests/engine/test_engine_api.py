@@ -186,3 +186,20 @@ def test_engine_loop_thread_serves_messages(tiny_models):
     assert outputs["b"][-1].finish_reason == "abort"
     assert errors and errors[0][0] == "bad"
     assert loop.stats().num_running == 0
+
+
+def test_stats_count_what_an_idle_call_did_before_any_step(tiny_models):
+    """A server takes its metrics' baseline right after the step-cost measurement, an idle call: the stats
+    it reads must already hold that call's effects."""
+    eng = Engine(EngineConfig(model=str(tiny_models["qwen2"]), device="cpu", dtype="float32"))
+    loop = EngineLoop(eng, lambda output: None).start()
+    try:
+        assert loop.stats().num_preemptions_total == 0
+
+        def preempted():
+            eng.scheduler.num_preemptions += 3
+
+        loop.when_idle(preempted).result(timeout=30)
+        assert loop.stats().num_preemptions_total == 3
+    finally:
+        loop.stop(timeout=10)

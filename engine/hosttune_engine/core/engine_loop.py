@@ -79,12 +79,15 @@ class EngineLoop:
             idle = not self.engine.has_unfinished_requests()
             if idle and self._waiting_call is not None:
                 call, self._waiting_call = self._waiting_call, None
-                call.run()
+                call.run(then=self._refresh_stats)  # what the call did counts at once, not after the next step
             if self._waiting_call is None:  # the messages after a waiting call wait for it
                 self._drain(block=idle)
             for output in self.engine.step():
                 self.on_output(output)
-            self._stats = self.engine.stats()
+            self._refresh_stats()
+
+    def _refresh_stats(self) -> None:
+        self._stats = self.engine.stats()
 
     def _drain(self, block: bool) -> None:
         """Handle the queued messages, up to a call that waits for the engine to be idle."""
@@ -111,8 +114,11 @@ class _IdleCall:
     def __init__(self, fn: Callable[[], object], future: Future):
         self.fn, self.future = fn, future
 
-    def run(self) -> None:
+    def run(self, then: Callable[[], None]) -> None:
+        """fn(), then `then()`, then the future resolved (so its waiter sees what `then` did)."""
         try:
-            self.future.set_result(self.fn())
+            result = self.fn()
+            then()
+            self.future.set_result(result)
         except Exception as e:  # the caller decides: a failed measurement need not end the engine thread
             self.future.set_exception(e)
