@@ -203,3 +203,30 @@ def test_stats_count_what_an_idle_call_did_before_any_step(tiny_models):
         assert loop.stats().num_preemptions_total == 3
     finally:
         loop.stop(timeout=10)
+
+
+def test_a_lowered_token_budget_chunks_prompts_until_it_is_lifted(tiny_models):
+    eng = Engine(EngineConfig(model=str(tiny_models["qwen2"]), device="cpu", dtype="float32"))
+    expected = LLM(str(tiny_models["qwen2"]), device="cpu", dtype="float32").generate([prompt_ids(40, 5)],
+                                                                                      greedy(3))[0].token_ids
+    expected = list(expected)
+
+    def steps_to_first_token(request_id):
+        eng.add_request(EngineRequest(request_id, prompt_ids(40, 5), greedy(3)))
+        steps, tokens = 0, []
+        while eng.has_unfinished_requests():
+            outputs = eng.step()
+            steps += not tokens
+            tokens += [t for o in outputs for t in o.new_token_ids]
+        return steps, tokens
+
+    eng.limit_batched_tokens(16)
+    chunked, tokens = steps_to_first_token("a")
+    assert chunked >= 3 and tokens == expected  # 40 prompt tokens, 16 a step
+    eng.limit_batched_tokens(None)
+    assert eng.scheduler.config.max_num_batched_tokens == eng.config.max_num_batched_tokens
+    whole, tokens = steps_to_first_token("b")
+    assert whole < chunked and tokens == expected
+    eng.add_request(EngineRequest("c", prompt_ids(4, 6), greedy(3)))
+    with pytest.raises(RuntimeError, match="idle"):
+        eng.limit_batched_tokens(16)

@@ -125,6 +125,16 @@ class Engine:
                  model.prefill_s * 1e9)
         return model
 
+    def limit_batched_tokens(self, tokens: int | None) -> None:
+        """Schedule at most `tokens` tokens a step (never more than `max_num_batched_tokens`; None: that
+        again). Only on an idle engine: warmup uses it to cut a prompt into short chunks beside decodes, the
+        steps a time budget makes under traffic."""
+        if self.has_unfinished_requests():
+            raise RuntimeError("the token budget changes on an idle engine")
+        limit = self.config.max_num_batched_tokens
+        self.scheduler.config = replace(self.scheduler.config,
+                                        max_num_batched_tokens=limit if tokens is None else max(1, min(tokens, limit)))
+
     def _start_runner(self) -> ModelRunner:
         if self.config.tensor_parallel_size == 1:
             return ModelRunner(self.config, self.model_config)

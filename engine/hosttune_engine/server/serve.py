@@ -131,7 +131,8 @@ class Server:
             self.state.health.gpu = GpuMonitor(_pci_bus_id(engine))
             if self.config.warmup:
                 self.state.health.phase = Phase.WARMING_UP
-                seconds = await self._until_stopped(warm_up(client, self._warmup_plan(engine, client)))
+                seconds = await self._until_stopped(warm_up(client, self._warmup_plan(engine, client),
+                                                            getattr(engine, "limit_batched_tokens", None)))
                 if seconds is None:
                     return False
                 log.info("warmup done in %.1f s (%s)", sum(seconds.values()),

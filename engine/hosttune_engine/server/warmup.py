@@ -9,12 +9,16 @@ and that first request pays about a second for it. So warmup runs, in order:
    prefix;
 2. with prefix caching, the same prompts plus a few tokens: prefix-cache hits, the
    paged path (without it they would only repeat the prefills, at up to a second
-   each for the longest context; the prompt longer than the token budget takes the
-   paged path in its second chunk);
-3. staggered arrivals, so steps mix prefills with decodes (up to 64 at a time:
+   each for the longest context);
+3. on CUDA, a prompt cut into 128-token chunks beside a few decodes (the token
+   budget lowered for it): the steps a time budget makes under traffic, each chunk
+   attending to a longer cached prefix, which splits the keys (split-K) more ways
+   as it grows; without it the first such step under traffic waited for those
+   kernels (2.9 s on a fresh H200);
+4. staggered arrivals, so steps mix prefills with decodes (up to 64 at a time:
    past 33 decodes on a 132-SM GPU a step's decode attention takes its one-split
    form, and the mixed steps' graphs were all captured at start);
-4. a ramp of decodes, requests stopping one after another so that each batch size
+5. a ramp of decodes, requests stopping one after another so that each batch size
    that has kernels of its own decodes once: every captured decode graph's size
    (its kernels were built when it was captured; a first replay still pays for
    itself) and every size past the largest, or, without graphs, every size up to
@@ -39,6 +43,8 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
+from typing import Callable
 
 from hosttune_engine.core.messages import EngineRequest
 from hosttune_engine.sampling import SamplingParams
@@ -50,6 +56,9 @@ MAX_MIXED = 64  # staggered requests beside each other (CUDA)
 PREFILL_LENGTHS = (37, 512, 1500, 2048, 4001, 4096)
 PREFIX_EXTRA = 7
 CPU_MAX_PROMPT = 64  # tokens: the longest warmup prompt on CPU
+CHUNK_TOKENS = 128  # the chunked group's token budget: one query tile a chunk, the most key splits
+CHUNKED_PROMPT = 8192 + 2 * CHUNK_TOKENS  # long enough for every split count of a one-tile chunk
+CHUNKED_DECODES = 4
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,7 @@ class WarmupGroup:
     name: str
     requests: tuple[EngineRequest, ...]
     stagger_s: float = 0.0
+    max_step_tokens: int | None = None  # the engine's token budget while the group runs (None: as configured)
 
 
 def _sampling(i: int, max_tokens: int) -> SamplingParams:
@@ -91,6 +101,8 @@ def warmup_plan(max_batch: int, max_model_len: int, max_num_batched_tokens: int,
     if prefix_caching:
         groups += [WarmupGroup(f"prefix-hit-{n}", (EngineRequest(f"warmup-prefix-{n}", ids + tokens(PREFIX_EXTRA),
                                                                  _sampling(3, 2)),)) for n, ids in prompts.items()]
+    if on_cuda:
+        groups.append(_chunked(room, tokens))
     batch = min(max_batch, MAX_CUDA_BATCH if on_cuda else MAX_CPU_BATCH)
     longest_mixed, most_tokens = (300, 33) if on_cuda else (CPU_MAX_PROMPT // 2, 5)
     mixed = []
@@ -102,6 +114,17 @@ def warmup_plan(max_batch: int, max_model_len: int, max_num_batched_tokens: int,
     groups.append(WarmupGroup("decode-ramp", _ramp(_ramp_sizes(batch, graph_sizes if on_cuda else None), room,
                                                    prompts[lengths[-1]], tokens)))
     return groups
+
+
+def _chunked(room: int, tokens) -> WarmupGroup:
+    """A few short requests, then a long prompt that the lowered token budget cuts into chunks beside their
+    decodes, which last until its end."""
+    prompt = tokens(min(CHUNKED_PROMPT, room - 2))
+    steps = -(-len(prompt) // (CHUNK_TOKENS - CHUNKED_DECODES)) + 2
+    decodes = [EngineRequest(f"warmup-chunked-decode-{i}", tokens(8 + i), _sampling(i, max(1, min(steps, room - 16))))
+               for i in range(CHUNKED_DECODES)]
+    return WarmupGroup("chunked", (*decodes, EngineRequest("warmup-chunked", prompt, _sampling(0, 2))),
+                       stagger_s=0.01, max_step_tokens=CHUNK_TOKENS)
 
 
 def _ramp_sizes(batch: int, graph_sizes: list[int] | None) -> list[int]:
@@ -125,22 +148,37 @@ def _ramp(sizes: list[int], room: int, longest: list[int], tokens) -> tuple[Engi
     return tuple(requests)
 
 
-async def warm_up(client: EngineClient, groups: list[WarmupGroup]) -> dict[str, float]:
-    """Run each group to the end through the engine loop, in order; returns the seconds each took."""
+async def warm_up(client: EngineClient, groups: list[WarmupGroup],
+                  limit_tokens: Callable[[int | None], None] | None = None) -> dict[str, float]:
+    """Run each group to the end through the engine loop, in order; returns the seconds each took.
+    `limit_tokens` sets the engine's token budget on its idle thread (`Engine.limit_batched_tokens`); a group
+    that asks for a budget of its own is skipped without it."""
     seconds = {}
     for group in groups:
-        t0 = time.monotonic()
-        queue: asyncio.Queue = asyncio.Queue()
-        for request in group.requests:
-            client.submit(request, queue)
-            if group.stagger_s:
-                await asyncio.sleep(group.stagger_s)
-        unfinished = {r.request_id for r in group.requests}
-        while unfinished:
-            item = await queue.get()
-            if isinstance(item, RequestFailed):
-                raise RuntimeError(f"warmup request {item.request_id} ({group.name}) failed: {item.error}")
-            if item.finished:
-                unfinished.discard(item.request_id)
-        seconds[group.name] = time.monotonic() - t0
+        if group.max_step_tokens is not None:
+            if limit_tokens is None:
+                continue
+            await client.when_idle(partial(limit_tokens, group.max_step_tokens))
+        try:
+            seconds[group.name] = await _run_group(client, group)
+        finally:
+            if group.max_step_tokens is not None:
+                await client.when_idle(partial(limit_tokens, None))
     return seconds
+
+
+async def _run_group(client: EngineClient, group: WarmupGroup) -> float:
+    t0 = time.monotonic()
+    queue: asyncio.Queue = asyncio.Queue()
+    for request in group.requests:
+        client.submit(request, queue)
+        if group.stagger_s:
+            await asyncio.sleep(group.stagger_s)
+    unfinished = {r.request_id for r in group.requests}
+    while unfinished:
+        item = await queue.get()
+        if isinstance(item, RequestFailed):
+            raise RuntimeError(f"warmup request {item.request_id} ({group.name}) failed: {item.error}")
+        if item.finished:
+            unfinished.discard(item.request_id)
+    return time.monotonic() - t0

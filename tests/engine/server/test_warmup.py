@@ -1,8 +1,10 @@
 """The warmup plan as data: every compiled-path class is visited, and every request fits the engine."""
 
+import asyncio
+
 import pytest
 
-from hosttune_engine.server.warmup import warmup_plan
+from hosttune_engine.server.warmup import warm_up, warmup_plan
 
 
 def _fits(plan, max_model_len, kv_tokens, vocab):
@@ -26,6 +28,51 @@ def test_cuda_plan_for_a_7b_server():
     assert _decode_batches(ramp) == list(range(64, 0, -1))  # no graphs: every batch size decodes
     assert len(ramp[0].prompt_token_ids) > 8000  # a decode at the longest context
     _fits(plan, 8192, 131072, 152064)
+
+
+def test_cuda_plan_chunks_a_long_prompt_beside_decodes_that_outlast_it():
+    """Chunks of one query tile over a growing cached prefix: the split-K prefix attention of every split
+    count, which traffic under a step budget reaches and a lone prefill never does."""
+    plan = warmup_plan(max_batch=64, max_model_len=32768, max_num_batched_tokens=8192, kv_tokens=10**6,
+                       vocab_size=152064, on_cuda=True, prefix_caching=False)
+    chunked = next(g for g in plan if g.name == "chunked")
+    *decodes, prompt = chunked.requests
+    assert chunked.max_step_tokens == 128 and chunked.stagger_s > 0
+    assert len(prompt.prompt_token_ids) > 8192
+    steps = -(-len(prompt.prompt_token_ids) // (128 - len(decodes)))
+    assert all(r.sampling.max_tokens >= steps and len(r.prompt_token_ids) < 128 for r in decodes)
+    small = warmup_plan(max_batch=8, max_model_len=1024, max_num_batched_tokens=8192, kv_tokens=10**6,
+                        vocab_size=384, on_cuda=True)
+    assert len(next(g for g in small if g.name == "chunked").requests[-1].prompt_token_ids) < 1024
+    _fits(small, 1024, 10**6, 384)
+
+
+class _Client:
+    """The engine client as warm_up sees it: each request finishes at once; idle calls run in order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def submit(self, request, queue):
+        self.calls.append(request.request_id)
+        queue.put_nowait(type("Output", (), {"request_id": request.request_id, "finished": True})())
+
+    async def when_idle(self, fn):
+        return fn()
+
+
+def test_warm_up_sets_a_groups_token_budget_around_it_and_skips_it_when_it_cannot():
+    plan = warmup_plan(max_batch=4, max_model_len=1024, max_num_batched_tokens=8192, kv_tokens=10**6,
+                       vocab_size=384, on_cuda=True)
+    client = _Client()
+    seconds = asyncio.run(warm_up(client, plan, limit_tokens=lambda n: client.calls.append(("limit", n))))
+    assert list(seconds) == [g.name for g in plan]
+    at = client.calls.index(("limit", 128))
+    assert client.calls[at + 1:at + 7] == [f"warmup-chunked-decode-{i}" for i in range(4)] + \
+        ["warmup-chunked", ("limit", None)]
+    client = _Client()
+    assert "chunked" not in asyncio.run(warm_up(client, plan))  # an engine that cannot lower its budget
+    assert not any(isinstance(c, tuple) for c in client.calls)
 
 
 def _decode_batches(ramp) -> list[int]:
