@@ -7,7 +7,8 @@ Launch configs come from the tuned tables (kernels/tuning.py), per projection sh
 measured one ("bfloat16-le1-4608x3584": batch bucket, then N x K), else per batch bucket. For FP8
 layers with FP8 activations the table's `fp8_mm` entry also picks the batched path per bucket:
 "unit" (torch._scaled_mm with unit scales and our scale epilogue), "rowwise" (scales in cuBLAS's
-epilogue) or "w8a16" (our GEMM, activations kept in bf16). Configs may also say FUSE 0 (a GEMV's
+epilogue), "triton" (our FP8 GEMM, scales in its epilogue: kernels/fp8_gemm.py) or "w8a16" (our GEMM,
+activations kept in bf16). Configs may also say FUSE 0 (a GEMV's
 RMSNorm / SwiGLU prologue run by its own kernels first) and DEQUANT 1 (W4A16 through a dequantized weight
 and cuBLAS): whichever the tuner measured faster."""
 
@@ -19,6 +20,8 @@ from hosttune_engine.kernels.dequant_gemm import DEFAULT as GEMM_DEFAULT
 from hosttune_engine.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm
 from hosttune_engine.kernels.fp8_gemv import DEFAULT as FP8_GEMV_DEFAULT
 from hosttune_engine.kernels.fp8_gemv import fp8_gemv
+from hosttune_engine.kernels.fp8_gemm import DEFAULT as FP8_GEMM_DEFAULT
+from hosttune_engine.kernels.fp8_gemm import fp8_gemm
 from hosttune_engine.kernels.fp8_inputs import rms_norm_fp8, swiglu_fp8
 from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token, supports_fp8_mm
 from hosttune_engine.kernels.gemv import RMSNORM, RMSNORM_RESIDUAL, SWIGLU
@@ -80,6 +83,9 @@ def fp8_linear(layer, x) -> torch.Tensor:
         x = materialized(x).contiguous()
         return w8a16_gemm(x, *weights, _config("w8a16_gemm", x, n, k, GEMM_DEFAULT))
     xq, sx = fp8_rows(x)
+    if method == "triton":
+        cfg = _config("fp8_gemm", source_of(x), n, k, FP8_GEMM_DEFAULT)
+        return fp8_gemm(xq, sx, layer.weight, layer.row_scale, layer.bias, source_of(x).dtype, cfg)
     return fp8_mm(xq, sx, layer.weight, layer.row_scale, layer.bias, layer.unit_scale, method == "rowwise",
                   source_of(x).dtype)
 
@@ -101,7 +107,7 @@ def takes_fp8_activations(layer) -> bool:
 
 
 def _fp8_mm_method(layer, x) -> str:
-    """"unit", "rowwise" (FP8 tensor cores) or "w8a16" for a batched FP8 layer."""
+    """"unit", "rowwise", "triton" (FP8 tensor cores) or "w8a16" for a batched FP8 layer."""
     if not (takes_fp8_activations(layer) and x.dtype != torch.float32 and supports_fp8_mm(x.device)):
         return "w8a16"
     return launch_config("fp8_mm", _key(x), x.device, FP8_MM_DEFAULT)["METHOD"]

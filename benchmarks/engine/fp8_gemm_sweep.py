@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""The batched FP8 GEMM paths on the Qwen2.5-7B projections (activations already e4m3 per token), per batch
+size: torch._scaled_mm with unit scales plus the scale epilogue ("unit"), cuBLAS's row-wise scales
+("rowwise"), and the Triton FP8 GEMM with the scales in its epilogue ("triton", kernels/fp8_gemm.py) over a
+sweep of its launch configs. Prints each projection's times and the best config; with --table, the entries
+for kernels/tuned_configs.json: `fp8_gemm` per projection shape and `fp8_mm` METHOD "triton" for the buckets
+where it was faster over the four projections at every batch size measured in them.
+
+Example: python benchmarks/engine/fp8_gemm_sweep.py --out /tmp/fp8-gemm.json --table
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+
+from common import QWEN25_7B, graph_ms  # noqa: E402
+
+H, INTER = QWEN25_7B["hidden_size"], QWEN25_7B["intermediate_size"]
+PROJECTIONS = {"qkv": (4608, H), "o": (H, H), "gate_up": (2 * INTER, H), "down": (H, INTER)}  # N, K
+BATCHES = (8, 16, 32, 64, 128)
+LAUNCHES = 20  # per graph replay, so the replay's own cost is shared
+
+
+def per_launch_us(fn) -> float:
+    return graph_ms(lambda: [fn() for _ in range(LAUNCHES)]) * 1e3 / LAUNCHES
+
+
+def configs(m: int):
+    block_m = max(16, min(64, 1 << (m - 1).bit_length()))
+    for bn, bk, stages in itertools.product((32, 64, 128), (128, 256), (3, 4, 5, 6)):
+        yield {"BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4, "num_stages": stages}
+
+
+def measure(m: int, n: int, k: int) -> dict:
+    from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
+    from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token
+
+    xq, sx = quantize_per_token(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+    w = torch.randn(n, k, device="cuda").mul(50).clamp(-448, 448).to(torch.float8_e4m3fn)
+    ws, one = torch.rand(n, device="cuda") * 0.01, torch.ones((), device="cuda")
+    row = {"m": m, "n": n, "k": k}
+    for method in ("unit", "rowwise"):
+        row[f"{method}_us"] = per_launch_us(lambda: fp8_mm(xq, sx, w, ws, None, one, method == "rowwise",
+                                                           torch.bfloat16))
+    swept = sorted((per_launch_us(lambda: fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, c)), i, c)
+                   for i, c in enumerate(configs(m)))
+    row["triton_us"], _, row["config"] = swept[0]
+    want = fp8_gemm_ref(xq, sx, w, ws, None, torch.float32)
+    got = fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, row["config"]).float()
+    row["rel_error"] = ((got - want).norm() / want.norm()).item()
+    return row
+
+
+def table(rows: list[dict]) -> dict:
+    """tuned_configs.json entries (bf16 activations) from the measured rows."""
+    from hosttune_engine.kernels.tuning import batch_bucket
+
+    gemm, methods, buckets = {}, {}, {}
+    for r in rows:
+        buckets.setdefault(batch_bucket(r["m"]), {}).setdefault(r["m"], []).append(r)
+    for bucket, by_m in buckets.items():
+        wins = all(sum(r["triton_us"] for r in rs) < sum(min(r["unit_us"], r["rowwise_us"]) for r in rs)
+                   for rs in by_m.values())
+        if wins:
+            methods[f"bfloat16-{bucket}"] = {"METHOD": "triton"}
+            largest = by_m[max(by_m)]  # the bucket's largest batch: its configs cover the rest
+            for r in largest:
+                gemm[f"bfloat16-{bucket}-{r['n']}x{r['k']}"] = r["config"]
+    return {"fp8_mm": methods, "fp8_gemm": gemm}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="fp8-gemm-sweep.json")
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--table", action="store_true", help="print the tuned-table entries")
+    args = parser.parse_args()
+    rows = []
+    for m in args.batches:
+        for name, (n, k) in PROJECTIONS.items():
+            rows.append({"projection": name, **measure(m, n, k)})
+            print(json.dumps(rows[-1]), flush=True)
+    res = {"device": torch.cuda.get_device_name(), "rows": rows}
+    if args.table:
+        res["table"] = table(rows)
+        print(json.dumps(res["table"], indent=1))
+    Path(args.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The Triton FP8 GEMM with the scales and bias in its epilogue against its torch reference (the interpreter on
+CPU: e4m3 tiles multiply exactly there, accumulating in fp32), its wrapper's checks, and an FP8 model on it."""
+
+import pytest
+import torch
+
+from hosttune_engine.errors import KernelInputError
+from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
+from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token
+from hosttune_engine.quant import kernel_dispatch
+
+from .conftest import DEVICE
+from .test_fp8_inputs import _fp8_engine, _prefill_logits, fp8_path  # noqa: F401  (fp8_path: a fixture)
+
+
+def _operands(m, n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    xq, sx = quantize_per_token((torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g)).to(DEVICE))
+    w = (torch.randn(n, k, generator=g) * 50).clamp(-448, 448).to(torch.float8_e4m3fn).to(DEVICE)
+    ws, bias = (torch.rand(n, generator=g) * 0.01).to(DEVICE), torch.randn(n, generator=g).to(DEVICE)
+    return xq, sx, w, ws, bias
+
+
+@pytest.mark.parametrize("m, n, k, cfg", [
+    (37, 80, 96, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}),  # ragged M and N, K a multiple of BLOCK_K
+    (5, 48, 96, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),  # one block of rows, K ragged to the tile
+])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fp8_gemm_matches_its_reference(m, n, k, cfg, with_bias):
+    xq, sx, w, ws, bias = _operands(m, n, k)
+    bias = bias if with_bias else None
+    got = fp8_gemm(xq, sx, w, ws, bias, torch.float32, cfg)
+    torch.testing.assert_close(got, fp8_gemm_ref(xq, sx, w, ws, bias, torch.float32), rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_gemm_rounds_once_where_unit_scales_round_the_products_first():
+    """Against the fp32 product, the fused epilogue's one rounding to bf16 is at least as close as unit scales'
+    two (the unscaled products to bf16, then the scaled values)."""
+    xq, sx, w, ws, bias = _operands(24, 64, 128, seed=1)
+    want = fp8_gemm_ref(xq, sx, w, ws, bias, torch.float32)
+    got = fp8_gemm(xq, sx, w, ws, bias, torch.bfloat16, {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64}).float()
+    unit = fp8_mm(xq, sx, w, ws, bias.bfloat16(), None, False, torch.bfloat16).float()
+    assert (got - want).norm() <= (unit - want).norm() * 1.01
+    torch.testing.assert_close(got, want, rtol=2**-7, atol=1e-3)  # bf16's half ulp, and values near 0
+
+
+def test_wrapper_checks_its_inputs():
+    xq, sx, w, ws, bias = _operands(8, 32, 64)
+    with pytest.raises(KernelInputError, match="BLOCK_N must be a power of two"):
+        fp8_gemm(xq, sx, w, ws, bias, torch.float32, {"BLOCK_N": 48})
+    with pytest.raises(KernelInputError, match="at least 16 wide"):
+        fp8_gemm(xq, sx, w, ws, bias, torch.float32, {"BLOCK_M": 8})
+    with pytest.raises(KernelInputError, match="must be contiguous"):
+        fp8_gemm(xq, sx, w[:, :32], ws, bias, torch.float32)
+    with pytest.raises(KernelInputError, match=r"sx must be \[8, 1\]"):
+        fp8_gemm(xq, sx.t(), w, ws, bias, torch.float32)
+    with pytest.raises(KernelInputError, match=r"bias must be \[32\]"):
+        fp8_gemm(xq, sx, w, ws, bias[:16], torch.float32)
+    with pytest.raises(KernelInputError, match="w_scale has dtype"):
+        fp8_gemm(xq, sx, w, ws.half(), bias, torch.float32)
+
+
+def test_a_model_on_the_triton_gemm_is_as_close_as_unit_scales(tiny_models, fp8_path, monkeypatch):  # noqa: F811
+    """Batched rows with METHOD "triton": every projection runs the Triton GEMM. It rounds differently from unit
+    scales (once against twice), and a value moved across an e4m3 boundary changes the next layer's input by
+    an e4m3 step, so the two paths' logits are not equal; against the same model with unquantized activations
+    (fp32, W8A16: no activation quantization) the Triton path is as close as unit scales are."""
+    ids = list(range(3, 27))
+    reference = _prefill_logits(_fp8_engine(tiny_models, "float32"), ids)
+    eng = _fp8_engine(tiny_models, "float16")
+    unit = _prefill_logits(eng, ids)
+    calls = {}
+    def counted(*a, _fn=kernel_dispatch.fp8_gemm, **k):
+        calls["fp8_gemm"] = calls.get("fp8_gemm", 0) + 1
+        return _fn(*a, **k)
+    monkeypatch.setattr(kernel_dispatch, "fp8_gemm", counted)
+    monkeypatch.setattr(kernel_dispatch, "launch_config",
+                        lambda kernel, key, device, default: {"METHOD": "triton"} if kernel == "fp8_mm" else default)
+    fused = _prefill_logits(eng, ids)
+    assert calls["fp8_gemm"] == 4 * len(eng.runner.model.model.layers)
+    def error(logits):
+        return ((logits.float() - reference).norm() / reference.norm()).item()
+    assert error(fused) <= 1.1 * error(unit) and error(unit) < 0.2
