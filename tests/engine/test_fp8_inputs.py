@@ -196,3 +196,28 @@ def test_few_rows_and_other_paths_compute_the_deferred_input_first(tiny_models, 
     want = layer.mlp.down_proj(swiglu(gate_up))
     torch.testing.assert_close(layer.mlp.down_proj(DeferredSwiGLU(gate_up)), want, rtol=0, atol=0)
     assert "swiglu_fp8" not in fp8_path and "fp8_mm" not in fp8_path
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures CUDA graphs")
+def test_graphs_capture_the_fused_path_and_generate_as_the_unfused_engine(tiny_models, fp8_path, monkeypatch):
+    """bf16 on the GPU with every graph captured: eight prompts prefill together (piecewise mixed-step graphs,
+    cut at attention: each deferred input is made and consumed inside one segment), then decode eight rows a
+    step (decode graphs, past the GEMV's four). Greedy tokens equal the engine's without the transform."""
+    from hosttune_engine import LLM
+    from hosttune_engine.model import loader
+
+    from .oracle import prompt_ids
+
+    prompts = [prompt_ids(5 + 3 * i, seed=i) for i in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    def generate() -> list[list[int]]:
+        with LLM(str(tiny_models["qwen2"]), load_format="dummy", quantization="fp8", dtype="bfloat16",
+                 num_kv_blocks=128) as llm:
+            assert llm.engine.runner.graphs is not None and llm.engine.runner.mixed_graphs is not None
+            return [list(out.token_ids) for out in llm.generate(prompts, params)]
+
+    fused = generate()
+    assert fp8_path["rms_norm_fp8"] > 0 and fp8_path["swiglu_fp8"] > 0  # launched while capturing
+    monkeypatch.setattr(loader, "defer_to_fp8_inputs", lambda model: None)
+    assert fused == generate()
