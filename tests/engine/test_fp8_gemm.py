@@ -24,13 +24,17 @@ def _operands(m, n, k, seed=0):
 @pytest.mark.parametrize("m, n, k, cfg", [
     (37, 80, 96, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}),  # ragged M and N, K a multiple of BLOCK_K
     (5, 48, 96, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),  # one block of rows, K ragged to the tile
+    (20, 64, 128, {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "FAST_ACC": 1}),  # the MMA accumulating along K
 ])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fp8_gemm_matches_its_reference(m, n, k, cfg, with_bias):
     xq, sx, w, ws, bias = _operands(m, n, k)
     bias = bias if with_bias else None
     got = fp8_gemm(xq, sx, w, ws, bias, torch.float32, cfg)
-    torch.testing.assert_close(got, fp8_gemm_ref(xq, sx, w, ws, bias, torch.float32), rtol=1e-5, atol=1e-5)
+    want = fp8_gemm_ref(xq, sx, w, ws, bias, torch.float32)
+    # the interpreter multiplies e4m3 tiles exactly; a GPU's FP8 MMA sums a tile's products with fewer bits
+    tol = 1e-5 if DEVICE == "cpu" else 2e-3 * want.abs().max().item()
+    torch.testing.assert_close(got, want, rtol=0, atol=tol)
 
 
 def test_fp8_gemm_rounds_once_where_unit_scales_round_the_products_first():

@@ -4,9 +4,12 @@ its epilogue: y [M, N] = (xq [M, K] * sx [M]) @ (w [N, K] * sw [N]).T (+ bias), 
 At decode batch sizes torch._scaled_mm is fastest with unit scales, and then needs a second kernel that reads
 and writes the output again to scale it (kernels/fp8_scaled_mm.py); cuBLAS's row-wise form is slower still
 there. Here the fp32 accumulator is scaled in registers and rounded once. Each program owns BLOCK_M rows and
-BLOCK_N output channels and walks K in BLOCK_K tiles; at 64 rows on an H200 that beat unit scales plus the
-epilogue on every 7B projection (benchmarks/engine/fp8_gemm_sweep.py). The tuned table's `fp8_mm` METHOD
-"triton" picks it per batch bucket, and its launch configs per projection shape.
+BLOCK_N output channels and walks K in BLOCK_K tiles, each tile's products added to the fp32 accumulator
+apart (the tensor cores' own FP8 accumulation keeps fewer bits, as cuBLAS's fast mode does), or with
+FAST_ACC 1 in the config accumulated by the tensor cores all along K (faster; on an H200 at K = 18,944 about
+twice bf16's rounding error against the fp32 product, at K = 3,584 about the same as it). Where it
+beats cuBLAS on a GPU, benchmarks/engine/fp8_gemm_sweep.py measures; the tuned table's `fp8_mm` METHOD
+"triton" picks it per projection shape and batch bucket, and `fp8_gemm` its launch configs.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_st
 
 @triton.jit
 def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, b_ptr, y_ptr, M, N, K, HAS_BIAS: tl.constexpr,
-                     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     EVEN_K: tl.constexpr, FAST_ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -39,7 +43,10 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, b_ptr, y_ptr, M, N, K, HAS_BI
             k_mask = k0 + offs_k < K
             a = tl.load(x_tile + k0, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
             b = tl.load(w_tile + k0, mask=n_mask[None, :] & k_mask[:, None], other=0.0)
-        acc = tl.dot(a, b, acc)
+        if FAST_ACC:
+            acc = tl.dot(a, b, acc)  # the tensor cores' own accumulation all along K
+        else:
+            acc += tl.dot(a, b)  # into fp32 every tile: Hopper's FP8 MMA accumulates with fewer bits
     y = acc * tl.load(sx_ptr + offs_m, mask=m_mask, other=0.0)[:, None]
     y = y * tl.load(sw_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
     if HAS_BIAS:
@@ -75,7 +82,8 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, w_scale: torch
     if m:
         grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]))
         _fp8_gemm_kernel[grid](xq, w, sx, w_scale, bias if bias is not None else w_scale, y, m, n, k,
-                               HAS_BIAS=bias is not None, EVEN_K=k % cfg["BLOCK_K"] == 0, BLOCK_M=cfg["BLOCK_M"],
+                               HAS_BIAS=bias is not None, EVEN_K=k % cfg["BLOCK_K"] == 0,
+                               FAST_ACC=bool(cfg.get("FAST_ACC", 0)), BLOCK_M=cfg["BLOCK_M"],
                                BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
                                num_stages=cfg["num_stages"])
     return y

@@ -5,7 +5,7 @@ keep activations in bf16/fp16 (W8A16, W4A16): what the CPU references compute.
 
 Launch configs come from the tuned tables (kernels/tuning.py), per projection shape where the tuner
 measured one ("bfloat16-le1-4608x3584": batch bucket, then N x K), else per batch bucket. For FP8
-layers with FP8 activations the table's `fp8_mm` entry also picks the batched path per bucket:
+layers with FP8 activations the table's `fp8_mm` entry also picks the batched path (per shape, else per bucket):
 "unit" (torch._scaled_mm with unit scales and our scale epilogue), "rowwise" (scales in cuBLAS's
 epilogue), "triton" (our FP8 GEMM, scales in its epilogue: kernels/fp8_gemm.py) or "w8a16" (our GEMM,
 activations kept in bf16). Configs may also say FUSE 0 (a GEMV's
@@ -110,7 +110,7 @@ def _fp8_mm_method(layer, x) -> str:
     """"unit", "rowwise", "triton" (FP8 tensor cores) or "w8a16" for a batched FP8 layer."""
     if not (takes_fp8_activations(layer) and x.dtype != torch.float32 and supports_fp8_mm(x.device)):
         return "w8a16"
-    return launch_config("fp8_mm", _key(x), x.device, FP8_MM_DEFAULT)["METHOD"]
+    return _config("fp8_mm", x, layer.out_features, layer.in_features, FP8_MM_DEFAULT)["METHOD"]
 
 
 def int4_linear(layer, x) -> torch.Tensor:
