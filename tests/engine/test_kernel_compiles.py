@@ -54,6 +54,7 @@ def test_a_build_after_ready_is_a_warning_naming_the_kernel(fresh_hooks, caplog)
         _build()
     assert counter.total == 2
     assert len(caplog.records) == 1 and "_rms_norm_kernel was built while serving" in caplog.records[0].message
+    assert caplog.records[0].message.endswith("the variant: r")  # Triton's description of what it built
 
 
 def test_no_hooks_no_counter(monkeypatch):

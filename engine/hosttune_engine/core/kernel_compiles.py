@@ -31,10 +31,10 @@ class KernelCompiles:
         self._started = threading.local()
         self._lock = threading.Lock()
 
-    def before(self, name: str) -> None:
+    def before(self, name: str, variant: str | None = None) -> None:
         self._started.at = time.perf_counter()
 
-    def after(self, name: str) -> None:
+    def after(self, name: str, variant: str | None = None) -> None:
         started = getattr(self._started, "at", None)
         seconds = time.perf_counter() - started if started is not None else 0.0
         self._started.at = None
@@ -43,7 +43,8 @@ class KernelCompiles:
             self.seconds += seconds
         if self.ready:
             log.warning("kernel %s was built while serving (%.0f ms, the steps running then waited): warmup "
-                        "did not cover this shape", name, seconds * 1e3)
+                        "did not cover this shape%s", name, seconds * 1e3,
+                        f"; the variant: {variant}" if variant else "")
 
     def mark_ready(self) -> None:
         """From now on each variant built is logged as a warning."""
@@ -77,7 +78,8 @@ def _chained(previous, record):
     answer from the cache hook skips the build)."""
 
     def hook(*args, **kwargs):
-        record(getattr(kwargs.get("fn"), "name", "?"))  # Triton passes a JitFunctionInfo
+        # Triton passes a JitFunctionInfo and `repr`: the launch options and each argument's specialisation
+        record(getattr(kwargs.get("fn"), "name", "?"), kwargs.get("repr"))
         return previous(*args, **kwargs) if previous is not None else None
 
     return hook
