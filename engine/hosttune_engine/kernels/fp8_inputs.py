@@ -18,7 +18,7 @@ import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, check_tensor, next_pow2
 from hosttune_engine.kernels.fp8_scaled_mm import FP8, quantize_per_token_ref
-from hosttune_engine.kernels.rmsnorm import rms_norm_ref
+from hosttune_engine.kernels.rmsnorm import normed_row, rms_norm_ref
 from hosttune_engine.kernels.swiglu import swiglu_ref
 
 SWIGLU_BLOCK = 2048
@@ -28,17 +28,9 @@ SWIGLU_BLOCK = 2048
 def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, stride_x, stride_r, stride_ro,
                          n_cols, eps, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
-        s = (x + r).to(res_out_ptr.dtype.element_ty)
-        tl.store(res_out_ptr + row * stride_ro + cols, s, mask=mask)
-        x = s.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = (x * rstd * w).to(x_ptr.dtype.element_ty).to(tl.float32)  # the unfused norm's output rounding
+    y, cols, mask = normed_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, stride_x, stride_r, stride_ro, n_cols, eps,
+                               HAS_RESIDUAL, BLOCK)
+    y = y.to(x_ptr.dtype.element_ty).to(tl.float32)  # the unfused norm's output rounding
     scale = tl.maximum(tl.max(tl.abs(y), 0), 1e-12) / 448.0
     tl.store(s_ptr + row, scale)
     q = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)

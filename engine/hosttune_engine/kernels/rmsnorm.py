@@ -14,13 +14,10 @@ from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, che
 
 
 @triton.jit
-def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
-    stride_x, stride_r, stride_o, stride_ro,
-    n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
-):
-    row = tl.program_id(0).to(tl.int64)
+def normed_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, stride_x, stride_r, stride_ro, n_cols, eps,
+               HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    """One row's RMSNorm in fp32 (after storing x + residual, rounded, as the new residual), with its column
+    offsets and mask: what a kernel that writes the norm in some form starts from."""
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
@@ -31,7 +28,20 @@ def _rms_norm_kernel(
         x = s.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_o + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
+    return x * rstd * w, cols, mask
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
+    stride_x, stride_r, stride_o, stride_ro,
+    n_cols, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    y, cols, mask = normed_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, stride_x, stride_r, stride_ro, n_cols, eps,
+                               HAS_RESIDUAL, BLOCK)
+    tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
