@@ -10,11 +10,12 @@ and that first request pays about a second for it. So warmup runs, in order:
 2. with prefix caching, the same prompts plus a few tokens: prefix-cache hits, the
    paged path (without it they would only repeat the prefills, at up to a second
    each for the longest context);
-3. on CUDA, a prompt cut into 128-token chunks beside a few decodes (the token
-   budget lowered for it): the steps a time budget makes under traffic, each chunk
-   attending to a longer cached prefix, which splits the keys (split-K) more ways
-   as it grows; without it the first such step under traffic waited for those
-   kernels (2.9 s on a fresh H200);
+3. on CUDA, a prompt cut into 124-token chunks beside four decodes (the token
+   budget lowered for it), its last chunk 64 tokens: the steps a time budget makes
+   under traffic, each chunk attending to a longer cached prefix, which splits the
+   keys (split-K) more ways as it grows, with a token count that is and one that
+   is not a multiple of 16; without it the first such step under traffic waited
+   for those kernels (2.9 s on a fresh H200);
 4. staggered arrivals, so steps mix prefills with decodes (up to 64 at a time:
    past 33 decodes on a 132-SM GPU a step's decode attention takes its one-split
    form, and the mixed steps' graphs were all captured at start);
@@ -58,7 +59,8 @@ PREFIX_EXTRA = 7
 CPU_MAX_PROMPT = 64  # tokens: the longest warmup prompt on CPU
 CHUNK_TOKENS = 128  # the chunked group's token budget: one query tile a chunk, the most key splits
 CHUNKED_PROMPT = 8192 + 2 * CHUNK_TOKENS  # long enough for every split count of a one-tile chunk
-CHUNKED_DECODES = 4
+CHUNKED_DECODES = 4  # so the chunks before the last have 124 tokens
+LAST_CHUNK = 64  # a multiple of 16, which the 124-token chunks are not: Triton builds a variant for each
 
 
 @dataclass(frozen=True)
@@ -118,9 +120,10 @@ def warmup_plan(max_batch: int, max_model_len: int, max_num_batched_tokens: int,
 
 def _chunked(room: int, tokens) -> WarmupGroup:
     """A few short requests, then a long prompt that the lowered token budget cuts into chunks beside their
-    decodes, which last until its end."""
-    prompt = tokens(min(CHUNKED_PROMPT, room - 2))
-    steps = -(-len(prompt) // (CHUNK_TOKENS - CHUNKED_DECODES)) + 2
+    decodes, which last until its end; its last chunk, over the longest prefix, is LAST_CHUNK tokens."""
+    chunk = CHUNK_TOKENS - CHUNKED_DECODES
+    prompt = tokens((min(CHUNKED_PROMPT, room - 2) - LAST_CHUNK) // chunk * chunk + LAST_CHUNK)
+    steps = -(-len(prompt) // chunk) + 2
     decodes = [EngineRequest(f"warmup-chunked-decode-{i}", tokens(8 + i), _sampling(i, max(1, min(steps, room - 16))))
                for i in range(CHUNKED_DECODES)]
     return WarmupGroup("chunked", (*decodes, EngineRequest("warmup-chunked", prompt, _sampling(0, 2))),

@@ -39,6 +39,7 @@ def test_cuda_plan_chunks_a_long_prompt_beside_decodes_that_outlast_it():
     *decodes, prompt = chunked.requests
     assert chunked.max_step_tokens == 128 and chunked.stagger_s > 0
     assert len(prompt.prompt_token_ids) > 8192
+    assert len(prompt.prompt_token_ids) % 124 == 64  # chunks of 124 tokens, then one of a multiple of 16
     steps = -(-len(prompt.prompt_token_ids) // (128 - len(decodes)))
     assert all(r.sampling.max_tokens >= steps and len(r.prompt_token_ids) < 128 for r in decodes)
     small = warmup_plan(max_batch=8, max_model_len=1024, max_num_batched_tokens=8192, kv_tokens=10**6,
