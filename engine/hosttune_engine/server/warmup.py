@@ -17,8 +17,9 @@ and that first request pays about a second for it. So warmup runs, in order:
    is not a multiple of 16; without it the first such step under traffic waited
    for those kernels (2.9 s on a fresh H200);
 4. staggered arrivals, so steps mix prefills with decodes (up to 64 at a time:
-   past 33 decodes on a 132-SM GPU a step's decode attention takes its one-split
-   form, and the mixed steps' graphs were all captured at start);
+   past 33 decodes of a model with 4 KV heads on a 132-SM GPU a step's decode
+   attention takes its one-split form, and the mixed steps' graphs were all
+   captured at start);
 5. a ramp of decodes, requests stopping one after another so that each batch size
    that has kernels of its own decodes once: every captured decode graph's size
    (its kernels were built when it was captured; a first replay still pays for
