@@ -74,6 +74,11 @@ def warmup_groups(log: str) -> dict[str, float]:
     return {name: float(s) for name, s in (g.rsplit(" ", 1) for g in found.group(1).split(", "))} if found else {}
 
 
+def serving_builds(log: str) -> list[tuple[str, int]]:
+    """(kernel, milliseconds) of each variant the server warned it built once ready."""
+    return [(name, int(ms)) for name, ms in re.findall(r"kernel (\S+) was built while serving \((\d+) ms", log)]
+
+
 def compiles_while_serving(url: str) -> int | None:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
         found = re.search(r"^hosttune:kernel_compiles_total\{[^}]*\} ([\d.e+]+)$", response.read().decode(), re.M)
@@ -100,7 +105,7 @@ def one_start(args, folder: Path, out: Path, i: int) -> dict:
         text = log.read_text()
         entry.update(phases_s=phase_times(text, started), kernel_builds_at_start=start_builds(text),
                      warmup_groups_s=warmup_groups(text),
-                     built_while_serving=re.findall(r"kernel (\S+) was built while serving \((\d+) ms", text))
+                     built_while_serving=serving_builds(text))
         return entry
     finally:
         stop(proc)
