@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, check_tensor, next_pow2
-from hosttune_engine.kernels.fp8_scaled_mm import FP8, quantize_per_token_ref
+from hosttune_engine.kernels.fp8_scaled_mm import FP8, quantize_per_token_ref, row_scale, store_e4m3
 from hosttune_engine.kernels.rmsnorm import normed_row, rms_norm_ref
 from hosttune_engine.kernels.swiglu import swiglu_ref
 
@@ -31,10 +31,7 @@ def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, strid
     y, cols, mask = normed_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, stride_x, stride_r, stride_ro, n_cols, eps,
                                HAS_RESIDUAL, BLOCK)
     y = y.to(x_ptr.dtype.element_ty).to(tl.float32)  # the unfused norm's output rounding
-    scale = tl.maximum(tl.max(tl.abs(y), 0), 1e-12) / 448.0
-    tl.store(s_ptr + row, scale)
-    q = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)
-    tl.store(q_ptr + row * n_cols + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    store_e4m3(q_ptr + row * n_cols, cols, mask, y, row_scale(tl.abs(y), s_ptr, row))
 
 
 def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
@@ -86,13 +83,11 @@ def _swiglu_fp8_kernel(x_ptr, q_ptr, s_ptr, stride_x, n_cols, BLOCK: tl.constexp
     for c0 in range(0, n_cols, BLOCK):
         offs = c0 + tl.arange(0, BLOCK)
         amax = tl.maximum(amax, tl.abs(_silu_mul(x_ptr, row, stride_x, n_cols, offs, offs < n_cols)))
-    scale = tl.maximum(tl.max(amax, 0), 1e-12) / 448.0
-    tl.store(s_ptr + row, scale)
+    scale = row_scale(amax, s_ptr, row)
     for c0 in range(0, n_cols, BLOCK):
         offs = c0 + tl.arange(0, BLOCK)
         y = _silu_mul(x_ptr, row, stride_x, n_cols, offs, offs < n_cols)
-        q = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)
-        tl.store(q_ptr + row * n_cols + offs, q.to(q_ptr.dtype.element_ty), mask=offs < n_cols)
+        store_e4m3(q_ptr + row * n_cols, offs, offs < n_cols, y, scale)
 
 
 def swiglu_fp8(x: torch.Tensor, block: int = SWIGLU_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,6 +34,22 @@ def quantize_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 
 @triton.jit
+def row_scale(amax, s_ptr, row):
+    """A row's e4m3 scale from the largest |value| of its parts (amax: a block of them), stored at s_ptr[row]:
+    quantize_per_token_ref's rule, for every kernel that writes FP8 GEMM inputs."""
+    scale = tl.maximum(tl.max(amax, 0), 1e-12) / 448.0
+    tl.store(s_ptr + row, scale)
+    return scale
+
+
+@triton.jit
+def store_e4m3(q_ptr, offs, mask, y, scale):
+    """y / scale in e4m3 (clamped to its range) at q_ptr + offs."""
+    q = tl.minimum(tl.maximum(y / scale, -448.0), 448.0)
+    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, BLOCK_K: tl.constexpr):
     """One row per program: its amax over K, then the row in e4m3 (one read for each pass, one write)."""
     row = tl.program_id(0).to(tl.int64)
@@ -41,13 +57,11 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, BLOCK_K: tl.constex
     for k0 in range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         amax = tl.maximum(amax, tl.abs(tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)))
-    scale = tl.maximum(tl.max(amax, 0), 1e-12) / 448.0
-    tl.store(s_ptr + row, scale)
+    scale = row_scale(amax, s_ptr, row)
     for k0 in range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
-        tl.store(q_ptr + row * K + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
+        store_e4m3(q_ptr + row * K, offs, offs < K, x, scale)
 
 
 def quantize_per_token(x: torch.Tensor, block_k: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
