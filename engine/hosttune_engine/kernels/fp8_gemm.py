@@ -19,8 +19,7 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_pow2, check_tensor
-
-FP8 = torch.float8_e4m3fn
+from hosttune_engine.kernels.fp8_scaled_mm import check_fp8_operands
 DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 4}
 
 
@@ -58,16 +57,9 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, b_ptr, y_ptr, M, N, K, HAS_BI
 def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias,
              out_dtype: torch.dtype, config: dict | None = None) -> torch.Tensor:
     """(xq [M, K] e4m3 * sx [M, 1]) @ (w [N, K] e4m3 * w_scale [N]).T (+ bias [N]) -> [M, N] in out_dtype."""
-    check_tensor("xq", xq, 2, dtypes=(FP8,))
-    check_tensor("w", w, 2, dtypes=(FP8,), device=xq.device)
-    m, k = xq.shape
-    n = w.shape[0]
-    check(w.shape[1] == k and xq.is_contiguous() and w.is_contiguous(), "xq [M, {}] and w [N, {}] must be "
-          "contiguous, got {} and {}", k, k, tuple(xq.shape), tuple(w.shape))
-    check_tensor("sx", sx, 2, dtypes=(torch.float32,), device=xq.device)
-    check(sx.shape == (m, 1) and sx.is_contiguous(), "sx must be [{}, 1] and contiguous, got {}", m, tuple(sx.shape))
-    check_tensor("w_scale", w_scale, 1, dtypes=(torch.float32,), device=xq.device)
-    check(w_scale.shape[0] == n and w_scale.is_contiguous(), "w_scale must be [{}] and contiguous", n)
+    n, k = check_fp8_operands(xq, sx, w, w_scale)
+    m = xq.shape[0]
+    check(w_scale.is_contiguous(), "w_scale must be [{}] and contiguous", n)
     if bias is not None:
         check_tensor("bias", bias, 1, device=xq.device)
         check(bias.shape[0] == n and bias.is_contiguous(), "bias must be [{}] and contiguous", n)

@@ -116,21 +116,28 @@ def fp8_scaled_mm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias=
     return fp8_mm(xq, sx, w, w_scale, bias, unit, rowwise, x.dtype)
 
 
-def fp8_mm(xq: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias, unit, rowwise: bool,
-           out_dtype: torch.dtype) -> torch.Tensor:
-    """(xq [M, K] e4m3 * sx [M, 1]) @ (w [N, K] e4m3 * w_scale [N]).T (+ bias) -> [M, N] in out_dtype: the
-    GEMM of fp8_scaled_mm on activations already quantized per token (quantize_per_token, kernels/fp8_inputs)."""
+def check_fp8_operands(xq, sx, w, w_scale) -> tuple[int, int]:
+    """Check an FP8 GEMM's operands (xq [M, K] e4m3 with sx [M, 1] fp32, w [N, K] e4m3 with w_scale [N] fp32,
+    each contiguous, all on one device); returns (N, K)."""
     check_tensor("xq", xq, 2, dtypes=(FP8,))
     check_tensor("w", w, 2, dtypes=(FP8,), device=xq.device)
     n, k = w.shape
     check(xq.shape[1] == k and xq.is_contiguous() and w.is_contiguous(), "xq [M, {}] and w [N, {}] must be "
           "contiguous, got {} and {}", k, k, tuple(xq.shape), tuple(w.shape))
-    check(k % 16 == 0 and n % 16 == 0, "FP8 tensor cores need K and N multiples of 16, got [{}, {}]", n, k)
     check_tensor("sx", sx, 2, dtypes=(torch.float32,), device=xq.device)
     check(sx.shape == (xq.shape[0], 1) and sx.is_contiguous(), "sx must be [{}, 1] and contiguous, got {}",
           xq.shape[0], tuple(sx.shape))
     check_tensor("w_scale", w_scale, 1, dtypes=(torch.float32,), device=xq.device)
     check(w_scale.shape[0] == n, "w_scale must be [{}]", n)
+    return n, k
+
+
+def fp8_mm(xq: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias, unit, rowwise: bool,
+           out_dtype: torch.dtype) -> torch.Tensor:
+    """(xq [M, K] e4m3 * sx [M, 1]) @ (w [N, K] e4m3 * w_scale [N]).T (+ bias) -> [M, N] in out_dtype: the
+    GEMM of fp8_scaled_mm on activations already quantized per token (quantize_per_token, kernels/fp8_inputs)."""
+    n, k = check_fp8_operands(xq, sx, w, w_scale)
+    check(k % 16 == 0 and n % 16 == 0, "FP8 tensor cores need K and N multiples of 16, got [{}, {}]", n, k)
     check(out_dtype in (torch.bfloat16, torch.float16), "out_dtype must be bf16 or fp16, got {}", out_dtype)
     if rowwise:
         return torch._scaled_mm(xq, w.t(), scale_a=sx, scale_b=w_scale[None, :], bias=bias, out_dtype=out_dtype)
