@@ -122,6 +122,12 @@ def graph_ms(fn, replays: int = 15) -> float:
     return replay_ms(graph, replays)
 
 
+def per_launch_us(fn, launches: int) -> float:
+    """Microseconds per call of fn() with `launches` calls captured in one CUDA graph, so that the replay's
+    own cost is shared among them."""
+    return graph_ms(lambda: [fn() for _ in range(launches)]) * 1e3 / launches
+
+
 def replay_ms(graph, replays: int) -> float:
     """Median ms of one replay of a captured CUDA graph, each timed by CUDA events."""
     import torch

@@ -19,7 +19,7 @@ sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
 
-from common import QWEN25_7B, graph_ms  # noqa: E402
+from common import QWEN25_7B, per_launch_us  # noqa: E402
 from quant_bench import Plan, build, fp8_linear_floor  # noqa: E402
 
 
@@ -59,9 +59,7 @@ def kernel_rows(batch: int, launches: int = 28) -> dict:
         "swiglu+quantize": lambda: quantize_per_token(swiglu(gate_up)),
         "swiglu_fp8": lambda: swiglu_fp8(gate_up),
     }
-    def repeated(fn):
-        return lambda: [fn() for _ in range(launches)]
-    return {name: graph_ms(repeated(fn)) * 1e3 / launches for name, fn in cases.items()}
+    return {name: per_launch_us(fn, launches) for name, fn in cases.items()}
 
 
 def main() -> None:

@@ -23,16 +23,12 @@ sys.path.insert(0, str(HERE))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from common import QWEN25_7B, graph_ms  # noqa: E402
+from common import QWEN25_7B, per_launch_us  # noqa: E402
 
 H, INTER = QWEN25_7B["hidden_size"], QWEN25_7B["intermediate_size"]
 PROJECTIONS = {"qkv": (4608, H), "o": (H, H), "gate_up": (2 * INTER, H), "down": (H, INTER)}  # N, K
 BATCHES = (16, 32, 64, 128)
 LAUNCHES = 20  # per graph replay, so the replay's own cost is shared
-
-
-def per_launch_us(fn) -> float:
-    return graph_ms(lambda: [fn() for _ in range(LAUNCHES)]) * 1e3 / LAUNCHES
 
 
 def configs(m: int):
@@ -52,11 +48,12 @@ def measure(m: int, n: int, k: int) -> dict:
     row = {"m": m, "n": n, "k": k}
     for method in ("unit", "rowwise"):
         row[f"{method}_us"] = per_launch_us(lambda: fp8_mm(xq, sx, w, ws, None, one, method == "rowwise",
-                                                           torch.bfloat16))
+                                                           torch.bfloat16), LAUNCHES)
     swept = []
     for i, c in enumerate(configs(m)):
         try:
-            swept.append((per_launch_us(lambda: fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, c)), i, c))
+            us = per_launch_us(lambda: fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, c), LAUNCHES)
+            swept.append((us, i, c))
         except triton.runtime.errors.OutOfResources:  # too much shared memory for its stages
             continue
     swept.sort()
