@@ -41,25 +41,25 @@ def _grid(keys, rows) -> list[dict]:
 _GEMV_KEYS = ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "FUSE")  # FUSE 0: the prologue's own kernels first
 
 
-def _overlapped(rows, prefetch: int = 1, pdl: int = 1) -> list[dict]:
-    """GEMV configs with the next weight tile prefetched and / or programmatic dependent launch."""
-    return [{**c, "PREFETCH": prefetch, "PDL": pdl} for c in _grid(_GEMV_KEYS, rows)]
+def _variants(rows, unrolls=(1, 2), xb: int = 1, pdl: int = 1) -> list[dict]:
+    """GEMV configs with the input in the weight tile's layout (XB: what the unfused FUSE 0 GEMVs can take), the K
+    loop unrolled, programmatic dependent launch."""
+    return [{**c, "XB": xb, "UNROLL": u, "PDL": pdl} for c in _grid(_GEMV_KEYS, rows) for u in unrolls]
 
 
 _FP8_ROWS = [(16, 512, 8, 3, 1), (8, 512, 4, 4, 1), (4, 1024, 4, 3, 1), (4, 512, 4, 4, 1), (16, 256, 4, 3, 1),
              (8, 1024, 8, 3, 1), (16, 512, 8, 3, 0), (4, 1024, 4, 3, 0)]
-_FP8_WIDE = [(2, 2048, 4, 3, 0), (4, 2048, 8, 3, 0), (32, 512, 8, 3, 0), (8, 2048, 8, 3, 0)]  # more bytes in flight
-FP8_GEMV = (
-    [{**c, "DOT": 0} for c in _grid(_GEMV_KEYS, _FP8_ROWS)]
-    + [{**c, "DOT": 1} for c in _grid(_GEMV_KEYS, [(32, 256, 4, 3, 1)])]
-    + [{**c, "DOT": 0} for c in _overlapped(_FP8_ROWS + _FP8_WIDE)]
-    + [{**c, "DOT": 0} for c in _overlapped(_FP8_ROWS[-2:], pdl=0) + _overlapped(_FP8_ROWS[-2:], prefetch=0)])
+_FP8_PLAIN = [(16, 512, 8, 3, 0), (4, 1024, 4, 3, 0), (8, 512, 4, 3, 0), (8, 1024, 8, 3, 0), (32, 256, 8, 3, 0),
+              (16, 1024, 8, 3, 0), (4, 2048, 8, 3, 0), (32, 512, 8, 3, 0)]
+FP8_GEMV = [{**c, "DOT": 0} for c in (
+    _grid(_GEMV_KEYS, _FP8_ROWS) + _variants(_FP8_PLAIN) + _variants(_FP8_PLAIN[:3], unrolls=(4,))
+    + _variants(_FP8_ROWS[:2], xb=0))] + [{**c, "DOT": 1} for c in _grid(_GEMV_KEYS, [(32, 256, 4, 3, 1)])]
 _INT4_ROWS = [(4, 1024, 4, 2, 1), (4, 512, 4, 3, 1), (8, 1024, 8, 2, 1), (8, 512, 4, 3, 1), (16, 512, 4, 2, 1),
               (16, 1024, 4, 2, 1), (8, 128, 1, 4, 1), (16, 128, 2, 4, 1), (32, 128, 4, 3, 1), (4, 1024, 4, 3, 1),
               (4, 1024, 4, 2, 0), (8, 512, 4, 3, 0), (16, 1024, 4, 2, 0), (8, 128, 1, 4, 0)]
-_INT4_WIDE = [(2, 2048, 4, 2, 0), (4, 2048, 4, 2, 0), (8, 1024, 4, 2, 0), (32, 512, 8, 2, 0)]
-INT4_GEMV = (_grid(_GEMV_KEYS, _INT4_ROWS) + _overlapped([r for r in _INT4_ROWS if not r[-1]] + _INT4_WIDE)
-             + _overlapped(_INT4_ROWS[-4:-1], pdl=0) + _overlapped(_INT4_ROWS[-4:-1], prefetch=0))
+_INT4_PLAIN = [(16, 1024, 4, 2, 0), (8, 512, 4, 3, 0), (4, 1024, 4, 2, 0), (8, 1024, 4, 2, 0), (32, 512, 8, 2, 0),
+               (16, 512, 4, 2, 0), (64, 128, 4, 2, 0), (32, 256, 4, 2, 0)]
+INT4_GEMV = _grid(_GEMV_KEYS, _INT4_ROWS) + _variants(_INT4_PLAIN) + _variants(_INT4_ROWS[:1], xb=0)
 _GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
 GEMM_FEW_ROWS = [{**c, "GROUP_M": 8} for c in _grid(_GEMM_KEYS, [  # 64 rows: memory-bound, few output tiles
     (64, 64, 128, 1, 4, 3), (64, 128, 64, 1, 4, 4), (32, 64, 128, 1, 4, 4), (64, 64, 128, 2, 4, 3),
@@ -74,8 +74,8 @@ def tiny_candidates(cands: list[dict]) -> list[dict]:
     """One config of each kernel kind for the CPU test (the interpreter is slow)."""
     kinds = {}
     for c in cands:
-        key = (c.get("DOT"), c.get("FUSE"), c.get("DEQUANT"), c.get("SPLIT_K", 1) > 1, c.get("PREFETCH", 0))
-        kinds.setdefault(key, []).append(c)  # (PDL changes nothing on the CPU)
+        key = (c.get("DOT"), c.get("FUSE"), c.get("DEQUANT"), c.get("SPLIT_K", 1) > 1, c.get("XB", 0))
+        kinds.setdefault(key, []).append(c)  # (UNROLL and PDL change nothing the CPU can see)
     return [c for group in kinds.values() for c in group[:1]]
 
 

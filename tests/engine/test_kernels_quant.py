@@ -77,7 +77,7 @@ def _close(got, want, dtype):
 @pytest.mark.parametrize("case", list(FP8_CASES))
 @pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("tile", [32, 64])  # a K tile of one or of two scale blocks
-@pytest.mark.parametrize("kind", ["plain", "dot", "prefetch"])
+@pytest.mark.parametrize("kind", ["plain", "dot", "xb"])
 def test_fp8_gemv(case, dtype, m, tile, kind):
     n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
     w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
@@ -88,16 +88,16 @@ def test_fp8_gemv(case, dtype, m, tile, kind):
 
 
 def _fp8_gemv_config(kind: str, tile: int) -> dict:
-    """The FP8 GEMV's kinds: CUDA cores, tensor cores, CUDA cores with the next tile prefetched and (on a GPU
-    that has it) programmatic dependent launch."""
-    dot = kind == "dot"
-    return {"BLOCK_N": 16 if dot else 8, "BLOCK_K": tile, "DOT": int(dot), "PREFETCH": int(kind == "prefetch"),
-            "PDL": int(kind == "prefetch"), "num_warps": 4, "num_stages": 1}
+    """The FP8 GEMV's kinds: CUDA cores, tensor cores, CUDA cores with the input in the weight tile's layout, the
+    K loop unrolled and (on a GPU that has it) programmatic dependent launch."""
+    dot, xb = kind == "dot", int(kind == "xb")
+    return {"BLOCK_N": 16 if dot else 8, "BLOCK_K": tile, "DOT": int(dot), "XB": xb, "UNROLL": 1 + xb, "PDL": xb,
+            "num_warps": 4, "num_stages": 1}
 
 
 @pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
 @pytest.mark.parametrize("case", ["block", "channel"])
-@pytest.mark.parametrize("kind", ["plain", "dot", "prefetch"])
+@pytest.mark.parametrize("kind", ["plain", "dot", "xb"])
 def test_fp8_gemv_prologues(case, prologue, kind):
     n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
     w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
@@ -132,23 +132,23 @@ def test_w8a16_gemm(case, dtype, split_k):
 @pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("m", [1, 4])
 @pytest.mark.parametrize("group, tile", [(32, 16), (64, 32), (32, 64), (64, 256), (96, 64)])
-@pytest.mark.parametrize("prefetch", [0, 1])
-def test_int4_gemv(act_order, dtype, m, group, tile, prefetch):
+@pytest.mark.parametrize("xb", [0, 1])
+def test_int4_gemv(act_order, dtype, m, group, tile, xb):
     """Tiles of part of a group (16: below the pack block, widened), a group, two groups, past K (narrowed),
     and groups of a width that is no power of two."""
     k = 192 if group == 96 else 128
     q, s, z, perm = int4_weight(48, k, group, act_order)
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     bias = torch.randn(48, device=DEVICE).to(dtype)
-    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "PREFETCH": prefetch, "PDL": prefetch, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "XB": xb, "UNROLL": 1 + xb, "PDL": xb, "num_warps": 4, "num_stages": 1}
     got = int4_gemv(x, q, s, z, perm, group, bias, config=cfg)
     _close(got, int4_gemv_ref(x, q, s, z, perm, group, bias), dtype)
 
 
 @pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
 @pytest.mark.parametrize("act_order", [False, True])
-@pytest.mark.parametrize("prefetch", [0, 1])
-def test_int4_gemv_prologues(prologue, act_order, prefetch):
+@pytest.mark.parametrize("xb", [0, 1])
+def test_int4_gemv_prologues(prologue, act_order, xb):
     q, s, z, perm = int4_weight(40, 128, 32, act_order)
     k = 128
     x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE)
@@ -156,7 +156,7 @@ def test_int4_gemv_prologues(prologue, act_order, prefetch):
     if prologue == RMSNORM_RESIDUAL:
         extra["residual"] = torch.randn(1, k, device=DEVICE)
     outs = [torch.empty(1, k, device=DEVICE) for _ in range(2)]
-    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "PREFETCH": prefetch, "PDL": prefetch, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "XB": xb, "UNROLL": 1 + xb, "PDL": xb, "num_warps": 4, "num_stages": 1}
     got = int4_gemv(x, q, s, z, perm, 32, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
     want = int4_gemv_ref(x, q, s, z, perm, 32, prologue=prologue, residual_out=outs[1], **extra)
     _close(got, want, torch.float32)

@@ -9,9 +9,10 @@ at the end; with block scales a tile holds BLOCK_K / block_k whole scale blocks,
 scaled. Prologues (one row): RMSNorm (+ residual add, program 0 writing the new residual) or SwiGLU over
 [gate | up], with the unfused kernels' roundings.
 
-Config keys beside the block shapes: PREFETCH 1 loads each weight tile one iteration ahead (a tile in flight
-while the previous one is multiplied, and the first one before the prologue); PDL 1 launches the kernel with
-programmatic dependent launch (kernels/pdl.py) where the GPU has it. The tuner measures both.
+Config keys beside the block shapes: XB 1 loads the input in the weight tile's layout (kernels/gemv.py
+`_rows_input`); UNROLL n unrolls the K loop n times, so the loads of later tiles issue before the products of
+the first; PDL 1 launches the kernel with programmatic dependent launch (kernels/pdl.py) where the GPU has it.
+The tuner measures them.
 
 With DOT in the config the products run on the tensor cores instead (`_fp8_gemv_dot_kernel`): the rows
 padded to 16, the e4m3 tile converted to x's dtype (exact) for the dot, the tile's scale on its fp32
@@ -25,8 +26,8 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
-from hosttune_engine.kernels.gemv import (PLAIN, SWIGLU, _first_tile, _input_tile, _pipelined_tile, _rms_rstd,
-                                          _weight_tile, check_prologue, prologue_ref)
+from hosttune_engine.kernels.gemv import (PLAIN, SWIGLU, _input_tile, _rms_rstd, _rows_input, _weight_tile,
+                                          check_prologue, prologue_ref)
 from hosttune_engine.kernels.pdl import pdl_launch_args, use_pdl, wait_for_inputs
 
 DEFAULT = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
@@ -36,26 +37,25 @@ DEFAULT = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm,
                      stride_wn, stride_s, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
                      SCALE_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                     PREFETCH: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     XB: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     s_rows = s_ptr + tl.load(srow_ptr + offs_n, mask=n_mask, other=0).to(tl.int64) * stride_s  # [BLOCK_N]
-    w_next = _first_tile(w_rows, n_mask, K, EVEN_K, PREFETCH, BLOCK_N, BLOCK_K)  # weights are static: before the wait
+    zero_rows = tl.zeros([BLOCK_N, 1], tl.int32)
     wait_for_inputs(PDL)
     rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, EVEN_K, BLOCK_K)
     for m in tl.static_range(M):
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         acc_blocks = tl.zeros([BLOCK_N, SUB], tl.float32)
-        if m > 0:
-            w_next = _first_tile(w_rows, n_mask, K, EVEN_K, PREFETCH, BLOCK_N, BLOCK_K)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in tl.range(0, K, BLOCK_K, loop_unroll_factor=UNROLL):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
-            w, w_next = _pipelined_tile(w_rows, w_next, k0, n_mask, K, EVEN_K, PREFETCH, BLOCK_K)
-            x = _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, PROLOGUE, EVEN_K)
-            prod = w.to(tl.float32) * x[None, :]
+            w = _weight_tile(w_rows, offs_k, n_mask, k_mask, EVEN_K)
+            x = _rows_input(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, zero_rows, PROLOGUE, EVEN_K, XB)
+            prod = w.to(tl.float32) * x
             if SCALE_K == 0:
                 acc += prod
             else:
@@ -170,7 +170,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, scale_row: t
     _fp8_gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
         *args, n, k, x.stride(0), w.stride(0), scale.stride(0), y.stride(0), eps, M=m, HAS_BIAS=bias is not None,
         SCALE_K=scale_k, SUB=block // scale_k if scale_k else 1, EVEN_K=k % block == 0, PROLOGUE=prologue,
-        PREFETCH=bool(cfg.get("PREFETCH")), PDL=pdl, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block,
+        XB=bool(cfg.get("XB")), UNROLL=cfg.get("UNROLL", 1), PDL=pdl, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch_args(pdl))
     return y
 

@@ -54,37 +54,6 @@ def _weight_tile(w_rows, offs_k, n_mask, k_mask, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _rows_while(n_mask, k, K):
-    """n_mask where column k < K, else all false (the test as a tensor: the interpreter takes no scalar mask)."""
-    return n_mask & (tl.zeros(n_mask.shape, tl.int32) + k < K)
-
-
-@triton.jit
-def _first_tile(w_rows, n_mask, K, EVEN_K: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr):
-    """With PREFETCH the rows' first K tile, loaded ahead of the loop (and of the prologue); else a placeholder."""
-    if PREFETCH:
-        offs_k = tl.arange(0, BLOCK_K)
-        return _weight_tile(w_rows, offs_k, n_mask, offs_k < K, EVEN_K)
-    else:
-        return tl.zeros([BLOCK_N, BLOCK_K], w_rows.dtype.element_ty)
-
-
-@triton.jit
-def _pipelined_tile(w_rows, w_next, k0, n_mask, K, EVEN_K: tl.constexpr, PREFETCH: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
-    """(the weight tile at k0, the next one): with PREFETCH the tile loaded one iteration ahead, and the next
-    tile's load issued before this one's products, so each program keeps a tile in flight while it computes
-    (fully masked past the last tile: no traffic); else the tile loaded now."""
-    if PREFETCH:
-        nk = k0 + BLOCK_K + tl.arange(0, BLOCK_K)
-        return w_next, _weight_tile(w_rows, nk, _rows_while(n_mask, k0 + BLOCK_K, K), nk < K, EVEN_K)
-    else:
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        return _weight_tile(w_rows, offs_k, n_mask, offs_k < K, EVEN_K), w_next
-
-
-@triton.jit
 def _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE: tl.constexpr, EVEN_K: tl.constexpr,
               BLOCK_K: tl.constexpr):
     """1 / RMS of the prologue's row (1.0 without an RMSNorm prologue); program 0 writes the new residual."""
@@ -117,6 +86,23 @@ def _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, PRO
     else:
         s = _hidden_tile(x_ptr, r_ptr, offs_k, k_mask, PROLOGUE, EVEN_K)
         return (s * rstd * _load_k(nw_ptr, offs_k, k_mask, EVEN_K)).to(x_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _rows_input(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, zero_rows, PROLOGUE: tl.constexpr,
+                EVEN_K: tl.constexpr, XB: tl.constexpr):
+    """The input tile as the weight tile's rows see it, [BLOCK_N, BLOCK_K] or [1, BLOCK_K], in fp32. With XB and
+    no prologue each thread loads the columns of its own weights (zero_rows [BLOCK_N, 1] of zeros gives the load
+    the weight tile's shape and layout; the repeats hit the cache), which spares the layout change through shared
+    memory, and its barriers, that broadcasting one loaded vector costs every tile."""
+    if XB and PROLOGUE == 0:
+        ptrs = x_ptr + m * stride_xm + zero_rows + offs_k[None, :]
+        if EVEN_K:
+            return tl.load(ptrs).to(tl.float32)
+        else:
+            return tl.load(ptrs, mask=k_mask[None, :], other=0.0).to(tl.float32)
+    else:
+        return _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, PROLOGUE, EVEN_K)[None, :]
 
 
 @triton.jit

@@ -13,8 +13,8 @@ the word shifted by 16 once) is masked in place and ORed into the mantissa of 2^
 2^23 + q 16^j; subtracting 2^23 + zero 16^j (once per row and group) leaves (q - zero) 16^j. The products
 of the four nibble positions are summed with their 1 / 16^j and the group's scale once per tile.
 
-PREFETCH and PDL in the config: as in kernels/fp8_gemv.py (the next tile of words loaded while this one is
-unpacked; programmatic dependent launch).
+XB, UNROLL and PDL in the config: as in kernels/fp8_gemv.py (the activations loaded in the weight tile's
+layout, the K loop unrolled, programmatic dependent launch).
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
-from hosttune_engine.kernels.gemv import (PLAIN, SWIGLU, _input_tile, _rms_rstd, _rows_while, check_prologue,
-                                          prologue_ref)
+from hosttune_engine.kernels.gemv import PLAIN, SWIGLU, _input_tile, _rms_rstd, check_prologue, prologue_ref
 from hosttune_engine.kernels.int4_layout import check_int4_weight, dequantize_ref, pack_block, tile_in_group
 from hosttune_engine.kernels.pdl import pdl_launch_args, use_pdl, wait_for_inputs
 
@@ -76,30 +75,11 @@ def _per_word(v, BLOCK_N: tl.constexpr, SUB: tl.constexpr, GW: tl.constexpr):
 
 
 @triton.jit
-def _first_words(q_rows, words, n_mask, PREFETCH: tl.constexpr, BLOCK_N: tl.constexpr):
-    """With PREFETCH the rows' first tile of words, loaded ahead (as kernels/gemv.py's _first_tile)."""
-    if PREFETCH:
-        return tl.load(q_rows + words[None, :], mask=n_mask[:, None], other=0)
-    else:
-        return tl.zeros([BLOCK_N, words.shape[0]], tl.int32)
-
-
-@triton.jit
-def _pipelined_words(q_rows, p_next, k0, words, n_mask, K, PREFETCH: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(the tile of words at k0 [BLOCK_N, BLOCK_K / 8], the next one), as kernels/gemv.py's _pipelined_tile."""
-    if PREFETCH:
-        nk = k0 + BLOCK_K
-        rows = _rows_while(n_mask, nk, K)
-        return p_next, tl.load(q_rows + (nk // 8 + words)[None, :], mask=rows[:, None], other=0)
-    else:
-        return tl.load(q_rows + (k0 // 8 + words)[None, :], mask=n_mask[:, None], other=0), p_next
-
-
-@triton.jit
 def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm,
                       stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr, PERMUTED: tl.constexpr,
                       PROLOGUE: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr, PART: tl.constexpr,
-                      PREFETCH: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      XB: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
     """PART = min(GROUP, BLOCK_K): the columns of one group inside a tile; R words a pack block. K is a
     multiple of BLOCK_K (which divides the group size or is a multiple of it; the wrapper sees to it)."""
     pid = tl.program_id(0)
@@ -113,25 +93,23 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
     g_rows = offs_n * groups  # [BLOCK_N]
     words = tl.arange(0, WORDS)
     first_col = (words // R) * (8 * R) + words % R  # [WORDS]: the column of each word's nibble 0 in the tile
-    p_next = _first_words(q_rows, words, n_mask, PREFETCH, BLOCK_N)  # weights are static: before the wait
+    zero_rows = tl.zeros([BLOCK_N, 1], tl.int32)
     wait_for_inputs(PDL)
     rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, True, BLOCK_K)
     for m in tl.static_range(M):  # M <= 4: the repeated weight reads of m > 0 come from cache
         acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
-        if m > 0:
-            p_next = _first_words(q_rows, words, n_mask, PREFETCH, BLOCK_N)
-        for k0 in range(0, K, BLOCK_K):
-            p, p_next = _pipelined_words(q_rows, p_next, k0, words, n_mask, K, PREFETCH, BLOCK_K)
+        for k0 in tl.range(0, K, BLOCK_K, loop_unroll_factor=UNROLL):
+            p = tl.load(q_rows + (k0 // 8 + words)[None, :], mask=n_mask[:, None], other=0)  # [BLOCK_N, WORDS]
             p_hi = p >> 16
             z, s = _group_params(z_ptr, s_ptr, g_rows, k0, n_mask, GROUP, SUB)
             parts = tl.zeros([BLOCK_N, WORDS], tl.float32)
             for j in tl.static_range(4):  # nibbles j (from p) and j + 4 (from p_hi) share 16^j
                 c = _per_word(8388608.0 + z * _pow16(j), BLOCK_N, SUB, GW)
                 lo = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, k0 + first_col + R * j, rstd,
-                                 PROLOGUE, PERMUTED)
+                                 zero_rows, PROLOGUE, PERMUTED, XB)
                 hi = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, k0 + first_col + R * (j + 4), rstd,
-                                 PROLOGUE, PERMUTED)
-                t = _magic(p, c, j) * lo[None, :] + _magic(p_hi, c, j) * hi[None, :]
+                                 zero_rows, PROLOGUE, PERMUTED, XB)
+                t = _magic(p, c, j) * lo + _magic(p_hi, c, j) * hi
                 parts += t * (1.0 / _pow16(j))
             acc += parts * _per_word(s, BLOCK_N, SUB, GW)
         y = tl.sum(acc, 1)
@@ -141,13 +119,22 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
 
 
 @triton.jit
-def _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, PROLOGUE: tl.constexpr,
-                PERMUTED: tl.constexpr):
-    """The GEMV's input at tile positions `pos` (runs of R consecutive columns), after the prologue."""
-    cols = pos
-    if PERMUTED:
-        cols = tl.load(perm_ptr + pos)
-    return _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols, pos < K, rstd, PROLOGUE, True)
+def _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, zero_rows, PROLOGUE: tl.constexpr,
+                PERMUTED: tl.constexpr, XB: tl.constexpr):
+    """The GEMV's input at tile positions `pos` (runs of R consecutive columns), after the prologue, as the
+    weight tile's rows see it: [BLOCK_N, WORDS] loaded in its layout with XB and no prologue (as kernels/gemv.py's
+    `_rows_input`), else [1, WORDS]."""
+    if XB and PROLOGUE == 0:
+        at = zero_rows + pos[None, :]
+        cols = at
+        if PERMUTED:
+            cols = tl.load(perm_ptr + at)
+        return tl.load(x_ptr + m * stride_xm + cols).to(tl.float32)
+    else:
+        cols = pos
+        if PERMUTED:
+            cols = tl.load(perm_ptr + pos)
+        return _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols, pos < K, rstd, PROLOGUE, True)[None, :]
 
 
 def _block_k(block_k: int, group_size: int, k: int) -> int:
@@ -184,7 +171,8 @@ def int4_gemv(x, qweight, scales, zeros, perm, group_size: int, bias=None, confi
         residual if residual is not None else x, norm_weight if norm_weight is not None else x,
         residual_out if residual_out is not None else x, n, k, x.stride(0), y.stride(0), eps, M=m,
         HAS_BIAS=bias is not None, PERMUTED=perm is not None, PROLOGUE=prologue, GROUP=group_size,
-        R=pack_block(group_size) // 8, PART=min(group_size, block_k), PREFETCH=bool(cfg.get("PREFETCH")), PDL=pdl,
+        R=pack_block(group_size) // 8, PART=min(group_size, block_k), XB=bool(cfg.get("XB")),
+        UNROLL=cfg.get("UNROLL", 1), PDL=pdl,
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **pdl_launch_args(pdl))
     return y

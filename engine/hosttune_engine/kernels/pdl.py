@@ -2,11 +2,10 @@
 before it on the stream is still finishing, and waits for that kernel's results only where it reads them.
 
 A one-token decode step is a chain of short kernels, each a few microseconds; without it every GEMV pays
-its launch and its first weight loads after the previous kernel has drained. A GEMV launched this way
-issues the loads of its first weight tile (weights are never written while a step runs), then signals that
-the kernel after it may launch too, then waits (`wait_for_inputs`) before it reads the activations or
-writes anything: whatever the previous kernel writes or still reads is untouched before the wait.
-Inside a CUDA graph the launch is captured as a programmatic edge, so replays overlap the same way.
+its launch after the previous kernel has drained. A GEMV launched this way signals at once that the kernel
+after it may launch too, then waits (`wait_for_inputs`) before it reads the activations or writes anything:
+whatever the previous kernel writes or still reads is untouched before the wait. Inside a CUDA graph the
+launch is captured as a programmatic edge, so replays overlap the same way.
 """
 
 from __future__ import annotations
