@@ -102,9 +102,10 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
             p = tl.load(q_rows + (k0 // 8 + words)[None, :], mask=n_mask[:, None], other=0)  # [BLOCK_N, WORDS]
             p_hi = p >> 16
             z, s = _group_params(z_ptr, s_ptr, g_rows, k0, n_mask, GROUP, SUB)
+            z = _per_word(z, BLOCK_N, SUB, GW)  # once a tile: each _per_word is a layout change
             parts = tl.zeros([BLOCK_N, WORDS], tl.float32)
             for j in tl.static_range(4):  # nibbles j (from p) and j + 4 (from p_hi) share 16^j
-                c = _per_word(8388608.0 + z * _pow16(j), BLOCK_N, SUB, GW)
+                c = 8388608.0 + z * _pow16(j)
                 lo = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, k0 + first_col + R * j, rstd,
                                  zero_rows, PROLOGUE, PERMUTED, XB)
                 hi = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, k0 + first_col + R * (j + 4), rstd,
