@@ -42,9 +42,10 @@ _GEMV_KEYS = ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "FUSE")  # FUSE 0
 
 
 def _variants(rows, unrolls=(1, 2), xb: int = 1, pdl: int = 1) -> list[dict]:
-    """GEMV configs with the input in the weight tile's layout (XB: what the unfused FUSE 0 GEMVs can take), the K
-    loop unrolled, programmatic dependent launch."""
-    return [{**c, "XB": xb, "UNROLL": u, "PDL": pdl} for c in _grid(_GEMV_KEYS, rows) for u in unrolls]
+    """GEMV configs with the K loop unrolled and programmatic dependent launch; for the FP8 GEMV also the input in
+    the weight tile's layout (XB: what the unfused FUSE 0 GEMVs can take)."""
+    extra = {"XB": 1} if xb else {}
+    return [{**c, **extra, "UNROLL": u, "PDL": pdl} for c in _grid(_GEMV_KEYS, rows) for u in unrolls]
 
 
 _FP8_ROWS = [(16, 512, 8, 3, 1), (8, 512, 4, 4, 1), (4, 1024, 4, 3, 1), (4, 512, 4, 4, 1), (16, 256, 4, 3, 1),
@@ -57,9 +58,10 @@ FP8_GEMV = [{**c, "DOT": 0} for c in (
 _INT4_ROWS = [(4, 1024, 4, 2, 1), (4, 512, 4, 3, 1), (8, 1024, 8, 2, 1), (8, 512, 4, 3, 1), (16, 512, 4, 2, 1),
               (16, 1024, 4, 2, 1), (8, 128, 1, 4, 1), (16, 128, 2, 4, 1), (32, 128, 4, 3, 1), (4, 1024, 4, 3, 1),
               (4, 1024, 4, 2, 0), (8, 512, 4, 3, 0), (16, 1024, 4, 2, 0), (8, 128, 1, 4, 0)]
-_INT4_PLAIN = [(16, 1024, 4, 2, 0), (8, 512, 4, 3, 0), (4, 1024, 4, 2, 0), (8, 1024, 4, 2, 0), (32, 512, 8, 2, 0),
-               (16, 512, 4, 2, 0), (64, 128, 4, 2, 0), (32, 256, 4, 2, 0)]
-INT4_GEMV = _grid(_GEMV_KEYS, _INT4_ROWS) + _variants(_INT4_PLAIN) + _variants(_INT4_ROWS[:1], xb=0)
+_INT4_PACKED = [(16, 1024, 4, 2, 0), (8, 512, 4, 3, 0), (16, 512, 4, 2, 0), (32, 512, 8, 2, 0), (8, 1024, 4, 2, 0),
+                 (4, 1024, 4, 2, 0), (32, 256, 4, 2, 0), (16, 1024, 4, 2, 1), (8, 512, 4, 3, 1)]
+INT4_GEMV = (_grid(_GEMV_KEYS, _INT4_ROWS) + _variants(_INT4_ROWS[-4:-1], xb=0)
+             + [{**c, "PACKED": 1} for c in _variants(_INT4_PACKED, xb=0)])
 _GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
 GEMM_FEW_ROWS = [{**c, "GROUP_M": 8} for c in _grid(_GEMM_KEYS, [  # 64 rows: memory-bound, few output tiles
     (64, 64, 128, 1, 4, 3), (64, 128, 64, 1, 4, 4), (32, 64, 128, 1, 4, 4), (64, 64, 128, 2, 4, 3),
@@ -73,7 +75,7 @@ GEMM_MANY_ROWS = [{**c, "GROUP_M": 8} for c in _grid(_GEMM_KEYS, [  # a 4K-token
 def tiny_candidates(cands: list[dict]) -> list[dict]:
     """One config of each kernel kind for the CPU test (the interpreter is slow)."""
     kinds = {}
-    for c in cands:
+    for c in (c for c in cands if not c.get("PACKED")):  # CUDA only
         key = (c.get("DOT"), c.get("FUSE"), c.get("DEQUANT"), c.get("SPLIT_K", 1) > 1, c.get("XB", 0))
         kinds.setdefault(key, []).append(c)  # (UNROLL and PDL change nothing the CPU can see)
     return [c for group in kinds.values() for c in group[:1]]

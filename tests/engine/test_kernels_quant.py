@@ -132,23 +132,23 @@ def test_w8a16_gemm(case, dtype, split_k):
 @pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("m", [1, 4])
 @pytest.mark.parametrize("group, tile", [(32, 16), (64, 32), (32, 64), (64, 256), (96, 64)])
-@pytest.mark.parametrize("xb", [0, 1])
-def test_int4_gemv(act_order, dtype, m, group, tile, xb):
+@pytest.mark.parametrize("unroll", [1, 2])
+def test_int4_gemv(act_order, dtype, m, group, tile, unroll):
     """Tiles of part of a group (16: below the pack block, widened), a group, two groups, past K (narrowed),
     and groups of a width that is no power of two."""
     k = 192 if group == 96 else 128
     q, s, z, perm = int4_weight(48, k, group, act_order)
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     bias = torch.randn(48, device=DEVICE).to(dtype)
-    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "XB": xb, "UNROLL": 1 + xb, "PDL": xb, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "UNROLL": unroll, "PDL": unroll - 1, "num_warps": 4, "num_stages": 1}
     got = int4_gemv(x, q, s, z, perm, group, bias, config=cfg)
     _close(got, int4_gemv_ref(x, q, s, z, perm, group, bias), dtype)
 
 
 @pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
 @pytest.mark.parametrize("act_order", [False, True])
-@pytest.mark.parametrize("xb", [0, 1])
-def test_int4_gemv_prologues(prologue, act_order, xb):
+@pytest.mark.parametrize("unroll", [1, 2])
+def test_int4_gemv_prologues(prologue, act_order, unroll):
     q, s, z, perm = int4_weight(40, 128, 32, act_order)
     k = 128
     x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE)
@@ -156,7 +156,7 @@ def test_int4_gemv_prologues(prologue, act_order, xb):
     if prologue == RMSNORM_RESIDUAL:
         extra["residual"] = torch.randn(1, k, device=DEVICE)
     outs = [torch.empty(1, k, device=DEVICE) for _ in range(2)]
-    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "XB": xb, "UNROLL": 1 + xb, "PDL": xb, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "UNROLL": unroll, "PDL": unroll - 1, "num_warps": 4, "num_stages": 1}
     got = int4_gemv(x, q, s, z, perm, 32, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
     want = int4_gemv_ref(x, q, s, z, perm, 32, prologue=prologue, residual_out=outs[1], **extra)
     _close(got, want, torch.float32)
@@ -195,6 +195,39 @@ def test_scale_epilogue():
     sx, sw, bias = torch.rand(33, 1, device=DEVICE), torch.rand(130, device=DEVICE), torch.randn(130, device=DEVICE)
     got = scale_epilogue(acc, sx, sw, bias, torch.float32)
     torch.testing.assert_close(got, acc * sx * sw + bias)
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="the packed 4-bit GEMV is inline PTX: CUDA only")
+@pytest.mark.parametrize("act_order", [False, True])
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("group, tile", [(32, 16), (64, 256), (128, 128), (128, 1024)])
+@pytest.mark.parametrize("magnitude", [1.0, 3000.0])  # activations far past fp16's product range unscaled
+def test_int4_gemv_packed_on_gpu(act_order, m, group, tile, magnitude):
+    """Every nibble and zero point through the fp16x2 unpacking, against the fp32 reference: fp16 products."""
+    k = 2048
+    q, s, z, perm = int4_weight(72, k, group, act_order)
+    x = (torch.randn(m, k, device=DEVICE) * magnitude).to(torch.bfloat16)
+    bias = torch.randn(72, device=DEVICE).to(torch.bfloat16)
+    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "PACKED": 1, "UNROLL": 2, "num_warps": 4, "num_stages": 2}
+    got = int4_gemv(x, q, s, z, perm, group, bias, config=cfg)
+    _close(got, int4_gemv_ref(x, q, s, z, perm, group, bias), torch.float16)
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="the packed 4-bit GEMV is inline PTX: CUDA only")
+@pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
+def test_int4_gemv_packed_prologues_on_gpu(prologue):
+    q, s, z, perm = int4_weight(40, 256, 64, False)
+    k = 256
+    x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE).to(torch.bfloat16)
+    extra = {} if prologue == SWIGLU else {"norm_weight": (torch.rand(k, device=DEVICE) + 0.5).to(torch.bfloat16),
+                                           "eps": 1e-6}
+    if prologue == RMSNORM_RESIDUAL:
+        extra["residual"] = torch.randn(1, k, device=DEVICE).to(torch.bfloat16)
+    outs = [torch.empty(1, k, device=DEVICE, dtype=torch.bfloat16) for _ in range(2)]
+    cfg = {"BLOCK_N": 8, "BLOCK_K": 128, "PACKED": 1, "num_warps": 4, "num_stages": 2}
+    got = int4_gemv(x, q, s, z, perm, 64, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
+    want = int4_gemv_ref(x, q, s, z, perm, 64, prologue=prologue, residual_out=outs[1], **extra)
+    _close(got, want, torch.float16)
 
 
 @pytest.mark.skipif(DEVICE == "cpu" or not supports_fp8_mm(torch.device(DEVICE)),

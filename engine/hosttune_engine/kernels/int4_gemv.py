@@ -13,8 +13,12 @@ the word shifted by 16 once) is masked in place and ORed into the mantissa of 2^
 2^23 + q 16^j; subtracting 2^23 + zero 16^j (once per row and group) leaves (q - zero) 16^j. The products
 of the four nibble positions are summed with their 1 / 16^j and the group's scale once per tile.
 
-XB, UNROLL and PDL in the config: as in kernels/fp8_gemv.py (the activations loaded in the weight tile's
-layout, the K loop unrolled, programmatic dependent launch).
+On CUDA, PACKED 1 in the config unpacks and multiplies two weights an instruction instead (fp16x2, inline PTX,
+`_word_dot`): the nibble pairs (i, i + 4) of a word ORed into two fp16 1024s and 1024 + zero taken off, exact;
+the activations enter as fp16 pairs scaled by 1/256 (exact; the range stays far from fp16's limit), four
+products a half summed in fp16, the word's two halves then added and scaled in fp32: about half the
+instructions a weight of the fp32 path, whose roundings are the reference's. UNROLL and PDL: as in
+kernels/fp8_gemv.py (the K loop unrolled, programmatic dependent launch).
 """
 
 from __future__ import annotations
@@ -51,6 +55,64 @@ def _pow16(J: tl.constexpr):
         return 4096.0
 
 
+# PACKED: activations enter fp16 scaled by this (exact), so sums of four products stay far inside fp16's range
+X_SCALE: tl.constexpr = tl.constexpr(1.0 / 256)
+
+# one word's dot product, eight weights at two an instruction: the nibble pairs (i, i + 4) masked in place and ORed
+# into fp16 1024 (nibbles 1, 3, 5, 7 land at 16 q: scaled by 1/16 and 64 taken instead), minus 1024 + zero, exact;
+# four fp16x2 multiply-adds with the activation pairs, the two halves added in fp32
+_WORD_DOT: tl.constexpr = tl.constexpr("""{
+.reg .b32 t0, t1, t2, t3, w2, c16, a;
+.reg .b16 lo, hi;
+.reg .f32 flo, fhi;
+shr.u32 w2, $1, 8;
+lop3.b32 t0, $1, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 t1, $1, 0x00F000F0, 0x64006400, 0xEA;
+lop3.b32 t2, w2, 0x000F000F, 0x64006400, 0xEA;
+lop3.b32 t3, w2, 0x00F000F0, 0x64006400, 0xEA;
+mov.b32 c16, 0x2C002C00;
+sub.f16x2 t0, t0, $6;
+fma.rn.f16x2 t1, t1, c16, $7;
+sub.f16x2 t2, t2, $6;
+fma.rn.f16x2 t3, t3, c16, $7;
+mul.f16x2 a, t0, $2;
+fma.rn.f16x2 a, t1, $3, a;
+fma.rn.f16x2 a, t2, $4, a;
+fma.rn.f16x2 a, t3, $5, a;
+mov.b32 {lo, hi}, a;
+cvt.f32.f16 flo, lo;
+cvt.f32.f16 fhi, hi;
+add.f32 flo, flo, fhi;
+mov.b32 $0, flo;
+}""")
+
+
+@triton.jit
+def _half2(lo, hi):
+    """fp32 pairs -> fp16x2 words (lo in the low half), rounded to nearest."""
+    return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _word_dot(p, x0, x1, x2, x3, zc, nzc):
+    """sum over a word's eight nibbles of (q - zero) x, in fp32 (x0..x3: fp16x2 activations of nibbles (j, j + 4);
+    zc: fp16x2 1024 + zero, nzc: fp16x2 -(64 + zero))."""
+    d = tl.inline_asm_elementwise(_WORD_DOT, "=r,r,r,r,r,r,r,r", [p, x0, x1, x2, x3, zc, nzc], dtype=tl.int32,
+                                  is_pure=True, pack=1)
+    return d.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _zero_halves(z):
+    """Zero points (exact integers in fp32) -> the fp16x2 words 1024 + z and -(64 + z): fp16 1024 + z is 0x6400 | z,
+    64 + z is 0x5400 | 16 z; 0x80008000 (as int32) sets both signs."""
+    zi = z.to(tl.int32)
+    zc = 0x64006400 | zi | (zi << 16)
+    nzc = -2147450880 | 0x54005400 | (zi << 4) | (zi << 20)
+    return zc, nzc
+
+
 @triton.jit
 def _group_params(z_ptr, s_ptr, g_rows, k0, n_mask, GROUP: tl.constexpr, SUB: tl.constexpr):
     """Zeros and scales of the tile's groups as fp32 [BLOCK_N, SUB] ([BLOCK_N, 1] for a tile inside a group)."""
@@ -78,7 +140,7 @@ def _per_word(v, BLOCK_N: tl.constexpr, SUB: tl.constexpr, GW: tl.constexpr):
 def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm,
                       stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr, PERMUTED: tl.constexpr,
                       PROLOGUE: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr, PART: tl.constexpr,
-                      XB: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+                      UNROLL: tl.constexpr, PDL: tl.constexpr, PACKED: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr):
     """PART = min(GROUP, BLOCK_K): the columns of one group inside a tile; R words a pack block. K is a
     multiple of BLOCK_K (which divides the group size or is a multiple of it; the wrapper sees to it)."""
@@ -93,26 +155,35 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
     g_rows = offs_n * groups  # [BLOCK_N]
     words = tl.arange(0, WORDS)
     first_col = (words // R) * (8 * R) + words % R  # [WORDS]: the column of each word's nibble 0 in the tile
-    zero_rows = tl.zeros([BLOCK_N, 1], tl.int32)
     wait_for_inputs(PDL)
     rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, True, BLOCK_K)
     for m in tl.static_range(M):  # M <= 4: the repeated weight reads of m > 0 come from cache
         acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
         for k0 in tl.range(0, K, BLOCK_K, loop_unroll_factor=UNROLL):
             p = tl.load(q_rows + (k0 // 8 + words)[None, :], mask=n_mask[:, None], other=0)  # [BLOCK_N, WORDS]
-            p_hi = p >> 16
             z, s = _group_params(z_ptr, s_ptr, g_rows, k0, n_mask, GROUP, SUB)
-            z = _per_word(z, BLOCK_N, SUB, GW)  # once a tile: each _per_word is a layout change
-            parts = tl.zeros([BLOCK_N, WORDS], tl.float32)
-            for j in tl.static_range(4):  # nibbles j (from p) and j + 4 (from p_hi) share 16^j
-                c = 8388608.0 + z * _pow16(j)
-                lo = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, k0 + first_col + R * j, rstd,
-                                 zero_rows, PROLOGUE, PERMUTED, XB)
-                hi = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, k0 + first_col + R * (j + 4), rstd,
-                                 zero_rows, PROLOGUE, PERMUTED, XB)
-                t = _magic(p, c, j) * lo + _magic(p_hi, c, j) * hi
-                parts += t * (1.0 / _pow16(j))
-            acc += parts * _per_word(s, BLOCK_N, SUB, GW)
+            if PACKED:
+                zc, nzc = _zero_halves(z)
+                pos = k0 + first_col
+                x0 = _x_half2(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, R, PROLOGUE, PERMUTED, 0)
+                x1 = _x_half2(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, R, PROLOGUE, PERMUTED, 1)
+                x2 = _x_half2(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, R, PROLOGUE, PERMUTED, 2)
+                x3 = _x_half2(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, R, PROLOGUE, PERMUTED, 3)
+                parts = _word_dot(p, x0, x1, x2, x3, _per_word(zc, BLOCK_N, SUB, GW), _per_word(nzc, BLOCK_N, SUB, GW))
+                acc += parts * _per_word(s * (1.0 / X_SCALE), BLOCK_N, SUB, GW)
+            else:
+                p_hi = p >> 16
+                z = _per_word(z, BLOCK_N, SUB, GW)  # once a tile: each _per_word is a layout change
+                parts = tl.zeros([BLOCK_N, WORDS], tl.float32)
+                for j in tl.static_range(4):  # nibbles j (from p) and j + 4 (from p_hi) share 16^j
+                    c = 8388608.0 + z * _pow16(j)
+                    lo = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, k0 + first_col + R * j, rstd,
+                                     PROLOGUE, PERMUTED)
+                    hi = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, k0 + first_col + R * (j + 4),
+                                     rstd, PROLOGUE, PERMUTED)
+                    t = _magic(p, c, j) * lo + _magic(p_hi, c, j) * hi
+                    parts += t * (1.0 / _pow16(j))
+                acc += parts * _per_word(s, BLOCK_N, SUB, GW)
         y = tl.sum(acc, 1)
         if HAS_BIAS:
             y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
@@ -120,22 +191,22 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
 
 
 @triton.jit
-def _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, zero_rows, PROLOGUE: tl.constexpr,
-                PERMUTED: tl.constexpr, XB: tl.constexpr):
-    """The GEMV's input at tile positions `pos` (runs of R consecutive columns), after the prologue, as the
-    weight tile's rows see it: [BLOCK_N, WORDS] loaded in its layout with XB and no prologue (as kernels/gemv.py's
-    `_rows_input`), else [1, WORDS]."""
-    if XB and PROLOGUE == 0:
-        at = zero_rows + pos[None, :]
-        cols = at
-        if PERMUTED:
-            cols = tl.load(perm_ptr + at)
-        return tl.load(x_ptr + m * stride_xm + cols).to(tl.float32)
-    else:
-        cols = pos
-        if PERMUTED:
-            cols = tl.load(perm_ptr + pos)
-        return _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols, pos < K, rstd, PROLOGUE, True)[None, :]
+def _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, PROLOGUE: tl.constexpr,
+                PERMUTED: tl.constexpr):
+    """The GEMV's input at tile positions `pos` (runs of R consecutive columns), after the prologue, [1, WORDS]."""
+    cols = pos
+    if PERMUTED:
+        cols = tl.load(perm_ptr + pos)
+    return _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols, pos < K, rstd, PROLOGUE, True)[None, :]
+
+
+@triton.jit
+def _x_half2(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, R: tl.constexpr, PROLOGUE: tl.constexpr,
+             PERMUTED: tl.constexpr, J: tl.constexpr):
+    """PACKED: the fp16x2 activations of nibbles (J, J + 4) of the tile's words, scaled by X_SCALE."""
+    lo = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos + R * J, rstd, PROLOGUE, PERMUTED)
+    hi = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos + R * (J + 4), rstd, PROLOGUE, PERMUTED)
+    return _half2(lo * X_SCALE, hi * X_SCALE)
 
 
 def _block_k(block_k: int, group_size: int, k: int) -> int:
@@ -172,8 +243,8 @@ def int4_gemv(x, qweight, scales, zeros, perm, group_size: int, bias=None, confi
         residual if residual is not None else x, norm_weight if norm_weight is not None else x,
         residual_out if residual_out is not None else x, n, k, x.stride(0), y.stride(0), eps, M=m,
         HAS_BIAS=bias is not None, PERMUTED=perm is not None, PROLOGUE=prologue, GROUP=group_size,
-        R=pack_block(group_size) // 8, PART=min(group_size, block_k), XB=bool(cfg.get("XB")),
-        UNROLL=cfg.get("UNROLL", 1), PDL=pdl,
+        R=pack_block(group_size) // 8, PART=min(group_size, block_k), UNROLL=cfg.get("UNROLL", 1),
+        PDL=pdl, PACKED=bool(cfg.get("PACKED")) and x.is_cuda,
         BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **pdl_launch_args(pdl))
     return y
