@@ -194,19 +194,26 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
 def _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, PROLOGUE: tl.constexpr,
                 PERMUTED: tl.constexpr):
     """The GEMV's input at tile positions `pos` (runs of R consecutive columns), after the prologue, [1, WORDS]."""
+    return _tile_vector(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, PROLOGUE, PERMUTED)[None, :]
+
+
+@triton.jit
+def _tile_vector(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, PROLOGUE: tl.constexpr,
+                 PERMUTED: tl.constexpr):
+    """The same as a vector [WORDS]."""
     cols = pos
     if PERMUTED:
         cols = tl.load(perm_ptr + pos)
-    return _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols, pos < K, rstd, PROLOGUE, True)[None, :]
+    return _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols, pos < K, rstd, PROLOGUE, True)
 
 
 @triton.jit
 def _x_half2(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, R: tl.constexpr, PROLOGUE: tl.constexpr,
              PERMUTED: tl.constexpr, J: tl.constexpr):
     """PACKED: the fp16x2 activations of nibbles (J, J + 4) of the tile's words, scaled by X_SCALE."""
-    lo = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos + R * J, rstd, PROLOGUE, PERMUTED)
-    hi = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos + R * (J + 4), rstd, PROLOGUE, PERMUTED)
-    return _half2(lo * X_SCALE, hi * X_SCALE)
+    lo = _tile_vector(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos + R * J, rstd, PROLOGUE, PERMUTED)
+    hi = _tile_vector(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos + R * (J + 4), rstd, PROLOGUE, PERMUTED)
+    return _half2(lo * X_SCALE, hi * X_SCALE)[None, :]  # packed before the broadcast: half the layout changes
 
 
 def _block_k(block_k: int, group_size: int, k: int) -> int:
