@@ -41,11 +41,11 @@ def _grid(keys, rows) -> list[dict]:
 _GEMV_KEYS = ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "FUSE")  # FUSE 0: the prologue's own kernels first
 
 
-def _variants(rows, unrolls=(1, 2), xb: int = 1, pdl: int = 1) -> list[dict]:
-    """GEMV configs with the K loop unrolled and programmatic dependent launch; for the FP8 GEMV also the input in
-    the weight tile's layout (XB: what the unfused FUSE 0 GEMVs can take)."""
+def _variants(rows, unrolls=(1, 2), xb: int = 1) -> list[dict]:
+    """GEMV configs with the K loop unrolled; for the FP8 GEMV also the input in the weight tile's layout (XB: what
+    the unfused FUSE 0 GEMVs can take)."""
     extra = {"XB": 1} if xb else {}
-    return [{**c, **extra, "UNROLL": u, "PDL": pdl} for c in _grid(_GEMV_KEYS, rows) for u in unrolls]
+    return [{**c, **extra, "UNROLL": u} for c in _grid(_GEMV_KEYS, rows) for u in unrolls]
 
 
 _FP8_ROWS = [(16, 512, 8, 3, 1), (8, 512, 4, 4, 1), (4, 1024, 4, 3, 1), (4, 512, 4, 4, 1), (16, 256, 4, 3, 1),
@@ -78,7 +78,7 @@ def tiny_candidates(cands: list[dict]) -> list[dict]:
     kinds = {}
     for c in (c for c in cands if not c.get("PACKED")):  # CUDA only
         key = (c.get("DOT"), c.get("FUSE"), c.get("DEQUANT"), c.get("SPLIT_K", 1) > 1, c.get("XB", 0))
-        kinds.setdefault(key, []).append(c)  # (UNROLL and PDL change nothing the CPU can see)
+        kinds.setdefault(key, []).append(c)  # (UNROLL changes nothing the CPU can see)
     return [c for group in kinds.values() for c in group[:1]]
 
 

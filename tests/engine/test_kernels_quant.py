@@ -89,9 +89,9 @@ def test_fp8_gemv(case, dtype, m, tile, kind):
 
 def _fp8_gemv_config(kind: str, tile: int) -> dict:
     """The FP8 GEMV's kinds: CUDA cores, tensor cores, CUDA cores with the input in the weight tile's layout, the
-    K loop unrolled and (on a GPU that has it) programmatic dependent launch."""
+    K loop unrolled."""
     dot, xb = kind == "dot", int(kind == "xb")
-    return {"BLOCK_N": 16 if dot else 8, "BLOCK_K": tile, "DOT": int(dot), "XB": xb, "UNROLL": 1 + xb, "PDL": xb,
+    return {"BLOCK_N": 16 if dot else 8, "BLOCK_K": tile, "DOT": int(dot), "XB": xb, "UNROLL": 1 + xb,
             "num_warps": 4, "num_stages": 1}
 
 
@@ -140,7 +140,7 @@ def test_int4_gemv(act_order, dtype, m, group, tile, unroll):
     q, s, z, perm = int4_weight(48, k, group, act_order)
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     bias = torch.randn(48, device=DEVICE).to(dtype)
-    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "UNROLL": unroll, "PDL": unroll - 1, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "UNROLL": unroll, "num_warps": 4, "num_stages": 1}
     got = int4_gemv(x, q, s, z, perm, group, bias, config=cfg)
     _close(got, int4_gemv_ref(x, q, s, z, perm, group, bias), dtype)
 
@@ -156,7 +156,7 @@ def test_int4_gemv_prologues(prologue, act_order, unroll):
     if prologue == RMSNORM_RESIDUAL:
         extra["residual"] = torch.randn(1, k, device=DEVICE)
     outs = [torch.empty(1, k, device=DEVICE) for _ in range(2)]
-    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "UNROLL": unroll, "PDL": unroll - 1, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "UNROLL": unroll, "num_warps": 4, "num_stages": 1}
     got = int4_gemv(x, q, s, z, perm, 32, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
     want = int4_gemv_ref(x, q, s, z, perm, 32, prologue=prologue, residual_out=outs[1], **extra)
     _close(got, want, torch.float32)

@@ -11,12 +11,7 @@ scaled. Prologues (one row): RMSNorm (+ residual add, program 0 writing the new 
 
 Config keys beside the block shapes: XB 1 loads the input in the weight tile's layout (kernels/gemv.py
 `_rows_input`); UNROLL n unrolls the K loop n times, so the loads of later tiles issue before the products of
-the first; PDL 1 launches the kernel with programmatic dependent launch (kernels/pdl.py) where the GPU has it.
-The tuner measures them.
-
-With DOT in the config the products run on the tensor cores instead (`_fp8_gemv_dot_kernel`): the rows
-padded to 16, the e4m3 tile converted to x's dtype (exact) for the dot, the tile's scale on its fp32
-result. Which is faster depends on the GPU's conversion and FMA rates; the tuner measures both.
+the first. The tuner measures them.
 """
 
 from __future__ import annotations
@@ -28,7 +23,6 @@ import triton.language as tl
 from hosttune_engine.kernels.checks import check, check_tensor
 from hosttune_engine.kernels.gemv import (PLAIN, SWIGLU, _input_tile, _rms_rstd, _rows_input, _weight_tile,
                                           check_prologue, prologue_ref)
-from hosttune_engine.kernels.pdl import pdl_launch_args, use_pdl, wait_for_inputs
 
 DEFAULT = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
 
@@ -37,7 +31,7 @@ DEFAULT = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm,
                      stride_wn, stride_s, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
                      SCALE_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                     XB: tl.constexpr, UNROLL: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr,
+                     XB: tl.constexpr, UNROLL: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -45,7 +39,6 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr,
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     s_rows = s_ptr + tl.load(srow_ptr + offs_n, mask=n_mask, other=0).to(tl.int64) * stride_s  # [BLOCK_N]
     zero_rows = tl.zeros([BLOCK_N, 1], tl.int32)
-    wait_for_inputs(PDL)
     rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, EVEN_K, BLOCK_K)
     for m in tl.static_range(M):
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
@@ -166,12 +159,11 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, scale_row: t
         _launch_dot(args, n, k, block_k, x, w, scale, y, eps, bias is not None, prologue, cfg)
         return y
     block, scale_k = _tile(cfg, block_k, k)
-    pdl = use_pdl(cfg, x.device)
     _fp8_gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
         *args, n, k, x.stride(0), w.stride(0), scale.stride(0), y.stride(0), eps, M=m, HAS_BIAS=bias is not None,
         SCALE_K=scale_k, SUB=block // scale_k if scale_k else 1, EVEN_K=k % block == 0, PROLOGUE=prologue,
-        XB=bool(cfg.get("XB")), UNROLL=cfg.get("UNROLL", 1), PDL=pdl, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch_args(pdl))
+        XB=bool(cfg.get("XB")), UNROLL=cfg.get("UNROLL", 1), BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y
 
 

@@ -17,8 +17,8 @@ On CUDA, PACKED 1 in the config unpacks and multiplies two weights an instructio
 `_word_dot`): the nibble pairs (i, i + 4) of a word ORed into two fp16 1024s and 1024 + zero taken off, exact;
 the activations enter as fp16 pairs scaled by 1/256 (exact; the range stays far from fp16's limit), four
 products a half summed in fp16, the word's two halves then added and scaled in fp32: about half the
-instructions a weight of the fp32 path, whose roundings are the reference's. UNROLL and PDL: as in
-kernels/fp8_gemv.py (the K loop unrolled, programmatic dependent launch).
+instructions a weight of the fp32 path, whose roundings are the reference's. UNROLL: as in kernels/fp8_gemv.py
+(the K loop unrolled).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import triton.language as tl
 from hosttune_engine.kernels.checks import check, check_tensor
 from hosttune_engine.kernels.gemv import PLAIN, SWIGLU, _input_tile, _rms_rstd, check_prologue, prologue_ref
 from hosttune_engine.kernels.int4_layout import check_int4_weight, dequantize_ref, pack_block, tile_in_group
-from hosttune_engine.kernels.pdl import pdl_launch_args, use_pdl, wait_for_inputs
 
 DEFAULT = {"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4, "num_stages": 2}
 
@@ -140,7 +139,7 @@ def _per_word(v, BLOCK_N: tl.constexpr, SUB: tl.constexpr, GW: tl.constexpr):
 def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm,
                       stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr, PERMUTED: tl.constexpr,
                       PROLOGUE: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr, PART: tl.constexpr,
-                      UNROLL: tl.constexpr, PDL: tl.constexpr, PACKED: tl.constexpr, BLOCK_N: tl.constexpr,
+                      UNROLL: tl.constexpr, PACKED: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_K: tl.constexpr):
     """PART = min(GROUP, BLOCK_K): the columns of one group inside a tile; R words a pack block. K is a
     multiple of BLOCK_K (which divides the group size or is a multiple of it; the wrapper sees to it)."""
@@ -155,7 +154,6 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
     g_rows = offs_n * groups  # [BLOCK_N]
     words = tl.arange(0, WORDS)
     first_col = (words // R) * (8 * R) + words % R  # [WORDS]: the column of each word's nibble 0 in the tile
-    wait_for_inputs(PDL)
     rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, True, BLOCK_K)
     for m in tl.static_range(M):  # M <= 4: the repeated weight reads of m > 0 come from cache
         acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
@@ -244,16 +242,14 @@ def int4_gemv(x, qweight, scales, zeros, perm, group_size: int, bias=None, confi
     cfg = config or DEFAULT
     block_k = _block_k(cfg["BLOCK_K"], group_size, k)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    pdl = use_pdl(cfg, x.device)
     _int4_gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
         x, qweight, scales, zeros, perm if perm is not None else qweight, bias if bias is not None else x, y,
         residual if residual is not None else x, norm_weight if norm_weight is not None else x,
         residual_out if residual_out is not None else x, n, k, x.stride(0), y.stride(0), eps, M=m,
         HAS_BIAS=bias is not None, PERMUTED=perm is not None, PROLOGUE=prologue, GROUP=group_size,
         R=pack_block(group_size) // 8, PART=min(group_size, block_k), UNROLL=cfg.get("UNROLL", 1),
-        PDL=pdl, PACKED=bool(cfg.get("PACKED")) and x.is_cuda,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **pdl_launch_args(pdl))
+        PACKED=bool(cfg.get("PACKED")) and x.is_cuda,
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],)
     return y
 
 
