@@ -343,7 +343,8 @@ def main() -> None:
     parser.add_argument("--out", default="quant-tune")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and two configs per kernel (CPU test)")
     parser.add_argument("--budget-s", type=float, default=190.0, help="stop starting sweeps after this long")
-    parser.add_argument("--stage", choices=list(STAGES), help=argparse.SUPPRESS)  # one stage, in a child
+    parser.add_argument("--stage", choices=list(STAGES),
+                        help="run only this stage, in this process: writes stage-STAGE.json (its rows and winners)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
