@@ -48,13 +48,20 @@ def _variants(rows, unrolls=(1, 2), xb: int = 1) -> list[dict]:
     return [{**c, **extra, "UNROLL": u} for c in _grid(_GEMV_KEYS, rows) for u in unrolls]
 
 
+def _split(rows, unrolls, splits=(2, 4)) -> list[dict]:
+    """GEMV configs with K split across programs (kernels/gemv_splits.py): for the projections with few rows."""
+    return [{**c, "SPLIT": k} for c in _variants(rows, unrolls, xb=0) for k in splits]
+
+
+_FP8_SPLIT = [(4, 1024, 4, 3, 0), (8, 512, 4, 3, 0), (16, 512, 8, 3, 0)]
 _FP8_ROWS = [(16, 512, 8, 3, 1), (8, 512, 4, 4, 1), (4, 1024, 4, 3, 1), (4, 512, 4, 4, 1), (16, 256, 4, 3, 1),
              (8, 1024, 8, 3, 1), (16, 512, 8, 3, 0), (4, 1024, 4, 3, 0)]
 _FP8_PLAIN = [(16, 512, 8, 3, 0), (4, 1024, 4, 3, 0), (8, 512, 4, 3, 0), (8, 1024, 8, 3, 0), (32, 256, 8, 3, 0),
               (16, 1024, 8, 3, 0), (4, 2048, 8, 3, 0), (32, 512, 8, 3, 0)]
-FP8_GEMV = [{**c, "DOT": 0} for c in (
+FP8_GEMV = ([{**c, "DOT": 0} for c in (
     _grid(_GEMV_KEYS, _FP8_ROWS) + _variants(_FP8_PLAIN) + _variants(_FP8_PLAIN[:3], unrolls=(4,))
-    + _variants(_FP8_ROWS[:2], xb=0))] + [{**c, "DOT": 1} for c in _grid(_GEMV_KEYS, [(32, 256, 4, 3, 1)])]
+    + _variants(_FP8_ROWS[:2], xb=0) + _split(_FP8_SPLIT, (1,)))]
+    + [{**c, "DOT": 1} for c in _grid(_GEMV_KEYS, [(32, 256, 4, 3, 1)])])
 _INT4_ROWS = [(4, 1024, 4, 2, 1), (4, 512, 4, 3, 1), (8, 1024, 8, 2, 1), (8, 512, 4, 3, 1), (16, 512, 4, 2, 1),
               (16, 1024, 4, 2, 1), (8, 128, 1, 4, 1), (16, 128, 2, 4, 1), (32, 128, 4, 3, 1), (4, 1024, 4, 3, 1),
               (4, 1024, 4, 2, 0), (8, 512, 4, 3, 0), (16, 1024, 4, 2, 0), (8, 128, 1, 4, 0)]
@@ -62,7 +69,8 @@ _INT4_PACKED = [(16, 1024, 4, 2, 0), (8, 512, 4, 3, 0), (16, 512, 4, 2, 0), (32,
                  (4, 1024, 4, 2, 0), (32, 256, 4, 2, 0), (16, 1024, 4, 2, 1), (8, 512, 4, 3, 1)]
 _INT4_PACKED_MORE = [(16, 512, 4, 2, 0), (32, 512, 4, 2, 0), (16, 256, 4, 2, 0), (64, 256, 8, 2, 0), (8, 256, 2, 2, 0)]
 INT4_GEMV = (_grid(_GEMV_KEYS, _INT4_ROWS) + _variants(_INT4_ROWS[-4:-1], xb=0)
-             + [{**c, "PACKED": 1} for c in _variants(_INT4_PACKED, xb=0) + _variants(_INT4_PACKED_MORE, (2, 4), xb=0)])
+             + [{**c, "PACKED": 1} for c in _variants(_INT4_PACKED, xb=0) + _variants(_INT4_PACKED_MORE, (2, 4), xb=0)
+                + _split(_INT4_PACKED_MORE[:2] + [(8, 512, 4, 3, 0)], (4,))])
 _GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
 GEMM_FEW_ROWS = [{**c, "GROUP_M": 8} for c in _grid(_GEMM_KEYS, [  # 64 rows: memory-bound, few output tiles
     (64, 64, 128, 1, 4, 3), (64, 128, 64, 1, 4, 4), (32, 64, 128, 1, 4, 4), (64, 64, 128, 2, 4, 3),
@@ -77,7 +85,7 @@ def tiny_candidates(cands: list[dict]) -> list[dict]:
     """One config of each kernel kind for the CPU test (the interpreter is slow)."""
     kinds = {}
     for c in (c for c in cands if not c.get("PACKED")):  # CUDA only
-        key = (c.get("DOT"), c.get("FUSE"), c.get("DEQUANT"), c.get("SPLIT_K", 1) > 1, c.get("XB", 0))
+        key = (c.get("DOT"), c.get("FUSE"), c.get("DEQUANT"), c.get("SPLIT_K", c.get("SPLIT", 1)) > 1, c.get("XB", 0))
         kinds.setdefault(key, []).append(c)  # (UNROLL changes nothing the CPU can see)
     return [c for group in kinds.values() for c in group[:1]]
 

@@ -8,6 +8,7 @@ from hosttune_engine.errors import KernelInputError
 from hosttune_engine.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm
 from hosttune_engine.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
 from hosttune_engine.kernels.gemv import RMSNORM, RMSNORM_RESIDUAL, SWIGLU
+from hosttune_engine.kernels.gemv_splits import split_buffers
 from hosttune_engine.kernels.fp8_scaled_mm import (fp8_scaled_mm, fp8_scaled_mm_ref, quantize_per_token,
                                                    quantize_per_token_ref, scale_epilogue, supports_fp8_mm)
 from hosttune_engine.kernels.int4_gemv import int4_gemv, int4_gemv_ref
@@ -77,7 +78,7 @@ def _close(got, want, dtype):
 @pytest.mark.parametrize("case", list(FP8_CASES))
 @pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("tile", [32, 64])  # a K tile of one or of two scale blocks
-@pytest.mark.parametrize("kind", ["plain", "dot", "xb"])
+@pytest.mark.parametrize("kind", ["plain", "dot", "xb", "split"])
 def test_fp8_gemv(case, dtype, m, tile, kind):
     n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
     w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
@@ -88,16 +89,16 @@ def test_fp8_gemv(case, dtype, m, tile, kind):
 
 
 def _fp8_gemv_config(kind: str, tile: int) -> dict:
-    """The FP8 GEMV's kinds: CUDA cores, tensor cores, CUDA cores with the input in the weight tile's layout, the
-    K loop unrolled."""
+    """The FP8 GEMV's kinds: CUDA cores, tensor cores, CUDA cores with the input in the weight tile's layout and
+    the K loop unrolled, CUDA cores with K split three ways (more splits than some K has tiles)."""
     dot, xb = kind == "dot", int(kind == "xb")
     return {"BLOCK_N": 16 if dot else 8, "BLOCK_K": tile, "DOT": int(dot), "XB": xb, "UNROLL": 1 + xb,
-            "num_warps": 4, "num_stages": 1}
+            "SPLIT": 3 if kind == "split" else 1, "num_warps": 4, "num_stages": 1}
 
 
 @pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
 @pytest.mark.parametrize("case", ["block", "channel"])
-@pytest.mark.parametrize("kind", ["plain", "dot", "xb"])
+@pytest.mark.parametrize("kind", ["plain", "dot", "xb", "split"])
 def test_fp8_gemv_prologues(case, prologue, kind):
     n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
     w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
@@ -132,23 +133,23 @@ def test_w8a16_gemm(case, dtype, split_k):
 @pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("m", [1, 4])
 @pytest.mark.parametrize("group, tile", [(32, 16), (64, 32), (32, 64), (64, 256), (96, 64)])
-@pytest.mark.parametrize("unroll", [1, 2])
-def test_int4_gemv(act_order, dtype, m, group, tile, unroll):
+@pytest.mark.parametrize("tuning", [{}, {"UNROLL": 2}, {"SPLIT": 3}])
+def test_int4_gemv(act_order, dtype, m, group, tile, tuning):
     """Tiles of part of a group (16: below the pack block, widened), a group, two groups, past K (narrowed),
     and groups of a width that is no power of two."""
     k = 192 if group == 96 else 128
     q, s, z, perm = int4_weight(48, k, group, act_order)
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     bias = torch.randn(48, device=DEVICE).to(dtype)
-    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "UNROLL": unroll, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "num_warps": 4, "num_stages": 1, **tuning}
     got = int4_gemv(x, q, s, z, perm, group, bias, config=cfg)
     _close(got, int4_gemv_ref(x, q, s, z, perm, group, bias), dtype)
 
 
 @pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
 @pytest.mark.parametrize("act_order", [False, True])
-@pytest.mark.parametrize("unroll", [1, 2])
-def test_int4_gemv_prologues(prologue, act_order, unroll):
+@pytest.mark.parametrize("tuning", [{}, {"UNROLL": 2}, {"SPLIT": 2}])
+def test_int4_gemv_prologues(prologue, act_order, tuning):
     q, s, z, perm = int4_weight(40, 128, 32, act_order)
     k = 128
     x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE)
@@ -156,7 +157,7 @@ def test_int4_gemv_prologues(prologue, act_order, unroll):
     if prologue == RMSNORM_RESIDUAL:
         extra["residual"] = torch.randn(1, k, device=DEVICE)
     outs = [torch.empty(1, k, device=DEVICE) for _ in range(2)]
-    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "UNROLL": unroll, "num_warps": 4, "num_stages": 1}
+    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1, **tuning}
     got = int4_gemv(x, q, s, z, perm, 32, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
     want = int4_gemv_ref(x, q, s, z, perm, 32, prologue=prologue, residual_out=outs[1], **extra)
     _close(got, want, torch.float32)
@@ -197,18 +198,33 @@ def test_scale_epilogue():
     torch.testing.assert_close(got, acc * sx * sw + bias)
 
 
+def test_split_gemvs_leave_their_scratch_clear():
+    """Split-K partial sums and counters are zero after every call, so the next call (or a graph replay) and
+    another projection of the same width start clean."""
+    w, scale, srow = fp8_weight(48, 256, (48, 1), torch.arange(48))
+    q, s, z, perm = int4_weight(48, 256, 64, False)
+    x = torch.randn(2, 256, device=DEVICE)
+    cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "SPLIT": 4, "num_warps": 4, "num_stages": 1}
+    for _ in range(2):
+        _close(fp8_gemv(x, w, scale, srow, 256, config=cfg), fp8_gemv_ref(x, w, scale, srow, 256), torch.float32)
+        _close(int4_gemv(x, q, s, z, perm, 64, config=cfg), int4_gemv_ref(x, q, s, z, perm, 64), torch.float32)
+    part, cnt = split_buffers(x.device, 48)
+    assert not part.any() and not cnt.any()
+
+
 @pytest.mark.skipif(DEVICE == "cpu", reason="the packed 4-bit GEMV is inline PTX: CUDA only")
 @pytest.mark.parametrize("act_order", [False, True])
 @pytest.mark.parametrize("m", [1, 4])
 @pytest.mark.parametrize("group, tile", [(32, 16), (64, 256), (128, 128), (128, 1024)])
 @pytest.mark.parametrize("magnitude", [1.0, 3000.0])  # activations far past fp16's product range unscaled
-def test_int4_gemv_packed_on_gpu(act_order, m, group, tile, magnitude):
+@pytest.mark.parametrize("split", [1, 3])
+def test_int4_gemv_packed_on_gpu(act_order, m, group, tile, magnitude, split):
     """Every nibble and zero point through the fp16x2 unpacking, against the fp32 reference: fp16 products."""
     k = 2048
     q, s, z, perm = int4_weight(72, k, group, act_order)
     x = (torch.randn(m, k, device=DEVICE) * magnitude).to(torch.bfloat16)
     bias = torch.randn(72, device=DEVICE).to(torch.bfloat16)
-    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "PACKED": 1, "UNROLL": 2, "num_warps": 4, "num_stages": 2}
+    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "PACKED": 1, "UNROLL": 2, "SPLIT": split, "num_warps": 4, "num_stages": 2}
     got = int4_gemv(x, q, s, z, perm, group, bias, config=cfg)
     _close(got, int4_gemv_ref(x, q, s, z, perm, group, bias), torch.float16)
 

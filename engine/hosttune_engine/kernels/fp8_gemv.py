@@ -11,7 +11,8 @@ scaled. Prologues (one row): RMSNorm (+ residual add, program 0 writing the new 
 
 Config keys beside the block shapes: XB 1 loads the input in the weight tile's layout (kernels/gemv.py
 `_rows_input`); UNROLL n unrolls the K loop n times, so the loads of later tiles issue before the products of
-the first. The tuner measures them.
+the first; SPLIT s gives each block of rows s programs, each over 1/s of K (kernels/gemv_splits.py). The
+tuner measures them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
+from hosttune_engine.kernels.gemv_splits import add_partial, finish_rows, split_buffers, split_grid, split_range
 from hosttune_engine.kernels.gemv import (PLAIN, SWIGLU, _input_tile, _rms_rstd, _rows_input, _weight_tile,
                                           check_prologue, prologue_ref)
 
@@ -28,26 +30,30 @@ DEFAULT = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
 
 
 @triton.jit
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm,
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, part_ptr, cnt_ptr, N, K,
+                     stride_xm,
                      stride_wn, stride_s, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
                      SCALE_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                     XB: tl.constexpr, UNROLL: tl.constexpr, BLOCK_N: tl.constexpr,
+                     XB: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
+    split = tl.program_id(1)
+    k_lo, k_hi = split_range(K, split, SPLIT, BLOCK_K)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     s_rows = s_ptr + tl.load(srow_ptr + offs_n, mask=n_mask, other=0).to(tl.int64) * stride_s  # [BLOCK_N]
     zero_rows = tl.zeros([BLOCK_N, 1], tl.int32)
-    rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, EVEN_K, BLOCK_K)
+    rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid + split, PROLOGUE, EVEN_K, BLOCK_K)
     for m in tl.static_range(M):
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         acc_blocks = tl.zeros([BLOCK_N, SUB], tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, loop_unroll_factor=UNROLL):
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, loop_unroll_factor=UNROLL):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
             w = _weight_tile(w_rows, offs_k, n_mask, k_mask, EVEN_K)
-            x = _rows_input(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, zero_rows, PROLOGUE, EVEN_K, XB)
+            x = _rows_input(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, zero_rows, PROLOGUE, EVEN_K,
+                            XB)
             prod = w.to(tl.float32) * x
             if SCALE_K == 0:
                 acc += prod
@@ -61,9 +67,14 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr,
             y = tl.sum(acc, 1) * tl.load(s_rows, mask=n_mask, other=0.0)
         else:
             y = tl.sum(acc_blocks, 1)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+        if SPLIT > 1:
+            add_partial(part_ptr, m, N, offs_n, n_mask, y)
+        else:
+            if HAS_BIAS:
+                y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+    if SPLIT > 1:
+        finish_rows(part_ptr, cnt_ptr, y_ptr, b_ptr, pid, offs_n, n_mask, N, stride_ym, M, HAS_BIAS, SPLIT)
 
 
 @triton.jit
@@ -159,11 +170,13 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, scale_row: t
         _launch_dot(args, n, k, block_k, x, w, scale, y, eps, bias is not None, prologue, cfg)
         return y
     block, scale_k = _tile(cfg, block_k, k)
-    _fp8_gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
-        *args, n, k, x.stride(0), w.stride(0), scale.stride(0), y.stride(0), eps, M=m, HAS_BIAS=bias is not None,
-        SCALE_K=scale_k, SUB=block // scale_k if scale_k else 1, EVEN_K=k % block == 0, PROLOGUE=prologue,
-        XB=bool(cfg.get("XB")), UNROLL=cfg.get("UNROLL", 1), BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    split = cfg.get("SPLIT", 1)
+    part, cnt = split_buffers(x.device, n) if split > 1 else (y, y)
+    _fp8_gemv_kernel[split_grid(n, cfg["BLOCK_N"], split)](
+        *args, part, cnt, n, k, x.stride(0), w.stride(0), scale.stride(0), y.stride(0), eps, M=m,
+        HAS_BIAS=bias is not None, SCALE_K=scale_k, SUB=block // scale_k if scale_k else 1, EVEN_K=k % block == 0,
+        PROLOGUE=prologue, XB=bool(cfg.get("XB")), UNROLL=cfg.get("UNROLL", 1), SPLIT=split, BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=block, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y
 
 

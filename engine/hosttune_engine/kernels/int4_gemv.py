@@ -18,7 +18,7 @@ On CUDA, PACKED 1 in the config unpacks and multiplies two weights an instructio
 the activations enter as fp16 pairs scaled by 1/256 (exact; the range stays far from fp16's limit), four
 products a half summed in fp16, the word's two halves then added and scaled in fp32: about half the
 instructions a weight of the fp32 path, whose roundings are the reference's. UNROLL: as in kernels/fp8_gemv.py
-(the K loop unrolled).
+(the K loop unrolled), SPLIT (kernels/gemv_splits.py).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
 from hosttune_engine.kernels.gemv import PLAIN, SWIGLU, _input_tile, _rms_rstd, check_prologue, prologue_ref
+from hosttune_engine.kernels.gemv_splits import add_partial, finish_rows, split_buffers, split_grid, split_range
 from hosttune_engine.kernels.int4_layout import check_int4_weight, dequantize_ref, pack_block, tile_in_group
 
 DEFAULT = {"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4, "num_stages": 2}
@@ -136,14 +137,16 @@ def _per_word(v, BLOCK_N: tl.constexpr, SUB: tl.constexpr, GW: tl.constexpr):
 
 
 @triton.jit
-def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm,
-                      stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr, PERMUTED: tl.constexpr,
-                      PROLOGUE: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr, PART: tl.constexpr,
-                      UNROLL: tl.constexpr, PACKED: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, part_ptr,
+                      cnt_ptr, N, K, stride_xm, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
+                      PERMUTED: tl.constexpr, PROLOGUE: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr,
+                      PART: tl.constexpr, UNROLL: tl.constexpr, PACKED: tl.constexpr, SPLIT: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """PART = min(GROUP, BLOCK_K): the columns of one group inside a tile; R words a pack block. K is a
     multiple of BLOCK_K (which divides the group size or is a multiple of it; the wrapper sees to it)."""
     pid = tl.program_id(0)
+    split = tl.program_id(1)
+    k_lo, k_hi = split_range(K, split, SPLIT, BLOCK_K)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     WORDS: tl.constexpr = BLOCK_K // 8
@@ -154,10 +157,10 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
     g_rows = offs_n * groups  # [BLOCK_N]
     words = tl.arange(0, WORDS)
     first_col = (words // R) * (8 * R) + words % R  # [WORDS]: the column of each word's nibble 0 in the tile
-    rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid, PROLOGUE, True, BLOCK_K)
+    rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid + split, PROLOGUE, True, BLOCK_K)
     for m in tl.static_range(M):  # M <= 4: the repeated weight reads of m > 0 come from cache
         acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
-        for k0 in tl.range(0, K, BLOCK_K, loop_unroll_factor=UNROLL):
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, loop_unroll_factor=UNROLL):
             p = tl.load(q_rows + (k0 // 8 + words)[None, :], mask=n_mask[:, None], other=0)  # [BLOCK_N, WORDS]
             z, s = _group_params(z_ptr, s_ptr, g_rows, k0, n_mask, GROUP, SUB)
             if PACKED:
@@ -183,9 +186,14 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
                     parts += t * (1.0 / _pow16(j))
                 acc += parts * _per_word(s, BLOCK_N, SUB, GW)
         y = tl.sum(acc, 1)
-        if HAS_BIAS:
-            y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+        if SPLIT > 1:
+            add_partial(part_ptr, m, N, offs_n, n_mask, y)
+        else:
+            if HAS_BIAS:
+                y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+    if SPLIT > 1:
+        finish_rows(part_ptr, cnt_ptr, y_ptr, b_ptr, pid, offs_n, n_mask, N, stride_ym, M, HAS_BIAS, SPLIT)
 
 
 @triton.jit
@@ -242,14 +250,16 @@ def int4_gemv(x, qweight, scales, zeros, perm, group_size: int, bias=None, confi
     cfg = config or DEFAULT
     block_k = _block_k(cfg["BLOCK_K"], group_size, k)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    _int4_gemv_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
+    split = cfg.get("SPLIT", 1)
+    part, cnt = split_buffers(x.device, n) if split > 1 else (y, y)
+    _int4_gemv_kernel[split_grid(n, cfg["BLOCK_N"], split)](
         x, qweight, scales, zeros, perm if perm is not None else qweight, bias if bias is not None else x, y,
         residual if residual is not None else x, norm_weight if norm_weight is not None else x,
-        residual_out if residual_out is not None else x, n, k, x.stride(0), y.stride(0), eps, M=m,
+        residual_out if residual_out is not None else x, part, cnt, n, k, x.stride(0), y.stride(0), eps, M=m,
         HAS_BIAS=bias is not None, PERMUTED=perm is not None, PROLOGUE=prologue, GROUP=group_size,
         R=pack_block(group_size) // 8, PART=min(group_size, block_k), UNROLL=cfg.get("UNROLL", 1),
-        PACKED=bool(cfg.get("PACKED")) and x.is_cuda,
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],)
+        PACKED=bool(cfg.get("PACKED")) and x.is_cuda, SPLIT=split, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y
 
 
