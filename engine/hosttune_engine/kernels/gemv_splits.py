@@ -28,7 +28,7 @@ def split_range(K, split, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def add_partial(part_ptr, m, N, offs_n, n_mask, y):
-    tl.atomic_add(part_ptr + m * N + offs_n, y, mask=n_mask)
+    tl.atomic_add(part_ptr + m * N + offs_n, y, mask=n_mask, sem="relaxed")  # ordered by finish_rows' count
 
 
 @triton.jit
@@ -36,11 +36,11 @@ def finish_rows(part_ptr, cnt_ptr, y_ptr, b_ptr, pid, offs_n, n_mask, N, stride_
                 HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr):
     """After this program's partials: the last program of the row block writes y (+ bias) and clears the scratch."""
     tl.debug_barrier()  # every thread's partials are added before the block is counted
-    done = tl.atomic_add(cnt_ptr + pid, 1)  # acq_rel: the last one sees every partial added before it
+    done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel")  # the last one sees every partial added before it
     if done == SPLIT - 1:
         for m in tl.static_range(M):
-            zeros = tl.zeros_like(offs_n).to(tl.float32)
-            y = tl.atomic_add(part_ptr + m * N + offs_n, zeros, mask=n_mask)  # read where the adds happened (L2)
+            zeros = tl.zeros_like(offs_n).to(tl.float32)  # adding zero reads the sums where the atomics made them
+            y = tl.atomic_add(part_ptr + m * N + offs_n, zeros, mask=n_mask, sem="relaxed")
             tl.store(part_ptr + m * N + offs_n, zeros, mask=n_mask)  # every other add of the block is done
             if HAS_BIAS:
                 y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
