@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
-from hosttune_engine.kernels.gemv_splits import add_partial, finish_rows, split_buffers, split_grid, split_range
+from hosttune_engine.kernels.gemv_splits import finish_rows, split_buffers, split_grid, split_range, store_row
 from hosttune_engine.kernels.gemv import (PLAIN, SWIGLU, _input_tile, _rms_rstd, _rows_input, _weight_tile,
                                           check_prologue, prologue_ref)
 
@@ -67,12 +67,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr,
             y = tl.sum(acc, 1) * tl.load(s_rows, mask=n_mask, other=0.0)
         else:
             y = tl.sum(acc_blocks, 1)
-        if SPLIT > 1:
-            add_partial(part_ptr, m, N, offs_n, n_mask, y)
-        else:
-            if HAS_BIAS:
-                y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+        store_row(y, y_ptr, b_ptr, part_ptr, m, N, offs_n, n_mask, stride_ym, HAS_BIAS, SPLIT)
     if SPLIT > 1:
         finish_rows(part_ptr, cnt_ptr, y_ptr, b_ptr, pid, offs_n, n_mask, N, stride_ym, M, HAS_BIAS, SPLIT)
 

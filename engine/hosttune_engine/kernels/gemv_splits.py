@@ -27,8 +27,16 @@ def split_range(K, split, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def add_partial(part_ptr, m, N, offs_n, n_mask, y):
-    tl.atomic_add(part_ptr + m * N + offs_n, y, mask=n_mask, sem="relaxed")  # ordered by finish_rows' count
+def store_row(y, y_ptr, b_ptr, part_ptr, m, N, offs_n, n_mask, stride_ym, HAS_BIAS: tl.constexpr,
+              SPLIT: tl.constexpr):
+    """Row m of a program's fp32 result: written (+ bias) in y's dtype, or with SPLIT > 1 added to the scratch
+    (relaxed: finish_rows' count orders it)."""
+    if SPLIT > 1:
+        tl.atomic_add(part_ptr + m * N + offs_n, y, mask=n_mask, sem="relaxed")
+    else:
+        if HAS_BIAS:
+            y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
@@ -42,9 +50,7 @@ def finish_rows(part_ptr, cnt_ptr, y_ptr, b_ptr, pid, offs_n, n_mask, N, stride_
             zeros = tl.zeros_like(offs_n).to(tl.float32)  # adding zero reads the sums where the atomics made them
             y = tl.atomic_add(part_ptr + m * N + offs_n, zeros, mask=n_mask, sem="relaxed")
             tl.store(part_ptr + m * N + offs_n, zeros, mask=n_mask)  # every other add of the block is done
-            if HAS_BIAS:
-                y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-            tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
+            store_row(y, y_ptr, b_ptr, part_ptr, m, N, offs_n, n_mask, stride_ym, HAS_BIAS, 1)
         tl.atomic_xchg(cnt_ptr + pid, 0)
 
 
