@@ -2,8 +2,8 @@
 SPLIT programs per block of rows, each walking 1/SPLIT of K, so more weight bytes are in flight at once.
 
 Each program adds its rows' fp32 partial sums into a scratch row [M, N] with atomics, then counts itself in
-its row block's counter; the last of a block's SPLIT programs reads the sums (an atomic add of zero) and clears them,
-adds the bias, writes y in its dtype and resets the counter. The scratch and counters are therefore zero
+its row block's counter; the last of a block's SPLIT programs reads the sums (an atomic add of zero) and
+clears them, adds the bias, writes y in its dtype and resets the counter. The scratch and counters are therefore zero
 again after every call (a CUDA graph replays them with no memset), one pair per device and N, shared by the
 projections of that width, which a step runs one after another on one stream.
 """
@@ -56,7 +56,8 @@ def finish_rows(part_ptr, cnt_ptr, y_ptr, b_ptr, pid, offs_n, n_mask, N, stride_
 
 def split_buffers(device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 partial sums [ROWS, N], int32 row-block counters [N]) for GEMVs of width N on `device`, zero between
-    calls. Made at the first call (the engine's warmup runs each GEMV eagerly before capturing graphs)."""
+    calls. Made at the first call; made while a CUDA graph is captured, they come from that graph's memory pool
+    and this cache keeps them alive for every later call."""
     key = (str(device), n)
     if key not in _BUFFERS:
         _BUFFERS[key] = (torch.zeros(ROWS, n, dtype=torch.float32, device=device),
