@@ -9,6 +9,10 @@ at the end; with block scales a tile holds BLOCK_K / block_k whole scale blocks,
 scaled. Prologues (one row): RMSNorm (+ residual add, program 0 writing the new residual) or SwiGLU over
 [gate | up], with the unfused kernels' roundings.
 
+With DOT in the config the products run on the tensor cores instead (`_fp8_gemv_dot_kernel`): the rows
+padded to 16, the e4m3 tile converted to x's dtype (exact) for the dot, the tile's scale on its fp32
+result. Which is faster depends on the GPU's conversion and FMA rates; the tuner measures both.
+
 Config keys beside the block shapes: XB 1 loads the input in the weight tile's layout (kernels/gemv.py
 `_rows_input`); UNROLL n unrolls the K loop n times, so the loads of later tiles issue before the products of
 the first; SPLIT s gives each block of rows s programs, each over 1/s of K (kernels/gemv_splits.py). The
@@ -31,8 +35,7 @@ DEFAULT = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, part_ptr, cnt_ptr, N, K,
-                     stride_xm,
-                     stride_wn, stride_s, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     stride_xm, stride_wn, stride_s, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
                      SCALE_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
                      XB: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr):
