@@ -178,11 +178,9 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
                 parts = tl.zeros([BLOCK_N, WORDS], tl.float32)
                 for j in tl.static_range(4):  # nibbles j (from p) and j + 4 (from p_hi) share 16^j
                     c = 8388608.0 + z * _pow16(j)
-                    lo = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, k0 + first_col + R * j, rstd,
-                                     PROLOGUE, PERMUTED)
-                    hi = _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, k0 + first_col + R * (j + 4),
-                                     rstd, PROLOGUE, PERMUTED)
-                    t = _magic(p, c, j) * lo + _magic(p_hi, c, j) * hi
+                    lo, hi = _x_pair(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, k0 + first_col, rstd, R, PROLOGUE,
+                                     PERMUTED, j)
+                    t = _magic(p, c, j) * lo[None, :] + _magic(p_hi, c, j) * hi[None, :]
                     parts += t * (1.0 / _pow16(j))
                 acc += parts * _per_word(s, BLOCK_N, SUB, GW)
         y = tl.sum(acc, 1)
@@ -192,16 +190,18 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
 
 
 @triton.jit
-def _tile_input(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, PROLOGUE: tl.constexpr,
-                PERMUTED: tl.constexpr):
-    """The GEMV's input at tile positions `pos` (runs of R consecutive columns), after the prologue, [1, WORDS]."""
-    return _tile_vector(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, PROLOGUE, PERMUTED)[None, :]
+def _x_pair(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, R: tl.constexpr, PROLOGUE: tl.constexpr,
+            PERMUTED: tl.constexpr, J: tl.constexpr):
+    """The GEMV's inputs [WORDS] of nibbles J and J + 4 of the tile's words (words' nibble-0 columns `pos`: runs
+    of R consecutive columns), after the prologue."""
+    return (_tile_vector(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos + R * J, rstd, PROLOGUE, PERMUTED),
+            _tile_vector(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos + R * (J + 4), rstd, PROLOGUE, PERMUTED))
 
 
 @triton.jit
 def _tile_vector(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, PROLOGUE: tl.constexpr,
                  PERMUTED: tl.constexpr):
-    """The same as a vector [WORDS]."""
+    """The GEMV's input at tile positions `pos`, after the prologue."""
     cols = pos
     if PERMUTED:
         cols = tl.load(perm_ptr + pos)
@@ -212,8 +212,7 @@ def _tile_vector(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, PRO
 def _x_half2(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, R: tl.constexpr, PROLOGUE: tl.constexpr,
              PERMUTED: tl.constexpr, J: tl.constexpr):
     """PACKED: the fp16x2 activations of nibbles (J, J + 4) of the tile's words, scaled by X_SCALE."""
-    lo = _tile_vector(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos + R * J, rstd, PROLOGUE, PERMUTED)
-    hi = _tile_vector(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos + R * (J + 4), rstd, PROLOGUE, PERMUTED)
+    lo, hi = _x_pair(x_ptr, r_ptr, nw_ptr, perm_ptr, m, stride_xm, K, pos, rstd, R, PROLOGUE, PERMUTED, J)
     return _half2(lo * X_SCALE, hi * X_SCALE)[None, :]  # packed before the broadcast: half the layout changes
 
 
