@@ -271,6 +271,44 @@ def test_int4_gemv_packed_prologues_on_gpu(prologue):
     _close(got, want, torch.float16)
 
 
+@pytest.mark.skipif(DEVICE == "cpu", reason="the packed FP8 GEMV is inline PTX: CUDA only")
+@pytest.mark.parametrize("case", list(FP8_CASES) + ["odd-k"])
+@pytest.mark.parametrize("m", [1, 4])
+@pytest.mark.parametrize("tile", [32, 256])
+@pytest.mark.parametrize("magnitude", [1.0, 3000.0])  # activations far past fp16's product range unscaled
+@pytest.mark.parametrize("split", [1, 3])
+def test_fp8_gemv_packed_on_gpu(case, m, tile, magnitude, split):
+    """Every scale layout through the fp16x2 products, against the fp32 reference; a K that is no multiple of 8
+    (odd-k) takes the unpacked products."""
+    n, k, block_k, scale_shape, scale_row = FP8_CASES.get(case, (24, 100, 100, (24, 1), torch.arange(24)))
+    w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
+    x = (torch.randn(m, k, device=DEVICE) * magnitude).to(torch.bfloat16)
+    bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
+    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "PACKED": 1, "UNROLL": 2, "SPLIT": split, "num_warps": 4, "num_stages": 2}
+    _close(fp8_gemv(x, w, scale, srow, block_k, bias, config=cfg), fp8_gemv_ref(x, w, scale, srow, block_k, bias),
+           torch.float16)
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="the packed FP8 GEMV is inline PTX: CUDA only")
+@pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
+@pytest.mark.parametrize("case", ["block", "channel"])
+def test_fp8_gemv_packed_prologues_on_gpu(case, prologue):
+    n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
+    w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
+    x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE).to(torch.bfloat16)
+    extra = {} if prologue == SWIGLU else {"norm_weight": (torch.rand(k, device=DEVICE) + 0.5).to(torch.bfloat16),
+                                           "eps": 1e-6}
+    if prologue == RMSNORM_RESIDUAL:
+        extra["residual"] = torch.randn(1, k, device=DEVICE).to(torch.bfloat16)
+    outs = [torch.empty(1, k, device=DEVICE, dtype=torch.bfloat16) for _ in range(2)]
+    cfg = {"BLOCK_N": 16, "BLOCK_K": 64, "PACKED": 1, "num_warps": 4, "num_stages": 2}
+    got = fp8_gemv(x, w, scale, srow, block_k, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
+    want = fp8_gemv_ref(x, w, scale, srow, block_k, prologue=prologue, residual_out=outs[1], **extra)
+    _close(got, want, torch.float16)
+    if prologue == RMSNORM_RESIDUAL:
+        torch.testing.assert_close(outs[0], outs[1])
+
+
 @pytest.mark.skipif(DEVICE == "cpu" or not supports_fp8_mm(torch.device(DEVICE)),
                     reason="FP8 tensor cores (torch._scaled_mm) need a Hopper or Ada GPU")
 def test_fp8_scaled_mm_on_gpu():

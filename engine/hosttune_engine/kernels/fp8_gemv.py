@@ -15,8 +15,12 @@ result. Which is faster depends on the GPU's conversion and FMA rates; the tuner
 
 Config keys beside the block shapes: XB 1 loads the input in the weight tile's layout (kernels/gemv.py
 `_rows_input`); UNROLL n unrolls the K loop n times, so the loads of later tiles issue before the products of
-the first; SPLIT s gives each block of rows s programs, each over 1/s of K (kernels/gemv_splits.py). The
-tuner measures them.
+the first; SPLIT s gives each block of rows s programs, each over 1/s of K (kernels/gemv_splits.py). PACKED 1
+(CUDA only, inline PTX; K a multiple of 8) reads the weights as 64-bit words and multiplies two an instruction:
+each e4m3 pair converted to fp16x2 (exact), the activations entering as fp16 pairs scaled by 1/1024 (exact down
+to 1/64, so a half's four products stay inside fp16 for activations up to about 37,000), the eight products'
+halves added in fp32: about 1.5 instructions a weight instead of the 4 the fp32 products take with the
+activation conversions. The tuner measures them.
 """
 
 from __future__ import annotations
@@ -27,18 +31,77 @@ import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
 from hosttune_engine.kernels.gemv_splits import finish_rows, split_buffers, split_grid, split_range, store_row
-from hosttune_engine.kernels.gemv import (PLAIN, SWIGLU, _input_tile, _rms_rstd, _rows_input, _weight_tile,
-                                          check_prologue, prologue_ref)
+from hosttune_engine.kernels.gemv import (PLAIN, SWIGLU, _half2, _input_tile, _rms_rstd, _rows_input,
+                                          _weight_tile, check_prologue, prologue_ref)
 
 DEFAULT = {"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4, "num_stages": 4}
+
+
+# PACKED: activations enter fp16 scaled by this (exact above 2^-14 / X_SCALE = 1/64); a half's sum of four products
+# of e4m3 weights (at most 448) stays inside fp16's range for activations below about 37,000
+X_SCALE: tl.constexpr = tl.constexpr(1.0 / 1024)
+
+# eight e4m3 weights (one 64-bit element) against their fp16x2 activation pairs: four conversions of two weights,
+# four fp16x2 multiply-adds, the two halves added in fp32
+_DOT8: tl.constexpr = tl.constexpr("""{
+.reg .b32 w0, w1, f0, f1, f2, f3, a;
+.reg .b16 b0, b1, b2, b3, lo, hi;
+.reg .f32 flo, fhi;
+mov.b64 {w0, w1}, $1;
+mov.b32 {b0, b1}, w0;
+mov.b32 {b2, b3}, w1;
+cvt.rn.f16x2.e4m3x2 f0, b0;
+cvt.rn.f16x2.e4m3x2 f1, b1;
+cvt.rn.f16x2.e4m3x2 f2, b2;
+cvt.rn.f16x2.e4m3x2 f3, b3;
+mul.rn.f16x2 a, f0, $2;
+fma.rn.f16x2 a, f1, $3, a;
+fma.rn.f16x2 a, f2, $4, a;
+fma.rn.f16x2 a, f3, $5, a;
+mov.b32 {lo, hi}, a;
+cvt.f32.f16 flo, lo;
+cvt.f32.f16 fhi, hi;
+add.f32 $0, flo, fhi;
+}""")
+
+
+@triton.jit
+def _x_pair(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols, rstd, zero_rows, PROLOGUE: tl.constexpr,
+            EVEN_K: tl.constexpr, XB: tl.constexpr):
+    """PACKED: the inputs at columns `cols` and `cols` + 1 as fp16x2 words, scaled by X_SCALE (packed before any
+    broadcast over the rows: one layout change for two inputs)."""
+    lo = _rows_input(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols, cols < K, rstd, zero_rows, PROLOGUE, EVEN_K, XB)
+    hi = _rows_input(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols + 1, cols + 1 < K, rstd, zero_rows, PROLOGUE,
+                     EVEN_K, XB)
+    return _half2(lo * X_SCALE, hi * X_SCALE)
+
+
+@triton.jit
+def _packed_products(w_rows, x_ptr, r_ptr, nw_ptr, m, stride_xm, K, k0, n_mask, rstd, zero_rows,
+                     PROLOGUE: tl.constexpr, EVEN_K: tl.constexpr, XB: tl.constexpr, BLOCK_K: tl.constexpr):
+    """PACKED: one tile's products summed by eights, [BLOCK_N, BLOCK_K // 8] fp32, times X_SCALE: the weights read
+    as 64-bit words (K a multiple of 8; the wrapper sees to it)."""
+    el = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    cols = el * 8
+    words = w_rows.to(tl.pointer_type(tl.int64)) + el[None, :]  # the rows' starts are 8-byte aligned
+    if EVEN_K:
+        p = tl.load(words, mask=n_mask[:, None], other=0)
+    else:
+        p = tl.load(words, mask=n_mask[:, None] & (cols < K)[None, :], other=0)
+    h0 = _x_pair(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols, rstd, zero_rows, PROLOGUE, EVEN_K, XB)
+    h1 = _x_pair(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols + 2, rstd, zero_rows, PROLOGUE, EVEN_K, XB)
+    h2 = _x_pair(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols + 4, rstd, zero_rows, PROLOGUE, EVEN_K, XB)
+    h3 = _x_pair(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, cols + 6, rstd, zero_rows, PROLOGUE, EVEN_K, XB)
+    return tl.inline_asm_elementwise(_DOT8, "=f,l,r,r,r,r", [p, h0, h1, h2, h3], dtype=tl.float32, is_pure=True,
+                                     pack=1)
 
 
 @triton.jit
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, part_ptr, cnt_ptr, N, K,
                      stride_xm, stride_wn, stride_s, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
                      SCALE_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                     XB: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+                     XB: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr, PACKED: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     k_lo, k_hi = split_range(K, split, SPLIT, BLOCK_K)
@@ -48,20 +111,25 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr,
     s_rows = s_ptr + tl.load(srow_ptr + offs_n, mask=n_mask, other=0).to(tl.int64) * stride_s  # [BLOCK_N]
     zero_rows = tl.zeros([BLOCK_N, 1], tl.int32)
     rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid + split, PROLOGUE, EVEN_K, BLOCK_K)
+    EL: tl.constexpr = 8 if PACKED else 1  # weights a product element holds
     for m in tl.static_range(M):
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_K // EL], tl.float32)
         acc_blocks = tl.zeros([BLOCK_N, SUB], tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, loop_unroll_factor=UNROLL):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < K
-            w = _weight_tile(w_rows, offs_k, n_mask, k_mask, EVEN_K)
-            x = _rows_input(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, zero_rows, PROLOGUE, EVEN_K,
-                            XB)
-            prod = w.to(tl.float32) * x
+            if PACKED:
+                prod = _packed_products(w_rows, x_ptr, r_ptr, nw_ptr, m, stride_xm, K, k0, n_mask, rstd, zero_rows,
+                                        PROLOGUE, EVEN_K, XB, BLOCK_K)
+            else:
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                k_mask = offs_k < K
+                w = _weight_tile(w_rows, offs_k, n_mask, k_mask, EVEN_K)
+                x = _rows_input(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, zero_rows, PROLOGUE,
+                                EVEN_K, XB)
+                prod = w.to(tl.float32) * x
             if SCALE_K == 0:
                 acc += prod
             else:
-                blocks = tl.sum(tl.reshape(prod, [BLOCK_N, SUB, SCALE_K]), 2)  # [BLOCK_N, SUB]
+                blocks = tl.sum(tl.reshape(prod, [BLOCK_N, SUB, SCALE_K // EL]), 2)  # [BLOCK_N, SUB]
                 kb = k0 // SCALE_K + tl.arange(0, SUB)
                 scale = tl.load(s_rows[:, None] + kb[None, :], mask=n_mask[:, None] & (kb * SCALE_K < K)[None, :],
                                 other=0.0)
@@ -70,6 +138,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr,
             y = tl.sum(acc, 1) * tl.load(s_rows, mask=n_mask, other=0.0)
         else:
             y = tl.sum(acc_blocks, 1)
+        if PACKED:
+            y = y * (1.0 / X_SCALE)
         store_row(y, y_ptr, b_ptr, part_ptr, m, N, offs_n, n_mask, stride_ym, HAS_BIAS, SPLIT)
     if SPLIT > 1:
         finish_rows(part_ptr, cnt_ptr, y_ptr, b_ptr, pid, offs_n, n_mask, N, stride_ym, M, HAS_BIAS, SPLIT)
@@ -173,9 +243,17 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, scale_row: t
     _fp8_gemv_kernel[split_grid(n, cfg["BLOCK_N"], split)](
         *args, part, cnt, n, k, x.stride(0), w.stride(0), scale.stride(0), y.stride(0), eps, M=m,
         HAS_BIAS=bias is not None, SCALE_K=scale_k, SUB=block // scale_k if scale_k else 1, EVEN_K=k % block == 0,
-        PROLOGUE=prologue, XB=bool(cfg.get("XB")), UNROLL=cfg.get("UNROLL", 1), SPLIT=split, BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_K=block, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        PROLOGUE=prologue, XB=bool(cfg.get("XB")), UNROLL=cfg.get("UNROLL", 1), SPLIT=split,
+        PACKED=bool(cfg.get("PACKED")) and _packs(w, block, scale_k), BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y
+
+
+def _packs(w, block: int, scale_k: int) -> bool:
+    """Whether the packed products can run: on CUDA (inline PTX), with the rows as whole 8-byte words and each
+    word inside one scale block."""
+    return (w.is_cuda and w.stride(0) % 8 == 0 and w.data_ptr() % 8 == 0 and block % 8 == 0
+            and (scale_k == 0 or scale_k % 8 == 0))
 
 
 def _launch_dot(args, n, k, block_k, x, w, scale, y, eps, has_bias, prologue, cfg) -> None:

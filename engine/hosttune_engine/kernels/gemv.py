@@ -106,6 +106,14 @@ def _rows_input(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, zer
 
 
 @triton.jit
+def _half2(lo, hi):
+    """fp32 pairs -> fp16x2 words (lo in the low half), rounded to nearest: the packed quantized GEMVs' inputs
+    (CUDA only, inline PTX)."""
+    return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, stride_xm, stride_wn, stride_ym, eps,
                  M: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):

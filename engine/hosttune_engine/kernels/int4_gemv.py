@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
-from hosttune_engine.kernels.gemv import PLAIN, SWIGLU, _input_tile, _rms_rstd, check_prologue, prologue_ref
+from hosttune_engine.kernels.gemv import (PLAIN, SWIGLU, _half2, _input_tile, _rms_rstd, check_prologue,
+                                          prologue_ref)
 from hosttune_engine.kernels.gemv_splits import finish_rows, split_buffers, split_grid, split_range, store_row
 from hosttune_engine.kernels.int4_layout import check_int4_weight, dequantize_ref, pack_block, tile_in_group
 
@@ -85,13 +86,6 @@ cvt.f32.f16 fhi, hi;
 add.f32 flo, flo, fhi;
 mov.b32 $0, flo;
 }""")
-
-
-@triton.jit
-def _half2(lo, hi):
-    """fp32 pairs -> fp16x2 words (lo in the low half), rounded to nearest."""
-    return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,f,f", [lo, hi], dtype=tl.int32,
-                                     is_pure=True, pack=1)
 
 
 @triton.jit
