@@ -53,6 +53,12 @@ def _split(rows, unrolls, splits=(2, 4)) -> list[dict]:
     return [{**c, "SPLIT": k} for c in _variants(rows, unrolls, xb=0) for k in splits]
 
 
+def _piped(rows, xb: int, stages=(3, 4)) -> list[dict]:
+    """GEMV configs whose K loop is software-pipelined (PIPE: every load of the loop, not only a dot's, through
+    shared memory that many tiles ahead)."""
+    return [{**c, "PIPE": p} for c in _variants(rows, (1,), xb=xb) for p in stages]
+
+
 _FP8_SPLIT = [(4, 1024, 4, 3, 0), (8, 512, 4, 3, 0), (16, 512, 8, 3, 0)]
 _FP8_ROWS = [(16, 512, 8, 3, 1), (8, 512, 4, 4, 1), (4, 1024, 4, 3, 1), (4, 512, 4, 4, 1), (16, 256, 4, 3, 1),
              (8, 1024, 8, 3, 1), (16, 512, 8, 3, 0), (4, 1024, 4, 3, 0)]
@@ -65,7 +71,9 @@ FP8_GEMV = ([{**c, "DOT": 0} for c in (
     + _variants(_FP8_ROWS[:2], xb=0) + _split(_FP8_SPLIT, (1,)))]
     + [{**c, "DOT": 1} for c in _grid(_GEMV_KEYS, [(32, 256, 4, 3, 1)])]
     + [{**c, "DOT": 0, "PACKED": 1}
-       for c in _variants(_FP8_PACKED, xb=0) + _split(_FP8_PACKED[:2] + [(16, 512, 4, 3, 0)], (1,))])
+       for c in _variants(_FP8_PACKED, xb=0) + _split(_FP8_PACKED[:2] + [(16, 512, 4, 3, 0)], (1,))]
+    + [{**c, "DOT": 0} for c in _piped(_FP8_PLAIN[:3] + [(4, 512, 4, 3, 0)], xb=1)]
+    + [{**c, "DOT": 0, "PACKED": 1} for c in _piped(_FP8_PACKED[:4], xb=0)])
 _INT4_ROWS = [(4, 1024, 4, 2, 1), (4, 512, 4, 3, 1), (8, 1024, 8, 2, 1), (8, 512, 4, 3, 1), (16, 512, 4, 2, 1),
               (16, 1024, 4, 2, 1), (8, 128, 1, 4, 1), (16, 128, 2, 4, 1), (32, 128, 4, 3, 1), (4, 1024, 4, 3, 1),
               (4, 1024, 4, 2, 0), (8, 512, 4, 3, 0), (16, 1024, 4, 2, 0), (8, 128, 1, 4, 0)]
@@ -74,7 +82,9 @@ _INT4_PACKED = [(16, 1024, 4, 2, 0), (8, 512, 4, 3, 0), (16, 512, 4, 2, 0), (32,
 _INT4_PACKED_MORE = [(16, 512, 4, 2, 0), (32, 512, 4, 2, 0), (16, 256, 4, 2, 0), (64, 256, 8, 2, 0), (8, 256, 2, 2, 0)]
 INT4_GEMV = (_grid(_GEMV_KEYS, _INT4_ROWS) + _variants(_INT4_ROWS[-4:-1], xb=0)
              + [{**c, "PACKED": 1} for c in _variants(_INT4_PACKED, xb=0) + _variants(_INT4_PACKED_MORE, (2, 4), xb=0)
-                + _split(_INT4_PACKED_MORE[:2] + [(8, 512, 4, 3, 0)], (4,))])
+                + _split(_INT4_PACKED_MORE[:2] + [(8, 512, 4, 3, 0)], (4,))
+                + _piped(_INT4_PACKED_MORE[:3] + [(16, 1024, 4, 2, 0)], xb=0)
+                + [{**c, "PIPE": 3} for c in _split(_INT4_PACKED_MORE[:2], (1,))]])
 _GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
 GEMM_FEW_ROWS = [{**c, "GROUP_M": 8} for c in _grid(_GEMM_KEYS, [  # 64 rows: memory-bound, few output tiles
     (64, 64, 128, 1, 4, 3), (64, 128, 64, 1, 4, 4), (32, 64, 128, 1, 4, 4), (64, 64, 128, 2, 4, 3),

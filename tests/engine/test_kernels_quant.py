@@ -85,7 +85,7 @@ def test_fp8_gemv(case, dtype, m, tile, kind):
 
 @pytest.mark.parametrize("case", list(FP8_CASES))
 @pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("kind", ["xb", "split"])
+@pytest.mark.parametrize("kind", ["xb", "split", "pipe"])
 def test_fp8_gemv_tuned_kinds(case, m, kind):
     _check_fp8_gemv(case, torch.float32, m, 32, kind)
 
@@ -102,10 +102,12 @@ def _check_fp8_gemv(case, dtype, m, tile, kind):
 
 def _fp8_gemv_config(kind: str, tile: int) -> dict:
     """The FP8 GEMV's kinds: CUDA cores, tensor cores, CUDA cores with the input in the weight tile's layout and
-    the K loop unrolled, CUDA cores with K split three ways (more splits than some K has tiles)."""
+    the K loop unrolled, CUDA cores with K split three ways (more splits than some K has tiles), CUDA cores with
+    the K loop software-pipelined (on a GPU: every load through shared memory, three tiles ahead)."""
     dot, xb = kind == "dot", int(kind == "xb")
     return {"BLOCK_N": 16 if dot else 8, "BLOCK_K": tile, "DOT": int(dot), "XB": xb, "UNROLL": 1 + xb,
-            "SPLIT": 3 if kind == "split" else 1, "num_warps": 4, "num_stages": 1}
+            "SPLIT": 3 if kind == "split" else 1, "PIPE": 3 if kind == "pipe" else None, "num_warps": 4,
+            "num_stages": 1}
 
 
 @pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
@@ -242,14 +244,15 @@ def test_split_gemvs_leave_their_scratch_clear():
 @pytest.mark.parametrize("m", [1, 4])
 @pytest.mark.parametrize("group, tile", [(32, 16), (64, 256), (128, 128), (128, 1024)])
 @pytest.mark.parametrize("magnitude", [1.0, 3000.0])  # activations far past fp16's product range unscaled
-@pytest.mark.parametrize("split", [1, 3])
-def test_int4_gemv_packed_on_gpu(act_order, m, group, tile, magnitude, split):
+@pytest.mark.parametrize("split, pipe", [(1, None), (3, None), (1, 3), (3, 4)])
+def test_int4_gemv_packed_on_gpu(act_order, m, group, tile, magnitude, split, pipe):
     """Every nibble and zero point through the fp16x2 unpacking, against the fp32 reference: fp16 products."""
     k = 2048
     q, s, z, perm = int4_weight(72, k, group, act_order)
     x = (torch.randn(m, k, device=DEVICE) * magnitude).to(torch.bfloat16)
     bias = torch.randn(72, device=DEVICE).to(torch.bfloat16)
-    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "PACKED": 1, "UNROLL": 2, "SPLIT": split, "num_warps": 4, "num_stages": 2}
+    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "PACKED": 1, "UNROLL": 1 if pipe else 2, "SPLIT": split, "PIPE": pipe,
+           "num_warps": 4, "num_stages": 2}
     got = int4_gemv(x, q, s, z, perm, group, bias, config=cfg)
     _close(got, int4_gemv_ref(x, q, s, z, perm, group, bias), torch.float16)
 
@@ -276,15 +279,16 @@ def test_int4_gemv_packed_prologues_on_gpu(prologue):
 @pytest.mark.parametrize("m", [1, 4])
 @pytest.mark.parametrize("tile", [32, 256])
 @pytest.mark.parametrize("magnitude", [1.0, 3000.0])  # activations far past fp16's product range unscaled
-@pytest.mark.parametrize("split", [1, 3])
-def test_fp8_gemv_packed_on_gpu(case, m, tile, magnitude, split):
+@pytest.mark.parametrize("split, pipe", [(1, None), (3, None), (1, 3), (3, 4)])
+def test_fp8_gemv_packed_on_gpu(case, m, tile, magnitude, split, pipe):
     """Every scale layout through the fp16x2 products, against the fp32 reference; a K that is no multiple of 8
     (odd-k) takes the unpacked products."""
     n, k, block_k, scale_shape, scale_row = FP8_CASES.get(case, (24, 100, 100, (24, 1), torch.arange(24)))
     w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
     x = (torch.randn(m, k, device=DEVICE) * magnitude).to(torch.bfloat16)
     bias = torch.randn(n, device=DEVICE).to(torch.bfloat16)
-    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "PACKED": 1, "UNROLL": 2, "SPLIT": split, "num_warps": 4, "num_stages": 2}
+    cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "PACKED": 1, "UNROLL": 1 if pipe else 2, "SPLIT": split, "PIPE": pipe,
+           "num_warps": 4, "num_stages": 2}
     _close(fp8_gemv(x, w, scale, srow, block_k, bias, config=cfg), fp8_gemv_ref(x, w, scale, srow, block_k, bias),
            torch.float16)
 

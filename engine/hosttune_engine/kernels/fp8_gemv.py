@@ -15,12 +15,14 @@ result. Which is faster depends on the GPU's conversion and FMA rates; the tuner
 
 Config keys beside the block shapes: XB 1 loads the input in the weight tile's layout (kernels/gemv.py
 `_rows_input`); UNROLL n unrolls the K loop n times, so the loads of later tiles issue before the products of
-the first; SPLIT s gives each block of rows s programs, each over 1/s of K (kernels/gemv_splits.py). PACKED 1
+the first; PIPE p software-pipelines it instead: every load of the loop goes through shared memory p - 1 tiles
+ahead (the kernel's num_stages only does that for a dot's operands); SPLIT s gives each block of rows s programs,
+each over 1/s of K (kernels/gemv_splits.py). PACKED 1
 (CUDA only, inline PTX; K a multiple of 8) reads the weights as 64-bit words and multiplies two an instruction:
 each e4m3 pair converted to fp16x2 (exact), the activations entering as fp16 pairs scaled by 1/1024 (exact down
 to 1/64, so a half's four products stay inside fp16 for activations up to about 37,000), the eight products'
-halves added in fp32: about 1.5 instructions a weight instead of the 4 the fp32 products take with the
-activation conversions. The tuner measures them.
+halves added in fp32: 1.5 instructions a weight for the products, about 2.4 with the activations' loads and
+conversions at 128 weights a thread, against about 4 for the fp32 products. The tuner measures them.
 """
 
 from __future__ import annotations
@@ -100,8 +102,8 @@ def _packed_products(w_rows, x_ptr, r_ptr, nw_ptr, m, stride_xm, K, k0, n_mask, 
 def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, part_ptr, cnt_ptr, N, K,
                      stride_xm, stride_wn, stride_s, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
                      SCALE_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                     XB: tl.constexpr, UNROLL: tl.constexpr, SPLIT: tl.constexpr, PACKED: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     XB: tl.constexpr, UNROLL: tl.constexpr, PIPE: tl.constexpr, SPLIT: tl.constexpr,
+                     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     k_lo, k_hi = split_range(K, split, SPLIT, BLOCK_K)
@@ -115,7 +117,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr,
     for m in tl.static_range(M):
         acc = tl.zeros([BLOCK_N, BLOCK_K // EL], tl.float32)
         acc_blocks = tl.zeros([BLOCK_N, SUB], tl.float32)
-        for k0 in tl.range(k_lo, k_hi, BLOCK_K, loop_unroll_factor=UNROLL):
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=PIPE, loop_unroll_factor=UNROLL):
             if PACKED:
                 prod = _packed_products(w_rows, x_ptr, r_ptr, nw_ptr, m, stride_xm, K, k0, n_mask, rstd, zero_rows,
                                         PROLOGUE, EVEN_K, XB, BLOCK_K)
@@ -243,7 +245,7 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, scale_row: t
     _fp8_gemv_kernel[split_grid(n, cfg["BLOCK_N"], split)](
         *args, part, cnt, n, k, x.stride(0), w.stride(0), scale.stride(0), y.stride(0), eps, M=m,
         HAS_BIAS=bias is not None, SCALE_K=scale_k, SUB=block // scale_k if scale_k else 1, EVEN_K=k % block == 0,
-        PROLOGUE=prologue, XB=bool(cfg.get("XB")), UNROLL=cfg.get("UNROLL", 1), SPLIT=split,
+        PROLOGUE=prologue, XB=bool(cfg.get("XB")), UNROLL=cfg.get("UNROLL", 1), PIPE=cfg.get("PIPE"), SPLIT=split,
         PACKED=bool(cfg.get("PACKED")) and _packs(w, block, scale_k), BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y

@@ -20,9 +20,10 @@ _BUFFERS: dict = {}
 
 @triton.jit
 def split_range(K, split, SPLIT: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[k_lo, k_hi) of split `split`: whole K tiles, as even as they divide."""
+    """[k_lo, k_hi) of split `split`: whole K tiles, as even as they divide; empty (k_lo = k_hi = K) for a split
+    past the last tile, which an unrolled loop needs (its trip count over k_lo > k_hi is not zero)."""
     per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT) * BLOCK_K
-    k_lo = split * per
+    k_lo = tl.minimum(K, split * per)
     return k_lo, tl.minimum(K, k_lo + per)
 
 

@@ -17,8 +17,9 @@ On CUDA, PACKED 1 in the config unpacks and multiplies two weights an instructio
 `_word_dot`): the nibble pairs (i, i + 4) of a word ORed into two fp16 1024s and 1024 + zero taken off, exact;
 the activations enter as fp16 pairs scaled by 1/256 (exact; the range stays far from fp16's limit), four
 products a half summed in fp16, the word's two halves then added and scaled in fp32: about half the
-instructions a weight of the fp32 path, whose roundings are the reference's. UNROLL: as in kernels/fp8_gemv.py
-(the K loop unrolled), SPLIT (kernels/gemv_splits.py).
+instructions a weight of the fp32 path, whose roundings are the reference's. UNROLL and PIPE: as in
+kernels/fp8_gemv.py (the K loop unrolled, or software-pipelined through shared memory), SPLIT
+(kernels/gemv_splits.py).
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def _per_word(v, BLOCK_N: tl.constexpr, SUB: tl.constexpr, GW: tl.constexpr):
 def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, part_ptr,
                       cnt_ptr, N, K, stride_xm, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
                       PERMUTED: tl.constexpr, PROLOGUE: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr,
-                      PART: tl.constexpr, UNROLL: tl.constexpr, PACKED: tl.constexpr, SPLIT: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      PART: tl.constexpr, UNROLL: tl.constexpr, PIPE: tl.constexpr, PACKED: tl.constexpr,
+                      SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """PART = min(GROUP, BLOCK_K): the columns of one group inside a tile; R words a pack block. K is a
     multiple of BLOCK_K (which divides the group size or is a multiple of it; the wrapper sees to it)."""
     pid = tl.program_id(0)
@@ -154,7 +155,7 @@ def _int4_gemv_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, r_ptr,
     rstd = _rms_rstd(x_ptr, r_ptr, res_out_ptr, K, eps, pid + split, PROLOGUE, True, BLOCK_K)
     for m in tl.static_range(M):  # M <= 4: the repeated weight reads of m > 0 come from cache
         acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
-        for k0 in tl.range(k_lo, k_hi, BLOCK_K, loop_unroll_factor=UNROLL):
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=PIPE, loop_unroll_factor=UNROLL):
             p = tl.load(q_rows + (k0 // 8 + words)[None, :], mask=n_mask[:, None], other=0)  # [BLOCK_N, WORDS]
             z, s = _group_params(z_ptr, s_ptr, g_rows, k0, n_mask, GROUP, SUB)
             if PACKED:
@@ -245,7 +246,7 @@ def int4_gemv(x, qweight, scales, zeros, perm, group_size: int, bias=None, confi
         residual if residual is not None else x, norm_weight if norm_weight is not None else x,
         residual_out if residual_out is not None else x, part, cnt, n, k, x.stride(0), y.stride(0), eps, M=m,
         HAS_BIAS=bias is not None, PERMUTED=perm is not None, PROLOGUE=prologue, GROUP=group_size,
-        R=pack_block(group_size) // 8, PART=min(group_size, block_k), UNROLL=cfg.get("UNROLL", 1),
+        R=pack_block(group_size) // 8, PART=min(group_size, block_k), UNROLL=cfg.get("UNROLL", 1), PIPE=cfg.get("PIPE"),
         PACKED=bool(cfg.get("PACKED")) and x.is_cuda, SPLIT=split, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block_k,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y
