@@ -74,6 +74,16 @@ def _close(got, want, dtype):
     torch.testing.assert_close(got.float(), want.float(), atol=TOL[dtype] * want.abs().max().item(), rtol=TOL[dtype])
 
 
+def _prologue_inputs(k, prologue, dtype=torch.float32):
+    """The input row of a GEMV with `prologue` over K = k, the prologue's keyword arguments (norm weight, eps,
+    residual) and the two residual outputs (the kernel's, the reference's)."""
+    x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE).to(dtype)
+    extra = {} if prologue == SWIGLU else {"norm_weight": (torch.rand(k, device=DEVICE) + 0.5).to(dtype), "eps": 1e-6}
+    if prologue == RMSNORM_RESIDUAL:
+        extra["residual"] = torch.randn(1, k, device=DEVICE).to(dtype)
+    return x, extra, [torch.empty(1, k, device=DEVICE, dtype=dtype) for _ in range(2)]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("case", list(FP8_CASES))
 @pytest.mark.parametrize("m", [1, 3])
@@ -116,11 +126,7 @@ def _fp8_gemv_config(kind: str, tile: int) -> dict:
 def test_fp8_gemv_prologues(case, prologue, kind):
     n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
     w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
-    x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE)
-    extra = {} if prologue == SWIGLU else {"norm_weight": torch.rand(k, device=DEVICE) + 0.5, "eps": 1e-6}
-    if prologue == RMSNORM_RESIDUAL:
-        extra["residual"] = torch.randn(1, k, device=DEVICE)
-    outs = [torch.empty(1, k, device=DEVICE) for _ in range(2)]
+    x, extra, outs = _prologue_inputs(k, prologue)
     cfg = _fp8_gemv_config(kind, 64)
     got = fp8_gemv(x, w, scale, srow, block_k, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
     want = fp8_gemv_ref(x, w, scale, srow, block_k, prologue=prologue, residual_out=outs[1], **extra)
@@ -178,12 +184,7 @@ def _check_int4_gemv(act_order, dtype, m, group, tile, tuning):
 @pytest.mark.parametrize("tuning", [{}, {"UNROLL": 2}, {"SPLIT": 2}])
 def test_int4_gemv_prologues(prologue, act_order, tuning):
     q, s, z, perm = int4_weight(40, 128, 32, act_order)
-    k = 128
-    x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE)
-    extra = {} if prologue == SWIGLU else {"norm_weight": torch.rand(k, device=DEVICE) + 0.5, "eps": 1e-6}
-    if prologue == RMSNORM_RESIDUAL:
-        extra["residual"] = torch.randn(1, k, device=DEVICE)
-    outs = [torch.empty(1, k, device=DEVICE) for _ in range(2)]
+    x, extra, outs = _prologue_inputs(128, prologue)
     cfg = {"BLOCK_N": 8, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1, **tuning}
     got = int4_gemv(x, q, s, z, perm, 32, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
     want = int4_gemv_ref(x, q, s, z, perm, 32, prologue=prologue, residual_out=outs[1], **extra)
@@ -261,13 +262,7 @@ def test_int4_gemv_packed_on_gpu(act_order, m, group, tile, magnitude, split, pi
 @pytest.mark.parametrize("prologue", [RMSNORM, RMSNORM_RESIDUAL, SWIGLU])
 def test_int4_gemv_packed_prologues_on_gpu(prologue):
     q, s, z, perm = int4_weight(40, 256, 64, False)
-    k = 256
-    x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE).to(torch.bfloat16)
-    extra = {} if prologue == SWIGLU else {"norm_weight": (torch.rand(k, device=DEVICE) + 0.5).to(torch.bfloat16),
-                                           "eps": 1e-6}
-    if prologue == RMSNORM_RESIDUAL:
-        extra["residual"] = torch.randn(1, k, device=DEVICE).to(torch.bfloat16)
-    outs = [torch.empty(1, k, device=DEVICE, dtype=torch.bfloat16) for _ in range(2)]
+    x, extra, outs = _prologue_inputs(256, prologue, torch.bfloat16)
     cfg = {"BLOCK_N": 8, "BLOCK_K": 128, "PACKED": 1, "num_warps": 4, "num_stages": 2}
     got = int4_gemv(x, q, s, z, perm, 64, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
     want = int4_gemv_ref(x, q, s, z, perm, 64, prologue=prologue, residual_out=outs[1], **extra)
@@ -299,12 +294,7 @@ def test_fp8_gemv_packed_on_gpu(case, m, tile, magnitude, split, pipe):
 def test_fp8_gemv_packed_prologues_on_gpu(case, prologue):
     n, k, block_k, scale_shape, scale_row = FP8_CASES[case]
     w, scale, srow = fp8_weight(n, k, scale_shape, scale_row)
-    x = torch.randn(1, 2 * k if prologue == SWIGLU else k, device=DEVICE).to(torch.bfloat16)
-    extra = {} if prologue == SWIGLU else {"norm_weight": (torch.rand(k, device=DEVICE) + 0.5).to(torch.bfloat16),
-                                           "eps": 1e-6}
-    if prologue == RMSNORM_RESIDUAL:
-        extra["residual"] = torch.randn(1, k, device=DEVICE).to(torch.bfloat16)
-    outs = [torch.empty(1, k, device=DEVICE, dtype=torch.bfloat16) for _ in range(2)]
+    x, extra, outs = _prologue_inputs(k, prologue, torch.bfloat16)
     cfg = {"BLOCK_N": 16, "BLOCK_K": 64, "PACKED": 1, "num_warps": 4, "num_stages": 2}
     got = fp8_gemv(x, w, scale, srow, block_k, config=cfg, prologue=prologue, residual_out=outs[0], **extra)
     want = fp8_gemv_ref(x, w, scale, srow, block_k, prologue=prologue, residual_out=outs[1], **extra)
