@@ -17,12 +17,12 @@ Config keys beside the block shapes: XB 1 loads the input in the weight tile's l
 `_rows_input`); UNROLL n unrolls the K loop n times, so the loads of later tiles issue before the products of
 the first; PIPE p software-pipelines it instead: every load of the loop goes through shared memory p - 1 tiles
 ahead (the kernel's num_stages only does that for a dot's operands); SPLIT s gives each block of rows s programs,
-each over 1/s of K (kernels/gemv_splits.py). PACKED 1
-(CUDA only, inline PTX; K a multiple of 8) reads the weights as 64-bit words and multiplies two an instruction:
-each e4m3 pair converted to fp16x2 (exact), the activations entering as fp16 pairs scaled by 1/1024 (exact down
-to 1/64, so a half's four products stay inside fp16 for activations up to about 37,000), the eight products'
-halves added in fp32: 1.5 instructions a weight for the products, about 2.4 with the activations' loads and
-conversions at 128 weights a thread, against about 4 for the fp32 products. The tuner measures them.
+each over 1/s of K (kernels/gemv_splits.py). PACKED 1 (CUDA only, inline PTX; K a multiple of 8) reads the
+weights as 64-bit words and multiplies two an instruction: each e4m3 pair converted to fp16x2 (exact), the
+activations entering as fp16 pairs scaled by 1/1024 (exact down to 1/64, so a half's four products stay inside
+fp16 for activations up to about 37,000), the eight products' halves added in fp32: 1.5 instructions a weight
+for the products, about 2.4 with the activations' loads and conversions at 128 weights a thread, against about
+4 for the fp32 products. The tuner measures them.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ layers with FP8 activations the table's `fp8_mm` entry also picks the batched pa
 epilogue), "triton" (our FP8 GEMM, scales in its epilogue: kernels/fp8_gemm.py) or "w8a16" (our GEMM,
 activations kept in bf16). Configs may also say FUSE 0 (a GEMV's
 RMSNorm / SwiGLU prologue run by its own kernels first), DEQUANT 1 (W4A16 through a dequantized weight
-and cuBLAS), PACKED 1 (the 4-bit GEMV's fp16x2 unpacking, CUDA only), XB 1 (the FP8 GEMV's activations in
-the weight tile's layout), UNROLL n (a GEMV's K loop unrolled) and SPLIT s (a GEMV's K split across s
-programs a row block): whichever the tuner measured faster."""
+and cuBLAS), PACKED 1 (a quantized GEMV's fp16x2 products, CUDA only), XB 1 (the FP8 GEMV's activations in
+the weight tile's layout), UNROLL n (a GEMV's K loop unrolled), PIPE p (or software-pipelined) and SPLIT s (a
+GEMV's K split across s programs a row block): whichever the tuner measured faster."""
 
 from __future__ import annotations
 
