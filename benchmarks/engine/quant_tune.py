@@ -303,7 +303,7 @@ def _check_bias(t: Tuner, proj, x, w, unit) -> None:
 
 
 def _buckets(m: int) -> list[str]:
-    return ["le8", "le32", "le128"] if m <= 128 else [batch_bucket(m)]
+    return ["le8", "le32", "le64", "le128"] if m <= 128 else [batch_bucket(m)]
 
 
 def lm_head_ms(t: Tuner) -> float:

@@ -48,9 +48,9 @@ def test_tune_keeps_the_fastest_config_that_runs(capsys):
 
 def test_buckets_and_keys():
     assert [tuning.length_bucket(n) for n in (512, 1024, 3071, 8192)] == ["lt1k", "1k-3k", "1k-3k", "ge3k"]
-    assert [tuning.batch_bucket(n) for n in (1, 2, 32, 64, 256)] == ["le1", "le8", "le32", "le128", "gt128"]
+    assert [tuning.batch_bucket(n) for n in (1, 2, 32, 64, 65, 256)] == ["le1", "le8", "le32", "le64", "le128", "gt128"]
     assert prefill_key(torch.bfloat16, 128, 7, 16, True, 4096) == "bfloat16-d128-g7-contig-ge3k"
-    assert decode_key(torch.bfloat16, 128, 7, 16, 64) == "bfloat16-d128-g7-paged16-le128"
+    assert decode_key(torch.bfloat16, 128, 7, 16, 128) == "bfloat16-d128-g7-paged16-le128"
 
 
 def test_shipped_table_is_valid_json():

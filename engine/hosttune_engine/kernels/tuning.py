@@ -73,7 +73,7 @@ def length_bucket(n: int) -> str:
 
 
 def batch_bucket(n: int) -> str:
-    for limit in (1, 8, 32, 128):
+    for limit in (1, 8, 32, 64, 128):
         if n <= limit:
             return f"le{limit}"
     return "gt128"
