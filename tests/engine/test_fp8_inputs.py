@@ -72,11 +72,30 @@ def test_swiglu_fp8_matches_its_reference_and_the_unfused_kernels(dtype, width, 
     assert torch.equal(q.view(torch.uint8), unfused_q.view(torch.uint8)) and torch.equal(s, unfused_s)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width, chunk, finish", [(200, 64, 128), (128, 1024, 8192)])  # ragged, several; one
+def test_swiglu_fp8_split_rows_match_the_one_program_a_row_form(dtype, width, chunk, finish, monkeypatch):
+    from hosttune_engine.kernels import fp8_inputs
+
+    monkeypatch.setattr(fp8_inputs, "SPLIT_BLOCK", chunk)
+    monkeypatch.setattr(fp8_inputs, "FINISH_BLOCK", finish)
+    x = _rows(5, 2 * width, dtype, 4) * 3
+    want_q, want_s = swiglu_fp8(x, split=False)
+    for _ in range(2):  # the amax and counters are zero again after a call
+        q, s = swiglu_fp8(x, split=True)
+        assert torch.equal(s, want_s) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    amax, counts = fp8_inputs._row_state(x.device, 5)
+    assert not amax.any() and not counts.any()
+    q, s = swiglu_fp8(x[:3] * 10, split=True)  # fewer rows, other values: nothing left from the last call
+    assert torch.equal(s, swiglu_fp8(x[:3] * 10, split=False)[1])
+
+
 def test_no_rows_launch_nothing():
     x = torch.empty(0, 64, device=DEVICE)
     q, s = rms_norm_fp8(x, torch.ones(64, device=DEVICE), 1e-6)
     assert q.shape == (0, 64) and s.shape == (0, 1)
     assert swiglu_fp8(torch.empty(0, 64, device=DEVICE))[0].shape == (0, 32)
+    assert swiglu_fp8(torch.empty(0, 64, device=DEVICE), split=True)[0].shape == (0, 32)
 
 
 def test_wrappers_check_their_inputs():

@@ -7,7 +7,13 @@ and scales equal what rms_norm or swiglu followed by quantize_per_token write.
 
 One program per row. The norm holds its row in registers (as kernels/rmsnorm.py does); the SwiGLU's rows are
 longer (18,944 for a 7B model), so it walks them twice, the amax and then the quantized values, the second
-pass reading gate | up again (from L2 at decode batch sizes).
+pass reading gate | up again (from L2 at decode batch sizes). With fewer rows than the GPU has SMs (batched
+decode) that leaves most of the GPU idle and each program walking a long serial loop, so the rows are split
+instead: SPLIT_BLOCK columns a program, each writing its activations (rounded, as above) to a scratch row
+and its largest |value| into the row's amax with an atomic max; the last program of a row (a per-row
+counter, as kernels/gemv_splits.py counts) reads the amax, writes the scale and quantizes the scratch row,
+then clears the amax and the counter, so they are zero again for the next call and a CUDA graph replays
+them without a memset.
 """
 
 from __future__ import annotations
@@ -19,9 +25,13 @@ import triton.language as tl
 from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, check_tensor, next_pow2
 from hosttune_engine.kernels.fp8_scaled_mm import FP8, quantize_per_token_ref, row_scale, store_e4m3
 from hosttune_engine.kernels.rmsnorm import normed_row, rms_norm_ref
+from hosttune_engine.kernels.split_k import device_sms
 from hosttune_engine.kernels.swiglu import swiglu_ref
 
 SWIGLU_BLOCK = 2048
+SPLIT_BLOCK = 1024  # columns a program of the split form computes
+FINISH_BLOCK = 8192  # columns an iteration of its last program's quantizing pass: few, long iterations
+_ROW_STATE: dict = {}  # device -> [(amax, counters)], the newest last
 
 
 @triton.jit
@@ -31,7 +41,7 @@ def _rms_norm_fp8_kernel(x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, strid
     y, cols, mask = normed_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, stride_x, stride_r, stride_ro, n_cols, eps,
                                HAS_RESIDUAL, BLOCK)
     y = y.to(x_ptr.dtype.element_ty).to(tl.float32)  # the unfused norm's output rounding
-    store_e4m3(q_ptr + row * n_cols, cols, mask, y, row_scale(tl.abs(y), s_ptr, row))
+    store_e4m3(q_ptr + row * n_cols, cols, mask, y, row_scale(tl.max(tl.abs(y), 0), s_ptr, row))
 
 
 def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
@@ -83,15 +93,55 @@ def _swiglu_fp8_kernel(x_ptr, q_ptr, s_ptr, stride_x, n_cols, BLOCK: tl.constexp
     for c0 in range(0, n_cols, BLOCK):
         offs = c0 + tl.arange(0, BLOCK)
         amax = tl.maximum(amax, tl.abs(_silu_mul(x_ptr, row, stride_x, n_cols, offs, offs < n_cols)))
-    scale = row_scale(amax, s_ptr, row)
+    scale = row_scale(tl.max(amax, 0), s_ptr, row)
     for c0 in range(0, n_cols, BLOCK):
         offs = c0 + tl.arange(0, BLOCK)
         y = _silu_mul(x_ptr, row, stride_x, n_cols, offs, offs < n_cols)
         store_e4m3(q_ptr + row * n_cols, offs, offs < n_cols, y, scale)
 
 
-def swiglu_fp8(x: torch.Tensor, block: int = SWIGLU_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, 2I] (gate then up) -> (e4m3 [T, I], fp32 scales [T, 1]) of silu(gate) * up."""
+@triton.jit
+def _swiglu_fp8_split_kernel(x_ptr, h_ptr, q_ptr, s_ptr, amax_ptr, cnt_ptr, stride_x, n_cols, BLOCK: tl.constexpr,
+                             FINISH: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    y = _silu_mul(x_ptr, row, stride_x, n_cols, offs, mask)
+    tl.store(h_ptr + row * n_cols + offs, y.to(h_ptr.dtype.element_ty), mask=mask)
+    tl.atomic_max(amax_ptr + row, tl.max(tl.abs(y), 0), sem="relaxed")  # |y| >= 0: ordered as the bits are
+    tl.debug_barrier()  # every thread's part of the row is written before the program is counted
+    done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel")  # the last one sees every part written before it
+    if done == tl.num_programs(1) - 1:
+        scale = row_scale(tl.atomic_add(amax_ptr + row, 0.0), s_ptr, row)  # adding zero reads the final max
+        tl.store(amax_ptr + row, 0.0)  # every other program of the row is done with it
+        for c0 in range(0, n_cols, FINISH):
+            cols = c0 + tl.arange(0, FINISH)
+            h = tl.load(h_ptr + row * n_cols + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+            store_e4m3(q_ptr + row * n_cols, cols, cols < n_cols, h, scale)
+        tl.atomic_xchg(cnt_ptr + row, 0)
+
+
+def _row_state(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 amax [R], int32 counters [R]), R >= rows, zero between calls. Made at the first call that needs
+    more rows than the last; made while a CUDA graph is captured, they come from its memory pool, and this
+    cache keeps every one alive for the graphs that use it."""
+    states = _ROW_STATE.setdefault(str(device), [])
+    if not states or states[-1][0].shape[0] < rows:
+        size = max(rows, 256)
+        states.append((torch.zeros(size, dtype=torch.float32, device=device),
+                       torch.zeros(size, dtype=torch.int32, device=device)))
+    return states[-1]
+
+
+def split_rows(x: torch.Tensor) -> bool:
+    """Whether swiglu_fp8 splits x's rows: on a GPU, with fewer rows than SMs."""
+    return x.is_cuda and x.shape[0] < device_sms(x.device)
+
+
+def swiglu_fp8(x: torch.Tensor, block: int = SWIGLU_BLOCK, split: bool | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, 2I] (gate then up) -> (e4m3 [T, I], fp32 scales [T, 1]) of silu(gate) * up. `split` picks the
+    split-row form (default: `split_rows`); `block` is the one-program-a-row form's tile."""
     check_tensor("x", x, 2, dtypes=(torch.bfloat16, torch.float16, torch.float32))
     check(x.shape[1] % 2 == 0, "x's last dim must be even (gate | up), got {}", x.shape[1])
     check_last_dim_contiguous("x", x)
@@ -99,7 +149,16 @@ def swiglu_fp8(x: torch.Tensor, block: int = SWIGLU_BLOCK) -> tuple[torch.Tensor
     t, n = x.shape[0], x.shape[1] // 2
     q = torch.empty((t, n), dtype=FP8, device=x.device)
     scale = torch.empty((t, 1), dtype=torch.float32, device=x.device)
-    if t:
+    if not t:
+        return q, scale
+    if split_rows(x) if split is None else split:
+        h = torch.empty((t, n), dtype=x.dtype, device=x.device)
+        amax, counts = _row_state(x.device, t)
+        chunk = min(SPLIT_BLOCK, next_pow2(n))
+        _swiglu_fp8_split_kernel[(t, triton.cdiv(n, chunk))](x, h, q, scale, amax, counts, x.stride(0), n,
+                                                            BLOCK=chunk, FINISH=min(FINISH_BLOCK, next_pow2(n)),
+                                                            num_warps=4)
+    else:
         _swiglu_fp8_kernel[(t,)](x, q, scale, x.stride(0), n, BLOCK=min(block, next_pow2(n)), num_warps=8)
     return q, scale
 

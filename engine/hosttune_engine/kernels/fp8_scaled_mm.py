@@ -35,9 +35,9 @@ def quantize_per_token_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
 
 @triton.jit
 def row_scale(amax, s_ptr, row):
-    """A row's e4m3 scale from the largest |value| of its parts (amax: a block of them), stored at s_ptr[row]:
-    quantize_per_token_ref's rule, for every kernel that writes FP8 GEMM inputs."""
-    scale = tl.maximum(tl.max(amax, 0), 1e-12) / 448.0
+    """A row's e4m3 scale from its largest |value| (a scalar), stored at s_ptr[row]: quantize_per_token_ref's
+    rule, for every kernel that writes FP8 GEMM inputs."""
+    scale = tl.maximum(amax, 1e-12) / 448.0
     tl.store(s_ptr + row, scale)
     return scale
 
@@ -57,7 +57,7 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, BLOCK_K: tl.constex
     for k0 in range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         amax = tl.maximum(amax, tl.abs(tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)))
-    scale = row_scale(amax, s_ptr, row)
+    scale = row_scale(tl.max(amax, 0), s_ptr, row)
     for k0 in range(0, K, BLOCK_K):
         offs = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
