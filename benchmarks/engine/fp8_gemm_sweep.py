@@ -2,10 +2,9 @@
 """The batched FP8 GEMM paths on the Qwen2.5-7B projections (activations already e4m3 per token), per batch
 size: torch._scaled_mm with unit scales plus the scale epilogue ("unit"), cuBLAS's row-wise scales
 ("rowwise"), and the Triton FP8 GEMM with the scales in its epilogue ("triton", kernels/fp8_gemm.py) over a
-sweep of its launch configs (tile shapes, stages, the MMA's accumulation, K split in up to four). Prints each
-projection's times and the best config; with --table, the entries for kernels/tuned_configs.json: `fp8_mm`
-METHOD "triton" and its `fp8_gemm` config for each projection shape and batch bucket where it was faster than
-both at every batch size measured in the bucket.
+sweep of its launch configs. Prints each projection's times and the best config; with --table, the entries
+for kernels/tuned_configs.json: `fp8_mm` METHOD "triton" and its `fp8_gemm` config for each projection shape
+and batch bucket where it was faster than both at every batch size measured in the bucket.
 
 Example: python benchmarks/engine/fp8_gemm_sweep.py --out /tmp/fp8-gemm.json --table
 """
@@ -32,14 +31,11 @@ BATCHES = (16, 32, 64, 128)
 LAUNCHES = 20  # per graph replay, so the replay's own cost is shared
 
 
-SPLITS = ((1, 0), (1, 1), (2, 1), (4, 1))  # (SPLIT_K, FAST_ACC): K split only with the MMA accumulating
-
-
 def configs(m: int):
     block_m = max(16, min(64, 1 << (m - 1).bit_length()))
-    for bn, bk, stages, (split, fast) in itertools.product((16, 32, 64, 128), (128, 256), (3, 4, 5, 6), SPLITS):
+    for bn, bk, stages, fast in itertools.product((32, 64, 128), (128, 256), (3, 4, 5, 6), (0, 1)):
         yield {"BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4, "num_stages": stages,
-               "FAST_ACC": fast, "SPLIT_K": split}
+               "FAST_ACC": fast}
 
 
 def measure(m: int, n: int, k: int) -> dict:
@@ -60,9 +56,8 @@ def measure(m: int, n: int, k: int) -> dict:
             swept.append((us, i, c))
         except triton.runtime.errors.OutOfResources:  # too much shared memory for its stages
             continue
-    swept.sort(key=lambda t: t[:2])
+    swept.sort()
     row["triton_us"], _, row["config"] = swept[0]
-    row["triton_us_by_split"] = {s: min(us for us, _, c in swept if c["SPLIT_K"] == s) for s, _ in SPLITS}
     want = fp8_gemm_ref(xq, sx, w, ws, None, torch.float32)
     got = fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, row["config"]).float()
     row["rel_error"] = ((got - want).norm() / want.norm()).item()

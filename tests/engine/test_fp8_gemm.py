@@ -25,8 +25,6 @@ def _operands(m, n, k, seed=0):
     (37, 80, 96, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}),  # ragged M and N, K a multiple of BLOCK_K
     (5, 48, 96, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),  # one block of rows, K ragged to the tile
     (20, 64, 128, {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "FAST_ACC": 1}),  # the MMA accumulating along K
-    (37, 80, 160, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 2}),  # K split, tiles 3 and 2
-    (5, 48, 96, {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 4}),  # a split past the last K tile
 ])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fp8_gemm_matches_its_reference(m, n, k, cfg, with_bias):
@@ -37,19 +35,6 @@ def test_fp8_gemm_matches_its_reference(m, n, k, cfg, with_bias):
     # the interpreter multiplies e4m3 tiles exactly; a GPU's FP8 MMA sums a tile's products with fewer bits
     tol = 1e-5 if DEVICE == "cpu" else 2e-3 * want.abs().max().item()
     torch.testing.assert_close(got, want, rtol=0, atol=tol)
-
-
-def test_split_k_leaves_its_scratch_zero_between_calls():
-    from hosttune_engine.kernels.gemv_splits import split_buffers
-
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 3}
-    for m, seed in ((20, 1), (7, 2), (20, 3)):  # other rows and values each call: nothing left from the last
-        xq, sx, w, ws, bias = _operands(m, 48, 96, seed)
-        want = fp8_gemm_ref(xq, sx, w, ws, bias, torch.float32)
-        tol = 1e-5 if DEVICE == "cpu" else 2e-3 * want.abs().max().item()
-        torch.testing.assert_close(fp8_gemm(xq, sx, w, ws, bias, torch.float32, cfg), want, rtol=0, atol=tol)
-        part, cnt = split_buffers(xq.device, 48, m)
-        assert not part.any() and not cnt.any()
 
 
 def test_fp8_gemm_rounds_once_where_unit_scales_round_the_products_first():
@@ -69,8 +54,6 @@ def test_wrapper_checks_its_inputs():
         fp8_gemm(xq, sx, w, ws, bias, torch.float32, {"BLOCK_N": 48})
     with pytest.raises(KernelInputError, match="at least 16 wide"):
         fp8_gemm(xq, sx, w, ws, bias, torch.float32, {"BLOCK_M": 8})
-    with pytest.raises(KernelInputError, match="SPLIT_K must be a positive integer"):
-        fp8_gemm(xq, sx, w, ws, bias, torch.float32, {"SPLIT_K": 0})
     with pytest.raises(KernelInputError, match="must be contiguous"):
         fp8_gemm(xq, sx, w[:, :32], ws, bias, torch.float32)
     with pytest.raises(KernelInputError, match=r"sx must be \[8, 1\]"):

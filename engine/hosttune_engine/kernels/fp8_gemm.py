@@ -9,11 +9,7 @@ apart (the tensor cores' own FP8 accumulation keeps fewer bits, as cuBLAS's fast
 FAST_ACC 1 in the config accumulated by the tensor cores all along K (faster; on an H200 at K = 18,944 about
 twice bf16's rounding error against the fp32 product, at K = 3,584 about the same as it). Where it
 beats cuBLAS on a GPU, benchmarks/engine/fp8_gemm_sweep.py measures; the tuned table's `fp8_mm` METHOD
-"triton" picks it per projection shape and batch bucket, and `fp8_gemm` its launch configs. SPLIT_K s in a
-config gives each tile s programs, each over 1/s of K, for projections with too few tiles to fill the GPU
-(down_proj at decode batch sizes: hidden / BLOCK_N tiles): each adds its scaled partial tile into an fp32
-scratch with atomics, and the tile's last program adds the bias and writes it (kernels/gemv_splits.py's
-scheme, so the scratch and counters are zero after every call).
+"triton" picks it per projection shape and batch bucket, and `fp8_gemm` its launch configs.
 """
 
 from __future__ import annotations
@@ -24,24 +20,21 @@ import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_pow2, check_tensor
 from hosttune_engine.kernels.fp8_scaled_mm import check_fp8_operands
-from hosttune_engine.kernels.gemv_splits import split_buffers, split_range
-
 DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 4}
 
 
 @triton.jit
-def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, b_ptr, y_ptr, part_ptr, cnt_ptr, M, N, K, HAS_BIAS: tl.constexpr,
-                     EVEN_K: tl.constexpr, FAST_ACC: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, b_ptr, y_ptr, M, N, K, HAS_BIAS: tl.constexpr,
+                     EVEN_K: tl.constexpr, FAST_ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_mask, n_mask = offs_m < M, offs_n < N
-    k_lo, k_hi = split_range(K, tl.program_id(2), SPLIT_K, BLOCK_K)
     x_tile = x_ptr + offs_m.to(tl.int64)[:, None] * K + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
     w_tile = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             a = tl.load(x_tile + k0, mask=m_mask[:, None], other=0.0)
             b = tl.load(w_tile + k0, mask=n_mask[None, :], other=0.0)
@@ -55,27 +48,10 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, b_ptr, y_ptr, part_ptr, cnt_p
             acc += tl.dot(a, b)  # into fp32 every tile: Hopper's FP8 MMA accumulates with fewer bits
     y = acc * tl.load(sx_ptr + offs_m, mask=m_mask, other=0.0)[:, None]
     y = y * tl.load(sw_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
-    mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT_K > 1:  # the partial tile into the scratch; the tile's last split writes the sum
-        parts = part_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-        tl.atomic_add(parts, y, mask=mask, sem="relaxed")
-        tl.debug_barrier()  # every thread's partials are added before the tile is counted
-        count = cnt_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        if tl.atomic_add(count, 1, sem="acq_rel") == SPLIT_K - 1:  # it sees every partial added before it
-            y = tl.atomic_add(parts, tl.zeros_like(y), mask=mask, sem="relaxed")  # adding zero reads the sums
-            tl.store(parts, tl.zeros_like(y), mask=mask)  # every other split of the tile is done with them
-            _store_tile(y, y_ptr, b_ptr, offs_m, offs_n, n_mask, mask, N, HAS_BIAS)
-            tl.atomic_xchg(count, 0)
-    else:
-        _store_tile(y, y_ptr, b_ptr, offs_m, offs_n, n_mask, mask, N, HAS_BIAS)
-
-
-@triton.jit
-def _store_tile(y, y_ptr, b_ptr, offs_m, offs_n, n_mask, mask, N, HAS_BIAS: tl.constexpr):
-    """The scaled fp32 tile (+ bias), rounded once to y's dtype."""
     if HAS_BIAS:
         y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    out = y_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    tl.store(out, y.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
 def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias,
@@ -94,15 +70,12 @@ def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, w_scale: torch
         check_pow2(name, cfg[name])
     check(min(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]) >= 16, "FP8 dot tiles are at least 16 wide, got {}",
           cfg)
-    split = cfg.get("SPLIT_K", 1)
-    check(isinstance(split, int) and split >= 1, "SPLIT_K must be a positive integer, got {}", split)
     y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m:
-        grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]), split)
-        part, cnt = split_buffers(xq.device, n, m, grid[0] * grid[1]) if split > 1 else (y, y)
-        _fp8_gemm_kernel[grid](xq, w, sx, w_scale, bias if bias is not None else w_scale, y, part, cnt, m, n, k,
+        grid = (triton.cdiv(n, cfg["BLOCK_N"]), triton.cdiv(m, cfg["BLOCK_M"]))
+        _fp8_gemm_kernel[grid](xq, w, sx, w_scale, bias if bias is not None else w_scale, y, m, n, k,
                                HAS_BIAS=bias is not None, EVEN_K=k % cfg["BLOCK_K"] == 0,
-                               FAST_ACC=bool(cfg.get("FAST_ACC", 0)), SPLIT_K=split, BLOCK_M=cfg["BLOCK_M"],
+                               FAST_ACC=bool(cfg.get("FAST_ACC", 0)), BLOCK_M=cfg["BLOCK_M"],
                                BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
                                num_stages=cfg["num_stages"])
     return y

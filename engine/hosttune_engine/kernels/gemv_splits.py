@@ -1,6 +1,5 @@
 """Split-K for the batch-1 quantized GEMVs: a projection with few output rows (o_proj, down_proj: N = hidden) gets
-SPLIT programs per block of rows, each walking 1/SPLIT of K, so more weight bytes are in flight at once (and
-the batched FP8 GEMM's tiles the same way: kernels/fp8_gemm.py).
+SPLIT programs per block of rows, each walking 1/SPLIT of K, so more weight bytes are in flight at once.
 
 Each program adds its rows' fp32 partial sums into a scratch row [M, N] with atomics, then counts itself in
 its row block's counter; the last of a block's SPLIT programs reads the sums (an atomic add of zero) and
@@ -56,16 +55,15 @@ def finish_rows(part_ptr, cnt_ptr, y_ptr, b_ptr, pid, offs_n, n_mask, N, stride_
         tl.atomic_xchg(cnt_ptr + pid, 0)
 
 
-def split_buffers(device: torch.device, n: int, rows: int = ROWS, tiles: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 partial sums [R, N], int32 tile counters [C]) for split products of width N and up to `rows` rows
-    (R >= rows) on `device`, C >= max(N, tiles), zero between calls. Made at the first call that needs more
-    than the last; made while a CUDA graph is captured, they come from that graph's memory pool, and this cache
-    keeps every one alive for the graphs that use it."""
-    made = _BUFFERS.setdefault((str(device), n), [])
-    if not made or made[-1][0].shape[0] < rows or made[-1][1].shape[0] < tiles:
-        made.append((torch.zeros(max(rows, ROWS), n, dtype=torch.float32, device=device),
-                     torch.zeros(max(n, tiles), dtype=torch.int32, device=device)))
-    return made[-1]
+def split_buffers(device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 partial sums [ROWS, N], int32 row-block counters [N]) for GEMVs of width N on `device`, zero between
+    calls. Made at the first call; made while a CUDA graph is captured, they come from that graph's memory pool
+    and this cache keeps them alive for every later call."""
+    key = (str(device), n)
+    if key not in _BUFFERS:
+        _BUFFERS[key] = (torch.zeros(ROWS, n, dtype=torch.float32, device=device),
+                         torch.zeros(n, dtype=torch.int32, device=device))
+    return _BUFFERS[key]
 
 
 def split_grid(n: int, block_n: int, split: int) -> tuple[int, int]:
