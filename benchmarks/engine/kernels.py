@@ -23,7 +23,7 @@ HQ, HKV, D, PAGE = SHAPE.heads, SHAPE.kv_heads, SHAPE.head_dim, 16
 DT = torch.bfloat16
 DEV = "cuda"  # a CPU smoke run (interpreter) sets "cpu"
 POOL_TOKENS = 1 << 20  # decode benchmark cache: 1M tokens, 2 GiB of K+V, 35x the L2
-DECODE_CASES = ((1, 32, 128), (1024, 8192))  # batches, contexts
+DECODE_CASES = ((1, 32, 64, 128), (1024, 8192))  # batches, contexts
 PREFILL_LENS = (512, 2048, 4096, 8192)
 PREFILL_CANDIDATES = [  # (BLOCK_M = two halves, BLOCK_N, num_warps, num_stages)
     (128, 64, 4, 2), (128, 64, 4, 3), (128, 32, 4, 3), (128, 128, 4, 2), (64, 64, 4, 2), (256, 64, 8, 2),
@@ -122,7 +122,7 @@ def _prefill_row(case: PrefillCase, mode: str) -> dict:
 
 
 def decode_bandwidth(tune: bool, device_name: str, log, copy_tb_s: float) -> list[dict]:
-    """Effective bandwidth (K+V bytes read / time) at batch 1/32/128 and 1K/8K context, graph-replayed
+    """Effective bandwidth (K+V bytes read / time) at batch 1/32/64/128 and 1K/8K context, graph-replayed
     over disjoint caches (as in a decode step, the KV of a layer is not in L2 when its attention runs)."""
     kc = torch.randn(POOL_TOKENS // PAGE, PAGE, HKV, D, device=DEV, dtype=DT)
     vc = torch.randn_like(kc)
