@@ -36,6 +36,9 @@ def test_rms_norm_fused_residual(dtype, tokens, hidden):
     assert_close(res, ref_res, dtype)
     assert_close(out, ref_out, dtype)
     assert_close(res, x.float() + r.float(), dtype)
+    into = torch.empty_like(x)  # the new residual written where the caller wants it: the same values
+    out2, res2 = rms_norm(x, w, 1e-5, residual=r, residual_out=into)
+    assert res2 is into and torch.equal(res2, res) and torch.equal(out2, out)
 
 
 def test_check_formats_its_message_only_on_failure():
@@ -58,6 +61,8 @@ def test_rms_norm_rejects_bad_inputs():
         rms_norm(x.t(), torch.ones(4, device=DEVICE), 1e-6)
     with pytest.raises(KernelInputError, match="dtype"):
         rms_norm(x, torch.ones(8, device=DEVICE), 1e-6, residual=x.half())
+    with pytest.raises(KernelInputError, match="residual_out must be like x"):
+        rms_norm(x, torch.ones(8, device=DEVICE), 1e-6, residual=x, residual_out=torch.empty(4, 4, device=DEVICE))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -44,8 +44,10 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """x [T, N], weight [N] -> out [T, N] (and the new residual [T, N] if given one)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             residual_out: torch.Tensor | None = None):
+    """x [T, N], weight [N] -> out [T, N] (and the new residual [T, N] if given one, written into
+    `residual_out` when that is given: a contiguous tensor like x)."""
     check_tensor("x", x, 2)
     check_tensor("weight", weight, 1, device=x.device)
     check(weight.shape[0] == x.shape[1], "weight has {} elements, x rows have {}", weight.shape[0], x.shape[1])
@@ -57,7 +59,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         check_tensor("residual", residual, 2, dtypes=(x.dtype,), device=x.device)
         check(residual.shape == x.shape, "residual shape {} != x shape {}", tuple(residual.shape), tuple(x.shape))
         check_last_dim_contiguous("residual", residual)
-        res_out = torch.empty_like(x)
+        res_out = torch.empty_like(x) if residual_out is None else residual_out
+        check(res_out.shape == x.shape and res_out.dtype == x.dtype and res_out.device == x.device,
+              "residual_out must be like x, got {} {}", tuple(res_out.shape), res_out.dtype)
+        check_last_dim_contiguous("residual_out", res_out)
     if x.shape[0]:
         r = residual if residual is not None else x
         ro = res_out if res_out is not None else out

@@ -41,8 +41,7 @@ class DeferredRMSNorm:
     def materialize(self) -> torch.Tensor:
         if self.residual is None:
             return rms_norm(self.x, self.weight, self.eps)
-        out, new_residual = rms_norm(self.x, self.weight, self.eps, residual=self.residual)
-        self.residual_out.copy_(new_residual)
+        out, _ = rms_norm(self.x, self.weight, self.eps, residual=self.residual, residual_out=self.residual_out)
         return out
 
 
