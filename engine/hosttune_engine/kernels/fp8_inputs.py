@@ -7,14 +7,15 @@ and scales equal what rms_norm or swiglu followed by quantize_per_token write.
 
 One program per row. The norm holds its row in registers (as kernels/rmsnorm.py does); the SwiGLU's rows are
 longer (18,944 for a 7B model), so it walks them twice, the amax and then the quantized values, the second
-pass reading gate | up again (from L2 at decode batch sizes). With a few rows (small decode batches) that
-leaves most of the GPU idle and each program walking a long serial loop, so up to SPLIT_ROWS rows are split
-instead: SPLIT_BLOCK columns a program, each writing its activations (rounded, as above) to a scratch row
-and its largest |value| into the row's amax with an atomic max; the last program of a row (a per-row
-counter, as kernels/gemv_splits.py counts) reads the amax, writes the scale and quantizes the scratch row,
-then clears the amax and the counter, so they are zero again for the next call and a CUDA graph replays
-them without a memset. On the H200 at 18,944 columns: 1 row 8.0 -> 5.3 us, 16 rows 8.2 -> 6.6 us, but 64 rows
-8.6 -> 10.1 us (the rows' last programs, each quantizing a whole row, run at the end one after another).
+pass reading gate | up again (from L2 at decode batch sizes). With few rows (decode batches) that leaves most
+of the GPU idle and each program walking a long serial loop, so up to SPLIT_ROWS rows run in two passes
+instead, SPLIT_BLOCK columns a program: the first writes the activations (rounded, as above) to a scratch
+row and each part's largest |value| into the row's amax with an atomic max; the second quantizes each part
+with the row's scale, and the last program of a row (a per-row counter, as kernels/gemv_splits.py counts)
+clears the amax and the counter, so they are zero again for the next call and a CUDA graph replays them
+without a memset. On the H200 at 18,944 columns, one program a row against two passes: 1 row 8.0 -> 4.4 us,
+64 rows 8.6 -> 6.4, 128 rows 8.9 -> 8.0, 256 rows 12.7 -> 13.5 (a single pass of the row in one program,
+each row's last part quantizing it, was slower than both from 64 rows on).
 """
 
 from __future__ import annotations
@@ -29,9 +30,8 @@ from hosttune_engine.kernels.rmsnorm import normed_row, rms_norm_ref
 from hosttune_engine.kernels.swiglu import swiglu_ref
 
 SWIGLU_BLOCK = 2048
-SPLIT_ROWS = 16  # the most rows the split form takes
-SPLIT_BLOCK = 1024  # columns a program of the split form computes
-FINISH_BLOCK = 8192  # columns an iteration of its last program's quantizing pass: few, long iterations
+SPLIT_ROWS = 128  # the most rows the two-pass form takes
+SPLIT_BLOCK = 2048  # columns a program of the two-pass form computes
 _ROW_STATE: dict = {}  # device -> [(amax, counters)], the newest last
 
 
@@ -102,23 +102,27 @@ def _swiglu_fp8_kernel(x_ptr, q_ptr, s_ptr, stride_x, n_cols, BLOCK: tl.constexp
 
 
 @triton.jit
-def _swiglu_fp8_split_kernel(x_ptr, h_ptr, q_ptr, s_ptr, amax_ptr, cnt_ptr, stride_x, n_cols, BLOCK: tl.constexpr,
-                             FINISH: tl.constexpr):
+def _swiglu_amax_kernel(x_ptr, h_ptr, amax_ptr, stride_x, n_cols, BLOCK: tl.constexpr):
+    """Two-pass form, first pass: a part of a row's activations to h, its largest |value| into the row's amax."""
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n_cols
     y = _silu_mul(x_ptr, row, stride_x, n_cols, offs, mask)
     tl.store(h_ptr + row * n_cols + offs, y.to(h_ptr.dtype.element_ty), mask=mask)
-    tl.atomic_max(amax_ptr + row, tl.max(tl.abs(y), 0), sem="relaxed")  # |y| >= 0: ordered as the bits are
-    tl.debug_barrier()  # every thread's part of the row is written before the program is counted
-    done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel")  # the last one sees every part written before it
-    if done == tl.num_programs(1) - 1:
-        scale = row_scale(tl.atomic_add(amax_ptr + row, 0.0), s_ptr, row)  # adding zero reads the final max
-        tl.store(amax_ptr + row, 0.0)  # every other program of the row is done with it
-        for c0 in range(0, n_cols, FINISH):
-            cols = c0 + tl.arange(0, FINISH)
-            h = tl.load(h_ptr + row * n_cols + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-            store_e4m3(q_ptr + row * n_cols, cols, cols < n_cols, h, scale)
+    tl.atomic_max(amax_ptr + row, tl.max(tl.abs(y), 0), sem="relaxed")
+
+
+@triton.jit
+def _quantize_parts_kernel(h_ptr, q_ptr, s_ptr, amax_ptr, cnt_ptr, n_cols, BLOCK: tl.constexpr):
+    """Two-pass form, second pass: a part of a row in e4m3 with the row's scale; the row's last program clears
+    its amax and counter."""
+    row = tl.program_id(0).to(tl.int64)
+    scale = row_scale(tl.load(amax_ptr + row), s_ptr, row)  # every part stores the same scale
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    h = tl.load(h_ptr + row * n_cols + offs, mask=offs < n_cols, other=0.0).to(tl.float32)
+    store_e4m3(q_ptr + row * n_cols, offs, offs < n_cols, h, scale)
+    if tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel") == tl.num_programs(1) - 1:  # all have read the amax
+        tl.store(amax_ptr + row, 0.0)
         tl.atomic_xchg(cnt_ptr + row, 0)
 
 
@@ -142,7 +146,7 @@ def split_rows(x: torch.Tensor) -> bool:
 def swiglu_fp8(x: torch.Tensor, block: int = SWIGLU_BLOCK, split: bool | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, 2I] (gate then up) -> (e4m3 [T, I], fp32 scales [T, 1]) of silu(gate) * up. `split` picks the
-    split-row form (default: `split_rows`); `block` is the one-program-a-row form's tile."""
+    two-pass form (default: `split_rows`); `block` is the one-program-a-row form's tile."""
     check_tensor("x", x, 2, dtypes=(torch.bfloat16, torch.float16, torch.float32))
     check(x.shape[1] % 2 == 0, "x's last dim must be even (gate | up), got {}", x.shape[1])
     check_last_dim_contiguous("x", x)
@@ -156,9 +160,9 @@ def swiglu_fp8(x: torch.Tensor, block: int = SWIGLU_BLOCK, split: bool | None = 
         h = torch.empty((t, n), dtype=x.dtype, device=x.device)
         amax, counts = _row_state(x.device, t)
         chunk = min(SPLIT_BLOCK, next_pow2(n))
-        _swiglu_fp8_split_kernel[(t, triton.cdiv(n, chunk))](x, h, q, scale, amax, counts, x.stride(0), n,
-                                                            BLOCK=chunk, FINISH=min(FINISH_BLOCK, next_pow2(n)),
-                                                            num_warps=4)
+        grid = (t, triton.cdiv(n, chunk))
+        _swiglu_amax_kernel[grid](x, h, amax, x.stride(0), n, BLOCK=chunk, num_warps=4)
+        _quantize_parts_kernel[grid](h, q, scale, amax, counts, n, BLOCK=chunk, num_warps=4)
     else:
         _swiglu_fp8_kernel[(t,)](x, q, scale, x.stride(0), n, BLOCK=min(block, next_pow2(n)), num_warps=8)
     return q, scale
