@@ -3,7 +3,8 @@
 A split writes its partial output, normalised by its own softmax sum, and that sum's log (base 2,
 with the running max folded in: the log-sum-exp) into fp32 scratch rows [R, Hq, S, D] and [R, Hq, S].
 The merge weights the splits of a row by exp2(lse_s - max lse) and writes out [R, Hq, D]. A split
-that saw no key writes lse -inf and a zero output, which weighs nothing. Decode attention splits a
+that saw no key writes lse -inf only, which weighs nothing: the merge does not read its output row (a
+decode graph sized for long contexts runs mostly empty splits on short ones). Decode attention splits a
 sequence's context (R = sequences); prefill attention splits each query tile's keys (R = tokens).
 """
 
@@ -30,7 +31,7 @@ def store_split(mid_o_ptr, mid_lse_ptr, row, acc, m_i, l_i, valid, offs_d, HEAD_
     lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
     o = acc / tl.where(has, l_i, 1.0)[:, None]
     tl.store(mid_lse_ptr + row, lse, mask=valid)
-    tl.store(mid_o_ptr + row[:, None] * HEAD_D + offs_d[None, :], o, mask=valid[:, None])
+    tl.store(mid_o_ptr + row[:, None] * HEAD_D + offs_d[None, :], o, mask=(valid & has)[:, None])
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -44,7 +45,8 @@ def _merge_kernel(mid_o_ptr, mid_lse_ptr, o_ptr, stride_or, stride_oh, n_q_heads
     lse = tl.load(mid_lse_ptr + row, mask=s_valid, other=float("-inf"))
     w = tl.exp2(lse - tl.max(lse, 0))  # [S]
     offs_d = tl.arange(0, HEAD_D)
-    o = tl.load(mid_o_ptr + row[:, None] * HEAD_D + offs_d[None, :], mask=s_valid[:, None], other=0.0)
+    has = lse > float("-inf")  # an empty split's output row is not written
+    o = tl.load(mid_o_ptr + row[:, None] * HEAD_D + offs_d[None, :], mask=(s_valid & has)[:, None], other=0.0)
     out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
     tl.store(o_ptr + r.to(tl.int64) * stride_or + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty))
 
