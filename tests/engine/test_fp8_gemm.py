@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from hosttune_engine.errors import KernelInputError
-from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
+from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref, fp8_gemm_swiglu, fp8_gemm_swiglu_ref
+from hosttune_engine.kernels.fp8_inputs import swiglu_fp8
 from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token
 from hosttune_engine.quant import kernel_dispatch
 
@@ -35,6 +36,33 @@ def test_fp8_gemm_matches_its_reference(m, n, k, cfg, with_bias):
     # the interpreter multiplies e4m3 tiles exactly; a GPU's FP8 MMA sums a tile's products with fewer bits
     tol = 1e-5 if DEVICE == "cpu" else 2e-3 * want.abs().max().item()
     torch.testing.assert_close(got, want, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("m, n, k, cfg", [
+    (37, 40, 96, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}),  # ragged M and N (of gate and of up)
+    (5, 48, 96, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),  # one block of rows, K ragged to the tile
+    (20, 64, 128, {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "FAST_ACC": 1}),
+])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fp8_gemm_swiglu_writes_what_the_gemm_then_swiglu_fp8_write(m, n, k, cfg, with_bias):
+    xq, sx, w, ws, bias = _operands(m, 2 * n, k, seed=m)
+    bias = bias if with_bias else None
+    dtype = torch.float16 if DEVICE == "cpu" else torch.bfloat16
+    for _ in range(2):  # the rows' amax is zero again after a call
+        q, s = fp8_gemm_swiglu(xq, sx, w, ws, bias, dtype, cfg)
+        # the unfused kernels with the same tile per output column (BLOCK_N / 2 of gate, as many of up)
+        want_q, want_s = swiglu_fp8(fp8_gemm(xq, sx, w, ws, bias, dtype, {**cfg, "BLOCK_N": cfg["BLOCK_N"] // 2}))
+        assert torch.equal(s, want_s) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    # the unfused kernels match their references in their own tests; the rows' scales against the reference
+    torch.testing.assert_close(s, fp8_gemm_swiglu_ref(xq, sx, w, ws, bias, dtype)[1], rtol=1e-2, atol=0)
+
+
+def test_fp8_gemm_swiglu_checks_its_inputs():
+    xq, sx, w, ws, bias = _operands(8, 48, 64)
+    with pytest.raises(KernelInputError, match="an even row count, got 47"):
+        fp8_gemm_swiglu(xq, sx, w[:47], ws[:47], None, torch.float32, {"BLOCK_N": 32})
+    with pytest.raises(KernelInputError, match="BLOCK_N >= 32"):
+        fp8_gemm_swiglu(xq, sx, w, ws, None, torch.float32, {"BLOCK_N": 16})
 
 
 def test_fp8_gemm_rounds_once_where_unit_scales_round_the_products_first():

@@ -83,7 +83,7 @@ def test_swiglu_fp8_in_two_passes_matches_the_one_program_a_row_form(dtype, widt
     for _ in range(2):  # the amax and counters are zero again after a call
         q, s = swiglu_fp8(x, split=True)
         assert torch.equal(s, want_s) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
-    amax, counts = fp8_inputs._row_state(x.device, 5)
+    amax, counts = fp8_inputs.row_amax_state(x.device, 5)
     assert not amax.any() and not counts.any()
     q, s = swiglu_fp8(x[:3] * 10, split=True)  # fewer rows, other values: nothing left from the last call
     assert torch.equal(s, swiglu_fp8(x[:3] * 10, split=False)[1])

@@ -126,7 +126,7 @@ def _quantize_parts_kernel(h_ptr, q_ptr, s_ptr, amax_ptr, cnt_ptr, n_cols, BLOCK
         tl.atomic_xchg(cnt_ptr + row, 0)
 
 
-def _row_state(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+def row_amax_state(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 amax [R], int32 counters [R]), R >= rows, zero between calls. Made at the first call that needs
     more rows than the last; made while a CUDA graph is captured, they come from its memory pool, and this
     cache keeps every one alive for the graphs that use it."""
@@ -136,6 +136,16 @@ def _row_state(device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Ten
         states.append((torch.zeros(size, dtype=torch.float32, device=device),
                        torch.zeros(size, dtype=torch.int32, device=device)))
     return states[-1]
+
+
+def quantize_by_parts(h: torch.Tensor, amax: torch.Tensor, counts: torch.Tensor, q: torch.Tensor,
+                      scale: torch.Tensor) -> None:
+    """The two-pass form's second pass, for any kernel that wrote h [T, I] (contiguous) and its rows' largest
+    |value| into `amax` (from row_amax_state, which this pass zeroes again): h in e4m3 into q [T, I], the
+    rows' scales into scale [T, 1]."""
+    t, n = h.shape
+    chunk = min(SPLIT_BLOCK, next_pow2(n))
+    _quantize_parts_kernel[(t, triton.cdiv(n, chunk))](h, q, scale, amax, counts, n, BLOCK=chunk, num_warps=4)
 
 
 def split_rows(x: torch.Tensor) -> bool:
@@ -158,11 +168,11 @@ def swiglu_fp8(x: torch.Tensor, block: int = SWIGLU_BLOCK, split: bool | None = 
         return q, scale
     if split_rows(x) if split is None else split:
         h = torch.empty((t, n), dtype=x.dtype, device=x.device)
-        amax, counts = _row_state(x.device, t)
+        amax, counts = row_amax_state(x.device, t)
         chunk = min(SPLIT_BLOCK, next_pow2(n))
         grid = (t, triton.cdiv(n, chunk))
         _swiglu_amax_kernel[grid](x, h, amax, x.stride(0), n, BLOCK=chunk, num_warps=4)
-        _quantize_parts_kernel[grid](h, q, scale, amax, counts, n, BLOCK=chunk, num_warps=4)
+        quantize_by_parts(h, amax, counts, q, scale)
     else:
         _swiglu_fp8_kernel[(t,)](x, q, scale, x.stride(0), n, BLOCK=min(block, next_pow2(n)), num_warps=8)
     return q, scale
