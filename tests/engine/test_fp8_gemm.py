@@ -102,14 +102,32 @@ def test_a_model_on_the_triton_gemm_is_as_close_as_unit_scales(tiny_models, fp8_
     eng = _fp8_engine(tiny_models, "float16")
     unit = _prefill_logits(eng, ids)
     calls = {}
-    def counted(*a, _fn=kernel_dispatch.fp8_gemm, **k):
-        calls["fp8_gemm"] = calls.get("fp8_gemm", 0) + 1
-        return _fn(*a, **k)
-    monkeypatch.setattr(kernel_dispatch, "fp8_gemm", counted)
+    for name in ("fp8_gemm", "fp8_gemm_swiglu"):
+        def counted(*a, _fn=getattr(kernel_dispatch, name), _n=name, **k):
+            calls[_n] = calls.get(_n, 0) + 1
+            return _fn(*a, **k)
+        monkeypatch.setattr(kernel_dispatch, name, counted)
     monkeypatch.setattr(kernel_dispatch, "launch_config",
                         lambda kernel, key, device, default: {"METHOD": "triton"} if kernel == "fp8_mm" else default)
+    swiglus = fp8_path.get("swiglu_fp8", 0)  # the unit-scale run's
     fused = _prefill_logits(eng, ids)
-    assert calls["fp8_gemm"] == 4 * len(eng.runner.model.model.layers)
+    layers = len(eng.runner.model.model.layers)
+    # gate_up defers to down_proj's input quantization, which runs it with the SwiGLU in its epilogue
+    assert calls == {"fp8_gemm": 3 * layers, "fp8_gemm_swiglu": layers} and fp8_path["swiglu_fp8"] == swiglus
+    for m in eng.runner.model.modules():
+        if getattr(m, "defer_swiglu", False):
+            m.defer_swiglu = False
+    apart = _prefill_logits(eng, ids)  # gate_up, then SwiGLU with the quantization: the same roundings
+    assert calls["fp8_gemm"] == 7 * layers and fp8_path["swiglu_fp8"] == swiglus + layers
+    if DEVICE == "cpu":
+        assert torch.equal(fused, apart)
+    else:  # the fused GEMM's tiles are half as wide along N: the MMA may sum in another order
+        torch.testing.assert_close(fused, apart, rtol=0, atol=2e-2 * apart.abs().max().item())
+    for layer in eng.runner.model.model.layers:  # a deferred gate_up whose SwiGLU does not defer: computed first
+        layer.mlp.gate_up_proj.defer_swiglu = True
+        layer.mlp.act.defer_rows = False
+    assert torch.equal(_prefill_logits(eng, ids), apart)
+
     def error(logits):
         return ((logits.float() - reference).norm() / reference.norm()).item()
     assert error(fused) <= 1.1 * error(unit) and error(unit) < 0.2

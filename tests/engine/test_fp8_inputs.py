@@ -178,9 +178,11 @@ def test_the_transform_defers_only_to_fp8_activation_layers(tiny_models):
     layers = len(model.model.layers)
     assert deferring == {f"model.layers.{i}.{end}" for i in range(layers)
                          for end in ("input_layernorm", "post_attention_layernorm", "mlp.act")}
+    producers = {name for name, m in model.named_modules() if getattr(m, "defer_swiglu", False)}
+    assert producers == {f"model.layers.{i}.mlp.gate_up_proj" for i in range(layers)}
     block = Engine(EngineConfig(model=str(tiny_models["qwen2"]), load_format="dummy", quantization="fp8-block",
                                 dtype="float32", num_kv_blocks=16)).runner.model
-    assert not any(getattr(m, "defer_rows", False) for m in block.modules())
+    assert not any(getattr(m, "defer_rows", False) or getattr(m, "defer_swiglu", False) for m in block.modules())
 
 
 def test_batched_rows_quantize_in_the_norm_and_swiglu_and_give_the_unfused_logits(tiny_models, fp8_path):

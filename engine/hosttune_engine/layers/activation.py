@@ -6,7 +6,7 @@ import torch
 
 from hosttune_engine.kernels.swiglu import swiglu, swiglu_ref
 from hosttune_engine.layers.backend import KernelLayer
-from hosttune_engine.layers.deferred import DeferredSwiGLU, runs_batched
+from hosttune_engine.layers.deferred import DeferredSwiGLU, materialized, runs_batched
 from hosttune_engine.layers.one_row import runs_one_row
 
 
@@ -18,4 +18,5 @@ class SiluAndMul(KernelLayer):
         """x [T, 2I] -> [T, I]."""
         if (self.defer_one_row and runs_one_row(self, x)) or (self.defer_rows and runs_batched(self, x)):
             return DeferredSwiGLU(x)  # down_proj computes it
+        x = materialized(x)
         return swiglu(x) if self.use_triton else swiglu_ref(x)

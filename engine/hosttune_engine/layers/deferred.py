@@ -6,13 +6,15 @@ launch and a round trip of its output through memory. A norm or activation retur
 where a transform said its one consumer takes them (layers/one_row.py for one-row steps,
 quant/transform.py `defer_to_fp8_inputs` for FP8-activation projections at any row count). A consumer
 without a fused form calls `materialize()`. A deferred input is made and consumed inside one model segment
-(the norms before qkv_proj and gate_up_proj, the activation before down_proj), so it never crosses the
-piecewise graphs' boundaries (core/mixed_graphs.py).
+(the norms before qkv_proj and gate_up_proj, the activation before down_proj, and gate_up_proj's output when
+down_proj computes it with the activation), so it never crosses the piecewise graphs' boundaries
+(core/mixed_graphs.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -46,8 +48,30 @@ class DeferredRMSNorm:
 
 
 @dataclass
+class DeferredProjection:
+    """A projection's output not computed yet: `compute()` computes it. Made by the FP8 gate_up projection on the
+    Triton GEMM, whose consumer, down_proj's input quantization, computes it with the SwiGLU in between in one
+    kernel (quant/kernel_dispatch.py `fp8_rows`)."""
+
+    layer: torch.nn.Module
+    x: object  # the projection's input, possibly deferred itself
+    compute: Callable[[], torch.Tensor]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.x.shape[0], self.layer.out_features))
+
+    @property
+    def source(self) -> torch.Tensor:
+        return source_of(self.x)
+
+    def materialize(self) -> torch.Tensor:
+        return self.compute()
+
+
+@dataclass
 class DeferredSwiGLU:
-    gate_up: torch.Tensor  # [T, 2I]
+    gate_up: torch.Tensor | DeferredProjection  # [T, 2I]
 
     @property
     def shape(self) -> torch.Size:
@@ -55,13 +79,13 @@ class DeferredSwiGLU:
 
     @property
     def source(self) -> torch.Tensor:
-        return self.gate_up
+        return source_of(self.gate_up)
 
     def materialize(self) -> torch.Tensor:
-        return swiglu(self.gate_up)
+        return swiglu(materialized(self.gate_up))
 
 
-DEFERRED = (DeferredRMSNorm, DeferredSwiGLU)
+DEFERRED = (DeferredRMSNorm, DeferredSwiGLU, DeferredProjection)
 # A layer that may defer (by how its module name ends) -> the one projection it feeds, in the same decoder layer.
 CONSUMERS = {"input_layernorm": "self_attn.qkv_proj", "post_attention_layernorm": "mlp.gate_up_proj",
              "mlp.act": "mlp.down_proj"}

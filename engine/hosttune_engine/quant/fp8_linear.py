@@ -17,6 +17,8 @@ from hosttune_engine.quant.spec import Layout
 
 
 class Fp8Linear(QuantLinear):
+    defer_swiglu: bool = False  # a gate_up projection whose SwiGLU feeds an FP8 down_proj (quant/transform.py)
+
     def __init__(self, in_features: int, shards: dict, bias: bool, spec, dtype, device, where: str):
         super().__init__(in_features, shards, bias, spec, dtype, device, where)
         n, k = self.out_features, in_features

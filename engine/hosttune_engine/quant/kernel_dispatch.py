@@ -8,7 +8,9 @@ measured one ("bfloat16-le1-4608x3584": batch bucket, then N x K), else per batc
 layers with FP8 activations the table's `fp8_mm` entry also picks the batched path (per shape, else per bucket):
 "unit" (torch._scaled_mm with unit scales and our scale epilogue), "rowwise" (scales in cuBLAS's
 epilogue), "triton" (our FP8 GEMM, scales in its epilogue: kernels/fp8_gemm.py) or "w8a16" (our GEMM,
-activations kept in bf16). Configs may also say FUSE 0 (a GEMV's
+activations kept in bf16). A gate_up projection on "triton" whose SwiGLU defers to an FP8 down_proj defers
+too, and down_proj's input quantization runs the GEMM with the SwiGLU in its epilogue. Configs may also say
+FUSE 0 (a GEMV's
 RMSNorm / SwiGLU prologue run by its own kernels first), DEQUANT 1 (W4A16 through a dequantized weight
 and cuBLAS), PACKED 1 (a quantized GEMV's fp16x2 products, CUDA only), XB 1 (the FP8 GEMV's activations in
 the weight tile's layout), UNROLL n (a GEMV's K loop unrolled), PIPE p (or software-pipelined) and SPLIT s (a
@@ -23,14 +25,15 @@ from hosttune_engine.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm
 from hosttune_engine.kernels.fp8_gemv import DEFAULT as FP8_GEMV_DEFAULT
 from hosttune_engine.kernels.fp8_gemv import fp8_gemv
 from hosttune_engine.kernels.fp8_gemm import DEFAULT as FP8_GEMM_DEFAULT
-from hosttune_engine.kernels.fp8_gemm import fp8_gemm
+from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_swiglu
 from hosttune_engine.kernels.fp8_inputs import rms_norm_fp8, swiglu_fp8
 from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token, supports_fp8_mm
 from hosttune_engine.kernels.gemv import RMSNORM, RMSNORM_RESIDUAL, SWIGLU
 from hosttune_engine.kernels.int4_gemv import DEFAULT as INT4_GEMV_DEFAULT
 from hosttune_engine.kernels.int4_gemv import int4_gemv
 from hosttune_engine.kernels.tuning import batch_bucket, launch_config
-from hosttune_engine.layers.deferred import DEFERRED, DeferredRMSNorm, DeferredSwiGLU, materialized, source_of
+from hosttune_engine.layers.deferred import (DEFERRED, DeferredProjection, DeferredRMSNorm, DeferredSwiGLU,
+                                            materialized, source_of)
 
 GEMV_ROWS = 4
 FP8_MM_DEFAULT = {"METHOD": "unit"}
@@ -84,18 +87,34 @@ def fp8_linear(layer, x) -> torch.Tensor:
     if method == "w8a16":
         x = materialized(x).contiguous()
         return w8a16_gemm(x, *weights, _config("w8a16_gemm", x, n, k, GEMM_DEFAULT))
-    xq, sx = fp8_rows(x)
     if method == "triton":
-        cfg = _config("fp8_gemm", source_of(x), n, k, FP8_GEMM_DEFAULT)
-        return fp8_gemm(xq, sx, layer.weight, layer.row_scale, layer.bias, source_of(x).dtype, cfg)
+        if layer.defer_swiglu and _gemm_config(layer, x)["BLOCK_N"] >= 32:
+            return DeferredProjection(layer, x, lambda: _fp8_gemm(layer, x))  # down_proj computes it, and SwiGLU
+        return _fp8_gemm(layer, x)
+    xq, sx = fp8_rows(x)
     return fp8_mm(xq, sx, layer.weight, layer.row_scale, layer.bias, layer.unit_scale, method == "rowwise",
                   source_of(x).dtype)
 
 
+def _gemm_config(layer, x) -> dict:
+    return _config("fp8_gemm", source_of(x), layer.out_features, layer.in_features, FP8_GEMM_DEFAULT)
+
+
+def _fp8_gemm(layer, x) -> torch.Tensor:
+    xq, sx = fp8_rows(x)
+    return fp8_gemm(xq, sx, layer.weight, layer.row_scale, layer.bias, source_of(x).dtype, _gemm_config(layer, x))
+
+
 def fp8_rows(x) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, K] or a deferred RMSNorm / SwiGLU -> (e4m3 [T, K], fp32 per-token scales [T, 1]), in one kernel."""
+    """x [T, K] or a deferred RMSNorm / SwiGLU -> (e4m3 [T, K], fp32 per-token scales [T, 1]), in one kernel; a
+    SwiGLU of a deferred FP8 gate_up projection in two, the projection's GEMM computing the SwiGLU."""
     if isinstance(x, DeferredRMSNorm):
         return rms_norm_fp8(x.x, x.weight, x.eps, x.residual, x.residual_out)
+    if isinstance(x, DeferredSwiGLU) and isinstance(x.gate_up, DeferredProjection):
+        layer, inputs = x.gate_up.layer, x.gate_up.x
+        xq, sx = fp8_rows(inputs)
+        return fp8_gemm_swiglu(xq, sx, layer.weight, layer.row_scale, layer.bias, source_of(inputs).dtype,
+                               _gemm_config(layer, inputs))
     if isinstance(x, DeferredSwiGLU):
         return swiglu_fp8(x.gate_up)
     return quantize_per_token(x.contiguous())

@@ -115,7 +115,8 @@ def defer_to_fp8_inputs(model: nn.Module) -> None:
     count (layers/deferred.py): the layer's batched path then computes it and the per-token quantization in
     one kernel (quant/kernel_dispatch.py `fp8_rows`). It defers only on the Triton backend on a GPU, and a
     call that ends on another path (a GPU without FP8 tensor cores, a batch size tuned to W8A16) computes
-    it first, as the layer would have. Run it on a loaded model: `row_scale` is derived at the end of loading."""
+    it first, as the layer would have. The gate_up projection before such a SwiGLU defers too where it runs the
+    Triton FP8 GEMM. Run it on a loaded model: `row_scale` is derived at the end of loading."""
     for name, module in model.named_modules():
         consumer = consumer_name(name)
         if consumer is None or not hasattr(module, "defer_rows"):
@@ -123,3 +124,14 @@ def defer_to_fp8_inputs(model: nn.Module) -> None:
         layer = model.get_submodule(consumer)
         if isinstance(layer, Fp8Linear) and takes_fp8_activations(layer):
             module.defer_rows = True
+            _defer_swiglu_producer(model, name)
+
+
+def _defer_swiglu_producer(model: nn.Module, act: str) -> None:
+    """A deferring SwiGLU's gate_up projection, if FP8 with FP8 activations too, defers on the Triton GEMM:
+    down_proj's input quantization then runs that GEMM with the SwiGLU in its epilogue."""
+    if not act.endswith("mlp.act"):
+        return
+    gate_up = model.get_submodule(act.removesuffix("act") + "gate_up_proj")
+    if isinstance(gate_up, Fp8Linear) and takes_fp8_activations(gate_up):
+        gate_up.defer_swiglu = True
