@@ -107,8 +107,9 @@ def test_a_model_on_the_triton_gemm_is_as_close_as_unit_scales(tiny_models, fp8_
             calls[_n] = calls.get(_n, 0) + 1
             return _fn(*a, **k)
         monkeypatch.setattr(kernel_dispatch, name, counted)
+    tables = {"fp8_mm": {"METHOD": "triton"}, "fp8_gemm": {"SWIGLU": 1}}
     monkeypatch.setattr(kernel_dispatch, "launch_config",
-                        lambda kernel, key, device, default: {"METHOD": "triton"} if kernel == "fp8_mm" else default)
+                        lambda kernel, key, device, default: default and {**default, **tables.get(kernel, {})})
     swiglus = fp8_path.get("swiglu_fp8", 0)  # the unit-scale run's
     fused = _prefill_logits(eng, ids)
     layers = len(eng.runner.model.model.layers)
@@ -123,8 +124,13 @@ def test_a_model_on_the_triton_gemm_is_as_close_as_unit_scales(tiny_models, fp8_
         assert torch.equal(fused, apart)
     else:  # the fused GEMM's tiles are half as wide along N: the MMA may sum in another order
         torch.testing.assert_close(fused, apart, rtol=0, atol=2e-2 * apart.abs().max().item())
+    gate_ups = [layer.mlp.gate_up_proj for layer in eng.runner.model.model.layers]
+    for gate_up in gate_ups:
+        gate_up.defer_swiglu = True
+    tables["fp8_gemm"] = {}  # a config without SWIGLU: the projection does not defer
+    assert torch.equal(_prefill_logits(eng, ids), apart) and calls["fp8_gemm"] == 11 * layers
+    tables["fp8_gemm"] = {"SWIGLU": 1}
     for layer in eng.runner.model.model.layers:  # a deferred gate_up whose SwiGLU does not defer: computed first
-        layer.mlp.gate_up_proj.defer_swiglu = True
         layer.mlp.act.defer_rows = False
     assert torch.equal(_prefill_logits(eng, ids), apart)
 

@@ -9,8 +9,8 @@ layers with FP8 activations the table's `fp8_mm` entry also picks the batched pa
 "unit" (torch._scaled_mm with unit scales and our scale epilogue), "rowwise" (scales in cuBLAS's
 epilogue), "triton" (our FP8 GEMM, scales in its epilogue: kernels/fp8_gemm.py) or "w8a16" (our GEMM,
 activations kept in bf16). A gate_up projection on "triton" whose SwiGLU defers to an FP8 down_proj defers
-too, and down_proj's input quantization runs the GEMM with the SwiGLU in its epilogue. Configs may also say
-FUSE 0 (a GEMV's
+too where its `fp8_gemm` config says SWIGLU 1, and down_proj's input quantization then runs the GEMM with the
+SwiGLU in its epilogue. Configs may also say FUSE 0 (a GEMV's
 RMSNorm / SwiGLU prologue run by its own kernels first), DEQUANT 1 (W4A16 through a dequantized weight
 and cuBLAS), PACKED 1 (a quantized GEMV's fp16x2 products, CUDA only), XB 1 (the FP8 GEMV's activations in
 the weight tile's layout), UNROLL n (a GEMV's K loop unrolled), PIPE p (or software-pipelined) and SPLIT s (a
@@ -88,7 +88,8 @@ def fp8_linear(layer, x) -> torch.Tensor:
         x = materialized(x).contiguous()
         return w8a16_gemm(x, *weights, _config("w8a16_gemm", x, n, k, GEMM_DEFAULT))
     if method == "triton":
-        if layer.defer_swiglu and _gemm_config(layer, x)["BLOCK_N"] >= 32:
+        cfg = _gemm_config(layer, x)
+        if layer.defer_swiglu and cfg.get("SWIGLU") and cfg["BLOCK_N"] >= 32:
             return DeferredProjection(layer, x, lambda: _fp8_gemm(layer, x))  # down_proj computes it, and SwiGLU
         return _fp8_gemm(layer, x)
     xq, sx = fp8_rows(x)
