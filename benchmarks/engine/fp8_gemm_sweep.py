@@ -4,7 +4,8 @@ size: torch._scaled_mm with unit scales plus the scale epilogue ("unit"), cuBLAS
 ("rowwise"), and the Triton FP8 GEMM with the scales in its epilogue ("triton", kernels/fp8_gemm.py) over a
 sweep of its launch configs. Prints each projection's times and the best config; with --table, the entries
 for kernels/tuned_configs.json: `fp8_mm` METHOD "triton" and its `fp8_gemm` config for each projection shape
-and batch bucket where it was faster than both at every batch size measured in the bucket.
+and batch bucket where it was faster than both at every batch size measured in the bucket. An entry's SWIGLU 1
+(gate_up with SwiGLU in the GEMM's epilogue) is not swept here: the engine's decode steps measure where it pays.
 
 Example: python benchmarks/engine/fp8_gemm_sweep.py --out /tmp/fp8-gemm.json --table
 """

@@ -3,18 +3,18 @@ more. FP8 layers whose scheme quantizes activations (FP8 at load, compressed-ten
 activations) and have one scale per row may take the FP8 tensor cores where the GPU has them; the others
 keep activations in bf16/fp16 (W8A16, W4A16): what the CPU references compute.
 
-Launch configs come from the tuned tables (kernels/tuning.py), per projection shape where the tuner
-measured one ("bfloat16-le1-4608x3584": batch bucket, then N x K), else per batch bucket. For FP8
-layers with FP8 activations the table's `fp8_mm` entry also picks the batched path (per shape, else per bucket):
-"unit" (torch._scaled_mm with unit scales and our scale epilogue), "rowwise" (scales in cuBLAS's
-epilogue), "triton" (our FP8 GEMM, scales in its epilogue: kernels/fp8_gemm.py) or "w8a16" (our GEMM,
-activations kept in bf16). A gate_up projection on "triton" whose SwiGLU defers to an FP8 down_proj defers
-too where its `fp8_gemm` config says SWIGLU 1, and down_proj's input quantization then runs the GEMM with the
-SwiGLU in its epilogue. Configs may also say FUSE 0 (a GEMV's
-RMSNorm / SwiGLU prologue run by its own kernels first), DEQUANT 1 (W4A16 through a dequantized weight
-and cuBLAS), PACKED 1 (a quantized GEMV's fp16x2 products, CUDA only), XB 1 (the FP8 GEMV's activations in
-the weight tile's layout), UNROLL n (a GEMV's K loop unrolled), PIPE p (or software-pipelined) and SPLIT s (a
-GEMV's K split across s programs a row block): whichever the tuner measured faster."""
+Launch configs come from the tuned tables (kernels/tuning.py), per projection shape where the tuner measured
+one ("bfloat16-le1-4608x3584": batch bucket, then N x K), else per batch bucket. For FP8 layers with FP8
+activations the table's `fp8_mm` entry also picks the batched path (per shape, else per bucket): "unit"
+(torch._scaled_mm with unit scales and our scale epilogue), "rowwise" (scales in cuBLAS's epilogue), "triton"
+(our FP8 GEMM, scales in its epilogue: kernels/fp8_gemm.py) or "w8a16" (our GEMM, activations kept in bf16). A
+gate_up projection on "triton" whose SwiGLU defers to an FP8 down_proj defers too where its `fp8_gemm` config
+says SWIGLU 1, and down_proj's input quantization then runs the GEMM with the SwiGLU in its epilogue. Configs
+may also say FUSE 0 (a GEMV's RMSNorm / SwiGLU prologue run by its own kernels first), DEQUANT 1 (W4A16
+through a dequantized weight and cuBLAS), PACKED 1 (a quantized GEMV's fp16x2 products, CUDA only), XB 1 (the
+FP8 GEMV's activations in the weight tile's layout), UNROLL n (a GEMV's K loop unrolled), PIPE p (or
+software-pipelined) and SPLIT s (a GEMV's K split across s programs a row block): whichever the tuner measured
+faster."""
 
 from __future__ import annotations
 
