@@ -4,8 +4,10 @@ size: torch._scaled_mm with unit scales plus the scale epilogue ("unit"), cuBLAS
 ("rowwise"), and the Triton FP8 GEMM with the scales in its epilogue ("triton", kernels/fp8_gemm.py) over a
 sweep of its launch configs. Prints each projection's times and the best config; with --table, the entries
 for kernels/tuned_configs.json: `fp8_mm` METHOD "triton" and its `fp8_gemm` config for each projection shape
-and batch bucket where it was faster than both at every batch size measured in the bucket. An entry's SWIGLU 1
-(gate_up with SwiGLU in the GEMM's epilogue) is not swept here: the engine's decode steps measure where it pays.
+and batch bucket where it was faster than both at every batch size measured in the bucket. For gate_up it also
+times, at that best config, the GEMM with SwiGLU and the FP8 quantization after it in its epilogue
+(`fp8_gemm_swiglu`) against the GEMM then `swiglu_fp8`, and its entry says SWIGLU 1 where the fused form was
+faster at every batch measured in the bucket.
 
 Example: python benchmarks/engine/fp8_gemm_sweep.py --out /tmp/fp8-gemm.json --table
 """
@@ -62,13 +64,26 @@ def measure(m: int, n: int, k: int) -> dict:
     want = fp8_gemm_ref(xq, sx, w, ws, None, torch.float32)
     got = fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, row["config"]).float()
     row["rel_error"] = ((got - want).norm() / want.norm()).item()
+    if (n, k) == PROJECTIONS["gate_up"] and row["config"]["BLOCK_N"] >= 32:
+        row.update(swiglu_us(xq, sx, w, ws, row["config"]))
     return row
+
+
+def swiglu_us(xq, sx, w, ws, cfg: dict) -> dict:
+    """gate_up and the SwiGLU with its FP8 quantization after it: fused into the GEMM, and apart."""
+    from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_swiglu
+    from hosttune_engine.kernels.fp8_inputs import swiglu_fp8
+
+    return {"swiglu_fused_us": per_launch_us(lambda: fp8_gemm_swiglu(xq, sx, w, ws, None, torch.bfloat16, cfg),
+                                             LAUNCHES),
+            "swiglu_apart_us": per_launch_us(lambda: swiglu_fp8(fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, cfg)),
+                                             LAUNCHES)}
 
 
 def table(rows: list[dict]) -> dict:
     """tuned_configs.json entries (bf16 activations): per projection shape and batch bucket, METHOD "triton"
     and its config (that of the bucket's largest batch measured) where it beat both cuBLAS paths at every
-    batch measured in the bucket."""
+    batch measured in the bucket; SWIGLU 1 in it where the fused SwiGLU was faster at every one of them."""
     from hosttune_engine.kernels.tuning import batch_bucket
 
     groups: dict = {}
@@ -78,7 +93,9 @@ def table(rows: list[dict]) -> dict:
     for key, rs in groups.items():
         if all(r["triton_us"] < min(r["unit_us"], r["rowwise_us"]) for r in rs):
             methods[key] = {"METHOD": "triton"}
-            gemm[key] = max(rs, key=lambda r: r["m"])["config"]
+            gemm[key] = dict(max(rs, key=lambda r: r["m"])["config"])
+            if all(r.get("swiglu_fused_us", float("inf")) < r.get("swiglu_apart_us", 0.0) for r in rs):
+                gemm[key]["SWIGLU"] = 1
     return {"fp8_mm": methods, "fp8_gemm": gemm}
 
 

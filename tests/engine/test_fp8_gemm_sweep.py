@@ -1,0 +1,36 @@
+"""The FP8 GEMM sweep's table rule (benchmarks/engine/fp8_gemm_sweep.py), on made-up measurements: the
+Triton GEMM where it beat both cuBLAS paths at every batch of a bucket, with the config of the bucket's
+largest batch, and SWIGLU 1 where the fused SwiGLU was faster at every one of them too."""
+
+import pytest
+
+from .bench_scripts import bench_script
+
+CFG16, CFG32, CFG64 = ({"BLOCK_M": m, "BLOCK_N": 64} for m in (16, 32, 64))
+
+
+@pytest.fixture
+def sweep(monkeypatch):
+    yield from bench_script(monkeypatch, "fp8_gemm_sweep")
+
+
+def _row(m, n, triton, unit=10.0, rowwise=20.0, cfg=None, fused=None, apart=None):
+    row = {"m": m, "n": n, "k": 3584, "triton_us": triton, "unit_us": unit, "rowwise_us": rowwise, "config": cfg}
+    if fused is not None:
+        row.update(swiglu_fused_us=fused, swiglu_apart_us=apart)
+    return row
+
+
+def test_table_takes_the_triton_gemm_where_it_won_every_batch_and_fuses_swiglu_where_that_won_too(sweep):
+    rows = [_row(16, 37888, 9.0, cfg=CFG16, fused=12.0, apart=11.0),  # le32: fused slower at 16 rows
+            _row(32, 37888, 9.5, cfg=CFG32, fused=10.0, apart=11.0),
+            _row(64, 37888, 9.0, cfg=CFG64, fused=10.0, apart=11.0),  # le64: fused faster
+            _row(64, 4608, 11.0, cfg=CFG64),  # cuBLAS with unit scales faster: no entry
+            _row(64, 3584, 9.0, cfg=CFG64)]  # no SwiGLU after it: no SWIGLU key
+    table = sweep.table(rows)
+    assert table["fp8_mm"] == {"bfloat16-le32-37888x3584": {"METHOD": "triton"},
+                               "bfloat16-le64-37888x3584": {"METHOD": "triton"},
+                               "bfloat16-le64-3584x3584": {"METHOD": "triton"}}
+    assert table["fp8_gemm"] == {"bfloat16-le32-37888x3584": CFG32, "bfloat16-le64-37888x3584": {**CFG64, "SWIGLU": 1},
+                                 "bfloat16-le64-3584x3584": CFG64}
+    assert "SWIGLU" not in CFG64  # the rows' configs are not changed
