@@ -27,6 +27,7 @@ import triton.language as tl
 from hosttune_engine.kernels.checks import check, check_pow2, check_tensor
 from hosttune_engine.kernels.fp8_inputs import quantize_by_parts, row_amax_state, swiglu_fp8_ref
 from hosttune_engine.kernels.fp8_scaled_mm import FP8, check_fp8_operands
+from hosttune_engine.kernels.swiglu import silu_mul
 
 DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 4}
 
@@ -87,7 +88,7 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, b_ptr, y_ptr, amax_ptr, M, N,
     if SWIGLU:  # the unfused path's roundings: the projection's output, then SwiGLU's (kernels/fp8_inputs.py)
         g = y.to(y_ptr.dtype.element_ty).to(tl.float32)
         u = _scaled(acc_up, sx, sw_ptr + N, b_ptr + N, offs_n, n_mask, HAS_BIAS).to(y_ptr.dtype.element_ty)
-        y = (g / (1.0 + tl.exp(-g)) * u.to(tl.float32)).to(y_ptr.dtype.element_ty).to(tl.float32)
+        y = silu_mul(g, u.to(tl.float32)).to(y_ptr.dtype.element_ty).to(tl.float32)
         tl.atomic_max(amax_ptr + offs_m, tl.max(tl.where(mask, tl.abs(y), 0.0), 1), mask=m_mask, sem="relaxed")
     tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 

@@ -27,7 +27,7 @@ import triton.language as tl
 from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, check_tensor, next_pow2
 from hosttune_engine.kernels.fp8_scaled_mm import FP8, quantize_per_token_ref, row_scale, store_e4m3
 from hosttune_engine.kernels.rmsnorm import normed_row, rms_norm_ref
-from hosttune_engine.kernels.swiglu import swiglu_ref
+from hosttune_engine.kernels.swiglu import silu_mul, swiglu_ref
 
 SWIGLU_BLOCK = 2048
 SPLIT_ROWS = 128  # the most rows the two-pass form takes
@@ -84,7 +84,7 @@ def rms_norm_fp8_ref(x, weight, eps, residual=None):
 def _silu_mul(x_ptr, row, stride_x, n_cols, offs, mask):
     g = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * stride_x + n_cols + offs, mask=mask, other=0.0).to(tl.float32)
-    return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)  # swiglu's output rounding
+    return silu_mul(g, u).to(x_ptr.dtype.element_ty).to(tl.float32)  # swiglu's output rounding
 
 
 @triton.jit

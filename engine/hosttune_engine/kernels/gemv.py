@@ -21,7 +21,7 @@ import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
 from hosttune_engine.kernels.rmsnorm import rms_norm_ref
-from hosttune_engine.kernels.swiglu import swiglu_ref
+from hosttune_engine.kernels.swiglu import silu_mul, swiglu_ref
 
 PLAIN, RMSNORM, RMSNORM_RESIDUAL, SWIGLU = 0, 1, 2, 3
 
@@ -82,7 +82,7 @@ def _input_tile(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, PRO
     elif PROLOGUE == 3:
         g = _load_k(x_ptr, offs_k, k_mask, EVEN_K)
         u = _load_k(x_ptr + K, offs_k, k_mask, EVEN_K)
-        return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+        return silu_mul(g, u).to(x_ptr.dtype.element_ty).to(tl.float32)
     else:
         s = _hidden_tile(x_ptr, r_ptr, offs_k, k_mask, PROLOGUE, EVEN_K)
         return (s * rstd * _load_k(nw_ptr, offs_k, k_mask, EVEN_K)).to(x_ptr.dtype.element_ty).to(tl.float32)

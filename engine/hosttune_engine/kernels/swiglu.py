@@ -10,13 +10,20 @@ from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, che
 
 
 @triton.jit
+def silu_mul(g, u):
+    """silu(g) * u in fp32: the one formula of this kernel and of every kernel that fuses a SwiGLU (the GEMV
+    prologue, the FP8 input quantization, the FP8 GEMM's epilogue), each rounding the result where it must."""
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
 def _swiglu_kernel(x_ptr, out_ptr, stride_x, stride_o, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
     g = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * stride_x + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    y = g / (1.0 + tl.exp(-g)) * u
+    y = silu_mul(g, u)
     tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
