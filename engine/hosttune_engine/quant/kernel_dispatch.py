@@ -90,8 +90,8 @@ def fp8_linear(layer, x) -> torch.Tensor:
     if method == "triton":
         cfg = _gemm_config(layer, x)
         if layer.defer_swiglu and cfg.get("SWIGLU") and cfg["BLOCK_N"] >= 32:
-            return DeferredProjection(layer, x, lambda: _fp8_gemm(layer, x))  # down_proj computes it, and SwiGLU
-        return _fp8_gemm(layer, x)
+            return DeferredProjection(layer, x, lambda: _fp8_gemm(layer, x, cfg))  # down_proj computes it and SwiGLU
+        return _fp8_gemm(layer, x, cfg)
     xq, sx = fp8_rows(x)
     return fp8_mm(xq, sx, layer.weight, layer.row_scale, layer.bias, layer.unit_scale, method == "rowwise",
                   source_of(x).dtype)
@@ -101,9 +101,9 @@ def _gemm_config(layer, x) -> dict:
     return _config("fp8_gemm", source_of(x), layer.out_features, layer.in_features, FP8_GEMM_DEFAULT)
 
 
-def _fp8_gemm(layer, x) -> torch.Tensor:
+def _fp8_gemm(layer, x, cfg: dict) -> torch.Tensor:
     xq, sx = fp8_rows(x)
-    return fp8_gemm(xq, sx, layer.weight, layer.row_scale, layer.bias, source_of(x).dtype, _gemm_config(layer, x))
+    return fp8_gemm(xq, sx, layer.weight, layer.row_scale, layer.bias, source_of(x).dtype, cfg)
 
 
 def fp8_rows(x) -> tuple[torch.Tensor, torch.Tensor]:
