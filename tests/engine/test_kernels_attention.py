@@ -9,9 +9,12 @@ import pytest
 import torch
 
 from hosttune_engine.errors import KernelInputError
-from hosttune_engine.kernels.decode_attention import choose_num_splits, decode_attention, decode_attention_ref
+from hosttune_engine.kernels.decode_attention import (
+    choose_num_splits, decode_attention, decode_attention_ref, decode_attention_rope, decode_attention_rope_ref,
+)
 from hosttune_engine.kernels.prefill_attention import _descriptors_fit, prefill_attention, prefill_attention_ref
 from hosttune_engine.kernels.split_k import MAX_SPLITS, choose_splits
+from hosttune_engine.layers.rotary import rope_cos_sin
 from .conftest import DEVICE
 from .kernel_cases import DTYPES, HEAD_DIMS, HEADS, assert_close, block_tables_for, paged_cache, randn
 
@@ -154,6 +157,42 @@ def run_decode(dtype, head_dim, hq, hkv, page, num_splits, seed, lens=DECODE_LEN
 def test_decode_attention(dtype, head_dim, hq, hkv, num_splits):
     out, ref = run_decode(dtype, head_dim, hq, hkv, 16, num_splits, seed=hq + head_dim + num_splits)
     assert_close(out, ref, dtype, scale=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim,hq,hkv", [(128, 8, 2), (64, 7, 1), (64, 2, 2)])
+@pytest.mark.parametrize("num_splits", [1, 5])
+def test_decode_attention_rope_is_rope_kv_write_then_decode_attention(dtype, head_dim, hq, hkv, num_splits):
+    """The fused kernel rotates q and k, writes this token's k and v and attends the cache and the token: the
+    same output and caches as the two kernels' references, qkv untouched; a padding row (slot -1) writes nothing."""
+    page, lens = 16, [1, 2, 16, 17, 64, 65, 200, 513, 1]  # the last row pads the batch
+    gen = torch.Generator().manual_seed(head_dim + hq + num_splits)
+    nblocks = sum(-(-n // page) for n in lens) + 3
+    kc, vc = paged_cache(nblocks, page, hkv, head_dim, dtype, gen)
+    bt = block_tables_for(lens, page, nblocks, gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    pos = seq_lens - 1
+    slots = (bt.gather(1, (pos // page).long()[:, None])[:, 0] * page + pos % page).long()
+    slots[-1] = -1
+    qkv = randn(len(lens), (hq + 2 * hkv) * head_dim, dtype=dtype, gen=gen)
+    cos_sin = rope_cos_sin(head_dim, 1024, 1e6).to(DEVICE)
+    before, caches = qkv.clone(), (kc.clone(), vc.clone())
+    out = decode_attention_rope(qkv, pos, cos_sin, slots, kc, vc, bt, seq_lens, hq, num_splits, block_n=32)
+    ref = decode_attention_rope_ref(qkv, pos, cos_sin, slots, *caches, bt, seq_lens, hq, num_splits)
+    assert torch.equal(qkv, before)
+    assert_close(out[:-1], ref[:-1], dtype, scale=2)
+    assert torch.isfinite(out.float()).all()
+    assert_close(kc, caches[0], dtype)
+    assert torch.equal(vc, caches[1])  # v is copied, not computed
+
+
+def test_decode_attention_rope_rejects_a_mismatched_width():
+    kc = torch.zeros(4, 16, 2, 32, device=DEVICE)
+    one = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    bt = torch.zeros(2, 1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(KernelInputError, match="qkv width"):
+        decode_attention_rope(torch.zeros(2, 7 * 32, device=DEVICE), one, rope_cos_sin(32, 64, 1e4).to(DEVICE),
+                              one, kc, kc, bt, one + 1, 4)
 
 
 def test_decode_more_splits_than_tiles_leaves_empty_splits_harmless(monkeypatch):

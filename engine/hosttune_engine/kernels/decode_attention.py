@@ -18,36 +18,91 @@ import triton.language as tl
 from hosttune_engine.kernels.attention_checks import check_paged_attention_inputs
 from hosttune_engine.kernels.checks import check, next_pow2
 from hosttune_engine.kernels.paged import gather_pages, paged_token_offsets
+from hosttune_engine.kernels.rope_kv import check_rope_kv_inputs, rope_kv_write_ref
 from hosttune_engine.kernels.split_k import merge_splits, split_scratch, store_split
 from hosttune_engine.kernels.tuning import batch_bucket, launch_config
+
+
+@triton.jit
+def _rotated(row, offs_d, rows, row_stride, row_mask, cos, sin, HALF: tl.constexpr):
+    """Rows [R, 2 HALF] at `row` + rows * row_stride rotated (neox layout, fp32 math, as `rope`), rounded to the
+    row's dtype once. Each element reads its rotation partner directly, so the halves need no join."""
+    partner = (offs_d + HALF) % (2 * HALF)
+    base = row + rows[:, None] * row_stride
+    x = tl.load(base + offs_d[None, :], mask=row_mask[:, None], other=0.0).to(tl.float32)
+    xp = tl.load(base + partner[None, :], mask=row_mask[:, None], other=0.0).to(tl.float32)
+    sign = tl.where(offs_d < HALF, -1.0, 1.0)[None, :]
+    return (x * cos + sign * xp * sin).to(row.dtype.element_ty)
+
+
+@triton.jit
+def _rope_and_this_token(q_row, k_ptr, v_ptr, pos_ptr, slot_ptr, cs_ptr, b, kvh, split, offs_h, heads, h_valid,
+                         offs_d, qk_scale, stride_ks, stride_kh, stride_cs, n_q_heads, HEAD_D: tl.constexpr):
+    """This token's q (the group's heads) and k rotated at its position; split 0 writes k and v to the token's
+    cache slot (none when negative) and starts its online softmax with the token, every other split starts
+    empty. -> (m_i, l_i, acc, rotated q). k and v are read into every row of the group's tile (the same row
+    each time), so the token's score and its share of the output need no reduction over a second layout."""
+    HALF: tl.constexpr = HEAD_D // 2
+    pos = tl.load(pos_ptr + b).to(tl.int64)
+    half_d = offs_d % HALF
+    cos = tl.load(cs_ptr + pos * stride_cs + half_d)[None, :]
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + half_d)[None, :]
+    q = _rotated(q_row, offs_d, heads, HEAD_D, h_valid, cos, sin, HALF)  # [BH, D]
+    every = offs_h >= 0  # the group's rows all hold this token's k and v
+    k_row = n_q_heads + kvh + offs_h * 0
+    k = _rotated(q_row, offs_d, k_row, HEAD_D, every, cos, sin, HALF)  # [BH, D], every row the same
+    v = tl.load(q_row + (k_row + tl.num_programs(1))[:, None] * HEAD_D + offs_d[None, :])
+    first = split == 0
+    slot = tl.load(slot_ptr + b).to(tl.int64)
+    dst = slot * stride_ks + kvh * stride_kh + offs_d[None, :] + offs_h[:, None] * 0
+    one_copy = (offs_h[:, None] == 0) & (offs_d[None, :] < HEAD_D)
+    if first:
+        if slot >= 0:
+            tl.store(k_ptr + dst, k, mask=one_copy)
+            tl.store(v_ptr + dst, v, mask=one_copy)
+    qk = tl.sum(q.to(tl.float32) * k.to(tl.float32), 1) * qk_scale  # [BH]
+    m_i = tl.where(first, qk, float("-inf"))
+    l_i = tl.where(first, 1.0, 0.0) + tl.zeros_like(qk)
+    acc = tl.where(first, v.to(tl.float32), 0.0)
+    return m_i, l_i, acc, q
 
 
 # Runtime values that vary from step to step are not specialized on (one compiled variant each).
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr, o_ptr, pos_ptr, slot_ptr, cs_ptr,
     qk_scale, num_splits,
-    stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ob, stride_oh,
+    stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ob, stride_oh, stride_cs,
     n_q_heads,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
+    ROPE: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    if ROPE:  # this token's k and v are not in the cache yet: they join from registers below
+        ctx = seq_len - 1
+    else:
+        ctx = seq_len
+    split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
+    end = tl.minimum(start + split_len, ctx)
     offs_h = tl.arange(0, BLOCK_H)
     h_valid = offs_h < GROUP
     heads = kvh * GROUP + offs_h
     offs_d = tl.arange(0, HEAD_D)
-    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=h_valid[:, None], other=0.0)  # [BH, D]
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, HEAD_D], tl.float32)
+    q_row = q_ptr + b.to(tl.int64) * stride_qb
+    if ROPE:
+        m_i, l_i, acc, q = _rope_and_this_token(
+            q_row, k_ptr, v_ptr, pos_ptr, slot_ptr, cs_ptr, b, kvh, split, offs_h, heads, h_valid, offs_d,
+            qk_scale, stride_ks, stride_kh, stride_cs, n_q_heads, HEAD_D)
+    else:
+        q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=h_valid[:, None], other=0.0)
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, HEAD_D], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -93,6 +148,28 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, num_splits: in
     """
     check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens)
     check(q.shape[0] == seq_lens.shape[0], "q and seq_lens disagree on the batch size")
+    return _launch(q, k_cache, v_cache, block_tables, seq_lens, num_splits, scale, block_n, out, config, None)
+
+
+def decode_attention_rope(qkv, positions, cos_sin, slot_mapping, k_cache, v_cache, block_tables, seq_lens,
+                          num_q_heads: int, num_splits: int = 1, scale: float | None = None,
+                          block_n: int | None = None, out=None, config: dict | None = None):
+    """`rope_kv_write` then `decode_attention` in one kernel, for a step of decodes alone.
+
+    qkv [B, (Hq + 2 Hkv) * D] holds this step's q, k, v unrotated; seq_lens count this token, which the
+    cache does not hold yet: the kernel rotates q and k at `positions`, writes k and v to `slot_mapping`
+    (skipped when negative) and attends the cached context and the token itself. qkv is only read.
+    """
+    check_rope_kv_inputs(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads, k_cache.shape[2])
+    d = cos_sin.shape[1]
+    q = qkv[:, :num_q_heads * d].view(qkv.shape[0], num_q_heads, d)
+    check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    check(q.shape[0] == seq_lens.shape[0], "qkv and seq_lens disagree on the batch size")
+    return _launch(q, k_cache, v_cache, block_tables, seq_lens, num_splits, scale, block_n, out, config,
+                   (positions, slot_mapping, cos_sin))
+
+
+def _launch(q, k_cache, v_cache, block_tables, seq_lens, num_splits, scale, block_n, out, config, rope):
     check(num_splits >= 1, "num_splits must be >= 1, got {}", num_splits)
     bsz, hq, d = q.shape
     out = torch.empty((bsz, hq, d), dtype=q.dtype, device=q.device) if out is None else out
@@ -107,12 +184,14 @@ def decode_attention(q, k_cache, v_cache, block_tables, seq_lens, num_splits: in
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     direct = num_splits == 1
     mid_o, mid_lse = (out, out) if direct else split_scratch(bsz, hq, num_splits, d, q.device)
+    positions, slots, cos_sin = rope if rope else (seq_lens, seq_lens, seq_lens)  # unread without RoPE
     _decode_split_kernel[(bsz, hkv, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, scale * 1.4426950408889634, num_splits,
+        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, positions, slots, cos_sin,
+        scale * 1.4426950408889634, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1), hq, GROUP=group, PAGE=k_cache.shape[1], HEAD_D=d,
+        out.stride(0), out.stride(1), cos_sin.stride(0), hq, GROUP=group, PAGE=k_cache.shape[1], HEAD_D=d,
         BLOCK_H=max(16, next_pow2(group)), BLOCK_N=cfg["BLOCK_N"], DIRECT=direct,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", ROPE=rope is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if not direct:
@@ -131,6 +210,14 @@ def decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, num_splits
         scores = torch.einsum("hd,khd->hk", q[b].float(), k) * scale
         out[b] = torch.einsum("hk,khd->hd", scores.softmax(-1), v).to(q.dtype)
     return out
+
+
+def decode_attention_rope_ref(qkv, positions, cos_sin, slot_mapping, k_cache, v_cache, block_tables, seq_lens,
+                              num_q_heads: int, num_splits: int = 1, scale: float | None = None):
+    qkv, d = qkv.clone(), cos_sin.shape[1]
+    rope_kv_write_ref(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads, k_cache.shape[2])
+    q = qkv[:, :num_q_heads * d].view(qkv.shape[0], num_q_heads, d)
+    return decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, num_splits, scale)
 
 
 def choose_num_splits(batch_size: int, num_kv_heads: int, max_context: int, num_sms: int = 132,

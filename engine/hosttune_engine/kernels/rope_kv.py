@@ -62,7 +62,7 @@ def _rope_kv_write_kernel(
         tl.store(vc_ptr + dst + HALF, tl.load(src + HALF, mask=mask), mask=mask)
 
 
-def _check(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads, num_kv_heads):
+def check_rope_kv_inputs(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads, num_kv_heads):
     check_tensor("qkv", qkv, 2)
     t = qkv.shape[0]
     check(qkv.stride(1) == 1, "qkv must be contiguous in its last dim (strides {})", qkv.stride())
@@ -83,7 +83,7 @@ def _check(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads,
 
 def rope_kv_write(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads: int, num_kv_heads: int) -> None:
     """Rotate q and k of qkv [T, (Hq + 2 Hkv) * D] in place; write k, v to their cache slots."""
-    _check(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads, num_kv_heads)
+    check_rope_kv_inputs(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads, num_kv_heads)
     t, half = qkv.shape[0], cos_sin.shape[1] // 2
     if t:
         _rope_kv_write_kernel[(t,)](

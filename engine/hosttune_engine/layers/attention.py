@@ -5,7 +5,9 @@ one new token), then one token per decoding sequence. RoPE and the KV-cache
 write of all of them run first (`write`, one fused kernel on the Triton path),
 then (`attend_qkv`) the prefill part runs the prefill kernel and the decode part
 the split-K decode kernel, both reading the cache (a prefill with no cached
-prefix reads this step's keys and values directly).
+prefix reads this step's keys and values directly). A step of decodes alone
+runs the three in the decode kernel (`write_attend`): one launch per layer
+fewer, and q and k are not stored rotated only to be read back.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from hosttune_engine.kernels.decode_attention import decode_attention, decode_attention_ref
+from hosttune_engine.kernels.decode_attention import (
+    decode_attention, decode_attention_ref, decode_attention_rope,
+)
 from hosttune_engine.kernels.prefill_attention import prefill_attention, prefill_attention_ref
 from hosttune_engine.kernels.rope_kv import rope_kv_write, rope_kv_write_ref
 from hosttune_engine.layers.backend import KernelLayer
@@ -51,6 +55,17 @@ class Attention(KernelLayer):
         assert self.k_cache is not None, "the model runner must bind a KV cache first"
         fn = rope_kv_write if self.use_triton else rope_kv_write_ref
         fn(qkv, positions, cos_sin, self.k_cache, self.v_cache, slot_mapping, self.num_heads, self.num_kv_heads)
+
+    def write_attend(self, positions: torch.Tensor, qkv: torch.Tensor, cos_sin: torch.Tensor,
+                     meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
+        """`write`, then `attend_qkv`; a step of decodes alone runs both in the decode kernel (Triton path)."""
+        if not (self.use_triton and meta.num_prefill_tokens == 0):
+            self.write(positions, qkv, cos_sin, meta.slot_mapping)
+            return self.attend_qkv(qkv, meta, out)
+        t = meta.slot_mapping.shape[0]
+        return decode_attention_rope(qkv[:t], positions[:t], cos_sin, meta.slot_mapping, self.k_cache, self.v_cache,
+                                     meta.decode_block_tables, meta.decode_seq_lens, self.num_heads,
+                                     meta.decode_num_splits, scale=self.scale, out=out)
 
     def attend_qkv(self, qkv: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of the first `len(meta.slot_mapping)` rows of a written qkv -> [T, Hq, D] (into `out`)."""

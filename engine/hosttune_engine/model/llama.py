@@ -29,11 +29,17 @@ class LlamaAttention(nn.Module):
         self.rotary = rotary
         self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5)
 
-    def project(self, positions: torch.Tensor, x: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
-        """x [T, H] -> qkv [T, (Hq + 2 Hkv) * D], rotated, its k and v written to the cache."""
+    def project(self, positions: torch.Tensor, x: torch.Tensor, slot_mapping: torch.Tensor | None) -> torch.Tensor:
+        """x [T, H] -> qkv [T, (Hq + 2 Hkv) * D], rotated, its k and v written to the cache (left to `attend`
+        when slot_mapping is None)."""
         qkv = self.qkv_proj(x)
-        self.attn.write(positions, qkv, self.rotary.cos_sin, slot_mapping)
+        if slot_mapping is not None:
+            self.attn.write(positions, qkv, self.rotary.cos_sin, slot_mapping)
         return qkv
+
+    def attend(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """An unwritten qkv (`project` without slots) -> rotated, written and attended: [T, Hq, D]."""
+        return self.attn.write_attend(positions, qkv, self.rotary.cos_sin, meta)
 
     def output(self, o: torch.Tensor) -> torch.Tensor:
         return self.o_proj(o.view(o.shape[0], -1))  # [T, Hq, D] -> [T, H]
@@ -82,11 +88,15 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        x, residual = input_ids, None
+        # A step of decodes alone rotates and writes its k and v inside attention (one kernel on the Triton path).
+        x, residual, slots = input_ids, None, None if meta.num_prefill_tokens == 0 else meta.slot_mapping
         for k in range(len(self.layers)):
-            qkv, residual = self.segment(k, x, residual, positions, meta.slot_mapping)
-            x = self.attention(k, qkv, meta)
-        hidden, _ = self.segment(len(self.layers), x, residual, positions, meta.slot_mapping)
+            qkv, residual = self.segment(k, x, residual, positions, slots)
+            if slots is None:
+                x = self.layers[k].self_attn.attend(positions, qkv, meta)
+            else:
+                x = self.attention(k, qkv, meta)
+        hidden, _ = self.segment(len(self.layers), x, residual, positions, slots)
         return hidden
 
     # The forward cut at its attention calls: segment 0, attention 0, segment 1, ..., segment L. A segment's
@@ -97,9 +107,10 @@ class LlamaModel(nn.Module):
         return len(self.layers) + 1
 
     def segment(self, k: int, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+                slot_mapping: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Segment k: from the input ids [T] (k = 0) or layer k-1's attention output [T, Hq, D] to layer k's
-        written qkv and the residual; the last segment (k = L) ends with the final norm: (hidden [T, H], None)."""
+        written qkv (unwritten when slot_mapping is None) and the residual; the last segment (k = L) ends with the
+        final norm: (hidden [T, H], None)."""
         if k == 0:
             hidden = self.embed_tokens(x)  # [T, H]
         else:
