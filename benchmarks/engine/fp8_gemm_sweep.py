@@ -2,16 +2,15 @@
 """The batched FP8 GEMM paths on the Qwen2.5-7B projections (activations already e4m3 per token), per batch
 size: torch._scaled_mm with unit scales plus the scale epilogue ("unit"), cuBLAS's row-wise scales
 ("rowwise"), and the Triton FP8 GEMM with the scales in its epilogue ("triton", kernels/fp8_gemm.py) over a
-sweep of its launch configs (with --splits, split-K counts too). Prints each projection's times and the best
-config; with --table, the entries for kernels/tuned_configs.json: `fp8_mm` METHOD "triton" and its `fp8_gemm`
-config for each projection shape and batch bucket where it was faster than both at every batch size measured in
-the bucket. For gate_up it also times, at that best config, the GEMM with SwiGLU and the FP8 quantization after
-it in its epilogue (`fp8_gemm_swiglu`) against the GEMM then `swiglu_fp8`, and its entry says SWIGLU 1 where the
-fused form was faster at every batch measured in the bucket.
+sweep of its launch configs. Prints each projection's times and the best config; with --table, the entries
+for kernels/tuned_configs.json: `fp8_mm` METHOD "triton" and its `fp8_gemm` config for each projection shape
+and batch bucket where it was faster than both at every batch size measured in the bucket. For gate_up it also
+times, at that best config, the GEMM with SwiGLU and the FP8 quantization after it in its epilogue
+(`fp8_gemm_swiglu`) against the GEMM then `swiglu_fp8`, and its entry says SWIGLU 1 where the fused form was
+faster at every batch measured in the bucket.
 
 Example: python benchmarks/engine/fp8_gemm_sweep.py --out /tmp/fp8-gemm.json --table
-         python benchmarks/engine/fp8_gemm_sweep.py --batches 64 --projections qkv o down --splits 1 2 4 \
-             --fast-acc 1 --table
+         python benchmarks/engine/fp8_gemm_sweep.py --batches 64 --projections qkv o down --fast-acc 1
 """
 
 from __future__ import annotations
@@ -36,14 +35,14 @@ BATCHES = (16, 32, 64, 128)
 LAUNCHES = 20  # per graph replay, so the replay's own cost is shared
 
 
-def configs(m: int, splits=(1,), fast_acc=(0, 1)):
+def configs(m: int, fast_acc=(0, 1)):
     block_m = max(16, min(64, 1 << (m - 1).bit_length()))
-    for bn, bk, stages, fast, split in itertools.product((32, 64, 128), (128, 256), (3, 4, 5, 6), fast_acc, splits):
+    for bn, bk, stages, fast in itertools.product((32, 64, 128), (128, 256), (3, 4, 5, 6), fast_acc):
         yield {"BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4, "num_stages": stages,
-               "FAST_ACC": fast, **({"SPLIT_K": split} if split > 1 else {})}
+               "FAST_ACC": fast}
 
 
-def measure(m: int, n: int, k: int, splits=(1,), fast_acc=(0, 1)) -> dict:
+def measure(m: int, n: int, k: int, fast_acc=(0, 1)) -> dict:
     from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
     from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token
 
@@ -55,8 +54,7 @@ def measure(m: int, n: int, k: int, splits=(1,), fast_acc=(0, 1)) -> dict:
         row[f"{method}_us"] = per_launch_us(lambda: fp8_mm(xq, sx, w, ws, None, one, method == "rowwise",
                                                            torch.bfloat16), LAUNCHES)
     swept = []
-    gate_up = (n, k) == PROJECTIONS["gate_up"]  # its SwiGLU epilogue needs whole sums: never split
-    for i, c in enumerate(configs(m, (1,) if gate_up else splits, fast_acc)):
+    for i, c in enumerate(configs(m, fast_acc)):
         try:
             us = per_launch_us(lambda: fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, c), LAUNCHES)
             swept.append((us, i, c))
@@ -65,13 +63,10 @@ def measure(m: int, n: int, k: int, splits=(1,), fast_acc=(0, 1)) -> dict:
     swept.sort(key=lambda t: (t[0], t[1]))
     row["triton_us"], _, row["config"] = swept[0]
     row["runners_up"] = [{"us": us, "config": c} for us, _, c in swept[1:4]]
-    row["best_us_by_split"] = {}
-    for us, _, c in swept:  # fastest first: the first of each split count is its best
-        row["best_us_by_split"].setdefault(str(c.get("SPLIT_K", 1)), us)
     want = fp8_gemm_ref(xq, sx, w, ws, None, torch.float32)
     got = fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, row["config"]).float()
     row["rel_error"] = ((got - want).norm() / want.norm()).item()
-    if gate_up and row["config"]["BLOCK_N"] >= 32:
+    if (n, k) == PROJECTIONS["gate_up"] and row["config"]["BLOCK_N"] >= 32:
         row.update(swiglu_us(xq, sx, w, ws, row["config"]))
     return row
 
@@ -111,16 +106,15 @@ def main() -> None:
     parser.add_argument("--out", default="fp8-gemm-sweep.json")
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--projections", nargs="+", choices=list(PROJECTIONS), default=list(PROJECTIONS))
-    parser.add_argument("--splits", type=int, nargs="+", default=[1], choices=(1, 2, 4, 8),
-                        help="split-K counts to sweep (gate_up is never split)")
-    parser.add_argument("--fast-acc", type=int, nargs="+", default=[0, 1], choices=(0, 1))
+    parser.add_argument("--fast-acc", type=int, nargs="+", default=[0, 1], choices=(0, 1),
+                        help="FAST_ACC values to sweep (1: the MMA accumulates along K)")
     parser.add_argument("--table", action="store_true", help="print the tuned-table entries")
     args = parser.parse_args()
     rows = []
     for m in args.batches:
         for name in args.projections:
             n, k = PROJECTIONS[name]
-            rows.append({"projection": name, **measure(m, n, k, tuple(args.splits), tuple(args.fast_acc))})
+            rows.append({"projection": name, **measure(m, n, k, tuple(args.fast_acc))})
             print(json.dumps(rows[-1]), flush=True)
     res = {"device": torch.cuda.get_device_name(), "rows": rows}
     if args.table:

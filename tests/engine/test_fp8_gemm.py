@@ -26,9 +26,6 @@ def _operands(m, n, k, seed=0):
     (37, 80, 96, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}),  # ragged M and N, K a multiple of BLOCK_K
     (5, 48, 96, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),  # one block of rows, K ragged to the tile
     (20, 64, 128, {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "FAST_ACC": 1}),  # the MMA accumulating along K
-    # split K: 5 tiles over 4 splits (two, two, one and an empty one), and K ragged to the tile over 2
-    (37, 80, 160, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 4}),
-    (5, 48, 96, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 2, "FAST_ACC": 1}),
 ])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fp8_gemm_matches_its_reference(m, n, k, cfg, with_bias):
@@ -60,24 +57,12 @@ def test_fp8_gemm_swiglu_writes_what_the_gemm_then_swiglu_fp8_write(m, n, k, cfg
     torch.testing.assert_close(s, fp8_gemm_swiglu_ref(xq, sx, w, ws, bias, dtype)[1], rtol=1e-2, atol=0)
 
 
-def test_split_k_leaves_its_counters_zero_and_sums_in_a_fixed_order():
-    from hosttune_engine.kernels.fp8_gemm import split_state
-
-    xq, sx, w, ws, bias = _operands(24, 96, 256, seed=2)
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 8}
-    first = fp8_gemm(xq, sx, w, ws, bias, torch.float32, cfg)
-    assert not split_state(xq.device, 0, 0)[1].any()  # the last program of each tile reset its counter
-    assert torch.equal(fp8_gemm(xq, sx, w, ws, bias, torch.float32, cfg), first)
-
-
 def test_fp8_gemm_swiglu_checks_its_inputs():
     xq, sx, w, ws, bias = _operands(8, 48, 64)
     with pytest.raises(KernelInputError, match="an even row count, got 47"):
         fp8_gemm_swiglu(xq, sx, w[:47], ws[:47], None, torch.float32, {"BLOCK_N": 32})
     with pytest.raises(KernelInputError, match="BLOCK_N >= 32"):
         fp8_gemm_swiglu(xq, sx, w, ws, None, torch.float32, {"BLOCK_N": 16})
-    with pytest.raises(KernelInputError, match="does not split K"):
-        fp8_gemm_swiglu(xq, sx, w, ws, None, torch.float32, {"BLOCK_N": 32, "SPLIT_K": 2})
 
 
 def test_fp8_gemm_rounds_once_where_unit_scales_round_the_products_first():
@@ -97,8 +82,6 @@ def test_wrapper_checks_its_inputs():
         fp8_gemm(xq, sx, w, ws, bias, torch.float32, {"BLOCK_N": 48})
     with pytest.raises(KernelInputError, match="at least 16 wide"):
         fp8_gemm(xq, sx, w, ws, bias, torch.float32, {"BLOCK_M": 8})
-    with pytest.raises(KernelInputError, match="SPLIT_K must be 1, 2, 4 or 8, got 3"):
-        fp8_gemm(xq, sx, w, ws, bias, torch.float32, {"SPLIT_K": 3})
     with pytest.raises(KernelInputError, match="must be contiguous"):
         fp8_gemm(xq, sx, w[:, :32], ws, bias, torch.float32)
     with pytest.raises(KernelInputError, match=r"sx must be \[8, 1\]"):

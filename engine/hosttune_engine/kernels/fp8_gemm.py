@@ -11,12 +11,6 @@ twice bf16's rounding error against the fp32 product, at K = 3,584 about the sam
 beats cuBLAS on a GPU, benchmarks/engine/fp8_gemm_sweep.py measures; the tuned table's `fp8_mm` METHOD
 "triton" picks it per projection shape and batch bucket, and `fp8_gemm` its launch configs.
 
-A skinny product (few rows, K long or few output tiles) leaves SMs idle or re-reads the activations once per
-narrow tile; SPLIT_K in the config gives each tile that many programs, each over 1/SPLIT_K of K. Each stores
-its fp32 partial in a scratch [SPLIT_K, M, N] and counts itself in the tile's counter; the last to arrive sums
-the partials in split order (the result does not depend on which finished last), runs the epilogue and
-resets the counter, so the counters are zero again for the next call and a CUDA graph replays them as is.
-
 `fp8_gemm_swiglu` is the gate_up projection followed by SwiGLU and the per-token quantization of down_proj's
 input: each program takes the same columns of gate and of up (two accumulators over one activation tile),
 computes SwiGLU in its epilogue with the unfused kernels' roundings, writes it and maxes each row's largest
@@ -33,11 +27,9 @@ import triton.language as tl
 from hosttune_engine.kernels.checks import check, check_pow2, check_tensor
 from hosttune_engine.kernels.fp8_inputs import quantize_by_parts, row_amax_state, swiglu_fp8_ref
 from hosttune_engine.kernels.fp8_scaled_mm import FP8, check_fp8_operands
-from hosttune_engine.kernels.gemv_splits import split_range
 from hosttune_engine.kernels.swiglu import silu_mul
 
 DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 4}
-_SPLIT_STATE: dict = {}  # device -> [(partials, counters)], the newest last
 
 
 @triton.jit
@@ -70,26 +62,11 @@ def _scaled(acc, sx, sw_ptr, b_ptr, offs_n, n_mask, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(acc, acc_up, sx_ptr, sw_ptr, b_ptr, y_ptr, amax_ptr, offs_m, offs_n, m_mask, n_mask, N,
-              HAS_BIAS: tl.constexpr, SWIGLU: tl.constexpr):
-    sx = tl.load(sx_ptr + offs_m, mask=m_mask, other=0.0)
-    y = _scaled(acc, sx, sw_ptr, b_ptr, offs_n, n_mask, HAS_BIAS)
-    mask = m_mask[:, None] & n_mask[None, :]
-    if SWIGLU:  # the unfused path's roundings: the projection's output, then SwiGLU's (kernels/fp8_inputs.py)
-        g = y.to(y_ptr.dtype.element_ty).to(tl.float32)
-        u = _scaled(acc_up, sx, sw_ptr + N, b_ptr + N, offs_n, n_mask, HAS_BIAS).to(y_ptr.dtype.element_ty)
-        y = silu_mul(g, u.to(tl.float32)).to(y_ptr.dtype.element_ty).to(tl.float32)
-        tl.atomic_max(amax_ptr + offs_m, tl.max(tl.where(mask, tl.abs(y), 0.0), 1), mask=m_mask, sem="relaxed")
-    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, b_ptr, y_ptr, amax_ptr, part_ptr, cnt_ptr, M, N, K,
-                     HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, FAST_ACC: tl.constexpr, SWIGLU: tl.constexpr,
-                     SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, b_ptr, y_ptr, amax_ptr, M, N, K, HAS_BIAS: tl.constexpr,
+                     EVEN_K: tl.constexpr, FAST_ACC: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y [M, N]; with SWIGLU, w holds 2N rows [gate | up], each program BLOCK_N // 2 of each, and y is SwiGLU of
-    the product, its rows' largest |value| atomically maxed into amax [M]. With SPLIT_K > 1 the programs of a
-    tile each take 1/SPLIT_K of K and the last to finish sums their partials (`_sum_of_splits`)."""
+    the product, its rows' largest |value| atomically maxed into amax [M]."""
     COLS: tl.constexpr = BLOCK_N // 2 if SWIGLU else BLOCK_N
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(0) * COLS + tl.arange(0, COLS)
@@ -99,39 +76,21 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, b_ptr, y_ptr, amax_ptr, part_
     w_tile = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]  # [BLOCK_K, COLS]
     acc = tl.zeros([BLOCK_M, COLS], tl.float32)
     acc_up = tl.zeros([BLOCK_M, COLS], tl.float32)
-    if SPLIT_K == 1:
-        k_lo, k_hi = 0, K
-    else:
-        k_lo, k_hi = split_range(K, tl.program_id(2), SPLIT_K, BLOCK_K)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         a = _k_tile(x_tile, k0, offs_k, m_mask[:, None], K, False, EVEN_K)
         acc = _mma(acc, a, _k_tile(w_tile, k0, offs_k, n_mask[None, :], K, True, EVEN_K), FAST_ACC)
         if SWIGLU:
             up = _k_tile(w_tile + N.to(tl.int64) * K, k0, offs_k, n_mask[None, :], K, True, EVEN_K)
             acc_up = _mma(acc_up, a, up, FAST_ACC)
-    if SPLIT_K == 1:
-        _epilogue(acc, acc_up, sx_ptr, sw_ptr, b_ptr, y_ptr, amax_ptr, offs_m, offs_n, m_mask, n_mask, N, HAS_BIAS,
-                  SWIGLU)
-    else:
-        tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        part = part_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-        mask = m_mask[:, None] & n_mask[None, :]
-        tl.store(part + tl.program_id(2) * M.to(tl.int64) * N, acc, mask=mask)
-        tl.debug_barrier()  # every thread's partial is stored before the tile is counted
-        if tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1:  # the last sees every partial
-            acc = _sum_of_splits(part, M.to(tl.int64) * N, mask, acc, SPLIT_K)
-            _epilogue(acc, acc_up, sx_ptr, sw_ptr, b_ptr, y_ptr, amax_ptr, offs_m, offs_n, m_mask, n_mask, N,
-                      HAS_BIAS, SWIGLU)
-            tl.atomic_xchg(cnt_ptr + tile, 0)
-
-
-@triton.jit
-def _sum_of_splits(part, stride_split, mask, acc, SPLIT_K: tl.constexpr):
-    """The tile's SPLIT_K fp32 partials summed, read from L2 (other programs stored them)."""
-    total = tl.zeros_like(acc)
-    for s in tl.static_range(SPLIT_K):
-        total += tl.load(part + s * stride_split, mask=mask, other=0.0, cache_modifier=".cg")
-    return total
+    sx = tl.load(sx_ptr + offs_m, mask=m_mask, other=0.0)
+    y = _scaled(acc, sx, sw_ptr, b_ptr, offs_n, n_mask, HAS_BIAS)
+    mask = m_mask[:, None] & n_mask[None, :]
+    if SWIGLU:  # the unfused path's roundings: the projection's output, then SwiGLU's (kernels/fp8_inputs.py)
+        g = y.to(y_ptr.dtype.element_ty).to(tl.float32)
+        u = _scaled(acc_up, sx, sw_ptr + N, b_ptr + N, offs_n, n_mask, HAS_BIAS).to(y_ptr.dtype.element_ty)
+        y = silu_mul(g, u.to(tl.float32)).to(y_ptr.dtype.element_ty).to(tl.float32)
+        tl.atomic_max(amax_ptr + offs_m, tl.max(tl.where(mask, tl.abs(y), 0.0), 1), mask=m_mask, sem="relaxed")
+    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def fp8_gemm(xq: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias,
@@ -152,7 +111,6 @@ def fp8_gemm_swiglu(xq: torch.Tensor, sx: torch.Tensor, w: torch.Tensor, w_scale
     n2, _, cfg = _checked(xq, sx, w, w_scale, bias, out_dtype, config)
     check(n2 % 2 == 0 and cfg["BLOCK_N"] >= 32, "fp8_gemm_swiglu takes [gate | up] (an even row count, got {}) "
           "and BLOCK_N >= 32 (got {})", n2, cfg["BLOCK_N"])
-    check(cfg.get("SPLIT_K", 1) == 1, "fp8_gemm_swiglu does not split K (its epilogue needs whole sums)")
     m, n = xq.shape[0], n2 // 2
     h = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     q = torch.empty((m, n), dtype=FP8, device=xq.device)
@@ -177,7 +135,6 @@ def _checked(xq, sx, w, w_scale, bias, out_dtype, config) -> tuple[int, int, dic
         check_pow2(name, cfg[name])
     check(min(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]) >= 16, "FP8 dot tiles are at least 16 wide, got {}",
           cfg)
-    check(cfg.get("SPLIT_K", 1) in (1, 2, 4, 8), "SPLIT_K must be 1, 2, 4 or 8, got {}", cfg.get("SPLIT_K"))
     return n, k, cfg
 
 
@@ -187,28 +144,12 @@ def _launch(xq, sx, w, w_scale, bias, y, amax, cfg: dict, swiglu: bool) -> None:
     if not m:
         return
     cols = cfg["BLOCK_N"] // 2 if swiglu else cfg["BLOCK_N"]
-    split = cfg.get("SPLIT_K", 1)
-    grid = (triton.cdiv(n, cols), triton.cdiv(m, cfg["BLOCK_M"]), split)
-    part, counts = split_state(xq.device, split * m * n, grid[0] * grid[1]) if split > 1 else (y, y)
-    _fp8_gemm_kernel[grid](xq, w, sx, w_scale, bias if bias is not None else w_scale, y, amax, part, counts, m, n, k,
+    grid = (triton.cdiv(n, cols), triton.cdiv(m, cfg["BLOCK_M"]))
+    _fp8_gemm_kernel[grid](xq, w, sx, w_scale, bias if bias is not None else w_scale, y, amax, m, n, k,
                            HAS_BIAS=bias is not None, EVEN_K=k % cfg["BLOCK_K"] == 0,
-                           FAST_ACC=bool(cfg.get("FAST_ACC", 0)), SWIGLU=swiglu, SPLIT_K=split,
-                           BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
-                           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-
-
-def split_state(device: torch.device, values: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 partials, at least `values`; int32 tile counters, at least `tiles`, zero between calls) for split-K
-    launches on `device`, which a step runs one after another on one stream. Made at the first call that needs
-    more than the last; made while a CUDA graph is captured, they come from its memory pool, and this cache
-    keeps every one alive for the graphs that use it."""
-    states = _SPLIT_STATE.setdefault(str(device), [])
-    if not states or states[-1][0].numel() < values or states[-1][1].numel() < tiles:
-        values = max(values, states[-1][0].numel() if states else 0)
-        tiles = max(tiles, 1024, states[-1][1].numel() if states else 0)
-        states.append((torch.empty(values, dtype=torch.float32, device=device),
-                       torch.zeros(tiles, dtype=torch.int32, device=device)))
-    return states[-1]
+                           FAST_ACC=bool(cfg.get("FAST_ACC", 0)), SWIGLU=swiglu, BLOCK_M=cfg["BLOCK_M"],
+                           BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
+                           num_stages=cfg["num_stages"])
 
 
 def fp8_gemm_ref(xq, sx, w, w_scale, bias, out_dtype) -> torch.Tensor:
