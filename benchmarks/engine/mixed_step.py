@@ -131,7 +131,7 @@ def time_path(runner, sched: SchedulerOutput, mixed: bool, reps: int) -> Timing:
         runner.collect(launched)
         host.append((t1 - t0) * 1e3)
         step.append((time.perf_counter() - t0) * 1e3)
-        if torch.cuda.is_available():
+        if runner.device.type == "cuda":  # the engine's device, not whether the machine has a GPU
             gpu.append(_gpu_ms(runner, sched, mixed))
     return Timing(statistics.median(host[1:]), statistics.median(gpu[1:]) if gpu else None,
                   statistics.median(step[1:]))

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from .bench_scripts import bench_script
+from .conftest import HAS_CUDA
 
 
 @pytest.fixture
@@ -12,6 +13,7 @@ def chunk_attention(monkeypatch):
     yield from bench_script(monkeypatch, "chunk_attention")
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="its tiny setup is on the CPU, under the Triton interpreter")
 def test_each_variant_is_timed_and_checked(chunk_attention):
     setup, gen = chunk_attention.SMALL, torch.Generator().manual_seed(0)
     results = [chunk_attention.measure(chunk_attention.Case(setup, seqs, gen), on_cuda=False)
