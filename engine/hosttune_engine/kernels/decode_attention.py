@@ -4,7 +4,10 @@ Stage 1: program (b, kv head, split) attends the GQA group's query heads to its
 slice of the context and writes a partial output and its log-sum-exp. Stage 2
 merges the splits (kernels/split_k.py). The grid depends on the batch size and
 `num_splits` only, never on the context lengths, so a decode step can be
-captured in a CUDA graph.
+captured in a CUDA graph. `decode_attention_rope` is the same kernel for a step
+of decodes alone that has not rotated q and k or written the cache yet: each
+program rotates them itself, the first split writes the token's k and v, and the
+token joins the attention from registers.
 """
 
 from __future__ import annotations
