@@ -150,7 +150,7 @@ class Machine:
         pid = self.process.pid
         try:
             children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # nspawn gone, or going while read
             return None
         for child in map(int, children):
             if _ns_pid(child) == 1:
@@ -216,7 +216,7 @@ def _ns_pid(pid: int) -> int | None:
             if line.startswith("NSpid:"):
                 ids = line.split()[1:]
                 return int(ids[-1]) if len(ids) > 1 else None
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # exited before, or while, its status was read
         pass
     return None
 
