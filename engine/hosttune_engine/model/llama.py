@@ -88,15 +88,13 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        # A step of decodes alone rotates and writes its k and v inside attention (one kernel on the Triton path).
-        x, residual, slots = input_ids, None, None if meta.num_prefill_tokens == 0 else meta.slot_mapping
+        # RoPE and the cache write are left to attention, which runs them in its own kernel for a step of decodes
+        # alone (Triton path) and first otherwise.
+        x, residual = input_ids, None
         for k in range(len(self.layers)):
-            qkv, residual = self.segment(k, x, residual, positions, slots)
-            if slots is None:
-                x = self.layers[k].self_attn.attend(positions, qkv, meta)
-            else:
-                x = self.attention(k, qkv, meta)
-        hidden, _ = self.segment(len(self.layers), x, residual, positions, slots)
+            qkv, residual = self.segment(k, x, residual, positions, None)
+            x = self.layers[k].self_attn.attend(positions, qkv, meta)
+        hidden, _ = self.segment(len(self.layers), x, residual, positions, None)
         return hidden
 
     # The forward cut at its attention calls: segment 0, attention 0, segment 1, ..., segment L. A segment's
