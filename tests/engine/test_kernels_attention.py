@@ -12,7 +12,8 @@ from hosttune_engine.errors import KernelInputError
 from hosttune_engine.kernels.decode_attention import (
     choose_num_splits, decode_attention, decode_attention_ref, decode_attention_rope, decode_attention_rope_ref,
 )
-from hosttune_engine.kernels.prefill_attention import _descriptors_fit, prefill_attention, prefill_attention_ref
+from hosttune_engine.kernels.descriptors import descriptors_fit
+from hosttune_engine.kernels.prefill_attention import prefill_attention, prefill_attention_ref
 from hosttune_engine.kernels.split_k import MAX_SPLITS, choose_splits
 from hosttune_engine.layers.rotary import rope_cos_sin
 from .conftest import DEVICE
@@ -108,7 +109,7 @@ def test_prefill_attention_contiguous_matches_paged(dtype, head_dim, hq, hkv, al
     flat = randn(t * (hq + 2 * hkv) * head_dim + 1, dtype=dtype, gen=gen)
     qkv = (flat[:-1] if aligned else flat[1:]).view(t, hq + 2 * hkv, head_dim)
     q, k, v = qkv.split([hq, hkv, hkv], dim=1)  # strided views, as the attention layer passes them
-    assert _descriptors_fit(q, k, v) == aligned
+    assert descriptors_fit(q, k, v) == aligned
     nblocks = sum(-(-n // page) for n in qlens) + 2
     kc, vc = (torch.zeros(nblocks, page, hkv, head_dim, dtype=dtype, device=DEVICE) for _ in range(2))
     bt = block_tables_for(qlens, page, nblocks, gen)

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from hosttune_engine.kernels.attention_checks import check_paged_attention_inputs
 from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, check_tensor
+from hosttune_engine.kernels.descriptors import descriptors_fit, use_torch_allocator
 from hosttune_engine.kernels.paged import gather_pages, paged_token_offsets
 from hosttune_engine.kernels.split_k import MAX_SPLITS, choose_splits, device_sms, merge_splits, split_scratch, \
     store_split
@@ -254,9 +255,9 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
     hkv = k_cache.shape[2]
     if contiguous:
         _check_step_kv(q, k, v, hkv)
-        contiguous = _descriptors_fit(q, k, v)  # else the same keys and values, read from the cache
+        contiguous = descriptors_fit(q, k, v)  # else the same keys and values, read from the cache
     if contiguous:
-        _use_torch_allocator()
+        use_torch_allocator()
         kk, vv, strides = k, v, (0, k.stride(0), k.stride(1))
     else:
         kk, vv, strides = k_cache, v_cache, (k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
@@ -297,23 +298,6 @@ def auto_splits(programs: int, max_context: int | None, block_n: int, device) ->
     if not max_context or device.type != "cuda":
         return 1
     return choose_splits(programs, triton.cdiv(max_context, block_n), device_sms(device))
-
-
-def _descriptors_fit(*tensors) -> bool:
-    """Tensor descriptors need 16-byte aligned base addresses and row strides (rows of >= 16 bytes are
-    given: the input checks require a head dim of at least 16)."""
-    return all(x.data_ptr() % 16 == 0 and x.stride(0) * x.element_size() % 16 == 0
-               and x.stride(1) * x.element_size() % 16 == 0 for x in tensors)
-
-
-def _alloc_scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def _use_torch_allocator() -> None:
-    """Descriptors made inside a kernel need a little global scratch per launch, which Triton asks its
-    allocator for. The setting is per thread (a context variable), so it is made where the kernel launches."""
-    triton.set_allocator(_alloc_scratch)
 
 
 def _check_step_kv(q, k, v, hkv: int) -> None:
