@@ -11,6 +11,7 @@ faster at every batch measured in the bucket.
 
 Example: python benchmarks/engine/fp8_gemm_sweep.py --out /tmp/fp8-gemm.json --table
          python benchmarks/engine/fp8_gemm_sweep.py --batches 64 --projections qkv o down --fast-acc 1
+         python benchmarks/engine/fp8_gemm_sweep.py --batches 64 --fast-acc 1 --tma 0 1 --warps 4 8
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -28,6 +31,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from common import QWEN25_7B, per_launch_us  # noqa: E402
+from hosttune_engine.kernels.fp8_gemm import TMA_BOX  # noqa: E402
 
 H, INTER = QWEN25_7B["hidden_size"], QWEN25_7B["intermediate_size"]
 PROJECTIONS = {"qkv": (4608, H), "o": (H, H), "gate_up": (2 * INTER, H), "down": (H, INTER)}  # N, K
@@ -35,28 +39,48 @@ BATCHES = (16, 32, 64, 128)
 LAUNCHES = 20  # per graph replay, so the replay's own cost is shared
 
 
-def configs(m: int, fast_acc=(0, 1)):
+@dataclass(frozen=True)
+class Axes:
+    """The launch-config values swept, every combination of them."""
+    block_n: tuple = (32, 64, 128)
+    block_k: tuple = (128, 256)
+    stages: tuple = (3, 4, 5, 6)
+    warps: tuple = (4,)
+    fast_acc: tuple = (0, 1)
+    tma: tuple = (0,)
+
+
+def configs(m: int, axes: Axes = Axes()):
     block_m = max(16, min(64, 1 << (m - 1).bit_length()))
-    for bn, bk, stages, fast in itertools.product((32, 64, 128), (128, 256), (3, 4, 5, 6), fast_acc):
-        yield {"BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 4, "num_stages": stages,
-               "FAST_ACC": fast}
+    for bn, bk, stages, warps, fast, tma in itertools.product(axes.block_n, axes.block_k, axes.stages, axes.warps,
+                                                              axes.fast_acc, axes.tma):
+        if tma and bk > TMA_BOX:
+            continue  # the same launch as without TMA
+        yield {"BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages,
+               "FAST_ACC": fast, "TMA": tma}
 
 
-def measure(m: int, n: int, k: int, fast_acc=(0, 1)) -> dict:
+def measure(m: int, n: int, k: int, axes: Axes = Axes()) -> dict:
     from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
     from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token
 
     xq, sx = quantize_per_token(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
-    w = torch.randn(n, k, device="cuda").mul(50).clamp(-448, 448).to(torch.float8_e4m3fn)
+    weights = [_weight(n, k) for _ in range(_copies(n * k))]
+    w = weights[0]
     ws, one = torch.rand(n, device="cuda") * 0.01, torch.ones((), device="cuda")
-    row = {"m": m, "n": n, "k": k}
+    row = {"m": m, "n": n, "k": k, "weight_copies": len(weights)}
+
+    def launches(fn):  # each launch of a graph on the next weight copy: read from memory, as in a model's step
+        calls = itertools.cycle(weights)
+        return per_launch_us(lambda: fn(next(calls)), LAUNCHES)
+
     for method in ("unit", "rowwise"):
-        row[f"{method}_us"] = per_launch_us(lambda: fp8_mm(xq, sx, w, ws, None, one, method == "rowwise",
-                                                           torch.bfloat16), LAUNCHES)
+        row[f"{method}_us"] = launches(lambda wc: fp8_mm(xq, sx, wc, ws, None, one, method == "rowwise",
+                                                         torch.bfloat16))
     swept = []
-    for i, c in enumerate(configs(m, fast_acc)):
+    for i, c in enumerate(configs(m, axes)):
         try:
-            us = per_launch_us(lambda: fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, c), LAUNCHES)
+            us = launches(lambda wc: fp8_gemm(xq, sx, wc, ws, None, torch.bfloat16, c))
             swept.append((us, i, c))
         except triton.runtime.errors.OutOfResources:  # too much shared memory for its stages
             continue
@@ -69,6 +93,43 @@ def measure(m: int, n: int, k: int, fast_acc=(0, 1)) -> dict:
     if (n, k) == PROJECTIONS["gate_up"] and row["config"]["BLOCK_N"] >= 32:
         row.update(swiglu_us(xq, sx, w, ws, row["config"]))
     return row
+
+
+def precompile(jobs: list[tuple[int, int, int, dict]], workers: int) -> None:
+    """Compile every (m, n, k, config) launch first, in `workers` processes at once (Triton's on-disk cache keeps
+    the kernels), so the sweep itself only loads and times them."""
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        pool.map(_compile_share, [jobs[i::workers] for i in range(workers)])
+
+
+def _compile_share(jobs) -> None:
+    from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_swiglu
+    from hosttune_engine.kernels.fp8_scaled_mm import quantize_per_token
+
+    operands = {}
+    for m, n, k, cfg in jobs:
+        if (m, n, k) not in operands:
+            xq, sx = quantize_per_token(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+            operands[m, n, k] = (xq, sx, _weight(n, k), torch.rand(n, device="cuda"))
+        xq, sx, w, ws = operands[m, n, k]
+        try:
+            fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, cfg)
+            if (n, k) == PROJECTIONS["gate_up"] and cfg["BLOCK_N"] >= 32:
+                fp8_gemm_swiglu(xq, sx, w, ws, None, torch.bfloat16, cfg)
+        except triton.runtime.errors.OutOfResources:
+            continue
+    torch.cuda.synchronize()
+
+
+def _weight(n: int, k: int) -> torch.Tensor:
+    return torch.randn(n, k, device="cuda").mul(50).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def _copies(weight_bytes: int) -> int:
+    """Weight copies enough that a graph cycling through them reads each from memory, not from the L2 the
+    launch before left it in (three times the L2 together, at most LAUNCHES)."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(1, min(LAUNCHES, -(-3 * l2 // weight_bytes)))
 
 
 def swiglu_us(xq, sx, w, ws, cfg: dict) -> dict:
@@ -108,13 +169,26 @@ def main() -> None:
     parser.add_argument("--projections", nargs="+", choices=list(PROJECTIONS), default=list(PROJECTIONS))
     parser.add_argument("--fast-acc", type=int, nargs="+", default=[0, 1], choices=(0, 1),
                         help="FAST_ACC values to sweep (1: the MMA accumulates along K)")
+    parser.add_argument("--tma", type=int, nargs="+", default=[0], choices=(0, 1),
+                        help="TMA values to sweep (1: tiles read through tensor descriptors)")
+    parser.add_argument("--block-n", type=int, nargs="+", default=list(Axes.block_n), help="BLOCK_N values")
+    parser.add_argument("--block-k", type=int, nargs="+", default=list(Axes.block_k), help="BLOCK_K values")
+    parser.add_argument("--stages", type=int, nargs="+", default=list(Axes.stages), help="num_stages values")
+    parser.add_argument("--warps", type=int, nargs="+", default=list(Axes.warps), help="num_warps values")
     parser.add_argument("--table", action="store_true", help="print the tuned-table entries")
+    parser.add_argument("--precompile", type=int, default=0, metavar="N",
+                        help="compile every config in N processes before timing any (0: compile as timed)")
     args = parser.parse_args()
+    axes = Axes(tuple(args.block_n), tuple(args.block_k), tuple(args.stages), tuple(args.warps),
+                tuple(args.fast_acc), tuple(args.tma))
+    if args.precompile:
+        precompile([(m, *PROJECTIONS[name], c) for m in args.batches for name in args.projections
+                    for c in configs(m, axes)], args.precompile)
     rows = []
     for m in args.batches:
         for name in args.projections:
             n, k = PROJECTIONS[name]
-            rows.append({"projection": name, **measure(m, n, k, tuple(args.fast_acc))})
+            rows.append({"projection": name, **measure(m, n, k, axes)})
             print(json.dumps(rows[-1]), flush=True)
     res = {"device": torch.cuda.get_device_name(), "rows": rows}
     if args.table:
