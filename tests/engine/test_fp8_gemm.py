@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hosttune_engine.errors import KernelInputError
-from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref, fp8_gemm_swiglu, fp8_gemm_swiglu_ref, uses_tma
+from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref, fp8_gemm_swiglu, fp8_gemm_swiglu_ref
 from hosttune_engine.kernels.fp8_inputs import swiglu_fp8
 from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token
 from hosttune_engine.quant import kernel_dispatch
@@ -26,8 +26,6 @@ def _operands(m, n, k, seed=0):
     (37, 80, 96, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}),  # ragged M and N, K a multiple of BLOCK_K
     (5, 48, 96, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),  # one block of rows, K ragged to the tile
     (20, 64, 128, {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "FAST_ACC": 1}),  # the MMA accumulating along K
-    (37, 80, 96, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "TMA": 1}),  # tiles through tensor descriptors
-    (5, 48, 80, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "TMA": 1}),  # their zero fill past M, N and K
 ])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fp8_gemm_matches_its_reference(m, n, k, cfg, with_bias):
@@ -44,8 +42,6 @@ def test_fp8_gemm_matches_its_reference(m, n, k, cfg, with_bias):
     (37, 40, 96, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32}),  # ragged M and N (of gate and of up)
     (5, 48, 96, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}),  # one block of rows, K ragged to the tile
     (20, 64, 128, {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "FAST_ACC": 1}),
-    (37, 40, 96, {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "TMA": 1}),  # gate's last tile reaching into up
-    (5, 48, 80, {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "TMA": 1, "FAST_ACC": 1}),
 ])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fp8_gemm_swiglu_writes_what_the_gemm_then_swiglu_fp8_write(m, n, k, cfg, with_bias):
@@ -59,15 +55,6 @@ def test_fp8_gemm_swiglu_writes_what_the_gemm_then_swiglu_fp8_write(m, n, k, cfg
         assert torch.equal(s, want_s) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
     # the unfused kernels match their references in their own tests; the rows' scales against the reference
     torch.testing.assert_close(s, fp8_gemm_swiglu_ref(xq, sx, w, ws, bias, dtype)[1], rtol=1e-2, atol=0)
-
-
-def test_tma_is_taken_where_descriptors_fit_and_pointer_loads_elsewhere():
-    xq, sx, w, ws, _ = _operands(8, 32, 64)
-    assert uses_tma({"TMA": 1, "BLOCK_K": 64}, xq, w) and not uses_tma({"BLOCK_K": 64}, xq, w)
-    assert not uses_tma({"TMA": 1, "BLOCK_K": 512}, xq, w)  # wider than a descriptor's box
-    ragged = torch.cat([w, w[:, :8]], 1)[:, 8:]  # rows of 64 at a stride of 72: not 16-byte aligned
-    xr = torch.cat([xq, xq[:, :8]], 1)[:, 8:]
-    assert not uses_tma({"TMA": 1, "BLOCK_K": 64}, xq, ragged) and not uses_tma({"TMA": 1, "BLOCK_K": 64}, xr, w)
 
 
 def test_fp8_gemm_swiglu_checks_its_inputs():

@@ -25,12 +25,10 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_pow2, check_tensor
-from hosttune_engine.kernels.descriptors import descriptors_fit, use_torch_allocator
 from hosttune_engine.kernels.fp8_inputs import quantize_by_parts, row_amax_state, swiglu_fp8_ref
 from hosttune_engine.kernels.fp8_scaled_mm import FP8, check_fp8_operands
 from hosttune_engine.kernels.swiglu import silu_mul
 
-TMA_BOX = 256  # the most elements a tensor descriptor's tile spans in one dimension
 DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 4}
 
 
@@ -65,8 +63,7 @@ def _scaled(acc, sx, sw_ptr, b_ptr, offs_n, n_mask, HAS_BIAS: tl.constexpr):
 
 @triton.jit
 def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, b_ptr, y_ptr, amax_ptr, M, N, K, HAS_BIAS: tl.constexpr,
-                     EVEN_K: tl.constexpr, FAST_ACC: tl.constexpr, SWIGLU: tl.constexpr, TMA: tl.constexpr,
-                     BLOCK_M: tl.constexpr,
+                     EVEN_K: tl.constexpr, FAST_ACC: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """y [M, N]; with SWIGLU, w holds 2N rows [gate | up], each program BLOCK_N // 2 of each, and y is SwiGLU of
     the product, its rows' largest |value| atomically maxed into amax [M]."""
@@ -75,28 +72,16 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, sx_ptr, sw_ptr, b_ptr, y_ptr, amax_ptr, M, N,
     offs_n = tl.program_id(0) * COLS + tl.arange(0, COLS)
     offs_k = tl.arange(0, BLOCK_K)
     m_mask, n_mask = offs_m < M, offs_n < N
+    x_tile = x_ptr + offs_m.to(tl.int64)[:, None] * K + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
+    w_tile = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]  # [BLOCK_K, COLS]
     acc = tl.zeros([BLOCK_M, COLS], tl.float32)
     acc_up = tl.zeros([BLOCK_M, COLS], tl.float32)
-    if TMA:  # whole tiles in one copy each, zero-filled past M, past the weight's rows and past K
-        m0 = tl.program_id(1) * BLOCK_M
-        n0 = tl.program_id(0) * COLS
-        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[2 * N if SWIGLU else N, K], strides=[K, 1],
-                                           block_shape=[COLS, BLOCK_K])
-        for k0 in range(0, K, BLOCK_K):
-            a = x_desc.load([m0, k0])
-            acc = _mma(acc, a, w_desc.load([n0, k0]).T, FAST_ACC)
-            if SWIGLU:  # gate's columns past N read up's first rows: masked out of the output and the amax
-                acc_up = _mma(acc_up, a, w_desc.load([N + n0, k0]).T, FAST_ACC)
-    else:
-        x_tile = x_ptr + offs_m.to(tl.int64)[:, None] * K + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
-        w_tile = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]  # [BLOCK_K, COLS]
-        for k0 in range(0, K, BLOCK_K):
-            a = _k_tile(x_tile, k0, offs_k, m_mask[:, None], K, False, EVEN_K)
-            acc = _mma(acc, a, _k_tile(w_tile, k0, offs_k, n_mask[None, :], K, True, EVEN_K), FAST_ACC)
-            if SWIGLU:
-                up = _k_tile(w_tile + N.to(tl.int64) * K, k0, offs_k, n_mask[None, :], K, True, EVEN_K)
-                acc_up = _mma(acc_up, a, up, FAST_ACC)
+    for k0 in range(0, K, BLOCK_K):
+        a = _k_tile(x_tile, k0, offs_k, m_mask[:, None], K, False, EVEN_K)
+        acc = _mma(acc, a, _k_tile(w_tile, k0, offs_k, n_mask[None, :], K, True, EVEN_K), FAST_ACC)
+        if SWIGLU:
+            up = _k_tile(w_tile + N.to(tl.int64) * K, k0, offs_k, n_mask[None, :], K, True, EVEN_K)
+            acc_up = _mma(acc_up, a, up, FAST_ACC)
     sx = tl.load(sx_ptr + offs_m, mask=m_mask, other=0.0)
     y = _scaled(acc, sx, sw_ptr, b_ptr, offs_n, n_mask, HAS_BIAS)
     mask = m_mask[:, None] & n_mask[None, :]
@@ -160,20 +145,11 @@ def _launch(xq, sx, w, w_scale, bias, y, amax, cfg: dict, swiglu: bool) -> None:
         return
     cols = cfg["BLOCK_N"] // 2 if swiglu else cfg["BLOCK_N"]
     grid = (triton.cdiv(n, cols), triton.cdiv(m, cfg["BLOCK_M"]))
-    tma = uses_tma(cfg, xq, w)
-    if tma:
-        use_torch_allocator()
     _fp8_gemm_kernel[grid](xq, w, sx, w_scale, bias if bias is not None else w_scale, y, amax, m, n, k,
                            HAS_BIAS=bias is not None, EVEN_K=k % cfg["BLOCK_K"] == 0,
-                           FAST_ACC=bool(cfg.get("FAST_ACC", 0)), SWIGLU=swiglu, TMA=tma, BLOCK_M=cfg["BLOCK_M"],
+                           FAST_ACC=bool(cfg.get("FAST_ACC", 0)), SWIGLU=swiglu, BLOCK_M=cfg["BLOCK_M"],
                            BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], num_warps=cfg["num_warps"],
                            num_stages=cfg["num_stages"])
-
-
-def uses_tma(cfg: dict, xq: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether a launch reads its tiles through tensor descriptors: TMA 1 in the config, tiles no wider than a
-    descriptor's box (256 along K) and operands it can take; otherwise the same config with pointer loads."""
-    return bool(cfg.get("TMA", 0)) and cfg["BLOCK_K"] <= TMA_BOX and descriptors_fit(xq, w)
 
 
 def fp8_gemm_ref(xq, sx, w, w_scale, bias, out_dtype) -> torch.Tensor:
