@@ -5,8 +5,8 @@ channel) and 4-bit (AWQ layout, groups of 128), each weight quantized by the che
 Rows, each beside its floor measured in the same run: FP8 decode b1 vs the FP8 weight-read roofline
 (the bytes of every matrix a step reads, over the copy bandwidth); FP8 decode b64 vs an FP8 linear-layer
 floor (every projection as one FP8 tensor-core GEMM and the bf16 LM head, one CUDA graph, as the bf16
-floor is measured); FP8 TTFT of a 4K prompt vs bf16's; AWQ decode b1 vs its weight-read roofline;
-256 x (1024 in / 128 out) throughput for both. run_all.py runs this as its `quant` section, after the
+floor is measured); FP8 TTFT of a 4K prompt vs bf16's; AWQ decode b1 vs its weight-read roofline and b64
+vs bf16's; 256 x (1024 in / 128 out) throughput for both. run_all.py runs this as its `quant` section, after the
 bf16 rows it is compared with; alone it measures the bf16 rows itself.
 
 Example: python benchmarks/engine/quant_bench.py --out /tmp/bench-quant
@@ -120,12 +120,13 @@ def measure_scheme(plan: Plan, scheme: str, copy_tb_s: float, log) -> dict:
     row["b1"] = {**eb.decode_rate(engine, 1), **roofline(model, copy_tb_s)}
     row["b1"]["ratio_vs_roofline"] = row["b1"]["tok_s"] / row["b1"]["roofline_tok_s"]
     log(row["b1"])
+    b = eb.decode_rate(engine, plan.batch)
     if scheme.startswith("fp8"):
-        b = eb.decode_rate(engine, plan.batch)
         b.update(fp8_linear_floor(model, plan.batch))
         b["ratio_vs_floor"] = b["tok_s"] / (plan.batch / b["floor_ms"] * 1e3)
-        row["batched"] = b
-        log(b)
+    row["batched"] = b
+    log(b)
+    if scheme.startswith("fp8"):
         row["ttft"] = eb.ttft_ms(engine, plan.ttft_tokens)
         log(row["ttft"])
     n_req, n_in, n_out = plan.workload
@@ -143,7 +144,8 @@ def bf16_rows(plan: Plan, log) -> dict:
     import engine_bench as eb
 
     engine = build(plan, None)
-    rows = {"ttft": [eb.ttft_ms(engine, plan.ttft_tokens)], "decode": [eb.decode_rate(engine, 1)]}
+    rows = {"ttft": [eb.ttft_ms(engine, plan.ttft_tokens)],
+            "decode": [eb.decode_rate(engine, 1), eb.decode_rate(engine, plan.batch)]}
     n_req, n_in, n_out = plan.workload
     eb.offline_throughput(engine, max(1, n_req // 4), n_in, max(2, n_out // 8))
     rows["throughput"] = [eb.offline_throughput(engine, n_req, n_in, n_out)]
@@ -166,16 +168,21 @@ def table_rows(res: dict) -> list[str]:
     """The quantized rows of run_all's ratio table."""
     lines = []
     bf16_tp = {(r["requests"], r["in"], r["out"]): r["output_tok_s"] for r in res.get("throughput", [])}
+    bf16_decode = {r["batch"]: r["tok_s"] for r in res.get("decode", []) if not r.get("sampled")}
     for row in res.get("quant", []):
         s, b1 = row["scheme"], row["b1"]
         target = TARGETS["fp8_b1_vs_roofline" if s.startswith("fp8") else "awq_b1_vs_roofline"]
         lines.append(f"| {s} decode b1 | {b1['tok_s']:.0f} tok/s ({b1['step_ms']:.2f} ms/step) | weight-read roofline "
                      f"{b1['roofline_tok_s']:.0f} tok/s ({b1['step_gb']:.2f} GB) | {b1['ratio_vs_roofline']:.2f} | "
                      f"≥ {target:.2f} |")
-        if "batched" in row:
-            b = row["batched"]
+        b = row.get("batched")
+        if b and "floor_ms" in b:
             lines.append(f"| {s} decode b{b['batch']} | {b['tok_s']:.0f} tok/s ({b['step_ms']:.2f} ms/step) | FP8 "
                          f"linear floor {b['floor_ms']:.2f} ms | {b['ratio_vs_floor']:.2f} | ≥ 0.80 |")
+        elif b:
+            ref = bf16_decode.get(b["batch"])
+            lines.append(f"| {s} decode b{b['batch']} | {b['tok_s']:.0f} tok/s ({b['step_ms']:.2f} ms/step) | bf16 "
+                         f"{ref or 0:.0f} tok/s | {b['tok_s'] / ref if ref else 0:.2f} | |")
         if "ttft" in row:
             t = row["ttft"]
             ratio = f"{t['ratio_vs_bf16']:.2f}" if "ratio_vs_bf16" in t else ""

@@ -34,6 +34,9 @@ def test_every_row_is_measured_on_a_tiny_model(quant_bench):
     assert 2 * layer / 2 + head < awq["b1"]["step_gb"] * 1e9 < 2 * layer / 2 * 1.2 + head
     assert fp8["batched"]["floor_ms"] > 0 and fp8["batched"]["ratio_vs_floor"] > 0
     assert fp8["ttft"]["ratio_vs_bf16"] > 0
+    assert awq["batched"]["batch"] == 4 and awq["batched"]["tok_s"] > 0 and "ttft" not in awq
     assert all(r["throughput"]["output_tokens"] == 16 for r in res["quant"])
     rows = quant_bench.table_rows(res)
-    assert len(rows) == 6 and all(r.count("|") == 6 for r in rows)
+    assert len(rows) == 7 and all(r.count("|") == 6 for r in rows)
+    bf16_b4 = next(r["tok_s"] for r in res["decode"] if r["batch"] == 4)
+    assert f"| awq decode b4 | {awq['batched']['tok_s']:.0f} tok/s" in rows[5] and f"bf16 {bf16_b4:.0f}" in rows[5]
