@@ -3,9 +3,8 @@ y [M, N] = x [M, K] @ W (+ bias), x in bf16/fp16/fp32 and the tensor-core dot in
 
 `w8a16_gemm`: W = (w [N, K] fp8 * scale).T, scales as in kernels/fp8_gemv.py: the tile's e4m3 values,
 exact in x's dtype, go into the dot and the tile's scale multiplies its fp32 result. `w4a16_gemm`: W in
-the 4-bit layout of kernels/int4_layout.py: each [BLOCK_N, BLOCK_K] tile of packed words is unpacked in the
-order it is stored (the activations gathered in the same order), has its row's zero subtracted and scale
-applied in registers (one group per tile) and goes into the dot.
+the 4-bit layout of kernels/int4_layout.py: each [BLOCK_N, BLOCK_K] tile of packed words is unpacked,
+has its row's zero subtracted and scale applied in registers (one group per tile) and goes into the dot.
 Few output tiles (skinny batched decode) can split K over SPLIT_K programs, whose fp32 partials one
 small kernel sums. `int4_dequantize` writes the whole 4-bit weight in x's dtype with the same tile code,
 for w4a16_gemm's DEQUANT path (dequantize, then cuBLAS). Plain Triton (no FP8 tensor cores), so it runs on Ampere as well as Hopper.
@@ -109,43 +108,18 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, 
 
 
 @triton.jit
-def _int4_stored(q_rows, k0, n_mask, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The 4-bit values [BLOCK_N, BLOCK_K] of the words at columns k0.., in stored order (position 8 word +
-    nibble): each word's nibbles side by side, so the unpacking moves no value between threads."""
+def _int4_tile(q_rows, z_ptr, s_ptr, g_rows, k0, n_mask, dtype: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W [BLOCK_N, BLOCK_K] at columns k0.. in group order, dequantized to `dtype` (rounded as the reference
+    rounds): the tile's words unpacked, the pack blocks' interleave undone, its row's zero and scale applied."""
     p = tl.load(q_rows + (k0 // 8 + tl.arange(0, BLOCK_K // 8))[None, :], mask=n_mask[:, None], other=0)
     q = (p[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF  # [BLOCK_N, words, nibble]
-    return tl.reshape(q, [BLOCK_N, BLOCK_K])
-
-
-@triton.jit
-def _dequantized(q, z_ptr, s_ptr, g_rows, k0, n_mask, dtype: tl.constexpr, GROUP: tl.constexpr):
-    """(q - zero) * scale of each row's group at k0, in fp32 and rounded to `dtype` once, as the reference
-    rounds. q enters fp32 as 2^23 + q (its bits ORed into 2^23's mantissa), which an exact subtraction of
-    2^23 + zero takes back to q - zero: no integer-to-float conversion, which runs at a quarter of the rate."""
+    q = tl.reshape(q, [BLOCK_N, BLOCK_K // (8 * R), R, 8])  # word = block * R + j
+    q = tl.reshape(tl.permute(q, [0, 1, 3, 2]), [BLOCK_N, BLOCK_K])  # column = block * 8R + R * nibble + j
     g = k0 // GROUP
     s = tl.load(s_ptr + g_rows + g, mask=n_mask, other=0.0).to(tl.float32)
     z = tl.load(z_ptr + g_rows + g, mask=n_mask, other=0).to(tl.float32)
-    qf = (q | 0x4B000000).to(tl.float32, bitcast=True)
-    return ((qf - (8388608.0 + z)[:, None]) * s[:, None]).to(dtype)
-
-
-@triton.jit
-def _stored_columns(k0, BLOCK_K: tl.constexpr, R: tl.constexpr):
-    """[BLOCK_K]: the column (in group order) each stored position of the tile at k0 holds (a pack block's
-    word j holds its columns R i + j at nibble i; kernels/int4_layout.py's stored_columns)."""
-    pos = tl.arange(0, BLOCK_K)
-    word, nibble = pos // 8, pos % 8
-    return k0 + (word // R) * (8 * R) + R * nibble + word % R
-
-
-@triton.jit
-def _int4_tile(q_rows, z_ptr, s_ptr, g_rows, k0, n_mask, dtype: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """W [BLOCK_N, BLOCK_K] at columns k0.. in group order, dequantized to `dtype`: the pack blocks' interleave
-    undone (values moved between threads, which a GEMM avoids by gathering its activations instead)."""
-    q = tl.reshape(_int4_stored(q_rows, k0, n_mask, BLOCK_N, BLOCK_K), [BLOCK_N, BLOCK_K // (8 * R), R, 8])
-    q = tl.reshape(tl.permute(q, [0, 1, 3, 2]), [BLOCK_N, BLOCK_K])  # column = block * 8R + R * nibble + j
-    return _dequantized(q, z_ptr, s_ptr, g_rows, k0, n_mask, dtype, GROUP)
+    return ((q.to(tl.float32) - z[:, None]) * s[:, None]).to(dtype)
 
 
 @triton.jit
@@ -153,9 +127,7 @@ def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, ws_ptr, M,
                   HAS_BIAS: tl.constexpr, PERMUTED: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                   SPLIT_K: tl.constexpr, PRECISION: tl.constexpr):
-    """BLOCK_K divides GROUP and holds whole pack blocks: each tile has one scale and zero per row. The weight
-    tile stays in stored order and the activations are gathered in that order: the dot's sum over K is the
-    same, and the unpacking needs no layout change."""
+    """BLOCK_K divides GROUP and holds whole pack blocks: each tile has one scale and zero per row."""
     offs_m, offs_n = _tile_offsets(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     m_mask, n_mask = offs_m < M, offs_n < N
     q_rows = q_ptr + offs_n.to(tl.int64)[:, None] * (K // 8)
@@ -163,12 +135,12 @@ def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, ws_ptr, M,
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     start, stop = _k_range(K, BLOCK_K, SPLIT_K)
     for k0 in range(start, stop, BLOCK_K):
-        cols = _stored_columns(k0, BLOCK_K, R)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        cols = offs_k
         if PERMUTED:
-            cols = tl.load(perm_ptr + cols)
-        a = _activation_tile(x_ptr, offs_m, cols, m_mask, cols < K, stride_xm)
-        q = _int4_stored(q_rows, k0, n_mask, BLOCK_N, BLOCK_K)
-        w = _dequantized(q, z_ptr, s_ptr, g_rows, k0, n_mask, a.dtype, GROUP)
+            cols = tl.load(perm_ptr + offs_k)
+        a = _activation_tile(x_ptr, offs_m, cols, m_mask, offs_k < K, stride_xm)
+        w = _int4_tile(q_rows, z_ptr, s_ptr, g_rows, k0, n_mask, a.dtype, GROUP, R, BLOCK_N, BLOCK_K)
         acc += tl.dot(a, tl.trans(w), input_precision=PRECISION)
     _finish(acc, b_ptr, y_ptr, ws_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
 
