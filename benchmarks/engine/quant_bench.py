@@ -6,8 +6,8 @@ Rows, each beside its floor measured in the same run: FP8 decode b1 vs the FP8 w
 (the bytes of every matrix a step reads, over the copy bandwidth); FP8 decode b64 vs an FP8 linear-layer
 floor (every projection as one FP8 tensor-core GEMM and the bf16 LM head, one CUDA graph, as the bf16
 floor is measured); FP8 TTFT of a 4K prompt vs bf16's; AWQ decode b1 vs its weight-read roofline and b64
-vs bf16's; 256 x (1024 in / 128 out) throughput for both. run_all.py runs this as its `quant` section, after the
-bf16 rows it is compared with; alone it measures the bf16 rows itself.
+vs bf16's; 256 x (1024 in / 128 out) throughput for both. run_all.py runs this as its `quant` section, after
+the bf16 rows it is compared with; alone it measures the bf16 rows itself.
 
 Example: python benchmarks/engine/quant_bench.py --out /tmp/bench-quant
 """
@@ -120,14 +120,13 @@ def measure_scheme(plan: Plan, scheme: str, copy_tb_s: float, log) -> dict:
     row["b1"] = {**eb.decode_rate(engine, 1), **roofline(model, copy_tb_s)}
     row["b1"]["ratio_vs_roofline"] = row["b1"]["tok_s"] / row["b1"]["roofline_tok_s"]
     log(row["b1"])
-    b = eb.decode_rate(engine, plan.batch)
+    row["batched"] = b = eb.decode_rate(engine, plan.batch)
     if scheme.startswith("fp8"):
         b.update(fp8_linear_floor(model, plan.batch))
         b["ratio_vs_floor"] = b["tok_s"] / (plan.batch / b["floor_ms"] * 1e3)
-    row["batched"] = b
-    log(b)
-    if scheme.startswith("fp8"):
         row["ttft"] = eb.ttft_ms(engine, plan.ttft_tokens)
+    log(b)
+    if "ttft" in row:
         log(row["ttft"])
     n_req, n_in, n_out = plan.workload
     eb.offline_throughput(engine, max(1, n_req // 4), n_in, max(2, n_out // 8))  # compile its kernel variants
