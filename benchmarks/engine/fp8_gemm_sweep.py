@@ -88,9 +88,15 @@ def measure(m: int, n: int, k: int, axes: Axes = Axes()) -> dict:
     want = fp8_gemm_ref(xq, sx, w, ws, None, torch.float32)
     got = fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, row["config"]).float()
     row["rel_error"] = ((got - want).norm() / want.norm()).item()
-    if (n, k) == PROJECTIONS["gate_up"] and row["config"]["BLOCK_N"] >= 32:
+    if takes_swiglu(n, k, row["config"]):
         row.update(swiglu_us(xq, sx, w, ws, row["config"]))
     return row
+
+
+def takes_swiglu(n: int, k: int, cfg: dict) -> bool:
+    """Whether the sweep also times this launch with SwiGLU in its epilogue: gate_up, with tiles wide enough for
+    fp8_gemm_swiglu's halves."""
+    return (n, k) == PROJECTIONS["gate_up"] and cfg["BLOCK_N"] >= 32
 
 
 def precompile(jobs: list[tuple[int, int, int, dict]], workers: int) -> None:
@@ -112,7 +118,7 @@ def _compile_share(jobs) -> None:
         xq, sx, w, ws = operands[m, n, k]
         try:
             fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, cfg)
-            if (n, k) == PROJECTIONS["gate_up"] and cfg["BLOCK_N"] >= 32:
+            if takes_swiglu(n, k, cfg):
                 fp8_gemm_swiglu(xq, sx, w, ws, None, torch.bfloat16, cfg)
         except triton.runtime.errors.OutOfResources:
             continue
@@ -165,7 +171,7 @@ def main() -> None:
     parser.add_argument("--out", default="fp8-gemm-sweep.json")
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--projections", nargs="+", choices=list(PROJECTIONS), default=list(PROJECTIONS))
-    parser.add_argument("--fast-acc", type=int, nargs="+", default=[0, 1], choices=(0, 1),
+    parser.add_argument("--fast-acc", type=int, nargs="+", default=list(Axes.fast_acc), choices=(0, 1),
                         help="FAST_ACC values to sweep (1: the MMA accumulates along K)")
     parser.add_argument("--block-n", type=int, nargs="+", default=list(Axes.block_n), help="BLOCK_N values")
     parser.add_argument("--block-k", type=int, nargs="+", default=list(Axes.block_k), help="BLOCK_K values")

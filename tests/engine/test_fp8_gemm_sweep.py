@@ -42,3 +42,9 @@ def test_configs_sweep_every_combination_of_the_axes(sweep):
     assert len(cfgs) == 2 * 2 * 2 and len({tuple(sorted(c.items())) for c in cfgs}) == 8
     assert all(c["BLOCK_M"] == 64 and c["FAST_ACC"] == 1 for c in cfgs) and {c["num_warps"] for c in cfgs} == {4, 8}
     assert [c["BLOCK_M"] for c in sweep.configs(5, axes)][:1] == [16]  # the smallest FP8 dot tile
+
+
+def test_only_gate_up_with_tiles_of_32_or_more_is_timed_with_swiglu(sweep):
+    n, k = sweep.PROJECTIONS["gate_up"]
+    assert sweep.takes_swiglu(n, k, {"BLOCK_N": 32}) and not sweep.takes_swiglu(n, k, {"BLOCK_N": 16})
+    assert not any(sweep.takes_swiglu(*sweep.PROJECTIONS[p], {"BLOCK_N": 64}) for p in ("qkv", "o", "down"))
