@@ -126,6 +126,8 @@ def measure_scheme(plan: Plan, scheme: str, copy_tb_s: float, log) -> dict:
         b["ratio_vs_floor"] = b["tok_s"] / (plan.batch / b["floor_ms"] * 1e3)
         row["ttft"] = eb.ttft_ms(engine, plan.ttft_tokens)
     log(b)
+    if torch.cuda.is_available():  # where the step's time goes, kernel by kernel, at both batch sizes
+        row["profile"] = {f"decode_b{n}": eb.profile_decode(engine, n) for n in (1, plan.batch)}
     if "ttft" in row:
         log(row["ttft"])
     n_req, n_in, n_out = plan.workload

@@ -1,10 +1,12 @@
 """Paged decode attention (one query token per sequence), split-K over long contexts.
 
-Stage 1: program (b, kv head, split) attends the GQA group's query heads to its
-slice of the context and writes a partial output and its log-sum-exp. Stage 2
-merges the splits (kernels/split_k.py). The grid depends on the batch size and
-`num_splits` only, never on the context lengths, so a decode step can be
-captured in a CUDA graph. `decode_attention_rope` is the same kernel for a step
+Program (b, kv head, split) attends the GQA group's query heads to its slice
+of the context. The slices are whole key tiles, as many as the context needs up
+to `num_splits`; the splits past them return at once. A split alone on its
+context writes the output; otherwise each writes a partial output and its
+log-sum-exp and the last one to finish merges them (kernels/split_k.py), in the
+same launch. The grid depends on the batch size and `num_splits` only, never on
+the context lengths, so a decode step can be captured in a CUDA graph. `decode_attention_rope` is the same kernel for a step
 of decodes alone that has not rotated q and k or written the cache yet: each
 program rotates them itself, the first split writes the token's k and v, and the
 token joins the attention from registers.
@@ -22,7 +24,7 @@ from hosttune_engine.kernels.attention_checks import check_paged_attention_input
 from hosttune_engine.kernels.checks import check, next_pow2
 from hosttune_engine.kernels.paged import gather_pages, paged_token_offsets
 from hosttune_engine.kernels.rope_kv import check_rope_kv_inputs, rope_kv_write_ref
-from hosttune_engine.kernels.split_k import merge_splits, split_scratch, store_split
+from hosttune_engine.kernels.split_k import merge_last, split_counters, split_scratch, store_split
 from hosttune_engine.kernels.tuning import batch_bucket, launch_config
 
 
@@ -73,7 +75,7 @@ def _rope_and_this_token(q_row, k_ptr, v_ptr, pos_ptr, slot_ptr, cs_ptr, b, kvh,
 # Runtime values that vary from step to step are not specialized on (one compiled variant each).
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr, o_ptr, pos_ptr, slot_ptr, cs_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr, cnt_ptr, o_ptr, pos_ptr, slot_ptr, cs_ptr,
     qk_scale, num_splits,
     stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ob, stride_oh, stride_cs,
     n_q_heads,
@@ -90,46 +92,52 @@ def _decode_split_kernel(
     else:
         ctx = seq_len
     split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    end = tl.minimum(start + split_len, ctx)
-    offs_h = tl.arange(0, BLOCK_H)
-    h_valid = offs_h < GROUP
-    heads = kvh * GROUP + offs_h
-    offs_d = tl.arange(0, HEAD_D)
-    q_row = q_ptr + b.to(tl.int64) * stride_qb
-    if ROPE:
-        m_i, l_i, acc, q = _rope_and_this_token(
-            q_row, k_ptr, v_ptr, pos_ptr, slot_ptr, cs_ptr, b, kvh, split, offs_h, heads, h_valid, offs_d,
-            qk_scale, stride_ks, stride_kh, stride_cs, n_q_heads, HEAD_D)
-    else:
-        q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=h_valid[:, None], other=0.0)
-        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, HEAD_D], tl.float32)
-    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    for start_n in range(start, end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < end
-        kv_off = paged_token_offsets(bt_row, start_n, offs_n, end, stride_kb, stride_ks, PAGE, BLOCK_N)
-        kv_off += kvh * stride_kh
-        k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        qk = tl.where(n_valid[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-        m_i = m_new
-    if DIRECT:  # one split: this program has the whole context, so it writes the output
-        o = acc / l_i[:, None]
-        tl.store(o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                 o.to(o_ptr.dtype.element_ty), mask=h_valid[:, None])
-    else:
-        row = (b.to(tl.int64) * n_q_heads + heads) * num_splits + split  # [BH]
-        store_split(mid_o_ptr, mid_lse_ptr, row, acc, m_i, l_i, h_valid, offs_d, HEAD_D)
+    used = tl.maximum(tl.cdiv(ctx, tl.maximum(split_len, 1)), 1)  # splits with keys (split 0 has the token)
+    if split < used:  # the splits past the context's last tile have nothing to do
+        start = split * split_len
+        end = tl.minimum(start + split_len, ctx)
+        offs_h = tl.arange(0, BLOCK_H)
+        h_valid = offs_h < GROUP
+        heads = kvh * GROUP + offs_h
+        offs_d = tl.arange(0, HEAD_D)
+        q_row = q_ptr + b.to(tl.int64) * stride_qb
+        if ROPE:
+            m_i, l_i, acc, q = _rope_and_this_token(
+                q_row, k_ptr, v_ptr, pos_ptr, slot_ptr, cs_ptr, b, kvh, split, offs_h, heads, h_valid, offs_d,
+                qk_scale, stride_ks, stride_kh, stride_cs, n_q_heads, HEAD_D)
+        else:
+            q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=h_valid[:, None], other=0.0)
+            m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_H], tl.float32)
+            acc = tl.zeros([BLOCK_H, HEAD_D], tl.float32)
+        bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+        for start_n in range(start, end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            n_valid = offs_n < end
+            kv_off = paged_token_offsets(bt_row, start_n, offs_n, end, stride_kb, stride_ks, PAGE, BLOCK_N)
+            kv_off += kvh * stride_kh
+            k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
+            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+            qk = tl.where(n_valid[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+            m_i = m_new
+        o_rows = o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        if DIRECT:  # one split: this program has the whole context, so it writes the output
+            tl.store(o_rows, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=h_valid[:, None])
+        else:
+            if used == 1:  # a context within one split: the same, at run time
+                tl.store(o_rows, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=h_valid[:, None])
+            else:
+                base = (b.to(tl.int64) * n_q_heads + heads) * num_splits  # [BH]: split 0 of each head's rows
+                store_split(mid_o_ptr, mid_lse_ptr, base + split, acc, m_i, l_i, h_valid, offs_d, HEAD_D)
+                merge_last(mid_o_ptr, mid_lse_ptr, o_ptr, cnt_ptr + b * tl.num_programs(1) + kvh, base, used,
+                           offs_d, h_valid, o_rows, BLOCK_H, HEAD_D)
 
 
 def default_config(dtype: torch.dtype, device) -> dict:
@@ -187,9 +195,10 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, num_splits, scale, bloc
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     direct = num_splits == 1
     mid_o, mid_lse = (out, out) if direct else split_scratch(bsz, hq, num_splits, d, q.device)
+    counters = seq_lens if direct else split_counters(q.device, bsz * hkv)  # unread with one split
     positions, slots, cos_sin = rope if rope else (seq_lens, seq_lens, seq_lens)  # unread without RoPE
     _decode_split_kernel[(bsz, hkv, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, positions, slots, cos_sin,
+        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, counters, out, positions, slots, cos_sin,
         scale * 1.4426950408889634, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), cos_sin.stride(0), hq, GROUP=group, PAGE=k_cache.shape[1], HEAD_D=d,
@@ -197,8 +206,6 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, num_splits, scale, bloc
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", ROPE=rope is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    if not direct:
-        merge_splits(mid_o, mid_lse, out)
     return out
 
 
