@@ -1,11 +1,8 @@
 """Paged decode attention (one query token per sequence), split-K over long contexts.
 
-Program (b, kv head, split) attends the GQA group's query heads to its slice
-of the context. The slices are whole key tiles, as many as the context needs up
-to `num_splits`; the splits past them return at once. A split alone on its
-context writes the output; otherwise each writes a partial output and its
-log-sum-exp and the last one to finish merges them (kernels/split_k.py), in the
-same launch. The grid depends on the batch size and `num_splits` only, never on
+Stage 1: program (b, kv head, split) attends the GQA group's query heads to its
+slice of the context and writes a partial output and its log-sum-exp. Stage 2
+merges the splits (kernels/split_k.py). The grid depends on the batch size and `num_splits` only, never on
 the context lengths, so a decode step can be captured in a CUDA graph. `decode_attention_rope` is the same kernel for a step
 of decodes alone that has not rotated q and k or written the cache yet: each
 program rotates them itself, the first split writes the token's k and v, and the
@@ -24,7 +21,7 @@ from hosttune_engine.kernels.attention_checks import check_paged_attention_input
 from hosttune_engine.kernels.checks import check, next_pow2
 from hosttune_engine.kernels.paged import gather_pages, paged_token_offsets
 from hosttune_engine.kernels.rope_kv import check_rope_kv_inputs, rope_kv_write_ref
-from hosttune_engine.kernels.split_k import merge_last, split_counters, split_scratch, store_split
+from hosttune_engine.kernels.split_k import merge_splits, split_scratch, store_split
 from hosttune_engine.kernels.tuning import batch_bucket, launch_config
 
 
@@ -99,7 +96,7 @@ def _write_this_token(k_ptr, v_ptr, slot_ptr, b, kvh, k, v, offs_h, offs_d, stri
 # Runtime values that vary from step to step are not specialized on (one compiled variant each).
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr, cnt_ptr, o_ptr, pos_ptr, slot_ptr, cs_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, mid_o_ptr, mid_lse_ptr, o_ptr, pos_ptr, slot_ptr, cs_ptr,
     qk_scale, num_splits,
     stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_bt, stride_ob, stride_oh, stride_cs,
     n_q_heads,
@@ -124,59 +121,52 @@ def _decode_split_kernel(
     else:
         ctx = seq_len
     split_len = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
-    used = tl.maximum(tl.cdiv(ctx, tl.maximum(split_len, 1)), 1)  # splits with keys (split 0 has the token)
-    if split < used:  # the splits past the context's last tile have nothing to do
-        start = split * split_len
-        end = tl.minimum(start + split_len, ctx)
-        offs_h = tl.arange(0, BLOCK_H)
-        h_valid = offs_h < GROUP
-        heads = kvh * GROUP + offs_h
-        offs_d = tl.arange(0, HEAD_D)
-        q_row = q_ptr + b.to(tl.int64) * stride_qb
-        if ROPE:  # cos, sin, the token's k and v read into every row of the group's tile: no layout change
-            half_d = (offs_d % HALF)[None, :] + offs_h[:, None] * 0
-            cos = tl.load(cs_ptr + pos * stride_cs + half_d)
-            sin = tl.load(cs_ptr + pos * stride_cs + HALF + half_d)
-            x, xp = _rows(q_row, offs_d, heads, HEAD_D, h_valid, HALF)
-            k_row = n_q_heads + kvh + offs_h * 0
-            kx, kxp = _rows(q_row, offs_d, k_row, HEAD_D, offs_h >= 0, HALF)
-            v_tok = tl.load(q_row + (k_row + tl.num_programs(1))[:, None] * HEAD_D + offs_d[None, :])
-            q = x
-        else:
-            q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=h_valid[:, None], other=0.0)
-        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, HEAD_D], tl.float32)
-        bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-        for start_n in range(start, end, BLOCK_N):
-            k, v, n_valid = _kv_tile(k_ptr, v_ptr, bt_row, start_n, end, kvh, stride_kb, stride_ks, stride_kh,
-                                     offs_d, PAGE, BLOCK_N)
-            if ROPE:
-                if start_n == start:  # in the loop, so that it is not hoisted in front of the prologue
-                    q = _rotate(x, xp, cos, sin, offs_d, HALF)
-            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-            m_i, l_i, acc = _attend(tl.where(n_valid[None, :], qk, float("-inf")), v, m_i, l_i, acc, PRECISION)
+    start = split * split_len
+    end = tl.minimum(start + split_len, ctx)
+    offs_h = tl.arange(0, BLOCK_H)
+    h_valid = offs_h < GROUP
+    heads = kvh * GROUP + offs_h
+    offs_d = tl.arange(0, HEAD_D)
+    q_row = q_ptr + b.to(tl.int64) * stride_qb
+    if ROPE:  # cos, sin, the token's k and v read into every row of the group's tile: no layout change
+        half_d = (offs_d % HALF)[None, :] + offs_h[:, None] * 0
+        cos = tl.load(cs_ptr + pos * stride_cs + half_d)
+        sin = tl.load(cs_ptr + pos * stride_cs + HALF + half_d)
+        x, xp = _rows(q_row, offs_d, heads, HEAD_D, h_valid, HALF)
+        k_row = n_q_heads + kvh + offs_h * 0
+        kx, kxp = _rows(q_row, offs_d, k_row, HEAD_D, offs_h >= 0, HALF)
+        v_tok = tl.load(q_row + (k_row + tl.num_programs(1))[:, None] * HEAD_D + offs_d[None, :])
+        q = x
+    else:
+        q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=h_valid[:, None], other=0.0)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_D], tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    for start_n in range(start, end, BLOCK_N):
+        k, v, n_valid = _kv_tile(k_ptr, v_ptr, bt_row, start_n, end, kvh, stride_kb, stride_ks, stride_kh,
+                                 offs_d, PAGE, BLOCK_N)
         if ROPE:
-            q = _rotate(x, xp, cos, sin, offs_d, HALF)  # again, for a split whose loop did not run
-            k_tok = q  # split 0's, below; the others' token is not theirs to attend
-            if split == 0:
-                m_i, l_i, acc, k_tok = _this_token(q, kx, kxp, v_tok, cos, sin, m_i, l_i, acc, qk_scale, offs_d,
-                                                   HEAD_D)
-        o_rows = o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-        if DIRECT:  # one split: this program has the whole context, so it writes the output
-            tl.store(o_rows, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=h_valid[:, None])
-        else:
-            if used == 1:  # a context within one split: the same, at run time
-                tl.store(o_rows, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=h_valid[:, None])
-            else:
-                base = (b.to(tl.int64) * n_q_heads + heads) * num_splits  # [BH]: split 0 of each head's rows
-                store_split(mid_o_ptr, mid_lse_ptr, base + split, acc, m_i, l_i, h_valid, offs_d, HEAD_D)
-                merge_last(mid_o_ptr, mid_lse_ptr, o_ptr, cnt_ptr + b * tl.num_programs(1) + kvh, base, used,
-                           offs_d, h_valid, o_rows, BLOCK_H, HEAD_D)
-        if ROPE:
-            if split == 0:
-                _write_this_token(k_ptr, v_ptr, slot_ptr, b, kvh, k_tok, v_tok, offs_h, offs_d, stride_ks,
-                                  stride_kh, HEAD_D)
+            if start_n == start:  # in the loop, so that it is not hoisted in front of the prologue
+                q = _rotate(x, xp, cos, sin, offs_d, HALF)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        m_i, l_i, acc = _attend(tl.where(n_valid[None, :], qk, float("-inf")), v, m_i, l_i, acc, PRECISION)
+    if ROPE:
+        q = _rotate(x, xp, cos, sin, offs_d, HALF)  # again, for a split whose loop did not run
+        k_tok = q  # of the type split 0 assigns below: only split 0 attends and writes the token
+        if split == 0:
+            m_i, l_i, acc, k_tok = _this_token(q, kx, kxp, v_tok, cos, sin, m_i, l_i, acc, qk_scale, offs_d,
+                                               HEAD_D)
+    o_rows = o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+    if DIRECT:  # one split: this program has the whole context, so it writes the output
+        tl.store(o_rows, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=h_valid[:, None])
+    else:
+        row = (b.to(tl.int64) * n_q_heads + heads) * num_splits + split  # [BH]
+        store_split(mid_o_ptr, mid_lse_ptr, row, acc, m_i, l_i, h_valid, offs_d, HEAD_D)
+    if ROPE:
+        if split == 0:
+            _write_this_token(k_ptr, v_ptr, slot_ptr, b, kvh, k_tok, v_tok, offs_h, offs_d, stride_ks,
+                              stride_kh, HEAD_D)
 
 
 def default_config(dtype: torch.dtype, device) -> dict:
@@ -234,10 +224,9 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, num_splits, scale, bloc
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     direct = num_splits == 1
     mid_o, mid_lse = (out, out) if direct else split_scratch(bsz, hq, num_splits, d, q.device)
-    counters = seq_lens if direct else split_counters(q.device, bsz * hkv)  # unread with one split
     positions, slots, cos_sin = rope if rope else (seq_lens, seq_lens, seq_lens)  # unread without RoPE
     _decode_split_kernel[(bsz, hkv, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, counters, out, positions, slots, cos_sin,
+        q, k_cache, v_cache, block_tables, seq_lens, mid_o, mid_lse, out, positions, slots, cos_sin,
         scale * 1.4426950408889634, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), cos_sin.stride(0), hq, GROUP=group, PAGE=k_cache.shape[1], HEAD_D=d,
@@ -245,6 +234,8 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, num_splits, scale, bloc
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", ROPE=rope is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
+    if not direct:
+        merge_splits(mid_o, mid_lse, out)
     return out
 
 

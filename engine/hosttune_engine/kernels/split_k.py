@@ -51,47 +51,6 @@ def _merge_kernel(mid_o_ptr, mid_lse_ptr, o_ptr, stride_or, stride_oh, n_q_heads
     tl.store(o_ptr + r.to(tl.int64) * stride_or + h * stride_oh + offs_d, out.to(o_ptr.dtype.element_ty))
 
 
-@triton.jit
-def merge_last(mid_o_ptr, mid_lse_ptr, o_ptr, cnt_ptr, base, used, offs_d, valid, o_rows,
-               BLOCK_R: tl.constexpr, HEAD_D: tl.constexpr):
-    """After `store_split`: count this split in its group's counter at `cnt_ptr`; the last of the `used`
-    splits merges rows `base` + s (s < used, every one of them written) into `o_rows` [R, D] pointers and
-    resets the counter, so the counters are zero again after every launch (a CUDA graph replays them as they
-    are). `base` [R] int64 indexes split 0 of each row in the scratch, `valid` [R] masks the rows."""
-    tl.debug_barrier()  # every thread's partials are stored before the split is counted
-    done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")  # the last one sees every split's stores before it
-    if done == used - 1:
-        m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-        w_sum = tl.zeros([BLOCK_R], tl.float32)
-        out = tl.zeros([BLOCK_R, HEAD_D], tl.float32)
-        for s in range(used):  # one pass, rescaled as the maximum grows (the online softmax's merge)
-            lse = tl.load(mid_lse_ptr + base + s, mask=valid, other=0.0, cache_modifier=".cg")
-            o = tl.load(mid_o_ptr + (base + s)[:, None] * HEAD_D + offs_d[None, :], mask=valid[:, None],
-                        other=0.0, cache_modifier=".cg")
-            m_new = tl.maximum(m, lse)
-            alpha = tl.exp2(m - m_new)
-            w = tl.exp2(lse - m_new)
-            w_sum = w_sum * alpha + w
-            out = out * alpha[:, None] + w[:, None] * o
-            m = m_new
-        tl.store(o_rows, (out / w_sum[:, None]).to(o_ptr.dtype.element_ty), mask=valid[:, None])
-        tl.atomic_xchg(cnt_ptr, 0)
-
-
-_COUNTERS: dict = {}
-
-
-def split_counters(device: torch.device, n: int) -> torch.Tensor:
-    """int32 counters [n] for `merge_last` on `device`, zero between launches. One tensor per (device, n), made
-    at the first call and kept: made while a CUDA graph is captured, it comes from that graph's memory pool and
-    this cache keeps it alive for every later replay. Launches that share one run one after another on a
-    stream, as a step's layers do."""
-    key = (str(device), n)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(n, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
-
-
 def split_scratch(rows: int, heads: int, num_splits: int, head_dim: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial outputs [R, Hq, S, D] and log-sum-exps [R, Hq, S], fp32, views of one allocation (from torch's
     caching allocator; a captured decode graph keeps its own in the graph's pool)."""
