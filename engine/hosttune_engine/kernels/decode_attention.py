@@ -2,8 +2,9 @@
 
 Stage 1: program (b, kv head, split) attends the GQA group's query heads to its
 slice of the context and writes a partial output and its log-sum-exp. Stage 2
-merges the splits (kernels/split_k.py). The grid depends on the batch size and `num_splits` only, never on
-the context lengths, so a decode step can be captured in a CUDA graph. `decode_attention_rope` is the same kernel for a step
+merges the splits (kernels/split_k.py). The grid depends on the batch size and
+`num_splits` only, never on the context lengths, so a decode step can be
+captured in a CUDA graph. `decode_attention_rope` is the same kernel for a step
 of decodes alone that has not rotated q and k or written the cache yet: each
 program rotates them itself, the first split writes the token's k and v, and the
 token joins the attention from registers.
@@ -26,71 +27,47 @@ from hosttune_engine.kernels.tuning import batch_bucket, launch_config
 
 
 @triton.jit
-def _rows(row, offs_d, rows, row_stride, row_mask, HALF: tl.constexpr):
-    """Rows [R, 2 HALF] at `row` + rows * row_stride and, element by element, their rotation partners."""
+def _rotated(row, offs_d, rows, row_stride, row_mask, cos, sin, HALF: tl.constexpr):
+    """Rows [R, 2 HALF] at `row` + rows * row_stride rotated (neox layout, fp32 math, as `rope`), rounded to the
+    row's dtype once. Each element reads its rotation partner directly, so the halves need no join."""
+    partner = (offs_d + HALF) % (2 * HALF)
     base = row + rows[:, None] * row_stride
-    x = tl.load(base + offs_d[None, :], mask=row_mask[:, None], other=0.0)
-    xp = tl.load(base + ((offs_d + HALF) % (2 * HALF))[None, :], mask=row_mask[:, None], other=0.0)
-    return x, xp
-
-
-@triton.jit
-def _rotate(x, xp, cos, sin, offs_d, HALF: tl.constexpr):
-    """Rows and their partners (`_rows`) rotated (neox layout, fp32 math, as `rope`), rounded to their dtype once."""
+    x = tl.load(base + offs_d[None, :], mask=row_mask[:, None], other=0.0).to(tl.float32)
+    xp = tl.load(base + partner[None, :], mask=row_mask[:, None], other=0.0).to(tl.float32)
     sign = tl.where(offs_d < HALF, -1.0, 1.0)[None, :]
-    return (x.to(tl.float32) * cos + sign * xp.to(tl.float32) * sin).to(x.dtype)
+    return (x * cos + sign * xp * sin).to(row.dtype.element_ty)
 
 
 @triton.jit
-def _kv_tile(k_ptr, v_ptr, bt_row, start_n, end, kvh, stride_kb, stride_ks, stride_kh, offs_d,
-             PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Keys and values [BN, D] of the tile at `start_n` (zero past `end`) and which rows are keys."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    n_valid = offs_n < end
-    kv_off = paged_token_offsets(bt_row, start_n, offs_n, end, stride_kb, stride_ks, PAGE, BLOCK_N)
-    kv_off += kvh * stride_kh
-    k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
-    v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)
-    return k, v, n_valid
-
-
-@triton.jit
-def _attend(qk, v, m_i, l_i, acc, PRECISION: tl.constexpr):
-    """Scores qk [BH, BN] (base 2, -inf where no key) and their values [BN, D] into the online softmax state;
-    m_i must be finite or a row of qk hold a key."""
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _this_token(q, x, xp, v, cos, sin, m_i, l_i, acc, qk_scale, offs_d, HEAD_D: tl.constexpr):
-    """The token itself into the online softmax state: its rotated k (rows x, partners xp: every row of the
-    group's tile the same, so its score and its share of the output need no second layout) and v. -> (m_i, l_i,
-    acc, rotated k)."""
-    k = _rotate(x, xp, cos, sin, offs_d, HEAD_D // 2)
-    qk = tl.sum(q.to(tl.float32) * k.to(tl.float32), 1) * qk_scale  # [BH]
-    m_new = tl.maximum(m_i, qk)
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new)
-    l_i = l_i * alpha + p
-    acc = acc * alpha[:, None] + p[:, None] * v.to(tl.float32)
-    return m_new, l_i, acc, k
-
-
-@triton.jit
-def _write_this_token(k_ptr, v_ptr, slot_ptr, b, kvh, k, v, offs_h, offs_d, stride_ks, stride_kh,
-                      HEAD_D: tl.constexpr):
-    """The token's k and v (rows of the group's tile, all the same) to its cache slot, none when negative."""
+def _rope_and_this_token(q_row, k_ptr, v_ptr, pos_ptr, slot_ptr, cs_ptr, b, kvh, split, offs_h, heads, h_valid,
+                         offs_d, qk_scale, stride_ks, stride_kh, stride_cs, n_q_heads, HEAD_D: tl.constexpr):
+    """This token's q (the group's heads) and k rotated at its position; split 0 writes k and v to the token's
+    cache slot (none when negative) and starts its online softmax with the token, every other split starts
+    empty. -> (m_i, l_i, acc, rotated q). k and v are read into every row of the group's tile (the same row
+    each time), so the token's score and its share of the output need no reduction over a second layout."""
+    HALF: tl.constexpr = HEAD_D // 2
+    pos = tl.load(pos_ptr + b).to(tl.int64)
+    half_d = offs_d % HALF
+    cos = tl.load(cs_ptr + pos * stride_cs + half_d)[None, :]
+    sin = tl.load(cs_ptr + pos * stride_cs + HALF + half_d)[None, :]
+    q = _rotated(q_row, offs_d, heads, HEAD_D, h_valid, cos, sin, HALF)  # [BH, D]
+    every = offs_h >= 0  # the group's rows all hold this token's k and v
+    k_row = n_q_heads + kvh + offs_h * 0
+    k = _rotated(q_row, offs_d, k_row, HEAD_D, every, cos, sin, HALF)  # [BH, D], every row the same
+    v = tl.load(q_row + (k_row + tl.num_programs(1))[:, None] * HEAD_D + offs_d[None, :])
+    first = split == 0
     slot = tl.load(slot_ptr + b).to(tl.int64)
     dst = slot * stride_ks + kvh * stride_kh + offs_d[None, :] + offs_h[:, None] * 0
     one_copy = (offs_h[:, None] == 0) & (offs_d[None, :] < HEAD_D)
-    if slot >= 0:
-        tl.store(k_ptr + dst, k, mask=one_copy)
-        tl.store(v_ptr + dst, v, mask=one_copy)
+    if first:
+        if slot >= 0:
+            tl.store(k_ptr + dst, k, mask=one_copy)
+            tl.store(v_ptr + dst, v, mask=one_copy)
+    qk = tl.sum(q.to(tl.float32) * k.to(tl.float32), 1) * qk_scale  # [BH]
+    m_i = tl.where(first, qk, float("-inf"))
+    l_i = tl.where(first, 1.0, 0.0) + tl.zeros_like(qk)
+    acc = tl.where(first, v.to(tl.float32), 0.0)
+    return m_i, l_i, acc, q
 
 
 # Runtime values that vary from step to step are not specialized on (one compiled variant each).
@@ -104,19 +81,11 @@ def _decode_split_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
     ROPE: tl.constexpr,
 ):
-    """A short context's program is a chain of memory round trips, so the loads go as early as they can: the
-    position with the length, then q and its rotation's cos and sin with the first key tiles' block table,
-    then those tiles (the pipelined loop's prologue). The rotation itself runs in the loop's first iteration,
-    after the prologue has issued the tiles' loads (before the loop, it would hold them back until cos and sin
-    arrive); this token joins after the loop, and its k and v reach the cache last, as no split reads them
-    from there."""
-    HALF: tl.constexpr = HEAD_D // 2
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
     if ROPE:  # this token's k and v are not in the cache yet: they join from registers below
-        pos = tl.load(pos_ptr + b).to(tl.int64)
         ctx = seq_len - 1
     else:
         ctx = seq_len
@@ -128,45 +97,39 @@ def _decode_split_kernel(
     heads = kvh * GROUP + offs_h
     offs_d = tl.arange(0, HEAD_D)
     q_row = q_ptr + b.to(tl.int64) * stride_qb
-    if ROPE:  # cos, sin, the token's k and v read into every row of the group's tile: no layout change
-        half_d = (offs_d % HALF)[None, :] + offs_h[:, None] * 0
-        cos = tl.load(cs_ptr + pos * stride_cs + half_d)
-        sin = tl.load(cs_ptr + pos * stride_cs + HALF + half_d)
-        x, xp = _rows(q_row, offs_d, heads, HEAD_D, h_valid, HALF)
-        k_row = n_q_heads + kvh + offs_h * 0
-        kx, kxp = _rows(q_row, offs_d, k_row, HEAD_D, offs_h >= 0, HALF)
-        v_tok = tl.load(q_row + (k_row + tl.num_programs(1))[:, None] * HEAD_D + offs_d[None, :])
-        q = x
+    if ROPE:
+        m_i, l_i, acc, q = _rope_and_this_token(
+            q_row, k_ptr, v_ptr, pos_ptr, slot_ptr, cs_ptr, b, kvh, split, offs_h, heads, h_valid, offs_d,
+            qk_scale, stride_ks, stride_kh, stride_cs, n_q_heads, HEAD_D)
     else:
         q = tl.load(q_row + heads[:, None] * stride_qh + offs_d[None, :], mask=h_valid[:, None], other=0.0)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, HEAD_D], tl.float32)
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, HEAD_D], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     for start_n in range(start, end, BLOCK_N):
-        k, v, n_valid = _kv_tile(k_ptr, v_ptr, bt_row, start_n, end, kvh, stride_kb, stride_ks, stride_kh,
-                                 offs_d, PAGE, BLOCK_N)
-        if ROPE:
-            if start_n == start:  # in the loop, so that it is not hoisted in front of the prologue
-                q = _rotate(x, xp, cos, sin, offs_d, HALF)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_valid = offs_n < end
+        kv_off = paged_token_offsets(bt_row, start_n, offs_n, end, stride_kb, stride_ks, PAGE, BLOCK_N)
+        kv_off += kvh * stride_kh
+        k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        m_i, l_i, acc = _attend(tl.where(n_valid[None, :], qk, float("-inf")), v, m_i, l_i, acc, PRECISION)
-    if ROPE:
-        q = _rotate(x, xp, cos, sin, offs_d, HALF)  # again, for a split whose loop did not run
-        k_tok = q  # of the type split 0 assigns below: only split 0 attends and writes the token
-        if split == 0:
-            m_i, l_i, acc, k_tok = _this_token(q, kx, kxp, v_tok, cos, sin, m_i, l_i, acc, qk_scale, offs_d,
-                                               HEAD_D)
-    o_rows = o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        qk = tl.where(n_valid[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_new
     if DIRECT:  # one split: this program has the whole context, so it writes the output
-        tl.store(o_rows, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=h_valid[:, None])
+        o = acc / l_i[:, None]
+        tl.store(o_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 o.to(o_ptr.dtype.element_ty), mask=h_valid[:, None])
     else:
         row = (b.to(tl.int64) * n_q_heads + heads) * num_splits + split  # [BH]
         store_split(mid_o_ptr, mid_lse_ptr, row, acc, m_i, l_i, h_valid, offs_d, HEAD_D)
-    if ROPE:
-        if split == 0:
-            _write_this_token(k_ptr, v_ptr, slot_ptr, b, kvh, k_tok, v_tok, offs_h, offs_d, stride_ks,
-                              stride_kh, HEAD_D)
 
 
 def default_config(dtype: torch.dtype, device) -> dict:
