@@ -6,8 +6,10 @@ Rows, each beside its floor measured in the same run: FP8 decode b1 vs the FP8 w
 (the bytes of every matrix a step reads, over the copy bandwidth); FP8 decode b64 vs an FP8 linear-layer
 floor (every projection as one FP8 tensor-core GEMM and the bf16 LM head, one CUDA graph, as the bf16
 floor is measured); FP8 TTFT of a 4K prompt vs bf16's; AWQ decode b1 vs its weight-read roofline and b64
-vs bf16's; 256 x (1024 in / 128 out) throughput for both. run_all.py runs this as its `quant` section, after
-the bf16 rows it is compared with; alone it measures the bf16 rows itself.
+vs bf16's; 256 x (1024 in / 128 out) throughput for both. "fp8-kv8" is the FP8 engine with its KV cache in
+e4m3 too (`kv_cache_dtype="fp8"`): the same rows, and both FP8 engines also decode b64 over 2K-token contexts,
+where the cache, not the weights, is most of what a step reads. run_all.py runs this as its `quant` section,
+after the bf16 rows it is compared with; alone it measures the bf16 rows itself.
 
 Example: python benchmarks/engine/quant_bench.py --out /tmp/bench-quant
 """
@@ -41,14 +43,19 @@ class Plan:
     batch: int = 64
     ttft_tokens: int = 4096
     workload: tuple[int, int, int] = (256, 1024, 128)
-    schemes: tuple[str, ...] = ("fp8", "awq")
+    schemes: tuple[str, ...] = ("fp8", "awq", "fp8-kv8")
+    long_context: int = 2048  # the FP8 engines' second b64 decode row
 
 
-def build(plan: Plan, quantization: str | None):
+# scheme -> (the engine's quantization, its other options)
+SCHEMES = {"fp8": ("fp8", {}), "awq": ("awq", {}), "fp8-kv8": ("fp8", {"kv_cache_dtype": "fp8"})}
+
+
+def build(plan: Plan, quantization: str | None, **extra):
     from hosttune_engine import Engine, EngineConfig
 
     options = {"load_format": "dummy", "dtype": "bfloat16", "kernel_backend": "triton", "max_model_len": 8192,
-               "num_kv_blocks": 24576, "max_num_seqs": 256, "enable_prefix_caching": False, **plan.engine}
+               "num_kv_blocks": 24576, "max_num_seqs": 256, "enable_prefix_caching": False, **plan.engine, **extra}
     return Engine(EngineConfig(model=model_folder(plan.config), quantization=quantization, **options))
 
 
@@ -114,16 +121,21 @@ def measure_scheme(plan: Plan, scheme: str, copy_tb_s: float, log) -> dict:
     import engine_bench as eb
 
     t0 = time.perf_counter()
-    engine = build(plan, scheme)
-    row = {"scheme": scheme, "engine_start_s": time.perf_counter() - t0}
+    quantization, options = SCHEMES[scheme]
+    engine = build(plan, quantization, **options)
+    kv = engine.runner.kv_shape
+    row = {"scheme": scheme, "engine_start_s": time.perf_counter() - t0,
+           "kv_bytes_per_token": kv.bytes_per_block // kv.block_size}
     model = engine.runner.model
     row["b1"] = {**eb.decode_rate(engine, 1), **roofline(model, copy_tb_s)}
     row["b1"]["ratio_vs_roofline"] = row["b1"]["tok_s"] / row["b1"]["roofline_tok_s"]
     log(row["b1"])
     row["batched"] = b = eb.decode_rate(engine, plan.batch)
-    if scheme.startswith("fp8"):
+    if quantization == "fp8":
         b.update(fp8_linear_floor(model, plan.batch))
         b["ratio_vs_floor"] = b["tok_s"] / (plan.batch / b["floor_ms"] * 1e3)
+        row["batched_long"] = eb.decode_rate(engine, plan.batch, prompt_len=plan.long_context)
+        log(row["batched_long"])
         row["ttft"] = eb.ttft_ms(engine, plan.ttft_tokens)
     log(b)
     if torch.cuda.is_available():  # where the step's time goes, kernel by kernel, at both batch sizes
@@ -184,6 +196,8 @@ def table_rows(res: dict) -> list[str]:
             ref = bf16_decode.get(b["batch"])
             lines.append(f"| {s} decode b{b['batch']} | {b['tok_s']:.0f} tok/s ({b['step_ms']:.2f} ms/step) | bf16 "
                          f"{ref or 0:.0f} tok/s | {b['tok_s'] / ref if ref else 0:.2f} | |")
+        if "batched_long" in row:
+            lines.append(_long_row(row, res))
         if "ttft" in row:
             t = row["ttft"]
             ratio = f"{t['ratio_vs_bf16']:.2f}" if "ratio_vs_bf16" in t else ""
@@ -193,6 +207,15 @@ def table_rows(res: dict) -> list[str]:
         lines.append(f"| {s} throughput {tp['requests']}x({tp['in']} in/{tp['out']} out) | {tp['output_tok_s']:.0f} "
                      f"tok/s | bf16 {bf16 or 0:.0f} tok/s | {tp['output_tok_s'] / bf16 if bf16 else 0:.2f} | |")
     return lines
+
+
+def _long_row(row: dict, res: dict) -> str:
+    """b64 over long contexts, beside the FP8 engine with the cache in bf16."""
+    b = row["batched_long"]
+    ref = next((r["batched_long"] for r in res["quant"] if r["scheme"] == "fp8"), b)
+    return (f"| {row['scheme']} decode b{b['batch']}, {b['context_max']}-token contexts | {b['tok_s']:.0f} tok/s "
+            f"({b['step_ms']:.2f} ms/step, {row['kv_bytes_per_token']} KV bytes/token) | fp8, bf16 KV "
+            f"{ref['tok_s']:.0f} tok/s | {b['tok_s'] / ref['tok_s']:.2f} | |")
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ DEVICES = ("auto", "cuda", "cpu")
 KERNEL_BACKENDS = ("auto", "triton", "torch")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 QUANTIZATIONS = ("fp8", "fp8-block", "fp8-channel", "fp8-tensor", "awq", "gptq")  # all but fp8: dummy weights
+KV_CACHE_DTYPES = ("auto", "fp8")
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,8 @@ class EngineConfig:
     checkpoint needs nothing: config.json says its layout); with `load_format="dummy"` any of
     QUANTIZATIONS quantizes the random weights in that layout. `step_log` names a file that gets a JSON
     line per step (its real time, tokens and the budget's estimate), for tuning `max_step_ms`.
+    `kv_cache_dtype="fp8"` keeps keys and values in e4m3 with one scale per row (kernels/kv_quant.py):
+    about twice the tokens in the same memory; "auto" keeps them in the model's dtype.
     """
 
     model: str
@@ -58,6 +61,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     quantization: str | None = None
     step_log: str | None = None  # a file that gets a JSON line per step (core/step_log.py)
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         _check_choice("load_format", self.load_format, LOAD_FORMATS)
@@ -65,6 +69,7 @@ class EngineConfig:
         _check_choice("device", self.device, DEVICES)
         _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         if self.quantization is not None:
             _check_choice("quantization", self.quantization, QUANTIZATIONS)
             if self.quantization != "fp8" and self.load_format != "dummy":

@@ -19,13 +19,15 @@ def quant_bench(monkeypatch):
 def test_every_row_is_measured_on_a_tiny_model(quant_bench):
     plan = quant_bench.Plan(config=TINY, engine={"dtype": "float32", "kernel_backend": "torch", "max_model_len": 256,
                                                  "num_kv_blocks": 256, "max_num_seqs": 8},
-                            batch=4, ttft_tokens=64, workload=(4, 32, 4))
+                            batch=4, ttft_tokens=64, workload=(4, 32, 4), long_context=96)
     logged = []
     res = {"ceilings": {"copy_tb_s": 0.01}}
     res.update(quant_bench.bf16_rows(plan, logged.append))
     quant_bench.run_quant(res, logged.append, plan)
-    fp8, awq = res["quant"]
-    assert fp8["scheme"] == "fp8" and awq["scheme"] == "awq"
+    fp8, awq, kv8 = res["quant"]
+    assert (fp8["scheme"], awq["scheme"], kv8["scheme"]) == ("fp8", "awq", "fp8-kv8")
+    assert fp8["kv_bytes_per_token"] == 2 * 2 * 1 * 32 * 4 and kv8["kv_bytes_per_token"] == 2 * 2 * 1 * (32 + 4)
+    assert kv8["batched_long"]["context_max"] == fp8["batched_long"]["context_max"] > 96
     # The FP8 step reads 1 byte per projection weight (plus a scale and its index per row: 6% at K = 128) and
     # the fp32 LM head; 4-bit a half byte (plus an fp16 scale and a zero per 128).
     layer = 128 * (128 + 2 * 32) + 128 * 128 + 128 * 2 * 256 + 256 * 128
@@ -37,6 +39,7 @@ def test_every_row_is_measured_on_a_tiny_model(quant_bench):
     assert awq["batched"]["batch"] == 4 and awq["batched"]["tok_s"] > 0 and "ttft" not in awq
     assert all(r["throughput"]["output_tokens"] == 16 for r in res["quant"])
     rows = quant_bench.table_rows(res)
-    assert len(rows) == 7 and all(r.count("|") == 6 for r in rows)
+    assert len(rows) == 13 and all(r.count("|") == 6 for r in rows)
+    assert "| fp8-kv8 decode b4, " in rows[10] and "fp8, bf16 KV" in rows[10]
     bf16_b4 = next(r["tok_s"] for r in res["decode"] if r["batch"] == 4)
-    assert f"| awq decode b4 | {awq['batched']['tok_s']:.0f} tok/s" in rows[5] and f"bf16 {bf16_b4:.0f}" in rows[5]
+    assert f"| awq decode b4 | {awq['batched']['tok_s']:.0f} tok/s" in rows[6] and f"bf16 {bf16_b4:.0f}" in rows[6]

@@ -1,4 +1,5 @@
-"""The KV cache memory: one tensor for all layers, sized from free device memory."""
+"""The KV cache memory: one tensor for all layers, sized from free device memory; an e4m3 cache has a second
+one beside it, the rows' scales (kernels/kv_quant.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hosttune_engine.kernels.kv_quant import KV_FP8
 from hosttune_engine.layers.attention import Attention
+
+SCALE_BYTES = 4  # an e4m3 row's fp32 scale
 
 
 @dataclass(frozen=True)
@@ -17,11 +21,13 @@ class KVCacheShape:
     num_kv_heads: int
     head_dim: int
     dtype_bytes: int
+    fp8: bool = False  # e4m3 rows (dtype_bytes 1) with a scale each
 
     @property
     def bytes_per_block(self) -> int:
-        """Keys and values of one block in every layer."""
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """Keys and values of one block in every layer (and their scales)."""
+        row = self.head_dim * self.dtype_bytes + (SCALE_BYTES if self.fp8 else 0)
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * row
 
 
 def num_blocks_for_memory(free_bytes: int, utilization: float, reserved_bytes: int, shape: KVCacheShape) -> int:
@@ -34,13 +40,15 @@ def num_blocks_for_memory(free_bytes: int, utilization: float, reserved_bytes: i
 
 
 class KVPool:
-    """Paged caches [layers, k/v, blocks, block_size, H_kv, D]; each layer gets contiguous views."""
+    """Paged caches [layers, k/v, blocks, block_size, H_kv, D] (and, for an e4m3 cache, scales [layers, k/v,
+    blocks, block_size, H_kv]); each layer gets contiguous views."""
 
     def __init__(self, shape: KVCacheShape, num_blocks: int, device: torch.device, dtype: torch.dtype):
         self.shape = shape
         self.num_blocks = num_blocks
-        self.cache = torch.zeros(shape.num_layers, 2, num_blocks, shape.block_size, shape.num_kv_heads,
-                                 shape.head_dim, dtype=dtype, device=device)
+        rows = (shape.num_layers, 2, num_blocks, shape.block_size, shape.num_kv_heads)
+        self.cache = torch.zeros(*rows, shape.head_dim, dtype=KV_FP8 if shape.fp8 else dtype, device=device)
+        self.scales = torch.zeros(rows, dtype=torch.float32, device=device) if shape.fp8 else None
 
     def bind(self, model: nn.Module) -> None:
         """Point each attention layer, in order, at its slice of the pool."""
@@ -48,3 +56,4 @@ class KVPool:
         assert len(layers) == self.shape.num_layers
         for i, attn in enumerate(layers):
             attn.k_cache, attn.v_cache = self.cache[i, 0], self.cache[i, 1]
+            attn.kv_scales = None if self.scales is None else (self.scales[i, 0], self.scales[i, 1])

@@ -110,8 +110,10 @@ class ModelRunner:
         if group is not None:
             gather_logits(self.model, group)  # after the GEMV transform: it wraps both paths
         self.num_kv_heads = layout.num_kv_heads if layout is not None else model_config.num_kv_heads
+        fp8_kv = config.kv_cache_dtype == "fp8"
         self.kv_shape = KVCacheShape(model_config.num_layers, config.block_size, self.num_kv_heads,
-                                     model_config.head_dim, torch.finfo(self.dtype).bits // 8)
+                                     model_config.head_dim, 1 if fp8_kv else torch.finfo(self.dtype).bits // 8,
+                                     fp8_kv)
         self.num_sms = device_sms(self.device) if self.device.type == "cuda" else 1
         with _phase("KV pool sized"):
             self.num_kv_blocks = self._size_kv_pool()

@@ -5,14 +5,17 @@ from __future__ import annotations
 import torch
 
 from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, check_pow2, check_tensor
+from hosttune_engine.kernels.kv_quant import KV_FP8, check_kv_scales
 
 
-def check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens) -> None:
+def check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, kv_scales=None) -> None:
+    """Caches in q's dtype, or e4m3 with their scales (kernels/kv_quant.py)."""
     check_tensor("q", q, 3)
     check_last_dim_contiguous("q", q)
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(name, c, 4, dtypes=(q.dtype,), device=q.device)
+        check_tensor(name, c, 4, dtypes=(q.dtype, KV_FP8), device=q.device)
         check(c.is_contiguous(), "the KV caches must be contiguous [num_blocks, block_size, H_kv, D]")
+    check_kv_scales(k_cache, v_cache, kv_scales, q.dtype)
     check(k_cache.shape == v_cache.shape, "k_cache and v_cache shapes differ")
     d = q.shape[2]
     check(k_cache.shape[3] == d, "cache head dim {} != query head dim {}", k_cache.shape[3], d)

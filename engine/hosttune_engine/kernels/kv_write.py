@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import INDEX_DTYPES, check, check_last_dim_contiguous, check_tensor, next_pow2
+from hosttune_engine.kernels.kv_quant import kv_quantize_ref
 
 
 @triton.jit
@@ -59,8 +60,13 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping) -> None:
         )
 
 
-def write_kv_ref(k, v, k_cache, v_cache, slot_mapping) -> None:
+def write_kv_ref(k, v, k_cache, v_cache, slot_mapping, kv_scales=None) -> None:
+    """write_kv in torch; e4m3 caches take each row quantized, its scale into `kv_scales` (kernels/kv_quant.py)."""
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep]
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep]
+    for x, cache, i in ((k, k_cache, 0), (v, v_cache, 1)):
+        rows = x[keep]
+        if kv_scales is not None:
+            rows, scale = kv_quantize_ref(rows)
+            kv_scales[i].view(-1, kv_scales[i].shape[2])[slots] = scale
+        cache.view(-1, *cache.shape[2:])[slots] = rows

@@ -25,8 +25,13 @@ def paged_token_offsets(bt_row_ptr, start_n, offs_n, n_valid, stride_kb, stride_
     return offsets
 
 
-def gather_pages(cache: torch.Tensor, block_table_row: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """The first `num_tokens` tokens of one sequence from a paged cache -> [num_tokens, H_kv, D]."""
+def gather_pages(cache: torch.Tensor, block_table_row: torch.Tensor, num_tokens: int,
+                 scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The first `num_tokens` tokens of one sequence from a paged cache -> [num_tokens, H_kv, D]; an e4m3 cache
+    with its `scale` [num_blocks, block_size, H_kv] comes back dequantized, in fp32 (kernels/kv_quant.py)."""
     page = cache.shape[1]
     blocks = block_table_row[: -(-num_tokens // page)].long()
-    return cache[blocks].reshape(-1, *cache.shape[2:])[:num_tokens]
+    rows = cache[blocks].reshape(-1, *cache.shape[2:])[:num_tokens]
+    if scale is None:
+        return rows
+    return rows.float() * scale[blocks].reshape(-1, scale.shape[2])[:num_tokens, :, None]

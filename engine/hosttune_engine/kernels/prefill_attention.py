@@ -26,6 +26,10 @@ In the contiguous case, q, k and v tiles move through tensor descriptors (TMA
 on Hopper): about 8% faster again at 4K-8K tokens. Rows a tile reads past its
 own sequence belong to the next sequence (or are zero past the end): their
 scores are masked and their output rows are not stored.
+
+An e4m3 cache (kernels/kv_quant.py) is read with its per-row scales: keys and
+values go to q's dtype exactly, a key row's scale multiplies its scores and a
+value row's scale its probabilities in the PV dot.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import triton.language as tl
 from hosttune_engine.kernels.attention_checks import check_paged_attention_inputs
 from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, check_tensor
 from hosttune_engine.kernels.descriptors import descriptors_fit, use_torch_allocator
+from hosttune_engine.kernels.kv_quant import is_fp8_cache, scale_args
 from hosttune_engine.kernels.paged import gather_pages, paged_token_offsets
 from hosttune_engine.kernels.split_k import MAX_SPLITS, choose_splits, device_sms, merge_splits, split_scratch, \
     store_split
@@ -70,6 +75,19 @@ def _kv_offsets(bt_row, kv_row0, start_n, offs_n, n_limit, stride_kb, stride_ks,
 
 
 @triton.jit
+def _row_scales(ks_ptr, vs_ptr, bt_row, start_n, offs_n, n_limit, stride_kb, stride_ks,
+                PAGE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, MASKED: tl.constexpr):
+    """The k and v scales [BLOCK_N] of a paged e4m3 tile's rows; ks_ptr/vs_ptr point at this KV head's scales,
+    and a row's scale sits at its element offset in the cache // HEAD_D (kernels/kv_quant.py)."""
+    off = paged_token_offsets(bt_row, start_n, offs_n, n_limit, stride_kb, stride_ks, PAGE, BLOCK_N) // HEAD_D
+    if MASKED:
+        valid = offs_n < n_limit
+        return tl.load(ks_ptr + off, mask=valid, other=0.0), tl.load(vs_ptr + off, mask=valid, other=0.0)
+    else:
+        return tl.load(ks_ptr + off), tl.load(vs_ptr + off)
+
+
+@triton.jit
 def _softmax_tile(qk, m_i, offs_n, q_pos, qk_scale, MASKED: tl.constexpr):
     """One tile's raw scores [HALF, BN] -> probabilities (base 2), the rescale of older tiles, the new row max."""
     if MASKED:
@@ -88,25 +106,40 @@ def _softmax_tile(qk, m_i, offs_n, q_pos, qk_scale, MASKED: tl.constexpr):
 
 @triton.jit
 def _attend_tiles(acc_a, l_a, m_a, acc_b, l_b, m_b, q_a, q_b, pos_a, pos_b,
-                  k_ptr, v_ptr, k_desc, v_desc, bt_row, kv_row0, lo, hi, ctx_len, qk_scale,
+                  k_ptr, v_ptr, k_desc, v_desc, ks_ptr, vs_ptr, bt_row, kv_row0, lo, hi, ctx_len, qk_scale,
                   stride_kb, stride_ks, offs_d,
                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, MASKED: tl.constexpr,
-                  PRECISION: tl.constexpr):
+                  PRECISION: tl.constexpr, HEAD_D: tl.constexpr, FP8_KV: tl.constexpr):
     """Online softmax of both query halves over key tiles [lo, hi); k_ptr/v_ptr (or the descriptors) point at
-    this KV head. Both halves' QK^T come first, then each half's softmax and PV in turn: the tensor cores work
-    on one half while the other half's exponentials run (about 7% faster at 4K-8K tokens on the H200)."""
+    this KV head, ks_ptr/vs_ptr at its scales when FP8_KV (e4m3 caches, paged). Both halves' QK^T come first,
+    then each half's softmax and PV in turn: the tensor cores work on one half while the other half's
+    exponentials run (about 7% faster at 4K-8K tokens on the H200)."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = tl.trans(_load_kv(k_ptr, k_desc, bt_row, kv_row0, start_n, offs_n, offs_d, ctx_len, stride_kb, stride_ks,
                               PAGE, BLOCK_N, PAGED, MASKED))  # [D, BN]
+        if FP8_KV:  # e4m3 -> q's dtype is exact; the scales go on the scores (k) and on p (v)
+            k_sc, v_sc = _row_scales(ks_ptr, vs_ptr, bt_row, start_n, offs_n, ctx_len, stride_kb, stride_ks,
+                                     PAGE, BLOCK_N, HEAD_D, MASKED)  # [BN] each
+            k = k.to(q_a.dtype)
         s_a = tl.dot(q_a, k, input_precision=PRECISION)  # [HALF, BN]
         s_b = tl.dot(q_b, k, input_precision=PRECISION)
+        if FP8_KV:
+            s_a = s_a * k_sc[None, :]
+            s_b = s_b * k_sc[None, :]
         p_a, alpha_a, m_a = _softmax_tile(s_a, m_a, offs_n, pos_a, qk_scale, MASKED)
         v = _load_kv(v_ptr, v_desc, bt_row, kv_row0, start_n, offs_n, offs_d, ctx_len, stride_kb, stride_ks,
                      PAGE, BLOCK_N, PAGED, MASKED)  # [BN, D]
-        acc_a = tl.dot(p_a.to(v.dtype), v, acc_a * alpha_a[:, None], input_precision=PRECISION)
+        w_a = p_a  # the PV dot's weights; the row sums l take the unscaled p
+        if FP8_KV:
+            v = v.to(q_a.dtype)
+            w_a = p_a * v_sc[None, :]
+        acc_a = tl.dot(w_a.to(v.dtype), v, acc_a * alpha_a[:, None], input_precision=PRECISION)
         p_b, alpha_b, m_b = _softmax_tile(s_b, m_b, offs_n, pos_b, qk_scale, MASKED)
-        acc_b = tl.dot(p_b.to(v.dtype), v, acc_b * alpha_b[:, None], input_precision=PRECISION)
+        w_b = p_b
+        if FP8_KV:
+            w_b = p_b * v_sc[None, :]
+        acc_b = tl.dot(w_b.to(v.dtype), v, acc_b * alpha_b[:, None], input_precision=PRECISION)
         l_a = l_a * alpha_a + tl.sum(p_a, 1)  # after the dots: the row sums are not live across them
         l_b = l_b * alpha_b + tl.sum(p_b, 1)
     return acc_a, l_a, m_a, acc_b, l_b, m_b
@@ -135,13 +168,13 @@ def _store_o(o_ptr, acc, l_i, q_start, rows, q_len, h, stride_ot, stride_oh, off
 
 @triton.jit(do_not_specialize=["stride_bt", "num_splits"])  # the table width changes per step
 def _prefill_attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, cu_q_ptr, lens_ptr, bt_ptr, mid_o_ptr, mid_lse_ptr,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, cu_q_ptr, lens_ptr, bt_ptr, mid_o_ptr, mid_lse_ptr,
     qk_scale, num_tokens, num_splits,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, FP8_KV: tl.constexpr,
 ):
     HALF: tl.constexpr = BLOCK_M // 2
     h = tl.program_id(0)  # heads fastest: see the module docstring
@@ -165,6 +198,11 @@ def _prefill_attention_kernel(
     offs_d = tl.arange(0, HEAD_D)
     k_head = k_ptr + kvh * stride_kh
     v_head = v_ptr + kvh * stride_kh
+    ks_head = ks_ptr
+    vs_head = vs_ptr
+    if FP8_KV:  # one scale a cached row: the row's element offset // HEAD_D
+        ks_head = ks_ptr + kvh * (stride_kh // HEAD_D)
+        vs_head = vs_ptr + kvh * (stride_kh // HEAD_D)
     q_desc = None
     k_desc = None
     v_desc = None
@@ -198,15 +236,15 @@ def _prefill_attention_kernel(
         lo_end = lo
     acc_a, l_a, m_a, acc_b, l_b, m_b = _attend_tiles(
         acc_a, l_a, m_a, acc_b, l_b, m_b, q_a, q_b, prefix + rows_a, prefix + rows_b,
-        k_head, v_head, k_desc, v_desc, bt_row, q_start, start, lo_end, ctx_len, qk_scale, stride_kb, stride_ks,
-        offs_d, PAGE, BLOCK_N, PAGED, False, PRECISION)
+        k_head, v_head, k_desc, v_desc, ks_head, vs_head, bt_row, q_start, start, lo_end, ctx_len, qk_scale,
+        stride_kb, stride_ks, offs_d, PAGE, BLOCK_N, PAGED, False, PRECISION, HEAD_D, FP8_KV)
     # Phase 2: the diagonal tiles, masked.
     if SPLIT:
         hi = tl.where(split == num_splits - 1, hi, lo)
     acc_a, l_a, m_a, acc_b, l_b, m_b = _attend_tiles(
         acc_a, l_a, m_a, acc_b, l_b, m_b, q_a, q_b, prefix + rows_a, prefix + rows_b,
-        k_head, v_head, k_desc, v_desc, bt_row, q_start, lo, hi, ctx_len, qk_scale, stride_kb, stride_ks, offs_d,
-        PAGE, BLOCK_N, PAGED, True, PRECISION)
+        k_head, v_head, k_desc, v_desc, ks_head, vs_head, bt_row, q_start, lo, hi, ctx_len, qk_scale,
+        stride_kb, stride_ks, offs_d, PAGE, BLOCK_N, PAGED, True, PRECISION, HEAD_D, FP8_KV)
     if SPLIT:
         row_a = ((q_start + rows_a).to(tl.int64) * tl.num_programs(0) + h) * num_splits + split  # [HALF]
         store_split(mid_o_ptr, mid_lse_ptr, row_a, acc_a, m_a, l_a, rows_a < q_len, offs_d, HEAD_D)
@@ -231,7 +269,7 @@ def config_key(dtype, head_dim: int, group: int, page: int, contiguous: bool, ma
 def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_query_len: int,
                       scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
                       contiguous: bool = False, k=None, v=None, config: dict | None = None, out=None,
-                      num_splits: int | None = None, max_context: int | None = None):
+                      num_splits: int | None = None, max_context: int | None = None, kv_scales=None):
     """q [T, Hq, D] packed by cu_seqlens_q [B+1]; seq_lens [B] context lengths;
     block_tables [B, max_blocks] -> out [T, Hq, D].
 
@@ -244,8 +282,14 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
     GPU from `max_context` (the longest seq_lens entry, known on the host) when
     the grid alone would leave SMs idle: short chunks over a long cached prefix.
     Without `max_context` (or on the contiguous path) nothing is split.
+
+    e4m3 caches (kernels/kv_quant.py) take `kv_scales` = (k_scale, v_scale), each
+    [num_blocks, block_size, H_kv] fp32. They are always read paged, `contiguous`
+    or not: the cache holds this step's keys and values quantized, and every
+    attention path reads what the cache holds, so the output does not depend on
+    chunking or prefix caching.
     """
-    check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, kv_scales)
     check_tensor("cu_seqlens_q", cu_seqlens_q, 1, dtypes=(torch.int32,), device=q.device)
     check(cu_seqlens_q.shape[0] == seq_lens.shape[0] + 1, "cu_seqlens_q needs batch + 1 entries")
     t, hq, d = q.shape
@@ -255,7 +299,8 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
     hkv = k_cache.shape[2]
     if contiguous:
         _check_step_kv(q, k, v, hkv)
-        contiguous = descriptors_fit(q, k, v)  # else the same keys and values, read from the cache
+        # else the same keys and values, read from the cache (e4m3: quantized, as the cache holds them)
+        contiguous = not is_fp8_cache(k_cache) and descriptors_fit(q, k, v)
     if contiguous:
         use_torch_allocator()
         kk, vv, strides = k, v, (0, k.stride(0), k.stride(1))
@@ -270,14 +315,15 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
     tiles = triton.cdiv(max_query_len, cfg["BLOCK_M"])
     splits = _num_splits(num_splits, max_context, contiguous, hq * tiles * seq_lens.shape[0], cfg, q.device)
     mid_o, mid_lse = (out, out) if splits == 1 else split_scratch(t, hq, splits, d, q.device)
+    k_scale, v_scale, fp8_kv = scale_args(k_cache, kv_scales)
     _prefill_attention_kernel[(hq, tiles * splits, seq_lens.shape[0])](
-        q, kk, vv, out, cu_seqlens_q, seq_lens, block_tables, mid_o, mid_lse,
+        q, kk, vv, k_scale, v_scale, out, cu_seqlens_q, seq_lens, block_tables, mid_o, mid_lse,
         scale * 1.4426950408889634, t, splits,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         *strides, block_tables.stride(0),
         GROUP=hq // hkv, PAGE=k_cache.shape[1], HEAD_D=d,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PAGED=not contiguous, SPLIT=splits > 1,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8_KV=fp8_kv,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out if splits == 1 else merge_splits(mid_o, mid_lse, out)
@@ -310,7 +356,9 @@ def _check_step_kv(q, k, v, hkv: int) -> None:
 
 
 def prefill_attention_ref(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_query_len: int = 0,
-                          scale: float | None = None):
+                          scale: float | None = None, kv_scales=None):
+    """prefill_attention in torch (fp32 math); e4m3 caches are dequantized with `kv_scales`."""
+    k_scale, v_scale = (None, None) if kv_scales is None else kv_scales
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     group = q.shape[1] // k_cache.shape[2]
     out = torch.empty_like(q)
@@ -318,8 +366,8 @@ def prefill_attention_ref(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tab
     for b, ctx in enumerate(lens):
         qs, qe = cu[b], cu[b + 1]
         qb = q[qs:qe].float()  # [Lq, Hq, D]
-        k = gather_pages(k_cache, block_tables[b], ctx).float().repeat_interleave(group, dim=1)
-        v = gather_pages(v_cache, block_tables[b], ctx).float().repeat_interleave(group, dim=1)
+        k = gather_pages(k_cache, block_tables[b], ctx, k_scale).float().repeat_interleave(group, dim=1)
+        v = gather_pages(v_cache, block_tables[b], ctx, v_scale).float().repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", qb, k) * scale  # [Hq, Lq, L]
         qpos = torch.arange(ctx - (qe - qs), ctx, device=q.device)
         mask = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None]

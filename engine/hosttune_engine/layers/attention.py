@@ -7,7 +7,9 @@ then (`attend_qkv`) the prefill part runs the prefill kernel and the decode part
 the split-K decode kernel, both reading the cache (a prefill with no cached
 prefix reads this step's keys and values directly). A step of decodes alone
 runs the three in the decode kernel (`write_attend`): one launch per layer
-fewer, and q and k are not stored rotated only to be read back.
+fewer, and q and k are not stored rotated only to be read back. An e4m3 cache
+comes with its rows' scales (`kv_scales`, kernels/kv_quant.py), which every
+kernel and reference here takes.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Attention(KernelLayer):
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
         self.k_cache: torch.Tensor | None = None  # [num_blocks, block_size, Hkv, D]
         self.v_cache: torch.Tensor | None = None
+        self.kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None  # e4m3 caches: [num_blocks, block_size, Hkv]
 
     def write(self, positions: torch.Tensor, qkv: torch.Tensor, cos_sin: torch.Tensor,
               slot_mapping: torch.Tensor) -> None:
@@ -54,7 +57,8 @@ class Attention(KernelLayer):
         token count, which a piecewise graph captures (`core.mixed_graphs`)."""
         assert self.k_cache is not None, "the model runner must bind a KV cache first"
         fn = rope_kv_write if self.use_triton else rope_kv_write_ref
-        fn(qkv, positions, cos_sin, self.k_cache, self.v_cache, slot_mapping, self.num_heads, self.num_kv_heads)
+        fn(qkv, positions, cos_sin, self.k_cache, self.v_cache, slot_mapping, self.num_heads, self.num_kv_heads,
+           kv_scales=self.kv_scales)
 
     def write_attend(self, positions: torch.Tensor, qkv: torch.Tensor, cos_sin: torch.Tensor,
                      meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -65,7 +69,7 @@ class Attention(KernelLayer):
         t = meta.slot_mapping.shape[0]
         return decode_attention_rope(qkv[:t], positions[:t], cos_sin, meta.slot_mapping, self.k_cache, self.v_cache,
                                      meta.decode_block_tables, meta.decode_seq_lens, self.num_heads,
-                                     meta.decode_num_splits, scale=self.scale, out=out)
+                                     meta.decode_num_splits, scale=self.scale, out=out, kv_scales=self.kv_scales)
 
     def attend_qkv(self, qkv: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of the first `len(meta.slot_mapping)` rows of a written qkv -> [T, Hq, D] (into `out`)."""
@@ -76,7 +80,7 @@ class Attention(KernelLayer):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata,
                out: torch.Tensor | None = None) -> torch.Tensor:
         """q [T, Hq, D] over the cache (and this step's k, v [T, Hkv, D]) -> [T, Hq, D] (`out` if given)."""
-        kc, vc = self.k_cache, self.v_cache
+        kc, vc, scales = self.k_cache, self.v_cache, self.kv_scales
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
         p = meta.num_prefill_tokens
         if p:
@@ -86,13 +90,13 @@ class Attention(KernelLayer):
                 contiguous = not meta.prefill_has_prefix
                 prefill_attention(*args, scale=self.scale, contiguous=contiguous, out=out[:p],
                                   k=k[:p] if contiguous else None, v=v[:p] if contiguous else None,
-                                  max_context=meta.prefill_max_context)
+                                  max_context=meta.prefill_max_context, kv_scales=scales)
             else:
-                out[:p] = prefill_attention_ref(*args, scale=self.scale)
+                out[:p] = prefill_attention_ref(*args, scale=self.scale, kv_scales=scales)
         if q.shape[0] > p:
             args = (q[p:], kc, vc, meta.decode_block_tables, meta.decode_seq_lens, meta.decode_num_splits)
             if self.use_triton:
-                decode_attention(*args, scale=self.scale, out=out[p:])
+                decode_attention(*args, scale=self.scale, out=out[p:], kv_scales=scales)
             else:
-                out[p:] = decode_attention_ref(*args, scale=self.scale)
+                out[p:] = decode_attention_ref(*args, scale=self.scale, kv_scales=scales)
         return out

@@ -13,7 +13,8 @@ import os
 import sys
 
 from hosttune_engine import __version__
-from hosttune_engine.config import DEVICES, DTYPES, KERNEL_BACKENDS, LOAD_FORMATS, QUANTIZATIONS, EngineConfig
+from hosttune_engine.config import (DEVICES, DTYPES, KERNEL_BACKENDS, KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATIONS,
+                                    EngineConfig)
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.server.auth import KEY_ENV, load_keys
 from hosttune_engine.server.config import ServerConfig
@@ -62,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--quantization", choices=QUANTIZATIONS,
                    help="'fp8' quantizes a bf16 checkpoint to FP8 at load; the others name a layout for dummy "
                         "weights (a quantized checkpoint needs none: config.json says its layout)")
+    s.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="'fp8' keeps keys and values in e4m3 with a scale per row: about twice the tokens in the "
+                        "same memory; 'auto' keeps the model's dtype")
     s.add_argument("--kernel-backend", choices=KERNEL_BACKENDS, default="auto")
     s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
     s.add_argument("--tensor-parallel-size", type=int, default=1,
@@ -115,7 +119,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
         enforce_eager=args.enforce_eager, max_step_ms=args.max_step_ms,
         tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization, step_log=args.step_log,
-        scheduling_policy="priority")  # equal priorities are first come, first served
+        kv_cache_dtype=args.kv_cache_dtype, scheduling_policy="priority")  # equal priorities are first come, first served
     return ServerConfig(engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
                         max_queue=args.max_queue, shutdown_timeout_s=args.shutdown_timeout,
                         retry_after_s=args.retry_after, max_body_bytes=args.max_body_bytes,

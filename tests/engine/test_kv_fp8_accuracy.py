@@ -1,0 +1,61 @@
+"""The FP8 KV cache on a real model: SmolLM2-135M-Instruct teacher-forced over the Apache License text (520
+positions), with the cache in the model's dtype and in e4m3 (one scale per row).
+
+A prompt prefilled at once and the same tokens decoded one per step read the same quantized cache, so they
+agree as closely as they do with an unquantized cache; the e4m3 cache's own error, against the unquantized
+one, is printed (run with -s) and bounded. On a GPU the Triton kernels run the same comparison in bf16.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hosttune_engine import Engine, EngineConfig
+from hosttune_engine.core.sequence import Sequence
+from hosttune_engine.sampling import SamplingParams
+
+from .test_quant_accuracy import mean_kl, teacher_forced_one_row, text_ids, top1
+
+pytestmark = pytest.mark.slow
+
+KL_FP8_CACHE = 0.02  # the e4m3 cache against the unquantized one, either path
+KL_PATHS = 1e-3  # prefill against one row a step, on the same cache
+
+
+def both_paths(folder, ids, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prefill logits, one-row-a-step logits) of every position, fp32 on the host."""
+    eng = Engine(EngineConfig(model=str(folder), max_model_len=1024, num_kv_blocks=80, **kw))
+    seq = Sequence("x", ids, SamplingParams(temperature=0))
+    eng.block_manager.allocate(seq, len(ids))
+    prefill = eng.runner.prefill_logits(seq).float().cpu()
+    eng.block_manager.free(seq)
+    return prefill, teacher_forced_one_row(eng, ids).float()
+
+
+def _compare(smollm2, **kw) -> dict:
+    ids = text_ids(smollm2)
+    plain_prefill, plain_rows = both_paths(smollm2, ids, **kw)
+    fp8_prefill, fp8_rows = both_paths(smollm2, ids, kv_cache_dtype="fp8", **kw)
+    res = {"paths_plain": mean_kl(plain_prefill, plain_rows), "paths_fp8": mean_kl(fp8_prefill, fp8_rows),
+           "cache_prefill": mean_kl(plain_prefill, fp8_prefill), "cache_rows": mean_kl(plain_rows, fp8_rows),
+           "top1": top1(plain_prefill, fp8_prefill)}
+    print(f"\nFP8 KV cache ({kw}): KL to the unquantized cache {res['cache_prefill']:.4f} (prefill), "
+          f"{res['cache_rows']:.4f} (one row a step), top-1 {res['top1']:.1%}; prefill vs one row: "
+          f"{res['paths_fp8']:.2e} (unquantized cache {res['paths_plain']:.2e})")
+    return res
+
+
+def test_fp8_cache_on_the_cpu_references(smollm2):
+    res = _compare(smollm2, dtype="float32", device="cpu")
+    assert res["paths_fp8"] <= KL_PATHS and res["paths_plain"] <= KL_PATHS
+    assert res["cache_prefill"] <= KL_FP8_CACHE and res["cache_rows"] <= KL_FP8_CACHE
+    assert res["top1"] >= 0.9
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernels' accuracy is measured on a GPU")
+def test_fp8_cache_on_the_kernels(smollm2):
+    res = _compare(smollm2, dtype="bfloat16", kernel_backend="triton", enforce_eager=True)
+    assert res["paths_fp8"] <= 10 * KL_PATHS
+    assert res["cache_prefill"] <= KL_FP8_CACHE and res["cache_rows"] <= KL_FP8_CACHE
+    assert res["top1"] >= 0.9
