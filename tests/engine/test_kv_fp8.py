@@ -126,3 +126,29 @@ def test_kv_cache_dtype_is_checked():
     assert EngineConfig(model="m", kv_cache_dtype="fp8").kv_cache_dtype == "fp8"
     with pytest.raises(ConfigError, match="kv_cache_dtype must be one of auto, fp8"):
         EngineConfig(model="m", kv_cache_dtype="int8")
+
+
+def test_an_fp8_cache_engine_decodes_the_same_through_the_graph_buffers(tiny_models):
+    """The e4m3 cache through a whole engine: the decode graphs' padded buffers (captured on a GPU, run eagerly
+    elsewhere) give the greedy tokens of the packed eager steps, and the pool holds e4m3 rows and their scales."""
+    from hosttune_engine import Engine, SamplingParams
+    from hosttune_engine.core.messages import EngineRequest
+
+    from .oracle import prompt_ids
+    from .test_oracle import run
+
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompts = {"a": prompt_ids(5, seed=1), "b": prompt_ids(21, seed=2), "c": prompt_ids(3, seed=3)}
+    schedule = {0: [EngineRequest(r, ids, params) for r, ids in prompts.items() if r != "c"],
+                2: [EngineRequest("c", prompts["c"], params)]}
+    results = []
+    for padded in (False, True):
+        eng = Engine(EngineConfig(model=str(tiny_models["qwen2"]), dtype="float32", block_size=4, max_num_seqs=4,
+                                  num_kv_blocks=64, enable_prefix_caching=False, kv_cache_dtype="fp8",
+                                  enforce_eager=not padded))
+        if padded and eng.runner.graphs is None:
+            eng.runner.graphs = eng.runner.build_decode_graphs(use_graphs=False, max_batch=4)
+        results.append(run(eng, schedule))
+        pool = eng.runner.kv_pool
+        assert pool.cache.dtype == KV_FP8 and pool.scales.count_nonzero() > 0
+    assert results[0] == results[1] and all(len(t) == 6 for t in results[0].values())
