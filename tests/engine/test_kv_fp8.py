@@ -53,9 +53,9 @@ def test_rows_keep_their_range_and_lose_at_most_e4m3_rounding():
 
 
 def test_write_kv_ref_stores_rows_and_scales_and_skips_padding():
-    k, v = torch.randn(3, 2, 16, generator=GEN), torch.randn(3, 2, 16, generator=GEN) * 50
+    k, v = torch.randn(3, 2, 16, generator=GEN).to(DEVICE), (torch.randn(3, 2, 16, generator=GEN) * 50).to(DEVICE)
     (kc, vc), scales = fp8_caches(2, 4, 2, 16)
-    write_kv_ref(k, v, kc, vc, torch.tensor([5, -1, 0]), scales)
+    write_kv_ref(k, v, kc, vc, torch.tensor([5, -1, 0], device=DEVICE), scales)
     for x, cache, s in ((k, kc, scales[0]), (v, vc, scales[1])):
         got = kv_dequantize_ref(cache.view(-1, 2, 16), s.view(-1, 2))
         torch.testing.assert_close(got[[5, 0]], kv_round_trip_ref(x[[0, 2]]).float())

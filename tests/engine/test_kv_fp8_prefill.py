@@ -83,7 +83,8 @@ def test_fp8_prefill_contiguous_reads_the_cache(dtype):
     caches = [torch.zeros(nblocks, page, hkv, d, device=DEVICE).to(torch.float8_e4m3fn) for _ in range(2)]
     scales = tuple(torch.zeros(nblocks, page, hkv, device=DEVICE) for _ in range(2))
     bt = block_tables_for(qlens, page, nblocks, gen)
-    slots = torch.cat([bt[b, torch.arange(n) // page].long() * page + torch.arange(n) % page
+    bt_host = bt.cpu()
+    slots = torch.cat([bt_host[b, torch.arange(n) // page].long() * page + torch.arange(n) % page
                        for b, n in enumerate(qlens)])
     write_kv_ref(k, v, *caches, slots.to(DEVICE), kv_scales=scales)
     cu = torch.tensor([0] + list(torch.tensor(qlens).cumsum(0)), dtype=torch.int32, device=DEVICE)

@@ -102,7 +102,7 @@ def _decode_split_kernel(
     n_q_heads,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr,
-    ROPE: tl.constexpr, FP8_KV: tl.constexpr,
+    ROPE: tl.constexpr, FP8_KV: tl.constexpr, KV_DOT: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -130,15 +130,17 @@ def _decode_split_kernel(
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, HEAD_D], tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    if FP8_KV:  # e4m3 tiles convert to fp16 in one instruction a pair (bf16 takes several): the dots run in fp16
+        q_dot = q.to(KV_DOT)
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < end
         kv_off = paged_token_offsets(bt_row, start_n, offs_n, end, stride_kb, stride_ks, PAGE, BLOCK_N)
         kv_off += kvh * stride_kh
         k = tl.load(k_ptr + kv_off[:, None] + offs_d[None, :], mask=n_valid[:, None], other=0.0)  # [BN, D]
-        if FP8_KV:  # e4m3 keys are exact in q's dtype; each key's scale goes on its score
+        if FP8_KV:  # e4m3 keys are exact in fp16; each key's scale goes on its score
             k_s = tl.load(ks_ptr + kv_off // HEAD_D, mask=n_valid, other=0.0)  # [BN]
-            qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION) * k_s[None, :] * qk_scale
+            qk = tl.dot(q_dot, tl.trans(k.to(KV_DOT)), input_precision=PRECISION) * k_s[None, :] * qk_scale
         else:
             qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         qk = tl.where(n_valid[None, :], qk, float("-inf"))
@@ -150,7 +152,7 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None]
         if FP8_KV:  # each value's scale goes on its probability; l_i sums the unscaled ones
             v_s = tl.load(vs_ptr + kv_off // HEAD_D, mask=n_valid, other=0.0)  # [BN]
-            acc = tl.dot((p * v_s[None, :]).to(q.dtype), v.to(q.dtype), acc, input_precision=PRECISION)
+            acc = tl.dot((p * v_s[None, :]).to(KV_DOT), v.to(KV_DOT), acc, input_precision=PRECISION)
         else:
             acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
         m_i = m_new
@@ -237,7 +239,8 @@ def _launch(q, k_cache, v_cache, block_tables, seq_lens, num_splits, scale, bloc
         out.stride(0), out.stride(1), cos_sin.stride(0), hq, GROUP=group, PAGE=k_cache.shape[1], HEAD_D=d,
         BLOCK_H=max(16, next_pow2(group)), BLOCK_N=cfg["BLOCK_N"], DIRECT=direct,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", ROPE=rope is not None,
-        FP8_KV=fp8_kv, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        FP8_KV=fp8_kv, KV_DOT=tl.float32 if q.dtype == torch.float32 else tl.float16,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if not direct:
         merge_splits(mid_o, mid_lse, out)
