@@ -222,6 +222,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench-quant")
     parser.add_argument("--skip-bf16", action="store_true", help="no bf16 rows (no ratios to bf16)")
+    parser.add_argument("--schemes", nargs="+", choices=list(SCHEMES), default=list(Plan().schemes),
+                        help="which quantized engines to measure")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -230,7 +232,7 @@ def main() -> None:
     log(res["ceilings"])
     if not args.skip_bf16:
         res.update(bf16_rows(Plan(), log))
-    run_quant(res, log)
+    run_quant(res, log, Plan(schemes=tuple(args.schemes)))
     (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
     print("\n| measurement | ours | reference | ratio | target |\n| --- | --- | --- | --- | --- |")
     print("\n".join(table_rows(res)))
