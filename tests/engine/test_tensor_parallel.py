@@ -27,10 +27,10 @@ def _arrivals() -> dict[int, list[EngineRequest]]:
             3: [EngineRequest("c", prompts["c"], GREEDY)], 6: [EngineRequest("d", prompts["d"], GREEDY)]}
 
 
-def _generate(path, tp: int) -> tuple[dict[str, list[int]], object]:
+def _generate(path, tp: int, **kw) -> tuple[dict[str, list[int]], object]:
     eng = Engine(EngineConfig(model=str(path), dtype="float32", device="cpu", tensor_parallel_size=tp,
                               block_size=8, num_kv_blocks=14, max_num_seqs=4, max_num_batched_tokens=24,
-                              max_model_len=128))
+                              max_model_len=128, **kw))
     pids = eng.workers.pids if eng.workers else []
     try:
         tokens = run(eng, _arrivals())
@@ -68,3 +68,12 @@ def test_tensor_parallel_greedy_tokens_equal_one_gpu(tiny_models, tp1, model, tp
     tokens, stats = _generate(tiny_models[model], tp)
     assert tokens == tp1[model][0]
     assert stats.num_preemptions_total == tp1[model][1].num_preemptions_total
+
+
+@pytest.mark.slow
+def test_an_fp8_kv_cache_splits_across_ranks_like_the_heads(tiny_models):
+    """Each rank's e4m3 cache (and its scales) holds its own KV heads: the same greedy tokens, through chunking,
+    prefix hits and preemption, as one process with the whole e4m3 cache."""
+    one, _ = _generate(tiny_models["qwen2"], 1, kv_cache_dtype="fp8")
+    two, _ = _generate(tiny_models["qwen2"], 2, kv_cache_dtype="fp8")
+    assert two == one and all(len(t) == GREEDY.max_tokens for t in one.values())
