@@ -118,7 +118,7 @@ def _attend_tiles(acc_a, l_a, m_a, acc_b, l_b, m_b, q_a, q_b, pos_a, pos_b,
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = tl.trans(_load_kv(k_ptr, k_desc, bt_row, kv_row0, start_n, offs_n, offs_d, ctx_len, stride_kb, stride_ks,
                               PAGE, BLOCK_N, PAGED, MASKED))  # [D, BN]
-        if FP8_KV:  # e4m3 -> q's dtype is exact; the scales go on the scores (k) and on p (v)
+        if FP8_KV:  # e4m3 -> the dots' dtype is exact; the scales go on the scores (k) and on p (v)
             k_sc, v_sc = _row_scales(ks_ptr, vs_ptr, bt_row, start_n, offs_n, ctx_len, stride_kb, stride_ks,
                                      PAGE, BLOCK_N, HEAD_D, MASKED)  # [BN] each
             k = k.to(q_a.dtype)
@@ -174,7 +174,7 @@ def _prefill_attention_kernel(
     stride_kb, stride_ks, stride_kh, stride_bt,
     GROUP: tl.constexpr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, SPLIT: tl.constexpr,
-    PRECISION: tl.constexpr, FP8_KV: tl.constexpr,
+    PRECISION: tl.constexpr, FP8_KV: tl.constexpr, KV_DOT: tl.constexpr,
 ):
     HALF: tl.constexpr = BLOCK_M // 2
     h = tl.program_id(0)  # heads fastest: see the module docstring
@@ -217,6 +217,9 @@ def _prefill_attention_kernel(
                   HALF, PAGED)  # [HALF, D]
     q_b = _load_q(q_ptr, q_desc, q_start, pid_m * BLOCK_M + HALF, q_len, h, stride_qt, stride_qh, offs_d,
                   HALF, PAGED)
+    if FP8_KV:  # e4m3 tiles convert to fp16 in one instruction a pair (bf16 takes several): the dots run in fp16
+        q_a = q_a.to(KV_DOT)
+        q_b = q_b.to(KV_DOT)
     m_a = tl.full([HALF], float("-inf"), tl.float32)
     m_b = tl.full([HALF], float("-inf"), tl.float32)
     l_a = tl.zeros([HALF], tl.float32)
@@ -324,6 +327,7 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
         GROUP=hq // hkv, PAGE=k_cache.shape[1], HEAD_D=d,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], PAGED=not contiguous, SPLIT=splits > 1,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP8_KV=fp8_kv,
+        KV_DOT=tl.float32 if q.dtype == torch.float32 else tl.float16,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out if splits == 1 else merge_splits(mid_o, mid_lse, out)
