@@ -66,7 +66,8 @@ def test_write_kv_ref_stores_rows_and_scales_and_skips_padding():
 @pytest.mark.parametrize("head_dim,hq,hkv", [(128, 28, 4), (64, 7, 1), (48, 2, 2)])
 def test_rope_kv_write_into_an_fp8_cache_matches_its_reference(dtype, head_dim, hq, hkv):
     """The fused RoPE + write quantizes each rotated k row and each v row with its own scale, as the reference
-    does; q is rotated in place either way, and a padding slot writes nothing."""
+    does, and leaves the written tokens' k and v in qkv as the cache holds them; q is rotated in place either
+    way, and a padding slot writes nothing."""
     page, nblocks, t = 16, 6, 9
     cos_sin = rope_cos_sin(head_dim, 4096, 1e6).to(DEVICE)
     qkv = randn(t, (hq + 2 * hkv) * head_dim, dtype=dtype, gen=GEN) * 20
@@ -77,7 +78,14 @@ def test_rope_kv_write_into_an_fp8_cache_matches_its_reference(dtype, head_dim, 
     got, want = qkv.clone(), qkv.clone()
     rope_kv_write(got, pos, cos_sin, kc, vc, slots, hq, hkv, kv_scales=scales)
     rope_kv_write_ref(want, pos, cos_sin, kr, vr, slots, hq, hkv, kv_scales=ref_scales)
-    torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=2e-3)
+    q_heads = got.view(t, -1, head_dim)[:, :hq]
+    torch.testing.assert_close(q_heads.float(), want.view(t, -1, head_dim)[:, :hq].float(), atol=2e-3, rtol=2e-3)
+    kv_got, kv_want = got.view(t, -1, head_dim)[:, hq:], want.view(t, -1, head_dim)[:, hq:]
+    held = torch.cat([kv_dequantize_ref(kc.view(-1, hkv, head_dim), scales[0].view(-1, hkv)),
+                      kv_dequantize_ref(vc.view(-1, hkv, head_dim), scales[1].view(-1, hkv))], 1)[slots[slots >= 0]]
+    keep = (slots >= 0).cpu()
+    torch.testing.assert_close(kv_got[keep].float(), held.to(dtype).float(), atol=0, rtol=0)  # the cache's values
+    torch.testing.assert_close(kv_got[~keep].float(), kv_want[~keep].float(), atol=2e-3, rtol=2e-3)  # as rotated
     for cache, ref, s, rs in ((kc, kr, scales[0], ref_scales[0]), (vc, vr, scales[1], ref_scales[1])):
         torch.testing.assert_close(s, rs, rtol=1e-5, atol=0)
         assert_e4m3_rows_match(cache, ref)

@@ -7,8 +7,9 @@ its own range whatever the layer, head or token (keys with large biases included
 a value plus 4 a row instead of 2 a value: 1.94x the tokens at D = 128.
 
 Every attention path reads what the cache holds: the decode kernel that writes this step's token rounds it
-through e4m3 in registers before attending it, and a prefill reads its own keys and values back from the
-cache, so a sequence's output does not depend on how its prompt was chunked or which prefix was cached.
+through e4m3 in registers before attending it, and the RoPE + KV write leaves a prompt's keys and values in
+qkv as the cache holds them, where a fresh prompt's prefill reads them, so a sequence's output does not depend
+on how its prompt was chunked or which prefix was cached.
 """
 
 from __future__ import annotations

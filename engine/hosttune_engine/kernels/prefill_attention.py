@@ -43,7 +43,7 @@ import triton.language as tl
 from hosttune_engine.kernels.attention_checks import check_paged_attention_inputs
 from hosttune_engine.kernels.checks import check, check_last_dim_contiguous, check_tensor
 from hosttune_engine.kernels.descriptors import descriptors_fit, use_torch_allocator
-from hosttune_engine.kernels.kv_quant import is_fp8_cache, scale_args
+from hosttune_engine.kernels.kv_quant import scale_args
 from hosttune_engine.kernels.paged import gather_pages, paged_token_offsets
 from hosttune_engine.kernels.split_k import MAX_SPLITS, choose_splits, device_sms, merge_splits, split_scratch, \
     store_split
@@ -287,10 +287,10 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
     Without `max_context` (or on the contiguous path) nothing is split.
 
     e4m3 caches (kernels/kv_quant.py) take `kv_scales` = (k_scale, v_scale), each
-    [num_blocks, block_size, H_kv] fp32. They are always read paged, `contiguous`
-    or not: the cache holds this step's keys and values quantized, and every
-    attention path reads what the cache holds, so the output does not depend on
-    chunking or prefix caching.
+    [num_blocks, block_size, H_kv] fp32. With `contiguous=True` `k`/`v` must then
+    hold what the cache holds (quantized and scaled back, as rope_kv_write leaves
+    them in qkv): every attention path reads the cache's values, so the output does
+    not depend on chunking or prefix caching.
     """
     check_paged_attention_inputs(q, k_cache, v_cache, block_tables, seq_lens, kv_scales)
     check_tensor("cu_seqlens_q", cu_seqlens_q, 1, dtypes=(torch.int32,), device=q.device)
@@ -302,8 +302,7 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
     hkv = k_cache.shape[2]
     if contiguous:
         _check_step_kv(q, k, v, hkv)
-        # else the same keys and values, read from the cache (e4m3: quantized, as the cache holds them)
-        contiguous = not is_fp8_cache(k_cache) and descriptors_fit(q, k, v)
+        contiguous = descriptors_fit(q, k, v)  # else the same keys and values, read from the cache
     if contiguous:
         use_torch_allocator()
         kk, vv, strides = k, v, (0, k.stride(0), k.stride(1))
@@ -318,7 +317,7 @@ def prefill_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables,
     tiles = triton.cdiv(max_query_len, cfg["BLOCK_M"])
     splits = _num_splits(num_splits, max_context, contiguous, hq * tiles * seq_lens.shape[0], cfg, q.device)
     mid_o, mid_lse = (out, out) if splits == 1 else split_scratch(t, hq, splits, d, q.device)
-    k_scale, v_scale, fp8_kv = scale_args(k_cache, kv_scales)
+    k_scale, v_scale, fp8_kv = scale_args(k_cache, None if contiguous else kv_scales)
     _prefill_attention_kernel[(hq, tiles * splits, seq_lens.shape[0])](
         q, kk, vv, k_scale, v_scale, out, cu_seqlens_q, seq_lens, block_tables, mid_o, mid_lse,
         scale * 1.4426950408889634, t, splits,

@@ -5,7 +5,9 @@ rotated in place (neox layout, fp32 math, rounded once, as `rope`), and the
 rotated k and the v of token t go to cache slot slot_mapping[t] (skipped when
 negative, as `write_kv`). Attention then reads q (and this step's k, v) as
 strided views of qkv. An e4m3 cache takes each row quantized with its scale
-(kernels/kv_quant.py).
+(kernels/kv_quant.py), and the written tokens' k and v in qkv are left as the
+cache now holds them (quantized and scaled back), so attention that reads this
+step's keys and values from qkv reads what the cache holds.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import INDEX_DTYPES, check, check_tensor, next_pow2
-from hosttune_engine.kernels.kv_quant import KV_FP8, check_kv_scales, kv_e4m3, scale_args
+from hosttune_engine.kernels.kv_quant import KV_FP8, check_kv_scales, kv_e4m3, kv_round_trip_ref, scale_args
 from hosttune_engine.kernels.kv_write import write_kv_ref
 from hosttune_engine.kernels.rope import rope_ref
 
@@ -37,16 +39,21 @@ def _rotate_heads(base, cos, sin, n_heads, HALF: tl.constexpr, BLOCK_H: tl.const
 
 
 @triton.jit
-def _store_halves(c_ptr, s_ptr, dst, rows, mask, x1, x2, HALF: tl.constexpr, FP8_KV: tl.constexpr):
+def _store_halves(c_ptr, s_ptr, dst, back, rows, mask, x1, x2, HALF: tl.constexpr, FP8_KV: tl.constexpr):
     """Rows [H, 2 HALF] (those of `rows` [H] that exist) as two halves to a cache at `dst`; e4m3 with one scale a
-    row (at the row's offset // (2 HALF)) when FP8_KV."""
+    row (at the row's offset // (2 HALF)) when FP8_KV, the rows as the cache now holds them written back over
+    their source at `back` (in qkv)."""
     if FP8_KV:
         a, b = x1.to(tl.float32), x2.to(tl.float32)
         amax = tl.maximum(tl.max(tl.where(mask, tl.abs(a), 0.0), 1), tl.max(tl.where(mask, tl.abs(b), 0.0), 1))
         scale = tl.maximum(amax, 1e-12) / 448.0
         tl.store(s_ptr + tl.min(dst, 1) // (2 * HALF), scale, mask=rows)
-        tl.store(c_ptr + dst, kv_e4m3(a, scale).to(c_ptr.dtype.element_ty), mask=mask)
-        tl.store(c_ptr + dst + HALF, kv_e4m3(b, scale).to(c_ptr.dtype.element_ty), mask=mask)
+        qa = kv_e4m3(a, scale).to(c_ptr.dtype.element_ty)
+        qb = kv_e4m3(b, scale).to(c_ptr.dtype.element_ty)
+        tl.store(c_ptr + dst, qa, mask=mask)
+        tl.store(c_ptr + dst + HALF, qb, mask=mask)
+        tl.store(back, (qa.to(tl.float32) * scale[:, None]).to(back.dtype.element_ty), mask=mask)
+        tl.store(back + HALF, (qb.to(tl.float32) * scale[:, None]).to(back.dtype.element_ty), mask=mask)
     else:
         tl.store(c_ptr + dst, x1, mask=mask)
         tl.store(c_ptr + dst + HALF, x2, mask=mask)
@@ -73,10 +80,11 @@ def _rope_kv_write_kernel(
         heads = tl.arange(0, BLOCK_HKV)
         mask = (heads[:, None] < N_KV) & dmask[None, :]
         dst = slot * stride_slot + heads[:, None] * stride_ch + d[None, :]
-        _store_halves(kc_ptr, ks_ptr, dst, heads < N_KV, mask, k1, k2, HALF, FP8_KV)
-        src = row + (N_Q + N_KV) * 2 * HALF + heads[:, None] * (2 * HALF) + d[None, :]
+        k_src = row + N_Q * 2 * HALF + heads[:, None] * (2 * HALF) + d[None, :]
+        _store_halves(kc_ptr, ks_ptr, dst, k_src, heads < N_KV, mask, k1, k2, HALF, FP8_KV)
+        src = k_src + N_KV * 2 * HALF
         v1, v2 = tl.load(src, mask=mask), tl.load(src + HALF, mask=mask)
-        _store_halves(vc_ptr, vs_ptr, dst, heads < N_KV, mask, v1, v2, HALF, FP8_KV)
+        _store_halves(vc_ptr, vs_ptr, dst, src, heads < N_KV, mask, v1, v2, HALF, FP8_KV)
 
 
 def check_rope_kv_inputs(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, num_q_heads, num_kv_heads,
@@ -124,3 +132,7 @@ def rope_kv_write_ref(qkv, positions, cos_sin, k_cache, v_cache, slot_mapping, n
     q.copy_(rope_ref(q, positions, cos_sin))
     k.copy_(rope_ref(k, positions, cos_sin))
     write_kv_ref(k, v, k_cache, v_cache, slot_mapping, kv_scales)
+    if kv_scales is not None:  # the written rows as the cache now holds them
+        kept = slot_mapping >= 0
+        k[kept] = kv_round_trip_ref(k[kept])
+        v[kept] = kv_round_trip_ref(v[kept])
