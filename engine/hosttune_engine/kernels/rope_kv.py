@@ -17,7 +17,8 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import INDEX_DTYPES, check, check_tensor, next_pow2
-from hosttune_engine.kernels.kv_quant import KV_FP8, check_kv_scales, kv_e4m3, kv_round_trip_ref, scale_args
+from hosttune_engine.kernels.kv_quant import (KV_FP8, check_kv_scales, kv_e4m3, kv_round_trip_ref, kv_row_scales,
+                                              scale_args)
 from hosttune_engine.kernels.kv_write import write_kv_ref
 from hosttune_engine.kernels.rope import rope_ref
 
@@ -44,9 +45,8 @@ def _store_halves(c_ptr, s_ptr, dst, back, rows, mask, x1, x2, HALF: tl.constexp
     row (at the row's offset // (2 HALF)) when FP8_KV, the rows as the cache now holds them written back over
     their source at `back` (in qkv)."""
     if FP8_KV:
-        a, b = x1.to(tl.float32), x2.to(tl.float32)
-        amax = tl.maximum(tl.max(tl.where(mask, tl.abs(a), 0.0), 1), tl.max(tl.where(mask, tl.abs(b), 0.0), 1))
-        scale = tl.maximum(amax, 1e-12) / 448.0
+        a, b = tl.where(mask, x1.to(tl.float32), 0.0), tl.where(mask, x2.to(tl.float32), 0.0)
+        scale = tl.maximum(kv_row_scales(a), kv_row_scales(b))  # the row's: max|row| / 448
         tl.store(s_ptr + tl.min(dst, 1) // (2 * HALF), scale, mask=rows)
         qa = kv_e4m3(a, scale).to(c_ptr.dtype.element_ty)
         qb = kv_e4m3(b, scale).to(c_ptr.dtype.element_ty)
