@@ -3,9 +3,6 @@
 The caches are what a bf16 model writes, quantized by `kv_quantize_ref`; q runs in the kernel tests' dtypes.
 """
 
-import os
-
-import numpy as np
 import pytest
 import torch
 
@@ -16,30 +13,13 @@ from hosttune_engine.kernels.decode_attention import (
 from hosttune_engine.kernels.kv_quant import KV_FP8, kv_quantize_ref
 from hosttune_engine.layers.rotary import rope_cos_sin
 from .conftest import DEVICE
-from .kernel_cases import DTYPES, assert_close, block_tables_for, paged_cache, randn
+from .kernel_cases import DTYPES, assert_close, block_tables_for, e4m3_rounding_as_on_the_gpu, paged_cache, randn
+
+pytestmark = pytest.mark.usefixtures(e4m3_rounding_as_on_the_gpu.__name__)
 
 PAGE = 16
 LENS = [1, 15, 16, 17, 65, 200, 513]
 ROPE_LENS = [1, 2, 16, 17, 65, 200, 1]  # the last row pads the batch
-
-
-@pytest.fixture(autouse=True)
-def _e4m3_rounding_as_on_the_gpu(monkeypatch):
-    """Triton's interpreter rounds fp32 to e4m3 wrongly (ties go up, and a carry out of the mantissa is lost:
-    124 becomes 64). Under it, the cast rounds to nearest even as the GPU and torch do."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    convert = interpreter._convert_float
-
-    def rounded(x, src, dst, rounding_mode):
-        if dst != tl.float8e4nv or src not in (tl.float32, tl.float16):
-            return convert(x, src, dst, rounding_mode)
-        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(KV_FP8).view(torch.uint8).numpy()
-
-    monkeypatch.setattr(interpreter, "_convert_float", rounded)
 
 
 def fp8_case(lens, hkv, d, gen, page=PAGE):
