@@ -19,6 +19,7 @@ Example: python benchmarks/engine/fp8_gemm_sweep.py --out /tmp/fp8-gemm.json --t
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import multiprocessing
@@ -100,29 +101,40 @@ def takes_swiglu(n: int, k: int, cfg: dict) -> bool:
 
 
 def precompile(jobs: list[tuple[int, int, int, dict]], workers: int) -> None:
-    """Compile every (m, n, k, config) launch first, in `workers` processes at once (Triton's on-disk cache keeps
-    the kernels), so the sweep itself only loads and times them."""
+    precompile_with(_compile, jobs, workers)
+
+
+def precompile_with(compile_one, jobs: list[tuple[int, int, int, dict]], workers: int) -> None:
+    """Compile every (m, n, k, config) launch first, compile_one(m, n, k, config) in `workers` processes at once
+    (Triton's on-disk cache keeps the kernels), so the sweep itself only loads and times them."""
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        pool.map(_compile_share, [jobs[i::workers] for i in range(workers)])
+        pool.starmap(_compile_share, [(compile_one, jobs[i::workers]) for i in range(workers)])
 
 
-def _compile_share(jobs) -> None:
-    from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_swiglu
-    from hosttune_engine.kernels.fp8_scaled_mm import quantize_per_token
-
-    operands = {}
+def _compile_share(compile_one, jobs) -> None:
     for m, n, k, cfg in jobs:
-        if (m, n, k) not in operands:
-            xq, sx = quantize_per_token(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
-            operands[m, n, k] = (xq, sx, _weight(n, k), torch.rand(n, device="cuda"))
-        xq, sx, w, ws = operands[m, n, k]
         try:
-            fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, cfg)
-            if takes_swiglu(n, k, cfg):
-                fp8_gemm_swiglu(xq, sx, w, ws, None, torch.bfloat16, cfg)
+            compile_one(m, n, k, cfg)
         except triton.runtime.errors.OutOfResources:
             continue
     torch.cuda.synchronize()
+
+
+@functools.lru_cache(maxsize=8)
+def _operands(m: int, n: int, k: int):
+    from hosttune_engine.kernels.fp8_scaled_mm import quantize_per_token
+
+    xq, sx = quantize_per_token(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))
+    return xq, sx, _weight(n, k), torch.rand(n, device="cuda")
+
+
+def _compile(m: int, n: int, k: int, cfg: dict) -> None:
+    from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_swiglu
+
+    xq, sx, w, ws = _operands(m, n, k)
+    fp8_gemm(xq, sx, w, ws, None, torch.bfloat16, cfg)
+    if takes_swiglu(n, k, cfg):
+        fp8_gemm_swiglu(xq, sx, w, ws, None, torch.bfloat16, cfg)
 
 
 def _weight(n: int, k: int) -> torch.Tensor:

@@ -6,7 +6,10 @@ exact in x's dtype, go into the dot and the tile's scale multiplies its fp32 res
 the 4-bit layout of kernels/int4_layout.py: each [BLOCK_N, BLOCK_K] tile of packed words is unpacked,
 has its row's zero subtracted and scale applied in registers (one group per tile) and goes into the dot.
 Few output tiles (skinny batched decode) can split K over SPLIT_K programs, whose fp32 partials one
-small kernel sums. `int4_dequantize` writes the whole 4-bit weight in x's dtype with the same tile code,
+small kernel sums. NIBBLES 1 in the config takes the 4-bit tile another way (`_w4a16_nibble_kernel`): no
+unpacking into column order, but one dot a nibble position, each over the tile's words as they are stored (the
+activations are gathered to match), with the weights as the dot's first operand (y^T = W x^T), so the
+dequantized values go to the tensor cores from registers. `int4_dequantize` writes the whole 4-bit weight in x's dtype with the same tile code,
 for w4a16_gemm's DEQUANT path (dequantize, then cuBLAS). Plain Triton (no FP8 tensor cores), so it runs on Ampere as well as Hopper.
 """
 
@@ -18,6 +21,7 @@ import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
 from hosttune_engine.kernels.fp8_gemv import _add_scaled, _row_scaled, check_fp8_weight
+from hosttune_engine.kernels.int4_gemv import _block_k, _group_params, _magic, _pow16, _per_word
 from hosttune_engine.kernels.int4_layout import check_int4_weight, pack_block, tile_in_group
 
 DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
@@ -146,6 +150,46 @@ def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, ws_ptr, M,
 
 
 @triton.jit
+def _w4a16_nibble_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, stride_ym,
+                         HAS_BIAS: tl.constexpr, PERMUTED: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr,
+                         PART: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr):
+    """acc^T [BLOCK_N, BLOCK_M] = sum over the 8 nibble positions i of W_i [BLOCK_N, WORDS] @ x_i^T [WORDS, BLOCK_M]:
+    W_i holds nibble i of the tile's words, x_i the activations of the columns those nibbles hold (word w, nibble
+    i: column (w // R) 8R + R i + w % R of the tile). Nibbles dequantize as in kernels/int4_gemv.py (`_magic`:
+    (q - zero) 16^j exact, times scale / 16^j), rounded once as the reference rounds. PART = min(GROUP, BLOCK_K);
+    BLOCK_K is a whole number of pack blocks, inside a group or a whole number of groups."""
+    offs_m, offs_n = _tile_offsets(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    m_mask, n_mask = offs_m < M, offs_n < N
+    WORDS: tl.constexpr = BLOCK_K // 8
+    SUB: tl.constexpr = BLOCK_K // PART
+    GW: tl.constexpr = PART // 8
+    q_rows = q_ptr + offs_n.to(tl.int64)[:, None] * (K // 8)
+    g_rows = offs_n * (K // GROUP)
+    words = tl.arange(0, WORDS)
+    first_col = (words // R) * (8 * R) + words % R  # [WORDS]: the tile column of each word's nibble 0
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    start, stop = _k_range(K, BLOCK_K, SPLIT_K)
+    for k0 in range(start, stop, BLOCK_K):
+        p = tl.load(q_rows + (k0 // 8 + words)[None, :], mask=n_mask[:, None], other=0)  # [BLOCK_N, WORDS]
+        p_hi = p >> 16
+        z, s = _group_params(z_ptr, s_ptr, g_rows, k0, n_mask, GROUP, SUB)
+        z, s = _per_word(z, BLOCK_N, SUB, GW), _per_word(s, BLOCK_N, SUB, GW)
+        for j in tl.static_range(4):  # nibbles j (from p) and j + 4 (from p_hi) share 16^j
+            c = 8388608.0 + z * _pow16(j)
+            sj = s * (1.0 / _pow16(j))
+            for h in tl.static_range(2):
+                w = _magic(p if h == 0 else p_hi, c, j) * sj
+                cols = tl.max_contiguous(tl.multiple_of(k0 + first_col + R * (j + 4 * h), R), R)  # runs of R
+                if PERMUTED:
+                    cols = tl.load(perm_ptr + cols)
+                a = tl.load(x_rows + cols[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, WORDS]
+                acc += tl.dot(w.to(a.dtype), tl.trans(a), input_precision=PRECISION)
+    _finish(tl.trans(acc), b_ptr, y_ptr, ws_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
+
+
+@triton.jit
 def _int4_dequantize_kernel(q_ptr, s_ptr, z_ptr, w_ptr, N, K, GROUP: tl.constexpr, R: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """W [N, K] (group order) in w's dtype, one [BLOCK_N, BLOCK_K] tile a program."""
@@ -232,10 +276,12 @@ def w4a16_gemm(x, qweight, scales, zeros, perm, group_size: int, bias=None, conf
     if cfg.get("DEQUANT"):
         w = int4_dequantize(qweight, scales, zeros, group_size, x.dtype)
         return torch.nn.functional.linear(x if perm is None else x[:, perm], w, bias)
+    n = qweight.shape[0]
+    if cfg.get("NIBBLES") and _nibble_block_k(cfg["BLOCK_K"], group_size, k) >= 128:
+        return _w4a16_by_nibble(x, qweight, scales, zeros, perm, group_size, bias, cfg, m, n, k)
     # a tile inside one group, of whole pack blocks
     cfg["BLOCK_K"] = max(tile_in_group(cfg["BLOCK_K"], group_size), pack_block(group_size))
     check(cfg["BLOCK_K"] >= 16, "group_size {} leaves no K tile of at least 16 for the dot", group_size)
-    n = qweight.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     ws = _workspace(m, n, cfg, y)
     _w4a16_kernel[_grid(m, n, cfg)](
@@ -243,5 +289,23 @@ def w4a16_gemm(x, qweight, scales, zeros, perm, group_size: int, bias=None, conf
         m, n, k, x.stride(0), y.stride(0), HAS_BIAS=bias is not None, PERMUTED=perm is not None, GROUP=group_size,
         R=pack_block(group_size) // 8, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         GROUP_M=cfg["GROUP_M"], SPLIT_K=cfg.get("SPLIT_K", 1), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], PRECISION=_precision(x))
+    return _split_sum(ws, bias, y, cfg)
+
+
+def _nibble_block_k(block_k: int, group_size: int, k: int) -> int:
+    """The nibble kernel's K tile (kernels/int4_gemv.py's rule); its dots need at least 16 words, 128 columns."""
+    return _block_k(max(block_k, 128), group_size, k)
+
+
+def _w4a16_by_nibble(x, qweight, scales, zeros, perm, group_size: int, bias, cfg: dict, m: int, n: int, k: int):
+    block_k = _nibble_block_k(cfg["BLOCK_K"], group_size, k)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = _workspace(m, n, cfg, y)
+    _w4a16_nibble_kernel[_grid(m, n, cfg)](
+        x, qweight, scales, zeros, perm if perm is not None else qweight, bias if bias is not None else x, y, ws,
+        m, n, k, x.stride(0), y.stride(0), HAS_BIAS=bias is not None, PERMUTED=perm is not None, GROUP=group_size,
+        R=pack_block(group_size) // 8, PART=min(group_size, block_k), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=block_k, GROUP_M=cfg["GROUP_M"], SPLIT_K=cfg.get("SPLIT_K", 1), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], PRECISION=_precision(x))
     return _split_sum(ws, bias, y, cfg)

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""The batched 4-bit (W4A16, AWQ layout, groups of 128) GEMM paths on the Qwen2.5-7B projections, per batch size:
+bf16 cuBLAS on the same shape (what the 4-bit weight should beat), the weight dequantized then cuBLAS ("dequant",
+kernels/dequant_gemm.py DEQUANT), and the Triton GEMM that takes one dot a nibble position ("nibbles", NIBBLES 1)
+over a sweep of its launch configs. Prints one JSON row a projection and batch; with --table, the entries for
+kernels/tuned_configs.json: `w4a16_gemm` per projection shape and batch bucket, the nibble kernel's config (that
+of the bucket's largest batch measured) where it beat the dequantizing path at every batch measured in the
+bucket, else DEQUANT. Each launch of a timed graph reads the next of several weight copies (three times the L2
+together), so every launch reads its weight from memory, as a model's step does.
+
+Example: python benchmarks/engine/w4a16_sweep.py --out /tmp/w4a16.json --table --precompile 14
+         python benchmarks/engine/w4a16_sweep.py --batches 64 --projections gate_up --warps 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from common import per_launch_us  # noqa: E402
+from fp8_gemm_sweep import LAUNCHES, PROJECTIONS, _copies, precompile_with  # noqa: E402
+
+GROUP = 128
+BATCHES = (8, 16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class Axes:
+    """The launch-config values swept, every combination of them (BLOCK_N: weight rows a program)."""
+    block_n: tuple = (64, 128)
+    block_k: tuple = (128, 256)
+    stages: tuple = (2, 3, 4)
+    warps: tuple = (4, 8)
+    split_k: tuple = (1, 2)
+
+
+def configs(m: int, axes: Axes = Axes()):
+    block_m = max(16, min(128, 1 << (m - 1).bit_length()))
+    for bn, bk, stages, warps, split in itertools.product(axes.block_n, axes.block_k, axes.stages, axes.warps,
+                                                          axes.split_k):
+        yield {"NIBBLES": 1, "BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": split,
+               "num_warps": warps, "num_stages": stages}
+
+
+def weight(n: int, k: int, seed: int, device: str = "cuda"):
+    """A random 4-bit weight in the kernels' layout: (qweight, scales, zeros)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k // 8), generator=g, dtype=torch.int64)
+    words = (q * 0x11111111) & 0xFFFFFFFF  # every nibble of a word the same value: any value will do for timing
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    scales = (torch.rand(n, k // GROUP, generator=g) * 0.02).to(torch.float16)
+    zeros = torch.randint(0, 16, (n, k // GROUP), generator=g).to(torch.uint8)
+    return tuple(t.to(device).contiguous() for t in (words, scales, zeros))
+
+
+def measure(m: int, n: int, k: int, axes: Axes = Axes()) -> dict:
+    from hosttune_engine.kernels.dequant_gemm import w4a16_gemm
+    from hosttune_engine.kernels.int4_gemv import int4_gemv_ref
+
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    weights = [weight(n, k, i) for i in range(_copies(n * k // 2))]
+    dense = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(_copies(n * k * 2))]
+    row = {"m": m, "n": n, "k": k, "weight_copies": len(weights)}
+
+    def launches(fn, copies):
+        calls = itertools.cycle(copies)
+        return per_launch_us(lambda: fn(next(calls)), LAUNCHES)
+
+    row["bf16_us"] = launches(lambda w: torch.nn.functional.linear(x, w), dense)
+    del dense
+    row["dequant_us"] = launches(lambda w: w4a16_gemm(x, *w, None, GROUP, config={"DEQUANT": 1}), weights)
+    swept = []
+    for i, c in enumerate(configs(m, axes)):
+        try:
+            swept.append((launches(lambda w: w4a16_gemm(x, *w, None, GROUP, config=c), weights), i, c))
+        except triton.runtime.errors.OutOfResources:  # too much shared memory or too many registers
+            continue
+    swept.sort()
+    row["nibbles_us"], _, row["config"] = swept[0]
+    row["runners_up"] = [{"us": us, "config": c} for us, _, c in swept[1:4]]
+    want = int4_gemv_ref(x, *weights[0], None, GROUP).float()
+    got = w4a16_gemm(x, *weights[0], None, GROUP, config=row["config"]).float()
+    row["rel_error"] = ((got - want).norm() / want.norm()).item()
+    return row
+
+
+def _compile(m: int, n: int, k: int, cfg: dict) -> None:
+    from hosttune_engine.kernels.dequant_gemm import w4a16_gemm
+
+    w4a16_gemm(torch.randn(m, k, device="cuda", dtype=torch.bfloat16), *weight(n, k, 0), None, GROUP, config=cfg)
+
+
+def table(rows: list[dict]) -> dict:
+    """tuned_configs.json entries (bf16 activations) per projection shape and batch bucket."""
+    from hosttune_engine.kernels.tuning import batch_bucket
+
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(f"bfloat16-{batch_bucket(r['m'])}-{r['n']}x{r['k']}", []).append(r)
+    return {"w4a16_gemm": {key: dict(max(rs, key=lambda r: r["m"])["config"])
+                           if all(r["nibbles_us"] < r["dequant_us"] for r in rs) else {"DEQUANT": 1}
+                           for key, rs in groups.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="w4a16-sweep.json")
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+    parser.add_argument("--projections", nargs="+", choices=list(PROJECTIONS), default=list(PROJECTIONS))
+    parser.add_argument("--block-n", type=int, nargs="+", default=list(Axes.block_n), help="BLOCK_N values")
+    parser.add_argument("--block-k", type=int, nargs="+", default=list(Axes.block_k), help="BLOCK_K values")
+    parser.add_argument("--stages", type=int, nargs="+", default=list(Axes.stages), help="num_stages values")
+    parser.add_argument("--warps", type=int, nargs="+", default=list(Axes.warps), help="num_warps values")
+    parser.add_argument("--split-k", type=int, nargs="+", default=list(Axes.split_k), help="SPLIT_K values")
+    parser.add_argument("--table", action="store_true", help="print the tuned-table entries")
+    parser.add_argument("--precompile", type=int, default=0, metavar="N",
+                        help="compile every config in N processes before timing any (0: compile as timed)")
+    args = parser.parse_args()
+    axes = Axes(tuple(args.block_n), tuple(args.block_k), tuple(args.stages), tuple(args.warps), tuple(args.split_k))
+    if args.precompile:
+        precompile_with(_compile, [(m, *PROJECTIONS[name], c) for m in args.batches for name in args.projections
+                                   for c in configs(m, axes)], args.precompile)
+    rows = []
+    for m in args.batches:
+        for name in args.projections:
+            n, k = PROJECTIONS[name]
+            rows.append({"projection": name, **measure(m, n, k, axes)})
+            print(json.dumps(rows[-1]), flush=True)
+    res = {"device": torch.cuda.get_device_name(), "rows": rows}
+    if args.table:
+        res["table"] = table(rows)
+        print(json.dumps(res["table"], indent=1))
+    Path(args.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

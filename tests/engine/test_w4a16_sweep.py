@@ -1,0 +1,43 @@
+"""The W4A16 GEMM sweep (benchmarks/engine/w4a16_sweep.py) on made-up measurements: the nibble kernel's config
+(of the bucket's largest batch) where it beat the dequantizing path at every batch of a bucket, else DEQUANT;
+and its configs and timing weights."""
+
+import pytest
+import torch
+
+from .bench_scripts import bench_script
+
+CFG16, CFG32 = ({"NIBBLES": 1, "BLOCK_M": m, "BLOCK_N": 128} for m in (16, 32))
+
+
+@pytest.fixture
+def sweep(monkeypatch):
+    yield from bench_script(monkeypatch, "w4a16_sweep", "fp8_gemm_sweep")
+
+
+def _row(m, n, nibbles, dequant, cfg):
+    return {"m": m, "n": n, "k": 3584, "nibbles_us": nibbles, "dequant_us": dequant, "config": cfg}
+
+
+def test_table_takes_the_nibble_kernel_only_where_it_won_every_batch_of_a_bucket(sweep):
+    rows = [_row(16, 37888, 50.0, 190.0, CFG16), _row(32, 37888, 60.0, 191.0, CFG32),  # le32: won both
+            _row(16, 4608, 9.0, 20.0, CFG16), _row(32, 4608, 25.0, 21.0, CFG32)]  # le32: lost at 32 rows
+    assert sweep.table(rows) == {"w4a16_gemm": {"bfloat16-le32-37888x3584": CFG32,
+                                                "bfloat16-le32-4608x3584": {"DEQUANT": 1}}}
+
+
+def test_configs_sweep_every_combination_with_a_row_tile_for_the_batch(sweep):
+    axes = sweep.Axes(block_n=(64, 128), block_k=(128,), stages=(2, 3), warps=(4,), split_k=(1, 2))
+    cfgs = list(sweep.configs(40, axes))
+    assert len({tuple(sorted(c.items())) for c in cfgs}) == 8 and all(c["NIBBLES"] == 1 for c in cfgs)
+    assert {c["BLOCK_M"] for c in cfgs} == {64}
+    assert {c["BLOCK_M"] for c in sweep.configs(5, axes)} == {16} and {c["BLOCK_M"] for c in sweep.configs(500, axes)} == {128}
+
+
+def test_timing_weights_are_in_the_kernels_layout(sweep):
+    from hosttune_engine.kernels.int4_layout import check_int4_weight
+
+    q, s, z = sweep.weight(64, 512, seed=0, device="cpu")
+    check_int4_weight(q, s, z, None, sweep.GROUP, 512, q.device)
+    nibbles = (q[:, :, None] >> torch.arange(0, 32, 4, dtype=torch.int32)) & 0xF
+    assert (nibbles == nibbles[:, :, :1]).all() and len(torch.unique(nibbles)) > 1
