@@ -9,7 +9,7 @@ bucket, else DEQUANT. Each launch of a timed graph reads the next of several wei
 together), so every launch reads its weight from memory, as a model's step does.
 
 Example: python benchmarks/engine/w4a16_sweep.py --out /tmp/w4a16.json --table --precompile 14
-         python benchmarks/engine/w4a16_sweep.py --batches 64 --projections gate_up --warps 8
+         python benchmarks/engine/w4a16_sweep.py --batches 64 --projections gate_up --tiles 32x2 64x4
 """
 
 from __future__ import annotations
@@ -36,18 +36,18 @@ BATCHES = (8, 16, 32, 64, 128)
 
 @dataclass(frozen=True)
 class Axes:
-    """The launch-config values swept, every combination of them (BLOCK_N: weight rows a program)."""
-    block_n: tuple = (64, 128)
+    """The launch-config values swept, every combination of them. tiles: (BLOCK_N, num_warps), BLOCK_N the weight
+    rows a program: 16 rows a warp takes Ampere's MMA with no warp repeating another's dequantization, 64 or more
+    on four warps Hopper's warpgroup MMA."""
+    tiles: tuple = ((16, 1), (32, 2), (64, 2), (64, 4), (128, 4))
     block_k: tuple = (128, 256)
-    stages: tuple = (2, 3, 4)
-    warps: tuple = (4, 8)
-    split_k: tuple = (1, 2)
+    stages: tuple = (3, 4)
+    split_k: tuple = (1, 2, 4)
 
 
 def configs(m: int, axes: Axes = Axes()):
     block_m = max(16, min(128, 1 << (m - 1).bit_length()))
-    for bn, bk, stages, warps, split in itertools.product(axes.block_n, axes.block_k, axes.stages, axes.warps,
-                                                          axes.split_k):
+    for (bn, warps), bk, stages, split in itertools.product(axes.tiles, axes.block_k, axes.stages, axes.split_k):
         yield {"NIBBLES": 1, "BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": split,
                "num_warps": warps, "num_stages": stages}
 
@@ -117,16 +117,17 @@ def main() -> None:
     parser.add_argument("--out", default="w4a16-sweep.json")
     parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
     parser.add_argument("--projections", nargs="+", choices=list(PROJECTIONS), default=list(PROJECTIONS))
-    parser.add_argument("--block-n", type=int, nargs="+", default=list(Axes.block_n), help="BLOCK_N values")
+    parser.add_argument("--tiles", nargs="+", default=[f"{n}x{w}" for n, w in Axes.tiles], metavar="NxW",
+                        help="(BLOCK_N, num_warps) pairs, as BLOCK_NxWARPS")
     parser.add_argument("--block-k", type=int, nargs="+", default=list(Axes.block_k), help="BLOCK_K values")
     parser.add_argument("--stages", type=int, nargs="+", default=list(Axes.stages), help="num_stages values")
-    parser.add_argument("--warps", type=int, nargs="+", default=list(Axes.warps), help="num_warps values")
     parser.add_argument("--split-k", type=int, nargs="+", default=list(Axes.split_k), help="SPLIT_K values")
     parser.add_argument("--table", action="store_true", help="print the tuned-table entries")
     parser.add_argument("--precompile", type=int, default=0, metavar="N",
                         help="compile every config in N processes before timing any (0: compile as timed)")
     args = parser.parse_args()
-    axes = Axes(tuple(args.block_n), tuple(args.block_k), tuple(args.stages), tuple(args.warps), tuple(args.split_k))
+    tiles = tuple(tuple(int(v) for v in t.split("x")) for t in args.tiles)
+    axes = Axes(tiles, tuple(args.block_k), tuple(args.stages), tuple(args.split_k))
     if args.precompile:
         precompile_with(_compile, [(m, *PROJECTIONS[name], c) for m in args.batches for name in args.projections
                                    for c in configs(m, axes)], args.precompile)
