@@ -30,8 +30,10 @@ def test_configs_sweep_every_combination_with_a_row_tile_for_the_batch(sweep):
     axes = sweep.Axes(tiles=((32, 2), (64, 4)), block_k=(128,), stages=(2, 3), split_k=(1, 2))
     cfgs = list(sweep.configs(40, axes))
     assert len({tuple(sorted(c.items())) for c in cfgs}) == 8 and all(c["NIBBLES"] == 1 for c in cfgs)
-    assert {c["BLOCK_M"] for c in cfgs} == {64} and {(c["BLOCK_N"], c["num_warps"]) for c in cfgs} == {(32, 2), (64, 4)}
-    assert {c["BLOCK_M"] for c in sweep.configs(5, axes)} == {16} and {c["BLOCK_M"] for c in sweep.configs(500, axes)} == {128}
+    assert {c["BLOCK_M"] for c in cfgs} == {64}
+    assert {(c["BLOCK_N"], c["num_warps"]) for c in cfgs} == {(32, 2), (64, 4)}
+    assert {c["BLOCK_M"] for c in sweep.configs(5, axes)} == {16}  # the smallest dot tile
+    assert {c["BLOCK_M"] for c in sweep.configs(500, axes)} == {128}  # the largest swept
 
 
 def test_timing_weights_are_in_the_kernels_layout(sweep):

@@ -7,10 +7,13 @@ the 4-bit layout of kernels/int4_layout.py: each [BLOCK_N, BLOCK_K] tile of pack
 has its row's zero subtracted and scale applied in registers (one group per tile) and goes into the dot.
 Few output tiles (skinny batched decode) can split K over SPLIT_K programs, whose fp32 partials one
 small kernel sums. NIBBLES 1 in the config takes the 4-bit tile another way (`_w4a16_nibble_kernel`): no
-unpacking into column order, but one dot a nibble position, each over the tile's words as they are stored (the
-activations are gathered to match), with the weights as the dot's first operand (y^T = W x^T), so the
-dequantized values go to the tensor cores from registers. `int4_dequantize` writes the whole 4-bit weight in x's dtype with the same tile code,
-for w4a16_gemm's DEQUANT path (dequantize, then cuBLAS). Plain Triton (no FP8 tensor cores), so it runs on Ampere as well as Hopper.
+unpacking into column order, but one dot a nibble position, each over the tile's words as they are stored
+(the activations are gathered to match), with the weights as the dot's first operand (y^T = W x^T), so the
+dequantized values go to the tensor cores from registers; on the H200 it beats dequantize-then-cuBLAS up to
+64 rows (Triton waits for each warpgroup MMA whose operand is in registers, so the eight dots of a tile run
+one after another, which is what stops it there). `int4_dequantize` writes the whole 4-bit weight in x's
+dtype with the same tile code, for w4a16_gemm's DEQUANT path (dequantize, then cuBLAS). Plain Triton (no FP8
+tensor cores), so it runs on Ampere as well as Hopper.
 """
 
 from __future__ import annotations
