@@ -37,19 +37,23 @@ BATCHES = (8, 16, 32, 64, 128)
 @dataclass(frozen=True)
 class Axes:
     """The launch-config values swept, every combination of them. tiles: (BLOCK_N, num_warps), BLOCK_N the weight
-    rows a program: 16 rows a warp takes Ampere's MMA with no warp repeating another's dequantization, 64 or more
-    on four warps Hopper's warpgroup MMA."""
-    tiles: tuple = ((16, 1), (32, 2), (64, 2), (64, 4), (128, 4))
+    rows a program (fewer than 64, which Hopper runs on Ampere's MMA, lost everywhere in the first sweeps: each
+    program reads all of x, so the activations' traffic grows as the tiles shrink)."""
+    tiles: tuple = ((64, 4), (128, 4), (128, 8), (256, 8))
     block_k: tuple = (128, 256)
     stages: tuple = (3, 4)
     split_k: tuple = (1, 2, 4)
+    swap: tuple = (1, 0)  # 1: the weights the MMA's register operand (W x^T); 0: both from shared memory (x W^T)
 
 
 def configs(m: int, axes: Axes = Axes()):
     block_m = max(16, min(128, 1 << (m - 1).bit_length()))
-    for (bn, warps), bk, stages, split in itertools.product(axes.tiles, axes.block_k, axes.stages, axes.split_k):
-        yield {"NIBBLES": 1, "BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": split,
-               "num_warps": warps, "num_stages": stages}
+    for (bn, warps), bk, stages, split, swap in itertools.product(axes.tiles, axes.block_k, axes.stages, axes.split_k,
+                                                                  axes.swap):
+        if swap == 0 and block_m < 64:  # the warpgroup MMA's first dimension is 64 rows: x's would be padding
+            continue
+        yield {"NIBBLES": 1, "SWAP": swap, "BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
+               "SPLIT_K": split, "num_warps": warps, "num_stages": stages}
 
 
 def weight(n: int, k: int, seed: int, device: str = "cuda"):
@@ -122,12 +126,13 @@ def main() -> None:
     parser.add_argument("--block-k", type=int, nargs="+", default=list(Axes.block_k), help="BLOCK_K values")
     parser.add_argument("--stages", type=int, nargs="+", default=list(Axes.stages), help="num_stages values")
     parser.add_argument("--split-k", type=int, nargs="+", default=list(Axes.split_k), help="SPLIT_K values")
+    parser.add_argument("--swap", type=int, nargs="+", default=list(Axes.swap), choices=(0, 1), help="SWAP values")
     parser.add_argument("--table", action="store_true", help="print the tuned-table entries")
     parser.add_argument("--precompile", type=int, default=0, metavar="N",
                         help="compile every config in N processes before timing any (0: compile as timed)")
     args = parser.parse_args()
     tiles = tuple(tuple(int(v) for v in t.split("x")) for t in args.tiles)
-    axes = Axes(tiles, tuple(args.block_k), tuple(args.stages), tuple(args.split_k))
+    axes = Axes(tiles, tuple(args.block_k), tuple(args.stages), tuple(args.split_k), tuple(args.swap))
     if args.precompile:
         precompile_with(_compile, [(m, *PROJECTIONS[name], c) for m in args.batches for name in args.projections
                                    for c in configs(m, axes)], args.precompile)

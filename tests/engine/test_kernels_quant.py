@@ -210,15 +210,16 @@ def test_w4a16_gemm(act_order, dtype, split_k, dequant, group):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("act_order", [False, True])
-@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize("split_k, swap", [(1, 1), (2, 1), (1, 0), (2, 0)])
 @pytest.mark.parametrize("group, block_k", [(32, 128), (64, 256), (128, 128), (256, 128)])
-def test_w4a16_gemm_by_nibble(act_order, dtype, split_k, group, block_k):
-    """One dot a nibble position over the words as stored: groups smaller than, equal to and larger than the tile."""
+def test_w4a16_gemm_by_nibble(act_order, dtype, split_k, swap, group, block_k):
+    """One dot a nibble position over the words as stored, the weights either operand of the dot: groups smaller
+    than, equal to and larger than the tile."""
     q, s, z, perm = int4_weight(40, 512, group, act_order)
     x = torch.randn(19, 512, device=DEVICE).to(dtype)
     bias = torch.randn(40, device=DEVICE).to(dtype)
     cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": block_k, "GROUP_M": 2, "SPLIT_K": split_k, "NIBBLES": 1,
-           "num_warps": 4, "num_stages": 1}
+           "SWAP": swap, "num_warps": 4, "num_stages": 1}
     want = int4_gemv_ref(x, q, s, z, perm, group, bias)
     _close(w4a16_gemm(x, q, s, z, perm, group, bias, config=cfg), want, dtype)
 

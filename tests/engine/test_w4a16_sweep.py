@@ -27,9 +27,10 @@ def test_table_takes_the_nibble_kernel_only_where_it_won_every_batch_of_a_bucket
 
 
 def test_configs_sweep_every_combination_with_a_row_tile_for_the_batch(sweep):
-    axes = sweep.Axes(tiles=((32, 2), (64, 4)), block_k=(128,), stages=(2, 3), split_k=(1, 2))
+    axes = sweep.Axes(tiles=((32, 2), (64, 4)), block_k=(128,), stages=(2, 3), split_k=(1, 2), swap=(1, 0))
     cfgs = list(sweep.configs(40, axes))
-    assert len({tuple(sorted(c.items())) for c in cfgs}) == 8 and all(c["NIBBLES"] == 1 for c in cfgs)
+    assert len({tuple(sorted(c.items())) for c in cfgs}) == 16 and all(c["NIBBLES"] == 1 for c in cfgs)
+    assert len(list(sweep.configs(20, axes))) == 8  # x's rows too few to lead the MMA: the weights lead
     assert {c["BLOCK_M"] for c in cfgs} == {64}
     assert {(c["BLOCK_N"], c["num_warps"]) for c in cfgs} == {(32, 2), (64, 4)}
     assert {c["BLOCK_M"] for c in sweep.configs(5, axes)} == {16}  # the smallest dot tile

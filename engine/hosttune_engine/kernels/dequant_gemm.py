@@ -156,10 +156,11 @@ def _w4a16_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, ws_ptr, M,
 def _w4a16_nibble_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, stride_ym,
                          HAS_BIAS: tl.constexpr, PERMUTED: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr,
                          PART: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr):
-    """acc^T [BLOCK_N, BLOCK_M] = sum over the 8 nibble positions i of W_i [BLOCK_N, WORDS] @ x_i^T [WORDS, BLOCK_M]:
-    W_i holds nibble i of the tile's words, x_i the activations of the columns those nibbles hold (word w, nibble
-    i: column (w // R) 8R + R i + w % R of the tile). Nibbles dequantize as in kernels/int4_gemv.py (`_magic`:
+                         GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr, SWAP: tl.constexpr):
+    """acc^T [BLOCK_N, BLOCK_M] = sum over the 8 nibble positions i of W_i [BLOCK_N, WORDS] @ x_i^T [WORDS, BLOCK_M]
+    (SWAP; else acc = sum of x_i @ W_i^T, for many rows, where the MMA's first dimension is x's): W_i holds nibble i
+    of the tile's words, x_i the activations of the columns those nibbles hold (word w, nibble i: column
+    (w // R) 8R + R i + w % R of the tile). Nibbles dequantize as in kernels/int4_gemv.py (`_magic`:
     (q - zero) 16^j exact, times scale / 16^j), rounded once as the reference rounds. PART = min(GROUP, BLOCK_K);
     BLOCK_K is a whole number of pack blocks, inside a group or a whole number of groups."""
     offs_m, offs_n = _tile_offsets(M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -172,7 +173,8 @@ def _w4a16_nibble_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, ws_
     words = tl.arange(0, WORDS)
     first_col = (words // R) * (8 * R) + words % R  # [WORDS]: the tile column of each word's nibble 0
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
-    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # SWAP: W x^T, the weights the dot's register operand
+    acc_x = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # else x W^T, the weights stored to shared memory for it
     start, stop = _k_range(K, BLOCK_K, SPLIT_K)
     for k0 in range(start, stop, BLOCK_K):
         p = tl.load(q_rows + (k0 // 8 + words)[None, :], mask=n_mask[:, None], other=0)  # [BLOCK_N, WORDS]
@@ -188,8 +190,13 @@ def _w4a16_nibble_kernel(x_ptr, q_ptr, s_ptr, z_ptr, perm_ptr, b_ptr, y_ptr, ws_
                 if PERMUTED:
                     cols = tl.load(perm_ptr + cols)
                 a = tl.load(x_rows + cols[None, :], mask=m_mask[:, None], other=0.0)  # [BLOCK_M, WORDS]
-                acc += tl.dot(w.to(a.dtype), tl.trans(a), input_precision=PRECISION)
-    _finish(tl.trans(acc), b_ptr, y_ptr, ws_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
+                if SWAP:
+                    acc += tl.dot(w.to(a.dtype), tl.trans(a), input_precision=PRECISION)
+                else:
+                    acc_x += tl.dot(a, tl.trans(w.to(a.dtype)), input_precision=PRECISION)
+    if SWAP:
+        acc_x = tl.trans(acc)
+    _finish(acc_x, b_ptr, y_ptr, ws_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
@@ -309,6 +316,6 @@ def _w4a16_by_nibble(x, qweight, scales, zeros, perm, group_size: int, bias, cfg
         x, qweight, scales, zeros, perm if perm is not None else qweight, bias if bias is not None else x, y, ws,
         m, n, k, x.stride(0), y.stride(0), HAS_BIAS=bias is not None, PERMUTED=perm is not None, GROUP=group_size,
         R=pack_block(group_size) // 8, PART=min(group_size, block_k), BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_K=block_k, GROUP_M=cfg["GROUP_M"], SPLIT_K=cfg.get("SPLIT_K", 1), num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], PRECISION=_precision(x))
+        BLOCK_K=block_k, GROUP_M=cfg["GROUP_M"], SPLIT_K=cfg.get("SPLIT_K", 1), SWAP=cfg.get("SWAP", 1),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], PRECISION=_precision(x))
     return _split_sum(ws, bias, y, cfg)
