@@ -224,15 +224,17 @@ def main() -> None:
     parser.add_argument("--skip-bf16", action="store_true", help="no bf16 rows (no ratios to bf16)")
     parser.add_argument("--schemes", nargs="+", choices=list(SCHEMES), default=list(Plan().schemes),
                         help="which quantized engines to measure")
+    parser.add_argument("--batch", type=int, default=Plan().batch, help="the batched decode rows' batch size")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = lambda obj: print(json.dumps(obj, default=str), flush=True)  # noqa: E731
     res = {"ceilings": measure_ceilings()}
     log(res["ceilings"])
+    plan = Plan(batch=args.batch, schemes=tuple(args.schemes))
     if not args.skip_bf16:
-        res.update(bf16_rows(Plan(), log))
-    run_quant(res, log, Plan(schemes=tuple(args.schemes)))
+        res.update(bf16_rows(plan, log))
+    run_quant(res, log, plan)
     (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
     print("\n| measurement | ours | reference | ratio | target |\n| --- | --- | --- | --- | --- |")
     print("\n".join(table_rows(res)))
