@@ -287,7 +287,7 @@ def w4a16_gemm(x, qweight, scales, zeros, perm, group_size: int, bias=None, conf
         w = int4_dequantize(qweight, scales, zeros, group_size, x.dtype)
         return torch.nn.functional.linear(x if perm is None else x[:, perm], w, bias)
     n = qweight.shape[0]
-    if cfg.get("NIBBLES") and _nibble_block_k(cfg["BLOCK_K"], group_size, k) >= 128:
+    if cfg.get("NIBBLES") and _nibble_block_k(cfg["BLOCK_K"], group_size, k) >= 128:  # else no 16-word tile fits
         return _w4a16_by_nibble(x, qweight, scales, zeros, perm, group_size, bias, cfg, m, n, k)
     # a tile inside one group, of whole pack blocks
     cfg["BLOCK_K"] = max(tile_in_group(cfg["BLOCK_K"], group_size), pack_block(group_size))

@@ -11,7 +11,8 @@ activations the table's `fp8_mm` entry also picks the batched path (per shape, e
 gate_up projection on "triton" whose SwiGLU defers to an FP8 down_proj defers too where its `fp8_gemm` config
 says SWIGLU 1, and down_proj's input quantization then runs the GEMM with the SwiGLU in its epilogue. Configs
 may also say FUSE 0 (a GEMV's RMSNorm / SwiGLU prologue run by its own kernels first), DEQUANT 1 (W4A16
-through a dequantized weight and cuBLAS), PACKED 1 (a quantized GEMV's fp16x2 products, CUDA only), XB 1 (the
+through a dequantized weight and cuBLAS), NIBBLES 1 (the W4A16 GEMM one dot a nibble position, SWAP 0 putting x
+first in its MMA), PACKED 1 (a quantized GEMV's fp16x2 products, CUDA only), XB 1 (the
 FP8 GEMV's activations in the weight tile's layout), UNROLL n (a GEMV's K loop unrolled), PIPE p (or
 software-pipelined) and SPLIT s (a GEMV's K split across s programs a row block): whichever the tuner measured
 faster."""
