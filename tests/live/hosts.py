@@ -38,6 +38,7 @@ __all__ = ["Bind", "BootError", "BootTiming", "Fleet", "LiveHost", "sweep_stale_
 WORK_ROOT = Path(os.environ.get("HOSTTUNE_LIVE_WORKDIR", "/var/tmp/hosttune-live"))
 BOOT_TIMEOUT_S = float(os.environ.get("HOSTTUNE_BOOT_TIMEOUT", "120"))
 PORT_RANGE = (20000, 30000)  # below the kernel's ephemeral range, so outgoing sockets never take them
+CPUIDLE = Path("/sys/devices/system/cpu/cpuidle")
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,8 @@ class Fleet:
         machine = Machine(
             machine_name=f"ht{os.getpid()}-{name}", hostname=name, root=root,
             console_log=hostdir / "console.log",
-            cgroup=Cgroup(f"{TOP}/{self.run_id}/{name}"), binds=binds, extra_args=nspawn_args,
+            cgroup=Cgroup(f"{TOP}/{self.run_id}/{name}"), binds=binds + cpuidle_standin(hostdir),
+            extra_args=nspawn_args,
         )
         host = LiveHost(name, ADDRESS, port, "root", self.client_key.private_path, root,
                         machine, host_key.public)
@@ -290,3 +292,18 @@ def _owner_alive(rundir: Path) -> bool:
     except (FileNotFoundError, ValueError, ProcessLookupError):
         return False
 
+
+def cpuidle_standin(hostdir: Path, real: Path = CPUIDLE) -> tuple[Bind, ...]:
+    """Where the VM running the tests has no cpuidle driver (current_driver "none"; a container sees the VM's
+    kernel), a read-only stand-in naming one, so every container judges C-states as a bare-metal host with
+    idle states does; where the VM has a driver, nothing (its own is seen)."""
+    driver = real / "current_driver"
+    if not driver.is_file() or driver.read_text().strip() != "none":
+        return ()
+    standin = hostdir / "cpuidle"
+    standin.mkdir()
+    for f in real.iterdir():
+        if f.is_file():
+            (standin / f.name).write_text(f.read_text())
+    (standin / "current_driver").write_text("acpi_idle\n")
+    return (Bind(standin, str(real), read_only=True),)

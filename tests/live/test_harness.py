@@ -9,7 +9,7 @@ import paramiko
 import pytest
 
 from .cgroup import TOP, Cgroup
-from .hosts import Bind, BootError, Fleet
+from .hosts import Bind, BootError, Fleet, cpuidle_standin
 from .image import mounts_under
 from .sshkeys import known_hosts_line
 
@@ -156,3 +156,18 @@ def test_close_leaves_no_process_mount_or_file(live_image, tmp_path):
     assert not mounts_under(tmp_path)
     assert not fleet.workdir.exists()
     assert port_refuses(host.port)
+
+
+def test_a_cpuidle_stand_in_names_a_driver_only_where_the_vm_running_the_tests_has_none(tmp_path):
+    real = tmp_path / "cpuidle"
+    real.mkdir()
+    (real / "current_driver").write_text("none\n")
+    (real / "current_governor").write_text("menu\n")
+    (tmp_path / "a").mkdir()
+    (bind,) = cpuidle_standin(tmp_path / "a", real)
+    assert (bind.path, bind.read_only) == (str(real), True)
+    assert (bind.host_path / "current_driver").read_text() == "acpi_idle\n"
+    assert (bind.host_path / "current_governor").read_text() == "menu\n"
+    (real / "current_driver").write_text("intel_idle\n")
+    (tmp_path / "b").mkdir()
+    assert cpuidle_standin(tmp_path / "b", real) == ()
