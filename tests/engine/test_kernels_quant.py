@@ -208,11 +208,15 @@ def test_w4a16_gemm(act_order, dtype, split_k, dequant, group):
 
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("act_order", [False, True])
-@pytest.mark.parametrize("split_k, swap", [(1, 1), (2, 1), (1, 0), (2, 0)])
-@pytest.mark.parametrize("group, block_k", [(32, 128), (64, 256), (128, 128), (256, 128)])
-def test_w4a16_gemm_by_nibble(act_order, dtype, split_k, swap, group, block_k):
+F32, F16 = torch.float32, torch.float16
+
+
+# every group-to-tile relation, act-order or not, fp32 and fp16, split K or not, either operand first
+@pytest.mark.parametrize("group, block_k, act_order, dtype, split_k, swap", [
+    (32, 128, False, F32, 1, 1), (32, 128, True, F16, 2, 0), (64, 256, True, F16, 2, 1), (64, 256, False, F32, 1, 0),
+    (128, 128, False, F16, 1, 0), (128, 128, True, F32, 1, 1), (256, 128, True, F32, 2, 0),
+    (256, 128, False, F16, 2, 1)])
+def test_w4a16_gemm_by_nibble(group, block_k, act_order, dtype, split_k, swap):
     """One dot a nibble position over the words as stored, the weights either operand of the dot: groups smaller
     than, equal to and larger than the tile."""
     q, s, z, perm = int4_weight(40, 512, group, act_order)
