@@ -100,10 +100,6 @@ def takes_swiglu(n: int, k: int, cfg: dict) -> bool:
     return (n, k) == PROJECTIONS["gate_up"] and cfg["BLOCK_N"] >= 32
 
 
-def precompile(jobs: list[tuple[int, int, int, dict]], workers: int) -> None:
-    precompile_with(_compile, jobs, workers)
-
-
 def precompile_with(compile_one, jobs: list[tuple[int, int, int, dict]], workers: int) -> None:
     """Compile every (m, n, k, config) launch first, compile_one(m, n, k, config) in `workers` processes at once
     (Triton's on-disk cache keeps the kernels), so the sweep itself only loads and times them."""
@@ -178,26 +174,24 @@ def table(rows: list[dict]) -> dict:
     return {"fp8_mm": methods, "fp8_gemm": gemm}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="fp8-gemm-sweep.json")
-    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
+def sweep_arguments(parser: argparse.ArgumentParser, out: str, batches, block_k, stages) -> None:
+    """The options every GEMM sweep takes: output, batches, projections, K tiles, stages, --table, --precompile."""
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--batches", type=int, nargs="+", default=list(batches))
     parser.add_argument("--projections", nargs="+", choices=list(PROJECTIONS), default=list(PROJECTIONS))
-    parser.add_argument("--fast-acc", type=int, nargs="+", default=list(Axes.fast_acc), choices=(0, 1),
-                        help="FAST_ACC values to sweep (1: the MMA accumulates along K)")
-    parser.add_argument("--block-n", type=int, nargs="+", default=list(Axes.block_n), help="BLOCK_N values")
-    parser.add_argument("--block-k", type=int, nargs="+", default=list(Axes.block_k), help="BLOCK_K values")
-    parser.add_argument("--stages", type=int, nargs="+", default=list(Axes.stages), help="num_stages values")
-    parser.add_argument("--warps", type=int, nargs="+", default=list(Axes.warps), help="num_warps values")
+    parser.add_argument("--block-k", type=int, nargs="+", default=list(block_k), help="BLOCK_K values")
+    parser.add_argument("--stages", type=int, nargs="+", default=list(stages), help="num_stages values")
     parser.add_argument("--table", action="store_true", help="print the tuned-table entries")
     parser.add_argument("--precompile", type=int, default=0, metavar="N",
                         help="compile every config in N processes before timing any (0: compile as timed)")
-    args = parser.parse_args()
-    axes = Axes(tuple(args.block_n), tuple(args.block_k), tuple(args.stages), tuple(args.warps),
-                tuple(args.fast_acc))
+
+
+def run_sweep(args, axes, configs, measure, table, compile_one) -> None:
+    """Precompile (with --precompile), measure(m, n, k, axes) every batch and projection (a JSON line each), the
+    table from the rows (with --table), all written to --out."""
     if args.precompile:
-        precompile([(m, *PROJECTIONS[name], c) for m in args.batches for name in args.projections
-                    for c in configs(m, axes)], args.precompile)
+        precompile_with(compile_one, [(m, *PROJECTIONS[name], c) for m in args.batches for name in args.projections
+                                      for c in configs(m, axes)], args.precompile)
     rows = []
     for m in args.batches:
         for name in args.projections:
@@ -209,6 +203,19 @@ def main() -> None:
         res["table"] = table(rows)
         print(json.dumps(res["table"], indent=1))
     Path(args.out).write_text(json.dumps(res, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sweep_arguments(parser, "fp8-gemm-sweep.json", BATCHES, Axes.block_k, Axes.stages)
+    parser.add_argument("--fast-acc", type=int, nargs="+", default=list(Axes.fast_acc), choices=(0, 1),
+                        help="FAST_ACC values to sweep (1: the MMA accumulates along K)")
+    parser.add_argument("--block-n", type=int, nargs="+", default=list(Axes.block_n), help="BLOCK_N values")
+    parser.add_argument("--warps", type=int, nargs="+", default=list(Axes.warps), help="num_warps values")
+    args = parser.parse_args()
+    axes = Axes(tuple(args.block_n), tuple(args.block_k), tuple(args.stages), tuple(args.warps),
+                tuple(args.fast_acc))
+    run_sweep(args, axes, configs, measure, table, _compile)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from common import per_launch_us  # noqa: E402
-from fp8_gemm_sweep import LAUNCHES, PROJECTIONS, _copies, precompile_with  # noqa: E402
+from fp8_gemm_sweep import LAUNCHES, _copies, run_sweep, sweep_arguments  # noqa: E402
 
 GROUP = 128
 BATCHES = (8, 16, 32, 64, 128)
@@ -118,35 +117,15 @@ def table(rows: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="w4a16-sweep.json")
-    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES))
-    parser.add_argument("--projections", nargs="+", choices=list(PROJECTIONS), default=list(PROJECTIONS))
+    sweep_arguments(parser, "w4a16-sweep.json", BATCHES, Axes.block_k, Axes.stages)
     parser.add_argument("--tiles", nargs="+", default=[f"{n}x{w}" for n, w in Axes.tiles], metavar="NxW",
                         help="(BLOCK_N, num_warps) pairs, as BLOCK_NxWARPS")
-    parser.add_argument("--block-k", type=int, nargs="+", default=list(Axes.block_k), help="BLOCK_K values")
-    parser.add_argument("--stages", type=int, nargs="+", default=list(Axes.stages), help="num_stages values")
     parser.add_argument("--split-k", type=int, nargs="+", default=list(Axes.split_k), help="SPLIT_K values")
     parser.add_argument("--swap", type=int, nargs="+", default=list(Axes.swap), choices=(0, 1), help="SWAP values")
-    parser.add_argument("--table", action="store_true", help="print the tuned-table entries")
-    parser.add_argument("--precompile", type=int, default=0, metavar="N",
-                        help="compile every config in N processes before timing any (0: compile as timed)")
     args = parser.parse_args()
     tiles = tuple(tuple(int(v) for v in t.split("x")) for t in args.tiles)
     axes = Axes(tiles, tuple(args.block_k), tuple(args.stages), tuple(args.split_k), tuple(args.swap))
-    if args.precompile:
-        precompile_with(_compile, [(m, *PROJECTIONS[name], c) for m in args.batches for name in args.projections
-                                   for c in configs(m, axes)], args.precompile)
-    rows = []
-    for m in args.batches:
-        for name in args.projections:
-            n, k = PROJECTIONS[name]
-            rows.append({"projection": name, **measure(m, n, k, axes)})
-            print(json.dumps(rows[-1]), flush=True)
-    res = {"device": torch.cuda.get_device_name(), "rows": rows}
-    if args.table:
-        res["table"] = table(rows)
-        print(json.dumps(res["table"], indent=1))
-    Path(args.out).write_text(json.dumps(res, indent=1))
+    run_sweep(args, axes, configs, measure, table, _compile)
 
 
 if __name__ == "__main__":
