@@ -21,7 +21,7 @@ import torch
 
 from hosttune_engine.errors import EngineError
 from hosttune_engine.quant.spec import Layout, QuantSpec
-from hosttune_engine.quant.writer import write_quantized
+from hosttune_engine.checkpoint.writer import write_quantized
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

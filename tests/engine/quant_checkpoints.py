@@ -10,12 +10,12 @@ from pathlib import Path
 import torch
 
 from hosttune_engine.quant.spec import Layout, QuantSpec
-from hosttune_engine.quant.writer import write_quantized
+from hosttune_engine.checkpoint.writer import write_quantized
 
 from .quant_reference import dequantize_folder
 from .smollm2 import CACHE
 
-QUANT_DIR = Path(__file__).resolve().parents[2] / "engine" / "hosttune_engine" / "quant"
+ENGINE_DIR = Path(__file__).resolve().parents[2] / "engine" / "hosttune_engine"
 
 SPECS = {
     "fp8-block": QuantSpec(Layout.FP8_BLOCK, block=(128, 128), ignore=("lm_head",)),
@@ -49,8 +49,9 @@ def dtype_of(spec: QuantSpec) -> torch.dtype:
 def writer_version() -> str:
     """A hash of the writer's code: a cached checkpoint is rewritten when the code that wrote it changes."""
     h = hashlib.sha256()
-    for name in ("quantize.py", "int4_packing.py", "layouts.py", "writer.py", "spec.py", "scale_search.py"):
-        h.update((QUANT_DIR / name).read_bytes())
+    for name in ("quant/quantize.py", "quant/int4_packing.py", "quant/layouts.py", "quant/spec.py",
+                 "checkpoint/writer.py", "checkpoint/scale_search.py"):
+        h.update((ENGINE_DIR / name).read_bytes())
     return h.hexdigest()[:12]
 
 

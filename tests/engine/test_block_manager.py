@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from hosttune_engine.cache.block_manager import BlockManager
+from hosttune_engine.core.block_manager import BlockManager
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.sampling import SamplingParams
 
@@ -26,7 +26,7 @@ def admit(bm, s, n=None):
 
 def test_block_manager_and_scheduler_import_without_torch():
     code = (
-        "import sys; import hosttune_engine.cache.block_manager, hosttune_engine.core.scheduler, "
+        "import sys; import hosttune_engine.core.block_manager, hosttune_engine.core.scheduler, "
         "hosttune_engine.sampling, hosttune_engine.config; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
@@ -125,7 +125,7 @@ def test_can_allocate_counts_revived_cached_blocks():
 
 
 def test_hash_collision_is_a_miss(monkeypatch):
-    import hosttune_engine.cache.block_manager as mod
+    import hosttune_engine.core.block_manager as mod
 
     monkeypatch.setattr(mod, "chain_hash", lambda parent, tokens: 7)
     bm = BlockManager(num_blocks=8, block_size=BS)

@@ -210,7 +210,7 @@ def _attention_layers(eng):
 def test_another_rank_replays_a_mixed_step_as_rank_zero_launches_it(tiny_models):
     """With tensor parallelism the other ranks `replay` rank 0's step message; here one runner does both
     and both write the same keys and values into the cache."""
-    from hosttune_engine.parallel.step_message import StepKind
+    from hosttune_engine.core.step_message import StepKind
 
     eng = _engine(tiny_models, "padded")
     sched = _mixed_step(eng, prompt_ids(11, seed=6))

@@ -11,7 +11,7 @@ from safetensors import safe_open
 from hosttune_engine import Engine, EngineConfig
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.quant.int4_packing import AWQ_ORDER, pack_int4, unpack_int4
-from hosttune_engine.quant.writer import write_quantized
+from hosttune_engine.checkpoint.writer import write_quantized
 from hosttune_engine.sampling import SamplingParams
 
 from .oracle import hf_logits, prompt_ids

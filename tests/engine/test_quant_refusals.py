@@ -13,7 +13,7 @@ from hosttune_engine.errors import ConfigError, ModelLoadError, QuantizationErro
 from hosttune_engine.model import loader
 
 from hosttune_engine.quant.fp8_linear import Fp8Linear
-from hosttune_engine.quant.writer import write_quantized
+from hosttune_engine.checkpoint.writer import write_quantized
 
 from .quant_checkpoints import SPECS, write
 

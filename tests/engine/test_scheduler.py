@@ -6,7 +6,7 @@ token ids; no torch.
 
 import time
 
-from hosttune_engine.cache.block_manager import BlockManager
+from hosttune_engine.core.block_manager import BlockManager
 from hosttune_engine.core.scheduler import Scheduler, SchedulerConfig
 from hosttune_engine.core.sequence import Sequence, SequenceStatus
 from hosttune_engine.sampling import SamplingParams

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from hosttune_engine.cache.block_manager import BlockManager
+from hosttune_engine.core.block_manager import BlockManager
 from hosttune_engine.core.scheduler import Scheduler, SchedulerConfig
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.core.step_budget import MIN_CHUNK

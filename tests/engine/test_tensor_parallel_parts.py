@@ -15,8 +15,8 @@ from hosttune_engine.errors import ConfigError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.parallel.checks import check_gpu_count, check_shard_fits, shard_bytes
 from hosttune_engine.parallel.layout import ShardLayout, check_divides_heads
-from hosttune_engine.parallel.shard import Shard, read_tensor
-from hosttune_engine.parallel.step_message import Mirrors, StepKind, step_message
+from hosttune_engine.model.shard import Shard, read_tensor
+from hosttune_engine.core.step_message import Mirrors, StepKind, step_message
 from hosttune_engine.sampling import SamplingParams
 
 

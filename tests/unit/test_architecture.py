@@ -1,7 +1,8 @@
 """Dependencies point one way; the control plane never imports torch, triton or the engine."""
 
-import ast
 from pathlib import Path
+
+from layering import Layering
 
 PKG = Path(__file__).resolve().parents[2] / "hosttune"
 FORBIDDEN = ("torch", "triton", "hosttune_engine")
@@ -9,7 +10,7 @@ FORBIDDEN = ("torch", "triton", "hosttune_engine")
 # probes → transport). Every package and top-level module of hosttune/ has a place here: a
 # module may import its own unit and the layers below it, never a layer above, and the units
 # of one layer are independent of each other. `__init__` is the package itself.
-LAYERS = [
+LAYERS = Layering(PKG, (
     ("__init__", "errors"),            # the version; the typed errors every layer raises
     ("quoting", "cpulist", "fleet_runner"),  # shell and systemd quoting; CPU list syntax; hosts in parallel, outcomes, exit bits
     ("transport",),                    # run a command, read and put a file: local or SSH
@@ -24,46 +25,7 @@ LAYERS = [
     ("report",),                       # table, JSON, JUnit, Prometheus
     ("cli",),
     ("__main__",),                     # python -m hosttune
-]
-
-
-def imports(path: Path) -> set[str]:
-    """The modules a file imports; `from hosttune import cores` counts as `hosttune.cores`."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            if node.module == "hosttune":
-                names.update(f"hosttune.{a.name}" for a in node.names if is_submodule(a.name))
-    return names
-
-
-def is_submodule(name: str) -> bool:
-    return (PKG / name).is_dir() or (PKG / f"{name}.py").is_file()
-
-
-UNITS = {unit: number for number, layer in enumerate(LAYERS) for unit in layer}
-
-
-def unit_of(module: str) -> str | None:
-    """`hosttune.checks.cpu` → `checks`; `hosttune` → `__init__`; None outside the package."""
-    parts = module.split(".")
-    if parts[0] != "hosttune":
-        return None
-    return parts[1] if len(parts) > 1 else "__init__"
-
-
-def module_name(path: Path, package: Path = PKG) -> str:
-    parts = path.relative_to(package.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def package_units() -> set[str]:
-    """Every package and top-level module under hosttune/ (the package itself is `__init__`)."""
-    return {unit_of(module_name(path)) for path in PKG.rglob("*.py")}
+))
 
 
 # Scripts the probe ships to hosts as text and runs there with the host's own python (the
@@ -72,40 +34,24 @@ SHIPPED_TO_HOSTS = {"allreduce_probe.py"}
 
 
 def test_control_plane_never_imports_ml_stack():
-    for path in PKG.rglob("*.py"):
+    for path in LAYERS.modules():
         if path.name in SHIPPED_TO_HOSTS:
             continue
-        bad = {m for m in imports(path) if m.split(".")[0] in FORBIDDEN}
+        bad = {m for m in LAYERS.imports(path) if m.split(".")[0] in FORBIDDEN}
         assert not bad, f"{path} imports {bad}"
 
 
 def test_scripts_shipped_to_hosts_are_never_imported():
-    for path in PKG.rglob("*.py"):
-        assert not {m.split(".")[-1] for m in imports(path)} & {n.removesuffix(".py") for n in SHIPPED_TO_HOSTS}, path
+    for path in LAYERS.modules():
+        assert not {m.split(".")[-1] for m in LAYERS.imports(path)} & {n.removesuffix(".py") for n in SHIPPED_TO_HOSTS}, path
 
 
 def test_every_package_and_module_has_a_layer():
-    assert package_units() == set(UNITS), (
-        f"without a layer: {sorted(package_units() - set(UNITS))}; not in hosttune/: {sorted(set(UNITS) - package_units())}")
-
-
-def layer_faults(path: Path, package: Path = PKG) -> list[str]:
-    own, name = unit_of(module_name(path, package)), path.relative_to(package.parent)
-    faults = []
-    for module in sorted(imports(path)):
-        other = unit_of(module)
-        if other is None or other == own:
-            continue
-        if other not in UNITS:
-            faults.append(f"{name} imports {module}, which has no layer")
-        elif UNITS[other] >= UNITS[own]:
-            where = "beside it" if UNITS[other] == UNITS[own] else "above it"
-            faults.append(f"{name} ({own}) imports {module} ({other}, a layer {where})")
-    return faults
+    assert not LAYERS.unplaced(), LAYERS.unplaced()
 
 
 def test_layers_point_one_way():
-    faults = [fault for path in PKG.rglob("*.py") for fault in layer_faults(path)]
+    faults = LAYERS.all_faults()
     assert not faults, "\n".join(faults)
 
 
@@ -117,11 +63,12 @@ def test_an_upward_import_is_a_fault(tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
     probe.write_text("from hosttune import checks, cpulist\nfrom hosttune.transport.base import Transport\n")
     peer.write_text("import hosttune.presets\nfrom hosttune.newthing import thing\n")
-    assert layer_faults(probe, package) == ["hosttune/probes/bad.py (probes) imports hosttune.checks (checks, a layer above it)"]
-    assert layer_faults(peer, package) == ["hosttune/config/bad.py imports hosttune.newthing, which has no layer",
-                                           "hosttune/config/bad.py (config) imports hosttune.presets (presets, a layer beside it)"]
+    planted = LAYERS.at(package)
+    assert planted.faults(probe) == ["hosttune/probes/bad.py (probes) imports hosttune.checks (checks, a layer above it)"]
+    assert planted.faults(peer) == ["hosttune/config/bad.py imports hosttune.newthing, which has no layer",
+                                    "hosttune/config/bad.py (config) imports hosttune.presets (presets, a layer beside it)"]
 
 
 def test_paramiko_only_in_ssh_transport():
-    users = [p for p in PKG.rglob("*.py") if "paramiko" in {m.split(".")[0] for m in imports(p)}]
+    users = [p for p in LAYERS.modules() if "paramiko" in {m.split(".")[0] for m in LAYERS.imports(p)}]
     assert [p.name for p in users] == ["ssh.py"]

@@ -1,1 +1,1 @@
-"""Paged KV cache: the torch-free block manager and the GPU/CPU KV pool."""
+"""The KV cache's memory: one tensor for all layers, sized from free device memory, with per-layer views."""

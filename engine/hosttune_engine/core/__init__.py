@@ -1,1 +1,1 @@
-"""The life of a request: sequence, scheduler, model runner, engine loop."""
+"""The life of a request: sequence, block manager, scheduler, model runner, engine loop; the other tensor-parallel ranks that replay its steps."""

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from hosttune_engine.cache.block_manager import BlockManager
+from hosttune_engine.core.block_manager import BlockManager
 from hosttune_engine.core import kernel_compiles
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.detokenizer import IncrementalDetokenizer
@@ -138,7 +138,7 @@ class Engine:
     def _start_runner(self) -> ModelRunner:
         if self.config.tensor_parallel_size == 1:
             return ModelRunner(self.config, self.model_config)
-        from hosttune_engine.parallel.workers import start_tensor_parallel
+        from hosttune_engine.core.workers import start_tensor_parallel
 
         runner, self.workers = start_tensor_parallel(self.config, self.model_config)
         return runner

@@ -50,7 +50,7 @@ from hosttune_engine.model.loader import load_model
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.parallel.group import TensorParallelGroup
 from hosttune_engine.parallel.layout import ShardLayout
-from hosttune_engine.parallel.step_message import StepKind, step_message
+from hosttune_engine.core.step_message import StepKind, step_message
 from hosttune_engine.parallel.transform import gather_logits, shard_model
 from hosttune_engine.sampling import SamplingParams
 

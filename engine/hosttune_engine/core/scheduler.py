@@ -27,7 +27,7 @@ import bisect
 import time
 from dataclasses import dataclass
 
-from hosttune_engine.cache.block_manager import BlockManager
+from hosttune_engine.core.block_manager import BlockManager
 from hosttune_engine.core.scheduler_output import SchedulerOutput  # noqa: F401  (the runner imports it from here)
 from hosttune_engine.core.sequence import Sequence, SequenceStatus
 from hosttune_engine.core.step_budget import CostCorrection, StepBudget

@@ -12,9 +12,10 @@ from torch import nn
 
 from hosttune_engine.errors import ModelLoadError
 from hosttune_engine.layers.linear import MergedLinear
+from hosttune_engine.layers.rotary import RotaryEmbedding
 from hosttune_engine.model.llama import MODEL_CLASSES
 from hosttune_engine.model.model_config import ModelConfig
-from hosttune_engine.parallel.shard import read_tensor
+from hosttune_engine.model.shard import read_tensor
 from hosttune_engine.quant.preflight import check_checkpoint, resolve_spec
 from hosttune_engine.quant.quant_linear import QuantLinear
 from hosttune_engine.quant.build import build_quantized
@@ -41,12 +42,21 @@ def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, shar
     if shard is None:
         with _default_dtype(dtype), torch.device(device):
             return MODEL_CLASSES[cfg.architecture](cfg).eval().requires_grad_(False)
-    from hosttune_engine.parallel.transform import materialize
-
     with _default_dtype(dtype), torch.device("meta"):
         model = MODEL_CLASSES[cfg.architecture](cfg).eval().requires_grad_(False)
         shard(model)
-    return materialize(model, device)
+    return _materialize(model, device)
+
+
+def _materialize(model: nn.Module, device: torch.device) -> nn.Module:
+    """Storage on `device` for a model built on the meta device (contents unset; tied weights kept)."""
+    model.to_empty(device=device)
+    if model.config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.fill_table()
+    return model
 
 
 def safetensors_files(folder: Path) -> list[Path]:

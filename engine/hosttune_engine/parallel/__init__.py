@@ -1,1 +1,1 @@
-"""Tensor parallelism: one engine over several GPUs of a host, one process per GPU (torch.distributed)."""
+"""Tensor parallelism as a transform of a built model: which part each rank holds, the sharded layers, the collectives."""

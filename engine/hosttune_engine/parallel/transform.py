@@ -18,10 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from hosttune_engine.layers.linear import MergedLinear
-from hosttune_engine.layers.rotary import RotaryEmbedding
 from hosttune_engine.parallel.group import TensorParallelGroup
 from hosttune_engine.parallel.layout import ShardLayout
-from hosttune_engine.parallel.shard import Shard, shard_of
+from hosttune_engine.model.shard import Shard, shard_of
 
 
 class VocabParallelEmbedding(nn.Embedding):
@@ -49,17 +48,6 @@ def shard_model(model: nn.Module, layout: ShardLayout, group: TensorParallelGrou
             _shard_mlp(layer.mlp, layout, group)
         _shard_vocab(model, layout, group)
     model.requires_grad_(False)
-
-
-def materialize(model: nn.Module, device: torch.device) -> nn.Module:
-    """Storage on `device` for a model built on the meta device (contents unset; tied weights kept)."""
-    model.to_empty(device=device)
-    if model.config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    for module in model.modules():
-        if isinstance(module, RotaryEmbedding):
-            module.fill_table()
-    return model
 
 
 def gather_logits(model: nn.Module, group: TensorParallelGroup) -> None:

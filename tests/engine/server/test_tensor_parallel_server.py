@@ -50,7 +50,7 @@ def _post_until_cut(url: str, body: dict) -> None:
 def _start(model, tmp_path) -> tuple[ServerProcess, list[int]]:
     server = ServerProcess(model, tmp_path, TP)
     server.wait_ready()
-    workers = [pid for pid in _children(server.proc.pid) if "parallel.worker" in _cmdline(pid)]
+    workers = [pid for pid in _children(server.proc.pid) if "core.worker" in _cmdline(pid)]
     assert len(workers) == 1, workers
     return server, workers
 

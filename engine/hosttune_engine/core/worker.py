@@ -1,6 +1,6 @@
 """A tensor-parallel rank above 0: its model runner, replaying the steps rank 0 broadcasts.
 
-Started by rank 0 (`parallel.workers`) as `python -m hosttune_engine.parallel.worker RANK WORLD PORT CONFIG`
+Started by rank 0 (`core.workers`) as `python -m hosttune_engine.core.worker RANK WORLD PORT CONFIG`
 with the engine's config as JSON. It ignores SIGTERM and SIGINT, which a service manager sends the whole
 process group: rank 0 drains and then tells it to stop (a `None` message). It exits as soon as rank 0 is
 gone, so a killed server leaves no worker behind.
@@ -32,7 +32,7 @@ def run(rank: int, world_size: int, port: int, config_json: str) -> None:
     from hosttune_engine.core.model_runner import ModelRunner
     from hosttune_engine.model.model_config import ModelConfig
     from hosttune_engine.parallel.group import TensorParallelGroup, join_store
-    from hosttune_engine.parallel.step_message import Mirrors
+    from hosttune_engine.core.step_message import Mirrors
 
     config = EngineConfig(**json.loads(config_json))
     device = resolve_device(config.device)

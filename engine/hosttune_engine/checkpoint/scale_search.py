@@ -79,7 +79,8 @@ def apply_scales(state: dict, found: ScaledInput, s: torch.Tensor) -> None:
 
 def record_inputs(source, ids: list[int], modules: list[str]) -> dict[str, torch.Tensor]:
     """The inputs [T, K] of the engine's `modules` over one teacher-forced pass of `ids` (CPU, fp32)."""
-    from hosttune_engine import Engine, EngineConfig
+    from hosttune_engine.config import EngineConfig
+    from hosttune_engine.core.engine import Engine
     from hosttune_engine.core.sequence import Sequence
     from hosttune_engine.sampling import SamplingParams
 

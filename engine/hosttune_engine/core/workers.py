@@ -1,6 +1,6 @@
 """Rank 0's side of a tensor-parallel engine: start the other ranks, watch them, stop them.
 
-One process per rank above 0 (`parallel.worker`), each on its own GPU. A watcher thread polls them: a
+One process per rank above 0 (`core.worker`), each on its own GPU. A watcher thread polls them: a
 rank that exits while the engine runs (killed, out of memory, a NCCL error) leaves the others blocked in
 a collective that will never complete, so the watcher kills the rest and ends this process with exit
 code 1 at once, and a service manager restarts it. `stop` is the orderly end: a `None` message, then
@@ -40,7 +40,7 @@ class Workers:
         self.world_size = config.tensor_parallel_size
         payload = json.dumps(dataclasses.asdict(config))
         self.processes = [
-            subprocess.Popen([sys.executable, "-m", "hosttune_engine.parallel.worker", str(rank),
+            subprocess.Popen([sys.executable, "-m", "hosttune_engine.core.worker", str(rank),
                               str(self.world_size), str(port), payload], stdin=subprocess.DEVNULL, env=_env())
             for rank in range(1, self.world_size)]
         self._stopping = threading.Event()

@@ -71,7 +71,7 @@ def write_quantized(source: Path, target: Path, spec: QuantSpec, dtype: torch.dt
                     calibration_ids: list[int] | None = None) -> Path:
     """Write `source` quantized in `spec`'s layout into `target` (created); returns `target`. With
     `calibration_ids` (token ids of representative text), 4-bit layouts first get activation-aware scales
-    (quant/scale_search.py)."""
+    (checkpoint/scale_search.py)."""
     from safetensors.torch import save_file
 
     from hosttune_engine.model.loader import build_model
@@ -81,7 +81,7 @@ def write_quantized(source: Path, target: Path, spec: QuantSpec, dtype: torch.dt
     meta = build_model(cfg, torch.device("meta"), dtype)
     state = read_state_dict(source)
     if calibration_ids and not spec.layout.is_fp8:
-        from hosttune_engine.quant.scale_search import search_scales
+        from hosttune_engine.checkpoint.scale_search import search_scales
 
         search_scales(state, source, cfg.num_layers, calibration_ids, spec.group_size)
     tensors = quantize_state_dict(state, meta, spec, dtype)

@@ -1,0 +1,1 @@
+"""Quantized checkpoints written from plain ones, with activation-aware scales found by running the engine."""
