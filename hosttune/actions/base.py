@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from posixpath import dirname
+from typing import ClassVar, Union
 
+from hosttune.actions.needs import Need, NeedCommand, NeedDir, NeedSpace, parents, program
 from hosttune.quoting import join
 
 
@@ -37,6 +39,18 @@ class FileWrite:
     def body(self) -> bytes:
         return self.source.read_bytes() if self.source is not None else self.content
 
+    @property
+    def num_bytes(self) -> int:
+        return self.source.stat().st_size if self.source is not None else len(self.content)
+
+    @property
+    def needs(self) -> tuple[Need, ...]:
+        return (NeedSpace(self.path, self.num_bytes),)
+
+    @property
+    def provides(self) -> tuple[Need, ...]:
+        return tuple(NeedDir(d) for d in parents(self.path))  # the write makes its directories
+
 
 @dataclass(frozen=True)
 class CommentOut:
@@ -48,6 +62,9 @@ class CommentOut:
     @property
     def argv(self) -> tuple[str, ...]:
         return ("hosttune-comment-out", self.key, self.path)
+
+    needs: ClassVar[tuple[Need, ...]] = ()
+    provides: ClassVar[tuple[Need, ...]] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +78,29 @@ class Symlink:
     def argv(self) -> tuple[str, ...]:
         return ("ln", "-sfn", self.target, self.path)
 
+    @property
+    def needs(self) -> tuple[Need, ...]:
+        return (NeedDir(dirname(self.path) or "/"),)  # the new link is renamed into place beside it
+
+    provides: ClassVar[tuple[Need, ...]] = ()
+
+
+@dataclass(frozen=True)
+class Directory:
+    """Make the directory `path` and any missing above it (a journalled run removes what it made on rollback)."""
+
+    path: str
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return ("mkdir", "-p", "--", self.path)
+
+    needs: ClassVar[tuple[Need, ...]] = ()
+
+    @property
+    def provides(self) -> tuple[Need, ...]:
+        return tuple(NeedDir(d) for d in (self.path, *parents(self.path)))
+
 
 @dataclass(frozen=True)
 class Remove:
@@ -72,6 +112,9 @@ class Remove:
     @property
     def argv(self) -> tuple[str, ...]:
         return ("rm", "-rf", "--", self.path)
+
+    needs: ClassVar[tuple[Need, ...]] = ()
+    provides: ClassVar[tuple[Need, ...]] = ()
 
 
 @dataclass(frozen=True)
@@ -90,6 +133,9 @@ class Service:
             return ("systemctl", verb, *now, self.unit)
         return ("systemctl", "start" if self.running else "stop", self.unit)
 
+    needs: ClassVar[tuple[Need, ...]] = (NeedCommand("systemctl", on_machine=True),)  # --root: systemctl --root
+    provides: ClassVar[tuple[Need, ...]] = ()
+
 
 @dataclass(frozen=True)
 class KernelWrite:
@@ -102,6 +148,9 @@ class KernelWrite:
     def argv(self) -> tuple[str, ...]:
         return ("tee", *self.paths)
 
+    needs: ClassVar[tuple[Need, ...]] = ()
+    provides: ClassVar[tuple[Need, ...]] = ()
+
 
 @dataclass(frozen=True)
 class Command:
@@ -113,6 +162,8 @@ class Command:
     offline: it is meaningful on an image too (--root runs it inside the root with chroot);
     False: it acts on the running system only, and --root skips it.
     fail_on_stderr: an exit 0 still fails when stderr mentions any of these.
+    requires: what it needs on the host besides its program (e.g. a virtualenv-capable Python).
+    meets: what it gives later operations (e.g. installing python3-venv).
     """
 
     argv: tuple[str, ...]
@@ -121,6 +172,17 @@ class Command:
     offline: bool = True
     timeout: float = 3600.0
     fail_on_stderr: tuple[str, ...] = ()
+    requires: tuple[Need, ...] = ()
+    meets: tuple[Need, ...] = ()
+
+    @property
+    def needs(self) -> tuple[Need, ...]:
+        name = program(self.argv)
+        return ((NeedCommand(name),) if name and "/" not in name else ()) + self.requires
+
+    @property
+    def provides(self) -> tuple[Need, ...]:
+        return self.meets
 
 
 @dataclass(frozen=True)
@@ -141,8 +203,11 @@ class Packages:
         specs = tuple(f"{n}={self.pin}" if self.pin else n for n in self.names)
         return (f"{self.manager}-install", *specs) + (("+hold",) if self.hold else ())
 
+    needs: ClassVar[tuple[Need, ...]] = ()  # those of the commands the planner resolves it into
+    provides: ClassVar[tuple[Need, ...]] = ()
 
-Op = Union[FileWrite, CommentOut, Symlink, Remove, Service, KernelWrite, Command, Packages]
+
+Op = Union[FileWrite, CommentOut, Symlink, Directory, Remove, Service, KernelWrite, Command, Packages]
 
 
 def describe(op: Op) -> str:
@@ -155,6 +220,8 @@ def describe(op: Op) -> str:
         return f"comment out {op.key} in {op.path}"
     if isinstance(op, Symlink):
         return f"link {op.path} -> {op.target}"
+    if isinstance(op, Directory):
+        return f"make directory {op.path}"
     if isinstance(op, Remove):
         return f"remove {op.path}"
     if isinstance(op, KernelWrite):

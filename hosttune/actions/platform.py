@@ -53,6 +53,10 @@ class Apt:
     def python_package(self, pin: str) -> str:
         return f"python{pin}"
 
+    def venv_package(self, python: str) -> str:
+        """What gives `python` (python3, python3.11) its venv module and ensurepip."""
+        return f"{python}-venv"
+
 
 @dataclass(frozen=True)
 class Dnf:
@@ -81,6 +85,10 @@ class Dnf:
 
     def python_package(self, pin: str) -> str:
         return f"python{pin}"
+
+    def venv_package(self, python: str) -> str:
+        """ensurepip's bundled pip wheel, which RHEL-likes package apart from the interpreter."""
+        return f"{python}-pip-wheel"
 
 
 @dataclass(frozen=True)

@@ -58,20 +58,21 @@ def apply(
         plans = plan_fleet(inv, wanted, options,
                            on_host_done=lambda name, plan: progress.advance(name, plan_state(plan)))
     reboots = sum(1 for p in plans if p.needs_reboot) if reboot and not root else 0
-    if dry_run or not (any(p.steps for p in plans) or reboots):
+    if dry_run or not (any(p.steps and not p.error for p in plans) or reboots):
         outcomes = [dry_run_outcome(p) for p in plans]
         text = recap.render_json(outcomes, None, True) if fmt is Output.json else plan_render.render(plans)
         emit(text, output)
         raise typer.Exit(exit_code(outcomes))
     if fmt is Output.text:
         typer.echo(plan_render.render(plans))
-    question = f"Apply these changes to {sum(1 for p in plans if p.steps)} host(s)" + (f" and reboot {reboots}" if reboots else "") + "?"
+    question = f"Apply these changes to {sum(1 for p in plans if p.steps and not p.error)} host(s)" + (f" and reboot {reboots}" if reboots else "") + "?"
     if not yes and not typer.confirm(question, err=True):
         raise typer.Exit(EXIT_ERROR)
     run = new_run_id()
     with Progress("applying", total=len(plans)) as progress:
         outcomes = apply_plans(plans, wanted, run, options, on_host_done=lambda name, o: progress.advance(name, o.state))
-    emit(recap.render_json(outcomes, run, False) if fmt is Output.json else recap.render(outcomes, run), output)
+    inv_path = str(inventory) if inventory else None
+    emit(recap.render_json(outcomes, run, False, inv_path) if fmt is Output.json else recap.render(outcomes, run, inv_path), output)
     raise typer.Exit(exit_code(outcomes))
 
 

@@ -13,13 +13,16 @@ from typing import Callable
 
 from hosttune.build.wheelhouse import Entry
 from hosttune.actions.base import Command, Op, Remove, Symlink, describe
+from hosttune.actions.platform import PackageFlavour
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
 from hosttune.deploy.access import Access, front_for
 from hosttune.deploy.front import front_ops, key_ops, refresh_tls_ops, tls_ops
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
+from hosttune.deploy.model import ModelShape
 from hosttune.deploy.placement import Layout, Placement
+from hosttune.deploy.preconditions import check_job, serve_needs
 from hosttune.deploy.release import (CURRENT, PREVIOUS, UNIT_DIR, Release, manifest_path, meta_dir, release_name,
                                      wheel_path)
 from hosttune.deploy.settings import ServeSettings
@@ -47,6 +50,7 @@ class HostDeploy:
     journal: str = ""  # the unit's last log lines, when it failed
     restored: str | None = None  # what a failed deploy went back to
     ops: tuple[str, ...] = field(default=(), hash=False)  # what was (or would be) done
+    checks: tuple[str, ...] = field(default=(), hash=False)  # its preconditions, checked before anything was sent
 
     @property
     def ok(self) -> bool:
@@ -70,6 +74,8 @@ class HostJob:
     python: str = "python3"
     layout: Layout | None = None  # the host's replicas (None: one service over placement)
     access: Access = Access()
+    model: ModelShape | None = None  # the model folder as read on the host (None: not a folder there)
+    packages: PackageFlavour | None = None  # the host's package manager, for what the plan installs
 
 
 def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
@@ -88,14 +94,20 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     install = dplan.install_ops(release, job.entry, state, job.python) + dplan.verify_ops(release)
     # the key file before any unit (re)starts, so every replica starts with its key
     keys = key_ops(job.access, job.preset) + (tls_ops(job.access) if release.replicas else [])
-    switch = rolling.switch_ops(release, state) if release.replicas else \
-        rolling.leave_ops(state) + dplan.activate_ops(release, state)
-    activate = keys + switch
+    needs = serve_needs(job) if serves or release.replicas else ()
+    switch = rolling.switch_ops(release, state, requires=needs) if release.replicas else \
+        rolling.leave_ops(state) + dplan.activate_ops(release, state, requires=needs)
+    checked = check_job(transport, job, [install, keys + switch, front])
+    if checked.error:  # one line, nothing sent
+        return HostDeploy(job.host, Outcome.FAILED, None, release_name(state.current),
+                          error=f"nothing changed: {job.host.name}: {checked.error}", checks=checked.lines)
+    install, activate, front = (list(g) for g in checked.groups)
     if dry_run:
-        lines = rolling.plan_lines(release, state) if release.replicas else [describe(op) for op in switch]
+        lines = rolling.plan_lines(release, state) if release.replicas else [describe(op) for op in activate]
+        shown = install + keys if release.replicas else install
         return HostDeploy(job.host, Outcome.PLANNED, release.id, release_name(state.current),
-                          ops=tuple(describe(op) for op in install + keys) + tuple(lines)
-                          + tuple(describe(op) for op in front))
+                          ops=tuple(describe(op) for op in shown) + tuple(lines)
+                          + tuple(describe(op) for op in front), checks=checked.lines)
     try:
         run_ops(transport, install, on_op)
         check_flags(transport, job, release.dir)

@@ -31,6 +31,7 @@ class ModelShape:
     num_kv_heads: int | None = None  # num_key_value_heads (GQA); the attention heads when absent
     weight_bytes: int | None = None  # all *.safetensors files; None when there are none
     error: str = ""  # why config.json could not be read, when it could not
+    architectures: tuple[str, ...] = ()  # config.json's "architectures"
 
     @property
     def weight_gb(self) -> float:
@@ -50,10 +51,24 @@ def parse_model(path: str, text: str) -> ModelShape:
         config = json.loads("\n".join(lines[start + 1:end]))
     except ValueError as exc:
         return ModelShape(path, True, weight_bytes=weights, error=f"config.json is not JSON ({exc})")
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    archs = tuple(str(a) for a in archs) if isinstance(archs, list) else ()
     config = config.get("text_config", config) if isinstance(config, dict) else {}
     heads = _positive(config.get("num_attention_heads"))
     kv = _positive(config.get("num_key_value_heads")) or heads
-    return ModelShape(path, True, heads, kv, weights, "" if heads else "config.json has no num_attention_heads")
+    return ModelShape(path, True, heads, kv, weights, "" if heads else "config.json has no num_attention_heads", archs)
+
+
+def model_problem(model: ModelShape, supported: tuple[str, ...]) -> str:
+    """Why an engine that loads `supported` architectures (() any) cannot load this folder; "" when it can."""
+    if not model.exists:
+        return "does not exist on the host"
+    if model.error:
+        return f"has {model.error}" if model.error.startswith("no ") else f"cannot be loaded: {model.error}"
+    if supported and not set(model.architectures) & set(supported):
+        named = ", ".join(model.architectures) or "no architecture"
+        return f"is {named} (config.json), which the engine does not load (it loads {', '.join(supported)})"
+    return ""
 
 
 def _positive(value) -> int | None:

@@ -10,6 +10,7 @@ import hashlib
 from dataclasses import dataclass
 
 from hosttune.actions.base import Command, FileWrite, Op, Remove, Symlink
+from hosttune.actions.needs import Need, NeedSpace, NeedVenv
 from hosttune.build.wheelhouse import Entry
 from hosttune.deploy.access import Access, launched_with_key
 from hosttune.deploy.placement import Placement
@@ -21,6 +22,7 @@ from hosttune.deploy.units import RAY_UNIT, REPLICA_UNITS, SERVE_UNIT, UNIT_NAME
 from hosttune.presets import EnginePreset, substitute
 
 INSTALL_TIMEOUT_S = 1800.0
+INSTALLED_PER_WHEEL_BYTE = 3  # a virtualenv takes about this many bytes per byte of the wheels it is installed from
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,9 @@ def _pip_ops(release: Release, python: str) -> list[Op]:
         install = (*pip, "--no-index", "--no-deps", *(wheel_path(w) for w in release.wheels))
     else:
         install = (*pip, *(wheel_path(w) for w in release.wheels if w.kind == "engine"))
-    ops: list[Op] = [Command(("rm", "-rf", "--", venv)), Command((python, "-m", "venv", venv)), Command(install, timeout=INSTALL_TIMEOUT_S)]
+    room = NeedSpace(venv, INSTALLED_PER_WHEEL_BYTE * sum(w.size for w in release.wheels))
+    ops: list[Op] = [Command(("rm", "-rf", "--", venv)), Command((python, "-m", "venv", venv), requires=(NeedVenv(python),)),
+                     Command(install, timeout=INSTALL_TIMEOUT_S, requires=(room,))]
     if release.offline:
         ops.append(Command((f"{venv}/bin/pip", "check", "--disable-pip-version-check")))
     return ops
@@ -193,11 +197,12 @@ def verify_ops(release: Release) -> list[Op]:
 
 
 def activate_ops(release: Release, state: HostState, *, keep_previous: bool = False,
-                 start: tuple[str, ...] | None = None) -> list[Op]:
+                 start: tuple[str, ...] | None = None, requires: tuple[Need, ...] = ()) -> list[Op]:
     """Make the release live: its units in place, `current` (and `previous`) linked, restarted in order.
 
     start: the units to (re)start now (default: all of them); a multi-node head starts Ray
     first and its server only once the workers have joined (start_ops).
+    requires: what the units need to serve (the model, their ports), checked before anything is sent.
     """
     ops: list[Op] = []
     for name in state.units:
@@ -209,7 +214,7 @@ def activate_ops(release: Release, state: HostState, *, keep_previous: bool = Fa
         ops.append(Symlink(PREVIOUS, state.current))
     ops.append(Symlink(CURRENT, release.dir))
     names = [n for n in UNIT_NAMES if n in release.units]
-    ops += [Command(("systemctl", "daemon-reload")), Command(("systemctl", "enable", "--quiet", *names))]
+    ops += [Command(("systemctl", "daemon-reload")), Command(("systemctl", "enable", "--quiet", *names), requires=requires)]
     return ops + start_ops([n for n in names if start is None or n in start])
 
 

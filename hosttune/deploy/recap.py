@@ -16,6 +16,9 @@ def render(outcomes: list[HostDeploy]) -> str:
         lines.append(f"{o.host.name:<{width}}  {o.state:<11} {o.release or '-':<20} {detail}".rstrip())
         if o.ops:
             lines += [f"{'':<{width}}    {op}" for op in o.ops]
+        if o.checks and o.state in (Outcome.PLANNED, Outcome.FAILED):
+            lines.append(f"{'':<{width}}  checked on the host before anything is sent:")
+            lines += [f"{'':<{width}}    {check}" for check in o.checks]
         if o.journal:
             lines.append(f"{'':<{width}}  journal of the service (last lines):")
             lines.append(textwrap.indent(o.journal, " " * (width + 4)))

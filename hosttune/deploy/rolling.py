@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Callable
 
 from hosttune.actions.base import Command, FileWrite, Op, Remove, Symlink, describe
+from hosttune.actions.needs import Need
 from hosttune.deploy.gate import GateResult, run_gate
 from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, meta_dir
 from hosttune.deploy.front import NGINX_CONF
@@ -35,9 +36,11 @@ def indices(release: Release) -> list[int]:
     return [int(r["index"]) for r in release.replicas]
 
 
-def switch_ops(release: Release, state: HostState, *, keep_previous: bool = False) -> list[Op]:
+def switch_ops(release: Release, state: HostState, *, keep_previous: bool = False,
+               requires: tuple[Need, ...] = ()) -> list[Op]:
     """The release's units and host files in place, `current` linked, nothing restarted: replicas not
-    running yet are marked out of nginx until their gate passes; nginx and the probe timer enabled."""
+    running yet are marked out of nginx until their gate passes; nginx and the probe timer enabled
+    (requires: what they need to serve, checked before anything is sent)."""
     ops: list[Op] = []
     single = [n for n in (SERVE_UNIT, RAY_UNIT) if n in state.units]
     if single:  # the one service held the service port, which nginx takes now
@@ -50,7 +53,7 @@ def switch_ops(release: Release, state: HostState, *, keep_previous: bool = Fals
     new = [i for i in indices(release) if state.instances.get(replica_unit(i)) != "active"]
     ops.append(lb_op(release, "out", *new) if new else lb_op(release, "sync"))
     units = [replica_unit(i) for i in indices(release)]
-    return ops + [Command(("systemctl", "enable", "--quiet", NGINX, *units)),
+    return ops + [Command(("systemctl", "enable", "--quiet", NGINX, *units), requires=requires),
                   Command(("systemctl", "enable", "--now", "--quiet", PROBE_TIMER))]
 
 

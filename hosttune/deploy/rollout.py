@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from hosttune.actions.platform import select
 from hosttune.build.archs import covers
 from hosttune.build.wheelhouse import Entry, entries, read_entry
 from hosttune.deploy import multinode
@@ -89,6 +90,7 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
         settings = _settings(host, preset, request)
         request = replace(request, ref=pinned.ref)
     preflight_host(facts, host.name, _device(settings))
+    read = model
     model = model or ModelShape(request.model, True)
     if model.path.startswith("/") and not model.exists:
         raise DeployError(f"{host.name}: the model folder {model.path} does not exist on the host; copy it there "
@@ -109,7 +111,7 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
     entry = pick_entry(request, abi, archs, host.name)
     release = make_layout_release(preset, settings, layout, entry, host.name, access) \
         if role.kind == "single" else make_release(preset, settings, placement, entry, role, access)
-    return HostJob(host, preset, settings, placement, entry, release, python, layout, access)
+    return HostJob(host, preset, settings, placement, entry, release, python, layout, access, read, select(facts).packages)
 
 
 def _settings(host: Host, preset, request: DeployRequest) -> ServeSettings:

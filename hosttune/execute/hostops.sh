@@ -104,6 +104,7 @@ case $op in
     remove) remove "$@" ;;
     rmdirs) rmdirs "$@" ;;
     link) link "$@" ;;
+    mkdirs) made_dirs "$1" ;;
     move) move "$@" ;;
     journals) journals "$@" ;;
     runs-dir) runs_dir "$@" ;;

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
 from hosttune import __version__
-from hosttune.actions.base import Command, FileWrite, KernelWrite, Remove, Op, Service, Symlink, describe
+from hosttune.actions.base import Command, Directory, FileWrite, KernelWrite, Remove, Op, Service, Symlink, describe
 from hosttune.plan.host_plan import HostPlan
 from hosttune.plan.state import State, sha256
 
@@ -43,7 +43,7 @@ def backup_dir(run: str) -> str:
 class OpRecord:
     """One operation of a step: what it does, what was there before, how it went."""
 
-    kind: str  # write | link | move | service | kernel | command
+    kind: str  # write | link | dir | move | service | kernel | command
     description: str
     path: str | None = None
     target: str | None = None  # the link's target, or where a moved path went
@@ -132,6 +132,8 @@ def record_for(op: Op, state: State, run: str, step: int, index: int) -> OpRecor
         existed = bool(fs and fs.exists)
         return OpRecord("link", description, path=op.path, target=op.target, existed=existed,
                         backup=_backup_for(run, step, index, op.path) if existed else None)
+    if isinstance(op, Directory):
+        return OpRecord("dir", description, path=op.path)
     if isinstance(op, Remove):
         return OpRecord("move", description, path=op.path, target=_backup_for(run, step, index, op.path))
     if isinstance(op, Service):

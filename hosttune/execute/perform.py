@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from hosttune.actions.base import Command, FileWrite, KernelWrite, Op, Remove, Service, Symlink, describe
+from hosttune.actions.base import Command, Directory, FileWrite, KernelWrite, Op, Remove, Service, Symlink, describe
 from hosttune.errors import HosttuneError
 from hosttune.execute.journal import OpRecord
 from hosttune.execute.remote import hostops, kernel_write, write_file
@@ -29,6 +29,8 @@ def perform(t: Transport, op: Op, rec: OpRecord | None = None, root: str | None 
         return write_file(t, rooted(root, op.path), op.body(), op.mode, backup=backup, expected=expected)
     if isinstance(op, Symlink):
         return hostops(t, "link", rooted(root, op.path), op.target, backup)
+    if isinstance(op, Directory):  # prints "created:DIR" for each one it made (rollback removes them)
+        return hostops(t, "mkdirs", rooted(root, op.path))
     if isinstance(op, Remove):
         if rec:
             return hostops(t, "move", rooted(root, op.path), rooted(root, rec.target))

@@ -5,16 +5,42 @@ from __future__ import annotations
 import json
 
 from hosttune.execute.rollback import RollbackResult
+from hosttune.execute.runner import HostRun, StepStatus
 from hosttune.execute.rollout import HostOutcome
 from hosttune.fleet_runner import Outcome, exit_code
 from hosttune.checks.findings import Status
 from hosttune.plan.render import plan_dict
+from hosttune.quoting import join
+
+
+def _steps_done(run: HostRun) -> str:
+    text = f"{run.changed} of {len(run.steps)} steps done"
+    failed = next((s for s in run.steps if s.status is StepStatus.FAILED), None)
+    if failed is not None:
+        text += f", step {failed.index + 1} failed after {failed.num_done} of its {failed.num_ops} operations"
+    return text
+
+
+def undo_command(run: HostRun, inventory: str | None) -> str:
+    """The exact command that undoes this run on this host."""
+    argv = ["hosttune", "rollback", *(("-i", inventory) if inventory else ()), "--limit", run.host.name, "--run", run.run]
+    return join(argv + (["--root", run.root] if run.root else []))
+
+
+def _failure_lines(o: HostOutcome, inventory: str | None, indent: str) -> list[str]:
+    """A failed host: what was changed on it before the failure, and how to undo it."""
+    if o.state is not Outcome.FAILED or o.run is None or not o.run.journal:
+        return []
+    if not o.run.changes:
+        return [f"{indent}nothing was changed on it"]
+    return [f"{indent}changed before the failure: {', '.join(o.run.changes)}",
+            f"{indent}undo: {undo_command(o.run, inventory)}"]
 
 
 def _detail(o: HostOutcome) -> str:
     parts = []
     if o.run is not None and o.run.steps:
-        parts.append(f"{o.run.changed}/{len(o.run.steps)} steps done")
+        parts.append(_steps_done(o.run))
     if o.error:
         parts.append(o.error)
     if o.rebooted:
@@ -29,31 +55,36 @@ def _detail(o: HostOutcome) -> str:
     return "; ".join(parts)
 
 
-def render(outcomes: list[HostOutcome], run: str | None) -> str:
+def render(outcomes: list[HostOutcome], run: str | None, inventory: str | None = None) -> str:
     width = max((len(o.host.name) for o in outcomes), default=4)
     lines = [f"recap{f' (run {run})' if run else ''}:"]
     for o in outcomes:
         lines.append(f"  {o.host.name:<{width}}  {o.state:<11} {_detail(o)}".rstrip())
+        lines += _failure_lines(o, inventory, " " * (width + 4))
     states = (Outcome.CHANGED, Outcome.OK, Outcome.FAILED, Outcome.UNREACHABLE, Outcome.SKIPPED)
     counts = {s: sum(1 for o in outcomes if o.state is s) for s in states}
     lines.append("  " + ", ".join(f"{k}={v}" for k, v in counts.items()) + f", exit {exit_code(outcomes)}")
     return "\n".join(lines)
 
 
-def outcome_dict(o: HostOutcome) -> dict:
+def outcome_dict(o: HostOutcome, inventory: str | None = None) -> dict:
+    failed = o.state is Outcome.FAILED and o.run is not None and bool(o.run.changes)
     return {
         "host": o.host.name, "state": o.state, "error": o.error, "rebooted": o.rebooted,
         "changed": o.run.changed if o.run else 0, "journal": o.run.journal if o.run else None,
-        "steps": [{"index": s.index, "fixes": list(s.fixes), "summary": s.summary, "status": s.status, "error": s.error}
+        "steps": [{"index": s.index, "fixes": list(s.fixes), "summary": s.summary, "status": s.status, "error": s.error,
+                   "num_ops": s.num_ops, "num_done": s.num_done}
                   for s in (o.run.steps if o.run else ())],
         "recheck": None if o.recheck is None else {f.check_id: f.status.value for f in o.recheck.findings
                                                   if f.status is not Status.NOT_APPLICABLE},
         "exit_bits": o.exit_bits, "plan": plan_dict(o.plan),
+        "changes": list(o.run.changes) if o.run else [], "undo": undo_command(o.run, inventory) if failed else None,
     }
 
 
-def render_json(outcomes: list[HostOutcome], run: str | None, dry_run: bool) -> str:
-    doc = {"run": run, "dry_run": dry_run, "hosts": [outcome_dict(o) for o in outcomes], "exit_code": exit_code(outcomes)}
+def render_json(outcomes: list[HostOutcome], run: str | None, dry_run: bool, inventory: str | None = None) -> str:
+    doc = {"run": run, "dry_run": dry_run, "hosts": [outcome_dict(o, inventory) for o in outcomes],
+           "exit_code": exit_code(outcomes)}
     return json.dumps(doc, indent=2)
 
 

@@ -21,6 +21,9 @@ from hosttune.probes.system import selected
 from hosttune.transport.base import Transport
 
 
+FILE_KINDS = ("write", "link", "dir", "move")
+
+
 @dataclass(frozen=True)
 class Undo:
     description: str
@@ -54,6 +57,39 @@ def touched(journal: Journal) -> list[tuple[JournalStep, OpRecord]]:
     return out
 
 
+def _change_line(rec: OpRecord) -> str | None:
+    """What one operation changed on the host, in words; None when it changed nothing."""
+    if rec.kind == "write":
+        return f"{'replaced' if rec.existed else 'created'} {rec.path}"
+    if rec.kind == "link":
+        return f"linked {rec.path} -> {rec.target}"
+    if rec.kind == "dir":
+        return f"made directories {', '.join(rec.created_dirs)}" if rec.created_dirs else None
+    if rec.kind == "move":
+        return f"moved {rec.path} aside"
+    if rec.kind == "service":
+        verbs = [v for v, on in (("enabled", rec.enabled is True), ("disabled", rec.enabled is False),
+                                 ("started", rec.running is True), ("stopped", rec.running is False)) if on]
+        return f"{' and '.join(verbs)} {rec.unit}"
+    if rec.kind == "kernel":
+        return f"wrote {rec.value!r} to {', '.join(rec.paths)}"
+    return f"ran {' '.join(rec.argv)}"
+
+
+def changes(journal: Journal) -> tuple[str, ...]:
+    """What a run changed on the host (files, units, packages, kernel values), in order.
+
+    Done operations changed it; one cut off by a lost connection may have ("perhaps"). A failed
+    operation changed nothing: file writes are atomic, and a command that fails is reported as such.
+    """
+    out = []
+    for step, rec in touched(journal):
+        line = _change_line(rec) if rec.status != "failed" else None
+        if line:
+            out.append(line if rec.status == "done" else f"perhaps {line}")
+    return tuple(out)
+
+
 def _service_undo(rec: OpRecord) -> list[Undo]:
     out = []
     if rec.enabled is True and rec.before_enabled not in ENABLED + ("static", "indirect", "generated"):
@@ -85,7 +121,7 @@ def _file_undo(rec: OpRecord) -> list[Undo]:
         return [Undo(f"move {rec.path} back", hostop=("move", rec.target, rec.path))]
     if rec.backup:
         return [Undo(f"restore {rec.path} from {rec.backup}", hostop=("restore", rec.path, rec.backup, "optional"))]
-    undo = [Undo(f"remove {rec.path} (hosttune created it)", hostop=("remove", rec.path))]
+    undo = [] if rec.kind == "dir" else [Undo(f"remove {rec.path} (hosttune created it)", hostop=("remove", rec.path))]
     if rec.created_dirs:
         undo.append(Undo(f"remove the directories made for it: {', '.join(rec.created_dirs)}",
                          hostop=("rmdirs", *reversed(rec.created_dirs))))
@@ -103,9 +139,9 @@ def undo_list(journal: Journal) -> list[Undo]:
             first += _kernel_undo(rec)
         elif rec.kind == "command" and rec.undo:
             first.append(Undo(f"undo {' '.join(rec.argv)}", rec.undo))
-        elif rec.kind in ("write", "link", "move"):
+        elif rec.kind in FILE_KINDS:
             files += _file_undo(rec)
-    steps_with_files = {step.index for step, rec in ops if rec.kind in ("write", "link", "move")}
+    steps_with_files = {step.index for step, rec in ops if rec.kind in FILE_KINDS}
     regen: list[Undo] = []
     for step in journal.steps:
         for rec in step.ops:

@@ -14,6 +14,7 @@ from hosttune.errors import TransportError
 from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now, start_journal
 from hosttune.execute.perform import perform
 from hosttune.execute.remote import hostops, write_file
+from hosttune.execute.rollback import changes
 from hosttune.config.inventory import Host
 from hosttune.fleet_runner import Outcome
 from hosttune.plan.host_plan import HostPlan
@@ -40,6 +41,8 @@ class StepOutcome:
     status: StepStatus
     needs_reboot: bool = False
     error: str = ""
+    num_ops: int = 0
+    num_done: int = 0  # of its operations
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class HostRun:
     steps: tuple[StepOutcome, ...] = ()
     error: str | None = None
     journal: str | None = None
+    changes: tuple[str, ...] = ()  # what was changed on the host, from the journal (rollback undoes it)
+    root: str | None = None
 
     @property
     def changed(self) -> int:
@@ -120,7 +125,9 @@ class Executor:
             self.save()
             done = self._run_step(index, step)
             self.journal = self.journal.with_step(done)
-            outcomes.append(StepOutcome(index, step.fixes, step.summary, StepStatus(done.status), step.needs_reboot, done.error))
+            num_done = sum(1 for r in done.ops if r.status == "done")
+            outcomes.append(StepOutcome(index, step.fixes, step.summary, StepStatus(done.status), step.needs_reboot,
+                                        done.error, len(done.ops), num_done))
             if done.status == "failed":
                 status = "failed"
                 break
@@ -130,7 +137,8 @@ class Executor:
                      for i, s in enumerate(self.plan.steps) if i >= len(outcomes)]
         error = next((o.error for o in outcomes if o.status is StepStatus.FAILED), None)
         state = Outcome.FAILED if status == "failed" else Outcome.CHANGED
-        return HostRun(host, self.run_id, state, tuple(outcomes), error, journal_path(self.run_id))
+        return HostRun(host, self.run_id, state, tuple(outcomes), error, journal_path(self.run_id),
+                       changes(self.journal), self.root)
 
 
 def execute_plan(transport: Transport, plan: HostPlan, run: str) -> HostRun:
@@ -147,4 +155,5 @@ def execute_plan(transport: Transport, plan: HostPlan, run: str) -> HostRun:
             return HostRun(plan.host, run, Outcome.UNREACHABLE, error=str(exc))
         ran = [s for s in executor.journal.steps if s.status != "pending"]
         where = f" during step {ran[-1].index + 1} ({ran[-1].summary})" if ran else ""
-        return HostRun(plan.host, run, Outcome.FAILED, error=f"connection lost{where}: {exc}", journal=journal_path(run))
+        return HostRun(plan.host, run, Outcome.FAILED, error=f"connection lost{where}: {exc}", journal=journal_path(run),
+                       changes=changes(executor.journal), root=executor.root)

@@ -19,9 +19,11 @@ from hosttune.errors import HosttuneError, TransportError
 from hosttune.probes.facts import Facts
 from hosttune.checks.findings import Finding, Status
 from hosttune.config.inventory import Host
+from hosttune.plan import preconditions
 from hosttune.plan.resolve import Blocked, resolve_step
 from hosttune.plan.state import FileState, State, read_state, requests_for
 from hosttune.probes.gather import gather
+from hosttune.probes.needs import HostNeeds, read_needs
 from hosttune.config.profile import Profile
 from hosttune.transport import open_transport
 
@@ -54,6 +56,7 @@ class HostPlan:
     diffs: dict[str, str] = field(default_factory=dict, hash=False)
     state: State = field(default_factory=State, hash=False)
     root: str | None = None
+    preconditions: tuple[str, ...] = ()  # what was checked on the host before anything is sent, and how it holds
 
     @property
     def needs_reboot(self) -> bool:
@@ -102,6 +105,16 @@ def build_plan(host: Host, profile: Profile, facts: Facts, findings: list[Findin
                     tuple(left_out), pending, _diffs(kept, state), state, options.root)
 
 
+def with_needs(plan: HostPlan, needs: HostNeeds, flavour=None) -> HostPlan:
+    """Pure: the plan with its preconditions checked; an unmet one is the host's plan-time error."""
+    offline = bool(plan.root) and plan.root != "/"
+    checked = preconditions.check((s.ops for s in plan.steps), needs, flavour, offline)
+    steps = tuple(replace(s, ops=ops, notes=s.notes + notes)
+                  for s, ops, notes in zip(plan.steps, checked.groups, checked.notes) if ops)
+    error = f"nothing sent: {checked.error}" if checked.error else None
+    return replace(plan, steps=steps, error=error, preconditions=checked.lines)
+
+
 def plan_host(host: Host, profile: Profile, options: PlanOptions) -> HostPlan:
     """Probe the host, check it, and plan; never changes it. Unreachable hosts get a plan saying so."""
     try:
@@ -113,8 +126,11 @@ def plan_host(host: Host, profile: Profile, options: PlanOptions) -> HostPlan:
             manager = select(facts).packages
             state = read_state(transport, requests_for(wanted, options.root), root=options.root,
                                manager=manager.name if manager else None)
+            plan = build_plan(host, profile, facts, findings, state, options, steps)
+            asks = preconditions.requests_for((s.ops for s in plan.steps), manager, options.is_offline)
+            needs = read_needs(transport, asks, root=options.root, manager=manager.name if manager else None)
     except TransportError as exc:
         return HostPlan(host, profile.name, reachable=False, error=str(exc))
     except HosttuneError as exc:
         return HostPlan(host, profile.name, error=str(exc))
-    return build_plan(host, profile, facts, findings, state, options, steps)
+    return with_needs(plan, needs, manager)

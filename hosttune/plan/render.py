@@ -38,6 +38,9 @@ def render_host(plan: HostPlan) -> list[str]:
         lines.append(f"  {plan.error}")
     for index, step in enumerate(plan.steps, 1):
         lines += _step_lines(index, step, plan)
+    if plan.preconditions:
+        lines.append("  checked on the host before anything is sent:")
+        lines += [f"    {line}" for line in plan.preconditions]
     for step in plan.blocked:
         lines.append(f"  - {', '.join(step.fixes)}: not fixed by apply: {step.blocked}")
     for step in plan.left_out:
@@ -80,5 +83,5 @@ def plan_dict(plan: HostPlan) -> dict:
         "reachable": plan.reachable, "error": plan.error, "root": plan.root,
         "steps": [step_dict(s) for s in plan.steps], "blocked": [step_dict(s) for s in plan.blocked],
         "left_out": [step_dict(s) for s in plan.left_out], "pending_reboot": list(plan.pending_reboot),
-        "needs_reboot": plan.needs_reboot, "diffs": plan.diffs,
+        "needs_reboot": plan.needs_reboot, "diffs": plan.diffs, "preconditions": list(plan.preconditions),
     }

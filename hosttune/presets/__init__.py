@@ -51,6 +51,7 @@ class ServeSpec:
     env: dict[str, str] = field(default_factory=dict, hash=False)
     flags: dict[str, Any] = field(default_factory=dict, hash=False)
     help: tuple[str, ...] = ()  # the installed release's help, which every flag is checked against
+    architectures: tuple[str, ...] = ()  # config.json architectures the engine loads; () any
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ def parse_preset(doc: dict, where: str) -> EnginePreset:
             tuple(serve["command"]), serve.get("health", "/health"), serve.get("drain_s"), serve.get("drain_flag"),
             serve.get("false_flag"), serve.get("tp_flag"), serve.get("api_key_env"), serve.get("api_key_flag"),
             _strings(serve.get("env")), dict(serve.get("flags") or {}), tuple(serve.get("help") or ()),
+            tuple(str(a) for a in serve.get("architectures") or ()),
         )
         multi = doc.get("multinode")
         multi_spec = None if not multi else MultinodeSpec(

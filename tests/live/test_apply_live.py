@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -129,31 +130,38 @@ def test_apply_fixes_then_nothing_then_rollback_restores_byte_for_byte(fresh_hos
 # -- 2: a live kernel write to a read-only kernel file ----------------------------------------
 
 
-def test_read_only_kernel_write_is_a_failed_step_and_other_hosts_continue(fresh_hosts, live_fleet, tmp_path):
+def test_read_only_kernel_write_is_a_failed_step_its_recap_says_what_changed_and_how_to_undo_it(fresh_hosts, live_fleet, tmp_path):
     bad, good = fresh_hosts(["rokernel", "okhost"])
     thp_always = {**QUIET, "tune": {**QUIET["tune"], "memory": {"thp": "always"}}}
     inv = inventory(live_fleet, tmp_path, [bad, good], {"rokernel": thp_always, "okhost": QUIET})
-    code, doc = apply_json(inv, "--yes")
-    hosts = by_host(doc)
+    before, units_before = snapshot(bad), unit_state(bad, "irqbalance.service")
+    code, out = invoke("apply", "-i", str(inv), "--yes")
     assert code & EXIT_ERROR
-    failed = hosts["rokernel"]
-    assert failed["state"] == "failed"
-    assert "live kernel write" in failed["error"] and "Read-only file system" in failed["error"]
-    assert [s["status"] for s in failed["steps"]] == ["done", "failed"]
-    assert hosts["okhost"]["state"] == "changed"  # the other host went on
+    recap = out[out.index("recap (run "):]
+    run = recap.split()[2].rstrip("):")
+    assert "rokernel  failed      1 of 2 steps done, step 2 failed after 5 of its 6 operations" in recap, recap
+    assert "live kernel write" in recap and "Read-only file system" in recap
+    changed = next(line for line in recap.splitlines() if "changed before the failure:" in line)
+    for change in ("disabled irqbalance.service", "created /etc/default/hosttune-thp",
+                   "created /etc/systemd/system/hosttune-thp.service", "enabled hosttune-thp.service"):
+        assert change in changed, changed
+    undo = next(line for line in recap.splitlines() if "undo: " in line).split("undo: ", 1)[1]
+    assert undo == f"hosttune rollback -i {inv} --limit rokernel --run {run}"
+    assert "okhost    changed" in recap  # the other host went on
     assert unit_state(good, "irqbalance.service")[0] == "disabled"
 
-    record = journal(bad, doc["run"])
+    record = journal(bad, run)
     assert record.status == "failed"
     irq_step, thp_step = record.steps
     assert irq_step.status == "done" and thp_step.status == "failed" and "Read-only file system" in thp_step.error
     assert [o.status for o in thp_step.ops] == ["done", "done", "done", "done", "done", "failed"]
     assert thp_step.ops[-1].kind == "kernel" and thp_step.is_live_kernel_write
 
-    code, out = invoke("rollback", "-i", str(inv), "--limit", "rokernel")
+    code, out = invoke(*shlex.split(undo)[1:])  # the recap's command, as a user would paste it
     assert code == 0, out
+    assert snapshot(bad) == before  # every file byte for byte, the unit's enablement link gone
+    assert unit_state(bad, "irqbalance.service") == units_before
     assert not bad.path("/etc/systemd/system/hosttune-thp.service").exists()
-    assert unit_state(bad, "irqbalance.service")[0] == "enabled"
 
 
 # -- 3: the SSH connection dies in the middle of a file write ----------------------------------

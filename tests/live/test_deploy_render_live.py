@@ -30,8 +30,8 @@ from hosttune.probes.gather import parse_probe_output
 from hosttune.transport import open_transport
 
 pytestmark = pytest.mark.live
-SEVEN_B = ModelShape("/models/m", True, 28, 4, 15 * 10**9)
-TWO_GPU = ModelShape("/models/big", True, 40, 8, 100 * 10**9)
+SEVEN_B = ModelShape("/models/m", True, 28, 4, 15 * 10**9, architectures=("Qwen2ForCausalLM",))
+TWO_GPU = ModelShape("/models/big", True, 40, 8, 100 * 10**9, architectures=("LlamaForCausalLM",))
 A100 = Path(__file__).resolve().parents[1] / "fixtures" / "a100-4gpu-2numa" / "probe-output.txt"
 ENTRY = Entry(Path("/nonexistent"), WheelKey("vllm", "v0", ("8.0",), "12.4", "cp311"),
               (WheelFile("vllm-0-cp311-cp311-linux_x86_64.whl", "0" * 64, 1),), "src", None, 0.0, 0.0)

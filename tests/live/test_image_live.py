@@ -109,3 +109,40 @@ def test_apply_root_bakes_the_image_from_its_own_facts_then_rollback_restores_ev
     assert result.exit_code == 0 and "restored" in result.stdout, result.stdout
     after = tree(image)
     assert {k: v for k, v in after.items() if before.get(k) != v} == {} and set(before) == set(after)
+
+
+def test_apply_root_on_a_minimal_image_plans_what_it_lacks_and_rollback_restores_every_byte(tmp_path):
+    """An image with only etc/default/grub: no /usr/local, no update-grub, no shell to chroot into."""
+    image = tmp_path / "minimal"
+    write(image, "/etc/default/grub", 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n')
+    inv = tmp_path / "inv.yaml"
+    inv.write_text('hosts:\n  localhost:\n    transport: local\n    rcu_nocbs: "2-31"\n'
+                   '    pins: {cuda: "12.4", python: "3.11"}\n')
+    before = tree(image)
+
+    code, dry = apply_json(inv, image, "--dry-run")
+    (host,) = dry["hosts"]
+    assert host["error"] is None and tree(image) == before, host
+    ops = [op["description"] for step in host["plan"]["steps"] for op in step["ops"]]
+    assert ops.index("make directory /usr/local") < ops.index("link /usr/local/cuda -> /usr/local/cuda-12.4")
+    assert "$ update-grub" not in ops  # nothing the image cannot do is planned as if it could
+    notes = [n for step in host["plan"]["steps"] for n in step["notes"]]
+    assert any("the image has no update-grub" in n and "the image's own update-grub" in n for n in notes)
+    text = runner.invoke(app, ["apply", "-i", str(inv), "--root", str(image), "--dry-run"]).stdout
+    assert "checked on the host before anything is sent:" in text and "added: make directory /usr/local" in text
+
+    code, doc = apply_json(inv, image, "--yes")
+    (host,) = doc["hosts"]
+    assert host["state"] == "changed" and all(s["status"] == "done" for s in host["steps"]), host
+    dropin = (image / "etc/default/grub.d/90-hosttune.cfg").read_text()
+    assert "intel_idle.max_cstate=1 processor.max_cstate=1 rcu_nocbs=2-31" in dropin
+    assert (image / "usr/local/cuda").is_symlink()
+
+    code, again = apply_json(inv, image, "--yes")
+    (host,) = again["hosts"]
+    assert host["state"] == "ok" and host["plan"]["steps"] == [] and again["run"] is None, host
+
+    result = runner.invoke(app, ["rollback", "-i", str(inv), "--root", str(image)])
+    assert result.exit_code == 0 and "restored" in result.stdout, result.stdout
+    after = {k: v for k, v in tree(image).items() if k not in ("/var", "/var/lib")}  # the journals' folder stays
+    assert after == before  # every byte, and every directory apply made is gone

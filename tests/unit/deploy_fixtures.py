@@ -86,6 +86,20 @@ def fake_entry(wheelhouse: Path, engine: str = "vllm", archs=("8.0",), cuda: str
     return entry
 
 
+HEALTHY = {"cmd": "found:/usr/bin/{v}", "mcmd": "found:/usr/bin/{v}", "venv": "ok:", "dir": "kind:dir",
+           "space": "free-kb:100000000 /", "port": "", "pkg": "candidate:1.0"}
+
+
+def needs_answers(requests, overrides: dict[str, str]) -> str:
+    """needs.sh's output for a host that has everything asked about, but for `overrides`."""
+    out = []
+    for i, request in enumerate(requests):
+        kind, _, value = request.partition(":")
+        answer = overrides.get(request, HEALTHY[kind].format(v=value))
+        out += [f"@@n:{i}", *([answer] if answer else []), f"@@n-end:{i}"]
+    return "\n".join(out) + "\n"
+
+
 class ScriptedTransport(Transport):
     """Answers commands by rules; records every argv (the host's side of the conversation)."""
 
@@ -93,12 +107,15 @@ class ScriptedTransport(Transport):
         self.host_name, self.log, self.gate_ok, self.state, self.ray_nodes = name, log, gate_ok, state, ray_nodes
         self.files: dict[str, bytes] = {}
         self.unknown_flags: list[str] = []
+        self.needs: dict[str, str] = {}  # "kind:value" → the preconditions script's answer (default: all there)
 
     def _command(self, argv, stdin, timeout):
         argv = tuple(argv)
         self.log.append((self.host_name, argv))
         out = ""
-        if argv[:2] == ("sh", "-c") and argv[3:4] == ("hosttune",) and not argv[4].startswith(("write", "link", "remove")):
+        if argv[:2] == ("sh", "-c") and argv[2].startswith("# hosttune preconditions"):
+            out = needs_answers(argv[6:], self.needs)
+        elif argv[:2] == ("sh", "-c") and argv[3:4] == ("hosttune",) and not argv[4].startswith(("write", "link", "remove")):
             out = self.state  # state.sh
         elif argv[:2] == ("python3", "-c") and "UNKNOWN" in argv[2]:
             out = "UNKNOWN " + json.dumps(self.unknown_flags)  # flagcheck: what the engine's --help lacks

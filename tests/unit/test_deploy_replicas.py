@@ -20,7 +20,7 @@ from hosttune.deploy import rollout
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.recap import render
 from hosttune.fleet_runner import Outcome, exit_code
-from hosttune.deploy.model import ModelShape, parse_model
+from hosttune.deploy.model import ModelShape, model_problem, parse_model
 from hosttune.deploy.placement import LayoutRequest, plan_layout
 from hosttune.deploy.replicas import NGINX_CONF, SCRAPE_FILE, local_upstream, make_layout_release
 from hosttune.deploy.settings import parse_sets, resolve
@@ -32,9 +32,10 @@ from scripted_server.launch import running
 from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, fleet_of, h100_facts, inventory
 
 GB = 10**9
-QWEN_7B = ModelShape("/models/qwen2.5-7b", True, 28, 4, int(15.23 * GB))  # fits one 80 GB GPU
-QWEN_72B = ModelShape("/models/qwen2.5-72b", True, 64, 8, int(145.4 * GB))  # needs four
-TWO_GPU = ModelShape("/models/two-gpu", True, 40, 8, int(100 * GB))  # 50 GB a shard at TP 2 fits in 60 GiB
+QWEN = ("Qwen2ForCausalLM",)
+QWEN_7B = ModelShape("/models/qwen2.5-7b", True, 28, 4, int(15.23 * GB), architectures=QWEN)  # fits one 80 GB GPU
+QWEN_72B = ModelShape("/models/qwen2.5-72b", True, 64, 8, int(145.4 * GB), architectures=QWEN)  # needs four
+TWO_GPU = ModelShape("/models/two-gpu", True, 40, 8, int(100 * GB), architectures=("LlamaForCausalLM",))  # 50 GB a shard at TP 2 fits in 60 GiB
 
 
 def layout(facts, model, gpus="all", tp=None, replicas="per-gpu", port=8000, device=None):
@@ -94,11 +95,25 @@ def test_refusals_are_one_line_naming_what_to_change(kwargs, message):
 
 
 def test_model_folder_parses_to_heads_and_weight_bytes():
-    text = ("dir:\nconfig-begin:\n" + json.dumps({"num_attention_heads": 28, "num_key_value_heads": 4}) +
+    config = {"architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 28, "num_key_value_heads": 4}
+    text = ("dir:\nconfig-begin:\n" + json.dumps(config) +
             "\nconfig-end:\nweights:4000000000 model-00001-of-00002.safetensors\nweights:3000000000 model-00002.safetensors\n")
-    assert parse_model("/m", text) == ModelShape("/m", True, 28, 4, 7 * GB)
+    assert parse_model("/m", text) == ModelShape("/m", True, 28, 4, 7 * GB, architectures=QWEN)
     assert parse_model("/m", "missing:\n") == ModelShape("/m", False)
     assert parse_model("/m", "dir:\n").error == "no readable config.json"
+
+
+@pytest.mark.parametrize("model, supported, problem", [
+    (QWEN_7B, ("LlamaForCausalLM", "Qwen2ForCausalLM"), ""),
+    (QWEN_7B, (), ""),  # an engine that names no architectures loads any
+    (ModelShape("/m", False), (), "does not exist on the host"),
+    (parse_model("/m", "dir:\n"), (), "has no readable config.json"),
+    (parse_model("/m", "dir:\nconfig-begin:\n{\nconfig-end:\n"), (), "cannot be loaded: config.json is not JSON"),
+    (replace(QWEN_7B, architectures=("MixtralForCausalLM",)), ("LlamaForCausalLM",),
+     "is MixtralForCausalLM (config.json), which the engine does not load (it loads LlamaForCausalLM)"),
+])
+def test_a_model_folder_the_engine_cannot_load_says_why(model, supported, problem):
+    assert model_problem(model, supported).startswith(problem) and (problem or not model_problem(model, supported))
 
 
 # -- units, nginx, probe, scrape -------------------------------------------------------------------

@@ -177,6 +177,33 @@ def test_failing_step_stops_the_plan_and_the_journal_says_where(local, tmp_path)
     assert journal.steps[1].error and not (root / "etc/never").exists()
 
 
+def test_a_failed_runs_recap_lists_what_it_changed_and_the_command_that_undoes_it(local, tmp_path):
+    from hosttune.execute.recap import outcome_dict, render as render_recap
+
+    root = image(tmp_path)
+    before = tree(root)
+    (root / "etc/profile.d").mkdir()
+    (root / "etc/profile.d/hosttune-cuda.sh").mkdir()  # a directory where the cuda step's file must go
+    cuda = Step(("cuda.toolkit",), "cuda", (Symlink("/usr/local/cuda", "/usr/local/cuda-12.4"),
+                                            FileWrite("/etc/profile.d/hosttune-cuda.sh", b"x")))
+    plan = plan_for(local, root, [STEPS[0], cuda])
+    bad = replace(plan, steps=(plan.steps[0], cuda))  # the plan saw the directory in the way: run it regardless
+    result = execute_plan(local, bad, "r1")
+    assert result.status == "failed"
+    assert result.changes == ("created /etc/sysctl.d/90-hosttune.conf", "replaced /etc/sysctl.d/95-site.conf",
+                              "linked /usr/local/cuda -> /usr/local/cuda-12.4")
+    outcome = rollout.HostOutcome(bad, Outcome.FAILED, result, result.error)
+    text = render_recap([outcome], "r1", "inv.yaml")
+    assert "1 of 2 steps done, step 2 failed after 1 of its 2 operations" in text
+    assert "changed before the failure: created /etc/sysctl.d/90-hosttune.conf, replaced" in text
+    assert f"undo: hosttune rollback -i inv.yaml --limit h --run r1 --root {root}" in text
+    assert outcome_dict(outcome, "inv.yaml")["undo"] == f"hosttune rollback -i inv.yaml --limit h --run r1 --root {root}"
+    (root / "etc/profile.d/hosttune-cuda.sh").rmdir()
+    (root / "etc/profile.d").rmdir()
+    assert rollback_host(local, HOST, "r1", str(root)).status == "restored"
+    assert tree(root) == before
+
+
 # -- journal and undo lists as data -------------------------------------------------------
 
 
@@ -288,7 +315,7 @@ def test_recap_text_names_each_host_state():
         rollout.HostOutcome(replace(plans[3], reachable=False), Outcome.UNREACHABLE, error="cannot reach"),
     ]
     text = render_recap(outcomes, "r")
-    assert "a  changed     1/1 steps done" in text and "c  failed      step 1 exited 1: boom" in text
+    assert "a  changed     1 of 1 steps done" in text and "c  failed      step 1 exited 1: boom" in text
     assert text.splitlines()[-1] == "  changed=1, ok=1, failed=1, unreachable=1, skipped=0, exit 6"
 
 

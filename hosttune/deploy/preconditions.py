@@ -1,0 +1,43 @@
+"""A host's deploy, checked before anything is sent: what its operations need on the host.
+
+The operations declare their needs (a Python that makes virtualenvs, free space for the wheels
+and the virtualenv, the model the units serve, the ports they listen on); this reads the host
+over the read-only transport and judges them with `hosttune.plan.preconditions`. A need the
+plan can meet (python3-venv from the host's package lists) becomes operations at its start;
+one it cannot is the host's error, and nothing is uploaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hosttune.actions.base import Op
+from hosttune.actions.needs import Need, NeedModel, NeedPort
+from hosttune.deploy.model import model_problem
+from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
+from hosttune.plan import preconditions
+from hosttune.plan.preconditions import Checked
+from hosttune.probes.needs import read_needs
+from hosttune.transport.base import Transport
+
+# Listeners on a deployment's ports that are the deployment itself (a redeploy finds them there).
+OWNERS = (SERVE_UNIT, RAY_UNIT, "hosttune-engine@", "nginx.service")
+
+
+def serve_needs(job) -> tuple[Need, ...]:
+    """What the units of `job` (a HostJob) need to serve: the model folder read on the host, and their ports
+    free or already ours."""
+    ports = {job.settings.port, *(r.port for r in (job.layout.replicas if job.layout else ()) if r.port)}
+    if job.access.front is not None:
+        ports.add(job.access.front.port)
+    model = (NeedModel(job.model.path, job.preset.name),) if job.model is not None else ()
+    return model + tuple(NeedPort(p, OWNERS) for p in sorted(ports))
+
+
+def check_job(transport: Transport, job, groups: list[list[Op]]) -> Checked:
+    """Read what the operations need (one read-only round trip) and judge it; nothing is changed."""
+    asks = preconditions.requests_for(groups, job.packages, offline=False)
+    needs = read_needs(transport, asks, root=None, manager=job.packages.name if job.packages else None)
+    if job.model is not None:
+        needs = replace(needs, models={job.model.path: model_problem(job.model, job.preset.serve.architectures)})
+    return preconditions.check(groups, needs, job.packages)

@@ -1,0 +1,77 @@
+# hosttune preconditions: read-only. What a plan's operations need on the host, as it is now.
+# argv: ROOT MANAGER then requests KIND:VALUE (cmd:NAME mcmd:NAME venv:PYTHON dir:PATH space:PATH
+# port:NUMBER pkg:NAME). Prints "@@n:N" ... "@@n-end:N" around the answer to request N.
+# Values arrive as argv only; nothing here writes anything.
+export LC_ALL=C
+PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
+root=$1; manager=$2; shift 2
+inside() { if [ "$root" = / ]; then printf '%s' "$1"; else printf '%s%s' "${root%/}" "$1"; fi; }
+
+# A program inside the root: the directories chroot's PATH searches.
+cmd() {
+    for d in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin; do
+        if [ -x "$(inside "$d/$1")" ] && [ ! -d "$(inside "$d/$1")" ]; then printf 'found:%s\n' "$d/$1"; return 0; fi
+    done
+    return 0
+}
+
+mcmd() { p=$(command -v -- "$1" 2>/dev/null) && printf 'found:%s\n' "$p"; return 0; }
+
+venv() {
+    command -v -- "$1" >/dev/null 2>&1 || { printf 'missing:\n'; return 0; }
+    if err=$("$1" -c 'import ensurepip, venv' 2>&1); then printf 'ok:\n'
+    else printf 'fail:%s\n' "$(printf '%s' "$err" | tail -n1)"; fi
+}
+
+dir() {
+    p=$(inside "$1")
+    if [ -d "$p" ]; then printf 'kind:dir\n'; elif [ -e "$p" ] || [ -L "$p" ]; then printf 'kind:other\n'; else printf 'kind:absent\n'; fi
+}
+
+# The filesystem that will hold PATH: that of its nearest existing directory.
+space() {
+    p=$(inside "$1")
+    while [ ! -d "$p" ]; do p=$(dirname -- "$p"); done
+    df -Pk -- "$p" 2>/dev/null | awk 'NR == 2 {print "free-kb:" $4 " " $6}'
+}
+
+# Who listens on a TCP port: one "listen:UNIT" line per listening process (UNIT "?" when unknown).
+port() {
+    command -v ss >/dev/null 2>&1 || { printf 'unknown:no ss on the host\n'; return 0; }
+    ss -Hltnp 2>/dev/null | awk -v p=":$1" 'substr($4, length($4) - length(p) + 1) == p' | while IFS= read -r line; do
+        pids=$(printf '%s' "$line" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u)
+        [ -n "$pids" ] || { printf 'listen:?\n'; continue; }
+        for pid in $pids; do
+            unit=$(grep -o '[^/]*\.service' "/proc/$pid/cgroup" 2>/dev/null | tail -n1)
+            printf 'listen:%s\n' "${unit:-?}"
+        done
+    done
+    return 0
+}
+
+pkg() {
+    case $manager in
+    apt) apt-cache -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= policy -- "$1" 2>/dev/null |
+            awk '$1 == "Candidate:" && $2 != "(none)" {print "candidate:" $2}' ;;
+    dnf) dnf list -q --available -- "$1" 2>/dev/null | awk 'NF == 3 && $1 ~ /\./ {print "candidate:" $2; exit}' ;;
+    esac
+    return 0
+}
+
+n=0
+for request in "$@"; do
+    printf '@@n:%s\n' "$n"
+    value=${request#*:}
+    case $request in
+        cmd:*) cmd "$value" ;;
+        mcmd:*) mcmd "$value" ;;
+        venv:*) venv "$value" ;;
+        dir:*) dir "$value" ;;
+        space:*) space "$value" ;;
+        port:*) port "$value" ;;
+        pkg:*) pkg "$value" ;;
+    esac
+    printf '@@n-end:%s\n' "$n"
+    n=$((n + 1))
+done
+exit 0

@@ -1,0 +1,177 @@
+"""Preconditions as data: operations declare needs; facts and arguments give plan errors or added operations."""
+
+from pathlib import Path
+
+import pytest
+
+from hosttune.actions.base import Command, Directory, FileWrite, KernelWrite, Remove, Service, Step, Symlink
+from hosttune.actions.needs import NeedCommand, NeedDir, NeedModel, NeedPort, NeedSpace, NeedVenv, parents, program
+from hosttune.actions.platform import Apt, Dnf
+from hosttune.config.inventory import Host
+from hosttune.plan.host_plan import HostPlan, with_needs
+from hosttune.plan.preconditions import check, requests_for
+from hosttune.probes.needs import HostNeeds, parse_needs
+from hosttune.transport.base import ConnectionSpec
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "needs"
+HOST = Host("h", "g", ConnectionSpec("h"))
+VENV = Command(("python3", "-m", "venv", "/opt/v"), requires=(NeedVenv("python3"),))
+GRUB = Command(("update-grub",), regenerate=True)
+DROPIN = FileWrite("/etc/default/grub.d/90-hosttune.cfg", b"x" * 10)
+
+
+def recorded(name: str) -> HostNeeds:
+    requests = [tuple(r.split(":", 1)) for r in (FIXTURES / f"{name}-requests.txt").read_text().split()]
+    return parse_needs((FIXTURES / f"{name}.txt").read_text(), requests)
+
+
+# -- declarations --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op, needs", [
+    (FileWrite("/etc/x.conf", b"abc"), (NeedSpace("/etc/x.conf", 3),)),
+    (Symlink("/usr/local/cuda", "/usr/local/cuda-12.4"), (NeedDir("/usr/local"),)),
+    (Service("irqbalance.service", enabled=False), (NeedCommand("systemctl", on_machine=True),)),
+    (Command(("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "x")), (NeedCommand("apt-get"),)),
+    (Command(("/opt/v/bin/pip", "install", "w")), ()),  # made by an earlier operation of the same plan
+    (VENV, (NeedCommand("python3"), NeedVenv("python3"))),
+    (Remove("/x"), ()),
+    (KernelWrite(("/proc/sys/vm/swappiness",), "1"), ()),
+    (Directory("/usr/local"), ()),
+])
+def test_each_operation_kind_declares_its_needs(op, needs):
+    assert op.needs == needs
+
+
+def test_writes_and_directories_provide_their_parents():
+    assert FileWrite("/a/b/c").provides == (NeedDir("/a/b"), NeedDir("/a"), NeedDir("/"))
+    assert Directory("/usr/local").provides == (NeedDir("/usr/local"), NeedDir("/usr"), NeedDir("/"))
+    assert parents("/") == () and program(("env", "A=1")) == "env"
+
+
+def test_requests_ask_in_the_root_for_image_programs_and_on_the_machine_for_systemctl():
+    ops = (Symlink("/usr/local/cuda", "/usr/local/cuda-12.4"), Service("x.service", enabled=True), DROPIN, GRUB)
+    assert requests_for([ops], None, offline=True) == [
+        ("dir", "/usr/local"), ("mcmd", "systemctl"), ("space", DROPIN.path), ("cmd", "update-grub")]
+    assert ("mcmd", "update-grub") in requests_for([ops], None, offline=False)
+    assert requests_for([(VENV,)], Apt(), False) == [("mcmd", "python3"), ("venv", "python3"), ("pkg", "python3-venv")]
+    assert ("pkg", "python3.11-pip-wheel") in requests_for([(Command(("x",), requires=(NeedVenv("python3.11"),)),)], Dnf(), False)
+
+
+# -- the recorded answers -------------------------------------------------------------------------
+
+
+def test_parse_needs_recorded_on_a_debian_host():
+    needs = recorded("host")
+    assert needs.machine_commands == {"systemctl": "/usr/bin/systemctl", "no-such-program": None}
+    assert needs.venvs == {"python3": "", "python9.9": "python9.9 is not installed"}
+    assert needs.candidates == {"python3-venv": "3.11.2-1+b1", "no-such-package": None}
+    assert needs.dirs == {"/usr/local": "dir", "/nonexistent/x": "absent", "/etc/hostname": "other"}
+    assert needs.space["/opt/hosttune/wheels/x.whl"] == (70503968 * 1024, "/")
+    assert needs.ports == {39517: ("?",), 39518: ()}
+
+
+def test_parse_needs_recorded_on_a_minimal_image():
+    needs = recorded("root")
+    assert needs.commands == {"update-grub": None, "sh": None}
+    assert needs.dirs == {"/usr/local": "absent", "/etc/default": "dir"}
+
+
+def test_an_unanswered_request_is_a_probe_error():
+    from hosttune.errors import ProbeError
+    with pytest.raises(ProbeError, match="no answer about dir"):
+        parse_needs("@@n:0\n@@n-end:0\n", [("cmd", "sh"), ("dir", "/x")])
+
+
+def test_a_python_without_ensurepip_says_why():
+    out = "@@n:0\nfail:ModuleNotFoundError: No module named 'ensurepip'\n@@n-end:0\n"
+    assert parse_needs(out, [("venv", "python3")]).venvs == {"python3": "ModuleNotFoundError: No module named 'ensurepip'"}
+
+
+# -- judging: facts + operations → plan errors and added operations ---------------------------------
+
+
+def test_a_missing_parent_directory_is_made_first_by_a_planned_step():
+    link = Symlink("/usr/local/cuda", "/usr/local/cuda-12.4")
+    checked = check([(link,)], HostNeeds(dirs={"/usr/local": "absent"}), offline=True)
+    assert checked.groups == ((Directory("/usr/local"), link),) and checked.error is None
+    assert "added: make directory /usr/local (missing)" in checked.lines
+
+
+def test_an_earlier_write_meets_a_later_operations_directory():
+    write, link = FileWrite("/opt/x/file", b"1"), Symlink("/opt/x/link", "file")
+    checked = check([(write,), (link,)], HostNeeds(space={"/opt/x/file": (10, "/")}))
+    assert checked.groups == ((write,), (link,)) and checked.error is None
+
+
+def test_a_path_in_the_way_of_a_directory_is_an_error():
+    checked = check([(Symlink("/usr/local/cuda", "x"),)], HostNeeds(dirs={"/usr/local": "other"}))
+    assert checked.error == "/usr/local is not a directory; move it away first"
+
+
+def test_update_grub_missing_from_an_image_is_left_to_the_image_and_said_so():
+    needs = HostNeeds(commands={"update-grub": None}, space={DROPIN.path: (10**9, "/")})
+    checked = check([(DROPIN, GRUB)], needs, offline=True)
+    assert checked.groups == ((DROPIN,),) and checked.error is None
+    (note,) = checked.notes[0]
+    assert "the image has no update-grub" in note and "the image's own update-grub reads them when it runs" in note
+
+
+def test_update_grub_missing_on_a_running_host_is_a_plan_time_error():
+    checked = check([(DROPIN, GRUB)], HostNeeds(machine_commands={"update-grub": None}, space={DROPIN.path: (10**9, "/")}))
+    assert checked.error == "update-grub not found on the host, needed for: $ update-grub"
+
+
+def test_a_python_without_venv_gets_the_package_installed_first_where_apt_has_it():
+    upload = FileWrite("/opt/hosttune/wheels/w.whl", b"w")
+    needs = HostNeeds(machine_commands={"python3": "/usr/bin/python3"}, venvs={"python3": "No module named 'ensurepip'"},
+                      candidates={"python3-venv": "3.11.2-1+b1"})
+    checked = check([(upload, VENV)], needs, Apt())
+    refresh, install, *rest = checked.groups[0]
+    assert refresh.argv == ("apt-get", "update", "-q") and install.argv[-1] == "python3-venv"
+    assert rest == [upload, VENV] and checked.error is None  # before the upload: nothing is sent for a host that cannot install it
+    assert any(line.startswith("added: install python3-venv") for line in checked.lines)
+
+
+@pytest.mark.parametrize("flavour, candidates, error", [
+    (Apt(), {"python3-venv": None}, "python3 cannot make a virtualenv (no ensurepip) and python3-venv is not in the host's package lists"),
+    (None, {}, "python3 cannot make a virtualenv (no ensurepip) and the host has no apt or dnf"),
+])
+def test_a_python_without_venv_that_cannot_be_installed_is_a_plan_time_error(flavour, candidates, error):
+    needs = HostNeeds(machine_commands={"python3": "/usr/bin/python3"}, venvs={"python3": "no ensurepip"}, candidates=candidates)
+    assert check([(VENV,)], needs, flavour).error.startswith(error)
+
+
+def test_free_space_is_summed_per_filesystem():
+    a, b = FileWrite("/opt/a", b"x" * 600), FileWrite("/opt/b", b"x" * 600)
+    needs = HostNeeds(space={"/opt/a": (1000, "/opt"), "/opt/b": (1000, "/opt")})
+    assert check([(a,)], needs).error is None
+    assert check([(a, b)], needs).error == "1.2 kB to write on /opt (1.0 kB free): not enough for /opt/a and 1 more; free space there first"
+
+
+@pytest.mark.parametrize("listeners, error", [
+    ((), None),
+    (("hosttune-serve.service",), None),
+    (("hosttune-engine@1.service", "nginx.service"), None),
+    (("apache2.service",), "port 8000 is in use by apache2.service; choose another port or stop it"),
+    (("?",), "port 8000 is in use by a process hosttune cannot name; choose another port or stop it"),
+])
+def test_a_port_is_free_or_already_ours(listeners, error):
+    start = Command(("systemctl", "restart", "x"), requires=(NeedPort(8000, ("hosttune-serve.service", "hosttune-engine@", "nginx.service")),))
+    needs = HostNeeds(machine_commands={"systemctl": "/bin/systemctl"}, ports={8000: listeners})
+    assert check([(start,)], needs).error == error
+
+
+def test_a_model_the_engine_cannot_load_is_a_plan_time_error():
+    start = Command(("systemctl", "restart", "x"), requires=(NeedModel("/models", "custom"),))
+    needs = HostNeeds(machine_commands={"systemctl": "/bin/systemctl"}, models={"/models": "has no readable config.json"})
+    assert check([(start,)], needs).error == "the model folder /models has no readable config.json"
+
+
+def test_an_unmet_need_makes_the_host_plan_an_error_and_sends_nothing():
+    plan = HostPlan(HOST, "p", steps=(Step(("cpu.cstates",), "grub", (DROPIN, GRUB)),))
+    planned = with_needs(plan, HostNeeds(machine_commands={"update-grub": None}, space={DROPIN.path: (10**9, "/")}))
+    assert planned.error == "nothing sent: update-grub not found on the host, needed for: $ update-grub"
+    image = with_needs(HostPlan(HOST, "p", steps=plan.steps, root="/img"),
+                       HostNeeds(commands={"update-grub": None}, space={DROPIN.path: (10**9, "/")}))
+    assert image.error is None and image.steps[0].ops == (DROPIN,) and "update-grub" in image.steps[0].notes[-1]
