@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 from urllib.parse import urlparse
 
-import aiohttp
 
 from hosttune.bench import prompts
 from hosttune.bench.client import CHAT, COMPLETIONS, Client, Target, discover_model
+from hosttune.bench.client import session as client_session
 from hosttune.bench.dataset import Dataset, Entry, dataset_questions, load_dataset
 from hosttune.bench.distributions import LengthDistribution, parse_distribution
 from hosttune.bench.loadgen import Load, LoadGenerator, Progress
@@ -56,6 +57,7 @@ class BenchSpec:
     trace: Trace | None = None  # lengths from a trace (its arrivals are in `load`)
     metrics_interval: float | None = 1.0  # seconds between /metrics samples; None: none
     priority: int | None = None  # sent with every request (lower runs first on servers that honour it)
+    tls: ssl.SSLContext | None = field(default=None, repr=False, compare=False)  # --cacert, --insecure
     prompt_dist: LengthDistribution = field(init=False, repr=False, compare=False)
     output_dist: LengthDistribution = field(init=False, repr=False, compare=False)
     entries: tuple[Entry, ...] | None = field(init=False, repr=False, compare=False)
@@ -101,11 +103,11 @@ async def measure(spec: BenchSpec, url: str,
                   on_progress: Callable[[Progress], None] | None = None) -> RunRecord:
     """Run the benchmark `spec` against the endpoint at `url`."""
     url = check_url(url)
-    model = spec.model or await discover_model(url, headers=spec.headers)
+    model = spec.model or await discover_model(url, headers=spec.headers, tls=spec.tls)
     workload, counts = await build_workload(spec, url)
     target = Target(url, model, spec.api, spec.timeout, spec.is_ignore_eos, headers=spec.headers,
-                    priority=spec.priority)
-    sampler = MetricsSampler(url, spec.metrics_interval, spec.headers) if spec.metrics_interval else None
+                    priority=spec.priority, tls=spec.tls)
+    sampler = MetricsSampler(url, spec.metrics_interval, spec.headers, spec.tls) if spec.metrics_interval else None
     sampling = asyncio.create_task(sampler.run()) if sampler else None
     try:
         async with Client(target) as client:
@@ -148,8 +150,7 @@ async def build_workload(spec: BenchSpec, url: str) -> tuple[Workload, str]:
 
 async def prompt_builder(spec: BenchSpec, url: str, longest: int) -> prompts.PromptBuilder:
     """Calibrate words against the best tokenizer available, then check a few prompts."""
-    timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(timeout=timeout, headers=spec.headers) as session:
+    async with client_session(30, spec.headers, spec.tls) as session:
         if spec.tokenizer is not None:
             count = prompts.local_counter(spec.tokenizer)
             source = f"local tokenizer {spec.tokenizer}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 
+from hosttune.bench.backoff import retry_after_seconds
 from hosttune.bench.connection import ConnectionPool, HttpError, Response
 from hosttune.bench.record import FAILED, OK, REJECTED
 from hosttune.bench.workload import Messages
@@ -36,6 +38,7 @@ class Target:
     is_ignore_eos: bool = True  # ask for exactly max_tokens (vLLM/SGLang extension)
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold an API key
     priority: int | None = None  # request priority, lower first (vLLM/hosttune extension)
+    tls: ssl.SSLContext | None = field(default=None, repr=False, compare=False)  # https: whom to trust
 
     @property
     def endpoint(self) -> str:
@@ -57,6 +60,7 @@ class StreamResult:
     reported_prompt_tokens: int | None
     cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache
     text: str = ""  # the output text, when asked to keep it
+    retry_after: float | None = None  # a refusal's Retry-After, in seconds
 
 
 class Client:
@@ -66,7 +70,7 @@ class Client:
 
     def __init__(self, target: Target) -> None:
         self.target = target
-        self.pool = ConnectionPool(target.url, target.headers)
+        self.pool = ConnectionPool(target.url, target.headers, target.tls)
         self.path = urlparse(target.endpoint).path
 
     async def __aenter__(self) -> "Client":
@@ -140,7 +144,8 @@ def _result(sent: float, response: Response) -> StreamResult:
     if response.events is None:
         outcome = REJECTED if response.status == 429 else FAILED
         error = f"http {response.status}: {bytes(response.body[:200]).decode(errors='replace')}"
-        return StreamResult(sent, last, array("d"), outcome, response.status, error, 0, None)
+        return StreamResult(sent, last, array("d"), outcome, response.status, error, 0, None,
+                            retry_after=retry_after_seconds(response.headers.get("retry-after")))
     events = response.events.result(last)
     return StreamResult(
         sent=sent, end=events.end, chunks=events.chunks,
@@ -152,12 +157,20 @@ def _result(sent: float, response: Response) -> StreamResult:
     )
 
 
-async def discover_model(url: str, timeout: float = 10.0, headers: tuple[tuple[str, str], ...] = ()) -> str:
+def session(timeout: float, headers: tuple[tuple[str, str], ...] | dict = (),
+            tls: ssl.SSLContext | None = None) -> aiohttp.ClientSession:
+    """An aiohttp session for the endpoint's other routes, trusting what the streams trust."""
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), headers=dict(headers),
+                                 connector=aiohttp.TCPConnector(ssl=tls if tls is not None else True))
+
+
+async def discover_model(url: str, timeout: float = 10.0, headers: tuple[tuple[str, str], ...] = (),
+                         tls: ssl.SSLContext | None = None) -> str:
     """The first model the endpoint lists at /v1/models."""
     endpoint = url.rstrip("/") + "/v1/models"
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), headers=headers) as session:
-            async with session.get(endpoint) as resp:
+        async with session(timeout, headers, tls) as session_:
+            async with session_.get(endpoint) as resp:
                 if resp.status == 401:
                     raise BenchError(f"{endpoint} answered 401: pass the endpoint's key with --api-key "
                                      f"(or $OPENAI_API_KEY)")

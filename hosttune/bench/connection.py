@@ -22,10 +22,26 @@ import time
 from urllib.parse import urlparse
 
 from hosttune.bench.sse import EventStream
+from hosttune.errors import BenchError
 
 MAX_HEAD = 64 * 1024
 READ_SIZE = 64 * 1024
 HEAD, CHUNK_SIZE, CHUNK_DATA, CHUNK_END, TRAILER, LENGTH, UNTIL_CLOSE, DONE = range(8)
+
+
+def tls_context(cacert: str | None = None, is_insecure: bool = False) -> ssl.SSLContext:
+    """How https endpoints are trusted: the system's CAs, the CA in `cacert` instead, or (insecure)
+    nothing checked at all."""
+    if cacert and is_insecure:
+        raise BenchError("--cacert names a CA to check the server against; --insecure checks nothing: give one")
+    if is_insecure:
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        return context
+    try:
+        return ssl.create_default_context(cafile=cacert) if cacert else ssl.create_default_context()
+    except (OSError, ssl.SSLError) as exc:
+        raise BenchError(f"--cacert {cacert}: not a readable PEM file of CA certificates ({exc})") from None
 
 
 class HttpError(Exception):
@@ -231,7 +247,8 @@ class Connection(asyncio.BufferedProtocol):
 class ConnectionPool:
     """Keep-alive connections to one origin, opened on demand, with no upper limit."""
 
-    def __init__(self, url: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(self, url: str, headers: tuple[tuple[str, str], ...] = (),
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         parsed = urlparse(url)
         self.extra_head = "".join(f"{name}: {value}\r\n" for name, value in headers)
         self.host = parsed.hostname or "127.0.0.1"
@@ -239,7 +256,7 @@ class ConnectionPool:
         self.port = parsed.port or (443 if self.is_tls else 80)
         self.host_header = parsed.netloc
         self.idle: list[Connection] = []
-        self.ssl_context = ssl.create_default_context() if self.is_tls else None
+        self.ssl_context = (ssl_context or tls_context()) if self.is_tls else None
 
     def request_bytes(self, path: str, body: bytes) -> bytes:
         head = (

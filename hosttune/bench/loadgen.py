@@ -3,7 +3,8 @@ trace, bounded by time or request count, with a warm-up period and a measurement
 own lag.
 
 - Closed loop (`users=N`): N users each send a request, wait for the whole response,
-  and send the next one at once.
+  and send the next one at once. A request the server refuses (429 or 503) is sent again
+  by its user after a wait: the Retry-After it gave, else an exponential one (backoff.py).
 - Open loop (`rate=R`): requests arrive at R per second whatever the server does;
   inter-arrival gaps are gamma-distributed with shape `burstiness` (1 is a Poisson
   process; below 1 burstier, above 1 more regular), mean 1/R.
@@ -31,6 +32,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Callable
 
+from hosttune.bench.backoff import wait_after
 from hosttune.bench.client import Client, StreamResult
 from hosttune.bench.record import CANCELLED, OK, LagSample, RequestRecord
 from hosttune.bench.workload import Prompt, Workload
@@ -178,8 +180,19 @@ class LoadGenerator:
         all_sent.cancel()
 
     async def _user(self, user: int) -> None:
+        refused, again = 0, None  # refusals in a row, and the prompt they refused
         while self._may_send(self._now()):
-            await self._send(self._now(), user)
+            record, prompt = await self._send(self._now(), user, again, refused)
+            wait = wait_after(record.status, record.retry_after, refused + 1)
+            refused, again = (refused + 1, prompt) if wait else (0, None)
+            if wait:
+                await asyncio.sleep(self._wait_within_run(wait))
+
+    def _wait_within_run(self, wait: float) -> float:
+        """A backoff that would outlast a timed run ends with it."""
+        if self.load.duration is None:
+            return wait
+        return max(0.0, min(wait, self.load.warmup + self.load.duration - self._now()))
 
     async def _open_loop(self) -> None:
         cap = self.load.max_concurrency or MAX_IN_FLIGHT
@@ -219,27 +232,31 @@ class LoadGenerator:
         if not task.cancelled() and task.exception() is not None:
             self.crashes.append(task.exception())
 
-    async def _send(self, scheduled: float, user: int | None) -> None:
+    async def _send(self, scheduled: float, user: int | None, prompt: Prompt | None = None,
+                    attempt: int = 0) -> tuple[RequestRecord, Prompt]:
+        """Send one request (`prompt` again, when a refusal is retried); its record, and what it said."""
         index = self.num_sent
         is_warmup = scheduled < self.load.warmup
         self.num_sent += 1
         self.num_measured_sent += not is_warmup
         if self.load.num_requests is not None and self.num_measured_sent >= self.load.num_requests:
             self.all_sent.set()
-        prompt = self.workload.next(self.rng, index, user)
+        prompt = prompt or self.workload.next(self.rng, index, user)
         sent = self._now()
         try:
             result = await self.client.stream(prompt.messages, prompt.max_tokens,
                                               self.workload.is_keep_text)
         except asyncio.CancelledError:
-            self.records.append(_cancelled(index, scheduled, sent, self._now(), prompt, is_warmup))
+            self.records.append(_cancelled(index, scheduled, sent, self._now(), prompt, is_warmup, user, attempt))
             raise
         if result.outcome == OK:
             self.workload.answered(user, prompt, result.text, result.output_tokens)
-        self.records.append(self._record(result, index, scheduled, prompt, is_warmup))
+        record = self._record(result, index, scheduled, prompt, is_warmup, user, attempt)
+        self.records.append(record)
+        return record, prompt
 
     def _record(self, result: StreamResult, index: int, scheduled: float, prompt: Prompt,
-                is_warmup: bool) -> RequestRecord:
+                is_warmup: bool, user: int | None = None, attempt: int = 0) -> RequestRecord:
         t0 = self.t0
         return RequestRecord(
             index=index, scheduled=scheduled, sent=result.sent - t0, end=result.end - t0,
@@ -248,7 +265,7 @@ class LoadGenerator:
             max_tokens=prompt.max_tokens, output_tokens=result.output_tokens,
             reported_prompt_tokens=result.reported_prompt_tokens, is_warmup=is_warmup,
             cached_tokens=result.cached_tokens, conversation=prompt.conversation,
-            turn=prompt.turn, group=prompt.group,
+            turn=prompt.turn, group=prompt.group, user=user, attempt=attempt, retry_after=result.retry_after,
         )
 
     # Phase: letting the last requests finish.
@@ -285,11 +302,11 @@ class LoadGenerator:
 
 
 def _cancelled(index: int, scheduled: float, sent: float, end: float, prompt: Prompt,
-               is_warmup: bool) -> RequestRecord:
+               is_warmup: bool, user: int | None, attempt: int) -> RequestRecord:
     return RequestRecord(
         index=index, scheduled=scheduled, sent=sent, end=end, chunks=array("d"),
         outcome=CANCELLED, status=0, error="cancelled: still running when the run stopped",
         prompt_tokens=prompt.num_tokens, max_tokens=prompt.max_tokens, output_tokens=0,
         reported_prompt_tokens=None, is_warmup=is_warmup, conversation=prompt.conversation,
-        turn=prompt.turn, group=prompt.group,
+        turn=prompt.turn, group=prompt.group, user=user, attempt=attempt,
     )

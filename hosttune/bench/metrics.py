@@ -28,7 +28,10 @@ Definitions (every time is measured by the client, in seconds):
 - A request **succeeded** when it got HTTP 200 and a complete stream with no error
   event. 429 responses are **rejections**, counted apart; everything else (other
   statuses, transport errors, timeouts, an error event inside a 200 stream, a stream
-  cut short) is a **failure**.
+  cut short) is a **failure**. A closed-loop user sends a refused request (429 or 503)
+  again after backing off; each try is a request of its own, and **retries** counts the
+  tries after the first. Latency percentiles cover only the requests that succeeded:
+  a refusal's quick answer is no latency of the server's.
 - **Backlog growth**: requests in flight at the end of the window minus at its start
   (arrivals minus completions). A server past saturation builds a queue that a short
   run may not yet show in its percentiles; it shows here. The server **kept up** when the
@@ -120,6 +123,7 @@ class Summary:
     num_failed: int
     num_cancelled: int
     num_warmup: int
+    num_retried: int  # measured requests that were a refused request sent again
     errors_by_status: dict[str, int]  # "429", "500", "stream-error", "timeout", ...
     ttft: LatencyStats | None
     itl: LatencyStats | None
@@ -261,6 +265,7 @@ def summarize(run: RunRecord, slo: Slo | None = None, lag_limit: float = 0.005) 
         num_failed=sum(r.outcome == FAILED for r in requests),
         num_cancelled=sum(r.outcome == CANCELLED for r in requests),
         num_warmup=len(run.requests) - len(requests),
+        num_retried=sum(r.attempt > 0 for r in requests),
         errors_by_status=errors_by_status(requests),
         ttft=latency_stats([r.ttft for r in ok if r.ttft is not None]),
         itl=latency_stats([gap for r in ok for gap in inter_chunk_gaps(r)]),

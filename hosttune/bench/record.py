@@ -36,6 +36,9 @@ class RequestRecord:
     conversation: int | None = None  # the conversation a turn belongs to (--turns)
     turn: int | None = None  # 1 for a conversation's first request
     group: int | None = None  # the shared system prompt it starts with (--shared-prefix)
+    user: int | None = None  # the closed-loop user that sent it
+    attempt: int = 0  # 0: a request's first try; N: its Nth retry after the server refused it (429, 503)
+    retry_after: float | None = None  # the refusal's Retry-After, in seconds
 
     @property
     def ttft(self) -> float | None:

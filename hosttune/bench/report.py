@@ -73,7 +73,7 @@ def _request_json(r: RequestRecord) -> dict:
         "prompt_tokens": r.prompt_tokens, "reported_prompt_tokens": r.reported_prompt_tokens,
         "max_tokens": r.max_tokens, "output_tokens": r.output_tokens, "is_warmup": r.is_warmup,
         "cached_tokens": r.cached_tokens, "conversation": r.conversation, "turn": r.turn,
-        "group": r.group,
+        "group": r.group, "user": r.user, "attempt": r.attempt, "retry_after": r.retry_after,
         "ttft": None if r.ttft is None else round(r.ttft, 6), "e2e": round(r.e2e, 6),
         "chunks": [round(t, 6) for t in r.chunks],
     }
@@ -171,7 +171,8 @@ def _results(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:
 
 def summary_rows(summaries: list[Summary]) -> list[tuple[str, list[str]]]:
     rows = [("requests measured (ok / 429 / failed)",
-             [f"{s.num_requests} ({s.num_ok} / {s.num_rejected} / {s.num_failed})" for s in summaries])]
+             [f"{s.num_requests} ({s.num_ok} / {s.num_rejected} / {s.num_failed})" for s in summaries]),
+            ("of them retries after a 429/503", [str(s.num_retried) for s in summaries])]
     for name, label in METRICS:
         for q in metrics.PERCENTILES:
             rows.append((f"{label} P{q} (ms)", [_ms(getattr(s, name), q) for s in summaries]))

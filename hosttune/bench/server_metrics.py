@@ -14,6 +14,7 @@ import time
 
 import aiohttp
 
+from hosttune.bench.client import session as client_session
 from hosttune.bench.record import ServerSample
 
 NAMES = {
@@ -51,16 +52,16 @@ def sample_of(at: float, totals: dict[str, float]) -> ServerSample:
 class MetricsSampler:
     """Polls `url/metrics` every `interval` seconds while a run is under way."""
 
-    def __init__(self, url: str, interval: float, headers: tuple[tuple[str, str], ...] = ()) -> None:
+    def __init__(self, url: str, interval: float, headers: tuple[tuple[str, str], ...] = (), tls=None) -> None:
         self.endpoint = url.rstrip("/") + "/metrics"
         self.interval = interval
         self.headers = dict(headers)  # the API key, for a server that protects /metrics too
+        self.tls = tls  # https: the context the streams trust
         self.samples: list[ServerSample] = []  # times on the perf_counter clock
 
     async def run(self) -> None:
         """Sample until cancelled; stop early at a server that has no /metrics."""
-        timeout = aiohttp.ClientTimeout(total=max(self.interval, 1.0))
-        async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as session:
+        async with client_session(max(self.interval, 1.0), self.headers, self.tls) as session:
             while await self._sample(session):
                 await asyncio.sleep(self.interval)
 

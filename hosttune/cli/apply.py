@@ -11,13 +11,14 @@ import typer
 from hosttune.plan import render as plan_render
 from hosttune.plan.host_plan import HostPlan
 from hosttune.cli.app import app
-from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, emit, load, user_errors
+from hosttune.cli.common import (AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt, emit, go_ahead, load,
+                                 only, plural, user_errors)
 from hosttune.cli.progress import Progress
 from hosttune.execute import recap
 from hosttune.execute.journal import new_run_id
 from hosttune.execute.rollout import ApplyOptions, apply_plans, dry_run_outcome, plan_fleet, rollback_fleet
 from hosttune.fleet import profiles
-from hosttune.fleet_runner import EXIT_ERROR, exit_code
+from hosttune.fleet_runner import Outcome, exit_code
 from hosttune.verify import run_verify
 
 RootOpt = typer.Option(None, "--root", help="Write files under this directory (a mounted image or chroot); no live kernel writes.")
@@ -34,7 +35,7 @@ def apply(
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (steps, commands, file diffs) and change nothing."),
-    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before changing hosts."),
+    yes: bool = YesOpt,
     root: Optional[str] = RootOpt,
     prune_cuda: bool = typer.Option(False, "--prune-cuda", help="Also move stale /usr/local/cuda-* toolkits aside."),
     serial: Optional[int] = typer.Option(None, "--serial", min=1, help="Hosts per batch (default: all at once)."),
@@ -65,9 +66,9 @@ def apply(
         raise typer.Exit(exit_code(outcomes))
     if fmt is Output.text:
         typer.echo(plan_render.render(plans))
-    question = f"Apply these changes to {sum(1 for p in plans if p.steps and not p.error)} host(s)" + (f" and reboot {reboots}" if reboots else "") + "?"
-    if not yes and not typer.confirm(question, err=True):
-        raise typer.Exit(EXIT_ERROR)
+    changing = sum(1 for p in plans if p.steps and not p.error)
+    question = f"Apply these changes to {changing} {plural(changing, 'host')}" + (f" and reboot {reboots}" if reboots else "") + "?"
+    go_ahead(question, yes=yes, dry_run=False)
     run = new_run_id()
     with Progress("applying", total=len(plans)) as progress:
         outcomes = apply_plans(plans, wanted, run, options, on_host_done=lambda name, o: progress.advance(name, o.state))
@@ -89,18 +90,30 @@ def rollback(
     limit: Optional[str] = LimitOpt,
     run: Optional[str] = typer.Option(None, "--run", help="The run to undo (default: each host's latest run not yet rolled back)."),
     root: Optional[str] = RootOpt,
+    dry_run: bool = DryRunOpt,
+    yes: bool = YesOpt,
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
 ) -> None:
     """Undo an apply from the journal on each host: files back byte for byte, units and kernel values as they were.
 
-    Example: hosttune rollback --inventory inventories/example.yaml --run 20250102T030405Z-1a2b3c
+    What each host gets back is printed first; --yes (or an answer on the terminal) acts on it.
+
+    Example: hosttune rollback --inventory inventories/example.yaml --run 20250102T030405Z-1a2b3c --yes
     """
     inv = load(inventory, limit, accept_new_host_keys)
-    with Progress("rolling back", total=len(inv.hosts)) as progress:
-        results = rollback_fleet(inv, run, root, forks, on_host_done=lambda name, r: progress.advance(name, r.status))
+    with Progress("reading journals", total=len(inv.hosts)) as progress:
+        plans = rollback_fleet(inv, run, root, forks, on_host_done=lambda name, r: progress.advance(name, r.status),
+                               dry_run=True)
+    typer.echo(recap.render_rollback(plans))
+    due = [p for p in plans if p.status is Outcome.PLANNED]
+    if not due or not go_ahead(f"Roll back {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):
+        raise typer.Exit(exit_code(plans))
+    with Progress("rolling back", total=len(due)) as progress:
+        results = rollback_fleet(only(inv, {p.host.name for p in due}), run, root, forks,
+                                 on_host_done=lambda name, r: progress.advance(name, r.status))
     typer.echo(recap.render_rollback(results))
-    raise typer.Exit(exit_code(results))
+    raise typer.Exit(exit_code(results + [p for p in plans if p not in due]))
 
 
 @app.command()

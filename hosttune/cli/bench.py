@@ -50,6 +50,8 @@ def bench(
     seed: int = typer.Option(0, "--seed", help="Seed for lengths, prompts and arrivals."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help="Sent as 'Authorization: Bearer KEY'; redacted in printed and saved command lines."),
     header: Optional[List[str]] = typer.Option(None, "--header", help="NAME=VALUE, an extra request header; repeatable; its value is redacted in reports."),
+    cacert: Optional[Path] = typer.Option(None, "--cacert", help="https: trust the CA certificates in this PEM file (a private CA) instead of the system's."),
+    insecure: bool = typer.Option(False, "--insecure", help="https: check no certificate at all (a test endpoint only)."),
 ) -> None:
     """Load-test OpenAI-compatible endpoints the way production traffic does.
 
@@ -68,4 +70,4 @@ def bench(
     require_bench_extra()
     from hosttune.cli import bench_run  # aiohttp/uvloop load only when benchmarking
 
-    bench_run.run(url=url, users=users, rate=rate, burstiness=burstiness, duration=duration, requests=requests, warmup=warmup, prompts=prompts, max_tokens=max_tokens, dataset=dataset, shared_prefix=shared_prefix, prefix_tokens=prefix_tokens, turns=turns, trace=trace, max_concurrency=max_concurrency, metrics_interval=metrics_interval, priority=priority, api=api, model=model, tokenizer=tokenizer, slo=slo, slo_percentile=slo_percentile, max_error_rate=max_error_rate, sweep=sweep, sweep_start=sweep_start, sweep_max=sweep_max, sweep_growth=sweep_growth, sweep_precision=sweep_precision, out=out, ignore_eos=ignore_eos, timeout=timeout, max_client_lag=max_client_lag, seed=seed, api_key=api_key, header=header or [])
+    bench_run.run(url=url, users=users, rate=rate, burstiness=burstiness, duration=duration, requests=requests, warmup=warmup, prompts=prompts, max_tokens=max_tokens, dataset=dataset, shared_prefix=shared_prefix, prefix_tokens=prefix_tokens, turns=turns, trace=trace, max_concurrency=max_concurrency, metrics_interval=metrics_interval, priority=priority, api=api, model=model, tokenizer=tokenizer, slo=slo, slo_percentile=slo_percentile, max_error_rate=max_error_rate, sweep=sweep, sweep_start=sweep_start, sweep_max=sweep_max, sweep_growth=sweep_growth, sweep_precision=sweep_precision, out=out, ignore_eos=ignore_eos, timeout=timeout, max_client_lag=max_client_lag, seed=seed, api_key=api_key, header=header or [], cacert=cacert, insecure=insecure)

@@ -12,6 +12,7 @@ import typer
 
 from hosttune.bench import console, plot, report, report_csv
 from hosttune.bench.benchmark import BenchSpec, measure, run_async
+from hosttune.bench.connection import tls_context
 from hosttune.bench.headers import redact_argv, request_headers
 from hosttune.bench.loadgen import Load, Progress as LoadProgress
 from hosttune.bench.metrics import Slo, summarize
@@ -27,7 +28,7 @@ EXIT_CLIENT_BEHIND = 4
 DEFAULT_SWEEP_SLO = "e2e=2s"  # a sweep finds the highest rate whose E2E P95 stays under 2 s
 
 
-def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, priority, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed, api_key=None, header=()) -> None:
+def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, priority, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed, api_key=None, header=(), cacert=None, insecure=False) -> None:
     slo_value = _slo(slo or (DEFAULT_SWEEP_SLO if sweep else None), slo_percentile, max_error_rate)
     grid = parse_shared_prefix(shared_prefix) if shared_prefix else None
     replay = load_trace(trace) if trace is not None else None
@@ -42,6 +43,7 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         headers=request_headers(header, api_key),
         dataset=dataset, shared_prefix=grid, prefix_tokens=prefix_tokens, turns=turns, trace=replay,
         metrics_interval=interval or None, priority=priority,
+        tls=tls_context(str(cacert) if cacert else None, insecure) if cacert or insecure else None,
     )
     command = "hosttune bench " + " ".join(shlex.quote(a) for a in redact_argv(sys.argv[2:]))
     if sweep:

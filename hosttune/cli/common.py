@@ -8,6 +8,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -21,11 +22,48 @@ InventoryOpt = typer.Option(None, "--inventory", "-i", help="Inventory YAML (def
 LimitOpt = typer.Option(None, "--limit", "-l", help="Only these hosts or groups (comma-separated globs).")
 ForksOpt = typer.Option(50, "--forks", "-f", min=1, help="Hosts probed in parallel.")
 AcceptKeysOpt = typer.Option(False, "--accept-new-host-keys", help="Trust and record SSH host keys not yet in known_hosts (changed keys are always refused).")
+YesOpt = typer.Option(False, "--yes", "-y", help="Make the changes the plan shows without asking.")
+DryRunOpt = typer.Option(False, "--dry-run", help="Print the plan and change nothing.")
 
 
 def load(inventory: Optional[Path], limit: Optional[str], accept_new_host_keys: bool = False) -> Inventory:
     inv = load_inventory(inventory, accept_new_host_keys=accept_new_host_keys) if inventory else local_inventory()
     return inv.limit(limit)
+
+
+def only(inv: Inventory, names: set[str]) -> Inventory:
+    """The inventory's hosts of these names, in its order."""
+    return replace(inv, hosts=tuple(h for h in inv.hosts if h.name in names))
+
+
+def plural(count: int, noun: str) -> str:
+    """"host" or "hosts", as the count wants it."""
+    return noun if count == 1 else noun + "s"
+
+
+def is_terminal() -> bool:
+    """Whether someone can answer a question: stdin is a terminal."""
+    return sys.stdin.isatty()
+
+
+def go_ahead(question: str, *, yes: bool, dry_run: bool) -> bool:
+    """The one confirmation of every command that changes hosts, asked once its plan is printed.
+
+    --dry-run: False (only the plan is shown). --yes: True. On a terminal the question is asked;
+    without a terminal nothing changes: one line says so and the command exits 2.
+    """
+    if dry_run:
+        return False
+    if yes:
+        return True
+    if not is_terminal():
+        typer.secho("hosttune: nothing changed: no terminal to confirm on; run again with --yes to make "
+                    "these changes (--dry-run only shows them)", err=True, fg="red")
+        raise typer.Exit(EXIT_ERROR)
+    if not typer.confirm(question, err=True):
+        typer.echo("nothing changed", err=True)
+        raise typer.Exit(EXIT_ERROR)
+    return True
 
 
 def user_errors(fn):

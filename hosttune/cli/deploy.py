@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -10,26 +11,28 @@ import typer
 from hosttune.build.wheelhouse import default_wheelhouse
 from hosttune.cli.app import app
 from hosttune.cli.build import Engine, WheelhouseOpt
-from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, load, user_errors
+from hosttune.cli.common import (AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt, go_ahead, load, only, plural,
+                                 user_errors)
 from hosttune.cli.progress import Progress
 from hosttune.deploy import recap
+from hosttune.deploy.balancer import check_balancers, upstreams, write_upstreams
 from hosttune.deploy.canary import CanaryBench, slo_check
+from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.placement import parse_replicas
-from hosttune.deploy.errors import DeployError
-from hosttune.deploy.rollout import DeployRequest, deploy_fleet, rollback_fleet, upstreams, write_upstreams
-from hosttune.deploy.settings import parse_sets
-from hosttune.fleet_runner import exit_code
+from hosttune.deploy.rollout import DeployRequest, deploy_fleet, rollback_fleet
+from hosttune.deploy.settings import Timeouts, parse_sets
+from hosttune.fleet_runner import Outcome, exit_code
 
 
 @app.command()
 @user_errors
 def deploy(
-    engine: Optional[Engine] = typer.Option(None, "--engine", "-e", help="custom, vllm or sglang (built first with hosttune build)."),
+    engine: Optional[Engine] = typer.Option(None, "--engine", "-e", help="custom, vllm or sglang, built first with hosttune build (default: the inventory's deploy.engine, else what the host serves)."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU indices for the service, e.g. 0-3 (default: the inventory's gpus, all)."),
-    tensor_parallel: Optional[int] = typer.Option(None, "--tensor-parallel", "--tp", min=1, help="GPUs per replica (default: the smallest TP that divides the model's heads and fits its weights)."),
-    replicas: str = typer.Option("per-gpu", "--replicas", help="Replicas per host: per-gpu (as many as the GPUs hold at that TP) or a number."),
+    tensor_parallel: Optional[int] = typer.Option(None, "--tensor-parallel", "--tp", min=1, help="GPUs per replica (default: the inventory's deploy.tensor_parallel, else what the host serves, else the smallest TP that divides the model's heads and fits its weights)."),
+    replicas: Optional[str] = typer.Option(None, "--replicas", help="Replicas per host: per-gpu (as many as the GPUs hold at that TP) or a number (default: the inventory's deploy.replicas, else what the host serves, else per-gpu)."),
     session_affinity: Optional[bool] = typer.Option(None, "--session-affinity/--no-session-affinity", help="Host-local nginx: one X-Session-Id keeps its replica (default: the inventory's deploy.session_affinity)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model folder on the hosts."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model folder on the hosts (default: the inventory's deploy.model, else what the host serves)."),
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,
     port: Optional[int] = typer.Option(None, "--port", "-p", help="Service port (default: the inventory's deploy.port, else 8000)."),
@@ -49,6 +52,7 @@ def deploy(
     nginx_dir: Path = typer.Option(Path("hosttune-nginx"), "--nginx-dir", help="Where nginx upstreams for groups of several replicas are written."),
     keys_dir: Path = typer.Option(Path("hosttune-keys"), "--keys-dir", help="Where a group with deploy.api_key: true keeps its generated key (GROUP.key, mode 0600)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each host's release and operations; change nothing."),
+    yes: bool = YesOpt,
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
 ) -> None:
@@ -60,29 +64,63 @@ def deploy(
     its GPUs' NUMA node, behind a host-local nginx on the service port, restarted one at a
     time on a redeploy (out of nginx, drained, gated, back in). A release that fails the gate
     is replaced by the previous one again, with the service's journal tail shown.
-    Exit code bits: 2 a host failed or was skipped, 4 unreachable.
 
-    Example: hosttune deploy --engine vllm --gpus 0-3 --model /models/qwen2.5-7b -i inventories/example.yaml --canary 1 --canary-slo e2e=2s
+    The shape (engine, model, replicas, TP, port, key, nginx front) is the inventory's deploy:;
+    an option overrides it for this run, and what neither says keeps what the host serves.
+    Each host's plan is printed first, naming any replicas, front or key it takes away;
+    --yes deploys it (or an answer on a terminal), --dry-run only prints it.
+    Exit code bits: 2 a host failed or was skipped (or nothing was confirmed), 4 unreachable.
+
+    Example: hosttune deploy -i inventories/example.yaml --canary 1 --canary-slo e2e=2s --yes
     """
     inv = load(inventory, limit, accept_new_host_keys)
-    timeouts = {"warmup": warmup, "health_timeout_s": health_timeout, "gate_timeout_s": gate_timeout}
+    timeouts = Timeouts(warmup, health_timeout, gate_timeout)
     if rollback:
-        with Progress("rolling back", total=len(inv.hosts)) as progress:
-            outcomes = rollback_fleet(inv, timeouts, forks, on_host_done=lambda name, d: progress.advance(name, d.state))
-    else:
-        if engine is None or not model:
-            raise DeployError("--engine and --model are required (or --rollback)")
-        request = DeployRequest(engine.value, model, wheelhouse or default_wheelhouse(), gpus, port,
-                                parse_sets(set_ or ()), ref, serial, max_fail_percent, forks, timeouts, dry_run,
-                                tensor_parallel, parse_replicas(replicas), canary, session_affinity, keys_dir)
-        check = slo_check(CanaryBench(canary_slo, canary_rate, canary_duration), request) \
-            if canary and canary_slo and not dry_run else None
-        with Progress("deploying", total=len(inv.hosts)) as progress:
-            outcomes = deploy_fleet(inv, request, on_batch=lambda done: progress.note(recap.render(done))
-                                    if serial or canary else None, canary_check=check,
-                                    on_host_done=lambda name, d: progress.advance(name, d.state))
-        found = upstreams(inv, request, outcomes) if not dry_run else []
-        for path in write_upstreams(found, nginx_dir) if found else []:
-            typer.echo(f"nginx upstream: {path}", err=True)
+        _rollback(inv, timeouts, forks, yes=yes, dry_run=dry_run)
+    check_balancers(inv)
+    request = DeployRequest(
+        engine=engine.value if engine else None, model=model, wheelhouse=wheelhouse or default_wheelhouse(), gpus=gpus,
+        port=port, overrides=parse_sets(set_ or ()), ref=ref, serial=serial, max_fail_percent=max_fail_percent,
+        forks=forks, timeouts=timeouts, tensor_parallel=tensor_parallel,
+        replicas=parse_replicas(replicas) if replicas else None, canary=canary, session_affinity=session_affinity,
+        keys_dir=keys_dir)
+    with Progress("planning", total=len(inv.hosts)) as progress:
+        plans = deploy_fleet(inv, replace(request, dry_run=True, serial=None, canary=0),
+                             on_host_done=lambda name, d: progress.advance(name, d.state))
+    typer.echo(recap.render(plans) + "\n" + recap.plan_line(plans))
+    due = [o for o in plans if o.state is Outcome.PLANNED]
+    if not due or not go_ahead(_question(due), yes=yes, dry_run=dry_run):
+        raise typer.Exit(exit_code(plans))
+    ready = {o.host.name for o in plans if o.state in (Outcome.PLANNED, Outcome.UNCHANGED)}
+    check = slo_check(CanaryBench(canary_slo, canary_rate, canary_duration), request) if canary and canary_slo else None
+    with Progress("deploying", total=len(ready)) as progress:
+        done = deploy_fleet(only(inv, ready), request, canary_check=check,
+                            on_batch=lambda batch: progress.note(recap.batch_line(batch)) if serial or canary else None,
+                            on_host_done=lambda name, d: progress.advance(name, d.state))
+    outcomes = [next((o for o in done if o.host.name == p.host.name), p) for p in plans]
+    found = upstreams(inv, outcomes)
+    for path in write_upstreams(found, nginx_dir) if found else []:
+        typer.echo(f"nginx upstream: {path}", err=True)
+    typer.echo(recap.render(outcomes))
+    raise typer.Exit(exit_code(outcomes))
+
+
+def _question(due: list[HostDeploy]) -> str:
+    removing = sum(1 for o in due if o.removals)
+    return (f"Deploy to {len(due)} {plural(len(due), 'host')}"
+            + (f", taking away what {removing} of them serve with (see above)" if removing else "") + "?")
+
+
+def _rollback(inv, timeouts: Timeouts, forks: int, *, yes: bool, dry_run: bool) -> None:
+    with Progress("reading releases", total=len(inv.hosts)) as progress:
+        plans = rollback_fleet(inv, timeouts, forks, dry_run=True, on_host_done=lambda name, d: progress.advance(name, d.state))
+    typer.echo(recap.render(plans) + "\n" + recap.plan_line(plans, "roll back"))
+    due = [o for o in plans if o.state is Outcome.PLANNED]
+    if not due or not go_ahead(f"Roll back {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):
+        raise typer.Exit(exit_code(plans))
+    with Progress("rolling back", total=len(due)) as progress:
+        done = rollback_fleet(only(inv, {o.host.name for o in due}), timeouts, forks,
+                              on_host_done=lambda name, d: progress.advance(name, d.state))
+    outcomes = [next((o for o in done if o.host.name == p.host.name), p) for p in plans]
     typer.echo(recap.render(outcomes))
     raise typer.Exit(exit_code(outcomes))

@@ -10,6 +10,8 @@ Inventory (every key optional, usually in a group's `deploy:` vars):
         port: 443                   # default 80, or 443 with TLS
         tls_cert: certs/prod.pem    # certificate chain and private key (local files, relative to the
         tls_key: certs/prod.key     # inventory), uploaded; nginx then speaks https only
+        tls_ca: certs/ca.pem        # the CA that signed tls_cert: the group balancer verifies the hosts with it
+        tls_name: serve.example.net # a name tls_cert carries: the balancer checks the hosts' certificate for it
 
 On the host the key lives in /etc/hosttune/keys/<group>.env (root, 0600) as the one line the
 engine reads from its environment (HOSTTUNE_ENGINE_API_KEY, VLLM_API_KEY, ...); the unit names
@@ -43,6 +45,8 @@ _generate_lock = threading.Lock()  # hosts of one group resolve their key in par
 class Tls:
     cert: Path  # local files
     key: Path
+    ca: Path | None = None  # what signed cert: the group balancer verifies the hosts against it
+    name: str | None = None  # the name cert carries, for the balancer's check
 
 
 @dataclass(frozen=True)
@@ -132,21 +136,37 @@ def front_for(host: Host) -> Front | None:
     return _front(host, host.deploy.get("nginx"))
 
 
+NGINX_KEYS = {"port", "tls_cert", "tls_key", "tls_ca", "tls_name"}
+_NAME = re.compile(r"^[A-Za-z0-9*]([A-Za-z0-9.:-]{0,252})$")
+
+
+def _tls(host: Host, doc: dict) -> Tls | None:
+    if not (doc.get("tls_cert") or doc.get("tls_key")):
+        if doc.get("tls_ca") or doc.get("tls_name"):
+            raise DeployError(f"{host.source}: deploy.nginx.tls_ca and tls_name go with tls_cert and tls_key")
+        return None
+    if not (doc.get("tls_cert") and doc.get("tls_key")):
+        raise DeployError(f"{host.source}: deploy.nginx needs both tls_cert and tls_key for TLS")
+    ca = _local(host, doc["tls_ca"], "deploy.nginx.tls_ca") if doc.get("tls_ca") is not None else None
+    name = doc.get("tls_name")
+    if name is not None and (not isinstance(name, str) or not _NAME.match(name)):
+        raise DeployError(f"{host.source}: deploy.nginx.tls_name must be a host name or address (got {name!r})")
+    tls = Tls(_local(host, doc["tls_cert"], "deploy.nginx.tls_cert"), _local(host, doc["tls_key"], "deploy.nginx.tls_key"),
+              ca, name)
+    for path in (tls.cert, tls.key, *([ca] if ca else [])):
+        if not path.is_file():
+            raise DeployError(f"{host.source}: {path} does not exist")
+    return tls
+
+
 def _front(host: Host, doc) -> Front | None:
     if doc is None or doc is False:
         return None
     if doc is True:
         doc = {}
-    if not isinstance(doc, dict) or set(doc) - {"port", "tls_cert", "tls_key"}:
-        raise DeployError(f"{host.source}: deploy.nginx takes port, tls_cert and tls_key")
-    tls = None
-    if doc.get("tls_cert") or doc.get("tls_key"):
-        if not (doc.get("tls_cert") and doc.get("tls_key")):
-            raise DeployError(f"{host.source}: deploy.nginx needs both tls_cert and tls_key for TLS")
-        tls = Tls(_local(host, doc["tls_cert"], "deploy.nginx.tls_cert"), _local(host, doc["tls_key"], "deploy.nginx.tls_key"))
-        for path in (tls.cert, tls.key):
-            if not path.is_file():
-                raise DeployError(f"{host.source}: {path} does not exist")
+    if not isinstance(doc, dict) or set(doc) - NGINX_KEYS:
+        raise DeployError(f"{host.source}: deploy.nginx takes {', '.join(sorted(NGINX_KEYS))}")
+    tls = _tls(host, doc)
     port = doc.get("port", 443 if tls else 80)
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise DeployError(f"{host.source}: deploy.nginx.port must be a port number (got {port!r})")

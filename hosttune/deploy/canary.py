@@ -22,7 +22,9 @@ class CanaryBench:
 
 
 def service_url(outcome: HostDeploy, request) -> str:
-    settings = resolve(outcome.host, load_preset(request.engine), request.model, request.port, request.overrides)
+    """The host's service as this deploy shaped it (the options over the inventory over what was live)."""
+    shape = outcome.shape or request.shape
+    settings = resolve(outcome.host, load_preset(shape.engine), shape.model, shape.port, request.overrides)
     return f"http://{outcome.host.connection.address}:{settings.port}"
 
 

@@ -26,6 +26,7 @@ from hosttune.deploy.preconditions import check_job, serve_needs
 from hosttune.deploy.release import (CURRENT, PREVIOUS, UNIT_DIR, Release, manifest_path, meta_dir, release_name,
                                      wheel_path)
 from hosttune.deploy.settings import ServeSettings
+from hosttune.deploy.shape import Guard, Shape
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.flagcheck import check_flags, check_installed_flags
 from hosttune.deploy.units import SERVE_UNIT, UNIT_NAMES, replica_unit
@@ -51,6 +52,8 @@ class HostDeploy:
     restored: str | None = None  # what a failed deploy went back to
     ops: tuple[str, ...] = field(default=(), hash=False)  # what was (or would be) done
     checks: tuple[str, ...] = field(default=(), hash=False)  # its preconditions, checked before anything was sent
+    shape: Shape | None = None  # what this run asked the host to serve
+    removals: tuple[str, ...] = ()  # what it takes away from the live shape (replicas, the front, the key)
 
     @property
     def ok(self) -> bool:
@@ -76,6 +79,7 @@ class HostJob:
     access: Access = Access()
     model: ModelShape | None = None  # the model folder as read on the host (None: not a folder there)
     packages: PackageFlavour | None = None  # the host's package manager, for what the plan installs
+    guard: Guard = Guard()  # replicas, key and front, as the release records them
 
 
 def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
@@ -253,15 +257,21 @@ def _stop_ops(release: Release) -> list[Op]:
             Remove(CURRENT), Command(("systemctl", "daemon-reload"))]
 
 
-def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings) -> HostDeploy:
+def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_run: bool = False) -> HostDeploy:
     """--rollback: make the previous release live again (the one left becomes `previous`).
 
     timeouts: the health and gate deadlines; the port comes from the release itself.
+    dry_run: only which release would come back in place of which (PLANNED), read-only.
     """
     state = read_state(transport, "-", [])
     if state.previous is None:
         raise DeployError(f"{host.name}: no previous release to go back to ({release_name(state.current) or 'nothing'} is live)")
     previous = load_release(transport, state.previous)
+    if dry_run:
+        now = release_name(state.current) or "nothing"
+        what = f"{len(previous.replicas)} replicas, one at a time" if previous.replicas else "the service"
+        return HostDeploy(host, Outcome.PLANNED, previous.id, release_name(state.current),
+                          ops=(f"make {previous.id} live again in place of {now} ({what})",))
     settings = _settings_of(previous, timeouts)
     health = load_preset(previous.engine).serve.health
     if previous.replicas:

@@ -96,13 +96,17 @@ def unit_specs(preset: EnginePreset, settings: ServeSettings, placement: Placeme
 
 
 def make_release(preset: EnginePreset, settings: ServeSettings, placement: Placement, entry: Entry,
-                 role: Role = Role(), access: Access = Access()) -> Release:
-    """The release for these settings: units rendered once with a placeholder id, hashed, then named."""
+                 role: Role = Role(), access: Access = Access(), shape: dict | None = None) -> Release:
+    """The release for these settings: units rendered once with a placeholder id, hashed, then named.
+
+    shape: what the release records as its shape (hosttune.deploy.shape.record), for the next deploy."""
     specs = unit_specs(preset, settings, placement, release_dir(VENV_PLACEHOLDER), role, access)
     drafts = {s.name: render_unit(s, VENV_PLACEHOLDER) for s in specs}
     summary = {"model": settings.model, "port": settings.port, "gpus": list(placement.gpus),
                "numa_nodes": list(placement.numa_nodes), "role": role.kind, "flags": settings.flags, "env": settings.env}
     key_summary(summary, access)
+    if shape:
+        summary["shape"] = shape
     skip = len(placement.numactl_prefix())
     programs = tuple(dict.fromkeys(s.argv[skip] for s in specs))
     return named_release(preset, entry, drafts, summary, programs)

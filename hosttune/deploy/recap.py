@@ -14,6 +14,7 @@ def render(outcomes: list[HostDeploy]) -> str:
     for o in outcomes:
         detail = o.gate.summary() if o.gate and o.gate.ok else (o.error or "")
         lines.append(f"{o.host.name:<{width}}  {o.state:<11} {o.release or '-':<20} {detail}".rstrip())
+        lines += [f"{'':<{width}}  ! {what}" for what in o.removals]
         if o.ops:
             lines += [f"{'':<{width}}    {op}" for op in o.ops]
         if o.checks and o.state in (Outcome.PLANNED, Outcome.FAILED):
@@ -32,3 +33,17 @@ def _after_failure(o: HostDeploy) -> str:
         return f"previous release {o.restored} put back and serving" if o.serving else \
             f"previous release {o.restored} put back but NOT serving"
     return f"nothing live changed (the live release is still {o.serving})" if o.serving else "no release is serving on this host"
+
+
+def batch_line(outcomes: list[HostDeploy]) -> str:
+    """One line per finished batch (the recap at the end has the details)."""
+    return "batch done: " + ", ".join(f"{o.host.name} {o.state}" for o in outcomes)
+
+
+def plan_line(plans: list[HostDeploy], verb: str = "deploy to") -> str:
+    """The plan's last line: how many hosts it changes, and how many it takes something away from."""
+    due = sum(1 for o in plans if o.state is Outcome.PLANNED)
+    removing = sum(1 for o in plans if o.state is Outcome.PLANNED and o.removals)
+    hosts = "host" if len(plans) == 1 else "hosts"
+    return (f"plan: {verb} {due} of {len(plans)} {hosts}"
+            + (f"; {removing} of them lose what is marked !" if removing else ""))

@@ -118,15 +118,19 @@ def replica_files(preset: EnginePreset, settings: ServeSettings, layout: Layout,
 
 
 def make_layout_release(preset: EnginePreset, settings: ServeSettings, layout: Layout, entry: Entry, host: str = "",
-                        access: Access = Access()) -> Release:
-    """One replica: the single service (plan.make_release); several: the templated unit and its nginx."""
+                        access: Access = Access(), shape: dict | None = None) -> Release:
+    """One replica: the single service (plan.make_release); several: the templated unit and its nginx.
+
+    shape: what the release records as its shape, for the next deploy."""
     if not layout.is_balanced:
-        return make_release(preset, settings, layout.replicas[0], entry, access=access)
+        return make_release(preset, settings, layout.replicas[0], entry, access=access, shape=shape)
     settings = on_loopback(settings)  # the replicas are behind the host's nginx
     venv = release_dir(VENV_PLACEHOLDER)
     units, meta, files = replica_files(preset, settings, layout, venv, host, access)
     summary = key_summary({"model": settings.model, "port": settings.port, "tensor_parallel": layout.tensor_parallel,
                            "replicas": replicas_doc(layout), "flags": settings.flags, "env": settings.env}, access)
+    if shape:
+        summary["shape"] = shape
     spec = template_spec(preset, settings, layout, venv, access)
     program = spec.argv[len(_numactl_prefix(layout))]
     return named_release(preset, entry, units, summary, (program,), meta, files)

@@ -1,10 +1,9 @@
-"""Deploy across a fleet: decide each host's release, roll hosts in batches (--serial) within a
-failure budget (--max-fail-percent), start multi-node vLLM groups in order, write nginx upstreams.
+"""Deploy across a fleet: decide each host's release from its declared shape, roll hosts in batches
+(--serial) within a failure budget (--max-fail-percent), start multi-node vLLM groups in order.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -13,7 +12,7 @@ from hosttune.actions.platform import select
 from hosttune.build.archs import covers
 from hosttune.build.wheelhouse import Entry, entries, read_entry
 from hosttune.deploy import multinode
-from hosttune.deploy.access import access_for, front_for
+from hosttune.deploy.access import access_for
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.front import on_loopback
 from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, guarded, rollback_one
@@ -22,8 +21,8 @@ from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutReques
                                        preflight_host)
 from hosttune.deploy.plan import Role, make_release
 from hosttune.deploy.replicas import make_layout_release
-from hosttune.deploy.settings import Overrides, ServeSettings, resolve
-from hosttune.deploy.units import Upstream, render_nginx
+from hosttune.deploy.settings import Overrides, ServeSettings, Timeouts, resolve
+from hosttune.deploy.shape import Guard, Shape, declared, read_live, record
 from hosttune.errors import HosttuneError
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host, Inventory
@@ -32,13 +31,13 @@ from hosttune.presets import load_preset
 from hosttune.probes.gather import gather
 from hosttune.transport import open_transport
 
-_ADDRESS = re.compile(r"^[A-Za-z0-9.:\[\]-]+$")
-
-
 @dataclass(frozen=True)
 class DeployRequest:
-    engine: str
-    model: str
+    """One deploy run. engine, model, port, tensor_parallel and replicas override the shape the inventory
+    declares for this run; None leaves each to the inventory, else to what the host serves now."""
+
+    engine: str | None
+    model: str | None
     wheelhouse: Path
     gpus: str | None = None  # default: the inventory's `gpus` (all)
     port: int | None = None
@@ -47,13 +46,28 @@ class DeployRequest:
     serial: int | None = None
     max_fail_percent: float | None = None
     forks: int = DEFAULT_FORKS
-    timeouts: dict = field(default_factory=dict, hash=False)  # warmup, health_timeout_s, gate_timeout_s
+    timeouts: Timeouts = Timeouts()
     dry_run: bool = False
     tensor_parallel: int | None = None  # default: the smallest that divides the heads and fits
-    replicas: str = PER_GPU  # "per-gpu" or a count per host
+    replicas: str | None = None  # "per-gpu" or a count per host (default: declared, else live, else per-gpu)
     canary: int = 0  # hosts deployed (and checked) first, before the rest
     session_affinity: bool | None = None  # None: the inventory's deploy.session_affinity
     keys_dir: Path = Path("hosttune-keys")  # where deploy.api_key: true keeps each group's generated key
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.engine, self.model, self.replicas, self.tensor_parallel, self.port)
+
+
+def for_host(host: Host, request: DeployRequest, live: Shape | None = None) -> DeployRequest:
+    """The request with this host's shape filled in: the run's options < the inventory's deploy: < live."""
+    shape = request.shape.over(declared(host).over(live or Shape()))
+    if not shape.engine or not shape.model:
+        missing = " and ".join(n for n, v in (("engine", shape.engine), ("model", shape.model)) if not v)
+        raise DeployError(f"{host.name}: which {missing} to serve? Give --{missing.replace(' and ', ' and --')}, "
+                          f"or declare deploy.{missing.replace(' and ', ' and deploy.')} in the inventory")
+    return replace(request, engine=shape.engine, model=shape.model, replicas=shape.replicas or PER_GPU,
+                   tensor_parallel=shape.tensor_parallel, port=shape.port)
 
 
 # -- deciding --------------------------------------------------------------------------
@@ -96,7 +110,7 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
         raise DeployError(f"{host.name}: the model folder {model.path} does not exist on the host; copy it there "
                           f"or fix --model")
     if role.kind == "single":
-        layout = plan_layout(LayoutRequest(request.gpus or host.gpus, request.tensor_parallel, request.replicas,
+        layout = plan_layout(LayoutRequest(request.gpus or host.gpus, request.tensor_parallel, request.replicas or PER_GPU,
                                            _device(settings)), facts, model, host.name, settings.port)
     else:  # a multi-node group: every GPU of the host is one rank set of vLLM's Ray runtime
         layout = Layout((place(request.gpus or host.gpus, facts, host.name),), 0, "multi-node")
@@ -109,9 +123,12 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
     used = {g for r in layout.replicas for g in r.gpus}
     archs = tuple(sorted({g.compute_cap for g in facts.gpu.gpus if g.index in used and g.compute_cap}))
     entry = pick_entry(request, abi, archs, host.name)
-    release = make_layout_release(preset, settings, layout, entry, host.name, access) \
-        if role.kind == "single" else make_release(preset, settings, placement, entry, role, access)
-    return HostJob(host, preset, settings, placement, entry, release, python, layout, access, read, select(facts).packages)
+    guard = Guard(len(layout.replicas), bool(access.key), access.front.port if access.front else None)
+    shape = record(preset.name, request.model, settings.port, len(layout.replicas), layout.tensor_parallel, guard)
+    release = make_layout_release(preset, settings, layout, entry, host.name, access, shape) \
+        if role.kind == "single" else make_release(preset, settings, placement, entry, role, access, shape)
+    return HostJob(host, preset, settings, placement, entry, release, python, layout, access, read,
+                   select(facts).packages, guard=guard)
 
 
 def _settings(host: Host, preset, request: DeployRequest) -> ServeSettings:
@@ -142,24 +159,28 @@ def _single(host: Host, request: DeployRequest) -> HostDeploy:
     def attempt() -> HostDeploy:
         with open_transport(host.connection) as transport:
             facts = gather(transport).facts
+            live = read_live(transport)
             try:
-                model = read_model(transport, request.model) if request.model.startswith("/") else None
-                job = make_job(host, facts, request, model=model)
+                wanted = for_host(host, request, live[0] if live else None)
+                model = read_model(transport, wanted.model) if wanted.model.startswith("/") else None
+                job = make_job(host, facts, wanted, model=model)
             except HosttuneError as exc:
                 return HostDeploy(host, Outcome.FAILED, error=f"nothing changed: {exc}")
-            return deploy_host(transport, job, dry_run=request.dry_run)
+            removals = live[1].removals(job.guard) if live else ()
+            done = deploy_host(transport, job, dry_run=request.dry_run)
+            return replace(done, shape=wanted.shape, removals=removals)
 
     return guarded(host, attempt)
 
 
-def rollout_units(inventory: Inventory, engine: str) -> list[list[Host]]:
+def rollout_units(inventory: Inventory, engine: str | None) -> list[list[Host]]:
     """What rolls as one: a host, or a whole multi-node group (vLLM with deploy.multinode)."""
     units: list[list[Host]] = []
     seen: set[str] = set()
     for host in inventory.hosts:
         if host.group in seen:
             continue
-        if engine == "vllm" and host.deploy.get("multinode"):
+        if (engine or declared(host).engine) == "vllm" and host.deploy.get("multinode"):
             seen.add(host.group)
             units.append([h for h in inventory.hosts if h.group == host.group])
         else:
@@ -208,56 +229,24 @@ def _run_unit(unit: list[Host], request: DeployRequest, runner: FleetRunner) -> 
     if len(unit) == 1 and not unit[0].deploy.get("multinode"):
         done = [_single(unit[0], request)]
     else:
-        done = multinode.deploy_group(unit, request, make_job)
+        try:
+            group_request = for_host(unit[0], request)
+        except DeployError as exc:
+            return [HostDeploy(h, Outcome.FAILED, error=f"nothing changed: {exc}") for h in unit]
+        done = [replace(o, shape=group_request.shape) for o in multinode.deploy_group(unit, group_request, make_job)]
     for outcome in done:
         runner.done(outcome.host.name, outcome)
     return done
 
 
-def rollback_fleet(inventory: Inventory, timeouts: dict, forks: int = DEFAULT_FORKS,
-                   on_host_done: Callable[[str, object], None] | None = None) -> list[HostDeploy]:
-    base = ServeSettings("", "", 1, {}, {}, **{k: v for k, v in timeouts.items() if v is not None})
+def rollback_fleet(inventory: Inventory, timeouts: Timeouts = Timeouts(), forks: int = DEFAULT_FORKS,
+                   on_host_done: Callable[[str, object], None] | None = None, dry_run: bool = False) -> list[HostDeploy]:
+    """Each host's previous release live again; dry_run: which release each would go back to, read-only."""
+    base = timeouts.apply(ServeSettings("", "", 1, {}, {}))
 
     def one(host: Host) -> HostDeploy:
         with open_transport(host.connection) as transport:
-            return rollback_one(transport, host, base)
+            return rollback_one(transport, host, base, dry_run=dry_run)
 
     return FleetRunner(forks, on_host_done=on_host_done).map(lambda h: guarded(h, lambda: one(h)), list(inventory.hosts),
                                                              name=lambda h: h.name)
-
-
-# -- load balancer ------------------------------------------------------------------------
-
-
-def upstreams(inventory: Inventory, request: DeployRequest, outcomes: list[HostDeploy]) -> list[Upstream]:
-    """An nginx upstream per group of several replicas, over the hosts serving after this deploy."""
-    serving = {o.host.name for o in outcomes if o.serving}
-    found = []
-    for group, hosts in inventory.groups.items():
-        if len(hosts) < 2 or (request.engine == "vllm" and hosts[0].deploy.get("multinode")):
-            continue
-        backends, scheme = [], "http"
-        for host in hosts:
-            if host.name not in serving:
-                continue
-            if not _ADDRESS.match(host.connection.address):
-                raise DeployError(f"{host.source}: address {host.connection.address!r} cannot go into an nginx upstream")
-            settings = resolve(host, load_preset(request.engine), request.model, request.port, request.overrides)
-            front = front_for(host)  # the engine listens on 127.0.0.1 behind it
-            backends.append(f"{host.connection.address}:{front.port if front else settings.port}")
-            scheme = "https" if front and front.tls else scheme
-        if backends:
-            lb_port = resolve(hosts[0], load_preset(request.engine), request.model, None, Overrides()).lb_port
-            found.append(Upstream(group, request.engine, tuple(backends), lb_port or 80, backend_scheme=scheme))
-    return found
-
-
-def write_upstreams(found: list[Upstream], folder: Path) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
-    for upstream in found:
-        path = folder / f"hosttune-{upstream.group}.conf"
-        path.write_bytes(render_nginx(upstream))
-        written.append(path)
-    return written
-

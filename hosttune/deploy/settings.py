@@ -4,6 +4,10 @@
 Inventory layout (every key optional):
 
     deploy:
+      engine: custom                     # the shape (hosttune.deploy.shape): engine, model,
+      model: /models/qwen2.5-7b          # replicas, tensor_parallel and port
+      replicas: 2
+      tensor_parallel: 1
       port: 8000
       env: {NCCL_DEBUG: WARN}            # extra environment for the service
       vllm: {max-model-len: 32768}       # flags of one engine; null leaves a preset flag out
@@ -22,7 +26,7 @@ values are read as YAML scalars (true, 0.9, 8192, null).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 import yaml
@@ -61,6 +65,18 @@ class ServeSettings:
     gate_timeout_s: float = 60.0
     probe_interval_s: int = 10
     session_affinity: bool = False
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """--warmup, --health-timeout and --gate-timeout; None leaves the inventory's value (or the default)."""
+
+    warmup: int | None = None
+    health_timeout_s: float | None = None
+    gate_timeout_s: float | None = None
+
+    def apply(self, settings: ServeSettings) -> ServeSettings:
+        return replace(settings, **{k: v for k, v in asdict(self).items() if v is not None})
 
 
 def _text(value: Any, where: str) -> str:
@@ -113,7 +129,9 @@ def _number(doc: Mapping, key: str, kind: type, where: str, default: Any) -> Any
 
 
 KNOWN_KEYS = {"port", "env", "multinode", "lb_port", "warmup", "health_timeout", "gate_timeout", "probe_interval",
-              "session_affinity", *ENGINES, "api_key", "api_key_file", "nginx"}  # the last three: hosttune.deploy.access
+              "session_affinity", *ENGINES,
+              "engine", "model", "replicas", "tensor_parallel",  # hosttune.deploy.shape
+              "api_key", "api_key_file", "nginx", "lb_plain_http"}  # hosttune.deploy.access, balancer
 
 
 def inventory_vars(host: Host) -> dict:
@@ -132,7 +150,7 @@ def inventory_vars(host: Host) -> dict:
 
 
 def resolve(host: Host, preset: EnginePreset, model: str, port: int | None, overrides: Overrides,
-            timeouts: Mapping[str, float | int | None] | None = None) -> ServeSettings:
+            timeouts: Timeouts = Timeouts()) -> ServeSettings:
     """Preset < inventory (defaults < group < host) < --set."""
     doc, where = inventory_vars(host), host.source
     flags = dict(preset.serve.flags)
@@ -148,14 +166,12 @@ def resolve(host: Host, preset: EnginePreset, model: str, port: int | None, over
     chosen_port = port or _number(doc, "port", int, where, DEFAULT_PORT)
     if not 1 <= chosen_port <= 65535:
         raise DeployError(f"port {chosen_port} is not between 1 and 65535")
-    timeouts = {k: v for k, v in (timeouts or {}).items() if v is not None}
-    return ServeSettings(
+    return timeouts.apply(ServeSettings(
         preset.name, model, chosen_port, flags, env, doc.get("multinode", False), _number(doc, "lb_port", int, where, None),
-        timeouts.get("warmup", _number(doc, "warmup", int, where, 3)),
-        timeouts.get("health_timeout_s", _number(doc, "health_timeout", float, where, 600.0)),
-        timeouts.get("gate_timeout_s", _number(doc, "gate_timeout", float, where, 60.0)),
+        _number(doc, "warmup", int, where, 3), _number(doc, "health_timeout", float, where, 600.0),
+        _number(doc, "gate_timeout", float, where, 60.0),
         max(1, _number(doc, "probe_interval", int, where, 10)), doc.get("session_affinity", False),
-    )
+    ))
 
 
 def flag_argv(flags: Mapping[str, Any], values: Mapping[str, Any], false_flag: str | None) -> list[str]:

@@ -87,6 +87,8 @@ class Upstream:
     tls_key: str | None = None
     default_server: bool = False  # the host's own front answers whatever Host a client names
     backend_scheme: str = "http"  # "https" when the backends are hosts' nginx fronts with TLS
+    backend_ca: str | None = None  # https backends: their certificates are verified against this CA file
+    backend_name: str | None = None  # ... for this name
 
 
 def render_nginx(upstream: Upstream) -> bytes:
@@ -97,7 +99,8 @@ def render_nginx(upstream: Upstream) -> bytes:
                   read_timeout_s=upstream.read_timeout_s, session_affinity=upstream.session_affinity,
                   servers_file=upstream.servers_file, tries=upstream.tries, tls_cert=upstream.tls_cert,
                   tls_key=upstream.tls_key, default_server=upstream.default_server,
-                  backend_scheme=upstream.backend_scheme)
+                  backend_scheme=upstream.backend_scheme, backend_ca=upstream.backend_ca,
+                  backend_name=upstream.backend_name)
 
 
 def render_probe_units(release: str, argv: tuple[str, ...], interval_s: int, timeout_s: int) -> dict[str, bytes]:

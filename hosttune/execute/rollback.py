@@ -32,6 +32,7 @@ class Undo:
     stdin: bytes | None = None
     offline: bool = True  # meaningful under --root
     unless_holds: tuple[str, str] | None = None  # (kernel path, value): nothing to do when it reads so already
+    if_active: str | None = None  # a unit: only when it runs now (a boot unit may never have started)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ def _service_undo(rec: OpRecord) -> list[Undo]:
     if rec.enabled is True and rec.before_enabled not in ENABLED + ("static", "indirect", "generated"):
         if rec.running is None and rec.before_active not in ACTIVE:
             # A boot unit apply only enabled has run at every boot since: stop it before its files go.
-            out.append(Undo(f"stop {rec.unit} (started at boot since the apply)", ("systemctl", "stop", rec.unit), offline=False))
+            out.append(Undo(f"stop {rec.unit} (it started since the apply)", ("systemctl", "stop", rec.unit), offline=False,
+                            if_active=rec.unit))
         out.append(Undo(f"disable {rec.unit} again", ("systemctl", "disable", rec.unit)))
     if rec.enabled is False and rec.before_enabled in ENABLED:
         out.append(Undo(f"enable {rec.unit} again", ("systemctl", "enable", rec.unit)))
@@ -162,19 +164,29 @@ def load_journals(transport: Transport, root: str | None) -> list[Journal]:
     return [Journal.from_json(text) for text in read_journals(transport, rooted(root, RUNS_DIR)).values() if text]
 
 
+def _is_due(transport: Transport, undo: Undo, root: str | None) -> bool:
+    """Whether the undo has anything to do: read-only."""
+    if undo.hostop:
+        return True
+    if bool(root) and root != "/" and not undo.offline:
+        return False
+    if undo.if_active:
+        return transport.read(["systemctl", "is-active", "--quiet", undo.if_active]).ok
+    if undo.unless_holds:
+        path, value = undo.unless_holds
+        current = transport.read(["head", "-n1", "--", path])
+        return not (current.ok and kernel_value_holds(path, current.stdout, value, exact=True))
+    return True
+
+
 def _run_undo(transport: Transport, undo: Undo, root: str | None):
     offline = bool(root) and root != "/"
     if undo.hostop:
         op, *paths = undo.hostop
         args = [rooted(root, p) if p.startswith("/") else p for p in paths]
         return hostops(transport, op, *args)
-    if offline and not undo.offline:
+    if not _is_due(transport, undo, root):
         return None
-    if undo.unless_holds:
-        path, value = undo.unless_holds
-        current = transport.read(["head", "-n1", "--", path])
-        if current.ok and kernel_value_holds(path, current.stdout, value, exact=True):
-            return None
     argv = undo.argv
     if offline:
         argv = ("systemctl", f"--root={root}", *argv[1:]) if argv[0] == "systemctl" else ("chroot", root, *argv)
@@ -185,6 +197,8 @@ def rollback_journal(transport: Transport, host: Host, journal: Journal, root: s
     done, errors = [], []
     for undo in undo_list(journal):
         result = _run_undo(transport, undo, root)
+        if result is None and undo.if_active:
+            continue  # the unit is not running: there is nothing to stop, and nothing to say
         if result is None:
             done.append(f"nothing to do: {undo.description} (already so, or --root)")
         elif result.ok:
@@ -197,7 +211,9 @@ def rollback_journal(transport: Transport, host: Host, journal: Journal, root: s
     return RollbackResult(host, journal.run, status, tuple(done), "; ".join(errors) or None)
 
 
-def rollback_host(transport: Transport, host: Host, run: str | None, root: str | None) -> RollbackResult:
+def rollback_host(transport: Transport, host: Host, run: str | None, root: str | None,
+                  dry_run: bool = False) -> RollbackResult:
+    """Undo the run on one host; dry_run: only what it would do (PLANNED, each undo described), read-only."""
     try:
         journal = pick_journal(load_journals(transport, root), run)
         if journal is None:
@@ -205,6 +221,9 @@ def rollback_host(transport: Transport, host: Host, run: str | None, root: str |
             return RollbackResult(host, run, Outcome.NOTHING, error=f"{what} in {RUNS_DIR}")
         if journal.rolled_back and run:
             return RollbackResult(host, run, Outcome.NOTHING, error=f"run {run} was already rolled back at {journal.rolled_back}")
+        if dry_run:
+            due = [u.description for u in undo_list(journal) if _is_due(transport, u, root)]
+            return RollbackResult(host, journal.run, Outcome.PLANNED, tuple(due))
         return rollback_journal(transport, host, journal, root)
     except TransportError as exc:
         return RollbackResult(host, run, Outcome.UNREACHABLE, error=str(exc))

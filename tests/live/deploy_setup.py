@@ -7,6 +7,7 @@ import random
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,21 @@ def free_port(count: int = 1) -> int:
         if all(_is_free(port + i) for i in range(count)):
             return port
     raise RuntimeError("no free port")
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """A deploy command's result, its stdout cut to the recap after the plan (the plan itself when
+    nothing was deployed: a dry run, a refusal, an unchanged release)."""
+
+    exit_code: int
+    stdout: str
+    output: str
+    plan: str
+
+
+def invoke_deploy(*argv: str) -> Deployed:
+    result = runner.invoke(app, list(argv))
+    plan, _, rest = result.stdout.partition("\nplan: ")
+    after = rest.split("\n", 1)[1] if "\n" in rest else ""
+    return Deployed(result.exit_code, after if after.strip() else plan, result.output, plan)

@@ -118,7 +118,7 @@ def test_apply_fixes_then_nothing_then_rollback_restores_byte_for_byte(fresh_hos
     code, _ = invoke("verify", "-i", str(inv), "--junit-xml", str(junit))
     assert code == 0 and 'failures="0"' in junit.read_text() and "tuneme" in junit.read_text()
 
-    code, out = invoke("rollback", "-i", str(inv))
+    code, out = invoke("rollback", "--yes", "-i", str(inv))
     assert code == 0 and "tuneme: restored" in out
     assert snapshot(host) == before  # every file byte for byte (and every link)
     assert held(host) == held_before
@@ -157,7 +157,7 @@ def test_read_only_kernel_write_is_a_failed_step_its_recap_says_what_changed_and
     assert [o.status for o in thp_step.ops] == ["done", "done", "done", "done", "done", "failed"]
     assert thp_step.ops[-1].kind == "kernel" and thp_step.is_live_kernel_write
 
-    code, out = invoke(*shlex.split(undo)[1:])  # the recap's command, as a user would paste it
+    code, out = invoke(*shlex.split(undo)[1:], "--yes")  # the recap's command, as a user would paste it, confirmed
     assert code == 0, out
     assert snapshot(bad) == before  # every file byte for byte, the unit's enablement link gone
     assert unit_state(bad, "irqbalance.service") == units_before
@@ -303,7 +303,7 @@ def test_root_writes_under_the_root_and_skips_live_kernel_writes(fresh_hosts, li
     assert {k: v for k, v in after.items() if not k.startswith("/srv")} == live_before  # the running system untouched
     assert unit_state(host, "irqbalance.service")[0] == "enabled"
 
-    code, out = invoke("rollback", "-i", str(inv), "--root", "/srv/img")
+    code, out = invoke("rollback", "--yes", "-i", str(inv), "--root", "/srv/img")
     assert code == 0 and "restored" in out, out
     assert sorted(p.name for p in (img / "etc").iterdir()) == []  # every directory apply made is gone again
 
@@ -324,7 +324,7 @@ def test_rollback_stops_a_boot_unit_that_ran_since_and_removes_it(fresh_hosts, l
     host.exec("systemctl start hosttune-thp.service")  # what every boot after the apply does
     assert unit_state(host, "hosttune-thp.service") == ("enabled", "active")
 
-    code, out = invoke("rollback", "-i", str(inv))
+    code, out = invoke("rollback", "--yes", "-i", str(inv))
     assert code == 0 and "stop hosttune-thp.service" in out, out
     assert unit_state(host, "hosttune-thp.service")[1] == "inactive"
     assert snapshot(host) == before  # unit, script and defaults file gone, and the directories made for them

@@ -16,22 +16,19 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from hosttune.cli import app
 
-from .deploy_setup import MODEL, free_port
+from .deploy_setup import MODEL, free_port, invoke_deploy
 
 pytestmark = [pytest.mark.live, pytest.mark.slow, pytest.mark.timeout(1500)]
-runner = CliRunner()
 
 
 def deploy(inventory: Path, wheelhouse: Path, port: int, *extra: str, model: str = MODEL):
-    argv = ["deploy", "--engine", "custom", "--gpus", "0", "--model", model, "-i", str(inventory),
+    argv = ["deploy", "--yes", "--engine", "custom", "--gpus", "0", "--model", model, "-i", str(inventory),
             "-w", str(wheelhouse), "--port", str(port), "--set", "device=cpu", "--set", "max-batch-size=8",
             "--health-timeout", "240", *extra]
     start = time.monotonic()
-    result = runner.invoke(app, argv)
+    result = invoke_deploy(*argv)
     return result, time.monotonic() - start
 
 
@@ -118,7 +115,7 @@ def test_deploy_custom_engine_gate_redeploy_broken_rollback(live_fleet, fresh_ho
     for rid in (release, second):
         assert host.path(f"/opt/hosttune/releases/{rid}/bin/hosttune-engine").read_text().startswith(f"#!/opt/hosttune/releases/{rid}/bin/python")
     start = time.monotonic()
-    result = runner.invoke(app, ["deploy", "--rollback", "-i", str(inventory), "--health-timeout", "240"])
+    result = invoke_deploy("deploy", "--rollback", "--yes", "-i", str(inventory), "--health-timeout", "240")
     timings["rollback"] = time.monotonic() - start
     assert result.exit_code == 0, result.output
     assert result.stdout.split()[1:3] == ["rolled-back", release]

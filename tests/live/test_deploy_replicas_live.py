@@ -1,12 +1,15 @@
 """Live: two keyed CPU replicas of the bundled engine behind the host's own nginx on
-a real systemd host over SSH.
+a real systemd host over SSH, their shape (engine, model, 2 replicas, port, flags) declared in
+the inventory's deploy: vars.
 
 - The group's key reaches both replicas through their EnvironmentFile (in no command line or unit);
   they listen on 127.0.0.1 only, and through nginx a request without the key gets 401, with it 200.
 
 - A redeploy to a new release while `hosttune bench` sends a steady open-loop rate through nginx
   loses no request: every response is a 200 as the bench counts them (one replica at a time is
-  taken out of nginx, drained, restarted on the new release, gated and put back).
+  taken out of nginx, drained, restarted on the new release, gated and put back). A `--set` holds
+  for that run only: the next deploy, with no options at all, goes back to the inventory's flags and
+  keeps the declared 2 replicas, again without a failed request.
 - A replica killed with SIGKILL is restarted by systemd; the probe timer takes it out of nginx
   and puts it back once it generates again (its generation sends the key).
 - Refusals (a TP that does not divide the heads, a model folder the host lacks, a flag the
@@ -25,22 +28,24 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from hosttune.cli import app
 
-from .deploy_setup import MODEL, REPO, free_port
+from .deploy_setup import MODEL, REPO, free_port, invoke_deploy
 
 pytestmark = [pytest.mark.live, pytest.mark.slow, pytest.mark.timeout(1500)]
-runner = CliRunner()
 SERVERS = "/etc/hosttune/nginx/local-servers.conf"
 
 
-def deploy(inventory: Path, wheelhouse: Path, port: int, *extra: str, model: str = MODEL):
-    argv = ["deploy", "--engine", "custom", "--model", model, "-i", str(inventory), "-w", str(wheelhouse),
-            "--port", str(port), "--replicas", "2", "--set", "device=cpu", "--set", "max-batch-size=8",
-            "--health-timeout", "240", "--warmup", "1", "--keys-dir", str(inventory.parent / "keys"), *extra]
-    return runner.invoke(app, argv)
+def shape(port: int) -> dict:
+    """The deployment's shape as the inventory declares it."""
+    return {"engine": "custom", "model": MODEL, "replicas": 2, "port": port, "custom": {"device": "cpu", "max-batch-size": 8},
+            "health_timeout": 240, "warmup": 1, "probe_interval": 2, "api_key": True}
+
+
+def deploy(inventory: Path, wheelhouse: Path, *extra: str):
+    """`hosttune deploy --yes` with no option of the deployment's shape unless `extra` gives one."""
+    return invoke_deploy("deploy", "--yes", "-i", str(inventory), "-w", str(wheelhouse),
+                         "--keys-dir", str(inventory.parent / "keys"), *extra)
 
 
 def group_key(inventory: Path) -> str:
@@ -96,14 +101,14 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     (host,) = fresh_hosts(["replicas"])
     shutil.copytree(tiny_model, host.path(MODEL))
     known = live_fleet.write_known_hosts(tmp_path / "known_hosts", [host])
-    inventory = live_fleet.write_inventory(tmp_path / "inv.yaml", known, [host], user="deploy", become=True,
-                                           host_vars={host.name: {"deploy": {"probe_interval": 2, "api_key": True}}})
     port = free_port(3)
+    inventory = live_fleet.write_inventory(tmp_path / "inv.yaml", known, [host], user="deploy", become=True,
+                                           host_vars={host.name: {"deploy": shape(port)}})
     timings = {}
 
     # 1. two keyed replicas on the ports after the service port, on loopback only; nginx on the service port
     start = time.monotonic()
-    result = deploy(inventory, wheelhouse, port)
+    result = deploy(inventory, wheelhouse)
     timings["first deploy"] = time.monotonic() - start
     assert result.exit_code == 0, result.output
     first = result.stdout.split()[2]
@@ -124,25 +129,36 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     assert (status(port, None), status(port, "ht-wrong-key-0000000000000000"), status(port, key)) == (401, 401, 200)
     complete(port, key)
 
-    # 2. a redeploy to a new release under a steady rate through nginx: every request answered 200
-    bench = start_bench(port, key, tmp_path / "bench", 130)
+    # 2. under a steady rate through nginx, every request answered 200: a redeploy to a new release with
+    #    a flag for this run only, then a redeploy with no options, back to the inventory's shape
+    bench = start_bench(port, key, tmp_path / "bench", 200)
     time.sleep(8)
     start = time.monotonic()
-    result = deploy(inventory, wheelhouse, port, "--set", "max-queue=16")
+    result = deploy(inventory, wheelhouse, "--set", "max-queue=16")
     timings["rolling redeploy"] = time.monotonic() - start
     assert result.exit_code == 0, result.output
     second = result.stdout.split()[2]
     assert second != first and host.exec("readlink /opt/hosttune/current").stdout.strip().endswith(second)
+    start = time.monotonic()
+    result = deploy(inventory, wheelhouse)
+    timings["redeploy with no options"] = time.monotonic() - start
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split()[1:3] == ["deployed", first] and "!" not in result.plan  # the plan takes nothing away
+    assert host.exec("readlink /opt/hosttune/current").stdout.strip().endswith(first)
     bench_out, _ = bench.communicate(timeout=400)
-    assert timings["rolling redeploy"] < 120, "the bench ended before the roll did: raise its duration"
+    assert timings["rolling redeploy"] + timings["redeploy with no options"] < 190, \
+        "the bench ended before the rolls did: raise its duration"
     runs = json.loads((tmp_path / "bench" / "results.json").read_text())["runs"]
     requests = runs[0]["requests"]
     bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
-    assert len(requests) >= 200 and not bad, (bad[:10], bench_out[-2000:])
-    timings["requests during the roll, all 200"] = len(requests)
-    for i in range(2):  # both replicas run the new release now
+    assert len(requests) >= 300 and not bad, (bad[:10], bench_out[-2000:])
+    timings["requests during the rolls, all 200"] = len(requests)
+    for i in range(2):  # both replicas run the inventory's release again
         pid = host.exec(f"systemctl show -p MainPID --value hosttune-engine@{i}.service").stdout.strip()
-        assert second in host.exec(f"cat /proc/{pid}/cmdline | tr '\\0' ' '").stdout
+        assert first in host.exec(f"cat /proc/{pid}/cmdline | tr '\\0' ' '").stdout
+    recorded = json.loads(host.path(f"/opt/hosttune/releases/{first}/.hosttune/release.json").read_text())
+    assert recorded["settings"]["shape"] == {"engine": "custom", "model": MODEL, "port": port, "replicas": 2,
+                                             "tensor_parallel": 1, "api_key": True, "front_port": None}
 
     # 3. SIGKILL one replica: systemd restarts it; the probe takes it out of nginx and puts it back
     unit = "hosttune-engine@1.service"
@@ -160,26 +176,26 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
 
     # 4. refusals: one line, exit 2, /etc and /opt as they were
     before = tree_hash(host)
-    for extra, model, message in (
-            (("--tensor-parallel", "3"), MODEL, "--tensor-parallel 3 does not divide /srv/models/tiny-qwen2's 8 attention heads"),
-            ((), "/srv/models/missing", "the model folder /srv/models/missing does not exist on the host"),
-            (("--set", "bogus-flag=1"), MODEL, "does not know --bogus-flag")):
-        result = deploy(inventory, wheelhouse, port, *extra, model=model)
+    for extra, message in (
+            (("--tensor-parallel", "3"), "--tensor-parallel 3 does not divide /srv/models/tiny-qwen2's 8 attention heads"),
+            (("--model", "/srv/models/missing"), "the model folder /srv/models/missing does not exist on the host"),
+            (("--set", "bogus-flag=1"), "does not know --bogus-flag")):
+        result = deploy(inventory, wheelhouse, *extra)
         assert result.exit_code == 2, result.output
         assert len(result.stdout.strip().splitlines()) == 1 and message in result.stdout, result.stdout
         assert tree_hash(host) == before, message
 
-    # 5. --rollback rolls the replicas back to the first release, one at a time
+    # 5. --rollback rolls the replicas back to the release before, one at a time
     start = time.monotonic()
-    result = runner.invoke(app, ["deploy", "--rollback", "-i", str(inventory), "--health-timeout", "240"])
+    result = invoke_deploy("deploy", "--rollback", "--yes", "-i", str(inventory), "--health-timeout", "240")
     timings["rollback"] = time.monotonic() - start
     assert result.exit_code == 0, result.output
-    assert result.stdout.split()[1:3] == ["rolled-back", first]
-    assert host.exec("readlink /opt/hosttune/current").stdout.strip().endswith(first)
-    assert f"/opt/hosttune/releases/{first}/" in host.path("/etc/systemd/system/hosttune-engine@.service").read_text()
+    assert result.stdout.split()[1:3] == ["rolled-back", second]
+    assert host.exec("readlink /opt/hosttune/current").stdout.strip().endswith(second)
+    assert f"/opt/hosttune/releases/{second}/" in host.path("/etc/systemd/system/hosttune-engine@.service").read_text()
     for i in range(2):
         pid = host.exec(f"systemctl show -p MainPID --value hosttune-engine@{i}.service").stdout.strip()
-        assert first in host.exec(f"cat /proc/{pid}/cmdline | tr '\\0' ' '").stdout
+        assert second in host.exec(f"cat /proc/{pid}/cmdline | tr '\\0' ' '").stdout
     assert " down;" not in host.path(SERVERS).read_text()
     complete(port, key)
     with capsys.disabled():

@@ -105,7 +105,7 @@ def test_apply_root_bakes_the_image_from_its_own_facts_then_rollback_restores_ev
     (host,) = again["hosts"]
     assert host["plan"]["steps"] == [] and code == 0, host["plan"]  # idempotent: the image holds every setting
 
-    result = runner.invoke(app, ["rollback", "-i", str(inv), "--root", str(image)])
+    result = runner.invoke(app, ["rollback", "--yes", "-i", str(inv), "--root", str(image)])
     assert result.exit_code == 0 and "restored" in result.stdout, result.stdout
     after = tree(image)
     assert {k: v for k, v in after.items() if before.get(k) != v} == {} and set(before) == set(after)

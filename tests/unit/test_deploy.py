@@ -273,7 +273,9 @@ def test_cli_refuses_a_host_without_systemd(monkeypatch, tmp_path):
     assert result.exit_code == 2
     assert "nothing changed: localhost: PID 1 is 'process_api', not systemd" in result.stdout
     result = runner.invoke(app, ["deploy", "--gpus", "0"])
-    assert result.exit_code == 2 and "--engine and --model are required" in result.output
+    assert result.exit_code == 2
+    assert "which engine and model to serve? Give --engine and --model, or declare deploy.engine and deploy.model" \
+        in result.output
 
 
 def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):

@@ -202,19 +202,6 @@ def test_the_front_upstream_is_the_hosts_replicas_on_loopback():
     assert up.backends == ("127.0.0.1:8000", "127.0.0.1:8001") and up.listen == 80 and up.tls_cert is None
 
 
-def test_the_groups_upstream_points_at_the_hosts_nginx_fronts(tmp_path):
-    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    cert.write_text("CERT")
-    key.write_text("KEY")
-    hosts = _hosts(tmp_path, f"lb_port: 8080\nnginx: {{port: 8443, tls_cert: {cert}, tls_key: {key}}}\n")
-    inv = load_inventory(tmp_path / "inventory.yaml")
-    outcomes = [HostDeploy(h, Outcome.DEPLOYED, "r", "r") for h in hosts]
-    (upstream,) = rollout.upstreams(inv, rollout.DeployRequest("custom", "/m", tmp_path), outcomes)
-    assert upstream.backends == ("10.0.0.1:8443", "10.0.0.2:8443") and upstream.backend_scheme == "https"
-    conf = render_nginx(upstream).decode()
-    assert "proxy_pass https://hosttune_prod;" in conf and "listen 8080;" in conf
-
-
 def _tls_files(tmp_path: Path) -> str:
     cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
     cert.write_text("CERT")

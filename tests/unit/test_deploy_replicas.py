@@ -511,4 +511,5 @@ def test_refusals_only_read_the_host(tmp_path, monkeypatch, model, extra, messag
     outcome = rollout._single(host, rollout.DeployRequest("vllm", model, tmp_path / "wh", **extra))
     assert outcome.state == "failed" and outcome.error.startswith("nothing changed: gpu-a: ") and message in outcome.error
     assert len(render([outcome]).splitlines()) == 1 and exit_code([outcome]) == 2
-    assert [a[4] for _, a in log] == [model]  # one read of the model folder, and nothing else
+    assert log[0][1] == ("cat", "--", "/opt/hosttune/current/.hosttune/release.json")  # what serves now
+    assert [a[4] for _, a in log[1:]] == [model]  # one read of the model folder, and nothing else

@@ -14,7 +14,8 @@ import pytest
 from hosttune.fleet_runner import Outcome
 from hosttune.deploy.placement import place
 from hosttune.deploy.plan import Role, make_release
-from hosttune.deploy.rollout import DeployRequest, upstreams
+from hosttune.deploy.balancer import upstreams
+from hosttune.deploy.rollout import DeployRequest
 from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.settings import parse_sets, resolve
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT, Upstream, render_nginx
@@ -106,9 +107,8 @@ def test_hostile_values_are_quoted_for_systemd(tmp_path):
 
 def nginx_upstream(tmp_path) -> Upstream:
     inv = inventory(tmp_path)
-    request = DeployRequest("vllm", "/models/m", tmp_path / "wh")
     outcomes = [HostDeploy(h, Outcome.DEPLOYED, "r", "r") for h in inv.hosts]
-    (found,) = upstreams(inv, request, outcomes)  # the ray group serves one model: no upstream
+    (found,) = upstreams(inv, outcomes)  # the ray group serves one model: no upstream
     return found
 
 

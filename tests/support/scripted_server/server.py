@@ -21,6 +21,9 @@ text: every output token is the word " tok". What it does is fixed by a `Script`
 - `/metrics` gives vLLM's queue, batch and KV-cache gauges for the slots.
 - Every `error_every`-th request (1-based) sends an error event inside its 200 stream
   after `error_after` tokens; every `fail_status_every`-th gets HTTP 500.
+- With `outage`, completions get 503 (with `Retry-After: retry_after`, unless that is None) for
+  that many seconds from the first completion request, as from an engine that restarts.
+- With `--tls-cert` and `--tls-key` it speaks https.
 
 It speaks HTTP/1.1 straight from an asyncio protocol and writes each token from a timer
 callback, so its own overhead is tens of microseconds per request and a few per token:
@@ -40,6 +43,7 @@ import math
 import os
 import selectors
 import socket
+import ssl
 from collections import deque
 from dataclasses import dataclass
 
@@ -61,6 +65,8 @@ class Script:
     fail_status_every: int = 0
     step: float = 0.0  # if set, tokens go out on a shared clock tick, as from a batched decode step
     has_tokenize: bool = True  # False: no /tokenize route, like an endpoint that lacks one
+    outage: float = 0.0  # seconds of 503 from the first completion request
+    retry_after: int | None = 1  # the outage's Retry-After; None: no header
 
 
 def count_tokens(text: str) -> int:
@@ -110,6 +116,7 @@ class ScriptedServer:
         self.slots = Slots(script.capacity, script.max_queue)
         self.cache = PrefixCache()
         self.num_requests = 0
+        self.outage_ends: float | None = None
 
     def handle(self, connection: "Connection", method: str, path: str, body: bytes) -> None:
         routes = {
@@ -140,6 +147,10 @@ class ScriptedServer:
         if script.fail_status_every and number % script.fail_status_every == 0:
             connection.reply(json_response(500, {"error": {"message": "scripted failure"}}))
             return
+        if self._is_out():
+            extra = f"Retry-After: {script.retry_after}\r\n" if script.retry_after is not None else ""
+            connection.reply(json_response(503, {"error": {"message": "restarting"}}, extra=extra))
+            return
         if not self.slots.can_enter():
             connection.reply(json_response(429, {"error": {"message": "server full"}},
                                            extra="Retry-After: 1\r\n"))
@@ -150,6 +161,14 @@ class ScriptedServer:
         stream.cached_tokens = self.cache.admit(text)
         connection.stream = stream
         self.slots.enter(stream)
+
+    def _is_out(self) -> bool:
+        if not self.script.outage:
+            return False
+        now = asyncio.get_running_loop().time()
+        if self.outage_ends is None:
+            self.outage_ends = now + self.script.outage
+        return now < self.outage_ends
 
     def deadlines(self, start: float, prompt_tokens: int, num_tokens: int) -> list[float]:
         script = self.script
@@ -221,6 +240,10 @@ def _parse_args(argv: list[str] | None) -> tuple[Script, argparse.Namespace]:
     parser.add_argument("--step", type=float, default=0.0,
                         help="send tokens only on multiples of this many seconds (batched decode)")
     parser.add_argument("--no-tokenize", action="store_true", help="answer /tokenize with 404")
+    parser.add_argument("--outage", type=float, default=0.0, help="seconds of 503 from the first completion request")
+    parser.add_argument("--retry-after", default="1", help="the outage's Retry-After seconds, or 'none'")
+    parser.add_argument("--tls-cert", default=None, help="speak https with this certificate chain ...")
+    parser.add_argument("--tls-key", default=None, help="... and this private key")
     parser.add_argument("--fast", action="store_true",
                         help="epoll (or uvloop when installed): many connections, timers round to 1 ms")
     parser.add_argument("--realtime", action="store_true",
@@ -234,17 +257,19 @@ def _parse_args(argv: list[str] | None) -> tuple[Script, argparse.Namespace]:
         itl=tuple(float(x) for x in args.itl.split(",")), capacity=args.capacity,
         max_queue=args.max_queue, error_every=args.error_every,
         error_after=args.error_after, fail_status_every=args.fail_status_every, step=args.step,
-        has_tokenize=not args.no_tokenize,
+        has_tokenize=not args.no_tokenize, outage=args.outage,
+        retry_after=None if args.retry_after == "none" else int(args.retry_after),
     )
     return script, args
 
 
-async def serve(script: Script, port: int, lifetime: float) -> None:
+async def serve(script: Script, port: int, lifetime: float, tls: ssl.SSLContext | None = None) -> None:
     loop = asyncio.get_running_loop()
     server = ScriptedServer(script)
-    listener = await loop.create_server(lambda: Connection(server), "127.0.0.1", port, backlog=4096)
+    listener = await loop.create_server(lambda: Connection(server), "127.0.0.1", port, backlog=4096, ssl=tls)
     bound = listener.sockets[0].getsockname()[1]
-    print(f"listening on http://127.0.0.1:{bound}", flush=True)
+    # https: the name a test certificate carries, for the client to check
+    print(f"listening on https://localhost:{bound}" if tls else f"listening on http://127.0.0.1:{bound}", flush=True)
     await asyncio.sleep(lifetime)
     listener.close()
 
@@ -263,6 +288,14 @@ def raise_priority() -> str:
         return "normal"
 
 
+def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    if not args.tls_cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(args.tls_cert, args.tls_key)
+    return context
+
+
 def main(argv: list[str] | None = None) -> None:
     script, args = _parse_args(argv)
     if args.realtime:
@@ -272,14 +305,14 @@ def main(argv: list[str] | None = None) -> None:
             from uvloop import run
         except ImportError:
             run = asyncio.run
-        run(serve(script, args.port, args.lifetime))
+        run(serve(script, args.port, args.lifetime, tls_context(args)))
         return
     # epoll (asyncio's default) and uvloop round timer waits up to whole milliseconds;
     # select() takes microseconds, so the scripted delays hold to a fraction of a
     # millisecond. select() is limited to about 1,000 open connections.
     loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
     try:
-        loop.run_until_complete(serve(script, args.port, args.lifetime))
+        loop.run_until_complete(serve(script, args.port, args.lifetime, tls_context(args)))
     finally:
         loop.close()
 

@@ -1,0 +1,39 @@
+"""How long a closed-loop user waits after the server refused a request (429 or 503) before it
+sends that request again: the server's Retry-After when it gives one, else an exponential wait
+that doubles with each refusal in a row, up to a cap. A user that hammered a restarting server
+would measure its own retry loop and slow the server's recovery; one that waits measures the
+server.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+
+REFUSALS = (429, 503)  # the server shed the request on purpose and may say when to come back
+FIRST_WAIT_S = 0.5
+MAX_WAIT_S = 8.0
+MAX_RETRY_AFTER_S = 60.0  # a Retry-After beyond this is capped: the run stays bounded
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """Retry-After as seconds: a number of seconds, or an HTTP date; None when absent or unreadable."""
+    if not value:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def wait_after(status: int, retry_after: float | None, refusals_in_a_row: int) -> float:
+    """Seconds to wait before the next request; 0 unless the server refused this one."""
+    if status not in REFUSALS:
+        return 0.0
+    if retry_after is not None:
+        return min(retry_after, MAX_RETRY_AFTER_S)
+    return min(MAX_WAIT_S, FIRST_WAIT_S * 2 ** max(0, refusals_in_a_row - 1))

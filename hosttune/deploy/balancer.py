@@ -1,0 +1,104 @@
+"""The group balancer: an nginx upstream per group of several hosts, over the hosts serving after a
+deploy, written here (deploy --nginx-dir) for the machine that balances the group.
+
+TLS end to end: when the group's hosts serve https (deploy.nginx with tls_cert and tls_key), the
+balancer listens with TLS too, with the same certificate and key, and verifies every host's
+certificate against the deployment's CA (deploy.nginx.tls_ca) for the name it carries
+(deploy.nginx.tls_name). A balancer in plain HTTP in front of keyed hosts would carry their key in
+clear: it is refused unless the inventory says `deploy.lb_plain_http: true`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from hosttune.config.inventory import Host, Inventory
+from hosttune.deploy.access import Front, front_for
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.host import HostDeploy
+from hosttune.deploy.settings import DEFAULT_PORT
+from hosttune.deploy.shape import declared
+from hosttune.deploy.units import Upstream, render_nginx
+
+_ADDRESS = re.compile(r"^[A-Za-z0-9.:\[\]-]+$")
+_PATH = re.compile(r"^[A-Za-z0-9_./@+:-]+$")  # what goes into nginx's config unquoted
+
+
+def balanced_groups(inventory: Inventory) -> dict[str, list[Host]]:
+    """The groups that get a balancer: several hosts, not one multi-node vLLM (which serves one model)."""
+    return {group: hosts for group, hosts in inventory.groups.items()
+            if len(hosts) > 1 and not (hosts[0].deploy.get("multinode") and declared(hosts[0]).engine in (None, "vllm"))}
+
+
+def check_balancers(inventory: Inventory) -> None:
+    """Before any host changes: every group's balancer can be written, with TLS where its hosts have it."""
+    for hosts in balanced_groups(inventory).values():
+        _tls_of(hosts)
+
+
+def _tls_of(hosts: list[Host]) -> Front | None:
+    """The front whose TLS the balancer uses; raises DeployError when the balancer cannot be safe."""
+    fronts = [front_for(h) for h in hosts]
+    keyed = [h.name for h in hosts if h.deploy.get("api_key") or h.deploy.get("api_key_file")]
+    tls = [f for f in fronts if f and f.tls]
+    first = hosts[0]
+    if tls and len(tls) != len(hosts):
+        raise DeployError(f"{first.source}: group {first.group} mixes hosts with and without TLS in deploy.nginx; "
+                          "its balancer needs one scheme")
+    if not tls:
+        if keyed and not first.deploy.get("lb_plain_http"):
+            raise DeployError(f"{first.source}: group {first.group}'s balancer would carry the API key of "
+                              f"{', '.join(keyed)} in plain HTTP; give deploy.nginx tls_cert, tls_key and tls_ca, "
+                              "or allow it with deploy.lb_plain_http: true")
+        return None
+    front = tls[0]
+    if front.tls.ca is None or front.tls.name is None:
+        raise DeployError(f"{first.source}: group {first.group}'s balancer verifies its hosts' certificates: "
+                          "give deploy.nginx.tls_ca (the CA that signed them) and tls_name (a name they carry)")
+    for path in (front.tls.cert, front.tls.key, front.tls.ca):
+        if not _PATH.match(str(path.resolve())):
+            raise DeployError(f"{first.source}: {path}: the balancer's nginx config takes paths of letters, digits "
+                              "and ./_@+:- only")
+    return front
+
+
+def upstreams(inventory: Inventory, outcomes: list[HostDeploy]) -> list[Upstream]:
+    """An nginx upstream per balanced group, over the hosts serving after this deploy."""
+    serving = {o.host.name: o for o in outcomes if o.serving}
+    found = []
+    for group, hosts in balanced_groups(inventory).items():
+        live = [h for h in hosts if h.name in serving]
+        if live:
+            found.append(_upstream(group, hosts, [_backend(h, serving[h.name]) for h in live], serving[live[0].name]))
+    return found
+
+
+def _backend(host: Host, outcome: HostDeploy) -> str:
+    if not _ADDRESS.match(host.connection.address):
+        raise DeployError(f"{host.source}: address {host.connection.address!r} cannot go into an nginx upstream")
+    front = front_for(host)  # the engine listens on 127.0.0.1 behind it
+    port = front.port if front else (outcome.shape.port if outcome.shape and outcome.shape.port else None)
+    return f"{host.connection.address}:{port or declared(host).port or DEFAULT_PORT}"
+
+
+def _upstream(group: str, hosts: list[Host], backends: list[str], outcome: HostDeploy) -> Upstream:
+    front = _tls_of(hosts)
+    engine = (outcome.shape.engine if outcome.shape else None) or declared(hosts[0]).engine or "engine"
+    lb_port = hosts[0].deploy.get("lb_port")
+    if front is None:
+        return Upstream(group, engine, tuple(backends), lb_port or 80)
+    tls = front.tls
+    return Upstream(group, engine, tuple(backends), lb_port or 443, tls_cert=str(tls.cert.resolve()),
+                    tls_key=str(tls.key.resolve()), backend_scheme="https", backend_ca=str(tls.ca.resolve()),
+                    backend_name=tls.name)
+
+
+def write_upstreams(found: list[Upstream], folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for upstream in found:
+        path = folder / f"hosttune-{upstream.group}.conf"
+        path.write_bytes(render_nginx(upstream))
+        written.append(path)
+    return written

@@ -1,0 +1,127 @@
+"""The group balancer as data and as nginx reads it: TLS in front of TLS hosts, their certificates
+verified against the deployment's CA; a plain-HTTP balancer in front of keyed hosts refused unless
+the inventory allows it; every rendered config passes `nginx -t`."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hosttune.config.inventory import load_inventory
+from hosttune.deploy.balancer import check_balancers, upstreams
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.host import HostDeploy
+from hosttune.deploy.shape import Shape
+from hosttune.deploy.units import render_nginx
+from hosttune.fleet_runner import Outcome
+
+needs_nginx = pytest.mark.skipif(shutil.which("nginx") is None or shutil.which("openssl") is None,
+                                 reason="needs nginx and openssl (scripts/test.sh installs nginx-light as root)")
+
+
+def _inventory(tmp_path: Path, deploy: str):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(textwrap.dedent("""\
+        groups:
+          prod:
+            vars:
+              deploy:
+        {deploy}
+            hosts:
+              gpu-a: {{address: 10.0.0.1}}
+              gpu-b: {{address: 10.0.0.2}}
+        """).format(deploy=textwrap.indent(textwrap.dedent(deploy), " " * 8)))
+    return load_inventory(path)
+
+
+def _certs(folder: Path) -> tuple[Path, Path, Path]:
+    """A CA and a certificate it signed for serve.test: (ca.pem, cert.pem, key.pem)."""
+    def run(*argv):
+        subprocess.run(argv, check=True, capture_output=True, timeout=60, cwd=folder)
+
+    run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=test CA")
+    run("openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", "key.pem", "-out", "req.csr", "-subj", "/CN=serve.test")
+    run("openssl", "x509", "-req", "-in", "req.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "cert.pem", "-days", "1")
+    return folder / "ca.pem", folder / "cert.pem", folder / "key.pem"
+
+
+def _fake_certs(folder: Path) -> tuple[Path, Path, Path]:
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        (folder / name).write_text("PEM")
+    return folder / "ca.pem", folder / "cert.pem", folder / "key.pem"
+
+
+def _tls(ca: Path, cert: Path, key: Path, extra: str = "") -> str:
+    return (f"api_key: true\nlb_port: 8443\n{extra}"
+            f"nginx: {{port: 9443, tls_cert: {cert}, tls_key: {key}, tls_ca: {ca}, tls_name: serve.test}}\n")
+
+
+def _deployed(inv) -> list[HostDeploy]:
+    return [HostDeploy(h, Outcome.DEPLOYED, "r", "r", shape=Shape("custom", "/m", "1", 1, 8000)) for h in inv.hosts]
+
+
+def test_a_tls_balancer_verifies_the_hosts_against_the_deployments_ca(tmp_path):
+    ca, cert, key = _fake_certs(tmp_path)
+    inv = _inventory(tmp_path, _tls(ca, cert, key))
+    check_balancers(inv)
+    (upstream,) = upstreams(inv, _deployed(inv))
+    assert upstream.backends == ("10.0.0.1:9443", "10.0.0.2:9443") and upstream.backend_scheme == "https"
+    conf = render_nginx(upstream).decode()
+    for line in ("listen 8443 ssl;", f"ssl_certificate {cert};", f"ssl_certificate_key {key};",
+                 "proxy_pass https://hosttune_prod;", "proxy_ssl_verify on;", f"proxy_ssl_trusted_certificate {ca};",
+                 "proxy_ssl_name serve.test;", "proxy_ssl_server_name on;", "the balancer over group prod's custom hosts"):
+        assert line in conf, line
+
+
+def test_only_the_hosts_serving_after_the_deploy_are_balanced(tmp_path):
+    inv = _inventory(tmp_path, "port: 8100\n")
+    first = _deployed(inv)[0]
+    (upstream,) = upstreams(inv, [first, HostDeploy(inv.hosts[1], Outcome.FAILED, "r", None)])
+    assert upstream.backends == ("10.0.0.1:8000",) and upstream.listen == 80 and upstream.backend_ca is None
+
+
+@pytest.mark.parametrize("deploy, message", [
+    ("api_key: true\n", "would carry the API key of gpu-a, gpu-b in plain HTTP"),
+    ("nginx: {tls_cert: CERT, tls_key: KEY}\n", "give deploy.nginx.tls_ca (the CA that signed them) and tls_name"),
+])
+def test_an_unsafe_balancer_is_refused_before_any_host_changes(tmp_path, deploy, message):
+    ca, cert, key = _fake_certs(tmp_path)
+    inv = _inventory(tmp_path, deploy.replace("CERT", str(cert)).replace("KEY", str(key)))
+    with pytest.raises(DeployError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_balancers(inv)
+
+
+def test_a_plain_balancer_in_front_of_keyed_hosts_when_the_inventory_allows_it(tmp_path):
+    inv = _inventory(tmp_path, "api_key: true\nlb_plain_http: true\n")
+    check_balancers(inv)
+    (upstream,) = upstreams(inv, _deployed(inv))
+    assert "proxy_pass http://hosttune_prod;" in render_nginx(upstream).decode()
+
+
+def _nginx_t(tmp_path: Path, conf: bytes) -> subprocess.CompletedProcess:
+    (tmp_path / "group.conf").write_bytes(conf)
+    (tmp_path / "nginx.conf").write_text(
+        f"pid {tmp_path}/nginx.pid;\nerror_log {tmp_path}/error.log;\nevents {{}}\n"
+        f"http {{\n    access_log off;\n    include {tmp_path}/group.conf;\n}}\n")
+    return subprocess.run(["nginx", "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                          capture_output=True, text=True, timeout=60)
+
+
+@needs_nginx
+@pytest.mark.parametrize("tls", [True, False])
+def test_nginx_accepts_the_rendered_balancer(tmp_path, tls):
+    deploy = _tls(*_certs(tmp_path)) if tls else "api_key: true\nlb_plain_http: true\n"
+    inv = _inventory(tmp_path, deploy)
+    (upstream,) = upstreams(inv, _deployed(inv))
+    result = _nginx_t(tmp_path, render_nginx(upstream))
+    assert result.returncode == 0, result.stderr
+    assert "test is successful" in result.stderr
+    broken = render_nginx(upstream).replace(b"proxy_ssl_verify on;" if tls else b"least_conn;", b"least_conn")
+    assert _nginx_t(tmp_path, broken).returncode != 0

@@ -1,0 +1,112 @@
+"""The one confirmation grammar of the commands that change hosts (apply, rollback, deploy, deploy
+--rollback), through typer's CliRunner: the plan is printed; --dry-run only shows it; --yes acts;
+a terminal is asked; without a terminal and without --yes nothing changes (one line, exit 2)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from hosttune.actions.base import FileWrite, Step
+from hosttune.cli import apply as apply_cli
+from hosttune.cli import common
+from hosttune.cli import deploy as deploy_cli
+from hosttune.cli.app import app
+from hosttune.config.inventory import local_inventory
+from hosttune.deploy.host import HostDeploy
+from hosttune.execute.rollback import RollbackResult
+from hosttune.execute.rollout import HostOutcome
+from hosttune.fleet_runner import Outcome
+from hosttune.plan.host_plan import HostPlan
+
+runner = CliRunner()
+HOST = local_inventory().hosts[0]
+REFUSED = "nothing changed: no terminal to confirm on; run again with --yes"
+
+
+@pytest.fixture
+def acted(monkeypatch):
+    """Fakes behind each command: the plan they read, and a list of what they were asked to change."""
+    done: list[str] = []
+    plan = HostPlan(HOST, "inference-latency", steps=(Step(("x",), "write the marker", (FileWrite("/etc/x", b"x"),)),))
+    monkeypatch.setattr(apply_cli, "plan_fleet", lambda inv, wanted, options, on_host_done=None: [plan])
+    monkeypatch.setattr(apply_cli, "profiles", lambda inv: {})
+
+    def apply_plans(plans, wanted, run, options, on_host_done=None):
+        done.append("apply")
+        return [HostOutcome(p, Outcome.CHANGED) for p in plans]
+
+    def rollback_fleet(inv, run, root, forks, on_host_done=None, dry_run=False):
+        if not dry_run:
+            done.append("rollback")
+        return [RollbackResult(HOST, "r1", Outcome.RESTORED if not dry_run else Outcome.PLANNED,
+                               ("restore /etc/x from its backup",))]
+
+    def deploy_fleet(inv, request, on_batch=None, canary_check=None, on_host_done=None):
+        if not request.dry_run:
+            done.append("deploy")
+        state = Outcome.PLANNED if request.dry_run else Outcome.DEPLOYED
+        return [HostDeploy(HOST, state, "custom-1", None, ops=("start hosttune-serve.service",),
+                           removals=("removes 1 of the 2 replicas",))]
+
+    def deploy_rollback(inv, timeouts, forks, on_host_done=None, dry_run=False):
+        if not dry_run:
+            done.append("deploy --rollback")
+        return [HostDeploy(HOST, Outcome.PLANNED if dry_run else Outcome.ROLLED_BACK, "custom-0", "custom-1",
+                           ops=("make custom-0 live again in place of custom-1 (the service)",))]
+
+    monkeypatch.setattr(apply_cli, "apply_plans", apply_plans)
+    monkeypatch.setattr(apply_cli, "rollback_fleet", rollback_fleet)
+    monkeypatch.setattr(deploy_cli, "deploy_fleet", deploy_fleet)
+    monkeypatch.setattr(deploy_cli, "rollback_fleet", deploy_rollback)
+    return done
+
+
+COMMANDS = {
+    "apply": (["apply"], "write the marker"),
+    "rollback": (["rollback"], "restore /etc/x from its backup"),
+    "deploy": (["deploy", "--engine", "custom", "--model", "/m"], "start hosttune-serve.service"),
+    "deploy --rollback": (["deploy", "--rollback"], "make custom-0 live again in place of custom-1"),
+}
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_without_a_terminal_and_without_yes_nothing_changes(acted, name):
+    argv, plan_line = COMMANDS[name]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2 and acted == []
+    assert plan_line in result.stdout  # the plan was shown
+    assert REFUSED in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_dry_run_only_shows_the_plan(acted, name):
+    argv, plan_line = COMMANDS[name]
+    result = runner.invoke(app, [*argv, "--dry-run"])
+    assert result.exit_code == 0 and acted == [] and plan_line in result.stdout
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_yes_shows_the_plan_then_acts(acted, name):
+    argv, plan_line = COMMANDS[name]
+    result = runner.invoke(app, [*argv, "--yes"])
+    assert result.exit_code == 0, result.output
+    assert acted == [name] and plan_line in result.stdout
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+@pytest.mark.parametrize("answer, changes", [("y\n", True), ("n\n", False)])
+def test_a_terminal_is_asked(acted, monkeypatch, name, answer, changes):
+    monkeypatch.setattr(common, "is_terminal", lambda: True)
+    argv, _ = COMMANDS[name]
+    result = runner.invoke(app, argv, input=answer)
+    assert "[y/N]" in result.stderr
+    assert (acted == [name]) is changes and result.exit_code == (0 if changes else 2)
+
+
+def test_deploy_names_what_it_takes_away_and_asks_about_it(acted, monkeypatch):
+    monkeypatch.setattr(common, "is_terminal", lambda: True)
+    result = runner.invoke(app, COMMANDS["deploy"][0], input="n\n")
+    assert "! removes 1 of the 2 replicas" in result.stdout
+    assert "Deploy to 1 host, taking away what 1 of them serve with (see above)?" in result.stderr
+    assert acted == []
