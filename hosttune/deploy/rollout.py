@@ -60,7 +60,7 @@ class DeployRequest:
 
 
 def for_host(host: Host, request: DeployRequest, live: Shape | None = None) -> DeployRequest:
-    """The request with this host's shape filled in: the run's options < the inventory's deploy: < live."""
+    """The request with this host's shape filled in: the run's options, else the inventory's deploy:, else what is live."""
     shape = request.shape.over(declared(host).over(live or Shape()))
     if not shape.engine or not shape.model:
         missing = " and ".join(n for n, v in (("engine", shape.engine), ("model", shape.model)) if not v)

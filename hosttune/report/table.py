@@ -35,6 +35,15 @@ def _summary(r: HostReport) -> str:
     return ", ".join(counts) + f"  ({r.timings.total_s:.2f}s)"
 
 
+def not_applicable_lines(findings) -> list[str]:
+    """The checks that do not apply, one line per reason (no GPU, no NVMe, ...), each naming its checks."""
+    by_reason: dict[str, list[str]] = {}
+    for f in findings:
+        if f.status is Status.NOT_APPLICABLE:
+            by_reason.setdefault(f.detail or "does not apply here", []).append(f.check_id)
+    return [f"  n/a     {reason}: {', '.join(ids)}" for reason, ids in by_reason.items()]
+
+
 def render(reports: list[HostReport], *, color=None, verbose: bool = False) -> str:
     color = color or (lambda text, _c: text)
     out: list[str] = []
@@ -45,6 +54,8 @@ def render(reports: list[HostReport], *, color=None, verbose: bool = False) -> s
         for f in r.findings:
             if verbose or f.status is not Status.NOT_APPLICABLE:
                 out.extend(_finding_lines(f, color))
+        if not verbose:
+            out.extend(not_applicable_lines(r.findings))
         for problem in (r.facts.probe_errors if r.facts else ()):
             out.append(f"  probe: {problem}")
         out.append("")
@@ -56,7 +67,7 @@ def fleet_summary(reports: list[HostReport]) -> list[str]:
     reachable = [r for r in reports if r.reachable]
     clean = [r for r in reachable if not r.error and not any(f.is_failing or f.status is Status.ERROR for f in r.findings)]
     lines = [
-        f"fleet: {len(reports)} hosts, {len(clean)} clean, {len(reachable) - len(clean)} with findings or errors, "
+        f"fleet: {len(reports)} host{'' if len(reports) == 1 else 's'}, {len(clean)} clean, {len(reachable) - len(clean)} with findings or errors, "
         f"{len(reports) - len(reachable)} unreachable"
     ]
     failing: dict[str, int] = {}

@@ -148,6 +148,7 @@ def test_each_replica_is_an_instance_of_one_template_with_its_gpus_node_and_port
     assert [r["port"] for r in release.replicas] == [8101, 8102, 8103, 8104]
     timer = release.units["hosttune-probe.timer"].decode()
     assert "OnUnitActiveSec=10" in timer and f"{venv}/.hosttune/replica_lb.py probe" in release.units["hosttune-probe.service"].decode()
+    assert "\nSyslogIdentifier=hosttune\n" in release.units["hosttune-probe.service"].decode()  # not "env"
     targets = json.loads(release.files[SCRAPE_FILE])
     assert [t["targets"] for t in targets] == [[f"127.0.0.1:{8101 + i}"] for i in range(4)]  # on loopback only
     assert targets[2]["labels"] == {"job": "hosttune", "host": "gpu-a", "engine": "custom", "replica": "2", "gpus": "2"}

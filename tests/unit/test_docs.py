@@ -201,3 +201,40 @@ def test_the_documents_show_commands_and_paths():
 def test_readme_starts_with_the_two_commands_a_fresh_machine_runs():
     first_block = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
     assert first_block.splitlines() == FIRST_COMMANDS
+
+
+# -- what docs/deploy.md and the README promise about changing hosts and a deployment's shape -----------------
+def section(doc: Path, title: str) -> str:
+    text = doc.read_text()
+    start = text.index(title)
+    end = text.find("\n#", start + len(title))
+    return text[start:end if end > 0 else None]
+
+
+def test_every_command_that_changes_hosts_confirms_one_way_and_the_docs_name_each():
+    """The commands with --yes are exactly those the docs' grammar names, and each also has --dry-run."""
+    grammar = section(ROOT / "docs" / "deploy.md", "### Confirming changes")
+    named = set(re.findall(r"`(\w+)(?: --rollback)?`", grammar.split("\n\n")[1]))
+    confirming = {c for c in hosttune_commands() if has_option(hosttune_help(c), "--yes")}
+    assert named == confirming == {"apply", "rollback", "deploy"}
+    assert all(has_option(hosttune_help(c), "--dry-run") for c in confirming)
+    readme = (ROOT / "README.md").read_text()
+    assert "`--dry-run` stops there, `--yes` goes ahead" in readme and "without a terminal nothing changes" in readme
+    assert "without a terminal (a pipe, CI), nothing changes" in grammar
+
+
+def test_the_shape_the_docs_declare_is_what_the_inventory_takes(tmp_path):
+    from hosttune.config.inventory import load_inventory
+    from hosttune.deploy.settings import KNOWN_KEYS
+    from hosttune.deploy.shape import SHAPE_KEYS, Shape, declared
+
+    block = section(ROOT / "docs" / "deploy.md", "### The deployment's shape").split("```yaml\n")[1].split("```")[0]
+    import yaml
+
+    doc = yaml.safe_load(block)["deploy"]
+    assert set(SHAPE_KEYS) | {"port"} <= set(doc) <= KNOWN_KEYS
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"h": {"deploy": {k: doc[k] for k in (*SHAPE_KEYS, "port")}}}}))
+    assert declared(load_inventory(inventory).hosts[0]) == Shape("custom", "/models/qwen2.5-7b", "2", 1, 8000)
+    example = load_inventory(ROOT / "inventories" / "example.yaml").hosts[0]
+    assert declared(example).engine == "vllm" and declared(example).replicas == "per-gpu"

@@ -3,11 +3,12 @@
 from dataclasses import replace
 
 from hosttune.checks import run_checks
+from hosttune.checks.findings import Status
 from hosttune.fleet import HostReport, outliers
 from hosttune.config.inventory import Host
 from hosttune.probes.gather import parse_probe_output
 from hosttune.config.profile import load_profile
-from hosttune.report.table import fleet_summary
+from hosttune.report.table import fleet_summary, render
 from hosttune.transport.base import ConnectionSpec
 
 
@@ -37,3 +38,18 @@ def test_two_hosts_that_disagree_have_no_majority(fixture_text):
     other = replace(base, kernel="6.8.0-49-generic")
     found = outliers([report("x", "g", base), report("y", "g", other)])
     assert {(o.host, o.majority) for o in found} == {("x", None), ("y", None)}
+
+
+def test_a_host_without_a_gpu_says_so_in_one_line_naming_the_checks(fixture_text):
+    facts = parse_probe_output(fixture_text("a100-4gpu-2numa", "probe-output.txt"))
+    findings = [run_checks(facts, load_profile("inference-latency"))[0]]
+    for check_id, reason in (("gpu.count", "no NVIDIA GPU on this host"), ("gpu.ecc", "no NVIDIA GPU on this host"),
+                             ("nvme.power", "no NVMe devices")):
+        findings.append(replace(findings[0], check_id=check_id, status=Status.NOT_APPLICABLE, detail=reason))
+    cpu_only = HostReport(Host("cpu-only", "cpu", ConnectionSpec("cpu-only")), "inference-latency", True, facts,
+                          tuple(findings))
+    text = render([cpu_only, report("other", "cpu", None, reachable=False)])
+    assert "  n/a     no NVIDIA GPU on this host: gpu.count, gpu.ecc\n" in text
+    assert "  n/a     no NVMe devices: nvme.power\n" in text and text.count("no NVIDIA GPU") == 1
+    assert "fleet: 2 hosts" in text and fleet_summary([cpu_only])[0].startswith("fleet: 1 host, ")
+    assert "gpu.count" in render([cpu_only], verbose=True) and "no NVIDIA GPU on this host:" not in render([cpu_only], verbose=True)

@@ -1,0 +1,100 @@
+"""A deployment's shape as data: what the inventory declares (checked, errors naming the line), the
+run's options over it, what the live release recorded under both, and the plan's words for what a
+new shape takes away (replicas, the nginx front, the key)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hosttune.config.inventory import load_inventory
+from hosttune.deploy import rollout
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.model import ModelShape
+from hosttune.deploy.shape import Guard, Shape, declared, parse_live, record
+
+from deploy_fixtures import a100_facts, fake_entry
+
+MODEL = ModelShape("/models/qwen", True, num_heads=28, num_kv_heads=4, weight_bytes=2_000_000_000)
+
+
+def host_with(tmp_path: Path, deploy: str):
+    path = tmp_path / "inventory.yaml"
+    path.write_text(textwrap.dedent("""\
+        defaults:
+          pins: {{python: "3.10"}}
+        groups:
+          prod:
+            vars:
+              gpus: "0-3"
+              deploy:
+        {deploy}
+            hosts:
+              gpu-a: {{address: 10.0.0.1}}
+        """).format(deploy=textwrap.indent(textwrap.dedent(deploy), " " * 8)))
+    return load_inventory(path).hosts[0]
+
+
+def test_the_inventory_declares_the_shape(tmp_path):
+    host = host_with(tmp_path, "engine: vllm\nmodel: /models/qwen\nreplicas: 2\ntensor_parallel: 2\nport: 8100\n")
+    assert declared(host) == Shape("vllm", "/models/qwen", "2", 2, 8100)
+    assert declared(host_with(tmp_path, "replicas: per-gpu\n")).replicas == "per-gpu"
+
+
+@pytest.mark.parametrize("deploy, message", [
+    ("engine: tgi\n", "deploy.engine must be one of custom, vllm, sglang (got 'tgi')"),
+    ("replicas: 0\n", "deploy.replicas must be per-gpu or a number of replicas (got 0)"),
+    ("replicas: true\n", "deploy.replicas must be per-gpu or a number of replicas (got True)"),
+    ("tensor_parallel: two\n", "deploy.tensor_parallel must be a positive integer (got 'two')"),
+    ("model: 7\n", "deploy.model must be the model folder on the hosts (got 7)"),
+])
+def test_a_bad_shape_names_its_line(tmp_path, deploy, message):
+    with pytest.raises(DeployError, match=r"inventory.yaml:\d+: ") as err:
+        declared(host_with(tmp_path, deploy))
+    assert message in str(err.value)
+
+
+def test_options_win_for_one_run_then_the_inventory_then_what_is_live(tmp_path):
+    host = host_with(tmp_path, "engine: vllm\nreplicas: 2\n")
+    live = Shape("sglang", "/models/live", "4", 1, 9000)
+    none = rollout.DeployRequest(None, None, tmp_path / "wh")
+    wanted = rollout.for_host(host, none, live)
+    assert (wanted.engine, wanted.model, wanted.replicas, wanted.tensor_parallel, wanted.port) == \
+        ("vllm", "/models/live", "2", 1, 9000)
+    wanted = rollout.for_host(host, rollout.DeployRequest(None, "/m", tmp_path / "wh", replicas="1"), live)
+    assert (wanted.model, wanted.replicas) == ("/m", "1")
+    assert rollout.for_host(host_with(tmp_path, "engine: vllm\nmodel: /m\n"), none, None).replicas == "per-gpu"
+    with pytest.raises(DeployError, match="which model to serve\\? Give --model, or declare deploy.model"):
+        rollout.for_host(host, none, None)
+
+
+def test_a_redeploy_with_no_options_keeps_the_live_replicas(tmp_path):
+    """Nothing declared and no option: the 2 replicas the live release recorded, not per-gpu's 4."""
+    host = host_with(tmp_path, "vllm: {max-num-seqs: 64}\n")
+    fake_entry(tmp_path / "wh", "vllm", archs=("8.0",), abi="cp310")
+    first = rollout.make_job(host, a100_facts(), rollout.for_host(
+        host, rollout.DeployRequest("vllm", MODEL.path, tmp_path / "wh", replicas="2")), model=MODEL)
+    live = parse_live(first.release.manifest().decode())
+    again = rollout.make_job(host, a100_facts(), rollout.for_host(
+        host, rollout.DeployRequest(None, None, tmp_path / "wh"), live[0]), model=MODEL)
+    assert len(again.release.replicas) == 2 and again.release.id == first.release.id
+    assert live[1].removals(again.guard) == ()
+    assert first.release.settings["shape"] == record("vllm", MODEL.path, 8000, 2, 1, Guard(2))
+
+
+def test_an_older_release_without_a_shape_is_read_from_its_settings():
+    doc = {"engine": "custom", "settings": {"model": "/m", "port": 8000, "replicas": [{"index": 0}, {"index": 1}],
+                                            "tensor_parallel": 1, "api_key": {"file": "/etc/hosttune/keys/g.env"}}}
+    assert parse_live(json.dumps(doc)) == (Shape("custom", "/m", "2", 1, 8000), Guard(2, True, None))
+    assert parse_live("not json") is None
+
+
+def test_the_plan_names_what_a_new_shape_takes_away():
+    live = Guard(replicas=4, api_key=True, front_port=443)
+    assert live.removals(Guard(4, True, 443)) == () and live.removals(Guard(8, True, 443)) == ()
+    assert live.removals(Guard(1, False, None)) == (
+        "removes 3 of the 4 replicas", "removes the host's nginx front on port 443",
+        "removes the API key: the engine will answer anyone who reaches it")
