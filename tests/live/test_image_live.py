@@ -142,7 +142,7 @@ def test_apply_root_on_a_minimal_image_plans_what_it_lacks_and_rollback_restores
     (host,) = again["hosts"]
     assert host["state"] == "ok" and host["plan"]["steps"] == [] and again["run"] is None, host
 
-    result = runner.invoke(app, ["rollback", "-i", str(inv), "--root", str(image)])
+    result = runner.invoke(app, ["rollback", "--yes", "-i", str(inv), "--root", str(image)])
     assert result.exit_code == 0 and "restored" in result.stdout, result.stdout
     after = {k: v for k, v in tree(image).items() if k not in ("/var", "/var/lib")}  # the journals' folder stays
     assert after == before  # every byte, and every directory apply made is gone
