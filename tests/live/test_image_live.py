@@ -68,14 +68,20 @@ def apply_json(inv: Path, root: Path, *args: str) -> tuple[int, dict]:
     return result.exit_code, json.loads(result.stdout)
 
 
+def image_inventory(tmp_path: Path) -> Path:
+    """This machine over the local transport, with the CPU list an image cannot give."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text('hosts:\n  localhost:\n    transport: local\n    rcu_nocbs: "2-31"\n'
+                   '    pins: {cuda: "12.4", python: "3.11"}\n')
+    return inv
+
+
 def unit_enabled(root: Path, unit: str) -> str:
     return subprocess.run(["systemctl", f"--root={root}", "is-enabled", unit], capture_output=True, text=True).stdout.strip()
 
 
 def test_apply_root_bakes_the_image_from_its_own_facts_then_rollback_restores_every_byte(image, tmp_path):
-    inv = tmp_path / "inv.yaml"
-    inv.write_text('hosts:\n  localhost:\n    transport: local\n    rcu_nocbs: "2-31"\n'
-                   '    pins: {cuda: "12.4", python: "3.11"}\n')
+    inv = image_inventory(tmp_path)
     before = tree(image)
 
     code, dry = apply_json(inv, image, "--dry-run")
@@ -115,9 +121,7 @@ def test_apply_root_on_a_minimal_image_plans_what_it_lacks_and_rollback_restores
     """An image with only etc/default/grub: no /usr/local, no update-grub, no shell to chroot into."""
     image = tmp_path / "minimal"
     write(image, "/etc/default/grub", 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n')
-    inv = tmp_path / "inv.yaml"
-    inv.write_text('hosts:\n  localhost:\n    transport: local\n    rcu_nocbs: "2-31"\n'
-                   '    pins: {cuda: "12.4", python: "3.11"}\n')
+    inv = image_inventory(tmp_path)
     before = tree(image)
 
     code, dry = apply_json(inv, image, "--dry-run")
