@@ -24,7 +24,7 @@ def _steps_done(run: HostRun) -> str:
 def undo_command(run: HostRun, inventory: str | None) -> str:
     """The exact command that undoes this run on this host."""
     argv = ["hosttune", "rollback", *(("-i", inventory) if inventory else ()), "--limit", run.host.name, "--run", run.run]
-    return join(argv + (["--root", run.root] if run.root else []))
+    return join(argv + (["--root", run.root] if run.root else []) + ["--yes"])
 
 
 def _failure_lines(o: HostOutcome, inventory: str | None, indent: str) -> list[str]:

@@ -146,7 +146,7 @@ def test_read_only_kernel_write_is_a_failed_step_its_recap_says_what_changed_and
                    "created /etc/systemd/system/hosttune-thp.service", "enabled hosttune-thp.service"):
         assert change in changed, changed
     undo = next(line for line in recap.splitlines() if "undo: " in line).split("undo: ", 1)[1]
-    assert undo == f"hosttune rollback -i {inv} --limit rokernel --run {run}"
+    assert undo == f"hosttune rollback -i {inv} --limit rokernel --run {run} --yes"
     assert "okhost    changed" in recap  # the other host went on
     assert unit_state(good, "irqbalance.service")[0] == "disabled"
 
@@ -157,7 +157,7 @@ def test_read_only_kernel_write_is_a_failed_step_its_recap_says_what_changed_and
     assert [o.status for o in thp_step.ops] == ["done", "done", "done", "done", "done", "failed"]
     assert thp_step.ops[-1].kind == "kernel" and thp_step.is_live_kernel_write
 
-    code, out = invoke(*shlex.split(undo)[1:], "--yes")  # the recap's command, as a user would paste it, confirmed
+    code, out = invoke(*shlex.split(undo)[1:])  # the recap's command, as a user would paste it
     assert code == 0, out
     assert snapshot(bad) == before  # every file byte for byte, the unit's enablement link gone
     assert unit_state(bad, "irqbalance.service") == units_before

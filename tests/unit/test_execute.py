@@ -196,8 +196,8 @@ def test_a_failed_runs_recap_lists_what_it_changed_and_the_command_that_undoes_i
     text = render_recap([outcome], "r1", "inv.yaml")
     assert "1 of 2 steps done, step 2 failed after 1 of its 2 operations" in text
     assert "changed before the failure: created /etc/sysctl.d/90-hosttune.conf, replaced" in text
-    assert f"undo: hosttune rollback -i inv.yaml --limit h --run r1 --root {root}" in text
-    assert outcome_dict(outcome, "inv.yaml")["undo"] == f"hosttune rollback -i inv.yaml --limit h --run r1 --root {root}"
+    assert f"undo: hosttune rollback -i inv.yaml --limit h --run r1 --root {root} --yes" in text
+    assert outcome_dict(outcome, "inv.yaml")["undo"] == f"hosttune rollback -i inv.yaml --limit h --run r1 --root {root} --yes"
     (root / "etc/profile.d/hosttune-cuda.sh").rmdir()
     (root / "etc/profile.d").rmdir()
     assert rollback_host(local, HOST, "r1", str(root)).status == "restored"
