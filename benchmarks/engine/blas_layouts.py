@@ -27,8 +27,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from common import bench_ms, blas_library, env_info
-from gemm_sweep import PROJECTIONS, step_ms
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
+
+from benchmarks.engine.common import bench_ms, blas_library, env_info
+from benchmarks.engine.gemm_sweep import PROJECTIONS, step_ms
 
 PATHS = {"linear": ("cublas", False), "linear-lt": ("cublaslt", False),  # name: (library, weight as [K, N])
          "mm-nn": ("cublas", True), "mm-nn-lt": ("cublaslt", True)}

@@ -31,7 +31,10 @@ if "--small" in sys.argv:  # before triton is imported
 
 import torch  # noqa: E402
 
-from common import SHAPE, Deadline, bench_ms, env_info, head_commit  # noqa: E402
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
+
+from benchmarks.engine.common import SHAPE, Deadline, bench_ms, env_info, head_commit  # noqa: E402
 from hosttune_engine.kernels import tuning  # noqa: E402
 from hosttune_engine.kernels.prefill_attention import (  # noqa: E402
     auto_splits, config_key, default_config, prefill_attention, prefill_attention_ref)

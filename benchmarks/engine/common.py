@@ -14,11 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "engine"))
+from benchmarks.engine.qwen25_7b import QWEN25_7B  # noqa: F401  (one definition, shared with the GPU checks)
 
-sys.path.insert(0, str(REPO / "engine" / "scripts"))
-from qwen25_7b import QWEN25_7B  # noqa: E402  (one definition, shared with the GPU checks)
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from common import QWEN25_7B, SHAPE, graph_ms, model_folder, per_library, replay_ms, sync
+from benchmarks.engine.common import QWEN25_7B, SHAPE, graph_ms, model_folder, per_library, replay_ms, sync
 from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.cuda_graphs import padded_size
 from hosttune_engine.core.messages import EngineRequest

@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
 
 import torch  # noqa: E402
 
-from common import QWEN25_7B, per_launch_us  # noqa: E402
-from quant_bench import Plan, build, fp8_linear_floor  # noqa: E402
+from benchmarks.engine.common import QWEN25_7B, per_launch_us  # noqa: E402
+from benchmarks.engine.quant_bench import Plan, build, fp8_linear_floor  # noqa: E402
 
 
 def decode_row(batch: int, fused: bool) -> dict:
-    import engine_bench as eb
+    from benchmarks.engine import engine_bench as eb
     from hosttune_engine.model import loader
 
     if not fused:  # the model as it loads without the transform: every projection quantizes its own input

@@ -23,17 +23,16 @@ import functools
 import itertools
 import json
 import multiprocessing
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from common import QWEN25_7B, per_launch_us  # noqa: E402
+from benchmarks.engine.common import QWEN25_7B, per_launch_us  # noqa: E402
 
 H, INTER = QWEN25_7B["hidden_size"], QWEN25_7B["intermediate_size"]
 PROJECTIONS = {"qkv": (4608, H), "o": (H, H), "gate_up": (2 * INTER, H), "down": (H, INTER)}  # N, K

@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from common import SHAPE, bench_ms, graph_ms
+from benchmarks.engine.common import SHAPE, bench_ms, graph_ms
 
 H, I = SHAPE.hidden, SHAPE.inter
 PROJECTIONS = {"qkv": (H + 2 * SHAPE.kv_heads * SHAPE.head_dim, H), "o": (H, H), "gate_up": (2 * I, H),

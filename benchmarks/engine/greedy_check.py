@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from common import QWEN25_7B, model_folder
+from benchmarks.engine.common import QWEN25_7B, model_folder
 from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.messages import EngineRequest
 from hosttune_engine.layers.backend import set_kernel_backend

@@ -16,7 +16,10 @@ import time
 import traceback
 from pathlib import Path
 
-from common import QWEN25_7B, sync
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
+
+from benchmarks.engine.common import QWEN25_7B, sync
 
 
 def build_model():

@@ -10,7 +10,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from common import SHAPE, bench_ms, graph_ms
+from benchmarks.engine.common import SHAPE, bench_ms, graph_ms
 from hosttune_engine.kernels import tuning
 from hosttune_engine.kernels.decode_attention import choose_num_splits, config_key as decode_key, decode_attention
 from hosttune_engine.kernels.prefill_attention import config_key as prefill_key, prefill_attention

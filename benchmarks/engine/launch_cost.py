@@ -24,7 +24,10 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from common import SHAPE
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
+
+from benchmarks.engine.common import SHAPE
 from hosttune_engine.kernels.decode_attention import decode_attention
 from hosttune_engine.kernels.prefill_attention import prefill_attention
 from hosttune_engine.kernels.rmsnorm import rms_norm

@@ -31,7 +31,10 @@ from pathlib import Path
 
 import torch
 
-from common import QWEN25_7B, Deadline, env_info, head_commit, model_folder, sync
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
+
+from benchmarks.engine.common import QWEN25_7B, Deadline, env_info, head_commit, model_folder, sync
 
 from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.mixed_graphs import mixed_sizes

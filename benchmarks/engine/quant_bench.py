@@ -19,17 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
 
 import torch  # noqa: E402
 
-from common import QWEN25_7B, graph_ms, measure_ceilings, model_folder  # noqa: E402
+from benchmarks.engine.common import QWEN25_7B, graph_ms, measure_ceilings, model_folder  # noqa: E402
 
 TARGETS = {"fp8_b1_vs_roofline": 0.85, "fp8_b64_vs_floor": 0.80, "fp8_ttft_vs_bf16": 0.70, "awq_b1_vs_roofline": 0.70}
 
@@ -118,7 +117,7 @@ def roofline(model, copy_tb_s: float) -> dict:
 
 
 def measure_scheme(plan: Plan, scheme: str, copy_tb_s: float, log) -> dict:
-    import engine_bench as eb
+    from benchmarks.engine import engine_bench as eb
 
     t0 = time.perf_counter()
     quantization, options = SCHEMES[scheme]
@@ -154,7 +153,7 @@ def measure_scheme(plan: Plan, scheme: str, copy_tb_s: float, log) -> dict:
 
 def bf16_rows(plan: Plan, log) -> dict:
     """The bf16 rows the quantized ones are compared with, when run_all's engine section did not run."""
-    import engine_bench as eb
+    from benchmarks.engine import engine_bench as eb
 
     engine = build(plan, None)
     rows = {"ttft": [eb.ttft_ms(engine, plan.ttft_tokens)],

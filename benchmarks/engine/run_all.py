@@ -22,7 +22,8 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
 
 SECTIONS = ("kernels", "engine", "quant", "greedy", "hf")
 WORKLOADS = ((256, 1024, 128), (256, 256, 512))  # offline throughput workloads: requests, in, out
@@ -41,7 +42,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.tune:  # tuned configs go to a table beside the results, which is read back at once
         os.environ.setdefault("HOSTTUNE_KERNEL_CONFIGS", str(out / "kernel_configs.json"))
-    from common import Deadline, env_info, measure_ceilings
+    from benchmarks.engine.common import Deadline, env_info, measure_ceilings
 
     deadline = Deadline(args.budget_s)
     res = {"env": env_info(args.commit), "errors": {}}
@@ -78,7 +79,7 @@ def _short(x):
 def run_kernels(res: dict, tune: bool, log) -> None:
     import torch
 
-    import kernels
+    from benchmarks.engine import kernels
 
     name = torch.cuda.get_device_name(0)
     copy = res["ceilings"]["copy_tb_s"]
@@ -92,7 +93,7 @@ def run_kernels(res: dict, tune: bool, log) -> None:
 def run_engine(res: dict, log, deadline) -> None:
     import torch
 
-    import engine_bench as eb
+    from benchmarks.engine import engine_bench as eb
 
     t0 = time.perf_counter()
     engine = eb.build_engine()
@@ -139,13 +140,13 @@ def run_engine(res: dict, log, deadline) -> None:
 
 
 def run_quant(res: dict, log) -> None:
-    import quant_bench
+    from benchmarks.engine import quant_bench
 
     quant_bench.run_quant(res, log)
 
 
 def run_greedy(res: dict, log) -> None:
-    import greedy_check
+    from benchmarks.engine import greedy_check
 
     res["greedy_fp32"] = greedy_check.fast_vs_reference()
     log(res["greedy_fp32"])
@@ -205,7 +206,7 @@ def print_table(res: dict) -> None:
               f"runner {r['outside_runner_s']:.2f} s | model: prefill {rf['prefill_s']:.2f} s + decode {rf['decode_s']:.2f} s "
               f"| kernels compiled: {r['kernels_compiled']} | |")
     if res.get("quant"):
-        import quant_bench
+        from benchmarks.engine import quant_bench
 
         print("\n".join(quant_bench.table_rows(res)))
     hf = res.get("hf", {})

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import SHAPE, bench_ms  # noqa: E402
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
+from benchmarks.engine.common import SHAPE, bench_ms  # noqa: E402
 
 from hosttune_engine.kernels.race import launch_config, race_sample  # noqa: E402
 from hosttune_engine.layers.sampler import Sampler, SamplingBatch, sort_sample  # noqa: E402
@@ -98,7 +98,7 @@ def print_sweep(rows: list[dict]) -> None:
 
 
 def decode_rows() -> list[dict]:
-    import engine_bench as eb
+    from benchmarks.engine import engine_bench as eb
 
     engine = eb.build_engine()
     return [eb.decode_rate(engine, 64, sampled=sampled) for sampled in (False, True)]

@@ -16,8 +16,11 @@ import json
 import pstats
 from pathlib import Path
 
-import engine_bench as eb
-from common import measure_ceilings
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
+
+from benchmarks.engine import engine_bench as eb
+from benchmarks.engine.common import measure_ceilings
 
 
 def host_profile(engine, prompt_len: int, top: int = 12) -> str:

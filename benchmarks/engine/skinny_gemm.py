@@ -22,7 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from gemm_sweep import cublas_step_ms, step_ms, sweep
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
+
+from benchmarks.engine.gemm_sweep import cublas_step_ms, step_ms, sweep
 
 
 @triton.jit

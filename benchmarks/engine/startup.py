@@ -24,16 +24,16 @@ import asyncio
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 import urllib.request
 from datetime import datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
 
-from tail_latency import (SETTINGS, first_ttfts, numbers, spec, start_server, stop,  # noqa: E402
+from benchmarks.engine.tail_latency import (SETTINGS, first_ttfts, numbers, spec, start_server, stop,  # noqa: E402
                           wait_healthy, write_model)
 
 from hosttune.bench.benchmark import measure  # noqa: E402

@@ -35,9 +35,10 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "engine" / "scripts")]
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
 
-from qwen25_7b import QWEN25_7B  # noqa: E402
+from benchmarks.engine.qwen25_7b import QWEN25_7B  # noqa: E402
 
 from hosttune.bench import plot, report, report_csv  # noqa: E402
 from hosttune.bench.benchmark import BenchSpec, measure  # noqa: E402

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from common import per_launch_us  # noqa: E402
-from fp8_gemm_sweep import LAUNCHES, _copies, run_sweep, sweep_arguments  # noqa: E402
+from benchmarks.engine.common import per_launch_us  # noqa: E402
+from benchmarks.engine.fp8_gemm_sweep import LAUNCHES, _copies, run_sweep, sweep_arguments  # noqa: E402
 
 GROUP = 128
 BATCHES = (8, 16, 32, 64, 128)

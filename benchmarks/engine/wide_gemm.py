@@ -26,8 +26,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from common import SHAPE
-from gemm_sweep import cublas_step_ms, step_ms, sweep
+if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
+    import _checkout  # noqa: F401
+
+from benchmarks.engine.common import SHAPE
+from benchmarks.engine.gemm_sweep import cublas_step_ms, step_ms, sweep
 
 SMEM_BYTES = 220 * 1024
 MAX_ACC_REGS = 128  # fp32 accumulator registers a thread may hold before the kernel spills

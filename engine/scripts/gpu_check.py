@@ -21,9 +21,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "engine"))
+sys.path[:0] = [str(REPO / "engine"), str(REPO)]
 
-from qwen25_7b import QWEN25_7B  # noqa: E402  (beside this script)
+from benchmarks.engine.qwen25_7b import QWEN25_7B  # noqa: E402  (shared with the benchmarks)
 PROMPT_LENS = [7, 64, 500, 1500, 3000, 6000]  # 11K tokens: the 8K step budget chunks the last prefill
 MAX_TOKENS = 32
 

@@ -30,7 +30,9 @@ from pathlib import Path
 
 import aiohttp
 
-from qwen25_7b import QWEN25_7B  # beside this script
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.engine.qwen25_7b import QWEN25_7B  # noqa: E402  (shared with the benchmarks)
+
 SMALL = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 1, "vocab_size": 4096, "eos_token_id": 4000}
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}" \

@@ -4,13 +4,13 @@ runs and is checked against the reference, and the table has a row per case."""
 import pytest
 import torch
 
-from .bench_scripts import bench_script
+from benchmarks.engine import chunk_attention as bench
 from .conftest import HAS_CUDA
 
 
 @pytest.fixture
-def chunk_attention(monkeypatch):
-    yield from bench_script(monkeypatch, "chunk_attention")
+def chunk_attention():
+    return bench
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="its tiny setup is on the CPU, under the Triton interpreter")

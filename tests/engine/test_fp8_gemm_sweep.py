@@ -4,14 +4,14 @@ largest batch, and SWIGLU 1 where the fused SwiGLU was faster at every one of th
 
 import pytest
 
-from .bench_scripts import bench_script
+from benchmarks.engine import fp8_gemm_sweep as bench
 
 CFG16, CFG32, CFG64 = ({"BLOCK_M": m, "BLOCK_N": 64} for m in (16, 32, 64))
 
 
 @pytest.fixture
-def sweep(monkeypatch):
-    yield from bench_script(monkeypatch, "fp8_gemm_sweep")
+def sweep():
+    return bench
 
 
 def _row(m, n, triton, unit=10.0, rowwise=20.0, cfg=None, fused=None, apart=None):

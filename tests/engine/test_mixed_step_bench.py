@@ -3,12 +3,12 @@ timed on the same step, the graph path's logits are the eager path's, and the ta
 
 import pytest
 
-from .bench_scripts import bench_script
+from benchmarks.engine import mixed_step as bench
 
 
 @pytest.fixture
-def mixed_step(monkeypatch):
-    yield from bench_script(monkeypatch, "mixed_step")
+def mixed_step():
+    return bench
 
 
 def test_each_shape_is_timed_on_both_paths(mixed_step):

@@ -3,7 +3,7 @@ the CPU: every row is produced, with its floor and ratio."""
 
 import pytest
 
-from .bench_scripts import bench_script
+from benchmarks.engine import quant_bench as bench
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 152064,
@@ -11,8 +11,8 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_si
 
 
 @pytest.fixture
-def quant_bench(monkeypatch):
-    yield from bench_script(monkeypatch, "quant_bench", "engine_bench")
+def quant_bench():
+    return bench
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ from datetime import datetime
 
 import pytest
 
-from .bench_scripts import bench_script
+from benchmarks.engine import startup as bench
 
 # Recorded: the second of three starts of the step-budget server on one H200 (1ed5199), then one warning
 # line as the server at dbbd00b wrote it (the split-K prefix attention built under traffic).
@@ -29,8 +29,8 @@ while serving (5 ms, the steps running then waited): warmup did not cover this s
 
 
 @pytest.fixture
-def startup(monkeypatch):
-    yield from bench_script(monkeypatch, "startup", "tail_latency", "qwen25_7b")
+def startup():
+    return bench
 
 
 def test_phases_groups_and_builds_from_a_recorded_log(startup):

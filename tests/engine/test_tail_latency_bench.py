@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from .bench_scripts import bench_script
+from benchmarks.engine import tail_latency as bench
 
 
 @pytest.fixture
-def tail_latency(monkeypatch):
-    yield from bench_script(monkeypatch, "tail_latency", "qwen25_7b")
+def tail_latency():
+    return bench
 
 
 def line(t, ms, decodes, prefill, estimate=None, scale=1.0):

@@ -5,14 +5,14 @@ and its configs and timing weights."""
 import pytest
 import torch
 
-from .bench_scripts import bench_script
+from benchmarks.engine import w4a16_sweep as bench
 
 CFG16, CFG32 = ({"NIBBLES": 1, "BLOCK_M": m, "BLOCK_N": 128} for m in (16, 32))
 
 
 @pytest.fixture
-def sweep(monkeypatch):
-    yield from bench_script(monkeypatch, "w4a16_sweep", "fp8_gemm_sweep")
+def sweep():
+    return bench
 
 
 def _row(m, n, nibbles, dequant, cfg):

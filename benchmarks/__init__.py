@@ -1,0 +1,1 @@
+"""Benchmarks of hosttune and its engine; importable from the repository root (`benchmarks.engine.common`)."""
