@@ -12,7 +12,7 @@ as a whole step replayed as one CUDA graph (28 layers on distinct weights plus t
 Every path's output is checked against `F.linear`. Prints a table last; writes JSON.
 Example: python benchmarks/engine/blas_layouts.py --rows 64 256 --out /tmp/blas.json
 
-Result on 2026-12-01 (benchmarks/NOTES.md): at 256 rows the paths' whole-step times overlap across
+Result on 2026-12-01 (benchmarks/history/NOTES.md): at 256 rows the paths' whole-step times overlap across
 rounds; at 64 rows cuBLASLt with the transposed layout was 7% faster. The engine run on cuBLASLt was not
 faster, so it keeps torch's default.
 """

@@ -1,6 +1,6 @@
 """The fast path (Triton kernels, CUDA graphs) gives the same greedy tokens as the
 torch reference path, in fp32 on the same Qwen2.5-7B-shaped weights (bf16 random weights have
-near-ties at most steps: benchmarks/NOTES.md "Engine correctness on H200")."""
+near-ties at most steps: benchmarks/history/NOTES.md "Engine correctness on H200")."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ atomics) for the narrow projections. Per projection of the Qwen2.5-7B shape it s
 plus the LM head) as one CUDA graph with the best config per shape, against the same graph through cuBLAS.
 Prints a table last; writes JSON. Example: python benchmarks/engine/skinny_gemm.py --out /tmp/skinny.json
 
-Result on 2026-11-29 (benchmarks/NOTES.md, "Engine performance on H200"): no; 0.96x cuBLAS at 64 rows, 0.82x at 128.
+Result on 2026-11-29 (benchmarks/history/NOTES.md, "Engine performance on H200"): no; 0.96x cuBLAS at 64 rows, 0.82x at 128.
 At 256 rows, where the projections are compute-bound, see wide_gemm.py.
 """
 

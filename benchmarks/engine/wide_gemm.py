@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Can a Triton GEMM beat cuBLAS on the decode step's projections at 256 rows (H200, bf16)?
 
-At 256 rows a decode step's projections are bound by FLOPs, not by weight bytes (benchmarks/NOTES.md, the
+At 256 rows a decode step's projections are bound by FLOPs, not by weight bytes (benchmarks/history/NOTES.md, the
 256 x (256 in / 512 out) workload): cuBLAS runs them at 447-699 TFLOP/s, and the narrow ones (qkv, o) fill
 few of the 132 SMs. This sweeps a plain tensor-descriptor (TMA) GEMM, y = x @ w^T with x tiles [BM, BK] and
 weight tiles [BN, BK], over tile shapes, warps, stages and split-K (fp32 atomics), per projection of the
@@ -11,7 +11,7 @@ projections on distinct weights plus the LM head) as one CUDA graph with the bes
 the same graph through cuBLAS. Prints a table last; writes JSON.
 Example: python benchmarks/engine/wide_gemm.py --out /tmp/wide.json --rows 256
 
-Result on 2026-11-29 (benchmarks/NOTES.md, "Engine performance on H200"): no; the whole step 0.83x cuBLAS, every
+Result on 2026-11-29 (benchmarks/history/NOTES.md, "Engine performance on H200"): no; the whole step 0.83x cuBLAS, every
 projection slower except qkv, which cuBLAS runs slowly only outside the engine's graph (eager, without bias).
 """
 

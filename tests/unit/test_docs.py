@@ -195,7 +195,7 @@ def test_the_documents_show_commands_and_paths():
     assert command_faults(["hosttune-engine", "serve", "--max-batch", "4"])
     assert not exists("inventories/prod.yaml", ROOT / "README.md")
     assert paths("as in `...-205c4ff.json`") == []  # an abbreviated name, not a file
-    assert {"templates/README.md", "benchmarks/NOTES.md", "tests/live/README.md"} <= {str(d.relative_to(ROOT)) for d in DOCS}
+    assert {"templates/README.md", "benchmarks/README.md", "tests/live/README.md"} <= {str(d.relative_to(ROOT)) for d in DOCS}
 
 
 def test_readme_starts_with_the_two_commands_a_fresh_machine_runs():

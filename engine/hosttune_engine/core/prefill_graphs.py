@@ -2,7 +2,7 @@
 
 Run eagerly, a prefill step launches about nine kernels a layer, each through Python. Up to about a thousand
 tokens the GPU runs them faster than the host enqueues them: on the H200's host a 128-token prefill took
-14 ms against 5 ms of kernels, a 600-token one 23 ms against 13 (benchmarks/NOTES.md). Here such a step replays a
+14 ms against 5 ms of kernels, a 600-token one 23 ms against 13 (benchmarks/history/NOTES.md). Here such a step replays a
 graph captured per padded length (16 to 1024 tokens, at most 25% padding above 64): one upload of the
 inputs, one replay, then the sampler on the last row's logits.
 

@@ -44,7 +44,7 @@ CUDA_RUNS, CPU_RUNS = 2, 1  # the first CUDA run may compile; CPU references com
 # context take 9-11 ms alone. With 64 streaming users and every step launched ahead of the one before, most
 # steps are decode-only once prompts stop queueing, and those (10 ms) are the inter-token median: 2.7 of them
 # (28.8 ms) put p99 at 3.2x p50, 2.4 (24-26 ms) at 1.6-2.8x, with TTFT p95 0.76-0.77 s past the users'
-# start-up burst (BENCHMARKS.md).
+# start-up burst (benchmarks/history/BENCHMARKS-2026-12-03.md).
 AUTO_DECODE_STEPS = 2.4
 USEFUL_CHUNK = 256  # prompt tokens the automatic budget always leaves room for
 LONG_CONTEXT = 4096  # tokens, at most, for the attention terms

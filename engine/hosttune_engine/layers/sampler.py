@@ -20,7 +20,7 @@ from hosttune_engine.kernels.race import MIN_TEMPERATURE, race_sample, race_samp
 from hosttune_engine.sampling import SamplingParams
 
 # Below this many rows, a batch with a row that sets both top-k and top-p sorts. H200, vocab 152K (ms,
-# race vs sort): 1.13 vs 0.27 at 1 row, 1.15 vs 1.64 at 64, 2.19 vs 5.21 at 256 (benchmarks/NOTES.md).
+# race vs sort): 1.13 vs 0.27 at 1 row, 1.15 vs 1.64 at 64, 2.19 vs 5.21 at 256 (benchmarks/history/NOTES.md).
 SORT_TOP_K_AND_P_BELOW = 64
 
 
