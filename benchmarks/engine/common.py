@@ -14,7 +14,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.engine.qwen25_7b import QWEN25_7B  # noqa: F401  (one definition, shared with the GPU checks)
+if not __package__:  # imported as `common` by a script run as a file (quant_tune.py): this checkout's packages
+    import _checkout  # noqa: F401
+
+from benchmarks.engine.qwen25_7b import QWEN25_7B  # noqa: E402,F401  (one definition, shared with the GPU checks)
 
 REPO = Path(__file__).resolve().parents[2]
 

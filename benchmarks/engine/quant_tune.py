@@ -30,12 +30,13 @@ import sys
 import time
 from pathlib import Path
 
-if not __package__:  # run as a file: this checkout's packages, importable (_checkout.py)
-    import _checkout  # noqa: F401
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
+import common  # noqa: E402,F401  (puts the engine on sys.path)
 import torch  # noqa: E402
 
-from benchmarks.engine import quant_tune_cases as cases  # noqa: E402
+import quant_tune_cases as cases  # noqa: E402
 from hosttune_engine.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm  # noqa: E402
 from hosttune_engine.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref  # noqa: E402
 from hosttune_engine.kernels.fp8_scaled_mm import fp8_scaled_mm, fp8_scaled_mm_ref, supports_fp8_mm  # noqa: E402
