@@ -1,2 +1,2 @@
-"""The engine's benchmarks on one GPU: each module is a script (`python benchmarks/engine/NAME.py`) whose
-measuring code the tests import on tiny CPU shapes."""
+"""The engine's benchmarks on one GPU: scripts (`python benchmarks/engine/NAME.py`) and the helpers they share;
+the tests import their measuring code and run it on tiny CPU shapes."""
