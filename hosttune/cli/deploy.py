@@ -97,7 +97,7 @@ def deploy(
         done = deploy_fleet(only(inv, ready), request, canary_check=check,
                             on_batch=lambda batch: progress.note(recap.batch_line(batch)) if serial or canary else None,
                             on_host_done=lambda name, d: progress.advance(name, d.state))
-    outcomes = [next((o for o in done if o.host.name == p.host.name), p) for p in plans]
+    outcomes = after(plans, done)
     found = upstreams(inv, outcomes)
     for path in write_upstreams(found, nginx_dir) if found else []:
         typer.echo(f"nginx upstream: {path}", err=True)
@@ -121,6 +121,12 @@ def _rollback(inv, timeouts: Timeouts, forks: int, *, yes: bool, dry_run: bool) 
     with Progress("rolling back", total=len(due)) as progress:
         done = rollback_fleet(only(inv, {o.host.name for o in due}), timeouts, forks,
                               on_host_done=lambda name, d: progress.advance(name, d.state))
-    outcomes = [next((o for o in done if o.host.name == p.host.name), p) for p in plans]
+    outcomes = after(plans, done)
     typer.echo(recap.render(outcomes))
     raise typer.Exit(exit_code(outcomes))
+
+
+def after(plans: list[HostDeploy], done: list[HostDeploy]) -> list[HostDeploy]:
+    """Every host in plan order: what was done on it, else its plan (one not due, refused or unchanged)."""
+    by_host = {o.host.name: o for o in done}
+    return [by_host.get(p.host.name, p) for p in plans]

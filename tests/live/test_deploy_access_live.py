@@ -15,14 +15,19 @@ import ipaddress
 import json
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 
 from .deploy_setup import MODEL, REPO, free_port
 from .test_deploy_live import deploy
@@ -36,6 +41,10 @@ from cryptography.x509.oid import NameOID  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from hosttune.cli import app  # noqa: E402
+from hosttune.config.inventory import load_inventory  # noqa: E402
+from hosttune.deploy.balancer import check_balancers, upstreams, write_upstreams  # noqa: E402
+from hosttune.deploy.host import HostDeploy  # noqa: E402
+from hosttune.fleet_runner import Outcome  # noqa: E402
 
 runner = CliRunner()
 
@@ -166,13 +175,15 @@ def test_keyed_deploy_behind_nginx_with_tls(live_fleet, fresh_hosts, tmp_path, w
     bench = subprocess.run(
         [sys.executable, "-m", "hosttune", "bench", "--url", base, "--api-key", key, "--users", "2", "--requests", "6",
          "--warmup", "0s", "--prompts", "16", "--max-tokens", "4", "--timeout", "120s", "--max-client-lag", "1s",
-         "--out", str(out_dir)],
-        capture_output=True, text=True, timeout=600, cwd=REPO, env={**os.environ, "SSL_CERT_FILE": str(ca)})
+         "--cacert", str(ca), "--out", str(out_dir)],
+        capture_output=True, text=True, timeout=600, cwd=REPO)
     assert bench.returncode == 0, bench.stdout + bench.stderr
     doc = json.loads((out_dir / "results.json").read_text())
     assert doc["runs"][0]["summary"]["num_ok"] == 6
     assert all(key not in p.read_text() for p in out_dir.glob("*.*") if p.suffix in (".json", ".md"))
     assert key not in bench.stdout + bench.stderr
+
+    balanced_through_tls(tmp_path, known, host, front, key, ca, cert, cert_key)
 
     # check: nothing answers without the key beyond loopback any more
     finding = check_finding(keyed)
@@ -180,3 +191,72 @@ def test_keyed_deploy_behind_nginx_with_tls(live_fleet, fresh_hosts, tmp_path, w
     assert f"nginx port {front} (https): 401" in finding["active"]
     with capsys.disabled():
         print(f"\n  keyed deploy behind nginx with TLS: {seconds:.1f}s")
+
+
+class Impostor(BaseHTTPRequestHandler):
+    """A host answering with a certificate the deployment's CA never signed; it counts what reaches it."""
+
+    requests: list[str] = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        Impostor.requests.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def start_impostor(folder: Path, port: int) -> ThreadingHTTPServer:
+    folder.mkdir()
+    _, cert, key = make_test_ca(folder)  # a certificate for 127.0.0.1 and localhost, from another CA
+    server = ThreadingHTTPServer(("127.0.0.1", port), Impostor)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.handle_error = lambda request, address: None  # refused handshakes are the point
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def balanced_through_tls(tmp_path: Path, known: Path, host, front: int, key: str, ca: Path, cert: Path, cert_key: Path):
+    """The balancer deploy writes for a group of the deployed host and an impostor, run by this machine's nginx."""
+    lb_port, fake_port = free_port(), free_port()
+    tls = {"tls_cert": str(cert), "tls_key": str(cert_key), "tls_ca": str(ca), "tls_name": "localhost"}
+    inventory = tmp_path / "edge.yaml"
+    inventory.write_text(yaml.safe_dump({"groups": {"edge": {
+        "vars": {"deploy": {"api_key": True, "lb_port": lb_port}},
+        "hosts": {host.name: {"address": "127.0.0.1", "deploy": {"nginx": {"port": front, **tls}}},
+                  "impostor": {"address": "127.0.0.1", "deploy": {"nginx": {"port": fake_port, **tls}}}}}}}))
+    inv = load_inventory(inventory)
+    check_balancers(inv)
+    (conf,) = write_upstreams(upstreams(inv, [HostDeploy(h, Outcome.DEPLOYED, "r", "r") for h in inv.hosts]),
+                              tmp_path / "nginx-edge")
+    text = conf.read_text()
+    assert f"listen {lb_port} ssl;" in text and "proxy_ssl_verify on;" in text and f"proxy_ssl_trusted_certificate {ca}" in text
+    impostor = start_impostor(tmp_path / "other-ca", fake_port)
+    main = tmp_path / "nginx-edge" / "nginx.conf"
+    main.write_text(f"pid {main.parent}/nginx.pid;\nerror_log {main.parent}/error.log;\nevents {{}}\n"
+                    f"http {{\n    access_log off;\n    include {conf};\n}}\n")
+    nginx = subprocess.Popen(["nginx", "-p", str(main.parent), "-c", str(main), "-g", "daemon off;"])
+    try:
+        base = f"https://127.0.0.1:{lb_port}"
+        wait_until_listening(lb_port)
+        codes = [get(base + "/v1/models", key, ca) for _ in range(6)]
+        assert codes == [200] * 6 and get(base + "/v1/models", None, ca) == 401
+    finally:
+        nginx.terminate()
+        nginx.wait(timeout=30)
+        impostor.shutdown()
+    assert Impostor.requests == []  # the impostor's certificate was refused before any request was sent
+    assert "upstream SSL certificate verify error" in (main.parent / "error.log").read_text()
+
+
+def wait_until_listening(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {port} after {timeout:.0f}s")

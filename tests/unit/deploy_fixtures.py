@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -129,3 +130,20 @@ class ScriptedTransport(Transport):
         elif argv[0] == "journalctl":
             out = "engine: model not found"
         return CommandResult(argv, 0, out, "", 0.0)
+
+
+def group_inventory(tmp_path: Path, deploy: str) -> Path:
+    """An inventory of group prod (gpu-a at 10.0.0.1, gpu-b at 10.0.0.2) whose deploy: vars are `deploy` (YAML)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "inventory.yaml"
+    path.write_text(textwrap.dedent("""\
+        groups:
+          prod:
+            vars:
+              deploy:
+        {deploy}
+            hosts:
+              gpu-a: {{address: 10.0.0.1}}
+              gpu-b: {{address: 10.0.0.2}}
+        """).format(deploy=textwrap.indent(textwrap.dedent(deploy), " " * 8)))
+    return path

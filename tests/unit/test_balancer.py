@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,23 +18,14 @@ from hosttune.deploy.shape import Shape
 from hosttune.deploy.units import render_nginx
 from hosttune.fleet_runner import Outcome
 
+from deploy_fixtures import group_inventory
+
 needs_nginx = pytest.mark.skipif(shutil.which("nginx") is None or shutil.which("openssl") is None,
                                  reason="needs nginx and openssl (scripts/test.sh installs nginx-light as root)")
 
 
 def _inventory(tmp_path: Path, deploy: str):
-    path = tmp_path / "inventory.yaml"
-    path.write_text(textwrap.dedent("""\
-        groups:
-          prod:
-            vars:
-              deploy:
-        {deploy}
-            hosts:
-              gpu-a: {{address: 10.0.0.1}}
-              gpu-b: {{address: 10.0.0.2}}
-        """).format(deploy=textwrap.indent(textwrap.dedent(deploy), " " * 8)))
-    return load_inventory(path)
+    return load_inventory(group_inventory(tmp_path, deploy))
 
 
 def _certs(folder: Path) -> tuple[Path, Path, Path]:

@@ -10,7 +10,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -27,29 +26,13 @@ from hosttune.deploy.units import REPLICA_TEMPLATE, Upstream, render_nginx
 from hosttune.config.inventory import load_inventory
 from hosttune.presets import load_preset
 
-from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry
+from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, group_inventory
 
 KEY = "ht-inventory-key-3b8f0e6a91d2c457"
 
 
-def _inventory(tmp_path: Path, deploy: str) -> Path:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    path = tmp_path / "inventory.yaml"
-    path.write_text(textwrap.dedent("""\
-        groups:
-          prod:
-            vars:
-              deploy:
-        {deploy}
-            hosts:
-              gpu-a: {{address: 10.0.0.1}}
-              gpu-b: {{address: 10.0.0.2}}
-        """).format(deploy=textwrap.indent(textwrap.dedent(deploy), " " * 8)))
-    return path
-
-
 def _hosts(tmp_path: Path, deploy: str):
-    return load_inventory(_inventory(tmp_path, deploy)).hosts
+    return load_inventory(group_inventory(tmp_path, deploy)).hosts
 
 
 def test_a_generated_key_is_made_once_per_group_mode_0600_and_reused(tmp_path):
