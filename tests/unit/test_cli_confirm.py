@@ -46,8 +46,11 @@ def acted(monkeypatch):
         if not request.dry_run:
             done.append("deploy")
         state = Outcome.PLANNED if request.dry_run else Outcome.DEPLOYED
-        return [HostDeploy(HOST, state, "custom-1", None, ops=("start hosttune-serve.service",),
-                           removals=("removes 1 of the 2 replicas",))]
+        outcomes = [HostDeploy(HOST, state, "custom-1", None, ops=("start hosttune-serve.service",),
+                               removals=("removes 1 of the 2 replicas",))]
+        if on_batch and not request.dry_run:
+            on_batch(outcomes)
+        return outcomes
 
     def deploy_rollback(inv, timeouts, forks, on_host_done=None, dry_run=False):
         if not dry_run:
@@ -110,3 +113,11 @@ def test_deploy_names_what_it_takes_away_and_asks_about_it(acted, monkeypatch):
     assert "! removes 1 of the 2 replicas" in result.stdout
     assert "Deploy to 1 host, taking away what 1 of them serve with (see above)?" in result.stderr
     assert acted == []
+
+
+def test_with_serial_each_batch_is_one_line_and_the_recap_comes_once(acted):
+    result = runner.invoke(app, [*COMMANDS["deploy"][0], "--serial", "1", "--yes"])
+    assert result.exit_code == 0, result.output
+    assert "batch done: localhost deployed" in result.stderr
+    recap = [line for line in result.output.splitlines() if line.startswith("localhost") and "deployed" in line]
+    assert len(recap) == 1, result.output
