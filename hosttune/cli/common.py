@@ -46,19 +46,21 @@ def is_terminal() -> bool:
     return sys.stdin.isatty()
 
 
-def go_ahead(question: str, *, yes: bool, dry_run: bool) -> bool:
+def go_ahead(question: str, *, yes: bool, dry_run: bool, needs_yes: str = "") -> bool:
     """The one confirmation of every command that changes hosts, asked once its plan is printed.
 
     --dry-run: False (only the plan is shown). --yes: True. On a terminal the question is asked;
-    without a terminal nothing changes: one line says so and the command exits 2.
+    without a terminal nothing changes: one line says so and the command exits 2. needs_yes: what
+    makes this plan need --yes itself (it takes something away); a terminal's answer is not enough.
     """
     if dry_run:
         return False
     if yes:
         return True
-    if not is_terminal():
-        typer.secho("hosttune: nothing changed: no terminal to confirm on; run again with --yes to make "
-                    "these changes (--dry-run only shows them)", err=True, fg="red")
+    if needs_yes or not is_terminal():
+        why = needs_yes or "no terminal to confirm on"
+        typer.secho(f"hosttune: nothing changed: {why}; run again with --yes to make these changes "
+                    "(--dry-run only shows them)", err=True, fg="red")
         raise typer.Exit(EXIT_ERROR)
     if not typer.confirm(question, err=True):
         typer.echo("nothing changed", err=True)

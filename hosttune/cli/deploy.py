@@ -67,8 +67,9 @@ def deploy(
 
     The shape (engine, model, replicas, TP, port, key, nginx front) is the inventory's deploy:;
     an option overrides it for this run, and what neither says keeps what the host serves.
-    Each host's plan is printed first, naming any replicas, front or key it takes away;
-    --yes deploys it (or an answer on a terminal), --dry-run only prints it.
+    Each host's plan is printed first; --yes deploys it (or an answer on a terminal),
+    --dry-run only prints it. A plan that takes replicas, the front or the key away says so
+    and needs --yes.
     Exit code bits: 2 a host failed or was skipped (or nothing was confirmed), 4 unreachable.
 
     Example: hosttune deploy -i inventories/example.yaml --canary 1 --canary-slo e2e=2s --yes
@@ -89,7 +90,8 @@ def deploy(
                              on_host_done=lambda name, d: progress.advance(name, d.state))
     typer.echo(recap.render(plans) + "\n" + recap.plan_line(plans))
     due = [o for o in plans if o.state is Outcome.PLANNED]
-    if not due or not go_ahead(_question(due), yes=yes, dry_run=dry_run):
+    if not due or not go_ahead(f"Deploy to {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run,
+                               needs_yes=_taking_away(due)):
         raise typer.Exit(exit_code(plans))
     ready = {o.host.name for o in plans if o.state in (Outcome.PLANNED, Outcome.UNCHANGED)}
     check = slo_check(CanaryBench(canary_slo, canary_rate, canary_duration), request) if canary and canary_slo else None
@@ -105,10 +107,11 @@ def deploy(
     raise typer.Exit(exit_code(outcomes))
 
 
-def _question(due: list[HostDeploy]) -> str:
-    removing = sum(1 for o in due if o.removals)
-    return (f"Deploy to {len(due)} {plural(len(due), 'host')}"
-            + (f", taking away what {removing} of them serve with (see above)" if removing else "") + "?")
+def _taking_away(due: list[HostDeploy]) -> str:
+    """Why this plan needs --yes itself: it removes replicas, a front or a key (the lines marked !)."""
+    removing = [o.host.name for o in due if o.removals]
+    return (f"the plan takes replicas, the nginx front or the API key away from {', '.join(removing)} (marked !)"
+            if removing else "")
 
 
 def _rollback(inv, timeouts: Timeouts, forks: int, *, yes: bool, dry_run: bool) -> None:

@@ -4,6 +4,8 @@ a terminal is asked; without a terminal and without --yes nothing changes (one l
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from typer.testing import CliRunner
 
@@ -46,8 +48,7 @@ def acted(monkeypatch):
         if not request.dry_run:
             done.append("deploy")
         state = Outcome.PLANNED if request.dry_run else Outcome.DEPLOYED
-        outcomes = [HostDeploy(HOST, state, "custom-1", None, ops=("start hosttune-serve.service",),
-                               removals=("removes 1 of the 2 replicas",))]
+        outcomes = [HostDeploy(HOST, state, "custom-1", None, ops=("start hosttune-serve.service",))]
         if on_batch and not request.dry_run:
             on_batch(outcomes)
         return outcomes
@@ -107,12 +108,26 @@ def test_a_terminal_is_asked(acted, monkeypatch, name, answer, changes):
     assert (acted == [name]) is changes and result.exit_code == (0 if changes else 2)
 
 
-def test_deploy_names_what_it_takes_away_and_asks_about_it(acted, monkeypatch):
+@pytest.fixture
+def takes_away(monkeypatch, acted):
+    """deploy's plan removes one of the host's two replicas."""
+    plain = deploy_cli.deploy_fleet
+
+    def deploy_fleet(inv, request, **kwargs):
+        return [replace(o, removals=("removes 1 of the 2 replicas",)) for o in plain(inv, request, **kwargs)]
+
+    monkeypatch.setattr(deploy_cli, "deploy_fleet", deploy_fleet)
+    return acted
+
+
+def test_a_deploy_that_takes_something_away_needs_yes_even_on_a_terminal(takes_away, monkeypatch):
+    acted = takes_away
     monkeypatch.setattr(common, "is_terminal", lambda: True)
-    result = runner.invoke(app, COMMANDS["deploy"][0], input="n\n")
+    result = runner.invoke(app, COMMANDS["deploy"][0], input="y\n")
     assert "! removes 1 of the 2 replicas" in result.stdout
-    assert "Deploy to 1 host, taking away what 1 of them serve with (see above)?" in result.stderr
-    assert acted == []
+    assert result.exit_code == 2 and acted == [] and "[y/N]" not in result.stderr
+    assert ("nothing changed: the plan takes replicas, the nginx front or the API key away from localhost (marked !); "
+            "run again with --yes") in result.stderr
 
 
 def test_with_serial_each_batch_is_one_line_and_the_recap_comes_once(acted):
@@ -121,3 +136,9 @@ def test_with_serial_each_batch_is_one_line_and_the_recap_comes_once(acted):
     assert "batch done: localhost deployed" in result.stderr
     recap = [line for line in result.output.splitlines() if line.startswith("localhost") and "deployed" in line]
     assert len(recap) == 1, result.output
+
+
+def test_with_yes_a_deploy_that_takes_something_away_says_so_and_goes_ahead(takes_away):
+    result = runner.invoke(app, [*COMMANDS["deploy"][0], "--yes"])
+    assert result.exit_code == 0 and takes_away == ["deploy"]
+    assert "plan: deploy to 1 of 1 host; 1 of them lose what is marked !" in result.stdout
