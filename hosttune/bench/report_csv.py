@@ -14,8 +14,9 @@ from hosttune.bench.report import Outcome
 
 REQUEST_COLUMNS = ("url", "rate", "index", "scheduled", "sent", "end", "outcome", "status", "error",
                    "prompt_tokens", "reported_prompt_tokens", "cached_tokens", "max_tokens",
-                   "output_tokens", "ttft", "tpot", "e2e", "conversation", "turn", "group", "is_warmup")
-SUMMARY_COLUMNS = ("url", "rate", "requests", "ok", "rejected", "failed", "ttft_p50", "ttft_p95",
+                   "output_tokens", "ttft", "tpot", "e2e", "conversation", "turn", "group", "is_warmup", "user",
+                   "attempt")
+SUMMARY_COLUMNS = ("url", "rate", "requests", "ok", "rejected", "failed", "retried", "ttft_p50", "ttft_p95",
                    "ttft_p99", "itl_p50", "itl_p95", "itl_p99", "tpot_p50", "tpot_p95", "e2e_p50",
                    "e2e_p95", "e2e_p99", "request_throughput", "output_token_throughput",
                    "streamed_token_throughput", "input_token_throughput", "goodput", "slo_met", "client_behind")
@@ -46,14 +47,15 @@ def request_rows(run: RunRecord) -> list[tuple]:
     return [(run.url, _blank(run.rate), r.index, _round(r.scheduled), _round(r.sent), _round(r.end),
              r.outcome, r.status, r.error, r.prompt_tokens, _blank(r.reported_prompt_tokens),
              _blank(r.cached_tokens), r.max_tokens, r.output_tokens, _round(r.ttft), _round(tpot(r)),
-             _round(r.e2e), _blank(r.conversation), _blank(r.turn), _blank(r.group), int(r.is_warmup))
+             _round(r.e2e), _blank(r.conversation), _blank(r.turn), _blank(r.group), int(r.is_warmup),
+             _blank(r.user), r.attempt)
             for r in run.requests]
 
 
 def summary_row(run: RunRecord, s: Summary) -> tuple:
     def at(stats, q: int) -> object:
         return "" if stats is None else _round(stats.at(q))
-    return (run.url, _blank(run.rate), s.num_requests, s.num_ok, s.num_rejected, s.num_failed,
+    return (run.url, _blank(run.rate), s.num_requests, s.num_ok, s.num_rejected, s.num_failed, s.num_retried,
             at(s.ttft, 50), at(s.ttft, 95), at(s.ttft, 99), at(s.itl, 50), at(s.itl, 95), at(s.itl, 99),
             at(s.tpot, 50), at(s.tpot, 95), at(s.e2e, 50), at(s.e2e, 95), at(s.e2e, 99),
             _round(s.request_throughput), _round(s.output_token_throughput),

@@ -5,6 +5,7 @@ requests that were answered; over https it trusts the CA of --cacert (or nothing
 
 from __future__ import annotations
 
+import csv
 import json
 from collections import defaultdict
 
@@ -57,6 +58,9 @@ def test_each_user_waits_out_a_503_outage_and_the_report_counts_it(server_factor
         assert tries[-1]["outcome"] in ("ok", "cancelled")  # served once the outage ended
     summary = run["summary"]
     assert summary["num_failed"] == len(refused) >= 4 and summary["errors_by_status"] == {"503": len(refused)}
+    with (tmp_path / "out" / "summary.csv").open() as handle:
+        (row,) = csv.DictReader(handle)
+    assert (int(row["failed"]), int(row["retried"])) == (len(refused), summary["num_retried"])
     assert summary["num_retried"] == sum(r["attempt"] > 0 for r in run["requests"]) >= len(refused)
     assert summary["num_ok"] >= 10 and summary["ttft"]["count"] == summary["num_ok"]  # percentiles over answers
     assert summary["ttft"]["p99"] >= 0.01
