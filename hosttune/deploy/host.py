@@ -22,13 +22,13 @@ from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
 from hosttune.deploy.model import ModelShape
 from hosttune.deploy.placement import Layout, Placement
-from hosttune.deploy.preconditions import check_job, serve_needs
+from hosttune.deploy.preconditions import check_job, refuse, serve_needs
 from hosttune.deploy.release import (CURRENT, PREVIOUS, UNIT_DIR, Release, manifest_path, meta_dir, release_name,
                                      wheel_path)
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.shape import Guard, Shape
 from hosttune.deploy.state import HostState, read_state
-from hosttune.deploy.flagcheck import check_flags, check_installed_flags
+from hosttune.deploy.flagcheck import check_flags
 from hosttune.deploy.units import SERVE_UNIT, UNIT_NAMES, replica_unit
 from hosttune.execute.perform import OperationFailed, run_ops
 from hosttune.errors import HosttuneError, TransportError
@@ -129,15 +129,6 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     if gate.ok:
         return _fronted(transport, job, state, HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate), front)
     return _restore(transport, job, state, gate)
-
-
-def refuse(transport: Transport, job: HostJob, state: HostState) -> None:
-    """What only the host can tell, before anything changes: nginx for several replicas, the flags."""
-    if job.release.replicas and not state.nginx:
-        raise DeployError(f"{job.host.name}: {len(job.release.replicas)} replicas need nginx on the host for their "
-                          f"upstream on port {job.settings.port}; install nginx (apt-get install nginx-light) "
-                          f"or deploy --replicas 1")
-    check_installed_flags(transport, job, state)
 
 
 def _unchanged(transport: Transport, job: HostJob, state: HostState, dry_run: bool) -> HostDeploy | None:

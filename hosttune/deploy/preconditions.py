@@ -13,7 +13,10 @@ from dataclasses import replace
 
 from hosttune.actions.base import Op
 from hosttune.actions.needs import Need, NeedModel, NeedPort
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.flagcheck import check_installed_flags
 from hosttune.deploy.model import model_problem
+from hosttune.deploy.state import HostState
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
 from hosttune.plan import preconditions
 from hosttune.plan.preconditions import Checked
@@ -32,6 +35,15 @@ def serve_needs(job) -> tuple[Need, ...]:
         ports.add(job.access.front.port)
     model = (NeedModel(job.model.path, job.preset.name),) if job.model is not None else ()
     return model + tuple(NeedPort(p, OWNERS) for p in sorted(ports))
+
+
+def refuse(transport: Transport, job, state: HostState) -> None:
+    """What only the host can tell, before anything changes: nginx for several replicas, the flags."""
+    if job.release.replicas and not state.nginx:
+        raise DeployError(f"{job.host.name}: {len(job.release.replicas)} replicas need nginx on the host for their "
+                          f"upstream on port {job.settings.port}; install nginx (apt-get install nginx-light) "
+                          f"or deploy --replicas 1")
+    check_installed_flags(transport, job, state)
 
 
 def check_job(transport: Transport, job, groups: list[list[Op]]) -> Checked:

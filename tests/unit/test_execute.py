@@ -247,6 +247,17 @@ def test_undo_of_a_cut_off_step_covers_every_operation_and_skips_unrun_steps():
     assert [u.hostop for u in undo_list(j)] == [("restore", "/etc/a", "/b/0-0-a", "optional")]
 
 
+def test_a_made_directory_goes_after_what_was_made_in_it_and_both_are_reported_as_changes():
+    from hosttune.execute.rollback import changes
+
+    made = OpRecord("dir", "make directory /usr/local", path="/usr/local", created_dirs=("/usr", "/usr/local"), status="done")
+    link = OpRecord("link", "l", path="/usr/local/cuda", target="/usr/local/cuda-12.4", existed=False, status="done")
+    kernel = OpRecord("kernel", "k", paths=("/sys/x",), value="never", status="failed")
+    j = Journal("r", "h", "/", "t", (JournalStep(0, ("a",), "a", False, False, (made, link, kernel), "failed"),))
+    assert [u.hostop for u in undo_list(j)] == [("remove", "/usr/local/cuda"), ("rmdirs", "/usr/local", "/usr")]
+    assert changes(j) == ("made directories /usr, /usr/local", "linked /usr/local/cuda -> /usr/local/cuda-12.4")
+
+
 def test_pick_journal():
     a = Journal("20250101T000000Z-a", "h", "/", "t", (JournalStep(0, (), "", False, False, (), "done"),))
     b = replace(a, run="20250102T000000Z-b")
