@@ -186,43 +186,57 @@ def _space(groups: Iterable[Group], facts: HostNeeds, offline: bool) -> list[Ans
 # -- the whole plan ----------------------------------------------------------------------------
 
 
+class _Walk:
+    """One walk over a plan: what is met so far, what the plan gets at its start, what was found."""
+
+    def __init__(self, facts: HostNeeds, flavour: PackageFlavour | None, offline: bool):
+        self.facts, self.flavour, self.offline = facts, flavour, offline
+        self.met: set[Need] = set()
+        self.first: list[Op] = []
+        self.lines: dict[str, None] = {}
+        self.errors: dict[str, None] = {}
+
+    def record(self, answer: Answer) -> None:
+        self.lines[f"{answer.verdict}: {answer.text}"] = None
+        if answer.verdict is Verdict.FAILS:
+            self.errors[answer.text] = None
+
+    def step(self, op: Op, ops: list[Op], notes: list[str]) -> None:
+        """`op` onto ops after what the planner adds for it; left to the image, its reason onto notes."""
+        keep = True
+        for need in op.needs if _runs(op, self.offline) else ():
+            if need in self.met or isinstance(need, NeedSpace):
+                continue
+            answer = judge(need, op, self.facts, self.flavour, self.offline)
+            self.record(answer)
+            self.met.add(need)
+            if answer.verdict is Verdict.DEFERRED:
+                keep = False
+                notes.append(answer.text)
+            elif answer.verdict is Verdict.ADDED:
+                (self.first if answer.first else ops).extend(answer.ops)
+                self.met.update(n for added in answer.ops for n in added.provides)
+        if keep:
+            ops.append(op)
+            self.met.update(op.provides)
+
+
 def check(groups: Iterable[Group], facts: HostNeeds, flavour: PackageFlavour | None = None,
           offline: bool = False) -> Checked:
     """Walk the operations in order; each need is met by an earlier one, the host, an added one, or is an error."""
     groups = tuple(tuple(g) for g in groups)
-    met: set[Need] = set()
-    first: list[Op] = []
+    walk = _Walk(facts, flavour, offline)
     out: list[Group] = []
     notes: list[tuple[str, ...]] = []
-    lines: dict[str, None] = {}
-    errors: dict[str, None] = {}
     for group in groups:
-        ops, group_notes = [], []
+        ops: list[Op] = []
+        group_notes: list[str] = []
         for op in group:
-            keep = True
-            for need in op.needs if _runs(op, offline) else ():
-                if need in met or isinstance(need, NeedSpace):
-                    continue
-                answer = judge(need, op, facts, flavour, offline)
-                lines[f"{answer.verdict}: {answer.text}"] = None
-                if answer.verdict is Verdict.FAILS:
-                    errors[answer.text] = None
-                elif answer.verdict is Verdict.DEFERRED:
-                    keep = False
-                    group_notes.append(answer.text)
-                elif answer.verdict is Verdict.ADDED:
-                    (first if answer.first else ops).extend(answer.ops)
-                    met.update(n for added in answer.ops for n in added.provides)
-                met.add(need)
-            if keep:
-                ops.append(op)
-                met.update(op.provides)
+            walk.step(op, ops, group_notes)
         out.append(tuple(ops))
         notes.append(tuple(group_notes))
     for answer in _space(groups, facts, offline):
-        lines[f"{answer.verdict}: {answer.text}"] = None
-        if answer.verdict is Verdict.FAILS:
-            errors[answer.text] = None
-    if first and out:
-        out[0] = tuple(first) + out[0]
-    return Checked(tuple(out), tuple(notes), tuple(lines), tuple(errors))
+        walk.record(answer)
+    if walk.first and out:
+        out[0] = tuple(walk.first) + out[0]
+    return Checked(tuple(out), tuple(notes), tuple(walk.lines), tuple(walk.errors))
