@@ -121,7 +121,7 @@ def _venv(need: NeedVenv, facts: HostNeeds, flavour: PackageFlavour | None) -> A
 def _dir(need: NeedDir, facts: HostNeeds) -> Answer:
     kind = facts.dirs.get(need.path, "absent")
     if kind == "dir":
-        return Answer(Verdict.HOLDS, f"directory {need.path}")
+        return Answer(Verdict.HOLDS, describe_need(need))
     if kind == "other":
         return Answer(Verdict.FAILS, f"{need.path} is not a directory; move it away first")
     return Answer(Verdict.ADDED, f"make directory {need.path} (missing)", (Directory(need.path),))

@@ -83,9 +83,12 @@ def test_an_unanswered_request_is_a_probe_error():
         parse_needs("@@n:0\n@@n-end:0\n", [("cmd", "sh"), ("dir", "/x")])
 
 
-def test_a_python_without_ensurepip_says_why():
-    out = "@@n:0\nfail:ModuleNotFoundError: No module named 'ensurepip'\n@@n-end:0\n"
-    assert parse_needs(out, [("venv", "python3")]).venvs == {"python3": "ModuleNotFoundError: No module named 'ensurepip'"}
+def test_parse_needs_recorded_on_a_host_without_python3_venv_serving_a_release():
+    needs = recorded("container")
+    assert needs.venvs == {"python3": "ModuleNotFoundError: No module named 'ensurepip'"}
+    assert needs.candidates == {"python3-venv": "3.11.2-1+b1"}
+    assert needs.ports == {38517: ("hosttune-serve.service",), 38518: ()}
+    assert needs.machine_commands == {"systemd-analyze": "/usr/bin/systemd-analyze"}
 
 
 # -- judging: facts + operations → plan errors and added operations ---------------------------------
