@@ -54,8 +54,8 @@ def render(plans: list[HostPlan]) -> str:
     out: list[str] = []
     for plan in plans:
         out += render_host(plan) + [""]
-    changes = sum(len(p.steps) for p in plans)
-    hosts = sum(1 for p in plans if p.steps)
+    changes = sum(len(p.steps) for p in plans if not p.error)  # a host stopped at plan time gets none of its plan
+    hosts = sum(1 for p in plans if p.steps and not p.error)
     out.append(f"plan: {changes} change{'s' if changes != 1 else ''} on {hosts} of {len(plans)} host{'s' if len(plans) != 1 else ''}")
     return "\n".join(out)
 

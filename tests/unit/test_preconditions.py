@@ -178,3 +178,25 @@ def test_an_unmet_need_makes_the_host_plan_an_error_and_sends_nothing():
     image = with_needs(HostPlan(HOST, "p", steps=plan.steps, root="/img"),
                        HostNeeds(commands={"update-grub": None}, space={DROPIN.path: (10**9, "/")}))
     assert image.error is None and image.steps[0].ops == (DROPIN,) and "update-grub" in image.steps[0].notes[-1]
+
+
+def test_apply_stops_a_host_at_plan_time_with_one_line_and_sends_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+
+    image = tmp_path / "img"
+    (image / "etc/default").mkdir(parents=True)
+    (image / "etc/default/grub").write_text('GRUB_CMDLINE_LINUX_DEFAULT="quiet"\n')
+    (image / "usr").mkdir()
+    (image / "usr/local").write_text("a file where a directory must be\n")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text('hosts:\n  localhost:\n    transport: local\n    rcu_nocbs: "2-31"\n    pins: {cuda: "12.4"}\n')
+    before = sorted(str(p.relative_to(image)) for p in image.rglob("*"))
+    result = CliRunner().invoke(app, ["apply", "-i", str(inv), "--root", str(image), "--yes"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.splitlines()
+    assert lines[1] == "  nothing sent: /usr/local is not a directory; move it away first"
+    assert "    fails: /usr/local is not a directory; move it away first" in lines
+    assert lines[-1] == "plan: 0 changes on 0 of 1 host"
+    assert sorted(str(p.relative_to(image)) for p in image.rglob("*")) == before  # not even a journal
