@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from hosttune.actions.base import Command, Op, describe
@@ -20,6 +20,7 @@ from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
 from hosttune.deploy.host import HostDeploy, HostJob, load_release
 from hosttune.deploy.plan import Role
+from hosttune.deploy.preconditions import check_job
 from hosttune.deploy.release import release_name, wheel_path
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
@@ -60,6 +61,21 @@ def group_phases(jobs: list[HostJob], states: dict[str, HostState]) -> list[Phas
     ]
 
 
+def checked_phases(phases: list[Phase], jobs: list[HostJob], transports) -> list[Phase]:
+    """Every host's operations with their preconditions checked (and what the plan adds for them);
+    DeployError naming the first host that cannot meet them, before anything is sent to any."""
+    out = [replace(p, ops=dict(p.ops)) for p in phases]
+    for job in jobs:
+        name = job.host.name
+        checked = check_job(transports[name], job, [p.ops.get(name, []) for p in phases])
+        if checked.error:
+            raise DeployError(f"{name}: {checked.error}")
+        for phase, ops in zip(out, checked.groups):
+            if name in phase.ops:
+                phase.ops[name] = list(ops)
+    return out
+
+
 def parse_ray_nodes(text: str) -> int:
     """Active nodes in `ray status` output."""
     active = text.split("Active:", 1)[-1].split("Pending:", 1)[0] if "Active:" in text else ""
@@ -95,15 +111,16 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
         jobs = [make_job(h, facts[h.name], request, group_roles[h.name]) for h in hosts]
         states = {j.host.name: read_state(transports[j.host.name], j.release.id, [wheel_path(w) for w in j.release.wheels])
                   for j in jobs}
+        phases = checked_phases(group_phases(jobs, states), jobs, transports)
     except HosttuneError as exc:
         return [HostDeploy(h, Outcome.FAILED, error=f"nothing changed on group {hosts[0].group}: {exc}") for h in hosts]
     if request.dry_run:
         return [HostDeploy(j.host, Outcome.PLANNED, j.release.id, ops=tuple(
-            f"[{p.description}] {describe(op)}" for p in group_phases(jobs, states) for op in p.ops.get(j.host.name, [])))
+            f"[{p.description}] {describe(op)}" for p in phases for op in p.ops.get(j.host.name, [])))
             for j in jobs]
     head = jobs[0]
     gate = None
-    for index, phase in enumerate(group_phases(jobs, states)):
+    for index, phase in enumerate(phases):
         try:
             together.map(lambda item: run_ops(transports[item[0]], item[1]), list(phase.ops.items()))
             if phase.wait in ("ray-head", "ray-cluster"):

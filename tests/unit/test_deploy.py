@@ -267,6 +267,20 @@ def test_multinode_starts_ray_head_then_workers_then_the_server(tmp_path, monkey
     assert multinode.parse_ray_nodes("Active:\n 1 node_ab12\n 1 node_cd34\nPending:\n 1 node_ef56\n") == 2
 
 
+def test_a_multinode_group_stops_before_anything_is_sent_when_one_host_cannot_meet_its_preconditions(tmp_path, monkeypatch):
+    hosts = [h for h in inventory(tmp_path).hosts if h.group == "ray"]
+    fake_entry(tmp_path / "wh")
+    log: list = []
+    transports = {h.name: ScriptedTransport(h.name, log, ray_nodes=3) for h in hosts}
+    transports["node-2"].needs = {"venv:python3.10": "fail:No module named 'ensurepip'", "pkg:python3.10-venv": ""}
+    monkeypatch.setattr(multinode, "open_transport", lambda spec, **kw: transports[spec.host_name])
+    monkeypatch.setattr(multinode, "gather", lambda t: type("Run", (), {"facts": a100_facts()})())
+    outcomes = multinode.deploy_group(hosts, rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3"), rollout.make_job)
+    assert [o.state for o in outcomes] == ["failed"] * 3
+    assert outcomes[0].error.startswith("nothing changed on group ray: node-2: python3.10 cannot make a virtualenv")
+    assert not [a for _, a in log if a[:2] == ("sh", "-c") and a[4:5] == ("write",) or a[0] == "systemctl"]
+
+
 def test_cli_refuses_a_host_without_systemd(monkeypatch, tmp_path):
     monkeypatch.setattr(rollout, "gather", lambda t: type("Run", (), {"facts": h200_facts()})())
     result = runner.invoke(app, ["deploy", "--engine", "custom", "--gpus", "0", "--model", "/tmp/none", "-w", str(tmp_path)])
