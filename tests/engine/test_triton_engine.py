@@ -23,7 +23,7 @@ def test_triton_path_matches_hf(tiny_models, model):
         assert got[rid] == hf_greedy(path, ids, params.max_tokens)[0], rid
 
 
-def test_one_row_gemv_path_matches_hf(tiny_models, monkeypatch):
+def test_one_row_gemv_path_matches_hf(tiny_models, monkeypatch, wide_gemv_tiles):
     """Batch-1 decode through the GEMV transform (norms and SwiGLU fused into the projections' prologues),
     run under the Triton interpreter by letting the path accept CPU tensors."""
     from hosttune_engine.layers import one_row

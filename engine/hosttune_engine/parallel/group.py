@@ -7,7 +7,6 @@ Rank 0 opens the rendezvous store on a free port before it starts the workers, s
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -45,10 +44,10 @@ class TensorParallelGroup:
             dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, timeout=TIMEOUT,
                                     device_id=device)
             return cls(rank, world_size, device, dist.group.WORLD, dist.new_group(backend="gloo", timeout=TIMEOUT))
-        # The ranks share the host's cores: with more threads than cores each collective waits for a rank
+        # The ranks share the process's cores: with more threads than cores each collective waits for a rank
         # whose threads spin elsewhere (a 135M model's step took 18 s instead of 0.4 on 2 cores).
         threads = torch.get_num_threads()
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        torch.set_num_threads(max(1, threads // world_size))
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=TIMEOUT)
         return cls(rank, world_size, device, dist.group.WORLD, dist.group.WORLD, threads)
 
