@@ -66,20 +66,6 @@ CORPUS: dict[str, tuple[bytes, int, str]] = {
 }
 
 
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    """Each corpus entry through the CLI once, in its own child."""
-    out = {}
-    base = tmp_path_factory.mktemp("hostile")
-    for name, (data, _, _) in CORPUS.items():
-        path = base / (re.sub(r"\W+", "-", name) + ".yaml")
-        path.write_bytes(data)
-        out[name] = (path, *_bounded(path))
-    return out
-
-
 # The child reports its own peak: VmHWM of the process after exec. wait4's ru_maxrss would also count the
 # pages the child shared with this test process between fork and exec (a pytest worker that loaded torch).
 CHILD = """
@@ -109,9 +95,12 @@ def _bounded(path: Path) -> tuple[int, str, float, float]:
 
 
 @pytest.mark.parametrize("name", list(CORPUS))
-def test_hostile_inventory_is_exit_2_with_file_line_in_bounded_time_and_memory(results, name):
-    path, code, err, seconds, rss_mb = results[name]
-    _, line, word = CORPUS[name]
+def test_hostile_inventory_is_exit_2_with_file_line_in_bounded_time_and_memory(tmp_path, name):
+    """Each corpus entry through the CLI once, in its own child."""
+    data, line, word = CORPUS[name]
+    path = tmp_path / (re.sub(r"\W+", "-", name) + ".yaml")
+    path.write_bytes(data)
+    code, err, seconds, rss_mb = _bounded(path)
     assert code == 2, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert f"{path}:{line}: " in err and word in err, err
