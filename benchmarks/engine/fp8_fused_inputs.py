@@ -24,15 +24,15 @@ from benchmarks.engine.quant_bench import Plan, build, fp8_linear_floor  # noqa:
 
 def decode_row(batch: int, fused: bool) -> dict:
     from benchmarks.engine import engine_bench as eb
-    from hosttune_engine.model import loader
+    from hosttune_engine.planner import prepare
 
-    if not fused:  # the model as it loads without the transform: every projection quantizes its own input
-        loader.defer_to_fp8_inputs, keep = (lambda model: None), loader.defer_to_fp8_inputs
+    keep = prepare.apply_plan
+    if not fused:  # the model on its plan without fusion: every projection quantizes its own input
+        prepare.apply_plan = lambda model, plan: keep(model, plan.unfused())
     try:
         engine = build(Plan(), "fp8")
     finally:
-        if not fused:
-            loader.defer_to_fp8_inputs = keep
+        prepare.apply_plan = keep
     row = {"fused": fused, **eb.decode_rate(engine, batch), **fp8_linear_floor(engine.runner.model, batch)}
     row["ratio_vs_floor"] = row["tok_s"] / (batch / row["floor_ms"] * 1e3)
     del engine

@@ -43,7 +43,8 @@ from hosttune_engine.kernels.fp8_scaled_mm import fp8_scaled_mm, fp8_scaled_mm_r
 from hosttune_engine.kernels.gemv import RMSNORM_RESIDUAL, SWIGLU, gemv, gemv_rmsnorm, gemv_swiglu  # noqa: E402
 from hosttune_engine.kernels.int4_gemv import int4_gemv, int4_gemv_ref  # noqa: E402
 from hosttune_engine.kernels.tuning import batch_bucket, launch_config  # noqa: E402
-from hosttune_engine.layers.one_row import GEMV_DEFAULT, DeferredRMSNorm, DeferredSwiGLU  # noqa: E402
+from hosttune_engine.kernels.gemv import DEFAULT as GEMV_DEFAULT  # noqa: E402
+from hosttune_engine.layers.deferred import DeferredRMSNorm, DeferredSwiGLU  # noqa: E402
 from hosttune_engine.quant.kernel_dispatch import gemv_one_row  # noqa: E402
 
 GROUP = 128

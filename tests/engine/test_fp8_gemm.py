@@ -8,6 +8,7 @@ from hosttune_engine.errors import KernelInputError
 from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref, fp8_gemm_swiglu, fp8_gemm_swiglu_ref
 from hosttune_engine.kernels.fp8_inputs import swiglu_fp8
 from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token
+from hosttune_engine.planner import prepare
 from hosttune_engine.quant import kernel_dispatch
 
 from .conftest import DEVICE
@@ -107,32 +108,25 @@ def test_a_model_on_the_triton_gemm_is_as_close_as_unit_scales(tiny_models, fp8_
             calls[_n] = calls.get(_n, 0) + 1
             return _fn(*a, **k)
         monkeypatch.setattr(kernel_dispatch, name, counted)
-    tables = {"fp8_mm": {"METHOD": "triton"}, "fp8_gemm": {"SWIGLU": 1}}
-    monkeypatch.setattr(kernel_dispatch, "launch_config",
-                        lambda kernel, key, device, default: default and {**default, **tables.get(kernel, {})})
+    model, bucket = eng.runner.model, "float16-le32"  # 24 rows
+
+    def replan(fp8_gemm: dict) -> None:
+        table = {"fp8_mm": {bucket: {"METHOD": "triton"}}, "fp8_gemm": {bucket: fp8_gemm}}
+        prepare.apply_plan(model, prepare.plan_for_model(model, eng.runner.plan.gpu, table=table))
+
+    replan({"SWIGLU": 1})
     swiglus = fp8_path.get("swiglu_fp8", 0)  # the unit-scale run's
     fused = _prefill_logits(eng, ids)
-    layers = len(eng.runner.model.model.layers)
+    layers = len(model.model.layers)
     # gate_up defers to down_proj's input quantization, which runs it with the SwiGLU in its epilogue
     assert calls == {"fp8_gemm": 3 * layers, "fp8_gemm_swiglu": layers} and fp8_path["swiglu_fp8"] == swiglus
-    for m in eng.runner.model.modules():
-        if getattr(m, "defer_swiglu", False):
-            m.defer_swiglu = False
-    apart = _prefill_logits(eng, ids)  # gate_up, then SwiGLU with the quantization: the same roundings
+    replan({})  # a config without SWIGLU: gate_up, then SwiGLU with the quantization: the same roundings
+    apart = _prefill_logits(eng, ids)
     assert calls["fp8_gemm"] == 7 * layers and fp8_path["swiglu_fp8"] == swiglus + layers
     if DEVICE == "cpu":
         assert torch.equal(fused, apart)
     else:  # the fused GEMM's tiles are half as wide along N: the MMA may sum in another order
         torch.testing.assert_close(fused, apart, rtol=0, atol=2e-2 * apart.abs().max().item())
-    gate_ups = [layer.mlp.gate_up_proj for layer in eng.runner.model.model.layers]
-    for gate_up in gate_ups:
-        gate_up.defer_swiglu = True
-    tables["fp8_gemm"] = {}  # a config without SWIGLU: the projection does not defer
-    assert torch.equal(_prefill_logits(eng, ids), apart) and calls["fp8_gemm"] == 11 * layers
-    tables["fp8_gemm"] = {"SWIGLU": 1}
-    for layer in eng.runner.model.model.layers:  # a deferred gate_up whose SwiGLU does not defer: computed first
-        layer.mlp.act.defer_rows = False
-    assert torch.equal(_prefill_logits(eng, ids), apart)
 
     def error(logits):
         return ((logits.float() - reference).norm() / reference.norm()).item()

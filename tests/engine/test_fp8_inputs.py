@@ -13,15 +13,21 @@ from hosttune_engine.kernels.fp8_inputs import rms_norm_fp8, rms_norm_fp8_ref, s
 from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token, supports_fp8_mm
 from hosttune_engine.kernels.rmsnorm import rms_norm
 from hosttune_engine.kernels.swiglu import swiglu
-from hosttune_engine.layers import deferred, one_row
-from hosttune_engine.layers.deferred import DeferredRMSNorm, DeferredSwiGLU, consumer_name
-from hosttune_engine.quant import kernel_dispatch, quant_linear
+from hosttune_engine.core import model_runner
+from hosttune_engine.layers import one_row
+from hosttune_engine.layers.deferred import DeferredRMSNorm, DeferredSwiGLU
+from hosttune_engine.planner import prepare
+from hosttune_engine.plan.gpus import GpuInfo
+from hosttune_engine.plan.kinds import Fusion, Kernel, Op
+from hosttune_engine.quant import kernel_dispatch
 
 from .conftest import DEVICE
 from .kernel_cases import e4m3_rounding_as_on_the_gpu
 
 pytestmark = pytest.mark.usefixtures(e4m3_rounding_as_on_the_gpu.__name__)
 
+# The CPU as the plan's GPU: FP8 tensor cores (torch._scaled_mm runs on CPU tensors too), no tuned table.
+HOPPER_STAND_IN = GpuInfo("cpu standing in for a Hopper GPU", (9, 0), present=False)
 DTYPES = [torch.float32, torch.float16] if DEVICE == "cpu" else [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -118,13 +124,6 @@ def test_wrappers_check_their_inputs():
         fp8_mm(xq, sx, wq, ws, None, None, False, torch.float32)
 
 
-def test_each_deferring_layer_names_the_one_projection_it_feeds():
-    assert consumer_name("model.layers.3.input_layernorm") == "model.layers.3.self_attn.qkv_proj"
-    assert consumer_name("model.layers.0.post_attention_layernorm") == "model.layers.0.mlp.gate_up_proj"
-    assert consumer_name("model.layers.0.mlp.act") == "model.layers.0.mlp.down_proj"
-    assert consumer_name("model.norm") is None and consumer_name("model.layers.0.my_input_layernorm") is None
-
-
 # The model: an FP8 model (per-channel weights quantized at load, per-token activations) with its batched
 # steps on the FP8 tensor-core path, once with the norms and SwiGLU deferred to the projections and once not.
 
@@ -132,9 +131,8 @@ def test_each_deferring_layer_names_the_one_projection_it_feeds():
 def fp8_path(monkeypatch):
     """Count the activation kernels fp8_linear launches; on CPU, let the GPU paths take CPU tensors."""
     if DEVICE == "cpu":
-        for module in (quant_linear, deferred, one_row):
-            monkeypatch.setattr(module, "_on_gpu", lambda x: True)
-        monkeypatch.setattr(kernel_dispatch, "supports_fp8_mm", lambda device: True)
+        monkeypatch.setattr(one_row, "_on_gpu", lambda x: True)
+        monkeypatch.setattr(model_runner, "present_gpu", lambda device: HOPPER_STAND_IN)
     elif not supports_fp8_mm(torch.device(DEVICE)):
         pytest.skip("FP8 tensor cores (torch._scaled_mm) need a Hopper or Ada GPU")
     calls = {}
@@ -159,25 +157,23 @@ def _prefill_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
     return logits
 
 
-def _set_deferral(model, on: bool) -> None:
-    for module in model.modules():
-        if hasattr(module, "defer_rows") and module.defer_rows is not on:
-            module.defer_rows = on
-
-
-def test_the_transform_defers_only_to_fp8_activation_layers(tiny_models):
-    """FP8 at load (per-token e4m3 activations): the two norms and the activation of every layer defer at any
-    row count; block-wise FP8 keeps bf16 activations, and the final norm feeds the unquantized LM head."""
-    model = _fp8_engine(tiny_models, "float32").runner.model
-    deferring = {name for name, m in model.named_modules() if getattr(m, "defer_rows", False)}
-    layers = len(model.model.layers)
-    assert deferring == {f"model.layers.{i}.{end}" for i in range(layers)
-                         for end in ("input_layernorm", "post_attention_layernorm", "mlp.act")}
-    producers = {name for name, m in model.named_modules() if getattr(m, "defer_swiglu", False)}
-    assert producers == {f"model.layers.{i}.mlp.gate_up_proj" for i in range(layers)}
+def test_the_plan_fuses_inputs_only_into_fp8_activation_layers(tiny_models, monkeypatch):
+    """FP8 at load (per-token e4m3 activations): the two norms and the activation of every layer are computed
+    with the quantization of the projection they feed at batched rows; block-wise FP8 keeps bf16 activations,
+    and the final norm feeds the unquantized LM head."""
+    monkeypatch.setattr(model_runner, "present_gpu", lambda device: HOPPER_STAND_IN)
+    eng = _fp8_engine(tiny_models, "float16")
+    plan, model = eng.runner.plan, eng.runner.model
+    fused = {op: plan.choice(op, 24).fusion for op in (Op.QKV, Op.O, Op.GATE_UP, Op.DOWN, Op.LM_HEAD)}
+    assert fused == {Op.QKV: Fusion.RMSNORM_FP8, Op.O: Fusion.NONE, Op.GATE_UP: Fusion.RMSNORM_FP8,
+                     Op.DOWN: Fusion.SWIGLU_FP8, Op.LM_HEAD: Fusion.NONE}
+    layer = model.model.layers[0]
+    assert layer.input_layernorm.feeds is plan.op(Op.QKV) and layer.mlp.act.feeds is plan.op(Op.DOWN)
+    assert model.model.norm.feeds is None
     block = Engine(EngineConfig(model=str(tiny_models["qwen2"]), load_format="dummy", quantization="fp8-block",
-                                dtype="float32", num_kv_blocks=16)).runner.model
-    assert not any(getattr(m, "defer_rows", False) or getattr(m, "defer_swiglu", False) for m in block.modules())
+                                kernel_backend="triton", dtype="float16", num_kv_blocks=16)).runner.plan
+    assert {block.choice(op, 24).fusion for op in (Op.QKV, Op.GATE_UP, Op.DOWN)} == {Fusion.NONE}
+    assert block.choice(Op.QKV, 24).kernel is Kernel.W8A16_GEMM
 
 
 def test_batched_rows_quantize_in_the_norm_and_swiglu_and_give_the_unfused_logits(tiny_models, fp8_path):
@@ -191,7 +187,7 @@ def test_batched_rows_quantize_in_the_norm_and_swiglu_and_give_the_unfused_logit
     assert fp8_path == {"rms_norm_fp8": 2 * layers, "swiglu_fp8": layers, "quantize_per_token": layers,
                         "fp8_mm": 4 * layers}
     fp8_path.clear()
-    _set_deferral(eng.runner.model, False)
+    prepare.apply_plan(eng.runner.model, eng.runner.plan.unfused())
     unfused = _prefill_logits(eng, ids)
     assert fp8_path == {"quantize_per_token": 4 * layers, "fp8_mm": 4 * layers}
     assert torch.isfinite(fused).all() and torch.equal(fused, unfused)
@@ -206,7 +202,7 @@ def test_few_rows_and_other_paths_compute_the_deferred_input_first(tiny_models, 
     want = layer.self_attn.qkv_proj(rms_norm(x, w, 1e-6))
     torch.testing.assert_close(layer.self_attn.qkv_proj(DeferredRMSNorm(x, w, 1e-6)), want, rtol=0, atol=0)
     assert "rms_norm_fp8" not in fp8_path
-    monkeypatch.setattr(kernel_dispatch, "_fp8_mm_method", lambda layer, x: "w8a16")
+    prepare.apply_plan(eng.runner.model, eng.runner.plan.with_kernel(Op.DOWN, Kernel.W8A16_GEMM))
     gate_up = _rows(8, 2 * layer.mlp.down_proj.in_features, torch.float16, 5)
     want = layer.mlp.down_proj(swiglu(gate_up))
     torch.testing.assert_close(layer.mlp.down_proj(DeferredSwiGLU(gate_up)), want, rtol=0, atol=0)
@@ -219,7 +215,6 @@ def test_graphs_capture_the_fused_path_and_generate_as_the_unfused_engine(tiny_m
     cut at attention: each deferred input is made and consumed inside one segment), then decode eight rows a
     step (decode graphs, past the GEMV's four). Greedy tokens equal the engine's without the transform."""
     from hosttune_engine import LLM
-    from hosttune_engine.model import loader
 
     from .oracle import prompt_ids
 
@@ -234,5 +229,6 @@ def test_graphs_capture_the_fused_path_and_generate_as_the_unfused_engine(tiny_m
 
     fused = generate()
     assert fp8_path["rms_norm_fp8"] > 0 and fp8_path["swiglu_fp8"] > 0  # launched while capturing
-    monkeypatch.setattr(loader, "defer_to_fp8_inputs", lambda model: None)
+    apply = prepare.apply_plan
+    monkeypatch.setattr(prepare, "apply_plan", lambda model, plan: apply(model, plan.unfused()))
     assert fused == generate()

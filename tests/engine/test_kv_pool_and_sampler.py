@@ -73,15 +73,17 @@ def test_all_greedy_batches_build_no_row_tensors():
     assert Sampler()(logits, batch).token_ids == [1, 0, 2]
 
 
-def test_gemv_transform_patches_linears_and_follows_the_backend_switch():
+def test_a_planned_projection_follows_the_backend_switch():
     from hosttune_engine.layers.backend import set_kernel_backend
-    from hosttune_engine.layers.one_row import use_gemv_for_one_row
+    from hosttune_engine.layers.one_row import plan_projection
 
     model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
-    use_gemv_for_one_row(model)
+    for layer in model:
+        plan_projection(layer, None)
+    set_kernel_backend(model, True)
     x = torch.randn(1, 8)
     assert torch.allclose(model(x), x @ model[0].weight.t() @ model[1].weight.t()
-                          + model[0].bias @ model[1].weight.t() + model[1].bias, atol=1e-6)  # CPU: F.linear
+                          + model[0].bias @ model[1].weight.t() + model[1].bias, atol=1e-6)  # no plan: F.linear
     assert model[0].use_triton and model[1].use_triton
     set_kernel_backend(model, False)
     assert not model[0].use_triton and not model[1].use_triton

@@ -159,9 +159,6 @@ def test_kernels_on_gpu(smollm2, reference, name):
     quantized, plain = cached_pair(smollm2, name)
     eng = Engine(EngineConfig(model=str(quantized), dtype="bfloat16", kernel_backend="triton", max_model_len=1024,
                               num_kv_blocks=80, enforce_eager=True))
-    from hosttune_engine.layers.one_row import use_gemv_for_one_row
-
-    use_gemv_for_one_row(eng.runner.model)
     dequantized = hf_logits(plain, ids)
     seq = Sequence("x", ids, SamplingParams(temperature=0))
     eng.block_manager.allocate(seq, len(ids))

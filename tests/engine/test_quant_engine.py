@@ -9,7 +9,7 @@ from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.messages import EngineRequest
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.layers import one_row
-from hosttune_engine.quant import kernel_dispatch, quant_linear
+from hosttune_engine.quant import kernel_dispatch
 from hosttune_engine.quant.fp8_linear import Fp8Linear
 from hosttune_engine.quant.int4_linear import Int4Linear
 
@@ -33,7 +33,6 @@ def kernels_on_cpu(monkeypatch, wide_gemv_tiles):
             calls[key] = calls.get(key, 0) + 1
             return _fn(*a, **k)
         monkeypatch.setattr(kernel_dispatch, name, counted)
-    monkeypatch.setattr(quant_linear, "_on_gpu", lambda x: True)
     monkeypatch.setattr(one_row, "_on_gpu", lambda x: True)
     return calls
 
@@ -41,7 +40,6 @@ def kernels_on_cpu(monkeypatch, wide_gemv_tiles):
 def _triton_engine(folder) -> Engine:
     eng = Engine(EngineConfig(model=str(folder), kernel_backend="triton", dtype="float32", num_kv_blocks=64,
                               enforce_eager=True))
-    one_row.use_gemv_for_one_row(eng.runner.model)
     return eng
 
 

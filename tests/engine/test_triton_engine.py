@@ -38,7 +38,6 @@ def test_one_row_gemv_path_matches_hf(tiny_models, monkeypatch, wide_gemv_tiles)
     # Eager: on a GPU, CUDA graph replays would not go through the Python calls counted here.
     eng = Engine(EngineConfig(model=str(path), kernel_backend="triton", dtype="float32", num_kv_blocks=64,
                               enforce_eager=True))
-    one_row.use_gemv_for_one_row(eng.runner.model)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     ids = prompt_ids(9, seed=4)
     got = run(eng, {0: [EngineRequest("a", ids, params)]})

@@ -43,8 +43,6 @@ from hosttune_engine.errors import ConfigError
 from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.kernels.decode_attention import choose_num_splits
 from hosttune_engine.kernels.split_k import device_sms
-from hosttune_engine.layers.backend import set_kernel_backend
-from hosttune_engine.layers.one_row import use_gemv_for_one_row
 from hosttune_engine.layers.sampler import DeviceSample, Sampler, SamplerOutput, SamplingBatch
 from hosttune_engine.model.loader import load_model
 from hosttune_engine.model.model_config import ModelConfig
@@ -52,6 +50,8 @@ from hosttune_engine.parallel.group import TensorParallelGroup
 from hosttune_engine.parallel.layout import ShardLayout
 from hosttune_engine.core.step_message import StepKind, step_message
 from hosttune_engine.parallel.transform import gather_logits, shard_model
+from hosttune_engine.plan.gpus import present_gpu
+from hosttune_engine.planner.prepare import prepare
 from hosttune_engine.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -104,11 +104,10 @@ class ModelRunner:
                                     config.seed, config.quantization, shard=shard)
         self.use_triton = config.kernel_backend == "triton" or (
             config.kernel_backend == "auto" and self.device.type == "cuda")
-        set_kernel_backend(self.model, self.use_triton)
-        if self.device.type == "cuda" and self.use_triton:
-            use_gemv_for_one_row(self.model)
+        self.plan = prepare(self.model, present_gpu(self.device), self.use_triton, config.kv_cache_dtype == "fp8",
+                            config.block_size)
         if group is not None:
-            gather_logits(self.model, group)  # after the GEMV transform: it wraps both paths
+            gather_logits(self.model, group)  # after the plan's LM head: it wraps every path
         self.num_kv_heads = layout.num_kv_heads if layout is not None else model_config.num_kv_heads
         fp8_kv = config.kv_cache_dtype == "fp8"
         self.kv_shape = KVCacheShape(model_config.num_layers, config.block_size, self.num_kv_heads,

@@ -1,28 +1,56 @@
 """Launch configurations of the Triton kernels, tuned per GPU and persisted on disk.
 
-A kernel asks `launch_config(kernel, key, default)` for its block shapes, warps
-and stages. Answers come from JSON tables: the one shipped beside this module
-(`tuned_configs.json`, measured on the GPUs we benchmark on) and, over it, a
-user table (`$HOSTTUNE_KERNEL_CONFIGS`, default `~/.cache/hosttune/kernel_configs.json`)
-that `tune()` writes. Nothing is tuned while serving, so a restart reads the
-table instead of re-tuning. Tables are keyed by the device name, then the
-kernel, then a shape key the kernel builds (head dim, GQA group, length bucket).
+Tables are keyed by the device name, then the kernel, then a shape key the kernel builds (head dim, GQA
+group, batch or length bucket, projection shape). They come from three places, later over earlier:
+- the table shipped beside this module (`tuned_configs.json`, measured on the GPUs we benchmark on);
+- the tuned-table cache (`$HOSTTUNE_ENGINE_CACHE`, default `~/.cache/hosttune-engine/`), one file per GPU name,
+  driver and Triton version, written by `hosttune-engine tune`; a file counts only where all three match
+  this machine, since a new driver or Triton can change what is fastest;
+- an explicit table (`$HOSTTUNE_KERNEL_CONFIGS`, default `~/.cache/hosttune/kernel_configs.json`), which the
+  benchmarks' own sweeps write with `save_config`.
+Nothing is tuned while serving, so a restart reads the tables instead of re-tuning.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 SHIPPED = Path(__file__).with_name("tuned_configs.json")
 USER_ENV = "HOSTTUNE_KERNEL_CONFIGS"
+CACHE_ENV = "HOSTTUNE_ENGINE_CACHE"
+
+
+@dataclass(frozen=True)
+class TableKey:
+    """What a tuned table was measured on."""
+
+    gpu: str  # the CUDA device name, e.g. "NVIDIA H200"
+    driver: str  # the NVIDIA driver version
+    triton: str  # the Triton version
+
+    @property
+    def file_name(self) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{self.gpu}-driver{self.driver}-triton{self.triton}") + ".json"
 
 
 def user_table_path() -> Path:
     return Path(os.environ.get(USER_ENV) or Path.home() / ".cache" / "hosttune" / "kernel_configs.json")
+
+
+def cache_dir() -> Path:
+    """Where `hosttune-engine tune` writes and the engine reads tuned tables."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "hosttune-engine")
+
+
+def cache_path(key: TableKey) -> Path:
+    return cache_dir() / "tuned" / key.file_name
 
 
 def _read(path: Path) -> dict:
@@ -47,23 +75,112 @@ def device_key(device) -> str:
 
 
 @lru_cache(maxsize=1)
-def _tables() -> dict:
+def driver_version() -> str:
+    """The NVIDIA driver's version ('550.54.15'), else the CUDA driver API's, else 'none'."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout.split()
+        if out:
+            return out[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    import torch
+
+    return f"cuda{torch._C._cuda_getDriverVersion()}" if torch.cuda.is_available() else "none"
+
+
+def triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+def present_key(gpu: str) -> TableKey:
+    """The table key of this machine's GPU named `gpu`."""
+    return TableKey(gpu, driver_version(), triton_version())
+
+
+def cached_table(key: TableKey) -> dict:
+    """The kernels of the cached table tuned on exactly `key`, or {}."""
+    return _read(cache_path(key)).get("kernels", {})
+
+
+def cached_tables() -> list[tuple[TableKey, dict]]:
+    """Every table in the cache: (what it was tuned on, its kernels)."""
+    found = []
+    for path in sorted((cache_dir() / "tuned").glob("*.json")):
+        raw = _read(path)
+        if {"gpu", "driver", "triton", "kernels"} <= set(raw):
+            found.append((TableKey(raw["gpu"], raw["driver"], raw["triton"]), raw["kernels"]))
+    return found
+
+
+def write_cached_table(key: TableKey, kernels: dict, about: dict) -> Path:
+    """Write a tuned table for `key` to the cache (replacing one tuned on the same key)."""
+    path = cache_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = {"gpu": key.gpu, "driver": key.driver, "triton": key.triton, **about, "kernels": kernels}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body, indent=1, sort_keys=True))
+    tmp.replace(path)
+    reload_tables()
+    return path
+
+
+def shipped_table(gpu: str) -> dict:
+    return _read(SHIPPED).get(gpu, {})
+
+
+def _merge(into: dict, kernels: dict) -> None:
+    for kernel, keys in kernels.items():
+        into.setdefault(kernel, {}).update(keys)
+
+
+@lru_cache(maxsize=None)
+def table_for(gpu: str, present: bool = True) -> dict:
+    """The merged table for `gpu`: shipped, then its cached table (tuned on this driver and Triton when
+    `present`, else the newest file for that name), then the explicit table."""
     merged: dict = {}
-    for path in (SHIPPED, user_table_path()):
-        for dev, kernels in _read(path).items():
-            for kernel, keys in kernels.items():
-                merged.setdefault(dev, {}).setdefault(kernel, {}).update(keys)
+    _merge(merged, shipped_table(gpu))
+    if gpu != "cpu":
+        _merge(merged, _cached_for(gpu, present))
+    _merge(merged, _read(user_table_path()).get(gpu, {}))
     return merged
+
+
+def _cached_for(gpu: str, present: bool) -> dict:
+    key = _cached_key(gpu, present)
+    return cached_table(key) if key else {}
+
+
+def _cached_key(gpu: str, present: bool) -> TableKey | None:
+    """The cached table that counts for `gpu`: this machine's versions' when present, else the last by name."""
+    if present:
+        key = present_key(gpu)
+        return key if cached_table(key) else None
+    same = [key for key, _ in cached_tables() if key.gpu == gpu]
+    return same[-1] if same else None
+
+
+def table_sources(gpu: str, present: bool = True) -> list[str]:
+    """Where `table_for(gpu, present)` takes entries from, in words (empty: no table has this GPU)."""
+    found = ["shipped"] if shipped_table(gpu) else []
+    key = _cached_key(gpu, present) if gpu != "cpu" else None
+    if key is not None:
+        found.append(f"tuned on driver {key.driver}, Triton {key.triton} ({cache_path(key)})")
+    if _read(user_table_path()).get(gpu):
+        found.append(str(user_table_path()))
+    return found
 
 
 def reload_tables() -> None:
     """Forget the cached tables (after `tune` wrote, or a test changed the environment)."""
-    _tables.cache_clear()
+    table_for.cache_clear()
 
 
 def launch_config(kernel: str, key: str, device, default: dict) -> dict:
     """The tuned config for (device, kernel, key), else `default`."""
-    found = _tables().get(device_key(device), {}).get(kernel, {}).get(key)
+    found = table_for(device_key(device)).get(kernel, {}).get(key)
     return {**default, **found} if found else dict(default)
 
 
@@ -80,7 +197,7 @@ def batch_bucket(n: int) -> str:
 
 
 def save_config(kernel: str, key: str, device_name: str, config: dict, path: Path | None = None) -> Path:
-    """Record a tuned config in the user table (or `path`)."""
+    """Record a tuned config in the explicit table (or `path`)."""
     path = path or user_table_path()
     table = _read(path)
     table.setdefault(device_name, {}).setdefault(kernel, {})[key] = config

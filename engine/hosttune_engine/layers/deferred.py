@@ -3,9 +3,8 @@
 The layer before a projection is small and streams its rows once; the projection that consumes it can
 compute it on the way in (the one-row GEMV's prologue, the FP8 GEMM's activation quantization), saving a
 launch and a round trip of its output through memory. A norm or activation returns a deferred input only
-where a transform said its one consumer takes them (layers/one_row.py for one-row steps,
-quant/transform.py `defer_to_fp8_inputs` for FP8-activation projections at any row count). A consumer
-without a fused form calls `materialize()`. A deferred input is made and consumed inside one model segment
+where the kernel plan fuses it into the projection it feeds, for the step's row count (planner/build.py). A
+consumer without a fused form calls `materialize()`. A deferred input is made and consumed inside one model segment
 (the norms before qkv_proj and gate_up_proj, the activation before down_proj, and gate_up_proj's output when
 down_proj computes it with the activation), so it never crosses the piecewise graphs' boundaries
 (core/mixed_graphs.py).
@@ -86,17 +85,6 @@ class DeferredSwiGLU:
 
 
 DEFERRED = (DeferredRMSNorm, DeferredSwiGLU, DeferredProjection)
-# A layer that may defer (by how its module name ends) -> the one projection it feeds, in the same decoder layer.
-CONSUMERS = {"input_layernorm": "self_attn.qkv_proj", "post_attention_layernorm": "mlp.gate_up_proj",
-             "mlp.act": "mlp.down_proj"}
-
-
-def consumer_name(name: str) -> str | None:
-    """The module name of the projection a deferring layer `name` feeds, or None if it is not one."""
-    for end, consumer in CONSUMERS.items():
-        if name == end or name.endswith("." + end):
-            return name[:len(name) - len(end)] + consumer
-    return None
 
 
 def source_of(x) -> torch.Tensor:
@@ -114,12 +102,3 @@ def defer_rms_norm(x, weight, eps, residual=None):
         return DeferredRMSNorm(x, weight, eps)
     deferred = DeferredRMSNorm(x, weight, eps, residual, torch.empty_like(x))
     return deferred, deferred.residual_out
-
-
-def runs_batched(layer, x) -> bool:
-    """Whether a layer set to defer at any row count does: the Triton backend is on and x is on a GPU."""
-    return layer.use_triton and x.shape[0] > 0 and _on_gpu(x)
-
-
-def _on_gpu(x) -> bool:  # tests point this at the CPU to run the path under the Triton interpreter
-    return source_of(x).is_cuda

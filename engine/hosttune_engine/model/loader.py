@@ -19,7 +19,7 @@ from hosttune_engine.model.shard import read_tensor
 from hosttune_engine.quant.preflight import check_checkpoint, resolve_spec
 from hosttune_engine.quant.quant_linear import QuantLinear
 from hosttune_engine.quant.build import build_quantized
-from hosttune_engine.quant.transform import check_loaded, defer_to_fp8_inputs, quantize_loaded
+from hosttune_engine.quant.transform import check_loaded, quantize_loaded
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -187,11 +187,8 @@ def load_model(cfg: ModelConfig, folder: str | Path, load_format: str, device: t
         init_dummy_weights(model, seed)
         if spec is not None:
             quantize_loaded(model, spec, dtype)
-            defer_to_fp8_inputs(model)
         return model
     model = build_model(cfg, device, dtype, shard) if spec is None else build_quantized(build_model, cfg, device, dtype, spec)
     load_safetensors(model, Path(folder))
     check_loaded(model)
-    if spec is not None:
-        defer_to_fp8_inputs(model)
     return model

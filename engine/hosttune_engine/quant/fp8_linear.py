@@ -17,7 +17,7 @@ from hosttune_engine.quant.spec import Layout
 
 
 class Fp8Linear(QuantLinear):
-    defer_swiglu: bool = False  # a gate_up projection whose SwiGLU feeds an FP8 down_proj (quant/transform.py)
+    swiglu_plan = None  # a gate_up projection's: down_proj's choices, which may compute SwiGLU from its output
 
     def __init__(self, in_features: int, shards: dict, bias: bool, spec, dtype, device, where: str):
         super().__init__(in_features, shards, bias, spec, dtype, device, where)
@@ -67,5 +67,5 @@ class Fp8Linear(QuantLinear):
         scale = scale.repeat_interleave(self.block_k, 1)[:, :self.in_features]
         return (self.weight.float() * scale).to(dtype)
 
-    def kernel_forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(self, x)
+    def kernel_forward(self, x, choice) -> torch.Tensor:
+        return fp8_linear(self, x, choice)

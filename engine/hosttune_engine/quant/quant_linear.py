@@ -8,19 +8,18 @@ from torch import nn
 
 from hosttune_engine.errors import ModelLoadError
 from hosttune_engine.layers.backend import KernelLayer
-from hosttune_engine.layers.deferred import materialized, source_of
+from hosttune_engine.layers.deferred import materialized
+from hosttune_engine.layers.one_row import planned
 from hosttune_engine.quant.layouts import checkpoint_tensors, require_layout
 from hosttune_engine.quant.spec import QuantSpec
 
 WHOLE = None  # the shard name of an unfused layer
 
 
-def _on_gpu(x) -> bool:  # tests point this at the CPU to run the kernels under the interpreter
-    return source_of(x).is_cuda
-
-
 class QuantLinear(KernelLayer):
     """A linear layer [N, K] stored quantized; `shards` (name -> rows) for a fused projection."""
+
+    kernel_plan = None  # its operation's choices (planner/prepare.py); without, the torch reference runs
 
     def __init__(self, in_features: int, shards: dict, bias: bool, spec: QuantSpec, dtype: torch.dtype,
                  device, where: str):
@@ -74,8 +73,9 @@ class QuantLinear(KernelLayer):
 
     def forward(self, x) -> torch.Tensor:
         """x [T, K] (or a deferred norm or SwiGLU: layers/deferred.py) -> [T, N] in x's dtype."""
-        if self.use_triton and _on_gpu(x):
-            return self.kernel_forward(x)
+        choice = planned(self.kernel_plan, self.use_triton, x)
+        if choice is not None and not choice.runs_reference:
+            return self.kernel_forward(x, choice)
         x = materialized(x)
         return torch.nn.functional.linear(x, self.dequantized(x.dtype), self.bias)
 
@@ -83,8 +83,8 @@ class QuantLinear(KernelLayer):
         """The weight [N, K] as plain numbers (the torch reference path)."""
         raise NotImplementedError
 
-    def kernel_forward(self, x) -> torch.Tensor:
-        """The GPU path: x a tensor or a deferred input."""
+    def kernel_forward(self, x, choice) -> torch.Tensor:
+        """The GPU path the plan's `choice` names: x a tensor or a deferred input."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:

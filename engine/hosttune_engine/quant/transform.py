@@ -14,11 +14,9 @@ import torch
 from torch import nn
 
 from hosttune_engine.errors import QuantizationError
-from hosttune_engine.layers.deferred import consumer_name
 from hosttune_engine.layers.linear import MergedLinear
 from hosttune_engine.quant.fp8_linear import Fp8Linear
 from hosttune_engine.quant.int4_linear import Int4Linear
-from hosttune_engine.quant.kernel_dispatch import takes_fp8_activations
 from hosttune_engine.quant.quant_linear import WHOLE, QuantLinear
 from hosttune_engine.quant.quantize import quantize_weight
 from hosttune_engine.quant.spec import QuantSpec
@@ -108,30 +106,3 @@ def check_loaded(model: nn.Module) -> None:
         if isinstance(m, QuantLinear):
             m.check_complete()
             m.finish_loading()
-
-
-def defer_to_fp8_inputs(model: nn.Module) -> None:
-    """Let each RMSNorm and SwiGLU whose one consumer is an FP8 layer taking FP8 activations defer at any row
-    count (layers/deferred.py): the layer's batched path then computes it and the per-token quantization in
-    one kernel (quant/kernel_dispatch.py `fp8_rows`). It defers only on the Triton backend on a GPU, and a
-    call that ends on another path (a GPU without FP8 tensor cores, a batch size tuned to W8A16) computes
-    it first, as the layer would have. The gate_up projection before such a SwiGLU defers too where it runs the
-    Triton FP8 GEMM. Run it on a loaded model: `row_scale` is derived at the end of loading."""
-    for name, module in model.named_modules():
-        consumer = consumer_name(name)
-        if consumer is None or not hasattr(module, "defer_rows"):
-            continue
-        layer = model.get_submodule(consumer)
-        if isinstance(layer, Fp8Linear) and takes_fp8_activations(layer):
-            module.defer_rows = True
-            _defer_swiglu_producer(model, name)
-
-
-def _defer_swiglu_producer(model: nn.Module, act: str) -> None:
-    """A deferring SwiGLU's gate_up projection, if FP8 with FP8 activations too, defers on the Triton GEMM:
-    down_proj's input quantization then runs that GEMM with the SwiGLU in its epilogue."""
-    if not act.endswith("mlp.act"):
-        return
-    gate_up = model.get_submodule(act.removesuffix("act") + "gate_up_proj")
-    if isinstance(gate_up, Fp8Linear) and takes_fp8_activations(gate_up):
-        gate_up.defer_swiglu = True

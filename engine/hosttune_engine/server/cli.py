@@ -1,4 +1,5 @@
-"""`hosttune-engine serve`: options in, a `ServerConfig` out, the server run, its exit code returned.
+"""`hosttune-engine serve`: options in, a `ServerConfig` out, the server run, its exit code returned; and
+`hosttune-engine plan` / `tune`, the kernel plan printed and the kernels tuned on this GPU.
 
 Exit codes: 0 after a drain (SIGTERM/SIGINT), 1 when the engine fails to load,
 fails warmup or dies, 2 for bad options.
@@ -15,7 +16,8 @@ import sys
 from hosttune_engine import __version__
 from hosttune_engine.config import (DEVICES, DTYPES, KERNEL_BACKENDS, KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATIONS,
                                     EngineConfig)
-from hosttune_engine.errors import ConfigError
+from hosttune_engine.errors import ConfigError, EngineError
+from hosttune_engine.planner import command as plan_command
 from hosttune_engine.server.auth import KEY_ENV, load_keys
 from hosttune_engine.server.config import ServerConfig
 
@@ -79,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--log-prompts", action="store_true", help="put prompt text in the per-request log lines")
     _auth_and_connection_args(s)
     s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    plan_command.add_parser(commands)
     return parser
 
 
@@ -140,8 +143,20 @@ def _run(coro) -> int:
     return asyncio.run(coro)
 
 
+def _plan(args: argparse.Namespace) -> None:
+    try:
+        from hosttune_engine.plan.render import format_plan
+
+        print(format_plan(plan_command.plan_from_args(args)))
+    except EngineError as e:
+        print(f"hosttune-engine: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    if args.command == "plan":
+        return _plan(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if not os.path.isdir(args.model):

@@ -1,0 +1,39 @@
+"""A kernel plan as text: the full table `hosttune-engine plan` prints, and the one line the server logs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hosttune_engine.plan.kinds import Op, Reason
+from hosttune_engine.plan.plan import Choice, KernelPlan
+
+COLUMNS = ("rows", "kernel", "config", "why", "input / output fused")
+
+
+def format_plan(plan: KernelPlan) -> str:
+    """Every operation's choice per row bucket, with its config and the reason."""
+    cap = ".".join(map(str, plan.gpu.capability))
+    lines = [f"Kernel plan for {plan.model}", f"GPU: {plan.gpu.name} (compute capability {cap}); weights "
+             f"{plan.weights}, activations {plan.dtype}; tuned table: {plan.table}"]
+    for op_plan in plan.ops:
+        lines += ["", f"{op_plan.op.value}:"]
+        rows = [COLUMNS] + [_row(c) for c in op_plan.choices]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+        lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _row(c: Choice) -> tuple[str, ...]:
+    why = c.reason.value + (f" ({c.entry})" if c.entry else "") + (f"; {c.note}" if c.note else "")
+    return (c.bucket.name, c.kernel.value, str(c.config), why, c.fusion.value)
+
+
+def summary(plan: KernelPlan) -> str:
+    """One line: how many choices are tuned, and what runs a one-row step and a prefill."""
+    reasons = Counter(c.reason for p in plan.ops for c in p.choices)
+    tuned = reasons[Reason.TUNED_SHAPE] + reasons[Reason.TUNED_BUCKET]
+    counts = f"{tuned} choices tuned, {reasons[Reason.DEFAULT]} generic defaults, {reasons[Reason.FALLBACK]} fallbacks"
+    one_row = ", ".join(f"{p.op.value} {p.at(1).kernel.value}" for p in plan.ops if p.op.is_projection)
+    prefill = plan.choice(Op.QKV, 4096).kernel.value
+    return (f"kernel plan on {plan.gpu.name}, {plan.weights} weights, tuned table {plan.table}: {counts}; "
+            f"one row: {one_row}; prefill projections: {prefill}")

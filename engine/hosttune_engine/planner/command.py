@@ -1,0 +1,41 @@
+"""`hosttune-engine plan`: the kernel plan of a model folder's config on this GPU or on one named."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.planner.build import PlanInputs, build_plan
+from hosttune_engine.plan.gpus import CPU, named_gpu, present_gpu
+from hosttune_engine.plan.plan import KernelPlan
+from hosttune_engine.planner.prepare import table_and_name
+from hosttune_engine.quant.preflight import resolve_spec
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("plan", help="print which kernel runs each operation of a model, and why",
+                            description="Print the kernel plan of a model: for each projection, attention, norm, "
+                                        "activation and the sampler, per row bucket, the kernel, its launch config "
+                                        "and why (tuned entry, generic default, rule, fallback). Reads config.json "
+                                        "only. Example: hosttune-engine plan --model /models/qwen2.5-7b "
+                                        "--gpu 'NVIDIA A100-SXM4-80GB'")
+    p.add_argument("--model", required=True, help="Hugging Face model folder (config.json is enough)")
+    p.add_argument("--gpu", help="a GPU's CUDA name, e.g. 'NVIDIA A100-SXM4-80GB' (default: this machine's)")
+    p.add_argument("--quantization", help="as serve's --quantization: 'fp8' at load, or a layout name")
+    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
+
+
+def plan_from_args(args: argparse.Namespace) -> KernelPlan:
+    """The plan `hosttune-engine plan` prints (bf16 activations, as the engine runs on a GPU)."""
+    cfg = ModelConfig.from_folder(args.model)
+    spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization else "auto", args.model)
+    gpu = named_gpu(args.gpu) if args.gpu else _this_gpu()
+    inputs = PlanInputs(cfg, gpu, torch.bfloat16, spec, use_triton=gpu.is_cuda,
+                        kv_cache_fp8=args.kv_cache_dtype == "fp8")
+    return build_plan(inputs, *table_and_name(gpu))
+
+
+def _this_gpu():
+    return present_gpu(torch.device("cuda")) if torch.cuda.is_available() else CPU

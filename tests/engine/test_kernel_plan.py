@@ -1,0 +1,128 @@
+"""The kernel plan: what it decides for the Qwen2.5-7B shape on named GPUs (from config.json alone), its typed
+launch configs, `hosttune-engine plan`, and that a prepared model runs what its plan names and nothing else."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hosttune_engine import Engine, EngineConfig, SamplingParams
+from hosttune_engine.core.messages import EngineRequest
+from hosttune_engine.errors import ConfigError
+from hosttune_engine.kernels import tuning
+from hosttune_engine.layers import one_row
+from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.planner.build import PlanInputs, build_plan
+from hosttune_engine.plan.gpus import named_gpu
+from hosttune_engine.plan.kinds import Fusion, Kernel, Op, Reason
+from hosttune_engine.plan.launch import Fp8Method, LaunchConfig
+from hosttune_engine.planner.prepare import apply_plan, table_and_name
+from hosttune_engine.plan.render import format_plan, summary
+from hosttune_engine.quant.dummy_specs import dummy_spec
+from hosttune_engine.server.cli import main
+
+from .oracle import prompt_ids
+from .test_oracle import run
+
+QWEN7B = Path(__file__).parents[1] / "fixtures" / "qwen2.5-7b"
+
+
+@pytest.fixture
+def no_user_tables(tmp_path, monkeypatch):
+    monkeypatch.setenv(tuning.USER_ENV, str(tmp_path / "none.json"))
+    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path / "cache"))
+    tuning.reload_tables()
+    yield tmp_path / "cache"
+    tuning.reload_tables()
+
+
+def _plan(gpu: str, quantization: str | None = None):
+    gpu_info = named_gpu(gpu)
+    spec = dummy_spec(quantization) if quantization else None
+    inputs = PlanInputs(ModelConfig.from_folder(QWEN7B), gpu_info, torch.bfloat16, spec)
+    return build_plan(inputs, *table_and_name(gpu_info))
+
+
+def test_bf16_on_the_h200_takes_the_tuned_gemv_at_one_row_and_cublas_above(no_user_tables):
+    plan = _plan("NVIDIA H200")
+    one = plan.choice(Op.QKV, 1)
+    assert (one.kernel, one.reason, one.fusion) == (Kernel.GEMV, Reason.TUNED_BUCKET, Fusion.RMSNORM)
+    assert one.args == tuning.shipped_table("NVIDIA H200")["gemv"]["bfloat16-m1"]
+    assert plan.choice(Op.DOWN, 1).fusion is Fusion.SWIGLU and plan.choice(Op.O, 1).fusion is Fusion.NONE
+    assert {plan.choice(op, 64).kernel for op in (Op.QKV, Op.O, Op.GATE_UP, Op.DOWN, Op.LM_HEAD)} == {Kernel.CUBLAS}
+    assert plan.choice(Op.NORM, 1).kernel is Kernel.IN_CONSUMER and plan.choice(Op.NORM, 2).kernel is Kernel.RMSNORM
+    assert plan.choice(Op.ATTENTION, 4096, prefill=True).kernel is Kernel.PREFILL_ATTENTION and plan.is_tuned
+
+
+def test_fp8_takes_per_shape_entries_on_the_h200_and_bf16_activations_on_an_a100(no_user_tables):
+    h200 = _plan("NVIDIA H200", "fp8")
+    gemv = h200.choice(Op.QKV, 1)
+    assert (gemv.kernel, gemv.reason, gemv.entry) == (Kernel.FP8_GEMV, Reason.TUNED_SHAPE,
+                                                      "fp8_gemv bfloat16-le1-4608x3584")
+    assert h200.choice(Op.QKV, 3).fusion is Fusion.NONE  # the prologue takes one row
+    down = h200.choice(Op.DOWN, 64)
+    assert down.kernel is Kernel.FP8_GEMM and down.fusion is Fusion.SWIGLU_IN_GATE_UP
+    assert h200.choice(Op.QKV, 4096).kernel is Kernel.FP8_MM_ROWWISE
+    a100 = _plan("NVIDIA A100-SXM4-80GB", "fp8")
+    assert a100.table == "none" and not a100.is_tuned
+    batched = a100.choice(Op.QKV, 64)
+    assert (batched.kernel, batched.reason, batched.fusion) == (Kernel.W8A16_GEMM, Reason.DEFAULT, Fusion.NONE)
+    assert batched.note == "no FP8 tensor cores"
+    assert _plan("NVIDIA H100 80GB HBM3", "fp8").choice(Op.QKV, 64).kernel is Kernel.FP8_MM_UNIT  # the default path
+
+
+def test_awq_dequantizes_for_prefill_where_the_h200_table_says_so(no_user_tables):
+    plan = _plan("NVIDIA H200", "awq")
+    assert plan.choice(Op.GATE_UP, 1).kernel is Kernel.INT4_GEMV
+    want = LaunchConfig.from_table(tuning.shipped_table("NVIDIA H200")["w4a16_gemm"]["bfloat16-gt128-37888x3584"])
+    prefill = plan.choice(Op.GATE_UP, 4096)
+    assert prefill.config == want
+    assert prefill.kernel is (Kernel.W4A16_DEQUANT if want.dequant else Kernel.W4A16_GEMM)
+
+
+def test_launch_configs_are_typed_and_refuse_unknown_keys():
+    cfg = LaunchConfig.from_table({"BLOCK_N": 8, "FUSE": 0, "UNROLL": 2, "num_warps": 4})
+    assert cfg.fuse is False and cfg.unroll == 2 and cfg.kernel_args() == {"BLOCK_N": 8, "num_warps": 4, "FUSE": 0,
+                                                                            "UNROLL": 2}
+    assert LaunchConfig.from_table({"METHOD": "triton"}).method is Fp8Method.TRITON
+    assert LaunchConfig(block_n=4).merged(LaunchConfig(block_n=8, xb=True)) == LaunchConfig(block_n=8, xb=True)
+    with pytest.raises(ConfigError, match="BLOCK_Q"):
+        LaunchConfig.from_table({"BLOCK_Q": 1})
+
+
+def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no_user_tables, capsys):
+    main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA A100-SXM4-80GB", "--quantization", "fp8"])
+    out = capsys.readouterr().out
+    assert "GPU: NVIDIA A100-SXM4-80GB (compute capability 8.0); weights fp8-channel" in out
+    assert "tuned table: none" in out and "Triton W8A16 GEMM" in out and "Triton FP8 GEMV" in out
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--model", str(QWEN7B), "--gpu", "Radeon 7900"])
+    assert exit_.value.code == 2 and "unknown GPU" in capsys.readouterr().err
+    assert summary(_plan("NVIDIA H200")).startswith("kernel plan on NVIDIA H200, bf16 weights, tuned table shipped:")
+    assert "qkv_proj:" in format_plan(_plan("NVIDIA H200"))
+
+
+def test_a_plan_naming_the_torch_reference_for_one_projection_runs_it_there_only(tiny_models, monkeypatch):
+    """One-row decode under the Triton interpreter: every projection's weight goes through the GEMV except
+    o_proj's, whose plan names the torch reference; the tokens stay the reference's."""
+    seen = []
+    for name in ("gemv", "gemv_rmsnorm", "gemv_swiglu"):
+        fn = getattr(one_row, name)
+        weight_at = 3 if name == "gemv_rmsnorm" else 1
+        monkeypatch.setattr(one_row, name, lambda *a, _fn=fn, _i=weight_at, **k: (seen.append(a[_i]), _fn(*a, **k))[1])
+    monkeypatch.setattr(one_row, "_on_gpu", lambda x: True)
+    eng = Engine(EngineConfig(model=str(tiny_models["qwen2"]), kernel_backend="triton", dtype="float32",
+                              num_kv_blocks=64, enforce_eager=True))
+    model = eng.runner.model
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    ids = prompt_ids(9, seed=4)
+    planned = run(eng, {0: [EngineRequest("a", ids, params)]})["a"]
+    assert {id(w) for w in seen} == {id(p) for n, p in model.named_parameters() if n.endswith("proj.weight")} | {
+        id(model.lm_head.weight)}
+    seen.clear()
+    apply_plan(model, eng.runner.plan.with_kernel(Op.O, Kernel.TORCH))
+    assert run(eng, {0: [EngineRequest("b", ids, params)]})["b"] == planned
+    o_weights = {id(layer.self_attn.o_proj.weight) for layer in model.model.layers}
+    assert seen and not o_weights & {id(w) for w in seen}
+    # qkv, gate_up and down in 2 one-row steps; the LM head for each of the 3 tokens (the prefill's last row too)
+    assert len(seen) == 2 * 3 * len(model.model.layers) + 3
