@@ -46,6 +46,7 @@ from hosttune_engine.kernels.tuning import batch_bucket, launch_config  # noqa: 
 from hosttune_engine.kernels.gemv import DEFAULT as GEMV_DEFAULT  # noqa: E402
 from hosttune_engine.layers.deferred import DeferredRMSNorm, DeferredSwiGLU  # noqa: E402
 from hosttune_engine.quant.kernel_dispatch import gemv_one_row  # noqa: E402
+from hosttune_engine.tuner.timing import Timer  # noqa: E402
 
 GROUP = 128
 TOL = 2e-2  # max |error| / max |reference| for bf16 outputs
@@ -64,21 +65,7 @@ class Tuner:
     # -- timing ---------------------------------------------------------------------------------------------
     def per_call_ms(self, calls) -> float:
         """ms of one call: a CUDA graph calling each of `calls` once, replayed; wall time on the CPU."""
-        for c in calls:
-            c()
-        if self.device.type != "cuda":
-            t0 = time.perf_counter()
-            for c in calls:
-                c()
-            return (time.perf_counter() - t0) * 1e3 / len(calls)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for c in calls:
-                c()
-        graph.replay()
-        torch.cuda.synchronize()
-        return common.replay_ms(graph, 10) / len(calls)
+        return Timer(self.device).per_call_ms(calls)
 
     def copies(self, nbytes: int) -> int:
         return 1 if self.tiny else max(2, min(24, -(-L2_SPAN // nbytes)))

@@ -12,12 +12,15 @@ LAYERS = Layering(PKG, (
     ("errors",),                              # the typed errors every layer raises
     ("config", "sampling", "host_copy"),      # engine and request settings; device-to-host copies
     ("kernels",),                             # Triton kernels beside their torch references, tuned configs
+    ("plan",),                                # the kernel plan's values: which kernel and config, and why
     ("layers",),                              # nn.Modules that call the kernels
     ("quant",),                               # quantized formats: specs, packing, quantized linears
     ("model",),                               # the plain model, its config, weight loading, tokenizer
-    ("parallel", "cache"),                    # tensor parallelism as a transform of a model; the KV pool
+    ("parallel", "cache", "planner"),         # tensor parallelism as a transform of a model; the KV pool;
+                                              # a model's kernel plan built, and the model prepared from it
     ("core",),                                # sequence, block manager, scheduler, model runner, engine, ranks
-    ("llm", "checkpoint"),                    # offline generation; quantized checkpoints written by the engine
+    ("llm", "checkpoint", "tuner"),           # offline generation; quantized checkpoints written by the engine;
+                                              # the kernels a model's plan runs, tuned on this GPU
     ("__init__",),
     ("server",),                              # the OpenAI-compatible HTTP server and its CLI
     ("__main__",),                            # python -m hosttune_engine
@@ -43,7 +46,7 @@ def test_a_back_arrow_is_a_fault(tmp_path):
     core's sequence, a unit reaching its peer through a relative import, and a new package without a layer."""
     package = tmp_path / "hosttune_engine"
     manager, peer, newcomer = (package / "cache" / "block_manager.py", package / "parallel" / "bad.py",
-                               package / "tuner" / "table.py")
+                               package / "newcomer" / "table.py")
     for path in (manager, peer, newcomer):
         path.parent.mkdir(parents=True, exist_ok=True)
     manager.write_text("from hosttune_engine.core.sequence import Sequence\n")
@@ -54,6 +57,6 @@ def test_a_back_arrow_is_a_fault(tmp_path):
         "hosttune_engine/cache/block_manager.py (cache) imports hosttune_engine.core.sequence (core, a layer above it)"]
     assert planted.faults(peer) == [
         "hosttune_engine/parallel/bad.py (parallel) imports hosttune_engine.cache (cache, a layer beside it)"]
-    assert planted.unplaced() == "without a layer: ['tuner']; not in hosttune_engine/: " + str(
+    assert planted.unplaced() == "without a layer: ['newcomer']; not in hosttune_engine/: " + str(
         sorted(set(LAYERS.units) - {"cache", "parallel"}))
-    assert planted.faults(newcomer) == ["hosttune_engine/tuner/table.py is in tuner, which has no layer"]
+    assert planted.faults(newcomer) == ["hosttune_engine/newcomer/table.py is in newcomer, which has no layer"]

@@ -164,9 +164,9 @@ def command_faults(words: list[str]) -> list[str]:
             return [f"hosttune has no command {rest[:1]}"]
         help_text = hosttune_help(rest[0])
     else:
-        if rest[:1] != ["serve"]:
+        if rest[:1] not in (["serve"], ["plan"], ["tune"]):
             return [f"hosttune-engine has no command {rest[:1]}"]
-        help_text = engine_help("serve")
+        help_text = engine_help(rest[0])
     options = [w.split("=", 1)[0] for w in rest[1:] if w.startswith("-") and w != "-"]
     return [f"{program} {rest[0]} has no option {o}" for o in options if not has_option(help_text, o)]
 

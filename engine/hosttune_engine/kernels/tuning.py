@@ -25,6 +25,7 @@ from typing import Callable
 SHIPPED = Path(__file__).with_name("tuned_configs.json")
 USER_ENV = "HOSTTUNE_KERNEL_CONFIGS"
 CACHE_ENV = "HOSTTUNE_ENGINE_CACHE"
+SHIPPED_ENV = "HOSTTUNE_ENGINE_SHIPPED_TABLE"  # "off": ignore the shipped table (to measure a tune against it)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,11 @@ def cached_table(key: TableKey) -> dict:
     return _read(cache_path(key)).get("kernels", {})
 
 
+def cached_about(key: TableKey) -> dict:
+    """What the cached table tuned on `key` says of itself besides its kernels (when, for which weights)."""
+    return {k: v for k, v in _read(cache_path(key)).items() if k != "kernels"}
+
+
 def cached_tables() -> list[tuple[TableKey, dict]]:
     """Every table in the cache: (what it was tuned on, its kernels)."""
     found = []
@@ -128,6 +134,8 @@ def write_cached_table(key: TableKey, kernels: dict, about: dict) -> Path:
 
 
 def shipped_table(gpu: str) -> dict:
+    if os.environ.get(SHIPPED_ENV) == "off":
+        return {}
     return _read(SHIPPED).get(gpu, {})
 
 

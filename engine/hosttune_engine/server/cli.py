@@ -18,6 +18,7 @@ from hosttune_engine.config import (DEVICES, DTYPES, KERNEL_BACKENDS, KV_CACHE_D
                                     EngineConfig)
 from hosttune_engine.errors import ConfigError, EngineError
 from hosttune_engine.planner import command as plan_command
+from hosttune_engine.tuner import command as tune_command
 from hosttune_engine.server.auth import KEY_ENV, load_keys
 from hosttune_engine.server.config import ServerConfig
 
@@ -82,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     _auth_and_connection_args(s)
     s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     plan_command.add_parser(commands)
+    tune_command.add_parser(commands)
     return parser
 
 
@@ -143,11 +145,10 @@ def _run(coro) -> int:
     return asyncio.run(coro)
 
 
-def _plan(args: argparse.Namespace) -> None:
+def _report(make) -> None:
+    """Print what `make()` returns; an engine error is one line and exit code 2."""
     try:
-        from hosttune_engine.plan.render import format_plan
-
-        print(format_plan(plan_command.plan_from_args(args)))
+        print(make())
     except EngineError as e:
         print(f"hosttune-engine: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -156,7 +157,12 @@ def _plan(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.command == "plan":
-        return _plan(args)
+        from hosttune_engine.plan.render import format_plan
+
+        return _report(lambda: format_plan(plan_command.plan_from_args(args)))
+    if args.command == "tune":
+        logging.basicConfig(level="WARNING")
+        return _report(lambda: tune_command.tune_from_args(args))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if not os.path.isdir(args.model):

@@ -1,0 +1,121 @@
+"""Each tunable kernel's candidate launch configs: grids swept on the H200 (the configs that won there and the
+ones near them), the kernel's default, and every config a shipped table holds for it on any GPU, first, so a
+short budget on a new GPU starts from what is fast elsewhere."""
+
+from __future__ import annotations
+
+import json
+
+from hosttune_engine.kernels import tuning
+
+def _grid(keys, rows) -> list[dict]:
+    return [dict(zip(keys, r)) for r in rows]
+
+
+_GEMV_KEYS = ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "FUSE")  # FUSE 0: the prologue's own kernels first
+
+
+def _variants(rows, unrolls=(1, 2), xb: int = 1) -> list[dict]:
+    """GEMV configs with the K loop unrolled; for the FP8 GEMV also the input in the weight tile's layout (XB: what
+    the unfused FUSE 0 GEMVs can take)."""
+    extra = {"XB": 1} if xb else {}
+    return [{**c, **extra, "UNROLL": u} for c in _grid(_GEMV_KEYS, rows) for u in unrolls]
+
+
+def _split(rows, unrolls, splits=(2, 4)) -> list[dict]:
+    """GEMV configs with K split across programs (kernels/gemv_splits.py): for the projections with few rows."""
+    return [{**c, "SPLIT": k} for c in _variants(rows, unrolls, xb=0) for k in splits]
+
+
+def _piped(rows, xb: int, stages=(3, 4)) -> list[dict]:
+    """GEMV configs whose K loop is software-pipelined (PIPE: every load of the loop, not only a dot's, through
+    shared memory that many tiles ahead)."""
+    return [{**c, "PIPE": p} for c in _variants(rows, (1,), xb=xb) for p in stages]
+
+
+_FP8_SPLIT = [(4, 1024, 4, 3, 0), (8, 512, 4, 3, 0), (16, 512, 8, 3, 0)]
+_FP8_ROWS = [(16, 512, 8, 3, 1), (8, 512, 4, 4, 1), (4, 1024, 4, 3, 1), (4, 512, 4, 4, 1), (16, 256, 4, 3, 1),
+             (8, 1024, 8, 3, 1), (16, 512, 8, 3, 0), (4, 1024, 4, 3, 0)]
+_FP8_PLAIN = [(16, 512, 8, 3, 0), (4, 1024, 4, 3, 0), (8, 512, 4, 3, 0), (8, 1024, 8, 3, 0), (32, 256, 8, 3, 0),
+              (16, 1024, 8, 3, 0), (4, 2048, 8, 3, 0), (32, 512, 8, 3, 0)]
+_FP8_PACKED = [(32, 512, 4, 3, 0), (64, 256, 4, 3, 0), (16, 1024, 4, 3, 0), (32, 512, 8, 3, 0), (16, 512, 4, 3, 0),
+               (32, 1024, 8, 3, 0), (64, 512, 8, 3, 0), (16, 256, 4, 3, 0), (32, 512, 4, 3, 1), (16, 512, 4, 3, 1)]
+FP8_GEMV = ([{**c, "DOT": 0} for c in (
+    _grid(_GEMV_KEYS, _FP8_ROWS) + _variants(_FP8_PLAIN) + _variants(_FP8_PLAIN[:3], unrolls=(4,))
+    + _variants(_FP8_ROWS[:2], xb=0) + _split(_FP8_SPLIT, (1,)))]
+    + [{**c, "DOT": 1} for c in _grid(_GEMV_KEYS, [(32, 256, 4, 3, 1)])]
+    + [{**c, "DOT": 0, "PACKED": 1}
+       for c in _variants(_FP8_PACKED, xb=0) + _split(_FP8_PACKED[:2] + [(16, 512, 4, 3, 0)], (1,))]
+    + [{**c, "DOT": 0} for c in _piped(_FP8_PLAIN[:3] + [(4, 512, 4, 3, 0)], xb=1)]
+    + [{**c, "DOT": 0, "PACKED": 1} for c in _piped(_FP8_PACKED[:4], xb=0)])
+_INT4_ROWS = [(4, 1024, 4, 2, 1), (4, 512, 4, 3, 1), (8, 1024, 8, 2, 1), (8, 512, 4, 3, 1), (16, 512, 4, 2, 1),
+              (16, 1024, 4, 2, 1), (8, 128, 1, 4, 1), (16, 128, 2, 4, 1), (32, 128, 4, 3, 1), (4, 1024, 4, 3, 1),
+              (4, 1024, 4, 2, 0), (8, 512, 4, 3, 0), (16, 1024, 4, 2, 0), (8, 128, 1, 4, 0)]
+_INT4_PACKED = [(16, 1024, 4, 2, 0), (8, 512, 4, 3, 0), (16, 512, 4, 2, 0), (32, 512, 8, 2, 0), (8, 1024, 4, 2, 0),
+                 (4, 1024, 4, 2, 0), (32, 256, 4, 2, 0), (16, 1024, 4, 2, 1), (8, 512, 4, 3, 1)]
+_INT4_PACKED_MORE = [(16, 512, 4, 2, 0), (32, 512, 4, 2, 0), (16, 256, 4, 2, 0), (64, 256, 8, 2, 0), (8, 256, 2, 2, 0)]
+INT4_GEMV = (_grid(_GEMV_KEYS, _INT4_ROWS) + _variants(_INT4_ROWS[-4:-1], xb=0)
+             + [{**c, "PACKED": 1} for c in _variants(_INT4_PACKED, xb=0) + _variants(_INT4_PACKED_MORE, (2, 4), xb=0)
+                + _split(_INT4_PACKED_MORE[:2] + [(8, 512, 4, 3, 0)], (4,))
+                + _piped(_INT4_PACKED_MORE[:3] + [(16, 1024, 4, 2, 0)], xb=0)
+                + [{**c, "PIPE": 3} for c in _split(_INT4_PACKED_MORE[:2], (1,))]])
+_GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
+GEMM_FEW_ROWS = [{**c, "GROUP_M": 8} for c in _grid(_GEMM_KEYS, [  # 64 rows: memory-bound, few output tiles
+    (64, 64, 128, 1, 4, 3), (64, 128, 64, 1, 4, 4), (32, 64, 128, 1, 4, 4), (64, 64, 128, 2, 4, 3),
+    (64, 32, 128, 2, 4, 4), (16, 64, 128, 2, 4, 4), (64, 64, 64, 4, 4, 4), (64, 128, 128, 2, 8, 3)])] + [
+    {"DEQUANT": 1}]  # the W4A16 GEMM only: the weight dequantized, then cuBLAS
+GEMM_MANY_ROWS = [{**c, "GROUP_M": 8} for c in _grid(_GEMM_KEYS, [  # a 4K-token prefill: compute-bound
+    (128, 128, 64, 1, 4, 3), (128, 128, 64, 1, 8, 3), (128, 256, 64, 1, 8, 3), (64, 128, 64, 1, 4, 4),
+    (128, 128, 128, 1, 8, 3), (128, 64, 64, 1, 4, 4), (256, 128, 64, 1, 8, 3)])] + [{"DEQUANT": 1}]
+
+
+DECODE_ATTENTION = [{"BLOCK_N": n, "num_warps": w, "num_stages": s}
+                    for n, w, s in ((64, 4, 3), (32, 4, 3), (128, 4, 3), (64, 4, 4), (128, 8, 3), (64, 2, 3), (128, 4, 4))]
+GEMV = [{"BLOCK_N": n, "BLOCK_K": k, "num_warps": w, "num_stages": s}
+        for n, k, w, s in ((4, 512, 4, 4), (8, 512, 4, 4), (4, 1024, 4, 3), (2, 1024, 4, 3), (8, 256, 4, 4))]
+FP8_GEMM = [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_warps": w, "num_stages": s, "FAST_ACC": 1}
+            for m, n, k, w, s in ((64, 64, 256, 4, 4), (64, 32, 256, 4, 6), (64, 64, 256, 4, 6), (64, 128, 128, 4, 3),
+                                  (32, 64, 128, 4, 3), (128, 128, 64, 8, 3), (128, 128, 128, 8, 3))]
+GRIDS = {"gemv": GEMV, "fp8_gemv": FP8_GEMV, "int4_gemv": INT4_GEMV, "decode_attention": DECODE_ATTENTION,
+         "fp8_gemm": FP8_GEMM}
+
+
+def candidates(kernel: str, default: dict, rows: int = 1) -> tuple[list[dict], int]:
+    """(shipped winners for `kernel`, then its default, then its grid (GEMMs: the grid for `rows`), no repeats;
+    how many of them are the first two kinds, which every sweep tries)."""
+    grid = GRIDS.get(kernel) or (GEMM_FEW_ROWS if rows <= 128 else GEMM_MANY_ROWS)
+    if kernel == "w8a16_gemm":
+        grid = [c for c in grid if "DEQUANT" not in c]
+    seeds = _unique(shipped_configs(kernel) + [default])
+    return _unique(seeds + grid), len(seeds)
+
+
+def _unique(configs: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for cfg in configs:
+        key = json.dumps(cfg, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(cfg)
+    return out
+
+
+def shipped_configs(kernel: str) -> list[dict]:
+    """Every config the shipped table holds for `kernel`, on any GPU, most used first."""
+    counts: dict = {}
+    for kernels in json.loads(tuning.SHIPPED.read_text()).values():
+        for cfg in kernels.get(kernel, {}).values():
+            key = json.dumps(cfg, sort_keys=True)
+            counts[key] = counts.get(key, 0) + 1
+    return [json.loads(k) for k in sorted(counts, key=lambda k: -counts[k])]
+
+
+def tiny_candidates(cands: list[dict]) -> list[dict]:
+    """One config of each kernel kind for the CPU test (the interpreter is slow)."""
+    kinds = {}
+    for c in (c for c in cands if not c.get("PACKED")):  # CUDA only
+        key = (c.get("DOT"), c.get("FUSE"), c.get("DEQUANT"), c.get("SPLIT_K", c.get("SPLIT", 1)) > 1, c.get("XB", 0))
+        kinds.setdefault(key, []).append(c)  # (UNROLL changes nothing the CPU can see)
+    return [c for group in kinds.values() for c in group[:1]]
+
+

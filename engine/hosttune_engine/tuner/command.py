@@ -1,0 +1,67 @@
+"""`hosttune-engine tune`: tune the kernels a model's plan runs on this GPU and cache the table."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from hosttune_engine.errors import ConfigError
+from hosttune_engine.kernels import tuning
+from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.plan.gpus import present_gpu
+from hosttune_engine.planner.build import PlanInputs
+from hosttune_engine.quant.preflight import resolve_spec
+from hosttune_engine.tuner.run import Tuning, tune_model
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser("tune", help="tune the kernels a model runs on this GPU; the engine reads the table at start",
+                            description="Time each planned kernel's candidate launch configs on this GPU within a "
+                                        "time budget and write the winners to the tuned-table cache "
+                                        f"(${tuning.CACHE_ENV}, default ~/.cache/hosttune-engine), keyed by GPU "
+                                        "name, driver and Triton version. Reads config.json only. Example: "
+                                        "hosttune-engine tune --model /models/qwen2.5-7b --budget-s 300")
+    p.add_argument("--model", required=True, help="Hugging Face model folder (config.json is enough)")
+    p.add_argument("--budget-s", type=float, default=300.0, help="seconds of sweeping (the seeds of each sweep "
+                                                                  "run past it)")
+    p.add_argument("--quantization", help="as serve's --quantization: tune for FP8 at load, or a layout name")
+    p.add_argument("--if-missing", action="store_true",
+                   help="tune only if this GPU, driver and Triton have no cached table for these weights yet")
+
+
+def tune_from_args(args: argparse.Namespace) -> str:
+    """Tune, write the cache, and return the report."""
+    if args.budget_s <= 0:
+        raise ConfigError(f"--budget-s {args.budget_s}: give seconds (> 0)")
+    if not torch.cuda.is_available():
+        raise ConfigError("tune times kernels on this machine's GPU, and it has none")
+    cfg = ModelConfig.from_folder(args.model)
+    spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization else "auto", args.model)
+    gpu = present_gpu(torch.device("cuda"))
+    key, weights = tuning.present_key(gpu.name), spec.layout.value if spec is not None else "bf16"
+    tuned_for = tuning.cached_about(key).get("tuned_for", [])
+    if args.if_missing and weights in tuned_for:
+        return f"{gpu.name} has a table tuned for {weights} weights on this driver and Triton: {tuning.cache_path(key)}"
+    start = time.perf_counter()
+    done = tune_model(PlanInputs(cfg, gpu, torch.bfloat16, spec), args.budget_s)
+    wall_s = time.perf_counter() - start
+    merged = tuning.cached_table(key)
+    for kernel, entries in done.table.items():
+        merged.setdefault(kernel, {}).update(entries)
+    about = {"tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "tuned_for": sorted(set(tuned_for) | {weights})}
+    return report(done, wall_s, str(tuning.write_cached_table(key, merged, about)))
+
+
+def report(done: Tuning, wall_s: float, path: str) -> str:
+    lines = []
+    for r in done.sweeps:
+        best = r.best
+        result = f"{best.ms * 1e3:9.1f} us  {best.config}" if best else "no candidate ran: " + str(
+            [t.error for t in r.tried][:2])
+        lines.append(f"{r.kernel:>16}  {', '.join(r.cases):<40} {len(r.tried):3d} tried, {r.skipped:3d} left  {result}")
+    entries = sum(len(v) for v in done.table.values())
+    lines.append(f"{entries} entries tuned in {wall_s:.0f} s; table {path}")
+    return "\n".join(lines)

@@ -1,0 +1,99 @@
+"""`hosttune-engine tune` on tiny shapes under the Triton interpreter: each planned kernel's candidates are
+checked and timed, the winners land under the keys the plan reads, and the cached table counts only on the GPU,
+driver and Triton it was tuned on."""
+
+import pytest
+import torch
+
+from hosttune_engine.kernels import tuning
+from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.plan.gpus import GpuInfo
+from hosttune_engine.plan.kinds import Op, Reason
+from hosttune_engine.planner.build import PlanInputs, build_plan
+from hosttune_engine.planner.prepare import table_and_name, untuned_line
+from hosttune_engine.quant.dummy_specs import dummy_spec
+from hosttune_engine.server.cli import main
+from hosttune_engine.tuner.run import tune_model
+
+from .conftest import HAS_CUDA
+from .test_kernel_plan import no_user_tables  # noqa: F401  (a fixture: no tuned tables but the shipped one)
+
+STAND_IN = GpuInfo("cpu standing in for a GPU", (8, 0), present=False)
+TINY = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6,
+        "vocab_size": 256, "torch_dtype": "float32"}  # 4-bit groups of 128 need K a multiple of 128
+
+
+def _inputs(quantization=None) -> PlanInputs:
+    spec = dummy_spec(quantization) if quantization else None
+    return PlanInputs(ModelConfig.from_dict(TINY), STAND_IN, torch.float32, spec)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the tiny run is the CPU's, under the Triton interpreter")
+def test_a_bf16_tune_writes_the_entries_its_plan_then_reads(no_user_tables):
+    done = tune_model(_inputs(), budget_s=600, tiny=True)
+    assert set(done.table) == {"gemv", "decode_attention"} and all(r.best for r in done.sweeps)
+    assert [r.cases for r in done.sweeps][0] == ("qkv_proj 256x128", "o_proj 128x128", "gate_up_proj 512x128",
+                                                 "down_proj 128x256", "lm_head 256x128")
+    tuning.write_cached_table(tuning.TableKey(STAND_IN.name, "555.42", "3.4.0"), done.table, {})
+    plan = build_plan(_inputs(), *table_and_name(STAND_IN))
+    assert plan.choice(Op.QKV, 1).reason is Reason.TUNED_BUCKET and plan.choice(Op.QKV, 1).args == done.table[
+        "gemv"]["float32-m1"]
+    assert plan.choice(Op.ATTENTION, 1).reason is Reason.TUNED_BUCKET
+    assert "tuned on driver 555.42, Triton 3.4.0" in plan.table
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(HAS_CUDA, reason="the tiny run is the CPU's, under the Triton interpreter")
+def test_a_4bit_tune_writes_each_shape_and_the_bucket(no_user_tables):
+    done = tune_model(_inputs("awq"), budget_s=600, tiny=True)
+    shapes = ("256x128", "128x128", "512x128", "128x256")
+    assert set(done.table["int4_gemv"]) == {"float32-le1"} | {f"float32-le1-{s}" for s in shapes}
+    assert {f"float32-{b}-{s}" for b in ("le64", "gt128") for s in shapes} <= set(done.table["w4a16_gemm"])
+    assert all(r.best for r in done.sweeps)
+
+
+def test_a_cached_table_counts_only_on_its_driver_and_triton(no_user_tables, monkeypatch):
+    monkeypatch.setattr(tuning, "driver_version", lambda: "555.42")
+    monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
+    entry = {"gemv": {"bfloat16-m1": {"BLOCK_N": 8}}}
+    path = tuning.write_cached_table(tuning.present_key("NVIDIA A100-SXM4-80GB"), entry, {})
+    assert path == no_user_tables / "tuned" / "NVIDIA_A100-SXM4-80GB-driver555.42-triton3.4.0.json"
+    assert tuning.table_for("NVIDIA A100-SXM4-80GB") == entry
+    assert tuning.launch_config("gemv", "bfloat16-m1", torch.device("cpu"), {"BLOCK_N": 4}) == {"BLOCK_N": 4}
+    monkeypatch.setattr(tuning, "driver_version", lambda: "560.1")
+    tuning.reload_tables()
+    assert tuning.table_for("NVIDIA A100-SXM4-80GB") == {} and tuning.table_sources("NVIDIA A100-SXM4-80GB") == []
+    assert tuning.table_for("NVIDIA A100-SXM4-80GB", present=False) == entry  # `plan --gpu` shows the last one
+    line = untuned_line(GpuInfo("NVIDIA A100-SXM4-80GB", (8, 0), True))
+    assert "driver 560.1, Triton 3.4.0" in line and "hosttune-engine tune --model MODEL" in line
+
+
+def test_the_shipped_table_can_be_left_out_to_measure_a_tune_against_it(no_user_tables, monkeypatch):
+    assert tuning.table_for("NVIDIA H200", present=False)["gemv"]
+    monkeypatch.setenv(tuning.SHIPPED_ENV, "off")
+    tuning.reload_tables()
+    assert tuning.table_for("NVIDIA H200", present=False) == {}
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU tune would run")
+def test_tune_without_a_gpu_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "--model", str(tmp_path), "--budget-s", "10"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "has none" in err
+
+
+def test_tune_if_missing_leaves_a_table_already_tuned_for_these_weights(no_user_tables, monkeypatch, capsys):
+    from hosttune_engine.tuner import command
+
+    from .test_kernel_plan import QWEN7B
+
+    monkeypatch.setattr(command.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(command, "present_gpu", lambda device: GpuInfo("NVIDIA L40S", (8, 9), True))
+    monkeypatch.setattr(tuning, "driver_version", lambda: "555.42")
+    monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
+    tuning.write_cached_table(tuning.present_key("NVIDIA L40S"), {"gemv": {}}, {"tuned_for": ["bf16"]})
+    main(["tune", "--model", str(QWEN7B), "--if-missing"])
+    assert "NVIDIA L40S has a table tuned for bf16 weights on this driver and Triton" in capsys.readouterr().out
