@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from hosttune.deploy.access import HOST_KEY_DIR, HOST_TLS_DIR, Access
 from hosttune.actions.base import Command, FileWrite, Op
+from hosttune.actions.needs import NeedCommand
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.units import Upstream, render_nginx
 from hosttune.presets import EnginePreset
@@ -86,6 +87,6 @@ def front_ops(access: Access, engine: str, ports: tuple[int, ...]) -> list[Op]:
         return []
     conf = NGINX_CONF
     return tls_ops(access) + [FileWrite(conf + ".new", render_nginx(front_upstream(access, engine, ports))),
-                              Command(("sh", "-c", _SWAP_CHECKED, "sh", conf)),
+                              Command(("sh", "-c", _SWAP_CHECKED, "sh", conf), requires=(NeedCommand("nginx"),)),
                               Command(("systemctl", "enable", "--quiet", "nginx")),
                               Command(("systemctl", "reload-or-restart", "nginx"))]

@@ -91,6 +91,12 @@ def requests_for(groups: Iterable[Group], flavour: PackageFlavour | None, offlin
 # -- judging one need ------------------------------------------------------------------------
 
 
+def _first_line(text: str, width: int = 100) -> str:
+    """A description on one line (a `sh -c` script's first line), cut at `width`."""
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= width and line == text else line[:width].rstrip() + " …"
+
+
 def _program(need: NeedCommand, op: Op, facts: HostNeeds, offline: bool) -> Answer:
     found = (facts.commands if offline and not need.on_machine else facts.machine_commands).get(need.name)
     if found:
@@ -99,7 +105,7 @@ def _program(need: NeedCommand, op: Op, facts: HostNeeds, offline: bool) -> Answ
         return Answer(Verdict.DEFERRED, f"--root: the image has no {need.name}, so `{join(op.argv)}` is not run here; "
                                         f"the files it reads are written, and the image's own {need.name} reads them when it runs")
     where = "in the image (--root)" if offline and not need.on_machine else "on the host"
-    return Answer(Verdict.FAILS, f"{need.name} not found {where}, needed for: {describe(op)}")
+    return Answer(Verdict.FAILS, f"{need.name} not found {where}, needed for: {_first_line(describe(op))}")
 
 
 def _venv(need: NeedVenv, facts: HostNeeds, flavour: PackageFlavour | None) -> Answer:

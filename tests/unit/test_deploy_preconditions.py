@@ -79,6 +79,22 @@ def test_an_unmet_precondition_is_one_line_and_nothing_is_sent(tmp_path, needs, 
     assert "\n" not in outcome.error and sent(log) == [] and exit_code([outcome]) == 2
 
 
+def test_a_front_on_a_host_without_nginx_is_refused_in_one_line(tmp_path):
+    from dataclasses import replace
+
+    from hosttune.deploy.access import Access, Front
+
+    job = job_for(tmp_path)
+    job = replace(job, access=Access(job.host.group, front=Front(8443)))
+    log: list = []
+    t = ScriptedTransport("gpu-a", log)
+    t.needs = {"mcmd:nginx": ""}
+    outcome = dhost.deploy_one(t, job)
+    assert outcome.state == "failed" and sent(log) == []
+    assert outcome.error.startswith("nothing changed: gpu-a: nginx not found on the host, needed for: $ sh -c 'set -u …")
+    assert "\n" not in outcome.error
+
+
 def test_too_little_space_for_the_wheels_and_the_virtualenv_is_refused(tmp_path):
     log: list = []
     t = ScriptedTransport("gpu-a", log)
