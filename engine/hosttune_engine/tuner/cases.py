@@ -13,7 +13,7 @@ from hosttune_engine.kernels.decode_attention import choose_num_splits, decode_a
 from hosttune_engine.kernels.dequant_gemm import w4a16_gemm, w8a16_gemm
 from hosttune_engine.kernels.fp8_gemm import fp8_gemm, fp8_gemm_ref
 from hosttune_engine.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
-from hosttune_engine.kernels.fp8_scaled_mm import fp8_scaled_mm, fp8_scaled_mm_ref, quantize_per_token
+from hosttune_engine.kernels.fp8_scaled_mm import fp8_scaled_mm, quantize_per_token
 from hosttune_engine.kernels.gemv import (PLAIN, RMSNORM_RESIDUAL, SWIGLU, gemv, gemv_ref, gemv_rmsnorm,
                                           gemv_rmsnorm_ref, gemv_swiglu, gemv_swiglu_ref)
 from hosttune_engine.kernels.int4_gemv import int4_gemv, int4_gemv_ref
@@ -151,10 +151,10 @@ def fp8_tensor_cores(shape: Shape, m: int, dtype, timer: Timer) -> tuple[Case, C
 
     def scaled_mm(cfg, i):
         return lambda: fp8_scaled_mm(x, ws[i].weight, ws[i].row_scale, None, unit, rowwise=cfg["METHOD"] == "rowwise")
-    xq, sx = quantize_per_token(x)
+    xq, sx = quantize_per_token(x)  # both quantize x so: the reference takes the same e4m3 rows
+    want = fp8_gemm_ref(xq, sx, ws[0].weight, ws[0].row_scale, None, dtype)
     name = f"{shape.name} m={m}"
-    return (Case(name, triton, fp8_gemm_ref(xq, sx, ws[0].weight, ws[0].row_scale, None, dtype), len(ws)),
-            Case(name, scaled_mm, fp8_scaled_mm_ref(x, ws[0].weight, ws[0].row_scale), len(ws)))
+    return Case(name, triton, want, len(ws)), Case(name, scaled_mm, want, len(ws))
 
 
 def attention(batch: int, context: int, heads: int, kv_heads: int, head_dim: int, page: int, dtype,
