@@ -29,6 +29,7 @@ from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.shape import Guard, Shape
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.flagcheck import check_flags
+from hosttune.deploy.tune import tune_ops
 from hosttune.deploy.units import SERVE_UNIT, UNIT_NAMES, replica_unit
 from hosttune.execute.perform import OperationFailed, run_ops
 from hosttune.errors import HosttuneError, TransportError
@@ -80,6 +81,7 @@ class HostJob:
     model: ModelShape | None = None  # the model folder as read on the host (None: not a folder there)
     packages: PackageFlavour | None = None  # the host's package manager, for what the plan installs
     guard: Guard = Guard()  # replicas, key and front, as the release records them
+    tune_s: float = 0.0  # `hosttune-engine tune` on the host before the release starts, this long (0: none)
 
 
 def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
@@ -95,7 +97,7 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
         refuse(transport, job, state)
     except DeployError as exc:  # one line, and the host as it was
         return HostDeploy(job.host, Outcome.FAILED, None, release_name(state.current), error=f"nothing changed: {exc}")
-    install = dplan.install_ops(release, job.entry, state, job.python) + dplan.verify_ops(release)
+    install = dplan.install_ops(release, job.entry, state, job.python) + dplan.verify_ops(release) + _tune_ops(job)
     # the key file before any unit (re)starts, so every replica starts with its key
     keys = key_ops(job.access, job.preset) + (tls_ops(job.access) if release.replicas else [])
     needs = serve_needs(job) if serves or release.replicas else ()
@@ -129,6 +131,12 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     if gate.ok:
         return _fronted(transport, job, state, HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate), front)
     return _restore(transport, job, state, gate)
+
+
+def _tune_ops(job: HostJob) -> list[Op]:
+    if not job.tune_s or not job.placement.gpus:
+        return []
+    return tune_ops(job.release.dir, job.settings, job.placement.gpus[0], job.tune_s)
 
 
 def _unchanged(transport: Transport, job: HostJob, state: HostState, dry_run: bool) -> HostDeploy | None:

@@ -23,6 +23,7 @@ from hosttune.deploy.plan import Role, make_release
 from hosttune.deploy.replicas import make_layout_release
 from hosttune.deploy.settings import Overrides, ServeSettings, Timeouts, resolve
 from hosttune.deploy.shape import Guard, Shape, declared, read_live, record
+from hosttune.deploy import tune
 from hosttune.errors import HosttuneError
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host, Inventory
@@ -53,6 +54,7 @@ class DeployRequest:
     canary: int = 0  # hosts deployed (and checked) first, before the rest
     session_affinity: bool | None = None  # None: the inventory's deploy.session_affinity
     keys_dir: Path = Path("hosttune-keys")  # where deploy.api_key: true keeps each group's generated key
+    tune_s: float = 0.0  # the bundled engine tunes its kernels on each host first, this long (0: no tune step)
 
     @property
     def shape(self) -> Shape:
@@ -128,13 +130,15 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
     release = make_layout_release(preset, settings, layout, entry, host.name, access, shape) \
         if role.kind == "single" else make_release(preset, settings, placement, entry, role, access, shape)
     return HostJob(host, preset, settings, placement, entry, release, python, layout, access, read,
-                   select(facts).packages, guard=guard)
+                   select(facts).packages, guard=guard, tune_s=request.tune_s)
 
 
 def _settings(host: Host, preset, request: DeployRequest) -> ServeSettings:
     settings = resolve(host, preset, request.model, request.port, request.overrides, request.timeouts)
     if request.session_affinity is not None:
         settings = replace(settings, session_affinity=request.session_affinity)
+    if request.tune_s:
+        settings = tune.with_cache(settings, preset.name)
     return settings
 
 

@@ -1,0 +1,35 @@
+"""`hosttune deploy --tune`: the bundled engine tunes its kernels on each host before its release starts.
+
+`hosttune-engine tune --if-missing` writes a table per GPU name, driver and Triton version into a cache on
+the host that the release's units read (`HOSTTUNE_ENGINE_CACHE`), and leaves a table it already has: a
+fleet of one GPU model tunes once per host, and again only after a driver or Triton upgrade. It runs
+before the new units start, so on a first deploy it has the GPU to itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hosttune.actions.base import Command, Op
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.settings import ServeSettings
+
+CACHE = "/var/cache/hosttune-engine"
+CACHE_ENV = "HOSTTUNE_ENGINE_CACHE"
+ENGINE = "custom"  # the bundled engine; vLLM and SGLang tune their own kernels
+
+
+def with_cache(settings: ServeSettings, engine: str) -> ServeSettings:
+    """The settings whose units read the tuned-table cache (refused for an engine other than the bundled one)."""
+    if engine != ENGINE:
+        raise DeployError(f"--tune tunes the bundled engine's kernels; --engine {engine} tunes its own: drop --tune")
+    return replace(settings, env={**settings.env, CACHE_ENV: CACHE})
+
+
+def tune_ops(release_dir: str, settings: ServeSettings, gpu: int, budget_s: float) -> list[Op]:
+    """The release's `hosttune-engine tune` on one of the service's GPUs, into the units' cache."""
+    quantization = settings.flags.get("quantization")
+    argv = ("env", f"{CACHE_ENV}={CACHE}", f"CUDA_VISIBLE_DEVICES={gpu}", f"{release_dir}/bin/hosttune-engine", "tune",
+            "--model", settings.model, "--budget-s", f"{budget_s:g}", "--if-missing",
+            *(("--quantization", str(quantization)) if quantization else ()))
+    return [Command(("mkdir", "-p", CACHE)), Command(argv)]
