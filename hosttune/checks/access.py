@@ -11,8 +11,11 @@ DESIRED = "401 without a key, or loopback only"
 
 
 def _describe(e: EngineEndpoint) -> str:
-    where = ",".join(e.listen) or "-"
-    return f"{e.role} port {e.port} ({e.scheme}): {e.status} without a key on {where}"
+    port = f"{e.role} port {e.port} ({e.scheme})"
+    if e.status == "closed":
+        return f"{port}: not listening (serve.units says why)"
+    answer = f"answers {e.status}" if e.status.isdigit() else f"no answer ({e.status})"
+    return f"{port} on {','.join(e.listen)}: {answer} without a key"
 
 
 def api_key(facts: Facts, profile: Profile) -> Verdict:

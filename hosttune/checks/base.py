@@ -29,6 +29,7 @@ class Check:
             check_id=self.id, title=self.title, status=verdict.status, severity=verdict.severity or self.severity,
             desired=verdict.desired, configured=verdict.configured, active=verdict.active,
             detail=verdict.detail, remediation=self.remediation, needs_reboot=self.needs_reboot, why=self.why,
+            subjects=verdict.subjects,
         )
 
 

@@ -30,6 +30,7 @@ class Verdict:
     active: str | None = None
     detail: str = ""
     severity: Severity | None = None  # overrides the check's severity for this finding
+    subjects: tuple[str, ...] = ()  # what on the host the finding is about (unit names), for a remedy to act on
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Finding:
     remediation: str
     needs_reboot: bool
     why: str
+    subjects: tuple[str, ...] = ()  # what on the host the finding is about (e.g. the failing units)
 
     @property
     def is_failing(self) -> bool:

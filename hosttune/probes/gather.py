@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from importlib import resources
 
 from hosttune.errors import ProbeError
+from hosttune.quoting import quote
 from hosttune.probes.facts import Facts
-from hosttune.probes import engine_access, gpu, health, pci, software, system
+from hosttune.probes import engine_access, gpu, health, pci, serve_health, software, system
 from hosttune.probes.sections import Section, split
-from hosttune.transport.base import Transport
+from hosttune.transport.base import Transport, bundled_script
 
 PROBE_TIMEOUT_S = 60.0
 ACTIVE_EXTRA_S = 480.0  # DCGM's quick diagnostic, the all-reduce and their start-up, at most
@@ -22,7 +22,10 @@ _EMBEDDED = (
     ("HOSTTUNE_CUDA_PROBE", "cuda_probe.py"),
     ("HOSTTUNE_ALLREDUCE_PROBE", "allreduce_probe.py"),
     ("HOSTTUNE_ACCESS_PROBE", "engine_access_probe.py"),
+    ("HOSTTUNE_SERVE_PROBE", "serve_probe.py"),
 )
+# Sent in front of an embedded probe: the functions it calls from another bundled script.
+_PRELUDES = {"serve_probe.py": ("hosttune.deploy", "host_key.py")}
 
 
 @lru_cache(maxsize=2)
@@ -31,15 +34,16 @@ def probe_script(active_s: int = 0) -> bytes:
 
     active_s > 0 adds the active probes: a GPU load of that many seconds (`check --active`).
     """
-    pkg = resources.files("hosttune.probes")
-    lines = []
-    for var, name in _EMBEDDED:
-        code = pkg.joinpath(name).read_text(encoding="utf-8")
-        assert "'" not in code, f"{name} must not contain single quotes (it is embedded in '...')"
-        lines.append(f"{var}='{code}'")
+    lines = [f"{var}={quote(embedded(name))}" for var, name in _EMBEDDED]
     lines.append(f"HOSTTUNE_ACTIVE={active_s or ''}")
-    body = pkg.joinpath("script.sh").read_text(encoding="utf-8")
+    body = bundled_script("hosttune.probes", "script.sh")
     return ("\n".join(lines) + "\n" + body).encode()
+
+
+def embedded(name: str) -> str:
+    """The Python a probe section runs with `python3 -c` on the host, its prelude in front."""
+    code = bundled_script("hosttune.probes", name)
+    return bundled_script(*_PRELUDES[name]) + "\n\n" + code if name in _PRELUDES else code
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,7 @@ _STEPS = (
     ("sysctl", _sysctl),
     ("tools", lambda f, s: replace(f, **software.parse_tools(s.text))),
     ("engine-access", lambda f, s: replace(f, engine_endpoints=engine_access.parse_engine_access(s.text))),
+    ("serve", lambda f, s: replace(f, serve=serve_health.parse_serve(s.text))),
 )
 
 _GPU_SOURCES = (

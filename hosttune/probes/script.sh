@@ -319,6 +319,8 @@ sec pci-health pci_health
 # A deployed engine or its nginx front: does it answer without a key? (an interpreter only where one is)
 if [ -e /opt/hosttune/current ] || [ -n "$(ls /etc/nginx/conf.d/hosttune-*.conf 2>/dev/null)" ]; then
   command -v python3 >/dev/null && sec engine-access python3 -c "$HOSTTUNE_ACCESS_PROBE"
+  # ... and are its units running, its ports answering, its front's upstreams up?
+  command -v python3 >/dev/null && sec serve python3 -c "$HOSTTUNE_SERVE_PROBE"
 fi
 nvml() {
   r=127
