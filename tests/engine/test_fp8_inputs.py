@@ -14,7 +14,7 @@ from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token, su
 from hosttune_engine.kernels.rmsnorm import rms_norm
 from hosttune_engine.kernels.swiglu import swiglu
 from hosttune_engine.core import model_runner
-from hosttune_engine.layers import one_row
+from hosttune_engine.layers import linear
 from hosttune_engine.layers.deferred import DeferredRMSNorm, DeferredSwiGLU
 from hosttune_engine.planner import prepare
 from hosttune_engine.plan.gpus import GpuInfo
@@ -131,7 +131,7 @@ def test_wrappers_check_their_inputs():
 def fp8_path(monkeypatch):
     """Count the activation kernels fp8_linear launches; on CPU, let the GPU paths take CPU tensors."""
     if DEVICE == "cpu":
-        monkeypatch.setattr(one_row, "_on_gpu", lambda x: True)
+        monkeypatch.setattr(linear, "_on_gpu", lambda x: True)
         monkeypatch.setattr(model_runner, "present_gpu", lambda device: HOPPER_STAND_IN)
     elif not supports_fp8_mm(torch.device(DEVICE)):
         pytest.skip("FP8 tensor cores (torch._scaled_mm) need a Hopper or Ada GPU")

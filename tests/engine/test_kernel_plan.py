@@ -10,7 +10,7 @@ from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.messages import EngineRequest
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.kernels import tuning
-from hosttune_engine.layers import one_row
+from hosttune_engine.layers import linear
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.planner.build import PlanInputs, build_plan
 from hosttune_engine.plan.gpus import named_gpu
@@ -107,10 +107,10 @@ def test_a_plan_naming_the_torch_reference_for_one_projection_runs_it_there_only
     o_proj's, whose plan names the torch reference; the tokens stay the reference's."""
     seen = []
     for name in ("gemv", "gemv_rmsnorm", "gemv_swiglu"):
-        fn = getattr(one_row, name)
+        fn = getattr(linear, name)
         weight_at = 3 if name == "gemv_rmsnorm" else 1
-        monkeypatch.setattr(one_row, name, lambda *a, _fn=fn, _i=weight_at, **k: (seen.append(a[_i]), _fn(*a, **k))[1])
-    monkeypatch.setattr(one_row, "_on_gpu", lambda x: True)
+        monkeypatch.setattr(linear, name, lambda *a, _fn=fn, _i=weight_at, **k: (seen.append(a[_i]), _fn(*a, **k))[1])
+    monkeypatch.setattr(linear, "_on_gpu", lambda x: True)
     eng = Engine(EngineConfig(model=str(tiny_models["qwen2"]), kernel_backend="triton", dtype="float32",
                               num_kv_blocks=64, enforce_eager=True))
     model = eng.runner.model

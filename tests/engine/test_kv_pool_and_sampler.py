@@ -73,13 +73,11 @@ def test_all_greedy_batches_build_no_row_tensors():
     assert Sampler()(logits, batch).token_ids == [1, 0, 2]
 
 
-def test_a_planned_projection_follows_the_backend_switch():
+def test_a_projection_without_a_plan_runs_cublas_and_follows_the_backend_switch():
     from hosttune_engine.layers.backend import set_kernel_backend
-    from hosttune_engine.layers.one_row import plan_projection
+    from hosttune_engine.layers.linear import Linear
 
-    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 2))
-    for layer in model:
-        plan_projection(layer, None)
+    model = torch.nn.Sequential(Linear(8, 4), Linear(4, 2))
     set_kernel_backend(model, True)
     x = torch.randn(1, 8)
     assert torch.allclose(model(x), x @ model[0].weight.t() @ model[1].weight.t()

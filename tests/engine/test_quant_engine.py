@@ -8,7 +8,7 @@ import torch
 from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.messages import EngineRequest
 from hosttune_engine.core.sequence import Sequence
-from hosttune_engine.layers import one_row
+from hosttune_engine.layers import linear
 from hosttune_engine.quant import kernel_dispatch
 from hosttune_engine.quant.fp8_linear import Fp8Linear
 from hosttune_engine.quant.int4_linear import Int4Linear
@@ -33,7 +33,7 @@ def kernels_on_cpu(monkeypatch, wide_gemv_tiles):
             calls[key] = calls.get(key, 0) + 1
             return _fn(*a, **k)
         monkeypatch.setattr(kernel_dispatch, name, counted)
-    monkeypatch.setattr(one_row, "_on_gpu", lambda x: True)
+    monkeypatch.setattr(linear, "_on_gpu", lambda x: True)
     return calls
 
 

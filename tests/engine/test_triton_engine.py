@@ -26,14 +26,14 @@ def test_triton_path_matches_hf(tiny_models, model):
 def test_one_row_gemv_path_matches_hf(tiny_models, monkeypatch, wide_gemv_tiles):
     """Batch-1 decode through the GEMV transform (norms and SwiGLU fused into the projections' prologues),
     run under the Triton interpreter by letting the path accept CPU tensors."""
-    from hosttune_engine.layers import one_row
+    from hosttune_engine.layers import linear
 
     calls = {"rmsnorm": 0, "swiglu": 0}
     for name in calls:
-        fn = getattr(one_row, f"gemv_{name}")
-        monkeypatch.setattr(one_row, f"gemv_{name}", lambda *a, _fn=fn, _n=name, **k: (
+        fn = getattr(linear, f"gemv_{name}")
+        monkeypatch.setattr(linear, f"gemv_{name}", lambda *a, _fn=fn, _n=name, **k: (
             calls.__setitem__(_n, calls[_n] + 1), _fn(*a, **k))[1])
-    monkeypatch.setattr(one_row, "_on_gpu", lambda x: True)
+    monkeypatch.setattr(linear, "_on_gpu", lambda x: True)
     path = tiny_models["qwen2"]
     # Eager: on a GPU, CUDA graph replays would not go through the Python calls counted here.
     eng = Engine(EngineConfig(model=str(path), kernel_backend="triton", dtype="float32", num_kv_blocks=64,

@@ -1,18 +1,56 @@
-"""Linear layers whose weight is several checkpoint tensors stacked along the output dim.
+"""Projections on the kernels their plan names: `Linear`, `MergedLinear` (several checkpoint tensors stacked
+along the output dim) and the LM head's logits.
 
-Fusing q/k/v (and gate/up) into one GEMM is how the engine runs them; the
-checkpoint stores them apart, so each fused layer knows where each part goes.
+A one-token step streams every weight once. The Triton GEMV does that faster than cuBLAS at one row, and the
+small layer before a projection can ride in its prologue: RMSNorm (with the residual add) before qkv_proj and
+gate_up_proj, SwiGLU before down_proj. Where the plan says so for a step's row count, such a layer hands its
+projection a deferred input (layers/deferred.py) and the projection computes both in one launch; other
+counts, the torch backend, a layer without a plan and CPU tensors run cuBLAS / torch.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from hosttune_engine.errors import ModelLoadError
+from hosttune_engine.kernels.gemv import gemv, gemv_rmsnorm, gemv_swiglu
+from hosttune_engine.layers.backend import KernelLayer
+from hosttune_engine.layers.deferred import DeferredRMSNorm, DeferredSwiGLU, materialized, source_of
+from hosttune_engine.plan.kinds import Kernel
 
 
-class MergedLinear(nn.Linear):
+def _on_gpu(x) -> bool:  # tests point this at the CPU to run the path under the Triton interpreter
+    return source_of(x).is_cuda
+
+
+def planned(op_plan, use_triton: bool, x):
+    """The planned choice for x's row count, or None where torch runs (no plan, backend off, a CPU tensor)."""
+    if op_plan is None or not use_triton or not _on_gpu(x):
+        return None
+    return op_plan.at(x.shape[0])
+
+
+class Linear(KernelLayer, nn.Linear):
+    """y = x W^T + b; `kernel_plan` (its operation's choices, planner/prepare.py) picks the kernel per call."""
+
+    kernel_plan = None
+
+    def forward(self, x) -> torch.Tensor:
+        """x [T, K], or a deferred RMSNorm / SwiGLU the one-row GEMV computes in its prologue -> [T, N]."""
+        w, b = self.weight, self.bias
+        choice = planned(self.kernel_plan, self.use_triton, x)
+        if choice is not None and choice.kernel is Kernel.GEMV:
+            if isinstance(x, DeferredRMSNorm):
+                return gemv_rmsnorm(x.x, x.weight, x.eps, w, b, x.residual, x.residual_out, config=choice.args)
+            if isinstance(x, DeferredSwiGLU):
+                return gemv_swiglu(x.gate_up, w, b, config=choice.args)
+            return gemv(x, w, b, config=choice.args)
+        return F.linear(materialized(x), w, b)
+
+
+class MergedLinear(Linear):
     """One GEMM for several projections of the same input; `shards` names the parts in order."""
 
     def __init__(self, in_features: int, shards: dict[str, int], bias: bool):
@@ -35,6 +73,16 @@ class MergedLinear(nn.Linear):
         target.copy_(tensor)
 
 
+def logits(head: Linear, hidden: torch.Tensor) -> torch.Tensor:
+    """hidden [N, H] -> fp32 logits [N, V] on the LM head's planned kernel: the GEMV writing fp32 at one row."""
+    choice = planned(head.kernel_plan, head.use_triton, hidden)
+    if choice is not None and choice.kernel is Kernel.GEMV:
+        return gemv(hidden, head.weight, out_dtype=torch.float32, config=choice.args)
+    if choice is not None and choice.runs_reference:
+        return F.linear(hidden, head.weight).float()
+    return logits_from_hidden(hidden, head.weight)
+
+
 _FP32_OUT_MM: dict[torch.device, bool] = {}
 
 
@@ -51,4 +99,3 @@ def logits_from_hidden(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tens
         except (RuntimeError, TypeError, NotImplementedError):
             _FP32_OUT_MM[hidden.device] = False
     return torch.nn.functional.linear(hidden, weight).float()
-

@@ -8,7 +8,7 @@ from torch import nn
 from hosttune_engine.kernels.rmsnorm import rms_norm, rms_norm_ref
 from hosttune_engine.layers.backend import KernelLayer
 from hosttune_engine.layers.deferred import defer_rms_norm
-from hosttune_engine.layers.one_row import planned
+from hosttune_engine.layers.linear import planned
 from hosttune_engine.plan.kinds import Fusion
 
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from hosttune_engine.layers.activation import SiluAndMul
 from hosttune_engine.layers.attention import Attention, AttentionMetadata
-from hosttune_engine.layers.linear import MergedLinear, logits_from_hidden
+from hosttune_engine.layers.linear import Linear, MergedLinear, logits
 from hosttune_engine.layers.norm import RMSNorm
 from hosttune_engine.layers.rotary import RotaryEmbedding
 from hosttune_engine.model.model_config import ModelConfig
@@ -25,7 +25,7 @@ class LlamaAttention(nn.Module):
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split_sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = MergedLinear(cfg.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
+        self.o_proj = Linear(q_size, cfg.hidden_size, bias=cfg.o_proj_bias)
         self.rotary = rotary
         self.attn = Attention(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.head_dim**-0.5)
 
@@ -50,7 +50,7 @@ class LlamaMLP(nn.Module):
         super().__init__()
         inter = cfg.intermediate_size
         self.gate_up_proj = MergedLinear(cfg.hidden_size, {"gate": inter, "up": inter}, bias=False)
-        self.down_proj = nn.Linear(inter, cfg.hidden_size, bias=False)
+        self.down_proj = Linear(inter, cfg.hidden_size, bias=False)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -135,7 +135,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -145,7 +145,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> fp32 logits [N, V]."""
-        return logits_from_hidden(hidden, self.lm_head.weight)
+        return logits(self.lm_head, hidden)
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hosttune_engine.layers.linear import MergedLinear
+from hosttune_engine.layers.linear import Linear, MergedLinear
 from hosttune_engine.parallel.group import TensorParallelGroup
 from hosttune_engine.parallel.layout import ShardLayout
 from hosttune_engine.model.shard import Shard, shard_of
@@ -80,11 +80,11 @@ def _shard_mlp(mlp: nn.Module, layout: ShardLayout, group: TensorParallelGroup) 
 
 
 def _row_parallel(old: nn.Linear, start: int, width: int, layout: ShardLayout,
-                  group: TensorParallelGroup) -> nn.Linear:
+                  group: TensorParallelGroup) -> Linear:
     """Input columns `start : start + width` of `old`, its output summed over the ranks by a forward hook:
-    the hook runs whichever forward the layer has (the one-row GEMV transform replaces it). The bias is
+    the hook runs after whichever kernel the layer's plan picks. The bias is
     rank 0's alone, so the sum adds it once."""
-    new = nn.Linear(width, old.out_features, bias=old.bias is not None)
+    new = Linear(width, old.out_features, bias=old.bias is not None)
     new.tp_shards = {"weight": Shard(1, start, start + width, width)}
     if new.bias is not None:
         n = old.out_features
@@ -99,7 +99,7 @@ def _shard_vocab(model: nn.Module, layout: ShardLayout, group: TensorParallelGro
     hidden = model.config.hidden_size
     embed = model.model.embed_tokens = VocabParallelEmbedding(rows, hidden, first, group)
     embed.tp_shards = {"weight": shard}
-    model.lm_head = nn.Linear(hidden, rows, bias=False)
+    model.lm_head = Linear(hidden, rows, bias=False)
     model.lm_head.tp_shards = {"weight": shard}
     if model.config.tie_word_embeddings:
         model.lm_head.weight = embed.weight

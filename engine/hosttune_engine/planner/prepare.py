@@ -13,7 +13,6 @@ from torch import nn
 
 from hosttune_engine.kernels import tuning
 from hosttune_engine.layers.backend import set_kernel_backend
-from hosttune_engine.layers.one_row import plan_logits, plan_projection
 from hosttune_engine.planner.build import PlanInputs, build_plan
 from hosttune_engine.plan.gpus import GpuInfo
 from hosttune_engine.plan.kinds import Op
@@ -47,12 +46,12 @@ def apply_plan(model: nn.Module, plan: KernelPlan) -> None:
     for name, module in model.named_modules():
         last = name.rsplit(".", 1)[-1]
         if last in PROJECTION_NAMES:
-            plan_projection(module, plan.op(PROJECTION_NAMES[last]))
+            module.kernel_plan = plan.op(PROJECTION_NAMES[last])
             if last == "gate_up_proj":
                 module.swiglu_plan = plan.op(Op.DOWN)  # down_proj's input may be computed from its output
         elif last in FEEDS and hasattr(module, "feeds"):
             module.feeds = plan.op(FEEDS[last])
-    plan_logits(model, plan.op(Op.LM_HEAD))
+    model.lm_head.kernel_plan = plan.op(Op.LM_HEAD)
     model.kernel_plan = plan
 
 

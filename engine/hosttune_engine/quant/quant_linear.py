@@ -9,7 +9,7 @@ from torch import nn
 from hosttune_engine.errors import ModelLoadError
 from hosttune_engine.layers.backend import KernelLayer
 from hosttune_engine.layers.deferred import materialized
-from hosttune_engine.layers.one_row import planned
+from hosttune_engine.layers.linear import planned
 from hosttune_engine.quant.layouts import checkpoint_tensors, require_layout
 from hosttune_engine.quant.spec import QuantSpec
 
