@@ -39,10 +39,15 @@ class OpPlan:
 
     op: Op
     choices: tuple[Choice, ...]
+    _by_kind: dict = field(init=False, compare=False, repr=False)  # prefill -> its choices, looked up per call
+
+    def __post_init__(self):
+        object.__setattr__(self, "_by_kind", {prefill: tuple(c for c in self.choices if c.bucket.is_prefill == prefill)
+                                              or self.choices for prefill in (False, True)})
 
     def at(self, rows: int, prefill: bool = False) -> Choice:
         """The choice for a step of `rows` rows (attention: a prompt of `rows` tokens when `prefill`)."""
-        choices = [c for c in self.choices if c.bucket.is_prefill == prefill] or self.choices
+        choices = self._by_kind[prefill]
         for choice in choices:
             if rows <= choice.bucket.hi:
                 return choice
