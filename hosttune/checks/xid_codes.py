@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import Enum
+
 # A GPU that logged one of these needs a reset or a reboot (some an RMA) before it serves again.
 FATAL = frozenset({48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120})
 
@@ -42,3 +44,28 @@ MEANING = {
 
 def meaning(code: int) -> str:
     return MEANING.get(code, "see NVIDIA's Xid catalogue")
+
+
+class Recovery(str, Enum):
+    """NVIDIA's documented recovery action for an Xid (the catalogue's "resolution" column)."""
+
+    IGNORE = "ignore"  # informational: nothing to do
+    RESTART_APP = "restart-app"  # an application fault: the GPU is fine
+    RESET_GPU = "reset-gpu"  # drain the GPU, reset it
+    REBOOT = "reboot"  # reset does not recover it: reboot the node
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_RECOVERY = {
+    **dict.fromkeys((13, 31, 43, 45, 94, 109), Recovery.RESTART_APP),
+    **dict.fromkeys((32, 38, 48, 56, 57, 58, 61, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 95, 119, 120, 140, 154),
+                    Recovery.RESET_GPU),
+    121: Recovery.REBOOT,  # the C2C link retrains only at boot
+}
+
+
+def recovery(code: int) -> Recovery:
+    """What NVIDIA documents as the recovery from this Xid; an unknown code is only logged."""
+    return _RECOVERY.get(code, Recovery.IGNORE)

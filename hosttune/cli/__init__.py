@@ -6,6 +6,7 @@ from hosttune.cli import apply as _apply  # noqa: F401  (registers apply, rollba
 from hosttune.cli import bench as _bench  # noqa: F401  (registers bench)
 from hosttune.cli import build as _build  # noqa: F401  (registers build)
 from hosttune.cli import deploy as _deploy  # noqa: F401  (registers deploy)
+from hosttune.cli import remediate as _remediate  # noqa: F401  (registers remediate, uncordon)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt,
 from hosttune.cli.progress import Progress
 from hosttune.fleet import HostReport, check_fleet
 from hosttune.fleet_runner import exit_code
+from hosttune.remediate.rungs import explain_lines, rung_named
 from hosttune.report.jsonout import facts_json
 
 
@@ -91,11 +92,14 @@ def host_state(report: HostReport) -> str:
 
 @app.command()
 @user_errors
-def explain(check_id: str = typer.Argument(..., help="A check id, e.g. irq.irqbalance.")) -> None:
-    """Say why a check matters for serving and what `hosttune apply` does about it.
+def explain(check_id: str = typer.Argument(..., help="A check id, e.g. irq.irqbalance, or a remediation step, e.g. remediate.reset.")) -> None:
+    """Say why a check matters for serving and what `hosttune apply` does about it, or what a remediation step does.
 
     Example: hosttune explain cpu.cstates
     """
+    if check_id.startswith("remediate."):
+        typer.echo("\n".join(explain_lines(rung_named(check_id.removeprefix("remediate.")))))
+        return
     c = get_check(check_id)
     typer.echo(f"{c.id}: {c.title} (severity {c.severity.value})")
     typer.echo(f"why: {c.why}")

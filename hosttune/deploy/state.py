@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+
 from hosttune.transport.base import Transport, bundled_script
 
 
@@ -23,6 +25,18 @@ class HostState:
     installed: dict[str, str] = field(default_factory=dict, hash=False)  # complete release folder → its wheel set
     instances: dict[str, str] = field(default_factory=dict, hash=False)  # hosttune-engine@N.service → is-active
     nginx: str | None = None  # the nginx binary, when the host has one
+    cordon: str | None = None  # why the host is cordoned (hosttune remediate); None: it is not
+
+    @property
+    def cordoned(self) -> str | None:
+        """One line on the cordon, or None."""
+        if self.cordon is None:
+            return None
+        try:
+            reason = str(json.loads(self.cordon).get("reason", ""))
+        except (ValueError, AttributeError):
+            reason = "an unreadable cordon file"
+        return f"cordoned ({reason or 'no reason given'}); hosttune uncordon takes it back"
 
 
 def parse_state(text: str) -> HostState:
@@ -45,7 +59,7 @@ def parse_state(text: str) -> HostState:
         else:
             values[key] = value
     return HostState(values.get("current") or None, values.get("previous") or None, bool(values.get("complete")),
-                     wheels, units, installed, instances, values.get("nginx") or None)
+                     wheels, units, installed, instances, values.get("nginx") or None, values.get("cordon"))
 
 
 def read_state(transport: Transport, release_id: str, wheel_paths: list[str]) -> HostState:

@@ -24,5 +24,7 @@ done
 systemctl list-units --all --plain --no-legend 'hosttune-engine@*.service' 2>/dev/null | while read -r u load active rest; do
     printf 'instance:%s %s\n' "$u" "$active"
 done
+# A host `hosttune remediate` cordoned: deploy refuses it until `hosttune uncordon`.
+[ -f /var/lib/hosttune/cordon.json ] && printf 'cordon:%s\n' "$(tr -d '\n' < /var/lib/hosttune/cordon.json)"
 printf 'nginx:%s\n' "$(command -v nginx || ls /usr/sbin/nginx 2>/dev/null)"
 exit 0

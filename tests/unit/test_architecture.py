@@ -22,6 +22,7 @@ LAYERS = Layering(PKG, (
     ("plan", "build", "bench", "verify"),
     ("execute",),                      # the one writer to hosts
     ("deploy",),
+    ("remediate",),                    # the remediation ladder: faults, rungs, breaker, climbing
     ("report",),                       # table, JSON, JUnit, Prometheus
     ("cli",),
     ("__main__",),                     # python -m hosttune

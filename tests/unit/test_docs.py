@@ -216,7 +216,7 @@ def test_every_command_that_changes_hosts_confirms_one_way_and_the_docs_name_eac
     grammar = section(ROOT / "docs" / "deploy.md", "### Confirming changes")
     named = set(re.findall(r"`(\w+)(?: --rollback)?`", grammar.split("\n\n")[1]))
     confirming = {c for c in hosttune_commands() if has_option(hosttune_help(c), "--yes")}
-    assert named == confirming == {"apply", "rollback", "deploy"}
+    assert named == confirming == {"apply", "rollback", "remediate", "uncordon", "deploy"}
     assert all(has_option(hosttune_help(c), "--dry-run") for c in confirming)
     readme = (ROOT / "README.md").read_text()
     assert "`--dry-run` stops there, `--yes` goes ahead" in readme and "without a terminal nothing changes" in readme

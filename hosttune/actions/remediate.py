@@ -1,0 +1,73 @@
+"""The remediation ladder's operations: restart a unit, drain and restore a replica, reset or diagnose a GPU,
+cordon and uncordon a host, keep the ledger. Data only: `hosttune.execute` runs them.
+
+A replica is addressed through the live release's replica_lb.py on the host (`lb`, its path), the same
+script deploy drains replicas with for a rolling restart.
+"""
+
+from __future__ import annotations
+
+from hosttune.actions.base import Command, FileWrite, Op, Remove
+
+CORDON_FILE = "/var/lib/hosttune/cordon.json"
+LEDGER_FILE = "/var/lib/hosttune/remediate/ledger.json"
+
+# Waits (bounded) until no connection to the replica's port is still open: nginx has stopped sending
+# it requests, and the ones in flight have finished. $1 the port, $2 the seconds to wait at most.
+WAIT_IDLE = ('end=$(( $(date +%s) + $2 )); '
+             'while [ "$(date +%s)" -lt "$end" ]; do '
+             'ss -Htn state established "( sport = :$1 )" | grep -q . || exit 0; sleep 0.5; done; '
+             'echo "port $1 still had connections after $2 s; stopping it drains the rest" >&2')
+
+# Resets GPU $1 only when no process holds it (the drain stopped its replicas; anything left is not ours).
+RESET_IDLE = ('apps=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader -i "$1") || exit $?; '
+              'if [ -n "$apps" ]; then echo "GPU $1 is held by process(es) $(echo $apps): not reset" >&2; exit 3; fi; '
+              'nvidia-smi -r -i "$1"')
+
+
+def lb(script: str, command: str, *indices: int, undo: str | None = None) -> Command:
+    """replica_lb.py on the host: out/in of the host-local nginx upstream (undo: the opposite command)."""
+    argv = ("python3", script, command, *map(str, indices))
+    return Command(argv, undo=("python3", script, undo, *map(str, indices)) if undo else None, offline=False, timeout=120.0)
+
+
+def restart_ops(units: tuple[str, ...]) -> list[Op]:
+    return [Command(("systemctl", "restart", *units), offline=False, timeout=300.0)]
+
+
+def drain_ops(script: str | None, index: int, unit: str, port: int, wait_s: int) -> list[Op]:
+    """Out of the front, in-flight requests finished (bounded), then stopped so its GPU is free."""
+    front = [lb(script, "out", index, undo="in"),
+             Command(("sh", "-c", WAIT_IDLE, "wait-idle", str(port), str(wait_s)), offline=False, timeout=wait_s + 30.0)]
+    return (front if script else []) + [Command(("systemctl", "stop", unit), undo=("systemctl", "start", unit),
+                                                offline=False, timeout=900.0)]
+
+
+def restore_ops(script: str | None, index: int, unit: str) -> list[Op]:
+    """Started again and back in the front (nginx's probe takes it out again should it not generate)."""
+    return [Command(("systemctl", "start", unit), offline=False, timeout=900.0)] + ([lb(script, "in", index)] if script else [])
+
+
+def reset_ops(gpu: int) -> list[Op]:
+    return [Command(("sh", "-c", RESET_IDLE, "reset-gpu", str(gpu)), offline=False, timeout=300.0)]
+
+
+def diagnose_ops(gpu: int) -> list[Op]:
+    return [Command(("dcgmi", "diag", "-r", "2", "-i", str(gpu)), offline=False, timeout=900.0, fail_on_stderr=("Fail",))]
+
+
+def cordon_ops(record: bytes, script: str | None, indices: tuple[int, ...]) -> list[Op]:
+    """The cordon file (deploy refuses the host), and every replica out of the host's front."""
+    front = [lb(script, "out", *indices, undo="in")] if script and indices else []
+    return [FileWrite(CORDON_FILE, record, 0o644), *front]
+
+
+def uncordon_ops(script: str | None, indices: tuple[int, ...], units: tuple[str, ...]) -> list[Op]:
+    """The cordon file gone; the replicas started and back in the front."""
+    start = [Command(("systemctl", "start", *units), offline=False, timeout=900.0)] if units else []
+    front = [lb(script, "in", *indices)] if script and indices else []
+    return [Remove(CORDON_FILE), *start, *front]
+
+
+def ledger_op(content: bytes) -> FileWrite:
+    return FileWrite(LEDGER_FILE, content, 0o644)

@@ -1,0 +1,96 @@
+"""`hosttune remediate` and `hosttune uncordon`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hosttune.cli.app import app
+from hosttune.cli.common import AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt, go_ahead, load, plural, user_errors
+from hosttune.cli.progress import Progress
+from hosttune.execute.journal import new_run_id
+from hosttune.fleet import profiles
+from hosttune.fleet_runner import exit_code
+from hosttune.remediate import render
+from hosttune.remediate.breaker import BreakerPolicy
+from hosttune.remediate.climb import Context, planned
+from hosttune.remediate.cordon import uncordon_host
+from hosttune.remediate.fleet import breaker_for, remediate_fleet, survey_fleet
+from hosttune.remediate.steps import LadderOptions
+from hosttune.remediate.xid import XidPolicy
+
+
+@app.command()
+@user_errors
+def remediate(
+    inventory: Optional[Path] = InventoryOpt,
+    limit: Optional[str] = LimitOpt,
+    dry_run: bool = DryRunOpt,
+    yes: bool = YesOpt,
+    reboot: bool = typer.Option(False, "--reboot", help="Let the ladder reboot a host (and wait for it) before it cordons it."),
+    max_cordoned_percent: float = typer.Option(10.0, "--max-cordoned-percent", help="Stop the ladder on every host once more than this share of the fleet would be cordoned within the window."),
+    breaker_window: int = typer.Option(60, "--breaker-window", min=1, help="Minutes over which cordoned hosts count against --max-cordoned-percent."),
+    drain_wait: int = typer.Option(60, "--drain-wait", min=0, help="Seconds a drained replica gets to finish its in-flight requests."),
+    xid_window: int = typer.Option(24, "--xid-window", min=1, help="Hours over which repeated Xids on a GPU are counted."),
+    forks: int = ForksOpt,
+    accept_new_host_keys: bool = AcceptKeysOpt,
+) -> None:
+    """Fix GPU and service faults that `check` finds: for each, the lowest rung of the ladder (restart, drain,
+    diagnose, reset, reboot, cordon), re-checking after each rung before going higher.
+
+    The plan (each fault, its ladder and its first step) is printed first; --yes or a terminal's answer acts
+    on it. Exit code bits as for check: 1 a fault left (cordoned, stopped by the breaker), 2 an error, 4 unreachable.
+
+    Example: hosttune remediate -i inventories/example.yaml --max-cordoned-percent 10 --yes
+    """
+    breaker_policy = BreakerPolicy(max_cordoned_percent, breaker_window * 60.0)
+    inv = load(inventory, limit, accept_new_host_keys)
+    wanted, policy = profiles(inv), XidPolicy(window_s=xid_window * 3600.0)
+    options = LadderOptions(drain_wait_s=drain_wait, reboot=reboot)
+    with Progress("surveying", total=len(inv.hosts)) as progress:
+        surveys = survey_fleet(inv, wanted, policy, forks, on_host_done=lambda name, s: progress.advance(name, "done"))
+    plans = [planned(s) for s in surveys]
+    typer.echo(render.render_plan(plans, options))
+    due = [s for s in surveys if s.faults and not s.is_cordoned]
+    if not due or not go_ahead(f"Remediate {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):
+        raise typer.Exit(exit_code(plans))
+    run = new_run_id()
+    ctx = Context(wanted, options, policy, breaker_for(surveys, breaker_policy), run)
+    with Progress("remediating", total=len(due)) as progress:
+        results = remediate_fleet(due, ctx, forks, on_host_done=lambda name, r: progress.advance(name, "done"))
+    done = {r.survey.host.name for r in results}
+    results += [p for p in plans if p.survey.host.name not in done]
+    typer.echo(render.render_recap(results, run))
+    if ctx.breaker.is_open:
+        typer.secho(f"hosttune: {ctx.breaker.why}", err=True, fg="red")
+    raise typer.Exit(exit_code(results))
+
+
+@app.command()
+@user_errors
+def uncordon(
+    inventory: Optional[Path] = InventoryOpt,
+    limit: Optional[str] = LimitOpt,
+    dry_run: bool = DryRunOpt,
+    yes: bool = YesOpt,
+    forks: int = ForksOpt,
+    accept_new_host_keys: bool = AcceptKeysOpt,
+) -> None:
+    """Take cordoned hosts back: the cordon removed, their replicas started and back in their front.
+
+    Example: hosttune uncordon -i inventories/example.yaml -l gpu-07 --yes
+    """
+    inv = load(inventory, limit, accept_new_host_keys)
+    wanted = profiles(inv)
+    surveys = survey_fleet(inv, wanted, XidPolicy(), forks)
+    due = [s for s in surveys if s.is_cordoned]
+    typer.echo(render.render_plan([planned(s) for s in surveys], LadderOptions()))
+    if not due or not go_ahead(f"Uncordon {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):
+        raise typer.Exit(0)
+    run = new_run_id()
+    results = [uncordon_host(s, run) for s in due]
+    for r in results:
+        typer.echo(f"{r.survey.host.name}: " + (f"uncordoned (run {run})" if r.done else f"not uncordoned: {r.error}"))
+    raise typer.Exit(exit_code(results))

@@ -1,0 +1,40 @@
+"""Taking a cordoned host back (`hosttune uncordon`): the cordon file removed, its replicas started and back
+in its front, through the executor with a journal (rollback cordons it again)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hosttune.actions import remediate as ops
+from hosttune.actions.base import Step
+from hosttune.remediate.climb import execute_step
+from hosttune.remediate.survey import Survey
+
+
+@dataclass(frozen=True)
+class Uncordon:
+    survey: Survey
+    done: bool = False
+    run: str | None = None
+    error: str | None = None
+
+    @property
+    def exit_bits(self) -> int:
+        return 4 if not self.survey.reachable else 2 if self.error or self.survey.error else 0
+
+
+def uncordon_step(survey: Survey) -> Step | None:
+    """None when the host is not cordoned."""
+    if survey.snapshot.cordon is None:
+        return None
+    replicas = survey.snapshot.replicas
+    body = ops.uncordon_ops(survey.snapshot.lb_script, tuple(r.index for r in replicas), tuple(r.unit for r in replicas))
+    return Step(("remediate.cordon",), "uncordon the host", tuple(body))
+
+
+def uncordon_host(survey: Survey, run: str) -> Uncordon:
+    step = uncordon_step(survey)
+    if step is None or not survey.reachable or survey.error:
+        return Uncordon(survey)
+    ok, error = execute_step(survey, step, run)
+    return Uncordon(survey, ok, run, error or None)

@@ -1,0 +1,78 @@
+"""Text for remediate: the plan (each fault, its ladder, its first step's operations) and the recap."""
+
+from __future__ import annotations
+
+import time
+
+from hosttune.actions.base import describe
+from hosttune.remediate.climb import FaultResult, HostRemediation
+from hosttune.remediate.rungs import Rung
+from hosttune.remediate.steps import LadderOptions, step_for
+from hosttune.remediate.survey import Survey
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at))
+
+
+def _ladder(rungs: tuple[Rung, ...], options: LadderOptions) -> str:
+    return " -> ".join(f"{r} (needs --reboot)" if r is Rung.REBOOT and not options.reboot else str(r) for r in rungs)
+
+
+def _header(survey: Survey) -> str | None:
+    name = survey.host.name
+    if not survey.reachable:
+        return f"{name}: unreachable: {survey.error}"
+    if survey.error:
+        return f"{name}: error: {survey.error}"
+    if survey.snapshot.cordon:
+        c = survey.snapshot.cordon
+        return f"{name}: cordoned since {_when(c.at)} ({c.reason}); hosttune uncordon -l {name} to take it back"
+    if not survey.faults:
+        return f"{name}: ok, nothing to remediate"
+    return None
+
+
+def _first_step(survey: Survey, result: FaultResult, options: LadderOptions) -> list[str]:
+    for rung in result.fault.ladder:
+        if rung is Rung.LOG:
+            return ["    first: log it in the host's ledger"]
+        if rung is Rung.REBOOT:
+            return ["    first: reboot and wait" if options.reboot else "    first: reboot (skipped without --reboot)"]
+        step = step_for(rung, result.fault, survey.snapshot, options)
+        if step is not None:
+            return [f"    first: {step.summary}", *(f"      {describe(op)}" for op in step.ops)]
+    return []
+
+
+def render_plan(results: list[HostRemediation], options: LadderOptions) -> str:
+    lines = []
+    for r in results:
+        header = _header(r.survey)
+        if header:
+            lines.append(header)
+            continue
+        lines.append(f"{r.survey.host.name}: {len(r.results)} fault(s)")
+        for f in r.results:
+            lines += [f"  {f.fault.check_id}  {f.fault.where}: {f.fault.reason}",
+                      f"    ladder: {_ladder(f.fault.ladder, options)}", *_first_step(r.survey, f, options)]
+    return "\n".join(lines)
+
+
+def _rung_line(o) -> str:
+    run = f" (run {o.run})" if o.run else ""
+    return f"    {o.rung}: {o.status}{run}" + (f": {o.detail}" if o.detail else "")
+
+
+def render_recap(results: list[HostRemediation], run: str) -> str:
+    lines = [f"remediation run {run}"]
+    for r in results:
+        header = _header(r.survey)
+        if header:
+            lines.append(header)
+            continue
+        lines.append(f"{r.survey.host.name}:" + (f" error: {r.error}" if r.error else ""))
+        for f in r.results:
+            lines.append(f"  {f.fault.check_id}  {f.fault.where}: {f.end}")
+            lines += [_rung_line(o) for o in f.rungs]
+    return "\n".join(lines)

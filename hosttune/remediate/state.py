@@ -1,0 +1,82 @@
+"""What the ladder needs to know about a host besides its facts: its replicas and their GPUs, its unit
+states, whether it is cordoned, and its ledger. One read-only round trip (state.sh)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from hosttune.errors import ProbeError
+from hosttune.remediate.history import Ledger, parse_ledger
+from hosttune.transport.base import Transport, bundled_script
+
+
+@dataclass(frozen=True)
+class Replica:
+    index: int
+    port: int
+    gpus: tuple[int, ...]
+
+    @property
+    def unit(self) -> str:
+        return f"hosttune-engine@{self.index}.service"
+
+
+@dataclass(frozen=True)
+class Cordon:
+    at: float
+    reason: str
+    run: str = ""
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    boot: str = ""
+    cordon: Cordon | None = None
+    ledger: Ledger = field(default_factory=Ledger)
+    replicas: tuple[Replica, ...] = ()
+    lb_script: str | None = None  # the live release's replica_lb.py
+    units: dict[str, str] = field(default_factory=dict, hash=False)  # engine unit -> systemctl is-active
+
+    def replicas_on(self, gpu: int) -> tuple[Replica, ...]:
+        return tuple(r for r in self.replicas if gpu in r.gpus)
+
+
+def _json(key: str, value: str) -> dict:
+    try:
+        doc = json.loads(value)
+    except ValueError as exc:
+        raise ProbeError(f"the host's {key} file is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ProbeError(f"the host's {key} file is not a JSON object")
+    return doc
+
+
+def parse_cordon(value: str) -> Cordon:
+    doc = _json("cordon", value)
+    return Cordon(float(doc.get("at", 0)), str(doc.get("reason", "")), str(doc.get("run", "")))
+
+
+def _replicas(value: str) -> tuple[Replica, ...]:
+    doc = _json("replicas", value)
+    return tuple(Replica(int(r["index"]), int(r["port"]), tuple(int(g) for g in r.get("gpus", ()))) for r in doc["replicas"])
+
+
+def parse_snapshot(text: str) -> HostSnapshot:
+    values: dict[str, str] = {}
+    units: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key == "unit":
+            name, _, active = value.partition(" ")
+            units[name] = active
+        else:
+            values[key] = value
+    return HostSnapshot(values.get("boot", ""), parse_cordon(values["cordon"]) if "cordon" in values else None,
+                        parse_ledger(values.get("ledger", "")), _replicas(values["replicas"]) if "replicas" in values else (),
+                        values.get("lb") or None, units)
+
+
+def read_snapshot(transport: Transport) -> HostSnapshot:
+    script = bundled_script("hosttune.remediate", "state.sh")
+    return parse_snapshot(transport.read_script(script, what="reading the serving state for remediation"))

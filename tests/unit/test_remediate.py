@@ -1,0 +1,230 @@
+"""The remediation ladder as data: findings, facts and Xid history in; faults, ladders, steps and the
+breaker's decisions out."""
+
+import json
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from hosttune.actions.base import Command, FileWrite, describe
+from hosttune.checks import run_checks
+from hosttune.checks.xid_codes import Recovery, recovery
+from hosttune.cli import app
+from hosttune.config.profile import load_profile
+from hosttune.probes.facts import Facts, GpuFacts, GpuInfo
+from hosttune.probes.facts_health import FabricManager, GpuHealth, HealthFacts, KernelLog, XidEvent
+from hosttune.remediate.breaker import Breaker, BreakerError, BreakerPolicy
+from hosttune.remediate.faults import FaultKind, find_faults
+from hosttune.remediate.history import Ledger, LedgerError, Occurrence, observe, parse_ledger
+from hosttune.remediate.rungs import Rung
+from hosttune.remediate.state import Replica, parse_snapshot
+from hosttune.remediate.steps import LadderOptions, restore_step, step_for
+from hosttune.remediate.xid import DIAGNOSE_LADDER, GPU_LADDER, LOG_LADDER, REBOOT_LADDER, RETIRE_LADDER, classify
+
+PROFILE = load_profile("inference-latency")
+NOW = 1_800_000_000.0
+HOUR = 3600.0
+GPU0, GPU1 = "0000:3b:00", "0000:86:00"
+LB = "/opt/hosttune/releases/r1/.hosttune/replica_lb.py"
+runner = CliRunner()
+
+
+def ledger(*occurrences: tuple[str, int, float]) -> Ledger:
+    return Ledger(xids=tuple(Occurrence(b, c, NOW - age) for b, c, age in occurrences))
+
+
+def facts(*health: GpuHealth, events=(), **fm) -> Facts:
+    gpus = (GpuInfo(0, "H200", GPU0 + ".0"), GpuInfo(1, "H200", GPU1 + ".0"))
+    hv = HealthFacts(gpus=health or tuple(GpuHealth(g.index, g.bdf) for g in gpus), kernel_log=KernelLog("dmesg", tuple(events), len(events)),
+                     uvm_loaded=True, device_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidia1"),
+                     fabric=FabricManager(**fm))
+    return Facts(gpu=GpuFacts("nvidia-smi-xml", gpus, "580.1", pci_devices=tuple(g.bdf for g in gpus)), health=hv)
+
+
+def snapshot(units=None, cordon="") -> str:
+    replicas = {"replicas": [{"index": 0, "port": 8101, "gpus": [0]}, {"index": 1, "port": 8102, "gpus": [1]}]}
+    units = units or {"hosttune-engine@0.service": "active", "hosttune-engine@1.service": "active"}
+    lines = ["boot:b1/17", f"replicas:{json.dumps(replicas)}", f"lb:{LB}", *(f"unit:{u} {s}" for u, s in units.items())]
+    return "\n".join(lines + ([f"cordon:{cordon}"] if cordon else [])) + "\n"
+
+
+def faults_of(f: Facts, snap=None, led=Ledger()):
+    snap = parse_snapshot(snap or snapshot())
+    return find_faults(f, tuple(run_checks(f, PROFILE)), snap, led, NOW)
+
+
+# -- Xid classification: NVIDIA's recovery action, then repeats within the window ------------------------
+
+
+def test_recovery_actions_follow_nvidias_catalogue():
+    assert recovery(13) is recovery(31) is Recovery.RESTART_APP
+    assert recovery(79) is recovery(48) is recovery(119) is Recovery.RESET_GPU
+    assert recovery(121) is Recovery.REBOOT and recovery(999) is Recovery.IGNORE
+
+
+@pytest.mark.parametrize("history, ladder, words", [
+    ([(GPU0, 13, 0)], LOG_LADDER, "once: an application fault"),
+    ([(GPU0, 13, 2 * HOUR), (GPU0, 31, 0)], DIAGNOSE_LADDER, "2 times on this GPU"),
+    ([(GPU0, 13, 2 * HOUR), (GPU1, 31, 0)], LOG_LADDER, "points at the software"),
+    ([(GPU0, 79, 0)], GPU_LADDER, "Xid 79 (GPU has fallen off the bus)"),
+    ([(GPU0, 121, 0)], REBOOT_LADDER, "Xid 121"),
+    ([(GPU0, 48, h * HOUR) for h in (1, 5, 9, 13)] + [(GPU0, 79, 0)], RETIRE_LADDER, "5 fatal Xids in 24 h"),
+    ([(GPU0, 48, h * HOUR) for h in (30, 40, 50, 60)] + [(GPU0, 79, 0)], GPU_LADDER, "Xid 79"),  # old ones are out of the window
+    ([(GPU0, 999, 0)], LOG_LADDER, "informational"),
+])
+def test_xid_history_chooses_the_ladder(history, ladder, words):
+    (verdict,) = [v for v in classify(ledger(*history), NOW) if v.bdf == GPU0]
+    assert verdict.ladder == ladder and words in verdict.reason, verdict
+
+
+def test_a_recovered_gpu_has_no_open_xid():
+    led = ledger((GPU0, 79, HOUR)).with_recovered(GPU0, NOW - 60)
+    assert classify(led, NOW) == []
+    assert classify(replace(led, xids=led.xids + (Occurrence(GPU0, 79, NOW),)), NOW)[0].ladder == GPU_LADDER
+
+
+def test_the_ledger_counts_each_kernel_log_line_once_per_boot():
+    events = (XidEvent(GPU0, 13, "x"),)
+    first = observe(Ledger(), "boot-a", events, NOW)
+    assert [(o.bdf, o.code) for o in first.xids] == [(GPU0, 13)]
+    assert observe(first, "boot-a", events, NOW + 60).xids == first.xids  # the same line, read again
+    again = observe(first, "boot-a", events * 2, NOW + 60)
+    assert len(again.xids) == 2 and again.xids[1].at == NOW + 60
+    assert len(observe(first, "boot-b", events, NOW + 60).xids) == 2  # a new boot: its lines are new
+    assert parse_ledger(again.to_json().decode()) == again
+    with pytest.raises(LedgerError, match="move it aside"):
+        parse_ledger("{not json")
+
+
+# -- faults and their ladders ----------------------------------------------------------------------------
+
+
+def test_a_healthy_host_has_no_fault():
+    assert faults_of(facts()) == []
+
+
+def test_a_stopped_replica_is_restarted_first():
+    (fault,) = faults_of(facts(), snapshot({"hosttune-engine@0.service": "failed", "hosttune-engine@1.service": "active"}))
+    assert (fault.kind, fault.unit, fault.ladder[0], fault.check_id) == (FaultKind.UNIT_DOWN, "hosttune-engine@0.service", Rung.RESTART, "serve.units")
+
+
+def test_row_remap_pending_drains_and_resets_that_gpu():
+    (fault,) = faults_of(facts(GpuHealth(0, GPU0 + ".0"), GpuHealth(1, GPU1 + ".0", remap_pending=True)))
+    assert (fault.kind, fault.gpu, fault.ladder) == (FaultKind.REMAP_PENDING, 1, GPU_LADDER)
+
+
+def test_xid_79_on_gpu1_and_remap_failure_on_gpu0():
+    led = observe(Ledger(), "b1", (XidEvent(GPU1, 79, "fallen off the bus"),), NOW)
+    f = facts(GpuHealth(0, GPU0 + ".0", remap_failure=True), GpuHealth(1, GPU1 + ".0"), events=(XidEvent(GPU1, 79, ""),))
+    by_gpu = {x.gpu: x for x in faults_of(f, led=led)}
+    assert by_gpu[1].kind is FaultKind.XID and by_gpu[1].ladder == GPU_LADDER and "GPU1" in by_gpu[1].reason
+    assert by_gpu[0].kind is FaultKind.GPU_RETIRE and by_gpu[0].ladder == RETIRE_LADDER
+
+
+def test_one_gpu_with_two_faults_climbs_the_ladder_that_reaches_furthest():
+    led = ledger(*[(GPU1, 48, h * HOUR) for h in range(5)])
+    f = facts(GpuHealth(0, GPU0 + ".0"), GpuHealth(1, GPU1 + ".0", remap_pending=True))
+    (fault,) = faults_of(f, led=led)
+    assert fault.gpu == 1 and fault.ladder == RETIRE_LADDER
+
+
+def test_fabric_manager_down_restarts_it_and_a_missing_gpu_reboots():
+    f = facts(nvswitches=4, active="failed", enabled="enabled")
+    f = replace(f, gpu=replace(f.gpu, pci_devices=f.gpu.pci_devices + ("0000:c1:00.0",)))
+    by_kind = {x.kind: x for x in faults_of(f)}
+    assert by_kind[FaultKind.FABRIC_DOWN].unit == "nvidia-fabricmanager.service"
+    assert by_kind[FaultKind.FABRIC_DOWN].ladder[0] is Rung.RESTART
+    assert by_kind[FaultKind.GPU_MISSING].ladder == (Rung.REBOOT, Rung.CORDON)
+
+
+def test_stuck_clocks_drain_and_reset():
+    f = facts(GpuHealth(0, GPU0 + ".0", app_clock_mhz=900, app_clock_default_mhz=1980), GpuHealth(1, GPU1 + ".0"))
+    (fault,) = faults_of(f)
+    assert (fault.kind, fault.gpu, fault.ladder) == (FaultKind.CLOCKS_STUCK, 0, GPU_LADDER)
+
+
+# -- rungs as operations ---------------------------------------------------------------------------------
+
+
+def fault_on(gpu):
+    return faults_of(facts(*(GpuHealth(i, b + ".0", remap_pending=i == gpu) for i, b in enumerate((GPU0, GPU1)))))[0]
+
+
+def test_drain_takes_the_gpus_replica_out_waits_and_stops_it_each_undoable():
+    snap = parse_snapshot(snapshot())
+    step = step_for(Rung.DRAIN, fault_on(1), snap, LadderOptions(drain_wait_s=30))
+    out, wait, stop = step.ops
+    assert out.argv == ("python3", LB, "out", "1") and out.undo == ("python3", LB, "in", "1")
+    assert wait.argv[-2:] == ("8102", "30") and "ss -Htn state established" in wait.argv[2]
+    assert stop.argv == ("systemctl", "stop", "hosttune-engine@1.service") and stop.undo[:2] == ("systemctl", "start")
+    back = restore_step(fault_on(1), snap)
+    assert [op.argv for op in back.ops] == [("systemctl", "start", "hosttune-engine@1.service"), ("python3", LB, "in", "1")]
+
+
+def test_reset_runs_only_on_an_idle_gpu_and_cordon_writes_the_state_file():
+    snap = parse_snapshot(snapshot())
+    (reset,) = step_for(Rung.RESET, fault_on(1), snap, LadderOptions()).ops
+    assert reset.argv[-1] == "1" and "--query-compute-apps" in reset.argv[2] and 'nvidia-smi -r -i "$1"' in reset.argv[2]
+    cordon = step_for(Rung.CORDON, fault_on(1), snap, LadderOptions(), run="R1", now=NOW)
+    write, out = cordon.ops
+    assert isinstance(write, FileWrite) and write.path == "/var/lib/hosttune/cordon.json"
+    assert json.loads(write.content) == {"at": NOW, "reason": "GPU1: GPU1: a row remap waits for a GPU reset", "run": "R1"}
+    assert out.argv == ("python3", LB, "out", "0", "1") and out.undo == ("python3", LB, "in", "0", "1")
+
+
+def test_rungs_with_nothing_to_act_on_are_skipped():
+    snap = parse_snapshot("boot:b\n")  # no replicas, no units
+    assert step_for(Rung.DRAIN, fault_on(1), snap, LadderOptions()) is None
+    assert step_for(Rung.RESTART, fault_on(1), snap, LadderOptions()) is None
+    assert step_for(Rung.REBOOT, fault_on(1), snap, LadderOptions()) is None  # a reboot is not an operation list
+    assert isinstance(step_for(Rung.RESET, fault_on(1), snap, LadderOptions()).ops[0], Command)
+
+
+def test_a_cordoned_host_is_read_with_its_reason():
+    snap = parse_snapshot(snapshot(cordon=json.dumps({"at": NOW, "reason": "GPU1: Xid 79", "run": "R"})))
+    assert snap.cordon.reason == "GPU1: Xid 79" and snap.replicas_on(1) == (Replica(1, 8102, (1,)),)
+
+
+# -- the circuit breaker ---------------------------------------------------------------------------------
+
+
+def test_breaker_stops_at_its_percentage_across_four_hosts():
+    b = Breaker(BreakerPolicy(max_cordoned_percent=50), 4, [], NOW)
+    assert b.cordon("h1") == "" and b.cordon("h2") == ""
+    why = b.cordon("h3")
+    assert b.is_open and "3 of 4 hosts (75%)" in why and "--max-cordoned-percent 50" in why
+    assert b.cordon("h4") == why  # open for every host
+
+
+def test_breaker_default_and_window():
+    assert Breaker(BreakerPolicy(), 4, [], NOW).cordon("h1")  # 1 of 4 is 25% > 10%
+    assert Breaker(BreakerPolicy(), 20, [], NOW).cordon("h1") == ""  # 1 of 20 is 5%
+    assert Breaker(BreakerPolicy(), 20, [NOW - 60], NOW).cordon("h2") == ""  # 2 of 20 is 10%
+    assert Breaker(BreakerPolicy(), 20, [NOW - 60, NOW - 120], NOW).cordon("h3")  # 3 of 20
+    assert Breaker(BreakerPolicy(), 20, [NOW - 2 * HOUR] * 5, NOW).cordon("h1") == ""  # older than the window
+    with pytest.raises(BreakerError):
+        BreakerPolicy(max_cordoned_percent=150)
+
+
+# -- the command line ------------------------------------------------------------------------------------
+
+
+def test_explain_documents_every_rung():
+    for rung in Rung:
+        result = runner.invoke(app, ["explain", f"remediate.{rung}"])
+        assert result.exit_code == 0 and "does:" in result.stdout and "undo:" in result.stdout
+    bad = runner.invoke(app, ["explain", "remediate.pray"])
+    assert bad.exit_code == 2 and "unknown remediation step" in bad.stderr
+
+
+def test_bad_breaker_setting_is_one_line():
+    result = runner.invoke(app, ["remediate", "--max-cordoned-percent", "150", "--dry-run"])
+    assert result.exit_code == 2 and "not between 0 and 100" in result.stderr and "Traceback" not in result.output
+
+
+def test_deploy_reads_the_cordon_and_says_how_to_take_it_back():
+    from hosttune.deploy.state import parse_state
+    state = parse_state('current:/opt/hosttune/releases/r1\ncordon:{"at": 1, "reason": "GPU1: Xid 79", "run": "R"}\nnginx:\n')
+    assert state.cordoned == "cordoned (GPU1: Xid 79); hosttune uncordon takes it back"
+    assert parse_state("current:\nnginx:\n").cordoned is None
