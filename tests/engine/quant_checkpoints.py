@@ -29,6 +29,9 @@ SPECS = {
 
 # Written after the activation-aware scale search, calibrated on other text than the accuracy tests read.
 SEARCHED = {"awq-g64-search": SPECS["awq-g64"]}
+# Calibration tokens for the search: on this model 128 give the same gain over round to nearest as 512
+# (KL to the unquantized model 0.49 and 0.52, round to nearest 0.90) at a third of the writing time.
+CALIBRATION_TOKENS = 128
 
 
 def calibration_text() -> str:
@@ -59,7 +62,7 @@ def write(source: Path, target: Path, name: str) -> Path:
     if name in SEARCHED:
         from hosttune_engine.model.tokenizer import Tokenizer
 
-        ids = Tokenizer(source).encode(calibration_text())[:512]
+        ids = Tokenizer(source).encode(calibration_text())[:CALIBRATION_TOKENS]
         return write_quantized(source, target, SEARCHED[name], dtype_of(SEARCHED[name]), calibration_ids=ids)
     spec = SPECS[name]
     return write_quantized(source, target, spec, dtype_of(spec))
@@ -67,7 +70,7 @@ def write(source: Path, target: Path, name: str) -> Path:
 
 def cached_pair(source: Path, name: str) -> tuple[Path, Path]:
     """(quantized folder, its fp32 dequantization) of `source` in layout `name`, written once per writer version."""
-    root = CACHE / f"quant-{writer_version()}" / f"{source.name}-{name}"
+    root = CACHE / f"quant-{writer_version()}-c{CALIBRATION_TOKENS}" / f"{source.name}-{name}"
     quantized, plain = root / "quantized", root / "dequantized"
     if (plain / "config.json").exists():
         return quantized, plain

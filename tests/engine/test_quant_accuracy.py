@@ -1,5 +1,6 @@
 """Accuracy on a real model: SmolLM2-135M-Instruct written into each quantized layout, teacher-forced
-over the Apache License text that an installed package ships (>= 512 positions).
+over the Apache License text that an installed package ships: 128 positions for each layout, and once
+520 positions (32 KV blocks), the long-context case, for one layout and for FP8 at load.
 
 The engine's next-token distributions must match transformers' on the same quantized weights
 dequantized in fp32 (mean KL <= 0.002): the loaders and the CPU references add no error of their
@@ -25,7 +26,9 @@ from .quant_checkpoints import SEARCHED, SPECS, cached_pair
 
 pytestmark = pytest.mark.slow
 
-POSITIONS = 520
+POSITIONS = 128  # each layout: the loaders' and references' error does not grow with the context
+LONG_POSITIONS = 520
+LONG_LAYOUT = "awq-g64"
 KL_TO_DEQUANTIZED = 0.002
 KL_TO_UNQUANTIZED = {"fp8": 0.3, "4bit": 3.0}  # loose: a broken layout is far past these
 
@@ -42,12 +45,12 @@ def license_text() -> str:
     raise RuntimeError("no installed package ships an Apache License file")
 
 
-def text_ids(smollm2) -> list[int]:
+def text_ids(smollm2, positions: int = POSITIONS) -> list[int]:
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(smollm2)(license_text())["input_ids"]
-    assert len(ids) > POSITIONS
-    return ids[:POSITIONS + 1]
+    assert len(ids) > positions
+    return ids[:positions + 1]
 
 
 def engine_logits(folder, ids, **kw) -> torch.Tensor:
@@ -74,6 +77,12 @@ def reference(smollm2):
     return ids, hf_logits(smollm2, ids)
 
 
+@pytest.fixture(scope="module")
+def long_reference(smollm2):
+    ids = text_ids(smollm2, LONG_POSITIONS)
+    return ids, hf_logits(smollm2, ids)
+
+
 def _report(name, ours, dequantized, unquantized) -> float:
     kl_engine = mean_kl(dequantized, ours)
     kl_scheme = mean_kl(unquantized, dequantized)
@@ -89,6 +98,14 @@ def test_engine_adds_no_error_to_each_layout(smollm2, reference, name):
     quantized, plain = cached_pair(smollm2, name)
     kl_scheme = _report(name, engine_logits(quantized, ids), hf_logits(plain, ids), unquantized)
     assert kl_scheme <= KL_TO_UNQUANTIZED["fp8" if {**SPECS, **SEARCHED}[name].layout.is_fp8 else "4bit"]
+
+
+def test_a_long_context_adds_no_error(smollm2, long_reference):
+    """The one layout over 520 positions: the cache's blocks and attention past the short cases' length."""
+    ids, unquantized = long_reference
+    quantized, plain = cached_pair(smollm2, LONG_LAYOUT)
+    kl_scheme = _report(f"{LONG_LAYOUT} ({LONG_POSITIONS} positions)", engine_logits(quantized, ids), hf_logits(plain, ids), unquantized)
+    assert kl_scheme <= KL_TO_UNQUANTIZED["4bit"]
 
 
 def test_scale_search_improves_on_round_to_nearest(smollm2, reference):
@@ -118,8 +135,8 @@ def fp8_per_channel_weights(path, target):
     return target
 
 
-def test_fp8_at_load_adds_no_error(smollm2, reference, tmp_path):
-    ids, unquantized = reference
+def test_fp8_at_load_adds_no_error(smollm2, long_reference, tmp_path):
+    ids, unquantized = long_reference
     plain = fp8_per_channel_weights(smollm2, tmp_path / "fp8")
     _report("fp8 at load", engine_logits(smollm2, ids, quantization="fp8"), hf_logits(plain, ids), unquantized)
 
@@ -133,8 +150,9 @@ KL_GPU = 0.01
 KL_GPU_FP8_ACTIVATIONS = 0.1
 
 
-def teacher_forced_one_row(eng, ids) -> torch.Tensor:
-    """Logits of every position computed one token per step: the one-row (GEMV) path."""
+def teacher_forced_one_row(eng, ids, start: int = 0) -> torch.Tensor:
+    """Logits of positions `start` on computed one token per step (the one-row GEMV path), after the first
+    `start` tokens prefilled at once."""
     from hosttune_engine.core.scheduler import SchedulerOutput
 
     runner = eng.runner
@@ -142,7 +160,10 @@ def teacher_forced_one_row(eng, ids) -> torch.Tensor:
     eng.block_manager.allocate(seq, len(ids))
     rows = []
     with torch.inference_mode():
-        for _ in ids:
+        if start:
+            runner._forward(runner._prepare(SchedulerOutput(seqs=[seq], num_new_tokens=[start])))
+            seq.num_computed_tokens = start
+        for _ in ids[start:]:
             batch = runner._prepare(SchedulerOutput(seqs=[seq], num_new_tokens=[1]))
             rows.append(runner.model.compute_logits(runner._forward(batch)).cpu())
             seq.num_computed_tokens += 1
@@ -152,10 +173,11 @@ def teacher_forced_one_row(eng, ids) -> torch.Tensor:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernels' accuracy is measured on a GPU")
 @pytest.mark.parametrize("name", list(SPECS))
-def test_kernels_on_gpu(smollm2, reference, name):
+def test_kernels_on_gpu(smollm2, request, name):
     """bf16 activations, Triton kernels: prefill through the GEMMs, then every position again one row at a
-    time through the GEMVs (RMSNorm and SwiGLU in their prologues), against the same weights in fp32."""
-    ids, unquantized = reference
+    time through the GEMVs (RMSNorm and SwiGLU in their prologues), against the same weights in fp32. One
+    layout runs the long context, where decode attention splits its keys."""
+    ids, unquantized = request.getfixturevalue("long_reference" if name == LONG_LAYOUT else "reference")
     quantized, plain = cached_pair(smollm2, name)
     eng = Engine(EngineConfig(model=str(quantized), dtype="bfloat16", kernel_backend="triton", max_model_len=1024,
                               num_kv_blocks=80, enforce_eager=True))
