@@ -25,10 +25,10 @@ RESET_IDLE = ('apps=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 
               'nvidia-smi -r -i "$1"')
 
 
-def lb(script: str, command: str, *indices: int, undo: str | None = None) -> Command:
-    """replica_lb.py on the host: out/in of the host-local nginx upstream (undo: the opposite command)."""
-    argv = ("python3", script, command, *map(str, indices))
-    return Command(argv, undo=("python3", script, undo, *map(str, indices)) if undo else None, offline=False, timeout=120.0)
+def lb(script: str, command: str, index: int, undo: str | None = None) -> Command:
+    """replica_lb.py on the host: one replica out of or into the host-local nginx upstream (undo: the opposite)."""
+    return Command(("python3", script, command, str(index)), undo=("python3", script, undo, str(index)) if undo else None,
+                   offline=False, timeout=120.0)
 
 
 def restart_ops(units: tuple[str, ...]) -> list[Op]:
@@ -58,14 +58,14 @@ def diagnose_ops(gpu: int) -> list[Op]:
 
 def cordon_ops(record: bytes, script: str | None, indices: tuple[int, ...]) -> list[Op]:
     """The cordon file (deploy refuses the host), and every replica out of the host's front."""
-    front = [lb(script, "out", *indices, undo="in")] if script and indices else []
+    front = [lb(script, "out", i, undo="in") for i in indices] if script else []
     return [FileWrite(CORDON_FILE, record, 0o644), *front]
 
 
 def uncordon_ops(script: str | None, indices: tuple[int, ...], units: tuple[str, ...]) -> list[Op]:
     """The cordon file gone; the replicas started and back in the front."""
     start = [Command(("systemctl", "start", *units), offline=False, timeout=900.0)] if units else []
-    front = [lb(script, "in", *indices)] if script and indices else []
+    front = [lb(script, "in", i) for i in indices] if script else []
     return [Remove(CORDON_FILE), *start, *front]
 
 

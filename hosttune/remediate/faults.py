@@ -62,7 +62,7 @@ def _failing(findings: tuple[Finding, ...], check_id: str) -> bool:
 def unit_faults(snapshot: HostSnapshot) -> list[Fault]:
     """Engine units that should run and do not: the live release's replicas, or the one service."""
     wanted = [r.unit for r in snapshot.replicas] or [u for u in snapshot.units if not u.startswith("hosttune-engine@")]
-    return [Fault(FaultKind.UNIT_DOWN, "serve.units", SERVICE_LADDER, f"{u} is {snapshot.units.get(u) or 'not loaded'}",
+    return [Fault(FaultKind.UNIT_DOWN, "serve.units", SERVICE_LADDER, f"{u} is {snapshot.units.get(u) or 'inactive'}",
                   unit=u) for u in wanted if snapshot.units.get(u, "inactive") in DOWN]
 
 

@@ -5,6 +5,7 @@ import json
 from dataclasses import replace
 
 import pytest
+from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, inventory
 from typer.testing import CliRunner
 
 from hosttune.actions.base import Command, FileWrite, describe
@@ -12,6 +13,9 @@ from hosttune.checks import run_checks
 from hosttune.checks.xid_codes import Recovery, recovery
 from hosttune.cli import app
 from hosttune.config.profile import load_profile
+from hosttune.deploy import rollout
+from hosttune.deploy.host import deploy_one
+from hosttune.deploy.state import parse_state
 from hosttune.probes.facts import Facts, GpuFacts, GpuInfo
 from hosttune.probes.facts_health import FabricManager, GpuHealth, HealthFacts, KernelLog, XidEvent
 from hosttune.remediate.breaker import Breaker, BreakerError, BreakerPolicy
@@ -167,10 +171,10 @@ def test_reset_runs_only_on_an_idle_gpu_and_cordon_writes_the_state_file():
     (reset,) = step_for(Rung.RESET, fault_on(1), snap, LadderOptions()).ops
     assert reset.argv[-1] == "1" and "--query-compute-apps" in reset.argv[2] and 'nvidia-smi -r -i "$1"' in reset.argv[2]
     cordon = step_for(Rung.CORDON, fault_on(1), snap, LadderOptions(), run="R1", now=NOW)
-    write, out = cordon.ops
+    write, out0, out1 = cordon.ops
     assert isinstance(write, FileWrite) and write.path == "/var/lib/hosttune/cordon.json"
     assert json.loads(write.content) == {"at": NOW, "reason": "GPU1: GPU1: a row remap waits for a GPU reset", "run": "R1"}
-    assert out.argv == ("python3", LB, "out", "0", "1") and out.undo == ("python3", LB, "in", "0", "1")
+    assert out0.argv == ("python3", LB, "out", "0") and out1.undo == ("python3", LB, "in", "1")
 
 
 def test_rungs_with_nothing_to_act_on_are_skipped():
@@ -223,8 +227,15 @@ def test_bad_breaker_setting_is_one_line():
     assert result.exit_code == 2 and "not between 0 and 100" in result.stderr and "Traceback" not in result.output
 
 
-def test_deploy_reads_the_cordon_and_says_how_to_take_it_back():
-    from hosttune.deploy.state import parse_state
+def test_deploy_refuses_a_cordoned_host_and_sends_nothing(tmp_path):
     state = parse_state('current:/opt/hosttune/releases/r1\ncordon:{"at": 1, "reason": "GPU1: Xid 79", "run": "R"}\nnginx:\n')
     assert state.cordoned == "cordoned (GPU1: Xid 79); hosttune uncordon takes it back"
     assert parse_state("current:\nnginx:\n").cordoned is None
+    host = next(h for h in inventory(tmp_path).hosts if h.name == "gpu-a")
+    fake_entry(tmp_path / "wh")
+    job = rollout.make_job(host, a100_facts(), rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-1", tensor_parallel=2))
+    log: list = []
+    outcome = deploy_one(ScriptedTransport("gpu-a", log, state='cordon:{"at": 1, "reason": "GPU1: Xid 79"}\n'), job)
+    assert outcome.state == "failed" and outcome.error == "nothing changed: gpu-a is cordoned (GPU1: Xid 79); hosttune uncordon takes it back"
+    (only,) = log  # the state read, and nothing after it
+    assert only[1][:2] == ("sh", "-c") and "hosttune deploy: what a host has now" in only[1][2]

@@ -1,0 +1,220 @@
+"""`hosttune remediate` on real systemd hosts over SSH, GPU faults injected through stand-ins.
+
+Each host carries a stand-in `nvidia-smi` (two H200s from the recorded XML; `-r -i N` resets a GPU,
+clearing a pending row remap, or fails as a lost GPU does), a stand-in `dmesg` (the Xid lines of a
+test) and two replicas behind the host front's replica_lb.py (units and an nginx that only sleep:
+the drains, resets and cordons act on their real systemd units and the real servers file).
+
+- a stopped engine unit is restarted;
+- Xid 13 once is logged in the host's ledger and nothing else changes;
+- a pending row remap on GPU 1 drains that GPU's replica, resets the GPU and restores the replica;
+- Xid 79 on GPU 1 with a reset that cannot clear it: drained, reset attempted, host cordoned; deploy
+  reads the cordon and refuses the host; uncordon takes it back;
+- across 4 hosts with the same fault, the circuit breaker stops at its percentage.
+The four hosts boot once for the module.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hosttune.cli import app
+from hosttune.config.inventory import load_inventory
+from hosttune.deploy.replicas import lb_script
+from hosttune.deploy.state import read_state
+from hosttune.transport import open_transport
+
+from .deploy_setup import free_port
+
+pytestmark = pytest.mark.live
+runner = CliRunner()
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+NAMES = ["rem1", "rem2", "rem3", "rem4"]
+STANDIN = "/var/lib/standin-gpu"
+META = "/opt/hosttune/releases/r1/.hosttune"
+SERVERS = "/etc/hosttune/nginx/local-servers.conf"
+GPU_IDS = ("00000000:3B:00.0", "00000000:86:00.0")
+XID_13 = "[ 1822.334410] NVRM: Xid (PCI:0000:3b:00): 13, pid=48211, name=python3, Graphics SM Warp Exception\n"
+XID_79 = "[ 9120.553001] NVRM: Xid (PCI:0000:86:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
+
+NVIDIA_SMI = f"""#!/bin/sh
+d={STANDIN}
+case "$*" in
+  "-q -x") cat $d/smi.xml ;;
+  --query-gpu*) cat $d/smi.csv ;;
+  --query-compute-apps*) cat $d/apps 2>/dev/null; exit 0 ;;
+  "-r -i "*) echo "$3" >> $d/resets
+     if [ -e "$d/reset-fails-$3" ]; then echo "Unable to reset GPU $3: the GPU is lost" >&2; exit 1; fi
+     cp $d/healthy.xml $d/smi.xml; echo "GPU $3 was successfully reset." ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+def two_gpus(remap_pending_on: int | None = None) -> str:
+    """The recorded H200's XML with two GPUs, one of them with a row remap pending if asked."""
+    text = (FIXTURES / "h200" / "nvidia-smi-q.xml").read_text()
+    start, end = text.index("\t<gpu id="), text.index("</gpu>") + len("</gpu>\n")
+    gpus = []
+    for i, bus in enumerate(GPU_IDS):
+        gpu = text[start:end].replace("00000000:00:06.0", bus).replace("<minor_number>0<", f"<minor_number>{i}<")
+        if i == remap_pending_on:
+            gpu = gpu.replace("<remapped_row_pending>No<", "<remapped_row_pending>Yes<")
+        gpus.append(gpu)
+    return text[:start].replace("<attached_gpus>1<", "<attached_gpus>2<") + "".join(gpus) + text[end:]
+
+
+def two_gpus_csv() -> str:
+    header, row = (FIXTURES / "h200" / "nvidia-smi-query.csv").read_text().splitlines()[:2]
+    return "\n".join([header] + [row.replace("0, ", f"{i}, ", 1).replace("00000000:00:06.0", b) for i, b in enumerate(GPU_IDS)]) + "\n"
+
+
+def install(host, ports: tuple[int, int]) -> None:
+    """GPU stand-ins and two replicas behind replica_lb.py, in the live release's layout."""
+    files = {
+        "/usr/local/bin/nvidia-smi": (NVIDIA_SMI, 0o755),
+        "/usr/local/bin/dmesg": (f"#!/bin/sh\ncat {STANDIN}/dmesg.txt 2>/dev/null\nexit 0\n", 0o755),
+        "/usr/local/sbin/nginx": ("#!/bin/sh\nexit 0\n", 0o755),  # `nginx -t` of replica_lb.py's sync
+        f"{STANDIN}/healthy.xml": (two_gpus(), 0o644),
+        f"{STANDIN}/smi.csv": (two_gpus_csv(), 0o644),
+        f"{META}/replica_lb.py": (lb_script().decode(), 0o644),
+        f"{META}/replicas.json": (json.dumps({
+            "replicas": [{"index": i, "port": p, "gpus": [i], "numa_nodes": [0]} for i, p in enumerate(ports)],
+            "servers_file": SERVERS, "state_dir": "/var/lib/hosttune/replicas", "max_fails": 1, "fail_timeout_s": 5,
+            "probe_timeout_s": 5}), 0o644),
+        "/etc/systemd/system/hosttune-engine@.service": ("[Service]\nExecStart=/bin/sleep infinity\n", 0o644),
+        "/etc/systemd/system/nginx.service": ("[Service]\nExecStart=/bin/sleep infinity\nExecReload=/bin/true\n", 0o644),
+    }
+    for path, (text, mode) in files.items():
+        target = host.path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        target.chmod(mode)
+    host.exec("ln -sfn /opt/hosttune/releases/r1 /opt/hosttune/current && systemctl daemon-reload && systemctl start nginx")
+
+
+def healthy(host, *, smi: str | None = None, dmesg: str = "", reset_fails: bool = False) -> None:
+    """The host as a test starts it: both replicas serving, no cordon, no ledger, the faults asked for."""
+    host.exec(f"rm -rf /var/lib/hosttune/cordon.json /var/lib/hosttune/remediate /var/lib/hosttune/runs {STANDIN}/resets "
+              f"{STANDIN}/reset-fails-*")
+    host.path(f"{STANDIN}/smi.xml").write_text(smi or two_gpus())
+    host.path(f"{STANDIN}/dmesg.txt").write_text(dmesg)
+    if reset_fails:
+        host.path(f"{STANDIN}/reset-fails-1").write_text("")
+    host.exec(f"systemctl start hosttune-engine@0 hosttune-engine@1 && python3 {META}/replica_lb.py in 0 >/dev/null "
+              f"&& python3 {META}/replica_lb.py in 1 >/dev/null")
+
+
+def down(host) -> list[bool]:
+    """Whether each replica is out of the host's front (the servers file nginx reads)."""
+    return [line.endswith(" down;") for line in host.exec(f"cat {SERVERS}").stdout.splitlines() if line.startswith("server ")]
+
+
+def active(host, unit: str) -> str:
+    return host.exec(f"systemctl is-active {unit}", check=False).stdout.strip()
+
+
+def remediate(inventory: Path, *extra: str):
+    result = runner.invoke(app, ["remediate", "-i", str(inventory), "--yes", "--drain-wait", "5", *extra])
+    return result
+
+
+@pytest.fixture(scope="module")
+def fleet(live_fleet, tmp_path_factory):
+    hosts = live_fleet.boot(NAMES)
+    base = free_port(8)
+    ports = iter(range(base, base + 8))
+    for host in hosts:
+        install(host, (next(ports), next(ports)))
+    d = tmp_path_factory.mktemp("remediate")
+    known = live_fleet.write_known_hosts(d / "known_hosts", hosts)
+    one = live_fleet.write_inventory(d / "one.yaml", known, hosts[:1])
+    four = live_fleet.write_inventory(d / "four.yaml", known, hosts)
+    yield hosts, one, four
+    for host in hosts:
+        live_fleet.remove(host)
+
+
+def test_a_stopped_engine_unit_is_restarted(fleet):
+    (host, *_), one, _ = fleet
+    healthy(host)
+    host.exec("systemctl stop hosttune-engine@0")
+    result = remediate(one)
+    assert result.exit_code == 0, result.output
+    assert "hosttune-engine@0.service is inactive" in result.stdout and "first: restart hosttune-engine@0.service" in result.stdout
+    assert "  serve.units  hosttune-engine@0.service: cleared" in result.stdout and "restart: done" in result.stdout
+    assert active(host, "hosttune-engine@0") == "active" and down(host) == [False, False]
+
+
+def test_xid_13_once_is_logged_and_nothing_else_changes(fleet):
+    (host, *_), one, _ = fleet
+    healthy(host, dmesg=XID_13)
+    result = remediate(one)
+    assert result.exit_code == 0, result.output
+    assert "GPU0: Xid 13 (graphics engine exception (usually an application bug)) once: an application fault, logged" in result.stdout
+    assert "  gpu.xid  GPU0: logged" in result.stdout
+    ledger = json.loads(host.path("/var/lib/hosttune/remediate/ledger.json").read_text())
+    assert [(o["bdf"], o["code"]) for o in ledger["xids"]] == [("0000:3b:00", 13)]
+    assert host.exec("ls /var/lib/hosttune/runs 2>/dev/null | wc -l").stdout.strip() == "0"  # no step ran
+    assert down(host) == [False, False] and active(host, "hosttune-engine@0") == "active"
+    again = remediate(one)
+    assert again.exit_code == 0 and "rem1: ok, nothing to remediate" in again.stdout  # logged once, not again
+
+
+def test_row_remap_pending_drains_and_resets_the_gpu_then_restores_its_replica(fleet):
+    (host, *_), one, _ = fleet
+    healthy(host, smi=two_gpus(remap_pending_on=1))
+    result = remediate(one)
+    assert result.exit_code == 0, result.output
+    assert "GPU1: a row remap waits for a GPU reset" in result.stdout
+    assert "first: drain hosttune-engine@1.service off GPU1" in result.stdout
+    lines = result.stdout[result.stdout.index("remediation run"):].splitlines()
+    assert [l.split(":")[0].strip() for l in lines if l.startswith("    ")] == ["drain", "reset", "drain"]
+    assert "    drain: restored" in result.stdout and "gpu.memory_health  GPU1: cleared" in result.stdout
+    assert host.exec(f"cat {STANDIN}/resets").stdout.split() == ["1"]
+    assert down(host) == [False, False] and active(host, "hosttune-engine@1") == "active"
+
+
+def test_xid_79_drains_attempts_a_reset_then_cordons_and_deploy_refuses(fleet):
+    (host, *_), one, _ = fleet
+    healthy(host, dmesg=XID_79, reset_fails=True)
+    result = remediate(one, "--max-cordoned-percent", "100")
+    assert result.exit_code == 1, result.output
+    assert "GPU1: Xid 79 (GPU has fallen off the bus)" in result.stdout
+    assert "    drain: done" in result.stdout and "    reset: failed" in result.stdout and "the GPU is lost" in result.stdout
+    assert "    reboot: skipped: --reboot not given" in result.stdout and "    cordon: done" in result.stdout
+    assert "gpu.xid  GPU1: cordoned" in result.stdout
+    assert host.exec(f"cat {STANDIN}/resets").stdout.split() == ["1"]
+    cordon = json.loads(host.path("/var/lib/hosttune/cordon.json").read_text())
+    assert "Xid 79" in cordon["reason"]
+    assert down(host) == [True, True] and active(host, "hosttune-engine@1") == "inactive"
+
+    inv = load_inventory(one)
+    with open_transport(inv.hosts[0].connection, read_only=True) as transport:
+        state = read_state(transport, "none", [])
+    assert state.cordoned and "Xid 79" in state.cordoned  # deploy_one refuses on this (tests/unit/test_remediate.py)
+    again = remediate(one)
+    assert again.exit_code == 1 and "rem1: cordoned since" in again.stdout  # no ladder on a cordoned host
+
+    back = runner.invoke(app, ["uncordon", "-i", str(one), "--yes"])
+    assert back.exit_code == 0, back.output
+    assert "rem1: uncordoned" in back.stdout and not host.path("/var/lib/hosttune/cordon.json").exists()
+    assert down(host) == [False, False] and active(host, "hosttune-engine@1") == "active"
+
+
+def test_the_circuit_breaker_stops_at_its_percentage_across_four_hosts(fleet):
+    hosts, _, four = fleet
+    for host in hosts:
+        healthy(host, dmesg=XID_79, reset_fails=True)
+    result = remediate(four, "--max-cordoned-percent", "50", "--forks", "1")
+    assert result.exit_code == 1, result.output
+    cordoned = [h.name for h in hosts if h.path("/var/lib/hosttune/cordon.json").exists()]
+    assert cordoned == ["rem1", "rem2"]
+    assert "circuit breaker open: cordoning rem3 would make 3 of 4 hosts (75%) cordoned within 60 min, over " \
+           "--max-cordoned-percent 50; remediation stopped on every host" in result.stderr
+    assert result.stdout.count("GPU1: stopped") == 2
+    for host in hosts:
+        healthy(host)
