@@ -19,6 +19,14 @@ WAIT_IDLE = ('end=$(( $(date +%s) + $2 )); '
              'ss -Htn state established "( sport = :$1 )" | grep -q . || exit 0; sleep 0.5; done; '
              'echo "port $1 still had connections after $2 s; stopping it drains the rest" >&2')
 
+# Waits (bounded) for the replica on port $1 to answer /health with 200 (every engine preset's health path),
+# so it goes back into the front ready; $2 the seconds to wait at most.
+WAIT_HEALTHY = ('end=$(( $(date +%s) + $2 )); '
+                'while [ "$(date +%s)" -lt "$end" ]; do '
+                'python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" '
+                '"http://127.0.0.1:$1/health" 2>/dev/null && exit 0; sleep 1; done; '
+                'echo "the replica on port $1 did not answer /health within $2 s: left out of the front" >&2; exit 1')
+
 # Resets GPU $1 only when no process holds it (the drain stopped its replicas; anything left is not ours).
 RESET_IDLE = ('apps=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader -i "$1") || exit $?; '
               'if [ -n "$apps" ]; then echo "GPU $1 is held by process(es) $(echo $apps): not reset" >&2; exit 3; fi; '
@@ -43,9 +51,13 @@ def drain_ops(script: str | None, index: int, unit: str, port: int, wait_s: int)
                                                 offline=False, timeout=900.0)]
 
 
-def restore_ops(script: str | None, index: int, unit: str) -> list[Op]:
-    """Started again and back in the front (nginx's probe takes it out again should it not generate)."""
-    return [Command(("systemctl", "start", unit), offline=False, timeout=900.0)] + ([lb(script, "in", index)] if script else [])
+def restore_ops(script: str | None, index: int, unit: str, port: int, wait_s: int) -> list[Op]:
+    """Started again, healthy (bounded wait), and back in the front."""
+    start = Command(("systemctl", "start", unit), offline=False, timeout=900.0)
+    if not script:
+        return [start]
+    healthy = Command(("sh", "-c", WAIT_HEALTHY, "wait-healthy", str(port), str(wait_s)), offline=False, timeout=wait_s + 30.0)
+    return [start, healthy, lb(script, "in", index)]
 
 
 def reset_ops(gpu: int) -> list[Op]:
@@ -62,11 +74,9 @@ def cordon_ops(record: bytes, script: str | None, indices: tuple[int, ...]) -> l
     return [FileWrite(CORDON_FILE, record, 0o644), *front]
 
 
-def uncordon_ops(script: str | None, indices: tuple[int, ...], units: tuple[str, ...]) -> list[Op]:
-    """The cordon file gone; the replicas started and back in the front."""
-    start = [Command(("systemctl", "start", *units), offline=False, timeout=900.0)] if units else []
-    front = [lb(script, "in", i) for i in indices] if script else []
-    return [Remove(CORDON_FILE), *start, *front]
+def uncordon_ops(script: str | None, replicas: tuple[tuple[int, str, int], ...], wait_s: int) -> list[Op]:
+    """The cordon file gone; each replica (index, unit, port) started, healthy and back in the front."""
+    return [Remove(CORDON_FILE), *(op for i, unit, port in replicas for op in restore_ops(script, i, unit, port, wait_s))]
 
 
 def ledger_op(content: bytes) -> FileWrite:

@@ -147,7 +147,7 @@ class Climber:
 
     def _restore(self, fault: Fault, rungs: list[RungOutcome]) -> None:
         if any(r.rung is Rung.DRAIN and r.status == "done" for r in rungs):
-            step = restore_step(fault, self.survey.snapshot)
+            step = restore_step(fault, self.survey.snapshot, self.ctx.options)
             if step is not None:
                 run = self._run_id()
                 ok, error = execute_step(self.survey, step, run)

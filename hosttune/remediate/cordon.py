@@ -23,12 +23,12 @@ class Uncordon:
         return 4 if not self.survey.reachable else 2 if self.error or self.survey.error else 0
 
 
-def uncordon_step(survey: Survey) -> Step | None:
+def uncordon_step(survey: Survey, wait_s: int = 600) -> Step | None:
     """None when the host is not cordoned."""
     if survey.snapshot.cordon is None:
         return None
-    replicas = survey.snapshot.replicas
-    body = ops.uncordon_ops(survey.snapshot.lb_script, tuple(r.index for r in replicas), tuple(r.unit for r in replicas))
+    replicas = tuple((r.index, r.unit, r.port) for r in survey.snapshot.replicas)
+    body = ops.uncordon_ops(survey.snapshot.lb_script, replicas, wait_s)
     return Step(("remediate.cordon",), "uncordon the host", tuple(body))
 
 

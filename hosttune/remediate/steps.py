@@ -16,6 +16,7 @@ from hosttune.remediate.state import HostSnapshot, Replica
 @dataclass(frozen=True)
 class LadderOptions:
     drain_wait_s: int = 60  # for in-flight requests of a drained replica
+    restore_wait_s: int = 600  # for a restored replica to answer /health before it goes back into the front
     reboot: bool = False  # the reboot rung is climbed only with --reboot
     reboot_timeout_s: float = 600.0
     recheck_wait_s: float = 5.0  # after a restart, for the unit to settle before the re-check
@@ -46,12 +47,12 @@ def _drain(fault: Fault, snapshot: HostSnapshot, options: LadderOptions) -> Step
     return None
 
 
-def restore_step(fault: Fault, snapshot: HostSnapshot) -> Step | None:
+def restore_step(fault: Fault, snapshot: HostSnapshot, options: LadderOptions = LadderOptions()) -> Step | None:
     """After a GPU rung fixed the fault: its drained replicas started and back in the front."""
     replicas = replicas_of(fault, snapshot)
     if not replicas:
         return None
-    body = [op for r in replicas for op in ops.restore_ops(snapshot.lb_script, r.index, r.unit)]
+    body = [op for r in replicas for op in ops.restore_ops(snapshot.lb_script, r.index, r.unit, r.port, options.restore_wait_s)]
     return Step((fault.check_id,), f"restore {', '.join(r.unit for r in replicas)}", tuple(body))
 
 

@@ -85,9 +85,14 @@ def install(host, ports: tuple[int, int]) -> None:
             "replicas": [{"index": i, "port": p, "gpus": [i], "numa_nodes": [0]} for i, p in enumerate(ports)],
             "servers_file": SERVERS, "state_dir": "/var/lib/hosttune/replicas", "max_fails": 1, "fail_timeout_s": 5,
             "probe_timeout_s": 5}), 0o644),
-        "/etc/systemd/system/hosttune-engine@.service": ("[Service]\nExecStart=/bin/sleep infinity\n", 0o644),
+        # a replica that answers /health (a file of that name in the folder it serves), on its port from replicas.json
+        "/var/lib/standin-replica/health": ("ok\n", 0o644),
+        "/etc/systemd/system/hosttune-engine@.service": (
+            "[Service]\nWorkingDirectory=/var/lib/standin-replica\nExecStart=/bin/sh -c 'exec python3 -m http.server "
+            "\"$$(cat /etc/standin-replica-%i.port)\" --bind 127.0.0.1'\n", 0o644),
         "/etc/systemd/system/nginx.service": ("[Service]\nExecStart=/bin/sleep infinity\nExecReload=/bin/true\n", 0o644),
     }
+    files.update({f"/etc/standin-replica-{i}.port": (f"{p}\n", 0o644) for i, p in enumerate(ports)})
     for path, (text, mode) in files.items():
         target = host.path(path)
         target.parent.mkdir(parents=True, exist_ok=True)

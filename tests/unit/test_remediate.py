@@ -162,8 +162,9 @@ def test_drain_takes_the_gpus_replica_out_waits_and_stops_it_each_undoable():
     assert out.argv == ("python3", LB, "out", "1") and out.undo == ("python3", LB, "in", "1")
     assert wait.argv[-2:] == ("8102", "30") and "ss -Htn state established" in wait.argv[2]
     assert stop.argv == ("systemctl", "stop", "hosttune-engine@1.service") and stop.undo[:2] == ("systemctl", "start")
-    back = restore_step(fault_on(1), snap)
-    assert [op.argv for op in back.ops] == [("systemctl", "start", "hosttune-engine@1.service"), ("python3", LB, "in", "1")]
+    start, healthy, back_in = restore_step(fault_on(1), snap, LadderOptions(restore_wait_s=90)).ops
+    assert start.argv == ("systemctl", "start", "hosttune-engine@1.service") and back_in.argv == ("python3", LB, "in", "1")
+    assert healthy.argv[-2:] == ("8102", "90") and "/health" in healthy.argv[2]
 
 
 def test_reset_runs_only_on_an_idle_gpu_and_cordon_writes_the_state_file():
