@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     need=()
-    for pkg in systemd-container debootstrap openssh-client nginx-light; do
+    for pkg in systemd-container debootstrap openssh-client nginx-light prometheus; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
     if [ ${#need[@]} -gt 0 ]; then

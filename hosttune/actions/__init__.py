@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from hosttune.actions import cpu, cuda, gpu, irq, kernel, memory, packages
+from hosttune.actions import cpu, cuda, gpu, irq, kernel, memory, monitor, packages
 from hosttune.actions.base import Step, blocked
 from hosttune.probes.facts import Facts
 from hosttune.checks.findings import Finding, Status
@@ -35,6 +35,7 @@ ACTIONS: dict[str, tuple[Action, ...]] = {
     "mm.thp": (memory.thp, kernel.kernel_cmdline),
     "tools.numactl": (packages.numactl,),
     "python.version": (packages.python_version,),
+    "monitor.installed": (monitor.monitor,),
 }
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune.checks import access, active, cpu, driver, fabric, gpu, gpu_health, host_health, irq, memory, service, tools
+from hosttune.checks import access, active, cpu, driver, fabric, gpu, gpu_health, host_health, irq, memory, service, service_monitor, tools
 from hosttune.checks.base import Check
 from hosttune.errors import HosttuneError
 from hosttune.probes.facts import Facts
@@ -12,7 +12,7 @@ from hosttune.config.profile import Profile
 CATALOGUE: tuple[Check, ...] = (
     *driver.CHECKS, *gpu.CHECKS, *cpu.CHECKS, *irq.CHECKS, *memory.CHECKS, *tools.CHECKS,
     *gpu_health.CHECKS, *host_health.CHECKS, *fabric.CHECKS, *active.CHECKS, *access.CHECKS,
-    *service.CHECKS,
+    *service.CHECKS, *service_monitor.CHECKS,
 )
 BY_ID = {c.id: c for c in CATALOGUE}
 

@@ -7,6 +7,7 @@ from hosttune.cli import bench as _bench  # noqa: F401  (registers bench)
 from hosttune.cli import build as _build  # noqa: F401  (registers build)
 from hosttune.cli import deploy as _deploy  # noqa: F401  (registers deploy)
 from hosttune.cli import remediate as _remediate  # noqa: F401  (registers remediate, uncordon)
+from hosttune.cli import status as _status  # noqa: F401  (registers status, monitor)
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from hosttune import cpulist
 from hosttune.errors import ProfileError
 from hosttune.config.inventory import Host
+from hosttune.config.monitor_spec import MonitorSpec
 from hosttune.config.yamlfile import LocatedDict, load
 
 PSTATES = tuple(f"P{i}" for i in range(16))
@@ -149,12 +150,13 @@ class Profile:
     nvme: NvmeSpec = field(default_factory=NvmeSpec)
     tools: ToolsSpec = field(default_factory=ToolsSpec)
     health: HealthSpec = field(default_factory=HealthSpec)
+    monitor: MonitorSpec = field(default_factory=MonitorSpec)
 
 
 _SECTION_TYPES = {
     "driver": DriverSpec, "cuda": CudaSpec, "gpu": GpuSpec, "cpu": CpuSpec, "kernel": KernelSpec,
     "irq": IrqSpec, "numa": NumaSpec, "memory": MemorySpec, "nvme": NvmeSpec, "tools": ToolsSpec,
-    "health": HealthSpec,
+    "health": HealthSpec, "monitor": MonitorSpec,
 }
 
 

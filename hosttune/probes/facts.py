@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hosttune.probes.facts_health import HealthFacts
-from hosttune.probes.facts_serve import ServeFacts
+from hosttune.probes.facts_serve import MonitorFacts, ServeFacts
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,7 @@ class Facts:
     pythons: tuple[str, ...] = ()
     health: HealthFacts = field(default_factory=HealthFacts)  # GPU faults, fabric, PCI errors, /dev/shm
     engine_endpoints: tuple[EngineEndpoint, ...] | None = None  # None: not probed (no python3)
+    monitor: MonitorFacts = field(default_factory=MonitorFacts)  # hosttune's own timers on the host (apply's monitor)
     serve: ServeFacts | None = None  # the deployed engine's units, ports and front; None: nothing deployed (or no python3)
     probe_errors: tuple[str, ...] = ()
 

@@ -1,8 +1,9 @@
-"""Serving facts: the deployed engine's units, its ports' answers and the host nginx front, as the serve probe reads them."""
+"""Serving facts: the deployed engine's units, its ports' answers and the host nginx front, as the serve probe reads
+them; and the state of hosttune's own monitor on the host."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -75,3 +76,25 @@ class ServeFacts:
     endpoints: tuple[EndpointHealth, ...] = ()
     fronts: tuple[FrontHealth, ...] = ()
     upstreams: tuple[UpstreamServer, ...] = ()
+
+
+@dataclass(frozen=True)
+class TimerState:
+    name: str
+    load: str = ""
+    active: str = ""
+    enabled: str = ""
+    interval: str = ""  # OnUnitActiveSec= of its unit file
+
+
+@dataclass(frozen=True)
+class MonitorFacts:
+    """hosttune installed on the host by apply's monitor: its version and its timers."""
+
+    installed: str | None = None  # the version in /opt/hosttune-monitor/venv
+    timers: tuple[TimerState, ...] = ()
+    written: dict[str, int] = field(default_factory=dict)  # status and timer file name → when last written (epoch s)
+    now: int | None = None  # the host's clock when it was read
+
+    def timer(self, name: str) -> TimerState:
+        return next((t for t in self.timers if t.name == name), TimerState(name))

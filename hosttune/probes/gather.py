@@ -9,7 +9,7 @@ from functools import lru_cache
 from hosttune.errors import ProbeError
 from hosttune.quoting import quote
 from hosttune.probes.facts import Facts
-from hosttune.probes import engine_access, gpu, health, pci, serve_health, software, system
+from hosttune.probes import engine_access, gpu, health, monitor_state, pci, serve_health, software, system
 from hosttune.probes.sections import Section, split
 from hosttune.transport.base import Transport, bundled_script
 
@@ -138,6 +138,7 @@ _STEPS = (
     ("tools", lambda f, s: replace(f, **software.parse_tools(s.text))),
     ("engine-access", lambda f, s: replace(f, engine_endpoints=engine_access.parse_engine_access(s.text))),
     ("serve", lambda f, s: replace(f, serve=serve_health.parse_serve(s.text))),
+    ("monitor", lambda f, s: replace(f, monitor=monitor_state.parse_monitor(s.text))),
 )
 
 _GPU_SOURCES = (

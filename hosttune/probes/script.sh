@@ -175,6 +175,23 @@ tools() {
   return 0
 }
 
+# hosttune's own checks on this host (apply's monitor): the version in its virtualenv, its timers and their intervals
+HT_MONITOR_TIMERS="hosttune-monitor.timer hosttune-monitor-active.timer"
+monitor_state() {
+  for d in /opt/hosttune-monitor/venv/lib/python3*/site-packages/hosttune-*.dist-info; do
+    [ -d "$d" ] && printf 'installed:%s\n' "${d##*/}"
+  done
+  for t in $HT_MONITOR_TIMERS; do grep -s '^OnUnitActiveSec=' "/etc/systemd/system/$t" | sed "s/^/interval:$t:/"; done
+  for f in /var/lib/hosttune/monitor/status.json /var/lib/hosttune/monitor/status-active.json \
+      /etc/systemd/system/hosttune-monitor.timer /etc/systemd/system/hosttune-monitor-active.timer; do
+    [ -f "$f" ] && printf 'written:%s:%s\n' "${f##*/}" "$(stat -c %Y "$f")"
+  done
+  printf 'now:%s\n' "$(date +%s)"
+  [ "$(cat /proc/1/comm)" = systemd ] || return 0
+  systemctl show --property=Id,LoadState,ActiveState,UnitFileState $HT_MONITOR_TIMERS | sed 's/^/unit:/'
+  return 0
+}
+
 # ---- health probes: GPU faults, fabric, PCI errors, shared memory (read-only) ----
 # sec() keeps the section's name in n: no function here may set n.
 health_host() {
@@ -312,6 +329,7 @@ sec packages packages
 sec services services
 sec sysctl sysctl_conf
 sec tools tools
+sec monitor monitor_state
 sec health-host health_host
 sec kernel-log kernel_log
 sec pci-health pci_health

@@ -18,8 +18,8 @@ LAYERS = Layering(PKG, (
     ("cores",),                        # housekeeping cores, from facts
     ("checks",),                       # facts and profile in, findings out
     ("fleet",),                        # check many hosts: probe, checks, reports
-    ("actions",),                      # findings in, operations out; never run
-    ("plan", "build", "bench", "verify"),
+    ("actions", "status_file"),        # findings in, operations out; never run; a monitor pass's status document
+    ("plan", "build", "bench", "verify", "status", "monitor_pass"),  # ...; the fleet's status files; one monitor pass
     ("execute",),                      # the one writer to hosts
     ("deploy",),
     ("remediate",),                    # the remediation ladder: faults, rungs, breaker, climbing

@@ -29,7 +29,7 @@ def test_catalogue_covers_design():
         "nvme.power", "tools.numactl", "python.version",
         "gpu.xid", "gpu.count", "cuda.smoke", "gpu.memory_health", "gpu.nvlink", "gpu.fabric", "pci.p2p",
         "pci.aer", "gpu.clocks_power", "sys.shm", "gpu.load", "gpu.diag", "gpu.allreduce", "serve.api_key",
-        "serve.units", "serve.health", "serve.front",
+        "serve.units", "serve.health", "serve.front", "monitor.installed", "monitor.stale",
     }
     assert all(c.why.endswith(".") and c.remediation for c in CATALOGUE)
 

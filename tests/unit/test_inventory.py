@@ -109,7 +109,7 @@ def test_profile_extends_and_unknown_settings(tmp_path):
     loop.write_text(f"name: loop\nextends: {loop}\nsettings: {{}}\n")
     with pytest.raises(ProfileError, match="cycle"):
         load_profile(str(loop))
-    with pytest.raises(ProfileError, match="known profiles: inference-latency, inference-throughput"):
+    with pytest.raises(ProfileError, match="known profiles: inference-latency, inference-latency-monitored, inference-throughput"):
         load_profile("nope")
 
 

@@ -1,0 +1,84 @@
+"""`hosttune status` (the fleet as its hosts' monitors last saw it) and `hosttune monitor` (one pass on this host,
+what apply's timers run)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hosttune.checks.service_monitor import STATUS_DIR
+from hosttune.cli.app import app
+from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, emit, load, user_errors
+from hosttune.cli.progress import Progress
+from hosttune.fleet_runner import exit_code
+from hosttune.monitor_pass import run_pass
+from hosttune.report import status_metrics
+from hosttune.report.status_table import render_json, render_table, state
+from hosttune.status import read_fleet
+from hosttune.status_file import to_json
+
+
+class StatusFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+@app.command()
+@user_errors
+def status(
+    inventory: Optional[Path] = InventoryOpt,
+    limit: Optional[str] = LimitOpt,
+    fmt: StatusFormat = typer.Option(StatusFormat.table, "--format", help="Report format."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
+    forks: int = ForksOpt,
+    accept_new_host_keys: bool = AcceptKeysOpt,
+) -> None:
+    """Print the fleet as each host's monitor last saw it: one small read per host, no probing.
+
+    A host whose status is older than two intervals is STALE. Exit code bits: 1 drift or stale, 2 error,
+    4 unreachable host.
+
+    Example: hosttune status --inventory inventories/example.yaml
+    """
+    inv = load(inventory, limit, accept_new_host_keys)
+    with Progress("reading status", total=len(inv.hosts)) as progress:
+        statuses = read_fleet(inv, forks=forks, on_host_done=lambda name, s: progress.advance(name, state(s).lower()))
+    emit(render_table(statuses) if fmt is StatusFormat.table else render_json(statuses), output)
+    raise typer.Exit(exit_code(statuses))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """A reader (node_exporter, `hosttune status`) sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+@app.command()
+@user_errors
+def monitor(
+    profile: Path = typer.Option(..., "--profile", help="The host's profile (apply writes /etc/hosttune/monitor/profile.yaml)."),
+    textfile_dir: Path = typer.Option(..., "--textfile-dir", help="node_exporter's textfile collector directory."),
+    active: bool = typer.Option(False, "--active", help="The bounded active pass: GPU load, DCGM's quick diagnostic."),
+    status_dir: Path = typer.Option(Path(STATUS_DIR), "--status-dir", help="Where the status files go."),
+) -> None:
+    """Check this host once and write its metrics and status file (what apply's monitor timers run).
+
+    Exit code bits as check's: 1 drift, 2 error.
+
+    Example: hosttune monitor --profile /etc/hosttune/monitor/profile.yaml --textfile-dir /var/lib/node_exporter/textfile_collector
+    """
+    result = run_pass(str(profile), active)
+    suffix = "-active" if active else ""
+    write_atomically(textfile_dir / f"hosttune{suffix}.prom", status_metrics.render(result.report, result.doc))
+    write_atomically(status_dir / f"status{suffix}.json", to_json(result.doc))
+    typer.echo(f"{result.doc.host}: " + ", ".join(f"{n} {s}" for s, n in result.doc.counts.items() if n), err=True)
+    raise typer.Exit(exit_code([result.report]))

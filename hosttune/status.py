@@ -1,0 +1,91 @@
+"""`hosttune status`: every host's monitor status files in one small read-only round trip, judged here.
+
+The host's own passes did the probing (`hosttune monitor`, run by apply's timers); the controller reads
+what they wrote and says which hosts drift, which are stale and which cannot be reached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hosttune.checks.service_monitor import ACTIVE_TIMER, TIMER, stale
+from hosttune.config.inventory import Host, Inventory
+from hosttune.errors import HosttuneError, TransportError
+from hosttune.fleet_runner import DEFAULT_FORKS, EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE, FleetRunner
+from hosttune.probes.sections import split
+from hosttune.status_file import FindingBrief, StatusDoc, StatusError, parse_status
+from hosttune.transport import open_transport
+from hosttune.transport.base import bundled_script
+
+READ_TIMEOUT_S = 20.0
+_TIMERS = {"regular": TIMER, "active": ACTIVE_TIMER}
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """One host as its status files say, with the staleness judged against the host's own clock."""
+
+    host: Host
+    reachable: bool
+    error: str = ""
+    docs: tuple[StatusDoc, ...] = ()  # the regular pass first, then the active one, where written
+    stale: tuple[FindingBrief, ...] = ()
+    now: float | None = None  # the host's clock when read
+
+    @property
+    def findings(self) -> tuple[FindingBrief, ...]:
+        """What fails: staleness first, then each pass's failing findings."""
+        return self.stale + tuple(f for d in self.docs for f in d.failing)
+
+    @property
+    def age_s(self) -> float | None:
+        """Since the regular pass (else the active one) last wrote its status."""
+        return None if not self.docs or self.now is None else max(0.0, self.now - self.docs[0].when)
+
+    @property
+    def exit_bits(self) -> int:
+        if not self.reachable:
+            return EXIT_UNREACHABLE
+        bits = EXIT_ERROR if self.error or any(d.error for d in self.docs) else 0
+        return bits | (EXIT_DRIFT if self.findings else 0)
+
+
+def parse_read(host: Host, output: str) -> HostStatus:
+    """status_read.sh's output → the host's status, judged against the host's clock."""
+    sections = split(output)
+    if "now" not in sections:
+        raise StatusError("the status read printed no clock")
+    now = float(sections["now"].text.strip())
+    docs = tuple(parse_status(sections[p].text) for p in _TIMERS if p in sections and sections[p].rc == 0)
+    return HostStatus(host, True, docs=docs, stale=judge_stale(docs, now), now=now)
+
+
+def judge_stale(docs: tuple[StatusDoc, ...], now: float) -> tuple[FindingBrief, ...]:
+    if not any(d.pass_name == "regular" for d in docs):
+        return (FindingBrief("monitor.stale", "drift", "warning",
+                             "no status file: the monitor is not installed here, or its first pass has not run"),)
+    out = []
+    for doc in docs:
+        why = stale(_TIMERS[doc.pass_name], doc.interval_s, max(0.0, now - doc.when), None)
+        if why:
+            out.append(FindingBrief("monitor.stale", "drift", "warning", why, (_TIMERS[doc.pass_name],)))
+    return tuple(out)
+
+
+def read_host(host: Host) -> HostStatus:
+    try:
+        with open_transport(host.connection, read_only=True) as transport:
+            result = transport.read(["sh", "-s"], stdin=bundled_script("hosttune", "status_read.sh").encode(),
+                                    timeout=READ_TIMEOUT_S)
+        if not result.ok:
+            return HostStatus(host, True, f"status read exited {result.rc}: {result.stderr.strip()[-300:]}")
+        return parse_read(host, result.stdout)
+    except TransportError as exc:
+        return HostStatus(host, False, str(exc))
+    except HosttuneError as exc:
+        return HostStatus(host, True, str(exc))
+
+
+def read_fleet(inventory: Inventory, *, forks: int = DEFAULT_FORKS, on_host_done=None) -> list[HostStatus]:
+    """Every host's status, at most `forks` at a time, in inventory order."""
+    return FleetRunner(forks, on_host_done=on_host_done).map(read_host, list(inventory.hosts), name=lambda h: h.name)

@@ -1,0 +1,88 @@
+"""The status file a monitor pass leaves on its host: when it ran, with which versions, and what it found.
+
+`hosttune monitor` writes it (/var/lib/hosttune/monitor/status.json, status-active.json for the --active
+pass); `hosttune status` reads every host's in one round trip. Pure: documents in, documents out.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from hosttune.checks.findings import Finding, Status
+from hosttune.errors import HosttuneError
+from hosttune.fleet import HostReport
+
+FORMAT = 1
+DETAIL_CHARS = 400  # a finding's detail is cut here: the file stays small for a fleet's read
+
+
+class StatusError(HosttuneError):
+    """A status file that cannot be read."""
+
+
+@dataclass(frozen=True)
+class FindingBrief:
+    """A finding that is not ok, as much of it as the fleet table and a remedy need."""
+
+    check_id: str
+    status: str
+    severity: str
+    detail: str
+    subjects: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StatusDoc:
+    host: str
+    pass_name: str  # "regular" | "active"
+    when: float  # epoch seconds, the host's clock, at the end of the pass
+    interval_s: int  # of this pass's timer
+    duration_s: float
+    versions: dict[str, str]  # hosttune, driver, kernel, release (the live engine release)
+    counts: dict[str, int]  # findings per status
+    findings: tuple[FindingBrief, ...]  # those not ok and not not-applicable
+    error: str = ""  # why the probe failed, if it did
+
+    @property
+    def failing(self) -> tuple[FindingBrief, ...]:
+        return tuple(f for f in self.findings if f.status in (Status.DRIFT.value, Status.PENDING_REBOOT.value))
+
+
+def brief(f: Finding) -> FindingBrief:
+    detail = f.detail or f.active or ""
+    return FindingBrief(f.check_id, f.status.value, f.severity.value, detail[:DETAIL_CHARS], f.subjects)
+
+
+def versions(report: HostReport, hosttune: str) -> dict[str, str]:
+    facts = report.facts
+    if facts is None:
+        return {"hosttune": hosttune}
+    release = facts.serve.release if facts.serve else ""
+    return {"hosttune": hosttune, "driver": facts.gpu.driver_version or facts.gpu.kernel_module_version or "",
+            "kernel": facts.kernel, "release": release}
+
+
+def status_doc(report: HostReport, pass_name: str, interval_s: int, when: float, duration_s: float,
+               hosttune: str) -> StatusDoc:
+    counts = {s.value: report.count(s) for s in Status}
+    shown = tuple(brief(f) for f in report.findings if f.status not in (Status.OK, Status.NOT_APPLICABLE))
+    host = report.facts.hostname if report.facts and report.facts.hostname else report.host.name
+    return StatusDoc(host, pass_name, round(when, 3), interval_s, round(duration_s, 3), versions(report, hosttune),
+                     counts, shown, report.error or "")
+
+
+def to_json(doc: StatusDoc) -> str:
+    return json.dumps({"format": FORMAT, **asdict(doc)}, indent=1, sort_keys=True) + "\n"
+
+
+def parse_status(text: str) -> StatusDoc:
+    try:
+        raw = json.loads(text)
+        findings = tuple(FindingBrief(str(f["check_id"]), str(f["status"]), str(f["severity"]), str(f["detail"]),
+                                      tuple(str(s) for s in f.get("subjects") or ())) for f in raw["findings"])
+        return StatusDoc(str(raw["host"]), str(raw["pass_name"]), float(raw["when"]), int(raw["interval_s"]),
+                         float(raw["duration_s"]), {str(k): str(v) for k, v in raw["versions"].items()},
+                         {str(k): int(v) for k, v in raw["counts"].items()}, findings, str(raw.get("error") or ""))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise StatusError(f"unreadable status file: {type(exc).__name__}: {exc}") from None

@@ -1,0 +1,38 @@
+"""`hosttune monitor` (one pass on this machine, its files written) and `hosttune status` through typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+from typer.testing import CliRunner
+
+from hosttune.cli import app
+from hosttune.status_file import parse_status
+
+runner = CliRunner()
+PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "inference-latency.yaml"
+
+
+def test_a_monitor_pass_writes_its_status_and_metrics(tmp_path):
+    args = ["monitor", "--profile", str(PLAYBOOK), "--textfile-dir", str(tmp_path / "tf"), "--status-dir", str(tmp_path / "st")]
+    result = runner.invoke(app, args)
+    assert result.exit_code in (0, 1), result.output
+    doc = parse_status((tmp_path / "st" / "status.json").read_text())
+    assert doc.pass_name == "regular" and doc.interval_s == 60 and sum(doc.counts.values()) > 30
+    families = {f.name for f in text_string_to_metric_families((tmp_path / "tf" / "hosttune.prom").read_text())}
+    assert {"hosttune_check_status", "hosttune_monitor_last_run_timestamp_seconds"} <= families
+    assert not list((tmp_path / "tf").glob(".*"))  # no temporary file left behind
+
+
+def test_status_of_a_host_without_a_monitor_is_stale_and_says_why():
+    result = runner.invoke(app, ["status", "--format", "json"])
+    (host,) = json.loads(result.stdout)
+    assert result.exit_code & 1 and host["state"] == "STALE"
+    assert host["findings"][0]["detail"].startswith("no status file")
+
+
+def test_a_missing_profile_is_one_line_and_exit_2(tmp_path):
+    result = runner.invoke(app, ["monitor", "--profile", str(tmp_path / "none.yaml"), "--textfile-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "unknown profile" in result.output and "Traceback" not in result.output

@@ -1,0 +1,221 @@
+"""The monitor as data: its profile section, apply's operations and rendered units, the host's monitor
+section (recorded on a systemd host) and its checks, the status document, the metrics Prometheus reads,
+the alert rules promtool accepts, and the status read `hosttune status` parses."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from hosttune import __version__
+from hosttune.actions import steps_for
+from hosttune.actions.base import Command, Directory, FileWrite, Service
+from hosttune.actions.monitor import PROFILE_FILE, RULES_FILE, VENV, alert_rules, host_profile, monitor, timer_units
+from hosttune.checks import BY_ID, run_checks
+from hosttune.checks.findings import Status
+from hosttune.checks.service_monitor import stale
+from hosttune.config.inventory import Host
+from hosttune.config.profile import build, load_profile
+from hosttune.errors import ProfileError
+from hosttune.fleet import HostReport
+from hosttune.probes.facts import Facts
+from hosttune.probes.facts_serve import MonitorFacts
+from hosttune.probes.monitor_state import parse_monitor
+from hosttune.report import status_metrics
+from hosttune.report.status_table import render_table
+from hosttune.status import parse_read
+from hosttune.status_file import StatusError, parse_status, status_doc, to_json
+from hosttune.transport.base import ConnectionSpec
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "serve" / "monitor-section.txt"
+HOST = Host("h", "g", ConnectionSpec("h"))
+SYSTEMD = Facts(hostname="gpu-01", pid1="systemd", os_id="debian", kernel="6.1.0")
+
+
+@pytest.fixture
+def wheels(tmp_path):
+    for name in (f"hosttune-{__version__}-py3-none-any.whl", "typer-0.12.0-py3-none-any.whl"):
+        (tmp_path / name).write_bytes(b"wheel")
+    return tmp_path
+
+
+def monitored(wheels=None, **monitor):
+    base = load_profile("inference-latency-monitored")
+    return dataclasses.replace(base, monitor=dataclasses.replace(base.monitor, wheels=wheels and str(wheels), **monitor))
+
+
+def test_the_latency_example_leaves_it_off_and_the_monitored_playbook_turns_it_on():
+    assert not load_profile("inference-latency").monitor.enabled
+    spec = load_profile("inference-latency-monitored").monitor
+    assert spec.enabled and spec.interval_s == 60 and spec.active_interval_s == 3600
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"interval_s": 5}, "monitor.interval_s: must be 10 to 604800 seconds"),
+    ({"active_interval_s": 60}, "monitor.active_interval_s: must be 300 to"),
+    ({"textfile_dir": "relative/dir"}, "monitor.textfile_dir: must be an absolute path"),
+    ({"wheels": "/nonexistent/wheels"}, "monitor.wheels: /nonexistent/wheels is not a folder"),
+])
+def test_bad_monitor_settings_name_the_setting(values, message):
+    with pytest.raises(ProfileError, match=message):
+        build("p", {"monitor": values})
+
+
+def test_a_wheel_folder_without_this_hosttune_is_refused(tmp_path):
+    (tmp_path / "hosttune-0.0.1-py3-none-any.whl").write_bytes(b"")
+    with pytest.raises(ProfileError, match=f"has no hosttune-{__version__}-"):
+        build("p", {"monitor": {"wheels": str(tmp_path)}})
+
+
+def test_apply_uploads_the_wheels_makes_the_venv_and_starts_both_timers(wheels):
+    (step,) = monitor(SYSTEMD, monitored(wheels), HOST)
+    ops = step.ops
+    uploads = [op for op in ops if isinstance(op, FileWrite) and op.source is not None]
+    assert sorted(op.path.rsplit("/", 1)[1] for op in uploads) == sorted(p.name for p in wheels.glob("*.whl"))
+    venv = next(op for op in ops if isinstance(op, Command) and "venv" in op.argv)
+    assert venv.argv == ("python3", "-m", "venv", VENV) and venv.undo == ("rm", "-rf", "--", VENV)
+    pip = next(op for op in ops if isinstance(op, Command) and op.argv[0].endswith("/pip"))
+    assert "--no-index" in pip.argv and pip.argv[-1] == f"hosttune=={__version__}"
+    assert Directory("/var/lib/node_exporter/textfile_collector") in ops
+    services = [op for op in ops if isinstance(op, Service)]
+    assert services == [Service("hosttune-monitor.timer", True, True), Service("hosttune-monitor-active.timer", True, True)]
+    assert ops.index(pip) < ops.index(services[0])
+    assert {op.path for op in ops if isinstance(op, FileWrite)} >= {PROFILE_FILE, RULES_FILE}
+
+
+def test_the_units_run_each_pass_at_its_interval():
+    units = timer_units(monitored(interval_s=30, active_interval_s=1800, textfile_dir="/srv/textfile"))
+    assert sorted(units) == ["hosttune-monitor-active.service", "hosttune-monitor-active.timer",
+                             "hosttune-monitor.service", "hosttune-monitor.timer"]
+    regular, active = units["hosttune-monitor.service"].decode(), units["hosttune-monitor-active.service"].decode()
+    assert f"ExecStart={VENV}/bin/hosttune monitor --profile {PROFILE_FILE} --textfile-dir /srv/textfile\n" in regular
+    assert "--textfile-dir /srv/textfile --active\n" in active and "TimeoutStartSec=900" in active
+    assert "OnUnitActiveSec=30s" in units["hosttune-monitor.timer"].decode()
+    assert "OnUnitActiveSec=1800s" in units["hosttune-monitor-active.timer"].decode()
+    assert sorted(timer_units(monitored(active_interval_s=None))) == ["hosttune-monitor.service", "hosttune-monitor.timer"]
+
+
+def test_the_host_profile_reads_back_as_the_same_desired_state(wheels, tmp_path):
+    profile = monitored(wheels)
+    path = tmp_path / "profile.yaml"
+    path.write_bytes(host_profile(profile))
+    again = load_profile(str(path))
+    assert again.monitor == dataclasses.replace(profile.monitor, wheels=None)
+    assert (again.cpu, again.irq, again.health, again.kernel) == (profile.cpu, profile.irq, profile.health, profile.kernel)
+
+
+def test_without_wheels_the_step_is_blocked_saying_how_to_make_them():
+    (step,) = monitor(SYSTEMD, monitored(), HOST)
+    assert step.blocked.startswith("monitor.wheels is not set") and "pip wheel" in step.blocked and not step.ops
+
+
+def test_the_recorded_monitor_section_parses_and_the_installed_monitor_is_ok():
+    facts = parse_monitor(FIXTURE.read_text())
+    assert facts.installed == "0.1.0" and facts.now == 1796418130 and facts.written["status.json"] == 1796418129
+    timer = facts.timer("hosttune-monitor.timer")
+    assert (timer.load, timer.active, timer.enabled, timer.interval) == ("loaded", "active", "enabled", "60s")
+    host = dataclasses.replace(SYSTEMD, monitor=facts)
+    installed = BY_ID["monitor.installed"].run(host, monitored())
+    assert installed.status is Status.DRIFT and installed.detail == "hosttune-monitor-active.timer inactive, enabled"
+    running = dataclasses.replace(facts, timers=tuple(dataclasses.replace(t, active="active") for t in facts.timers))
+    assert BY_ID["monitor.installed"].run(dataclasses.replace(host, monitor=running), monitored()).status is Status.OK
+    assert BY_ID["monitor.stale"].run(host, monitored()).status is Status.OK  # the active pass's first run is due
+    assert BY_ID["monitor.installed"].run(host, load_profile("inference-latency")).status is Status.NOT_APPLICABLE
+
+
+def test_another_version_or_interval_drifts_and_a_status_older_than_two_intervals_is_stale():
+    facts = parse_monitor(FIXTURE.read_text())
+    host = dataclasses.replace(SYSTEMD, monitor=dataclasses.replace(facts, installed="0.0.9"))
+    finding = BY_ID["monitor.installed"].run(host, monitored(interval_s=30))
+    assert "hosttune 0.0.9" in finding.detail and "hosttune-monitor.timer every 60s (wanted 30s)" in finding.detail
+    later = dataclasses.replace(facts, now=facts.now + 2 * 60 + 300 + 1)
+    stale_finding = BY_ID["monitor.stale"].run(dataclasses.replace(SYSTEMD, monitor=later), monitored())
+    assert stale_finding.status is Status.DRIFT and stale_finding.subjects == ("hosttune-monitor.timer",)
+    assert "regular pass last wrote its status 422s ago (every 60s)" in stale_finding.detail
+    assert stale("hosttune-monitor.timer", 60, None, 10_000) == "the regular pass never wrote its status"
+    assert BY_ID["monitor.stale"].run(dataclasses.replace(SYSTEMD, monitor=MonitorFacts()), monitored()).status \
+        is Status.NOT_APPLICABLE
+
+
+def _report() -> HostReport:
+    facts = dataclasses.replace(SYSTEMD, monitor=parse_monitor(FIXTURE.read_text()))
+    return HostReport(HOST, "inference-latency-monitored", True, facts, tuple(run_checks(facts, monitored())))
+
+
+def test_the_status_document_round_trips_and_keeps_what_fails():
+    report = _report()
+    doc = status_doc(report, "regular", 60, 1796418130.5, 1.25, __version__)
+    assert doc.host == "gpu-01" and doc.versions == {"hosttune": __version__, "driver": "", "kernel": "6.1.0", "release": ""}
+    assert parse_status(to_json(doc)) == doc
+    assert {f.check_id for f in doc.failing} >= {"monitor.installed"} and doc.counts["drift"] == len(doc.failing)
+    with pytest.raises(StatusError, match="unreadable status file"):
+        parse_status('{"host": "x"}')
+
+
+def test_the_metrics_parse_and_pass_promtool():
+    report = _report()
+    text = status_metrics.render(report, status_doc(report, "regular", 60, 1796418130.5, 1.25, __version__))
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    installed = {s.labels["status"]: s.value for s in families["hosttune_check_status"].samples
+                 if s.labels["check"] == "monitor.installed"}
+    assert installed["drift"] == 1.0 and sum(installed.values()) == 1.0
+    assert families["hosttune_monitor_last_run_timestamp_seconds"].samples[0].value == 1796418130.5
+    assert families["hosttune_info"].samples[0].labels["hosttune"] == __version__
+    if shutil.which("promtool"):
+        result = subprocess.run(["promtool", "check", "metrics"], input=text.encode(), capture_output=True)
+        assert result.returncode == 0, result.stderr
+
+
+def test_the_alert_rules_pass_promtool_or_at_least_name_every_metric_they_use(tmp_path):
+    rules = alert_rules(monitored())
+    doc = yaml.safe_load(rules)
+    alerts = {r["alert"]: r for r in doc["groups"][0]["rules"]}
+    assert set(alerts) == {"HosttuneServiceDown", "HosttuneCriticalFinding", "HosttuneCheckError",
+                           "HosttuneMonitorStale", "HosttuneActivePassStale"}
+    assert alerts["HosttuneMonitorStale"]["expr"].endswith("> 180") and alerts["HosttuneServiceDown"]["for"] == "120s"
+    report = _report()
+    names = {f.name for f in text_string_to_metric_families(
+        status_metrics.render(report, status_doc(report, "regular", 60, 0.0, 0.0, __version__)))}
+    for rule in alerts.values():
+        assert {n for n in names if n in rule["expr"]}, rule["expr"]
+    assert "HosttuneActivePassStale" not in alert_rules(monitored(active_interval_s=None)).decode()
+    if shutil.which("promtool"):
+        path = tmp_path / "rules.yml"
+        path.write_bytes(rules)
+        result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+        assert result.returncode == 0 and "SUCCESS: 5 rules found" in result.stdout, result.stdout + result.stderr
+
+
+def _read_output(docs: dict[str, str], now: int) -> str:
+    parts = [f"@@ht:now\n{now}\n@@ht-end:now:0"]
+    for name in ("regular", "active"):
+        parts.append(f"@@ht:{name}\n{docs[name]}\n@@ht-end:{name}:0" if name in docs else f"@@ht:{name}\n\n@@ht-end:{name}:1")
+    return "\n".join(parts) + "\n"
+
+
+def test_status_reads_the_passes_and_judges_staleness_on_the_hosts_clock():
+    report = _report()
+    regular = to_json(status_doc(report, "regular", 60, 1000.0, 1.0, __version__))
+    fresh = parse_read(HOST, _read_output({"regular": regular}, 1100))
+    assert fresh.age_s == 100.0 and not fresh.stale and fresh.findings and fresh.exit_bits == 1
+    old = parse_read(HOST, _read_output({"regular": regular}, 1000 + 421))
+    assert old.stale[0].check_id == "monitor.stale" and "421s ago" in old.stale[0].detail
+    missing = parse_read(HOST, _read_output({}, 1100))
+    assert missing.stale[0].detail.startswith("no status file")
+    table = render_table([fresh, old, missing])
+    assert table.splitlines()[0].split() == ["HOST", "STATE", "AGE", "HOSTTUNE", "DRIVER", "RELEASE", "FAILING"]
+    assert "monitor.installed" in table and "STALE" in table and table.endswith("3 hosts: 1 drift, 2 stale")
+
+
+def test_the_monitor_step_comes_from_the_drifting_finding(wheels):
+    facts = dataclasses.replace(SYSTEMD, monitor=parse_monitor(FIXTURE.read_text()))
+    findings = run_checks(facts, monitored(wheels))
+    steps = [s for s in steps_for(findings, facts, monitored(wheels), HOST) if "monitor.installed" in s.fixes]
+    assert len(steps) == 1 and steps[0].ops
