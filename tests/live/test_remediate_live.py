@@ -6,7 +6,8 @@ test) and two replicas behind the host front's replica_lb.py (units and an nginx
 the drains, resets and cordons act on their real systemd units and the real servers file).
 
 - a stopped engine unit is restarted;
-- Xid 13 once is logged in the host's ledger and nothing else changes;
+- Xid 13 once is logged in the host's ledger and nothing else changes; twice on one GPU, that GPU is
+  drained, diagnosed (a stand-in `dcgmi` that passes) and its replica restored;
 - a pending row remap on GPU 1 drains that GPU's replica, resets the GPU and restores the replica;
 - Xid 79 on GPU 1 with a reset that cannot clear it: drained, reset attempted, host cordoned; deploy
   reads the cordon and refuses the host; uncordon takes it back;
@@ -77,7 +78,8 @@ def install(host, ports: tuple[int, int]) -> None:
     files = {
         "/usr/local/bin/nvidia-smi": (NVIDIA_SMI, 0o755),
         "/usr/local/bin/dmesg": (f"#!/bin/sh\ncat {STANDIN}/dmesg.txt 2>/dev/null\nexit 0\n", 0o755),
-        "/usr/local/sbin/nginx": ("#!/bin/sh\nexit 0\n", 0o755),  # `nginx -t` of replica_lb.py's sync
+        "/usr/local/sbin/nginx": ("#!/bin/sh\nexit 0\n", 0o755),
+        "/usr/local/bin/dcgmi": (f"#!/bin/sh\necho \"$*\" >> {STANDIN}/diags\necho '| Memory | Pass |'\n", 0o755),  # `nginx -t` of replica_lb.py's sync
         f"{STANDIN}/healthy.xml": (two_gpus(), 0o644),
         f"{STANDIN}/smi.csv": (two_gpus_csv(), 0o644),
         f"{META}/replica_lb.py": (lb_script().decode(), 0o644),
@@ -103,7 +105,7 @@ def install(host, ports: tuple[int, int]) -> None:
 
 def healthy(host, *, smi: str | None = None, dmesg: str = "", reset_fails: bool = False) -> None:
     """The host as a test starts it: both replicas serving, no cordon, no ledger, the faults asked for."""
-    host.exec(f"rm -rf /var/lib/hosttune/cordon.json /var/lib/hosttune/remediate /var/lib/hosttune/runs {STANDIN}/resets "
+    host.exec(f"rm -rf /var/lib/hosttune/cordon.json /var/lib/hosttune/remediate /var/lib/hosttune/runs {STANDIN}/resets {STANDIN}/diags "
               f"{STANDIN}/reset-fails-*")
     host.path(f"{STANDIN}/smi.xml").write_text(smi or two_gpus())
     host.path(f"{STANDIN}/dmesg.txt").write_text(dmesg)
@@ -167,6 +169,19 @@ def test_xid_13_once_is_logged_and_nothing_else_changes(fleet):
     assert down(host) == [False, False] and active(host, "hosttune-engine@0") == "active"
     again = remediate(one)
     assert again.exit_code == 0 and "rem1: ok, nothing to remediate" in again.stdout  # logged once, not again
+
+
+def test_xid_13_twice_on_one_gpu_runs_its_diagnostics_then_restores_it(fleet):
+    (host, *_), one, _ = fleet
+    healthy(host, dmesg=XID_13 + XID_13.replace("1822.334410", "2301.001822"))
+    result = remediate(one)
+    assert result.exit_code == 0, result.output
+    assert "2 times on this GPU: run its diagnostics" in result.stdout
+    lines = result.stdout[result.stdout.index("remediation run"):].splitlines()
+    assert [l.split(":")[0].strip() for l in lines if l.startswith("    ")] == ["drain", "diagnose", "drain"]
+    assert "gpu.xid  GPU0: cleared" in result.stdout and "    drain: restored" in result.stdout
+    assert host.exec(f"cat {STANDIN}/diags").stdout.split() == ["diag", "-r", "2", "-i", "0"]
+    assert down(host) == [False, False] and active(host, "hosttune-engine@0") == "active"
 
 
 def test_row_remap_pending_drains_and_resets_the_gpu_then_restores_its_replica(fleet):

@@ -240,3 +240,19 @@ def test_deploy_refuses_a_cordoned_host_and_sends_nothing(tmp_path):
     assert outcome.state == "failed" and outcome.error == "nothing changed: gpu-a is cordoned (GPU1: Xid 79); hosttune uncordon takes it back"
     (only,) = log  # the state read, and nothing after it
     assert only[1][:2] == ("sh", "-c") and "hosttune deploy: what a host has now" in only[1][2]
+
+
+def test_rollback_of_a_drain_starts_the_replica_and_puts_it_back_and_of_a_cordon_removes_the_file(tmp_path):
+    from hosttune.execute.journal import start_journal
+    from hosttune.execute.rollback import undo_list
+    from hosttune.plan.host_plan import HostPlan
+
+    snap = parse_snapshot(snapshot())
+    host = inventory(tmp_path).hosts[0]
+    steps = (step_for(Rung.DRAIN, fault_on(1), snap, LadderOptions()), step_for(Rung.CORDON, fault_on(1), snap, LadderOptions()))
+    journal = start_journal("R-1", HostPlan(host, "p", steps=steps))
+    journal = replace(journal, steps=tuple(replace(s, status="done", ops=tuple(replace(o, status="done") for o in s.ops))
+                                           for s in journal.steps))
+    undone = [u.argv or u.hostop for u in undo_list(journal)]
+    assert ("python3", LB, "in", "1") in undone and ("systemctl", "start", "hosttune-engine@1.service") in undone
+    assert ("remove", "/var/lib/hosttune/cordon.json") in undone
