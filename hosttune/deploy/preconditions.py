@@ -17,14 +17,15 @@ from hosttune.deploy.errors import DeployError
 from hosttune.deploy.flagcheck import check_installed_flags
 from hosttune.deploy.model import model_problem
 from hosttune.deploy.state import HostState
-from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
+from hosttune.deploy.router import router_ports
+from hosttune.deploy.units import RAY_UNIT, ROUTER_UNIT, SERVE_UNIT
 from hosttune.plan import preconditions
 from hosttune.plan.preconditions import Checked
 from hosttune.probes.needs import read_needs
 from hosttune.transport.base import Transport
 
 # Listeners on a deployment's ports that are the deployment itself (a redeploy finds them there).
-OWNERS = (SERVE_UNIT, RAY_UNIT, "hosttune-engine@", "nginx.service")
+OWNERS = (SERVE_UNIT, RAY_UNIT, "hosttune-engine@", "nginx.service", ROUTER_UNIT)
 
 
 def serve_needs(job) -> tuple[Need, ...]:
@@ -33,6 +34,9 @@ def serve_needs(job) -> tuple[Need, ...]:
     ports = {job.settings.port, *(r.port for r in (job.layout.replicas if job.layout else ()) if r.port)}
     if job.access.front is not None:
         ports.add(job.access.front.port)
+    if ROUTER_UNIT in job.release.units:
+        router = router_ports(job.layout)
+        ports.update((router.listen, router.metrics))
     model = (NeedModel(job.model.path, job.preset.name),) if job.model is not None else ()
     return model + tuple(NeedPort(p, OWNERS) for p in sorted(ports))
 

@@ -2,7 +2,10 @@
 # `python3 replica_lb.py COMMAND [INDEX]`, beside the replicas.json deploy wrote there.
 # Keeps the host-local nginx upstream in step with the replicas: a replica is "down" in nginx while
 # deploy drains it (out/in) or while it fails the generation probe (probe), and serving otherwise.
-#   sync         write the servers file from the markers and reload nginx
+# With a router (replicas.json names its URL) the replicas are the router's workers instead: one
+# that is out is removed from it (its requests in flight finish), one that is in and answers its
+# health check is added; nginx sends everything to the router and is not reloaded.
+#   sync         write the servers file from the markers and reload nginx (or the router's workers)
 #   out INDEX    drain: take the replica out of nginx (deploy, before it restarts the replica)
 #   in INDEX     put it back (deploy, after its gate passed)
 #   probe        one one-token generation per replica; failing ones out, recovered ones back in
@@ -15,10 +18,12 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SETTLE_S = 1.0  # after a reload, for nginx's new workers to take over from the old ones
+ROUTER_WAIT_S = 60.0  # for a router that is starting to answer
 
 
 def load():
@@ -45,7 +50,7 @@ def mark(conf, kind, index, on):
 def servers_text(conf):
     lines = ["# Managed by hosttune (replica_lb.py): the replicas of this host; down = drained or failing its probe."]
     for r in conf["replicas"]:
-        down = is_marked(conf, "drained", r["index"]) or is_marked(conf, "failed", r["index"])
+        down = not is_in(conf, r["index"])
         lines.append(f"server 127.0.0.1:{r['port']} max_fails={conf['max_fails']} "
                      f"fail_timeout={conf['fail_timeout_s']}s{' down' if down else ''};")
     return "\n".join(lines) + "\n"
@@ -75,6 +80,53 @@ def sync(conf):
     run(["systemctl", "reload-or-restart", "nginx.service"])
     time.sleep(SETTLE_S)
     return True
+
+
+def is_in(conf, index):
+    return not (is_marked(conf, "drained", index) or is_marked(conf, "failed", index))
+
+
+def replica_url(replica):
+    return f"http://127.0.0.1:{replica['port']}"
+
+
+def router_call(conf, method, path, timeout=30.0):
+    req = urllib.request.Request(conf["router"] + path, method=method, data=b"" if method == "POST" else None)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.read().decode("utf-8", "replace")
+
+
+def router_workers(conf):
+    """The router's workers; a router that is starting gets ROUTER_WAIT_S to answer."""
+    deadline = time.monotonic() + ROUTER_WAIT_S
+    while True:
+        try:
+            return set(json.loads(router_call(conf, "GET", "/list_workers"))["urls"])
+        except (OSError, urllib.error.URLError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def is_healthy(conf, replica):
+    """The router waits for a worker it adds to become healthy: only a replica that already is gets added."""
+    try:
+        with urllib.request.urlopen(replica_url(replica) + conf.get("health", "/health"), timeout=5) as resp:
+            return resp.status == 200
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def sync_router(conf):
+    """Out replicas (and ports no replica has) removed from the router; in and healthy ones added."""
+    have = router_workers(conf)
+    wanted = {replica_url(r): r for r in conf["replicas"] if is_in(conf, r["index"])}
+    gone = sorted(have - set(wanted))
+    new = [url for url, r in sorted(wanted.items()) if url not in have and is_healthy(conf, r)]
+    for verb, urls in (("remove_worker", gone), ("add_worker", new)):
+        for url in urls:
+            router_call(conf, "POST", f"/{verb}?url={urllib.parse.quote(url, safe='')}")
+    return bool(gone or new)
 
 
 def nginx_active():
@@ -131,7 +183,10 @@ def main():
                 out["replicas"] = probe(conf)
             elif command != "sync":
                 raise RuntimeError(f"unknown command {command!r}")
-            out["reloaded"] = sync(conf)
+            if conf.get("router"):
+                out["changed"] = sync_router(conf)
+            else:
+                out["reloaded"] = sync(conf)
         except Exception as exc:  # the caller gets the reason as JSON and a non-zero exit
             out.update(ok=False, error=f"{type(exc).__name__}: {exc}")
     print(json.dumps(out))

@@ -16,10 +16,13 @@ from hosttune.deploy.front import LOOPBACK, NGINX_CONF, front_upstream, on_loopb
 from hosttune.deploy.placement import Layout, Placement
 from hosttune.deploy.plan import (Role, key_env_files, key_summary, make_release, named_release, placeholder_values,
                                   serve_argv, serve_flags)
-from hosttune.deploy.release import VENV_PLACEHOLDER, Release, meta_dir, release_dir
+from hosttune.deploy.release import CURRENT, VENV_PLACEHOLDER, Release, meta_dir, release_dir
+from hosttune.deploy.router import (RouterPorts, render_router_unit, router_ports, router_targets, router_upstream,
+                                    router_wheel)
 from hosttune.deploy.settings import ServeSettings, drain_seconds
-from hosttune.deploy.units import REPLICA_TEMPLATE, UnitSpec, Upstream, render_nginx, render_probe_units, render_unit, variable
-from hosttune.presets import EnginePreset
+from hosttune.deploy.units import (REPLICA_TEMPLATE, ROUTER_UNIT, UnitSpec, Upstream, render_nginx, render_probe_units,
+                                   render_unit, variable)
+from hosttune.presets import EnginePreset, load_router
 from hosttune.transport.base import bundled_script
 
 SERVERS_FILE = "/etc/hosttune/nginx/local-servers.conf"
@@ -79,11 +82,15 @@ def replicas_doc(layout: Layout) -> list[dict]:
             for r in layout.replicas]
 
 
-def lb_config(layout: Layout, upstream: Upstream, access: Access) -> bytes:
-    """replica_lb.py's settings; the probe reads the key from key_file, the replicas' own environment file."""
+def lb_config(layout: Layout, upstream: Upstream, access: Access, router: RouterPorts | None = None,
+              health: str = "/health") -> bytes:
+    """replica_lb.py's settings; the probe reads the key from key_file, the replicas' own environment file.
+    With a router, replica_lb.py adds and removes the replicas there instead of in nginx's servers file."""
     doc = {"replicas": replicas_doc(layout), "servers_file": SERVERS_FILE, "state_dir": STATE_DIR,
            "key_file": access.env_file,
            "max_fails": upstream.max_fails, "fail_timeout_s": upstream.fail_timeout_s, "probe_timeout_s": PROBE_TIMEOUT_S}
+    if router:
+        doc.update(router=router.url, health=health)
     return (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
 
 
@@ -93,12 +100,13 @@ def local_upstream(preset: EnginePreset, settings: ServeSettings, layout: Layout
                           session_affinity=settings.session_affinity, tries=len(layout.replicas))
 
 
-def scrape_targets(layout: Layout, host: str, engine: str) -> bytes:
-    """Prometheus file_sd targets: every replica's /metrics (file_sd_configs in prometheus.yml). The replicas
-    listen on the loopback address only, so the scraper (or its agent) runs on the host."""
+def scrape_targets(layout: Layout, host: str, engine: str, router: RouterPorts | None = None) -> bytes:
+    """Prometheus file_sd targets: every replica's /metrics (file_sd_configs in prometheus.yml), and the
+    router's. They listen on the loopback address only, so the scraper (or its agent) runs on the host."""
     doc = [{"targets": [f"{LOOPBACK}:{r.port}"],
             "labels": {"job": "hosttune", "host": host, "engine": engine, "replica": str(r.index),
                        "gpus": ",".join(map(str, r.gpus))}} for r in layout.replicas]
+    doc += router_targets(router, host, engine) if router else []
     return (json.dumps(doc, indent=1) + "\n").encode()
 
 
@@ -110,11 +118,21 @@ def replica_files(preset: EnginePreset, settings: ServeSettings, layout: Layout,
     units = {REPLICA_TEMPLATE: render_unit(spec, rid)}
     probe = ("/usr/bin/env", "python3", f"{meta_dir(rid)}/{LB_SCRIPT}", "probe")
     units.update(render_probe_units(rid, probe, settings.probe_interval_s, PROBE_TIMEOUT_S * len(layout.replicas) + 30))
+    router = router_ports(layout) if settings.router else None
     upstream = local_upstream(preset, settings, layout, access)
+    if router:
+        units[ROUTER_UNIT] = router_unit(preset, router)
+        upstream = router_upstream(access, preset.name, settings.port, router)
     meta = {env_file(r.index): replica_env(r) for r in layout.replicas}
-    meta.update({LB_SCRIPT: lb_script(), REPLICAS_JSON: lb_config(layout, upstream, access)})
-    files = {NGINX_CONF: render_nginx(upstream), SCRAPE_FILE: scrape_targets(layout, host, preset.name)}
+    meta.update({LB_SCRIPT: lb_script(), REPLICAS_JSON: lb_config(layout, upstream, access, router, preset.serve.health)})
+    files = {NGINX_CONF: render_nginx(upstream), SCRAPE_FILE: scrape_targets(layout, host, preset.name, router)}
     return units, meta, files
+
+
+def router_unit(preset: EnginePreset, router: RouterPorts) -> bytes:
+    """The router's unit: its replicas synced by the live release's replica_lb.py once it answers."""
+    sync = ("/usr/bin/env", "python3", f"{CURRENT}/.hosttune/{LB_SCRIPT}", "sync")
+    return render_router_unit(load_router(), router, preset.serve.health, sync)
 
 
 def make_layout_release(preset: EnginePreset, settings: ServeSettings, layout: Layout, entry: Entry, host: str = "",
@@ -125,12 +143,16 @@ def make_layout_release(preset: EnginePreset, settings: ServeSettings, layout: L
     if not layout.is_balanced:
         return make_release(preset, settings, layout.replicas[0], entry, access=access, shape=shape)
     settings = on_loopback(settings)  # the replicas are behind the host's nginx
+    if settings.router:
+        router_wheel(entry, load_router())
     venv = release_dir(VENV_PLACEHOLDER)
     units, meta, files = replica_files(preset, settings, layout, venv, host, access)
     summary = key_summary({"model": settings.model, "port": settings.port, "tensor_parallel": layout.tensor_parallel,
                            "replicas": replicas_doc(layout), "flags": settings.flags, "env": settings.env}, access)
+    if settings.router:
+        summary["router"] = {"policy": load_router().policy, "port": router_ports(layout).listen}
     if shape:
         summary["shape"] = shape
     spec = template_spec(preset, settings, layout, venv, access)
-    program = spec.argv[len(_numactl_prefix(layout))]
-    return named_release(preset, entry, units, summary, (program,), meta, files)
+    programs = (spec.argv[len(_numactl_prefix(layout))],) + ((f"{venv}/bin/python",) if settings.router else ())
+    return named_release(preset, entry, units, summary, programs, meta, files)

@@ -21,7 +21,8 @@ from hosttune.deploy.replicas import LB_SCRIPT
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState
 from hosttune.execute.perform import run_ops
-from hosttune.deploy.units import PROBE_TIMER, RAY_UNIT, REPLICA_TEMPLATE, REPLICA_UNITS, SERVE_UNIT, replica_unit
+from hosttune.deploy.units import (PROBE_TIMER, RAY_UNIT, REPLICA_TEMPLATE, REPLICA_UNITS, ROUTER_UNIT, SERVE_UNIT,
+                                   replica_unit)
 from hosttune.transport.base import Transport
 
 NGINX = "nginx.service"
@@ -50,11 +51,35 @@ def switch_ops(release: Release, state: HostState, *, keep_previous: bool = Fals
     if not keep_previous and state.current and state.current != release.dir:
         ops.append(Symlink(PREVIOUS, state.current))
     ops += [Symlink(CURRENT, release.dir), Command(("systemctl", "daemon-reload"))]
+    ops += router_start_ops(release, state)
     new = [i for i in indices(release) if state.instances.get(replica_unit(i)) != "active"]
     ops.append(lb_op(release, "out", *new) if new else lb_op(release, "sync"))
     units = [replica_unit(i) for i in indices(release)]
-    return ops + [Command(("systemctl", "enable", "--quiet", NGINX, *units), requires=requires),
-                  Command(("systemctl", "enable", "--now", "--quiet", PROBE_TIMER))]
+    ops += [Command(("systemctl", "enable", "--quiet", NGINX, *units), requires=requires),
+            Command(("systemctl", "enable", "--now", "--quiet", PROBE_TIMER))]
+    return ops + router_front_ops(release, state)
+
+
+def router_start_ops(release: Release, state: HostState) -> list[Op]:
+    """The router up before nginx sends to it: started, or restarted when its unit changed (a new router
+    or new settings; a redeploy of the engine alone leaves it running, its prefix tree warm)."""
+    if ROUTER_UNIT not in release.units:
+        return []
+    unit = state.units.get(ROUTER_UNIT)
+    same = unit is not None and unit.sha256 == hashlib.sha256(release.units[ROUTER_UNIT]).hexdigest()
+    start = "start" if same and unit.active == "active" else "restart"  # start: a no-op on a running unit
+    return [Command(("systemctl", "enable", "--quiet", ROUTER_UNIT)), Command(("systemctl", start, ROUTER_UNIT), timeout=120.0)]
+
+
+def router_front_ops(release: Release, state: HostState) -> list[Op]:
+    """nginx onto the router (its config checked first); leaving the router, nginx onto the replicas again,
+    then the router stopped."""
+    if ROUTER_UNIT not in release.units and ROUTER_UNIT not in state.units:
+        return []
+    ops: list[Op] = [Command(("nginx", "-t", "-q")), Command(("systemctl", "reload-or-restart", NGINX))]
+    if ROUTER_UNIT not in release.units:
+        ops += [Command(("systemctl", "disable", "--now", ROUTER_UNIT)), Remove(f"{UNIT_DIR}/{ROUTER_UNIT}")]
+    return ops
 
 
 def restart_ops(release: Release, index: int) -> list[Op]:
@@ -136,4 +161,5 @@ def is_unchanged(release: Release, state: HostState) -> bool:
     units = all(n in state.units and state.units[n].sha256 == hashlib.sha256(b).hexdigest() for n, b in release.units.items())
     files = all(state.wheels.get(p) == hashlib.sha256(b).hexdigest() for p, b in release.files.items())
     running = all(state.instances.get(replica_unit(i)) == "active" for i in indices(release))
-    return units and files and running and not stale_instances(release, state)
+    router = ROUTER_UNIT not in release.units or state.units[ROUTER_UNIT].active == "active"
+    return units and files and running and router and not stale_instances(release, state)

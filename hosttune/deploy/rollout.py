@@ -53,6 +53,7 @@ class DeployRequest:
     replicas: str | None = None  # "per-gpu" or a count per host (default: declared, else live, else per-gpu)
     canary: int = 0  # hosts deployed (and checked) first, before the rest
     session_affinity: bool | None = None  # None: the inventory's deploy.session_affinity
+    router: bool | None = None  # None: the inventory's deploy.router
     keys_dir: Path = Path("hosttune-keys")  # where deploy.api_key: true keeps each group's generated key
     tune_s: float = 0.0  # the bundled engine tunes its kernels on each host first, this long (0: no tune step)
 
@@ -137,6 +138,8 @@ def _settings(host: Host, preset, request: DeployRequest) -> ServeSettings:
     settings = resolve(host, preset, request.model, request.port, request.overrides, request.timeouts)
     if request.session_affinity is not None:
         settings = replace(settings, session_affinity=request.session_affinity)
+    if request.router is not None:
+        settings = replace(settings, router=request.router)
     if request.tune_s:
         settings = tune.with_cache(settings, preset.name)
     return settings

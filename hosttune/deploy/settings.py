@@ -18,6 +18,7 @@ Inventory layout (every key optional):
       gate_timeout: 60                   # seconds for the one-token generation
       probe_interval: 10                 # seconds between generation probes of a host's replicas
       session_affinity: false            # host-local nginx: one X-Session-Id keeps its replica
+      router: false                      # a cache-aware router between the host's nginx and its replicas
 
 `--set FLAG=VALUE` sets an engine flag, `--set env.NAME=VALUE` an environment variable;
 values are read as YAML scalars (true, 0.9, 8192, null).
@@ -65,6 +66,7 @@ class ServeSettings:
     gate_timeout_s: float = 60.0
     probe_interval_s: int = 10
     session_affinity: bool = False
+    router: bool = False  # hosttune.deploy.router: requests go to the replica that holds their prefix
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ def _number(doc: Mapping, key: str, kind: type, where: str, default: Any) -> Any
 
 
 KNOWN_KEYS = {"port", "env", "multinode", "lb_port", "warmup", "health_timeout", "gate_timeout", "probe_interval",
-              "session_affinity", *ENGINES,
+              "session_affinity", "router", *ENGINES,
               "engine", "model", "replicas", "tensor_parallel",  # hosttune.deploy.shape
               "api_key", "api_key_file", "nginx", "lb_plain_http"}  # hosttune.deploy.access, balancer
 
@@ -143,7 +145,7 @@ def inventory_vars(host: Host) -> dict:
     for name in (*ENGINES, "env"):
         if not isinstance(doc.get(name, {}), dict):
             raise DeployError(f"{where}: deploy.{name} must be a mapping")
-    for name in ("multinode", "session_affinity"):
+    for name in ("multinode", "session_affinity", "router"):
         if not isinstance(doc.get(name, False), bool):
             raise DeployError(f"{where}: deploy.{name} must be true or false")
     return doc
@@ -171,6 +173,7 @@ def resolve(host: Host, preset: EnginePreset, model: str, port: int | None, over
         _number(doc, "warmup", int, where, 3), _number(doc, "health_timeout", float, where, 600.0),
         _number(doc, "gate_timeout", float, where, 60.0),
         max(1, _number(doc, "probe_interval", int, where, 10)), doc.get("session_affinity", False),
+        doc.get("router", False),
     ))
 
 

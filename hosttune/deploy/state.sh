@@ -15,7 +15,7 @@ done
 for p in "$@"; do
     [ -f "$p" ] && printf 'wheel:%s %s\n' "$(sha256sum < "$p" | cut -d' ' -f1)" "$p"
 done
-for u in hosttune-ray.service hosttune-serve.service hosttune-engine@.service hosttune-probe.service hosttune-probe.timer; do
+for u in hosttune-ray.service hosttune-serve.service hosttune-engine@.service hosttune-probe.service hosttune-probe.timer hosttune-router.service; do
     f=/etc/systemd/system/$u
     [ -f "$f" ] || continue
     printf 'unit:%s %s %s\n' "$u" "$(sha256sum < "$f" | cut -d' ' -f1)" "$(systemctl is-active "$u" 2>/dev/null)"

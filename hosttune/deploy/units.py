@@ -16,8 +16,9 @@ RAY_UNIT = "hosttune-ray.service"
 REPLICA_TEMPLATE = "hosttune-engine@.service"  # one instance per replica: hosttune-engine@0.service, ...
 PROBE_UNIT = "hosttune-probe.service"
 PROBE_TIMER = "hosttune-probe.timer"
+ROUTER_UNIT = "hosttune-router.service"  # deploy.router: between the host's nginx and its replicas
 UNIT_NAMES = (RAY_UNIT, SERVE_UNIT)  # start order
-REPLICA_UNITS = (REPLICA_TEMPLATE, PROBE_UNIT, PROBE_TIMER)
+REPLICA_UNITS = (REPLICA_TEMPLATE, PROBE_UNIT, PROBE_TIMER, ROUTER_UNIT)
 STOP_MARGIN_S = 15  # beyond the drain: the process exits, the port closes, logs flush
 RESTART_SEC = 5
 
@@ -89,6 +90,7 @@ class Upstream:
     backend_scheme: str = "http"  # "https" when the backends are hosts' nginx fronts with TLS
     backend_ca: str | None = None  # https backends: their certificates are verified against this CA file
     backend_name: str | None = None  # ... for this name
+    private_paths: tuple[str, ...] = ()  # answered 404 by nginx, never passed on (the router's admin API)
 
 
 def render_nginx(upstream: Upstream) -> bytes:
@@ -100,7 +102,7 @@ def render_nginx(upstream: Upstream) -> bytes:
                   servers_file=upstream.servers_file, tries=upstream.tries, tls_cert=upstream.tls_cert,
                   tls_key=upstream.tls_key, default_server=upstream.default_server,
                   backend_scheme=upstream.backend_scheme, backend_ca=upstream.backend_ca,
-                  backend_name=upstream.backend_name)
+                  backend_name=upstream.backend_name, private_paths=upstream.private_paths)
 
 
 def render_probe_units(release: str, argv: tuple[str, ...], interval_s: int, timeout_s: int) -> dict[str, bytes]:

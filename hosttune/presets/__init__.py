@@ -149,5 +149,27 @@ def parse_preset(doc: dict, where: str) -> EnginePreset:
         raise PresetError(f"{where}: malformed preset ({exc!r})") from None
 
 
+@dataclass(frozen=True)
+class RouterPreset:
+    """The cache-aware router deploy.router runs in front of a host's replicas (router.yaml)."""
+
+    requirement: str  # what pip downloads into the wheelhouse
+    distribution: str  # the wheel's file name starts with this
+    module: str  # python -m MODULE
+    policy: str
+    flags: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+@lru_cache(maxsize=None)
+def load_router() -> RouterPreset:
+    text = resources.files("hosttune.presets").joinpath("router.yaml").read_text(encoding="utf-8")
+    doc = yaml.safe_load(text)
+    try:
+        return RouterPreset(str(doc["requirement"]), str(doc["distribution"]), str(doc["module"]), str(doc["policy"]),
+                            dict(doc.get("flags") or {}))
+    except (KeyError, TypeError) as exc:
+        raise PresetError(f"presets/router.yaml: malformed ({exc!r})") from None
+
+
 def _strings(env: Mapping | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in (env or {}).items()}

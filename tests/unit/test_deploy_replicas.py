@@ -141,7 +141,7 @@ def test_each_replica_is_an_instance_of_one_template_with_its_gpus_node_and_port
     venv = f"/opt/hosttune/releases/{release.id}"
     assert f"EnvironmentFile={venv}/.hosttune/replica-%i.env\n" in unit
     assert (f"ExecStart=/usr/bin/numactl --cpunodebind=${{HOSTTUNE_NUMA}} --membind=${{HOSTTUNE_NUMA}} {venv}/bin/hosttune-engine "
-            "serve --model /models/qwen2.5-7b --host 127.0.0.1 --port ${HOSTTUNE_PORT} --device cuda --shutdown-timeout 30\n") in unit
+            "serve --model /models/qwen2.5-7b --host 127.0.0.1 --port ${HOSTTUNE_PORT} --device cuda --shutdown-timeout 30 --enable-prefix-caching\n") in unit
     assert "Restart=always" in unit and "TimeoutStopSec=45" in unit and "KillMode=mixed" in unit
     assert [env_of(release, i) for i in range(4)] == [
         {"HOSTTUNE_PORT": str(8101 + i), "CUDA_VISIBLE_DEVICES": str(i), "HOSTTUNE_NUMA": str(i // 2)} for i in range(4)]

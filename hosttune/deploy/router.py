@@ -1,0 +1,83 @@
+"""The cache-aware router between a host's nginx and its replicas (deploy.router), as files.
+
+nginx stays the host's front: it listens on the service port (or deploy.nginx's, with its TLS),
+keeps the router's admin API off the network and passes the API key on to the replicas, which
+check it as before. Behind it the router (presets/router.yaml) sends each request to the replica
+that holds the longest prefix of it. The router comes from the release's own wheels (hosttune
+build --router) and runs through the `current` link, so its unit is the same text release after
+release: a redeploy that changes the engine restarts the replicas one at a time and never the
+router. replica_lb.py takes replicas out of it and puts them back, as it does nginx's servers.
+
+Pure, like replicas.py: files and argv from the layout and the preset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from hosttune.actions.templates import render
+from hosttune.build.wheelhouse import Entry, WheelFile
+from hosttune.deploy.access import Access
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.front import LOOPBACK, front_upstream
+from hosttune.deploy.placement import Layout
+from hosttune.deploy.release import CURRENT
+from hosttune.deploy.settings import flag_argv
+from hosttune.deploy.units import Upstream
+from hosttune.presets import RouterPreset
+from hosttune.quoting import systemd_exec
+
+# The router's admin API: the replicas it routes to, its caches, its profiler.
+ADMIN_PATHS = ("add_worker", "remove_worker", "list_workers", "workers", "flush_cache", "get_loads",
+               "start_profile", "stop_profile")
+
+
+@dataclass(frozen=True)
+class RouterPorts:
+    """On the loopback address, after the replicas' ports."""
+
+    listen: int  # where nginx sends every request
+    metrics: int  # the router's own Prometheus /metrics
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.listen}"
+
+
+def router_ports(layout: Layout) -> RouterPorts:
+    last = max(r.port for r in layout.replicas if r.port)
+    return RouterPorts(last + 1, last + 2)
+
+
+def router_wheel(entry: Entry, router: RouterPreset) -> WheelFile:
+    """The router's wheel among the entry's, or what to build."""
+    for wheel in entry.wheels:
+        if wheel.name.split("-", 1)[0].lower() == router.distribution:
+            return wheel
+    raise DeployError(f"deploy.router: the wheelhouse entry {entry.key.name} has no {router.requirement} wheel; "
+                      f"build it with hosttune build --engine {entry.key.engine} --deps --router")
+
+
+def router_argv(router: RouterPreset, ports: RouterPorts, health: str) -> tuple[str, ...]:
+    """The live release's python (through `current`, found when the router starts) running the router."""
+    flags = {"host": LOOPBACK, "port": ports.listen, "policy": router.policy, "prometheus-host": LOOPBACK,
+             "prometheus-port": ports.metrics, "health-check-endpoint": health, **router.flags}
+    # /usr/bin/env: systemd-analyze verify checks the program exists, and `current` may not yet
+    return ("/usr/bin/env", f"{CURRENT}/bin/python", "-m", router.module, *flag_argv(flags, {}, None))
+
+
+def render_router_unit(router: RouterPreset, ports: RouterPorts, health: str, sync: tuple[str, ...]) -> bytes:
+    """sync: replica_lb.py's sync, through `current` too, run once the router has started."""
+    return render("hosttune-router.service.j2", policy=router.policy, current=CURRENT,
+                  exec_start=systemd_exec(router_argv(router, ports, health)), exec_start_post=systemd_exec(sync))
+
+
+def router_upstream(access: Access, engine: str, listen: int, ports: RouterPorts) -> Upstream:
+    """The host's nginx front with the router as its one backend, its admin API answered 404."""
+    return replace(front_upstream(access, engine, (ports.listen,), listen=listen, tries=1), private_paths=ADMIN_PATHS)
+
+
+def router_targets(ports: RouterPorts, host: str, engine: str) -> list[dict]:
+    """The router's own /metrics (routing decisions, per-replica load) for Prometheus' file_sd."""
+    return [{"targets": [f"{LOOPBACK}:{ports.metrics}"], "labels": {"job": "hosttune-router", "host": host,
+                                                                    "engine": engine}}]
