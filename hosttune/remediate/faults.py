@@ -59,11 +59,15 @@ def _failing(findings: tuple[Finding, ...], check_id: str) -> bool:
     return any(f.check_id == check_id and f.is_failing for f in findings)
 
 
-def unit_faults(snapshot: HostSnapshot) -> list[Fault]:
-    """Engine units that should run and do not: the live release's replicas, or the one service."""
+def unit_faults(snapshot: HostSnapshot, findings: tuple[Finding, ...] = ()) -> list[Fault]:
+    """Units that should run and do not: the live release's replicas (or its one service), and every unit a
+    failing serve.units finding names (nginx, the probe timer)."""
     wanted = [r.unit for r in snapshot.replicas] or [u for u in snapshot.units if not u.startswith("hosttune-engine@")]
-    return [Fault(FaultKind.UNIT_DOWN, "serve.units", SERVICE_LADDER, f"{u} is {snapshot.units.get(u) or 'inactive'}",
-                  unit=u) for u in wanted if snapshot.units.get(u, "inactive") in DOWN]
+    down = [u for u in wanted if snapshot.units.get(u, "inactive") in DOWN]
+    named = [u for f in findings if f.check_id == "serve.units" and f.is_failing for u in f.subjects if u not in down]
+    return [Fault(FaultKind.UNIT_DOWN, "serve.units", SERVICE_LADDER, f"{u} is {snapshot.units.get(u) or 'inactive'}", unit=u)
+            for u in down] + [Fault(FaultKind.UNIT_DOWN, "serve.units", SERVICE_LADDER, f"{u} is not running (serve.units)", unit=u)
+                              for u in named]
 
 
 def _index(facts: Facts, bdf: str) -> int | None:
@@ -126,7 +130,7 @@ def clock_faults(facts: Facts, findings: tuple[Finding, ...]) -> list[Fault]:
 def find_faults(facts: Facts, findings: tuple[Finding, ...], snapshot: HostSnapshot, ledger: Ledger, now: float,
                 policy: XidPolicy = XidPolicy()) -> list[Fault]:
     """Every fault on the host, one per (kind, GPU or unit); GPU faults merge into one per GPU, the highest start first."""
-    faults = (unit_faults(snapshot) + fabric_faults(facts, findings) + missing_faults(facts, findings)
+    faults = (unit_faults(snapshot, findings) + fabric_faults(facts, findings) + missing_faults(facts, findings)
               + xid_faults(facts, ledger, now, policy) + memory_faults(facts) + nvlink_faults(facts, findings)
               + clock_faults(facts, findings))
     return _one_per_gpu(faults)

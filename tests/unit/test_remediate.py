@@ -256,3 +256,13 @@ def test_rollback_of_a_drain_starts_the_replica_and_puts_it_back_and_of_a_cordon
     undone = [u.argv or u.hostop for u in undo_list(journal)]
     assert ("python3", LB, "in", "1") in undone and ("systemctl", "start", "hosttune-engine@1.service") in undone
     assert ("remove", "/var/lib/hosttune/cordon.json") in undone
+
+
+def test_units_a_failing_serve_units_finding_names_are_restarted_too():
+    from hosttune.checks.findings import Finding, Severity, Status
+    finding = Finding("serve.units", "t", Status.DRIFT, Severity.CRITICAL, "all active", None, "", "nginx.service is failed",
+                      "", False, "", subjects=("nginx.service", "hosttune-engine@1.service"))
+    snap = parse_snapshot(snapshot({"hosttune-engine@0.service": "active", "hosttune-engine@1.service": "failed"}))
+    faults = find_faults(facts(), (finding,), snap, Ledger(), NOW)
+    assert [(f.unit, f.ladder[0]) for f in faults] == [("hosttune-engine@1.service", Rung.RESTART), ("nginx.service", Rung.RESTART)]
+    assert faults[1].reason == "nginx.service is not running (serve.units)"
