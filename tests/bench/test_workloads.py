@@ -106,10 +106,11 @@ def test_bad_trace_lines_are_user_errors(tmp_path):
 
 
 def test_max_concurrency_caps_an_open_loop(server_factory):
-    url = server_factory("--ttft", "0.05", "--itl", "0.01")
+    url = server_factory("--realtime", "--ttft", "0.05", "--itl", "0.01")
     # 200 requests/s of ~80 ms each would keep about 16 in flight; the cap holds them to 3.
-    record = run(url, load=Load(rate=200, duration=1.0, max_concurrency=3, drain_timeout=10),
-                 prompt_lengths="8", output_lengths="4")
+    with realtime():
+        record = run(url, load=Load(rate=200, duration=1.0, max_concurrency=3, drain_timeout=10),
+                     prompt_lengths="8", output_lengths="4")
     requests = record.requests
     assert len(requests) > 20 and all(r.outcome == OK for r in requests)
     assert max(in_flight(requests, r.sent + 1e-6) for r in requests) <= 3
