@@ -88,9 +88,8 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
                on_op: Callable[[Op], None] | None = None) -> HostDeploy:
     release = job.release
     state = read_state(transport, release.id, [wheel_path(w) for w in release.wheels] + list(release.files))
-    if state.cordoned:
-        return HostDeploy(job.host, Outcome.FAILED, None, release_name(state.current),
-                          error=f"nothing changed: {job.host.name} is {state.cordoned}")
+    if state.cordoned:  # its front serves nothing: the group balancer leaves it out (serving None)
+        return HostDeploy(job.host, Outcome.FAILED, None, None, error=f"nothing changed: {job.host.name} is {state.cordoned}")
     serves = SERVE_UNIT in release.units
     front = front_ops(job.access, job.preset.name, (job.settings.port,)) if serves else []
     unchanged = _unchanged(transport, job, state, dry_run)

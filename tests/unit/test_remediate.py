@@ -238,6 +238,7 @@ def test_deploy_refuses_a_cordoned_host_and_sends_nothing(tmp_path):
     log: list = []
     outcome = deploy_one(ScriptedTransport("gpu-a", log, state='cordon:{"at": 1, "reason": "GPU1: Xid 79"}\n'), job)
     assert outcome.state == "failed" and outcome.error == "nothing changed: gpu-a is cordoned (GPU1: Xid 79); hosttune uncordon takes it back"
+    assert outcome.serving is None  # so the group's balancer, written over the hosts serving, leaves it out
     (only,) = log  # the state read, and nothing after it
     assert only[1][:2] == ("sh", "-c") and "hosttune deploy: what a host has now" in only[1][2]
 
