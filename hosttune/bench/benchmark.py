@@ -116,6 +116,8 @@ async def measure(spec: BenchSpec, url: str,
         if sampling is not None:
             sampling.cancel()
             await asyncio.gather(sampling, return_exceptions=True)
+    if sampler is not None and sampler.samples:
+        await sampler.sample_once()
     load = spec.load
     return RunRecord(
         url=url, model=model, mode=load.mode, users=load.users, rate=load.rate,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Callable
 
 from hosttune.bench.loadgen import Progress
-from hosttune.bench.metrics import Summary
+from hosttune.bench.metrics import Summary, prefix_hit_rate
 from hosttune.bench.record import RunRecord
-from hosttune.bench.report import summary_rows
+from hosttune.bench.report import since_warmup, summary_rows
 from hosttune.bench.sweep import SweepPoint, SweepResult
 
 
@@ -32,6 +32,9 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def summary_table(runs: list[tuple[RunRecord, Summary]], render: TableRenderer = table) -> str:
     header = ["metric"] + [run.url for run, _ in runs]
     rows = [[label] + values for label, values in summary_rows([s for _, s in runs])]
+    rates = [prefix_hit_rate(since_warmup(run)) for run, _ in runs]
+    if any(rate is not None for rate in rates):
+        rows.append(["prefix-cache hit rate (server)"] + ["-" if r is None else f"{r:.0%}" for r in rates])
     text = render(header, rows)
     for run, s in runs:
         if s.lag.is_behind:

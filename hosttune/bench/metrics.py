@@ -43,6 +43,10 @@ Definitions (every time is measured by the client, in seconds):
   every few milliseconds through the run), and how late each open-loop request was
   sent after its scheduled time. The run is flagged when the P99 of either exceeds the
   limit: then the client, not the server, may have set the pace.
+- **Prefix-cache hit rate** (the server's, from its `/metrics`): the prompt tokens it found in
+  its prefix cache over those it looked up: the counters' increase from the measured window's
+  start to the end of the run (a server that exports only a hit rate: its mean). Behind a
+  host's front, one replica's.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from hosttune.errors import BenchError
-from hosttune.bench.record import CANCELLED, FAILED, OK, REJECTED, RequestRecord, RunRecord
+from hosttune.bench.record import CANCELLED, FAILED, OK, REJECTED, RequestRecord, RunRecord, ServerSample
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -316,3 +320,14 @@ def meets_slo(summary: Summary, slo: Slo) -> bool:
 def _prompt_tokens(record: RequestRecord) -> int:
     reported = record.reported_prompt_tokens
     return reported if reported is not None else record.prompt_tokens
+
+
+def prefix_hit_rate(samples: Sequence[ServerSample]) -> float | None:
+    """Prompt tokens served from the prefix cache over those looked up, between the first and the last
+    sample (the counters' increase); a server with only a rate gauge: its mean; None when neither."""
+    counted = [s for s in samples if s.prefix_hits is not None and s.prefix_queries is not None]
+    if len(counted) >= 2 and counted[-1].prefix_queries > counted[0].prefix_queries:
+        first, last = counted[0], counted[-1]
+        return (last.prefix_hits - first.prefix_hits) / (last.prefix_queries - first.prefix_queries)
+    rates = [s.prefix_hit_rate for s in samples if s.prefix_hit_rate is not None]
+    return sum(rates) / len(rates) if rates else None

@@ -67,6 +67,9 @@ class ServerSample:
     running: float | None
     kv_usage: float | None  # fraction of the KV cache in use, 0..1
     preemptions: float | None  # cumulative count
+    prefix_hits: float | None = None  # prompt tokens found in the prefix cache, cumulative
+    prefix_queries: float | None = None  # prompt tokens looked up in it, cumulative
+    prefix_hit_rate: float | None = None  # a server that exports only the rate (SGLang), 0..1
 
 
 @dataclass(frozen=True)

@@ -135,20 +135,32 @@ def _load_text(run: RunRecord, is_sweep: bool) -> str:
     return f"open loop, burstiness {run.burstiness:g}, {rate}{cap}"
 
 
+def in_window(run: RunRecord) -> list:
+    """The server's samples inside the run's measured window (all of them when none is)."""
+    return [s for s in run.server_metrics if run.window[0] <= s.at <= run.window[1]] or list(run.server_metrics)
+
+
+def since_warmup(run: RunRecord) -> list:
+    """The server's samples from the measured window's start to the end of the run (its last sample)."""
+    return [s for s in run.server_metrics if s.at >= run.window[0]] or list(run.server_metrics)
+
+
 def server_rows(runs: list[RunRecord]) -> list[tuple[str, list[str]]]:
     """The server's own gauges over each run's window (from its /metrics)."""
-    def window(run: RunRecord) -> list:
-        return [s for s in run.server_metrics if run.window[0] <= s.at <= run.window[1]] or list(run.server_metrics)
-
     def stat(run: RunRecord, key: str, how) -> str:
-        values = [getattr(s, key) for s in window(run) if getattr(s, key) is not None]
+        values = [getattr(s, key) for s in in_window(run) if getattr(s, key) is not None]
         return "-" if not values else how(values)
     return [
         ("server: waiting mean / max", [stat(r, "waiting", lambda v: f"{sum(v) / len(v):.1f} / {max(v):g}") for r in runs]),
         ("server: running mean / max", [stat(r, "running", lambda v: f"{sum(v) / len(v):.1f} / {max(v):g}") for r in runs]),
         ("server: KV cache use max", [stat(r, "kv_usage", lambda v: f"{max(v):.0%}") for r in runs]),
         ("server: preemptions", [stat(r, "preemptions", lambda v: f"{v[-1] - v[0]:g}") for r in runs]),
+        ("server: prefix-cache hit rate", [_share(metrics.prefix_hit_rate(since_warmup(r))) for r in runs]),
     ]
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _length_error(run: RunRecord) -> str:

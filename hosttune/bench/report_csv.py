@@ -20,7 +20,8 @@ SUMMARY_COLUMNS = ("url", "rate", "requests", "ok", "rejected", "failed", "retri
                    "ttft_p99", "itl_p50", "itl_p95", "itl_p99", "tpot_p50", "tpot_p95", "e2e_p50",
                    "e2e_p95", "e2e_p99", "request_throughput", "output_token_throughput",
                    "streamed_token_throughput", "input_token_throughput", "goodput", "slo_met", "client_behind")
-SERVER_COLUMNS = ("url", "rate", "at", "waiting", "running", "kv_usage", "preemptions")
+SERVER_COLUMNS = ("url", "rate", "at", "waiting", "running", "kv_usage", "preemptions", "prefix_hits",
+                  "prefix_queries", "prefix_hit_rate")
 
 
 def write_csv(outcome: Outcome, folder: Path) -> list[str]:
@@ -64,7 +65,8 @@ def summary_row(run: RunRecord, s: Summary) -> tuple:
 
 def server_row(run: RunRecord, sample) -> tuple:
     return (run.url, _blank(run.rate), _round(sample.at), _blank(sample.waiting), _blank(sample.running),
-            _blank(sample.kv_usage), _blank(sample.preemptions))
+            _blank(sample.kv_usage), _blank(sample.preemptions), _blank(sample.prefix_hits),
+            _blank(sample.prefix_queries), _blank(sample.prefix_hit_rate))
 
 
 def _round(value: float | None) -> object:

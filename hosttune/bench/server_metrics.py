@@ -1,16 +1,20 @@
 """The server's own view during a run: its Prometheus `/metrics`, sampled at an interval.
 
 Read by vLLM's metric names, which hosttune's engine exports too (SGLang's names are
-read where vLLM's are missing): requests waiting and running, the KV cache's use and the
-preemptions so far. Values of one name are summed over its label sets (several models or
-engines behind one endpoint). A server without `/metrics` gives no samples; the run is
-measured all the same.
+read where vLLM's are missing): requests waiting and running, the KV cache's use, the
+preemptions so far, and the prefix cache's hit and queried prompt tokens (or SGLang's hit
+rate), from which metrics.prefix_hit_rate gives a run's share of prompt tokens served from the cache.
+Values of one name are summed over its label sets (several models or engines behind one
+endpoint). A server without `/metrics` gives no samples; the run is measured all the same.
+Behind a host's front (nginx, a router) `/metrics` reaches one replica, so the rate is that
+replica's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 import aiohttp
 
@@ -22,6 +26,9 @@ NAMES = {
     "running": ("vllm:num_requests_running", "sglang:num_running_reqs"),
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
     "preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions"),
+    "prefix_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "prefix_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+    "prefix_hit_rate": ("sglang:cache_hit_rate", "vllm:gpu_prefix_cache_hit_rate"),
 }
 WANTED = {name for names in NAMES.values() for name in names}
 
@@ -65,6 +72,11 @@ class MetricsSampler:
             while await self._sample(session):
                 await asyncio.sleep(self.interval)
 
+    async def sample_once(self) -> None:
+        """One more sample, at the run's end: the counters' increase then covers the whole run."""
+        async with client_session(max(self.interval, 1.0), self.headers, self.tls) as session:
+            await self._sample(session)
+
     async def _sample(self, session: aiohttp.ClientSession) -> bool:
         try:
             async with session.get(self.endpoint) as resp:
@@ -79,5 +91,4 @@ class MetricsSampler:
         return bool(totals) or bool(self.samples)
 
     def relative_to(self, origin: float) -> tuple[ServerSample, ...]:
-        return tuple(ServerSample(s.at - origin, s.waiting, s.running, s.kv_usage, s.preemptions)
-                     for s in self.samples)
+        return tuple(replace(s, at=s.at - origin) for s in self.samples)

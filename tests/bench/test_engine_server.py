@@ -22,7 +22,7 @@ import pytest
 
 from hosttune.bench.benchmark import BenchSpec, measure, run_async
 from hosttune.bench.loadgen import Load
-from hosttune.bench.metrics import summarize
+from hosttune.bench.metrics import prefix_hit_rate, summarize
 from hosttune.bench.record import OK, REJECTED
 from scripted_server.launch import stop
 
@@ -146,3 +146,23 @@ def test_overload_is_rejected_with_429_and_counted_apart(engine_url):
     assert summary.num_failed == 0 and summary.num_ok + summary.num_rejected == 36
     assert summary.errors_by_status == {"429": len(rejected)}
     assert rejected[0].error.startswith("http 429")
+
+
+def _counter(url: str, name: str) -> float:
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M))
+
+
+def test_a_shared_prefix_run_reports_the_servers_prefix_cache_hit_rate(engine_url):
+    spec = BenchSpec(load=Load(users=4, num_requests=16), api="chat", shared_prefix=(2, 2), prefix_tokens=96,
+                     prompt_lengths="uniform:8-16", output_lengths="2", timeout=120, metrics_interval=0.05)
+    before = [_counter(engine_url, f"vllm:prefix_cache_{n}_total") for n in ("hits", "queries")]
+    run = run_async(measure(spec, engine_url))
+    after = [_counter(engine_url, f"vllm:prefix_cache_{n}_total") for n in ("hits", "queries")]
+    assert all(r.outcome == OK for r in run.requests), [r.error for r in run.requests]
+    rate = prefix_hit_rate(run.server_metrics)
+    hits, queries = after[0] - before[0], after[1] - before[1]
+    # 16 requests on 2 system prompts of 96 tokens: all but the first of each find it cached
+    assert queries > 16 * 96 and hits / queries > 0.6
+    # the samples see the counters' increase between the first and the last of them: at most the whole run's
+    assert 0.5 < rate <= 1.0 and abs(rate - hits / queries) < 0.15, (rate, hits, queries)

@@ -73,3 +73,19 @@ def test_csv_and_timeline_through_the_cli(server_factory, tmp_path):
     markdown = (out / "report.md").read_text()
     assert "| server: running mean / max |" in markdown and "at most 4 in flight" in markdown
     assert (out / "timeline.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_the_prefix_cache_counters_give_the_runs_hit_rate_and_sglangs_gauge_stands_in():
+    from hosttune.bench.metrics import prefix_hit_rate
+
+    def sample(at, hits, queries):
+        text = (f'vllm:prefix_cache_hits_total{{model_name="m"}} {hits}\n'
+                f'vllm:prefix_cache_queries_total{{model_name="m"}} {queries}\n')
+        return sample_of(at, parse_metrics(text))
+
+    samples = [sample(0.0, 100, 400), sample(1.0, 400, 800), sample(2.0, 1000, 1500)]
+    assert (samples[1].prefix_hits, samples[1].prefix_queries) == (400.0, 800.0)
+    assert prefix_hit_rate(samples) == 900 / 1100  # the increase, not the totals since the server started
+    sglang = [sample_of(t, parse_metrics(f"sglang:cache_hit_rate{{model_name=\"m\"}} {r}\n")) for t, r in ((0, 0.5), (1, 0.7))]
+    assert prefix_hit_rate(sglang) == 0.6
+    assert prefix_hit_rate(samples[:1]) is None and prefix_hit_rate([sample_of(0, {})]) is None
