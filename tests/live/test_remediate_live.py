@@ -11,8 +11,10 @@ the drains, resets and cordons act on their real systemd units and the real serv
 - a pending row remap on GPU 1 drains that GPU's replica, resets the GPU and restores the replica;
 - Xid 79 on GPU 1 with a reset that cannot clear it: drained, reset attempted, host cordoned; deploy
   reads the cordon and refuses the host; uncordon takes it back;
+- a GPU on PCI that NVML lost (a stand-in sysfs): the host is rebooted (apply's reboot, waited for),
+  the GPU is still missing, the host is cordoned;
 - across 4 hosts with the same fault, the circuit breaker stops at its percentage.
-The four hosts boot once for the module.
+The four hosts boot once for the module; the reboot test boots its own, with the sysfs stand-in.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from hosttune.deploy.state import read_state
 from hosttune.transport import open_transport
 
 from .deploy_setup import free_port
+from .hosts import Bind
 
 pytestmark = pytest.mark.live
 runner = CliRunner()
@@ -91,8 +94,9 @@ def install(host, ports: tuple[int, int]) -> None:
         "/var/lib/standin-replica/health": ("ok\n", 0o644),
         "/etc/systemd/system/hosttune-engine@.service": (
             "[Service]\nWorkingDirectory=/var/lib/standin-replica\nExecStart=/bin/sh -c 'exec python3 -m http.server "
-            "\"$$(cat /etc/standin-replica-%i.port)\" --bind 127.0.0.1'\n", 0o644),
-        "/etc/systemd/system/nginx.service": ("[Service]\nExecStart=/bin/sleep infinity\nExecReload=/bin/true\n", 0o644),
+            "\"$$(cat /etc/standin-replica-%i.port)\" --bind 127.0.0.1'\n[Install]\nWantedBy=multi-user.target\n", 0o644),
+        "/etc/systemd/system/nginx.service": ("[Service]\nExecStart=/bin/sleep infinity\nExecReload=/bin/true\n"
+                                             "[Install]\nWantedBy=multi-user.target\n", 0o644),
     }
     files.update({f"/etc/standin-replica-{i}.port": (f"{p}\n", 0o644) for i, p in enumerate(ports)})
     for path, (text, mode) in files.items():
@@ -100,7 +104,8 @@ def install(host, ports: tuple[int, int]) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text)
         target.chmod(mode)
-    host.exec("ln -sfn /opt/hosttune/releases/r1 /opt/hosttune/current && systemctl daemon-reload && systemctl start nginx")
+    host.exec("ln -sfn /opt/hosttune/releases/r1 /opt/hosttune/current && systemctl daemon-reload "
+              "&& systemctl enable --quiet nginx hosttune-engine@0 hosttune-engine@1 && systemctl start nginx")
 
 
 def healthy(host, *, smi: str | None = None, dmesg: str = "", reset_fails: bool = False) -> None:
@@ -223,6 +228,30 @@ def test_xid_79_drains_attempts_a_reset_then_cordons_and_deploy_refuses(fleet):
     assert back.exit_code == 0, back.output
     assert "rem1: uncordoned" in back.stdout and not host.path("/var/lib/hosttune/cordon.json").exists()
     assert down(host) == [False, False] and active(host, "hosttune-engine@1") == "active"
+
+
+def pci_standin(root: Path) -> Path:
+    """/sys/bus/pci/devices with three NVIDIA GPUs, one more than the stand-in nvidia-smi shows."""
+    for bdf in ("0000:3b:00.0", "0000:86:00.0", "0000:c1:00.0"):
+        (root / bdf).mkdir(parents=True)
+        (root / bdf / "vendor").write_text("0x10de\n")
+        (root / bdf / "class").write_text("0x030200\n")
+    return root
+
+
+def test_a_gpu_missing_from_nvml_reboots_the_host_then_cordons_it(live_fleet, fresh_hosts, tmp_path):
+    (host,) = fresh_hosts(["remboot"], binds={"remboot": [Bind(pci_standin(tmp_path / "pci"), "/sys/bus/pci/devices", read_only=True)]})
+    base = free_port(2)
+    install(host, (base, base + 1))
+    healthy(host)
+    known = live_fleet.write_known_hosts(tmp_path / "known_hosts", [host])
+    inv = live_fleet.write_inventory(tmp_path / "inv.yaml", known, [host])
+    result = remediate(inv, "--reboot", "--max-cordoned-percent", "100")
+    assert result.exit_code == 1, result.output
+    assert "gpu.count  host: PCI shows 3 GPU(s), NVML 2: lost 0000:c1:00.0" in result.stdout
+    assert "    reboot: done: rebooted and back" in result.stdout and "    cordon: done" in result.stdout
+    assert host.machine.num_reboots == 1 and host.path("/var/lib/hosttune/cordon.json").exists()
+    assert down(host) == [True, True]
 
 
 def test_the_circuit_breaker_stops_at_its_percentage_across_four_hosts(fleet):
