@@ -15,10 +15,11 @@ from hosttune.fleet import profiles
 from hosttune.fleet_runner import exit_code
 from hosttune.remediate import render
 from hosttune.remediate.breaker import BreakerPolicy
-from hosttune.remediate.climb import Context, planned
+from hosttune.remediate.climb import Context, HostRemediation, planned
 from hosttune.remediate.cordon import uncordon_host
 from hosttune.remediate.fleet import breaker_for, remediate_fleet, survey_fleet
 from hosttune.remediate.steps import LadderOptions
+from hosttune.remediate.survey import Survey
 from hosttune.remediate.xid import XidPolicy
 
 
@@ -56,16 +57,20 @@ def remediate(
     due = [s for s in surveys if s.faults and not s.is_cordoned]
     if not due or not go_ahead(f"Remediate {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):
         raise typer.Exit(exit_code(plans))
-    run = new_run_id()
-    ctx = Context(wanted, options, policy, breaker_for(surveys, breaker_policy), run)
-    with Progress("remediating", total=len(due)) as progress:
-        results = remediate_fleet(due, ctx, forks, on_host_done=lambda name, r: progress.advance(name, "done"))
-    done = {r.survey.host.name for r in results}
-    results += [p for p in plans if p.survey.host.name not in done]
-    typer.echo(render.render_recap(results, run))
+    ctx = Context(wanted, options, policy, breaker_for(surveys, breaker_policy), new_run_id())
+    results = _climb(plans, due, ctx, forks)
+    typer.echo(render.render_recap(results, ctx.run))
     if ctx.breaker.is_open:
         typer.secho(f"hosttune: {ctx.breaker.why}", err=True, fg="red")
     raise typer.Exit(exit_code(results))
+
+
+def _climb(plans: list[HostRemediation], due: list[Survey], ctx: Context, forks: int) -> list[HostRemediation]:
+    """The due hosts' ladders climbed; every host's result in inventory order (the others as planned)."""
+    with Progress("remediating", total=len(due)) as progress:
+        done = remediate_fleet(due, ctx, forks, on_host_done=lambda name, r: progress.advance(name, "done"))
+    by_name = {r.survey.host.name: r for r in done}
+    return [by_name.get(p.survey.host.name, p) for p in plans]
 
 
 @app.command()

@@ -16,7 +16,7 @@ from hosttune.errors import HosttuneError, TransportError
 from hosttune.execute.perform import run_ops
 from hosttune.execute.reboot import reboot_and_wait
 from hosttune.execute.runner import execute_plan
-from hosttune.fleet_runner import Outcome
+from hosttune.fleet_runner import EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE, Outcome
 from hosttune.plan.host_plan import HostPlan
 from hosttune.plan.state import read_state, requests_for
 from hosttune.remediate.breaker import Breaker
@@ -189,10 +189,10 @@ class HostRemediation:
     @property
     def exit_bits(self) -> int:
         if not self.survey.reachable:
-            return 4
-        bits = 2 if self.error or self.survey.error else 0
+            return EXIT_UNREACHABLE
+        bits = EXIT_ERROR if self.error or self.survey.error else 0
         if self.survey.is_cordoned or any(r.leaves_drift for r in self.results):
-            bits |= 1
+            bits |= EXIT_DRIFT
         return bits
 
 

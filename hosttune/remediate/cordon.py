@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from hosttune.actions import remediate as ops
 from hosttune.actions.base import Step
+from hosttune.fleet_runner import EXIT_ERROR, EXIT_UNREACHABLE
 from hosttune.remediate.climb import execute_step
 from hosttune.remediate.survey import Survey
 
@@ -20,7 +21,9 @@ class Uncordon:
 
     @property
     def exit_bits(self) -> int:
-        return 4 if not self.survey.reachable else 2 if self.error or self.survey.error else 0
+        if not self.survey.reachable:
+            return EXIT_UNREACHABLE
+        return EXIT_ERROR if self.error or self.survey.error else 0
 
 
 def uncordon_step(survey: Survey, wait_s: int = 600) -> Step | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from hosttune.actions.base import describe
-from hosttune.remediate.climb import FaultResult, HostRemediation
+from hosttune.remediate.climb import FaultResult, HostRemediation, RungOutcome
 from hosttune.remediate.rungs import Rung
 from hosttune.remediate.steps import LadderOptions, step_for
 from hosttune.remediate.survey import Survey
@@ -59,7 +59,7 @@ def render_plan(results: list[HostRemediation], options: LadderOptions) -> str:
     return "\n".join(lines)
 
 
-def _rung_line(o) -> str:
+def _rung_line(o: RungOutcome) -> str:
     run = f" (run {o.run})" if o.run else ""
     return f"    {o.rung}: {o.status}{run}" + (f": {o.detail}" if o.detail else "")
 
