@@ -11,6 +11,8 @@ the drains, resets and cordons act on their real systemd units and the real serv
 - a pending row remap on GPU 1 drains that GPU's replica, resets the GPU and restores the replica;
 - Xid 79 on GPU 1 with a reset that cannot clear it: drained, reset attempted, host cordoned; deploy
   reads the cordon and refuses the host; uncordon takes it back;
+- with the breaker at 0% the cordon is refused and the GPU stays drained; `hosttune rollback --run`
+  of the drain's run starts its replica and puts it back into the front;
 - a GPU on PCI that NVML lost (a stand-in sysfs): the host is rebooted (apply's reboot, waited for),
   the GPU is still missing, the host is cordoned;
 - across 4 hosts with the same fault, the circuit breaker stops at its percentage.
@@ -227,6 +229,20 @@ def test_xid_79_drains_attempts_a_reset_then_cordons_and_deploy_refuses(fleet):
     back = runner.invoke(app, ["uncordon", "-i", str(one), "--yes"])
     assert back.exit_code == 0, back.output
     assert "rem1: uncordoned" in back.stdout and not host.path("/var/lib/hosttune/cordon.json").exists()
+    assert down(host) == [False, False] and active(host, "hosttune-engine@1") == "active"
+
+
+def test_a_breaker_at_0_percent_leaves_the_gpu_drained_and_rollback_restores_its_replica(fleet):
+    (host, *_), one, _ = fleet
+    healthy(host, dmesg=XID_79, reset_fails=True)
+    result = remediate(one, "--max-cordoned-percent", "0")
+    assert result.exit_code == 1, result.output
+    assert "gpu.xid  GPU1: stopped" in result.stdout and "    cordon: refused: circuit breaker open" in result.stdout
+    assert not host.path("/var/lib/hosttune/cordon.json").exists()
+    assert down(host) == [False, True] and active(host, "hosttune-engine@1") == "inactive"
+    drain_run = next(l.split("(run ")[1].split(")")[0] for l in result.stdout.splitlines() if l.startswith("    drain: done"))
+    back = runner.invoke(app, ["rollback", "-i", str(one), "--run", drain_run, "--yes"])
+    assert back.exit_code == 0, back.output
     assert down(host) == [False, False] and active(host, "hosttune-engine@1") == "active"
 
 
