@@ -8,9 +8,11 @@ import select
 import socket
 import threading
 import time
+from functools import lru_cache
 from typing import Sequence
 
 import paramiko
+from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
 from hosttune.errors import HostKeyError, TransportError
 from hosttune.quoting import join
@@ -48,6 +50,39 @@ def _known_hosts_path(spec: ConnectionSpec) -> str:
     return os.path.expanduser(spec.known_hosts or "~/.ssh/known_hosts")
 
 
+@lru_cache(maxsize=8)
+def _known_entries(path: str, mtime_ns: int, size: int) -> tuple[dict[str, list[HostKeyEntry]], list[HostKeyEntry]]:
+    """known_hosts parsed once per version of the file: entries by plain host name, and the hashed ones.
+
+    paramiko's own load is quadratic in the file's lines; with one line per host a fleet of a thousand paid
+    that on every connection.
+    """
+    by_name: dict[str, list[HostKeyEntry]] = {}
+    hashed: list[HostKeyEntry] = []
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for lineno, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            try:
+                entry = HostKeyEntry.from_line(line, lineno)
+            except (paramiko.SSHException, InvalidHostKey):
+                continue  # a line that is not a key, as OpenSSH skips it
+            for name in entry.hostnames if entry is not None else ():
+                (hashed if name.startswith("|1|") else by_name.setdefault(name, [])).append(HostKeyEntry([name], entry.key))
+    return by_name, hashed
+
+
+def _load_host_keys(client: paramiko.SSHClient, known: str, address: str, port: int) -> None:
+    """The known_hosts entries that can name this host (its plain name, and every hashed one) into the client."""
+    stat = os.stat(known)
+    by_name, hashed = _known_entries(known, stat.st_mtime_ns, stat.st_size)
+    name = address if port == 22 else f"[{address}]:{port}"
+    keys = client.get_host_keys()
+    for entry in by_name.get(name, []) + hashed:
+        keys.add(entry.hostnames[0], entry.key.get_name(), entry.key)
+
+
 class SshTransport(Transport):
     """One SSH connection per host, opened on first use."""
 
@@ -70,7 +105,7 @@ class SshTransport(Transport):
         client = paramiko.SSHClient()
         try:
             if os.path.exists(known):
-                client.load_host_keys(known)
+                _load_host_keys(client, known, spec.address, spec.port)
         except (OSError, paramiko.SSHException) as exc:
             raise TransportError(f"{spec.host_name}: cannot read known_hosts {known}: {getattr(exc, 'strerror', None) or exc}") from exc
         client.set_missing_host_key_policy(_HostKeyPolicy(spec, known))

@@ -75,3 +75,33 @@ def test_check_prints_one_line_per_host_and_nothing_on_stderr(ports, tmp_path):
     for mode in ports:
         lines = [line for line in proc.stdout.splitlines() if line.startswith(f"  {mode}: ")]
         assert len(lines) == 1, proc.stdout
+
+
+def test_known_hosts_entries_are_found_by_plain_and_hashed_name_and_parsed_once(tmp_path):
+    import paramiko
+    from paramiko.hostkeys import HostKeys
+
+    from hosttune.transport.ssh import _known_entries, _load_host_keys
+
+    _known_entries.cache_clear()
+    keys = [paramiko.Ed25519Key.from_private_key_file(str(_ed25519(tmp_path, n))) for n in ("a", "b", "c")]
+    hashed = HostKeys.hash_host("[10.0.0.3]:2222")
+    path = tmp_path / "known_hosts"
+    path.write_text(f"# comment\n10.0.0.1 {keys[0].get_name()} {keys[0].get_base64()}\n"
+                    f"[10.0.0.2]:2222,other {keys[1].get_name()} {keys[1].get_base64()}\n"
+                    f"{hashed} {keys[2].get_name()} {keys[2].get_base64()}\nnot a key line\n")
+    for (address, port), key in zip((("10.0.0.1", 22), ("10.0.0.2", 2222), ("10.0.0.3", 2222)), keys):
+        client = paramiko.SSHClient()
+        _load_host_keys(client, str(path), address, port)
+        name = address if port == 22 else f"[{address}]:{port}"
+        assert client.get_host_keys().lookup(name)[key.get_name()] == key
+        assert client.get_host_keys().lookup("10.0.0.9") is None
+    assert _known_entries.cache_info().misses == 1 and _known_entries.cache_info().hits == 2
+
+
+def _ed25519(tmp_path, name):
+    import subprocess
+
+    path = tmp_path / name
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path
