@@ -140,12 +140,19 @@ def _batched(t: Tuning, kind: str, m: int, buckets) -> None:
     """The W8A16 / W4A16 GEMM per shape at m rows; for FP8 layers taking FP8 activations on a GPU with FP8 tensor
     cores also the Triton FP8 GEMM and torch._scaled_mm, the fastest path recorded as `fp8_mm`."""
     kernel = "w8a16_gemm" if kind == "fp8" else "w4a16_gemm"
+    gemms, fp8_gemms, paths = [], [], []
     for s in t.shapes():
         gemm = t.run(kernel, GEMM_DEFAULT, [cases.gemm(kind, s, m, t.inputs.dtype, t.timer)], m)
         keys = [f"{t.dt}-{b}-{s.n}x{s.k}" for b in buckets]
         t.record(kernel, keys, gemm)
+        gemms.append(gemm)
         if kind == "fp8" and _takes_fp8_activations(t):
-            _fp8_paths(t, s, m, keys, gemm)
+            fp8_gemms.append(_fp8_paths(t, s, m, keys, gemm, paths))
+    # the buckets' entries, for a shape the budget left out: the fastest over the shapes it reached
+    bucket_keys = [f"{t.dt}-{b}" for b in buckets]
+    _bucket_winner(t, kernel, bucket_keys, gemms)
+    _bucket_winner(t, "fp8_gemm", bucket_keys, fp8_gemms)
+    _bucket_path(t, bucket_keys, paths)
 
 
 def _takes_fp8_activations(t: Tuning) -> bool:
@@ -153,19 +160,32 @@ def _takes_fp8_activations(t: Tuning) -> bool:
     return spec.fp8_activations and t.inputs.gpu.has_fp8_tensor_cores and t.inputs.dtype != torch.float32
 
 
-def _fp8_paths(t: Tuning, s: Shape, m: int, keys, gemm: SweepResult | None) -> None:
+def _fp8_paths(t: Tuning, s: Shape, m: int, keys, gemm: SweepResult | None, paths: list) -> SweepResult | None:
+    """The FP8 GEMM's sweep and torch._scaled_mm's two methods; the fastest path is `fp8_mm`'s entry (and its
+    times per path go to `paths`). Returns the FP8 GEMM's sweep."""
     triton_case, mm_case = cases.fp8_tensor_cores(s, m, t.inputs.dtype, t.timer)
     triton = t.run("fp8_gemm", FP8_GEMM_DEFAULT, [triton_case], m) if m <= 128 else None
     t.record("fp8_gemm", keys, triton)
     if t.deadline.passed():
-        return
+        return triton
     mm = sweep("fp8_mm", [{"METHOD": "unit"}, {"METHOD": "rowwise"}], [mm_case], t.timer, Deadline(float("inf")))
     t.sweeps.append(mm)
-    paths = {"w8a16": gemm, "triton": triton, **{tr.config["METHOD"]: _one(mm, tr) for tr in mm.tried}}
-    timed = {method: r.best.ms for method, r in paths.items() if r is not None and r.best is not None}
+    found = {"w8a16": gemm, "triton": triton, **{tr.config["METHOD"]: _one(mm, tr) for tr in mm.tried}}
+    timed = {method: r.best.ms for method, r in found.items() if r is not None and r.best is not None}
     if timed:
+        paths.append(timed)
         for key in keys:
             t.table.setdefault("fp8_mm", {})[key] = {"METHOD": min(timed, key=timed.get)}
+    return triton
+
+
+def _bucket_path(t: Tuning, keys, paths: list[dict]) -> None:
+    """`fp8_mm`'s bucket entry: the path with the least time over the shapes that timed every path."""
+    methods = set.intersection(*(set(p) for p in paths)) if paths else set()
+    if methods:
+        best = min(methods, key=lambda method: sum(p[method] for p in paths))
+        for key in keys:
+            t.table.setdefault("fp8_mm", {})[key] = {"METHOD": best}
 
 
 def _one(result: SweepResult, tried) -> SweepResult:
