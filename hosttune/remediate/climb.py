@@ -74,10 +74,11 @@ class Context:
 
 def _still(fault: Fault, survey: Survey) -> bool:
     """Whether the re-check still shows the fault (on a GPU: any fault of that GPU beyond a log)."""
-    if not survey.reachable or survey.error:
+    if not survey.reachable or survey.error or survey.facts is None:
         return True
     if fault.gpu is not None:
-        return any(f.gpu == fault.gpu and f.ladder != (Rung.LOG,) for f in survey.faults)
+        lost = fault.gpu not in {g.index for g in survey.facts.gpu.gpus}  # a reset that "worked" on a GPU now gone
+        return lost or any(f.gpu == fault.gpu and f.ladder != (Rung.LOG,) for f in survey.faults)
     return any(f.key == fault.key for f in survey.faults)
 
 

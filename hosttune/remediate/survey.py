@@ -50,6 +50,6 @@ def survey_host(host: Host, profile: Profile, policy: XidPolicy, ledger: Ledger 
     except ProbeError as exc:
         return Survey(host, profile.name, error=str(exc))
     findings = tuple(run_checks(facts, profile))
-    seen = observe(ledger or snapshot.ledger, snapshot.boot, facts.health.kernel_log.events, now)
+    seen = observe(snapshot.ledger if ledger is None else ledger, snapshot.boot, facts.health.kernel_log.events, now)
     faults = tuple(find_faults(facts, findings, snapshot, seen, now, policy))
     return Survey(host, profile.name, True, None, facts, findings, snapshot, seen, faults)

@@ -54,23 +54,24 @@ case "$*" in
   --query-compute-apps*) cat $d/apps 2>/dev/null; exit 0 ;;
   "-r -i "*) echo "$3" >> $d/resets
      if [ -e "$d/reset-fails-$3" ]; then echo "Unable to reset GPU $3: the GPU is lost" >&2; exit 1; fi
-     cp $d/healthy.xml $d/smi.xml; echo "GPU $3 was successfully reset." ;;
+     if [ -e "$d/reset-loses-$3" ]; then cp $d/one-gpu.xml $d/smi.xml; else cp $d/healthy.xml $d/smi.xml; fi
+     echo "GPU $3 was successfully reset." ;;
   *) exit 1 ;;
 esac
 """
 
 
-def two_gpus(remap_pending_on: int | None = None) -> str:
-    """The recorded H200's XML with two GPUs, one of them with a row remap pending if asked."""
+def two_gpus(remap_pending_on: int | None = None, count: int = 2) -> str:
+    """The recorded H200's XML with two GPUs (or only the first), one of them with a row remap pending if asked."""
     text = (FIXTURES / "h200" / "nvidia-smi-q.xml").read_text()
     start, end = text.index("\t<gpu id="), text.index("</gpu>") + len("</gpu>\n")
     gpus = []
-    for i, bus in enumerate(GPU_IDS):
+    for i, bus in enumerate(GPU_IDS[:count]):
         gpu = text[start:end].replace("00000000:00:06.0", bus).replace("<minor_number>0<", f"<minor_number>{i}<")
         if i == remap_pending_on:
             gpu = gpu.replace("<remapped_row_pending>No<", "<remapped_row_pending>Yes<")
         gpus.append(gpu)
-    return text[:start].replace("<attached_gpus>1<", "<attached_gpus>2<") + "".join(gpus) + text[end:]
+    return text[:start].replace("<attached_gpus>1<", f"<attached_gpus>{count}<") + "".join(gpus) + text[end:]
 
 
 def two_gpus_csv() -> str:
@@ -86,6 +87,7 @@ def install(host, ports: tuple[int, int]) -> None:
         "/usr/local/sbin/nginx": ("#!/bin/sh\nexit 0\n", 0o755),
         "/usr/local/bin/dcgmi": (f"#!/bin/sh\necho \"$*\" >> {STANDIN}/diags\necho '| Memory | Pass |'\n", 0o755),  # `nginx -t` of replica_lb.py's sync
         f"{STANDIN}/healthy.xml": (two_gpus(), 0o644),
+        f"{STANDIN}/one-gpu.xml": (two_gpus(count=1), 0o644),
         f"{STANDIN}/smi.csv": (two_gpus_csv(), 0o644),
         f"{META}/replica_lb.py": (lb_script().decode(), 0o644),
         f"{META}/replicas.json": (json.dumps({
@@ -110,14 +112,14 @@ def install(host, ports: tuple[int, int]) -> None:
               "&& systemctl enable --quiet nginx hosttune-engine@0 hosttune-engine@1 && systemctl start nginx")
 
 
-def healthy(host, *, smi: str | None = None, dmesg: str = "", reset_fails: bool = False) -> None:
+def healthy(host, *, smi: str | None = None, dmesg: str = "", reset_fails: bool = False, reset_loses: bool = False) -> None:
     """The host as a test starts it: both replicas serving, no cordon, no ledger, the faults asked for."""
     host.exec(f"rm -rf /var/lib/hosttune/cordon.json /var/lib/hosttune/remediate /var/lib/hosttune/runs {STANDIN}/resets {STANDIN}/diags "
-              f"{STANDIN}/reset-fails-*")
+              f"{STANDIN}/reset-fails-* {STANDIN}/reset-loses-*")
     host.path(f"{STANDIN}/smi.xml").write_text(smi or two_gpus())
     host.path(f"{STANDIN}/dmesg.txt").write_text(dmesg)
-    if reset_fails:
-        host.path(f"{STANDIN}/reset-fails-1").write_text("")
+    if reset_fails or reset_loses:
+        host.path(f"{STANDIN}/reset-{'fails' if reset_fails else 'loses'}-1").write_text("")
     host.exec(f"systemctl start hosttune-engine@0 hosttune-engine@1 && python3 {META}/replica_lb.py in 0 >/dev/null "
               f"&& python3 {META}/replica_lb.py in 1 >/dev/null")
 
@@ -232,6 +234,15 @@ def test_xid_79_drains_attempts_a_reset_then_cordons_and_deploy_refuses(fleet):
     assert down(host) == [False, False] and active(host, "hosttune-engine@1") == "active"
 
 
+def test_a_reset_that_exits_0_but_loses_the_gpu_does_not_count_as_fixed(fleet):
+    (host, *_), one, _ = fleet
+    healthy(host, dmesg=XID_79, reset_loses=True)
+    result = remediate(one, "--max-cordoned-percent", "100")
+    assert result.exit_code == 1, result.output
+    assert "    reset: done" in result.stdout and "    cordon: done" in result.stdout and "gpu.xid  GPU1: cordoned" in result.stdout
+    assert down(host) == [True, True]
+
+
 def test_a_breaker_at_0_percent_leaves_the_gpu_drained_and_rollback_restores_its_replica(fleet):
     (host, *_), one, _ = fleet
     healthy(host, dmesg=XID_79, reset_fails=True)
@@ -274,12 +285,13 @@ def test_the_circuit_breaker_stops_at_its_percentage_across_four_hosts(fleet):
     hosts, _, four = fleet
     for host in hosts:
         healthy(host, dmesg=XID_79, reset_fails=True)
-    result = remediate(four, "--max-cordoned-percent", "50", "--forks", "1")
+    result = remediate(four, "--max-cordoned-percent", "50")  # the four climb in parallel, one breaker
     assert result.exit_code == 1, result.output
     cordoned = [h.name for h in hosts if h.path("/var/lib/hosttune/cordon.json").exists()]
-    assert cordoned == ["rem1", "rem2"]
-    assert "circuit breaker open: cordoning rem3 would make 3 of 4 hosts (75%) cordoned within 60 min, over " \
-           "--max-cordoned-percent 50; remediation stopped on every host" in result.stderr
-    assert result.stdout.count("GPU1: stopped") == 2
+    assert len(cordoned) == 2, result.output
+    (line,) = [l for l in result.stderr.splitlines() if "circuit breaker open" in l]
+    assert "would make 3 of 4 hosts (75%) cordoned within 60 min, over --max-cordoned-percent 50; " \
+           "remediation stopped on every host" in line
+    assert result.stdout.count("GPU1: stopped") == 2 and result.stdout.count("GPU1: cordoned") == 2
     for host in hosts:
         healthy(host)
