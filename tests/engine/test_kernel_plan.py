@@ -51,6 +51,7 @@ def test_bf16_on_the_h200_takes_the_tuned_gemv_at_one_row_and_cublas_above(no_us
     assert plan.choice(Op.DOWN, 1).fusion is Fusion.SWIGLU and plan.choice(Op.O, 1).fusion is Fusion.NONE
     assert {plan.choice(op, 64).kernel for op in (Op.QKV, Op.O, Op.GATE_UP, Op.DOWN, Op.LM_HEAD)} == {Kernel.CUBLAS}
     assert plan.choice(Op.NORM, 1).kernel is Kernel.IN_CONSUMER and plan.choice(Op.NORM, 2).kernel is Kernel.RMSNORM
+    assert plan.choice(Op.POST_NORM, 1).kernel is Kernel.IN_CONSUMER
     assert plan.choice(Op.ATTENTION, 4096, prefill=True).kernel is Kernel.PREFILL_ATTENTION and plan.is_tuned
 
 
@@ -60,6 +61,9 @@ def test_fp8_takes_per_shape_entries_on_the_h200_and_bf16_activations_on_an_a100
     assert (gemv.kernel, gemv.reason, gemv.entry) == (Kernel.FP8_GEMV, Reason.TUNED_SHAPE,
                                                       "fp8_gemv bfloat16-le1-4608x3584")
     assert h200.choice(Op.QKV, 3).fusion is Fusion.NONE  # the prologue takes one row
+    # qkv's GEMV computes its norm in its prologue; gate_up's tuned GEMV (FUSE 0) leaves it to the RMSNorm kernel
+    assert (h200.choice(Op.NORM, 1).kernel, h200.choice(Op.POST_NORM, 1).kernel) == (Kernel.IN_CONSUMER,
+                                                                                      Kernel.RMSNORM)
     down = h200.choice(Op.DOWN, 64)
     assert down.kernel is Kernel.FP8_GEMM and down.fusion is Fusion.SWIGLU_IN_GATE_UP
     assert h200.choice(Op.QKV, 4096).kernel is Kernel.FP8_MM_ROWWISE
@@ -98,11 +102,11 @@ def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no
     with pytest.raises(SystemExit) as exit_:
         main(["plan", "--model", str(QWEN7B), "--gpu", "Radeon 7900"])
     assert exit_.value.code == 2 and "unknown GPU" in capsys.readouterr().err
-    assert summary(_plan("NVIDIA H200")).startswith("kernel plan on NVIDIA H200, bf16 weights, tuned table shipped:")
+    assert summary(_plan("NVIDIA H200")).startswith("kernel plan on NVIDIA H200, bfloat16 weights, tuned table shipped:")
     assert "qkv_proj:" in format_plan(_plan("NVIDIA H200"))
 
 
-def test_a_plan_naming_the_torch_reference_for_one_projection_runs_it_there_only(tiny_models, monkeypatch):
+def test_a_plan_naming_the_torch_reference_for_one_projection_runs_it_there_only(tiny_models, monkeypatch, caplog):
     """One-row decode under the Triton interpreter: every projection's weight goes through the GEMV except
     o_proj's, whose plan names the torch reference; the tokens stay the reference's."""
     seen = []
@@ -111,9 +115,11 @@ def test_a_plan_naming_the_torch_reference_for_one_projection_runs_it_there_only
         weight_at = 3 if name == "gemv_rmsnorm" else 1
         monkeypatch.setattr(linear, name, lambda *a, _fn=fn, _i=weight_at, **k: (seen.append(a[_i]), _fn(*a, **k))[1])
     monkeypatch.setattr(linear, "_on_gpu", lambda x: True)
+    caplog.set_level("INFO", logger="hosttune_engine.planner.prepare")
     eng = Engine(EngineConfig(model=str(tiny_models["qwen2"]), kernel_backend="triton", dtype="float32",
                               num_kv_blocks=64, enforce_eager=True))
     model = eng.runner.model
+    assert "kernel plan on cpu, float32 weights" in caplog.text  # the engine logs the plan it runs at start
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     ids = prompt_ids(9, seed=4)
     planned = run(eng, {0: [EngineRequest("a", ids, params)]})["a"]

@@ -15,7 +15,8 @@ class Op(Enum):
     DOWN = "down_proj"
     LM_HEAD = "lm_head"
     ATTENTION = "attention"
-    NORM = "norm"
+    NORM = "norm (input_layernorm)"  # before qkv_proj
+    POST_NORM = "norm (post_attention_layernorm)"  # before gate_up_proj (the final norm: always its own kernel)
     ACTIVATION = "activation"
     SAMPLER = "sampler"
 

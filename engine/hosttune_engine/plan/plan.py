@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from hosttune_engine.plan.gpus import GpuInfo
 from hosttune_engine.plan.kinds import Fusion, Kernel, Op, Reason, RowBucket
 
-OWN_KERNEL = {Op.NORM: Kernel.RMSNORM, Op.ACTIVATION: Kernel.SWIGLU}
+OWN_KERNEL = {Op.NORM: Kernel.RMSNORM, Op.POST_NORM: Kernel.RMSNORM, Op.ACTIVATION: Kernel.SWIGLU}
 from hosttune_engine.plan.launch import LaunchConfig
 
 
@@ -60,7 +60,7 @@ class KernelPlan:
 
     gpu: GpuInfo
     dtype: str  # activations: "bfloat16"
-    weights: str  # "bf16", or the quantized layout ("fp8-channel", "awq", ...)
+    weights: str  # the plain weights' dtype ("bfloat16"), or the quantized layout ("fp8-channel", "awq", ...)
     table: str  # where tuned entries came from ("none" when no table has this GPU)
     ops: tuple[OpPlan, ...]
     model: str = ""  # the model's shape, in words

@@ -73,8 +73,10 @@ class PlanInputs:
 def build_plan(inputs: PlanInputs, table: dict, table_name: str) -> KernelPlan:
     """The plan for `inputs` given the GPU's tuned `table` (kernel -> key -> config; {} for none)."""
     ops = [_projection(inputs, table, op) for op in PROJECTIONS]
-    ops += [_attention(inputs, table), _norm(inputs, ops), _activation(inputs, ops), _sampler(inputs)]
-    weights = inputs.spec.layout.value if inputs.spec is not None else "bf16"
+    ops += [_attention(inputs, table), _fused_input(inputs, ops, Op.NORM, Op.QKV, Kernel.RMSNORM),
+            _fused_input(inputs, ops, Op.POST_NORM, Op.GATE_UP, Kernel.RMSNORM),
+            _fused_input(inputs, ops, Op.ACTIVATION, Op.DOWN, Kernel.SWIGLU), _sampler(inputs)]
+    weights = inputs.spec.layout.value if inputs.spec is not None else inputs.dt
     return KernelPlan(inputs.gpu, inputs.dt, weights, table_name if table else "none", tuple(ops), _describe(inputs.model))
 
 
@@ -213,14 +215,6 @@ def _attention(inputs: PlanInputs, table: dict) -> OpPlan:
         choices.append(_choice(op, b, Kernel.PREFILL_ATTENTION, _tuned(table, "prefill_attention", key, prefill_default),
                                note="a whole prompt (contiguous); chunks over the cache read it paged"))
     return OpPlan(op, tuple(choices))
-
-
-def _norm(inputs: PlanInputs, projections: list[OpPlan]) -> OpPlan:
-    return _fused_input(inputs, projections, Op.NORM, Op.QKV, Kernel.RMSNORM)
-
-
-def _activation(inputs: PlanInputs, projections: list[OpPlan]) -> OpPlan:
-    return _fused_input(inputs, projections, Op.ACTIVATION, Op.DOWN, Kernel.SWIGLU)
 
 
 def _fused_input(inputs: PlanInputs, projections: list[OpPlan], op: Op, consumer: Op, own: Kernel) -> OpPlan:
