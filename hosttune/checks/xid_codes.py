@@ -59,7 +59,8 @@ class Recovery(str, Enum):
 
 
 _RECOVERY = {
-    **dict.fromkeys((13, 31, 43, 45, 94, 109), Recovery.RESTART_APP),
+    **dict.fromkeys((13, 31, 43, 94, 109), Recovery.RESTART_APP),
+    45: Recovery.IGNORE,  # the driver cleaning up after an earlier error, which carries its own code
     **dict.fromkeys((32, 38, 48, 56, 57, 58, 61, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 95, 119, 120, 140, 154),
                     Recovery.RESET_GPU),
     121: Recovery.REBOOT,  # the C2C link retrains only at boot
