@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from hosttune.cli.app import app
+from hosttune.cli.apply import Output
 from hosttune.cli.common import AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt, go_ahead, load, plural, user_errors
 from hosttune.cli.progress import Progress
 from hosttune.execute.journal import new_run_id
@@ -37,6 +38,7 @@ def remediate(
     xid_window: int = typer.Option(24, "--xid-window", min=1, help="Hours over which repeated Xids on a GPU are counted."),
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
+    fmt: Output = typer.Option(Output.text, "--format", help="Plan and recap as text or JSON."),
 ) -> None:
     """Fix GPU and service faults that `check` finds: for each, the lowest rung of the ladder (restart, drain,
     diagnose, reset, reboot, cordon), re-checking after each rung before going higher.
@@ -53,13 +55,14 @@ def remediate(
     with Progress("surveying", total=len(inv.hosts)) as progress:
         surveys = survey_fleet(inv, wanted, policy, forks, on_host_done=lambda name, s: progress.advance(name, "done"))
     plans = [planned(s) for s in surveys]
-    typer.echo(render.render_plan(plans, options))
     due = [s for s in surveys if s.faults and not s.is_cordoned]
+    if fmt is Output.text or dry_run or not due:
+        typer.echo(render.render_json(plans, None) if fmt is Output.json else render.render_plan(plans, options))
     if not due or not go_ahead(f"Remediate {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):
         raise typer.Exit(exit_code(plans))
     ctx = Context(wanted, options, policy, breaker_for(surveys, breaker_policy), new_run_id())
     results = _climb(plans, due, ctx, forks)
-    typer.echo(render.render_recap(results, ctx.run))
+    typer.echo(render.render_json(results, ctx.run, ctx.breaker.why) if fmt is Output.json else render.render_recap(results, ctx.run))
     if ctx.breaker.is_open:
         typer.secho(f"hosttune: {ctx.breaker.why}", err=True, fg="red")
     raise typer.Exit(exit_code(results))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from hosttune.actions.base import describe
@@ -76,3 +77,22 @@ def render_recap(results: list[HostRemediation], run: str) -> str:
             lines.append(f"  {f.fault.check_id}  {f.fault.where}: {f.end}")
             lines += [_rung_line(o) for o in f.rungs]
     return "\n".join(lines)
+
+
+def _fault_doc(f: FaultResult) -> dict:
+    return {"check_id": f.fault.check_id, "kind": f.fault.kind.value, "where": f.fault.where, "gpu": f.fault.gpu,
+            "unit": f.fault.unit, "reason": f.fault.reason, "ladder": [str(r) for r in f.fault.ladder], "end": f.end.value,
+            "rungs": [{"rung": str(o.rung), "status": o.status, "detail": o.detail, "run": o.run} for o in f.rungs]}
+
+
+def _host_doc(r: HostRemediation) -> dict:
+    cordon = r.survey.snapshot.cordon
+    return {"host": r.survey.host.name, "reachable": r.survey.reachable, "error": r.error or r.survey.error,
+            "cordoned": {"at": cordon.at, "reason": cordon.reason, "run": cordon.run} if cordon else None,
+            "faults": [_fault_doc(f) for f in r.results], "exit_bits": r.exit_bits}
+
+
+def render_json(results: list[HostRemediation], run: str | None, breaker: str = "") -> str:
+    """The plan (run None) or the recap as JSON, for automation."""
+    return json.dumps({"run": run, "dry_run": run is None, "breaker": breaker or None,
+                       "hosts": [_host_doc(r) for r in results]}, indent=1)

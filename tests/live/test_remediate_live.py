@@ -246,13 +246,16 @@ def test_a_reset_that_exits_0_but_loses_the_gpu_does_not_count_as_fixed(fleet):
 def test_a_breaker_at_0_percent_leaves_the_gpu_drained_and_rollback_restores_its_replica(fleet):
     (host, *_), one, _ = fleet
     healthy(host, dmesg=XID_79, reset_fails=True)
-    result = remediate(one, "--max-cordoned-percent", "0")
+    result = remediate(one, "--max-cordoned-percent", "0", "--format", "json")
     assert result.exit_code == 1, result.output
-    assert "gpu.xid  GPU1: stopped" in result.stdout and "    cordon: refused: circuit breaker open" in result.stdout
+    doc = json.loads(result.stdout)
+    (fault,) = doc["hosts"][0]["faults"]
+    assert doc["breaker"].startswith("circuit breaker open") and fault["end"] == "stopped" and fault["gpu"] == 1
+    assert [(r["rung"], r["status"]) for r in fault["rungs"]] == [("drain", "done"), ("reset", "failed"), ("reboot", "skipped"),
+                                                                  ("cordon", "refused")]
     assert not host.path("/var/lib/hosttune/cordon.json").exists()
     assert down(host) == [False, True] and active(host, "hosttune-engine@1") == "inactive"
-    drain_run = next(l.split("(run ")[1].split(")")[0] for l in result.stdout.splitlines() if l.startswith("    drain: done"))
-    back = runner.invoke(app, ["rollback", "-i", str(one), "--run", drain_run, "--yes"])
+    back = runner.invoke(app, ["rollback", "-i", str(one), "--run", fault["rungs"][0]["run"], "--yes"])
     assert back.exit_code == 0, back.output
     assert down(host) == [False, False] and active(host, "hosttune-engine@1") == "active"
 

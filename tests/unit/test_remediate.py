@@ -267,3 +267,15 @@ def test_units_a_failing_serve_units_finding_names_are_restarted_too():
     faults = find_faults(facts(), (finding,), snap, Ledger(), NOW)
     assert [(f.unit, f.ladder[0]) for f in faults] == [("hosttune-engine@1.service", Rung.RESTART), ("nginx.service", Rung.RESTART)]
     assert faults[1].reason == "nginx.service is not running (serve.units)"
+
+
+def test_the_plan_as_json(tmp_path):
+    from hosttune.remediate.climb import planned
+    from hosttune.remediate.render import render_json
+    from hosttune.remediate.survey import Survey
+
+    survey = Survey(inventory(tmp_path).hosts[0], "p", snapshot=parse_snapshot(snapshot()), faults=(fault_on(1),))
+    doc = json.loads(render_json([planned(survey)], None))
+    (fault,) = doc["hosts"][0]["faults"]
+    assert doc["dry_run"] and doc["hosts"][0]["exit_bits"] == 1
+    assert (fault["kind"], fault["gpu"], fault["ladder"], fault["end"]) == ("remap-pending", 1, ["drain", "reset", "reboot", "cordon"], "planned")
