@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.fleet import SSHD, ensure_sshd  # noqa: E402
+from benchmarks.fleet import SSHD, SSHD_CONFIG, ensure_sshd  # noqa: E402
 
 WORKDIR = Path("/tmp/hosttune-status-scale")
 PORT = 2299
@@ -35,24 +35,6 @@ PORT = 2299
 USER = "htbench"
 PER_SSHD = 16  # OpenSSH's limit on ListenAddress sockets
 STATUS_DIR = Path("/var/lib/hosttune/monitor")
-SSHD_CONFIG = """\
-{listen}
-Port {port}
-HostKey {key}
-PidFile {pidfile}
-AuthorizedKeysFile {authorized}
-StrictModes no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-UsePAM no
-UseDNS no
-PrintMotd no
-PrintLastLog no
-MaxStartups 200:30:400
-MaxSessions 4
-LogLevel ERROR
-"""
 
 
 def address(index: int) -> str:
@@ -71,11 +53,11 @@ def start_sshds(count: int) -> list[str]:
     for first in range(0, count, PER_SSHD):
         d = WORKDIR / f"sshd{first // PER_SSHD:03d}"
         d.mkdir()
-        key = keygen(d / "host_key")
+        key = keygen(d / "ssh_host_ed25519_key")
         addresses = [address(i) for i in range(first, min(first + PER_SSHD, count))]
-        (d / "sshd_config").write_text(SSHD_CONFIG.format(
-            listen="\n".join(f"ListenAddress {a}" for a in addresses), port=PORT, key=d / "host_key",
-            pidfile=d / "sshd.pid", authorized=WORKDIR / "authorized_keys"))
+        config = SSHD_CONFIG.format(port=PORT, dir=d, authorized_keys=WORKDIR / "authorized_keys")  # benchmarks/fleet.py's
+        listen = "\n".join(f"ListenAddress {a}" for a in addresses)
+        (d / "sshd_config").write_text(config.replace("ListenAddress 127.0.0.1", listen, 1))
         subprocess.run([SSHD, "-f", str(d / "sshd_config"), "-E", str(d / "sshd.log")], check=True)
         lines += [f"[{a}]:{PORT} {key}\n" for a in addresses]
     return lines

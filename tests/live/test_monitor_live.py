@@ -134,6 +134,18 @@ def test_status_shows_a_stopped_engine_on_one_host_within_one_interval(monitored
     assert found["mon-a"]["state"] == found["mon-b"]["state"] == "ok"
 
 
+def test_a_host_that_is_down_is_unreachable_and_its_monitor_resumes_at_boot(monitored, live_fleet):
+    hosts, inventory, _ = monitored
+    b = hosts[1]
+    with live_fleet.stopped(b):
+        code, out = invoke("status", "-i", str(inventory))
+        assert code & 4 and "1 unreachable" in out.splitlines()[-1], out
+        assert next(line for line in out.splitlines() if line.startswith("mon-b")).split()[1] == "UNREACHABLE"
+    before = fleet_status(inventory)["mon-b"]["passes"][0]["when"]
+    after = wait_for(inventory, lambda f: f["mon-b"]["passes"][0]["when"] > before, 3 * INTERVAL_S)
+    assert after["mon-b"]["state"] == "ok"
+
+
 def test_a_stopped_timer_is_stale_and_rollback_takes_the_monitor_away(monitored, live_fleet):
     hosts, inventory, _ = monitored
     a = hosts[0]

@@ -1,4 +1,5 @@
-"""Service health against a real systemd host over SSH: the stand-in engine serving, then stopped."""
+"""Service health against real systemd hosts over SSH: the stand-in engine serving, then stopped; a host of
+stand-in replicas with one replica and the probe timer stopped."""
 from __future__ import annotations
 
 import json
@@ -8,30 +9,34 @@ from typer.testing import CliRunner
 
 from hosttune.cli import app
 
-from .serve_setup import UNIT, install_standin_release
+from .serve_setup import UNIT, install_standin_release, install_standin_replicas
 
 pytestmark = pytest.mark.live
 runner = CliRunner()
 PORT = 18731
+REPLICA_PORTS = (18734, 18735)
 
 
 @pytest.fixture(scope="module")
 def served(live_fleet, tmp_path_factory):
-    (host,) = live_fleet.boot(["served"])
+    host, replicated = live_fleet.boot(["served", "replicated"])
     install_standin_release(host, PORT)
+    install_standin_replicas(replicated, REPLICA_PORTS)
     folder = tmp_path_factory.mktemp("served")
-    inventory = live_fleet.write_inventory(folder / "inv.yaml", live_fleet.write_known_hosts(folder / "known", [host]), [host])
-    yield host, inventory
+    known = live_fleet.write_known_hosts(folder / "known", [host, replicated])
+    inventory = live_fleet.write_inventory(folder / "inv.yaml", known, [host, replicated])
+    yield host, replicated, inventory
     live_fleet.remove(host)
+    live_fleet.remove(replicated)
 
 
-def serve_findings(inventory) -> dict[str, dict]:
-    result = runner.invoke(app, ["check", "-i", str(inventory), "--format", "json"])
+def serve_findings(inventory, name: str = "served") -> dict[str, dict]:
+    result = runner.invoke(app, ["check", "-i", str(inventory), "--limit", name, "--format", "json"])
     return {f["check_id"]: f for f in json.loads(result.stdout)["hosts"][0]["findings"] if f["check_id"].startswith("serve.")}
 
 
 def test_a_serving_engine_is_ok_and_a_stopped_unit_is_a_finding_with_its_state_and_journal(served):
-    host, inventory = served
+    host, _, inventory = served
     found = serve_findings(inventory)
     assert found["serve.units"]["status"] == "ok" and found["serve.units"]["active"] == f"{UNIT} active/running"
     assert found["serve.health"]["status"] == "ok" and "one token in" in found["serve.health"]["active"]
@@ -45,3 +50,22 @@ def test_a_serving_engine_is_ok_and_a_stopped_unit_is_a_finding_with_its_state_a
     assert f"{UNIT} is inactive/dead; journal: " in units["detail"] and f"Stopped {UNIT}" in units["detail"]
     assert found["serve.health"]["status"] == "drift" and found["serve.health"]["subjects"] == ["engine"]
     assert found["serve.api_key"]["active"] == f"engine port {PORT} (http): not listening (serve.units says why)"
+
+
+def test_a_stopped_replica_and_probe_timer_are_named_and_the_other_replica_still_serves(served):
+    _, host, inventory = served
+    found = serve_findings(inventory, "replicated")
+    assert found["serve.units"]["status"] == "ok", found["serve.units"]
+    assert found["serve.units"]["active"].startswith("hosttune-engine@0.service active/running, hosttune-engine@1.service")
+    assert "hosttune-probe.timer active/waiting" in found["serve.units"]["active"]
+    assert found["serve.health"]["status"] == "ok" and found["serve.front"]["status"] == "not-applicable"
+    host.exec("systemctl stop hosttune-engine@1.service hosttune-probe.timer")
+    try:
+        found = serve_findings(inventory, "replicated")
+    finally:
+        host.exec("systemctl start hosttune-engine@1.service hosttune-probe.timer")
+    units = found["serve.units"]
+    assert units["status"] == "drift" and units["subjects"] == ["hosttune-engine@1.service", "hosttune-probe.timer"]
+    assert "hosttune-probe.timer is inactive/dead" in units["detail"]
+    health = found["serve.health"]
+    assert health["subjects"] == ["replica 1"] and f"replica 0 port {REPLICA_PORTS[0]}: one token in" in health["active"]
