@@ -9,6 +9,7 @@ from hosttune.probes.facts import Facts
 from hosttune.probes.facts_serve import EndpointHealth, ServeFacts, UnitHealth
 
 JOURNAL_SHOWN = 5  # lines of each stopped unit's journal in the finding's detail
+KEY_UNREADABLE = "error: key unreadable"  # what the serve probe says when it cannot read the API key file
 
 
 def _deployed(facts: Facts) -> ServeFacts | Verdict:
@@ -56,6 +57,9 @@ def health(facts: Facts, profile: Profile) -> Verdict:
     if not serve.endpoints:
         return na("no engine port recorded by the live release")
     desired = f"/health 200, one token within {serve.endpoints[0].timeout_s:g}s"
+    if any(e.health.startswith(KEY_UNREADABLE) for e in serve.endpoints):
+        return Verdict(Status.ERROR, desired, None, None, "the engine's API key file cannot be read: check as root "
+                       "(ssh.become) to send a keyed request")
     failing = [e for e in serve.endpoints if not e.is_serving]
     active = "; ".join(_answer(e) for e in serve.endpoints)
     if failing:

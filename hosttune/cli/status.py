@@ -15,6 +15,7 @@ from hosttune.checks.service_monitor import STATUS_DIR
 from hosttune.cli.app import app
 from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, emit, load, user_errors
 from hosttune.cli.progress import Progress
+from hosttune.errors import HosttuneError
 from hosttune.fleet_runner import exit_code
 from hosttune.monitor_pass import run_pass
 from hosttune.report import status_metrics
@@ -54,12 +55,15 @@ def status(
 
 def write_atomically(path: Path, text: str) -> None:
     """A reader (node_exporter, `hosttune status`) sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise HosttuneError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 @app.command()

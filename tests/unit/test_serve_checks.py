@@ -129,3 +129,16 @@ def test_the_probe_script_runs_the_serve_probe_with_its_key_reader_in_front():
 def test_an_unreadable_serve_line_is_a_probe_error():
     facts = parse_probe_output("@@ht:meta\nhostname:h\n@@ht-end:meta:0\n@@ht:serve\n{\"kind\": \"unit\"}\n@@ht-end:serve:0\n")
     assert facts.serve is None and facts.probe_errors[0].startswith("serve: unreadable serve line")
+
+
+def test_a_key_the_probe_cannot_read_is_an_error_not_a_dead_engine(tmp_path, engines):
+    good, _ = engines
+    key = tmp_path / "key.env"
+    key.write_text("HOSTTUNE_API_KEY=s3cret\n")
+    _release(tmp_path, {"port": good, "api_key": {"file": str(key)}})
+    assert _run("serve.health", parse_serve(_probe(tmp_path))).status is Status.OK
+    key.unlink()
+    facts = parse_serve(_probe(tmp_path))
+    assert facts.endpoints[0].health.startswith("error: key unreadable")
+    finding = _run("serve.health", facts)
+    assert finding.status is Status.ERROR and "check as root" in finding.detail
