@@ -6,6 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hosttune.deploy.front import NGINX_CONF
+from hosttune.deploy.replicas import SERVERS_FILE
+from hosttune.deploy.units import Upstream, render_nginx
+
 SUPPORT = Path(__file__).resolve().parents[1] / "support" / "standin_engine.py"
 RELEASE = "custom-standin0001"
 UNIT = "hosttune-serve.service"
@@ -59,8 +63,9 @@ WantedBy=timers.target
 """
 
 
-def install_standin_replicas(host, ports: tuple[int, ...]) -> list[str]:
-    """One stand-in replica instance per port and the probe's timer, as deploy leaves a host of replicas."""
+def install_standin_replicas(host, ports: tuple[int, ...], front_port: int) -> list[str]:
+    """One stand-in replica instance per port, the probe's timer and the host's nginx front over them on
+    `front_port` (deploy's own template), as deploy leaves a host of replicas."""
     meta = host.path(f"/opt/hosttune/releases/{RELEASE}/.hosttune")
     meta.mkdir(parents=True, exist_ok=True)
     replicas = [{"index": i, "port": p, "gpus": [i]} for i, p in enumerate(ports)]
@@ -73,7 +78,18 @@ def install_standin_replicas(host, ports: tuple[int, ...]) -> list[str]:
     for name, text in ((REPLICA_TEMPLATE, REPLICA_UNIT_TEXT), ("hosttune-probe.service", PROBE_SERVICE),
                        ("hosttune-probe.timer", PROBE_TIMER)):
         host.path(f"/etc/systemd/system/{name}").write_text(text)
+    upstream = Upstream("local", "custom", (), front_port, servers_file=SERVERS_FILE, default_server=True, tries=len(ports))
+    host.path(NGINX_CONF).write_bytes(render_nginx(upstream))
+    write_servers(host, ports)
     instances = [f"hosttune-engine@{r['index']}.service" for r in replicas]
     host.exec(f"ln -sfn /opt/hosttune/releases/{RELEASE} /opt/hosttune/current && systemctl daemon-reload "
-              f"&& systemctl start {' '.join(instances)} && systemctl enable --now hosttune-probe.timer")
+              f"&& systemctl start {' '.join(instances)} nginx.service && systemctl enable --now hosttune-probe.timer")
     return instances
+
+
+def write_servers(host, ports: tuple[int, ...], down: tuple[int, ...] = ()) -> None:
+    """The front's servers file as the replica probe writes it: a drained or failing replica is down."""
+    path = host.path(SERVERS_FILE)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"server 127.0.0.1:{p} max_fails=3 fail_timeout=10s{' down' if p in down else ''};\n"
+                            for p in ports))

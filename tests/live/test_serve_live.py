@@ -9,19 +9,20 @@ from typer.testing import CliRunner
 
 from hosttune.cli import app
 
-from .serve_setup import UNIT, install_standin_release, install_standin_replicas
+from .serve_setup import UNIT, install_standin_release, install_standin_replicas, write_servers
 
 pytestmark = pytest.mark.live
 runner = CliRunner()
 PORT = 18731
 REPLICA_PORTS = (18734, 18735)
+FRONT_PORT = 18733
 
 
 @pytest.fixture(scope="module")
 def served(live_fleet, tmp_path_factory):
     host, replicated = live_fleet.boot(["served", "replicated"])
     install_standin_release(host, PORT)
-    install_standin_replicas(replicated, REPLICA_PORTS)
+    install_standin_replicas(replicated, REPLICA_PORTS, FRONT_PORT)
     folder = tmp_path_factory.mktemp("served")
     known = live_fleet.write_known_hosts(folder / "known", [host, replicated])
     inventory = live_fleet.write_inventory(folder / "inv.yaml", known, [host, replicated])
@@ -58,7 +59,9 @@ def test_a_stopped_replica_and_probe_timer_are_named_and_the_other_replica_still
     assert found["serve.units"]["status"] == "ok", found["serve.units"]
     assert found["serve.units"]["active"].startswith("hosttune-engine@0.service active/running, hosttune-engine@1.service")
     assert "hosttune-probe.timer active/waiting" in found["serve.units"]["active"]
-    assert found["serve.health"]["status"] == "ok" and found["serve.front"]["status"] == "not-applicable"
+    assert "nginx.service active/running" in found["serve.units"]["active"]
+    assert found["serve.health"]["status"] == "ok" and found["serve.front"]["status"] == "ok", found["serve.front"]
+    assert found["serve.front"]["active"] == "1 port(s), 2/2 upstream servers in service"
     host.exec("systemctl stop hosttune-engine@1.service hosttune-probe.timer")
     try:
         found = serve_findings(inventory, "replicated")
@@ -69,3 +72,20 @@ def test_a_stopped_replica_and_probe_timer_are_named_and_the_other_replica_still
     assert "hosttune-probe.timer is inactive/dead" in units["detail"]
     health = found["serve.health"]
     assert health["subjects"] == ["replica 1"] and f"replica 0 port {REPLICA_PORTS[0]}: one token in" in health["active"]
+
+
+def test_a_drained_replica_and_a_stopped_front_are_front_findings(served):
+    _, host, inventory = served
+    write_servers(host, REPLICA_PORTS, down=(REPLICA_PORTS[1],))
+    host.exec("systemctl reload nginx.service")
+    try:
+        front = serve_findings(inventory, "replicated")["serve.front"]
+        assert front["status"] == "drift" and front["subjects"] == [f"127.0.0.1:{REPLICA_PORTS[1]}"]
+        assert f"upstream 127.0.0.1:{REPLICA_PORTS[1]} marked down" in front["detail"]
+        host.exec("systemctl stop nginx.service")
+        found = serve_findings(inventory, "replicated")
+    finally:
+        write_servers(host, REPLICA_PORTS)
+        host.exec("systemctl start nginx.service")
+    assert found["serve.units"]["subjects"] == ["nginx.service"]
+    assert f"port {FRONT_PORT} (http): /health error" in found["serve.front"]["detail"]
