@@ -72,14 +72,16 @@ def timer_units(profile: Profile) -> dict[str, bytes]:
     return units
 
 
-def install_ops(profile: Profile) -> tuple[Op, ...]:
+def install_ops(facts: Facts, profile: Profile) -> tuple[Op, ...]:
+    """The wheels uploaded, the virtualenv made (rollback removes it only where this run made it), hosttune installed."""
     wheels = sorted(Path(profile.monitor.wheels).glob("*.whl"))
+    undo = ("rm", "-rf", "--", VENV) if facts.monitor.installed is None else None
     pip = (f"{VENV}/bin/pip", "install", "--disable-pip-version-check", "--no-index", "--find-links", WHEELS,
            "--upgrade", f"hosttune=={__version__}")
     return (
         Directory(WHEELS),
         *(FileWrite(f"{WHEELS}/{w.name}", source=w) for w in wheels),
-        Command(("python3", "-m", "venv", VENV), undo=("rm", "-rf", "--", VENV), offline=False,
+        Command(("python3", "-m", "venv", VENV), undo=undo, offline=False,
                 requires=(NeedVenv("python3"),)),
         Command(pip, offline=False, timeout=900),
     )
@@ -103,7 +105,7 @@ def monitor(facts: Facts, profile: Profile, host: Host) -> list[Step]:
         return [blocked("monitor.installed", "monitor.wheels is not set: a folder of the hosttune wheel and its "
                                              "dependencies (`pip wheel PATH-TO-HOSTTUNE -w DIR`) to install from")]
     summary = f"hosttune {__version__} checks on the host: {', '.join(wanted_timers(profile))}"
-    return [Step(("monitor.installed",), summary, install_ops(profile) + unit_ops(profile),
+    return [Step(("monitor.installed",), summary, install_ops(facts, profile) + unit_ops(profile),
                  notes=(f"metrics: {profile.monitor.textfile_dir}/hosttune*.prom; alert rules: {RULES_FILE}",
                         f"stop it: systemctl disable --now {TIMER}" + (f" {ACTIVE_TIMER}" if ACTIVE_TIMER in
                                                                         wanted_timers(profile) else "")))]

@@ -88,6 +88,9 @@ def test_apply_uploads_the_wheels_makes_the_venv_and_starts_both_timers(wheels):
     assert services == [Service("hosttune-monitor.timer", True, True), Service("hosttune-monitor-active.timer", True, True)]
     assert ops.index(pip) < ops.index(services[0])
     assert {op.path for op in ops if isinstance(op, FileWrite)} >= {PROFILE_FILE, RULES_FILE}
+    upgrade = dataclasses.replace(SYSTEMD, monitor=MonitorFacts(installed="0.0.9"))
+    (again,) = monitor(upgrade, monitored(wheels), HOST)
+    assert next(op for op in again.ops if isinstance(op, Command) and "venv" in op.argv).undo is None  # rollback keeps it
 
 
 def test_the_units_run_each_pass_at_its_interval():
