@@ -111,11 +111,13 @@ def shipped_configs(kernel: str) -> list[dict]:
 
 
 def tiny_candidates(cands: list[dict]) -> list[dict]:
-    """One config of each kernel kind for the CPU test (the interpreter is slow)."""
+    """One config of each kernel kind for the CPU test: the widest output tile of the kind, since the Triton
+    interpreter's cost is per program, nearly whatever the tile."""
     kinds = {}
     for c in (c for c in cands if not c.get("PACKED")):  # CUDA only
-        key = (c.get("DOT"), c.get("FUSE"), c.get("DEQUANT"), c.get("SPLIT_K", c.get("SPLIT", 1)) > 1, c.get("XB", 0))
+        key = (c.get("DOT"), c.get("FUSE", 1), bool(c.get("DEQUANT")), c.get("SPLIT_K", c.get("SPLIT", 1)) > 1,
+               c.get("XB", 0))
         kinds.setdefault(key, []).append(c)  # (UNROLL changes nothing the CPU can see)
-    return [c for group in kinds.values() for c in group[:1]]
+    return [max(group, key=lambda c: c.get("BLOCK_N", 0)) for group in kinds.values()]
 
 
