@@ -122,7 +122,7 @@ def replica_files(preset: EnginePreset, settings: ServeSettings, layout: Layout,
     upstream = local_upstream(preset, settings, layout, access)
     if router:
         units[ROUTER_UNIT] = router_unit(preset, router)
-        upstream = router_upstream(access, preset.name, settings.port, router)
+        upstream = router_upstream(access, preset.name, settings.port, router, layout)
     meta = {env_file(r.index): replica_env(r) for r in layout.replicas}
     meta.update({LB_SCRIPT: lb_script(), REPLICAS_JSON: lb_config(layout, upstream, access, router, preset.serve.health)})
     files = {NGINX_CONF: render_nginx(upstream), SCRAPE_FILE: scrape_targets(layout, host, preset.name, router)}

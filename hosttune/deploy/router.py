@@ -30,6 +30,8 @@ from hosttune.quoting import systemd_exec
 # The router's admin API: the replicas it routes to, its caches, its profiler.
 ADMIN_PATHS = ("add_worker", "remove_worker", "list_workers", "workers", "flush_cache", "get_loads",
                "start_profile", "stop_profile")
+# Paths the router passes on without the client's Authorization header: nginx sends them to a replica itself.
+DIRECT_PATHS = ("tokenize", "detokenize")
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,11 @@ def render_router_unit(router: RouterPreset, ports: RouterPorts, health: str, sy
                   exec_start=systemd_exec(router_argv(router, ports, health)), exec_start_post=systemd_exec(sync))
 
 
-def router_upstream(access: Access, engine: str, listen: int, ports: RouterPorts) -> Upstream:
-    """The host's nginx front with the router as its one backend, its admin API answered 404."""
-    return replace(front_upstream(access, engine, (ports.listen,), listen=listen, tries=1), private_paths=ADMIN_PATHS)
+def router_upstream(access: Access, engine: str, listen: int, ports: RouterPorts, layout: Layout) -> Upstream:
+    """The host's nginx front with the router as its one backend, its admin API answered 404, tokenizing
+    sent to the replicas."""
+    return replace(front_upstream(access, engine, (ports.listen,), listen=listen, tries=1), private_paths=ADMIN_PATHS,
+                   direct_paths=DIRECT_PATHS, direct_backends=tuple(f"{LOOPBACK}:{r.port}" for r in layout.replicas))
 
 
 def router_targets(ports: RouterPorts, host: str, engine: str) -> list[dict]:

@@ -91,6 +91,8 @@ class Upstream:
     backend_ca: str | None = None  # https backends: their certificates are verified against this CA file
     backend_name: str | None = None  # ... for this name
     private_paths: tuple[str, ...] = ()  # answered 404 by nginx, never passed on (the router's admin API)
+    direct_paths: tuple[str, ...] = ()  # sent past the backends, straight to direct_backends (a router's replicas)
+    direct_backends: tuple[str, ...] = ()
 
 
 def render_nginx(upstream: Upstream) -> bytes:
@@ -102,7 +104,8 @@ def render_nginx(upstream: Upstream) -> bytes:
                   servers_file=upstream.servers_file, tries=upstream.tries, tls_cert=upstream.tls_cert,
                   tls_key=upstream.tls_key, default_server=upstream.default_server,
                   backend_scheme=upstream.backend_scheme, backend_ca=upstream.backend_ca,
-                  backend_name=upstream.backend_name, private_paths=upstream.private_paths)
+                  backend_name=upstream.backend_name, private_paths=upstream.private_paths,
+                  direct_paths=upstream.direct_paths, direct_backends=upstream.direct_backends)
 
 
 def render_probe_units(release: str, argv: tuple[str, ...], interval_s: int, timeout_s: int) -> dict[str, bytes]:

@@ -74,9 +74,13 @@ def test_nginx_sends_everything_to_the_router_and_keeps_its_admin_api_on_the_hos
     conf = router_release(tmp_path).files[NGINX_CONF].decode()
     for line in ("server 127.0.0.1:8005 max_fails=3 fail_timeout=10s;", "listen 8000 default_server;",
                  "location ~ ^/(add_worker|remove_worker|list_workers|workers|flush_cache|get_loads|start_profile"
-                 "|stop_profile)(/|$) {", "return 404;", "proxy_buffering off;"):
+                 "|stop_profile)(/|$) {", "return 404;", "proxy_buffering off;",
+                 # tokenizing goes to the replicas themselves: the router would drop the API key
+                 "location ~ ^/(tokenize|detokenize)$ {", "proxy_pass http://hosttune_local_direct;",
+                 "server 127.0.0.1:8004 max_fails=1 fail_timeout=5s;", "proxy_next_upstream_tries 4;"):
         assert line in conf
-    assert "include /etc/hosttune/nginx/local-servers.conf" not in conf and "8001" not in conf
+    assert "include /etc/hosttune/nginx/local-servers.conf" not in conf
+    assert conf.count("server 127.0.0.1:") == 5  # the router, and the 4 replicas for tokenizing
 
 
 def test_vllm_and_sglang_replicas_behind_the_router_keep_their_health_path_and_prefix_caching(tmp_path):
