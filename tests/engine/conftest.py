@@ -34,19 +34,23 @@ def _release_gpu_memory():
         torch.cuda.empty_cache()
 
 
-@pytest.fixture(autouse=True)
-def _share_gpu_memory_between_workers(monkeypatch):
-    """On a GPU under pytest-xdist (engine/scripts/gpu_tests.sh -n 8) the workers share one device. An
-    engine sized from free memory takes gpu_memory_utilization of it (121 GiB of an H200), and the other
-    workers' next allocations then run out of memory. Here such an engine sizes its pool from its share
-    of the free memory: free / number of workers. The sizing code itself runs as it does when serving."""
+@pytest.fixture(scope="session", autouse=True)
+def _share_gpu_memory_between_workers():
+    """On a GPU under pytest-xdist (engine/scripts/gpu_shard.sh) the workers share one device. An engine sized
+    from free memory takes gpu_memory_utilization of it (121 GiB of an H200), and the other workers' next
+    allocations then run out of memory. Here such an engine sizes its pool from its share of the free memory:
+    free / number of workers. The sizing code itself runs as it does when serving. Session-scoped, so it holds
+    for engines that module-scoped fixtures build too (they are set up before any test's own fixtures)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if HAS_CUDA and workers > 1:
-        from hosttune_engine.core import model_runner
+    if not (HAS_CUDA and workers > 1):
+        yield
+        return
+    from hosttune_engine.core import model_runner
 
-        sized = model_runner.num_blocks_for_memory
-        monkeypatch.setattr(model_runner, "num_blocks_for_memory",
-                            lambda free, *args: sized(free // workers, *args))
+    sized = model_runner.num_blocks_for_memory
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(model_runner, "num_blocks_for_memory", lambda free, *args: sized(free // workers, *args))
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -119,7 +119,8 @@ def test_a_plan_naming_the_torch_reference_for_one_projection_runs_it_there_only
     eng = Engine(EngineConfig(model=str(tiny_models["qwen2"]), kernel_backend="triton", dtype="float32",
                               num_kv_blocks=64, enforce_eager=True))
     model = eng.runner.model
-    assert "kernel plan on cpu, float32 weights" in caplog.text  # the engine logs the plan it runs at start
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    assert f"kernel plan on {device}, float32 weights" in caplog.text  # the engine logs the plan it runs at start
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     ids = prompt_ids(9, seed=4)
     planned = run(eng, {0: [EngineRequest("a", ids, params)]})["a"]

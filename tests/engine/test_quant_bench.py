@@ -5,6 +5,8 @@ import pytest
 
 from benchmarks.engine import quant_bench as bench
 
+from .conftest import HAS_CUDA
+
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 152064,
         "max_position_embeddings": 512, "torch_dtype": "float32"}
@@ -16,6 +18,7 @@ def quant_bench():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(HAS_CUDA, reason="the tiny end-to-end run is the CPU's; on a GPU the benchmark itself runs")
 def test_every_row_is_measured_on_a_tiny_model(quant_bench):
     plan = quant_bench.Plan(config=TINY, engine={"dtype": "float32", "kernel_backend": "torch", "max_model_len": 256,
                                                  "num_kv_blocks": 256, "max_num_seqs": 8},
