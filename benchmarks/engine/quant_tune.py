@@ -312,6 +312,7 @@ def run_stage(stage: str, args, out: Path) -> None:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # the interpreter's dot needs fp32
     shape = cases.TINY if args.tiny else cases.QWEN7B
     projs = cases.projections(**{k: shape[k] for k in ("hidden", "inter", "heads", "kv_heads", "head_dim")})
+    projs = [p for p in projs if not args.proj or p.name in args.proj]
     t = Tuner(device, dtype, args.budget_s * STAGES[stage], args.tiny)
     bw = copy_tb_s(device)
     res = {"copy_tb_s": bw}
@@ -331,6 +332,8 @@ def main() -> None:
     parser.add_argument("--out", default="quant-tune")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and two configs per kernel (CPU test)")
     parser.add_argument("--budget-s", type=float, default=190.0, help="stop starting sweeps after this long")
+    parser.add_argument("--proj", action="append", choices=("qkv", "o", "gate_up", "down"),
+                        help="tune only this projection (repeatable; default: all four)")
     parser.add_argument("--stage", choices=list(STAGES),
                         help="run only this stage, in this process: writes stage-STAGE.json (its rows and winners)")
     args = parser.parse_args()
@@ -341,7 +344,8 @@ def main() -> None:
     t0 = time.perf_counter()
     res: dict = {"stages": {}}
     for stage in STAGES:
-        cmd = [sys.executable, __file__, "--out", str(out), "--budget-s", str(args.budget_s), "--stage", stage]
+        cmd = [sys.executable, __file__, "--out", str(out), "--budget-s", str(args.budget_s), "--stage", stage,
+               *(f"--proj={p}" for p in args.proj or ())]
         code = subprocess.run(cmd + (["--tiny"] if args.tiny else [])).returncode
         path = out / f"stage-{stage}.json"
         res["stages"][stage] = code

@@ -106,7 +106,8 @@ def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no
     assert "qkv_proj:" in format_plan(_plan("NVIDIA H200"))
 
 
-def test_a_plan_naming_the_torch_reference_for_one_projection_runs_it_there_only(tiny_models, monkeypatch, caplog):
+def test_a_plan_naming_the_torch_reference_for_one_projection_runs_it_there_only(tiny_models, monkeypatch, caplog,
+                                                                                wide_gemv_tiles):
     """One-row decode under the Triton interpreter: every projection's weight goes through the GEMV except
     o_proj's, whose plan names the torch reference; the tokens stay the reference's."""
     seen = []
