@@ -22,8 +22,6 @@ from hosttune_engine.sampling import SamplingParams
 
 from .test_quant_accuracy import LONG_POSITIONS, mean_kl, teacher_forced_one_row, text_ids, top1
 
-pytestmark = pytest.mark.slow
-
 KL_FP8_CACHE = 0.02  # the e4m3 cache against the unquantized one, either path (0.013-0.014 measured on the CPU)
 KL_PATHS = 1e-6  # prefill against one row a step, unquantized cache, fp32 on the CPU
 ONE_ROW_STEPS = 64

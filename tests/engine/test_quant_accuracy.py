@@ -24,8 +24,6 @@ from hosttune_engine.sampling import SamplingParams
 from .oracle import hf_logits
 from .quant_checkpoints import SEARCHED, SPECS, cached_pair
 
-pytestmark = pytest.mark.slow
-
 POSITIONS = 128  # each layout: the loaders' and references' error does not grow with the context
 LONG_POSITIONS = 520
 LONG_LAYOUT = "awq-g64"

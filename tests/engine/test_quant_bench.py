@@ -17,7 +17,6 @@ def quant_bench():
     return bench
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(HAS_CUDA, reason="the tiny end-to-end run is the CPU's; on a GPU the benchmark itself runs")
 def test_every_row_is_measured_on_a_tiny_model(quant_bench):
     plan = quant_bench.Plan(config=TINY, engine={"dtype": "float32", "kernel_backend": "torch", "max_model_len": 256,

@@ -51,7 +51,6 @@ def _prefill_logits(eng: Engine, ids) -> torch.Tensor:
     return logits
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_kernel_path_matches_transformers_on_the_dequantized_weights(tiny_models, tmp_path, kernels_on_cpu, name):
     quantized = write(tiny_models["llama"], tmp_path / "q", name)
@@ -85,7 +84,6 @@ def test_dummy_weights_quantized_in_each_layout(tiny_models, quantization, cls, 
     assert len(out["a"]) == 3
 
 
-@pytest.mark.slow
 def test_teacher_forcing_one_row_at_a_time_equals_the_prefill(tiny_models, tmp_path, kernels_on_cpu):
     """The GPU accuracy test's one-row pass (every position through the GEMVs), checked on the interpreter."""
     from .test_quant_accuracy import teacher_forced_one_row

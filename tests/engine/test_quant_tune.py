@@ -16,7 +16,6 @@ from .conftest import HAS_CUDA
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(HAS_CUDA, reason="the tiny run is the CPU's, under the Triton interpreter; a GPU runs the tuner")
 def test_gemv_stage_checks_times_and_writes_configs(tmp_path):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{REPO}:{REPO / 'engine'}"}

@@ -7,8 +7,6 @@ from hosttune_engine.errors import ConfigError
 from hosttune_engine.llm import LLM
 from hosttune_engine.sampling import SamplingParams
 
-pytestmark = pytest.mark.slow
-
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 NUM_TOKENS = 12
 

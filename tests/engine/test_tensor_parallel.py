@@ -61,7 +61,6 @@ def test_the_batch_exercises_chunking_prefix_hits_and_preemption(tp1):
         assert all(len(t) == GREEDY.max_tokens for t in tokens.values())
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("tp", [2, 4])
 @pytest.mark.parametrize("model", ["llama", "qwen2"])
 def test_tensor_parallel_greedy_tokens_equal_one_gpu(tiny_models, tp1, model, tp):
@@ -70,7 +69,6 @@ def test_tensor_parallel_greedy_tokens_equal_one_gpu(tiny_models, tp1, model, tp
     assert stats.num_preemptions_total == tp1[model][1].num_preemptions_total
 
 
-@pytest.mark.slow
 def test_an_fp8_kv_cache_splits_across_ranks_like_the_heads(tiny_models):
     """Each rank's e4m3 cache (and its scales) holds its own KV heads: the same greedy tokens, through chunking,
     prefix hits and preemption, as one process with the whole e4m3 cache."""

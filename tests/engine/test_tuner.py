@@ -43,7 +43,6 @@ def test_a_bf16_tune_writes_the_entries_its_plan_then_reads(no_user_tables):
     assert "tuned on driver 555.42, Triton 3.4.0" in plan.table
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(HAS_CUDA, reason="the tiny run is the CPU's, under the Triton interpreter")
 def test_a_4bit_tune_writes_each_shape_and_the_bucket(no_user_tables):
     done = tune_model(_inputs("awq"), budget_s=600, tiny=True)

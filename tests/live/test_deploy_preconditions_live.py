@@ -20,7 +20,7 @@ import pytest
 from .deploy_setup import MODEL, REPO, free_port
 from .test_deploy_live import complete, deploy
 
-pytestmark = [pytest.mark.live, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
 
 
 def uploaded(host) -> int:

@@ -32,7 +32,7 @@ import pytest
 
 from .deploy_setup import MODEL, REPO, free_port, invoke_deploy
 
-pytestmark = [pytest.mark.live, pytest.mark.slow, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
 SERVERS = "/etc/hosttune/nginx/local-servers.conf"
 
 

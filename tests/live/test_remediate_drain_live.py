@@ -23,7 +23,7 @@ from hosttune.remediate.xid import XidPolicy
 from .deploy_setup import MODEL, free_port
 from .test_deploy_replicas_live import SERVERS, deploy, group_key, shape, start_bench
 
-pytestmark = [pytest.mark.live, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.live, pytest.mark.timeout(1200)]
 
 
 def test_draining_and_restoring_a_replica_under_load_fails_no_request(live_fleet, fresh_hosts, tmp_path, wheelhouse,

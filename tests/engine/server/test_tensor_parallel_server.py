@@ -9,12 +9,9 @@ import time
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from .harness import ServerProcess, post
 from .test_lifecycle import _stream
-
-pytestmark = pytest.mark.slow
 
 TP = ["--tensor-parallel-size", "2", "--max-batch-size", "4", "--skip-warmup"]
 LONG = {"prompt": "When memory runs short", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
