@@ -51,11 +51,11 @@ class Workload:
     warmup_s: float = 10.0
     duration_s: float = 15.0
 
-    def spec(self, headers: tuple[tuple[str, str], ...] = ()) -> BenchSpec:
+    def spec(self, headers: tuple[tuple[str, str], ...] = (), tokenizer: Path | None = None) -> BenchSpec:
         load = Load(users=self.prefixes * self.users_per_prefix, duration=self.duration_s, warmup=self.warmup_s)
         return BenchSpec(load=load, shared_prefix=(self.prefixes, self.users_per_prefix), prefix_tokens=self.prefix_tokens,
                          prompt_lengths=str(self.question_tokens), output_lengths=str(self.max_tokens),
-                         timeout=600.0, lag_limit=1.0, headers=headers)
+                         timeout=600.0, lag_limit=1.0, headers=headers, tokenizer=tokenizer)
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,8 @@ def bare_front(args, policy: str, workload: Workload, logs: Path) -> FrontResult
                                         stdout=open(logs / f"{policy}-router.log", "w"), stderr=subprocess.STDOUT))
         wait_ready(router, 120, "/list_workers")
         before = [counters(u) for u in urls]
-        run = run_async(measure(workload.spec(), router))
+        # the model's own tokenizer here: the router would route /tokenize too, and file its text in its tree
+        run = run_async(measure(workload.spec(tokenizer=Path(args.model)), router))
         after = [counters(u) for u in urls]
     finally:
         stop(started)
