@@ -221,3 +221,19 @@ def test_the_front_over_the_router_passes_nginx_t(tmp_path):
                     f"http {{\n    access_log {tmp_path}/logs/access.log;\n    include {conf};\n}}\n")
     result = subprocess.run(["nginx", "-t", "-p", str(tmp_path), "-c", str(main)], capture_output=True, text=True)
     assert result.returncode == 0 and "test is successful" in result.stderr, result.stderr
+
+
+def test_the_router_and_its_metrics_ports_are_checked_free_or_the_routers_own(tmp_path):
+    from types import SimpleNamespace
+
+    from hosttune.actions.needs import NeedPort
+    from hosttune.deploy.access import Access
+    from hosttune.deploy.preconditions import serve_needs
+
+    release = router_release(tmp_path)
+    layout = plan_layout(LayoutRequest("0-3"), a100_facts(), QWEN_7B, "gpu-a", 8000)
+    job = SimpleNamespace(settings=SimpleNamespace(port=8000), layout=layout, access=Access(), model=None,
+                          release=release)
+    ports = {n.port: n for n in serve_needs(job) if isinstance(n, NeedPort)}
+    assert sorted(ports) == [8000, 8001, 8002, 8003, 8004, 8005, 8006]
+    assert ROUTER_UNIT in ports[8005].owners
