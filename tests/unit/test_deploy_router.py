@@ -237,3 +237,21 @@ def test_the_router_and_its_metrics_ports_are_checked_free_or_the_routers_own(tm
     ports = {n.port: n for n in serve_needs(job) if isinstance(n, NeedPort)}
     assert sorted(ports) == [8000, 8001, 8002, 8003, 8004, 8005, 8006]
     assert ROUTER_UNIT in ports[8005].owners
+
+
+def test_a_tls_front_stays_nginx_with_the_router_behind_it(tmp_path):
+    from pathlib import Path
+
+    from hosttune.deploy.access import Access, Front, Tls
+
+    host = replace(inventory(tmp_path).hosts[0], deploy={})
+    preset = load_preset("custom")
+    settings = replace(resolve(host, preset, QWEN_7B.path, None, parse_sets([])), router=True)
+    layout = plan_layout(LayoutRequest("0-3"), a100_facts(), QWEN_7B, host.name, settings.port)
+    access = Access("prod", "ht-0123456789abcdef0123", Front(443, Tls(Path("c.pem"), Path("k.pem"))))
+    release = make_layout_release(preset, settings, layout, entry_with_router(tmp_path), host.name, access)
+    conf = release.files[NGINX_CONF].decode()
+    assert "listen 443 ssl default_server;" in conf and "ssl_certificate /etc/hosttune/tls/prod.crt;" in conf
+    assert "server 127.0.0.1:8005 max_fails=3 fail_timeout=10s;" in conf
+    assert "EnvironmentFile=/etc/hosttune/keys/prod.env" in release.units["hosttune-engine@.service"].decode()
+    assert "prod" not in release.units[ROUTER_UNIT].decode()  # the router never holds the key
