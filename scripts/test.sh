@@ -34,11 +34,13 @@ HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error \
 if [ $# -gt 0 ]; then
     exec .venv/bin/python -m pytest -q "$@"
 fi
-# Independent tests on every core; the live tests (booted containers, shared fleets) one at a time. The live
+# Independent tests on every core, then the live tests (booted containers). The live
 # tests run even when the first run failed, so one failure never hides the real-host results; the script fails
 # if either did. Each run lists its 15 slowest tests, so a test that grows shows in every log.
 status=0
 .venv/bin/python -m pytest -q -n "$(nproc)" --durations=15 --ignore=tests/live || status=$?
-# A container boot or the first image build (debootstrap) counts against the first test that needs it.
-.venv/bin/python -m pytest -q --durations=15 --timeout=900 tests/live || status=$?
+# The live tests mostly wait (deploys, gates, rolling restarts, bench runs at a set rate), so two run at once,
+# a file each: its hosts and module fixtures stay in one worker. A container boot or the first image build
+# (debootstrap) counts against the first test that needs it.
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=15 --timeout=900 tests/live || status=$?
 exit "$status"
