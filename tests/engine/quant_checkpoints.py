@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -75,6 +76,7 @@ def cached_pair(source: Path, name: str) -> tuple[Path, Path]:
     if (plain / "config.json").exists():
         return quantized, plain
     root.parent.mkdir(parents=True, exist_ok=True)
+    drop_stale_versions(root.parent)
     with open(root.parent / f".{root.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (plain / "config.json").exists():
@@ -83,3 +85,13 @@ def cached_pair(source: Path, name: str) -> tuple[Path, Path]:
             dequantize_folder(quantized, root / ".dequantized")
             (root / ".dequantized").rename(plain)
     return quantized, plain
+
+
+STALE_S = 24 * 3600
+
+
+def drop_stale_versions(current: Path) -> None:
+    """Remove other writer versions' folders untouched for a day: each holds several GB of checkpoints."""
+    for other in current.parent.glob("quant-*"):
+        if other != current and other.is_dir() and time.time() - other.stat().st_mtime > STALE_S:
+            shutil.rmtree(other, ignore_errors=True)

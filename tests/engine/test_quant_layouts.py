@@ -3,6 +3,8 @@ engine reads each one: its logits equal transformers' on the same weights dequan
 
 import dataclasses
 import json
+import os
+import time
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ from hosttune_engine.checkpoint.writer import write_quantized
 from hosttune_engine.sampling import SamplingParams
 
 from .oracle import hf_logits, prompt_ids
-from .quant_checkpoints import SPECS, dtype_of, write
+from .quant_checkpoints import SPECS, STALE_S, drop_stale_versions, dtype_of, write
 from .quant_reference import dequantize_folder
 
 F8, BF16, F16, F32, I32 = "F8_E4M3", "BF16", "F16", "F32", "I32"
@@ -164,3 +166,15 @@ def test_script_reports_a_width_the_group_size_does_not_divide(tiny_models, tmp_
     argv = ["--model", str(tiny_models["llama"]), "--out", str(tmp_path / "out"), "--layout", "awq", "--group-size", "48"]
     assert _script().main(argv) == 2
     assert "group size 48 does not divide its input width 128" in capsys.readouterr().err
+
+
+def test_cached_checkpoints_of_old_writer_versions_are_dropped_after_a_day(tmp_path):
+    current, recent, old = (tmp_path / f"quant-{name}" for name in ("now", "recent", "old"))
+    for folder in (current, recent, old):
+        (folder / "x").mkdir(parents=True)
+    day_ago = time.time() - STALE_S - 60
+    os.utime(old, (day_ago, day_ago))
+    (tmp_path / "smollm2").mkdir()
+    os.utime(tmp_path / "smollm2", (day_ago, day_ago))
+    drop_stale_versions(current)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["quant-now", "quant-recent", "smollm2"]
