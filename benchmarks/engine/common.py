@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-if not __package__:  # imported as `common` by a script run as a file (quant_tune.py): this checkout's packages
+if not __package__:  # imported by a script run as a file: this checkout's packages
     import _checkout  # noqa: F401
 
 from benchmarks.engine.qwen25_7b import QWEN25_7B  # noqa: E402,F401  (one definition, shared with the GPU checks)
