@@ -37,9 +37,9 @@ def _release_gpu_memory():
 @pytest.fixture(scope="session", autouse=True)
 def _share_gpu_memory_between_workers():
     """On a GPU under pytest-xdist (engine/scripts/gpu_shard.sh) the workers share one device. An engine sized
-    from free memory takes gpu_memory_utilization of it (121 GiB of an H200), and the other workers' next
-    allocations then run out of memory. Here such an engine sizes its pool from its share of the free memory:
-    free / number of workers. The sizing code itself runs as it does when serving. Session-scoped, so it holds
+    from the GPU's memory takes gpu_memory_utilization of it (128 GiB of an H200), and the other workers' next
+    allocations then run out of memory. Here such an engine sizes its pool from its share of the GPU's memory:
+    total / number of workers. The sizing code itself runs as it does when serving. Session-scoped, so it holds
     for engines that module-scoped fixtures build too (they are set up before any test's own fixtures)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if not (HAS_CUDA and workers > 1):
@@ -49,7 +49,7 @@ def _share_gpu_memory_between_workers():
 
     sized = model_runner.num_blocks_for_memory
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(model_runner, "num_blocks_for_memory", lambda free, *args: sized(free // workers, *args))
+        patch.setattr(model_runner, "num_blocks_for_memory", lambda total, *args: sized(total // workers, *args))
         yield
 
 

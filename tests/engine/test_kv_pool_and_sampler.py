@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, num_blocks_for_memory
+from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, check_free_memory, num_blocks_for_memory
+from hosttune_engine.errors import ConfigError
 from hosttune_engine.layers.attention import Attention
 from hosttune_engine.layers.sampler import Sampler, SamplingBatch, filter_top_k_top_p
 from hosttune_engine.sampling import SamplingParams
@@ -16,9 +17,20 @@ QWEN7B_KV = KVCacheShape(num_layers=28, block_size=16, num_kv_heads=4, head_dim=
 def test_bytes_per_block_and_sizing():
     assert QWEN7B_KV.bytes_per_block == 2 * 28 * 16 * 4 * 128 * 2  # 917,504 bytes: 57 KiB per token
     gib = 2**30
-    blocks = num_blocks_for_memory(100 * gib, 0.9, 2 * gib, QWEN7B_KV)
-    assert blocks == (90 * gib - 2 * gib) // QWEN7B_KV.bytes_per_block
-    assert num_blocks_for_memory(gib, 0.9, 2 * gib, QWEN7B_KV) == 0
+    blocks = num_blocks_for_memory(100 * gib, 0.9, 15 * gib, 2 * gib, QWEN7B_KV)
+    assert blocks == (90 * gib - 15 * gib - 2 * gib) // QWEN7B_KV.bytes_per_block
+    assert num_blocks_for_memory(gib, 0.9, 0, 2 * gib, QWEN7B_KV) == 0
+    # four engines sharing a GPU, a quarter each: the same pool whichever starts first
+    quarter = num_blocks_for_memory(100 * gib, 0.225, 15 * gib, 2 * gib, QWEN7B_KV)
+    assert quarter == (int(22.5 * gib) - 17 * gib) // QWEN7B_KV.bytes_per_block
+
+
+def test_a_pool_that_other_processes_leave_no_room_for_is_refused_in_one_line():
+    gib = 2**30
+    check_free_memory(6 * gib, 6 * gib, 100 * gib, 0.225)
+    with pytest.raises(ConfigError, match=r"^gpu_memory_utilization=0.225 of this GPU's 100.0 GiB asks for 6.0 GiB "
+                                          r"more, but only 5.0 GiB is free"):
+        check_free_memory(6 * gib, 5 * gib, 100 * gib, 0.225)
 
 
 def test_pool_binds_distinct_views_per_layer():

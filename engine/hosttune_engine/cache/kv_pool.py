@@ -1,5 +1,5 @@
-"""The KV cache memory: one tensor for all layers, sized from free device memory; an e4m3 cache has a second
-one beside it, the rows' scales (kernels/kv_quant.py)."""
+"""The KV cache memory: one tensor for all layers, sized from the engine's share of the GPU; an e4m3 cache has a
+second one beside it, the rows' scales (kernels/kv_quant.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from hosttune_engine.errors import ConfigError
 from hosttune_engine.kernels.kv_quant import KV_FP8
 from hosttune_engine.layers.attention import Attention
 
@@ -30,14 +31,26 @@ class KVCacheShape:
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * row
 
 
-def num_blocks_for_memory(free_bytes: int, utilization: float, reserved_bytes: int, shape: KVCacheShape) -> int:
-    """Blocks that fit in `free_bytes * utilization` after `reserved_bytes` (activation peak) come off.
+def num_blocks_for_memory(total_bytes: int, utilization: float, used_bytes: int, reserved_bytes: int,
+                         shape: KVCacheShape) -> int:
+    """Blocks that fit in this engine's share of the GPU, `total_bytes * utilization`, after what it holds
+    already (`used_bytes`: its weights) and its activation peak (`reserved_bytes`) come off.
 
-    `free_bytes` is measured after the weights are loaded, so other processes'
-    memory and our own weights are already excluded.
+    The share is of the GPU's whole memory, not of what is free when the engine starts: engines that share a
+    GPU (several replicas on one, each given a part) get the pools their shares say, whichever starts first.
     """
-    return max(0, int(free_bytes * utilization) - reserved_bytes) // shape.bytes_per_block
+    return max(0, int(total_bytes * utilization) - used_bytes - reserved_bytes) // shape.bytes_per_block
 
+
+
+def check_free_memory(wanted_bytes: int, free_bytes: int, total_bytes: int, utilization: float) -> None:
+    """The pool and the activation peak must fit what the GPU has free: other processes may hold more of it
+    than the share leaves them."""
+    if wanted_bytes > free_bytes:
+        gib = 2**30
+        raise ConfigError(f"gpu_memory_utilization={utilization} of this GPU's {total_bytes / gib:.1f} GiB asks for "
+                          f"{wanted_bytes / gib:.1f} GiB more, but only {free_bytes / gib:.1f} GiB is free (other "
+                          f"processes hold the rest); lower gpu_memory_utilization or free the GPU")
 
 class KVPool:
     """Paged caches [layers, k/v, blocks, block_size, H_kv, D] (and, for an e4m3 cache, scales [layers, k/v,

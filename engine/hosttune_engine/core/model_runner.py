@@ -30,7 +30,7 @@ from functools import partial
 
 import torch
 
-from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, num_blocks_for_memory
+from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, check_free_memory, num_blocks_for_memory
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.cuda_graphs import DecodeGraphs, DecodeInputs, capture_sizes
 from hosttune_engine.core.device import resolve_device, resolve_dtype
@@ -174,8 +174,10 @@ class ModelRunner:
         if self.device.type != "cuda":
             return max(1, int(self.config.cpu_kv_cache_gib * 2**30) // self.kv_shape.bytes_per_block)
         peak = self._profile_activation_bytes()
-        free, _ = torch.cuda.mem_get_info(self.device)
-        blocks = num_blocks_for_memory(free, self.config.gpu_memory_utilization, peak, self.kv_shape)
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = torch.cuda.memory_allocated(self.device)
+        blocks = num_blocks_for_memory(total, self.config.gpu_memory_utilization, used, peak, self.kv_shape)
+        check_free_memory(blocks * self.kv_shape.bytes_per_block + peak, free, total, self.config.gpu_memory_utilization)
         if self.group is not None:  # every rank's pool holds the same block ids
             blocks = self.group.min_over_ranks(blocks)
         if blocks * self.block_size < self.max_model_len:

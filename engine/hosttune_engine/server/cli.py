@@ -54,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--step-log", metavar="PATH",
                    help="append a JSON line per step to PATH (its real time, tokens, the budget's estimate): "
                         "for tuning --max-step-ms on real traffic")
-    s.add_argument("--gpu-memory-utilization", type=float, default=0.90)
+    s.add_argument("--gpu-memory-utilization", type=float, default=0.90,
+                   help="share of the GPU's whole memory for this engine's weights, KV cache and activations "
+                        "(replicas sharing a GPU: their shares add up to at most 0.9)")
     s.add_argument("--num-kv-blocks", type=int, help="KV-cache size in blocks (default: from free memory)")
     s.add_argument("--cpu-kv-cache-gib", type=float, default=0.25, help="KV-cache size on CPU")
     s.add_argument("--block-size", type=int, default=16)
