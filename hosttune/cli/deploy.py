@@ -31,6 +31,7 @@ def deploy(
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU indices for the service, e.g. 0-3 (default: the inventory's gpus, all)."),
     tensor_parallel: Optional[int] = typer.Option(None, "--tensor-parallel", "--tp", min=1, help="GPUs per replica (default: the inventory's deploy.tensor_parallel, else what the host serves, else the smallest TP that divides the model's heads and fits its weights)."),
     replicas: Optional[str] = typer.Option(None, "--replicas", help="Replicas per host: per-gpu (as many as the GPUs hold at that TP) or a number (default: the inventory's deploy.replicas, else what the host serves, else per-gpu)."),
+    replicas_per_gpu: Optional[int] = typer.Option(None, "--replicas-per-gpu", min=1, help="Replicas sharing each GPU (each group of TP GPUs), each given that fraction of the engine's memory flag, e.g. 4 small-model replicas on one GPU (default: the inventory's deploy.replicas_per_gpu, else what the host serves, else 1)."),
     session_affinity: Optional[bool] = typer.Option(None, "--session-affinity/--no-session-affinity", help="Host-local nginx: one X-Session-Id keeps its replica (default: the inventory's deploy.session_affinity)."),
     router: Optional[bool] = typer.Option(None, "--router/--no-router", help="Several replicas: a cache-aware router between the host's nginx and them, so requests that share a prefix reach the replica holding it (default: the inventory's deploy.router)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model folder on the hosts (default: the inventory's deploy.model, else what the host serves)."),
@@ -86,7 +87,7 @@ def deploy(
         port=port, overrides=parse_sets(set_ or ()), ref=ref, serial=serial, max_fail_percent=max_fail_percent,
         forks=forks, timeouts=timeouts, tensor_parallel=tensor_parallel,
         replicas=parse_replicas(replicas) if replicas else None, canary=canary, session_affinity=session_affinity,
-        router=router, keys_dir=keys_dir, tune_s=tune)
+        router=router, keys_dir=keys_dir, tune_s=tune, replicas_per_gpu=replicas_per_gpu)
     with Progress("planning", total=len(inv.hosts)) as progress:
         plans = deploy_fleet(inv, replace(request, dry_run=True, serial=None, canary=0),
                              on_host_done=lambda name, d: progress.advance(name, d.state))

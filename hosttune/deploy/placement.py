@@ -5,7 +5,9 @@ Placement rules (docs/deploy.md shows them worked out for 4 and 8 GPUs):
 - TP is --tensor-parallel, else the smallest that divides the model's attention heads (its KV
   heads split evenly or are replicated whole) and whose share of the weights fits one GPU with
   room left for the KV cache (WEIGHT_SHARE of its memory).
-- Replicas: --replicas N, else as many as the GPUs hold (per-gpu: GPUs // TP).
+- Replicas: --replicas N, else as many as the GPUs hold (per-gpu: GPUs // TP, times
+  --replicas-per-gpu: that many replicas share each group of TP GPUs, each with that
+  fraction of its memory, and each replica's share of the weights must fit its part).
 - A replica's GPUs share a NUMA node: each node's GPUs are cut into groups of TP in index
   order; only what is left over on the nodes is pooled into replicas spanning them.
 - One replica serves on the service port itself; several serve on the ports after it and
@@ -37,6 +39,7 @@ class Placement:
     index: int = 0  # the replica's number on its host: hosttune-engine@INDEX.service
     port: int | None = None  # where the replica listens, when the host runs several
     tensor_parallel: int = 0  # 0: one rank per GPU; set for CPU replicas, which have no GPUs
+    share: int = 1  # replicas on these same GPUs, this one among them: each gets 1/share of their memory
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -98,6 +101,7 @@ class LayoutRequest:
     tensor_parallel: int | None = None
     replicas: str = PER_GPU  # "per-gpu" or a count
     device: str | None = None  # the engine's device flag: "cpu" places replicas without GPUs
+    per_gpu: int = 1  # replicas sharing each group of TP GPUs
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,10 @@ class Layout:
         """Several replicas: the service port is a host-local nginx over them."""
         return len(self.replicas) > 1
 
+    @property
+    def replicas_per_gpu(self) -> int:
+        return self.replicas[0].share
+
 
 def parse_replicas(text: str) -> str:
     """--replicas per-gpu | N."""
@@ -124,6 +132,9 @@ def parse_replicas(text: str) -> str:
 def plan_layout(request: LayoutRequest, facts: Facts, model: ModelShape, host: str, port: int) -> Layout:
     """Replicas × TP on this host's GPUs; raises DeployError (one line, what to change) when it cannot."""
     if request.device == CPU_DEVICE:
+        if request.per_gpu > 1:
+            raise DeployError(f"{host}: --replicas-per-gpu {request.per_gpu}: CPU replicas have no GPU to share; "
+                              f"give --replicas instead")
         tp = request.tensor_parallel or 1
         _check_heads(tp, model, host)
         count = 1 if request.replicas == PER_GPU else int(request.replicas)
@@ -132,15 +143,18 @@ def plan_layout(request: LayoutRequest, facts: Facts, model: ModelShape, host: s
     chosen = select_gpus(request.gpus, facts, host)
     if not chosen:
         raise DeployError(f"{host}: --gpus {request.gpus} selects no GPU")
-    tp, reason = choose_tp(request.tensor_parallel, chosen, facts, model, host)
-    groups = gpu_groups(chosen, tp, facts)
+    tp, reason = choose_tp(request.tensor_parallel, chosen, facts, model, host, request.per_gpu)
+    groups = [g for g in gpu_groups(chosen, tp, facts) for _ in range(request.per_gpu)]
     if request.replicas != PER_GPU:
         wanted = int(request.replicas)
         if wanted > len(groups):
-            raise DeployError(f"{host}: --replicas {wanted} at TP {tp} needs {wanted * tp} GPUs, "
-                              f"but --gpus {request.gpus} gives {len(chosen)}")
+            sharing = f" and {request.per_gpu} replicas a GPU" if request.per_gpu > 1 else ""
+            raise DeployError(f"{host}: --replicas {wanted} at TP {tp}{sharing} needs "
+                              f"{-(-wanted // request.per_gpu) * tp} GPUs, but --gpus {request.gpus} gives {len(chosen)}")
         groups = groups[:wanted]
-    replicas = tuple(replace(place_gpus(g, facts), index=i) for i, g in enumerate(groups))
+    replicas = tuple(replace(place_gpus(g, facts), index=i, share=request.per_gpu) for i, g in enumerate(groups))
+    if request.per_gpu > 1:
+        reason += f"; {request.per_gpu} replicas a GPU, each with 1/{request.per_gpu} of its memory"
     return Layout(_ports(replicas, port, host), tp, reason)
 
 
@@ -185,23 +199,28 @@ def _shard_fits(tp: int, model: ModelShape, gpu_bytes: int | None) -> bool:
     return model.weight_bytes is None or gpu_bytes is None or model.weight_bytes / tp <= WEIGHT_SHARE * gpu_bytes
 
 
-def choose_tp(requested: int | None, gpus: tuple[int, ...], facts: Facts, model: ModelShape, host: str) -> tuple[int, str]:
-    gpu_bytes = _gpu_bytes(gpus, facts)
+def choose_tp(requested: int | None, gpus: tuple[int, ...], facts: Facts, model: ModelShape, host: str,
+              share: int = 1) -> tuple[int, str]:
+    """TP as asked or the smallest that fits; with `share` replicas a GPU, each fits in 1/share of it."""
+    whole = _gpu_bytes(gpus, facts)
+    gpu_bytes = whole // share if whole else None
     memory = f"{gpu_bytes / 2**30:.0f} GiB" if gpu_bytes else "unknown"
+    memory += f" (1/{share} of a GPU)" if share > 1 and gpu_bytes else ""
+    fewer = f" or fewer than {share} replicas a GPU" if share > 1 else ""
     if requested is not None:
         if requested > len(gpus):
             raise DeployError(f"{host}: --tensor-parallel {requested} needs {requested} GPUs, but --gpus gives {len(gpus)}")
         _check_heads(requested, model, host)
         if not _shard_fits(requested, model, gpu_bytes):
             raise DeployError(f"{host}: a 1/{requested} shard of {model.path} ({model.weight_gb / requested:.1f} GB) is more "
-                              f"than {WEIGHT_SHARE:.0%} of a GPU's {memory}; use a larger --tensor-parallel")
+                              f"than {WEIGHT_SHARE:.0%} of a GPU's {memory}; use a larger --tensor-parallel{fewer}")
         return requested, f"TP {requested} as asked"
     for tp in divisors_of_heads(model, len(gpus)):
         if _shard_fits(tp, model, gpu_bytes):
             return tp, (f"TP {tp}: the smallest that divides {model.num_heads or '?'} heads and fits "
                         f"{model.weight_gb / tp:.1f} GB of weights per GPU in {WEIGHT_SHARE:.0%} of {memory}")
     raise DeployError(f"{host}: {model.path} ({model.weight_gb:.1f} GB of weights) does not fit {len(gpus)} GPUs of "
-                      f"{memory} at any TP that divides its {model.num_heads} heads; give it more GPUs")
+                      f"{memory} at any TP that divides its {model.num_heads} heads; give it more GPUs{fewer}")
 
 
 def gpu_groups(gpus: tuple[int, ...], tp: int, facts: Facts) -> list[tuple[int, ...]]:

@@ -7,13 +7,15 @@ them to hosttune.execute, so `--dry-run` prints what a real deploy does.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 from hosttune.actions.base import Command, FileWrite, Op, Remove, Symlink
 from hosttune.actions.needs import Need, NeedSpace, NeedVenv
 from hosttune.build.wheelhouse import Entry
 from hosttune.deploy.access import Access, launched_with_key
-from hosttune.deploy.placement import Placement
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.placement import Layout, Placement
 from hosttune.deploy.release import (CURRENT, PREVIOUS, UNIT_DIR, VENV_PLACEHOLDER, Release, copy_name, manifest_path,
                                      meta_dir, release_dir, release_id, wheel_path)
 from hosttune.deploy.settings import ServeSettings, drain_seconds, flag_argv
@@ -44,11 +46,22 @@ def placeholder_values(preset: EnginePreset, settings: ServeSettings, placement:
 
 
 def serve_flags(preset: EnginePreset, settings: ServeSettings, placement: Placement, role: Role = Role()) -> dict:
-    """The engine's flags: settings, the multi-node head's, and the replica's TP when above one."""
+    """The engine's flags: settings, the multi-node head's, the replica's TP when above one, and its part of
+    the memory flag when replicas share its GPUs."""
     flags = {**settings.flags, **(preset.multinode.flags if role.kind == "head" else {})}
     if placement.tp > 1 and preset.serve.tp_flag:
         flags[preset.serve.tp_flag] = placement.tp
+    if placement.share > 1 and preset.serve.memory_flag:
+        whole = float(flags.get(preset.serve.memory_flag, preset.serve.memory_share))
+        flags[preset.serve.memory_flag] = math.floor(round(whole / placement.share * 1000, 6)) / 1000
     return flags
+
+
+def check_sharing(preset: EnginePreset, layout: Layout, host: str) -> None:
+    """Replicas share a GPU only on an engine whose memory flag gives each its part."""
+    if layout.replicas_per_gpu > 1 and not preset.serve.memory_flag:
+        raise DeployError(f"{host}: {preset.name} has no memory flag in its preset (serve.memory_flag) to give "
+                          f"{layout.replicas_per_gpu} replicas a GPU each their part; deploy one replica a GPU")
 
 
 def serve_argv(preset: EnginePreset, flags: dict, values: dict, access: Access = Access()) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, guarded, roll
 from hosttune.deploy.model import ModelShape, read_model
 from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutRequest, host_abi, place, plan_layout, preflight,
                                        preflight_host)
-from hosttune.deploy.plan import Role, make_release
+from hosttune.deploy.plan import Role, check_sharing, make_release
 from hosttune.deploy.replicas import make_layout_release
 from hosttune.deploy.settings import Overrides, ServeSettings, Timeouts, resolve
 from hosttune.deploy.shape import Guard, Shape, declared, read_live, record
@@ -56,10 +56,11 @@ class DeployRequest:
     router: bool | None = None  # None: the inventory's deploy.router
     keys_dir: Path = Path("hosttune-keys")  # where deploy.api_key: true keeps each group's generated key
     tune_s: float = 0.0  # the bundled engine tunes its kernels on each host first, this long (0: no tune step)
+    replicas_per_gpu: int | None = None  # replicas sharing each GPU (group) (default: declared, else live, else 1)
 
     @property
     def shape(self) -> Shape:
-        return Shape(self.engine, self.model, self.replicas, self.tensor_parallel, self.port)
+        return Shape(self.engine, self.model, self.replicas, self.tensor_parallel, self.port, self.replicas_per_gpu)
 
 
 def for_host(host: Host, request: DeployRequest, live: Shape | None = None) -> DeployRequest:
@@ -70,7 +71,7 @@ def for_host(host: Host, request: DeployRequest, live: Shape | None = None) -> D
         raise DeployError(f"{host.name}: which {missing} to serve? Give --{missing.replace(' and ', ' and --')}, "
                           f"or declare deploy.{missing.replace(' and ', ' and deploy.')} in the inventory")
     return replace(request, engine=shape.engine, model=shape.model, replicas=shape.replicas or PER_GPU,
-                   tensor_parallel=shape.tensor_parallel, port=shape.port)
+                   tensor_parallel=shape.tensor_parallel, port=shape.port, replicas_per_gpu=shape.replicas_per_gpu or 1)
 
 
 # -- deciding --------------------------------------------------------------------------
@@ -114,7 +115,9 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
                           f"or fix --model")
     if role.kind == "single":
         layout = plan_layout(LayoutRequest(request.gpus or host.gpus, request.tensor_parallel, request.replicas or PER_GPU,
-                                           _device(settings)), facts, model, host.name, settings.port)
+                                           _device(settings), request.replicas_per_gpu or 1), facts, model, host.name,
+                             settings.port)
+        check_sharing(preset, layout, host.name)
     else:  # a multi-node group: every GPU of the host is one rank set of vLLM's Ray runtime
         layout = Layout((place(request.gpus or host.gpus, facts, host.name),), 0, "multi-node")
     placement = layout.replicas[0]
@@ -127,7 +130,8 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
     archs = tuple(sorted({g.compute_cap for g in facts.gpu.gpus if g.index in used and g.compute_cap}))
     entry = pick_entry(request, abi, archs, host.name)
     guard = Guard(len(layout.replicas), bool(access.key), access.front.port if access.front else None)
-    shape = record(preset.name, request.model, settings.port, len(layout.replicas), layout.tensor_parallel, guard)
+    shape = record(preset.name, request.model, settings.port, len(layout.replicas), layout.tensor_parallel, guard,
+                   layout.replicas_per_gpu)
     release = make_layout_release(preset, settings, layout, entry, host.name, access, shape) \
         if role.kind == "single" else make_release(preset, settings, placement, entry, role, access, shape)
     return HostJob(host, preset, settings, placement, entry, release, python, layout, access, read,

@@ -132,7 +132,7 @@ def _number(doc: Mapping, key: str, kind: type, where: str, default: Any) -> Any
 
 KNOWN_KEYS = {"port", "env", "multinode", "lb_port", "warmup", "health_timeout", "gate_timeout", "probe_interval",
               "session_affinity", "router", *ENGINES,
-              "engine", "model", "replicas", "tensor_parallel",  # hosttune.deploy.shape
+              "engine", "model", "replicas", "tensor_parallel", "replicas_per_gpu",  # hosttune.deploy.shape
               "api_key", "api_key_file", "nginx", "lb_plain_http"}  # hosttune.deploy.access, balancer
 
 

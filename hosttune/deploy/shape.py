@@ -8,6 +8,7 @@ Declared in the inventory's `deploy:` vars (defaults < group < host):
       model: /models/qwen2.5-7b      # the model folder on the hosts
       replicas: 2                    # or per-gpu
       tensor_parallel: 1             # GPUs per replica
+      replicas_per_gpu: 1            # replicas sharing each GPU (group), each with its share of the memory
       port: 8000
 
 A command-line option overrides its key for one run. A key neither gives keeps what the host
@@ -28,7 +29,7 @@ from hosttune.deploy.release import CURRENT
 from hosttune.presets import ENGINES
 from hosttune.transport.base import Transport
 
-SHAPE_KEYS = ("engine", "model", "replicas", "tensor_parallel")  # beside port, which settings.py reads
+SHAPE_KEYS = ("engine", "model", "replicas", "tensor_parallel", "replicas_per_gpu")  # beside port, which settings.py reads
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Shape:
     replicas: str | None = None  # "per-gpu" or a count
     tensor_parallel: int | None = None
     port: int | None = None
+    replicas_per_gpu: int | None = None
 
     def over(self, base: "Shape") -> "Shape":
         """This shape, with what it leaves open taken from `base`."""
@@ -76,7 +78,7 @@ def declared(host: Host) -> Shape:
     if model is not None and (not isinstance(model, str) or not model or "\n" in model):
         raise DeployError(f"{where}: deploy.model must be the model folder on the hosts (got {model!r})")
     return Shape(engine, model, _replicas(doc.get("replicas"), where), _count(doc, "tensor_parallel", where),
-                 _count(doc, "port", where))
+                 _count(doc, "port", where), _count(doc, "replicas_per_gpu", where))
 
 
 def _replicas(value, where: str) -> str | None:
@@ -97,10 +99,11 @@ def _count(doc: dict, key: str, where: str) -> int | None:
     return value
 
 
-def record(engine: str, model: str, port: int, replicas: int, tensor_parallel: int, guard: Guard) -> dict:
+def record(engine: str, model: str, port: int, replicas: int, tensor_parallel: int, guard: Guard,
+           replicas_per_gpu: int = 1) -> dict:
     """The shape a release records in its release.json (`shape`): read back by the next deploy."""
     return {"engine": engine, "model": model, "port": port, "replicas": replicas, "tensor_parallel": tensor_parallel,
-            "api_key": guard.api_key, "front_port": guard.front_port}
+            "replicas_per_gpu": replicas_per_gpu, "api_key": guard.api_key, "front_port": guard.front_port}
 
 
 def parse_live(text: str) -> tuple[Shape, Guard] | None:
@@ -112,7 +115,7 @@ def parse_live(text: str) -> tuple[Shape, Guard] | None:
         shape = settings.get("shape") or _older(doc.get("engine"), settings)
         replicas = int(shape.get("replicas") or 1)
         return (Shape(shape.get("engine"), shape.get("model"), str(replicas), shape.get("tensor_parallel") or None,
-                      shape.get("port")),
+                      shape.get("port"), shape.get("replicas_per_gpu") or None),
                 Guard(replicas, bool(shape.get("api_key")), shape.get("front_port")))
     except (ValueError, TypeError, AttributeError):
         return None

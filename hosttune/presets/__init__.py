@@ -52,6 +52,8 @@ class ServeSpec:
     flags: dict[str, Any] = field(default_factory=dict, hash=False)
     help: tuple[str, ...] = ()  # the installed release's help, which every flag is checked against
     architectures: tuple[str, ...] = ()  # config.json architectures the engine loads; () any
+    memory_flag: str | None = None  # the engine's share of its GPUs' memory; replicas sharing a GPU split it
+    memory_share: float = 0.9  # that flag's value when neither the preset's flags nor the inventory set it
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,8 @@ def parse_preset(doc: dict, where: str) -> EnginePreset:
             tuple(serve["command"]), serve.get("health", "/health"), serve.get("drain_s"), serve.get("drain_flag"),
             serve.get("false_flag"), serve.get("tp_flag"), serve.get("api_key_env"), serve.get("api_key_flag"),
             _strings(serve.get("env")), dict(serve.get("flags") or {}), tuple(serve.get("help") or ()),
-            tuple(str(a) for a in serve.get("architectures") or ()),
+            tuple(str(a) for a in serve.get("architectures") or ()), serve.get("memory_flag"),
+            float(serve.get("memory_share", 0.9)),
         )
         multi = doc.get("multinode")
         multi_spec = None if not multi else MultinodeSpec(

@@ -38,8 +38,8 @@ QWEN_72B = ModelShape("/models/qwen2.5-72b", True, 64, 8, int(145.4 * GB), archi
 TWO_GPU = ModelShape("/models/two-gpu", True, 40, 8, int(100 * GB), architectures=("LlamaForCausalLM",))  # 50 GB a shard at TP 2 fits in 60 GiB
 
 
-def layout(facts, model, gpus="all", tp=None, replicas="per-gpu", port=8000, device=None):
-    return plan_layout(LayoutRequest(gpus, tp, replicas, device), facts, model, "gpu-01", port)
+def layout(facts, model, gpus="all", tp=None, replicas="per-gpu", port=8000, device=None, per_gpu=1):
+    return plan_layout(LayoutRequest(gpus, tp, replicas, device, per_gpu), facts, model, "gpu-01", port)
 
 
 def shape(result):
@@ -74,6 +74,14 @@ def test_the_8_gpu_host_gives_8_replicas_and_tp_layouts_stay_on_a_node():
     assert shape(layout(facts, QWEN_7B, "1-6", tp=2)) == [((1, 2), (0,), 8001), ((4, 5), (1,), 8002), ((3, 6), (0, 1), 8003)]
 
 
+def test_replicas_sharing_a_gpu_each_get_their_own_port_on_the_same_gpu():
+    result = layout(a100_facts(), QWEN_7B, "0-1", per_gpu=4)
+    assert shape(result) == [((g,), (0,), 8001 + 4 * g + i) for g in (0, 1) for i in range(4)]
+    assert result.replicas_per_gpu == 4 and [r.index for r in result.replicas] == list(range(8))
+    assert result.reason.endswith("; 4 replicas a GPU, each with 1/4 of its memory")
+    assert shape(layout(a100_facts(), QWEN_7B, "0", replicas="3", per_gpu=4)) == [((0,), (0,), 8001 + i) for i in range(3)]
+
+
 def test_cpu_replicas_have_no_gpus_and_their_own_ports():
     result = layout(a100_facts(), ModelShape("/m", True, 4, 2, 10**6), replicas="2", device="cpu", port=9000)
     assert shape(result) == [((), (), 9001), ((), (), 9002)]
@@ -87,6 +95,13 @@ def test_cpu_replicas_have_no_gpus_and_their_own_ports():
     (dict(model=QWEN_72B, tp=2), "a 1/2 shard of /models/qwen2.5-72b (72.7 GB) is more than 75% of a GPU's 80 GiB"),
     (dict(model=QWEN_72B, gpus="0-1"), "/models/qwen2.5-72b (145.4 GB of weights) does not fit 2 GPUs of 80 GiB"),
     (dict(model=QWEN_7B, tp=2, replicas="3"), "--replicas 3 at TP 2 needs 6 GPUs, but --gpus all gives 4"),
+    (dict(model=QWEN_7B, gpus="0", replicas="5", per_gpu=4),
+     "--replicas 5 at TP 1 and 4 replicas a GPU needs 2 GPUs, but --gpus 0 gives 1"),
+    (dict(model=TWO_GPU, tp=2, per_gpu=2), "a 1/2 shard of /models/two-gpu (50.0 GB) is more than 75% of a GPU's "
+                                           "40 GiB (1/2 of a GPU); use a larger --tensor-parallel or fewer than 2 "
+                                           "replicas a GPU"),
+    (dict(model=ModelShape("/m", True, 4, 2, 10**6), replicas="2", device="cpu", per_gpu=2),
+     "--replicas-per-gpu 2: CPU replicas have no GPU to share; give --replicas instead"),
 ])
 def test_refusals_are_one_line_naming_what_to_change(kwargs, message):
     with pytest.raises(DeployError) as info:
@@ -152,6 +167,33 @@ def test_each_replica_is_an_instance_of_one_template_with_its_gpus_node_and_port
     targets = json.loads(release.files[SCRAPE_FILE])
     assert [t["targets"] for t in targets] == [[f"127.0.0.1:{8101 + i}"] for i in range(4)]  # on loopback only
     assert targets[2]["labels"] == {"job": "hosttune", "host": "gpu-a", "engine": "custom", "replica": "2", "gpus": "2"}
+
+
+@pytest.mark.parametrize("engine, sets, flag", [
+    ("custom", (), "--gpu-memory-utilization 0.225"),  # the engine's own 0.9, split four ways
+    ("vllm", ("gpu-memory-utilization=0.95",), "--gpu-memory-utilization 0.237"),  # what the inventory set, split
+    ("sglang", (), "--mem-fraction-static 0.212"),  # the test inventory's 0.85
+])
+def test_replicas_sharing_a_gpu_each_get_their_part_of_its_memory(tmp_path, engine, sets, flag):
+    release = replica_release(tmp_path, engine, QWEN_7B, sets=sets, gpus="0", per_gpu=4)
+    argv = release.units[REPLICA_TEMPLATE].decode().split("ExecStart=")[1].split("\n")[0].split()
+    name, value = flag.split()
+    assert argv[argv.index(name) + 1] == value and argv.count(name) == 1
+    assert [env_of(release, i)["CUDA_VISIBLE_DEVICES"] for i in range(4)] == ["0"] * 4
+    alone = replica_release(tmp_path / "alone", engine, QWEN_7B, sets=sets).units[REPLICA_TEMPLATE].decode()
+    assert flag not in alone
+
+
+def test_sharing_a_gpu_on_an_engine_without_a_memory_flag_is_refused(tmp_path):
+    from hosttune.deploy.plan import check_sharing
+
+    preset = load_preset("custom")
+    bare = replace(preset, serve=replace(preset.serve, memory_flag=None))
+    shared = layout(a100_facts(), QWEN_7B, "0", per_gpu=2)
+    check_sharing(preset, shared, "gpu-01")
+    check_sharing(bare, layout(a100_facts(), QWEN_7B, "0"), "gpu-01")
+    with pytest.raises(DeployError, match="^gpu-01: custom has no memory flag in its preset"):
+        check_sharing(bare, shared, "gpu-01")
 
 
 def test_vllm_and_sglang_replicas_get_their_tp_flag(tmp_path):

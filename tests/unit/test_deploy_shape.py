@@ -49,6 +49,7 @@ def test_the_inventory_declares_the_shape(tmp_path):
     ("replicas: 0\n", "deploy.replicas must be per-gpu or a number of replicas (got 0)"),
     ("replicas: true\n", "deploy.replicas must be per-gpu or a number of replicas (got True)"),
     ("tensor_parallel: two\n", "deploy.tensor_parallel must be a positive integer (got 'two')"),
+    ("replicas_per_gpu: 0\n", "deploy.replicas_per_gpu must be a positive integer (got 0)"),
     ("model: 7\n", "deploy.model must be the model folder on the hosts (got 7)"),
 ])
 def test_a_bad_shape_names_its_line(tmp_path, deploy, message):
@@ -83,6 +84,19 @@ def test_a_redeploy_with_no_options_keeps_the_live_replicas(tmp_path):
     assert len(again.release.replicas) == 2 and again.release.id == first.release.id
     assert live[1].removals(again.guard) == ()
     assert first.release.settings["shape"] == record("vllm", MODEL.path, 8000, 2, 1, Guard(2))
+
+
+def test_a_redeploy_with_no_options_keeps_replicas_sharing_their_gpu(tmp_path):
+    host = host_with(tmp_path, "vllm: {max-num-seqs: 64}\n")
+    fake_entry(tmp_path / "wh", "vllm", archs=("8.0",), abi="cp310")
+    first = rollout.make_job(host, a100_facts(), rollout.for_host(
+        host, rollout.DeployRequest("vllm", MODEL.path, tmp_path / "wh", gpus="0", replicas_per_gpu=3)), model=MODEL)
+    assert len(first.release.replicas) == 3 and first.release.settings["shape"]["replicas_per_gpu"] == 3
+    live = parse_live(first.release.manifest().decode())
+    assert live[0].replicas_per_gpu == 3
+    again = rollout.make_job(host, a100_facts(), rollout.for_host(
+        host, rollout.DeployRequest(None, None, tmp_path / "wh", gpus="0"), live[0]), model=MODEL)
+    assert again.release.id == first.release.id
 
 
 def test_an_older_release_without_a_shape_is_read_from_its_settings():

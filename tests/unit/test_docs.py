@@ -237,6 +237,6 @@ def test_the_shape_the_docs_declare_is_what_the_inventory_takes(tmp_path):
     assert set(SHAPE_KEYS) | {"port"} <= set(doc) <= KNOWN_KEYS
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(yaml.safe_dump({"hosts": {"h": {"deploy": {k: doc[k] for k in (*SHAPE_KEYS, "port")}}}}))
-    assert declared(load_inventory(inventory).hosts[0]) == Shape("custom", "/models/qwen2.5-7b", "2", 1, 8000)
+    assert declared(load_inventory(inventory).hosts[0]) == Shape("custom", "/models/qwen2.5-7b", "2", 1, 8000, 1)
     example = load_inventory(ROOT / "inventories" / "example.yaml").hosts[0]
     assert declared(example).engine == "vllm" and declared(example).replicas == "per-gpu"
