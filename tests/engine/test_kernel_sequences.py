@@ -1,0 +1,101 @@
+"""Which kernels each plan path launches, in order, per step: pinned.
+
+Every engine module's reference to a kernel launcher (a function of `hosttune_engine.kernels`) and torch's
+`F.linear` (cuBLAS) is wrapped to record its name (and a GEMV's prologue), then one step of 1, 3 and 24 rows
+runs on a tiny model under the Triton interpreter, the GPU paths taking CPU tensors and the CPU standing in
+for a GPU with FP8 tensor cores. The recorded sequences (tests/fixtures/engine/kernel_sequences.json) are
+what the plan makes the model run: a change to how layers reach their kernels must leave them as they are.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hosttune_engine import Engine, EngineConfig, SamplingParams
+from hosttune_engine.core import model_runner
+from hosttune_engine.core.sequence import Sequence
+from hosttune_engine.layers import linear
+from hosttune_engine.planner import prepare
+from hosttune_engine.plan.gpus import GpuInfo
+
+PINNED = Path(__file__).parents[1] / "fixtures" / "engine" / "kernel_sequences.json"
+HOPPER_STAND_IN = GpuInfo("cpu standing in for a Hopper GPU", (9, 0), present=False)
+ROWS = (1, 3, 24)
+# name -> (model, dtype, quantization, kernel backend, tuned table over the GEMVs' wide tiles)
+TRITON_GEMM = {"fp8_mm": {"float16-le32": {"METHOD": "triton"}}, "fp8_gemm": {"float16-le32": {"SWIGLU": 1}}}
+CASES = {
+    "bf16": ("qwen2", "float32", None, "triton", None),
+    "torch": ("qwen2", "float32", None, "torch", None),
+    "fp8": ("qwen2", "float16", "fp8", "triton", None),
+    "fp8-triton-gemm": ("qwen2", "float16", "fp8", "triton", TRITON_GEMM),
+    "fp8-block": ("llama", "float16", "fp8-block", "triton", None),
+    "fp8-channel": ("llama", "float16", "fp8-channel", "triton", None),
+    "fp8-tensor": ("llama", "float16", "fp8-tensor", "triton", None),
+    "awq": ("llama", "float32", "awq", "triton", None),
+    "gptq": ("llama", "float32", "gptq", "triton", None),
+}
+
+
+def _is_kernel(value) -> bool:
+    return callable(value) and getattr(value, "__module__", "").startswith("hosttune_engine.kernels.")
+
+
+def record_kernels(monkeypatch) -> list[str]:
+    """Wrap every kernel launcher the engine's layers reach (outside the kernels themselves); return the log."""
+    log: list[str] = []
+
+    def wrap(fn, name):
+        def recorded(*a, **k):
+            log.append(f"{name} prologue {k['prologue']}" if k.get("prologue") else name)
+            return fn(*a, **k)
+        return recorded
+
+    for module_name, module in list(sys.modules.items()):
+        if not module_name.startswith("hosttune_engine.") or module_name.startswith("hosttune_engine.kernels"):
+            continue
+        for attr, value in list(vars(module).items()):
+            if _is_kernel(value) and not isinstance(value, type):
+                monkeypatch.setattr(module, attr, wrap(value, value.__name__))
+    monkeypatch.setattr(torch.nn.functional, "linear", wrap(torch.nn.functional.linear, "F.linear"))
+    return log
+
+
+def _engine(tiny_models, case: str) -> Engine:
+    model, dtype, quantization, backend, table = CASES[case]
+    eng = Engine(EngineConfig(model=str(tiny_models[model]), load_format="dummy", quantization=quantization,
+                              kernel_backend=backend, dtype=dtype, num_kv_blocks=64, enforce_eager=True))
+    if table is not None:
+        runner = eng.runner
+        runner.plan = prepare.plan_for_model(runner.model, runner.plan.gpu, table=table)
+        prepare.apply_plan(runner.model, runner.plan)
+    return eng
+
+
+def _one_step(eng: Engine, rows: int) -> None:
+    seq = Sequence("x", list(range(3, 3 + rows)), SamplingParams(temperature=0))
+    eng.block_manager.allocate(seq, rows)
+    eng.runner.prefill_logits(seq)
+    eng.block_manager.free(seq)
+
+
+def sequences(tiny_models, monkeypatch, case: str) -> dict[str, list[str]]:
+    """Per row count, the kernels one step of that many rows launches on `case`'s model."""
+    monkeypatch.setattr(linear, "_on_gpu", lambda x: True)
+    monkeypatch.setattr(model_runner, "present_gpu", lambda device: HOPPER_STAND_IN)
+    eng = _engine(tiny_models, case)
+    log = record_kernels(monkeypatch)
+    found = {}
+    for rows in ROWS:
+        _one_step(eng, rows)
+        found[str(rows)] = list(log)
+        log.clear()
+    return found
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_plan_path_launches_the_pinned_kernels(tiny_models, monkeypatch, wide_gemv_tiles, case):
+    got = sequences(tiny_models, monkeypatch, case)
+    assert got == json.loads(PINNED.read_text())[case]
