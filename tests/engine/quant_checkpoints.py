@@ -27,6 +27,10 @@ SPECS = {
     "gptq-g64-zeros-act-order": QuantSpec(Layout.GPTQ, group_size=64, desc_act=True, zero_offset=1),
 }
 
+# Blocks that split at tensor_parallel_size 3 on SmolLM2 (192 query rows, 64 KV rows and 192 o_proj input
+# columns a rank), where 128 do not.
+SPLIT_SPECS = {"fp8-block-64": QuantSpec(Layout.FP8_BLOCK, block=(64, 64), ignore=("lm_head",))}
+
 
 # Written after the activation-aware scale search, calibrated on other text than the accuracy tests read.
 SEARCHED = {"awq-g64-search": SPECS["awq-g64"]}
@@ -65,7 +69,7 @@ def write(source: Path, target: Path, name: str) -> Path:
 
         ids = Tokenizer(source).encode(calibration_text())[:CALIBRATION_TOKENS]
         return write_quantized(source, target, SEARCHED[name], dtype_of(SEARCHED[name]), calibration_ids=ids)
-    spec = SPECS[name]
+    spec = {**SPECS, **SPLIT_SPECS}[name]
     return write_quantized(source, target, spec, dtype_of(spec))
 
 

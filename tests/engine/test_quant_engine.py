@@ -125,14 +125,17 @@ def test_prefix_caching_and_graphs_keep_working(tiny_models, tmp_path, name):
 
 
 def test_quantized_build_keeps_no_plain_projection_weights(tiny_models, tmp_path):
-    """Each projection's plain weight goes to the meta device as it is made (so the device holds at most one
-    at a time, briefly); the model keeps only the quantized layers, and tied embeddings stay tied."""
+    """The model is built on the meta device and its projections swapped for quantized layers before anything
+    else takes memory: the model keeps only the quantized layers, and tied embeddings stay tied."""
+    from functools import partial
+
     from hosttune_engine.model import loader
     from hosttune_engine.model.model_config import ModelConfig
-    from hosttune_engine.quant.build import build_quantized
+    from hosttune_engine.quant.transform import apply_quantization
 
     cfg = ModelConfig.from_folder(write(tiny_models["qwen2"], tmp_path / "q", "fp8-channel"))
-    model = build_quantized(loader.build_model, cfg, torch.device("cpu"), torch.float32, cfg.quantization)
+    quantize = partial(apply_quantization, spec=cfg.quantization, dtype=torch.float32)
+    model = loader.build_model(cfg, torch.device("cpu"), torch.float32, quantize=quantize)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     plain = {n for n, p in model.named_parameters() if p.dim() == 2}
     assert plain == {"model.embed_tokens.weight"}

@@ -18,8 +18,8 @@ from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.model.shard import read_tensor
 from hosttune_engine.quant.preflight import check_checkpoint, resolve_spec
 from hosttune_engine.quant.quant_linear import QuantLinear
-from hosttune_engine.quant.build import build_quantized
-from hosttune_engine.quant.transform import check_loaded, quantize_loaded
+from hosttune_engine.model.shard import Shard
+from hosttune_engine.quant.transform import apply_quantization, check_loaded, quantize_loaded
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -34,25 +34,36 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, shard=None) -> nn.Module:
+def build_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, shard=None, quantize=None) -> nn.Module:
     """An uninitialised model of `cfg`'s architecture, parameters already on `device` in `dtype`.
 
-    `shard(model)`, for tensor parallelism, replaces layers by this rank's shards of them; the model is
-    built on the meta device first, so only the shards ever take memory."""
-    if shard is None:
+    `shard(model)`, for tensor parallelism, replaces layers by this rank's shards of them; `quantize(model,
+    device)` swaps projections for quantized layers on the device. The model is built on the meta device
+    first, so only the shards and the quantized weights ever take memory."""
+    if shard is None and quantize is None:
         with _default_dtype(dtype), torch.device(device):
             return MODEL_CLASSES[cfg.architecture](cfg).eval().requires_grad_(False)
     with _default_dtype(dtype), torch.device("meta"):
         model = MODEL_CLASSES[cfg.architecture](cfg).eval().requires_grad_(False)
-        shard(model)
+        if shard is not None:
+            shard(model)
+    if quantize is not None:
+        quantize(model, device=device)
     return _materialize(model, device)
 
 
 def _materialize(model: nn.Module, device: torch.device) -> nn.Module:
-    """Storage on `device` for a model built on the meta device (contents unset; tied weights kept)."""
-    model.to_empty(device=device)
-    if model.config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
+    """Storage on `device` for what is still on the meta device (contents unset; tied weights stay tied, the
+    rotary tables are computed again, quantized layers already on the device are left as they are)."""
+    made: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for store in (module._parameters, module._buffers):
+            for name, t in list(store.items()):
+                if t is not None and t.is_meta:
+                    if id(t) not in made:
+                        empty = torch.empty_like(t, device=device)
+                        made[id(t)] = nn.Parameter(empty, requires_grad=False) if isinstance(t, nn.Parameter) else empty
+                    store[name] = made[id(t)]
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.fill_table()
@@ -106,12 +117,16 @@ def _load_one(model: nn.Module, params: dict, name: str, read, source: str) -> b
             module_name, kind = name.replace(f".{part}.", f".{fused}.").rsplit(".", 1)
             module = model.get_submodule(module_name)
             assert isinstance(module, (MergedLinear, QuantLinear))
-            module.load_shard(shard, kind, read(getattr(module, "tp_parts", {}).get(shard)), source)
+            if isinstance(module, QuantLinear):
+                part = _quantized_part(module, shard, kind)
+            else:
+                part = getattr(module, "tp_parts", {}).get(shard)
+            module.load_shard(shard, kind, read(part), source)
             return True
     module_name, kind = name.rsplit(".", 1) if "." in name else ("", name)
     module = _submodule_or_none(model, module_name)
     if isinstance(module, QuantLinear):  # a quantized layer converts its checkpoint tensors itself
-        module.load_shard(None, kind, read(None), source)
+        module.load_shard(None, kind, read(_quantized_part(module, None, kind)), source)
         return True
     param = params.get(name)
     if param is None:
@@ -122,6 +137,14 @@ def _load_one(model: nn.Module, params: dict, name: str, read, source: str) -> b
                              f"{tuple(param.shape)}; the checkpoint does not fit config.json")
     param.copy_(tensor)
     return True
+
+
+def _quantized_part(module: QuantLinear, shard, kind: str) -> Shard | None:
+    """The part of a quantized layer's checkpoint tensor this rank reads (its bias: as a plain layer's)."""
+    if kind == "bias":
+        return getattr(module, "tp_parts", {}).get(shard) or getattr(module, "tp_shards", {}).get("bias")
+    part = module.checkpoint_part(shard, kind)
+    return None if part is None else Shard(part[0], part[1], part[2], part[2] - part[1])
 
 
 def _submodule_or_none(model: nn.Module, name: str) -> nn.Module | None:
@@ -177,18 +200,18 @@ def load_model(cfg: ModelConfig, folder: str | Path, load_format: str, device: t
     headers before any weight is allocated; `quantization` "fp8" quantizes a bf16 checkpoint at load,
     and with dummy weights names any layout (quant/dummy_specs.py)."""
     spec = resolve_spec(cfg.quantization, quantization, load_format, str(folder))
-    if spec is not None and shard is not None:
-        raise ModelLoadError(f"{folder}: quantized weights run on one GPU only for now; "
-                             "use tensor_parallel_size 1 or a bf16 checkpoint")
     if spec is not None and load_format != "dummy":
         check_checkpoint(build_model(cfg, torch.device("meta"), dtype), spec, safetensors_files(Path(folder)))
+    if shard is not None and spec is not None:
+        shard = partial(shard, spec=spec)
     if load_format == "dummy":
         model = build_model(cfg, device, dtype, shard)
         init_dummy_weights(model, seed)
         if spec is not None:
             quantize_loaded(model, spec, dtype)
         return model
-    model = build_model(cfg, device, dtype, shard) if spec is None else build_quantized(build_model, cfg, device, dtype, spec)
+    quantize = None if spec is None else partial(apply_quantization, spec=spec, dtype=dtype)
+    model = build_model(cfg, device, dtype, shard, quantize)
     load_safetensors(model, Path(folder))
     check_loaded(model)
     return model

@@ -9,11 +9,15 @@ import os
 from functools import partial
 
 import torch
+from torch import nn
 
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.parallel.layout import ShardLayout, check_divides_heads
+from hosttune_engine.quant.preflight import resolve_spec
+from hosttune_engine.quant.spec import QuantSpec
+from hosttune_engine.quant.transform import apply_quantization
 
 GIB = 2**30
 
@@ -38,22 +42,36 @@ def check_shard_fits(shard_bytes: int, gpu_bytes: list[int], utilization: float)
                 f"raise tensor_parallel_size")
 
 
-def shard_bytes(cfg: ModelConfig, world_size: int, dtype: torch.dtype) -> int:
-    """Bytes of one rank's weights, from a model built on the meta device (no memory, no GPU)."""
+def shard_bytes(cfg: ModelConfig, world_size: int, dtype: torch.dtype, spec: QuantSpec | None = None) -> int:
+    """Bytes of one rank's weights, quantized as `spec` says, from a model built on the meta device (no memory,
+    no GPU); ConfigError where the quantized layers do not split into whole blocks or groups."""
     from hosttune_engine.model.loader import build_model
     from hosttune_engine.parallel.transform import shard_model
 
     layout = ShardLayout.of(cfg, 0, world_size)
-    model = build_model(cfg, torch.device("meta"), dtype, partial(shard_model, layout=layout, group=None))
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    shard = partial(shard_model, layout=layout, group=None, spec=spec)
+    quantize = None if spec is None else partial(apply_quantization, spec=spec, dtype=dtype)
+    model = build_model(cfg, torch.device("meta"), dtype, shard, quantize)
+    return weight_bytes(model)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of a model's parameters and stored buffers (a quantized layer's weights and scales; not computed
+    tables such as the rotary one)."""
+    stored = [t for m in model.modules() for name, t in m._buffers.items()
+              if t is not None and name not in m._non_persistent_buffers_set]
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *stored))
 
 
 def check_startup(config: EngineConfig, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:
-    """Heads, GPU count and shard size, for `config.tensor_parallel_size` ranks on `device`'s kind."""
+    """Heads, the quantized layers' blocks and groups, GPU count and shard size, for
+    `config.tensor_parallel_size` ranks on `device`'s kind."""
     world_size = config.tensor_parallel_size
     check_divides_heads(cfg, world_size)
+    spec = resolve_spec(cfg.quantization, config.quantization, config.load_format, config.model)
+    weights = shard_bytes(cfg, world_size, dtype, spec)
     if device.type != "cuda":
         return
     check_gpu_count(world_size, torch.cuda.device_count())
     totals = [torch.cuda.get_device_properties(rank).total_memory for rank in range(world_size)]
-    check_shard_fits(shard_bytes(cfg, world_size, dtype), totals, config.gpu_memory_utilization)
+    check_shard_fits(weights, totals, config.gpu_memory_utilization)

@@ -21,6 +21,8 @@ from hosttune_engine.layers.linear import Linear, MergedLinear
 from hosttune_engine.parallel.group import TensorParallelGroup
 from hosttune_engine.parallel.layout import ShardLayout
 from hosttune_engine.model.shard import Shard, shard_of
+from hosttune_engine.parallel.quant_split import split_quantized
+from hosttune_engine.quant.spec import QuantSpec
 
 
 class VocabParallelEmbedding(nn.Embedding):
@@ -38,9 +40,11 @@ class VocabParallelEmbedding(nn.Embedding):
         return self.group.all_reduce(out.masked_fill_(outside.unsqueeze(-1), 0))
 
 
-def shard_model(model: nn.Module, layout: ShardLayout, group: TensorParallelGroup) -> None:
+def shard_model(model: nn.Module, layout: ShardLayout, group: TensorParallelGroup, spec: QuantSpec | None = None) -> None:
     """Replace the layers of a model built on the meta device by this rank's shards of them. The loader
-    calls it with the model's dtype as torch's default dtype (`model.loader.build_model`)."""
+    calls it with the model's dtype as torch's default dtype (`model.loader.build_model`), and with the
+    quantization `spec` its projections will be swapped for: ConfigError unless they split into whole FP8
+    blocks and 4-bit groups (`parallel/quant_split.py`)."""
     cfg = model.config
     with torch.device("meta"):
         for layer in model.model.layers:
@@ -48,6 +52,8 @@ def shard_model(model: nn.Module, layout: ShardLayout, group: TensorParallelGrou
             _shard_mlp(layer.mlp, layout, group)
         _shard_vocab(model, layout, group)
     model.requires_grad_(False)
+    if spec is not None:
+        split_quantized(model, spec, layout.world_size, group)
 
 
 def gather_logits(model: nn.Module, group: TensorParallelGroup) -> None:
@@ -86,6 +92,7 @@ def _row_parallel(old: nn.Linear, start: int, width: int, layout: ShardLayout,
     rank 0's alone, so the sum adds it once."""
     new = Linear(width, old.out_features, bias=old.bias is not None)
     new.tp_shards = {"weight": Shard(1, start, start + width, width)}
+    new.tp_in_features = old.in_features
     if new.bias is not None:
         n = old.out_features
         new.tp_shards["bias"] = shard_of(0, n) if layout.rank == 0 else Shard(0, 0, 0, n)

@@ -41,11 +41,33 @@ class Int4Linear(QuantLinear):
         else:
             values = unpack_int4(t["qweight"], 0)  # [K/8, N] -> [K, N]
             zeros = unpack_int4(t["qzeros"], 1) + self.spec.zero_offset
-            self._take_g_idx(t["g_idx"], shard)
+            g_idx = t["g_idx"]
+            if self.gathered_from is not None:
+                values, g_idx = self._own_groups(values, g_idx)
+            self._take_g_idx(g_idx - self.first_group, shard)
         qweight, scales, zeros = repack(values, t["scales"], zeros.clamp_max(15), self.kernel_perm, self.group_size)
         self.qweight[rows].copy_(qweight)
         self.zeros[rows].copy_(zeros)
         self.scales[rows].copy_(scales)
+
+    @property
+    def first_group(self) -> int:
+        """The checkpoint's group this rank's first input column is in (row-parallel; 0 otherwise)."""
+        split = self.input_split
+        return 0 if split is None else split[0] // self.group_size
+
+    def _own_groups(self, values: torch.Tensor, g_idx: torch.Tensor):
+        """Act-order, row-parallel: this rank's groups of the whole layer's columns (values [K, N], g_idx [K]),
+        sorted by group; `input_columns` [K / ranks] names them in the whole input, which the layer's gather
+        hook (parallel/quant_split.py) picks them from."""
+        gs, k = self.group_size, self.gathered_from
+        if not groups_are_full(g_idx, gs, k // gs):
+            raise QuantizationError(f"{self.where}: g_idx must give every group exactly {gs} columns "
+                                    "(as GPTQ's act-order does)")
+        start = self.first_group * gs
+        cols = torch.argsort(g_idx.long(), stable=True)[start:start + self.in_features]
+        self.register_buffer("input_columns", cols.to(self.qweight.device), persistent=False)
+        return values[cols], g_idx[cols]
 
     @property
     def kernel_perm(self) -> torch.Tensor | None:

@@ -10,14 +10,20 @@ from hosttune_engine.errors import ModelLoadError
 from hosttune_engine.layers.backend import KernelLayer
 from hosttune_engine.layers.deferred import materialized
 from hosttune_engine.layers.linear import planned
-from hosttune_engine.quant.layouts import checkpoint_tensors, require_layout
+from hosttune_engine.quant.layouts import require_layout
+from hosttune_engine.quant.sharding import Part, gathers_input, local_tensors, tensor_part
 from hosttune_engine.quant.spec import QuantSpec
 
 WHOLE = None  # the shard name of an unfused layer
 
 
 class QuantLinear(KernelLayer):
-    """A linear layer [N, K] stored quantized; `shards` (name -> rows) for a fused projection."""
+    """A linear layer [N, K] stored quantized; `shards` (name -> rows) for a fused projection.
+
+    With tensor parallelism the transform that shards the model records what this rank holds of the
+    checkpoint's projection (parallel/transform.py, kept when quantization swaps the layer in): `tp_parts`, the
+    output rows of each shard (column-parallel); `tp_shards["weight"]`, the input columns, and
+    `tp_in_features`, the checkpoint's K (row-parallel)."""
 
     kernel_plan = None  # its operation's choices (planner/prepare.py); without, the torch reference runs
 
@@ -36,7 +42,24 @@ class QuantLinear(KernelLayer):
 
     def shard_layout(self, shard) -> dict:
         s = self.shard_slices[shard]
-        return checkpoint_tensors(self.spec, s.stop - s.start, self.in_features, self.where)
+        return local_tensors(self.spec, s.stop - s.start, self.in_features, self.gathered_from, self.where)
+
+    def checkpoint_part(self, shard, kind: str) -> Part | None:
+        """The (dim, start, stop) of checkpoint tensor `kind` of `shard` this rank reads; None: all of it."""
+        rows = getattr(self, "tp_parts", {}).get(shard)
+        return tensor_part(self.spec, kind, None if rows is None else (rows.start, rows.stop), self.input_split)
+
+    @property
+    def input_split(self) -> tuple[int, int] | None:
+        """Row-parallel: the checkpoint's input columns start:stop this rank holds (act-order: of the columns
+        sorted by group)."""
+        cols = getattr(self, "tp_shards", {}).get("weight")
+        return None if cols is None or cols.dim != 1 else (cols.start, cols.stop)
+
+    @property
+    def gathered_from(self) -> int | None:
+        """The checkpoint's K of a row-parallel layer that picks its columns out of the whole input (act-order)."""
+        return getattr(self, "tp_in_features", None) if self.input_split and gathers_input(self.spec) else None
 
     @torch.no_grad()
     def load_shard(self, shard, kind: str, tensor: torch.Tensor, source: str) -> None:

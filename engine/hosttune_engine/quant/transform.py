@@ -70,10 +70,27 @@ def _make(p: Projection, spec: QuantSpec, dtype, device) -> QuantLinear:
     return cls(p.in_features, p.shards, p.bias, spec, dtype, device, p.module)
 
 
+TENSOR_PARALLEL = ("tp_parts", "tp_shards", "tp_in_features")  # see QuantLinear
+
+
+def _swap(model: nn.Module, name: str, layer: QuantLinear) -> None:
+    """Put `layer` in the place of module `name`, keeping what tensor parallelism recorded on the old one: the
+    part of the checkpoint it holds and its hooks (a row-parallel layer's all-reduce, an input gather)."""
+    old = model.get_submodule(name)
+    for attr in TENSOR_PARALLEL:
+        if hasattr(old, attr):
+            setattr(layer, attr, getattr(old, attr))
+    for hook in old._forward_pre_hooks.values():
+        layer.register_forward_pre_hook(hook)
+    for hook in old._forward_hooks.values():
+        layer.register_forward_hook(hook)
+    model.set_submodule(name, layer)
+
+
 def apply_quantization(model: nn.Module, spec: QuantSpec, dtype: torch.dtype, device: torch.device) -> None:
     """Swap every projection `spec` quantizes for its quantized layer on `device` (weights to be loaded)."""
     for p in quantized_projections(model, spec):
-        model.set_submodule(p.module, _make(p, spec, dtype, device))
+        _swap(model, p.module, _make(p, spec, dtype, device))
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the replaced bf16 weights' memory goes back for the KV cache
 
@@ -94,7 +111,7 @@ def quantize_loaded(model: nn.Module, spec: QuantSpec, dtype: torch.dtype) -> No
             for kind, t in tensors.items():
                 layer.load_shard(shard, kind, t, f"{p.parts[shard]}.{kind}")
             start += rows
-        model.set_submodule(p.module, layer)
+        _swap(model, p.module, layer)
     check_loaded(model)
     if model.lm_head.weight.device.type == "cuda":
         torch.cuda.empty_cache()
