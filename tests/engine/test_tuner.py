@@ -97,3 +97,18 @@ def test_tune_if_missing_leaves_a_table_already_tuned_for_these_weights(no_user_
     tuning.write_cached_table(tuning.present_key("NVIDIA L40S"), {"gemv": {}}, {"tuned_for": ["bf16"]})
     main(["tune", "--model", str(QWEN7B), "--if-missing"])
     assert "NVIDIA L40S has a table tuned for bf16 weights on this driver and Triton" in capsys.readouterr().out
+
+
+def test_the_4bit_gemm_sweep_at_decode_rows_tries_the_nibble_kernel_and_dequantize_then_cublas():
+    from hosttune_engine.kernels.dequant_gemm import DEFAULT
+    from hosttune_engine.tuner.candidates import candidates, tiny_candidates
+
+    at_64, seeds = candidates("w4a16_gemm", DEFAULT, rows=64)
+    nibbles = [c for c in at_64[seeds:] if c.get("NIBBLES")]  # the grid's, after the shipped table's winners
+    assert {c["BLOCK_M"] for c in nibbles} == {64} and {c["SWAP"] for c in nibbles} == {0, 1}
+    assert {"DEQUANT": 1} in at_64 and any("NIBBLES" not in c and "DEQUANT" not in c for c in at_64)
+    at_8 = [c for c in candidates("w4a16_gemm", DEFAULT, rows=8)[0][seeds:] if c.get("NIBBLES") and c not in at_64]
+    assert at_8 and {c["BLOCK_M"] for c in at_8} == {16} and {c["SWAP"] for c in at_8} == {1}
+    assert not any(c.get("NIBBLES") for c in candidates("w8a16_gemm", DEFAULT, rows=64)[0])
+    assert not any(c.get("NIBBLES") and c["BLOCK_M"] == 128 for c in candidates("w4a16_gemm", DEFAULT, rows=4096)[0])
+    assert any(c.get("NIBBLES") for c in tiny_candidates(at_64))  # the CPU tune can draw one

@@ -80,12 +80,25 @@ GRIDS = {"gemv": GEMV, "fp8_gemv": FP8_GEMV, "int4_gemv": INT4_GEMV, "decode_att
          "fp8_gemm": FP8_GEMM}
 
 
+def nibble_gemm(rows: int) -> list[dict]:
+    """The 4-bit GEMM that takes one dot a nibble position (kernels/dequant_gemm.py), for `rows` rows: weight
+    tiles of 64-128 rows (fewer lost in every sweep on the H200), split K or not, the weights as the MMA's
+    register operand (SWAP 1) or both operands from shared memory (SWAP 0, where x fills the MMA's 64 rows)."""
+    block_m = max(16, min(128, 1 << (rows - 1).bit_length()))
+    swaps = (1, 0) if block_m >= 64 else (1,)
+    return [{"NIBBLES": 1, "SWAP": swap, "BLOCK_M": block_m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "SPLIT_K": split,
+             "num_warps": w, "num_stages": 3}
+            for n, w in ((64, 4), (128, 4), (128, 8)) for k in (128, 256) for split in (1, 4) for swap in swaps]
+
+
 def candidates(kernel: str, default: dict, rows: int = 1) -> tuple[list[dict], int]:
     """(shipped winners for `kernel`, then its default, then its grid (GEMMs: the grid for `rows`), no repeats;
     how many of them are the first two kinds, which every sweep tries)."""
     grid = GRIDS.get(kernel) or (GEMM_FEW_ROWS if rows <= 128 else GEMM_MANY_ROWS)
     if kernel == "w8a16_gemm":
         grid = [c for c in grid if "DEQUANT" not in c]
+    if kernel == "w4a16_gemm" and rows <= 128:
+        grid = grid + nibble_gemm(rows)
     seeds = _unique(shipped_configs(kernel) + [default])
     return _unique(seeds + grid), len(seeds)
 
@@ -116,7 +129,7 @@ def tiny_candidates(cands: list[dict]) -> list[dict]:
     kinds = {}
     for c in (c for c in cands if not c.get("PACKED")):  # CUDA only
         key = (c.get("DOT"), c.get("FUSE", 1), bool(c.get("DEQUANT")), c.get("SPLIT_K", c.get("SPLIT", 1)) > 1,
-               c.get("XB", 0))
+               c.get("XB", 0), c.get("NIBBLES", 0), c.get("SWAP", 1))
         kinds.setdefault(key, []).append(c)  # (UNROLL changes nothing the CPU can see)
     return [max(group, key=lambda c: c.get("BLOCK_N", 0)) for group in kinds.values()]
 
