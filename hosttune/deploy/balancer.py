@@ -6,23 +6,38 @@ balancer listens with TLS too, with the same certificate and key, and verifies e
 certificate against the deployment's CA (deploy.nginx.tls_ca) for the name it carries
 (deploy.nginx.tls_name). A balancer in plain HTTP in front of keyed hosts would carry their key in
 clear: it is refused unless the inventory says `deploy.lb_plain_http: true`.
+
+Routing by prefix: when the group's hosts run the cache-aware router (deploy.router), the balancer
+runs it too, over the hosts' fronts: nginx sends every request to a router on its loopback address
+(lb_port + ROUTER_OFFSET, its metrics one above) that picks the host holding the longest prefix, and
+the host's own router then picks the replica. Its unit is written beside the nginx config. A group
+whose hosts serve TLS keeps least_conn: the router has no setting for the private CA its connections
+to them would need.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
+from hosttune.actions.templates import render
 from hosttune.config.inventory import Host, Inventory
 from hosttune.deploy.access import Front, front_for
 from hosttune.deploy.errors import DeployError
+from hosttune.deploy.front import LOOPBACK
 from hosttune.deploy.host import HostDeploy
-from hosttune.deploy.settings import DEFAULT_PORT
+from hosttune.deploy.router import ADMIN_PATHS, DIRECT_PATHS
+from hosttune.deploy.settings import DEFAULT_PORT, flag_argv
 from hosttune.deploy.shape import declared
 from hosttune.deploy.units import Upstream, render_nginx
+from hosttune.presets import load_router
+from hosttune.quoting import systemd_exec
 
 _ADDRESS = re.compile(r"^[A-Za-z0-9.:\[\]-]+$")
 _PATH = re.compile(r"^[A-Za-z0-9_./@+:-]+$")  # what goes into nginx's config unquoted
+ROUTER_OFFSET = 1000  # the group's router listens on 127.0.0.1:(lb_port + this), its /metrics one above
+ROUTER_VENV = "/opt/hosttune/router"  # where the balancing machine has the router installed
 
 
 def balanced_groups(inventory: Inventory) -> dict[str, list[Host]]:
@@ -63,15 +78,49 @@ def _tls_of(hosts: list[Host]) -> Front | None:
     return front
 
 
-def upstreams(inventory: Inventory, outcomes: list[HostDeploy]) -> list[Upstream]:
-    """An nginx upstream per balanced group, over the hosts serving after this deploy."""
+def upstreams(inventory: Inventory, outcomes: list[HostDeploy], router: bool | None = None) -> list[Upstream]:
+    """An nginx upstream per balanced group, over the hosts serving after this deploy (or over the group's
+    router, where it routes by prefix; `router` is deploy's --router/--no-router, None: the inventory's)."""
     serving = {o.host.name: o for o in outcomes if o.serving}
     found = []
     for group, hosts in balanced_groups(inventory).items():
         live = [h for h in hosts if h.name in serving]
         if live:
-            found.append(_upstream(group, hosts, [_backend(h, serving[h.name]) for h in live], serving[live[0].name]))
+            upstream = _upstream(group, hosts, [_backend(h, serving[h.name]) for h in live], serving[live[0].name])
+            found.append(_through_router(upstream) if routes_by_prefix(hosts, router) else upstream)
     return found
+
+
+def routes_by_prefix(hosts: list[Host], router: bool | None = None) -> bool:
+    """The group's hosts run the router (the option, else every host's deploy.router) and serve plain HTTP."""
+    wanted = router if router is not None else all(h.deploy.get("router") for h in hosts)
+    return bool(wanted) and _tls_of(hosts) is None
+
+
+def router_port(upstream: Upstream) -> int:
+    return upstream.listen + ROUTER_OFFSET
+
+
+def is_routed(upstream: Upstream) -> bool:
+    return upstream.backends == (f"{LOOPBACK}:{router_port(upstream)}",)
+
+
+def _through_router(upstream: Upstream) -> Upstream:
+    """nginx in front of the group's router, its admin API answered 404, tokenizing sent to the hosts."""
+    return replace(upstream, backends=(f"{LOOPBACK}:{router_port(upstream)}",), tries=1, private_paths=ADMIN_PATHS,
+                   direct_paths=DIRECT_PATHS, direct_backends=upstream.backends)
+
+
+def router_unit(upstream: Upstream) -> bytes:
+    """The group router's systemd unit for the balancing machine, over the hosts `upstream` balances."""
+    router = load_router()
+    port = router_port(upstream)
+    flags = {"host": LOOPBACK, "port": port, "policy": router.policy, "prometheus-host": LOOPBACK,
+             "prometheus-port": port + 1, "health-check-endpoint": "/health", **router.flags}
+    argv = (f"{ROUTER_VENV}/bin/python", "-m", router.module, "--worker-urls",
+            *(f"http://{b}" for b in upstream.direct_backends), *flag_argv(flags, {}, None))
+    return render("hosttune-group-router.service.j2", group=upstream.group, policy=router.policy, venv=ROUTER_VENV,
+                  requirement=router.requirement, exec_start=systemd_exec(argv))
 
 
 def _backend(host: Host, outcome: HostDeploy) -> str:
@@ -95,10 +144,14 @@ def _upstream(group: str, hosts: list[Host], backends: list[str], outcome: HostD
 
 
 def write_upstreams(found: list[Upstream], folder: Path) -> list[Path]:
+    """Each group's nginx config, and its router's unit where it routes by prefix."""
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for upstream in found:
-        path = folder / f"hosttune-{upstream.group}.conf"
-        path.write_bytes(render_nginx(upstream))
-        written.append(path)
+        files = {f"hosttune-{upstream.group}.conf": render_nginx(upstream)}
+        if is_routed(upstream):
+            files[f"hosttune-router-{upstream.group}.service"] = router_unit(upstream)
+        for name, text in files.items():
+            (folder / name).write_bytes(text)
+            written.append(folder / name)
     return written

@@ -4,6 +4,7 @@ the inventory allows it; every rendered config passes `nginx -t`."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hosttune.config.inventory import load_inventory
-from hosttune.deploy.balancer import check_balancers, upstreams
+from hosttune.deploy.balancer import check_balancers, upstreams, write_upstreams
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.shape import Shape
@@ -115,3 +116,43 @@ def test_nginx_accepts_the_rendered_balancer(tmp_path, tls):
     assert "test is successful" in result.stderr
     broken = render_nginx(upstream).replace(b"proxy_ssl_verify on;" if tls else b"least_conn;", b"least_conn")
     assert _nginx_t(tmp_path, broken).returncode != 0
+
+
+def test_a_group_whose_hosts_route_by_prefix_routes_across_them_too(tmp_path):
+    inv = _inventory(tmp_path, "router: true\nlb_port: 8080\n")
+    (upstream,) = upstreams(inv, _deployed(inv))
+    assert upstream.backends == ("127.0.0.1:9080",) and upstream.tries == 1
+    assert upstream.direct_backends == ("10.0.0.1:8000", "10.0.0.2:8000")  # tokenizing goes to a host itself
+    written = write_upstreams([upstream], tmp_path / "out")
+    assert [p.name for p in written] == ["hosttune-prod.conf", "hosttune-router-prod.service"]
+    unit = written[1].read_text()
+    argv = shlex.split(unit.split("ExecStart=")[1].split("\n")[0])
+    assert argv[:5] == ["/opt/hosttune/router/bin/python", "-m", "vllm_router.launch_router", "--worker-urls",
+                        "http://10.0.0.1:8000"] and argv[5] == "http://10.0.0.2:8000"
+    flags = dict(zip(argv[6::2], argv[7::2]))
+    assert flags["--host"] == "127.0.0.1" and flags["--port"] == "9080" and flags["--policy"] == "cache_aware"
+    assert flags["--prometheus-port"] == "9081" and "pip install 'vllm-router==" in unit
+    conf = written[0].read_text()
+    assert "location ~ ^/(add_worker|remove_worker|list_workers" in conf and "return 404;" in conf
+
+
+@pytest.mark.parametrize("deploy, option", [("router: true\n", False), ("{}\n", None), ("router: false\n", None)])
+def test_a_group_keeps_least_conn_without_the_router(tmp_path, deploy, option):
+    inv = _inventory(tmp_path, deploy)
+    (upstream,) = upstreams(inv, _deployed(inv), option)
+    assert upstream.backends == ("10.0.0.1:8000", "10.0.0.2:8000")
+    assert [p.name for p in write_upstreams([upstream], tmp_path / "out")] == ["hosttune-prod.conf"]
+
+
+def test_a_tls_group_keeps_least_conn_even_with_the_router(tmp_path):
+    inv = _inventory(tmp_path, _tls(*_fake_certs(tmp_path), extra="router: true\n"))
+    (upstream,) = upstreams(inv, _deployed(inv), True)
+    assert upstream.backends == ("10.0.0.1:9443", "10.0.0.2:9443") and upstream.backend_scheme == "https"
+
+
+@needs_nginx
+def test_nginx_accepts_the_balancer_in_front_of_the_group_router(tmp_path):
+    inv = _inventory(tmp_path, "router: true\n")
+    (upstream,) = upstreams(inv, _deployed(inv))
+    result = _nginx_t(tmp_path, render_nginx(upstream))
+    assert result.returncode == 0, result.stderr
