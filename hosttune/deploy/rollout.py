@@ -23,6 +23,7 @@ from hosttune.deploy.plan import Role, check_sharing, make_release
 from hosttune.deploy.replicas import make_layout_release
 from hosttune.deploy.settings import Overrides, ServeSettings, Timeouts, resolve
 from hosttune.deploy.shape import Guard, Shape, declared, read_live, record
+from hosttune.deploy.state import read_cordon
 from hosttune.deploy import tune
 from hosttune.errors import HosttuneError
 from hosttune.probes.facts import Facts
@@ -169,6 +170,9 @@ def _python(host: Host, facts: Facts) -> tuple[str, str | None]:
 def _single(host: Host, request: DeployRequest) -> HostDeploy:
     def attempt() -> HostDeploy:
         with open_transport(host.connection) as transport:
+            cordoned = read_cordon(transport)
+            if cordoned:  # its front serves nothing: the group balancer leaves it out (serving None)
+                return HostDeploy(host, Outcome.FAILED, error=f"nothing changed: {host.name} is {cordoned}")
             facts = gather(transport).facts
             live = read_live(transport)
             try:

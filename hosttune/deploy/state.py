@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from hosttune.actions.remediate import CORDON_FILE
 from hosttune.transport.base import Transport, bundled_script
 
 
@@ -30,13 +31,25 @@ class HostState:
     @property
     def cordoned(self) -> str | None:
         """One line on the cordon, or None."""
-        if self.cordon is None:
-            return None
-        try:
-            reason = str(json.loads(self.cordon).get("reason", ""))
-        except (ValueError, AttributeError):
-            reason = "an unreadable cordon file"
-        return f"cordoned ({reason or 'no reason given'}); hosttune uncordon takes it back"
+        return cordon_line(self.cordon)
+
+
+def cordon_line(cordon: str | None) -> str | None:
+    """The cordon file's text as one line (why, and what takes it back); None: no cordon."""
+    if cordon is None:
+        return None
+    try:
+        reason = str(json.loads(cordon).get("reason", ""))
+    except (ValueError, AttributeError):
+        reason = "an unreadable cordon file"
+    return f"cordoned ({reason or 'no reason given'}); hosttune uncordon takes it back"
+
+
+def read_cordon(transport: Transport) -> str | None:
+    """One line on the host's cordon (hosttune remediate), or None; read first, so that a cordoned host is
+    refused before anything of its deploy is decided (its model, placement, wheels)."""
+    result = transport.read(["cat", "--", CORDON_FILE], timeout=60)
+    return cordon_line(result.stdout) if result.ok else None
 
 
 def parse_state(text: str) -> HostState:

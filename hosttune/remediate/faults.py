@@ -42,7 +42,7 @@ class Fault:
     kind: FaultKind
     check_id: str
     ladder: tuple[Rung, ...]
-    reason: str
+    reason: str  # one line that names its place (the GPU, the unit), as the plan and a cordon file show it
     gpu: int | None = None
     unit: str | None = None
 

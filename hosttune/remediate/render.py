@@ -55,7 +55,7 @@ def render_plan(results: list[HostRemediation], options: LadderOptions) -> str:
             continue
         lines.append(f"{r.survey.host.name}: {len(r.results)} fault(s)")
         for f in r.results:
-            lines += [f"  {f.fault.check_id}  {f.fault.where}: {f.fault.reason}",
+            lines += [f"  {f.fault.check_id}  {f.fault.reason}",
                       f"    ladder: {_ladder(f.fault.ladder, options)}", *_first_step(r.survey, f, options)]
     return "\n".join(lines)
 

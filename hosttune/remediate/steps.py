@@ -57,7 +57,7 @@ def restore_step(fault: Fault, snapshot: HostSnapshot, options: LadderOptions = 
 
 
 def cordon_record(fault: Fault, run: str, now: float) -> bytes:
-    return (json.dumps({"at": now, "reason": f"{fault.where}: {fault.reason}", "run": run}) + "\n").encode()
+    return (json.dumps({"at": now, "reason": fault.reason, "run": run}) + "\n").encode()
 
 
 def step_for(rung: Rung, fault: Fault, snapshot: HostSnapshot, options: LadderOptions, run: str = "", now: float = 0.0) -> Step | None:

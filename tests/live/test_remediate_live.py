@@ -9,8 +9,9 @@ the drains, resets and cordons act on their real systemd units and the real serv
 - Xid 13 once is logged in the host's ledger and nothing else changes; twice on one GPU, that GPU is
   drained, diagnosed (a stand-in `dcgmi` that passes) and its replica restored;
 - a pending row remap on GPU 1 drains that GPU's replica, resets the GPU and restores the replica;
-- Xid 79 on GPU 1 with a reset that cannot clear it: drained, reset attempted, host cordoned; deploy
-  reads the cordon and refuses the host; uncordon takes it back;
+- Xid 79 on GPU 1 with a reset that cannot clear it: drained, reset attempted, host cordoned;
+  `hosttune deploy` of the bundled engine is refused with the cordon's one line and installs nothing;
+  `hosttune uncordon` takes the host back, and the same deploy then plans (a dry run);
 - with the breaker at 0% the cordon is refused and the GPU stays drained; `hosttune rollback --run`
   of the drain's run starts its replica and puts it back into the front;
 - a GPU on PCI that NVML lost (a stand-in sysfs): the host is rebooted (apply's reboot, waited for),
@@ -21,18 +22,16 @@ The four hosts boot once for the module; the reboot test boots its own, with the
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from hosttune.cli import app
-from hosttune.config.inventory import load_inventory
 from hosttune.deploy.replicas import lb_script
-from hosttune.deploy.state import read_state
-from hosttune.transport import open_transport
 
-from .deploy_setup import free_port
+from .deploy_setup import MODEL, free_port, invoke_deploy
 from .hosts import Bind
 
 pytestmark = pytest.mark.live
@@ -207,8 +206,15 @@ def test_row_remap_pending_drains_and_resets_the_gpu_then_restores_its_replica(f
     assert down(host) == [False, False] and active(host, "hosttune-engine@1") == "active"
 
 
-def test_xid_79_drains_attempts_a_reset_then_cordons_and_deploy_refuses(fleet):
+def deploy(inventory: Path, wheelhouse: Path, *extra: str):
+    """`hosttune deploy` of two CPU replicas of the bundled engine on the tiny model."""
+    return invoke_deploy("deploy", "-i", str(inventory), "-w", str(wheelhouse), "--engine", "custom", "--model", MODEL,
+                         "--replicas", "2", "--port", str(free_port(3)), "--set", "device=cpu", *extra)
+
+
+def test_xid_79_drains_attempts_a_reset_then_cordons_and_deploy_refuses(fleet, wheelhouse, tiny_model):
     (host, *_), one, _ = fleet
+    shutil.copytree(tiny_model, host.path(MODEL), dirs_exist_ok=True)
     healthy(host, dmesg=XID_79, reset_fails=True)
     result = remediate(one, "--max-cordoned-percent", "100")
     assert result.exit_code == 1, result.output
@@ -221,10 +227,13 @@ def test_xid_79_drains_attempts_a_reset_then_cordons_and_deploy_refuses(fleet):
     assert "Xid 79" in cordon["reason"]
     assert down(host) == [True, True] and active(host, "hosttune-engine@1") == "inactive"
 
-    inv = load_inventory(one)
-    with open_transport(inv.hosts[0].connection, read_only=True) as transport:
-        state = read_state(transport, "none", [])
-    assert state.cordoned and "Xid 79" in state.cordoned  # deploy_one refuses on this (tests/unit/test_remediate.py)
+    refused = deploy(one, wheelhouse, "--yes")
+    assert refused.exit_code == 2, refused.output
+    (line,) = [l for l in refused.stdout.splitlines() if l.startswith("rem1 ")]
+    name, state, release, error = line.split(None, 3)
+    assert (state, release) == ("failed", "-")
+    assert error == "nothing changed: rem1 is cordoned (GPU1: Xid 79 (GPU has fallen off the bus)); hosttune uncordon takes it back"
+    assert host.exec("readlink /opt/hosttune/current").stdout.strip() == "/opt/hosttune/releases/r1"  # nothing installed
     again = remediate(one)
     assert again.exit_code == 1 and "rem1: cordoned since" in again.stdout  # no ladder on a cordoned host
 
@@ -232,6 +241,10 @@ def test_xid_79_drains_attempts_a_reset_then_cordons_and_deploy_refuses(fleet):
     assert back.exit_code == 0, back.output
     assert "rem1: uncordoned" in back.stdout and not host.path("/var/lib/hosttune/cordon.json").exists()
     assert down(host) == [False, False] and active(host, "hosttune-engine@1") == "active"
+    plan = deploy(one, wheelhouse, "--dry-run")  # the same deploy, planned now
+    assert plan.exit_code == 0, plan.output
+    assert "plan: deploy to 1 of 1 host" in plan.output and "cordon" not in plan.output
+    assert [l.split()[1] for l in plan.plan.splitlines() if l.startswith("rem1 ")] == ["planned"]
 
 
 def test_a_reset_that_exits_0_but_loses_the_gpu_does_not_count_as_fixed(fleet):
@@ -278,7 +291,7 @@ def test_a_gpu_missing_from_nvml_reboots_the_host_then_cordons_it(live_fleet, fr
     inv = live_fleet.write_inventory(tmp_path / "inv.yaml", known, [host])
     result = remediate(inv, "--reboot", "--max-cordoned-percent", "100")
     assert result.exit_code == 1, result.output
-    assert "gpu.count  host: PCI shows 3 GPU(s), NVML 2: lost 0000:c1:00.0" in result.stdout
+    assert "gpu.count  PCI shows 3 GPU(s), NVML 2: lost 0000:c1:00.0" in result.stdout
     assert "    reboot: done: rebooted and back" in result.stdout and "    cordon: done" in result.stdout
     assert host.machine.num_reboots == 1 and host.path("/var/lib/hosttune/cordon.json").exists()
     assert down(host) == [True, True]

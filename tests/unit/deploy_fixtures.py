@@ -123,8 +123,10 @@ class ScriptedTransport(Transport):
         elif argv[:2] == ("python3", "-c"):
             out = json.dumps({"ok": self.gate_ok, "phase": "done" if self.gate_ok else "health", "health_s": 1.0,
                               "warmup": {"requests": 3, "s": 1.0}, "gate_s": 0.1, "error": "" if self.gate_ok else "boom"})
+        elif argv[0] == "cat" and argv[-1] not in self.files:
+            return CommandResult(argv, 1, "", f"cat: {argv[-1]}: No such file or directory", 0.0)
         elif argv[0] == "cat":
-            out = self.files.get(argv[-1], b"").decode()
+            out = self.files[argv[-1]].decode()
         elif argv[0].endswith("/bin/ray"):
             out = "Active:\n" + "".join(f" 1 node_{i:040x}\n" for i in range(self.ray_nodes)) + "Pending:\n"
         elif argv[0] == "journalctl":

@@ -554,5 +554,18 @@ def test_refusals_only_read_the_host(tmp_path, monkeypatch, model, extra, messag
     outcome = rollout._single(host, rollout.DeployRequest("vllm", model, tmp_path / "wh", **extra))
     assert outcome.state == "failed" and outcome.error.startswith("nothing changed: gpu-a: ") and message in outcome.error
     assert len(render([outcome]).splitlines()) == 1 and exit_code([outcome]) == 2
-    assert log[0][1] == ("cat", "--", "/opt/hosttune/current/.hosttune/release.json")  # what serves now
-    assert [a[4] for _, a in log[1:]] == [model]  # one read of the model folder, and nothing else
+    assert [a for _, a in log[:2]] == [("cat", "--", "/var/lib/hosttune/cordon.json"),  # not cordoned
+                                       ("cat", "--", "/opt/hosttune/current/.hosttune/release.json")]  # what serves now
+    assert [a[4] for _, a in log[2:]] == [model]  # one read of the model folder, and nothing else
+
+
+def test_a_cordoned_host_is_refused_before_its_deploy_is_decided(tmp_path, monkeypatch):
+    log: list = []
+    host = inventory(tmp_path).hosts[0]
+    scripted = ModelHost(host.name, log)
+    scripted.files["/var/lib/hosttune/cordon.json"] = b'{"at": 1, "reason": "GPU1: Xid 79", "run": "R"}\n'
+    monkeypatch.setattr(rollout, "open_transport", lambda spec: scripted)
+    outcome = rollout._single(host, rollout.DeployRequest("vllm", "/models/missing", tmp_path / "wh"))  # no wheels either
+    assert outcome.state == "failed"
+    assert outcome.error == "nothing changed: gpu-a is cordoned (GPU1: Xid 79); hosttune uncordon takes it back"
+    assert [a for _, a in log] == [("cat", "--", "/var/lib/hosttune/cordon.json")]  # nothing else read, nothing sent

@@ -174,7 +174,7 @@ def test_reset_runs_only_on_an_idle_gpu_and_cordon_writes_the_state_file():
     cordon = step_for(Rung.CORDON, fault_on(1), snap, LadderOptions(), run="R1", now=NOW)
     write, out0, out1 = cordon.ops
     assert isinstance(write, FileWrite) and write.path == "/var/lib/hosttune/cordon.json"
-    assert json.loads(write.content) == {"at": NOW, "reason": "GPU1: GPU1: a row remap waits for a GPU reset", "run": "R1"}
+    assert json.loads(write.content) == {"at": NOW, "reason": "GPU1: a row remap waits for a GPU reset", "run": "R1"}
     assert out0.argv == ("python3", LB, "out", "0") and out1.undo == ("python3", LB, "in", "1")
 
 
