@@ -1,9 +1,9 @@
 """`hosttune remediate` on real systemd hosts over SSH, GPU faults injected through stand-ins.
 
-Each host carries a stand-in `nvidia-smi` (two H200s from the recorded XML; `-r -i N` resets a GPU,
-clearing a pending row remap, or fails as a lost GPU does), a stand-in `dmesg` (the Xid lines of a
-test) and two replicas behind the host front's replica_lb.py (units and an nginx that only sleep:
-the drains, resets and cordons act on their real systemd units and the real servers file).
+Each host carries the stand-in GPUs of gpu_standin.py (two H200s from the recorded XML, `nvidia-smi -r`
+that clears a GPU, fails as a lost GPU does or loses it, `dmesg` with a test's Xid lines, `dcgmi`) and two
+replicas behind the host front's replica_lb.py (units and an nginx that only sleep: the drains, resets and
+cordons act on their real systemd units and the real servers file).
 
 - a stopped engine unit is restarted;
 - Xid 13 once is logged in the host's ledger and nothing else changes; twice on one GPU, that GPU is
@@ -32,62 +32,21 @@ from hosttune.cli import app
 from hosttune.deploy.replicas import lb_script
 
 from .deploy_setup import MODEL, free_port, invoke_deploy
+from .gpu_standin import STANDIN, XID_13, XID_79, gpu_files, resets, set_faults, two_gpus, write_files
 from .hosts import Bind
 
 pytestmark = pytest.mark.live
 runner = CliRunner()
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NAMES = ["rem1", "rem2", "rem3", "rem4"]
-STANDIN = "/var/lib/standin-gpu"
 META = "/opt/hosttune/releases/r1/.hosttune"
 SERVERS = "/etc/hosttune/nginx/local-servers.conf"
-GPU_IDS = ("00000000:3B:00.0", "00000000:86:00.0")
-XID_13 = "[ 1822.334410] NVRM: Xid (PCI:0000:3b:00): 13, pid=48211, name=python3, Graphics SM Warp Exception\n"
-XID_79 = "[ 9120.553001] NVRM: Xid (PCI:0000:86:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.\n"
-
-NVIDIA_SMI = f"""#!/bin/sh
-d={STANDIN}
-case "$*" in
-  "-q -x") cat $d/smi.xml ;;
-  --query-gpu*) cat $d/smi.csv ;;
-  --query-compute-apps*) cat $d/apps 2>/dev/null; exit 0 ;;
-  "-r -i "*) echo "$3" >> $d/resets
-     if [ -e "$d/reset-fails-$3" ]; then echo "Unable to reset GPU $3: the GPU is lost" >&2; exit 1; fi
-     if [ -e "$d/reset-loses-$3" ]; then cp $d/one-gpu.xml $d/smi.xml; else cp $d/healthy.xml $d/smi.xml; fi
-     echo "GPU $3 was successfully reset." ;;
-  *) exit 1 ;;
-esac
-"""
-
-
-def two_gpus(remap_pending_on: int | None = None, count: int = 2) -> str:
-    """The recorded H200's XML with two GPUs (or only the first), one of them with a row remap pending if asked."""
-    text = (FIXTURES / "h200" / "nvidia-smi-q.xml").read_text()
-    start, end = text.index("\t<gpu id="), text.index("</gpu>") + len("</gpu>\n")
-    gpus = []
-    for i, bus in enumerate(GPU_IDS[:count]):
-        gpu = text[start:end].replace("00000000:00:06.0", bus).replace("<minor_number>0<", f"<minor_number>{i}<")
-        if i == remap_pending_on:
-            gpu = gpu.replace("<remapped_row_pending>No<", "<remapped_row_pending>Yes<")
-        gpus.append(gpu)
-    return text[:start].replace("<attached_gpus>1<", f"<attached_gpus>{count}<") + "".join(gpus) + text[end:]
-
-
-def two_gpus_csv() -> str:
-    header, row = (FIXTURES / "h200" / "nvidia-smi-query.csv").read_text().splitlines()[:2]
-    return "\n".join([header] + [row.replace("0, ", f"{i}, ", 1).replace("00000000:00:06.0", b) for i, b in enumerate(GPU_IDS)]) + "\n"
 
 
 def install(host, ports: tuple[int, int]) -> None:
     """GPU stand-ins and two replicas behind replica_lb.py, in the live release's layout."""
     files = {
-        "/usr/local/bin/nvidia-smi": (NVIDIA_SMI, 0o755),
-        "/usr/local/bin/dmesg": (f"#!/bin/sh\ncat {STANDIN}/dmesg.txt 2>/dev/null\nexit 0\n", 0o755),
-        "/usr/local/sbin/nginx": ("#!/bin/sh\nexit 0\n", 0o755),
-        "/usr/local/bin/dcgmi": (f"#!/bin/sh\necho \"$*\" >> {STANDIN}/diags\necho '| Memory | Pass |'\n", 0o755),  # `nginx -t` of replica_lb.py's sync
-        f"{STANDIN}/healthy.xml": (two_gpus(), 0o644),
-        f"{STANDIN}/one-gpu.xml": (two_gpus(count=1), 0o644),
-        f"{STANDIN}/smi.csv": (two_gpus_csv(), 0o644),
+        **gpu_files(),
+        "/usr/local/sbin/nginx": ("#!/bin/sh\nexit 0\n", 0o755),  # `nginx -t` of replica_lb.py's sync
         f"{META}/replica_lb.py": (lb_script().decode(), 0o644),
         f"{META}/replicas.json": (json.dumps({
             "replicas": [{"index": i, "port": p, "gpus": [i], "numa_nodes": [0]} for i, p in enumerate(ports)],
@@ -102,23 +61,15 @@ def install(host, ports: tuple[int, int]) -> None:
                                              "[Install]\nWantedBy=multi-user.target\n", 0o644),
     }
     files.update({f"/etc/standin-replica-{i}.port": (f"{p}\n", 0o644) for i, p in enumerate(ports)})
-    for path, (text, mode) in files.items():
-        target = host.path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
-        target.chmod(mode)
+    write_files(host, files)
     host.exec("ln -sfn /opt/hosttune/releases/r1 /opt/hosttune/current && systemctl daemon-reload "
               "&& systemctl enable --quiet nginx hosttune-engine@0 hosttune-engine@1 && systemctl start nginx")
 
 
 def healthy(host, *, smi: str | None = None, dmesg: str = "", reset_fails: bool = False, reset_loses: bool = False) -> None:
     """The host as a test starts it: both replicas serving, no cordon, no ledger, the faults asked for."""
-    host.exec(f"rm -rf /var/lib/hosttune/cordon.json /var/lib/hosttune/remediate /var/lib/hosttune/runs {STANDIN}/resets {STANDIN}/diags "
-              f"{STANDIN}/reset-fails-* {STANDIN}/reset-loses-*")
-    host.path(f"{STANDIN}/smi.xml").write_text(smi or two_gpus())
-    host.path(f"{STANDIN}/dmesg.txt").write_text(dmesg)
-    if reset_fails or reset_loses:
-        host.path(f"{STANDIN}/reset-{'fails' if reset_fails else 'loses'}-1").write_text("")
+    host.exec("rm -rf /var/lib/hosttune/cordon.json /var/lib/hosttune/remediate /var/lib/hosttune/runs")
+    set_faults(host, smi=smi, dmesg=dmesg, reset_fails=reset_fails, reset_loses=reset_loses)
     host.exec(f"systemctl start hosttune-engine@0 hosttune-engine@1 && python3 {META}/replica_lb.py in 0 >/dev/null "
               f"&& python3 {META}/replica_lb.py in 1 >/dev/null")
 
@@ -202,7 +153,7 @@ def test_row_remap_pending_drains_and_resets_the_gpu_then_restores_its_replica(f
     lines = result.stdout[result.stdout.index("remediation run"):].splitlines()
     assert [l.split(":")[0].strip() for l in lines if l.startswith("    ")] == ["drain", "reset", "drain"]
     assert "    drain: restored" in result.stdout and "gpu.memory_health  GPU1: cleared" in result.stdout
-    assert host.exec(f"cat {STANDIN}/resets").stdout.split() == ["1"]
+    assert resets(host) == ["1"]
     assert down(host) == [False, False] and active(host, "hosttune-engine@1") == "active"
 
 
@@ -222,7 +173,7 @@ def test_xid_79_drains_attempts_a_reset_then_cordons_and_deploy_refuses(fleet, w
     assert "    drain: done" in result.stdout and "    reset: failed" in result.stdout and "the GPU is lost" in result.stdout
     assert "    reboot: skipped: --reboot not given" in result.stdout and "    cordon: done" in result.stdout
     assert "gpu.xid  GPU1: cordoned" in result.stdout
-    assert host.exec(f"cat {STANDIN}/resets").stdout.split() == ["1"]
+    assert resets(host) == ["1"]
     cordon = json.loads(host.path("/var/lib/hosttune/cordon.json").read_text())
     assert "Xid 79" in cordon["reason"]
     assert down(host) == [True, True] and active(host, "hosttune-engine@1") == "inactive"
