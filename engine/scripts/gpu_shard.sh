@@ -14,6 +14,7 @@ MODELS=(
     tests/engine/test_deferred_outputs.py tests/engine/test_engine_api.py tests/engine/test_oracle.py
     tests/engine/test_quant_engine.py tests/engine/test_triton_engine.py tests/engine/test_model_loading.py
     tests/engine/test_tensor_parallel.py tests/engine/test_tensor_parallel_cuda.py
+    tests/engine/test_tensor_parallel_quant.py tests/engine/test_tensor_parallel_quant_cuda.py
     tests/engine/test_tensor_parallel_parts.py tests/engine/test_quant_bench.py
 )
 if [ $# -lt 2 ]; then
