@@ -37,14 +37,14 @@ def quantized(smollm2):
 
 
 def _generate(folder, tp: int, kv_cache_dtype: str) -> tuple[dict[str, list[int]], int]:
-    """Greedy tokens of two staggered requests (a prefill beside a decode), and rank 0's weight bytes."""
+    """Greedy tokens of two requests prefilled together, and rank 0's weight bytes."""
     eng = Engine(EngineConfig(model=str(folder), dtype="float32", device="cpu", tensor_parallel_size=tp,
                               block_size=8, num_kv_blocks=8, max_num_seqs=2, max_model_len=64,
                               kv_cache_dtype=kv_cache_dtype))
     try:
         weights = weight_bytes(eng.runner.model)
-        tokens = run(eng, {0: [EngineRequest("a", prompt_ids(9, seed=1, vocab=5000), GREEDY)],
-                           1: [EngineRequest("b", prompt_ids(5, seed=2, vocab=5000), GREEDY)]})
+        tokens = run(eng, {0: [EngineRequest("a", prompt_ids(9, seed=1, vocab=5000), GREEDY),
+                               EngineRequest("b", prompt_ids(5, seed=2, vocab=5000), GREEDY)]})
     finally:
         eng.shutdown()
     return tokens, weights

@@ -87,12 +87,13 @@ def check_int4_weight(qweight, scales, zeros, perm, group_size: int, k: int, dev
 
 def dequantize_ref(qweight, scales, zeros, perm, group_size: int) -> torch.Tensor:
     """The kernels' layout -> fp32 W [N, K] in input-column order."""
+    n, k = qweight.shape[0], qweight.shape[1] * 8
+    r = pack_block(group_size) // 8
     shifts = torch.arange(0, 32, 4, device=qweight.device, dtype=torch.int32)
-    stored = ((qweight[:, :, None] >> shifts) & 0xF).reshape(qweight.shape[0], -1).float()  # [N, K] stored order
-    q = torch.empty_like(stored)
-    q[:, stored_columns(q.shape[1], group_size).to(q.device)] = stored  # group order
-    g = torch.arange(q.shape[1], device=q.device) // group_size
-    w = (q - zeros[:, g].float()) * scales[:, g].float()
+    stored = (qweight[:, :, None] >> shifts) & 0xF  # [N, K/8, 8]: word, nibble
+    # word j of a pack block holds, at nibble i, its column r i + j (`stored_columns`): a transpose per block
+    q = stored.view(n, k // (8 * r), r, 8).transpose(2, 3).reshape(n, k // group_size, group_size).float()
+    w = ((q - zeros[:, :, None].float()) * scales[:, :, None].float()).view(n, k)  # group order
     if perm is None:
         return w
     out = torch.empty_like(w)
