@@ -16,8 +16,11 @@ import torch
 from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.messages import EngineRequest
 from hosttune_engine.errors import ConfigError
+from hosttune_engine.model import loader
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.parallel.checks import check_startup, shard_bytes, weight_bytes
+from hosttune_engine.parallel.layout import ShardLayout
+from hosttune_engine.parallel.transform import shard_model
 from hosttune_engine.quant.spec import Layout, QuantSpec
 
 from .oracle import prompt_ids
@@ -113,3 +116,33 @@ def test_groups_and_blocks_that_do_not_split_are_refused_in_one_line(tiny_models
 @pytest.mark.parametrize("case", list(SPLIT))
 def test_groups_and_blocks_that_split_pass(tiny_models, case):
     _check(tiny_models, SPLIT[case])
+
+
+# Rank 0 of three on the act-order GPTQ checkpoint (groups of 64): the shape of what it reads of layer 0's tensors.
+READ_BY_RANK_0 = {
+    "self_attn.q_proj.qweight": [72, 192], "self_attn.k_proj.qweight": [72, 64],  # [K/8, N]: its rows of N
+    "self_attn.q_proj.qzeros": [9, 24], "self_attn.q_proj.scales": [9, 192], "self_attn.q_proj.g_idx": [576],
+    "mlp.gate_proj.qweight": [72, 512], "mlp.up_proj.scales": [9, 512],
+    "self_attn.o_proj.qweight": [72, 576], "self_attn.o_proj.g_idx": [576],  # act-order: all, to pick its groups
+    "self_attn.o_proj.scales": [3, 576], "self_attn.o_proj.qzeros": [3, 72],  # its 3 of the 9 groups
+    "mlp.down_proj.qweight": [192, 576], "mlp.down_proj.scales": [8, 576],
+}
+
+
+def test_a_rank_reads_only_its_part_of_each_quantized_tensor(quantized, monkeypatch):
+    read = {}
+
+    def recorded(f, name, shard, real=loader.read_tensor):
+        read[name] = tensor = real(f, name, shard)
+        return tensor
+
+    monkeypatch.setattr(loader, "read_tensor", recorded)
+    folder = quantized("gptq-g64-zeros-act-order")
+    cfg = ModelConfig.from_folder(folder)
+    shard = functools.partial(shard_model, layout=ShardLayout.of(cfg, 0, 3), group=None)
+    model = loader.load_model(cfg, folder, "safetensors", torch.device("cpu"), torch.float32, shard=shard)
+    assert {k: list(read[f"model.layers.0.{k}"].shape) for k in READ_BY_RANK_0} == READ_BY_RANK_0
+    o_proj = model.model.layers[0].self_attn.o_proj
+    assert o_proj.in_features == 192 and not o_proj.permuted  # its columns come in group order
+    assert sorted(o_proj.input_columns.tolist()) == sorted(
+        k for k, g in enumerate(read["model.layers.0.self_attn.o_proj.g_idx"].tolist()) if g < 3)

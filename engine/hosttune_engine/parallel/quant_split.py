@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from functools import partial
 
-import torch
 from torch import nn
 
 from hosttune_engine.errors import ConfigError

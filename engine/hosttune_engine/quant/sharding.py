@@ -47,7 +47,7 @@ def row_split_unit(spec: QuantSpec) -> Split | None:
     if spec.layout in (Layout.FP8_BLOCK, Layout.FP8_CT_BLOCK):
         return Split(spec.block[0], f"{spec.block[0]}-row FP8 blocks")
     if not spec.layout.is_fp8:
-        return Split(8, "eight 4-bit values packed to an int32 of qzeros")
+        return Split(8, "8-row packs of 4-bit zeros")
     return None
 
 
