@@ -52,12 +52,16 @@ def repack(values: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, perm
     """values [K, N] (ints 0-15), scales / zeros [G, N] -> (qweight [N, K/8] int32, scales [N, G],
     zeros [N, G] uint8) in the kernels' layout."""
     q = values if perm is None else values[perm.long()]
-    q = q[stored_columns(q.shape[0], group_size).to(q.device)]
-    q = q.t().to(torch.int64).reshape(q.shape[1], -1, 8)  # [N, K/8, 8]
-    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=q.device)
-    words = (q << shifts).sum(-1)
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-    return words.contiguous(), scales.t().contiguous(), zeros.t().to(torch.uint8).contiguous()
+    k, n = q.shape
+    r = pack_block(group_size) // 8
+    # word j of a pack block holds, at nibble i, its column r i + j (`stored_columns`): a transpose per block
+    nibbles = q.to(torch.int32).view(k // (8 * r), 8, r, n).transpose(1, 2).reshape(k // 8, 8, n)  # word, nibble
+    words = torch.zeros(k // 8, n, dtype=torch.int32, device=q.device)
+    for i in range(7):
+        words += nibbles[:, i] << 4 * i
+    top = nibbles[:, 7]
+    words += (top - 16 * (top >= 8).int()) * (1 << 28)  # nibble 7 as the sign's bits, without overflow
+    return words.t().contiguous(), scales.t().contiguous(), zeros.t().to(torch.uint8).contiguous()
 
 
 def tile_in_group(block_k: int, group_size: int) -> int:
