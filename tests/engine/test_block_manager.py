@@ -74,6 +74,17 @@ def test_prefix_hit_shares_blocks_and_counts_tokens():
     assert bm.num_prefix_hits == 12
 
 
+def test_a_prompt_finds_the_blocks_a_running_prefill_has_filled_so_far():
+    """A shared prefix is found while the sequence that computes it is still in its prefill: the blocks its
+    chunks so far fill are findable from the step that computes them, the rest are computed again."""
+    bm = BlockManager(num_blocks=16, block_size=BS)
+    a = seq(list(range(13)), "a")
+    admit(bm, a, n=8)  # its first chunk: two full blocks
+    b = seq(list(range(12)) + [99], "b")
+    assert admit(bm, b) == a.block_table[:2]
+    assert (b.num_cached_tokens, bm.num_prefix_hits) == (8, 8)
+
+
 def test_lookup_leaves_at_least_one_token_to_compute():
     bm = BlockManager(num_blocks=16, block_size=BS)
     a = seq(range(8), "a")
@@ -178,3 +189,22 @@ def test_can_append_counts_the_blocks_a_decode_batch_needs():
     assert bm.can_append([a, b])  # a needs one block, one is free
     bm.allocate(seq(range(4), "c"), 4)
     assert not bm.can_append([a, b]) and bm.can_append([b])
+
+
+def prompts_in_turn(num_prefixes: int, num_requests: int = 60) -> float:
+    """The share of prompt tokens found cached when requests of `num_prefixes` shared 200-token prefixes
+    come in turn, each with its own question, to a cache of 72 blocks of 16 (docs/deploy.md)."""
+    bm = BlockManager(num_blocks=72, block_size=16)
+    prefixes = [[1000 * p + i for i in range(203)] for p in range(num_prefixes)]
+    for r in range(num_requests):
+        s = Sequence(f"r{r}", prefixes[r % num_prefixes] + [900_000 + r] * 10, SamplingParams(max_tokens=4))
+        cached = bm.lookup_prefix(s)
+        bm.allocate(s, s.num_tokens - len(cached) * 16, cached)
+        bm.free(s)
+    return bm.num_prefix_hits / bm.num_prefix_queries
+
+
+def test_a_cache_holds_the_prefixes_it_has_room_for_and_none_past_that():
+    """Least recently freed first: prefixes that fit are found; sent more in turn than it holds, each one is
+    evicted just before it comes back (the sizing rule docs/deploy.md gives for the router's replicas)."""
+    assert [round(prompts_in_turn(n), 2) for n in (5, 6, 7)] == [0.83, 0.41, 0.0]

@@ -1,19 +1,28 @@
 """What the deploy live tests share: the tiny model (written once with torch on this machine), the
-bundled engine's wheelhouse with every dependency wheel (built once), free ports."""
+bundled engine's wheelhouse with every dependency wheel (built once), free ports; a fresh host with the
+tiny model and an inventory declaring its replicas, and what a test of keyed replicas does to them
+(deploy, read the group's key, ask through nginx, wait)."""
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from typer.testing import CliRunner
 
 from hosttune.cli import app
+
+from .hosts import LiveHost
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "/srv/models/tiny-qwen2"
@@ -88,3 +97,68 @@ def invoke_deploy(*argv: str) -> Deployed:
     plan, _, rest = result.stdout.partition("\nplan: ")
     after = rest.split("\n", 1)[1] if "\n" in rest else ""
     return Deployed(result.exit_code, after if after.strip() else plan, result.output, plan)
+
+
+@dataclass(frozen=True)
+class ReplicaHost:
+    """A fresh host holding the tiny model at MODEL, and an inventory that declares its deployment
+    (`deploy:` vars) on the service port `port` and the ports after it."""
+
+    host: LiveHost
+    port: int
+    inventory: Path
+
+
+def replica_host(live_fleet, fresh_hosts, tmp_path: Path, tiny_model: Path, name: str,
+                 shape: Callable[[int], dict], num_ports: int) -> ReplicaHost:
+    """Boots host `name`, copies the tiny model in, and writes its inventory (login deploy, sudo) with
+    `shape(port)` as its deploy: vars, `port` the first of `num_ports` free ones."""
+    (host,) = fresh_hosts([name])
+    shutil.copytree(tiny_model, host.path(MODEL))
+    known = live_fleet.write_known_hosts(tmp_path / "known_hosts", [host])
+    port = free_port(num_ports)
+    inventory = live_fleet.write_inventory(tmp_path / "inv.yaml", known, [host], user="deploy", become=True,
+                                           host_vars={host.name: {"deploy": shape(port)}})
+    return ReplicaHost(host, port, inventory)
+
+
+def deploy(inventory: Path, wheelhouse: Path, *extra: str) -> Deployed:
+    """`hosttune deploy --yes` with no option of the deployment's shape unless `extra` gives one."""
+    return invoke_deploy("deploy", "--yes", "-i", str(inventory), "-w", str(wheelhouse),
+                         "--keys-dir", str(inventory.parent / "keys"), *extra)
+
+
+def group_key(inventory: Path) -> str:
+    """The key deploy generated for the inventory's group (deploy.api_key: true)."""
+    (path,) = (inventory.parent / "keys").glob("*.key")
+    return path.read_text().strip()
+
+
+def status(port: int, key: str | None) -> int:
+    """The HTTP status of GET /v1/models on the port, with the key or none."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers=headers),
+                                    timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def wait_for(what: str, check, timeout: float, every: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"not within {timeout:.0f}s: {what}")
+
+
+def complete(port: int, key: str) -> None:
+    """One real completion through the port with the `openai` client."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, timeout=60)
+    out = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=2, temperature=0)
+    assert out.choices and out.usage.completion_tokens >= 1

@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-
-from .deploy_setup import MODEL, REPO, free_port, invoke_deploy
+from .deploy_setup import MODEL, REPO, complete, deploy, group_key, invoke_deploy, replica_host, status, wait_for
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
 SERVERS = "/etc/hosttune/nginx/local-servers.conf"
@@ -40,28 +36,6 @@ def shape(port: int) -> dict:
     """The deployment's shape as the inventory declares it."""
     return {"engine": "custom", "model": MODEL, "replicas": 2, "port": port, "custom": {"device": "cpu", "max-batch-size": 8},
             "health_timeout": 240, "warmup": 1, "probe_interval": 2, "api_key": True}
-
-
-def deploy(inventory: Path, wheelhouse: Path, *extra: str):
-    """`hosttune deploy --yes` with no option of the deployment's shape unless `extra` gives one."""
-    return invoke_deploy("deploy", "--yes", "-i", str(inventory), "-w", str(wheelhouse),
-                         "--keys-dir", str(inventory.parent / "keys"), *extra)
-
-
-def group_key(inventory: Path) -> str:
-    """The key deploy generated for the inventory's group (deploy.api_key: true)."""
-    (path,) = (inventory.parent / "keys").glob("*.key")
-    return path.read_text().strip()
-
-
-def status(port: int, key: str | None) -> int:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers=headers),
-                                    timeout=30) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
 
 
 def start_bench(port: int, key: str, out: Path, seconds: int) -> subprocess.Popen:
@@ -78,32 +52,10 @@ def tree_hash(host) -> str:
     return host.exec("find /etc /opt -printf '%p %y %s %T@ %l\\n' | sort | sha256sum").stdout.split()[0]
 
 
-def wait_for(what: str, check, timeout: float, every: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"not within {timeout:.0f}s: {what}")
-
-
-def complete(port: int, key: str) -> None:
-    import openai
-
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, timeout=60)
-    out = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=2, temperature=0)
-    assert out.choices and out.usage.completion_tokens >= 1
-
-
 def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_hosts, tmp_path, wheelhouse, tiny_model,
                                                              capsys):
-    (host,) = fresh_hosts(["replicas"])
-    shutil.copytree(tiny_model, host.path(MODEL))
-    known = live_fleet.write_known_hosts(tmp_path / "known_hosts", [host])
-    port = free_port(3)
-    inventory = live_fleet.write_inventory(tmp_path / "inv.yaml", known, [host], user="deploy", become=True,
-                                           host_vars={host.name: {"deploy": shape(port)}})
+    setup = replica_host(live_fleet, fresh_hosts, tmp_path, tiny_model, "replicas", shape, num_ports=3)
+    host, port, inventory = setup.host, setup.port, setup.inventory
     timings = {}
 
     # 1. two keyed replicas on the ports after the service port, on loopback only; nginx on the service port

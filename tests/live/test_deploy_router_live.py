@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -28,8 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from .deploy_setup import MODEL, REPO, free_port
-from .test_deploy_replicas_live import complete, deploy, group_key, status, wait_for
+from .deploy_setup import MODEL, REPO, complete, deploy, group_key, replica_host, status, wait_for
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(900)]
 NUM_REPLICAS = 3
@@ -76,6 +74,13 @@ def counters(ports) -> dict[str, float]:
     return totals
 
 
+def routed(router_port: int) -> dict[str, float]:
+    """Requests the router sent to each replica, from its own /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{router_port + 1}/metrics", timeout=10).read().decode()
+    pattern = r'^vllm_router_processed_requests_total[{]worker="([^"]+)"[}] (\S+)$'
+    return {url: float(n) for url, n in re.findall(pattern, text, re.M)}
+
+
 def prefix_share(before: dict, after: dict, requests: list[dict]) -> float:
     """Prefix tokens found in the cache over the prefix tokens the replicas looked up: of each prompt's
     tokens (the replicas count them as they look them up), the system prompt's share."""
@@ -108,14 +113,11 @@ def main_pid(host, unit: str) -> str:
 @pytest.mark.xfail(reason="deployed replicas behind the router find no prefix in their cache (hits 0)", strict=False)
 def test_the_router_keeps_prefixes_on_their_replica_and_rolls_without_losing_a_request(
         live_fleet, fresh_hosts, tmp_path, wheelhouse, tiny_model, capsys):
-    (host,) = fresh_hosts(["router"])
-    shutil.copytree(tiny_model, host.path(MODEL))
-    known = live_fleet.write_known_hosts(tmp_path / "known_hosts", [host])
-    port = free_port(NUM_REPLICAS + 3)  # nginx, the replicas, the router and its metrics
+    # ports for nginx, the replicas, the router and its metrics
+    setup = replica_host(live_fleet, fresh_hosts, tmp_path, tiny_model, "router", shape, num_ports=NUM_REPLICAS + 3)
+    host, port, inventory = setup.host, setup.port, setup.inventory
     replica_ports = [port + 1 + i for i in range(NUM_REPLICAS)]
     router_port = port + NUM_REPLICAS + 1
-    inventory = live_fleet.write_inventory(tmp_path / "inv.yaml", known, [host], user="deploy", become=True,
-                                           host_vars={host.name: {"deploy": shape(port)}})
     timings = {}
 
     # 1. three replicas, the router on the port after them, nginx in front; the router's wheel came from the wheelhouse
@@ -140,6 +142,8 @@ def test_the_router_keeps_prefixes_on_their_replica_and_rolls_without_losing_a_r
     before = counters(replica_ports)
     time.sleep(12)
     after = counters(replica_ports)
+    # should the share fall short: what each replica looked up and found, and what the router sent where
+    spread = {**{p: counters([p]) for p in replica_ports}, "routed": routed(router_port)}
     held = int(host.exec(["python3", "-c", KILL, str(replica_ports[1]),
                           main_pid(host, "hosttune-engine@1.service")]).stdout)
     start = time.monotonic()
@@ -149,7 +153,7 @@ def test_the_router_keeps_prefixes_on_their_replica_and_rolls_without_losing_a_r
     requests = finished(bench, tmp_path / "shared")
     router_share = prefix_share(before, after, requests)
     timings["router: prefix tokens hit"] = f"{router_share:.0%}"
-    assert router_share >= 0.8, (before, after)
+    assert router_share >= 0.8, (before, after, spread)
     failed = [(r["status"], r["error"]) for r in requests if r["outcome"] != "ok"]
     timings["killed replica held / failed"] = f"{held} / {len(failed)}"
     assert len(failed) <= held, failed
@@ -160,7 +164,7 @@ def test_the_router_keeps_prefixes_on_their_replica_and_rolls_without_losing_a_r
 
     # 3. a rolling redeploy to a new release under the same load: every request answered, the router left running
     router_pid = main_pid(host, "hosttune-router.service")
-    bench = start_bench(port, key, tmp_path / "roll", 120, USERS)
+    bench = start_bench(port, key, tmp_path / "roll", 180, USERS)
     time.sleep(5)
     start = time.monotonic()
     result = deploy(inventory, wheelhouse, "--set", "max-queue=32")
@@ -169,7 +173,7 @@ def test_the_router_keeps_prefixes_on_their_replica_and_rolls_without_losing_a_r
     requests = finished(bench, tmp_path / "roll")
     bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
     assert len(requests) >= 100 and not bad, bad[:10]
-    assert timings["rolling redeploy"] < 112, "the bench ended before the roll did: raise its duration"
+    assert timings["rolling redeploy"] < 172, "the bench ended before the roll did: raise its duration"
     timings["requests during the roll, all 200"] = len(requests)
     assert main_pid(host, "hosttune-router.service") == router_pid
 

@@ -83,6 +83,17 @@ def test_nginx_sends_everything_to_the_router_and_keeps_its_admin_api_on_the_hos
     assert conf.count("server 127.0.0.1:") == 5  # the router, and the 4 replicas for tokenizing
 
 
+def test_custom_replicas_behind_the_router_cache_prefixes_in_the_cache_they_are_given(tmp_path):
+    """The bundled engine's replicas get prefix caching from the preset and the cache shape from the inventory
+    as written: nothing the router adds turns caching off or changes the blocks a prefix needs."""
+    release = router_release(tmp_path, sets=("device=cpu", "num-kv-blocks=72", "block-size=16"))
+    exec_start = next(line for line in release.units["hosttune-engine@.service"].decode().splitlines()
+                      if line.startswith("ExecStart="))
+    assert exec_start.endswith(" serve --model /models/qwen2.5-7b --host 127.0.0.1 --port ${HOSTTUNE_PORT} "
+                               "--device cpu --shutdown-timeout 30 --enable-prefix-caching --num-kv-blocks 72 "
+                               "--block-size 16"), exec_start
+
+
 def test_vllm_and_sglang_replicas_behind_the_router_keep_their_health_path_and_prefix_caching(tmp_path):
     vllm = router_release(tmp_path / "v", "vllm")
     assert "--enable-prefix-caching" in vllm.units["hosttune-engine@.service"].decode()
