@@ -15,7 +15,8 @@ from hosttune_engine.kernels.rmsnorm import rms_norm
 from hosttune_engine.kernels.swiglu import swiglu
 from hosttune_engine.core import model_runner
 from hosttune_engine.layers import linear
-from hosttune_engine.layers.deferred import DeferredRMSNorm, DeferredSwiGLU
+from hosttune_engine.layers.fused import NormLinear, NormMLP
+from hosttune_engine.layers.prologue import SWIGLU, NormPrologue
 from hosttune_engine.planner import prepare
 from hosttune_engine.plan.gpus import GpuInfo
 from hosttune_engine.plan.kinds import Fusion, Kernel, Op
@@ -125,7 +126,7 @@ def test_wrappers_check_their_inputs():
 
 
 # The model: an FP8 model (per-channel weights quantized at load, per-token activations) with its batched
-# steps on the FP8 tensor-core path, once with the norms and SwiGLU deferred to the projections and once not.
+# steps on the FP8 tensor-core path, once with the norms and SwiGLU computed by the projections and once not.
 
 @pytest.fixture
 def fp8_path(monkeypatch):
@@ -159,8 +160,8 @@ def _prefill_logits(eng: Engine, ids: list[int]) -> torch.Tensor:
 
 def test_the_plan_fuses_inputs_only_into_fp8_activation_layers(tiny_models, monkeypatch):
     """FP8 at load (per-token e4m3 activations): the two norms and the activation of every layer are computed
-    with the quantization of the projection they feed at batched rows; block-wise FP8 keeps bf16 activations,
-    and the final norm feeds the unquantized LM head."""
+    with the quantization of the projection they feed at batched rows, by the fused modules the preparation put
+    in; block-wise FP8 keeps bf16 activations."""
     monkeypatch.setattr(model_runner, "present_gpu", lambda device: HOPPER_STAND_IN)
     eng = _fp8_engine(tiny_models, "float16")
     plan, model = eng.runner.plan, eng.runner.model
@@ -168,8 +169,12 @@ def test_the_plan_fuses_inputs_only_into_fp8_activation_layers(tiny_models, monk
     assert fused == {Op.QKV: Fusion.RMSNORM_FP8, Op.O: Fusion.NONE, Op.GATE_UP: Fusion.RMSNORM_FP8,
                      Op.DOWN: Fusion.SWIGLU_FP8, Op.LM_HEAD: Fusion.NONE}
     layer = model.model.layers[0]
-    assert layer.input_layernorm.feeds is plan.op(Op.QKV) and layer.mlp.act.feeds is plan.op(Op.DOWN)
-    assert model.model.norm.feeds is None
+    assert isinstance(layer.qkv_input, NormLinear) and isinstance(layer.norm_mlp, NormMLP)
+    assert layer.qkv_input.norm is layer.input_layernorm and layer.qkv_input.proj is layer.self_attn.qkv_proj
+    assert layer.self_attn.qkv_proj.kernel_plan is plan.op(Op.QKV) and layer.mlp.down_proj.kernel_plan is plan.op(
+        Op.DOWN)
+    names = {name for name, _ in model.named_parameters()}  # the fused modules' children keep their names
+    assert "model.layers.0.input_layernorm.weight" in names and not any(".qkv_input." in n for n in names)
     block = Engine(EngineConfig(model=str(tiny_models["qwen2"]), load_format="dummy", quantization="fp8-block",
                                 kernel_backend="triton", dtype="float16", num_kv_blocks=16)).runner.plan
     assert {block.choice(op, 24).fusion for op in (Op.QKV, Op.GATE_UP, Op.DOWN)} == {Fusion.NONE}
@@ -193,26 +198,26 @@ def test_batched_rows_quantize_in_the_norm_and_swiglu_and_give_the_unfused_logit
     assert torch.isfinite(fused).all() and torch.equal(fused, unfused)
 
 
-def test_few_rows_and_other_paths_compute_the_deferred_input_first(tiny_models, fp8_path, monkeypatch):
+def test_few_rows_and_other_paths_compute_the_prologue_first(tiny_models, fp8_path, monkeypatch):
     """Two to four rows go through the GEMV, whose prologues take one row; a batch size tuned to W8A16 (or a
-    GPU without FP8 tensor cores) keeps bf16 activations: both compute the deferred layer first."""
+    GPU without FP8 tensor cores) keeps bf16 activations: both compute the layer handed over first."""
     eng = _fp8_engine(tiny_models, "float16")
     layer = eng.runner.model.model.layers[0]
     x, w = _rows(3, 128, torch.float16, 4), layer.input_layernorm.weight
     want = layer.self_attn.qkv_proj(rms_norm(x, w, 1e-6))
-    torch.testing.assert_close(layer.self_attn.qkv_proj(DeferredRMSNorm(x, w, 1e-6)), want, rtol=0, atol=0)
+    torch.testing.assert_close(layer.self_attn.qkv_proj(x, prologue=NormPrologue(w, 1e-6)), want, rtol=0, atol=0)
     assert "rms_norm_fp8" not in fp8_path
     prepare.apply_plan(eng.runner.model, eng.runner.plan.with_kernel(Op.DOWN, Kernel.W8A16_GEMM))
     gate_up = _rows(8, 2 * layer.mlp.down_proj.in_features, torch.float16, 5)
     want = layer.mlp.down_proj(swiglu(gate_up))
-    torch.testing.assert_close(layer.mlp.down_proj(DeferredSwiGLU(gate_up)), want, rtol=0, atol=0)
+    torch.testing.assert_close(layer.mlp.down_proj(gate_up, prologue=SWIGLU), want, rtol=0, atol=0)
     assert "swiglu_fp8" not in fp8_path and "fp8_mm" not in fp8_path
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="captures CUDA graphs")
 def test_graphs_capture_the_fused_path_and_generate_as_the_unfused_engine(tiny_models, fp8_path, monkeypatch):
     """bf16 on the GPU with every graph captured: eight prompts prefill together (piecewise mixed-step graphs,
-    cut at attention: each deferred input is made and consumed inside one segment), then decode eight rows a
+    cut at attention: each fused module runs inside one segment), then decode eight rows a
     step (decode graphs, past the GEMV's four). Greedy tokens equal the engine's without the transform."""
     from hosttune_engine import LLM
 

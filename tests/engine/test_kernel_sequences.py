@@ -99,3 +99,20 @@ def sequences(tiny_models, monkeypatch, case: str) -> dict[str, list[str]]:
 def test_each_plan_path_launches_the_pinned_kernels(tiny_models, monkeypatch, wide_gemv_tiles, case):
     got = sequences(tiny_models, monkeypatch, case)
     assert got == json.loads(PINNED.read_text())[case]
+
+
+def test_the_torch_backend_switch_runs_the_references_and_back_the_plan(tiny_models, monkeypatch, wide_gemv_tiles):
+    """A prepared model switched to the torch backend launches what the torch engine launches (its fused
+    modules run the norm, then the projection, on the references), and switched back, the plan's kernels."""
+    from hosttune_engine.layers.backend import set_kernel_backend
+    from hosttune_engine.model.llama import PreparedDecoderLayer
+
+    monkeypatch.setattr(linear, "_on_gpu", lambda x: True)
+    eng = _engine(tiny_models, "bf16")
+    assert all(type(layer) is PreparedDecoderLayer for layer in eng.runner.model.model.layers)
+    log, pinned = record_kernels(monkeypatch), json.loads(PINNED.read_text())
+    for backend, case in ((False, "torch"), (True, "bf16")):
+        set_kernel_backend(eng.runner.model, backend)
+        _one_step(eng, 1)
+        assert log == pinned[case]["1"]
+        log.clear()

@@ -1,5 +1,5 @@
 """The engine on quantized weights through the Triton kernels (the interpreter on CPU): GEMMs for
-prefill, GEMVs for one-token decode (after the one-row transform's deferred norms), and dummy
+prefill, GEMVs for one-token decode (the norms and SwiGLU in their prologues), and dummy
 weights quantized by the checkpoint writer's code."""
 
 import pytest

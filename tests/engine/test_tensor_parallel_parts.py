@@ -105,3 +105,18 @@ def test_serve_takes_the_tensor_parallel_size():
 
     args = _parser().parse_args(["serve", "--model", "/m", "--tensor-parallel-size", "4"])
     assert config_from_args(args).engine.tensor_parallel_size == 4
+
+
+def test_an_input_gather_computes_the_prologue_it_is_handed_first():
+    """A row-parallel act-order layer gathers its input from every rank: a SwiGLU handed to it as its prologue
+    (by the fused module, at one row) runs on this rank's columns first, and the layer gets plain rows."""
+    from types import SimpleNamespace
+
+    from hosttune_engine.kernels.swiglu import swiglu
+    from hosttune_engine.layers.prologue import SWIGLU
+    from hosttune_engine.parallel.quant_split import _gather_input
+
+    one_rank, layer = SimpleNamespace(gather_columns=lambda x: x), SimpleNamespace(input_columns=torch.tensor([3, 0, 1]))
+    gate_up = torch.randn(1, 8)
+    args, kwargs = _gather_input(one_rank, layer, (gate_up,), {"prologue": SWIGLU})
+    assert kwargs == {} and torch.equal(args[0], swiglu(gate_up)[:, [3, 0, 1]])

@@ -3,9 +3,10 @@ along the output dim) and the LM head's logits.
 
 A one-token step streams every weight once. The Triton GEMV does that faster than cuBLAS at one row, and the
 small layer before a projection can ride in its prologue: RMSNorm (with the residual add) before qkv_proj and
-gate_up_proj, SwiGLU before down_proj. Where the plan says so for a step's row count, such a layer hands its
-projection a deferred input (layers/deferred.py) and the projection computes both in one launch; other
-counts, the torch backend, a layer without a plan and CPU tensors run cuBLAS / torch.
+gate_up_proj, SwiGLU before down_proj. Where the plan says so for a step's row count, the fused module that
+owns both (layers/fused.py) calls the projection with that layer as its prologue (layers/prologue.py) and the
+projection computes both in one launch; other counts, the torch backend, a layer without a plan and CPU
+tensors run cuBLAS / torch.
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ from torch import nn
 from hosttune_engine.errors import ModelLoadError
 from hosttune_engine.kernels.gemv import gemv, gemv_rmsnorm, gemv_swiglu
 from hosttune_engine.layers.backend import KernelLayer
-from hosttune_engine.layers.deferred import DeferredRMSNorm, DeferredSwiGLU, materialized, source_of
+from hosttune_engine.layers.prologue import NormPrologue, Prologue, SwiGLUPrologue
 from hosttune_engine.plan.kinds import Kernel
 
 
-def _on_gpu(x) -> bool:  # tests point this at the CPU to run the path under the Triton interpreter
-    return source_of(x).is_cuda
+def _on_gpu(x: torch.Tensor) -> bool:  # tests point this at the CPU to run the path under the Triton interpreter
+    return x.is_cuda
 
 
-def planned(op_plan, use_triton: bool, x):
+def planned(op_plan, use_triton: bool, x: torch.Tensor):
     """The planned choice for x's row count, or None where torch runs (no plan, backend off, a CPU tensor)."""
     if op_plan is None or not use_triton or not _on_gpu(x):
         return None
@@ -37,17 +38,20 @@ class Linear(KernelLayer, nn.Linear):
 
     kernel_plan = None
 
-    def forward(self, x) -> torch.Tensor:
-        """x [T, K], or a deferred RMSNorm / SwiGLU the one-row GEMV computes in its prologue -> [T, N]."""
+    def forward(self, x: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
+        """x [T, K] -> [T, N]; a prologue (RMSNorm or SwiGLU of x) rides in the one-row GEMV's, else runs first."""
         w, b = self.weight, self.bias
         choice = planned(self.kernel_plan, self.use_triton, x)
+        if choice is not None and choice.kernel is Kernel.GEMV and x.shape[0] == 1:
+            if isinstance(prologue, NormPrologue):
+                p = prologue
+                return gemv_rmsnorm(x, p.weight, p.eps, w, b, p.residual, p.residual_out, config=choice.args)
+            if isinstance(prologue, SwiGLUPrologue):
+                return gemv_swiglu(x, w, b, config=choice.args)
+        x = x if prologue is None else prologue.apply(x)
         if choice is not None and choice.kernel is Kernel.GEMV:
-            if isinstance(x, DeferredRMSNorm):
-                return gemv_rmsnorm(x.x, x.weight, x.eps, w, b, x.residual, x.residual_out, config=choice.args)
-            if isinstance(x, DeferredSwiGLU):
-                return gemv_swiglu(x.gate_up, w, b, config=choice.args)
             return gemv(x, w, b, config=choice.args)
-        return F.linear(materialized(x), w, b)
+        return F.linear(x, w, b)
 
 
 class MergedLinear(Linear):

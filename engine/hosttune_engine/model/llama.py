@@ -2,7 +2,10 @@
 
 Module names follow the Hugging Face checkpoints, except the fused projections
 `qkv_proj` (q, k, v) and `gate_up_proj` (gate, up), which the loader fills from
-the separate checkpoint tensors.
+the separate checkpoint tensors. The model is plain: tensor parallelism and
+quantization are transforms of it, and its kernel plan's preparation puts in
+`PreparedDecoderLayer`s, whose norms and activation run with the projections
+they feed where the plan fuses them.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from torch import nn
 
 from hosttune_engine.layers.activation import SiluAndMul
 from hosttune_engine.layers.attention import Attention, AttentionMetadata
+from hosttune_engine.layers.fused import NormLinear, NormMLP
 from hosttune_engine.layers.linear import Linear, MergedLinear, logits
 from hosttune_engine.layers.norm import RMSNorm
 from hosttune_engine.layers.rotary import RotaryEmbedding
@@ -32,7 +36,10 @@ class LlamaAttention(nn.Module):
     def project(self, positions: torch.Tensor, x: torch.Tensor, slot_mapping: torch.Tensor | None) -> torch.Tensor:
         """x [T, H] -> qkv [T, (Hq + 2 Hkv) * D], rotated, its k and v written to the cache (left to `attend`
         when slot_mapping is None)."""
-        qkv = self.qkv_proj(x)
+        return self.place(positions, self.qkv_proj(x), slot_mapping)
+
+    def place(self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor | None) -> torch.Tensor:
+        """qkv [T, W] rotated and its k and v written to the cache (left to `attend` when slot_mapping is None)."""
         if slot_mapping is not None:
             self.attn.write(positions, qkv, self.rotary.cos_sin, slot_mapping)
         return qkv
@@ -77,6 +84,31 @@ class LlamaDecoderLayer(nn.Module):
         """The attention output o [T, Hq, D] -> (hidden [T, H], residual) for the next layer."""
         hidden, residual = self.post_attention_layernorm(self.self_attn.output(o), residual)
         return self.mlp(hidden), residual
+
+    def prepared(self) -> PreparedDecoderLayer:
+        """This layer as its kernel plan runs it (the same norms, attention and MLP)."""
+        return PreparedDecoderLayer(self)
+
+
+class PreparedDecoderLayer(LlamaDecoderLayer):
+    """A decoder layer as its kernel plan runs it, made from a plain one once tensor parallelism and
+    quantization have shaped it: the norm feeding qkv_proj, and the MLP behind its norm, are fused modules
+    (layers/fused.py) that per call run the plan's fused kernels or the plain steps. Its children are the plain
+    layer's, under the same names."""
+
+    def __init__(self, plain: LlamaDecoderLayer):
+        nn.Module.__init__(self)
+        self.input_layernorm, self.self_attn = plain.input_layernorm, plain.self_attn
+        self.post_attention_layernorm, self.mlp = plain.post_attention_layernorm, plain.mlp
+        self.qkv_input = NormLinear(self.input_layernorm, self.self_attn.qkv_proj)
+        self.norm_mlp = NormMLP(self.post_attention_layernorm, self.mlp)
+
+    def before_attention(self, positions, hidden, residual, slot_mapping):
+        qkv, residual = self.qkv_input(hidden, residual)
+        return self.self_attn.place(positions, qkv, slot_mapping), residual
+
+    def after_attention(self, o, residual):
+        return self.norm_mlp(self.self_attn.output(o), residual)
 
 
 class LlamaModel(nn.Module):

@@ -12,7 +12,6 @@ from functools import partial
 from torch import nn
 
 from hosttune_engine.errors import ConfigError
-from hosttune_engine.layers.deferred import materialized
 from hosttune_engine.parallel.group import TensorParallelGroup
 from hosttune_engine.quant.sharding import Split, column_split_unit, gathers_input, row_split_unit
 from hosttune_engine.quant.spec import QuantSpec
@@ -33,7 +32,7 @@ def split_quantized(model: nn.Module, spec: QuantSpec, world_size: int, group: T
             continue
         _check_whole(column_split_unit(spec), cols, f"{p.module}.weight", "input columns", spec, world_size)
         if gathers_input(spec):
-            module.register_forward_pre_hook(partial(_gather_input, group))
+            module.register_forward_pre_hook(partial(_gather_input, group), with_kwargs=True)
 
 
 def _check_whole(split: Split | None, part, tensor: str, dim: str, spec: QuantSpec, world_size: int) -> None:
@@ -44,7 +43,9 @@ def _check_whole(split: Split | None, part, tensor: str, dim: str, spec: QuantSp
                       f"multiple of {split.unit}")
 
 
-def _gather_input(group: TensorParallelGroup, module: nn.Module, args: tuple) -> tuple:
-    """x [T, K / ranks] -> this rank's columns of the whole input, [T, K / ranks] in the layer's group order."""
-    whole = group.gather_columns(materialized(args[0]))  # [T, K]
-    return (whole.index_select(1, module.input_columns),)
+def _gather_input(group: TensorParallelGroup, module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+    """x [T, K / ranks] (its prologue, if handed one, computed first) -> this rank's columns of the whole input,
+    [T, K / ranks] in the layer's group order."""
+    x, prologue = args[0], kwargs.get("prologue")
+    whole = group.gather_columns(x if prologue is None else prologue.apply(x))  # [T, K]
+    return (whole.index_select(1, module.input_columns),), {}

@@ -1,5 +1,7 @@
-"""Prepare a built model from its kernel plan, once: each projection, norm and activation gets the choices
-of the operation it is (or feeds), and the layers read them per call by the step's row count.
+"""Prepare a built model from its kernel plan, once: each projection gets its operation's choices, which it
+reads per call by the step's row count, and each decoder layer is replaced by its prepared form, whose fused
+modules (a norm feeding qkv_proj; the MLP behind its norm) run the plan's fused kernels where it has them.
+Preparation comes after tensor parallelism and quantization, which are transforms of the plain model.
 
 A model never prepared runs its torch references; `set_kernel_backend(model, False)` switches a prepared one
 back to them (same weights), and True to its plan again.
@@ -22,11 +24,6 @@ from hosttune_engine.quant.quant_linear import QuantLinear
 
 log = logging.getLogger(__name__)
 
-PROJECTION_NAMES = {"qkv_proj": Op.QKV, "o_proj": Op.O, "gate_up_proj": Op.GATE_UP, "down_proj": Op.DOWN}
-# A norm or activation (by its name in a decoder layer) -> the projection whose input it is.
-FEEDS = {"input_layernorm": Op.QKV, "post_attention_layernorm": Op.GATE_UP, "act": Op.DOWN}
-
-
 def table_and_name(gpu: GpuInfo) -> tuple[dict, str]:
     """The GPU's merged tuned table and where it came from, in words."""
     return tuning.table_for(gpu.name, gpu.present), ", ".join(tuning.table_sources(gpu.name, gpu.present)) or "none"
@@ -42,15 +39,14 @@ def plan_for_model(model: nn.Module, gpu: GpuInfo, use_triton: bool = True, kv_c
 
 
 def apply_plan(model: nn.Module, plan: KernelPlan) -> None:
-    """Hand each layer its choices and switch the kernel-backed layers on (where the plan runs kernels)."""
-    for name, module in model.named_modules():
-        last = name.rsplit(".", 1)[-1]
-        if last in PROJECTION_NAMES:
-            module.kernel_plan = plan.op(PROJECTION_NAMES[last])
-            if last == "gate_up_proj":
-                module.swiglu_plan = plan.op(Op.DOWN)  # down_proj's input may be computed from its output
-        elif last in FEEDS and hasattr(module, "feeds"):
-            module.feeds = plan.op(FEEDS[last])
+    """Hand each projection its choices and put in the decoder layers as the plan runs them."""
+    layers = model.model.layers
+    for i, layer in enumerate(layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        for proj, op in ((attn.qkv_proj, Op.QKV), (attn.o_proj, Op.O), (mlp.gate_up_proj, Op.GATE_UP),
+                         (mlp.down_proj, Op.DOWN)):
+            proj.kernel_plan = plan.op(op)
+        layers[i] = layer.prepared()
     model.lm_head.kernel_plan = plan.op(Op.LM_HEAD)
     model.kernel_plan = plan
 

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from hosttune_engine.quant.kernel_dispatch import fp8_linear
+from hosttune_engine.layers.linear import planned
+from hosttune_engine.quant.kernel_dispatch import fp8_linear, fp8_swiglu_rows
 from hosttune_engine.quant.quant_linear import QuantLinear
 from hosttune_engine.quant.quantize import FP8, fp8_per_channel
 from hosttune_engine.quant.spec import Layout
 
 
 class Fp8Linear(QuantLinear):
-    swiglu_plan = None  # a gate_up projection's: down_proj's choices, which may compute SwiGLU from its output
-
     def __init__(self, in_features: int, shards: dict, bias: bool, spec, dtype, device, where: str):
         super().__init__(in_features, shards, bias, spec, dtype, device, where)
         n, k = self.out_features, in_features
@@ -67,5 +66,11 @@ class Fp8Linear(QuantLinear):
         scale = scale.repeat_interleave(self.block_k, 1)[:, :self.in_features]
         return (self.weight.float() * scale).to(dtype)
 
-    def kernel_forward(self, x, choice) -> torch.Tensor:
-        return fp8_linear(self, x, choice)
+    def kernel_forward(self, x, choice, prologue) -> torch.Tensor:
+        return fp8_linear(self, x, choice, prologue)
+
+    def swiglu_rows(self, x: torch.Tensor, prologue=None):
+        """A gate_up projection's SwiGLU quantized per token, (e4m3 [T, N/2], scales [T, 1]), from its FP8 GEMM's
+        epilogue; None where the plan runs another kernel for x's row count."""
+        choice = planned(self.kernel_plan, self.use_triton, x)
+        return None if choice is None else fp8_swiglu_rows(self, x, choice, prologue)

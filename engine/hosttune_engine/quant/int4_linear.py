@@ -95,5 +95,5 @@ class Int4Linear(QuantLinear):
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         return dequantize_ref(self.qweight, self.scales, self.zeros, self.kernel_perm, self.group_size).to(dtype)
 
-    def kernel_forward(self, x, choice) -> torch.Tensor:
-        return int4_linear(self, x, choice)
+    def kernel_forward(self, x, choice, prologue) -> torch.Tensor:
+        return int4_linear(self, x, choice, prologue)

@@ -4,9 +4,9 @@ may take the FP8 tensor cores: torch._scaled_mm with unit or row-wise scales, or
 `fp8_mm` path); the others keep activations in bf16/fp16 (W8A16, W4A16), what the CPU references compute.
 Launch configs are the plan's; the kernels read their switches (FUSE, DEQUANT, NIBBLES, ...) from them.
 
-A deferred RMSNorm / SwiGLU input (layers/deferred.py) is computed in a GEMV's prologue, or with the per-token
-e4m3 quantization in one kernel; an FP8 gate_up projection on the Triton GEMM may leave its output to
-down_proj's quantization, which then runs that GEMM with the SwiGLU in its epilogue.
+A prologue (layers/prologue.py: the RMSNorm or SwiGLU before the projection, handed over by the fused module
+that owns both) is computed in a GEMV's prologue, or with the per-token e4m3 quantization in one kernel; a
+gate_up projection on the Triton FP8 GEMM may write its SwiGLU quantized for down_proj (`fp8_swiglu_rows`).
 """
 
 from __future__ import annotations
@@ -21,67 +21,66 @@ from hosttune_engine.kernels.fp8_inputs import rms_norm_fp8, swiglu_fp8
 from hosttune_engine.kernels.fp8_scaled_mm import fp8_mm, quantize_per_token
 from hosttune_engine.kernels.gemv import RMSNORM, RMSNORM_RESIDUAL, SWIGLU
 from hosttune_engine.kernels.int4_gemv import int4_gemv
-from hosttune_engine.layers.deferred import (DEFERRED, DeferredProjection, DeferredRMSNorm, DeferredSwiGLU,
-                                            materialized, source_of)
-from hosttune_engine.plan.kinds import Fusion, Kernel
+from hosttune_engine.layers.prologue import Fp8Rows, NormPrologue, Prologue, SwiGLUPrologue
+from hosttune_engine.plan.kinds import Kernel
 
 FP8_TENSOR_CORES = (Kernel.FP8_MM_UNIT, Kernel.FP8_MM_ROWWISE, Kernel.FP8_GEMM)
 
 
-def gemv_one_row(fn, cfg: dict, weights: tuple, x) -> torch.Tensor:
-    """fn (a quantized GEMV) on x: rows, or a deferred RMSNorm / SwiGLU row computed in its prologue, or first by
-    its own kernels when the config says FUSE 0 (what the tuner found faster for that GEMV)."""
-    if isinstance(x, DEFERRED) and (not cfg.get("FUSE", 1) or x.shape[0] > 1):  # the prologues take one row
-        x = x.materialize()
-    if isinstance(x, DeferredRMSNorm):
-        prologue = RMSNORM if x.residual is None else RMSNORM_RESIDUAL
-        return fn(x.x, *weights, cfg, prologue=prologue, residual=x.residual, norm_weight=x.weight,
-                  residual_out=x.residual_out, eps=x.eps)
-    if isinstance(x, DeferredSwiGLU):
-        return fn(x.gate_up, *weights, cfg, prologue=SWIGLU)
+def computed(x: torch.Tensor, prologue: Prologue | None) -> torch.Tensor:
+    """x with its prologue applied by the prologue's own kernels (a path without a fused form)."""
+    assert not isinstance(prologue, Fp8Rows), "e4m3 rows go to the FP8 tensor cores only"
+    return x if prologue is None else prologue.apply(x)
+
+
+def gemv_one_row(fn, cfg: dict, weights: tuple, x: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
+    """fn (a quantized GEMV) on x's rows, its RMSNorm / SwiGLU prologue computed in the GEMV's on one row, or
+    first by its own kernels when the config says FUSE 0 (what the tuner found faster for that GEMV)."""
+    if prologue is not None and (not cfg.get("FUSE", 1) or x.shape[0] > 1):  # the prologues take one row
+        x, prologue = computed(x, prologue), None
+    if isinstance(prologue, NormPrologue):
+        p = prologue
+        return fn(x, *weights, cfg, prologue=RMSNORM if p.residual is None else RMSNORM_RESIDUAL,
+                  residual=p.residual, norm_weight=p.weight, residual_out=p.residual_out, eps=p.eps)
+    if isinstance(prologue, SwiGLUPrologue):
+        return fn(x, *weights, cfg, prologue=SWIGLU)
     return fn(x.contiguous(), *weights, cfg)
 
 
-def fp8_linear(layer, x, choice) -> torch.Tensor:
-    """x [T, K], or a deferred RMSNorm / SwiGLU, on the planned kernel."""
+def fp8_linear(layer, x: torch.Tensor, choice, prologue: Prologue | None) -> torch.Tensor:
+    """x [T, K] (with its prologue) on the planned kernel."""
     weights = (layer.weight, layer.weight_scale, layer.scale_row, layer.block_k, layer.bias)
     if choice.kernel is Kernel.FP8_GEMV:
-        return gemv_one_row(fp8_gemv, choice.args, weights, x)
+        return gemv_one_row(fp8_gemv, choice.args, weights, x, prologue)
     if choice.kernel not in FP8_TENSOR_CORES or not takes_fp8_activations(layer):
-        x = materialized(x).contiguous()
+        x = computed(x, prologue).contiguous()
         return w8a16_gemm(x, *weights, choice.args if choice.kernel is Kernel.W8A16_GEMM else GEMM_DEFAULT)
+    dtype = prologue.dtype if isinstance(prologue, Fp8Rows) else x.dtype
+    xq, sx = fp8_rows(x, prologue)
     if choice.kernel is Kernel.FP8_GEMM:
-        if _down_computes_output(layer, x):
-            return DeferredProjection(layer, x, lambda: _fp8_gemm(layer, x, choice.args))
-        return _fp8_gemm(layer, x, choice.args)
-    xq, sx = fp8_rows(x)
+        return fp8_gemm(xq, sx, layer.weight, layer.row_scale, layer.bias, dtype, choice.args)
     return fp8_mm(xq, sx, layer.weight, layer.row_scale, layer.bias, layer.unit_scale,
-                  choice.kernel is Kernel.FP8_MM_ROWWISE, source_of(x).dtype)
+                  choice.kernel is Kernel.FP8_MM_ROWWISE, dtype)
 
 
-def _down_computes_output(layer, x) -> bool:
-    """Whether down_proj's plan computes this gate_up projection's output with its SwiGLU (same rows)."""
-    plan = layer.swiglu_plan
-    return plan is not None and plan.at(x.shape[0]).fusion is Fusion.SWIGLU_IN_GATE_UP
+def fp8_swiglu_rows(layer, x: torch.Tensor, choice, prologue: NormPrologue | None):
+    """A gate_up layer on the Triton FP8 GEMM: SwiGLU of its output on x, quantized per token in the GEMM's
+    epilogue -> (e4m3 [T, N/2], scales [T, 1]); None where its choice is another kernel."""
+    if choice.kernel is not Kernel.FP8_GEMM or not takes_fp8_activations(layer):
+        return None
+    xq, sx = fp8_rows(x, prologue)
+    return fp8_gemm_swiglu(xq, sx, layer.weight, layer.row_scale, layer.bias, x.dtype, choice.args)
 
 
-def _fp8_gemm(layer, x, cfg: dict) -> torch.Tensor:
-    xq, sx = fp8_rows(x)
-    return fp8_gemm(xq, sx, layer.weight, layer.row_scale, layer.bias, source_of(x).dtype, cfg)
-
-
-def fp8_rows(x) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, K] or a deferred RMSNorm / SwiGLU -> (e4m3 [T, K], fp32 per-token scales [T, 1]), in one kernel; a
-    SwiGLU of a deferred FP8 gate_up projection in two, the projection's GEMM computing the SwiGLU."""
-    if isinstance(x, DeferredRMSNorm):
-        return rms_norm_fp8(x.x, x.weight, x.eps, x.residual, x.residual_out)
-    if isinstance(x, DeferredSwiGLU) and isinstance(x.gate_up, DeferredProjection):
-        layer, inputs = x.gate_up.layer, x.gate_up.x
-        xq, sx = fp8_rows(inputs)
-        cfg = layer.kernel_plan.at(inputs.shape[0]).args
-        return fp8_gemm_swiglu(xq, sx, layer.weight, layer.row_scale, layer.bias, source_of(inputs).dtype, cfg)
-    if isinstance(x, DeferredSwiGLU):
-        return swiglu_fp8(x.gate_up)
+def fp8_rows(x: torch.Tensor, prologue: Prologue | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] with its RMSNorm / SwiGLU prologue -> (e4m3 [T, K], fp32 per-token scales [T, 1]), in one
+    kernel; rows quantized already pass through."""
+    if isinstance(prologue, NormPrologue):
+        return rms_norm_fp8(x, prologue.weight, prologue.eps, prologue.residual, prologue.residual_out)
+    if isinstance(prologue, SwiGLUPrologue):
+        return swiglu_fp8(x)
+    if isinstance(prologue, Fp8Rows):
+        return x, prologue.scale
     return quantize_per_token(x.contiguous())
 
 
@@ -93,10 +92,10 @@ def takes_fp8_activations(layer) -> bool:
             and layer.out_features % 16 == 0)
 
 
-def int4_linear(layer, x, choice) -> torch.Tensor:
-    """x [T, K], or a deferred RMSNorm / SwiGLU row, which the GEMV computes in its prologue."""
+def int4_linear(layer, x: torch.Tensor, choice, prologue: Prologue | None) -> torch.Tensor:
+    """x [T, K] on the planned kernel; its RMSNorm / SwiGLU prologue rides in the one-row GEMV's."""
     weights = (layer.qweight, layer.scales, layer.zeros, layer.kernel_perm, layer.group_size, layer.bias)
     if choice.kernel is Kernel.INT4_GEMV:
-        return gemv_one_row(int4_gemv, choice.args, weights, x)
-    x = materialized(x).contiguous()
+        return gemv_one_row(int4_gemv, choice.args, weights, x, prologue)
+    x = computed(x, prologue).contiguous()
     return w4a16_gemm(x, *weights, choice.args)

@@ -8,8 +8,8 @@ from torch import nn
 
 from hosttune_engine.errors import ModelLoadError
 from hosttune_engine.layers.backend import KernelLayer
-from hosttune_engine.layers.deferred import materialized
 from hosttune_engine.layers.linear import planned
+from hosttune_engine.layers.prologue import Prologue
 from hosttune_engine.quant.layouts import require_layout
 from hosttune_engine.quant.sharding import Part, gathers_input, local_tensors, tensor_part
 from hosttune_engine.quant.spec import QuantSpec
@@ -94,20 +94,21 @@ class QuantLinear(KernelLayer):
     def finish_loading(self) -> None:
         """Derive what the kernels need once every tensor is in (nothing, unless a layer says otherwise)."""
 
-    def forward(self, x) -> torch.Tensor:
-        """x [T, K] (or a deferred norm or SwiGLU: layers/deferred.py) -> [T, N] in x's dtype."""
+    def forward(self, x: torch.Tensor, prologue: Prologue | None = None) -> torch.Tensor:
+        """x [T, K] -> [T, N] in x's dtype; a prologue (layers/prologue.py) rides in the planned kernel where it
+        has a fused form, else runs first."""
         choice = planned(self.kernel_plan, self.use_triton, x)
         if choice is not None and not choice.runs_reference:
-            return self.kernel_forward(x, choice)
-        x = materialized(x)
+            return self.kernel_forward(x, choice, prologue)
+        x = x if prologue is None else prologue.apply(x)
         return torch.nn.functional.linear(x, self.dequantized(x.dtype), self.bias)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight [N, K] as plain numbers (the torch reference path)."""
         raise NotImplementedError
 
-    def kernel_forward(self, x, choice) -> torch.Tensor:
-        """The GPU path the plan's `choice` names: x a tensor or a deferred input."""
+    def kernel_forward(self, x: torch.Tensor, choice, prologue: Prologue | None) -> torch.Tensor:
+        """The GPU path the plan's `choice` names, with x's prologue if any."""
         raise NotImplementedError
 
     def extra_repr(self) -> str:

@@ -80,8 +80,8 @@ def _swap(model: nn.Module, name: str, layer: QuantLinear) -> None:
     for attr in TENSOR_PARALLEL:
         if hasattr(old, attr):
             setattr(layer, attr, getattr(old, attr))
-    for hook in old._forward_pre_hooks.values():
-        layer.register_forward_pre_hook(hook)
+    for key, hook in old._forward_pre_hooks.items():
+        layer.register_forward_pre_hook(hook, with_kwargs=key in old._forward_pre_hooks_with_kwargs)
     for hook in old._forward_hooks.values():
         layer.register_forward_hook(hook)
     model.set_submodule(name, layer)

@@ -17,7 +17,8 @@ from hosttune_engine.kernels.fp8_scaled_mm import fp8_scaled_mm, quantize_per_to
 from hosttune_engine.kernels.gemv import (PLAIN, RMSNORM_RESIDUAL, SWIGLU, gemv, gemv_ref, gemv_rmsnorm,
                                           gemv_rmsnorm_ref, gemv_swiglu, gemv_swiglu_ref)
 from hosttune_engine.kernels.int4_gemv import int4_gemv, int4_gemv_ref
-from hosttune_engine.layers.deferred import DeferredRMSNorm, DeferredSwiGLU
+from hosttune_engine.layers.prologue import SWIGLU as SWIGLU_PROLOGUE
+from hosttune_engine.layers.prologue import NormPrologue
 from hosttune_engine.plan.kinds import Op
 from hosttune_engine.quant.kernel_dispatch import gemv_one_row
 from hosttune_engine.tuner.timing import Timer
@@ -66,12 +67,13 @@ def _prologue_inputs(shape: Shape, dtype, device) -> dict:
     return inputs
 
 
-def _deferred(inputs: dict):
+def _prologue(inputs: dict):
+    """The layer the GEMV computes on its input, as the decode step's fused module hands it over."""
     if inputs["prologue"] == SWIGLU:
-        return DeferredSwiGLU(inputs["x"])
+        return SWIGLU_PROLOGUE
     if inputs["prologue"] == RMSNORM_RESIDUAL:
-        return DeferredRMSNorm(inputs["x"], inputs["norm_weight"], 1e-6, inputs["residual"], inputs["residual_out"])
-    return inputs["x"]
+        return NormPrologue(inputs["norm_weight"], 1e-6, inputs["residual"], inputs["residual_out"])
+    return None
 
 
 def _ref_kwargs(inputs: dict) -> dict:
@@ -105,12 +107,12 @@ def bf16_gemv(shape: Shape, dtype, timer: Timer) -> Case:
 
 
 def quant_gemv(kind: str, shape: Shape, dtype, timer: Timer) -> Case:
-    """The FP8 or 4-bit GEMV at one row, its prologue as the decode step defers it."""
+    """The FP8 or 4-bit GEMV at one row, with the prologue the decode step hands it."""
     inputs = _prologue_inputs(shape, dtype, timer.device)
     ws, args, fn, ref = _quant_weights(kind, shape, timer)
     want = ref(inputs["x"], *args(ws[0]), **_ref_kwargs(inputs))
-    return Case(shape.name, lambda cfg, i: (lambda: gemv_one_row(fn, cfg, args(ws[i]), _deferred(inputs))), want,
-                len(ws))
+    x, prologue = inputs["x"], _prologue(inputs)
+    return Case(shape.name, lambda cfg, i: (lambda: gemv_one_row(fn, cfg, args(ws[i]), x, prologue)), want, len(ws))
 
 
 def _quant_weights(kind: str, shape: Shape, timer: Timer, most: int = 24):
