@@ -126,7 +126,7 @@ async def measure(spec: BenchSpec, url: str,
         window=result.window, requests=result.requests, loop_lag=result.loop_lag,
         client_cpu=result.client_cpu, tokenizer=counts, prompt_lengths=workload.describe(),
         output_lengths=spec.output_dist.describe(), max_concurrency=load.max_concurrency,
-        server_metrics=sampler.relative_to(result.clock_origin) if sampler else (),
+        server_metrics=sampler.relative_to(result.clock_origin) if sampler else (), stopped_by=result.stopped_by,
     )
 
 

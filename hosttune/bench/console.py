@@ -43,6 +43,9 @@ def summary_table(runs: list[tuple[RunRecord, Summary]], render: TableRenderer =
                      "latencies may be the client's, not the server's.")
         if run.tokenizer.startswith("approximate"):
             text += f"\nNOTE {run.url}: prompt lengths are approximate (no /tokenize, no --tokenizer)."
+        if run.stopped_by:
+            text += (f"\nNOTE {run.url}: {run.stopped_by} ended the run after {run.window[1]:.1f} s; "
+                     "the figures cover it until then.")
     return text
 
 

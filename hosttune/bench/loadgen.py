@@ -20,6 +20,8 @@ What each request says comes from a `Workload` (workload.py).
 The run sends requests for `warmup` seconds (not measured), then for `duration`
 seconds or until `num_requests` measured requests have been sent, then waits up to
 `drain_timeout` for the requests still running and cancels the rest. It always stops.
+SIGINT or SIGTERM ends the sending early, as the end of its duration would (the throughput
+window ends there); a second one cancels the requests still running.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import random
+import signal
 import time
 from array import array
 from dataclasses import dataclass
@@ -99,6 +102,7 @@ class LoadResult:
     warmup_end: float
     window: tuple[float, float]
     client_cpu: float
+    stopped_by: str | None = None  # the signal that ended the run before its duration or count did
 
 
 class LoadGenerator:
@@ -120,6 +124,8 @@ class LoadGenerator:
         self.num_measured_sent = 0
         self.t0 = 0.0
         self.is_stopping = False
+        self.stopped_by: str | None = None
+        self.stop_requested = asyncio.Event()
         self.all_sent = asyncio.Event()
         self.slot_freed = asyncio.Event()
         self.crashes: list[BaseException] = []  # a bug, not a failed request: re-raised
@@ -131,6 +137,7 @@ class LoadGenerator:
         watchers = [asyncio.create_task(self._sample_lag())]
         if self.on_progress:
             watchers.append(asyncio.create_task(self._report_progress()))
+        caught = self._catch_signals()
         try:
             await (self._closed_loop() if self.load.mode == "users" else self._open_loop())
             stop = self._now()
@@ -138,25 +145,50 @@ class LoadGenerator:
         finally:
             for watcher in watchers:
                 watcher.cancel()
+            for sig in caught:
+                asyncio.get_running_loop().remove_signal_handler(sig)
             gc.unfreeze()
         if self.crashes:
             raise self.crashes[0]
         cpu = (time.process_time() - cpu0) / max(self._now(), 1e-9)
         return LoadResult(tuple(sorted(self.records, key=lambda r: r.index)), tuple(self.lag),
-                          self.t0, self.load.warmup, self._window(stop), cpu)
+                          self.t0, self.load.warmup, self._window(stop), cpu, self.stopped_by)
+
+    def _catch_signals(self) -> list[signal.Signals]:
+        """SIGINT or SIGTERM ends the run early, its report intact (where this loop may take signals)."""
+        caught = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                asyncio.get_running_loop().add_signal_handler(sig, self.request_stop, sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread's loop
+                continue
+            caught.append(sig)
+        return caught
+
+    def request_stop(self, sig: signal.Signals) -> None:
+        """Send nothing more and let what is in flight finish; a second signal cancels that too."""
+        if self.stop_requested.is_set():
+            for task in list(self.tasks):
+                task.cancel()
+            return
+        self.stopped_by = sig.name
+        self.stop_requested.set()
+        self.slot_freed.set()
 
     def _now(self) -> float:
         return time.perf_counter() - self.t0
 
     def _window(self, stop: float) -> tuple[float, float]:
         start = self.load.warmup
+        if self.stopped_by is not None:
+            return start, max(start, stop)
         if self.load.duration is not None:
             return start, start + self.load.duration
         ends = [r.end for r in self.records if not r.is_warmup and r.outcome != CANCELLED]
         return start, max(ends, default=stop)
 
     def _may_send(self, now: float) -> bool:
-        if self.is_stopping:
+        if self.is_stopping or self.stop_requested.is_set():
             return False
         if now < self.load.warmup:
             return True
@@ -171,13 +203,16 @@ class LoadGenerator:
     async def _closed_loop(self) -> None:
         for user in range(self.load.users):
             self._spawn(self._user(user))
+        stop = asyncio.create_task(self.stop_requested.wait())
         if self.load.duration is not None:
-            await asyncio.sleep(self.load.warmup + self.load.duration - self._now())
+            await asyncio.wait({stop}, timeout=max(0.0, self.load.warmup + self.load.duration - self._now()))
+            stop.cancel()
             return
         all_sent = asyncio.create_task(self.all_sent.wait())
-        # Users end only once everything is sent, unless one crashed: then stop too.
-        await asyncio.wait({all_sent, *self.tasks}, return_when=asyncio.FIRST_COMPLETED)
+        # Users end only once everything is sent, unless one crashed or a signal came: then stop too.
+        await asyncio.wait({all_sent, stop, *self.tasks}, return_when=asyncio.FIRST_COMPLETED)
         all_sent.cancel()
+        stop.cancel()
 
     async def _user(self, user: int) -> None:
         refused, again = 0, None  # refusals in a row, and the prompt they refused
@@ -202,13 +237,13 @@ class LoadGenerator:
             delay = arrival - self._now()
             if delay > 0:
                 await asyncio.sleep(delay)
-            while len(self.tasks) >= cap:
+            while len(self.tasks) >= cap and not self.stop_requested.is_set():
                 self.slot_freed.clear()
                 await self.slot_freed.wait()
             if self.load.max_concurrency:  # late because of the cap: due now, if still in time
                 arrival = max(arrival, self._now())
-                if not self._may_send(arrival):
-                    return
+            if not self._may_send(arrival):
+                return
             self._spawn(self._send(arrival, None))
 
     def _arrivals(self):

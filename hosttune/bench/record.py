@@ -93,3 +93,4 @@ class RunRecord:
     output_lengths: str
     max_concurrency: int | None = None
     server_metrics: tuple[ServerSample, ...] = ()  # /metrics sampled through the run
+    stopped_by: str | None = None  # the signal (SIGINT, SIGTERM) that ended the run early

@@ -62,6 +62,8 @@ def bench(
     --turns (conversations; with --dataset its user turns) or --trace. --out writes
     results.json, report.md, CSV files and PNG plots (latencies over time beside the
     server's queue, batch, KV-cache use and preemptions, when it has /metrics).
+    Ctrl-C (or SIGTERM) ends a run early and still reports it, over the time it ran; a
+    second one also cancels the requests in flight.
     Exit code bits: 1 SLO missed (or no rate held in a sweep), 2 usage error,
     4 the client fell behind.
 

@@ -1,14 +1,24 @@
-"""`hosttune bench` through typer's CliRunner, against scripted servers."""
+"""`hosttune bench` through typer's CliRunner against scripted servers, and in its own process where a signal must reach it."""
 
 import csv
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from hosttune.cli import app
 from hosttune.cli.bench_run import EXIT_CLIENT_BEHIND
 
 from .servers import realtime
+
+REPO = Path(__file__).resolve().parents[2]
 
 runner = CliRunner()
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -137,3 +147,31 @@ def test_bad_workload_options_are_user_errors(tmp_path):
                           (["--dataset", str(tmp_path / "none.json")], "does not exist")):
         result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", *args])
         assert result.exit_code == 2 and message in result.output, (args, result.output)
+
+
+def _running(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        line = next(l for l in r.read().decode().splitlines() if l.startswith("vllm:num_requests_running"))
+    return float(line.split()[-1])
+
+
+@pytest.mark.parametrize("load", [["--rate", "20"], ["--users", "4"]])
+def test_ctrl_c_ends_a_run_early_and_still_reports_it(server_factory, tmp_path, load):
+    url = server_factory("--ttft", "0.5", "--itl", "0.001")  # each request in flight half a second
+    out = tmp_path / "stopped"
+    argv = [sys.executable, "-m", "hosttune", "bench", "--url", url, *load, "--duration", "120s", "--warmup", "0s",
+            "--prompts", "uniform:8-16", "--max-tokens", "4", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    bench = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while _running(url) < 1 and time.monotonic() < deadline and bench.poll() is None:
+        time.sleep(0.1)  # the run prints nothing to a pipe: its requests on the server say it is sending
+    time.sleep(1)
+    bench.send_signal(signal.SIGINT)
+    output, _ = bench.communicate(timeout=60)
+    assert bench.returncode in (0, 4), output
+    assert "SIGINT ended the run after" in output and "Traceback" not in output
+    run = json.loads((out / "results.json").read_text())["runs"][0]
+    assert run["stopped_by"] == "SIGINT" and run["window"][1] < 60
+    measured = [r for r in run["requests"] if not r["is_warmup"]]
+    assert measured and all(r["outcome"] == "ok" for r in measured)  # those in flight finished, not cut
