@@ -21,6 +21,7 @@ from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.parallel.checks import check_startup, shard_bytes, weight_bytes
 from hosttune_engine.parallel.layout import ShardLayout
 from hosttune_engine.parallel.transform import shard_model
+from hosttune_engine.quant.sharding import tensor_part
 from hosttune_engine.quant.spec import Layout, QuantSpec
 
 from .oracle import prompt_ids
@@ -146,3 +147,33 @@ def test_a_rank_reads_only_its_part_of_each_quantized_tensor(quantized, monkeypa
     assert o_proj.in_features == 192 and not o_proj.permuted  # its columns come in group order
     assert sorted(o_proj.input_columns.tolist()) == sorted(
         k for k, g in enumerate(read["model.layers.0.self_attn.o_proj.g_idx"].tolist()) if g < 3)
+
+
+FP8_BLOCK, AWQ = QuantSpec(Layout.FP8_BLOCK, block=(64, 128)), QuantSpec(Layout.AWQ, group_size=64)
+GPTQ, ACT_ORDER = QuantSpec(Layout.GPTQ, group_size=64), QuantSpec(Layout.GPTQ, group_size=64, desc_act=True)
+# (spec, tensor, output rows or None, input columns or None) -> (dim, start, stop) read, None for all of it
+PARTS = [
+    (FP8_BLOCK, "weight", (128, 256), None, (0, 128, 256)),
+    (FP8_BLOCK, "weight_scale_inv", (128, 256), None, (0, 2, 4)),
+    (FP8_BLOCK, "weight_scale_inv", None, (256, 512), (1, 2, 4)),
+    (QuantSpec(Layout.FP8_CHANNEL), "weight_scale", (64, 128), None, (0, 64, 128)),
+    (QuantSpec(Layout.FP8_CHANNEL), "weight_scale", None, (64, 128), None),
+    (QuantSpec(Layout.FP8_TENSOR), "weight_scale", (64, 128), None, None),
+    (QuantSpec(Layout.FP8_CHANNEL, static_input_scale=True), "input_scale", None, (64, 128), None),
+    (AWQ, "qweight", (64, 128), None, (1, 8, 16)),
+    (AWQ, "qweight", None, (128, 256), (0, 128, 256)),
+    (AWQ, "qzeros", None, (128, 256), (0, 2, 4)),
+    (AWQ, "scales", (64, 128), None, (1, 64, 128)),
+    (GPTQ, "qweight", (64, 128), None, (1, 64, 128)),
+    (GPTQ, "qweight", None, (128, 256), (0, 16, 32)),
+    (GPTQ, "g_idx", None, (128, 256), (0, 128, 256)),
+    (GPTQ, "g_idx", (64, 128), None, None),
+    (ACT_ORDER, "qweight", None, (128, 256), None),
+    (ACT_ORDER, "g_idx", None, (128, 256), None),
+    (ACT_ORDER, "scales", None, (128, 256), (0, 2, 4)),
+]
+
+
+@pytest.mark.parametrize("spec, kind, rows, cols, part", PARTS)
+def test_each_layout_names_the_part_of_each_tensor_a_rank_reads(spec, kind, rows, cols, part):
+    assert tensor_part(spec, kind, rows, cols) == part
