@@ -93,10 +93,10 @@ def dequantize_ref(qweight, scales, zeros, perm, group_size: int) -> torch.Tenso
     """The kernels' layout -> fp32 W [N, K] in input-column order."""
     n, k = qweight.shape[0], qweight.shape[1] * 8
     r = pack_block(group_size) // 8
-    shifts = torch.arange(0, 32, 4, device=qweight.device, dtype=torch.int32)
-    stored = (qweight[:, :, None] >> shifts) & 0xF  # [N, K/8, 8]: word, nibble
-    # word j of a pack block holds, at nibble i, its column r i + j (`stored_columns`): a transpose per block
-    q = stored.view(n, k // (8 * r), r, 8).transpose(2, 3).reshape(n, k // group_size, group_size).float()
+    shifts = torch.arange(0, 32, 4, device=qweight.device, dtype=torch.int32).view(1, 1, 8, 1)
+    # word j of a pack block holds, at nibble i, its column r i + j (`stored_columns`): [N, blocks, i, j]
+    q = (qweight.view(n, k // (8 * r), 1, r) >> shifts) & 0xF
+    q = q.view(n, k // group_size, group_size).float()
     w = ((q - zeros[:, :, None].float()) * scales[:, :, None].float()).view(n, k)  # group order
     if perm is None:
         return w
