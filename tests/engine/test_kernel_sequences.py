@@ -21,11 +21,14 @@ from hosttune_engine.layers import linear
 from hosttune_engine.planner import prepare
 from hosttune_engine.plan.gpus import GpuInfo
 
+from .conftest import WIDE_GEMV
+
 PINNED = Path(__file__).parents[1] / "fixtures" / "engine" / "kernel_sequences.json"
-HOPPER_STAND_IN = GpuInfo("cpu standing in for a Hopper GPU", (9, 0), present=False)
+HOPPER_STAND_IN = GpuInfo("cpu", (9, 0), present=False)  # FP8 tensor cores; the wide GEMV tiles ("cpu")
 ROWS = (1, 3, 24)
 # name -> (model, dtype, quantization, kernel backend, tuned table over the GEMVs' wide tiles)
-TRITON_GEMM = {"fp8_mm": {"float16-le32": {"METHOD": "triton"}}, "fp8_gemm": {"float16-le32": {"SWIGLU": 1}}}
+TRITON_GEMM = {"fp8_mm": {"float16-le32": {"METHOD": "triton"}}, "fp8_gemm": {"float16-le32": {"SWIGLU": 1}},
+               "fp8_gemv": {"float16-le1": WIDE_GEMV, "float16-le8": WIDE_GEMV}}
 CASES = {
     "bf16": ("qwen2", "float32", None, "triton", None),
     "torch": ("qwen2", "float32", None, "torch", None),
@@ -116,3 +119,26 @@ def test_the_torch_backend_switch_runs_the_references_and_back_the_plan(tiny_mod
         _one_step(eng, 1)
         assert log == pinned[case]["1"]
         log.clear()
+
+
+def test_each_fused_module_runs_inside_one_segment(tiny_models, monkeypatch, wide_gemv_tiles):
+    """The piecewise graphs capture the model segment by segment (core/mixed_graphs.py): every fused module,
+    the FP8 MLP whose gate_up GEMM writes down_proj's input among them, starts and ends inside one segment."""
+    from hosttune_engine.layers.fused import NormLinear, NormMLP
+
+    monkeypatch.setattr(linear, "_on_gpu", lambda x: True)
+    monkeypatch.setattr(model_runner, "present_gpu", lambda device: HOPPER_STAND_IN)
+    eng = _engine(tiny_models, "fp8-triton-gemm")
+    model = eng.runner.model.model
+    events, segment = [], model.segment
+    monkeypatch.setattr(model, "segment", lambda *a: (events.append("("), segment(*a), events.append(")"))[1])
+    for module in model.modules():
+        if isinstance(module, (NormLinear, NormMLP)):
+            module.register_forward_pre_hook(lambda *a: events.append("["))
+            module.register_forward_hook(lambda *a: events.append("]"))
+    for rows in ROWS:
+        _one_step(eng, rows)
+    layers = len(model.layers)
+    steps = "".join(events)
+    assert steps.count("[") == len(ROWS) * 2 * layers  # the norm feeding qkv_proj, the MLP behind its norm
+    assert steps.replace("[]", "").replace("()", "") == ""  # none opens in one segment and closes in another
