@@ -34,7 +34,7 @@ Part = tuple[int, int, int]  # (dim, start, stop) of a checkpoint tensor
 
 @dataclass(frozen=True)
 class Split:
-    """Why a layout cannot split a layer at some tensor-parallel size: the unit a rank must hold whole."""
+    """The unit a rank's share of a quantized layer must be whole multiples of, and its name for errors."""
 
     unit: int  # rows or columns a rank's share must be a multiple of
     what: str  # e.g. "128-column FP8 blocks"
