@@ -4,18 +4,20 @@ tiny model and an inventory declaring its replicas, and what a test of keyed rep
 (deploy, read the group's key, ask through nginx, wait)."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import pytest
 from typer.testing import CliRunner
@@ -24,6 +26,7 @@ from hosttune.cli import app
 
 from .hosts import LiveHost
 
+T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "/srv/models/tiny-qwen2"
 runner = CliRunner()
@@ -162,3 +165,32 @@ def complete(port: int, key: str) -> None:
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, timeout=60)
     out = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=2, temperature=0)
     assert out.choices and out.usage.completion_tokens >= 1
+
+
+def finished(bench: subprocess.Popen, out: Path) -> list[dict]:
+    """The requests of a `hosttune bench --out out` run, once it has ended."""
+    output, _ = bench.communicate(timeout=400)
+    assert (out / "results.json").exists(), output[-2000:]
+    return json.loads((out / "results.json").read_text())["runs"][0]["requests"]
+
+
+def under_load(work: Callable[[], T], start_bench: Callable[[Path, int], subprocess.Popen], out: Path,
+               every_s: float = 30, bench_s: int = 40) -> tuple[T, float, list[dict]]:
+    """`work()`'s result and seconds, and the requests of benches run beside it for as long as it takes:
+    `start_bench(folder, seconds)` a new one every `every_s` seconds from its start, each for `bench_s`, so
+    that the load never stops before the work has (a deploy's own start, its plan and uploads, come before it
+    restarts anything)."""
+    results: list[T] = []
+    thread = threading.Thread(target=lambda: results.append(work()), daemon=True)
+    benches, began = [], time.monotonic()
+    thread.start()
+    started = began - every_s
+    while thread.is_alive():
+        if time.monotonic() - started >= every_s:
+            benches.append(start_bench(out / str(len(benches)), bench_s))
+            started = time.monotonic()
+        thread.join(0.2)
+    seconds = time.monotonic() - began
+    requests = [r for i, bench in enumerate(benches) for r in finished(bench, out / str(i))]
+    assert results, "the work under load raised (its traceback is above)"
+    return results[0], seconds, requests

@@ -6,10 +6,11 @@ the inventory's deploy: vars.
   they listen on 127.0.0.1 only, and through nginx a request without the key gets 401, with it 200.
 
 - A redeploy to a new release while `hosttune bench` sends a steady open-loop rate through nginx
-  loses no request: every response is a 200 as the bench counts them (one replica at a time is
-  taken out of nginx, drained, restarted on the new release, gated and put back). A `--set` holds
-  for that run only: the next deploy, with no options at all, goes back to the inventory's flags and
-  keeps the declared 2 replicas, again without a failed request.
+  (benches that overlap for as long as the redeploys take) loses no request: every response is a
+  200 as the bench counts them (one replica at a time is taken out of nginx, drained, restarted on
+  the new release, gated and put back). A `--set` holds for that run only: the next deploy, with no
+  options at all, goes back to the inventory's flags and keeps the declared 2 replicas, again
+  without a failed request.
 - A replica killed with SIGKILL is restarted by systemd; the probe timer takes it out of nginx
   and puts it back once it generates again (its generation sends the key).
 - Refusals (a TP that does not divide the heads, a model folder the host lacks, a flag the
@@ -26,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from .deploy_setup import MODEL, REPO, complete, deploy, group_key, invoke_deploy, replica_host, status, wait_for
+from .deploy_setup import (MODEL, REPO, complete, deploy, group_key, invoke_deploy, replica_host, status, under_load,
+                           wait_for)
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
 SERVERS = "/etc/hosttune/nginx/local-servers.conf"
@@ -83,34 +85,30 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
 
     # 2. under a steady rate through nginx, every request answered 200: a redeploy to a new release with
     #    a flag for this run only, then a redeploy with no options, back to the inventory's shape
-    bench = start_bench(port, key, tmp_path / "bench", 170)
-    time.sleep(8)
-    start = time.monotonic()
-    result = deploy(inventory, wheelhouse, "--set", "max-queue=16")
-    timings["rolling redeploy"] = time.monotonic() - start
-    assert result.exit_code == 0, result.output
-    second = result.stdout.split()[2]
-    assert second != first and host.exec("readlink /opt/hosttune/current").stdout.strip().endswith(second)
-    start = time.monotonic()
-    result = deploy(inventory, wheelhouse)
-    timings["redeploy with no options"] = time.monotonic() - start
-    assert result.exit_code == 0, result.output
-    assert result.stdout.split()[1:3] == ["deployed", first] and "!" not in result.plan  # the plan takes nothing away
+    def rolls():
+        flagged = deploy(inventory, wheelhouse, "--set", "max-queue=16")
+        live = host.exec("readlink /opt/hosttune/current").stdout.strip()
+        return flagged, live, deploy(inventory, wheelhouse)
+
+    # benches back to back (each for 30 s, a new one every 30 s): the rate stays the one the replicas are sized for
+    (flagged, live, back), timings["two rolling redeploys"], requests = under_load(
+        rolls, lambda out, seconds: start_bench(port, key, out, seconds), tmp_path / "bench", every_s=30, bench_s=30)
+    assert flagged.exit_code == 0, flagged.output
+    second = flagged.stdout.split()[2]
+    assert second != first and live.endswith(second)
+    assert back.exit_code == 0, back.output
+    assert back.stdout.split()[1:3] == ["deployed", first] and "!" not in back.plan  # the plan takes nothing away
     assert host.exec("readlink /opt/hosttune/current").stdout.strip().endswith(first)
-    bench_out, _ = bench.communicate(timeout=400)
-    assert timings["rolling redeploy"] + timings["redeploy with no options"] < 160, \
-        "the bench ended before the rolls did: raise its duration"
-    runs = json.loads((tmp_path / "bench" / "results.json").read_text())["runs"]
-    requests = runs[0]["requests"]
     bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
-    assert len(requests) >= 300 and not bad, (bad[:10], bench_out[-2000:])
+    assert len(requests) >= 100 and not bad, bad[:10]
     timings["requests during the rolls, all 200"] = len(requests)
     for i in range(2):  # both replicas run the inventory's release again
         pid = host.exec(f"systemctl show -p MainPID --value hosttune-engine@{i}.service").stdout.strip()
         assert first in host.exec(f"cat /proc/{pid}/cmdline | tr '\\0' ' '").stdout
     recorded = json.loads(host.path(f"/opt/hosttune/releases/{first}/.hosttune/release.json").read_text())
     assert recorded["settings"]["shape"] == {"engine": "custom", "model": MODEL, "port": port, "replicas": 2,
-                                             "tensor_parallel": 1, "api_key": True, "front_port": None}
+                                             "tensor_parallel": 1, "replicas_per_gpu": 1, "api_key": True,
+                                             "front_port": None}
 
     # 3. SIGKILL one replica: systemd restarts it; the probe takes it out of nginx and puts it back
     unit = "hosttune-engine@1.service"

@@ -4,8 +4,8 @@ wheelhouse like the engine's.
 
 - A shared-prefix workload (7 system prompts of 200 tokens, 4 requests a second) through nginx: the
   replicas' own prefix-cache counters show at least 80% of the prefix tokens they were sent found in
-  the cache (each replica keeps 72 blocks of 16 tokens: five of the seven prompts, room for however
-  the router spreads them).
+  the cache, counted once each prompt's first request has been looked up (each replica keeps 72
+  blocks of 16 tokens: five of the seven prompts, room for however the router spreads them).
 - Killing one replica under that load fails at most the requests it held; the probe takes it out
   of the router and puts it back once systemd has restarted it.
 - A rolling redeploy to a new release under 12 closed-loop users on 6 of the prompts (benches that
@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from .deploy_setup import MODEL, REPO, complete, deploy, group_key, replica_host, status, wait_for
+from .deploy_setup import (MODEL, REPO, complete, deploy, finished, group_key, replica_host, status, under_load,
+                           wait_for)
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(900)]
 NUM_REPLICAS = 3
@@ -46,43 +47,17 @@ USERS = ("--shared-prefix", "6x2")
 # Open loop: 4 requests a second on 7 system prompts in turn, as independent callers would send them. (A
 # closed-loop user's next request tends to land where its last one ended under least_conn too.)
 ARRIVALS = ("--shared-prefix", "7x2", "--rate", "4")
-BENCH_S, BENCH_EVERY_S = 40, 30  # the benches beside a rolling redeploy overlap, however long it takes
-
-
-def hosttune(*argv: str) -> subprocess.Popen:
-    """The hosttune CLI of this checkout in its own process."""
-    path = os.pathsep.join([str(REPO), str(REPO / "engine"), os.environ.get("PYTHONPATH", "")])
-    return subprocess.Popen([sys.executable, "-m", "hosttune", *argv], env={**os.environ, "PYTHONPATH": path},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def start_bench(port: int, key: str, out: Path, seconds: int, load: tuple[str, ...]) -> subprocess.Popen:
     """`hosttune bench --shared-prefix` in its own process, through the host's nginx."""
-    return hosttune("bench", "--url", f"http://127.0.0.1:{port}", "--api-key", key, *load, "--prefix-tokens",
-                    str(PREFIX_TOKENS), "--prompts", "uniform:8-16", "--max-tokens", "4", "--duration", f"{seconds}s",
-                    "--warmup", "0s", "--timeout", "120s", "--max-client-lag", "1s", "--out", str(out))
-
-
-def under_load(port: int, key: str, out: Path, command: subprocess.Popen) -> tuple[str, float, list[dict]]:
-    """`command`'s output and seconds, and the requests of closed-loop benches run beside it for as long as it
-    takes: a new one every BENCH_EVERY_S seconds from its start, each for BENCH_S, so that the load never stops
-    before the command has (the command's own start, its plan and uploads, comes before it restarts anything)."""
-    benches, began = [], time.monotonic()
-    started = began - BENCH_EVERY_S
-    while command.poll() is None:
-        if time.monotonic() - started >= BENCH_EVERY_S:
-            benches.append(start_bench(port, key, out / str(len(benches)), BENCH_S, USERS))
-            started = time.monotonic()
-        time.sleep(0.2)
-    seconds = time.monotonic() - began
-    output, _ = command.communicate()
-    return output, seconds, [r for i, bench in enumerate(benches) for r in finished(bench, out / str(i))]
-
-
-def finished(bench: subprocess.Popen, out: Path) -> list[dict]:
-    output, _ = bench.communicate(timeout=400)
-    assert (out / "results.json").exists(), output[-2000:]
-    return json.loads((out / "results.json").read_text())["runs"][0]["requests"]
+    argv = [sys.executable, "-m", "hosttune", "bench", "--url", f"http://127.0.0.1:{port}", "--api-key", key,
+            *load, "--prefix-tokens", str(PREFIX_TOKENS), "--prompts", "uniform:8-16",
+            "--max-tokens", "4", "--duration", f"{seconds}s", "--warmup", "0s", "--timeout", "120s",
+            "--max-client-lag", "1s", "--out", str(out)]
+    path = os.pathsep.join([str(REPO), str(REPO / "engine"), os.environ.get("PYTHONPATH", "")])
+    return subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": path}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
 
 
 def counters(ports) -> dict[str, float]:
@@ -94,6 +69,13 @@ def counters(ports) -> dict[str, float]:
         for key, name in names.items():
             totals[key] += sum(float(m) for m in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
     return totals
+
+
+def cold_start_done(ports) -> dict[str, float] | None:
+    """The replicas' counters once they have looked up at least as many prompt tokens as the first request of
+    each of the 7 system prompts holds at most (the bench sends them in turn), else None."""
+    totals = counters(ports)
+    return totals if totals["queries"] >= 7 * (PREFIX_TOKENS + 16) else None
 
 
 def routed(router_port: int) -> dict[str, float]:
@@ -155,9 +137,10 @@ def test_the_router_keeps_prefixes_on_their_replica_and_rolls_without_losing_a_r
     assert scrape[-1]["targets"] == [f"127.0.0.1:{router_port + 1}"]
 
     # 2. the shared-prefix workload: prefixes hit on their replica; then one replica killed under it
-    bench = start_bench(port, key, tmp_path / "shared", 24, ARRIVALS)
-    time.sleep(4)
-    before = counters(replica_ports)
+    bench = start_bench(port, key, tmp_path / "shared", 40, ARRIVALS)
+    # counted from once every system prompt has been looked up (its first, cold, request admitted), however
+    # long a loaded host takes to start
+    before = wait_for("the first request of every system prompt admitted", lambda: cold_start_done(replica_ports), 30)
     time.sleep(12)
     after = counters(replica_ports)
     # should the share fall short: what each replica looked up and found, and what the router sent where
@@ -182,10 +165,10 @@ def test_the_router_keeps_prefixes_on_their_replica_and_rolls_without_losing_a_r
 
     # 3. a rolling redeploy to a new release under the same load: every request answered, the router left running
     router_pid = main_pid(host, "hosttune-router.service")
-    roll = hosttune("deploy", "--yes", "-i", str(inventory), "-w", str(wheelhouse), "--keys-dir",
-                    str(inventory.parent / "keys"), "--set", "max-queue=32")
-    output, timings["rolling redeploy"], requests = under_load(port, key, tmp_path / "roll", roll)
-    assert roll.returncode == 0, output
+    result, timings["rolling redeploy"], requests = under_load(
+        lambda: deploy(inventory, wheelhouse, "--set", "max-queue=32"),
+        lambda out, seconds: start_bench(port, key, out, seconds, USERS), tmp_path / "roll")
+    assert result.exit_code == 0, result.output
     bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
     assert len(requests) >= 100 and not bad, bad[:10]
     timings["requests during the roll, all 200"] = len(requests)
