@@ -11,7 +11,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -25,6 +24,7 @@ from typer.testing import CliRunner
 from hosttune.cli import app
 
 from .hosts import LiveHost
+from .steady_bench import stop_bench
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -174,23 +174,12 @@ def finished(bench: subprocess.Popen, out: Path) -> list[dict]:
     return json.loads((out / "results.json").read_text())["runs"][0]["requests"]
 
 
-def under_load(work: Callable[[], T], start_bench: Callable[[Path, int], subprocess.Popen], out: Path,
-               every_s: float = 30, bench_s: int = 40) -> tuple[T, float, list[dict]]:
-    """`work()`'s result and seconds, and the requests of benches run beside it for as long as it takes:
-    `start_bench(folder, seconds)` a new one every `every_s` seconds from its start, each for `bench_s`, so
-    that the load never stops before the work has (a deploy's own start, its plan and uploads, come before it
-    restarts anything)."""
-    results: list[T] = []
-    thread = threading.Thread(target=lambda: results.append(work()), daemon=True)
-    benches, began = [], time.monotonic()
-    thread.start()
-    started = began - every_s
-    while thread.is_alive():
-        if time.monotonic() - started >= every_s:
-            benches.append(start_bench(out / str(len(benches)), bench_s))
-            started = time.monotonic()
-        thread.join(0.2)
+def under_load(work: Callable[[], T], bench: subprocess.Popen, out: Path) -> tuple[T, float, list[dict]]:
+    """`work()`'s result and seconds, and the requests of `bench` (`hosttune bench --out out` started before it
+    for far longer than any change takes, steady_bench.LONGEST_S), stopped with Ctrl-C once the work is done:
+    the load never ends before the change under it has."""
+    began = time.monotonic()
+    result = work()
     seconds = time.monotonic() - began
-    requests = [r for i, bench in enumerate(benches) for r in finished(bench, out / str(i))]
-    assert results, "the work under load raised (its traceback is above)"
-    return results[0], seconds, requests
+    stop_bench(bench)
+    return result, seconds, json.loads((out / "results.json").read_text())["runs"][0]["requests"]

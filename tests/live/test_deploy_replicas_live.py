@@ -6,7 +6,7 @@ the inventory's deploy: vars.
   they listen on 127.0.0.1 only, and through nginx a request without the key gets 401, with it 200.
 
 - A redeploy to a new release while `hosttune bench` sends a steady open-loop rate through nginx
-  (benches that overlap for as long as the redeploys take) loses no request: every response is a
+  (a bench that runs until the redeploys are done) loses no request: every response is a
   200 as the bench counts them (one replica at a time is taken out of nginx, drained, restarted on
   the new release, gated and put back). A `--set` holds for that run only: the next deploy, with no
   options at all, goes back to the inventory's flags and keeps the declared 2 replicas, again
@@ -19,16 +19,13 @@ the inventory's deploy: vars.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from .deploy_setup import (MODEL, REPO, complete, deploy, group_key, invoke_deploy, replica_host, status, under_load,
+from .deploy_setup import (MODEL, complete, deploy, group_key, invoke_deploy, replica_host, status, under_load,
                            wait_for)
+from .steady_bench import start_bench as steady_bench
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
 SERVERS = "/etc/hosttune/nginx/local-servers.conf"
@@ -38,15 +35,6 @@ def shape(port: int) -> dict:
     """The deployment's shape as the inventory declares it."""
     return {"engine": "custom", "model": MODEL, "replicas": 2, "port": port, "custom": {"device": "cpu", "max-batch-size": 8},
             "health_timeout": 240, "warmup": 1, "probe_interval": 2, "api_key": True}
-
-
-def start_bench(port: int, key: str, out: Path, seconds: int) -> subprocess.Popen:
-    """`hosttune bench` in its own process: a steady open-loop rate through the host's nginx."""
-    argv = [sys.executable, "-m", "hosttune", "bench", "--url", f"http://127.0.0.1:{port}", "--api-key", key, "--rate", "2",
-            "--burstiness", "100", "--duration", f"{seconds}s", "--warmup", "0s", "--prompts", "uniform:8-24",
-            "--max-tokens", "8", "--timeout", "120s", "--max-client-lag", "1s", "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "engine"), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def tree_hash(host) -> str:
@@ -90,9 +78,9 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
         live = host.exec("readlink /opt/hosttune/current").stdout.strip()
         return flagged, live, deploy(inventory, wheelhouse)
 
-    # benches back to back (each for 30 s, a new one every 30 s): the rate stays the one the replicas are sized for
-    (flagged, live, back), timings["two rolling redeploys"], requests = under_load(
-        rolls, lambda out, seconds: start_bench(port, key, out, seconds), tmp_path / "bench", every_s=30, bench_s=30)
+    bench = steady_bench(port, tmp_path / "bench", key)
+    time.sleep(8)
+    (flagged, live, back), timings["two rolling redeploys"], requests = under_load(rolls, bench, tmp_path / "bench")
     assert flagged.exit_code == 0, flagged.output
     second = flagged.stdout.split()[2]
     assert second != first and live.endswith(second)

@@ -8,8 +8,8 @@ wheelhouse like the engine's.
   blocks of 16 tokens: five of the seven prompts, room for however the router spreads them).
 - Killing one replica under that load fails at most the requests it held; the probe takes it out
   of the router and puts it back once systemd has restarted it.
-- A rolling redeploy to a new release under 12 closed-loop users on 6 of the prompts (benches that
-  overlap for as long as the roll takes) fails no request, and leaves the router running (its unit is
+- A rolling redeploy to a new release under 12 closed-loop users on 6 of the prompts (a bench that runs
+  until the roll is done) fails no request, and leaves the router running (its unit is
   the same text).
 - Back to nginx's least_conn (--no-router): the same workload finds far fewer prefixes cached, as
   every replica sees every system prompt and keeps only some of them.
@@ -30,6 +30,7 @@ import pytest
 
 from .deploy_setup import (MODEL, REPO, complete, deploy, finished, group_key, replica_host, status, under_load,
                            wait_for)
+from .steady_bench import LONGEST_S
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(900)]
 NUM_REPLICAS = 3
@@ -165,9 +166,10 @@ def test_the_router_keeps_prefixes_on_their_replica_and_rolls_without_losing_a_r
 
     # 3. a rolling redeploy to a new release under the same load: every request answered, the router left running
     router_pid = main_pid(host, "hosttune-router.service")
+    bench = start_bench(port, key, tmp_path / "roll", LONGEST_S, USERS)
+    time.sleep(5)
     result, timings["rolling redeploy"], requests = under_load(
-        lambda: deploy(inventory, wheelhouse, "--set", "max-queue=32"),
-        lambda out, seconds: start_bench(port, key, out, seconds, USERS), tmp_path / "roll")
+        lambda: deploy(inventory, wheelhouse, "--set", "max-queue=32"), bench, tmp_path / "roll")
     assert result.exit_code == 0, result.output
     bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
     assert len(requests) >= 100 and not bad, bad[:10]
