@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
-import os
 import re
 import shutil
 import socket
