@@ -27,8 +27,8 @@ from hosttune.deploy.access import Front, front_for
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.front import LOOPBACK
 from hosttune.deploy.host import HostDeploy
-from hosttune.deploy.router import ADMIN_PATHS, DIRECT_PATHS
-from hosttune.deploy.settings import DEFAULT_PORT, flag_argv
+from hosttune.deploy.router import ADMIN_PATHS, DIRECT_PATHS, RouterPorts, router_flags
+from hosttune.deploy.settings import DEFAULT_PORT
 from hosttune.deploy.shape import declared
 from hosttune.deploy.units import Upstream, render_nginx
 from hosttune.presets import load_router
@@ -115,10 +115,9 @@ def router_unit(upstream: Upstream) -> bytes:
     """The group router's systemd unit for the balancing machine, over the hosts `upstream` balances."""
     router = load_router()
     port = router_port(upstream)
-    flags = {"host": LOOPBACK, "port": port, "policy": router.policy, "prometheus-host": LOOPBACK,
-             "prometheus-port": port + 1, "health-check-endpoint": "/health", **router.flags}
-    argv = (f"{ROUTER_VENV}/bin/python", "-m", router.module, "--worker-urls",
-            *(f"http://{b}" for b in upstream.direct_backends), *flag_argv(flags, {}, None))
+    workers = (f"http://{b}" for b in upstream.direct_backends)
+    argv = (f"{ROUTER_VENV}/bin/python", "-m", router.module, "--worker-urls", *workers,
+            *router_flags(router, RouterPorts(port, port + 1), "/health"))
     return render("hosttune-group-router.service.j2", group=upstream.group, policy=router.policy, venv=ROUTER_VENV,
                   requirement=router.requirement, exec_start=systemd_exec(argv))
 

@@ -60,12 +60,17 @@ def router_wheel(entry: Entry, router: RouterPreset) -> WheelFile:
                       f"build it with hosttune build --engine {entry.key.engine} --deps --router")
 
 
-def router_argv(router: RouterPreset, ports: RouterPorts, health: str) -> tuple[str, ...]:
-    """The live release's python (through `current`, found when the router starts) running the router."""
+def router_flags(router: RouterPreset, ports: RouterPorts, health: str) -> list[str]:
+    """The router's flags: on the loopback address at `ports`, its policy, health checks and the preset's."""
     flags = {"host": LOOPBACK, "port": ports.listen, "policy": router.policy, "prometheus-host": LOOPBACK,
              "prometheus-port": ports.metrics, "health-check-endpoint": health, **router.flags}
+    return flag_argv(flags, {}, None)
+
+
+def router_argv(router: RouterPreset, ports: RouterPorts, health: str) -> tuple[str, ...]:
+    """The live release's python (through `current`, found when the router starts) running the router."""
     # /usr/bin/env: systemd-analyze verify checks the program exists, and `current` may not yet
-    return ("/usr/bin/env", f"{CURRENT}/bin/python", "-m", router.module, *flag_argv(flags, {}, None))
+    return ("/usr/bin/env", f"{CURRENT}/bin/python", "-m", router.module, *router_flags(router, ports, health))
 
 
 def render_router_unit(router: RouterPreset, ports: RouterPorts, health: str, sync: tuple[str, ...]) -> bytes:
