@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--skip", nargs="*", default=[], choices=SECTIONS)
     parser.add_argument("--budget-s", type=float, default=540, help="sections that would not fit are skipped")
     parser.add_argument("--hf-limit-s", type=float, default=420)
+    parser.add_argument("--quant-schemes", nargs="+", choices=("fp8", "awq", "fp8-kv8"),
+                        help="the quant section's weight schemes (default: all of quant_bench's)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -54,7 +56,7 @@ def main() -> None:
     save()
     for name, need_s, fn in (("kernels", 60, lambda: run_kernels(res, args.tune, log)),
                              ("engine", 90, lambda: run_engine(res, log, deadline)),
-                             ("quant", 150, lambda: run_quant(res, log)),
+                             ("quant", 150, lambda: run_quant(res, log, args.quant_schemes)),
                              ("greedy", 40, lambda: run_greedy(res, log)),
                              ("hf", 45, lambda: run_hf(res, out, min(args.hf_limit_s, deadline.left() - 5)))):
         if name in args.skip or not deadline.allows(need_s):
@@ -139,10 +141,11 @@ def run_engine(res: dict, log, deadline) -> None:
     torch.cuda.empty_cache()
 
 
-def run_quant(res: dict, log) -> None:
+def run_quant(res: dict, log, schemes: list[str] | None) -> None:
     from benchmarks.engine import quant_bench
 
-    quant_bench.run_quant(res, log)
+    plan = quant_bench.Plan(schemes=tuple(schemes)) if schemes else quant_bench.Plan()
+    quant_bench.run_quant(res, log, plan)
 
 
 def run_greedy(res: dict, log) -> None:
