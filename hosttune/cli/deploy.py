@@ -37,7 +37,7 @@ def deploy(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model folder on the hosts (default: the inventory's deploy.model, else what the host serves)."),
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,
-    port: Optional[int] = typer.Option(None, "--port", "-p", help="Service port (default: the inventory's deploy.port, else 8000)."),
+    port: Optional[int] = typer.Option(None, "--port", "-p", help="Service port (default: the inventory's deploy.port, else what the host serves, else 8000)."),
     serial: Optional[int] = typer.Option(None, "--serial", min=1, help="Hosts per batch (default: all at once)."),
     max_fail_percent: Optional[float] = typer.Option(None, "--max-fail-percent", min=0, max=100, help="Stop starting batches once more than this share of hosts failed."),
     canary: int = typer.Option(0, "--canary", min=0, help="Deploy the first N hosts first; the rest only when they succeed (and meet --canary-slo)."),

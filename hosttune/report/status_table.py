@@ -44,7 +44,8 @@ def render_table(statuses: list[HostStatus]) -> str:
         if s is not None and state(s) != "ok":
             lines += _details(s)
     counts = Counter(state(s) for s in statuses)
-    lines.append(f"{len(statuses)} hosts: " + ", ".join(f"{n} {k.lower()}" for k, n in sorted(counts.items())))
+    hosts = "host" if len(statuses) == 1 else "hosts"
+    lines.append(f"{len(statuses)} {hosts}: " + ", ".join(f"{n} {k.lower()}" for k, n in sorted(counts.items())))
     return "\n".join(lines)
 
 

@@ -159,6 +159,7 @@ def test_read_only_kernel_write_is_a_failed_step_its_recap_says_what_changed_and
 
     code, out = invoke(*shlex.split(undo)[1:])  # the recap's command, as a user would paste it
     assert code == 0, out
+    assert "disable hosttune-thp.service again" in out and "stop hosttune-thp" not in out  # it never ran
     assert snapshot(bad) == before  # every file byte for byte, the unit's enablement link gone
     assert unit_state(bad, "irqbalance.service") == units_before
     assert not bad.path("/etc/systemd/system/hosttune-thp.service").exists()

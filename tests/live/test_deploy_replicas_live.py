@@ -9,10 +9,12 @@ the inventory's deploy: vars.
   (a bench that runs until the redeploys are done) loses no request: every response is a
   200 as the bench counts them (one replica at a time is taken out of nginx, drained, restarted on
   the new release, gated and put back). A `--set` holds for that run only: the next deploy, with no
-  options at all, goes back to the inventory's flags and keeps the declared 2 replicas, again
-  without a failed request.
+  options at all and an inventory that now declares only the flags, goes back to those flags and
+  keeps the engine, model, port and 2 replicas the live release recorded, again without a failed
+  request.
 - A replica killed with SIGKILL is restarted by systemd; the probe timer takes it out of nginx
-  and puts it back once it generates again (its generation sends the key).
+  and puts it back once it generates again (its generation sends the key); its lines in the
+  journal say hosttune.
 - Refusals (a TP that does not divide the heads, a model folder the host lacks, a flag the
   installed engine does not know) are one line each, exit 2, and leave /etc and /opt as they were.
 """
@@ -72,11 +74,16 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     complete(port, key)
 
     # 2. under a steady rate through nginx, every request answered 200: a redeploy to a new release with
-    #    a flag for this run only, then a redeploy with no options, back to the inventory's shape
+    #    a flag for this run only, then a redeploy with no options from an inventory that declares only the
+    #    flags: the engine, model, port and replicas are what the live release recorded
+    flags_only = {k: v for k, v in shape(port).items() if k not in ("engine", "model", "port", "replicas")}
+    undeclared = live_fleet.write_inventory(tmp_path / "flags-only.yaml", tmp_path / "known_hosts", [host], user="deploy",
+                                            become=True, host_vars={host.name: {"deploy": flags_only}})
+
     def rolls():
         flagged = deploy(inventory, wheelhouse, "--set", "max-queue=16")
         live = host.exec("readlink /opt/hosttune/current").stdout.strip()
-        return flagged, live, deploy(inventory, wheelhouse)
+        return flagged, live, deploy(undeclared, wheelhouse)
 
     bench = steady_bench(port, tmp_path / "bench", key)
     time.sleep(8)
@@ -90,7 +97,8 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
     assert len(requests) >= 100 and not bad, bad[:10]
     timings["requests during the rolls, all 200"] = len(requests)
-    for i in range(2):  # both replicas run the inventory's release again
+    assert host.path(SERVERS).read_text().count("server 127.0.0.1:") == 2  # still the 2 replicas the host served
+    for i in range(2):  # both replicas run the inventory's flags' release again
         pid = host.exec(f"systemctl show -p MainPID --value hosttune-engine@{i}.service").stdout.strip()
         assert first in host.exec(f"cat /proc/{pid}/cmdline | tr '\\0' ' '").stdout
     recorded = json.loads(host.path(f"/opt/hosttune/releases/{first}/.hosttune/release.json").read_text())
@@ -111,6 +119,8 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     wait_for("the probe puts it back", lambda: " down;" not in host.path(SERVERS).read_text(), 180)
     timings["back in nginx"] = time.monotonic() - start
     assert host.exec(f"systemctl show -p MainPID --value {unit}").stdout.strip() != pid
+    assert '"command": "probe"' in host.exec("journalctl --no-pager -o cat -t hosttune").stdout  # not "env"
+    assert '"command": "probe"' not in host.exec("journalctl --no-pager -o cat -t env").stdout
 
     # 4. refusals: one line, exit 2, /etc and /opt as they were
     before = tree_hash(host)

@@ -212,6 +212,7 @@ def test_host_local_nginx_balances_over_the_replicas_file(tmp_path):
                  "proxy_next_upstream_tries 4;", "proxy_buffering off;", "keepalive 64;", "keepalive_timeout 60s;"):
         assert line in conf
     assert "hash" not in conf and "ssl" not in conf  # no deploy.nginx: plain http on the service port
+    assert conf.splitlines()[0] == "# Managed by hosttune deploy: this host's nginx front over its custom engine."
 
 
 def host_local_conf(tmp_path, affinity: bool) -> str:

@@ -240,3 +240,48 @@ def test_the_shape_the_docs_declare_is_what_the_inventory_takes(tmp_path):
     assert declared(load_inventory(inventory).hosts[0]) == Shape("custom", "/models/qwen2.5-7b", "2", 1, 8000, 1)
     example = load_inventory(ROOT / "inventories" / "example.yaml").hosts[0]
     assert declared(example).engine == "vllm" and declared(example).replicas == "per-gpu"
+
+
+def test_the_shape_is_layered_as_the_docs_say_and_they_name_every_option_that_overrides_it(tmp_path):
+    """defaults < group < host in the inventory, the options that override it for one run, and the --yes a plan
+    that takes something away needs: said in docs/deploy.md and the README, and true of the code."""
+    import yaml
+
+    from hosttune.config.inventory import load_inventory
+    from hosttune.deploy.shape import SHAPE_KEYS, Shape, declared
+
+    shape_doc = section(ROOT / "docs" / "deploy.md", "### The deployment's shape")
+    readme = (ROOT / "README.md").read_text()
+    assert "(defaults < group < host)" in shape_doc and "(defaults < group <\nhost)" in readme
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({
+        "defaults": {"deploy": {"engine": "vllm", "model": "/models/a", "replicas": 1, "port": 9000}},
+        "groups": {"g": {"vars": {"deploy": {"replicas": 2, "model": "/models/g"}},
+                         "hosts": {"h": {"deploy": {"model": "/models/h"}}}}}}))
+    assert declared(load_inventory(inventory).hosts[0]) == Shape("vllm", "/models/h", "2", None, 9000, None)
+
+    named = set(re.findall(r"`(--[\w-]+)`", shape_doc.split("An option (", 1)[1].split(")", 1)[0]))
+    overriding = {"--" + key.replace("_", "-") for key in (*SHAPE_KEYS, "port")} | {"--router", "--set"}
+    assert named == overriding and all(has_option(hosttune_help("deploy"), o) for o in named)
+    assert "keeps what the host serves now" in shape_doc and "keeps what the host serves now" in readme
+    assert "needs\n`--yes` itself" in shape_doc and "needs\n`--yes`" in readme
+
+
+def test_the_preconditions_the_docs_state_are_every_need_an_operation_declares():
+    """Each kind of need the plan checks before anything is sent has its row in the README's table and its
+    words in docs/deploy.md's step; a new kind fails here until the documents say what it asks of a host."""
+    from typing import get_args
+
+    from hosttune.actions import needs
+
+    said = {needs.NeedCommand: "on the host's PATH", needs.NeedVenv: "venv module and ensurepip",
+            needs.NeedDir: "its parent directory", needs.NeedSpace: "free space",
+            needs.NeedPort: "ports free or held by this deployment's own units",
+            needs.NeedModel: "a `config.json` of an architecture the engine loads"}
+    assert set(said) == set(get_args(needs.Need))
+    table = section(ROOT / "README.md", "### Preconditions: checked before anything is sent")
+    assert all(words in table for words in said.values()), [w for w in said.values() if w not in table]
+    step = " ".join(section(ROOT / "docs" / "deploy.md", "### A deploy, step by step").split())
+    for words in ("makes virtualenvs", "python3-venv", "have room for", "readable `config.json`", "are free or held",
+                  "nothing changed: HOST: ...", "nothing is sent"):
+        assert words in step, words

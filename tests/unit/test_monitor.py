@@ -215,6 +215,7 @@ def test_status_reads_the_passes_and_judges_staleness_on_the_hosts_clock():
     table = render_table([fresh, old, missing])
     assert table.splitlines()[0].split() == ["HOST", "STATE", "AGE", "HOSTTUNE", "DRIVER", "RELEASE", "FAILING"]
     assert "monitor.installed" in table and "STALE" in table and table.endswith("3 hosts: 1 drift, 2 stale")
+    assert render_table([missing]).endswith("\n1 host: 1 stale")
 
 
 def test_the_monitor_step_comes_from_the_drifting_finding(wheels):
