@@ -15,6 +15,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "h200"
 FAKE_DRIVER_PKG = "nvidia-kernel-common-535"
 SNAPSHOT_DIRS = ("/etc", "/usr/local", "/boot")
 SNAPSHOT_SKIP = ("/etc/ld.so.cache",)  # rebuilt by dpkg triggers of package installs, not by hosttune
+JOURNALS = "/var/lib/hosttune"  # the run journals stay, so rollback knows the run was undone
 
 FAKE_SMI = """\
 #!/bin/sh
@@ -117,3 +118,20 @@ def unit_state(host, unit: str) -> tuple[str, str]:
     enabled = host.exec(f"systemctl is-enabled {unit}", check=False).stdout.strip()
     active = host.exec(f"systemctl is-active {unit}", check=False).stdout.strip()
     return enabled, active
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every path under root with its kind, mode and bytes (or link target); hosttune's journals aside."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = "/" + str(path.relative_to(root))
+        if rel == JOURNALS or rel.startswith(JOURNALS + "/"):
+            continue
+        st = path.lstat()
+        if path.is_symlink():
+            out[rel] = "link " + str(path.readlink())
+        elif path.is_file():
+            out[rel] = f"file {st.st_mode:o} {st.st_uid}:{st.st_gid} " + hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            out[rel] = f"{'dir' if path.is_dir() else 'other'} {st.st_mode:o} {st.st_uid}:{st.st_gid}"
+    return out

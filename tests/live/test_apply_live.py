@@ -25,7 +25,7 @@ from hosttune.transport.base import with_become
 from hosttune.transport.local import LocalTransport
 from hosttune.transport.ssh import SshTransport
 
-from .apply_setup import FAKE_DRIVER_PKG, UPDATE_GRUB, held, host_vars, make_untuned, snapshot, unit_state, write
+from .apply_setup import FAKE_DRIVER_PKG, UPDATE_GRUB, held, host_vars, make_untuned, snapshot, tree, unit_state, write
 from .hosts import Bind
 
 pytestmark = pytest.mark.live
@@ -280,7 +280,7 @@ def test_reboot_then_recheck_pending_until_cmdline_matches(fresh_hosts, live_fle
     assert hosts["rbcmdline"]["recheck"]["kernel.rcu_nocbs"] == "ok"
 
 
-# -- 6: --root writes an image, never the running system ----------------------------------------
+# -- 6: --root writes an image, never the running system; a minimal image over SSH --------------
 
 
 def test_root_writes_under_the_root_and_skips_live_kernel_writes(fresh_hosts, live_fleet, tmp_path):
@@ -307,6 +307,35 @@ def test_root_writes_under_the_root_and_skips_live_kernel_writes(fresh_hosts, li
     code, out = invoke("rollback", "--yes", "-i", str(inv), "--root", "/srv/img")
     assert code == 0 and "restored" in out, out
     assert sorted(p.name for p in (img / "etc").iterdir()) == []  # every directory apply made is gone again
+    a_minimal_image_over_ssh(host, live_fleet, tmp_path)
+
+
+def a_minimal_image_over_ssh(host, live_fleet, tmp_path):
+    """An image on the host with only etc/default/grub (no /usr/local, no update-grub, no shell): the dry run
+    changes nothing, apply writes the kernel arguments, a second apply has nothing to do, rollback restores
+    every byte."""
+    write(host, "/srv/min/etc/default/grub", 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX_DEFAULT="quiet"\nGRUB_CMDLINE_LINUX=""\n')
+    known = live_fleet.write_known_hosts(tmp_path / "known_hosts", [host])
+    inv = live_fleet.write_inventory(tmp_path / "min.yaml", known, [host], host_vars={host.name: {
+        "rcu_nocbs": "2-31", "pins": {"cuda": "12.4", "python": "3.11"}}})
+    image, before = host.path("/srv/min"), tree(host.path("/srv/min"))
+
+    code, dry = apply_json(inv, "--dry-run", "--root", "/srv/min")
+    plan = by_host(dry)[host.name]["plan"]
+    assert by_host(dry)[host.name]["error"] is None and tree(image) == before, dry
+    ops = [op["description"] for step in plan["steps"] for op in step["ops"]]
+    assert "make directory /usr/local" in ops and "$ update-grub" not in ops, ops
+
+    code, done = apply_json(inv, "--yes", "--root", "/srv/min")
+    result = by_host(done)[host.name]
+    assert result["state"] == "changed" and all(s["status"] == "done" for s in result["steps"]), result
+    assert "rcu_nocbs=2-31" in (image / "etc/default/grub.d/90-hosttune.cfg").read_text()
+    code, again = apply_json(inv, "--yes", "--root", "/srv/min")
+    assert by_host(again)[host.name]["plan"]["steps"] == [] and again["run"] is None, again
+
+    code, out = invoke("rollback", "--yes", "-i", str(inv), "--root", "/srv/min")
+    assert code == 0 and "restored" in out, out
+    assert {k: v for k, v in tree(image).items() if k not in ("/var", "/var/lib")} == before  # the journals' folder stays
 
 
 # -- 7: rollback stops the boot units it removes ----------------------------------------------

@@ -5,7 +5,6 @@ reaches it over the local transport, as on an image build machine. Nothing here 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -15,12 +14,11 @@ from typer.testing import CliRunner
 
 from hosttune.cli import app
 
-from .apply_setup import UPDATE_GRUB, fake_nvcc
+from .apply_setup import UPDATE_GRUB, fake_nvcc, tree
 from .rootfs import make_root
 
 pytestmark = pytest.mark.live
 runner = CliRunner()
-JOURNALS = "/var/lib/hosttune"  # the run journals stay, so rollback knows the run was undone
 
 
 def write(root: Path, path: str, text: str, mode: int = 0o644) -> None:
@@ -43,23 +41,6 @@ def image(live_image, tmp_path):
     subprocess.run(["chroot", str(root), "update-grub"], check=True)
     yield root
     subprocess.run(["umount", str(root)], capture_output=True)
-
-
-def tree(root: Path) -> dict[str, str]:
-    """Every path under root with its kind, mode and bytes (or link target); hosttune's journals aside."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        rel = "/" + str(path.relative_to(root))
-        if rel == JOURNALS or rel.startswith(JOURNALS + "/"):
-            continue
-        st = path.lstat()
-        if path.is_symlink():
-            out[rel] = "link " + str(path.readlink())
-        elif path.is_file():
-            out[rel] = f"file {st.st_mode:o} {st.st_uid}:{st.st_gid} " + hashlib.sha256(path.read_bytes()).hexdigest()
-        else:
-            out[rel] = f"{'dir' if path.is_dir() else 'other'} {st.st_mode:o} {st.st_uid}:{st.st_gid}"
-    return out
 
 
 def apply_json(inv: Path, root: Path, *args: str) -> tuple[int, dict]:
