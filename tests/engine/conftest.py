@@ -38,9 +38,13 @@ def _release_gpu_memory():
 def _share_gpu_memory_between_workers():
     """On a GPU under pytest-xdist (engine/scripts/gpu_shard.sh) the workers share one device. An engine sized
     from the GPU's memory takes gpu_memory_utilization of it (128 GiB of an H200), and the other workers' next
-    allocations then run out of memory. Here such an engine sizes its pool from its share of the GPU's memory:
-    total / number of workers. The sizing code itself runs as it does when serving. Session-scoped, so it holds
-    for engines that module-scoped fixtures build too (they are set up before any test's own fixtures)."""
+    allocations then run out of memory. Here such an engine sizes its pool from its part of the GPU's memory
+    (below). The sizing code itself runs as it does when serving. Session-scoped, so it holds
+    for engines that module-scoped fixtures build too (they are set up before any test's own fixtures).
+
+    A worker may hold two engines at once (a module's engine and a test's own, or a test's two), and what the
+    first holds would leave the second nothing of the worker's share. So each engine sizes its pool from a third
+    of the worker's share, whatever else the worker holds: two engines' pools, and room for their weights."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if not (HAS_CUDA and workers > 1):
         yield
@@ -49,7 +53,8 @@ def _share_gpu_memory_between_workers():
 
     sized = model_runner.num_blocks_for_memory
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(model_runner, "num_blocks_for_memory", lambda total, *args: sized(total // workers, *args))
+        patch.setattr(model_runner, "num_blocks_for_memory", lambda total, utilization, used, reserved, shape:
+                      sized(total // (3 * workers), utilization, 0, reserved, shape))
         yield
 
 

@@ -22,7 +22,10 @@ from hosttune_engine.sampling import SamplingParams
 
 from .test_quant_accuracy import LONG_POSITIONS, mean_kl, teacher_forced_one_row, text_ids, top1
 
-KL_FP8_CACHE = 0.02  # the e4m3 cache against the unquantized one, either path (0.013-0.014 measured on the CPU)
+# The e4m3 cache against the unquantized one, either path. Measured: 0.013-0.014 on the CPU with torch 2.13,
+# 0.014 (prefill) and 0.024 (one row a step, a mean over 32 positions) on the CPU with torch 2.11, and 0.016-0.021
+# on an H200's kernels in bf16: which keys round one e4m3 step apart moves with the build's reduction order.
+KL_FP8_CACHE = 0.03
 KL_PATHS = 1e-6  # prefill against one row a step, unquantized cache, fp32 on the CPU
 ONE_ROW_STEPS = 32
 

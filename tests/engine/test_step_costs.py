@@ -68,10 +68,11 @@ def test_the_decode_terms_fit_a_small_pool_whatever_the_block_rounding(tiny_mode
 
 def test_a_budget_chunks_a_prompt_beside_decodes_and_generates_the_same(tiny_models):
     folder = str(tiny_models["llama"])
-    want, plain_steps = run(Engine(EngineConfig(model=folder)), short(), long())
+    # Pools of a fixed size: two engines alive at once on a GPU would otherwise share one memory share.
+    want, plain_steps = run(Engine(EngineConfig(model=folder, num_kv_blocks=256)), short(), long())
     assert [n for step in plain_steps for rid, n in step if rid == "long"][0] == 200  # one chunk
     # A budget far below any step's time: the prompt gets its minimum share beside the decode.
-    got, steps = run(Engine(EngineConfig(model=folder, max_step_ms=0.001)), short(), long())
+    got, steps = run(Engine(EngineConfig(model=folder, max_step_ms=0.001, num_kv_blocks=256)), short(), long())
     long_chunks = [n for step in steps for rid, n in step if rid == "long"]
     assert long_chunks[:4] == [64, 64, 64, 8] and all(("short", 1) in step for step in steps[1:5])
     assert got == want and len(got["long"]) == 4 and len(got["short"]) == 24

@@ -19,6 +19,8 @@ from hosttune_engine.model.shard import Shard, read_tensor
 from hosttune_engine.core.step_message import Mirrors, StepKind, step_message
 from hosttune_engine.sampling import SamplingParams
 
+from .conftest import DEVICE
+
 
 def _config(tiny_models, **heads) -> ModelConfig:
     return dataclasses.replace(ModelConfig.from_folder(tiny_models["llama"]), **heads)
@@ -116,7 +118,8 @@ def test_an_input_gather_computes_the_prologue_it_is_handed_first():
     from hosttune_engine.layers.prologue import SWIGLU
     from hosttune_engine.parallel.quant_split import _gather_input
 
-    one_rank, layer = SimpleNamespace(gather_columns=lambda x: x), SimpleNamespace(input_columns=torch.tensor([3, 0, 1]))
-    gate_up = torch.randn(1, 8)
+    columns = torch.tensor([3, 0, 1], device=DEVICE)
+    one_rank, layer = SimpleNamespace(gather_columns=lambda x: x), SimpleNamespace(input_columns=columns)
+    gate_up = torch.randn(1, 8, device=DEVICE)
     args, kwargs = _gather_input(one_rank, layer, (gate_up,), {"prologue": SWIGLU})
     assert kwargs == {} and torch.equal(args[0], swiglu(gate_up)[:, [3, 0, 1]])
