@@ -118,6 +118,13 @@ def test_findings_reflect_each_host(two_hosts, live_fleet, tmp_path):
     assert a["driver.version"]["status"] == "not-applicable"  # no NVIDIA GPU in a container
     assert code & 1 and not code & EXIT_UNREACHABLE
 
+    # the text report says so in one line naming the checks it leaves out, not one line a check
+    text = runner.invoke(app, ["check", "-i", str(inv), "--limit", "tuned"]).stdout
+    (no_gpu,) = [line for line in text.splitlines() if "no NVIDIA GPU on this host:" in line]
+    named = set(no_gpu.split(": ", 1)[1].split(", "))
+    assert no_gpu.startswith("  n/a     ") and {"driver.version", "gpu.count", "gpu.ecc"} <= named
+    assert not any(line.split()[:2] == ["n/a", "gpu.count"] for line in text.splitlines())
+
 
 def test_become_runs_the_probe_as_root(two_hosts, live_fleet, tmp_path):
     tuned, untuned = two_hosts

@@ -285,3 +285,15 @@ def test_the_preconditions_the_docs_state_are_every_need_an_operation_declares()
     for words in ("makes virtualenvs", "python3-venv", "have room for", "readable `config.json`", "are free or held",
                   "nothing changed: HOST: ...", "nothing is sent"):
         assert words in step, words
+
+
+def test_the_readme_names_each_extra_a_command_needs():
+    """`bench` and `verify` need extras the base install lacks; the README says which, as pyproject names them."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for command in ("bench", "verify"):
+        assert command in extras and f"`hosttune {command}`" in readme
+        assert f"`{command}` extra" in readme
+        assert f"pip install -e '.[{command}]'" in readme
