@@ -176,3 +176,13 @@ def test_with_yes_a_deploy_that_takes_something_away_says_so_and_goes_ahead(take
     result = runner.invoke(app, [*COMMANDS["deploy"][0], "--yes"])
     assert result.exit_code == 0 and takes_away == ["deploy"]
     assert "plan: deploy to 1 of 1 host; 1 of them lose what is marked !" in result.stdout
+
+
+def test_a_plan_with_nothing_to_do_changes_nothing_and_asks_nothing(acted, monkeypatch):
+    monkeypatch.setattr(apply_cli, "plan_fleet", lambda inv, wanted, options, on_host_done=None: [HostPlan(HOST, "p")])
+    monkeypatch.setattr(deploy_cli, "deploy_fleet", lambda inv, request, **kwargs: [
+        HostDeploy(HOST, Outcome.UNCHANGED, "custom-1", "custom-1")])
+    for argv in (["apply"], COMMANDS["deploy"][0]):
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 0 and acted == [], result.output
+        assert "nothing changed" not in result.stderr and "[y/N]" not in result.stderr
