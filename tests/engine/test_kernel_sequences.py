@@ -47,13 +47,21 @@ def _is_kernel(value) -> bool:
 
 
 def record_kernels(monkeypatch) -> list[str]:
-    """Wrap every kernel launcher the engine's layers reach (outside the kernels themselves); return the log."""
+    """Wrap every kernel launcher the engine's layers reach (outside the kernels themselves) and the LM head's
+    GEMM; return the log. Only the outermost call is logged: the LM head's GEMM is one entry whichever torch
+    call it makes on this device (a fp32-output mm on a GPU, F.linear on the CPU)."""
     log: list[str] = []
+    depth = [0]
 
     def wrap(fn, name):
         def recorded(*a, **k):
-            log.append(f"{name} prologue {k['prologue']}" if k.get("prologue") else name)
-            return fn(*a, **k)
+            if not depth[0]:
+                log.append(f"{name} prologue {k['prologue']}" if k.get("prologue") else name)
+            depth[0] += 1
+            try:
+                return fn(*a, **k)
+            finally:
+                depth[0] -= 1
         return recorded
 
     for module_name, module in list(sys.modules.items()):
@@ -63,6 +71,7 @@ def record_kernels(monkeypatch) -> list[str]:
             if _is_kernel(value) and not isinstance(value, type):
                 monkeypatch.setattr(module, attr, wrap(value, value.__name__))
     monkeypatch.setattr(torch.nn.functional, "linear", wrap(torch.nn.functional.linear, "F.linear"))
+    monkeypatch.setattr(linear, "logits_from_hidden", wrap(linear.logits_from_hidden, "logits_from_hidden"))
     return log
 
 
