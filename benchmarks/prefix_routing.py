@@ -4,7 +4,7 @@ prefix-cache hit rate, the two fronts one after the other in one run.
 Two ways to get the replicas:
 
     # on one GPU box: N replicas of the engine on this machine's GPU(s), each with its share of memory,
-    # the router (from a Python that has vllm-router) in front of them, cache_aware then round_robin
+    # hosttune's prefix router (from a Python that has aiohttp) in front of them, by prefix then by load
     python benchmarks/prefix_routing.py bare --model /models/qwen2.5-7b --replicas 4 --load-format dummy \\
         --router-python /opt/hosttune/current/bin/python --out benchmarks/results/prefix_routing.json
 
@@ -38,7 +38,8 @@ from hosttune.bench.metrics import prefix_hit_rate, summarize  # noqa: E402
 from hosttune.deploy.settings import flag_argv  # noqa: E402
 from hosttune.presets import load_router  # noqa: E402
 
-POLICIES = ("cache_aware", "round_robin")  # bare: the router's two policies; deploy: --router, --no-router
+POLICIES = ("prefix_affinity", "least_in_flight")  # bare: the router's two policies; deploy: --router, --no-router
+SCRIPTS = Path(__file__).resolve().parents[1] / "hosttune" / "deploy"  # the router's, as deploy ships them
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def router_argv(python: str, port: int, metrics_port: int, policy: str, workers:
     router = load_router()
     flags = {"host": "127.0.0.1", "port": port, "policy": policy, "prometheus-host": "127.0.0.1",
              "prometheus-port": metrics_port, **router.flags}
-    return [python, "-m", router.module, "--worker-urls", *workers, *flag_argv(flags, {}, None)]
+    return [python, str(SCRIPTS / router.script), "--worker-urls", *workers, *flag_argv(flags, {}, None)]
 
 
 def counters(url: str) -> tuple[float, float]:
@@ -142,7 +143,7 @@ def bare_front(args, policy: str, workload: Workload, logs: Path) -> FrontResult
                                         stdout=open(logs / f"{policy}-router.log", "w"), stderr=subprocess.STDOUT))
         wait_ready(router, 120, "/list_workers")
         before = [counters(u) for u in urls]
-        # the model's own tokenizer here: the router would route /tokenize too, and file its text in its tree
+        # the model's own tokenizer here: the router would route /tokenize too, and file its text in its table
         run = run_async(measure(workload.spec(tokenizer=Path(args.model)), router))
         after = [counters(u) for u in urls]
     finally:
@@ -159,7 +160,7 @@ def deployed_front(args, router: bool, workload: Workload) -> FrontResult:
     subprocess.run(deploy, check=True)
     headers = (("Authorization", f"Bearer {Path(args.api_key_file).read_text().strip()}"),) if args.api_key_file else ()
     run = run_async(measure(workload.spec(headers), args.url))
-    return result_of("router cache_aware" if router else "nginx least_conn", run, prefix_hit_rate(run.server_metrics))
+    return result_of("router prefix_affinity" if router else "nginx least_conn", run, prefix_hit_rate(run.server_metrics))
 
 
 def table(results: list[FrontResult]) -> str:
@@ -181,7 +182,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bare.add_argument("--load-format", default="auto")
     bare.add_argument("--device", default="cuda")
     bare.add_argument("--engine-arg", action="append", default=[], help="one more engine argument (repeatable)")
-    bare.add_argument("--router-python", default=sys.executable, help="a Python with vllm-router installed")
+    bare.add_argument("--router-python", default=sys.executable, help="a Python with aiohttp installed")
     bare.add_argument("--port", type=int, default=8000, help="the router's; the replicas take the ports after it")
     bare.add_argument("--ready-timeout", type=float, default=900.0)
     deploy = sub.add_parser("deploy", help="a host deployed by hosttune deploy, its front switched between runs")
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> list[FrontResult]:
     if args.out:
         doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "mode": args.mode,
                "workload": asdict(workload), "results": [asdict(r) for r in results],
-               "router": load_router().requirement, "host": os.uname().nodename}
+               "router": load_router().policy, "host": os.uname().nodename}
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return results
 

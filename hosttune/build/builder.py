@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass, field, replace
@@ -110,7 +109,7 @@ def build(request: BuildRequest, on_step: Callable[[BuildCommand], None] | None 
     """The entry for the request's key: from the cache, or built, checked and filed."""
     build_plan, toolchain = plan(request)
     hit = lookup(request.wheelhouse, build_plan.key)
-    if hit is not None and (hit.has_deps or not request.deps) and has_extras(hit, request.options.extras):
+    if hit is not None and (hit.has_deps or not request.deps):
         return BuildResult(hit, True, build_plan, None)
     cuobjdump = find_cuobjdump(toolchain, request.cuobjdump) if build_plan.key.archs else None
     log = request.wheelhouse / "logs" / f"{build_plan.key.name}-{time.strftime('%Y%m%dT%H%M%S')}.log"
@@ -128,12 +127,6 @@ def build(request: BuildRequest, on_step: Callable[[BuildCommand], None] | None 
         shutil.rmtree(build_plan.work, ignore_errors=True)
         shutil.rmtree(build_plan.staging, ignore_errors=True)
     return BuildResult(entry, False, build_plan, log, time.monotonic() - start)
-
-
-def has_extras(entry: Entry, extras: tuple[str, ...]) -> bool:
-    """The entry holds a wheel of every extra requirement (by its distribution name)."""
-    names = {w.name.split("-", 1)[0].lower() for w in entry.wheels}
-    return all(re.split(r"[<>=!~;\[ ]", e, 1)[0].replace("-", "_").lower() in names for e in extras)
 
 
 def _collect_wheels(build_plan: BuildPlan, cuobjdump: str | None) -> dict[str, dict[str, tuple[str, ...]]]:

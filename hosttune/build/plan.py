@@ -51,7 +51,6 @@ class BuildPlan:
 class BuildOptions:
     build_isolation: bool = True  # False: build against the build Python's own torch (pip --no-build-isolation)
     constraints: str | None = None  # a pip constraints file for the dependency download
-    extras: tuple[str, ...] = ()  # more requirements downloaded with the dependencies (the router: build --router)
 
 
 def build_env(preset: EnginePreset, key: WheelKey, toolchain: Toolchain) -> dict[str, str]:
@@ -122,4 +121,4 @@ def plan_deps(wheels: list[Path], staging: Path, toolchain: Toolchain, options: 
     argv = (toolchain.python, "-m", "pip", "download", "--only-binary=:all:", "--dest", str(staging / "deps"))
     if options.constraints:
         argv += ("--constraint", options.constraints)
-    return BuildCommand("download dependency wheels", (*argv, *map(str, wheels), *options.extras))
+    return BuildCommand("download dependency wheels", (*argv, *map(str, wheels)))

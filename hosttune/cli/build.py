@@ -10,13 +10,11 @@ import typer
 
 from hosttune.build import builder
 from hosttune.build.archs import parse_arch_list
-from hosttune.build.errors import BuildError
 from hosttune.build.plan import BuildOptions
 from hosttune.build.wheelhouse import default_wheelhouse
 from hosttune.cli.app import app
 from hosttune.cli.common import AcceptKeysOpt, InventoryOpt, LimitOpt, load, user_errors
 from hosttune.cli.progress import Progress
-from hosttune.presets import load_router
 
 
 class Engine(str, Enum):
@@ -41,7 +39,6 @@ def build(
     accept_new_host_keys: bool = AcceptKeysOpt,
     python: Optional[str] = typer.Option(None, "--python", help="Build for this interpreter (default: the one running hosttune)."),
     deps: bool = typer.Option(False, "--deps", help="Also download the dependency wheels, for hosts without a package index."),
-    router: bool = typer.Option(False, "--router", help="Also download the cache-aware router (deploy.router) with the dependency wheels; needs --deps."),
     constraint: Optional[Path] = typer.Option(None, "--constraint", "-c", help="pip constraints for the dependency download."),
     build_isolation: bool = typer.Option(True, "--build-isolation/--no-build-isolation", help="Build against pip's isolated build requirements (default) or the build Python's own packages."),
     cuobjdump: Optional[str] = typer.Option(None, "--cuobjdump", help="The cuobjdump that checks the machine code (default: PATH, CUDA, then Triton's)."),
@@ -54,14 +51,11 @@ def build(
 
     Example: hosttune build --engine vllm --ref v0.11.0 --arch auto -i inventories/example.yaml
     """
-    if router and not deps:
-        raise BuildError("--router downloads the router's wheels with the dependency wheels: add --deps")
     archs = () if engine is Engine.custom else (
         builder.fleet_archs(load(inventory, limit, accept_new_host_keys)) if arch == "auto" else parse_arch_list(arch))
     request = builder.BuildRequest(
         engine.value, wheelhouse or default_wheelhouse(), archs, ref, source, python, deps, cuobjdump,
-        BuildOptions(build_isolation, str(constraint) if constraint else None,
-                     (load_router().requirement,) if router else ()))
+        BuildOptions(build_isolation, str(constraint) if constraint else None))
     if dry_run:
         typer.echo(builder.plan(request)[0].render())
         return

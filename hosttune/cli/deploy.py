@@ -23,6 +23,8 @@ from hosttune.deploy.rollout import DeployRequest, deploy_fleet, rollback_fleet
 from hosttune.deploy.settings import Timeouts, parse_sets
 from hosttune.fleet_runner import Outcome, exit_code
 
+WRITTEN = {".service": "router unit", ".py": "router script"}  # what --nginx-dir gets, by suffix; else nginx
+
 
 @app.command()
 @user_errors
@@ -105,7 +107,7 @@ def deploy(
     outcomes = after(plans, done)
     found = upstreams(inv, outcomes, router)
     for path in write_upstreams(found, nginx_dir) if found else []:
-        typer.echo(f"{'router unit' if path.suffix == '.service' else 'nginx upstream'}: {path}", err=True)
+        typer.echo(f"{WRITTEN.get(path.suffix, 'nginx upstream')}: {path}", err=True)
     typer.echo(recap.render(outcomes))
     raise typer.Exit(exit_code(outcomes))
 

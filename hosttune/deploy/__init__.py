@@ -8,7 +8,9 @@ access.py (the group's API key and the host's nginx front settings), front.py (t
 the TLS files and the host's one nginx front), replicas.py (a host of several replicas as
 files: templated unit, their nginx front, probe, Prometheus targets), replica_lb.py (runs on
 the host: replicas in and out of nginx, the probe), host_key.py (runs on the host in front of
-the gate and replica_lb.py: the key they send), flagcheck.py (flags against the installed
+the gate and replica_lb.py: the key they send), router.py (deploy.router's unit and front),
+prefix_router.py and prefix_table.py (run on the host: the prefix router and its placement),
+flagcheck.py (flags against the installed
 release's --help), gate.py (health, warmup, one-token generation), rolling.py (replicas
 restarted one at a time, drained), host.py (one host's deploy and rollback), rollout.py (the
 fleet: canaries, batches, multi-node order, load balancer), canary.py (the canaries' SLO bench).

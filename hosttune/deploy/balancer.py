@@ -7,12 +7,12 @@ certificate against the deployment's CA (deploy.nginx.tls_ca) for the name it ca
 (deploy.nginx.tls_name). A balancer in plain HTTP in front of keyed hosts would carry their key in
 clear: it is refused unless the inventory says `deploy.lb_plain_http: true`.
 
-Routing by prefix: when the group's hosts run the cache-aware router (deploy.router), the balancer
-runs it too, over the hosts' fronts: nginx sends every request to a router on its loopback address
-(lb_port + ROUTER_OFFSET, its metrics one above) that picks the host holding the longest prefix, and
-the host's own router then picks the replica. Its unit is written beside the nginx config. A group
-whose hosts serve TLS keeps least_conn: the router has no setting for the private CA its connections
-to them would need.
+Routing by prefix: when the group's hosts run the prefix router (deploy.router), the balancer runs
+it too, over the hosts' fronts: nginx sends every request to a router on its loopback address
+(lb_port + ROUTER_OFFSET, its metrics one above) that keeps each prompt prefix on one host, and the
+host's own router then picks the replica. Its unit and scripts are written beside the nginx config.
+A group whose hosts serve TLS keeps least_conn: the router has no setting for the private CA its
+connections to them would need.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from hosttune.deploy.access import Front, front_for
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.front import LOOPBACK
 from hosttune.deploy.host import HostDeploy
-from hosttune.deploy.router import ADMIN_PATHS, DIRECT_PATHS, RouterPorts, router_flags
+from hosttune.deploy.router import ADMIN_PATHS, DIRECT_PATHS, RouterPorts, router_files, router_flags
 from hosttune.deploy.settings import DEFAULT_PORT
 from hosttune.deploy.shape import declared
 from hosttune.deploy.units import Upstream, render_nginx
@@ -37,7 +37,7 @@ from hosttune.quoting import systemd_exec
 _ADDRESS = re.compile(r"^[A-Za-z0-9.:\[\]-]+$")
 _PATH = re.compile(r"^[A-Za-z0-9_./@+:-]+$")  # what goes into nginx's config unquoted
 ROUTER_OFFSET = 1000  # the group's router listens on 127.0.0.1:(lb_port + this), its /metrics one above
-ROUTER_VENV = "/opt/hosttune/router"  # where the balancing machine has the router installed
+ROUTER_VENV = "/opt/hosttune/router"  # where the balancing machine has the router (a venv, its scripts inside)
 
 
 def balanced_groups(inventory: Inventory) -> dict[str, list[Host]]:
@@ -116,10 +116,10 @@ def router_unit(upstream: Upstream) -> bytes:
     router = load_router()
     port = router_port(upstream)
     workers = (f"http://{b}" for b in upstream.direct_backends)
-    argv = (f"{ROUTER_VENV}/bin/python", "-m", router.module, "--worker-urls", *workers,
+    argv = (f"{ROUTER_VENV}/bin/python", f"{ROUTER_VENV}/{router.script}", "--worker-urls", *workers,
             *router_flags(router, RouterPorts(port, port + 1), "/health"))
     return render("hosttune-group-router.service.j2", group=upstream.group, policy=router.policy, venv=ROUTER_VENV,
-                  requirement=router.requirement, exec_start=systemd_exec(argv))
+                  requirement=router.requirement, files=" ".join(router.files), exec_start=systemd_exec(argv))
 
 
 def _backend(host: Host, outcome: HostDeploy) -> str:
@@ -143,14 +143,15 @@ def _upstream(group: str, hosts: list[Host], backends: list[str], outcome: HostD
 
 
 def write_upstreams(found: list[Upstream], folder: Path) -> list[Path]:
-    """Each group's nginx config, and its router's unit where it routes by prefix."""
+    """Each group's nginx config, and its router's unit and scripts where it routes by prefix."""
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for upstream in found:
         files = {f"hosttune-{upstream.group}.conf": render_nginx(upstream)}
         if is_routed(upstream):
             files[f"hosttune-router-{upstream.group}.service"] = router_unit(upstream)
+            files.update(router_files(load_router()))
         for name, text in files.items():
             (folder / name).write_bytes(text)
-            written.append(folder / name)
+            written += [folder / name] if folder / name not in written else []  # the scripts: once for all groups
     return written

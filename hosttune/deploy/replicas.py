@@ -17,8 +17,8 @@ from hosttune.deploy.placement import Layout, Placement
 from hosttune.deploy.plan import (Role, key_env_files, key_summary, make_release, named_release, placeholder_values,
                                   serve_argv, serve_flags)
 from hosttune.deploy.release import CURRENT, VENV_PLACEHOLDER, Release, meta_dir, release_dir
-from hosttune.deploy.router import (RouterPorts, render_router_unit, router_ports, router_targets, router_upstream,
-                                    router_wheel)
+from hosttune.deploy.router import (RouterPorts, render_router_unit, router_files, router_ports, router_targets,
+                                    router_upstream)
 from hosttune.deploy.settings import ServeSettings, drain_seconds
 from hosttune.deploy.units import (REPLICA_TEMPLATE, ROUTER_UNIT, UnitSpec, Upstream, render_nginx, render_probe_units,
                                    render_unit, variable)
@@ -125,6 +125,7 @@ def replica_files(preset: EnginePreset, settings: ServeSettings, layout: Layout,
         upstream = router_upstream(access, preset.name, settings.port, router, layout)
     meta = {env_file(r.index): replica_env(r) for r in layout.replicas}
     meta.update({LB_SCRIPT: lb_script(), REPLICAS_JSON: lb_config(layout, upstream, access, router, preset.serve.health)})
+    meta.update(router_files(load_router()) if router else {})
     files = {NGINX_CONF: render_nginx(upstream), SCRAPE_FILE: scrape_targets(layout, host, preset.name, router)}
     return units, meta, files
 
@@ -143,8 +144,6 @@ def make_layout_release(preset: EnginePreset, settings: ServeSettings, layout: L
     if not layout.is_balanced:
         return make_release(preset, settings, layout.replicas[0], entry, access=access, shape=shape)
     settings = on_loopback(settings)  # the replicas are behind the host's nginx
-    if settings.router:
-        router_wheel(entry, load_router())
     venv = release_dir(VENV_PLACEHOLDER)
     units, meta, files = replica_files(preset, settings, layout, venv, host, access)
     summary = key_summary({"model": settings.model, "port": settings.port, "tensor_parallel": layout.tensor_parallel,

@@ -1,24 +1,24 @@
-"""The cache-aware router between a host's nginx and its replicas (deploy.router), as files.
+"""The prefix router between a host's nginx and its replicas (deploy.router), as files.
 
 nginx stays the host's front: it listens on the service port (or deploy.nginx's, with its TLS),
 keeps the router's admin API off the network and passes the API key on to the replicas, which
-check it as before. Behind it the router (presets/router.yaml) sends each request to the replica
-that holds the longest prefix of it. The router comes from the release's own wheels (hosttune
-build --router) and runs through the `current` link, so its unit is the same text release after
-release: a redeploy that changes the engine restarts the replicas one at a time and never the
-router. replica_lb.py takes replicas out of it and puts them back, as it does nginx's servers.
+check it as before. Behind it the router (presets/router.yaml: prefix_router.py) keeps each prompt
+prefix on one replica and spreads new ones over them. Its scripts ship in the release's .hosttune/
+beside replica_lb.py and run with the release's python through the `current` link, so its unit is
+the same text release after release: a redeploy that changes the engine restarts the replicas one
+at a time and never the router. replica_lb.py takes replicas out of it and puts them back, as it
+does nginx's servers.
 
 Pure, like replicas.py: files and argv from the layout and the preset.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 
 from hosttune.actions.templates import render
-from hosttune.build.wheelhouse import Entry, WheelFile
 from hosttune.deploy.access import Access
-from hosttune.deploy.errors import DeployError
 from hosttune.deploy.front import LOOPBACK, front_upstream
 from hosttune.deploy.placement import Layout
 from hosttune.deploy.release import CURRENT
@@ -26,11 +26,11 @@ from hosttune.deploy.settings import flag_argv
 from hosttune.deploy.units import Upstream
 from hosttune.presets import RouterPreset
 from hosttune.quoting import systemd_exec
+from hosttune.transport.base import bundled_script
 
-# The router's admin API: the replicas it routes to, its caches, its profiler.
-ADMIN_PATHS = ("add_worker", "remove_worker", "list_workers", "workers", "flush_cache", "get_loads",
-               "start_profile", "stop_profile")
-# Paths the router passes on without the client's Authorization header: nginx sends them to a replica itself.
+# The router's admin API: the replicas it routes to.
+ADMIN_PATHS = ("add_worker", "remove_worker", "list_workers")
+# Prompts that are no generation, kept out of the router's prefix table: nginx sends them to a replica itself.
 DIRECT_PATHS = ("tokenize", "detokenize")
 
 
@@ -51,13 +51,16 @@ def router_ports(layout: Layout) -> RouterPorts:
     return RouterPorts(last + 1, last + 2)
 
 
-def router_wheel(entry: Entry, router: RouterPreset) -> WheelFile:
-    """The router's wheel among the entry's, or what to build."""
-    for wheel in entry.wheels:
-        if wheel.name.split("-", 1)[0].lower() == router.distribution:
-            return wheel
-    raise DeployError(f"deploy.router: the wheelhouse entry {entry.key.name} has no {router.requirement} wheel; "
-                      f"build it with hosttune build --engine {entry.key.engine} --deps --router")
+def router_files(router: RouterPreset) -> dict[str, bytes]:
+    """The router's scripts as the host runs them, by name."""
+    return {name: bundled_script("hosttune.deploy", name).encode() for name in router.files}
+
+
+def scripts_digest(router: RouterPreset) -> str:
+    digest = hashlib.sha256()
+    for name, text in router_files(router).items():
+        digest.update(name.encode() + b"\0" + text)
+    return digest.hexdigest()[:16]
 
 
 def router_flags(router: RouterPreset, ports: RouterPorts, health: str) -> list[str]:
@@ -68,14 +71,16 @@ def router_flags(router: RouterPreset, ports: RouterPorts, health: str) -> list[
 
 
 def router_argv(router: RouterPreset, ports: RouterPorts, health: str) -> tuple[str, ...]:
-    """The live release's python (through `current`, found when the router starts) running the router."""
+    """The live release's python running its router script (both through `current`, found when it starts)."""
     # /usr/bin/env: systemd-analyze verify checks the program exists, and `current` may not yet
-    return ("/usr/bin/env", f"{CURRENT}/bin/python", "-m", router.module, *router_flags(router, ports, health))
+    return ("/usr/bin/env", f"{CURRENT}/bin/python", f"{CURRENT}/.hosttune/{router.script}",
+            *router_flags(router, ports, health))
 
 
 def render_router_unit(router: RouterPreset, ports: RouterPorts, health: str, sync: tuple[str, ...]) -> bytes:
-    """sync: replica_lb.py's sync, through `current` too, run once the router has started."""
-    return render("hosttune-router.service.j2", policy=router.policy, current=CURRENT,
+    """sync: replica_lb.py's sync, through `current` too, run once the router has started. The scripts' digest
+    in it restarts the router when a release brings other scripts, and only then."""
+    return render("hosttune-router.service.j2", policy=router.policy, current=CURRENT, digest=scripts_digest(router),
                   exec_start=systemd_exec(router_argv(router, ports, health)), exec_start_post=systemd_exec(sync))
 
 
@@ -87,6 +92,6 @@ def router_upstream(access: Access, engine: str, listen: int, ports: RouterPorts
 
 
 def router_targets(ports: RouterPorts, host: str, engine: str) -> list[dict]:
-    """The router's own /metrics (routing decisions, per-replica load) for Prometheus' file_sd."""
+    """The router's own /metrics (requests and prefixes per replica) for Prometheus' file_sd."""
     return [{"targets": [f"{LOOPBACK}:{ports.metrics}"], "labels": {"job": "hosttune-router", "host": host,
                                                                     "engine": engine}}]

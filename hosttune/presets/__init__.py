@@ -154,13 +154,16 @@ def parse_preset(doc: dict, where: str) -> EnginePreset:
 
 @dataclass(frozen=True)
 class RouterPreset:
-    """The cache-aware router deploy.router runs in front of a host's replicas (router.yaml)."""
+    """The prefix router deploy.router runs in front of a host's replicas (router.yaml)."""
 
-    requirement: str  # what pip downloads into the wheelhouse
-    distribution: str  # the wheel's file name starts with this
-    module: str  # python -m MODULE
+    files: tuple[str, ...]  # hosttune/deploy's scripts it is made of, shipped as they are; the first one runs
+    requirement: str  # what a machine outside a release installs to run it (the group router's)
     policy: str
     flags: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    @property
+    def script(self) -> str:
+        return self.files[0]
 
 
 @lru_cache(maxsize=None)
@@ -168,9 +171,11 @@ def load_router() -> RouterPreset:
     text = resources.files("hosttune.presets").joinpath("router.yaml").read_text(encoding="utf-8")
     doc = yaml.safe_load(text)
     try:
-        return RouterPreset(str(doc["requirement"]), str(doc["distribution"]), str(doc["module"]), str(doc["policy"]),
-                            dict(doc.get("flags") or {}))
-    except (KeyError, TypeError) as exc:
+        files = tuple(str(f) for f in doc["files"])
+        if not files:
+            raise ValueError("files is empty")
+        return RouterPreset(files, str(doc["requirement"]), str(doc["policy"]), dict(doc.get("flags") or {}))
+    except (KeyError, TypeError, ValueError) as exc:
         raise PresetError(f"presets/router.yaml: malformed ({exc!r})") from None
 
 

@@ -55,12 +55,11 @@ def make_tiny_model(tmp_path_factory) -> Path:
 
 
 def build_wheelhouse(tmp_path_factory) -> Path:
-    """`hosttune build --engine custom --deps --router`: the engine wheel plus every dependency wheel, and the
-    cache-aware router's (deploy.router)."""
+    """`hosttune build --engine custom --deps`: the engine wheel plus every dependency wheel."""
     folder = tmp_path_factory.mktemp("wheelhouse")
     constraints = folder / "constraints.txt"
     constraints.write_text("torch==2.13.0\n")  # the CPU wheel on disk (scripts/test.sh pins the same)
-    result = runner.invoke(app, ["build", "--engine", "custom", "--deps", "--router", "-c", str(constraints), "-w", str(folder)])
+    result = runner.invoke(app, ["build", "--engine", "custom", "--deps", "-c", str(constraints), "-w", str(folder)])
     assert result.exit_code == 0, result.output
     assert "hosttune_engine-0.1.0-py3-none-any.whl" in result.stdout and "dependency wheels" in result.stdout
     return folder

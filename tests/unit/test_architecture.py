@@ -31,7 +31,7 @@ LAYERS = Layering(PKG, (
 
 # Scripts the probe ships to hosts as text and runs there with the host's own python (the
 # engine virtualenv's torch); the control plane reads them as data and never imports them.
-SHIPPED_TO_HOSTS = {"allreduce_probe.py"}
+SHIPPED_TO_HOSTS = {"allreduce_probe.py", "prefix_router.py"}
 
 
 def test_control_plane_never_imports_ml_stack():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -124,14 +125,17 @@ def test_a_group_whose_hosts_route_by_prefix_routes_across_them_too(tmp_path):
     assert upstream.backends == ("127.0.0.1:9080",) and upstream.tries == 1
     assert upstream.direct_backends == ("10.0.0.1:8000", "10.0.0.2:8000")  # tokenizing goes to a host itself
     written = write_upstreams([upstream], tmp_path / "out")
-    assert [p.name for p in written] == ["hosttune-prod.conf", "hosttune-router-prod.service"]
+    assert [p.name for p in written] == ["hosttune-prod.conf", "hosttune-router-prod.service", "prefix_router.py",
+                                         "prefix_table.py"]
     unit = written[1].read_text()
     argv = shlex.split(unit.split("ExecStart=")[1].split("\n")[0])
-    assert argv[:5] == ["/opt/hosttune/router/bin/python", "-m", "vllm_router.launch_router", "--worker-urls",
-                        "http://10.0.0.1:8000"] and argv[5] == "http://10.0.0.2:8000"
-    flags = dict(zip(argv[6::2], argv[7::2]))
-    assert flags["--host"] == "127.0.0.1" and flags["--port"] == "9080" and flags["--policy"] == "cache_aware"
-    assert flags["--prometheus-port"] == "9081" and "pip install 'vllm-router==" in unit
+    assert argv[:5] == ["/opt/hosttune/router/bin/python", "/opt/hosttune/router/prefix_router.py", "--worker-urls",
+                        "http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+    flags = dict(zip(argv[5::2], argv[6::2]))
+    assert flags["--host"] == "127.0.0.1" and flags["--port"] == "9080" and flags["--policy"] == "prefix_affinity"
+    assert flags["--prometheus-port"] == "9081" and flags["--health-check-endpoint"] == "/health"
+    assert ("pip install 'aiohttp>=3.9' && cp prefix_router.py prefix_table.py /opt/hosttune/router/" in unit)
+    assert written[2].read_text() == resources.files("hosttune.deploy").joinpath("prefix_router.py").read_text()
     conf = written[0].read_text()
     assert "location ~ ^/(add_worker|remove_worker|list_workers" in conf and "return 404;" in conf
 

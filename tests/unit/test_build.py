@@ -139,27 +139,3 @@ def test_cli_bad_arch_and_ref_are_user_errors(tmp_path):
     result = CliRunner().invoke(app, ["build", "--engine", "vllm", "--arch", "8.0", "--source", str(tmp_path),
                                       "--ref", "v9", "-w", str(tmp_path)])
     assert result.exit_code == 2 and ("names no commit" in result.output or "nvcc not found" in result.output)
-
-
-def test_the_router_is_downloaded_with_the_dependency_wheels_and_a_cached_entry_without_it_is_no_hit(tmp_path):
-    from pathlib import Path
-
-    from hosttune.build.builder import has_extras
-    from hosttune.build.plan import plan_deps
-    from hosttune.build.wheelhouse import Entry, WheelFile
-
-    options = BuildOptions(constraints="c.txt", extras=("vllm-router==0.1.17",))
-    command = plan_deps([Path("/s/wheels/hosttune_engine-0.1.0-py3-none-any.whl")], Path("/s"), TOOLS, options)
-    assert command.argv[-2:] == ("/s/wheels/hosttune_engine-0.1.0-py3-none-any.whl", "vllm-router==0.1.17")
-    key = WheelKey("custom", "src.0", (), None, "cp311")
-    engine = WheelFile("hosttune_engine-0.1.0-py3-none-any.whl", "0" * 64, 1)
-    router = WheelFile("vllm_router-0.1.17-cp38-abi3-manylinux_2_28_x86_64.whl", "1" * 64, 1, "dep")
-    without, with_router = (Entry(tmp_path, key, wheels, "engine", None, 0.0, 0.0) for wheels in ((engine,), (engine, router)))
-    assert has_extras(with_router, options.extras) and not has_extras(without, options.extras)
-    assert has_extras(without, ())
-
-
-def test_cli_router_needs_deps(tmp_path):
-    result = CliRunner().invoke(app, ["build", "--engine", "custom", "--router", "-w", str(tmp_path)])
-    assert result.exit_code == 2 and "--router downloads the router's wheels with the dependency wheels: add --deps" \
-        in result.output

@@ -1,6 +1,6 @@
-"""deploy.router as data: the router's unit and the host's nginx in front of it, rendered from the
-recorded 4-GPU A100 facts; the operations that start it (or leave it running) and take it away; the
-wheel it needs; replica_lb.py keeping a real HTTP router's workers in step with the replicas."""
+"""deploy.router as data: the router's unit and scripts and the host's nginx in front of it, rendered
+from the recorded 4-GPU A100 facts; the operations that start it (or leave it running) and take it
+away; replica_lb.py keeping a real HTTP router's workers in step with the replicas."""
 
 from __future__ import annotations
 
@@ -8,60 +8,56 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 
 from hosttune.actions.base import Command, Remove
-from hosttune.build.wheelhouse import describe_wheels
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.placement import LayoutRequest, plan_layout
 from hosttune.deploy.replicas import NGINX_CONF, REPLICAS_JSON, SCRAPE_FILE, make_layout_release
 from hosttune.deploy.rolling import switch_ops
+from hosttune.deploy.router import scripts_digest
 from hosttune.deploy.settings import inventory_vars, parse_sets, resolve
 from hosttune.deploy.state import parse_state
 from hosttune.deploy.units import ROUTER_UNIT
-from hosttune.presets import load_preset
+from hosttune.presets import load_preset, load_router
 
 from deploy_fixtures import a100_facts, fake_entry, inventory
 from test_deploy_replicas import QWEN_7B, replica_lb
 
-ROUTER_WHEEL = "vllm_router-0.1.17-cp38-abi3-manylinux_2_28_x86_64.whl"
+def entry_of(tmp_path, engine="custom"):
+    return fake_entry(tmp_path / "wh", engine, archs=() if engine == "custom" else ("8.0",),
+                      cuda=None if engine == "custom" else "12.4")
 
 
-def entry_with_router(tmp_path, engine="custom", router=True):
-    entry = fake_entry(tmp_path / "wh", engine, archs=() if engine == "custom" else ("8.0",),
-                       cuda=None if engine == "custom" else "12.4")
-    deps = entry.path / "deps"
-    deps.mkdir()
-    if router:
-        (deps / ROUTER_WHEEL).write_bytes(b"router wheel")
-    return replace(entry, wheels=entry.wheels + tuple(describe_wheels(deps, "dep")))
-
-
-def router_release(tmp_path, engine="custom", router=True, gpus="0-3", sets=()):
+def router_release(tmp_path, engine="custom", gpus="0-3", sets=()):
     host = replace(inventory(tmp_path).hosts[0], deploy={})  # the presets' own flags
     preset = load_preset(engine)
     settings = replace(resolve(host, preset, QWEN_7B.path, None, parse_sets(list(sets))), router=True)
     layout = plan_layout(LayoutRequest(gpus), a100_facts(), QWEN_7B, host.name, settings.port)
-    return make_layout_release(preset, settings, layout, entry_with_router(tmp_path, engine, router), host.name)
+    return make_layout_release(preset, settings, layout, entry_of(tmp_path, engine), host.name)
 
 
 def test_the_router_unit_runs_the_live_releases_router_on_loopback_after_the_replicas(tmp_path):
     release = router_release(tmp_path)
     assert list(release.units) == ["hosttune-engine@.service", "hosttune-probe.service", "hosttune-probe.timer", ROUTER_UNIT]
     unit = release.units[ROUTER_UNIT].decode()
-    assert ("ExecStart=/usr/bin/env /opt/hosttune/current/bin/python -m vllm_router.launch_router --host 127.0.0.1 "
-            "--port 8005 --policy cache_aware --prometheus-host 127.0.0.1 --prometheus-port 8006 "
-            "--health-check-endpoint /health --health-check-interval-secs 2 --health-failure-threshold 2 "
-            "--health-success-threshold 1 --cb-failure-threshold 3 --cb-timeout-duration-secs 10 "
-            "--request-timeout-secs 3600 --worker-startup-timeout-secs 10 --queue-size 4096 --log-level warning\n") in unit
+    assert ("ExecStart=/usr/bin/env /opt/hosttune/current/bin/python /opt/hosttune/current/.hosttune/prefix_router.py "
+            "--host 127.0.0.1 --port 8005 --policy prefix_affinity --prometheus-host 127.0.0.1 --prometheus-port 8006 "
+            "--health-check-endpoint /health --prefix-chars 256 --health-check-interval-secs 2 "
+            "--health-failure-threshold 2 --request-timeout-secs 3600 --log-level warning\n") in unit
     assert "ExecStartPost=-/usr/bin/env python3 /opt/hosttune/current/.hosttune/replica_lb.py sync\n" in unit
     assert release.id not in unit  # the same text for every release: an engine redeploy leaves it running
-    assert release.settings["router"] == {"policy": "cache_aware", "port": 8005}
+    assert f"router scripts {scripts_digest(load_router())})" in unit  # new scripts: a new text, a restart
+    assert release.settings["router"] == {"policy": "prefix_affinity", "port": 8005}
+    for name in ("prefix_router.py", "prefix_table.py"):  # beside replica_lb.py, as hosttune ships them
+        assert release.meta[name].decode() == resources.files("hosttune.deploy").joinpath(name).read_text()
     assert f"{release.dir}/bin/python" in release.programs
     lb = json.loads(release.meta[REPLICAS_JSON])
     assert lb["router"] == "http://127.0.0.1:8005" and lb["health"] == "/health"
@@ -73,9 +69,8 @@ def test_the_router_unit_runs_the_live_releases_router_on_loopback_after_the_rep
 def test_nginx_sends_everything_to_the_router_and_keeps_its_admin_api_on_the_host(tmp_path):
     conf = router_release(tmp_path).files[NGINX_CONF].decode()
     for line in ("server 127.0.0.1:8005 max_fails=3 fail_timeout=10s;", "listen 8000 default_server;",
-                 "location ~ ^/(add_worker|remove_worker|list_workers|workers|flush_cache|get_loads|start_profile"
-                 "|stop_profile)(/|$) {", "return 404;", "proxy_buffering off;",
-                 # tokenizing goes to the replicas themselves: the router would drop the API key
+                 "location ~ ^/(add_worker|remove_worker|list_workers)(/|$) {", "return 404;", "proxy_buffering off;",
+                 # tokenizing goes to the replicas themselves: it is no generation, its prompt no prefix to place
                  "location ~ ^/(tokenize|detokenize)$ {", "proxy_pass http://hosttune_local_direct;",
                  "server 127.0.0.1:8004 max_fails=1 fail_timeout=5s;", "proxy_next_upstream_tries 4;"):
         assert line in conf
@@ -103,10 +98,48 @@ def test_vllm_and_sglang_replicas_behind_the_router_keep_their_health_path_and_p
     assert "--schedule-policy lpm" in sglang.units["hosttune-engine@.service"].decode()
 
 
-def test_a_router_without_its_wheel_says_how_to_build_it(tmp_path):
-    with pytest.raises(DeployError, match=r"has no vllm-router==0.1.17 wheel; build it with hosttune build "
-                                          r"--engine custom --deps --router"):
-        router_release(tmp_path, router=False)
+def test_the_router_script_runs_from_the_release_as_its_unit_runs_it(tmp_path):
+    """The shipped scripts beside each other, with no hosttune to import: the router answers its admin API."""
+    release = router_release(tmp_path)
+    meta = tmp_path / "meta"
+    meta.mkdir()
+    for name in ("prefix_router.py", "prefix_table.py"):
+        (meta / name).write_bytes(release.meta[name])
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-E", str(meta / "prefix_router.py"), "--port", str(port),
+                             "--worker-urls", "http://127.0.0.1:9"], stderr=subprocess.PIPE)
+    try:
+        urls = wait_for_json(f"http://127.0.0.1:{port}/list_workers")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert urls == {"urls": ["http://127.0.0.1:9"]}
+    bad = subprocess.run([sys.executable, "-E", str(meta / "prefix_router.py"), "--prefix-chars", "0"],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and bad.stderr.splitlines()[-1].endswith(
+        "error: --prefix-chars and --max-keys take a count of at least 1")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_json(url: str, seconds: float = 10.0):
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return json.loads(urllib.request.urlopen(url, timeout=2).read())
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def test_one_replica_needs_no_router(tmp_path):
@@ -152,7 +185,7 @@ def test_leaving_the_router_points_nginx_at_the_replicas_before_the_router_stops
     preset = load_preset("custom")
     settings = resolve(inv.hosts[0], preset, QWEN_7B.path, None, parse_sets([]))
     layout = plan_layout(LayoutRequest("0-3"), a100_facts(), QWEN_7B, "gpu-a", settings.port)
-    plain = make_layout_release(preset, settings, layout, entry_with_router(tmp_path / "n"), "gpu-a")
+    plain = make_layout_release(preset, settings, layout, entry_of(tmp_path / "n"), "gpu-a")
     ops = argvs(switch_ops(plain, parse_state(router_state(with_router, True, "active"))))
     assert ops[-4:] == [("nginx", "-t", "-q"), ("systemctl", "reload-or-restart", "nginx.service"),
                         ("systemctl", "disable", "--now", ROUTER_UNIT), ("rm", f"/etc/systemd/system/{ROUTER_UNIT}")]
@@ -160,7 +193,7 @@ def test_leaving_the_router_points_nginx_at_the_replicas_before_the_router_stops
 
 
 class Router(BaseHTTPRequestHandler):
-    """vllm-router's admin API as replica_lb.py uses it: /list_workers, /add_worker, /remove_worker."""
+    """The router's admin API as replica_lb.py uses it: /list_workers, /add_worker, /remove_worker."""
 
     workers: set = set()
     calls: list = []
@@ -260,7 +293,7 @@ def test_a_tls_front_stays_nginx_with_the_router_behind_it(tmp_path):
     settings = replace(resolve(host, preset, QWEN_7B.path, None, parse_sets([])), router=True)
     layout = plan_layout(LayoutRequest("0-3"), a100_facts(), QWEN_7B, host.name, settings.port)
     access = Access("prod", "ht-0123456789abcdef0123", Front(443, Tls(Path("c.pem"), Path("k.pem"))))
-    release = make_layout_release(preset, settings, layout, entry_with_router(tmp_path), host.name, access)
+    release = make_layout_release(preset, settings, layout, entry_of(tmp_path), host.name, access)
     conf = release.files[NGINX_CONF].decode()
     assert "listen 443 ssl default_server;" in conf and "ssl_certificate /etc/hosttune/tls/prod.crt;" in conf
     assert "server 127.0.0.1:8005 max_fails=3 fail_timeout=10s;" in conf
