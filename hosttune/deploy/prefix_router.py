@@ -86,7 +86,11 @@ class Router:
                 worker = self.table.choose(key, failed).worker
             except NoWorker:
                 break
-            upstream = await self._connect(worker, request, body)
+            try:
+                upstream = await self._connect(worker, request, body)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                return web.json_response({"error": {"message": f"the replica failed: {exc!r}", "type": "router"}},
+                                         status=502)
             if upstream is not None:
                 return await self._relay(worker, upstream, request)
             failed |= {worker}
@@ -106,6 +110,9 @@ class Router:
             self.table.set_up(worker, False)
             log.warning("%s: %s; out of rotation until its health check passes", worker, exc)
             return None
+        except BaseException:
+            self.table.finish(worker)
+            raise
 
     async def _relay(self, worker: str, upstream: aiohttp.ClientResponse, request: web.Request) -> web.StreamResponse:
         """The replica's answer to the client as it comes; the replica's connection closed if the client leaves."""
@@ -195,12 +202,19 @@ def make_app(router: Router) -> web.Application:
 async def _session(router: Router):
     """The replicas' client session and the health loop, for the app's life."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=router.config.request_timeout_secs)
-    router.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout,
+    # idle connections closed before a replica closes them (uvicorn: after 5 s), so none is reused as it closes
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=3)
+    router.session = aiohttp.ClientSession(connector=connector, timeout=timeout,
                                            auto_decompress=False)
     health = asyncio.ensure_future(router.health_loop())
     yield
     health.cancel()
     await router.session.close()
+
+
+def app_runner(app: web.Application) -> web.AppRunner:
+    """A client that goes away cancels its handler, which closes the replica's connection: the replica stops."""
+    return web.AppRunner(app, access_log=None, handler_cancellation=True)
 
 
 def metrics_app(router: Router) -> web.Application:
@@ -242,10 +256,10 @@ def config_problem(config: RouterConfig) -> str | None:
 
 async def serve(config: RouterConfig) -> None:
     router = Router(config)
-    runners = [web.AppRunner(make_app(router), access_log=None)]
+    runners = [app_runner(make_app(router))]
     sites = [(config.host, config.port)]
     if config.prometheus_port:
-        runners.append(web.AppRunner(metrics_app(router), access_log=None))
+        runners.append(app_runner(metrics_app(router)))
         sites.append((config.prometheus_host, config.prometheus_port))
     for runner, (host, port) in zip(runners, sites):
         await runner.setup()
