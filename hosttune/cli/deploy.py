@@ -35,7 +35,7 @@ def deploy(
     replicas: Optional[str] = typer.Option(None, "--replicas", help="Replicas per host: per-gpu (as many as the GPUs hold at that TP) or a number (default: the inventory's deploy.replicas, else what the host serves, else per-gpu)."),
     replicas_per_gpu: Optional[int] = typer.Option(None, "--replicas-per-gpu", min=1, help="Replicas sharing each GPU (each group of TP GPUs), each given that fraction of the engine's memory flag, e.g. 4 small-model replicas on one GPU (default: the inventory's deploy.replicas_per_gpu, else what the host serves, else 1)."),
     session_affinity: Optional[bool] = typer.Option(None, "--session-affinity/--no-session-affinity", help="Host-local nginx: one X-Session-Id keeps its replica (default: the inventory's deploy.session_affinity)."),
-    router: Optional[bool] = typer.Option(None, "--router/--no-router", help="Several replicas: a cache-aware router between the host's nginx and them, so requests that share a prefix reach the replica holding it; a group of several hosts in plain HTTP gets one in front of its hosts too, written to --nginx-dir (default: the inventory's deploy.router)."),
+    router: Optional[bool] = typer.Option(None, "--router/--no-router", help="Several replicas: a prefix router between the host's nginx and them, so requests that share a prefix reach the replica holding it; a group of several hosts in plain HTTP gets one in front of its hosts too, written to --nginx-dir (default: the inventory's deploy.router)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model folder on the hosts (default: the inventory's deploy.model, else what the host serves)."),
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,

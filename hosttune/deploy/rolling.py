@@ -62,7 +62,7 @@ def switch_ops(release: Release, state: HostState, *, keep_previous: bool = Fals
 
 def router_start_ops(release: Release, state: HostState) -> list[Op]:
     """The router up before nginx sends to it: started, or restarted when its unit changed (a new router
-    or new settings; a redeploy of the engine alone leaves it running, its prefix tree warm)."""
+    or new settings; a redeploy of the engine alone leaves it running, its prefix table warm)."""
     if ROUTER_UNIT not in release.units:
         return []
     unit = state.units.get(ROUTER_UNIT)

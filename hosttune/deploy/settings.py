@@ -18,7 +18,7 @@ Inventory layout (every key optional):
       gate_timeout: 60                   # seconds for the one-token generation
       probe_interval: 10                 # seconds between generation probes of a host's replicas
       session_affinity: false            # host-local nginx: one X-Session-Id keeps its replica
-      router: false                      # a cache-aware router between the host's nginx and its replicas
+      router: false                      # a prefix router between the host's nginx and its replicas
 
 `--set FLAG=VALUE` sets an engine flag, `--set env.NAME=VALUE` an environment variable;
 values are read as YAML scalars (true, 0.9, 8192, null).
