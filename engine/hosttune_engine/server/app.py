@@ -23,6 +23,7 @@ from hosttune_engine.server.state import STATE, ServerState
 log = logging.getLogger("hosttune_engine.server")
 
 HTTP_ERROR_TYPES = {404: "NotFoundError", 405: "MethodNotAllowed", 413: "RequestTooLarge"}
+CLIENT_CLOSED = 499  # the access log's status for a client that closed its connection first (nginx's code)
 
 
 @web.middleware
@@ -36,8 +37,9 @@ async def errors_as_json(request: web.Request, handler):
             raise
         return error_response(ApiError(e.status, (e.text or e.reason)[:300],
                                        HTTP_ERROR_TYPES.get(e.status, "BadRequestError")))
-    except ConnectionResetError:
-        raise  # the client is gone; nothing can be answered
+    except ConnectionResetError:  # the client went away mid-answer: nothing can reach it, and nothing failed here
+        log.info("client closed the connection during %s %s", request.method, request.path)
+        return web.Response(status=CLIENT_CLOSED)
     except Exception:
         log.exception("unexpected error on %s %s", request.method, request.path)
         return error_response(ApiError(500, "internal server error", "InternalServerError"))

@@ -7,6 +7,7 @@ import json
 import time
 
 import aiohttp
+import pytest
 
 from .harness import ServerProcess
 
@@ -116,3 +117,36 @@ def test_idle_timeout_and_connection_limit(tiny_qwen2, tmp_path):
     assert head.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in head
     assert "too many open connections" in json.loads(body)["error"]["message"]
     assert out["after"] == 200
+
+
+
+async def _client_leaves_mid_stream() -> None:
+    """A handler streaming behind the server's error middleware whose connection is gone between two writes (the
+    transport aborted, as when a client drops it): the second write raises, as aiohttp's writes do then."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from hosttune_engine.server.app import errors_as_json
+
+    async def stream(request):
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        await resp.write(b"data: first\n\n")
+        request.transport.abort()
+        await resp.write(b"data: second\n\n")
+        return resp
+
+    app = web.Application(middlewares=[errors_as_json])
+    app.router.add_get("/stream", stream)
+    async with TestClient(TestServer(app)) as client:
+        with pytest.raises(aiohttp.ClientError):
+            async with client.get("/stream") as resp:
+                await resp.read()
+        await asyncio.sleep(0.2)
+
+
+def test_a_client_that_leaves_mid_stream_is_one_info_line_not_an_error(caplog):
+    caplog.set_level("INFO")
+    asyncio.run(_client_leaves_mid_stream())
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
+    assert "client closed the connection during GET /stream" in caplog.text
