@@ -75,11 +75,11 @@ def _is_free(port: int) -> bool:
 
 
 def free_port(count: int = 1) -> int:
-    """A port with the count - 1 after it free too (a host's nginx and its replicas). Below Linux's ephemeral
-    range (32768-60999 by default), where no outgoing connection on the machine can take one before its
-    server binds it."""
+    """A port with the count - 1 after it free too (a host's nginx and its replicas). Above the hosts' SSH
+    ports (hosts.PORT_RANGE) and below Linux's ephemeral range (32768-60999 by default), where no outgoing
+    connection on the machine can take one before its server binds it."""
     for _ in range(100):
-        port = random.randrange(20000, 32700 - count)
+        port = random.randrange(30000, 32700 - count)
         if all(_is_free(port + i) for i in range(count)):
             return port
     raise RuntimeError("no free port")
