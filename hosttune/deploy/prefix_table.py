@@ -48,8 +48,9 @@ def prompt_text(doc: object) -> str | None:
     prompt = doc.get("prompt")
     if isinstance(prompt, str):
         return prompt
-    if isinstance(prompt, list) and prompt:
-        return json.dumps(prompt[0]) if not isinstance(prompt[0], str) else prompt[0]
+    if isinstance(prompt, list) and prompt:  # several prompts (the first), or one or several of token ids
+        first = prompt[0]
+        return first if isinstance(first, str) else json.dumps(first if isinstance(first, list) else prompt)
     messages = doc.get("messages")
     if isinstance(messages, list) and messages:
         return "\n".join(_content(m) for m in messages)

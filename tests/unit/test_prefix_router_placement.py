@@ -34,6 +34,7 @@ def test_completions_and_chat_are_keyed_on_their_prompts_first_characters():
     parts = [{"role": "user", "content": [{"type": "text", "text": "look "}, {"type": "image_url"}, {"text": "here"}]}]
     assert prompt_text({"messages": parts}) == "look here"
     assert prompt_text({"prompt": ["first", "second"]}) == "first"
+    assert prompt_text({"prompt": [1, 2, 3]}) == "[1, 2, 3]" == prompt_text({"prompt": [[1, 2, 3], [4]]})
     for unkeyed in (b"", b"not json", body(model="m"), b"[1, 2]", body(prompt=""), b"\xff\xfe"):
         assert prefix_key(unkeyed) is None
 
