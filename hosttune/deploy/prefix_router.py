@@ -89,14 +89,12 @@ class Router:
             try:
                 upstream = await self._connect(worker, request, body)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                return web.json_response({"error": {"message": f"the replica failed: {exc!r}", "type": "router"}},
-                                         status=502)
+                return _error(f"the replica failed: {exc!r}", 502)
             if upstream is not None:
                 return await self._relay(worker, upstream, request)
             failed |= {worker}
             self.retried += 1
-        return web.json_response({"error": {"message": "no replica could take the request", "type": "router"}},
-                                 status=502 if failed else 503)
+        return _error("no replica could take the request", 502 if failed else 503)
 
     async def _connect(self, worker: str, request: web.Request, body: bytes) -> aiohttp.ClientResponse | None:
         """The replica's response (headers read), or None when it could not be reached (then out of rotation)."""
@@ -165,6 +163,11 @@ class Router:
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=metrics_text(self), content_type="text/plain")
+
+
+def _error(message: str, status: int) -> web.Response:
+    """An OpenAI-shaped error of the router's own."""
+    return web.json_response({"error": {"message": message, "type": "router"}}, status=status)
 
 
 def _is_worker_url(url: str) -> bool:
