@@ -284,12 +284,25 @@ def sweep_stale_runs(work_root: Path = WORK_ROOT) -> list[str]:
     return swept
 
 
+NEW_RUN_S = 300  # a run directory without its owner.pid yet is being made (Fleet writes it next), not stale
+
+
 def _owner_alive(rundir: Path) -> bool:
+    """Whether the process that made this run directory still runs. Another xdist worker may have just made it:
+    one without owner.pid counts as alive for NEW_RUN_S."""
     try:
         pid = int((rundir / "owner.pid").read_text())
+    except FileNotFoundError:
+        try:
+            return time.time() - rundir.stat().st_mtime < NEW_RUN_S
+        except FileNotFoundError:
+            return True  # gone already: nothing to sweep
+    except ValueError:
+        return False
+    try:
         os.kill(pid, 0)
         return True
-    except (FileNotFoundError, ValueError, ProcessLookupError):
+    except ProcessLookupError:
         return False
 
 

@@ -1,6 +1,7 @@
 """The live-host harness itself: containers boot, answer real SSH, and clean up after."""
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -9,7 +10,7 @@ import paramiko
 import pytest
 
 from .cgroup import TOP, Cgroup
-from .hosts import Bind, BootError, Fleet, cpuidle_standin
+from .hosts import NEW_RUN_S, Bind, BootError, Fleet, cpuidle_standin, sweep_stale_runs
 from .image import mounts_under
 from .sshkeys import known_hosts_line
 
@@ -171,3 +172,19 @@ def test_a_cpuidle_stand_in_names_a_driver_only_where_the_vm_running_the_tests_h
     (real / "current_driver").write_text("intel_idle\n")
     (tmp_path / "b").mkdir()
     assert cpuidle_standin(tmp_path / "b", real) == ()
+
+
+def test_the_sweep_removes_dead_runs_and_leaves_ones_being_made(tmp_path):
+    """Each xdist worker sweeps at its start: a run another worker has just made (no owner.pid yet) is left alone,
+    as is one whose owner runs; one whose owner is gone, or made long ago and never finished, is removed."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    runs = {name: tmp_path / name for name in ("1-new", "2-alive", "3-dead", "4-abandoned")}
+    for rundir in runs.values():
+        rundir.mkdir()
+    (runs["2-alive"] / "owner.pid").write_text(f"{os.getpid()}\n")
+    (runs["3-dead"] / "owner.pid").write_text(f"{dead.pid}\n")
+    long_ago = time.time() - NEW_RUN_S - 60
+    os.utime(runs["4-abandoned"], (long_ago, long_ago))
+    assert sorted(sweep_stale_runs(tmp_path)) == ["3-dead", "4-abandoned"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1-new", "2-alive"]
