@@ -144,14 +144,13 @@ def _upstream(group: str, hosts: list[Host], backends: list[str], outcome: HostD
 
 def write_upstreams(found: list[Upstream], folder: Path) -> list[Path]:
     """Each group's nginx config, and its router's unit and scripts where it routes by prefix."""
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
+    files = {}
     for upstream in found:
-        files = {f"hosttune-{upstream.group}.conf": render_nginx(upstream)}
+        files[f"hosttune-{upstream.group}.conf"] = render_nginx(upstream)
         if is_routed(upstream):
             files[f"hosttune-router-{upstream.group}.service"] = router_unit(upstream)
-            files.update(router_files(load_router()))
-        for name, text in files.items():
-            (folder / name).write_bytes(text)
-            written += [folder / name] if folder / name not in written else []  # the scripts: once for all groups
-    return written
+            files.update(router_files(load_router()))  # the same scripts for every group
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_bytes(text)
+    return [folder / name for name in files]

@@ -4,7 +4,6 @@ tiny model and an inventory declaring its replicas, and what a test of keyed rep
 (deploy, read the group's key, ask through nginx, wait)."""
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -24,7 +23,7 @@ from typer.testing import CliRunner
 from hosttune.cli import app
 
 from .hosts import LiveHost
-from .steady_bench import stop_bench
+from .steady_bench import bench_run, stop_bench
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -172,7 +171,7 @@ def finished(bench: subprocess.Popen, out: Path) -> list[dict]:
     """The requests of a `hosttune bench --out out` run, once it has ended."""
     output, _ = bench.communicate(timeout=400)
     assert (out / "results.json").exists(), output[-2000:]
-    return json.loads((out / "results.json").read_text())["runs"][0]["requests"]
+    return bench_run(out)["requests"]
 
 
 def under_load(work: Callable[[], T], bench: subprocess.Popen, out: Path) -> tuple[T, float, list[dict]]:
@@ -183,4 +182,4 @@ def under_load(work: Callable[[], T], bench: subprocess.Popen, out: Path) -> tup
     result = work()
     seconds = time.monotonic() - began
     stop_bench(bench)
-    return result, seconds, json.loads((out / "results.json").read_text())["runs"][0]["requests"]
+    return result, seconds, bench_run(out)["requests"]

@@ -4,6 +4,7 @@ report intact), so a slow machine never ends the load before the change under it
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -31,3 +32,8 @@ def stop_bench(bench: subprocess.Popen) -> str:
     out, _ = bench.communicate(timeout=300)
     assert bench.returncode in (0, 4) and "SIGINT ended the run" in out, out[-2000:]
     return out
+
+
+def bench_run(out: Path) -> dict:
+    """The one run a `hosttune bench --out out` wrote: its requests and clock origin, among the rest."""
+    return json.loads((out / "results.json").read_text())["runs"][0]

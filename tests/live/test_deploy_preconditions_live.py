@@ -7,7 +7,6 @@ runs against the live release: every request of the run is answered.
 """
 from __future__ import annotations
 
-import json
 import shutil
 import time
 import urllib.request
@@ -15,7 +14,7 @@ import urllib.request
 import pytest
 
 from .deploy_setup import MODEL, free_port, wait_for
-from .steady_bench import start_bench, stop_bench
+from .steady_bench import bench_run, start_bench, stop_bench
 from .test_deploy_live import complete, deploy
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
@@ -85,7 +84,7 @@ def test_deploy_checks_python_venv_and_the_model_before_anything_is_sent(live_fl
     assert f"nothing changed: novenv: the model folder {noconfig} has no readable config.json" in result.stdout
     time.sleep(4)  # the live release keeps answering after it too
     bench_out = stop_bench(bench)
-    run = json.loads((tmp_path / "bench" / "results.json").read_text())["runs"][0]
+    run = bench_run(tmp_path / "bench")
     requests = run["requests"]
     bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
     assert len(requests) >= 10 and not bad, (bad[:10], bench_out[-2000:])

@@ -21,7 +21,7 @@ from hosttune.cli import app
 
 from .deploy_setup import MODEL, free_port
 from .gpu_standin import XID_79, gpu_files, resets, set_faults, write_files
-from .steady_bench import start_bench, stop_bench
+from .steady_bench import bench_run, start_bench, stop_bench
 from .test_deploy_replicas_live import SERVERS, deploy, group_key, shape
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(900)]
@@ -72,6 +72,6 @@ def test_remediate_drains_and_restores_a_replica_under_load_without_a_failed_req
 
     time.sleep(max(4.0, MIN_LOAD_S - (time.monotonic() - started)))  # the restored replica serves under load too
     out = stop_bench(bench)
-    requests = json.loads((tmp_path / "bench" / "results.json").read_text())["runs"][0]["requests"]
+    requests = bench_run(tmp_path / "bench")["requests"]
     bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
     assert len(requests) >= 100 and not bad, (bad[:10], out[-2000:])
