@@ -36,11 +36,11 @@ def no_user_tables(tmp_path, monkeypatch):
     tuning.reload_tables()
 
 
-def _plan(gpu: str, quantization: str | None = None):
+def _plan(gpu: str, quantization: str | None = None, table: dict | None = None):
     gpu_info = named_gpu(gpu)
     spec = dummy_spec(quantization) if quantization else None
     inputs = PlanInputs(ModelConfig.from_folder(QWEN7B), gpu_info, torch.bfloat16, spec)
-    return build_plan(inputs, *table_and_name(gpu_info))
+    return build_plan(inputs, *((table, "test") if table is not None else table_and_name(gpu_info)))
 
 
 def test_bf16_on_the_h200_takes_the_tuned_gemv_at_one_row_and_cublas_above(no_user_tables):
@@ -134,3 +134,20 @@ def test_a_plan_naming_the_torch_reference_for_one_projection_runs_it_there_only
     assert seen and not o_weights & {id(w) for w in seen}
     # qkv, gate_up and down in 2 one-row steps; the LM head for each of the 3 tokens (the prefill's last row too)
     assert len(seen) == 2 * 3 * len(model.model.layers) + 3
+
+
+def test_a_wgmma_entry_is_the_hopper_kernel_on_sm90_and_the_dequantizing_path_elsewhere(monkeypatch):
+    """The plan says what the run does: the warpgroup GEMM where the table holds it and it can run, else the
+    weight dequantized (what kernels/dequant_gemm.py then takes), with why."""
+    import sys
+
+    pytest.importorskip("triton.experimental.gluon")
+    entry = {"WGMMA": 1, "BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
+    table = {"w4a16_gemm": {"bfloat16-le64": entry}}
+    h200 = _plan("NVIDIA H200", "awq", table).choice(Op.DOWN, 64)
+    assert h200.kernel is Kernel.W4A16_WGMMA and h200.config.wgmma and h200.config.block_n == 128
+    a100 = _plan("NVIDIA A100-SXM4-80GB", "awq", table).choice(Op.DOWN, 64)
+    assert (a100.kernel, a100.config) == (Kernel.W4A16_DEQUANT, LaunchConfig(dequant=True))
+    assert a100.note == "the table's warpgroup GEMM cannot run here: not an sm_90 GPU"
+    monkeypatch.setitem(sys.modules, "hosttune_engine.kernels.w4a16_hopper", None)  # a Triton without Gluon
+    assert _plan("NVIDIA H200", "awq", table).choice(Op.DOWN, 64).note.endswith("this Triton has no Gluon")

@@ -112,3 +112,19 @@ def test_the_4bit_gemm_sweep_at_decode_rows_tries_the_nibble_kernel_and_dequanti
     assert not any(c.get("NIBBLES") for c in candidates("w8a16_gemm", DEFAULT, rows=64)[0])
     assert not any(c.get("NIBBLES") and c["BLOCK_M"] == 128 for c in candidates("w4a16_gemm", DEFAULT, rows=4096)[0])
     assert any(c.get("NIBBLES") for c in tiny_candidates(at_64))  # the CPU tune can draw one
+
+
+def test_the_4bit_gemm_sweep_tries_the_hopper_kernel_only_where_it_runs(monkeypatch):
+    from hosttune_engine.kernels.dequant_gemm import DEFAULT
+    from hosttune_engine.tuner import candidates as cands
+
+    monkeypatch.setattr(cands, "_hopper_gemm_runs", lambda: False)
+    assert not any(c.get("WGMMA") for c in cands.candidates("w4a16_gemm", DEFAULT, rows=64)[0][1:])
+    monkeypatch.setattr(cands, "_hopper_gemm_runs", lambda: True)
+    at_64, seeds = cands.candidates("w4a16_gemm", DEFAULT, rows=64)
+    wgmma = [c for c in at_64 if c.get("WGMMA")]
+    assert {c["BLOCK_M"] for c in wgmma} == {64} and {c["num_warps"] for c in wgmma} == {4, 8}
+    assert {c["BLOCK_M"] for c in cands.candidates("w4a16_gemm", DEFAULT, rows=256)[0] if c.get("WGMMA")} == {128}
+    assert not any(c.get("WGMMA") for c in cands.candidates("w4a16_gemm", DEFAULT, rows=4096)[0])
+    assert not any(c.get("WGMMA") for c in cands.candidates("w8a16_gemm", DEFAULT, rows=64)[0])
+    assert not any(c.get("WGMMA") for c in cands.tiny_candidates(at_64))  # CUDA only: never on the CPU tune

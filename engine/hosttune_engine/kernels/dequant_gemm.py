@@ -278,11 +278,16 @@ def int4_dequantize(qweight, scales, zeros, group_size: int, dtype: torch.dtype)
 def w4a16_gemm(x, qweight, scales, zeros, perm, group_size: int, bias=None, config: dict | None = None) -> torch.Tensor:
     """x [M, K] @ W (4-bit, kernels/int4_layout.py) (+ bias) -> [M, N] in x's dtype. With DEQUANT in the config the
     weight is dequantized into a scratch [N, K] and multiplied by torch (cuBLAS on a GPU), which beats the fused
-    kernel once the rows are many."""
+    kernel once the rows are many. WGMMA takes kernels/w4a16_hopper.py on an sm_90 GPU with a Gluon-capable Triton
+    (an act-order layer's x gathered into group order first); where that kernel cannot run, DEQUANT instead."""
     m, k = x.shape if x.dim() == 2 else (0, 0)
     _check_x_bias(x, bias, qweight.shape[0] if qweight.dim() == 2 else -1)
     check_int4_weight(qweight, scales, zeros, perm, group_size, k, x.device)
     cfg = dict(config or DEFAULT)
+    if cfg.get("WGMMA") and not _hopper_ready(x, group_size):
+        cfg = {"DEQUANT": 1}  # a table tuned where the Hopper kernel ran, read where it cannot
+    if cfg.get("WGMMA"):
+        return _w4a16_by_wgmma(x if perm is None else x[:, perm], qweight, scales, zeros, group_size, bias, cfg)
     if cfg.get("DEQUANT"):
         w = int4_dequantize(qweight, scales, zeros, group_size, x.dtype)
         return torch.nn.functional.linear(x if perm is None else x[:, perm], w, bias)
@@ -300,6 +305,38 @@ def w4a16_gemm(x, qweight, scales, zeros, perm, group_size: int, bias=None, conf
         R=pack_block(group_size) // 8, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         GROUP_M=cfg["GROUP_M"], SPLIT_K=cfg.get("SPLIT_K", 1), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], PRECISION=_precision(x))
+    return _split_sum(ws, bias, y, cfg)
+
+
+def hopper_gemm_runs(device: torch.device) -> bool:
+    """Whether the warpgroup 4-bit GEMM (kernels/w4a16_hopper.py) runs on `device`: an sm_90 GPU and a Triton with
+    Gluon."""
+    if device.type != "cuda":
+        return False
+    try:
+        from hosttune_engine.kernels import w4a16_hopper
+    except ImportError:  # a Triton without Gluon
+        return False
+    return w4a16_hopper.supported(device)
+
+
+def _hopper_ready(x: torch.Tensor, group_size: int) -> bool:
+    """Whether that kernel can take x: 16-bit, groups of a multiple of 64, on a device it runs on."""
+    return x.dtype in (torch.bfloat16, torch.float16) and group_size % 64 == 0 and hopper_gemm_runs(x.device)
+
+
+def _w4a16_by_wgmma(x, qweight, scales, zeros, group_size: int, bias, cfg: dict):
+    from hosttune_engine.kernels import w4a16_hopper
+
+    m, k, n = x.shape[0], x.shape[1], qweight.shape[0]
+    block_k = cfg["BLOCK_K"]
+    while k % block_k or (block_k > group_size and block_k % group_size):  # whole tiles, whole groups in them
+        block_k //= 2
+    cfg = {**cfg, "BLOCK_K": block_k}
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = _workspace(m, n, cfg, y)
+    w4a16_hopper.launch(x.contiguous(), qweight, scales, zeros, group_size, None if cfg.get("SPLIT_K", 1) > 1 else bias,
+                        y, ws, cfg)
     return _split_sum(ws, bias, y, cfg)
 
 

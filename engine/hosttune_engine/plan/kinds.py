@@ -38,6 +38,7 @@ class Kernel(Enum):
     INT4_GEMV = "Triton 4-bit GEMV"
     W8A16_GEMM = "Triton W8A16 GEMM"
     W4A16_GEMM = "Triton W4A16 GEMM"
+    W4A16_WGMMA = "W4A16 GEMM on Hopper's warpgroup MMA"
     W4A16_DEQUANT = "4-bit weight dequantized, then cuBLAS"
     FP8_MM_UNIT = "torch._scaled_mm (unit scales, our epilogue)"
     FP8_MM_ROWWISE = "torch._scaled_mm (row-wise scales)"

@@ -91,6 +91,19 @@ def nibble_gemm(rows: int) -> list[dict]:
             for n, w in ((64, 4), (128, 4), (128, 8)) for k in (128, 256) for split in (1, 4) for swap in swaps]
 
 
+def wgmma_gemm(rows: int) -> list[dict]:
+    """The 4-bit GEMM on Hopper's warpgroup MMA (kernels/w4a16_hopper.py) for `rows` rows: x's rows the MMA's
+    narrow side (8 to 128 a program), 64-256 weight rows, K tiles of one or two groups, split K or not, as many
+    tiles in flight as the SM's shared memory holds (the weight tile in bf16, and per stage its words and x's)."""
+    block_m = max(8, min(128, 1 << (rows - 1).bit_length()))
+    configs = [{"WGMMA": 1, "BLOCK_M": block_m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "SPLIT_K": split,
+                "num_warps": w, "num_stages": stages}
+               for n, w, k in ((64, 4, 128), (64, 4, 256), (128, 4, 128), (128, 4, 256), (256, 8, 128))
+               for split in (1, 2, 4) for stages in (3, 4)]
+    return [c for c in configs if c["BLOCK_N"] * c["BLOCK_K"] * 2 + c["num_stages"] * (
+        c["BLOCK_N"] * c["BLOCK_K"] // 2 + c["BLOCK_M"] * c["BLOCK_K"] * 2) <= 220 * 1024]
+
+
 def candidates(kernel: str, default: dict, rows: int = 1) -> tuple[list[dict], int]:
     """(shipped winners for `kernel`, then its default, then its grid (GEMMs: the grid for `rows`), no repeats;
     how many of them are the first two kinds, which every sweep tries)."""
@@ -99,8 +112,18 @@ def candidates(kernel: str, default: dict, rows: int = 1) -> tuple[list[dict], i
         grid = [c for c in grid if "DEQUANT" not in c]
     if kernel == "w4a16_gemm" and rows <= 128:
         grid = grid + nibble_gemm(rows)
+    if kernel == "w4a16_gemm" and rows <= 256 and _hopper_gemm_runs():
+        grid = grid + wgmma_gemm(rows)
     seeds = _unique(shipped_configs(kernel) + [default])
     return _unique(seeds + grid), len(seeds)
+
+
+def _hopper_gemm_runs() -> bool:
+    import torch
+
+    from hosttune_engine.kernels.dequant_gemm import hopper_gemm_runs
+
+    return torch.cuda.is_available() and hopper_gemm_runs(torch.device("cuda"))
 
 
 def _unique(configs: list[dict]) -> list[dict]:
@@ -127,7 +150,7 @@ def tiny_candidates(cands: list[dict]) -> list[dict]:
     """One config of each kernel kind for the CPU test: the widest output tile of the kind, since the Triton
     interpreter's cost is per program, nearly whatever the tile."""
     kinds = {}
-    for c in (c for c in cands if not c.get("PACKED")):  # CUDA only
+    for c in (c for c in cands if not c.get("PACKED") and not c.get("WGMMA")):  # CUDA only
         key = (c.get("DOT"), c.get("FUSE", 1), bool(c.get("DEQUANT")), c.get("SPLIT_K", c.get("SPLIT", 1)) > 1,
                c.get("XB", 0), c.get("NIBBLES", 0), c.get("SWAP", 1))
         kinds.setdefault(key, []).append(c)  # (UNROLL changes nothing the CPU can see)

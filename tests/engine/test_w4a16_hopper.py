@@ -1,0 +1,101 @@
+"""The warpgroup 4-bit GEMM (kernels/w4a16_hopper.py): compiled for Hopper without a GPU in every config the tuner
+may try, against the fp32 reference on a Hopper GPU, and the dispatch's fallback where it cannot run."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from hosttune_engine.kernels.dequant_gemm import w4a16_gemm
+from hosttune_engine.kernels.int4_gemv import int4_gemv_ref
+
+from .conftest import DEVICE
+from .test_kernels_quant import _close, int4_weight
+
+gluon = pytest.importorskip("triton.experimental.gluon", reason="a Triton without Gluon has no Hopper 4-bit GEMM")
+
+ON_HOPPER = DEVICE != "cpu" and torch.cuda.get_device_capability() == (9, 0)
+
+COMPILE_FOR_HOPPER = textwrap.dedent("""
+    import json, sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from hosttune_engine.kernels.w4a16_hopper import _w4a16_wgmma_kernel
+    from hosttune_engine.tuner.candidates import wgmma_gemm
+    sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16", "y_ptr": "*bf16",
+           "ws_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32"}
+    names = list(sig)
+    aligned = ("x_ptr", "q_ptr", "s_ptr", "z_ptr", "b_ptr", "y_ptr", "ws_ptr", "N", "K", "stride_xm", "stride_ym")
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    for rows in (8, 64, 256):
+        for cfg in wgmma_gemm(rows):
+            if cfg["SPLIT_K"] > 2 or {**cfg, "num_stages": cfg["num_stages"] + 1} in wgmma_gemm(rows):
+                continue  # more splits change nothing compiled; fewer stages take less shared memory
+            const = {"HAS_BIAS": cfg["SPLIT_K"] == 1, "GROUP": 128, "BLOCK_M": cfg["BLOCK_M"],
+                     "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"], "SPLIT_K": cfg["SPLIT_K"],
+                     "STAGES": cfg["num_stages"]}
+            src = GluonASTSource(_w4a16_wgmma_kernel, {**sig, **{k: "constexpr" for k in const}}, constexprs=const,
+                                 attrs=attrs)
+            k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
+            print(json.dumps({"cfg": cfg, "shared": k.metadata.shared, "cubin": "cubin" in k.asm,
+                              "wgmma": k.asm["ptx"].count("wgmma.mma_async")}))
+""")
+
+
+def test_every_tuner_config_compiles_for_hopper_and_fits():
+    """What only the compiler rejects (a layout it cannot lower, shared memory past the SM's 227 KB) would first
+    fail in a tune on the GPU. Compiling needs no GPU. Each tile shape at the most stages the grid takes, with
+    and without split K."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    kernels = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(kernels) >= 12
+    for k in kernels:
+        assert k["cubin"] and k["wgmma"] > 0, k
+        assert k["shared"] <= 227 * 1024, k
+
+
+def test_wgmma_config_off_hopper_takes_the_dequantizing_path():
+    """A table tuned on a Hopper GPU, read on a machine where the kernel cannot run: the same result, through
+    the weight dequantized and multiplied by torch."""
+    if ON_HOPPER:
+        pytest.skip("on Hopper the kernel itself runs")
+    q, s, z, perm = int4_weight(40, 256, 64, True)
+    x = torch.randn(5, 256, device=DEVICE)
+    cfg = {"WGMMA": 1, "BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
+    got = w4a16_gemm(x, q, s, z, perm, 64, config=cfg)
+    assert torch.equal(got, w4a16_gemm(x, q, s, z, perm, 64, config={"DEQUANT": 1}))
+    _close(got, int4_gemv_ref(x, q, s, z, perm, 64), torch.float32)
+
+
+BF16, F16 = torch.bfloat16, torch.float16
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the warpgroup MMA needs an sm_90 GPU")
+@pytest.mark.parametrize("n, k, m, group, act_order, dtype, cfg", [
+    (200, 512, 16, 128, False, BF16, (16, 128, 128, 1, 4, 3)),  # a ragged last weight tile
+    (256, 1024, 37, 64, True, BF16, (64, 128, 128, 3, 4, 4)),  # two groups a tile, split K, act-order
+    (4608, 3584, 64, 128, False, BF16, (64, 256, 128, 2, 8, 3)),  # two warpgroups
+    (1024, 3584, 48, 128, False, BF16, (64, 128, 256, 1, 4, 3)),  # a tile of two groups
+    (384, 2048, 200, 128, True, F16, (128, 128, 128, 1, 4, 3)),  # two row tiles, the last ragged; fp16
+    (128, 1536, 5, 256, False, BF16, (8, 64, 128, 4, 4, 4)),  # a tile inside a group; splits of unequal tiles
+    (96, 640, 24, 128, False, BF16, (32, 64, 128, 8, 4, 2)),  # more splits than the program has tiles
+])
+def test_wgmma_gemm_on_hopper(n, k, m, group, act_order, dtype, cfg):
+    q, s, z, perm = int4_weight(n, k, group, act_order)
+    q = torch.randint(-2**31, 2**31 - 1, q.shape, device=DEVICE, dtype=torch.int32)  # every nibble value, sign bit
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
+    bias = torch.randn(n, device=DEVICE).to(dtype)
+    block_m, block_n, block_k, split, warps, stages = cfg
+    config = {"WGMMA": 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split,
+              "num_warps": warps, "num_stages": stages}
+    got = w4a16_gemm(x, q, s.to(dtype), z, perm, group, bias, config=config)
+    _close(got, int4_gemv_ref(x, q, s.to(dtype), z, perm, group, bias), F16)
