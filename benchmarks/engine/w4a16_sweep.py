@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """The batched 4-bit (W4A16, AWQ layout, groups of 128) GEMM paths on the Qwen2.5-7B projections, per batch size:
 bf16 cuBLAS on the same shape (what the 4-bit weight should beat), the weight dequantized then cuBLAS ("dequant",
-kernels/dequant_gemm.py DEQUANT), and the Triton GEMM that takes one dot a nibble position ("nibbles", NIBBLES 1)
-over a sweep of its launch configs. Prints one JSON row a projection and batch; with --table, the entries for
-kernels/tuned_configs.json: `w4a16_gemm` per projection shape and batch bucket, the nibble kernel's config (that
-of the bucket's largest batch measured) where it beat the dequantizing path at every batch measured in the
-bucket, else DEQUANT. Each launch of a timed graph reads the next of several weight copies (three times the L2
-together), so every launch reads its weight from memory, as a model's step does.
+kernels/dequant_gemm.py DEQUANT), and the fused kernels over a sweep of their launch configs ("fused", the fastest
+of them): the Triton GEMM that takes one dot a nibble position (NIBBLES 1) and, on Hopper, the Gluon GEMM on the
+warpgroup MMA (WGMMA 1, kernels/w4a16_hopper.py, the tuner's grid for it). Prints one JSON row a projection and
+batch; with --table, the entries for kernels/tuned_configs.json: `w4a16_gemm` per projection shape and batch
+bucket, the fastest fused config (that of the bucket's largest batch measured) where it beat the dequantizing path
+at every batch measured in the bucket, else DEQUANT. Each launch of a timed graph reads the next of several
+weight copies (three times the L2 together), so every launch reads its weight from memory, as a model's step does.
 
 Example: python benchmarks/engine/w4a16_sweep.py --out /tmp/w4a16.json --table --precompile 14
          python benchmarks/engine/w4a16_sweep.py --batches 64 --projections gate_up --tiles 32x2 64x4
@@ -26,6 +27,8 @@ import triton  # noqa: E402
 
 from benchmarks.engine.common import per_launch_us  # noqa: E402
 from benchmarks.engine.fp8_gemm_sweep import LAUNCHES, _copies, run_sweep, sweep_arguments  # noqa: E402
+from hosttune_engine.kernels.dequant_gemm import hopper_gemm_runs  # noqa: E402
+from hosttune_engine.tuner.candidates import wgmma_gemm  # noqa: E402
 
 GROUP = 128
 BATCHES = (8, 16, 32, 64, 128)
@@ -41,16 +44,20 @@ class Axes:
     stages: tuple = (3, 4)
     split_k: tuple = (1, 2, 4)
     swap: tuple = (1, 0)  # 1: the weights the MMA's register operand (W x^T); 0: both from shared memory (x W^T)
+    kernels: tuple = ("nibbles", "wgmma")  # wgmma: only where it runs (an sm_90 GPU, a Triton with Gluon)
 
 
-def configs(m: int, axes: Axes = Axes()):
+def configs(m: int, axes: Axes = Axes(), hopper: bool = False):
     block_m = max(16, min(128, 1 << (m - 1).bit_length()))
-    for (bn, warps), bk, stages, split, swap in itertools.product(axes.tiles, axes.block_k, axes.stages, axes.split_k,
-                                                                  axes.swap):
-        if swap == 0 and block_m < 64:  # the warpgroup MMA's first dimension is 64 rows: x's would be padding
-            continue
-        yield {"NIBBLES": 1, "SWAP": swap, "BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
-               "SPLIT_K": split, "num_warps": warps, "num_stages": stages}
+    if "nibbles" in axes.kernels:
+        for (bn, warps), bk, stages, split, swap in itertools.product(axes.tiles, axes.block_k, axes.stages,
+                                                                      axes.split_k, axes.swap):
+            if swap == 0 and block_m < 64:  # the warpgroup MMA's first dimension is 64 rows: x's would be padding
+                continue
+            yield {"NIBBLES": 1, "SWAP": swap, "BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
+                   "SPLIT_K": split, "num_warps": warps, "num_stages": stages}
+    if "wgmma" in axes.kernels and hopper:
+        yield from wgmma_gemm(m)
 
 
 def weight(n: int, k: int, seed: int, device: str = "cuda"):
@@ -81,13 +88,13 @@ def measure(m: int, n: int, k: int, axes: Axes = Axes()) -> dict:
     del dense
     row["dequant_us"] = launches(lambda w: w4a16_gemm(x, *w, None, GROUP, config={"DEQUANT": 1}), weights)
     swept = []
-    for i, c in enumerate(configs(m, axes)):
+    for i, c in enumerate(configs(m, axes, hopper_gemm_runs(x.device))):
         try:
             swept.append((launches(lambda w: w4a16_gemm(x, *w, None, GROUP, config=c), weights), i, c))
         except triton.runtime.errors.OutOfResources:  # too much shared memory or too many registers
             continue
     swept.sort()
-    row["nibbles_us"], _, row["config"] = swept[0]
+    row["fused_us"], _, row["config"] = swept[0]
     row["runners_up"] = [{"us": us, "config": c} for us, _, c in swept[1:4]]
     want = int4_gemv_ref(x, *weights[0], None, GROUP).float()
     got = w4a16_gemm(x, *weights[0], None, GROUP, config=row["config"]).float()
@@ -109,7 +116,7 @@ def table(rows: list[dict]) -> dict:
     for r in rows:
         groups.setdefault(f"bfloat16-{batch_bucket(r['m'])}-{r['n']}x{r['k']}", []).append(r)
     return {"w4a16_gemm": {key: dict(max(rs, key=lambda r: r["m"])["config"])
-                           if all(r["nibbles_us"] < r["dequant_us"] for r in rs) else {"DEQUANT": 1}
+                           if all(r["fused_us"] < r["dequant_us"] for r in rs) else {"DEQUANT": 1}
                            for key, rs in groups.items()}}
 
 
@@ -120,9 +127,12 @@ def main() -> None:
                         help="(BLOCK_N, num_warps) pairs, as BLOCK_NxWARPS")
     parser.add_argument("--split-k", type=int, nargs="+", default=list(Axes.split_k), help="SPLIT_K values")
     parser.add_argument("--swap", type=int, nargs="+", default=list(Axes.swap), choices=(0, 1), help="SWAP values")
+    parser.add_argument("--kernels", nargs="+", default=list(Axes.kernels), choices=Axes.kernels,
+                        help="the fused kernels swept (wgmma: its tuner grid, on Hopper only)")
     args = parser.parse_args()
     tiles = tuple(tuple(int(v) for v in t.split("x")) for t in args.tiles)
-    axes = Axes(tiles, tuple(args.block_k), tuple(args.stages), tuple(args.split_k), tuple(args.swap))
+    axes = Axes(tiles, tuple(args.block_k), tuple(args.stages), tuple(args.split_k), tuple(args.swap),
+                tuple(args.kernels))
     run_sweep(args, axes, configs, measure, table, _compile)
 
 

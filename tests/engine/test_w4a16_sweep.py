@@ -1,6 +1,6 @@
 """The W4A16 GEMM sweep (benchmarks/engine/w4a16_sweep.py) on made-up measurements: the nibble kernel's config
 (of the bucket's largest batch) where it beat the dequantizing path at every batch of a bucket, else DEQUANT;
-and its configs and timing weights."""
+and its configs (the Hopper kernel's only where it runs) and timing weights."""
 
 import pytest
 import torch
@@ -16,7 +16,7 @@ def sweep():
 
 
 def _row(m, n, nibbles, dequant, cfg):
-    return {"m": m, "n": n, "k": 3584, "nibbles_us": nibbles, "dequant_us": dequant, "config": cfg}
+    return {"m": m, "n": n, "k": 3584, "fused_us": nibbles, "dequant_us": dequant, "config": cfg}
 
 
 def test_table_takes_the_nibble_kernel_only_where_it_won_every_batch_of_a_bucket(sweep):
@@ -35,6 +35,9 @@ def test_configs_sweep_every_combination_with_a_row_tile_for_the_batch(sweep):
     assert {(c["BLOCK_N"], c["num_warps"]) for c in cfgs} == {(32, 2), (64, 4)}
     assert {c["BLOCK_M"] for c in sweep.configs(5, axes)} == {16}  # the smallest dot tile
     assert {c["BLOCK_M"] for c in sweep.configs(500, axes)} == {128}  # the largest swept
+    on_hopper = list(sweep.configs(40, axes, hopper=True))
+    assert on_hopper[:16] == cfgs and on_hopper[16:] and all(c["WGMMA"] == 1 for c in on_hopper[16:])
+    assert not list(sweep.configs(40, sweep.Axes(kernels=("nibbles",)), hopper=True))[-1].get("WGMMA")
 
 
 def test_timing_weights_are_in_the_kernels_layout(sweep):
