@@ -27,11 +27,10 @@ COMPILE_FOR_HOPPER = textwrap.dedent("""
     from hosttune_engine.kernels.w4a16_hopper import _w4a16_wgmma_kernel
     from hosttune_engine.tuner.candidates import wgmma_gemm
     sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16", "y_ptr": "*bf16",
-           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
-           "stride_ym": "i32"}
+           "ws_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32",
+           "MAGIC": "i32"}
     names = list(sig)
-    aligned = ("x_ptr", "q_ptr", "s_ptr", "z_ptr", "b_ptr", "y_ptr", "ws_ptr", "cnt_ptr", "N", "K", "stride_xm",
-               "stride_ym")
+    aligned = ("x_ptr", "q_ptr", "s_ptr", "z_ptr", "b_ptr", "y_ptr", "ws_ptr", "N", "K", "stride_xm", "stride_ym")
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     for rows in (8, 64, 256):
         for cfg in wgmma_gemm(rows):
@@ -99,9 +98,5 @@ def test_wgmma_gemm_on_hopper(n, k, m, group, act_order, dtype, cfg):
     block_m, block_n, block_k, split, warps, stages = cfg
     config = {"WGMMA": 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split,
               "num_warps": warps, "num_stages": stages}
-    want = int4_gemv_ref(x, q, s.to(dtype), z, perm, group, bias)
-    for _ in range(2):  # split K's tile counters are zero again after a call
-        _close(w4a16_gemm(x, q, s.to(dtype), z, perm, group, bias, config=config), want, F16)
-    from hosttune_engine.kernels.w4a16_hopper import tile_counters
-
-    assert not tile_counters(x.device, 1).any()
+    got = w4a16_gemm(x, q, s.to(dtype), z, perm, group, bias, config=config)
+    _close(got, int4_gemv_ref(x, q, s.to(dtype), z, perm, group, bias), F16)

@@ -326,12 +326,18 @@ def _hopper_ready(x: torch.Tensor, group_size: int) -> bool:
 
 
 def _w4a16_by_wgmma(x, qweight, scales, zeros, group_size: int, bias, cfg: dict):
-    from hosttune_engine.kernels.w4a16_hopper import w4a16_wgmma
+    from hosttune_engine.kernels import w4a16_hopper
 
-    k, block_k = x.shape[1], cfg["BLOCK_K"]
+    m, k, n = x.shape[0], x.shape[1], qweight.shape[0]
+    block_k = cfg["BLOCK_K"]
     while k % block_k or (block_k > group_size and block_k % group_size):  # whole tiles, whole groups in them
         block_k //= 2
-    return w4a16_wgmma(x.contiguous(), qweight, scales, zeros, group_size, bias, {**cfg, "BLOCK_K": block_k})
+    cfg = {**cfg, "BLOCK_K": block_k}
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    ws = _workspace(m, n, cfg, y)
+    w4a16_hopper.launch(x.contiguous(), qweight, scales, zeros, group_size, None if cfg.get("SPLIT_K", 1) > 1 else bias,
+                        y, ws, cfg)
+    return _split_sum(ws, bias, y, cfg)
 
 
 def _nibble_block_k(block_k: int, group_size: int, k: int) -> int:

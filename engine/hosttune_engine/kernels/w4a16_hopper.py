@@ -7,15 +7,14 @@ kernel say. Each program owns BLOCK_N weight rows and BLOCK_M rows of x, compute
 
 - the packed words and x's tile come in by cp.async, STAGES tiles ahead, so the weight stream never waits on the
   unpacking;
-- the words are unpacked in registers in pairs, by bf16x2 / f16x2 instructions (a thread owns whole pack blocks: 64
-  consecutive columns of a row; `_UNPACK`), and stored to shared memory in column order with 16-byte stores.
-  With fp16 x the result is `dequantize_ref`'s rounded once; with bf16 x too, but where the product with the
-  low part of an fp16 scale (the bits bf16 does not hold) rounds;
+- the words are unpacked in registers (a thread owns whole pack blocks: 64 consecutive columns of a row), zero
+  subtracted and scale applied in fp32 exactly as `dequantize_ref` rounds, and stored to shared memory in column
+  order with 16-byte stores;
 - one asynchronous warpgroup MMA takes that tile and x's, and runs while the next tile is unpacked: the kernel
   waits for it only before overwriting its weight tile. (Plain Triton waits after every MMA whose operand it
   computed, which left the nibble kernel of kernels/dequant_gemm.py at twice bf16's time from 32 rows.)
 
-Split K over SPLIT_K programs adds their fp32 partials in the same launch (`_store`). Needs a Triton with
+Split K over SPLIT_K programs writes fp32 partials that dequant_gemm's `_split_sum` adds. Needs a Triton with
 Gluon (3.5 or later) and an sm_90 GPU; `supported` says whether this process has both.
 """
 
@@ -39,16 +38,9 @@ PACK = 64  # columns a pack block: eight words, word j holding column 8 i + j at
 
 @gluon.constexpr_function
 def _unpack_layout(block_k, num_warps):
-    """[rows, blocks, word j]: a thread owns a row's whole pack block (eight words, 64 consecutive columns)."""
+    """[rows, blocks, nibble i, word j]: a thread owns a row's whole pack block (64 consecutive columns)."""
     blocks = block_k // 64
-    return gl.BlockedLayout([1, 1, 8], [32 // blocks, blocks, 1], [num_warps, 1, 1], [2, 1, 0])
-
-
-@gluon.constexpr_function
-def _tile_layout(block_k, num_warps):
-    """W [rows, BLOCK_K] as `_unpack_layout` owns it: 64 consecutive columns a thread, stored 16 bytes at a time."""
-    blocks = block_k // 64
-    return gl.BlockedLayout([1, 64], [32 // blocks, blocks], [num_warps, 1], [1, 0])
+    return gl.BlockedLayout([1, 1, 8, 8], [32 // blocks, blocks, 1, 1], [num_warps, 1, 1, 1], [3, 2, 1, 0])
 
 
 @gluon.constexpr_function
@@ -84,79 +76,47 @@ def _issue_tile(words_smem, x_smem, w_ptrs, w_mask, x_ptrs, x_mask, k0, live):
 
 
 @gluon.jit
-def _pair(v, dtype: gl.constexpr):
-    """fp32 v -> `dtype` bits twice in one int32, for the packed (x2) instructions."""
-    h = v.to(dtype).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-    return h | (h << 16)
-
-
-@gluon.jit
-def _group_params(z_ptr, s_ptr, rows_g, n_mask, k0, dtype: gl.constexpr, GROUP: gl.constexpr, BLOCK_K: gl.constexpr,
-                  layout: gl.constexpr):
-    """Per row and pack block of the tile, each as a pair in one int32 [BLOCK_N, BLOCKS]: MAGIC + zero (the value a
-    nibble ORed into MAGIC's mantissa is less its zero), and the scale as high + low parts in `dtype` (bf16 keeps
-    8 bits of an fp16 scale: the low part holds the rest; an fp16 scale is exact, low part 0)."""
+def _group_params(z_ptr, s_ptr, rows_g, n_mask, k0, GROUP: gl.constexpr, BLOCK_K: gl.constexpr, layout: gl.constexpr):
+    """(2^23 + zero, scale) per row and pack block of the tile, fp32 [BLOCK_N, BLOCKS]."""
     blocks = gl.arange(0, BLOCK_K // 64, layout=gl.SliceLayout(0, layout))
     offs = gl.convert_layout(rows_g, gl.SliceLayout(1, layout))[:, None] + ((k0 + blocks * 64) // GROUP)[None, :]
     mask = gl.convert_layout(n_mask, gl.SliceLayout(1, layout))[:, None]
     z = gl.load(z_ptr + offs, mask=mask, other=0).to(gl.float32)
     s = gl.load(s_ptr + offs, mask=mask, other=0.0).to(gl.float32)
-    s_hi = s.to(dtype).to(gl.float32)
-    magic: gl.constexpr = 128.0 if dtype == gl.bfloat16 else 1024.0
-    return _pair(magic + z, dtype), _pair(s_hi, dtype), _pair(s - s_hi, dtype)
-
-
-# nibbles e and e + 4 of a word (e = 0..3) as a pair: masked into MAGIC's mantissa (bf16 128 + q, fp16 1024 + q,
-# 0x4300 / 0x6400), less MAGIC + zero (exact: small integers), times the scale's high part plus the product with
-# its low part (one rounding of the exact (q - zero) * scale but where a low part's own product rounds)
-_UNPACK = """{
-.reg .b32 w, t, u;
-mov.b32 w, $4;
-lop3.b32 t, w, 0x000F000F, MAGIC2, 0xea; sub.rn.TY t, t, $5; mul.rn.TY u, t, $7; fma.rn.TY $0, t, $6, u;
-shr.u32 w, w, 4;
-lop3.b32 t, w, 0x000F000F, MAGIC2, 0xea; sub.rn.TY t, t, $5; mul.rn.TY u, t, $7; fma.rn.TY $1, t, $6, u;
-shr.u32 w, w, 4;
-lop3.b32 t, w, 0x000F000F, MAGIC2, 0xea; sub.rn.TY t, t, $5; mul.rn.TY u, t, $7; fma.rn.TY $2, t, $6, u;
-shr.u32 w, w, 4;
-lop3.b32 t, w, 0x000F000F, MAGIC2, 0xea; sub.rn.TY t, t, $5; mul.rn.TY u, t, $7; fma.rn.TY $3, t, $6, u;
-}"""
-UNPACK_BF16 = gl.constexpr(_UNPACK.replace("MAGIC2", "0x43004300").replace("TY", "bf16x2"))
-UNPACK_F16 = gl.constexpr(_UNPACK.replace("MAGIC2", "0x64006400").replace("TY", "f16x2"))
+    return 8388608.0 + z, s
 
 
 @gluon.jit
-def _halves(r, dtype: gl.constexpr):
-    """An int32 pair -> (low, high) as `dtype`."""
-    return (r & 0xFFFF).to(gl.int16).to(dtype, bitcast=True), (r >> 16).to(gl.int16).to(dtype, bitcast=True)
+def _dequantized(words, c, s, magic, dtype: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                 layout: gl.constexpr):
+    """words [BLOCK_N, BLOCKS, 8] -> W [BLOCK_N, BLOCK_K] in `dtype`, column order: nibble i of word j is column
+    64 b + 8 i + j. As kernels/int4_gemv.py's `_magic`, with no shifts: nibble i = 4 h + e, masked in place in
+    the word (h = 0) or its top half (h = 1) and ORed into 2^23's mantissa, is the fp32 2^23 + q 16^e; less
+    c 16^e (c = 2^23 + zero) that is (q - zero) 16^e exactly, and times scale / 16^e the value the reference
+    rounds, rounded once. `magic` is 0x4B000000 (2^23's bits), passed at run time so the mask and the OR are one
+    LOP3 (two constants would be two)."""
+    nib = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, layout))))
+    nib = gl.expand_dims(gl.expand_dims(gl.expand_dims(nib, 0), 1), 3)  # [1, 1, 8, 1], constant a register
+    e = (nib % 4) * 4
+    p = gl.expand_dims(words, 2)  # [BLOCK_N, BLOCKS, 1, 8]
+    q = (gl.where(nib >= 4, p >> 16, p) & (15 << e)) | magic  # [BLOCK_N, BLOCKS, 8, 8]
+    pow16 = (1 << e).to(gl.float32)
+    c4 = gl.expand_dims(gl.expand_dims(c, 2), 2)  # [BLOCK_N, BLOCKS, 1, 1]
+    s4 = gl.expand_dims(gl.expand_dims(s, 2), 2)
+    zero = 8388608.0 + (c4 - 8388608.0) * pow16
+    w = ((q.to(gl.float32, bitcast=True) - zero) * (s4 * (1.0 / pow16))).to(dtype)
+    return gl.reshape(w, [BLOCK_N, BLOCK_K])
 
 
 @gluon.jit
-def _dequantized(words, zc, s_hi, s_lo, dtype: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                 out_layout: gl.constexpr):
-    """words [BLOCK_N, BLOCKS, 8] -> W [BLOCK_N, BLOCK_K] in `dtype`, column order (nibble i of word j is column
-    64 b + 8 i + j), two weights an instruction (`_UNPACK`)."""
-    asm: gl.constexpr = UNPACK_BF16 if dtype == gl.bfloat16 else UNPACK_F16
-    zc, s_hi, s_lo = gl.expand_dims(zc, 2), gl.expand_dims(s_hi, 2), gl.expand_dims(s_lo, 2)
-    r0, r1, r2, r3 = gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,r,r,r,r", [words, zc, s_hi, s_lo],
-                                               dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
-    lo0, hi0 = _halves(r0, dtype)  # columns 8 e + j and 8 (e + 4) + j
-    lo1, hi1 = _halves(r1, dtype)
-    lo2, hi2 = _halves(r2, dtype)
-    lo3, hi3 = _halves(r3, dtype)
-    w = gl.join(gl.join(gl.join(lo0, lo1), gl.join(lo2, lo3)), gl.join(gl.join(hi0, hi1), gl.join(hi2, hi3)))
-    w = gl.permute(w, [0, 1, 5, 4, 3, 2])  # [rows, blocks, h, e1, e0, j]: column 32 h + 16 e1 + 8 e0 + j
-    return gl.convert_layout(gl.reshape(w, [BLOCK_N, BLOCK_K]), out_layout)
-
-
-@gluon.jit
-def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
+def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, stride_ym, MAGIC,
                         HAS_BIAS: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr):
     NUM_WARPS: gl.constexpr = gl.num_warps()
     BLOCKS: gl.constexpr = BLOCK_K // 64
     dtype: gl.constexpr = x_ptr.dtype.element_ty
-    words_l: gl.constexpr = _unpack_layout(BLOCK_K, NUM_WARPS)  # [BLOCK_N, BLOCKS, 8 words]
-    tile_l: gl.constexpr = _tile_layout(BLOCK_K, NUM_WARPS)
+    unpack: gl.constexpr = _unpack_layout(BLOCK_K, NUM_WARPS)
+    words_l: gl.constexpr = gl.SliceLayout(2, unpack)  # [BLOCK_N, BLOCKS, 8 words]
     params_l: gl.constexpr = gl.SliceLayout(2, words_l)  # [BLOCK_N, BLOCKS]
     rows_l: gl.constexpr = gl.SliceLayout(1, params_l)
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
@@ -188,17 +148,16 @@ def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_pt
         _issue_tile(words_smem.index(t), x_smem.index(t), w_ptrs, w_mask, x_ptrs, x_mask, start + t * BLOCK_K,
                     t < tiles)
         async_copy.commit_group()
-    zc, s_hi, s_lo = _group_params(z_ptr, s_ptr, rows_g, n_mask, start, dtype, GROUP, BLOCK_K, params_l)
+    c, s = _group_params(z_ptr, s_ptr, rows_g, n_mask, start, GROUP, BLOCK_K, params_l)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=acc_l)
     for t in range(tiles):
         slot = t % STAGES
         async_copy.wait_group(STAGES - 2)
         _barrier()
         words = words_smem.index(slot).reshape([BLOCK_N, BLOCKS, 8]).load(words_l)
-        w = _dequantized(words, zc, s_hi, s_lo, dtype, BLOCK_N, BLOCK_K, tile_l)  # while the last tile's MMA runs
+        w = _dequantized(words, c, s, MAGIC, dtype, BLOCK_N, BLOCK_K, unpack)  # while the last tile's MMA runs
         if t + 1 < tiles:
-            zc, s_hi, s_lo = _group_params(z_ptr, s_ptr, rows_g, n_mask, start + (t + 1) * BLOCK_K, dtype, GROUP,
-                                           BLOCK_K, params_l)
+            c, s = _group_params(z_ptr, s_ptr, rows_g, n_mask, start + (t + 1) * BLOCK_K, GROUP, BLOCK_K, params_l)
         acc = warpgroup_mma_wait(0, deps=[acc])
         w_smem.store(w)
         fence_async_shared()
@@ -211,55 +170,27 @@ def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_pt
         acc = warpgroup_mma_wait(1, deps=[acc])
     acc = warpgroup_mma_wait(0, deps=[acc])
     async_copy.wait_group(0)
-    _store(acc, b_ptr, y_ptr, ws_ptr, cnt_ptr, pid_n * BLOCK_N, pid_m * BLOCK_M, M, N, stride_ym, HAS_BIAS, SPLIT_K,
-           BLOCK_M, BLOCK_N, NUM_WARPS)
+    _store(acc, b_ptr, y_ptr, ws_ptr, pid_n * BLOCK_N, pid_m * BLOCK_M, M, N, stride_ym, HAS_BIAS, SPLIT_K, BLOCK_M,
+           BLOCK_N, NUM_WARPS)
 
 
 @gluon.jit
-def _store(acc, b_ptr, y_ptr, ws_ptr, cnt_ptr, n0, m0, M, N, stride_ym, HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
+def _store(acc, b_ptr, y_ptr, ws_ptr, n0, m0, M, N, stride_ym, HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr):
-    """acc^T [BLOCK_N, BLOCK_M] -> y [M, N] in x's dtype, plus bias. With split K each program writes its fp32
-    partial to ws[split] and counts itself in its tile's counter; the last of the tile's SPLIT_K programs adds the
-    partials, writes y and resets the counter (zero again after every call, as a CUDA graph replays it): one
-    launch, no summing kernel after it."""
+    """acc^T [BLOCK_N, BLOCK_M] -> y [M, N] (x's dtype, plus bias), or with split K the fp32 partial ws[split]."""
     out_l: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
     acc = gl.convert_layout(acc, out_l)
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_l))
     offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_l))
     mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
-    if SPLIT_K > 1:
-        part = ws_ptr + offs_m.to(gl.int64)[None, :] * N + offs_n[:, None]
-        gl.store(part + gl.program_id(1).to(gl.int64) * M * N, acc, mask=mask)
-        _barrier()  # every thread's partial is written before the tile is counted
-        done = gl.atomic_add(cnt_ptr + gl.program_id(0), 1, sem="acq_rel")  # the last sees every partial
-        if done == SPLIT_K - 1:
-            acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=out_l)
-            for split in gl.static_range(SPLIT_K):  # from L2 (.cg): not what this SM's L1 may hold
-                acc += gl.load(part + split * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-            gl.atomic_xchg(cnt_ptr + gl.program_id(0), 0)
-            _write(acc, b_ptr, y_ptr, offs_n, offs_m, mask, N, stride_ym, HAS_BIAS)
+    if SPLIT_K == 1:
+        if HAS_BIAS:
+            acc += gl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)[:, None]
+        gl.store(y_ptr + offs_m.to(gl.int64)[None, :] * stride_ym + offs_n[:, None], acc.to(y_ptr.dtype.element_ty),
+                 mask=mask)
     else:
-        _write(acc, b_ptr, y_ptr, offs_n, offs_m, mask, N, stride_ym, HAS_BIAS)
-
-
-@gluon.jit
-def _write(acc, b_ptr, y_ptr, offs_n, offs_m, mask, N, stride_ym, HAS_BIAS: gl.constexpr):
-    if HAS_BIAS:
-        acc += gl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)[:, None]
-    gl.store(y_ptr + offs_m.to(gl.int64)[None, :] * stride_ym + offs_n[:, None], acc.to(y_ptr.dtype.element_ty),
-             mask=mask)
-
-
-def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """int32 counters, one an output tile, zero between calls; made once a device (while a CUDA graph is captured,
-    from its pool, kept alive here for every later call) and grown when a launch has more tiles."""
-    have = _COUNTERS.get(str(device))
-    if have is None or have.numel() < tiles:
-        have = _COUNTERS[str(device)] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
-    return have
-
-
-_COUNTERS: dict = {}
+        base = ws_ptr + gl.program_id(1).to(gl.int64) * M * N
+        gl.store(base + offs_m.to(gl.int64)[None, :] * N + offs_n[:, None], acc, mask=mask)
 
 
 def supported(device: torch.device) -> bool:
@@ -267,8 +198,8 @@ def supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def w4a16_wgmma(x, qweight, scales, zeros, group_size: int, bias, cfg: dict) -> torch.Tensor:
-    """x [M, K] (contiguous, in group order) @ W (+ bias) -> y [M, N] in x's dtype, in one launch."""
+def launch(x, qweight, scales, zeros, group_size: int, bias, y, ws, cfg: dict) -> None:
+    """One launch over y [M, N] (or ws with SPLIT_K); x contiguous in K and already in group order."""
     m, k = x.shape
     n = qweight.shape[0]
     check(group_size % PACK == 0, "the warpgroup 4-bit GEMM needs groups of a multiple of {}, got {}", PACK,
@@ -276,13 +207,8 @@ def w4a16_wgmma(x, qweight, scales, zeros, group_size: int, bias, cfg: dict) -> 
     check(k % cfg["BLOCK_K"] == 0 and cfg["BLOCK_K"] % PACK == 0 and (cfg["BLOCK_K"] <= group_size
           or cfg["BLOCK_K"] % group_size == 0), "BLOCK_K {} must divide K {} into whole pack blocks and groups",
           cfg["BLOCK_K"], k)
-    split = cfg.get("SPLIT_K", 1)
-    grid = (triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"]), split)
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    ws = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
+    grid = (triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"]), cfg.get("SPLIT_K", 1))
     _w4a16_wgmma_kernel[grid](
-        x, qweight, scales, zeros, bias if bias is not None else y, y, ws, tile_counters(x.device, grid[0]), m, n, k,
-        x.stride(0), y.stride(0), HAS_BIAS=bias is not None, GROUP=group_size, BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], SPLIT_K=split, STAGES=cfg["num_stages"],
-        num_warps=cfg["num_warps"])
-    return y
+        x, qweight, scales, zeros, bias if bias is not None else y, y, ws, m, n, k, x.stride(0), y.stride(0), 0x4B000000,
+        HAS_BIAS=bias is not None, GROUP=group_size, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"], SPLIT_K=cfg.get("SPLIT_K", 1), STAGES=cfg["num_stages"], num_warps=cfg["num_warps"])
