@@ -59,6 +59,7 @@ def _tile_sources(q_ptr, x_ptr, offs_n, n_mask, offs_m, m_mask, stride_xm, K, BL
     rows = gl.convert_layout(offs_n, gl.SliceLayout(1, wl)).to(gl.int64)
     words = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, wl))
     w_ptrs = q_ptr + rows[:, None] * (K // 8) + words[None, :]
+    # the row masks over the whole tile (a comparison the compiler sees constant along each 16-byte copy)
     w_mask = gl.convert_layout(n_mask, gl.SliceLayout(1, wl))[:, None] & (words < BLOCK_K)[None, :]
     xl: gl.constexpr = _copy_layout(BLOCK_K, 8, NUM_WARPS)
     xm = gl.convert_layout(offs_m, gl.SliceLayout(1, xl)).to(gl.int64)
