@@ -18,6 +18,8 @@ tensor cores), so it runs on Ampere as well as Hopper.
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 import triton
 import triton.language as tl
@@ -308,21 +310,30 @@ def w4a16_gemm(x, qweight, scales, zeros, perm, group_size: int, bias=None, conf
     return _split_sum(ws, bias, y, cfg)
 
 
-def hopper_gemm_runs(device: torch.device) -> bool:
-    """Whether the warpgroup 4-bit GEMM (kernels/w4a16_hopper.py) runs on `device`: an sm_90 GPU and a Triton with
-    Gluon."""
-    if device.type != "cuda":
-        return False
+def wgmma_unfit(capability: tuple[int, int], dtype: torch.dtype, group_size: int) -> str:
+    """Why the warpgroup 4-bit GEMM (kernels/w4a16_hopper.py) cannot take a layer of `group_size` groups with `dtype`
+    activations on a GPU of `capability` ('' where it can): the rule the kernel plan states and the dispatch
+    follows."""
+    if capability != (9, 0):
+        return "not an sm_90 GPU"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return "activations not bf16 or fp16"
+    if group_size % 64:
+        return "groups not a multiple of 64"
     try:
-        from hosttune_engine.kernels import w4a16_hopper
-    except ImportError:  # a Triton without Gluon
-        return False
-    return w4a16_hopper.supported(device)
+        importlib.import_module("hosttune_engine.kernels.w4a16_hopper")
+    except ImportError:
+        return "this Triton has no Gluon"
+    return ""
+
+
+def hopper_gemm_runs(device: torch.device) -> bool:
+    """Whether that kernel runs on `device` at all (bf16, groups of 128)."""
+    return device.type == "cuda" and not wgmma_unfit(torch.cuda.get_device_capability(device), torch.bfloat16, 128)
 
 
 def _hopper_ready(x: torch.Tensor, group_size: int) -> bool:
-    """Whether that kernel can take x: 16-bit, groups of a multiple of 64, on a device it runs on."""
-    return x.dtype in (torch.bfloat16, torch.float16) and group_size % 64 == 0 and hopper_gemm_runs(x.device)
+    return x.is_cuda and not wgmma_unfit(torch.cuda.get_device_capability(x.device), x.dtype, group_size)
 
 
 def _w4a16_by_wgmma(x, qweight, scales, zeros, group_size: int, bias, cfg: dict):

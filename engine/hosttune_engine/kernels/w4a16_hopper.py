@@ -15,7 +15,7 @@ kernel say. Each program owns BLOCK_N weight rows and BLOCK_M rows of x, compute
   computed, which left the nibble kernel of kernels/dequant_gemm.py at twice bf16's time from 32 rows.)
 
 Split K over SPLIT_K programs writes fp32 partials that dequant_gemm's `_split_sum` adds. Needs a Triton with
-Gluon (3.5 or later) and an sm_90 GPU; `supported` says whether this process has both.
+Gluon (3.5 or later) and an sm_90 GPU (dequant_gemm's `wgmma_unfit` says where it cannot run).
 """
 
 from __future__ import annotations
@@ -192,11 +192,6 @@ def _store(acc, b_ptr, y_ptr, ws_ptr, n0, m0, M, N, stride_ym, HAS_BIAS: gl.cons
     else:
         base = ws_ptr + gl.program_id(1).to(gl.int64) * M * N
         gl.store(base + offs_m.to(gl.int64)[None, :] * N + offs_n[:, None], acc, mask=mask)
-
-
-def supported(device: torch.device) -> bool:
-    """Whether this kernel can run on `device`: a CUDA GPU of compute capability 9.0 (Hopper)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def launch(x, qweight, scales, zeros, group_size: int, bias, y, ws, cfg: dict) -> None:

@@ -9,13 +9,12 @@ else the kernel's default.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import torch
 
 from hosttune_engine.kernels import decode_attention, prefill_attention
-from hosttune_engine.kernels.dequant_gemm import DEFAULT as GEMM_DEFAULT
+from hosttune_engine.kernels.dequant_gemm import DEFAULT as GEMM_DEFAULT, wgmma_unfit
 from hosttune_engine.kernels.fp8_gemm import DEFAULT as FP8_GEMM_DEFAULT
 from hosttune_engine.kernels.fp8_gemv import DEFAULT as FP8_GEMV_DEFAULT
 from hosttune_engine.kernels.gemv import DEFAULT as GEMV_DEFAULT
@@ -194,27 +193,12 @@ def _int4(inputs: PlanInputs, table: dict, op: Op, bucket: RowBucket) -> Choice:
         return _quant_gemv(inputs, table, op, bucket, "int4_gemv", INT4_GEMV_DEFAULT, Kernel.INT4_GEMV)
     found = _tuned(table, "w4a16_gemm", f"{inputs.dt}-{bucket.table}", GEMM_DEFAULT, inputs.shape(op))
     if found[0].wgmma:
-        why_not = _why_no_wgmma(inputs, op)
+        why_not = wgmma_unfit(inputs.gpu.capability, inputs.dtype, inputs.spec.group_size)
         if not why_not:
             return _choice(op, bucket, Kernel.W4A16_WGMMA, found)
         return _choice(op, bucket, Kernel.W4A16_DEQUANT, (LaunchConfig(dequant=True), *found[1:]),
                        note=f"the table's warpgroup GEMM cannot run here: {why_not}")
     return _choice(op, bucket, Kernel.W4A16_DEQUANT if found[0].dequant else Kernel.W4A16_GEMM, found)
-
-
-def _why_no_wgmma(inputs: PlanInputs, op: Op) -> str:
-    """Why the Hopper 4-bit GEMM cannot take this layer here ('' where it can); the kernels then dequantize."""
-    if inputs.gpu.capability != (9, 0):
-        return "not an sm_90 GPU"
-    if inputs.dtype == torch.float32:
-        return "fp32 activations"
-    if inputs.spec.group_size % 64:
-        return "groups not a multiple of 64"
-    try:
-        importlib.import_module("hosttune_engine.kernels.w4a16_hopper")
-    except ImportError:
-        return "this Triton has no Gluon"
-    return ""
 
 
 # -- attention, norm, activation, sampler ------------------------------------------------------------------------
