@@ -13,6 +13,7 @@ from hosttune_engine.kernels.dequant_gemm import w4a16_gemm
 from hosttune_engine.kernels.int4_gemv import int4_gemv_ref
 
 from .conftest import DEVICE
+from .sass_hazards import operand_hazards
 from .test_kernels_quant import _close, int4_weight
 
 gluon = pytest.importorskip("triton.experimental.gluon", reason="a Triton without Gluon has no Hopper 4-bit GEMM")
@@ -32,36 +33,72 @@ COMPILE_FOR_HOPPER = textwrap.dedent("""
     names = list(sig)
     aligned = ("x_ptr", "q_ptr", "s_ptr", "z_ptr", "b_ptr", "y_ptr", "ws_ptr", "N", "K", "stride_xm", "stride_ym")
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    compiled = 0
     for rows in (8, 64, 256):
         for cfg in wgmma_gemm(rows):
             if cfg["SPLIT_K"] > 2 or {**cfg, "num_stages": cfg["num_stages"] + 1} in wgmma_gemm(rows):
                 continue  # more splits change nothing compiled; fewer stages take less shared memory
+            if cfg["REGS"] and cfg["SPLIT_K"] > 1:
+                continue  # the split's epilogue is the one compiled without REGS
             const = {"HAS_BIAS": cfg["SPLIT_K"] == 1, "GROUP": 128, "BLOCK_M": cfg["BLOCK_M"],
                      "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"], "SPLIT_K": cfg["SPLIT_K"],
-                     "STAGES": cfg["num_stages"]}
+                     "STAGES": cfg["num_stages"], "A_REGS": cfg["REGS"], "SPLIT_SCALE": True}
             src = GluonASTSource(_w4a16_wgmma_kernel, {**sig, **{k: "constexpr" for k in const}}, constexprs=const,
                                  attrs=attrs)
             k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
-            print(json.dumps({"cfg": cfg, "shared": k.metadata.shared, "cubin": "cubin" in k.asm,
+            compiled += 1
+            cubin = f"{sys.argv[1]}/{compiled}.cubin"
+            with open(cubin, "wb") as f:
+                f.write(k.asm["cubin"])
+            print(json.dumps({"cfg": cfg, "shared": k.metadata.shared, "cubin": cubin,
                               "wgmma": k.asm["ptx"].count("wgmma.mma_async")}))
 """)
 
 
-def test_every_tuner_config_compiles_for_hopper_and_fits():
+def test_every_tuner_config_compiles_for_hopper_and_fits(tmp_path):
     """What only the compiler rejects (a layout it cannot lower, shared memory past the SM's 227 KB) would first
-    fail in a tune on the GPU. Compiling needs no GPU. Each tile shape at the most stages the grid takes, with
-    and without split K."""
+    fail in a tune on the GPU, and what it accepts but gets wrong (registers spilled, an MMA's register operand
+    overwritten while it runs) would be slow or wrong there. Compiling and reading the SASS need no GPU. Each
+    tile shape at the most stages the grid takes, with and without split K and REGS."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     import json
 
     kernels = [json.loads(line) for line in done.stdout.splitlines()]
-    assert len(kernels) >= 12
+    assert len(kernels) >= 24 and any(k["cfg"]["REGS"] for k in kernels)
     for k in kernels:
-        assert k["cubin"] and k["wgmma"] > 0, k
+        assert k["wgmma"] > 0, k
         assert k["shared"] <= 227 * 1024, k
+        if k["cfg"]["REGS"]:
+            sass, usage = _cuobjdump(k["cubin"], "-sass"), _cuobjdump(k["cubin"], "-res-usage")
+            assert "HGMMA" in sass and not operand_hazards(sass), (k, [str(h) for h in operand_hazards(sass)][:5])
+            assert " STACK:0 " in usage, (k, usage)  # no spills
+
+
+def _cuobjdump(cubin: str, what: str) -> str:
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return subprocess.run([tool, what, cubin], capture_output=True, text=True, check=True).stdout
+
+
+def test_operand_hazards_reads_a_write_under_an_mma_in_flight():
+    """The SASS reader on a loop that rewrites the MMA's operand registers after a wait that leaves one group
+    in flight (what ptxas made of the register-operand kernel before its wait came first), and on the same loop
+    waiting for all."""
+    loop = """
+        /*0100*/                   HFMA2.BF16_V2 R40, R40, R111, R14 ;
+        /*0110*/                   WARPGROUP.ARRIVE ;
+        /*0120*/                   HGMMA.64x16x16.F32.BF16 R32, R40, gdesc[UR12], R32 ;
+        /*0130*/                   HGMMA.64x16x16.F32.BF16 R32, R44, gdesc[UR16], R32, gsb0 ;
+        /*0140*/                   WARPGROUP.DEPBAR.LE gsb0, 0x{keep} ;
+        /*0150*/              @P5 BRA 0x100 ;
+        /*0160*/                   EXIT ;"""
+    found = operand_hazards(loop.format(keep=1))
+    assert [(h.address, h.opcode, h.registers) for h in found] == [(0x100, "HFMA2.BF16_V2", (40,))]
+    assert operand_hazards(loop.format(keep=0)) == []
 
 
 def test_wgmma_config_off_hopper_takes_the_dequantizing_path():
@@ -90,13 +127,33 @@ BF16, F16 = torch.bfloat16, torch.float16
     (128, 1536, 5, 256, False, BF16, (8, 64, 128, 4, 4, 4)),  # a tile inside a group; splits of unequal tiles
     (96, 640, 24, 128, False, BF16, (32, 64, 128, 8, 4, 2)),  # more splits than the program has tiles
 ])
-def test_wgmma_gemm_on_hopper(n, k, m, group, act_order, dtype, cfg):
+@pytest.mark.parametrize("regs, scales", [(0, "x"), (1, "x"), (1, "fp16")])  # fp16 scales: bf16's split in two
+def test_wgmma_gemm_on_hopper(n, k, m, group, act_order, dtype, cfg, regs, scales):
     q, s, z, perm = int4_weight(n, k, group, act_order)
     q = torch.randint(-2**31, 2**31 - 1, q.shape, device=DEVICE, dtype=torch.int32)  # every nibble value, sign bit
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     bias = torch.randn(n, device=DEVICE).to(dtype)
     block_m, block_n, block_k, split, warps, stages = cfg
-    config = {"WGMMA": 1, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split,
+    config = {"WGMMA": 1, "REGS": regs, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split,
               "num_warps": warps, "num_stages": stages}
-    got = w4a16_gemm(x, q, s.to(dtype), z, perm, group, bias, config=config)
-    _close(got, int4_gemv_ref(x, q, s.to(dtype), z, perm, group, bias), F16)
+    s = s.to(dtype if scales == "x" else F16)
+    got = w4a16_gemm(x, q, s, z, perm, group, bias, config=config)
+    _close(got, int4_gemv_ref(x, q, s, z, perm, group, bias), F16)
+
+
+def test_paired_unpacking_rounds_as_the_reference():
+    """The register-operand kernel's arithmetic for bf16 activations and fp16 scales (`_PAIRS`: t = q - zero,
+    then t * high + (t * low), each instruction rounding once), over every finite fp16 scale and every t: the low
+    product is exact, the sum is t * scale exactly, so the one rounding left is the reference's."""
+    bits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16)
+    s = bits.view(F16).float()
+    s = s[torch.isfinite(s)]
+    t = torch.arange(-15, 16).float()[:, None]
+    high = s.to(BF16).float()
+    low = (s - high).to(BF16).float()
+    assert torch.equal(low, s - high)  # the scale is exactly high + low
+    product = t * low
+    assert torch.equal(product.to(BF16).float(), product)  # mul.rn: exact
+    total = t * high + product
+    assert torch.equal(total.double(), t.double() * s.double())  # fma's exact sum, before its one rounding
+    assert torch.equal(total.to(BF16), (t * s).to(BF16))  # bit for bit but a zero's sign: the same products

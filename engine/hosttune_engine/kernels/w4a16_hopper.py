@@ -14,6 +14,13 @@ kernel say. Each program owns BLOCK_N weight rows and BLOCK_M rows of x, compute
   waits for it only before overwriting its weight tile. (Plain Triton waits after every MMA whose operand it
   computed, which left the nibble kernel of kernels/dequant_gemm.py at twice bf16's time from 32 rows.)
 
+With A_REGS the unpacked tile never touches shared memory: a thread loads the two words of each row and pack
+block that hold its pairs of the MMA's register operand (the layout already puts columns 8 i + 2 t and 8 i + 2 t + 1
+in words 2 t and 2 t + 1, which is what lane t of a quad holds), unpacks them two weights an instruction in
+bf16x2 / f16x2 (`_PAIRS`), and the MMA reads its weight operand from those registers. The MMA reads them while
+it runs, so each tile waits for the last tile's MMA before unpacking (tests/engine/sass_hazards.py checks the
+compiled kernel for a write under an MMA in flight): the MMA overlaps the copies and the other programs on the SM.
+
 Split K over SPLIT_K programs writes fp32 partials that dequant_gemm's `_split_sum` adds. Needs a Triton with
 Gluon (3.5 or later) and an sm_90 GPU (dequant_gemm's `wgmma_unfit` says where it cannot run).
 """
@@ -109,48 +116,152 @@ def _dequantized(words, c, s, magic, dtype: gl.constexpr, BLOCK_N: gl.constexpr,
     return gl.reshape(w, [BLOCK_N, BLOCK_K])
 
 
+@gluon.constexpr_function
+def _pair_layout(block_n, block_k, num_warps):
+    """[rows, blocks, nibble i, word j] laid out so that its reshape to [rows, BLOCK_K] (column 64 b + 8 i + j) is
+    the warpgroup MMA's register operand for a [16 * num_warps, 16] instruction: per thread a pair of columns
+    (j's low bit) of rows r and r + 8, nibbles i in registers; lanes over j's other bits (the quad's t) and r;
+    warps over 16-row slices; then the blocks and further 16 * num_warps-row repetitions in registers."""
+    def log2(v):
+        return v.bit_length() - 1
+
+    warp_rows = 16 * num_warps
+    regs = [[0, 0, 0, 1], [8, 0, 0, 0], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]]
+    regs += [[0, 1 << b, 0, 0] for b in range(log2(block_k // 64))]
+    regs += [[warp_rows << r, 0, 0, 0] for r in range(log2(block_n // warp_rows))]
+    lanes = [[0, 0, 0, 2], [0, 0, 0, 4], [1, 0, 0, 0], [2, 0, 0, 0], [4, 0, 0, 0]]
+    warps = [[16 << w, 0, 0, 0] for w in range(log2(num_warps))]
+    return gl.DistributedLinearLayout(regs, lanes, warps, [], [block_n, block_k // 64, 8, 8])
+
+
+@gluon.jit
+def _pair_params(z_ptr, s_ptr, rows_g, n_mask, k0, dtype: gl.constexpr, GROUP: gl.constexpr, BLOCK_K: gl.constexpr,
+                 layout: gl.constexpr):
+    """Per row and pack block of the tile, each twice in one int32 [BLOCK_N, BLOCKS]: `dtype`'s MAGIC + zero (what
+    a nibble ORed into MAGIC's mantissa is, less its zero), and the scale split into a `dtype` high part and the
+    low part the high part misses (zero where the scale is already `dtype`)."""
+    blocks = gl.arange(0, BLOCK_K // 64, layout=gl.SliceLayout(0, layout))
+    offs = gl.convert_layout(rows_g, gl.SliceLayout(1, layout))[:, None] + ((k0 + blocks * 64) // GROUP)[None, :]
+    mask = gl.convert_layout(n_mask, gl.SliceLayout(1, layout))[:, None]
+    z = gl.load(z_ptr + offs, mask=mask, other=0).to(gl.float32)
+    s = gl.load(s_ptr + offs, mask=mask, other=0.0).to(gl.float32)
+    s_hi = s.to(dtype)
+    magic: gl.constexpr = 128.0 if dtype == gl.bfloat16 else 1024.0
+    return _twice(magic + z, dtype), _twice(s_hi, dtype), _twice(s - s_hi.to(gl.float32), dtype)
+
+
+@gluon.jit
+def _twice(v, dtype: gl.constexpr):
+    """v as `dtype`, in both halves of an int32 (the packed instructions' operand)."""
+    h = v.to(dtype).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
+    return h | (h << 16)
+
+
+# Two weights an instruction: the words 2 t and 2 t + 1 of a pack block hold, at nibble i, columns 8 i + 2 t and
+# 8 i + 2 t + 1, the pair the MMA's operand keeps in one register. prmt takes both words' half (low for i < 4, high
+# after: selector $3), shr brings nibble i % 4 to the bottom of each half ($5), lop3 masks it into MAGIC's mantissa
+# (bf16 0x4300 = 128 + q, fp16 0x6400 = 1024 + q, exact), sub takes MAGIC + zero ($7, exact: small integers), and the
+# product with the scale rounds once as the reference's fp32 (q - zero) * scale does: t * high ($9) plus
+# t * low ($11), whose product is exact (a 4-bit t times the 3 bits a 16-bit scale keeps past the high part).
+_PAIRS = """{
+.reg .b32 t, u;
+prmt.b32 t, $1, $2, $3;
+shr.u32 t, t, $5;
+lop3.b32 t, t, 0x000F000F, MAGIC2, 0xea;
+sub.rn.TY t, t, $7;
+PRODUCT
+}"""
+
+
+_PAIRS_ASM = {(ty, split): _PAIRS.replace("PRODUCT", product).replace("MAGIC2", magic).replace("TY", ty)
+              for ty, magic in (("bf16x2", "0x43004300"), ("f16x2", "0x64006400"))
+              for split, product in ((False, "mul.rn.TY $0, t, $9;"),
+                                     (True, "mul.rn.TY u, t, $11;\nfma.rn.TY $0, t, $9, u;"))}
+
+
+@gluon.constexpr_function
+def _pairs_asm(dtype, split_scale):
+    return _PAIRS_ASM["bf16x2" if dtype == gl.bfloat16 else "f16x2", bool(split_scale)]
+
+
+@gluon.jit
+def _unpacked_pairs(words, c, s_hi, s_lo, dtype: gl.constexpr, SPLIT_SCALE: gl.constexpr, BLOCK_N: gl.constexpr,
+                    BLOCK_K: gl.constexpr, layout: gl.constexpr, operand: gl.constexpr):
+    """words [BLOCK_N, BLOCKS, 8] (`layout` less its nibble dimension) -> W [BLOCK_N, BLOCK_K] in `dtype`, in the
+    MMA's register operand layout, by `_PAIRS`."""
+    nib = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, layout))))
+    nib = gl.expand_dims(gl.expand_dims(gl.expand_dims(nib, 0), 1), 3)  # [1, 1, 8, 1], constant a register
+    select = gl.where(nib < 4, 0x5410, 0x7632)  # both words' low halves, or their high halves
+    shift = (nib % 4) * 4
+    words = gl.expand_dims(words, 2)
+    c = gl.expand_dims(gl.expand_dims(c, 2), 3)
+    s_hi = gl.expand_dims(gl.expand_dims(s_hi, 2), 3)
+    s_lo = gl.expand_dims(gl.expand_dims(s_lo, 2), 3)
+    asm: gl.constexpr = _pairs_asm(dtype, SPLIT_SCALE)
+    args = [words, select, shift, c, s_hi, s_lo]
+    if dtype == gl.bfloat16:  # (the op takes a dtype, not a constexpr holding one)
+        w = gl.inline_asm_elementwise(asm, "=r" + ",r" * 12, args, dtype=gl.bfloat16, is_pure=True, pack=2)
+    else:
+        w = gl.inline_asm_elementwise(asm, "=r" + ",r" * 12, args, dtype=gl.float16, is_pure=True, pack=2)
+    return gl.convert_layout(gl.reshape(w, [BLOCK_N, BLOCK_K]), operand, assert_trivial=True)
+
+
 @gluon.jit
 def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, stride_ym, MAGIC,
                         HAS_BIAS: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr):
+                        BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, A_REGS: gl.constexpr,
+                        SPLIT_SCALE: gl.constexpr):
     NUM_WARPS: gl.constexpr = gl.num_warps()
-    BLOCKS: gl.constexpr = BLOCK_K // 64
     dtype: gl.constexpr = x_ptr.dtype.element_ty
-    unpack: gl.constexpr = _unpack_layout(BLOCK_K, NUM_WARPS)
-    words_l: gl.constexpr = gl.SliceLayout(2, unpack)  # [BLOCK_N, BLOCKS, 8 words]
-    params_l: gl.constexpr = gl.SliceLayout(2, words_l)  # [BLOCK_N, BLOCKS]
-    rows_l: gl.constexpr = gl.SliceLayout(1, params_l)
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                     instr_shape=[16, BLOCK_M, 16])
-
     num_n = gl.cdiv(N, BLOCK_N)
     pid_n, pid_m = gl.program_id(0) % num_n, gl.program_id(0) // num_n
-    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=rows_l)
-    n_mask = offs_n < N
+    rows = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.BlockedLayout(
+        [1, 1], [32, 1], [NUM_WARPS, 1], [1, 0])))
     offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.BlockedLayout(
         [1, 1], [32, 1], [NUM_WARPS, 1], [1, 0])))
-    m_mask = offs_m < M
-    rows_g = offs_n * (K // GROUP)
     per = gl.cdiv(gl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     start = gl.program_id(1) * per
-    stop = gl.minimum(start + per, K)
-    tiles = gl.cdiv(gl.maximum(stop - start, 0), BLOCK_K)
+    tiles = gl.cdiv(gl.maximum(gl.minimum(start + per, K) - start, 0), BLOCK_K)
 
     words_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, BLOCK_K // 8],
                                            gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    x_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], dtype)
-    x_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_K], x_layout)
-    w_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], dtype)
-    w_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_K], w_layout)
-
-    w_ptrs, w_mask, x_ptrs, x_mask = _tile_sources(q_ptr, x_ptr, offs_n, n_mask, offs_m, m_mask, stride_xm, K, BLOCK_M,
-                                                   BLOCK_K, NUM_WARPS)
+    x_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_K],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], dtype))
+    w_ptrs, w_mask, x_ptrs, x_mask = _tile_sources(q_ptr, x_ptr, rows, rows < N, offs_m, offs_m < M, stride_xm, K,
+                                                   BLOCK_M, BLOCK_K, NUM_WARPS)
     for t in gl.static_range(STAGES - 1):
         _issue_tile(words_smem.index(t), x_smem.index(t), w_ptrs, w_mask, x_ptrs, x_mask, start + t * BLOCK_K,
                     t < tiles)
         async_copy.commit_group()
-    c, s = _group_params(z_ptr, s_ptr, rows_g, n_mask, start, GROUP, BLOCK_K, params_l)
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=acc_l)
+    if A_REGS:
+        acc = _mma_from_registers(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptrs, w_mask, x_ptrs, x_mask,
+                                  start, tiles, dtype, GROUP, BLOCK_N, BLOCK_K, STAGES, SPLIT_SCALE)
+    else:
+        acc = _mma_from_shared(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptrs, w_mask, x_ptrs, x_mask,
+                               start, tiles, MAGIC, dtype, GROUP, BLOCK_N, BLOCK_K, STAGES)
+    async_copy.wait_group(0)
+    _store(acc, b_ptr, y_ptr, ws_ptr, pid_n * BLOCK_N, pid_m * BLOCK_M, M, N, stride_ym, HAS_BIAS, SPLIT_K, BLOCK_M,
+           BLOCK_N, NUM_WARPS)
+
+
+@gluon.jit
+def _mma_from_shared(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptrs, w_mask, x_ptrs, x_mask, start,
+                     tiles, MAGIC, dtype: gl.constexpr, GROUP: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                     STAGES: gl.constexpr):
+    """The K loop with the unpacked tile stored to shared memory for the MMA (fp32 unpacking, `_dequantized`)."""
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    BLOCKS: gl.constexpr = BLOCK_K // 64
+    unpack: gl.constexpr = _unpack_layout(BLOCK_K, NUM_WARPS)
+    words_l: gl.constexpr = gl.SliceLayout(2, unpack)  # [BLOCK_N, BLOCKS, 8 words]
+    params_l: gl.constexpr = gl.SliceLayout(2, words_l)  # [BLOCK_N, BLOCKS]
+    rows = gl.convert_layout(rows, gl.SliceLayout(1, params_l))
+    rows_g, n_mask = rows * (K // GROUP), rows < N
+    w_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_K],
+                                       gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], dtype))
+    c, s = _group_params(z_ptr, s_ptr, rows_g, n_mask, start, GROUP, BLOCK_K, params_l)
     for t in range(tiles):
         slot = t % STAGES
         async_copy.wait_group(STAGES - 2)
@@ -169,10 +280,44 @@ def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, M, N, 
         async_copy.commit_group()
         acc = warpgroup_mma(w_smem, x_smem.index(slot).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(1, deps=[acc])
-    acc = warpgroup_mma_wait(0, deps=[acc])
-    async_copy.wait_group(0)
-    _store(acc, b_ptr, y_ptr, ws_ptr, pid_n * BLOCK_N, pid_m * BLOCK_M, M, N, stride_ym, HAS_BIAS, SPLIT_K, BLOCK_M,
-           BLOCK_N, NUM_WARPS)
+    return warpgroup_mma_wait(0, deps=[acc])
+
+
+@gluon.jit
+def _mma_from_registers(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptrs, w_mask, x_ptrs, x_mask, start,
+                        tiles, dtype: gl.constexpr, GROUP: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                        STAGES: gl.constexpr, SPLIT_SCALE: gl.constexpr):
+    """The K loop with the unpacked tile the MMA's register operand (`_unpacked_pairs`). Each tile waits for the
+    last tile's MMA before unpacking: an MMA reads its register operand while it runs, and ptxas does not keep
+    those registers from the next tile's unpacking on its own (it reuses them before a partial wait retires the
+    MMA), so the overlap is across the SM's programs, not inside one. That wait also frees x's slot for the copy
+    STAGES - 1 tiles ahead."""
+    NUM_WARPS: gl.constexpr = gl.num_warps()
+    BLOCKS: gl.constexpr = BLOCK_K // 64
+    pairs_l: gl.constexpr = _pair_layout(BLOCK_N, BLOCK_K, NUM_WARPS)
+    words_l: gl.constexpr = gl.SliceLayout(2, pairs_l)  # [BLOCK_N, BLOCKS, 8 words]
+    params_l: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, pairs_l))  # [BLOCK_N, BLOCKS]
+    operand: gl.constexpr = gl.DotOperandLayout(0, acc.type.layout, 2)
+    rows = gl.convert_layout(rows, gl.SliceLayout(1, params_l))
+    rows_g, n_mask = rows * (K // GROUP), rows < N
+    c, s_hi, s_lo = _pair_params(z_ptr, s_ptr, rows_g, n_mask, start, dtype, GROUP, BLOCK_K, params_l)
+    for t in range(tiles):
+        slot = t % STAGES
+        acc = warpgroup_mma_wait(0, deps=[acc])  # the last tile's MMA done: its registers and x's slot are free
+        async_copy.wait_group(STAGES - 2)
+        _barrier()  # every thread's copies of tile t landed, every warpgroup's last MMA done
+        ahead = t + STAGES - 1
+        _issue_tile(words_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs, w_mask, x_ptrs, x_mask,
+                    start + ahead * BLOCK_K, ahead < tiles)
+        async_copy.commit_group()
+        words = words_smem.index(slot).reshape([BLOCK_N, BLOCKS, 8]).load(words_l)
+        w = _unpacked_pairs(words, c, s_hi, s_lo, dtype, SPLIT_SCALE, BLOCK_N, BLOCK_K, pairs_l, operand)
+        if t + 1 < tiles:
+            c, s_hi, s_lo = _pair_params(z_ptr, s_ptr, rows_g, n_mask, start + (t + 1) * BLOCK_K, dtype, GROUP,
+                                         BLOCK_K, params_l)
+        acc = warpgroup_mma(w, x_smem.index(slot).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=[acc])  # waits for nothing: the MMA runs on into the next tile's copies
+    return warpgroup_mma_wait(0, deps=[acc])
 
 
 @gluon.jit
@@ -204,7 +349,10 @@ def launch(x, qweight, scales, zeros, group_size: int, bias, y, ws, cfg: dict) -
           or cfg["BLOCK_K"] % group_size == 0), "BLOCK_K {} must divide K {} into whole pack blocks and groups",
           cfg["BLOCK_K"], k)
     grid = (triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"]), cfg.get("SPLIT_K", 1))
+    # the paired unpacking splits a 16-bit scale exactly; an fp32 one only the fp32 unpacking rounds as the reference
+    a_regs = bool(cfg.get("REGS")) and scales.element_size() == 2
     _w4a16_wgmma_kernel[grid](
         x, qweight, scales, zeros, bias if bias is not None else y, y, ws, m, n, k, x.stride(0), y.stride(0), 0x4B000000,
         HAS_BIAS=bias is not None, GROUP=group_size, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_K=cfg["BLOCK_K"], SPLIT_K=cfg.get("SPLIT_K", 1), STAGES=cfg["num_stages"], num_warps=cfg["num_warps"])
+        BLOCK_K=cfg["BLOCK_K"], SPLIT_K=cfg.get("SPLIT_K", 1), STAGES=cfg["num_stages"], A_REGS=a_regs,
+        SPLIT_SCALE=scales.dtype != x.dtype, num_warps=cfg["num_warps"])

@@ -93,15 +93,23 @@ def nibble_gemm(rows: int) -> list[dict]:
 
 def wgmma_gemm(rows: int) -> list[dict]:
     """The 4-bit GEMM on Hopper's warpgroup MMA (kernels/w4a16_hopper.py) for `rows` rows: x's rows the MMA's
-    narrow side (8 to 128 a program), 64-256 weight rows, K tiles of one or two groups, split K or not, as many
-    tiles in flight as the SM's shared memory holds (the weight tile in bf16, and per stage its words and x's)."""
+    narrow side (8 to 128 a program), 64-256 weight rows, K tiles of one or two groups, split K or not, the
+    unpacked tile stored to shared memory for the MMA or kept in its registers (REGS: where that tile and the
+    accumulator fit in 128 registers a thread, past which ptxas spills), as many tiles in flight as the SM's shared
+    memory holds (per stage the words and x's, and without REGS the weight tile in bf16)."""
     block_m = max(8, min(128, 1 << (rows - 1).bit_length()))
-    configs = [{"WGMMA": 1, "BLOCK_M": block_m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "SPLIT_K": split,
-                "num_warps": w, "num_stages": stages}
+    configs = [{"WGMMA": 1, "REGS": regs, "BLOCK_M": block_m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8,
+                "SPLIT_K": split, "num_warps": w, "num_stages": stages}
                for n, w, k in ((64, 4, 128), (64, 4, 256), (128, 4, 128), (128, 4, 256), (256, 8, 128))
-               for split in (1, 2, 4) for stages in (3, 4)]
-    return [c for c in configs if c["BLOCK_N"] * c["BLOCK_K"] * 2 + c["num_stages"] * (
-        c["BLOCK_N"] * c["BLOCK_K"] // 2 + c["BLOCK_M"] * c["BLOCK_K"] * 2) <= 220 * 1024]
+               for split in (1, 2, 4) for stages in (3, 4) for regs in (0, 1)]
+    return [c for c in configs if wgmma_shared_bytes(c) <= 220 * 1024 and (not c["REGS"] or (
+        c["BLOCK_N"] * (c["BLOCK_K"] // 2 + block_m) <= 128 * 32 * c["num_warps"]))]
+
+
+def wgmma_shared_bytes(cfg: dict) -> int:
+    """The shared memory a config of that GEMM takes (what the compiler allocates, checked on its output)."""
+    tile = 0 if cfg.get("REGS") else cfg["BLOCK_N"] * cfg["BLOCK_K"] * 2
+    return tile + cfg["num_stages"] * (cfg["BLOCK_N"] * cfg["BLOCK_K"] // 2 + cfg["BLOCK_M"] * cfg["BLOCK_K"] * 2)
 
 
 def candidates(kernel: str, default: dict, rows: int = 1) -> tuple[list[dict], int]:
