@@ -3,8 +3,10 @@ hardware ceilings measured in the same run, and timing helpers (CUDA events, gra
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -188,7 +190,10 @@ def measure_ceilings() -> dict:
 
 
 def model_folder(config: dict) -> str:
+    """A model folder holding only `config.json` (the engine makes dummy weights for it), removed when this
+    process exits."""
     folder = Path(tempfile.mkdtemp(prefix="qwen7b-dummy-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     (folder / "config.json").write_text(json.dumps(config))
     return str(folder)
 
