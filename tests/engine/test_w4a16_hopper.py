@@ -28,7 +28,7 @@ COMPILE_FOR_HOPPER = textwrap.dedent("""
     from hosttune_engine.kernels.w4a16_hopper import _w4a16_wgmma_kernel
     from hosttune_engine.tuner.candidates import wgmma_gemm
     sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16", "y_ptr": "*bf16",
-           "ws_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32",
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32",
            "MAGIC": "i32"}
     names = list(sig)
     aligned = ("x_ptr", "q_ptr", "s_ptr", "z_ptr", "b_ptr", "y_ptr", "ws_ptr", "N", "K", "stride_xm", "stride_ym")
@@ -40,7 +40,7 @@ COMPILE_FOR_HOPPER = textwrap.dedent("""
                 continue  # more splits change nothing compiled; fewer stages take less shared memory
             if cfg["REGS"] and cfg["SPLIT_K"] > 1:
                 continue  # the split's epilogue is the one compiled without REGS
-            const = {"HAS_BIAS": cfg["SPLIT_K"] == 1, "GROUP": 128, "BLOCK_M": cfg["BLOCK_M"],
+            const = {"HAS_BIAS": True, "GROUP": 128, "BLOCK_M": cfg["BLOCK_M"],
                      "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"], "SPLIT_K": cfg["SPLIT_K"],
                      "STAGES": cfg["num_stages"], "A_REGS": cfg["REGS"], "SPLIT_SCALE": True}
             src = GluonASTSource(_w4a16_wgmma_kernel, {**sig, **{k: "constexpr" for k in const}}, constexprs=const,

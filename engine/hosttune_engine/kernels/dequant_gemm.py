@@ -346,9 +346,8 @@ def _w4a16_by_wgmma(x, qweight, scales, zeros, group_size: int, bias, cfg: dict)
     cfg = {**cfg, "BLOCK_K": block_k}
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     ws = _workspace(m, n, cfg, y)
-    w4a16_hopper.launch(x.contiguous(), qweight, scales, zeros, group_size, None if cfg.get("SPLIT_K", 1) > 1 else bias,
-                        y, ws, cfg)
-    return _split_sum(ws, bias, y, cfg)
+    w4a16_hopper.launch(x.contiguous(), qweight, scales, zeros, group_size, bias, y, ws, cfg)  # splits summed in it
+    return y
 
 
 def _nibble_block_k(block_k: int, group_size: int, k: int) -> int:

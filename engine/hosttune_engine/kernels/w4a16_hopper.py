@@ -21,7 +21,7 @@ bf16x2 / f16x2 (`_PAIRS`), and the MMA reads its weight operand from those regis
 it runs, so each tile waits for the last tile's MMA before unpacking (tests/engine/sass_hazards.py checks the
 compiled kernel for a write under an MMA in flight): the MMA overlaps the copies and the other programs on the SM.
 
-Split K over SPLIT_K programs writes fp32 partials that dequant_gemm's `_split_sum` adds. Needs a Triton with
+Split K over SPLIT_K programs adds their fp32 partials in the same launch (`_store`). Needs a Triton with
 Gluon (3.5 or later) and an sm_90 GPU (dequant_gemm's `wgmma_unfit` says where it cannot run).
 """
 
@@ -207,8 +207,8 @@ def _unpacked_pairs(words, c, s_hi, s_lo, dtype: gl.constexpr, SPLIT_SCALE: gl.c
 
 
 @gluon.jit
-def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, stride_ym, MAGIC,
-                        HAS_BIAS: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
+                        MAGIC, HAS_BIAS: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, A_REGS: gl.constexpr,
                         SPLIT_SCALE: gl.constexpr):
     NUM_WARPS: gl.constexpr = gl.num_warps()
@@ -243,8 +243,8 @@ def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, M, N, 
         acc = _mma_from_shared(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptrs, w_mask, x_ptrs, x_mask,
                                start, tiles, MAGIC, dtype, GROUP, BLOCK_N, BLOCK_K, STAGES)
     async_copy.wait_group(0)
-    _store(acc, b_ptr, y_ptr, ws_ptr, pid_n * BLOCK_N, pid_m * BLOCK_M, M, N, stride_ym, HAS_BIAS, SPLIT_K, BLOCK_M,
-           BLOCK_N, NUM_WARPS)
+    _store(acc, b_ptr, y_ptr, ws_ptr, cnt_ptr, pid_n * BLOCK_N, pid_m * BLOCK_M, M, N, stride_ym, HAS_BIAS, SPLIT_K,
+           BLOCK_M, BLOCK_N, NUM_WARPS)
 
 
 @gluon.jit
@@ -321,26 +321,56 @@ def _mma_from_registers(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptr
 
 
 @gluon.jit
-def _store(acc, b_ptr, y_ptr, ws_ptr, n0, m0, M, N, stride_ym, HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
+def _store(acc, b_ptr, y_ptr, ws_ptr, cnt_ptr, n0, m0, M, N, stride_ym, HAS_BIAS: gl.constexpr, SPLIT_K: gl.constexpr,
            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, NUM_WARPS: gl.constexpr):
-    """acc^T [BLOCK_N, BLOCK_M] -> y [M, N] (x's dtype, plus bias), or with split K the fp32 partial ws[split]."""
+    """acc^T [BLOCK_N, BLOCK_M] -> y [M, N] in x's dtype, plus bias. With split K each program writes its fp32
+    partial to ws[split] and counts itself in its tile's counter; the last of the tile's SPLIT_K programs adds the
+    partials, writes y and resets the counter (zero again after every call, as a CUDA graph replays it): one
+    launch, no summing kernel after it (the pattern of kernels/gemv_splits.py)."""
     out_l: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
     acc = gl.convert_layout(acc, out_l)
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_l))
     offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_l))
     mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
-    if SPLIT_K == 1:
-        if HAS_BIAS:
-            acc += gl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)[:, None]
-        gl.store(y_ptr + offs_m.to(gl.int64)[None, :] * stride_ym + offs_n[:, None], acc.to(y_ptr.dtype.element_ty),
-                 mask=mask)
+    if SPLIT_K > 1:
+        part = ws_ptr + offs_m.to(gl.int64)[None, :] * N + offs_n[:, None]
+        gl.store(part + gl.program_id(1).to(gl.int64) * M * N, acc, mask=mask)
+        _barrier()  # every thread's partial is written before the tile is counted
+        done = gl.atomic_add(cnt_ptr + gl.program_id(0), 1, sem="acq_rel")  # the last sees every partial
+        if done == SPLIT_K - 1:
+            acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=out_l)
+            for split in gl.static_range(SPLIT_K):  # from L2 (.cg), not what this SM's L1 may hold
+                acc += gl.load(part + split * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+            gl.atomic_xchg(cnt_ptr + gl.program_id(0), 0)
+            _write(acc, b_ptr, y_ptr, offs_n, offs_m, mask, N, stride_ym, HAS_BIAS)
     else:
-        base = ws_ptr + gl.program_id(1).to(gl.int64) * M * N
-        gl.store(base + offs_m.to(gl.int64)[None, :] * N + offs_n[:, None], acc, mask=mask)
+        _write(acc, b_ptr, y_ptr, offs_n, offs_m, mask, N, stride_ym, HAS_BIAS)
+
+
+@gluon.jit
+def _write(acc, b_ptr, y_ptr, offs_n, offs_m, mask, N, stride_ym, HAS_BIAS: gl.constexpr):
+    if HAS_BIAS:
+        acc += gl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)[:, None]
+    gl.store(y_ptr + offs_m.to(gl.int64)[None, :] * stride_ym + offs_n[:, None], acc.to(y_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """int32 counters, one an output tile, zero between calls: made at the first call on a device (made while a
+    CUDA graph is captured, from that graph's memory pool, kept alive here for every later call), and again larger
+    when a launch has more tiles."""
+    have = _COUNTERS.get(str(device))
+    if have is None or have.numel() < tiles:
+        have = _COUNTERS[str(device)] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+    return have
+
+
+_COUNTERS: dict = {}
 
 
 def launch(x, qweight, scales, zeros, group_size: int, bias, y, ws, cfg: dict) -> None:
-    """One launch over y [M, N] (or ws with SPLIT_K); x contiguous in K and already in group order."""
+    """One launch over y [M, N] (+ bias), ws [SPLIT_K, M, N] the split partials' scratch; x contiguous in K and
+    already in group order."""
     m, k = x.shape
     n = qweight.shape[0]
     check(group_size % PACK == 0, "the warpgroup 4-bit GEMM needs groups of a multiple of {}, got {}", PACK,
@@ -352,7 +382,8 @@ def launch(x, qweight, scales, zeros, group_size: int, bias, y, ws, cfg: dict) -
     # the paired unpacking splits a 16-bit scale exactly; an fp32 one only the fp32 unpacking rounds as the reference
     a_regs = bool(cfg.get("REGS")) and scales.element_size() == 2
     _w4a16_wgmma_kernel[grid](
-        x, qweight, scales, zeros, bias if bias is not None else y, y, ws, m, n, k, x.stride(0), y.stride(0), 0x4B000000,
+        x, qweight, scales, zeros, bias if bias is not None else y, y, ws, tile_counters(x.device, grid[0]), m, n, k,
+        x.stride(0), y.stride(0), 0x4B000000,
         HAS_BIAS=bias is not None, GROUP=group_size, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"], SPLIT_K=cfg.get("SPLIT_K", 1), STAGES=cfg["num_stages"], A_REGS=a_regs,
         SPLIT_SCALE=scales.dtype != x.dtype, num_warps=cfg["num_warps"])
