@@ -28,10 +28,12 @@ COMPILE_FOR_HOPPER = textwrap.dedent("""
     from hosttune_engine.kernels.w4a16_hopper import _w4a16_wgmma_kernel
     from hosttune_engine.tuner.candidates import wgmma_gemm
     sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16", "y_ptr": "*bf16",
-           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_ym": "i32",
+           "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
+           "stride_qn": "i32", "stride_ym": "i32",
            "MAGIC": "i32"}
     names = list(sig)
-    aligned = ("x_ptr", "q_ptr", "s_ptr", "z_ptr", "b_ptr", "y_ptr", "ws_ptr", "N", "K", "stride_xm", "stride_ym")
+    aligned = ("x_ptr", "q_ptr", "s_ptr", "z_ptr", "b_ptr", "y_ptr", "ws_ptr", "N", "K", "stride_xm", "stride_qn",
+               "stride_ym")
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     compiled = 0
     for rows in (8, 64, 256):

@@ -58,14 +58,14 @@ def _copy_layout(row_elems, per_thread, num_warps):
 
 
 @gluon.jit
-def _tile_sources(q_ptr, x_ptr, offs_n, n_mask, offs_m, m_mask, stride_xm, K, BLOCK_M: gl.constexpr,
+def _tile_sources(q_ptr, x_ptr, offs_n, n_mask, offs_m, m_mask, stride_xm, stride_qn, BLOCK_M: gl.constexpr,
                   BLOCK_K: gl.constexpr, NUM_WARPS: gl.constexpr):
     """Pointers and masks of the program's first K tile: the weight rows' words [BLOCK_N, BLOCK_K / 8] and
     x [BLOCK_M, BLOCK_K], in the layouts their cp.async take (made once: a tile k0 on is k0 / 8 and k0 further)."""
     wl: gl.constexpr = _copy_layout(BLOCK_K // 8, 4, NUM_WARPS)
     rows = gl.convert_layout(offs_n, gl.SliceLayout(1, wl)).to(gl.int64)
     words = gl.arange(0, BLOCK_K // 8, layout=gl.SliceLayout(0, wl))
-    w_ptrs = q_ptr + rows[:, None] * (K // 8) + words[None, :]
+    w_ptrs = q_ptr + rows[:, None] * stride_qn + words[None, :]  # (K / 8: passed, so its alignment is known)
     # the row masks over the whole tile (a comparison the compiler sees constant along each 16-byte copy)
     w_mask = gl.convert_layout(n_mask, gl.SliceLayout(1, wl))[:, None] & (words < BLOCK_K)[None, :]
     xl: gl.constexpr = _copy_layout(BLOCK_K, 8, NUM_WARPS)
@@ -207,8 +207,8 @@ def _unpacked_pairs(words, c, s_hi, s_lo, dtype: gl.constexpr, SPLIT_SCALE: gl.c
 
 
 @gluon.jit
-def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_ym,
-                        MAGIC, HAS_BIAS: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_qn,
+                        stride_ym, MAGIC, HAS_BIAS: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, A_REGS: gl.constexpr,
                         SPLIT_SCALE: gl.constexpr):
     NUM_WARPS: gl.constexpr = gl.num_warps()
@@ -229,8 +229,8 @@ def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_pt
                                            gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     x_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_K],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], dtype))
-    w_ptrs, w_mask, x_ptrs, x_mask = _tile_sources(q_ptr, x_ptr, rows, rows < N, offs_m, offs_m < M, stride_xm, K,
-                                                   BLOCK_M, BLOCK_K, NUM_WARPS)
+    w_ptrs, w_mask, x_ptrs, x_mask = _tile_sources(q_ptr, x_ptr, rows, rows < N, offs_m, offs_m < M, stride_xm,
+                                                   stride_qn, BLOCK_M, BLOCK_K, NUM_WARPS)
     for t in gl.static_range(STAGES - 1):
         _issue_tile(words_smem.index(t), x_smem.index(t), w_ptrs, w_mask, x_ptrs, x_mask, start + t * BLOCK_K,
                     t < tiles)
@@ -383,7 +383,7 @@ def launch(x, qweight, scales, zeros, group_size: int, bias, y, ws, cfg: dict) -
     a_regs = bool(cfg.get("REGS")) and scales.element_size() == 2
     _w4a16_wgmma_kernel[grid](
         x, qweight, scales, zeros, bias if bias is not None else y, y, ws, tile_counters(x.device, grid[0]), m, n, k,
-        x.stride(0), y.stride(0), 0x4B000000,
+        x.stride(0), qweight.stride(0), y.stride(0), 0x4B000000,
         HAS_BIAS=bias is not None, GROUP=group_size, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"], SPLIT_K=cfg.get("SPLIT_K", 1), STAGES=cfg["num_stages"], A_REGS=a_regs,
         SPLIT_SCALE=scales.dtype != x.dtype, num_warps=cfg["num_warps"])
