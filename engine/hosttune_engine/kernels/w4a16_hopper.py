@@ -208,9 +208,9 @@ def _unpacked_pairs(words, c, s_hi, s_lo, dtype: gl.constexpr, SPLIT_SCALE: gl.c
 
 @gluon.jit
 def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_qn,
-                        stride_ym, MAGIC, HAS_BIAS: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr, A_REGS: gl.constexpr,
-                        SPLIT_SCALE: gl.constexpr):
+                        stride_ym, MAGIC, HAS_BIAS: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
+                        BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr,
+                        A_REGS: gl.constexpr, SPLIT_SCALE: gl.constexpr):
     NUM_WARPS: gl.constexpr = gl.num_warps()
     dtype: gl.constexpr = x_ptr.dtype.element_ty
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
