@@ -3,9 +3,9 @@
 bf16 cuBLAS on the same shape (what the 4-bit weight should beat), the weight dequantized then cuBLAS ("dequant",
 kernels/dequant_gemm.py DEQUANT), and the fused kernels over a sweep of their launch configs ("fused", the fastest
 of them): the Triton GEMM that takes one dot a nibble position (NIBBLES 1) and, on Hopper, the Gluon GEMM on the
-warpgroup MMA (WGMMA 1, kernels/w4a16_hopper.py, the tuner's grid for it). Prints one JSON row a projection and
-batch; with --table, the entries for kernels/tuned_configs.json: `w4a16_gemm` per projection shape and batch
-bucket, the fastest fused config (that of the bucket's largest batch measured) where it beat the dequantizing path
+warpgroup MMA (WGMMA 1, kernels/w4a16_hopper.py, the tuner's grid for it, its weight tile in shared memory or,
+REGS 1, in the MMA's registers). Prints one JSON row a projection and batch; with --table, the entries for
+kernels/tuned_configs.json: `w4a16_gemm` per projection shape and batch bucket, the fastest fused config (that of the bucket's largest batch measured) where it beat the dequantizing path
 at every batch measured in the bucket, else DEQUANT. Each launch of a timed graph reads the next of several
 weight copies (three times the L2 together), so every launch reads its weight from memory, as a model's step does.
 
@@ -44,7 +44,9 @@ class Axes:
     stages: tuple = (3, 4)
     split_k: tuple = (1, 2, 4)
     swap: tuple = (1, 0)  # 1: the weights the MMA's register operand (W x^T); 0: both from shared memory (x W^T)
-    kernels: tuple = ("nibbles", "wgmma")  # wgmma: only where it runs (an sm_90 GPU, a Triton with Gluon)
+    # wgmma: the Hopper GEMM's tile in shared memory, regs: in the MMA's registers (REGS 1); only where they run
+    # (an sm_90 GPU, a Triton with Gluon)
+    kernels: tuple = ("nibbles", "wgmma", "regs")
 
 
 def configs(m: int, axes: Axes = Axes(), hopper: bool = False):
@@ -56,8 +58,8 @@ def configs(m: int, axes: Axes = Axes(), hopper: bool = False):
                 continue
             yield {"NIBBLES": 1, "SWAP": swap, "BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
                    "SPLIT_K": split, "num_warps": warps, "num_stages": stages}
-    if "wgmma" in axes.kernels and hopper:
-        yield from wgmma_gemm(m)
+    if hopper:
+        yield from (c for c in wgmma_gemm(m) if ("regs" if c["REGS"] else "wgmma") in axes.kernels)
 
 
 def weight(n: int, k: int, seed: int, device: str = "cuda"):
@@ -128,7 +130,8 @@ def main() -> None:
     parser.add_argument("--split-k", type=int, nargs="+", default=list(Axes.split_k), help="SPLIT_K values")
     parser.add_argument("--swap", type=int, nargs="+", default=list(Axes.swap), choices=(0, 1), help="SWAP values")
     parser.add_argument("--kernels", nargs="+", default=list(Axes.kernels), choices=Axes.kernels,
-                        help="the fused kernels swept (wgmma: its tuner grid, on Hopper only)")
+                        help="the fused kernels swept (wgmma, regs: the Hopper GEMM's tuner grid without and with "
+                             "REGS, on Hopper only)")
     args = parser.parse_args()
     tiles = tuple(tuple(int(v) for v in t.split("x")) for t in args.tiles)
     axes = Axes(tiles, tuple(args.block_k), tuple(args.stages), tuple(args.split_k), tuple(args.swap),

@@ -38,6 +38,8 @@ def test_configs_sweep_every_combination_with_a_row_tile_for_the_batch(sweep):
     on_hopper = list(sweep.configs(40, axes, hopper=True))
     assert on_hopper[:16] == cfgs and on_hopper[16:] and all(c["WGMMA"] == 1 for c in on_hopper[16:])
     assert not list(sweep.configs(40, sweep.Axes(kernels=("nibbles",)), hopper=True))[-1].get("WGMMA")
+    regs = list(sweep.configs(40, sweep.Axes(kernels=("regs",)), hopper=True))
+    assert regs and all(c["WGMMA"] == 1 and c["REGS"] == 1 for c in regs)
 
 
 def test_timing_weights_are_in_the_kernels_layout(sweep):
