@@ -5,8 +5,9 @@ kernels/dequant_gemm.py DEQUANT), and the fused kernels over a sweep of their la
 of them): the Triton GEMM that takes one dot a nibble position (NIBBLES 1) and, on Hopper, the Gluon GEMM on the
 warpgroup MMA (WGMMA 1, kernels/w4a16_hopper.py, the tuner's grid for it, its weight tile in shared memory or,
 REGS 1, in the MMA's registers). Prints one JSON row a projection and batch; with --table, the entries for
-kernels/tuned_configs.json: `w4a16_gemm` per projection shape and batch bucket, the fastest fused config (that of the bucket's largest batch measured) where it beat the dequantizing path
-at every batch measured in the bucket, else DEQUANT. Each launch of a timed graph reads the next of several
+kernels/tuned_configs.json: `w4a16_gemm` per projection shape and batch bucket, the fastest fused config (that of
+the bucket's largest batch measured) where it beat the dequantizing path at every batch measured in the bucket,
+else DEQUANT. Each launch of a timed graph reads the next of several
 weight copies (three times the L2 together), so every launch reads its weight from memory, as a model's step does.
 
 Example: python benchmarks/engine/w4a16_sweep.py --out /tmp/w4a16.json --table --precompile 14
