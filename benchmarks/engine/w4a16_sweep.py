@@ -7,8 +7,8 @@ warpgroup MMA (WGMMA 1, kernels/w4a16_hopper.py, the tuner's grid for it, its we
 REGS 1, in the MMA's registers). Prints one JSON row a projection and batch; with --table, the entries for
 kernels/tuned_configs.json: `w4a16_gemm` per projection shape and batch bucket, the fastest fused config (that of
 the bucket's largest batch measured) where it beat the dequantizing path at every batch measured in the bucket,
-else DEQUANT. Each launch of a timed graph reads the next of several
-weight copies (three times the L2 together), so every launch reads its weight from memory, as a model's step does.
+else DEQUANT. Each launch of a timed graph reads the next of several weight copies (three times the L2 together), so
+every launch reads its weight from memory, as a model's step does.
 
 Example: python benchmarks/engine/w4a16_sweep.py --out /tmp/w4a16.json --table --precompile 14
          python benchmarks/engine/w4a16_sweep.py --batches 64 --projections gate_up --tiles 32x2 64x4
