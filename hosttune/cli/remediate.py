@@ -17,7 +17,7 @@ from hosttune.fleet_runner import exit_code
 from hosttune.remediate import render
 from hosttune.remediate.breaker import BreakerPolicy
 from hosttune.remediate.climb import Context, HostRemediation, planned
-from hosttune.remediate.cordon import uncordon_host
+from hosttune.remediate.cordon import Uncordon, uncordon_host
 from hosttune.remediate.fleet import breaker_for, remediate_fleet, survey_fleet
 from hosttune.remediate.steps import LadderOptions
 from hosttune.remediate.survey import Survey
@@ -86,19 +86,23 @@ def uncordon(
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
 ) -> None:
-    """Take cordoned hosts back: the cordon removed, their replicas started and back in their front.
+    """Take cordoned hosts back: the cordon removed, their replicas started, healthy and back in their front.
+
+    The plan (each cordoned host and the operations that take it back) is printed first; --yes or a terminal's
+    answer acts on it. Exit code bits: 2 an error, 4 an unreachable host.
 
     Example: hosttune uncordon -i inventories/example.yaml -l gpu-07 --yes
     """
     inv = load(inventory, limit, accept_new_host_keys)
-    wanted = profiles(inv)
-    surveys = survey_fleet(inv, wanted, XidPolicy(), forks)
-    due = [s for s in surveys if s.is_cordoned]
-    typer.echo(render.render_plan([planned(s) for s in surveys], LadderOptions()))
+    surveys = survey_fleet(inv, profiles(inv), XidPolicy(), forks)
+    due = [s for s in surveys if s.is_cordoned and s.reachable and not s.error]
+    typer.echo(render.render_uncordon_plan(surveys))
     if not due or not go_ahead(f"Uncordon {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):
-        raise typer.Exit(0)
+        raise typer.Exit(exit_code([Uncordon(s) for s in surveys]))  # an unreachable host: 4, whatever else
     run = new_run_id()
-    results = [uncordon_host(s, run) for s in due]
+    due_names = {s.host.name for s in due}
+    results = [uncordon_host(s, run) if s.host.name in due_names else Uncordon(s) for s in surveys]
     for r in results:
-        typer.echo(f"{r.survey.host.name}: " + (f"uncordoned (run {run})" if r.done else f"not uncordoned: {r.error}"))
+        if r.survey.host.name in due_names:
+            typer.echo(f"{r.survey.host.name}: " + (f"uncordoned (run {run})" if r.done else f"not uncordoned: {r.error}"))
     raise typer.Exit(exit_code(results))

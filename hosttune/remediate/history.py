@@ -10,6 +10,7 @@ import json
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
+from hosttune.actions.remediate import LEDGER_FILE
 from hosttune.errors import HosttuneError
 from hosttune.probes.facts_health import XidEvent
 
@@ -61,7 +62,7 @@ def parse_ledger(text: str) -> Ledger:
                       tuple(Occurrence(o["bdf"], int(o["code"]), float(o["at"])) for o in doc["xids"]),
                       tuple((b, float(t)) for b, t in doc["recovered"]))
     except (ValueError, KeyError, TypeError) as exc:
-        raise LedgerError(f"the remediation ledger is not valid ({exc}): move it aside to start a new one") from None
+        raise LedgerError(f"the remediation ledger {LEDGER_FILE} is not valid ({exc}): move it aside to start a new one") from None
 
 
 def observe(ledger: Ledger, boot: str, events: tuple[XidEvent, ...], now: float) -> Ledger:

@@ -7,6 +7,7 @@ import time
 
 from hosttune.actions.base import describe
 from hosttune.remediate.climb import FaultResult, HostRemediation, RungOutcome
+from hosttune.remediate.cordon import uncordon_step
 from hosttune.remediate.rungs import Rung
 from hosttune.remediate.steps import LadderOptions, step_for
 from hosttune.remediate.survey import Survey
@@ -35,15 +36,20 @@ def _header(survey: Survey) -> str | None:
 
 
 def _first_step(survey: Survey, result: FaultResult, options: LadderOptions) -> list[str]:
+    """The first rung the climb would act on: a reboot without --reboot is passed over, as the climb does."""
+    skipped = []
     for rung in result.fault.ladder:
         if rung is Rung.LOG:
             return ["    first: log it in the host's ledger"]
+        if rung is Rung.REBOOT and not options.reboot:
+            skipped = ["    reboot: skipped without --reboot"]
+            continue
         if rung is Rung.REBOOT:
-            return ["    first: reboot and wait" if options.reboot else "    first: reboot (skipped without --reboot)"]
+            return [*skipped, "    first: reboot and wait"]
         step = step_for(rung, result.fault, survey.snapshot, options)
         if step is not None:
-            return [f"    first: {step.summary}", *(f"      {describe(op)}" for op in step.ops)]
-    return []
+            return [*skipped, f"    first: {step.summary}", *(f"      {describe(op)}" for op in step.ops)]
+    return skipped
 
 
 def render_plan(results: list[HostRemediation], options: LadderOptions) -> str:
@@ -57,6 +63,23 @@ def render_plan(results: list[HostRemediation], options: LadderOptions) -> str:
         for f in r.results:
             lines += [f"  {f.fault.check_id}  {f.fault.reason}",
                       f"    ladder: {_ladder(f.fault.ladder, options)}", *_first_step(r.survey, f, options)]
+    return "\n".join(lines)
+
+
+def render_uncordon_plan(surveys: list[Survey]) -> str:
+    """What uncordon would do on each host: the operations of its step, or why there is none."""
+    lines = []
+    for survey in surveys:
+        header = _header(survey)
+        if not survey.reachable or survey.error:
+            lines.append(header)
+        elif not survey.is_cordoned:
+            lines.append(f"{survey.host.name}: not cordoned, nothing to do")
+        else:
+            step = uncordon_step(survey)
+            c = survey.snapshot.cordon
+            lines += [f"{survey.host.name}: cordoned since {_when(c.at)} ({c.reason})", f"    {step.summary}",
+                      *(f"      {describe(op)}" for op in step.ops)]
     return "\n".join(lines)
 
 

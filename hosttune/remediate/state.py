@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from hosttune.actions.remediate import CORDON_FILE
 from hosttune.errors import ProbeError
 from hosttune.remediate.history import Ledger, parse_ledger
 from hosttune.transport.base import Transport, bundled_script
@@ -54,12 +55,21 @@ def _json(key: str, value: str) -> dict:
 
 def parse_cordon(value: str) -> Cordon:
     doc = _json("cordon", value)
-    return Cordon(float(doc.get("at", 0)), str(doc.get("reason", "")), str(doc.get("run", "")))
+    try:
+        at = float(doc.get("at", 0))
+    except (TypeError, ValueError):
+        raise ProbeError(f"the host's cordon file {CORDON_FILE}: at must be Unix time in seconds "
+                         f"(got {doc.get('at')!r}); fix it, or remove it to uncordon the host") from None
+    return Cordon(at, str(doc.get("reason", "")), str(doc.get("run", "")))
 
 
 def _replicas(value: str) -> tuple[Replica, ...]:
     doc = _json("replicas", value)
-    return tuple(Replica(int(r["index"]), int(r["port"]), tuple(int(g) for g in r.get("gpus", ()))) for r in doc["replicas"])
+    try:
+        return tuple(Replica(int(r["index"]), int(r["port"]), tuple(int(g) for g in r.get("gpus", ()))) for r in doc["replicas"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProbeError(f"the live release's replicas.json is not a list of replicas with index, port and gpus "
+                         f"({type(exc).__name__}: {exc}); deploy the release again to rewrite it") from None
 
 
 def parse_snapshot(text: str) -> HostSnapshot:

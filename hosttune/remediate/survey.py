@@ -10,7 +10,7 @@ from hosttune.checks import run_checks
 from hosttune.checks.findings import Finding
 from hosttune.config.inventory import Host
 from hosttune.config.profile import Profile
-from hosttune.errors import ProbeError, TransportError
+from hosttune.errors import HosttuneError, TransportError
 from hosttune.probes.facts import Facts
 from hosttune.probes.gather import gather
 from hosttune.remediate.faults import Fault, find_faults
@@ -47,7 +47,7 @@ def survey_host(host: Host, profile: Profile, policy: XidPolicy, ledger: Ledger 
             snapshot = read_snapshot(transport)
     except TransportError as exc:
         return Survey(host, profile.name, reachable=False, error=str(exc))
-    except ProbeError as exc:
+    except HosttuneError as exc:  # the probe, or a file of the host's that cannot be read: this host's error only
         return Survey(host, profile.name, error=str(exc))
     findings = tuple(run_checks(facts, profile))
     seen = observe(snapshot.ledger if ledger is None else ledger, snapshot.boot, facts.health.kernel_log.events, now)

@@ -1,0 +1,127 @@
+"""`hosttune remediate` and `hosttune uncordon` through typer's CliRunner, on an inventory whose hosts are
+scripted: each answers the probe with recorded A100 facts and state.sh with its own serving state (or cannot
+be reached). Nothing is changed on any host: only plans are asked for, or the change is a recording fake."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from deploy_fixtures import a100_facts
+from typer.testing import CliRunner
+
+from hosttune.cli import remediate as remediate_cli
+from hosttune.cli.app import app
+from hosttune.errors import TransportError
+from hosttune.config.inventory import local_inventory
+from hosttune.remediate import climb, render
+from hosttune.remediate.breaker import Breaker, BreakerPolicy
+from hosttune.remediate.climb import planned
+from hosttune.remediate.cordon import Uncordon
+from hosttune.remediate.faults import MISSING_LADDER, Fault, FaultKind
+from hosttune.remediate.rungs import Rung
+from hosttune.remediate.state import parse_snapshot
+from hosttune.remediate.steps import LadderOptions
+from hosttune.remediate.survey import Survey
+from hosttune.remediate.xid import XidPolicy
+from hosttune.transport.base import CommandResult, Transport
+from hosttune.remediate import survey
+
+runner = CliRunner()
+FACTS = a100_facts()
+LB = "/opt/hosttune/releases/r1/.hosttune/replica_lb.py"
+REPLICAS = json.dumps({"replicas": [{"index": 0, "port": 8101, "gpus": [0]}]})
+SERVING = f"boot:b1/17\nreplicas:{REPLICAS}\nlb:{LB}\nunit:hosttune-engine@0.service active\n"
+CORDONED = SERVING + 'cordon:{"at": 1800000000, "reason": "GPU0: Xid 79", "run": "R"}\n'
+UNREACHABLE = None
+
+
+
+
+class StateScript(Transport):
+    """A host that answers its one read (state.sh) with `state`; it is read-only, as a survey opens it."""
+
+    def __init__(self, host_name: str, state: str):
+        self.host_name, self.state, self.read_only = host_name, state, True
+
+    def _command(self, argv, stdin, timeout):
+        return CommandResult(tuple(argv), 0, self.state, "", 0.0)
+
+
+INVENTORY = "hosts:\n  gpu-01: {address: 10.0.0.1}\n  gpu-02: {address: 10.0.0.2}\n  gpu-03: {address: 10.0.0.3}\n"
+
+
+@pytest.fixture
+def fleet(monkeypatch, tmp_path):
+    """gpu-01..03; set `states[name]` to what state.sh prints there (UNREACHABLE: SSH refuses). Yields -i FILE."""
+    states: dict[str, str | None] = {}
+
+    def open_transport(spec, read_only=False):
+        if states[spec.host_name] is UNREACHABLE:
+            raise TransportError(f"{spec.host_name}: connection refused (is sshd running, and on this port?)")
+        return StateScript(spec.host_name, states[spec.host_name])
+
+    monkeypatch.setattr(survey, "open_transport", open_transport)
+    monkeypatch.setattr(survey, "gather", lambda transport, *a, **k: SimpleNamespace(facts=FACTS))
+    (tmp_path / "inv.yaml").write_text(INVENTORY)
+    return states, ["-i", str(tmp_path / "inv.yaml")]
+
+
+def test_uncordon_shows_what_it_would_do_and_an_unreachable_host_is_exit_4(fleet):
+    states, inv = fleet
+    states.update({"gpu-01": CORDONED, "gpu-02": SERVING, "gpu-03": UNREACHABLE})
+    result = runner.invoke(app, ["uncordon", *inv, "--dry-run"])
+    assert result.exit_code == 4, result.output  # gpu-03 may be cordoned too: nobody could tell
+    lines = result.stdout.splitlines()
+    assert lines[:4] == ["gpu-01: cordoned since 2027-01-15 08:00:00Z (GPU0: Xid 79)", "    uncordon the host",
+                         "      remove /var/lib/hosttune/cordon.json", "      $ systemctl start hosttune-engine@0.service"]
+    assert lines[-3:] == [f"      $ python3 {LB} in 0", "gpu-02: not cordoned, nothing to do",
+                          "gpu-03: unreachable: gpu-03: connection refused (is sshd running, and on this port?)"]
+    assert "ladder" not in result.stdout and "remediate" not in result.stdout  # remediate's plan is not uncordon's
+
+
+def test_uncordon_takes_back_the_cordoned_host_only_and_still_reports_the_unreachable_one(fleet, monkeypatch):
+    states, inv = fleet
+    states.update({"gpu-01": CORDONED, "gpu-02": SERVING, "gpu-03": UNREACHABLE})
+    taken: list[str] = []
+
+    def uncordon_host(survey, run):
+        taken.append(survey.host.name)
+        return Uncordon(survey, True, run)
+
+    monkeypatch.setattr(remediate_cli, "uncordon_host", uncordon_host)
+    result = runner.invoke(app, ["uncordon", *inv, "--yes"])
+    assert taken == ["gpu-01"] and result.exit_code == 4, result.output
+    assert [line for line in result.stdout.splitlines() if "uncordoned" in line] == [
+        line for line in result.stdout.splitlines() if line.startswith("gpu-01: uncordoned (run ")]
+
+
+def test_a_cordon_file_written_by_hand_or_a_broken_ledger_is_that_hosts_one_line_error(fleet):
+    states, inv = fleet
+    states.update({"gpu-01": SERVING + 'cordon:{"at": "2026-12-05 08:00", "reason": "PSU"}\n',
+                   "gpu-02": SERVING + "ledger:{not json\n", "gpu-03": SERVING})
+    for command in ("remediate", "uncordon"):
+        result = runner.invoke(app, [command, *inv, "--dry-run"])
+        assert result.exit_code == 2 and "internal error" not in result.output, result.output
+        (one, two, three) = result.stdout.splitlines()
+        assert one == ("gpu-01: error: the host's cordon file /var/lib/hosttune/cordon.json: at must be Unix time in "
+                       "seconds (got '2026-12-05 08:00'); fix it, or remove it to uncordon the host")
+        assert two.startswith("gpu-02: error: the remediation ledger /var/lib/hosttune/remediate/ledger.json is not valid")
+        assert three.startswith("gpu-03: ") and "error" not in three  # the others are surveyed all the same
+
+
+def test_without_reboot_the_plan_shows_the_cordon_the_climb_would_take_first(monkeypatch):
+    missing = Fault(FaultKind.GPU_MISSING, "gpu.count", MISSING_LADDER, "GPU2 is on PCI but not in NVML", gpu=2)
+    host = Survey(local_inventory().hosts[0], "inference-latency", snapshot=parse_snapshot(SERVING), faults=(missing,))
+    plan = render.render_plan([planned(host)], LadderOptions()).splitlines()
+    assert plan[1:5] == ["  gpu.count  GPU2 is on PCI but not in NVML", "    ladder: reboot (needs --reboot) -> cordon",
+                         "    reboot: skipped without --reboot", "    first: cordon the host"]
+    assert plan[5].startswith("      write /var/lib/hosttune/cordon.json (")
+    done: list[str] = []
+    monkeypatch.setattr(climb, "execute_step", lambda survey, step, run: (done.append(step.summary), (True, ""))[1])
+    ctx = climb.Context({}, LadderOptions(), XidPolicy(), Breaker(BreakerPolicy(100.0), 1, [], 0.0), "R")
+    result = climb.Climber(host, ctx).climb(missing)
+    assert done == ["cordon the host"] and [(o.rung, o.status) for o in result.rungs] == [
+        (Rung.REBOOT, "skipped"), (Rung.CORDON, "done")]
+    assert plan[4] == f"    first: {done[0]}"
