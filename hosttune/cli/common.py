@@ -118,12 +118,22 @@ def write_traceback(exc: BaseException) -> str:
     return "nowhere: no writable folder"
 
 
+def why_not_written(exc: OSError) -> str:
+    """An OSError of making a file's folder or writing it, as the user can act on it."""
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):  # mkdir or open met a file where a folder should be
+        return "a folder in its path is a file"
+    return exc.strerror or str(exc)
+
+
 def emit(text: str, output: Optional[Path]) -> None:
     if output is None:
         typer.echo(text)
         return
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise HosttuneError(f"cannot write {output}: {why_not_written(exc)}; choose another --output") from None
     typer.echo(f"wrote {output}", err=True)
 
 

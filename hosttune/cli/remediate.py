@@ -32,7 +32,7 @@ def remediate(
     dry_run: bool = DryRunOpt,
     yes: bool = YesOpt,
     reboot: bool = typer.Option(False, "--reboot", help="Let the ladder reboot a host (and wait for it) before it cordons it."),
-    max_cordoned_percent: float = typer.Option(10.0, "--max-cordoned-percent", help="Stop the ladder on every host once more than this share of the fleet would be cordoned within the window."),
+    max_cordoned_percent: float = typer.Option(10.0, "--max-cordoned-percent", help="Stop the ladder on every host once more than this percentage of the fleet (0 to 100; 0: no cordon at all) would be cordoned within --breaker-window."),
     breaker_window: int = typer.Option(60, "--breaker-window", min=1, help="Minutes over which cordoned hosts count against --max-cordoned-percent."),
     drain_wait: int = typer.Option(60, "--drain-wait", min=0, help="Seconds a drained replica gets to finish its in-flight requests."),
     xid_window: int = typer.Option(24, "--xid-window", min=1, help="Hours over which repeated Xids on a GPU are counted."),
@@ -43,8 +43,9 @@ def remediate(
     """Fix GPU and service faults that `check` finds: for each, the lowest rung of the ladder (restart, drain,
     diagnose, reset, reboot, cordon), re-checking after each rung before going higher.
 
-    The plan (each fault, its ladder and its first step) is printed first; --yes or a terminal's answer acts
-    on it. Exit code bits as for check: 1 a fault left (cordoned, stopped by the breaker), 2 an error, 4 unreachable.
+    The plan (each fault, its ladder and its first step) is printed first; --dry-run stops there, --yes or a terminal's answer acts on it.
+
+    Exit code bits as for check: 1 a fault left (cordoned, stopped by the breaker), 2 an error, 4 unreachable.
 
     Example: hosttune remediate -i inventories/example.yaml --max-cordoned-percent 10 --yes
     """
@@ -88,8 +89,9 @@ def uncordon(
 ) -> None:
     """Take cordoned hosts back: the cordon removed, their replicas started, healthy and back in their front.
 
-    The plan (each cordoned host and the operations that take it back) is printed first; --yes or a terminal's
-    answer acts on it. Exit code bits: 2 an error, 4 an unreachable host.
+    The plan (each cordoned host and the operations that take it back) is printed first; --dry-run stops there, --yes or a terminal's answer acts on it.
+
+    Exit code bits: 2 an error, 4 an unreachable host.
 
     Example: hosttune uncordon -i inventories/example.yaml -l gpu-07 --yes
     """

@@ -13,7 +13,7 @@ import typer
 
 from hosttune.checks.service_monitor import STATUS_DIR
 from hosttune.cli.app import app
-from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, emit, load, user_errors
+from hosttune.cli.common import AcceptKeysOpt, InventoryOpt, LimitOpt, emit, load, user_errors, why_not_written
 from hosttune.cli.progress import Progress
 from hosttune.errors import HosttuneError
 from hosttune.fleet_runner import exit_code
@@ -36,13 +36,14 @@ def status(
     limit: Optional[str] = LimitOpt,
     fmt: StatusFormat = typer.Option(StatusFormat.table, "--format", help="Report format."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
-    forks: int = ForksOpt,
+    forks: int = typer.Option(50, "--forks", "-f", min=1, help="Hosts read in parallel."),
     accept_new_host_keys: bool = AcceptKeysOpt,
 ) -> None:
     """Print the fleet as each host's monitor last saw it: one small read per host, no probing.
 
-    A host whose status is older than two intervals is STALE. Exit code bits: 1 drift or stale, 2 error,
-    4 unreachable host.
+    A host is STALE when a pass has not written its status within two of its intervals plus the time a pass may take (on the host's clock), or never has.
+
+    Exit code bits: 1 drift or stale, 2 error, 4 unreachable host.
 
     Example: hosttune status --inventory inventories/example.yaml
     """
@@ -63,7 +64,7 @@ def write_atomically(path: Path, text: str) -> None:
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except OSError as exc:
-        raise HosttuneError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise HosttuneError(f"cannot write {path}: {why_not_written(exc)}") from None
 
 
 @app.command()

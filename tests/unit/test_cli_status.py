@@ -36,3 +36,16 @@ def test_status_of_a_host_without_a_monitor_is_stale_and_says_why():
 def test_a_missing_profile_is_one_line_and_exit_2(tmp_path):
     result = runner.invoke(app, ["monitor", "--profile", str(tmp_path / "none.yaml"), "--textfile-dir", str(tmp_path)])
     assert result.exit_code == 2 and "unknown profile" in result.output and "Traceback" not in result.output
+
+
+def test_an_output_or_status_dir_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "f").write_text("a file, not a folder")
+    cases = {("status", "-o", str(tmp_path)): f"cannot write {tmp_path}: Is a directory; choose another --output",
+             ("status", "-o", str(tmp_path / "f" / "x")): "a folder in its path is a file; choose another --output",
+             ("monitor", "--profile", str(PLAYBOOK), "--textfile-dir", str(tmp_path / "tf"),
+              "--status-dir", str(tmp_path / "f" / "st")): f"cannot write {tmp_path / 'f' / 'st' / 'status.json'}: "
+                                                           "a folder in its path is a file"}
+    for argv, why in cases.items():
+        result = runner.invoke(app, list(argv))
+        assert result.exit_code == 2 and why in result.stderr, result.output
+        assert result.stderr.startswith("hosttune: cannot write") and len(result.stderr.splitlines()) == 1
