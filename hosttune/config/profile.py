@@ -202,6 +202,9 @@ def find_playbook(name: str) -> Path:
         if candidate.exists():
             return candidate
     known = sorted({p.stem for d in playbook_dirs() for p in d.glob("*.yaml")})
+    if as_path.suffix in (".yaml", ".yml"):
+        raise ProfileError(f"unknown profile {name!r}: no such file; give the path of a playbook file, or one of "
+                           f"{', '.join(known) or 'none'}")
     raise ProfileError(f"unknown profile {name!r}; known profiles: {', '.join(known) or 'none'}")
 
 
@@ -220,6 +223,7 @@ def _read_settings(name: str, seen: tuple[str, ...] = ()) -> tuple[dict, str]:
     if not isinstance(settings, dict):
         raise ProfileError(f"{path}:{doc.line_of('settings')}: settings: must be a mapping")
     _check_sections(settings, str(path))
+    _check_values(settings, str(path), "settings")
     base = _read_settings(doc["extends"], seen + (name,))[0] if doc.get("extends") else {}
     return merge(base, settings), str(doc.get("description", ""))
 

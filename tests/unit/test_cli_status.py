@@ -35,7 +35,8 @@ def test_status_of_a_host_without_a_monitor_is_stale_and_says_why():
 
 def test_a_missing_profile_is_one_line_and_exit_2(tmp_path):
     result = runner.invoke(app, ["monitor", "--profile", str(tmp_path / "none.yaml"), "--textfile-dir", str(tmp_path)])
-    assert result.exit_code == 2 and "unknown profile" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"unknown profile '{tmp_path / 'none.yaml'}': no such file; give the path of a playbook file" in result.stderr
 
 
 def test_an_output_or_status_dir_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
@@ -49,3 +50,12 @@ def test_an_output_or_status_dir_that_cannot_be_written_is_one_line_and_exit_2(t
         result = runner.invoke(app, list(argv))
         assert result.exit_code == 2 and why in result.stderr, result.output
         assert result.stderr.startswith("hosttune: cannot write") and len(result.stderr.splitlines()) == 1
+
+
+def test_a_bad_value_in_a_playbook_file_names_its_file_and_line(tmp_path):
+    playbook = tmp_path / "mine.yaml"
+    playbook.write_text("name: mine\nextends: inference-latency\nsettings:\n  monitor:\n    interval_s: 5\n")
+    result = runner.invoke(app, ["monitor", "--profile", str(playbook), "--textfile-dir", str(tmp_path / "tf"),
+                                 "--status-dir", str(tmp_path / "st")])
+    assert result.exit_code == 2 and not (tmp_path / "tf").exists()
+    assert result.stderr == f"hosttune: {playbook}:5: settings.monitor.interval_s: must be 10 to 604800 seconds (got 5)\n"
