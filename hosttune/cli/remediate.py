@@ -38,7 +38,7 @@ def remediate(
     xid_window: int = typer.Option(24, "--xid-window", min=1, help="Hours over which repeated Xids on a GPU are counted."),
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
-    fmt: Output = typer.Option(Output.text, "--format", help="Plan and recap as text or JSON."),
+    fmt: Output = typer.Option(Output.text, "--format", help="Plan and recap as text or JSON (one JSON document: the plan, or with --yes the recap)."),
 ) -> None:
     """Fix GPU and service faults that `check` finds: for each, the lowest rung of the ladder (restart, drain,
     diagnose, reset, reboot, cordon), re-checking after each rung before going higher.
@@ -57,7 +57,7 @@ def remediate(
         surveys = survey_fleet(inv, wanted, policy, forks, on_host_done=lambda name, s: progress.advance(name, "done"))
     plans = [planned(s) for s in surveys]
     due = [s for s in surveys if s.faults and not s.is_cordoned]
-    if fmt is Output.text or dry_run or not due:
+    if fmt is Output.text or dry_run or not yes or not due:  # with --yes, JSON is the recap alone
         typer.echo(render.render_json(plans, None) if fmt is Output.json else render.render_plan(plans, options))
     if not due or not go_ahead(f"Remediate {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):
         raise typer.Exit(exit_code(plans))

@@ -11,6 +11,7 @@ import pytest
 from deploy_fixtures import a100_facts
 from typer.testing import CliRunner
 
+from hosttune.cli import common
 from hosttune.cli import remediate as remediate_cli
 from hosttune.cli.app import app
 from hosttune.errors import TransportError
@@ -125,3 +126,17 @@ def test_without_reboot_the_plan_shows_the_cordon_the_climb_would_take_first(mon
     assert done == ["cordon the host"] and [(o.rung, o.status) for o in result.rungs] == [
         (Rung.REBOOT, "skipped"), (Rung.CORDON, "done")]
     assert plan[4] == f"    first: {done[0]}"
+
+
+def test_json_plan_is_shown_before_a_terminal_is_asked_and_when_nothing_changes(fleet, monkeypatch):
+    states, inv = fleet
+    states.update({"gpu-01": SERVING.replace(" active", " failed"), "gpu-02": SERVING, "gpu-03": SERVING})
+    monkeypatch.setattr(common, "is_terminal", lambda: True)
+    asked = runner.invoke(app, ["remediate", *inv, "--format", "json"], input="n\n")
+    monkeypatch.setattr(common, "is_terminal", lambda: False)
+    refused = runner.invoke(app, ["remediate", *inv, "--format", "json"])
+    for result in (asked, refused):
+        assert result.exit_code == 2, result.output
+        plan, _ = json.JSONDecoder().raw_decode(result.stdout)  # then CliRunner's echo of the answer
+        assert plan["dry_run"] and [h["host"] for h in plan["hosts"] if h["faults"]] == ["gpu-01"]
+    assert "Remediate 1 host? [y/N]" in asked.stderr
