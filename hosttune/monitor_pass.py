@@ -10,8 +10,13 @@ from hosttune import __version__
 from hosttune.checks import active as active_checks
 from hosttune.config.inventory import local_inventory
 from hosttune.config.profile import load_profile
+from hosttune.errors import HosttuneError
 from hosttune.fleet import HostReport, check_host
 from hosttune.status_file import StatusDoc, status_doc
+
+class MonitorPassError(HosttuneError):
+    """A pass that cannot run as asked."""
+
 
 ACTIVE_IDS = frozenset(c.id for c in active_checks.CHECKS)  # what only the --active pass judges
 
@@ -25,6 +30,9 @@ class PassResult:
 def run_pass(profile_path: str, active: bool = False) -> PassResult:
     """The regular pass checks everything; the active pass loads the GPUs and keeps only what that judges."""
     profile = load_profile(profile_path)
+    if active and profile.monitor.active_interval_s is None:  # no timer would ever write it again: stale for good
+        raise MonitorPassError(f"{profile_path}: monitor.active_interval_s is null, so this host has no active pass "
+                               "and its status would go stale; hosttune check --active runs one without writing it")
     host = replace(local_inventory().hosts[0], profile=profile_path)
     start = time.monotonic()
     report = check_host(host, profile, active)

@@ -38,7 +38,7 @@ def remediate(
     xid_window: int = typer.Option(24, "--xid-window", min=1, help="Hours over which repeated Xids on a GPU are counted."),
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
-    fmt: Output = typer.Option(Output.text, "--format", help="Plan and recap as text or JSON (one JSON document: the plan, or with --yes the recap)."),
+    fmt: Output = typer.Option(Output.text, "--format", help="Plan and recap as text or JSON (with --yes, the recap alone)."),
 ) -> None:
     """Fix GPU and service faults that `check` finds: for each, the lowest rung of the ladder (restart, drain,
     diagnose, reset, reboot, cordon), re-checking after each rung before going higher.

@@ -59,3 +59,12 @@ def test_a_bad_value_in_a_playbook_file_names_its_file_and_line(tmp_path):
                                  "--status-dir", str(tmp_path / "st")])
     assert result.exit_code == 2 and not (tmp_path / "tf").exists()
     assert result.stderr == f"hosttune: {playbook}:5: settings.monitor.interval_s: must be 10 to 604800 seconds (got 5)\n"
+
+
+def test_an_active_pass_where_the_profile_has_none_is_refused_and_writes_nothing(tmp_path):
+    playbook = tmp_path / "no-active.yaml"
+    playbook.write_text("name: no-active\nextends: inference-latency\nsettings:\n  monitor:\n    active_interval_s: null\n")
+    result = runner.invoke(app, ["monitor", "--active", "--profile", str(playbook), "--textfile-dir", str(tmp_path / "tf"),
+                                 "--status-dir", str(tmp_path / "st")])
+    assert result.exit_code == 2 and not (tmp_path / "tf").exists() and not (tmp_path / "st").exists()
+    assert result.stderr.startswith(f"hosttune: {playbook}: monitor.active_interval_s is null") and result.stderr.count("\n") == 1
