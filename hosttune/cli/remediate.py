@@ -55,13 +55,15 @@ def remediate(
     options = LadderOptions(drain_wait_s=drain_wait, reboot=reboot)
     with Progress("surveying", total=len(inv.hosts)) as progress:
         surveys = survey_fleet(inv, wanted, policy, forks, on_host_done=lambda name, s: progress.advance(name, "done"))
-    plans = [planned(s) for s in surveys]
+    plans, breaker = [planned(s) for s in surveys], breaker_for(surveys, breaker_policy)
     due = [s for s in surveys if s.faults and not s.is_cordoned]
     if fmt is Output.text or dry_run or not yes or not due:  # with --yes, JSON is the recap alone
         typer.echo(render.render_json(plans, None) if fmt is Output.json else render.render_plan(plans, options))
+    if fmt is Output.text and due:
+        typer.echo(breaker.summary())
     if not due or not go_ahead(f"Remediate {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):
         raise typer.Exit(exit_code(plans))
-    ctx = Context(wanted, options, policy, breaker_for(surveys, breaker_policy), new_run_id())
+    ctx = Context(wanted, options, policy, breaker, new_run_id())
     results = _climb(plans, due, ctx, forks)
     typer.echo(render.render_json(results, ctx.run, ctx.breaker.why) if fmt is Output.json else render.render_recap(results, ctx.run))
     if ctx.breaker.is_open:

@@ -44,6 +44,23 @@ class Breaker:
     def _share(self, count: int) -> float:
         return 100.0 * count / self.num_hosts
 
+    @property
+    def room(self) -> int:
+        """How many more hosts may be cordoned before the breaker opens."""
+        allowed = int(self.policy.max_cordoned_percent * self.num_hosts / 100)
+        while self._share(allowed + 1) <= self.policy.max_cordoned_percent:
+            allowed += 1
+        while allowed > 0 and self._share(allowed) > self.policy.max_cordoned_percent:
+            allowed -= 1
+        return max(0, allowed - self.num_cordoned)
+
+    def summary(self) -> str:
+        """What the plan needs to know: how many cordons this run may make before the breaker stops it."""
+        hosts = "host" if self.num_hosts == 1 else "hosts"
+        return (f"circuit breaker: {self.num_cordoned} of {self.num_hosts} {hosts} cordoned within "
+                f"{self.policy.window_s / 60:g} min; {self.room} more may be (--max-cordoned-percent "
+                f"{self.policy.max_cordoned_percent:g}), a cordon past that stops remediation on every host")
+
     def cordon(self, host: str) -> str:
         """Take a place for this host's cordon: "" when granted, else why not (the breaker is open then)."""
         with self._lock:

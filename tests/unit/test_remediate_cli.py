@@ -5,6 +5,7 @@ be reached). Nothing is changed on any host: only plans are asked for, or the ch
 from __future__ import annotations
 
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -140,3 +141,23 @@ def test_json_plan_is_shown_before_a_terminal_is_asked_and_when_nothing_changes(
         plan, _ = json.JSONDecoder().raw_decode(result.stdout)  # then CliRunner's echo of the answer
         assert plan["dry_run"] and [h["host"] for h in plan["hosts"] if h["faults"]] == ["gpu-01"]
     assert "Remediate 1 host? [y/N]" in asked.stderr
+
+
+def test_the_plan_says_how_many_cordons_the_breaker_leaves_room_for(fleet):
+    states, inv = fleet
+    just_cordoned = SERVING + f'cordon:{{"at": {time.time() - 60}, "reason": "GPU0: Xid 79"}}\n'
+    states.update({"gpu-01": SERVING.replace(" active", " failed"), "gpu-02": SERVING, "gpu-03": just_cordoned})
+    now_cordoned = "circuit breaker: 1 of 3 hosts cordoned within 60 min; {} more may be (--max-cordoned-percent {})"
+    for percent, room in (("10", 0), ("66.7", 1), ("100", 2)):
+        result = runner.invoke(app, ["remediate", *inv, "--dry-run", "--max-cordoned-percent", percent])
+        assert result.stdout.splitlines()[-1].startswith(now_cordoned.format(room, percent)), result.output
+
+
+@pytest.mark.parametrize("percent, num_hosts, num_cordoned", [(10, 1, 0), (10, 10, 0), (10, 20, 1), (15, 20, 0),
+                                                             (33.3, 3, 0), (33.4, 3, 0), (0, 5, 0), (100, 4, 1)])
+def test_the_breakers_room_is_the_cordons_it_grants(percent, num_hosts, num_cordoned):
+    breaker = Breaker(BreakerPolicy(percent), num_hosts, [1.0] * num_cordoned, 1.0)
+    room, granted = breaker.room, 0
+    while not breaker.cordon(f"h{granted}"):
+        granted += 1
+    assert granted == room
