@@ -172,15 +172,18 @@ class Inventory:
 
     def limit(self, patterns: str | None) -> "Inventory":
         """Keep hosts whose name or group matches any comma-separated glob."""
-        if not patterns:
+        if patterns is None:
             return self
         wanted = [p.strip() for p in patterns.split(",") if p.strip()]
+        if not wanted:  # `-l "$HOST"` with HOST unset must not mean every host
+            raise InventoryError(f"--limit {patterns!r} names no host or group; leave --limit out for every host")
         kept = tuple(
             h for h in self.hosts
             if any(fnmatch.fnmatchcase(h.name, p) or fnmatch.fnmatchcase(h.group, p) for p in wanted)
         )
         if not kept:
-            raise InventoryError(f"--limit {patterns!r} matches no host or group in {self.source}")
+            where = "the default inventory (this machine, named localhost)" if self.source == "<built-in>" else self.source
+            raise InventoryError(f"--limit {patterns!r} matches no host or group in {where}")
         return Inventory(kept, self.source)
 
 

@@ -161,3 +161,16 @@ def test_the_breakers_room_is_the_cordons_it_grants(percent, num_hosts, num_cord
     while not breaker.cordon(f"h{granted}"):
         granted += 1
     assert granted == room
+
+
+@pytest.mark.parametrize("command", ["uncordon", "remediate", "status"])
+def test_an_empty_limit_is_refused_rather_than_taken_for_every_host(command):
+    result = runner.invoke(app, [command, "--limit", "", *(["--dry-run"] if command != "status" else [])])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == "hosttune: --limit '' names no host or group; leave --limit out for every host\n"
+
+
+def test_a_limit_that_matches_nothing_here_says_the_default_inventory_is_this_machine():
+    result = runner.invoke(app, ["uncordon", "--limit", "gpu-07", "--dry-run"])
+    assert result.exit_code == 2 and result.stderr == (
+        "hosttune: --limit 'gpu-07' matches no host or group in the default inventory (this machine, named localhost)\n")
