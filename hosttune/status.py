@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hosttune.checks.service_monitor import ACTIVE_TIMER, TIMER, stale
+from hosttune.checks.service_monitor import ACTIVE_TIMER, STATUS_DIR, STATUS_FILES, TIMER, stale
 from hosttune.config.inventory import Host, Inventory
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.fleet_runner import DEFAULT_FORKS, EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE, FleetRunner
@@ -55,9 +55,21 @@ def parse_read(host: Host, output: str) -> HostStatus:
     sections = split(output)
     if "now" not in sections:
         raise StatusError("the status read printed no clock")
-    now = float(sections["now"].text.strip())
-    docs = tuple(parse_status(sections[p].text) for p in _TIMERS if p in sections and sections[p].rc == 0)
+    try:
+        now = float(sections["now"].text.strip())
+    except ValueError:
+        raise StatusError(f"the host's clock read {sections['now'].text.strip()[:40]!r}, not Unix seconds "
+                          "(`date +%s` on the host must print them)") from None
+    docs = tuple(_parse_pass(p, sections[p].text) for p in _TIMERS if p in sections and sections[p].rc == 0)
     return HostStatus(host, True, docs=docs, stale=judge_stale(docs, now), now=now)
+
+
+def _parse_pass(pass_name: str, text: str) -> StatusDoc:
+    try:
+        return parse_status(text)
+    except StatusError as exc:
+        path = f"{STATUS_DIR}/{STATUS_FILES[_TIMERS[pass_name]]}"
+        raise StatusError(f"{path}: {exc}; its monitor pass rewrites it (or remove it)") from None
 
 
 def judge_stale(docs: tuple[StatusDoc, ...], now: float) -> tuple[FindingBrief, ...]:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
+from hosttune import status as status_module
 from hosttune.cli import app
 from hosttune.status_file import parse_status
+from hosttune.transport.base import CommandResult, Transport
 
 runner = CliRunner()
 PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "inference-latency.yaml"
@@ -68,3 +71,25 @@ def test_an_active_pass_where_the_profile_has_none_is_refused_and_writes_nothing
                                  "--status-dir", str(tmp_path / "st")])
     assert result.exit_code == 2 and not (tmp_path / "tf").exists() and not (tmp_path / "st").exists()
     assert result.stderr.startswith(f"hosttune: {playbook}: monitor.active_interval_s is null") and result.stderr.count("\n") == 1
+
+
+class StatusRead(Transport):
+    """A host whose status read prints `output` (its clock, then each pass's status file)."""
+
+    def __init__(self, output: str):
+        self.host_name, self.output, self.read_only = "localhost", output, True
+
+    def _command(self, argv, stdin, timeout):
+        return CommandResult(tuple(argv), 0, self.output, "", 0.0)
+
+
+@pytest.mark.parametrize("output, error", [
+    ("@@ht:now\n%s\n@@ht-end:now:0\n", "the host's clock read '%s', not Unix seconds (`date +%s` on the host must print them)"),
+    ("@@ht:now\n1000\n@@ht-end:now:0\n@@ht:regular\n{\"host\": \n@@ht-end:regular:0\n",
+     "/var/lib/hosttune/monitor/status.json: unreadable status file: JSONDecodeError: "),
+])
+def test_a_host_whose_status_read_makes_no_sense_is_that_hosts_error(monkeypatch, output, error):
+    monkeypatch.setattr(status_module, "open_transport", lambda spec, read_only=False: StatusRead(output))
+    result = runner.invoke(app, ["status", "--format", "json"])
+    (host,) = json.loads(result.stdout)
+    assert result.exit_code == 2 and host["state"] == "ERROR" and host["error"].startswith(error), result.output
