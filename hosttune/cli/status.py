@@ -85,5 +85,6 @@ def monitor(
     suffix = "-active" if active else ""
     write_atomically(textfile_dir / f"hosttune{suffix}.prom", status_metrics.render(result.report, result.doc))
     write_atomically(status_dir / f"status{suffix}.json", to_json(result.doc))
-    typer.echo(f"{result.doc.host}: " + ", ".join(f"{n} {s}" for s, n in result.doc.counts.items() if n), err=True)
+    counts = ", ".join(f"{n} {s}" for s, n in result.doc.counts.items() if n)
+    typer.echo(f"{result.doc.host}: " + (f"probe failed: {result.doc.error}" if result.doc.error else counts), err=True)
     raise typer.Exit(exit_code([result.report]))

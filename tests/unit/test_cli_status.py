@@ -93,3 +93,16 @@ def test_a_host_whose_status_read_makes_no_sense_is_that_hosts_error(monkeypatch
     result = runner.invoke(app, ["status", "--format", "json"])
     (host,) = json.loads(result.stdout)
     assert result.exit_code == 2 and host["state"] == "ERROR" and host["error"].startswith(error), result.output
+
+
+def test_a_pass_whose_probe_failed_says_why_on_its_one_line_and_in_its_status_file(monkeypatch, tmp_path):
+    from hosttune import monitor_pass
+    from hosttune.fleet import HostReport
+
+    failed = lambda host, profile, active: HostReport(host, profile.name, True, error="probe timed out after 60s")
+    monkeypatch.setattr(monitor_pass, "check_host", failed)
+    result = runner.invoke(app, ["monitor", "--profile", str(PLAYBOOK), "--textfile-dir", str(tmp_path / "tf"),
+                                 "--status-dir", str(tmp_path / "st")])
+    assert result.exit_code == 2
+    assert parse_status((tmp_path / "st" / "status.json").read_text()).error == "probe timed out after 60s"
+    assert result.stderr == "localhost: probe failed: probe timed out after 60s\n"
