@@ -23,7 +23,7 @@ from hosttune.remediate.breaker import Breaker
 from hosttune.remediate.faults import Fault
 from hosttune.remediate.history import Ledger
 from hosttune.remediate.rungs import Rung
-from hosttune.remediate.steps import LadderOptions, gpus_of, restore_step, step_for
+from hosttune.remediate.steps import LadderOptions, gpus_of, reboot_skipped, restore_step, step_for
 from hosttune.remediate.survey import Survey, survey_host
 from hosttune.remediate.xid import XidPolicy
 from hosttune.transport import open_transport
@@ -130,8 +130,9 @@ class Climber:
         return RungOutcome(rung, "done" if ok else "failed", step.summary if ok else error, run)
 
     def _reboot(self) -> RungOutcome:
-        if not self.ctx.options.reboot:
-            return RungOutcome(Rung.REBOOT, "skipped", "--reboot not given")
+        skipped = reboot_skipped(self.survey.host, self.ctx.options)
+        if skipped:
+            return RungOutcome(Rung.REBOOT, "skipped", skipped)
         problem = reboot_and_wait(self.survey.host, self.ctx.options.reboot_timeout_s)
         return RungOutcome(Rung.REBOOT, "failed" if problem else "done", problem or "rebooted and back")
 

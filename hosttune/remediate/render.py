@@ -9,7 +9,7 @@ from hosttune.actions.base import describe
 from hosttune.remediate.climb import FaultResult, HostRemediation, RungOutcome
 from hosttune.remediate.cordon import uncordon_step
 from hosttune.remediate.rungs import Rung
-from hosttune.remediate.steps import LadderOptions, step_for
+from hosttune.remediate.steps import LadderOptions, reboot_skipped, step_for
 from hosttune.remediate.survey import Survey
 
 
@@ -36,13 +36,14 @@ def _header(survey: Survey) -> str | None:
 
 
 def _first_step(survey: Survey, result: FaultResult, options: LadderOptions) -> list[str]:
-    """The first rung the climb would act on: a reboot without --reboot is passed over, as the climb does."""
+    """The first rung the climb would act on: a reboot it would skip is passed over, as the climb does."""
     skipped = []
     for rung in result.fault.ladder:
         if rung is Rung.LOG:
             return ["    first: log it in the host's ledger"]
-        if rung is Rung.REBOOT and not options.reboot:
-            skipped = ["    reboot: skipped without --reboot"]
+        why = reboot_skipped(survey.host, options) if rung is Rung.REBOOT else None
+        if why:
+            skipped = [f"    reboot: skipped: {why}"]
             continue
         if rung is Rung.REBOOT:
             return [*skipped, "    first: reboot and wait"]

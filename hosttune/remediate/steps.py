@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from hosttune.actions import remediate as ops
 from hosttune.actions.base import Step
+from hosttune.config.inventory import Host
 from hosttune.remediate.faults import Fault
 from hosttune.remediate.rungs import Rung
 from hosttune.remediate.state import HostSnapshot, Replica
@@ -20,6 +21,15 @@ class LadderOptions:
     reboot: bool = False  # the reboot rung is climbed only with --reboot
     reboot_timeout_s: float = 600.0
     recheck_wait_s: float = 5.0  # after a restart, for the unit to settle before the re-check
+
+
+def reboot_skipped(host: Host, options: LadderOptions) -> str | None:
+    """Why the reboot rung is passed over on this host (the ladder goes on), or None: it reboots and waits."""
+    if not options.reboot:
+        return "--reboot not given"
+    if host.connection.transport == "local":  # hosttune itself would go down with it, and wait for nothing
+        return "this machine runs hosttune, which cannot wait for its own reboot: reboot it by hand"
+    return None
 
 
 def replicas_of(fault: Fault, snapshot: HostSnapshot) -> tuple[Replica, ...]:

@@ -113,20 +113,24 @@ def test_a_cordon_file_written_by_hand_or_a_broken_ledger_is_that_hosts_one_line
         assert three.startswith("gpu-03: ") and "error" not in three  # the others are surveyed all the same
 
 
-def test_without_reboot_the_plan_shows_the_cordon_the_climb_would_take_first(monkeypatch):
+@pytest.mark.parametrize("reboot, why", [
+    (False, "--reboot not given"),
+    (True, "this machine runs hosttune, which cannot wait for its own reboot: reboot it by hand"),
+])
+def test_a_reboot_the_climb_would_skip_the_plan_skips_too_and_shows_the_cordon_it_takes_first(monkeypatch, reboot, why):
     missing = Fault(FaultKind.GPU_MISSING, "gpu.count", MISSING_LADDER, "GPU2 is on PCI but not in NVML", gpu=2)
-    host = Survey(local_inventory().hosts[0], "inference-latency", snapshot=parse_snapshot(SERVING), faults=(missing,))
-    plan = render.render_plan([planned(host)], LadderOptions()).splitlines()
-    assert plan[1:5] == ["  gpu.count  GPU2 is on PCI but not in NVML", "    ladder: reboot (needs --reboot) -> cordon",
-                         "    reboot: skipped without --reboot", "    first: cordon the host"]
+    here = Survey(local_inventory().hosts[0], "inference-latency", snapshot=parse_snapshot(SERVING), faults=(missing,))
+    options = LadderOptions(reboot=reboot)
+    plan = render.render_plan([planned(here)], options).splitlines()
+    assert plan[3:5] == [f"    reboot: skipped: {why}", "    first: cordon the host"]
     assert plan[5].startswith("      write /var/lib/hosttune/cordon.json (")
     done: list[str] = []
     monkeypatch.setattr(climb, "execute_step", lambda survey, step, run: (done.append(step.summary), (True, ""))[1])
-    ctx = climb.Context({}, LadderOptions(), XidPolicy(), Breaker(BreakerPolicy(100.0), 1, [], 0.0), "R")
-    result = climb.Climber(host, ctx).climb(missing)
-    assert done == ["cordon the host"] and [(o.rung, o.status) for o in result.rungs] == [
-        (Rung.REBOOT, "skipped"), (Rung.CORDON, "done")]
-    assert plan[4] == f"    first: {done[0]}"
+    monkeypatch.setattr(climb, "reboot_and_wait", lambda *a: pytest.fail("this machine was rebooted"))
+    ctx = climb.Context({}, options, XidPolicy(), Breaker(BreakerPolicy(100.0), 1, [], 0.0), "R")
+    result = climb.Climber(here, ctx).climb(missing)
+    assert done == ["cordon the host"] and [(o.rung, o.status, o.detail) for o in result.rungs] == [
+        (Rung.REBOOT, "skipped", why), (Rung.CORDON, "done", "cordon the host")]
 
 
 def test_json_plan_is_shown_before_a_terminal_is_asked_and_when_nothing_changes(fleet, monkeypatch):
