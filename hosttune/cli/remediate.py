@@ -95,7 +95,7 @@ def uncordon(
 
     Exit code bits: 2 an error, 4 an unreachable host.
 
-    Example: hosttune uncordon -i inventories/example.yaml -l gpu-07 --yes
+    Example: hosttune uncordon -i inventories/example.yaml -l gpu-a100-01 --yes
     """
     inv = load(inventory, limit, accept_new_host_keys)
     surveys = survey_fleet(inv, profiles(inv), XidPolicy(), forks)
