@@ -50,7 +50,7 @@ DOCS = {
         "the GPU is back with no new Xid and no pending remap; its replicas are started and put back in the front",
         "nothing to undo: the reset itself changes no setting"),
     Rung.REBOOT: RungDoc(
-        "reboots the host and waits for it to answer from a new boot (only with --reboot)",
+        "reboots the host and waits for it to answer from a new boot (only with --reboot, and never the machine hosttune runs on)",
         "the fault is gone after the boot", "nothing to undo"),
     Rung.CORDON: RungDoc(
         "writes /var/lib/hosttune/cordon.json and takes every replica out of the host's front: deploy refuses the "

@@ -131,6 +131,7 @@ def test_a_reboot_the_climb_would_skip_the_plan_skips_too_and_shows_the_cordon_i
     result = climb.Climber(here, ctx).climb(missing)
     assert done == ["cordon the host"] and [(o.rung, o.status, o.detail) for o in result.rungs] == [
         (Rung.REBOOT, "skipped", why), (Rung.CORDON, "done", "cordon the host")]
+    assert "never the machine hosttune runs on" in runner.invoke(app, ["explain", "remediate.reboot"]).stdout
 
 
 def test_json_plan_is_shown_before_a_terminal_is_asked_and_when_nothing_changes(fleet, monkeypatch):
