@@ -21,6 +21,7 @@ from hosttune.config.inventory import Inventory, load_inventory, local_inventory
 InventoryOpt = typer.Option(None, "--inventory", "-i", help="Inventory YAML (default: this machine over the local transport).")
 LimitOpt = typer.Option(None, "--limit", "-l", help="Only these hosts or groups (comma-separated globs).")
 ForksOpt = typer.Option(50, "--forks", "-f", min=1, help="Hosts probed in parallel.")
+ReadForksOpt = typer.Option(50, "--forks", "-f", min=1, help="Hosts read in parallel.")  # commands that never probe
 AcceptKeysOpt = typer.Option(False, "--accept-new-host-keys", help="Trust and record SSH host keys not yet in known_hosts (changed keys are always refused).")
 YesOpt = typer.Option(False, "--yes", "-y", help="Make the changes the plan shows without asking.")
 DryRunOpt = typer.Option(False, "--dry-run", help="Print the plan and change nothing.")

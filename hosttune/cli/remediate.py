@@ -9,7 +9,7 @@ import typer
 
 from hosttune.cli.app import app
 from hosttune.cli.apply import Output
-from hosttune.cli.common import AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt, go_ahead, load, plural, user_errors
+from hosttune.cli.common import AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, ReadForksOpt, YesOpt, go_ahead, load, plural, user_errors
 from hosttune.cli.progress import Progress
 from hosttune.execute.journal import new_run_id
 from hosttune.fleet import profiles
@@ -18,7 +18,7 @@ from hosttune.remediate import render
 from hosttune.remediate.breaker import BreakerPolicy
 from hosttune.remediate.climb import Context, HostRemediation, planned
 from hosttune.remediate.cordon import Uncordon, uncordon_host
-from hosttune.remediate.fleet import breaker_for, remediate_fleet, survey_fleet
+from hosttune.remediate.fleet import breaker_for, remediate_fleet, state_fleet, survey_fleet
 from hosttune.remediate.steps import LadderOptions
 from hosttune.remediate.survey import Survey
 from hosttune.remediate.xid import XidPolicy
@@ -86,7 +86,7 @@ def uncordon(
     limit: Optional[str] = LimitOpt,
     dry_run: bool = DryRunOpt,
     yes: bool = YesOpt,
-    forks: int = ForksOpt,
+    forks: int = ReadForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
 ) -> None:
     """Take cordoned hosts back: the cordon removed, their replicas started, healthy and back in their front.
@@ -98,7 +98,7 @@ def uncordon(
     Example: hosttune uncordon -i inventories/example.yaml -l gpu-a100-01 --yes
     """
     inv = load(inventory, limit, accept_new_host_keys)
-    surveys = survey_fleet(inv, profiles(inv), XidPolicy(), forks)
+    surveys = state_fleet(inv, forks)
     due = [s for s in surveys if s.is_cordoned and s.reachable and not s.error]
     typer.echo(render.render_uncordon_plan(surveys))
     if not due or not go_ahead(f"Uncordon {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):

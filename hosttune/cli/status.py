@@ -13,7 +13,7 @@ import typer
 
 from hosttune.checks.service_monitor import STATUS_DIR
 from hosttune.cli.app import app
-from hosttune.cli.common import AcceptKeysOpt, InventoryOpt, LimitOpt, emit, load, user_errors, why_not_written
+from hosttune.cli.common import AcceptKeysOpt, InventoryOpt, LimitOpt, ReadForksOpt, emit, load, user_errors, why_not_written
 from hosttune.cli.progress import Progress
 from hosttune.errors import HosttuneError
 from hosttune.fleet_runner import exit_code
@@ -36,7 +36,7 @@ def status(
     limit: Optional[str] = LimitOpt,
     fmt: StatusFormat = typer.Option(StatusFormat.table, "--format", help="Report format."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
-    forks: int = typer.Option(50, "--forks", "-f", min=1, help="Hosts read in parallel."),
+    forks: int = ReadForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
 ) -> None:
     """Print the fleet as each host's monitor last saw it: one small read per host, no probing.

@@ -11,7 +11,7 @@ from hosttune.config.profile import Profile
 from hosttune.fleet_runner import DEFAULT_FORKS, FleetRunner
 from hosttune.remediate.breaker import Breaker, BreakerPolicy
 from hosttune.remediate.climb import Context, HostRemediation, remediate_host
-from hosttune.remediate.survey import Survey, survey_host
+from hosttune.remediate.survey import Survey, survey_host, survey_state
 from hosttune.remediate.xid import XidPolicy
 
 
@@ -19,6 +19,11 @@ def survey_fleet(inventory: Inventory, profiles: dict[str, Profile], policy: Xid
                  on_host_done: Callable[[str, object], None] | None = None) -> list[Survey]:
     return FleetRunner(forks, on_host_done=on_host_done).map(
         lambda h: survey_host(h, profiles[h.name], policy), list(inventory.hosts), name=lambda h: h.name)
+
+
+def state_fleet(inventory: Inventory, forks: int = DEFAULT_FORKS) -> list[Survey]:
+    """Every host's serving state and cordon, without the probe (uncordon's plan)."""
+    return FleetRunner(forks).map(survey_state, list(inventory.hosts), name=lambda h: h.name)
 
 
 def breaker_for(surveys: list[Survey], policy: BreakerPolicy, now: float | None = None) -> Breaker:

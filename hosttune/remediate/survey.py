@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from hosttune.checks import run_checks
 from hosttune.checks.findings import Finding
@@ -18,6 +19,7 @@ from hosttune.remediate.history import Ledger, observe
 from hosttune.remediate.state import HostSnapshot, read_snapshot
 from hosttune.remediate.xid import XidPolicy
 from hosttune.transport import open_transport
+from hosttune.transport.base import Transport
 
 
 @dataclass(frozen=True)
@@ -37,19 +39,34 @@ class Survey:
         return self.snapshot.cordon is not None
 
 
+def _read(host: Host, profile: str, read: Callable[[Transport], Survey]) -> Survey:
+    """read(transport) on the host's read-only connection; what stops it is this host's error only."""
+    try:
+        with open_transport(host.connection, read_only=True) as transport:
+            return read(transport)
+    except TransportError as exc:
+        return Survey(host, profile, reachable=False, error=str(exc))
+    except HosttuneError as exc:  # the probe, or a file of the host's that cannot be read
+        return Survey(host, profile, error=str(exc))
+
+
 def survey_host(host: Host, profile: Profile, policy: XidPolicy, ledger: Ledger | None = None,
                 now: float | None = None) -> Survey:
     """Probe and read the host; `ledger`: the one this run keeps (else the host's own)."""
     now = time.time() if now is None else now
-    try:
-        with open_transport(host.connection, read_only=True) as transport:
-            facts = gather(transport, 0, timeout=host.probe_timeout_s).facts
-            snapshot = read_snapshot(transport)
-    except TransportError as exc:
-        return Survey(host, profile.name, reachable=False, error=str(exc))
-    except HosttuneError as exc:  # the probe, or a file of the host's that cannot be read: this host's error only
-        return Survey(host, profile.name, error=str(exc))
-    findings = tuple(run_checks(facts, profile))
-    seen = observe(snapshot.ledger if ledger is None else ledger, snapshot.boot, facts.health.kernel_log.events, now)
-    faults = tuple(find_faults(facts, findings, snapshot, seen, now, policy))
-    return Survey(host, profile.name, True, None, facts, findings, snapshot, seen, faults)
+
+    def read(transport: Transport) -> Survey:
+        facts = gather(transport, 0, timeout=host.probe_timeout_s).facts
+        snapshot = read_snapshot(transport)
+        findings = tuple(run_checks(facts, profile))
+        seen = observe(snapshot.ledger if ledger is None else ledger, snapshot.boot, facts.health.kernel_log.events, now)
+        faults = tuple(find_faults(facts, findings, snapshot, seen, now, policy))
+        return Survey(host, profile.name, True, None, facts, findings, snapshot, seen, faults)
+
+    return _read(host, profile.name, read)
+
+
+def survey_state(host: Host) -> Survey:
+    """The host's serving state and cordon alone, without the probe: what uncordon needs, so a host whose GPUs
+    hang the probe can still be taken back."""
+    return _read(host, host.profile, lambda transport: Survey(host, host.profile, snapshot=read_snapshot(transport)))

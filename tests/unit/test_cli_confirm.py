@@ -93,6 +93,7 @@ def remediations(monkeypatch, done: list[str], cordoned: bool) -> None:
         return Uncordon(survey, True, run)
 
     monkeypatch.setattr(remediate_cli, "survey_fleet", lambda inv, wanted, policy, forks, on_host_done=None: [survey])
+    monkeypatch.setattr(remediate_cli, "state_fleet", lambda inv, forks: [survey])
     monkeypatch.setattr(remediate_cli, "remediate_fleet", remediate_fleet)
     monkeypatch.setattr(remediate_cli, "uncordon_host", uncordon_host)
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from hosttune.cli import common
 from hosttune.cli import remediate as remediate_cli
 from hosttune.cli.app import app
-from hosttune.errors import TransportError
+from hosttune.errors import ProbeError, TransportError
 from hosttune.config.inventory import local_inventory
 from hosttune.remediate import climb, render
 from hosttune.remediate.breaker import Breaker, BreakerPolicy
@@ -97,6 +97,21 @@ def test_uncordon_takes_back_the_cordoned_host_only_and_still_reports_the_unreac
     assert taken == ["gpu-01"] and result.exit_code == 4, result.output
     assert [line for line in result.stdout.splitlines() if "uncordoned" in line] == [
         line for line in result.stdout.splitlines() if line.startswith("gpu-01: uncordoned (run ")]
+
+
+def test_uncordon_reads_only_the_serving_state_so_a_host_whose_probe_hangs_can_be_taken_back(fleet, monkeypatch):
+    states, inv = fleet
+    states.update({"gpu-01": CORDONED, "gpu-02": SERVING, "gpu-03": SERVING})
+
+    def hangs(*args, **kwargs):
+        raise ProbeError("the probe did not finish within 60s")
+
+    monkeypatch.setattr(survey, "gather", hangs)
+    result = runner.invoke(app, ["uncordon", *inv, "--dry-run"])
+    assert result.exit_code == 0 and result.stdout.startswith("gpu-01: cordoned since"), result.output
+    assert "      remove /var/lib/hosttune/cordon.json" in result.stdout
+    remediate = runner.invoke(app, ["remediate", *inv, "--dry-run"])  # remediate probes: it needs the faults
+    assert remediate.exit_code == 2 and "gpu-02: error: the probe did not finish within 60s" in remediate.stdout
 
 
 def test_a_cordon_file_written_by_hand_or_a_broken_ledger_is_that_hosts_one_line_error(fleet):
