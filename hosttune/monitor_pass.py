@@ -14,6 +14,7 @@ from hosttune.errors import HosttuneError
 from hosttune.fleet import HostReport, check_host
 from hosttune.status_file import StatusDoc, status_doc
 
+
 class MonitorPassError(HosttuneError):
     """A pass that cannot run as asked."""
 

@@ -32,7 +32,7 @@ def remediate(
     dry_run: bool = DryRunOpt,
     yes: bool = YesOpt,
     reboot: bool = typer.Option(False, "--reboot", help="Let the ladder reboot a host (and wait for it) before it cordons it."),
-    max_cordoned_percent: float = typer.Option(10.0, "--max-cordoned-percent", help="Stop the ladder on every host once more than this percentage of the fleet (0 to 100; 0: no cordon at all) would be cordoned within --breaker-window."),
+    max_cordoned_percent: float = typer.Option(10.0, "--max-cordoned-percent", help="Stop the ladder on every host once more than this percentage of the fleet (0 to 100; 0: the first cordon stops it) would be cordoned within --breaker-window."),
     breaker_window: int = typer.Option(60, "--breaker-window", min=1, help="Minutes over which cordoned hosts count against --max-cordoned-percent."),
     drain_wait: int = typer.Option(60, "--drain-wait", min=0, help="Seconds a drained replica gets to finish its in-flight requests."),
     xid_window: int = typer.Option(24, "--xid-window", min=1, help="Hours over which repeated Xids on a GPU are counted."),
