@@ -50,7 +50,7 @@ def remediate(
     Example: hosttune remediate -i inventories/example.yaml --max-cordoned-percent 10 --yes
     """
     breaker_policy = BreakerPolicy(max_cordoned_percent, breaker_window * 60.0)
-    inv = load(inventory, limit, accept_new_host_keys)
+    inv, inv_path = load(inventory, limit, accept_new_host_keys), str(inventory) if inventory else None
     wanted, policy = profiles(inv), XidPolicy(window_s=xid_window * 3600.0)
     options = LadderOptions(drain_wait_s=drain_wait, reboot=reboot)
     with Progress("surveying", total=len(inv.hosts)) as progress:
@@ -58,14 +58,14 @@ def remediate(
     plans, breaker = [planned(s) for s in surveys], breaker_for(surveys, breaker_policy)
     due = [s for s in surveys if s.faults and not s.is_cordoned]
     if fmt is Output.text or dry_run or not yes or not due:  # with --yes, JSON is the recap alone
-        typer.echo(render.render_json(plans, None) if fmt is Output.json else render.render_plan(plans, options))
+        typer.echo(render.render_json(plans, None) if fmt is Output.json else render.render_plan(plans, options, inv_path))
     if fmt is Output.text and due:
         typer.echo(breaker.summary())
     if not due or not go_ahead(f"Remediate {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):
         raise typer.Exit(exit_code(plans))
     ctx = Context(wanted, options, policy, breaker, new_run_id())
     results = _climb(plans, due, ctx, forks)
-    typer.echo(render.render_json(results, ctx.run, ctx.breaker.why) if fmt is Output.json else render.render_recap(results, ctx.run))
+    typer.echo(render.render_json(results, ctx.run, ctx.breaker.why) if fmt is Output.json else render.render_recap(results, ctx.run, inv_path))
     if ctx.breaker.is_open:
         typer.secho(f"hosttune: {ctx.breaker.why}", err=True, fg="red")
     raise typer.Exit(exit_code(results))

@@ -6,6 +6,7 @@ import json
 import time
 
 from hosttune.actions.base import describe
+from hosttune.quoting import join
 from hosttune.remediate.climb import FaultResult, HostRemediation, RungOutcome
 from hosttune.remediate.cordon import uncordon_step
 from hosttune.remediate.rungs import Rung
@@ -21,7 +22,11 @@ def _ladder(rungs: tuple[Rung, ...], options: LadderOptions) -> str:
     return " -> ".join(f"{r} (needs --reboot)" if r is Rung.REBOOT and not options.reboot else str(r) for r in rungs)
 
 
-def _header(survey: Survey) -> str | None:
+def uncordon_command(host: str, inventory: str | None) -> str:
+    return join(["hosttune", "uncordon", *(("-i", inventory) if inventory else ()), "-l", host])
+
+
+def _header(survey: Survey, inventory: str | None = None) -> str | None:
     name = survey.host.name
     if not survey.reachable:
         return f"{name}: unreachable: {survey.error}"
@@ -29,7 +34,7 @@ def _header(survey: Survey) -> str | None:
         return f"{name}: error: {survey.error}"
     if survey.snapshot.cordon:
         c = survey.snapshot.cordon
-        return f"{name}: cordoned since {_when(c.at)} ({c.reason}); hosttune uncordon -l {name} to take it back"
+        return f"{name}: cordoned since {_when(c.at)} ({c.reason}); {uncordon_command(name, inventory)} takes it back"
     if not survey.faults:
         return f"{name}: ok, nothing to remediate"
     return None
@@ -53,10 +58,10 @@ def _first_step(survey: Survey, result: FaultResult, options: LadderOptions) -> 
     return skipped
 
 
-def render_plan(results: list[HostRemediation], options: LadderOptions) -> str:
+def render_plan(results: list[HostRemediation], options: LadderOptions, inventory: str | None = None) -> str:
     lines = []
     for r in results:
-        header = _header(r.survey)
+        header = _header(r.survey, inventory)
         if header:
             lines.append(header)
             continue
@@ -89,10 +94,10 @@ def _rung_line(o: RungOutcome) -> str:
     return f"    {o.rung}: {o.status}{run}" + (f": {o.detail}" if o.detail else "")
 
 
-def render_recap(results: list[HostRemediation], run: str) -> str:
+def render_recap(results: list[HostRemediation], run: str, inventory: str | None = None) -> str:
     lines = [f"remediation run {run}"]
     for r in results:
-        header = _header(r.survey)
+        header = _header(r.survey, inventory)
         if header:
             lines.append(header)
             continue

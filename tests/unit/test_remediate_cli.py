@@ -5,6 +5,7 @@ be reached). Nothing is changed on any host: only plans are asked for, or the ch
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from types import SimpleNamespace
 
@@ -194,3 +195,15 @@ def test_a_limit_that_matches_nothing_here_says_the_default_inventory_is_this_ma
     result = runner.invoke(app, ["uncordon", "--limit", "gpu-07", "--dry-run"])
     assert result.exit_code == 2 and result.stderr == (
         "hosttune: --limit 'gpu-07' matches no host or group in the default inventory (this machine, named localhost)\n")
+
+
+def test_the_uncordon_command_remediate_suggests_names_the_inventory_and_takes_the_host_back(fleet):
+    states, inv = fleet
+    states.update({"gpu-01": CORDONED, "gpu-02": SERVING, "gpu-03": SERVING})
+    result = runner.invoke(app, ["remediate", *inv, "--dry-run"])
+    first = result.stdout.splitlines()[0]
+    assert first == f"gpu-01: cordoned since 2027-01-15 08:00:00Z (GPU0: Xid 79); hosttune uncordon -i {inv[1]} -l gpu-01 takes it back"
+    argv = shlex.split(first.split("; ")[1].removesuffix(" takes it back"))
+    taken = runner.invoke(app, [*argv[1:], "--dry-run"])
+    assert taken.exit_code == 0 and taken.stdout.splitlines()[:2] == [
+        "gpu-01: cordoned since 2027-01-15 08:00:00Z (GPU0: Xid 79)", "    uncordon the host"]
