@@ -73,7 +73,7 @@ def monitor(
     profile: Path = typer.Option(..., "--profile", help="The host's profile (apply writes /etc/hosttune/monitor/profile.yaml)."),
     textfile_dir: Path = typer.Option(..., "--textfile-dir", help="node_exporter's textfile collector directory."),
     active: bool = typer.Option(False, "--active", help="The bounded active pass: GPU load, DCGM's quick diagnostic (refused where the profile's monitor.active_interval_s is null)."),
-    status_dir: Path = typer.Option(Path(STATUS_DIR), "--status-dir", help="Where the status files go."),
+    status_dir: Path = typer.Option(Path(STATUS_DIR), "--status-dir", help="Where the status files go; hosttune status reads them only from the default."),
 ) -> None:
     """Check this host once and write its metrics and status file (what apply's monitor timers run).
 

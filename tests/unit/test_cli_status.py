@@ -106,3 +106,21 @@ def test_a_pass_whose_probe_failed_says_why_on_its_one_line_and_in_its_status_fi
     assert result.exit_code == 2
     assert parse_status((tmp_path / "st" / "status.json").read_text()).error == "probe timed out after 60s"
     assert result.stderr == "localhost: probe failed: probe timed out after 60s\n"
+
+
+def _help(command: str) -> str:
+    """--help as one line of words (rich wraps it into a box)."""
+    return " ".join(runner.invoke(app, [command, "--help"]).stdout.replace("│", " ").split())
+
+
+def test_the_help_of_status_monitor_remediate_and_uncordon_says_what_the_docs_say():
+    assert ("A host is STALE when a pass has not written its status within two of its intervals plus the time a pass "
+            "may take (on the host's clock), or never has.") in _help("status")
+    assert "Exit code bits: 1 drift or stale, 2 error, 4 unreachable host." in _help("status")
+    assert "Where the status files go; hosttune status reads them only from the default." in _help("monitor")
+    assert "(refused where the profile's monitor.active_interval_s is null)" in _help("monitor")
+    for command in ("remediate", "uncordon"):
+        assert "--dry-run stops there, --yes or a terminal's answer acts on it." in _help(command)
+    assert "Exit code bits: 2 an error, 4 an unreachable host." in _help("uncordon")
+    assert "(0 to 100; 0: the first cordon stops it)" in _help("remediate")
+    assert "Hosts read in parallel." in _help("uncordon") and "Hosts read in parallel." in _help("status")
