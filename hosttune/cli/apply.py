@@ -16,6 +16,7 @@ from hosttune.cli.common import (AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOp
 from hosttune.cli.progress import Progress
 from hosttune.execute import recap
 from hosttune.execute.journal import new_run_id
+from hosttune.execute.reboot import cannot_reboot
 from hosttune.execute.rollout import ApplyOptions, apply_plans, dry_run_outcome, plan_fleet, rollback_fleet
 from hosttune.fleet import profiles
 from hosttune.fleet_runner import Outcome, exit_code
@@ -40,7 +41,9 @@ def apply(
     prune_cuda: bool = typer.Option(False, "--prune-cuda", help="Also move stale /usr/local/cuda-* toolkits aside."),
     serial: Optional[int] = typer.Option(None, "--serial", min=1, help="Hosts per batch (default: all at once)."),
     max_fail_percent: Optional[float] = typer.Option(None, "--max-fail-percent", min=0, max=100, help="Stop starting batches once more than this share of hosts failed."),
-    reboot: bool = typer.Option(False, "--reboot", help="Reboot hosts that need it, a batch at a time; wait for SSH; re-check."),
+    reboot: bool = typer.Option(False, "--reboot", help=(
+        "Reboot hosts that need it, a batch at a time; wait for SSH; re-check. Never this machine (the local "
+        "transport): hosttune could not wait for its own boot, so the recap says to reboot it by hand.")),
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
     fmt: Output = typer.Option(Output.text, "--format", help="Plan and recap as text or JSON."),
@@ -58,7 +61,8 @@ def apply(
     with Progress("planning", total=len(inv.hosts)) as progress:
         plans = plan_fleet(inv, wanted, options,
                            on_host_done=lambda name, plan: progress.advance(name, plan_state(plan)))
-    reboots = sum(1 for p in plans if p.needs_reboot) if reboot and not root else 0
+    # the hosts apply reboots itself (not this machine: hosttune could not wait for its own boot)
+    reboots = sum(1 for p in plans if p.needs_reboot and not cannot_reboot(p.host)) if reboot and not root else 0
     if dry_run or not (any(p.steps and not p.error for p in plans) or reboots):
         outcomes = [dry_run_outcome(p) for p in plans]
         text = recap.render_json(outcomes, None, True) if fmt is Output.json else plan_render.render(plans)

@@ -11,6 +11,13 @@ from hosttune.transport import open_transport
 REBOOT = ("sh", "-c", "systemctl reboot 2>/dev/null || reboot")
 
 
+def cannot_reboot(host: Host) -> str | None:
+    """Why hosttune leaves this host's reboot to its operator, or None: it reboots the host and waits for it."""
+    if host.connection.transport == "local":  # hosttune itself would go down with it, and wait for nothing
+        return "this machine runs hosttune, which cannot wait for its own reboot: reboot it by hand"
+    return None
+
+
 def parse_boot_marker(text: str) -> str:
     """boot_id plus the start time of PID 1: a VM gets a new boot_id, a container a new PID 1."""
     boot_id, _, stat = text.partition("\n")

@@ -48,6 +48,8 @@ def _detail(o: HostOutcome) -> str:
     if o.recheck is not None:
         failing = [f.check_id for f in o.recheck.findings if f.is_failing]
         parts.append("re-checked: " + (f"still failing {', '.join(failing)}" if failing else "clean"))
+    elif o.reboot_skipped:
+        parts.append(f"reboot pending: {o.reboot_skipped}")
     elif o.plan.needs_reboot and o.state in (Outcome.CHANGED, Outcome.OK):
         parts.append("reboot pending")
     if o.plan.blocked and o.state in (Outcome.CHANGED, Outcome.OK):
@@ -71,6 +73,7 @@ def outcome_dict(o: HostOutcome, inventory: str | None = None) -> dict:
     failed = o.state is Outcome.FAILED and o.run is not None and bool(o.run.changes)
     return {
         "host": o.host.name, "state": o.state, "error": o.error, "rebooted": o.rebooted,
+        "reboot_skipped": o.reboot_skipped,
         "changed": o.run.changed if o.run else 0, "journal": o.run.journal if o.run else None,
         "steps": [{"index": s.index, "fixes": list(s.fixes), "summary": s.summary, "status": s.status, "error": s.error,
                    "num_ops": s.num_ops, "num_done": s.num_done}

@@ -3,10 +3,10 @@ reboots of pending hosts a batch at a time (--reboot), and a recap per host."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
-from hosttune.execute.reboot import reboot_and_wait
+from hosttune.execute.reboot import cannot_reboot, reboot_and_wait
 from hosttune.execute.rollback import RollbackResult, rollback_host
 from hosttune.execute.runner import HostRun, execute_plan
 from hosttune.fleet import HostReport, check_host
@@ -41,6 +41,7 @@ class HostOutcome:
     error: str | None = None
     rebooted: bool = False
     recheck: HostReport | None = None
+    reboot_skipped: str | None = None  # why a reboot it needs, asked for, was left to its operator
 
     @property
     def host(self) -> Host:
@@ -90,6 +91,8 @@ def _reboot(outcome: HostOutcome, profiles: dict[str, Profile], options: ApplyOp
     due = outcome.state in (Outcome.CHANGED, Outcome.OK) and outcome.plan.needs_reboot and not options.root
     if not due:
         return outcome
+    if why := cannot_reboot(outcome.host):
+        return replace(outcome, reboot_skipped=why)
     problem = reboot_and_wait(outcome.host, options.reboot_timeout_s)
     if problem:
         return HostOutcome(outcome.plan, Outcome.FAILED, outcome.run, f"reboot: {problem}")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hosttune.actions import remediate as ops
 from hosttune.actions.base import Step
 from hosttune.config.inventory import Host
+from hosttune.execute.reboot import cannot_reboot
 from hosttune.remediate.faults import Fault
 from hosttune.remediate.rungs import Rung
 from hosttune.remediate.state import HostSnapshot, Replica
@@ -27,9 +28,7 @@ def reboot_skipped(host: Host, options: LadderOptions) -> str | None:
     """Why the reboot rung is passed over on this host (the ladder goes on), or None: it reboots and waits."""
     if not options.reboot:
         return "--reboot not given"
-    if host.connection.transport == "local":  # hosttune itself would go down with it, and wait for nothing
-        return "this machine runs hosttune, which cannot wait for its own reboot: reboot it by hand"
-    return None
+    return cannot_reboot(host)
 
 
 def replicas_of(fault: Fault, snapshot: HostSnapshot) -> tuple[Replica, ...]:

@@ -354,3 +354,17 @@ def test_failure_budget_stays_spent_once_later_batches_are_skipped():
     assert over_budget([failed, skipped, skipped], 40)
     assert not over_budget([failed, ok, ok], 40)
     assert not over_budget([skipped], 0) and not over_budget([failed], None)
+
+
+def test_apply_with_reboot_leaves_this_machines_reboot_to_its_operator(monkeypatch):
+    """A host of the local transport is the machine hosttune runs on: rebooting it would take hosttune down
+    before it could wait for the boot and re-check, so apply never reboots it and the recap says so."""
+    from hosttune.config.inventory import local_inventory
+    from hosttune.execute import recap
+
+    monkeypatch.setattr(rollout, "reboot_and_wait", lambda *a, **k: pytest.fail("this machine was rebooted"))
+    plan = HostPlan(host=local_inventory().hosts[0], profile="inference-latency", pending_reboot=("cpu.cstates",))
+    [outcome] = rollout.apply_plans([plan], {}, "run-1", rollout.ApplyOptions(reboot=True))
+    assert outcome.state is Outcome.OK and not outcome.rebooted and outcome.exit_bits == 1
+    assert "reboot pending: this machine runs hosttune" in recap.render([outcome], "run-1")
+    assert recap.outcome_dict(outcome)["reboot_skipped"].endswith("reboot it by hand")
