@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -105,12 +106,43 @@ def plan(request: BuildRequest) -> tuple[BuildPlan, Toolchain]:
     return build_plan, toolchain
 
 
+def cached(request: BuildRequest, build_plan: BuildPlan) -> Entry | None:
+    """The entry a build of this plan reuses: complete, intact, with dependency wheels when --deps asks for them."""
+    hit = lookup(request.wheelhouse, build_plan.key)
+    return hit if hit is not None and (hit.has_deps or not request.deps) else None
+
+
+def preview(request: BuildRequest) -> str:
+    """What a real build would do, for --dry-run: reuse the cached entry, or run the plan (then download the
+    dependency wheels with --deps)."""
+    build_plan, toolchain = plan(request)
+    hit = cached(request, build_plan)
+    if hit is not None:
+        return f"cache hit: {hit.key.name}, nothing to build\n  {hit.path}"
+    text = build_plan.render()
+    if request.deps:
+        deps = plan_deps([], build_plan.staging, toolchain, request.options)
+        text += f"\n  {len(build_plan.commands) + 1}. {deps.description}\n     {deps.render()} <the wheels built above>"
+    return text
+
+
+def check_writable(wheelhouse: Path) -> None:
+    """The wheelhouse takes new folders (the log, the staging entry), checked before any step runs."""
+    try:
+        wheelhouse.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".writable-", dir=wheelhouse))
+    except OSError as exc:
+        raise BuildError(f"cannot write to the wheelhouse {wheelhouse} ({exc.strerror or exc}); "
+                         "pass --wheelhouse a folder you can write") from None
+
+
 def build(request: BuildRequest, on_step: Callable[[BuildCommand], None] | None = None) -> BuildResult:
     """The entry for the request's key: from the cache, or built, checked and filed."""
     build_plan, toolchain = plan(request)
-    hit = lookup(request.wheelhouse, build_plan.key)
-    if hit is not None and (hit.has_deps or not request.deps):
+    hit = cached(request, build_plan)
+    if hit is not None:
         return BuildResult(hit, True, build_plan, None)
+    check_writable(request.wheelhouse)
     cuobjdump = find_cuobjdump(toolchain, request.cuobjdump) if build_plan.key.archs else None
     log = request.wheelhouse / "logs" / f"{build_plan.key.name}-{time.strftime('%Y%m%dT%H%M%S')}.log"
     start = time.monotonic()

@@ -42,7 +42,7 @@ def build(
     constraint: Optional[Path] = typer.Option(None, "--constraint", "-c", help="pip constraints for the dependency download."),
     build_isolation: bool = typer.Option(True, "--build-isolation/--no-build-isolation", help="Build against pip's isolated build requirements (default) or the build Python's own packages."),
     cuobjdump: Optional[str] = typer.Option(None, "--cuobjdump", help="The cuobjdump that checks the machine code (default: PATH, CUDA, then Triton's)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan (commands and environment) and build nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan (commands and environment), or the cached entry a build would reuse, and build nothing."),
 ) -> None:
     """Build an engine's wheels for the fleet's GPUs; a second build with the same key is a cache hit.
 
@@ -57,7 +57,7 @@ def build(
         engine.value, wheelhouse or default_wheelhouse(), archs, ref, source, python, deps, cuobjdump,
         BuildOptions(build_isolation, str(constraint) if constraint else None))
     if dry_run:
-        typer.echo(builder.plan(request)[0].render())
+        typer.echo(builder.preview(request))
         return
     with Progress(f"building {engine.value}", unit="steps") as progress:
         result = builder.build(request, on_step=lambda command: _step(progress, command))

@@ -6,6 +6,7 @@ from typer.testing import CliRunner
 
 from hosttune.build.archcheck import LibraryArchs, missing_archs, parse_list_elf
 from hosttune.build.archs import archs_of, cmake_cuda_architectures, parse_arch_list, sm_name, torch_cuda_arch_list
+from hosttune.build import builder
 from hosttune.build.builder import make_key
 from hosttune.build.errors import BuildError
 from hosttune.build.plan import BuildOptions, plan_build
@@ -139,3 +140,24 @@ def test_cli_bad_arch_and_ref_are_user_errors(tmp_path):
     result = CliRunner().invoke(app, ["build", "--engine", "vllm", "--arch", "8.0", "--source", str(tmp_path),
                                       "--ref", "v9", "-w", str(tmp_path)])
     assert result.exit_code == 2 and ("names no commit" in result.output or "nvcc not found" in result.output)
+
+
+def test_cli_dry_run_says_a_cached_entry_is_reused_and_shows_the_dependency_download(tmp_path):
+    from deploy_fixtures import fake_entry
+
+    key = builder.plan(builder.BuildRequest("custom", tmp_path))[0].key
+    result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(tmp_path), "--dry-run", "--deps"])
+    assert result.exit_code == 0 and "download dependency wheels" in result.stdout  # no entry yet
+    fake_entry(tmp_path, "custom", archs=key.archs, cuda=key.cuda, abi=key.python_abi, ref=key.ref)
+    result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(tmp_path), "--dry-run"])
+    assert result.exit_code == 0 and result.stdout.startswith(f"cache hit: {key.name}, nothing to build")
+    result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(tmp_path), "--dry-run", "--deps"])
+    assert "pip wheel" in result.stdout  # the entry has no dependency wheels: a build with --deps makes a new one
+
+
+def test_cli_an_unwritable_wheelhouse_is_one_line_before_any_step(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(tmp_path / "file" / "wh")])
+    assert result.exit_code == 2 and "internal error" not in result.output
+    assert result.output.strip() == (f"hosttune: cannot write to the wheelhouse {tmp_path}/file/wh (Not a directory); "
+                                     "pass --wheelhouse a folder you can write")
