@@ -16,7 +16,7 @@ from hosttune.cli.common import (AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt
 from hosttune.cli.progress import Progress
 from hosttune.deploy import recap
 from hosttune.deploy.balancer import check_balancers, upstreams, write_upstreams
-from hosttune.deploy.canary import CanaryBench, slo_check
+from hosttune.deploy.canary import CanaryBench, canary_check
 from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.placement import parse_replicas
 from hosttune.deploy.rollout import DeployRequest, deploy_fleet, rollback_fleet
@@ -39,11 +39,11 @@ def deploy(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model folder on the hosts (default: the inventory's deploy.model, else what the host serves)."),
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,
-    port: Optional[int] = typer.Option(None, "--port", "-p", help="Service port (default: the inventory's deploy.port, else what the host serves, else 8000)."),
+    port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=65535, help="Service port (default: the inventory's deploy.port, else what the host serves, else 8000)."),
     serial: Optional[int] = typer.Option(None, "--serial", min=1, help="Hosts per batch (default: all at once)."),
     max_fail_percent: Optional[float] = typer.Option(None, "--max-fail-percent", min=0, max=100, help="Stop starting batches once more than this share of hosts failed."),
     canary: int = typer.Option(0, "--canary", min=0, help="Deploy the first N hosts first; the rest only when they succeed (and meet --canary-slo)."),
-    canary_slo: Optional[str] = typer.Option(None, "--canary-slo", help="After the canaries: a hosttune bench against each, e.g. e2e=2s,ttft=500ms; a miss stops the rollout."),
+    canary_slo: Optional[str] = typer.Option(None, "--canary-slo", help="With --canary: a hosttune bench against each canary (needs the bench extra), e.g. e2e=2s,ttft=500ms; a miss stops the rollout."),
     canary_rate: float = typer.Option(1.0, "--canary-rate", min=0.01, help="Requests per second of the canary bench."),
     canary_duration: str = typer.Option("30s", "--canary-duration", help="How long the canary bench runs."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="FLAG=VALUE for an engine flag, env.NAME=VALUE for the environment; repeatable."),
@@ -53,7 +53,7 @@ def deploy(
     warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warmup requests before the gate (default 3)."),
     health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1, help="Seconds for the service to load and report healthy (default 600)."),
     gate_timeout: Optional[float] = typer.Option(None, "--gate-timeout", min=1, help="Seconds the one-token generation may take (default 60)."),
-    nginx_dir: Path = typer.Option(Path("hosttune-nginx"), "--nginx-dir", help="Where nginx upstreams for groups of several replicas are written."),
+    nginx_dir: Path = typer.Option(Path("hosttune-nginx"), "--nginx-dir", help="Where each group of several hosts gets its balancer: hosttune-GROUP.conf for nginx (and, with --router, the router's unit and scripts)."),
     keys_dir: Path = typer.Option(Path("hosttune-keys"), "--keys-dir", help="Where a group with deploy.api_key: true keeps its generated key (GROUP.key, mode 0600)."),
     tune: float = typer.Option(0, "--tune", min=0, help="Seconds the bundled engine (--engine custom) may tune its kernels on each host before its release starts; skipped where the host's GPU, driver and Triton already have a table (0: no tune step)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each host's release and operations; change nothing."),
@@ -90,6 +90,7 @@ def deploy(
         forks=forks, timeouts=timeouts, tensor_parallel=tensor_parallel,
         replicas=parse_replicas(replicas) if replicas else None, canary=canary, session_affinity=session_affinity,
         router=router, keys_dir=keys_dir, tune_s=tune, replicas_per_gpu=replicas_per_gpu)
+    check = canary_check(CanaryBench(canary_slo, canary_rate, canary_duration) if canary_slo else None, request)
     with Progress("planning", total=len(inv.hosts)) as progress:
         plans = deploy_fleet(inv, replace(request, dry_run=True, serial=None, canary=0),
                              on_host_done=lambda name, d: progress.advance(name, d.state))
@@ -99,7 +100,6 @@ def deploy(
                                needs_yes=_taking_away(due)):
         raise typer.Exit(exit_code(plans))
     ready = {o.host.name for o in plans if o.state in (Outcome.PLANNED, Outcome.UNCHANGED)}
-    check = slo_check(CanaryBench(canary_slo, canary_rate, canary_duration), request) if canary and canary_slo else None
     with Progress("deploying", total=len(ready)) as progress:
         done = deploy_fleet(only(inv, ready), request, canary_check=check,
                             on_batch=lambda batch: progress.note(recap.batch_line(batch)) if serial or canary else None,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hosttune.bench.extra import require_bench_extra
+from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.settings import resolve
 from hosttune.presets import load_preset
@@ -26,6 +28,17 @@ def service_url(outcome: HostDeploy, request) -> str:
     shape = outcome.shape or request.shape
     settings = resolve(outcome.host, load_preset(shape.engine), shape.model, shape.port, request.overrides)
     return f"http://{outcome.host.connection.address}:{settings.port}"
+
+
+def canary_check(bench: CanaryBench | None, request):
+    """The check deploy_fleet runs after the canaries, made before any plan: an SLO with no canaries to hold
+    to it, one bench cannot read, or no bench to measure it is an error now, not once the canaries changed."""
+    if bench is None:
+        return None
+    if not request.canary:
+        raise DeployError(f"--canary-slo {bench.slo} measures the canaries: give --canary N too")
+    require_bench_extra()
+    return slo_check(bench, request)
 
 
 def slo_check(bench: CanaryBench, request):

@@ -292,6 +292,44 @@ def test_cli_refuses_a_host_without_systemd(monkeypatch, tmp_path):
         in result.output
 
 
+
+def untouched(monkeypatch) -> list:
+    """Hosts the CLI would open; a usage error must open none."""
+    opened: list = []
+    monkeypatch.setattr(rollout, "open_transport", lambda spec, **kw: opened.append(spec) or ScriptedTransport("x", []))
+    return opened
+
+
+@pytest.mark.parametrize("port", ["0", "70000"])
+def test_cli_a_port_out_of_range_is_a_usage_error(monkeypatch, tmp_path, port):
+    opened = untouched(monkeypatch)
+    result = runner.invoke(app, ["deploy", "--engine", "custom", "--model", "/m", "--port", port, "--dry-run"],
+                           env={"COLUMNS": "250"})
+    assert result.exit_code == 2 and not opened
+    assert "Invalid value for '--port' / '-p'" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--canary-slo", "e2e=2s"], "hosttune: --canary-slo e2e=2s measures the canaries: give --canary N too"),
+    (["--canary", "1", "--canary-slo", "e2e"], "hosttune: SLO term 'e2e': use ttft=..., tpot=... or e2e=..."),
+    (["--canary", "1", "--canary-slo", "e2e=2s", "--canary-duration", "soon"], "hosttune: --canary-duration 'soon': "),
+])
+def test_cli_a_canary_slo_is_checked_before_any_plan_even_in_a_dry_run(monkeypatch, tmp_path, args, message):
+    opened = untouched(monkeypatch)
+    result = runner.invoke(app, ["deploy", "--engine", "custom", "--model", "/m", "--dry-run", *args])
+    assert result.exit_code == 2 and result.output.startswith(message) and len(result.output.splitlines()) == 1
+    assert not opened
+
+
+def test_cli_a_canary_slo_without_the_bench_extra_is_refused_before_any_plan(monkeypatch):
+    from hosttune.bench import extra
+
+    opened = untouched(monkeypatch)
+    monkeypatch.setattr(extra, "find_spec", lambda name: None if name == "aiohttp" else object())
+    result = runner.invoke(app, ["deploy", "--engine", "custom", "--model", "/m", "--canary", "1", "--canary-slo", "e2e=2s"])
+    assert result.exit_code == 2 and not opened
+    assert result.output == "hosttune: hosttune bench needs aiohttp: pip install 'hosttune[bench]'\n"
+
 def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):
     inv = fleet_of(tmp_path, 4)
     ran: list[str] = []
