@@ -96,6 +96,8 @@ def check_url(url: str) -> str:
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise BenchError(f"--url {url!r}: give a base URL like http://127.0.0.1:8000")
+    if parsed.path.rstrip("/").endswith("/v1"):
+        raise BenchError(f"--url {url!r}: give the server's base URL, without /v1 (bench adds /v1/completions)")
     return url.rstrip("/")
 
 

@@ -164,6 +164,18 @@ def session(timeout: float, headers: tuple[tuple[str, str], ...] | dict = (),
                                  connector=aiohttp.TCPConnector(ssl=tls if tls is not None else True))
 
 
+def listed_models(text: str) -> list[str] | None:
+    """The model ids of a /v1/models body, or None when it is not an OpenAI model list."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        return None
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
 async def discover_model(url: str, timeout: float = 10.0, headers: tuple[tuple[str, str], ...] = (),
                          tls: ssl.SSLContext | None = None) -> str:
     """The first model the endpoint lists at /v1/models."""
@@ -174,10 +186,16 @@ async def discover_model(url: str, timeout: float = 10.0, headers: tuple[tuple[s
                 if resp.status == 401:
                     raise BenchError(f"{endpoint} answered 401: pass the endpoint's key with --api-key "
                                      f"(or $OPENAI_API_KEY)")
-                body = await resp.json(content_type=None) if resp.status == 200 else {}
+                if resp.status != 200:
+                    raise BenchError(f"{endpoint} answered {resp.status}: not an OpenAI-compatible server? "
+                                     "(or pass --model NAME)")
+                text = await resp.text()
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
         raise BenchError(f"cannot reach {endpoint}: {exc or type(exc).__name__}; is the server up?") from None
-    models = [m.get("id") for m in body.get("data", []) if isinstance(m, dict)]
+    models = listed_models(text)
+    if models is None:
+        raise BenchError(f"{endpoint} did not answer an OpenAI model list: not an OpenAI-compatible server? "
+                         "(or pass --model NAME)")
     if not models:
         raise BenchError(f"{endpoint} lists no model; pass --model NAME")
     return models[0]

@@ -75,8 +75,12 @@ class Load:
             raise BenchError("give either --duration or --requests, not both")
         if self.arrivals is None and self.duration is None and self.num_requests is None:
             raise BenchError("give either --duration or --requests, to bound the run")
-        if (self.duration or 1) <= 0 or (self.num_requests or 1) < 1 or self.warmup < 0:
-            raise BenchError("--duration, --requests and --warmup must be positive")
+        if self.duration is not None and self.duration <= 0:
+            raise BenchError(f"--duration {self.duration:g}s measures nothing: give a positive time, e.g. 60s")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise BenchError(f"--requests {self.num_requests} measures nothing: give at least 1")
+        if self.warmup < 0:
+            raise BenchError(f"--warmup {self.warmup:g}s: give 0 or a positive time")
 
     @property
     def mode(self) -> str:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from hosttune.bench import console, plot, report, report_csv
-from hosttune.bench.benchmark import BenchSpec, measure, run_async
+from hosttune.bench.benchmark import BenchSpec, check_url, measure, run_async
 from hosttune.bench.connection import tls_context
 from hosttune.bench.headers import redact_argv, request_headers
 from hosttune.bench.loadgen import Load, Progress as LoadProgress
@@ -19,6 +20,7 @@ from hosttune.bench.metrics import Slo, summarize
 from hosttune.bench.sweep import SweepConfig, sweep as run_sweep
 from hosttune.bench.trace import load_trace
 from hosttune.bench.units import parse_duration, parse_shared_prefix, parse_slo
+from hosttune.cli.common import why_not_written
 from hosttune.cli.progress import Progress
 from hosttune.cli.tables import table_renderer
 from hosttune.errors import BenchError
@@ -29,6 +31,7 @@ DEFAULT_SWEEP_SLO = "e2e=2s"  # a sweep finds the highest rate whose E2E P95 sta
 
 
 def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, priority, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed, api_key=None, header=(), cacert=None, insecure=False) -> None:
+    url = [check_url(u) for u in url]  # every endpoint's URL before the first run, not after it
     slo_value = _slo(slo or (DEFAULT_SWEEP_SLO if sweep else None), slo_percentile, max_error_rate)
     grid = parse_shared_prefix(shared_prefix) if shared_prefix else None
     replay = load_trace(trace) if trace is not None else None
@@ -45,6 +48,8 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         metrics_interval=interval or None, priority=priority,
         tls=tls_context(str(cacert) if cacert else None, insecure) if cacert or insecure else None,
     )
+    if out is not None:
+        _check_out(out)
     command = "hosttune bench " + " ".join(shlex.quote(a) for a in redact_argv(sys.argv[2:]))
     if sweep:
         config = SweepConfig(sweep_start, sweep_max, sweep_growth, sweep_precision)
@@ -75,12 +80,14 @@ def _load(users, rate, burstiness, duration, requests, warmup, timeout, seed, is
           max_concurrency, arrivals) -> Load:
     if duration is not None and requests is not None:
         raise BenchError("give either --duration or --requests, not both")
+    if is_sweep and (users is not None or rate is not None):
+        raise BenchError("--sweep offers open-loop rates from --sweep-start up: drop --users and --rate")
     if is_sweep:
         users, rate = None, sweep_start
     if arrivals is not None and (users is not None or rate is not None):
         raise BenchError("--trace gives the arrivals: drop --users and --rate")
     default = None if arrivals is not None else ("30s" if is_sweep else "60s")
-    seconds = None if requests is not None or (duration or default) is None else parse_duration(duration or default)
+    seconds = None if requests is not None or (duration or default) is None else parse_duration(duration or default, "--duration")
     return Load(users=users, rate=rate, burstiness=burstiness, duration=seconds, num_requests=requests,
                 warmup=parse_duration(warmup or ("0s" if arrivals is not None else "10s"), "--warmup"), seed=seed,
                 drain_timeout=parse_duration(timeout, "--timeout"), max_concurrency=max_concurrency,
@@ -115,7 +122,23 @@ def _sweep_one(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig):
                                on_point=lambda p: typer.echo(console.sweep_point_line(url, p), err=True)))
 
 
+def _check_out(folder: Path) -> None:
+    """--out is made and written to before the run: a folder that cannot be written fails now, not after it."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise BenchError(f"cannot write to --out {folder}: {why_not_written(exc)}; choose another folder") from None
+
+
 def _write(outcome: report.Outcome, folder: Path) -> None:
+    try:
+        _write_files(outcome, folder)
+    except OSError as exc:
+        raise BenchError(f"cannot write the results to {folder}: {why_not_written(exc)}") from None
+
+
+def _write_files(outcome: report.Outcome, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     report.write_json(outcome, folder / "results.json")
     csv_names = report_csv.write_csv(outcome, folder)

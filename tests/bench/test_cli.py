@@ -6,8 +6,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -175,3 +178,63 @@ def test_ctrl_c_ends_a_run_early_and_still_reports_it(server_factory, tmp_path, 
     assert run["stopped_by"] == "SIGINT" and run["window"][1] < 60
     measured = [r for r in run["requests"] if not r["is_warmup"]]
     assert measured and all(r["outcome"] == "ok" for r in measured)  # those in flight finished, not cut
+
+
+def test_a_run_that_would_measure_nothing_is_a_user_error():
+    for args, message in ((["--users", "2", "--duration", "0s"], "--duration 0s measures nothing"),
+                          (["--users", "2", "--requests", "0"], "--requests 0 measures nothing"),
+                          (["--users", "2", "--duration", "abc"], "--duration 'abc'"),
+                          (["--sweep", "--users", "3"], "drop --users and --rate"),
+                          (["--sweep", "--rate", "3"], "drop --users and --rate")):
+        result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", *args])
+        assert result.exit_code == 2 and message in result.output, (args, result.output)
+
+
+def test_every_url_and_the_out_folder_are_checked_before_the_first_run(tmp_path):
+    # Port 9 has no server: had the first endpoint been run, the error would be "cannot reach".
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--url", "ftp://x", "--users", "1"])
+    assert result.exit_code == 2 and "--url 'ftp://x'" in result.output and "cannot reach" not in result.output
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9/v1", "--users", "1"])
+    assert result.exit_code == 2 and "without /v1" in result.output
+    (tmp_path / "file").write_text("")
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--users", "1",
+                                 "--out", str(tmp_path / "file" / "report")])
+    assert result.exit_code == 2 and "cannot write to --out" in result.output and "cannot reach" not in result.output
+    assert result.output.count("\n") == 1
+
+
+@pytest.mark.parametrize("status, body, message", [
+    (404, b"File not found", "/v1/models answered 404: not an OpenAI-compatible server?"),
+    (200, b"<html>hello</html>", "did not answer an OpenAI model list"),
+    (200, b"[]", "did not answer an OpenAI model list"),
+    (200, b'{"data": null}', "did not answer an OpenAI model list"),
+    (200, b'{"data": []}', "lists no model; pass --model NAME"),
+])
+def test_an_endpoint_that_is_not_openai_compatible_is_one_line(status, body, message):
+    with not_openai(status, body) as url:
+        result = runner.invoke(app, ["bench", "--url", url, "--users", "1", "--requests", "1"])
+    assert result.exit_code == 2 and message in result.output and "internal error" not in result.output
+    assert result.output.count("\n") == 1
+
+
+@contextmanager
+def not_openai(status: int, body: bytes):
+    """A loopback HTTP server that answers every GET with this status and body."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
