@@ -3,9 +3,11 @@ against each of them; one that misses the SLO stops the rollout before the other
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ssl
+from dataclasses import dataclass, field, replace
 
 from hosttune.bench.extra import require_bench_extra
+from hosttune.deploy.access import Tls, access_for
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.settings import resolve
@@ -23,11 +25,39 @@ class CanaryBench:
     max_error_rate: float = 0.0
 
 
-def service_url(outcome: HostDeploy, request) -> str:
-    """The host's service as this deploy shaped it (the options over the inventory over what was live)."""
+@dataclass(frozen=True)
+class CanaryTarget:
+    """Where the canary bench sends its requests, and what it sends them with."""
+
+    url: str
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # the group's key, as its callers send it
+    tls: ssl.SSLContext | None = field(default=None, repr=False)
+
+
+def target(outcome: HostDeploy, request) -> CanaryTarget:
+    """The host's service as this deploy shaped it (the options over the inventory over what was live), reached
+    as its callers reach it: through its nginx front (https, trusting the deployment's CA) when it has one, else
+    on the service port, with the group's API key when it has one."""
+    access = access_for(outcome.host, request.keys_dir)
+    headers = (("Authorization", f"Bearer {access.key}"),) if access.key else ()
+    address = outcome.host.connection.address
+    if access.front:
+        tls = access.front.tls
+        scheme = "https" if tls else "http"
+        return CanaryTarget(f"{scheme}://{address}:{access.front.port}", headers, _trust(tls, address) if tls else None)
     shape = outcome.shape or request.shape
     settings = resolve(outcome.host, load_preset(shape.engine), shape.model, shape.port, request.overrides)
-    return f"http://{outcome.host.connection.address}:{settings.port}"
+    return CanaryTarget(f"http://{address}:{settings.port}", headers)
+
+
+def _trust(tls: Tls, address: str) -> ssl.SSLContext:
+    try:
+        context = ssl.create_default_context(cafile=str(tls.ca) if tls.ca else None)
+    except (OSError, ssl.SSLError) as exc:
+        raise DeployError(f"deploy.nginx.tls_ca {tls.ca}: not a readable PEM file of CA certificates ({exc})") from None
+    if tls.name and tls.name != address:  # the certificate carries tls_name, not the address dialled: its chain
+        context.check_hostname = False   # is still checked against the deployment's CA, as the balancer does
+    return context
 
 
 def canary_check(bench: CanaryBench | None, request):
@@ -55,8 +85,8 @@ def slo_check(bench: CanaryBench, request):
 
     def check(outcomes: list[HostDeploy]) -> str | None:
         for outcome in outcomes:
-            url = service_url(outcome, request)
-            summary = summarize(measure_sync(spec, url), slo)
+            host = target(outcome, request)
+            summary = summarize(measure_sync(replace(spec, headers=host.headers, tls=host.tls), host.url), slo)
             if not summary.slo_met:
                 return (f"the canary {outcome.host.name} missed the SLO {bench.slo} at {bench.rate:g} req/s "
                         f"({summary.num_ok} of {summary.num_requests} requests ok)")

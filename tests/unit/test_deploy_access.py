@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import shutil
 import stat
 import subprocess
@@ -244,3 +245,37 @@ def test_rolling_back_from_replicas_to_a_fronted_service_puts_its_front_back(tmp
     removed = next(i for i, a in enumerate(argvs) if a[:2] == ("sh", "-c") and a[4] == "remove" and a[5] == NGINX_CONF)
     written = next(i for i, a in enumerate(argvs) if a[:2] == ("sh", "-c") and a[4] == "write" and a[5] == NGINX_CONF + ".new")
     assert removed < written and argvs[-1] == ("systemctl", "reload-or-restart", "nginx")
+
+
+def test_the_canary_bench_calls_a_host_as_its_callers_do_with_the_key_through_its_front(tmp_path):
+    from hosttune.deploy.canary import target
+
+    (tmp_path / "prod.key").write_text(KEY + "\n")
+    tls = _tls_files(tmp_path).replace("}\n", f", tls_ca: {tmp_path / 'c.pem'}, tls_name: serve.example.net}}\n")
+    request = rollout.DeployRequest("vllm", "/m", tmp_path, canary=1)
+    (fronted, _) = _hosts(tmp_path / "a", f"api_key_file: {tmp_path / 'prod.key'}\n" + tls)
+    with pytest.raises(DeployError, match=f"deploy.nginx.tls_ca {tmp_path / 'c.pem'}: not a readable PEM file of CA"):
+        target(HostDeploy(fronted, Outcome.DEPLOYED, "r", "r"), request)  # "CERT": the CA file is what is trusted
+    (tmp_path / "c.pem").write_bytes(_self_signed(tmp_path)[0].read_bytes())
+    fronted_target = target(HostDeploy(fronted, Outcome.DEPLOYED, "r", "r"), request)
+    assert fronted_target.url == "https://10.0.0.1:443" and fronted_target.headers == (("Authorization", f"Bearer {KEY}"),)
+    assert fronted_target.tls.verify_mode == ssl.CERT_REQUIRED and not fronted_target.tls.check_hostname  # tls_name
+    (plain, _) = _hosts(tmp_path / "b", "port: 8100\n")
+    assert target(HostDeploy(plain, Outcome.DEPLOYED, "r", "r"), request) == type(fronted_target)("http://10.0.0.1:8100")
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+def test_a_canary_behind_a_tls_front_is_benchmarked_over_https_against_the_deployments_ca(tmp_path):
+    from dataclasses import replace
+
+    from hosttune.deploy.canary import CanaryBench, slo_check
+    from scripted_server.launch import running
+
+    cert, key = _self_signed(tmp_path)
+    with running("--ttft", "0.01", "--itl", "0.001", "--tls-cert", str(cert), "--tls-key", str(key), lifetime=60) as url:
+        port = int(url.rsplit(":", 1)[1])
+        (host, _) = _hosts(tmp_path, f"nginx: {{port: {port}, tls_cert: {cert}, tls_key: {key}, tls_ca: {cert}}}\n")
+        host = replace(host, connection=replace(host.connection, address="localhost"))
+        check = slo_check(CanaryBench("ttft=500ms", rate=10, duration="1s", max_tokens="4"),
+                          rollout.DeployRequest("custom", "/m", tmp_path, canary=1))
+        assert check([HostDeploy(host, Outcome.DEPLOYED, "r", "r")]) is None
