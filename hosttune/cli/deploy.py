@@ -54,7 +54,7 @@ def deploy(
     health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1, help="Seconds for the service to load and report healthy (default 600)."),
     gate_timeout: Optional[float] = typer.Option(None, "--gate-timeout", min=1, help="Seconds the one-token generation may take (default 60)."),
     nginx_dir: Path = typer.Option(Path("hosttune-nginx"), "--nginx-dir", help="Where each group of several hosts gets its balancer: hosttune-GROUP.conf for nginx (and, with --router, the router's unit and scripts)."),
-    keys_dir: Path = typer.Option(Path("hosttune-keys"), "--keys-dir", help="Where a group with deploy.api_key: true keeps its generated key (GROUP.key, mode 0600)."),
+    keys_dir: Path = typer.Option(Path("hosttune-keys"), "--keys-dir", help="Where a group with deploy.api_key: true keeps its generated key (GROUP.key, mode 0600; made by the first deploy, not by --dry-run)."),
     tune: float = typer.Option(0, "--tune", min=0, help="Seconds the bundled engine (--engine custom) may tune its kernels on each host before its release starts; skipped where the host's GPU, driver and Triton already have a table (0: no tune step)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each host's release and operations; change nothing."),
     yes: bool = YesOpt,
@@ -89,7 +89,8 @@ def deploy(
         port=port, overrides=parse_sets(set_ or ()), ref=ref, serial=serial, max_fail_percent=max_fail_percent,
         forks=forks, timeouts=timeouts, tensor_parallel=tensor_parallel,
         replicas=parse_replicas(replicas) if replicas else None, canary=canary, session_affinity=session_affinity,
-        router=router, keys_dir=keys_dir, tune_s=tune, replicas_per_gpu=replicas_per_gpu)
+        router=router, keys_dir=keys_dir, tune_s=tune, replicas_per_gpu=replicas_per_gpu,
+        makes_keys=not dry_run)
     check = canary_check(CanaryBench(canary_slo, canary_rate, canary_duration) if canary_slo else None, request)
     with Progress("planning", total=len(inv.hosts)) as progress:
         plans = deploy_fleet(inv, replace(request, dry_run=True, serial=None, canary=0),

@@ -36,6 +36,7 @@ HOST_KEY_DIR = "/etc/hosttune/keys"
 HOST_TLS_DIR = "/etc/hosttune/tls"
 GENERATED_PREFIX = "ht-"
 MIN_KEY_LENGTH = 16
+PLANNED_KEY = GENERATED_PREFIX + "made-on-the-first-deploy"  # what a dry run plans with before the key exists
 _KEY = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces: it travels in an HTTP header
 _GROUP = re.compile(r"^[A-Za-z0-9_.-]+$")
 _generate_lock = threading.Lock()  # hosts of one group resolve their key in parallel threads
@@ -88,15 +89,16 @@ def _local(host: Host, value, where: str) -> Path:
     return path if path.is_absolute() else _base(host) / path
 
 
-def access_for(host: Host, keys_dir: Path) -> Access:
-    """The host's Access from its `deploy:` vars; a generated key is created once, then reused."""
+def access_for(host: Host, keys_dir: Path, *, makes_keys: bool = True) -> Access:
+    """The host's Access from its `deploy:` vars; a generated key is created once, then reused (makes_keys
+    False, for --dry-run: a key not made yet is not made, and a stand-in takes its place in the plan)."""
     doc = host.deploy
     if not _GROUP.match(host.group):
         raise DeployError(f"{host.source}: group name {host.group!r} cannot name a key file")
-    return Access(host.group, _key(host, doc, keys_dir), _front(host, doc.get("nginx")))
+    return Access(host.group, _key(host, doc, keys_dir, makes_keys), _front(host, doc.get("nginx")))
 
 
-def _key(host: Host, doc: dict, keys_dir: Path) -> str | None:
+def _key(host: Host, doc: dict, keys_dir: Path, makes_keys: bool) -> str | None:
     wanted = doc.get("api_key", False)
     if not isinstance(wanted, bool):
         raise DeployError(f"{host.source}: deploy.api_key must be true or false (a file goes in deploy.api_key_file)")
@@ -104,7 +106,8 @@ def _key(host: Host, doc: dict, keys_dir: Path) -> str | None:
         return read_key(_local(host, doc["api_key_file"], "deploy.api_key_file"))
     if not wanted:
         return None
-    return generated_key(keys_dir / f"{host.group}.key")
+    path = keys_dir / f"{host.group}.key"
+    return generated_key(path) if makes_keys or path.exists() else PLANNED_KEY
 
 
 def read_key(path: Path) -> str:
@@ -124,9 +127,13 @@ def generated_key(path: Path) -> str:
     with _generate_lock:
         if path.exists():
             return read_key(path)
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         key = GENERATED_PREFIX + secrets.token_urlsafe(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise DeployError(f"cannot make the API key file {path} ({exc.filename}: {exc.strerror}); "
+                              "pass --keys-dir a folder you can write") from None
         with os.fdopen(fd, "w") as f:
             f.write(key + "\n")
         return key

@@ -58,6 +58,7 @@ class DeployRequest:
     keys_dir: Path = Path("hosttune-keys")  # where deploy.api_key: true keeps each group's generated key
     tune_s: float = 0.0  # the bundled engine tunes its kernels on each host first, this long (0: no tune step)
     replicas_per_gpu: int | None = None  # replicas sharing each GPU (group) (default: declared, else live, else 1)
+    makes_keys: bool = True  # False for --dry-run: a group's generated API key not made yet is not made
 
     @property
     def shape(self) -> Shape:
@@ -122,7 +123,7 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
     else:  # a multi-node group: every GPU of the host is one rank set of vLLM's Ray runtime
         layout = Layout((place(request.gpus or host.gpus, facts, host.name),), 0, "multi-node")
     placement = layout.replicas[0]
-    access = access_for(host, request.keys_dir)
+    access = access_for(host, request.keys_dir, makes_keys=request.makes_keys)
     if access.front:  # one service behind the host's nginx (replicas always are: make_layout_release)
         settings = on_loopback(settings)
     preflight(facts, host.name, layout, _device(settings))

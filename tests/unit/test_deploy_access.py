@@ -279,3 +279,25 @@ def test_a_canary_behind_a_tls_front_is_benchmarked_over_https_against_the_deplo
         check = slo_check(CanaryBench("ttft=500ms", rate=10, duration="1s", max_tokens="4"),
                           rollout.DeployRequest("custom", "/m", tmp_path, canary=1))
         assert check([HostDeploy(host, Outcome.DEPLOYED, "r", "r")]) is None
+
+
+def test_a_dry_run_makes_no_key_and_an_unwritable_keys_dir_is_one_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+
+    inventory = group_inventory(tmp_path, "api_key: true\nlb_plain_http: true\n")
+    fake_entry(tmp_path / "wh", "custom", archs=())
+    monkeypatch.setattr(rollout, "open_transport", lambda spec, **kw: ScriptedTransport(spec.host_name, []))
+    monkeypatch.setattr(rollout, "gather", lambda t: type("Run", (), {"facts": a100_facts()})())
+    argv = ["deploy", "-i", str(inventory), "--engine", "custom", "--model", "m", "--gpus", "0", "-w", str(tmp_path / "wh"),
+            "--keys-dir", str(tmp_path / "keys"), "--dry-run"]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0 and "plan: deploy to 2 of 2 hosts" in result.output, result.output
+    assert not (tmp_path / "keys").exists()  # made by the first real deploy, not by its plan
+    (tmp_path / "file").write_text("")
+    (a, _) = _hosts(tmp_path, "api_key: true\n")
+    with pytest.raises(DeployError) as refused:
+        access_for(a, tmp_path / "file")
+    assert str(refused.value) == (f"cannot make the API key file {tmp_path}/file/prod.key ({tmp_path}/file: File exists); "
+                                  "pass --keys-dir a folder you can write")
