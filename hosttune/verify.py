@@ -113,7 +113,8 @@ def preflight(hosts: list[Host]) -> None:
         return
     problems = [p for p in FleetRunner(forks=32).map(_reach, remote) if p]
     if problems:
-        raise HosttuneError("; ".join(problems))
+        raise HosttuneError("; ".join(problems) + "; nothing was verified: leave these hosts out with --limit "
+                            "to verify the others")
 
 
 def run_verify(inventory: Inventory, profiles: dict[str, Profile], *, junit_xml: Path | None = None,

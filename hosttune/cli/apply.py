@@ -11,8 +11,8 @@ import typer
 from hosttune.plan import render as plan_render
 from hosttune.plan.host_plan import HostPlan
 from hosttune.cli.app import app
-from hosttune.cli.common import (AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt, emit, go_ahead, load,
-                                 only, plural, user_errors)
+from hosttune.cli.common import (AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt, check_writable, emit,
+                                 go_ahead, load, only, plural, user_errors)
 from hosttune.cli.progress import Progress
 from hosttune.execute import recap
 from hosttune.execute.journal import new_run_id
@@ -51,10 +51,12 @@ def apply(
 ) -> None:
     """Fix what `hosttune check` reports: plan per host, confirm once, then change hosts with backups and a journal.
 
-    Exit code bits as for check: 1 drift left (unfixable or pending reboot), 2 a step failed, 4 unreachable.
+    Exit code bits as for check: 1 drift left (unfixable or pending reboot; with --dry-run, anything the plan
+    would change), 2 a step failed, 4 unreachable.
 
     Example: hosttune apply --inventory inventories/example.yaml --serial 5 --max-fail-percent 20 --reboot
     """
+    check_writable(output)  # the recap of a real run must not be lost after the hosts changed
     inv = load(inventory, limit, accept_new_host_keys)
     wanted = profiles(inv)
     options = ApplyOptions(root, prune_cuda, serial, max_fail_percent, reboot, forks)
@@ -135,6 +137,7 @@ def verify(
 
     Example: hosttune verify --inventory inventories/example.yaml --junit-xml verify.xml
     """
+    check_writable(junit_xml, "--junit-xml")
     inv = load(inventory, limit, accept_new_host_keys)
     code = run_verify(inv, profiles(inv), junit_xml=junit_xml, accept_new_host_keys=accept_new_host_keys,
                       pytest_args=tuple(pytest_args or ()))

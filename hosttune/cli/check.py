@@ -11,7 +11,8 @@ import typer
 from hosttune import report
 from hosttune.checks import get_check
 from hosttune.cli.app import app
-from hosttune.cli.common import AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, color_for, emit, load, user_errors
+from hosttune.cli.common import (AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, check_writable, color_for, emit, load,
+                                 user_errors)
 from hosttune.cli.progress import Progress
 from hosttune.fleet import HostReport, check_fleet
 from hosttune.fleet_runner import exit_code
@@ -47,6 +48,7 @@ def check(
 
     Example: hosttune check --inventory inventories/example.yaml --limit a100 --format junit -o check.xml
     """
+    check_writable(output)
     inv = load(inventory, limit, accept_new_host_keys)
     with Progress("loading GPUs and checking" if active else "checking", total=len(inv.hosts)) as progress:
         reports = check_fleet(inv, forks=forks, on_host_done=on_report(progress), active=active)
@@ -70,6 +72,7 @@ def facts(
 
     Example: hosttune facts --inventory inventories/example.yaml --limit gpu-a100-01
     """
+    check_writable(output)
     inv = load(inventory, limit, accept_new_host_keys)
     with Progress("probing", total=len(inv.hosts)) as progress:
         reports = check_fleet(inv, forks=forks, on_host_done=on_report(progress))

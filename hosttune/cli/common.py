@@ -126,6 +126,22 @@ def why_not_written(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def check_writable(path: Optional[Path], option: str = "--output") -> None:
+    """A file the command writes when it is done: one that cannot be written fails now, before any host is
+    read or changed, not after. Leaves nothing behind."""
+    if path is None:
+        return
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as exc:
+        raise HosttuneError(f"cannot write {path}: {why_not_written(exc)}; choose another {option}") from None
+
+
 def emit(text: str, output: Optional[Path]) -> None:
     if output is None:
         typer.echo(text)

@@ -51,7 +51,7 @@ class HostOutcome:
     def exit_bits(self) -> int:
         if self.state.is_failure:
             return self.state.exit_bits
-        if self.state is Outcome.SKIPPED:
+        if self.state in (Outcome.SKIPPED, Outcome.PLANNED):  # not tried, or a dry run: all its drift is left
             return EXIT_DRIFT if (self.plan.steps or self.plan.blocked or self.plan.needs_reboot) else 0
         if self.recheck is not None:
             return self.recheck.exit_bits
@@ -70,11 +70,12 @@ def plan_fleet(inventory: Inventory, profiles: dict[str, Profile], options: Appl
 
 
 def dry_run_outcome(plan: HostPlan) -> HostOutcome:
+    """A host's plan as an outcome that changed nothing: planned where it has steps."""
     if not plan.reachable:
         return HostOutcome(plan, Outcome.UNREACHABLE, error=plan.error)
     if plan.error:
         return HostOutcome(plan, Outcome.FAILED, error=plan.error)
-    return HostOutcome(plan, Outcome.CHANGED if plan.steps else Outcome.OK)
+    return HostOutcome(plan, Outcome.PLANNED if plan.steps else Outcome.OK)
 
 
 def _execute(plan: HostPlan, run: str) -> HostOutcome:

@@ -3,10 +3,13 @@
 import json
 import xml.etree.ElementTree as ET
 
+import pytest
 from typer.testing import CliRunner
 
 from hosttune.checks import CATALOGUE
 from hosttune.cli import app
+from hosttune.cli import apply as apply_cli
+from hosttune.cli import check as check_cli
 from hosttune.fleet_runner import EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE
 
 runner = CliRunner()
@@ -83,3 +86,28 @@ def test_unexpected_exception_is_one_line_naming_the_traceback_file(tmp_path, mo
     (written,) = (tmp_path / "hosttune").glob("crash-*.txt")
     assert str(written) in line
     assert "Traceback (most recent call last)" in written.read_text() and "def broken" not in line
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["check", "-o"], "--output"), (["facts", "-o"], "--output"), (["apply", "--yes", "-o"], "--output"),
+    (["apply", "--dry-run", "-o"], "--output"), (["verify", "--junit-xml"], "--junit-xml"),
+])
+def test_a_report_path_that_cannot_be_written_fails_before_any_host_is_read(tmp_path, monkeypatch, argv, option):
+    """Not after the probes ran or, for apply, after the hosts changed and the recap would be lost."""
+    def never(*args, **kwargs):
+        raise AssertionError("a host was read")
+
+    monkeypatch.setattr(check_cli, "load", never)
+    monkeypatch.setattr(apply_cli, "load", never)
+    (tmp_path / "f").write_text("a file, not a folder")
+    result = runner.invoke(app, [*argv, str(tmp_path / "f" / "report")])
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (f"hosttune: cannot write {tmp_path / 'f' / 'report'}: a folder in its path is a file; "
+                             f"choose another {option}\n")
+    assert (tmp_path / "f").read_text() == "a file, not a folder"
+
+
+def test_a_report_path_that_can_be_written_is_not_left_behind_when_the_command_fails(tmp_path):
+    out = tmp_path / "sub" / "check.json"
+    result = runner.invoke(app, ["check", "--limit", "nomatch", "-o", str(out)])
+    assert result.exit_code == 2 and "matches no host" in result.stderr and not out.exists()

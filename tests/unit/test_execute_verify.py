@@ -65,5 +65,37 @@ def test_apply_dry_run_on_this_machine_is_read_only_json():
     doc = json.loads(result.stdout)
     assert doc["dry_run"] is True and doc["run"] is None
     (host,) = doc["hosts"]
-    assert host["host"] == "localhost" and host["state"] in ("changed", "ok") and host["changed"] == 0
+    assert host["host"] == "localhost" and host["state"] in ("planned", "ok") and host["changed"] == 0
     assert result.exit_code == doc["exit_code"]
+
+
+def test_verify_with_an_unreachable_host_says_nothing_ran_and_how_to_verify_the_others(tmp_path):
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(f"defaults:\n  ssh: {{timeout: 3, known_hosts: {tmp_path / 'known'}}}\n"
+                         "hosts:\n  dead:\n    address: 127.0.0.1\n    ssh: {port: 1}\n  here:\n    transport: local\n")
+    junit = tmp_path / "verify.xml"
+    result = runner.invoke(app, ["verify", "-i", str(inventory), "--junit-xml", str(junit)])
+    assert result.exit_code == 2 and not junit.exists()
+    assert result.stderr.startswith("hosttune: dead: 127.0.0.1:1: connection refused") and len(result.stderr.splitlines()) == 1
+    assert result.stderr.rstrip().endswith("nothing was verified: leave these hosts out with --limit to verify the others")
+
+
+def test_a_dry_run_with_a_plan_says_planned_and_keeps_the_drift_bit(monkeypatch):
+    """Nothing was changed, so the host is not 'changed', and its drift is all left: exit bit 1, as check says."""
+    from hosttune.actions.base import FileWrite, Step
+    from hosttune.cli import apply as apply_cli
+    from hosttune.config.inventory import local_inventory
+    from hosttune.plan.host_plan import HostPlan
+
+    host = local_inventory().hosts[0]
+    plan = HostPlan(host, "inference-latency", steps=(Step(("mm.thp",), "THP madvise", (FileWrite("/etc/x", b"x"),)),))
+    monkeypatch.setattr(apply_cli, "plan_fleet", lambda inv, wanted, options, on_host_done=None: [plan])
+    monkeypatch.setattr(apply_cli, "profiles", lambda inv: {})
+    monkeypatch.setattr(apply_cli, "apply_plans", lambda *a, **k: pytest.fail("a dry run applied its plan"))
+    result = runner.invoke(app, ["apply", "--dry-run", "--format", "json"])
+    doc = json.loads(result.stdout)
+    (out,) = doc["hosts"]
+    assert out["state"] == "planned" and out["changed"] == 0 and out["exit_bits"] == 1
+    assert result.exit_code == doc["exit_code"] == 1
+    text = runner.invoke(app, ["apply", "--dry-run"])
+    assert "1. mm.thp: THP madvise" in text.stdout and text.exit_code == 1
