@@ -218,7 +218,7 @@ def rollback_host(transport: Transport, host: Host, run: str | None, root: str |
         journal = pick_journal(load_journals(transport, root), run)
         if journal is None:
             what = f"no run {run}" if run else "no run left to roll back"
-            return RollbackResult(host, run, Outcome.NOTHING, error=f"{what} in {RUNS_DIR}")
+            return RollbackResult(host, run, Outcome.NOTHING, error=f"{what} in {rooted(root, RUNS_DIR)}")
         if journal.rolled_back and run:
             return RollbackResult(host, run, Outcome.NOTHING, error=f"run {run} was already rolled back at {journal.rolled_back}")
         if dry_run:

@@ -307,6 +307,10 @@ health_gpu_last() {
 # ---- end of health probes ----
 
 
+if [ -n "$R" ] && [ ! -d "$R/" ]; then
+  echo "--root $R: no such directory on this host; give the folder the image is mounted at" >&2
+  exit 3
+fi
 if [ -n "$R" ]; then
   # An image: no kernel, no devices, no processes; its files only.
   sec meta image_meta

@@ -99,3 +99,9 @@ def test_a_dry_run_with_a_plan_says_planned_and_keeps_the_drift_bit(monkeypatch)
     assert result.exit_code == doc["exit_code"] == 1
     text = runner.invoke(app, ["apply", "--dry-run"])
     assert "1. mm.thp: THP madvise" in text.stdout and text.exit_code == 1
+
+
+def test_rollback_under_a_root_names_the_journal_folder_inside_it(tmp_path):
+    result = runner.invoke(app, ["rollback", "--dry-run", "--root", str(tmp_path)])
+    assert result.exit_code == 0
+    assert result.stdout == f"localhost: nothing: no run left to roll back in {tmp_path}/var/lib/hosttune/runs\n"

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+from typer.testing import CliRunner
+
 from hosttune.checks import run_checks
+from hosttune.cli import app
+from hosttune.errors import ProbeError
 from hosttune.checks.findings import Status
 from hosttune.probes.gather import gather
 from hosttune.config.profile import load_profile
@@ -74,3 +79,14 @@ def test_image_findings_judge_its_configuration(tmp_path):
     assert found["gpu.persistence"].status is Status.NOT_APPLICABLE and "an image" in found["gpu.persistence"].detail
     assert found["sys.shm"].status is Status.NOT_APPLICABLE  # mounted at boot, not a file of the image
     assert not [f.check_id for f in found.values() if f.status is Status.ERROR]
+
+
+def test_a_root_that_is_not_a_directory_is_the_hosts_one_line_error(tmp_path):
+    with pytest.raises(ProbeError, match=f"--root {tmp_path / 'typo'}: no such directory on this host; give the folder"):
+        gather(LocalTransport(), root=str(tmp_path / "typo"))
+
+
+def test_apply_dry_run_under_a_missing_root_plans_nothing_and_exits_2(tmp_path):
+    result = CliRunner().invoke(app, ["apply", "--dry-run", "--root", str(tmp_path / "typo")])
+    assert result.exit_code == 2 and "no such directory on this host" in result.stdout
+    assert "0 changes" in result.stdout and not (tmp_path / "typo").exists()
