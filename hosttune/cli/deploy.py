@@ -83,7 +83,7 @@ def deploy(
     timeouts = Timeouts(warmup, health_timeout, gate_timeout)
     if rollback:
         _rollback(inv, timeouts, forks, yes=yes, dry_run=dry_run)
-    check_balancers(inv)
+    check_balancers(inv, nginx_dir)
     request = DeployRequest(
         engine=engine.value if engine else None, model=model, wheelhouse=wheelhouse or default_wheelhouse(), gpus=gpus,
         port=port, overrides=parse_sets(set_ or ()), ref=ref, serial=serial, max_fail_percent=max_fail_percent,
@@ -106,10 +106,10 @@ def deploy(
                             on_batch=lambda batch: progress.note(recap.batch_line(batch)) if serial or canary else None,
                             on_host_done=lambda name, d: progress.advance(name, d.state))
     outcomes = after(plans, done)
+    typer.echo(recap.render(outcomes))
     found = upstreams(inv, outcomes, router)
     for path in write_upstreams(found, nginx_dir) if found else []:
         typer.echo(f"{WRITTEN.get(path.suffix, 'nginx upstream')}: {path}", err=True)
-    typer.echo(recap.render(outcomes))
     raise typer.Exit(exit_code(outcomes))
 
 

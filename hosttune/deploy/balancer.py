@@ -17,6 +17,7 @@ connections to them would need.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -46,10 +47,22 @@ def balanced_groups(inventory: Inventory) -> dict[str, list[Host]]:
             if len(hosts) > 1 and not (hosts[0].deploy.get("multinode") and declared(hosts[0]).engine in (None, "vllm"))}
 
 
-def check_balancers(inventory: Inventory) -> None:
-    """Before any host changes: every group's balancer can be written, with TLS where its hosts have it."""
-    for hosts in balanced_groups(inventory).values():
+def check_balancers(inventory: Inventory, folder: Path | None = None) -> None:
+    """Before any host changes: every group's balancer can be written, with TLS where its hosts have it, into
+    `folder` (--nginx-dir) when given."""
+    groups = balanced_groups(inventory)
+    for hosts in groups.values():
         _tls_of(hosts)
+    if groups and folder is not None:
+        _check_folder(folder)
+
+
+def _check_folder(folder: Path) -> None:
+    """The folder, or the nearest part of its path that exists, takes new files; nothing is made yet."""
+    there = next(p for p in (folder, *folder.parents) if p.exists())
+    if not there.is_dir() or not os.access(there, os.W_OK | os.X_OK):
+        raise DeployError(f"--nginx-dir {folder}: {there} is not a folder this user can write; "
+                          "pass one where the group balancers can be written")
 
 
 def _tls_of(hosts: list[Host]) -> Front | None:

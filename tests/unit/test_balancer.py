@@ -90,6 +90,17 @@ def test_an_unsafe_balancer_is_refused_before_any_host_changes(tmp_path, deploy,
         check_balancers(inv)
 
 
+
+def test_a_nginx_dir_that_cannot_be_written_is_refused_before_any_host_changes(tmp_path):
+    inv = _inventory(tmp_path, "port: 8100\n")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(DeployError) as refused:
+        check_balancers(inv, tmp_path / "file" / "nginx")
+    assert str(refused.value) == (f"--nginx-dir {tmp_path}/file/nginx: {tmp_path}/file is not a folder this user can "
+                                  "write; pass one where the group balancers can be written")
+    check_balancers(inv, tmp_path / "new" / "nginx")  # made when the balancers are written
+    assert not (tmp_path / "new").exists()
+
 def test_a_plain_balancer_in_front_of_keyed_hosts_when_the_inventory_allows_it(tmp_path):
     inv = _inventory(tmp_path, "api_key: true\nlb_plain_http: true\n")
     check_balancers(inv)
