@@ -98,7 +98,7 @@ def rollback(
     root: Optional[str] = RootOpt,
     dry_run: bool = DryRunOpt,
     yes: bool = YesOpt,
-    forks: int = ForksOpt,
+    forks: int = typer.Option(50, "--forks", "-f", min=1, help="Hosts read and rolled back in parallel."),
     accept_new_host_keys: bool = AcceptKeysOpt,
 ) -> None:
     """Undo an apply from the journal on each host: files back byte for byte, units and kernel values as they were.
@@ -133,7 +133,8 @@ def verify(
 ) -> None:
     """Check tuned hosts with the testinfra suite (tests/host), independently of hosttune's probes.
 
-    Exit code: pytest's (0 when every host passes).
+    Exit code: pytest's (0 when every host passes, 1 when a test failed); 2 when a host cannot be reached or an
+    input is wrong, and then nothing runs.
 
     Example: hosttune verify --inventory inventories/example.yaml --junit-xml verify.xml
     """

@@ -15,8 +15,8 @@ from hosttune.cli.common import user_errors
 @app.command()
 @user_errors
 def bench(
-    url: List[str] = typer.Option(..., "--url", help="Endpoint base URL; repeat to compare endpoints side by side."),
-    users: Optional[int] = typer.Option(None, "--users", help="Closed loop: this many users, each sending its next request when the last one ends."),
+    url: List[str] = typer.Option(..., "--url", help="Endpoint base URL, e.g. http://gpu-01:8000 (without /v1); repeat to compare endpoints side by side."),
+    users: Optional[int] = typer.Option(None, "--users", help="Closed loop: this many users, each sending its next request when the last one ends (default: 128 without --rate, --trace or --sweep)."),
     rate: Optional[float] = typer.Option(None, "--rate", help="Open loop: requests per second, arriving whatever the server does."),
     burstiness: float = typer.Option(1.0, "--burstiness", help="Gamma shape of arrival gaps: 1 Poisson, <1 burstier, >1 steadier."),
     duration: Optional[str] = typer.Option(None, "--duration", help="Measured time after the warm-up, e.g. 10m (default 60s; a sweep's step: 30s)."),
@@ -43,7 +43,7 @@ def bench(
     sweep_max: float = typer.Option(10_000.0, "--sweep-max", help="Highest rate the sweep tries."),
     sweep_growth: float = typer.Option(2.0, "--sweep-growth", help="Rate factor between steps until the SLO breaks."),
     sweep_precision: float = typer.Option(0.05, "--sweep-precision", help="Stop when the bracket is this narrow (fraction)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Folder for results.json, report.md and PNG plots."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Folder for results.json, report.md, CSV files and PNG plots; made, and checked writable, before the run."),
     ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Ask for exactly --max-tokens tokens (vLLM/SGLang/hosttune extension)."),
     timeout: str = typer.Option("10m", "--timeout", help="Longest a single request may take."),
     max_client_lag: str = typer.Option("5ms", "--max-client-lag", help="Flag the run when the client's P99 lag exceeds this."),

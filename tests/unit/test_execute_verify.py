@@ -105,3 +105,17 @@ def test_rollback_under_a_root_names_the_journal_folder_inside_it(tmp_path):
     result = runner.invoke(app, ["rollback", "--dry-run", "--root", str(tmp_path)])
     assert result.exit_code == 0
     assert result.stdout == f"localhost: nothing: no run left to roll back in {tmp_path}/var/lib/hosttune/runs\n"
+
+
+def _help(command: str) -> str:
+    """--help as one line of words (rich wraps it into a box)."""
+    return " ".join(runner.invoke(app, [command, "--help"]).stdout.replace("│", " ").split())
+
+
+def test_the_help_of_apply_rollback_verify_and_bench_says_what_they_do():
+    assert "with --dry-run, anything the plan would change" in _help("apply")
+    assert "Hosts read and rolled back in parallel." in _help("rollback") and "probed" not in _help("rollback")
+    assert "2 when a host cannot be reached or an input is wrong, and then nothing runs." in _help("verify")
+    bench = _help("bench")
+    assert "http://gpu-01:8000 (without /v1)" in bench and "(default: 128 without --rate, --trace or --sweep)" in bench
+    assert "CSV files and PNG plots; made, and checked writable, before the run." in bench
