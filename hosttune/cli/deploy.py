@@ -17,18 +17,23 @@ from hosttune.cli.progress import Progress
 from hosttune.deploy import recap
 from hosttune.deploy.balancer import check_balancers, upstreams, write_upstreams
 from hosttune.deploy.canary import CanaryBench, canary_check
+from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.placement import parse_replicas
 from hosttune.deploy.rollout import DeployRequest, deploy_fleet, rollback_fleet
 from hosttune.deploy.settings import Timeouts, parse_sets
 from hosttune.fleet_runner import Outcome, exit_code
 
+# What --rollback uses, and the local folders a wrapper may pass every time; any other option is refused with it.
+ROLLBACK_OPTIONS = {"rollback", "inventory", "limit", "dry_run", "yes", "forks", "accept_new_host_keys", "warmup",
+                    "health_timeout", "gate_timeout", "wheelhouse", "nginx_dir", "keys_dir"}
 WRITTEN = {".service": "router unit", ".py": "router script"}  # what --nginx-dir gets, by suffix; else nginx
 
 
 @app.command()
 @user_errors
 def deploy(
+    ctx: typer.Context,
     engine: Optional[Engine] = typer.Option(None, "--engine", "-e", help="custom, vllm or sglang, built first with hosttune build (default: the inventory's deploy.engine, else what the host serves)."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU indices for the service, e.g. 0-3 (default: the inventory's gpus, all)."),
     tensor_parallel: Optional[int] = typer.Option(None, "--tensor-parallel", "--tp", min=1, help="GPUs per replica (default: the inventory's deploy.tensor_parallel, else what the host serves, else the smallest TP that divides the model's heads and fits its weights)."),
@@ -47,7 +52,7 @@ def deploy(
     canary_rate: float = typer.Option(1.0, "--canary-rate", min=0.01, help="Requests per second of the canary bench."),
     canary_duration: str = typer.Option("30s", "--canary-duration", help="How long the canary bench runs."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="FLAG=VALUE for an engine flag, env.NAME=VALUE for the environment; repeatable."),
-    rollback: bool = typer.Option(False, "--rollback", help="Make each host's previous release live again."),
+    rollback: bool = typer.Option(False, "--rollback", help="Make each host's previous release live again, on every host at once (options that shape or batch a deploy are refused with it)."),
     wheelhouse: Optional[Path] = WheelhouseOpt,
     ref: Optional[str] = typer.Option(None, "--ref", help="Deploy the wheels built from this ref (default: the newest build)."),
     warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warmup requests before the gate (default 3)."),
@@ -82,6 +87,7 @@ def deploy(
     inv = load(inventory, limit, accept_new_host_keys)
     timeouts = Timeouts(warmup, health_timeout, gate_timeout)
     if rollback:
+        _rollback_alone(ctx)
         _rollback(inv, timeouts, forks, yes=yes, dry_run=dry_run)
     check_balancers(inv, nginx_dir)
     request = DeployRequest(
@@ -118,6 +124,22 @@ def _taking_away(due: list[HostDeploy]) -> str:
     removing = [o.host.name for o in due if o.removals]
     return (f"the plan takes replicas, the nginx front or the API key away from {', '.join(removing)} (marked !)"
             if removing else "")
+
+
+def _rollback_alone(ctx: typer.Context) -> None:
+    """--rollback brings back each host's previous release as it was, all hosts at once: an option that would
+    shape or batch it is refused rather than ignored."""
+    given = [p.opts[0] for p in ctx.command.params
+             if p.name not in ROLLBACK_OPTIONS and _given(ctx, p.name)]
+    if given:
+        raise DeployError(f"--rollback makes each host's previous release live again, as it was and on every host at "
+                          f"once; it takes no {', '.join(given)}: drop {'it' if len(given) == 1 else 'them'}")
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """The option was on the command line (or in the environment), not left to its default."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
 def _rollback(inv, timeouts: Timeouts, forks: int, *, yes: bool, dry_run: bool) -> None:

@@ -330,6 +330,16 @@ def test_cli_a_canary_slo_without_the_bench_extra_is_refused_before_any_plan(mon
     assert result.exit_code == 2 and not opened
     assert result.output == "hosttune: hosttune bench needs aiohttp: pip install 'hosttune[bench]'\n"
 
+
+def test_cli_rollback_refuses_options_it_would_ignore(monkeypatch, tmp_path):
+    opened = untouched(monkeypatch)
+    result = runner.invoke(app, ["deploy", "--rollback", "--serial", "1", "--replicas", "2", "--set", "a=b", "--dry-run"])
+    assert result.exit_code == 2 and not opened
+    assert result.output == ("hosttune: --rollback makes each host's previous release live again, as it was and on every "
+                             "host at once; it takes no --replicas, --serial, --set: drop them\n")
+    result = runner.invoke(app, ["deploy", "--rollback", "--dry-run", "--warmup", "1", "-w", str(tmp_path)])
+    assert "it takes no" not in result.output and opened  # its own options, and the local folders, are taken
+
 def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):
     inv = fleet_of(tmp_path, 4)
     ran: list[str] = []
