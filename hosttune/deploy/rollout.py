@@ -115,6 +115,9 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
     if model.path.startswith("/") and not model.exists:
         raise DeployError(f"{host.name}: the model folder {model.path} does not exist on the host; copy it there "
                           f"or fix --model")
+    if preset.is_bundled and not model.path.startswith("/"):  # vLLM and SGLang also take a Hugging Face model id
+        raise DeployError(f"{host.name}: the bundled engine serves a model folder: give --model its absolute path on "
+                          f"the host (got {model.path!r})")
     if role.kind == "single":
         layout = plan_layout(LayoutRequest(request.gpus or host.gpus, request.tensor_parallel, request.replicas or PER_GPU,
                                            _device(settings), request.replicas_per_gpu or 1), facts, model, host.name,

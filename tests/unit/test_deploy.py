@@ -340,6 +340,14 @@ def test_cli_rollback_refuses_options_it_would_ignore(monkeypatch, tmp_path):
     result = runner.invoke(app, ["deploy", "--rollback", "--dry-run", "--warmup", "1", "-w", str(tmp_path)])
     assert "it takes no" not in result.output and opened  # its own options, and the local folders, are taken
 
+
+def test_the_bundled_engine_needs_an_absolute_model_folder(tmp_path):
+    fake_entry(tmp_path / "wh", "custom", archs=())
+    host = inventory(tmp_path).hosts[0]
+    with pytest.raises(DeployError, match="gpu-a: the bundled engine serves a model folder: give --model its absolute "
+                                          "path on the host \\(got 'models/qwen'\\)"):
+        rollout.make_job(host, a100_facts(), rollout.DeployRequest("custom", "models/qwen", tmp_path / "wh", "0"))
+
 def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):
     inv = fleet_of(tmp_path, 4)
     ran: list[str] = []
