@@ -64,8 +64,8 @@ def bench(
     server's queue, batch, KV-cache use and preemptions, when it has /metrics).
     Ctrl-C (or SIGTERM) ends a run early and still reports it, over the time it ran; a
     second one also cancels the requests in flight.
-    Exit code bits: 1 SLO missed (or no rate held in a sweep), 2 usage error,
-    4 the client fell behind.
+    Exit code bits: 1 SLO missed (or no rate held in a sweep), 2 usage error (or every
+    request of a run failed: nothing was measured), 4 the client fell behind.
 
     Example: hosttune bench --url http://gpu-01:8000 --users 128 --duration 10m --slo e2e=2s --out bench/
     """

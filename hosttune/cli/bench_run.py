@@ -26,6 +26,7 @@ from hosttune.cli.tables import table_renderer
 from hosttune.errors import BenchError
 
 EXIT_SLO_MISSED = 1
+EXIT_NOTHING_MEASURED = 2  # every request failed: the endpoint, --model or --api is wrong
 EXIT_CLIENT_BEHIND = 4
 DEFAULT_SWEEP_SLO = "e2e=2s"  # a sweep finds the highest rate whose E2E P95 stays under 2 s
 
@@ -60,6 +61,8 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         typer.echo(console.summary_table(list(outcome.runs), table_renderer(console.table)))
     if out is not None:
         _write(outcome, out)
+    for message in _unanswered(outcome):
+        typer.secho(f"hosttune: {message}", err=True, fg="red")
     raise typer.Exit(_exit_code(outcome))
 
 
@@ -149,8 +152,16 @@ def _write_files(outcome: report.Outcome, folder: Path) -> None:
     typer.echo(f"wrote {folder}/results.json, report.md" + "".join(f", {n}" for n in csv_names + names), err=True)
 
 
+def _unanswered(outcome: report.Outcome) -> list[str]:
+    """One line per run in which every measured request failed: such a run measured nothing."""
+    return [f"all {s.num_requests} measured requests to {run.url} failed "
+            f"({', '.join(f'{k}: {v}' for k, v in s.errors_by_status.items())}), so nothing was measured; "
+            "check --model and --api, and that it is an OpenAI-compatible server"
+            for run, s in outcome.runs if s.num_requests and s.num_failed == s.num_requests]
+
+
 def _exit_code(outcome: report.Outcome) -> int:
-    code = 0
+    code = EXIT_NOTHING_MEASURED if _unanswered(outcome) else 0
     if any(s.slo_met is False for _, s in outcome.runs) or any(s.max_rate is None for s in outcome.sweeps):
         code |= EXIT_SLO_MISSED
     if any(s.lag.is_behind for _, s in outcome.runs):

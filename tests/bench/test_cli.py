@@ -217,15 +217,30 @@ def test_an_endpoint_that_is_not_openai_compatible_is_one_line(status, body, mes
     assert result.output.count("\n") == 1
 
 
+def test_a_run_in_which_every_request_failed_is_reported_and_exits_2(tmp_path):
+    with not_openai(404, b"File not found") as url:
+        result = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "2", "--requests", "3",
+                                     "--warmup", "0", "--prompts", "8", "--max-tokens", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "404: 3" in result.stdout  # the report is printed and written all the same
+    assert result.stderr.splitlines()[-1] == (f"hosttune: all 3 measured requests to {url} failed (404: 3), so nothing "
+                                              "was measured; check --model and --api, and that it is an "
+                                              "OpenAI-compatible server")
+    assert json.loads((tmp_path / "results.json").read_text())["runs"][0]["summary"]["num_failed"] == 3
+
+
 @contextmanager
 def not_openai(status: int, body: bytes):
-    """A loopback HTTP server that answers every GET with this status and body."""
+    """A loopback HTTP server that answers every GET and POST with this status and body."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
             self.send_response(status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.do_GET()
 
         def log_message(self, *args):
             pass
