@@ -62,6 +62,8 @@ def parse_ls_remote(text: str, ref: str) -> str | None:
 def resolve_git(location: str, ref: str) -> Source:
     """The commit `ref` names in the repository at `location` (path or URL)."""
     if is_local_repo(location):
+        if _git(["-C", location, "rev-parse", "--git-dir"]).returncode != 0:
+            raise BuildError(f"--source {location} is not a git repository; give a git checkout's path or a git URL")
         proc = _git(["-C", location, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"])
         if proc.returncode != 0:
             raise BuildError(f"--ref {ref!r} names no commit in {location}")
@@ -70,7 +72,9 @@ def resolve_git(location: str, ref: str) -> Source:
         return Source(location, ref, ref)
     proc = _git(["ls-remote", location, ref, f"{ref}^{{}}"])
     if proc.returncode != 0:
-        raise BuildError(f"cannot read {location}: {proc.stderr.strip()[-400:]}")
+        said = next((line for line in proc.stderr.splitlines() if line.strip()), f"git exit {proc.returncode}")
+        raise BuildError(f"cannot read {location} ({said.strip()[:300]}); give --source a git repository path or "
+                         "URL this machine can reach")
     commit = parse_ls_remote(proc.stdout, ref)
     if commit is None:
         raise BuildError(f"--ref {ref!r}: no such tag or branch in {location} (a full commit sha works too)")

@@ -10,6 +10,7 @@ import typer
 
 from hosttune.build import builder
 from hosttune.build.archs import parse_arch_list
+from hosttune.build.errors import BuildError
 from hosttune.build.plan import BuildOptions
 from hosttune.build.wheelhouse import default_wheelhouse
 from hosttune.cli.app import app
@@ -39,7 +40,7 @@ def build(
     accept_new_host_keys: bool = AcceptKeysOpt,
     python: Optional[str] = typer.Option(None, "--python", help="Build for this interpreter (default: the one running hosttune)."),
     deps: bool = typer.Option(False, "--deps", help="Also download the dependency wheels, for hosts without a package index."),
-    constraint: Optional[Path] = typer.Option(None, "--constraint", "-c", help="pip constraints for the dependency download."),
+    constraint: Optional[Path] = typer.Option(None, "--constraint", "-c", exists=True, dir_okay=False, help="pip constraints for the dependency download (with --deps)."),
     build_isolation: bool = typer.Option(True, "--build-isolation/--no-build-isolation", help="Build against pip's isolated build requirements (default) or the build Python's own packages."),
     cuobjdump: Optional[str] = typer.Option(None, "--cuobjdump", help="The cuobjdump that checks the machine code (default: PATH, CUDA, then Triton's)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan (commands and environment), or the cached entry a build would reuse, and build nothing."),
@@ -51,6 +52,8 @@ def build(
 
     Example: hosttune build --engine vllm --ref v0.11.0 --arch auto -i inventories/example.yaml
     """
+    if constraint and not deps:
+        raise BuildError("--constraint constrains the dependency download: give --deps too")
     archs = () if engine is Engine.custom else (
         builder.fleet_archs(load(inventory, limit, accept_new_host_keys)) if arch == "auto" else parse_arch_list(arch))
     request = builder.BuildRequest(

@@ -10,7 +10,7 @@ from hosttune.build import builder
 from hosttune.build.builder import make_key
 from hosttune.build.errors import BuildError
 from hosttune.build.plan import BuildOptions, plan_build
-from hosttune.build.source import Source, parse_ls_remote
+from hosttune.build.source import Source, parse_ls_remote, resolve_git
 from hosttune.build.toolchain import Toolchain, cuda_home_of, parse_gpu_archs, parse_nvcc_version
 from hosttune.build.wheelhouse import WheelKey
 from hosttune.cli import app
@@ -139,7 +139,7 @@ def test_cli_bad_arch_and_ref_are_user_errors(tmp_path):
     assert result.exit_code == 2 and "not a CUDA compute capability" in result.output
     result = CliRunner().invoke(app, ["build", "--engine", "vllm", "--arch", "8.0", "--source", str(tmp_path),
                                       "--ref", "v9", "-w", str(tmp_path)])
-    assert result.exit_code == 2 and ("names no commit" in result.output or "nvcc not found" in result.output)
+    assert result.exit_code == 2 and ("is not a git repository" in result.output or "nvcc not found" in result.output)
 
 
 def test_cli_dry_run_says_a_cached_entry_is_reused_and_shows_the_dependency_download(tmp_path):
@@ -161,3 +161,22 @@ def test_cli_an_unwritable_wheelhouse_is_one_line_before_any_step(tmp_path):
     assert result.exit_code == 2 and "internal error" not in result.output
     assert result.output.strip() == (f"hosttune: cannot write to the wheelhouse {tmp_path}/file/wh (Not a directory); "
                                      "pass --wheelhouse a folder you can write")
+
+
+def test_sources_that_cannot_be_read_are_one_line_saying_what_to_give(tmp_path):
+    with pytest.raises(BuildError, match=f"^--source {tmp_path} is not a git repository; give a git checkout's path"):
+        resolve_git(str(tmp_path), "v1")
+    with pytest.raises(BuildError) as unreadable:
+        resolve_git(str(tmp_path / "none"), "v1")
+    assert "\n" not in str(unreadable.value) and str(unreadable.value).startswith(f"cannot read {tmp_path}/none (fatal: ")
+    assert str(unreadable.value).endswith("); give --source a git repository path or URL this machine can reach")
+
+
+def test_cli_a_constraints_file_must_exist_and_go_with_deps(tmp_path):
+    result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(tmp_path), "--dry-run", "--deps",
+                                      "-c", str(tmp_path / "none.txt")], env={"COLUMNS": "250"})
+    assert result.exit_code == 2 and "Invalid value for '--constraint' / '-c'" in result.output
+    (tmp_path / "c.txt").write_text("torch==2.8.0\n")
+    result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(tmp_path), "--dry-run", "-c", str(tmp_path / "c.txt")])
+    assert result.exit_code == 2
+    assert result.output == "hosttune: --constraint constrains the dependency download: give --deps too\n"
