@@ -130,6 +130,13 @@ def _number(doc: Mapping, key: str, kind: type, where: str, default: Any) -> Any
     return value
 
 
+def _port(doc: Mapping, key: str, where: str, default: int | None) -> int | None:
+    value = _number(doc, key, int, where, default)
+    if value is not None and not 1 <= value <= 65535:
+        raise DeployError(f"{where}: deploy.{key} must be a port number between 1 and 65535 (got {value})")
+    return value
+
+
 KNOWN_KEYS = {"port", "env", "multinode", "lb_port", "warmup", "health_timeout", "gate_timeout", "probe_interval",
               "session_affinity", "router", *ENGINES,
               "engine", "model", "replicas", "tensor_parallel", "replicas_per_gpu",  # hosttune.deploy.shape
@@ -165,11 +172,9 @@ def resolve(host: Host, preset: EnginePreset, model: str, port: int | None, over
                 for k, v in doc.get("env", {}).items()})
     for name, value in overrides.env.items():
         env.pop(name, None) if value is None else env.__setitem__(name, value)
-    chosen_port = port or _number(doc, "port", int, where, DEFAULT_PORT)
-    if not 1 <= chosen_port <= 65535:
-        raise DeployError(f"port {chosen_port} is not between 1 and 65535")
+    chosen_port = port if port is not None else _port(doc, "port", where, DEFAULT_PORT)
     return timeouts.apply(ServeSettings(
-        preset.name, model, chosen_port, flags, env, doc.get("multinode", False), _number(doc, "lb_port", int, where, None),
+        preset.name, model, chosen_port, flags, env, doc.get("multinode", False), _port(doc, "lb_port", where, None),
         _number(doc, "warmup", int, where, 3), _number(doc, "health_timeout", float, where, 600.0),
         _number(doc, "gate_timeout", float, where, 60.0),
         max(1, _number(doc, "probe_interval", int, where, 10)), doc.get("session_affinity", False),

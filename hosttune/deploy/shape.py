@@ -77,8 +77,11 @@ def declared(host: Host) -> Shape:
     model = doc.get("model")
     if model is not None and (not isinstance(model, str) or not model or "\n" in model):
         raise DeployError(f"{where}: deploy.model must be the model folder on the hosts (got {model!r})")
+    port = _count(doc, "port", where)
+    if port is not None and port > 65535:
+        raise DeployError(f"{where}: deploy.port must be a port number between 1 and 65535 (got {port})")
     return Shape(engine, model, _replicas(doc.get("replicas"), where), _count(doc, "tensor_parallel", where),
-                 _count(doc, "port", where), _count(doc, "replicas_per_gpu", where))
+                 port, _count(doc, "replicas_per_gpu", where))
 
 
 def _replicas(value, where: str) -> str | None:

@@ -21,6 +21,7 @@ from hosttune.deploy.recap import render
 from hosttune.fleet_runner import Outcome, exit_code
 from hosttune.deploy.release import wheel_path
 from hosttune.deploy.settings import flag_argv, parse_sets, resolve
+from hosttune.deploy.shape import declared
 from hosttune.deploy.state import HostState, UnitFile, parse_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
 from hosttune.probes.facts import Facts
@@ -63,10 +64,14 @@ def test_precedence_preset_group_host_set(tmp_path):
 def test_bad_deploy_vars_name_the_inventory_line(tmp_path):
     host = inventory(tmp_path).hosts[0]
     for bad, message in (({"portt": 1}, "deploy.portt: unknown key"), ({"vllm": [1]}, "deploy.vllm must be a mapping"),
-                         ({"port": "x"}, "deploy.port must be"), ({"vllm": {"x": "a\nb"}}, "single-line")):
+                         ({"port": "x"}, "deploy.port must be"), ({"vllm": {"x": "a\nb"}}, "single-line"),
+                         ({"port": 70000}, r"deploy.port must be a port number between 1 and 65535 \(got 70000\)"),
+                         ({"lb_port": 0}, r"deploy.lb_port must be a port number between 1 and 65535 \(got 0\)")):
         with pytest.raises(DeployError, match=message) as info:
             resolve(replace(host, deploy=bad), load_preset("vllm"), "/m", None, parse_sets([]))
         assert "inventory.yaml:" in str(info.value)
+    with pytest.raises(DeployError, match=r"inventory.yaml:\d+: deploy.port must be a port number between 1 and 65535"):
+        declared(replace(host, deploy={"port": 70000}))  # the shape, which the run's port comes from
 
 
 def test_flag_argv_true_false_null():
