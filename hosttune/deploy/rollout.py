@@ -149,6 +149,10 @@ def _settings(host: Host, preset, request: DeployRequest) -> ServeSettings:
         settings = replace(settings, session_affinity=request.session_affinity)
     if request.router is not None:
         settings = replace(settings, router=request.router)
+    if settings.router and settings.session_affinity:
+        raise DeployError(f"{host.name}: session affinity and the prefix router each choose the replica (by X-Session-Id, "
+                          "by prompt prefix): keep one (--no-router or --no-session-affinity, or the inventory's "
+                          "deploy.router / deploy.session_affinity)")
     if request.tune_s:
         settings = tune.with_cache(settings, preset.name)
     return settings

@@ -353,6 +353,15 @@ def test_the_bundled_engine_needs_an_absolute_model_folder(tmp_path):
                                           "path on the host \\(got 'models/qwen'\\)"):
         rollout.make_job(host, a100_facts(), rollout.DeployRequest("custom", "models/qwen", tmp_path / "wh", "0"))
 
+
+def test_session_affinity_and_the_prefix_router_together_are_refused(tmp_path):
+    fake_entry(tmp_path / "wh", "custom", archs=())
+    host = inventory(tmp_path).hosts[0]
+    request = rollout.DeployRequest("custom", "/m", tmp_path / "wh", "0-1", session_affinity=True, router=True)
+    with pytest.raises(DeployError, match="gpu-a: session affinity and the prefix router each choose the replica"):
+        rollout.make_job(host, a100_facts(), request)
+    assert rollout.make_job(host, a100_facts(), replace(request, session_affinity=False)).settings.router
+
 def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):
     inv = fleet_of(tmp_path, 4)
     ran: list[str] = []
