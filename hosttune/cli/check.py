@@ -70,6 +70,8 @@ def facts(
 ) -> None:
     """Dump the raw facts the probes gathered from each host, as JSON.
 
+    Exit code bits: 2 probe or usage error, 4 unreachable host (drift is check's: facts never sets 1).
+
     Example: hosttune facts --inventory inventories/example.yaml --limit gpu-a100-01
     """
     check_writable(output)

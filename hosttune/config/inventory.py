@@ -177,14 +177,20 @@ class Inventory:
         wanted = [p.strip() for p in patterns.split(",") if p.strip()]
         if not wanted:  # `-l "$HOST"` with HOST unset must not mean every host
             raise InventoryError(f"--limit {patterns!r} names no host or group; leave --limit out for every host")
-        kept = tuple(
-            h for h in self.hosts
-            if any(fnmatch.fnmatchcase(h.name, p) or fnmatch.fnmatchcase(h.group, p) for p in wanted)
-        )
+        kept = tuple(h for h in self.hosts if any(_matches(h, p) for p in wanted))
+        where = "the default inventory (this machine, named localhost)" if self.source == "<built-in>" else self.source
         if not kept:
-            where = "the default inventory (this machine, named localhost)" if self.source == "<built-in>" else self.source
             raise InventoryError(f"--limit {patterns!r} matches no host or group in {where}")
+        # a mistyped name among several would otherwise leave its host out without a word
+        unmatched = [p for p in wanted if not any(_matches(h, p) for h in self.hosts)]
+        if unmatched:
+            raise InventoryError(f"--limit {patterns!r}: {', '.join(map(repr, unmatched))} matches no host or group "
+                                 f"in {where}; correct it or leave it out")
         return Inventory(kept, self.source)
+
+
+def _matches(host: Host, pattern: str) -> bool:
+    return fnmatch.fnmatchcase(host.name, pattern) or fnmatch.fnmatchcase(host.group, pattern)
 
 
 def local_inventory() -> Inventory:

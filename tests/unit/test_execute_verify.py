@@ -112,8 +112,9 @@ def _help(command: str) -> str:
     return " ".join(runner.invoke(app, [command, "--help"]).stdout.replace("│", " ").split())
 
 
-def test_the_help_of_apply_rollback_verify_and_bench_says_what_they_do():
+def test_the_help_of_facts_apply_rollback_verify_and_bench_says_what_they_do():
     assert "with --dry-run, anything the plan would change" in _help("apply")
+    assert "Exit code bits: 2 probe or usage error, 4 unreachable host (drift is check's: facts never sets 1)." in _help("facts")
     assert "Hosts read and rolled back in parallel." in _help("rollback") and "probed" not in _help("rollback")
     assert "2 when a host cannot be reached or an input is wrong, and then nothing runs." in _help("verify")
     bench = _help("bench")

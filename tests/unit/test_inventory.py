@@ -37,6 +37,9 @@ def test_limit_by_group_and_glob():
     assert [h.name for h in inv.limit("*h200*,localhost").hosts] == ["gpu-h200-01", "localhost"]
     with pytest.raises(InventoryError, match="matches no host"):
         inv.limit("nothing")
+    with pytest.raises(InventoryError, match=r"^--limit 'localhost,gpu-a100-1\*': 'gpu-a100-1\*' matches no host or "
+                                             r"group in .*example.yaml; correct it or leave it out$"):
+        inv.limit("localhost,gpu-a100-1*")  # one mistyped name must not leave its hosts out without a word
 
 
 @pytest.mark.parametrize("text, where", [
