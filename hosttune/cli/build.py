@@ -33,7 +33,7 @@ def build(
     engine: Engine = typer.Option(..., "--engine", "-e", help="custom (engine/ of this checkout), vllm or sglang."),
     ref: Optional[str] = typer.Option(None, "--ref", help="Tag, branch or commit to build (default: the preset's pin; custom: the working tree)."),
     source: Optional[str] = typer.Option(None, "--source", help="Source repository, a path or git URL (default: the preset's)."),
-    arch: str = typer.Option("auto", "--arch", help="CUDA archs, e.g. 8.0,9.0; auto: the GPUs the inventory's hosts report."),
+    arch: str = typer.Option("auto", "--arch", help="CUDA archs, e.g. 8.0,9.0; auto: the GPUs the inventory's hosts report (vllm, sglang; custom is pure Python: Triton compiles on the host)."),
     wheelhouse: Optional[Path] = WheelhouseOpt,
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,

@@ -410,3 +410,14 @@ def test_a_failed_install_changes_nothing_live(tmp_path):
     assert outcome.state == "failed" and outcome.serving == "vllm-old" and "No matching distribution" in outcome.error
     assert not any(a[:1] == ("systemctl",) or (a[:2] == ("sh", "-c") and a[4] == "link") for _, a in log)
     assert "nothing live changed (the live release is still vllm-old)" in render([outcome])
+
+
+def test_help_says_where_each_default_comes_from():
+    deploy_help = " ".join(runner.invoke(app, ["deploy", "--help"], env={"COLUMNS": "250"}).output.split())
+    for text in ("(default: the inventory's deploy.warmup, else 3)", "(default: the inventory's deploy.health_timeout, else 600)",
+                 "(default: the inventory's deploy.gate_timeout, else 60)", "failed (default: no limit; with --serial)",
+                 "made by the first deploy, not by --dry-run", "hosttune-GROUP.conf for nginx", "With --canary: a hosttune bench"):
+        assert text in deploy_help, text
+    build_help = " ".join(runner.invoke(app, ["build", "--help"], env={"COLUMNS": "250"}).output.split())
+    assert "custom is pure Python: Triton compiles on the host" in build_help
+    assert "or the cached entry a build would reuse" in build_help and "(with --deps)" in build_help
