@@ -14,7 +14,8 @@ def render(outcomes: list[HostDeploy]) -> str:
     for o in outcomes:
         detail = o.gate.summary() if o.gate and o.gate.ok else (o.error or "")
         lines.append(f"{o.host.name:<{width}}  {o.state:<11} {o.release or '-':<20} {detail}".rstrip())
-        lines += [f"{'':<{width}}  ! {what}" for what in o.removals]
+        if o.state in (Outcome.PLANNED, Outcome.DEPLOYED):  # a failed host kept, or got back, what it had
+            lines += [f"{'':<{width}}  ! {what}" for what in o.removals]
         if o.ops:
             lines += [f"{'':<{width}}    {op}" for op in o.ops]
         if o.checks and o.state in (Outcome.PLANNED, Outcome.FAILED):

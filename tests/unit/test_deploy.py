@@ -362,6 +362,15 @@ def test_session_affinity_and_the_prefix_router_together_are_refused(tmp_path):
         rollout.make_job(host, a100_facts(), request)
     assert rollout.make_job(host, a100_facts(), replace(request, session_affinity=False)).settings.router
 
+
+def test_the_recap_marks_what_was_taken_away_only_where_it_was_or_will_be(tmp_path):
+    host = inventory(tmp_path).hosts[0]
+    gone = ("removes 2 of the 4 replicas",)
+    for state, shown in ((Outcome.PLANNED, True), (Outcome.DEPLOYED, True), (Outcome.FAILED, False)):
+        outcome = dhost.HostDeploy(host, state, "custom-new", "custom-old", error="gate failed at health: boom",
+                                   restored="custom-old" if state is Outcome.FAILED else None, removals=gone)
+        assert ("! removes 2 of the 4 replicas" in render([outcome])) is shown, state
+
 def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):
     inv = fleet_of(tmp_path, 4)
     ran: list[str] = []
