@@ -190,8 +190,11 @@ async def discover_model(url: str, timeout: float = 10.0, headers: tuple[tuple[s
                     raise BenchError(f"{endpoint} answered {resp.status}: not an OpenAI-compatible server? "
                                      "(or pass --model NAME)")
                 text = await resp.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-        raise BenchError(f"cannot reach {endpoint}: {exc or type(exc).__name__}; is the server up?") from None
+    except asyncio.TimeoutError:  # aiohttp's connection timeouts too
+        raise BenchError(f"{endpoint} did not answer within {timeout:g}s; is the server up, and does it speak "
+                         f"{urlparse(endpoint).scheme}?") from None
+    except (aiohttp.ClientError, ValueError) as exc:
+        raise BenchError(f"cannot reach {endpoint}: {str(exc) or type(exc).__name__}; is the server up?") from None
     models = listed_models(text)
     if models is None:
         raise BenchError(f"{endpoint} did not answer an OpenAI model list: not an OpenAI-compatible server? "

@@ -174,7 +174,10 @@ def local_counter(path: Path) -> Counter:
         path = path / "tokenizer.json"
     if not path.is_file():
         raise BenchError(f"tokenizer file {path} does not exist")
-    tokenizer = Tokenizer.from_file(str(path))
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for any file it cannot read
+        raise BenchError(f"--tokenizer {path}: not a tokenizer.json ({exc})") from None
 
     async def count(text: str) -> int:
         return len(tokenizer.encode(text).ids)

@@ -1,11 +1,12 @@
 """Failures, rejections and open-loop arrivals, against the scripted server."""
 
+import socket
 import statistics
 
 import pytest
 
 from hosttune.bench.benchmark import BenchSpec, measure, run_async
-from hosttune.bench.client import Client, Target
+from hosttune.bench.client import Client, Target, discover_model
 from hosttune.bench.loadgen import Load
 from hosttune.bench.metrics import Slo, summarize
 from hosttune.bench.record import FAILED, OK, REJECTED
@@ -57,6 +58,16 @@ def test_a_request_past_its_timeout_fails(server_factory):
 def test_unreachable_endpoint_is_a_user_error():
     with pytest.raises(BenchError, match="cannot reach"):
         run_async(measure(spec(users=1, num_requests=1), "http://127.0.0.1:9"))
+
+
+def test_an_endpoint_that_accepts_but_never_answers_is_a_user_error_naming_the_wait():
+    with socket.socket() as silent:  # the kernel completes the connection; nobody ever reads or answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        url = f"https://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(BenchError, match=r"/v1/models did not answer within 0.5s; is the server up, and does it "
+                                             r"speak https\?$"):
+            run_async(discover_model(url, timeout=0.5))
 
 
 def test_transport_failures_are_recorded_not_raised():

@@ -88,3 +88,10 @@ def test_local_tokenizer_file(tmp_path):
 def test_missing_tokenizer_file():
     with pytest.raises(BenchError, match="does not exist"):
         prompts.local_counter(__import__("pathlib").Path("/nonexistent/tokenizer.json"))
+
+
+def test_a_file_that_is_not_a_tokenizer_is_a_user_error(tmp_path):
+    pytest.importorskip("tokenizers")
+    (tmp_path / "tokenizer.json").write_text('{"x":')
+    with pytest.raises(BenchError, match=r"^--tokenizer .*tokenizer.json: not a tokenizer.json \("):
+        prompts.local_counter(tmp_path)
