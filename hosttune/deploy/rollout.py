@@ -196,6 +196,11 @@ def _single(host: Host, request: DeployRequest) -> HostDeploy:
     return guarded(host, attempt)
 
 
+def is_multinode(host: Host, engine: str | None) -> bool:
+    """The host's group runs one vLLM over Ray (deploy.multinode); with another engine each host serves alone."""
+    return (engine or declared(host).engine) == "vllm" and bool(host.deploy.get("multinode"))
+
+
 def rollout_units(inventory: Inventory, engine: str | None) -> list[list[Host]]:
     """What rolls as one: a host, or a whole multi-node group (vLLM with deploy.multinode)."""
     units: list[list[Host]] = []
@@ -203,7 +208,7 @@ def rollout_units(inventory: Inventory, engine: str | None) -> list[list[Host]]:
     for host in inventory.hosts:
         if host.group in seen:
             continue
-        if (engine or declared(host).engine) == "vllm" and host.deploy.get("multinode"):
+        if is_multinode(host, engine):
             seen.add(host.group)
             units.append([h for h in inventory.hosts if h.group == host.group])
         else:
@@ -249,7 +254,7 @@ def _canary_verdict(outcomes: list[HostDeploy], check) -> str | None:
 
 
 def _run_unit(unit: list[Host], request: DeployRequest, runner: FleetRunner) -> list[HostDeploy]:
-    if len(unit) == 1 and not unit[0].deploy.get("multinode"):
+    if not is_multinode(unit[0], request.engine):
         done = [_single(unit[0], request)]
     else:
         try:

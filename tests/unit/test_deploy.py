@@ -371,6 +371,19 @@ def test_the_recap_marks_what_was_taken_away_only_where_it_was_or_will_be(tmp_pa
                                    restored="custom-old" if state is Outcome.FAILED else None, removals=gone)
         assert ("! removes 2 of the 4 replicas" in render([outcome])) is shown, state
 
+
+def test_a_multinode_group_deployed_with_another_engine_serves_host_by_host(tmp_path, monkeypatch):
+    inv = inventory(tmp_path)
+    ray = type(inv)(tuple(h for h in inv.hosts if h.group == "ray"), "x")
+    fake_entry(tmp_path / "wh", "sglang")
+    monkeypatch.setattr(rollout, "open_transport", lambda spec, **kw: ScriptedTransport(spec.host_name, []))
+    monkeypatch.setattr(rollout, "gather", lambda t: type("Run", (), {"facts": a100_facts()})())
+    request = rollout.DeployRequest("sglang", "Qwen/Qwen2.5-7B", tmp_path / "wh", "0", dry_run=True)
+    outcomes = rollout.deploy_fleet(ray, request)
+    assert [o.state for o in outcomes] == [Outcome.PLANNED] * 3, [o.error for o in outcomes]
+    assert all("hosttune-serve.service" in "\n".join(o.ops) and "ray" not in "\n".join(o.ops) for o in outcomes)
+    assert rollout.rollout_units(ray, "vllm") == [list(ray.hosts)]
+
 def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):
     inv = fleet_of(tmp_path, 4)
     ran: list[str] = []
