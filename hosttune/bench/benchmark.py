@@ -20,7 +20,7 @@ from hosttune.bench import prompts
 from hosttune.bench.client import CHAT, COMPLETIONS, Client, Target, discover_model
 from hosttune.bench.client import session as client_session
 from hosttune.bench.dataset import Dataset, Entry, dataset_questions, load_dataset
-from hosttune.bench.distributions import LengthDistribution, parse_distribution
+from hosttune.bench.distributions import MAX_LENGTH, LengthDistribution, parse_distribution
 from hosttune.bench.loadgen import Load, LoadGenerator, Progress
 from hosttune.bench.metrics import Slo
 from hosttune.bench.record import RunRecord
@@ -83,6 +83,8 @@ class BenchSpec:
             raise BenchError("--shared-prefix builds its own prompts: drop --turns and --dataset")
         if self.trace is not None and (self.turns, self.dataset, self.shared_prefix) != (None,) * 3:
             raise BenchError("--trace gives the prompt lengths: drop --dataset, --shared-prefix and --turns")
+        if self.shared_prefix is not None and not 1 <= self.prefix_tokens <= MAX_LENGTH:
+            raise BenchError(f"--prefix-tokens {self.prefix_tokens}: give 1 to {MAX_LENGTH} tokens")
         if self.turns is not None and self.load.mode != "users":
             raise BenchError("--turns needs closed-loop users (--users): a turn waits for the last answer")
         if (self.trace is None) != (self.load.mode != "trace"):

@@ -29,6 +29,7 @@ from typing import Protocol
 from hosttune.errors import BenchError
 
 CHAT_DOCS = "mix:0.3*uniform:32-512+0.7*normal:4200,1200,300-6800"
+MAX_LENGTH = 10_000_000  # tokens: past any model's context, and a prompt bench could still build in memory
 
 
 class LengthDistribution(Protocol):
@@ -152,6 +153,9 @@ def _is_int(text: str) -> bool:
 def _positive(text: str, spec: str) -> int:
     if not _is_int(text) or int(text) < 1:
         raise BenchError(f"length distribution {spec!r}: {text!r} is not a positive integer")
+    if int(text) > MAX_LENGTH:
+        raise BenchError(f"length distribution {spec!r}: {text.strip()} tokens is past the {MAX_LENGTH} bench builds "
+                         "(no model reads more)")
     return int(text)
 
 
@@ -177,8 +181,8 @@ def _normal(arg: str, spec: str) -> Normal:
         mean, sigma = float(fields[0]), float(fields[1])
     except ValueError:
         raise BenchError(f"length distribution {spec!r}: mean and sigma must be numbers") from None
-    if mean < 1 or sigma < 0:
-        raise BenchError(f"length distribution {spec!r}: need mean >= 1 and sigma >= 0")
+    if not (1 <= mean <= MAX_LENGTH and 0 <= sigma <= MAX_LENGTH):  # also NaN and infinity
+        raise BenchError(f"length distribution {spec!r}: need 1 <= mean <= {MAX_LENGTH} and 0 <= sigma <= {MAX_LENGTH}")
     low, high = _range(fields[2], spec) if len(fields) == 3 else (1, max(1, round(2 * mean)))
     return Normal(mean, sigma, low, high)
 
@@ -218,6 +222,6 @@ def _length_from_line(line: str, field: str, path: Path, number: int) -> int:
         value = json.loads(line)[field]
     except (ValueError, KeyError, TypeError):
         raise BenchError(f"{path}:{number}: expected a JSON object with an integer {field!r}") from None
-    if not isinstance(value, int) or value < 1:
-        raise BenchError(f"{path}:{number}: {field!r} must be a positive integer, got {value!r}")
+    if not isinstance(value, int) or not 1 <= value <= MAX_LENGTH:
+        raise BenchError(f"{path}:{number}: {field!r} must be an integer from 1 to {MAX_LENGTH}, got {value!r}")
     return value

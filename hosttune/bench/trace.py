@@ -12,10 +12,11 @@ traces write it) may be given instead. Lengths may also be named `prompt_tokens`
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from hosttune.bench.distributions import Replay
+from hosttune.bench.distributions import MAX_LENGTH, Replay
 from hosttune.errors import BenchError
 
 INPUT_FIELDS = ("input_length", "prompt_tokens")
@@ -56,6 +57,8 @@ def _row(line: str, path: Path, number: int) -> tuple[float, int, int]:
         at = item["timestamp"] / 1000.0
     else:
         raise BenchError(f"{path}:{number}: give \"arrival\" (seconds) or \"timestamp\" (milliseconds)")
+    if not math.isfinite(at):
+        raise BenchError(f"{path}:{number}: the arrival time must be a finite number")
     return at, _length(item, INPUT_FIELDS, path, number), _length(item, OUTPUT_FIELDS, path, number)
 
 
@@ -63,7 +66,7 @@ def _length(item: dict, names: tuple[str, ...], path: Path, number: int) -> int:
     for name in names:
         if name in item:
             value = item[name]
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise BenchError(f"{path}:{number}: {name} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_LENGTH:
+                raise BenchError(f"{path}:{number}: {name} must be an integer from 1 to {MAX_LENGTH}, got {value!r}")
             return value
     raise BenchError(f"{path}:{number}: give {names[0]} (or {names[1]})")

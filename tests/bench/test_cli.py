@@ -185,7 +185,10 @@ def test_a_run_that_would_measure_nothing_is_a_user_error():
                           (["--users", "2", "--requests", "0"], "--requests 0 measures nothing"),
                           (["--users", "2", "--duration", "abc"], "--duration 'abc'"),
                           (["--sweep", "--users", "3"], "drop --users and --rate"),
-                          (["--sweep", "--rate", "3"], "drop --users and --rate")):
+                          (["--sweep", "--rate", "3"], "drop --users and --rate"),
+                          (["--shared-prefix", "1x2", "--prefix-tokens", "1000000000"],
+                           "--prefix-tokens 1000000000: give 1 to 10000000 tokens"),
+                          (["--users", "1", "--prompts", "100000000"], "past the 10000000 bench builds")):
         result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", *args])
         assert result.exit_code == 2 and message in result.output, (args, result.output)
 

@@ -78,6 +78,11 @@ def test_jsonl_replays_in_file_order(tmp_path):
     ("fixed:0", "positive integer"),
     ("mix:0.5uniform:1-2", r"WEIGHT\*DIST"),
     ("jsonl:/nonexistent.jsonl", "does not exist"),
+    ("100000000", "100000000 tokens is past the 10000000 bench builds"),  # not gigabytes of prompt in memory
+    ("uniform:1-99999999999", "past the 10000000 bench builds"),
+    ("normal:inf,1", "need 1 <= mean <= 10000000"),
+    ("normal:nan,1", "need 1 <= mean <= 10000000"),
+    ("normal:5,1e9", "0 <= sigma <= 10000000"),
 ])
 def test_bad_specs_say_what_to_fix(spec, message):
     with pytest.raises(BenchError, match=message):

@@ -101,8 +101,13 @@ def test_a_trace_keeps_its_arrival_times(server_factory, tmp_path):
 def test_bad_trace_lines_are_user_errors(tmp_path):
     with pytest.raises(BenchError, match="arrival"):
         load_trace(write_trace(tmp_path / "a.jsonl", [{"input_length": 3, "output_length": 2}]))
-    with pytest.raises(BenchError, match="output_length must be a positive integer"):
+    with pytest.raises(BenchError, match="output_length must be an integer from 1 to 10000000, got 0"):
         load_trace(write_trace(tmp_path / "b.jsonl", [{"arrival": 0, "input_length": 3, "output_length": 0}]))
+    with pytest.raises(BenchError, match="input_length must be an integer from 1 to 10000000, got 100000000"):
+        load_trace(write_trace(tmp_path / "c.jsonl", [{"arrival": 0, "input_length": 10**8, "output_length": 2}]))
+    (tmp_path / "d.jsonl").write_text('{"arrival": NaN, "input_length": 3, "output_length": 2}\n')
+    with pytest.raises(BenchError, match="d.jsonl:1: the arrival time must be a finite number"):
+        load_trace(tmp_path / "d.jsonl")
 
 
 def test_max_concurrency_caps_an_open_loop(server_factory):
