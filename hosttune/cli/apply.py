@@ -15,7 +15,8 @@ from hosttune.cli.common import (AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOp
                                  go_ahead, load, only, plural, user_errors)
 from hosttune.cli.progress import Progress
 from hosttune.execute import recap
-from hosttune.execute.journal import new_run_id
+from hosttune.errors import HosttuneError
+from hosttune.execute.journal import RUNS_DIR, new_run_id
 from hosttune.execute.reboot import cannot_reboot
 from hosttune.execute.rollout import ApplyOptions, apply_plans, dry_run_outcome, plan_fleet, rollback_fleet
 from hosttune.fleet import profiles
@@ -94,7 +95,7 @@ def plan_state(plan: HostPlan) -> str:
 def rollback(
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,
-    run: Optional[str] = typer.Option(None, "--run", help="The run to undo (default: each host's latest run not yet rolled back)."),
+    run: Optional[str] = typer.Option(None, "--run", help="The run to undo, as apply's recap names it (default: each host's latest run not yet rolled back); one no host has is an error."),
     root: Optional[str] = RootOpt,
     dry_run: bool = DryRunOpt,
     yes: bool = YesOpt,
@@ -112,6 +113,9 @@ def rollback(
         plans = rollback_fleet(inv, run, root, forks, on_host_done=lambda name, r: progress.advance(name, r.status),
                                dry_run=True)
     typer.echo(recap.render_rollback(plans))
+    if run and plans and all(p.is_unknown_run for p in plans):  # a mistyped run is not "nothing to do"
+        raise HosttuneError(f"no host has run {run}: give a run apply's recap printed (its journals are under "
+                            f"{RUNS_DIR} on each host), or leave --run out for each host's latest")
     due = [p for p in plans if p.status is Outcome.PLANNED]
     if not due or not go_ahead(f"Roll back {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):
         raise typer.Exit(exit_code(plans))

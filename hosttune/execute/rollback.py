@@ -42,6 +42,7 @@ class RollbackResult:
     status: Outcome  # RESTORED, NOTHING, FAILED or UNREACHABLE
     done: tuple[str, ...] = ()
     error: str | None = None
+    is_unknown_run: bool = False  # --run named a run this host has no journal of
 
     @property
     def exit_bits(self) -> int:
@@ -218,7 +219,8 @@ def rollback_host(transport: Transport, host: Host, run: str | None, root: str |
         journal = pick_journal(load_journals(transport, root), run)
         if journal is None:
             what = f"no run {run}" if run else "no run left to roll back"
-            return RollbackResult(host, run, Outcome.NOTHING, error=f"{what} in {rooted(root, RUNS_DIR)}")
+            return RollbackResult(host, run, Outcome.NOTHING, error=f"{what} in {rooted(root, RUNS_DIR)}",
+                                  is_unknown_run=bool(run))
         if journal.rolled_back and run:
             return RollbackResult(host, run, Outcome.NOTHING, error=f"run {run} was already rolled back at {journal.rolled_back}")
         if dry_run:

@@ -115,8 +115,19 @@ def _help(command: str) -> str:
 def test_the_help_of_facts_apply_rollback_verify_and_bench_says_what_they_do():
     assert "with --dry-run, anything the plan would change" in _help("apply")
     assert "Exit code bits: 2 probe or usage error, 4 unreachable host (drift is check's: facts never sets 1)." in _help("facts")
+    assert "(default: each host's latest run not yet rolled back); one no host has is an error." in _help("rollback")
     assert "Hosts read and rolled back in parallel." in _help("rollback") and "probed" not in _help("rollback")
     assert "2 when a host cannot be reached or an input is wrong, and then nothing runs." in _help("verify")
     bench = _help("bench")
     assert "http://gpu-01:8000 (without /v1)" in bench and "(default: 128 without --rate, --trace or --sweep)" in bench
     assert "CSV files and PNG plots; made, and checked writable, before the run." in bench
+
+
+def test_rollback_of_a_run_no_host_has_is_one_line_and_exit_2(tmp_path):
+    """A mistyped --run must not read as "nothing to roll back", exit 0."""
+    for extra in ([], ["--dry-run"]):
+        result = runner.invoke(app, ["rollback", "--root", str(tmp_path), "--run", "20250102T030405Z-nosuch", *extra])
+        assert result.exit_code == 2 and "no run 20250102T030405Z-nosuch in" in result.stdout
+        assert result.stderr == ("hosttune: no host has run 20250102T030405Z-nosuch: give a run apply's recap printed "
+                                 "(its journals are under /var/lib/hosttune/runs on each host), or leave --run out for "
+                                 "each host's latest\n")
