@@ -102,7 +102,7 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     install = dplan.install_ops(release, job.entry, state, job.python) + dplan.verify_ops(release) + _tune_ops(job)
     # the key file before any unit (re)starts, so every replica starts with its key
     keys = key_ops(job.access, job.preset) + (tls_ops(job.access) if release.replicas else [])
-    needs = serve_needs(job) if serves or release.replicas else ()
+    needs = serve_needs(job, state) if serves or release.replicas else ()
     switch = rolling.switch_ops(release, state, requires=needs) if release.replicas else \
         rolling.leave_ops(state) + dplan.activate_ops(release, state, requires=needs)
     checked = check_job(transport, job, [install, keys + switch, front])

@@ -26,19 +26,29 @@ from hosttune.transport.base import Transport
 
 # Listeners on a deployment's ports that are the deployment itself (a redeploy finds them there).
 OWNERS = (SERVE_UNIT, RAY_UNIT, "hosttune-engine@", "nginx.service", ROUTER_UNIT)
+NOT_NGINX = tuple(o for o in OWNERS if o != "nginx.service")  # a port where this deployment runs no nginx
 
 
-def serve_needs(job) -> tuple[Need, ...]:
+def serve_needs(job, state: HostState) -> tuple[Need, ...]:
     """What the units of `job` (a HostJob) need to serve: the model folder read on the host, and their ports
-    free or already ours."""
+    free or already ours. nginx is ours on the ports this release's nginx listens on, and on the service port
+    of a host that runs replicas now (behind its local nginx, which going back to one service stops)."""
     ports = {job.settings.port, *(r.port for r in (job.layout.replicas if job.layout else ()) if r.port)}
     if job.access.front is not None:
         ports.add(job.access.front.port)
     if ROUTER_UNIT in job.release.units:
         router = router_ports(job.layout)
         ports.update((router.listen, router.metrics))
+    ours = _nginx_ports(job) | ({job.settings.port} if state.instances else set())
     model = (NeedModel(job.model.path, job.preset.name),) if job.model is not None else ()
-    return model + tuple(NeedPort(p, OWNERS) for p in sorted(ports))
+    return model + tuple(NeedPort(p, OWNERS if p in ours else NOT_NGINX) for p in sorted(ports))
+
+
+def _nginx_ports(job) -> set[int]:
+    """Where this release's nginx listens: its front's port, else the service port of several replicas."""
+    if job.access.front is not None:
+        return {job.access.front.port}
+    return {job.settings.port} if job.release.replicas else set()
 
 
 def refuse(transport: Transport, job, state: HostState) -> None:

@@ -8,8 +8,9 @@ from hosttune.actions.needs import NeedModel, NeedPort
 from hosttune.deploy import host as dhost
 from hosttune.deploy import rollout
 from hosttune.deploy.model import parse_model
-from hosttune.deploy.preconditions import OWNERS, serve_needs
+from hosttune.deploy.preconditions import NOT_NGINX, OWNERS, serve_needs
 from hosttune.deploy.recap import render
+from hosttune.deploy.state import HostState
 from hosttune.fleet_runner import exit_code
 
 from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, inventory
@@ -33,7 +34,19 @@ def sent(log) -> list[tuple]:
 
 def test_the_units_need_their_model_and_ports(tmp_path):
     job = job_for(tmp_path)
-    assert serve_needs(job) == (NeedModel("/m", "vllm"), NeedPort(job.settings.port, OWNERS))
+    port = job.settings.port
+    assert serve_needs(job, HostState(None, None, False)) == (NeedModel("/m", "vllm"), NeedPort(port, NOT_NGINX))
+    replicas_now = HostState(None, None, False, instances={"hosttune-engine@0.service": "active"})
+    assert serve_needs(job, replicas_now)[1] == NeedPort(port, OWNERS)  # their local nginx, which one service stops
+
+
+def test_an_nginx_of_someone_else_on_the_port_of_one_service_is_refused(tmp_path):
+    job = job_for(tmp_path)
+    t = ScriptedTransport("gpu-a", [])
+    t.needs = {f"port:{job.settings.port}": "listen:nginx.service"}
+    outcome = dhost.deploy_one(t, job, dry_run=True)
+    assert outcome.error == (f"nothing changed: gpu-a: port {job.settings.port} is in use by nginx.service; choose "
+                             "another port or stop it")
 
 
 def test_a_dry_run_shows_what_was_checked_and_sends_nothing(tmp_path):

@@ -278,7 +278,7 @@ def test_the_router_and_its_metrics_ports_are_checked_free_or_the_routers_own(tm
     layout = plan_layout(LayoutRequest("0-3"), a100_facts(), QWEN_7B, "gpu-a", 8000)
     job = SimpleNamespace(settings=SimpleNamespace(port=8000), layout=layout, access=Access(), model=None,
                           release=release)
-    ports = {n.port: n for n in serve_needs(job) if isinstance(n, NeedPort)}
+    ports = {n.port: n for n in serve_needs(job, parse_state('')) if isinstance(n, NeedPort)}
     assert sorted(ports) == [8000, 8001, 8002, 8003, 8004, 8005, 8006]
     assert ROUTER_UNIT in ports[8005].owners
 
