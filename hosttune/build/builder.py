@@ -53,7 +53,8 @@ def fleet_archs(inventory: Inventory, forks: int = DEFAULT_FORKS) -> tuple[str, 
         try:
             return probe(host)[0]
         except HosttuneError as exc:
-            raise BuildError(f"--arch auto: cannot read the GPUs of {host.name}: {exc}") from None
+            raise BuildError(f"--arch auto: cannot read the GPUs of {host.name} ({exc}); pass the archs with --arch, "
+                             "or --limit the hosts that answer") from None
 
     archs = archs_of(FleetRunner(forks).map(one, list(inventory.hosts)))
     if not archs:

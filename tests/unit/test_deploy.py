@@ -24,6 +24,7 @@ from hosttune.deploy.settings import flag_argv, parse_sets, resolve
 from hosttune.deploy.shape import declared
 from hosttune.deploy.state import HostState, UnitFile, parse_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
+from hosttune.errors import TransportError
 from hosttune.probes.facts import Facts
 from hosttune.presets import load_preset
 from hosttune.transport.base import CommandResult
@@ -414,6 +415,16 @@ def test_build_arch_auto_probes_the_fleet(tmp_path, monkeypatch):
     monkeypatch.setattr(builder, "probe", lambda host: (Facts(), None))
     with pytest.raises(BuildError, match="no host .* reported a GPU"):
         builder.fleet_archs(inv)
+
+    def unreachable(host):
+        raise TransportError(f"{host.name}: 10.0.0.11:22: connection refused (is sshd running, and on this port?)")
+
+    monkeypatch.setattr(builder, "probe", unreachable)
+    with pytest.raises(BuildError) as refused:
+        builder.fleet_archs(inv)
+    assert str(refused.value) == ("--arch auto: cannot read the GPUs of gpu-a (gpu-a: 10.0.0.11:22: connection refused (is "
+                                  "sshd running, and on this port?)); pass the archs with --arch, or --limit the hosts "
+                                  "that answer")
 
 
 def test_a_failed_install_changes_nothing_live(tmp_path):
