@@ -17,6 +17,10 @@ class TransportError(HosttuneError):
     """A host could not be reached or a command could not be sent."""
 
 
+class CommandTimeout(TransportError):
+    """A command sent to a host did not finish within its time."""
+
+
 class HostKeyError(TransportError):
     """A host's SSH key is unknown or has changed."""
 

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from hosttune.errors import ProbeError
+from hosttune.errors import CommandTimeout, ProbeError
 from hosttune.quoting import quote
 from hosttune.probes.facts import Facts
 from hosttune.probes import engine_access, gpu, health, monitor_state, pci, serve_health, software, system
@@ -69,7 +69,11 @@ def gather(transport: Transport, active_s: int = 0, timeout: float = PROBE_TIMEO
     connected = time.monotonic()
     timeout = timeout + (active_s + ACTIVE_EXTRA_S if active_s else 0)
     argv = ["sh", "-s"] if not root or root == "/" else ["sh", "-s", "--", root]
-    result = transport.read(argv, stdin=probe_script(active_s), timeout=timeout)
+    try:
+        result = transport.read(argv, stdin=probe_script(active_s), timeout=timeout)
+    except CommandTimeout:
+        raise CommandTimeout(f"{transport.host_name}: the probe did not finish within {timeout:g}s: a command on the "
+                             "host may hang (nvidia-smi, a stale mount), or raise the inventory's probe_timeout") from None
     probed = time.monotonic()
     if not result.ok:
         raise ProbeError(f"{transport.host_name}: probe script exited {result.rc}: {result.stderr.strip()[-500:]}")

@@ -7,7 +7,7 @@ import subprocess
 import time
 from typing import Sequence
 
-from hosttune.errors import TransportError
+from hosttune.errors import CommandTimeout
 from hosttune.transport.base import CommandResult, Transport, with_become
 
 
@@ -29,7 +29,7 @@ class LocalTransport(Transport):
         except FileNotFoundError as exc:
             return CommandResult(full, 127, "", str(exc), time.monotonic() - start)
         except subprocess.TimeoutExpired as exc:
-            raise TransportError(f"{self.host_name}: {argv[0]} timed out after {timeout}s") from exc
+            raise CommandTimeout(f"{self.host_name}: {argv[0]} timed out after {timeout}s") from exc
         return CommandResult(
             full,
             proc.returncode,

@@ -14,7 +14,7 @@ from typing import Sequence
 import paramiko
 from paramiko.hostkeys import HostKeyEntry, InvalidHostKey
 
-from hosttune.errors import HostKeyError, TransportError
+from hosttune.errors import CommandTimeout, HostKeyError, TransportError
 from hosttune.quoting import join
 from hosttune.transport.base import CommandResult, ConnectionSpec, Transport, with_become
 
@@ -144,6 +144,8 @@ class SshTransport(Transport):
                 _send(chan, stdin)
             chan.shutdown_write()
             rc, out, err = _drain(chan, timeout)
+        except CommandTimeout:
+            raise CommandTimeout(f"{self.host_name}: {argv[0]} timed out after {timeout}s") from None
         except (OSError, socket.timeout, paramiko.SSHException) as exc:
             raise TransportError(f"{self.host_name}: command {argv[0]!r} failed over SSH: {exc}") from exc
         return CommandResult(full, rc, out, err, time.monotonic() - start)
@@ -178,7 +180,7 @@ def _drain(chan: paramiko.Channel, timeout: float | None) -> tuple[int, str, str
             break
         if deadline is not None and time.monotonic() > deadline:
             chan.close()
-            raise socket.timeout(f"no exit after {timeout}s")
+            raise CommandTimeout(f"no exit after {timeout}s")
         select.select([chan], [], [], 0.1)
     # Whatever arrived between the last read and the exit status.
     out += _read_rest(chan.recv)

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from hosttune.checks import run_checks
 from hosttune.cli import app
-from hosttune.errors import ProbeError
+from hosttune.errors import CommandTimeout, ProbeError
 from hosttune.checks.findings import Status
 from hosttune.probes.gather import gather
 from hosttune.config.profile import load_profile
@@ -90,3 +90,10 @@ def test_apply_dry_run_under_a_missing_root_plans_nothing_and_exits_2(tmp_path):
     result = CliRunner().invoke(app, ["apply", "--dry-run", "--root", str(tmp_path / "typo")])
     assert result.exit_code == 2 and "no such directory on this host" in result.stdout
     assert "0 changes" in result.stdout and not (tmp_path / "typo").exists()
+
+
+def test_a_probe_past_its_time_says_so_and_what_to_do():
+    with pytest.raises(CommandTimeout, match=r"^localhost: the probe did not finish within 0.01s: a command on the host "
+                                             r"may hang \(nvidia-smi, a stale mount\), or raise the inventory's "
+                                             r"probe_timeout$"):
+        gather(LocalTransport(), timeout=0.01)
