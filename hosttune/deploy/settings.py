@@ -166,6 +166,8 @@ def resolve(host: Host, preset: EnginePreset, model: str, port: int | None, over
     for name, value in doc.get(preset.name, {}).items():
         flags[_flag_name(str(name), f"{where}: deploy.{preset.name}")] = value
         _text(value, f"{where}: deploy.{preset.name}.{name}")
+    _refuse_shape_flags(preset, doc.get(preset.name, {}), f"{where}: deploy.{preset.name}.")
+    _refuse_shape_flags(preset, overrides.flags, "--set ")
     flags.update(overrides.flags)
     env = dict(preset.serve.env)
     env.update({_env_name(str(k), f"{where}: deploy.env"): _text(v, f"{where}: deploy.env.{k}")
@@ -180,6 +182,23 @@ def resolve(host: Host, preset: EnginePreset, model: str, port: int | None, over
         max(1, _number(doc, "probe_interval", int, where, 10)), doc.get("session_affinity", False),
         doc.get("router", False),
     ))
+
+
+SHAPE_OPTIONS = {"{model}": ("--model", "deploy.model"), "{port}": ("--port", "deploy.port")}
+
+
+def _refuse_shape_flags(preset: EnginePreset, given: Mapping[str, Any], where: str) -> None:
+    """Flags hosttune sets from the deployment's shape (model, port, each replica's TP) are not engine flags to
+    override: the gate, nginx and the placement follow the shape, and would not follow the flag."""
+    shaped = {name: option for name, value in preset.serve.flags.items()
+              for holder, option in SHAPE_OPTIONS.items() if holder in str(value)}
+    if preset.serve.tp_flag:
+        shaped[preset.serve.tp_flag] = ("--tensor-parallel", "deploy.tensor_parallel")
+    for name in given:
+        option = shaped.get(str(name).removeprefix("--"))
+        if option:
+            raise DeployError(f"{where}{name}: hosttune sets --{str(name).removeprefix('--')} from the deployment's "
+                              f"shape; give {option[0]} (or {option[1]}) instead")
 
 
 def flag_argv(flags: Mapping[str, Any], values: Mapping[str, Any], false_flag: str | None) -> list[str]:

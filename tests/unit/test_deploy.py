@@ -75,6 +75,19 @@ def test_bad_deploy_vars_name_the_inventory_line(tmp_path):
         declared(replace(host, deploy={"port": 70000}))  # the shape, which the run's port comes from
 
 
+
+@pytest.mark.parametrize("engine, flag, option", [("custom", "port", "--port"), ("custom", "model", "--model"),
+                                                  ("sglang", "model-path", "--model"),
+                                                  ("vllm", "tensor-parallel-size", "--tensor-parallel")])
+def test_flags_hosttune_sets_from_the_shape_are_refused_with_the_option_that_sets_them(tmp_path, engine, flag, option):
+    host = inventory(tmp_path).hosts[0]
+    with pytest.raises(DeployError, match=f"^--set {flag}: hosttune sets --{flag} from the deployment's shape; give "
+                                          f"{option} "):
+        resolve(host, load_preset(engine), "/m", None, parse_sets([f"{flag}=2"]))
+    with pytest.raises(DeployError, match=f"inventory.yaml:\\d+: deploy.{engine}.{flag}: hosttune sets"):
+        resolve(replace(host, deploy={engine: {flag: 2}}), load_preset(engine), "/m", None, parse_sets([]))
+
+
 def test_flag_argv_true_false_null():
     flags = {"a": True, "b": False, "c": None, "d": 3, "e": "{port}"}
     assert flag_argv(flags, {"port": 1}, "no-{flag}") == ["--a", "--no-b", "--d", "3", "--e", "1"]
