@@ -84,6 +84,8 @@ def deploy(
 
     Example: hosttune deploy -i inventories/example.yaml --canary 1 --canary-slo e2e=2s --yes
     """
+    if gpus is not None and not gpus.strip():  # "$GPUS" unset: not every GPU, as --gpus left out would be
+        raise DeployError("--gpus '': give GPU indices such as 0-3 or 0,2, or leave --gpus out for the inventory's gpus")
     inv = load(inventory, limit, accept_new_host_keys)
     timeouts = Timeouts(warmup, health_timeout, gate_timeout)
     if rollback:

@@ -340,6 +340,13 @@ def test_cli_a_canary_slo_is_checked_before_any_plan_even_in_a_dry_run(monkeypat
     assert not opened
 
 
+def test_cli_an_empty_gpus_is_an_error_not_every_gpu(monkeypatch):
+    opened = untouched(monkeypatch)
+    result = runner.invoke(app, ["deploy", "--engine", "custom", "--model", "/m", "--gpus", " ", "--dry-run"])
+    assert result.exit_code == 2 and not opened and result.output == (
+        "hosttune: --gpus '': give GPU indices such as 0-3 or 0,2, or leave --gpus out for the inventory's gpus\n")
+
+
 def test_cli_a_canary_slo_without_the_bench_extra_is_refused_before_any_plan(monkeypatch):
     from hosttune.bench import extra
 
