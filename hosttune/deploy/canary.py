@@ -85,7 +85,10 @@ def slo_check(bench: CanaryBench, request):
 
     def check(outcomes: list[HostDeploy]) -> str | None:
         for outcome in outcomes:
-            host = target(outcome, request)
+            try:
+                host = target(outcome, request)
+            except DeployError as exc:  # the rest is skipped with why; the canaries' recap still prints
+                return f"the canary {outcome.host.name} cannot be benchmarked: {exc}"
             summary = summarize(measure_sync(replace(spec, headers=host.headers, tls=host.tls), host.url), slo)
             if not summary.slo_met:
                 return (f"the canary {outcome.host.name} missed the SLO {bench.slo} at {bench.rate:g} req/s "

@@ -256,6 +256,9 @@ def test_the_canary_bench_calls_a_host_as_its_callers_do_with_the_key_through_it
     (fronted, _) = _hosts(tmp_path / "a", f"api_key_file: {tmp_path / 'prod.key'}\n" + tls)
     with pytest.raises(DeployError, match=f"deploy.nginx.tls_ca {tmp_path / 'c.pem'}: not a readable PEM file of CA"):
         target(HostDeploy(fronted, Outcome.DEPLOYED, "r", "r"), request)  # "CERT": the CA file is what is trusted
+    from hosttune.deploy.canary import CanaryBench, slo_check
+    why = slo_check(CanaryBench("e2e=2s"), request)([HostDeploy(fronted, Outcome.DEPLOYED, "r", "r")])
+    assert why.startswith(f"the canary gpu-a cannot be benchmarked: deploy.nginx.tls_ca {tmp_path / 'c.pem'}: not a")
     (tmp_path / "c.pem").write_bytes(_self_signed(tmp_path)[0].read_bytes())
     fronted_target = target(HostDeploy(fronted, Outcome.DEPLOYED, "r", "r"), request)
     assert fronted_target.url == "https://10.0.0.1:443" and fronted_target.headers == (("Authorization", f"Bearer {KEY}"),)
