@@ -16,7 +16,8 @@ from hosttune.cli.common import (AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt
 from hosttune.cli.progress import Progress
 from hosttune.fleet import HostReport, check_fleet
 from hosttune.fleet_runner import exit_code
-from hosttune.remediate.rungs import explain_lines, rung_named
+from hosttune.errors import HosttuneError
+from hosttune.remediate.rungs import Rung, explain_lines, rung_named
 from hosttune.report.jsonout import facts_json
 
 
@@ -105,7 +106,10 @@ def explain(check_id: str = typer.Argument(..., help="A check id, e.g. irq.irqba
     if check_id.startswith("remediate."):
         typer.echo("\n".join(explain_lines(rung_named(check_id.removeprefix("remediate.")))))
         return
-    c = get_check(check_id)
+    try:
+        c = get_check(check_id)
+    except HosttuneError as exc:  # the argument may name a remediation step too
+        raise HosttuneError(f"{exc}; remediation steps: {', '.join(f'remediate.{r}' for r in Rung)}") from None
     typer.echo(f"{c.id}: {c.title} (severity {c.severity.value})")
     typer.echo(f"why: {c.why}")
     typer.echo(f"fix: {c.remediation}" + (" (needs a reboot)" if c.needs_reboot else ""))

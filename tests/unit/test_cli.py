@@ -65,6 +65,9 @@ def test_explain():
     result = runner.invoke(app, ["explain", "cpu.cstates"])
     assert result.exit_code == 0 and "why:" in result.output and "needs a reboot" in result.output
     assert runner.invoke(app, ["explain", "nope"]).exit_code == EXIT_ERROR
+    unknown = runner.invoke(app, ["explain", "reset"])  # a remediation step without its prefix
+    assert unknown.exit_code == EXIT_ERROR and len(unknown.stderr.splitlines()) == 1
+    assert "known checks: driver.version," in unknown.stderr and "remediate.reset, remediate.reboot" in unknown.stderr
 
 
 def test_facts_dumps_json():
