@@ -11,6 +11,7 @@ from hosttune.deploy.access import Tls, access_for
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.settings import resolve
+from hosttune.errors import HosttuneError
 from hosttune.presets import load_preset
 
 
@@ -87,9 +88,9 @@ def slo_check(bench: CanaryBench, request):
         for outcome in outcomes:
             try:
                 host = target(outcome, request)
-            except DeployError as exc:  # the rest is skipped with why; the canaries' recap still prints
+                summary = summarize(measure_sync(replace(spec, headers=host.headers, tls=host.tls), host.url), slo)
+            except HosttuneError as exc:  # the rest is skipped with why; the canaries' recap still prints
                 return f"the canary {outcome.host.name} cannot be benchmarked: {exc}"
-            summary = summarize(measure_sync(replace(spec, headers=host.headers, tls=host.tls), host.url), slo)
             if not summary.slo_met:
                 return (f"the canary {outcome.host.name} missed the SLO {bench.slo} at {bench.rate:g} req/s "
                         f"({summary.num_ok} of {summary.num_requests} requests ok)")

@@ -23,6 +23,7 @@ from hosttune.deploy.host import HostDeploy, deploy_one, rollback_one
 from hosttune.deploy.front import NGINX_CONF, front_ops, front_upstream, key_ops
 from hosttune.actions.base import Command, FileWrite, describe
 from hosttune.deploy.settings import ServeSettings
+from hosttune.deploy.shape import Shape
 from hosttune.deploy.units import REPLICA_TEMPLATE, Upstream, render_nginx
 from hosttune.config.inventory import load_inventory
 from hosttune.presets import load_preset
@@ -282,6 +283,9 @@ def test_a_canary_behind_a_tls_front_is_benchmarked_over_https_against_the_deplo
         check = slo_check(CanaryBench("ttft=500ms", rate=10, duration="1s", max_tokens="4"),
                           rollout.DeployRequest("custom", "/m", tmp_path, canary=1))
         assert check([HostDeploy(host, Outcome.DEPLOYED, "r", "r")]) is None
+    closed = replace(host, deploy={})  # its front is gone: nothing answers the canary's port
+    missed = check([HostDeploy(closed, Outcome.DEPLOYED, "r", "r", shape=Shape("custom", "/m", port=port))])
+    assert missed.startswith(f"the canary gpu-a cannot be benchmarked: cannot reach http://localhost:{port}")
 
 
 def test_a_dry_run_makes_no_key_and_an_unwritable_keys_dir_is_one_line(tmp_path, monkeypatch):
