@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import random
 import signal
 import time
@@ -67,10 +68,10 @@ class Load:
             raise BenchError("--max-concurrency caps an open loop (--rate or --trace) and must be positive")
         if self.users is not None and self.users < 1:
             raise BenchError(f"--users {self.users}: need at least one user")
-        if self.rate is not None and self.rate <= 0:
-            raise BenchError(f"--rate {self.rate:g}: the rate must be positive")
-        if self.burstiness <= 0:
-            raise BenchError(f"--burstiness {self.burstiness:g}: must be positive")
+        if self.rate is not None and not 0 < self.rate < math.inf:  # NaN too: it would send every request at once
+            raise BenchError(f"--rate {self.rate:g}: the rate must be a positive number")
+        if not 0 < self.burstiness < math.inf:
+            raise BenchError(f"--burstiness {self.burstiness:g}: must be a positive number")
         if self.duration is not None and self.num_requests is not None:
             raise BenchError("give either --duration or --requests, not both")
         if self.arrivals is None and self.duration is None and self.num_requests is None:

@@ -33,9 +33,9 @@ class SweepConfig:
     max_steps: int = 20
 
     def __post_init__(self) -> None:
-        if not 0 < self.start_rate <= self.max_rate:
-            raise BenchError("--sweep-start must be positive and at most --sweep-max")
-        if self.growth <= 1 or not 0 < self.precision < 1 or self.max_steps < 1:
+        if not 0 < self.start_rate <= self.max_rate < math.inf:
+            raise BenchError("--sweep-start must be positive and at most --sweep-max, a finite rate")
+        if not 1 < self.growth < math.inf or not 0 < self.precision < 1 or self.max_steps < 1:
             raise BenchError("sweep growth must be > 1 and precision in (0, 1)")
 
 

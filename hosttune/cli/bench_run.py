@@ -33,6 +33,7 @@ DEFAULT_SWEEP_SLO = "e2e=2s"  # a sweep finds the highest rate whose E2E P95 sta
 
 def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, priority, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed, api_key=None, header=(), cacert=None, insecure=False) -> None:
     url = [check_url(u) for u in url]  # every endpoint's URL before the first run, not after it
+    config = SweepConfig(sweep_start, sweep_max, sweep_growth, sweep_precision) if sweep else None
     slo_value = _slo(slo or (DEFAULT_SWEEP_SLO if sweep else None), slo_percentile, max_error_rate)
     grid = parse_shared_prefix(shared_prefix) if shared_prefix else None
     replay = load_trace(trace) if trace is not None else None
@@ -52,8 +53,7 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
     if out is not None:
         _check_out(out)
     command = "hosttune bench " + " ".join(shlex.quote(a) for a in redact_argv(sys.argv[2:]))
-    if sweep:
-        config = SweepConfig(sweep_start, sweep_max, sweep_growth, sweep_precision)
+    if config is not None:
         outcome = report.Outcome((), tuple(_sweep_one(spec, u, slo_value, config) for u in url), command, report.now_text())
         typer.echo(console.sweep_table(list(outcome.sweeps), table_renderer(console.table)))
     else:

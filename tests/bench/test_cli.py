@@ -188,7 +188,12 @@ def test_a_run_that_would_measure_nothing_is_a_user_error():
                           (["--sweep", "--rate", "3"], "drop --users and --rate"),
                           (["--shared-prefix", "1x2", "--prefix-tokens", "1000000000"],
                            "--prefix-tokens 1000000000: give 1 to 10000000 tokens"),
-                          (["--users", "1", "--prompts", "100000000"], "past the 10000000 bench builds")):
+                          (["--users", "1", "--prompts", "100000000"], "past the 10000000 bench builds"),
+                          (["--rate", "nan"], "--rate nan: the rate must be a positive number"),  # not a flood
+                          (["--rate", "inf"], "--rate inf: the rate must be a positive number"),
+                          (["--rate", "2", "--burstiness", "nan"], "--burstiness nan: must be a positive number"),
+                          (["--sweep", "--sweep-max", "inf"], "at most --sweep-max, a finite rate"),
+                          (["--sweep", "--sweep-start", "nan"], "at most --sweep-max, a finite rate")):
         result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", *args])
         assert result.exit_code == 2 and message in result.output, (args, result.output)
 
