@@ -130,6 +130,14 @@ def _number(doc: Mapping, key: str, kind: type, where: str, default: Any) -> Any
     return value
 
 
+def _seconds(doc: Mapping, key: str, where: str, default: float) -> float:
+    """A timeout: at least a second, as the CLI's options are (0 would fail every gate)."""
+    value = _number(doc, key, float, where, default)
+    if value < 1:
+        raise DeployError(f"{where}: deploy.{key} must be at least 1 second (got {value!r})")
+    return value
+
+
 def _port(doc: Mapping, key: str, where: str, default: int | None) -> int | None:
     value = _number(doc, key, int, where, default)
     if value is not None and not 1 <= value <= 65535:
@@ -177,8 +185,8 @@ def resolve(host: Host, preset: EnginePreset, model: str, port: int | None, over
     chosen_port = port if port is not None else _port(doc, "port", where, DEFAULT_PORT)
     return timeouts.apply(ServeSettings(
         preset.name, model, chosen_port, flags, env, doc.get("multinode", False), _port(doc, "lb_port", where, None),
-        _number(doc, "warmup", int, where, 3), _number(doc, "health_timeout", float, where, 600.0),
-        _number(doc, "gate_timeout", float, where, 60.0),
+        _number(doc, "warmup", int, where, 3), _seconds(doc, "health_timeout", where, 600.0),
+        _seconds(doc, "gate_timeout", where, 60.0),
         max(1, _number(doc, "probe_interval", int, where, 10)), doc.get("session_affinity", False),
         doc.get("router", False),
     ))

@@ -67,7 +67,9 @@ def test_bad_deploy_vars_name_the_inventory_line(tmp_path):
     for bad, message in (({"portt": 1}, "deploy.portt: unknown key"), ({"vllm": [1]}, "deploy.vllm must be a mapping"),
                          ({"port": "x"}, "deploy.port must be"), ({"vllm": {"x": "a\nb"}}, "single-line"),
                          ({"port": 70000}, r"deploy.port must be a port number between 1 and 65535 \(got 70000\)"),
-                         ({"lb_port": 0}, r"deploy.lb_port must be a port number between 1 and 65535 \(got 0\)")):
+                         ({"lb_port": 0}, r"deploy.lb_port must be a port number between 1 and 65535 \(got 0\)"),
+                         ({"health_timeout": 0}, r"deploy.health_timeout must be at least 1 second \(got 0\)"),
+                         ({"gate_timeout": 0.5}, r"deploy.gate_timeout must be at least 1 second \(got 0.5\)")):
         with pytest.raises(DeployError, match=message) as info:
             resolve(replace(host, deploy=bad), load_preset("vllm"), "/m", None, parse_sets([]))
         assert "inventory.yaml:" in str(info.value)
