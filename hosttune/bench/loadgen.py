@@ -44,6 +44,7 @@ from hosttune.errors import BenchError
 
 LAG_INTERVAL = 0.005  # seconds between two loop-lag samples
 MAX_IN_FLIGHT = 4096  # open loop without a cap: past this, arrivals wait (and show as send lag)
+MAX_USERS = 100_000  # closed loop: each user is a task and a connection; millions would exhaust memory first
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,8 @@ class Load:
             raise BenchError("give either --users N (closed loop), --rate R (open loop) or --trace FILE")
         if self.max_concurrency is not None and (self.users is not None or self.max_concurrency < 1):
             raise BenchError("--max-concurrency caps an open loop (--rate or --trace) and must be positive")
-        if self.users is not None and self.users < 1:
-            raise BenchError(f"--users {self.users}: need at least one user")
+        if self.users is not None and not 1 <= self.users <= MAX_USERS:
+            raise BenchError(f"--users {self.users}: give 1 to {MAX_USERS} users")
         if self.rate is not None and not 0 < self.rate < math.inf:  # NaN too: it would send every request at once
             raise BenchError(f"--rate {self.rate:g}: the rate must be a positive number")
         if not 0 < self.burstiness < math.inf:

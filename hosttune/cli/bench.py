@@ -16,7 +16,7 @@ from hosttune.cli.common import user_errors
 @user_errors
 def bench(
     url: List[str] = typer.Option(..., "--url", help="Endpoint base URL, e.g. http://gpu-01:8000 (without /v1); repeat to compare endpoints side by side."),
-    users: Optional[int] = typer.Option(None, "--users", help="Closed loop: this many users, each sending its next request when the last one ends (default: 128 without --rate, --trace or --sweep)."),
+    users: Optional[int] = typer.Option(None, "--users", help="Closed loop: this many users (1 to 100000), each sending its next request when the last one ends (default: 128 without --rate, --trace or --sweep)."),
     rate: Optional[float] = typer.Option(None, "--rate", help="Open loop: requests per second, arriving whatever the server does."),
     burstiness: float = typer.Option(1.0, "--burstiness", help="Gamma shape of arrival gaps: 1 Poisson, <1 burstier, >1 steadier."),
     duration: Optional[str] = typer.Option(None, "--duration", help="Measured time after the warm-up, e.g. 10m (default 60s; a sweep's step: 30s)."),

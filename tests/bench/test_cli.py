@@ -189,6 +189,8 @@ def test_a_run_that_would_measure_nothing_is_a_user_error():
                           (["--shared-prefix", "1x2", "--prefix-tokens", "1000000000"],
                            "--prefix-tokens 1000000000: give 1 to 10000000 tokens"),
                           (["--users", "1", "--prompts", "100000000"], "past the 10000000 bench builds"),
+                          (["--users", "0"], "--users 0: give 1 to 100000 users"),
+                          (["--users", "10000000"], "--users 10000000: give 1 to 100000 users"),  # not a MemoryError
                           (["--rate", "nan"], "--rate nan: the rate must be a positive number"),  # not a flood
                           (["--rate", "inf"], "--rate inf: the rate must be a positive number"),
                           (["--rate", "2", "--burstiness", "nan"], "--burstiness nan: must be a positive number"),
