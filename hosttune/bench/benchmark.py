@@ -70,8 +70,8 @@ class BenchSpec:
         if self.metrics_interval is not None and self.metrics_interval <= 0:
             raise BenchError("--metrics-interval must be positive")
         self._check_workload()
-        prompt_dist = parse_distribution(self.prompt_lengths)
-        output_dist = parse_distribution(self.output_lengths, jsonl_field="output_tokens")
+        prompt_dist = _lengths(self.prompt_lengths, "--prompts", "prompt_tokens")
+        output_dist = _lengths(self.output_lengths, "--max-tokens", "output_tokens")
         if self.trace is not None:
             prompt_dist, output_dist = self.trace.prompt_lengths, self.trace.output_lengths
         object.__setattr__(self, "prompt_dist", prompt_dist)
@@ -186,3 +186,11 @@ def run_async(coroutine):
     except ImportError:
         return asyncio.run(coroutine)
     return uvloop.run(coroutine)
+
+
+def _lengths(spec: str, option: str, jsonl_field: str):
+    """A length distribution, its error naming the option it came from."""
+    try:
+        return parse_distribution(spec, jsonl_field=jsonl_field)
+    except BenchError as exc:
+        raise BenchError(f"{option}: {exc}") from None

@@ -174,3 +174,9 @@ def test_a_crash_in_the_load_generator_surfaces_instead_of_hanging(server_factor
     object.__setattr__(spec, "prompt_dist", Broken())
     with pytest.raises(ZeroDivisionError):
         run_async(measure(spec, url))
+
+
+@pytest.mark.parametrize("field, option", [("prompt_lengths", "--prompts"), ("output_lengths", "--max-tokens")])
+def test_a_bad_length_distribution_names_its_option(field, option):
+    with pytest.raises(BenchError, match=f"^{option}: length distribution '0': '0' is not a positive integer$"):
+        BenchSpec(load=Load(users=1, num_requests=1), **{field: "0"})
