@@ -27,6 +27,8 @@ def parse_slo(text: str, percentile: float = 95, max_error_rate: float = 0.01) -
         name = name.strip().lower()
         if not sep or name not in ("ttft", "tpot", "e2e"):
             raise BenchError(f"SLO term {term!r}: use ttft=..., tpot=... or e2e=..., e.g. e2e=2s")
+        if name in limits:
+            raise BenchError(f"SLO {text!r} gives {name} twice: give each limit once")
         limits[name] = parse_duration(value, f"SLO {name}")
     if not limits:
         raise BenchError(f"SLO {text!r} names no limit; e.g. --slo e2e=2s")

@@ -22,7 +22,8 @@ def test_slo():
     assert parse_slo("e2e=2").limits() == {"e2e": 2.0}
 
 
-@pytest.mark.parametrize("text, message", [("p95=2s", "use ttft"), ("e2e", "use ttft"), (",", "names no limit")])
+@pytest.mark.parametrize("text, message", [("p95=2s", "use ttft"), ("e2e", "use ttft"), (",", "names no limit"),
+                                           ("ttft=1s,TTFT=2s", "gives ttft twice")])
 def test_bad_slo(text, message):
     with pytest.raises(BenchError, match=message):
         parse_slo(text)
