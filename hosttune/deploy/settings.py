@@ -180,6 +180,8 @@ def resolve(host: Host, preset: EnginePreset, model: str, port: int | None, over
     env = dict(preset.serve.env)
     env.update({_env_name(str(k), f"{where}: deploy.env"): _text(v, f"{where}: deploy.env.{k}")
                 for k, v in doc.get("env", {}).items()})
+    _refuse_placement_env(doc.get("env", {}), f"{where}: deploy.env.")
+    _refuse_placement_env(overrides.env, "--set env.")
     for name, value in overrides.env.items():
         env.pop(name, None) if value is None else env.__setitem__(name, value)
     chosen_port = port if port is not None else _port(doc, "port", where, DEFAULT_PORT)
@@ -207,6 +209,15 @@ def _refuse_shape_flags(preset: EnginePreset, given: Mapping[str, Any], where: s
         if option:
             raise DeployError(f"{where}{name}: hosttune sets --{str(name).removeprefix('--')} from the deployment's "
                               f"shape; give {option[0]} (or {option[1]}) instead")
+
+
+def _refuse_placement_env(given: Mapping[str, Any], where: str) -> None:
+    """CUDA_VISIBLE_DEVICES is each replica's GPUs, which hosttune sets from the placement: the NUMA binding, the
+    checks of tensor parallelism against the GPUs and the remediation of a GPU's faults follow the placement, and
+    would not follow the variable."""
+    if "CUDA_VISIBLE_DEVICES" in given:
+        raise DeployError(f"{where}CUDA_VISIBLE_DEVICES: hosttune sets it from the deployment's GPUs; give --gpus "
+                          "(or the inventory's gpus) instead")
 
 
 def flag_argv(flags: Mapping[str, Any], values: Mapping[str, Any], false_flag: str | None) -> list[str]:

@@ -69,12 +69,16 @@ def test_bad_deploy_vars_name_the_inventory_line(tmp_path):
                          ({"port": 70000}, r"deploy.port must be a port number between 1 and 65535 \(got 70000\)"),
                          ({"lb_port": 0}, r"deploy.lb_port must be a port number between 1 and 65535 \(got 0\)"),
                          ({"health_timeout": 0}, r"deploy.health_timeout must be at least 1 second \(got 0\)"),
-                         ({"gate_timeout": 0.5}, r"deploy.gate_timeout must be at least 1 second \(got 0.5\)")):
+                         ({"gate_timeout": 0.5}, r"deploy.gate_timeout must be at least 1 second \(got 0.5\)"),
+                         ({"env": {"CUDA_VISIBLE_DEVICES": "1"}},
+                          "deploy.env.CUDA_VISIBLE_DEVICES: hosttune sets it from the deployment's GPUs; give --gpus")):
         with pytest.raises(DeployError, match=message) as info:
             resolve(replace(host, deploy=bad), load_preset("vllm"), "/m", None, parse_sets([]))
         assert "inventory.yaml:" in str(info.value)
     with pytest.raises(DeployError, match=r"inventory.yaml:\d+: deploy.port must be a port number between 1 and 65535"):
         declared(replace(host, deploy={"port": 70000}))  # the shape, which the run's port comes from
+    with pytest.raises(DeployError, match="^--set env.CUDA_VISIBLE_DEVICES: hosttune sets it"):
+        resolve(host, load_preset("vllm"), "/m", None, parse_sets(["env.CUDA_VISIBLE_DEVICES=0"]))
 
 
 
