@@ -25,7 +25,7 @@ from hosttune.deploy.release import release_name, wheel_path
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
 from hosttune.execute.perform import run_ops
-from hosttune.errors import HosttuneError
+from hosttune.errors import HosttuneError, TransportError
 from hosttune.config.inventory import Host
 from hosttune.fleet_runner import FleetRunner, Outcome
 from hosttune.probes.gather import gather
@@ -106,8 +106,13 @@ def deploy_group(hosts: list[Host], request, make_job: Callable) -> list[HostDep
 def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
     group_roles = roles(hosts)
     together = FleetRunner(forks=len(hosts))  # a phase runs on every host of the group at once
+    facts = dict(zip([h.name for h in hosts], together.map(lambda h: _facts_or_loss(transports[h.name]), hosts)))
+    lost = [name for name, f in facts.items() if isinstance(f, TransportError)]
+    if lost:  # those hosts unreachable; the group's others wait for them, unchanged
+        why = f"nothing changed on group {hosts[0].group}: {', '.join(lost)} did not answer"
+        return [HostDeploy(h, Outcome.UNREACHABLE, error=str(facts[h.name])) if h.name in lost
+                else HostDeploy(h, Outcome.FAILED, error=why) for h in hosts]
     try:
-        facts = dict(zip([h.name for h in hosts], together.map(lambda h: gather(transports[h.name]).facts, hosts)))
         jobs = [make_job(h, facts[h.name], request, group_roles[h.name]) for h in hosts]
         states = {j.host.name: read_state(transports[j.host.name], j.release.id, [wheel_path(w) for w in j.release.wheels])
                   for j in jobs}
@@ -134,6 +139,13 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
                 return [HostDeploy(j.host, Outcome.FAILED, j.release.id, release_name(states[j.host.name].current), error=str(exc)) for j in jobs]
             return _restore_group(jobs, states, transports, gate or GateResult(False, phase.description, str(exc)))
     return [HostDeploy(j.host, Outcome.DEPLOYED, j.release.id, j.release.id, gate if j is head else None) for j in jobs]
+
+
+def _facts_or_loss(transport):
+    try:
+        return gather(transport).facts
+    except TransportError as exc:
+        return exc
 
 
 def _restore_group(jobs, states, transports, gate: GateResult) -> list[HostDeploy]:

@@ -306,6 +306,27 @@ def test_a_multinode_group_stops_before_anything_is_sent_when_one_host_cannot_me
     assert not [a for _, a in log if a[:2] == ("sh", "-c") and a[4:5] == ("write",) or a[0] == "systemctl"]
 
 
+def test_a_multinode_group_with_a_host_that_does_not_answer_says_which_and_changes_none(tmp_path, monkeypatch):
+    from hosttune.errors import TransportError
+
+    hosts = [h for h in inventory(tmp_path).hosts if h.group == "ray"]
+    log: list = []
+    transports = {h.name: ScriptedTransport(h.name, log, ray_nodes=3) for h in hosts}
+
+    def gather(transport):
+        if transport is transports["node-1"]:
+            raise TransportError("node-1: ssh: connect to host node-1 port 22: Connection timed out")
+        return type("Run", (), {"facts": a100_facts()})()
+
+    monkeypatch.setattr(multinode, "open_transport", lambda spec, **kw: transports[spec.host_name])
+    monkeypatch.setattr(multinode, "gather", gather)
+    outcomes = multinode.deploy_group(hosts, rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3"), rollout.make_job)
+    assert [o.state for o in outcomes] == ["failed", "unreachable", "failed"]
+    assert outcomes[1].error.startswith("node-1: ssh: connect")
+    assert outcomes[0].error == "nothing changed on group ray: node-1 did not answer"
+    assert not [a for _, a in log if a[0] == "systemctl"]
+
+
 def test_cli_refuses_a_host_without_systemd(monkeypatch, tmp_path):
     monkeypatch.setattr(rollout, "gather", lambda t: type("Run", (), {"facts": h200_facts()})())
     result = runner.invoke(app, ["deploy", "--engine", "custom", "--gpus", "0", "--model", "/tmp/none", "-w", str(tmp_path)])
