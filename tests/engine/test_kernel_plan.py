@@ -106,6 +106,14 @@ def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no
     assert "qkv_proj:" in format_plan(_plan("NVIDIA H200"))
 
 
+def test_the_plan_command_refuses_a_malformed_config_in_one_line(tmp_path, capsys):
+    (tmp_path / "config.json").write_text('["LlamaForCausalLM"]')
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--model", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "holds a JSON list, not an object" in err
+
+
 def test_a_plan_naming_the_torch_reference_for_one_projection_runs_it_there_only(tiny_models, monkeypatch, caplog,
                                                                                 wide_gemv_tiles):
     """One-row decode under the Triton interpreter: every projection's weight goes through the GEMV except

@@ -60,6 +60,24 @@ def test_missing_files(tmp_path, tiny_models):
         ModelConfig.from_folder(missing_field)
 
 
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", "holds a JSON list, not an object"),
+    ('"LlamaForCausalLM"', "holds a JSON str, not an object"),
+])
+def test_a_config_json_that_is_not_an_object_is_one_error(tmp_path, text, message):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ModelLoadError, match=message):
+        ModelConfig.from_folder(tmp_path)
+
+
+@pytest.mark.parametrize("field, value", [("hidden_size", "128"), ("num_attention_heads", 0),
+                                          ("num_key_value_heads", 2.5), ("vocab_size", True)])
+def test_a_size_that_is_not_a_positive_integer_names_the_field(tmp_path, tiny_models, field, value):
+    bad = copy(tiny_models["llama"], tmp_path / "m", lambda c: c.update({field: value}))
+    with pytest.raises(ModelLoadError, match=f"{field} must be a positive integer, got {value!r}"):
+        ModelConfig.from_folder(bad)
+
+
 def test_shape_mismatch_names_the_tensor(tmp_path, tiny_models):
     bad = copy(tiny_models["llama"], tmp_path / "m", lambda c: c.update(intermediate_size=300))
     with pytest.raises(ModelLoadError, match="mlp.*shape .* does not match"):

@@ -50,6 +50,9 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> "ModelConfig":
+        if not isinstance(raw, dict):
+            raise ModelLoadError(f"{source}: holds a JSON {type(raw).__name__}, not an object of model fields; "
+                                 "point `model` at a Hugging Face model folder")
         arch = (raw.get("architectures") or [None])[0]
         if arch not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModelError(
@@ -57,6 +60,7 @@ class ModelConfig:
             )
         _check_unsupported_features(raw, arch, source)
         get = _getter(raw, source)
+        _check_sizes(raw, source)
         heads = get("num_attention_heads")
         rope = raw.get("rope_parameters") or {}
         scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
@@ -97,6 +101,18 @@ def _check_unsupported_features(raw: dict, arch: str, source: str) -> None:
         raise UnsupportedModelError(f"{source}: sliding-window attention is not supported")
     if raw.get("mlp_bias"):
         raise UnsupportedModelError(f"{source}: MLP biases (mlp_bias) are not supported")
+
+
+SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def _check_sizes(raw: dict, source: str) -> None:
+    """Sizes are positive integers; the optional ones may be absent or null (then derived or defaulted)."""
+    for key in SIZE_FIELDS:
+        value = raw.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            raise ModelLoadError(f"{source}: {key} must be a positive integer, got {value!r}; fix config.json")
 
 
 def _getter(raw: dict, source: str):
