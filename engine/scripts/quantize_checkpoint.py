@@ -8,7 +8,8 @@ Layouts: fp8-block (quant_method fp8, 128x128 blocks, weight_scale_inv, as the Q
 FP8 releases), fp8-channel / fp8-tensor (compressed-tensors, as llm-compressor writes), awq (gemm,
 zero points), gptq (--sym or zero points, --desc-act for act-order groups with g_idx). Round to
 nearest, or for 4-bit with --calibration-text, after an activation-aware scale search (AWQ's); the
-lm_head and embeddings stay in --dtype.
+lm_head and embeddings stay in --dtype. --model is a plain (unquantized) checkpoint; --out is a new or
+empty folder (one holding files is refused, so no other checkpoint's shards end up beside the new one).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from hosttune_engine.errors import EngineError
+from hosttune_engine.errors import ConfigError, EngineError
 from hosttune_engine.quant.spec import Layout, QuantSpec
 from hosttune_engine.checkpoint.writer import write_quantized
 
@@ -43,17 +44,47 @@ def calibration_ids(args) -> list[int] | None:
         return None
     from hosttune_engine.model.tokenizer import Tokenizer
 
-    return Tokenizer(args.model).encode(args.calibration_text.read_text())[:512]
+    try:
+        text = args.calibration_text.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--calibration-text {args.calibration_text}: cannot read it ({e}); give a text file")
+    return Tokenizer(args.model).encode(text)[:512]
+
+
+def check_source(model: Path) -> None:
+    """A plain checkpoint: quantizing quantized weights again would quantize their packed integers."""
+    from hosttune_engine.model.model_config import ModelConfig
+
+    spec = ModelConfig.from_folder(model).quantization
+    if spec is not None:
+        raise ConfigError(f"--model {model} is already quantized ({spec.layout.value}); give the plain checkpoint "
+                          "it was made from")
+
+
+def make_out(out: Path) -> None:
+    """Create --out before the slow part; never write over another checkpoint (its shards would stay beside ours)."""
+    if out.is_dir() and any(out.iterdir()):
+        raise ConfigError(f"--out {out} already holds files; give a new or empty folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot create it ({e.strerror}); give a folder you can write") from e
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number > 0")
+    return int(text)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, type=Path, help="plain Hugging Face checkpoint folder")
-    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--out", required=True, type=Path, help="a new or empty folder")
     parser.add_argument("--layout", required=True,
                         choices=[l.value for l in Layout if l is not Layout.FP8_CT_BLOCK])
-    parser.add_argument("--block", type=int, default=128, help="fp8-block: block size")
-    parser.add_argument("--group-size", type=int, default=128, help="4-bit: input columns per scale")
+    parser.add_argument("--block", type=positive, default=128, help="fp8-block: block size")
+    parser.add_argument("--group-size", type=positive, default=128, help="4-bit: input columns per scale")
     parser.add_argument("--sym", action="store_true", help="gptq: symmetric, no zero points")
     parser.add_argument("--desc-act", action="store_true", help="gptq: act-order groups (g_idx)")
     parser.add_argument("--calibration-text", type=Path, help="4-bit: a text file whose activations choose "
@@ -64,7 +95,10 @@ def main(argv=None) -> int:
     spec = spec_from_args(args)
     dtype = DTYPES[args.dtype or ("bfloat16" if spec.layout.is_fp8 else "float16")]
     try:
-        write_quantized(args.model, args.out, spec, dtype, calibration_ids(args))
+        check_source(args.model)
+        ids = calibration_ids(args)
+        make_out(args.out)
+        write_quantized(args.model, args.out, spec, dtype, ids)
     except EngineError as e:
         print(f"quantize_checkpoint: error: {e}", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ engine reads each one: its logits equal transformers' on the same weights dequan
 import dataclasses
 import json
 import os
+import re
 import time
 
 import pytest
@@ -166,6 +167,35 @@ def test_script_reports_a_width_the_group_size_does_not_divide(tiny_models, tmp_
     argv = ["--model", str(tiny_models["llama"]), "--out", str(tmp_path / "out"), "--layout", "awq", "--group-size", "48"]
     assert _script().main(argv) == 2
     assert "group size 48 does not divide its input width 128" in capsys.readouterr().err
+
+
+def test_script_refuses_an_out_folder_holding_files_and_a_quantized_source(tiny_models, tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "model-00001-of-00002.safetensors").write_bytes(b"")
+    cases = [(["--model", str(tiny_models["llama"]), "--out", str(taken)], "--out .*taken already holds files"),
+             (["--model", str(tiny_models["llama"]), "--out", str(tiny_models["llama"])], "already holds files"),
+             (["--model", str(tiny_models["llama"]), "--out", "/proc/q"], "--out /proc/q: cannot create it"),
+             (["--model", str(tiny_models["llama"]), "--out", str(tmp_path / "c"), "--calibration-text",
+               str(tmp_path / "none.txt")], "--calibration-text .*none.txt: cannot read it")]
+    for argv, message in cases:
+        assert _script().main([*argv, "--layout", "awq"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and re.search(message, err), err
+    assert list(taken.iterdir()) == [taken / "model-00001-of-00002.safetensors"]
+    fp8 = tmp_path / "fp8"
+    assert _script().main(["--model", str(tiny_models["llama"]), "--out", str(fp8), "--layout", "fp8-tensor"]) == 0
+    assert _script().main(["--model", str(fp8), "--out", str(tmp_path / "again"), "--layout", "awq"]) == 2
+    assert "is already quantized (fp8-tensor); give the plain checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--group-size", "--block"])
+def test_script_refuses_a_size_below_one_as_bad_usage(tiny_models, tmp_path, capsys, option):
+    with pytest.raises(SystemExit) as exit_:
+        _script().main(["--model", str(tiny_models["llama"]), "--out", str(tmp_path / "o"), "--layout", "fp8-block",
+                        option, "0"])
+    assert exit_.value.code == 2 and f"argument {option}: '0': give a whole number > 0" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_cached_checkpoints_of_old_writer_versions_are_dropped_after_a_day(tmp_path):
