@@ -82,7 +82,15 @@ def test_tune_without_a_gpu_is_one_line_and_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["tune", "--model", str(tmp_path), "--budget-s", "10"])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and err.count("\n") == 1 and "has none" in err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "has none: run it on the GPU host" in err
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "0"])
+def test_tune_refuses_a_budget_that_is_not_a_positive_number_of_seconds(tmp_path, capsys, budget):
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "--model", str(tmp_path), "--budget-s", budget])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "--budget-s" in err and "give seconds (> 0)" in err
 
 
 def test_tune_if_missing_leaves_a_table_already_tuned_for_these_weights(no_user_tables, monkeypatch, capsys):

@@ -31,7 +31,7 @@ def plan_from_args(args: argparse.Namespace) -> KernelPlan:
     """The plan `hosttune-engine plan` prints (bf16 activations, as the engine runs on a GPU)."""
     cfg = ModelConfig.from_folder(args.model)
     spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization else "auto", args.model)
-    gpu = named_gpu(args.gpu) if args.gpu else _this_gpu()
+    gpu = named_gpu(args.gpu) if args.gpu is not None else _this_gpu()  # --gpu '' is unknown, not this GPU
     inputs = PlanInputs(cfg, gpu, torch.bfloat16, spec, use_triton=gpu.is_cuda,
                         kv_cache_fp8=args.kv_cache_dtype == "fp8")
     return build_plan(inputs, *table_and_name(gpu))

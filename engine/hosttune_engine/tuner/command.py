@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import torch
@@ -33,10 +34,11 @@ def add_parser(commands) -> None:
 
 def tune_from_args(args: argparse.Namespace) -> str:
     """Tune, write the cache, and return the report."""
-    if args.budget_s <= 0:
+    if not (math.isfinite(args.budget_s) and args.budget_s > 0):  # NaN would pass `<= 0` and sweep nothing
         raise ConfigError(f"--budget-s {args.budget_s}: give seconds (> 0)")
     if not torch.cuda.is_available():
-        raise ConfigError("tune times kernels on this machine's GPU, and it has none")
+        raise ConfigError("tune times kernels on this machine's GPU, and it has none: run it on the GPU host "
+                          "that serves the model")
     cfg = ModelConfig.from_folder(args.model)
     spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization else "auto", args.model)
     gpu = present_gpu(torch.device("cuda"))
