@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hosttune_engine.errors import ConfigError
@@ -94,11 +95,11 @@ class EngineConfig:
             raise ConfigError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.max_cuda_graph_batch_size < 1:
             raise ConfigError(f"max_cuda_graph_batch_size must be >= 1, got {self.max_cuda_graph_batch_size}")
-        if self.max_step_ms is not None and self.max_step_ms < 0:
+        if self.max_step_ms is not None and not 0 <= self.max_step_ms < math.inf:  # NaN compares False
             raise ConfigError(f"max_step_ms must be >= 0 (0: measured), got {self.max_step_ms}")
         if self.tensor_parallel_size < 1:
             raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
-        if self.cpu_kv_cache_gib <= 0:
+        if not 0 < self.cpu_kv_cache_gib < math.inf:
             raise ConfigError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
 
 

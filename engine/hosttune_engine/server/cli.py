@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import sys
 
@@ -47,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-queue", type=int, default=64, help="sequences that may wait beyond the batch; past "
                                                               "that, requests get HTTP 429")
     s.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
-    s.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget of one step")
+    s.add_argument("--max-num-batched-tokens", type=int,
+                   help="token budget of one step, at least --max-batch-size (default: 8192, or --max-batch-size if "
+                        "larger)")
     s.add_argument("--max-step-ms", type=_step_ms, default="auto",
                    help="time budget of a step with running decodes, from step costs measured at start: "
                         "milliseconds, auto (2.4 times a full decode-only step measured at start) or off (token budget only)")
@@ -111,9 +114,15 @@ def _step_ms(text: str) -> float | None:
         value = float(text)
     except ValueError:
         value = -1.0
-    if value <= 0:
+    if not 0 < value < math.inf:  # NaN compares False
         raise argparse.ArgumentTypeError(f"{text!r}: give milliseconds (> 0), auto or off")
     return value
+
+
+def _token_budget(args: argparse.Namespace) -> int:
+    # Only the default grows with the batch: a budget given smaller than the batch is refused by EngineConfig.
+    given = args.max_num_batched_tokens
+    return max(8192, args.max_batch_size) if given is None else given
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -122,7 +131,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         device=args.device, kernel_backend=args.kernel_backend, seed=args.seed, block_size=args.block_size,
         gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_gib=args.cpu_kv_cache_gib,
         num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_batch_size,
-        max_num_batched_tokens=max(args.max_num_batched_tokens, args.max_batch_size),
+        max_num_batched_tokens=_token_budget(args),
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
         enforce_eager=args.enforce_eager, max_step_ms=args.max_step_ms,
         tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization, step_log=args.step_log,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from hosttune_engine.config import EngineConfig
@@ -42,14 +43,15 @@ class ServerConfig:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
         if self.max_queue < 0:
             raise ConfigError(f"max_queue must be >= 0, got {self.max_queue}")
-        if self.shutdown_timeout_s < 0:
+        if not 0 <= self.shutdown_timeout_s < math.inf:  # NaN compares False
             raise ConfigError(f"shutdown_timeout must be >= 0 seconds, got {self.shutdown_timeout_s}")
         if self.retry_after_s < 1:
             raise ConfigError(f"retry_after must be >= 1 second, got {self.retry_after_s}")
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
-        if self.header_timeout_s <= 0 or self.idle_timeout_s <= 0:
-            raise ConfigError("header_timeout and idle_timeout must be > 0 seconds")
+        if not (0 < self.header_timeout_s < math.inf and 0 < self.idle_timeout_s < math.inf):
+            raise ConfigError(f"header_timeout and idle_timeout must be > 0 seconds, got {self.header_timeout_s} "
+                              f"and {self.idle_timeout_s}")
         if self.max_connections < 1:
             raise ConfigError(f"max_connections must be >= 1, got {self.max_connections}")
         if self.protect_probes and not self.api_keys:

@@ -10,6 +10,7 @@ import threading
 import time
 
 import aiohttp
+import pytest
 from .harness import ServerProcess, get_json, post
 
 LONG = {"prompt": "When memory runs short", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
@@ -168,6 +169,35 @@ def test_bad_options_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hosttune_engine", "serve", "--model", str(tmp_path),
                            "--max-batch-size", "0"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "max_num_seqs must be >= 1" in proc.stderr
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--max-step-ms", "nan", "argument --max-step-ms: 'nan': give milliseconds (> 0), auto or off"),
+    ("--max-step-ms", "inf", "argument --max-step-ms: 'inf': give milliseconds (> 0), auto or off"),
+    ("--shutdown-timeout", "nan", "shutdown_timeout must be >= 0 seconds, got nan"),
+    ("--header-timeout", "nan", "header_timeout and idle_timeout must be > 0 seconds, got nan and 75.0"),
+    ("--idle-timeout", "inf", "header_timeout and idle_timeout must be > 0 seconds, got 10.0 and inf"),
+    ("--cpu-kv-cache-gib", "nan", "cpu_kv_cache_gib must be > 0, got nan"),
+    ("--max-num-batched-tokens", "16", "max_num_batched_tokens must be >= max_num_seqs"),
+    ("--max-num-batched-tokens", "0", "max_num_batched_tokens must be >= max_num_seqs"),
+])
+def test_a_size_or_time_that_cannot_work_is_one_line_exit_2(tmp_path, capsys, option, value, message):
+    from hosttune_engine.server.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", str(tmp_path), option, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err.splitlines()[-1], err
+
+
+def test_only_the_default_token_budget_grows_with_the_batch(tmp_path):
+    from hosttune_engine.server.cli import _parser, config_from_args
+
+    def budget(*flags):
+        return config_from_args(_parser().parse_args(["serve", "--model", str(tmp_path), *flags])).engine
+    assert budget().max_num_batched_tokens == 8192
+    assert budget("--max-batch-size", "10000").max_num_batched_tokens == 10000
+    assert budget("--max-num-batched-tokens", "512", "--max-batch-size", "64").max_num_batched_tokens == 512
 
 
 # -- a fatal engine error, in-process (a real engine whose step starts raising) --------------------
