@@ -78,6 +78,15 @@ def test_a_size_that_is_not_a_positive_integer_names_the_field(tmp_path, tiny_mo
         ModelConfig.from_folder(bad)
 
 
+def test_a_context_past_the_models_positions_is_refused_not_shortened(tiny_models):
+    from hosttune_engine import Engine, EngineConfig
+    from hosttune_engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_model_len=4096 is past the model's 1024 positions .*give at most 1024"):
+        Engine(EngineConfig(model=str(tiny_models["llama"]), device="cpu", max_model_len=4096))
+    assert Engine(EngineConfig(model=str(tiny_models["llama"]), device="cpu", max_model_len=1024)).max_model_len == 1024
+
+
 def test_shape_mismatch_names_the_tensor(tmp_path, tiny_models):
     bad = copy(tiny_models["llama"], tmp_path / "m", lambda c: c.update(intermediate_size=300))
     with pytest.raises(ModelLoadError, match="mlp.*shape .* does not match"):

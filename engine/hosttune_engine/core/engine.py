@@ -22,7 +22,7 @@ from hosttune_engine.core import kernel_compiles
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.detokenizer import IncrementalDetokenizer
 from hosttune_engine.core.messages import AbortRequest, EngineRequest, EngineStats, TokenLogprob, TokenOutput
-from hosttune_engine.core.model_runner import LaunchedStep, ModelRunner, StepResult
+from hosttune_engine.core.model_runner import LaunchedStep, ModelRunner, StepResult, context_length
 from hosttune_engine.core.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.core.step_log import StepLog
@@ -73,6 +73,7 @@ class Engine:
     def __init__(self, config: EngineConfig, measure_step_costs: bool = True):
         self.config = config
         self.model_config = ModelConfig.from_folder(config.model)
+        context_length(config, self.model_config)  # before any rank starts
         self.tokenizer = _load_tokenizer(config)
         self.kernel_compiles = kernel_compiles.install()  # before the first kernel launch
         self.workers = None

@@ -94,8 +94,7 @@ class ModelRunner:
         self.device = group.device if group is not None else resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, model_config.dtype, self.device)
         self.block_size = config.block_size
-        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings,
-                                 model_config.max_position_embeddings)
+        self.max_model_len = context_length(config, model_config)
         torch.manual_seed(config.seed)
         layout = ShardLayout.of(model_config, group.rank, group.world_size) if group is not None else None
         shard = partial(shard_model, layout=layout, group=group) if group is not None else None
@@ -373,6 +372,15 @@ class ModelRunner:
             hidden = self._forward(batch)
             if kind is StepKind.ALL_LOGITS or sample:
                 self.model.compute_logits(hidden if kind is StepKind.ALL_LOGITS else hidden[batch.sample_rows])
+
+
+def context_length(config: EngineConfig, model_config: ModelConfig) -> int:
+    """`max_model_len`, or the model's positions; past them its rotary table ends, so a longer one is refused."""
+    positions = model_config.max_position_embeddings
+    if config.max_model_len is not None and config.max_model_len > positions:
+        raise ConfigError(f"max_model_len={config.max_model_len} is past the model's {positions} positions "
+                          f"(max_position_embeddings in config.json); give at most {positions}")
+    return config.max_model_len or positions
 
 
 def _plain_greedy(seq: Sequence) -> bool:

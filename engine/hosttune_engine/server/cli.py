@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-batch-size", type=int, default=256, help="most sequences running at once")
     s.add_argument("--max-queue", type=int, default=64, help="sequences that may wait beyond the batch; past "
                                                               "that, requests get HTTP 429")
-    s.add_argument("--max-model-len", type=int, help="context length (default: the model's)")
+    s.add_argument("--max-model-len", type=int, help="context length, at most the model's max_position_embeddings "
+                                                      "(default: that)")
     s.add_argument("--max-num-batched-tokens", type=int,
                    help="token budget of one step, at least --max-batch-size (default: 8192, or --max-batch-size if "
                         "larger)")
