@@ -70,6 +70,13 @@ def test_a_config_json_that_is_not_an_object_is_one_error(tmp_path, text, messag
         ModelConfig.from_folder(tmp_path)
 
 
+@pytest.mark.parametrize("field", ["quantization_config", "rope_scaling", "rope_parameters"])
+def test_a_settings_field_that_is_not_an_object_is_one_error(tmp_path, tiny_models, field):
+    bad = copy(tiny_models["qwen2"], tmp_path / "m", lambda c: c.update({field: "awq"}))
+    with pytest.raises(ModelLoadError, match=f"{field} must be an object of settings, got 'awq'; fix config.json"):
+        ModelConfig.from_folder(bad)
+
+
 @pytest.mark.parametrize("field, value", [("hidden_size", "128"), ("num_attention_heads", 0),
                                           ("num_key_value_heads", 2.5), ("vocab_size", True)])
 def test_a_size_that_is_not_a_positive_integer_names_the_field(tmp_path, tiny_models, field, value):

@@ -60,7 +60,7 @@ class ModelConfig:
             )
         _check_unsupported_features(raw, arch, source)
         get = _getter(raw, source)
-        _check_sizes(raw, source)
+        _check_types(raw, source)
         heads = get("num_attention_heads")
         rope = raw.get("rope_parameters") or {}
         scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
@@ -105,14 +105,19 @@ def _check_unsupported_features(raw: dict, arch: str, source: str) -> None:
 
 SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "max_position_embeddings")
+OBJECT_FIELDS = ("quantization_config", "rope_scaling", "rope_parameters")
 
 
-def _check_sizes(raw: dict, source: str) -> None:
-    """Sizes are positive integers; the optional ones may be absent or null (then derived or defaulted)."""
+def _check_types(raw: dict, source: str) -> None:
+    """Sizes are positive integers and nested settings objects; optional ones may be absent or null."""
     for key in SIZE_FIELDS:
         value = raw.get(key)
         if value is not None and (type(value) is not int or value < 1):
             raise ModelLoadError(f"{source}: {key} must be a positive integer, got {value!r}; fix config.json")
+    for key in OBJECT_FIELDS:
+        value = raw.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise ModelLoadError(f"{source}: {key} must be an object of settings, got {value!r}; fix config.json")
 
 
 def _getter(raw: dict, source: str):
