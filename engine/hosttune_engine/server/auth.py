@@ -51,15 +51,15 @@ def _bearer(authorization: str | None) -> bytes:
 
 def load_keys(flags: list[str], files: list[str], environ: dict[str, str] = os.environ) -> tuple[str, ...]:
     """Keys from --api-key, --api-key-file (one a line, # comments) and $HOSTTUNE_ENGINE_API_KEY."""
-    keys = [k for k in flags]
+    found = [(k, "--api-key") for k in flags]
     for name in files:
-        keys += _keys_in_file(Path(name))
-    keys += [k.strip() for k in environ.get(KEY_ENV, "").split(",")]
-    keys = [k.strip() for k in keys if k and k.strip()]
-    short = [k for k in keys if len(k) < 8]
+        found += [(k, f"the API key file {name}") for k in _keys_in_file(Path(name))]
+    found += [(k, f"${KEY_ENV}") for k in environ.get(KEY_ENV, "").split(",")]
+    found = [(k.strip(), source) for k, source in found if k and k.strip()]
+    short = [source for k, source in found if len(k) < 8]
     if short:
-        raise ConfigError("an API key must be at least 8 characters long")
-    return tuple(dict.fromkeys(keys))
+        raise ConfigError(f"an API key from {short[0]} is shorter than 8 characters; give a longer one")
+    return tuple(dict.fromkeys(k for k, _ in found))
 
 
 def _keys_in_file(path: Path) -> list[str]:

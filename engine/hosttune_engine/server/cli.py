@@ -95,7 +95,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _auth_and_connection_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--api-key", action="append", default=[], metavar="KEY",
-                   help="a key clients must send as 'Authorization: Bearer KEY' (repeatable). Visible in ps: prefer "
+                   help="a key clients must send as 'Authorization: Bearer KEY' (repeatable; 8 characters or more). "
+                        "Visible in ps: prefer "
                         f"--api-key-file or ${KEY_ENV} (keys separated by commas)")
     s.add_argument("--api-key-file", action="append", default=[], metavar="PATH",
                    help="a file of API keys, one a line (repeatable)")

@@ -140,8 +140,13 @@ def test_load_keys_from_flags_files_and_environment(tmp_path):
     (tmp_path / "empty").write_text("# nothing\n")
     with pytest.raises(ConfigError, match="holds no key"):
         load_keys([], [str(tmp_path / "empty")], {})
-    with pytest.raises(ConfigError, match="at least 8"):
+    with pytest.raises(ConfigError, match="an API key from --api-key is shorter than 8 characters"):
         load_keys(["short"], [], {})
+    (tmp_path / "short").write_text("long-enough-key\nshort\n")
+    with pytest.raises(ConfigError, match="from the API key file .*short is shorter than 8 characters"):
+        load_keys([], [str(tmp_path / "short")], {})
+    with pytest.raises(ConfigError, match="from \\$HOSTTUNE_ENGINE_API_KEY is shorter than 8"):
+        load_keys([], [], {"HOSTTUNE_ENGINE_API_KEY": "long-enough-key,abc"})
 
 
 def test_protect_probes_without_a_key_is_a_config_error():
