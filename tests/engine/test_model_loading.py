@@ -94,6 +94,13 @@ def test_a_context_past_the_models_positions_is_refused_not_shortened(tiny_model
     assert Engine(EngineConfig(model=str(tiny_models["llama"]), device="cpu", max_model_len=1024)).max_model_len == 1024
 
 
+def test_a_tokenizer_folder_named_but_without_tokenizer_json_is_refused(tmp_path, tiny_models):
+    from hosttune_engine import Engine, EngineConfig
+
+    with pytest.raises(ModelLoadError, match=f"{tmp_path} has no tokenizer.json"):
+        Engine(EngineConfig(model=str(tiny_models["qwen2"]), device="cpu", tokenizer=str(tmp_path)))
+
+
 def test_shape_mismatch_names_the_tensor(tmp_path, tiny_models):
     bad = copy(tiny_models["llama"], tmp_path / "m", lambda c: c.update(intermediate_size=300))
     with pytest.raises(ModelLoadError, match="mlp.*shape .* does not match"):

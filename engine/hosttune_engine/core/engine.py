@@ -351,5 +351,7 @@ def _token_output(**fields) -> TokenOutput:
 
 
 def _load_tokenizer(config: EngineConfig) -> Tokenizer | None:
-    folder = Path(config.tokenizer or config.model)
+    if config.tokenizer is not None:  # asked for by name: its absence is an error, not token-id-only serving
+        return Tokenizer(config.tokenizer)
+    folder = Path(config.model)
     return Tokenizer(folder) if (folder / "tokenizer.json").is_file() else None

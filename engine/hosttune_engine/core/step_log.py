@@ -14,13 +14,18 @@ import time
 from pathlib import Path
 
 from hosttune_engine.core.scheduler_output import SchedulerOutput
+from hosttune_engine.errors import ConfigError
 
 
 class StepLog:
     FLUSH_S = 1.0  # lines reach the file at least this often
 
     def __init__(self, path: str | Path):
-        self._file = open(path, "a", buffering=1 << 16)
+        try:
+            self._file = open(path, "a", buffering=1 << 16)
+        except OSError as e:
+            raise ConfigError(f"step_log {path}: cannot append to it ({e.strerror}); give a file in a folder you "
+                              "can write") from None
         self._flushed = time.monotonic()
 
     def write(self, sched: SchedulerOutput, at: float, real_s: float | None, scale: float) -> None:

@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
             raise ConfigError(f"--model {args.model}: no such folder (give a Hugging Face model folder)")
         if args.step_log and not os.path.isdir(os.path.dirname(os.path.abspath(args.step_log))):
             raise ConfigError(f"--step-log {args.step_log}: its folder does not exist")
+        if args.step_log and os.path.isdir(args.step_log):
+            raise ConfigError(f"--step-log {args.step_log} is a folder; give a file path in it")
         config = config_from_args(args)
     except ConfigError as e:
         print(f"hosttune-engine: error: {e}", file=sys.stderr)

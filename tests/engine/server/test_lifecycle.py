@@ -3,6 +3,7 @@ a drain past --shutdown-timeout aborts what is left, and failures exit non-zero.
 
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -163,6 +164,25 @@ def test_a_step_log_in_a_missing_folder_is_one_line_exit_2(tmp_path):
                            "--step-log", str(log)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"hosttune-engine: error: --step-log {log}: its folder does not exist"]
+
+
+def test_a_step_log_that_is_a_folder_or_cannot_be_opened_is_one_line(tmp_path, capsys):
+    from hosttune_engine.core.step_log import StepLog
+    from hosttune_engine.errors import ConfigError
+    from hosttune_engine.server.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", str(tmp_path), "--step-log", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == f"hosttune-engine: error: --step-log {tmp_path} is a folder; give a file path in it\n"
+    (tmp_path / "ro").mkdir(mode=0o500)
+    if os.access(tmp_path / "ro", os.W_OK):  # root writes anywhere: a file path under a file fails for everyone
+        target = tmp_path / "file" / "steps.jsonl"
+        (tmp_path / "file").write_text("")
+    else:
+        target = tmp_path / "ro" / "steps.jsonl"
+    with pytest.raises(ConfigError, match=f"step_log {target}: cannot append to it .*give a file in a folder"):
+        StepLog(target)
 
 
 def test_bad_options_exit_2(tmp_path):
