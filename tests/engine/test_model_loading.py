@@ -101,6 +101,18 @@ def test_a_tokenizer_folder_named_but_without_tokenizer_json_is_refused(tmp_path
         Engine(EngineConfig(model=str(tiny_models["qwen2"]), device="cpu", tokenizer=str(tmp_path)))
 
 
+@pytest.mark.parametrize("name, text, message", [
+    ("tokenizer.json", "{bad", "tokenizer.json: cannot read it as a tokenizer"),
+    ("tokenizer_config.json", "{bad", "tokenizer_config.json: cannot read JSON"),
+    ("tokenizer_config.json", "[]", "tokenizer_config.json: holds a JSON list, not an object"),
+])
+def test_a_malformed_tokenizer_file_is_one_error_naming_it(tmp_path, tiny_models, name, text, message):
+    folder = copy(tiny_models["qwen2"], tmp_path / "m")
+    (folder / name).write_text(text)
+    with pytest.raises(ModelLoadError, match=message):
+        Tokenizer(folder)
+
+
 def test_shape_mismatch_names_the_tensor(tmp_path, tiny_models):
     bad = copy(tiny_models["llama"], tmp_path / "m", lambda c: c.update(intermediate_size=300))
     with pytest.raises(ModelLoadError, match="mlp.*shape .* does not match"):

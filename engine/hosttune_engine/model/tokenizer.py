@@ -14,6 +14,18 @@ def _token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
+def _tokenizer_config(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{path}: cannot read JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"{path}: holds a JSON {type(cfg).__name__}, not an object of tokenizer settings")
+    return cfg
+
+
 class Tokenizer:
     """Encode, decode and render chat prompts the way transformers' fast tokenizer does."""
 
@@ -24,9 +36,11 @@ class Tokenizer:
         path = folder / "tokenizer.json"
         if not path.is_file():
             raise ModelLoadError(f"{folder} has no tokenizer.json (only fast tokenizers are supported)")
-        self._tok = HFTokenizer.from_file(str(path))
-        cfg_path = folder / "tokenizer_config.json"
-        cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the tokenizers library raises a bare Exception for a malformed file
+            raise ModelLoadError(f"{path}: cannot read it as a tokenizer: {e}") from None
+        cfg = _tokenizer_config(folder / "tokenizer_config.json")
         self.bos_token = _token_text(cfg.get("bos_token"))
         self.eos_token = _token_text(cfg.get("eos_token"))
         self.chat_template = self._find_chat_template(folder, cfg)
