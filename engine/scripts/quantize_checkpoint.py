@@ -52,13 +52,16 @@ def calibration_ids(args) -> list[int] | None:
 
 
 def check_source(model: Path) -> None:
-    """A plain checkpoint: quantizing quantized weights again would quantize their packed integers."""
+    """A plain checkpoint with readable weights: quantizing quantized weights again would quantize their packed
+    integers."""
+    from hosttune_engine.model.loader import safetensors_files
     from hosttune_engine.model.model_config import ModelConfig
 
     spec = ModelConfig.from_folder(model).quantization
     if spec is not None:
         raise ConfigError(f"--model {model} is already quantized ({spec.layout.value}); give the plain checkpoint "
                           "it was made from")
+    safetensors_files(model)
 
 
 def make_out(out: Path) -> None:

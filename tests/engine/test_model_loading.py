@@ -113,6 +113,21 @@ def test_a_malformed_tokenizer_file_is_one_error_naming_it(tmp_path, tiny_models
         Tokenizer(folder)
 
 
+def test_a_corrupt_or_truncated_weights_file_or_index_is_one_error_naming_it(tmp_path, tiny_models):
+    garbage = copy(tiny_models["qwen2"], tmp_path / "garbage")
+    (garbage / "model.safetensors").write_bytes(b"garbage")
+    truncated = copy(tiny_models["qwen2"], tmp_path / "truncated")
+    whole = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(whole[:len(whole) // 2])
+    index = copy(tiny_models["llama"], tmp_path / "index")
+    (index / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    for folder, message in [(garbage, "garbage/model.safetensors: not a readable safetensors file"),
+                            (truncated, "truncated/model.safetensors: not a readable safetensors file .*download"),
+                            (index, "index/model.safetensors.index.json: not a safetensors index .*weight_map")]:
+        with pytest.raises(ModelLoadError, match=message):
+            LLM(str(folder), device="cpu")
+
+
 def test_shape_mismatch_names_the_tensor(tmp_path, tiny_models):
     bad = copy(tiny_models["llama"], tmp_path / "m", lambda c: c.update(intermediate_size=300))
     with pytest.raises(ModelLoadError, match="mlp.*shape .* does not match"):

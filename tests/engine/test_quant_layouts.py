@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import time
 
 import pytest
@@ -187,6 +188,11 @@ def test_script_refuses_an_out_folder_holding_files_and_a_quantized_source(tiny_
     assert _script().main(["--model", str(tiny_models["llama"]), "--out", str(fp8), "--layout", "fp8-tensor"]) == 0
     assert _script().main(["--model", str(fp8), "--out", str(tmp_path / "again"), "--layout", "awq"]) == 2
     assert "is already quantized (fp8-tensor); give the plain checkpoint" in capsys.readouterr().err
+    truncated = tmp_path / "truncated"
+    shutil.copytree(tiny_models["qwen2"], truncated)
+    (truncated / "model.safetensors").write_bytes((truncated / "model.safetensors").read_bytes()[:4096])
+    assert _script().main(["--model", str(truncated), "--out", str(tmp_path / "t"), "--layout", "awq"]) == 2
+    assert "model.safetensors: not a readable safetensors file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("option", ["--group-size", "--block"])

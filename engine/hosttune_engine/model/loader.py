@@ -70,17 +70,40 @@ def _materialize(model: nn.Module, device: torch.device) -> nn.Module:
 
 
 def safetensors_files(folder: Path) -> list[Path]:
+    """The checkpoint's files, each with a header safetensors reads (an interrupted download has none)."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        names = _shard_names(index)
         missing = [n for n in names if not (folder / n).is_file()]
         if missing:
             raise ModelLoadError(f"{folder}: shards listed in {index.name} are missing: {', '.join(missing)}")
-        return [folder / n for n in names]
-    files = sorted(folder.glob("*.safetensors"))
+        files = [folder / n for n in names]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder} has no *.safetensors weights; use load_format='dummy' for random weights")
+    for path in files:
+        _check_header(path)
     return files
+
+
+def _shard_names(index: Path) -> list[str]:
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ModelLoadError(f"{index}: not a safetensors index ({type(e).__name__}: {e}); download it "
+                             "again") from None
+
+
+def _check_header(path: Path) -> None:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu"):
+            pass
+    except (SafetensorError, OSError) as e:
+        raise ModelLoadError(f"{path}: not a readable safetensors file ({e}); download it again") from None
 
 
 @torch.no_grad()
