@@ -9,6 +9,9 @@ from hosttune_engine.config import EngineConfig
 from hosttune_engine.errors import ConfigError
 
 
+WARMUP_MIN_LEN = 4  # a prefix-cache hit's prompt (2 tokens) and its 2 generated tokens
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """How the HTTP server runs one engine.
@@ -54,6 +57,9 @@ class ServerConfig:
                               f"and {self.idle_timeout_s}")
         if self.max_connections < 1:
             raise ConfigError(f"max_connections must be >= 1, got {self.max_connections}")
+        if self.warmup and (self.engine.max_model_len or WARMUP_MIN_LEN) < WARMUP_MIN_LEN:
+            raise ConfigError(f"max_model_len {self.engine.max_model_len} leaves warmup's prompts no room; give "
+                              f"{WARMUP_MIN_LEN} or more (or skip warmup)")
         if self.protect_probes and not self.api_keys:
             raise ConfigError("protecting /health and /metrics needs an API key (--api-key, --api-key-file or "
                               "$HOSTTUNE_ENGINE_API_KEY)")
