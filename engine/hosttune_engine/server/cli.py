@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tokenizer", help="tokenizer folder, if not the model folder")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--max-batch-size", type=int, default=256, help="most sequences running at once")
+    s.add_argument("--max-batch-size", type=_positive, default=256, help="most sequences running at once")
     s.add_argument("--max-queue", type=int, default=64, help="sequences that may wait beyond the batch; past "
                                                               "that, requests get HTTP 429")
     s.add_argument("--max-model-len", type=int, help="context length, at most the model's max_position_embeddings "
@@ -107,6 +107,13 @@ def _auth_and_connection_args(s: argparse.ArgumentParser) -> None:
                    help="seconds a connection may stay open between requests")
     s.add_argument("--max-connections", type=int, default=4096,
                    help="open connections at most; past that a new one gets 503 and is closed")
+
+
+def _positive(text: str) -> int:
+    # the engine calls it max_num_seqs; refused here, the error names the option the user gave
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number > 0")
+    return int(text)
 
 
 def _step_ms(text: str) -> float | None:
