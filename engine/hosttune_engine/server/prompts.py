@@ -20,9 +20,9 @@ class PromptBuilder:
         self.vocab_size = vocab_size
 
     # -- text and chat ---------------------------------------------------------------------
-    def _need_tokenizer(self):
+    def _need_tokenizer(self, what: str = "text prompts; send token ids instead", param: str = "prompt"):
         if self.tokenizer is None:
-            raise bad_request("this model has no tokenizer (tokenizer.json); send token ids instead", "prompt")
+            raise bad_request(f"this model has no tokenizer (tokenizer.json) for {what}", param)
         return self.tokenizer
 
     async def encode(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
@@ -38,7 +38,7 @@ class PromptBuilder:
             raise bad_request("the prompt is not valid Unicode (a lone surrogate escape?)", "prompt") from None
 
     def render_chat(self, messages, add_generation_prompt: bool = True, template_kwargs: dict | None = None) -> str:
-        tok = self._need_tokenizer()
+        tok = self._need_tokenizer("chat messages; send token ids to /v1/completions", "messages")
         if not tok.chat_template:
             raise bad_request("this model has no chat template; use /v1/completions", "messages")
         try:
@@ -55,7 +55,8 @@ class PromptBuilder:
         return await self.encode(text, add_special_tokens=False)
 
     def decode(self, ids) -> str:
-        return self._need_tokenizer().decode(self.check_ids(list(ids), "tokens"), skip_special_tokens=False)
+        tok = self._need_tokenizer("turning token ids into text", "tokens")
+        return tok.decode(self.check_ids(list(ids), "tokens"), skip_special_tokens=False)
 
     def check_ids(self, ids: list[int], param: str = "prompt") -> list[int]:
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)

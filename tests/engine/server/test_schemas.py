@@ -1,5 +1,7 @@
 """Request parsing as data: this body gives these options, or this 400 message (no server needed)."""
 
+import asyncio
+
 import pytest
 
 from hosttune_engine.server.prompts import PromptBuilder
@@ -88,3 +90,15 @@ def test_context_errors(num_prompt, requested, message):
     with pytest.raises(ApiError) as err:
         PromptBuilder(None, 1024, 100).max_tokens_for(num_prompt, requested, 16)
     assert message in err.value.message
+
+
+def test_without_a_tokenizer_each_route_says_what_still_works():
+    builder = PromptBuilder(None, 1024, 100)
+    with pytest.raises(ApiError, match="no tokenizer .* for text prompts; send token ids instead") as text:
+        asyncio.run(builder.encode("hello"))
+    with pytest.raises(ApiError, match="for chat messages; send token ids to /v1/completions") as chat:
+        builder.render_chat([{"role": "user", "content": "hi"}])
+    with pytest.raises(ApiError, match="for turning token ids into text") as tokens:
+        builder.decode([1, 2])
+    assert (text.value.param, chat.value.param, tokens.value.param) == ("prompt", "messages", "tokens")
+    assert asyncio.run(builder.encode([1, 2])) == [1, 2]
