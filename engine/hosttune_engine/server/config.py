@@ -44,6 +44,9 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ConfigError("served_model_name is empty; give the name clients send as 'model', or leave it out "
+                              "to use the model path")
         if self.max_queue < 0:
             raise ConfigError(f"max_queue must be >= 0, got {self.max_queue}")
         if not 0 <= self.shutdown_timeout_s < math.inf:  # NaN compares False

@@ -201,6 +201,7 @@ def test_bad_options_exit_2(tmp_path):
     ("--max-num-batched-tokens", "16", "max_num_batched_tokens must be >= max_num_seqs"),
     ("--max-num-batched-tokens", "0", "max_num_batched_tokens must be >= max_num_seqs"),
     ("--max-model-len", "3", "max_model_len 3 leaves warmup's prompts no room; give 4 or more (or skip warmup)"),
+    ("--served-model-name", " ", "served_model_name is empty; give the name clients send as 'model'"),
 ])
 def test_a_size_or_time_that_cannot_work_is_one_line_exit_2(tmp_path, capsys, option, value, message):
     from hosttune_engine.server.cli import main
