@@ -97,12 +97,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     spec = spec_from_args(args)
     dtype = DTYPES[args.dtype or ("bfloat16" if spec.layout.is_fp8 else "float16")]
+    existed = args.out.exists()
     try:
         check_source(args.model)
         ids = calibration_ids(args)
         make_out(args.out)
         write_quantized(args.model, args.out, spec, dtype, ids)
     except EngineError as e:
+        if not existed and args.out.is_dir() and not any(args.out.iterdir()):
+            args.out.rmdir()  # refused before writing: leave no empty folder behind
         print(f"quantize_checkpoint: error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {args.out} ({spec.layout.value})")

@@ -168,6 +168,7 @@ def test_script_reports_a_width_the_group_size_does_not_divide(tiny_models, tmp_
     argv = ["--model", str(tiny_models["llama"]), "--out", str(tmp_path / "out"), "--layout", "awq", "--group-size", "48"]
     assert _script().main(argv) == 2
     assert "group size 48 does not divide its input width 128" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_script_refuses_an_out_folder_holding_files_and_a_quantized_source(tiny_models, tmp_path, capsys):
