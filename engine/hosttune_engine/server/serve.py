@@ -68,7 +68,8 @@ class Server:
         try:
             await self.site.start()
         except OSError as e:
-            log.error("cannot listen on %s:%s: %s", self.config.host, self.config.port, e)
+            log.error("cannot listen on %s:%s: %s; free that address or give another --host/--port", self.config.host,
+                      self.config.port, e)
             await runner.cleanup()
             return 1
         self.port = runner.addresses[0][1]  # the real one when --port 0 asked for any free port

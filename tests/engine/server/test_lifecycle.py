@@ -185,6 +185,23 @@ def test_a_step_log_that_is_a_folder_or_cannot_be_opened_is_one_line(tmp_path, c
         StepLog(target)
 
 
+def test_a_port_in_use_is_one_line_and_exit_1(tmp_path, caplog):
+    import socket
+
+    from hosttune_engine.config import EngineConfig
+    from hosttune_engine.server.config import ServerConfig
+    from hosttune_engine.server.serve import Server
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert asyncio.run(Server(ServerConfig(EngineConfig(model=str(tmp_path)), port=port)).run()) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].startswith(f"cannot listen on 127.0.0.1:{port}: ")
+    assert "address already in use; free that address or give another --host/--port" in errors[0]
+
+
 def test_bad_options_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hosttune_engine", "serve", "--model", str(tmp_path),
                            "--max-batch-size", "0"], capture_output=True, text=True, timeout=60)
