@@ -85,14 +85,11 @@ def _issue_tile(words_smem, x_smem, w_ptrs, w_mask, x_ptrs, x_mask, k0, live):
 
 
 @gluon.jit
-def _group_params(z_ptr, s_ptr, rows_g, n_mask, k0, GROUP: gl.constexpr, BLOCK_K: gl.constexpr, layout: gl.constexpr):
-    """(2^23 + zero, scale) per row and pack block of the tile, fp32 [BLOCK_N, BLOCKS]."""
-    blocks = gl.arange(0, BLOCK_K // 64, layout=gl.SliceLayout(0, layout))
-    offs = gl.convert_layout(rows_g, gl.SliceLayout(1, layout))[:, None] + ((k0 + blocks * 64) // GROUP)[None, :]
-    mask = gl.convert_layout(n_mask, gl.SliceLayout(1, layout))[:, None]
-    z = gl.load(z_ptr + offs, mask=mask, other=0).to(gl.float32)
-    s = gl.load(s_ptr + offs, mask=mask, other=0.0).to(gl.float32)
-    return 8388608.0 + z, s
+def _group_params(z_ptr, s_ptr, rows_g, n_mask, k0, K, GROUP: gl.constexpr, BLOCK_K: gl.constexpr,
+                  layout: gl.constexpr):
+    """(2^23 + zero, scale) per row and pack block of the tile, fp32 [BLOCK_N, BLOCKS] (`_tile_params`' loads)."""
+    z, s = _tile_params(z_ptr, s_ptr, rows_g, n_mask, k0, K, GROUP, BLOCK_K, layout)
+    return 8388608.0 + z.to(gl.float32), s.to(gl.float32)
 
 
 @gluon.jit
@@ -297,7 +294,7 @@ def _mma_from_shared(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptrs, 
     rows_g, n_mask = rows * (K // GROUP), rows < N
     w_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_K],
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], dtype))
-    c, s = _group_params(z_ptr, s_ptr, rows_g, n_mask, start, GROUP, BLOCK_K, params_l)
+    c, s = _group_params(z_ptr, s_ptr, rows_g, n_mask, start, K, GROUP, BLOCK_K, params_l)
     for t in range(tiles):
         slot = t % STAGES
         async_copy.wait_group(STAGES - 2)
@@ -305,7 +302,8 @@ def _mma_from_shared(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptrs, 
         words = words_smem.index(slot).reshape([BLOCK_N, BLOCKS, 8]).load(words_l)
         w = _dequantized(words, c, s, MAGIC, dtype, BLOCK_N, BLOCK_K, unpack)  # while the last tile's MMA runs
         if t + 1 < tiles:
-            c, s = _group_params(z_ptr, s_ptr, rows_g, n_mask, start + (t + 1) * BLOCK_K, GROUP, BLOCK_K, params_l)
+            c, s = _group_params(z_ptr, s_ptr, rows_g, n_mask, start + (t + 1) * BLOCK_K, K, GROUP, BLOCK_K,
+                                 params_l)
         acc = warpgroup_mma_wait(0, deps=[acc])
         w_smem.store(w)
         fence_async_shared()
