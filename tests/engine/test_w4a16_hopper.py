@@ -36,22 +36,22 @@ COMPILE_FOR_HOPPER = textwrap.dedent("""
                "stride_ym")
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     compiled = 0
-    for rows in (int(sys.argv[2]),):
-        for cfg in (c for c in wgmma_gemm(rows) if c["REGS"] == int(sys.argv[3])):
-            if cfg["SPLIT_K"] > 2 or {**cfg, "num_stages": cfg["num_stages"] + 1} in wgmma_gemm(rows):
-                continue  # more splits change nothing compiled; fewer stages take less shared memory
-            const = {"HAS_BIAS": True, "GROUP": 128, "BLOCK_M": cfg["BLOCK_M"],
-                     "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"], "SPLIT_K": cfg["SPLIT_K"],
-                     "STAGES": cfg["num_stages"], "A_REGS": cfg["REGS"], "SPLIT_SCALE": True}
-            src = GluonASTSource(_w4a16_wgmma_kernel, {**sig, **{k: "constexpr" for k in const}}, constexprs=const,
-                                 attrs=attrs)
-            k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
-            compiled += 1
-            cubin = f"{sys.argv[1]}/{compiled}.cubin"
-            with open(cubin, "wb") as f:
-                f.write(k.asm["cubin"])
-            print(json.dumps({"cfg": cfg, "shared": k.metadata.shared, "cubin": cubin,
-                              "wgmma": k.asm["ptx"].count("wgmma.mma_async")}))
+    rows = int(sys.argv[2])
+    for cfg in (c for c in wgmma_gemm(rows) if c["REGS"] == int(sys.argv[3])):
+        if cfg["SPLIT_K"] > 2 or {**cfg, "num_stages": cfg["num_stages"] + 1} in wgmma_gemm(rows):
+            continue  # more splits change nothing compiled; fewer stages take less shared memory
+        const = {"HAS_BIAS": True, "GROUP": 128, "BLOCK_M": cfg["BLOCK_M"],
+                 "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"], "SPLIT_K": cfg["SPLIT_K"],
+                 "STAGES": cfg["num_stages"], "A_REGS": cfg["REGS"], "SPLIT_SCALE": True}
+        src = GluonASTSource(_w4a16_wgmma_kernel, {**sig, **{k: "constexpr" for k in const}}, constexprs=const,
+                             attrs=attrs)
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
+        compiled += 1
+        cubin = f"{sys.argv[1]}/{compiled}.cubin"
+        with open(cubin, "wb") as f:
+            f.write(k.asm["cubin"])
+        print(json.dumps({"cfg": cfg, "shared": k.metadata.shared, "cubin": cubin,
+                          "wgmma": k.asm["ptx"].count("wgmma.mma_async")}))
 """)
 
 
