@@ -6,7 +6,7 @@ Rows, each beside its floor measured in the same run: FP8 decode b1 vs the FP8 w
 (the bytes of every matrix a step reads, over the copy bandwidth); FP8 decode b64 vs an FP8 linear-layer
 floor (every projection as one FP8 tensor-core GEMM and the bf16 LM head, one CUDA graph, as the bf16
 floor is measured); FP8 TTFT of a 4K prompt vs bf16's; AWQ decode b1 vs its weight-read roofline and b64
-vs bf16's; 256 x (1024 in / 128 out) throughput for both. "fp8-kv8" is the FP8 engine with its KV cache in
+vs bf16's; every scheme's decode b16 vs bf16's; 256 x (1024 in / 128 out) throughput for both. "fp8-kv8" is the FP8 engine with its KV cache in
 e4m3 too (`kv_cache_dtype="fp8"`): the same rows, and both FP8 engines also decode b64 over 2K-token contexts,
 where the cache, not the weights, is most of what a step reads. run_all.py runs this as its `quant` section,
 after the bf16 rows it is compared with; alone it measures the bf16 rows itself.
@@ -40,6 +40,7 @@ class Plan:
     config: dict = field(default_factory=lambda: QWEN25_7B)
     engine: dict = field(default_factory=dict)  # EngineConfig options over engine_bench.build_engine's
     batch: int = 64
+    small_batch: int = 16  # a second batched decode row, against bf16 at the same batch
     ttft_tokens: int = 4096
     workload: tuple[int, int, int] = (256, 1024, 128)
     schemes: tuple[str, ...] = ("fp8", "awq", "fp8-kv8")
@@ -130,6 +131,9 @@ def measure_scheme(plan: Plan, scheme: str, copy_tb_s: float, log) -> dict:
     row["b1"]["ratio_vs_roofline"] = row["b1"]["tok_s"] / row["b1"]["roofline_tok_s"]
     log(row["b1"])
     row["batched"] = b = eb.decode_rate(engine, plan.batch)
+    if plan.small_batch:
+        row["batched_small"] = eb.decode_rate(engine, plan.small_batch)
+        log(row["batched_small"])
     if quantization == "fp8":
         b.update(fp8_linear_floor(model, plan.batch))
         b["ratio_vs_floor"] = b["tok_s"] / (plan.batch / b["floor_ms"] * 1e3)
@@ -157,7 +161,7 @@ def bf16_rows(plan: Plan, log) -> dict:
 
     engine = build(plan, None)
     rows = {"ttft": [eb.ttft_ms(engine, plan.ttft_tokens)],
-            "decode": [eb.decode_rate(engine, 1), eb.decode_rate(engine, plan.batch)]}
+            "decode": [eb.decode_rate(engine, n) for n in (1, plan.small_batch, plan.batch) if n]}
     n_req, n_in, n_out = plan.workload
     eb.offline_throughput(engine, max(1, n_req // 4), n_in, max(2, n_out // 8))
     rows["throughput"] = [eb.offline_throughput(engine, n_req, n_in, n_out)]
@@ -187,14 +191,14 @@ def table_rows(res: dict) -> list[str]:
         lines.append(f"| {s} decode b1 | {b1['tok_s']:.0f} tok/s ({b1['step_ms']:.2f} ms/step) | weight-read roofline "
                      f"{b1['roofline_tok_s']:.0f} tok/s ({b1['step_gb']:.2f} GB) | {b1['ratio_vs_roofline']:.2f} | "
                      f"≥ {target:.2f} |")
+        if "batched_small" in row:
+            lines.append(_bf16_row(s, row["batched_small"], bf16_decode))
         b = row.get("batched")
         if b and "floor_ms" in b:
             lines.append(f"| {s} decode b{b['batch']} | {b['tok_s']:.0f} tok/s ({b['step_ms']:.2f} ms/step) | FP8 "
                          f"linear floor {b['floor_ms']:.2f} ms | {b['ratio_vs_floor']:.2f} | ≥ 0.80 |")
         elif b:
-            ref = bf16_decode.get(b["batch"])
-            lines.append(f"| {s} decode b{b['batch']} | {b['tok_s']:.0f} tok/s ({b['step_ms']:.2f} ms/step) | bf16 "
-                         f"{ref or 0:.0f} tok/s | {b['tok_s'] / ref if ref else 0:.2f} | |")
+            lines.append(_bf16_row(s, b, bf16_decode))
         if "batched_long" in row:
             lines.append(_long_row(row, res))
         if "ttft" in row:
@@ -206,6 +210,13 @@ def table_rows(res: dict) -> list[str]:
         lines.append(f"| {s} throughput {tp['requests']}x({tp['in']} in/{tp['out']} out) | {tp['output_tok_s']:.0f} "
                      f"tok/s | bf16 {bf16 or 0:.0f} tok/s | {tp['output_tok_s'] / bf16 if bf16 else 0:.2f} | |")
     return lines
+
+
+def _bf16_row(scheme: str, b: dict, bf16_decode: dict) -> str:
+    """A batched decode row against bf16's at the same batch."""
+    ref = bf16_decode.get(b["batch"])
+    return (f"| {scheme} decode b{b['batch']} | {b['tok_s']:.0f} tok/s ({b['step_ms']:.2f} ms/step) | bf16 "
+            f"{ref or 0:.0f} tok/s | {b['tok_s'] / ref if ref else 0:.2f} | |")
 
 
 def _long_row(row: dict, res: dict) -> str:
@@ -224,13 +235,15 @@ def main() -> None:
     parser.add_argument("--schemes", nargs="+", choices=list(SCHEMES), default=list(Plan().schemes),
                         help="which quantized engines to measure")
     parser.add_argument("--batch", type=int, default=Plan().batch, help="the batched decode rows' batch size")
+    parser.add_argument("--small-batch", type=int, default=Plan().small_batch,
+                        help="a second batched decode row's batch size (0: none)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = lambda obj: print(json.dumps(obj, default=str), flush=True)  # noqa: E731
     res = {"ceilings": measure_ceilings()}
     log(res["ceilings"])
-    plan = Plan(batch=args.batch, schemes=tuple(args.schemes))
+    plan = Plan(batch=args.batch, small_batch=args.small_batch, schemes=tuple(args.schemes))
     if not args.skip_bf16:
         res.update(bf16_rows(plan, log))
     run_quant(res, log, plan)

@@ -106,7 +106,7 @@ def run_engine(res: dict, log, deadline) -> None:
     res["graph_vs_eager"] = eb.graph_vs_eager(engine)
     log(res["graph_vs_eager"])
     res["decode"] = []
-    for batch, sampled in ((1, False), (8, False), (64, False), (64, True), (256, False)):
+    for batch, sampled in ((1, False), (8, False), (16, False), (64, False), (64, True), (256, False)):
         row = eb.decode_rate(engine, batch, sampled=sampled)
         row.update(eb.linear_floor(model, batch))
         row["floor_tok_s"] = batch / row["floor_ms"] * 1e3

@@ -21,7 +21,7 @@ def quant_bench():
 def test_every_row_is_measured_on_a_tiny_model(quant_bench):
     plan = quant_bench.Plan(config=TINY, engine={"dtype": "float32", "kernel_backend": "torch", "max_model_len": 256,
                                                  "num_kv_blocks": 256, "max_num_seqs": 8},
-                            batch=4, ttft_tokens=64, workload=(4, 32, 4), long_context=96)
+                            batch=4, small_batch=2, ttft_tokens=64, workload=(4, 32, 4), long_context=96)
     logged = []
     res = {"ceilings": {"copy_tb_s": 0.01}}
     res.update(quant_bench.bf16_rows(plan, logged.append))
@@ -39,9 +39,12 @@ def test_every_row_is_measured_on_a_tiny_model(quant_bench):
     assert fp8["batched"]["floor_ms"] > 0 and fp8["batched"]["ratio_vs_floor"] > 0
     assert fp8["ttft"]["ratio_vs_bf16"] > 0
     assert awq["batched"]["batch"] == 4 and awq["batched"]["tok_s"] > 0 and "ttft" not in awq
+    assert all(r["batched_small"]["batch"] == 2 and r["batched_small"]["tok_s"] > 0 for r in res["quant"])
     assert all(r["throughput"]["output_tokens"] == 16 for r in res["quant"])
     rows = quant_bench.table_rows(res)
-    assert len(rows) == 13 and all(r.count("|") == 6 for r in rows)
-    assert "| fp8-kv8 decode b4, " in rows[10] and "fp8, bf16 KV" in rows[10]
+    assert len(rows) == 16 and all(r.count("|") == 6 for r in rows)
+    assert "| fp8-kv8 decode b4, " in rows[13] and "fp8, bf16 KV" in rows[13]
+    small = [r for r in rows if " decode b2 " in r]
+    assert len(small) == 3 and all("| bf16 " in r and "| 0.00 |" not in r for r in small)
     bf16_b4 = next(r["tok_s"] for r in res["decode"] if r["batch"] == 4)
-    assert f"| awq decode b4 | {awq['batched']['tok_s']:.0f} tok/s" in rows[6] and f"bf16 {bf16_b4:.0f}" in rows[6]
+    assert f"| awq decode b4 | {awq['batched']['tok_s']:.0f} tok/s" in rows[8] and f"bf16 {bf16_b4:.0f}" in rows[8]
