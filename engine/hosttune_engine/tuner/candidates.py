@@ -93,15 +93,17 @@ def nibble_gemm(rows: int) -> list[dict]:
 
 def wgmma_gemm(rows: int) -> list[dict]:
     """The 4-bit GEMM on Hopper's warpgroup MMA (kernels/w4a16_hopper.py) for `rows` rows: x's rows the MMA's
-    narrow side (8 to 128 a program), 64-256 weight rows, K tiles of one or two groups, split K or not, the
-    unpacked tile stored to shared memory for the MMA or kept in its registers (REGS: where the accumulator takes
-    at most 64 registers a thread, 32 with split K or 256-column tiles, past which ptxas spills), as many tiles in
-    flight as the SM's shared memory holds (per stage the words and x's, and without REGS the weight tile in bf16;
-    with REGS up to eight, a tile's 4-8 KB of words being little to keep in flight)."""
+    narrow side (8 to 128 a program), 64-256 weight rows (128 on one warpgroup or two), K tiles of one or two
+    groups, split K or not, the unpacked tile stored to shared memory for the MMA or kept in its registers (REGS:
+    where the accumulator takes at most 64 registers a thread, 32 with split K or 256-column tiles, past which
+    ptxas spills), as many tiles in flight as the SM's shared memory holds (per stage the words and x's, and
+    without REGS the weight tile in bf16; with REGS up to eight, a tile's 4-8 KB of words being little to keep in
+    flight)."""
     block_m = max(8, min(128, 1 << (rows - 1).bit_length()))
     configs = [{"WGMMA": 1, "REGS": regs, "BLOCK_M": block_m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8,
                 "SPLIT_K": split, "num_warps": w, "num_stages": stages}
-               for n, w, k in ((64, 4, 128), (64, 4, 256), (128, 4, 128), (128, 4, 256), (256, 8, 128))
+               for n, w, k in ((64, 4, 128), (64, 4, 256), (128, 4, 128), (128, 4, 256), (128, 8, 128),
+                               (256, 8, 128))
                for split in (1, 2, 4) for regs in (0, 1) for stages in ((4, 8) if regs else (3, 4))]
     return [c for c in configs if wgmma_shared_bytes(c) <= 220 * 1024 and (not c["REGS"] or (
         c["BLOCK_N"] * block_m <= (32 if c["SPLIT_K"] > 1 or c["BLOCK_K"] > 128 else 64) * 32 * c["num_warps"]))]
@@ -115,15 +117,17 @@ def wgmma_shared_bytes(cfg: dict) -> int:
 
 def candidates(kernel: str, default: dict, rows: int = 1) -> tuple[list[dict], int]:
     """(shipped winners for `kernel`, then its default, then its grid (GEMMs: the grid for `rows`), no repeats;
-    how many of them are the first two kinds, which every sweep tries)."""
+    how many of them are the first two kinds, which every sweep tries). The Hopper 4-bit GEMM's configs, shipped
+    or not, only where that kernel runs, up to 256 rows."""
     grid = GRIDS.get(kernel) or (GEMM_FEW_ROWS if rows <= 128 else GEMM_MANY_ROWS)
     if kernel == "w8a16_gemm":
         grid = [c for c in grid if "DEQUANT" not in c]
     if kernel == "w4a16_gemm" and rows <= 128:
         grid = grid + nibble_gemm(rows)
-    if kernel == "w4a16_gemm" and rows <= 256 and _hopper_gemm_runs():
+    hopper = kernel == "w4a16_gemm" and rows <= 256 and _hopper_gemm_runs()
+    if hopper:
         grid = grid + wgmma_gemm(rows)
-    seeds = _unique(shipped_configs(kernel) + [default])
+    seeds = _unique([c for c in shipped_configs(kernel) if hopper or not c.get("WGMMA")] + [default])
     return _unique(seeds + grid), len(seeds)
 
 
