@@ -87,8 +87,12 @@ move() {
     mkdir -p -- "$(dirname -- "$2")" && mv -T -- "$1" "$2"
 }
 
-# journals DIR: every run journal in DIR, each after a "@@journal:NAME" line.
+# journals DIR [ROOT]: every run journal in DIR, each after a "@@journal:NAME" line. No DIR is no run
+# yet; an image ROOT that is not there, or a DIR that cannot be read, is an error, never "no runs".
 journals() {
+    [ -z "${2:-}" ] || [ -d "$2/" ] || die "--root $2: no such directory on this host; give the folder the image is mounted at"
+    exists "$1" || return 0
+    { [ -d "$1" ] && [ -r "$1" ] && [ -x "$1" ]; } || die "cannot read the journal folder $1 (ssh.become: true reads it as root)"
     for f in "$1"/*.json; do
         [ -f "$f" ] || continue
         printf '@@journal:%s\n' "${f##*/}"; cat -- "$f"; printf '\n'

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+
+from hosttune.errors import HosttuneError
 from hosttune.transport.base import CommandResult, Transport, bundled_script
 
 OP_TIMEOUT_S = 120.0
@@ -35,8 +37,13 @@ def kernel_write(transport: Transport, paths: tuple[str, ...], value: str) -> Co
 _JOURNAL = re.compile(r"^@@journal:(?P<name>[\w.:-]+\.json)$", re.M)
 
 
-def read_journals(transport: Transport, runs_dir: str) -> dict[str, str]:
-    """{file name: JSON text} of every journal in runs_dir."""
-    result = transport.read(["sh", "-c", hostops_script(), "hosttune", "journals", runs_dir], timeout=OP_TIMEOUT_S)
+def read_journals(transport: Transport, runs_dir: str, root: str = "") -> dict[str, str]:
+    """{file name: JSON text} of every journal in runs_dir (under the image root, when one is given).
+
+    A root that is not there or a folder that cannot be read raises: that is not "no runs"."""
+    argv = ["sh", "-c", hostops_script(), "hosttune", "journals", runs_dir, *([root] if root else [])]
+    result = transport.read(argv, timeout=OP_TIMEOUT_S)
+    if not result.ok:
+        raise HosttuneError(result.stderr.strip().removeprefix("hosttune: ") or f"cannot read {runs_dir}")
     parts = _JOURNAL.split(result.stdout)
     return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from hosttune.errors import TransportError
+from hosttune.errors import HosttuneError, TransportError
 from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now
 from hosttune.execute.remote import hostops, read_journals, write_file
 from hosttune.config.inventory import Host
@@ -162,7 +162,8 @@ def pick_journal(journals: list[Journal], run: str | None) -> Journal | None:
 
 
 def load_journals(transport: Transport, root: str | None) -> list[Journal]:
-    return [Journal.from_json(text) for text in read_journals(transport, rooted(root, RUNS_DIR)).values() if text]
+    image = root if root and root != "/" else ""
+    return [Journal.from_json(text) for text in read_journals(transport, rooted(root, RUNS_DIR), image).values() if text]
 
 
 def _is_due(transport: Transport, undo: Undo, root: str | None) -> bool:
@@ -229,3 +230,5 @@ def rollback_host(transport: Transport, host: Host, run: str | None, root: str |
         return rollback_journal(transport, host, journal, root)
     except TransportError as exc:
         return RollbackResult(host, run, Outcome.UNREACHABLE, error=str(exc))
+    except HosttuneError as exc:  # the journals could not be read: nothing is known, so nothing is undone
+        return RollbackResult(host, run, Outcome.FAILED, error=str(exc))

@@ -160,6 +160,20 @@ def test_apply_then_rollback_under_root_is_byte_for_byte(local, tmp_path):
     assert rollback_host(local, HOST, None, str(root)).status == "nothing"
 
 
+def test_rollback_of_a_root_that_is_not_there_or_unreadable_journals_is_a_failure_not_nothing(local, tmp_path):
+    """A mistyped --root, or a journal folder that cannot be read, must not read as "nothing to roll back"."""
+    missing = rollback_host(local, HOST, None, str(tmp_path / "no-such-image"), dry_run=True)
+    assert missing.status == "failed" and missing.exit_bits == 2
+    assert missing.error == f"--root {tmp_path / 'no-such-image'}: no such directory on this host; give the folder the image is mounted at"
+    root = tmp_path / "img"
+    (root / "var/lib/hosttune").mkdir(parents=True)
+    (root / "var/lib/hosttune/runs").write_text("not a folder")
+    unreadable = rollback_host(local, HOST, None, str(root))
+    assert unreadable.status == "failed" and "cannot read the journal folder" in unreadable.error
+    (root / "var/lib/hosttune/runs").unlink()
+    assert rollback_host(local, HOST, None, str(root)).status == "nothing"  # no journal folder yet: no run
+
+
 def test_failing_step_stops_the_plan_and_the_journal_says_where(local, tmp_path):
     root = image(tmp_path)
     (root / "etc/profile.d").mkdir()
