@@ -18,6 +18,7 @@ from hosttune.transport import open_transport
 from hosttune.transport.base import bundled_script
 
 READ_TIMEOUT_S = 20.0
+AHEAD_SLACK_S = 60.0  # a pass that ends just before NTP steps the clock back is not wrong
 _TIMERS = {"regular": TIMER, "active": ACTIVE_TIMER}
 
 
@@ -34,8 +35,8 @@ class HostStatus:
 
     @property
     def findings(self) -> tuple[FindingBrief, ...]:
-        """What fails: staleness first, then each pass's failing findings."""
-        return self.stale + tuple(f for d in self.docs for f in d.failing)
+        """What fails: staleness first, then each pass's failing findings and the checks it could not judge."""
+        return self.stale + tuple(f for d in self.docs for f in (*d.failing, *d.check_errors))
 
     @property
     def age_s(self) -> float | None:
@@ -43,11 +44,16 @@ class HostStatus:
         return None if not self.docs or self.now is None else max(0.0, self.now - self.docs[0].when)
 
     @property
+    def is_error(self) -> bool:
+        """The read failed, a pass could not probe its host, or it could not judge a check."""
+        return bool(self.error or any(d.error or d.check_errors for d in self.docs))
+
+    @property
     def exit_bits(self) -> int:
         if not self.reachable:
             return EXIT_UNREACHABLE
-        bits = EXIT_ERROR if self.error or any(d.error for d in self.docs) else 0
-        return bits | (EXIT_DRIFT if self.findings else 0)
+        bits = EXIT_ERROR if self.is_error else 0
+        return bits | (EXIT_DRIFT if self.stale or any(d.failing for d in self.docs) else 0)
 
 
 def parse_read(host: Host, output: str) -> HostStatus:
@@ -65,11 +71,15 @@ def parse_read(host: Host, output: str) -> HostStatus:
 
 
 def _parse_pass(pass_name: str, text: str) -> StatusDoc:
+    path = f"{STATUS_DIR}/{STATUS_FILES[_TIMERS[pass_name]]}"
     try:
-        return parse_status(text)
+        doc = parse_status(text)
     except StatusError as exc:
-        path = f"{STATUS_DIR}/{STATUS_FILES[_TIMERS[pass_name]]}"
         raise StatusError(f"{path}: {exc}; its monitor pass rewrites it (or remove it)") from None
+    if doc.pass_name != pass_name:
+        raise StatusError(f"{path}: it holds the {doc.pass_name} pass's status, not the {pass_name} pass's; "
+                          "its monitor pass rewrites it (or remove it)")
+    return doc
 
 
 def judge_stale(docs: tuple[StatusDoc, ...], now: float) -> tuple[FindingBrief, ...]:
@@ -78,10 +88,18 @@ def judge_stale(docs: tuple[StatusDoc, ...], now: float) -> tuple[FindingBrief, 
                              "no status file: the monitor is not installed here, or its first pass has not run"),)
     out = []
     for doc in docs:
-        why = stale(_TIMERS[doc.pass_name], doc.interval_s, max(0.0, now - doc.when), None)
+        why = _ahead(doc, now) or stale(_TIMERS[doc.pass_name], doc.interval_s, max(0.0, now - doc.when), None)
         if why:
             out.append(FindingBrief("monitor.stale", "drift", "warning", why, (_TIMERS[doc.pass_name],)))
     return tuple(out)
+
+
+def _ahead(doc: StatusDoc, now: float) -> str | None:
+    """A status dated ahead of the host's clock would read as fresh until the clock caught up with it."""
+    if doc.when - now <= AHEAD_SLACK_S:
+        return None
+    return (f"the {doc.pass_name} pass's status is dated {doc.when - now:.0f}s ahead of the host's clock "
+            "(the clock was set back?): it cannot say when the pass last ran")
 
 
 def read_host(host: Host) -> HostStatus:

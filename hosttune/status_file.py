@@ -7,6 +7,7 @@ pass); `hosttune status` reads every host's in one round trip. Pure: documents i
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 
 from hosttune.checks.findings import Finding, Status
@@ -14,6 +15,7 @@ from hosttune.errors import HosttuneError
 from hosttune.fleet import HostReport
 
 FORMAT = 1
+PASSES = ("regular", "active")
 DETAIL_CHARS = 400  # a finding's detail is cut here: the file stays small for a fleet's read
 
 
@@ -48,6 +50,11 @@ class StatusDoc:
     def failing(self) -> tuple[FindingBrief, ...]:
         return tuple(f for f in self.findings if f.status in (Status.DRIFT.value, Status.PENDING_REBOOT.value))
 
+    @property
+    def check_errors(self) -> tuple[FindingBrief, ...]:
+        """Checks the pass could not judge (`hosttune check` exits 2 on them)."""
+        return tuple(f for f in self.findings if f.status == Status.ERROR.value)
+
 
 def brief(f: Finding) -> FindingBrief:
     detail = f.detail or f.active or ""
@@ -81,8 +88,20 @@ def parse_status(text: str) -> StatusDoc:
         raw = json.loads(text)
         findings = tuple(FindingBrief(str(f["check_id"]), str(f["status"]), str(f["severity"]), str(f["detail"]),
                                       tuple(str(s) for s in f.get("subjects") or ())) for f in raw["findings"])
-        return StatusDoc(str(raw["host"]), str(raw["pass_name"]), float(raw["when"]), int(raw["interval_s"]),
-                         float(raw["duration_s"]), {str(k): str(v) for k, v in raw["versions"].items()},
-                         {str(k): int(v) for k, v in raw["counts"].items()}, findings, str(raw.get("error") or ""))
+        doc = StatusDoc(str(raw["host"]), str(raw["pass_name"]), float(raw["when"]), int(raw["interval_s"]),
+                        float(raw["duration_s"]), {str(k): str(v) for k, v in raw["versions"].items()},
+                        {str(k): int(v) for k, v in raw["counts"].items()}, findings, str(raw.get("error") or ""))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StatusError(f"unreadable status file: {type(exc).__name__}: {exc}") from None
+    return _sensible(doc)
+
+
+def _sensible(doc: StatusDoc) -> StatusDoc:
+    """A document whose time, interval and pass can be judged: NaN or infinity would never go stale."""
+    if not math.isfinite(doc.when):
+        raise StatusError(f"unreadable status file: when: must be a finite number of Unix seconds (got {doc.when})")
+    if doc.interval_s <= 0:
+        raise StatusError(f"unreadable status file: interval_s: must be a positive number of seconds (got {doc.interval_s})")
+    if doc.pass_name not in PASSES:
+        raise StatusError(f"unreadable status file: pass_name: {doc.pass_name!r}, not 'regular' or 'active'")
+    return doc

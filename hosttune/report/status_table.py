@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import asdict
 
 from hosttune.status import HostStatus
+from hosttune.status_file import FindingBrief
 
 COLUMNS = ("HOST", "STATE", "AGE", "HOSTTUNE", "DRIVER", "RELEASE", "FAILING")
 
@@ -14,7 +15,7 @@ COLUMNS = ("HOST", "STATE", "AGE", "HOSTTUNE", "DRIVER", "RELEASE", "FAILING")
 def state(s: HostStatus) -> str:
     if not s.reachable:
         return "UNREACHABLE"
-    if s.error or any(d.error for d in s.docs):
+    if s.is_error:
         return "ERROR"
     if s.stale:
         return "STALE"
@@ -32,7 +33,11 @@ def _details(s: HostStatus) -> list[str]:
     if s.error or not s.reachable:
         return [f"    {s.error}"]
     lines = [f"    {d.pass_name} pass: probe failed: {d.error}" for d in s.docs if d.error]
-    return lines + [f"    {f.check_id:<19} {f.severity:<8} {f.detail}" for f in s.findings]
+    return lines + [f"    {f.check_id:<19} {f.severity:<8} {_said(f)}" for f in s.findings]
+
+
+def _said(f: FindingBrief) -> str:
+    return f"cannot judge: {f.detail}" if f.status == "error" else f.detail
 
 
 def render_table(statuses: list[HostStatus]) -> str:

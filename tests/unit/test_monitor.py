@@ -223,3 +223,48 @@ def test_the_monitor_step_comes_from_the_drifting_finding(wheels):
     findings = run_checks(facts, monitored(wheels))
     steps = [s for s in steps_for(findings, facts, monitored(wheels), HOST) if "monitor.installed" in s.fixes]
     assert len(steps) == 1 and steps[0].ops
+
+
+def _with(doc: str, **fields) -> str:
+    """A status file as written, with some fields changed (as a broken writer, a clock jump or a hand edit leaves it)."""
+    return json.dumps({**json.loads(doc), **fields})
+
+
+def test_a_check_the_pass_could_not_judge_is_an_error_in_status_not_ok():
+    report = _report()
+    regular = _with(to_json(status_doc(report, "regular", 60, 1000.0, 1.0, __version__)), counts={"ok": 3, "error": 1},
+                    findings=[{"check_id": "gpu.xid", "status": "error", "severity": "critical",
+                               "detail": "cannot read the kernel log"}])
+    host = parse_read(HOST, _read_output({"regular": regular}, 1100))
+    assert host.exit_bits == 2 and [f.check_id for f in host.findings] == ["gpu.xid"]
+    table = render_table([host])
+    assert table.splitlines()[1].split()[:2] == ["h", "ERROR"] and "gpu.xid" in table
+    assert "cannot judge: cannot read the kernel log" in table and table.endswith("1 host: 1 error")
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"when": float("nan")}, "when: must be a finite number of Unix seconds"),
+    ({"when": "Infinity"}, "when: must be a finite number of Unix seconds"),
+    ({"interval_s": 0}, "interval_s: must be a positive number of seconds"),
+    ({"pass_name": "weekly"}, "pass_name: 'weekly', not 'regular' or 'active'"),
+])
+def test_a_status_file_whose_time_interval_or_pass_makes_no_sense_is_that_hosts_error(fields, why):
+    regular = _with(to_json(status_doc(_report(), "regular", 60, 1000.0, 1.0, __version__)), **fields)
+    with pytest.raises(StatusError, match=f"/var/lib/hosttune/monitor/status.json: .*{why}"):
+        parse_read(HOST, _read_output({"regular": regular}, 1100))
+
+
+def test_the_active_pass_file_holding_the_regular_pass_is_that_hosts_error():
+    regular = to_json(status_doc(_report(), "regular", 60, 1000.0, 1.0, __version__))
+    with pytest.raises(StatusError, match="status-active.json: it holds the regular pass's status, not the active pass's"):
+        parse_read(HOST, _read_output({"regular": regular, "active": regular}, 1100))
+
+
+def test_a_status_written_ahead_of_the_hosts_clock_is_stale_not_fresh_forever():
+    regular = to_json(status_doc(_report(), "regular", 60, 1_000_000.0, 1.0, __version__))
+    host = parse_read(HOST, _read_output({"regular": regular}, 1000))
+    assert host.stale and host.exit_bits & 1
+    assert host.stale[0].detail == ("the regular pass's status is dated 999000s ahead of the host's clock "
+                                    "(the clock was set back?): it cannot say when the pass last ran")
+    ahead_by_a_little = parse_read(HOST, _read_output({"regular": regular}, 1_000_000 - 30))
+    assert not ahead_by_a_little.stale  # a pass that ends while the clock is stepped back by NTP
