@@ -107,7 +107,8 @@ CHECKS = (
           "set scaling_governor=performance now and install a boot-time unit that sets it again", False, governor),
     Check("cpu.cstates", "CPU idle states", Severity.WARNING,
           "Waking a core from a deep C-state costs tens to hundreds of microseconds on every request burst.",
-          "add intel_idle.max_cstate and processor.max_cstate to the kernel command line (grub drop-in), reboot", True, cstates),
+          "add intel_idle.max_cstate and processor.max_cstate to the kernel command line (grub drop-in), reboot; "
+          "deep idle states are disabled now already", True, cstates),
     Check("kernel.rcu_nocbs", "RCU callback offload", Severity.INFO,
           "RCU callbacks running on serving cores preempt the engine's scheduler thread at random.",
           "add rcu_nocbs=CPUS to the kernel command line (grub drop-in), reboot", True, rcu_nocbs),

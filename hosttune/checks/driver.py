@@ -121,7 +121,8 @@ CHECKS = (
           "apt-mark hold (dnf versionlock add) the driver and CUDA packages", False, driver_held),
     Check("cuda.toolkit", "CUDA toolkit pin", Severity.CRITICAL,
           "Engine builds link against whatever toolkit is on PATH; a stale one breaks them with 'undefined symbol'.",
-          "point /usr/local/cuda at the pinned toolkit and write /etc/profile.d/cuda.sh; report stale toolkits", False, cuda_toolkit),
+          "install the pinned toolkit's packages if it is missing, point /usr/local/cuda at it and write "
+          "/etc/profile.d/hosttune-cuda.sh; stale toolkits are moved aside only with --prune-cuda", False, cuda_toolkit),
     Check("cuda.driver_compat", "CUDA toolkit supported by driver", Severity.WARNING,
           "A toolkit newer than the driver fully supports runs only under minor-version compatibility, without PTX JIT.",
           "install a driver with full support for the pinned toolkit (or pin an older toolkit)", True, cuda_driver_compat),

@@ -81,11 +81,14 @@ def nvme_power(facts: Facts, profile: Profile) -> Verdict:
 CHECKS = (
     Check("numa.topology", "NUMA placement and balancing", Severity.WARNING,
           "Automatic NUMA balancing migrates the engine's pages while it serves; cross-node memory halves bandwidth.",
-          "write kernel.numa_balancing=0 to /etc/sysctl.d and apply it now", False, numa),
+          "write the profile's kernel.numa_balancing (0: off) to /etc/sysctl.d/90-hosttune.conf, comment it out of a "
+          "sysctl.d file that would override that, and apply it now", False, numa),
     Check("mm.thp", "Transparent hugepages", Severity.INFO,
           "THP mode decides whether large host buffers stall on compaction or get hugepages without asking.",
-          "set /sys/kernel/mm/transparent_hugepage/enabled now and at boot", False, thp),
+          "set /sys/kernel/mm/transparent_hugepage/enabled now and at boot (a boot unit), and correct a "
+          "transparent_hugepage= on the kernel command line, which would override it", False, thp),
     Check("nvme.power", "NVMe power state", Severity.WARNING,
           "An NVMe drive waking from a low-power state stalls model loads and swap-ins by milliseconds.",
-          "add nvme_core.default_ps_max_latency_us=0 to the kernel command line, reboot", True, nvme_power),
+          "add nvme_core.default_ps_max_latency_us=0 to the kernel command line, reboot; sleeping devices are "
+          "kept in D0 now already (runtime power management off)", True, nvme_power),
 )

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from hosttune import report
+from hosttune.actions import ACTIONS
 from hosttune.checks import get_check
 from hosttune.cli.app import app
 from hosttune.cli.common import (AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, check_writable, color_for, emit, load,
@@ -113,3 +114,7 @@ def explain(check_id: str = typer.Argument(..., help="A check id, e.g. irq.irqba
     typer.echo(f"{c.id}: {c.title} (severity {c.severity.value})")
     typer.echo(f"why: {c.why}")
     typer.echo(f"fix: {c.remediation}" + (" (needs a reboot)" if c.needs_reboot else ""))
+    typer.echo(f"apply: {'does this fix (apply --dry-run shows the plan)' if c.id in ACTIONS else NO_APPLY}")
+
+
+NO_APPLY = "no automatic fix: it reports the finding and changes nothing for it; the fix is by hand"

@@ -70,6 +70,17 @@ def test_explain():
     assert "known checks: driver.version," in unknown.stderr and "remediate.reset, remediate.reboot" in unknown.stderr
 
 
+def test_explain_says_what_apply_does_and_names_the_files_it_writes():
+    from hosttune.actions.cuda import PROFILE_D
+    from hosttune.actions.memory import SYSCTL_FILE
+
+    cuda = runner.invoke(app, ["explain", "cuda.toolkit"]).stdout
+    assert PROFILE_D in cuda and "--prune-cuda" in cuda and "apply: does this fix" in cuda
+    assert SYSCTL_FILE in runner.invoke(app, ["explain", "numa.topology"]).stdout
+    pstate = runner.invoke(app, ["explain", "gpu.pstate"]).stdout  # no action: apply only reports it
+    assert "apply: no automatic fix" in pstate
+
+
 def test_facts_dumps_json():
     result = runner.invoke(app, ["facts"])
     doc = json.loads(result.stdout)
