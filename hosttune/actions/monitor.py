@@ -12,11 +12,11 @@ from pathlib import Path
 import yaml
 
 from hosttune import __version__
-from hosttune.actions.base import Command, Directory, FileWrite, Op, Service, Step, blocked
+from hosttune.actions.base import Command, Directory, FileWrite, Op, Remove, Service, Step, blocked
 from hosttune.actions.needs import NeedVenv
 from hosttune.actions.templates import render
 from hosttune.actions.units import DAEMON_RELOAD
-from hosttune.checks.service_monitor import ACTIVE_TIMER, PASS_TIMEOUT_S, TIMER, wanted_timers
+from hosttune.checks.service_monitor import ACTIVE_TIMER, METRICS_FILES, PASS_TIMEOUT_S, STATUS_DIR, STATUS_FILES, TIMER, wanted_timers
 from hosttune.config.inventory import Host
 from hosttune.config.profile import Profile
 from hosttune.probes.facts import Facts
@@ -87,6 +87,18 @@ def install_ops(facts: Facts, profile: Profile) -> tuple[Op, ...]:
     )
 
 
+def retire_active_ops(profile: Profile) -> tuple[Op, ...]:
+    """With monitor.active_interval_s null, the active pass an earlier apply installed: its timer stopped, its units
+    and its last status and metrics removed (they would read as a pass gone stale)."""
+    if ACTIVE_TIMER in wanted_timers(profile):
+        return ()
+    service = ACTIVE_TIMER.replace(".timer", ".service")
+    return (Service(ACTIVE_TIMER, enabled=False, running=False),
+            *(Remove(f"{UNIT_DIR}/{unit}") for unit in (ACTIVE_TIMER, service)),
+            Remove(f"{STATUS_DIR}/{STATUS_FILES[ACTIVE_TIMER]}"),
+            Remove(f"{profile.monitor.textfile_dir}/{METRICS_FILES[ACTIVE_TIMER]}"))
+
+
 def unit_ops(profile: Profile) -> tuple[Op, ...]:
     units = timer_units(profile)
     timers = [name for name in units if name.endswith(".timer")]
@@ -95,6 +107,7 @@ def unit_ops(profile: Profile) -> tuple[Op, ...]:
         FileWrite(PROFILE_FILE, host_profile(profile)),
         FileWrite(RULES_FILE, alert_rules(profile)),
         *(FileWrite(f"{UNIT_DIR}/{name}", body) for name, body in units.items()),
+        *retire_active_ops(profile),
         DAEMON_RELOAD,
         *(Service(name, enabled=True, running=True) for name in timers),
     )

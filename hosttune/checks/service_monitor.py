@@ -12,6 +12,7 @@ from hosttune.probes.facts_serve import TimerState
 TIMER, ACTIVE_TIMER = "hosttune-monitor.timer", "hosttune-monitor-active.timer"
 STATUS_DIR = "/var/lib/hosttune/monitor"
 STATUS_FILES = {TIMER: "status.json", ACTIVE_TIMER: "status-active.json"}  # what each timer's pass writes
+METRICS_FILES = {TIMER: "hosttune.prom", ACTIVE_TIMER: "hosttune-active.prom"}  # in node_exporter's textfile folder
 PASS_TIMEOUT_S = {TIMER: 300, ACTIVE_TIMER: 900}  # a pass may take this long (GPU load and dcgmi diag -r 1 in the active one)
 
 
@@ -50,6 +51,13 @@ def _timer_fault(timer: TimerState, interval: str) -> str | None:
     return None
 
 
+def _unwanted_active(timer: TimerState, wanted: dict[str, str]) -> str | None:
+    """The active pass's timer left running where the profile now has none: each run refuses, its status goes stale."""
+    if timer.name in wanted or timer.load != "loaded" or (timer.active != "active" and timer.enabled != "enabled"):
+        return None
+    return f"{timer.name} {timer.active or '?'}, {timer.enabled or '?'}, but monitor.active_interval_s is null"
+
+
 def installed(facts: Facts, profile: Profile) -> Verdict:
     """hosttune of this version is in its virtualenv on the host and its timers run at the profile's intervals."""
     if not profile.monitor.enabled:
@@ -61,6 +69,7 @@ def installed(facts: Facts, profile: Profile) -> Verdict:
     monitor = facts.monitor
     faults = [] if monitor.installed == __version__ else [f"hosttune {monitor.installed or 'not installed'}"]
     faults += [f for name, interval in wanted.items() if (f := _timer_fault(monitor.timer(name), interval))]
+    faults += [f for f in (_unwanted_active(monitor.timer(ACTIVE_TIMER), wanted),) if f]
     active = f"hosttune {monitor.installed or '-'}; " + (", ".join(
         f"{t.name} {t.active} every {t.interval or '?'}" for t in monitor.timers if t.load == "loaded") or "no timers")
     if faults:

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from hosttune.checks.service_monitor import STATUS_DIR
+from hosttune.checks.service_monitor import ACTIVE_TIMER, METRICS_FILES, STATUS_DIR, STATUS_FILES, TIMER
 from hosttune.cli.app import app
 from hosttune.cli.common import AcceptKeysOpt, InventoryOpt, LimitOpt, ReadForksOpt, emit, load, user_errors, why_not_written
 from hosttune.cli.progress import Progress
@@ -82,9 +82,9 @@ def monitor(
     Example: hosttune monitor --profile /etc/hosttune/monitor/profile.yaml --textfile-dir /var/lib/node_exporter/textfile_collector
     """
     result = run_pass(str(profile), active)
-    suffix = "-active" if active else ""
-    write_atomically(textfile_dir / f"hosttune{suffix}.prom", status_metrics.render(result.report, result.doc))
-    write_atomically(status_dir / f"status{suffix}.json", to_json(result.doc))
+    timer = ACTIVE_TIMER if active else TIMER
+    write_atomically(textfile_dir / METRICS_FILES[timer], status_metrics.render(result.report, result.doc))
+    write_atomically(status_dir / STATUS_FILES[timer], to_json(result.doc))
     counts = ", ".join(f"{n} {s}" for s, n in result.doc.counts.items() if n)
     typer.echo(f"{result.doc.host}: " + (f"probe failed: {result.doc.error}" if result.doc.error else counts), err=True)
     raise typer.Exit(exit_code([result.report]))

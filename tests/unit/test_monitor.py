@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hosttune import __version__
 from hosttune.actions import steps_for
-from hosttune.actions.base import Command, Directory, FileWrite, Service
+from hosttune.actions.base import Command, Directory, FileWrite, Remove, Service
+from hosttune.actions.units import DAEMON_RELOAD
 from hosttune.actions.monitor import PROFILE_FILE, RULES_FILE, VENV, alert_rules, host_profile, monitor, timer_units
 from hosttune.checks import BY_ID, run_checks
 from hosttune.checks.findings import Status
@@ -268,3 +269,25 @@ def test_a_status_written_ahead_of_the_hosts_clock_is_stale_not_fresh_forever():
                                     "(the clock was set back?): it cannot say when the pass last ran")
     ahead_by_a_little = parse_read(HOST, _read_output({"regular": regular}, 1_000_000 - 30))
     assert not ahead_by_a_little.stale  # a pass that ends while the clock is stepped back by NTP
+
+
+def test_turning_the_active_pass_off_drifts_until_apply_stops_its_timer_and_removes_what_it_left(wheels):
+    facts = parse_monitor(FIXTURE.read_text())  # both timers installed, the active one enabled
+    host = dataclasses.replace(SYSTEMD, monitor=facts)
+    off = monitored(active_interval_s=None)
+    installed = BY_ID["monitor.installed"].run(host, off)
+    assert installed.status is Status.DRIFT and installed.detail == (
+        "hosttune-monitor-active.timer inactive, enabled, but monitor.active_interval_s is null")
+    (step,) = monitor(host, dataclasses.replace(off, monitor=dataclasses.replace(off.monitor, wheels=str(wheels))), HOST)
+    ops = step.ops
+    stop = Service("hosttune-monitor-active.timer", enabled=False, running=False)
+    removed = [op.path for op in ops if isinstance(op, Remove)]
+    assert stop in ops and removed == ["/etc/systemd/system/hosttune-monitor-active.timer",
+                                       "/etc/systemd/system/hosttune-monitor-active.service",
+                                       "/var/lib/hosttune/monitor/status-active.json",
+                                       "/var/lib/node_exporter/textfile_collector/hosttune-active.prom"]
+    assert ops.index(stop) < ops.index(DAEMON_RELOAD) and ops.index(stop) < min(ops.index(Remove(p)) for p in removed)
+    gone = dataclasses.replace(facts, timers=tuple(t for t in facts.timers if t.name == "hosttune-monitor.timer"))
+    assert BY_ID["monitor.installed"].run(dataclasses.replace(host, monitor=gone), off).status is Status.OK
+    (on,) = monitor(host, monitored(wheels), HOST)
+    assert not [op for op in on.ops if isinstance(op, Remove)]
