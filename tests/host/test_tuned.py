@@ -225,6 +225,10 @@ def test_numactl(host, want):
 
 
 def test_python(host, want):
-    if want["python"] is None:
+    pin = want["python"]
+    if pin is None:
         pytest.skip("no Python pin")
-    assert host.exists(f"python{want['python']}") or host.check_output("python3 --version").startswith(f"Python {want['python']}.")
+    # run it: a name on PATH (a pyenv shim, a dangling alternative) that cannot start is no interpreter
+    runs = [host.run(f"{name} --version") for name in (f"python{pin}", "python3")]
+    versions = [(r.stdout + r.stderr).strip() for r in runs if r.rc == 0]
+    assert any(v.startswith(f"Python {pin}.") for v in versions), f"no working python{pin} (found: {versions or 'none'})"

@@ -1,6 +1,7 @@
 """`hosttune verify` plumbing and the apply/rollback/verify CLI surface (read-only here)."""
 
 import json
+import os
 
 import pytest
 from typer.testing import CliRunner
@@ -78,6 +79,21 @@ def test_verify_with_an_unreachable_host_says_nothing_ran_and_how_to_verify_the_
     assert result.exit_code == 2 and not junit.exists()
     assert result.stderr.startswith("hosttune: dead: 127.0.0.1:1: connection refused") and len(result.stderr.splitlines()) == 1
     assert result.stderr.rstrip().endswith("nothing was verified: leave these hosts out with --limit to verify the others")
+
+
+@pytest.mark.parametrize("answer, code", [("echo 'pyenv: python3.99: command not found' >&2; exit 127", 1),
+                                          ("echo 'Python 3.99.1'", 0)])
+def test_verify_runs_the_pinned_python_rather_than_finding_its_name(tmp_path, monkeypatch, answer, code):
+    """A pyenv shim named python3.99 that cannot start is no Python 3.99, as check says too."""
+    shim = tmp_path / "bin" / "python3.99"
+    shim.parent.mkdir()
+    shim.write_text(f"#!/bin/sh\n{answer}\n")
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim.parent}:{os.environ['PATH']}")
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("hosts:\n  localhost:\n    transport: local\n    pins: {python: '3.99'}\n")
+    result = runner.invoke(app, ["verify", "-i", str(inventory), "--", "-k", "test_python"])
+    assert result.exit_code == code
 
 
 def test_a_dry_run_with_a_plan_says_planned_and_keeps_the_drift_bit(monkeypatch):
