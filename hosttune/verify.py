@@ -21,10 +21,11 @@ from hosttune.actions.platform import Apt, Dnf
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.config.inventory import Host, Inventory
 from hosttune.config.profile import Profile
-from hosttune.fleet_runner import FleetRunner
+from hosttune.fleet_runner import EXIT_ERROR, FleetRunner
 from hosttune.transport import open_transport
 
 EXPECT_ENV = "HOSTTUNE_VERIFY_EXPECT"
+PYTEST_NO_TESTS = 5  # pytest.ExitCode.NO_TESTS_COLLECTED (pytest is an optional extra, not imported here)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -117,9 +118,17 @@ def preflight(hosts: list[Host]) -> None:
                             "to verify the others")
 
 
+def _exit_code(code: int) -> int:
+    """pytest's exit code as hosttune's: 0 every host verified, 1 a test failed, else 2. pytest's 4 (a usage
+    error) must not read as hosttune's unreachable bit, nor its 5 (no test selected) as a verdict."""
+    if code == PYTEST_NO_TESTS:
+        raise HosttuneError("no test ran: the pytest arguments after -- selected none, so nothing was verified")
+    return code if code in (0, 1) else EXIT_ERROR
+
+
 def run_verify(inventory: Inventory, profiles: dict[str, Profile], *, junit_xml: Path | None = None,
                accept_new_host_keys: bool = False, pytest_args: tuple[str, ...] = ()) -> int:
-    """pytest tests/host --hosts=... ; returns pytest's exit code (0: every host verified)."""
+    """pytest tests/host --hosts=... ; 0 when every host is verified, 1 when a test failed, 2 when pytest could not run."""
     if importlib.util.find_spec("testinfra") is None or importlib.util.find_spec("pytest") is None:
         raise HosttuneError("hosttune verify needs pytest and pytest-testinfra: pip install 'hosttune[verify]'")
     hosts = list(inventory.hosts)
@@ -138,7 +147,7 @@ def run_verify(inventory: Inventory, profiles: dict[str, Profile], *, junit_xml:
             argv.append(f"--junit-xml={junit_xml}")
         env = {**os.environ, EXPECT_ENV: str(expect)}
         try:
-            return subprocess.run([*argv, *pytest_args], env=env, check=False).returncode
+            return _exit_code(subprocess.run([*argv, *pytest_args], env=env, check=False).returncode)
         finally:
             for host in hosts:
                 if host.connection.transport != "local":  # stop the ssh control masters testinfra left

@@ -137,8 +137,8 @@ def verify(
 ) -> None:
     """Check tuned hosts with the testinfra suite (tests/host), independently of hosttune's probes.
 
-    Exit code: pytest's (0 when every host passes, 1 when a test failed); 2 when a host cannot be reached or an
-    input is wrong, and then nothing runs.
+    Exit code: 0 when every host passes, 1 when a test failed; 2 when a host cannot be reached or an input is
+    wrong (pytest's arguments too, or ones that select no test), and then nothing is verified.
 
     Example: hosttune verify --inventory inventories/example.yaml --junit-xml verify.xml
     """

@@ -96,6 +96,14 @@ def test_verify_runs_the_pinned_python_rather_than_finding_its_name(tmp_path, mo
     assert result.exit_code == code
 
 
+def test_verify_with_pytest_arguments_that_are_wrong_or_select_nothing_is_exit_2_never_the_unreachable_bit():
+    bad = runner.invoke(app, ["verify", "--", "--no-such-pytest-flag"])
+    assert bad.exit_code == 2  # pytest's 4 is hosttune's "unreachable host"
+    empty = runner.invoke(app, ["verify", "--", "-k", "no_test_has_this_name"])
+    assert empty.exit_code == 2
+    assert empty.stderr == "hosttune: no test ran: the pytest arguments after -- selected none, so nothing was verified\n"
+
+
 def test_a_dry_run_with_a_plan_says_planned_and_keeps_the_drift_bit(monkeypatch):
     """Nothing was changed, so the host is not 'changed', and its drift is all left: exit bit 1, as check says."""
     from hosttune.actions.base import FileWrite, Step
@@ -133,7 +141,8 @@ def test_the_help_of_facts_apply_rollback_verify_and_bench_says_what_they_do():
     assert "Exit code bits: 2 probe or usage error, 4 unreachable host (drift is check's: facts never sets 1)." in _help("facts")
     assert "(default: each host's latest run not yet rolled back); one no host has is an error." in _help("rollback")
     assert "Hosts read and rolled back in parallel." in _help("rollback") and "probed" not in _help("rollback")
-    assert "2 when a host cannot be reached or an input is wrong, and then nothing runs." in _help("verify")
+    assert ("2 when a host cannot be reached or an input is wrong (pytest's arguments too, or ones that select no "
+            "test), and then nothing is verified." in _help("verify"))
     bench = _help("bench")
     assert "http://gpu-01:8000 (without /v1)" in bench and "(default: 128 without --rate, --trace or --sweep)" in bench
     assert "CSV files and PNG plots; made, and checked writable, before the run." in bench
