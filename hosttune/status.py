@@ -12,12 +12,13 @@ from hosttune.checks.service_monitor import ACTIVE_TIMER, STATUS_DIR, STATUS_FIL
 from hosttune.config.inventory import Host, Inventory
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.fleet_runner import DEFAULT_FORKS, EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE, FleetRunner
-from hosttune.probes.sections import split
+from hosttune.probes.sections import Section, split
 from hosttune.status_file import FindingBrief, StatusDoc, StatusError, parse_status
 from hosttune.transport import open_transport
 from hosttune.transport.base import bundled_script
 
 READ_TIMEOUT_S = 20.0
+NOT_WRITTEN_RC = 3  # status_read.sh: no such file
 AHEAD_SLACK_S = 60.0  # a pass that ends just before NTP steps the clock back is not wrong
 _TIMERS = {"regular": TIMER, "active": ACTIVE_TIMER}
 
@@ -66,14 +67,16 @@ def parse_read(host: Host, output: str) -> HostStatus:
     except ValueError:
         raise StatusError(f"the host's clock read {sections['now'].text.strip()[:40]!r}, not Unix seconds "
                           "(`date +%s` on the host must print them)") from None
-    docs = tuple(_parse_pass(p, sections[p].text) for p in _TIMERS if p in sections and sections[p].rc == 0)
+    docs = tuple(_parse_pass(p, sections[p]) for p in _TIMERS if p in sections and sections[p].rc != NOT_WRITTEN_RC)
     return HostStatus(host, True, docs=docs, stale=judge_stale(docs, now), now=now)
 
 
-def _parse_pass(pass_name: str, text: str) -> StatusDoc:
+def _parse_pass(pass_name: str, section: Section) -> StatusDoc:
     path = f"{STATUS_DIR}/{STATUS_FILES[_TIMERS[pass_name]]}"
+    if section.rc != 0:  # there, but cat could not read it: not the same as a monitor never installed
+        raise StatusError(f"{path}: cannot read it: {section.text.strip()[-300:]}")
     try:
-        doc = parse_status(text)
+        doc = parse_status(section.text)
     except StatusError as exc:
         raise StatusError(f"{path}: {exc}; its monitor pass rewrites it (or remove it)") from None
     if doc.pass_name != pass_name:

@@ -1,9 +1,12 @@
 # hosttune status: read-only. The host's clock and what each monitor pass last wrote, as probe sections.
 # Sent as-is to every host; no inventory value is ever put into it.
+# A section's code: 0 the file read, 3 no such file (the pass never wrote one), else cat's (its error is the text).
 d=/var/lib/hosttune/monitor
 printf '@@ht:now\n%s\n@@ht-end:now:0\n' "$(date +%s)"
 for p in regular active; do
   f=$d/status.json; [ $p = active ] && f=$d/status-active.json
-  printf '@@ht:%s\n' $p; cat "$f" 2>/dev/null; r=$?; printf '\n@@ht-end:%s:%s\n' $p $r
+  printf '@@ht:%s\n' $p
+  if [ -e "$f" ]; then cat "$f" 2>&1; r=$?; else r=3; fi
+  printf '\n@@ht-end:%s:%s\n' $p $r
 done
 exit 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,9 @@ from typer.testing import CliRunner
 
 from hosttune import status as status_module
 from hosttune.cli import app
-from hosttune.status_file import parse_status
-from hosttune.transport.base import CommandResult, Transport
+from hosttune.config.inventory import local_inventory
+from hosttune.status_file import StatusError, parse_status
+from hosttune.transport.base import CommandResult, Transport, bundled_script
 
 runner = CliRunner()
 PLAYBOOK = Path(__file__).resolve().parents[2] / "playbooks" / "inference-latency.yaml"
@@ -124,3 +126,16 @@ def test_the_help_of_status_monitor_remediate_and_uncordon_says_what_the_docs_sa
     assert "Exit code bits: 2 an error, 4 an unreachable host." in _help("uncordon")
     assert "(0 to 100; 0: the first cordon stops it)" in _help("remediate")
     assert "Hosts read in parallel." in _help("uncordon") and "Hosts read in parallel." in _help("status")
+
+
+def test_a_status_file_that_is_there_but_cannot_be_read_is_that_hosts_error_not_a_missing_monitor(tmp_path):
+    """The real status read, pointed at a folder where status.json cannot be read (here: it is a folder)."""
+    (tmp_path / "status.json").mkdir()
+    script = bundled_script("hosttune", "status_read.sh").replace("d=/var/lib/hosttune/monitor", f"d={tmp_path}")
+    output = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True, check=True).stdout
+    with pytest.raises(StatusError, match=r"^/var/lib/hosttune/monitor/status.json: cannot read it: cat: .*Is a directory"):
+        status_module.parse_read(local_inventory().hosts[0], output)
+    (tmp_path / "status.json").rmdir()
+    output = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True, check=True).stdout
+    missing = status_module.parse_read(local_inventory().hosts[0], output)
+    assert missing.stale[0].detail.startswith("no status file")

@@ -200,7 +200,7 @@ def test_the_alert_rules_pass_promtool_or_at_least_name_every_metric_they_use(tm
 def _read_output(docs: dict[str, str], now: int) -> str:
     parts = [f"@@ht:now\n{now}\n@@ht-end:now:0"]
     for name in ("regular", "active"):
-        parts.append(f"@@ht:{name}\n{docs[name]}\n@@ht-end:{name}:0" if name in docs else f"@@ht:{name}\n\n@@ht-end:{name}:1")
+        parts.append(f"@@ht:{name}\n{docs[name]}\n@@ht-end:{name}:0" if name in docs else f"@@ht:{name}\n\n@@ht-end:{name}:3")
     return "\n".join(parts) + "\n"
 
 
