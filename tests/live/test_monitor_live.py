@@ -99,7 +99,7 @@ def test_apply_installs_the_timers_whose_passes_write_metrics_prometheus_accepts
         assert subprocess.run(["promtool", "check", "metrics"], input=text.encode(), capture_output=True).returncode == 0
         rules = a.path("/etc/hosttune/monitor/hosttune-alerts.yml")
         checked = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True)
-        assert checked.returncode == 0 and "SUCCESS: 5 rules found" in checked.stdout, checked.stdout + checked.stderr
+        assert checked.returncode == 0 and "SUCCESS: 6 rules found" in checked.stdout, checked.stdout + checked.stderr
     code, out = invoke("check", "-i", str(inventory), "--format", "json")
     for host in json.loads(out)["hosts"]:
         found = {f["check_id"]: f["status"] for f in host["findings"]}

@@ -181,7 +181,7 @@ def test_the_alert_rules_pass_promtool_or_at_least_name_every_metric_they_use(tm
     rules = alert_rules(monitored())
     doc = yaml.safe_load(rules)
     alerts = {r["alert"]: r for r in doc["groups"][0]["rules"]}
-    assert set(alerts) == {"HosttuneServiceDown", "HosttuneCriticalFinding", "HosttuneCheckError",
+    assert set(alerts) == {"HosttuneServiceDown", "HosttuneCriticalFinding", "HosttuneCheckError", "HosttuneProbeFailed",
                            "HosttuneMonitorStale", "HosttuneActivePassStale"}
     assert alerts["HosttuneMonitorStale"]["expr"].endswith("> 180") and alerts["HosttuneServiceDown"]["for"] == "120s"
     report = _report()
@@ -194,7 +194,7 @@ def test_the_alert_rules_pass_promtool_or_at_least_name_every_metric_they_use(tm
         path = tmp_path / "rules.yml"
         path.write_bytes(rules)
         result = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
-        assert result.returncode == 0 and "SUCCESS: 5 rules found" in result.stdout, result.stdout + result.stderr
+        assert result.returncode == 0 and "SUCCESS: 6 rules found" in result.stdout, result.stdout + result.stderr
 
 
 def _read_output(docs: dict[str, str], now: int) -> str:
@@ -291,3 +291,36 @@ def test_turning_the_active_pass_off_drifts_until_apply_stops_its_timer_and_remo
     assert BY_ID["monitor.installed"].run(dataclasses.replace(host, monitor=gone), off).status is Status.OK
     (on,) = monitor(host, monitored(wheels), HOST)
     assert not [op for op in on.ops if isinstance(op, Remove)]
+
+
+def _promtool_series(text: str, minutes: int) -> list[dict]:
+    """A pass's metrics as promtool's input series: the same pass written every minute (its time moving on)."""
+    series = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in s.labels.items())
+            moving = s.name == "hosttune_monitor_last_run_timestamp_seconds"
+            series.append({"series": f"{s.name}{{{labels}}}", "values": f"0+60x{minutes}" if moving else f"{s.value:g}x{minutes}"})
+    return series
+
+
+def test_a_pass_whose_probe_fails_every_time_fires_an_alert_not_silence(tmp_path):
+    """A hung probe (a GPU off the bus hangs nvidia-smi) leaves no check series at all, and a fresh timestamp."""
+    alerts = {r["alert"]: r for r in yaml.safe_load(alert_rules(monitored()))["groups"][0]["rules"]}
+    assert "hosttune_monitor_probe_ok" in alerts["HosttuneProbeFailed"]["expr"]
+    if not shutil.which("promtool"):
+        pytest.skip("promtool is not installed")
+    failed = HostReport(HOST, "inference-latency-monitored", True, error="probe timed out after 60s")
+    metrics = status_metrics.render(failed, status_doc(failed, "regular", 60, 0.0, 60.0, __version__))
+    (tmp_path / "rules.yml").write_bytes(alert_rules(monitored()))
+    fired = {"exp_labels": {"host": "h", "pass": "regular", "severity": "critical"},
+             "exp_annotations": {"summary": "hosttune's regular pass cannot probe h",
+                                 "description": alerts["HosttuneProbeFailed"]["annotations"]["description"]}}
+    test = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": _promtool_series(metrics, 10),
+        "alert_rule_test": [{"eval_time": "1m", "alertname": "HosttuneProbeFailed", "exp_alerts": []},
+                            {"eval_time": "5m", "alertname": "HosttuneProbeFailed", "exp_alerts": [fired]},
+                            {"eval_time": "5m", "alertname": "HosttuneMonitorStale", "exp_alerts": []}]}]}
+    (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
+    result = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
