@@ -120,11 +120,31 @@ def preview(request: BuildRequest) -> str:
     hit = cached(request, build_plan)
     if hit is not None:
         return f"cache hit: {hit.key.name}, nothing to build\n  {hit.path}"
+    check_would_write(request.wheelhouse)  # what a real build checks before its first step, read-only here
+    cuobjdump = find_cuobjdump(toolchain, request.cuobjdump) if build_plan.key.archs else None
     text = build_plan.render()
     if request.deps:
         deps = plan_deps([], build_plan.staging, toolchain, request.options)
         text += f"\n  {len(build_plan.commands) + 1}. {deps.description}\n     {deps.render()} <the wheels built above>"
-    return text
+    if cuobjdump:
+        text += (f"\n  then {cuobjdump} checks that every native library carries machine code for "
+                 f"{', '.join(build_plan.key.archs)}; one that does not fails the build")
+    return text + f"\n  filed as {request.wheelhouse / build_plan.key.name} (build log under {request.wheelhouse / 'logs'})"
+
+
+def _unwritable(wheelhouse: Path, why: str) -> BuildError:
+    return BuildError(f"cannot write to the wheelhouse {wheelhouse} ({why}); pass --wheelhouse a folder you can write")
+
+
+def check_would_write(wheelhouse: Path) -> None:
+    """check_writable without making anything: the nearest folder that exists must take new ones."""
+    existing = wheelhouse
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise _unwritable(wheelhouse, "Not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise _unwritable(wheelhouse, "Permission denied")
 
 
 def check_writable(wheelhouse: Path) -> None:
@@ -133,8 +153,7 @@ def check_writable(wheelhouse: Path) -> None:
         wheelhouse.mkdir(parents=True, exist_ok=True)
         os.rmdir(tempfile.mkdtemp(prefix=".writable-", dir=wheelhouse))
     except OSError as exc:
-        raise BuildError(f"cannot write to the wheelhouse {wheelhouse} ({exc.strerror or exc}); "
-                         "pass --wheelhouse a folder you can write") from None
+        raise _unwritable(wheelhouse, exc.strerror or str(exc)) from None
 
 
 def build(request: BuildRequest, on_step: Callable[[BuildCommand], None] | None = None) -> BuildResult:

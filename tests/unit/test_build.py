@@ -155,12 +155,23 @@ def test_cli_dry_run_says_a_cached_entry_is_reused_and_shows_the_dependency_down
     assert "pip wheel" in result.stdout  # the entry has no dependency wheels: a build with --deps makes a new one
 
 
-def test_cli_an_unwritable_wheelhouse_is_one_line_before_any_step(tmp_path):
+def test_cli_an_unwritable_wheelhouse_is_one_line_before_any_step_and_in_the_dry_run_too(tmp_path):
     (tmp_path / "file").write_text("")
-    result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(tmp_path / "file" / "wh")])
-    assert result.exit_code == 2 and "internal error" not in result.output
-    assert result.output.strip() == (f"hosttune: cannot write to the wheelhouse {tmp_path}/file/wh (Not a directory); "
-                                     "pass --wheelhouse a folder you can write")
+    for extra in ([], ["--dry-run"]):
+        result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(tmp_path / "file" / "wh"), *extra])
+        assert result.exit_code == 2 and "internal error" not in result.output
+        assert result.output.strip() == (f"hosttune: cannot write to the wheelhouse {tmp_path}/file/wh (Not a directory); "
+                                         "pass --wheelhouse a folder you can write")
+
+
+def test_cli_dry_run_says_where_the_wheels_are_filed_and_makes_nothing(tmp_path):
+    wheelhouse = tmp_path / "new" / "wh"
+    result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(wheelhouse), "--dry-run"])
+    key = builder.plan(builder.BuildRequest("custom", wheelhouse))[0].key
+    assert result.exit_code == 0
+    assert result.stdout.rstrip().endswith(f"filed as {wheelhouse / key.name} (build log under {wheelhouse / 'logs'})")
+    assert "checks that every native library" not in result.stdout  # custom is pure Python: no arch check
+    assert not (tmp_path / "new").exists()
 
 
 def test_sources_that_cannot_be_read_are_one_line_saying_what_to_give(tmp_path):

@@ -63,9 +63,9 @@ def ext_repo(tmp_path) -> Path:
     return repo
 
 
-def build(repo: Path, wheelhouse: Path, cuobjdump: str, archs: str = "8.0,9.0", env: dict | None = None):
+def build(repo: Path, wheelhouse: Path, cuobjdump: str, archs: str = "8.0,9.0", env: dict | None = None, *extra: str):
     argv = ["build", "--engine", "vllm", "--source", str(repo), "--ref", "v0.1.0", "--arch", archs,
-            "--wheelhouse", str(wheelhouse), "--cuobjdump", cuobjdump]
+            "--wheelhouse", str(wheelhouse), "--cuobjdump", cuobjdump, *extra]
     return runner.invoke(app, argv, env=env)
 
 
@@ -127,3 +127,14 @@ def test_failing_build_shows_the_last_lines_of_its_log(ext_repo, tmp_path, cuobj
     assert "--- last lines of the log ---" in result.output and "add_one.cu" in result.output
     (log,) = (tmp_path / "wheelhouse" / "logs").iterdir()
     assert "this declaration has no storage class" in log.read_text() or "error" in log.read_text()
+
+
+def test_dry_run_names_the_arch_check_and_fails_as_the_build_would_without_cuobjdump(ext_repo, tmp_path, cuobjdump):
+    wheelhouse = tmp_path / "wheelhouse"
+    plan = build(ext_repo, wheelhouse, cuobjdump, "8.0,9.0", None, "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    assert f"then {cuobjdump} checks that every native library carries machine code for 8.0, 9.0" in plan.stdout
+    assert not wheelhouse.exists()
+    for extra in ((), ("--dry-run",)):
+        missing = build(ext_repo, wheelhouse, str(tmp_path / "none"), "8.0,9.0", None, *extra)
+        assert missing.exit_code == 2 and f"--cuobjdump {tmp_path / 'none'}: not an executable file" in missing.output
