@@ -11,6 +11,8 @@ from hosttune.errors import ProbeError
 from hosttune.remediate.history import Ledger, parse_ledger
 from hosttune.transport.base import Transport, bundled_script
 
+LATEST_TIME = 253402300800.0  # 10000-01-01: past it, a time cannot be printed as a date
+
 
 @dataclass(frozen=True)
 class Replica:
@@ -53,13 +55,23 @@ def _json(key: str, value: str) -> dict:
     return doc
 
 
+def _cordon_time(raw: object) -> float | None:
+    """Unix seconds a clock can show, or None (missing, a boolean, a date string, NaN, infinity, past year 9999)."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        return None
+    try:
+        at = float(raw)
+    except ValueError:
+        return None
+    return at if 0 < at < LATEST_TIME else None
+
+
 def parse_cordon(value: str) -> Cordon:
     doc = _json("cordon", value)
-    try:
-        at = float(doc.get("at", 0))
-    except (TypeError, ValueError):
+    at = _cordon_time(doc.get("at"))
+    if at is None:
         raise ProbeError(f"the host's cordon file {CORDON_FILE}: at must be Unix time in seconds "
-                         f"(got {doc.get('at')!r}); fix it, or remove it to uncordon the host") from None
+                         f"(got {doc.get('at')!r}); fix it, or remove it to uncordon the host")
     return Cordon(at, str(doc.get("reason", "")), str(doc.get("run", "")))
 
 

@@ -207,3 +207,19 @@ def test_the_uncordon_command_remediate_suggests_names_the_inventory_and_takes_t
     taken = runner.invoke(app, [*argv[1:], "--dry-run"])
     assert taken.exit_code == 0 and taken.stdout.splitlines()[:2] == [
         "gpu-01: cordoned since 2027-01-15 08:00:00Z (GPU0: Xid 79)", "    uncordon the host"]
+
+
+@pytest.mark.parametrize("cordon, got", [
+    ('{"at": NaN, "reason": "PSU"}', "nan"), ('{"at": Infinity}', "inf"), ('{"at": 1e20}', "1e+20"),
+    ('{"at": true, "reason": "PSU"}', "True"), ('{"reason": "PSU"}', "None"),
+])
+def test_a_cordon_time_that_is_no_time_is_that_hosts_one_line_error_and_the_others_are_planned(fleet, cordon, got):
+    states, inv = fleet
+    states.update({"gpu-01": SERVING + f"cordon:{cordon}\n", "gpu-02": CORDONED, "gpu-03": SERVING})
+    for command in ("remediate", "uncordon"):
+        result = runner.invoke(app, [command, *inv, "--dry-run"])
+        assert result.exit_code & 2 and "internal error" not in result.output, result.output
+        assert result.stdout.splitlines()[0] == (
+            f"gpu-01: error: the host's cordon file /var/lib/hosttune/cordon.json: at must be Unix time in seconds "
+            f"(got {got}); fix it, or remove it to uncordon the host")
+        assert "gpu-02: cordoned since 2027-01-15 08:00:00Z" in result.stdout and "gpu-03: " in result.stdout
