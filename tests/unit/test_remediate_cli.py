@@ -223,3 +223,15 @@ def test_a_cordon_time_that_is_no_time_is_that_hosts_one_line_error_and_the_othe
             f"gpu-01: error: the host's cordon file /var/lib/hosttune/cordon.json: at must be Unix time in seconds "
             f"(got {got}); fix it, or remove it to uncordon the host")
         assert "gpu-02: cordoned since 2027-01-15 08:00:00Z" in result.stdout and "gpu-03: " in result.stdout
+
+
+@pytest.mark.parametrize("seen", ['[["0000:3b:00", 79]]', '"0000:3b:00"', '[["0000:3b:00", 79, "twice"]]'])
+def test_a_ledger_whose_counts_are_garbled_is_that_hosts_one_line_error(fleet, seen):
+    states, inv = fleet
+    ledger = f'{{"boot": "b1/17", "seen": {seen}, "xids": [], "recovered": []}}'
+    states.update({"gpu-01": SERVING + f"ledger:{ledger}\n", "gpu-02": SERVING, "gpu-03": SERVING})
+    result = runner.invoke(app, ["remediate", *inv, "--dry-run"])
+    assert result.exit_code == 2 and "internal error" not in result.output, result.output
+    assert result.stdout.splitlines()[0].startswith(
+        "gpu-01: error: the remediation ledger /var/lib/hosttune/remediate/ledger.json is not valid (")
+    assert result.stdout.splitlines()[0].endswith("): move it aside to start a new one")
