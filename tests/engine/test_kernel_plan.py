@@ -84,6 +84,21 @@ def test_awq_dequantizes_for_prefill_where_the_h200_table_says_so(no_user_tables
     assert prefill.kernel is (Kernel.W4A16_DEQUANT if want.dequant else Kernel.W4A16_GEMM)
 
 
+def test_untuned_awq_dequantizes_past_64_rows_and_tiles_below(no_user_tables):
+    a100 = _plan("NVIDIA A100-SXM4-80GB", "awq")
+    assert a100.table == "none"
+    for rows in (65, 256, 4096):
+        many = a100.choice(Op.GATE_UP, rows)
+        assert (many.kernel, many.config, many.reason) == (Kernel.W4A16_DEQUANT, LaunchConfig(dequant=True),
+                                                           Reason.DEFAULT)
+        assert "past 64 rows" in many.note
+    few = a100.choice(Op.GATE_UP, 64)
+    assert (few.kernel, few.reason) == (Kernel.W4A16_GEMM, Reason.DEFAULT) and not few.config.dequant
+    # a table's entry for the bucket still decides
+    tiled = {"w4a16_gemm": {"bfloat16-gt128": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 4}}}
+    assert _plan("NVIDIA A100-SXM4-80GB", "awq", tiled).choice(Op.GATE_UP, 4096).kernel is Kernel.W4A16_GEMM
+
+
 def test_launch_configs_are_typed_and_refuse_unknown_keys():
     cfg = LaunchConfig.from_table({"BLOCK_N": 8, "FUSE": 0, "UNROLL": 2, "num_warps": 4})
     assert cfg.fuse is False and cfg.unroll == 2 and cfg.kernel_args() == {"BLOCK_N": 8, "num_warps": 4, "FUSE": 0,

@@ -188,10 +188,18 @@ def _gate_up_defers(inputs: PlanInputs, table: dict, bucket: RowBucket) -> bool:
     return bool(cfg.swiglu) and (cfg.block_n or 0) >= 32
 
 
+# Untuned, a 4-bit layer of more rows than this dequantizes its weight for cuBLAS: every tune so far chose that
+# there (H200, H100), and the tiled GEMM's generic config ran 256 x (1024 in / 128 out) at 0.3 of its speed.
+INT4_TILED_ROWS = 64
+
+
 def _int4(inputs: PlanInputs, table: dict, op: Op, bucket: RowBucket) -> Choice:
     if bucket.hi <= GEMV_ROWS:
         return _quant_gemv(inputs, table, op, bucket, "int4_gemv", INT4_GEMV_DEFAULT, Kernel.INT4_GEMV)
     found = _tuned(table, "w4a16_gemm", f"{inputs.dt}-{bucket.table}", GEMM_DEFAULT, inputs.shape(op))
+    if found[1] is Reason.DEFAULT and bucket.lo > INT4_TILED_ROWS:
+        return _choice(op, bucket, Kernel.W4A16_DEQUANT, (LaunchConfig(dequant=True), *found[1:]),
+                       note=f"past {INT4_TILED_ROWS} rows cuBLAS on the dequantized weight beats the tiled GEMM")
     if found[0].wgmma:
         why_not = wgmma_unfit(inputs.gpu.capability, inputs.dtype, inputs.spec.group_size)
         if not why_not:
