@@ -40,8 +40,7 @@ def remediate(
     accept_new_host_keys: bool = AcceptKeysOpt,
     fmt: Output = typer.Option(Output.text, "--format", help="Plan and recap as text or JSON (with --yes, the recap alone)."),
 ) -> None:
-    """Fix GPU and service faults that `check` finds: for each, the lowest rung of the ladder (restart, drain,
-    diagnose, reset, reboot, cordon), re-checking after each rung before going higher.
+    """Fix GPU and service faults that `check` finds: for each, the lowest rung of the ladder (restart, drain, diagnose, reset, reboot, cordon), re-checking after each rung before going higher.
 
     The plan (each fault, its ladder and its first step) is printed first; --dry-run stops there, --yes or a terminal's answer acts on it.
 

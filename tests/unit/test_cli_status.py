@@ -139,3 +139,15 @@ def test_a_status_file_that_is_there_but_cannot_be_read_is_that_hosts_error_not_
     output = subprocess.run(["sh", "-s"], input=script, capture_output=True, text=True, check=True).stdout
     missing = status_module.parse_read(local_inventory().hosts[0], output)
     assert missing.stale[0].detail.startswith("no status file")
+
+
+def test_the_command_list_shows_each_commands_summary_unbroken():
+    """`hosttune --help` prints a summary's source line breaks as they are, so each summary is one source line."""
+    import inspect
+
+    broken = [c.callback.__name__ for c in app.registered_commands
+              if "\n" in (inspect.getdoc(c.callback) or "").split("\n\n")[0]]
+    assert broken == []
+    listing = runner.invoke(app, ["--help"]).stdout
+    assert "drain, diagnose, reset, reboot, cordon" in " ".join(listing.replace("│", " ").split())
+    assert not any(line.rstrip(" │").endswith("drain,") for line in listing.splitlines())
