@@ -19,7 +19,6 @@ from hosttune.transport.base import bundled_script
 
 READ_TIMEOUT_S = 20.0
 NOT_WRITTEN_RC = 3  # status_read.sh: no such file
-AHEAD_SLACK_S = 60.0  # a pass that ends just before NTP steps the clock back is not wrong
 _TIMERS = {"regular": TIMER, "active": ACTIVE_TIMER}
 
 
@@ -91,18 +90,10 @@ def judge_stale(docs: tuple[StatusDoc, ...], now: float) -> tuple[FindingBrief, 
                              "no status file: the monitor is not installed here, or its first pass has not run"),)
     out = []
     for doc in docs:
-        why = _ahead(doc, now) or stale(_TIMERS[doc.pass_name], doc.interval_s, max(0.0, now - doc.when), None)
+        why = stale(_TIMERS[doc.pass_name], doc.interval_s, now - doc.when, None)
         if why:
             out.append(FindingBrief("monitor.stale", "drift", "warning", why, (_TIMERS[doc.pass_name],)))
     return tuple(out)
-
-
-def _ahead(doc: StatusDoc, now: float) -> str | None:
-    """A status dated ahead of the host's clock would read as fresh until the clock caught up with it."""
-    if doc.when - now <= AHEAD_SLACK_S:
-        return None
-    return (f"the {doc.pass_name} pass's status is dated {doc.when - now:.0f}s ahead of the host's clock "
-            "(the clock was set back?): it cannot say when the pass last ran")
 
 
 def read_host(host: Host) -> HostStatus:

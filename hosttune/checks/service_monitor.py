@@ -13,16 +13,21 @@ TIMER, ACTIVE_TIMER = "hosttune-monitor.timer", "hosttune-monitor-active.timer"
 STATUS_DIR = "/var/lib/hosttune/monitor"
 STATUS_FILES = {TIMER: "status.json", ACTIVE_TIMER: "status-active.json"}  # what each timer's pass writes
 METRICS_FILES = {TIMER: "hosttune.prom", ACTIVE_TIMER: "hosttune-active.prom"}  # in node_exporter's textfile folder
+AHEAD_SLACK_S = 60  # a pass that ends just before NTP steps the clock back is not wrong
 PASS_TIMEOUT_S = {TIMER: 300, ACTIVE_TIMER: 900}  # a pass may take this long (GPU load and dcgmi diag -r 1 in the active one)
 
 
 def stale(timer: str, interval_s: int, age_s: float | None, installed_s: float | None) -> str | None:
     """Why a pass's status is stale, or None: it was written within two intervals and the pass's timeout.
 
-    age_s: since the pass last wrote its status (None: never); installed_s: since its timer was installed.
+    age_s: since the pass last wrote its status (None: never; below 0: dated ahead of the host's clock, which
+    would read as fresh until the clock caught up); installed_s: since its timer was installed.
     """
     limit = 2 * interval_s + PASS_TIMEOUT_S[timer]
     what = "active pass" if timer == ACTIVE_TIMER else "regular pass"
+    if age_s is not None and age_s < -AHEAD_SLACK_S:
+        return (f"the {what}'s status is dated {-age_s:.0f}s ahead of the host's clock (the clock was set back?): "
+                "it cannot say when the pass last ran")
     if age_s is None:
         if installed_s is not None and installed_s <= limit:
             return None  # its first run is due
@@ -79,7 +84,7 @@ def installed(facts: Facts, profile: Profile) -> Verdict:
 
 def _age(monitor, name: str) -> float | None:
     when = monitor.written.get(name)
-    return None if when is None or monitor.now is None else max(0.0, float(monitor.now - when))
+    return None if when is None or monitor.now is None else float(monitor.now - when)
 
 
 def fresh(facts: Facts, profile: Profile) -> Verdict:
@@ -92,7 +97,7 @@ def fresh(facts: Facts, profile: Profile) -> Verdict:
         return na("the monitor's timers are not installed (monitor.installed)")
     faults = {n: why for n, interval in wanted.items()
               if (why := stale(n, interval, _age(monitor, STATUS_FILES[n]), _age(monitor, n)))}
-    active = ", ".join(f"{STATUS_FILES[n]} " + (f"{age:.0f}s old" if (age := _age(monitor, STATUS_FILES[n])) is not None
+    active = ", ".join(f"{STATUS_FILES[n]} " + (f"{max(age, 0.0):.0f}s old" if (age := _age(monitor, STATUS_FILES[n])) is not None
                                                  else "not written") for n in wanted)
     desired = "written within 2 intervals"
     if faults:

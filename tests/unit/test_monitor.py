@@ -324,3 +324,12 @@ def test_a_pass_whose_probe_fails_every_time_fires_an_alert_not_silence(tmp_path
     (tmp_path / "test.yml").write_text(yaml.safe_dump(test))
     result = subprocess.run(["promtool", "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_check_finds_a_status_file_dated_ahead_of_the_hosts_clock_stale_too():
+    facts = parse_monitor(FIXTURE.read_text())
+    ahead = dataclasses.replace(facts, now=facts.now - 10_000)  # the clock set back after the last pass
+    finding = BY_ID["monitor.stale"].run(dataclasses.replace(SYSTEMD, monitor=ahead), monitored())
+    assert finding.status is Status.DRIFT and finding.subjects == ("hosttune-monitor.timer",)
+    assert finding.detail == ("the regular pass's status is dated 9999s ahead of the host's clock "
+                              "(the clock was set back?): it cannot say when the pass last ran")
