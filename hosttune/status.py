@@ -84,11 +84,18 @@ def _parse_pass(pass_name: str, section: Section) -> StatusDoc:
     return doc
 
 
+def _no_regular(docs: tuple[StatusDoc, ...]) -> list[FindingBrief]:
+    if any(d.pass_name == "regular" for d in docs):
+        return []
+    if not docs:
+        return [FindingBrief("monitor.stale", "drift", "warning",
+                             "no status file: the monitor is not installed here, or its first pass has not run")]
+    return [FindingBrief("monitor.stale", "drift", "warning", "the regular pass never wrote its status, though the "
+                         f"active pass did: systemctl status {TIMER}", (TIMER,))]
+
+
 def judge_stale(docs: tuple[StatusDoc, ...], now: float) -> tuple[FindingBrief, ...]:
-    if not any(d.pass_name == "regular" for d in docs):
-        return (FindingBrief("monitor.stale", "drift", "warning",
-                             "no status file: the monitor is not installed here, or its first pass has not run"),)
-    out = []
+    out = _no_regular(docs)
     for doc in docs:
         why = stale(_TIMERS[doc.pass_name], doc.interval_s, now - doc.when, None)
         if why:

@@ -333,3 +333,11 @@ def test_check_finds_a_status_file_dated_ahead_of_the_hosts_clock_stale_too():
     assert finding.status is Status.DRIFT and finding.subjects == ("hosttune-monitor.timer",)
     assert finding.detail == ("the regular pass's status is dated 9999s ahead of the host's clock "
                               "(the clock was set back?): it cannot say when the pass last ran")
+
+
+def test_a_host_whose_active_pass_wrote_but_regular_pass_never_did_says_so_and_judges_the_active_one():
+    active = to_json(status_doc(_report(), "active", 3600, 1000.0, 1.0, __version__))
+    host = parse_read(HOST, _read_output({"active": active}, 1000 + 2 * 3600 + 900 + 1))
+    assert [f.detail for f in host.stale] == [
+        "the regular pass never wrote its status, though the active pass did: systemctl status hosttune-monitor.timer",
+        "the active pass last wrote its status 8101s ago (every 3600s)"]
