@@ -51,7 +51,12 @@ def completion_logprobs(entries: list[LogprobEntry], text_offset: int = 0) -> di
         offsets.append(text_offset)
         text_offset += len(e.text)
     return {"tokens": [e.text for e in entries], "token_logprobs": [_lp(e.logprob) for e in entries],
-            "top_logprobs": [{t: _lp(lp) for t, lp in e.top} for e in entries], "text_offset": offsets}
+            "top_logprobs": [_with_sampled(e) for e in entries], "text_offset": offsets}
+
+
+def _with_sampled(e: LogprobEntry) -> dict:
+    # OpenAI's legacy format: the best alternatives and the sampled token, so up to logprobs + 1 entries
+    return {**{t: _lp(lp) for t, lp in e.top}, e.text: _lp(e.logprob)}
 
 
 def chat_logprobs(entries: list[LogprobEntry]) -> dict:

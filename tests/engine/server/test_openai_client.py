@@ -157,6 +157,22 @@ def test_logprobs(client, model):
     assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in content], abs=1e-5)
 
 
+@pytest.mark.parametrize("k", [0, 1])
+def test_completion_top_logprobs_hold_the_sampled_token(client, model, k):
+    # As OpenAI and vLLM answer: the k best alternatives and the sampled token, so up to k + 1 entries
+    # (logprobs=0 gives the sampled token alone). Hot sampling picks tokens outside the best one.
+    kwargs = dict(model=model, prompt=PROMPT, max_tokens=12, temperature=5.0, seed=3, logprobs=k,
+                  extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kwargs).choices[0].logprobs
+    chunks, _ = _stream_completion(client, **kwargs)
+    streamed = [(t, lp, top) for c in chunks for ch in c.choices if ch.logprobs
+                for t, lp, top in zip(ch.logprobs.tokens, ch.logprobs.token_logprobs, ch.logprobs.top_logprobs)]
+    for lps in (list(zip(whole.tokens, whole.token_logprobs, whole.top_logprobs)), streamed):
+        assert len(lps) == 12
+        assert all(top[token] == lp and len(top) <= k + 1 for token, lp, top in lps)
+    assert k == 0 or any(len(top) == 2 for _, _, top in streamed)  # some sampled token was not the best
+
+
 def test_seed_reproducible_and_sampling_options(client, model):
     kwargs = dict(model=model, prompt=PROMPT, max_tokens=12, temperature=1.0, top_p=0.9, seed=1234,
                   extra_body={"top_k": 50, "ignore_eos": True})
