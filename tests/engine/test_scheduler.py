@@ -83,12 +83,12 @@ def test_eos_and_stop_tokens_finish():
     s = make()
     a = seq(4, "a", max_tokens=10)
     s.add(a)
-    s.postprocess(s.schedule(), [0])  # eos
-    assert a.finish_reason == "stop" and a.stop_reason == 0
+    s.postprocess(s.schedule(), [0])  # eos: no stop_reason, as vLLM answers (the model ended it, not the request)
+    assert a.finish_reason == "stop" and a.stop_reason is None
     b = Sequence("b", [1, 2], SamplingParams(max_tokens=10, stop_token_ids=[9]))
     s.add(b)
     s.postprocess(s.schedule(), [9])
-    assert b.finish_reason == "stop" and b.output_token_ids == [9]
+    assert b.finish_reason == "stop" and b.output_token_ids == [9] and b.stop_reason == 9
     c = Sequence("c", [1, 2], SamplingParams(max_tokens=10, ignore_eos=True))
     s.add(c)
     s.postprocess(s.schedule(), [0])

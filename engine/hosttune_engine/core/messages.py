@@ -50,7 +50,7 @@ class TokenOutput:
     num_cached_tokens: int
     finished: bool = False
     finish_reason: str | None = None  # "stop", "length" or "abort"
-    stop_reason: str | int | None = None  # the stop string or stop token that ended it
+    stop_reason: str | int | None = None  # the stop string or stop token that ended it; None for EOS
     queue_time: float | None = None  # seconds from arrival to first being scheduled (None: not yet)
 
 

@@ -347,7 +347,7 @@ class Scheduler:
             advanced.append(seq)
             reason = self._token_stop_reason(seq, token)
             if reason is not None:
-                self.finish(seq, reason, stop_reason=token if reason == "stop" else None)
+                self.finish(seq, reason, stop_reason=token if token in seq.sampling.stop_token_ids else None)
         return advanced
 
     def _token_stop_reason(self, seq: Sequence, token: int) -> str | None:
