@@ -1,7 +1,8 @@
 """Profiles (playbooks): the desired state of a host, one dataclass per component.
 
 A playbook file is `playbooks/NAME.yaml` with `name`, optional `extends` and
-`description`, and `settings` whose sections mirror the dataclasses below. A setting
+`description`, and `settings` whose sections mirror the dataclasses below. A playbook path
+is relative to the inventory that names it, an `extends:` path to the playbook. A setting
 of null means "not managed": its check reports not-applicable. Inventory pins and
 `tune:` override the playbook for one host or group.
 """
@@ -192,27 +193,32 @@ def playbook_dirs() -> list[Path]:
     return [d for d in (package / "playbooks", package.parent / "playbooks") if d.is_dir()]
 
 
-def find_playbook(name: str) -> Path:
-    """A playbook by name (`inference-latency`) or by path (`./my.yaml`)."""
+def find_playbook(name: str, base: Path | None = None) -> Path:
+    """A playbook by name (`inference-latency`) or by path (`./my.yaml`); a relative path is relative to
+    `base` (the inventory or playbook that names it), else to the working directory."""
     as_path = Path(name)
-    if as_path.suffix in (".yaml", ".yml") and as_path.exists():
-        return as_path
+    if as_path.suffix in (".yaml", ".yml"):
+        as_path = base / as_path if base is not None and not as_path.is_absolute() else as_path
+        if as_path.exists():
+            return as_path
     for directory in playbook_dirs():
         candidate = directory / f"{name}.yaml"
         if candidate.exists():
             return candidate
     known = sorted({p.stem for d in playbook_dirs() for p in d.glob("*.yaml")})
     if as_path.suffix in (".yaml", ".yml"):
-        raise ProfileError(f"unknown profile {name!r}: no such file; give the path of a playbook file, or one of "
-                           f"{', '.join(known) or 'none'}")
+        looked = f" {as_path}" if str(as_path) != name else ""  # where a relative path was looked for
+        raise ProfileError(f"unknown profile {name!r}: no such file{looked}; give the path of a playbook file, "
+                           f"or one of {', '.join(known) or 'none'}")
     raise ProfileError(f"unknown profile {name!r}; known profiles: {', '.join(known) or 'none'}")
 
 
-def _read_settings(name: str, seen: tuple[str, ...] = ()) -> tuple[dict, str]:
-    """The merged `settings` of a playbook and everything it extends."""
-    if name in seen:
-        raise ProfileError(f"profile {name!r} extends itself (cycle: {' -> '.join(seen + (name,))})")
-    path = find_playbook(name)
+def _read_settings(name: str, base: Path | None = None, seen: tuple[tuple[str, Path], ...] = ()) -> tuple[dict, str]:
+    """The merged `settings` of a playbook and everything it extends (named relative to the playbook's folder)."""
+    path = find_playbook(name, base)
+    if path.resolve() in [p for _, p in seen]:
+        cycle = " -> ".join([n for n, _ in seen] + [name])
+        raise ProfileError(f"profile {name!r} extends itself (cycle: {cycle})")
     doc = load(path, ProfileError)
     if not isinstance(doc, LocatedDict):
         raise ProfileError(f"{path}:1: a playbook must be a mapping with 'name' and 'settings'")
@@ -224,8 +230,21 @@ def _read_settings(name: str, seen: tuple[str, ...] = ()) -> tuple[dict, str]:
         raise ProfileError(f"{path}:{doc.line_of('settings')}: settings: must be a mapping")
     _check_sections(settings, str(path))
     _check_values(settings, str(path), "settings")
-    base = _read_settings(doc["extends"], seen + (name,))[0] if doc.get("extends") else {}
-    return merge(base, settings), str(doc.get("description", ""))
+    base_settings = _extended(doc, path, seen + ((name, path.resolve()),)) if doc.get("extends") is not None else {}
+    return merge(base_settings, settings), str(doc.get("description", ""))
+
+
+def _extended(doc: LocatedDict, path: Path, seen: tuple[tuple[str, Path], ...]) -> dict:
+    """The settings of the playbook `extends:` names; a bad name is an error at its line."""
+    where = f"{path}:{doc.line_of('extends')}: extends"
+    parent = doc["extends"]
+    if not isinstance(parent, str) or not parent.strip():
+        raise ProfileError(f"{where}: must be a profile name or a playbook path (got {parent!r})")
+    try:
+        find_playbook(parent, path.parent)
+    except ProfileError as exc:
+        raise ProfileError(f"{where}: {exc}") from None
+    return _read_settings(parent, path.parent, seen)[0]
 
 
 def _check_sections(settings: dict, where: str, label: str = "settings") -> None:
@@ -299,10 +318,11 @@ def load_profile(name: str) -> Profile:
 
 
 def profile_for(host: Host) -> Profile:
-    """The host's playbook with the inventory's pins and `tune:` applied."""
+    """The host's playbook with the inventory's pins and `tune:` applied; a playbook path is relative to the inventory."""
+    base = None if host.source == "<built-in>" else Path(host.path).parent
     try:
-        find_playbook(host.profile)
+        find_playbook(host.profile, base)
     except ProfileError as exc:
         raise ProfileError(f"{host.profile_source or host.source}: profile: {exc}") from None
-    settings, description = _read_settings(host.profile)
+    settings, description = _read_settings(host.profile, base)
     return build(host.profile, merge(settings, host_overrides(host)), description)

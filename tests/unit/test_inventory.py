@@ -116,6 +116,32 @@ def test_profile_extends_and_unknown_settings(tmp_path):
         load_profile("nope")
 
 
+def test_a_playbook_path_is_relative_to_the_inventory_and_extends_to_the_playbook(tmp_path, monkeypatch):
+    """Like ssh.key: the same inventory gives the same profiles from any working directory."""
+    (tmp_path / "fleet" / "books").mkdir(parents=True)
+    (tmp_path / "fleet" / "books" / "base.yaml").write_text("name: base\nsettings:\n  memory: {thp: never}\n")
+    (tmp_path / "fleet" / "books" / "site.yaml").write_text("name: site\nextends: base.yaml\nsettings: {}\n")
+    inv = load_inventory(write(tmp_path / "fleet", "hosts:\n  a: {profile: books/site.yaml}\n"))
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "books").mkdir()
+    (tmp_path / "elsewhere" / "books" / "site.yaml").write_text("name: decoy\nsettings:\n  memory: {thp: always}\n")
+    for cwd in (tmp_path, tmp_path / "elsewhere"):
+        monkeypatch.chdir(cwd)
+        assert profile_for(inv.hosts[0]).memory.thp == "never"
+
+
+@pytest.mark.parametrize("extends, message", [
+    ("5", r"book.yaml:2: extends: must be a profile name or a playbook path \(got 5\)"),
+    ("nope", r"book.yaml:2: extends: unknown profile 'nope'; known profiles: inference-latency"),
+    ("gone.yaml", r"book.yaml:2: extends: unknown profile 'gone.yaml': no such file"),
+])
+def test_a_bad_extends_is_an_error_at_its_line(tmp_path, extends, message):
+    book = tmp_path / "book.yaml"
+    book.write_text(f"name: book\nextends: {extends}\nsettings: {{}}\n")
+    with pytest.raises(ProfileError, match=message):
+        load_profile(str(book))
+
+
 def test_tune_is_validated(tmp_path):
     inv = load_inventory(write(tmp_path, """\
         hosts:
