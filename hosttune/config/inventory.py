@@ -60,9 +60,13 @@ def _port(value: Any) -> int:
     return value
 
 
+MAX_SECONDS = 86_400.0  # a day: past any probe or SSH round trip worth waiting for
+
+
 def _positive(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError("must be a positive number of seconds")
+    # `not 0 < value <= MAX` also refuses YAML's .nan and .inf, which no timer takes
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SECONDS:
+        raise ValueError(f"must be a positive number of seconds, at most {MAX_SECONDS:g}")
     return float(value)
 
 
@@ -207,11 +211,11 @@ def load_inventory(path: str | Path, *, accept_new_host_keys: bool = False) -> I
     if not isinstance(doc, LocatedDict):
         raise InventoryError(f"{path}:1: the inventory must be a mapping with 'groups' and/or 'hosts'")
     reader.unknown_keys(doc, {"defaults", "groups", "hosts"}, "")
-    defaults = reader.vars(doc.get("defaults") or LocatedDict(), "defaults", doc.line_of("defaults"))
+    defaults = reader.vars(_or_empty(doc.get("defaults")), "defaults", doc.line_of("defaults"))
     hosts: list[Host] = []
     for group, gdoc in reader.entries(doc, "groups"):
         reader.unknown_keys(gdoc, {"vars", "hosts"}, f"groups.{group}")
-        gvars = reader.vars(gdoc.get("vars") or LocatedDict(), f"groups.{group}.vars", gdoc.line)
+        gvars = reader.vars(_or_empty(gdoc.get("vars")), f"groups.{group}.vars", gdoc.line_of("vars"))
         for name, hdoc, line in reader.host_entries(gdoc, f"groups.{group}"):
             hvars = reader.vars(hdoc, f"groups.{group}.hosts.{name}", line)
             hosts.append(reader.host(name, group, _merge(defaults, gvars, hvars), line, accept_new_host_keys))
@@ -222,6 +226,11 @@ def load_inventory(path: str | Path, *, accept_new_host_keys: bool = False) -> I
     if not hosts:
         raise InventoryError(f"{path}: no hosts defined (add 'hosts:' or 'groups: NAME: hosts:')")
     return Inventory(tuple(hosts), str(path))
+
+
+def _or_empty(node: Any) -> Any:
+    """A key written with no value is empty vars; anything else (an empty list too) is checked as vars."""
+    return LocatedDict() if node is None else node
 
 
 class _Reader:
