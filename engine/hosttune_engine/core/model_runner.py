@@ -375,12 +375,7 @@ class ModelRunner:
 
 
 def context_length(config: EngineConfig, model_config: ModelConfig) -> int:
-    """`max_model_len`, or the model's positions; past them its rotary table ends, so a longer one is refused."""
-    positions = model_config.max_position_embeddings
-    if config.max_model_len is not None and config.max_model_len > positions:
-        raise ConfigError(f"max_model_len={config.max_model_len} is past the model's {positions} positions "
-                          f"(max_position_embeddings in config.json); give at most {positions}")
-    return config.max_model_len or positions
+    return model_config.context_length(config.max_model_len)
 
 
 def _plain_greedy(seq: Sequence) -> bool:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from hosttune_engine.errors import ModelLoadError, UnsupportedModelError
+from hosttune_engine.errors import ConfigError, ModelLoadError, UnsupportedModelError
 from hosttune_engine.quant.spec import QuantSpec, parse_quantization_config
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -86,6 +86,14 @@ class ModelConfig:
             bos_token_id=raw.get("bos_token_id"),
             quantization=parse_quantization_config(raw.get("quantization_config"), source),
         )._validated(source)
+
+    def context_length(self, max_model_len: int | None) -> int:
+        """`max_model_len`, or the model's positions; past them its rotary table ends, so a longer one is refused."""
+        positions = self.max_position_embeddings
+        if max_model_len is not None and max_model_len > positions:
+            raise ConfigError(f"max_model_len={max_model_len} is past the model's {positions} positions "
+                              f"(max_position_embeddings in config.json); give at most {positions}")
+        return max_model_len or positions
 
     def _validated(self, source: str) -> "ModelConfig":
         if self.num_heads % self.num_kv_heads:

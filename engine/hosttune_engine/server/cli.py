@@ -2,7 +2,8 @@
 `hosttune-engine plan` / `tune`, the kernel plan printed and the kernels tuned on this GPU.
 
 Exit codes: 0 after a drain (SIGTERM/SIGINT), 1 when the engine fails to load,
-fails warmup or dies, 2 for bad options.
+fails warmup or dies, 2 for bad options (a --model folder whose config.json is missing or
+unreadable, or a --tokenizer folder without a tokenizer, included).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from hosttune_engine import __version__
 from hosttune_engine.config import (DEVICES, DTYPES, KERNEL_BACKENDS, KV_CACHE_DTYPES, LOAD_FORMATS, QUANTIZATIONS,
                                     EngineConfig)
 from hosttune_engine.errors import ConfigError, EngineError
+from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.model.tokenizer import Tokenizer
 from hosttune_engine.planner import command as plan_command
 from hosttune_engine.tuner import command as tune_command
 from hosttune_engine.server.auth import KEY_ENV, load_keys
@@ -154,6 +157,14 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         max_connections=args.max_connections)
 
 
+def check_model_folder(engine: EngineConfig) -> None:
+    """What config.json and the tokenizer folder alone say is wrong, refused before the socket opens (as `plan`
+    refuses the same folder); the weights are read only by the load that follows."""
+    ModelConfig.from_folder(engine.model).context_length(engine.max_model_len)
+    if engine.tokenizer is not None:
+        Tokenizer(engine.tokenizer)
+
+
 def _run(coro) -> int:
     try:
         import uvloop
@@ -192,7 +203,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.step_log and os.path.isdir(args.step_log):
             raise ConfigError(f"--step-log {args.step_log} is a folder; give a file path in it")
         config = config_from_args(args)
-    except ConfigError as e:
+        check_model_folder(config.engine)
+    except EngineError as e:
         print(f"hosttune-engine: error: {e}", file=sys.stderr)
         sys.exit(2)
     from hosttune_engine.server.serve import Server

@@ -4,6 +4,7 @@ a drain past --shutdown-timeout aborts what is left, and failures exit non-zero.
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -140,14 +141,37 @@ def test_second_sigterm_ends_the_drain_at_once(tiny_qwen2, tmp_path):
     assert "stopping now: aborting 2 sequences in flight" in server.log()
 
 
-def test_model_that_cannot_load_exits_1(tmp_path):
-    (tmp_path / "empty").mkdir()
-    server = ServerProcess(tmp_path / "empty", tmp_path)
+def test_model_that_cannot_load_exits_1(tiny_qwen2, tmp_path):
+    (tmp_path / "no-weights").mkdir()
+    shutil.copy(tiny_qwen2 / "config.json", tmp_path / "no-weights")
+    server = ServerProcess(tmp_path / "no-weights", tmp_path)
     code, body = server.health()
     assert code == 503
     assert server.proc.wait(60) == 1
-    assert "engine failed" in server.log() and "config.json" in server.log()
+    assert "engine failed" in server.log() and "has no *.safetensors weights" in server.log()
     assert "Traceback" not in server.log()  # the error says what to fix; no stack for bad input
+
+
+@pytest.mark.parametrize("config_json, flags, message", [
+    (None, [], "has no config.json; point `model` at a Hugging Face model folder"),
+    ("{", [], "config.json: cannot read JSON: Expecting property name"),
+    ("[1]", [], "config.json: holds a JSON list, not an object of model fields"),
+    ("tiny", ["--max-model-len", "100000"], "max_model_len=100000 is past the model's 1024 positions"),
+    ("tiny", ["--tokenizer", "{folder}"], "has no tokenizer.json (only fast tokenizers are supported)"),
+])
+def test_a_model_folder_that_cannot_serve_is_one_line_exit_2(tiny_qwen2, tmp_path, capsys, config_json, flags,
+                                                             message):
+    # what config.json says is known before the socket opens, as `hosttune-engine plan` knows it
+    from hosttune_engine.server.cli import main
+
+    if config_json is not None:
+        (tmp_path / "config.json").write_text((tiny_qwen2 / "config.json").read_text() if config_json == "tiny"
+                                              else config_json)
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", str(tmp_path), *[f.format(folder=tmp_path) for f in flags]])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert err.startswith("hosttune-engine: error: ")
 
 
 def test_missing_model_folder_is_one_line_exit_2(tmp_path):
