@@ -192,7 +192,7 @@ class HostRemediation:
     def exit_bits(self) -> int:
         if not self.survey.reachable:
             return EXIT_UNREACHABLE
-        bits = EXIT_ERROR if self.error or self.survey.error else 0
+        bits = EXIT_ERROR if self.error or self.survey.error or self.survey.unjudged else 0
         if self.survey.is_cordoned or any(r.leaves_drift for r in self.results):
             bits |= EXIT_DRIFT
         return bits

@@ -21,6 +21,8 @@ FABRIC_LADDER = (Rung.RESTART, Rung.REBOOT, Rung.CORDON)
 MISSING_LADDER = (Rung.REBOOT, Rung.CORDON)
 FABRIC_UNIT = "nvidia-fabricmanager.service"
 DOWN = ("failed", "inactive")  # "activating" is a unit on its way up: left alone
+# The checks faults come from: where one cannot be judged, remediate cannot see what it watches.
+WATCHED = ("serve.units", "gpu.fabric", "gpu.count", "gpu.xid", "gpu.memory_health", "gpu.nvlink", "gpu.clocks_power")
 
 
 class FaultKind(str, Enum):

@@ -36,8 +36,17 @@ def _header(survey: Survey, inventory: str | None = None) -> str | None:
         c = survey.snapshot.cordon
         return f"{name}: cordoned since {_when(c.at)} ({c.reason}); {uncordon_command(name, inventory)} takes it back"
     if not survey.faults:
-        return f"{name}: ok, nothing to remediate"
+        blind = _unjudged(survey)
+        return f"{name}: no fault found, but {blind}" if blind else f"{name}: ok, nothing to remediate"
     return None
+
+
+def _unjudged(survey: Survey) -> str:
+    """What remediate cannot see on this host (a check its faults come from that could not be judged), or ""."""
+    if not survey.unjudged:
+        return ""
+    return "remediate cannot see all it acts on: " + "; ".join(
+        f"{f.check_id} cannot be judged ({f.detail})" for f in survey.unjudged)
 
 
 def _first_step(survey: Survey, result: FaultResult, options: LadderOptions) -> list[str]:
@@ -65,7 +74,8 @@ def render_plan(results: list[HostRemediation], options: LadderOptions, inventor
         if header:
             lines.append(header)
             continue
-        lines.append(f"{r.survey.host.name}: {len(r.results)} fault(s)")
+        blind = _unjudged(r.survey)
+        lines.append(f"{r.survey.host.name}: {len(r.results)} fault(s)" + (f"; {blind}" if blind else ""))
         for f in r.results:
             lines += [f"  {f.fault.check_id}  {f.fault.reason}",
                       f"    ladder: {_ladder(f.fault.ladder, options)}", *_first_step(r.survey, f, options)]
@@ -118,6 +128,7 @@ def _host_doc(r: HostRemediation) -> dict:
     cordon = r.survey.snapshot.cordon
     return {"host": r.survey.host.name, "reachable": r.survey.reachable, "error": r.error or r.survey.error,
             "cordoned": {"at": cordon.at, "reason": cordon.reason, "run": cordon.run} if cordon else None,
+            "cannot_judge": [{"check_id": f.check_id, "detail": f.detail} for f in r.survey.unjudged],
             "faults": [_fault_doc(f) for f in r.results], "exit_bits": r.exit_bits}
 
 

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from hosttune.checks import run_checks
-from hosttune.checks.findings import Finding
+from hosttune.checks.findings import Finding, Status
 from hosttune.config.inventory import Host
 from hosttune.config.profile import Profile
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.probes.facts import Facts
 from hosttune.probes.gather import gather
-from hosttune.remediate.faults import Fault, find_faults
+from hosttune.remediate.faults import WATCHED, Fault, find_faults
 from hosttune.remediate.history import Ledger, observe
 from hosttune.remediate.state import HostSnapshot, read_snapshot
 from hosttune.remediate.xid import XidPolicy
@@ -37,6 +37,11 @@ class Survey:
     @property
     def is_cordoned(self) -> bool:
         return self.snapshot.cordon is not None
+
+    @property
+    def unjudged(self) -> tuple[Finding, ...]:
+        """Checks that faults come from and that could not be judged: what remediate cannot see on this host."""
+        return tuple(f for f in self.findings if f.check_id in WATCHED and f.status is Status.ERROR)
 
 
 def _read(host: Host, profile: str, read: Callable[[Transport], Survey]) -> Survey:

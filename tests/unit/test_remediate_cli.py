@@ -4,6 +4,7 @@ be reached). Nothing is changed on any host: only plans are asked for, or the ch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import time
@@ -17,6 +18,7 @@ from hosttune.cli import common
 from hosttune.cli import remediate as remediate_cli
 from hosttune.cli.app import app
 from hosttune.errors import ProbeError, TransportError
+from hosttune.probes.facts_health import GpuHealth, KernelLog
 from hosttune.config.inventory import local_inventory
 from hosttune.remediate import climb, render
 from hosttune.remediate.breaker import Breaker, BreakerPolicy
@@ -32,7 +34,9 @@ from hosttune.transport.base import CommandResult, Transport
 from hosttune.remediate import survey
 
 runner = CliRunner()
-FACTS = a100_facts()
+_RECORDED = a100_facts()  # recorded without root and without nvidia-smi -q -x: no kernel log, no health fields
+FACTS = dataclasses.replace(_RECORDED, health=dataclasses.replace(
+    _RECORDED.health, kernel_log=KernelLog("dmesg"), gpus=tuple(GpuHealth(g.index, g.bdf) for g in _RECORDED.gpu.gpus)))
 LB = "/opt/hosttune/releases/r1/.hosttune/replica_lb.py"
 REPLICAS = json.dumps({"replicas": [{"index": 0, "port": 8101, "gpus": [0]}]})
 SERVING = f"boot:b1/17\nreplicas:{REPLICAS}\nlb:{LB}\nunit:hosttune-engine@0.service active\n"
@@ -235,3 +239,21 @@ def test_a_ledger_whose_counts_are_garbled_is_that_hosts_one_line_error(fleet, s
     assert result.stdout.splitlines()[0].startswith(
         "gpu-01: error: the remediation ledger /var/lib/hosttune/remediate/ledger.json is not valid (")
     assert result.stdout.splitlines()[0].endswith("): move it aside to start a new one")
+
+
+def test_a_host_whose_kernel_log_cannot_be_read_is_not_called_ok_for_want_of_seeing_its_xids(fleet, monkeypatch):
+    """A login that is not root reads no kernel log: no Xid can be seen, so no Xid fault can be found."""
+    states, inv = fleet
+    states.update({"gpu-01": SERVING, "gpu-02": SERVING, "gpu-03": SERVING})
+    blind = dataclasses.replace(FACTS, health=dataclasses.replace(FACTS.health, kernel_log=KernelLog(source=None)))
+    monkeypatch.setattr(survey, "gather", lambda transport, *a, **k: SimpleNamespace(
+        facts=blind if transport.host_name == "gpu-01" else FACTS))
+    result = runner.invoke(app, ["remediate", *inv, "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert result.stdout.splitlines()[0] == (
+        "gpu-01: no fault found, but remediate cannot see all it acts on: gpu.xid cannot be judged (cannot read the "
+        "kernel log (dmesg or journalctl -k): run as root (become: true))")
+    assert "gpu-02: ok, nothing to remediate" in result.stdout
+    (host, *_) = json.loads(runner.invoke(app, ["remediate", *inv, "--dry-run", "--format", "json"]).stdout)["hosts"]
+    assert host["exit_bits"] == 2 and host["cannot_judge"] == [
+        {"check_id": "gpu.xid", "detail": "cannot read the kernel log (dmesg or journalctl -k): run as root (become: true)"}]
