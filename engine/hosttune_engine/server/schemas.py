@@ -175,6 +175,13 @@ class _Options(_Body):
             raise fault("best_of is not supported by this server (it must equal n)", "best_of")
         return value
 
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, top_p: float) -> float:
+        if not 0 < top_p <= 1:
+            raise fault(f"top_p must be in (0, 1], got {top_p}.", "top_p")
+        return top_p
+
     @field_validator("stop", mode="plain")
     @classmethod
     def _stop(cls, stop) -> tuple[str, ...]:

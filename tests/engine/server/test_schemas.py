@@ -67,11 +67,19 @@ def test_tokenize_parsing():
         TokenizeRequest.parse({"prompt": "a", "messages": []})
 
 
-def test_sampling_errors_become_400():
-    options = CompletionRequest.parse({"prompt": "hi", "top_p": 1.5}).options
+@pytest.mark.parametrize("top_p", [0, 1.5, -1])
+def test_top_p_out_of_range_is_a_field_fault(top_p):
+    # a fault of the body: named, and answered before the model, the server's phase or admission are looked at
     with pytest.raises(ApiError) as err:
-        options.sampling(4)
-    assert "top_p must be in (0, 1]" in err.value.message
+        CompletionRequest.parse({"prompt": "hi", "top_p": top_p, "model": "not checked yet"})
+    assert (err.value.message, err.value.param) == (f"top_p must be in (0, 1], got {float(top_p)}.", "top_p")
+
+
+def test_sampling_errors_become_400():
+    options = CompletionRequest.parse({"prompt": "hi"}).options
+    with pytest.raises(ApiError) as err:
+        options.sampling(0)
+    assert "max_tokens must be an integer >= 1" in err.value.message
 
 
 @pytest.mark.parametrize("num_prompt,requested,default,expected", [
