@@ -38,6 +38,14 @@ def _string(value: Any) -> str:
     return str(value)
 
 
+def _version(value: Any) -> str:
+    """A pin: text, or a whole number. A YAML float has lost its trailing zeros already (3.10 reads as 3.1)."""
+    if isinstance(value, float):
+        raise ValueError("YAML read it as a number, which drops trailing zeros (3.10 becomes 3.1); write the version "
+                         "in quotes")
+    return _string(value)
+
+
 def _address(value: Any) -> str:
     """A DNS name (ASCII, RFC 1123 lengths) or an IP address; nothing else reaches a resolver."""
     text = _string(value)
@@ -118,7 +126,7 @@ VARS_SCHEMA: dict[str, Any] = {
     },
     "profile": _string,
     "probe_timeout": _positive,
-    "pins": {"driver": _string, "cuda": _string, "python": _string},
+    "pins": {"driver": _version, "cuda": _version, "python": _version},
     "gpus": _gpus,
     "irq_cores": _cpus,
     "rcu_nocbs": _cpus,

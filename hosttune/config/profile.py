@@ -33,6 +33,8 @@ class DriverSpec:
     packages: tuple[str, ...] | None = None  # None: the distribution's usual names for the pin
 
     def __post_init__(self):
+        object.__setattr__(self, "version", _version(self.version, "driver.version"))
+        _flags(self, "driver", "held")
         object.__setattr__(self, "packages", _names(self.packages, "driver.packages"))
 
 
@@ -42,6 +44,7 @@ class CudaSpec:
     packages: tuple[str, ...] | None = None  # None: cuda-toolkit-X-Y for the pinned X.Y
 
     def __post_init__(self):
+        object.__setattr__(self, "toolkit", _version(self.toolkit, "cuda.toolkit"))
         object.__setattr__(self, "packages", _names(self.packages, "cuda.packages"))
 
 
@@ -54,6 +57,7 @@ class GpuSpec:
     mig: bool | None = False
 
     def __post_init__(self):
+        _flags(self, "gpu", "persistence", "ecc", "mig")
         _choice(self.pstate, PSTATES, "gpu.pstate")
         _choice(self.pcie_link, ("max",), "gpu.pcie_link")
 
@@ -84,6 +88,7 @@ class IrqSpec:
     gpu_affinity: str | None = "numa-local"  # "numa-local", "housekeeping" (its node's first cores) or a CPU list
 
     def __post_init__(self):
+        _flags(self, "irq", "irqbalance")
         if self.gpu_affinity not in ("numa-local", "housekeeping"):
             _cpus(self.gpu_affinity, "irq.gpu_affinity")
 
@@ -91,6 +96,9 @@ class IrqSpec:
 @dataclass(frozen=True)
 class NumaSpec:
     balancing: bool | None = False
+
+    def __post_init__(self):
+        _flags(self, "numa", "balancing")
 
 
 @dataclass(frozen=True)
@@ -105,11 +113,18 @@ class MemorySpec:
 class NvmeSpec:
     apst: bool | None = False
 
+    def __post_init__(self):
+        _flags(self, "nvme", "apst")
+
 
 @dataclass(frozen=True)
 class ToolsSpec:
     numactl: bool | None = True
     python: str | None = None
+
+    def __post_init__(self):
+        _flags(self, "tools", "numactl")
+        object.__setattr__(self, "python", _version(self.python, "tools.python"))
 
 
 @dataclass(frozen=True)
@@ -128,6 +143,9 @@ class HealthSpec:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ProfileError(f"health.{name}: must be a non-negative integer (got {value!r})")
+        floor = self.allreduce_floor_gbps
+        if floor is not None and (isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 < floor < 1e6):
+            raise ProfileError(f"health.allreduce_floor_gbps: must be a positive number of GB/s (got {floor!r})")
         if not isinstance(self.active_load_s, int) or not 1 <= self.active_load_s <= 60:
             raise ProfileError(f"health.active_load_s: must be 1-60 seconds (got {self.active_load_s!r})")
         if self.gpus is not None:
@@ -159,6 +177,26 @@ _SECTION_TYPES = {
     "irq": IrqSpec, "numa": NumaSpec, "memory": MemorySpec, "nvme": NvmeSpec, "tools": ToolsSpec,
     "health": HealthSpec, "monitor": MonitorSpec,
 }
+
+
+def _flags(spec: Any, section: str, *names: str) -> None:
+    """Switches are true, false or null: "no" or 0 would read as on, or as off, without a word."""
+    for name in names:
+        value = getattr(spec, name)
+        if value is not None and not isinstance(value, bool):
+            raise ProfileError(f"{section}.{name}: must be true, false or null (got {value!r})")
+
+
+def _version(value: Any, where: str) -> str | None:
+    """A version pin as text. A YAML number has lost its trailing zeros already (3.10 reads as 3.1)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float):
+        raise ProfileError(f"{where}: YAML read {value!r} as a number, which drops trailing zeros (3.10 becomes 3.1); "
+                           "write the version in quotes")
+    raise ProfileError(f"{where}: must be a version in quotes, e.g. '12.4' (got {value!r})")
 
 
 def _choice(value: Any, choices: tuple, where: str) -> None:

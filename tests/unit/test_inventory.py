@@ -142,6 +142,26 @@ def test_a_bad_extends_is_an_error_at_its_line(tmp_path, extends, message):
         load_profile(str(book))
 
 
+@pytest.mark.parametrize("text, message", [
+    ("pins: {python: 3.10}", r"inv.yaml:3: hosts.a.pins.python: YAML read it as a number, which drops trailing zeros"),
+    ("pins: {cuda: 12.10}", r"inv.yaml:3: hosts.a.pins.cuda: YAML read it as a number"),
+    ("tune: {tools: {python: 3.10}}", r"inv.yaml:3: tune.tools.python: YAML read 3.1 as a number"),
+    ("tune: {cuda: {toolkit: 12.4}}", r"inv.yaml:3: tune.cuda.toolkit: YAML read 12.4 as a number"),
+    ("tune: {nvme: {apst: 'no'}}", r"inv.yaml:3: tune.nvme.apst: must be true, false or null \(got 'no'\)"),
+    ("tune: {numa: {balancing: 0}}", r"inv.yaml:3: tune.numa.balancing: must be true, false or null \(got 0\)"),
+    ("tune: {driver: {held: maybe}}", r"tune.driver.held: must be true, false or null"),
+    ("tune: {gpu: {persistence: 1}}", r"tune.gpu.persistence: must be true, false or null"),
+    ("tune: {health: {allreduce_floor_gbps: .nan}}", r"tune.health.allreduce_floor_gbps: must be a positive number"),
+])
+def test_versions_that_yaml_read_as_numbers_and_switches_that_are_not_booleans_are_errors(tmp_path, text, message):
+    """3.10 unquoted is the float 3.1: pinning it would plan python3.1. "no" is a true string."""
+    with pytest.raises((InventoryError, ProfileError), match=message):
+        inv = load_inventory(write(tmp_path, f"hosts:\n  a:\n    {text}\n"))
+        profile_for(inv.hosts[0])
+    whole = load_inventory(write(tmp_path, "hosts:\n  a:\n    pins: {driver: 535, python: '3.10'}\n"))
+    assert profile_for(whole.hosts[0]).driver.version == "535" and profile_for(whole.hosts[0]).tools.python == "3.10"
+
+
 def test_tune_is_validated(tmp_path):
     inv = load_inventory(write(tmp_path, """\
         hosts:
