@@ -68,15 +68,21 @@ def diagnose_ops(gpu: int) -> list[Op]:
     return [Command(("dcgmi", "diag", "-r", "2", "-i", str(gpu)), offline=False, timeout=900.0, fail_on_stderr=("Fail",))]
 
 
-def cordon_ops(record: bytes, script: str | None, indices: tuple[int, ...]) -> list[Op]:
-    """The cordon file (deploy refuses the host), and every replica out of the host's front."""
+def cordon_ops(record: bytes, script: str | None, indices: tuple[int, ...], services: tuple[str, ...] = ()) -> list[Op]:
+    """The cordon file (deploy refuses the host), every replica out of the host's front, and the services of a
+    host without replicas stopped (no front can take them out; a reboot rung has started them again)."""
     front = [lb(script, "out", i, undo="in") for i in indices] if script else []
-    return [FileWrite(CORDON_FILE, record, 0o644), *front]
+    stop = [Command(("systemctl", "stop", u), undo=("systemctl", "start", u), offline=False, timeout=900.0) for u in services]
+    return [FileWrite(CORDON_FILE, record, 0o644), *front, *stop]
 
 
-def uncordon_ops(script: str | None, replicas: tuple[tuple[int, str, int], ...], wait_s: int) -> list[Op]:
-    """The cordon file gone; each replica (index, unit, port) started, healthy and back in the front."""
-    return [Remove(CORDON_FILE), *(op for i, unit, port in replicas for op in restore_ops(script, i, unit, port, wait_s))]
+def uncordon_ops(script: str | None, replicas: tuple[tuple[int, str, int], ...], wait_s: int,
+                 services: tuple[str, ...] = ()) -> list[Op]:
+    """The cordon file gone; each replica (index, unit, port) started, healthy and back in the front; the services
+    of a host without replicas started."""
+    restored = [op for i, unit, port in replicas for op in restore_ops(script, i, unit, port, wait_s)]
+    started = [Command(("systemctl", "start", u), offline=False, timeout=900.0) for u in services]
+    return [Remove(CORDON_FILE), *restored, *started]
 
 
 def ledger_op(content: bytes) -> FileWrite:

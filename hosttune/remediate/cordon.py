@@ -31,7 +31,7 @@ def uncordon_step(survey: Survey, wait_s: int = 600) -> Step | None:
     if survey.snapshot.cordon is None:
         return None
     replicas = tuple((r.index, r.unit, r.port) for r in survey.snapshot.replicas)
-    body = ops.uncordon_ops(survey.snapshot.lb_script, replicas, wait_s)
+    body = ops.uncordon_ops(survey.snapshot.lb_script, replicas, wait_s, survey.snapshot.services)
     return Step(("remediate.cordon",), "uncordon the host", tuple(body))
 
 

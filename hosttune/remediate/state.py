@@ -44,6 +44,11 @@ class HostSnapshot:
     def replicas_on(self, gpu: int) -> tuple[Replica, ...]:
         return tuple(r for r in self.replicas if gpu in r.gpus)
 
+    @property
+    def services(self) -> tuple[str, ...]:
+        """A host without replicas: the engine's own units (one service, or Ray's), which no front can take out."""
+        return () if self.replicas else tuple(u for u in self.units if not u.startswith("hosttune-engine@"))
+
 
 def _json(key: str, value: str) -> dict:
     try:

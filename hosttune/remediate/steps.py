@@ -49,7 +49,7 @@ def _drain(fault: Fault, snapshot: HostSnapshot, options: LadderOptions) -> Step
     if replicas:
         body = [op for r in replicas for op in ops.drain_ops(snapshot.lb_script, r.index, r.unit, r.port, options.drain_wait_s)]
         return Step((fault.check_id,), f"drain {', '.join(r.unit for r in replicas)} off {fault.where}", tuple(body))
-    single = [u for u in snapshot.units if not u.startswith("hosttune-engine@")]
+    single = snapshot.services
     if fault.gpu is not None and single:  # one service holds every GPU: no front to drain it from
         body = [op for u in single for op in ops.drain_ops(None, 0, u, 0, options.drain_wait_s)]
         return Step((fault.check_id,), f"stop {', '.join(single)} (no replica front to drain it from)", tuple(body))
@@ -83,5 +83,6 @@ def step_for(rung: Rung, fault: Fault, snapshot: HostSnapshot, options: LadderOp
         return Step(fixes, f"reset GPU {', '.join(map(str, gpus))}", tuple(op for g in gpus for op in ops.reset_ops(g)))
     if rung is Rung.CORDON:
         indices = tuple(r.index for r in snapshot.replicas)
-        return Step(fixes, "cordon the host", tuple(ops.cordon_ops(cordon_record(fault, run, now), snapshot.lb_script, indices)))
+        body = ops.cordon_ops(cordon_record(fault, run, now), snapshot.lb_script, indices, snapshot.services)
+        return Step(fixes, "cordon the host", tuple(body))
     return None

@@ -279,3 +279,18 @@ def test_the_plan_as_json(tmp_path):
     (fault,) = doc["hosts"][0]["faults"]
     assert doc["dry_run"] and doc["hosts"][0]["exit_bits"] == 1
     assert (fault["kind"], fault["gpu"], fault["ladder"], fault["end"]) == ("remap-pending", 1, ["drain", "reset", "reboot", "cordon"], "planned")
+
+
+def test_a_host_without_replicas_stops_serving_when_cordoned_and_serves_again_when_uncordoned(tmp_path):
+    """Its one service has no front to take it out of: after a reboot rung it runs again at boot, on the bad GPU."""
+    from hosttune.remediate.cordon import uncordon_step
+    from hosttune.remediate.survey import Survey
+
+    single = parse_snapshot("boot:b1/17\nunit:hosttune-serve.service active\n")
+    write, stop = step_for(Rung.CORDON, fault_on(1), single, LadderOptions(), run="R1", now=NOW).ops
+    assert isinstance(write, FileWrite) and stop.argv == ("systemctl", "stop", "hosttune-serve.service")
+    assert stop.undo == ("systemctl", "start", "hosttune-serve.service")  # rollback of the cordon serves again
+    cordoned = parse_snapshot("boot:b1/17\nunit:hosttune-serve.service inactive\n"
+                              f'cordon:{{"at": {NOW}, "reason": "GPU1: Xid 79"}}\n')
+    removed, start = uncordon_step(Survey(inventory(tmp_path).hosts[0], "p", snapshot=cordoned)).ops
+    assert removed.path == "/var/lib/hosttune/cordon.json" and start.argv == ("systemctl", "start", "hosttune-serve.service")
