@@ -35,8 +35,9 @@ async def errors_as_json(request: web.Request, handler):
     except web.HTTPException as e:
         if e.status < 400:
             raise
+        allow = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None  # a 405 names the methods
         return error_response(ApiError(e.status, (e.text or e.reason)[:300],
-                                       HTTP_ERROR_TYPES.get(e.status, "BadRequestError")))
+                                       HTTP_ERROR_TYPES.get(e.status, "BadRequestError")), allow)
     except ConnectionResetError:  # the client went away mid-answer: nothing can reach it, and nothing failed here
         log.info("client closed the connection during %s %s", request.method, request.path)
         return web.Response(status=CLIENT_CLOSED)

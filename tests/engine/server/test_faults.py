@@ -119,6 +119,9 @@ def test_other_http_errors_are_json(server):
     assert status == 413 and len(raw) < MAX_ERROR_BODY and "error" in json.loads(raw)
     status, _, raw = post(server.url + "/v1/nothing-here", {})
     assert status == 404 and json.loads(raw)["error"]["code"] == 404
+    status, headers, raw = post(server.url + "/v1/models", {})  # a GET route
+    assert status == 405 and json.loads(raw)["error"]["code"] == 405
+    assert headers["Allow"] == "GET,HEAD"  # HTTP says a 405 names the methods the route takes
 
 
 def test_server_still_serves_after_bad_input(server):
