@@ -46,6 +46,24 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
                 fh.write(line)
 
 
+def _private_key(spec: ConnectionSpec) -> str | None:
+    """The inventory's ssh.key, checked before connecting: paramiko reports a missing or public key file as
+    a failed handshake, which reads as a host that does not speak SSH."""
+    if not spec.key:
+        return None
+    path = os.path.expanduser(spec.key)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64 << 10)
+    except OSError as exc:
+        raise TransportError(f"{spec.host_name}: ssh.key {path}: {exc.strerror or exc}; give the private key file "
+                             "this machine logs in with") from None
+    if b"PRIVATE KEY-----" not in head:
+        raise TransportError(f"{spec.host_name}: ssh.key {path} is not a private key file (a .pub file?); give the "
+                             "private key, the file without .pub")
+    return path
+
+
 def _known_hosts_path(spec: ConnectionSpec) -> str:
     return os.path.expanduser(spec.known_hosts or "~/.ssh/known_hosts")
 
@@ -109,7 +127,7 @@ class SshTransport(Transport):
         except (OSError, paramiko.SSHException) as exc:
             raise TransportError(f"{spec.host_name}: cannot read known_hosts {known}: {getattr(exc, 'strerror', None) or exc}") from exc
         client.set_missing_host_key_policy(_HostKeyPolicy(spec, known))
-        key = os.path.expanduser(spec.key) if spec.key else None
+        key = _private_key(spec)
         sock = _ssh_socket(spec)
         try:
             client.connect(

@@ -63,6 +63,18 @@ def test_transport_error_says_what_the_port_did(ports, tmp_path, mode, message):
         SshTransport(spec).connect()
 
 
+def test_a_missing_or_public_key_file_is_named_as_such_not_as_a_host_that_does_not_speak_ssh(ports, tmp_path):
+    public = _ed25519(tmp_path, "id").with_suffix(".pub")
+    for key, message in ((tmp_path / "none", f"h: ssh.key {tmp_path / 'none'}: No such file or directory; give the "),
+                         (tmp_path, f"h: ssh.key {tmp_path}: Is a directory; give the "),
+                         (public, f"h: ssh.key {public} is not a private key file (a .pub file?)")):
+        spec = ConnectionSpec("h", "ssh", "127.0.0.1", ports["http"], key=str(key), known_hosts=str(tmp_path / "kh"),
+                              timeout_s=1.0)
+        with pytest.raises(TransportError) as exc:
+            SshTransport(spec).connect()
+        assert str(exc.value).startswith(message)
+
+
 def test_check_prints_one_line_per_host_and_nothing_on_stderr(ports, tmp_path):
     inv = tmp_path / "inv.yaml"
     inv.write_text("hosts:\n" + "".join(
