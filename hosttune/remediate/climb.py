@@ -148,7 +148,9 @@ class Climber:
         return self._step(rung, fault)
 
     def _restore(self, fault: Fault, rungs: list[RungOutcome]) -> None:
-        if any(r.rung is Rung.DRAIN and r.status == "done" for r in rungs):
+        """The replicas a done drain took out, started and back in (once: a unit fault's were before its re-check)."""
+        drained = any(r.rung is Rung.DRAIN and r.status == "done" for r in rungs)
+        if drained and not any(r.status == "restored" for r in rungs):
             step = restore_step(fault, self.survey.snapshot, self.ctx.options)
             if step is not None:
                 run = self._run_id()
@@ -170,6 +172,8 @@ class Climber:
             if outcome.status == "done":
                 if rung is Rung.RESTART:
                     time.sleep(self.ctx.options.recheck_wait_s)
+                if rung in (Rung.RESET, Rung.DIAGNOSE) and fault.gpu is None:
+                    self._restore(fault, rungs)  # a unit's fault: the unit its drain stopped must run to be seen fixed
                 if not _still(fault, self._recheck()):
                     self._restore(fault, rungs)
                     return FaultResult(fault, End.CLEARED, tuple(rungs))

@@ -24,6 +24,8 @@ from hosttune.remediate.history import Ledger, LedgerError, Occurrence, observe,
 from hosttune.remediate.rungs import Rung
 from hosttune.remediate.state import Replica, parse_snapshot
 from hosttune.remediate.steps import LadderOptions, restore_step, step_for
+from hosttune.remediate.survey import Survey
+from hosttune.remediate.xid import XidPolicy
 from hosttune.remediate.xid import DIAGNOSE_LADDER, GPU_LADDER, LOG_LADDER, REBOOT_LADDER, RETIRE_LADDER, classify
 
 PROFILE = load_profile("inference-latency")
@@ -294,3 +296,44 @@ def test_a_host_without_replicas_stops_serving_when_cordoned_and_serves_again_wh
                               f'cordon:{{"at": {NOW}, "reason": "GPU1: Xid 79"}}\n')
     removed, start = uncordon_step(Survey(inventory(tmp_path).hosts[0], "p", snapshot=cordoned)).ops
     assert removed.path == "/var/lib/hosttune/cordon.json" and start.argv == ("systemctl", "start", "hosttune-serve.service")
+
+
+class ReplicaWorld:
+    """One host whose replica hosttune-engine@0 (GPU0) keeps failing until GPU0 is reset: what each step does
+    to it, and what a re-check reads back."""
+
+    def __init__(self, host):
+        self.host, self.gpu_ok, self.unit, self.steps = host, False, "failed", []
+
+    def survey(self):
+        snap = parse_snapshot(snapshot({"hosttune-engine@0.service": self.unit, "hosttune-engine@1.service": "active"}))
+        return Survey(self.host, PROFILE.name, facts=facts(), snapshot=snap, faults=tuple(faults_of(facts(), snapshot(
+            {"hosttune-engine@0.service": self.unit, "hosttune-engine@1.service": "active"}))))
+
+    def execute(self, survey, step, run):
+        self.steps.append(step.summary)
+        for op in step.ops:
+            verb = op.argv[:2]
+            if verb in (("systemctl", "restart"), ("systemctl", "start")):
+                self.unit = "active" if self.gpu_ok else "failed"
+            elif verb == ("systemctl", "stop"):
+                self.unit = "inactive"
+            elif op.argv[:2] == ("sh", "-c") and op.argv[3] == "reset-gpu":
+                self.gpu_ok = True
+        return True, ""
+
+
+def test_a_replica_that_runs_again_once_its_gpu_is_reset_is_cleared_by_the_reset_not_cordoned(tmp_path, monkeypatch):
+    from hosttune.remediate import climb
+
+    world = ReplicaWorld(inventory(tmp_path).hosts[0])
+    monkeypatch.setattr(climb, "execute_step", world.execute)
+    monkeypatch.setattr(climb, "survey_host", lambda host, profile, policy, ledger=None: world.survey())
+    ctx = climb.Context({world.host.name: PROFILE}, LadderOptions(recheck_wait_s=0), XidPolicy(),
+                        Breaker(BreakerPolicy(100.0), 1, [], NOW), "R")
+    (result,) = climb.remediate_host(world.survey(), ctx).results
+    assert result.end is climb.End.CLEARED, result
+    assert [o.rung for o in result.rungs] == [Rung.RESTART, Rung.DRAIN, Rung.RESET, Rung.DRAIN]
+    assert world.steps == ["restart hosttune-engine@0.service", "drain hosttune-engine@0.service off hosttune-engine@0.service",
+                           "reset GPU 0", "restore hosttune-engine@0.service"]
+    assert world.unit == "active" and "cordon the host" not in world.steps
