@@ -390,8 +390,19 @@ def _build_host(name: str, group: str, hvars: dict, source: str, accept_new: boo
 
 
 def _no_duplicates(hosts: list[Host]) -> None:
+    """One machine is one host: two names for one SSH address and port would be probed, planned and changed
+    twice at once (two applies racing on the same files and journal)."""
     seen: dict[str, Host] = {}
+    machines: dict[tuple[str, int], Host] = {}
     for host in hosts:
         if host.name in seen:
             raise InventoryError(f"{host.source}: host {host.name!r} is already defined at {seen[host.name].source}")
         seen[host.name] = host
+        if host.connection.transport != "ssh":
+            continue
+        machine = (host.connection.address.lower().rstrip("."), host.connection.port)
+        if machine in machines:
+            other = machines[machine]
+            raise InventoryError(f"{host.source}: host {host.name!r} is {machine[0]} port {machine[1]}, as host "
+                                 f"{other.name!r} at {other.source} is; name each machine once")
+        machines[machine] = host

@@ -162,6 +162,22 @@ def test_versions_that_yaml_read_as_numbers_and_switches_that_are_not_booleans_a
     assert profile_for(whole.hosts[0]).driver.version == "535" and profile_for(whole.hosts[0]).tools.python == "3.10"
 
 
+def test_two_hosts_on_one_ssh_address_and_port_are_an_error_naming_both(tmp_path):
+    """Else check reports one machine twice and apply changes it twice at once."""
+    path = write(tmp_path, """\
+        groups:
+          g:
+            hosts:
+              a: {address: 10.0.0.1}
+        hosts:
+          b: {address: 10.0.0.1}
+        """)
+    with pytest.raises(InventoryError, match=r"inv.yaml:6: host 'b' is 10.0.0.1 port 22, as host 'a' at .*inv.yaml:4 is"):
+        load_inventory(path)
+    assert len(load_inventory(write(tmp_path, "hosts:\n  a: {address: 10.0.0.1}\n  b: {address: 10.0.0.1, ssh: {port: 2222}}\n"
+                                              "  c: {transport: local}\n  d: {transport: local}\n")).hosts) == 4
+
+
 def test_tune_is_validated(tmp_path):
     inv = load_inventory(write(tmp_path, """\
         hosts:
