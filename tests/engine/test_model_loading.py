@@ -94,6 +94,19 @@ def test_a_context_past_the_models_positions_is_refused_not_shortened(tiny_model
     assert Engine(EngineConfig(model=str(tiny_models["llama"]), device="cpu", max_model_len=1024)).max_model_len == 1024
 
 
+def test_a_cpu_kv_cache_that_cannot_hold_one_whole_context_is_refused(tiny_models):
+    # as on a GPU, and as vLLM refuses it: /v1/models would advertise a context no request could use
+    from hosttune_engine import Engine, EngineConfig
+    from hosttune_engine.errors import ConfigError
+
+    tiny = 1e-6  # GiB: a block or two of the tiny Llama's cache
+    with pytest.raises(ConfigError, match=r"^the KV cache fits \d+ tokens, fewer than max_model_len=1024; raise "
+                                          r"cpu_kv_cache_gib or lower max_model_len$"):
+        Engine(EngineConfig(model=str(tiny_models["llama"]), device="cpu", cpu_kv_cache_gib=tiny))
+    eng = Engine(EngineConfig(model=str(tiny_models["llama"]), device="cpu", cpu_kv_cache_gib=tiny, max_model_len=16))
+    assert eng.max_model_len == 16 <= eng.stats().num_kv_blocks * 16
+
+
 def test_a_tokenizer_folder_named_but_without_tokenizer_json_is_refused(tmp_path, tiny_models):
     from hosttune_engine import Engine, EngineConfig
 

@@ -171,7 +171,8 @@ class ModelRunner:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
         if self.device.type != "cuda":
-            return max(1, int(self.config.cpu_kv_cache_gib * 2**30) // self.kv_shape.bytes_per_block)
+            blocks = max(1, int(self.config.cpu_kv_cache_gib * 2**30) // self.kv_shape.bytes_per_block)
+            return self._holding_one_context(blocks, "cpu_kv_cache_gib")
         peak = self._profile_activation_bytes()
         free, total = torch.cuda.mem_get_info(self.device)
         used = torch.cuda.memory_allocated(self.device)
@@ -179,10 +180,14 @@ class ModelRunner:
         check_free_memory(blocks * self.kv_shape.bytes_per_block + peak, free, total, self.config.gpu_memory_utilization)
         if self.group is not None:  # every rank's pool holds the same block ids
             blocks = self.group.min_over_ranks(blocks)
+        return self._holding_one_context(blocks, "gpu_memory_utilization")
+
+    def _holding_one_context(self, blocks: int, size_option: str) -> int:
+        """`blocks`, if they hold one sequence of max_model_len (else no request could use the whole context)."""
         if blocks * self.block_size < self.max_model_len:
             raise ConfigError(
                 f"the KV cache fits {blocks * self.block_size} tokens, fewer than max_model_len="
-                f"{self.max_model_len}; raise gpu_memory_utilization or lower max_model_len")
+                f"{self.max_model_len}; raise {size_option} or lower max_model_len")
         return blocks
 
     @torch.inference_mode()

@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="share of the GPU's whole memory for this engine's weights, KV cache and activations "
                         "(replicas sharing a GPU: their shares add up to at most 0.9)")
     s.add_argument("--num-kv-blocks", type=int, help="KV-cache size in blocks (default: from free memory)")
-    s.add_argument("--cpu-kv-cache-gib", type=float, default=0.25, help="KV-cache size on CPU")
+    s.add_argument("--cpu-kv-cache-gib", type=float, default=0.25, help="KV-cache size on CPU, in GiB; it must hold one sequence of --max-model-len tokens")
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     s.add_argument("--device", choices=DEVICES, default="auto")
