@@ -69,6 +69,8 @@ def apply(
     if dry_run or not (any(p.steps and not p.error for p in plans) or reboots):
         outcomes = [dry_run_outcome(p) for p in plans]
         text = recap.render_json(outcomes, None, True) if fmt is Output.json else plan_render.render(plans)
+        if reboot and not root and fmt is Output.text:
+            text += "\n" + recap.reboot_note(plans)
         emit(text, output)
         raise typer.Exit(exit_code(outcomes))
     if fmt is Output.text:

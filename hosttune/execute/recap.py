@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+from hosttune.execute.reboot import cannot_reboot
 from hosttune.execute.rollback import RollbackResult
 from hosttune.execute.runner import HostRun, StepStatus
 from hosttune.execute.rollout import HostOutcome
 from hosttune.fleet_runner import Outcome, exit_code
 from hosttune.checks.findings import Status
+from hosttune.plan.host_plan import HostPlan
 from hosttune.plan.render import plan_dict
 from hosttune.quoting import join
 
@@ -67,6 +69,17 @@ def render(outcomes: list[HostOutcome], run: str | None, inventory: str | None =
     counts = {s: sum(1 for o in outcomes if o.state is s) for s in states}
     lines.append("  " + ", ".join(f"{k}={v}" for k, v in counts.items()) + f", exit {exit_code(outcomes)}")
     return "\n".join(lines)
+
+
+def reboot_note(plans: list[HostPlan]) -> str:
+    """apply --dry-run --reboot: the hosts a real run reboots once their changes are made, and those it leaves to
+    their operator (as the recap would say)."""
+    pending = [p for p in plans if p.reachable and not p.error and p.needs_reboot]
+    rebooted = [p.host.name for p in pending if not cannot_reboot(p.host)]
+    lines = [f"--reboot: would reboot {', '.join(rebooted)} once its changes are made, a batch at a time, wait for "
+             "each to come back and re-check it"] if rebooted else []
+    lines += [f"--reboot: would not reboot {p.host.name}: {cannot_reboot(p.host)}" for p in pending if cannot_reboot(p.host)]
+    return "\n".join(lines) or "--reboot: no host would be rebooted (none needs it)"
 
 
 def outcome_dict(o: HostOutcome, inventory: str | None = None) -> dict:

@@ -125,6 +125,25 @@ def test_a_dry_run_with_a_plan_says_planned_and_keeps_the_drift_bit(monkeypatch)
     assert "1. mm.thp: THP madvise" in text.stdout and text.exit_code == 1
 
 
+def test_a_dry_run_with_reboot_says_which_hosts_the_run_would_reboot_and_which_it_leaves(monkeypatch):
+    from hosttune.actions.base import FileWrite, Step
+    from hosttune.cli import apply as apply_cli
+    from hosttune.config.inventory import local_inventory
+    from hosttune.plan.host_plan import HostPlan
+
+    step = Step(("cpu.cstates",), "C-states", (FileWrite("/etc/default/grub.d/x.cfg", b"x"),), needs_reboot=True)
+    plans = [HostPlan(ssh_host(), "inference-latency", steps=(step,)),
+             HostPlan(local_inventory().hosts[0], "inference-latency", steps=(step,))]
+    monkeypatch.setattr(apply_cli, "plan_fleet", lambda inv, wanted, options, on_host_done=None: plans)
+    monkeypatch.setattr(apply_cli, "profiles", lambda inv: {})
+    monkeypatch.setattr(apply_cli, "apply_plans", lambda *a, **k: pytest.fail("a dry run applied its plan"))
+    lines = runner.invoke(app, ["apply", "--dry-run", "--reboot"]).stdout.splitlines()
+    assert lines[-2] == ("--reboot: would reboot gpu-01 once its changes are made, a batch at a time, wait for each to "
+                         "come back and re-check it")
+    assert lines[-1].startswith("--reboot: would not reboot localhost: this machine runs hosttune")
+    assert "--reboot" not in runner.invoke(app, ["apply", "--dry-run"]).stdout
+
+
 def test_rollback_under_a_root_names_the_journal_folder_inside_it(tmp_path):
     result = runner.invoke(app, ["rollback", "--dry-run", "--root", str(tmp_path)])
     assert result.exit_code == 0
