@@ -134,8 +134,13 @@ class GenerationOptions:
             raise bad_request(str(e)) from None
 
 
+# Fields of OpenAI's or vLLM's API that change what is generated: ignoring one would answer 200 with output the
+# client did not ask for, so each is refused unless null or its neutral value. () refuses any value.
 UNSUPPORTED = {"presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
-               "logit_bias": ({},), "min_tokens": (0,), "suffix": ("",)}
+               "logit_bias": ({},), "min_tokens": (0,), "suffix": ("",), "min_p": (0,), "use_beam_search": (False,),
+               "prompt_logprobs": (), "truncate_prompt_tokens": (), "allowed_token_ids": (), "bad_words": ([],),
+               "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+               "structured_outputs": ()}
 
 
 class _Options(_Body):
@@ -145,6 +150,18 @@ class _Options(_Body):
     logit_bias: Any = None
     min_tokens: Any = None
     suffix: Any = None
+    min_p: Any = None
+    use_beam_search: Any = None
+    prompt_logprobs: Any = None
+    truncate_prompt_tokens: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    response_format: dict | None = None
     n: int = Field(1, ge=1, le=128)
     best_of: int | None = None
     stream: bool = False
@@ -167,6 +184,13 @@ class _Options(_Body):
         if value not in UNSUPPORTED[info.field_name]:
             raise fault(f"{info.field_name} is not supported by this server", info.field_name)
         return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format(cls, fmt: dict) -> dict:
+        if fmt.get("type") != "text":
+            raise fault("response_format other than {\"type\": \"text\"} is not supported", "response_format")
+        return fmt
 
     @field_validator("best_of")
     @classmethod
@@ -286,7 +310,6 @@ class _ChatHead(_Body):
     messages: Any = Field(None, validate_default=True)
     tool_choice: Any = "auto"
     tools: Any = None
-    response_format: dict | None = None
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     logprobs: bool = Field(False, validate_default=True)
     max_completion_tokens: int | None = None
@@ -303,13 +326,6 @@ class _ChatHead(_Body):
         if tools and info.data.get("tool_choice") != "none":
             raise fault("tools are not supported by this server", "tools")
         return tools
-
-    @field_validator("response_format")
-    @classmethod
-    def _response_format(cls, fmt: dict) -> dict:
-        if fmt.get("type") != "text":
-            raise fault("response_format other than {\"type\": \"text\"} is not supported", "response_format")
-        return fmt
 
     @field_validator("logprobs", mode="before")
     @classmethod

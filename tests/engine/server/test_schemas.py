@@ -48,6 +48,24 @@ def test_completion_errors(body, message):
     assert message in err.value.message and err.value.status == 400 and len(err.value.message) < 200
 
 
+@pytest.mark.parametrize("field,value", [
+    ("min_p", 0.1), ("use_beam_search", True), ("prompt_logprobs", 0), ("truncate_prompt_tokens", 8),
+    ("allowed_token_ids", [1, 2]), ("bad_words", ["x"]), ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
+    ("guided_choice", ["a", "b"]), ("guided_grammar", "root ::= 'a'"), ("structured_outputs", {"json": {}}),
+    ("response_format", {"type": "json_object"}),
+])
+def test_fields_that_change_the_output_are_refused_not_ignored(field, value):
+    # ignored, each would answer 200 with text the client did not ask for
+    for parse, body in ((CompletionRequest.parse, {"prompt": "hi"}),
+                        (ChatRequest.parse, {"messages": [{"role": "user", "content": "x"}]})):
+        with pytest.raises(ApiError) as err:
+            parse({**body, field: value})
+        assert err.value.param == field and "not supported" in err.value.message
+    neutral = {"min_p": 0, "use_beam_search": False, "bad_words": [], "response_format": {"type": "text"}}
+    if field in neutral:
+        assert CompletionRequest.parse({"prompt": "hi", field: neutral[field]}).options.n == 1
+
+
 def test_chat_parsing():
     req = ChatRequest.parse({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
                                                                        {"type": "text", "text": "b"}]}],
