@@ -57,7 +57,7 @@ def gpu_affinity(facts: Facts, profile: Profile) -> Verdict:
     problems = [f"outside the wanted cores: {', '.join(outside)}"] if outside else []
     served = _served_elsewhere(facts, devices, setting)
     if served:
-        problems.append(f"interrupts so far served on CPUs {cpulist.format(served)}")
+        problems.append(f"GPU interrupts served on CPUs {cpulist.format(served)} while the probe ran")
     if configured == "not persisted":
         problems.append("IRQ affinity does not survive a reboot and no boot-time unit sets it")
     status = Status.DRIFT if problems else Status.OK
@@ -65,13 +65,17 @@ def gpu_affinity(facts: Facts, profile: Profile) -> Verdict:
 
 
 def _served_elsewhere(facts: Facts, devices: list[PciDevice], setting: str) -> set[int]:
-    """CPUs outside the wanted set that /proc/interrupts shows handling GPU IRQs."""
+    """CPUs outside the wanted set whose count of a GPU IRQ in /proc/interrupts rose between the probe's two reads.
+
+    The counts are since boot: a count from before the IRQ was pinned stays until the next boot, so one read
+    alone would hold the check in drift after a correct apply."""
     cpus: set[int] = set()
     for dev in devices:
         wanted = set(desired_cores(dev, facts, setting))
         for irq in dev.irqs:
-            counts = facts.gpu_interrupts.get(irq.irq, ())
-            cpus |= {cpu for cpu, n in enumerate(counts) if n and cpu not in wanted}
+            before = facts.gpu_interrupts.get(irq.irq, ())
+            after = facts.gpu_interrupts_later.get(irq.irq, ())
+            cpus |= {cpu for cpu, (n0, n1) in enumerate(zip(before, after)) if n1 > n0 and cpu not in wanted}
     return cpus
 
 

@@ -145,7 +145,8 @@ class Facts:
     cmdline_source: str = ""
     gpu: GpuFacts = field(default_factory=GpuFacts)
     pci: tuple[PciDevice, ...] = ()
-    gpu_interrupts: dict[int, tuple[int, ...]] = field(default_factory=dict)  # IRQ → count per CPU
+    gpu_interrupts: dict[int, tuple[int, ...]] = field(default_factory=dict)  # IRQ → count per CPU, since boot
+    gpu_interrupts_later: dict[int, tuple[int, ...]] = field(default_factory=dict)  # the same, read at the probe's end
     cuda: CudaFacts = field(default_factory=CudaFacts)
     packages: dict[str, str] = field(default_factory=dict)  # name → version (driver/CUDA stack)
     held: tuple[str, ...] = ()

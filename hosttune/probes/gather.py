@@ -129,12 +129,16 @@ def _sysctl(facts: Facts, sec: Section) -> Facts:
     return replace(facts, numa_balancing_configured=value, numa_balancing_source=source)
 
 
+def _interrupt_counts(sec: Section) -> dict[int, tuple[int, ...]]:
+    return {irq: tuple(v["counts"]) for irq, v in pci.parse_interrupts(sec.text).items()}
+
+
 _STEPS = (
     ("bootloader", _bootloader),
     ("system", _system),
     ("gpu-pci", _pci),
-    ("interrupts", lambda f, s: replace(f, gpu_interrupts={
-        irq: tuple(v["counts"]) for irq, v in pci.parse_interrupts(s.text).items()})),
+    ("interrupts", lambda f, s: replace(f, gpu_interrupts=_interrupt_counts(s))),
+    ("interrupts-2", lambda f, s: replace(f, gpu_interrupts_later=_interrupt_counts(s))),
     ("cuda", lambda f, s: replace(f, cuda=software.parse_cuda(s.text))),
     ("packages", _packages),
     ("services", lambda f, s: replace(f, services=software.parse_services(s.text))),

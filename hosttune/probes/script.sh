@@ -302,6 +302,8 @@ health_gpu_last() {
     [ "$(ls -d /dev/nvidia[0-9]* 2>/dev/null | wc -l)" -ge 2 ] && sec allreduce allreduce
   fi
   command -v nvidia-smi >/dev/null && sec nvlink-errors-2 nvidia-smi nvlink -e
+  # read again: the counts are since boot, so only what rose during the probe says where GPU IRQs go now
+  [ -n "$HT_GPU" ] && sec interrupts-2 grep -E '^ +CPU0|nvidia' /proc/interrupts
   return 0
 }
 # ---- end of health probes ----

@@ -150,8 +150,20 @@ def test_gpu_affinity_names_cpus_that_served_gpu_interrupts(h200, fixture_text):
     from hosttune.probes.pci import parse_interrupts
 
     counts = {irq: tuple(v["counts"]) for irq, v in parse_interrupts(fixture_text("h200", "proc-interrupts-nvidia.txt")).items()}
-    facts = replace(h200, gpu_interrupts=counts)
+    later = {irq: (n[0] + 3, *n[1:]) if irq == 44 else n for irq, n in counts.items()}  # IRQ 44 fired on CPU0 meanwhile
     profile = profile_for(Host("h", "g", ConnectionSpec("h"), irq_cores="4-7"))
-    finding = BY_ID["irq.gpu_affinity"].run(facts, profile)
+    finding = BY_ID["irq.gpu_affinity"].run(replace(h200, gpu_interrupts=counts, gpu_interrupts_later=later), profile)
     assert finding.status is Status.DRIFT
-    assert "interrupts so far served on CPUs 0" in finding.detail  # IRQ 44 fired 12 times on CPU0
+    assert "GPU interrupts served on CPUs 0 while the probe ran" in finding.detail
+
+
+def test_gpu_affinity_is_not_held_in_drift_by_interrupts_counted_before_the_pinning(h200, fixture_text):
+    """/proc/interrupts counts since boot: IRQ 44's 12 on CPU0 from before apply pinned it stay until a reboot."""
+    from hosttune.probes.pci import parse_interrupts
+
+    counts = {irq: tuple(v["counts"]) for irq, v in parse_interrupts(fixture_text("h200", "proc-interrupts-nvidia.txt")).items()}
+    assert counts[44][0] == 12
+    for later in ({}, counts):  # one read only, or nothing new on CPU0 between the two
+        facts = replace(h200, gpu_interrupts=counts, gpu_interrupts_later=later)
+        finding = BY_ID["irq.gpu_affinity"].run(facts, profile_for(Host("h", "g", ConnectionSpec("h"), irq_cores="4-7")))
+        assert "served on CPUs" not in finding.detail
