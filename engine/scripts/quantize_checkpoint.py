@@ -25,18 +25,28 @@ from hosttune_engine.quant.spec import Layout, QuantSpec
 from hosttune_engine.checkpoint.writer import write_quantized
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEFAULT_SIZE = 128  # --block and --group-size
+# Options of some layouts only: given with another, they would be ignored and another checkpoint written.
+LAYOUT_OPTIONS = {"block": ("fp8-block",), "group_size": ("awq", "gptq"), "sym": ("gptq",), "desc_act": ("gptq",),
+                  "calibration_text": ("awq", "gptq")}
+
+
+def check_options(args) -> None:
+    for name, layouts in LAYOUT_OPTIONS.items():
+        if getattr(args, name) not in (None, False) and args.layout not in layouts:
+            raise ConfigError(f"--{name.replace('_', '-')} applies to --layout {' or '.join(layouts)}, not {args.layout}")
 
 
 def spec_from_args(args) -> QuantSpec:
     layout = Layout(args.layout)
+    block, group_size = args.block or DEFAULT_SIZE, args.group_size or DEFAULT_SIZE
     if layout is Layout.FP8_BLOCK:
-        return QuantSpec(layout, block=(args.block, args.block), ignore=("lm_head",))
+        return QuantSpec(layout, block=(block, block), ignore=("lm_head",))
     if layout.is_fp8:  # llm-compressor's FP8_DYNAMIC: FP8 weights, per-token dynamic FP8 activations
         return QuantSpec(layout, fp8_activations=True, ignore=("lm_head",))
     if layout is Layout.AWQ:
-        return QuantSpec(layout, group_size=args.group_size)
-    return QuantSpec(layout, group_size=args.group_size, zero_point=not args.sym, desc_act=args.desc_act,
-                     zero_offset=1)
+        return QuantSpec(layout, group_size=group_size)
+    return QuantSpec(layout, group_size=group_size, zero_point=not args.sym, desc_act=args.desc_act, zero_offset=1)
 
 
 def calibration_ids(args) -> list[int] | None:
@@ -86,8 +96,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="a new or empty folder")
     parser.add_argument("--layout", required=True,
                         choices=[l.value for l in Layout if l is not Layout.FP8_CT_BLOCK])
-    parser.add_argument("--block", type=positive, default=128, help="fp8-block: block size")
-    parser.add_argument("--group-size", type=positive, default=128, help="4-bit: input columns per scale")
+    parser.add_argument("--block", type=positive, help=f"fp8-block: block size (default {DEFAULT_SIZE})")
+    parser.add_argument("--group-size", type=positive, help=f"4-bit: input columns per scale (default {DEFAULT_SIZE})")
     parser.add_argument("--sym", action="store_true", help="gptq: symmetric, no zero points")
     parser.add_argument("--desc-act", action="store_true", help="gptq: act-order groups (g_idx)")
     parser.add_argument("--calibration-text", type=Path, help="4-bit: a text file whose activations choose "
@@ -99,6 +109,7 @@ def main(argv=None) -> int:
     dtype = DTYPES[args.dtype or ("bfloat16" if spec.layout.is_fp8 else "float16")]
     existed = args.out.exists()
     try:
+        check_options(args)
         check_source(args.model)
         ids = calibration_ids(args)
         make_out(args.out)

@@ -205,6 +205,19 @@ def test_script_refuses_a_size_below_one_as_bad_usage(tiny_models, tmp_path, cap
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("layout, option, applies_to", [
+    ("fp8-channel", ["--block", "64"], "fp8-block"), ("fp8-block", ["--group-size", "64"], "awq or gptq"),
+    ("awq", ["--sym"], "gptq"), ("awq", ["--desc-act"], "gptq"), ("fp8-tensor", ["--calibration-text", "x"], "awq or gptq"),
+])
+def test_script_refuses_an_option_its_layout_would_ignore(tiny_models, tmp_path, capsys, layout, option, applies_to):
+    # ignored, it would write a checkpoint other than the one asked for (AWQ has zero points whatever --sym says)
+    argv = ["--model", str(tiny_models["llama"]), "--out", str(tmp_path / "o"), "--layout", layout, *option]
+    assert _script().main(argv) == 2
+    assert capsys.readouterr().err == (f"quantize_checkpoint: error: {option[0]} applies to --layout {applies_to}, "
+                                       f"not {layout}\n")
+    assert not (tmp_path / "o").exists()
+
+
 def test_cached_checkpoints_of_old_writer_versions_are_dropped_after_a_day(tmp_path):
     current, recent, old = (tmp_path / f"quant-{name}" for name in ("now", "recent", "old"))
     for folder in (current, recent, old):
