@@ -38,7 +38,7 @@ def check(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also list not-applicable checks."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Table: each not-applicable check on its own line, in order, with its reason (default: one line per reason)."),
     active: bool = typer.Option(
         False, "--active",
         help="Also load each host's GPUs for a few seconds (DCGM's quick diagnostic where installed, "

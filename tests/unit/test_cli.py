@@ -81,6 +81,19 @@ def test_explain_says_what_apply_does_and_names_the_files_it_writes():
     assert "apply: no automatic fix" in pstate
 
 
+def test_verbose_lists_each_not_applicable_check_where_the_default_groups_them_by_reason():
+    (host,) = json.loads(runner.invoke(app, ["check", "--format", "json"]).stdout)["hosts"]
+    na = [f for f in host["findings"] if f["status"] == "not-applicable"]
+    grouped, each = runner.invoke(app, ["check"]).stdout, runner.invoke(app, ["check", "-v"]).stdout
+    for f in na:  # this machine has some: no GPU, or no engine deployed, or no monitor
+        assert any(line.startswith("  n/a ") and f"{f['detail']}: " in line and f["check_id"] in line
+                   for line in grouped.splitlines())
+        assert any(line.split()[:2] == ["n/a", f["check_id"]] and f"({f['detail']})" in line for line in each.splitlines())
+    assert na and sum(line.startswith("  n/a ") for line in each.splitlines()) == len(na)
+    help_text = " ".join(runner.invoke(app, ["check", "--help"]).stdout.replace("│", " ").split())
+    assert "each not-applicable check on its own line, in order, with its reason (default: one line per reason)" in help_text
+
+
 def test_facts_dumps_json():
     result = runner.invoke(app, ["facts"])
     doc = json.loads(result.stdout)
