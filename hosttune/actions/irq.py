@@ -18,10 +18,17 @@ UNIT = "hosttune-irq-affinity"
 def irqbalance(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     """systemctl disable --now irqbalance (or enable --now, if the profile wants it)."""
     want = bool(profile.irq.irqbalance)
+    if not want and not _installed(facts):
+        return []  # nothing to stop: an image's plan would otherwise show it as not fixable
     if not is_systemd(facts):
         return [blocked("irq.irqbalance", f"PID 1 is {facts.pid1 or 'unknown'}, not systemd: {'start' if want else 'stop'} irqbalance with the host's init system")]
     verb = "started and enabled" if want else "stopped and disabled"
     return [Step(("irq.irqbalance",), f"irqbalance {verb}", (Service("irqbalance.service", enabled=want, running=want),))]
+
+
+def _installed(facts: Facts) -> bool:
+    svc = facts.services.get("irqbalance")
+    return bool(svc and (svc.running or svc.active == "active" or svc.enabled not in (None, "not-found", "")))
 
 
 def gpu_affinity(facts: Facts, profile: Profile, host: Host) -> list[Step]:

@@ -127,7 +127,9 @@ def test_irqbalance_disable_now(l40s):
     assert op == Service("irqbalance.service", enabled=False, running=False)
     assert op.argv == ("systemctl", "disable", "--now", "irqbalance.service")
     assert step.commands == (("systemctl", "disable", "--now", "irqbalance.service"),)
-    assert irq.irqbalance(Facts(pid1="process_api"), LATENCY, HOST)[0].blocked
+    running = {"irqbalance": ServiceState("irqbalance", running=True)}
+    assert irq.irqbalance(Facts(pid1="process_api", services=running), LATENCY, HOST)[0].blocked
+    assert irq.irqbalance(Facts(pid1="init"), LATENCY, HOST) == []  # not installed (an image): nothing to stop
 
 
 def test_gpu_irq_affinity_written_now_and_persisted(a100):
