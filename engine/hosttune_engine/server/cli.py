@@ -64,8 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu-memory-utilization", type=float, default=0.90,
                    help="share of the GPU's whole memory for this engine's weights, KV cache and activations "
                         "(replicas sharing a GPU: their shares add up to at most 0.9)")
-    s.add_argument("--num-kv-blocks", type=int, help="KV-cache size in blocks (default: from free memory)")
-    s.add_argument("--cpu-kv-cache-gib", type=float, default=0.25, help="KV-cache size on CPU, in GiB; it must hold one sequence of --max-model-len tokens")
+    s.add_argument("--num-kv-blocks", type=int,
+                   help="KV-cache size in blocks (default: what --gpu-memory-utilization leaves on a GPU, "
+                        "--cpu-kv-cache-gib on CPU)")
+    s.add_argument("--cpu-kv-cache-gib", type=float, default=0.25,
+                   help="KV-cache size on CPU, in GiB; it must hold one sequence of --max-model-len tokens")
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     s.add_argument("--device", choices=DEVICES, default="auto")
@@ -79,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="'fp8' keeps keys and values in e4m3 with a scale per row: about twice the tokens in the "
                         "same memory; 'auto' keeps the model's dtype")
     s.add_argument("--kernel-backend", choices=KERNEL_BACKENDS, default="auto")
-    s.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode steps")
+    s.add_argument("--enforce-eager", action="store_true",
+                   help="no CUDA graphs: decode, prompt-chunk and mixed steps all run eagerly")
     s.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="GPUs that share the model, one process each (the first of CUDA_VISIBLE_DEVICES is rank 0)")
     s.add_argument("--seed", type=int, default=0)

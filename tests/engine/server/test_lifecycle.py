@@ -312,3 +312,19 @@ def test_fatal_engine_error_fails_requests_and_exits_1(tiny_qwen2):
     assert not srv.thread.is_alive() and srv.exit_code == 1
     assert srv.server.state.health.phase.value == "failed"
     assert "illegal memory access" in srv.server.state.health.detail
+
+
+
+def test_serve_help_says_what_the_memory_and_graph_options_do(capsys, monkeypatch):
+    from hosttune_engine.server.cli import main
+
+    monkeypatch.setenv("COLUMNS", "2000")  # argparse wraps at the terminal's width, hyphens included
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exit_.value.code == 0
+    # ModelRunner captures the decode, prompt-chunk and mixed-step graphs, or with --enforce-eager none of them
+    assert "--enforce-eager no CUDA graphs: decode, prompt-chunk and mixed steps all run eagerly" in text
+    # the pool is what the GPU share leaves (replicas sharing a GPU get the same), not what is free
+    assert ("--num-kv-blocks NUM_KV_BLOCKS KV-cache size in blocks (default: what --gpu-memory-utilization leaves "
+            "on a GPU, --cpu-kv-cache-gib on CPU)") in text
