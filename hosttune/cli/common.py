@@ -132,12 +132,15 @@ def check_writable(path: Optional[Path], option: str = "--output") -> None:
     if path is None:
         return
     existed = path.exists()
+    made = [folder for folder in path.parents if not folder.exists()]  # deepest first
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8"):
             pass
         if not existed:
             path.unlink()
+        for folder in made:  # emit() makes them again once there is something to write
+            folder.rmdir()
     except OSError as exc:
         raise HosttuneError(f"cannot write {path}: {why_not_written(exc)}; choose another {option}") from None
 

@@ -94,6 +94,14 @@ def test_verbose_lists_each_not_applicable_check_where_the_default_groups_them_b
     assert "each not-applicable check on its own line, in order, with its reason (default: one line per reason)" in help_text
 
 
+def test_an_output_checked_before_a_failing_command_leaves_no_folders_behind(tmp_path):
+    (tmp_path / "inv.yaml").write_text("hosts:\n  a:\n    prot: 22\n")
+    out = tmp_path / "new" / "deeper" / "check.txt"
+    result = runner.invoke(app, ["check", "-i", str(tmp_path / "inv.yaml"), "-o", str(out)])
+    assert result.exit_code == EXIT_ERROR and not (tmp_path / "new").exists()
+    assert runner.invoke(app, ["check", "-o", str(out)]).exit_code != EXIT_ERROR and out.exists()
+
+
 def test_facts_dumps_json():
     result = runner.invoke(app, ["facts"])
     doc = json.loads(result.stdout)
