@@ -31,9 +31,12 @@ class Apt:
     name: str = "apt"
 
     def install(self, specs: tuple[tuple[str, str | None], ...]) -> tuple[str, ...]:
+        """Only an install to an exact pin may move held packages or downgrade; any other install that would
+        fails, as apt-get does by default, rather than change the held driver stack unasked."""
         words = tuple(f"{n}={v}" if v else n for n, v in specs)
+        pinned = ("--allow-downgrades", "--allow-change-held-packages") if any(v for _, v in specs) else ()
         return ("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q",
-                "--no-install-recommends", "--allow-downgrades", "--allow-change-held-packages", *words)
+                "--no-install-recommends", *pinned, *words)
 
     def refresh(self) -> tuple[str, ...]:
         return ("apt-get", "update", "-q")
@@ -65,8 +68,10 @@ class Dnf:
     name: str = "dnf"
 
     def install(self, specs: tuple[tuple[str, str | None], ...]) -> tuple[str, ...]:
+        """Only an install to an exact pin may erase conflicting packages (another driver stream)."""
         words = tuple(f"{n}-{v}" if v else n for n, v in specs)
-        return ("dnf", "install", "-y", "-q", "--allowerasing", *words)
+        pinned = ("--allowerasing",) if any(v for _, v in specs) else ()
+        return ("dnf", "install", "-y", "-q", *pinned, *words)
 
     def refresh(self) -> tuple[str, ...]:
         return ("dnf", "makecache", "-q")

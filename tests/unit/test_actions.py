@@ -51,6 +51,14 @@ def test_platform_is_chosen_in_one_place():
 def test_apt_and_dnf_flavours():
     assert Apt().install((("hello", "2.10-3"), ("numactl", None)))[-2:] == ("hello=2.10-3", "numactl")
     assert Dnf().install((("nvidia-driver", "3:535.129.03-1.el9"),))[-1] == "nvidia-driver-3:535.129.03-1.el9"
+
+
+def test_only_an_install_to_an_exact_pin_may_move_held_packages_downgrade_or_erase():
+    """Installing numactl must fail rather than change the held driver stack it happens to touch."""
+    moves = {"--allow-downgrades", "--allow-change-held-packages", "--allowerasing"}
+    assert moves.isdisjoint(Apt().install((("numactl", None),)) + Dnf().install((("numactl", None),)))
+    assert {"--allow-downgrades", "--allow-change-held-packages"} <= set(Apt().install((("nvidia-driver-535", "535.129.03-0ubuntu1"),)))
+    assert "--allowerasing" in Dnf().install((("nvidia-driver", "3:535.129.03-1.el9"),))
     assert Apt().hold(("a",)) == Command(("apt-mark", "hold", "a"), undo=("apt-mark", "unhold", "a"))
     assert Dnf().hold(("a",)).argv == ("dnf", "versionlock", "add", "a")
     assert Apt().driver_packages("535.129.03") == ("nvidia-driver-535",)

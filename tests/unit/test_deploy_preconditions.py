@@ -70,7 +70,7 @@ def test_a_python_without_venv_gets_python3_venv_installed_first(tmp_path):
     outcome = dhost.deploy_one(t, job_for(tmp_path), dry_run=True)
     assert outcome.state == "planned", outcome.error
     assert outcome.ops[:2] == ("$ apt-get update -q", "$ env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "
-                               "--no-install-recommends --allow-downgrades --allow-change-held-packages python3.10-venv")
+                               "--no-install-recommends python3.10-venv")
     assert outcome.ops[2].startswith("upload ")  # before any wheel is uploaded
     assert any(c.startswith("added: install python3.10-venv: python3.10 cannot make a virtualenv") for c in outcome.checks)
 
