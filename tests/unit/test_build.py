@@ -134,6 +134,13 @@ def test_cli_custom_dry_run_prints_the_plan(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("extra, named", [(["--arch", "9.0"], "--arch"), (["-i", "/nonexistent.yaml"], "--inventory"),
+                                          (["-l", "gpu-*"], "--limit")])
+def test_cli_custom_refuses_the_options_that_choose_archs_instead_of_ignoring_them(tmp_path, extra, named):
+    result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(tmp_path), "--dry-run", *extra])
+    assert result.exit_code == 2 and result.output.startswith(f"hosttune: {named}: the custom engine is pure Python")
+
+
 def test_cli_bad_arch_and_ref_are_user_errors(tmp_path):
     result = CliRunner().invoke(app, ["build", "--engine", "vllm", "--arch", "sm80", "-w", str(tmp_path)])
     assert result.exit_code == 2 and "not a CUDA compute capability" in result.output
