@@ -34,7 +34,8 @@ LAYOUT_OPTIONS = {"block": ("fp8-block",), "group_size": ("awq", "gptq"), "sym":
 def check_options(args) -> None:
     for name, layouts in LAYOUT_OPTIONS.items():
         if getattr(args, name) not in (None, False) and args.layout not in layouts:
-            raise ConfigError(f"--{name.replace('_', '-')} applies to --layout {' or '.join(layouts)}, not {args.layout}")
+            option, where = f"--{name.replace('_', '-')}", " or ".join(layouts)
+            raise ConfigError(f"{option} applies to --layout {where}, not {args.layout}")
 
 
 def spec_from_args(args) -> QuantSpec:

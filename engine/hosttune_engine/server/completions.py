@@ -45,7 +45,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     req = CompletionRequest.parse(await read_json(request))
 
     async def encode():
-        return [await state.usable_prompts().encode(p) for p in req.prompts]
+        return [await state.usable_prompts().encode(p, req.add_special_tokens) for p in req.prompts]
 
     text = req.prompts[0] if isinstance(req.prompts[0], str) else None
     return await _generate(request, state, COMPLETION, req.options, len(req.prompts), encode, text, arrival)

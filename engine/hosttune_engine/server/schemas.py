@@ -243,6 +243,7 @@ class _CompletionHead(_Body):
     prompt: Any = Field(None, validate_default=True)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     max_tokens: int | None = None
+    add_special_tokens: bool = True  # the tokenizer's BOS and the like around a text prompt, as vLLM's default
 
     @field_validator("echo")
     @classmethod

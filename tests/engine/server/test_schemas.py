@@ -78,6 +78,18 @@ def test_chat_parsing():
     assert ChatRequest.parse(tools_off).options.n == 1
 
 
+def test_a_completion_prompt_gets_the_special_tokens_unless_told_not_to(tiny_models):
+    # vLLM's add_special_tokens: the tiny Llama's tokenizer puts BOS (id 0) before a text prompt
+    from hosttune_engine.model.tokenizer import Tokenizer
+
+    builder = PromptBuilder(Tokenizer(tiny_models["llama"]), 1024, 256)
+    ids = {}
+    for body in ({"prompt": "hi"}, {"prompt": "hi", "add_special_tokens": False}):
+        req = CompletionRequest.parse(body)
+        ids[req.add_special_tokens] = asyncio.run(builder.encode(req.prompts[0], req.add_special_tokens))
+    assert ids[True] == [0, *ids[False]] and ids[False][0] != 0
+
+
 def test_tokenize_parsing():
     assert TokenizeRequest.parse({"prompt": "hi"}).add_special_tokens is True
     assert TokenizeRequest.parse({"messages": [{"role": "user", "content": "x"}]}).add_special_tokens is False
