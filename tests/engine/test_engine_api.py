@@ -137,8 +137,12 @@ def test_request_validation(tiny_models):
     eng = Engine(EngineConfig(model=str(tiny_models["llama"]), max_model_len=64, num_kv_blocks=3, block_size=16))
     with pytest.raises(RequestError, match="max_model_len"):
         eng.add_request(EngineRequest("a", list(range(3, 80)), greedy()))
-    with pytest.raises(RequestError, match="KV blocks"):
+    with pytest.raises(RequestError, match="the request needs 4 KV blocks, more than the pool's 3; lower max_tokens"):
         eng.add_request(EngineRequest("a", list(range(3, 40)), greedy(20)))
+    # a prompt the pool cannot hold: no max_tokens would help
+    with pytest.raises(RequestError, match="^the prompt's 49 tokens need 4 KV blocks, more than the pool's 3; shorten "
+                                           "the prompt$"):
+        eng.add_request(EngineRequest("a", list(range(3, 52)), greedy(2)))
     with pytest.raises(RequestError, match="empty"):
         eng.add_request(EngineRequest("a", [], greedy()))
     with pytest.raises(RequestError, match="token ids"):

@@ -190,10 +190,17 @@ class Engine:
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
         if params.stop and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer, and this model folder has none")
-        needed = self.block_manager.blocks_for(min(len(ids) + params.max_tokens, self.max_model_len))
-        if needed > self.block_manager.num_blocks:
-            raise RequestError(f"the request needs {needed} KV blocks, more than the pool's "
-                               f"{self.block_manager.num_blocks}; lower max_tokens")
+        self._check_pool_holds(len(ids), params.max_tokens)
+
+    def _check_pool_holds(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        pool, blocks_for = self.block_manager.num_blocks, self.block_manager.blocks_for
+        needed = blocks_for(num_prompt_tokens + 1)  # the prompt and its first token
+        if needed > pool:
+            raise RequestError(f"the prompt's {num_prompt_tokens} tokens need {needed} KV blocks, more than the pool's "
+                               f"{pool}; shorten the prompt")
+        needed = blocks_for(min(num_prompt_tokens + max_tokens, self.max_model_len))
+        if needed > pool:
+            raise RequestError(f"the request needs {needed} KV blocks, more than the pool's {pool}; lower max_tokens")
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request now and free its KV blocks; its final output comes with the next step.
