@@ -15,6 +15,7 @@ from hosttune.cli.common import user_errors
 @app.command()
 @user_errors
 def bench(
+    ctx: typer.Context,
     url: List[str] = typer.Option(..., "--url", help="Endpoint base URL, e.g. http://gpu-01:8000 (without /v1); repeat to compare endpoints side by side."),
     users: Optional[int] = typer.Option(None, "--users", help="Closed loop: this many users (1 to 100000), each sending its next request when the last one ends (default: 128 without --rate, --trace or --sweep)."),
     rate: Optional[float] = typer.Option(None, "--rate", help="Open loop: requests per second, arriving whatever the server does."),
@@ -72,4 +73,6 @@ def bench(
     require_bench_extra()
     from hosttune.cli import bench_run  # aiohttp/uvloop load only when benchmarking
 
-    bench_run.run(url=url, users=users, rate=rate, burstiness=burstiness, duration=duration, requests=requests, warmup=warmup, prompts=prompts, max_tokens=max_tokens, dataset=dataset, shared_prefix=shared_prefix, prefix_tokens=prefix_tokens, turns=turns, trace=trace, max_concurrency=max_concurrency, metrics_interval=metrics_interval, priority=priority, api=api, model=model, tokenizer=tokenizer, slo=slo, slo_percentile=slo_percentile, max_error_rate=max_error_rate, sweep=sweep, sweep_start=sweep_start, sweep_max=sweep_max, sweep_growth=sweep_growth, sweep_precision=sweep_precision, out=out, ignore_eos=ignore_eos, timeout=timeout, max_client_lag=max_client_lag, seed=seed, api_key=api_key, header=header or [], cacert=cacert, insecure=insecure)
+    # what the user wrote (command line or environment), not typer's defaults; typer's vendored click has its own enum
+    given = {name for name in ctx.params if ctx.get_parameter_source(name).name in ("COMMANDLINE", "ENVIRONMENT")}
+    bench_run.run(given=given, url=url, users=users, rate=rate, burstiness=burstiness, duration=duration, requests=requests, warmup=warmup, prompts=prompts, max_tokens=max_tokens, dataset=dataset, shared_prefix=shared_prefix, prefix_tokens=prefix_tokens, turns=turns, trace=trace, max_concurrency=max_concurrency, metrics_interval=metrics_interval, priority=priority, api=api, model=model, tokenizer=tokenizer, slo=slo, slo_percentile=slo_percentile, max_error_rate=max_error_rate, sweep=sweep, sweep_start=sweep_start, sweep_max=sweep_max, sweep_growth=sweep_growth, sweep_precision=sweep_precision, out=out, ignore_eos=ignore_eos, timeout=timeout, max_client_lag=max_client_lag, seed=seed, api_key=api_key, header=header or [], cacert=cacert, insecure=insecure)

@@ -31,7 +31,8 @@ EXIT_CLIENT_BEHIND = 4
 DEFAULT_SWEEP_SLO = "e2e=2s"  # a sweep finds the highest rate whose E2E P95 stays under 2 s
 
 
-def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, priority, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed, api_key=None, header=(), cacert=None, insecure=False) -> None:
+def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, priority, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed, api_key=None, header=(), cacert=None, insecure=False, given=frozenset()) -> None:
+    _check_used(given, slo=slo, sweep=sweep, rate=rate, shared_prefix=shared_prefix)
     url = [check_url(u) for u in url]  # every endpoint's URL before the first run, not after it
     config = SweepConfig(sweep_start, sweep_max, sweep_growth, sweep_precision) if sweep else None
     slo_value = _slo(slo or (DEFAULT_SWEEP_SLO if sweep else None), slo_percentile, max_error_rate)
@@ -64,6 +65,19 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
     for message in _unanswered(outcome):
         typer.secho(f"hosttune: {message}", err=True, fg="red")
     raise typer.Exit(_exit_code(outcome))
+
+
+def _check_used(given, *, slo, sweep, rate, shared_prefix) -> None:
+    """An option given on the command line whose feature is off would change nothing: say so, rather than run
+    as if it had been honoured."""
+    needs = {"slo_percentile": ("--slo or --sweep", bool(slo) or sweep),
+             "max_error_rate": ("--slo or --sweep", bool(slo) or sweep),
+             "burstiness": ("--rate or --sweep", rate is not None or sweep),
+             "prefix_tokens": ("--shared-prefix", shared_prefix is not None),
+             **{f"sweep_{part}": ("--sweep", sweep) for part in ("start", "max", "growth", "precision")}}
+    for name, (feature, is_on) in needs.items():
+        if name in given and not is_on:
+            raise BenchError(f"--{name.replace('_', '-')} changes nothing without {feature}; add that, or leave it out")
 
 
 def _slo(text: Optional[str], percentile: float, max_error_rate: float) -> Optional[Slo]:

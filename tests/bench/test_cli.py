@@ -200,6 +200,18 @@ def test_a_run_that_would_measure_nothing_is_a_user_error():
         assert result.exit_code == 2 and message in result.output, (args, result.output)
 
 
+@pytest.mark.parametrize("args, needs", [(["--slo-percentile", "99"], "--slo or --sweep"),
+                                         (["--max-error-rate", "0.05"], "--slo or --sweep"),
+                                         (["--burstiness", "0.5"], "--rate or --sweep"),
+                                         (["--sweep-max", "50"], "--sweep"),
+                                         (["--prefix-tokens", "2000"], "--shared-prefix")])
+def test_an_option_whose_feature_is_off_is_a_user_error_not_silently_ignored(args, needs):
+    """--max-error-rate 0.05 without --slo would judge nothing; the run must not look as if it had."""
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--users", "1", *args])
+    assert result.exit_code == 2
+    assert result.output == f"hosttune: {args[0]} changes nothing without {needs}; add that, or leave it out\n"
+
+
 def test_every_url_and_the_out_folder_are_checked_before_the_first_run(tmp_path):
     # Port 9 has no server: had the first endpoint been run, the error would be "cannot reach".
     result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--url", "ftp://x", "--users", "1"])
