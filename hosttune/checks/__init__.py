@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from hosttune.checks import access, active, cpu, driver, fabric, gpu, gpu_health, host_health, irq, memory, service, service_monitor, tools
 from hosttune.checks.base import Check
 from hosttune.errors import HosttuneError
@@ -23,6 +25,8 @@ def run_checks(facts: Facts, profile: Profile) -> list[Finding]:
 
 def get_check(check_id: str) -> Check:
     try:
-        return BY_ID[check_id]
+        return BY_ID[check_id.strip()]
     except KeyError:
-        raise HosttuneError(f"unknown check {check_id!r}; known checks: {', '.join(BY_ID)}") from None
+        close = difflib.get_close_matches(check_id.strip().lower(), BY_ID, n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise HosttuneError(f"unknown check {check_id!r}; {hint}known checks: {', '.join(BY_ID)}") from None

@@ -68,6 +68,9 @@ def test_explain():
     unknown = runner.invoke(app, ["explain", "reset"])  # a remediation step without its prefix
     assert unknown.exit_code == EXIT_ERROR and len(unknown.stderr.splitlines()) == 1
     assert "known checks: driver.version," in unknown.stderr and "remediate.reset, remediate.reboot" in unknown.stderr
+    typo = runner.invoke(app, ["explain", "irq.irqbalanc"])
+    assert typo.exit_code == EXIT_ERROR and "; did you mean irq.irqbalance? known checks:" in typo.stderr
+    assert runner.invoke(app, ["explain", "cpu.cstates "]).exit_code == 0  # pasted with a trailing space
 
 
 def test_explain_says_what_apply_does_and_names_the_files_it_writes():
