@@ -12,6 +12,7 @@ Vars merge defaults < group vars < host vars (mappings merge key by key).
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import ipaddress
 import os
@@ -192,13 +193,20 @@ class Inventory:
         kept = tuple(h for h in self.hosts if any(_matches(h, p) for p in wanted))
         where = "the default inventory (this machine, named localhost)" if self.source == "<built-in>" else self.source
         if not kept:
-            raise InventoryError(f"--limit {patterns!r} matches no host or group in {where}")
+            raise InventoryError(f"--limit {patterns!r} matches no host or group in {where}{self._nearest(wanted)}")
         # a mistyped name among several would otherwise leave its host out without a word
         unmatched = [p for p in wanted if not any(_matches(h, p) for h in self.hosts)]
         if unmatched:
             raise InventoryError(f"--limit {patterns!r}: {', '.join(map(repr, unmatched))} matches no host or group "
-                                 f"in {where}; correct it or leave it out")
+                                 f"in {where}{self._nearest(unmatched)}; correct it or leave it out")
         return Inventory(kept, self.source)
+
+    def _nearest(self, patterns: list[str]) -> str:
+        """" (did you mean gpu-a100-01?)" for a mistyped name, "" when nothing is close (or it is a glob)."""
+        names = list(dict.fromkeys([h.name for h in self.hosts] + [h.group for h in self.hosts]))
+        close = [m for p in patterns if not set(p) & set("*?[")
+                 for m in difflib.get_close_matches(p, names, n=1, cutoff=0.75)]
+        return f" (did you mean {', '.join(close)}?)" if close else ""
 
 
 def _matches(host: Host, pattern: str) -> bool:

@@ -178,6 +178,16 @@ def test_two_hosts_on_one_ssh_address_and_port_are_an_error_naming_both(tmp_path
                                               "  c: {transport: local}\n  d: {transport: local}\n")).hosts) == 4
 
 
+def test_a_mistyped_limit_names_the_nearest_host_or_group(tmp_path):
+    inv = load_inventory(write(tmp_path, "groups:\n  a100:\n    hosts:\n      gpu-a100-01: {}\nhosts:\n  other: {}\n"))
+    with pytest.raises(InventoryError, match=r"'gpu-a10-01' matches no host .* \(did you mean gpu-a100-01\?\); correct it"):
+        inv.limit("other,gpu-a10-01")
+    with pytest.raises(InventoryError, match=r"matches no host or group in .*inv.yaml \(did you mean a100\?\)$"):
+        inv.limit("a10")
+    with pytest.raises(InventoryError, match=r"'zzz' matches no host or group in .*inv.yaml; correct it"):
+        inv.limit("other,zzz")
+
+
 def test_tune_is_validated(tmp_path):
     inv = load_inventory(write(tmp_path, """\
         hosts:
