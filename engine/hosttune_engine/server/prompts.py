@@ -54,6 +54,11 @@ class PromptBuilder:
         text = self.render_chat(messages, add_generation_prompt, template_kwargs)
         return await self.encode(text, add_special_tokens=False)
 
+    def check_logprobs(self, logprobs: int | None) -> None:
+        """Logprobs show each token as text: without a tokenizer there is none to show."""
+        if logprobs is not None:
+            self._need_tokenizer("logprobs, which show each token as text; ask without logprobs", "logprobs")
+
     def decode(self, ids) -> str:
         tok = self._need_tokenizer("turning token ids into text", "tokens")
         return tok.decode(self.check_ids(list(ids), "tokens"), skip_special_tokens=False)

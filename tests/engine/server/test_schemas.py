@@ -138,5 +138,9 @@ def test_without_a_tokenizer_each_route_says_what_still_works():
         builder.render_chat([{"role": "user", "content": "hi"}])
     with pytest.raises(ApiError, match="for turning token ids into text") as tokens:
         builder.decode([1, 2])
+    with pytest.raises(ApiError, match="for logprobs, which show each token as text; ask without logprobs") as lps:
+        builder.check_logprobs(0)
     assert (text.value.param, chat.value.param, tokens.value.param) == ("prompt", "messages", "tokens")
+    assert lps.value.param == "logprobs"
     assert asyncio.run(builder.encode([1, 2])) == [1, 2]
+    builder.check_logprobs(None)
