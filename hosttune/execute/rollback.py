@@ -153,12 +153,32 @@ def undo_list(journal: Journal) -> list[Undo]:
     return first + files + regen
 
 
+def _is_live(journal: Journal) -> bool:
+    """A run that changed something and has not been rolled back."""
+    return not journal.rolled_back and any(s.status != "pending" for s in journal.steps)
+
+
 def pick_journal(journals: list[Journal], run: str | None) -> Journal | None:
     """The run asked for, else the latest run that changed something and was not rolled back."""
     if run:
         return next((j for j in journals if j.run == run), None)
-    candidates = [j for j in journals if not j.rolled_back and any(s.status != "pending" for s in j.steps)]
-    return max(candidates, key=lambda j: j.run, default=None)
+    return max((j for j in journals if _is_live(j)), key=lambda j: (j.started, j.run), default=None)
+
+
+def _subjects(journal: Journal) -> set[str]:
+    """What a run changed or may have changed: its files, units and kernel values."""
+    out: set[str] = set()
+    for _, rec in touched(journal):
+        out |= {s for s in (rec.path, rec.unit) if s} | set(rec.paths)
+    return out
+
+
+def later_runs(journals: list[Journal], journal: Journal) -> list[str]:
+    """Later runs, not rolled back, that touched what this one did: undoing this one first would put its
+    backups and old values over their changes."""
+    mine = _subjects(journal)
+    return sorted(j.run for j in journals
+                  if _is_live(j) and (j.started, j.run) > (journal.started, journal.run) and mine & _subjects(j))
 
 
 def load_journals(transport: Transport, root: str | None) -> list[Journal]:
@@ -217,13 +237,18 @@ def rollback_host(transport: Transport, host: Host, run: str | None, root: str |
                   dry_run: bool = False) -> RollbackResult:
     """Undo the run on one host; dry_run: only what it would do (PLANNED, each undo described), read-only."""
     try:
-        journal = pick_journal(load_journals(transport, root), run)
+        journals = load_journals(transport, root)
+        journal = pick_journal(journals, run)
         if journal is None:
             what = f"no run {run}" if run else "no run left to roll back"
             return RollbackResult(host, run, Outcome.NOTHING, error=f"{what} in {rooted(root, RUNS_DIR)}",
                                   is_unknown_run=bool(run))
         if journal.rolled_back and run:
             return RollbackResult(host, run, Outcome.NOTHING, error=f"run {run} was already rolled back at {journal.rolled_back}")
+        if later := later_runs(journals, journal):
+            return RollbackResult(host, run, Outcome.FAILED, error=(
+                f"run {run} was followed by {', '.join(later)}, not rolled back, which changed the same files, units or "
+                "kernel values: roll those back first, the latest first (leave --run out to take each host's latest)"))
         if dry_run:
             due = [u.description for u in undo_list(journal) if _is_due(transport, u, root)]
             return RollbackResult(host, journal.run, Outcome.PLANNED, tuple(due))

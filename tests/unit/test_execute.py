@@ -174,6 +174,25 @@ def test_rollback_of_a_root_that_is_not_there_or_unreadable_journals_is_a_failur
     assert rollback_host(local, HOST, None, str(root)).status == "nothing"  # no journal folder yet: no run
 
 
+def test_an_older_run_is_not_rolled_back_over_a_later_one(local, tmp_path):
+    """r1 and r2 both wrote 90-hosttune.conf: undoing r1 first would put r1's backup over r2's change."""
+    root = image(tmp_path)
+    before = tree(root)
+    assert execute_plan(local, plan_for(local, root), "r1").status == "changed"
+    again = [Step(("numa.topology",), "numa", (FileWrite("/etc/sysctl.d/90-hosttune.conf", b"kernel.numa_balancing = 1\n"),))]
+    assert execute_plan(local, plan_for(local, root, again), "r2").status == "changed"
+    refused = rollback_host(local, HOST, "r1", str(root), dry_run=True)
+    assert refused.status == "failed" and refused.error.startswith("run r1 was followed by r2, not rolled back")
+    elsewhere = [Step(("x",), "x", (FileWrite("/etc/elsewhere.conf", b"x\n"),))]
+    assert execute_plan(local, plan_for(local, root, elsewhere), "r3").status == "changed"  # touches none of r1's files
+    (root / "etc/elsewhere.conf").unlink()  # (so the tree compares equal at the end)
+    assert "followed by r2," in rollback_host(local, HOST, "r1", str(root), dry_run=True).error
+    assert rollback_host(local, HOST, "r1", str(root)).status == "failed"  # nor for real
+    assert rollback_host(local, HOST, "r2", str(root)).status == "restored"
+    assert rollback_host(local, HOST, "r1", str(root)).status == "restored"
+    assert tree(root) == before
+
+
 def test_failing_step_stops_the_plan_and_the_journal_says_where(local, tmp_path):
     root = image(tmp_path)
     (root / "etc/profile.d").mkdir()
