@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
@@ -144,6 +145,30 @@ def test_a_host_that_is_down_is_unreachable_and_its_monitor_resumes_at_boot(moni
     before = fleet_status(inventory)["mon-b"]["passes"][0]["when"]
     after = wait_for(inventory, lambda f: f["mon-b"]["passes"][0]["when"] > before, 3 * INTERVAL_S)
     assert after["mon-b"]["state"] == "ok"
+
+
+def test_turning_the_active_pass_off_stops_its_timer_and_takes_its_last_files_away(monitored, tmp_path):
+    hosts, inventory, _ = monitored
+    b = hosts[1]  # its active pass has written its files (the test above)
+    doc = yaml.safe_load(Path(inventory).read_text())
+    doc["groups"]["live"]["hosts"]["mon-b"]["tune"]["monitor"]["active_interval_s"] = None
+    (tmp_path / "inv.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    off = str(tmp_path / "inv.yaml")
+    _, out = invoke("check", "-i", off, "--limit", "mon-b", "--format", "json")
+    installed = next(f for f in json.loads(out)["hosts"][0]["findings"] if f["check_id"] == "monitor.installed")
+    assert installed["status"] == "drift" and "but monitor.active_interval_s is null" in installed["detail"]
+    code, out = invoke("apply", "-i", off, "--limit", "mon-b", "--dry-run")
+    assert "$ systemctl disable --now hosttune-monitor-active.timer" in out and "status-active.json" in out, out
+    code, out = invoke("apply", "-i", off, "--limit", "mon-b", "--yes")
+    assert code == 0, out
+    assert b.exec("systemctl is-active hosttune-monitor-active.timer", check=False).stdout.strip() != "active"
+    for path in ("/etc/systemd/system/hosttune-monitor-active.timer", "/var/lib/hosttune/monitor/status-active.json",
+                 f"{TEXTFILE_DIR}/hosttune-active.prom"):
+        assert not b.path(path).exists(), path
+    assert [p["pass_name"] for p in fleet_status(inventory)["mon-b"]["passes"]] == ["regular"]
+    _, out = invoke("check", "-i", off, "--limit", "mon-b", "--format", "json")
+    found = {f["check_id"]: f["status"] for f in json.loads(out)["hosts"][0]["findings"]}
+    assert found["monitor.installed"] == found["monitor.stale"] == "ok"
 
 
 def test_a_stopped_timer_is_stale_and_rollback_takes_the_monitor_away(monitored, live_fleet):
