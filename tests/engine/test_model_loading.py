@@ -204,6 +204,17 @@ def test_tokenizer_and_chat_template_match_transformers(tiny_models, model):
     assert ours.eos_token_id == ModelConfig.from_folder(path).eos_token_ids[0]
 
 
+@pytest.mark.parametrize("model", ["llama", "qwen2"])
+def test_token_bytes_join_into_the_text_parts_of_characters_included(tiny_models, model):
+    tok = Tokenizer(tiny_models[model])
+    text = "héllo 日本語 🎉 <|im_start|>!"
+    ids = tok.encode(text, add_special_tokens=False)
+    parts = [tok.token_bytes(i) for i in ids]
+    assert b"".join(parts) == text.encode()
+    assert any(tok.decode([i]) == "\ufffd" for i in ids)  # single tokens that hold part of a character
+    assert tok.token_bytes(0) == tok.decode([0], skip_special_tokens=False).encode()  # a special token: its text
+
+
 def test_chat_template_is_compiled_once_per_tokenizer(tiny_models, monkeypatch):
     from hosttune_engine.model import tokenizer as tokenizer_module
 

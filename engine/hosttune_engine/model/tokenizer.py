@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
@@ -12,6 +13,20 @@ from hosttune_engine.errors import ModelLoadError
 
 def _token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
+
+
+BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's characters and the bytes they stand for: printable Latin-1 bytes are themselves, the
+    rest are the characters from U+0100 on, in byte order."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    shifted = (b for b in range(256) if b not in printable)
+    return {**{chr(b): b for b in printable}, **{chr(0x100 + i): b for i, b in enumerate(shifted)}}
+
+
+BYTE_LEVEL = _byte_level_alphabet()
 
 
 def _tokenizer_config(path: Path) -> dict:
@@ -65,6 +80,25 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The UTF-8 bytes one token stands for, where it holds part of a character too (its text shows U+FFFD):
+        OpenAI's logprob `bytes`, whose concatenation over a sequence is its text."""
+        token = self._tok.id_to_token(token_id)
+        if token is None or token_id in self._added_ids:
+            return self.decode([token_id], skip_special_tokens=False).encode()
+        if self._is_byte_level and all(c in BYTE_LEVEL for c in token):
+            return bytes(BYTE_LEVEL[c] for c in token)
+        byte = BYTE_TOKEN.fullmatch(token)
+        return bytes([int(byte.group(1), 16)]) if byte else self.decode([token_id], skip_special_tokens=False).encode()
+
+    @cached_property
+    def _added_ids(self) -> frozenset[int]:
+        return frozenset(self._tok.get_added_tokens_decoder())
+
+    @cached_property
+    def _is_byte_level(self) -> bool:
+        return type(self._tok.decoder).__name__ == "ByteLevel"
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids

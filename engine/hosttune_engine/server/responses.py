@@ -32,12 +32,20 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 
 
 @dataclass(frozen=True)
-class LogprobEntry:
-    """One generated token's text and log-probability, with the most likely alternatives."""
+class TokenText:
+    """A token as logprobs show it: its text (U+FFFD where it holds part of a character) and its own bytes."""
 
     text: str
+    raw: bytes
+
+
+@dataclass(frozen=True)
+class LogprobEntry:
+    """One generated token and its log-probability, with the most likely alternatives."""
+
+    token: TokenText
     logprob: float
-    top: tuple[tuple[str, float], ...] = ()
+    top: tuple[tuple[TokenText, float], ...] = ()
 
 
 def _lp(value: float) -> float:
@@ -49,21 +57,21 @@ def completion_logprobs(entries: list[LogprobEntry], text_offset: int = 0) -> di
     offsets = []
     for e in entries:
         offsets.append(text_offset)
-        text_offset += len(e.text)
-    return {"tokens": [e.text for e in entries], "token_logprobs": [_lp(e.logprob) for e in entries],
+        text_offset += len(e.token.text)
+    return {"tokens": [e.token.text for e in entries], "token_logprobs": [_lp(e.logprob) for e in entries],
             "top_logprobs": [_with_sampled(e) for e in entries], "text_offset": offsets}
 
 
 def _with_sampled(e: LogprobEntry) -> dict:
     # OpenAI's legacy format: the best alternatives and the sampled token, so up to logprobs + 1 entries
-    return {**{t: _lp(lp) for t, lp in e.top}, e.text: _lp(e.logprob)}
+    return {**{t.text: _lp(lp) for t, lp in e.top}, e.token.text: _lp(e.logprob)}
 
 
 def chat_logprobs(entries: list[LogprobEntry]) -> dict:
-    def item(text, lp):
-        return {"token": text, "logprob": _lp(lp), "bytes": list(text.encode("utf-8"))}
+    def item(token: TokenText, lp: float) -> dict:
+        return {"token": token.text, "logprob": _lp(lp), "bytes": list(token.raw)}
 
-    return {"content": [{**item(e.text, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
+    return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
                         for e in entries]}
 
 

@@ -17,7 +17,7 @@ from hosttune_engine.server.generation import Generation
 from hosttune_engine.server.health import Health, Phase
 from hosttune_engine.server.metrics import Metrics
 from hosttune_engine.server.prompts import PromptBuilder
-from hosttune_engine.server.responses import LogprobEntry
+from hosttune_engine.server.responses import LogprobEntry, TokenText
 from hosttune_engine.server.api_errors import ApiError, bad_request
 
 log = logging.getLogger("hosttune_engine.server")
@@ -40,7 +40,7 @@ class ServerState:
         self.prompts: PromptBuilder | None = None
         self.max_model_len = 0
         self.generations: set[Generation] = set()  # in flight, so a drain that times out can abort them
-        self._token_texts: dict[int, str] = {}
+        self._tokens: dict[int, TokenText] = {}  # by id, as logprobs show them
 
     def attach(self, client: EngineClient, tokenizer, max_model_len: int, vocab_size: int) -> None:
         """The engine is loaded: from now on handlers can tokenize and generate."""
@@ -87,14 +87,16 @@ class ServerState:
         return f"{prefix}-{uuid.uuid4().hex}"
 
     def logprob_entries(self, logprobs: list[TokenLogprob]) -> list[LogprobEntry]:
-        return [LogprobEntry(self._text(lp.token_id), lp.logprob, tuple((self._text(t), v) for t, v in lp.top))
+        return [LogprobEntry(self._token(lp.token_id), lp.logprob, tuple((self._token(t), v) for t, v in lp.top))
                 for lp in logprobs]
 
-    def _text(self, token_id: int) -> str:
-        text = self._token_texts.get(token_id)
-        if text is None:
-            text = self._token_texts[token_id] = self.prompts.tokenizer.decode([token_id], skip_special_tokens=False)
-        return text
+    def _token(self, token_id: int) -> TokenText:
+        token = self._tokens.get(token_id)
+        if token is None:
+            tok = self.prompts.tokenizer
+            token = self._tokens[token_id] = TokenText(tok.decode([token_id], skip_special_tokens=False),
+                                                       tok.token_bytes(token_id))
+        return token
 
     def abort_all(self) -> None:
         for gen in self.generations:

@@ -65,7 +65,7 @@ class ChunkWriter:
         if self.chat:
             return r.chat_logprobs(entries)
         body = r.completion_logprobs(entries, self._text_offsets[index])
-        self._text_offsets[index] += sum(len(e.text) for e in entries)
+        self._text_offsets[index] += sum(len(e.token.text) for e in entries)
         return body
 
     def closing(self) -> bytes:

@@ -173,6 +173,21 @@ def test_completion_top_logprobs_hold_the_sampled_token(client, model, k):
     assert k == 0 or any(len(top) == 2 for _, _, top in streamed)  # some sampled token was not the best
 
 
+def test_chat_logprob_bytes_are_the_tokens_own_bytes(client, model):
+    # OpenAI's `bytes`: what a token stands for, a part of a character included, so that the bytes of the tokens
+    # joined are the text. The tiny model's vocabulary is mostly single bytes: its random text splits characters.
+    chat = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=40, temperature=1.0, seed=11,
+                                          logprobs=True, top_logprobs=2,
+                                          extra_body={"ignore_eos": True, "skip_special_tokens": False})
+    tokens = chat.choices[0].logprobs.content
+    raw = b"".join(bytes(t.bytes) for t in tokens)
+    assert raw.decode("utf-8", errors="replace") == chat.choices[0].message.content
+    assert any(bytes(t.bytes)[:1] >= b"\x80" and t.token == "\ufffd" for t in tokens)  # parts of characters
+    for t in tokens:
+        for alt in t.top_logprobs:
+            assert alt.token == bytes(alt.bytes).decode("utf-8", errors="replace")
+
+
 def test_seed_reproducible_and_sampling_options(client, model):
     kwargs = dict(model=model, prompt=PROMPT, max_tokens=12, temperature=1.0, top_p=0.9, seed=1234,
                   extra_body={"top_k": 50, "ignore_eos": True})
