@@ -47,14 +47,16 @@ DOCS = {
         "the diagnostics pass; the GPU's replicas are started and put back in the front", "nothing to undo"),
     Rung.RESET: RungDoc(
         "resets the drained GPU (nvidia-smi -r -i N), only when no process holds it",
-        "the GPU is back with no new Xid and no pending remap; its replicas are started and put back in the front",
+        "the GPU is back with no new Xid and no pending remap (for a replica's unit fault: its replica, started and "
+        "back in the front, runs); its replicas are started and put back in the front",
         "nothing to undo: the reset itself changes no setting"),
     Rung.REBOOT: RungDoc(
         "reboots the host and waits for it to answer from a new boot (only with --reboot, and never the machine hosttune runs on)",
         "the fault is gone after the boot", "nothing to undo"),
     Rung.CORDON: RungDoc(
-        "writes /var/lib/hosttune/cordon.json and takes every replica out of the host's front: deploy refuses the "
-        "host and the front serves nothing from it; the circuit breaker (--max-cordoned-percent) can refuse it",
+        "writes /var/lib/hosttune/cordon.json and takes every replica out of the host's front (stops the service of a "
+        "host without replicas): deploy refuses the host and it serves nothing; the circuit breaker "
+        "(--max-cordoned-percent) can refuse it",
         "never: the host waits for a person", "hosttune uncordon (or hosttune rollback --run RUN)"),
 }
 
