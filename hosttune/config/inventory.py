@@ -331,6 +331,9 @@ class _Reader:
             value = _relative_to(base, ssh.get(key))
             if value is not None and os.path.isdir(os.path.expanduser(value)):
                 raise self.fail(ssh.line_of(key), f"ssh.{key}", f"{value} is a directory; name a file")
+        if hvars.get("transport") == "local" and "address" in hvars:
+            raise self.fail(hvars.line_of("address"), f"{name}.address", f"{hvars['address']} is never reached: "
+                            "transport: local works on this machine; drop the address, or the transport for SSH")
         profile_line = hvars.lines.get("profile")
         return _build_host(name, group, hvars, f"{self.path}:{line}", accept_new,
                            f"{self.path}:{profile_line}" if profile_line else "")

@@ -188,6 +188,12 @@ def test_a_mistyped_limit_names_the_nearest_host_or_group(tmp_path):
         inv.limit("other,zzz")
 
 
+def test_a_local_host_with_an_address_is_an_error_not_this_machine_probed_in_its_place(tmp_path):
+    path = write(tmp_path, "hosts:\n  gpu-01:\n    transport: local\n    address: 10.0.0.5\n")
+    with pytest.raises(InventoryError, match=r"inv.yaml:4: gpu-01.address: 10.0.0.5 is never reached: transport: local"):
+        load_inventory(path)
+
+
 def test_tune_is_validated(tmp_path):
     inv = load_inventory(write(tmp_path, """\
         hosts:
