@@ -108,6 +108,7 @@ class Climber:
         self.ctx = ctx
         self.ledger = survey.ledger
         self.num_steps = 0
+        self.error = ""  # the host stopped answering or refused a step: its ladders end here
 
     def _run_id(self) -> str:
         self.num_steps += 1
@@ -119,12 +120,20 @@ class Climber:
             self.ledger = self.survey.ledger
         return self.survey
 
+    def _execute(self, step: Step, run: str) -> tuple[bool, str]:
+        """The step through the executor; a host that cannot be reached or read fails it and ends its ladders."""
+        try:
+            return execute_step(self.survey, step, run)
+        except (HosttuneError, TransportError) as exc:
+            self.error = str(exc)
+            return False, self.error
+
     def _step(self, rung: Rung, fault: Fault) -> RungOutcome:
         step = step_for(rung, fault, self.survey.snapshot, self.ctx.options, self.ctx.run, time.time())
         if step is None:
             return RungOutcome(rung, "skipped", f"nothing to {rung} for {fault.where}")
         run = self._run_id()
-        ok, error = execute_step(self.survey, step, run)
+        ok, error = self._execute(step, run)
         if ok and rung in (Rung.RESET, Rung.DIAGNOSE):
             self.ledger = _recovered(fault, self.survey, self.ledger, time.time())
         return RungOutcome(rung, "done" if ok else "failed", step.summary if ok else error, run)
@@ -154,7 +163,7 @@ class Climber:
             step = restore_step(fault, self.survey.snapshot, self.ctx.options)
             if step is not None:
                 run = self._run_id()
-                ok, error = execute_step(self.survey, step, run)
+                ok, error = self._execute(step, run)
                 rungs.append(RungOutcome(Rung.DRAIN, "restored" if ok else "failed", step.summary if ok else error, run))
 
     def climb(self, fault: Fault) -> FaultResult:
@@ -167,6 +176,8 @@ class Climber:
                 return FaultResult(fault, End.STOPPED, (*rungs, RungOutcome(rung, "refused", self.ctx.breaker.why)))
             outcome = self._rung(rung, fault)
             rungs.append(outcome)
+            if self.error:
+                return FaultResult(fault, End.LEFT, tuple(rungs))
             if rung is Rung.CORDON:
                 return FaultResult(fault, End.CORDONED if outcome.status == "done" else End.STOPPED if outcome.status == "refused" else End.LEFT, tuple(rungs))
             if outcome.status == "done":
@@ -211,12 +222,13 @@ def remediate_host(survey: Survey, ctx: Context) -> HostRemediation:
     try:
         for fault in survey.faults:
             results.append(climber.climb(fault))
-            if results[-1].end is End.CORDONED:
-                break  # a cordoned host takes no further steps
-        climber.save_ledger()
+            if results[-1].end is End.CORDONED or climber.error:
+                break  # a cordoned host takes no further steps; one that stopped answering cannot
+        if not climber.error:
+            climber.save_ledger()
     except (HosttuneError, TransportError) as exc:
         return HostRemediation(survey, tuple(results), str(exc))
-    return HostRemediation(survey, tuple(results))
+    return HostRemediation(survey, tuple(results), climber.error or None)
 
 
 def planned(survey: Survey) -> HostRemediation:

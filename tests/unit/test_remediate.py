@@ -337,3 +337,27 @@ def test_a_replica_that_runs_again_once_its_gpu_is_reset_is_cleared_by_the_reset
     assert world.steps == ["restart hosttune-engine@0.service", "drain hosttune-engine@0.service off hosttune-engine@0.service",
                            "reset GPU 0", "restore hosttune-engine@0.service"]
     assert world.unit == "active" and "cordon the host" not in world.steps
+
+
+def test_a_host_lost_mid_ladder_keeps_the_rungs_done_in_its_recap_with_their_runs(tmp_path, monkeypatch):
+    """The drain's run id is how the operator puts the replica back: a lost connection must not drop it."""
+    from hosttune.errors import TransportError
+    from hosttune.remediate import climb
+
+    world = ReplicaWorld(inventory(tmp_path).hosts[0])
+
+    def execute(survey, step, run):
+        if step.summary.startswith("reset"):
+            raise TransportError("gpu-01: connection refused (is sshd running, and on this port?)")
+        return world.execute(survey, step, run)
+
+    monkeypatch.setattr(climb, "execute_step", execute)
+    monkeypatch.setattr(climb, "survey_host", lambda host, profile, policy, ledger=None: world.survey())
+    ctx = climb.Context({world.host.name: PROFILE}, LadderOptions(recheck_wait_s=0), XidPolicy(),
+                        Breaker(BreakerPolicy(100.0), 1, [], NOW), "R")
+    done = climb.remediate_host(world.survey(), ctx)
+    assert done.error == "gpu-01: connection refused (is sshd running, and on this port?)" and done.exit_bits & 2
+    (result,) = done.results
+    assert [(o.rung, o.status, o.run) for o in result.rungs] == [
+        (Rung.RESTART, "done", "R-1"), (Rung.DRAIN, "done", "R-2"), (Rung.RESET, "failed", "R-3")]
+    assert result.end is climb.End.LEFT and result.leaves_drift
