@@ -60,7 +60,17 @@ def steps_for(findings: list[Finding] | tuple[Finding, ...], facts: Facts, profi
                 continue
             called.append(action)
             steps += _keep_failing(action(facts, profile, host), failing)
-    return steps
+    return steps + _unjudged(findings)
+
+
+def _unjudged(findings) -> list[Step]:
+    """Findings in error (a setting naming CPUs the host lacks, a check that could not read its facts): apply
+    cannot fix what was not judged, and its plan says so rather than leave them out. One step per reason."""
+    by_reason: dict[str, list[str]] = {}
+    for finding in findings:
+        if finding.status is Status.ERROR:
+            by_reason.setdefault(finding.detail or "the check could not judge it", []).append(finding.check_id)
+    return [Step(tuple(ids), "no automatic fix", blocked=f"not judged: {reason}") for reason, ids in by_reason.items()]
 
 
 def _keep_failing(steps: list[Step], failing: set[str]) -> list[Step]:

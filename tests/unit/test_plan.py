@@ -162,6 +162,16 @@ def test_rcu_nocbs_naming_cpus_the_host_lacks_is_an_error(grub):
     assert finding.status is Status.ERROR and "CPUs 4-63 are not on this host (online: 0-1)" in finding.detail
 
 
+def test_a_finding_in_error_is_in_the_plan_as_not_judged_not_left_out(grub):
+    """rcu_nocbs=4-63 on a 2-CPU host: check says error (exit bit 2); the dry run must not look clean for it."""
+    pinned = replace(LATENCY, kernel=KernelSpec(rcu_nocbs="4-63"))
+    facts = grub["after-reboot"]
+    plan = build_plan(HOST, pinned, facts, run_checks(facts, pinned), State(), ONLINE)
+    (step,) = [s for s in plan.blocked if "kernel.rcu_nocbs" in s.fixes]
+    assert step.blocked.startswith("not judged: CPUs 4-63 are not on this host (online: 0-1)")
+    assert "  - kernel.rcu_nocbs: not fixed by apply: not judged: CPUs 4-63" in render([plan])
+
+
 def test_grub_plans_before_and_after(grub):
     before = grub["before"]
     plan = build_plan(HOST, CSTATES_ONLY, before, run_checks(before, CSTATES_ONLY), State(), ONLINE)
