@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from hosttune.actions import remediate as ops
 from hosttune.actions.base import Step
+from hosttune.errors import HosttuneError
 from hosttune.fleet_runner import EXIT_ERROR, EXIT_UNREACHABLE
 from hosttune.remediate.climb import execute_step
 from hosttune.remediate.survey import Survey
@@ -39,5 +40,8 @@ def uncordon_host(survey: Survey, run: str) -> Uncordon:
     step = uncordon_step(survey)
     if step is None or not survey.reachable or survey.error:
         return Uncordon(survey)
-    ok, error = execute_step(survey, step, run)
+    try:
+        ok, error = execute_step(survey, step, run)
+    except HosttuneError as exc:  # lost or refused: this host's result, and the others are still taken back
+        return Uncordon(survey, False, run, str(exc))
     return Uncordon(survey, ok, run, error or None)

@@ -257,3 +257,22 @@ def test_a_host_whose_kernel_log_cannot_be_read_is_not_called_ok_for_want_of_see
     (host, *_) = json.loads(runner.invoke(app, ["remediate", *inv, "--dry-run", "--format", "json"]).stdout)["hosts"]
     assert host["exit_bits"] == 2 and host["cannot_judge"] == [
         {"check_id": "gpu.xid", "detail": "cannot read the kernel log (dmesg or journalctl -k): run as root (become: true)"}]
+
+
+def test_uncordon_goes_on_past_a_host_it_loses_and_reports_every_host_it_took_back(fleet, monkeypatch):
+    from hosttune.remediate import cordon
+
+    states, inv = fleet
+    states.update({"gpu-01": CORDONED, "gpu-02": CORDONED, "gpu-03": CORDONED})
+
+    def execute_step(survey, step, run):
+        if survey.host.name == "gpu-02":
+            raise TransportError("gpu-02: connection refused (is sshd running, and on this port?)")
+        return True, ""
+
+    monkeypatch.setattr(cordon, "execute_step", execute_step)
+    result = runner.invoke(app, ["uncordon", *inv, "--yes"])
+    assert result.exit_code == 2 and "internal error" not in result.output, result.output
+    done = [line for line in result.stdout.splitlines() if "uncordoned" in line]
+    assert [line.split(":")[0] for line in done] == ["gpu-01", "gpu-02", "gpu-03"], result.stdout
+    assert done[1] == "gpu-02: not uncordoned: gpu-02: connection refused (is sshd running, and on this port?)"
