@@ -21,6 +21,7 @@ from hosttune_engine.config import (DEVICES, DTYPES, KERNEL_BACKENDS, KV_CACHE_D
 from hosttune_engine.errors import ConfigError, EngineError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.model.tokenizer import Tokenizer
+from hosttune_engine.parallel.layout import check_divides_heads
 from hosttune_engine.planner import command as plan_command
 from hosttune_engine.tuner import command as tune_command
 from hosttune_engine.server.auth import KEY_ENV, load_keys
@@ -162,9 +163,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def check_model_folder(engine: EngineConfig) -> None:
-    """What config.json and the tokenizer folder alone say is wrong, refused before the socket opens (as `plan`
-    refuses the same folder); the weights are read only by the load that follows."""
-    ModelConfig.from_folder(engine.model).context_length(engine.max_model_len)
+    """What config.json and the tokenizer folder alone say is wrong (the context, the heads tensor parallelism
+    splits), refused before the socket opens as `plan` refuses the same folder; the weights are read only by the
+    load that follows."""
+    model = ModelConfig.from_folder(engine.model)
+    model.context_length(engine.max_model_len)
+    check_divides_heads(model, engine.tensor_parallel_size)
     if engine.tokenizer is not None:
         Tokenizer(engine.tokenizer)
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from .harness import ServerProcess, post
 from .test_lifecycle import _stream
@@ -102,13 +103,12 @@ def test_sigterm_drains_the_streams_and_stops_every_rank(tiny_qwen2, tmp_path):
     assert not _children(server.proc.pid)
 
 
-def test_a_size_that_does_not_split_the_heads_exits_1_with_one_line(tiny_qwen2, tmp_path):
-    server = ServerProcess(tiny_qwen2, tmp_path, ["--tensor-parallel-size", "3", "--skip-warmup"])
-    try:
-        assert server.proc.wait(60) == 1
-    finally:
-        server.terminate()
-    log = server.log()
-    assert ("engine failed: tensor_parallel_size=3 must divide the model's 8 attention heads (2 KV heads); "
-            "use one of 1, 2, 4, 8") in log
-    assert "Traceback" not in log and not _children(server.proc.pid)
+def test_a_size_that_does_not_split_the_heads_is_one_line_and_exit_2(tiny_qwen2, capsys):
+    # config.json alone says so: refused as a bad option, before the socket opens or any rank starts
+    from hosttune_engine.server.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", str(tiny_qwen2), "--tensor-parallel-size", "3", "--skip-warmup"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == ("hosttune-engine: error: tensor_parallel_size=3 must divide the model's 8 "
+                                       "attention heads (2 KV heads); use one of 1, 2, 4, 8\n")
