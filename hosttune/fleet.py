@@ -48,6 +48,14 @@ class HostReport:
             bits |= EXIT_DRIFT
         return bits
 
+    @property
+    def probe_exit_bits(self) -> int:
+        """What the probe alone says, for `facts`: 4 unreachable, 2 a probe error. Verdicts (drift, a check in
+        error) are check's."""
+        if not self.reachable:
+            return EXIT_UNREACHABLE
+        return EXIT_ERROR if self.error or (self.facts and self.facts.probe_errors) else 0
+
 
 def probe(host: Host, active_s: int = 0) -> tuple[Facts, Timings]:
     """Connect, run the probe script, parse. Raises TransportError when unreachable.

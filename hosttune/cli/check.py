@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from enum import Enum
+from functools import reduce
+from operator import or_
 from pathlib import Path
 from typing import Optional
 
@@ -81,7 +83,7 @@ def facts(
     with Progress("probing", total=len(inv.hosts)) as progress:
         reports = check_fleet(inv, forks=forks, on_host_done=on_report(progress))
     emit(facts_json(reports), output)
-    raise typer.Exit(exit_code(reports) & ~1)
+    raise typer.Exit(reduce(or_, (r.probe_exit_bits for r in reports), 0))
 
 
 def on_report(progress: Progress):

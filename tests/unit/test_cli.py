@@ -105,6 +105,15 @@ def test_an_output_checked_before_a_failing_command_leaves_no_folders_behind(tmp
     assert runner.invoke(app, ["check", "-o", str(out)]).exit_code != EXIT_ERROR and out.exists()
 
 
+def test_facts_exits_2_for_a_probe_error_not_for_a_check_in_error(tmp_path):
+    """rcu_nocbs naming CPUs this machine lacks puts kernel.rcu_nocbs in error: check's verdict, not a probe error."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text('hosts:\n  localhost: {transport: local, rcu_nocbs: "4000-4063"}\n')
+    assert runner.invoke(app, ["check", "-i", str(inv)]).exit_code & EXIT_ERROR
+    result = runner.invoke(app, ["facts", "-i", str(inv)])
+    assert result.exit_code == 0 and json.loads(result.stdout)["localhost"]["kernel"]
+
+
 def test_facts_dumps_json():
     result = runner.invoke(app, ["facts"])
     doc = json.loads(result.stdout)
