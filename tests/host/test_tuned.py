@@ -154,15 +154,37 @@ def test_cpu_governor(host, want, facts):
         assert unit_enabled(host, "hosttune-cpu-governor.service"), "nothing sets the governor at boot"
 
 
+def housekeeping(node_cpus: set[int]) -> set[int]:
+    """hosttune's rule, restated: a NUMA node's first cores, one per 16 CPUs, at least two, never all of them."""
+    ordered = sorted(node_cpus)
+    return set(ordered[:max(1, min(max(2, len(ordered) // 16), len(ordered) - 1))])
+
+
+def node_cpus(host, online: set[int]) -> dict[int, set[int]]:
+    nodes = re.findall(r"^node(\d+)$", host.run("ls /sys/devices/system/node").stdout, re.M)
+    found = {int(n): cpus(host.file(f"/sys/devices/system/node/node{n}/cpulist").content_string) & online for n in nodes}
+    return {n: c for n, c in found.items() if c} or {0: online}
+
+
+def irq_cores(host, want: str, dev: str) -> set[int]:
+    """The cores a GPU's interrupts belong on: the profile's list, its node's housekeeping cores, or its node."""
+    if want not in ("numa-local", "housekeeping"):
+        return cpus(want)
+    if want == "numa-local":
+        return cpus(host.file(f"{dev}/local_cpulist").content_string)
+    layout = node_cpus(host, online_cpus(host))
+    node = int(host.file(f"{dev}/numa_node").content_string.strip() or -1)
+    if node in layout:
+        return housekeeping(layout[node])
+    return set().union(*(housekeeping(c) for c in layout.values()))
+
+
 def test_gpu_interrupts(host, want, facts):
     if want["gpu_irq_cores"] is None or not facts["gpus"]:
         pytest.skip("no NVIDIA GPU on the PCI bus, or IRQ affinity not managed")
     for bdf in facts["gpus"]:
         dev = f"/sys/bus/pci/devices/{bdf}"
-        if want["gpu_irq_cores"] not in ("numa-local", "housekeeping"):  # housekeeping cores are NUMA-local too
-            cores = cpus(want["gpu_irq_cores"])
-        else:
-            cores = cpus(host.file(f"{dev}/local_cpulist").content_string)
+        cores = irq_cores(host, want["gpu_irq_cores"], dev)
         for irq in host.run(f"ls {dev}/msi_irqs").stdout.split():
             assert cpus(host.file(f"/proc/irq/{irq}/smp_affinity_list").content_string) <= cores, f"IRQ {irq} of {bdf}"
     if facts["systemd"]:

@@ -51,6 +51,23 @@ def test_expectations_come_from_the_profile_alone():
     json.dumps(latency)
 
 
+def test_the_suite_pins_gpu_interrupts_to_the_housekeeping_cores_hosttune_chooses():
+    """The witness restates the rule rather than import it; a serving core of the same node must fail it."""
+    import importlib.util
+    from dataclasses import replace
+
+    from hosttune import cores
+    from hosttune.probes.facts import Facts
+
+    spec = importlib.util.spec_from_file_location("suite_tuned", suite_dir() / "test_tuned.py")
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    for size in range(1, 130):
+        node = tuple(range(64, 64 + size))
+        facts = replace(Facts(), cpu=replace(Facts().cpu, online=node), numa_nodes={1: node})
+        assert suite.housekeeping(set(node)) == set(cores.housekeeping(facts, 1)), size
+
+
 def test_suite_ships_with_hosttune():
     assert (suite_dir() / "test_tuned.py").exists()
 
