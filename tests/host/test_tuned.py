@@ -86,8 +86,8 @@ def wanted_params(host, want) -> list[str]:
     params = []
     if want["max_cstate"] is not None:
         params += [f"intel_idle.max_cstate={want['max_cstate']}", f"processor.max_cstate={want['max_cstate']}"]
-    if want["rcu_nocbs"]:
-        params.append(f"rcu_nocbs={want['rcu_nocbs']}")  # "auto": any list of this host's online CPUs
+    if want["rcu_nocbs"] and (want["rcu_nocbs"] != "auto" or auto_nocbs(host)):  # auto on one CPU: nothing to offload
+        params.append(f"rcu_nocbs={want['rcu_nocbs']}")
     if want["nvme_apst"] is False and host.run("ls /sys/class/nvme/").stdout.strip():
         params.append("nvme_core.default_ps_max_latency_us=0")
     return params
@@ -97,21 +97,25 @@ def last_values(words: list[str]) -> dict[str, str]:
     return {k: v for k, _, v in (w.partition("=") for w in words)}
 
 
-def missing_params(words: list[str], params: list[str], online: set[int]) -> list[str]:
+def missing_params(words: list[str], params: list[str], auto: set[int]) -> list[str]:
     have = last_values(words)
     out = []
     for param in params:
         key, _, value = param.partition("=")
-        ok = have.get(key) == value if key != "rcu_nocbs" else key in have and rcu_matches(have[key], value, online)
+        ok = have.get(key) == value if key != "rcu_nocbs" else key in have and rcu_matches(have[key], value, auto)
         if not ok:
             out.append(param)
     return out
 
 
-def rcu_matches(have: str, value: str, online: set[int]) -> bool:
-    if value != "auto":
-        return cpus(have) == cpus(value)
-    return bool(cpus(have)) and cpus(have) < online  # some CPUs kept for housekeeping
+def rcu_matches(have: str, value: str, auto: set[int]) -> bool:
+    """auto: every online CPU but each NUMA node's housekeeping cores, as hosttune writes it."""
+    return cpus(have) == (auto if value == "auto" else cpus(value))
+
+
+def auto_nocbs(host) -> set[int]:
+    online = online_cpus(host)
+    return online - set().union(*(housekeeping(c) for c in node_cpus(host, online).values()))
 
 
 def online_cpus(host) -> set[int]:
@@ -131,7 +135,7 @@ def test_kernel_command_line_configured(host, want):
         pytest.skip("no grub configuration: the kernel command line is set outside this host")
     assert entries, "no boot entries found"
     for words in entries:
-        missing = missing_params(words, params, online_cpus(host))
+        missing = missing_params(words, params, auto_nocbs(host))
         assert not missing, f"boot entry lacks {missing}"
 
 
@@ -140,7 +144,7 @@ def test_kernel_command_line_active(host, want, facts):
     if not params:
         pytest.skip("no kernel parameters in the profile")
     skip_in_container(facts, "/proc/cmdline")
-    missing = missing_params(host.file("/proc/cmdline").content_string.split(), params, online_cpus(host))
+    missing = missing_params(host.file("/proc/cmdline").content_string.split(), params, auto_nocbs(host))
     assert not missing, f"not on the running kernel's command line (reboot pending?): {missing}"
 
 
