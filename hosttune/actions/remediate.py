@@ -78,11 +78,11 @@ def cordon_ops(record: bytes, script: str | None, indices: tuple[int, ...], serv
 
 def uncordon_ops(script: str | None, replicas: tuple[tuple[int, str, int], ...], wait_s: int,
                  services: tuple[str, ...] = ()) -> list[Op]:
-    """The cordon file gone; each replica (index, unit, port) started, healthy and back in the front; the services
-    of a host without replicas started."""
+    """Each replica (index, unit, port) started, healthy and back in the front, the services of a host without
+    replicas started, and then the cordon file gone: a replica that does not come back leaves the host cordoned."""
     restored = [op for i, unit, port in replicas for op in restore_ops(script, i, unit, port, wait_s)]
     started = [Command(("systemctl", "start", u), offline=False, timeout=900.0) for u in services]
-    return [Remove(CORDON_FILE), *restored, *started]
+    return [*restored, *started, Remove(CORDON_FILE)]
 
 
 def ledger_op(content: bytes) -> FileWrite:

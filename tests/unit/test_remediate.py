@@ -294,7 +294,7 @@ def test_a_host_without_replicas_stops_serving_when_cordoned_and_serves_again_wh
     assert stop.undo == ("systemctl", "start", "hosttune-serve.service")  # rollback of the cordon serves again
     cordoned = parse_snapshot("boot:b1/17\nunit:hosttune-serve.service inactive\n"
                               f'cordon:{{"at": {NOW}, "reason": "GPU1: Xid 79"}}\n')
-    removed, start = uncordon_step(Survey(inventory(tmp_path).hosts[0], "p", snapshot=cordoned)).ops
+    start, removed = uncordon_step(Survey(inventory(tmp_path).hosts[0], "p", snapshot=cordoned)).ops
     assert removed.path == "/var/lib/hosttune/cordon.json" and start.argv == ("systemctl", "start", "hosttune-serve.service")
 
 

@@ -81,9 +81,11 @@ def test_uncordon_shows_what_it_would_do_and_an_unreachable_host_is_exit_4(fleet
     result = runner.invoke(app, ["uncordon", *inv, "--dry-run"])
     assert result.exit_code == 4, result.output  # gpu-03 may be cordoned too: nobody could tell
     lines = result.stdout.splitlines()
-    assert lines[:4] == ["gpu-01: cordoned since 2027-01-15 08:00:00Z (GPU0: Xid 79)", "    uncordon the host",
-                         "      remove /var/lib/hosttune/cordon.json", "      $ systemctl start hosttune-engine@0.service"]
-    assert lines[-3:] == [f"      $ python3 {LB} in 0", "gpu-02: not cordoned, nothing to do",
+    assert lines[:3] == ["gpu-01: cordoned since 2027-01-15 08:00:00Z (GPU0: Xid 79)", "    uncordon the host",
+                         "      $ systemctl start hosttune-engine@0.service"]
+    # the cordon goes last: a replica that does not come back leaves the host cordoned, to take back again
+    assert lines[-4:] == [f"      $ python3 {LB} in 0", "      remove /var/lib/hosttune/cordon.json",
+                          "gpu-02: not cordoned, nothing to do",
                           "gpu-03: unreachable: gpu-03: connection refused (is sshd running, and on this port?)"]
     assert "ladder" not in result.stdout and "remediate" not in result.stdout  # remediate's plan is not uncordon's
 
