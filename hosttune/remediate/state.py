@@ -89,7 +89,8 @@ def _replicas(value: str) -> tuple[Replica, ...]:
                          f"({type(exc).__name__}: {exc}); deploy the release again to rewrite it") from None
 
 
-def parse_snapshot(text: str) -> HostSnapshot:
+def parse_snapshot(text: str, with_ledger: bool = True) -> HostSnapshot:
+    """with_ledger False: the ledger is left unread (uncordon needs none, and a broken one must not keep a host out)."""
     values: dict[str, str] = {}
     units: dict[str, str] = {}
     for line in text.splitlines():
@@ -100,10 +101,10 @@ def parse_snapshot(text: str) -> HostSnapshot:
         else:
             values[key] = value
     return HostSnapshot(values.get("boot", ""), parse_cordon(values["cordon"]) if "cordon" in values else None,
-                        parse_ledger(values.get("ledger", "")), _replicas(values["replicas"]) if "replicas" in values else (),
+                        parse_ledger(values.get("ledger", "") if with_ledger else ""), _replicas(values["replicas"]) if "replicas" in values else (),
                         values.get("lb") or None, units)
 
 
-def read_snapshot(transport: Transport) -> HostSnapshot:
+def read_snapshot(transport: Transport, with_ledger: bool = True) -> HostSnapshot:
     script = bundled_script("hosttune.remediate", "state.sh")
-    return parse_snapshot(transport.read_script(script, what="reading the serving state for remediation"))
+    return parse_snapshot(transport.read_script(script, what="reading the serving state for remediation"), with_ledger)

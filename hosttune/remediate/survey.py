@@ -74,4 +74,4 @@ def survey_host(host: Host, profile: Profile, policy: XidPolicy, ledger: Ledger 
 def survey_state(host: Host) -> Survey:
     """The host's serving state and cordon alone, without the probe: what uncordon needs, so a host whose GPUs
     hang the probe can still be taken back."""
-    return _read(host, host.profile, lambda transport: Survey(host, host.profile, snapshot=read_snapshot(transport)))
+    return _read(host, host.profile, lambda transport: Survey(host, host.profile, snapshot=read_snapshot(transport, False)))
