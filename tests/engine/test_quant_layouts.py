@@ -196,6 +196,38 @@ def test_script_refuses_an_out_folder_holding_files_and_a_quantized_source(tiny_
     assert "model.safetensors: not a readable safetensors file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("change, message", [
+    ("drop", "weights missing from the checkpoint: model.layers.0.mlp.down_proj.weight"),
+    ("reshape", "model.layers.0.mlp.down_proj.weight: shape (3, 3) does not match the model's (128, 256); the "
+                "checkpoint does not fit config.json"),
+    ("reshape norm", "model.norm.weight: shape (3, 3) does not match the model's (128,)"),
+    ("add", "checkpoint tensors the model does not have: model.layers.9.mlp.down_proj.weight"),
+])
+@pytest.mark.parametrize("layout", ["fp8-tensor", "gptq"])
+def test_script_refuses_a_checkpoint_that_does_not_fit_its_config(tiny_models, tmp_path, capsys, change, message,
+                                                                  layout):
+    # as the engine's loader would refuse it, before anything is quantized or written
+    from safetensors.torch import load_file, save_file
+
+    source = tmp_path / "source"
+    shutil.copytree(tiny_models["llama"], source)
+    shard = source / "model-00002-of-00002.safetensors"
+    tensors = load_file(shard)
+    name = "model.norm.weight" if change == "reshape norm" else "model.layers.0.mlp.down_proj.weight"
+    if change == "drop":
+        del tensors[name]
+    elif change == "add":
+        tensors["model.layers.9.mlp.down_proj.weight"] = tensors[name].clone()
+    else:
+        tensors[name] = torch.zeros(3, 3)
+    save_file(tensors, shard, metadata={"format": "pt"})
+    argv = ["--model", str(source), "--out", str(tmp_path / "out"), "--layout", layout]
+    assert _script().main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"quantize_checkpoint: error: {source}: ") and err.count("\n") == 1 and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("option", ["--group-size", "--block"])
 def test_script_refuses_a_size_below_one_as_bad_usage(tiny_models, tmp_path, capsys, option):
     with pytest.raises(SystemExit) as exit_:

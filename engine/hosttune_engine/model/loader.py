@@ -112,7 +112,7 @@ def load_safetensors(model: nn.Module, folder: Path) -> None:
     from safetensors import safe_open
 
     params = dict(model.named_parameters())
-    expected = _expected_tensors(model)
+    expected = expected_tensors(model)
     loaded: set[str] = set()
     unexpected: list[str] = []
     for path in safetensors_files(folder):
@@ -176,7 +176,7 @@ def _submodule_or_none(model: nn.Module, name: str) -> nn.Module | None:
         return None
 
 
-def _expected_tensors(model: nn.Module) -> set[str]:
+def expected_tensors(model: nn.Module) -> set[str]:
     """Checkpoint names the model needs (fused parameters expanded to their parts)."""
     names = set()
     unpack = {fused: [] for fused, _ in model.packed_modules.values()}
