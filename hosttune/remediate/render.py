@@ -132,7 +132,7 @@ def _host_doc(r: HostRemediation) -> dict:
             "faults": [_fault_doc(f) for f in r.results], "exit_bits": r.exit_bits}
 
 
-def render_json(results: list[HostRemediation], run: str | None, breaker: str = "") -> str:
-    """The plan (run None) or the recap as JSON, for automation."""
-    return json.dumps({"run": run, "dry_run": run is None, "breaker": breaker or None,
+def render_json(results: list[HostRemediation], run: str | None, breaker: str = "", room: int | None = None) -> str:
+    """The plan (run None) or the recap as JSON, for automation; room: the cordons the breaker allows (the plan's)."""
+    return json.dumps({"run": run, "dry_run": run is None, "breaker": breaker or None, "breaker_room": room,
                        "hosts": [_host_doc(r) for r in results]}, indent=1)

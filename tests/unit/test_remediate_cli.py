@@ -181,6 +181,8 @@ def test_the_plan_says_how_many_cordons_the_breaker_leaves_room_for(fleet):
     for percent, room in (("10", 0), ("66.7", 1), ("100", 2)):
         result = runner.invoke(app, ["remediate", *inv, "--dry-run", "--max-cordoned-percent", percent])
         assert result.stdout.splitlines()[-1].startswith(now_cordoned.format(room, percent)), result.output
+        as_json = runner.invoke(app, ["remediate", *inv, "--dry-run", "--max-cordoned-percent", percent, "--format", "json"])
+        assert json.loads(as_json.stdout)["breaker_room"] == room  # automation reads the same room as the text
 
 
 @pytest.mark.parametrize("percent, num_hosts, num_cordoned", [(10, 1, 0), (10, 10, 0), (10, 20, 1), (15, 20, 0),
