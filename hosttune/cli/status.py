@@ -67,6 +67,18 @@ def write_atomically(path: Path, text: str) -> None:
         raise HosttuneError(f"cannot write {path}: {why_not_written(exc)}") from None
 
 
+def write_each(files: dict[Path, str]) -> None:
+    """Every file written on its own: one that cannot be written (its folder broken) leaves the others fresh."""
+    problems = []
+    for path, text in files.items():
+        try:
+            write_atomically(path, text)
+        except HosttuneError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise HosttuneError("; ".join(problems))
+
+
 @app.command()
 @user_errors
 def monitor(
@@ -83,8 +95,8 @@ def monitor(
     """
     result = run_pass(str(profile), active)
     timer = ACTIVE_TIMER if active else TIMER
-    write_atomically(textfile_dir / METRICS_FILES[timer], status_metrics.render(result.report, result.doc))
-    write_atomically(status_dir / STATUS_FILES[timer], to_json(result.doc))
+    write_each({textfile_dir / METRICS_FILES[timer]: status_metrics.render(result.report, result.doc),
+                status_dir / STATUS_FILES[timer]: to_json(result.doc)})
     counts = ", ".join(f"{n} {s}" for s, n in result.doc.counts.items() if n)
     typer.echo(f"{result.doc.host}: " + (f"probe failed: {result.doc.error}" if result.doc.error else counts), err=True)
     raise typer.Exit(exit_code([result.report]))

@@ -151,3 +151,13 @@ def test_the_command_list_shows_each_commands_summary_unbroken():
     listing = runner.invoke(app, ["--help"]).stdout
     assert "drain, diagnose, reset, reboot, cordon" in " ".join(listing.replace("│", " ").split())
     assert not any(line.rstrip(" │").endswith("drain,") for line in listing.splitlines())
+
+
+def test_a_textfile_folder_that_cannot_be_written_still_leaves_a_fresh_status_file(tmp_path):
+    """node_exporter's folder broken must not make the pass's findings look stale to hosttune status too."""
+    (tmp_path / "f").write_text("a file, not a folder")
+    result = runner.invoke(app, ["monitor", "--profile", str(PLAYBOOK), "--textfile-dir", str(tmp_path / "f" / "tf"),
+                                 "--status-dir", str(tmp_path / "st")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.startswith(f"hosttune: cannot write {tmp_path / 'f' / 'tf' / 'hosttune.prom'}: a folder in its path")
+    assert parse_status((tmp_path / "st" / "status.json").read_text()).pass_name == "regular"
