@@ -40,10 +40,15 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
                 f"{self.known_hosts}, or pass --accept-new-host-keys"
             )
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-        with _KNOWN_HOSTS_LOCK:
-            os.makedirs(os.path.dirname(self.known_hosts) or ".", exist_ok=True)
-            with open(self.known_hosts, "a", encoding="ascii") as fh:
-                fh.write(line)
+        try:
+            with _KNOWN_HOSTS_LOCK:
+                os.makedirs(os.path.dirname(self.known_hosts) or ".", exist_ok=True)
+                with open(self.known_hosts, "a", encoding="ascii") as fh:
+                    fh.write(line)
+        except OSError as exc:  # else paramiko's handshake reports it as a host that does not speak SSH
+            raise HostKeyError(f"{self.spec.host_name}: cannot record the new host key of {hostname} in "
+                               f"{self.known_hosts}: {exc.strerror or exc}; set ssh.known_hosts to a file you can "
+                               "write") from None
 
 
 def _private_key(spec: ConnectionSpec) -> str | None:

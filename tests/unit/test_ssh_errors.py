@@ -7,8 +7,10 @@ import socket
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from hosttune.errors import TransportError
@@ -73,6 +75,21 @@ def test_a_missing_or_public_key_file_is_named_as_such_not_as_a_host_that_does_n
         with pytest.raises(TransportError) as exc:
             SshTransport(spec).connect()
         assert str(exc.value).startswith(message)
+
+
+def test_a_new_host_key_that_cannot_be_recorded_says_so_not_that_the_host_does_not_speak_ssh(tmp_path):
+    from hosttune.errors import HostKeyError
+    from hosttune.transport.ssh import _HostKeyPolicy
+
+    key = paramiko.Ed25519Key.from_private_key_file(str(_ed25519(tmp_path, "host")))
+    (tmp_path / "file").write_text("")
+    known = tmp_path / "file" / "known_hosts"  # its folder is a file
+    spec = ConnectionSpec("h", "ssh", "10.0.0.1", 22, known_hosts=str(known), accept_new_host_keys=True)
+    with pytest.raises(HostKeyError, match=f"^h: cannot record the new host key of 10.0.0.1 in {known}: "):
+        _HostKeyPolicy(spec, str(known)).missing_host_key(None, "10.0.0.1", key)
+    ok = tmp_path / "new" / "known_hosts"
+    _HostKeyPolicy(replace(spec, known_hosts=str(ok)), str(ok)).missing_host_key(None, "10.0.0.1", key)
+    assert ok.read_text().startswith("10.0.0.1 ssh-ed25519 ")
 
 
 def test_check_prints_one_line_per_host_and_nothing_on_stderr(ports, tmp_path):
