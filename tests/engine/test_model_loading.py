@@ -107,6 +107,17 @@ def test_a_cpu_kv_cache_that_cannot_hold_one_whole_context_is_refused(tiny_model
     assert eng.max_model_len == 16 <= eng.stats().num_kv_blocks * 16
 
 
+def test_the_triton_backend_on_a_cpu_without_the_interpreter_is_refused_in_one_line(tiny_models, monkeypatch):
+    # Triton has no CPU driver: without its interpreter the first kernel launch raised from deep inside Triton
+    from hosttune_engine import Engine, EngineConfig
+    from hosttune_engine.errors import ConfigError
+
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ConfigError, match=r"^kernel_backend='triton' on the CPU needs TRITON_INTERPRET=1 \(Triton's "
+                                          r"interpreter, slow\); use kernel_backend 'auto' or 'torch'$"):
+        Engine(EngineConfig(model=str(tiny_models["llama"]), device="cpu", kernel_backend="triton"))
+
+
 def test_a_tokenizer_folder_named_but_without_tokenizer_json_is_refused(tmp_path, tiny_models):
     from hosttune_engine import Engine, EngineConfig
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from hosttune_engine.errors import ConfigError
@@ -15,6 +17,15 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device='cuda' but torch sees no CUDA device; use device='cpu' or 'auto'")
     return torch.device(name)
+
+
+def use_triton(backend: str, device: torch.device) -> bool:
+    """Whether the Triton kernels run: `triton` asks for them anywhere, `auto` on CUDA. Triton has no CPU driver,
+    so on the CPU only its interpreter runs them."""
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ConfigError("kernel_backend='triton' on the CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow); "
+                          "use kernel_backend 'auto' or 'torch'")
+    return backend == "triton" or (backend == "auto" and device.type == "cuda")
 
 
 def resolve_dtype(name: str, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:

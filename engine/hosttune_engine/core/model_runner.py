@@ -33,7 +33,7 @@ import torch
 from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, check_free_memory, num_blocks_for_memory
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.cuda_graphs import DecodeGraphs, DecodeInputs, capture_sizes
-from hosttune_engine.core.device import resolve_device, resolve_dtype
+from hosttune_engine.core.device import resolve_device, resolve_dtype, use_triton
 from hosttune_engine.core.mixed_graphs import MixedGraphs, MixedInputs, SegmentBuffers, mixed_sizes
 from hosttune_engine.core.prefill_graphs import PREFILL_GRAPH_SIZES, PrefillGraphs, PrefillInputs
 from hosttune_engine.core.scheduler import SchedulerOutput
@@ -101,8 +101,7 @@ class ModelRunner:
         with _phase("model loaded"):
             self.model = load_model(model_config, config.model, config.load_format, self.device, self.dtype,
                                     config.seed, config.quantization, shard=shard)
-        self.use_triton = config.kernel_backend == "triton" or (
-            config.kernel_backend == "auto" and self.device.type == "cuda")
+        self.use_triton = use_triton(config.kernel_backend, self.device)
         self.plan = prepare(self.model, present_gpu(self.device), self.use_triton, config.kv_cache_dtype == "fp8",
                             config.block_size)
         if group is not None:

@@ -82,7 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                    help="'fp8' keeps keys and values in e4m3 with a scale per row: about twice the tokens in the "
                         "same memory; 'auto' keeps the model's dtype")
-    s.add_argument("--kernel-backend", choices=KERNEL_BACKENDS, default="auto")
+    s.add_argument("--kernel-backend", choices=KERNEL_BACKENDS, default="auto",
+                   help="'auto': the Triton kernels on CUDA, their torch references on the CPU; 'triton' on the CPU "
+                        "needs TRITON_INTERPRET=1 (slow)")
     s.add_argument("--enforce-eager", action="store_true",
                    help="no CUDA graphs: decode, prompt-chunk and mixed steps all run eagerly")
     s.add_argument("--tensor-parallel-size", type=int, default=1,
