@@ -98,12 +98,16 @@ def _key(host: Host) -> str:
 
 
 def _reach(host: Host) -> str | None:
-    """Connect once with hosttune's own host-key check; the reason when that fails."""
+    """Connect once with hosttune's own host-key check, and with become: true run one command as root; the
+    reason when either fails (else every test of the suite fails with the same sudo error)."""
     try:
         with open_transport(host.connection, read_only=True) as transport:
             transport.connect()
+            root = transport.read(["true"], timeout=host.connection.timeout_s) if host.connection.become else None
     except TransportError as exc:
         return str(exc)
+    if root is not None and not root.ok:
+        return f"{host.name}: become: true cannot run commands as root: {(root.stderr.strip() or f'exit {root.rc}')[-300:]}"
     return None
 
 

@@ -68,6 +68,27 @@ def test_the_suite_pins_gpu_interrupts_to_the_housekeeping_cores_hosttune_choose
         assert suite.housekeeping(set(node)) == set(cores.housekeeping(facts, 1)), size
 
 
+def test_verify_with_become_that_cannot_reach_root_is_one_line_before_any_test(monkeypatch):
+    """Else each of the suite's tests fails with the same sudo error."""
+    from contextlib import contextmanager
+
+    from hosttune import verify
+    from hosttune.transport.base import CommandResult
+
+    class NoSudo:
+        def connect(self):
+            return None
+
+        def read(self, argv, timeout=None):
+            return CommandResult(tuple(argv), 1, "", "sudo: a password is required\n", 0.0)
+
+    monkeypatch.setattr(verify, "open_transport", contextmanager(lambda spec, read_only=False: (yield NoSudo())))
+    with pytest.raises(HosttuneError, match=r"^gpu-01: become: true cannot run commands as root: sudo: a password is "
+                                            r"required; nothing was verified"):
+        verify.preflight([ssh_host()])
+    verify.preflight([ssh_host(become=False)])  # no root asked for: connecting is enough
+
+
 def test_suite_ships_with_hosttune():
     assert (suite_dir() / "test_tuned.py").exists()
 
