@@ -43,8 +43,9 @@ def perform(t: Transport, op: Op, rec: OpRecord | None = None, root: str | None 
     return t.change(("chroot", root, *op.argv) if root else op.argv, timeout=op.timeout)
 
 
-def _complains(op: Op, result: CommandResult) -> bool:
-    return isinstance(op, Command) and any(word in result.stderr for word in op.fail_on_stderr)
+def failed(op: Op, result: CommandResult) -> bool:
+    """A non-zero exit, or a command's exit 0 whose stderr names one of its fail_on_stderr words."""
+    return not result.ok or (isinstance(op, Command) and any(word in result.stderr for word in op.fail_on_stderr))
 
 
 def run_ops(transport: Transport, ops: Iterable[Op], on_op: Callable[[Op], None] | None = None) -> int:
@@ -55,7 +56,7 @@ def run_ops(transport: Transport, ops: Iterable[Op], on_op: Callable[[Op], None]
             on_op(op)
         result = perform(transport, op)
         count += 1
-        if not result.ok or _complains(op, result):
+        if failed(op, result):
             output = (result.stderr.strip() or result.stdout.strip())[-1500:]
             raise OperationFailed(f"{transport.host_name}: {describe(op)} exited {result.rc}:\n{output}")
     return count

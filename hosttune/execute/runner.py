@@ -12,7 +12,7 @@ from enum import Enum
 from hosttune.actions.base import Command, KernelWrite, Op, Step, describe
 from hosttune.errors import TransportError
 from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now, start_journal
-from hosttune.execute.perform import perform
+from hosttune.execute.perform import failed, perform
 from hosttune.execute.remote import hostops, write_file
 from hosttune.execute.rollback import changes
 from hosttune.config.inventory import Host
@@ -105,9 +105,10 @@ class Executor:
                 records[j] = replace(records[j], status="skipped", stderr=skipped)
                 continue
             made = tuple(line[8:] for line in result.stdout.splitlines() if line.startswith("created:"))
-            records[j] = replace(records[j], status="done" if result.ok else "failed", rc=result.rc,
+            is_failed = failed(op, result)
+            records[j] = replace(records[j], status="failed" if is_failed else "done", rc=result.rc,
                                  stderr=result.stderr.strip()[-2000:], created_dirs=tuple(unrooted(self.root, p) for p in made))
-            if not result.ok:
+            if is_failed:
                 error = f"{describe(op)} exited {result.rc}: {result.stderr.strip()[-1000:] or result.stdout.strip()[-500:]}"
                 return replace(jstep, ops=tuple(records), status="failed", error=error)
         return replace(jstep, ops=tuple(records), status="done")

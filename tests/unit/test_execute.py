@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, Remove, Step, Symlink
+from hosttune.actions.base import Command, CommentOut, FileWrite, KernelWrite, Remove, Step, Symlink
 from hosttune.execute import rollout
 from hosttune.execute.journal import Journal, JournalStep, OpRecord, journal_path, new_run_id
 from hosttune.execute.reboot import parse_boot_marker
@@ -191,6 +191,34 @@ def test_an_older_run_is_not_rolled_back_over_a_later_one(local, tmp_path):
     assert rollback_host(local, HOST, "r2", str(root)).status == "restored"
     assert rollback_host(local, HOST, "r1", str(root)).status == "restored"
     assert tree(root) == before
+
+
+class _Answering(LocalTransport):
+    """This machine for the journal's host operations under a temporary root; one scripted command's answer."""
+
+    def __init__(self, answer):
+        super().__init__()
+        self.answer = answer
+
+    def _command(self, argv, stdin, timeout):
+        if "dcgmi" in argv:  # (under --root, behind chroot ROOT)
+            return self.answer
+        return super()._command(argv, stdin, timeout)
+
+
+def test_an_exit_0_whose_stderr_names_a_failure_word_fails_the_step_in_apply_too(tmp_path):
+    """dcgmi diag exits 0 and says Fail: the executor that apply and remediation share must not call it done."""
+    from hosttune.transport.base import CommandResult
+
+    root = image(tmp_path)
+    diag = Command(("dcgmi", "diag", "-r", "2", "-i", "0"), fail_on_stderr=("Fail",))
+    plan = replace(plan_for(LocalTransport(), root, []), steps=(Step(("gpu.diag",), "diagnose", (diag,)),))
+    said = CommandResult(diag.argv, 0, "", "Memory test: Fail\n", 0.1)
+    result = execute_plan(_Answering(said), plan, "r1")
+    assert result.status == "failed" and "Memory test: Fail" in result.error
+    journal = Journal.from_json((root / journal_path("r1").lstrip("/")).read_text())
+    assert journal.steps[0].ops[0].status == "failed"
+    assert execute_plan(_Answering(replace(said, stderr="")), plan, "r2").status == "changed"
 
 
 def test_failing_step_stops_the_plan_and_the_journal_says_where(local, tmp_path):
