@@ -5,7 +5,8 @@ import re
 
 import pytest
 
-STACK = re.compile(r"^(nvidia|libnvidia|cuda|libcuda|kmod-nvidia|datacenter-gpu)")
+# the driver and CUDA stack apply holds (hosttune.checks.driver.STACK_PACKAGE), restated
+STACK = re.compile(r"^(nvidia|libnvidia|cuda|libcuda|kmod-nvidia|datacenter-gpu|libcublas|libcudnn|libnccl)")
 
 
 def cpus(text: str) -> set[int]:

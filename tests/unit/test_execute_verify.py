@@ -51,17 +51,30 @@ def test_expectations_come_from_the_profile_alone():
     json.dumps(latency)
 
 
+def _suite():
+    """tests/host/test_tuned.py as a module (it imports nothing of hosttune: it is the independent witness)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("suite_tuned", suite_dir() / "test_tuned.py")
+    suite = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite)
+    return suite
+
+
+def test_the_suite_checks_holds_on_the_same_stack_packages_apply_holds():
+    from hosttune.checks.driver import STACK_PACKAGE
+
+    assert _suite().STACK.pattern == STACK_PACKAGE.pattern
+
+
 def test_the_suite_pins_gpu_interrupts_to_the_housekeeping_cores_hosttune_chooses():
     """The witness restates the rule rather than import it; a serving core of the same node must fail it."""
-    import importlib.util
     from dataclasses import replace
 
     from hosttune import cores
     from hosttune.probes.facts import Facts
 
-    spec = importlib.util.spec_from_file_location("suite_tuned", suite_dir() / "test_tuned.py")
-    suite = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(suite)
+    suite = _suite()
     for size in range(1, 130):
         node = tuple(range(64, 64 + size))
         facts = replace(Facts(), cpu=replace(Facts().cpu, online=node), numa_nodes={1: node})
