@@ -59,7 +59,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
 
     async def encode():
         return [await state.usable_prompts().encode_chat(req.messages, req.add_generation_prompt,
-                                                         req.template_kwargs)]
+                                                         req.template_kwargs, req.add_special_tokens)]
 
     text = req.messages[-1]["content"]
     return await _generate(request, state, CHAT, req.options, 1, encode, text, arrival)

@@ -48,11 +48,11 @@ class PromptBuilder:
             raise bad_request(f"the chat template could not render these messages: {str(e)[:200]}",
                               "messages") from None
 
-    async def encode_chat(self, messages, add_generation_prompt: bool = True,
-                          template_kwargs: dict | None = None) -> list[int]:
-        # The template writes BOS itself where the model wants one, as in vLLM.
+    async def encode_chat(self, messages, add_generation_prompt: bool = True, template_kwargs: dict | None = None,
+                          add_special_tokens: bool = False) -> list[int]:
+        # The template writes BOS itself where the model wants one, as in vLLM: no special tokens unless asked.
         text = self.render_chat(messages, add_generation_prompt, template_kwargs)
-        return await self.encode(text, add_special_tokens=False)
+        return await self.encode(text, add_special_tokens=add_special_tokens)
 
     def check_logprobs(self, logprobs: int | None) -> None:
         """Logprobs show each token as text: without a tokenizer there is none to show."""

@@ -345,9 +345,23 @@ class _ChatHead(_Body):
     _max_tokens = field_validator("max_tokens")(_max_tokens)
 
 
+CHAT_UNSUPPORTED = {"continue_final_message": (False,), "echo": (False,), "chat_template": ()}  # as UNSUPPORTED
+
+
 class _ChatTail(_Body):
     add_generation_prompt: bool = True
+    add_special_tokens: bool = False  # the template writes BOS itself where the model wants one, as in vLLM
     chat_template_kwargs: dict = Field(default_factory=dict)
+    continue_final_message: Any = None
+    echo: Any = None
+    chat_template: Any = None
+
+    @field_validator(*CHAT_UNSUPPORTED, mode="plain")
+    @classmethod
+    def _chat_neutral(cls, value, info: ValidationInfo):  # its own name: validators of one name override
+        if value not in CHAT_UNSUPPORTED[info.field_name]:
+            raise fault(f"{info.field_name} is not supported by this server", info.field_name)
+        return value
 
 
 class ChatRequest(_ChatTail, _Options, _ChatHead):  # checked head, shared options, tail

@@ -259,7 +259,8 @@ COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "t
                      "logit_bias", "suffix", "user", "min_p", "guided_json", "response_format",
                      "add_special_tokens"]
 CHAT_FIELDS = ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
-               "response_format", "add_generation_prompt", "chat_template_kwargs"]
+               "response_format", "add_generation_prompt", "chat_template_kwargs", "continue_final_message",
+               "chat_template", "add_special_tokens"]
 
 
 async def _fuzz(url):

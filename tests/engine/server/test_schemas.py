@@ -90,6 +90,34 @@ def test_a_completion_prompt_gets_the_special_tokens_unless_told_not_to(tiny_mod
     assert ids[True] == [0, *ids[False]] and ids[False][0] != 0
 
 
+@pytest.mark.parametrize("field,value", [("continue_final_message", True), ("echo", True),
+                                         ("chat_template", "{{ messages }}")])
+def test_chat_fields_that_change_the_prompt_are_refused_not_ignored(field, value):
+    messages = [{"role": "user", "content": "x"}]
+    with pytest.raises(ApiError) as err:
+        ChatRequest.parse({"messages": messages, field: value})
+    assert (err.value.param, err.value.message) == (field, f"{field} is not supported by this server")
+    neutral = {"continue_final_message": False, "echo": False, "chat_template": None}[field]
+    assert ChatRequest.parse({"messages": messages, field: neutral}).options.n == 1
+
+
+def test_chat_and_tokenized_messages_get_special_tokens_only_when_asked(tiny_models):
+    # the template writes what the model wants; add_special_tokens puts the tokenizer's BOS (id 0) before it too
+    from hosttune_engine.model.tokenizer import Tokenizer
+
+    builder = PromptBuilder(Tokenizer(tiny_models["llama"]), 1024, 256)
+    messages = [{"role": "user", "content": "hi"}]
+    ids = {}
+    for body in ({"messages": messages}, {"messages": messages, "add_special_tokens": True}):
+        req = ChatRequest.parse(body)
+        ids[req.add_special_tokens] = asyncio.run(builder.encode_chat(req.messages, True, None,
+                                                                      req.add_special_tokens))
+        tok = TokenizeRequest.parse(body)
+        assert asyncio.run(builder.encode_chat(tok.messages, True, None, tok.add_special_tokens)) == ids[
+            req.add_special_tokens]
+    assert ids[True] == [0, *ids[False]]
+
+
 def test_tokenize_parsing():
     assert TokenizeRequest.parse({"prompt": "hi"}).add_special_tokens is True
     assert TokenizeRequest.parse({"messages": [{"role": "user", "content": "x"}]}).add_special_tokens is False
