@@ -97,16 +97,23 @@ def wgmma_gemm(rows: int) -> list[dict]:
     groups, split K or not, the unpacked tile stored to shared memory for the MMA or kept in its registers (REGS:
     where the accumulator takes at most 64 registers a thread, 32 with split K or 256-column tiles, past which
     ptxas spills), as many tiles in flight as the SM's shared memory holds (per stage the words and x's, and
-    without REGS the weight tile in bf16; with REGS up to eight, a tile's 4-8 KB of words being little to keep in
-    flight)."""
+    without REGS the weight tile in bf16; with REGS up to eight where x's tile is small, `_stages`)."""
     block_m = max(8, min(128, 1 << (rows - 1).bit_length()))
     configs = [{"WGMMA": 1, "REGS": regs, "BLOCK_M": block_m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8,
                 "SPLIT_K": split, "num_warps": w, "num_stages": stages}
                for n, w, k in ((64, 4, 128), (64, 4, 256), (128, 4, 128), (128, 4, 256), (128, 8, 128),
                                (256, 8, 128))
-               for split in (1, 2, 4) for regs in (0, 1) for stages in ((4, 8) if regs else (3, 4))]
+               for split in (1, 2, 4) for regs in (0, 1) for stages in _stages(regs, block_m)]
     return [c for c in configs if wgmma_shared_bytes(c) <= 220 * 1024 and (not c["REGS"] or (
         c["BLOCK_N"] * block_m <= (32 if c["SPLIT_K"] > 1 or c["BLOCK_K"] > 128 else 64) * 32 * c["num_warps"]))]
+
+
+def _stages(regs: int, block_m: int) -> tuple[int, ...]:
+    """Tiles in flight: with REGS and 64 or more rows of x, x's tile (16-32 KB a stage) is most of the shared
+    memory, so fewer stages let more programs share an SM, which hides the unpacking's latency."""
+    if not regs:
+        return (3, 4)
+    return (4, 8) if block_m <= 32 else (2, 3, 4)
 
 
 def wgmma_shared_bytes(cfg: dict) -> int:
