@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 
 from aiohttp import web
 
@@ -36,6 +37,9 @@ def _parse(raw: bytes):
         raise bad_request(f"the request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:
         raise bad_request("the request body is not valid JSON: nested too deeply") from None
+    except ValueError:  # Python's guard against slow int parsing (sys.get_int_max_str_digits)
+        raise bad_request(f"the request body is not valid JSON: a number has more digits than "
+                          f"{sys.get_int_max_str_digits()}") from None
 
 
 def json_response(body: dict, status: int = 200) -> web.Response:

@@ -24,6 +24,8 @@ BAD_INPUTS = [
     ("malformed JSON", b'{"prompt": "hi",', "application/json", "not valid JSON"),
     ("not UTF-8", b'{"prompt": "\xff\xfe"}', "application/json", "not valid UTF-8"),
     ("nested too deep", _deep(200_000).encode(), "application/json", "nested too deeply"),
+    ("integer of 5000 digits", b'{"prompt": "hi", "max_tokens": ' + b"7" * 5000 + b"}", "application/json",
+     "the request body is not valid JSON: a number has more digits than 4300"),
     ("array body", [1, 2], "application/json", "must be a JSON object"),
     ("string body", '"hello"', "application/json", "must be a JSON object"),
     ("wrong content type", {"prompt": "hi"}, "text/plain", "Content-Type must be application/json"),
