@@ -48,7 +48,7 @@ def apply(
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
     fmt: Output = typer.Option(Output.text, "--format", help="Plan and recap as text or JSON."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file (-: standard output)."),
 ) -> None:
     """Fix what `hosttune check` reports: plan per host, confirm once, then change hosts with backups and a journal.
 

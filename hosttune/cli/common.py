@@ -129,7 +129,7 @@ def why_not_written(exc: OSError) -> str:
 def check_writable(path: Optional[Path], option: str = "--output") -> None:
     """A file the command writes when it is done: one that cannot be written fails now, before any host is
     read or changed, not after. Leaves nothing behind."""
-    if path is None:
+    if path is None or is_stdout(path):
         return
     existed = path.exists()
     made = [folder for folder in path.parents if not folder.exists()]  # deepest first
@@ -145,8 +145,13 @@ def check_writable(path: Optional[Path], option: str = "--output") -> None:
         raise HosttuneError(f"cannot write {path}: {why_not_written(exc)}; choose another {option}") from None
 
 
+def is_stdout(path: Path) -> bool:
+    """`-o -`: standard output, as for most tools, not a file named "-"."""
+    return str(path) == "-"
+
+
 def emit(text: str, output: Optional[Path]) -> None:
-    if output is None:
+    if output is None or is_stdout(output):
         typer.echo(text)
         return
     try:

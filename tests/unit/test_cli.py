@@ -114,6 +114,12 @@ def test_facts_exits_2_for_a_probe_error_not_for_a_check_in_error(tmp_path):
     assert result.exit_code == 0 and json.loads(result.stdout)["localhost"]["kernel"]
 
 
+def test_output_dash_is_standard_output_not_a_file_named_dash(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["check", "--format", "json", "-o", "-"])
+    assert json.loads(result.stdout)["hosts"][0]["host"] == "localhost" and not (tmp_path / "-").exists()
+
+
 def test_facts_dumps_json():
     result = runner.invoke(app, ["facts"])
     doc = json.loads(result.stdout)
