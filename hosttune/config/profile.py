@@ -58,6 +58,9 @@ class GpuSpec:
 
     def __post_init__(self):
         _flags(self, "gpu", "persistence", "ecc", "mig")
+        if self.persistence is False:  # the check and apply only turn it on: false would read as unmanaged
+            raise ProfileError("gpu.persistence: false is not a state hosttune sets (it only turns persistence on, "
+                               "through nvidia-persistenced); write null to leave it unmanaged")
         _choice(self.pstate, PSTATES, "gpu.pstate")
         _choice(self.pcie_link, ("max",), "gpu.pcie_link")
 

@@ -151,6 +151,7 @@ def test_a_bad_extends_is_an_error_at_its_line(tmp_path, extends, message):
     ("tune: {numa: {balancing: 0}}", r"inv.yaml:3: tune.numa.balancing: must be true, false or null \(got 0\)"),
     ("tune: {driver: {held: maybe}}", r"tune.driver.held: must be true, false or null"),
     ("tune: {gpu: {persistence: 1}}", r"tune.gpu.persistence: must be true, false or null"),
+    ("tune: {gpu: {persistence: false}}", r"tune.gpu.persistence: false is not a state hosttune sets .* write null"),
     ("tune: {health: {allreduce_floor_gbps: .nan}}", r"tune.health.allreduce_floor_gbps: must be a positive number"),
 ])
 def test_versions_that_yaml_read_as_numbers_and_switches_that_are_not_booleans_are_errors(tmp_path, text, message):
