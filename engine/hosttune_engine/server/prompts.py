@@ -25,8 +25,9 @@ class PromptBuilder:
             raise bad_request(f"this model has no tokenizer (tokenizer.json) for {what}", param)
         return self.tokenizer
 
-    async def encode(self, prompt: Prompt, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of a text or token-id prompt; the ids are checked against the vocabulary."""
+    async def encode(self, prompt: Prompt, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+        """Token ids of a text or token-id prompt; the ids are checked against the vocabulary. `param` is the field
+        an error names."""
         if not isinstance(prompt, str):
             return self.check_ids(list(prompt))
         tok = self._need_tokenizer()
@@ -35,7 +36,7 @@ class PromptBuilder:
                 return tok.encode(prompt, add_special_tokens=add_special_tokens)
             return await asyncio.get_running_loop().run_in_executor(None, tok.encode, prompt, add_special_tokens)
         except (TypeError, UnicodeError):  # JSON allows lone surrogates ("\ud800"); tokenizers do not
-            raise bad_request("the prompt is not valid Unicode (a lone surrogate escape?)", "prompt") from None
+            raise bad_request(f"{param}: not valid Unicode (a lone surrogate escape?)", param) from None
 
     def render_chat(self, messages, add_generation_prompt: bool = True, template_kwargs: dict | None = None) -> str:
         tok = self._need_tokenizer("chat messages; send token ids to /v1/completions", "messages")
@@ -52,7 +53,7 @@ class PromptBuilder:
                           add_special_tokens: bool = False) -> list[int]:
         # The template writes BOS itself where the model wants one, as in vLLM: no special tokens unless asked.
         text = self.render_chat(messages, add_generation_prompt, template_kwargs)
-        return await self.encode(text, add_special_tokens=add_special_tokens)
+        return await self.encode(text, add_special_tokens, "messages")
 
     def check_logprobs(self, logprobs: int | None) -> None:
         """Logprobs show each token as text: without a tokenizer there is none to show."""

@@ -118,6 +118,17 @@ def test_chat_and_tokenized_messages_get_special_tokens_only_when_asked(tiny_mod
     assert ids[True] == [0, *ids[False]]
 
 
+def test_a_lone_surrogate_names_the_field_it_came_in(tiny_models):
+    from hosttune_engine.model.tokenizer import Tokenizer
+
+    builder = PromptBuilder(Tokenizer(tiny_models["llama"]), 1024, 256)
+    for param, encode in (("prompt", builder.encode("a\ud800")),
+                          ("messages", builder.encode_chat([{"role": "user", "content": "a\ud800"}]))):
+        with pytest.raises(ApiError) as err:
+            asyncio.run(encode)
+        assert (err.value.param, err.value.message) == (param, f"{param}: not valid Unicode (a lone surrogate escape?)")
+
+
 def test_tokenize_parsing():
     assert TokenizeRequest.parse({"prompt": "hi"}).add_special_tokens is True
     assert TokenizeRequest.parse({"messages": [{"role": "user", "content": "x"}]}).add_special_tokens is False
