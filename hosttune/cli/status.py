@@ -13,7 +13,8 @@ import typer
 
 from hosttune.checks.service_monitor import ACTIVE_TIMER, METRICS_FILES, STATUS_DIR, STATUS_FILES, TIMER
 from hosttune.cli.app import app
-from hosttune.cli.common import AcceptKeysOpt, InventoryOpt, LimitOpt, ReadForksOpt, emit, load, user_errors, why_not_written
+from hosttune.cli.common import (AcceptKeysOpt, InventoryOpt, LimitOpt, ReadForksOpt, check_writable, emit, load,
+                                 user_errors, why_not_written)
 from hosttune.cli.progress import Progress
 from hosttune.errors import HosttuneError
 from hosttune.fleet_runner import exit_code
@@ -47,6 +48,7 @@ def status(
 
     Example: hosttune status --inventory inventories/example.yaml
     """
+    check_writable(output)  # before a fleet's worth of reads, not after
     inv = load(inventory, limit, accept_new_host_keys)
     with Progress("reading status", total=len(inv.hosts)) as progress:
         statuses = read_fleet(inv, forks=forks, on_host_done=lambda name, s: progress.advance(name, state(s).lower()))

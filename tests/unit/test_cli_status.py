@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from hosttune import status as status_module
 from hosttune.cli import app
+from hosttune.cli import status as status_cli
 from hosttune.config.inventory import local_inventory
 from hosttune.status_file import StatusError, parse_status
 from hosttune.transport.base import CommandResult, Transport, bundled_script
@@ -161,3 +162,10 @@ def test_a_textfile_folder_that_cannot_be_written_still_leaves_a_fresh_status_fi
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert result.stderr.startswith(f"hosttune: cannot write {tmp_path / 'f' / 'tf' / 'hosttune.prom'}: a folder in its path")
     assert parse_status((tmp_path / "st" / "status.json").read_text()).pass_name == "regular"
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_any_host_is_read(monkeypatch, tmp_path):
+    read = []
+    monkeypatch.setattr(status_cli, "read_fleet", lambda *a, **k: read.append(1) or [])
+    result = runner.invoke(app, ["status", "-o", str(tmp_path)])
+    assert result.exit_code == 2 and "choose another --output" in result.stderr and read == []
