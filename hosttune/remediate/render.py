@@ -132,7 +132,9 @@ def _host_doc(r: HostRemediation) -> dict:
             "faults": [_fault_doc(f) for f in r.results], "exit_bits": r.exit_bits}
 
 
-def render_json(results: list[HostRemediation], run: str | None, breaker: str = "", room: int | None = None) -> str:
-    """The plan (run None) or the recap as JSON, for automation; room: the cordons the breaker allows (the plan's)."""
-    return json.dumps({"run": run, "dry_run": run is None, "breaker": breaker or None, "breaker_room": room,
-                       "hosts": [_host_doc(r) for r in results]}, indent=1)
+def render_json(results: list[HostRemediation], run: str | None, breaker: str = "", room: int | None = None,
+                dry_run: bool | None = None) -> str:
+    """The plan (run None) or the recap as JSON, for automation; room: the cordons the breaker allows (the plan's);
+    dry_run: whether nothing was to change (default: a plan), False for a --yes run that found nothing to do."""
+    return json.dumps({"run": run, "dry_run": run is None if dry_run is None else dry_run, "breaker": breaker or None,
+                       "breaker_room": room, "hosts": [_host_doc(r) for r in results]}, indent=1)

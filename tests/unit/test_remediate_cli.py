@@ -283,3 +283,11 @@ def test_uncordon_goes_on_past_a_host_it_loses_and_reports_every_host_it_took_ba
     done = [line for line in result.stdout.splitlines() if "uncordoned" in line]
     assert [line.split(":")[0] for line in done] == ["gpu-01", "gpu-02", "gpu-03"], result.stdout
     assert done[1] == "gpu-02: not uncordoned: gpu-02: connection refused (is sshd running, and on this port?)"
+
+
+def test_a_real_run_that_finds_nothing_to_do_does_not_call_itself_a_dry_run(fleet):
+    states, inv = fleet
+    states.update({"gpu-01": SERVING, "gpu-02": SERVING, "gpu-03": SERVING})
+    real = json.loads(runner.invoke(app, ["remediate", *inv, "--yes", "--format", "json"]).stdout)
+    dry = json.loads(runner.invoke(app, ["remediate", *inv, "--yes", "--dry-run", "--format", "json"]).stdout)
+    assert (real["run"], real["dry_run"]) == (None, False) and dry["dry_run"] is True
