@@ -6,6 +6,8 @@ import json
 import time
 
 from hosttune.actions.base import describe
+from hosttune.config.inventory import Host
+from hosttune.execute.reboot import cannot_reboot
 from hosttune.quoting import join
 from hosttune.remediate.climb import FaultResult, HostRemediation, RungOutcome
 from hosttune.remediate.cordon import uncordon_step
@@ -18,8 +20,13 @@ def _when(at: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(at))
 
 
-def _ladder(rungs: tuple[Rung, ...], options: LadderOptions) -> str:
-    return " -> ".join(f"{r} (needs --reboot)" if r is Rung.REBOOT and not options.reboot else str(r) for r in rungs)
+def _ladder(rungs: tuple[Rung, ...], options: LadderOptions, host: Host) -> str:
+    """The rungs in order, a reboot the climb would pass over marked as such."""
+    if not options.reboot:
+        mark = " (needs --reboot)"
+    else:
+        mark = " (skipped: this machine runs hosttune)" if cannot_reboot(host) else ""
+    return " -> ".join(f"{r}{mark}" if r is Rung.REBOOT else str(r) for r in rungs)
 
 
 def uncordon_command(host: str, inventory: str | None) -> str:
@@ -78,7 +85,7 @@ def render_plan(results: list[HostRemediation], options: LadderOptions, inventor
         lines.append(f"{r.survey.host.name}: {len(r.results)} fault(s)" + (f"; {blind}" if blind else ""))
         for f in r.results:
             lines += [f"  {f.fault.check_id}  {f.fault.reason}",
-                      f"    ladder: {_ladder(f.fault.ladder, options)}", *_first_step(r.survey, f, options)]
+                      f"    ladder: {_ladder(f.fault.ladder, options, r.survey.host)}", *_first_step(r.survey, f, options)]
     return "\n".join(lines)
 
 

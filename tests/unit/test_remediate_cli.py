@@ -291,3 +291,11 @@ def test_a_real_run_that_finds_nothing_to_do_does_not_call_itself_a_dry_run(flee
     real = json.loads(runner.invoke(app, ["remediate", *inv, "--yes", "--format", "json"]).stdout)
     dry = json.loads(runner.invoke(app, ["remediate", *inv, "--yes", "--dry-run", "--format", "json"]).stdout)
     assert (real["run"], real["dry_run"]) == (None, False) and dry["dry_run"] is True
+
+
+def test_the_ladder_line_marks_a_reboot_this_machine_would_skip_even_with_reboot():
+    fault = Fault(FaultKind.REMAP_PENDING, "gpu.memory_health", (Rung.DRAIN, Rung.RESET, Rung.REBOOT, Rung.CORDON),
+                  "GPU0: a row remap waits for a GPU reset", gpu=0)
+    here = Survey(local_inventory().hosts[0], "inference-latency", snapshot=parse_snapshot(SERVING), faults=(fault,))
+    plan = render.render_plan([planned(here)], LadderOptions(reboot=True)).splitlines()
+    assert plan[2] == "    ladder: drain -> reset -> reboot (skipped: this machine runs hosttune) -> cordon"
