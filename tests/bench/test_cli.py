@@ -212,6 +212,14 @@ def test_an_option_whose_feature_is_off_is_a_user_error_not_silently_ignored(arg
     assert result.output == f"hosttune: {args[0]} changes nothing without {needs}; add that, or leave it out\n"
 
 
+def test_tls_options_on_plain_http_urls_are_a_user_error_not_silently_ignored(tmp_path):
+    (tmp_path / "ca.pem").write_text("")
+    for args in (["--insecure"], ["--cacert", str(tmp_path / "ca.pem")]):
+        result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--users", "1", *args])
+        assert result.exit_code == 2
+        assert result.output.startswith(f"hosttune: {args[0]} is about https certificates, and every --url here is http://")
+
+
 def test_every_url_and_the_out_folder_are_checked_before_the_first_run(tmp_path):
     # Port 9 has no server: had the first endpoint been run, the error would be "cannot reach".
     result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--url", "ftp://x", "--users", "1"])
