@@ -10,6 +10,7 @@ of null means "not managed": its check reports not-applicable. Inventory pins an
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,6 +271,7 @@ def _read_settings(name: str, base: Path | None = None, seen: tuple[tuple[str, P
     if not isinstance(settings, dict):
         raise ProfileError(f"{path}:{doc.line_of('settings')}: settings: must be a mapping")
     _check_sections(settings, str(path))
+    _anchor_paths(settings, path.parent)
     _check_values(settings, str(path), "settings")
     base_settings = _extended(doc, path, seen + ((name, path.resolve()),)) if doc.get("extends") is not None else {}
     return merge(base_settings, settings), str(doc.get("description", ""))
@@ -300,6 +302,19 @@ def _check_sections(settings: dict, where: str, label: str = "settings") -> None
             if key not in known:
                 kline = values.line_of(key) if isinstance(values, LocatedDict) else line
                 raise ProfileError(f"{where}:{kline}: {label}.{section}.{key}: unknown setting (expected one of: {', '.join(sorted(known))})")
+
+
+# Settings naming a folder on the controller: relative to the file that names them, as playbook paths are.
+CONTROLLER_PATHS = (("monitor", "wheels"),)
+
+
+def _anchor_paths(settings: dict, folder: Path) -> None:
+    """Make each controller path in settings absolute: `~` expanded, a relative one joined to `folder`."""
+    for section, key in CONTROLLER_PATHS:
+        values = settings.get(section)
+        value = values.get(key) if isinstance(values, dict) else None
+        if isinstance(value, str) and value:
+            values[key] = str(folder / os.path.expanduser(value))  # an absolute one stays as it is
 
 
 def _check_values(settings: dict, where: str, label: str) -> None:
@@ -337,6 +352,7 @@ def host_overrides(host: Host) -> dict:
     if host.gpus != "all":
         over.setdefault("health", {})["gpus"] = host.gpus
     _check_sections(host.tune, host.path, "tune")
+    _anchor_paths(host.tune, Path(host.path).parent)
     _check_values(host.tune, host.path, "tune")
     return merge(over, host.tune)
 

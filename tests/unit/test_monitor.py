@@ -75,6 +75,24 @@ def test_a_wheel_folder_without_this_hosttune_is_refused(tmp_path):
         build("p", {"monitor": {"wheels": str(tmp_path)}})
 
 
+def test_a_relative_wheel_folder_is_the_naming_files_not_the_working_directorys(wheels, tmp_path, monkeypatch):
+    from hosttune.config.inventory import load_inventory
+    from hosttune.config.profile import profile_for
+
+    fleet = tmp_path / "fleet"
+    (fleet / "playbooks").mkdir(parents=True)
+    shutil.copytree(wheels, fleet / "wheels", ignore=shutil.ignore_patterns("fleet"))
+    (fleet / "playbooks" / "mine.yaml").write_text(yaml.safe_dump({
+        "name": "mine", "extends": "inference-latency", "settings": {"monitor": {"enabled": True, "wheels": "../wheels"}}}))
+    (fleet / "hosts.yaml").write_text(yaml.safe_dump({"groups": {"g": {"hosts": {
+        "a": {"address": "10.0.0.1", "profile": "playbooks/mine.yaml"},
+        "b": {"address": "10.0.0.2", "profile": "playbooks/mine.yaml", "tune": {"monitor": {"wheels": "wheels"}}}}}}}))
+    monkeypatch.chdir(tmp_path)  # not the inventory's folder
+    a, b = load_inventory(fleet / "hosts.yaml").hosts
+    assert Path(profile_for(a).monitor.wheels).resolve() == Path(profile_for(b).monitor.wheels).resolve() == \
+        (fleet / "wheels").resolve()
+
+
 def test_apply_uploads_the_wheels_makes_the_venv_and_starts_both_timers(wheels):
     (step,) = monitor(SYSTEMD, monitored(wheels), HOST)
     ops = step.ops
