@@ -162,6 +162,7 @@ class Command:
     offline: it is meaningful on an image too (--root runs it inside the root with chroot);
     False: it acts on the running system only, and --root skips it.
     fail_on_stderr: an exit 0 still fails when stderr mentions any of these.
+    fail_on_stdout: ... or when stdout does (a report printed as a table, such as dcgmi diag's).
     requires: what it needs on the host besides its program (e.g. a virtualenv-capable Python).
     meets: what it gives later operations (e.g. installing python3-venv).
     """
@@ -172,6 +173,7 @@ class Command:
     offline: bool = True
     timeout: float = 3600.0
     fail_on_stderr: tuple[str, ...] = ()
+    fail_on_stdout: tuple[str, ...] = ()
     requires: tuple[Need, ...] = ()
     meets: tuple[Need, ...] = ()
 

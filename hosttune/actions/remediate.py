@@ -65,7 +65,9 @@ def reset_ops(gpu: int) -> list[Op]:
 
 
 def diagnose_ops(gpu: int) -> list[Op]:
-    return [Command(("dcgmi", "diag", "-r", "2", "-i", str(gpu)), offline=False, timeout=900.0, fail_on_stderr=("Fail",))]
+    # dcgmi prints its results as a table on stdout: a failed test is a row whose result reads Fail
+    return [Command(("dcgmi", "diag", "-r", "2", "-i", str(gpu)), offline=False, timeout=900.0,
+                    fail_on_stderr=("Fail",), fail_on_stdout=("| Fail",))]
 
 
 def cordon_ops(record: bytes, script: str | None, indices: tuple[int, ...], services: tuple[str, ...] = ()) -> list[Op]:

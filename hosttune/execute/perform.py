@@ -44,8 +44,11 @@ def perform(t: Transport, op: Op, rec: OpRecord | None = None, root: str | None 
 
 
 def failed(op: Op, result: CommandResult) -> bool:
-    """A non-zero exit, or a command's exit 0 whose stderr names one of its fail_on_stderr words."""
-    return not result.ok or (isinstance(op, Command) and any(word in result.stderr for word in op.fail_on_stderr))
+    """A non-zero exit, or a command's exit 0 whose stderr or stdout names one of its failure words."""
+    if not result.ok:
+        return True
+    return isinstance(op, Command) and (any(word in result.stderr for word in op.fail_on_stderr)
+                                        or any(word in result.stdout for word in op.fail_on_stdout))
 
 
 def run_ops(transport: Transport, ops: Iterable[Op], on_op: Callable[[Op], None] | None = None) -> int:

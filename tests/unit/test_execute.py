@@ -221,6 +221,21 @@ def test_an_exit_0_whose_stderr_names_a_failure_word_fails_the_step_in_apply_too
     assert execute_plan(_Answering(replace(said, stderr="")), plan, "r2").status == "changed"
 
 
+def test_remediations_diagnosis_fails_on_a_fail_row_of_dcgmis_table_on_stdout(tmp_path):
+    from hosttune.actions.remediate import diagnose_ops
+    from hosttune.transport.base import CommandResult
+
+    root = image(tmp_path)
+    diag = replace(diagnose_ops(0)[0], offline=True)  # run in the test's image root, not skipped there
+    plan = replace(plan_for(LocalTransport(), root, []), steps=(Step(("gpu.diag",), "diagnose", (diag,)),))
+    table = ("+---------------------------+----------------+\n| Diagnostic                | Result         |\n"
+             "| Deployment                | Pass           |\n| Memory                    | {}           |\n")
+    said = CommandResult(diag.argv, 0, table.format("Fail"), "", 0.1)
+    result = execute_plan(_Answering(said), plan, "r1")
+    assert result.status == "failed" and "| Memory" in result.error
+    assert execute_plan(_Answering(replace(said, stdout=table.format("Pass"))), plan, "r2").status == "changed"
+
+
 def test_failing_step_stops_the_plan_and_the_journal_says_where(local, tmp_path):
     root = image(tmp_path)
     (root / "etc/profile.d").mkdir()
