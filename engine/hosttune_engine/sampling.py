@@ -15,8 +15,9 @@ class SamplingParams:
     `logprobs=None` returns no log-probabilities; `logprobs=n` returns the chosen
     token's log-probability and the `n` most likely alternatives (raw model
     distribution, before temperature and filters). Stop strings are cut from the
-    text unless `include_stop_str_in_output`; stop tokens end the request and are
-    kept in `token_ids`.
+    text unless `include_stop_str_in_output`; stop tokens and EOS end the request
+    and are kept in `token_ids`, their text left out unless
+    `include_stop_str_in_output` (as in vLLM).
     """
 
     max_tokens: int = 16

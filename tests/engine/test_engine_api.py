@@ -46,6 +46,10 @@ def test_max_tokens_and_stop_token_ids(llm):
     out = llm.generate([ids], greedy(12, stop_token_ids=[stop_tok]))[0]
     assert out.token_ids == full.token_ids[: first + 1]
     assert out.finish_reason == "stop" and out.stop_reason == stop_tok
+    # as vLLM: a stop token is kept in token_ids, its text only with include_stop_str_in_output
+    assert out.text == (llm.generate([ids], greedy(first))[0].text if first else "")
+    kept = llm.generate([ids], greedy(12, stop_token_ids=[stop_tok], include_stop_str_in_output=True))[0]
+    assert kept.text == llm.generate([ids], greedy(first + 1))[0].text != out.text
 
 
 def test_stop_strings_cut_the_text(llm):
@@ -67,7 +71,10 @@ def test_eos_ends_generation(tiny_models):
     # Make EOS the token greedy decoding emits third: stop it via the engine's eos set.
     llm.engine.scheduler.eos_token_ids = frozenset([full[2]])
     out = llm.generate([prompt_ids(6, 6)], SamplingParams(temperature=0, max_tokens=10))[0]
-    assert out.token_ids == full[: full.index(full[2]) + 1] and out.finish_reason == "stop"
+    first = full.index(full[2])
+    assert out.token_ids == full[: first + 1] and (out.finish_reason, out.stop_reason) == ("stop", None)
+    # as vLLM: the EOS token ends the sequence, and its text is not in the output
+    assert out.text == llm.generate([prompt_ids(6, 6)], greedy(first))[0].text if first else out.text == ""
     assert eos in llm.engine.model_config.eos_token_ids
 
 

@@ -290,7 +290,7 @@ class Engine:
     def _advance(self, req: _Request, logprob: TokenLogprob | None) -> TokenOutput:
         seq = req.seq
         token = seq.token_ids[-1]
-        if req.detok is not None:
+        if req.detok is not None and not _ended_by_its_token(seq):
             stop = req.detok.add_token(token)
             if stop is not None and seq.is_finished:  # it also hit max_tokens: the stop string wins
                 seq.finish_reason, seq.stop_reason = "stop", stop
@@ -355,6 +355,13 @@ def _token_output(**fields) -> TokenOutput:
     out = object.__new__(TokenOutput)
     out.__dict__.update(fields)
     return out
+
+
+def _ended_by_its_token(seq: Sequence) -> bool:
+    """EOS or a stop token ended `seq`: its text stays out of the output unless asked for, as in vLLM (the token
+    stays in token_ids)."""
+    return (seq.is_finished and seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
+            and not seq.sampling.include_stop_str_in_output)
 
 
 def _load_tokenizer(config: EngineConfig) -> Tokenizer | None:
