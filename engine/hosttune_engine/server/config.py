@@ -44,6 +44,9 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        if not self.host.strip():
+            raise ConfigError("host is empty; give an address to listen on (127.0.0.1, or 0.0.0.0 for every "
+                              "interface)")
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ConfigError("served_model_name is empty; give the name clients send as 'model', or leave it out "
                               "to use the model path")

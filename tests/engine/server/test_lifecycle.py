@@ -243,6 +243,8 @@ def test_bad_options_exit_2(tmp_path):
     ("--max-num-batched-tokens", "0", "max_num_batched_tokens must be >= max_num_seqs"),
     ("--max-model-len", "3", "max_model_len 3 leaves warmup's prompts no room; give 4 or more (or skip warmup)"),
     ("--served-model-name", " ", "served_model_name is empty; give the name clients send as 'model'"),
+    # an empty host binds every interface: an unset $HOST must not serve other machines
+    ("--host", "", "host is empty; give an address to listen on (127.0.0.1, or 0.0.0.0 for every interface)"),
 ])
 def test_a_size_or_time_that_cannot_work_is_one_line_exit_2(tmp_path, capsys, option, value, message):
     from hosttune_engine.server.cli import main
