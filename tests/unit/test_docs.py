@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import os
@@ -297,3 +298,60 @@ def test_the_readme_names_each_extra_a_command_needs():
         assert command in extras and f"`hosttune {command}`" in readme
         assert f"`{command}` extra" in readme
         assert f"pip install -e '.[{command}]'" in readme
+
+
+# -- what docs/kernel-plans.md shows is what `hosttune-engine plan` prints ------------------------------------
+def shown_plans(text: str) -> list[tuple[list[str], str]]:
+    """Each `$ hosttune-engine plan ...` in a code block of the document, as its arguments and the output shown
+    under it (up to the next `$` line or the block's end)."""
+    found = []
+    for block in re.findall(r"```\n(.*?)```", text, re.S):
+        for shown in re.split(r"^\$ ", block, flags=re.M)[1:]:
+            command, _, output = shown.partition("\n")
+            if command.startswith("hosttune-engine plan "):
+                found.append((shlex.split(command)[1:], output.strip("\n")))
+    return found
+
+
+def test_the_kernel_plans_shown_are_what_the_engine_prints(tmp_path, monkeypatch):
+    """A whole plan shown is the command's whole output; an excerpt (tables without the header) is some of its
+    tables, each whole. The model is the Qwen2.5-7B shape of tests/fixtures, with the shipped table only."""
+    from hosttune_engine.kernels import tuning
+    from hosttune_engine.server.cli import main
+
+    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(tuning.USER_ENV, str(tmp_path / "none.json"))
+    monkeypatch.delenv(tuning.SHIPPED_ENV, raising=False)
+    plans = shown_plans((ROOT / "docs" / "kernel-plans.md").read_text())
+    assert len(plans) >= 4 and any(out.startswith("Kernel plan for") for _, out in plans)
+    for args, shown in plans:
+        args = [str(ROOT / "tests" / "fixtures" / a) if a == "qwen2.5-7b" else a for a in args]
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            main(args)
+        printed = printed.getvalue().strip("\n")
+        if shown.startswith("Kernel plan for"):
+            assert shown == printed, args
+        else:
+            tables = printed.split("\n\n")
+            assert all(t in tables for t in shown.split("\n\n")), args
+
+
+def test_the_engine_readme_states_serves_defaults_and_graph_sizes():
+    """The defaults engine/README.md gives for `serve` are argparse's, and its graph sizes the engine's."""
+    from hosttune_engine.core.mixed_graphs import MIXED_GRAPH_SIZES
+    from hosttune_engine.core.prefill_graphs import PREFILL_GRAPH_SIZES
+    from hosttune_engine.server.cli import _parser
+
+    commands = next(a for a in _parser()._actions if a.choices and "serve" in a.choices).choices
+    serve = argparse.Namespace(**{a.dest: a.default for a in commands["serve"]._actions})  # as typed, not parsed
+    readme = " ".join((ROOT / "engine" / "README.md").read_text().split())
+    said = {f"`--gpu-memory-utilization` (default {serve.gpu_memory_utilization:g})",
+            f"`--cpu-kv-cache-gib` (default {serve.cpu_kv_cache_gib:g})",
+            f"`--max-step-ms` (default `{serve.max_step_ms}`",
+            f"`--header-timeout` ({serve.header_timeout:g} s)", f"`--idle-timeout` ({serve.idle_timeout:g} s)",
+            f"`--max-connections` ({serve.max_connections})", f"`--host` defaults to {serve.host}",
+            f"({len(MIXED_GRAPH_SIZES)} buckets, {MIXED_GRAPH_SIZES[0]} to {MIXED_GRAPH_SIZES[-1]:,}",
+            f"Other steps of up to {MIXED_GRAPH_SIZES[-1]:,} tokens",
+            f"({PREFILL_GRAPH_SIZES[0]} to {PREFILL_GRAPH_SIZES[-1]})"}
+    assert not [s for s in said if s not in readme]
