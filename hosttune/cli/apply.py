@@ -17,7 +17,6 @@ from hosttune.cli.progress import Progress
 from hosttune.execute import recap
 from hosttune.errors import HosttuneError
 from hosttune.execute.journal import RUNS_DIR, new_run_id
-from hosttune.execute.reboot import cannot_reboot
 from hosttune.execute.rollout import ApplyOptions, apply_plans, dry_run_outcome, plan_fleet, rollback_fleet
 from hosttune.fleet import profiles
 from hosttune.fleet_runner import Outcome, exit_code
@@ -65,12 +64,13 @@ def apply(
         plans = plan_fleet(inv, wanted, options,
                            on_host_done=lambda name, plan: progress.advance(name, plan_state(plan)))
     # the hosts apply reboots itself (not this machine: hosttune could not wait for its own boot)
-    reboots = sum(1 for p in plans if p.needs_reboot and not cannot_reboot(p.host)) if reboot and not root else 0
+    rebooting = recap.reboot_plan(plans) if reboot and not root else None
+    reboots = len(rebooting.rebooted) if rebooting else 0
     if dry_run or not (any(p.steps and not p.error for p in plans) or reboots):
         outcomes = [dry_run_outcome(p) for p in plans]
-        text = recap.render_json(outcomes, None, True) if fmt is Output.json else plan_render.render(plans)
-        if reboot and not root and fmt is Output.text:
-            text += "\n" + recap.reboot_note(plans)
+        text = recap.render_json(outcomes, None, True, reboot=rebooting) if fmt is Output.json else plan_render.render(plans)
+        if rebooting and fmt is Output.text:
+            text += "\n" + recap.reboot_note(rebooting)
         emit(text, output)
         raise typer.Exit(exit_code(outcomes))
     if fmt is Output.text:

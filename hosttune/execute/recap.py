@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from hosttune.execute.reboot import cannot_reboot
 from hosttune.execute.rollback import RollbackResult
@@ -71,15 +72,35 @@ def render(outcomes: list[HostOutcome], run: str | None, inventory: str | None =
     return "\n".join(lines)
 
 
-def reboot_note(plans: list[HostPlan]) -> str:
-    """apply --dry-run --reboot: the hosts a real run reboots once their changes are made, and those it leaves to
-    their operator (as the recap would say)."""
+@dataclass(frozen=True)
+class RebootPlan:
+    """apply --reboot, before it runs: the hosts it reboots once their changes are made, and those it leaves to
+    their operator, each with why (as the recap would say)."""
+
+    rebooted: tuple[str, ...]
+    left: tuple[tuple[str, str], ...]
+
+
+def reboot_plan(plans: list[HostPlan]) -> RebootPlan:
     pending = [p for p in plans if p.reachable and not p.error and p.needs_reboot]
-    rebooted = [p.host.name for p in pending if not cannot_reboot(p.host)]
-    lines = [f"--reboot: would reboot {', '.join(rebooted)} once its changes are made, a batch at a time, wait for "
-             "each to come back and re-check it"] if rebooted else []
-    lines += [f"--reboot: would not reboot {p.host.name}: {cannot_reboot(p.host)}" for p in pending if cannot_reboot(p.host)]
+    return RebootPlan(tuple(p.host.name for p in pending if not cannot_reboot(p.host)),
+                      tuple((p.host.name, why) for p in pending if (why := cannot_reboot(p.host))))
+
+
+def reboot_note(plan: RebootPlan) -> str:
+    """apply --dry-run --reboot as text."""
+    lines = [f"--reboot: would reboot {', '.join(plan.rebooted)} once its changes are made, a batch at a time, wait "
+             "for each to come back and re-check it"] if plan.rebooted else []
+    lines += [f"--reboot: would not reboot {host}: {why}" for host, why in plan.left]
     return "\n".join(lines) or "--reboot: no host would be rebooted (none needs it)"
+
+
+def reboot_dict(plan: RebootPlan | None) -> dict | None:
+    """apply --dry-run --reboot as JSON; None without --reboot (or under --root), where a run reboots nothing."""
+    if plan is None:
+        return None
+    return {"would_reboot": list(plan.rebooted),
+            "would_not_reboot": [{"host": host, "reason": why} for host, why in plan.left]}
 
 
 def outcome_dict(o: HostOutcome, inventory: str | None = None) -> dict:
@@ -98,9 +119,11 @@ def outcome_dict(o: HostOutcome, inventory: str | None = None) -> dict:
     }
 
 
-def render_json(outcomes: list[HostOutcome], run: str | None, dry_run: bool, inventory: str | None = None) -> str:
+def render_json(outcomes: list[HostOutcome], run: str | None, dry_run: bool, inventory: str | None = None,
+                reboot: RebootPlan | None = None) -> str:
+    """The recap as JSON; `reboot`: what a dry run's --reboot would do."""
     doc = {"run": run, "dry_run": dry_run, "hosts": [outcome_dict(o, inventory) for o in outcomes],
-           "exit_code": exit_code(outcomes)}
+           "reboot": reboot_dict(reboot), "exit_code": exit_code(outcomes)}
     return json.dumps(doc, indent=2)
 
 

@@ -193,6 +193,10 @@ def test_a_dry_run_with_reboot_says_which_hosts_the_run_would_reboot_and_which_i
                          "come back and re-check it")
     assert lines[-1].startswith("--reboot: would not reboot localhost: this machine runs hosttune")
     assert "--reboot" not in runner.invoke(app, ["apply", "--dry-run"]).stdout
+    doc = json.loads(runner.invoke(app, ["apply", "--dry-run", "--reboot", "--format", "json"]).stdout)
+    assert doc["reboot"] == {"would_reboot": ["gpu-01"], "would_not_reboot": [
+        {"host": "localhost", "reason": "this machine runs hosttune, which cannot wait for its own reboot: reboot it by hand"}]}
+    assert json.loads(runner.invoke(app, ["apply", "--dry-run", "--format", "json"]).stdout)["reboot"] is None
 
 
 def test_rollback_under_a_root_names_the_journal_folder_inside_it(tmp_path):
