@@ -26,6 +26,7 @@ from hosttune_engine.checkpoint.writer import write_quantized
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DEFAULT_SIZE = 128  # --block and --group-size
+CALIBRATION_TOKENS = 512
 # Options of some layouts only: given with another, they would be ignored and another checkpoint written.
 LAYOUT_OPTIONS = {"block": ("fp8-block",), "group_size": ("awq", "gptq"), "sym": ("gptq",), "desc_act": ("gptq",),
                   "calibration_text": ("awq", "gptq")}
@@ -59,7 +60,10 @@ def calibration_ids(args) -> list[int] | None:
         text = args.calibration_text.read_text()
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"--calibration-text {args.calibration_text}: cannot read it ({e}); give a text file")
-    return Tokenizer(args.model).encode(text)[:512]
+    if not text.strip():
+        raise ConfigError(f"--calibration-text {args.calibration_text} holds no text; give a file of representative "
+                          f"text (its first {CALIBRATION_TOKENS} tokens are used)")
+    return Tokenizer(args.model).encode(text)[:CALIBRATION_TOKENS]
 
 
 def check_source(model: Path) -> None:
@@ -102,7 +106,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sym", action="store_true", help="gptq: symmetric, no zero points")
     parser.add_argument("--desc-act", action="store_true", help="gptq: act-order groups (g_idx)")
     parser.add_argument("--calibration-text", type=Path, help="4-bit: a text file whose activations choose "
-                                                                 "AWQ-style scales (first 512 tokens)")
+                                                                 f"AWQ-style scales (first {CALIBRATION_TOKENS} tokens)")
     parser.add_argument("--dtype", choices=DTYPES, help="dtype of what stays unquantized "
                                                          "(default bfloat16 for fp8, float16 for 4-bit)")
     args = parser.parse_args(argv)

@@ -228,6 +228,19 @@ def test_script_refuses_a_checkpoint_that_does_not_fit_its_config(tiny_models, t
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("text", ["", " \n\t\n"])
+def test_script_refuses_calibration_text_without_text(tiny_models, tmp_path, capsys, text):
+    # else the scale search it asks for would be skipped and round-to-nearest written in its place
+    empty = tmp_path / "empty.txt"
+    empty.write_text(text)
+    argv = ["--model", str(tiny_models["llama"]), "--out", str(tmp_path / "o"), "--layout", "awq", "--group-size",
+            "64", "--calibration-text", str(empty)]
+    assert _script().main(argv) == 2
+    assert capsys.readouterr().err == (f"quantize_checkpoint: error: --calibration-text {empty} holds no text; give "
+                                       "a file of representative text (its first 512 tokens are used)\n")
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("option", ["--group-size", "--block"])
 def test_script_refuses_a_size_below_one_as_bad_usage(tiny_models, tmp_path, capsys, option):
     with pytest.raises(SystemExit) as exit_:
