@@ -17,7 +17,7 @@ import fnmatch
 import ipaddress
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -175,6 +175,7 @@ class Inventory:
 
     hosts: tuple[Host, ...]
     source: str
+    empty_groups: tuple[str, ...] = ()  # groups the file declares with no host under them
 
     @property
     def groups(self) -> dict[str, list[Host]]:
@@ -192,14 +193,17 @@ class Inventory:
             raise InventoryError(f"--limit {patterns!r} names no host or group; leave --limit out for every host")
         kept = tuple(h for h in self.hosts if any(_matches(h, p) for p in wanted))
         where = "the default inventory (this machine, named localhost)" if self.source == "<built-in>" else self.source
-        if not kept:
-            raise InventoryError(f"--limit {patterns!r} matches no host or group in {where}{self._nearest(wanted)}")
         # a mistyped name among several would otherwise leave its host out without a word
         unmatched = [p for p in wanted if not any(_matches(h, p) for h in self.hosts)]
+        if empty := [g for p in unmatched for g in self.empty_groups if fnmatch.fnmatchcase(g, p)]:
+            raise InventoryError(f"--limit {patterns!r}: group {empty[0]!r} in {where} has no hosts; add hosts under "
+                                 f"groups.{empty[0]}.hosts or limit to another group")
+        if not kept:
+            raise InventoryError(f"--limit {patterns!r} matches no host or group in {where}{self._nearest(wanted)}")
         if unmatched:
             raise InventoryError(f"--limit {patterns!r}: {', '.join(map(repr, unmatched))} matches no host or group "
                                  f"in {where}{self._nearest(unmatched)}; correct it or leave it out")
-        return Inventory(kept, self.source)
+        return replace(self, hosts=kept)
 
     def _nearest(self, patterns: list[str]) -> str:
         """" (did you mean gpu-a100-01?)" for a mistyped name, "" when nothing is close (or it is a glob)."""
@@ -229,10 +233,13 @@ def load_inventory(path: str | Path, *, accept_new_host_keys: bool = False) -> I
     reader.unknown_keys(doc, {"defaults", "groups", "hosts"}, "")
     defaults = reader.vars(_or_empty(doc.get("defaults")), "defaults", doc.line_of("defaults"))
     hosts: list[Host] = []
+    empty_groups: list[str] = []
     for group, gdoc in reader.entries(doc, "groups"):
         reader.unknown_keys(gdoc, {"vars", "hosts"}, f"groups.{group}")
         gvars = reader.vars(_or_empty(gdoc.get("vars")), f"groups.{group}.vars", gdoc.line_of("vars"))
-        for name, hdoc, line in reader.host_entries(gdoc, f"groups.{group}"):
+        entries = reader.host_entries(gdoc, f"groups.{group}")
+        empty_groups += [] if entries else [group]
+        for name, hdoc, line in entries:
             hvars = reader.vars(hdoc, f"groups.{group}.hosts.{name}", line)
             hosts.append(reader.host(name, group, _merge(defaults, gvars, hvars), line, accept_new_host_keys))
     for name, hdoc, line in reader.host_entries(doc, ""):
@@ -241,7 +248,7 @@ def load_inventory(path: str | Path, *, accept_new_host_keys: bool = False) -> I
     _no_duplicates(hosts)
     if not hosts:
         raise InventoryError(f"{path}: no hosts defined (add 'hosts:' or 'groups: NAME: hosts:')")
-    return Inventory(tuple(hosts), str(path))
+    return Inventory(tuple(hosts), str(path), tuple(empty_groups))
 
 
 def _or_empty(node: Any) -> Any:

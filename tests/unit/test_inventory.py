@@ -189,6 +189,17 @@ def test_a_mistyped_limit_names_the_nearest_host_or_group(tmp_path):
         inv.limit("other,zzz")
 
 
+def test_a_limit_naming_a_group_without_hosts_says_the_group_is_empty(tmp_path):
+    inv = load_inventory(write(tmp_path, "groups:\n  spare:\n    hosts: {}\n  h100: {}\nhosts:\n  other: {}\n"))
+    with pytest.raises(InventoryError, match=r"^--limit 'spare': group 'spare' in .*inv.yaml has no hosts; add hosts "
+                                             r"under groups.spare.hosts or limit to another group$"):
+        inv.limit("spare")
+    with pytest.raises(InventoryError, match=r"^--limit 'other,h100': group 'h100' in .*inv.yaml has no hosts"):
+        inv.limit("other,h100")
+    with pytest.raises(InventoryError, match=r"matches no host or group"):
+        inv.limit("zzz")
+
+
 def test_a_local_host_with_an_address_is_an_error_not_this_machine_probed_in_its_place(tmp_path):
     path = write(tmp_path, "hosts:\n  gpu-01:\n    transport: local\n    address: 10.0.0.5\n")
     with pytest.raises(InventoryError, match=r"inv.yaml:4: gpu-01.address: 10.0.0.5 is never reached: transport: local"):
