@@ -355,3 +355,64 @@ def test_the_engine_readme_states_serves_defaults_and_graph_sizes():
             f"Other steps of up to {MIXED_GRAPH_SIZES[-1]:,} tokens",
             f"({PREFILL_GRAPH_SIZES[0]} to {PREFILL_GRAPH_SIZES[-1]})"}
     assert not [s for s in said if s not in readme]
+
+
+def test_the_monitor_page_names_every_metric_alert_and_default():
+    """docs/monitor.md's tables: the metrics the pass writes, the alert rules the template holds (with their
+    severities and `for:`), and the monitor section's defaults."""
+    from hosttune.config.monitor_spec import MonitorSpec
+    from hosttune.report.status_metrics import _HELP
+
+    page = (ROOT / "docs" / "monitor.md").read_text()
+    metrics = set(re.findall(r"^\| `(hosttune_\w+)", section(ROOT / "docs" / "monitor.md", "## Metrics"), re.M))
+    assert metrics == set(_HELP)
+    rules = (ROOT / "templates" / "hosttune-alerts.yml.j2").read_text()
+    shown = re.findall(r"^\| `(Hosttune\w+)` \((\w+)\) \|.*\| ([^|]+) \|$", section(ROOT / "docs" / "monitor.md",
+                                                                             "## Alert rules"), re.M)
+    templated = re.findall(r"alert: (Hosttune\w+)\n.*?for: ([^\n]+)\n.*?severity: (\w+)", rules, re.S)
+    assert {name for name, _, _ in shown} == {name for name, _, _ in templated}
+    fors = {"{{ interval_s * 2 }}s": "2 intervals", "{{ interval_s * 3 }}s": "3 intervals", "1m": "1 minute",
+            "5m": "5 minutes"}
+    assert {(n, s, fors[f]) for n, f, s in templated} == {(n, s, f.strip()) for n, s, f in shown}
+    spec = MonitorSpec()
+    for key, default in (("interval_s", spec.interval_s), ("active_interval_s", spec.active_interval_s),
+                         ("textfile_dir", f"`{spec.textfile_dir}`"), ("enabled", f"`{str(spec.enabled).lower()}`")):
+        assert f"| `{key}` | {default} |" in page, key
+
+
+# -- what docs/design.md says of the layers and the dependencies ------------------------------------------------
+def layering(test_file: Path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_layers_of_{test_file.parent.name}", test_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.LAYERS
+
+
+def said_layers(text: str) -> list[set[str]]:
+    """The `name`s of a 'bottom to top' / 'bottom first' sentence, one set per ';'-separated layer."""
+    sentence = re.split(r"bottom (?:to top|first): ", " ".join(text.split()), maxsplit=1)[1].split(". ", 1)[0]
+    return [set(re.findall(r"`(\w+)`", part)) for part in sentence.split(";") if re.search(r"`\w+`", part)]
+
+
+def test_design_states_each_programs_layers_as_the_architecture_tests_hold_them():
+    design = (ROOT / "docs" / "design.md").read_text()
+    control, engine = design.split("The control plane never imports", 1)[1], design.split("Imports point one way", 1)[1]
+    for text, test_file in ((control, ROOT / "tests" / "unit" / "test_architecture.py"),
+                            (engine, ROOT / "tests" / "engine" / "test_architecture.py")):
+        held = [set(layer) - {"__init__", "__main__"} for layer in layering(test_file).layers]
+        assert said_layers(text) == [layer for layer in held if layer], test_file
+
+
+def test_design_names_every_dependency_each_program_declares():
+    import tomllib
+
+    row = next(line for line in (ROOT / "docs" / "design.md").read_text().splitlines() if line.startswith("| depends on"))
+    said = re.sub(r"[^a-z0-9]", "", row.lower())
+    for toml in (ROOT / "pyproject.toml", ROOT / "engine" / "pyproject.toml"):
+        project = tomllib.loads(toml.read_text())["project"]
+        extras = {k: v for k, v in project.get("optional-dependencies", {}).items() if k != "test"}
+        for requirement in [*project["dependencies"], *(r for reqs in extras.values() for r in reqs)]:
+            name = re.sub(r"[^a-z0-9]", "", re.split(r"[<>=!;\[ ]", requirement, maxsplit=1)[0].lower())
+            assert name in said, f"{toml.relative_to(ROOT)}: {requirement}"
