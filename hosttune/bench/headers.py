@@ -17,6 +17,7 @@ _HEADER_OPTIONS = ("--header",)
 def request_headers(items: list[str] | tuple[str, ...], api_key: str | None) -> Headers:
     """--header KEY=VALUE items, checked, then `Authorization: Bearer <api_key>` unless a header set it."""
     headers = [_one(item) for item in items]
+    _once(headers)
     if api_key and not any(name.lower() == "authorization" for name, _ in headers):
         headers.append(("Authorization", f"Bearer {_value(api_key, '--api-key')}"))
     return tuple(headers)
@@ -30,6 +31,19 @@ def _one(item: str) -> tuple[str, str]:
     if name.lower() in ("host", "content-length", "content-type", "transfer-encoding", "connection"):
         raise BenchError(f"--header {name}: bench sets this header itself")
     return name, _value(value.strip(), f"--header {name}")
+
+
+def _once(headers: list[tuple[str, str]]) -> None:
+    """A name given twice is refused: sent twice, a field that is no list means nothing certain, and a list's values
+    belong in one field anyway (RFC 9110 5.3), where every request (and model discovery, and /metrics) sends them."""
+    seen: dict[str, str] = {}
+    for name, _ in headers:
+        first = seen.get(name.lower())
+        seen[name.lower()] = first or name
+        if first is not None:
+            also = f" (as {first} too)" if first != name else ""
+            raise BenchError(f"--header {name}: given twice{also}: give each header once; for a list, join its values "
+                             f"with commas in one --header ({name}=a,b)")
 
 
 def _value(value: str, where: str) -> str:

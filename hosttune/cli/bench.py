@@ -50,7 +50,7 @@ def bench(
     max_client_lag: str = typer.Option("5ms", "--max-client-lag", help="Flag the run when the client's P99 lag exceeds this."),
     seed: int = typer.Option(0, "--seed", help="Seed for lengths, prompts and arrivals."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help="Sent as 'Authorization: Bearer KEY'; redacted in printed and saved command lines."),
-    header: Optional[List[str]] = typer.Option(None, "--header", help="NAME=VALUE, an extra request header; repeatable; its value is redacted in reports."),
+    header: Optional[List[str]] = typer.Option(None, "--header", help="NAME=VALUE, an extra request header; repeatable for other names (a name given twice is an error: join a list's values with commas in one); its value is redacted in reports."),
     cacert: Optional[Path] = typer.Option(None, "--cacert", help="https: trust the CA certificates in this PEM file (a private CA) instead of the system's."),
     insecure: bool = typer.Option(False, "--insecure", help="https: check no certificate at all (a test endpoint only)."),
 ) -> None:

@@ -96,3 +96,24 @@ def test_a_bad_header_is_a_usage_error():
 
     result = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--header", "X-Tenant"])
     assert result.exit_code == 2 and "write NAME=VALUE" in result.output
+
+
+def test_a_header_given_twice_is_a_usage_error_naming_it_not_its_values():
+    """Sent twice, a field that is no list means nothing certain (and a second Authorization is refused by most
+    servers); --help says so and says to join a list's values."""
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+
+    with pytest.raises(BenchError, match=r"^--header x-tenant: given twice \(as X-Tenant too\): give each header once"):
+        request_headers([f"X-Tenant={TENANT}", "X-Other=1", "x-tenant=b"], None)
+    with pytest.raises(BenchError, match=r"^--header A: given twice: "):
+        request_headers(["A=1", "A=2"], None)
+    result = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--header", f"X-Tenant={TENANT}",
+                                      "--header", "X-Tenant=b"])
+    assert result.exit_code == 2 and TENANT not in result.output
+    assert result.stderr == ("hosttune: --header X-Tenant: given twice: give each header once; for a list, join its "
+                             "values with commas in one --header (X-Tenant=a,b)\n")
+    help_text = " ".join(CliRunner().invoke(app, ["bench", "--help"]).stdout.replace("│", " ").split())
+    assert "a name given twice is an error" in help_text
+
