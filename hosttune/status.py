@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hosttune.checks.service_monitor import ACTIVE_TIMER, STATUS_DIR, STATUS_FILES, TIMER, stale
+from hosttune.checks.findings import Status
+from hosttune.checks.service_monitor import ACTIVE_TIMER, CHECKS, STATUS_DIR, STATUS_FILES, TIMER, stale, version_fault
 from hosttune.config.inventory import Host, Inventory
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.fleet_runner import DEFAULT_FORKS, EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE, FleetRunner
@@ -20,6 +21,7 @@ from hosttune.transport.base import bundled_script
 READ_TIMEOUT_S = 20.0
 NOT_WRITTEN_RC = 3  # status_read.sh: no such file
 _TIMERS = {"regular": TIMER, "active": ACTIVE_TIMER}
+INSTALLED = next(c for c in CHECKS if c.id == "monitor.installed")
 
 
 @dataclass(frozen=True)
@@ -32,11 +34,13 @@ class HostStatus:
     docs: tuple[StatusDoc, ...] = ()  # the regular pass first, then the active one, where written
     stale: tuple[FindingBrief, ...] = ()
     now: float | None = None  # the host's clock when read
+    version: tuple[FindingBrief, ...] = ()  # the monitor runs another hosttune than this controller
 
     @property
     def findings(self) -> tuple[FindingBrief, ...]:
-        """What fails: staleness first, then each pass's failing findings and the checks it could not judge."""
-        return self.stale + tuple(f for d in self.docs for f in (*d.failing, *d.check_errors))
+        """What fails: staleness first, the monitor's version, then each pass's failing findings and the checks it
+        could not judge."""
+        return self.stale + self.version + tuple(f for d in self.docs for f in (*d.failing, *d.check_errors))
 
     @property
     def age_s(self) -> float | None:
@@ -53,7 +57,7 @@ class HostStatus:
         if not self.reachable:
             return EXIT_UNREACHABLE
         bits = EXIT_ERROR if self.is_error else 0
-        return bits | (EXIT_DRIFT if self.stale or any(d.failing for d in self.docs) else 0)
+        return bits | (EXIT_DRIFT if self.stale or self.version or any(d.failing for d in self.docs) else 0)
 
 
 def parse_read(host: Host, output: str) -> HostStatus:
@@ -67,7 +71,7 @@ def parse_read(host: Host, output: str) -> HostStatus:
         raise StatusError(f"the host's clock read {sections['now'].text.strip()[:40]!r}, not Unix seconds "
                           "(`date +%s` on the host must print them)") from None
     docs = tuple(_parse_pass(p, sections[p]) for p in _TIMERS if p in sections and sections[p].rc != NOT_WRITTEN_RC)
-    return HostStatus(host, True, docs=docs, stale=judge_stale(docs, now), now=now)
+    return HostStatus(host, True, docs=docs, stale=judge_stale(docs, now), now=now, version=judge_version(docs))
 
 
 def _parse_pass(pass_name: str, section: Section) -> StatusDoc:
@@ -101,6 +105,13 @@ def judge_stale(docs: tuple[StatusDoc, ...], now: float) -> tuple[FindingBrief, 
         if why:
             out.append(FindingBrief("monitor.stale", "drift", "warning", why, (_TIMERS[doc.pass_name],)))
     return tuple(out)
+
+
+def judge_version(docs: tuple[StatusDoc, ...]) -> tuple[FindingBrief, ...]:
+    """The hosttune the latest pass ran, by `check`'s rule for monitor.installed (the version column's)."""
+    if not docs or not (why := version_fault(docs[0].versions.get("hosttune"))):
+        return ()
+    return (FindingBrief(INSTALLED.id, Status.DRIFT.value, INSTALLED.severity.value, why, (TIMER,)),)
 
 
 def read_host(host: Host) -> HostStatus:

@@ -37,6 +37,13 @@ def stale(timer: str, interval_s: int, age_s: float | None, installed_s: float |
     return None
 
 
+def version_fault(installed: str | None) -> str | None:
+    """Why the monitor's hosttune is not this controller's, or None: the one rule of `check` and `status`."""
+    if installed == __version__:
+        return None
+    return f"hosttune {installed or 'not installed'} (this controller runs {__version__})"
+
+
 def wanted_timers(profile: Profile) -> dict[str, str]:
     """Timer name → its OnUnitActiveSec= value; the active pass only where it has an interval."""
     spec = profile.monitor
@@ -72,7 +79,7 @@ def installed(facts: Facts, profile: Profile) -> Verdict:
     wanted = wanted_timers(profile)
     desired = f"hosttune {__version__}; " + ", ".join(f"{n} every {i}" for n, i in wanted.items())
     monitor = facts.monitor
-    faults = [] if monitor.installed == __version__ else [f"hosttune {monitor.installed or 'not installed'}"]
+    faults = [f for f in (version_fault(monitor.installed),) if f]
     faults += [f for name, interval in wanted.items() if (f := _timer_fault(monitor.timer(name), interval))]
     faults += [f for f in (_unwanted_active(monitor.timer(ACTIVE_TIMER), wanted),) if f]
     active = f"hosttune {monitor.installed or '-'}; " + (", ".join(

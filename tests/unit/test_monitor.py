@@ -21,7 +21,7 @@ from hosttune.actions.units import DAEMON_RELOAD
 from hosttune.actions.monitor import PROFILE_FILE, RULES_FILE, VENV, alert_rules, host_profile, monitor, timer_units
 from hosttune.checks import BY_ID, run_checks
 from hosttune.checks.findings import Status
-from hosttune.checks.service_monitor import stale
+from hosttune.checks.service_monitor import stale, version_fault
 from hosttune.config.inventory import Host
 from hosttune.config.profile import build, load_profile
 from hosttune.errors import ProfileError
@@ -235,6 +235,23 @@ def test_status_reads_the_passes_and_judges_staleness_on_the_hosts_clock():
     assert table.splitlines()[0].split() == ["HOST", "STATE", "AGE", "HOSTTUNE", "DRIVER", "RELEASE", "FAILING"]
     assert "monitor.installed" in table and "STALE" in table and table.endswith("3 hosts: 1 drift, 2 stale")
     assert render_table([missing]).endswith("\n1 host: 1 stale")
+
+
+def test_status_flags_a_monitor_of_another_hosttune_version_by_checks_own_rule():
+    """The version column alone would leave a monitor that apply never upgraded reading ok."""
+    report = _report()
+    passed = dataclasses.replace(report, findings=())  # a pass that found nothing failing
+    old = to_json(status_doc(passed, "regular", 60, 1000.0, 1.0, "0.0.9"))
+    status = parse_read(HOST, _read_output({"regular": old}, 1100))
+    (flag,) = status.findings
+    assert (flag.check_id, flag.status, flag.severity) == ("monitor.installed", "drift", "warning")
+    assert flag.detail == version_fault("0.0.9") == f"hosttune 0.0.9 (this controller runs {__version__})"
+    assert status.exit_bits == 1 and render_table([status]).splitlines()[1].split()[1] == "DRIFT"
+    facts = parse_monitor(FIXTURE.read_text())
+    host = dataclasses.replace(SYSTEMD, monitor=dataclasses.replace(facts, installed="0.0.9"))
+    assert version_fault("0.0.9") in BY_ID["monitor.installed"].run(host, monitored()).detail
+    same = to_json(status_doc(passed, "regular", 60, 1000.0, 1.0, __version__))
+    assert parse_read(HOST, _read_output({"regular": same}, 1100)).findings == ()
 
 
 def test_the_monitor_step_comes_from_the_drifting_finding(wheels):
