@@ -416,3 +416,17 @@ def test_design_names_every_dependency_each_program_declares():
         for requirement in [*project["dependencies"], *(r for reqs in extras.values() for r in reqs)]:
             name = re.sub(r"[^a-z0-9]", "", re.split(r"[<>=!;\[ ]", requirement, maxsplit=1)[0].lower())
             assert name in said, f"{toml.relative_to(ROOT)}: {requirement}"
+
+
+def test_the_example_inventory_shows_every_field_it_says_it_shows():
+    """inventories/example.yaml opens with 'Every inventory field': each key the inventory and its `deploy:` vars
+    take is there, as a key or, where two exclude each other, in a comment beside the other."""
+    from hosttune.config.inventory import VARS_SCHEMA
+    from hosttune.deploy.access import NGINX_KEYS
+    from hosttune.deploy.settings import KNOWN_KEYS
+
+    text = (ROOT / "inventories" / "example.yaml").read_text()
+    assert text.startswith("# Every inventory field")
+    keys = {"defaults", "groups", "hosts", "vars", *KNOWN_KEYS, *NGINX_KEYS}
+    keys |= set(VARS_SCHEMA) | {k for v in VARS_SCHEMA.values() if isinstance(v, dict) for k in v}
+    assert not sorted(k for k in keys if not re.search(rf"(?<![\w-]){k}:", text))
