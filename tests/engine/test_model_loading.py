@@ -70,6 +70,19 @@ def test_a_config_json_that_is_not_an_object_is_one_error(tmp_path, text, messag
         ModelConfig.from_folder(tmp_path)
 
 
+@pytest.mark.parametrize("name, data, message", [
+    ("config.json", b'{"vocab_size": "\xff"}', r"config.json: cannot read JSON: 'utf-8' codec can't decode byte 0xff"),
+    ("generation_config.json", b'{"eos_token_id": "\xff"}', r"generation_config.json: cannot read JSON: 'utf-8'"),
+    ("generation_config.json", b"[2]", r"generation_config.json: holds a JSON list, not an object of generation "
+                                       r"settings"),
+])
+def test_a_json_file_that_is_not_utf8_or_not_an_object_is_one_error(tmp_path, tiny_models, name, data, message):
+    folder = copy(tiny_models["llama"], tmp_path / "m")
+    (folder / name).write_bytes(data)
+    with pytest.raises(ModelLoadError, match=message):
+        ModelConfig.from_folder(folder)
+
+
 @pytest.mark.parametrize("field", ["quantization_config", "rope_scaling", "rope_parameters"])
 def test_a_settings_field_that_is_not_an_object_is_one_error(tmp_path, tiny_models, field):
     bad = copy(tiny_models["qwen2"], tmp_path / "m", lambda c: c.update({field: "awq"}))

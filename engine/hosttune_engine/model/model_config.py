@@ -43,7 +43,11 @@ class ModelConfig:
         raw = _read_json(path)
         generation = folder / "generation_config.json"
         if generation.is_file():
-            eos = _read_json(generation).get("eos_token_id")
+            settings = _read_json(generation)
+            if not isinstance(settings, dict):
+                raise ModelLoadError(f"{generation}: holds a JSON {type(settings).__name__}, not an object of "
+                                     "generation settings")
+            eos = settings.get("eos_token_id")
             if eos is not None:
                 raw = {**raw, "eos_token_id": _as_list(raw.get("eos_token_id")) + _as_list(eos)}
         return cls.from_dict(raw, source=str(path))
@@ -146,5 +150,5 @@ def _as_list(value) -> list[int]:
 def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{path}: cannot read JSON: {e}") from e
