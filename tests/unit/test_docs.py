@@ -430,3 +430,27 @@ def test_the_example_inventory_shows_every_field_it_says_it_shows():
     keys = {"defaults", "groups", "hosts", "vars", *KNOWN_KEYS, *NGINX_KEYS}
     keys |= set(VARS_SCHEMA) | {k for v in VARS_SCHEMA.values() if isinstance(v, dict) for k in v}
     assert not sorted(k for k in keys if not re.search(rf"(?<![\w-]){k}:", text))
+
+
+def test_the_engine_layout_lists_every_module():
+    """docs/design.md sends the reader to engine/README.md's layout for every module: each module of the package
+    (and each engine script) is named on its folder's lines, and each folder there is one of the package's."""
+    package = ROOT / "engine" / "hosttune_engine"
+    block = (ROOT / "engine" / "README.md").read_text().split("## Layout", 1)[1].split("```")[1]
+    said: dict[str, set[str]] = {}
+    folder = ""
+    for line in filter(str.strip, block.splitlines()):
+        if not line[0].isspace():
+            first = line.split()[0]
+            folder = first if first.endswith("/") else ""
+            line = line[len(first):] if folder else line
+        said.setdefault(folder, set()).update(re.findall(r"\b[a-z_][a-z0-9_]*(?:\.py|\.sh|\.json)?\b", line))
+    modules = {(f"{p.parent.relative_to(package)}/" if p.parent != package else "", p.stem)
+               for p in package.rglob("*.py") if p.name != "__init__.py" and "__pycache__" not in p.parts}
+    unlisted = sorted(f"{d}{m}" for d, m in modules if m not in said.get(d, set()) and f"{m}.py" not in said.get(d, set()))
+    assert not unlisted, f"engine/README.md's layout leaves out {unlisted}"
+    scripts = {p.name for p in (ROOT / "engine" / "scripts").iterdir() if p.suffix in (".py", ".sh")}
+    assert scripts <= said["scripts/"], scripts - said["scripts/"]
+    for folder in (d for d in said if d and d != "scripts/"):
+        assert (package / folder).is_dir(), folder
+    assert "`engine/README.md` lists every module" in (ROOT / "docs" / "design.md").read_text()
