@@ -454,3 +454,10 @@ def test_the_engine_layout_lists_every_module():
     for folder in (d for d in said if d and d != "scripts/"):
         assert (package / folder).is_dir(), folder
     assert "`engine/README.md` lists every module" in (ROOT / "docs" / "design.md").read_text()
+
+
+def test_the_readme_names_each_package_the_test_script_installs_as_root():
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    packages = re.search(r"for pkg in ([\w -]+); do", script).group(1).split()
+    readme = (ROOT / "README.md").read_text().split("## What it does", 1)[0]
+    assert packages and not [p for p in packages if f"`{p}`" not in readme]
