@@ -1,6 +1,7 @@
 """Model folders: config parsing, safetensors shards, dummy weights, clear errors, tokenizer."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -96,6 +97,29 @@ def test_a_size_that_is_not_a_positive_integer_names_the_field(tmp_path, tiny_mo
     bad = copy(tiny_models["llama"], tmp_path / "m", lambda c: c.update({field: value}))
     with pytest.raises(ModelLoadError, match=f"{field} must be a positive integer, got {value!r}"):
         ModelConfig.from_folder(bad)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("hidden_size", None, "required field 'hidden_size' is missing"),  # null is absent, as in Hugging Face's reader
+    ("num_attention_heads", None, "required field 'num_attention_heads' is missing"),
+    ("architectures", 5, "architectures must be an array of names, got 5"),
+    ("rope_theta", "x", "rope_theta must be a positive number, got 'x'"),
+    ("rms_norm_eps", True, "rms_norm_eps must be a positive number, got True"),
+    # with generation_config.json's EOS (1) after it
+    ("eos_token_id", {"a": 1}, "eos_token_id must be a token id or an array of them, got [{'a': 1}, 1]"),
+    ("bos_token_id", "1", "bos_token_id must be a token id, got '1'"),
+])
+def test_a_field_of_the_wrong_type_names_it(tmp_path, tiny_models, field, value, message):
+    bad = copy(tiny_models["llama"], tmp_path / "m", lambda c: c.update({field: value}))
+    with pytest.raises(ModelLoadError, match=re.escape(message)):
+        ModelConfig.from_folder(bad)
+
+
+def test_optional_fields_given_as_null_take_their_defaults(tmp_path, tiny_models):
+    nulls = copy(tiny_models["llama"], tmp_path / "m",
+                 lambda c: c.update(max_position_embeddings=None, rms_norm_eps=None, rope_theta=None))
+    cfg = ModelConfig.from_folder(nulls)
+    assert (cfg.max_position_embeddings, cfg.rms_norm_eps, cfg.rope_theta) == (4096, 1e-6, 10000.0)
 
 
 def test_a_context_past_the_models_positions_is_refused_not_shortened(tiny_models):

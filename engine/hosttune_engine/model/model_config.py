@@ -57,6 +57,8 @@ class ModelConfig:
         if not isinstance(raw, dict):
             raise ModelLoadError(f"{source}: holds a JSON {type(raw).__name__}, not an object of model fields; "
                                  "point `model` at a Hugging Face model folder")
+        raw = {k: v for k, v in raw.items() if v is not None}  # null is absent, as Hugging Face reads it
+        _check_types(raw, source)
         arch = (raw.get("architectures") or [None])[0]
         if arch not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModelError(
@@ -64,7 +66,6 @@ class ModelConfig:
             )
         _check_unsupported_features(raw, arch, source)
         get = _getter(raw, source)
-        _check_types(raw, source)
         heads = get("num_attention_heads")
         rope = raw.get("rope_parameters") or {}
         scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
@@ -79,7 +80,7 @@ class ModelConfig:
             num_kv_heads=raw.get("num_key_value_heads") or heads,
             head_dim=raw.get("head_dim") or get("hidden_size") // heads,
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-            rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            rope_theta=float(_number(raw.get("rope_theta", rope.get("rope_theta", 10000.0)), "rope_theta", source)),
             rope_scaling=scaling,
             max_position_embeddings=raw.get("max_position_embeddings", 4096),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
@@ -121,7 +122,7 @@ OBJECT_FIELDS = ("quantization_config", "rope_scaling", "rope_parameters")
 
 
 def _check_types(raw: dict, source: str) -> None:
-    """Sizes are positive integers and nested settings objects; optional ones may be absent or null."""
+    """Sizes are positive integers, nested settings objects, token ids integers; optional ones may be absent."""
     for key in SIZE_FIELDS:
         value = raw.get(key)
         if value is not None and (type(value) is not int or value < 1):
@@ -130,6 +131,24 @@ def _check_types(raw: dict, source: str) -> None:
         value = raw.get(key)
         if value is not None and not isinstance(value, dict):
             raise ModelLoadError(f"{source}: {key} must be an object of settings, got {value!r}; fix config.json")
+    if not isinstance(raw.get("architectures", []), list):
+        raise ModelLoadError(f"{source}: architectures must be an array of names, got {raw['architectures']!r}")
+    _number(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps", source)
+    if not all(_is_token_id(t) for t in _as_list(raw.get("eos_token_id"))):
+        raise ModelLoadError(f"{source}: eos_token_id must be a token id or an array of them, got "
+                             f"{raw['eos_token_id']!r}; fix config.json")
+    if not _is_token_id(raw.get("bos_token_id", 0)):
+        raise ModelLoadError(f"{source}: bos_token_id must be a token id, got {raw['bos_token_id']!r}; fix config.json")
+
+
+def _is_token_id(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _number(value, key: str, source: str) -> float:
+    if type(value) not in (int, float) or not value > 0:
+        raise ModelLoadError(f"{source}: {key} must be a positive number, got {value!r}; fix config.json")
+    return value
 
 
 def _getter(raw: dict, source: str):
