@@ -461,3 +461,10 @@ def test_the_readme_names_each_package_the_test_script_installs_as_root():
     packages = re.search(r"for pkg in ([\w -]+); do", script).group(1).split()
     readme = (ROOT / "README.md").read_text().split("## What it does", 1)[0]
     assert packages and not [p for p in packages if f"`{p}`" not in readme]
+
+
+def test_design_names_every_cli_module_that_registers_commands():
+    sentence = " ".join((ROOT / "docs" / "design.md").read_text().split()).split("one module per command family", 1)[1]
+    named = set(re.findall(r"`(\w+\.py)`", sentence.split(")", 1)[0]))
+    registering = {p.name for p in (ROOT / "hosttune" / "cli").glob("*.py") if "@app.command" in p.read_text()}
+    assert named == registering
