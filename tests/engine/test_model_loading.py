@@ -115,6 +115,19 @@ def test_a_field_of_the_wrong_type_names_it(tmp_path, tiny_models, field, value,
         ModelConfig.from_folder(bad)
 
 
+@pytest.mark.parametrize("scaling, message", [
+    ({"type": "linear"}, "rope_scaling linear needs factor, a positive number; got None"),
+    ({"rope_type": "linear", "factor": "x"}, "rope_scaling linear needs factor, a positive number; got 'x'"),
+    ({"rope_type": "llama3", "factor": 8.0}, "rope_scaling llama3 needs low_freq_factor, a positive number; got None"),
+    ({"rope_type": "yarn", "factor": 4.0}, "rope scaling type 'yarn' is not supported (default, linear, llama3 are)"),
+])
+def test_rope_scaling_is_checked_with_the_config(tmp_path, tiny_models, scaling, message):
+    # before the model is built (and, in serve, before the socket opens), not as a KeyError from the rotary table
+    bad = copy(tiny_models["llama"], tmp_path / "m", lambda c: c.update(rope_scaling=scaling))
+    with pytest.raises(ModelLoadError, match=re.escape(message)):
+        ModelConfig.from_folder(bad)
+
+
 def test_optional_fields_given_as_null_take_their_defaults(tmp_path, tiny_models):
     nulls = copy(tiny_models["llama"], tmp_path / "m",
                  lambda c: c.update(max_position_embeddings=None, rms_norm_eps=None, rope_theta=None))

@@ -69,6 +69,7 @@ class ModelConfig:
         heads = get("num_attention_heads")
         rope = raw.get("rope_parameters") or {}
         scaling = raw.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        _check_rope_scaling(scaling, source)
         is_qwen2 = arch == "Qwen2ForCausalLM"
         return cls(
             architecture=arch,
@@ -139,6 +140,21 @@ def _check_types(raw: dict, source: str) -> None:
                              f"{raw['eos_token_id']!r}; fix config.json")
     if not _is_token_id(raw.get("bos_token_id", 0)):
         raise ModelLoadError(f"{source}: bos_token_id must be a token id, got {raw['bos_token_id']!r}; fix config.json")
+
+
+ROPE_SCALING_FIELDS = {"default": (), "linear": ("factor",),  # what layers/rotary.py reads of each kind
+                       "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def _check_rope_scaling(scaling: dict | None, source: str) -> None:
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind not in ROPE_SCALING_FIELDS:
+        raise UnsupportedModelError(f"{source}: rope scaling type {kind!r} is not supported "
+                                    f"({', '.join(ROPE_SCALING_FIELDS)} are)")
+    for key in ROPE_SCALING_FIELDS[kind]:
+        value = scaling.get(key)
+        if type(value) not in (int, float) or not value > 0:
+            raise ModelLoadError(f"{source}: rope_scaling {kind} needs {key}, a positive number; got {value!r}")
 
 
 def _is_token_id(value) -> bool:
