@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from hosttune.actions.base import KernelWrite, Step
-from hosttune.actions.templates import render
 from hosttune.actions.units import boot_unit
 from hosttune.checks.base import is_systemd
+from hosttune.checks.boot_scripts import GOVERNOR_UNIT as UNIT, governor_script
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host
 from hosttune.config.profile import Profile
-
-UNIT = "hosttune-cpu-governor"
 
 
 def governor_path(cpu: int) -> str:
@@ -23,7 +21,7 @@ def governor(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     ops: tuple = ()
     notes: tuple[str, ...] = ()
     if is_systemd(facts):
-        ops += boot_unit(UNIT, f"CPU frequency governor {want}", render("hosttune-cpu-governor.sh.j2", governor=want))
+        ops += boot_unit(UNIT, f"CPU frequency governor {want}", governor_script(want))
     else:
         notes = (f"not persisted: PID 1 is {facts.pid1 or 'unknown'}, not systemd; set the governor at boot another way",)
     wrong = tuple(governor_path(c) for c, g in sorted(facts.cpu.governors.items()) if g != want)

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from hosttune import cpulist
 from hosttune.actions.base import KernelWrite, Service, Step, blocked
-from hosttune.actions.templates import render
 from hosttune.actions.units import boot_unit
 from hosttune.checks.base import is_systemd
-from hosttune.checks.irq import desired_cores
+from hosttune.checks.boot_scripts import IRQ_UNIT as UNIT, irq_affinity_script
+from hosttune.checks.irq import wanted_pins
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host
 from hosttune.config.profile import Profile
-
-UNIT = "hosttune-irq-affinity"
 
 
 def irqbalance(facts: Facts, profile: Profile, host: Host) -> list[Step]:
@@ -35,12 +33,11 @@ def gpu_affinity(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     """smp_affinity_list of each GPU MSI IRQ written now; a boot unit writes it again (IRQ affinity does not survive a reboot)."""
     setting = profile.irq.gpu_affinity
     devices = [d for d in facts.pci if d.irqs]
-    pins = [(d.bdf, cpulist.format(desired_cores(d, facts, setting))) for d in devices]
+    pins = wanted_pins(facts, setting)
     ops: tuple = ()
     notes: tuple[str, ...] = ()
     if is_systemd(facts):
-        script = render("hosttune-irq-affinity.sh.j2", pins=pins)
-        ops += boot_unit(UNIT, "pin GPU interrupts", script, after=("nvidia-persistenced.service",))
+        ops += boot_unit(UNIT, "pin GPU interrupts", irq_affinity_script(pins), after=("nvidia-persistenced.service",))
     else:
         notes = (f"not persisted: PID 1 is {facts.pid1 or 'unknown'}, not systemd; the pinning is lost at reboot",)
     for dev, (_, cores) in zip(devices, pins):

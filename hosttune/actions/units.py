@@ -4,16 +4,13 @@ from __future__ import annotations
 
 from hosttune.actions.base import Command, FileWrite, Op, Service
 from hosttune.actions.templates import render
+from hosttune.checks.boot_scripts import script_path
 
 DAEMON_RELOAD = Command(("systemctl", "daemon-reload"), regenerate=True, offline=False)
 
 
 def unit_path(name: str) -> str:
     return f"/etc/systemd/system/{name}.service"
-
-
-def script_path(name: str) -> str:
-    return f"/usr/local/sbin/{name}"
 
 
 def boot_unit(name: str, description: str, script: bytes, *, environment_file: str = "",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hosttune import cores, cpulist
 from hosttune.checks.base import Check, image_verdict, is_systemd, na
+from hosttune.checks.boot_scripts import GOVERNOR_UNIT, NOT_PERSISTED, STALE_SCRIPT, governor_script, persisted, script_path
 from hosttune.probes.facts import Facts
 from hosttune.checks.findings import Severity, Status, Verdict, judge, show
 from hosttune.config.profile import Profile
@@ -15,23 +16,26 @@ def governor(facts: Facts, profile: Profile) -> Verdict:
         return na("CPU governor not managed by the profile")
     govs = facts.cpu.governors
     if facts.image and is_systemd(facts):
-        unit = facts.services.get("hosttune-cpu-governor")
-        return image_verdict(want, want if unit and unit.enabled == "enabled" else "not persisted")
+        configured = persisted(facts, GOVERNOR_UNIT, governor_script(want)) or want
+        return image_verdict(want, configured, _stale_script(want) if configured == STALE_SCRIPT else "")
     if facts.image:
         return na(f"an image whose init is {facts.pid1 or 'unknown'}, not systemd: set the governor at boot another way", want)
     if not govs:
         return na("no cpufreq driver: frequency is controlled by firmware or the hypervisor", want)
     wrong = sorted(cpu for cpu, gov in govs.items() if gov != want)
-    unit = facts.services.get("hosttune-cpu-governor")
     configured = None
     if is_systemd(facts):
-        configured = want if unit and unit.enabled == "enabled" else "not persisted"
+        configured = persisted(facts, GOVERNOR_UNIT, governor_script(want)) or want
     active = want if not wrong else show(sorted(set(govs.values())))
     status = judge(want, configured, active, reboot=False)
-    detail = f"CPUs not in {want}: {cpulist.format(wrong)}" if wrong else ""
-    if configured == "not persisted":
-        detail = (detail + "; " if detail else "") + "nothing sets the governor at boot"
-    return Verdict(status, want, configured, active, detail)
+    problems = [f"CPUs not in {want}: {cpulist.format(wrong)}"] if wrong else []
+    problems += {NOT_PERSISTED: ["nothing sets the governor at boot"], STALE_SCRIPT: [_stale_script(want)]}.get(configured, [])
+    return Verdict(status, want, configured, active, "; ".join(problems))
+
+
+def _stale_script(want: str) -> str:
+    return (f"{script_path(GOVERNOR_UNIT)} is not what apply would write for {want}: the next boot sets what it "
+            "says (the profile changed since the last apply, or the file was edited)")
 
 
 def _param_verdict(facts: Facts, params: dict[str, str], same=lambda a, b: a == b) -> Verdict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hosttune import cores, cpulist
 from hosttune.checks.base import Check, is_systemd, na
+from hosttune.checks.boot_scripts import IRQ_UNIT, NOT_PERSISTED, STALE_SCRIPT, irq_affinity_script, persisted, script_path
 from hosttune.probes.facts import Facts, PciDevice
 from hosttune.checks.findings import Severity, Status, Verdict
 from hosttune.config.profile import Profile
@@ -33,6 +34,11 @@ def desired_cores(dev: PciDevice, facts: Facts, setting: str) -> tuple[int, ...]
     return cores.gpu_irq_cores(dev, facts, setting)
 
 
+def wanted_pins(facts: Facts, setting: str) -> list[tuple[str, str]]:
+    """(PCI address, CPU list) of each GPU with MSI interrupts: what the boot script pins."""
+    return [(d.bdf, cpulist.format(desired_cores(d, facts, setting))) for d in facts.pci if d.irqs]
+
+
 def gpu_affinity(facts: Facts, profile: Profile) -> Verdict:
     setting = profile.irq.gpu_affinity
     if setting is None:
@@ -50,16 +56,18 @@ def gpu_affinity(facts: Facts, profile: Profile) -> Verdict:
         desired_text.append(f"{dev.bdf}: {cpulist.format(wanted)}")
         outside += [f"IRQ {i.irq} on {cpulist.format(i.cpus)}" for i in dev.irqs if not set(i.cpus) <= set(wanted)]
     active = "; ".join(f"{d.bdf}: " + ", ".join(f"{i.irq}→{cpulist.format(i.cpus)}" for i in d.irqs) for d in devices)
-    unit = facts.services.get("hosttune-irq-affinity")
     configured = None
     if is_systemd(facts):
-        configured = "persisted" if unit and unit.enabled == "enabled" else "not persisted"
+        configured = persisted(facts, IRQ_UNIT, irq_affinity_script(wanted_pins(facts, setting))) or "persisted"
     problems = [f"outside the wanted cores: {', '.join(outside)}"] if outside else []
     served = _served_elsewhere(facts, devices, setting)
     if served:
         problems.append(f"GPU interrupts served on CPUs {cpulist.format(served)} while the probe ran")
-    if configured == "not persisted":
+    if configured == NOT_PERSISTED:
         problems.append("IRQ affinity does not survive a reboot and no boot-time unit sets it")
+    if configured == STALE_SCRIPT:
+        problems.append(f"{script_path(IRQ_UNIT)} is not what apply would write for these cores: the next boot pins "
+                        "what it says (the profile or irq_cores changed since the last apply, or the file was edited)")
     status = Status.DRIFT if problems else Status.OK
     return Verdict(status, "; ".join(desired_text), configured, active, "; ".join(problems))
 

@@ -109,6 +109,7 @@ class ServiceState:
     active: str | None = None
     enabled: str | None = None
     running: bool | None = None  # a process of that name exists (works without systemd)
+    script: str | None = None  # sha256 of hosttune's boot script the unit runs (/usr/local/sbin/NAME), where it has one
 
 
 @dataclass(frozen=True)

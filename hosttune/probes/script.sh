@@ -55,7 +55,7 @@ image_services() {
     state=$(systemctl --root="$R" is-enabled "$x.service" 2>/dev/null | head -n 1)
     printf 'unit:Id=%s.service\nunit:LoadState=%s\nunit:UnitFileState=%s\nunit:\n' "$x" "$([ -n "$state" ] && echo loaded || echo not-found)" "$state"
   done
-  return 0
+  boot_scripts
 }
 
 image_tools() {
@@ -137,13 +137,20 @@ packages() {
 
 HT_RPM_QF='pkg:%{NAME}\t%{VERSION}-%{RELEASE}\tii\n'
 HT_UNITS="irqbalance nvidia-persistenced hosttune-irq-affinity hosttune-cpu-governor hosttune-thp"
+# The sha256 of each boot script hosttune's units run: the checks compare it with what apply would write now.
+boot_scripts() {
+  for x in hosttune-irq-affinity hosttune-cpu-governor; do
+    [ -f "$R/usr/local/sbin/$x" ] && printf 'script:%s:%s\n' "$x" "$(sha256sum < "$R/usr/local/sbin/$x" | cut -d' ' -f1)"
+  done
+  return 0
+}
 services() {
   u=$HT_UNITS
   printf 'running:'; for p in /proc/[0-9]*/comm; do read -r c < "$p" 2>/dev/null && printf '%s ' "$c"; done; printf '\n'
   [ "$(cat /proc/1/comm)" = systemd ] || return 0
   for x in $u; do set -- "$@" "$x.service"; done
   systemctl show --property=Id,LoadState,ActiveState,UnitFileState "$@" | sed 's/^/unit:/'
-  return 0
+  boot_scripts
 }
 
 system() {

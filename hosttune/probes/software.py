@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from hosttune.probes.facts import CudaFacts, ServiceState
 from hosttune.probes.sections import keyed
@@ -97,6 +98,8 @@ def parse_services(text: str) -> dict[str, ServiceState]:
     for name in ("irqbalance", "nvidia-persistenced"):
         if name not in out and "running" in fields:
             out[name] = ServiceState(name=name, running=name[:15] in running)
+    for name, _, digest in (value.partition(":") for key, value in pairs if key == "script"):
+        out[name] = replace(out.get(name) or ServiceState(name=name), script=digest.strip())
     return out
 
 

@@ -14,7 +14,7 @@ LAYERS = Layering(PKG, (
     ("__init__", "errors"),            # the version; the typed errors every layer raises
     ("quoting", "cpulist", "fleet_runner"),  # shell and systemd quoting; CPU list syntax; hosts in parallel, outcomes, exit bits
     ("transport",),                    # run a command, read and put a file: local or SSH
-    ("config", "presets", "probes"),   # inventory, profile, engine presets; read-only facts
+    ("config", "presets", "probes", "rendering"),  # inventory, profile, engine presets; read-only facts; templates/ rendered
     ("cores",),                        # housekeeping cores, from facts
     ("checks",),                       # facts and profile in, findings out
     ("fleet",),                        # check many hosts: probe, checks, reports

@@ -167,3 +167,47 @@ def test_gpu_affinity_is_not_held_in_drift_by_interrupts_counted_before_the_pinn
         facts = replace(h200, gpu_interrupts=counts, gpu_interrupts_later=later)
         finding = BY_ID["irq.gpu_affinity"].run(facts, profile_for(Host("h", "g", ConnectionSpec("h"), irq_cores="4-7")))
         assert "served on CPUs" not in finding.detail
+
+
+def _with_boot_unit(facts, unit, script: bytes):
+    """The unit enabled, its script in /usr/local/sbin holding `script`, as the probe reports it."""
+    import hashlib
+
+    from hosttune.probes.facts import ServiceState
+
+    state = ServiceState(unit, "inactive", "enabled", False, hashlib.sha256(script).hexdigest())
+    return replace(facts, services={**facts.services, unit: state})
+
+
+def test_the_governor_boot_unit_is_configured_only_while_its_script_sets_the_governor_wanted_now(a100):
+    from hosttune.actions import cpu
+    from hosttune.checks.boot_scripts import governor_script
+
+    profile = load_profile("inference-latency")
+    facts = replace(a100, cpu=replace(a100.cpu, governors=dict.fromkeys(a100.cpu.governors, "performance")))
+    (step,) = cpu.governor(a100, profile, host())
+    written = next(op.content for op in step.ops if getattr(op, "path", "") == "/usr/local/sbin/hosttune-cpu-governor")
+    assert written == governor_script("performance")  # the check compares what apply writes
+    ok = BY_ID["cpu.governor"].run(_with_boot_unit(facts, "hosttune-cpu-governor", written), profile)
+    assert (ok.status, ok.configured) == (Status.OK, "performance")
+    old = _with_boot_unit(facts, "hosttune-cpu-governor", governor_script("powersave"))  # the profile said powersave
+    drift = BY_ID["cpu.governor"].run(old, profile)
+    assert (drift.status, drift.configured, drift.active) == (Status.DRIFT, "boot script differs", "performance")
+    assert "/usr/local/sbin/hosttune-cpu-governor is not what apply would write for performance" in drift.detail
+
+
+def test_the_irq_boot_unit_is_configured_only_while_its_script_pins_the_cores_wanted_now(h200):
+    from hosttune.actions import irq
+    from hosttune.checks.boot_scripts import irq_affinity_script
+
+    h200 = replace(h200, pid1="systemd")  # the recorded VM's PID 1 is not systemd: no boot unit there
+    profile = profile_for(Host("h", "g", ConnectionSpec("h"), irq_cores="0-15"))  # where the recorded IRQs are
+    (step,) = irq.gpu_affinity(h200, profile, Host("h", "g", ConnectionSpec("h"), irq_cores="0-15"))
+    written = next(op.content for op in step.ops if getattr(op, "path", "") == "/usr/local/sbin/hosttune-irq-affinity")
+    ok = BY_ID["irq.gpu_affinity"].run(_with_boot_unit(h200, "hosttune-irq-affinity", written), profile)
+    assert (ok.status, ok.configured) == (Status.OK, "persisted")
+    pins = [(d.bdf, "4-7") for d in h200.pci if d.irqs]  # written while the inventory said irq_cores: 4-7
+    old = _with_boot_unit(h200, "hosttune-irq-affinity", irq_affinity_script(pins))
+    drift = BY_ID["irq.gpu_affinity"].run(old, profile)
+    assert (drift.status, drift.configured) == (Status.DRIFT, "boot script differs")
+    assert "/usr/local/sbin/hosttune-irq-affinity is not what apply would write for these cores" in drift.detail

@@ -81,6 +81,30 @@ def test_image_findings_judge_its_configuration(tmp_path):
     assert not [f.check_id for f in found.values() if f.status is Status.ERROR]
 
 
+def test_the_governor_boot_script_of_an_image_is_read_and_compared_with_what_apply_would_write(tmp_path):
+    """An image whose governor unit is enabled but whose script sets another governor than the profile's now."""
+    import hashlib
+
+    from hosttune.actions.units import boot_unit
+    from hosttune.checks.boot_scripts import governor_script
+
+    make_image(tmp_path)
+    for op in boot_unit("hosttune-cpu-governor", "CPU frequency governor", governor_script("powersave"))[:2]:
+        write(tmp_path, op.path, op.content.decode())
+    write(tmp_path, "/etc/systemd/system/multi-user.target.wants/.keep", "")
+    (tmp_path / "etc/systemd/system/multi-user.target.wants/hosttune-cpu-governor.service").symlink_to(
+        "/etc/systemd/system/hosttune-cpu-governor.service")
+    facts = gather(LocalTransport(), root=str(tmp_path)).facts
+    unit = facts.services["hosttune-cpu-governor"]
+    assert unit.enabled == "enabled" and unit.script == hashlib.sha256(governor_script("powersave")).hexdigest()
+    finding = next(f for f in run_checks(facts, load_profile("inference-latency")) if f.check_id == "cpu.governor")
+    assert (finding.status, finding.configured) == (Status.DRIFT, "boot script differs")  # the profile: performance
+    write(tmp_path, "/usr/local/sbin/hosttune-cpu-governor", governor_script("performance").decode())
+    facts = gather(LocalTransport(), root=str(tmp_path)).facts
+    finding = next(f for f in run_checks(facts, load_profile("inference-latency")) if f.check_id == "cpu.governor")
+    assert (finding.status, finding.configured) == (Status.OK, "performance")
+
+
 def test_a_root_that_is_not_a_directory_is_the_hosts_one_line_error(tmp_path):
     with pytest.raises(ProbeError, match=f"--root {tmp_path / 'typo'}: no such directory on this host; give the folder"):
         gather(LocalTransport(), root=str(tmp_path / "typo"))
