@@ -179,6 +179,11 @@ def test_a_tokenizer_folder_named_but_without_tokenizer_json_is_refused(tmp_path
     ("tokenizer.json", "{bad", "tokenizer.json: cannot read it as a tokenizer"),
     ("tokenizer_config.json", "{bad", "tokenizer_config.json: cannot read JSON"),
     ("tokenizer_config.json", "[]", "tokenizer_config.json: holds a JSON list, not an object"),
+    ("tokenizer_config.json", '{"eos_token": 5}', r"tokenizer_config.json: eos_token must be a string \(or an object "
+                                                  r"with its content\), got 5"),
+    ("tokenizer_config.json", '{"bos_token": {"content": true}}', "bos_token must be a string"),
+    ("tokenizer_config.json", '{"chat_template": 5}', "chat_template must be a string or an array of named templates"),
+    ("tokenizer_config.json", '{"chat_template": [{"name": "default"}]}', "chat_template must be a string or an array"),
 ])
 def test_a_malformed_tokenizer_file_is_one_error_naming_it(tmp_path, tiny_models, name, text, message):
     folder = copy(tiny_models["qwen2"], tmp_path / "m")

@@ -11,8 +11,11 @@ from pathlib import Path
 from hosttune_engine.errors import ModelLoadError
 
 
-def _token_text(value) -> str | None:
-    return value.get("content") if isinstance(value, dict) else value
+def _token_text(value, name: str, path: Path) -> str | None:
+    text = value.get("content") if isinstance(value, dict) else value
+    if text is not None and not isinstance(text, str):
+        raise ModelLoadError(f"{path}: {name} must be a string (or an object with its content), got {text!r}")
+    return text
 
 
 BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
@@ -55,15 +58,21 @@ class Tokenizer:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # the tokenizers library raises a bare Exception for a malformed file
             raise ModelLoadError(f"{path}: cannot read it as a tokenizer: {e}") from None
-        cfg = _tokenizer_config(folder / "tokenizer_config.json")
-        self.bos_token = _token_text(cfg.get("bos_token"))
-        self.eos_token = _token_text(cfg.get("eos_token"))
-        self.chat_template = self._find_chat_template(folder, cfg)
+        cfg_path = folder / "tokenizer_config.json"
+        cfg = _tokenizer_config(cfg_path)
+        self.bos_token = _token_text(cfg.get("bos_token"), "bos_token", cfg_path)
+        self.eos_token = _token_text(cfg.get("eos_token"), "eos_token", cfg_path)
+        self.chat_template = self._find_chat_template(folder, cfg, cfg_path)
 
     @staticmethod
-    def _find_chat_template(folder: Path, cfg: dict) -> str | None:
+    def _find_chat_template(folder: Path, cfg: dict, cfg_path: Path) -> str | None:
         template = cfg.get("chat_template")
-        if isinstance(template, list):  # named templates
+        named = isinstance(template, list) and all(isinstance(t, dict) and isinstance(t.get("template"), str)
+                                                   for t in template)
+        if not (template is None or isinstance(template, str) or named):
+            raise ModelLoadError(f"{cfg_path}: chat_template must be a string or an array of named templates "
+                                 "({\"name\", \"template\"})")
+        if named:
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         jinja_file = folder / "chat_template.jinja"
         if template is None and jinja_file.is_file():
