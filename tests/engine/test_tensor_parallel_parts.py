@@ -47,7 +47,16 @@ def test_the_vocabulary_splits_in_padded_chunks(tiny_models):
 ])
 def test_head_counts_that_do_not_split_are_refused(tiny_models, heads, kv, tp, message):
     with pytest.raises(ConfigError, match=message):
-        check_divides_heads(_config(tiny_models, num_heads=heads, num_kv_heads=kv), tp)
+        check_divides_heads(_config(tiny_models, num_heads=heads, num_kv_heads=kv, intermediate_size=288), tp)
+
+
+def test_the_sizes_a_refusal_suggests_split_the_mlp_too(tiny_models):
+    # The Qwen2.5-7B shape: 28 heads split 28 ways with their 4 KV heads, but 18944 MLP columns do not
+    cfg = _config(tiny_models, num_heads=28, num_kv_heads=4, intermediate_size=18944)
+    with pytest.raises(ConfigError, match=r"use one of 1, 2, 4$"):
+        check_divides_heads(cfg, 3)
+    with pytest.raises(ConfigError, match="must divide the MLP width 18944"):
+        check_divides_heads(cfg, 28)
 
 
 def test_tensor_parallel_size_must_be_positive():

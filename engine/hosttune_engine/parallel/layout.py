@@ -18,16 +18,19 @@ def check_divides_heads(cfg: ModelConfig, world_size: int) -> None:
     hq, hkv, tp = cfg.num_heads, cfg.num_kv_heads, world_size
     if hq % tp:
         raise ConfigError(f"tensor_parallel_size={tp} must divide the model's {hq} attention heads "
-                          f"({hkv} KV heads); use one of {_divisors(hq, hkv)}")
+                          f"({hkv} KV heads); use one of {_sizes_that_split(cfg)}")
     if hkv % tp and tp % hkv:
         raise ConfigError(f"tensor_parallel_size={tp} and the model's {hkv} KV heads must divide one another "
-                          f"({hq} attention heads); use one of {_divisors(hq, hkv)}")
+                          f"({hq} attention heads); use one of {_sizes_that_split(cfg)}")
     if cfg.intermediate_size % tp:
         raise ConfigError(f"tensor_parallel_size={tp} must divide the MLP width {cfg.intermediate_size}")
 
 
-def _divisors(hq: int, hkv: int) -> str:
-    fits = [n for n in range(1, hq + 1) if hq % n == 0 and (hkv % n == 0 or n % hkv == 0)]
+def _sizes_that_split(cfg: ModelConfig) -> str:
+    """Every size the three checks above pass, so the one a refusal suggests is not refused in turn."""
+    hq, hkv = cfg.num_heads, cfg.num_kv_heads
+    fits = [n for n in range(1, hq + 1)
+            if hq % n == 0 and (hkv % n == 0 or n % hkv == 0) and cfg.intermediate_size % n == 0]
     return ", ".join(map(str, fits))
 
 
