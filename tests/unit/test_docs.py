@@ -468,3 +468,22 @@ def test_design_names_every_cli_module_that_registers_commands():
     named = set(re.findall(r"`(\w+\.py)`", sentence.split(")", 1)[0]))
     registering = {p.name for p in (ROOT / "hosttune" / "cli").glob("*.py") if "@app.command" in p.read_text()}
     assert named == registering
+
+
+def test_the_engine_readme_lists_every_field_of_the_loop_messages():
+    import dataclasses
+
+    from hosttune_engine.core import messages
+
+    readme = " ".join((ROOT / "engine" / "README.md").read_text().split())
+    for cls in (messages.EngineRequest, messages.AbortRequest, messages.TokenOutput, messages.EngineStats):
+        shown = re.search(rf"`{cls.__name__}\(([^)]*)\)`", readme).group(1)
+        assert [w.split("=")[0].strip() for w in shown.split(",")] == [f.name for f in dataclasses.fields(cls)], cls
+
+
+def test_the_engine_readme_names_every_metric_the_server_exports():
+    source = (ROOT / "engine" / "hosttune_engine" / "server" / "metrics.py").read_text()
+    exported = set(re.findall(r"\"((?:vllm|hosttune):\w+)\"", source))
+    said = set(re.findall(r"`((?:vllm|hosttune):\w+)", (ROOT / "engine" / "README.md").read_text()))
+    assert exported and not sorted(m for m in exported if m not in said and f"{m}_total" not in said)
+    assert not sorted(m for m in said if m not in exported and m.removesuffix("_total") not in exported)
