@@ -22,8 +22,6 @@ from hosttune_engine.errors import ConfigError, EngineError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.model.tokenizer import Tokenizer
 from hosttune_engine.parallel.layout import check_divides_heads
-from hosttune_engine.planner import command as plan_command
-from hosttune_engine.tuner import command as tune_command
 from hosttune_engine.server.auth import KEY_ENV, load_keys
 from hosttune_engine.server.config import ServerConfig
 
@@ -36,7 +34,9 @@ from hosttune_engine.server.config import ServerConfig
 SWITCH_INTERVAL_S = 0.0005
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(with_tools: bool = True) -> argparse.ArgumentParser:
+    """The command line; without `with_tools`, `serve` alone: the plan and tune commands import torch, which
+    `serve` loads only after its socket is open."""
     parser = argparse.ArgumentParser(prog="hosttune-engine", description="hosttune's bundled LLM engine.")
     parser.add_argument("--version", action="version", version=__version__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -98,8 +98,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--log-prompts", action="store_true", help="put prompt text in the per-request log lines")
     _auth_and_connection_args(s)
     s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    plan_command.add_parser(commands)
-    tune_command.add_parser(commands)
+    if with_tools:
+        from hosttune_engine.planner import command as plan_command
+        from hosttune_engine.tuner import command as tune_command
+
+        plan_command.add_parser(commands)
+        tune_command.add_parser(commands)
     return parser
 
 
@@ -196,14 +200,18 @@ def _report(make) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser(with_tools=argv[:1] != ["serve"]).parse_args(argv)
     if args.command == "plan":
         from hosttune_engine.plan.render import format_plan
+        from hosttune_engine.planner.command import plan_from_args
 
-        return _report(lambda: format_plan(plan_command.plan_from_args(args)))
+        return _report(lambda: format_plan(plan_from_args(args)))
     if args.command == "tune":
+        from hosttune_engine.tuner.command import tune_from_args
+
         logging.basicConfig(level="WARNING")
-        return _report(lambda: tune_command.tune_from_args(args))
+        return _report(lambda: tune_from_args(args))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         if not os.path.isdir(args.model):

@@ -330,3 +330,13 @@ def test_serve_help_says_what_the_memory_and_graph_options_do(capsys, monkeypatc
     # the pool is what the GPU share leaves (replicas sharing a GPU get the same), not what is free
     assert ("--num-kv-blocks NUM_KV_BLOCKS KV-cache size in blocks (default: what --gpu-memory-utilization leaves "
             "on a GPU, --cpu-kv-cache-gib on CPU)") in text
+
+
+def test_serve_opens_its_socket_before_torch_is_imported(tmp_path):
+    # /health answers (503 starting) while torch and the model load; the plan and tune commands' imports (torch)
+    # must not come first. Checked in a fresh interpreter: main() refuses the folder right after parsing.
+    code = ("import sys; from hosttune_engine.server.cli import main\n"
+            "try:\n    main(['serve', '--model', sys.argv[1]])\n"
+            "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr
