@@ -487,3 +487,20 @@ def test_the_engine_readme_names_every_metric_the_server_exports():
     said = set(re.findall(r"`((?:vllm|hosttune):\w+)", (ROOT / "engine" / "README.md").read_text()))
     assert exported and not sorted(m for m in exported if m not in said and f"{m}_total" not in said)
     assert not sorted(m for m in said if m not in exported and m.removesuffix("_total") not in exported)
+
+
+def test_every_check_and_remediation_step_the_documents_name_exists():
+    """A `prefix.name` in a document whose prefix is a check area is a check `hosttune explain` knows, a
+    remediation step, or a profile setting (`monitor.interval_s`); file names and Python names are not."""
+    import dataclasses
+
+    from hosttune.checks import BY_ID
+    from hosttune.config.profile import _SECTION_TYPES
+    from hosttune.remediate.rungs import Rung
+
+    areas = {check_id.split(".")[0] for check_id in BY_ID}
+    known = set(BY_ID) | {f"remediate.{r.value}" for r in Rung}
+    known |= {f"{s}.{f.name}" for s, spec in _SECTION_TYPES.items() for f in dataclasses.fields(spec)}
+    named = {(doc.relative_to(ROOT), word) for doc in CURRENT for word in re.findall(r"`([a-z]+\.[a-z_]+)`", doc.read_text())
+             if word.split(".")[0] in areas | {"remediate"} and not word.endswith(".py") and word != "sys.argv"}
+    assert named and not sorted((str(d), w) for d, w in named if w not in known)
