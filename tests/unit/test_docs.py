@@ -504,3 +504,39 @@ def test_every_check_and_remediation_step_the_documents_name_exists():
     named = {(doc.relative_to(ROOT), word) for doc in CURRENT for word in re.findall(r"`([a-z]+\.[a-z_]+)`", doc.read_text())
              if word.split(".")[0] in areas | {"remediate"} and not word.endswith(".py") and word != "sys.argv"}
     assert named and not sorted((str(d), w) for d, w in named if w not in known)
+
+
+# Defaults the documents state, as (document, its words with {} for the value, command, option's parameter name).
+STATED_DEFAULTS = [
+    ("README.md", "(`--forks`, default {})", "check", "forks"),
+    ("docs/remediate.md", "`--xid-window` hours ({} by default)", "remediate", "xid_window"),
+    ("docs/remediate.md", "(`--drain-wait`, {} s)", "remediate", "drain_wait"),
+    ("docs/remediate.md", "`--breaker-window` minutes ({})", "remediate", "breaker_window"),
+    ("docs/remediate.md", "`--max-cordoned-percent` ({})", "remediate", "max_cordoned_percent"),
+    ("docs/deploy.md", "`--canary-rate` ({} req/s)", "deploy", "canary_rate"),
+    ("docs/deploy.md", "`--canary-duration` ({})", "deploy", "canary_duration"),
+    ("docs/deploy.md", "(`{}` by default", "deploy", "nginx_dir"),
+    ("docs/deploy.md", "`--health-timeout` ({} s)", "deploy", "health_timeout_s"),
+    ("docs/deploy.md", "`--warmup` ({})", "deploy", "warmup"),
+    ("docs/deploy.md", "`--gate-timeout` ({} s)", "deploy", "gate_timeout_s"),
+]
+
+
+@pytest.mark.parametrize("doc,words,command,name", STATED_DEFAULTS, ids=[f"{c} {n}" for _, _, c, n in STATED_DEFAULTS])
+def test_each_default_the_documents_state_is_the_commands(doc, words, command, name):
+    """What the option defaults to; deploy's gate timings, which default to the inventory's, fall back to
+    ServeSettings'."""
+    import dataclasses
+
+    import typer.main
+
+    from hosttune.deploy.settings import ServeSettings
+
+    params = {p.name: p.default for p in typer.main.get_command(app).commands[command].params}
+    value = params.get(name)
+    if value is None:
+        value = next(f.default for f in dataclasses.fields(ServeSettings) if f.name == name)
+    if isinstance(value, str):
+        value = re.sub(r"^(\d+)s$", r"\1 s", value)  # a duration option's '30s', as prose writes it
+    text = " ".join((ROOT / doc).read_text().split())
+    assert words.format(f"{value:g}" if isinstance(value, float) else value) in text
