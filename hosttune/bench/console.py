@@ -53,7 +53,7 @@ def sweep_point_line(url: str, point: SweepPoint) -> str:
     s = point.summary
     e2e = "-" if s.e2e is None else f"{s.e2e.p95 * 1e3:.1f} ms"
     lag = " (client behind)" if point.is_client_bound else ""
-    return (f"{url} rate {point.rate:8.2f}/s: served {s.request_throughput:.2f}/s, E2E P95 {e2e}, "
+    return (f"{url} rate {point.rate:8.2f}/s: offered {s.offered_rate:.2f}/s, served {s.request_throughput:.2f}/s, E2E P95 {e2e}, "
             f"errors {s.error_rate:.1%}, backlog {s.backlog_growth:+d} "
             f"-> {'held' if point.is_held else 'broke'}{lag}")
 

@@ -20,6 +20,10 @@ What each request says comes from a `Workload` (workload.py).
 The run sends requests for `warmup` seconds (not measured), then for `duration`
 seconds or until `num_requests` measured requests have been sent, then waits up to
 `drain_timeout` for the requests still running and cancels the rest. It always stops.
+The measured window runs from the warm-up's end to where sending ended (an open loop's
+last measured arrival with `num_requests`), so requests offered and requests served cover
+the same time; a closed loop or a trace bounded by a count ends it at its last measured
+response instead.
 SIGINT or SIGTERM ends the sending early, as the end of its duration would (the throughput
 window ends there); a second one cancels the requests still running.
 """
@@ -185,8 +189,10 @@ class LoadGenerator:
         return time.perf_counter() - self.t0
 
     def _window(self, stop: float) -> tuple[float, float]:
+        """Warm-up end to where sending ended. A closed loop or a trace bounded by a count ends at its last
+        measured response instead: its users send their last requests at once, or its arrivals end the replay."""
         start = self.load.warmup
-        if self.stopped_by is not None:
+        if self.stopped_by is not None or (self.load.rate is not None and self.load.num_requests is not None):
             return start, max(start, stop)
         if self.load.duration is not None:
             return start, start + self.load.duration

@@ -17,8 +17,14 @@ Definitions (every time is measured by the client, in seconds):
   Hyndman & Fan type 7).
 - Latency statistics cover *measured* requests: those sent after the warm-up period
   that succeeded. Throughput counts measured and warm-up requests alike that finished
-  inside the throughput window (warm-up end to the stop of the run), divided by its
-  length; so it describes the steady state, not the ramp-up or the drain.
+  inside the throughput window (warm-up end to where sending stopped: the duration's end,
+  or an open loop's last measured arrival with --requests; a closed loop or a trace bounded
+  by a count, its last measured response), divided by its length; so it describes the
+  steady state, not the ramp-up or the drain.
+- **Offered rate**: the measured requests sent in the window, per second of it. An open
+  loop's arrivals are random around its target rate, so this is what a step offered; the
+  requests served in the window exceed it only by a backlog the window began with and
+  cleared (then its backlog growth is negative).
 - **Streamed output tokens/s**: the output tokens that *arrived* inside the throughput
   window, whatever became of their request, over its length (each chunk counted at its
   arrival, weighing its request's output tokens over its chunks). Counting finished

@@ -236,11 +236,14 @@ def _sweep_section(sweep: SweepResult) -> list[str]:
              f"SLO: {slo}, errors <= {sweep.slo.max_error_rate:.0%}; a step also needs the server to "
              "keep up (backlog growth within chance).",
              f"Highest rate that held: {verdict}. Highest rate served in any step: {served:.2f} requests/s.", "",
-             "| offered req/s | served req/s | TTFT P95 (ms) | E2E P95 (ms) | errors | backlog growth | held | client lag |",
-             "|---|---|---|---|---|---|---|---|"]
+             "A step's arrivals are random around its target rate: offered is what its window sent per second, served "
+             "what ended in that window per second, above offered only by a backlog the step began with and cleared "
+             "(its backlog growth is then negative).", "",
+             "| target req/s | offered req/s | served req/s | TTFT P95 (ms) | E2E P95 (ms) | errors | backlog growth | held | client lag |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for p in sorted(sweep.points, key=lambda p: p.rate):
         s = p.summary
-        lines.append(f"| {p.rate:.2f} | {s.request_throughput:.2f} | {_ms(s.ttft, 95)} | {_ms(s.e2e, 95)} | "
+        lines.append(f"| {p.rate:.2f} | {s.offered_rate:.2f} | {s.request_throughput:.2f} | {_ms(s.ttft, 95)} | {_ms(s.e2e, 95)} | "
                      f"{s.error_rate:.1%} | {s.backlog_growth:+d} | {'yes' if p.is_held else 'no'} | "
                      f"{'BEHIND' if p.is_client_bound else 'ok'} |")
     return lines + [""]

@@ -91,6 +91,18 @@ def test_open_loop_offers_the_asked_rate(server_factory):
     assert s.lag.send_p50 < 0.002
 
 
+def test_an_open_loop_bounded_by_a_request_count_serves_no_more_than_it_offered(server_factory):
+    """The window ends where sending ended, as a duration's does: served and offered cover the same time, and the
+    backlog is read while requests still arrive (not after the drain, where nothing is ever in flight)."""
+    url = server_factory("--ttft", "0.02", "--itl", "0.02")  # 4 tokens: 0.08 s a request, 8 in flight at 100/s
+    run = run_async(measure(spec(rate=100, burstiness=1000, num_requests=60, warmup=0.3, seed=7), url))
+    s = summarize(run)
+    assert all(r.outcome == OK for r in run.requests)
+    assert s.offered_rate == pytest.approx(100, rel=0.1)  # 60 regular arrivals over 0.6 s, not over 0.6 s + the drain
+    assert s.request_throughput <= s.offered_rate * 1.05  # the warm-up's last requests no longer count over nothing
+    assert abs(s.backlog_growth) <= 3
+
+
 def test_burstiness_above_one_makes_arrivals_steadier(server_factory):
     url = server_factory("--ttft", "0.005", "--itl", "0.002")
     run = run_async(measure(spec(rate=100, burstiness=16, duration=2.0, seed=7), url))

@@ -4,7 +4,7 @@ import pytest
 
 from hosttune.bench.benchmark import BenchSpec, run_async
 from hosttune.bench.loadgen import Load
-from hosttune.bench.metrics import Slo
+from hosttune.bench.metrics import Slo, summarize
 from hosttune.bench.sweep import SweepConfig, next_rate, sweep
 
 from .servers import realtime
@@ -48,3 +48,22 @@ def test_sweep_finds_the_saturation_rate(server_factory):
     assert above and all(not p.is_held for p in above)
     assert all(p.summary.request_throughput <= SATURATION * 1.03 for p in result.points)
     assert len(rates) <= 10
+
+
+def test_a_step_reports_the_rate_its_window_offered_beside_the_target_it_drew_from():
+    """Arrivals at a rate are random: a step of target 1/s may offer 12 requests in its 10 s. Served, measured on
+    those, is compared with what was offered, not with the target."""
+    from hosttune.bench.console import sweep_point_line
+    from hosttune.bench.report import _sweep_section
+    from hosttune.bench.sweep import SweepPoint, SweepResult
+
+    from .test_metrics import record, run_of
+
+    run = run_of([record(i, 0.5 + 0.8 * i, [0.6 + 0.8 * i], 0.7 + 0.8 * i) for i in range(12)])
+    slo = Slo(e2e=1.0)
+    point = SweepPoint(1.0, summarize(run, slo), run)
+    line = sweep_point_line("http://h:8000", point)
+    assert "rate     1.00/s: offered 1.20/s, served 1.20/s," in line
+    table = _sweep_section(SweepResult("http://h:8000", slo, (point,), 1.0, None, False))
+    assert "| target req/s | offered req/s | served req/s |" in "\n".join(table)
+    assert any(row.startswith("| 1.00 | 1.20 | 1.20 |") for row in table)
