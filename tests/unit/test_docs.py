@@ -499,11 +499,14 @@ def test_every_check_and_remediation_step_the_documents_name_exists():
     from hosttune.remediate.rungs import Rung
 
     areas = {check_id.split(".")[0] for check_id in BY_ID}
-    known = set(BY_ID) | {f"remediate.{r.value}" for r in Rung}
+    known = set(BY_ID) | {f"remediate.{r}" for r in Rung}
     known |= {f"{s}.{f.name}" for s, spec in _SECTION_TYPES.items() for f in dataclasses.fields(spec)}
     named = {(doc.relative_to(ROOT), word) for doc in CURRENT for word in re.findall(r"`([a-z]+\.[a-z_]+)`", doc.read_text())
              if word.split(".")[0] in areas | {"remediate"} and not word.endswith(".py") and word != "sys.argv"}
     assert named and not sorted((str(d), w) for d, w in named if w not in known)
+    explained = {words[2] for doc in DOCS for line in code_lines(doc.read_text()) for words in commands(line)
+                 if words[1:2] == ["explain"] and len(words) > 2 and not PLACEHOLDER.match(words[2])}
+    assert "remediate.reset" in explained and not explained - known
 
 
 # Defaults the documents state, as (document, its words with {} for the value, command, option's parameter name).
@@ -540,3 +543,35 @@ def test_each_default_the_documents_state_is_the_commands(doc, words, command, n
         value = re.sub(r"^(\d+)s$", r"\1 s", value)  # a duration option's '30s', as prose writes it
     text = " ".join((ROOT / doc).read_text().split())
     assert words.format(f"{value:g}" if isinstance(value, float) else value) in text
+
+
+def test_the_xid_codes_remediate_md_names_recover_as_it_says():
+    from hosttune.checks.xid_codes import Recovery, recovery
+
+    text = " ".join(section(ROOT / "docs" / "remediate.md", "### Xid events").split())
+
+    def codes(after: str) -> set[int]:
+        return {int(c) for c in re.findall(r"\d+", text.split(after, 1)[1].split(")", 1)[0])}
+
+    assert codes("restart the application (") and all(recovery(c) is Recovery.RESTART_APP for c in codes("restart the application ("))
+    assert codes("reset the GPU (") and all(recovery(c) is Recovery.RESET_GPU for c in codes("reset the GPU ("))
+    assert codes("reboot (") and all(recovery(c) is Recovery.REBOOT for c in codes("reboot ("))
+    assert recovery(45) is Recovery.IGNORE and "45 (cleanup after an earlier error)" in text
+
+
+def test_the_ladders_remediate_md_states_are_the_code_s():
+    from hosttune.remediate import faults, xid
+
+    def said(ladder) -> str:
+        return " → ".join(map(str, ladder))
+
+    text = " ".join((ROOT / "docs" / "remediate.md").read_text().split())
+    policy = xid.XidPolicy()
+    assert f"within `--xid-window` hours ({policy.window_s / 3600:g} by default)" in text
+    assert f"{policy.fatal_repeats} times in the window on one GPU: the GPU keeps failing after recovery: {said(xid.RETIRE_LADDER)};" in text
+    assert f"otherwise a fatal Xid: {said(xid.GPU_LADDER)}" in text
+    assert f"an application Xid twice on the same GPU: {said(xid.DIAGNOSE_LADDER)};" in text and policy.app_repeats == 2
+    for row, ladder in (("`gpu.count` |", faults.MISSING_LADDER), ("pending | `gpu.memory_health` |", xid.GPU_LADDER),
+                        ("unrepairable memory | `gpu.memory_health` |", xid.RETIRE_LADDER),
+                        ("`gpu.nvlink` |", xid.GPU_LADDER), ("`gpu.clocks_power` |", xid.GPU_LADDER)):
+        assert f"{row} {said(ladder)}" in text, row
