@@ -66,17 +66,17 @@ def calibration_ids(args) -> list[int] | None:
     return Tokenizer(args.model).encode(text)[:CALIBRATION_TOKENS]
 
 
-def check_source(model: Path) -> None:
-    """A plain checkpoint with readable weights: quantizing quantized weights again would quantize their packed
-    integers."""
-    from hosttune_engine.model.loader import safetensors_files
+def check_source(model: Path, spec: QuantSpec) -> None:
+    """A plain checkpoint (quantizing quantized weights again would quantize their packed integers) whose tensors
+    fit its config.json, as the engine will load the result."""
+    from hosttune_engine.checkpoint.source import check_source_fits
     from hosttune_engine.model.model_config import ModelConfig
 
-    spec = ModelConfig.from_folder(model).quantization
-    if spec is not None:
-        raise ConfigError(f"--model {model} is already quantized ({spec.layout.value}); give the plain checkpoint "
-                          "it was made from")
-    safetensors_files(model)
+    quantized = ModelConfig.from_folder(model).quantization
+    if quantized is not None:
+        raise ConfigError(f"--model {model} is already quantized ({quantized.layout.value}); give the plain "
+                          "checkpoint it was made from")
+    check_source_fits(model, spec)
 
 
 def make_out(out: Path) -> None:
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     existed = args.out.exists()
     try:
         check_options(args)
-        check_source(args.model)
+        check_source(args.model, spec)
         ids = calibration_ids(args)
         make_out(args.out)
         write_quantized(args.model, args.out, spec, dtype, ids)

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import torch
 
-from hosttune_engine.errors import ModelLoadError
 from hosttune_engine.quant.layouts import checkpoint_tensors, quantization_config
 from hosttune_engine.quant.quantize import quantize_weight
 from hosttune_engine.quant.spec import Layout, QuantSpec
@@ -41,35 +40,6 @@ def act_order_g_idx(weights: list[torch.Tensor], group_size: int) -> torch.Tenso
     g_idx = torch.empty_like(perm)
     g_idx[perm] = torch.arange(len(perm)) // group_size
     return g_idx
-
-
-def check_fits(state: dict, meta_model, spec: QuantSpec, source: Path) -> None:
-    """The plain checkpoint holds what config.json's model needs, each tensor in its shape, and nothing else: the
-    loader's checks, made before anything is quantized or written."""
-    from hosttune_engine.model.loader import IGNORED_SUFFIXES, expected_tensors
-
-    expected = expected_tensors(meta_model)
-    missing = sorted(expected - state.keys())
-    if missing:
-        raise ModelLoadError(f"{source}: weights missing from the checkpoint: {', '.join(missing[:5])}")
-    extra = sorted(n for n in state.keys() - expected if not n.endswith(IGNORED_SUFFIXES) and n != "lm_head.weight")
-    if extra:
-        raise ModelLoadError(f"{source}: checkpoint tensors the model does not have: {', '.join(extra[:5])}")
-    for name, shape in _shapes(meta_model, spec).items():
-        if name in state and tuple(state[name].shape) != shape:
-            raise ModelLoadError(f"{source}: {name}: shape {tuple(state[name].shape)} does not match the model's "
-                                 f"{shape}; the checkpoint does not fit config.json")
-
-
-def _shapes(meta_model, spec: QuantSpec) -> dict[str, tuple[int, ...]]:
-    """Checkpoint tensor name -> shape: the model's parameters, and the parts its fused projections read."""
-    shapes = {name: tuple(p.shape) for name, p in meta_model.named_parameters()}
-    for p in quantized_projections(meta_model, spec):
-        for shard, name in p.parts.items():
-            shapes[f"{name}.weight"] = (p.shards[shard], p.in_features)
-            if p.bias:
-                shapes[f"{name}.bias"] = (p.shards[shard],)
-    return shapes
 
 
 def quantize_state_dict(state: dict, meta_model, spec: QuantSpec, dtype: torch.dtype) -> dict:
@@ -110,7 +80,6 @@ def write_quantized(source: Path, target: Path, spec: QuantSpec, dtype: torch.dt
     cfg = ModelConfig.from_folder(source)
     meta = build_model(cfg, torch.device("meta"), dtype)
     state = read_state_dict(source)
-    check_fits(state, meta, spec, source)
     if calibration_ids and not spec.layout.is_fp8:
         from hosttune_engine.checkpoint.scale_search import search_scales
 
