@@ -3,42 +3,23 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
-import os
 import re
-import shlex
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from doc_text import CURRENT, DOCS, PLACEHOLDER, ROOT, code_lines, commands, section
 from hosttune.cli import app
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def markdown_files(root: Path) -> list[Path]:
-    """Every Markdown file of the repository (READMEs, docs/, the benchmark notes, the fixtures'
-    provenance), without walking hidden folders such as .git and .venv."""
-    found = []
-    for folder, subfolders, files in os.walk(root):
-        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d != "__pycache__")
-        found += [Path(folder) / f for f in files if f.endswith(".md")]
-    return sorted(found)
-
-
-DOCS = markdown_files(ROOT)
-HISTORY = ROOT / "benchmarks" / "history"
-CURRENT = [d for d in DOCS if HISTORY not in d.parents]  # the history records scripts and options since removed
 # Where a relative path in a document may start: the repository, the document's folder, the
 # engine's distribution and package, the control plane's package.
 BASES = [ROOT, ROOT / "engine", ROOT / "engine" / "hosttune_engine", ROOT / "hosttune"]
 EXTENSIONS = (".py", ".md", ".yaml", ".yml", ".sh", ".json", ".j2", ".toml", ".txt", ".jinja")
 OUTPUT_OPTIONS = {"--out", "-o", "--output", "--junit-xml", "--json"}  # what follows them is made, not read
-PLACEHOLDER = re.compile(r"^[A-Z][A-Z_]*$")  # NAME, DIR, PATH: a part the reader fills in
 # Files that documents name but that live elsewhere: in a model folder, a wheelhouse entry or a release,
 # in a bench run's --out folder, or in a live test's own folder.
 NOT_IN_REPO = {"config.json", "tokenizer.json", "tokenizer_config.json", "manifest.json", "release.json",
@@ -48,46 +29,6 @@ HELP_ENV = {"COLUMNS": "250"}
 
 
 # -- what the documents show -------------------------------------------------------------------------------
-def code_lines(text: str) -> list[str]:
-    """Lines of fenced code blocks and inline code spans outside them.
-
-    In a block, a line ending in a backslash continues on the next, and an indented line
-    continues a layout line (`scripts/   a.py, b.py`) inside the same folder.
-    """
-    lines, fenced, rest, folder = [], False, [], ""
-    for line in text.splitlines():
-        if line.lstrip().startswith("```"):
-            fenced, folder = not fenced, ""
-        elif not fenced:
-            rest.append(line)
-        elif lines and lines[-1].endswith("\\"):
-            lines[-1] = lines[-1][:-1] + " " + line.strip()
-        elif line[:1].isspace() and folder:
-            lines.append(f"{folder} {line.strip()}")
-        else:
-            first = line.split()[0] if line.split() else ""
-            folder = first if first.endswith("/") else ""
-            lines.append(line.strip())
-    spans = re.findall(r"`([^`]+)`", "\n".join(rest))  # a span may wrap onto the next line
-    return lines + [span.replace("\n", " ") for span in spans]
-
-
-def commands(line: str) -> list[list[str]]:
-    """Each `hosttune ...` or `hosttune-engine ...` in one line of code, as words."""
-    out = []
-    for part in re.split(r"&&|\|\||;|\|", line):
-        try:
-            words = [w.strip("[]") for w in shlex.split(part, comments=True)]
-        except ValueError:  # prose in a span, not a command
-            continue
-        words = [w for w in words if w]
-        if words[:3] == ["python", "-m", "hosttune_engine"]:
-            words = ["hosttune-engine", *words[3:]]
-        if words and words[0] in ("hosttune", ".venv/bin/hosttune", "hosttune-engine"):
-            out.append([Path(words[0]).name, *words[1:]])
-    return out
-
-
 def paths(line: str) -> list[str]:
     """The words of a line of code that name a file or folder of this repository.
 
@@ -207,13 +148,6 @@ def test_readme_starts_with_the_two_commands_a_fresh_machine_runs():
 
 
 # -- what docs/deploy.md and the README promise about changing hosts and a deployment's shape -----------------
-def section(doc: Path, title: str) -> str:
-    text = doc.read_text()
-    start = text.index(title)
-    end = text.find("\n#", start + len(title))
-    return text[start:end if end > 0 else None]
-
-
 def test_every_command_that_changes_hosts_confirms_one_way_and_the_docs_name_each():
     """The commands with --yes are exactly those the docs' grammar names, and each also has --dry-run."""
     grammar = section(ROOT / "docs" / "deploy.md", "### Confirming changes")
@@ -298,280 +232,3 @@ def test_the_readme_names_each_extra_a_command_needs():
         assert command in extras and f"`hosttune {command}`" in readme
         assert f"`{command}` extra" in readme
         assert f"pip install -e '.[{command}]'" in readme
-
-
-# -- what docs/kernel-plans.md shows is what `hosttune-engine plan` prints ------------------------------------
-def shown_plans(text: str) -> list[tuple[list[str], str]]:
-    """Each `$ hosttune-engine plan ...` in a code block of the document, as its arguments and the output shown
-    under it (up to the next `$` line or the block's end)."""
-    found = []
-    for block in re.findall(r"```\n(.*?)```", text, re.S):
-        for shown in re.split(r"^\$ ", block, flags=re.M)[1:]:
-            command, _, output = shown.partition("\n")
-            if command.startswith("hosttune-engine plan "):
-                found.append((shlex.split(command)[1:], output.strip("\n")))
-    return found
-
-
-def test_the_kernel_plans_shown_are_what_the_engine_prints(tmp_path, monkeypatch):
-    """A whole plan shown is the command's whole output; an excerpt (tables without the header) is some of its
-    tables, each whole. The model is the Qwen2.5-7B shape of tests/fixtures, with the shipped table only."""
-    from hosttune_engine.kernels import tuning
-    from hosttune_engine.server.cli import main
-
-    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setenv(tuning.USER_ENV, str(tmp_path / "none.json"))
-    monkeypatch.delenv(tuning.SHIPPED_ENV, raising=False)
-    plans = shown_plans((ROOT / "docs" / "kernel-plans.md").read_text())
-    assert len(plans) >= 4 and any(out.startswith("Kernel plan for") for _, out in plans)
-    for args, shown in plans:
-        args = [str(ROOT / "tests" / "fixtures" / a) if a == "qwen2.5-7b" else a for a in args]
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            main(args)
-        printed = printed.getvalue().strip("\n")
-        if shown.startswith("Kernel plan for"):
-            assert shown == printed, args
-        else:
-            tables = printed.split("\n\n")
-            assert all(t in tables for t in shown.split("\n\n")), args
-
-
-def test_the_engine_readme_states_serves_defaults_and_graph_sizes():
-    """The defaults engine/README.md gives for `serve` are argparse's, and its graph sizes the engine's."""
-    from hosttune_engine.core.mixed_graphs import MIXED_GRAPH_SIZES
-    from hosttune_engine.core.prefill_graphs import PREFILL_GRAPH_SIZES
-    from hosttune_engine.server.cli import _parser
-
-    commands = next(a for a in _parser()._actions if a.choices and "serve" in a.choices).choices
-    serve = argparse.Namespace(**{a.dest: a.default for a in commands["serve"]._actions})  # as typed, not parsed
-    readme = " ".join((ROOT / "engine" / "README.md").read_text().split())
-    said = {f"`--gpu-memory-utilization` (default {serve.gpu_memory_utilization:g})",
-            f"`--cpu-kv-cache-gib` (default {serve.cpu_kv_cache_gib:g})",
-            f"`--max-step-ms` (default `{serve.max_step_ms}`",
-            f"`--header-timeout` ({serve.header_timeout:g} s)", f"`--idle-timeout` ({serve.idle_timeout:g} s)",
-            f"`--max-connections` ({serve.max_connections})", f"`--host` defaults to {serve.host}",
-            f"({len(MIXED_GRAPH_SIZES)} buckets, {MIXED_GRAPH_SIZES[0]} to {MIXED_GRAPH_SIZES[-1]:,}",
-            f"Other steps of up to {MIXED_GRAPH_SIZES[-1]:,} tokens",
-            f"({PREFILL_GRAPH_SIZES[0]} to {PREFILL_GRAPH_SIZES[-1]})"}
-    assert not [s for s in said if s not in readme]
-
-
-def test_the_monitor_page_names_every_metric_alert_and_default():
-    """docs/monitor.md's tables: the metrics the pass writes, the alert rules the template holds (with their
-    severities and `for:`), and the monitor section's defaults."""
-    from hosttune.config.monitor_spec import MonitorSpec
-    from hosttune.report.status_metrics import _HELP
-
-    page = (ROOT / "docs" / "monitor.md").read_text()
-    metrics = set(re.findall(r"^\| `(hosttune_\w+)", section(ROOT / "docs" / "monitor.md", "## Metrics"), re.M))
-    assert metrics == set(_HELP)
-    rules = (ROOT / "templates" / "hosttune-alerts.yml.j2").read_text()
-    shown = re.findall(r"^\| `(Hosttune\w+)` \((\w+)\) \|.*\| ([^|]+) \|$", section(ROOT / "docs" / "monitor.md",
-                                                                             "## Alert rules"), re.M)
-    templated = re.findall(r"alert: (Hosttune\w+)\n.*?for: ([^\n]+)\n.*?severity: (\w+)", rules, re.S)
-    assert {name for name, _, _ in shown} == {name for name, _, _ in templated}
-    fors = {"{{ interval_s * 2 }}s": "2 intervals", "{{ interval_s * 3 }}s": "3 intervals", "1m": "1 minute",
-            "5m": "5 minutes"}
-    assert {(n, s, fors[f]) for n, f, s in templated} == {(n, s, f.strip()) for n, s, f in shown}
-    spec = MonitorSpec()
-    for key, default in (("interval_s", spec.interval_s), ("active_interval_s", spec.active_interval_s),
-                         ("textfile_dir", f"`{spec.textfile_dir}`"), ("enabled", f"`{str(spec.enabled).lower()}`")):
-        assert f"| `{key}` | {default} |" in page, key
-
-
-# -- what docs/design.md says of the layers and the dependencies ------------------------------------------------
-def layering(test_file: Path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"_layers_of_{test_file.parent.name}", test_file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.LAYERS
-
-
-def said_layers(text: str) -> list[set[str]]:
-    """The `name`s of a 'bottom to top' / 'bottom first' sentence, one set per ';'-separated layer."""
-    sentence = re.split(r"bottom (?:to top|first): ", " ".join(text.split()), maxsplit=1)[1].split(". ", 1)[0]
-    return [set(re.findall(r"`(\w+)`", part)) for part in sentence.split(";") if re.search(r"`\w+`", part)]
-
-
-def test_design_states_each_programs_layers_as_the_architecture_tests_hold_them():
-    design = (ROOT / "docs" / "design.md").read_text()
-    control, engine = design.split("The control plane never imports", 1)[1], design.split("Imports point one way", 1)[1]
-    for text, test_file in ((control, ROOT / "tests" / "unit" / "test_architecture.py"),
-                            (engine, ROOT / "tests" / "engine" / "test_architecture.py")):
-        held = [set(layer) - {"__init__", "__main__"} for layer in layering(test_file).layers]
-        assert said_layers(text) == [layer for layer in held if layer], test_file
-
-
-def test_design_names_every_dependency_each_program_declares():
-    import tomllib
-
-    row = next(line for line in (ROOT / "docs" / "design.md").read_text().splitlines() if line.startswith("| depends on"))
-    said = re.sub(r"[^a-z0-9]", "", row.lower())
-    for toml in (ROOT / "pyproject.toml", ROOT / "engine" / "pyproject.toml"):
-        project = tomllib.loads(toml.read_text())["project"]
-        extras = {k: v for k, v in project.get("optional-dependencies", {}).items() if k != "test"}
-        for requirement in [*project["dependencies"], *(r for reqs in extras.values() for r in reqs)]:
-            name = re.sub(r"[^a-z0-9]", "", re.split(r"[<>=!;\[ ]", requirement, maxsplit=1)[0].lower())
-            assert name in said, f"{toml.relative_to(ROOT)}: {requirement}"
-
-
-def test_the_example_inventory_shows_every_field_it_says_it_shows():
-    """inventories/example.yaml opens with 'Every inventory field': each key the inventory and its `deploy:` vars
-    take is there, as a key or, where two exclude each other, in a comment beside the other."""
-    from hosttune.config.inventory import VARS_SCHEMA
-    from hosttune.deploy.access import NGINX_KEYS
-    from hosttune.deploy.settings import KNOWN_KEYS
-
-    text = (ROOT / "inventories" / "example.yaml").read_text()
-    assert text.startswith("# Every inventory field")
-    keys = {"defaults", "groups", "hosts", "vars", *KNOWN_KEYS, *NGINX_KEYS}
-    keys |= set(VARS_SCHEMA) | {k for v in VARS_SCHEMA.values() if isinstance(v, dict) for k in v}
-    assert not sorted(k for k in keys if not re.search(rf"(?<![\w-]){k}:", text))
-
-
-def test_the_engine_layout_lists_every_module():
-    """docs/design.md sends the reader to engine/README.md's layout for every module: each module of the package
-    (and each engine script) is named on its folder's lines, and each folder there is one of the package's."""
-    package = ROOT / "engine" / "hosttune_engine"
-    block = (ROOT / "engine" / "README.md").read_text().split("## Layout", 1)[1].split("```")[1]
-    said: dict[str, set[str]] = {}
-    folder = ""
-    for line in filter(str.strip, block.splitlines()):
-        if not line[0].isspace():
-            first = line.split()[0]
-            folder = first if first.endswith("/") else ""
-            line = line[len(first):] if folder else line
-        said.setdefault(folder, set()).update(re.findall(r"\b[a-z_][a-z0-9_]*(?:\.py|\.sh|\.json)?\b", line))
-    modules = {(f"{p.parent.relative_to(package)}/" if p.parent != package else "", p.stem)
-               for p in package.rglob("*.py") if p.name != "__init__.py" and "__pycache__" not in p.parts}
-    unlisted = sorted(f"{d}{m}" for d, m in modules if m not in said.get(d, set()) and f"{m}.py" not in said.get(d, set()))
-    assert not unlisted, f"engine/README.md's layout leaves out {unlisted}"
-    scripts = {p.name for p in (ROOT / "engine" / "scripts").iterdir() if p.suffix in (".py", ".sh")}
-    assert scripts <= said["scripts/"], scripts - said["scripts/"]
-    for folder in (d for d in said if d and d != "scripts/"):
-        assert (package / folder).is_dir(), folder
-    assert "`engine/README.md` lists every module" in (ROOT / "docs" / "design.md").read_text()
-
-
-def test_the_readme_names_each_package_the_test_script_installs_as_root():
-    script = (ROOT / "scripts" / "test.sh").read_text()
-    packages = re.search(r"for pkg in ([\w -]+); do", script).group(1).split()
-    readme = (ROOT / "README.md").read_text().split("## What it does", 1)[0]
-    assert packages and not [p for p in packages if f"`{p}`" not in readme]
-
-
-def test_design_names_every_cli_module_that_registers_commands():
-    sentence = " ".join((ROOT / "docs" / "design.md").read_text().split()).split("one module per command family", 1)[1]
-    named = set(re.findall(r"`(\w+\.py)`", sentence.split(")", 1)[0]))
-    registering = {p.name for p in (ROOT / "hosttune" / "cli").glob("*.py") if "@app.command" in p.read_text()}
-    assert named == registering
-
-
-def test_the_engine_readme_lists_every_field_of_the_loop_messages():
-    import dataclasses
-
-    from hosttune_engine.core import messages
-
-    readme = " ".join((ROOT / "engine" / "README.md").read_text().split())
-    for cls in (messages.EngineRequest, messages.AbortRequest, messages.TokenOutput, messages.EngineStats):
-        shown = re.search(rf"`{cls.__name__}\(([^)]*)\)`", readme).group(1)
-        assert [w.split("=")[0].strip() for w in shown.split(",")] == [f.name for f in dataclasses.fields(cls)], cls
-
-
-def test_the_engine_readme_names_every_metric_the_server_exports():
-    source = (ROOT / "engine" / "hosttune_engine" / "server" / "metrics.py").read_text()
-    exported = set(re.findall(r"\"((?:vllm|hosttune):\w+)\"", source))
-    said = set(re.findall(r"`((?:vllm|hosttune):\w+)", (ROOT / "engine" / "README.md").read_text()))
-    assert exported and not sorted(m for m in exported if m not in said and f"{m}_total" not in said)
-    assert not sorted(m for m in said if m not in exported and m.removesuffix("_total") not in exported)
-
-
-def test_every_check_and_remediation_step_the_documents_name_exists():
-    """A `prefix.name` in a document whose prefix is a check area is a check `hosttune explain` knows, a
-    remediation step, or a profile setting (`monitor.interval_s`); file names and Python names are not."""
-    import dataclasses
-
-    from hosttune.checks import BY_ID
-    from hosttune.config.profile import _SECTION_TYPES
-    from hosttune.remediate.rungs import Rung
-
-    areas = {check_id.split(".")[0] for check_id in BY_ID}
-    known = set(BY_ID) | {f"remediate.{r}" for r in Rung}
-    known |= {f"{s}.{f.name}" for s, spec in _SECTION_TYPES.items() for f in dataclasses.fields(spec)}
-    named = {(doc.relative_to(ROOT), word) for doc in CURRENT for word in re.findall(r"`([a-z]+\.[a-z_]+)`", doc.read_text())
-             if word.split(".")[0] in areas | {"remediate"} and not word.endswith(".py") and word != "sys.argv"}
-    assert named and not sorted((str(d), w) for d, w in named if w not in known)
-    explained = {words[2] for doc in DOCS for line in code_lines(doc.read_text()) for words in commands(line)
-                 if words[1:2] == ["explain"] and len(words) > 2 and not PLACEHOLDER.match(words[2])}
-    assert "remediate.reset" in explained and not explained - known
-
-
-# Defaults the documents state, as (document, its words with {} for the value, command, option's parameter name).
-STATED_DEFAULTS = [
-    ("README.md", "(`--forks`, default {})", "check", "forks"),
-    ("docs/remediate.md", "`--xid-window` hours ({} by default)", "remediate", "xid_window"),
-    ("docs/remediate.md", "(`--drain-wait`, {} s)", "remediate", "drain_wait"),
-    ("docs/remediate.md", "`--breaker-window` minutes ({})", "remediate", "breaker_window"),
-    ("docs/remediate.md", "`--max-cordoned-percent` ({})", "remediate", "max_cordoned_percent"),
-    ("docs/deploy.md", "`--canary-rate` ({} req/s)", "deploy", "canary_rate"),
-    ("docs/deploy.md", "`--canary-duration` ({})", "deploy", "canary_duration"),
-    ("docs/deploy.md", "(`{}` by default", "deploy", "nginx_dir"),
-    ("docs/deploy.md", "`--health-timeout` ({} s)", "deploy", "health_timeout_s"),
-    ("docs/deploy.md", "`--warmup` ({})", "deploy", "warmup"),
-    ("docs/deploy.md", "`--gate-timeout` ({} s)", "deploy", "gate_timeout_s"),
-]
-
-
-@pytest.mark.parametrize("doc,words,command,name", STATED_DEFAULTS, ids=[f"{c} {n}" for _, _, c, n in STATED_DEFAULTS])
-def test_each_default_the_documents_state_is_the_commands(doc, words, command, name):
-    """What the option defaults to; deploy's gate timings, which default to the inventory's, fall back to
-    ServeSettings'."""
-    import dataclasses
-
-    import typer.main
-
-    from hosttune.deploy.settings import ServeSettings
-
-    params = {p.name: p.default for p in typer.main.get_command(app).commands[command].params}
-    value = params.get(name)
-    if value is None:
-        value = next(f.default for f in dataclasses.fields(ServeSettings) if f.name == name)
-    if isinstance(value, str):
-        value = re.sub(r"^(\d+)s$", r"\1 s", value)  # a duration option's '30s', as prose writes it
-    text = " ".join((ROOT / doc).read_text().split())
-    assert words.format(f"{value:g}" if isinstance(value, float) else value) in text
-
-
-def test_the_xid_codes_remediate_md_names_recover_as_it_says():
-    from hosttune.checks.xid_codes import Recovery, recovery
-
-    text = " ".join(section(ROOT / "docs" / "remediate.md", "### Xid events").split())
-
-    def codes(after: str) -> set[int]:
-        return {int(c) for c in re.findall(r"\d+", text.split(after, 1)[1].split(")", 1)[0])}
-
-    assert codes("restart the application (") and all(recovery(c) is Recovery.RESTART_APP for c in codes("restart the application ("))
-    assert codes("reset the GPU (") and all(recovery(c) is Recovery.RESET_GPU for c in codes("reset the GPU ("))
-    assert codes("reboot (") and all(recovery(c) is Recovery.REBOOT for c in codes("reboot ("))
-    assert recovery(45) is Recovery.IGNORE and "45 (cleanup after an earlier error)" in text
-
-
-def test_the_ladders_remediate_md_states_are_the_code_s():
-    from hosttune.remediate import faults, xid
-
-    def said(ladder) -> str:
-        return " → ".join(map(str, ladder))
-
-    text = " ".join((ROOT / "docs" / "remediate.md").read_text().split())
-    policy = xid.XidPolicy()
-    assert f"within `--xid-window` hours ({policy.window_s / 3600:g} by default)" in text
-    assert f"{policy.fatal_repeats} times in the window on one GPU: the GPU keeps failing after recovery: {said(xid.RETIRE_LADDER)};" in text
-    assert f"otherwise a fatal Xid: {said(xid.GPU_LADDER)}" in text
-    assert f"an application Xid twice on the same GPU: {said(xid.DIAGNOSE_LADDER)};" in text and policy.app_repeats == 2
-    for row, ladder in (("`gpu.count` |", faults.MISSING_LADDER), ("pending | `gpu.memory_health` |", xid.GPU_LADDER),
-                        ("unrepairable memory | `gpu.memory_health` |", xid.RETIRE_LADDER),
-                        ("`gpu.nvlink` |", xid.GPU_LADDER), ("`gpu.clocks_power` |", xid.GPU_LADDER)):
-        assert f"{row} {said(ladder)}" in text, row
