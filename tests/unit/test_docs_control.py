@@ -188,3 +188,15 @@ def test_the_ladders_remediate_md_states_are_the_code_s():
                         ("unrepairable memory | `gpu.memory_health` |", xid.RETIRE_LADDER),
                         ("`gpu.nvlink` |", xid.GPU_LADDER), ("`gpu.clocks_power` |", xid.GPU_LADDER)):
         assert f"{row} {said(ladder)}" in text, row
+
+
+def test_every_result_file_is_cited_and_every_cited_one_is_kept():
+    """benchmarks/results holds the JSON BENCHMARKS.md cites (and what the history's pages cite there);
+    each file BENCHMARKS.md names as a result is in it, or is what a command it shows writes (--out)."""
+    results = ROOT / "benchmarks" / "results"
+    page = (ROOT / "BENCHMARKS.md").read_text()
+    citing = page + "".join(p.read_text() for p in (ROOT / "benchmarks" / "history").glob("*.md"))
+    assert not sorted(f.name for f in results.iterdir() if f.name not in citing)
+    written = set(re.findall(r"--out benchmarks/results/([\w.-]+\.json)", " ".join(page.split())))
+    named = set(re.findall(r"`(?:benchmarks/results/)?([\w.-]+-\d{4}-\d\d-\d\d[\w.-]*\.json)`", page))
+    assert named and not sorted(n for n in named - written if not (results / n).exists())
