@@ -109,3 +109,19 @@ def test_the_engine_readme_names_every_metric_the_server_exports():
     said = set(re.findall(r"`((?:vllm|hosttune):\w+)", (ROOT / "engine" / "README.md").read_text()))
     assert exported and not sorted(m for m in exported if m not in said and f"{m}_total" not in said)
     assert not sorted(m for m in said if m not in exported and m.removesuffix("_total") not in exported)
+
+
+def test_the_architectures_the_docs_say_the_engine_loads_are_its_own():
+    """engine/README.md, docs/deploy.md and the custom preset (whose list deploy checks a model against) name
+    the architectures the engine's loader builds, no more and no fewer."""
+    import yaml
+
+    from hosttune_engine.model.model_config import SUPPORTED_ARCHITECTURES
+
+    preset = yaml.safe_load((ROOT / "hosttune" / "presets" / "custom.yaml").read_text())["serve"]["architectures"]
+    assert tuple(preset) == SUPPORTED_ARCHITECTURES
+    deploy = " ".join((ROOT / "docs" / "deploy.md").read_text().split())
+    named = re.search(r"\(the bundled engine: ([^;]+);", deploy).group(1)
+    assert re.findall(r"`(\w+)`", named) == list(SUPPORTED_ARCHITECTURES)
+    families = " and ".join(a.removesuffix("ForCausalLM") for a in SUPPORTED_ARCHITECTURES)
+    assert f"It runs {families} checkpoints" in " ".join((ROOT / "engine" / "README.md").read_text().split())
