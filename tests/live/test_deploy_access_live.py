@@ -227,7 +227,9 @@ def balanced_through_tls(tmp_path: Path, known: Path, host, front: int, key: str
     inventory.write_text(yaml.safe_dump({"groups": {"edge": {
         "vars": {"deploy": {"api_key": True, "lb_port": lb_port}},
         "hosts": {host.name: {"address": "127.0.0.1", "deploy": {"nginx": {"port": front, **tls}}},
-                  "impostor": {"address": "127.0.0.1", "deploy": {"nginx": {"port": fake_port, **tls}}}}}}}))
+                  # another machine behind the same loopback address, as the test hosts are (its own SSH port)
+                  "impostor": {"address": "127.0.0.1", "ssh": {"port": free_port()},
+                               "deploy": {"nginx": {"port": fake_port, **tls}}}}}}}))
     inv = load_inventory(inventory)
     check_balancers(inv)
     (conf,) = write_upstreams(upstreams(inv, [HostDeploy(h, Outcome.DEPLOYED, "r", "r") for h in inv.hosts]),
