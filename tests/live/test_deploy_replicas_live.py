@@ -95,7 +95,8 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     assert back.stdout.split()[1:3] == ["deployed", first] and "!" not in back.plan  # the plan takes nothing away
     assert host.exec("readlink /opt/hosttune/current").stdout.strip().endswith(first)
     bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
-    assert len(requests) >= 100 and not bad, bad[:10]
+    # 2 a second from 8 s before the rolls until they ended: the load covered them, however fast they went
+    assert len(requests) >= 2 * timings["two rolling redeploys"] and not bad, (len(requests), bad[:10])
     timings["requests during the rolls, all 200"] = len(requests)
     assert host.path(SERVERS).read_text().count("server 127.0.0.1:") == 2  # still the 2 replicas the host served
     for i in range(2):  # both replicas run the inventory's flags' release again
