@@ -6,7 +6,7 @@ import re
 
 from hosttune.actions.base import FileWrite, Remove, Step, Symlink
 from hosttune.actions.platform import select
-from hosttune.actions.templates import render
+from hosttune.rendering import render
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host
 from hosttune.config.profile import Profile

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, Step, managed_header
-from hosttune.actions.templates import render
+from hosttune.rendering import render
 from hosttune.actions.units import boot_unit
 from hosttune.checks.base import is_systemd
 from hosttune.probes.facts import Facts

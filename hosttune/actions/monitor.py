@@ -14,7 +14,7 @@ import yaml
 from hosttune import __version__
 from hosttune.actions.base import Command, Directory, FileWrite, Op, Remove, Service, Step, blocked
 from hosttune.actions.needs import NeedVenv
-from hosttune.actions.templates import render
+from hosttune.rendering import render
 from hosttune.actions.units import DAEMON_RELOAD
 from hosttune.checks.service_monitor import ACTIVE_TIMER, METRICS_FILES, PASS_TIMEOUT_S, STATUS_DIR, STATUS_FILES, TIMER, wanted_timers
 from hosttune.config.inventory import Host

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hosttune.actions.base import Command, FileWrite, Packages, Step
-from hosttune.actions.templates import render
+from hosttune.rendering import render
 from hosttune.probes.facts import Facts
 
 GRUB_DROPIN = "/etc/default/grub.d/90-hosttune.cfg"

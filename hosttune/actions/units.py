@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune.actions.base import Command, FileWrite, Op, Service
-from hosttune.actions.templates import render
+from hosttune.rendering import render
 from hosttune.checks.boot_scripts import script_path
 
 DAEMON_RELOAD = Command(("systemctl", "daemon-reload"), regenerate=True, offline=False)

@@ -22,7 +22,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from hosttune.actions.templates import render
+from hosttune.rendering import render
 from hosttune.config.inventory import Host, Inventory
 from hosttune.deploy.access import Front, front_for
 from hosttune.deploy.errors import DeployError

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 
-from hosttune.actions.templates import render
+from hosttune.rendering import render
 from hosttune.deploy.access import Access
 from hosttune.deploy.front import LOOPBACK, front_upstream
 from hosttune.deploy.placement import Layout

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hosttune.actions.templates import render
+from hosttune.rendering import render
 from hosttune.quoting import systemd_exec, systemd_word
 
 SERVE_UNIT = "hosttune-serve.service"

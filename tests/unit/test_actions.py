@@ -11,7 +11,7 @@ from hosttune.actions.base import (
     Command, CommentOut, FileWrite, KernelWrite, Remove, Packages, Service, Symlink,
 )
 from hosttune.actions.platform import GRUB_DROPIN, Apt, Dnf, GrubDropIn, Grubby, select
-from hosttune.actions.templates import render
+from hosttune.rendering import render
 from hosttune.checks import BY_ID, run_checks
 from hosttune.probes.facts import Facts, ServiceState
 from hosttune.checks.findings import Status
