@@ -17,7 +17,7 @@ from hosttune_engine.server.bodies import error_response, json_response, read_js
 from hosttune_engine.server.completions import create_chat_completion, create_completion
 from hosttune_engine.server.api_errors import ApiError
 from hosttune_engine.server.auth import KeyRing, auth_middleware
-from hosttune_engine.server.schemas import DetokenizeRequest, TokenizeRequest
+from hosttune_engine.server.schemas.tokenize import DetokenizeRequest, TokenizeRequest
 from hosttune_engine.server.state import STATE, ServerState
 
 log = logging.getLogger("hosttune_engine.server")

@@ -2,7 +2,7 @@
 
 Every way a body can be unreadable (wrong content type, not UTF-8, not JSON,
 nested too deep) is a short 400 that never echoes the body; what the JSON
-must hold is checked by the models in `schemas.py`.
+must hold is checked by the models in `schemas/`.
 """
 
 from __future__ import annotations

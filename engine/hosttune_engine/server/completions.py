@@ -19,7 +19,9 @@ from hosttune_engine.server.bodies import json_response, read_json
 from hosttune_engine.server.engine_client import EngineDeadError
 from hosttune_engine.server.generation import Generation
 from hosttune_engine.server.api_errors import ApiError, bad_request
-from hosttune_engine.server.schemas import ChatRequest, CompletionRequest, GenerationOptions
+from hosttune_engine.server.schemas.chat import ChatRequest
+from hosttune_engine.server.schemas.completion import CompletionRequest
+from hosttune_engine.server.schemas.options import GenerationOptions
 from hosttune_engine.server.state import STATE, ServerState
 from hosttune_engine.server.streaming import DONE, ChunkWriter, sse
 

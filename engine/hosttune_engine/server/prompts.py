@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from hosttune_engine.server.api_errors import ApiError, bad_request
-from hosttune_engine.server.schemas import Prompt
+from hosttune_engine.server.schemas.completion import Prompt
 
 OFFLOAD_CHARS = 20_000  # longer texts are tokenized off the event loop, so 429s stay fast meanwhile
 

@@ -2,7 +2,7 @@
 
 Each builder returns a plain dict in the field order of OpenAI's API (and
 vLLM's extra `stop_reason`); `dumps` turns one into compact JSON bytes.
-Requests are parsed in `schemas.py`.
+Requests are parsed by the models in `schemas/`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ import pytest
 
 from hosttune_engine.server.prompts import PromptBuilder
 from hosttune_engine.server.api_errors import ApiError
-from hosttune_engine.server.schemas import ChatRequest, CompletionRequest, TokenizeRequest
+from hosttune_engine.server.schemas.chat import ChatRequest
+from hosttune_engine.server.schemas.completion import CompletionRequest
+from hosttune_engine.server.schemas.tokenize import TokenizeRequest
 
 PARSED = [
     ({"prompt": "hi"}, dict(n=1, max_tokens=None, temperature=1.0, top_k=0, stop=(), stream=False)),

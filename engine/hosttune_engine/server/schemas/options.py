@@ -1,0 +1,157 @@
+"""The fields completions and chat share, and the `GenerationOptions` they become.
+
+Known fields this server does not implement are refused when set to anything but
+their neutral value (`UNSUPPORTED`), so a client never gets a 200 with output it
+did not ask for. Each endpoint's model puts these fields after its own head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from hosttune_engine.errors import ConfigError
+from hosttune_engine.sampling import SamplingParams
+from hosttune_engine.server.api_errors import bad_request
+from hosttune_engine.server.schemas.body import INT64, RequestBody, describe, fault, token_ids
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """What completions and chat share: the model, sampling, stops, streaming and priority."""
+
+    model: str | None = None
+    n: int = 1
+    max_tokens: int | None = None  # None: up to the context length
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None  # alternatives per token; None: no logprobs
+    stream: bool = False
+    include_usage: bool = False
+    priority: int = 0  # lower runs first, as in vLLM
+
+    def sampling(self, max_tokens: int) -> SamplingParams:
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+                logprobs=self.logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
+                skip_special_tokens=self.skip_special_tokens)
+        except ConfigError as e:
+            raise bad_request(str(e)) from None
+
+
+# Fields of OpenAI's or vLLM's API that change what is generated: ignoring one would answer 200 with output the
+# client did not ask for, so each is refused unless null or its neutral value. () refuses any value.
+UNSUPPORTED = {"presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
+               "logit_bias": ({},), "min_tokens": (0,), "suffix": ("",), "min_p": (0,), "use_beam_search": (False,),
+               "prompt_logprobs": (), "truncate_prompt_tokens": (), "allowed_token_ids": (), "bad_words": ([],),
+               "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+               "structured_outputs": ()}
+
+
+class GenerationFields(RequestBody):
+    """The shared fields as they come in a body; `generation_options` turns them into `GenerationOptions`."""
+
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    repetition_penalty: Any = None
+    logit_bias: Any = None
+    min_tokens: Any = None
+    suffix: Any = None
+    min_p: Any = None
+    use_beam_search: Any = None
+    prompt_logprobs: Any = None
+    truncate_prompt_tokens: Any = None
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    response_format: dict | None = None
+    n: int = Field(1, ge=1, le=128)
+    best_of: int | None = None
+    stream: bool = False
+    seed: int | None = Field(None, ge=-INT64, le=INT64 - 1)
+    model: str | None = None
+    temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
+    top_p: float = Field(1.0, allow_inf_nan=False)
+    top_k: int = Field(0, ge=-1, le=2**31)
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream_options: dict | None = None
+    priority: int = Field(0, ge=-INT64, le=INT64 - 1)
+
+    @field_validator(*UNSUPPORTED, mode="plain")
+    @classmethod
+    def _neutral(cls, value, info: ValidationInfo):
+        if value not in UNSUPPORTED[info.field_name]:
+            raise fault(f"{info.field_name} is not supported by this server", info.field_name)
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format(cls, fmt: dict) -> dict:
+        if fmt.get("type") != "text":
+            raise fault("response_format other than {\"type\": \"text\"} is not supported", "response_format")
+        return fmt
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, value: int, info: ValidationInfo) -> int:
+        if value != info.data.get("n", 1):
+            raise fault("best_of is not supported by this server (it must equal n)", "best_of")
+        return value
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p(cls, top_p: float) -> float:
+        if not 0 < top_p <= 1:
+            raise fault(f"top_p must be in (0, 1], got {top_p}.", "top_p")
+        return top_p
+
+    @field_validator("stop", mode="plain")
+    @classmethod
+    def _stop(cls, stop) -> tuple[str, ...]:
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise fault(f"stop must be a string or an array of strings, got {describe(stop)}", "stop")
+        if any(not s for s in stop):
+            raise fault("stop strings must not be empty", "stop")
+        return tuple(stop)
+
+    @field_validator("stop_token_ids", mode="plain")
+    @classmethod
+    def _stop_token_ids(cls, value) -> tuple[int, ...]:
+        return token_ids(value, "stop_token_ids")
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options(cls, options: dict, info: ValidationInfo) -> dict:
+        if not info.data.get("stream", False):
+            raise fault("stream_options can only be set when stream is true", "stream_options")
+        usage = options.get("include_usage")
+        if usage is not None and not isinstance(usage, bool):
+            raise fault(f"include_usage must be a boolean, got {describe(usage)}", "include_usage")
+        return options
+
+    def generation_options(self, max_tokens: int | None, logprobs: int | None) -> GenerationOptions:
+        usage = bool((self.stream_options or {}).get("include_usage"))
+        same = {f.name: getattr(self, f.name) for f in fields(GenerationOptions) if f.name in type(self).model_fields}
+        return GenerationOptions(**{**same, "max_tokens": max_tokens, "logprobs": logprobs, "include_usage": usage})
