@@ -5,7 +5,7 @@ from __future__ import annotations
 from hosttune import cores, cpulist
 from hosttune.actions.base import KernelWrite, Step
 from hosttune.actions.platform import select
-from hosttune.checks.cpu import no_idle_driver
+from hosttune.checks.cpu import DEEP_EXIT_LATENCY_US, cstate_limit_moot
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host
 from hosttune.config.profile import Profile
@@ -20,7 +20,7 @@ PARAM_CHECKS = {
 def kernel_params(facts: Facts, profile: Profile) -> tuple[str, ...]:
     """Every kernel parameter the profile manages, in a stable order."""
     params: list[str] = []
-    if profile.cpu.max_cstate is not None and not no_idle_driver(facts):
+    if profile.cpu.max_cstate is not None and not cstate_limit_moot(facts):
         params += [f"intel_idle.max_cstate={profile.cpu.max_cstate}", f"processor.max_cstate={profile.cpu.max_cstate}"]
     nocbs = cores.rcu_nocbs(facts, profile.kernel.rcu_nocbs)
     if nocbs and not cores.beyond(facts, nocbs):
@@ -36,7 +36,8 @@ def kernel_params(facts: Facts, profile: Profile) -> tuple[str, ...]:
 def _deep_idle_off(facts: Facts) -> KernelWrite | None:
     """Disable deep idle states now on every CPU (the command line does it from the next boot)."""
     names = sorted(f"state{i}" for i in range(len(facts.cpu.idle_states)))
-    deep = [state for state, (_, disabled, latency) in zip(names, facts.cpu.idle_states) if not disabled and latency > 10]
+    deep = [state for state, (_, disabled, latency) in zip(names, facts.cpu.idle_states)
+            if not disabled and latency > DEEP_EXIT_LATENCY_US]
     if not deep:
         return None
     paths = tuple(f"/sys/devices/system/cpu/cpu{c}/cpuidle/{s}/disable" for c in range(facts.cpu.count) for s in deep)

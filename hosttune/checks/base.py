@@ -19,6 +19,7 @@ class Check:
     remediation: str  # what `hosttune apply` does about it
     needs_reboot: bool
     evaluate: Callable[[Facts, Profile], Verdict]
+    not_applicable: str = ""  # where the check reports not-applicable beyond the obvious (no GPU, no systemd), and why
 
     def run(self, facts: Facts, profile: Profile) -> Finding:
         try:

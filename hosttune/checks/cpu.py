@@ -59,22 +59,39 @@ def _param_verdict(facts: Facts, params: dict[str, str], same=lambda a, b: a == 
     return Verdict(status, desired, state(True), state(False), f"configured in {facts.cmdline_source}")
 
 
-def no_idle_driver(facts: Facts) -> bool:
-    """The running kernel reports no active cpuidle driver (a VM without one, idle=poll): C-state limits change nothing."""
-    return bool(facts.cpu.count) and facts.cpu.idle_driver in (None, "none")
+# cpuidle drivers of paravirtual guests: a vCPU that idles hands its core back to the hypervisor,
+# whose C-states no intel_idle or processor limit on the guest's command line reaches.
+GUEST_IDLE_DRIVERS = frozenset({"haltpoll"})
+DEEP_EXIT_LATENCY_US = 10  # an idle state that takes longer to leave is deep
+
+
+def deep_idle_states(facts: Facts) -> list[str]:
+    """The enabled idle states of cpu0 that take more than DEEP_EXIT_LATENCY_US to leave."""
+    return [name for name, disabled, latency in facts.cpu.idle_states if not disabled and latency > DEEP_EXIT_LATENCY_US]
+
+
+def cstate_limit_moot(facts: Facts) -> str | None:
+    """Why a C-state limit changes nothing on this host (no cpuidle driver, a paravirtual guest's), or None."""
+    driver = facts.cpu.idle_driver
+    if facts.cpu.count and driver in (None, "none"):
+        return ("no cpuidle driver is active on this host (cpuidle/current_driver: "
+                f"{driver or 'missing'}): the CPUs enter no idle states a limit could cap")
+    if driver in GUEST_IDLE_DRIVERS and not deep_idle_states(facts):
+        states = ", ".join(name for name, _, _ in facts.cpu.idle_states) or "none read"
+        return (f"cpuidle driver {driver}: a paravirtual guest whose idle states ({states}) are all shallow; "
+                "deep C-states are the hypervisor's, and no limit set in the guest reaches them")
+    return None
 
 
 def cstates(facts: Facts, profile: Profile) -> Verdict:
+    """Deep idle states capped on the kernel command line and off now; not-applicable where no limit can matter."""
     limit = profile.cpu.max_cstate
     if limit is None:
         return na("C-states not managed by the profile")
-    if no_idle_driver(facts):
-        return na("no cpuidle driver is active on this host (cpuidle/current_driver: "
-                  f"{facts.cpu.idle_driver or 'missing'}): the CPUs enter no idle states a limit could cap",
-                  f"max_cstate={limit}")
+    if moot := cstate_limit_moot(facts):
+        return na(moot, f"max_cstate={limit}")
     verdict = _param_verdict(facts, {"intel_idle.max_cstate": str(limit), "processor.max_cstate": str(limit)})
-    deep = [name for name, disabled, latency in facts.cpu.idle_states if not disabled and latency > 10]
-    if deep:
+    if deep := deep_idle_states(facts):
         note = f"deep idle states enabled now: {', '.join(deep)}"
         status = Status.DRIFT if verdict.status is Status.OK else verdict.status
         return Verdict(status, verdict.desired, verdict.configured, verdict.active, f"{verdict.detail}; {note}")
@@ -112,7 +129,10 @@ CHECKS = (
     Check("cpu.cstates", "CPU idle states", Severity.WARNING,
           "Waking a core from a deep C-state costs tens to hundreds of microseconds on every request burst.",
           "add intel_idle.max_cstate and processor.max_cstate to the kernel command line (grub drop-in), reboot; "
-          "deep idle states are disabled now already", True, cstates),
+          "deep idle states are disabled now already", True, cstates,
+          "a host with no active cpuidle driver (idle=poll, some VMs), and a VM guest whose cpuidle driver is a "
+          "paravirtual one with only shallow states (haltpoll): deep C-states are the hypervisor's, no limit in the "
+          "guest reaches them, and apply changes nothing for them"),
     Check("kernel.rcu_nocbs", "RCU callback offload", Severity.INFO,
           "RCU callbacks running on serving cores preempt the engine's scheduler thread at random.",
           "add rcu_nocbs=CPUS to the kernel command line (grub drop-in), reboot", True, rcu_nocbs),

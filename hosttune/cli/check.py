@@ -117,6 +117,8 @@ def explain(check_id: str = typer.Argument(..., help="A check id, e.g. irq.irqba
     typer.echo(f"why: {c.why}")
     typer.echo(f"fix: {c.remediation}" + (" (needs a reboot)" if c.needs_reboot else ""))
     typer.echo(f"apply: {'does this fix (apply --dry-run shows the plan)' if c.id in ACTIONS else NO_APPLY}")
+    if c.not_applicable:
+        typer.echo(f"not applicable on: {c.not_applicable}")
 
 
 NO_APPLY = "no automatic fix: it reports the finding and changes nothing for it; the fix is by hand"

@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+GUEST_IDLE_DRIVERS = {"haltpoll"}  # hosttune.checks.cpu.GUEST_IDLE_DRIVERS, restated
 # the driver and CUDA stack apply holds (hosttune.checks.driver.STACK_PACKAGE), restated
 STACK = re.compile(r"^(nvidia|libnvidia|cuda|libcuda|kmod-nvidia|datacenter-gpu|libcublas|libcudnn|libnccl)")
 
@@ -83,9 +84,20 @@ def test_transparent_hugepages(host, want, facts):
     assert active and active.group(1) == want["thp"]
 
 
+def c_state_limit_matters(host) -> bool:
+    """hosttune's rule, restated: with no cpuidle driver, or a paravirtual guest's (haltpoll) whose idle states
+    are all shallow (exit latency up to 10 µs), a C-state limit changes nothing and apply leaves it out."""
+    driver = host.run("cat /sys/devices/system/cpu/cpuidle/current_driver").stdout.strip()
+    if driver in ("", "none"):
+        return False
+    states = host.run("cd /sys/devices/system/cpu/cpu0/cpuidle && for s in state*; do echo $(cat $s/disable) $(cat $s/latency); done")
+    deep = [line for line in states.stdout.splitlines() if line.split()[:1] == ["0"] and int(line.split()[1]) > 10]
+    return driver not in GUEST_IDLE_DRIVERS or bool(deep)
+
+
 def wanted_params(host, want) -> list[str]:
     params = []
-    if want["max_cstate"] is not None:
+    if want["max_cstate"] is not None and c_state_limit_matters(host):
         params += [f"intel_idle.max_cstate={want['max_cstate']}", f"processor.max_cstate={want['max_cstate']}"]
     if want["rcu_nocbs"] and (want["rcu_nocbs"] != "auto" or auto_nocbs(host)):  # auto on one CPU: nothing to offload
         params.append(f"rcu_nocbs={want['rcu_nocbs']}")

@@ -21,3 +21,15 @@ def l40s(fixture_text):
 def h200(fixture_text):
     """The lent H200 host, recorded with the nvidia-smi XML fallback."""
     return parse_probe_output(fixture_text("h200", "probe-output.txt"))
+
+
+@pytest.fixture
+def h100(fixture_text):
+    """8 H100s on 2 NUMA nodes, bare metal: intel_idle capped at C1 on the booted command line."""
+    return parse_probe_output(fixture_text("h100-8gpu-2numa", "probe-output.txt"))
+
+
+@pytest.fixture
+def haltpoll_guest(fixture_text):
+    """A VM guest whose cpuidle driver is haltpoll: before a grub drop-in, after it, after a boot that has it."""
+    return {name: parse_probe_output(fixture_text("grub-dropin", f"{name}.txt")) for name in ("before", "after-apply", "after-reboot")}

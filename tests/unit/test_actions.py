@@ -106,6 +106,22 @@ def test_no_boot_loader_is_blocked_with_the_params_to_add(h200):
     assert "max_cstate" not in step.blocked  # no cpuidle driver on that VM: nothing to limit
 
 
+def test_a_haltpoll_guest_gets_no_c_state_limit_nor_live_idle_write(haltpoll_guest):
+    """Its command line still gets rcu_nocbs; the C-state parameters would change nothing there."""
+    facts = haltpoll_guest["before"]
+    (step,) = kernel.kernel_cmdline(facts, LATENCY, HOST)
+    assert step.fixes == ("kernel.rcu_nocbs",) and not ops_of([step], KernelWrite)
+    assert step.ops[0].content.decode().splitlines()[-1] == (  # auto on 2 CPUs: 0 keeps house
+        'GRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT} "rcu_nocbs=1')
+    steps = steps_for(run_checks(facts, LATENCY), facts, LATENCY, HOST)
+    assert not [s for s in steps if "cpu.cstates" in s.fixes]
+
+
+def test_bare_metal_intel_idle_still_gets_the_c_state_limit(a100):
+    step = kernel.kernel_cmdline(replace(a100, cmdline_configured=("quiet",)), LATENCY, HOST)[0]
+    assert "cpu.cstates" in step.fixes and b"intel_idle.max_cstate=1 processor.max_cstate=1" in step.ops[0].content
+
+
 def test_rcu_nocbs_past_the_hosts_cpus_is_never_written(h200):
     steps = kernel.kernel_cmdline(h200, PINNED_CORES, HOST)  # 4-63 on a host of 16 CPUs
     assert not any("rcu_nocbs" in s.blocked + s.summary for s in steps)

@@ -211,3 +211,43 @@ def test_the_irq_boot_unit_is_configured_only_while_its_script_pins_the_cores_wa
     drift = BY_ID["irq.gpu_affinity"].run(old, profile)
     assert (drift.status, drift.configured) == (Status.DRIFT, "boot script differs")
     assert "/usr/local/sbin/hosttune-irq-affinity is not what apply would write for these cores" in drift.detail
+
+
+# -- C-states on a paravirtual guest and on bare metal, from recorded probe outputs -------------
+
+
+def test_haltpoll_guest_c_states_are_not_applicable_with_the_driver_named(haltpoll_guest):
+    """Whatever its command line says (none, configured, booted), a haltpoll guest has no deep state to cap."""
+    for name, facts in haltpoll_guest.items():
+        assert facts.cpu.idle_driver == "haltpoll", name
+        found = {f.check_id: f for f in run_checks(facts, load_profile("inference-latency"))}
+        cstates = found["cpu.cstates"]
+        assert cstates.status is Status.NOT_APPLICABLE and not cstates.is_failing, name
+        assert cstates.desired == "max_cstate=1" and "\n" not in cstates.detail
+        assert cstates.detail.startswith("cpuidle driver haltpoll: a paravirtual guest whose idle states (POLL, haltpoll idle)")
+        assert "hypervisor" in cstates.detail
+        assert found["kernel.rcu_nocbs"].status is Status.DRIFT, name  # the rest of the command line is still judged
+
+
+def test_a_guest_driver_with_a_deep_state_enabled_is_judged_as_before(haltpoll_guest):
+    facts = haltpoll_guest["after-reboot"]
+    deep = replace(facts, cpu=replace(facts.cpu, idle_states=facts.cpu.idle_states + (("C6", False, 133),)))
+    finding = BY_ID["cpu.cstates"].run(deep, load_profile("inference-latency"))
+    assert finding.status is Status.DRIFT and "deep idle states enabled now: C6" in finding.detail
+
+
+@pytest.mark.parametrize("name, status", [("a100", Status.OK), ("h100", Status.OK), ("l40s", Status.PENDING_REBOOT)])
+def test_bare_metal_intel_idle_c_states_are_judged_on_the_command_line(request, name, status):
+    facts = request.getfixturevalue(name)
+    assert facts.cpu.idle_driver == "intel_idle"
+    finding = BY_ID["cpu.cstates"].run(facts, load_profile("inference-latency"))
+    assert finding.status is status and finding.desired == "intel_idle.max_cstate=1 processor.max_cstate=1"
+    assert finding.active == ("intel_idle.max_cstate=- processor.max_cstate=-" if name == "l40s"
+                              else "intel_idle.max_cstate=1 processor.max_cstate=1")
+    assert ("deep idle states enabled now: C6" in finding.detail) == (name == "l40s")
+
+
+def test_acpi_idle_is_judged_like_intel_idle(haltpoll_guest):
+    facts = haltpoll_guest["before"]
+    acpi = replace(facts, cpu=replace(facts.cpu, idle_driver="acpi_idle"))
+    assert BY_ID["cpu.cstates"].run(acpi, load_profile("inference-latency")).status is Status.DRIFT

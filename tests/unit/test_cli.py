@@ -64,6 +64,9 @@ def test_bad_inventory_is_exit_2_with_location(tmp_path):
 def test_explain():
     result = runner.invoke(app, ["explain", "cpu.cstates"])
     assert result.exit_code == 0 and "why:" in result.output and "needs a reboot" in result.output
+    (na,) = [line for line in result.output.splitlines() if line.startswith("not applicable on: ")]
+    assert "haltpoll" in na and "hypervisor" in na and "no active cpuidle driver" in na
+    assert "not applicable on:" not in runner.invoke(app, ["explain", "irq.irqbalance"]).output
     assert runner.invoke(app, ["explain", "nope"]).exit_code == EXIT_ERROR
     unknown = runner.invoke(app, ["explain", "reset"])  # a remediation step without its prefix
     assert unknown.exit_code == EXIT_ERROR and len(unknown.stderr.splitlines()) == 1

@@ -81,6 +81,24 @@ def test_the_suite_pins_gpu_interrupts_to_the_housekeeping_cores_hosttune_choose
         assert suite.housekeeping(set(node)) == set(cores.housekeeping(facts, 1)), size
 
 
+@pytest.mark.parametrize("name", ["haltpoll_guest", "a100", "l40s", "h200"])
+def test_the_suite_wants_a_c_state_limit_where_hosttune_writes_one(request, name):
+    """On the recorded hosts, the witness's restated rule agrees with the check's: a haltpoll guest or a host
+    without a cpuidle driver gets no limit, intel_idle hosts do."""
+    from types import SimpleNamespace
+
+    from hosttune.checks.cpu import GUEST_IDLE_DRIVERS, cstate_limit_moot
+
+    facts = request.getfixturevalue(name)
+    facts = facts["before"] if name == "haltpoll_guest" else facts
+    states = "".join(f"{int(disabled)} {latency}\n" for _, disabled, latency in facts.cpu.idle_states)
+    replies = {"current_driver": f"{facts.cpu.idle_driver or ''}\n", "state*": states}
+    host = SimpleNamespace(run=lambda cmd: SimpleNamespace(stdout=next(v for k, v in replies.items() if k in cmd)))
+    suite = _suite()
+    assert suite.GUEST_IDLE_DRIVERS == set(GUEST_IDLE_DRIVERS)
+    assert suite.c_state_limit_matters(host) is (cstate_limit_moot(facts) is None) is (name in ("a100", "l40s"))
+
+
 def test_verify_with_become_that_cannot_reach_root_is_one_line_before_any_test(monkeypatch):
     """Else each of the suite's tests fails with the same sudo error."""
     from contextlib import contextmanager

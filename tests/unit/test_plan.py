@@ -137,11 +137,13 @@ def test_opt_in_steps_are_left_out_without_their_flag():
 
 
 # -- grub drop-in: configured vs active, with recorded probe outputs --------------------------
+# The recordings come from a VM guest whose cpuidle driver is haltpoll, where no C-state limit matters;
+# the same command lines judged as on bare metal (intel_idle) show the configured-vs-active states.
 
 
 @pytest.fixture
-def grub(fixture_text):
-    return {name: parse_probe_output(fixture_text("grub-dropin", f"{name}.txt")) for name in ("before", "after-apply", "after-reboot")}
+def grub(haltpoll_guest):
+    return {name: replace(facts, cpu=replace(facts.cpu, idle_driver="intel_idle")) for name, facts in haltpoll_guest.items()}
 
 
 # The recordings were made when the playbook said rcu_nocbs=4-63 whatever the host; these hosts have 2 CPUs.
@@ -182,6 +184,19 @@ def test_grub_plans_before_and_after(grub):
     plan = build_plan(HOST, CSTATES_ONLY, after, run_checks(after, CSTATES_ONLY), State(), ONLINE)
     assert not any("kernel command line" in s.summary for s in plan.steps)
     assert set(plan.pending_reboot) == {"cpu.cstates"} and plan.needs_reboot
+
+
+def test_a_haltpoll_guest_gets_no_c_state_step_pending_reboot_or_blocked_line(haltpoll_guest):
+    """On the recorded haltpoll guest the limit changes nothing: the plan neither writes it nor waits for a boot for it."""
+    for name, facts in haltpoll_guest.items():
+        plan = build_plan(HOST, CSTATES_ONLY, facts, run_checks(facts, CSTATES_ONLY), State(), ONLINE)
+        assert not [s for s in plan.steps + plan.blocked if "cpu.cstates" in s.fixes or "kernel command line" in s.summary], name
+        assert not plan.pending_reboot and not plan.needs_reboot and GRUB_DROPIN not in plan.diffs, name
+    before = haltpoll_guest["before"]
+    plan = build_plan(HOST, LATENCY, before, run_checks(before, LATENCY), State(), ONLINE)
+    (kernel_step,) = [s for s in plan.steps if "kernel command line" in s.summary]
+    assert kernel_step.fixes == ("kernel.rcu_nocbs",) and "max_cstate" not in plan.diffs[GRUB_DROPIN]
+    assert "cpu.cstates" not in render([plan])
 
 
 # -- the state script, run for real on temporary files (it only reads) -------------------------
