@@ -16,6 +16,10 @@ FAKE_DRIVER_PKG = "nvidia-kernel-common-535"
 SNAPSHOT_DIRS = ("/etc", "/usr/local", "/boot")
 SNAPSHOT_SKIP = ("/etc/ld.so.cache",)  # rebuilt by dpkg triggers of package installs, not by hosttune
 JOURNALS = "/var/lib/hosttune"  # the run journals stay, so rollback knows the run was undone
+# The containers share this machine's kernel and so its cpuidle driver: on a VM guest whose driver is haltpoll
+# cpu.cstates is not-applicable and apply writes no C-state limit; on intel_idle or acpi_idle both happen.
+_IDLE_DRIVER = Path("/sys/devices/system/cpu/cpuidle/current_driver")
+HALTPOLL = _IDLE_DRIVER.exists() and _IDLE_DRIVER.read_text().strip() == "haltpoll"
 
 FAKE_SMI = """\
 #!/bin/sh
