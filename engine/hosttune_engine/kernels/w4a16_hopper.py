@@ -333,7 +333,11 @@ def _mma_from_registers(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptr
     params_l: gl.constexpr = _params_layout(BLOCK_N, BLOCK_K, NUM_WARPS)
     rows = gl.convert_layout(rows, gl.SliceLayout(1, params_l))
     rows_g, n_mask = rows * (K // GROUP), rows < N
+    # zeros and scales three tiles ahead, as far as the words: loaded one tile ahead, every tile waited on a round
+    # trip to memory longer than the tile's work, where few programs share an SM (64 rows of x and more)
     z, s = _tile_params(z_ptr, s_ptr, rows_g, n_mask, start, K, GROUP, BLOCK_K, params_l)
+    z1, s1 = _tile_params(z_ptr, s_ptr, rows_g, n_mask, start + BLOCK_K, K, GROUP, BLOCK_K, params_l)
+    z2, s2 = _tile_params(z_ptr, s_ptr, rows_g, n_mask, start + 2 * BLOCK_K, K, GROUP, BLOCK_K, params_l)
     for t in range(tiles):
         slot = t % STAGES
         acc = warpgroup_mma_wait(0, deps=[acc])  # the last tile's MMAs done: x's slot is free
@@ -343,8 +347,7 @@ def _mma_from_registers(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptr
         _issue_tile(words_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs, w_mask, x_ptrs, x_mask,
                     start + ahead * BLOCK_K, ahead < tiles)
         async_copy.commit_group()
-        z_next, s_next = _tile_params(z_ptr, s_ptr, rows_g, n_mask, start + (t + 1) * BLOCK_K, K, GROUP, BLOCK_K,
-                                      params_l)  # in flight while this tile is unpacked
+        z3, s3 = _tile_params(z_ptr, s_ptr, rows_g, n_mask, start + (t + 3) * BLOCK_K, K, GROUP, BLOCK_K, params_l)
         c, s_hi, s_lo = _pair_params(z, s, dtype)
         for b in gl.static_range(BLOCK_K // 64):
             halves = _halves(words_smem.index(slot).slice(8 * b, 8, dim=1).load(words_l))
@@ -355,7 +358,7 @@ def _mma_from_registers(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptr
                 x = x_smem.index(slot).slice(64 * b + 16 * step, 16, dim=1).permute((1, 0))
                 acc = warpgroup_mma(w, x, acc, is_async=True)
                 acc = warpgroup_mma_wait(1, deps=[acc])  # the step before retired
-        z, s = z_next, s_next
+        z, s, z1, s1, z2, s2 = z1, s1, z2, s2, z3, s3
     return warpgroup_mma_wait(0, deps=[acc])
 
 
@@ -378,7 +381,10 @@ def _store(acc, b_ptr, y_ptr, ws_ptr, cnt_ptr, n0, m0, M, N, stride_ym, HAS_BIAS
         done = gl.atomic_add(cnt_ptr + gl.program_id(0), 1, sem="acq_rel")  # the last sees every partial
         if done == SPLIT_K - 1:
             acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=out_l)
-            for split in gl.static_range(SPLIT_K):  # from L2 (.cg), not what this SM's L1 may hold
+            # a loop the compiler keeps (its count known only at run time, SPLIT_K programs on the grid's second
+            # axis): unrolled, every partial's loads were hoisted together, which took 190 registers at two
+            # splits and spilled at four, where the K loop takes 117, and halved the programs an SM could hold
+            for split in range(gl.num_programs(1)):  # from L2 (.cg), not what this SM's L1 may hold
                 acc += gl.load(part + split * M * N, mask=mask, other=0.0, cache_modifier=".cg")
             gl.atomic_xchg(cnt_ptr + gl.program_id(0), 0)
             _write(acc, b_ptr, y_ptr, offs_n, offs_m, mask, N, stride_ym, HAS_BIAS)
