@@ -94,18 +94,33 @@ def nibble_gemm(rows: int) -> list[dict]:
 def wgmma_gemm(rows: int) -> list[dict]:
     """The 4-bit GEMM on Hopper's warpgroup MMA (kernels/w4a16_hopper.py) for `rows` rows: x's rows the MMA's
     narrow side (8 to 128 a program), 64-256 weight rows (128 on one warpgroup or two), K tiles of one or two
-    groups, split K or not, the unpacked tile stored to shared memory for the MMA or kept in its registers (REGS:
-    where the accumulator takes at most 64 registers a thread, 32 with split K or 256-column tiles, past which
-    ptxas spills), as many tiles in flight as the SM's shared memory holds (per stage the words and x's, and
-    without REGS the weight tile in bf16; with REGS up to eight where x's tile is small, `_stages`)."""
+    groups, split K or not (up to eight ways where x's tile is 64 rows or more, whose traffic wants wide weight
+    tiles, which leave fewer programs to share K among), the unpacked tile stored to shared memory for the MMA or
+    kept in its registers (REGS: where the accumulator takes at most 64 registers a thread, 32 with split K or
+    256-column tiles, past which ptxas spills), as many tiles in flight as the SM's shared memory holds (per stage
+    the words and x's, and without REGS the weight tile in bf16; with REGS up to eight where x's tile is small,
+    `_stages`). Past 128 rows also one program for all 256 (`_whole_batch`)."""
     block_m = max(8, min(128, 1 << (rows - 1).bit_length()))
     configs = [{"WGMMA": 1, "REGS": regs, "BLOCK_M": block_m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8,
                 "SPLIT_K": split, "num_warps": w, "num_stages": stages}
                for n, w, k in ((64, 4, 128), (64, 4, 256), (128, 4, 128), (128, 4, 256), (128, 8, 128),
                                (256, 8, 128))
-               for split in (1, 2, 4) for regs in (0, 1) for stages in _stages(regs, block_m)]
-    return [c for c in configs if wgmma_shared_bytes(c) <= 220 * 1024 and (not c["REGS"] or (
+               for regs in (0, 1) for split in _splits(regs, block_m) for stages in _stages(regs, block_m)]
+    configs = [c for c in configs if wgmma_shared_bytes(c) <= 220 * 1024 and (not c["REGS"] or (
         c["BLOCK_N"] * block_m <= (32 if c["SPLIT_K"] > 1 or c["BLOCK_K"] > 128 else 64) * 32 * c["num_warps"]))]
+    return configs + (_whole_batch() if rows > 128 else [])
+
+
+def _splits(regs: int, block_m: int) -> tuple[int, ...]:
+    return (1, 2, 4, 8) if regs and block_m >= 64 else (1, 2, 4)
+
+
+def _whole_batch() -> list[dict]:
+    """256 rows of x a program on two warpgroups of 64 weight rows each: every weight unpacked once for the whole
+    batch, the MMA at its widest (64 x 256 x 16). Its accumulator takes 128 registers a thread, which fit (about
+    240 in all, checked compiled) only without split K, and x's tile of 64 KB a stage allows at most three."""
+    return [{"WGMMA": 1, "REGS": 1, "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 1,
+             "num_warps": 8, "num_stages": stages} for stages in (2, 3)]
 
 
 def _stages(regs: int, block_m: int) -> tuple[int, ...]:
