@@ -112,12 +112,13 @@ def _compile(m: int, n: int, k: int, cfg: dict) -> None:
 
 
 def table(rows: list[dict]) -> dict:
-    """tuned_configs.json entries (bf16 activations) per projection shape and batch bucket."""
-    from hosttune_engine.kernels.tuning import batch_bucket
+    """tuned_configs.json entries (bf16 activations) per projection shape and the kernel plan's row bucket (256
+    rows: le256, the decode steps of 129-256 rows)."""
+    from hosttune_engine.plan.kinds import row_bucket
 
     groups: dict = {}
     for r in rows:
-        groups.setdefault(f"bfloat16-{batch_bucket(r['m'])}-{r['n']}x{r['k']}", []).append(r)
+        groups.setdefault(f"bfloat16-{row_bucket(r['m']).table}-{r['n']}x{r['k']}", []).append(r)
     return {"w4a16_gemm": {key: dict(max(rs, key=lambda r: r["m"])["config"])
                            if all(r["fused_us"] < r["dequant_us"] for r in rs) else {"DEQUANT": 1}
                            for key, rs in groups.items()}}

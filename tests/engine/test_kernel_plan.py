@@ -177,3 +177,18 @@ def test_a_wgmma_entry_is_the_hopper_kernel_on_sm90_and_the_dequantizing_path_el
     assert a100.note == "the table's warpgroup GEMM cannot run here: not an sm_90 GPU"
     monkeypatch.setitem(sys.modules, "hosttune_engine.kernels.w4a16_hopper", None)  # a Triton without Gluon
     assert _plan("NVIDIA H200", "awq", table).choice(Op.DOWN, 64).note.endswith("this Triton has no Gluon")
+
+
+def test_decode_steps_of_129_to_256_rows_read_their_own_bucket_before_the_prefills():
+    """A 4-bit entry for 256 rows (one program for the whole batch) takes the decode steps of 129-256 rows only;
+    past 256 rows, and for a kernel with no such entry, the gt128 entries decide as before."""
+    whole = {"WGMMA": 1, "REGS": 1, "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 8,
+             "num_stages": 2}
+    table = {"w4a16_gemm": {"bfloat16-le256-37888x3584": whole, "bfloat16-gt128": {"DEQUANT": 1}}}
+    plan = _plan("NVIDIA H200", "awq", table)
+    decode = plan.choice(Op.GATE_UP, 200)
+    assert (decode.config.block_m, decode.reason, decode.entry) == (256, Reason.TUNED_SHAPE,
+                                                                     "w4a16_gemm bfloat16-le256-37888x3584")
+    for op, rows in ((Op.GATE_UP, 257), (Op.DOWN, 200), (Op.DOWN, 4096)):
+        other = plan.choice(op, rows)
+        assert (other.kernel, other.entry) == (Kernel.W4A16_DEQUANT, "w4a16_gemm bfloat16-gt128"), (op, rows)

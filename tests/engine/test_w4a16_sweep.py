@@ -26,6 +26,13 @@ def test_table_takes_the_nibble_kernel_only_where_it_won_every_batch_of_a_bucket
                                                 "bfloat16-le32-4608x3584": {"DEQUANT": 1}}}
 
 
+def test_table_keys_256_rows_by_the_decode_bucket_and_more_by_prefills():
+    whole = {"WGMMA": 1, "REGS": 1, "BLOCK_M": 256, "BLOCK_N": 128}
+    rows = [_row(256, 37888, 160.0, 260.0, whole), _row(1024, 37888, 1600.0, 880.0, CFG32)]
+    assert bench.table(rows) == {"w4a16_gemm": {"bfloat16-le256-37888x3584": whole,
+                                                "bfloat16-gt128-37888x3584": {"DEQUANT": 1}}}
+
+
 def test_configs_sweep_every_combination_with_a_row_tile_for_the_batch(sweep):
     axes = sweep.Axes(tiles=((32, 2), (64, 4)), block_k=(128,), stages=(2, 3), split_k=(1, 2), swap=(1, 0))
     cfgs = list(sweep.configs(40, axes))

@@ -75,24 +75,32 @@ class Reason(Enum):
 
 @dataclass(frozen=True)
 class RowBucket:
-    """Row counts [lo, hi] that take the same kernel and config; `table` is the tuned tables' bucket key."""
+    """Row counts [lo, hi] that take the same kernel and config; `table` is the tuned tables' bucket key, and
+    `fallback` the key read where a kernel has no entry under it."""
 
     name: str
     lo: int
     hi: int
     table: str
     is_prefill: bool = False
+    fallback: str = ""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.table, self.fallback) if self.fallback else (self.table,)
 
     def holds(self, rows: int) -> bool:
         return self.lo <= rows <= self.hi
 
 
-# Where the engine's choices change (a prompt's rows are its tokens: prefill steps are the wide buckets): the quantized GEMVs take up to 4 rows, the tuned tables key batches by
-# le1/le8/le32/le64/le128/gt128, prefill attention by the chunk's length.
+# Where the engine's choices change (a prompt's rows are its tokens: prefill steps are the wide buckets): the
+# quantized GEMVs take up to 4 rows, the tuned tables key batches by le1/le8/le32/le64/le128/gt128, prefill attention
+# by the chunk's length. A decode step of 129-256 rows reads le256 first, where a kernel has its own entry for it
+# (the 4-bit GEMM whose one program takes all 256 rows, which loses to cuBLAS on prefill's thousands), else gt128.
 ROW_BUCKETS = (
     RowBucket("1", 1, 1, "le1"), RowBucket("2-4", 2, 4, "le8"), RowBucket("5-8", 5, 8, "le8"),
     RowBucket("9-32", 9, 32, "le32"), RowBucket("33-64", 33, 64, "le64"), RowBucket("65-128", 65, 128, "le128"),
-    RowBucket("129-256", 129, 256, "gt128"), RowBucket("257+", 257, 1 << 30, "gt128"),
+    RowBucket("129-256", 129, 256, "le256", fallback="gt128"), RowBucket("257+", 257, 1 << 30, "gt128"),
 )
 DECODE_BUCKETS = (RowBucket("1", 1, 1, "le1"), RowBucket("2-8", 2, 8, "le8"), RowBucket("9-32", 9, 32, "le32"),
                   RowBucket("33-64", 33, 64, "le64"), RowBucket("65-128", 65, 128, "le128"),

@@ -87,16 +87,24 @@ def _describe(m: ModelConfig) -> str:
 
 # -- tuned-table lookups -----------------------------------------------------------------------------------------
 
-def _tuned(table: dict, kernel: str, key: str, default: dict, shape: tuple[int, int] | None = None):
-    """(config, reason, entry): the projection shape's entry as it stands, else the bucket's over `default`."""
+def _tuned(table: dict, kernel: str, keys: str | tuple[str, ...], default: dict,
+           shape: tuple[int, int] | None = None):
+    """(config, reason, entry): under the first of `keys` the kernel has any entry for, the projection shape's
+    entry as it stands, else the bucket's over `default`."""
     entries = table.get(kernel, {})
-    if shape is not None and f"{key}-{shape[0]}x{shape[1]}" in entries:
-        name = f"{key}-{shape[0]}x{shape[1]}"
-        return LaunchConfig.from_table(entries[name], name), Reason.TUNED_SHAPE, f"{kernel} {name}"
-    base = LaunchConfig.from_table(default)
-    if key in entries:
-        return base.merged(LaunchConfig.from_table(entries[key], key)), Reason.TUNED_BUCKET, f"{kernel} {key}"
-    return base, Reason.DEFAULT, ""
+    for key in (keys,) if isinstance(keys, str) else keys:
+        if shape is not None and f"{key}-{shape[0]}x{shape[1]}" in entries:
+            name = f"{key}-{shape[0]}x{shape[1]}"
+            return LaunchConfig.from_table(entries[name], name), Reason.TUNED_SHAPE, f"{kernel} {name}"
+        if key in entries:
+            base = LaunchConfig.from_table(default)
+            return base.merged(LaunchConfig.from_table(entries[key], key)), Reason.TUNED_BUCKET, f"{kernel} {key}"
+    return LaunchConfig.from_table(default), Reason.DEFAULT, ""
+
+
+def _keys(inputs: PlanInputs, bucket: RowBucket) -> tuple[str, ...]:
+    """The tuned tables' keys of `bucket` for the activations' dtype, first to last read."""
+    return tuple(f"{inputs.dt}-{key}" for key in bucket.keys)
 
 
 def _choice(op: Op, bucket: RowBucket, kernel: Kernel, found, fusion: Fusion = Fusion.NONE, note: str = ""):
@@ -131,14 +139,14 @@ def _gemv_fusion(op: Op, bucket: RowBucket, config: LaunchConfig) -> tuple[Fusio
 
 
 def _quant_gemv(inputs, table, op, bucket, kernel: str, default: dict, kind: Kernel) -> Choice:
-    found = _tuned(table, kernel, f"{inputs.dt}-{bucket.table}", default, inputs.shape(op))
+    found = _tuned(table, kernel, _keys(inputs, bucket), default, inputs.shape(op))
     return _choice(op, bucket, kind, found, *_gemv_fusion(op, bucket, found[0]))
 
 
 def _fp8(inputs: PlanInputs, table: dict, op: Op, bucket: RowBucket) -> Choice:
     if bucket.hi <= GEMV_ROWS:
         return _quant_gemv(inputs, table, op, bucket, "fp8_gemv", FP8_GEMV_DEFAULT, Kernel.FP8_GEMV)
-    key = f"{inputs.dt}-{bucket.table}"
+    key = _keys(inputs, bucket)
     why_not = _why_no_fp8_mm(inputs, op)
     if why_not:
         found = _tuned(table, "w8a16_gemm", key, GEMM_DEFAULT, inputs.shape(op))
@@ -181,7 +189,7 @@ def _gate_up_defers(inputs: PlanInputs, table: dict, bucket: RowBucket) -> bool:
     """Whether gate_up, FP8 on the Triton GEMM with SWIGLU 1, leaves its output to down_proj's quantization."""
     if inputs.layout(Op.GATE_UP) is None or _why_no_fp8_mm(inputs, Op.GATE_UP):
         return False
-    key, shape = f"{inputs.dt}-{bucket.table}", inputs.shape(Op.GATE_UP)
+    key, shape = _keys(inputs, bucket), inputs.shape(Op.GATE_UP)
     if _tuned(table, "fp8_mm", key, {"METHOD": "unit"}, shape)[0].method is not Fp8Method.TRITON:
         return False
     cfg = _tuned(table, "fp8_gemm", key, FP8_GEMM_DEFAULT, shape)[0]
@@ -196,7 +204,7 @@ INT4_TILED_ROWS = 64
 def _int4(inputs: PlanInputs, table: dict, op: Op, bucket: RowBucket) -> Choice:
     if bucket.hi <= GEMV_ROWS:
         return _quant_gemv(inputs, table, op, bucket, "int4_gemv", INT4_GEMV_DEFAULT, Kernel.INT4_GEMV)
-    found = _tuned(table, "w4a16_gemm", f"{inputs.dt}-{bucket.table}", GEMM_DEFAULT, inputs.shape(op))
+    found = _tuned(table, "w4a16_gemm", _keys(inputs, bucket), GEMM_DEFAULT, inputs.shape(op))
     if found[1] is Reason.DEFAULT and bucket.lo > INT4_TILED_ROWS:
         return _choice(op, bucket, Kernel.W4A16_DEQUANT, (LaunchConfig(dequant=True), *found[1:]),
                        note=f"past {INT4_TILED_ROWS} rows cuBLAS on the dequantized weight beats the tiled GEMM")
