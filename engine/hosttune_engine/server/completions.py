@@ -17,7 +17,7 @@ from hosttune_engine.errors import RequestError
 from hosttune_engine.server import responses as r
 from hosttune_engine.server.bodies import json_response, read_json
 from hosttune_engine.server.engine_client import EngineDeadError
-from hosttune_engine.server.generation import Generation
+from hosttune_engine.server.generation import Choice, Generation
 from hosttune_engine.server.api_errors import ApiError, bad_request
 from hosttune_engine.server.schemas.chat import ChatRequest
 from hosttune_engine.server.schemas.completion import CompletionRequest
@@ -86,7 +86,7 @@ async def _generate(request, state: ServerState, kind: _Kind, options: Generatio
             if options.stream:
                 response = await _stream(request, state, kind, options, gen)
             else:
-                response = json_response(await _collect(state, kind, gen))
+                response = json_response(await _collect(state, kind, gen, options.return_token_ids))
             status = 200
             return response
         except ApiError as e:
@@ -105,24 +105,31 @@ def _as_api_error(error: Exception) -> ApiError:
     return ApiError(500, f"internal error: {type(error).__name__}", "InternalServerError")
 
 
-async def _collect(state: ServerState, kind: _Kind, gen: Generation) -> dict:
+async def _collect(state: ServerState, kind: _Kind, gen: Generation, with_ids: bool) -> dict:
     created = int(time.time())
     try:
         async for _ in gen.updates():
             pass
     except (RequestError, EngineDeadError) as e:
         raise _as_api_error(e) from None
-    choices = []
-    for c in gen.choices:
-        lps = None
-        if c.sampling.logprobs is not None:
-            entries = state.logprob_entries(c.logprobs)
-            lps = r.chat_logprobs(entries) if kind.chat else r.completion_logprobs(entries)
-        build = r.chat_choice if kind.chat else r.completion_choice
-        choices.append(build(c.index, c.text, lps, c.finish_reason, c.stop_reason))
+    choices = [_whole_choice(state, kind, c, with_ids) for c in gen.choices]
     body = r.chat_completion if kind.chat else r.completion
-    return body(gen.request_id, created, state.model_name, choices,
-                r.usage(gen.num_prompt_tokens, gen.num_output_tokens))
+    whole = body(gen.request_id, created, state.model_name, choices,
+                 r.usage(gen.num_prompt_tokens, gen.num_output_tokens))
+    # chat has one prompt, shown once for the response; completions show each choice's own (as vLLM does)
+    return r.with_token_ids(whole, prompt_token_ids=gen.prompts[0]) if with_ids and kind.chat else whole
+
+
+def _whole_choice(state: ServerState, kind: _Kind, c: Choice, with_ids: bool) -> dict:
+    lps = None
+    if c.sampling.logprobs is not None:
+        entries = state.logprob_entries(c.logprobs)
+        lps = r.chat_logprobs(entries) if kind.chat else r.completion_logprobs(entries)
+    build = r.chat_choice if kind.chat else r.completion_choice
+    choice = build(c.index, c.text, lps, c.finish_reason, c.stop_reason)
+    if not with_ids:
+        return choice
+    return r.with_token_ids(choice, c.token_ids, None if kind.chat else c.prompt_token_ids)
 
 
 async def _stream(request, state: ServerState, kind: _Kind, options: GenerationOptions,
@@ -132,8 +139,7 @@ async def _stream(request, state: ServerState, kind: _Kind, options: GenerationO
         first = await anext(updates)
     except (RequestError, EngineDeadError) as e:
         raise _as_api_error(e) from None
-    writer = ChunkWriter(gen, kind.chat, state.model_name, int(time.time()), options.include_usage,
-                         options.logprobs is not None, state.logprob_entries)
+    writer = ChunkWriter(gen, kind.chat, state.model_name, int(time.time()), options, state.logprob_entries)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     await response.write(writer.opening() + writer.chunks(first))

@@ -1,7 +1,8 @@
 """OpenAI response bodies: completions, chat completions, their stream chunks, usage, logprobs, errors.
 
 Each builder returns a plain dict in the field order of OpenAI's API (and
-vLLM's extra `stop_reason`); `dumps` turns one into compact JSON bytes.
+vLLM's extras: `stop_reason`, and the token ids `with_token_ids` adds); `dumps`
+turns one into compact JSON bytes.
 Requests are parsed by the models in `schemas/`.
 """
 
@@ -73,6 +74,14 @@ def chat_logprobs(entries: list[LogprobEntry]) -> dict:
 
     return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
                         for e in entries]}
+
+
+def with_token_ids(body: dict, token_ids=None, prompt_token_ids=None) -> dict:
+    """`body` (a choice, chunk or response) with vLLM's `return_token_ids` fields: `prompt_token_ids`, the prompt
+    as the model read it, and `token_ids`, the tokens generated (in a stream, those this chunk adds). A field left
+    None is left out."""
+    ids = {"prompt_token_ids": prompt_token_ids, "token_ids": token_ids}
+    return {**body, **{k: list(v) for k, v in ids.items() if v is not None}}
 
 
 # -- whole responses --------------------------------------------------------------------

@@ -66,6 +66,8 @@ BAD_INPUTS = [
     ("priority a string", {"prompt": "hi", "priority": "high"}, "application/json", "priority must be an integer"),
     ("echo", {"prompt": "hi", "echo": True}, "application/json", "echo is not supported"),
     ("presence penalty", {"prompt": "hi", "presence_penalty": 0.5}, "application/json", "presence_penalty is not"),
+    ("return_token_ids not a bool", {"prompt": "hi", "return_token_ids": "yes"}, "application/json",
+     "return_token_ids must be a boolean, got a string"),
 ]
 
 CHAT_BAD_INPUTS = [
@@ -259,7 +261,7 @@ COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "t
                      "stream_options", "stop", "stop_token_ids", "seed", "logprobs", "echo", "best_of", "priority",
                      "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "presence_penalty",
                      "logit_bias", "suffix", "user", "min_p", "guided_json", "response_format",
-                     "add_special_tokens"]
+                     "add_special_tokens", "return_token_ids"]
 CHAT_FIELDS = ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                "response_format", "add_generation_prompt", "chat_template_kwargs", "continue_final_message",
                "chat_template", "add_special_tokens"]

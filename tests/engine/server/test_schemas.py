@@ -21,6 +21,9 @@ PARSED = [
     ({"prompt": "hi", "logprobs": 0}, dict(logprobs=0)),
     ({"prompt": "hi", "priority": -2, "user": "u1", "unknown_field": {"x": 1}}, dict(priority=-2)),
     ({"prompt": "hi", "max_tokens": None, "temperature": None, "presence_penalty": 0, "best_of": 1}, dict()),
+    ({"prompt": "hi"}, dict(return_token_ids=False)),
+    ({"prompt": "hi", "return_token_ids": True}, dict(return_token_ids=True)),
+    ({"prompt": "hi", "return_token_ids": None}, dict(return_token_ids=False)),
 ]
 
 
@@ -78,6 +81,8 @@ def test_chat_parsing():
     assert ChatRequest.parse({"messages": [{"role": "user", "content": "x"}], "logprobs": True}).options.logprobs == 0
     tools_off = {"messages": [{"role": "user", "content": "x"}], "tools": [{}], "tool_choice": "none"}
     assert ChatRequest.parse(tools_off).options.n == 1
+    assert ChatRequest.parse({"messages": [{"role": "user", "content": "x"}],
+                              "return_token_ids": True}).options.return_token_ids is True
 
 
 def test_a_completion_prompt_gets_the_special_tokens_unless_told_not_to(tiny_models):

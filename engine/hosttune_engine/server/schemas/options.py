@@ -40,6 +40,7 @@ class GenerationOptions:
     stream: bool = False
     include_usage: bool = False
     priority: int = 0  # lower runs first, as in vLLM
+    return_token_ids: bool = False  # the prompt's and each choice's token ids in the response, as vLLM's field
 
     def sampling(self, max_tokens: int) -> SamplingParams:
         try:
@@ -97,6 +98,7 @@ class GenerationFields(RequestBody):
     include_stop_str_in_output: bool = False
     stream_options: dict | None = None
     priority: int = Field(0, ge=-INT64, le=INT64 - 1)
+    return_token_ids: bool = False
 
     @field_validator(*UNSUPPORTED, mode="plain")
     @classmethod
