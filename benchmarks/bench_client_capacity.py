@@ -17,14 +17,17 @@ A second server sends tokens on each request's own timers instead of shared tick
 plain aiohttp streaming client (a coroutine
 woken per chunk), the usual way of writing such a client.
 
-Run: python benchmarks/bench_client_capacity.py [--streams 128,256,512,1024] [--duration 10]
-All traffic goes to 127.0.0.1; every run is bounded in time.
+Run: python benchmarks/bench_client_capacity.py [--streams 128,256,512,1024] [--duration 10] [--out FILE]
+All traffic goes to 127.0.0.1; every run is bounded in time. --out writes the rows as JSON with the date,
+the commit and the machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
+import json
 import math
 import os
 import platform
@@ -35,9 +38,13 @@ from pathlib import Path
 
 import aiohttp
 
-from hosttune.bench.benchmark import BenchSpec, measure, run_async
-from hosttune.bench.loadgen import LAG_INTERVAL, Load
-from hosttune.bench.metrics import percentile, summarize
+if not __package__:  # run as a file: this checkout's packages
+    sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+
+from benchmarks.engine.common import head_commit  # noqa: E402
+from hosttune.bench.benchmark import BenchSpec, measure, run_async  # noqa: E402
+from hosttune.bench.loadgen import LAG_INTERVAL, Load  # noqa: E402
+from hosttune.bench.metrics import percentile, summarize  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from scripted_server import launch  # noqa: E402  (test support, not part of the package)
@@ -139,6 +146,15 @@ def row(result: dict) -> str:
             f"{'yes' if result['flagged'] else 'no'} |")
 
 
+def record(args: argparse.Namespace, environment_line: str, results: list[dict]) -> dict:
+    """The run as JSON: NaN (no tick delays when tokens are not on ticks) as null."""
+    clean = [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()} for r in results]
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": head_commit(), "environment": environment_line, "realtime": args.realtime,
+            "duration_s": args.duration, "warmup_s": args.warmup, "load_average_after": os.getloadavg()[0],
+            "results": clean}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--streams", default="128,256,512,1024")
@@ -148,11 +164,13 @@ def main() -> None:
     parser.add_argument("--realtime", action="store_true",
                         help="pin server and client to a core each at SCHED_FIFO priority, so other "
                              "processes on a shared machine do not preempt them (needs root)")
+    parser.add_argument("--out", type=Path, help="the rows as JSON")
     args = parser.parse_args()
     if args.realtime:
         os.sched_setaffinity(0, {os.cpu_count() - 1})
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
-    print(environment() + (", server and client pinned at SCHED_FIFO" if args.realtime else ""), flush=True)
+    environment_line = environment() + (", server and client pinned at SCHED_FIFO" if args.realtime else "")
+    print(environment_line, flush=True)
     counts = [int(s) for s in args.streams.split(",")]
     results = []
     for is_ticked in (True, False):
@@ -172,6 +190,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for result in results:
         print(row(result))
+    if args.out:
+        args.out.write_text(json.dumps(record(args, environment_line, results), indent=1) + "\n")
 
 
 if __name__ == "__main__":
