@@ -61,34 +61,43 @@ def latency_cdfs(runs: list[tuple[RunRecord, Summary]], path: Path) -> None:
 
 
 def latency_vs_rate(sweeps: list[SweepResult], path: Path) -> None:
-    """P50 (dashed) and P95 (solid) of E2E and TTFT at each offered rate, one colour per
-    endpoint; the SLO in red; a dotted line at each endpoint's highest rate held."""
+    """P50 (dashed) and P95 (solid) of E2E and TTFT at the rate each step offered (the
+    report's offered column: its window's requests per second, random around the step's
+    target), one colour per endpoint; the SLO in red; a dotted line at the rate offered by
+    each endpoint's step of the highest target rate held."""
     plt = _pyplot()
     figure, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, sweep in enumerate(sweeps):
         colour = colours[index % len(colours)]
-        points = sorted(sweep.points, key=lambda p: p.rate)
-        rates = [p.rate for p in points]
+        points = sorted(sweep.points, key=lambda p: p.summary.offered_rate)
+        offered = [p.summary.offered_rate for p in points]
         for axis, name in zip(axes, ("e2e", "ttft")):
             for q, style in ((50, "--"), (95, "-")):
-                axis.plot(rates, [_at(p.summary, name, q) for p in points], style, color=colour,
+                axis.plot(offered, [_at(p.summary, name, q) for p in points], style, color=colour,
                           marker="o", markersize=3, label=f"{sweep.url} P{q}")
-            if sweep.max_rate is not None:
-                axis.axvline(sweep.max_rate, color=colour, linewidth=0.8, linestyle=":")
+            held = _held_offered(sweep)
+            if held is not None:
+                axis.axvline(held, color=colour, linewidth=0.8, linestyle=":")
     slo = sweeps[0].slo if sweeps else None
     for axis, name, label in ((axes[0], "e2e", "E2E"), (axes[1], "ttft", "TTFT")):
         limit = slo.limits().get(name) if slo else None
         if limit is not None:
             axis.axhline(limit * 1e3, color="red", linewidth=0.8,
                          label=f"SLO: P{slo.percentile:g} {label} <= {limit * 1e3:g} ms")
-        axis.set_title(f"{label} latency vs offered rate (dotted: highest rate held)")
-        axis.set_xlabel("offered requests/s")
+        axis.set_title(f"{label} latency vs offered rate (dotted: highest target held)")
+        axis.set_xlabel("offered requests/s (each step's measured window)")
         axis.set_ylabel("ms")
         axis.set_yscale("log")
         axis.grid(True, alpha=0.3)
         axis.legend(fontsize=7)
     _save(plt, figure, path)
+
+
+def _held_offered(sweep: SweepResult) -> float | None:
+    """The rate offered by the step of the highest target rate that held."""
+    held = [p for p in sweep.points if p.rate == sweep.max_rate]
+    return held[-1].summary.offered_rate if held else None
 
 
 def timeline(runs: list[tuple[RunRecord, Summary]], path: Path) -> None:

@@ -67,3 +67,27 @@ def test_a_step_reports_the_rate_its_window_offered_beside_the_target_it_drew_fr
     table = _sweep_section(SweepResult("http://h:8000", slo, (point,), 1.0, None, False))
     assert "| target req/s | offered req/s | served req/s |" in "\n".join(table)
     assert any(row.startswith("| 1.00 | 1.20 | 1.20 |") for row in table)
+
+
+def test_the_latency_vs_rate_plot_puts_each_step_at_the_rate_it_offered(tmp_path, monkeypatch):
+    """Steps of targets 1/s and 2/s that offered 1.2/s and 1.7/s: the curves and the held step's dotted line stand
+    at 1.2 and 1.7 on an axis labelled offered, where the report's offered column puts them."""
+    from hosttune.bench import plot
+    from hosttune.bench.sweep import SweepPoint, SweepResult
+
+    from .test_metrics import record, run_of
+
+    def step(target, count):
+        run = run_of([record(i, 0.5 + i * 9 / count, [0.6 + i * 9 / count], 0.7 + i * 9 / count) for i in range(count)])
+        return SweepPoint(target, summarize(run, Slo(e2e=1.0)), run)
+
+    figures = []
+    monkeypatch.setattr(plot, "_save", lambda plt, figure, path, title=None: figures.append(figure))
+    points = (step(2.0, 17), step(1.0, 12))
+    plot.latency_vs_rate([SweepResult("http://h:8000", Slo(e2e=1.0), points, 2.0, None, True)], tmp_path / "x.png")
+    for axis in figures[0].axes:
+        curves = [line for line in axis.lines if line.get_marker() == "o"]
+        assert len(curves) == 2 and all(list(c.get_xdata()) == pytest.approx([1.2, 1.7]) for c in curves)
+        held = [line for line in axis.lines if line.get_linestyle() == ":"]
+        assert [list(line.get_xdata()) for line in held] == [pytest.approx([1.7, 1.7])]
+        assert "offered" in axis.get_xlabel()
