@@ -19,7 +19,7 @@ from hosttune.deploy.balancer import check_balancers, upstreams, write_upstreams
 from hosttune.deploy.canary import CanaryBench, canary_check
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy
-from hosttune.deploy.placement import parse_replicas
+from hosttune.deploy.placement import parse_gpus, parse_replicas
 from hosttune.deploy.rollout import DeployRequest, deploy_fleet, rollback_fleet
 from hosttune.deploy.settings import Timeouts, parse_sets
 from hosttune.fleet_runner import Outcome, exit_code
@@ -84,8 +84,7 @@ def deploy(
 
     Example: hosttune deploy -i inventories/example.yaml --canary 1 --canary-slo e2e=2s --yes
     """
-    if gpus is not None and not gpus.strip():  # "$GPUS" unset: not every GPU, as --gpus left out would be
-        raise DeployError("--gpus '': give GPU indices such as 0-3 or 0,2, or leave --gpus out for the inventory's gpus")
+    _check_gpus(gpus)
     inv = load(inventory, limit, accept_new_host_keys)
     timeouts = Timeouts(warmup, health_timeout, gate_timeout)
     if rollback:
@@ -119,6 +118,16 @@ def deploy(
     for path in write_upstreams(found, nginx_dir) if found else []:
         typer.echo(f"{WRITTEN.get(path.suffix, 'nginx upstream')}: {path}", err=True)
     raise typer.Exit(exit_code(outcomes))
+
+
+def _check_gpus(gpus: str | None) -> None:
+    """--gpus is read before any host: a CPU deployment never places it, and a typo must not pass unseen."""
+    if gpus is None:
+        return
+    if not gpus.strip():  # "$GPUS" unset: not every GPU, as --gpus left out would be
+        raise DeployError("--gpus '': give GPU indices such as 0-3 or 0,2, or leave --gpus out for the inventory's gpus")
+    if gpus != "all":
+        parse_gpus(gpus)
 
 
 def _taking_away(due: list[HostDeploy]) -> str:

@@ -60,15 +60,20 @@ class Placement:
         return (self.numactl, f"--cpunodebind={nodes}", f"--membind={nodes}")
 
 
+def parse_gpus(gpus: str) -> tuple[int, ...]:
+    """--gpus "0-3,5" → GPU indices; what does not parse is the user's error."""
+    try:
+        return cpulist.parse(gpus)
+    except ValueError:
+        raise DeployError(f"--gpus {gpus!r}: write GPU indices such as 0-3 or 0,2") from None
+
+
 def select_gpus(gpus: str, facts: Facts, host: str) -> tuple[int, ...]:
     """--gpus "0-3" (or "all") → GPU indices, checked against the GPUs the host has (when it reports any)."""
     present = tuple(sorted(g.index for g in facts.gpu.gpus))
     if gpus == "all":
         return present
-    try:
-        wanted = cpulist.parse(gpus)
-    except ValueError:
-        raise DeployError(f"--gpus {gpus!r}: write GPU indices such as 0-3 or 0,2") from None
+    wanted = parse_gpus(gpus)
     missing = [i for i in wanted if present and i not in present]
     if missing:
         raise DeployError(f"{host}: --gpus {gpus} asks for GPU {','.join(map(str, missing))}, "

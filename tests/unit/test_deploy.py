@@ -374,6 +374,15 @@ def test_cli_an_empty_gpus_is_an_error_not_every_gpu(monkeypatch):
         "hosttune: --gpus '': give GPU indices such as 0-3 or 0,2, or leave --gpus out for the inventory's gpus\n")
 
 
+@pytest.mark.parametrize("gpus", ["0-x", "3-1", ",,", "gpu0"])
+def test_cli_a_gpus_list_that_does_not_parse_is_refused_before_any_host_is_read(monkeypatch, gpus):
+    opened = untouched(monkeypatch)  # on a CPU deployment (device=cpu) no host would ever parse it
+    result = runner.invoke(app, ["deploy", "--engine", "custom", "--model", "/m", "--gpus", gpus, "--set", "device=cpu",
+                                 "--dry-run"])
+    assert result.exit_code == 2 and not opened
+    assert result.output.startswith(f"hosttune: --gpus {gpus!r}: ") and len(result.output.splitlines()) == 1
+
+
 def test_cli_a_canary_slo_without_the_bench_extra_is_refused_before_any_plan(monkeypatch):
     from hosttune.bench import extra
 
