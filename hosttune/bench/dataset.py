@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hosttune.bench.distributions import LengthDistribution
+from hosttune.bench.input_file import read_input
 from hosttune.bench.workload import Messages, Prompt, Question
 from hosttune.errors import BenchError
 
@@ -35,9 +36,7 @@ class Entry:
 
 
 def load_dataset(path: Path) -> tuple[Entry, ...]:
-    if not path.is_file():
-        raise BenchError(f"dataset file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
+    text = read_input(path, "dataset file")
     if text.lstrip().startswith("["):
         entries = _sharegpt(_json(text, path), path)
     else:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from hosttune.bench.input_file import read_input
 from hosttune.errors import BenchError
 
 CHAT_DOCS = "mix:0.3*uniform:32-512+0.7*normal:4200,1200,300-6800"
@@ -206,10 +207,8 @@ def _replay(arg: str, default_field: str) -> Replay:
     path_text, _, field = arg.partition(":")
     field = field or default_field
     path = Path(path_text)
-    if not path.is_file():
-        raise BenchError(f"length file {path} does not exist")
     lengths = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(read_input(path, "length file").splitlines(), start=1):
         if line.strip():
             lengths.append(_length_from_line(line, field, path, number))
     if not lengths:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hosttune.bench.distributions import MAX_LENGTH, Replay
+from hosttune.bench.input_file import read_input
 from hosttune.errors import BenchError
 
 INPUT_FIELDS = ("input_length", "prompt_tokens")
@@ -31,10 +32,8 @@ class Trace:
 
 
 def load_trace(path: Path) -> Trace:
-    if not path.is_file():
-        raise BenchError(f"trace file {path} does not exist")
     rows = [_row(line, path, number)
-            for number, line in enumerate(path.read_text().splitlines(), start=1) if line.strip()]
+            for number, line in enumerate(read_input(path, "trace file").splitlines(), start=1) if line.strip()]
     if not rows:
         raise BenchError(f"trace file {path} has no requests")
     rows.sort(key=lambda row: row[0])

@@ -152,6 +152,20 @@ def test_bad_workload_options_are_user_errors(tmp_path):
         assert result.exit_code == 2 and message in result.output, (args, result.output)
 
 
+@pytest.mark.parametrize("option", ["--trace", "--dataset", "--prompts", "--max-tokens"])
+def test_an_input_file_that_is_a_folder_or_not_utf8_is_named_in_one_line(tmp_path, option):
+    """Each file the bench reads is refused before any request: a folder as a folder, bytes that are not UTF-8 text
+    as such, never an internal error."""
+    binary = tmp_path / "prompts.jsonl"
+    binary.write_bytes(b'\xff\xfe{"prompt": "a", "prompt_tokens": 3}\n')
+    for path, message in ((tmp_path, "is a folder; give a file"), (binary, "is not UTF-8 text")):
+        value = f"jsonl:{path}" if option in ("--prompts", "--max-tokens") else str(path)
+        result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--users", "2", option, value])
+        assert result.exit_code == 2 and message in result.output and "internal error" not in result.output, \
+            (option, result.output)
+        assert result.output.count("\n") == 1, result.output
+
+
 def _running(url: str) -> float:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         line = next(l for l in r.read().decode().splitlines() if l.startswith("vllm:num_requests_running"))
