@@ -29,6 +29,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hosttune.deploy.certificates import certificates, check_pair
 from hosttune.deploy.errors import DeployError
 from hosttune.config.inventory import Host
 
@@ -103,7 +104,10 @@ def _key(host: Host, doc: dict, keys_dir: Path, makes_keys: bool) -> str | None:
     if not isinstance(wanted, bool):
         raise DeployError(f"{host.source}: deploy.api_key must be true or false (a file goes in deploy.api_key_file)")
     if doc.get("api_key_file") is not None:
-        return read_key(_local(host, doc["api_key_file"], "deploy.api_key_file"))
+        try:
+            return read_key(_local(host, doc["api_key_file"], "deploy.api_key_file"))
+        except DeployError as exc:
+            raise DeployError(f"{host.source}: deploy.api_key_file: {exc}") from None
     if not wanted:
         return None
     path = keys_dir / f"{host.group}.key"
@@ -160,9 +164,9 @@ def _tls(host: Host, doc: dict) -> Tls | None:
         raise DeployError(f"{host.source}: deploy.nginx.tls_name must be a host name or address (got {name!r})")
     tls = Tls(_local(host, doc["tls_cert"], "deploy.nginx.tls_cert"), _local(host, doc["tls_key"], "deploy.nginx.tls_key"),
               ca, name)
-    for path in (tls.cert, tls.key, *([ca] if ca else [])):
-        if not path.is_file():
-            raise DeployError(f"{host.source}: {path} does not exist")
+    check_pair(tls.cert, tls.key, host.source)
+    if ca:
+        certificates(ca, f"{host.source}: deploy.nginx.tls_ca")
     return tls
 
 

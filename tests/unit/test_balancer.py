@@ -20,7 +20,7 @@ from hosttune.deploy.shape import Shape
 from hosttune.deploy.units import render_nginx
 from hosttune.fleet_runner import Outcome
 
-from deploy_fixtures import group_inventory
+from deploy_fixtures import group_inventory, tls_pair
 
 needs_nginx = pytest.mark.skipif(shutil.which("nginx") is None or shutil.which("openssl") is None,
                                  reason="needs nginx and openssl (scripts/test.sh installs nginx-light as root)")
@@ -45,9 +45,10 @@ def _certs(folder: Path) -> tuple[Path, Path, Path]:
 
 
 def _fake_certs(folder: Path) -> tuple[Path, Path, Path]:
-    for name in ("ca.pem", "cert.pem", "key.pem"):
-        (folder / name).write_text("PEM")
-    return folder / "ca.pem", folder / "cert.pem", folder / "key.pem"
+    """A self-signed certificate (its own CA) and its key, made in-process: (ca.pem, cert.pem, key.pem)."""
+    cert, key = tls_pair(folder)
+    (folder / "ca.pem").write_bytes(cert.read_bytes())
+    return folder / "ca.pem", cert, key
 
 
 def _tls(ca: Path, cert: Path, key: Path, extra: str = "") -> str:

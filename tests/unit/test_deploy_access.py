@@ -5,6 +5,7 @@ its command line, the engine on 127.0.0.1 behind the host's nginx, and nginx con
 from __future__ import annotations
 
 import json
+import re
 import os
 import ssl
 import shutil
@@ -28,7 +29,7 @@ from hosttune.deploy.units import REPLICA_TEMPLATE, Upstream, render_nginx
 from hosttune.config.inventory import load_inventory
 from hosttune.presets import load_preset
 
-from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, group_inventory
+from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, group_inventory, tls_pair
 
 KEY = "ht-inventory-key-3b8f0e6a91d2c457"
 
@@ -63,6 +64,46 @@ def test_a_bad_key_file_is_one_clear_error(tmp_path, content, message):
     (a, _) = _hosts(tmp_path, "api_key_file: k\n")
     with pytest.raises(DeployError, match=message):
         access_for(a, tmp_path)
+
+
+def test_a_key_file_that_cannot_be_read_names_the_inventory_line_and_the_path_it_tried(tmp_path):
+    (a, _) = _hosts(tmp_path, "api_key_file: keys/missing.key\n")
+    with pytest.raises(DeployError) as err:
+        access_for(a, tmp_path)
+    assert re.fullmatch(rf"{re.escape(str(tmp_path))}/\S+\.yaml:\d+: deploy\.api_key_file: cannot read the API key "
+                        rf"file {re.escape(str(tmp_path / 'keys/missing.key'))}: No such file or directory", str(err.value))
+
+
+def _bad_tls(tmp_path: Path, case: str) -> str:
+    cert, key = tls_pair(tmp_path / "good")
+    other_cert, other_key = tls_pair(tmp_path / "other")
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    locked = tmp_path / "locked.pem"
+    from cryptography.hazmat.primitives import serialization
+    locked.write_bytes(serialization.load_pem_private_key(key.read_bytes(), None).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"pw")))
+    return {"cert junk": f"tls_cert: {tmp_path / 'junk.pem'}, tls_key: {key}",
+            "key junk": f"tls_cert: {cert}, tls_key: {tmp_path / 'junk.pem'}",
+            "key of another": f"tls_cert: {cert}, tls_key: {other_key}",
+            "key encrypted": f"tls_cert: {cert}, tls_key: {locked}",
+            "cert a folder": f"tls_cert: {tmp_path}, tls_key: {key}",
+            "ca junk": f"tls_cert: {cert}, tls_key: {key}, tls_ca: {tmp_path / 'junk.pem'}",
+            }[case]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("cert junk", "deploy.nginx.tls_cert: {tmp}/junk.pem holds no PEM certificate"),
+    ("key junk", "deploy.nginx.tls_key: {tmp}/junk.pem is not a PEM private key"),
+    ("key of another", "deploy.nginx.tls_key: {tmp}/other/key.pem is not the private key of {tmp}/good/cert.pem"),
+    ("key encrypted", "deploy.nginx.tls_key: {tmp}/locked.pem is encrypted; nginx reads an unencrypted key"),
+    ("cert a folder", "deploy.nginx.tls_cert: {tmp} is not a file"),
+    ("ca junk", "deploy.nginx.tls_ca: {tmp}/junk.pem holds no PEM certificate"),
+])
+def test_tls_files_nginx_could_not_load_are_refused_before_anything_is_sent(tmp_path, case, message):
+    (a, _) = _hosts(tmp_path, f"nginx: {{{_bad_tls(tmp_path, case)}}}\n")
+    with pytest.raises(DeployError) as err:
+        access_for(a, tmp_path)
+    assert re.fullmatch(r"\S+\.yaml:\d+: " + re.escape(message.format(tmp=tmp_path)), str(err.value)), str(err.value)
 
 
 def test_no_key_by_default_and_bad_values_are_refused(tmp_path):
@@ -142,15 +183,13 @@ def test_the_launcher_adds_the_key_to_argv_but_not_to_the_command_line(tmp_path)
 
 
 def test_front_operations_upload_tls_check_nginx_then_reload(tmp_path):
-    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    cert.write_text("CERT")
-    key.write_text("KEY")
+    cert, key = tls_pair(tmp_path)
     (a, _) = _hosts(tmp_path, f"nginx: {{tls_cert: {cert}, tls_key: {key}}}\n")
     access = access_for(a, tmp_path)
     assert access.front.port == 443
     ops = front_ops(access, "custom", (8000,))
     writes = {op.path: op for op in ops if isinstance(op, FileWrite)}
-    assert writes["/etc/hosttune/tls/prod.crt"].content == b"CERT" and writes["/etc/hosttune/tls/prod.key"].mode == 0o600
+    assert writes["/etc/hosttune/tls/prod.crt"].content == cert.read_bytes() and writes["/etc/hosttune/tls/prod.key"].mode == 0o600
     conf = writes[NGINX_CONF + ".new"].content.decode()
     assert "listen 443 ssl default_server;" in conf and "ssl_certificate /etc/hosttune/tls/prod.crt;" in conf
     assert "server 127.0.0.1:8000 " in conf and "keepalive 64;" in conf and "keepalive_timeout 60s;" in conf
@@ -188,9 +227,7 @@ def test_the_front_upstream_is_the_hosts_replicas_on_loopback():
 
 
 def _tls_files(tmp_path: Path) -> str:
-    cert, key = tmp_path / "c.pem", tmp_path / "k.pem"
-    cert.write_text("CERT")
-    key.write_text("KEY")
+    cert, key = tls_pair(tmp_path)
     return f"nginx: {{tls_cert: {cert}, tls_key: {key}}}\n"
 
 
@@ -252,15 +289,17 @@ def test_the_canary_bench_calls_a_host_as_its_callers_do_with_the_key_through_it
     from hosttune.deploy.canary import target
 
     (tmp_path / "prod.key").write_text(KEY + "\n")
-    tls = _tls_files(tmp_path).replace("}\n", f", tls_ca: {tmp_path / 'c.pem'}, tls_name: serve.example.net}}\n")
+    ca = tmp_path / "ca.pem"
+    ca.write_text("CERT")
+    tls = _tls_files(tmp_path).replace("}\n", f", tls_ca: {ca}, tls_name: serve.example.net}}\n")
     request = rollout.DeployRequest("vllm", "/m", tmp_path, canary=1)
     (fronted, _) = _hosts(tmp_path / "a", f"api_key_file: {tmp_path / 'prod.key'}\n" + tls)
-    with pytest.raises(DeployError, match=f"deploy.nginx.tls_ca {tmp_path / 'c.pem'}: not a readable PEM file of CA"):
+    with pytest.raises(DeployError, match=f"deploy.nginx.tls_ca: {ca} holds no PEM certificate"):
         target(HostDeploy(fronted, Outcome.DEPLOYED, "r", "r"), request)  # "CERT": the CA file is what is trusted
     from hosttune.deploy.canary import CanaryBench, slo_check
     why = slo_check(CanaryBench("e2e=2s"), request)([HostDeploy(fronted, Outcome.DEPLOYED, "r", "r")])
-    assert why.startswith(f"the canary gpu-a cannot be benchmarked: deploy.nginx.tls_ca {tmp_path / 'c.pem'}: not a")
-    (tmp_path / "c.pem").write_bytes(_self_signed(tmp_path)[0].read_bytes())
+    assert why.startswith("the canary gpu-a cannot be benchmarked: ") and why.endswith(f"{ca} holds no PEM certificate")
+    ca.write_bytes((tmp_path / "cert.pem").read_bytes())
     fronted_target = target(HostDeploy(fronted, Outcome.DEPLOYED, "r", "r"), request)
     assert fronted_target.url == "https://10.0.0.1:443" and fronted_target.headers == (("Authorization", f"Bearer {KEY}"),)
     assert fronted_target.tls.verify_mode == ssl.CERT_REQUIRED and not fronted_target.tls.check_hostname  # tls_name
