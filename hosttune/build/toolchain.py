@@ -52,7 +52,11 @@ def python_info(python: str) -> tuple[str, tuple[str, ...]]:
         out = subprocess.run([python, "-c", _PY_INFO], capture_output=True, text=True, check=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise BuildError(f"--python {python}: cannot run it ({exc})") from None
-    major, minor, impl, purelib, platlib = json.loads(out)
+    try:
+        major, minor, impl, purelib, platlib = json.loads(out)
+    except (ValueError, TypeError):  # not JSON, or not the five values _PY_INFO prints
+        raise BuildError(f"--python {python}: not a Python interpreter (it answered {out.strip()[:80]!r} "
+                         f"to a Python one-liner)") from None
     if impl != "cpython":
         raise BuildError(f"--python {python}: {impl} is not CPython; engine wheels are built for CPython")
     return f"cp{major}{minor}", tuple(dict.fromkeys((purelib, platlib)))

@@ -198,3 +198,10 @@ def test_cli_a_constraints_file_must_exist_and_go_with_deps(tmp_path):
     result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(tmp_path), "--dry-run", "-c", str(tmp_path / "c.txt")])
     assert result.exit_code == 2
     assert result.output == "hosttune: --constraint constrains the dependency download: give --deps too\n"
+
+
+@pytest.mark.parametrize("program", ["/bin/true", "/bin/echo"])
+def test_a_python_that_is_not_a_python_interpreter_is_one_line_not_a_crash(tmp_path, program):
+    result = CliRunner().invoke(app, ["build", "--engine", "custom", "--python", program, "-w", str(tmp_path), "--dry-run"])
+    assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
+    assert result.output.startswith(f"hosttune: --python {program}: not a Python interpreter (it answered ")
