@@ -1,7 +1,8 @@
 """Bench results as CSV, for spreadsheets and dataframes: one row per request
 (requests.csv), one per run (summary.csv) and one per /metrics sample (server_metrics.csv,
 when a server gave any). Times are seconds; a run is named by its endpoint URL, and in a
-sweep by its rate too."""
+sweep by its target rate too (`rate`: an open loop's target requests/s; summary.csv's
+`offered_rate`: the measured requests its window sent per second, random around it)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ REQUEST_COLUMNS = ("url", "rate", "index", "scheduled", "sent", "end", "outcome"
                    "prompt_tokens", "reported_prompt_tokens", "cached_tokens", "max_tokens",
                    "output_tokens", "ttft", "tpot", "e2e", "conversation", "turn", "group", "is_warmup", "user",
                    "attempt")
-SUMMARY_COLUMNS = ("url", "rate", "requests", "ok", "rejected", "failed", "retried", "ttft_p50", "ttft_p95",
+SUMMARY_COLUMNS = ("url", "rate", "offered_rate", "requests", "ok", "rejected", "failed", "retried", "ttft_p50", "ttft_p95",
                    "ttft_p99", "itl_p50", "itl_p95", "itl_p99", "tpot_p50", "tpot_p95", "e2e_p50",
                    "e2e_p95", "e2e_p99", "request_throughput", "output_token_throughput",
                    "streamed_token_throughput", "input_token_throughput", "goodput", "slo_met", "client_behind")
@@ -56,7 +57,7 @@ def request_rows(run: RunRecord) -> list[tuple]:
 def summary_row(run: RunRecord, s: Summary) -> tuple:
     def at(stats, q: int) -> object:
         return "" if stats is None else _round(stats.at(q))
-    return (run.url, _blank(run.rate), s.num_requests, s.num_ok, s.num_rejected, s.num_failed, s.num_retried,
+    return (run.url, _blank(run.rate), _round(s.offered_rate), s.num_requests, s.num_ok, s.num_rejected, s.num_failed, s.num_retried,
             at(s.ttft, 50), at(s.ttft, 95), at(s.ttft, 99), at(s.itl, 50), at(s.itl, 95), at(s.itl, 99),
             at(s.tpot, 50), at(s.tpot, 95), at(s.e2e, 50), at(s.e2e, 95), at(s.e2e, 99),
             _round(s.request_throughput), _round(s.output_token_throughput),

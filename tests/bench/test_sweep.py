@@ -91,3 +91,16 @@ def test_the_latency_vs_rate_plot_puts_each_step_at_the_rate_it_offered(tmp_path
         held = [line for line in axis.lines if line.get_linestyle() == ":"]
         assert [list(line.get_xdata()) for line in held] == [pytest.approx([1.7, 1.7])]
         assert "offered" in axis.get_xlabel()
+
+
+def test_summary_csv_gives_a_steps_offered_rate_beside_its_target():
+    """A spreadsheet of summary.csv plots latency against what each step offered, as the report's table does."""
+    from dataclasses import replace
+
+    from hosttune.bench.report_csv import SUMMARY_COLUMNS, summary_row
+
+    from .test_metrics import record, run_of
+
+    run = replace(run_of([record(i, 0.5 + 0.8 * i, [0.6 + 0.8 * i], 0.7 + 0.8 * i) for i in range(12)]), rate=1.0)
+    row = dict(zip(SUMMARY_COLUMNS, summary_row(run, summarize(run))))
+    assert row["rate"] == 1.0 and row["offered_rate"] == 1.2
