@@ -48,6 +48,12 @@ def flag_names(job) -> list[str]:
     return list(dict.fromkeys(word for word in argv if word.startswith("--")))
 
 
+def check_line(job, venv: str) -> str | None:
+    """check_flags as a plan shows it (None: the engine has no --help to check against)."""
+    help_argv = [substitute(a, {"venv": venv}) for a in job.preset.serve.help]
+    return f"check the engine's flags against `{' '.join(help_argv)}` (before anything live changes)" if help_argv else None
+
+
 def check_flags(transport: Transport, job, venv: str) -> None:
     """Raises UnknownFlag (one line) when the release in venv does not know a flag of the job."""
     help_argv = [substitute(a, {"venv": venv}) for a in job.preset.serve.help]

@@ -35,6 +35,12 @@ class GateResult:
                 f"one-token generation in {self.gate_s:.2f}s")
 
 
+def gate_line(unit: str, settings: ServeSettings, fallback: str) -> str:
+    """The gate of `unit` as a plan shows it; `fallback` is what a failed gate leads to."""
+    return (f"gate {unit}: /health within {settings.health_timeout_s:g} s, {settings.warmup} warmup requests, "
+            f"a one-token generation within {settings.gate_timeout_s:g} s; on failure {fallback}")
+
+
 def gate_script() -> str:
     return bundled_script("hosttune.deploy", "host_key.py") + "\n\n" + bundled_script("hosttune.deploy", "gate_probe.py")
 

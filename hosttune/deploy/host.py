@@ -19,7 +19,7 @@ from hosttune.deploy import rolling
 from hosttune.deploy.access import Access, front_for
 from hosttune.deploy.front import front_ops, key_ops, refresh_tls_ops, tls_ops
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.gate import GateResult, journal_tail, run_gate
+from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
 from hosttune.deploy.model import ModelShape
 from hosttune.deploy.placement import Layout, Placement
 from hosttune.deploy.preconditions import check_job, refuse, serve_needs
@@ -28,7 +28,7 @@ from hosttune.deploy.release import (CURRENT, PREVIOUS, UNIT_DIR, Release, manif
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.shape import Guard, Shape
 from hosttune.deploy.state import HostState, read_state
-from hosttune.deploy.flagcheck import check_flags
+from hosttune.deploy.flagcheck import check_flags, check_line
 from hosttune.deploy.tune import tune_ops
 from hosttune.deploy.units import SERVE_UNIT, UNIT_NAMES, replica_unit
 from hosttune.execute.perform import OperationFailed, run_ops
@@ -111,11 +111,8 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
                           error=f"nothing changed: {job.host.name}: {checked.error}", checks=checked.lines)
     install, activate, front = (list(g) for g in checked.groups)
     if dry_run:
-        lines = rolling.plan_lines(release, state) if release.replicas else [describe(op) for op in activate]
-        shown = install + keys if release.replicas else install
         return HostDeploy(job.host, Outcome.PLANNED, release.id, release_name(state.current),
-                          ops=tuple(describe(op) for op in shown) + tuple(lines)
-                          + tuple(describe(op) for op in front), checks=checked.lines)
+                          ops=_plan_lines(job, state, install, keys, activate, front), checks=checked.lines)
     try:
         run_ops(transport, install, on_op)
         check_flags(transport, job, release.dir)
@@ -133,6 +130,22 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     if gate.ok:
         return _fronted(transport, job, state, HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate), front)
     return _restore(transport, job, state, gate)
+
+
+def _plan_lines(job: HostJob, state: HostState, install: list[Op], keys: list[Op], activate: list[Op],
+                front: list[Op]) -> tuple[str, ...]:
+    """What the run does, in its order: install, the flag check, the switch (a roll: each replica gated), the
+    gate of one service, its front."""
+    release = job.release
+    check = check_line(job, release.dir)
+    lines = [describe(op) for op in install] + ([check] if check else [])
+    if release.replicas:
+        return tuple(lines + [describe(op) for op in keys] + rolling.plan_lines(release, state))
+    lines += [describe(op) for op in activate]
+    if SERVE_UNIT in release.units:
+        fallback = "the release live before comes back" if state.current else "the service is stopped and disabled"
+        lines.append(gate_line(SERVE_UNIT, job.settings, fallback))
+    return tuple(lines + [describe(op) for op in front])
 
 
 def _tune_ops(job: HostJob) -> list[Op]:

@@ -221,6 +221,24 @@ def test_nginx_accepts_the_rendered_front(tmp_path, tls):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.parametrize("engine, live, fallback", [
+    ("custom", "", "the service is stopped and disabled"),
+    ("vllm", "current:/opt/hosttune/releases/vllm-0123456789ab\n", "the release live before comes back")])
+def test_a_dry_run_of_one_service_shows_the_flag_check_and_the_gate_where_the_run_does_them(tmp_path, engine, live,
+                                                                                             fallback):
+    job = _job(tmp_path, engine, "nginx: {port: 8080}\n")
+    outcome = deploy_one(ScriptedTransport("gpu-a", [], state="nginx:/usr/sbin/nginx\n" + live), job, dry_run=True)
+    ops = list(outcome.ops)
+    at = {what: next(i for i, op in enumerate(ops) if op.startswith(what)) for what in
+          ("$ systemd-analyze verify", "check the engine's flags", "$ systemctl restart hosttune-serve.service",
+           "gate hosttune-serve.service", f"write {NGINX_CONF}.new")}
+    assert list(at.values()) == sorted(at.values()), ops  # after the install, before the switch; the front last
+    assert ops[at["gate hosttune-serve.service"]] == (
+        "gate hosttune-serve.service: /health within 600 s, 3 warmup requests, a one-token generation within 60 s; "
+        f"on failure {fallback}")
+    assert ops[at["check the engine's flags"]].endswith("` (before anything live changes)")
+
+
 def test_the_front_upstream_is_the_hosts_replicas_on_loopback():
     up = front_upstream(Access("prod", None, Front(80)), "vllm", (8000, 8001))
     assert up.backends == ("127.0.0.1:8000", "127.0.0.1:8001") and up.listen == 80 and up.tls_cert is None
