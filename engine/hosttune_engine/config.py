@@ -103,6 +103,16 @@ class EngineConfig:
             raise ConfigError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
 
 
+def activation_dtype(name: str, checkpoint_dtype: str | None, on_cuda: bool) -> str:
+    """The dtype an engine computes in, of DTYPES' names: `name` unless "auto"; on the CPU float32 (its
+    half-precision matmuls are slow and loose); on a GPU float16 for a float16 checkpoint, else bfloat16."""
+    if name != "auto":
+        return name
+    if not on_cuda:
+        return "float32"
+    return "float16" if checkpoint_dtype == "float16" else "bfloat16"
+
+
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

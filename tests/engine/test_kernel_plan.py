@@ -124,6 +124,26 @@ def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no
     assert "qkv_proj:" in format_plan(_plan("NVIDIA H200"))
 
 
+def _float16_model(folder: Path) -> Path:
+    text = (QWEN7B / "config.json").read_text()
+    assert '"torch_dtype": "bfloat16"' in text
+    (folder / "config.json").write_text(text.replace('"torch_dtype": "bfloat16"', '"torch_dtype": "float16"'))
+    return folder
+
+
+def test_the_plan_command_plans_the_activations_serve_would_run(no_user_tables, tmp_path, capsys, monkeypatch):
+    """serve computes a float16 checkpoint in float16 on a GPU and anything in float32 on the CPU, unless --dtype
+    says otherwise: the plan printed is of those activations, and a CPU is not called a GPU."""
+    main(["plan", "--model", str(_float16_model(tmp_path)), "--gpu", "NVIDIA H200"])
+    assert "weights float16, activations float16" in capsys.readouterr().out
+    main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA H200", "--dtype", "float32"])
+    assert "activations float32" in capsys.readouterr().out
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    main(["plan", "--model", str(QWEN7B)])
+    head = capsys.readouterr().out.splitlines()[1]
+    assert head.startswith("device: CPU (no GPU: the torch references run);") and "activations float32" in head
+
+
 def test_the_plan_command_refuses_a_malformed_config_in_one_line(tmp_path, capsys):
     (tmp_path / "config.json").write_text('["LlamaForCausalLM"]')
     with pytest.raises(SystemExit) as exit_:

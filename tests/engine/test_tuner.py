@@ -77,10 +77,11 @@ def test_the_shipped_table_can_be_left_out_to_measure_a_tune_against_it(no_user_
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="on a GPU tune would run")
-def test_tune_without_a_gpu_is_one_line_and_exit_2(tmp_path, capsys):
-    (tmp_path / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+def test_tune_without_a_gpu_is_one_line_and_exit_2(capsys):
+    from .test_kernel_plan import QWEN7B
+
     with pytest.raises(SystemExit) as exit_:
-        main(["tune", "--model", str(tmp_path), "--budget-s", "10"])
+        main(["tune", "--model", str(QWEN7B), "--budget-s", "10"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and "has none: run it on the GPU host" in err
 
@@ -105,6 +106,40 @@ def test_tune_if_missing_leaves_a_table_already_tuned_for_these_weights(no_user_
     tuning.write_cached_table(tuning.present_key("NVIDIA L40S"), {"gemv": {}}, {"tuned_for": ["bf16"]})
     main(["tune", "--model", str(QWEN7B), "--if-missing"])
     assert "NVIDIA L40S has a table tuned for bf16 weights on this driver and Triton" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU tune would run")
+@pytest.mark.parametrize("args, message", [(["--model", "/nonexistent"], "/nonexistent has no config.json"),
+                                           (["--quantization", "int3"], "quantization must be one of")])
+def test_tune_names_a_bad_model_or_quantization_before_it_looks_for_a_gpu(capsys, args, message):
+    from .test_kernel_plan import QWEN7B
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "--model", str(QWEN7B), "--budget-s", "10", *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and message in err
+
+
+def test_tune_times_the_activations_serve_would_run(no_user_tables, monkeypatch, tmp_path, capsys):
+    """A float16 checkpoint is served in float16: tune times its kernels in float16, not bfloat16."""
+    from hosttune_engine.tuner import command
+    from hosttune_engine.tuner.run import Tuning
+
+    from .test_kernel_plan import _float16_model
+
+    seen = []
+    monkeypatch.setattr(command.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(command, "present_gpu", lambda device: GpuInfo("NVIDIA L40S", (8, 9), True))
+    monkeypatch.setattr(tuning, "driver_version", lambda: "555.42")
+    monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
+    monkeypatch.setattr(command, "tune_model", lambda inputs, budget: seen.append(inputs) or Tuning(inputs, None, None))
+    main(["tune", "--model", str(_float16_model(tmp_path)), "--budget-s", "1"])
+    main(["tune", "--model", str(_float16_model(tmp_path)), "--budget-s", "1", "--dtype", "bfloat16"])
+    assert [inputs.dtype for inputs in seen] == [torch.float16, torch.bfloat16]
+    capsys.readouterr()
+    main(["tune", "--model", str(_float16_model(tmp_path)), "--if-missing"])
+    assert "has a table tuned for bf16 weights, float16 activations on this driver" in capsys.readouterr().out
+    assert len(seen) == 2
 
 
 def test_the_4bit_gemm_sweep_at_decode_rows_tries_the_nibble_kernel_and_dequantize_then_cublas():

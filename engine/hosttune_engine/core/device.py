@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from hosttune_engine.config import activation_dtype
 from hosttune_engine.errors import ConfigError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -29,8 +30,4 @@ def use_triton(backend: str, device: torch.device) -> bool:
 
 
 def resolve_dtype(name: str, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:
-    if name != "auto":
-        return DTYPES[name]
-    if device.type == "cpu":
-        return torch.float32  # CPU half-precision matmuls are slow and loose
-    return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
+    return DTYPES[activation_dtype(name, checkpoint_dtype, device.type == "cuda")]

@@ -12,15 +12,20 @@ COLUMNS = ("rows", "kernel", "config", "why", "input / output fused")
 
 def format_plan(plan: KernelPlan) -> str:
     """Every operation's choice per row bucket, with its config and the reason."""
-    cap = ".".join(map(str, plan.gpu.capability))
-    lines = [f"Kernel plan for {plan.model}", f"GPU: {plan.gpu.name} (compute capability {cap}); weights "
-             f"{plan.weights}, activations {plan.dtype}; tuned table: {plan.table}"]
+    lines = [f"Kernel plan for {plan.model}", f"{_device(plan)}; weights {plan.weights}, activations {plan.dtype}; "
+             f"tuned table: {plan.table}"]
     for op_plan in plan.ops:
         lines += ["", f"{op_plan.op.value}:"]
         rows = [COLUMNS] + [_row(c) for c in op_plan.choices]
         widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
         lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     return "\n".join(lines)
+
+
+def _device(plan: KernelPlan) -> str:
+    if not plan.gpu.is_cuda:
+        return "device: CPU (no GPU: the torch references run)"
+    return f"GPU: {plan.gpu.name} (compute capability {'.'.join(map(str, plan.gpu.capability))})"
 
 
 def _row(c: Choice) -> tuple[str, ...]:

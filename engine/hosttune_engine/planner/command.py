@@ -6,6 +6,7 @@ import argparse
 
 import torch
 
+from hosttune_engine.config import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, activation_dtype
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.planner.build import PlanInputs, build_plan
 from hosttune_engine.plan.gpus import CPU, named_gpu, present_gpu
@@ -23,16 +24,23 @@ def add_parser(commands) -> None:
                                         "--gpu 'NVIDIA A100-SXM4-80GB'")
     p.add_argument("--model", required=True, help="Hugging Face model folder (config.json is enough)")
     p.add_argument("--gpu", help="a GPU's CUDA name, e.g. 'NVIDIA A100-SXM4-80GB' (default: this machine's)")
-    p.add_argument("--quantization", help="as serve's --quantization: 'fp8' at load, or a layout name")
-    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto")
+    p.add_argument("--quantization", help="as serve's --quantization, one of " + ", ".join(QUANTIZATIONS) + ": 'fp8' "
+                                          "quantizes a bf16 checkpoint at load; the others name a layout (a quantized "
+                                          "checkpoint needs none: config.json says its layout)")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="as serve's: 'fp8' plans the attention kernels that read an e4m3 KV cache")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="as serve's: the activations' dtype ('auto': float32 on the CPU; on a GPU float16 for a "
+                        "float16 checkpoint, else bfloat16)")
 
 
 def plan_from_args(args: argparse.Namespace) -> KernelPlan:
-    """The plan `hosttune-engine plan` prints (bf16 activations, as the engine runs on a GPU)."""
+    """The plan `hosttune-engine plan` prints: of the activations serve would compute in on that GPU."""
     cfg = ModelConfig.from_folder(args.model)
     spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization else "auto", args.model)
     gpu = named_gpu(args.gpu) if args.gpu is not None else _this_gpu()  # --gpu '' is unknown, not this GPU
-    inputs = PlanInputs(cfg, gpu, torch.bfloat16, spec, use_triton=gpu.is_cuda,
+    dtype = getattr(torch, activation_dtype(args.dtype, cfg.dtype, gpu.is_cuda))
+    inputs = PlanInputs(cfg, gpu, dtype, spec, use_triton=gpu.is_cuda,
                         kv_cache_fp8=args.kv_cache_dtype == "fp8")
     return build_plan(inputs, *table_and_name(gpu))
 

@@ -8,6 +8,7 @@ import time
 
 import torch
 
+from hosttune_engine.config import DTYPES, QUANTIZATIONS, activation_dtype
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.kernels import tuning
 from hosttune_engine.model.model_config import ModelConfig
@@ -27,7 +28,10 @@ def add_parser(commands) -> None:
     p.add_argument("--model", required=True, help="Hugging Face model folder (config.json is enough)")
     p.add_argument("--budget-s", type=float, default=300.0, help="seconds of sweeping (the seeds of each sweep "
                                                                   "run past it)")
-    p.add_argument("--quantization", help="as serve's --quantization: tune for FP8 at load, or a layout name")
+    p.add_argument("--quantization", help="as serve's --quantization, one of " + ", ".join(QUANTIZATIONS) + ": tune "
+                                          "for FP8 at load, or for a layout's dummy weights")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="as serve's: the activations' dtype ('auto': float16 for a float16 checkpoint, else bfloat16)")
     p.add_argument("--if-missing", action="store_true",
                    help="tune only if this GPU, driver and Triton have no cached table for these weights yet")
 
@@ -36,18 +40,21 @@ def tune_from_args(args: argparse.Namespace) -> str:
     """Tune, write the cache, and return the report."""
     if not (math.isfinite(args.budget_s) and args.budget_s > 0):  # NaN would pass `<= 0` and sweep nothing
         raise ConfigError(f"--budget-s {args.budget_s}: give seconds (> 0)")
+    cfg = ModelConfig.from_folder(args.model)  # the model and its quantization first: a typo shows on any machine
+    spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization else "auto", args.model)
     if not torch.cuda.is_available():
         raise ConfigError("tune times kernels on this machine's GPU, and it has none: run it on the GPU host "
                           "that serves the model")
-    cfg = ModelConfig.from_folder(args.model)
-    spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization else "auto", args.model)
     gpu = present_gpu(torch.device("cuda"))
-    key, weights = tuning.present_key(gpu.name), spec.layout.value if spec is not None else "bf16"
+    dtype_name = activation_dtype(args.dtype, cfg.dtype, on_cuda=True)
+    key, weights = tuning.present_key(gpu.name), _tuned_for(spec, dtype_name)
     tuned_for = tuning.cached_about(key).get("tuned_for", [])
     if args.if_missing and weights in tuned_for:
-        return f"{gpu.name} has a table tuned for {weights} weights on this driver and Triton: {tuning.cache_path(key)}"
+        return (f"{gpu.name} has a table tuned for {weights.replace('/', ' weights, ')} "
+                f"{'activations' if '/' in weights else 'weights'} on this driver and Triton: {tuning.cache_path(key)}")
+    dtype = getattr(torch, dtype_name)
     start = time.perf_counter()
-    done = tune_model(PlanInputs(cfg, gpu, torch.bfloat16, spec), args.budget_s)
+    done = tune_model(PlanInputs(cfg, gpu, dtype, spec), args.budget_s)
     wall_s = time.perf_counter() - start
     merged = tuning.cached_table(key)
     for kernel, entries in done.table.items():
@@ -55,6 +62,13 @@ def tune_from_args(args: argparse.Namespace) -> str:
     about = {"tuned_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "tuned_for": sorted(set(tuned_for) | {weights})}
     return report(done, wall_s, str(tuning.write_cached_table(key, merged, about)))
+
+
+def _tuned_for(spec, dtype_name: str) -> str:
+    """What a table's `tuned_for` list names these weights by: the layout (bf16 unquantized), and the activations'
+    dtype after a slash unless bfloat16 (the tables key entries by it)."""
+    weights = spec.layout.value if spec is not None else "bf16"
+    return weights if dtype_name == "bfloat16" else f"{weights}/{dtype_name}"
 
 
 def report(done: Tuning, wall_s: float, path: str) -> str:
