@@ -101,4 +101,4 @@ def describe_need(need: Need) -> str:
         return f"{size_text(need.num_bytes)} free for {need.path}"
     if isinstance(need, NeedPort):
         return f"port {need.port} free" + (f" or held by {', '.join(need.owners)}" if need.owners else "")
-    return f"model {need.path} loadable by {need.engine} (config.json)"
+    return f"model {need.path} loadable by {need.engine} (config.json and weights)"

@@ -9,18 +9,25 @@ from dataclasses import dataclass
 
 from hosttune.transport.base import Transport
 
-# Prints "dir:" when the folder exists, then config.json between markers, then one
-# "weights:BYTES NAME" line per safetensors file. The path arrives as an argument, never as code.
+# Prints "dir:" when the folder exists, then config.json and the safetensors index between markers, one
+# "weights:BYTES NAME" line per safetensors file and one "other:NAME" line per checkpoint file of another
+# format. The path arrives as an argument, never as code.
 _READ = r"""set -u
 m=$1
 [ -d "$m" ] || { echo "missing:"; exit 0; }
 echo "dir:"
 if [ -r "$m/config.json" ]; then echo "config-begin:"; head -c 1000000 -- "$m/config.json"; echo; echo "config-end:"; fi
+i="$m/model.safetensors.index.json"
+if [ -f "$i" ]; then echo "index-begin:"; head -c 20000000 -- "$i"; echo; echo "index-end:"; fi
 for f in "$m"/*.safetensors; do
     [ -f "$f" ] && printf 'weights:%s %s\n' "$(stat -L -c %s -- "$f")" "${f##*/}"
 done
+for f in "$m"/*.bin "$m"/*.pt "$m"/*.pth; do
+    [ -f "$f" ] && printf 'other:%s\n' "${f##*/}"
+done
 exit 0
 """
+INDEX = "model.safetensors.index.json"
 
 
 @dataclass(frozen=True)
@@ -32,35 +39,68 @@ class ModelShape:
     weight_bytes: int | None = None  # all *.safetensors files; None when there are none
     error: str = ""  # why config.json could not be read, when it could not
     architectures: tuple[str, ...] = ()  # config.json's "architectures"
+    weight_names: tuple[str, ...] = ()  # the *.safetensors files
+    other_weights: tuple[str, ...] = ()  # *.bin, *.pt, *.pth checkpoint files (vLLM and SGLang load them)
+    shards: tuple[str, ...] | None = None  # the files INDEX lists; None without an index
+    index_error: str = ""  # why INDEX could not be read, when it could not
 
     @property
     def weight_gb(self) -> float:
         return (self.weight_bytes or 0) / 1e9
 
 
+def _between(lines: list[str], name: str) -> str | None:
+    """The text the read script printed between NAME-begin: and NAME-end:, None when it printed none."""
+    if f"{name}-begin:" not in lines:
+        return None
+    start, end = lines.index(f"{name}-begin:"), len(lines) - 1 - lines[::-1].index(f"{name}-end:")
+    return "\n".join(lines[start + 1:end])
+
+
+def _weights(lines: list[str]) -> dict:
+    """The folder's checkpoint files, as ModelShape fields."""
+    found = [line[8:].split(" ", 1) for line in lines if line.startswith("weights:")]
+    shards, index_error = _shards(_between(lines, "index"))
+    return dict(weight_bytes=sum(int(size) for size, _ in found) if found else None,
+                weight_names=tuple(name for _, name in found), shards=shards, index_error=index_error,
+                other_weights=tuple(line[6:] for line in lines if line.startswith("other:")))
+
+
+def _shards(text: str | None) -> tuple[tuple[str, ...] | None, str]:
+    if text is None:
+        return None, ""
+    try:
+        return tuple(sorted(set(json.loads(text)["weight_map"].values()))), ""
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None, f"{INDEX} is not a safetensors index (no weight_map of tensor names to files)"
+
+
 def parse_model(path: str, text: str) -> ModelShape:
     lines = text.splitlines()
     if "dir:" not in lines:
         return ModelShape(path, False)
-    sizes = [int(line[8:].split(" ", 1)[0]) for line in lines if line.startswith("weights:")]
-    weights = sum(sizes) if sizes else None
-    if "config-begin:" not in lines:
-        return ModelShape(path, True, weight_bytes=weights, error="no readable config.json")
-    start, end = lines.index("config-begin:"), len(lines) - 1 - lines[::-1].index("config-end:")
+    weights = _weights(lines)
+    config_text = _between(lines, "config")
+    if config_text is None:
+        return ModelShape(path, True, error="no readable config.json", **weights)
     try:
-        config = json.loads("\n".join(lines[start + 1:end]))
+        config = json.loads(config_text)
     except ValueError as exc:
-        return ModelShape(path, True, weight_bytes=weights, error=f"config.json is not JSON ({exc})")
+        return ModelShape(path, True, error=f"config.json is not JSON ({exc})", **weights)
     archs = config.get("architectures") if isinstance(config, dict) else None
     archs = tuple(str(a) for a in archs) if isinstance(archs, list) else ()
     config = config.get("text_config", config) if isinstance(config, dict) else {}
     heads = _positive(config.get("num_attention_heads"))
     kv = _positive(config.get("num_key_value_heads")) or heads
-    return ModelShape(path, True, heads, kv, weights, "" if heads else "config.json has no num_attention_heads", archs)
+    return ModelShape(path, True, heads, kv, error="" if heads else "config.json has no num_attention_heads",
+                      architectures=archs, **weights)
 
 
-def model_problem(model: ModelShape, supported: tuple[str, ...]) -> str:
-    """Why an engine that loads `supported` architectures (() any) cannot load this folder; "" when it can."""
+def model_problem(model: ModelShape, supported: tuple[str, ...], *, any_format: bool = True,
+                  needs_weights: bool = True) -> str:
+    """Why an engine that loads `supported` architectures (() any) cannot load this folder; "" when it can.
+    any_format: the engine loads .bin and .pt checkpoints besides safetensors; needs_weights False: it starts
+    with random weights (load-format dummy)."""
     if not model.exists:
         return "does not exist on the host"
     if model.error:
@@ -68,7 +108,22 @@ def model_problem(model: ModelShape, supported: tuple[str, ...]) -> str:
     if supported and not set(model.architectures) & set(supported):
         named = ", ".join(model.architectures) or "no architecture"
         return f"is {named} (config.json), which the engine does not load (it loads {', '.join(supported)})"
-    return ""
+    return weights_problem(model, any_format) if needs_weights else ""
+
+
+def weights_problem(model: ModelShape, any_format: bool) -> str:
+    """Why the folder's checkpoint files are not a whole checkpoint; "" when they are."""
+    if model.index_error:
+        return f"cannot be loaded: {model.index_error}"
+    if model.shards is not None:
+        missing = sorted(set(model.shards) - set(model.weight_names))
+        if missing:
+            return (f"lacks {len(missing)} of the {len(model.shards)} shards {INDEX} lists "
+                    f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): a copy that has not finished?")
+    if model.weight_bytes is not None or (any_format and model.other_weights):  # weight_bytes: the safetensors
+        return ""
+    kinds = "*.safetensors, *.bin, *.pt or *.pth" if any_format else "*.safetensors"
+    return f"has no weights ({kinds}); copy them there, or --set load-format=dummy for random weights"
 
 
 def _positive(value) -> int | None:

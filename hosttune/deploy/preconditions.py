@@ -44,6 +44,12 @@ def serve_needs(job, state: HostState) -> tuple[Need, ...]:
     return model + tuple(NeedPort(p, OWNERS if p in ours else NOT_NGINX) for p in sorted(ports))
 
 
+def model_needs_weights(job) -> bool:
+    """An engine started with --load-format dummy makes random weights; any other loads the folder's."""
+    flags = job.settings.flags
+    return str(flags.get("load-format", flags.get("load_format", "auto"))) != "dummy"
+
+
 def _nginx_ports(job) -> set[int]:
     """Where this release's nginx listens: its front's port, else the service port of several replicas."""
     if job.access.front is not None:
@@ -65,5 +71,7 @@ def check_job(transport: Transport, job, groups: list[list[Op]]) -> Checked:
     asks = preconditions.requests_for(groups, job.packages, offline=False)
     needs = read_needs(transport, asks, root=None, manager=job.packages.name if job.packages else None)
     if job.model is not None:
-        needs = replace(needs, models={job.model.path: model_problem(job.model, job.preset.serve.architectures)})
+        problem = model_problem(job.model, job.preset.serve.architectures, any_format=not job.preset.is_bundled,
+                                needs_weights=model_needs_weights(job))
+        needs = replace(needs, models={job.model.path: problem})
     return preconditions.check(groups, needs, job.packages)

@@ -15,7 +15,8 @@ from hosttune.fleet_runner import exit_code
 
 from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, inventory
 
-CONFIG = 'dir:\nconfig-begin:\n{"architectures": ["LlamaForCausalLM"], "num_attention_heads": 8}\nconfig-end:\n'
+CONFIG = ('dir:\nconfig-begin:\n{"architectures": ["LlamaForCausalLM"], "num_attention_heads": 8}\nconfig-end:\n'
+          'weights:1000 model.safetensors\n')
 
 
 def job_for(tmp_path, model_text=CONFIG, engine="vllm"):
@@ -56,7 +57,7 @@ def test_a_dry_run_shows_what_was_checked_and_sends_nothing(tmp_path):
     assert outcome.state == "planned", outcome.error
     assert job.python == "python3.10"  # the inventory pins it
     assert "holds: python3.10 can make a virtualenv (python -m venv)" in outcome.checks
-    assert "holds: model /m loadable by vllm (config.json)" in outcome.checks
+    assert "holds: model /m loadable by vllm (config.json and weights)" in outcome.checks
     assert f"holds: port {job.settings.port} free" in outcome.checks
     assert any(c.startswith("holds: ") and "to write on / (102.4 GB free)" in c for c in outcome.checks)
     assert "checked on the host before anything is sent:" in render([outcome])
@@ -80,6 +81,10 @@ def test_a_python_without_venv_gets_python3_venv_installed_first(tmp_path):
      "python3.10 cannot make a virtualenv (No module named 'ensurepip') and python3.10-venv is not in the host's package lists"),
     ({}, "dir:\n", "the model folder /m has no readable config.json"),
     ({"port:{port}": "listen:apache2.service"}, CONFIG, "port {port} is in use by apache2.service"),
+    ({}, CONFIG.replace("weights:1000 model.safetensors", "weights:1000 model-00001-of-00002.safetensors\nindex-begin:\n"
+                        '{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}'
+                        "\nindex-end:"),
+     "the model folder /m lacks 1 of the 2 shards model.safetensors.index.json lists (model-00002-of-00002.safetensors)"),
 ])
 def test_an_unmet_precondition_is_one_line_and_nothing_is_sent(tmp_path, needs, model_text, error):
     job = job_for(tmp_path, model_text)

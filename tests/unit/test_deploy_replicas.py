@@ -113,7 +113,8 @@ def test_model_folder_parses_to_heads_and_weight_bytes():
     config = {"architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 28, "num_key_value_heads": 4}
     text = ("dir:\nconfig-begin:\n" + json.dumps(config) +
             "\nconfig-end:\nweights:4000000000 model-00001-of-00002.safetensors\nweights:3000000000 model-00002.safetensors\n")
-    assert parse_model("/m", text) == ModelShape("/m", True, 28, 4, 7 * GB, architectures=QWEN)
+    assert parse_model("/m", text) == ModelShape("/m", True, 28, 4, 7 * GB, architectures=QWEN, weight_names=(
+        "model-00001-of-00002.safetensors", "model-00002.safetensors"))
     assert parse_model("/m", "missing:\n") == ModelShape("/m", False)
     assert parse_model("/m", "dir:\n").error == "no readable config.json"
 
@@ -129,6 +130,43 @@ def test_model_folder_parses_to_heads_and_weight_bytes():
 ])
 def test_a_model_folder_the_engine_cannot_load_says_why(model, supported, problem):
     assert model_problem(model, supported).startswith(problem) and (problem or not model_problem(model, supported))
+
+
+def _folder(*lines: str) -> ModelShape:
+    config = {"architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 28, "num_key_value_heads": 4}
+    return parse_model("/m", "dir:\nconfig-begin:\n" + json.dumps(config) + "\nconfig-end:\n" + "".join(f"{x}\n" for x in lines))
+
+
+INDEX = json.dumps({"metadata": {}, "weight_map": {"a": "model-00001-of-00003.safetensors",
+                                                   "b": "model-00002-of-00003.safetensors",
+                                                   "c": "model-00003-of-00003.safetensors"}})
+
+
+@pytest.mark.parametrize("model, any_format, problem", [
+    (_folder("weights:100 model.safetensors"), False, ""),
+    (_folder(), False, "has no weights (*.safetensors); copy them there, or --set load-format=dummy for random weights"),
+    (_folder("other:pytorch_model.bin"), False, "has no weights (*.safetensors)"),
+    (_folder("other:pytorch_model.bin"), True, ""),  # vLLM and SGLang load .bin checkpoints too
+    (_folder(), True, "has no weights (*.safetensors, *.bin, *.pt or *.pth)"),
+    (_folder("index-begin:", INDEX, "index-end:", "weights:100 model-00001-of-00003.safetensors"), False,
+     "lacks 2 of the 3 shards model.safetensors.index.json lists (model-00002-of-00003.safetensors, "
+     "model-00003-of-00003.safetensors): a copy that has not finished?"),
+    (_folder("index-begin:", INDEX, "index-end:", *(f"weights:100 model-0000{i}-of-00003.safetensors" for i in (1, 2, 3))),
+     False, ""),
+    (_folder("index-begin:", "{", "index-end:", "weights:100 model.safetensors"), False,
+     "cannot be loaded: model.safetensors.index.json is not a safetensors index"),
+])
+def test_a_model_folder_without_all_its_weights_is_refused_before_anything_is_sent(model, any_format, problem):
+    found = model_problem(model, (), any_format=any_format)
+    assert found.startswith(problem) and (problem or not found), found
+
+
+def test_a_model_loaded_with_dummy_weights_needs_none(tmp_path):
+    from hosttune.deploy.preconditions import model_needs_weights
+
+    assert model_needs_weights(job(tmp_path / "a", a100_facts(), engine="custom", gpus="0"))
+    assert not model_needs_weights(job(tmp_path / "b", a100_facts(), engine="custom", gpus="0",
+                                       overrides=parse_sets(["load-format=dummy"])))
 
 
 # -- units, nginx, probe, scrape -------------------------------------------------------------------
