@@ -46,7 +46,7 @@ def deploy(
     limit: Optional[str] = LimitOpt,
     port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=65535, help="Service port (default: the inventory's deploy.port, else what the host serves, else 8000)."),
     serial: Optional[int] = typer.Option(None, "--serial", min=1, help="Hosts per batch (default: all at once)."),
-    max_fail_percent: Optional[float] = typer.Option(None, "--max-fail-percent", min=0, max=100, help="Stop starting batches once more than this share of hosts failed (default: no limit; with --serial)."),
+    max_fail_percent: Optional[float] = typer.Option(None, "--max-fail-percent", min=0, max=100, help="Stop starting batches once more than this share of hosts failed (default: no limit; needs --serial)."),
     canary: int = typer.Option(0, "--canary", min=0, help="Deploy the first N hosts first; the rest only when they succeed (and meet --canary-slo)."),
     canary_slo: Optional[str] = typer.Option(None, "--canary-slo", help="With --canary: a hosttune bench against each canary (needs the bench extra), e.g. e2e=2s,ttft=500ms; a miss stops the rollout."),
     canary_rate: float = typer.Option(1.0, "--canary-rate", min=0.01, help="Requests per second of the canary bench."),
@@ -90,6 +90,9 @@ def deploy(
     if rollback:
         _rollback_alone(ctx)
         _rollback(inv, timeouts, forks, yes=yes, dry_run=dry_run)
+    if max_fail_percent is not None and serial is None:
+        raise DeployError("--max-fail-percent stops starting batches once too many hosts failed, and without --serial "
+                          "every host is in one batch: give --serial N too")
     check_balancers(inv, nginx_dir)
     request = DeployRequest(
         engine=engine.value if engine else None, model=model, wheelhouse=wheelhouse or default_wheelhouse(), gpus=gpus,

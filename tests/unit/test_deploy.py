@@ -374,6 +374,14 @@ def test_cli_an_empty_gpus_is_an_error_not_every_gpu(monkeypatch):
         "hosttune: --gpus '': give GPU indices such as 0-3 or 0,2, or leave --gpus out for the inventory's gpus\n")
 
 
+def test_cli_a_failure_budget_without_batches_is_refused_not_ignored(monkeypatch):
+    opened = untouched(monkeypatch)
+    result = runner.invoke(app, ["deploy", "--engine", "custom", "--model", "/m", "--max-fail-percent", "10", "--dry-run"])
+    assert result.exit_code == 2 and not opened and result.output == (
+        "hosttune: --max-fail-percent stops starting batches once too many hosts failed, and without --serial every "
+        "host is in one batch: give --serial N too\n")
+
+
 @pytest.mark.parametrize("gpus", ["0-x", "3-1", ",,", "gpu0"])
 def test_cli_a_gpus_list_that_does_not_parse_is_refused_before_any_host_is_read(monkeypatch, gpus):
     opened = untouched(monkeypatch)  # on a CPU deployment (device=cpu) no host would ever parse it
