@@ -144,6 +144,31 @@ def test_the_plan_command_plans_the_activations_serve_would_run(no_user_tables, 
     assert head.startswith("device: CPU (no GPU: the torch references run);") and "activations float32" in head
 
 
+@pytest.mark.parametrize("text, message", [
+    ("{bad", "is not JSON"),
+    ("[1]", "holds a JSON list, not an object of GPU names"),
+    ('{"NVIDIA H200": [1]}', "'NVIDIA H200': holds a JSON list, not an object of kernels"),
+    ('{"NVIDIA H200": {"gemv": [1]}}', "'NVIDIA H200' gemv: holds a JSON list, not an object of entries"),
+    ('{"NVIDIA H200": {"gemv": {"bfloat16-m1": 4}}}', "gemv bfloat16-m1: holds a JSON int, not an object of"),
+    ('{"NVIDIA H200": {"gemv": {"bfloat16-m1": {"BLOCK_N": "x"}}}}', "BLOCK_N 'x': give a whole number >= 1"),
+    ('{"NVIDIA H200": {"gemv": {"bfloat16-m1": {"BLOCK_N": -4}}}}', "BLOCK_N -4: give a whole number >= 1"),
+    ('{"NVIDIA H200": {"gemv": {"bfloat16-m1": {"FUSE": 2}}}}', "FUSE 2: give 0 or 1"),
+    ('{"NVIDIA H200": {"fp8_gemm": {"le64": {"METHOD": "fast"}}}}', "METHOD 'fast': give one of unit, rowwise"),
+    ('{"NVIDIA H200": {"gemv": {"bfloat16-m1": {"BLOCK_Q": 1}}}}', "unknown launch-config key 'BLOCK_Q'"),
+])
+def test_the_plan_command_refuses_a_malformed_tuned_table_in_one_line_naming_its_file(no_user_tables, tmp_path,
+                                                                                     monkeypatch, capsys, text,
+                                                                                     message):
+    table = tmp_path / "kernel_configs.json"
+    table.write_text(text)
+    monkeypatch.setenv(tuning.USER_ENV, str(table))
+    tuning.reload_tables()
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA H200"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and f"{table}" in err and message in err, err
+
+
 def test_the_plan_command_refuses_a_malformed_config_in_one_line(tmp_path, capsys):
     (tmp_path / "config.json").write_text('["LlamaForCausalLM"]')
     with pytest.raises(SystemExit) as exit_:

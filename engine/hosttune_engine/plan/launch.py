@@ -53,7 +53,7 @@ class LaunchConfig:
             name = key.lower()
             if name not in _TYPES:
                 raise ConfigError(f"{where}: unknown launch-config key {key!r}; known: {', '.join(_KEYS)}")
-            values[name] = _TYPES[name](value)
+            values[name] = _TYPES[name](key, value, where)
         return cls(**values)
 
     def merged(self, over: "LaunchConfig") -> "LaunchConfig":
@@ -79,10 +79,26 @@ def _key(name: str) -> str:
     return name if name.startswith("num_") else name.upper()
 
 
-def _flag(value) -> bool:
-    return bool(int(value))
+# Each value of a table entry, checked as it is read: a hand-edited table is refused in one line, not at launch.
+def _flag(key: str, value, where: str) -> bool:
+    if value not in (0, 1):  # JSON true and false are 1 and 0 here
+        raise ConfigError(f"{where}: {key} {value!r}: give 0 or 1")
+    return bool(value)
 
 
-_TYPES = {f.name: (Fp8Method if f.name == "method" else _flag if "bool" in str(f.type) else int)
+def _whole(key: str, value, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}: {key} {value!r}: give a whole number >= 1")
+    return value
+
+
+def _method(key: str, value, where: str) -> Fp8Method:
+    try:
+        return Fp8Method(value)
+    except ValueError:
+        raise ConfigError(f"{where}: {key} {value!r}: give one of {', '.join(m.value for m in Fp8Method)}") from None
+
+
+_TYPES = {f.name: (_method if f.name == "method" else _flag if "bool" in str(f.type) else _whole)
           for f in fields(LaunchConfig)}
 _KEYS = tuple(_key(n) for n in _TYPES)

@@ -16,6 +16,7 @@ from torch import nn
 from hosttune_engine.kernels import tuning
 from hosttune_engine.layers.backend import set_kernel_backend
 from hosttune_engine.planner.build import PlanInputs, build_plan
+from hosttune_engine.planner.tables import check_tables
 from hosttune_engine.plan.gpus import GpuInfo
 from hosttune_engine.plan.kinds import Op
 from hosttune_engine.plan.plan import KernelPlan
@@ -25,7 +26,8 @@ from hosttune_engine.quant.quant_linear import QuantLinear
 log = logging.getLogger(__name__)
 
 def table_and_name(gpu: GpuInfo) -> tuple[dict, str]:
-    """The GPU's merged tuned table and where it came from, in words."""
+    """The GPU's merged tuned table and where it came from, in words (its files checked first)."""
+    check_tables(gpu.name)
     return tuning.table_for(gpu.name, gpu.present), ", ".join(tuning.table_sources(gpu.name, gpu.present)) or "none"
 
 

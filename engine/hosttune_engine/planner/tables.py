@@ -1,0 +1,52 @@
+"""The tuned tables a plan reads for a GPU, checked before their entries are merged: the explicit table
+(`$HOSTTUNE_KERNEL_CONFIGS`, {gpu: {kernel: {key: config}}}) and the cache's tables tuned on that GPU
+({"kernels": {kernel: {key: config}}}). A hand-edited table that does not parse is refused in one line that
+names its file, not ignored and not met as a traceback at launch."""
+
+from __future__ import annotations
+
+import json
+
+from hosttune_engine.errors import ConfigError
+from hosttune_engine.kernels import tuning
+from hosttune_engine.plan.launch import LaunchConfig
+
+
+def check_tables(gpu: str) -> None:
+    """Raise a `ConfigError` naming the file of the first malformed table `gpu`'s plan would read."""
+    path = tuning.user_table_path()
+    if path.is_file():
+        raw = _parse(path)
+        _object(raw, f"{path}", "GPU names")
+        if gpu in raw:
+            _kernels(raw[gpu], f"{path}: {gpu!r}")
+    for key, kernels in tuning.cached_tables():
+        if key.gpu == gpu:
+            _kernels(kernels, f"{tuning.cache_path(key)}: kernels")
+
+
+def _parse(path) -> object:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} (a tuned table): cannot read it: {e}") from None
+    except ValueError as e:
+        raise ConfigError(f"{path} (a tuned table) is not JSON: {e}; fix it or remove it") from None
+
+
+def _kernels(kernels: object, where: str) -> None:
+    _object(kernels, where, "kernels")
+    for kernel, entries in kernels.items():
+        _object(entries, f"{where} {kernel}", "entries")
+        for name, entry in entries.items():
+            _object(entry, f"{where} {kernel} {name}", "launch-config keys")
+            LaunchConfig.from_table(entry, f"{where} {kernel} {name}")
+
+
+def _object(value: object, where: str, of: str) -> None:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: holds a JSON {_json_type(value)}, not an object of {of}")
+
+
+def _json_type(value: object) -> str:
+    return {list: "list", str: "string", int: "int", float: "number", bool: "boolean"}.get(type(value), "null")
