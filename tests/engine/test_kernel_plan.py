@@ -124,6 +124,27 @@ def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no
     assert "qkv_proj:" in format_plan(_plan("NVIDIA H200"))
 
 
+def test_the_plan_command_takes_a_gpu_as_its_tables_spell_it(no_user_tables, capsys):
+    """A family ('H200', as the unknown-GPU error lists them) or another case names the GPU whose tuned table
+    the engine on it would read; a name that two tables contain is refused, not guessed."""
+    for name in ("H200", "nvidia h200", "NVIDIA H200"):
+        main(["plan", "--model", str(QWEN7B), "--gpu", name])
+        assert "GPU: NVIDIA H200 (compute capability 9.0);" in capsys.readouterr().out
+    tuning.save_config("gemv", "bfloat16-m1", "NVIDIA H100 80GB HBM3", {"BLOCK_N": 8}, no_user_tables / "t.json")
+    tuning.save_config("gemv", "bfloat16-m1", "NVIDIA H100 PCIe", {"BLOCK_N": 8}, no_user_tables / "t.json")
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv(tuning.USER_ENV, str(no_user_tables / "t.json"))
+        tuning.reload_tables()
+        with pytest.raises(SystemExit) as exit_:
+            main(["plan", "--model", str(QWEN7B), "--gpu", "h100"])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and "'NVIDIA H100 80GB HBM3', 'NVIDIA H100 PCIe'" in err
+        main(["plan", "--model", str(QWEN7B), "--gpu", "H100 PCIe"])
+        assert "GPU: NVIDIA H100 PCIe (compute capability 9.0);" in capsys.readouterr().out
+    main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA L40S"])  # no table: the name as given
+    assert "GPU: NVIDIA L40S (compute capability 8.9);" in capsys.readouterr().out
+
+
 def _float16_model(folder: Path) -> Path:
     text = (QWEN7B / "config.json").read_text()
     assert '"torch_dtype": "bfloat16"' in text

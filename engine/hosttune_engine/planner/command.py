@@ -12,6 +12,7 @@ from hosttune_engine.planner.build import PlanInputs, build_plan
 from hosttune_engine.plan.gpus import CPU, named_gpu, present_gpu
 from hosttune_engine.plan.plan import KernelPlan
 from hosttune_engine.planner.prepare import table_and_name
+from hosttune_engine.planner.tables import table_name
 from hosttune_engine.quant.preflight import resolve_spec
 
 
@@ -38,7 +39,7 @@ def plan_from_args(args: argparse.Namespace) -> KernelPlan:
     """The plan `hosttune-engine plan` prints: of the activations serve would compute in on that GPU."""
     cfg = ModelConfig.from_folder(args.model)
     spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization else "auto", args.model)
-    gpu = named_gpu(args.gpu) if args.gpu is not None else _this_gpu()  # --gpu '' is unknown, not this GPU
+    gpu = named_gpu(table_name(args.gpu)) if args.gpu is not None else _this_gpu()  # --gpu '' is unknown
     dtype = getattr(torch, activation_dtype(args.dtype, cfg.dtype, gpu.is_cuda))
     inputs = PlanInputs(cfg, gpu, dtype, spec, use_triton=gpu.is_cuda,
                         kv_cache_fp8=args.kv_cache_dtype == "fp8")

@@ -6,6 +6,7 @@ names its file, not ignored and not met as a traceback at launch."""
 from __future__ import annotations
 
 import json
+import re
 
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.kernels import tuning
@@ -23,6 +24,29 @@ def check_tables(gpu: str) -> None:
     for key, kernels in tuning.cached_tables():
         if key.gpu == gpu:
             _kernels(kernels, f"{tuning.cache_path(key)}: kernels")
+
+
+def table_name(name: str) -> str:
+    """The GPU name a tuned table spells `name` as: the same name in another case, or the one table name that holds
+    it as whole words ("H200" -> "NVIDIA H200"); else `name` itself. A name that several tables hold is refused."""
+    names, wanted = _table_names(), name.strip()
+    same = [n for n in names if n.lower() == wanted.lower()]
+    if same or not wanted:
+        return same[0] if same else name
+    words = re.compile(rf"(?<!\w){re.escape(wanted)}(?!\w)", re.IGNORECASE)
+    holding = sorted(n for n in names if words.search(n))
+    if len(holding) > 1:
+        raise ConfigError(f"--gpu {name!r}: several GPUs have tuned tables: {', '.join(map(repr, holding))}; "
+                          "give one of those names")
+    return holding[0] if holding else name
+
+
+def _table_names() -> set[str]:
+    names = {key.gpu for key, _ in tuning.cached_tables()}
+    for path in (tuning.SHIPPED, tuning.user_table_path()):
+        raw = _parse(path) if path.is_file() else {}
+        names |= set(raw) if isinstance(raw, dict) else set()
+    return names
 
 
 def _parse(path) -> object:
