@@ -512,7 +512,7 @@ def test_a_failed_install_changes_nothing_live(tmp_path):
 def test_help_says_where_each_default_comes_from():
     deploy_help = " ".join(runner.invoke(app, ["deploy", "--help"], env={"COLUMNS": "250"}).output.split())
     for text in ("(default: the inventory's deploy.warmup, else 3)", "(default: the inventory's deploy.health_timeout, else 600)",
-                 "(default: the inventory's deploy.gate_timeout, else 60)", "failed (default: no limit; with --serial)",
+                 "(default: the inventory's deploy.gate_timeout, else 60)", "failed (default: no limit; needs --serial)",
                  "made by the first deploy, not by --dry-run", "hosttune-GROUP.conf for nginx", "With --canary: a hosttune bench"):
         assert text in deploy_help, text
     build_help = " ".join(runner.invoke(app, ["build", "--help"], env={"COLUMNS": "250"}).output.split())
