@@ -20,10 +20,13 @@ from hosttune.deploy.model import ModelShape, read_model
 from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutRequest, host_abi, place, plan_layout, preflight,
                                        preflight_host)
 from hosttune.deploy.plan import Role, check_sharing, make_release
+from hosttune.deploy.ports import check_ports, listeners
 from hosttune.deploy.replicas import make_layout_release
+from hosttune.deploy.router import router_ports
 from hosttune.deploy.settings import Overrides, ServeSettings, Timeouts, resolve
 from hosttune.deploy.shape import Guard, Shape, declared, read_live, record
 from hosttune.deploy.state import read_cordon
+from hosttune.deploy.units import ROUTER_UNIT
 from hosttune.deploy import tune
 from hosttune.errors import HosttuneError
 from hosttune.probes.facts import Facts
@@ -139,8 +142,14 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
                    layout.replicas_per_gpu)
     release = make_layout_release(preset, settings, layout, entry, host.name, access, shape) \
         if role.kind == "single" else make_release(preset, settings, placement, entry, role, access, shape)
+    _check_listeners(host, layout, settings, access, release)
     return HostJob(host, preset, settings, placement, entry, release, python, layout, access, read,
                    select(facts).packages, guard=guard, tune_s=request.tune_s)
+
+
+def _check_listeners(host: Host, layout: Layout, settings: ServeSettings, access, release) -> None:
+    router = router_ports(layout) if ROUTER_UNIT in release.units else None
+    check_ports(host.name, listeners(layout, settings.port, access.front.port if access.front else None, router))
 
 
 def _settings(host: Host, preset, request: DeployRequest) -> ServeSettings:

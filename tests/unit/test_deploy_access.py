@@ -239,6 +239,26 @@ def test_a_dry_run_of_one_service_shows_the_flag_check_and_the_gate_where_the_ru
     assert ops[at["check the engine's flags"]].endswith("` (before anything live changes)")
 
 
+@pytest.mark.parametrize("engine, deploy, gpus, message", [
+    ("vllm", "port: 8080\nnginx: {port: 8080}\n", "0",
+     "port 8080 would be taken twice: by the engine and by the host's nginx (deploy.nginx.port)"),
+    ("custom", "port: 8080\nreplicas: 2\nnginx: {port: 8081}\n", "0-1",
+     "port 8081 would be taken twice: by replica 0 and by the host's nginx (deploy.nginx.port)"),
+    ("custom", "port: 8080\nreplicas: 2\nrouter: true\nnginx: {port: 8084}\n", "0-1",
+     "port 8084 would be taken twice: by the host's nginx (deploy.nginx.port) and by the prefix router's /metrics"),
+])
+def test_a_front_on_a_port_the_engine_or_its_replicas_take_is_refused_before_anything_is_sent(tmp_path, engine, deploy,
+                                                                                               gpus, message):
+    with pytest.raises(DeployError) as err:
+        _job(tmp_path, engine, deploy, gpus=gpus)
+    assert str(err.value) == f"gpu-a: {message}; give deploy.nginx.port or --port another port"
+
+
+def test_a_front_on_its_own_port_is_planned(tmp_path):
+    job = _job(tmp_path, "custom", "port: 8080\nreplicas: 2\nrouter: true\nnginx: {port: 8443}\n", gpus="0-1")
+    assert job.access.front.port == 8443 and len(job.layout.replicas) == 2
+
+
 def test_the_front_upstream_is_the_hosts_replicas_on_loopback():
     up = front_upstream(Access("prod", None, Front(80)), "vllm", (8000, 8001))
     assert up.backends == ("127.0.0.1:8000", "127.0.0.1:8001") and up.listen == 80 and up.tls_cert is None
