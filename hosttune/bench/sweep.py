@@ -35,8 +35,11 @@ class SweepConfig:
     def __post_init__(self) -> None:
         if not 0 < self.start_rate <= self.max_rate < math.inf:
             raise BenchError("--sweep-start must be positive and at most --sweep-max, a finite rate")
-        if not 1 < self.growth < math.inf or not 0 < self.precision < 1 or self.max_steps < 1:
-            raise BenchError("sweep growth must be > 1 and precision in (0, 1)")
+        if not 1 < self.growth < math.inf:
+            raise BenchError(f"--sweep-growth {self.growth:g}: give a factor > 1 between steps, e.g. 2")
+        if not 0 < self.precision < 1:
+            raise BenchError(f"--sweep-precision {self.precision:g}: give a fraction between 0 and 1, e.g. 0.05")
+        assert self.max_steps >= 1
 
 
 @dataclass(frozen=True)

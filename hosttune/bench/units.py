@@ -19,6 +19,14 @@ def parse_duration(text: str, what: str = "duration") -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+def parse_positive_duration(text: str, what: str) -> float:
+    """Seconds in `text`, as `parse_duration`, refusing zero."""
+    seconds = parse_duration(text, what)
+    if seconds <= 0:
+        raise BenchError(f"{what} {text}: give a positive time, e.g. 1s")
+    return seconds
+
+
 def parse_slo(text: str, percentile: float = 95, max_error_rate: float = 0.01) -> Slo:
     """`ttft=500ms,tpot=50ms,e2e=2s` (any subset) into an Slo."""
     limits: dict[str, float] = {}

@@ -19,7 +19,7 @@ from hosttune.bench.loadgen import Load, Progress as LoadProgress
 from hosttune.bench.metrics import Slo, summarize
 from hosttune.bench.sweep import SweepConfig, sweep as run_sweep
 from hosttune.bench.trace import load_trace
-from hosttune.bench.units import parse_duration, parse_shared_prefix, parse_slo
+from hosttune.bench.units import parse_duration, parse_positive_duration, parse_shared_prefix, parse_slo
 from hosttune.cli.common import why_not_written
 from hosttune.cli.progress import Progress
 from hosttune.cli.tables import table_renderer
@@ -38,7 +38,8 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         raise BenchError(f"{'--cacert' if cacert else '--insecure'} is about https certificates, and every --url here is "
                          "http://; leave it out, or give the https:// URL")
     config = SweepConfig(sweep_start, sweep_max, sweep_growth, sweep_precision) if sweep else None
-    slo_value = _slo(slo or (DEFAULT_SWEEP_SLO if sweep else None), slo_percentile, max_error_rate)
+    slo_value = _slo(slo if slo is not None else (DEFAULT_SWEEP_SLO if sweep else None), slo_percentile,
+                     max_error_rate)  # --slo '' is refused as naming no limit, not taken for no SLO
     grid = parse_shared_prefix(shared_prefix) if shared_prefix else None
     replay = load_trace(trace) if trace is not None else None
     users = _users(users, rate, grid, replay is not None or sweep)
@@ -47,8 +48,8 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         load=_load(users, rate, burstiness, duration, requests, warmup, timeout, seed, sweep, sweep_start,
                    max_concurrency, replay.arrivals if replay else None),
         prompt_lengths=prompts, output_lengths=max_tokens, api=api, model=model,
-        tokenizer=tokenizer, timeout=parse_duration(timeout, "--timeout"), slo=slo_value,
-        lag_limit=parse_duration(max_client_lag, "--max-client-lag"), is_ignore_eos=ignore_eos,
+        tokenizer=tokenizer, timeout=parse_positive_duration(timeout, "--timeout"), slo=slo_value,
+        lag_limit=parse_positive_duration(max_client_lag, "--max-client-lag"), is_ignore_eos=ignore_eos,
         headers=request_headers(header, api_key),
         dataset=dataset, shared_prefix=grid, prefix_tokens=prefix_tokens, turns=turns, trace=replay,
         metrics_interval=interval or None, priority=priority,
@@ -73,8 +74,8 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
 def _check_used(given, *, slo, sweep, rate, shared_prefix) -> None:
     """An option given on the command line whose feature is off would change nothing: say so, rather than run
     as if it had been honoured."""
-    needs = {"slo_percentile": ("--slo or --sweep", bool(slo) or sweep),
-             "max_error_rate": ("--slo or --sweep", bool(slo) or sweep),
+    needs = {"slo_percentile": ("--slo or --sweep", slo is not None or sweep),
+             "max_error_rate": ("--slo or --sweep", slo is not None or sweep),
              "burstiness": ("--rate or --sweep", rate is not None or sweep),
              "prefix_tokens": ("--shared-prefix", shared_prefix is not None),
              **{f"sweep_{part}": ("--sweep", sweep) for part in ("start", "max", "growth", "precision")}}
@@ -84,7 +85,7 @@ def _check_used(given, *, slo, sweep, rate, shared_prefix) -> None:
 
 
 def _slo(text: Optional[str], percentile: float, max_error_rate: float) -> Optional[Slo]:
-    return parse_slo(text, percentile, max_error_rate) if text else None
+    return parse_slo(text, percentile, max_error_rate) if text is not None else None
 
 
 def _users(users, rate, grid, is_open) -> Optional[int]:

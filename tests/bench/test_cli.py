@@ -84,6 +84,20 @@ def test_bad_options_are_user_errors():
     assert result.exit_code == 2 and "either --users" in result.output
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--users", "2", "--slo", ""], "SLO '' names no limit"),
+    (["--sweep", "--slo", " "], "SLO ' ' names no limit"),
+    (["--sweep", "--sweep-growth", "1"], "--sweep-growth 1: give a factor > 1"),
+    (["--sweep", "--sweep-growth", "nan"], "--sweep-growth nan: give a factor > 1"),
+    (["--sweep", "--sweep-precision", "5"], "--sweep-precision 5: give a fraction between 0 and 1"),
+    (["--users", "2", "--timeout", "0s"], "--timeout 0s: give a positive time"),
+    (["--users", "2", "--max-client-lag", "0ms"], "--max-client-lag 0ms: give a positive time"),
+])
+def test_a_bad_value_is_named_with_its_option(args, message):
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", *args])
+    assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1, result.output
+
+
 def test_duration_and_requests_together_is_a_user_error():
     result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--duration", "5s",
                                  "--requests", "10"])
