@@ -235,7 +235,7 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
         # `previous` goes back to what it named before this deploy (never to the release now live again)
         keep = before.previous if before.previous not in (None, target) else None
         link = [Symlink(PREVIOUS, keep)] if keep else [Remove(PREVIOUS)]
-        check = _bring_back(transport, job, previous, link, failed_replica)
+        check = _bring_back(transport, Back(previous, job.release, job.settings, job.access), link, failed_replica)
     except HosttuneError as exc:
         return replace(failed, error=f"{failed.error}; putting the previous release back failed too: {exc}")
     serving = previous.id if check.ok else None
@@ -243,21 +243,31 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
     return replace(failed, serving=serving, restored=previous.id, error=failed.error + note)
 
 
-def _bring_back(transport: Transport, job: HostJob, previous: Release, link: list[Op],
-                failed_replica: int | None) -> GateResult:
-    """Activate `previous` again; replicas are rolled back one at a time like a deploy."""
+@dataclass(frozen=True)
+class Back:
+    """A release to make live again in place of one that failed its gate."""
+
+    previous: Release
+    failed: Release
+    base: ServeSettings  # this run's deadlines
+    access: Access  # the host's front, put back over one service
+
+
+def _bring_back(transport: Transport, back: Back, link: list[Op], failed_replica: int | None) -> GateResult:
+    """Activate `back.previous` again; replicas are rolled back one at a time like a deploy."""
+    previous = back.previous
     after = read_state(transport, previous.id, [])
-    settings, health = _settings_of(previous, job.settings), load_preset(previous.engine).serve.health
+    settings, health = _settings_of(previous, back.base), load_preset(previous.engine).serve.health
     if not previous.replicas:
         run_ops(transport, rolling.leave_ops(after) + dplan.activate_ops(previous, after, keep_previous=True) + link)
         gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
-        if gate.ok and job.release.replicas:  # leave_ops took the replicas' nginx config: the front again
-            run_ops(transport, front_ops(job.access, previous.engine, (settings.port,)))
+        if gate.ok and back.failed.replicas:  # leave_ops took the replicas' nginx config: the front again
+            run_ops(transport, front_ops(back.access, previous.engine, (settings.port,)))
         return gate
     run_ops(transport, rolling.switch_ops(previous, after, keep_previous=True) + link)
     # Replicas after the failed one never left the previous release: only those before it, and it, go back.
     moved = None
-    if failed_replica is not None and rolling.indices(previous) == rolling.indices(job.release):
+    if failed_replica is not None and rolling.indices(previous) == rolling.indices(back.failed):
         moved = [i for i in rolling.indices(previous) if i <= failed_replica]
     gate, bad = rolling.roll(transport, previous, settings, health, only=moved)
     run_ops(transport, rolling.retire_ops(previous, read_state(transport, previous.id, [])))
@@ -294,7 +304,7 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_
         if bad is None:
             run_ops(transport, rolling.retire_ops(previous, state))
             return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id, gate)
-        return HostDeploy(host, Outcome.FAILED, previous.id, None, gate, gate.summary(), journal_tail(transport, replica_unit(bad)))
+        return _rollback_failed(transport, host, state, previous, timeouts, gate, bad)
     leave = rolling.leave_ops(state)
     run_ops(transport, dplan.verify_ops(previous) + leave + dplan.activate_ops(previous, state))
     if SERVE_UNIT not in previous.units:
@@ -304,7 +314,25 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_
         if leave:  # the replicas' nginx config went with them: the one service's front again
             run_ops(transport, front_ops(Access(host.group, front=front_for(host)), previous.engine, (settings.port,)))
         return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id, gate)
-    return HostDeploy(host, Outcome.FAILED, previous.id, None, gate, gate.summary(), journal_tail(transport, SERVE_UNIT))
+    return _rollback_failed(transport, host, state, previous, timeouts, gate, None)
+
+
+def _rollback_failed(transport: Transport, host: Host, before: HostState, previous: Release, timeouts: ServeSettings,
+                     gate: GateResult, bad: int | None) -> HostDeploy:
+    """The release rolled back to failed its gate: keep the evidence, then make the one it replaced live again,
+    with `previous` naming the failed one as before, so nothing is lost."""
+    journal = journal_tail(transport, replica_unit(bad) if bad is not None else SERVE_UNIT)
+    failed = HostDeploy(host, Outcome.FAILED, previous.id, None, gate, gate.summary(), journal)
+    if before.current is None:
+        return failed
+    try:
+        left = load_release(transport, before.current)
+        back = Back(left, previous, timeouts, Access(host.group, front=front_for(host)))
+        check = _bring_back(transport, back, [Symlink(PREVIOUS, previous.dir)], bad)
+    except HosttuneError as exc:
+        return replace(failed, error=f"{failed.error}; putting {release_name(before.current)} back failed too: {exc}")
+    note = "" if check.ok else f"; {left.id} did not come back healthy either: {check.error}"
+    return replace(failed, serving=left.id if check.ok else None, restored=left.id, error=failed.error + note)
 
 
 def _settings_of(release: Release, base: ServeSettings) -> ServeSettings:

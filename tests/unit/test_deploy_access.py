@@ -23,6 +23,7 @@ from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy, deploy_one, rollback_one
 from hosttune.deploy.front import NGINX_CONF, front_ops, front_upstream, key_ops
 from hosttune.actions.base import Command, FileWrite, describe
+from hosttune.deploy.recap import render
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.shape import Shape
 from hosttune.deploy.units import REPLICA_TEMPLATE, Upstream, render_nginx
@@ -321,6 +322,33 @@ def test_rolling_back_from_replicas_to_a_fronted_service_puts_its_front_back(tmp
     removed = next(i for i, a in enumerate(argvs) if a[:2] == ("sh", "-c") and a[4] == "remove" and a[5] == NGINX_CONF)
     written = next(i for i, a in enumerate(argvs) if a[:2] == ("sh", "-c") and a[4] == "write" and a[5] == NGINX_CONF + ".new")
     assert removed < written and argvs[-1] == ("systemctl", "reload-or-restart", "nginx")
+
+
+class FirstGateFails(ScriptedTransport):
+    """The first gate fails (the release rolled back to does not come up), every later one passes."""
+
+    def _command(self, argv, stdin, timeout):
+        result = super()._command(argv, stdin, timeout)
+        if tuple(argv[:2]) == ("python3", "-c") and "UNKNOWN" not in argv[2]:
+            self.gate_ok = True
+        return result
+
+
+def test_a_rollback_whose_release_fails_its_gate_puts_back_the_release_it_left(tmp_path):
+    older = _job(tmp_path / "p", "vllm", "port: 8000\n").release
+    live = _job(tmp_path / "c", "vllm", "port: 8000\nvllm: {max-num-seqs: 8}\n").release
+    (host, _) = _hosts(tmp_path, "port: 8000\n")
+    log: list = []
+    t = FirstGateFails("gpu-a", log, gate_ok=False, state=f"current:{live.dir}\nprevious:{older.dir}\n")
+    for release in (older, live):
+        t.files[f"{release.dir}/.hosttune/release.json"] = release.manifest()
+        t.files.update({f"{release.dir}/.hosttune/{name}": body for name, body in release.units.items()})
+    outcome = rollback_one(t, host, ServeSettings("", "", 1, {}, {}))
+    assert outcome.state == "failed" and outcome.serving == live.id and outcome.restored == live.id, outcome
+    assert outcome.error.startswith("gate failed at health: boom") and outcome.journal
+    links = {a[5]: a[6] for _, a in log if a[:2] == ("sh", "-c") and a[4] == "link"}  # the last link of each
+    assert links == {"/opt/hosttune/current": live.dir, "/opt/hosttune/previous": older.dir}
+    assert f"previous release {live.id} put back and serving" in render([outcome])
 
 
 def test_the_canary_bench_calls_a_host_as_its_callers_do_with_the_key_through_its_front(tmp_path):
