@@ -25,6 +25,7 @@ from hosttune.errors import BenchError
 
 COMPLETIONS = "completions"
 CHAT = "chat"
+ERROR_BYTES = 500  # of an error body kept in a record: an OpenAI error message whole, not a page of HTML
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def _result(sent: float, response: Response) -> StreamResult:
     last = response.last_at or time.perf_counter()
     if response.events is None:
         outcome = REJECTED if response.status == 429 else FAILED
-        error = f"http {response.status}: {bytes(response.body[:200]).decode(errors='replace')}"
+        error = f"http {response.status}: {bytes(response.body[:ERROR_BYTES]).decode(errors='replace')}"
         return StreamResult(sent, last, array("d"), outcome, response.status, error, 0, None,
                             retry_after=retry_after_seconds(response.headers.get("retry-after")))
     events = response.events.result(last)

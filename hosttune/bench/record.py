@@ -6,6 +6,8 @@ to the start of the run, so records of one run compare directly.
 
 from __future__ import annotations
 
+import json
+import re
 from array import array
 from dataclasses import dataclass, field
 
@@ -47,6 +49,32 @@ class RequestRecord:
     @property
     def e2e(self) -> float:
         return self.end - self.sent
+
+    @property
+    def reason(self) -> str:
+        """The failure in one line: an error body's OpenAI `message` where it has one, after the status."""
+        head, sep, body = self.error.partition(": ")
+        if not (sep and head.startswith("http ")):
+            return _one_line(self.error)
+        return f"{head.removeprefix('http ')}: {_one_line(_message(body))}"
+
+
+_MESSAGE = re.compile(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)')  # in a body cut short too
+
+
+def _message(body: str) -> str:
+    found = _MESSAGE.search(body)
+    if not found:
+        return body
+    try:
+        return json.loads(f'"{found.group(1)}"')
+    except ValueError:  # an escape cut in half at the body's end
+        return found.group(1)
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:299] + "…"
 
 
 @dataclass(frozen=True)

@@ -174,8 +174,13 @@ def _unanswered(outcome: report.Outcome) -> list[str]:
     """One line per run in which every measured request failed: such a run measured nothing."""
     return [f"all {s.num_requests} measured requests to {run.url} failed "
             f"({', '.join(f'{k}: {v}' for k, v in s.errors_by_status.items())}), so nothing was measured; "
-            "check --model and --api, and that it is an OpenAI-compatible server"
+            f"the first {_first_failure(run)}; check --model and --api, and that it is an OpenAI-compatible server"
             for run, s in outcome.runs if s.num_requests and s.num_failed == s.num_requests]
+
+
+def _first_failure(run) -> str:
+    first = min((r for r in run.requests if not r.is_warmup), key=lambda r: r.sent)
+    return f"{'answered' if first.status else 'failed:'} {first.reason}"
 
 
 def _exit_code(outcome: report.Outcome) -> int:

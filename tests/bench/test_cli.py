@@ -282,9 +282,22 @@ def test_a_run_in_which_every_request_failed_is_reported_and_exits_2(tmp_path):
                                      "--max-client-lag", "1s"])  # a loaded CI runner's loop lag is not this test's
     assert result.exit_code == 2 and "404: 3" in result.stdout  # the report is printed and written all the same
     assert result.stderr.splitlines()[-1] == (f"hosttune: all 3 measured requests to {url} failed (404: 3), so nothing "
-                                              "was measured; check --model and --api, and that it is an "
-                                              "OpenAI-compatible server")
+                                              "was measured; the first answered 404: File not found; check --model "
+                                              "and --api, and that it is an OpenAI-compatible server")
     assert json.loads((tmp_path / "results.json").read_text())["runs"][0]["summary"]["num_failed"] == 3
+
+
+def test_a_run_in_which_every_request_failed_quotes_the_servers_reason():
+    """A server that refuses each request (a prompt past its context, say) says why in its error body: the line
+    quotes that, whitespace folded, not only the status."""
+    body = b'{"error": {"message": "This model\'s maximum context length is 1024 tokens.\\nHowever you asked for 5008"}}'
+    with not_openai(400, body) as url:
+        result = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "1", "--requests", "2",
+                                     "--warmup", "0", "--prompts", "8", "--max-tokens", "5000",
+                                     "--max-client-lag", "1s"])
+    assert result.exit_code == 2
+    assert ("failed (400: 2), so nothing was measured; the first answered 400: This model's maximum context length "
+            "is 1024 tokens. However you asked for 5008; check --model") in result.stderr.splitlines()[-1]
 
 
 @contextmanager
