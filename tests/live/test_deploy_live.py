@@ -86,12 +86,20 @@ def test_deploy_custom_engine_gate_redeploy_broken_rollback(live_fleet, fresh_ho
     assert show(host, "MainPID", "ExecMainStartTimestampMonotonic") == first
     assert host.exec("ls /opt/hosttune/releases").stdout.split() == [release]
 
-    # 3. a model folder the host lacks is refused before anything changes; a broken one (its weights
-    #    are missing) fails the gate, the journal shows why, the previous release is put back and serves
+    # 3. a model folder the host lacks, or one without its weights, is refused before anything changes; a
+    #    broken one (its weights file cut short) fails the gate, the journal shows why, the previous release
+    #    is put back and serves
     result, _ = deploy(inventory, wheelhouse, port, model="/srv/models/missing")
     assert result.exit_code == 2 and "the model folder /srv/models/missing does not exist on the host" in result.stdout
+    unweighted = "/srv/models/unweighted"
+    shutil.copytree(tiny_model, host.path(unweighted), ignore=shutil.ignore_patterns("*.safetensors"))
+    result, _ = deploy(inventory, wheelhouse, port, model=unweighted)
+    assert result.exit_code == 2 and f"the model folder {unweighted} has no weights (*.safetensors)" in result.stdout
+    assert host.exec("readlink /opt/hosttune/current").stdout.strip() == f"/opt/hosttune/releases/{release}"
     broken = "/srv/models/broken"
-    shutil.copytree(tiny_model, host.path(broken), ignore=shutil.ignore_patterns("*.safetensors"))
+    shutil.copytree(tiny_model, host.path(broken))
+    weights = host.path(f"{broken}/model.safetensors")
+    weights.write_bytes(weights.read_bytes()[:64])  # a copy that stopped: its header is cut
     result, timings["broken deploy"] = deploy(inventory, wheelhouse, port, model=broken)
     assert result.exit_code == 2, result.output
     out = result.stdout
