@@ -20,7 +20,7 @@ from hosttune.deploy.canary import CanaryBench, canary_check
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.placement import parse_gpus, parse_replicas
-from hosttune.deploy.rollout import DeployRequest, deploy_fleet, rollback_fleet
+from hosttune.deploy.rollout import DeployRequest, deploy_fleet, rollback_fleet, rollout_units
 from hosttune.deploy.settings import Timeouts, parse_sets
 from hosttune.fleet_runner import Outcome, exit_code
 
@@ -105,12 +105,14 @@ def deploy(
     with Progress("planning", total=len(inv.hosts)) as progress:
         plans = deploy_fleet(inv, replace(request, dry_run=True, serial=None, canary=0),
                              on_host_done=lambda name, d: progress.advance(name, d.state))
-    typer.echo(recap.render(plans) + "\n" + recap.plan_line(plans))
+    ready = {o.host.name for o in plans if o.state in (Outcome.PLANNED, Outcome.UNCHANGED)}
+    order = recap.rollout_line([[h.name for h in unit] for unit in rollout_units(only(inv, ready), request.engine)]
+                               if ready else [], serial, canary, max_fail_percent, canary_slo)
+    typer.echo(recap.render(plans) + "\n" + (order + "\n" if order else "") + recap.plan_line(plans))
     due = [o for o in plans if o.state is Outcome.PLANNED]
     if not due or not go_ahead(f"Deploy to {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run,
                                needs_yes=_taking_away(due)):
         raise typer.Exit(exit_code(plans))
-    ready = {o.host.name for o in plans if o.state in (Outcome.PLANNED, Outcome.UNCHANGED)}
     with Progress("deploying", total=len(ready)) as progress:
         done = deploy_fleet(only(inv, ready), request, canary_check=check,
                             on_batch=lambda batch: progress.note(recap.batch_line(batch)) if serial or canary else None,

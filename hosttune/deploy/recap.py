@@ -41,6 +41,31 @@ def batch_line(outcomes: list[HostDeploy]) -> str:
     return "batch done: " + ", ".join(f"{o.host.name} {o.state}" for o in outcomes)
 
 
+def rollout_line(units: list[list[str]], serial: int | None, canary: int, max_fail_percent: float | None,
+                 slo: str | None) -> str | None:
+    """In what order the run takes the hosts it deploys (units: a host, or a multi-node group, in roll order);
+    None when it takes them all at once."""
+    if not serial and not canary:
+        return None
+    names = [", ".join(unit) for unit in units]
+    first, rest = names[:canary], names[canary:]
+    order = " then ".join(", ".join(names_) for names_ in _batches(rest, serial)) + (
+        f" (batches of {serial})" if serial and len(rest) > serial else "")
+    if first:
+        they = "it is" if len(first) == 1 else "they are"
+        meet = f" and meet --canary-slo {slo}" if slo else ""
+        order = (f"the canar{'y' if len(first) == 1 else 'ies'} {', '.join(first)} first"
+                 + (f"; {order} only once {they} deployed{meet}" if rest else ""))
+    budget = f"; no batch starts once more than {max_fail_percent:g}% of the hosts tried failed" \
+        if max_fail_percent is not None and len(rest) > (serial or len(rest)) else ""
+    return f"rollout: {order}{budget}"
+
+
+def _batches(names: list[str], serial: int | None) -> list[list[str]]:
+    size = serial or len(names) or 1
+    return [names[i:i + size] for i in range(0, len(names), size)]
+
+
 def plan_line(plans: list[HostDeploy], verb: str = "deploy to") -> str:
     """The plan's last line: how many hosts it changes, and how many it takes something away from."""
     due = sum(1 for o in plans if o.state is Outcome.PLANNED)

@@ -518,3 +518,32 @@ def test_help_says_where_each_default_comes_from():
     build_help = " ".join(runner.invoke(app, ["build", "--help"], env={"COLUMNS": "250"}).output.split())
     assert "custom is pure Python: Triton compiles on the host" in build_help
     assert "or the cached entry a build would reuse" in build_help and "(with --deps)" in build_help
+
+
+@pytest.mark.parametrize("serial, canary, budget, slo, line", [
+    (None, 0, None, None, None),  # all at once: nothing more to say than the plan line
+    (2, 0, None, None, "rollout: a, b then c, d then e (batches of 2)"),
+    (2, 0, 10.0, None, "rollout: a, b then c, d then e (batches of 2); no batch starts once more than 10% of the hosts "
+                       "tried failed"),
+    (None, 1, None, None, "rollout: the canary a first; b, c, d, e only once it is deployed"),
+    (2, 2, None, "e2e=2s", "rollout: the canaries a, b first; c, d then e (batches of 2) only once they are deployed "
+                           "and meet --canary-slo e2e=2s"),
+    (None, 5, None, None, "rollout: the canaries a, b, c, d, e first"),
+])
+def test_the_plan_says_in_what_order_the_hosts_roll(serial, canary, budget, slo, line):
+    from hosttune.deploy.recap import rollout_line
+
+    assert rollout_line([["a"], ["b"], ["c"], ["d"], ["e"]], serial, canary, budget, slo) == line
+
+
+def test_cli_a_dry_run_with_canaries_and_batches_prints_the_rollout_order(monkeypatch):
+    from hosttune.cli import deploy as deploy_cli
+    from hosttune.config.inventory import local_inventory
+
+    host = local_inventory().hosts[0]
+    monkeypatch.setattr(deploy_cli, "deploy_fleet", lambda inv, request, **kw: [
+        dhost.HostDeploy(host, Outcome.PLANNED, "custom-1", None, ops=("start hosttune-serve.service",))])
+    result = runner.invoke(app, ["deploy", "--engine", "custom", "--model", "/m", "--dry-run", "--canary", "1",
+                                 "--serial", "1"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-2:] == ["rollout: the canary localhost first", "plan: deploy to 1 of 1 host"]
