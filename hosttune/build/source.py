@@ -30,10 +30,11 @@ class Source:
         """The ref as it appears in the wheelhouse key: the ref and the commit it named."""
         if self.commit is None or self.commit.startswith(self.ref):
             return self.ref if self.commit is None else self.commit[:12]
-        return f"{_safe(self.ref)}-{self.commit[:12]}"
+        return f"{safe_ref(self.ref)}-{self.commit[:12]}"
 
 
-def _safe(text: str) -> str:
+def safe_ref(text: str) -> str:
+    """A ref as a wheelhouse key spells it: HEAD~1 as HEAD_1, release/v1 as release_v1."""
     return re.sub(r"[^A-Za-z0-9._+]+", "_", text)
 
 

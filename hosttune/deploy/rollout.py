@@ -10,6 +10,7 @@ from typing import Callable
 
 from hosttune.actions.platform import select
 from hosttune.build.archs import covers
+from hosttune.build.source import safe_ref
 from hosttune.build.wheelhouse import Entry, entries, read_entry
 from hosttune.deploy import multinode
 from hosttune.deploy.access import access_for
@@ -82,18 +83,23 @@ def for_host(host: Host, request: DeployRequest, live: Shape | None = None) -> D
 # -- deciding --------------------------------------------------------------------------
 
 
+def _of_ref(entry: Entry, ref: str) -> bool:
+    """The entry was built from `ref`: its key names it (as the key spells it), or its commit starts with it."""
+    name = safe_ref(ref)
+    return entry.key.ref in (ref, name) or entry.key.ref.startswith(name + "-") or (entry.commit or "").startswith(ref)
+
+
 def pick_entry(request: DeployRequest, abi: str | None, archs: tuple[str, ...], host: str) -> Entry:
     """The newest wheelhouse entry of the engine that this host can install and run."""
-    candidates = entries(request.wheelhouse, request.engine)
-    if request.ref:
-        candidates = [e for e in candidates if e.key.ref == request.ref or e.key.ref.startswith(request.ref + "-")
-                      or (e.commit or "").startswith(request.ref)]
+    built = entries(request.wheelhouse, request.engine)
+    candidates = [e for e in built if _of_ref(e, request.ref)] if request.ref else built
     fitting = [e for e in candidates if (e.is_pure or e.key.python_abi == abi)
                and all(covers(e.key.archs, a) for a in archs if e.key.archs)]
     if not fitting:
-        have = ", ".join(e.key.name for e in candidates) or "none"
+        have = ", ".join(e.key.name for e in built) or "none"
+        of_ref = f" of --ref {request.ref}" if request.ref else ""
         raise DeployError(
-            f"{host}: no {request.engine} wheels in {request.wheelhouse} fit this host (Python {abi or '?'}"
+            f"{host}: no {request.engine} wheels{of_ref} in {request.wheelhouse} fit this host (Python {abi or '?'}"
             f"{', GPUs ' + ','.join(archs) if archs else ''}; built: {have}). Run: hosttune build --engine {request.engine}"
             f"{' --ref ' + request.ref if request.ref else ''} --arch auto -i INVENTORY")
     entry = read_entry(fitting[0].path)  # hashed again: what gets shipped is what was built

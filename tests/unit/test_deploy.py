@@ -4,6 +4,7 @@ gate parsing, fleet units, and the failure and multi-node flows over a scripted 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import pytest
@@ -220,6 +221,22 @@ def test_host_state_and_gate_parsers():
 
 
 # -- choosing wheels ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ref, built", [("HEAD~1", "HEAD_1-0123456789ab"), ("release/v1.2", "release_v1.2-abcdefabcdef")])
+def test_deploy_ref_finds_the_build_of_a_ref_whose_name_the_key_spells_differently(tmp_path, ref, built):
+    wanted = fake_entry(tmp_path, "custom", archs=(), cuda=None, abi="cp311", ref=built)
+    fake_entry(tmp_path, "custom", archs=(), cuda=None, abi="cp311", ref="src.0123456789ab", built_at=time.time() + 60)
+    request = rollout.DeployRequest("custom", "/m", tmp_path, ref=ref)
+    assert rollout.pick_entry(request, "cp311", (), "h").path == wanted.path
+
+
+def test_deploy_ref_that_was_never_built_names_what_was(tmp_path):
+    fake_entry(tmp_path, "custom", archs=(), cuda=None, abi="cp311", ref="src.0123456789ab")
+    with pytest.raises(DeployError) as err:
+        rollout.pick_entry(rollout.DeployRequest("custom", "/m", tmp_path, ref="v9"), "cp311", (), "h")
+    assert "no custom wheels of --ref v9 in" in str(err.value)
+    assert "built: custom-src.0123456789ab-anyarch-anycuda-cp311)" in str(err.value)
 
 
 def test_pick_entry_fits_python_and_gpu(tmp_path):
