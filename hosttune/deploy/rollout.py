@@ -15,7 +15,7 @@ from hosttune.build.wheelhouse import Entry, entries, read_entry
 from hosttune.deploy import multinode
 from hosttune.deploy.access import access_for
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.front import on_loopback
+from hosttune.deploy.front import LOOPBACK, on_loopback
 from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, guarded, rollback_one
 from hosttune.deploy.model import ModelShape, read_model
 from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutRequest, host_abi, place, plan_layout, preflight,
@@ -24,7 +24,7 @@ from hosttune.deploy.plan import Role, check_sharing, make_release
 from hosttune.deploy.ports import check_ports, listeners
 from hosttune.deploy.replicas import make_layout_release
 from hosttune.deploy.router import router_ports
-from hosttune.deploy.settings import Overrides, ServeSettings, Timeouts, resolve
+from hosttune.deploy.settings import Overrides, ServeSettings, Timeouts, inventory_vars, resolve
 from hosttune.deploy.shape import Guard, Shape, declared, read_live, record
 from hosttune.deploy.state import read_cordon
 from hosttune.deploy.units import ROUTER_UNIT
@@ -136,6 +136,8 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
         layout = Layout((place(request.gpus or host.gpus, facts, host.name),), 0, "multi-node")
     placement = layout.replicas[0]
     access = access_for(host, request.keys_dir, makes_keys=request.makes_keys)
+    if access.front or layout.is_balanced:
+        _refuse_exposed_host(host, preset.name, request)
     if access.front:  # one service behind the host's nginx (replicas always are: make_layout_release)
         settings = on_loopback(settings)
     preflight(facts, host.name, layout, _device(settings))
@@ -151,6 +153,18 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
     _check_listeners(host, layout, settings, access, release)
     return HostJob(host, preset, settings, placement, entry, release, python, layout, access, read,
                    select(facts).packages, guard=guard, tune_s=request.tune_s)
+
+
+def _refuse_exposed_host(host: Host, engine: str, request: DeployRequest) -> None:
+    """Behind the host's nginx the engine listens on 127.0.0.1 (on_loopback): a host flag that says otherwise is
+    refused rather than overridden without a word."""
+    given = ((f"{host.source}: deploy.{engine}.", inventory_vars(host).get(engine) or {}),
+             ("--set ", request.overrides.flags))
+    for where, flags in given:
+        value = next((flags[k] for k in ("host", "--host") if k in flags), None)
+        if value is not None and str(value) != LOOPBACK:
+            raise DeployError(f"{where}host={value}: behind the host's nginx (deploy.nginx, or several replicas) the "
+                              f"engine listens on 127.0.0.1 only, so callers cannot go around the front: drop it")
 
 
 def _check_listeners(host: Host, layout: Layout, settings: ServeSettings, access, release) -> None:

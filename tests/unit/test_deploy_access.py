@@ -12,6 +12,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -258,6 +259,27 @@ def test_a_front_on_a_port_the_engine_or_its_replicas_take_is_refused_before_any
 def test_a_front_on_its_own_port_is_planned(tmp_path):
     job = _job(tmp_path, "custom", "port: 8080\nreplicas: 2\nrouter: true\nnginx: {port: 8443}\n", gpus="0-1")
     assert job.access.front.port == 8443 and len(job.layout.replicas) == 2
+
+
+@pytest.mark.parametrize("deploy, sets, gpus, where", [
+    ("nginx: {port: 8080}\nvllm: {host: 0.0.0.0}\n", (), "0", "deploy.vllm.host"),
+    ("nginx: {port: 8080}\n", ("host=0.0.0.0",), "0", "--set host"),
+    ("replicas: 2\n", ("host=10.0.0.1",), "0-1", "--set host"),
+])
+def test_an_engine_host_flag_behind_the_hosts_nginx_is_refused_not_overridden(tmp_path, deploy, sets, gpus, where):
+    from hosttune.deploy.settings import parse_sets
+
+    (a, _) = _hosts(tmp_path, deploy)
+    fake_entry(tmp_path / "wh", "vllm")
+    request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", gpus, keys_dir=tmp_path / "keys",
+                                    overrides=parse_sets(list(sets)))
+    with pytest.raises(DeployError) as err:
+        rollout.make_job(a, a100_facts(), request)
+    assert where in str(err.value) and str(err.value).endswith(
+        "behind the host's nginx (deploy.nginx, or several replicas) the engine listens on 127.0.0.1 only, so "
+        "callers cannot go around the front: drop it")
+    (a, _) = _hosts(tmp_path / "ok", deploy.replace("0.0.0.0", "127.0.0.1"))
+    assert rollout.make_job(a, a100_facts(), replace(request, overrides=parse_sets(["host=127.0.0.1"]))).settings
 
 
 def test_the_front_upstream_is_the_hosts_replicas_on_loopback():
