@@ -173,3 +173,20 @@ def test_the_4bit_gemm_sweep_tries_the_hopper_kernel_only_where_it_runs(monkeypa
     assert not any(c.get("WGMMA") for c in cands.candidates("w4a16_gemm", DEFAULT, rows=4096)[0])
     assert not any(c.get("WGMMA") for c in cands.candidates("w8a16_gemm", DEFAULT, rows=64)[0])
     assert not any(c.get("WGMMA") for c in cands.tiny_candidates(at_64))  # CUDA only: never on the CPU tune
+
+
+def test_the_tune_report_writes_each_winner_as_the_plan_prints_configs():
+    """`tune` and `plan` print a launch config the same way (BLOCK_N=8 ..., the tables' keys), so a winner reads
+    as the plan that will run it; a sweep none of whose candidates ran says why, in one line."""
+    from hosttune_engine.tuner.command import report
+    from hosttune_engine.tuner.run import Tuning
+    from hosttune_engine.tuner.sweep import SweepResult, Tried
+
+    done = Tuning(None, None, None)
+    done.sweeps = [SweepResult("gemv", ("qkv_proj 192x128",), (Tried({"num_warps": 4, "BLOCK_N": 8}, 0.0094),), 0),
+                   SweepResult("decode_attention", ("b1",), (Tried({"BLOCK_N": 64}, None, "out of\nresources"),), 2)]
+    done.table = {"gemv": {"bfloat16-m1": {"BLOCK_N": 8, "num_warps": 4}}}
+    lines = report(done, 12.3, "/c/t.json").splitlines()
+    assert lines[0].endswith("9.4 us  BLOCK_N=8 num_warps=4")
+    assert lines[1].endswith("no candidate ran: out of resources") and len(lines) == 3
+    assert lines[2] == "1 entries tuned in 12 s; table /c/t.json"

@@ -12,6 +12,7 @@ from hosttune_engine.config import DTYPES, QUANTIZATIONS, activation_dtype
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.kernels import tuning
 from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.plan.launch import LaunchConfig
 from hosttune_engine.plan.gpus import present_gpu
 from hosttune_engine.planner.build import PlanInputs
 from hosttune_engine.quant.preflight import resolve_spec
@@ -75,8 +76,8 @@ def report(done: Tuning, wall_s: float, path: str) -> str:
     lines = []
     for r in done.sweeps:
         best = r.best
-        result = f"{best.ms * 1e3:9.1f} us  {best.config}" if best else "no candidate ran: " + str(
-            [t.error for t in r.tried][:2])
+        result = (f"{best.ms * 1e3:9.1f} us  {LaunchConfig.from_table(best.config, r.kernel)}" if best else
+                  "no candidate ran: " + " ".join(next((t.error for t in r.tried if t.error), "none tried").split()))
         lines.append(f"{r.kernel:>16}  {', '.join(r.cases):<40} {len(r.tried):3d} tried, {r.skipped:3d} left  {result}")
     entries = sum(len(v) for v in done.table.values())
     lines.append(f"{entries} entries tuned in {wall_s:.0f} s; table {path}")
