@@ -16,7 +16,7 @@ from hosttune.actions.base import Command, Op, Remove, Symlink, describe
 from hosttune.actions.platform import PackageFlavour
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
-from hosttune.deploy.access import Access, front_for
+from hosttune.deploy.access import Access
 from hosttune.deploy.front import front_ops, key_ops, refresh_tls_ops, tls_ops
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
@@ -235,7 +235,7 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
         # `previous` goes back to what it named before this deploy (never to the release now live again)
         keep = before.previous if before.previous not in (None, target) else None
         link = [Symlink(PREVIOUS, keep)] if keep else [Remove(PREVIOUS)]
-        check = _bring_back(transport, Back(previous, job.release, job.settings, job.access), link, failed_replica)
+        check = bring_back(transport, Back(previous, job.release, job.settings, job.access), link, failed_replica)
     except HosttuneError as exc:
         return replace(failed, error=f"{failed.error}; putting the previous release back failed too: {exc}")
     serving = previous.id if check.ok else None
@@ -253,11 +253,11 @@ class Back:
     access: Access  # the host's front, put back over one service
 
 
-def _bring_back(transport: Transport, back: Back, link: list[Op], failed_replica: int | None) -> GateResult:
+def bring_back(transport: Transport, back: Back, link: list[Op], failed_replica: int | None) -> GateResult:
     """Activate `back.previous` again; replicas are rolled back one at a time like a deploy."""
     previous = back.previous
     after = read_state(transport, previous.id, [])
-    settings, health = _settings_of(previous, back.base), load_preset(previous.engine).serve.health
+    settings, health = settings_of(previous, back.base), load_preset(previous.engine).serve.health
     if not previous.replicas:
         run_ops(transport, rolling.leave_ops(after) + dplan.activate_ops(previous, after, keep_previous=True) + link)
         gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
@@ -281,61 +281,7 @@ def _stop_ops(release: Release) -> list[Op]:
             Remove(CURRENT), Command(("systemctl", "daemon-reload"))]
 
 
-def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_run: bool = False) -> HostDeploy:
-    """--rollback: make the previous release live again (the one left becomes `previous`).
-
-    timeouts: the health and gate deadlines; the port comes from the release itself.
-    dry_run: only which release would come back in place of which (PLANNED), read-only.
-    """
-    state = read_state(transport, "-", [])
-    if state.previous is None:
-        raise DeployError(f"{host.name}: no previous release to go back to ({release_name(state.current) or 'nothing'} is live)")
-    previous = load_release(transport, state.previous)
-    if dry_run:
-        now = release_name(state.current) or "nothing"
-        what = f"{len(previous.replicas)} replicas, one at a time" if previous.replicas else "the service"
-        return HostDeploy(host, Outcome.PLANNED, previous.id, release_name(state.current),
-                          ops=(f"make {previous.id} live again in place of {now} ({what})",))
-    settings = _settings_of(previous, timeouts)
-    health = load_preset(previous.engine).serve.health
-    if previous.replicas:
-        run_ops(transport, dplan.verify_ops(previous) + rolling.switch_ops(previous, state))
-        gate, bad = rolling.roll(transport, previous, settings, health)
-        if bad is None:
-            run_ops(transport, rolling.retire_ops(previous, state))
-            return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id, gate)
-        return _rollback_failed(transport, host, state, previous, timeouts, gate, bad)
-    leave = rolling.leave_ops(state)
-    run_ops(transport, dplan.verify_ops(previous) + leave + dplan.activate_ops(previous, state))
-    if SERVE_UNIT not in previous.units:
-        return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id)
-    gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
-    if gate.ok:
-        if leave:  # the replicas' nginx config went with them: the one service's front again
-            run_ops(transport, front_ops(Access(host.group, front=front_for(host)), previous.engine, (settings.port,)))
-        return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id, gate)
-    return _rollback_failed(transport, host, state, previous, timeouts, gate, None)
-
-
-def _rollback_failed(transport: Transport, host: Host, before: HostState, previous: Release, timeouts: ServeSettings,
-                     gate: GateResult, bad: int | None) -> HostDeploy:
-    """The release rolled back to failed its gate: keep the evidence, then make the one it replaced live again,
-    with `previous` naming the failed one as before, so nothing is lost."""
-    journal = journal_tail(transport, replica_unit(bad) if bad is not None else SERVE_UNIT)
-    failed = HostDeploy(host, Outcome.FAILED, previous.id, None, gate, gate.summary(), journal)
-    if before.current is None:
-        return failed
-    try:
-        left = load_release(transport, before.current)
-        back = Back(left, previous, timeouts, Access(host.group, front=front_for(host)))
-        check = _bring_back(transport, back, [Symlink(PREVIOUS, previous.dir)], bad)
-    except HosttuneError as exc:
-        return replace(failed, error=f"{failed.error}; putting {release_name(before.current)} back failed too: {exc}")
-    note = "" if check.ok else f"; {left.id} did not come back healthy either: {check.error}"
-    return replace(failed, serving=left.id if check.ok else None, restored=left.id, error=failed.error + note)
-
-
-def _settings_of(release: Release, base: ServeSettings) -> ServeSettings:
+def settings_of(release: Release, base: ServeSettings) -> ServeSettings:
     """The deadlines of this run, on the port the release serves on."""
     return replace(base, port=int(release.settings.get("port", base.port)))
 

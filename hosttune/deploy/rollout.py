@@ -16,7 +16,8 @@ from hosttune.deploy import multinode
 from hosttune.deploy.access import access_for
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.front import LOOPBACK, on_loopback
-from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, guarded, rollback_one
+from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, guarded
+from hosttune.deploy.rollback import rollback_one
 from hosttune.deploy.model import ModelShape, read_model
 from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutRequest, host_abi, place, plan_layout, preflight,
                                        preflight_host)

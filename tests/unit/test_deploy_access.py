@@ -21,7 +21,8 @@ from hosttune.fleet_runner import Outcome
 from hosttune.deploy import rollout
 from hosttune.deploy.access import Access, Front, _LAUNCHER, access_for, launched_with_key
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.host import HostDeploy, deploy_one, rollback_one
+from hosttune.deploy.host import HostDeploy, deploy_one
+from hosttune.deploy.rollback import rollback_one
 from hosttune.deploy.front import NGINX_CONF, front_ops, front_upstream, key_ops
 from hosttune.actions.base import Command, FileWrite, describe
 from hosttune.deploy.recap import render

@@ -1,0 +1,79 @@
+"""--rollback on one host: make the previous release live again; if it fails its gate, the release it replaced
+comes back, so a rollback loses nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hosttune.actions.base import Symlink
+from hosttune.config.inventory import Host
+from hosttune.deploy import plan as dplan
+from hosttune.deploy import rolling
+from hosttune.deploy.access import Access, front_for
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.front import front_ops
+from hosttune.deploy.gate import GateResult, journal_tail, run_gate
+from hosttune.deploy.host import Back, HostDeploy, bring_back, load_release, settings_of
+from hosttune.deploy.release import PREVIOUS, Release, release_name
+from hosttune.deploy.settings import ServeSettings
+from hosttune.deploy.state import HostState, read_state
+from hosttune.deploy.units import SERVE_UNIT, replica_unit
+from hosttune.errors import HosttuneError
+from hosttune.execute.perform import run_ops
+from hosttune.fleet_runner import Outcome
+from hosttune.presets import load_preset
+from hosttune.transport.base import Transport
+
+
+def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_run: bool = False) -> HostDeploy:
+    """--rollback: make the previous release live again (the one left becomes `previous`).
+
+    timeouts: the health and gate deadlines; the port comes from the release itself.
+    dry_run: only which release would come back in place of which (PLANNED), read-only.
+    """
+    state = read_state(transport, "-", [])
+    if state.previous is None:
+        raise DeployError(f"{host.name}: no previous release to go back to ({release_name(state.current) or 'nothing'} is live)")
+    previous = load_release(transport, state.previous)
+    if dry_run:
+        now = release_name(state.current) or "nothing"
+        what = f"{len(previous.replicas)} replicas, one at a time" if previous.replicas else "the service"
+        return HostDeploy(host, Outcome.PLANNED, previous.id, release_name(state.current),
+                          ops=(f"make {previous.id} live again in place of {now} ({what})",))
+    settings = settings_of(previous, timeouts)
+    health = load_preset(previous.engine).serve.health
+    if previous.replicas:
+        run_ops(transport, dplan.verify_ops(previous) + rolling.switch_ops(previous, state))
+        gate, bad = rolling.roll(transport, previous, settings, health)
+        if bad is None:
+            run_ops(transport, rolling.retire_ops(previous, state))
+            return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id, gate)
+        return _rollback_failed(transport, host, state, previous, timeouts, gate, bad)
+    leave = rolling.leave_ops(state)
+    run_ops(transport, dplan.verify_ops(previous) + leave + dplan.activate_ops(previous, state))
+    if SERVE_UNIT not in previous.units:
+        return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id)
+    gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
+    if gate.ok:
+        if leave:  # the replicas' nginx config went with them: the one service's front again
+            run_ops(transport, front_ops(Access(host.group, front=front_for(host)), previous.engine, (settings.port,)))
+        return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id, gate)
+    return _rollback_failed(transport, host, state, previous, timeouts, gate, None)
+
+
+def _rollback_failed(transport: Transport, host: Host, before: HostState, previous: Release, timeouts: ServeSettings,
+                     gate: GateResult, bad: int | None) -> HostDeploy:
+    """The release rolled back to failed its gate: keep the evidence, then make the one it replaced live again,
+    with `previous` naming the failed one as before, so nothing is lost."""
+    journal = journal_tail(transport, replica_unit(bad) if bad is not None else SERVE_UNIT)
+    failed = HostDeploy(host, Outcome.FAILED, previous.id, None, gate, gate.summary(), journal)
+    if before.current is None:
+        return failed
+    try:
+        left = load_release(transport, before.current)
+        back = Back(left, previous, timeouts, Access(host.group, front=front_for(host)))
+        check = bring_back(transport, back, [Symlink(PREVIOUS, previous.dir)], bad)
+    except HosttuneError as exc:
+        return replace(failed, error=f"{failed.error}; putting {release_name(before.current)} back failed too: {exc}")
+    note = "" if check.ok else f"; {left.id} did not come back healthy either: {check.error}"
+    return replace(failed, serving=left.id if check.ok else None, restored=left.id, error=failed.error + note)
