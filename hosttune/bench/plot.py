@@ -15,6 +15,11 @@ TIMELINE_FILE = "timeline.png"
 BIN = 1.0  # seconds per point of the ITL P99 line
 
 
+def run_label(run: RunRecord) -> str:
+    """An endpoint's run as the legends name it: its URL, and an open loop's rate (a sweep's step, so)."""
+    return run.url if run.rate is None else f"{run.url} at {run.rate:.2f} req/s"
+
+
 def _pyplot():
     import matplotlib
 
@@ -44,7 +49,7 @@ def latency_cdfs(runs: list[tuple[RunRecord, Summary]], path: Path) -> None:
             if values:
                 ordered = sorted(values)
                 fractions = [(i + 1) / len(ordered) for i in range(len(ordered))]
-                axis.step(ordered, fractions, where="post", label=f"{run.url}")
+                axis.step(ordered, fractions, where="post", label=run_label(run))
                 right[name] = max(right.get(name, 0.0), ordered[int(0.999 * (len(ordered) - 1))])
     for axis, name in zip(axes.flat, ("TTFT", "ITL", "TPOT", "E2E")):
         if right.get(name):
@@ -127,14 +132,14 @@ def timeline(runs: list[tuple[RunRecord, Summary]], path: Path) -> None:
 def _latency_panels(ttft_axis, itl_axis, run: RunRecord, colour: str) -> None:
     ok = [r for r in run.requests if r.outcome == OK and r.ttft is not None]
     ttft_axis.plot([r.sent for r in ok], [r.ttft * 1e3 for r in ok], ".", color=colour,
-                   markersize=3, label=run.url)
+                   markersize=3, label=run_label(run))
     bins: dict[int, list[float]] = {}
     for r in ok:
         for i in range(len(r.chunks) - 1):
             bins.setdefault(int(r.chunks[i + 1] // BIN), []).append(r.chunks[i + 1] - r.chunks[i])
     keys = sorted(bins)
     itl_axis.plot([(k + 0.5) * BIN for k in keys], [percentile(bins[k], 99) * 1e3 for k in keys],
-                  "-", color=colour, label=run.url)
+                  "-", color=colour, label=run_label(run))
 
 
 def _server_panels(queue_axis, kv_axis, run: RunRecord, colour: str) -> None:
@@ -142,8 +147,8 @@ def _server_panels(queue_axis, kv_axis, run: RunRecord, colour: str) -> None:
     times = [s.at for s in samples]
     for key, style in (("waiting", "--"), ("running", "-")):
         queue_axis.plot(times, [_nan(getattr(s, key)) for s in samples], style, color=colour,
-                        label=f"{run.url} {key}")
-    kv_axis.plot(times, [_nan(s.kv_usage) * 100 for s in samples], "-", color=colour, label=run.url)
+                        label=f"{run_label(run)} {key}")
+    kv_axis.plot(times, [_nan(s.kv_usage) * 100 for s in samples], "-", color=colour, label=run_label(run))
     first = next((s.preemptions for s in samples if s.preemptions is not None), 0.0)
     preemptions = kv_axis.twinx()
     preemptions.plot(times, [_nan(s.preemptions) - first for s in samples], ":", color=colour)

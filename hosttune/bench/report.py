@@ -12,6 +12,7 @@ from pathlib import Path
 from hosttune import __version__
 from hosttune.bench import metrics
 from hosttune.bench.metrics import LatencyStats, Summary
+from hosttune.bench.plot import CDF_FILE, TIMELINE_FILE
 from hosttune.bench.record import RequestRecord, RunRecord
 from hosttune.bench.sweep import SweepResult
 
@@ -107,6 +108,9 @@ def markdown(outcome: Outcome, plots: list[str]) -> str:
         lines += _setup([s.points[0].run for s in outcome.sweeps if s.points], is_sweep=True)
     for sweep in outcome.sweeps:
         lines += _sweep_section(sweep)
+    if outcome.sweeps and {CDF_FILE, TIMELINE_FILE} <= set(plots):
+        held = ", ".join(f"{s.url} at {s.max_rate:.2f} req/s" for s in outcome.sweeps if s.max_rate is not None)
+        lines += [f"{CDF_FILE} and {TIMELINE_FILE} show each endpoint's step at the highest rate held: {held}.", ""]
     lines += [f"![{name}]({name})" for name in plots] + ([""] if plots else [])
     lines += ["## Definitions", "", definitions(), ""]
     return "\n".join(lines)

@@ -104,3 +104,27 @@ def test_summary_csv_gives_a_steps_offered_rate_beside_its_target():
     run = replace(run_of([record(i, 0.5 + 0.8 * i, [0.6 + 0.8 * i], 0.7 + 0.8 * i) for i in range(12)]), rate=1.0)
     row = dict(zip(SUMMARY_COLUMNS, summary_row(run, summarize(run))))
     assert row["rate"] == 1.0 and row["offered_rate"] == 1.2
+
+
+def test_a_sweeps_distribution_and_timeline_plots_say_they_show_the_held_step(tmp_path, monkeypatch):
+    """A sweep's latency_cdf.png and timeline.png hold one step per endpoint, the highest rate held: their legends
+    name its rate and the report says which step they show."""
+    from dataclasses import replace
+
+    from hosttune.bench import plot, report
+    from hosttune.bench.sweep import SweepPoint, SweepResult
+
+    from .test_metrics import record, run_of
+
+    run = replace(run_of([record(i, 0.5 + 0.8 * i, [0.6 + 0.8 * i, 0.65 + 0.8 * i], 0.7 + 0.8 * i)
+                          for i in range(12)]), rate=1.0, url="http://h:8000")
+    point = SweepPoint(1.0, summarize(run, Slo(e2e=1.0)), run)
+    sweep = SweepResult("http://h:8000", Slo(e2e=1.0), (point,), 1.0, None, True)
+    figures = []
+    monkeypatch.setattr(plot, "_save", lambda plt, figure, path, title=None: figures.append(figure))
+    plot.latency_cdfs([(run, point.summary)], tmp_path / "cdf.png")
+    assert figures[0].axes[0].get_legend_handles_labels()[1] == ["http://h:8000 at 1.00 req/s"]
+    text = report.markdown(report.Outcome((), (sweep,), "hosttune bench --sweep", "now"),
+                           [plot.CDF_FILE, plot.TIMELINE_FILE, plot.SWEEP_FILE])
+    assert ("latency_cdf.png and timeline.png show each endpoint's step at the highest rate held: http://h:8000 at "
+            "1.00 req/s.") in text
