@@ -21,6 +21,7 @@ Spec syntax (tokens):
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,7 +197,7 @@ def _mixture(arg: str, jsonl_field: str) -> Mixture:
             w = float(weight)
         except ValueError:
             w = -1.0
-        if not star or w <= 0:
+        if not star or not 0 < w < math.inf:  # NaN compares False
             raise BenchError(f"mixture term {term!r}: write it as WEIGHT*DIST, e.g. 0.3*uniform:32-512")
         weights.append(w)
         parts.append(parse_distribution(dist, jsonl_field=jsonl_field))

@@ -83,6 +83,8 @@ def test_jsonl_replays_in_file_order(tmp_path):
     ("normal:inf,1", "need 1 <= mean <= 10000000"),
     ("normal:nan,1", "need 1 <= mean <= 10000000"),
     ("normal:5,1e9", "0 <= sigma <= 10000000"),
+    ("mix:nan*8", r"mixture term 'nan\*8': write it as WEIGHT\*DIST"),  # not numpy's error on the weights
+    ("mix:inf*8+1*4", r"mixture term 'inf\*8'"),
 ])
 def test_bad_specs_say_what_to_fix(spec, message):
     with pytest.raises(BenchError, match=message):
