@@ -1,9 +1,11 @@
-"""The TLS files of a host's nginx front, read on this machine before anything is sent: nginx must be able to
-load each certificate file and the private key, and the key must be the one of the chain's first certificate,
-or nginx -t would fail only after the release went live."""
+"""The TLS files of a host's nginx front, read on this machine before anything is sent: each certificate file
+holds PEM certificates, the key is an unencrypted PEM private key of the chain's first certificate, and that
+certificate is valid now. Otherwise nginx -t would fail only once the new release is live, or nginx would
+serve a certificate every client refuses."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from pathlib import Path
 
 from cryptography import x509
@@ -50,8 +52,18 @@ def private_key(path: Path, where: str):
         raise DeployError(f"{where}: {path} is not a PEM private key") from None
 
 
+def _check_dates(leaf: x509.Certificate, cert: Path, where: str) -> None:
+    """nginx serves an expired certificate without a word; every client would refuse it."""
+    now = datetime.now(timezone.utc)
+    if leaf.not_valid_after_utc < now:
+        raise DeployError(f"{where}: {cert} expired on {leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; renew it")
+    if leaf.not_valid_before_utc > now:
+        raise DeployError(f"{where}: {cert} is valid only from {leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC")
+
+
 def check_pair(cert: Path, key: Path, where: str) -> None:
     """`where` is the inventory's file:line; the errors name the field and the file."""
     leaf = certificates(cert, f"{where}: deploy.nginx.tls_cert")[0]
+    _check_dates(leaf, cert, f"{where}: deploy.nginx.tls_cert")
     if _public(private_key(key, f"{where}: deploy.nginx.tls_key").public_key()) != _public(leaf.public_key()):
         raise DeployError(f"{where}: deploy.nginx.tls_key: {key} is not the private key of {cert}")

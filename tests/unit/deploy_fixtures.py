@@ -151,7 +151,7 @@ def group_inventory(tmp_path: Path, deploy: str) -> Path:
     return path
 
 
-def tls_pair(folder: Path, name: str = "serve.test", days: int = 1) -> tuple[Path, Path]:
+def tls_pair(folder: Path, name: str = "serve.test", days: float = 1) -> tuple[Path, Path]:
     """A self-signed certificate for `name` and its EC private key, as PEM files in `folder` (cert.pem, key.pem)."""
     import datetime
 

@@ -94,6 +94,15 @@ def _bad_tls(tmp_path: Path, case: str) -> str:
             }[case]
 
 
+def test_an_expired_certificate_is_refused_before_anything_is_sent(tmp_path):
+    cert, key = tls_pair(tmp_path, days=-0.5)
+    (a, _) = _hosts(tmp_path, f"nginx: {{tls_cert: {cert}, tls_key: {key}}}\n")
+    with pytest.raises(DeployError) as err:
+        access_for(a, tmp_path)
+    assert re.fullmatch(rf"\S+\.yaml:\d+: deploy\.nginx\.tls_cert: {re.escape(str(cert))} expired on "
+                        r"\d{4}-\d\d-\d\d \d\d:\d\d UTC; renew it", str(err.value)), str(err.value)
+
+
 @pytest.mark.parametrize("case, message", [
     ("cert junk", "deploy.nginx.tls_cert: {tmp}/junk.pem holds no PEM certificate"),
     ("key junk", "deploy.nginx.tls_key: {tmp}/junk.pem is not a PEM private key"),
