@@ -94,7 +94,10 @@ def _cpus(value: Any) -> str:
 def _gpus(value: Any) -> str:
     text = _string(value)
     if text != "all":
-        cpulist.parse(text)  # GPU index lists use the same "0-3,5" syntax
+        try:
+            cpulist.parse(text)  # GPU index lists use the same "0-3,5" syntax
+        except ValueError:
+            raise ValueError("must be all or GPU indices such as 0-3 or 0,2") from None
     return text
 
 
