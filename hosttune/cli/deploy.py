@@ -15,7 +15,7 @@ from hosttune.cli.common import (AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt
                                  user_errors)
 from hosttune.cli.progress import Progress
 from hosttune.deploy import recap
-from hosttune.deploy.balancer import check_balancers, upstreams, write_upstreams
+from hosttune.deploy.balancer import check_balancers, plan_lines, upstreams, write_upstreams
 from hosttune.deploy.canary import CanaryBench, canary_check
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy
@@ -108,7 +108,8 @@ def deploy(
     ready = {o.host.name for o in plans if o.state in (Outcome.PLANNED, Outcome.UNCHANGED)}
     order = recap.rollout_line([[h.name for h in unit] for unit in rollout_units(only(inv, ready), request.engine)]
                                if ready else [], serial, canary, max_fail_percent, canary_slo)
-    typer.echo(recap.render(plans) + "\n" + (order + "\n" if order else "") + recap.plan_line(plans))
+    lines = [*([order] if order else []), *plan_lines(inv, plans, router, nginx_dir), recap.plan_line(plans)]
+    typer.echo(recap.render(plans) + "\n" + "\n".join(lines))
     due = [o for o in plans if o.state is Outcome.PLANNED]
     if not due or not go_ahead(f"Deploy to {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run,
                                needs_yes=_taking_away(due)):

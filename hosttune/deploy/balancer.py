@@ -32,6 +32,7 @@ from hosttune.deploy.router import ADMIN_PATHS, DIRECT_PATHS, RouterPorts, route
 from hosttune.deploy.settings import DEFAULT_PORT
 from hosttune.deploy.shape import declared
 from hosttune.deploy.units import Upstream, render_nginx
+from hosttune.fleet_runner import Outcome
 from hosttune.presets import load_router
 from hosttune.quoting import systemd_exec
 
@@ -153,6 +154,24 @@ def _upstream(group: str, hosts: list[Host], backends: list[str], outcome: HostD
     return Upstream(group, engine, tuple(backends), lb_port or 443, tls_cert=str(tls.cert.resolve()),
                     tls_key=str(tls.key.resolve()), backend_scheme="https", backend_ca=str(tls.ca.resolve()),
                     backend_name=tls.name)
+
+
+def plan_lines(inventory: Inventory, plans: list[HostDeploy], router: bool | None, folder: Path) -> list[str]:
+    """What write_upstreams would write after a run in which every planned host deploys, for the plan."""
+    projected = [replace(o, serving=o.release) if o.state is Outcome.PLANNED else o for o in plans]
+    serving = {o.host.name for o in projected if o.serving}
+    groups = balanced_groups(inventory)
+    lines = []
+    for upstream in upstreams(inventory, projected, router):
+        names = ", ".join(h.name for h in groups[upstream.group] if h.name in serving)
+        backends = ", ".join(upstream.direct_backends if is_routed(upstream) else upstream.backends)
+        line = (f"balancer: {folder / f'hosttune-{upstream.group}.conf'}: nginx least_conn over {names} ({backends}) "
+                f"on port {upstream.listen}")
+        if is_routed(upstream):
+            line += (f", through the group's prefix router on {LOOPBACK}:{router_port(upstream)} "
+                     f"(hosttune-router-{upstream.group}.service and its scripts beside it)")
+        lines.append(line)
+    return lines
 
 
 def write_upstreams(found: list[Upstream], folder: Path) -> list[Path]:

@@ -172,3 +172,28 @@ def test_nginx_accepts_the_balancer_in_front_of_the_group_router(tmp_path):
     (upstream,) = upstreams(inv, _deployed(inv))
     result = _nginx_t(tmp_path, render_nginx(upstream))
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("deploy, line", [
+    ("port: 8100\n", "balancer: {dir}/hosttune-prod.conf: nginx least_conn over gpu-a, gpu-b (10.0.0.1:8100, "
+                     "10.0.0.2:8100) on port 80"),
+    ("port: 8100\nreplicas: 2\nrouter: true\n", "balancer: {dir}/hosttune-prod.conf: nginx least_conn over gpu-a, gpu-b "
+     "(10.0.0.1:8100, 10.0.0.2:8100) on port 80, through the group's prefix router on 127.0.0.1:1080 "
+     "(hosttune-router-prod.service and its scripts beside it)"),
+])
+def test_a_dry_run_names_the_group_balancer_the_run_would_write_and_writes_none(tmp_path, monkeypatch, deploy, line):
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+    from hosttune.cli import deploy as deploy_cli
+    from hosttune.fleet_runner import Outcome
+
+    inventory = group_inventory(tmp_path, deploy)
+    inv = load_inventory(inventory)
+    monkeypatch.setattr(deploy_cli, "deploy_fleet", lambda inventory, request, **kw: [
+        HostDeploy(h, Outcome.PLANNED, "custom-1", None, ops=("start hosttune-serve.service",)) for h in inv.hosts])
+    folder = tmp_path / "lb"
+    result = CliRunner().invoke(app, ["deploy", "-i", str(inventory), "--engine", "custom", "--model", "/m", "--dry-run",
+                                      "--nginx-dir", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert line.format(dir=folder) in result.output.splitlines() and not folder.exists()
