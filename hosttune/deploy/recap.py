@@ -45,7 +45,7 @@ def rollout_line(units: list[list[str]], serial: int | None, canary: int, max_fa
                  slo: str | None) -> str | None:
     """In what order the run takes the hosts it deploys (units: a host, or a multi-node group, in roll order);
     None when it takes them all at once."""
-    if not serial and not canary:
+    if not canary and (not serial or serial >= len(units)):
         return None
     names = [", ".join(unit) for unit in units]
     first, rest = names[:canary], names[canary:]

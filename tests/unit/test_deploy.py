@@ -539,6 +539,7 @@ def test_help_says_where_each_default_comes_from():
 
 @pytest.mark.parametrize("serial, canary, budget, slo, line", [
     (None, 0, None, None, None),  # all at once: nothing more to say than the plan line
+    (9, 0, 10.0, None, None),  # one batch holds them all: all at once too
     (2, 0, None, None, "rollout: a, b then c, d then e (batches of 2)"),
     (2, 0, 10.0, None, "rollout: a, b then c, d then e (batches of 2); no batch starts once more than 10% of the hosts "
                        "tried failed"),
