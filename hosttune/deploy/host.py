@@ -128,7 +128,8 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
         return HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id)
     gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health, key_file=release.key_file)
     if gate.ok:
-        return _fronted(transport, job, state, HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate), front)
+        return _fronted(transport, job, state, HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate), front,
+                        on_op)
     return _restore(transport, job, state, gate)
 
 
@@ -181,10 +182,11 @@ def _roll(transport: Transport, job: HostJob, state: HostState, on_op) -> HostDe
     return _restore(transport, job, state, gate, failed)
 
 
-def _fronted(transport: Transport, job: HostJob, before: HostState, outcome: HostDeploy, front: list) -> HostDeploy:
+def _fronted(transport: Transport, job: HostJob, before: HostState, outcome: HostDeploy, front: list,
+             on_op: Callable[[Op], None] | None = None) -> HostDeploy:
     """The engine serves: now the host's nginx in front of it (a config nginx refuses puts the old release back)."""
     try:
-        run_ops(transport, front)
+        run_ops(transport, front, on_op)
     except (DeployError, OperationFailed) as exc:
         if outcome.state is Outcome.UNCHANGED:
             return replace(outcome, state=Outcome.FAILED, error=f"nginx: {exc}")

@@ -446,3 +446,23 @@ def test_a_dry_run_makes_no_key_and_an_unwritable_keys_dir_is_one_line(tmp_path,
         access_for(a, tmp_path / "file")
     assert str(refused.value) == (f"cannot make the API key file {tmp_path}/file/prod.key ({tmp_path}/file: File exists); "
                                   "pass --keys-dir a folder you can write")
+
+
+REPLICAS_LIVE = ("current:/opt/hosttune/releases/custom-0123456789ab\ninstance:hosttune-engine@0.service active\n"
+                 "instance:hosttune-engine@1.service active\n")
+
+
+@pytest.mark.parametrize("engine, deploy, gpus, live", [
+    ("vllm", "api_key: true\nnginx: {port: 8080}\n", "0", ""),
+    ("custom", "api_key: true\n", "0-1", ""),
+    ("vllm", "nginx: {port: 8080}\n", "0", REPLICAS_LIVE),  # two replicas live become one service
+])
+def test_the_run_carries_out_exactly_the_operations_its_dry_run_printed(tmp_path, engine, deploy, gpus, live):
+    job = _job(tmp_path, engine, deploy, gpus=gpus)
+    state = "nginx:/usr/sbin/nginx\n" + live
+    planned = deploy_one(ScriptedTransport("gpu-a", [], state=state), job, dry_run=True)
+    done: list = []
+    outcome = deploy_one(ScriptedTransport("gpu-a", [], state=state), job, on_op=done.append)
+    assert outcome.state == "deployed", outcome.error
+    shown = [line for line in planned.ops if not line.startswith(("gate ", "check the engine's flags"))]
+    assert [describe(op) for op in done] == shown
