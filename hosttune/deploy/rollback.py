@@ -12,7 +12,7 @@ from hosttune.deploy import rolling
 from hosttune.deploy.access import Access, front_for
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.front import front_ops
-from hosttune.deploy.gate import GateResult, journal_tail, run_gate
+from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
 from hosttune.deploy.host import Back, HostDeploy, bring_back, load_release, settings_of
 from hosttune.deploy.release import PREVIOUS, Release, release_name
 from hosttune.deploy.settings import ServeSettings
@@ -35,12 +35,10 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_
     if state.previous is None:
         raise DeployError(f"{host.name}: no previous release to go back to ({release_name(state.current) or 'nothing'} is live)")
     previous = load_release(transport, state.previous)
-    if dry_run:
-        now = release_name(state.current) or "nothing"
-        what = f"{len(previous.replicas)} replicas, one at a time" if previous.replicas else "the service"
-        return HostDeploy(host, Outcome.PLANNED, previous.id, release_name(state.current),
-                          ops=(f"make {previous.id} live again in place of {now} ({what})",))
     settings = settings_of(previous, timeouts)
+    if dry_run:
+        return HostDeploy(host, Outcome.PLANNED, previous.id, release_name(state.current),
+                          ops=_plan(previous, release_name(state.current), settings))
     health = load_preset(previous.engine).serve.health
     if previous.replicas:
         run_ops(transport, dplan.verify_ops(previous) + rolling.switch_ops(previous, state))
@@ -59,6 +57,15 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_
             run_ops(transport, front_ops(Access(host.group, front=front_for(host)), previous.engine, (settings.port,)))
         return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id, gate)
     return _rollback_failed(transport, host, state, previous, timeouts, gate, None)
+
+
+def _plan(previous: Release, now: str | None, settings: ServeSettings) -> tuple[str, ...]:
+    """What a rollback does, for --dry-run: the switch, then the gate and what a failed one brings back."""
+    what = f"{len(previous.replicas)} replicas, one at a time" if previous.replicas else "the service"
+    fallback = f"{now} comes back" if now else "nothing was live before to come back"
+    unit = "each replica" if previous.replicas else SERVE_UNIT
+    gated = settings if previous.replicas else replace(settings, warmup=0)  # as the run gates each
+    return (f"make {previous.id} live again in place of {now or 'nothing'} ({what})", gate_line(unit, gated, fallback))
 
 
 def _rollback_failed(transport: Transport, host: Host, before: HostState, previous: Release, timeouts: ServeSettings,
