@@ -119,6 +119,9 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
         preset = replace(preset, serve=replace(preset.serve, flags={**preset.serve.flags, **pinned.flags}))
         settings = _settings(host, preset, request)
         request = replace(request, ref=pinned.ref)
+    if request.gpus and _device(settings) == CPU_DEVICE:
+        raise DeployError(f"{host.name}: --gpus {request.gpus}: the engine runs on CPU (device cpu) and would use no "
+                          f"GPU; drop --gpus, or the device flag")
     preflight_host(facts, host.name, _device(settings))
     read = model
     model = model or ModelShape(request.model, True)

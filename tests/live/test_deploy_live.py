@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
 
 
 def deploy(inventory: Path, wheelhouse: Path, port: int, *extra: str, model: str = MODEL):
-    argv = ["deploy", "--yes", "--engine", "custom", "--gpus", "0", "--model", model, "-i", str(inventory),
+    argv = ["deploy", "--yes", "--engine", "custom", "--model", model, "-i", str(inventory),
             "-w", str(wheelhouse), "--port", str(port), "--set", "device=cpu", "--set", "max-batch-size=8",
             "--health-timeout", "240", *extra]
     start = time.monotonic()

@@ -608,3 +608,11 @@ def test_a_cordoned_host_is_refused_before_its_deploy_is_decided(tmp_path, monke
     assert outcome.state == "failed"
     assert outcome.error == "nothing changed: gpu-a is cordoned (GPU1: Xid 79); hosttune uncordon takes it back"
     assert [a for _, a in log] == [("cat", "--", "/var/lib/hosttune/cordon.json")]  # nothing else read, nothing sent
+
+
+def test_gpus_for_an_engine_on_cpu_are_refused_not_ignored(tmp_path):
+    with pytest.raises(DeployError) as err:
+        job(tmp_path / "a", a100_facts(), engine="custom", gpus="0", overrides=parse_sets(["device=cpu"]))
+    assert str(err.value) == ("gpu-a: --gpus 0: the engine runs on CPU (device cpu) and would use no GPU; drop --gpus, "
+                              "or the device flag")
+    assert job(tmp_path / "b", a100_facts(), engine="custom", overrides=parse_sets(["device=cpu"])).layout.replicas
