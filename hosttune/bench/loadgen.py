@@ -233,7 +233,7 @@ class LoadGenerator:
             wait = wait_after(record.status, record.retry_after, refused + 1)
             refused, again = (refused + 1, prompt) if wait else (0, None)
             if wait:
-                await asyncio.sleep(self._wait_within_run(wait))
+                await self._sleep_unless_stopped(self._wait_within_run(wait))
 
     def _wait_within_run(self, wait: float) -> float:
         """A backoff that would outlast a timed run ends with it."""
@@ -246,9 +246,7 @@ class LoadGenerator:
         for arrival in self._arrivals():
             if not self._may_send(arrival):
                 return
-            delay = arrival - self._now()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await self._sleep_unless_stopped(arrival - self._now())
             while len(self.tasks) >= cap and not self.stop_requested.is_set():
                 self.slot_freed.clear()
                 await self.slot_freed.wait()
@@ -257,6 +255,14 @@ class LoadGenerator:
             if not self._may_send(arrival):
                 return
             self._spawn(self._send(arrival, None))
+
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        """Sleep, or less when a signal comes first: a trace may leave minutes between two arrivals, a refusal ask
+        for a long back-off."""
+        if seconds > 0 and not self.stop_requested.is_set():
+            stop = asyncio.create_task(self.stop_requested.wait())
+            await asyncio.wait({stop}, timeout=seconds)
+            stop.cancel()
 
     def _arrivals(self):
         if self.load.arrivals is not None:

@@ -208,6 +208,28 @@ def test_ctrl_c_ends_a_run_early_and_still_reports_it(server_factory, tmp_path, 
     assert measured and all(r["outcome"] == "ok" for r in measured)  # those in flight finished, not cut
 
 
+def test_ctrl_c_ends_an_open_loop_waiting_for_a_far_arrival(server_factory, tmp_path):
+    """A trace (or a low rate) may leave minutes between two arrivals: a signal ends the wait at once, not at the
+    next arrival."""
+    url = server_factory("--ttft", "0.01", "--itl", "0.001")
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"arrival": 0, "input_length": 8, "output_length": 2}\n'
+                     '{"arrival": 600, "input_length": 8, "output_length": 2}\n')
+    argv = [sys.executable, "-m", "hosttune", "bench", "--url", url, "--trace", str(trace), "--out", str(tmp_path / "o")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    bench = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(3)  # the first request sent and answered: the run waits for the second
+    started = time.monotonic()
+    bench.send_signal(signal.SIGINT)
+    try:
+        output, _ = bench.communicate(timeout=20)
+    finally:
+        bench.kill()
+    assert time.monotonic() - started < 20 and "SIGINT ended the run after" in output, output
+    run = json.loads((tmp_path / "o" / "results.json").read_text())["runs"][0]
+    assert [r["outcome"] for r in run["requests"]] == ["ok"]
+
+
 def test_a_run_that_would_measure_nothing_is_a_user_error():
     for args, message in ((["--users", "2", "--duration", "0s"], "--duration 0s measures nothing"),
                           (["--users", "2", "--requests", "0"], "--requests 0 measures nothing"),
