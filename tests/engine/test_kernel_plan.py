@@ -124,6 +124,25 @@ def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no
     assert "qkv_proj:" in format_plan(_plan("NVIDIA H200"))
 
 
+@pytest.mark.parametrize("text, message", [
+    ("{bad", "is not JSON"),
+    ('{"gpu": "NVIDIA H200", "driver": "1", "triton": "3"}', "holds no \"kernels\""),
+    ('{"gpu": "NVIDIA H200", "driver": "1", "triton": "3", "kernels": {"gemv": {"bfloat16-m1": {"num_warps": 0}}}}',
+     "kernels gemv bfloat16-m1: num_warps 0: give a whole number >= 1"),
+])
+def test_the_plan_command_refuses_a_malformed_cached_table_of_that_gpu(no_user_tables, capsys, text, message):
+    """A table `tune` wrote, edited by hand until it does not parse, is refused naming its file, not left out."""
+    path = tuning.cache_path(tuning.TableKey("NVIDIA H200", "1", "3"))
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    tuning.reload_tables()
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA H200"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and str(path) in err and message in err, err
+    main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA H100 80GB HBM3"])  # another GPU's table is not read
+
+
 def test_the_plan_command_takes_a_gpu_as_its_tables_spell_it(no_user_tables, capsys):
     """A family ('H200', as the unknown-GPU error lists them) or another case names the GPU whose tuned table
     the engine on it would read; a name that two tables contain is refused, not guessed."""
