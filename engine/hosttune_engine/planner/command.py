@@ -24,7 +24,8 @@ def add_parser(commands) -> None:
                                         "only. Example: hosttune-engine plan --model /models/qwen2.5-7b "
                                         "--gpu 'NVIDIA A100-SXM4-80GB'")
     p.add_argument("--model", required=True, help="Hugging Face model folder (config.json is enough)")
-    p.add_argument("--gpu", help="a GPU's CUDA name, e.g. 'NVIDIA A100-SXM4-80GB' (default: this machine's)")
+    p.add_argument("--gpu", help="a GPU's CUDA name, e.g. 'NVIDIA A100-SXM4-80GB' (default: this machine's); a family "
+                                 "such as 'H200' names the one tuned table's GPU that holds it")
     p.add_argument("--quantization", help="as serve's --quantization, one of " + ", ".join(QUANTIZATIONS) + ": 'fp8' "
                                           "quantizes a bf16 checkpoint at load; the others name a layout (a quantized "
                                           "checkpoint needs none: config.json says its layout)")
