@@ -3,9 +3,11 @@
 import typer
 
 from hosttune import __version__
+from hosttune.cli.usage_error import OneLineErrorGroup
 
 app = typer.Typer(
     name="hosttune",
+    cls=OneLineErrorGroup,  # a bad command line is one line on stderr, exit 2
     help="Tune GPU hosts for LLM serving: check, apply, build, deploy, bench, verify.",
     no_args_is_help=True,
     add_completion=False,

@@ -369,7 +369,8 @@ def test_cli_a_port_out_of_range_is_a_usage_error(monkeypatch, tmp_path, port):
     result = runner.invoke(app, ["deploy", "--engine", "custom", "--model", "/m", "--port", port, "--dry-run"],
                            env={"COLUMNS": "250"})
     assert result.exit_code == 2 and not opened
-    assert "Invalid value for '--port' / '-p'" in result.output
+    bound = "greater than or equal to 1" if port == "0" else "less than or equal to 65535"
+    assert result.stderr == f"hosttune deploy: --port {port}: input should be {bound} (see hosttune deploy --help)\n"
 
 
 @pytest.mark.parametrize("args, message", [
