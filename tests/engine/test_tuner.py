@@ -189,4 +189,6 @@ def test_the_tune_report_writes_each_winner_as_the_plan_prints_configs():
     lines = report(done, 12.3, "/c/t.json").splitlines()
     assert lines[0].endswith("9.4 us  BLOCK_N=8 num_warps=4")
     assert lines[1].endswith("no candidate ran: out of resources") and len(lines) == 3
-    assert lines[2] == "1 entries tuned in 12 s; table /c/t.json"
+    assert lines[2] == "1 entry tuned in 12 s; table /c/t.json"
+    done.table["gemv"]["bfloat16-m2"] = {"BLOCK_N": 16, "num_warps": 4}
+    assert report(done, 12.3, "/c/t.json").splitlines()[2] == "2 entries tuned in 12 s; table /c/t.json"

@@ -80,5 +80,5 @@ def report(done: Tuning, wall_s: float, path: str) -> str:
                   "no candidate ran: " + " ".join(next((t.error for t in r.tried if t.error), "none tried").split()))
         lines.append(f"{r.kernel:>16}  {', '.join(r.cases):<40} {len(r.tried):3d} tried, {r.skipped:3d} left  {result}")
     entries = sum(len(v) for v in done.table.values())
-    lines.append(f"{entries} entries tuned in {wall_s:.0f} s; table {path}")
+    lines.append(f"{entries} {'entry' if entries == 1 else 'entries'} tuned in {wall_s:.0f} s; table {path}")
     return "\n".join(lines)
