@@ -24,10 +24,13 @@ def parse_arch(text: str) -> str:
 
 
 def parse_arch_list(text: str) -> tuple[str, ...]:
-    """ "8.0,9.0" (or "8.0;9.0") → ("8.0", "9.0"), sorted, without duplicates."""
-    parts = [p for p in re.split(r"[,;\s]+", text) if p]
-    if not parts:
+    """ "8.0,9.0" (or "8.0;9.0", "8.0 9.0") → ("8.0", "9.0"), sorted, without duplicates. An empty entry
+    ("8.0,,9.0") is refused rather than dropped: it is most likely an arch left out."""
+    if not text.strip():
         raise BuildError("--arch: give 'auto' or a list such as 8.0,9.0")
+    parts = re.split(r"\s*[,;]\s*|\s+", text.strip())
+    if "" in parts:
+        raise BuildError(f"--arch {text!r} has an empty entry; list archs such as 8.0,9.0")
     return sort_archs(parse_arch(p) for p in parts)
 
 

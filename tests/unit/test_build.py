@@ -31,6 +31,15 @@ def test_arch_lists_parse_sort_and_convert():
     for bad in ("sm_80", "8", "eight", ""):
         with pytest.raises(BuildError):
             parse_arch_list(bad)
+    for gap in ("8.0,,9.0", "8.0, ;9.0", ",8.0", "9.0,"):
+        with pytest.raises(BuildError, match=f"^--arch {gap!r} has an empty entry; list archs such as 8.0,9.0$"):
+            parse_arch_list(gap)
+
+
+def test_cli_an_empty_arch_entry_is_refused_naming_the_value(tmp_path):
+    result = CliRunner().invoke(app, ["build", "--engine", "vllm", "--arch", "8.0,,9.0", "-w", str(tmp_path), "--dry-run"])
+    assert result.exit_code == 2
+    assert result.stderr == "hosttune: --arch '8.0,,9.0' has an empty entry; list archs such as 8.0,9.0\n"
 
 
 def test_archs_of_fleet_facts():
