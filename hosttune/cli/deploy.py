@@ -16,6 +16,7 @@ from hosttune.cli.common import (AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt
 from hosttune.cli.progress import Progress
 from hosttune.deploy import recap
 from hosttune.deploy.balancer import check_balancers, plan_lines, upstreams, write_upstreams
+from hosttune.deploy.bundled_flags import check_bundled_flags
 from hosttune.deploy.canary import CanaryBench, canary_check
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy
@@ -101,6 +102,7 @@ def deploy(
         replicas=parse_replicas(replicas) if replicas else None, canary=canary, session_affinity=session_affinity,
         router=router, keys_dir=keys_dir, tune_s=tune, replicas_per_gpu=replicas_per_gpu,
         makes_keys=not dry_run)
+    flag_check = check_bundled_flags(inv, request.engine, request.overrides, request.ref)
     check = canary_check(CanaryBench(canary_slo, canary_rate, canary_duration) if canary_slo else None, request)
     with Progress("planning", total=len(inv.hosts)) as progress:
         plans = deploy_fleet(inv, replace(request, dry_run=True, serial=None, canary=0),
@@ -108,7 +110,8 @@ def deploy(
     ready = {o.host.name for o in plans if o.state in (Outcome.PLANNED, Outcome.UNCHANGED)}
     order = recap.rollout_line([[h.name for h in unit] for unit in rollout_units(only(inv, ready), request.engine)]
                                if ready else [], serial, canary, max_fail_percent, canary_slo)
-    lines = [*([order] if order else []), *plan_lines(inv, plans, router, nginx_dir), recap.plan_line(plans)]
+    lines = [*([flag_check] if flag_check else []), *([order] if order else []), *plan_lines(inv, plans, router, nginx_dir),
+             recap.plan_line(plans)]
     typer.echo(recap.render(plans) + "\n" + "\n".join(lines))
     due = [o for o in plans if o.state is Outcome.PLANNED]
     if not due or not go_ahead(f"Deploy to {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run,

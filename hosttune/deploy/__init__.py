@@ -11,7 +11,8 @@ the host: replicas in and out of nginx, the probe), host_key.py (runs on the hos
 the gate and replica_lb.py: the key they send), router.py (deploy.router's unit and front),
 prefix_router.py and prefix_table.py (run on the host: the prefix router and its placement),
 flagcheck.py (flags against the installed
-release's --help), gate.py (health, warmup, one-token generation), rolling.py (replicas
+release's --help), bundled_flags.py (the bundled engine's flags against engine/'s serve options,
+before any host), gate.py (health, warmup, one-token generation), rolling.py (replicas
 restarted one at a time, drained), host.py (one host's deploy and rollback), rollout.py (the
 fleet: canaries, batches, multi-node order, load balancer), canary.py (the canaries' SLO bench).
 

@@ -16,7 +16,7 @@ the inventory's deploy: vars.
   and puts it back once it generates again (its generation sends the key); its lines in the
   journal say hosttune.
 - Refusals (a TP that does not divide the heads, a model folder the host lacks, a flag the
-  installed engine does not know) are one line each, exit 2, and leave /etc and /opt as they were.
+  bundled engine does not have, refused before any host) are one line each, exit 2, and leave /etc and /opt as they were.
 """
 from __future__ import annotations
 
@@ -127,12 +127,16 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     before = tree_hash(host)
     for extra, message in (
             (("--tensor-parallel", "3"), "--tensor-parallel 3 does not divide /srv/models/tiny-qwen2's 8 attention heads"),
-            (("--model", "/srv/models/missing"), "the model folder /srv/models/missing does not exist on the host"),
-            (("--set", "bogus-flag=1"), "does not know --bogus-flag")):
+            (("--model", "/srv/models/missing"), "the model folder /srv/models/missing does not exist on the host")):
         result = deploy(inventory, wheelhouse, *extra)
         assert result.exit_code == 2, result.output
         assert len(result.stdout.strip().splitlines()) == 1 and message in result.stdout, result.stdout
         assert tree_hash(host) == before, message
+    result = deploy(inventory, wheelhouse, "--set", "bogus-flag=1")  # refused before any host is contacted
+    assert result.exit_code == 2 and result.output == (
+        "hosttune: --set bogus-flag=1: the bundled engine's serve has no --bogus-flag "
+        "(engine/hosttune_engine/server/options.py); fix its name or drop it\n"), result.output
+    assert tree_hash(host) == before
 
     # 5. --rollback rolls the replicas back to the release before, one at a time
     start = time.monotonic()

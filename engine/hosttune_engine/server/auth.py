@@ -17,8 +17,8 @@ from aiohttp import web
 
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.server.api_errors import ApiError
+from hosttune_engine.server.options import KEY_ENV
 
-KEY_ENV = "HOSTTUNE_ENGINE_API_KEY"  # one key, or several separated by commas
 PROBE_PATHS = frozenset({"/health", "/metrics"})
 OPEN_PATHS = frozenset({"/version"})
 REFUSAL = "Incorrect or missing API key: send it as 'Authorization: Bearer <key>'"

@@ -1,6 +1,7 @@
 """The server's life: /health 503 -> 200 -> 503, SIGTERM drains in-flight requests and exits 0,
 a drain past --shutdown-timeout aborts what is left, and failures exit non-zero."""
 
+import argparse
 import asyncio
 import json
 import os
@@ -340,3 +341,24 @@ def test_serve_opens_its_socket_before_torch_is_imported(tmp_path):
             "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules)\n")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["2", "False"], proc.stdout + proc.stderr
+
+
+def test_the_serve_options_import_only_the_standard_library_and_the_engine_config():
+    # A deploy checks its flags with them before any host, in the control plane's interpreter (no torch, no aiohttp).
+    code = ("import sys, hosttune_engine.server.options\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'triton', 'numpy', 'aiohttp'}))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+def test_the_deploy_check_knows_every_option_serve_parses():
+    # an option added to the serve parser outside options.py would be refused by every deploy that sets it
+    from hosttune_engine.server.cli import _parser
+    from hosttune_engine.server.options import refusal
+
+    commands = next(a for a in _parser(with_tools=False)._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {s for a in commands.choices["serve"]._actions for s in a.option_strings} - {"-h", "--help"}
+    assert len(flags) > 30
+    assert not [f for f in flags if (refusal([f]) or "").startswith(f"unrecognized arguments: {f}")]
+    assert refusal(["--dtype", "float8"]) == ("argument --dtype: invalid choice: 'float8' "
+                                              "(choose from 'auto', 'bfloat16', 'float16', 'float32')")
