@@ -78,10 +78,14 @@ def given_flags(inventory: Inventory, engine: str | None, overrides: Overrides) 
 def refusals(argvs: list[tuple[str, ...]]) -> list[str | None]:
     """argparse's reason per argv (None: taken), from the options of this checkout's engine/."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(engine_folder()), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    result = subprocess.run([sys.executable, "-m", OPTIONS_MODULE, json.dumps(argvs)], capture_output=True, text=True,
-                            env=env, timeout=CHECK_TIMEOUT_S)
+    try:
+        result = subprocess.run([sys.executable, "-m", OPTIONS_MODULE, json.dumps(argvs)], capture_output=True,
+                                text=True, env=env, timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise DeployError(f"checking the bundled engine's flags took over {CHECK_TIMEOUT_S:.0f} s") from None
     if result.returncode != 0:
-        raise DeployError(f"checking the bundled engine's flags failed: {result.stderr.strip()[-300:]}")
+        last = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]  # a traceback's error line
+        raise DeployError(f"checking the bundled engine's flags failed: {last[-300:]}")
     return json.loads(result.stdout)
 
 

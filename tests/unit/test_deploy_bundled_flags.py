@@ -10,6 +10,7 @@ from hosttune.cli import deploy as deploy_cli
 from hosttune.config.inventory import load_inventory
 from hosttune.deploy import rollout
 from hosttune.deploy.bundled_flags import EngineFlagError, check_bundled_flags, refusals
+from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.settings import parse_sets
 from hosttune.fleet_runner import Outcome
@@ -83,6 +84,17 @@ def test_a_set_flag_overrides_the_inventory_one_and_null_leaves_it_out(tmp_path)
 def test_vllm_sglang_and_a_release_of_another_ref_are_left_to_the_hosts(tmp_path, engine, ref):
     inv, _ = _inventory(tmp_path, engine=engine)
     assert _check(inv, ["bogus=1"], ref=ref) is None
+
+
+def test_an_engine_folder_whose_options_do_not_load_is_one_line(monkeypatch, tmp_path):
+    from hosttune.deploy import bundled_flags
+
+    (tmp_path / "hosttune_engine").mkdir()  # a package without its server/options.py
+    (tmp_path / "hosttune_engine" / "__init__.py").write_text("import no_such_module\n")
+    monkeypatch.setattr(bundled_flags, "engine_folder", lambda: tmp_path)
+    with pytest.raises(DeployError) as err:
+        refusals([("--dtype", "float16")])
+    assert str(err.value) == "checking the bundled engine's flags failed: ModuleNotFoundError: No module named 'no_such_module'"
 
 
 def test_cli_a_bad_engine_flag_is_refused_before_any_host_is_contacted(monkeypatch, tmp_path):
