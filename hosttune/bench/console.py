@@ -9,6 +9,7 @@ from hosttune.bench.metrics import Summary, prefix_hit_rate
 from hosttune.bench.record import RunRecord
 from hosttune.bench.report import since_warmup, summary_rows
 from hosttune.bench.sweep import SweepPoint, SweepResult
+from hosttune.bench.units import rate_text
 
 
 def progress_status(progress: Progress) -> str:
@@ -53,15 +54,16 @@ def sweep_point_line(url: str, point: SweepPoint) -> str:
     s = point.summary
     e2e = "-" if s.e2e is None else f"{s.e2e.p95 * 1e3:.1f} ms"
     lag = " (client behind)" if point.is_client_bound else ""
-    return (f"{url} rate {point.rate:8.2f}/s: offered {s.offered_rate:.2f}/s, served {s.request_throughput:.2f}/s, E2E P95 {e2e}, "
+    return (f"{url} rate {rate_text(point.rate):>8}/s: offered {rate_text(s.offered_rate)}/s, "
+            f"served {rate_text(s.request_throughput)}/s, E2E P95 {e2e}, "
             f"errors {s.error_rate:.1%}, backlog {s.backlog_growth:+d} "
             f"-> {'held' if point.is_held else 'broke'}{lag}")
 
 
 def sweep_table(sweeps: list[SweepResult], render: TableRenderer = table) -> str:
     header = ["endpoint", "max rate held (req/s)", "lowest rate broken", "max served (req/s)", "steps"]
-    rows = [[s.url, "-" if s.max_rate is None else f"{s.max_rate:.2f}" + (" (ceiling)" if s.is_capped else ""),
-             "-" if s.first_broken is None else f"{s.first_broken:.2f}",
-             f"{max((p.summary.request_throughput for p in s.points), default=0.0):.2f}", str(len(s.points))]
+    rows = [[s.url, "-" if s.max_rate is None else rate_text(s.max_rate) + (" (ceiling)" if s.is_capped else ""),
+             "-" if s.first_broken is None else rate_text(s.first_broken),
+             rate_text(max((p.summary.request_throughput for p in s.points), default=0.0)), str(len(s.points))]
             for s in sweeps]
     return render(header, rows)

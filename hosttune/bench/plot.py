@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hosttune.bench.metrics import Summary, inter_chunk_gaps, percentile, tpot
+from hosttune.bench.units import rate_text
 from hosttune.bench.record import OK, RunRecord
 from hosttune.bench.sweep import SweepResult
 
@@ -17,7 +18,7 @@ BIN = 1.0  # seconds per point of the ITL P99 line
 
 def run_label(run: RunRecord) -> str:
     """An endpoint's run as the legends name it: its URL, and an open loop's rate (a sweep's step, so)."""
-    return run.url if run.rate is None else f"{run.url} at {run.rate:.2f} req/s"
+    return run.url if run.rate is None else f"{run.url} at {rate_text(run.rate)} req/s"
 
 
 def _pyplot():

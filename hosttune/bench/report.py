@@ -15,6 +15,7 @@ from hosttune.bench.metrics import LatencyStats, Summary
 from hosttune.bench.plot import CDF_FILE, TIMELINE_FILE
 from hosttune.bench.record import RequestRecord, RunRecord
 from hosttune.bench.sweep import SweepResult
+from hosttune.bench.units import rate_text
 
 METRICS = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"))
 
@@ -109,7 +110,7 @@ def markdown(outcome: Outcome, plots: list[str]) -> str:
     for sweep in outcome.sweeps:
         lines += _sweep_section(sweep)
     if outcome.sweeps and {CDF_FILE, TIMELINE_FILE} <= set(plots):
-        held = ", ".join(f"{s.url} at {s.max_rate:.2f} req/s" for s in outcome.sweeps if s.max_rate is not None)
+        held = ", ".join(f"{s.url} at {rate_text(s.max_rate)} req/s" for s in outcome.sweeps if s.max_rate is not None)
         lines += [f"{CDF_FILE} and {TIMELINE_FILE} show each endpoint's step at the highest rate held: {held}.", ""]
     lines += [f"![{name}]({name})" for name in plots] + ([""] if plots else [])
     lines += ["## Definitions", "", definitions(), ""]
@@ -193,7 +194,7 @@ def summary_rows(summaries: list[Summary]) -> list[tuple[str, list[str]]]:
         for q in metrics.PERCENTILES:
             rows.append((f"{label} P{q} (ms)", [_ms(getattr(s, name), q) for s in summaries]))
     rows += [
-        ("requests/s", [f"{s.request_throughput:.2f}" for s in summaries]),
+        ("requests/s", [rate_text(s.request_throughput) for s in summaries]),
         ("output tokens/s", [f"{s.output_token_throughput:.1f}" for s in summaries]),
         ("output tokens/s streamed", [f"{s.streamed_token_throughput:.1f}" for s in summaries]),
         ("input tokens/s", [f"{s.input_token_throughput:.1f}" for s in summaries]),
@@ -216,7 +217,7 @@ def _errors(s: Summary) -> str:
 
 
 def _goodput(s: Summary) -> str:
-    return "-" if s.goodput is None else f"{s.goodput:.2f} ({s.goodput_fraction:.0%})"
+    return "-" if s.goodput is None else f"{rate_text(s.goodput)} ({s.goodput_fraction:.0%})"
 
 
 def _warnings(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:
@@ -234,12 +235,12 @@ def _warnings(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:
 def _sweep_section(sweep: SweepResult) -> list[str]:
     slo = ", ".join(f"{k} P{sweep.slo.percentile:g} <= {v * 1e3:g} ms" for k, v in sweep.slo.limits().items())
     verdict = ("even the lowest rate broke the SLO" if sweep.max_rate is None else
-               f"**{sweep.max_rate:.2f} requests/s**" + (" (the sweep's ceiling; it never broke)" if sweep.is_capped else ""))
+               f"**{rate_text(sweep.max_rate)} requests/s**" + (" (the sweep's ceiling; it never broke)" if sweep.is_capped else ""))
     served = max((p.summary.request_throughput for p in sweep.points), default=0.0)
     lines = [f"## Rate sweep: {sweep.url}", "",
              f"SLO: {slo}, errors <= {sweep.slo.max_error_rate:.0%}; a step also needs the server to "
              "keep up (backlog growth within chance).",
-             f"Highest rate that held: {verdict}. Highest rate served in any step: {served:.2f} requests/s.", "",
+             f"Highest rate that held: {verdict}. Highest rate served in any step: {rate_text(served)} requests/s.", "",
              "A step's arrivals are random around its target rate: offered is what its window sent per second, served "
              "what ended in that window per second, above offered only by a backlog the step began with and cleared "
              "(its backlog growth is then negative).", "",
@@ -247,7 +248,7 @@ def _sweep_section(sweep: SweepResult) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]
     for p in sorted(sweep.points, key=lambda p: p.rate):
         s = p.summary
-        lines.append(f"| {p.rate:.2f} | {s.offered_rate:.2f} | {s.request_throughput:.2f} | {_ms(s.ttft, 95)} | {_ms(s.e2e, 95)} | "
+        lines.append(f"| {rate_text(p.rate)} | {rate_text(s.offered_rate)} | {rate_text(s.request_throughput)} | {_ms(s.ttft, 95)} | {_ms(s.e2e, 95)} | "
                      f"{s.error_rate:.1%} | {s.backlog_growth:+d} | {'yes' if p.is_held else 'no'} | "
                      f"{'BEHIND' if p.is_client_bound else 'ok'} |")
     return lines + [""]

@@ -1,7 +1,9 @@
-"""Durations and SLO strings as users type them: `90s`, `10m`, `500ms`, `ttft=500ms,e2e=2s`."""
+"""Durations and SLO strings as users type them: `90s`, `10m`, `500ms`, `ttft=500ms,e2e=2s`; rates as a
+report prints them."""
 
 from __future__ import annotations
 
+import math
 import re
 
 from hosttune.bench.metrics import Slo
@@ -17,6 +19,14 @@ def parse_duration(text: str, what: str = "duration") -> float:
     if not match:
         raise BenchError(f"{what} {text!r}: write a number with ms, s, m or h, e.g. 90s or 10m")
     return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def rate_text(per_s: float) -> str:
+    """A rate in requests/s with two decimals, or with two significant digits below 0.1/s (0.0040, not 0.00),
+    so a sweep that searched low rates still says which."""
+    if per_s == 0 or abs(per_s) >= 0.1:
+        return f"{per_s:.2f}"
+    return f"{per_s:.{1 - math.floor(math.log10(abs(per_s)))}f}"
 
 
 def parse_positive_duration(text: str, what: str) -> float:

@@ -128,3 +128,27 @@ def test_a_sweeps_distribution_and_timeline_plots_say_they_show_the_held_step(tm
                            [plot.CDF_FILE, plot.TIMELINE_FILE, plot.SWEEP_FILE])
     assert ("latency_cdf.png and timeline.png show each endpoint's step at the highest rate held: http://h:8000 at "
             "1.00 req/s.") in text
+
+
+def test_a_low_rate_keeps_its_significant_digits_wherever_a_sweep_prints_it():
+    """A sweep that searched below 0.005 req/s (a slow model, a strict SLO) must not print its rates as 0.00/s."""
+    from dataclasses import replace
+
+    from hosttune.bench import report
+    from hosttune.bench.console import sweep_point_line, sweep_table
+    from hosttune.bench.sweep import SweepPoint, SweepResult
+    from hosttune.bench.units import rate_text
+
+    from .test_metrics import record, run_of
+
+    assert [rate_text(r) for r in (0.0, 0.004, 0.00126, 0.05, 0.1, 1.0, 12.346)] == \
+        ["0.00", "0.0040", "0.0013", "0.050", "0.10", "1.00", "12.35"]
+    run = replace(run_of([record(i, 0.5 + 0.8 * i, [0.6 + 0.8 * i], 0.7 + 0.8 * i) for i in range(12)]),
+                  rate=0.004, url="http://h:8000")
+    point = SweepPoint(0.004, summarize(run, Slo(e2e=1.0)), run)
+    assert "rate   0.0040/s: offered 1.20/s" in sweep_point_line("http://h:8000", point)
+    sweep = SweepResult("http://h:8000", Slo(e2e=1.0), (point,), 0.004, 0.006, False)
+    assert "| http://h:8000 | 0.0040 | 0.0060 |" in sweep_table([sweep], lambda header, rows: "\n".join(
+        "| " + " | ".join(row) + " |" for row in rows))
+    text = "\n".join(report._sweep_section(sweep))
+    assert "**0.0040 requests/s**" in text and "| 0.0040 | 1.20 | 1.20 |" in text
