@@ -33,12 +33,33 @@ from hosttune_engine.server.options import add_serve_arguments
 SWITCH_INTERVAL_S = 0.0005
 
 
-def _parser(with_tools: bool = True) -> argparse.ArgumentParser:
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad command line is one line naming the command and the option, exit 2, as the engine's
+    other errors are, not a usage block and an error below it. Its commands' parsers are of this class too."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}  # the program's: its commands' parsers by name
+
+    def error(self, message: str):
+        what = message.removeprefix("argument ")  # "argument --port: invalid int value" names the option
+        self.exit(2, f"{self.prog}: error: {' '.join(what.split())} (see {self.prog} --help)\n")
+
+    def parse_command_line(self, argv: list[str]) -> argparse.Namespace:
+        """parse_args, with arguments the command does not take refused by that command, not by the program."""
+        args, extra = self.parse_known_args(argv)
+        if extra:
+            self.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        return args
+
+
+def _parser(with_tools: bool = True) -> OneLineParser:
     """The command line; without `with_tools`, `serve` alone: the plan and tune commands import torch, which
     `serve` loads only after its socket is open."""
-    parser = argparse.ArgumentParser(prog="hosttune-engine", description="hosttune's bundled LLM engine.")
+    parser = OneLineParser(prog="hosttune-engine", description="hosttune's bundled LLM engine.")
     parser.add_argument("--version", action="version", version=__version__)
     commands = parser.add_subparsers(dest="command", required=True)
+    parser.commands = commands.choices
     s = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API",
                             description="Serve a model over an OpenAI-compatible HTTP API. Example: hosttune-engine "
                                         "serve --model /models/qwen2.5-7b --host 0.0.0.0 --port 8000")
@@ -111,7 +132,7 @@ def _report(make) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    args = _parser(with_tools=argv[:1] != ["serve"]).parse_args(argv)
+    args = _parser(with_tools=argv[:1] != ["serve"]).parse_command_line(argv)
     if args.command == "plan":
         from hosttune_engine.plan.render import format_plan
         from hosttune_engine.planner.command import plan_from_args
