@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import typer
 from typer.core import TyperGroup
@@ -20,11 +20,11 @@ from hosttune.quoting import quote
 click_errors = importlib.import_module(typer.BadParameter.__module__)
 
 
-def one_line(exc: Any) -> str:
+def one_line(exc: Any, command: str) -> str:
     """`hosttune deploy: --port 0: input should be greater than or equal to 1 (see hosttune deploy --help)` for a
-    click.ClickException."""
+    click.ClickException; `command` names the command where click's error does not say (`--run` given no value)."""
     ctx = getattr(exc, "ctx", None)
-    command = ctx.command_path if ctx is not None else "hosttune"
+    command = ctx.command_path if ctx is not None else command
     what = _lower_first(" ".join(_what(exc).split()).rstrip("."))
     return f"{command}: {what} (see {command} --help)"
 
@@ -64,14 +64,15 @@ def _name(param: Any) -> str:
 
 
 @contextmanager
-def usage_errors_in_one_line() -> Iterator[None]:
-    """click's usage and parameter errors, printed as one line; the help a bare command asks for is left alone."""
+def usage_errors_in_one_line(command: Callable[[], str]) -> Iterator[None]:
+    """click's usage and parameter errors, printed as one line; the help a bare command asks for is left alone.
+    `command()`: the command being parsed when the error came, for errors that do not name it."""
     try:
         yield
     except getattr(click_errors, "NoArgsIsHelpError", ()):
         raise
     except click_errors.ClickException as exc:
-        typer.secho(one_line(exc), err=True, fg="red")
+        typer.secho(one_line(exc, command()), err=True, fg="red")
         raise typer.Exit(EXIT_ERROR) from None
 
 
@@ -79,10 +80,11 @@ class OneLineErrorGroup(TyperGroup):
     """The root command: errors in its own options, in a command's name, and in any subcommand's arguments
     (parsed while the root invokes it) all pass through here."""
 
-    def make_context(self, *args, **kwargs):
-        with usage_errors_in_one_line():
-            return super().make_context(*args, **kwargs)
+    def make_context(self, info_name, args, parent=None, **extra):
+        with usage_errors_in_one_line(lambda: info_name or "hosttune"):
+            return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx):
-        with usage_errors_in_one_line():
+        # click names the command being parsed in most errors, not all: the root knows which one it started
+        with usage_errors_in_one_line(lambda: " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand)))):
             return super().invoke(ctx)
