@@ -110,8 +110,8 @@ def deploy(
     ready = {o.host.name for o in plans if o.state in (Outcome.PLANNED, Outcome.UNCHANGED)}
     order = recap.rollout_line([[h.name for h in unit] for unit in rollout_units(only(inv, ready), request.engine)]
                                if ready else [], serial, canary, max_fail_percent, canary_slo)
-    lines = [*([flag_check] if flag_check else []), *([order] if order else []), *plan_lines(inv, plans, router, nginx_dir),
-             recap.plan_line(plans)]
+    checked = [flag_check] if flag_check and ready else []  # where the flags are checked: for a run to come
+    lines = [*checked, *([order] if order else []), *plan_lines(inv, plans, router, nginx_dir), recap.plan_line(plans)]
     typer.echo(recap.render(plans) + "\n" + "\n".join(lines))
     due = [o for o in plans if o.state is Outcome.PLANNED]
     if not due or not go_ahead(f"Deploy to {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run,

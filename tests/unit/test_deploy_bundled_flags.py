@@ -114,3 +114,13 @@ def test_cli_a_dry_run_says_the_flags_were_checked_before_any_host(monkeypatch, 
     result = runner.invoke(app, ["deploy", "-i", str(path), "--set", "dtype=float16", "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "bundled engine flags: checked against " in result.output.splitlines()[-2]
+
+
+def test_cli_a_plan_every_host_of_which_failed_is_its_failures_alone(monkeypatch, tmp_path):
+    inv, path = _inventory(tmp_path)
+    monkeypatch.setattr(deploy_cli, "deploy_fleet", lambda inv, request, **kw: [
+        HostDeploy(inv.hosts[0], Outcome.FAILED, error="nothing changed: the model folder /m does not exist")])
+    result = runner.invoke(app, ["deploy", "-i", str(path), "--set", "dtype=float16"])
+    assert result.exit_code == 2, result.output
+    table, _, count = result.output.partition("\nplan: ")
+    assert len(table.strip().splitlines()) == 1 and "does not exist" in table and count == "deploy to 0 of 1 host\n"
