@@ -146,15 +146,15 @@ def _quant_gemv(inputs, table, op, bucket, kernel: str, default: dict, kind: Ker
 def _fp8(inputs: PlanInputs, table: dict, op: Op, bucket: RowBucket) -> Choice:
     if bucket.hi <= GEMV_ROWS:
         return _quant_gemv(inputs, table, op, bucket, "fp8_gemv", FP8_GEMV_DEFAULT, Kernel.FP8_GEMV)
-    key = _keys(inputs, bucket)
+    keys = _keys(inputs, bucket)
     why_not = _why_no_fp8_mm(inputs, op)
     if why_not:
-        found = _tuned(table, "w8a16_gemm", key, GEMM_DEFAULT, inputs.shape(op))
+        found = _tuned(table, "w8a16_gemm", keys, GEMM_DEFAULT, inputs.shape(op))
         return _choice(op, bucket, Kernel.W8A16_GEMM, found, note=why_not)
-    method_cfg, reason, entry = _tuned(table, "fp8_mm", key, {"METHOD": "unit"}, inputs.shape(op))
+    method_cfg, reason, entry = _tuned(table, "fp8_mm", keys, {"METHOD": "unit"}, inputs.shape(op))
     method = method_cfg.method
     kernel = {Fp8Method.TRITON: "fp8_gemm", Fp8Method.W8A16: "w8a16_gemm"}.get(method)
-    found = _tuned(table, kernel, key, FP8_GEMM_DEFAULT if kernel == "fp8_gemm" else GEMM_DEFAULT,
+    found = _tuned(table, kernel, keys, FP8_GEMM_DEFAULT if kernel == "fp8_gemm" else GEMM_DEFAULT,
                    inputs.shape(op)) if kernel else (method_cfg, reason, entry)
     note = f"path {method.value} from {entry or reason.value}" if kernel else ""
     return _choice(op, bucket, FP8_MM[method], found, _fp8_input(inputs, table, op, bucket, method), note)
@@ -189,10 +189,10 @@ def _gate_up_defers(inputs: PlanInputs, table: dict, bucket: RowBucket) -> bool:
     """Whether gate_up, FP8 on the Triton GEMM with SWIGLU 1, leaves its output to down_proj's quantization."""
     if inputs.layout(Op.GATE_UP) is None or _why_no_fp8_mm(inputs, Op.GATE_UP):
         return False
-    key, shape = _keys(inputs, bucket), inputs.shape(Op.GATE_UP)
-    if _tuned(table, "fp8_mm", key, {"METHOD": "unit"}, shape)[0].method is not Fp8Method.TRITON:
+    keys, shape = _keys(inputs, bucket), inputs.shape(Op.GATE_UP)
+    if _tuned(table, "fp8_mm", keys, {"METHOD": "unit"}, shape)[0].method is not Fp8Method.TRITON:
         return False
-    cfg = _tuned(table, "fp8_gemm", key, FP8_GEMM_DEFAULT, shape)[0]
+    cfg = _tuned(table, "fp8_gemm", keys, FP8_GEMM_DEFAULT, shape)[0]
     return bool(cfg.swiglu) and (cfg.block_n or 0) >= 32
 
 
