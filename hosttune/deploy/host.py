@@ -223,9 +223,7 @@ def _meta_file(transport: Transport, rid: str, name: str) -> bytes:
 def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateResult,
              failed_replica: int | None = None) -> HostDeploy:
     """The gate failed: keep the evidence, then put back what was live before (or stop, if nothing was)."""
-    unit = replica_unit(failed_replica) if failed_replica is not None else SERVE_UNIT
-    journal = journal_tail(transport, unit)
-    failed = HostDeploy(job.host, Outcome.FAILED, job.release.id, None, gate, gate.summary(), journal)
+    failed = gate_failure(transport, job.host, job.release.id, gate, failed_replica)
     # The release live before; when this was a restart of the live release itself, the one before that.
     target = before.current if before.current != job.release.dir else before.previous
     try:
@@ -243,6 +241,14 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
     serving = previous.id if check.ok else None
     note = "" if check.ok else f"; the previous release {previous.id} did not come back healthy: {check.error}"
     return replace(failed, serving=serving, restored=previous.id, error=failed.error + note)
+
+
+def gate_failure(transport: Transport, host: Host, release: str, gate: GateResult,
+                 failed_replica: int | None) -> HostDeploy:
+    """A release that failed its gate, with the failing unit's journal tail: the evidence kept before anything is
+    put back."""
+    unit = replica_unit(failed_replica) if failed_replica is not None else SERVE_UNIT
+    return HostDeploy(host, Outcome.FAILED, release, None, gate, gate.summary(), journal_tail(transport, unit))
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,12 @@ from hosttune.deploy import rolling
 from hosttune.deploy.access import Access, front_for
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.front import front_ops
-from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
-from hosttune.deploy.host import Back, HostDeploy, bring_back, load_release, settings_of
+from hosttune.deploy.gate import GateResult, gate_line, run_gate
+from hosttune.deploy.host import Back, HostDeploy, bring_back, gate_failure, load_release, settings_of
 from hosttune.deploy.release import PREVIOUS, Release, release_name
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState, read_state
-from hosttune.deploy.units import SERVE_UNIT, replica_unit
+from hosttune.deploy.units import SERVE_UNIT
 from hosttune.errors import HosttuneError
 from hosttune.execute.perform import run_ops
 from hosttune.fleet_runner import Outcome
@@ -72,8 +72,7 @@ def _rollback_failed(transport: Transport, host: Host, before: HostState, previo
                      gate: GateResult, bad: int | None) -> HostDeploy:
     """The release rolled back to failed its gate: keep the evidence, then make the one it replaced live again,
     with `previous` naming the failed one as before, so nothing is lost."""
-    journal = journal_tail(transport, replica_unit(bad) if bad is not None else SERVE_UNIT)
-    failed = HostDeploy(host, Outcome.FAILED, previous.id, None, gate, gate.summary(), journal)
+    failed = gate_failure(transport, host, previous.id, gate, bad)
     if before.current is None:
         return failed
     try:
