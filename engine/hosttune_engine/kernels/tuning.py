@@ -41,6 +41,13 @@ class TableKey:
         return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{self.gpu}-driver{self.driver}-triton{self.triton}") + ".json"
 
 
+def cached_paths(gpu: str) -> list[Path]:
+    """The cache's table files tuned on `gpu`, under any driver and Triton (their names begin with the GPU's)."""
+    prefix = TableKey(gpu, "", "").file_name.split("-driver")[0] + "-driver"
+    folder = cache_dir() / "tuned"
+    return sorted(p for p in folder.glob("*.json") if p.name.startswith(prefix)) if folder.is_dir() else []
+
+
 def user_table_path() -> Path:
     return Path(os.environ.get(USER_ENV) or Path.home() / ".cache" / "hosttune" / "kernel_configs.json")
 

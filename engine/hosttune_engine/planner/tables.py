@@ -21,20 +21,13 @@ def check_tables(gpu: str) -> None:
         _object(raw, f"{path}", "GPU names")
         if gpu in raw:
             _kernels(raw[gpu], f"{path}: {gpu!r}")
-    for cached in _cached_files(gpu):
+    for cached in tuning.cached_paths(gpu):
         raw = _parse(cached)
         _object(raw, f"{cached}", "table fields")
         if "kernels" not in raw:
             raise ConfigError(f"{cached}: holds no \"kernels\" object (a table `hosttune-engine tune` writes); "
                               "fix it or remove it")
         _kernels(raw["kernels"], f"{cached}: kernels")
-
-
-def _cached_files(gpu: str) -> list:
-    """The cache's tables tuned on `gpu`, under any driver and Triton (their names begin with the GPU's)."""
-    prefix = tuning.TableKey(gpu, "", "").file_name.split("-driver")[0] + "-driver"
-    folder = tuning.cache_dir() / "tuned"
-    return sorted(p for p in folder.glob("*.json") if p.name.startswith(prefix)) if folder.is_dir() else []
 
 
 def table_name(name: str) -> str:
