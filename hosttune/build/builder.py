@@ -120,7 +120,7 @@ def preview(request: BuildRequest) -> str:
     hit = cached(request, build_plan)
     if hit is not None:
         return f"cache hit: {hit.key.name}, nothing to build\n  {hit.path}"
-    check_would_write(request.wheelhouse)  # what a real build checks before its first step, read-only here
+    check_writable(request.wheelhouse)  # the build's own check, before its first step
     cuobjdump = find_cuobjdump(toolchain, request.cuobjdump) if build_plan.key.archs else None
     text = build_plan.render()
     if request.deps:
@@ -136,22 +136,23 @@ def _unwritable(wheelhouse: Path, why: str) -> BuildError:
     return BuildError(f"cannot write to the wheelhouse {wheelhouse} ({why}); pass --wheelhouse a folder you can write")
 
 
-def check_would_write(wheelhouse: Path) -> None:
-    """check_writable without making anything: the nearest folder that exists must take new ones."""
+def check_writable(wheelhouse: Path) -> None:
+    """The wheelhouse takes new folders (the log, the staging entry): one is made and removed again in its
+    nearest existing folder, the one the build will make the wheelhouse in. A build checks this before any
+    step runs and a dry run before it prints the plan, so the plan never promises a wheelhouse the build
+    refuses; nothing is left behind. Only making a folder tells: permission bits say yes to root on /proc."""
     existing = wheelhouse
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    if not existing.is_dir():
-        raise _unwritable(wheelhouse, "Not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise _unwritable(wheelhouse, "Permission denied")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".writable-", dir=existing))
+    except OSError as exc:
+        raise _unwritable(wheelhouse, exc.strerror or str(exc)) from None
 
 
-def check_writable(wheelhouse: Path) -> None:
-    """The wheelhouse takes new folders (the log, the staging entry), checked before any step runs."""
+def _make_wheelhouse(wheelhouse: Path) -> None:
     try:
         wheelhouse.mkdir(parents=True, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(prefix=".writable-", dir=wheelhouse))
     except OSError as exc:
         raise _unwritable(wheelhouse, exc.strerror or str(exc)) from None
 
@@ -163,6 +164,7 @@ def build(request: BuildRequest, on_step: Callable[[BuildCommand], None] | None 
     if hit is not None:
         return BuildResult(hit, True, build_plan, None)
     check_writable(request.wheelhouse)
+    _make_wheelhouse(request.wheelhouse)
     cuobjdump = find_cuobjdump(toolchain, request.cuobjdump) if build_plan.key.archs else None
     log = request.wheelhouse / "logs" / f"{build_plan.key.name}-{time.strftime('%Y%m%dT%H%M%S')}.log"
     start = time.monotonic()

@@ -180,6 +180,15 @@ def test_cli_an_unwritable_wheelhouse_is_one_line_before_any_step_and_in_the_dry
                                          "pass --wheelhouse a folder you can write")
 
 
+def test_cli_the_dry_run_refuses_every_wheelhouse_the_build_refuses_with_the_same_line(tmp_path):
+    # /proc passes a permission test for root, yet takes no new folder: only making one tells
+    for wheelhouse in ("/proc/hosttune-wheelhouse", "/proc/self/hosttune-wheelhouse"):
+        outputs = [CliRunner().invoke(app, ["build", "--engine", "custom", "-w", wheelhouse, *extra]).output
+                   for extra in ([], ["--dry-run"])]
+        assert outputs[0].startswith(f"hosttune: cannot write to the wheelhouse {wheelhouse} (")
+        assert outputs[1] == outputs[0]
+
+
 def test_cli_dry_run_says_where_the_wheels_are_filed_and_makes_nothing(tmp_path):
     wheelhouse = tmp_path / "new" / "wh"
     result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(wheelhouse), "--dry-run"])
