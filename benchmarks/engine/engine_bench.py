@@ -137,6 +137,8 @@ def offline_throughput(engine: Engine, n_req: int, n_in: int, n_out: int) -> dic
     prompts = _prompts(n_req, n_in, seed=n_in * 1000 + n_out)
     steps_by_kind = _time_runner_steps(engine)
     compiled = triton_cache_entries()
+    if engine.kernel_compiles is not None:  # from here every kernel built is logged by name, as while serving
+        engine.kernel_compiles.mark_ready()
     sync()
     t0 = time.perf_counter()
     _add(engine, prompts, max_tokens=n_out)
@@ -157,23 +159,28 @@ def offline_throughput(engine: Engine, n_req: int, n_in: int, n_out: int) -> dic
 def _time_runner_steps(engine: Engine) -> dict:
     """Host time inside the runner by step kind: its launch (packing, enqueue) plus its collect (the wait for
     the device). Engine.step leaves a launched step running and builds outputs meanwhile, so the rest of the
-    wall time is host work that overlaps the device, not device idle time."""
+    wall time is host work that overlaps the device, not device idle time. The same time is also split by phase:
+    steps carrying a prefill chunk against decode-only steps (where a quantized model's GEMMs differ most)."""
     runner, stats = engine.runner, {"graph_steps": 0, "graph_s": 0.0, "eager_steps": 0, "eager_s": 0.0,
+                                    "prefill_steps": 0, "prefill_s": 0.0, "decode_steps": 0, "decode_s": 0.0,
                                     "slowest_step_s": 0.0, "launched_ahead": 0}
     launch, collect = runner.launch, runner.collect
-    kinds: dict[int, str] = {}
+    kinds: dict[int, tuple[str, str]] = {}
 
-    def add(kind: str, dt: float) -> None:
-        stats[f"{kind}_s"] += dt
+    def add(kinds_of_step: tuple[str, str], dt: float) -> None:
+        for kind in kinds_of_step:
+            stats[f"{kind}_s"] += dt
         stats["slowest_step_s"] = max(stats["slowest_step_s"], dt)
 
     def timed_launch(sched, after=None):
         t0 = time.perf_counter()
         launched = launch(sched, after=after)
         stats["launched_ahead"] += after is not None
-        kind = kinds[id(launched)] = "graph" if after is not None or runner._runs_graph(sched) else "eager"
-        stats[f"{kind}_steps"] += 1
-        add(kind, time.perf_counter() - t0)
+        kind = "graph" if after is not None or runner._runs_graph(sched) else "eager"
+        kinds[id(launched)] = of_step = (kind, "prefill" if sched.num_prefill_seqs else "decode")
+        for k in of_step:
+            stats[f"{k}_steps"] += 1
+        add(of_step, time.perf_counter() - t0)
         return launched
 
     def timed_collect(launched):

@@ -205,7 +205,9 @@ def print_table(res: dict) -> None:
               f"{r['ratio_vs_roofline']:.2f} ({r['ratio_vs_refined_roofline']:.2f}) | ≥ 0.75 |")
         ru = r["runner"]
         print(f"| ... where the time went | graph steps {ru['graph_steps']} in {ru['graph_s']:.2f} s, eager steps "
-              f"{ru['eager_steps']} in {ru['eager_s']:.2f} s (slowest {ru['slowest_step_s'] * 1e3:.0f} ms), outside the "
+              f"{ru['eager_steps']} in {ru['eager_s']:.2f} s (slowest {ru['slowest_step_s'] * 1e3:.0f} ms); steps with "
+              f"prefill {ru['prefill_steps']} in {ru['prefill_s']:.2f} s, decode-only {ru['decode_steps']} in "
+              f"{ru['decode_s']:.2f} s; outside the "
               f"runner {r['outside_runner_s']:.2f} s | model: prefill {rf['prefill_s']:.2f} s + decode {rf['decode_s']:.2f} s "
               f"| kernels compiled: {r['kernels_compiled']} | |")
     if res.get("quant"):

@@ -41,6 +41,10 @@ def test_every_row_is_measured_on_a_tiny_model(quant_bench):
     assert awq["batched"]["batch"] == 4 and awq["batched"]["tok_s"] > 0 and "ttft" not in awq
     assert all(r["batched_small"]["batch"] == 2 and r["batched_small"]["tok_s"] > 0 for r in res["quant"])
     assert all(r["throughput"]["output_tokens"] == 16 for r in res["quant"])
+    for runner in (r["throughput"]["runner"] for r in res["quant"]):  # every step timed once, in one phase
+        assert runner["prefill_steps"] >= 1 and runner["decode_steps"] >= 1
+        assert runner["prefill_steps"] + runner["decode_steps"] == runner["graph_steps"] + runner["eager_steps"]
+        assert abs(runner["prefill_s"] + runner["decode_s"] - runner["graph_s"] - runner["eager_s"]) < 1e-6
     rows = quant_bench.table_rows(res)
     assert len(rows) == 16 and all(r.count("|") == 6 for r in rows)
     assert "| fp8-kv8 decode b4, " in rows[13] and "fp8, bf16 KV" in rows[13]
