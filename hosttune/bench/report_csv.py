@@ -21,6 +21,9 @@ SUMMARY_COLUMNS = ("url", "rate", "offered_rate", "requests", "ok", "rejected", 
                    "ttft_p99", "itl_p50", "itl_p95", "itl_p99", "tpot_p50", "tpot_p95", "e2e_p50",
                    "e2e_p95", "e2e_p99", "request_throughput", "output_token_throughput",
                    "streamed_token_throughput", "input_token_throughput", "goodput", "slo_met", "client_behind")
+REQUESTS_FILE = "requests.csv"
+SUMMARY_FILE = "summary.csv"
+SERVER_FILE = "server_metrics.csv"
 SERVER_COLUMNS = ("url", "rate", "at", "waiting", "running", "kv_usage", "preemptions", "prefix_hits",
                   "prefix_queries", "prefix_hit_rate")
 
@@ -28,13 +31,13 @@ SERVER_COLUMNS = ("url", "rate", "at", "waiting", "running", "kv_usage", "preemp
 def write_csv(outcome: Outcome, folder: Path) -> list[str]:
     """Write the CSV files that apply; return their names."""
     runs = outcome.all_runs()
-    names = ["requests.csv", "summary.csv"]
-    _write(folder / "requests.csv", REQUEST_COLUMNS, [row for run, _ in runs for row in request_rows(run)])
-    _write(folder / "summary.csv", SUMMARY_COLUMNS, [summary_row(run, s) for run, s in runs])
+    names = [REQUESTS_FILE, SUMMARY_FILE]
+    _write(folder / REQUESTS_FILE, REQUEST_COLUMNS, [row for run, _ in runs for row in request_rows(run)])
+    _write(folder / SUMMARY_FILE, SUMMARY_COLUMNS, [summary_row(run, s) for run, s in runs])
     samples = [server_row(run, s) for run, _ in runs for s in run.server_metrics]
     if samples:
-        _write(folder / "server_metrics.csv", SERVER_COLUMNS, samples)
-        names.append("server_metrics.csv")
+        _write(folder / SERVER_FILE, SERVER_COLUMNS, samples)
+        names.append(SERVER_FILE)
     return names
 
 

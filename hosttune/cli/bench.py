@@ -44,7 +44,7 @@ def bench(
     sweep_max: float = typer.Option(10_000.0, "--sweep-max", help="Highest rate the sweep tries."),
     sweep_growth: float = typer.Option(2.0, "--sweep-growth", help="Rate factor between steps until the SLO breaks."),
     sweep_precision: float = typer.Option(0.05, "--sweep-precision", help="Stop when the bracket is this narrow (fraction)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Folder for results.json, report.md, CSV files and PNG plots; made, and checked writable, before the run."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Folder for results.json, report.md, CSV files and PNG plots; made, and checked writable, before the run. It holds one run: result files an earlier run left there that this run does not write are removed (other files stay)."),
     ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Ask for exactly --max-tokens tokens (vLLM/SGLang/hosttune extension)."),
     timeout: str = typer.Option("10m", "--timeout", help="Longest a single request may take."),
     max_client_lag: str = typer.Option("5ms", "--max-client-lag", help="Flag the run when the client's P99 lag exceeds this."),
@@ -62,7 +62,9 @@ def bench(
     Workloads: random prompts of --prompts lengths (default), --dataset, --shared-prefix,
     --turns (conversations; with --dataset its user turns) or --trace. --out writes
     results.json, report.md, CSV files and PNG plots (latencies over time beside the
-    server's queue, batch, KV-cache use and preemptions, when it has /metrics).
+    server's queue, batch, KV-cache use and preemptions, when it has /metrics); the folder
+    then holds this run's results only: an earlier run's result files are replaced, or
+    removed where this run writes none of that name, and files of other names stay.
     Ctrl-C (or SIGTERM) ends a run early and still reports it, over the time it ran; a
     second one also cancels the requests in flight.
     Exit code bits: 1 SLO missed (or no rate held in a sweep), 2 usage error (or every

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from hosttune.bench import console, plot, report, report_csv
+from hosttune.bench import console, plot, report, report_csv, result_files
 from hosttune.bench.benchmark import BenchSpec, check_url, measure, run_async
 from hosttune.bench.connection import tls_context
 from hosttune.bench.headers import redact_argv, request_headers
@@ -144,7 +144,8 @@ def _sweep_one(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig):
 
 
 def _check_out(folder: Path) -> None:
-    """--out is made and written to before the run: a folder that cannot be written fails now, not after it."""
+    """--out is made and written to before the run: a folder that cannot be written fails now, not after it.
+    An earlier run's result files there are replaced or removed once this run is written (result_files)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
@@ -161,13 +162,17 @@ def _write(outcome: report.Outcome, folder: Path) -> None:
 
 def _write_files(outcome: report.Outcome, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    report.write_json(outcome, folder / "results.json")
+    report.write_json(outcome, folder / result_files.RESULTS_FILE)
     csv_names = report_csv.write_csv(outcome, folder)
     cdf_runs = list(outcome.runs) or [(p.run, p.summary) for s in outcome.sweeps for p in s.points
                                       if s.max_rate is not None and p.rate == s.max_rate]
     names = plot.write_plots(cdf_runs, list(outcome.sweeps), folder)
-    report.write_markdown(outcome, folder / "report.md", names)
-    typer.echo(f"wrote {folder}/results.json, report.md" + "".join(f", {n}" for n in csv_names + names), err=True)
+    report.write_markdown(outcome, folder / result_files.REPORT_FILE, names)
+    written = [result_files.RESULTS_FILE, result_files.REPORT_FILE, *csv_names, *names]
+    typer.echo(f"wrote {folder}/{', '.join(written)}", err=True)
+    earlier = result_files.remove_earlier(folder, written)
+    if earlier:
+        typer.echo(f"removed {', '.join(earlier)}: an earlier run's, which this run does not replace", err=True)
 
 
 def _unanswered(outcome: report.Outcome) -> list[str]:

@@ -75,6 +75,23 @@ def test_sweep_through_the_cli(server_factory, tmp_path):
     assert "## Rate sweep" in (out / "report.md").read_text()
 
 
+def test_out_holds_one_run_an_earlier_runs_result_files_go_and_other_files_stay(server_factory, tmp_path):
+    url = server_factory("--ttft", "0.002", "--itl", "0.001")
+    out = tmp_path / "bench"
+    out.mkdir()
+    earlier = {"latency_vs_rate.png": b"old sweep", "server_metrics.csv": b"old", "summary.csv": b"old"}
+    for name, data in {**earlier, "notes.txt": b"mine"}.items():
+        (out / name).write_bytes(data)
+    result = runner.invoke(app, ["bench", "--url", url, "--users", "1", "--requests", "3", "--warmup", "0",
+                                 "--prompts", "8", "--max-tokens", "2", "--metrics-interval", "0", "--out", str(out)])
+    assert result.exit_code == expected_exit(out), result.output
+    assert sorted(p.name for p in out.iterdir()) == ["latency_cdf.png", "notes.txt", "report.md", "requests.csv",
+                                                     "results.json", "summary.csv", "timeline.png"]
+    assert (out / "notes.txt").read_bytes() == b"mine" and (out / "summary.csv").read_bytes() != b"old"
+    assert ("removed server_metrics.csv, latency_vs_rate.png: an earlier run's, which this run does not replace"
+            in result.stderr)
+
+
 def test_bad_options_are_user_errors():
     result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--prompts", "normal:x"])
     assert result.exit_code == 2 and "normal:MEAN,SIGMA" in result.output
