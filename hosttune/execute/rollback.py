@@ -228,7 +228,9 @@ def rollback_journal(transport: Transport, host: Host, journal: Journal, root: s
         else:
             errors.append(f"{undo.description}: {result.stderr.strip()[-500:]}")
     status = Outcome.FAILED if errors else Outcome.RESTORED
-    marked = replace(journal, rolled_back=now(), rollback_status=status.value)
+    # A failed rollback leaves the run live: what it could not undo is still on the host, and every undo is safe
+    # to run again, so the next rollback takes this run again.
+    marked = replace(journal, rolled_back=None if errors else now(), rollback_status=status.value)
     write_file(transport, rooted(root, journal_path(journal.run)), marked.to_json(), 0o600)
     return RollbackResult(host, journal.run, status, tuple(done), "; ".join(errors) or None)
 

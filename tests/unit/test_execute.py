@@ -444,3 +444,21 @@ def test_apply_with_reboot_leaves_this_machines_reboot_to_its_operator(monkeypat
     assert outcome.state is Outcome.OK and not outcome.rebooted and outcome.exit_bits == 1
     assert "reboot pending: this machine runs hosttune" in recap.render([outcome], "run-1")
     assert recap.outcome_dict(outcome)["reboot_skipped"].endswith("reboot it by hand")
+
+
+def test_a_rollback_that_failed_can_be_run_again_and_finishes_the_job(local, tmp_path):
+    """A failed rollback leaves the run live: leaving --run out takes it again, and --run names it again."""
+    root = image(tmp_path)
+    before = tree(root)
+    assert execute_plan(local, plan_for(local, root), "r1").status == "changed"
+    made = root / "etc/profile.d/hosttune-cuda.sh"
+    made.unlink()
+    made.mkdir()  # remove refuses a directory: this undo fails
+    failed = rollback_host(local, HOST, None, str(root))
+    assert failed.status == "failed" and "is a directory" in failed.error
+    made.rmdir()
+    made.write_bytes(b"in the way\n")
+    assert rollback_host(local, HOST, None, str(root), dry_run=True).status == "planned"
+    assert rollback_host(local, HOST, "r1", str(root)).status == "restored"
+    assert tree(root) == before
+    assert rollback_host(local, HOST, None, str(root)).status == "nothing"
