@@ -28,18 +28,26 @@ test model on CPU; needs torch and the engine installed, as scripts/test.sh does
 
 Run: python benchmarks/bench_example_report.py [--engine] [--only-engine]
 (about eight minutes for the scripted part).
+
+With --from-results it runs nothing: the report.md of each folder that keeps its results.json.gz
+(compare, engine-cpu) is written again from those recorded timings by the current report code,
+under the run's own command and date.
 """
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from array import array
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +57,7 @@ SLOW = ["--ttft", "0.04", "--ttft-per-prompt-token", "0.00003", "--itl", "0.012"
         "--capacity", "16", "--max-queue", "16"]
 LOAD = ["--prompts", "chat-docs", "--max-tokens", "uniform:32-128"]
 
+sys.path.insert(0, str(ROOT))  # this checkout's hosttune, for --from-results
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 from scripted_server import launch  # noqa: E402  (test support, not part of the package)
 
@@ -107,7 +116,51 @@ def engine_runs() -> None:
             process.wait(timeout=60)
 
 
+def _request(doc: dict):
+    from hosttune.bench.record import RequestRecord
+
+    fields = {k: v for k, v in doc.items() if k not in ("ttft", "e2e")}  # derived from sent, chunks and end
+    return RequestRecord(**{**fields, "chunks": array("d", doc["chunks"])})
+
+
+def _run(doc: dict):
+    from hosttune.bench.record import LagSample, RunRecord, ServerSample
+
+    fields = {k: v for k, v in doc.items() if k not in ("summary", "requests", "loop_lag", "server_metrics")}
+    return RunRecord(**{**fields, "window": tuple(doc["window"])},
+                     requests=tuple(_request(r) for r in doc["requests"]),
+                     loop_lag=tuple(LagSample(at, lag) for at, lag in doc["loop_lag"]),
+                     server_metrics=tuple(ServerSample(**s) for s in doc["server_metrics"]))
+
+
+def _option(argv: list[str], name: str, default: str | None) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else default
+
+
+def rerender(folder: Path) -> None:
+    """report.md again from the folder's results.json.gz, summarized under the run's own --slo options."""
+    from hosttune.bench import report
+    from hosttune.bench.metrics import summarize
+    from hosttune.bench.plot import CDF_FILE, TIMELINE_FILE
+    from hosttune.bench.units import parse_duration, parse_slo
+
+    doc = json.loads(gzip.decompress((folder / "results.json.gz").read_bytes()))
+    argv = shlex.split(doc["command"])
+    slo_text = _option(argv, "--slo", None)
+    slo = parse_slo(slo_text, float(_option(argv, "--slo-percentile", "95")),
+                    float(_option(argv, "--max-error-rate", "0.01"))) if slo_text else None
+    lag_limit = parse_duration(_option(argv, "--max-client-lag", "5ms"), "--max-client-lag")
+    runs = tuple((run, summarize(run, slo, lag_limit)) for run in map(_run, doc["runs"]))
+    outcome = report.Outcome(runs, (), doc["command"], doc["created"])
+    report.write_markdown(outcome, folder / "report.md", [CDF_FILE, TIMELINE_FILE])
+    print(f"wrote {folder / 'report.md'}", flush=True)
+
+
 def main() -> None:
+    if "--from-results" in sys.argv:
+        for results in sorted(OUT.glob("*/results.json.gz")):
+            rerender(results.parent)
+        return
     if "--engine" in sys.argv or "--only-engine" in sys.argv:
         engine_runs()
     if "--only-engine" in sys.argv:

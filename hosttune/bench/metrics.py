@@ -43,8 +43,11 @@ Definitions (every time is measured by the client, in seconds):
   run may not yet show in its percentiles; it shows here. The server **kept up** when the
   growth is within 3 sigma of chance, taking the number in flight as Poisson around its
   time-average: growth <= 3 * sqrt(2 * mean in flight) + 1.
-- **Goodput**: measured requests per second that succeeded *and* met every SLO on their
-  own (their TTFT, TPOT and E2E each within the limit), over the window.
+- **Goodput**: of the requests that requests/s counts (measured and warm-up requests alike that
+  succeeded and finished inside the window), those that met every SLO on their own (their TTFT,
+  TPOT and E2E each within the limit), per second of the window: never more than requests/s,
+  and equal to it when every one met the SLO. Beside it, the share of *measured* requests
+  (failed and rejected ones included) that met the SLO.
 - **Client lag**: how late the client's event loop woke for a timer it set (sampled
   every few milliseconds through the run), and how late each open-loop request was
   sent after its scheduled time. The run is flagged when the P99 of either exceeds the
@@ -147,8 +150,8 @@ class Summary:
     output_token_throughput: float
     streamed_token_throughput: float  # output tokens that arrived in the window, per second
     input_token_throughput: float
-    goodput: float | None  # good requests per second, when an SLO is given
-    goodput_fraction: float | None  # good / measured requests
+    goodput: float | None  # of the requests request_throughput counts, those within the SLO, per second
+    goodput_fraction: float | None  # measured requests within the SLO / measured requests
     slo_met: bool | None  # whether the run as a whole met the SLO
     lag: ClientLag
 
@@ -294,19 +297,17 @@ def summarize(run: RunRecord, slo: Slo | None = None, lag_limit: float = 0.005) 
         slo_met=None,
         lag=client_lag(run, lag_limit),
     )
-    return with_slo(summary, requests, run.window, slo) if slo else summary
+    return with_slo(summary, requests, finished, slo) if slo else summary
 
 
-def with_slo(summary: Summary, requests: list[RequestRecord], window: tuple[float, float],
-             slo: Slo) -> Summary:
-    """Add goodput and the SLO verdict to a summary of `requests` (measured ones)."""
-    start, stop = window
-    good = [r for r in requests if is_good(r, slo)]
-    good_in_window = [r for r in good if start <= r.end <= stop]
+def with_slo(summary: Summary, requests: list[RequestRecord], finished: list[RequestRecord], slo: Slo) -> Summary:
+    """Add goodput and the SLO verdict to a summary of `requests` (measured ones). Goodput counts the
+    requests that request_throughput counts (`finished`: warm-up ones too), those within the SLO, so it
+    never exceeds requests/s and equals it when every one met the SLO."""
     return replace(
         summary,
-        goodput=len(good_in_window) / summary.window_s,
-        goodput_fraction=len(good) / len(requests) if requests else 0.0,
+        goodput=sum(is_good(r, slo) for r in finished) / summary.window_s,
+        goodput_fraction=sum(is_good(r, slo) for r in requests) / len(requests) if requests else 0.0,
         slo_met=meets_slo(summary, slo),
     )
 

@@ -195,11 +195,14 @@ def summary_rows(summaries: list[Summary]) -> list[tuple[str, list[str]]]:
             rows.append((f"{label} P{q} (ms)", [_ms(getattr(s, name), q) for s in summaries]))
     rows += [
         ("requests/s", [rate_text(s.request_throughput) for s in summaries]),
+        ("goodput: of them within the SLO (req/s)",
+         ["-" if s.goodput is None else rate_text(s.goodput) for s in summaries]),
+        ("measured requests within the SLO",
+         ["-" if s.goodput_fraction is None else f"{s.goodput_fraction:.0%}" for s in summaries]),
         ("output tokens/s", [f"{s.output_token_throughput:.1f}" for s in summaries]),
         ("output tokens/s streamed", [f"{s.streamed_token_throughput:.1f}" for s in summaries]),
         ("input tokens/s", [f"{s.input_token_throughput:.1f}" for s in summaries]),
         ("errors by status", [_errors(s) for s in summaries]),
-        ("goodput (req/s, share)", [_goodput(s) for s in summaries]),
         ("SLO met", [{None: "-", True: "yes", False: "no"}[s.slo_met] for s in summaries]),
         ("client lag P99 loop / send (ms)",
          [f"{s.lag.loop_p99 * 1e3:.2f} / {s.lag.send_p99 * 1e3:.2f}" for s in summaries]),
@@ -214,10 +217,6 @@ def _ms(stats: LatencyStats | None, q: int) -> str:
 
 def _errors(s: Summary) -> str:
     return ", ".join(f"{k}: {v}" for k, v in s.errors_by_status.items()) or "none"
-
-
-def _goodput(s: Summary) -> str:
-    return "-" if s.goodput is None else f"{rate_text(s.goodput)} ({s.goodput_fraction:.0%})"
 
 
 def _warnings(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:

@@ -122,6 +122,27 @@ def test_goodput_and_slo_verdict():
     assert summarize(run, Slo(e2e=2.0)).slo_met is True
 
 
+def test_goodput_counts_the_requests_that_requests_per_second_counts():
+    """Warm-up requests that end inside the window count in requests/s; goodput counts the same requests, those
+    that met the SLO, so a run whose every request met it shows goodput equal to requests/s."""
+    warm = [record(i, 0.1 * i, [0.1 * i + 0.1], 0.1 * i + 1.2, is_warmup=True) for i in range(5)]  # end in 1.2..1.6
+    measured = [record(5 + i, 1.0 + i, [1.1 + i], 1.2 + i) for i in range(8)]  # end in 1.2..8.2
+    s = summarize(run_of(warm + measured, window=(1.0, 9.0)), Slo(e2e=2.0))
+    assert s.request_throughput == pytest.approx(13 / 8)
+    assert s.goodput == pytest.approx(s.request_throughput)
+    assert s.goodput_fraction == 1.0
+
+
+def test_the_report_labels_goodput_as_a_rate_of_requests_and_its_share_apart():
+    from hosttune.bench.report import summary_rows
+
+    warm = [record(0, 0.5, [0.6], 1.5, is_warmup=True)]
+    measured = [record(1 + i, 1.0 + i, [1.1 + i], 1.2 + i) for i in range(4)] + [record(5, 5.0, [5.1], 7.5)]
+    rows = dict(summary_rows([summarize(run_of(warm + measured, window=(1.0, 9.0)), Slo(e2e=2.0))]))
+    assert rows["requests/s"] == ["0.75"] and rows["goodput: of them within the SLO (req/s)"] == ["0.62"]
+    assert rows["measured requests within the SLO"] == ["80%"]
+
+
 def test_slo_fails_on_too_many_errors_even_with_fast_successes():
     ok = [record(i, float(i), [i + 0.1], i + 0.1) for i in range(95)]
     rejected = [record(95 + i, 95.0 + i, [], 95.01 + i, outcome=REJECTED, status=429)
