@@ -123,7 +123,9 @@ def _file_undo(rec: OpRecord) -> list[Undo]:
     if rec.kind == "move":
         return [Undo(f"move {rec.path} back", hostop=("move", rec.target, rec.path))]
     if rec.backup:
-        return [Undo(f"restore {rec.path} from {rec.backup}", hostop=("restore", rec.path, rec.backup, "optional"))]
+        # A done operation made its backup first: only one cut off before it may have none (and changed nothing).
+        optional = () if rec.status == "done" else ("optional",)
+        return [Undo(f"restore {rec.path} from {rec.backup}", hostop=("restore", rec.path, rec.backup, *optional))]
     undo = [] if rec.kind == "dir" else [Undo(f"remove {rec.path} (hosttune created it)", hostop=("remove", rec.path))]
     if rec.created_dirs:
         undo.append(Undo(f"remove the directories made for it: {', '.join(rec.created_dirs)}",

@@ -462,3 +462,16 @@ def test_a_rollback_that_failed_can_be_run_again_and_finishes_the_job(local, tmp
     assert rollback_host(local, HOST, "r1", str(root)).status == "restored"
     assert tree(root) == before
     assert rollback_host(local, HOST, None, str(root)).status == "nothing"
+
+
+def test_a_done_write_whose_backup_is_gone_fails_its_rollback_instead_of_reporting_it_restored(local, tmp_path):
+    """The write ran, so its backup was made: a missing one (cleaned away) means the file cannot come back."""
+    root = image(tmp_path)
+    assert execute_plan(local, plan_for(local, root), "r1").status == "changed"
+    site = root / "etc/sysctl.d/95-site.conf"
+    edited = site.read_bytes()
+    for backup in (root / "var/lib/hosttune/runs").glob("*.backup/*-95-site.conf"):
+        backup.unlink()
+    back = rollback_host(local, HOST, None, str(root))
+    assert back.status == "failed" and "95-site.conf is missing" in back.error, back
+    assert site.read_bytes() == edited  # left as the run made it, and the failure says so
