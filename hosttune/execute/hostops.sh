@@ -67,6 +67,14 @@ restore() {
     cp -a -- "$2" "$t" && mv -fT -- "$t" "$1"
 }
 
+# keep PATH COPY: a copy of PATH as it is now (mode, owner, times too), once: a retried rollback keeps the first.
+keep() {
+    exists "$1" || return 0
+    exists "$2" && return 0
+    mkdir -p -- "$(dirname -- "$2")" || return 1
+    cp -a -- "$1" "$2.part" && mv -fT -- "$2.part" "$2"
+}
+
 # rmdirs DIR...: directories hosttune created go away again, if they are empty.
 rmdirs() { for d in "$@"; do rmdir -- "$d" 2>/dev/null; done; return 0; }
 
@@ -105,6 +113,7 @@ runs_dir() { mkdir -p -- "$1" && chmod 700 -- "$1"; }
 case $op in
     write) write "$@" ;;
     restore) restore "$@" ;;
+    keep) keep "$@" ;;
     remove) remove "$@" ;;
     rmdirs) rmdirs "$@" ;;
     link) link "$@" ;;

@@ -9,9 +9,10 @@ state from files (daemon-reload, update-grub), once each.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import PurePosixPath
 
 from hosttune.errors import HosttuneError, TransportError
-from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now
+from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, backup_dir, journal_path, now
 from hosttune.execute.remote import hostops, read_journals, write_file
 from hosttune.config.inventory import Host
 from hosttune.fleet_runner import Outcome
@@ -33,6 +34,7 @@ class Undo:
     offline: bool = True  # meaningful under --root
     unless_holds: tuple[str, str] | None = None  # (kernel path, value): nothing to do when it reads so already
     if_active: str | None = None  # a unit: only when it runs now (a boot unit may never have started)
+    unless_sha: tuple[str, str] | None = None  # (file, sha256): nothing to do while the file still holds this
 
 
 @dataclass(frozen=True)
@@ -119,14 +121,24 @@ def _kernel_undo(rec: OpRecord) -> list[Undo]:
     return out
 
 
-def _file_undo(rec: OpRecord) -> list[Undo]:
+def _keep_edits(rec: OpRecord, run: str, where: str) -> list[Undo]:
+    """A file the run wrote and someone changed since: its content now is copied into the run's backups first."""
+    if rec.kind != "write" or not rec.sha_after:
+        return []
+    kept = f"{backup_dir(run)}/edited-{where}-{PurePosixPath(rec.path).name}"
+    return [Undo(f"keep {rec.path} as it is now (changed since run {run} wrote it) in {kept}",
+                 hostop=("keep", rec.path, kept), unless_sha=(rec.path, rec.sha_after))]
+
+
+def _file_undo(rec: OpRecord, run: str = "", where: str = "") -> list[Undo]:
     if rec.kind == "move":
         return [Undo(f"move {rec.path} back", hostop=("move", rec.target, rec.path))]
+    keep = _keep_edits(rec, run, where)
     if rec.backup:
         # A done operation made its backup first: only one cut off before it may have none (and changed nothing).
         optional = () if rec.status == "done" else ("optional",)
-        return [Undo(f"restore {rec.path} from {rec.backup}", hostop=("restore", rec.path, rec.backup, *optional))]
-    undo = [] if rec.kind == "dir" else [Undo(f"remove {rec.path} (hosttune created it)", hostop=("remove", rec.path))]
+        return keep + [Undo(f"restore {rec.path} from {rec.backup}", hostop=("restore", rec.path, rec.backup, *optional))]
+    undo = [] if rec.kind == "dir" else keep + [Undo(f"remove {rec.path} (hosttune created it)", hostop=("remove", rec.path))]
     if rec.created_dirs:
         undo.append(Undo(f"remove the directories made for it: {', '.join(rec.created_dirs)}",
                          hostop=("rmdirs", *reversed(rec.created_dirs))))
@@ -137,7 +149,7 @@ def undo_list(journal: Journal) -> list[Undo]:
     ops = touched(journal)
     first: list[Undo] = []
     files: list[Undo] = []
-    for _, rec in reversed(ops):
+    for step, rec in reversed(ops):
         if rec.kind == "service":
             first += _service_undo(rec)
         elif rec.kind == "kernel":
@@ -145,7 +157,7 @@ def undo_list(journal: Journal) -> list[Undo]:
         elif rec.kind == "command" and rec.undo:
             first.append(Undo(f"undo {' '.join(rec.argv)}", rec.undo))
         elif rec.kind in FILE_KINDS:
-            files += _file_undo(rec)
+            files += _file_undo(rec, journal.run, f"{step.index}-{step.ops.index(rec)}")
     steps_with_files = {step.index for step, rec in ops if rec.kind in FILE_KINDS}
     regen: list[Undo] = []
     for step in journal.steps:
@@ -190,6 +202,10 @@ def load_journals(transport: Transport, root: str | None) -> list[Journal]:
 
 def _is_due(transport: Transport, undo: Undo, root: str | None) -> bool:
     """Whether the undo has anything to do: read-only."""
+    if undo.unless_sha:
+        path, sha = undo.unless_sha
+        current = transport.read(["sha256sum", "--", rooted(root, path)])
+        return current.ok and current.stdout.split()[:1] != [sha]
     if undo.hostop:
         return True
     if bool(root) and root != "/" and not undo.offline:
@@ -205,6 +221,8 @@ def _is_due(transport: Transport, undo: Undo, root: str | None) -> bool:
 
 def _run_undo(transport: Transport, undo: Undo, root: str | None):
     offline = bool(root) and root != "/"
+    if undo.unless_sha and not _is_due(transport, undo, root):
+        return None
     if undo.hostop:
         op, *paths = undo.hostop
         args = [rooted(root, p) if p.startswith("/") else p for p in paths]
@@ -221,8 +239,8 @@ def rollback_journal(transport: Transport, host: Host, journal: Journal, root: s
     done, errors = [], []
     for undo in undo_list(journal):
         result = _run_undo(transport, undo, root)
-        if result is None and undo.if_active:
-            continue  # the unit is not running: there is nothing to stop, and nothing to say
+        if result is None and (undo.if_active or undo.unless_sha):
+            continue  # the unit is not running, the file is as the run left it: nothing to do, and nothing to say
         if result is None:
             done.append(f"nothing to do: {undo.description} (already so, or --root)")
         elif result.ok:

@@ -475,3 +475,20 @@ def test_a_done_write_whose_backup_is_gone_fails_its_rollback_instead_of_reporti
     back = rollback_host(local, HOST, None, str(root))
     assert back.status == "failed" and "95-site.conf is missing" in back.error, back
     assert site.read_bytes() == edited  # left as the run made it, and the failure says so
+
+
+def test_a_file_edited_since_the_run_is_kept_in_the_runs_backups_before_rollback_puts_back_what_was_there(local, tmp_path):
+    root = image(tmp_path)
+    before = tree(root)
+    assert execute_plan(local, plan_for(local, root), "r1").status == "changed"
+    site, ours = root / "etc/sysctl.d/95-site.conf", root / "etc/sysctl.d/90-hosttune.conf"
+    site.write_bytes(site.read_bytes() + b"vm.max_map_count = 262144\n")  # someone's edit after the apply
+    edited = site.read_bytes()
+    plan = rollback_host(local, HOST, None, str(root), dry_run=True)
+    kept = [line for line in plan.done if line.startswith("keep")]
+    assert kept == ["keep /etc/sysctl.d/95-site.conf as it is now (changed since run r1 wrote it) in "
+                    "/var/lib/hosttune/runs/r1.backup/edited-0-1-95-site.conf"]
+    assert rollback_host(local, HOST, None, str(root)).status == "restored"
+    assert tree(root) == before
+    assert (root / "var/lib/hosttune/runs/r1.backup/edited-0-1-95-site.conf").read_bytes() == edited
+    assert not ours.exists() and not list((root / "var/lib/hosttune/runs/r1.backup").glob("edited-0-0-*"))
