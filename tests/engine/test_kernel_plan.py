@@ -124,6 +124,36 @@ def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no
     assert "qkv_proj:" in format_plan(_plan("NVIDIA H200"))
 
 
+V100 = "Tesla V100-SXM2-32GB"
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], f"{V100} (compute capability 7.0) has no bfloat16, which needs 8.0 or later: give --dtype float16"),
+    (["--quantization", "fp8"],
+     f"{V100} (compute capability 7.0) cannot run FP8 weights (fp8-channel), which need 8.0 or later: serve a "
+     "16-bit checkpoint of the model, with --dtype float16"),
+    (["--dtype", "float16", "--kv-cache-dtype", "fp8"],
+     f"{V100} (compute capability 7.0) cannot run an FP8 KV cache, which needs 8.0 or later: leave --kv-cache-dtype "
+     "auto"),
+])
+def test_the_plan_refuses_in_one_line_what_the_gpu_cannot_run_and_says_what_can(no_user_tables, capsys, args,
+                                                                                message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--model", str(QWEN7B), "--gpu", V100, *args])
+    assert exit_.value.code == 2 and capsys.readouterr().err == f"hosttune-engine: error: {message}\n"
+
+
+def test_what_the_plan_refuses_the_engine_refuses_at_load_with_the_same_line(no_user_tables, capsys):
+    main(["plan", "--model", str(QWEN7B), "--gpu", V100, "--dtype", "float16"])
+    assert f"GPU: {V100} (compute capability 7.0); weights float16" in capsys.readouterr().out
+    model = ModelConfig.from_folder(QWEN7B)
+    for dtype, spec, kv_fp8 in ((torch.bfloat16, None, False), (torch.float16, dummy_spec("fp8"), False),
+                                (torch.float16, None, True)):
+        with pytest.raises(ConfigError, match=f"^{V100} \\(compute capability 7.0\\) (has no|cannot run)"):
+            build_plan(PlanInputs(model, named_gpu(V100), dtype, spec, kv_cache_fp8=kv_fp8), {}, "none")
+    build_plan(PlanInputs(model, named_gpu(V100), torch.bfloat16, None, use_triton=False), {}, "none")  # torch runs it
+
+
 @pytest.mark.parametrize("text, message", [
     ("{bad", "is not JSON"),
     ('{"gpu": "NVIDIA H200", "driver": "1", "triton": "3"}', "holds no \"kernels\""),

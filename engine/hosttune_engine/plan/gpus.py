@@ -13,6 +13,9 @@ KNOWN = (("H200", (9, 0)), ("H100", (9, 0)), ("GH200", (9, 0)), ("L40S", (8, 9))
          ("T4", (7, 5)))
 
 
+AMPERE = (8, 0)  # the first compute capability with bfloat16, FP8 weights and an FP8 KV cache in the kernels
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     """A device as the plan sees it; `name` is also the tuned tables' key."""
@@ -28,6 +31,25 @@ class GpuInfo:
     @property
     def has_fp8_tensor_cores(self) -> bool:
         return self.capability >= (8, 9)
+
+    def why_kernels_cannot_run(self, dtype: str, fp8_weights: str | None, is_fp8_kv: bool) -> str:
+        """Why the Triton kernels cannot run activations of `dtype` (a torch dtype's name), weights of the FP8
+        layout `fp8_weights` or an FP8 KV cache on this GPU, with what can, in one line; '' where they can.
+        Before Ampere (8.0) a GPU has no bfloat16 and no FP8 (from 8.0 FP8 weights are converted in registers,
+        from 8.9 they also run on FP8 tensor cores)."""
+        if self.capability >= AMPERE or not self.is_cuda:
+            return ""
+        head = f"{self.name} (compute capability {'.'.join(map(str, self.capability))})"
+        since = ".".join(map(str, AMPERE))
+        float16 = ", with --dtype float16" if dtype == "bfloat16" else ""
+        if fp8_weights:
+            return (f"{head} cannot run FP8 weights ({fp8_weights}), which need {since} or later: serve a 16-bit "
+                    f"checkpoint of the model{float16}")
+        if is_fp8_kv:
+            return f"{head} cannot run an FP8 KV cache, which needs {since} or later: leave --kv-cache-dtype auto{float16}"
+        if dtype == "bfloat16":
+            return f"{head} has no bfloat16, which needs {since} or later: give --dtype float16"
+        return ""
 
 
 CPU = GpuInfo("cpu", (0, 0), True)

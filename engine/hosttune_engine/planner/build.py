@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hosttune_engine.errors import ConfigError
 from hosttune_engine.kernels import decode_attention, prefill_attention
 from hosttune_engine.kernels.dequant_gemm import DEFAULT as GEMM_DEFAULT, wgmma_unfit
 from hosttune_engine.kernels.fp8_gemm import DEFAULT as FP8_GEMM_DEFAULT
@@ -72,12 +73,24 @@ class PlanInputs:
 
 def build_plan(inputs: PlanInputs, table: dict, table_name: str) -> KernelPlan:
     """The plan for `inputs` given the GPU's tuned `table` (kernel -> key -> config; {} for none)."""
+    check_runs(inputs)
     ops = [_projection(inputs, table, op) for op in PROJECTIONS]
     ops += [_attention(inputs, table), _fused_input(inputs, ops, Op.NORM, Op.QKV, Kernel.RMSNORM),
             _fused_input(inputs, ops, Op.POST_NORM, Op.GATE_UP, Kernel.RMSNORM),
             _fused_input(inputs, ops, Op.ACTIVATION, Op.DOWN, Kernel.SWIGLU), _sampler(inputs)]
     weights = inputs.spec.layout.value if inputs.spec is not None else inputs.dt
     return KernelPlan(inputs.gpu, inputs.dt, weights, table_name if table else "none", tuple(ops), _describe(inputs.model))
+
+
+def check_runs(inputs: PlanInputs) -> None:
+    """Refuse, in one line saying what runs instead, what the kernels cannot run on the GPU. `hosttune-engine
+    plan` and the engine at load (planner/prepare.py) build their plans here, so both refuse the same inputs."""
+    if not inputs.on_kernels:
+        return
+    fp8 = inputs.spec.layout.value if inputs.spec is not None and inputs.spec.layout.is_fp8 else None
+    why = inputs.gpu.why_kernels_cannot_run(inputs.dt, fp8, inputs.kv_cache_fp8)
+    if why:
+        raise ConfigError(why)
 
 
 def _describe(m: ModelConfig) -> str:
