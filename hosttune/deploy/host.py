@@ -7,7 +7,6 @@ prints the unit's journal tail and activates the release that was live before.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -23,8 +22,8 @@ from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
 from hosttune.deploy.model import ModelShape
 from hosttune.deploy.placement import Layout, Placement
 from hosttune.deploy.preconditions import check_job, refuse, serve_needs
-from hosttune.deploy.release import (CURRENT, PREVIOUS, UNIT_DIR, Release, manifest_path, meta_dir, release_name,
-                                     wheel_path)
+from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, release_name, wheel_path
+from hosttune.deploy.restore import Back, bring_back, load_release
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.shape import Guard, Shape
 from hosttune.deploy.state import HostState, read_state
@@ -35,7 +34,7 @@ from hosttune.execute.perform import OperationFailed, run_ops
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.config.inventory import Host
 from hosttune.fleet_runner import EXIT_ERROR, Outcome
-from hosttune.presets import EnginePreset, load_preset
+from hosttune.presets import EnginePreset
 from hosttune.transport.base import Transport
 
 
@@ -199,27 +198,6 @@ def _refront_ops(job: HostJob, front: list[Op]) -> list[Op]:
     return refresh_tls_ops(job.access) if job.release.replicas else front
 
 
-def load_release(transport: Transport, release_dir: str) -> Release:
-    """A release installed on the host, from its release.json and unit files."""
-    rid = release_name(release_dir)
-    text = transport.read(["cat", "--", manifest_path(rid)], timeout=60)
-    if not text.ok:
-        raise DeployError(f"{transport.host_name}: release {rid} has no readable release.json ({text.stderr.strip()})")
-    doc = json.loads(text.stdout)
-    units = {name: _meta_file(transport, rid, name) for name in doc["units"]}
-    meta = {name: _meta_file(transport, rid, name) for name in doc.get("meta", [])}
-    files = {path: _meta_file(transport, rid, copy) for path, copy in doc.get("files", {}).items()}
-    return Release(rid, doc["engine"], doc["entry"], (), doc["offline"], units, doc["settings"],
-                   tuple(doc.get("programs", ())), meta, files)
-
-
-def _meta_file(transport: Transport, rid: str, name: str) -> bytes:
-    body = transport.read(["cat", "--", f"{meta_dir(rid)}/{name}"], timeout=60)
-    if not body.ok:
-        raise DeployError(f"{transport.host_name}: release {rid} lacks its file {name}")
-    return body.stdout.encode("utf-8", "surrogateescape")
-
-
 def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateResult,
              failed_replica: int | None = None) -> HostDeploy:
     """The gate failed: keep the evidence, then put back what was live before (or stop, if nothing was)."""
@@ -251,47 +229,11 @@ def gate_failure(transport: Transport, host: Host, release: str, gate: GateResul
     return HostDeploy(host, Outcome.FAILED, release, None, gate, gate.summary(), journal_tail(transport, unit))
 
 
-@dataclass(frozen=True)
-class Back:
-    """A release to make live again in place of one that failed its gate."""
-
-    previous: Release
-    failed: Release
-    base: ServeSettings  # this run's deadlines
-    access: Access  # the host's front, put back over one service
-
-
-def bring_back(transport: Transport, back: Back, link: list[Op], failed_replica: int | None) -> GateResult:
-    """Activate `back.previous` again; replicas are rolled back one at a time like a deploy."""
-    previous = back.previous
-    after = read_state(transport, previous.id, [])
-    settings, health = settings_of(previous, back.base), load_preset(previous.engine).serve.health
-    if not previous.replicas:
-        run_ops(transport, rolling.leave_ops(after) + dplan.activate_ops(previous, after, keep_previous=True) + link)
-        gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
-        if gate.ok and back.failed.replicas:  # leave_ops took the replicas' nginx config: the front again
-            run_ops(transport, front_ops(back.access, previous.engine, (settings.port,)))
-        return gate
-    run_ops(transport, rolling.switch_ops(previous, after, keep_previous=True) + link)
-    # Replicas after the failed one never left the previous release: only those before it, and it, go back.
-    moved = None
-    if failed_replica is not None and rolling.indices(previous) == rolling.indices(back.failed):
-        moved = [i for i in rolling.indices(previous) if i <= failed_replica]
-    gate, bad = rolling.roll(transport, previous, settings, health, only=moved)
-    run_ops(transport, rolling.retire_ops(previous, read_state(transport, previous.id, [])))
-    return gate if gate is not None else GateResult(True, "done")
-
-
 def _stop_ops(release: Release) -> list[Op]:
     names = [n for n in reversed(UNIT_NAMES) if n in release.units]
     return [*([Command(("systemctl", "disable", "--now", *names))] if names else []),
             *(Remove(f"{UNIT_DIR}/{n}") for n in names),
             Remove(CURRENT), Command(("systemctl", "daemon-reload"))]
-
-
-def settings_of(release: Release, base: ServeSettings) -> ServeSettings:
-    """The deadlines of this run, on the port the release serves on."""
-    return replace(base, port=int(release.settings.get("port", base.port)))
 
 
 def guarded(host: Host, attempt: Callable[[], HostDeploy], release: str | None = None) -> HostDeploy:

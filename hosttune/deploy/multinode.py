@@ -18,10 +18,11 @@ from hosttune.actions.base import Command, Op, describe
 from hosttune.deploy import plan as dplan
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
-from hosttune.deploy.host import HostDeploy, HostJob, load_release
+from hosttune.deploy.host import HostDeploy, HostJob
 from hosttune.deploy.plan import Role
 from hosttune.deploy.preconditions import check_job
 from hosttune.deploy.release import release_name, wheel_path
+from hosttune.deploy.restore import load_release
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
 from hosttune.execute.perform import run_ops

@@ -13,8 +13,9 @@ from hosttune.deploy.access import Access, front_for
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.front import front_ops
 from hosttune.deploy.gate import GateResult, gate_line, run_gate
-from hosttune.deploy.host import Back, HostDeploy, bring_back, gate_failure, load_release, settings_of
+from hosttune.deploy.host import HostDeploy, gate_failure
 from hosttune.deploy.release import PREVIOUS, Release, release_name
+from hosttune.deploy.restore import Back, bring_back, load_release, settings_of
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.units import SERVE_UNIT

@@ -1,0 +1,80 @@
+"""The release live before, made live again: read back from what the host keeps of it (its release.json and
+unit files), and activated in place of one that failed its gate. A deploy whose gate fails and `--rollback`
+(rollback.py) both bring a release back this way."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+from hosttune.actions.base import Op
+from hosttune.deploy import plan as dplan
+from hosttune.deploy import rolling
+from hosttune.deploy.access import Access
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.front import front_ops
+from hosttune.deploy.gate import GateResult, run_gate
+from hosttune.deploy.release import Release, manifest_path, meta_dir, release_name
+from hosttune.deploy.settings import ServeSettings
+from hosttune.deploy.state import read_state
+from hosttune.deploy.units import SERVE_UNIT
+from hosttune.execute.perform import run_ops
+from hosttune.presets import load_preset
+from hosttune.transport.base import Transport
+
+
+def load_release(transport: Transport, release_dir: str) -> Release:
+    """A release installed on the host, from its release.json and unit files."""
+    rid = release_name(release_dir)
+    text = transport.read(["cat", "--", manifest_path(rid)], timeout=60)
+    if not text.ok:
+        raise DeployError(f"{transport.host_name}: release {rid} has no readable release.json ({text.stderr.strip()})")
+    doc = json.loads(text.stdout)
+    units = {name: _meta_file(transport, rid, name) for name in doc["units"]}
+    meta = {name: _meta_file(transport, rid, name) for name in doc.get("meta", [])}
+    files = {path: _meta_file(transport, rid, copy) for path, copy in doc.get("files", {}).items()}
+    return Release(rid, doc["engine"], doc["entry"], (), doc["offline"], units, doc["settings"],
+                   tuple(doc.get("programs", ())), meta, files)
+
+
+def _meta_file(transport: Transport, rid: str, name: str) -> bytes:
+    body = transport.read(["cat", "--", f"{meta_dir(rid)}/{name}"], timeout=60)
+    if not body.ok:
+        raise DeployError(f"{transport.host_name}: release {rid} lacks its file {name}")
+    return body.stdout.encode("utf-8", "surrogateescape")
+
+
+@dataclass(frozen=True)
+class Back:
+    """A release to make live again in place of one that failed its gate."""
+
+    previous: Release
+    failed: Release
+    base: ServeSettings  # this run's deadlines
+    access: Access  # the host's front, put back over one service
+
+
+def bring_back(transport: Transport, back: Back, link: list[Op], failed_replica: int | None) -> GateResult:
+    """Activate `back.previous` again; replicas are rolled back one at a time like a deploy."""
+    previous = back.previous
+    after = read_state(transport, previous.id, [])
+    settings, health = settings_of(previous, back.base), load_preset(previous.engine).serve.health
+    if not previous.replicas:
+        run_ops(transport, rolling.leave_ops(after) + dplan.activate_ops(previous, after, keep_previous=True) + link)
+        gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
+        if gate.ok and back.failed.replicas:  # leave_ops took the replicas' nginx config: the front again
+            run_ops(transport, front_ops(back.access, previous.engine, (settings.port,)))
+        return gate
+    run_ops(transport, rolling.switch_ops(previous, after, keep_previous=True) + link)
+    # Replicas after the failed one never left the previous release: only those before it, and it, go back.
+    moved = None
+    if failed_replica is not None and rolling.indices(previous) == rolling.indices(back.failed):
+        moved = [i for i in rolling.indices(previous) if i <= failed_replica]
+    gate, bad = rolling.roll(transport, previous, settings, health, only=moved)
+    run_ops(transport, rolling.retire_ops(previous, read_state(transport, previous.id, [])))
+    return gate if gate is not None else GateResult(True, "done")
+
+
+def settings_of(release: Release, base: ServeSettings) -> ServeSettings:
+    """The deadlines of this run, on the port the release serves on."""
+    return replace(base, port=int(release.settings.get("port", base.port)))
