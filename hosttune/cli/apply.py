@@ -11,8 +11,8 @@ import typer
 from hosttune.plan import render as plan_render
 from hosttune.plan.host_plan import HostPlan
 from hosttune.cli.app import app
-from hosttune.cli.common import (AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt, check_writable, emit,
-                                 go_ahead, load, only, plural, user_errors)
+from hosttune.cli.common import (ROOT_INSTEAD, AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt,
+                                 check_writable, emit, go_ahead, load, named, only, plural, user_errors)
 from hosttune.cli.progress import Progress
 from hosttune.execute import recap
 from hosttune.errors import HosttuneError
@@ -57,6 +57,7 @@ def apply(
     Example: hosttune apply --inventory inventories/example.yaml --serial 5 --max-fail-percent 20 --reboot
     """
     check_writable(output)  # the recap of a real run must not be lost after the hosts changed
+    root = named(root, "--root", "directory", ROOT_INSTEAD)
     inv = load(inventory, limit, accept_new_host_keys)
     wanted = profiles(inv)
     options = ApplyOptions(root, prune_cuda, serial, max_fail_percent, reboot, forks)
@@ -110,6 +111,8 @@ def rollback(
 
     Example: hosttune rollback --inventory inventories/example.yaml --run 20250102T030405Z-1a2b3c --yes
     """
+    root = named(root, "--root", "directory", ROOT_INSTEAD)
+    run = named(run, "--run", "run", "give a run apply's recap printed, or leave --run out for each host's latest")
     inv = load(inventory, limit, accept_new_host_keys)
     with Progress("reading journals", total=len(inv.hosts)) as progress:
         plans = rollback_fleet(inv, run, root, forks, on_host_done=lambda name, r: progress.advance(name, r.status),

@@ -32,6 +32,16 @@ def load(inventory: Optional[Path], limit: Optional[str], accept_new_host_keys: 
     return inv.limit(limit)
 
 
+def named(value: Optional[str], option: str, names: str, instead: str) -> Optional[str]:
+    """An option given empty (an unset shell variable) is an error, never the same as leaving it out."""
+    if value is not None and not value.strip():
+        raise HosttuneError(f"{option} {value!r} names no {names}: {instead}")
+    return value
+
+
+ROOT_INSTEAD = "give the folder the image is mounted at, or leave --root out to change the running system"
+
+
 def only(inv: Inventory, names: set[str]) -> Inventory:
     """The inventory's hosts of these names, in its order."""
     return replace(inv, hosts=tuple(h for h in inv.hosts if h.name in names))

@@ -188,3 +188,21 @@ def test_a_plan_with_nothing_to_do_changes_nothing_and_asks_nothing(acted, monke
         result = runner.invoke(app, argv)
         assert result.exit_code == 0 and acted == [], result.output
         assert "nothing changed" not in result.stderr and "[y/N]" not in result.stderr
+
+
+EMPTY_ROOT = ("--root '' names no directory: give the folder the image is mounted at, or leave --root out to change "
+              "the running system")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["apply", "--root", "", "--yes"], EMPTY_ROOT),
+    (["apply", "--root", " ", "--reboot", "--yes"], EMPTY_ROOT.replace("''", "' '")),
+    (["rollback", "--root", "", "--yes"], EMPTY_ROOT),
+    (["rollback", "--run", "", "--yes"], "--run '' names no run: give a run apply's recap printed, or leave --run out "
+                                         "for each host's latest"),
+])
+def test_an_empty_root_or_run_is_an_error_not_the_running_system_or_the_latest_run(acted, argv, message):
+    """`--root "$IMAGE"` or `--run "$RUN"` with the variable unset must not change the live hosts or undo their latest run."""
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2 and acted == [] and result.stdout == ""
+    assert result.stderr.strip() == f"hosttune: {message}"
