@@ -137,8 +137,9 @@ def _option(argv: list[str], name: str, default: str | None) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else default
 
 
-def rerender(folder: Path) -> None:
-    """report.md again from the folder's results.json.gz, summarized under the run's own --slo options."""
+def rendered(folder: Path) -> str:
+    """The folder's report.md as the current report code writes it from its results.json.gz, summarized under
+    the run's own --slo options."""
     from hosttune.bench import report
     from hosttune.bench.metrics import summarize
     from hosttune.bench.plot import CDF_FILE, TIMELINE_FILE
@@ -151,15 +152,19 @@ def rerender(folder: Path) -> None:
                     float(_option(argv, "--max-error-rate", "0.01"))) if slo_text else None
     lag_limit = parse_duration(_option(argv, "--max-client-lag", "5ms"), "--max-client-lag")
     runs = tuple((run, summarize(run, slo, lag_limit)) for run in map(_run, doc["runs"]))
-    outcome = report.Outcome(runs, (), doc["command"], doc["created"])
-    report.write_markdown(outcome, folder / "report.md", [CDF_FILE, TIMELINE_FILE])
-    print(f"wrote {folder / 'report.md'}", flush=True)
+    return report.markdown(report.Outcome(runs, (), doc["command"], doc["created"]), [CDF_FILE, TIMELINE_FILE])
+
+
+def kept_results() -> list[Path]:
+    """The folders whose results.json.gz is committed (the single runs)."""
+    return sorted(results.parent for results in OUT.glob("*/results.json.gz"))
 
 
 def main() -> None:
     if "--from-results" in sys.argv:
-        for results in sorted(OUT.glob("*/results.json.gz")):
-            rerender(results.parent)
+        for folder in kept_results():
+            (folder / "report.md").write_text(rendered(folder))
+            print(f"wrote {folder / 'report.md'}", flush=True)
         return
     if "--engine" in sys.argv or "--only-engine" in sys.argv:
         engine_runs()
