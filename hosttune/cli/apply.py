@@ -46,7 +46,7 @@ def apply(
         "transport): hosttune could not wait for its own boot, so the recap says to reboot it by hand.")),
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
-    fmt: Output = typer.Option(Output.text, "--format", help="Plan and recap as text or JSON."),
+    fmt: Output = typer.Option(Output.text, "--format", help="Plan and recap as text or JSON (with --yes, the recap alone)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file (-: standard output)."),
 ) -> None:
     """Fix what `hosttune check` reports: plan per host, confirm once, then change hosts with backups and a journal.
@@ -76,6 +76,8 @@ def apply(
         raise typer.Exit(exit_code(outcomes))
     if fmt is Output.text:
         typer.echo(plan_render.render(plans))
+    elif not yes:  # the question is about the plan it shows; with --yes, JSON is the recap alone
+        typer.echo(recap.render_json([dry_run_outcome(p) for p in plans], None, True, reboot=rebooting))
     changing = sum(1 for p in plans if p.steps and not p.error)
     question = f"Apply these changes to {changing} {plural(changing, 'host')}" + (f" and reboot {reboots}" if reboots else "") + "?"
     go_ahead(question, yes=yes, dry_run=False)

@@ -4,6 +4,7 @@ a terminal is asked; without a terminal and without --yes nothing changes (one l
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -206,3 +207,15 @@ def test_an_empty_root_or_run_is_an_error_not_the_running_system_or_the_latest_r
     result = runner.invoke(app, argv)
     assert result.exit_code == 2 and acted == [] and result.stdout == ""
     assert result.stderr.strip() == f"hosttune: {message}"
+
+
+@pytest.mark.parametrize("name", ["apply", "remediate"])
+def test_with_json_a_terminal_is_asked_about_the_plan_it_was_shown(acted, monkeypatch, name):
+    monkeypatch.setattr(common, "is_terminal", lambda: True)
+    argv, plan_line = COMMANDS[name]
+    result = runner.invoke(app, [*argv, "--format", "json"], input="n\n")
+    assert "[y/N]" in result.stderr and result.exit_code == 2 and acted == []
+    shown, _ = json.JSONDecoder().raw_decode(result.stdout)  # (the runner echoes the answer after it)
+    assert plan_line in result.stdout and shown["dry_run"] is True, result.output
+    done = runner.invoke(app, [*argv, "--format", "json", "--yes"])
+    assert json.loads(done.stdout)["dry_run"] is False  # with --yes, the recap alone
