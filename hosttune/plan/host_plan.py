@@ -86,7 +86,7 @@ def build_plan(host: Host, profile: Profile, facts: Facts, findings: list[Findin
                options: PlanOptions, steps: list[Step] | None = None) -> HostPlan:
     """Pure: facts, findings and the current state → the plan. Tests call this with recorded data."""
     steps = steps_for(findings, facts, profile, host, options.statuses) if steps is None else steps
-    kept, blocked, left_out = [], [s for s in steps if s.blocked], []
+    kept, blocked, left_out, held = [], [s for s in steps if s.blocked], [], []
     for step in steps:
         if step.blocked:
             continue
@@ -100,9 +100,27 @@ def build_plan(host: Host, profile: Profile, facts: Facts, findings: list[Findin
             continue
         if resolved is not None:
             kept.append(resolved)
+        else:
+            held.append(step)
+    blocked += _left_drifting(held, findings, kept + blocked + left_out)
     pending = () if options.is_offline else tuple(f.check_id for f in findings if f.status is Status.PENDING_REBOOT)
     return HostPlan(host, profile.name, True, None, tuple(findings), tuple(kept), tuple(blocked),
                     tuple(left_out), pending, _diffs(kept, state), state, options.root)
+
+
+def _left_drifting(held: list[Step], findings: list[Finding], handled: list[Step]) -> list[Step]:
+    """Steps with nothing left to do (every operation holds, or is a live write an image skips) whose check still
+    drifts: apply cannot fix it, and the plan says so with the step's notes, never leaves it out."""
+    drifting = {f.check_id for f in findings if f.status is Status.DRIFT}
+    covered = {c for s in handled for c in s.fixes}
+    out = []
+    for step in held:
+        fixes = tuple(c for c in step.fixes if c in drifting and c not in covered)
+        if fixes:
+            covered |= set(fixes)
+            why = "; ".join(step.notes) or "what it would change holds already, yet the check still drifts (hosttune check says why)"
+            out.append(replace(step, fixes=fixes, ops=(), notes=(), blocked=why))
+    return out
 
 
 def with_needs(plan: HostPlan, needs: HostNeeds, flavour=None) -> HostPlan:

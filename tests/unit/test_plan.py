@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from hosttune.actions.base import Command, CommentOut, FileWrite, KernelWrite, Remove, Packages, Service, Step, Symlink
+from hosttune.actions import steps_for
 from hosttune.actions.platform import GRUB_DROPIN
 from hosttune.checks import run_checks
 from hosttune.probes.facts import Facts
@@ -270,3 +271,19 @@ def test_h200_plan_is_sensible_without_systemd(fixture_text):
     assert "not systemd" in reasons["gpu.persistence"] and "no boot loader" in reasons["kernel.rcu_nocbs"]
     assert "rcu_nocbs=2-15" in reasons["kernel.rcu_nocbs"] and "cpu.cstates" not in reasons  # no cpuidle driver
     assert "driver.version" not in reasons and not plan.pending_reboot
+
+
+def test_a_drifting_check_whose_operations_all_hold_or_are_skipped_is_in_the_plan_with_why_not_left_out():
+    """An image without systemd: THP's only operation is a live write (skipped under --root); and once the CUDA link and
+    profile script are there, the missing toolkit is left. apply cannot fix either; the plan says so, and its exit bit."""
+    facts = Facts(image="/img")
+    findings = run_checks(facts, LATENCY)
+    cuda = [s for s in steps_for(findings, facts, LATENCY, HOST, PlanOptions(root="/img").statuses) if "cuda.toolkit" in s.fixes]
+    holds = State(files={op.path: file_state(op.path, op.content) for s in cuda for op in s.writes} | {
+        "/usr/local/cuda": FileState("/usr/local/cuda", "link", link="/usr/local/cuda-12.4")})
+    plan = build_plan(HOST, LATENCY, facts, findings, holds, PlanOptions(root="/img"))
+    reasons = {c: s.blocked for s in plan.blocked for c in s.fixes}
+    assert "not persisted: PID 1 is unknown, not systemd" in reasons["mm.thp"]
+    assert "/usr/local/cuda-12.4 is missing and this host has no apt or dnf" in reasons["cuda.toolkit"]
+    assert not [s for s in plan.steps if {"mm.thp", "cuda.toolkit"} & set(s.fixes)]
+    assert "  - mm.thp: not fixed by apply: not persisted" in render([plan])
