@@ -11,9 +11,10 @@ from hosttune.fleet import HostReport
 def _suite(r: HostReport) -> ET.Element:
     suite = ET.Element("testsuite", name=r.host.name, time=f"{r.timings.total_s:.3f}")
     failures = errors = skipped = 0
-    if not r.reachable or r.error:
+    problems = [r.error or "unreachable"] if not r.reachable or r.error else list(r.facts.probe_errors if r.facts else ())
+    if problems:  # what makes check exit 2 without a finding in error: a probe that failed, or parts of it
         case = ET.SubElement(suite, "testcase", classname=r.host.name, name="probe")
-        ET.SubElement(case, "error", message=r.error or "unreachable")
+        ET.SubElement(case, "error", message="; ".join(problems))
         errors += 1
     for f in r.findings:
         case = ET.SubElement(suite, "testcase", classname=r.host.name, name=f.check_id)

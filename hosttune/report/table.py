@@ -65,7 +65,7 @@ def render(reports: list[HostReport], *, color=None, verbose: bool = False) -> s
 
 def fleet_summary(reports: list[HostReport]) -> list[str]:
     reachable = [r for r in reports if r.reachable]
-    clean = [r for r in reachable if not r.error and not any(f.is_failing or f.status is Status.ERROR for f in r.findings)]
+    clean = [r for r in reachable if not r.exit_bits]  # as the exit code says: no drift, no error, no probe error
     lines = [
         f"fleet: {len(reports)} host{'' if len(reports) == 1 else 's'}, {len(clean)} clean, {len(reachable) - len(clean)} with findings or errors, "
         f"{len(reports) - len(reachable)} unreachable"

@@ -167,3 +167,22 @@ def test_a_report_path_that_can_be_written_is_not_left_behind_when_the_command_f
     out = tmp_path / "sub" / "check.json"
     result = runner.invoke(app, ["check", "--limit", "nomatch", "-o", str(out)])
     assert result.exit_code == 2 and "matches no host" in result.stderr and not out.exists()
+
+
+def test_a_probe_error_is_in_every_report_format_as_in_the_exit_code(monkeypatch):
+    """A section the probe could not parse makes check exit 2: the JUnit report a CI reads must say why too."""
+    from hosttune.config.inventory import local_inventory
+    from hosttune.fleet import HostReport
+    from hosttune.probes.facts import Facts
+
+    problem = "gpu: NVIDIA devices on the PCI bus but no driver answered: nvidia-smi: exit 9"
+    report = HostReport(local_inventory().hosts[0], "inference-latency", True, Facts(probe_errors=(problem,)))
+    monkeypatch.setattr(check_cli, "check_fleet", lambda inv, **kw: [report])
+    table = runner.invoke(app, ["check"])
+    assert table.exit_code == EXIT_ERROR and f"probe: {problem}" in table.stdout
+    assert "fleet: 1 host, 0 clean, 1 with findings or errors, 0 unreachable" in table.stdout
+    junit = runner.invoke(app, ["check", "--format", "junit"])
+    suite = ET.fromstring(junit.stdout).find("testsuite")
+    assert junit.exit_code == EXIT_ERROR and suite.get("errors") == "1", junit.stdout
+    (case,) = suite.findall("testcase[@name='probe']")
+    assert case.find("error").get("message") == problem
