@@ -75,8 +75,9 @@ def status_doc(report: HostReport, pass_name: str, interval_s: int, when: float,
     counts = {s.value: report.count(s) for s in Status}
     shown = tuple(brief(f) for f in report.findings if f.status not in (Status.OK, Status.NOT_APPLICABLE))
     host = report.facts.hostname if report.facts and report.facts.hostname else report.host.name
+    unread = "; ".join(report.facts.probe_errors) if report.facts else ""  # a part of the host the probe could not read
     return StatusDoc(host, pass_name, round(when, 3), interval_s, round(duration_s, 3), versions(report, hosttune),
-                     counts, shown, report.error or "")
+                     counts, shown, report.error or unread)
 
 
 def to_json(doc: StatusDoc) -> str:

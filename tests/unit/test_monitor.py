@@ -376,3 +376,16 @@ def test_a_host_whose_active_pass_wrote_but_regular_pass_never_did_says_so_and_j
     assert [f.detail for f in host.stale] == [
         "the regular pass never wrote its status, though the active pass did: systemctl status hosttune-monitor.timer",
         "the active pass last wrote its status 8101s ago (every 3600s)"]
+
+
+def test_a_pass_whose_probe_could_not_read_part_of_the_host_is_an_error_in_status_and_metrics_not_ok():
+    """The pass exits 2 on a probe error (a section it could not parse): its status file and metrics must say so too."""
+    report = _report()
+    problem = "gpu: NVIDIA devices on the PCI bus but no driver answered: nvidia-smi exited 9"
+    broken = dataclasses.replace(report, facts=dataclasses.replace(report.facts, probe_errors=(problem,)))
+    assert broken.exit_bits & 2
+    doc = status_doc(broken, "regular", 60, 1000.0, 1.0, __version__)
+    assert doc.error == problem and doc.findings == status_doc(report, "regular", 60, 1000.0, 1.0, __version__).findings
+    host = parse_read(HOST, _read_output({"regular": to_json(doc)}, 1100))
+    assert host.exit_bits & 2 and f"regular pass: probe failed: {problem}" in render_table([host])
+    assert 'hosttune_monitor_probe_ok{host="gpu-01",pass="regular"} 0' in status_metrics.render(broken, doc)
