@@ -100,7 +100,7 @@ def plan_state(plan: HostPlan) -> str:
 def rollback(
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,
-    run: Optional[str] = typer.Option(None, "--run", help="The run to undo, as apply's recap names it (default: each host's latest run not yet rolled back); one no host has is an error."),
+    run: Optional[str] = typer.Option(None, "--run", help="The run to undo, as apply's recap names it (default: each host's latest apply not yet rolled back; a remediate or uncordon step only by its id); one no host has is an error."),
     root: Optional[str] = RootOpt,
     dry_run: bool = DryRunOpt,
     yes: bool = YesOpt,

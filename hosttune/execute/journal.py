@@ -92,6 +92,7 @@ class Journal:
     hosttune_version: str = __version__
     rolled_back: str | None = None
     rollback_status: str | None = None
+    command: str = "apply"  # what made the run: apply, or a remediate or uncordon step (rolled back only by its id)
 
     def with_step(self, step: JournalStep) -> "Journal":
         steps = tuple(step if s.index == step.index else s for s in self.steps)
@@ -147,10 +148,10 @@ def record_for(op: Op, state: State, run: str, step: int, index: int) -> OpRecor
     return OpRecord("command", description, argv=op.argv, undo=op.undo, regenerate=op.regenerate)
 
 
-def start_journal(run: str, plan: HostPlan) -> Journal:
+def start_journal(run: str, plan: HostPlan, command: str = "apply") -> Journal:
     steps = tuple(
         JournalStep(i, step.fixes, step.summary, step.needs_reboot, step.is_live_kernel_write,
                     tuple(record_for(op, plan.state, run, i, j) for j, op in enumerate(step.ops)))
         for i, step in enumerate(plan.steps)
     )
-    return Journal(run, plan.host.name, plan.root or "/", now(), steps)
+    return Journal(run, plan.host.name, plan.root or "/", now(), steps, command=command)

@@ -173,10 +173,12 @@ def _is_live(journal: Journal) -> bool:
 
 
 def pick_journal(journals: list[Journal], run: str | None) -> Journal | None:
-    """The run asked for, else the latest run that changed something and was not rolled back."""
+    """The run asked for, else the latest apply that changed something and was not rolled back (a remediate or
+    uncordon step since, a cordon say, is rolled back only by naming it)."""
     if run:
         return next((j for j in journals if j.run == run), None)
-    return max((j for j in journals if _is_live(j)), key=lambda j: (j.started, j.run), default=None)
+    applies = (j for j in journals if _is_live(j) and j.command == "apply")
+    return max(applies, key=lambda j: (j.started, j.run), default=None)
 
 
 def _subjects(journal: Journal) -> set[str]:

@@ -70,12 +70,12 @@ class JournalError(Exception):
 class Executor:
     """Runs one plan over one transport; the only writer of hosts in hosttune."""
 
-    def __init__(self, transport: Transport, plan: HostPlan, run: str):
+    def __init__(self, transport: Transport, plan: HostPlan, run: str, command: str = "apply"):
         self.transport = transport
         self.plan = plan
         self.run_id = run
         self.root = plan.root if plan.root != "/" else None
-        self.journal: Journal = start_journal(run, plan)
+        self.journal: Journal = start_journal(run, plan, command)
         self.num_saves = 0
 
     # -- journal ---------------------------------------------------------------------
@@ -142,11 +142,14 @@ class Executor:
                        changes(self.journal), self.root)
 
 
-def execute_plan(transport: Transport, plan: HostPlan, run: str) -> HostRun:
-    """Apply a plan; a lost connection ends it as failed (the journal on the host says where)."""
+def execute_plan(transport: Transport, plan: HostPlan, run: str, command: str = "apply") -> HostRun:
+    """Apply a plan; a lost connection ends it as failed (the journal on the host says where).
+
+    command: what the journal says made the run (apply, remediate, uncordon).
+    """
     if not plan.steps:
         return HostRun(plan.host, run, Outcome.OK)
-    executor = Executor(transport, plan, run)
+    executor = Executor(transport, plan, run, command)
     try:
         return executor.run()
     except JournalError as exc:

@@ -82,11 +82,11 @@ def _still(fault: Fault, survey: Survey) -> bool:
     return any(f.key == fault.key for f in survey.faults)
 
 
-def execute_step(survey: Survey, step: Step, run: str) -> tuple[bool, str]:
+def execute_step(survey: Survey, step: Step, run: str, command: str = "remediate") -> tuple[bool, str]:
     with open_transport(survey.host.connection) as transport:
         state = read_state(transport, requests_for([step], None), root=None, manager=None)
         plan = HostPlan(survey.host, survey.profile, steps=(step,), state=state)
-        result = execute_plan(transport, plan, run)
+        result = execute_plan(transport, plan, run, command)
     return result.status is Outcome.CHANGED, result.error or ""
 
 

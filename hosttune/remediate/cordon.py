@@ -41,7 +41,7 @@ def uncordon_host(survey: Survey, run: str) -> Uncordon:
     if step is None or not survey.reachable or survey.error:
         return Uncordon(survey)
     try:
-        ok, error = execute_step(survey, step, run)
+        ok, error = execute_step(survey, step, run, "uncordon")
     except HosttuneError as exc:  # lost or refused: this host's result, and the others are still taken back
         return Uncordon(survey, False, run, str(exc))
     return Uncordon(survey, ok, run, error or None)

@@ -492,3 +492,19 @@ def test_a_file_edited_since_the_run_is_kept_in_the_runs_backups_before_rollback
     assert tree(root) == before
     assert (root / "var/lib/hosttune/runs/r1.backup/edited-0-1-95-site.conf").read_bytes() == edited
     assert not ours.exists() and not list((root / "var/lib/hosttune/runs/r1.backup").glob("edited-0-0-*"))
+
+
+def test_without_run_rollback_takes_the_latest_apply_never_a_later_remediation_or_uncordon_step(local, tmp_path):
+    """A cordon that remediate wrote since the apply stays unless its run is named: `hosttune rollback --yes` to undo
+    an apply must not put a failing host back into service."""
+    root = image(tmp_path)
+    before = tree(root)
+    assert execute_plan(local, plan_for(local, root), "r1").status == "changed"
+    cordon = [Step(("gpu.xid",), "cordon", (FileWrite("/var/lib/hosttune/cordon.json", b"{}\n"),))]
+    assert execute_plan(local, plan_for(local, root, cordon), "r2-1", command="remediate").status == "changed"
+    assert rollback_host(local, HOST, None, str(root), dry_run=True).run == "r1"
+    assert rollback_host(local, HOST, None, str(root)).status == "restored" and tree(root) == before
+    assert rollback_host(local, HOST, None, str(root)).status == "nothing"
+    assert (root / "var/lib/hosttune/cordon.json").exists()
+    assert rollback_host(local, HOST, "r2-1", str(root)).status == "restored"  # named, it is rolled back
+    assert not (root / "var/lib/hosttune/cordon.json").exists()

@@ -272,7 +272,8 @@ def test_uncordon_goes_on_past_a_host_it_loses_and_reports_every_host_it_took_ba
     states, inv = fleet
     states.update({"gpu-01": CORDONED, "gpu-02": CORDONED, "gpu-03": CORDONED})
 
-    def execute_step(survey, step, run):
+    def execute_step(survey, step, run, command):
+        assert command == "uncordon"  # its journal is not an apply's: a plain rollback never undoes it
         if survey.host.name == "gpu-02":
             raise TransportError("gpu-02: connection refused (is sshd running, and on this port?)")
         return True, ""
