@@ -15,7 +15,7 @@ def render(reports: list[HostReport]) -> str:
         "# HELP hosttune_host_reachable Whether hosttune could reach and probe the host.",
         "# TYPE hosttune_host_reachable gauge",
     ]
-    lines += [f'hosttune_host_reachable{{host="{_label(r.host.name)}"}} {int(r.reachable and not r.error)}' for r in reports]
+    lines += [f'hosttune_host_reachable{{host="{_label(r.host.name)}"}} {int(not r.probe_exit_bits)}' for r in reports]
     lines += [
         "# HELP hosttune_check_status 1 for the status each check has on each host.",
         "# TYPE hosttune_check_status gauge",

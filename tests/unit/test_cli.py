@@ -186,3 +186,5 @@ def test_a_probe_error_is_in_every_report_format_as_in_the_exit_code(monkeypatch
     assert junit.exit_code == EXIT_ERROR and suite.get("errors") == "1", junit.stdout
     (case,) = suite.findall("testcase[@name='probe']")
     assert case.find("error").get("message") == problem
+    prom = runner.invoke(app, ["check", "--format", "prometheus"]).stdout
+    assert 'hosttune_host_reachable{host="localhost"} 0' in prom  # "could reach and probe the host": not all of it
