@@ -123,7 +123,7 @@ def _kernel_undo(rec: OpRecord) -> list[Undo]:
 
 def _keep_edits(rec: OpRecord, run: str, where: str) -> list[Undo]:
     """A file the run wrote and someone changed since: its content now is copied into the run's backups first."""
-    if rec.kind != "write" or not rec.sha_after:
+    if rec.kind != "write" or not rec.sha_after or rec.status != "done":
         return []
     kept = f"{backup_dir(run)}/edited-{where}-{PurePosixPath(rec.path).name}"
     return [Undo(f"keep {rec.path} as it is now (changed since run {run} wrote it) in {kept}",

@@ -508,3 +508,12 @@ def test_without_run_rollback_takes_the_latest_apply_never_a_later_remediation_o
     assert (root / "var/lib/hosttune/cordon.json").exists()
     assert rollback_host(local, HOST, "r2-1", str(root)).status == "restored"  # named, it is rolled back
     assert not (root / "var/lib/hosttune/cordon.json").exists()
+
+
+def test_only_a_write_that_ran_has_edits_since_to_keep():
+    """A failed write left the file as it was: rollback has nothing of its to keep, nor anything to say about it."""
+    w = OpRecord("write", "w", path="/etc/a", existed=True, sha_after="ab" * 32, backup="/b/0-0-a")
+    failed = Journal("r", "h", "/", "t", (JournalStep(0, ("a",), "a", False, False, (replace(w, status="failed"),), "failed"),))
+    assert [u.hostop[0] for u in undo_list(failed)] == ["restore"]
+    done = Journal("r", "h", "/", "t", (JournalStep(0, ("a",), "a", False, False, (replace(w, status="done"),), "done"),))
+    assert [u.hostop[0] for u in undo_list(done)] == ["keep", "restore"]
