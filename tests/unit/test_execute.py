@@ -517,3 +517,14 @@ def test_only_a_write_that_ran_has_edits_since_to_keep():
     assert [u.hostop[0] for u in undo_list(failed)] == ["restore"]
     done = Journal("r", "h", "/", "t", (JournalStep(0, ("a",), "a", False, False, (replace(w, status="done"),), "done"),))
     assert [u.hostop[0] for u in undo_list(done)] == ["keep", "restore"]
+
+
+@pytest.mark.parametrize("text", ['{"run": "x", broken', '{"run": "x"}', "[]"])
+def test_a_damaged_journal_is_that_hosts_one_line_error_not_a_crash(local, tmp_path, text):
+    root = tmp_path / "img"
+    (root / "var/lib/hosttune/runs").mkdir(parents=True)
+    (root / "var/lib/hosttune/runs/r0.json").write_text(text)
+    result = rollback_host(local, HOST, None, str(root), dry_run=True)
+    assert result.status == "failed" and result.exit_bits == 2
+    assert result.error.startswith("/var/lib/hosttune/runs/r0.json: unreadable run journal ("), result.error
+    assert result.error.endswith("): move it out of /var/lib/hosttune/runs to roll back this host's other runs")
