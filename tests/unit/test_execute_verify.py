@@ -231,7 +231,8 @@ def _help(command: str) -> str:
 def test_the_help_of_facts_apply_rollback_verify_and_bench_says_what_they_do():
     assert "with --dry-run, anything the plan would change" in _help("apply")
     assert "Exit code bits: 2 probe or usage error, 4 unreachable host (drift is check's: facts never sets 1)." in _help("facts")
-    assert "(default: each host's latest run not yet rolled back); one no host has is an error." in _help("rollback")
+    assert ("(default: each host's latest apply not yet rolled back; a remediate or uncordon step only by its id); one "
+            "no host has is an error." in _help("rollback"))
     assert "Hosts read and rolled back in parallel." in _help("rollback") and "probed" not in _help("rollback")
     assert ("2 when a host cannot be reached or an input is wrong (pytest's arguments too, or ones that select no "
             "test), and then nothing is verified." in _help("verify"))
