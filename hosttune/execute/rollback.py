@@ -167,6 +167,14 @@ def undo_list(journal: Journal) -> list[Undo]:
     return first + files + regen
 
 
+def not_reversed(journal: Journal) -> tuple[str, ...]:
+    """The commands a run ran that rollback has no reverse for (a package installed, say): what a run whose every
+    change is such a command leaves, said rather than an empty plan."""
+    return tuple(f"not undone: {rec.description} (rollback has no reverse for a command; undo it by hand)"
+                 for _, rec in touched(journal)
+                 if rec.kind == "command" and not rec.undo and not rec.regenerate and rec.status != "failed")
+
+
 def _is_live(journal: Journal) -> bool:
     """A run that changed something and has not been rolled back."""
     return not journal.rolled_back and any(s.status != "pending" for s in journal.steps)
@@ -248,8 +256,9 @@ def _run_undo(transport: Transport, undo: Undo, root: str | None):
 
 
 def rollback_journal(transport: Transport, host: Host, journal: Journal, root: str | None) -> RollbackResult:
-    done, errors = [], []
-    for undo in undo_list(journal):
+    undos = undo_list(journal)
+    done, errors = ([] if undos else list(not_reversed(journal))), []
+    for undo in undos:
         result = _run_undo(transport, undo, root)
         if result is None and (undo.if_active or undo.unless_sha):
             continue  # the unit is not running, the file is as the run left it: nothing to do, and nothing to say
@@ -284,7 +293,8 @@ def rollback_host(transport: Transport, host: Host, run: str | None, root: str |
                 f"run {run} was followed by {', '.join(later)}, not rolled back, which changed the same files, units or "
                 "kernel values: roll those back first, the latest first (leave --run out to take each host's latest)"))
         if dry_run:
-            due = [u.description for u in undo_list(journal) if _is_due(transport, u, root)]
+            undos = undo_list(journal)
+            due = [u.description for u in undos if _is_due(transport, u, root)] if undos else not_reversed(journal)
             return RollbackResult(host, journal.run, Outcome.PLANNED, tuple(due))
         return rollback_journal(transport, host, journal, root)
     except TransportError as exc:

@@ -528,3 +528,19 @@ def test_a_damaged_journal_is_that_hosts_one_line_error_not_a_crash(local, tmp_p
     assert result.status == "failed" and result.exit_bits == 2
     assert result.error.startswith("/var/lib/hosttune/runs/r0.json: unreadable run journal ("), result.error
     assert result.error.endswith("): move it out of /var/lib/hosttune/runs to roll back this host's other runs")
+
+
+def test_a_run_whose_only_changes_have_no_reverse_says_so_instead_of_an_empty_plan(local, tmp_path):
+    """An apply that only installed numactl: rollback removes no package, and its plan and result say that."""
+    install = OpRecord("command", "$ apt-get install -y numactl", argv=("apt-get", "install", "-y", "numactl"), status="done")
+    failed = replace(install, description="$ apt-get install -y nvtop", status="failed")
+    journal = Journal("r1", "h", "/", "t", (JournalStep(0, ("tools.numactl",), "numactl installed", False, False,
+                                                        (install, failed), "failed"),))
+    root = tmp_path / "img"
+    (root / "var/lib/hosttune/runs").mkdir(parents=True)
+    (root / journal_path("r1").lstrip("/")).write_bytes(journal.to_json())
+    said = ("not undone: $ apt-get install -y numactl (rollback has no reverse for a command; undo it by hand)",)
+    plan = rollback_host(local, HOST, None, str(root), dry_run=True)
+    assert plan.status == "planned" and plan.done == said
+    done = rollback_host(local, HOST, None, str(root))
+    assert done.status == "restored" and done.done == said
