@@ -13,7 +13,7 @@ from hosttune_engine.kernels.dequant_gemm import w4a16_gemm
 from hosttune_engine.kernels.int4_gemv import int4_gemv_ref
 
 from .conftest import DEVICE
-from .sass_hazards import operand_hazards
+from .sass_hazards import mma_loop_spills, operand_hazards
 from .test_kernels_quant import _close, int4_weight
 
 gluon = pytest.importorskip("triton.experimental.gluon", reason="a Triton without Gluon has no Hopper 4-bit GEMM")
@@ -25,7 +25,7 @@ COMPILE_FOR_HOPPER = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
-    from hosttune_engine.kernels.w4a16_hopper import _w4a16_wgmma_kernel
+    from hosttune_engine.kernels.w4a16_hopper import _w4a16_wgmma_kernel, register_cap
     from hosttune_engine.tuner.candidates import wgmma_gemm
     sig = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*fp16", "z_ptr": "*u8", "b_ptr": "*bf16", "y_ptr": "*bf16",
            "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
@@ -45,7 +45,8 @@ COMPILE_FOR_HOPPER = textwrap.dedent("""
                  "STAGES": cfg["num_stages"], "A_REGS": cfg["REGS"], "SPLIT_SCALE": True}
         src = GluonASTSource(_w4a16_wgmma_kernel, {**sig, **{k: "constexpr" for k in const}}, constexprs=const,
                              attrs=attrs)
-        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cfg["num_warps"]})
+        options = {"num_warps": cfg["num_warps"], "maxnreg": register_cap(cfg) if cfg["REGS"] else None}
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
         compiled += 1
         cubin = f"{sys.argv[1]}/{compiled}.cubin"
         with open(cubin, "wb") as f:
@@ -76,7 +77,8 @@ def test_every_tuner_config_compiles_for_hopper_and_fits(tmp_path, rows, regs):
         if k["cfg"]["REGS"]:
             sass, usage = _cuobjdump(k["cubin"], "-sass"), _cuobjdump(k["cubin"], "-res-usage")
             assert "HGMMA" in sass and not operand_hazards(sass), (k, [str(h) for h in operand_hazards(sass)][:5])
-            assert " STACK:0 " in usage, (k, usage)  # no spills
+            # under the register cap the compiler may spill, but only outside the K loop (once an output tile)
+            assert mma_loop_spills(sass) == 0, (k, usage)
 
 
 def _cuobjdump(cubin: str, what: str) -> str:
@@ -101,6 +103,24 @@ def test_operand_hazards_reads_a_write_under_an_mma_in_flight():
     found = operand_hazards(loop.format(keep=1))
     assert [(h.address, h.opcode, h.registers) for h in found] == [(0x100, "HFMA2.BF16_V2", (40,))]
     assert operand_hazards(loop.format(keep=0)) == []
+
+
+def test_operand_hazards_walks_a_loop_inside_a_loop():
+    """An MMA left in flight by an inner loop meets the write at the top of the outer loop's next pass; waited
+    for before the inner loop exits, nothing is in flight there."""
+    loop = """
+        /*0100*/                   IMAD R40, R2, R3, RZ ;
+        /*0110*/                   HFMA2.BF16_V2 R41, R41, R111, R14 ;
+        /*0120*/                   WARPGROUP.ARRIVE ;
+        /*0130*/                   HGMMA.64x16x16.F32.BF16 R32, R40, gdesc[UR12], R32, gsb0 ;
+        /*0140*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0150*/              @P5 BRA 0x110 ;
+        /*0160*/                   WARPGROUP.DEPBAR.LE gsb0, 0x{keep} ;
+        /*0170*/              @P6 BRA 0x100 ;
+        /*0180*/                   EXIT ;"""
+    found = operand_hazards(loop.format(keep=1))
+    assert {(h.address, h.opcode) for h in found} == {(0x100, "IMAD"), (0x110, "HFMA2.BF16_V2")}
+    assert {(h.address, h.opcode) for h in operand_hazards(loop.format(keep=0))} == {(0x110, "HFMA2.BF16_V2")}
 
 
 def test_wgmma_config_off_hopper_takes_the_dequantizing_path():

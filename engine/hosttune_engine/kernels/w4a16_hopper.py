@@ -371,12 +371,14 @@ def _store(acc, b_ptr, y_ptr, ws_ptr, cnt_ptr, n0, m0, M, N, stride_ym, HAS_BIAS
     launch, no summing kernel after it (the pattern of kernels/gemv_splits.py)."""
     out_l: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, NUM_WARPS], [0, 1])
     acc = gl.convert_layout(acc, out_l)
-    offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_l))
-    offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_l))
-    mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
+    # offsets within the tile in int32 beside one 64-bit base: 64-bit addresses would take two registers an element
+    dn = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, out_l))
+    dm = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, out_l))
+    mask = (n0 + dn < N)[:, None] & (m0 + dm < M)[None, :]
     if SPLIT_K > 1:
-        part = ws_ptr + offs_m.to(gl.int64)[None, :] * N + offs_n[:, None]
-        gl.store(part + gl.program_id(1).to(gl.int64) * M * N, acc, mask=mask)
+        local = dm[None, :] * N + dn[:, None]
+        tile_ws = ws_ptr + (m0.to(gl.int64) * N + n0)
+        gl.store(tile_ws + gl.program_id(1).to(gl.int64) * M * N + local, acc, mask=mask)
         _barrier()  # every thread's partial is written before the tile is counted
         done = gl.atomic_add(cnt_ptr + gl.program_id(0), 1, sem="acq_rel")  # the last sees every partial
         if done == SPLIT_K - 1:
@@ -385,19 +387,30 @@ def _store(acc, b_ptr, y_ptr, ws_ptr, cnt_ptr, n0, m0, M, N, stride_ym, HAS_BIAS
             # axis): unrolled, every partial's loads were hoisted together, which took 190 registers at two
             # splits and spilled at four, where the K loop takes 117, and halved the programs an SM could hold
             for split in range(gl.num_programs(1)):  # from L2 (.cg), not what this SM's L1 may hold
-                acc += gl.load(part + split * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+                acc += gl.load(tile_ws + split.to(gl.int64) * M * N + local, mask=mask, other=0.0,
+                               cache_modifier=".cg")
             gl.atomic_xchg(cnt_ptr + gl.program_id(0), 0)
-            _write(acc, b_ptr, y_ptr, offs_n, offs_m, mask, N, stride_ym, HAS_BIAS)
+            _write(acc, b_ptr, y_ptr, n0, m0, dn, dm, mask, N, stride_ym, HAS_BIAS)
     else:
-        _write(acc, b_ptr, y_ptr, offs_n, offs_m, mask, N, stride_ym, HAS_BIAS)
+        _write(acc, b_ptr, y_ptr, n0, m0, dn, dm, mask, N, stride_ym, HAS_BIAS)
 
 
 @gluon.jit
-def _write(acc, b_ptr, y_ptr, offs_n, offs_m, mask, N, stride_ym, HAS_BIAS: gl.constexpr):
+def _write(acc, b_ptr, y_ptr, n0, m0, dn, dm, mask, N, stride_ym, HAS_BIAS: gl.constexpr):
     if HAS_BIAS:
-        acc += gl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(gl.float32)[:, None]
-    gl.store(y_ptr + offs_m.to(gl.int64)[None, :] * stride_ym + offs_n[:, None], acc.to(y_ptr.dtype.element_ty),
-             mask=mask)
+        acc += gl.load(b_ptr + n0 + dn, mask=n0 + dn < N, other=0.0).to(gl.float32)[:, None]
+    tile_y = y_ptr + (m0.to(gl.int64) * stride_ym + n0)
+    gl.store(tile_y + (dm[None, :] * stride_ym + dn[:, None]), acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def register_cap(cfg: dict) -> int | None:
+    """Registers a thread the compiler may take: 128 (four programs of four warps an SM, two of eight) where each
+    warp unpacks one 16-row slice of a K tile of one pack block pair (128 columns) for at most 64 rows of x (wider
+    tiles spilled inside the K loop under it, compiled). The K loop takes about 117 there; the split-K sum after it
+    took 156, and a kernel's register count is its peak, so that one pass at the end held an SM to three programs.
+    Capped, the compiler spills only outside the K loop, if at all (checked compiled)."""
+    fits = cfg["BLOCK_N"] == 16 * cfg["num_warps"] and cfg["BLOCK_M"] <= 64 and cfg["BLOCK_K"] == 128
+    return 128 if fits else None
 
 
 def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
@@ -431,4 +444,5 @@ def launch(x, qweight, scales, zeros, group_size: int, bias, y, ws, cfg: dict) -
         x.stride(0), qweight.stride(0), y.stride(0), 0x4B000000,
         HAS_BIAS=bias is not None, GROUP=group_size, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"], SPLIT_K=cfg.get("SPLIT_K", 1), STAGES=cfg["num_stages"], A_REGS=a_regs,
-        SPLIT_SCALE=scales.dtype != x.dtype, num_warps=cfg["num_warps"])
+        SPLIT_SCALE=scales.dtype != x.dtype, num_warps=cfg["num_warps"],
+        maxnreg=register_cap(cfg) if a_regs else None)
