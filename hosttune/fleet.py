@@ -104,13 +104,16 @@ def _safe_check(host: Host, profile: Profile, active: bool = False) -> HostRepor
         return HostReport(host, profile.name, reachable=True, error=str(exc))
 
 
+# Kernel parameters that name a host's own kernel file, disk or address: they differ across any fleet.
+OWN_PARAMS = ("BOOT_IMAGE=", "initrd=", "root=", "resume=", "ip=")
+
 # Facts that should agree across the hosts of one group.
 COMPARED: dict[str, Callable[[Facts], str]] = {
     "driver": lambda f: f.gpu.kernel_module_version or f.gpu.driver_version or "-",
     "cuda": lambda f: f.cuda.nvcc_version or "-",
     "kernel": lambda f: f.kernel,
     "os": lambda f: f"{f.os_id} {f.os_version}",
-    "cmdline": lambda f: " ".join(w for w in f.cmdline_active if not w.startswith(("BOOT_IMAGE=", "initrd="))),
+    "cmdline": lambda f: " ".join(w for w in f.cmdline_active if not w.startswith(OWN_PARAMS)),
     "gpus": lambda f: ", ".join(sorted(Counter(g.name for g in f.gpu.gpus).elements())) or "none",
     "vbios": lambda f: ", ".join(sorted({g.vbios or "?" for g in f.health.gpus})) or "none",
 }

@@ -53,3 +53,18 @@ def test_a_host_without_a_gpu_says_so_in_one_line_naming_the_checks(fixture_text
     assert "  n/a     no NVMe devices: nvme.power\n" in text and text.count("no NVIDIA GPU") == 1
     assert "fleet: 2 hosts" in text and fleet_summary([cpu_only])[0].startswith("fleet: 1 host, ")
     assert "gpu.count" in render([cpu_only], verbose=True) and "no NVIDIA GPU on this host:" not in render([cpu_only], verbose=True)
+
+
+def test_a_kernel_command_line_differing_only_in_its_own_disk_or_address_is_no_outlier(fixture_text):
+    """root=UUID=…, resume= and ip= name each host's own disk and address: only the tuning words are compared."""
+    base = parse_probe_output(fixture_text("a100-4gpu-2numa", "probe-output.txt"))
+    tuned = tuple(w for w in base.cmdline_active if not w.startswith("root="))
+
+    def own(n: int, words=tuned):
+        return replace(base, cmdline_active=(*words, f"root=UUID=0000000{n}-aaaa", f"resume=UUID=f{n}",
+                                             f"ip=10.0.0.{n}::10.0.0.254:255.255.255.0"))
+
+    untuned = own(4, tuple(w for w in tuned if not w.startswith("rcu_nocbs=")))
+    found = outliers([report(f"a{n}", "a100", own(n)) for n in (1, 2, 3)] + [report("a4", "a100", untuned)])
+    assert [(o.host, o.fact) for o in found] == [("a4", "cmdline")], found
+    assert "root=" not in found[0].value and "rcu_nocbs=4-63" in found[0].majority
