@@ -34,6 +34,15 @@ def boot_marker(host: Host) -> str:
     return parse_boot_marker(result.stdout)
 
 
+def _same_boot(host: Host, before: str) -> bool:
+    """The host still answers from the boot it was in: a reboot command that failed (sudo without a password, an
+    inhibitor lock) started none. One going down already does not answer, or answers from a new boot."""
+    try:
+        return boot_marker(host) == before
+    except TransportError:
+        return False
+
+
 def reboot_and_wait(host: Host, timeout_s: float = 600.0, poll_s: float = 1.0) -> str | None:
     """Reboot; None once the host answers from a new boot, else why not."""
     try:
@@ -42,9 +51,11 @@ def reboot_and_wait(host: Host, timeout_s: float = 600.0, poll_s: float = 1.0) -
         return f"not rebooted: {exc}"
     try:
         with open_transport(host.connection) as transport:
-            transport.change(REBOOT, timeout=30)
+            result = transport.change(REBOOT, timeout=30)
     except TransportError:
-        pass  # the connection often drops before the command returns
+        result = None  # the connection often drops before the command returns
+    if result is not None and result.rc > 0 and _same_boot(host, before):
+        return f"not rebooted: {result.stderr.strip()[-300:] or f'the reboot command exited {result.rc}'}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         time.sleep(poll_s)

@@ -3,6 +3,7 @@ the journal, undo lists as data, and fleet batching. Everything writes under tmp
 
 import hashlib
 import os
+import time
 from dataclasses import replace
 
 import pytest
@@ -544,3 +545,25 @@ def test_a_run_whose_only_changes_have_no_reverse_says_so_instead_of_an_empty_pl
     assert plan.status == "planned" and plan.done == said
     done = rollback_host(local, HOST, None, str(root))
     assert done.status == "restored" and done.done == said
+
+
+def test_a_reboot_the_host_refuses_is_said_at_once_not_waited_for(monkeypatch):
+    """sudo without a password, or an inhibitor lock: the host answers from the same boot, so no reboot is coming."""
+    from contextlib import contextmanager
+
+    from hosttune.execute import reboot
+    from hosttune.transport.base import CommandResult
+
+    stat = "1 (systemd) S " + " ".join(["0"] * 16) + " 4242 0 0"
+
+    class Refusing:
+        def read(self, argv, timeout=None):
+            return CommandResult(tuple(argv), 0, f"abc\n{stat}\n", "", 0.0)
+
+        def change(self, argv, timeout=None):
+            return CommandResult(tuple(argv), 1, "", "sudo: a password is required\n", 0.0)
+
+    monkeypatch.setattr(reboot, "open_transport", contextmanager(lambda spec, read_only=False: (yield Refusing())))
+    started = time.monotonic()
+    assert reboot.reboot_and_wait(HOST, timeout_s=3, poll_s=0.01) == "not rebooted: sudo: a password is required"
+    assert time.monotonic() - started < 1
