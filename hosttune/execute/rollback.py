@@ -272,7 +272,11 @@ def rollback_journal(transport: Transport, host: Host, journal: Journal, root: s
     # A failed rollback leaves the run live: what it could not undo is still on the host, and every undo is safe
     # to run again, so the next rollback takes this run again.
     marked = replace(journal, rolled_back=None if errors else now(), rollback_status=status.value)
-    write_file(transport, rooted(root, journal_path(journal.run)), marked.to_json(), 0o600)
+    written = write_file(transport, rooted(root, journal_path(journal.run)), marked.to_json(), 0o600)
+    if not written.ok and not errors:  # else the run stays live and the next rollback takes it again, as it should
+        status = Outcome.FAILED
+        errors.append(f"rolled back, but the journal {journal_path(journal.run)} could not be marked so "
+                      f"({written.stderr.strip().removeprefix('hosttune: ')[-300:]}): the next rollback takes this run again")
     return RollbackResult(host, journal.run, status, tuple(done), "; ".join(errors) or None)
 
 

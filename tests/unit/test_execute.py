@@ -21,7 +21,7 @@ from hosttune.config.inventory import Host
 from hosttune.plan.host_plan import HostPlan, PlanOptions, build_plan
 from hosttune.plan.state import read_state, requests_for
 from hosttune.config.profile import load_profile
-from hosttune.transport.base import ConnectionSpec
+from hosttune.transport.base import CommandResult, ConnectionSpec
 from hosttune.transport.local import LocalTransport
 
 HOST = Host("h", "g", ConnectionSpec("h"))
@@ -567,3 +567,23 @@ def test_a_reboot_the_host_refuses_is_said_at_once_not_waited_for(monkeypatch):
     started = time.monotonic()
     assert reboot.reboot_and_wait(HOST, timeout_s=3, poll_s=0.01) == "not rebooted: sudo: a password is required"
     assert time.monotonic() - started < 1
+
+
+class _JournalUnwritable(LocalTransport):
+    """This machine, except that the run journal cannot be rewritten (a full or read-only /var)."""
+
+    def _command(self, argv, stdin, timeout):
+        if "write" in argv and any(str(a).endswith("/runs/r1.json") for a in argv):
+            return CommandResult(tuple(argv), 1, "", "hosttune: No space left on device\n", 0.0)
+        return super()._command(argv, stdin, timeout)
+
+
+def test_a_rollback_whose_journal_cannot_be_marked_says_so_and_fails(tmp_path):
+    root = image(tmp_path)
+    before = tree(root)
+    local = LocalTransport()
+    assert execute_plan(local, plan_for(local, root), "r1").status == "changed"
+    back = rollback_host(_JournalUnwritable(), HOST, None, str(root))
+    assert tree(root) == before  # the files came back
+    assert back.status == "failed" and back.error.startswith("rolled back, but the journal")
+    assert "No space left on device" in back.error and "the next rollback takes this run again" in back.error
