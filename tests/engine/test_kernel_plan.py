@@ -55,7 +55,7 @@ def test_bf16_on_the_h200_takes_the_tuned_gemv_at_one_row_and_cublas_above(no_us
     assert plan.choice(Op.ATTENTION, 4096, prefill=True).kernel is Kernel.PREFILL_ATTENTION and plan.is_tuned
 
 
-def test_fp8_takes_per_shape_entries_on_the_h200_and_bf16_activations_on_an_a100(no_user_tables):
+def test_fp8_takes_per_shape_entries_on_the_h200_and_bf16_activations_where_the_scheme_keeps_them(no_user_tables):
     h200 = _plan("NVIDIA H200", "fp8")
     gemv = h200.choice(Op.QKV, 1)
     assert (gemv.kernel, gemv.reason, gemv.entry) == (Kernel.FP8_GEMV, Reason.TUNED_SHAPE,
@@ -67,11 +67,12 @@ def test_fp8_takes_per_shape_entries_on_the_h200_and_bf16_activations_on_an_a100
     down = h200.choice(Op.DOWN, 64)
     assert down.kernel is Kernel.FP8_GEMM and down.fusion is Fusion.SWIGLU_IN_GATE_UP
     assert h200.choice(Op.QKV, 4096).kernel is Kernel.FP8_MM_ROWWISE
-    a100 = _plan("NVIDIA A100-SXM4-80GB", "fp8")
-    assert a100.table == "none" and not a100.is_tuned
-    batched = a100.choice(Op.QKV, 64)
+    l40s = _plan("NVIDIA L40S", "fp8-block")
+    assert l40s.table == "none" and not l40s.is_tuned
+    batched = l40s.choice(Op.QKV, 64)
     assert (batched.kernel, batched.reason, batched.fusion) == (Kernel.W8A16_GEMM, Reason.DEFAULT, Fusion.NONE)
-    assert batched.note == "no FP8 tensor cores"
+    assert batched.note == "the scheme keeps activations in bf16"
+    assert _plan("NVIDIA L40S", "fp8").choice(Op.QKV, 64).kernel is Kernel.FP8_MM_UNIT  # Ada has FP8 tensor cores
     assert _plan("NVIDIA H100 80GB HBM3", "fp8").choice(Op.QKV, 64).kernel is Kernel.FP8_MM_UNIT  # the default path
 
 
@@ -110,9 +111,9 @@ def test_launch_configs_are_typed_and_refuse_unknown_keys():
 
 
 def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no_user_tables, capsys):
-    main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA A100-SXM4-80GB", "--quantization", "fp8"])
+    main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA L40S", "--quantization", "fp8-block"])
     out = capsys.readouterr().out
-    assert "GPU: NVIDIA A100-SXM4-80GB (compute capability 8.0); weights fp8-channel" in out
+    assert "GPU: NVIDIA L40S (compute capability 8.9); weights fp8-block" in out
     assert "tuned table: none" in out and "Triton W8A16 GEMM" in out and "Triton FP8 GEMV" in out
     with pytest.raises(SystemExit) as exit_:
         main(["plan", "--model", str(QWEN7B), "--gpu", "Radeon 7900"])
@@ -124,23 +125,43 @@ def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no
     assert "qkv_proj:" in format_plan(_plan("NVIDIA H200"))
 
 
-V100 = "Tesla V100-SXM2-32GB"
+V100, A100, A10 = "Tesla V100-SXM2-32GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A10"
+E4M3 = "the Triton kernels' e4m3 type needs 8.9 or later (Ada or Hopper)"
+NOT_FP8 = "serve a 16-bit or a 4-bit AWQ/GPTQ checkpoint of the model"
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], f"{V100} (compute capability 7.0) has no bfloat16, which needs 8.0 or later: give --dtype float16"),
-    (["--quantization", "fp8"],
-     f"{V100} (compute capability 7.0) cannot run FP8 weights (fp8-channel), which need 8.0 or later: serve a "
-     "16-bit checkpoint of the model, with --dtype float16"),
-    (["--dtype", "float16", "--kv-cache-dtype", "fp8"],
-     f"{V100} (compute capability 7.0) cannot run an FP8 KV cache, which needs 8.0 or later: leave --kv-cache-dtype "
-     "auto"),
+@pytest.mark.parametrize("gpu, args, message", [
+    (V100, [], f"{V100} (compute capability 7.0) has no bfloat16, which needs 8.0 or later: give --dtype float16"),
+    (V100, ["--quantization", "fp8"],
+     f"{V100} (compute capability 7.0) cannot run FP8 weights (fp8-channel): {E4M3}; {NOT_FP8}, with --dtype float16"),
+    (V100, ["--dtype", "float16", "--kv-cache-dtype", "fp8"],
+     f"{V100} (compute capability 7.0) cannot run an FP8 KV cache: {E4M3}; leave --kv-cache-dtype auto"),
+    (A100, ["--quantization", "fp8"], f"{A100} (compute capability 8.0) cannot run FP8 weights (fp8-channel): {E4M3}; "
+     f"{NOT_FP8}"),
+    (A100, ["--quantization", "fp8-block"],
+     f"{A100} (compute capability 8.0) cannot run FP8 weights (fp8-block): {E4M3}; {NOT_FP8}"),
+    (A100, ["--kv-cache-dtype", "fp8"],
+     f"{A100} (compute capability 8.0) cannot run an FP8 KV cache: {E4M3}; leave --kv-cache-dtype auto"),
+    (A10, ["--quantization", "fp8-tensor", "--kv-cache-dtype", "fp8"],
+     f"{A10} (compute capability 8.6) cannot run FP8 weights (fp8-tensor) or an FP8 KV cache: {E4M3}; {NOT_FP8} and "
+     "leave --kv-cache-dtype auto"),
 ])
-def test_the_plan_refuses_in_one_line_what_the_gpu_cannot_run_and_says_what_can(no_user_tables, capsys, args,
+def test_the_plan_refuses_in_one_line_what_the_gpu_cannot_run_and_says_what_can(no_user_tables, capsys, gpu, args,
                                                                                 message):
     with pytest.raises(SystemExit) as exit_:
-        main(["plan", "--model", str(QWEN7B), "--gpu", V100, *args])
+        main(["plan", "--model", str(QWEN7B), "--gpu", gpu, *args])
     assert exit_.value.code == 2 and capsys.readouterr().err == f"hosttune-engine: error: {message}\n"
+
+
+def test_fp8_weights_and_an_fp8_kv_cache_are_planned_from_ada_on(no_user_tables, capsys):
+    """An L40S (8.9) runs what an A100 (8.0) is refused: the Triton kernels' e4m3 type; an A100 keeps bf16 and
+    4-bit weights."""
+    main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA L40S", "--quantization", "fp8", "--kv-cache-dtype", "fp8"])
+    out = capsys.readouterr().out
+    assert "GPU: NVIDIA L40S (compute capability 8.9); weights fp8-channel" in out and "Triton FP8 GEMV" in out
+    for quantization in ("awq", "gptq"):
+        main(["plan", "--model", str(QWEN7B), "--gpu", A100, "--quantization", quantization])
+        assert f"GPU: {A100} (compute capability 8.0); weights {quantization}" in capsys.readouterr().out
 
 
 def test_what_the_plan_refuses_the_engine_refuses_at_load_with_the_same_line(no_user_tables, capsys):
@@ -152,6 +173,11 @@ def test_what_the_plan_refuses_the_engine_refuses_at_load_with_the_same_line(no_
         with pytest.raises(ConfigError, match=f"^{V100} \\(compute capability 7.0\\) (has no|cannot run)"):
             build_plan(PlanInputs(model, named_gpu(V100), dtype, spec, kv_cache_fp8=kv_fp8), {}, "none")
     build_plan(PlanInputs(model, named_gpu(V100), torch.bfloat16, None, use_triton=False), {}, "none")  # torch runs it
+    for spec, kv_fp8 in ((dummy_spec("fp8-block"), False), (None, True)):
+        with pytest.raises(ConfigError, match=f"^{A100} \\(compute capability 8.0\\) cannot run (an )?FP8"):
+            build_plan(PlanInputs(model, named_gpu(A100), torch.bfloat16, spec, kv_cache_fp8=kv_fp8), {}, "none")
+        # the torch backend dequantizes FP8 weights and KV rows with torch's own casts, which need no e4m3 in Triton
+        build_plan(PlanInputs(model, named_gpu(A100), torch.bfloat16, spec, False, kv_fp8), {}, "none")
 
 
 @pytest.mark.parametrize("text, message", [

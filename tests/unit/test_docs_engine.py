@@ -26,7 +26,8 @@ def shown_plans(text: str) -> list[tuple[list[str], str]]:
 
 def test_the_kernel_plans_shown_are_what_the_engine_prints(tmp_path, monkeypatch):
     """A whole plan shown is the command's whole output; an excerpt (tables without the header) is some of its
-    tables, each whole. The model is the Qwen2.5-7B shape of tests/fixtures, with the shipped table only."""
+    tables, each whole; a refusal is its one line on stderr, exit 2. The model is the Qwen2.5-7B shape of
+    tests/fixtures, with the shipped table only."""
     from hosttune_engine.kernels import tuning
     from hosttune_engine.server.cli import main
 
@@ -37,11 +38,14 @@ def test_the_kernel_plans_shown_are_what_the_engine_prints(tmp_path, monkeypatch
     assert len(plans) >= 4 and any(out.startswith("Kernel plan for") for _, out in plans)
     for args, shown in plans:
         args = [str(ROOT / "tests" / "fixtures" / a) if a == "qwen2.5-7b" else a for a in args]
-        printed = io.StringIO()
-        with contextlib.redirect_stdout(printed):
-            main(args)
+        printed, refused = io.StringIO(), shown.startswith("hosttune-engine: error: ")
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            try:
+                main(args)
+            except SystemExit as exit_:
+                assert refused and exit_.code == 2, args
         printed = printed.getvalue().strip("\n")
-        if shown.startswith("Kernel plan for"):
+        if refused or shown.startswith("Kernel plan for"):
             assert shown == printed, args
         else:
             tables = printed.split("\n\n")

@@ -13,7 +13,26 @@ KNOWN = (("H200", (9, 0)), ("H100", (9, 0)), ("GH200", (9, 0)), ("L40S", (8, 9))
          ("T4", (7, 5)))
 
 
-AMPERE = (8, 0)  # the first compute capability with bfloat16, FP8 weights and an FP8 KV cache in the kernels
+AMPERE = (8, 0)  # the first compute capability with bfloat16
+# The first with Triton's e4m3 type (fp8e4nv), which every kernel reading FP8 weights or an FP8 KV cache takes.
+ADA = (8, 9)
+
+
+def _dotted(capability: tuple[int, int]) -> str:
+    return ".".join(map(str, capability))
+
+
+def _fp8_refusal(fp8_weights: str | None, is_fp8_kv: bool) -> str:
+    """What of FP8 a GPU before Ada cannot run, why, and what runs instead."""
+    refused, instead = [], []
+    if fp8_weights:
+        refused.append(f"FP8 weights ({fp8_weights})")
+        instead.append("serve a 16-bit or a 4-bit AWQ/GPTQ checkpoint of the model")
+    if is_fp8_kv:
+        refused.append("an FP8 KV cache")
+        instead.append("leave --kv-cache-dtype auto")
+    return (f"cannot run {' or '.join(refused)}: the Triton kernels' e4m3 type needs {_dotted(ADA)} or later "
+            f"(Ada or Hopper); {' and '.join(instead)}")
 
 
 @dataclass(frozen=True)
@@ -30,25 +49,22 @@ class GpuInfo:
 
     @property
     def has_fp8_tensor_cores(self) -> bool:
-        return self.capability >= (8, 9)
+        return self.capability >= ADA
 
     def why_kernels_cannot_run(self, dtype: str, fp8_weights: str | None, is_fp8_kv: bool) -> str:
         """Why the Triton kernels cannot run activations of `dtype` (a torch dtype's name), weights of the FP8
         layout `fp8_weights` or an FP8 KV cache on this GPU, with what can, in one line; '' where they can.
-        Before Ampere (8.0) a GPU has no bfloat16 and no FP8 (from 8.0 FP8 weights are converted in registers,
-        from 8.9 they also run on FP8 tensor cores)."""
-        if self.capability >= AMPERE or not self.is_cuda:
+        Before Ampere (8.0) a GPU has no bfloat16; before Ada (8.9) Triton has no e4m3 type, so no kernel that
+        reads FP8 weights or an FP8 KV cache compiles (the torch backend's references cast with torch instead and
+        are not checked here)."""
+        if self.capability >= ADA or not self.is_cuda:
             return ""
-        head = f"{self.name} (compute capability {'.'.join(map(str, self.capability))})"
-        since = ".".join(map(str, AMPERE))
-        float16 = ", with --dtype float16" if dtype == "bfloat16" else ""
-        if fp8_weights:
-            return (f"{head} cannot run FP8 weights ({fp8_weights}), which need {since} or later: serve a 16-bit "
-                    f"checkpoint of the model{float16}")
-        if is_fp8_kv:
-            return f"{head} cannot run an FP8 KV cache, which needs {since} or later: leave --kv-cache-dtype auto{float16}"
-        if dtype == "bfloat16":
-            return f"{head} has no bfloat16, which needs {since} or later: give --dtype float16"
+        head = f"{self.name} (compute capability {_dotted(self.capability)})"
+        float16 = ", with --dtype float16" if dtype == "bfloat16" and self.capability < AMPERE else ""
+        if fp8_weights or is_fp8_kv:
+            return f"{head} {_fp8_refusal(fp8_weights, is_fp8_kv)}{float16}"
+        if dtype == "bfloat16" and self.capability < AMPERE:
+            return f"{head} has no bfloat16, which needs {_dotted(AMPERE)} or later: give --dtype float16"
         return ""
 
 
