@@ -104,8 +104,16 @@ def build_plan(host: Host, profile: Profile, facts: Facts, findings: list[Findin
             held.append(step)
     blocked += _left_drifting(held, findings, kept + blocked + left_out)
     pending = () if options.is_offline else tuple(f.check_id for f in findings if f.status is Status.PENDING_REBOOT)
-    return HostPlan(host, profile.name, True, None, tuple(findings), tuple(kept), tuple(blocked),
+    return HostPlan(host, profile.name, True, _not_root(facts, kept, options), tuple(findings), tuple(kept), tuple(blocked),
                     tuple(left_out), pending, _diffs(kept, state), state, options.root)
+
+
+def _not_root(facts: Facts, steps: list[Step], options: PlanOptions) -> str | None:
+    """Every change apply makes to a running system is root's: a login that is not root is refused in the plan."""
+    if steps and not options.is_offline and facts.is_root is False:
+        return ("nothing sent: apply changes the host as root, and this login is not root: connect as root, "
+                "or set ssh.become: true (passwordless sudo)")
+    return None
 
 
 def _left_drifting(held: list[Step], findings: list[Finding], handled: list[Step]) -> list[Step]:
@@ -129,7 +137,7 @@ def with_needs(plan: HostPlan, needs: HostNeeds, flavour=None) -> HostPlan:
     checked = preconditions.check((s.ops for s in plan.steps), needs, flavour, offline)
     steps = tuple(replace(s, ops=ops, notes=s.notes + notes)
                   for s, ops, notes in zip(plan.steps, checked.groups, checked.notes) if ops)
-    error = f"nothing sent: {checked.error}" if checked.error else None
+    error = f"nothing sent: {checked.error}" if checked.error else plan.error
     return replace(plan, steps=steps, error=error, preconditions=checked.lines)
 
 

@@ -287,3 +287,15 @@ def test_a_drifting_check_whose_operations_all_hold_or_are_skipped_is_in_the_pla
     assert "/usr/local/cuda-12.4 is missing and this host has no apt or dnf" in reasons["cuda.toolkit"]
     assert not [s for s in plan.steps if {"mm.thp", "cuda.toolkit"} & set(s.fixes)]
     assert "  - mm.thp: not fixed by apply: not persisted" in render([plan])
+
+
+def test_a_login_that_is_not_root_is_the_hosts_error_in_the_plan_not_a_failure_after_confirming():
+    """The dry run must not promise what the run cannot do: every change of apply is root's."""
+    s = step(FileWrite("/etc/x", b"x"))
+    user = build_plan(HOST, LATENCY, Facts(is_root=False), [], State(), ONLINE, [s])
+    assert user.error == ("nothing sent: apply changes the host as root, and this login is not root: connect as root, "
+                          "or set ssh.become: true (passwordless sudo)")
+    assert user.error in render([user])
+    assert build_plan(HOST, LATENCY, Facts(is_root=True), [], State(), ONLINE, [s]).error is None
+    assert build_plan(HOST, LATENCY, Facts(is_root=False), [], State(), PlanOptions(root="/img"), [s]).error is None
+    assert build_plan(HOST, LATENCY, Facts(is_root=False), [], State(), ONLINE, []).error is None  # nothing to do
