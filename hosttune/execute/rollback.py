@@ -295,7 +295,7 @@ def rollback_host(transport: Transport, host: Host, run: str | None, root: str |
         if later := later_runs(journals, journal):
             return RollbackResult(host, run, Outcome.FAILED, error=(
                 f"run {run} was followed by {', '.join(later)}, not rolled back, which changed the same files, units or "
-                "kernel values: roll those back first, the latest first (leave --run out to take each host's latest)"))
+                f"kernel values: roll those back first, the latest first, each by naming it: hosttune rollback --run {later[-1]}"))
         if dry_run:
             undos = undo_list(journal)
             due = [u.description for u in undos if _is_due(transport, u, root)] if undos else not_reversed(journal)

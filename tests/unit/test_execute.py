@@ -587,3 +587,14 @@ def test_a_rollback_whose_journal_cannot_be_marked_says_so_and_fails(tmp_path):
     assert tree(root) == before  # the files came back
     assert back.status == "failed" and back.error.startswith("rolled back, but the journal")
     assert "No space left on device" in back.error and "the next rollback takes this run again" in back.error
+
+
+def test_a_run_followed_by_a_remediation_step_on_the_same_file_says_to_name_that_step(local, tmp_path):
+    """Leaving --run out takes the latest apply, never a remediate step: the refusal must not send the user there."""
+    root = image(tmp_path)
+    assert execute_plan(local, plan_for(local, root), "r1").status == "changed"
+    again = [Step(("numa.topology",), "numa", (FileWrite("/etc/sysctl.d/90-hosttune.conf", b"kernel.numa_balancing = 1\n"),))]
+    assert execute_plan(local, plan_for(local, root, again), "r2-1", command="remediate").status == "changed"
+    refused = rollback_host(local, HOST, "r1", str(root), dry_run=True)
+    assert refused.status == "failed" and "leave --run out" not in refused.error
+    assert refused.error.endswith("roll those back first, the latest first, each by naming it: hosttune rollback --run r2-1")
