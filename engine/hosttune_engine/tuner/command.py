@@ -14,7 +14,7 @@ from hosttune_engine.kernels import tuning
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.plan.launch import LaunchConfig
 from hosttune_engine.plan.gpus import present_gpu
-from hosttune_engine.planner.build import PlanInputs
+from hosttune_engine.planner.build import PlanInputs, check_runs
 from hosttune_engine.quant.preflight import resolve_spec
 from hosttune_engine.tuner.run import Tuning, tune_model
 
@@ -48,14 +48,15 @@ def tune_from_args(args: argparse.Namespace) -> str:
                           "that serves the model")
     gpu = present_gpu(torch.device("cuda"))
     dtype_name = activation_dtype(args.dtype, cfg.dtype, on_cuda=True)
+    inputs = PlanInputs(cfg, gpu, getattr(torch, dtype_name), spec)
+    check_runs(inputs)  # what plan and serve refuse on this GPU, before a budget goes on configs that cannot compile
     key, weights = tuning.present_key(gpu.name), _tuned_for(spec, dtype_name)
     tuned_for = tuning.cached_about(key).get("tuned_for", [])
     if args.if_missing and weights in tuned_for:
         return (f"{gpu.name} has a table tuned for {weights.replace('/', ' weights, ')} "
                 f"{'activations' if '/' in weights else 'weights'} on this driver and Triton: {tuning.cache_path(key)}")
-    dtype = getattr(torch, dtype_name)
     start = time.perf_counter()
-    done = tune_model(PlanInputs(cfg, gpu, dtype, spec), args.budget_s)
+    done = tune_model(inputs, args.budget_s)
     wall_s = time.perf_counter() - start
     merged = tuning.cached_table(key)
     for kernel, entries in done.table.items():
