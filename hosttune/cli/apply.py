@@ -58,6 +58,9 @@ def apply(
     """
     check_writable(output)  # the recap of a real run must not be lost after the hosts changed
     root = named(root, "--root", "directory", ROOT_INSTEAD)
+    root = None if root == "/" else root  # the running system, as without --root
+    if reboot and root:
+        raise HosttuneError(f"--reboot reboots running hosts, and --root {root} is an image: leave one of them out")
     inv = load(inventory, limit, accept_new_host_keys)
     wanted = profiles(inv)
     options = ApplyOptions(root, prune_cuda, serial, max_fail_percent, reboot, forks)

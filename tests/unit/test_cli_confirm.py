@@ -219,3 +219,15 @@ def test_with_json_a_terminal_is_asked_about_the_plan_it_was_shown(acted, monkey
     assert plan_line in result.stdout and shown["dry_run"] is True, result.output
     done = runner.invoke(app, [*argv, "--format", "json", "--yes"])
     assert json.loads(done.stdout)["dry_run"] is False  # with --yes, the recap alone
+
+
+def test_reboot_with_an_image_is_an_error_and_root_slash_is_the_running_system(acted, monkeypatch):
+    """An image has no boot to wait for; `--root /` is this system, whose --reboot must not be dropped."""
+    seen = []
+    monkeypatch.setattr(apply_cli, "plan_fleet", lambda inv, wanted, options, on_host_done=None: seen.append(options) or [])
+    result = runner.invoke(app, ["apply", "--root", "/srv/img", "--reboot", "--yes"])
+    assert result.exit_code == 2 and acted == [] and not seen
+    assert result.stderr.strip() == ("hosttune: --reboot reboots running hosts, and --root /srv/img is an image: "
+                                     "leave one of them out")
+    runner.invoke(app, ["apply", "--root", "/", "--reboot", "--dry-run"])
+    assert seen and seen[0].root is None and seen[0].reboot
