@@ -95,6 +95,9 @@ def monitor(
 
     Example: hosttune monitor --profile /etc/hosttune/monitor/profile.yaml --textfile-dir /var/lib/node_exporter/textfile_collector
     """
+    for option, folder in (("--textfile-dir", textfile_dir), ("--status-dir", status_dir)):
+        if not folder.is_absolute():  # an unset "$DIR" reads as the working folder, where nothing reads the files
+            raise HosttuneError(f"{option} '{folder}' is not an absolute folder: give the full path (the timers apply installs do)")
     result = run_pass(str(profile), active)
     timer = ACTIVE_TIMER if active else TIMER
     write_each({textfile_dir / METRICS_FILES[timer]: status_metrics.render(result.report, result.doc),

@@ -169,3 +169,14 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_host_is_read(mon
     monkeypatch.setattr(status_cli, "read_fleet", lambda *a, **k: read.append(1) or [])
     result = runner.invoke(app, ["status", "-o", str(tmp_path)])
     assert result.exit_code == 2 and "choose another --output" in result.stderr and read == []
+
+
+@pytest.mark.parametrize("option", ["--textfile-dir", "--status-dir"])
+def test_a_monitor_folder_that_is_not_absolute_is_refused_before_the_pass(tmp_path, monkeypatch, option):
+    """`--textfile-dir "$DIR"` with DIR unset would write into the working folder, where nothing reads them."""
+    monkeypatch.chdir(tmp_path)
+    args = {"--textfile-dir": str(tmp_path / "tf"), "--status-dir": str(tmp_path / "st"), option: ""}
+    result = runner.invoke(app, ["monitor", "--profile", str(PLAYBOOK), *(v for kv in args.items() for v in kv)])
+    assert result.exit_code == 2 and list(tmp_path.iterdir()) == []
+    assert result.stderr.strip() == (f"hosttune: {option} '.' is not an absolute folder: give the full path "
+                                      "(the timers apply installs do)")
