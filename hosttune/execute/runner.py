@@ -14,7 +14,7 @@ from hosttune.errors import TransportError
 from hosttune.execute.journal import RUNS_DIR, Journal, JournalStep, OpRecord, journal_path, now, start_journal
 from hosttune.execute.perform import failed, perform
 from hosttune.execute.remote import hostops, write_file
-from hosttune.execute.rollback import changes
+from hosttune.execute.undo import changes
 from hosttune.config.inventory import Host
 from hosttune.fleet_runner import Outcome
 from hosttune.plan.host_plan import HostPlan

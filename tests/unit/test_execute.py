@@ -325,7 +325,7 @@ def test_undo_of_a_cut_off_step_covers_every_operation_and_skips_unrun_steps():
 
 
 def test_a_made_directory_goes_after_what_was_made_in_it_and_both_are_reported_as_changes():
-    from hosttune.execute.rollback import changes
+    from hosttune.execute.undo import changes
 
     made = OpRecord("dir", "make directory /usr/local", path="/usr/local", created_dirs=("/usr", "/usr/local"), status="done")
     link = OpRecord("link", "l", path="/usr/local/cuda", target="/usr/local/cuda-12.4", existed=False, status="done")
