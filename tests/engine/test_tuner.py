@@ -69,6 +69,25 @@ def test_a_cached_table_counts_only_on_its_driver_and_triton(no_user_tables, mon
     assert "driver 560.1, Triton 3.4.0" in line and "hosttune-engine tune --model MODEL" in line
 
 
+def test_a_hopper_gpu_without_a_shipped_table_reads_the_h200s_and_says_whose(no_user_tables, monkeypatch):
+    """An H100 plans from the H200's shipped table (the same SMs and tensor cores), named as borrowed; a tune of
+    its own overrides it entry by entry; an A100 borrows nothing."""
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert tuning.shipped_source(h100) == "NVIDIA H200" and tuning.shipped_source("NVIDIA H100 PCIe") == "NVIDIA H200"
+    assert tuning.table_for(h100, present=False) == tuning.shipped_table("NVIDIA H200")
+    assert tuning.table_sources(h100, present=False) == ["shipped, NVIDIA H200's (same architecture)"]
+    assert tuning.table_sources("NVIDIA H200", present=False) == ["shipped"]
+    assert tuning.shipped_source("NVIDIA A100-SXM4-80GB") is None
+    monkeypatch.setattr(tuning, "driver_version", lambda: "555.42")
+    monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
+    tuning.write_cached_table(tuning.present_key(h100), {"gemv": {"bfloat16-m1": {"BLOCK_N": 16}}}, {})
+    tuning.reload_tables()
+    assert tuning.table_for(h100)["gemv"]["bfloat16-m1"] == {"BLOCK_N": 16}
+    assert tuning.table_for(h100)["w4a16_gemm"] == tuning.shipped_table("NVIDIA H200")["w4a16_gemm"]
+    monkeypatch.setenv(tuning.SHIPPED_ENV, "off")
+    assert tuning.shipped_source(h100) is None
+
+
 def test_the_shipped_table_can_be_left_out_to_measure_a_tune_against_it(no_user_tables, monkeypatch):
     assert tuning.table_for("NVIDIA H200", present=False)["gemv"]
     monkeypatch.setenv(tuning.SHIPPED_ENV, "off")
