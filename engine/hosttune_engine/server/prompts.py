@@ -42,9 +42,10 @@ class PromptBuilder:
         tok = self._need_tokenizer("chat messages; send token ids to /v1/completions", "messages")
         if not tok.chat_template:
             raise bad_request("this model has no chat template; use /v1/completions", "messages")
+        # the request's chat_template_kwargs are the template's own arguments: they win, as in vLLM
+        arguments = {"add_generation_prompt": add_generation_prompt, **(template_kwargs or {})}
         try:
-            return tok.apply_chat_template(list(messages), add_generation_prompt=add_generation_prompt,
-                                           **(template_kwargs or {}))
+            return tok.apply_chat_template(list(messages), **arguments)
         except Exception as e:  # the template is user-facing Jinja: any failure is about the messages
             raise bad_request(f"the chat template could not render these messages: {str(e)[:200]}",
                               "messages") from None

@@ -190,3 +190,14 @@ def test_without_a_tokenizer_each_route_says_what_still_works():
     assert lps.value.param == "logprobs"
     assert asyncio.run(builder.encode([1, 2])) == [1, 2]
     builder.check_logprobs(None)
+
+
+def test_chat_template_kwargs_may_set_the_templates_own_add_generation_prompt(tiny_models):
+    # as in vLLM, chat_template_kwargs are the template's arguments and win over the request's defaults
+    from hosttune_engine.model.tokenizer import Tokenizer
+
+    builder = PromptBuilder(Tokenizer(tiny_models["llama"]), 1024, 256)
+    messages = [{"role": "user", "content": "hi"}]
+    req = ChatRequest.parse({"messages": messages, "chat_template_kwargs": {"add_generation_prompt": False}})
+    rendered = builder.render_chat(req.messages, req.add_generation_prompt, req.template_kwargs)
+    assert rendered == builder.render_chat(req.messages, False) != builder.render_chat(req.messages, True)
