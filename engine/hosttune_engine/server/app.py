@@ -83,8 +83,8 @@ async def tokenize(request: web.Request) -> web.Response:
     state.check_model(req.model)
     prompts = state.usable_prompts()
     if req.messages is not None:
-        ids = await prompts.encode_chat(req.messages, req.add_generation_prompt,
-                                        add_special_tokens=req.add_special_tokens)
+        ids = await prompts.encode_chat(req.messages, req.add_generation_prompt, req.chat_template_kwargs,
+                                        req.add_special_tokens)
     else:
         ids = await prompts.encode(req.prompt, req.add_special_tokens)
     return json_response({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})

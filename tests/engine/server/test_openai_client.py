@@ -213,3 +213,11 @@ def test_tokenize_and_detokenize(server):
     status, _, body = post(server.url + "/tokenize", {"messages": MESSAGES})
     chat = json.loads(body)
     assert status == 200 and chat["count"] > tok["count"]
+
+
+def test_tokenized_messages_count_as_the_chat_prompt_with_the_same_template_kwargs(client, model, server):
+    kwargs = {"add_generation_prompt": False}
+    chat = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=1,
+                                          extra_body={"chat_template_kwargs": kwargs})
+    status, _, body = post(server.url + "/tokenize", {"messages": MESSAGES, "chat_template_kwargs": kwargs})
+    assert status == 200 and json.loads(body)["count"] == chat.usage.prompt_tokens

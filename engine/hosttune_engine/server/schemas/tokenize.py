@@ -19,6 +19,7 @@ class TokenizeRequest(RequestBody):
     prompt: Any = Field(None, validate_default=True)
     add_special_tokens: bool = Field(None, validate_default=True)  # unset: True for a prompt, False for messages
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict = Field(default_factory=dict)  # as chat's, so messages count as chat reads them
 
     @classmethod
     def _whole_body(cls, body: dict) -> dict:
