@@ -110,7 +110,9 @@ class Tokenizer:
         return type(self._tok.decoder).__name__ == "ByteLevel"
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch lets go of the GIL while it works (encode holds it), so a long text tokenized on a worker
+        # thread does not stop the server's event loop for seconds
+        return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)

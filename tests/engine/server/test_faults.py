@@ -4,6 +4,7 @@
 import asyncio
 import json
 import statistics
+import threading
 import time
 
 import aiohttp
@@ -292,3 +293,25 @@ def test_fuzzed_field_types_never_500(server):
     assert set(statuses) <= {200, 400, 404, 429}, set(statuses)
     assert len(statuses[200]) > 100 and len(statuses[400]) > 100  # both sides of every rule were reached
     assert "Traceback" not in server.log()
+
+
+def test_a_long_prompt_is_tokenized_while_the_server_keeps_answering(server):
+    # tokenizing megabytes takes seconds; the event loop must not wait for it (probes, 429s, other streams)
+    text = "hello there friend " * 150_000
+    done = {}
+
+    def tokenize():
+        start = time.monotonic()
+        done["status"] = post(server.url + "/tokenize", {"prompt": text})[0]
+        done["s"] = time.monotonic() - start
+
+    worker = threading.Thread(target=tokenize)
+    worker.start()
+    slowest = 0.0
+    while worker.is_alive():
+        start = time.monotonic()
+        server.health()
+        slowest = max(slowest, time.monotonic() - start)
+        time.sleep(0.02)
+    worker.join()
+    assert done["status"] == 200 and slowest < max(0.3, done["s"] / 4), (slowest, done["s"])
