@@ -13,7 +13,7 @@ from aiohttp import web
 
 from hosttune_engine import __version__
 from hosttune_engine.server import responses as r
-from hosttune_engine.server.bodies import error_response, json_response, read_json
+from hosttune_engine.server.bodies import error_response, json_response, read_body
 from hosttune_engine.server.completions import create_chat_completion, create_completion
 from hosttune_engine.server.api_errors import ApiError
 from hosttune_engine.server.auth import KeyRing, auth_middleware
@@ -79,7 +79,7 @@ async def models(request: web.Request) -> web.Response:
 async def tokenize(request: web.Request) -> web.Response:
     """POST /tokenize: {"prompt": text} or {"messages": [...]} -> {"tokens", "count", "max_model_len"}"""
     state = request.app[STATE]
-    req = TokenizeRequest.parse(await read_json(request))
+    req = await read_body(request, TokenizeRequest)
     state.check_model(req.model)
     prompts = state.usable_prompts()
     if req.messages is not None:
@@ -93,7 +93,7 @@ async def tokenize(request: web.Request) -> web.Response:
 async def detokenize(request: web.Request) -> web.Response:
     """POST /detokenize: {"tokens": [...]} -> {"prompt": text}"""
     state = request.app[STATE]
-    req = DetokenizeRequest.parse(await read_json(request))
+    req = await read_body(request, DetokenizeRequest)
     state.check_model(req.model)
     return json_response({"prompt": state.usable_prompts().decode(req.tokens)})
 

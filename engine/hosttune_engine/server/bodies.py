@@ -16,16 +16,22 @@ from aiohttp import web
 from hosttune_engine.server.responses import dumps, error_body
 from hosttune_engine.server.api_errors import ApiError, bad_request
 
-OFFLOAD_BYTES = 256 * 1024  # bigger bodies are parsed off the event loop
+OFFLOAD_BYTES = 256 * 1024  # bigger bodies are parsed and checked off the event loop
 
 
-async def read_json(request: web.Request):
+async def read_body(request: web.Request, model):
+    """The body as `model` (a `RequestBody` of `schemas/`) parses it. A big one (millions of token ids take a
+    second to check) is parsed and checked on a worker thread, so the event loop keeps answering meanwhile."""
     if request.content_type != "application/json":
         raise bad_request(f"Content-Type must be application/json, got {request.content_type[:60]!r}")
     raw = await request.read()  # aiohttp answers 413 past client_max_size
     if len(raw) > OFFLOAD_BYTES:
-        return await asyncio.get_running_loop().run_in_executor(None, _parse, raw)
-    return _parse(raw)
+        return await asyncio.get_running_loop().run_in_executor(None, _parse_as, raw, model)
+    return _parse_as(raw, model)
+
+
+def _parse_as(raw: bytes, model):
+    return model.parse(_parse(raw))
 
 
 def _parse(raw: bytes):

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from hosttune_engine.errors import RequestError
 from hosttune_engine.server import responses as r
-from hosttune_engine.server.bodies import json_response, read_json
+from hosttune_engine.server.bodies import json_response, read_body
 from hosttune_engine.server.engine_client import EngineDeadError
 from hosttune_engine.server.generation import Choice, Generation
 from hosttune_engine.server.api_errors import ApiError, bad_request
@@ -44,7 +44,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     """POST /v1/completions"""
     arrival = time.monotonic()
     state = request.app[STATE]
-    req = CompletionRequest.parse(await read_json(request))
+    req = await read_body(request, CompletionRequest)
 
     async def encode():
         return [await state.usable_prompts().encode(p, req.add_special_tokens) for p in req.prompts]
@@ -57,7 +57,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     """POST /v1/chat/completions"""
     arrival = time.monotonic()
     state = request.app[STATE]
-    req = ChatRequest.parse(await read_json(request))
+    req = await read_body(request, ChatRequest)
 
     async def encode():
         return [await state.usable_prompts().encode_chat(req.messages, req.add_generation_prompt,

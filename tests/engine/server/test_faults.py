@@ -295,17 +295,16 @@ def test_fuzzed_field_types_never_500(server):
     assert "Traceback" not in server.log()
 
 
-def test_a_long_prompt_is_tokenized_while_the_server_keeps_answering(server):
-    # tokenizing megabytes takes seconds; the event loop must not wait for it (probes, 429s, other streams)
-    text = "hello there friend " * 150_000
+def _slowest_health_while(server, path: str, body: dict) -> tuple[float, float, int]:
+    """The slowest /health answer while `body` is posted to `path`, the post's time and its status."""
     done = {}
 
-    def tokenize():
+    def send():
         start = time.monotonic()
-        done["status"] = post(server.url + "/tokenize", {"prompt": text})[0]
+        done["status"] = post(server.url + path, body)[0]
         done["s"] = time.monotonic() - start
 
-    worker = threading.Thread(target=tokenize)
+    worker = threading.Thread(target=send)
     worker.start()
     slowest = 0.0
     while worker.is_alive():
@@ -314,4 +313,15 @@ def test_a_long_prompt_is_tokenized_while_the_server_keeps_answering(server):
         slowest = max(slowest, time.monotonic() - start)
         time.sleep(0.02)
     worker.join()
-    assert done["status"] == 200 and slowest < max(0.3, done["s"] / 4), (slowest, done["s"])
+    return slowest, done["s"], done["status"]
+
+
+def test_a_long_prompt_is_tokenized_while_the_server_keeps_answering(server):
+    # tokenizing megabytes takes seconds; the event loop must not wait for it (probes, 429s, other streams)
+    slowest, seconds, status = _slowest_health_while(server, "/tokenize", {"prompt": "hello there friend " * 150_000})
+    assert status == 200 and slowest < max(0.3, seconds / 4), (slowest, seconds)
+
+
+def test_a_body_of_millions_of_token_ids_is_checked_while_the_server_keeps_answering(server):
+    slowest, seconds, status = _slowest_health_while(server, "/v1/completions", {"prompt": [1] * 2_500_000})
+    assert status == 400 and slowest < max(0.3, seconds / 4), (slowest, seconds)
