@@ -149,17 +149,20 @@ BORROWS = (("H100", "NVIDIA H200"), ("H800", "NVIDIA H200"), ("GH200", "NVIDIA H
 
 def shipped_source(gpu: str) -> str | None:
     """Whose shipped table `gpu` reads: its own, a GPU's it borrows (`BORROWS`), or none."""
-    if os.environ.get(SHIPPED_ENV) == "off":
-        return None
-    tables = _read(SHIPPED)
-    if gpu in tables:
-        return gpu
-    return next((name for part, name in BORROWS if part in gpu and name in tables), None)
+    return _shipped(gpu)[0]
 
 
 def shipped_table(gpu: str) -> dict:
-    source = shipped_source(gpu)
-    return _read(SHIPPED)[source] if source else {}
+    return _shipped(gpu)[1]
+
+
+def _shipped(gpu: str) -> tuple[str | None, dict]:
+    """(whose shipped table `gpu` reads, that table), the file read once."""
+    if os.environ.get(SHIPPED_ENV) == "off":
+        return None, {}
+    tables = _read(SHIPPED)
+    source = gpu if gpu in tables else next((name for part, name in BORROWS if part in gpu and name in tables), None)
+    return source, tables.get(source, {}) if source else {}
 
 
 def _merge(into: dict, kernels: dict) -> None:
