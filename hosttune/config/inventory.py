@@ -411,14 +411,20 @@ def _build_host(name: str, group: str, hvars: dict, source: str, accept_new: boo
 
 
 def _no_duplicates(hosts: list[Host]) -> None:
-    """One machine is one host: two names for one SSH address and port would be probed, planned and changed
-    twice at once (two applies racing on the same files and journal)."""
+    """One machine is one host: two names for one SSH address and port, or two local hosts, would be probed,
+    planned and changed twice at once (two applies racing on the same files and journal)."""
     seen: dict[str, Host] = {}
     machines: dict[tuple[str, int], Host] = {}
+    local: Host | None = None
     for host in hosts:
         if host.name in seen:
             raise InventoryError(f"{host.source}: host {host.name!r} is already defined at {seen[host.name].source}")
         seen[host.name] = host
+        if host.connection.transport == "local":
+            if local is not None:
+                raise InventoryError(f"{host.source}: host {host.name!r} is this machine (transport: local), as host "
+                                     f"{local.name!r} at {local.source} is; name this machine once")
+            local = host
         if host.connection.transport != "ssh":
             continue
         machine = (host.connection.address.lower().rstrip("."), host.connection.port)

@@ -37,15 +37,13 @@ def test_local_transport_passes_argv_verbatim(tmp_path):
 
 def test_check_with_hostile_inventory_executes_nothing(tmp_path):
     marker, values = hostile_values(tmp_path)
-    hosts = "\n".join(
-        f"  h{i}:\n    transport: local\n    ssh: {{user: {v!r}, key: {v!r}, known_hosts: {v!r}}}"
-        for i, v in enumerate(v.replace("\n", " ").replace("\t", " ") for v in values)
-    )
     inv = tmp_path / "inv.yaml"
-    inv.write_text(f"defaults:\n  pins: {{driver: {values[0]!r}, cuda: {values[1]!r}, python: {values[2]!r}}}\nhosts:\n{hosts}\n")
-    result = CliRunner().invoke(app, ["check", "-i", str(inv), "--format", "json"])
-    assert result.exit_code in (0, 1), result.output
-    assert values[1] in result.stdout  # the CUDA pin is reported back literally as the desired value
+    for v in (v.replace("\n", " ").replace("\t", " ") for v in values):  # one local host per file: it is one machine
+        inv.write_text(f"defaults:\n  pins: {{driver: {values[0]!r}, cuda: {values[1]!r}, python: {values[2]!r}}}\n"
+                       f"hosts:\n  h:\n    transport: local\n    ssh: {{user: {v!r}, key: {v!r}, known_hosts: {v!r}}}\n")
+        result = CliRunner().invoke(app, ["check", "-i", str(inv), "--format", "json"])
+        assert result.exit_code in (0, 1), result.output
+        assert values[1] in result.stdout  # the CUDA pin is reported back literally as the desired value
     assert not marker.exists()
 
 

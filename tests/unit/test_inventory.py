@@ -177,7 +177,15 @@ def test_two_hosts_on_one_ssh_address_and_port_are_an_error_naming_both(tmp_path
     with pytest.raises(InventoryError, match=r"inv.yaml:6: host 'b' is 10.0.0.1 port 22, as host 'a' at .*inv.yaml:4 is"):
         load_inventory(path)
     assert len(load_inventory(write(tmp_path, "hosts:\n  a: {address: 10.0.0.1}\n  b: {address: 10.0.0.1, ssh: {port: 2222}}\n"
-                                              "  c: {transport: local}\n  d: {transport: local}\n")).hosts) == 4
+                                              "  c: {transport: local}\n")).hosts) == 3
+
+
+def test_two_local_hosts_are_one_machine_and_an_error_naming_both(tmp_path):
+    """Else apply changes this machine twice at once and both runs write one journal."""
+    path = write(tmp_path, "groups:\n  g:\n    hosts:\n      localhost: {}\nhosts:\n  b: {transport: local}\n")
+    with pytest.raises(InventoryError, match=r"^\S*inv.yaml:6: host 'b' is this machine \(transport: local\), as host "
+                                             r"'localhost' at \S*inv.yaml:4 is; name this machine once$"):
+        load_inventory(path)
 
 
 def test_a_mistyped_limit_names_the_nearest_host_or_group(tmp_path):
@@ -225,7 +233,7 @@ def test_probe_timeout_comes_from_the_inventory(tmp_path, monkeypatch, fixture_t
         defaults: {probe_timeout: 240}
         hosts:
           a: {transport: local}
-          b: {transport: local, probe_timeout: 7.5}
+          b: {address: 10.0.0.2, probe_timeout: 7.5}
         """))
     seen = {}
 
