@@ -114,7 +114,8 @@ def _run_undo(transport: Transport, undo: Undo, root: str | None):
 
 def rollback_journal(transport: Transport, host: Host, journal: Journal, root: str | None) -> RollbackResult:
     undos = undo_list(journal)
-    done, errors = ([] if undos else list(not_reversed(journal))), []
+    done: list[str] = []
+    errors: list[str] = []
     for undo in undos:
         result = _run_undo(transport, undo, root)
         if result is None and (undo.if_active or undo.unless_sha):
@@ -125,6 +126,7 @@ def rollback_journal(transport: Transport, host: Host, journal: Journal, root: s
             done.append(undo.description)
         else:
             errors.append(f"{undo.description}: {result.stderr.strip()[-500:]}")
+    done += not_reversed(journal)  # the packages a run installed stay, beside whatever else it undid
     status = Outcome.FAILED if errors else Outcome.RESTORED
     # A failed rollback leaves the run live: what it could not undo is still on the host, and every undo is safe
     # to run again, so the next rollback takes this run again.
@@ -155,8 +157,8 @@ def rollback_host(transport: Transport, host: Host, run: str | None, root: str |
                 f"kernel values: roll those back first, the latest first, each by naming it: hosttune rollback --run {later[-1]}"))
         if dry_run:
             undos = undo_list(journal)
-            due = [u.description for u in undos if _is_due(transport, u, root)] if undos else not_reversed(journal)
-            return RollbackResult(host, journal.run, Outcome.PLANNED, tuple(due))
+            due = [u.description for u in undos if _is_due(transport, u, root)]
+            return RollbackResult(host, journal.run, Outcome.PLANNED, (*due, *not_reversed(journal)))
         return rollback_journal(transport, host, journal, root)
     except TransportError as exc:
         return RollbackResult(host, run, Outcome.UNREACHABLE, error=str(exc))

@@ -547,6 +547,26 @@ def test_a_run_whose_only_changes_have_no_reverse_says_so_instead_of_an_empty_pl
     assert done.status == "restored" and done.done == said
 
 
+def test_a_run_that_also_installed_packages_says_rollback_keeps_them_beside_what_it_undoes(local, tmp_path):
+    """An apply that wrote a file and installed numactl: rollback removes the file and says numactl stays."""
+    install = OpRecord("command", "$ apt-get install -y numactl", argv=("apt-get", "install", "-y", "numactl"), status="done")
+    write = OpRecord("write", "w", path="/etc/hosttune-x.conf", existed=False, status="done")
+    journal = Journal("r1", "h", "/", "t", (JournalStep(0, ("tools.numactl",), "numactl installed", False, False,
+                                                        (install,), "done"),
+                                            JournalStep(1, ("mm.thp",), "thp", False, False, (write,), "done")))
+    root = tmp_path / "img"
+    (root / "var/lib/hosttune/runs").mkdir(parents=True)
+    (root / "etc").mkdir()
+    (root / "etc/hosttune-x.conf").write_text("x\n")
+    (root / journal_path("r1").lstrip("/")).write_bytes(journal.to_json())
+    kept = "not undone: $ apt-get install -y numactl (rollback has no reverse for a command; undo it by hand)"
+    plan = rollback_host(local, HOST, None, str(root), dry_run=True)
+    assert plan.status == "planned" and plan.done == ("remove /etc/hosttune-x.conf (hosttune created it)", kept)
+    done = rollback_host(local, HOST, None, str(root))
+    assert done.status == "restored" and done.done == ("remove /etc/hosttune-x.conf (hosttune created it)", kept)
+    assert not (root / "etc/hosttune-x.conf").exists()
+
+
 def test_a_reboot_the_host_refuses_is_said_at_once_not_waited_for(monkeypatch):
     """sudo without a password, or an inhibitor lock: the host answers from the same boot, so no reboot is coming."""
     from contextlib import contextmanager
