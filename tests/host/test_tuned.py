@@ -8,6 +8,9 @@ import pytest
 GUEST_IDLE_DRIVERS = {"haltpoll"}  # hosttune.checks.cpu.GUEST_IDLE_DRIVERS, restated
 # the driver and CUDA stack apply holds (hosttune.checks.driver.STACK_PACKAGE), restated
 STACK = re.compile(r"^(nvidia|libnvidia|cuda|libcuda|kmod-nvidia|datacenter-gpu|libcublas|libcudnn|libnccl)")
+# the system's directories ahead of the caller's PATH, as hosttune's probe looks up commands (restated): a venv or
+# pyenv shim first on the caller's PATH is not the host's python3
+PROBE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def cpus(text: str) -> set[int]:
@@ -26,6 +29,11 @@ def version_matches(version: str, pin: str) -> bool:
 def skip_in_container(facts: dict, what: str) -> None:
     if facts["container"]:
         pytest.skip(f"{what}: a container shares its host's kernel; only the configuration is checked here")
+
+
+def as_probed(command: str) -> str:
+    """The command with the probe's PATH, so check and verify judge the same programs."""
+    return f'PATH="{PROBE_PATH}:$PATH" {command}'
 
 
 def unit_enabled(host, unit: str) -> bool:
@@ -260,7 +268,7 @@ def test_cuda_toolkit(host, want):
 def test_numactl(host, want):
     if not want["numactl"]:
         pytest.skip("numactl not required")
-    assert host.exists("numactl")
+    assert host.run(as_probed("command -v numactl")).rc == 0, "numactl is not on the probe's PATH"
 
 
 def test_python(host, want):
@@ -268,6 +276,6 @@ def test_python(host, want):
     if pin is None:
         pytest.skip("no Python pin")
     # run it: a name on PATH (a pyenv shim, a dangling alternative) that cannot start is no interpreter
-    runs = [host.run(f"{name} --version") for name in (f"python{pin}", "python3")]
+    runs = [host.run(as_probed(f"{name} --version")) for name in (f"python{pin}", "python3")]
     versions = [(r.stdout + r.stderr).strip() for r in runs if r.rc == 0]
     assert any(v.startswith(f"Python {pin}.") for v in versions), f"no working python{pin} (found: {versions or 'none'})"

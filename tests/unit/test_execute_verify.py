@@ -61,6 +61,12 @@ def _suite():
     return suite
 
 
+def test_the_suite_looks_up_commands_on_the_probes_path():
+    from hosttune.probes.gather import probe_script
+
+    assert f"\nPATH={_suite().PROBE_PATH}:$PATH\n".encode() in probe_script()
+
+
 def test_the_suite_checks_holds_on_the_same_stack_packages_apply_holds():
     from hosttune.checks.driver import STACK_PACKAGE
 
@@ -163,6 +169,21 @@ def test_verify_runs_the_pinned_python_rather_than_finding_its_name(tmp_path, mo
     inventory.write_text("hosts:\n  localhost:\n    transport: local\n    pins: {python: '3.99'}\n")
     result = runner.invoke(app, ["verify", "-i", str(inventory), "--", "-k", "test_python"])
     assert result.exit_code == code
+
+
+def test_verify_judges_the_python3_the_probe_runs_not_the_first_on_the_callers_path(tmp_path, monkeypatch):
+    """A python3 ahead of the system's on the caller's PATH (a pyenv shim, a venv) is not what check judges."""
+    shim = tmp_path / "bin" / "python3"
+    shim.parent.mkdir()
+    shim.write_text("#!/bin/sh\necho 'Python 3.99.1'\n")
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim.parent}:{os.environ['PATH']}")
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("hosts:\n  localhost:\n    transport: local\n    pins: {python: '3.99'}\n")
+    checked = json.loads(runner.invoke(app, ["check", "-i", str(inventory), "--format", "json"]).stdout)
+    python = next(f for f in checked["hosts"][0]["findings"] if f["check_id"] == "python.version")
+    verified = runner.invoke(app, ["verify", "-i", str(inventory), "--", "-k", "test_python"])
+    assert verified.exit_code == (0 if python["status"] == "ok" else 1), (python, verified.output)
 
 
 def test_verify_with_pytest_arguments_that_are_wrong_or_select_nothing_is_exit_2_never_the_unreachable_bit():
