@@ -2,7 +2,8 @@
 y [M, N] = x [M, K] @ W (+ bias), x in bf16/fp16/fp32 and the tensor-core dot in x's dtype.
 
 `w8a16_gemm`: W = (w [N, K] fp8 * scale).T, scales as in kernels/fp8_gemv.py: the tile's e4m3 values,
-exact in x's dtype, go into the dot and the tile's scale multiplies its fp32 result. `w4a16_gemm`: W in
+exact in x's dtype, go into the dot and the tile's scale multiplies its fp32 result (before compute
+capability 8.9, or with BITS 1 in the config, the weights' bytes decoded by kernels/e4m3.py). `w4a16_gemm`: W in
 the 4-bit layout of kernels/int4_layout.py: each [BLOCK_N, BLOCK_K] tile of packed words is unpacked,
 has its row's zero subtracted and scale applied in registers (one group per tile) and goes into the dot.
 Few output tiles (skinny batched decode) can split K over SPLIT_K programs, whose fp32 partials one
@@ -25,6 +26,7 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
+from hosttune_engine.kernels.e4m3 import decodes_bits, e4m3_to, weight_operand
 from hosttune_engine.kernels.fp8_gemv import _add_scaled, _row_scaled, check_fp8_weight
 from hosttune_engine.kernels.int4_gemv import _block_k, _group_params, _magic, _pow16, _per_word
 from hosttune_engine.kernels.int4_layout import check_int4_weight, pack_block, tile_in_group
@@ -96,9 +98,9 @@ def _split_sum_kernel(ws_ptr, b_ptr, y_ptr, MN, N, HAS_BIAS: tl.constexpr, SPLIT
 
 @triton.jit
 def _w8a16_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, block_k, stride_xm, stride_wn,
-                  stride_s, stride_ym, HAS_BIAS: tl.constexpr, ROW_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
-                  PRECISION: tl.constexpr):
+                  stride_s, stride_ym, HAS_BIAS: tl.constexpr, ROW_SCALE: tl.constexpr, BITS: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  SPLIT_K: tl.constexpr, PRECISION: tl.constexpr):
     offs_m, offs_n = _tile_offsets(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     m_mask, n_mask = offs_m < M, offs_n < N
     s_rows = s_ptr + tl.load(srow_ptr + offs_n, mask=n_mask, other=0).to(tl.int64) * stride_s
@@ -110,8 +112,8 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, ws_ptr, M, N, K, 
         a = _activation_tile(x_ptr, offs_m, offs_k, m_mask, k_mask, stride_xm)
         w = tl.load(w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn + offs_k[:, None],
                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
-        acc = _add_scaled(acc, tl.dot(a, w.to(a.dtype), input_precision=PRECISION), s_rows, k0 // block_k, n_mask,
-                          ROW_SCALE)
+        acc = _add_scaled(acc, tl.dot(a, e4m3_to(w, a.dtype, BITS), input_precision=PRECISION), s_rows,
+                          k0 // block_k, n_mask, ROW_SCALE)
     acc = _row_scaled(acc, s_rows, n_mask, ROW_SCALE)
     _finish(acc, b_ptr, y_ptr, ws_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
 
@@ -246,7 +248,8 @@ def _split_sum(ws, bias, y, cfg: dict) -> torch.Tensor:
 
 
 def w8a16_gemm(x, w, scale, scale_row, block_k: int, bias=None, config: dict | None = None) -> torch.Tensor:
-    """x [M, K] @ dequant(w [N, K] fp8).T (+ bias) -> [M, N] in x's dtype."""
+    """x [M, K] @ dequant(w [N, K] fp8).T (+ bias) -> [M, N] in x's dtype; BITS 1 in the config (or a GPU before
+    8.9) decodes the e4m3 bytes by integer operations (kernels/e4m3.py)."""
     m, k = x.shape if x.dim() == 2 else (0, 0)
     _check_x_bias(x, bias, w.shape[0] if w.dim() == 2 else -1)
     check_fp8_weight(w, scale, scale_row, block_k, k, x.device)
@@ -255,14 +258,15 @@ def w8a16_gemm(x, w, scale, scale_row, block_k: int, bias=None, config: dict | N
     if not row_scale:
         cfg["BLOCK_K"] = min(cfg["BLOCK_K"], block_k)
         check(block_k % cfg["BLOCK_K"] == 0, "BLOCK_K {} must divide the scale block {}", cfg["BLOCK_K"], block_k)
-    n = w.shape[0]
+    n, bits = w.shape[0], decodes_bits(cfg, x.device)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     ws = _workspace(m, n, cfg, y)
     _w8a16_kernel[_grid(m, n, cfg)](
-        x, w, scale, scale_row, bias if bias is not None else x, y, ws, m, n, k, block_k, x.stride(0), w.stride(0),
-        scale.stride(0), y.stride(0), HAS_BIAS=bias is not None, ROW_SCALE=row_scale, BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"], SPLIT_K=cfg.get("SPLIT_K", 1),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], PRECISION=_precision(x))
+        x, weight_operand(w, bits), scale, scale_row, bias if bias is not None else x, y, ws, m, n, k, block_k,
+        x.stride(0), w.stride(0), scale.stride(0), y.stride(0), HAS_BIAS=bias is not None, ROW_SCALE=row_scale,
+        BITS=bits, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], GROUP_M=cfg["GROUP_M"],
+        SPLIT_K=cfg.get("SPLIT_K", 1), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        PRECISION=_precision(x))
     return _split_sum(ws, bias, y, cfg)
 
 

@@ -23,6 +23,10 @@ activations entering as fp16 pairs scaled by 1/1024 (exact down to 1/64, so a ha
 fp16 for activations up to about 37,000), the eight products' halves added in fp32: 1.5 instructions a weight
 for the products, about 2.4 with the activations' loads and conversions at 128 weights a thread, against about
 4 for the fp32 products. The tuner measures them.
+
+BITS 1 in the config, and every launch on a GPU before compute capability 8.9 (whose Triton has no e4m3 type),
+reads the weights as bytes and decodes them by integer operations (kernels/e4m3.py) in both kernels; PACKED,
+whose PTX converts e4m3 natively, is then left out.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import triton
 import triton.language as tl
 
 from hosttune_engine.kernels.checks import check, check_tensor
+from hosttune_engine.kernels.e4m3 import decodes_bits, e4m3_to, weight_operand
 from hosttune_engine.kernels.gemv_splits import finish_rows, split_buffers, split_grid, split_range, store_row
 from hosttune_engine.kernels.gemv import (PLAIN, SWIGLU, _half2, _input_tile, _rms_rstd, _rows_input,
                                           _weight_tile, check_prologue, prologue_ref)
@@ -103,7 +108,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr,
                      stride_xm, stride_wn, stride_s, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
                      SCALE_K: tl.constexpr, SUB: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
                      XB: tl.constexpr, UNROLL: tl.constexpr, PIPE: tl.constexpr, SPLIT: tl.constexpr,
-                     PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                     PACKED: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     k_lo, k_hi = split_range(K, split, SPLIT, BLOCK_K)
@@ -127,7 +132,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr,
                 w = _weight_tile(w_rows, offs_k, n_mask, k_mask, EVEN_K)
                 x = _rows_input(x_ptr, r_ptr, nw_ptr, m, stride_xm, K, offs_k, k_mask, rstd, zero_rows, PROLOGUE,
                                 EVEN_K, XB)
-                prod = w.to(tl.float32) * x
+                prod = e4m3_to(w, tl.float32, BITS) * x
             if SCALE_K == 0:
                 acc += prod
             else:
@@ -168,7 +173,7 @@ def _row_scaled(acc, s_rows, n_mask, ROW_SCALE: tl.constexpr):
 @triton.jit
 def _fp8_gemv_dot_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_ptr, res_out_ptr, N, K, block_k,
                          stride_xm, stride_wn, stride_s, stride_ym, eps, M: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         ROW_SCALE: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
+                         ROW_SCALE: tl.constexpr, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr, BITS: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr):
     """The same product on the tensor cores: the M rows padded to 16 with zeros, e4m3 weights converted to x's
     dtype (exactly) for the dot; no per-weight fp32 conversion or FMA. BLOCK_K lies inside one scale block."""
@@ -190,7 +195,7 @@ def _fp8_gemv_dot_kernel(x_ptr, w_ptr, s_ptr, srow_ptr, b_ptr, y_ptr, r_ptr, nw_
             x = _input_tile(x_ptr, r_ptr, nw_ptr, 0, stride_xm, K, offs_k, k_mask, rstd, PROLOGUE, EVEN_K)
             a = tl.where((rows == 0)[:, None], x[None, :], 0.0).to(x_ptr.dtype.element_ty)
         w = _weight_tile(w_rows, offs_k, n_mask, k_mask, EVEN_K)  # [BLOCK_N, BLOCK_K]
-        part = tl.dot(a, tl.trans(w.to(a.dtype)), input_precision=PRECISION)  # [16, BLOCK_N]
+        part = tl.dot(a, tl.trans(e4m3_to(w, a.dtype, BITS)), input_precision=PRECISION)  # [16, BLOCK_N]
         acc = _add_scaled(acc, part, s_rows, k0 // block_k, n_mask, ROW_SCALE)
     acc = _row_scaled(acc, s_rows, n_mask, ROW_SCALE)
     if HAS_BIAS:
@@ -232,22 +237,24 @@ def fp8_gemv(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, scale_row: t
         check(bias.shape[0] == w.shape[0] and bias.is_contiguous(), "bias must be [{}] and contiguous", w.shape[0])
     check_prologue(x, k, prologue, residual, norm_weight, residual_out)
     cfg = config or DEFAULT
-    n = w.shape[0]
+    n, bits = w.shape[0], decodes_bits(cfg, x.device)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    args = (x, w, scale, scale_row, bias if bias is not None else x, y, residual if residual is not None else x,
-            norm_weight if norm_weight is not None else x, residual_out if residual_out is not None else x)
+    args = (x, weight_operand(w, bits), scale, scale_row, bias if bias is not None else x, y,
+            residual if residual is not None else x, norm_weight if norm_weight is not None else x,
+            residual_out if residual_out is not None else x)
     if cfg.get("DOT"):
-        _launch_dot(args, n, k, block_k, x, w, scale, y, eps, bias is not None, prologue, cfg)
+        _launch_dot(args, n, k, block_k, x, w, scale, y, eps, bias is not None, prologue, bits, cfg)
         return y
     block, scale_k = _tile(cfg, block_k, k)
     split = cfg.get("SPLIT", 1)
     part, cnt = split_buffers(x.device, n) if split > 1 else (y, y)
+    packed = bool(cfg.get("PACKED")) and not bits and _packs(w, block, scale_k)  # its PTX converts e4m3 natively
     _fp8_gemv_kernel[split_grid(n, cfg["BLOCK_N"], split)](
         *args, part, cnt, n, k, x.stride(0), w.stride(0), scale.stride(0), y.stride(0), eps, M=m,
         HAS_BIAS=bias is not None, SCALE_K=scale_k, SUB=block // scale_k if scale_k else 1, EVEN_K=k % block == 0,
         PROLOGUE=prologue, XB=bool(cfg.get("XB")), UNROLL=cfg.get("UNROLL", 1), PIPE=cfg.get("PIPE"), SPLIT=split,
-        PACKED=bool(cfg.get("PACKED")) and _packs(w, block, scale_k), BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        PACKED=packed, BITS=bits, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     return y
 
 
@@ -258,16 +265,16 @@ def _packs(w, block: int, scale_k: int) -> bool:
             and (scale_k == 0 or scale_k % 8 == 0))
 
 
-def _launch_dot(args, n, k, block_k, x, w, scale, y, eps, has_bias, prologue, cfg) -> None:
+def _launch_dot(args, n, k, block_k, x, w, scale, y, eps, has_bias, prologue, bits, cfg) -> None:
     row_scale = block_k >= k
     block = cfg["BLOCK_K"] if row_scale else min(cfg["BLOCK_K"], block_k)
     check(cfg["BLOCK_N"] >= 16 and (row_scale or block_k % block == 0), "the tensor-core FP8 GEMV needs BLOCK_N "
           ">= 16 and BLOCK_K dividing the scale block {}, got {}", block_k, cfg)
     _fp8_gemv_dot_kernel[(triton.cdiv(n, cfg["BLOCK_N"]),)](
         *args, n, k, block_k, x.stride(0), w.stride(0), scale.stride(0), y.stride(0), eps, M=x.shape[0],
-        HAS_BIAS=has_bias, ROW_SCALE=row_scale, EVEN_K=k % block == 0, PROLOGUE=prologue, BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_K=block, PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        HAS_BIAS=has_bias, ROW_SCALE=row_scale, EVEN_K=k % block == 0, PROLOGUE=prologue, BITS=bits,
+        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=block, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def fp8_dequantize_ref(w, scale, scale_row, block_k: int) -> torch.Tensor:
