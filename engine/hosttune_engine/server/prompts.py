@@ -11,6 +11,11 @@ from hosttune_engine.server.api_errors import ApiError, bad_request
 from hosttune_engine.server.schemas.completion import Prompt
 
 OFFLOAD_CHARS = 20_000  # longer texts are tokenized off the event loop, so 429s stay fast meanwhile
+OFFLOAD_MESSAGES = 64  # chats with more messages (or OFFLOAD_CHARS of content) are rendered off the event loop
+
+
+def _off_loop(fn, *args):
+    return asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 class PromptBuilder:
@@ -34,7 +39,7 @@ class PromptBuilder:
         try:
             if len(prompt) < OFFLOAD_CHARS:
                 return tok.encode(prompt, add_special_tokens=add_special_tokens)
-            return await asyncio.get_running_loop().run_in_executor(None, tok.encode, prompt, add_special_tokens)
+            return await _off_loop(tok.encode, prompt, add_special_tokens)
         except (TypeError, UnicodeError):  # JSON allows lone surrogates ("\ud800"); tokenizers do not
             raise bad_request(f"{param}: not valid Unicode (a lone surrogate escape?)", param) from None
 
@@ -53,7 +58,8 @@ class PromptBuilder:
     async def encode_chat(self, messages, add_generation_prompt: bool = True, template_kwargs: dict | None = None,
                           add_special_tokens: bool = False) -> list[int]:
         # The template writes BOS itself where the model wants one, as in vLLM: no special tokens unless asked.
-        text = self.render_chat(messages, add_generation_prompt, template_kwargs)
+        args = (messages, add_generation_prompt, template_kwargs)
+        text = await _off_loop(self.render_chat, *args) if _is_long_chat(messages) else self.render_chat(*args)
         return await self.encode(text, add_special_tokens, "messages")
 
     def check_logprobs(self, logprobs: int | None) -> None:
@@ -90,3 +96,8 @@ class PromptBuilder:
                                 f"the {what}, {requested} in the completion). Please reduce the length of the "
                                 f"{what} or completion.", param="max_tokens")
         return requested
+
+
+def _is_long_chat(messages) -> bool:
+    """Whether rendering `messages` could hold the event loop for long (250,000 messages take most of a second)."""
+    return len(messages) > OFFLOAD_MESSAGES or sum(len(m["content"]) for m in messages) >= OFFLOAD_CHARS

@@ -1,0 +1,41 @@
+"""Work that grows with a request (a chat to render, ids to decode) runs off the event loop, so the server keeps
+answering /health, 429s and other streams meanwhile. Measured as the loop's longest pause while the work runs."""
+
+import asyncio
+import time
+
+import pytest
+
+from hosttune_engine.server.prompts import PromptBuilder
+
+# the tiny model's template, made slow to render: 10,000 messages take about half a second
+SLOW_TEMPLATE = ("{% for message in messages %}{% for _ in range(1000) %}{% endfor %}"
+                 "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}")
+
+
+@pytest.fixture
+def builder(tiny_models):
+    from hosttune_engine.model.tokenizer import Tokenizer
+
+    tok = Tokenizer(tiny_models["qwen2"])
+    return PromptBuilder(tok, 1024, tok.vocab_size)
+
+
+async def _longest_pause(work) -> tuple[float, float]:
+    """The event loop's longest pause while `work` (a coroutine) runs, and how long it ran."""
+    start = last = time.monotonic()
+    task = asyncio.ensure_future(work)
+    longest = 0.0
+    while not task.done():
+        await asyncio.sleep(0.005)
+        now = time.monotonic()
+        longest, last = max(longest, now - last), now
+    task.result()
+    return longest, time.monotonic() - start
+
+
+def test_a_long_chat_is_rendered_while_the_loop_keeps_running(builder):
+    builder.tokenizer.chat_template = SLOW_TEMPLATE
+    messages = [{"role": "user", "content": "hi"}] * 10_000
+    longest, seconds = asyncio.run(_longest_pause(builder.encode_chat(messages)))
+    assert longest < seconds / 4, (longest, seconds)
