@@ -40,7 +40,11 @@ def parse_positive_duration(text: str, what: str) -> float:
 def parse_slo(text: str, percentile: float = 95, max_error_rate: float = 0.01) -> Slo:
     """`ttft=500ms,tpot=50ms,e2e=2s` (any subset) into an Slo."""
     limits: dict[str, float] = {}
-    for term in filter(None, (t.strip() for t in text.split(","))):
+    terms = [t.strip() for t in text.split(",")]
+    if any(terms) and "" in terms:  # `e2e=2s,$TTFT` with TTFT unset is a limit left out, not one fewer to meet
+        raise BenchError(f"SLO {text!r} has an empty entry; give limits such as ttft=500ms,e2e=2s "
+                         "(no empty term between commas)")
+    for term in filter(None, terms):
         name, sep, value = term.partition("=")
         name = name.strip().lower()
         if not sep or name not in ("ttft", "tpot", "e2e"):

@@ -191,9 +191,12 @@ class Inventory:
         """Keep hosts whose name or group matches any comma-separated glob."""
         if patterns is None:
             return self
-        wanted = [p.strip() for p in patterns.split(",") if p.strip()]
-        if not wanted:  # `-l "$HOST"` with HOST unset must not mean every host
+        wanted = [p.strip() for p in patterns.split(",")]
+        if not any(wanted):  # `-l "$HOST"` with HOST unset must not mean every host
             raise InventoryError(f"--limit {patterns!r} names no host or group; leave --limit out for every host")
+        if "" in wanted:  # nor `-l "$A,$B"` with B unset A alone
+            raise InventoryError(f"--limit {patterns!r} has an empty entry; list hosts or groups such as gpu-01,h100 "
+                                 "(no empty name between commas)")
         kept = tuple(h for h in self.hosts if any(_matches(h, p) for p in wanted))
         where = "the default inventory (this machine, named localhost)" if self.source == "<built-in>" else self.source
         # a mistyped name among several would otherwise leave its host out without a word

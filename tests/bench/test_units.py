@@ -23,7 +23,10 @@ def test_slo():
 
 
 @pytest.mark.parametrize("text, message", [("p95=2s", "use ttft"), ("e2e", "use ttft"), (",", "names no limit"),
-                                           ("ttft=1s,TTFT=2s", "gives ttft twice")])
+                                           ("ttft=1s,TTFT=2s", "gives ttft twice"),
+                                           ("e2e=2s,", r"^SLO 'e2e=2s,' has an empty entry; give limits such as "
+                                                       r"ttft=500ms,e2e=2s \(no empty term between commas\)$"),
+                                           ("ttft=1s,,e2e=2s", "has an empty entry")])
 def test_bad_slo(text, message):
     with pytest.raises(BenchError, match=message):
         parse_slo(text)

@@ -188,3 +188,12 @@ def test_a_probe_error_is_in_every_report_format_as_in_the_exit_code(monkeypatch
     assert case.find("error").get("message") == problem
     prom = runner.invoke(app, ["check", "--format", "prometheus"]).stdout
     assert 'hosttune_host_reachable{host="localhost"} 0' in prom  # "could reach and probe the host": not all of it
+
+
+@pytest.mark.parametrize("limit", ["localhost,", "localhost,,localhost", ",localhost", "localhost, "])
+def test_a_limit_with_an_empty_entry_is_refused_rather_than_the_entry_dropped(limit):
+    """`-l "$A,$B"` with B unset must not quietly run on A alone."""
+    result = runner.invoke(app, ["check", "-l", limit])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == (f"hosttune: --limit {limit!r} has an empty entry; list hosts or groups such as "
+                             "gpu-01,h100 (no empty name between commas)\n")
