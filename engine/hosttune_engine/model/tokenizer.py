@@ -18,6 +18,7 @@ def _token_text(value, name: str, path: Path) -> str | None:
     return text
 
 
+LONG_DECODE = 4096  # longer id lists are decoded without holding the GIL
 BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
 
 
@@ -115,7 +116,10 @@ class Tokenizer:
         return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        if len(ids) < LONG_DECODE:  # the detokenizer's calls, a few ids each step
+            return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+        # decode_batch lets go of the GIL while it works (decode holds it), as encode_batch does
+        return self._tok.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         """Render `messages` with the model's chat template (Jinja, sandboxed, like transformers)."""

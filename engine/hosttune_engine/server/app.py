@@ -95,7 +95,7 @@ async def detokenize(request: web.Request) -> web.Response:
     state = request.app[STATE]
     req = await read_body(request, DetokenizeRequest)
     state.check_model(req.model)
-    return json_response({"prompt": state.usable_prompts().decode(req.tokens)})
+    return json_response({"prompt": await state.usable_prompts().decode(req.tokens)})
 
 
 async def version(request: web.Request) -> web.Response:

@@ -11,6 +11,7 @@ from hosttune_engine.server.api_errors import ApiError, bad_request
 from hosttune_engine.server.schemas.completion import Prompt
 
 OFFLOAD_CHARS = 20_000  # longer texts are tokenized off the event loop, so 429s stay fast meanwhile
+OFFLOAD_IDS = 20_000  # more token ids are decoded off the event loop
 OFFLOAD_MESSAGES = 64  # chats with more messages (or OFFLOAD_CHARS of content) are rendered off the event loop
 
 
@@ -67,8 +68,14 @@ class PromptBuilder:
         if logprobs is not None:
             self._need_tokenizer("logprobs, which show each token as text; ask without logprobs", "logprobs")
 
-    def decode(self, ids) -> str:
+    async def decode(self, ids) -> str:
+        """The text of token ids (/detokenize); many ids are checked and decoded off the event loop."""
         tok = self._need_tokenizer("turning token ids into text", "tokens")
+        if len(ids) < OFFLOAD_IDS:
+            return self._decode(tok, ids)
+        return await _off_loop(self._decode, tok, ids)
+
+    def _decode(self, tok, ids) -> str:
         return tok.decode(self.check_ids(list(ids), "tokens"), skip_special_tokens=False)
 
     def check_ids(self, ids: list[int], param: str = "prompt") -> list[int]:

@@ -39,3 +39,9 @@ def test_a_long_chat_is_rendered_while_the_loop_keeps_running(builder):
     messages = [{"role": "user", "content": "hi"}] * 10_000
     longest, seconds = asyncio.run(_longest_pause(builder.encode_chat(messages)))
     assert longest < seconds / 4, (longest, seconds)
+
+
+def test_millions_of_ids_are_decoded_while_the_loop_keeps_running(builder):
+    ids = builder.tokenizer.encode("hello there friend " * 100)[:300] * 7_000  # 2.1 M ids
+    longest, seconds = asyncio.run(_longest_pause(builder.decode(ids)))
+    assert longest < seconds / 4, (longest, seconds)

@@ -183,7 +183,7 @@ def test_without_a_tokenizer_each_route_says_what_still_works():
     with pytest.raises(ApiError, match="for chat messages; send token ids to /v1/completions") as chat:
         builder.render_chat([{"role": "user", "content": "hi"}])
     with pytest.raises(ApiError, match="for turning token ids into text") as tokens:
-        builder.decode([1, 2])
+        asyncio.run(builder.decode([1, 2]))
     with pytest.raises(ApiError, match="for logprobs, which show each token as text; ask without logprobs") as lps:
         builder.check_logprobs(0)
     assert (text.value.param, chat.value.param, tokens.value.param) == ("prompt", "messages", "tokens")
