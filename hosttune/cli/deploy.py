@@ -21,7 +21,8 @@ from hosttune.deploy.canary import CanaryBench, canary_check
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.placement import parse_gpus, parse_replicas
-from hosttune.deploy.rollout import DeployRequest, deploy_fleet, rollback_fleet, rollout_units
+from hosttune.deploy.request import DeployRequest
+from hosttune.deploy.rollout import deploy_fleet, rollback_fleet, rollout_units
 from hosttune.deploy.settings import Timeouts, parse_sets
 from hosttune.fleet_runner import Outcome, exit_code
 
