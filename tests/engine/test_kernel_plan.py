@@ -7,20 +7,24 @@ import pytest
 import torch
 
 from hosttune_engine import Engine, EngineConfig, SamplingParams
+from hosttune_engine.core import model_runner
 from hosttune_engine.core.messages import EngineRequest
+from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.errors import ConfigError
-from hosttune_engine.kernels import tuning
+from hosttune_engine.kernels import dequant_gemm, fp8_gemv, tuning
 from hosttune_engine.layers import linear
+from hosttune_engine.layers.backend import set_kernel_backend
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.planner.build import PlanInputs, build_plan
-from hosttune_engine.plan.gpus import named_gpu
+from hosttune_engine.plan.gpus import GpuInfo, named_gpu
 from hosttune_engine.plan.kinds import Fusion, Kernel, Op, Reason
 from hosttune_engine.plan.launch import Fp8Method, LaunchConfig
-from hosttune_engine.planner.prepare import apply_plan, table_and_name
+from hosttune_engine.planner.prepare import apply_plan, plan_for_model, table_and_name
 from hosttune_engine.plan.render import format_plan, summary
 from hosttune_engine.quant.dummy_specs import dummy_spec
 from hosttune_engine.server.cli import main
 
+from .conftest import HAS_CUDA, WIDE_GEMV
 from .oracle import prompt_ids
 from .test_oracle import run
 
@@ -128,7 +132,8 @@ def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no
 
 
 V100, A100, A10 = "Tesla V100-SXM2-32GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A10"
-E4M3 = "the Triton kernels' e4m3 type needs 8.9 or later (Ada or Hopper)"
+E4M3 = ("the Triton kernels' e4m3 type needs 8.9 or later (Ada or Hopper), and before it only FP8 weights run, decoded "
+        "by integer operations from 8.0 (Ampere) on")
 NOT_FP8 = "serve a 16-bit or a 4-bit AWQ/GPTQ checkpoint of the model"
 
 
@@ -138,15 +143,13 @@ NOT_FP8 = "serve a 16-bit or a 4-bit AWQ/GPTQ checkpoint of the model"
      f"{V100} (compute capability 7.0) cannot run FP8 weights (fp8-channel): {E4M3}; {NOT_FP8}, with --dtype float16"),
     (V100, ["--dtype", "float16", "--kv-cache-dtype", "fp8"],
      f"{V100} (compute capability 7.0) cannot run an FP8 KV cache: {E4M3}; leave --kv-cache-dtype auto"),
-    (A100, ["--quantization", "fp8"], f"{A100} (compute capability 8.0) cannot run FP8 weights (fp8-channel): {E4M3}; "
-     f"{NOT_FP8}"),
-    (A100, ["--quantization", "fp8-block"],
-     f"{A100} (compute capability 8.0) cannot run FP8 weights (fp8-block): {E4M3}; {NOT_FP8}"),
+    (V100, ["--dtype", "float16", "--quantization", "fp8-block", "--kv-cache-dtype", "fp8"],
+     f"{V100} (compute capability 7.0) cannot run FP8 weights (fp8-block) or an FP8 KV cache: {E4M3}; {NOT_FP8} and "
+     "leave --kv-cache-dtype auto"),
     (A100, ["--kv-cache-dtype", "fp8"],
      f"{A100} (compute capability 8.0) cannot run an FP8 KV cache: {E4M3}; leave --kv-cache-dtype auto"),
     (A10, ["--quantization", "fp8-tensor", "--kv-cache-dtype", "fp8"],
-     f"{A10} (compute capability 8.6) cannot run FP8 weights (fp8-tensor) or an FP8 KV cache: {E4M3}; {NOT_FP8} and "
-     "leave --kv-cache-dtype auto"),
+     f"{A10} (compute capability 8.6) cannot run an FP8 KV cache: {E4M3}; leave --kv-cache-dtype auto"),
 ])
 def test_the_plan_refuses_in_one_line_what_the_gpu_cannot_run_and_says_what_can(no_user_tables, capsys, gpu, args,
                                                                                 message):
@@ -156,14 +159,37 @@ def test_the_plan_refuses_in_one_line_what_the_gpu_cannot_run_and_says_what_can(
 
 
 def test_fp8_weights_and_an_fp8_kv_cache_are_planned_from_ada_on(no_user_tables, capsys):
-    """An L40S (8.9) runs what an A100 (8.0) is refused: the Triton kernels' e4m3 type; an A100 keeps bf16 and
-    4-bit weights."""
+    """An L40S (8.9) runs what an A100 (8.0) is refused: an FP8 KV cache, the Triton kernels' e4m3 type; an A100
+    keeps bf16 and 4-bit weights."""
     main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA L40S", "--quantization", "fp8", "--kv-cache-dtype", "fp8"])
     out = capsys.readouterr().out
     assert "GPU: NVIDIA L40S (compute capability 8.9); weights fp8-channel" in out and "Triton FP8 GEMV" in out
+    assert "BITS" not in out and "decoded by integer operations" not in out
     for quantization in ("awq", "gptq"):
         main(["plan", "--model", str(QWEN7B), "--gpu", A100, "--quantization", quantization])
         assert f"GPU: {A100} (compute capability 8.0); weights {quantization}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("gpu", [A100, A10])
+@pytest.mark.parametrize("quantization", ["fp8", "fp8-block", "fp8-tensor"])
+def test_fp8_weights_run_on_ampere_decoded_by_bits_with_bf16_activations(no_user_tables, capsys, gpu, quantization):
+    """Before 8.9 every FP8 projection takes the kernels that read e4m3 as bytes (BITS 1, no PACKED: its PTX
+    converts e4m3 natively), a GEMV up to four rows and the W8A16 GEMM above: never the FP8 tensor cores, even
+    where the scheme quantizes activations or a table says so."""
+    table = {"fp8_gemv": {"bfloat16-le1": {"BLOCK_N": 16, "PACKED": 1}},
+             "fp8_mm": {"bfloat16-gt128": {"METHOD": "triton"}}}
+    plan = _plan(gpu, quantization, table)
+    for op in (Op.QKV, Op.O, Op.GATE_UP, Op.DOWN):
+        choices = plan.op(op).choices
+        assert {c.kernel for c in choices} == {Kernel.FP8_GEMV, Kernel.W8A16_GEMM}
+        assert all(c.args.get("BITS") == 1 and "PACKED" not in c.args for c in choices)
+        assert all(c.note.endswith("e4m3 decoded by integer operations before 8.9") for c in choices)
+        assert plan.choice(op, 1).args["BLOCK_N"] == 16 and plan.choice(op, 4096).fusion is Fusion.NONE
+    assert plan.choice(Op.LM_HEAD, 1).kernel is Kernel.GEMV and "BITS" not in plan.choice(Op.LM_HEAD, 1).args
+    assert "BITS" not in str(_plan("NVIDIA L40S", quantization, table).choice(Op.QKV, 1).config)
+    main(["plan", "--model", str(QWEN7B), "--gpu", gpu, "--quantization", quantization])
+    out = capsys.readouterr().out
+    assert f"weights {dummy_spec(quantization).layout.value}, activations bfloat16" in out and " BITS=1 " in out
 
 
 def test_what_the_plan_refuses_the_engine_refuses_at_load_with_the_same_line(no_user_tables, capsys):
@@ -175,11 +201,43 @@ def test_what_the_plan_refuses_the_engine_refuses_at_load_with_the_same_line(no_
         with pytest.raises(ConfigError, match=f"^{V100} \\(compute capability 7.0\\) (has no|cannot run)"):
             build_plan(PlanInputs(model, named_gpu(V100), dtype, spec, kv_cache_fp8=kv_fp8), {}, "none")
     build_plan(PlanInputs(model, named_gpu(V100), torch.bfloat16, None, use_triton=False), {}, "none")  # torch runs it
-    for spec, kv_fp8 in ((dummy_spec("fp8-block"), False), (None, True)):
-        with pytest.raises(ConfigError, match=f"^{A100} \\(compute capability 8.0\\) cannot run (an )?FP8"):
-            build_plan(PlanInputs(model, named_gpu(A100), torch.bfloat16, spec, kv_cache_fp8=kv_fp8), {}, "none")
+    for spec in (None, dummy_spec("fp8-block")):
+        with pytest.raises(ConfigError, match=f"^{A100} \\(compute capability 8.0\\) cannot run an FP8 KV cache:"):
+            build_plan(PlanInputs(model, named_gpu(A100), torch.bfloat16, spec, kv_cache_fp8=True), {}, "none")
         # the torch backend dequantizes FP8 weights and KV rows with torch's own casts, which need no e4m3 in Triton
-        build_plan(PlanInputs(model, named_gpu(A100), torch.bfloat16, spec, False, kv_fp8), {}, "none")
+        build_plan(PlanInputs(model, named_gpu(A100), torch.bfloat16, spec, False, True), {}, "none")
+    plan = build_plan(PlanInputs(model, named_gpu(A100), torch.bfloat16, dummy_spec("fp8-block")), {}, "none")
+    assert plan.choice(Op.QKV, 1).args["BITS"] == 1  # FP8 weights load on Ampere, decoded by bits
+
+
+def test_the_engine_loads_fp8_weights_on_ampere_and_its_kernels_decode_them_by_bits(tiny_models, monkeypatch):
+    """What `serve` loads on an A100 (the CPU standing in, the kernels under the interpreter): an FP8 checkpoint,
+    planned with BITS 1, whose GEMV (1 row) and W8A16 GEMM (24 rows) each take the weights' bytes, with the logits
+    of the torch references on the same weights."""
+    ampere = GpuInfo("cpu standing in for an A100", (8, 0), False)
+    monkeypatch.setattr(linear, "_on_gpu", lambda x: True)
+    monkeypatch.setattr(model_runner, "present_gpu", lambda device: ampere)
+    decoded = set()  # (kernel module, whether it took bytes)
+    for module in (fp8_gemv, dequant_gemm):
+        monkeypatch.setattr(module, "weight_operand", lambda w, bits, name=module.__name__: decoded.add((name, bits))
+                            or w.view(torch.uint8))
+    eng = Engine(EngineConfig(model=str(tiny_models["llama"]), load_format="dummy", quantization="fp8-block",
+                              dtype="float32", num_kv_blocks=16, enforce_eager=True, kernel_backend="triton"))
+    if not HAS_CUDA:  # the interpreter's cost is per program: the one-row GEMVs on wide tiles
+        table = {kernel: {"float32-le1": WIDE_GEMV, "float32-m1": WIDE_GEMV} for kernel in ("gemv", "fp8_gemv")}
+        eng.runner.plan = plan_for_model(eng.runner.model, ampere, table=table)
+        apply_plan(eng.runner.model, eng.runner.plan)
+    assert eng.runner.plan.choice(Op.QKV, 1).args["BITS"] == 1
+    for rows in (1, 24):
+        seq = Sequence("x", list(range(3, 3 + rows)), SamplingParams(temperature=0))
+        eng.block_manager.allocate(seq, rows)
+        got = eng.runner.prefill_logits(seq)
+        set_kernel_backend(eng.runner.model, False)
+        want = eng.runner.prefill_logits(seq)
+        set_kernel_backend(eng.runner.model, True)
+        eng.block_manager.free(seq)
+        torch.testing.assert_close(got, want, atol=2e-3 * want.abs().max().item(), rtol=2e-3)
+    assert decoded == {(fp8_gemv.__name__, True), (dequant_gemm.__name__, True)}
 
 
 @pytest.mark.parametrize("text, message", [

@@ -140,18 +140,18 @@ def test_tune_names_a_bad_model_or_quantization_before_it_looks_for_a_gpu(capsys
 
 
 def test_tune_refuses_what_the_gpu_cannot_run_before_it_sweeps(no_user_tables, monkeypatch, capsys):
-    """FP8 weights on an A100: the one line plan and serve give, before a budget is spent on configs that cannot
-    compile there."""
+    """FP8 weights on a V100 (before Ampere): the one line plan and serve give, before a budget is spent on configs
+    that cannot compile there."""
     from hosttune_engine.tuner import command
 
     from .test_kernel_plan import QWEN7B
 
     swept = []
     monkeypatch.setattr(command.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(command, "present_gpu", lambda device: GpuInfo("NVIDIA A100-SXM4-80GB", (8, 0), True))
+    monkeypatch.setattr(command, "present_gpu", lambda device: GpuInfo("Tesla V100-SXM2-32GB", (7, 0), True))
     monkeypatch.setattr(command, "tune_model", lambda inputs, budget: swept.append(inputs))
     with pytest.raises(SystemExit) as exit_:
-        main(["tune", "--model", str(QWEN7B), "--quantization", "fp8", "--budget-s", "10"])
+        main(["tune", "--model", str(QWEN7B), "--quantization", "fp8", "--dtype", "float16", "--budget-s", "10"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1 and "cannot run FP8 weights" in err and not swept
 

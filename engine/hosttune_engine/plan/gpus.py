@@ -14,7 +14,8 @@ KNOWN = (("H200", (9, 0)), ("H100", (9, 0)), ("GH200", (9, 0)), ("L40S", (8, 9))
 
 
 AMPERE = (8, 0)  # the first compute capability with bfloat16
-# The first with Triton's e4m3 type (fp8e4nv), which every kernel reading FP8 weights or an FP8 KV cache takes.
+# The first with Triton's e4m3 type (fp8e4nv), which the FP8 KV cache's kernels and the FP8 tensor cores take;
+# from Ampere to it the FP8-weight kernels decode e4m3 by integer operations instead (kernels/e4m3.py).
 ADA = (8, 9)
 
 
@@ -23,7 +24,7 @@ def _dotted(capability: tuple[int, int]) -> str:
 
 
 def _fp8_refusal(fp8_weights: str | None, is_fp8_kv: bool) -> str:
-    """What of FP8 a GPU before Ada cannot run, why, and what runs instead."""
+    """What of FP8 a GPU before Ada cannot run (FP8 weights only before Ampere), why, and what runs instead."""
     refused, instead = [], []
     if fp8_weights:
         refused.append(f"FP8 weights ({fp8_weights})")
@@ -32,7 +33,8 @@ def _fp8_refusal(fp8_weights: str | None, is_fp8_kv: bool) -> str:
         refused.append("an FP8 KV cache")
         instead.append("leave --kv-cache-dtype auto")
     return (f"cannot run {' or '.join(refused)}: the Triton kernels' e4m3 type needs {_dotted(ADA)} or later "
-            f"(Ada or Hopper); {' and '.join(instead)}")
+            f"(Ada or Hopper), and before it only FP8 weights run, decoded by integer operations from "
+            f"{_dotted(AMPERE)} (Ampere) on; {' and '.join(instead)}")
 
 
 @dataclass(frozen=True)
@@ -51,16 +53,23 @@ class GpuInfo:
     def has_fp8_tensor_cores(self) -> bool:
         return self.capability >= ADA
 
+    @property
+    def decodes_e4m3_by_bits(self) -> bool:
+        """Whether the FP8-weight kernels read e4m3 as bytes here (Triton has no e4m3 type before Ada)."""
+        return self.is_cuda and self.capability < ADA
+
     def why_kernels_cannot_run(self, dtype: str, fp8_weights: str | None, is_fp8_kv: bool) -> str:
         """Why the Triton kernels cannot run activations of `dtype` (a torch dtype's name), weights of the FP8
         layout `fp8_weights` or an FP8 KV cache on this GPU, with what can, in one line; '' where they can.
-        Before Ampere (8.0) a GPU has no bfloat16; before Ada (8.9) Triton has no e4m3 type, so no kernel that
-        reads FP8 weights or an FP8 KV cache compiles (the torch backend's references cast with torch instead and
-        are not checked here)."""
+        Before Ampere (8.0) a GPU has no bfloat16, and FP8 weights are refused; before Ada (8.9) Triton has no
+        e4m3 type, so FP8 weights run decoded by integer operations (W8A16, activations in bf16) and the FP8 KV
+        cache's kernels do not compile (the torch backend's references cast with torch instead and are not
+        checked here)."""
         if self.capability >= ADA or not self.is_cuda:
             return ""
         head = f"{self.name} (compute capability {_dotted(self.capability)})"
         float16 = ", with --dtype float16" if dtype == "bfloat16" and self.capability < AMPERE else ""
+        fp8_weights = fp8_weights if self.capability < AMPERE else None
         if fp8_weights or is_fp8_kv:
             return f"{head} {_fp8_refusal(fp8_weights, is_fp8_kv)}{float16}"
         if dtype == "bfloat16" and self.capability < AMPERE:

@@ -40,6 +40,7 @@ class LaunchConfig:
     dot: bool | None = None  # the FP8 GEMV on the tensor cores
     swiglu: bool | None = None  # the FP8 gate_up GEMM may compute down_proj's SwiGLU in its epilogue
     fast_acc: bool | None = None  # the FP8 GEMM's fast accumulation
+    bits: bool | None = None  # FP8 weights read as bytes, e4m3 decoded by integer operations (before 8.9)
     unroll: int | None = None  # a GEMV's K loop unrolled this many times
     pipe: int | None = None  # a GEMV's K loop software-pipelined
     split: int | None = None  # a GEMV's K split across this many programs a row block

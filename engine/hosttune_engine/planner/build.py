@@ -3,13 +3,14 @@
 The rules here are the engine's dispatch: a bf16 projection takes the Triton GEMV at one row (its RMSNorm or
 SwiGLU input in the prologue) and cuBLAS above; a quantized one its GEMV up to four rows and a GEMM above, an
 FP8 layer whose scheme quantizes activations the FP8 tensor cores where the GPU has them (`fp8_mm` picks the
-path per batch bucket); launch configs come from the tuned table, per projection shape, else per row bucket,
-else the kernel's default.
+path per batch bucket), and before compute capability 8.9 (no e4m3 type in Triton) every FP8 kernel with BITS 1,
+decoding the weights' bytes by integer operations; launch configs come from the tuned table, per projection
+shape, else per row bucket, else the kernel's default.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -156,7 +157,18 @@ def _quant_gemv(inputs, table, op, bucket, kernel: str, default: dict, kind: Ker
     return _choice(op, bucket, kind, found, *_gemv_fusion(op, bucket, found[0]))
 
 
+BIT_NOTE = "e4m3 decoded by integer operations before 8.9"
+
+
 def _fp8(inputs: PlanInputs, table: dict, op: Op, bucket: RowBucket) -> Choice:
+    choice = _fp8_kernel(inputs, table, op, bucket)
+    if not inputs.gpu.decodes_e4m3_by_bits:
+        return choice
+    note = f"{choice.note}; {BIT_NOTE}" if choice.note else BIT_NOTE
+    return replace(choice, config=replace(choice.config, bits=True, packed=None), note=note)  # PACKED: native e4m3
+
+
+def _fp8_kernel(inputs: PlanInputs, table: dict, op: Op, bucket: RowBucket) -> Choice:
     if bucket.hi <= GEMV_ROWS:
         return _quant_gemv(inputs, table, op, bucket, "fp8_gemv", FP8_GEMV_DEFAULT, Kernel.FP8_GEMV)
     keys = _keys(inputs, bucket)

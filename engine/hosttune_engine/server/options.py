@@ -80,9 +80,9 @@ def _numerics_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                    help="'dummy' builds random weights from config.json alone (benchmarks)")
     s.add_argument("--quantization", choices=QUANTIZATIONS,
-                   help="'fp8' quantizes a bf16 checkpoint to FP8 at load (FP8 needs compute capability 8.9 or "
-                        "later); the others name a layout for dummy weights (a quantized checkpoint needs none: "
-                        "config.json says its layout)")
+                   help="'fp8' quantizes a bf16 checkpoint to FP8 at load (FP8 weights need compute capability "
+                        "8.0 or later; before 8.9 activations stay bf16); the others name a layout for dummy "
+                        "weights (a quantized checkpoint needs none: config.json says its layout)")
     s.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                    help="'fp8' keeps keys and values in e4m3 with a scale per row: about twice the tokens in the "
                         "same memory (compute capability 8.9 or later); 'auto' keeps the model's dtype")
