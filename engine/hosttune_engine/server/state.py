@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -41,6 +42,7 @@ class ServerState:
         self.max_model_len = 0
         self.generations: set[Generation] = set()  # in flight, so a drain that times out can abort them
         self._tokens: dict[int, TokenText] = {}  # by id, as logprobs show them
+        self._settling: set[asyncio.Task] = set()  # metrics of requests whose client left, waiting for the engine
 
     def attach(self, client: EngineClient, tokenizer, max_model_len: int, vocab_size: int) -> None:
         """The engine is loaded: from now on handlers can tokenize and generate."""
@@ -104,11 +106,33 @@ class ServerState:
 
     # -- the end of a request ---------------------------------------------------------------------
     def finish(self, gen: Generation, status: int, prompt_text: str | None = None) -> None:
-        """Observe each sequence's timings and write the request's one log line."""
+        """Write the request's one log line and observe each sequence's timings. Sequences the handler left
+        running (the client went away) are observed once the engine's last output for them arrives, so the tokens
+        the engine made meanwhile count in the per-request histograms as they do in its counters."""
         self.generations.discard(gen)
+        self._log(gen, status, prompt_text)
+        if gen.is_finished or self.client is None or self.client.error is not None:
+            self._observe(gen)
+            return
+        task = asyncio.get_running_loop().create_task(self._observe_when_finished(gen))
+        self._settling.add(task)  # held until done: the loop keeps only weak references to tasks
+        task.add_done_callback(self._settling.discard)
+
+    async def _observe_when_finished(self, gen: Generation) -> None:
+        try:
+            async for _ in gen.updates():
+                pass
+        except Exception:  # the engine refused or died: what arrived is what there is
+            pass
+        self._observe(gen)
+
+    def _observe(self, gen: Generation) -> None:
         now = time.monotonic()
         for choice in gen.choices:
             self.metrics.observe(choice.timing(now))
+
+    def _log(self, gen: Generation, status: int, prompt_text: str | None) -> None:
+        now = time.monotonic()
         firsts = [c.first_token_time for c in gen.choices if c.first_token_time]
         ttft = f"{min(firsts) - gen.arrival:.3f}s" if firsts else "-"
         reasons = ",".join(sorted({c.finish_reason or "abort" for c in gen.choices}))

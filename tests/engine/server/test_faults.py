@@ -247,12 +247,26 @@ def test_clients_that_disconnect_leave_kv_usage_at_zero(server):
     t0 = time.monotonic()
     body = wait_idle(server, timeout=10)
     assert body["kv_cache_usage"] == 0
+    print(f"\nidle {time.monotonic() - t0:.2f} s after the last disconnect")
+    # the tokens made after each client left (steps in flight until the abort) count in both metrics, once the
+    # engine's last outputs for the aborted sequences are in
+    deadline, made = time.monotonic() + 5, _tokens_made(server, before)
+    while made[0] != made[1] and time.monotonic() < deadline:
+        time.sleep(0.05)
+        made = _tokens_made(server, before)
+    assert made[0] == made[1] > 0, made
     after = server.metrics()
     aborted = (metric(after, "vllm:request_success_total", finished_reason="abort")
                - metric(before, "vllm:request_success_total", finished_reason="abort"))
     assert aborted == 5, "each abandoned request is aborted, not run to its 900 tokens"
     assert metric(after, "vllm:kv_cache_usage_perc") == 0
-    print(f"\nidle {time.monotonic() - t0:.2f} s after the last disconnect")
+
+
+def _tokens_made(server, before: str) -> tuple[float, float]:
+    """Tokens generated since `before`, as the engine's counter and as the per-request histogram's sum."""
+    after = server.metrics()
+    return tuple(metric(after, name) - metric(before, name)
+                 for name in ("vllm:generation_tokens_total", "vllm:request_generation_tokens_sum"))
 
 
 # -- every known field with every JSON type: a 200 or a 4xx, never a 5xx -------------------------------
