@@ -109,7 +109,7 @@ def chat_completion(request_id: str, created: int, model: str, choices: list[dic
 def completion_chunk(request_id: str, created: int, model: str, choices: list[dict],
                      with_usage: bool = False, usage_body: dict | None = None) -> dict:
     body = {"id": request_id, "object": "text_completion", "created": created, "model": model, "choices": choices}
-    if with_usage:  # with include_usage every chunk carries usage: null, the last one the counts
+    if with_usage:  # with include_usage every chunk carries usage: null (or its counts so far), the last the totals
         body["usage"] = usage_body
     return body
 

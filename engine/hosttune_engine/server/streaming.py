@@ -28,6 +28,7 @@ class ChunkWriter:
                  logprob_entries):
         self.gen, self.chat, self.model, self.created = gen, chat, model, created
         self.include_usage = options.include_usage
+        self.continuous_usage = options.continuous_usage
         self.want_logprobs = options.logprobs is not None
         self.want_ids = options.return_token_ids
         self.logprob_entries = logprob_entries  # TokenLogprob list -> LogprobEntry list
@@ -46,7 +47,7 @@ class ChunkWriter:
             return b""
         prompt = self.gen.prompts[0] if self.want_ids else None
         return b"".join(self._chunk([r.chat_delta_choice(c.index, {"role": "assistant", "content": ""}, None)],
-                                    prompt_token_ids=prompt) for c in self.gen.choices)
+                                    self._usage_so_far(c, 0), prompt) for c in self.gen.choices)
 
     def chunks(self, batch: list[tuple[Choice, TokenOutput]]) -> bytes:
         merged: dict[int, tuple[Choice, str, list, list, bool]] = {}
@@ -69,7 +70,15 @@ class ChunkWriter:
             body = r.chat_delta_choice(choice.index, delta, lp_body, reason, stop)
         else:
             body = r.completion_choice(choice.index, text, lp_body, reason, stop)
-        return self._chunk([self._with_ids(choice, body, ids)])
+        return self._chunk([self._with_ids(choice, body, ids)], self._usage_so_far(choice))
+
+    def _usage_so_far(self, choice: Choice, num_output_tokens: int | None = None) -> dict | None:
+        """With continuous usage, a choice's chunk counts its prompt and the tokens generated so far (vLLM's); the
+        role chunks that open a chat count none."""
+        if not self.continuous_usage:
+            return None
+        done = choice.num_output_tokens if num_output_tokens is None else num_output_tokens
+        return r.usage(len(choice.prompt_token_ids), done)
 
     def _with_ids(self, choice: Choice, body: dict, ids: list) -> dict:
         if not self.want_ids:

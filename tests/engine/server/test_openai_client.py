@@ -140,6 +140,26 @@ def test_include_usage_chunk(client, model):
     assert all(c.usage is None for c in plain)
 
 
+def test_continuous_usage_stats_put_each_choices_counts_so_far_in_every_chunk(client, model):
+    # vLLM's stream_options.continuous_usage_stats (with include_usage): a chunk's usage is its choice's
+    # prompt and the tokens generated so far; the last chunk has the whole request's
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    chunks, _ = _stream_completion(client, model=model, prompt=PROMPT, max_tokens=6, temperature=0,
+                                   stream_options=options, extra_body={"ignore_eos": True})
+    *body, last = chunks
+    prompt = last.usage.prompt_tokens
+    so_far = [c.usage.completion_tokens for c in body]
+    assert so_far == sorted(so_far) and so_far[-1] == 6 and last.usage.completion_tokens == 6
+    assert all(c.usage.prompt_tokens == prompt and c.usage.total_tokens == prompt + c.usage.completion_tokens
+               for c in body)
+    chat, _, _ = _stream_chat(client, model=model, messages=MESSAGES, max_tokens=4, temperature=0, n=2,
+                              stream_options=options, extra_body={"ignore_eos": True})
+    *body, last = chat
+    assert [c.usage.completion_tokens for c in body[:2]] == [0, 0]  # the role chunks
+    assert {c.choices[0].index: c.usage.completion_tokens for c in body} == {0: 4, 1: 4}
+    assert last.usage.completion_tokens == 8 and last.usage.prompt_tokens == body[0].usage.prompt_tokens
+
+
 def test_logprobs(client, model):
     r = client.completions.create(model=model, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=3,
                                   extra_body={"ignore_eos": True})

@@ -201,3 +201,15 @@ def test_chat_template_kwargs_may_set_the_templates_own_add_generation_prompt(ti
     req = ChatRequest.parse({"messages": messages, "chat_template_kwargs": {"add_generation_prompt": False}})
     rendered = builder.render_chat(req.messages, req.add_generation_prompt, req.template_kwargs)
     assert rendered == builder.render_chat(req.messages, False) != builder.render_chat(req.messages, True)
+
+
+def test_continuous_usage_stats_is_a_boolean_that_counts_only_with_include_usage():
+    def options(**stream_options):
+        return CompletionRequest.parse({"prompt": "hi", "stream": True, "stream_options": stream_options}).options
+
+    assert options(include_usage=True, continuous_usage_stats=True).continuous_usage is True
+    assert options(continuous_usage_stats=True).continuous_usage is False  # as in vLLM
+    with pytest.raises(ApiError) as err:
+        options(include_usage=True, continuous_usage_stats="yes")
+    assert (err.value.param, err.value.message) == ("continuous_usage_stats",
+                                                    "continuous_usage_stats must be a boolean, got a string")

@@ -39,6 +39,7 @@ class GenerationOptions:
     logprobs: int | None = None  # alternatives per token; None: no logprobs
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # usage in every chunk too, as vLLM's stream_options.continuous_usage_stats
     priority: int = 0  # lower runs first, as in vLLM
     return_token_ids: bool = False  # the prompt's and each choice's token ids in the response, as vLLM's field
 
@@ -148,12 +149,16 @@ class GenerationFields(RequestBody):
     def _stream_options(cls, options: dict, info: ValidationInfo) -> dict:
         if not info.data.get("stream", False):
             raise fault("stream_options can only be set when stream is true", "stream_options")
-        usage = options.get("include_usage")
-        if usage is not None and not isinstance(usage, bool):
-            raise fault(f"include_usage must be a boolean, got {describe(usage)}", "include_usage")
+        for name in ("include_usage", "continuous_usage_stats"):
+            value = options.get(name)
+            if value is not None and not isinstance(value, bool):
+                raise fault(f"{name} must be a boolean, got {describe(value)}", name)
         return options
 
     def generation_options(self, max_tokens: int | None, logprobs: int | None) -> GenerationOptions:
-        usage = bool((self.stream_options or {}).get("include_usage"))
+        stream_options = self.stream_options or {}
+        usage = bool(stream_options.get("include_usage"))
+        continuous = usage and bool(stream_options.get("continuous_usage_stats"))  # as in vLLM: only with usage
         same = {f.name: getattr(self, f.name) for f in fields(GenerationOptions) if f.name in type(self).model_fields}
-        return GenerationOptions(**{**same, "max_tokens": max_tokens, "logprobs": logprobs, "include_usage": usage})
+        return GenerationOptions(**{**same, "max_tokens": max_tokens, "logprobs": logprobs, "include_usage": usage,
+                                    "continuous_usage": continuous})
