@@ -187,6 +187,8 @@ def test_fp8_weights_run_on_ampere_decoded_by_bits_with_bf16_activations(no_user
         assert plan.choice(op, 1).args["BLOCK_N"] == 16 and plan.choice(op, 4096).fusion is Fusion.NONE
     assert plan.choice(Op.LM_HEAD, 1).kernel is Kernel.GEMV and "BITS" not in plan.choice(Op.LM_HEAD, 1).args
     assert "BITS" not in str(_plan("NVIDIA L40S", quantization, table).choice(Op.QKV, 1).config)
+    assert summary(plan).endswith("; e4m3 weights decoded by integer operations")  # the line serve logs at load
+    assert "decoded" not in summary(_plan("NVIDIA L40S", quantization, table))
     main(["plan", "--model", str(QWEN7B), "--gpu", gpu, "--quantization", quantization])
     out = capsys.readouterr().out
     assert f"weights {dummy_spec(quantization).layout.value}, activations bfloat16" in out and " BITS=1 " in out

@@ -40,5 +40,7 @@ def summary(plan: KernelPlan) -> str:
     counts = f"{tuned} choices tuned, {reasons[Reason.DEFAULT]} generic defaults, {reasons[Reason.FALLBACK]} fallbacks"
     one_row = ", ".join(f"{p.op.value} {p.at(1).kernel.value}" for p in plan.ops if p.op.is_projection)
     prefill = plan.choice(Op.QKV, 4096).kernel.value
+    bits = any(c.config.bits for p in plan.ops for c in p.choices)  # before 8.9 (kernels/e4m3.py)
+    decode = "; e4m3 weights decoded by integer operations" if bits else ""
     return (f"kernel plan on {plan.gpu.name}, {plan.weights} weights, tuned table {plan.table}: {counts}; "
-            f"one row: {one_row}; prefill projections: {prefill}")
+            f"one row: {one_row}; prefill projections: {prefill}{decode}")
