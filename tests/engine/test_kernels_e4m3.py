@@ -2,6 +2,12 @@
 byte as torch converts it, and the FP8 GEMV and W8A16 GEMM with it forced against their references (under the
 Triton interpreter on CPU, fp32 and fp16), and on a GPU against the native conversion in bf16."""
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -51,6 +57,20 @@ def test_w8a16_gemm_with_the_bit_decode(case, dtype):
     x, bias = torch.randn(19, k, device=DEVICE).to(dtype), torch.randn(n, device=DEVICE).to(dtype)
     got = w8a16_gemm(x, w, scale, srow, block_k, bias, config={**GEMM_CONFIG, "BITS": 1})
     _close(got, fp8_gemv_ref(x, w, scale, srow, block_k, bias), dtype)
+
+
+def test_the_fp8_weight_kernels_compile_for_an_a100_with_the_bit_decode_only(tmp_path):
+    """For sm_80, ahead of time on this machine (PTX and ptxas, no GPU): the decode and every FP8-weight kernel
+    build with BITS, and none with Triton's e4m3 type, which is why the plan sets BITS before 8.9."""
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), TRITON_DEFAULT_FP_FUSION="1")
+    done = subprocess.run([sys.executable, "-m", "tests.engine.ahead_of_time", "80"], cwd=Path(__file__).parents[2],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    built = json.loads(done.stdout)
+    assert built["bits"] == dict.fromkeys(built["bits"], "") and len(built["bits"]) == 5
+    assert all("fp8e4nv not supported in this architecture" in why for why in built["native"].values())
 
 
 GPU_GEMV = {  # the GEMV's kinds on a GPU; PACKED (native PTX) is left out with BITS
