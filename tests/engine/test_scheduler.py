@@ -95,6 +95,17 @@ def test_eos_and_stop_tokens_finish():
     assert not c.is_finished
 
 
+def test_the_models_other_end_tokens_stop_with_their_id_unless_eos_is_ignored():
+    # vLLM merges generation_config's end tokens, all but the tokenizer's EOS, into the request's stop_token_ids
+    s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256),
+                  BlockManager(64, BS), eos_token_ids=[0], eos_stop_token_ids=[5])
+    a, b = seq(4, "a", max_tokens=10), Sequence("b", [1, 2], SamplingParams(max_tokens=10, ignore_eos=True))
+    s.add(a)
+    s.add(b)
+    s.postprocess(s.schedule(), [5, 5])
+    assert (a.finish_reason, a.stop_reason, a.output_token_ids) == ("stop", 5, [5]) and not b.is_finished
+
+
 def test_max_model_len_stops_with_length():
     s = make(max_model_len=6)
     a = seq(4, "a", max_tokens=100)

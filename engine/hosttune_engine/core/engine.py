@@ -79,13 +79,15 @@ class Engine:
         self.workers = None
         self.runner = self._start_runner()
         self.max_model_len = self.runner.max_model_len
-        eos = self.model_config.eos_token_ids or (
-            (self.tokenizer.eos_token_id,) if self.tokenizer and self.tokenizer.eos_token_id is not None else ())
+        # as vLLM: the tokenizer's EOS ends a sequence with no stop_reason; the model's other end tokens are stop tokens
+        eos = self.tokenizer.eos_token_id if self.tokenizer else None
+        eos_ids = () if eos is None else (eos,)
+        others = tuple(t for t in self.model_config.eos_token_ids if t != eos)
         self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
                             config.scheduling_policy),
-            self.block_manager, eos_token_ids=eos)
+            self.block_manager, eos_token_ids=eos_ids, eos_stop_token_ids=others)
         graphs = self.runner.mixed_graphs
         self.scheduler.budgeted_tokens = graphs.sizes[-1] if graphs is not None and graphs.sizes else None
         self.requests: dict[str, _Request] = {}

@@ -48,10 +48,13 @@ class SchedulerConfig:
 class Scheduler:
     """Decides which sequences run each step and with how many tokens."""
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, eos_token_ids=()):
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, eos_token_ids=(), eos_stop_token_ids=()):
         self.config = config
         self.block_manager = block_manager
-        self.eos_token_ids = frozenset(eos_token_ids)
+        self.eos_token_ids = frozenset(eos_token_ids)  # the tokenizer's EOS: ends a sequence with no stop_reason
+        # the model's other end tokens (generation_config's): as vLLM, they are stop tokens of every request that
+        # does not ignore EOS, so the one that ends a sequence is its stop_reason
+        self.eos_stop_token_ids = frozenset(eos_stop_token_ids)
         self.waiting: list[Sequence] = []  # sorted by _queue_key
         self.running: list[Sequence] = []  # admission order
         self.num_preemptions = 0
@@ -347,16 +350,20 @@ class Scheduler:
             advanced.append(seq)
             reason = self._token_stop_reason(seq, token)
             if reason is not None:
-                self.finish(seq, reason, stop_reason=token if token in seq.sampling.stop_token_ids else None)
+                self.finish(seq, reason, stop_reason=token if self._is_stop_token(seq, token) else None)
         return advanced
 
     def _token_stop_reason(self, seq: Sequence, token: int) -> str | None:
         params = seq.sampling
-        if token in params.stop_token_ids:
+        if self._is_stop_token(seq, token):
             return "stop"
         if token in self.eos_token_ids and not params.ignore_eos:
             return "stop"
         return "length" if self._reaches_length(seq, len(seq.token_ids)) else None
+
+    def _is_stop_token(self, seq: Sequence, token: int) -> bool:
+        params = seq.sampling
+        return token in params.stop_token_ids or (token in self.eos_stop_token_ids and not params.ignore_eos)
 
     def finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
         """End `seq` now (stop, length or abort) and return its blocks."""
