@@ -124,12 +124,18 @@ def _venv(need: NeedVenv, facts: HostNeeds, flavour: PackageFlavour | None) -> A
                   (Command(flavour.refresh()), install), first=True)
 
 
+def _in_the_way(path: str) -> Answer:
+    return Answer(Verdict.FAILS, f"{path} is not a directory; move it away first")
+
+
 def _dir(need: NeedDir, facts: HostNeeds) -> Answer:
     kind = facts.dirs.get(need.path, "absent")
     if kind == "dir":
         return Answer(Verdict.HOLDS, describe_need(need))
     if kind == "other":
-        return Answer(Verdict.FAILS, f"{need.path} is not a directory; move it away first")
+        return _in_the_way(need.path)
+    if blocked := facts.blocked.get(need.path):  # mkdir -p cannot make it through a file
+        return _in_the_way(blocked)
     return Answer(Verdict.ADDED, f"make directory {need.path} (missing)", (Directory(need.path),))
 
 
@@ -189,6 +195,12 @@ def _space(groups: Iterable[Group], facts: HostNeeds, offline: bool) -> list[Ans
     return answers
 
 
+def _blocked_writes(groups: Iterable[Group], facts: HostNeeds, offline: bool) -> list[Answer]:
+    """A write makes its directories, except through a file where one of them must be."""
+    paths = dict.fromkeys(n.path for n in _needs(groups, offline) if isinstance(n, NeedSpace))
+    return [_in_the_way(blocked) for blocked in dict.fromkeys(facts.blocked[p] for p in paths if p in facts.blocked)]
+
+
 # -- the whole plan ----------------------------------------------------------------------------
 
 
@@ -241,7 +253,7 @@ def check(groups: Iterable[Group], facts: HostNeeds, flavour: PackageFlavour | N
             walk.step(op, ops, group_notes)
         out.append(tuple(ops))
         notes.append(tuple(group_notes))
-    for answer in _space(groups, facts, offline):
+    for answer in _space(groups, facts, offline) + _blocked_writes(groups, facts, offline):
         walk.record(answer)
     if walk.first and out:
         out[0] = tuple(walk.first) + out[0]

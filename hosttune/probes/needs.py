@@ -25,6 +25,7 @@ class HostNeeds:
     venvs: dict[str, str] = field(default_factory=dict)  # python → "" when `python -m venv` works, else why not
     dirs: dict[str, str] = field(default_factory=dict)  # path → dir | absent | other
     space: dict[str, tuple[int, str]] = field(default_factory=dict)  # path → (free bytes, mount point)
+    blocked: dict[str, str] = field(default_factory=dict)  # dir or space path → the non-directory where its directory must be
     ports: dict[int, tuple[str, ...] | None] = field(default_factory=dict)  # port → listening units ("?" unknown); None: not known
     candidates: dict[str, str | None] = field(default_factory=dict)  # package → installable version, None: none
     models: dict[str, str] = field(default_factory=dict)  # model folder → "" when loadable, else why not
@@ -76,6 +77,8 @@ def _store(needs: HostNeeds, kind: str, value: str, fields: dict[str, list[str]]
         free, _, mount = (_first(fields, "free-kb") or "").partition(" ")
         if free.isdigit():
             needs.space[value] = (int(free) * 1024, mount)
+    if kind in ("dir", "space") and (blocked := _first(fields, "blocked")):
+        needs.blocked[value] = blocked
     elif kind == "port":
         needs.ports[int(value)] = None if "unknown" in fields else tuple(fields.get("listen", []))
     elif kind == "pkg":

@@ -23,16 +23,26 @@ venv() {
     else printf 'fail:%s\n' "$(printf '%s' "$err" | tail -n1)"; fi
 }
 
-dir() {
+# What stands where `mkdir -p` must make the directory PATH: its nearest existing path, when that is not a
+# directory (a file, a dangling link), as the root sees it.
+blocker() {
     p=$(inside "$1")
-    if [ -d "$p" ]; then printf 'kind:dir\n'; elif [ -e "$p" ] || [ -L "$p" ]; then printf 'kind:other\n'; else printf 'kind:absent\n'; fi
+    while [ ! -e "$p" ] && [ ! -L "$p" ]; do p=$(dirname -- "$p"); done
+    [ -d "$p" ] || printf 'blocked:%s\n' "${p#"${root%/}"}"
 }
 
-# The filesystem that will hold PATH: that of its nearest existing directory.
+dir() {
+    p=$(inside "$1")
+    if [ -d "$p" ]; then printf 'kind:dir\n'; elif [ -e "$p" ] || [ -L "$p" ]; then printf 'kind:other\n'
+    else printf 'kind:absent\n'; blocker "$(dirname -- "$1")"; fi
+}
+
+# The filesystem that will hold PATH: that of its nearest existing directory; and what is in the way of its directory.
 space() {
     p=$(inside "$1")
     while [ ! -d "$p" ]; do p=$(dirname -- "$p"); done
     df -Pk -- "$p" 2>/dev/null | awk 'NR == 2 {print "free-kb:" $4 " " $6}'
+    blocker "$(dirname -- "$1")"
 }
 
 # Who listens on a TCP port: one "listen:UNIT" line per listening process (UNIT "?" when unknown).

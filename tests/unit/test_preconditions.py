@@ -200,3 +200,25 @@ def test_apply_stops_a_host_at_plan_time_with_one_line_and_sends_nothing(tmp_pat
     assert "    fails: /usr/local is not a directory; move it away first" in lines
     assert lines[-1] == "plan: 0 changes on 0 of 1 host"
     assert sorted(str(p.relative_to(image)) for p in image.rglob("*")) == before  # not even a journal
+
+
+def test_a_file_where_a_write_or_link_must_make_a_directory_stops_the_host_at_plan_time(tmp_path):
+    """mkdir -p cannot make /etc/sysctl.d/ or /usr/local/ through a file: the plan says so instead of a run that
+    fails half-way."""
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+
+    image = tmp_path / "img"
+    (image / "etc").mkdir(parents=True)
+    (image / "etc/sysctl.d").write_text("a file where a directory must be\n")
+    (image / "usr").write_text("a file where a directory must be\n")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text('hosts:\n  localhost:\n    transport: local\n    pins: {cuda: "12.4"}\n')
+    before = sorted(str(p.relative_to(image)) for p in image.rglob("*"))
+    result = CliRunner().invoke(app, ["apply", "-i", str(inv), "--root", str(image), "--yes"])
+    assert result.exit_code == 2, result.output
+    assert "    fails: /etc/sysctl.d is not a directory; move it away first" in result.output.splitlines()
+    assert "    fails: /usr is not a directory; move it away first" in result.output.splitlines()
+    assert result.output.splitlines()[-1] == "plan: 0 changes on 0 of 1 host"
+    assert sorted(str(p.relative_to(image)) for p in image.rglob("*")) == before  # not even a journal
