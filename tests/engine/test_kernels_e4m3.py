@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hosttune_engine.kernels import e4m3
 from hosttune_engine.kernels.dequant_gemm import w8a16_gemm
 from hosttune_engine.kernels.e4m3 import decodes_bits, e4m3_decode, e4m3_decode_ref, native_e4m3
 from hosttune_engine.kernels.fp8_gemv import fp8_gemv, fp8_gemv_ref
@@ -33,10 +34,21 @@ def test_the_bit_decode_is_torchs_conversion_for_every_byte():
     assert got[1].item() == 2.0 ** -9 and got[0x7E].item() == 448.0 and got[0x80].item() == 0.0
 
 
-def test_the_decode_is_chosen_by_config_or_by_the_gpu():
+def test_the_decode_is_chosen_by_config_or_by_the_gpu(monkeypatch):
+    """BITS 1 forces it; a GPU before 8.9 takes it whatever the config says, its capability read once, not at
+    every launch."""
     cpu = torch.device("cpu")
     assert native_e4m3(cpu) and not decodes_bits({}, cpu) and decodes_bits({"BITS": 1}, cpu)
     assert not decodes_bits({"BITS": 0}, cpu)
+    reads = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: reads.append(index) or (8, 0))
+    e4m3._native_on.cache_clear()
+    try:
+        a100 = torch.device("cuda", 0)
+        assert not native_e4m3(a100) and decodes_bits({}, a100) and decodes_bits({"BITS": 0}, a100)
+        assert reads == [0]
+    finally:
+        e4m3._native_on.cache_clear()
 
 
 @pytest.mark.parametrize("case, dtype", [("block", torch.float32), ("channel", torch.float16)])

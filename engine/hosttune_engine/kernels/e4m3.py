@@ -11,6 +11,8 @@ the kernels keep the native conversion, which converts two weights an instructio
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -50,7 +52,12 @@ def _decode_kernel(b_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 def native_e4m3(device: torch.device) -> bool:
     """Whether Triton compiles e4m3 for `device` (the CPU's interpreter converts it too)."""
-    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= NATIVE
+    return device.type != "cuda" or _native_on(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.cache
+def _native_on(index: int) -> bool:  # asked at every launch of an FP8-weight kernel: the capability read once
+    return torch.cuda.get_device_capability(index) >= NATIVE
 
 
 def decodes_bits(config: dict, device: torch.device) -> bool:
