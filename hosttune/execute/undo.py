@@ -109,19 +109,26 @@ def _keep_edits(rec: OpRecord, run: str, where: str) -> list[Undo]:
                  hostop=("keep", rec.path, kept), unless_sha=(rec.path, rec.sha_after))]
 
 
+def _dirs_undo(rec: OpRecord) -> list[Undo]:
+    if not rec.created_dirs:
+        return []
+    return [Undo(f"remove the directories made for it: {', '.join(rec.created_dirs)}",
+                 hostop=("rmdirs", *reversed(rec.created_dirs)))]
+
+
 def _file_undo(rec: OpRecord, run: str = "", where: str = "") -> list[Undo]:
     if rec.kind == "move":
         return [Undo(f"move {rec.path} back", hostop=("move", rec.target, rec.path))]
+    if rec.kind == "write" and rec.status == "failed":
+        # A write that failed never renamed its file into place: the file there (one made since, too) is not the run's.
+        return _dirs_undo(rec)
     keep = _keep_edits(rec, run, where)
     if rec.backup:
         # A done operation made its backup first: only one cut off before it may have none (and changed nothing).
         optional = () if rec.status == "done" else ("optional",)
         return keep + [Undo(f"restore {rec.path} from {rec.backup}", hostop=("restore", rec.path, rec.backup, *optional))]
     undo = [] if rec.kind == "dir" else keep + [Undo(f"remove {rec.path} (hosttune created it)", hostop=("remove", rec.path))]
-    if rec.created_dirs:
-        undo.append(Undo(f"remove the directories made for it: {', '.join(rec.created_dirs)}",
-                         hostop=("rmdirs", *reversed(rec.created_dirs))))
-    return undo
+    return undo + _dirs_undo(rec)
 
 
 def undo_list(journal: Journal) -> list[Undo]:

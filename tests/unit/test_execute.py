@@ -512,10 +512,11 @@ def test_without_run_rollback_takes_the_latest_apply_never_a_later_remediation_o
 
 
 def test_only_a_write_that_ran_has_edits_since_to_keep():
-    """A failed write left the file as it was: rollback has nothing of its to keep, nor anything to say about it."""
+    """A failed write left the file as it was: rollback has nothing of its to keep or restore (an edit since stays),
+    nor anything to say about it."""
     w = OpRecord("write", "w", path="/etc/a", existed=True, sha_after="ab" * 32, backup="/b/0-0-a")
     failed = Journal("r", "h", "/", "t", (JournalStep(0, ("a",), "a", False, False, (replace(w, status="failed"),), "failed"),))
-    assert [u.hostop[0] for u in undo_list(failed)] == ["restore"]
+    assert [u.hostop[0] for u in undo_list(failed)] == []
     done = Journal("r", "h", "/", "t", (JournalStep(0, ("a",), "a", False, False, (replace(w, status="done"),), "done"),))
     assert [u.hostop[0] for u in undo_list(done)] == ["keep", "restore"]
 
@@ -565,6 +566,27 @@ def test_a_run_that_also_installed_packages_says_rollback_keeps_them_beside_what
     done = rollback_host(local, HOST, None, str(root))
     assert done.status == "restored" and done.done == ("remove /etc/hosttune-x.conf (hosttune created it)", kept)
     assert not (root / "etc/hosttune-x.conf").exists()
+
+
+def test_rollback_leaves_alone_the_file_of_a_write_that_failed_and_so_never_touched_it(local, tmp_path):
+    """The write failed before its atomic rename: a file there since (made by hand once the failure was fixed) is
+    not the run's, and neither the rollback's plan nor its run removes or restores it."""
+    root = image(tmp_path)
+    (root / "etc/default").mkdir(exist_ok=True)
+    (root / "etc/default/hosttune-b").write_text("in the way\n")  # a file where the second write's directory must be
+    steps = [Step(("a",), "a", (FileWrite("/etc/hosttune-a.conf", b"a\n"),)),
+             Step(("b",), "b", (FileWrite("/etc/default/hosttune-b/b.conf", b"b\n"),
+                                FileWrite("/etc/hosttune-c.conf", b"c\n")))]
+    plan = replace(plan_for(local, root, []), steps=tuple(steps))
+    assert execute_plan(local, plan, "r1").status == "failed"
+    (root / "etc/default/hosttune-b").unlink()
+    (root / "etc/default/hosttune-b").mkdir()
+    (root / "etc/default/hosttune-b/b.conf").write_text("written by hand since\n")
+    planned = rollback_host(local, HOST, "r1", str(root), dry_run=True)
+    assert planned.done == ("remove /etc/hosttune-a.conf (hosttune created it)",)
+    assert rollback_host(local, HOST, "r1", str(root)).status == "restored"
+    assert not (root / "etc/hosttune-a.conf").exists()
+    assert (root / "etc/default/hosttune-b/b.conf").read_text() == "written by hand since\n"
 
 
 def test_a_reboot_the_host_refuses_is_said_at_once_not_waited_for(monkeypatch):
