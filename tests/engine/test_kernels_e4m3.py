@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hosttune_engine.errors import KernelInputError
 from hosttune_engine.kernels import e4m3
 from hosttune_engine.kernels.dequant_gemm import w8a16_gemm
 from hosttune_engine.kernels.e4m3 import decodes_bits, e4m3_decode, e4m3_decode_ref, native_e4m3
@@ -32,6 +33,10 @@ def test_the_bit_decode_is_torchs_conversion_for_every_byte():
     numbers = ~want.isnan()
     assert torch.equal(got[numbers], want[numbers]) and torch.equal(got[numbers].signbit(), want[numbers].signbit())
     assert got[1].item() == 2.0 ** -9 and got[0x7E].item() == 448.0 and got[0x80].item() == 0.0
+    with pytest.raises(KernelInputError, match="b has dtype"):
+        e4m3_decode(b.float())
+    with pytest.raises(KernelInputError, match="b must have 1 dims"):
+        e4m3_decode(b.view(16, 16))
 
 
 def test_the_decode_is_chosen_by_config_or_by_the_gpu(monkeypatch):

@@ -72,8 +72,8 @@ def weight_operand(w: torch.Tensor, bits: bool) -> torch.Tensor:
 
 
 def e4m3_decode(b: torch.Tensor) -> torch.Tensor:
-    """e4m3 bytes (contiguous uint8, any shape) -> fp32 values, by the kernels' bit decode."""
-    check_tensor("b", b, b.dim(), dtypes=(torch.uint8,))
+    """e4m3 bytes b [n] (contiguous uint8) -> fp32 values [n], by the kernels' bit decode."""
+    check_tensor("b", b, 1, dtypes=(torch.uint8,))
     check(b.is_contiguous(), "b must be contiguous")
     y = torch.empty(b.shape, dtype=torch.float32, device=b.device)
     if b.numel():
