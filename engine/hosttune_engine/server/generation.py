@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from hosttune_engine.core.messages import EngineRequest, TokenLogprob, TokenOutput
+from hosttune_engine.errors import RequestError
 from hosttune_engine.sampling import SamplingParams
 from hosttune_engine.server.engine_client import EngineClient, RequestFailed
 from hosttune_engine.server.metrics import SequenceTiming
@@ -33,6 +34,7 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finished: bool = False
+    refused: bool = False  # the engine turned it away (a RequestError, a 400): it never ran
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     num_output_tokens: int = 0
@@ -107,6 +109,7 @@ class Generation:
         choice = self._by_id[item.request_id]
         if isinstance(item, RequestFailed):
             choice.finished, choice.finish_reason = True, "abort"
+            choice.refused = isinstance(item.error, RequestError)
             raise item.error
         choice.add(item, time.monotonic())
         return choice, item

@@ -129,7 +129,8 @@ class ServerState:
     def _observe(self, gen: Generation) -> None:
         now = time.monotonic()
         for choice in gen.choices:
-            self.metrics.observe(choice.timing(now))
+            if not choice.refused:  # a 400 the engine gave is no served request, as one the server gave
+                self.metrics.observe(choice.timing(now))
 
     def _log(self, gen: Generation, status: int, prompt_text: str | None) -> None:
         now = time.monotonic()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .harness import ServerProcess, post
+from .harness import ServerProcess, metric, post
 
 openai = pytest.importorskip("openai")
 
@@ -170,3 +170,15 @@ def test_without_a_tokenizer_text_is_a_400_naming_why(no_tokenizer):
         status, _, raw = post(no_tokenizer.url + path, body)
         assert status == 400 and "this model has no tokenizer (tokenizer.json)" in json.loads(raw)["error"]["message"]
     assert "Traceback" not in no_tokenizer.log()
+
+
+def test_a_request_the_engine_refuses_is_a_400_left_out_of_the_request_metrics(no_tokenizer):
+    # as a 400 of the server's own checks: no finished (aborted) request, no prompt tokens, no latency
+    names = [("vllm:request_success_total", {"finished_reason": "abort"}), ("vllm:request_prompt_tokens_count", {}),
+             ("vllm:request_prompt_tokens_sum", {}), ("vllm:e2e_request_latency_seconds_count", {}),
+             ("vllm:prompt_tokens_total", {})]
+    before = no_tokenizer.metrics()
+    status, _, raw = post(no_tokenizer.url + "/v1/completions", {"prompt": [1, 2, 3], "stop": ["x"]})
+    assert status == 400 and "stop strings need a tokenizer" in json.loads(raw)["error"]["message"]
+    after = no_tokenizer.metrics()
+    assert [metric(after, n, **labels) - metric(before, n, **labels) for n, labels in names] == [0] * len(names)
