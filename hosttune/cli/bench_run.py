@@ -34,6 +34,9 @@ DEFAULT_SWEEP_SLO = "e2e=2s"  # a sweep finds the highest rate whose E2E P95 sta
 def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, priority, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed, api_key=None, header=(), cacert=None, insecure=False, given=frozenset()) -> None:
     _check_used(given, slo=slo, sweep=sweep, rate=rate, shared_prefix=shared_prefix)
     url = [check_url(u) for u in url]  # every endpoint's URL before the first run, not after it
+    if twice := next((u for i, u in enumerate(url) if u in url[:i]), None):
+        raise BenchError(f"--url {twice} is given twice: give each endpoint once (its two runs would share one name "
+                         "in every report)")
     if (cacert or insecure) and not any(u.startswith("https://") for u in url):
         raise BenchError(f"{'--cacert' if cacert else '--insecure'} is about https certificates, and every --url here is "
                          "http://; leave it out, or give the https:// URL")

@@ -300,6 +300,14 @@ def test_every_url_and_the_out_folder_are_checked_before_the_first_run(tmp_path)
     assert result.output.count("\n") == 1
 
 
+def test_one_endpoint_given_twice_is_a_user_error_not_a_comparison_with_itself():
+    # Port 9 has no server: had a run started, the error would be "cannot reach".
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--url", "http://127.0.0.1:9/", "--users", "1"])
+    assert result.exit_code == 2
+    assert result.output == ("hosttune: --url http://127.0.0.1:9 is given twice: give each endpoint once (its two "
+                             "runs would share one name in every report)\n")
+
+
 @pytest.mark.parametrize("status, body, message", [
     (404, b"File not found", "/v1/models answered 404: not an OpenAI-compatible server?"),
     (200, b"<html>hello</html>", "did not answer an OpenAI model list"),
