@@ -13,7 +13,7 @@ from aiohttp import web
 
 from hosttune_engine import __version__
 from hosttune_engine.server import responses as r
-from hosttune_engine.server.bodies import error_response, json_response, read_body
+from hosttune_engine.server.bodies import error_response, ids_response, json_response, read_body
 from hosttune_engine.server.completions import create_chat_completion, create_completion
 from hosttune_engine.server.api_errors import ApiError
 from hosttune_engine.server.auth import KeyRing, auth_middleware
@@ -87,7 +87,7 @@ async def tokenize(request: web.Request) -> web.Response:
                                         req.add_special_tokens)
     else:
         ids = await prompts.encode(req.prompt, req.add_special_tokens)
-    return json_response({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
+    return await ids_response({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}, "tokens")
 
 
 async def detokenize(request: web.Request) -> web.Response:

@@ -17,6 +17,8 @@ from hosttune_engine.server.responses import dumps, error_body
 from hosttune_engine.server.api_errors import ApiError, bad_request
 
 OFFLOAD_BYTES = 256 * 1024  # bigger bodies are parsed and checked off the event loop
+OFFLOAD_IDS = 20_000  # longer lists of token ids are written off the event loop
+IDS_SLICE = 65_536  # ids written at a time: a few milliseconds, after which the event loop may run
 
 
 async def read_body(request: web.Request, model):
@@ -50,6 +52,23 @@ def _parse(raw: bytes):
 
 def json_response(body: dict, status: int = 200) -> web.Response:
     return web.Response(body=dumps(body), status=status, content_type="application/json")
+
+
+async def ids_response(body: dict, field: str) -> web.Response:
+    """`body` as JSON, where `field` holds token ids. Millions of them take one json.dumps half a second, all of it
+    holding the GIL, so a long list is written on a worker thread a slice at a time, and the loop runs between."""
+    if len(body[field]) < OFFLOAD_IDS:
+        return json_response(body)
+    raw = await asyncio.get_running_loop().run_in_executor(None, _dumps_ids, body, field)
+    return web.Response(body=raw, content_type="application/json")
+
+
+def _dumps_ids(body: dict, field: str) -> bytes:
+    ids = body[field]
+    slices = (",".join(map(str, ids[i:i + IDS_SLICE])) for i in range(0, len(ids), IDS_SLICE))
+    empty = dumps({field: []})[1:-1]  # b'"tokens":[]'
+    head, tail = dumps({**body, field: []}).split(empty, 1)
+    return head + empty[:-1] + ",".join(slices).encode() + b"]" + tail
 
 
 def error_response(err: ApiError, headers: dict | None = None) -> web.Response:

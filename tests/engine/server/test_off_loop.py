@@ -1,7 +1,8 @@
-"""Work that grows with a request (a chat to render, ids to decode) runs off the event loop, so the server keeps
+"""Work that grows with a request (a chat to render, ids to decode or write) runs off the event loop, so the server keeps
 answering /health, 429s and other streams meanwhile. Measured as the loop's longest pause while the work runs."""
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -45,3 +46,13 @@ def test_millions_of_ids_are_decoded_while_the_loop_keeps_running(builder):
     ids = builder.tokenizer.encode("hello there friend " * 100)[:300] * 7_000  # 2.1 M ids
     longest, seconds = asyncio.run(_longest_pause(builder.decode(ids)))
     assert longest < seconds / 4, (longest, seconds)
+
+
+def test_millions_of_ids_are_written_while_the_loop_keeps_running():
+    from hosttune_engine.server.bodies import ids_response
+
+    ids = list(range(1000, 3000)) * 1_000  # 2 M ids, a /tokenize answer to a few MB of text
+    longest, seconds = asyncio.run(_longest_pause(ids_response({"tokens": ids, "count": len(ids)}, "tokens")))
+    assert longest < seconds / 4, (longest, seconds)
+    body = {"tokens": ids[:200_000], "count": 200_000, "max_model_len": 1024}  # written in slices too
+    assert asyncio.run(ids_response(body, "tokens")).body == json.dumps(body, separators=(",", ":")).encode()
