@@ -52,20 +52,20 @@ def test_max_tokens_and_stop_token_ids(llm):
     assert kept.text == llm.generate([ids], greedy(first + 1))[0].text != out.text
 
 
-def test_an_end_token_of_generation_config_is_its_stop_reason_the_tokenizers_eos_none(tiny_models, tmp_path):
+def test_an_end_token_of_generation_config_is_its_stop_reason_the_tokenizers_eos_none(llm, tiny_models, tmp_path):
     # as vLLM: generation_config's eos_token_id, less the tokenizer's EOS, joins each request's stop_token_ids
     ids = prompt_ids(6, 6)
-    full = LLM(str(tiny_models["qwen2"])).generate([ids], greedy(10))[0].token_ids
+    full = llm.generate([ids], greedy(10))[0].token_ids
     for f in tiny_models["qwen2"].iterdir():
         if f.name != "generation_config.json":
             (tmp_path / f.name).symlink_to(f)
     (tmp_path / "generation_config.json").write_text(f'{{"eos_token_id": [2, {full[2]}]}}')
-    llm = LLM(str(tmp_path))
-    assert llm.engine.scheduler.eos_token_ids == {llm.engine.tokenizer.eos_token_id} == {2}
-    out = llm.generate([ids], SamplingParams(temperature=0, max_tokens=10))[0]
+    ends = LLM(str(tmp_path))
+    assert ends.engine.scheduler.eos_token_ids == {ends.engine.tokenizer.eos_token_id} == {2}
+    out = ends.generate([ids], SamplingParams(temperature=0, max_tokens=10))[0]
     first = full.index(full[2])
     assert out.token_ids == full[: first + 1] and (out.finish_reason, out.stop_reason) == ("stop", full[2])
-    assert llm.generate([ids], greedy(10))[0].token_ids == full  # ignore_eos ignores it too
+    assert ends.generate([ids], greedy(10))[0].token_ids == full  # ignore_eos ignores it too
 
 
 def test_stop_strings_cut_the_text(llm):

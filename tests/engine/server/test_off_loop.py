@@ -1,5 +1,6 @@
-"""Work that grows with a request (a chat to render, ids to decode or write) runs off the event loop, so the server keeps
-answering /health, 429s and other streams meanwhile. Measured as the loop's longest pause while the work runs."""
+"""Work that grows with a request (a chat to render, ids to decode or write) runs off the event loop, so the
+server keeps answering /health, 429s and other streams meanwhile. Measured as the loop's longest pause while the
+work runs."""
 
 import asyncio
 import json
