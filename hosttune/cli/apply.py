@@ -12,7 +12,8 @@ from hosttune.plan import render as plan_render
 from hosttune.plan.host_plan import HostPlan
 from hosttune.cli.app import app
 from hosttune.cli.common import (ROOT_INSTEAD, AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt,
-                                 check_writable, emit, go_ahead, load, named, only, plural, user_errors)
+                                 check_writable, emit, go_ahead, load, named, only, path_option, plural,
+                                 user_errors)
 from hosttune.cli.progress import Progress
 from hosttune.execute import recap
 from hosttune.errors import HosttuneError
@@ -47,7 +48,7 @@ def apply(
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
     fmt: Output = typer.Option(Output.text, "--format", help="Plan and recap as text or JSON (with --yes, the recap alone)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file (-: standard output)."),
+    output: Optional[Path] = path_option(None, "--output", "-o", help="Write the report to this file (-: standard output)."),
 ) -> None:
     """Fix what `hosttune check` reports: plan per host, confirm once, then change hosts with backups and a journal.
 
@@ -141,7 +142,7 @@ def rollback(
 def verify(
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,
-    junit_xml: Optional[Path] = typer.Option(None, "--junit-xml", help="Write a JUnit XML report here."),
+    junit_xml: Optional[Path] = path_option(None, "--junit-xml", help="Write a JUnit XML report here."),
     accept_new_host_keys: bool = AcceptKeysOpt,
     pytest_args: Optional[List[str]] = typer.Argument(None, help="Extra pytest arguments (after --)."),
 ) -> None:

@@ -9,7 +9,7 @@ import typer
 
 from hosttune.bench.extra import require_bench_extra
 from hosttune.cli.app import app
-from hosttune.cli.common import user_errors
+from hosttune.cli.common import path_option, user_errors
 
 
 @app.command()
@@ -25,17 +25,17 @@ def bench(
     warmup: Optional[str] = typer.Option(None, "--warmup", help="Requests sent in this first period are not measured (default 10s; with --trace 0s)."),
     prompts: str = typer.Option("chat-docs", "--prompts", help="Prompt length distribution: N, uniform:A-B, normal:MEAN,SIGMA[,MIN-MAX], mix:..., chat-docs, jsonl:PATH."),
     max_tokens: str = typer.Option("512", "--max-tokens", help="Output length distribution, same syntax (jsonl field output_tokens)."),
-    dataset: Optional[Path] = typer.Option(None, "--dataset", help="Prompts from a file: ShareGPT JSON, or JSONL of {\"prompt\"} or {\"messages\"} (optional \"output_tokens\")."),
+    dataset: Optional[Path] = path_option(None, "--dataset", help="Prompts from a file: ShareGPT JSON, or JSONL of {\"prompt\"} or {\"messages\"} (optional \"output_tokens\")."),
     shared_prefix: Optional[str] = typer.Option(None, "--shared-prefix", help="NxM: N system prompts, each shared by M users (closed loop: N*M users)."),
     prefix_tokens: int = typer.Option(1024, "--prefix-tokens", help="Length of each shared system prompt, tokens."),
     turns: Optional[int] = typer.Option(None, "--turns", help="Multi-turn conversations: each user's history (with the real answers) grows for this many turns."),
-    trace: Optional[Path] = typer.Option(None, "--trace", help="Replay a JSONL trace of arrival (s) or timestamp (ms), input_length, output_length."),
+    trace: Optional[Path] = path_option(None, "--trace", help="Replay a JSONL trace of arrival (s) or timestamp (ms), input_length, output_length."),
     max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", help="With --rate or --trace: at most this many requests in flight; later arrivals wait."),
     metrics_interval: str = typer.Option("1s", "--metrics-interval", help="Sample the server's /metrics this often (0: never)."),
     priority: Optional[int] = typer.Option(None, "--priority", help="Send this priority with every request (lower runs first, as in vLLM)."),
     api: str = typer.Option("completions", "--api", help="completions (/v1/completions) or chat (/v1/chat/completions)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name to send (default: the first one /v1/models lists)."),
-    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="tokenizer.json (or its folder) to make prompt lengths exact, when the target has no /tokenize."),
+    tokenizer: Optional[Path] = path_option(None, "--tokenizer", help="tokenizer.json (or its folder) to make prompt lengths exact, when the target has no /tokenize."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Limits, e.g. ttft=500ms,tpot=50ms,e2e=2s: goodput, the SLO verdict and the sweep use them."),
     slo_percentile: float = typer.Option(95, "--slo-percentile", help="Percentile the SLO limits apply to: 50, 90, 95 or 99."),
     max_error_rate: float = typer.Option(0.01, "--max-error-rate", help="Largest share of failed or rejected requests the SLO allows."),
@@ -44,14 +44,14 @@ def bench(
     sweep_max: float = typer.Option(10_000.0, "--sweep-max", help="Highest rate the sweep tries."),
     sweep_growth: float = typer.Option(2.0, "--sweep-growth", help="Rate factor between steps until the SLO breaks."),
     sweep_precision: float = typer.Option(0.05, "--sweep-precision", help="Stop when the bracket is this narrow (fraction)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Folder for results.json, report.md, CSV files and PNG plots; made, and checked writable, before the run. It holds one run: result files an earlier run left there that this run does not write are removed (other files stay)."),
+    out: Optional[Path] = path_option(None, "--out", help="Folder for results.json, report.md, CSV files and PNG plots; made, and checked writable, before the run. It holds one run: result files an earlier run left there that this run does not write are removed (other files stay)."),
     ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Ask for exactly --max-tokens tokens (vLLM/SGLang/hosttune extension)."),
     timeout: str = typer.Option("10m", "--timeout", help="Longest a single request may take."),
     max_client_lag: str = typer.Option("5ms", "--max-client-lag", help="Flag the run when the client's P99 lag exceeds this."),
     seed: int = typer.Option(0, "--seed", help="Seed for lengths, prompts and arrivals."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help="Sent as 'Authorization: Bearer KEY'; redacted in printed and saved command lines."),
     header: Optional[List[str]] = typer.Option(None, "--header", help="NAME=VALUE, an extra request header; repeatable for other names (a name given twice is an error: join a list's values with commas in one); its value is redacted in reports."),
-    cacert: Optional[Path] = typer.Option(None, "--cacert", help="https: trust the CA certificates in this PEM file (a private CA) instead of the system's."),
+    cacert: Optional[Path] = path_option(None, "--cacert", help="https: trust the CA certificates in this PEM file (a private CA) instead of the system's."),
     insecure: bool = typer.Option(False, "--insecure", help="https: check no certificate at all (a test endpoint only)."),
 ) -> None:
     """Load-test OpenAI-compatible endpoints the way production traffic does.

@@ -14,7 +14,7 @@ from hosttune.build.errors import BuildError
 from hosttune.build.plan import BuildOptions
 from hosttune.build.wheelhouse import default_wheelhouse
 from hosttune.cli.app import app
-from hosttune.cli.common import AcceptKeysOpt, InventoryOpt, LimitOpt, load, user_errors
+from hosttune.cli.common import AcceptKeysOpt, InventoryOpt, LimitOpt, load, path_option, user_errors
 from hosttune.cli.progress import Progress
 
 
@@ -24,7 +24,7 @@ class Engine(str, Enum):
     sglang = "sglang"
 
 
-WheelhouseOpt = typer.Option(None, "--wheelhouse", "-w", help="Wheelhouse folder (default: ~/.cache/hosttune/wheelhouse).")
+WheelhouseOpt = path_option(None, "--wheelhouse", "-w", help="Wheelhouse folder (default: ~/.cache/hosttune/wheelhouse).")
 
 
 @app.command()

@@ -15,7 +15,7 @@ from hosttune.actions import ACTIONS
 from hosttune.checks import get_check
 from hosttune.cli.app import app
 from hosttune.cli.common import (AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, check_writable, color_for, emit, load,
-                                 user_errors)
+                                 path_option, user_errors)
 from hosttune.cli.progress import Progress
 from hosttune.fleet import HostReport, check_fleet
 from hosttune.fleet_runner import exit_code
@@ -37,7 +37,7 @@ def check(
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,
     fmt: Format = typer.Option(Format.table, "--format", help="Report format."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file (-: standard output)."),
+    output: Optional[Path] = path_option(None, "--output", "-o", help="Write the report to this file (-: standard output)."),
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Table: each not-applicable check on its own line, in order, with its reason (default: one line per reason)."),
@@ -68,7 +68,7 @@ def check(
 def facts(
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the JSON to this file (-: standard output)."),
+    output: Optional[Path] = path_option(None, "--output", "-o", help="Write the JSON to this file (-: standard output)."),
     forks: int = ForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
 ) -> None:

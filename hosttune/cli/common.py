@@ -10,7 +10,7 @@ import time
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -18,7 +18,19 @@ from hosttune.errors import HosttuneError
 from hosttune.fleet_runner import EXIT_ERROR
 from hosttune.config.inventory import Inventory, load_inventory, local_inventory
 
-InventoryOpt = typer.Option(None, "--inventory", "-i", help="Inventory YAML (default: this machine over the local transport).")
+def given_path(value: str | Path) -> Path:
+    """A path option's value: an empty one (an unset shell variable) is an error, never the current folder."""
+    if not str(value).strip():
+        raise typer.BadParameter(f"{str(value)!r} names no path: give one, or leave the option out")
+    return Path(value)
+
+
+def path_option(default: Any, *decls: str, help: str) -> typer.models.OptionInfo:  # noqa: A002 - typer's name
+    """A file or folder option that refuses an empty value (typer would read it as ".")."""
+    return typer.Option(default, *decls, parser=given_path, metavar="<path>", help=help)
+
+
+InventoryOpt = path_option(None, "--inventory", "-i", help="Inventory YAML (default: this machine over the local transport).")
 LimitOpt = typer.Option(None, "--limit", "-l", help="Only these hosts or groups (comma-separated globs).")
 ForksOpt = typer.Option(50, "--forks", "-f", min=1, help="Hosts probed in parallel.")
 ReadForksOpt = typer.Option(50, "--forks", "-f", min=1, help="Hosts read in parallel.")  # commands that never probe

@@ -11,8 +11,8 @@ import typer
 from hosttune.build.wheelhouse import default_wheelhouse
 from hosttune.cli.app import app
 from hosttune.cli.build import Engine, WheelhouseOpt
-from hosttune.cli.common import (AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt, go_ahead, load, only, plural,
-                                 user_errors)
+from hosttune.cli.common import (AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt, go_ahead, load, only, path_option,
+                                 plural, user_errors)
 from hosttune.cli.progress import Progress
 from hosttune.deploy import recap
 from hosttune.deploy.balancer import check_balancers, plan_lines, upstreams, write_upstreams
@@ -60,8 +60,8 @@ def deploy(
     warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warmup requests before the gate (default: the inventory's deploy.warmup, else 3)."),
     health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1, help="Seconds for the service to load and report healthy (default: the inventory's deploy.health_timeout, else 600)."),
     gate_timeout: Optional[float] = typer.Option(None, "--gate-timeout", min=1, help="Seconds the one-token generation may take (default: the inventory's deploy.gate_timeout, else 60)."),
-    nginx_dir: Path = typer.Option(Path("hosttune-nginx"), "--nginx-dir", help="Where each group of several hosts gets its balancer: hosttune-GROUP.conf for nginx (and, with --router, the router's unit and scripts)."),
-    keys_dir: Path = typer.Option(Path("hosttune-keys"), "--keys-dir", help="Where a group with deploy.api_key: true keeps its generated key (GROUP.key, mode 0600; made by the first deploy, not by --dry-run)."),
+    nginx_dir: Path = path_option(Path("hosttune-nginx"), "--nginx-dir", help="Where each group of several hosts gets its balancer: hosttune-GROUP.conf for nginx (and, with --router, the router's unit and scripts)."),
+    keys_dir: Path = path_option(Path("hosttune-keys"), "--keys-dir", help="Where a group with deploy.api_key: true keeps its generated key (GROUP.key, mode 0600; made by the first deploy, not by --dry-run)."),
     tune: float = typer.Option(0, "--tune", min=0, help="Seconds the bundled engine (--engine custom) may tune its kernels on each host before its release starts; skipped where the host's GPU, driver and Triton already have a table (0: no tune step)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each host's release and operations; change nothing."),
     yes: bool = YesOpt,

@@ -14,7 +14,7 @@ import typer
 from hosttune.checks.service_monitor import ACTIVE_TIMER, METRICS_FILES, STATUS_DIR, STATUS_FILES, TIMER
 from hosttune.cli.app import app
 from hosttune.cli.common import (AcceptKeysOpt, InventoryOpt, LimitOpt, ReadForksOpt, check_writable, emit, load,
-                                 user_errors, why_not_written)
+                                 path_option, user_errors, why_not_written)
 from hosttune.cli.progress import Progress
 from hosttune.errors import HosttuneError
 from hosttune.fleet_runner import exit_code
@@ -36,7 +36,7 @@ def status(
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,
     fmt: StatusFormat = typer.Option(StatusFormat.table, "--format", help="Report format."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
+    output: Optional[Path] = path_option(None, "--output", "-o", help="Write the report to this file."),
     forks: int = ReadForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
 ) -> None:
@@ -84,10 +84,10 @@ def write_each(files: dict[Path, str]) -> None:
 @app.command()
 @user_errors
 def monitor(
-    profile: Path = typer.Option(..., "--profile", help="The host's profile (apply writes /etc/hosttune/monitor/profile.yaml)."),
-    textfile_dir: Path = typer.Option(..., "--textfile-dir", help="node_exporter's textfile collector directory."),
+    profile: Path = path_option(..., "--profile", help="The host's profile (apply writes /etc/hosttune/monitor/profile.yaml)."),
+    textfile_dir: Path = path_option(..., "--textfile-dir", help="node_exporter's textfile collector directory."),
     active: bool = typer.Option(False, "--active", help="The bounded active pass: GPU load, DCGM's quick diagnostic (refused where the profile's monitor.active_interval_s is null)."),
-    status_dir: Path = typer.Option(Path(STATUS_DIR), "--status-dir", help="Where the status files go; hosttune status reads them only from the default."),
+    status_dir: Path = path_option(Path(STATUS_DIR), "--status-dir", help="Where the status files go; hosttune status reads them only from the default."),
 ) -> None:
     """Check this host once and write its metrics and status file (what apply's monitor timers run).
 

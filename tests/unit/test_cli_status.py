@@ -178,5 +178,10 @@ def test_a_monitor_folder_that_is_not_absolute_is_refused_before_the_pass(tmp_pa
     args = {"--textfile-dir": str(tmp_path / "tf"), "--status-dir": str(tmp_path / "st"), option: ""}
     result = runner.invoke(app, ["monitor", "--profile", str(PLAYBOOK), *(v for kv in args.items() for v in kv)])
     assert result.exit_code == 2 and list(tmp_path.iterdir()) == []
-    assert result.stderr.strip() == (f"hosttune: {option} '.' is not an absolute folder: give the full path "
+    assert result.stderr.strip() == (f"hosttune monitor: {option}: '' names no path: give one, or leave the option out "
+                                      "(see hosttune monitor --help)")
+    args[option] = "relative"
+    result = runner.invoke(app, ["monitor", "--profile", str(PLAYBOOK), *(v for kv in args.items() for v in kv)])
+    assert result.exit_code == 2 and list(tmp_path.iterdir()) == []
+    assert result.stderr.strip() == (f"hosttune: {option} 'relative' is not an absolute folder: give the full path "
                                       "(the timers apply installs do)")

@@ -55,3 +55,23 @@ def test_the_installed_entry_point_prints_the_same_line():
     assert result.returncode == EXIT_ERROR and result.stdout == ""
     assert result.stderr == ("hosttune deploy: --port 70000: input should be less than or equal to 65535 "
                              "(see hosttune deploy --help)\n")
+
+
+@pytest.mark.parametrize("args", [
+    ["build", "--engine", "custom", "--dry-run", "--wheelhouse", ""],
+    ["deploy", "--dry-run", "--keys-dir", ""],
+    ["deploy", "--dry-run", "--nginx-dir", " "],
+    ["bench", "--url", "http://127.0.0.1:9", "--requests", "1", "--out", ""],
+    ["check", "--inventory", ""],
+    ["facts", "--output", ""],
+    ["verify", "--junit-xml", ""],
+])
+def test_an_empty_path_is_refused_in_one_line_never_taken_for_the_current_folder(args, tmp_path, monkeypatch):
+    """`--out "$DIR"` with DIR unset must not write (or clear result files) where the command happens to run."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, args)
+    option = next(a for a in args if a.startswith("-") and args[args.index(a) + 1].strip() == "")
+    given = args[args.index(option) + 1]
+    assert result.exit_code == EXIT_ERROR and result.stdout == "" and list(tmp_path.iterdir()) == []
+    assert result.stderr == (f"hosttune {args[0]}: {option}: {given!r} names no path: give one, or leave the option "
+                             f"out (see hosttune {args[0]} --help)\n")
