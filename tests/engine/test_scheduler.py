@@ -95,6 +95,17 @@ def test_eos_and_stop_tokens_finish():
     assert not c.is_finished
 
 
+def test_eos_named_in_stop_token_ids_still_ends_with_no_stop_reason_unless_eos_is_ignored():
+    # vLLM checks EOS before the request's stop tokens: a client that lists EOS among them still gets null
+    s = make()
+    a = Sequence("a", [1, 2], SamplingParams(max_tokens=10, stop_token_ids=[9, 0]))
+    b = Sequence("b", [1, 2], SamplingParams(max_tokens=10, stop_token_ids=[9, 0], ignore_eos=True))
+    s.add(a)
+    s.add(b)
+    s.postprocess(s.schedule(), [0, 0])
+    assert (a.finish_reason, a.stop_reason) == ("stop", None) and (b.finish_reason, b.stop_reason) == ("stop", 0)
+
+
 def test_the_models_other_end_tokens_stop_with_their_id_unless_eos_is_ignored():
     # vLLM merges generation_config's end tokens, all but the tokenizer's EOS, into the request's stop_token_ids
     s = Scheduler(SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=256),

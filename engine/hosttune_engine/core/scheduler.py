@@ -354,15 +354,19 @@ class Scheduler:
         return advanced
 
     def _token_stop_reason(self, seq: Sequence, token: int) -> str | None:
-        params = seq.sampling
-        if self._is_stop_token(seq, token):
-            return "stop"
-        if token in self.eos_token_ids and not params.ignore_eos:
+        if self._is_eos(seq, token) or self._is_stop_token(seq, token):
             return "stop"
         return "length" if self._reaches_length(seq, len(seq.token_ids)) else None
 
+    def _is_eos(self, seq: Sequence, token: int) -> bool:
+        return token in self.eos_token_ids and not seq.sampling.ignore_eos
+
     def _is_stop_token(self, seq: Sequence, token: int) -> bool:
+        """A stop token, the sequence's stop_reason: as vLLM, EOS is checked first, so one the request lists among
+        its stop_token_ids still ends it with none."""
         params = seq.sampling
+        if self._is_eos(seq, token):
+            return False
         return token in params.stop_token_ids or (token in self.eos_stop_token_ids and not params.ignore_eos)
 
     def finish(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
