@@ -9,7 +9,7 @@ import typer
 
 from hosttune.bench.extra import require_bench_extra
 from hosttune.cli.app import app
-from hosttune.cli.common import path_option, user_errors
+from hosttune.cli.common import path_option, text_option, user_errors
 
 
 @app.command()
@@ -22,11 +22,11 @@ def bench(
     burstiness: float = typer.Option(1.0, "--burstiness", help="Gamma shape of arrival gaps: 1 Poisson, <1 burstier, >1 steadier."),
     duration: Optional[str] = typer.Option(None, "--duration", help="Measured time after the warm-up, e.g. 10m (default 60s; a sweep's step: 30s)."),
     requests: Optional[int] = typer.Option(None, "--requests", help="Measured requests after the warm-up, instead of --duration."),
-    warmup: Optional[str] = typer.Option(None, "--warmup", help="Requests sent in this first period are not measured (default 10s; with --trace 0s)."),
+    warmup: Optional[str] = text_option(None, "--warmup", help="Requests sent in this first period are not measured (default 10s; with --trace 0s)."),
     prompts: str = typer.Option("chat-docs", "--prompts", help="Prompt length distribution: N, uniform:A-B, normal:MEAN,SIGMA[,MIN-MAX], mix:..., chat-docs, jsonl:PATH."),
     max_tokens: str = typer.Option("512", "--max-tokens", help="Output length distribution, same syntax (jsonl field output_tokens)."),
     dataset: Optional[Path] = path_option(None, "--dataset", help="Prompts from a file: ShareGPT JSON, or JSONL of {\"prompt\"} or {\"messages\"} (optional \"output_tokens\")."),
-    shared_prefix: Optional[str] = typer.Option(None, "--shared-prefix", help="NxM: N system prompts, each shared by M users (closed loop: N*M users)."),
+    shared_prefix: Optional[str] = text_option(None, "--shared-prefix", help="NxM: N system prompts, each shared by M users (closed loop: N*M users)."),
     prefix_tokens: int = typer.Option(1024, "--prefix-tokens", help="Length of each shared system prompt, tokens."),
     turns: Optional[int] = typer.Option(None, "--turns", help="Multi-turn conversations: each user's history (with the real answers) grows for this many turns."),
     trace: Optional[Path] = path_option(None, "--trace", help="Replay a JSONL trace of arrival (s) or timestamp (ms), input_length, output_length."),
@@ -34,7 +34,7 @@ def bench(
     metrics_interval: str = typer.Option("1s", "--metrics-interval", help="Sample the server's /metrics this often (0: never)."),
     priority: Optional[int] = typer.Option(None, "--priority", help="Send this priority with every request (lower runs first, as in vLLM)."),
     api: str = typer.Option("completions", "--api", help="completions (/v1/completions) or chat (/v1/chat/completions)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model name to send (default: the first one /v1/models lists)."),
+    model: Optional[str] = text_option(None, "--model", help="Model name to send (default: the first one /v1/models lists)."),
     tokenizer: Optional[Path] = path_option(None, "--tokenizer", help="tokenizer.json (or its folder) to make prompt lengths exact, when the target has no /tokenize."),
     slo: Optional[str] = typer.Option(None, "--slo", help="Limits, e.g. ttft=500ms,tpot=50ms,e2e=2s: goodput, the SLO verdict and the sweep use them."),
     slo_percentile: float = typer.Option(95, "--slo-percentile", help="Percentile the SLO limits apply to: 50, 90, 95 or 99."),

@@ -14,7 +14,7 @@ from hosttune.build.errors import BuildError
 from hosttune.build.plan import BuildOptions
 from hosttune.build.wheelhouse import default_wheelhouse
 from hosttune.cli.app import app
-from hosttune.cli.common import AcceptKeysOpt, InventoryOpt, LimitOpt, load, path_option, user_errors
+from hosttune.cli.common import AcceptKeysOpt, InventoryOpt, LimitOpt, load, path_option, text_option, user_errors
 from hosttune.cli.progress import Progress
 
 
@@ -31,18 +31,18 @@ WheelhouseOpt = path_option(None, "--wheelhouse", "-w", help="Wheelhouse folder 
 @user_errors
 def build(
     engine: Engine = typer.Option(..., "--engine", "-e", help="custom (engine/ of this checkout), vllm or sglang."),
-    ref: Optional[str] = typer.Option(None, "--ref", help="Tag, branch or commit to build (default: the preset's pin; custom: the working tree)."),
-    source: Optional[str] = typer.Option(None, "--source", help="Source repository, a path or git URL (default: the preset's)."),
+    ref: Optional[str] = text_option(None, "--ref", help="Tag, branch or commit to build (default: the preset's pin; custom: the working tree)."),
+    source: Optional[str] = text_option(None, "--source", help="Source repository, a path or git URL (default: the preset's)."),
     arch: str = typer.Option("auto", "--arch", help="CUDA archs, e.g. 8.0,9.0; auto: the GPUs the inventory's hosts report (vllm, sglang; custom is pure Python: Triton compiles on the host)."),
     wheelhouse: Optional[Path] = WheelhouseOpt,
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
-    python: Optional[str] = typer.Option(None, "--python", help="Build for this interpreter (default: the one running hosttune)."),
+    python: Optional[str] = text_option(None, "--python", help="Build for this interpreter (default: the one running hosttune)."),
     deps: bool = typer.Option(False, "--deps", help="Also download the dependency wheels, for hosts without a package index."),
     constraint: Optional[Path] = typer.Option(None, "--constraint", "-c", exists=True, dir_okay=False, help="pip constraints for the dependency download (with --deps)."),
     build_isolation: bool = typer.Option(True, "--build-isolation/--no-build-isolation", help="Build against pip's isolated build requirements (default) or the build Python's own packages."),
-    cuobjdump: Optional[str] = typer.Option(None, "--cuobjdump", help="The cuobjdump that checks the machine code (default: PATH, CUDA, then Triton's)."),
+    cuobjdump: Optional[str] = text_option(None, "--cuobjdump", help="The cuobjdump that checks the machine code (default: PATH, CUDA, then Triton's)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the build plan (commands and environment), or the cached entry a build would reuse, and build nothing."),
 ) -> None:
     """Build an engine's wheels for the fleet's GPUs; a second build with the same key is a cache hit.

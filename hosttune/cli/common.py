@@ -30,6 +30,18 @@ def path_option(default: Any, *decls: str, help: str) -> typer.models.OptionInfo
     return typer.Option(default, *decls, parser=given_path, metavar="<path>", help=help)
 
 
+def given_text(value: str) -> str:
+    """An option's value where empty means nothing (an unset shell variable): an error, never the default."""
+    if not value.strip():
+        raise typer.BadParameter(f"{value!r} names nothing: give a value, or leave the option out")
+    return value
+
+
+def text_option(default: Any, *decls: str, help: str) -> typer.models.OptionInfo:  # noqa: A002 - typer's name
+    """A text option that refuses an empty value rather than falling back to its default."""
+    return typer.Option(default, *decls, parser=given_text, metavar="<str>", help=help)
+
+
 InventoryOpt = path_option(None, "--inventory", "-i", help="Inventory YAML (default: this machine over the local transport).")
 LimitOpt = typer.Option(None, "--limit", "-l", help="Only these hosts or groups (comma-separated globs).")
 ForksOpt = typer.Option(50, "--forks", "-f", min=1, help="Hosts probed in parallel.")

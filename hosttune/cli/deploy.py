@@ -12,7 +12,7 @@ from hosttune.build.wheelhouse import default_wheelhouse
 from hosttune.cli.app import app
 from hosttune.cli.build import Engine, WheelhouseOpt
 from hosttune.cli.common import (AcceptKeysOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt, go_ahead, load, only, path_option,
-                                 plural, user_errors)
+                                 plural, text_option, user_errors)
 from hosttune.cli.progress import Progress
 from hosttune.deploy import recap
 from hosttune.deploy.balancer import check_balancers, plan_lines, upstreams, write_upstreams
@@ -39,7 +39,7 @@ def deploy(
     engine: Optional[Engine] = typer.Option(None, "--engine", "-e", help="custom, vllm or sglang, built first with hosttune build (default: the inventory's deploy.engine, else what the host serves)."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU indices for the service, e.g. 0-3 (default: the inventory's gpus, all)."),
     tensor_parallel: Optional[int] = typer.Option(None, "--tensor-parallel", "--tp", min=1, help="GPUs per replica (default: the inventory's deploy.tensor_parallel, else what the host serves, else the smallest TP that divides the model's heads and fits its weights)."),
-    replicas: Optional[str] = typer.Option(None, "--replicas", help="Replicas per host: per-gpu (as many as the GPUs hold at that TP) or a number (default: the inventory's deploy.replicas, else what the host serves, else per-gpu)."),
+    replicas: Optional[str] = text_option(None, "--replicas", help="Replicas per host: per-gpu (as many as the GPUs hold at that TP) or a number (default: the inventory's deploy.replicas, else what the host serves, else per-gpu)."),
     replicas_per_gpu: Optional[int] = typer.Option(None, "--replicas-per-gpu", min=1, help="Replicas sharing each GPU (each group of TP GPUs), each given that fraction of the engine's memory flag, e.g. 4 small-model replicas on one GPU (default: the inventory's deploy.replicas_per_gpu, else what the host serves, else 1)."),
     session_affinity: Optional[bool] = typer.Option(None, "--session-affinity/--no-session-affinity", help="Host-local nginx: one X-Session-Id keeps its replica (default: the inventory's deploy.session_affinity)."),
     router: Optional[bool] = typer.Option(None, "--router/--no-router", help="Several replicas: a prefix router between the host's nginx and them, so requests that share a prefix reach the replica holding it; a group of several hosts in plain HTTP gets one in front of its hosts too, written to --nginx-dir (default: the inventory's deploy.router)."),
@@ -50,13 +50,13 @@ def deploy(
     serial: Optional[int] = typer.Option(None, "--serial", min=1, help="Hosts per batch (default: all at once)."),
     max_fail_percent: Optional[float] = typer.Option(None, "--max-fail-percent", min=0, max=100, help="Stop starting batches once more than this share of hosts failed (default: no limit; needs --serial)."),
     canary: int = typer.Option(0, "--canary", min=0, help="Deploy the first N hosts first; the rest only when they succeed (and meet --canary-slo)."),
-    canary_slo: Optional[str] = typer.Option(None, "--canary-slo", help="With --canary: a hosttune bench against each canary (needs the bench extra), e.g. e2e=2s,ttft=500ms; a miss stops the rollout."),
+    canary_slo: Optional[str] = text_option(None, "--canary-slo", help="With --canary: a hosttune bench against each canary (needs the bench extra), e.g. e2e=2s,ttft=500ms; a miss stops the rollout."),
     canary_rate: float = typer.Option(1.0, "--canary-rate", min=0.01, help="Requests per second of the canary bench."),
     canary_duration: str = typer.Option("30s", "--canary-duration", help="How long the canary bench runs."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="FLAG=VALUE for an engine flag, env.NAME=VALUE for the environment; repeatable."),
     rollback: bool = typer.Option(False, "--rollback", help="Make each host's previous release live again, on every host at once (options that shape or batch a deploy are refused with it)."),
     wheelhouse: Optional[Path] = WheelhouseOpt,
-    ref: Optional[str] = typer.Option(None, "--ref", help="Deploy the wheels built from this ref (default: the newest build)."),
+    ref: Optional[str] = text_option(None, "--ref", help="Deploy the wheels built from this ref (default: the newest build)."),
     warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warmup requests before the gate (default: the inventory's deploy.warmup, else 3)."),
     health_timeout: Optional[float] = typer.Option(None, "--health-timeout", min=1, help="Seconds for the service to load and report healthy (default: the inventory's deploy.health_timeout, else 600)."),
     gate_timeout: Optional[float] = typer.Option(None, "--gate-timeout", min=1, help="Seconds the one-token generation may take (default: the inventory's deploy.gate_timeout, else 60)."),

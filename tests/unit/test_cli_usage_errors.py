@@ -75,3 +75,25 @@ def test_an_empty_path_is_refused_in_one_line_never_taken_for_the_current_folder
     assert result.exit_code == EXIT_ERROR and result.stdout == "" and list(tmp_path.iterdir()) == []
     assert result.stderr == (f"hosttune {args[0]}: {option}: {given!r} names no path: give one, or leave the option "
                              f"out (see hosttune {args[0]} --help)\n")
+
+
+@pytest.mark.parametrize("args", [
+    ["deploy", "--dry-run", "--canary", "1", "--canary-slo", ""],
+    ["deploy", "--dry-run", "--ref", ""],
+    ["deploy", "--dry-run", "--replicas", " "],
+    ["build", "--engine", "custom", "--dry-run", "--python", ""],
+    ["build", "--engine", "vllm", "--dry-run", "--arch", "9.0", "--source", ""],
+    ["build", "--engine", "vllm", "--dry-run", "--arch", "9.0", "--ref", ""],
+    ["build", "--engine", "custom", "--dry-run", "--cuobjdump", ""],
+    ["bench", "--url", "http://127.0.0.1:9", "--requests", "1", "--shared-prefix", ""],
+    ["bench", "--url", "http://127.0.0.1:9", "--requests", "1", "--warmup", ""],
+    ["bench", "--url", "http://127.0.0.1:9", "--requests", "1", "--model", ""],
+])
+def test_an_empty_value_is_refused_in_one_line_never_taken_for_the_default(args):
+    """`--canary-slo "$SLO"` with SLO unset must not roll out with no SLO checked, nor `--ref "$REF"` deploy the newest."""
+    result = runner.invoke(app, args)
+    option = next(a for a in args if a.startswith("-") and args[args.index(a) + 1].strip() == "")
+    given = args[args.index(option) + 1]
+    assert result.exit_code == EXIT_ERROR and result.stdout == ""
+    assert result.stderr == (f"hosttune {args[0]}: {option}: {given!r} names nothing: give a value, or leave the option "
+                             f"out (see hosttune {args[0]} --help)\n")
