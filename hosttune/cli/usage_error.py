@@ -35,7 +35,7 @@ def _what(exc: Any) -> str:
     if type(exc) is not click_errors.BadParameter or param is None:
         return exc.format_message()
     given, message = _validation(exc)
-    if given is None or given in message:
+    if given is None or (given and given in message):  # an empty value is in every message, and named nowhere
         return f"{_name(param)}: {message}"
     return f"{_name(param)} {quote(given)}: {_lower_first(message)}"
 

@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
     (["explain"], "hosttune explain: missing argument 'check_id' (see hosttune explain --help)"),
     (["apply", "--forks", "x"], "hosttune apply: --forks x: input should be a valid integer, unable to parse "
                                 "string as an integer (see hosttune apply --help)"),
+    (["apply", "--forks", ""], "hosttune apply: --forks '': input should be a valid integer, unable to parse "
+                               "string as an integer (see hosttune apply --help)"),  # an unset variable, named as given
     (["rollback", "--run"], "hosttune rollback: option '--run' requires an argument (see hosttune rollback --help)"),
     (["check", "--format", "bogus"], "hosttune check: --format: 'bogus' is not one of 'table', 'json', 'junit', "
                                      "'prometheus' (see hosttune check --help)"),
