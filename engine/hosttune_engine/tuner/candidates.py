@@ -96,8 +96,8 @@ def wgmma_gemm(rows: int) -> list[dict]:
     narrow side (8 to 128 a program), 64-256 weight rows (128 on one warpgroup or two), K tiles of one or two
     groups, split K or not (up to eight ways where x's tile is 64 rows or more, whose traffic wants wide weight
     tiles, which leave fewer programs to share K among), the unpacked tile stored to shared memory for the MMA or
-    kept in its registers (REGS: where the accumulator takes at most 64 registers a thread, 32 with split K or
-    256-column tiles, past which ptxas spills), as many tiles in flight as the SM's shared memory holds (per stage
+    kept in its registers (REGS: where the accumulator takes at most 64 registers a thread, 32 with K tiles of 256
+    columns, past which ptxas spills inside the K loop; split K too, whose final sum is a loop after it), as many tiles in flight as the SM's shared memory holds (per stage
     the words and x's, and without REGS the weight tile in bf16; with REGS up to eight where x's tile is small,
     `_stages`). Past 128 rows also one program for all 256 (`_whole_batch`)."""
     block_m = max(8, min(128, 1 << (rows - 1).bit_length()))
@@ -107,7 +107,7 @@ def wgmma_gemm(rows: int) -> list[dict]:
                                (256, 8, 128))
                for regs in (0, 1) for split in _splits(regs, block_m) for stages in _stages(regs, block_m)]
     configs = [c for c in configs if wgmma_shared_bytes(c) <= 220 * 1024 and (not c["REGS"] or (
-        c["BLOCK_N"] * block_m <= (32 if c["SPLIT_K"] > 1 or c["BLOCK_K"] > 128 else 64) * 32 * c["num_warps"]))]
+        c["BLOCK_N"] * block_m <= (32 if c["BLOCK_K"] > 128 else 64) * 32 * c["num_warps"]))]
     return configs + (_whole_batch() if rows > 128 else [])
 
 
