@@ -107,7 +107,7 @@ def deploy_group(hosts: list[Host], request, make_job: Callable) -> list[HostDep
 def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
     group_roles = roles(hosts)
     together = FleetRunner(forks=len(hosts))  # a phase runs on every host of the group at once
-    facts = dict(zip([h.name for h in hosts], together.map(lambda h: _facts_or_loss(transports[h.name]), hosts)))
+    facts = dict(zip([h.name for h in hosts], together.map(lambda h: _facts_or_loss(transports[h.name], h), hosts)))
     lost = [name for name, f in facts.items() if isinstance(f, TransportError)]
     if lost:  # those hosts unreachable; the group's others wait for them, unchanged
         why = f"nothing changed on group {hosts[0].group}: {', '.join(lost)} did not answer"
@@ -142,9 +142,9 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
     return [HostDeploy(j.host, Outcome.DEPLOYED, j.release.id, j.release.id, gate if j is head else None) for j in jobs]
 
 
-def _facts_or_loss(transport):
+def _facts_or_loss(transport, host):
     try:
-        return gather(transport).facts
+        return gather(transport, timeout=host.probe_timeout_s).facts
     except TransportError as exc:
         return exc
 

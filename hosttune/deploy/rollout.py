@@ -172,7 +172,7 @@ def _single(host: Host, request: DeployRequest) -> HostDeploy:
             cordoned = read_cordon(transport)
             if cordoned:  # its front serves nothing: the group balancer leaves it out (serving None)
                 return HostDeploy(host, Outcome.FAILED, error=f"nothing changed: {host.name} is {cordoned}")
-            facts = gather(transport).facts
+            facts = gather(transport, timeout=host.probe_timeout_s).facts
             live = read_live(transport)
             try:
                 wanted = for_host(host, request, live[0] if live else None)

@@ -295,7 +295,7 @@ def test_multinode_starts_ray_head_then_workers_then_the_server(tmp_path, monkey
     log: list = []
     transports = {h.name: ScriptedTransport(h.name, log, ray_nodes=3) for h in hosts}
     monkeypatch.setattr(multinode, "open_transport", lambda spec, **kw: transports[spec.host_name])
-    monkeypatch.setattr(multinode, "gather", lambda t: type("Run", (), {"facts": a100_facts()})())
+    monkeypatch.setattr(multinode, "gather", lambda t, **_: type("Run", (), {"facts": a100_facts()})())
     request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3")
     outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
     assert [o.state for o in outcomes] == ["deployed"] * 3
@@ -316,7 +316,7 @@ def test_a_multinode_group_stops_before_anything_is_sent_when_one_host_cannot_me
     transports = {h.name: ScriptedTransport(h.name, log, ray_nodes=3) for h in hosts}
     transports["node-2"].needs = {"venv:python3.10": "fail:No module named 'ensurepip'", "pkg:python3.10-venv": ""}
     monkeypatch.setattr(multinode, "open_transport", lambda spec, **kw: transports[spec.host_name])
-    monkeypatch.setattr(multinode, "gather", lambda t: type("Run", (), {"facts": a100_facts()})())
+    monkeypatch.setattr(multinode, "gather", lambda t, **_: type("Run", (), {"facts": a100_facts()})())
     outcomes = multinode.deploy_group(hosts, rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3"), rollout.make_job)
     assert [o.state for o in outcomes] == ["failed"] * 3
     assert outcomes[0].error.startswith("nothing changed on group ray: node-2: python3.10 cannot make a virtualenv")
@@ -330,7 +330,7 @@ def test_a_multinode_group_with_a_host_that_does_not_answer_says_which_and_chang
     log: list = []
     transports = {h.name: ScriptedTransport(h.name, log, ray_nodes=3) for h in hosts}
 
-    def gather(transport):
+    def gather(transport, **_):
         if transport is transports["node-1"]:
             raise TransportError("node-1: ssh: connect to host node-1 port 22: Connection timed out")
         return type("Run", (), {"facts": a100_facts()})()
@@ -345,7 +345,7 @@ def test_a_multinode_group_with_a_host_that_does_not_answer_says_which_and_chang
 
 
 def test_cli_refuses_a_host_without_systemd(monkeypatch, tmp_path):
-    monkeypatch.setattr(rollout, "gather", lambda t: type("Run", (), {"facts": h200_facts()})())
+    monkeypatch.setattr(rollout, "gather", lambda t, **_: type("Run", (), {"facts": h200_facts()})())
     result = runner.invoke(app, ["deploy", "--engine", "custom", "--gpus", "0", "--model", "/tmp/none", "-w", str(tmp_path)])
     assert result.exit_code == 2
     assert "nothing changed: localhost: PID 1 is 'process_api', not systemd" in result.stdout
@@ -460,7 +460,7 @@ def test_a_multinode_group_deployed_with_another_engine_serves_host_by_host(tmp_
     ray = type(inv)(tuple(h for h in inv.hosts if h.group == "ray"), "x")
     fake_entry(tmp_path / "wh", "sglang")
     monkeypatch.setattr(rollout, "open_transport", lambda spec, **kw: ScriptedTransport(spec.host_name, []))
-    monkeypatch.setattr(rollout, "gather", lambda t: type("Run", (), {"facts": a100_facts()})())
+    monkeypatch.setattr(rollout, "gather", lambda t, **_: type("Run", (), {"facts": a100_facts()})())
     request = rollout.DeployRequest("sglang", "Qwen/Qwen2.5-7B", tmp_path / "wh", "0", dry_run=True)
     outcomes = rollout.deploy_fleet(ray, request)
     assert [o.state for o in outcomes] == [Outcome.PLANNED] * 3, [o.error for o in outcomes]
@@ -566,3 +566,21 @@ def test_cli_a_dry_run_with_canaries_and_batches_prints_the_rollout_order(monkey
                                  "--serial", "1"])
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[-2:] == ["rollout: the canary localhost first", "plan: deploy to 1 of 1 host"]
+
+
+def test_deploy_probes_each_host_within_the_inventorys_probe_timeout(tmp_path, monkeypatch):
+    """A host whose probe takes 200 s (probe_timeout: 240) is probed by deploy as by check, single or in a group."""
+    inv = inventory(tmp_path)
+    slow = type(inv)(tuple(replace(h, probe_timeout_s=240.0) for h in inv.hosts), "x")
+    seen: dict[str, float] = {}
+
+    def gather(transport, *a, timeout=None, **kw):
+        seen[transport.host_name] = timeout
+        return type("Run", (), {"facts": a100_facts()})()
+
+    for module in (rollout, multinode):
+        monkeypatch.setattr(module, "open_transport", lambda spec, **kw: ScriptedTransport(spec.host_name, []))
+        monkeypatch.setattr(module, "gather", gather)
+    fake_entry(tmp_path / "wh")
+    rollout.deploy_fleet(slow, rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3", dry_run=True))
+    assert seen == {h.name: 240.0 for h in slow.hosts}

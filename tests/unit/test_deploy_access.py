@@ -446,7 +446,7 @@ def test_a_dry_run_makes_no_key_and_an_unwritable_keys_dir_is_one_line(tmp_path,
     inventory = group_inventory(tmp_path, "api_key: true\nlb_plain_http: true\n")
     fake_entry(tmp_path / "wh", "vllm")
     monkeypatch.setattr(rollout, "open_transport", lambda spec, **kw: ScriptedTransport(spec.host_name, []))
-    monkeypatch.setattr(rollout, "gather", lambda t: type("Run", (), {"facts": a100_facts()})())
+    monkeypatch.setattr(rollout, "gather", lambda t, **_: type("Run", (), {"facts": a100_facts()})())
     argv = ["deploy", "-i", str(inventory), "--engine", "vllm", "--model", "Qwen/Qwen2.5-7B", "--gpus", "0",
             "-w", str(tmp_path / "wh"),
             "--keys-dir", str(tmp_path / "keys"), "--dry-run"]

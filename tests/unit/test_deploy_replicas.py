@@ -588,7 +588,7 @@ def test_refusals_only_read_the_host(tmp_path, monkeypatch, model, extra, messag
     log: list = []
     host = inventory(tmp_path).hosts[0]
     monkeypatch.setattr(rollout, "open_transport", lambda spec: ModelHost(spec.host_name, log))
-    monkeypatch.setattr(rollout, "gather", lambda t: type("Run", (), {"facts": a100_facts()})())
+    monkeypatch.setattr(rollout, "gather", lambda t, **_: type("Run", (), {"facts": a100_facts()})())
     fake_entry(tmp_path / "wh", "vllm")
     outcome = rollout._single(host, rollout.DeployRequest("vllm", model, tmp_path / "wh", **extra))
     assert outcome.state == "failed" and outcome.error.startswith("nothing changed: gpu-a: ") and message in outcome.error
