@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import re
 import subprocess
@@ -80,7 +81,7 @@ def ssh_config(hosts: list[Host], control_dir: str, accept_new_host_keys: bool) 
         lines += [
             f"  UserKnownHostsFile {_value(known, 'ssh.known_hosts', host)}",
             f"  StrictHostKeyChecking {'accept-new' if accept_new_host_keys else 'yes'}",
-            "  BatchMode yes", f"  ConnectTimeout {int(c.timeout_s)}", f"  ControlPath {control_dir}/%C",
+            "  BatchMode yes", f"  ConnectTimeout {math.ceil(c.timeout_s)}", f"  ControlPath {control_dir}/%C",
         ]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"

@@ -61,6 +61,12 @@ def _suite():
     return suite
 
 
+def test_a_sub_second_ssh_timeout_is_a_one_second_connect_timeout_not_sshs_none():
+    """ssh reads ConnectTimeout 0 as no timeout of its own (the kernel's, minutes): round up instead."""
+    assert "  ConnectTimeout 1\n" in ssh_config([ssh_host(timeout_s=0.5)], "/tmp/ctl", accept_new_host_keys=False)
+    assert "  ConnectTimeout 3\n" in ssh_config([ssh_host(timeout_s=2.5)], "/tmp/ctl", accept_new_host_keys=False)
+
+
 def test_the_suite_looks_up_commands_on_the_probes_path():
     from hosttune.probes.gather import probe_script
 
