@@ -228,14 +228,18 @@ def test_ctrl_c_ends_a_run_early_and_still_reports_it(server_factory, tmp_path, 
 def test_ctrl_c_ends_an_open_loop_waiting_for_a_far_arrival(server_factory, tmp_path):
     """A trace (or a low rate) may leave minutes between two arrivals: a signal ends the wait at once, not at the
     next arrival."""
-    url = server_factory("--ttft", "0.01", "--itl", "0.001")
+    url = server_factory("--ttft", "0.5", "--itl", "0.001")  # the first request in flight half a second
     trace = tmp_path / "trace.jsonl"
     trace.write_text('{"arrival": 0, "input_length": 8, "output_length": 2}\n'
                      '{"arrival": 600, "input_length": 8, "output_length": 2}\n')
     argv = [sys.executable, "-m", "hosttune", "bench", "--url", url, "--trace", str(trace), "--out", str(tmp_path / "o")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     bench = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(3)  # the first request sent and answered: the run waits for the second
+    deadline = time.monotonic() + 60
+    while _running(url) < 1 and time.monotonic() < deadline and bench.poll() is None:
+        time.sleep(0.05)  # the first request sent (however long the process took to start)
+    while _running(url) > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # and answered: the run waits for the second
     started = time.monotonic()
     bench.send_signal(signal.SIGINT)
     try:

@@ -174,7 +174,10 @@ def test_turning_the_active_pass_off_stops_its_timer_and_takes_its_last_files_aw
 def test_a_stopped_timer_is_stale_and_rollback_takes_the_monitor_away(monitored, live_fleet):
     hosts, inventory, _ = monitored
     a = hosts[0]
-    a.exec("systemctl stop hosttune-monitor.timer")
+    # a regular pass has written its status (whichever tests ran before), and none runs after the timer stops to
+    # write over the one back-dated here
+    wait_for(inventory, lambda f: f["mon-a"]["passes"], 3 * INTERVAL_S)
+    a.exec("systemctl stop hosttune-monitor.timer hosttune-monitor.service")
     status = a.path("/var/lib/hosttune/monitor/status.json")
     doc = json.loads(status.read_text())
     status.write_text(json.dumps({**doc, "when": doc["when"] - 4 * INTERVAL_S - 300}))  # as if the pass stopped then
