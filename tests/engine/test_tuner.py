@@ -2,6 +2,8 @@
 checked and timed, the winners land under the keys the plan reads, and the cached table counts only on the GPU,
 driver and Triton it was tuned on."""
 
+import json
+
 import pytest
 import torch
 
@@ -228,3 +230,20 @@ def test_the_tune_report_writes_each_winner_as_the_plan_prints_configs():
     assert lines[2] == "1 entry tuned in 12 s; table /c/t.json"
     done.table["gemv"]["bfloat16-m2"] = {"BLOCK_N": 16, "num_warps": 4}
     assert report(done, 12.3, "/c/t.json").splitlines()[2] == "2 entries tuned in 12 s; table /c/t.json"
+
+
+def test_the_fp8_gemv_sweep_drops_packed_configs_where_e4m3_is_decoded_by_bits(monkeypatch):
+    """Before compute capability 8.9 every FP8 GEMV decodes its weights by integer operations, which PACKED's
+    inline PTX cannot (it converts e4m3 natively), so a PACKED config runs as the same config without it: the
+    sweep tries each launch once, not twice under two names."""
+    from hosttune_engine.kernels.fp8_gemv import DEFAULT
+    from hosttune_engine.tuner import candidates as cands
+
+    native, seeds = cands.candidates("fp8_gemv", DEFAULT)
+    assert any(c.get("PACKED") for c in native)
+    monkeypatch.setattr(cands, "_e4m3_native", lambda: False)
+    bits, seeds = cands.candidates("fp8_gemv", DEFAULT)
+    assert bits and not any(c.get("PACKED") for c in bits)
+    assert len({json.dumps(c, sort_keys=True) for c in bits}) == len(bits)
+    assert {json.dumps(c, sort_keys=True) for c in bits} == {
+        json.dumps({k: v for k, v in c.items() if k != "PACKED"}, sort_keys=True) for c in native}

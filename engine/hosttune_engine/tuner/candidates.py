@@ -150,7 +150,22 @@ def candidates(kernel: str, default: dict, rows: int = 1) -> tuple[list[dict], i
     if hopper:
         grid = grid + wgmma_gemm(rows)
     seeds = _unique([c for c in shipped_configs(kernel) if hopper or not c.get("WGMMA")] + [default])
+    if kernel == "fp8_gemv" and not _e4m3_native():  # PACKED converts e4m3 natively: without it, the same launch
+        seeds, grid = _unique([_unpacked(c) for c in seeds]), [_unpacked(c) for c in grid]
     return _unique(seeds + grid), len(seeds)
+
+
+def _unpacked(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k != "PACKED"}
+
+
+def _e4m3_native() -> bool:
+    """Whether the GPU the tune runs on compiles e4m3 (the CPU's interpreter converts it too)."""
+    import torch
+
+    from hosttune_engine.kernels.e4m3 import native_e4m3
+
+    return not torch.cuda.is_available() or native_e4m3(torch.device("cuda"))
 
 
 def _hopper_gemm_runs() -> bool:
