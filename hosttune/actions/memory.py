@@ -35,7 +35,7 @@ def thp(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     return [Step(("mm.thp",), f"transparent hugepages {want} now and at boot", ops, notes=notes)]
 
 
-def _overrides_ours(source: str, value: int | None) -> bool:
+def _overrides_ours(source: str, value: int | str | None) -> bool:
     """Would `source` still win over our sysctl.d file? Asks the probe's own parser."""
     if not source or source == SYSCTL_FILE:
         return False
@@ -43,14 +43,22 @@ def _overrides_ours(source: str, value: int | None) -> bool:
     return parse_sysctl_conf(text)[1] == source
 
 
+def _setting_files(facts: Facts) -> tuple[tuple[str, str], ...]:
+    """The sysctl files that set NUMA balancing, with their values; the one that wins at boot among them."""
+    source = facts.numa_balancing_source
+    if not source or source in (path for path, _ in facts.numa_balancing_files):
+        return facts.numa_balancing_files
+    return (*facts.numa_balancing_files, (source, str(facts.numa_balancing_configured)))
+
+
 def numa_balancing(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     """kernel.numa_balancing in /etc/sysctl.d/90-hosttune.conf (a file that would override it is edited) and now."""
     want = int(bool(profile.numa.balancing))
     content = managed_header("NUMA balancing") + f"{NUMA_KEY} = {want}\n"
     ops: tuple = (FileWrite(SYSCTL_FILE, content.encode(), 0o644),)
-    source = facts.numa_balancing_source
-    if facts.numa_balancing_configured != want and _overrides_ours(source, facts.numa_balancing_configured):
-        ops += (CommentOut(source, NUMA_KEY),)
+    if facts.numa_balancing_configured != want:  # every file read after ours that sets another value, not only the last
+        ops += tuple(CommentOut(path, NUMA_KEY) for path, value in _setting_files(facts)
+                     if value != str(want) and _overrides_ours(path, value))
     if facts.numa_balancing is not None and facts.numa_balancing != want:
         ops += (KernelWrite((NUMA_PROC,), str(want)),)
     return [Step(("numa.topology",), f"{NUMA_KEY}={want} now and at boot", ops)]

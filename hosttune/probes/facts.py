@@ -158,6 +158,7 @@ class Facts:
     numa_balancing: int | None = None
     numa_balancing_configured: int | None = None
     numa_balancing_source: str = ""
+    numa_balancing_files: tuple[tuple[str, str], ...] = ()  # (file, value) of each sysctl file a boot reads that sets it, in order
     thp_enabled: str | None = None
     thp_configured: str | None = None
     nvme: tuple[NvmeDevice, ...] = ()

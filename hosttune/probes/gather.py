@@ -126,7 +126,8 @@ def _packages(facts: Facts, sec: Section) -> Facts:
 
 def _sysctl(facts: Facts, sec: Section) -> Facts:
     value, source = system.parse_sysctl_conf(sec.text)
-    return replace(facts, numa_balancing_configured=value, numa_balancing_source=source)
+    return replace(facts, numa_balancing_configured=value, numa_balancing_source=source,
+                   numa_balancing_files=system.sysctl_files(sec.text))
 
 
 def _interrupt_counts(sec: Section) -> dict[int, tuple[int, ...]]:

@@ -160,8 +160,9 @@ def _sysctl_order(path: str) -> tuple[str, int]:
     return (p.name, -rank)
 
 
-def parse_sysctl_conf(text: str, key: str = "kernel.numa_balancing") -> tuple[int | None, str]:
-    """The value a boot will apply for key, and the file that sets it."""
+def sysctl_files(text: str, key: str = "kernel.numa_balancing") -> tuple[tuple[str, str], ...]:
+    """Each file a boot reads that sets key, with the value it sets, in systemd-sysctl's order (the last one wins;
+    a file shadowed by a same-name one in a higher directory is not read)."""
     by_file: dict[str, str] = {}
     for path, line in keyed(text):
         name, sep, value = line.partition("=")
@@ -170,8 +171,13 @@ def parse_sysctl_conf(text: str, key: str = "kernel.numa_balancing") -> tuple[in
     winners: dict[str, str] = {}
     for path in sorted(by_file, key=_sysctl_order, reverse=True):
         winners.setdefault(PurePosixPath(path).name, path)
-    if not winners:
+    return tuple((path, by_file[path]) for path in sorted(winners.values(), key=_sysctl_order))
+
+
+def parse_sysctl_conf(text: str, key: str = "kernel.numa_balancing") -> tuple[int | None, str]:
+    """The value a boot will apply for key, and the file that sets it."""
+    files = sysctl_files(text, key)
+    if not files:
         return None, ""
-    last = max(winners.values(), key=_sysctl_order)
-    value = by_file[last]
+    last, value = files[-1]
     return (int(value) if value.isdigit() else None), last

@@ -121,3 +121,24 @@ def test_a_probe_past_its_time_says_so_and_what_to_do():
                                              r"may hang \(nvidia-smi, a stale mount\), or raise the inventory's "
                                              r"probe_timeout$"):
         gather(LocalTransport(), timeout=0.01)
+
+
+def test_one_apply_disables_every_sysctl_file_that_would_override_numa_balancing_at_boot(tmp_path):
+    """99-site.conf and sysctl.conf both sort after hosttune's 90 file: commenting out only the last one left the
+    other winning at boot, so a second apply was needed. A vendor file read before ours is left alone."""
+    make_image(tmp_path)
+    write(tmp_path, "/etc/sysctl.d/99-site.conf", "vm.swappiness = 10\nkernel.numa_balancing = 1\n")
+    write(tmp_path, "/etc/sysctl.conf", "kernel.numa_balancing=1\n")
+    write(tmp_path, "/usr/lib/sysctl.d/10-vendor.conf", "kernel.numa_balancing = 1\n")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  localhost: {transport: local}\n")
+    image = tmp_path / "img"
+    image.mkdir()
+    for path in ("etc", "usr", "lib", "sbin", "var"):
+        (tmp_path / path).rename(image / path)
+    result = CliRunner().invoke(app, ["apply", "-i", str(inv), "--root", str(image), "--yes"])
+    assert result.exit_code in (0, 1), result.output
+    facts = gather(LocalTransport(), root=str(image)).facts
+    assert (facts.numa_balancing_configured, facts.numa_balancing_source) == (0, "/etc/sysctl.d/90-hosttune.conf")
+    assert (image / "usr/lib/sysctl.d/10-vendor.conf").read_text() == "kernel.numa_balancing = 1\n"
+    assert "vm.swappiness = 10" in (image / "etc/sysctl.d/99-site.conf").read_text()
