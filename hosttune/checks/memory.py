@@ -81,8 +81,8 @@ def nvme_power(facts: Facts, profile: Profile) -> Verdict:
 CHECKS = (
     Check("numa.topology", "NUMA placement and balancing", Severity.WARNING,
           "Automatic NUMA balancing migrates the engine's pages while it serves; cross-node memory halves bandwidth.",
-          "write the profile's kernel.numa_balancing (0: off) to /etc/sysctl.d/90-hosttune.conf, comment it out of a "
-          "sysctl.d file that would override that, and apply it now", False, numa),
+          "write the profile's kernel.numa_balancing (0: off) to /etc/sysctl.d/90-hosttune.conf, comment it out of each "
+          "sysctl file that would override that, and apply it now", False, numa),
     Check("mm.thp", "Transparent hugepages", Severity.INFO,
           "THP mode decides whether large host buffers stall on compaction or get hugepages without asking.",
           "set /sys/kernel/mm/transparent_hugepage/enabled now and at boot (a boot unit), and correct a "
