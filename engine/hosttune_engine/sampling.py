@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hosttune_engine.errors import ConfigError
+from hosttune_engine.stop_strings import StopStrings
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        object.__setattr__(self, "stop", stop)
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop or ()
+        object.__setattr__(self, "stop", stop if isinstance(stop, StopStrings) else StopStrings(stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
@@ -62,4 +63,4 @@ class SamplingParams:
 
     @property
     def max_stop_len(self) -> int:
-        return max((len(s) for s in self.stop), default=0)
+        return self.stop.max_len

@@ -1,5 +1,7 @@
 """Incremental detokenization and stop strings with a fake byte tokenizer (no torch)."""
 
+import dataclasses
+
 from hosttune_engine.core.detokenizer import IncrementalDetokenizer
 from hosttune_engine.sampling import SamplingParams
 
@@ -54,3 +56,37 @@ def test_cut_character_at_the_end_is_flushed():
     d.add_token(0xE2)  # first byte of a three-byte character
     assert d.take_new_text(finished=False) == "a"
     assert d.take_new_text(finished=True) == "\ufffd"
+
+
+class PieceTokenizer:
+    """Token id = an index into `pieces`: one token may bring several characters."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.pieces[i] for i in ids)
+
+
+def feed_pieces(pieces, params: SamplingParams):
+    d = IncrementalDetokenizer(PieceTokenizer(["ctx"] + pieces), [0], params)
+    for i in range(1, len(pieces) + 1):
+        if stop := d.add_token(i):
+            return stop, d.text
+    return None, d.text
+
+
+def test_of_matches_in_one_token_the_earliest_start_wins_then_the_shortest():
+    assert feed_pieces(["xAB", "CDEy"], SamplingParams(stop=["CD", "BCD", "ABCDE"])) == ("ABCDE", "x")
+    assert feed_pieces(["xABCy"], SamplingParams(stop=["ABC", "AB"])) == ("AB", "x")
+
+
+def test_a_stop_string_across_three_tokens_is_found_where_the_last_one_ends_it():
+    params = SamplingParams(stop=["nomatch", "LONGSTOP"], include_stop_str_in_output=True)
+    assert feed_pieces(["ab LO", "NGS", "TOP and", " more"], params) == ("LONGSTOP", "ab LONGSTOP")
+
+
+def test_stop_strings_are_indexed_once_and_kept_by_replace():
+    params = SamplingParams(stop=["ab", "c", "ab"])
+    assert params.stop == ("ab", "c", "ab") and params.max_stop_len == 2
+    assert dataclasses.replace(params, seed=3).stop is params.stop

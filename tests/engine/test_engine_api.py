@@ -2,6 +2,7 @@
 
 import dataclasses
 import threading
+import time
 
 import pytest
 
@@ -35,6 +36,22 @@ def test_top_k_one_is_greedy(llm):
     ids = prompt_ids(11, 4)
     sampled = llm.generate([ids], SamplingParams(temperature=0.8, top_k=1, max_tokens=10, ignore_eos=True))
     assert sampled[0].token_ids == llm.generate([ids], greedy(10))[0].token_ids
+
+
+def test_many_stop_strings_cost_each_step_the_new_text_not_their_number(llm):
+    # 500,000 stop strings once made each token check every one of them on the engine thread (2 s for 30 tokens)
+    ids = prompt_ids(9, 5)
+    plain_s, plain = _timed(llm, ids, greedy(30))
+    many = greedy(30, stop=[f"zq{i:07d}" for i in range(500_000)])  # indexed here, where the request is made
+    many_s, out = _timed(llm, ids, many)
+    assert out.token_ids == plain.token_ids and out.finish_reason == "length"
+    assert many_s < 5 * plain_s + 0.5, (many_s, plain_s)
+
+
+def _timed(llm, ids, params):
+    started = time.perf_counter()
+    out = llm.generate([ids], params)[0]
+    return time.perf_counter() - started, out
 
 
 def test_max_tokens_and_stop_token_ids(llm):

@@ -42,11 +42,11 @@ class IncrementalDetokenizer:
     def _check_stop(self, num_new_chars: int) -> str | None:
         if not self.params.stop:
             return None
-        window_start = max(0, len(self.text) - num_new_chars - self.params.max_stop_len + 1)
-        found = [(i, s) for s in self.params.stop if (i := self.text.find(s, window_start)) >= 0]
-        if not found:
+        # a match ending before the new characters would have been found when they came
+        match = self.params.stop.earliest_match(self.text, num_new_chars)
+        if match is None:
             return None
-        index, stop = min(found)
+        index, stop = match
         self.stopped = True
         self.text = self.text[: index + (len(stop) if self.params.include_stop_str_in_output else 0)]
         return stop

@@ -15,6 +15,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.sampling import SamplingParams
 from hosttune_engine.server.api_errors import bad_request
+from hosttune_engine.stop_strings import StopStrings
 from hosttune_engine.server.schemas.body import INT64, RequestBody, describe, fault, token_ids
 
 MAX_LOGPROBS = 20
@@ -131,13 +132,13 @@ class GenerationFields(RequestBody):
 
     @field_validator("stop", mode="plain")
     @classmethod
-    def _stop(cls, stop) -> tuple[str, ...]:
+    def _stop(cls, stop) -> StopStrings:
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise fault(f"stop must be a string or an array of strings, got {describe(stop)}", "stop")
         if any(not s for s in stop):
             raise fault("stop strings must not be empty", "stop")
-        return tuple(stop)
+        return StopStrings(stop)  # indexed here: a big body is parsed off the event loop and the engine thread
 
     @field_validator("stop_token_ids", mode="plain")
     @classmethod
