@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune.actions.base import KernelWrite, Step
-from hosttune.actions.units import boot_unit
+from hosttune.actions.units import boot_unit, lasting
 from hosttune.checks.base import is_systemd
 from hosttune.checks.boot_scripts import GOVERNOR_UNIT as UNIT, governor_script
 from hosttune.probes.facts import Facts
@@ -27,4 +27,4 @@ def governor(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     wrong = tuple(governor_path(c) for c, g in sorted(facts.cpu.governors.items()) if g != want)
     if wrong:
         ops += (KernelWrite(wrong, want),)
-    return [Step(("cpu.governor",), f"CPU governor {want} now and at boot", ops, notes=notes)]
+    return [Step(("cpu.governor",), f"CPU governor {want} {lasting(facts)}", ops, notes=notes)]

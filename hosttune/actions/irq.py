@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hosttune import cpulist
 from hosttune.actions.base import KernelWrite, Service, Step, blocked
-from hosttune.actions.units import boot_unit
+from hosttune.actions.units import boot_unit, lasting
 from hosttune.checks.base import is_systemd
 from hosttune.checks.boot_scripts import IRQ_UNIT as UNIT, irq_affinity_script
 from hosttune.checks.irq import wanted_pins
@@ -45,4 +45,4 @@ def gpu_affinity(facts: Facts, profile: Profile, host: Host) -> list[Step]:
         wrong = tuple(f"/proc/irq/{i.irq}/smp_affinity_list" for i in dev.irqs if not set(i.cpus) <= wanted)
         if wrong:
             ops += (KernelWrite(wrong, cores),)
-    return [Step(("irq.gpu_affinity",), "GPU interrupts on their cores now and at boot", ops, notes=notes)]
+    return [Step(("irq.gpu_affinity",), f"GPU interrupts on their cores {lasting(facts)}", ops, notes=notes)]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from hosttune.actions.base import Command, FileWrite, Op, Service
 from hosttune.rendering import render
+from hosttune.checks.base import is_systemd
 from hosttune.checks.boot_scripts import script_path
+from hosttune.probes.facts import Facts
 
 DAEMON_RELOAD = Command(("systemctl", "daemon-reload"), regenerate=True, offline=False)
 
@@ -24,3 +26,8 @@ def boot_unit(name: str, description: str, script: bytes, *, environment_file: s
         DAEMON_RELOAD,
         Service(f"{name}.service", enabled=True),
     )
+
+
+def lasting(facts: Facts) -> str:
+    """How long a setting a boot unit writes again holds: from every boot on, or (no systemd, no unit) until the next."""
+    return "now and at boot" if is_systemd(facts) else "now, until the next boot"

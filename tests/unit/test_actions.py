@@ -193,6 +193,18 @@ def test_governor_without_systemd_is_live_only_with_a_note():
     assert [type(op) for op in step.ops] == [KernelWrite] and "not persisted" in step.notes[0]
 
 
+def test_a_setting_written_without_systemd_is_planned_until_the_next_boot_not_at_boot(l40s):
+    """No boot unit is written without systemd: the step's summary must not promise the boot."""
+    bare = replace(l40s, pid1="process_api", thp_enabled="never",
+                   cpu=replace(l40s.cpu, governors={0: "powersave"}))
+    for action in (memory.thp, cpu.governor, irq.gpu_affinity):
+        (lasting,) = action(l40s, LATENCY, HOST)
+        (live,) = action(bare, LATENCY, HOST)
+        assert lasting.summary.endswith(" now and at boot") and live.summary.endswith(" now, until the next boot"), \
+            (lasting.summary, live.summary)
+        assert live.summary.removesuffix(" now, until the next boot") == lasting.summary.removesuffix(" now and at boot")
+
+
 def test_thp_files_unit_and_live_write(l40s):
     (step,) = memory.thp(l40s, LATENCY, HOST)
     defaults = step.ops[0]
