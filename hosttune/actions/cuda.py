@@ -38,15 +38,21 @@ def cuda_toolkit(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     platform = select(facts)
     ops: tuple = ()
     notes: list[str] = []
+    main = None
     if toolkit_dir(pin) not in facts.cuda.toolkits:
-        if platform.packages is None:
+        if platform.packages is None and facts.cuda.symlink_target in facts.cuda.toolkits:
+            # /usr/local/cuda works now: pointed at a toolkit nobody can install, every build through it would break
+            main = Step(("cuda.toolkit",), f"CUDA {pin} at /usr/local/cuda and first on PATH",
+                        blocked=f"{toolkit_dir(pin)} is missing and this host has no apt or dnf: install CUDA {pin} by "
+                                f"hand (/usr/local/cuda keeps pointing at {facts.cuda.symlink_target})")
+        elif platform.packages is None:
             notes.append(f"{toolkit_dir(pin)} is missing and this host has no apt or dnf: install CUDA {pin} by hand")
         else:
             names = profile.cuda.packages or platform.packages.cuda_packages(pin)
             ops += (platform.packages_op(names, hold=profile.driver.held),)
     ops += (Symlink(CUDA_LINK, toolkit_dir(pin)), FileWrite(PROFILE_D, render("hosttune-cuda.sh.j2", version=pin), 0o644))
     stale = stale_toolkits(facts, pin)
-    steps = [Step(("cuda.toolkit",), f"CUDA {pin} at /usr/local/cuda and first on PATH", ops, notes=tuple(notes))]
+    steps = [main or Step(("cuda.toolkit",), f"CUDA {pin} at /usr/local/cuda and first on PATH", ops, notes=tuple(notes))]
     if stale:
         steps.append(Step(("cuda.toolkit",), f"stale toolkits moved aside: {', '.join(stale)}",
                           tuple(Remove(p) for p in stale), opt_in="prune-cuda",

@@ -267,6 +267,17 @@ def test_cuda_profile_d_puts_the_pin_first_and_drops_stale_toolkits(tmp_path):
     assert out == ["/usr/local/cuda/bin:/usr/bin:/bin", "/usr/local/cuda/lib64:/opt/lib", "/usr/local/cuda/bin:/usr/bin:/bin"]
 
 
+def test_a_missing_pinned_toolkit_with_no_package_manager_leaves_a_working_link_alone():
+    """/usr/local/cuda -> cuda-13.0 works: pointing it at a cuda-12.4 nobody can install would break every build."""
+    facts = _toolkits("/usr/local/cuda-13.0", link="/usr/local/cuda-13.0")
+    (main,) = cuda.cuda_toolkit(facts, LATENCY, HOST)
+    assert main.ops == () and main.fixes == ("cuda.toolkit",)
+    assert main.blocked == ("/usr/local/cuda-12.4 is missing and this host has no apt or dnf: install CUDA 12.4 by hand "
+                            "(/usr/local/cuda keeps pointing at /usr/local/cuda-13.0)")
+    (bare,) = cuda.cuda_toolkit(_toolkits(), LATENCY, HOST)  # no link yet (an image being made): it is prepared
+    assert Symlink("/usr/local/cuda", "/usr/local/cuda-12.4") in bare.ops and "install CUDA 12.4 by hand" in bare.notes[0]
+
+
 def test_cuda_toolkit_missing_is_installed_by_package(h200):
     (main,) = cuda.cuda_toolkit(h200, load_profile("inference-latency"), HOST)[:1]
     assert main.ops[0] == Packages("apt", ("cuda-toolkit-12-4",), hold=True)
