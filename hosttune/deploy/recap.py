@@ -53,7 +53,7 @@ def rollout_line(units: list[list[str]], serial: int | None, canary: int, max_fa
         f" (batches of {serial})" if serial and len(rest) > serial else "")
     if first:
         they = "it is" if len(first) == 1 else "they are"
-        meet = f" and meet --canary-slo {slo}" if slo else ""
+        meet = f" and meet{'s' if len(first) == 1 else ''} --canary-slo {slo}" if slo else ""
         order = (f"the canar{'y' if len(first) == 1 else 'ies'} {', '.join(first)} first"
                  + (f"; {order} only once {they} deployed{meet}" if rest else ""))
     budget = f"; no batch starts once more than {max_fail_percent:g}% of the hosts tried failed" \

@@ -545,6 +545,8 @@ def test_help_says_where_each_default_comes_from():
     (2, 0, 10.0, None, "rollout: a, b then c, d then e (batches of 2); no batch starts once more than 10% of the hosts "
                        "tried failed"),
     (None, 1, None, None, "rollout: the canary a first; b, c, d, e only once it is deployed"),
+    (None, 1, None, "e2e=2s", "rollout: the canary a first; b, c, d, e only once it is deployed and meets --canary-slo "
+                              "e2e=2s"),
     (2, 2, None, "e2e=2s", "rollout: the canaries a, b first; c, d then e (batches of 2) only once they are deployed "
                            "and meet --canary-slo e2e=2s"),
     (None, 5, None, None, "rollout: the canaries a, b, c, d, e first"),
