@@ -16,6 +16,11 @@ from hosttune.probes.facts import Facts
 GRUB_DROPIN = "/etc/default/grub.d/90-hosttune.cfg"
 
 
+def is_refresh(argv: tuple[str, ...]) -> bool:
+    """A package list refresh (apt-get update, dnf makecache): it installs and removes nothing."""
+    return tuple(argv) in (Apt().refresh(), Dnf().refresh())
+
+
 def _major(version: str) -> str:
     return version.split(".")[0]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from hosttune.actions.platform import is_refresh
 from hosttune.execute.journal import Journal, JournalStep, OpRecord, backup_dir
 from hosttune.plan.resolve import ACTIVE, ENABLED
 from hosttune.probes.system import selected
@@ -158,4 +159,5 @@ def not_reversed(journal: Journal) -> tuple[str, ...]:
     change is such a command leaves, said rather than an empty plan."""
     return tuple(f"not undone: {rec.description} (rollback has no reverse for a command; undo it by hand)"
                  for _, rec in touched(journal)
-                 if rec.kind == "command" and not rec.undo and not rec.regenerate and rec.status != "failed")
+                 if rec.kind == "command" and not rec.undo and not rec.regenerate and rec.status != "failed"
+                 and not is_refresh(rec.argv))  # package lists read again: nothing to undo

@@ -568,6 +568,19 @@ def test_a_run_that_also_installed_packages_says_rollback_keeps_them_beside_what
     assert not (root / "etc/hosttune-x.conf").exists()
 
 
+def test_rollback_does_not_ask_to_undo_a_package_list_refresh_by_hand():
+    """apt-get update (dnf makecache) before an install changed no package: only the install is said to stay."""
+    from hosttune.execute.undo import not_reversed
+
+    ops = tuple(OpRecord("command", f"$ {' '.join(argv)}", argv=argv, status="done") for argv in (
+        ("apt-get", "update", "-q"), ("dnf", "makecache", "-q"),
+        ("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q", "--no-install-recommends", "numactl")))
+    journal = Journal("r1", "h", "/", "t", (JournalStep(0, ("tools.numactl",), "numactl", False, False, ops, "done"),))
+    assert not_reversed(journal) == (
+        "not undone: $ env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends numactl "
+        "(rollback has no reverse for a command; undo it by hand)",)
+
+
 def test_rollback_leaves_alone_the_file_of_a_write_that_failed_and_so_never_touched_it(local, tmp_path):
     """The write failed before its atomic rename: a file there since (made by hand once the failure was fixed) is
     not the run's, and neither the rollback's plan nor its run removes or restores it."""
