@@ -9,6 +9,7 @@ from functools import cached_property
 from pathlib import Path
 
 from hosttune_engine.errors import ModelLoadError
+from hosttune_engine.model.text_cuts import text_cuts
 
 
 def _token_text(value, name: str, path: Path) -> str | None:
@@ -19,6 +20,7 @@ def _token_text(value, name: str, path: Path) -> str | None:
 
 
 LONG_DECODE = 4096  # longer id lists are decoded without holding the GIL
+PIECE_CHARS = 65_536  # count_past tokenizes pieces of about this many characters
 BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
 
 
@@ -114,6 +116,23 @@ class Tokenizer:
         # encode_batch lets go of the GIL while it works (encode holds it), so a long text tokenized on a worker
         # thread does not stop the server's event loop for seconds
         return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    def count_past(self, text: str, limit: int) -> int | None:
+        """A count of more than `limit` tokens in the leading pieces of `text` (the whole has at least as many),
+        tokenizing a piece at a time and stopping there; None if none was found: the pieces hold no more, or
+        this tokenizer gives no place to cut (see `text_cuts`)."""
+        if self._text_cuts is None:
+            return None
+        count = 0
+        for piece in self._text_cuts.pieces(text, PIECE_CHARS):
+            count += len(self.encode(piece, add_special_tokens=False))  # the whole adds special tokens, never drops
+            if count > limit:
+                return count
+        return None
+
+    @cached_property
+    def _text_cuts(self):
+        return text_cuts(self._tok)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         if len(ids) < LONG_DECODE:  # the detokenizer's calls, a few ids each step

@@ -47,7 +47,8 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     req = await read_body(request, CompletionRequest)
 
     async def encode():
-        return [await state.usable_prompts().encode(p, req.add_special_tokens) for p in req.prompts]
+        return [await state.usable_prompts().encode(p, req.add_special_tokens, within_context=True)
+                for p in req.prompts]
 
     text = req.prompts[0] if isinstance(req.prompts[0], str) else None
     return await _generate(request, state, COMPLETION, req.options, len(req.prompts), encode, text, arrival)
@@ -61,7 +62,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
 
     async def encode():
         return [await state.usable_prompts().encode_chat(req.messages, req.add_generation_prompt,
-                                                         req.template_kwargs, req.add_special_tokens)]
+                                                         req.template_kwargs, req.add_special_tokens,
+                                                         within_context=True)]
 
     text = req.messages[-1]["content"]
     return await _generate(request, state, CHAT, req.options, 1, encode, text, arrival)

@@ -13,6 +13,9 @@ from hosttune_engine.server.schemas.completion import Prompt
 OFFLOAD_CHARS = 20_000  # longer texts are tokenized off the event loop, so 429s stay fast meanwhile
 OFFLOAD_IDS = 20_000  # more token ids are decoded off the event loop
 OFFLOAD_MESSAGES = 64  # chats with more messages (or OFFLOAD_CHARS of content) are rendered off the event loop
+# a text of more characters than this many per token of the context is first counted a piece at a time, so one far
+# over it is refused without tokenizing it all; few texts that fit average as many
+EARLY_COUNT_CHARS_PER_TOKEN = 8
 
 
 def _off_loop(fn, *args):
@@ -31,18 +34,27 @@ class PromptBuilder:
             raise bad_request(f"this model has no tokenizer (tokenizer.json) for {what}", param)
         return self.tokenizer
 
-    async def encode(self, prompt: Prompt, add_special_tokens: bool = True, param: str = "prompt") -> list[int]:
+    async def encode(self, prompt: Prompt, add_special_tokens: bool = True, param: str = "prompt",
+                     within_context: bool = False) -> list[int]:
         """Token ids of a text or token-id prompt; the ids are checked against the vocabulary. `param` is the field
-        an error names."""
+        an error names. `within_context`: a long text certain to fill the context is refused before it is all
+        tokenized (`max_tokens_for` checks the rest)."""
         if not isinstance(prompt, str):
             return self.check_ids(list(prompt))
         tok = self._need_tokenizer()
         try:
             if len(prompt) < OFFLOAD_CHARS:
                 return tok.encode(prompt, add_special_tokens=add_special_tokens)
+            if within_context and len(prompt) > EARLY_COUNT_CHARS_PER_TOKEN * self.max_model_len:
+                await self._refuse_past_context(tok, prompt, param)
             return await _off_loop(tok.encode, prompt, add_special_tokens)
         except (TypeError, UnicodeError):  # JSON allows lone surrogates ("\ud800"); tokenizers do not
             raise bad_request(f"{param}: not valid Unicode (a lone surrogate escape?)", param) from None
+
+    async def _refuse_past_context(self, tok, text: str, what: str) -> None:
+        count = await _off_loop(tok.count_past, text, self.max_model_len - 1)
+        if count is not None:
+            raise _context_error(self.max_model_len, f"at least {count}", what)
 
     def render_chat(self, messages, add_generation_prompt: bool = True, template_kwargs: dict | None = None) -> str:
         tok = self._need_tokenizer("chat messages; send token ids to /v1/completions", "messages")
@@ -57,11 +69,11 @@ class PromptBuilder:
                               "messages") from None
 
     async def encode_chat(self, messages, add_generation_prompt: bool = True, template_kwargs: dict | None = None,
-                          add_special_tokens: bool = False) -> list[int]:
+                          add_special_tokens: bool = False, within_context: bool = False) -> list[int]:
         # The template writes BOS itself where the model wants one, as in vLLM: no special tokens unless asked.
         args = (messages, add_generation_prompt, template_kwargs)
         text = await _off_loop(self.render_chat, *args) if _is_long_chat(messages) else self.render_chat(*args)
-        return await self.encode(text, add_special_tokens, "messages")
+        return await self.encode(text, add_special_tokens, "messages", within_context)
 
     def check_logprobs(self, logprobs: int | None) -> None:
         """Logprobs show each token as text: without a tokenizer there is none to show."""
@@ -92,9 +104,7 @@ class PromptBuilder:
             raise bad_request(f"the {what} is empty", "prompt" if what == "prompt" else what)
         room = self.max_model_len - num_prompt_tokens
         if room < 1:
-            raise ApiError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                                f"your request has {num_prompt_tokens} input tokens. Please reduce the length "
-                                f"of the input {what}.", param=what)
+            raise _context_error(self.max_model_len, str(num_prompt_tokens), what)
         if requested is None:
             return room if default is None else min(default, room)
         if requested > room:
@@ -103,6 +113,11 @@ class PromptBuilder:
                                 f"the {what}, {requested} in the completion). Please reduce the length of the "
                                 f"{what} or completion.", param="max_tokens")
         return requested
+
+
+def _context_error(max_model_len: int, num_tokens: str, what: str) -> ApiError:
+    return ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, your request "
+                         f"has {num_tokens} input tokens. Please reduce the length of the input {what}.", param=what)
 
 
 def _is_long_chat(messages) -> bool:
