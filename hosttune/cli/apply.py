@@ -41,7 +41,7 @@ def apply(
     root: Optional[str] = RootOpt,
     prune_cuda: bool = typer.Option(False, "--prune-cuda", help="Also move stale /usr/local/cuda-* toolkits aside."),
     serial: Optional[int] = typer.Option(None, "--serial", min=1, help="Hosts per batch (default: all at once)."),
-    max_fail_percent: Optional[float] = typer.Option(None, "--max-fail-percent", min=0, max=100, help="Stop starting batches once more than this share of hosts failed."),
+    max_fail_percent: Optional[float] = typer.Option(None, "--max-fail-percent", min=0, max=100, help="Stop starting batches once more than this share of hosts failed (default: no limit; needs --serial)."),
     reboot: bool = typer.Option(False, "--reboot", help=(
         "Reboot hosts that need it, a batch at a time; wait for SSH; re-check. Never this machine (the local "
         "transport): hosttune could not wait for its own boot, so the recap says to reboot it by hand.")),
@@ -62,6 +62,9 @@ def apply(
     root = None if root == "/" else root  # the running system, as without --root
     if reboot and root:
         raise HosttuneError(f"--reboot reboots running hosts, and --root {root} is an image: leave one of them out")
+    if max_fail_percent is not None and serial is None:
+        raise HosttuneError("--max-fail-percent stops starting batches once too many hosts failed, and without --serial "
+                            "every host is in one batch: give --serial N too")
     inv = load(inventory, limit, accept_new_host_keys)
     wanted = profiles(inv)
     options = ApplyOptions(root, prune_cuda, serial, max_fail_percent, reboot, forks)

@@ -197,3 +197,13 @@ def test_a_limit_with_an_empty_entry_is_refused_rather_than_the_entry_dropped(li
     assert result.exit_code == 2 and result.stdout == ""
     assert result.stderr == (f"hosttune: --limit {limit!r} has an empty entry; list hosts or groups such as "
                              "gpu-01,h100 (no empty name between commas)\n")
+
+
+def test_apply_refuses_a_failure_budget_without_batches_as_deploy_does(monkeypatch):
+    """Without --serial every host is in one batch: --max-fail-percent would stop nothing."""
+    monkeypatch.setattr(apply_cli, "plan_fleet", lambda *a, **k: pytest.fail("a host was read"))
+    result = runner.invoke(app, ["apply", "--dry-run", "--max-fail-percent", "10"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr == ("hosttune: --max-fail-percent stops starting batches once too many hosts failed, and "
+                             "without --serial every host is in one batch: give --serial N too\n")
+    assert runner.invoke(app, ["apply", "--help"], env={"COLUMNS": "300"}).stdout.count("needs --serial") == 1
