@@ -54,7 +54,7 @@ def build(
     """
     if constraint and not deps:
         raise BuildError("--constraint constrains the dependency download: give --deps too")
-    archs = _archs(engine, arch, inventory, limit, accept_new_host_keys)
+    archs = _archs(engine, arch, inventory, limit, accept_new_host_keys, cuobjdump)
     request = builder.BuildRequest(
         engine.value, wheelhouse or default_wheelhouse(), archs, ref, source, python, deps, cuobjdump,
         BuildOptions(build_isolation, str(constraint) if constraint else None))
@@ -66,14 +66,16 @@ def build(
     typer.echo(_summary(result))
 
 
-def _archs(engine: Engine, arch: str, inventory: Optional[Path], limit: Optional[str], accept: bool) -> tuple[str, ...]:
+def _archs(engine: Engine, arch: str, inventory: Optional[Path], limit: Optional[str], accept: bool,
+           cuobjdump: Optional[str] = None) -> tuple[str, ...]:
     """The archs to build for: --arch, or auto from the inventory's GPUs. The custom engine has none, so options
-    that choose them are an error there rather than silently ignored."""
+    that choose them, or check its machine code, are an error there rather than silently ignored."""
     if engine is Engine.custom:
-        given = [name for name, value in (("--arch", arch != "auto"), ("--inventory", inventory), ("--limit", limit)) if value]
+        given = [name for name, value in (("--arch", arch != "auto"), ("--inventory", inventory), ("--limit", limit),
+                                          ("--cuobjdump", cuobjdump)) if value]
         if given:
             raise BuildError(f"{', '.join(given)}: the custom engine is pure Python (Triton compiles for each host's GPU "
-                             "when it starts), so it has no archs to choose; leave them out")
+                             "when it starts), so it has no archs to choose or machine code to check; leave them out")
         return ()
     return builder.fleet_archs(load(inventory, limit, accept)) if arch == "auto" else parse_arch_list(arch)
 

@@ -144,7 +144,7 @@ def test_cli_custom_dry_run_prints_the_plan(tmp_path):
 
 
 @pytest.mark.parametrize("extra, named", [(["--arch", "9.0"], "--arch"), (["-i", "/nonexistent.yaml"], "--inventory"),
-                                          (["-l", "gpu-*"], "--limit")])
+                                          (["-l", "gpu-*"], "--limit"), (["--cuobjdump", "/bin/true"], "--cuobjdump")])
 def test_cli_custom_refuses_the_options_that_choose_archs_instead_of_ignoring_them(tmp_path, extra, named):
     result = CliRunner().invoke(app, ["build", "--engine", "custom", "-w", str(tmp_path), "--dry-run", *extra])
     assert result.exit_code == 2 and result.output.startswith(f"hosttune: {named}: the custom engine is pure Python")
