@@ -44,6 +44,18 @@ def test_unsupported_architecture_and_features(tmp_path, tiny_models):
         LLM(str(rope))
 
 
+@pytest.mark.parametrize("act, supported", [("silu", True), ("swish", True), ("gelu", False), ("relu", False)])
+def test_an_activation_other_than_silu_is_refused_naming_config_json(tmp_path, tiny_models, act, supported):
+    # the MLP runs SwiGLU whatever config.json says: another activation would serve wrong tokens without an error
+    folder = copy(tiny_models["qwen2"], tmp_path / "m", lambda c: c.update(hidden_act=act))
+    if supported:
+        assert ModelConfig.from_folder(folder).hidden_size == 128
+        return
+    with pytest.raises(UnsupportedModelError, match=re.escape(f"{folder / 'config.json'}: hidden_act {act!r} is not "
+                                                              "supported; the MLP runs silu (SwiGLU)")):
+        ModelConfig.from_folder(folder)
+
+
 def test_missing_files(tmp_path, tiny_models):
     with pytest.raises(ModelLoadError, match="no config.json"):
         ModelConfig.from_folder(tmp_path)

@@ -115,7 +115,12 @@ def _check_unsupported_features(raw: dict, arch: str, source: str) -> None:
         raise UnsupportedModelError(f"{source}: sliding-window attention is not supported")
     if raw.get("mlp_bias"):
         raise UnsupportedModelError(f"{source}: MLP biases (mlp_bias) are not supported")
+    act = raw.get("hidden_act", "silu")
+    if act not in SILU_NAMES:  # the MLP is SwiGLU: another activation would run as silu and serve wrong tokens
+        raise UnsupportedModelError(f"{source}: hidden_act {act!r} is not supported; the MLP runs silu (SwiGLU)")
 
+
+SILU_NAMES = ("silu", "swish")  # Hugging Face's names of the same function
 
 SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "max_position_embeddings")
