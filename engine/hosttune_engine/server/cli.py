@@ -2,8 +2,8 @@
 `hosttune-engine plan` / `tune`, the kernel plan printed and the kernels tuned on this GPU.
 
 Exit codes: 0 after a drain (SIGTERM/SIGINT), 1 when the engine fails to load,
-fails warmup or dies, 2 for bad options (a --model folder whose config.json is missing or
-unreadable, or a --tokenizer folder without a tokenizer, included).
+fails warmup or dies (or a `plan` or `tune` reader closed the pipe), 2 for bad options (a --model
+folder whose config.json is missing or unreadable, or a --tokenizer folder without a tokenizer, included).
 """
 
 from __future__ import annotations
@@ -122,12 +122,18 @@ def _run(coro) -> int:
 
 
 def _report(make) -> None:
-    """Print what `make()` returns; an engine error is one line and exit code 2."""
+    """Print what `make()` returns; an engine error is one line and exit code 2, a reader gone before the text
+    (`plan ... | head -3`) exit code 1 and no word."""
     try:
-        print(make())
+        text = make()
     except EngineError as e:
         print(f"hosttune-engine: error: {e}", file=sys.stderr)
         sys.exit(2)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit must not fail again
+        sys.exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:

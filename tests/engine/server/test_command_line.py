@@ -34,3 +34,12 @@ def test_help_is_still_argparse_help():
     proc = subprocess.run([sys.executable, "-m", "hosttune_engine", "serve", "--help"], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: hosttune-engine serve [-h] --model MODEL")
+
+
+def test_plan_into_a_closed_pipe_ends_quietly(tiny_qwen2):
+    # `hosttune-engine plan ... | head -3`: the reader leaves before the plan is printed
+    proc = subprocess.Popen([sys.executable, "-m", "hosttune_engine", "plan", "--model", str(tiny_qwen2)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(60) == 1 and err == "", err
