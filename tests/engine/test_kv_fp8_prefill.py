@@ -36,8 +36,14 @@ def run_fp8_prefill(dtype, head_dim, hq, hkv, page, seed, batch=PREFILL_BATCH, *
     return out, ref, prefill_attention_ref(q, *raw, cu, lens, bt)
 
 
+# The interpreter's cost is per program, and the grid has one program per query head. The e4m3 read adds
+# nothing that depends on the GQA ratio beyond which KV head's scales a query head reads, so two query heads
+# a KV head (and three on one) prove it; test_kernels_attention covers ratios 4 and 7 on model-dtype caches.
+FP8_HEADS = [(64, 4, 2), (128, 3, 1)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim,hq,hkv", [(64, 8, 2), (128, 7, 1)])
+@pytest.mark.parametrize("head_dim,hq,hkv", FP8_HEADS)
 @pytest.mark.parametrize("page,block_n", [(16, 64), (32, 32)])
 def test_fp8_prefill_attention_matches_ref(dtype, head_dim, hq, hkv, page, block_n):
     """Ragged, chunked and prefix-hit sequences; key tiles across pages and inside one page."""
@@ -46,19 +52,19 @@ def test_fp8_prefill_attention_matches_ref(dtype, head_dim, hq, hkv, page, block
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim,hq,hkv", [(64, 8, 2), (128, 7, 1)])
-@pytest.mark.parametrize("num_splits", [1, 3])
-def test_fp8_prefill_split_k_matches_ref(dtype, head_dim, hq, hkv, num_splits):
-    """Chunks after cached prefixes, split over their keys or not."""
-    out, ref, _ = run_fp8_prefill(dtype, head_dim, hq, hkv, 16, seed=head_dim + num_splits, batch=SPLIT_BATCH,
-                                  block_n=16, num_splits=num_splits)
+@pytest.mark.parametrize("head_dim,hq,hkv", FP8_HEADS)
+def test_fp8_prefill_split_k_matches_ref(dtype, head_dim, hq, hkv):
+    """Chunks after cached prefixes, split over their keys in three. (One split is the unsplit kernel that
+    test_fp8_prefill_attention_matches_ref runs on prefix hits off the page grid.)"""
+    out, ref, _ = run_fp8_prefill(dtype, head_dim, hq, hkv, 16, seed=head_dim + 3, batch=SPLIT_BATCH,
+                                  block_n=16, num_splits=3)
     assert torch.isfinite(out.float()).all()
     assert_close(out, ref, dtype, scale=2)
 
 
 def test_fp8_prefill_is_close_to_the_unquantized_caches():
     """e4m3 with one scale a row loses little: the output stays near attention over the model-dtype caches."""
-    out, ref, exact = run_fp8_prefill(DTYPES[1], 128, 8, 2, 16, seed=5, block_n=32)
+    out, ref, exact = run_fp8_prefill(DTYPES[1], 128, 4, 2, 16, seed=5, block_n=32)
     err = (out.float() - exact.float()).abs()  # an element's rounding is up to max|row| / 28
     assert err.max().item() < 0.05 * exact.float().abs().max().item() and err.mean().item() < 0.02, err.max()
     # and the difference is the cache's rounding, not the kernel's
@@ -77,7 +83,7 @@ def test_fp8_prefill_contiguous_reads_the_cache(dtype):
     """Fresh prompts written to e4m3 caches: `contiguous=True` reads this step's k, v as the cache holds them
     (quantized and scaled back, what rope_kv_write leaves in qkv), so it agrees with the paged read."""
     gen = torch.Generator().manual_seed(2)
-    qlens, page, hq, hkv, d = [1, 16, 17, 40, 65], 16, 8, 2, 64
+    qlens, page, hq, hkv, d = [1, 16, 17, 40, 65], 16, 4, 2, 64
     t, nblocks = sum(qlens), sum(-(-n // page) for n in qlens) + 2
     q, k, v = (randn(t, h, d, dtype=dtype, gen=gen) for h in (hq, hkv, hkv))
     caches = [torch.zeros(nblocks, page, hkv, d, device=DEVICE).to(torch.float8_e4m3fn) for _ in range(2)]
