@@ -33,11 +33,23 @@ from hosttune_engine.server.options import add_serve_arguments
 SWITCH_INTERVAL_S = 0.0005
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """argparse's help, each option's text ending with its default where it has one the text does not state."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        default, text = action.default, action.help or ""
+        if (default is None or default is False or default == [] or default is argparse.SUPPRESS
+                or "default" in text or not action.option_strings):
+            return action.help
+        return f"{text} (default: %(default)s)".lstrip()
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad command line is one line naming the command and the option, exit 2, as the engine's
     other errors are, not a usage block and an error below it. Its commands' parsers are of this class too."""
 
     def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
         self.commands: dict[str, argparse.ArgumentParser] = {}  # the program's: its commands' parsers by name
 

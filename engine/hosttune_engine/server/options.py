@@ -27,21 +27,24 @@ def add_serve_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--served-model-name", help="the name clients use in 'model' (default: the --model path)")
     s.add_argument("--tokenizer", help="tokenizer folder, if not the model folder")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, help="port to listen on")
     _batch_args(s)
     _memory_args(s)
     _numerics_args(s)
     s.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="GPUs that share the model, one process each (the first of CUDA_VISIBLE_DEVICES is rank 0)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="seed of the random weights of --load-format dummy and of "
+                                                          "sampling in requests that give no seed")
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
     s.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds sent with 429 and 503")
-    s.add_argument("--max-body-bytes", type=int, default=8 * 2**20)
+    s.add_argument("--max-body-bytes", type=int, default=8 * 2**20,
+                   help="largest request body; a larger one gets HTTP 413")
     s.add_argument("--skip-warmup", action="store_true", help="report healthy without a warmup generation")
     s.add_argument("--log-prompts", action="store_true", help="put prompt text in the per-request log lines")
     _auth_and_connection_args(s)
-    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="the least severe log lines written to stderr")
 
 
 def _batch_args(s: argparse.ArgumentParser) -> None:
@@ -70,13 +73,17 @@ def _memory_args(s: argparse.ArgumentParser) -> None:
                         "--cpu-kv-cache-gib on CPU)")
     s.add_argument("--cpu-kv-cache-gib", type=float, default=0.25,
                    help="KV-cache size on CPU, in GiB; it must hold one sequence of --max-model-len tokens")
-    s.add_argument("--block-size", type=int, default=16)
-    s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    s.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block, a power of two")
+    s.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV cache of a prompt's blocks that an earlier request computed")
 
 
 def _numerics_args(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--device", choices=DEVICES, default="auto")
-    s.add_argument("--dtype", choices=DTYPES, default="auto")
+    s.add_argument("--device", choices=DEVICES, default="auto",
+                   help="'auto': CUDA where torch sees a GPU, else the CPU")
+    s.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="the activations' dtype ('auto': float32 on the CPU; on a GPU float16 for a float16 "
+                        "checkpoint, else bfloat16)")
     s.add_argument("--load-format", choices=LOAD_FORMATS, default="auto",
                    help="'dummy' builds random weights from config.json alone (benchmarks)")
     s.add_argument("--quantization", choices=QUANTIZATIONS,

@@ -43,3 +43,27 @@ def test_plan_into_a_closed_pipe_ends_quietly(tiny_qwen2):
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(60) == 1 and err == "", err
+
+
+@pytest.mark.parametrize("command, stated", [
+    ("serve", ["--host HOST address to listen on (0.0.0.0 for every interface) (default: 127.0.0.1)",
+               "--port PORT port to listen on (default: 8000)", "--max-batch-size MAX_BATCH_SIZE most sequences "
+               "running at once (default: 256)", "--block-size BLOCK_SIZE tokens per KV-cache block, a power of two "
+               "(default: 16)", "sampling in requests that give no seed (default: 0)",
+               "--gpu-memory-utilization GPU_MEMORY_UTILIZATION share", "at most 0.9) (default: 0.9)",
+               "--max-step-ms MAX_STEP_MS", "(token budget only) (default: auto)",
+               "--enable-prefix-caching, --no-enable-prefix-caching reuse", "computed (default: True)",
+               "--dtype {auto,bfloat16,float16,float32} the activations' dtype", "else bfloat16) (default: auto)",
+               "--log-level {debug,info,warning,error} the least severe log lines written to stderr (default: info)"]),
+    ("tune", ["seconds of sweeping (the seeds of each sweep run past it) (default: 300.0)"]),
+    ("plan", ["'fp8' plans the attention kernels that read an e4m3 KV cache (default: auto)"]),
+])
+def test_help_states_each_default(capsys, monkeypatch, command, stated):
+    monkeypatch.setenv("COLUMNS", "2000")  # argparse wraps at the terminal's width
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert [s for s in stated if s not in text] == []
+    # no default for what has none, and none stated twice
+    assert "(default: None)" not in text and "(default: False)" not in text and "(default: [])" not in text
+    assert "(default: the --model path) (default" not in text
