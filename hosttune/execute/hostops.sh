@@ -75,8 +75,8 @@ keep() {
     cp -a -- "$1" "$2.part" && mv -fT -- "$2.part" "$2"
 }
 
-# rmdirs DIR...: directories hosttune created go away again, if they are empty.
-rmdirs() { for d in "$@"; do rmdir -- "$d" 2>/dev/null; done; return 0; }
+# rmdirs DIR...: directories hosttune created go away again, if they are empty; "kept:DIR" for each that is not.
+rmdirs() { for d in "$@"; do rmdir -- "$d" 2>/dev/null || { [ -d "$d" ] && printf 'kept:%s\n' "$d"; }; done; return 0; }
 
 # remove PATH: a file hosttune created goes away again.
 remove() { [ -d "$1" ] && [ ! -L "$1" ] && die "$1 is a directory; not removing it"; rm -f -- "$1"; }

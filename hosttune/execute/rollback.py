@@ -15,7 +15,7 @@ from hosttune.execute.undo import Undo, not_reversed, touched, undo_list
 from hosttune.config.inventory import Host
 from hosttune.fleet_runner import Outcome
 from hosttune.plan.resolve import kernel_value_holds
-from hosttune.plan.state import rooted
+from hosttune.plan.state import rooted, unrooted
 from hosttune.transport.base import Transport
 
 @dataclass(frozen=True)
@@ -112,6 +112,12 @@ def _run_undo(transport: Transport, undo: Undo, root: str | None):
     return transport.change(argv, stdin=undo.stdin, timeout=3600)
 
 
+def _kept(stdout: str, root: str | None) -> str:
+    """rmdirs' directories that are not empty (something was put in them since the run): kept, and said so."""
+    kept = [unrooted(root, line[len("kept:"):]) for line in stdout.splitlines() if line.startswith("kept:")]
+    return f" (kept {', '.join(kept)}: files were put in {'it' if len(kept) == 1 else 'them'} since)" if kept else ""
+
+
 def rollback_journal(transport: Transport, host: Host, journal: Journal, root: str | None) -> RollbackResult:
     undos = undo_list(journal)
     done: list[str] = []
@@ -123,7 +129,7 @@ def rollback_journal(transport: Transport, host: Host, journal: Journal, root: s
         if result is None:
             done.append(f"nothing to do: {undo.description} (already so, or --root)")
         elif result.ok:
-            done.append(undo.description)
+            done.append(undo.description + _kept(result.stdout, root))
         else:
             errors.append(f"{undo.description}: {result.stderr.strip()[-500:]}")
     done += not_reversed(journal)  # the packages a run installed stay, beside whatever else it undid

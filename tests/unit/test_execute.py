@@ -568,6 +568,18 @@ def test_a_run_that_also_installed_packages_says_rollback_keeps_them_beside_what
     assert not (root / "etc/hosttune-x.conf").exists()
 
 
+def test_rollback_says_which_directories_it_made_it_keeps_because_something_was_put_in_them_since(local, tmp_path):
+    root = image(tmp_path)
+    plan = replace(plan_for(local, root, []), steps=(Step(("a",), "a", (FileWrite("/etc/hosttune.d/a.conf", b"a\n"),)),))
+    assert execute_plan(local, plan, "r1").status == "changed"
+    (root / "etc/hosttune.d/site.conf").write_text("the site's own\n")
+    done = rollback_host(local, HOST, "r1", str(root))
+    assert done.status == "restored" and done.done == (
+        "remove /etc/hosttune.d/a.conf (hosttune created it)",
+        "remove the directories made for it: /etc/hosttune.d (kept /etc/hosttune.d: files were put in it since)")
+    assert (root / "etc/hosttune.d/site.conf").exists() and not (root / "etc/hosttune.d/a.conf").exists()
+
+
 def test_rollback_does_not_ask_to_undo_a_package_list_refresh_by_hand():
     """apt-get update (dnf makecache) before an install changed no package: only the install is said to stay."""
     from hosttune.execute.undo import not_reversed
