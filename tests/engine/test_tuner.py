@@ -158,6 +158,29 @@ def test_tune_refuses_what_the_gpu_cannot_run_before_it_sweeps(no_user_tables, m
     assert exit_.value.code == 2 and err.count("\n") == 1 and "cannot run FP8 weights" in err and not swept
 
 
+def test_tune_refuses_a_cache_it_could_not_write_before_it_sweeps(no_user_tables, monkeypatch, capsys):
+    """The table is written after the whole budget: a cache folder that cannot hold it is refused first."""
+    from hosttune_engine.tuner import command
+
+    from .test_kernel_plan import QWEN7B
+
+    swept = []
+    (no_user_tables.parent / "a-file").write_text("")
+    cache = no_user_tables.parent / "a-file" / "cache"  # a folder under a file: not even root can make it
+    monkeypatch.setenv(tuning.CACHE_ENV, str(cache))
+    monkeypatch.setattr(command.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(command, "present_gpu", lambda device: GpuInfo("NVIDIA L40S", (8, 9), True))
+    monkeypatch.setattr(tuning, "driver_version", lambda: "555.42")
+    monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
+    monkeypatch.setattr(command, "tune_model", lambda inputs, budget: swept.append(inputs))
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "--model", str(QWEN7B), "--budget-s", "10"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and not swept
+    assert err == (f"hosttune-engine: error: {cache / 'tuned'}: cannot write the tuned table there (Not a directory); "
+                   f"set ${tuning.CACHE_ENV} to a folder this user can write\n")
+
+
 def test_tune_times_the_activations_serve_would_run(no_user_tables, monkeypatch, tmp_path, capsys):
     """A float16 checkpoint is served in float16: tune times its kernels in float16, not bfloat16."""
     from hosttune_engine.tuner import command

@@ -17,10 +17,13 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
+
+from hosttune_engine.errors import ConfigError
 
 SHIPPED = Path(__file__).with_name("tuned_configs.json")
 USER_ENV = "HOSTTUNE_KERNEL_CONFIGS"
@@ -126,6 +129,17 @@ def cached_tables() -> list[tuple[TableKey, dict]]:
         if {"gpu", "driver", "triton", "kernels"} <= set(raw):
             found.append((TableKey(raw["gpu"], raw["driver"], raw["triton"]), raw["kernels"]))
     return found
+
+
+def check_cache_writable() -> None:
+    """Refuse, in one line, a cache folder a tuned table could not be written to (made if missing)."""
+    folder = cache_dir() / "tuned"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as e:
+        raise ConfigError(f"{folder}: cannot write the tuned table there ({e.strerror}); set ${CACHE_ENV} to a "
+                          "folder this user can write") from None
 
 
 def write_cached_table(key: TableKey, kernels: dict, about: dict) -> Path:

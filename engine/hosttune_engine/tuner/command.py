@@ -55,6 +55,7 @@ def tune_from_args(args: argparse.Namespace) -> str:
     if args.if_missing and weights in tuned_for:
         return (f"{gpu.name} has a table tuned for {weights.replace('/', ' weights, ')} "
                 f"{'activations' if '/' in weights else 'weights'} on this driver and Triton: {tuning.cache_path(key)}")
+    tuning.check_cache_writable()  # the table is written after the whole budget
     start = time.perf_counter()
     done = tune_model(inputs, args.budget_s)
     wall_s = time.perf_counter() - start
