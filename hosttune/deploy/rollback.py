@@ -33,6 +33,9 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_
     dry_run: only which release would come back in place of which (PLANNED), read-only.
     """
     state = read_state(transport, "-", [])
+    if state.previous is None and state.current is None:  # a host never deployed to: not a failed rollback
+        return HostDeploy(host, Outcome.NOTHING, error=f"{host.name}: nothing deployed by hosttune here, so nothing to "
+                                                       "roll back")
     if state.previous is None:
         raise DeployError(f"{host.name}: no previous release to go back to ({release_name(state.current) or 'nothing'} is live)")
     previous = load_release(transport, state.previous)

@@ -479,3 +479,16 @@ def test_the_run_carries_out_exactly_the_operations_its_dry_run_printed(tmp_path
     assert outcome.state == "deployed", outcome.error
     shown = [line for line in planned.ops if not line.startswith(("gate ", "check the engine's flags"))]
     assert [describe(op) for op in done] == shown
+
+
+def test_rolling_back_a_host_never_deployed_is_nothing_to_do_not_a_failure(tmp_path):
+    """A new host of the fleet has nothing to roll back: `deploy --rollback` must not fail the run for it."""
+    from hosttune.fleet_runner import exit_code
+
+    (host, _) = _hosts(tmp_path, "port: 8000\n")
+    outcome = rollback_one(ScriptedTransport("gpu-a", [], state=""), host, ServeSettings("", "", 1, {}, {}), dry_run=True)
+    assert outcome.state == "nothing" and exit_code([outcome]) == 0
+    assert outcome.error == "gpu-a: nothing deployed by hosttune here, so nothing to roll back"
+    with pytest.raises(DeployError, match=r"^gpu-a: no previous release to go back to \(custom-1 is live\)$"):
+        rollback_one(ScriptedTransport("gpu-a", [], state="current:/opt/hosttune/releases/custom-1\n"), host,
+                     ServeSettings("", "", 1, {}, {}), dry_run=True)
