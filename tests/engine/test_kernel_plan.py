@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hosttune_engine import Engine, EngineConfig, SamplingParams
+from hosttune_engine import LLM, Engine, EngineConfig, SamplingParams
 from hosttune_engine.core import model_runner
 from hosttune_engine.core.messages import EngineRequest
 from hosttune_engine.core.sequence import Sequence
-from hosttune_engine.errors import ConfigError
+from hosttune_engine.errors import ConfigError, QuantizationError
 from hosttune_engine.kernels import dequant_gemm, fp8_gemv, tuning
 from hosttune_engine.layers import linear
 from hosttune_engine.layers.backend import set_kernel_backend
@@ -192,6 +192,18 @@ def test_fp8_weights_run_on_ampere_decoded_by_bits_with_bf16_activations(no_user
     main(["plan", "--model", str(QWEN7B), "--gpu", gpu, "--quantization", quantization])
     out = capsys.readouterr().out
     assert f"weights {dummy_spec(quantization).layout.value}, activations bfloat16" in out and " BITS=1 " in out
+
+
+@pytest.mark.parametrize("quantization", ["awq", "gptq"])
+def test_the_plan_refuses_4bit_groups_that_do_not_divide_a_projection_as_the_load_does(no_user_tables, capsys,
+                                                                                        tiny_models, quantization):
+    # the tiny Qwen2's MLP is 192 wide: groups of 128 do not divide down_proj's input, and serve refuses to load it
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--model", str(tiny_models["qwen2"]), "--gpu", A100, "--quantization", quantization])
+    line = "model.layers.0.mlp.down_proj: group size 128 does not divide its input width 192"
+    assert exit_.value.code == 2 and capsys.readouterr().err == f"hosttune-engine: error: {line}\n"
+    with pytest.raises(QuantizationError, match=line):
+        LLM(str(tiny_models["qwen2"]), load_format="dummy", quantization=quantization)
 
 
 def test_what_the_plan_refuses_the_engine_refuses_at_load_with_the_same_line(no_user_tables, capsys):

@@ -28,6 +28,7 @@ from hosttune_engine.plan.kinds import (DECODE_BUCKETS, GEMV_ROWS, PREFILL_BUCKE
                                         Kernel, Op, Reason, RowBucket)
 from hosttune_engine.plan.launch import Fp8Method, LaunchConfig
 from hosttune_engine.plan.plan import Choice, KernelPlan, OpPlan
+from hosttune_engine.quant.layouts import checkpoint_tensors
 from hosttune_engine.quant.spec import Layout, QuantSpec
 
 # A projection's checkpoint module (for the spec's ignore list) and what computes its input when it fuses it.
@@ -84,8 +85,12 @@ def build_plan(inputs: PlanInputs, table: dict, table_name: str) -> KernelPlan:
 
 
 def check_runs(inputs: PlanInputs) -> None:
-    """Refuse, in one line saying what runs instead, what the kernels cannot run on the GPU. `hosttune-engine
-    plan` and the engine at load (planner/prepare.py) build their plans here, so both refuse the same inputs."""
+    """Refuse, in one line saying what runs instead, what the kernels cannot run on the GPU, and a layout the
+    projections' widths cannot hold (4-bit groups that do not divide one). `hosttune-engine plan` and the engine at
+    load (planner/prepare.py) build their plans here, so both refuse the same inputs."""
+    for op in PROJECTIONS:
+        if inputs.layout(op) is not None:
+            checkpoint_tensors(inputs.spec, *inputs.shape(op), MODULES[op])  # raises where the load would
     if not inputs.on_kernels:
         return
     fp8 = inputs.spec.layout.value if inputs.spec is not None and inputs.spec.layout.is_fp8 else None
