@@ -11,6 +11,7 @@ warmup makes the process exit 1.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 import threading
@@ -32,6 +33,15 @@ log = logging.getLogger("hosttune_engine.server")
 
 HEALTH_SAMPLE_S = 0.5
 ABORT_GRACE_S = 2.0  # after the shutdown timeout, for aborted requests to send their last bytes
+
+
+def _listen_advice(e: OSError) -> str:
+    """What to change when the socket cannot open: the port when it is taken or privileged, else the host."""
+    if e.errno == errno.EADDRINUSE:
+        return "free that address or give another --host/--port"
+    if e.errno == errno.EACCES:
+        return "a port below 1024 needs root or CAP_NET_BIND_SERVICE; give another --port"
+    return "--host must be an address of this machine (127.0.0.1, or 0.0.0.0 for every interface)"
 
 
 def build_engine(config: EngineConfig):
@@ -68,8 +78,7 @@ class Server:
         try:
             await self.site.start()
         except OSError as e:
-            log.error("cannot listen on %s:%s: %s; free that address or give another --host/--port", self.config.host,
-                      self.config.port, e)
+            log.error("cannot listen on %s:%s: %s; %s", self.config.host, self.config.port, e, _listen_advice(e))
             await runner.cleanup()
             return 1
         self.port = runner.addresses[0][1]  # the real one when --port 0 asked for any free port

@@ -227,6 +227,20 @@ def test_a_port_in_use_is_one_line_and_exit_1(tmp_path, caplog):
     assert "address already in use; free that address or give another --host/--port" in errors[0]
 
 
+def test_an_address_not_on_this_machine_is_one_line_naming_host_and_exit_1(tmp_path, caplog):
+    # 192.0.2.1 is a documentation address (TEST-NET-1): no machine has it, so binding fails at once
+    from hosttune_engine.config import EngineConfig
+    from hosttune_engine.server.config import ServerConfig
+    from hosttune_engine.server.serve import Server
+
+    config = ServerConfig(EngineConfig(model=str(tmp_path)), host="192.0.2.1", port=8000)
+    assert asyncio.run(Server(config).run()) == 1
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].startswith("cannot listen on 192.0.2.1:8000: ")
+    assert errors[0].endswith("; --host must be an address of this machine (127.0.0.1, or 0.0.0.0 for every "
+                              "interface)"), errors[0]
+
+
 def test_bad_options_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hosttune_engine", "serve", "--model", str(tmp_path),
                            "--max-batch-size", "0"], capture_output=True, text=True, timeout=60)
