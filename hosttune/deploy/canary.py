@@ -78,10 +78,11 @@ def slo_check(bench: CanaryBench, request):
     from hosttune.bench.benchmark import BenchSpec, measure_sync
     from hosttune.bench.loadgen import Load
     from hosttune.bench.metrics import summarize
-    from hosttune.bench.units import parse_duration, parse_slo
+    from hosttune.bench.units import parse_positive_duration, parse_slo
 
     slo = parse_slo(bench.slo, bench.percentile, bench.max_error_rate)
-    load = Load(users=None, rate=bench.rate, duration=parse_duration(bench.duration, "--canary-duration"), warmup=0.0)
+    load = Load(users=None, rate=bench.rate, duration=parse_positive_duration(bench.duration, "--canary-duration"),
+                warmup=0.0)
     spec = BenchSpec(load=load, prompt_lengths=bench.prompts, output_lengths=bench.max_tokens, slo=slo)
 
     def check(outcomes: list[HostDeploy]) -> str | None:

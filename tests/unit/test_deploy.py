@@ -377,6 +377,8 @@ def test_cli_a_port_out_of_range_is_a_usage_error(monkeypatch, tmp_path, port):
     (["--canary-slo", "e2e=2s"], "hosttune: --canary-slo e2e=2s measures the canaries: give --canary N too"),
     (["--canary", "1", "--canary-slo", "e2e"], "hosttune: SLO term 'e2e': use ttft=..., tpot=... or e2e=..."),
     (["--canary", "1", "--canary-slo", "e2e=2s", "--canary-duration", "soon"], "hosttune: --canary-duration 'soon': "),
+    (["--canary", "1", "--canary-slo", "e2e=2s", "--canary-duration", "0s"],
+     "hosttune: --canary-duration 0s: give a positive time, e.g. 1s\n"),  # its own name, not bench's --duration
 ])
 def test_cli_a_canary_slo_is_checked_before_any_plan_even_in_a_dry_run(monkeypatch, tmp_path, args, message):
     opened = untouched(monkeypatch)
