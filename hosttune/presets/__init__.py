@@ -92,8 +92,9 @@ class EnginePreset:
         fitting = [r for r in self.releases if r.cuda == major]
         if not fitting:
             known = ", ".join(f"CUDA {r.cuda}.x → {self.name} {r.ref}" for r in self.releases)
-            raise PresetError(f"{host}: its driver supports CUDA {cuda or 'unknown'}; {self.name} releases are pinned "
-                              f"for {known}: update the driver (hosttune apply) or deploy with --ref")
+            has = f"its driver supports CUDA {cuda}" if cuda else "no NVIDIA driver reports a CUDA version here"
+            raise PresetError(f"{host}: {has}; {self.name} releases are pinned for {known}: "
+                              f"{'update' if cuda else 'install'} the driver (hosttune apply) or deploy with --ref")
         return fitting[0]
 
     @property

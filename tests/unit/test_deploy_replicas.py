@@ -314,6 +314,9 @@ def test_vllm_release_follows_the_hosts_cuda(tmp_path):
     old = replace(a100_facts(), gpu=replace(a100_facts().gpu, cuda_driver_version="11.8"))
     with pytest.raises(PresetError, match="its driver supports CUDA 11.8; vllm releases are pinned for CUDA 12.x"):
         job(tmp_path / "c", old)
+    with pytest.raises(PresetError, match=r"^h: no NVIDIA driver reports a CUDA version here; vllm releases are pinned for "
+                                          r"CUDA 12.x .*: install the driver \(hosttune apply\) or deploy with --ref$"):
+        load_preset("vllm").release_for(None, "h")  # not a driver that supports "CUDA unknown"
 
 
 def test_a_missing_model_folder_is_refused(tmp_path):
