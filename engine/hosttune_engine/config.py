@@ -76,8 +76,7 @@ class EngineConfig:
             if self.quantization != "fp8" and self.load_format != "dummy":
                 raise ConfigError(f"quantization={self.quantization!r} is for dummy weights only; with a "
                                   "checkpoint use 'fp8' (quantize at load) or none (config.json says the layout)")
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
-            raise ConfigError(f"block_size must be a power of two, got {self.block_size}")
+        check_block_size(self.block_size)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
@@ -111,6 +110,12 @@ def activation_dtype(name: str, checkpoint_dtype: str | None, on_cuda: bool) -> 
     if not on_cuda:
         return "float32"
     return "float16" if checkpoint_dtype == "float16" else "bfloat16"
+
+
+def check_block_size(block_size: int) -> None:
+    """A KV-cache block holds a power of two of tokens (the attention kernels' tiles split it evenly)."""
+    if block_size < 1 or block_size & (block_size - 1):
+        raise ConfigError(f"block_size must be a power of two, got {block_size}")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -131,6 +131,22 @@ def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no
     assert "qkv_proj:" in format_plan(_plan("NVIDIA H200"))
 
 
+def test_the_plan_command_plans_the_block_size_serve_is_given(no_user_tables, capsys):
+    """Decode attention's tuned entries are per KV block size: the plan of `serve --block-size 32` is not the
+    default's."""
+    def attention(*args):
+        main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA H200", *args])
+        out = capsys.readouterr().out
+        return [line for line in out.split("attention:")[1].split("\n\n")[0].splitlines() if "decode" in line]
+
+    assert "tuned for this row bucket (decode_attention bfloat16-d128-g7-paged16-le1)" in attention()[0]
+    assert not [row for row in attention("--block-size", "32") if "tuned" in row]  # the shipped entries are for 16
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--model", str(QWEN7B), "--block-size", "12"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "hosttune-engine: error: block_size must be a power of two, got 12\n"
+
+
 V100, A100, A10 = "Tesla V100-SXM2-32GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A10"
 E4M3 = ("the Triton kernels' e4m3 type needs 8.9 or later (Ada or Hopper), and before it only FP8 weights run, decoded "
         "by integer operations from 8.0 (Ampere) on")

@@ -6,7 +6,7 @@ import argparse
 
 import torch
 
-from hosttune_engine.config import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, activation_dtype
+from hosttune_engine.config import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, activation_dtype, check_block_size
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.planner.build import PlanInputs, build_plan
 from hosttune_engine.plan.gpus import CPU, named_gpu, present_gpu
@@ -34,16 +34,19 @@ def add_parser(commands) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="as serve's: the activations' dtype ('auto': float32 on the CPU; on a GPU float16 for a "
                         "float16 checkpoint, else bfloat16)")
+    p.add_argument("--block-size", type=int, default=16,
+                   help="as serve's: tokens per KV-cache block (decode attention's tuned entries are per size)")
 
 
 def plan_from_args(args: argparse.Namespace) -> KernelPlan:
     """The plan `hosttune-engine plan` prints: of the activations serve would compute in on that GPU."""
+    check_block_size(args.block_size)
     cfg = ModelConfig.from_folder(args.model)
     spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization else "auto", args.model)
     gpu = named_gpu(table_name(args.gpu)) if args.gpu is not None else _this_gpu()  # --gpu '' is unknown
     dtype = getattr(torch, activation_dtype(args.dtype, cfg.dtype, gpu.is_cuda))
     inputs = PlanInputs(cfg, gpu, dtype, spec, use_triton=gpu.is_cuda,
-                        kv_cache_fp8=args.kv_cache_dtype == "fp8")
+                        kv_cache_fp8=args.kv_cache_dtype == "fp8", block_size=args.block_size)
     return build_plan(inputs, *table_and_name(gpu))
 
 
