@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from hosttune.actions.base import Command, FileWrite, Packages, Step
 from hosttune.rendering import render
 from hosttune.probes.facts import Facts
-
-GRUB_DROPIN = "/etc/default/grub.d/90-hosttune.cfg"
+from hosttune.probes.system import GRUB_DROPIN
 
 
 def is_refresh(argv: tuple[str, ...]) -> bool:
@@ -111,6 +110,13 @@ class GrubDropIn:
         content = render("grub-hosttune.cfg.j2", params=params)
         return (FileWrite(GRUB_DROPIN, content, 0o644), Command(("update-grub",), regenerate=True))
 
+    def why_not(self, params: tuple[str, ...], facts: Facts) -> str:
+        """A drop-in read after ours that sets the line anew would drop what ours appends."""
+        if not facts.grub_overrides:
+            return ""
+        return (f"{facts.grub_overrides[0]} sets GRUB_CMDLINE_LINUX_DEFAULT after {GRUB_DROPIN} and would drop its "
+                f"parameters: make it append ($GRUB_CMDLINE_LINUX_DEFAULT ...), or add {' '.join(params)} to it by hand")
+
 
 @dataclass(frozen=True)
 class Grubby:
@@ -123,6 +129,9 @@ class Grubby:
         old = [f"{k}={v}" for k in keys if (v := facts.cmdline_param(k, configured=True)) is not None]
         undo = ("grubby", "--update-kernel=ALL", f"--remove-args={' '.join(keys)}") + ((f"--args={' '.join(old)}",) if old else ())
         return (Command(("grubby", "--update-kernel=ALL", f"--args={' '.join(params)}"), undo=undo),)
+
+    def why_not(self, params: tuple[str, ...], facts: Facts) -> str:
+        return ""
 
 
 PackageFlavour = Apt | Dnf
@@ -141,6 +150,8 @@ class Platform:
 
     def kernel_params_step(self, fixes: tuple[str, ...], params: tuple[str, ...], facts: Facts) -> Step:
         assert self.boot is not None
+        if why := self.boot.why_not(params, facts):
+            return Step(fixes, "no automatic fix", blocked=why)
         return Step(fixes, f"kernel command line via {self.boot.name}: {' '.join(params)}",
                     self.boot.ops(params, facts), needs_reboot=True)
 

@@ -144,6 +144,7 @@ class Facts:
     cmdline_active: tuple[str, ...] = ()
     cmdline_configured: tuple[str, ...] | None = None  # None: no bootloader config found
     cmdline_source: str = ""
+    grub_overrides: tuple[str, ...] = ()  # grub drop-ins read after hosttune's that set the default command line anew
     gpu: GpuFacts = field(default_factory=GpuFacts)
     pci: tuple[PciDevice, ...] = ()
     gpu_interrupts: dict[int, tuple[int, ...]] = field(default_factory=dict)  # IRQ → count per CPU, since boot

@@ -101,7 +101,8 @@ def parse_probe_output(output: str) -> Facts:
 
 def _bootloader(facts: Facts, sec: Section) -> Facts:
     configured, source = system.parse_bootloader(sec.text)
-    return replace(facts, cmdline_configured=configured, cmdline_source=source)
+    return replace(facts, cmdline_configured=configured, cmdline_source=source,
+                   grub_overrides=system.grub_overrides(sec.text))
 
 
 def _system(facts: Facts, sec: Section) -> Facts:

@@ -78,6 +78,11 @@ bootloader() {
     ( . "$R/etc/default/grub"
       for f in "$R"/etc/default/grub.d/*.cfg; do [ -r "$f" ] && . "$f"; done
       printf 'source:grub\nargs:%s %s\n' "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT" )
+    # drop-ins that set the default line anew (not appending to it): read after hosttune's, they drop its parameters
+    for f in "$R"/etc/default/grub.d/*.cfg; do
+      grep -qs '^[[:space:]]*GRUB_CMDLINE_LINUX_DEFAULT=' "$f" || continue
+      grep -qs '^[[:space:]]*GRUB_CMDLINE_LINUX_DEFAULT=.*GRUB_CMDLINE_LINUX_DEFAULT' "$f" || printf 'resets:%s\n' "${f#"$R"}"
+    done
   elif has grubby /usr/sbin/grubby; then
     printf 'source:grubby\n'
     if [ -n "$R" ]; then inroot grubby --info=DEFAULT; else grubby --info=DEFAULT; fi | sed -n 's/^args="\{0,1\}\([^"]*\)"\{0,1\}$/args:\1/p'

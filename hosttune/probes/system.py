@@ -57,6 +57,16 @@ def parse_bootloader(text: str) -> tuple[tuple[str, ...] | None, str]:
     return words, fields.get("source", "")
 
 
+GRUB_DROPIN = "/etc/default/grub.d/90-hosttune.cfg"  # where apply writes its kernel parameters on grub hosts
+
+
+def grub_overrides(text: str, ours: str = GRUB_DROPIN) -> tuple[str, ...]:
+    """The grub drop-ins read after `ours` (by file name, as grub sources them) that set GRUB_CMDLINE_LINUX_DEFAULT
+    anew rather than append to it: whatever `ours` put there is gone by the time update-grub reads it."""
+    name = PurePosixPath(ours).name
+    return tuple(sorted(v.strip() for k, v in keyed(text) if k == "resets" and PurePosixPath(v.strip()).name > name))
+
+
 def _files(text: str) -> dict[str, str]:
     """grep -sH '' FILE... output → {path: first line}."""
     out: dict[str, str] = {}

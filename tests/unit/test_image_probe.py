@@ -142,3 +142,24 @@ def test_one_apply_disables_every_sysctl_file_that_would_override_numa_balancing
     assert (facts.numa_balancing_configured, facts.numa_balancing_source) == (0, "/etc/sysctl.d/90-hosttune.conf")
     assert (image / "usr/lib/sysctl.d/10-vendor.conf").read_text() == "kernel.numa_balancing = 1\n"
     assert "vm.swappiness = 10" in (image / "etc/sysctl.d/99-site.conf").read_text()
+
+
+def test_a_grub_drop_in_read_after_hosttunes_that_resets_the_command_line_blocks_the_kernel_step(tmp_path):
+    """99-site.cfg sets GRUB_CMDLINE_LINUX_DEFAULT anew after 90-hosttune.cfg: the parameters apply would write never
+    reach the kernel, so the plan says so instead of writing them. One read before hosttune's, or one that appends
+    to the variable, does not stand in the way."""
+    make_image(tmp_path)
+    write(tmp_path, "/etc/default/grub.d/50-cloudimg.cfg", 'GRUB_CMDLINE_LINUX_DEFAULT="console=ttyS0"\n')
+    write(tmp_path, "/etc/default/grub.d/95-append.cfg", 'GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX_DEFAULT x=1"\n')
+    write(tmp_path, "/etc/default/grub.d/99-site.cfg", '# GRUB_CMDLINE_LINUX_DEFAULT="ignored"\n'
+                                                       'GRUB_CMDLINE_LINUX_DEFAULT="quiet splash"\n')
+    facts = gather(LocalTransport(), root=str(tmp_path)).facts
+    assert facts.grub_overrides == ("/etc/default/grub.d/99-site.cfg",)
+    from hosttune.actions.kernel import kernel_cmdline
+    from hosttune.config.inventory import local_inventory
+
+    (step, *_) = kernel_cmdline(facts, load_profile("inference-latency"), local_inventory().hosts[0])
+    assert step.ops == () and step.blocked == (
+        "/etc/default/grub.d/99-site.cfg sets GRUB_CMDLINE_LINUX_DEFAULT after /etc/default/grub.d/90-hosttune.cfg "
+        "and would drop its parameters: make it append ($GRUB_CMDLINE_LINUX_DEFAULT ...), or add "
+        "intel_idle.max_cstate=1 processor.max_cstate=1 to it by hand")
