@@ -196,11 +196,23 @@ def test_a_tokenizer_folder_named_but_without_tokenizer_json_is_refused(tmp_path
     ("tokenizer_config.json", '{"bos_token": {"content": true}}', "bos_token must be a string"),
     ("tokenizer_config.json", '{"chat_template": 5}', "chat_template must be a string or an array of named templates"),
     ("tokenizer_config.json", '{"chat_template": [{"name": "default"}]}', "chat_template must be a string or an array"),
+    # a template that does not compile is the folder's fault, found at load, not a 400 to every chat request
+    ("tokenizer_config.json", '{"chat_template": "{% if %}"}',
+     r"tokenizer_config.json: chat template line 1: Expected an expression, got 'end of statement block'$"),
 ])
 def test_a_malformed_tokenizer_file_is_one_error_naming_it(tmp_path, tiny_models, name, text, message):
     folder = copy(tiny_models["qwen2"], tmp_path / "m")
     (folder / name).write_text(text)
     with pytest.raises(ModelLoadError, match=message):
+        Tokenizer(folder)
+
+
+def test_a_chat_template_file_that_does_not_compile_is_one_error_naming_it_and_its_line(tmp_path, tiny_models):
+    folder = copy(tiny_models["qwen2"], tmp_path / "m")
+    (folder / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>"}')
+    (folder / "chat_template.jinja").write_text("{{ bos_token }}\n{% for m in messages %}{{ m.content }}")
+    with pytest.raises(ModelLoadError, match=re.escape(f"{folder / 'chat_template.jinja'}: chat template line 2: "
+                                                       "Unexpected end of template.")):
         Tokenizer(folder)
 
 

@@ -65,10 +65,22 @@ class Tokenizer:
         cfg = _tokenizer_config(cfg_path)
         self.bos_token = _token_text(cfg.get("bos_token"), "bos_token", cfg_path)
         self.eos_token = _token_text(cfg.get("eos_token"), "eos_token", cfg_path)
-        self.chat_template = self._find_chat_template(folder, cfg, cfg_path)
+        self.chat_template, source = self._find_chat_template(folder, cfg, cfg_path)
+        if self.chat_template:
+            self._check_compiles(source)
+
+    def _check_compiles(self, source: Path) -> None:
+        """Compile the template now: one that does not is the folder's to fix, not each chat request's."""
+        from jinja2.exceptions import TemplateSyntaxError
+
+        try:
+            self._template
+        except TemplateSyntaxError as e:
+            raise ModelLoadError(f"{source}: chat template line {e.lineno}: {e.message}") from None
 
     @staticmethod
-    def _find_chat_template(folder: Path, cfg: dict, cfg_path: Path) -> str | None:
+    def _find_chat_template(folder: Path, cfg: dict, cfg_path: Path) -> tuple[str | None, Path]:
+        """The template and the file it is in."""
         template = cfg.get("chat_template")
         named = isinstance(template, list) and all(isinstance(t, dict) and isinstance(t.get("template"), str)
                                                    for t in template)
@@ -79,8 +91,8 @@ class Tokenizer:
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         jinja_file = folder / "chat_template.jinja"
         if template is None and jinja_file.is_file():
-            template = jinja_file.read_text()
-        return template
+            return jinja_file.read_text(), jinja_file
+        return template, cfg_path
 
     @property
     def vocab_size(self) -> int:
