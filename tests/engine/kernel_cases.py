@@ -1,5 +1,6 @@
 """Shared shapes, dtypes and tolerances for the kernel tests (CPU interpreter or GPU)."""
 
+import itertools
 import os
 
 import numpy as np
@@ -14,6 +15,23 @@ TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 HEAD_DIMS = [64, 128]
 # (query heads, kv heads): GQA ratios 1, 4 and 7
 HEADS = [(2, 2), (8, 2), (7, 1)]
+
+
+def with_dtypes(*axes):
+    """(dtype, *case) for every case in the product of `axes` (an axis of tuples spreads them into the case).
+
+    On a GPU, every case in each dtype. Under the interpreter, whose cost is per program, each case in one dtype:
+    DTYPES[sum of its axis indices % 2]. Changing any one axis flips the dtype, so each dtype still meets every
+    value of every axis, and every combination of all the axes but one. The dtype sets only the dot's precision
+    and the element type; the paths through the indexing (GQA groups, pages, tiles, splits) are one code in both.
+    """
+    cases = []
+    for index in itertools.product(*(range(len(axis)) for axis in axes)):
+        values = [axis[i] for axis, i in zip(axes, index)]
+        case = tuple(x for v in values for x in (v if isinstance(v, tuple) else (v,)))
+        dtypes = DTYPES if HAS_CUDA else [DTYPES[sum(index) % len(DTYPES)]]
+        cases += [pytest.param(dtype, *case, id="-".join(map(str, (str(dtype)[6:], *case)))) for dtype in dtypes]
+    return cases
 
 
 def assert_close(out, ref, dtype, scale=1.0):

@@ -17,7 +17,7 @@ from hosttune_engine.kernels.prefill_attention import prefill_attention, prefill
 from hosttune_engine.kernels.split_k import MAX_SPLITS, choose_splits
 from hosttune_engine.layers.rotary import rope_cos_sin
 from .conftest import DEVICE
-from .kernel_cases import DTYPES, HEAD_DIMS, HEADS, assert_close, block_tables_for, paged_cache, randn
+from .kernel_cases import DTYPES, HEAD_DIMS, HEADS, assert_close, block_tables_for, paged_cache, randn, with_dtypes
 
 # (query tokens, context tokens) per sequence: ragged, block-boundary, chunked and prefix-hit shapes
 PREFILL_BATCH = [(1, 1), (16, 16), (17, 17), (15, 47), (33, 33), (8, 120), (64, 64), (65, 81)]
@@ -41,18 +41,15 @@ def run_prefill(fn, dtype, head_dim, hq, hkv, page, seed, batch=PREFILL_BATCH, *
     return out, ref
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("hq,hkv", HEADS)
-@pytest.mark.parametrize("page,block_n", [(16, 64), (16, 16), (32, 32)])
+@pytest.mark.parametrize("dtype,head_dim,hq,hkv,page,block_n",
+                         with_dtypes(HEAD_DIMS, HEADS, [(16, 64), (16, 16), (32, 32)]))
 def test_prefill_attention(dtype, head_dim, hq, hkv, page, block_n):
     out, ref = run_prefill(prefill_attention, dtype, head_dim, hq, hkv, page, seed=hq * head_dim + page,
                            block_m=32, block_n=block_n)
     assert_close(out, ref, dtype, scale=2)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("hq,hkv,num_splits", [(8, 2, 2), (7, 1, 3), (2, 2, 16), (4, 1, 1)])
+@pytest.mark.parametrize("dtype,hq,hkv,num_splits", with_dtypes([(8, 2, 2), (7, 1, 3), (2, 2, 16), (4, 1, 1)]))
 def test_prefill_split_k_matches_reference(dtype, hq, hkv, num_splits):
     """Chunks after a cached prefix, several sequences of different lengths in one call, split over their
     keys; with 16 splits most splits of the short sequences' tiles see no key at all."""
@@ -151,18 +148,14 @@ def run_decode(dtype, head_dim, hq, hkv, page, num_splits, seed, lens=DECODE_LEN
     return out, decode_attention_ref(q, kc, vc, bt, seq_lens)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", HEAD_DIMS)
-@pytest.mark.parametrize("hq,hkv", HEADS)
-@pytest.mark.parametrize("num_splits", [1, 5])
+@pytest.mark.parametrize("dtype,head_dim,hq,hkv,num_splits", with_dtypes(HEAD_DIMS, HEADS, [1, 5]))
 def test_decode_attention(dtype, head_dim, hq, hkv, num_splits):
     out, ref = run_decode(dtype, head_dim, hq, hkv, 16, num_splits, seed=hq + head_dim + num_splits)
     assert_close(out, ref, dtype, scale=2)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim,hq,hkv", [(128, 8, 2), (64, 7, 1), (64, 2, 2)])
-@pytest.mark.parametrize("num_splits", [1, 5])
+@pytest.mark.parametrize("dtype,head_dim,hq,hkv,num_splits",
+                         with_dtypes([(128, 8, 2), (64, 7, 1), (64, 2, 2)], [1, 5]))
 def test_decode_attention_rope_is_rope_kv_write_then_decode_attention(dtype, head_dim, hq, hkv, num_splits):
     """The fused kernel rotates q and k, writes this token's k and v and attends the cache and the token: the
     same output and caches as the two kernels' references, qkv untouched; a padding row (slot -1) writes nothing."""
