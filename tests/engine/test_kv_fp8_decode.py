@@ -13,7 +13,9 @@ from hosttune_engine.kernels.decode_attention import (
 from hosttune_engine.kernels.kv_quant import KV_FP8, kv_quantize_ref
 from hosttune_engine.layers.rotary import rope_cos_sin
 from .conftest import DEVICE
-from .kernel_cases import DTYPES, assert_close, block_tables_for, e4m3_rounding_as_on_the_gpu, paged_cache, randn
+from .kernel_cases import (
+    DTYPES, assert_close, block_tables_for, e4m3_rounding_as_on_the_gpu, paged_cache, randn, with_dtypes,
+)
 
 pytestmark = pytest.mark.usefixtures(e4m3_rounding_as_on_the_gpu.__name__)
 
@@ -41,10 +43,7 @@ def run_fp8_decode(dtype, head_dim, hq, hkv, num_splits, seed, page=PAGE, lens=L
     return out, ref, decode_attention_ref(q, *raw, bt, seq_lens), raw
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("hq,hkv", [(8, 2), (7, 1)])
-@pytest.mark.parametrize("num_splits", [1, 5])
+@pytest.mark.parametrize("dtype,head_dim,hq,hkv,num_splits", with_dtypes([64, 128], [(8, 2), (7, 1)], [1, 5]))
 def test_fp8_decode_attention_matches_ref(dtype, head_dim, hq, hkv, num_splits):
     out, ref, _, _ = run_fp8_decode(dtype, head_dim, hq, hkv, num_splits, seed=hq + head_dim + num_splits)
     assert_close(out, ref, dtype, scale=2)
@@ -79,9 +78,7 @@ def flat_rows(x):
     return x.reshape(x.shape[0] * x.shape[1], -1)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim,hq,hkv", [(128, 8, 2), (64, 7, 1)])
-@pytest.mark.parametrize("num_splits", [1, 5])
+@pytest.mark.parametrize("dtype,head_dim,hq,hkv,num_splits", with_dtypes([(128, 8, 2), (64, 7, 1)], [1, 5]))
 def test_fp8_decode_attention_rope_is_rope_kv_write_then_decode_attention(dtype, head_dim, hq, hkv, num_splits):
     """The fused kernel writes this token's k and v as e4m3 with their scales and attends it as the cache holds
     it: the same output, cache bytes and scales as the references; a padding row (slot -1) writes nothing."""

@@ -11,7 +11,7 @@ from hosttune_engine.kernels.kv_quant import kv_dequantize_ref, kv_quantize_ref,
 from hosttune_engine.kernels.kv_write import write_kv_ref
 from hosttune_engine.kernels.prefill_attention import prefill_attention, prefill_attention_ref
 from .conftest import DEVICE
-from .kernel_cases import DTYPES, assert_close, block_tables_for, paged_cache, randn
+from .kernel_cases import DTYPES, assert_close, block_tables_for, paged_cache, randn, with_dtypes
 from .test_kernels_attention import PREFILL_BATCH, SPLIT_BATCH
 
 
@@ -42,17 +42,14 @@ def run_fp8_prefill(dtype, head_dim, hq, hkv, page, seed, batch=PREFILL_BATCH, *
 FP8_HEADS = [(64, 4, 2), (128, 3, 1)]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim,hq,hkv", FP8_HEADS)
-@pytest.mark.parametrize("page,block_n", [(16, 64), (32, 32)])
+@pytest.mark.parametrize("dtype,head_dim,hq,hkv,page,block_n", with_dtypes(FP8_HEADS, [(16, 64), (32, 32)]))
 def test_fp8_prefill_attention_matches_ref(dtype, head_dim, hq, hkv, page, block_n):
     """Ragged, chunked and prefix-hit sequences; key tiles across pages and inside one page."""
     out, ref, _ = run_fp8_prefill(dtype, head_dim, hq, hkv, page, seed=hq * head_dim + page, block_n=block_n)
     assert_close(out, ref, dtype, scale=2)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("head_dim,hq,hkv", FP8_HEADS)
+@pytest.mark.parametrize("dtype,head_dim,hq,hkv", with_dtypes(FP8_HEADS))
 def test_fp8_prefill_split_k_matches_ref(dtype, head_dim, hq, hkv):
     """Chunks after cached prefixes, split over their keys in three. (One split is the unsplit kernel that
     test_fp8_prefill_attention_matches_ref runs on prefix hits off the page grid.)"""
