@@ -13,6 +13,8 @@ def parse(text: str) -> tuple[int, ...]:
         return ()
     for part in text.split(","):
         part = part.strip()
+        if not part:  # "0-3," from a list built in a shell: a CPU left out, not one fewer to use
+            raise ValueError(f"CPU list {text!r} has an empty entry; list CPUs such as 0-3,8")
         lo, sep, hi = part.partition("-")
         if not _number(lo) or (sep and not _number(hi)):
             raise ValueError(f"not a CPU list: {text!r}")

@@ -77,6 +77,8 @@ def test_limit_by_group_and_glob():
      """, r"host 'a' is already defined"),
     ("hosts: [a, b]\n", r"inv.yaml:1: hosts: must be a mapping"),
     ("hosts:\n  a:\n    gpus: 0-z\n", r"^.*inv.yaml:3: hosts.a.gpus: must be all or GPU indices such as 0-3 or 0,2 \(got '0-z'\)$"),
+    ("hosts:\n  a:\n    rcu_nocbs: '2-31,'\n", r"^.*inv.yaml:3: hosts.a.rcu_nocbs: CPU list '2-31,' has an empty entry; "
+                                           r"list CPUs such as 0-3,8 \(got '2-31,'\)$"),  # as --limit's and --arch's
     ("hosts:\n  a: {\n", r"inv.yaml:\d+: invalid YAML"),
     ("groups: {}\n", r"no hosts defined"),
 ])
