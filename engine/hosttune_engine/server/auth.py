@@ -53,7 +53,7 @@ def load_keys(flags: list[str], files: list[str], environ: dict[str, str] = os.e
     """Keys from --api-key, --api-key-file (one a line, # comments) and $HOSTTUNE_ENGINE_API_KEY."""
     found = [(k, "--api-key") for k in flags]
     for name in files:
-        found += [(k, f"the API key file {name}") for k in _keys_in_file(Path(name))]
+        found += [(k, f"the API key file {name} line {n}") for n, k in _keys_in_file(Path(name))]
     found += [(k, f"${KEY_ENV}") for k in environ.get(KEY_ENV, "").split(",")]
     found = [(k.strip(), source) for k, source in found if k and k.strip()]
     short = [source for k, source in found if len(k) < 8]
@@ -62,15 +62,25 @@ def load_keys(flags: list[str], files: list[str], environ: dict[str, str] = os.e
     return tuple(dict.fromkeys(k for k, _ in found))
 
 
-def _keys_in_file(path: Path) -> list[str]:
+def _keys_in_file(path: Path) -> list[tuple[int, str]]:
+    """(line number, key) of each key line."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as e:
         raise ConfigError(f"cannot read the API key file {path}: {e.strerror}") from None
-    keys = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    lines = [(n, _text_line(path, n, raw).strip()) for n, raw in enumerate(data.splitlines(), 1)]
+    keys = [(n, line) for n, line in lines if line and not line.startswith("#")]
     if not keys:
         raise ConfigError(f"the API key file {path} holds no key")
     return keys
+
+
+def _text_line(path: Path, n: int, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:  # the line itself is never shown: it may be a key
+        raise ConfigError(f"the API key file {path} line {n} is not UTF-8 text; write each key as text, one a "
+                          "line") from None
 
 
 def is_protected(path: str, protect_probes: bool) -> bool:

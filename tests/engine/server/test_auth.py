@@ -143,10 +143,22 @@ def test_load_keys_from_flags_files_and_environment(tmp_path):
     with pytest.raises(ConfigError, match="an API key from --api-key is shorter than 8 characters"):
         load_keys(["short"], [], {})
     (tmp_path / "short").write_text("long-enough-key\nshort\n")
-    with pytest.raises(ConfigError, match="from the API key file .*short is shorter than 8 characters"):
+    with pytest.raises(ConfigError, match=f"from the API key file {tmp_path / 'short'} line 2 is shorter than 8 "):
         load_keys([], [str(tmp_path / "short")], {})
     with pytest.raises(ConfigError, match="from \\$HOSTTUNE_ENGINE_API_KEY is shorter than 8"):
         load_keys([], [], {"HOSTTUNE_ENGINE_API_KEY": "long-enough-key,abc"})
+
+
+def test_a_key_file_that_is_not_utf8_is_one_error_naming_it_and_its_line(tmp_path, capsys):
+    from hosttune_engine.server.cli import main
+
+    path = tmp_path / "keys"
+    path.write_bytes(b"# keys\nlong-enough-key\n\xff\xfe-key\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", str(tmp_path), "--api-key-file", str(path)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (f"hosttune-engine: error: the API key file {path} line 3 is not UTF-8 text; "
+                                       "write each key as text, one a line\n")
 
 
 def test_protect_probes_without_a_key_is_a_config_error():
