@@ -207,12 +207,16 @@ def test_a_malformed_tokenizer_file_is_one_error_naming_it(tmp_path, tiny_models
         Tokenizer(folder)
 
 
-def test_a_chat_template_file_that_does_not_compile_is_one_error_naming_it_and_its_line(tmp_path, tiny_models):
+def test_a_chat_template_file_that_does_not_compile_or_is_not_utf8_is_one_error_naming_it(tmp_path, tiny_models):
     folder = copy(tiny_models["qwen2"], tmp_path / "m")
     (folder / "tokenizer_config.json").write_text('{"eos_token": "<|im_end|>"}')
     (folder / "chat_template.jinja").write_text("{{ bos_token }}\n{% for m in messages %}{{ m.content }}")
     with pytest.raises(ModelLoadError, match=re.escape(f"{folder / 'chat_template.jinja'}: chat template line 2: "
                                                        "Unexpected end of template.")):
+        Tokenizer(folder)
+    (folder / "chat_template.jinja").write_bytes(b"{{ bos_token }}\xff")
+    with pytest.raises(ModelLoadError, match=re.escape(f"{folder / 'chat_template.jinja'}: cannot read it as UTF-8 "
+                                                       "text: 'utf-8' codec can't decode byte 0xff in position 15")):
         Tokenizer(folder)
 
 

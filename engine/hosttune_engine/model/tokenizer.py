@@ -91,7 +91,10 @@ class Tokenizer:
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         jinja_file = folder / "chat_template.jinja"
         if template is None and jinja_file.is_file():
-            return jinja_file.read_text(), jinja_file
+            try:
+                return jinja_file.read_text(encoding="utf-8"), jinja_file
+            except (OSError, UnicodeDecodeError) as e:
+                raise ModelLoadError(f"{jinja_file}: cannot read it as UTF-8 text: {e}") from None
         return template, cfg_path
 
     @property
