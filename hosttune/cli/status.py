@@ -36,7 +36,7 @@ def status(
     inventory: Optional[Path] = InventoryOpt,
     limit: Optional[str] = LimitOpt,
     fmt: StatusFormat = typer.Option(StatusFormat.table, "--format", help="Report format."),
-    output: Optional[Path] = path_option(None, "--output", "-o", help="Write the report to this file."),
+    output: Optional[Path] = path_option(None, "--output", "-o", help="Write the report to this file (-: standard output)."),
     forks: int = ReadForksOpt,
     accept_new_host_keys: bool = AcceptKeysOpt,
 ) -> None:

@@ -185,3 +185,9 @@ def test_a_monitor_folder_that_is_not_absolute_is_refused_before_the_pass(tmp_pa
     assert result.exit_code == 2 and list(tmp_path.iterdir()) == []
     assert result.stderr.strip() == (f"hosttune: {option} 'relative' is not an absolute folder: give the full path "
                                       "(the timers apply installs do)")
+
+
+def test_status_help_says_its_output_can_be_standard_output_as_it_can():
+    result = runner.invoke(app, ["status", "-o", "-"])
+    assert "wrote" not in result.stderr and "HOST" in result.stdout
+    assert "(-: standard output)" in runner.invoke(app, ["status", "--help"], env={"COLUMNS": "300"}).stdout
