@@ -85,6 +85,8 @@ class BenchSpec:
             raise BenchError("--trace gives the prompt lengths: drop --dataset, --shared-prefix and --turns")
         if self.shared_prefix is not None and not 1 <= self.prefix_tokens <= MAX_LENGTH:
             raise BenchError(f"--prefix-tokens {self.prefix_tokens}: give 1 to {MAX_LENGTH} tokens")
+        if self.turns is not None and self.turns < 1:
+            raise BenchError(f"--turns {self.turns}: a conversation needs at least one turn")
         if self.turns is not None and self.load.mode != "users":
             raise BenchError("--turns needs closed-loop users (--users): a turn waits for the last answer")
         if (self.trace is None) != (self.load.mode != "trace"):

@@ -176,6 +176,7 @@ def test_bad_workload_options_are_user_errors(tmp_path):
     for args, message in ((["--shared-prefix", "3"], "write NxM"),
                           (["--shared-prefix", "2x2", "--users", "5"], "means 4 users"),
                           (["--rate", "2", "--turns", "3"], "--turns needs closed-loop users"),
+                          (["--requests", "2", "--turns", "0"], "--turns 0: a conversation needs at least one turn"),
                           (["--users", "2", "--max-concurrency", "2"], "--max-concurrency caps an open loop"),
                           (["--trace", str(tmp_path / "none.jsonl")], "does not exist"),
                           (["--dataset", str(tmp_path / "none.json")], "does not exist")):
