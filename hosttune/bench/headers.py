@@ -14,11 +14,17 @@ _SECRET_OPTIONS = ("--api-key",)
 _HEADER_OPTIONS = ("--header",)
 
 
-def request_headers(items: list[str] | tuple[str, ...], api_key: str | None) -> Headers:
-    """--header KEY=VALUE items, checked, then `Authorization: Bearer <api_key>` unless a header set it."""
+def request_headers(items: list[str] | tuple[str, ...], api_key: str | None, *, is_key_typed: bool = False) -> Headers:
+    """--header KEY=VALUE items, checked, then `Authorization: Bearer <api_key>` unless a header set it. A key typed
+    as --api-key beside a --header Authorization is refused (one of the two would be dropped); a key from
+    $OPENAI_API_KEY yields to the header the command line gives."""
     headers = [_one(item) for item in items]
     _once(headers)
-    if api_key and not any(name.lower() == "authorization" for name, _ in headers):
+    sets_authorization = any(name.lower() == "authorization" for name, _ in headers)
+    if api_key and sets_authorization and is_key_typed:
+        raise BenchError("--api-key and --header Authorization both set the Authorization header: give one "
+                         "(--api-key KEY sends 'Authorization: Bearer KEY'; drop it to send the header's value)")
+    if api_key and not sets_authorization:
         headers.append(("Authorization", f"Bearer {_value(api_key, '--api-key')}"))
     return tuple(headers)
 

@@ -31,7 +31,7 @@ EXIT_CLIENT_BEHIND = 4
 DEFAULT_SWEEP_SLO = "e2e=2s"  # a sweep finds the highest rate whose E2E P95 stays under 2 s
 
 
-def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, priority, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed, api_key=None, header=(), cacert=None, insecure=False, given=frozenset()) -> None:
+def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, priority, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed, api_key=None, header=(), cacert=None, insecure=False, given=frozenset(), api_key_typed=False) -> None:
     _check_used(given, slo=slo, sweep=sweep, rate=rate, shared_prefix=shared_prefix)
     url = [check_url(u) for u in url]  # every endpoint's URL before the first run, not after it
     if twice := next((u for i, u in enumerate(url) if u in url[:i]), None):
@@ -53,7 +53,7 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         prompt_lengths=prompts, output_lengths=max_tokens, api=api, model=model,
         tokenizer=tokenizer, timeout=parse_positive_duration(timeout, "--timeout"), slo=slo_value,
         lag_limit=parse_positive_duration(max_client_lag, "--max-client-lag"), is_ignore_eos=ignore_eos,
-        headers=request_headers(header, api_key),
+        headers=request_headers(header, api_key, is_key_typed=api_key_typed),
         dataset=dataset, shared_prefix=grid, prefix_tokens=prefix_tokens, turns=turns, trace=replay,
         metrics_interval=interval or None, priority=priority,
         tls=tls_context(str(cacert) if cacert else None, insecure) if cacert or insecure else None,

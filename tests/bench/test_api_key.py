@@ -117,3 +117,21 @@ def test_a_header_given_twice_is_a_usage_error_naming_it_not_its_values():
     help_text = " ".join(CliRunner().invoke(app, ["bench", "--help"]).stdout.replace("│", " ").split())
     assert "a name given twice is an error" in help_text
 
+
+
+def test_api_key_beside_a_header_authorization_is_a_usage_error_saying_which_to_drop():
+    """Typed together, one of the two would be dropped without a word; a key from $OPENAI_API_KEY yields to the
+    header the command line gives."""
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+
+    args = ["bench", "--url", "http://127.0.0.1:9", "--requests", "2", "--header", f"Authorization=Bearer {TENANT}"]
+    result = CliRunner().invoke(app, [*args, "--api-key", KEY], env={"OPENAI_API_KEY": None})
+    assert result.exit_code == 2 and KEY not in result.output and TENANT not in result.output
+    assert result.stderr == ("hosttune: --api-key and --header Authorization both set the Authorization header: give "
+                             "one (--api-key KEY sends 'Authorization: Bearer KEY'; drop it to send the header's "
+                             "value)\n")
+    assert request_headers([f"Authorization=Bearer {TENANT}"], KEY) == (("Authorization", f"Bearer {TENANT}"),)
+    result = CliRunner().invoke(app, args, env={"OPENAI_API_KEY": KEY})
+    assert result.exit_code == 2 and "cannot reach" in result.stderr
