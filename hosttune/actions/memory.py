@@ -61,4 +61,4 @@ def numa_balancing(facts: Facts, profile: Profile, host: Host) -> list[Step]:
                      if value != str(want) and _overrides_ours(path, value))
     if facts.numa_balancing is not None and facts.numa_balancing != want:
         ops += (KernelWrite((NUMA_PROC,), str(want)),)
-    return [Step(("numa.topology",), f"{NUMA_KEY}={want} now and at boot", ops)]
+    return [Step(("numa.topology",), f"{NUMA_KEY}={want} {lasting(facts, is_by_unit=False)}", ops)]  # sysctl.d needs no unit

@@ -28,6 +28,10 @@ def boot_unit(name: str, description: str, script: bytes, *, environment_file: s
     )
 
 
-def lasting(facts: Facts) -> str:
-    """How long a setting a boot unit writes again holds: from every boot on, or (no systemd, no unit) until the next."""
-    return "now and at boot" if is_systemd(facts) else "now, until the next boot"
+def lasting(facts: Facts, *, is_by_unit: bool = True) -> str:
+    """How long a setting holds: from every boot on, or, when a boot unit writes it again and there is no systemd
+    for one, until the next. An image (--root) has no running kernel to write now: it holds from its first boot."""
+    is_at_boot = is_systemd(facts) or not is_by_unit
+    if facts.image:
+        return "at the image's first boot" if is_at_boot else "not at boot: the image has no systemd for its boot unit"
+    return "now and at boot" if is_at_boot else "now, until the next boot"

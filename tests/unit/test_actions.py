@@ -205,6 +205,18 @@ def test_a_setting_written_without_systemd_is_planned_until_the_next_boot_not_at
         assert live.summary.removesuffix(" now, until the next boot") == lasting.summary.removesuffix(" now and at boot")
 
 
+def test_a_setting_planned_for_an_image_takes_effect_at_its_first_boot_not_now(l40s):
+    """An image (--root) has no running kernel: no step may promise "now", NUMA balancing's sysctl file included."""
+    image = replace(l40s, image="/srv/image", thp_enabled="never", cpu=replace(l40s.cpu, governors={0: "powersave"}))
+    for action in (memory.numa_balancing, memory.thp, cpu.governor, irq.gpu_affinity):
+        (host_step,) = action(l40s, LATENCY, HOST)
+        (image_step,) = action(image, LATENCY, HOST)
+        assert host_step.summary.endswith(" now and at boot"), host_step.summary
+        assert image_step.summary == host_step.summary.replace(" now and at boot", " at the image's first boot")
+    assert memory.numa_balancing(replace(image, pid1="process_api"), LATENCY, HOST)[0].summary.endswith(
+        " at the image's first boot")  # sysctl.d is read at boot without systemd too
+
+
 def test_thp_files_unit_and_live_write(l40s):
     (step,) = memory.thp(l40s, LATENCY, HOST)
     defaults = step.ops[0]
