@@ -113,7 +113,8 @@ def _keep_edits(rec: OpRecord, run: str, where: str) -> list[Undo]:
 def _dirs_undo(rec: OpRecord) -> list[Undo]:
     if not rec.created_dirs:
         return []
-    return [Undo(f"remove the directories made for it: {', '.join(rec.created_dirs)}",
+    # rmdirs keeps a directory something was put in since: the plan says so, as the run does
+    return [Undo(f"remove the directories made for it, each if still empty: {', '.join(rec.created_dirs)}",
                  hostop=("rmdirs", *reversed(rec.created_dirs)))]
 
 

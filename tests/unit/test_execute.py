@@ -573,10 +573,14 @@ def test_rollback_says_which_directories_it_made_it_keeps_because_something_was_
     plan = replace(plan_for(local, root, []), steps=(Step(("a",), "a", (FileWrite("/etc/hosttune.d/a.conf", b"a\n"),)),))
     assert execute_plan(local, plan, "r1").status == "changed"
     (root / "etc/hosttune.d/site.conf").write_text("the site's own\n")
+    planned = rollback_host(local, HOST, "r1", str(root), dry_run=True)
+    assert planned.done == ("remove /etc/hosttune.d/a.conf (hosttune created it)",
+                            "remove the directories made for it, each if still empty: /etc/hosttune.d")
     done = rollback_host(local, HOST, "r1", str(root))
     assert done.status == "restored" and done.done == (
         "remove /etc/hosttune.d/a.conf (hosttune created it)",
-        "remove the directories made for it: /etc/hosttune.d (kept /etc/hosttune.d: files were put in it since)")
+        "remove the directories made for it, each if still empty: /etc/hosttune.d "
+        "(kept /etc/hosttune.d: files were put in it since)")
     assert (root / "etc/hosttune.d/site.conf").exists() and not (root / "etc/hosttune.d/a.conf").exists()
 
 
