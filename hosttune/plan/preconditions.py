@@ -108,16 +108,17 @@ def _program(need: NeedCommand, op: Op, facts: HostNeeds, offline: bool) -> Answ
     return Answer(Verdict.FAILS, f"{need.name} not found {where}, needed for: {_first_line(describe(op))}")
 
 
-def _venv(need: NeedVenv, facts: HostNeeds, flavour: PackageFlavour | None) -> Answer:
+def _venv(need: NeedVenv, facts: HostNeeds, flavour: PackageFlavour | None, offline: bool) -> Answer:
     why = facts.venvs.get(need.python, "not checked")
+    where = "the image" if offline else "the host"  # --root: the image's python and package lists (needs.sh)
     if not why:
         return Answer(Verdict.HOLDS, describe_need(need))
     if flavour is None:
-        return Answer(Verdict.FAILS, f"{need.python} cannot make a virtualenv ({why}) and the host has no apt or dnf: "
+        return Answer(Verdict.FAILS, f"{need.python} cannot make a virtualenv ({why}) and {where} has no apt or dnf: "
                                      f"install its venv module (ensurepip) by hand")
     package = flavour.venv_package(need.python)
     if not facts.candidates.get(package):
-        return Answer(Verdict.FAILS, f"{need.python} cannot make a virtualenv ({why}) and {package} is not in the host's "
+        return Answer(Verdict.FAILS, f"{need.python} cannot make a virtualenv ({why}) and {package} is not in {where}'s "
                                      f"package lists: install {package} (or refresh the lists)")
     install = Command(flavour.install(((package, None),)), meets=(need,))
     return Answer(Verdict.ADDED, f"install {package}: {need.python} cannot make a virtualenv ({why})",
@@ -164,7 +165,7 @@ def judge(need: Need, op: Op, facts: HostNeeds, flavour: PackageFlavour | None, 
     if isinstance(need, NeedCommand):
         return _program(need, op, facts, offline)
     if isinstance(need, NeedVenv):
-        return _venv(need, facts, flavour)
+        return _venv(need, facts, flavour, offline)
     if isinstance(need, NeedDir):
         return _dir(need, facts)
     if isinstance(need, NeedPort):

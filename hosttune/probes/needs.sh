@@ -6,6 +6,8 @@ export LC_ALL=C
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 root=$1; manager=$2; shift 2
 inside() { if [ "$root" = / ]; then printf '%s' "$1"; else printf '%s%s' "${root%/}" "$1"; fi; }
+# A command run inside the root, as apply runs the image's own programs (plan/state.sh does the same).
+inroot() { if [ "$root" = / ]; then "$@"; else chroot "$root" "$@"; fi; }
 
 # A program inside the root: the directories chroot's PATH searches.
 cmd() {
@@ -17,9 +19,16 @@ cmd() {
 
 mcmd() { p=$(command -v -- "$1" 2>/dev/null) && printf 'found:%s\n' "$p"; return 0; }
 
+# Whether the program NAME (or /PATH) is there: on the host's PATH, or in the root where chroot's PATH finds it.
+has() {
+    if [ "$root" = / ]; then command -v -- "$1" >/dev/null 2>&1; return; fi
+    case $1 in /*) [ -x "$(inside "$1")" ] && [ ! -d "$(inside "$1")" ] ;; *) [ -n "$(cmd "$1")" ] ;; esac
+}
+
+# Whether PYTHON (the root's, under --root) makes virtualenvs.
 venv() {
-    command -v -- "$1" >/dev/null 2>&1 || { printf 'missing:\n'; return 0; }
-    if err=$("$1" -c 'import ensurepip, venv' 2>&1); then printf 'ok:\n'
+    has "$1" || { printf 'missing:\n'; return 0; }
+    if err=$(inroot "$1" -c 'import ensurepip, venv' 2>&1); then printf 'ok:\n'
     else printf 'fail:%s\n' "$(printf '%s' "$err" | tail -n1)"; fi
 }
 
@@ -59,11 +68,12 @@ port() {
     return 0
 }
 
+# The version of NAME the root's own package manager would install (the root's lists, through chroot).
 pkg() {
     case $manager in
-    apt) apt-cache -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= policy -- "$1" 2>/dev/null |
+    apt) inroot apt-cache -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= policy -- "$1" 2>/dev/null |
             awk '$1 == "Candidate:" && $2 != "(none)" {print "candidate:" $2}' ;;
-    dnf) dnf list -q --available -- "$1" 2>/dev/null | awk 'NF == 3 && $1 ~ /\./ {print "candidate:" $2; exit}' ;;
+    dnf) inroot dnf list -q --available -- "$1" 2>/dev/null | awk 'NF == 3 && $1 ~ /\./ {print "candidate:" $2; exit}' ;;
     esac
     return 0
 }

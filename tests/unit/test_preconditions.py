@@ -91,6 +91,23 @@ def test_parse_needs_recorded_on_a_host_without_python3_venv_serving_a_release()
     assert needs.machine_commands == {"systemd-analyze": "/usr/bin/systemd-analyze"}
 
 
+def test_under_a_root_pythons_and_packages_are_the_images_not_the_machines(tmp_path):
+    """apply --root makes a venv and installs its package inside the image (chroot): an image without python3 or
+    apt has neither, whatever the machine that reaches it has."""
+    from hosttune.probes.needs import read_needs
+    from hosttune.transport.local import LocalTransport
+
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "usr/bin/python3").mkdir(parents=True)  # a directory is no program
+    requests = [("venv", "python3"), ("venv", "/usr/bin/python3"), ("pkg", "bash"), ("pkg", "python3-venv")]
+    needs = read_needs(LocalTransport(), requests, root=str(tmp_path), manager="apt")
+    assert needs.venvs == {"python3": "python3 is not installed", "/usr/bin/python3": "/usr/bin/python3 is not installed"}
+    assert needs.candidates == {"bash": None, "python3-venv": None}
+    assert check([(VENV,)], needs, Apt(), offline=True).error.endswith(
+        "; python3 cannot make a virtualenv (python3 is not installed) and python3-venv is not in the image's package "
+        "lists: install python3-venv (or refresh the lists)")
+
+
 # -- judging: facts + operations → plan errors and added operations ---------------------------------
 
 
