@@ -35,6 +35,23 @@ def _release_gpu_memory():
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _interpreter_patches_once_a_launch():
+    """Under the interpreter, a helper's call inside a kernel does not scan triton.language again for builtins
+    the launch has patched already (interpreter_patches.py); kernels compute the same, in half the time."""
+    from triton.runtime import interpreter
+
+    parts = ("_patch_lang", "_LangPatchScope", "GridExecutor")
+    if HAS_CUDA or not all(hasattr(interpreter, name) for name in parts):
+        yield
+        return
+    from .interpreter_patches import LangPatches
+
+    with pytest.MonkeyPatch.context() as patch:
+        LangPatches(interpreter).install(patch, interpreter)
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _share_gpu_memory_between_workers():
     """On a GPU under pytest-xdist (engine/scripts/gpu_shard.sh) the workers share one device. An engine sized
     from the GPU's memory takes gpu_memory_utilization of it (128 GiB of an H200), and the other workers' next
