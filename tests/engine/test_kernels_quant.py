@@ -170,10 +170,12 @@ def test_int4_gemv_tuned(act_order, group, tile, tuning):
 
 
 def _check_int4_gemv(act_order, dtype, m, group, tile, tuning):
+    """Two programs of 8 weight rows: what these cases vary is along K (tiles against groups, the pack block,
+    act-order's permutation, K split between programs); the interpreter's cost is one program per 8 rows."""
     k = 192 if group == 96 else 128
-    q, s, z, perm = int4_weight(48, k, group, act_order)
+    q, s, z, perm = int4_weight(16, k, group, act_order)
     x = torch.randn(m, k, device=DEVICE).to(dtype)
-    bias = torch.randn(48, device=DEVICE).to(dtype)
+    bias = torch.randn(16, device=DEVICE).to(dtype)
     cfg = {"BLOCK_N": 8, "BLOCK_K": tile, "num_warps": 4, "num_stages": 1, **tuning}
     got = int4_gemv(x, q, s, z, perm, group, bias, config=cfg)
     _close(got, int4_gemv_ref(x, q, s, z, perm, group, bias), dtype)
