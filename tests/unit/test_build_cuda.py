@@ -52,8 +52,12 @@ def cuobjdump(tmp_path_factory) -> str:
 
 @pytest.fixture
 def ext_repo(tmp_path) -> Path:
+    return _ext_repo(tmp_path)
+
+
+def _ext_repo(folder: Path) -> Path:
     """The fixture package as a git repository with a tag, like an engine's source at a pinned ref."""
-    repo = tmp_path / "cuda_ext"
+    repo = folder / "cuda_ext"
     shutil.copytree(FIXTURE, repo, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     git = ["git", "-C", str(repo), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
@@ -69,9 +73,17 @@ def build(repo: Path, wheelhouse: Path, cuobjdump: str, archs: str = "8.0,9.0", 
     return runner.invoke(app, argv, env=env)
 
 
-def test_two_arch_build_passes_the_check_and_is_cached(ext_repo, tmp_path, cuobjdump):
-    wheelhouse = tmp_path / "wheelhouse"
-    first = build(ext_repo, wheelhouse, cuobjdump)
+@pytest.fixture(scope="module")
+def two_arch_build(tmp_path_factory, cuobjdump):
+    """One build for 8.0 and 9.0 (nvcc through pip wheel, the slow part): the source, the wheelhouse, the result.
+    The tests that read it build nothing new into its wheelhouse (a cache hit at most)."""
+    folder = tmp_path_factory.mktemp("two-arch")
+    repo, wheelhouse = _ext_repo(folder), folder / "wheelhouse"
+    return repo, wheelhouse, build(repo, wheelhouse, cuobjdump)
+
+
+def test_two_arch_build_passes_the_check_and_is_cached(two_arch_build, cuobjdump):
+    ext_repo, wheelhouse, first = two_arch_build
     assert first.exit_code == 0, first.output
     assert first.stdout.startswith("built vllm-v0.1.0-") and "-sm_80.sm_90-cu" in first.stdout
     assert "[sm_80, sm_90 in 1 libraries]" in first.stdout
@@ -88,9 +100,9 @@ def test_two_arch_build_passes_the_check_and_is_cached(ext_repo, tmp_path, cuobj
     assert len(list((wheelhouse / "logs").iterdir())) == 1  # nothing was built the second time
 
 
-def test_artefact_without_one_arch_fails_the_check(ext_repo, tmp_path, cuobjdump):
-    wheelhouse = tmp_path / "wheelhouse"
-    assert build(ext_repo, wheelhouse, cuobjdump).exit_code == 0
+def test_artefact_without_one_arch_fails_the_check(two_arch_build, tmp_path, cuobjdump):
+    _, wheelhouse, built = two_arch_build
+    assert built.exit_code == 0, built.output
     (wheel,) = wheelhouse.glob("vllm-*/wheels/*.whl")
     # The same library with its sm_90 machine code removed: recompiled for sm_80 only, swapped into a copy of the wheel.
     lib = tmp_path / "_add_one.so"
