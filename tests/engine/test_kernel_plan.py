@@ -127,6 +127,9 @@ def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no
     with pytest.raises(SystemExit) as exit_:
         main(["plan", "--model", str(QWEN7B), "--gpu", ""])
     assert exit_.value.code == 2 and "--gpu '': unknown GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # an empty value (an unset variable) is not a name, nor no quantization
+        main(["plan", "--model", str(QWEN7B), "--quantization", ""])
+    assert exit_.value.code == 2 and "quantization must be one of fp8, fp8-block" in capsys.readouterr().err
     assert summary(_plan("NVIDIA H200")).startswith("kernel plan on NVIDIA H200, bfloat16 weights, tuned table shipped:")
     assert "qkv_proj:" in format_plan(_plan("NVIDIA H200"))
 

@@ -131,7 +131,10 @@ def test_tune_if_missing_leaves_a_table_already_tuned_for_these_weights(no_user_
 
 @pytest.mark.skipif(HAS_CUDA, reason="on a GPU tune would run")
 @pytest.mark.parametrize("args, message", [(["--model", "/nonexistent"], "/nonexistent has no config.json"),
-                                           (["--quantization", "int3"], "quantization must be one of")])
+                                           (["--quantization", "int3"], "quantization must be one of"),
+                                           (["--quantization", ""], "quantization must be one of fp8, "
+                                                                    "fp8-block, fp8-channel, fp8-tensor, awq, gptq; "
+                                                                    "got ''")])
 def test_tune_names_a_bad_model_or_quantization_before_it_looks_for_a_gpu(capsys, args, message):
     from .test_kernel_plan import QWEN7B
 

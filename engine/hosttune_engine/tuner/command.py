@@ -42,7 +42,7 @@ def tune_from_args(args: argparse.Namespace) -> str:
     if not (math.isfinite(args.budget_s) and args.budget_s > 0):  # NaN would pass `<= 0` and sweep nothing
         raise ConfigError(f"--budget-s {args.budget_s}: give seconds (> 0)")
     cfg = ModelConfig.from_folder(args.model)  # the model and its quantization first: a typo shows on any machine
-    spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization else "auto", args.model)
+    spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization is not None else "auto", args.model)
     if not torch.cuda.is_available():
         raise ConfigError("tune times kernels on this machine's GPU, and it has none: run it on the GPU host "
                           "that serves the model")
