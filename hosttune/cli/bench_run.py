@@ -33,6 +33,7 @@ DEFAULT_SWEEP_SLO = "e2e=2s"  # a sweep finds the highest rate whose E2E P95 sta
 
 def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_tokens, dataset, shared_prefix, prefix_tokens, turns, trace, max_concurrency, metrics_interval, priority, api, model, tokenizer, slo, slo_percentile, max_error_rate, sweep, sweep_start, sweep_max, sweep_growth, sweep_precision, out, ignore_eos, timeout, max_client_lag, seed, api_key=None, header=(), cacert=None, insecure=False, given=frozenset(), api_key_typed=False) -> None:
     _check_used(given, slo=slo, sweep=sweep, rate=rate, shared_prefix=shared_prefix)
+    _check_overridden(given, dataset=dataset, trace=trace)
     url = [check_url(u) for u in url]  # every endpoint's URL before the first run, not after it
     if twice := next((u for i, u in enumerate(url) if u in url[:i]), None):
         raise BenchError(f"--url {twice} is given twice: give each endpoint once (its two runs would share one name "
@@ -85,6 +86,18 @@ def _check_used(given, *, slo, sweep, rate, shared_prefix) -> None:
     for name, (feature, is_on) in needs.items():
         if name in given and not is_on:
             raise BenchError(f"--{name.replace('_', '-')} changes nothing without {feature}; add that, or leave it out")
+
+
+def _check_overridden(given, *, dataset, trace) -> None:
+    """--dataset gives the prompts (and no calibration needs a tokenizer), --trace every length: an option they
+    replace would change nothing, so it is refused as an option whose feature is off is."""
+    replaced = {"prompts": ("--dataset", "prompts", dataset), "tokenizer": ("--dataset", "prompts", dataset)}
+    if trace is not None:
+        replaced |= {"prompts": ("--trace", "prompt lengths", trace), "max_tokens": ("--trace", "output lengths", trace)}
+    for name, (option, what, value) in replaced.items():
+        if name in given and value is not None:
+            raise BenchError(f"--{name.replace('_', '-')} changes nothing with {option}, which gives the {what}; "
+                             "leave it out")
 
 
 def _slo(text: Optional[str], percentile: float, max_error_rate: float) -> Optional[Slo]:

@@ -184,6 +184,21 @@ def test_bad_workload_options_are_user_errors(tmp_path):
         assert result.exit_code == 2 and message in result.output, (args, result.output)
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--dataset", "D", "--prompts", "16"], "--prompts changes nothing with --dataset, which gives the prompts"),
+    (["--dataset", "D", "--tokenizer", "D"], "--tokenizer changes nothing with --dataset, which gives the prompts"),
+    (["--trace", "T", "--prompts", "16"], "--prompts changes nothing with --trace, which gives the prompt lengths"),
+    (["--trace", "T", "--max-tokens", "16"], "--max-tokens changes nothing with --trace, which gives the output lengths")])
+def test_an_option_a_dataset_or_trace_replaces_is_a_user_error_not_silently_ignored(tmp_path, args, message):
+    """A run with --prompts 16 beside --dataset must not look as if its prompts had 16 tokens."""
+    dataset, trace = tmp_path / "d.jsonl", tmp_path / "t.jsonl"
+    dataset.write_text('{"prompt": "hello"}\n')
+    trace.write_text('{"arrival": 0, "input_length": 10, "output_length": 4}\n')
+    args = [{"D": str(dataset), "T": str(trace)}.get(a, a) for a in args]
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--requests", "1", *args])
+    assert result.exit_code == 2 and result.output == f"hosttune: {message}; leave it out\n", result.output
+
+
 @pytest.mark.parametrize("option", ["--trace", "--dataset", "--prompts", "--max-tokens"])
 def test_an_input_file_that_is_a_folder_or_not_utf8_is_named_in_one_line(tmp_path, option):
     """Each file the bench reads is refused before any request: a folder as a folder, bytes that are not UTF-8 text
