@@ -61,6 +61,7 @@ class BenchSpec:
     prompt_dist: LengthDistribution = field(init=False, repr=False, compare=False)
     output_dist: LengthDistribution = field(init=False, repr=False, compare=False)
     entries: tuple[Entry, ...] | None = field(init=False, repr=False, compare=False)
+    local_count: prompts.Counter | None = field(init=False, repr=False, compare=False)  # --tokenizer, loaded
 
     def __post_init__(self) -> None:
         if self.api not in (COMPLETIONS, CHAT):
@@ -77,6 +78,9 @@ class BenchSpec:
         object.__setattr__(self, "prompt_dist", prompt_dist)
         object.__setattr__(self, "output_dist", output_dist)
         object.__setattr__(self, "entries", load_dataset(self.dataset) if self.dataset is not None else None)
+        # loaded now: a --tokenizer that is missing or no tokenizer is refused before any request, as a dataset is
+        object.__setattr__(self, "local_count",
+                           prompts.local_counter(self.tokenizer) if self.tokenizer is not None else None)
 
     def _check_workload(self) -> None:
         if self.shared_prefix is not None and (self.turns is not None or self.dataset is not None):
@@ -159,8 +163,8 @@ async def build_workload(spec: BenchSpec, url: str) -> tuple[Workload, str]:
 async def prompt_builder(spec: BenchSpec, url: str, longest: int) -> prompts.PromptBuilder:
     """Calibrate words against the best tokenizer available, then check a few prompts."""
     async with client_session(30, spec.headers, spec.tls) as session:
-        if spec.tokenizer is not None:
-            count = prompts.local_counter(spec.tokenizer)
+        if spec.local_count is not None:
+            count = spec.local_count
             source = f"local tokenizer {spec.tokenizer}"
         elif await prompts.has_tokenize(session, url, spec.api == CHAT):
             count = prompts.remote_counter(session, url, spec.api == CHAT)

@@ -166,14 +166,14 @@ async def has_tokenize(session: aiohttp.ClientSession, url: str, is_chat: bool =
 
 def local_counter(path: Path) -> Counter:
     """Counts tokens with a local tokenizer.json (needs the `tokenizers` package)."""
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise BenchError(f"--tokenizer: tokenizer file {path} does not exist; give a tokenizer.json or its folder")
     try:
         from tokenizers import Tokenizer
     except ImportError:
         raise BenchError("--tokenizer needs the `tokenizers` package: pip install tokenizers") from None
-    if path.is_dir():
-        path = path / "tokenizer.json"
-    if not path.is_file():
-        raise BenchError(f"tokenizer file {path} does not exist")
     try:
         tokenizer = Tokenizer.from_file(str(path))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for any file it cannot read

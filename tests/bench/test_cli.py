@@ -179,7 +179,9 @@ def test_bad_workload_options_are_user_errors(tmp_path):
                           (["--requests", "2", "--turns", "0"], "--turns 0: a conversation needs at least one turn"),
                           (["--users", "2", "--max-concurrency", "2"], "--max-concurrency caps an open loop"),
                           (["--trace", str(tmp_path / "none.jsonl")], "does not exist"),
-                          (["--dataset", str(tmp_path / "none.json")], "does not exist")):
+                          (["--dataset", str(tmp_path / "none.json")], "does not exist"),
+                          (["--requests", "1", "--tokenizer", str(tmp_path)], f"tokenizer file {tmp_path}/tokenizer.json "
+                                                                              "does not exist")):
         result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", *args])
         assert result.exit_code == 2 and message in result.output, (args, result.output)
 
