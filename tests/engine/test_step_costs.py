@@ -1,6 +1,11 @@
 """Step costs measured through the real runner at start, and a time budget that chunks
 prompts beside decodes without changing what is generated."""
 
+import os
+import time
+
+import pytest
+
 from hosttune_engine import Engine, EngineConfig, SamplingParams
 from hosttune_engine.core.messages import EngineRequest
 from hosttune_engine.core.step_cost import StepCostModel
@@ -178,3 +183,18 @@ def test_one_slow_step_does_not_stand_for_every_larger_one():
     assert seconds[0] < 0.01 and seconds[-1] > seconds[0]
     assert all(a <= b for a, b in zip(seconds, seconds[1:]))
     assert model.max_chunk(0.03, 64, 0, 0, 0, 8192) > 1000
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full, a file whose writes fail")
+def test_a_step_log_that_cannot_be_written_stops_logging_and_the_engine_goes_on(caplog, monkeypatch):
+    # a diagnostics file on a full disk must not fail the requests in flight and end the server
+    from hosttune_engine.core.scheduler_output import SchedulerOutput
+    from hosttune_engine.core.step_log import StepLog
+
+    monkeypatch.setattr(StepLog, "FLUSH_S", 0.0)
+    step_log = StepLog("/dev/full")
+    for _ in range(3):
+        step_log.write(SchedulerOutput(), time.monotonic(), 0.01, 1.0)
+    step_log.close()
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        "step log /dev/full: cannot write to it (No space left on device); the engine goes on without it"]

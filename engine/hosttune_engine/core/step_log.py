@@ -10,17 +10,21 @@ correction then, see core/step_budget.py) and `priority` (the most important seq
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
 from hosttune_engine.core.scheduler_output import SchedulerOutput
 from hosttune_engine.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 
 class StepLog:
     FLUSH_S = 1.0  # lines reach the file at least this often
 
     def __init__(self, path: str | Path):
+        self.path = path
         try:
             self._file = open(path, "a", buffering=1 << 16)
         except OSError as e:
@@ -30,6 +34,8 @@ class StepLog:
 
     def write(self, sched: SchedulerOutput, at: float, real_s: float | None, scale: float) -> None:
         """One step, whose tokens reached the host `at` (`time.monotonic()`)."""
+        if self._file is None:
+            return
         prefill = [n for n in sched.num_new_tokens if n > 1]
         record = {
             "t": round(at, 4),
@@ -41,10 +47,26 @@ class StepLog:
             "scale": round(scale, 4),
             "priority": min((s.priority for s in sched.seqs), default=None),
         }
-        self._file.write(json.dumps(record) + "\n")
-        if record["t"] - self._flushed >= self.FLUSH_S:
-            self._file.flush()
-            self._flushed = record["t"]
+        try:
+            self._file.write(json.dumps(record) + "\n")
+            if record["t"] - self._flushed >= self.FLUSH_S:
+                self._file.flush()
+                self._flushed = record["t"]
+        except OSError as e:  # a full disk: the log is for tuning, the steps must go on
+            self._stop(e)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError as e:
+                self._stop(e)
+            self._file = None
+
+    def _stop(self, error: OSError) -> None:
+        log.error("step log %s: cannot write to it (%s); the engine goes on without it", self.path, error.strerror)
+        file, self._file = self._file, None
+        try:
+            file.close()  # its buffer cannot be written either
+        except OSError:
+            pass
