@@ -119,16 +119,23 @@ def _not_root(facts: Facts, steps: list[Step], options: PlanOptions) -> str | No
 def _left_drifting(held: list[Step], findings: list[Finding], handled: list[Step]) -> list[Step]:
     """Steps with nothing left to do (every operation holds, or is a live write an image skips) whose check still
     drifts: apply cannot fix it, and the plan says so with the step's notes, never leaves it out."""
-    drifting = {f.check_id for f in findings if f.status is Status.DRIFT}
+    drifting = {f.check_id: f.detail for f in findings if f.status is Status.DRIFT}
     covered = {c for s in handled for c in s.fixes}
     out = []
     for step in held:
         fixes = tuple(c for c in step.fixes if c in drifting and c not in covered)
         if fixes:
             covered |= set(fixes)
-            why = "; ".join(step.notes) or "what it would change holds already, yet the check still drifts (hosttune check says why)"
-            out.append(replace(step, fixes=fixes, ops=(), notes=(), blocked=why))
+            out.append(replace(step, fixes=fixes, ops=(), notes=(), blocked=_why_left(step, [drifting[c] for c in fixes])))
     return out
+
+
+def _why_left(step: Step, details: list[str]) -> str:
+    """The step's notes, or the check's own reason: under --root no `hosttune check` can be asked for it."""
+    if step.notes:
+        return "; ".join(step.notes)
+    reasons = "; ".join(dict.fromkeys(d for d in details if d))
+    return f"what it would change holds already, yet the check still drifts: {reasons or 'run hosttune check for why'}"
 
 
 def with_needs(plan: HostPlan, needs: HostNeeds, flavour=None) -> HostPlan:

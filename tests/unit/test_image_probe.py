@@ -163,3 +163,13 @@ def test_a_grub_drop_in_read_after_hosttunes_that_resets_the_command_line_blocks
         "/etc/default/grub.d/99-site.cfg sets GRUB_CMDLINE_LINUX_DEFAULT after /etc/default/grub.d/90-hosttune.cfg "
         "and would drop its parameters: make it append ($GRUB_CMDLINE_LINUX_DEFAULT ...), or add "
         "intel_idle.max_cstate=1 processor.max_cstate=1 to it by hand")
+
+
+def test_a_step_that_holds_while_its_check_still_drifts_says_the_checks_reason(tmp_path):
+    """The image's toolkit has no nvcc: once apply has pointed /usr/local/cuda and PATH at it, nothing is left to
+    change yet cuda.toolkit drifts. The plan gives the check's own reason: `hosttune check` has no --root to ask."""
+    make_image(tmp_path)
+    assert CliRunner().invoke(app, ["apply", "--root", str(tmp_path), "--yes"]).exit_code in (0, 1)
+    result = CliRunner().invoke(app, ["apply", "--root", str(tmp_path), "--dry-run"])
+    assert ("  - cuda.toolkit: not fixed by apply: what it would change holds already, yet the check still drifts: "
+            "nvcc on the login PATH is missing") in result.output.splitlines(), result.output
