@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from hosttune_engine.errors import ConfigError
@@ -110,6 +111,15 @@ def activation_dtype(name: str, checkpoint_dtype: str | None, on_cuda: bool) -> 
     if not on_cuda:
         return "float32"
     return "float16" if checkpoint_dtype == "float16" else "bfloat16"
+
+
+def runs_triton(backend: str, on_cuda: bool) -> bool:
+    """Whether the Triton kernels run: `triton` asks for them anywhere, `auto` on CUDA. Triton has no CPU driver,
+    so on the CPU only its interpreter runs them."""
+    if backend == "triton" and not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ConfigError("kernel_backend='triton' on the CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow); "
+                          "use kernel_backend 'auto' or 'torch'")
+    return backend == "triton" or (backend == "auto" and on_cuda)
 
 
 def check_block_size(block_size: int) -> None:

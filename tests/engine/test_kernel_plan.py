@@ -150,6 +150,21 @@ def test_the_plan_command_plans_the_block_size_serve_is_given(no_user_tables, ca
     assert capsys.readouterr().err == "hosttune-engine: error: block_size must be a power of two, got 12\n"
 
 
+def test_the_plan_command_plans_the_kernel_backend_serve_is_given(no_user_tables, capsys, monkeypatch):
+    """`serve --kernel-backend torch` runs the torch references on a GPU: its plan says so, not Triton's kernels."""
+    main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA H200", "--kernel-backend", "torch"])
+    out = capsys.readouterr().out
+    assert "Triton" not in out and "cuBLAS" not in out and "fallback; torch backend" in out
+    if HAS_CUDA:
+        return
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit) as exit_:  # no --gpu on a machine without one: the CPU, refused as serve refuses it
+        main(["plan", "--model", str(QWEN7B), "--kernel-backend", "triton"])
+    assert exit_.value.code == 2 and capsys.readouterr().err == (
+        "hosttune-engine: error: kernel_backend='triton' on the CPU needs TRITON_INTERPRET=1 (Triton's interpreter, "
+        "slow); use kernel_backend 'auto' or 'torch'\n")
+
+
 V100, A100, A10 = "Tesla V100-SXM2-32GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A10"
 E4M3 = ("the Triton kernels' e4m3 type needs 8.9 or later (Ada or Hopper), and before it only FP8 weights run, decoded "
         "by integer operations from 8.0 (Ampere) on")

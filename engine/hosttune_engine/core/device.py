@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from hosttune_engine.config import activation_dtype
+from hosttune_engine.config import activation_dtype, runs_triton
 from hosttune_engine.errors import ConfigError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -21,12 +19,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def use_triton(backend: str, device: torch.device) -> bool:
-    """Whether the Triton kernels run: `triton` asks for them anywhere, `auto` on CUDA. Triton has no CPU driver,
-    so on the CPU only its interpreter runs them."""
-    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ConfigError("kernel_backend='triton' on the CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow); "
-                          "use kernel_backend 'auto' or 'torch'")
-    return backend == "triton" or (backend == "auto" and device.type == "cuda")
+    """Whether the Triton kernels run on `device` (config.runs_triton)."""
+    return runs_triton(backend, device.type == "cuda")
 
 
 def resolve_dtype(name: str, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:

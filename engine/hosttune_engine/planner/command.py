@@ -6,7 +6,8 @@ import argparse
 
 import torch
 
-from hosttune_engine.config import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, activation_dtype, check_block_size
+from hosttune_engine.config import (DTYPES, KERNEL_BACKENDS, KV_CACHE_DTYPES, QUANTIZATIONS, activation_dtype,
+                                    check_block_size, runs_triton)
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.planner.build import PlanInputs, build_plan
 from hosttune_engine.plan.gpus import CPU, named_gpu, present_gpu
@@ -34,6 +35,8 @@ def add_parser(commands) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="as serve's: the activations' dtype ('auto': float32 on the CPU; on a GPU float16 for a "
                         "float16 checkpoint, else bfloat16)")
+    p.add_argument("--kernel-backend", choices=KERNEL_BACKENDS, default="auto",
+                   help="as serve's: 'torch' plans the torch references on a GPU too")
     p.add_argument("--block-size", type=int, default=16,
                    help="as serve's: tokens per KV-cache block (decode attention's tuned entries are per size)")
 
@@ -45,7 +48,7 @@ def plan_from_args(args: argparse.Namespace) -> KernelPlan:
     spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization is not None else "auto", args.model)
     gpu = named_gpu(table_name(args.gpu)) if args.gpu is not None else _this_gpu()  # --gpu '' is unknown
     dtype = getattr(torch, activation_dtype(args.dtype, cfg.dtype, gpu.is_cuda))
-    inputs = PlanInputs(cfg, gpu, dtype, spec, use_triton=gpu.is_cuda,
+    inputs = PlanInputs(cfg, gpu, dtype, spec, use_triton=runs_triton(args.kernel_backend, gpu.is_cuda),
                         kv_cache_fp8=args.kv_cache_dtype == "fp8", block_size=args.block_size)
     return build_plan(inputs, *table_and_name(gpu))
 
