@@ -13,6 +13,7 @@ import typer
 
 from hosttune.bench import console, plot, report, report_csv, result_files
 from hosttune.bench.benchmark import BenchSpec, check_url, measure, run_async
+from hosttune.bench.client import discover_model
 from hosttune.bench.connection import tls_context
 from hosttune.bench.headers import redact_argv, request_headers
 from hosttune.bench.loadgen import Load, Progress as LoadProgress
@@ -61,6 +62,7 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
     )
     if out is not None:
         _check_out(out)
+    _check_answering(spec, url)
     command = "hosttune bench " + " ".join(shlex.quote(a) for a in redact_argv(sys.argv[2:]))
     if config is not None:
         outcome = report.Outcome((), tuple(_sweep_one(spec, u, slo_value, config) for u in url), command, report.now_text())
@@ -73,6 +75,15 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
     for message in _unanswered(outcome):
         typer.secho(f"hosttune: {message}", err=True, fg="red")
     raise typer.Exit(_exit_code(outcome))
+
+
+def _check_answering(spec: BenchSpec, urls: list[str]) -> None:
+    """Several endpoints: each lists its model before the first is measured, so that one that is down or mistyped
+    fails now, not after the runs before it, whose results would go unreported. (--model skips the lookup: an
+    endpoint that is down then fails its requests, and its run says so beside the others.)"""
+    if spec.model is None and len(urls) > 1:
+        for url in urls:
+            run_async(discover_model(url, headers=spec.headers, tls=spec.tls))
 
 
 def _check_used(given, *, slo, sweep, rate, shared_prefix) -> None:

@@ -58,6 +58,17 @@ def test_compare_two_endpoints_and_write_every_output(server_factory, tmp_path):
     assert (out / "latency_cdf.png").read_bytes().startswith(PNG_MAGIC)
 
 
+def test_an_endpoint_that_does_not_answer_fails_before_the_first_is_measured(server_factory, tmp_path):
+    """Measuring the first endpoint for a minute and then stopping at the second, down one, would throw that minute
+    away: every endpoint lists its model first."""
+    url = server_factory("--ttft", "0.01", "--itl", "0.002")
+    start = time.monotonic()
+    result = runner.invoke(app, ["bench", "--url", url, "--url", "http://127.0.0.1:9", "--duration", "60s",
+                                 "--warmup", "0s", "--users", "1", "--prompts", "8", "--max-tokens", "2"])
+    assert result.exit_code == 2 and "cannot reach http://127.0.0.1:9/v1/models" in result.output, result.output
+    assert time.monotonic() - start < 30
+
+
 def test_sweep_through_the_cli(server_factory, tmp_path):
     url = server_factory("--ttft", "0.01", "--itl", "0.002", "--capacity", "1")
     out = tmp_path / "sweep"
