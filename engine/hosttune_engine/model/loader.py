@@ -16,8 +16,9 @@ from hosttune_engine.layers.rotary import RotaryEmbedding
 from hosttune_engine.model.llama import MODEL_CLASSES
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.model.shard import Shard, read_tensor
-from hosttune_engine.quant.preflight import check_checkpoint, resolve_spec
+from hosttune_engine.quant.preflight import check_checkpoint
 from hosttune_engine.quant.quant_linear import QuantLinear
+from hosttune_engine.quant.spec import resolve_spec
 from hosttune_engine.quant.transform import apply_quantization, check_loaded, quantize_loaded
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -15,8 +15,7 @@ from hosttune_engine.config import EngineConfig
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.parallel.layout import ShardLayout, check_divides_heads
-from hosttune_engine.quant.preflight import resolve_spec
-from hosttune_engine.quant.spec import QuantSpec
+from hosttune_engine.quant.spec import QuantSpec, resolve_spec
 from hosttune_engine.quant.transform import apply_quantization
 
 GIB = 2**30

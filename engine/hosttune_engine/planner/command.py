@@ -14,7 +14,7 @@ from hosttune_engine.plan.gpus import CPU, named_gpu, present_gpu
 from hosttune_engine.plan.plan import KernelPlan
 from hosttune_engine.planner.prepare import table_and_name
 from hosttune_engine.planner.tables import table_name
-from hosttune_engine.quant.preflight import resolve_spec
+from hosttune_engine.quant.spec import resolve_spec
 
 
 def add_parser(commands) -> None:

@@ -11,31 +11,10 @@ from pathlib import Path
 
 import torch
 
-from hosttune_engine.errors import ConfigError, QuantizationError
+from hosttune_engine.errors import QuantizationError
 from hosttune_engine.quant.layouts import checkpoint_tensors, require_layout
-from hosttune_engine.quant.spec import QuantSpec, at_load_spec
+from hosttune_engine.quant.spec import QuantSpec
 from hosttune_engine.quant.transform import quantized_projections
-
-
-
-
-def resolve_spec(checkpoint_spec: QuantSpec | None, quantization: str | None, load_format: str,
-                 source: str) -> QuantSpec | None:
-    """The spec a model loads with: its checkpoint's, FP8 at load (`quantization="fp8"`), or for dummy
-    weights any layout by name."""
-    if quantization is None:
-        return checkpoint_spec
-    if checkpoint_spec is not None:
-        raise ConfigError(f"{source} is already quantized ({checkpoint_spec.layout.value}); "
-                          f"drop quantization={quantization!r}")
-    if quantization == "fp8":
-        return at_load_spec()
-    if load_format == "dummy":
-        from hosttune_engine.quant.dummy_specs import dummy_spec
-
-        return dummy_spec(quantization)
-    raise ConfigError(f"quantization={quantization!r} is only for dummy weights; a checkpoint says its own "
-                      "layout in config.json, and quantization='fp8' quantizes a bf16 checkpoint at load")
 
 
 def _headers(files: list[Path]) -> dict[str, tuple[torch.dtype, tuple[int, ...], str]]:

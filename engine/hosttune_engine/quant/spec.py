@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from hosttune_engine.errors import QuantizationError
+from hosttune_engine.errors import ConfigError, QuantizationError
 
 
 class Layout(Enum):
@@ -149,3 +149,22 @@ def _static_input(acts: dict | None, source: str) -> bool:
 def at_load_spec() -> QuantSpec:
     """`quantization="fp8"`: a bf16 checkpoint quantized at load, one scale per output channel."""
     return QuantSpec(Layout.FP8_CHANNEL, at_load=True, fp8_activations=True, ignore=("lm_head",))
+
+
+def resolve_spec(checkpoint_spec: QuantSpec | None, quantization: str | None, load_format: str,
+                 source: str) -> QuantSpec | None:
+    """The spec a model loads with: its checkpoint's, FP8 at load (`quantization="fp8"`), or for dummy
+    weights any layout by name."""
+    if quantization is None:
+        return checkpoint_spec
+    if checkpoint_spec is not None:
+        raise ConfigError(f"{source} is already quantized ({checkpoint_spec.layout.value}); "
+                          f"drop quantization={quantization!r}")
+    if quantization == "fp8":
+        return at_load_spec()
+    if load_format == "dummy":
+        from hosttune_engine.quant.dummy_specs import dummy_spec
+
+        return dummy_spec(quantization)
+    raise ConfigError(f"quantization={quantization!r} is only for dummy weights; a checkpoint says its own "
+                      "layout in config.json, and quantization='fp8' quantizes a bf16 checkpoint at load")

@@ -20,6 +20,7 @@ from hosttune_engine.errors import ConfigError, EngineError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.model.tokenizer import Tokenizer
 from hosttune_engine.parallel.layout import check_divides_heads
+from hosttune_engine.quant.spec import resolve_spec
 from hosttune_engine.server.auth import load_keys
 from hosttune_engine.server.config import ServerConfig
 from hosttune_engine.server.options import add_serve_arguments
@@ -112,10 +113,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def check_model_folder(engine: EngineConfig) -> None:
-    """What config.json and the tokenizer folder alone say is wrong (the context, the heads tensor parallelism
-    splits), refused before the socket opens as `plan` refuses the same folder; the weights are read only by the
-    load that follows."""
+    """What config.json and the tokenizer folder alone say is wrong (a --quantization of weights quantized already,
+    the context, the heads tensor parallelism splits), refused before the socket opens as `plan` refuses the same
+    folder; the weights are read only by the load that follows."""
     model = ModelConfig.from_folder(engine.model)
+    resolve_spec(model.quantization, engine.quantization, engine.load_format, engine.model)
     model.context_length(engine.max_model_len)
     check_divides_heads(model, engine.tensor_parallel_size)
     if engine.tokenizer is not None:

@@ -15,7 +15,7 @@ from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.plan.launch import LaunchConfig
 from hosttune_engine.plan.gpus import present_gpu
 from hosttune_engine.planner.build import PlanInputs, check_runs
-from hosttune_engine.quant.preflight import resolve_spec
+from hosttune_engine.quant.spec import resolve_spec
 from hosttune_engine.tuner.run import Tuning, tune_model
 
 

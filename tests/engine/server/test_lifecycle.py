@@ -159,12 +159,16 @@ def test_model_that_cannot_load_exits_1(tiny_qwen2, tmp_path):
     ("[1]", [], "config.json: holds a JSON list, not an object of model fields"),
     ("tiny", ["--max-model-len", "100000"], "max_model_len=100000 is past the model's 1024 positions"),
     ("tiny", ["--tokenizer", "{folder}"], "has no tokenizer.json (only fast tokenizers are supported)"),
+    ("fp8", ["--quantization", "fp8"], "is already quantized (fp8-block); drop quantization='fp8'"),
 ])
 def test_a_model_folder_that_cannot_serve_is_one_line_exit_2(tiny_qwen2, tmp_path, capsys, config_json, flags,
                                                              message):
     # what config.json says is known before the socket opens, as `hosttune-engine plan` knows it
     from hosttune_engine.server.cli import main
 
+    if config_json == "fp8":  # a checkpoint whose config.json says its weights are FP8 already
+        fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+        config_json = json.dumps({**json.loads((tiny_qwen2 / "config.json").read_text()), "quantization_config": fp8})
     if config_json is not None:
         (tmp_path / "config.json").write_text((tiny_qwen2 / "config.json").read_text() if config_json == "tiny"
                                               else config_json)
