@@ -173,6 +173,8 @@ def _sweep_one(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig):
 def _check_out(folder: Path) -> None:
     """--out is made and written to before the run: a folder that cannot be written fails now, not after it.
     An earlier run's result files there are replaced or removed once this run is written (result_files)."""
+    if folder.is_file():
+        raise BenchError(f"--out {folder} is a file: give a folder, which the run fills with its result files")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()

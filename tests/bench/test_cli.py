@@ -331,6 +331,9 @@ def test_every_url_and_the_out_folder_are_checked_before_the_first_run(tmp_path)
                                  "--out", str(tmp_path / "file" / "report")])
     assert result.exit_code == 2 and "cannot write to --out" in result.output and "cannot reach" not in result.output
     assert result.output.count("\n") == 1
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--users", "1", "--out", str(tmp_path / "file")])
+    assert result.exit_code == 2 and result.output == (f"hosttune: --out {tmp_path / 'file'} is a file: give a folder, "
+                                                       "which the run fills with its result files\n")
 
 
 def test_one_endpoint_given_twice_is_a_user_error_not_a_comparison_with_itself():
