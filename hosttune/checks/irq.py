@@ -24,6 +24,10 @@ def irqbalance(facts: Facts, profile: Profile) -> Verdict:
         return Verdict(Status.OK, desired, "not installed", active)
     configured = None if enabled is None else ("enabled" if enabled in ("enabled", "static", "alias") else "disabled")
     want_conf, want_active = ("enabled", "running") if want_on else ("disabled", "stopped")
+    if facts.image:  # runs nothing: judged on what starts at its first boot
+        ok = configured in (None, want_conf)
+        detail = "" if ok else f"the image {'starts' if configured == 'enabled' else 'does not start'} irqbalance at boot"
+        return Verdict(Status.OK if ok else Status.DRIFT, desired, configured, "-", detail)
     ok = active == want_active and configured in (None, want_conf)
     detail = "" if ok else "irqbalance rewrites smp_affinity every few seconds and undoes pinned GPU IRQs"
     return Verdict(Status.OK if ok else Status.DRIFT, desired, configured, active, detail)

@@ -173,3 +173,17 @@ def test_a_step_that_holds_while_its_check_still_drifts_says_the_checks_reason(t
     result = CliRunner().invoke(app, ["apply", "--root", str(tmp_path), "--dry-run"])
     assert ("  - cuda.toolkit: not fixed by apply: what it would change holds already, yet the check still drifts: "
             "nvcc on the login PATH is missing") in result.output.splitlines(), result.output
+
+
+def test_an_image_that_enables_irqbalance_drifts_on_its_configuration_not_a_running_state(tmp_path):
+    """An image runs nothing: irqbalance is judged on being enabled for its first boot, never said to be stopped."""
+    make_image(tmp_path)
+    write(tmp_path, "/lib/systemd/system/irqbalance.service", "[Service]\nExecStart=/usr/sbin/irqbalance\n"
+                                                              "[Install]\nWantedBy=multi-user.target\n")
+    wants = tmp_path / "etc/systemd/system/multi-user.target.wants"
+    wants.mkdir(parents=True)
+    (wants / "irqbalance.service").symlink_to("/lib/systemd/system/irqbalance.service")
+    facts = gather(LocalTransport(), root=str(tmp_path)).facts
+    found = {f.check_id: f for f in run_checks(facts, load_profile("inference-latency"))}["irq.irqbalance"]
+    assert (found.status, found.configured, found.active) == (Status.DRIFT, "enabled", "-")
+    assert found.detail == "the image starts irqbalance at boot"
