@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from .cgroup import TOP, Cgroup
-from .image import Image, remove_tree
+from .image import Image, remove_tree, remove_tree_later
 from .machine import Bind, BootError, Machine
 from .rootfs import ADDRESS, make_root, personalize
 from .sshkeys import KeyPair, generate_key, known_hosts_line, ssh_config_block
@@ -116,6 +116,7 @@ class Fleet:
         self.hosts: dict[str, LiveHost] = {}
         self.timings: dict[str, BootTiming] = {}
         self._ports: set[int] = set()
+        self._removals: list[subprocess.Popen] = []  # removed hosts' files, deleted in the background
 
     def __enter__(self) -> "Fleet":
         return self
@@ -200,9 +201,12 @@ class Fleet:
             self.start(host)
 
     def remove(self, host: LiveHost) -> None:
-        """Kill one container and delete its root and files."""
+        """Kill one container and delete its root and files (in the background: close() waits for it)."""
         host.machine.stop(timeout=5)
-        remove_tree(self.workdir / host.name)
+        trash = self.workdir / f".removed-{host.name}-{len(self._removals)}"
+        removal = remove_tree_later(self.workdir / host.name, trash)
+        if removal is not None:
+            self._removals.append(removal)
         self.hosts.pop(host.name, None)
         self._ports.discard(host.port)
 
@@ -216,6 +220,8 @@ class Fleet:
                 errors.append(f"{host.name}: {e}")
         Cgroup(f"{TOP}/{self.run_id}").kill()
         Cgroup(f"{TOP}/{self.run_id}").remove()
+        for removal in self._removals:
+            removal.wait()
         remove_tree(self.workdir)
         self.hosts.clear()
         if errors:

@@ -154,6 +154,21 @@ def remove_tree(path: Path) -> None:
     """rm -rf that first unmounts anything mounted inside, and never crosses into a mount."""
     if not path.exists():
         return
+    _unmount_under(path)
+    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True)
+
+
+def remove_tree_later(path: Path, trash: Path) -> subprocess.Popen | None:
+    """remove_tree's unmounting now, then the folder moved to `trash` (on the same filesystem) and deleted by an
+    rm in the background: a host's root with the virtualenvs deployed to it takes 20-30 s to delete, which the
+    next test need not wait for. The caller waits for the returned process before removing trash's parent."""
+    if not path.exists():
+        return None
+    _unmount_under(path)
+    path.rename(trash)
+    return subprocess.Popen(["nice", "-n", "19", "rm", "-rf", "--one-file-system", str(trash)])
+
+
+def _unmount_under(path: Path) -> None:
     for point in mounts_under(path):
         subprocess.run(["umount", "--lazy", str(point)], capture_output=True)
-    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True)

@@ -148,9 +148,12 @@ def test_a_host_whose_sshd_never_answers_times_out_with_its_console(live_fleet, 
 
 def test_close_leaves_no_process_mount_or_file(live_image, tmp_path):
     fleet = Fleet(live_image, work_root=tmp_path)
-    (host,) = fleet.boot(["gone"])
+    host, removed = fleet.boot(["gone", "removed"])
     cgroup = Cgroup(f"{TOP}/{fleet.run_id}")
     assert cgroup.pids() and mounts_under(fleet.workdir)
+    fleet.remove(removed)  # its files deleted in the background, its name free again at once
+    assert not (fleet.workdir / "removed").exists() and not mounts_under(fleet.workdir / "removed")
+    assert port_refuses(removed.port)
     fleet.close()
     assert not cgroup.pids()
     assert not any(d.exists() for d in cgroup.dirs)
