@@ -128,6 +128,8 @@ def _load(users, rate, burstiness, duration, requests, warmup, timeout, seed, is
           max_concurrency, arrivals) -> Load:
     if duration is not None and requests is not None:
         raise BenchError("give either --duration or --requests, not both")
+    if is_sweep and arrivals is not None:
+        raise BenchError("--trace gives the arrivals, and --sweep offers its own rates: give one of them")
     if is_sweep and (users is not None or rate is not None):
         raise BenchError("--sweep offers open-loop rates from --sweep-start up: drop --users and --rate")
     if is_sweep:

@@ -184,15 +184,19 @@ def test_trace_shared_prefix_and_conversations_through_the_cli(server_factory, t
 
 
 def test_bad_workload_options_are_user_errors(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival": 0, "input_length": 10, "output_length": 4}\n')
     for args, message in ((["--shared-prefix", "3"], "write NxM"),
                           (["--shared-prefix", "2x2", "--users", "5"], "means 4 users"),
                           (["--rate", "2", "--turns", "3"], "--turns needs closed-loop users"),
                           (["--requests", "2", "--turns", "0"], "--turns 0: a conversation needs at least one turn"),
+                          (["--sweep", "--trace", "T"], "--trace gives the arrivals, and --sweep offers its own rates"),
                           (["--users", "2", "--max-concurrency", "2"], "--max-concurrency caps an open loop"),
                           (["--trace", str(tmp_path / "none.jsonl")], "does not exist"),
                           (["--dataset", str(tmp_path / "none.json")], "does not exist"),
                           (["--requests", "1", "--tokenizer", str(tmp_path)], f"tokenizer file {tmp_path}/tokenizer.json "
                                                                               "does not exist")):
+        args = [str(trace) if a == "T" else a for a in args]
         result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", *args])
         assert result.exit_code == 2 and message in result.output, (args, result.output)
 
