@@ -27,10 +27,10 @@ def with_cache(settings: ServeSettings, engine: str) -> ServeSettings:
 
 
 def tune_ops(release_dir: str, settings: ServeSettings, gpu: int, budget_s: float) -> list[Op]:
-    """The release's `hosttune-engine tune` on one of the service's GPUs, into the units' cache: for the weights
-    and the activations' dtype the service is given (the tables' keys hold the dtype: a float16 service reads no
-    bfloat16 entry)."""
-    same = tuple(arg for flag in ("quantization", "dtype") if settings.flags.get(flag)
+    """The release's `hosttune-engine tune` on one of the service's GPUs, into the units' cache: for the weights,
+    the activations' dtype and the KV block size the service is given (the tables' keys hold the dtype and the
+    block size: a float16 service reads no bfloat16 entry)."""
+    same = tuple(arg for flag in ("quantization", "dtype", "block-size") if settings.flags.get(flag)
                  for arg in (f"--{flag}", str(settings.flags[flag])))
     argv = ("env", f"{CACHE_ENV}={CACHE}", f"CUDA_VISIBLE_DEVICES={gpu}", f"{release_dir}/bin/hosttune-engine", "tune",
             "--model", settings.model, "--budget-s", f"{budget_s:g}", "--if-missing", *same)

@@ -206,6 +206,31 @@ def test_tune_times_the_activations_serve_would_run(no_user_tables, monkeypatch,
     assert len(seen) == 2
 
 
+def test_tune_times_the_kv_block_size_serve_is_given(no_user_tables, monkeypatch, capsys):
+    """Decode attention's entries are keyed by the KV block size: `serve --block-size 32` reads none tuned at 16."""
+    from hosttune_engine.tuner import command
+    from hosttune_engine.tuner.run import Tuning
+
+    from .test_kernel_plan import QWEN7B
+
+    seen = []
+    monkeypatch.setattr(command.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(command, "present_gpu", lambda device: GpuInfo("NVIDIA L40S", (8, 9), True))
+    monkeypatch.setattr(tuning, "driver_version", lambda: "555.42")
+    monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
+    monkeypatch.setattr(command, "tune_model", lambda inputs, budget: seen.append(inputs) or Tuning(inputs, None, None))
+    main(["tune", "--model", str(QWEN7B), "--budget-s", "1", "--block-size", "32"])
+    assert [inputs.block_size for inputs in seen] == [32]
+    capsys.readouterr()
+    main(["tune", "--model", str(QWEN7B), "--block-size", "32", "--if-missing"])
+    assert "has a table tuned for bf16 weights, KV blocks of 32 on this driver" in capsys.readouterr().out
+    main(["tune", "--model", str(QWEN7B), "--budget-s", "1", "--if-missing"])  # blocks of 16 are not tuned yet
+    assert [inputs.block_size for inputs in seen] == [32, 16]
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "--model", str(QWEN7B), "--block-size", "24"])
+    assert exit_.value.code == 2 and "block_size must be a power of two, got 24" in capsys.readouterr().err
+
+
 def test_the_4bit_gemm_sweep_at_decode_rows_tries_the_nibble_kernel_and_dequantize_then_cublas():
     from hosttune_engine.kernels.dequant_gemm import DEFAULT
     from hosttune_engine.tuner.candidates import candidates, tiny_candidates

@@ -40,11 +40,12 @@ def test_tune_runs_the_releases_engine_tune_before_the_units_and_they_read_its_c
     assert f"{CACHE_ENV}={CACHE}".encode() in job.release.units["hosttune-serve.service"]
 
 
-def test_tune_times_the_kernels_for_the_weights_and_dtype_the_service_runs(tmp_path):
+def test_tune_times_the_kernels_for_the_weights_dtype_and_kv_blocks_the_service_runs(tmp_path):
     job = _job(tmp_path, "custom", 30)
-    job.settings.flags.update({"quantization": "fp8", "dtype": "float16"})
+    job.settings.flags.update({"quantization": "fp8", "dtype": "float16", "block-size": 32})
     argv = dhost._tune_ops(job)[1].argv
-    assert argv[argv.index("--if-missing") + 1:] == ("--quantization", "fp8", "--dtype", "float16")
+    assert argv[argv.index("--if-missing") + 1:] == ("--quantization", "fp8", "--dtype", "float16", "--block-size",
+                                                     "32")
 
 
 def test_no_tune_step_without_the_option(tmp_path):

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from hosttune_engine.config import DTYPES, QUANTIZATIONS, activation_dtype
+from hosttune_engine.config import DTYPES, QUANTIZATIONS, activation_dtype, check_block_size
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.kernels import tuning
 from hosttune_engine.model.model_config import ModelConfig
@@ -33,6 +33,8 @@ def add_parser(commands) -> None:
                                           "for FP8 at load, or for a layout's dummy weights")
     p.add_argument("--dtype", choices=DTYPES, default="auto",
                    help="as serve's: the activations' dtype ('auto': float16 for a float16 checkpoint, else bfloat16)")
+    p.add_argument("--block-size", type=int, default=16,
+                   help="as serve's: tokens per KV-cache block (decode attention's entries are per size)")
     p.add_argument("--if-missing", action="store_true",
                    help="tune only if this GPU, driver and Triton have no cached table for these weights yet")
 
@@ -41,6 +43,7 @@ def tune_from_args(args: argparse.Namespace) -> str:
     """Tune, write the cache, and return the report."""
     if not (math.isfinite(args.budget_s) and args.budget_s > 0):  # NaN would pass `<= 0` and sweep nothing
         raise ConfigError(f"--budget-s {args.budget_s}: give seconds (> 0)")
+    check_block_size(args.block_size)
     cfg = ModelConfig.from_folder(args.model)  # the model and its quantization first: a typo shows on any machine
     spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization is not None else "auto", args.model)
     if not torch.cuda.is_available():
@@ -48,13 +51,12 @@ def tune_from_args(args: argparse.Namespace) -> str:
                           "that serves the model")
     gpu = present_gpu(torch.device("cuda"))
     dtype_name = activation_dtype(args.dtype, cfg.dtype, on_cuda=True)
-    inputs = PlanInputs(cfg, gpu, getattr(torch, dtype_name), spec)
+    inputs = PlanInputs(cfg, gpu, getattr(torch, dtype_name), spec, block_size=args.block_size)
     check_runs(inputs)  # what plan and serve refuse on this GPU, before a budget goes on configs that cannot compile
-    key, weights = tuning.present_key(gpu.name), _tuned_for(spec, dtype_name)
+    key, weights = tuning.present_key(gpu.name), _tuned_for(spec, dtype_name, args.block_size)
     tuned_for = tuning.cached_about(key).get("tuned_for", [])
     if args.if_missing and weights in tuned_for:
-        return (f"{gpu.name} has a table tuned for {weights.replace('/', ' weights, ')} "
-                f"{'activations' if '/' in weights else 'weights'} on this driver and Triton: {tuning.cache_path(key)}")
+        return f"{gpu.name} has a table tuned for {_described(weights)} on this driver and Triton: {tuning.cache_path(key)}"
     tuning.check_cache_writable()  # the table is written after the whole budget
     start = time.perf_counter()
     done = tune_model(inputs, args.budget_s)
@@ -67,11 +69,19 @@ def tune_from_args(args: argparse.Namespace) -> str:
     return report(done, wall_s, str(tuning.write_cached_table(key, merged, about)))
 
 
-def _tuned_for(spec, dtype_name: str) -> str:
-    """What a table's `tuned_for` list names these weights by: the layout (bf16 unquantized), and the activations'
-    dtype after a slash unless bfloat16 (the tables key entries by it)."""
+def _tuned_for(spec, dtype_name: str, block_size: int) -> str:
+    """What a table's `tuned_for` list names these weights by: the layout (bf16 unquantized), then after slashes the
+    activations' dtype unless bfloat16 and the KV block size unless 16 (the tables key entries by both)."""
     weights = spec.layout.value if spec is not None else "bf16"
-    return weights if dtype_name == "bfloat16" else f"{weights}/{dtype_name}"
+    dtype = "" if dtype_name == "bfloat16" else f"/{dtype_name}"
+    return weights + dtype + ("" if block_size == 16 else f"/paged{block_size}")
+
+
+def _described(tuned_for: str) -> str:
+    """'awq/float16/paged32' in words: awq weights, float16 activations, KV blocks of 32."""
+    weights, *rest = tuned_for.split("/")
+    return ", ".join([f"{weights} weights"] + [f"KV blocks of {p.removeprefix('paged')}" if p.startswith("paged")
+                                               else f"{p} activations" for p in rest])
 
 
 def report(done: Tuning, wall_s: float, path: str) -> str:
