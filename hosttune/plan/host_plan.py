@@ -59,8 +59,13 @@ class HostPlan:
     preconditions: tuple[str, ...] = ()  # what was checked on the host before anything is sent, and how it holds
 
     @property
+    def is_image(self) -> bool:
+        return bool(self.root) and self.root != "/"
+
+    @property
     def needs_reboot(self) -> bool:
-        return bool(self.pending_reboot) or any(s.needs_reboot for s in self.steps)
+        """An image (--root) runs no kernel to reboot: its first boot takes every change."""
+        return not self.is_image and (bool(self.pending_reboot) or any(s.needs_reboot for s in self.steps))
 
 
 # -- the plan of one host -----------------------------------------------------------------

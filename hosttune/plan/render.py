@@ -7,7 +7,7 @@ from hosttune.plan.host_plan import HostPlan
 
 
 def _step_lines(index: int, step: Step, plan: HostPlan) -> list[str]:
-    reboot = "  [needs reboot]" if step.needs_reboot else ""
+    reboot = "  [needs reboot]" if step.needs_reboot and not plan.is_image else ""
     lines = [f"  {index}. {', '.join(step.fixes)}: {step.summary}{reboot}"]
     for op in step.ops:
         lines.append(f"       {describe(op)}")

@@ -187,3 +187,18 @@ def test_an_image_that_enables_irqbalance_drifts_on_its_configuration_not_a_runn
     found = {f.check_id: f for f in run_checks(facts, load_profile("inference-latency"))}["irq.irqbalance"]
     assert (found.status, found.configured, found.active) == (Status.DRIFT, "enabled", "-")
     assert found.detail == "the image starts irqbalance at boot"
+
+
+def test_an_image_applied_in_full_asks_for_no_reboot_and_exits_0(tmp_path):
+    """An image runs no kernel: its first boot takes the kernel command line with everything else. An image build
+    whose apply made every change must not fail on a reboot left pending."""
+    make_image(tmp_path / "img")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  localhost:\n    transport: local\n    tune:\n      driver: {version: null, held: null}\n"
+                   "      cuda: {toolkit: null}\n      tools: {numactl: null, python: null}\n")
+    args = ["apply", "-i", str(inv), "--root", str(tmp_path / "img")]
+    planned = CliRunner().invoke(app, [*args, "--dry-run"])
+    assert "cpu.cstates: kernel command line via grub drop-in" in planned.output
+    assert "[needs reboot]" not in planned.output and "reboot needed" not in planned.output, planned.output
+    result = CliRunner().invoke(app, [*args, "--yes"])
+    assert result.exit_code == 0 and "reboot pending" not in result.output, result.output
