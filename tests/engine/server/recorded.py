@@ -22,6 +22,7 @@ from .test_faults import (BAD_INPUTS, CHAT_BAD_INPUTS, CHAT_FIELDS, COMPLETION_F
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "engine_server" / "responses.json"
 SERVER_ARGS = ["--max-batch-size", "4", "--max-queue", "4"]
 VOLATILE = ("id", "created", "model", "root")  # differ on every call, or name a temporary folder
+FIRST_CHUNK_ONLY = {"prompt_token_ids"}  # in a stream, on each choice's first chunk and no other
 
 USER = [{"role": "user", "content": "hi"}]
 GREEDY = {"max_tokens": 2, "temperature": 0, "seed": 7}
@@ -127,18 +128,23 @@ def _events(raw: bytes) -> dict:
     Kept: each choice's concatenated text, logprobs and final reasons; every chunk shape
     (object, fields, choice fields); chunks without choices (usage, errors); the end marker.
     """
-    choices, shapes, other = {}, set(), []
+    choices, shapes, other, first_only = {}, set(), [], {}
     for event in (line[len(b"data: "):] for line in raw.split(b"\n\n") if line):
         if event == b"[DONE]":
             other.append("[DONE]")
             continue
         chunk = _normalized(json.loads(event))
         for choice in chunk.get("choices", ()):
-            shapes.add(json.dumps([chunk["object"], sorted(chunk), sorted(choice)]))
+            # fields a choice's first chunk alone carries: counted, not part of the shape, which would otherwise
+            # tell a stream that came in one chunk from one that came in several
+            for key in FIRST_CHUNK_ONLY & set(choice):
+                first_only[f"{choice['index']} {key}"] = first_only.get(f"{choice['index']} {key}", 0) + 1
+            shapes.add(json.dumps([chunk["object"], sorted(chunk), sorted(set(choice) - FIRST_CHUNK_ONLY)]))
             _merge(choices.setdefault(choice["index"], {}), choice)
         if not chunk.get("choices"):
             other.append(chunk)
-    return {"choices": [choices[i] for i in sorted(choices)], "shapes": sorted(shapes), "other": other}
+    events = {"choices": [choices[i] for i in sorted(choices)], "shapes": sorted(shapes), "other": other}
+    return {**events, "first_chunk_only": first_only} if first_only else events
 
 
 def _merge(into: dict, part: dict) -> None:
