@@ -64,17 +64,18 @@ def later_runs(journals: list[Journal], journal: Journal) -> list[str]:
 
 def load_journals(transport: Transport, root: str | None) -> list[Journal]:
     image = root if root and root != "/" else ""
-    texts = read_journals(transport, rooted(root, RUNS_DIR), image)
-    return [_journal(f"{RUNS_DIR}/{name}", text) for name, text in texts.items() if text]
+    runs = rooted(root, RUNS_DIR)  # under --root, the image's folder: the one to move a damaged journal out of
+    texts = read_journals(transport, runs, image)
+    return [_journal(runs, name, text) for name, text in texts.items() if text]
 
 
-def _journal(path: str, text: str) -> Journal:
+def _journal(runs: str, name: str, text: str) -> Journal:
     """One journal; a damaged one is the host's error (skipping it could roll another run back over its changes)."""
     try:
         return Journal.from_json(text)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise HosttuneError(f"{path}: unreadable run journal ({type(exc).__name__}: {str(exc)[:200]}): move it out of "
-                            f"{RUNS_DIR} to roll back this host's other runs") from None
+        raise HosttuneError(f"{runs}/{name}: unreadable run journal ({type(exc).__name__}: {str(exc)[:200]}): move it "
+                            f"out of {runs} to roll back this host's other runs") from None
 
 
 def _is_due(transport: Transport, undo: Undo, root: str | None) -> bool:

@@ -523,13 +523,14 @@ def test_only_a_write_that_ran_has_edits_since_to_keep():
 
 @pytest.mark.parametrize("text", ['{"run": "x", broken', '{"run": "x"}', "[]"])
 def test_a_damaged_journal_is_that_hosts_one_line_error_not_a_crash(local, tmp_path, text):
+    """Under --root the journal to move is the image's, not the build machine's /var/lib/hosttune/runs."""
     root = tmp_path / "img"
     (root / "var/lib/hosttune/runs").mkdir(parents=True)
     (root / "var/lib/hosttune/runs/r0.json").write_text(text)
     result = rollback_host(local, HOST, None, str(root), dry_run=True)
     assert result.status == "failed" and result.exit_bits == 2
-    assert result.error.startswith("/var/lib/hosttune/runs/r0.json: unreadable run journal ("), result.error
-    assert result.error.endswith("): move it out of /var/lib/hosttune/runs to roll back this host's other runs")
+    assert result.error.startswith(f"{root}/var/lib/hosttune/runs/r0.json: unreadable run journal ("), result.error
+    assert result.error.endswith(f"): move it out of {root}/var/lib/hosttune/runs to roll back this host's other runs")
 
 
 def test_a_run_whose_only_changes_have_no_reverse_says_so_instead_of_an_empty_plan(local, tmp_path):
