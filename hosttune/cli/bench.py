@@ -9,7 +9,7 @@ import typer
 
 from hosttune.bench.extra import require_bench_extra
 from hosttune.cli.app import app
-from hosttune.cli.common import path_option, text_option, user_errors
+from hosttune.cli.common import given_text, path_option, text_option, user_errors
 
 
 @app.command()
@@ -49,7 +49,7 @@ def bench(
     timeout: str = typer.Option("10m", "--timeout", help="Longest a single request may take."),
     max_client_lag: str = typer.Option("5ms", "--max-client-lag", help="Flag the run when the client's P99 lag exceeds this."),
     seed: int = typer.Option(0, "--seed", help="Seed for lengths, prompts and arrivals."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", show_envvar=True, help="Sent as 'Authorization: Bearer KEY' (from the environment, a --header Authorization takes its place); redacted in printed and saved command lines."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="OPENAI_API_KEY", show_envvar=True, parser=given_text, metavar="<str>", help="Sent as 'Authorization: Bearer KEY' (from the environment, a --header Authorization takes its place); redacted in printed and saved command lines."),
     header: Optional[List[str]] = typer.Option(None, "--header", help="NAME=VALUE, an extra request header; repeatable for other names (a name given twice is an error: join a list's values with commas in one); its value is redacted in reports."),
     cacert: Optional[Path] = path_option(None, "--cacert", help="https: trust the CA certificates in this PEM file (a private CA) instead of the system's."),
     insecure: bool = typer.Option(False, "--insecure", help="https: check no certificate at all (a test endpoint only)."),

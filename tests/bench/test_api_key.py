@@ -135,3 +135,14 @@ def test_api_key_beside_a_header_authorization_is_a_usage_error_saying_which_to_
     assert request_headers([f"Authorization=Bearer {TENANT}"], KEY) == (("Authorization", f"Bearer {TENANT}"),)
     result = CliRunner().invoke(app, args, env={"OPENAI_API_KEY": KEY})
     assert result.exit_code == 2 and "cannot reach" in result.stderr
+
+
+def test_an_empty_api_key_is_a_usage_error_not_a_run_without_the_key():
+    """`--api-key "$KEY"` with KEY unset would otherwise send no key, and the server's 401 would ask for --api-key."""
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--requests", "1", "--api-key", ""],
+                                env={"OPENAI_API_KEY": None})
+    assert result.exit_code == 2 and "--api-key: '' names nothing" in result.output, result.output
