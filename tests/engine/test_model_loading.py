@@ -44,6 +44,15 @@ def test_unsupported_architecture_and_features(tmp_path, tiny_models):
         LLM(str(rope))
 
 
+@pytest.mark.parametrize("field", ["tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window"])
+def test_a_switch_in_config_json_that_is_not_true_or_false_is_refused_naming_the_file(tmp_path, tiny_models, field):
+    # "false" in quotes is a non-empty string: read as true, a tied head would drop the checkpoint's lm_head
+    folder = copy(tiny_models["qwen2"], tmp_path / "m", lambda c: c.update({field: "false"}))
+    with pytest.raises(ModelLoadError, match=re.escape(f"{folder / 'config.json'}: {field} must be true or false, "
+                                                       "got 'false'; fix config.json")):
+        ModelConfig.from_folder(folder)
+
+
 @pytest.mark.parametrize("act, supported", [("silu", True), ("swish", True), ("gelu", False), ("relu", False)])
 def test_an_activation_other_than_silu_is_refused_naming_config_json(tmp_path, tiny_models, act, supported):
     # the MLP runs SwiGLU whatever config.json says: another activation would serve wrong tokens without an error

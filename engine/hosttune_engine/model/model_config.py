@@ -124,6 +124,7 @@ SILU_NAMES = ("silu", "swish")  # Hugging Face's names of the same function
 
 SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "head_dim", "max_position_embeddings")
+SWITCH_FIELDS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window")
 OBJECT_FIELDS = ("quantization_config", "rope_scaling", "rope_parameters")
 
 
@@ -137,6 +138,9 @@ def _check_types(raw: dict, source: str) -> None:
         value = raw.get(key)
         if value is not None and not isinstance(value, dict):
             raise ModelLoadError(f"{source}: {key} must be an object of settings, got {value!r}; fix config.json")
+    for key in SWITCH_FIELDS:
+        if key in raw and type(raw[key]) is not bool and raw[key] not in (0, 1):  # 0 and 1: as Python reads them
+            raise ModelLoadError(f"{source}: {key} must be true or false, got {raw[key]!r}; fix config.json")
     if not isinstance(raw.get("architectures", []), list):
         raise ModelLoadError(f"{source}: architectures must be an array of names, got {raw['architectures']!r}")
     _number(raw.get("rms_norm_eps", 1e-6), "rms_norm_eps", source)
