@@ -15,7 +15,7 @@ import os
 import sys
 
 from hosttune_engine import __version__
-from hosttune_engine.config import EngineConfig
+from hosttune_engine.config import EngineConfig, runs_triton
 from hosttune_engine.errors import ConfigError, EngineError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.model.tokenizer import Tokenizer
@@ -113,11 +113,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def check_model_folder(engine: EngineConfig) -> None:
-    """What config.json and the tokenizer folder alone say is wrong (a --quantization of weights quantized already,
-    the context, the heads tensor parallelism splits), refused before the socket opens as `plan` refuses the same
-    folder; the weights are read only by the load that follows."""
+    """What config.json, the options and the tokenizer folder alone say is wrong (a --quantization of weights
+    quantized already, Triton on the CPU, the context, the heads tensor parallelism splits), refused before the
+    socket opens as `plan` refuses the same folder; the weights are read only by the load that follows."""
     model = ModelConfig.from_folder(engine.model)
     resolve_spec(model.quantization, engine.quantization, engine.load_format, engine.model)
+    if engine.device == "cpu":  # with "auto", whether there is a GPU is torch's to say, after the socket opens
+        runs_triton(engine.kernel_backend, on_cuda=False)
     model.context_length(engine.max_model_len)
     check_divides_heads(model, engine.tensor_parallel_size)
     if engine.tokenizer is not None:

@@ -160,11 +160,15 @@ def test_model_that_cannot_load_exits_1(tiny_qwen2, tmp_path):
     ("tiny", ["--max-model-len", "100000"], "max_model_len=100000 is past the model's 1024 positions"),
     ("tiny", ["--tokenizer", "{folder}"], "has no tokenizer.json (only fast tokenizers are supported)"),
     ("fp8", ["--quantization", "fp8"], "is already quantized (fp8-block); drop quantization='fp8'"),
+    ("tiny", ["--device", "cpu", "--kernel-backend", "triton"],
+     "kernel_backend='triton' on the CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow)"),
 ])
-def test_a_model_folder_that_cannot_serve_is_one_line_exit_2(tiny_qwen2, tmp_path, capsys, config_json, flags,
-                                                             message):
+def test_a_model_folder_that_cannot_serve_is_one_line_exit_2(tiny_qwen2, tmp_path, capsys, monkeypatch, config_json,
+                                                             flags, message):
     # what config.json says is known before the socket opens, as `hosttune-engine plan` knows it
     from hosttune_engine.server.cli import main
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
     if config_json == "fp8":  # a checkpoint whose config.json says its weights are FP8 already
         fp8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
