@@ -194,7 +194,8 @@ def resolve_step(step: Step, state: State, offline: bool = False) -> Step | None
             continue
         if isinstance(op, Command) and offline and not op.offline:
             continue
-        ops += _resolve_op(op, state, step, offline)
+        # two edits through links of one file (99-sysctl.conf -> ../sysctl.conf) are one write of it
+        ops += [o for o in _resolve_op(op, state, step, offline) if o not in ops]
     changes_files = any(isinstance(o, FILE_OPS) for o in ops)
     ops = [o for o in ops if not (isinstance(o, Command) and o.regenerate and (not changes_files or (offline and not o.offline)))]
     if not ops:

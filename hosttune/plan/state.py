@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, Remove, Packages, Service, Step, Symlink
 from hosttune.errors import ProbeError
@@ -141,6 +141,8 @@ def parse_state(output: str, requests: list[tuple[str, str]], root: str | None) 
         if kind == "file":
             path = unrooted(root, value)
             files[path] = _file_state(path, fields, root)
+            if (linked := files[path]).link and linked.real:  # a write through the link lands there, and is journaled so
+                files.setdefault(linked.real, replace(linked, path=linked.real, link=None, real=None))
         elif kind == "unit":
             active = _first(fields, "active") if not root or root == "/" else None
             units[value] = UnitState(value, _first(fields, "enabled") or "", active)

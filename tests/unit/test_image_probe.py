@@ -202,3 +202,19 @@ def test_an_image_applied_in_full_asks_for_no_reboot_and_exits_0(tmp_path):
     assert "[needs reboot]" not in planned.output and "reboot needed" not in planned.output, planned.output
     result = CliRunner().invoke(app, [*args, "--yes"])
     assert result.exit_code == 0 and "reboot pending" not in result.output, result.output
+
+
+def test_numa_balancing_set_in_sysctl_conf_and_its_debian_link_is_disabled_in_one_write(tmp_path):
+    """Debian's /etc/sysctl.d/99-sysctl.conf links to ../sysctl.conf: both name the one file to comment out. It was
+    written twice, and the second write, expecting the file as the plan had read it, failed the run."""
+    make_image(tmp_path)
+    (tmp_path / "etc/sysctl.d/90-site.conf").unlink()
+    write(tmp_path, "/etc/sysctl.conf", "vm.swappiness = 10\nkernel.numa_balancing = 1\n")
+    (tmp_path / "etc/sysctl.d/99-sysctl.conf").symlink_to("../sysctl.conf")
+    result = CliRunner().invoke(app, ["apply", "--root", str(tmp_path), "--yes"])
+    assert "failed=0" in result.output and result.output.count("write /etc/sysctl.conf ") == 1, result.output
+    assert (tmp_path / "etc/sysctl.d/99-sysctl.conf").is_symlink()
+    assert (tmp_path / "etc/sysctl.conf").read_text().startswith("vm.swappiness = 10\n# kernel.numa_balancing = 1")
+    rolled = CliRunner().invoke(app, ["rollback", "--root", str(tmp_path), "--yes"])
+    assert rolled.exit_code == 0, rolled.output
+    assert (tmp_path / "etc/sysctl.conf").read_text() == "vm.swappiness = 10\nkernel.numa_balancing = 1\n"
