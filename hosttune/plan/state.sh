@@ -8,11 +8,24 @@ root=$1; manager=$2; shift 2
 inroot() { if [ "$root" = / ]; then "$@"; else chroot "$root" "$@"; fi; }
 sysd() { if [ "$root" = / ]; then systemctl "$@"; else systemctl --root="$root" "$@"; fi; }
 
+# The file a path under the root names, through its links as the root resolves them: an absolute link in an image
+# names a file of the image, not of this machine.
+real() {
+    if [ "$root" = / ]; then readlink -f -- "$1"; return; fi
+    r=${root%/}; q=${1#"$r"}; hops=0
+    while [ -L "$r$q" ] && [ $hops -lt 40 ]; do
+        t=$(readlink -- "$r$q"); hops=$((hops + 1))
+        case $t in /*) q=$t ;; *) q=$(dirname -- "$q")/$t ;; esac
+    done
+    realpath -m -s -- "$r$q"
+}
+
 file() {
     p=$1
     if [ -L "$p" ]; then
         printf 'link:%s\n' "$(readlink -- "$p")"
-        printf 'real:%s\n' "$(readlink -f -- "$p")"
+        printf 'real:%s\n' "$(real "$p")"
+        [ "$root" = / ] || p=$(real "$p")
     fi
     if [ -f "$p" ]; then
         stat -L -c 'stat:file %a %u %g' -- "$p"

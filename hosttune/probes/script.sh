@@ -171,9 +171,14 @@ system() {
   return 0
 }
 
+# Each file read through its links as the image resolves them (an absolute link names a file of the image, not of
+# this machine), printed under its own name.
 sysctl_conf() {
-  (cd "$R/" && grep -sH 'numa_balancing' ./etc/sysctl.conf ./etc/sysctl.d/*.conf ./run/sysctl.d/*.conf \
-    ./usr/local/lib/sysctl.d/*.conf ./usr/lib/sysctl.d/*.conf ./lib/sysctl.d/*.conf) | sed 's/^\.//'
+  for f in "$R"/etc/sysctl.conf "$R"/etc/sysctl.d/*.conf "$R"/run/sysctl.d/*.conf "$R"/usr/local/lib/sysctl.d/*.conf \
+           "$R"/usr/lib/sysctl.d/*.conf "$R"/lib/sysctl.d/*.conf; do
+    f=${f#"$R"}
+    grep -s 'numa_balancing' -- "$R$(rresolve "$f")" | while IFS= read -r line; do printf '%s:%s\n' "$f" "$line"; done
+  done
   return 0
 }
 

@@ -218,3 +218,18 @@ def test_numa_balancing_set_in_sysctl_conf_and_its_debian_link_is_disabled_in_on
     rolled = CliRunner().invoke(app, ["rollback", "--root", str(tmp_path), "--yes"])
     assert rolled.exit_code == 0, rolled.output
     assert (tmp_path / "etc/sysctl.conf").read_text() == "vm.swappiness = 10\nkernel.numa_balancing = 1\n"
+
+
+def test_an_absolute_link_in_an_image_is_followed_inside_the_image_not_on_the_build_machine(tmp_path):
+    """/etc/sysctl.d/95-site.conf -> /etc/site/sysctl.conf names the image's file: read and edited on the machine's
+    own path, the setting that wins at the image's boot went unseen and stayed."""
+    make_image(tmp_path)
+    (tmp_path / "etc/sysctl.d/90-site.conf").unlink()
+    write(tmp_path, "/etc/site/sysctl.conf", "kernel.numa_balancing = 1\n")
+    (tmp_path / "etc/sysctl.d/95-site.conf").symlink_to("/etc/site/sysctl.conf")
+    facts = gather(LocalTransport(), root=str(tmp_path)).facts
+    assert (facts.numa_balancing_configured, facts.numa_balancing_source) == (1, "/etc/sysctl.d/95-site.conf")
+    result = CliRunner().invoke(app, ["apply", "--root", str(tmp_path), "--yes"])
+    assert "failed=0" in result.output and "write /etc/site/sysctl.conf " in result.output, result.output
+    assert (tmp_path / "etc/site/sysctl.conf").read_text().startswith("# kernel.numa_balancing = 1")
+    assert gather(LocalTransport(), root=str(tmp_path)).facts.numa_balancing_configured == 0
