@@ -165,6 +165,13 @@ def test_the_plan_command_plans_the_kernel_backend_serve_is_given(no_user_tables
         "slow); use kernel_backend 'auto' or 'torch'\n")
 
 
+@pytest.mark.parametrize("gpu", ["H100", "h100", "nvidia h100 80gb hbm3"])
+def test_a_gpu_named_in_any_case_plans_with_the_table_the_gpu_itself_reads(no_user_tables, capsys, gpu):
+    # --gpu takes a name in any case: an H100's plan borrows the H200's table, whatever case it is asked in
+    main(["plan", "--model", str(QWEN7B), "--gpu", gpu])
+    assert "tuned table: shipped, NVIDIA H200's (same architecture)" in capsys.readouterr().out
+
+
 V100, A100, A10 = "Tesla V100-SXM2-32GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A10"
 E4M3 = ("the Triton kernels' e4m3 type needs 8.9 or later (Ada or Hopper), and before it only FP8 weights run, decoded "
         "by integer operations from 8.0 (Ampere) on")

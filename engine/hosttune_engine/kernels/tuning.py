@@ -175,7 +175,9 @@ def _shipped(gpu: str) -> tuple[str | None, dict]:
     if os.environ.get(SHIPPED_ENV) == "off":
         return None, {}
     tables = _read(SHIPPED)
-    source = gpu if gpu in tables else next((name for part, name in BORROWS if part in gpu and name in tables), None)
+    # a name in another case (`plan --gpu h100`) borrows as the GPU itself does
+    source = gpu if gpu in tables else next((name for part, name in BORROWS if part.lower() in gpu.lower()
+                                             and name in tables), None)
     return source, tables.get(source, {}) if source else {}
 
 
