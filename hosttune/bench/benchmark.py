@@ -104,6 +104,10 @@ def check_url(url: str) -> str:
     parsed = urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise BenchError(f"--url {url!r}: give a base URL like http://127.0.0.1:8000")
+    if "@" in parsed.netloc:  # named without its user and password, which this line must not print either
+        raise BenchError(f"--url {parsed.scheme}://…@{parsed.netloc.rpartition('@')[2]}: a user or password in the URL "
+                         "would be saved in every report; send it with --header 'Authorization=Basic BASE64', which "
+                         "reports redact")
     if parsed.path.rstrip("/").endswith("/v1"):
         raise BenchError(f"--url {url!r}: give the server's base URL, without /v1 (bench adds /v1/completions)")
     return url.rstrip("/")
