@@ -108,6 +108,9 @@ def check_url(url: str) -> str:
         raise BenchError(f"--url {parsed.scheme}://…@{parsed.netloc.rpartition('@')[2]}: a user or password in the URL "
                          "would be saved in every report; send it with --header 'Authorization=Basic BASE64', which "
                          "reports redact")
+    if parsed.query or parsed.fragment or url.endswith(("?", "#")):
+        raise BenchError(f"--url {url!r}: give the server's base URL, without a ?query or #fragment (bench adds "
+                         "/v1/completions to it)")
     if parsed.path.rstrip("/").endswith("/v1"):
         raise BenchError(f"--url {url!r}: give the server's base URL, without /v1 (bench adds /v1/completions)")
     return url.rstrip("/")
