@@ -127,6 +127,9 @@ def test_the_plan_command_prints_a_named_gpus_plan_and_refuses_an_unknown_one(no
     with pytest.raises(SystemExit) as exit_:
         main(["plan", "--model", str(QWEN7B), "--gpu", ""])
     assert exit_.value.code == 2 and "--gpu '': unknown GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # the vendor names no GPU, though one tuned table's name holds it
+        main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA"])
+    assert exit_.value.code == 2 and "--gpu 'NVIDIA': unknown GPU" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:  # an empty value (an unset variable) is not a name, nor no quantization
         main(["plan", "--model", str(QWEN7B), "--quantization", ""])
     assert exit_.value.code == 2 and "quantization must be one of fp8, fp8-block" in capsys.readouterr().err
