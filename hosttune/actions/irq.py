@@ -21,6 +21,8 @@ def irqbalance(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     if not is_systemd(facts):
         return [blocked("irq.irqbalance", f"PID 1 is {facts.pid1 or 'unknown'}, not systemd: {'start' if want else 'stop'} irqbalance with the host's init system")]
     verb = "started and enabled" if want else "stopped and disabled"
+    if facts.image:  # nothing runs in an image: what it starts at boot is all there is to change
+        verb = f"{'enabled' if want else 'disabled'} from the image's first boot"
     return [Step(("irq.irqbalance",), f"irqbalance {verb}", (Service("irqbalance.service", enabled=want, running=want),))]
 
 

@@ -217,6 +217,15 @@ def test_a_setting_planned_for_an_image_takes_effect_at_its_first_boot_not_now(l
         " at the image's first boot")  # sysctl.d is read at boot without systemd too
 
 
+def test_irqbalance_in_an_image_is_disabled_from_its_first_boot_not_stopped(l40s):
+    running = replace(l40s, services={"irqbalance": ServiceState("irqbalance", "active", "enabled")})
+    (host_step,) = irq.irqbalance(running, LATENCY, HOST)
+    (image_step,) = irq.irqbalance(replace(running, image="/srv/image"), LATENCY, HOST)
+    assert (host_step.summary, image_step.summary) == ("irqbalance stopped and disabled",
+                                                       "irqbalance disabled from the image's first boot")
+    assert image_step.ops == host_step.ops  # --root leaves the stop out when it runs, and says so
+
+
 def test_thp_files_unit_and_live_write(l40s):
     (step,) = memory.thp(l40s, LATENCY, HOST)
     defaults = step.ops[0]
