@@ -45,7 +45,8 @@ def plan_from_args(args: argparse.Namespace) -> KernelPlan:
     """The plan `hosttune-engine plan` prints: of the activations serve would compute in on that GPU."""
     check_block_size(args.block_size)
     cfg = ModelConfig.from_folder(args.model)
-    spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization is not None else "auto", args.model)
+    load_format = "dummy" if args.quantization is not None else "auto"  # plan and tune name any layout
+    spec = resolve_spec(cfg.quantization, args.quantization, load_format, args.model)
     gpu = named_gpu(table_name(args.gpu)) if args.gpu is not None else _this_gpu()  # --gpu '' is unknown
     dtype = getattr(torch, activation_dtype(args.dtype, cfg.dtype, gpu.is_cuda))
     inputs = PlanInputs(cfg, gpu, dtype, spec, use_triton=runs_triton(args.kernel_backend, gpu.is_cuda),

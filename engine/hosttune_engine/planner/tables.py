@@ -32,7 +32,8 @@ def check_tables(gpu: str) -> None:
 
 def table_name(name: str) -> str:
     """The GPU name a tuned table spells `name` as: the same name in another case, or the one table name that holds
-    it as whole words ("H200" -> "NVIDIA H200", but not "NVIDIA": a family has a number); else `name` itself. A name that several tables hold is refused."""
+    it as whole words ("H200" -> "NVIDIA H200", but not "NVIDIA": a family has a number); else `name` itself. A
+    name that several tables hold is refused."""
     names, wanted = _table_names(), name.strip()
     same = [n for n in names if n.lower() == wanted.lower()]
     if same or not any(c.isdigit() for c in wanted):  # every family has a number: "NVIDIA" alone names no GPU

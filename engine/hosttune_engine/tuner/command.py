@@ -45,7 +45,8 @@ def tune_from_args(args: argparse.Namespace) -> str:
         raise ConfigError(f"--budget-s {args.budget_s}: give seconds (> 0)")
     check_block_size(args.block_size)
     cfg = ModelConfig.from_folder(args.model)  # the model and its quantization first: a typo shows on any machine
-    spec = resolve_spec(cfg.quantization, args.quantization, "dummy" if args.quantization is not None else "auto", args.model)
+    load_format = "dummy" if args.quantization is not None else "auto"  # plan and tune name any layout
+    spec = resolve_spec(cfg.quantization, args.quantization, load_format, args.model)
     if not torch.cuda.is_available():
         raise ConfigError("tune times kernels on this machine's GPU, and it has none: run it on the GPU host "
                           "that serves the model")
@@ -56,7 +57,8 @@ def tune_from_args(args: argparse.Namespace) -> str:
     key, weights = tuning.present_key(gpu.name), _tuned_for(spec, dtype_name, args.block_size)
     tuned_for = tuning.cached_about(key).get("tuned_for", [])
     if args.if_missing and weights in tuned_for:
-        return f"{gpu.name} has a table tuned for {_described(weights)} on this driver and Triton: {tuning.cache_path(key)}"
+        return (f"{gpu.name} has a table tuned for {_described(weights)} on this driver and Triton: "
+                f"{tuning.cache_path(key)}")
     tuning.check_cache_writable()  # the table is written after the whole budget
     start = time.perf_counter()
     done = tune_model(inputs, args.budget_s)
