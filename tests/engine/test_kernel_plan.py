@@ -383,6 +383,16 @@ def test_the_plan_command_refuses_a_malformed_tuned_table_in_one_line_naming_its
     assert exit_.value.code == 2 and err.count("\n") == 1 and f"{table}" in err and message in err, err
 
 
+def test_the_plan_command_refuses_a_tuned_table_path_that_is_a_folder(no_user_tables, tmp_path, monkeypatch, capsys):
+    # $HOSTTUNE_KERNEL_CONFIGS names a file: a folder there is a mistake to fix, not "no table"
+    monkeypatch.setenv(tuning.USER_ENV, str(tmp_path))
+    tuning.reload_tables()
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA H200"])
+    assert exit_.value.code == 2 and capsys.readouterr().err == (
+        f"hosttune-engine: error: {tmp_path} (a tuned table, ${tuning.USER_ENV}) is a folder; name a JSON file\n")
+
+
 def test_the_plan_command_refuses_a_malformed_config_in_one_line(tmp_path, capsys):
     (tmp_path / "config.json").write_text('["LlamaForCausalLM"]')
     with pytest.raises(SystemExit) as exit_:

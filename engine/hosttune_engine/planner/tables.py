@@ -16,6 +16,8 @@ from hosttune_engine.plan.launch import LaunchConfig
 def check_tables(gpu: str) -> None:
     """Raise a `ConfigError` naming the file of the first malformed table `gpu`'s plan would read."""
     path = tuning.user_table_path()
+    if path.is_dir():
+        raise ConfigError(f"{path} (a tuned table, ${tuning.USER_ENV}) is a folder; name a JSON file")
     if path.is_file():
         raw = _parse(path)
         _object(raw, f"{path}", "GPU names")
