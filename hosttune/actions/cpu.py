@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune.actions.base import KernelWrite, Step
-from hosttune.actions.units import boot_unit, lasting
+from hosttune.actions.units import boot_unit, lasting, not_systemd
 from hosttune.checks.base import is_systemd
 from hosttune.checks.boot_scripts import GOVERNOR_UNIT as UNIT, governor_script
 from hosttune.probes.facts import Facts
@@ -23,7 +23,7 @@ def governor(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     if is_systemd(facts):
         ops += boot_unit(UNIT, f"CPU frequency governor {want}", governor_script(want))
     else:
-        notes = (f"not persisted: PID 1 is {facts.pid1 or 'unknown'}, not systemd; set the governor at boot another way",)
+        notes = (f"not persisted: {not_systemd(facts)}; set the governor at boot another way",)
     wrong = tuple(governor_path(c) for c, g in sorted(facts.cpu.governors.items()) if g != want)
     if wrong:
         ops += (KernelWrite(wrong, want),)

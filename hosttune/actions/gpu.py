@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hosttune.actions.base import Command, Service, Step, blocked
+from hosttune.actions.units import not_systemd
 from hosttune.checks.base import is_systemd
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host
@@ -13,7 +14,7 @@ def persistence(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     """systemctl enable --now nvidia-persistenced (the daemon owns persistence mode; nvidia-smi -pm is deprecated)."""
     daemon = facts.services.get("nvidia-persistenced")
     if not is_systemd(facts):
-        return [blocked("gpu.persistence", f"PID 1 is {facts.pid1 or 'unknown'}, not systemd: run nvidia-persistenced from the host's init system")]
+        return [blocked("gpu.persistence", f"{not_systemd(facts)}: run nvidia-persistenced from the host's init system")]
     if daemon is None or daemon.enabled in (None, "not-found"):
         return [blocked("gpu.persistence", "nvidia-persistenced is not installed (it ships with the NVIDIA driver packages)")]
     if daemon.enabled == "masked":

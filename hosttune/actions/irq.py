@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hosttune import cpulist
 from hosttune.actions.base import KernelWrite, Service, Step, blocked
-from hosttune.actions.units import boot_unit, lasting
+from hosttune.actions.units import boot_unit, lasting, not_systemd
 from hosttune.checks.base import is_systemd
 from hosttune.checks.boot_scripts import IRQ_UNIT as UNIT, irq_affinity_script
 from hosttune.checks.irq import wanted_pins
@@ -19,7 +19,7 @@ def irqbalance(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     if not want and not _installed(facts):
         return []  # nothing to stop: an image's plan would otherwise show it as not fixable
     if not is_systemd(facts):
-        return [blocked("irq.irqbalance", f"PID 1 is {facts.pid1 or 'unknown'}, not systemd: {'start' if want else 'stop'} irqbalance with the host's init system")]
+        return [blocked("irq.irqbalance", f"{not_systemd(facts)}: {'start' if want else 'stop'} irqbalance with the host's init system")]
     verb = "started and enabled" if want else "stopped and disabled"
     if facts.image:  # nothing runs in an image: what it starts at boot is all there is to change
         verb = f"{'enabled' if want else 'disabled'} from the image's first boot"
@@ -41,7 +41,7 @@ def gpu_affinity(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     if is_systemd(facts):
         ops += boot_unit(UNIT, "pin GPU interrupts", irq_affinity_script(pins), after=("nvidia-persistenced.service",))
     else:
-        notes = (f"not persisted: PID 1 is {facts.pid1 or 'unknown'}, not systemd; the pinning is lost at reboot",)
+        notes = (f"not persisted: {not_systemd(facts)}; the pinning is lost at reboot",)
     for dev, (_, cores) in zip(devices, pins):
         wanted = set(cpulist.parse(cores))
         wrong = tuple(f"/proc/irq/{i.irq}/smp_affinity_list" for i in dev.irqs if not set(i.cpus) <= wanted)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, Step, managed_header
 from hosttune.rendering import render
-from hosttune.actions.units import boot_unit, lasting
+from hosttune.actions.units import boot_unit, lasting, not_systemd
 from hosttune.checks.base import is_systemd
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host
@@ -29,7 +29,7 @@ def thp(facts: Facts, profile: Profile, host: Host) -> list[Step]:
         ops += (defaults, *boot_unit(THP_UNIT, f"transparent hugepages {want}", render("hosttune-thp.sh.j2"),
                                      environment_file=THP_DEFAULTS))
     else:
-        notes = (f"not persisted: PID 1 is {facts.pid1 or 'unknown'}, not systemd; add transparent_hugepage={want} to the kernel command line",)
+        notes = (f"not persisted: {not_systemd(facts)}; add transparent_hugepage={want} to the kernel command line",)
     if facts.thp_enabled != want:
         ops += (KernelWrite((THP_SYSFS,), want),)
     return [Step(("mm.thp",), f"transparent hugepages {want} {lasting(facts)}", ops, notes=notes)]

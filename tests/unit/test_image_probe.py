@@ -233,3 +233,13 @@ def test_an_absolute_link_in_an_image_is_followed_inside_the_image_not_on_the_bu
     assert "failed=0" in result.output and "write /etc/site/sysctl.conf " in result.output, result.output
     assert (tmp_path / "etc/site/sysctl.conf").read_text().startswith("# kernel.numa_balancing = 1")
     assert gather(LocalTransport(), root=str(tmp_path)).facts.numa_balancing_configured == 0
+
+
+def test_an_image_that_does_not_boot_systemd_is_named_for_its_init_not_the_build_machines_pid_1(tmp_path):
+    make_image(tmp_path)
+    (tmp_path / "sbin/init").unlink()
+    write(tmp_path, "/sbin/init", "#!/bin/sh\n")
+    text = CliRunner().invoke(app, ["apply", "--root", str(tmp_path), "--dry-run"]).output
+    assert "PID 1" not in text, text
+    assert ("  - mm.thp: not fixed by apply: not persisted: the image's /sbin/init is init, not systemd; add "
+            "transparent_hugepage=madvise to the kernel command line") in text.splitlines(), text
