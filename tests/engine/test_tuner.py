@@ -184,6 +184,29 @@ def test_tune_refuses_a_cache_it_could_not_write_before_it_sweeps(no_user_tables
                    f"set ${tuning.CACHE_ENV} to a folder this user can write\n")
 
 
+def test_tune_refuses_a_malformed_cached_table_before_it_sweeps(no_user_tables, monkeypatch, capsys):
+    """The table plan and serve refuse is refused by tune too, not merged as empty and overwritten after the budget."""
+    from hosttune_engine.tuner import command
+
+    from .test_kernel_plan import QWEN7B
+
+    swept = []
+    monkeypatch.setattr(command.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(command, "present_gpu", lambda device: GpuInfo("NVIDIA L40S", (8, 9), True))
+    monkeypatch.setattr(tuning, "driver_version", lambda: "555.42")
+    monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
+    monkeypatch.setattr(command, "tune_model", lambda inputs, budget: swept.append(inputs))
+    path = tuning.cache_path(tuning.present_key("NVIDIA L40S"))
+    path.parent.mkdir(parents=True)
+    path.write_text("{bad")
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "--model", str(QWEN7B), "--budget-s", "10"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and not swept
+    assert f"{path} (a tuned table) is not JSON" in err and "fix it or remove it" in err
+    assert path.read_text() == "{bad"
+
+
 def test_tune_times_the_activations_serve_would_run(no_user_tables, monkeypatch, tmp_path, capsys):
     """A float16 checkpoint is served in float16: tune times its kernels in float16, not bfloat16."""
     from hosttune_engine.tuner import command

@@ -15,6 +15,7 @@ from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.plan.launch import LaunchConfig
 from hosttune_engine.plan.gpus import present_gpu
 from hosttune_engine.planner.build import PlanInputs, check_runs
+from hosttune_engine.planner.tables import check_tables
 from hosttune_engine.quant.spec import resolve_spec
 from hosttune_engine.tuner.run import Tuning, tune_model
 
@@ -54,6 +55,7 @@ def tune_from_args(args: argparse.Namespace) -> str:
     dtype_name = activation_dtype(args.dtype, cfg.dtype, on_cuda=True)
     inputs = PlanInputs(cfg, gpu, getattr(torch, dtype_name), spec, block_size=args.block_size)
     check_runs(inputs)  # what plan and serve refuse on this GPU, before a budget goes on configs that cannot compile
+    check_tables(gpu.name)  # a table plan and serve refuse is not merged as empty and overwritten after the budget
     key, weights = tuning.present_key(gpu.name), _tuned_for(spec, dtype_name, args.block_size)
     tuned_for = tuning.cached_about(key).get("tuned_for", [])
     if args.if_missing and weights in tuned_for:
