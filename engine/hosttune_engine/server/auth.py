@@ -54,7 +54,10 @@ def load_keys(flags: list[str], files: list[str], environ: dict[str, str] = os.e
     found = [(k, "--api-key") for k in flags]
     for name in files:
         found += [(k, f"the API key file {name} line {n}") for n, k in _keys_in_file(Path(name))]
-    found += [(k, f"${KEY_ENV}") for k in environ.get(KEY_ENV, "").split(",")]
+    from_env = environ.get(KEY_ENV, "")
+    if from_env and not from_env.replace(",", "").strip():  # set, yet no key: never serve open by mistake
+        raise ConfigError(f"${KEY_ENV} holds no key, only commas or spaces; give a key or leave it unset")
+    found += [(k, f"${KEY_ENV}") for k in from_env.split(",")]
     found = [(k.strip(), source) for k, source in found if k and k.strip()]
     short = [source for k, source in found if len(k) < 8]
     if short:

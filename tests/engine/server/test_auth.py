@@ -164,3 +164,13 @@ def test_a_key_file_that_is_not_utf8_is_one_error_naming_it_and_its_line(tmp_pat
 def test_protect_probes_without_a_key_is_a_config_error():
     with pytest.raises(ConfigError, match="needs an API key"):
         ServerConfig(EngineConfig(model="m"), protect_probes=True)
+
+
+def test_an_environment_key_of_only_commas_or_spaces_is_refused_not_served_open():
+    """A set variable that holds no key (a template left empty between commas) would serve with no key checked;
+    an empty one reads as unset, as vLLM's VLLM_API_KEY does."""
+    for value in (",", " , ", "  "):
+        with pytest.raises(ConfigError, match="\\$HOSTTUNE_ENGINE_API_KEY holds no key"):
+            load_keys([], [], {"HOSTTUNE_ENGINE_API_KEY": value})
+    assert load_keys([], [], {"HOSTTUNE_ENGINE_API_KEY": ""}) == ()
+    assert load_keys([], [], {"HOSTTUNE_ENGINE_API_KEY": "long-enough-key,"}) == ("long-enough-key",)
