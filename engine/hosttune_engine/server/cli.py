@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if not os.path.isdir(args.model):
             raise ConfigError(f"--model {args.model}: no such folder (give a Hugging Face model folder)")
+        if args.step_log == "":  # not the log turned off: a variable that was meant to hold a path and is unset
+            raise ConfigError("--step-log is empty; give a file path, or leave the option out for no step log")
         if args.step_log and not os.path.isdir(os.path.dirname(os.path.abspath(args.step_log))):
             raise ConfigError(f"--step-log {args.step_log}: its folder does not exist")
         if args.step_log and os.path.isdir(args.step_log):

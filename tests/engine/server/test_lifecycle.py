@@ -199,6 +199,16 @@ def test_a_step_log_in_a_missing_folder_is_one_line_exit_2(tmp_path):
     assert proc.stderr.strip().splitlines() == [f"hosttune-engine: error: --step-log {log}: its folder does not exist"]
 
 
+def test_an_empty_step_log_is_one_line_exit_2_not_the_log_turned_off(tmp_path, capsys):
+    from hosttune_engine.server.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", str(tmp_path), "--step-log", ""])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == ("hosttune-engine: error: --step-log is empty; give a file path, or leave the "
+                                       "option out for no step log\n")
+
+
 def test_a_step_log_that_is_a_folder_or_cannot_be_opened_is_one_line(tmp_path, capsys):
     from hosttune_engine.core.step_log import StepLog
     from hosttune_engine.errors import ConfigError
