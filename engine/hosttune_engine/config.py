@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 from hosttune_engine.errors import ConfigError
@@ -120,6 +122,19 @@ def runs_triton(backend: str, on_cuda: bool) -> bool:
         raise ConfigError("kernel_backend='triton' on the CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow); "
                           "use kernel_backend 'auto' or 'torch'")
     return backend == "triton" or (backend == "auto" and on_cuda)
+
+
+def surely_cpu(device: str) -> bool:
+    """Whether `device` runs on the CPU, known before torch is imported: 'cpu', or 'auto' on a Linux machine where no
+    CUDA driver loads (torch reaches every GPU through libcuda.so.1). With a driver, whether torch sees a GPU is
+    torch's to say."""
+    if device != "auto" or not sys.platform.startswith("linux"):
+        return device == "cpu"
+    try:
+        ctypes.CDLL("libcuda.so.1")  # loaded only: CUDA is not initialized, so forked ranks can still use it
+    except OSError:
+        return True
+    return False
 
 
 def check_block_size(block_size: int) -> None:

@@ -3,32 +3,13 @@ second one beside it, the rows' scales (kernels/kv_quant.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from hosttune_engine.cache.kv_shape import SCALE_BYTES, KVCacheShape  # noqa: F401  (imported from here too)
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.kernels.kv_quant import KV_FP8
 from hosttune_engine.layers.attention import Attention
-
-SCALE_BYTES = 4  # an e4m3 row's fp32 scale
-
-
-@dataclass(frozen=True)
-class KVCacheShape:
-    num_layers: int
-    block_size: int
-    num_kv_heads: int
-    head_dim: int
-    dtype_bytes: int
-    fp8: bool = False  # e4m3 rows (dtype_bytes 1) with a scale each
-
-    @property
-    def bytes_per_block(self) -> int:
-        """Keys and values of one block in every layer (and their scales)."""
-        row = self.head_dim * self.dtype_bytes + (SCALE_BYTES if self.fp8 else 0)
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * row
 
 
 def num_blocks_for_memory(total_bytes: int, utilization: float, used_bytes: int, reserved_bytes: int,

@@ -31,6 +31,7 @@ from functools import partial
 import torch
 
 from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, check_free_memory, num_blocks_for_memory
+from hosttune_engine.cache.kv_shape import blocks_in_gib, check_holds_context
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.cuda_graphs import DecodeGraphs, DecodeInputs, capture_sizes
 from hosttune_engine.core.device import resolve_device, resolve_dtype, use_triton
@@ -39,7 +40,6 @@ from hosttune_engine.core.prefill_graphs import PREFILL_GRAPH_SIZES, PrefillGrap
 from hosttune_engine.core.scheduler import SchedulerOutput
 from hosttune_engine.core.sequence import Sequence
 from hosttune_engine.core.step_inputs import StepInputs, pack_step, plan_step
-from hosttune_engine.errors import ConfigError
 from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.kernels.decode_attention import choose_num_splits
 from hosttune_engine.kernels.split_k import device_sms
@@ -170,7 +170,7 @@ class ModelRunner:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
         if self.device.type != "cuda":
-            blocks = max(1, int(self.config.cpu_kv_cache_gib * 2**30) // self.kv_shape.bytes_per_block)
+            blocks = blocks_in_gib(self.config.cpu_kv_cache_gib, self.kv_shape)
             return self._holding_one_context(blocks, "cpu_kv_cache_gib")
         peak = self._profile_activation_bytes()
         free, total = torch.cuda.mem_get_info(self.device)
@@ -182,12 +182,7 @@ class ModelRunner:
         return self._holding_one_context(blocks, "gpu_memory_utilization")
 
     def _holding_one_context(self, blocks: int, size_option: str) -> int:
-        """`blocks`, if they hold one sequence of max_model_len (else no request could use the whole context)."""
-        if blocks * self.block_size < self.max_model_len:
-            raise ConfigError(
-                f"the KV cache fits {blocks * self.block_size} tokens, fewer than max_model_len="
-                f"{self.max_model_len}; raise {size_option} or lower max_model_len")
-        return blocks
+        return check_holds_context(blocks, self.block_size, self.max_model_len, size_option)
 
     @torch.inference_mode()
     def _profile_activation_bytes(self) -> int:

@@ -15,7 +15,8 @@ import os
 import sys
 
 from hosttune_engine import __version__
-from hosttune_engine.config import EngineConfig, runs_triton
+from hosttune_engine.cache.kv_shape import DTYPE_BYTES, KVCacheShape, blocks_in_gib, check_holds_context
+from hosttune_engine.config import EngineConfig, activation_dtype, runs_triton, surely_cpu
 from hosttune_engine.errors import ConfigError, EngineError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.model.tokenizer import Tokenizer
@@ -114,16 +115,29 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def check_model_folder(engine: EngineConfig) -> None:
     """What config.json, the options and the tokenizer folder alone say is wrong (a --quantization of weights
-    quantized already, Triton on the CPU, the context, the heads tensor parallelism splits), refused before the
-    socket opens as `plan` refuses the same folder; the weights are read only by the load that follows."""
+    quantized already, Triton on the CPU, the context, the heads tensor parallelism splits, a CPU KV cache too
+    small for one context), refused before the socket opens as `plan` refuses the same folder; the weights are
+    read only by the load that follows."""
     model = ModelConfig.from_folder(engine.model)
     resolve_spec(model.quantization, engine.quantization, engine.load_format, engine.model)
-    if engine.device == "cpu":  # with "auto", whether there is a GPU is torch's to say, after the socket opens
+    on_cpu = surely_cpu(engine.device)  # else, with "auto", whether there is a GPU is torch's to say, later
+    if on_cpu:
         runs_triton(engine.kernel_backend, on_cuda=False)
-    model.context_length(engine.max_model_len)
+    context = model.context_length(engine.max_model_len)
     check_divides_heads(model, engine.tensor_parallel_size)
+    if on_cpu and engine.num_kv_blocks is None:
+        blocks = blocks_in_gib(engine.cpu_kv_cache_gib, _cpu_kv_shape(model, engine))
+        check_holds_context(blocks, engine.block_size, context, "cpu_kv_cache_gib")
     if engine.tokenizer is not None:
         Tokenizer(engine.tokenizer)
+
+
+def _cpu_kv_shape(model: ModelConfig, engine: EngineConfig) -> KVCacheShape:
+    """The shape of one rank's KV blocks on the CPU, as the model runner sizes its pool."""
+    fp8 = engine.kv_cache_dtype == "fp8"
+    dtype_bytes = 1 if fp8 else DTYPE_BYTES[activation_dtype(engine.dtype, model.dtype, on_cuda=False)]
+    num_kv_heads = max(1, model.num_kv_heads // engine.tensor_parallel_size)  # parallel.layout.ShardLayout's
+    return KVCacheShape(model.num_layers, engine.block_size, num_kv_heads, model.head_dim, dtype_bytes, fp8)
 
 
 def _run(coro) -> int:

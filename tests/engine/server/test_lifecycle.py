@@ -14,6 +14,9 @@ import time
 
 import aiohttp
 import pytest
+
+from hosttune_engine.config import surely_cpu
+
 from .harness import ServerProcess, get_json, post
 
 LONG = {"prompt": "When memory runs short", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
@@ -153,6 +156,10 @@ def test_model_that_cannot_load_exits_1(tiny_qwen2, tmp_path):
     assert "Traceback" not in server.log()  # the error says what to fix; no stack for bad input
 
 
+# where no CUDA driver loads, --device auto is the CPU before torch says so
+NO_CUDA_DRIVER = pytest.mark.skipif(not surely_cpu("auto"), reason="a CUDA driver loads: auto may be a GPU")
+
+
 @pytest.mark.parametrize("config_json, flags, message", [
     (None, [], "has no config.json; point `model` at a Hugging Face model folder"),
     ("{", [], "config.json: cannot read JSON: Expecting property name"),
@@ -162,6 +169,12 @@ def test_model_that_cannot_load_exits_1(tiny_qwen2, tmp_path):
     ("fp8", ["--quantization", "fp8"], "is already quantized (fp8-block); drop quantization='fp8'"),
     ("tiny", ["--device", "cpu", "--kernel-backend", "triton"],
      "kernel_backend='triton' on the CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow)"),
+    pytest.param("tiny", ["--kernel-backend", "triton"],
+                 "kernel_backend='triton' on the CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow)",
+                 marks=NO_CUDA_DRIVER),
+    pytest.param("tiny", ["--max-model-len", "1024", "--cpu-kv-cache-gib", "0.00001"],
+                 "the KV cache fits 16 tokens, fewer than max_model_len=1024; raise cpu_kv_cache_gib or lower "
+                 "max_model_len", marks=NO_CUDA_DRIVER),
 ])
 def test_a_model_folder_that_cannot_serve_is_one_line_exit_2(tiny_qwen2, tmp_path, capsys, monkeypatch, config_json,
                                                              flags, message):
