@@ -32,6 +32,16 @@ def _inputs(quantization=None) -> PlanInputs:
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the tiny run is the CPU's, under the Triton interpreter")
+def _an_l40s(monkeypatch) -> None:
+    """tune's view of the machine: one L40S, a driver and a Triton (no GPU needed to plan and refuse)."""
+    from hosttune_engine.tuner import command
+
+    monkeypatch.setattr(command.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(command, "present_gpu", lambda device: GpuInfo("NVIDIA L40S", (8, 9), True))
+    monkeypatch.setattr(tuning, "driver_version", lambda: "555.42")
+    monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
+
+
 def test_a_bf16_tune_writes_the_entries_its_plan_then_reads(no_user_tables):
     done = tune_model(_inputs(), budget_s=600, tiny=True)
     assert set(done.table) == {"gemv", "decode_attention"} and all(r.best for r in done.sweeps)
@@ -116,14 +126,9 @@ def test_tune_refuses_a_budget_that_is_not_a_positive_number_of_seconds(tmp_path
 
 
 def test_tune_if_missing_leaves_a_table_already_tuned_for_these_weights(no_user_tables, monkeypatch, capsys):
-    from hosttune_engine.tuner import command
-
     from .test_kernel_plan import QWEN7B
 
-    monkeypatch.setattr(command.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(command, "present_gpu", lambda device: GpuInfo("NVIDIA L40S", (8, 9), True))
-    monkeypatch.setattr(tuning, "driver_version", lambda: "555.42")
-    monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
+    _an_l40s(monkeypatch)
     tuning.write_cached_table(tuning.present_key("NVIDIA L40S"), {"gemv": {}}, {"tuned_for": ["bf16"]})
     main(["tune", "--model", str(QWEN7B), "--if-missing"])
     assert "NVIDIA L40S has a table tuned for bf16 weights on this driver and Triton" in capsys.readouterr().out
@@ -171,10 +176,7 @@ def test_tune_refuses_a_cache_it_could_not_write_before_it_sweeps(no_user_tables
     (no_user_tables.parent / "a-file").write_text("")
     cache = no_user_tables.parent / "a-file" / "cache"  # a folder under a file: not even root can make it
     monkeypatch.setenv(tuning.CACHE_ENV, str(cache))
-    monkeypatch.setattr(command.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(command, "present_gpu", lambda device: GpuInfo("NVIDIA L40S", (8, 9), True))
-    monkeypatch.setattr(tuning, "driver_version", lambda: "555.42")
-    monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
+    _an_l40s(monkeypatch)
     monkeypatch.setattr(command, "tune_model", lambda inputs, budget: swept.append(inputs))
     with pytest.raises(SystemExit) as exit_:
         main(["tune", "--model", str(QWEN7B), "--budget-s", "10"])
@@ -191,10 +193,7 @@ def test_tune_refuses_a_malformed_cached_table_before_it_sweeps(no_user_tables, 
     from .test_kernel_plan import QWEN7B
 
     swept = []
-    monkeypatch.setattr(command.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(command, "present_gpu", lambda device: GpuInfo("NVIDIA L40S", (8, 9), True))
-    monkeypatch.setattr(tuning, "driver_version", lambda: "555.42")
-    monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
+    _an_l40s(monkeypatch)
     monkeypatch.setattr(command, "tune_model", lambda inputs, budget: swept.append(inputs))
     path = tuning.cache_path(tuning.present_key("NVIDIA L40S"))
     path.parent.mkdir(parents=True)
@@ -215,10 +214,7 @@ def test_tune_times_the_activations_serve_would_run(no_user_tables, monkeypatch,
     from .test_kernel_plan import _float16_model
 
     seen = []
-    monkeypatch.setattr(command.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(command, "present_gpu", lambda device: GpuInfo("NVIDIA L40S", (8, 9), True))
-    monkeypatch.setattr(tuning, "driver_version", lambda: "555.42")
-    monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
+    _an_l40s(monkeypatch)
     monkeypatch.setattr(command, "tune_model", lambda inputs, budget: seen.append(inputs) or Tuning(inputs, None, None))
     main(["tune", "--model", str(_float16_model(tmp_path)), "--budget-s", "1"])
     main(["tune", "--model", str(_float16_model(tmp_path)), "--budget-s", "1", "--dtype", "bfloat16"])
@@ -237,10 +233,7 @@ def test_tune_times_the_kv_block_size_serve_is_given(no_user_tables, monkeypatch
     from .test_kernel_plan import QWEN7B
 
     seen = []
-    monkeypatch.setattr(command.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(command, "present_gpu", lambda device: GpuInfo("NVIDIA L40S", (8, 9), True))
-    monkeypatch.setattr(tuning, "driver_version", lambda: "555.42")
-    monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
+    _an_l40s(monkeypatch)
     monkeypatch.setattr(command, "tune_model", lambda inputs, budget: seen.append(inputs) or Tuning(inputs, None, None))
     main(["tune", "--model", str(QWEN7B), "--budget-s", "1", "--block-size", "32"])
     assert [inputs.block_size for inputs in seen] == [32]
