@@ -32,6 +32,10 @@ def stale_toolkits(facts: Facts, pin: str) -> tuple[str, ...]:
     return tuple(p for p in toolkits if p not in keep)
 
 
+def _where(facts: Facts) -> str:
+    return "the image" if facts.image else "this host"
+
+
 def cuda_toolkit(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     """Toolkit package if missing, the /usr/local/cuda link, /etc/profile.d/hosttune-cuda.sh; stale toolkits reported."""
     pin = profile.cuda.toolkit
@@ -43,10 +47,10 @@ def cuda_toolkit(facts: Facts, profile: Profile, host: Host) -> list[Step]:
         if platform.packages is None and facts.cuda.symlink_target in facts.cuda.toolkits:
             # /usr/local/cuda works now: pointed at a toolkit nobody can install, every build through it would break
             main = Step(("cuda.toolkit",), f"CUDA {pin} at /usr/local/cuda and first on PATH",
-                        blocked=f"{toolkit_dir(pin)} is missing and this host has no apt or dnf: install CUDA {pin} by "
+                        blocked=f"{toolkit_dir(pin)} is missing and {_where(facts)} has no apt or dnf: install CUDA {pin} by "
                                 f"hand (/usr/local/cuda keeps pointing at {facts.cuda.symlink_target})")
         elif platform.packages is None:
-            notes.append(f"{toolkit_dir(pin)} is missing and this host has no apt or dnf: install CUDA {pin} by hand")
+            notes.append(f"{toolkit_dir(pin)} is missing and {_where(facts)} has no apt or dnf: install CUDA {pin} by hand")
         else:
             names = profile.cuda.packages or platform.packages.cuda_packages(pin)
             ops += (platform.packages_op(names, hold=profile.driver.held),)

@@ -9,7 +9,10 @@ from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host
 from hosttune.config.profile import Profile
 
-NO_MANAGER = "no apt or dnf on this host: install and hold packages with its own package manager"
+
+def no_manager(facts: Facts) -> str:
+    where = "in the image" if facts.image else "on this host"
+    return f"no apt or dnf {where}: install and hold packages with its own package manager"
 
 
 def driver_version(facts: Facts, profile: Profile, host: Host) -> list[Step]:
@@ -19,7 +22,7 @@ def driver_version(facts: Facts, profile: Profile, host: Host) -> list[Step]:
         return [blocked("driver.version", "kernel module and userspace library differ: reboot to load the installed module")]
     platform = select(facts)
     if platform.packages is None:
-        return [blocked("driver.version", NO_MANAGER)]
+        return [blocked("driver.version", no_manager(facts))]
     names = profile.driver.packages or platform.packages.driver_packages(pin)
     op = platform.packages_op(names, pin, hold=profile.driver.held)
     return [Step(("driver.version",), f"NVIDIA driver {pin} installed" + (" and held" if profile.driver.held else ""),
@@ -30,7 +33,7 @@ def driver_held(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     """apt-mark hold (dnf versionlock add) every installed driver and CUDA package not held yet."""
     platform = select(facts)
     if platform.packages is None:
-        return [blocked("driver.held", NO_MANAGER)]
+        return [blocked("driver.held", no_manager(facts))]
     unheld = tuple(sorted(p for p in facts.packages if STACK_PACKAGE.match(p) and p not in facts.held))
     steps = []
     if support := platform.packages.hold_support():
@@ -43,7 +46,7 @@ def numactl(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     """The numactl package installed (deploy binds engines to their GPU's NUMA node with it)."""
     platform = select(facts)
     if platform.packages is None:
-        return [blocked("tools.numactl", NO_MANAGER)]
+        return [blocked("tools.numactl", no_manager(facts))]
     return [Step(("tools.numactl",), "numactl installed", (platform.packages_op(("numactl",)),))]
 
 
@@ -51,6 +54,6 @@ def python_version(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     """The pinned Python interpreter installed from the distribution's repositories."""
     platform = select(facts)
     if platform.packages is None:
-        return [blocked("python.version", NO_MANAGER)]
+        return [blocked("python.version", no_manager(facts))]
     name = platform.packages.python_package(profile.tools.python)
     return [Step(("python.version",), f"{name} installed", (platform.packages_op((name,)),))]

@@ -284,7 +284,9 @@ def test_a_drifting_check_whose_operations_all_hold_or_are_skipped_is_in_the_pla
     plan = build_plan(HOST, LATENCY, facts, findings, holds, PlanOptions(root="/img"))
     reasons = {c: s.blocked for s in plan.blocked for c in s.fixes}
     assert "not persisted: the image's /sbin/init is missing, not systemd" in reasons["mm.thp"]
-    assert "/usr/local/cuda-12.4 is missing and this host has no apt or dnf" in reasons["cuda.toolkit"]
+    assert "/usr/local/cuda-12.4 is missing and the image has no apt or dnf" in reasons["cuda.toolkit"]
+    assert {reasons[c] for c in ("tools.numactl", "python.version")} == {
+        "no apt or dnf in the image: install and hold packages with its own package manager"}
     assert not [s for s in plan.steps if {"mm.thp", "cuda.toolkit"} & set(s.fixes)]
     assert "  - mm.thp: not fixed by apply: not persisted" in render([plan])
 
