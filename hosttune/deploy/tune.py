@@ -28,9 +28,9 @@ def with_cache(settings: ServeSettings, engine: str) -> ServeSettings:
 
 def tune_ops(release_dir: str, settings: ServeSettings, gpu: int, budget_s: float) -> list[Op]:
     """The release's `hosttune-engine tune` on one of the service's GPUs, into the units' cache: for the weights,
-    the activations' dtype and the KV block size the service is given (the tables' keys hold the dtype and the
-    block size: a float16 service reads no bfloat16 entry)."""
-    same = tuple(arg for flag in ("quantization", "dtype", "block-size") if settings.flags.get(flag)
+    the activations' dtype, the KV block size and the KV cache's dtype the service is given (the tables' keys
+    hold each: a float16 service reads no bfloat16 entry, an e4m3 cache none of a bf16 one)."""
+    same = tuple(arg for flag in ("quantization", "dtype", "block-size", "kv-cache-dtype") if settings.flags.get(flag)
                  for arg in (f"--{flag}", str(settings.flags[flag])))
     argv = ("env", f"{CACHE_ENV}={CACHE}", f"CUDA_VISIBLE_DEVICES={gpu}", f"{release_dir}/bin/hosttune-engine", "tune",
             "--model", settings.model, "--budget-s", f"{budget_s:g}", "--if-missing", *same)

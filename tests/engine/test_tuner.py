@@ -2,6 +2,7 @@
 checked and timed, the winners land under the keys the plan reads, and the cached table counts only on the GPU,
 driver and Triton it was tuned on."""
 
+import dataclasses
 import json
 
 import pytest
@@ -31,7 +32,6 @@ def _inputs(quantization=None) -> PlanInputs:
     return PlanInputs(ModelConfig.from_dict(TINY), STAND_IN, torch.float32, spec)
 
 
-@pytest.mark.skipif(HAS_CUDA, reason="the tiny run is the CPU's, under the Triton interpreter")
 def _an_l40s(monkeypatch) -> None:
     """tune's view of the machine: one L40S, a driver and a Triton (no GPU needed to plan and refuse)."""
     from hosttune_engine.tuner import command
@@ -42,6 +42,7 @@ def _an_l40s(monkeypatch) -> None:
     monkeypatch.setattr(tuning, "triton_version", lambda: "3.4.0")
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="the tiny run is the CPU's, under the Triton interpreter")
 def test_a_bf16_tune_writes_the_entries_its_plan_then_reads(no_user_tables):
     done = tune_model(_inputs(), budget_s=600, tiny=True)
     assert set(done.table) == {"gemv", "decode_attention"} and all(r.best for r in done.sweeps)
@@ -53,6 +54,19 @@ def test_a_bf16_tune_writes_the_entries_its_plan_then_reads(no_user_tables):
         "gemv"]["float32-m1"]
     assert plan.choice(Op.ATTENTION, 1).reason is Reason.TUNED_BUCKET
     assert "tuned on driver 555.42, Triton 3.4.0" in plan.table
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the tiny run is the CPU's, under the Triton interpreter")
+def test_a_tune_for_an_e4m3_kv_cache_writes_the_attention_entries_its_plan_then_reads(no_user_tables):
+    ada = GpuInfo("cpu standing in for an Ada GPU", (8, 9), present=False)  # e4m3 caches run from 8.9
+    inputs = dataclasses.replace(_inputs(), gpu=ada, kv_cache_fp8=True)
+    done = tune_model(inputs, budget_s=600, tiny=True)
+    assert set(done.table["decode_attention"]) == {"float32-d64-g2-paged16-kv8-le1", "float32-d64-g2-paged16-kv8-le8"}
+    assert any("e4m3 cache" in case for r in done.sweeps for case in r.cases) and all(r.best for r in done.sweeps)
+    tuning.write_cached_table(tuning.TableKey(ada.name, "555.42", "3.4.0"), done.table, {})
+    plan = build_plan(inputs, *table_and_name(ada))
+    assert plan.choice(Op.ATTENTION, 1).reason is Reason.TUNED_BUCKET
+    assert plan.choice(Op.ATTENTION, 1).args == done.table["decode_attention"]["float32-d64-g2-paged16-kv8-le1"]
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the tiny run is the CPU's, under the Triton interpreter")
@@ -245,6 +259,25 @@ def test_tune_times_the_kv_block_size_serve_is_given(no_user_tables, monkeypatch
     with pytest.raises(SystemExit) as exit_:
         main(["tune", "--model", str(QWEN7B), "--block-size", "24"])
     assert exit_.value.code == 2 and "block_size must be a power of two, got 24" in capsys.readouterr().err
+
+
+def test_tune_times_the_kv_cache_dtype_serve_is_given(no_user_tables, monkeypatch, capsys):
+    """An e4m3 cache's decode attention has entries of its own: `serve --kv-cache-dtype fp8` reads none of bf16's."""
+    from hosttune_engine.tuner import command
+    from hosttune_engine.tuner.run import Tuning
+
+    from .test_kernel_plan import QWEN7B
+
+    seen = []
+    _an_l40s(monkeypatch)
+    monkeypatch.setattr(command, "tune_model", lambda inputs, budget: seen.append(inputs) or Tuning(inputs, None, None))
+    main(["tune", "--model", str(QWEN7B), "--budget-s", "1", "--kv-cache-dtype", "fp8"])
+    assert [inputs.kv_cache_fp8 for inputs in seen] == [True]
+    capsys.readouterr()
+    main(["tune", "--model", str(QWEN7B), "--kv-cache-dtype", "fp8", "--if-missing"])
+    assert "has a table tuned for bf16 weights, an e4m3 KV cache on this driver" in capsys.readouterr().out
+    main(["tune", "--model", str(QWEN7B), "--budget-s", "1", "--if-missing"])  # a bf16 cache is not tuned yet
+    assert [inputs.kv_cache_fp8 for inputs in seen] == [True, False]
 
 
 def test_the_4bit_gemm_sweep_at_decode_rows_tries_the_nibble_kernel_and_dequantize_then_cublas():

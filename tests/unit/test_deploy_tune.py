@@ -42,10 +42,10 @@ def test_tune_runs_the_releases_engine_tune_before_the_units_and_they_read_its_c
 
 def test_tune_times_the_kernels_for_the_weights_dtype_and_kv_blocks_the_service_runs(tmp_path):
     job = _job(tmp_path, "custom", 30)
-    job.settings.flags.update({"quantization": "fp8", "dtype": "float16", "block-size": 32})
+    job.settings.flags.update({"quantization": "fp8", "dtype": "float16", "block-size": 32, "kv-cache-dtype": "fp8"})
     argv = dhost._tune_ops(job)[1].argv
     assert argv[argv.index("--if-missing") + 1:] == ("--quantization", "fp8", "--dtype", "float16", "--block-size",
-                                                     "32")
+                                                     "32", "--kv-cache-dtype", "fp8")
 
 
 def test_no_tune_step_without_the_option(tmp_path):

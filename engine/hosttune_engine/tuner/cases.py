@@ -17,6 +17,7 @@ from hosttune_engine.kernels.fp8_scaled_mm import fp8_scaled_mm, quantize_per_to
 from hosttune_engine.kernels.gemv import (PLAIN, RMSNORM_RESIDUAL, SWIGLU, gemv, gemv_ref, gemv_rmsnorm,
                                           gemv_rmsnorm_ref, gemv_swiglu, gemv_swiglu_ref)
 from hosttune_engine.kernels.int4_gemv import int4_gemv, int4_gemv_ref
+from hosttune_engine.kernels.kv_quant import kv_quantize_ref
 from hosttune_engine.layers.prologue import SWIGLU as SWIGLU_PROLOGUE
 from hosttune_engine.layers.prologue import NormPrologue
 from hosttune_engine.plan.kinds import Op
@@ -160,18 +161,24 @@ def fp8_tensor_cores(shape: Shape, m: int, dtype, timer: Timer) -> tuple[Case, C
 
 
 def attention(batch: int, context: int, heads: int, kv_heads: int, head_dim: int, page: int, dtype,
-              timer: Timer) -> Case:
-    """Paged decode attention of `batch` rows over `context` tokens each, over disjoint random blocks."""
+              timer: Timer, fp8_kv: bool = False) -> Case:
+    """Paged decode attention of `batch` rows over `context` tokens each, over disjoint random blocks; with fp8_kv
+    the cache in e4m3 with its row scales, as `kv_cache_dtype="fp8"` keeps it."""
     device, per_call = timer.device, batch * (-(-context // page))
-    copies = timer.copies(2 * per_call * page * kv_heads * head_dim * 2)
+    copies = timer.copies(2 * per_call * page * kv_heads * (head_dim + (4 if fp8_kv else head_dim)))
     kc = torch.randn(per_call * copies, page, kv_heads, head_dim, device=device).to(dtype)
     vc = torch.randn_like(kc)
+    scales = None
+    if fp8_kv:
+        (kc, k_scale), (vc, v_scale) = kv_quantize_ref(kc), kv_quantize_ref(vc)
+        scales = (k_scale, v_scale)
     tables = torch.randperm(per_call * copies, device=device).to(torch.int32).view(copies, batch, -1)
     q = torch.randn(batch, heads, head_dim, device=device).to(dtype)
     lens = torch.full((batch,), context, dtype=torch.int32, device=device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
     splits = choose_num_splits(batch, kv_heads, context, sms)
-    want = decode_attention_ref(q, kc, vc, tables[0], lens, splits)
-    return Case(f"attention b{batch} ctx {context}",
-                lambda cfg, i: (lambda: decode_attention(q, kc, vc, tables[i], lens, num_splits=splits, config=cfg)),
+    want = decode_attention_ref(q, kc, vc, tables[0], lens, splits, kv_scales=scales)
+    return Case(f"attention b{batch} ctx {context}" + (" e4m3 cache" if fp8_kv else ""),
+                lambda cfg, i: (lambda: decode_attention(q, kc, vc, tables[i], lens, num_splits=splits, config=cfg,
+                                                         kv_scales=scales)),
                 want, copies)

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from hosttune_engine.config import DTYPES, QUANTIZATIONS, activation_dtype, check_block_size
+from hosttune_engine.config import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, activation_dtype, check_block_size
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.kernels import tuning
 from hosttune_engine.model.model_config import ModelConfig
@@ -36,6 +36,8 @@ def add_parser(commands) -> None:
                    help="as serve's: the activations' dtype ('auto': float16 for a float16 checkpoint, else bfloat16)")
     p.add_argument("--block-size", type=int, default=16,
                    help="as serve's: tokens per KV-cache block (decode attention's entries are per size)")
+    p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                   help="as serve's: 'fp8' tunes decode attention on an e4m3 cache, whose entries are its own")
     p.add_argument("--if-missing", action="store_true",
                    help="tune only if this GPU, driver and Triton have no cached table for these weights yet")
 
@@ -53,10 +55,11 @@ def tune_from_args(args: argparse.Namespace) -> str:
                           "that serves the model")
     gpu = present_gpu(torch.device("cuda"))
     dtype_name = activation_dtype(args.dtype, cfg.dtype, on_cuda=True)
-    inputs = PlanInputs(cfg, gpu, getattr(torch, dtype_name), spec, block_size=args.block_size)
+    fp8_kv = args.kv_cache_dtype == "fp8"
+    inputs = PlanInputs(cfg, gpu, getattr(torch, dtype_name), spec, kv_cache_fp8=fp8_kv, block_size=args.block_size)
     check_runs(inputs)  # what plan and serve refuse on this GPU, before a budget goes on configs that cannot compile
     check_tables(gpu.name)  # a table plan and serve refuse is not merged as empty and overwritten after the budget
-    key, weights = tuning.present_key(gpu.name), _tuned_for(spec, dtype_name, args.block_size)
+    key, weights = tuning.present_key(gpu.name), _tuned_for(spec, dtype_name, args.block_size, fp8_kv)
     tuned_for = tuning.cached_about(key).get("tuned_for", [])
     if args.if_missing and weights in tuned_for:
         return (f"{gpu.name} has a table tuned for {_described(weights)} on this driver and Triton: "
@@ -73,19 +76,25 @@ def tune_from_args(args: argparse.Namespace) -> str:
     return report(done, wall_s, str(tuning.write_cached_table(key, merged, about)))
 
 
-def _tuned_for(spec, dtype_name: str, block_size: int) -> str:
+def _tuned_for(spec, dtype_name: str, block_size: int, fp8_kv: bool = False) -> str:
     """What a table's `tuned_for` list names these weights by: the layout (bf16 unquantized), then after slashes the
-    activations' dtype unless bfloat16 and the KV block size unless 16 (the tables key entries by both)."""
+    activations' dtype unless bfloat16, the KV block size unless 16 and kv8 for an e4m3 cache (the tables key
+    entries by each)."""
     weights = spec.layout.value if spec is not None else "bf16"
     dtype = "" if dtype_name == "bfloat16" else f"/{dtype_name}"
-    return weights + dtype + ("" if block_size == 16 else f"/paged{block_size}")
+    return weights + dtype + ("" if block_size == 16 else f"/paged{block_size}") + ("/kv8" if fp8_kv else "")
 
 
 def _described(tuned_for: str) -> str:
-    """'awq/float16/paged32' in words: awq weights, float16 activations, KV blocks of 32."""
+    """'awq/float16/paged32/kv8' in words: awq weights, float16 activations, KV blocks of 32, an e4m3 KV cache."""
     weights, *rest = tuned_for.split("/")
-    return ", ".join([f"{weights} weights"] + [f"KV blocks of {p.removeprefix('paged')}" if p.startswith("paged")
-                                               else f"{p} activations" for p in rest])
+    return ", ".join([f"{weights} weights"] + [_part(p) for p in rest])
+
+
+def _part(part: str) -> str:
+    if part == "kv8":
+        return "an e4m3 KV cache"
+    return f"KV blocks of {part.removeprefix('paged')}" if part.startswith("paged") else f"{part} activations"
 
 
 def report(done: Tuning, wall_s: float, path: str) -> str:

@@ -126,13 +126,15 @@ def _bucket_winner(t: Tuning, kernel: str, keys, results) -> None:
 
 
 def _attention(t: Tuning) -> None:
-    """Paged decode attention at one row and at 64 (the batched decode benchmarked), over 1K-token contexts."""
-    m, page = t.inputs.model, t.inputs.block_size
-    default = decode_attention.default_config(t.inputs.dtype, t.timer.device)
+    """Paged decode attention at one row and at 64 (the batched decode benchmarked), over 1K-token contexts, on the
+    cache the server keeps (an e4m3 one has entries of its own)."""
+    m, page, fp8_kv = t.inputs.model, t.inputs.block_size, t.inputs.kv_cache_fp8
+    default = decode_attention.default_config(t.inputs.dtype, t.timer.device, fp8_kv)
     for batch in ((1, 4) if t.tiny else (1, 64)):
         case = cases.attention(batch, 64 if t.tiny else 1024, m.num_heads, m.num_kv_heads, m.head_dim, page,
-                               t.inputs.dtype, t.timer)
-        key = decode_attention.config_key(t.inputs.dtype, m.head_dim, m.num_heads // m.num_kv_heads, page, batch)
+                               t.inputs.dtype, t.timer, fp8_kv)
+        key = decode_attention.config_key(t.inputs.dtype, m.head_dim, m.num_heads // m.num_kv_heads, page, batch,
+                                          fp8_kv)
         t.record("decode_attention", [key], t.run("decode_attention", default, [case]))
 
 
