@@ -54,6 +54,8 @@ class SamplingParams:
             raise ConfigError(f"logprobs must be between 0 and 20, got {self.logprobs}")
         if any(not s for s in self.stop):
             raise ConfigError("stop strings must not be empty")
+        if (costly := self.stop.too_costly()) is not None:
+            raise ConfigError(costly)
         if any(t < 0 for t in self.stop_token_ids):
             raise ConfigError("stop_token_ids must be non-negative token ids")
 

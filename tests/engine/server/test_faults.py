@@ -59,6 +59,8 @@ BAD_INPUTS = [
     ("n past capacity", {"prompt": "hi", "n": 9}, "application/json", "the server takes at most 8"),
     ("stop of wrong type", {"prompt": "hi", "stop": [1, 2]}, "application/json", "stop must be a string or an array"),
     ("empty stop", {"prompt": "hi", "stop": ""}, "application/json", "stop strings must not be empty"),
+    ("stop of too many lengths", {"prompt": "hi", "stop": ["z" * n + "q" for n in range(200)]}, "application/json",
+     "stop: its strings have 200 different lengths, which sum to 20100 characters"),
     ("seed too large", {"prompt": "hi", "seed": 2**70}, "application/json", "seed must be at most"),
     ("logprobs too many", {"prompt": "hi", "logprobs": 50}, "application/json", "logprobs must be at most 20"),
     ("stream not a bool", {"prompt": "hi", "stream": "yes"}, "application/json", "stream must be a boolean"),

@@ -138,7 +138,10 @@ class GenerationFields(RequestBody):
             raise fault(f"stop must be a string or an array of strings, got {describe(stop)}", "stop")
         if any(not s for s in stop):
             raise fault("stop strings must not be empty", "stop")
-        return StopStrings(stop)  # indexed here: a big body is parsed off the event loop and the engine thread
+        indexed = StopStrings(stop)  # indexed here: a big body is parsed off the event loop and the engine thread
+        if (costly := indexed.too_costly()) is not None:
+            raise fault(costly, "stop")
+        return indexed
 
     @field_validator("stop_token_ids", mode="plain")
     @classmethod
