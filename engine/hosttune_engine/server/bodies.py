@@ -17,8 +17,13 @@ from hosttune_engine.server.responses import dumps, error_body
 from hosttune_engine.server.api_errors import ApiError, bad_request
 
 OFFLOAD_BYTES = 256 * 1024  # bigger bodies are parsed and checked off the event loop
-OFFLOAD_IDS = 20_000  # longer lists of token ids are written off the event loop
+OFFLOAD_IDS = 20_000  # longer lists of token ids are decoded and written off the event loop
 IDS_SLICE = 65_536  # ids written at a time: a few milliseconds, after which the event loop may run
+
+
+def off_loop(fn, *args):
+    """fn(*args) on a worker thread, awaited: what would hold the event loop (and every stream) for long."""
+    return asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 async def read_body(request: web.Request, model):
@@ -28,7 +33,7 @@ async def read_body(request: web.Request, model):
         raise bad_request(f"Content-Type must be application/json, got {request.content_type[:60]!r}")
     raw = await request.read()  # aiohttp answers 413 past client_max_size
     if len(raw) > OFFLOAD_BYTES:
-        return await asyncio.get_running_loop().run_in_executor(None, _parse_as, raw, model)
+        return await off_loop(_parse_as, raw, model)
     return _parse_as(raw, model)
 
 
@@ -59,7 +64,7 @@ async def ids_response(body: dict, field: str) -> web.Response:
     holding the GIL, so a long list is written on a worker thread a slice at a time, and the loop runs between."""
     if len(body[field]) < OFFLOAD_IDS:
         return json_response(body)
-    raw = await asyncio.get_running_loop().run_in_executor(None, _dumps_ids, body, field)
+    raw = await off_loop(_dumps_ids, body, field)
     return web.Response(body=raw, content_type="application/json")
 
 

@@ -5,21 +5,15 @@ Context errors use vLLM's wording, so clients that parse it keep working.
 
 from __future__ import annotations
 
-import asyncio
-
 from hosttune_engine.server.api_errors import ApiError, bad_request
+from hosttune_engine.server.bodies import OFFLOAD_IDS, off_loop
 from hosttune_engine.server.schemas.completion import Prompt
 
 OFFLOAD_CHARS = 20_000  # longer texts are tokenized off the event loop, so 429s stay fast meanwhile
-OFFLOAD_IDS = 20_000  # more token ids are decoded off the event loop
 OFFLOAD_MESSAGES = 64  # chats with more messages (or OFFLOAD_CHARS of content) are rendered off the event loop
 # a text of more characters than this many per token of the context is first counted a piece at a time, so one far
 # over it is refused without tokenizing it all; few texts that fit average as many
 EARLY_COUNT_CHARS_PER_TOKEN = 8
-
-
-def _off_loop(fn, *args):
-    return asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 class PromptBuilder:
@@ -47,12 +41,12 @@ class PromptBuilder:
                 return tok.encode(prompt, add_special_tokens=add_special_tokens)
             if within_context and len(prompt) > EARLY_COUNT_CHARS_PER_TOKEN * self.max_model_len:
                 await self._refuse_past_context(tok, prompt, param)
-            return await _off_loop(tok.encode, prompt, add_special_tokens)
+            return await off_loop(tok.encode, prompt, add_special_tokens)
         except (TypeError, UnicodeError):  # JSON allows lone surrogates ("\ud800"); tokenizers do not
             raise bad_request(f"{param}: not valid Unicode (a lone surrogate escape?)", param) from None
 
     async def _refuse_past_context(self, tok, text: str, what: str) -> None:
-        count = await _off_loop(tok.count_past, text, self.max_model_len - 1)
+        count = await off_loop(tok.count_past, text, self.max_model_len - 1)
         if count is not None:
             raise _context_error(self.max_model_len, f"at least {count}", what)
 
@@ -72,7 +66,7 @@ class PromptBuilder:
                           add_special_tokens: bool = False, within_context: bool = False) -> list[int]:
         # The template writes BOS itself where the model wants one, as in vLLM: no special tokens unless asked.
         args = (messages, add_generation_prompt, template_kwargs)
-        text = await _off_loop(self.render_chat, *args) if _is_long_chat(messages) else self.render_chat(*args)
+        text = await off_loop(self.render_chat, *args) if _is_long_chat(messages) else self.render_chat(*args)
         return await self.encode(text, add_special_tokens, "messages", within_context)
 
     def check_logprobs(self, logprobs: int | None) -> None:
@@ -85,7 +79,7 @@ class PromptBuilder:
         tok = self._need_tokenizer("turning token ids into text", "tokens")
         if len(ids) < OFFLOAD_IDS:
             return self._decode(tok, ids)
-        return await _off_loop(self._decode, tok, ids)
+        return await off_loop(self._decode, tok, ids)
 
     def _decode(self, tok, ids) -> str:
         return tok.decode(self.check_ids(list(ids), "tokens"), skip_special_tokens=False)
