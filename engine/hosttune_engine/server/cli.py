@@ -20,7 +20,7 @@ from hosttune_engine.config import EngineConfig, activation_dtype, runs_triton, 
 from hosttune_engine.errors import ConfigError, EngineError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.model.tokenizer import Tokenizer
-from hosttune_engine.parallel.layout import check_divides_heads
+from hosttune_engine.parallel.layout import ShardLayout, check_divides_heads
 from hosttune_engine.quant.spec import resolve_spec
 from hosttune_engine.server.auth import load_keys
 from hosttune_engine.server.config import ServerConfig
@@ -136,7 +136,7 @@ def _cpu_kv_shape(model: ModelConfig, engine: EngineConfig) -> KVCacheShape:
     """The shape of one rank's KV blocks on the CPU, as the model runner sizes its pool."""
     fp8 = engine.kv_cache_dtype == "fp8"
     dtype_bytes = 1 if fp8 else DTYPE_BYTES[activation_dtype(engine.dtype, model.dtype, on_cuda=False)]
-    num_kv_heads = max(1, model.num_kv_heads // engine.tensor_parallel_size)  # parallel.layout.ShardLayout's
+    num_kv_heads = ShardLayout.of(model, 0, engine.tensor_parallel_size).num_kv_heads
     return KVCacheShape(model.num_layers, engine.block_size, num_kv_heads, model.head_dim, dtype_bytes, fp8)
 
 
