@@ -17,8 +17,9 @@ LAYERS = Layering(PKG, (
     ("layers",),                              # nn.Modules that call the kernels
     ("quant",),                               # quantized formats: specs, packing, quantized linears
     ("model",),                               # the plain model, its config, weight loading, tokenizer
-    ("parallel", "cache", "planner"),         # tensor parallelism as a transform of a model; the KV pool;
-                                              # a model's kernel plan built, and the model prepared from it
+    ("parallel", "cache"),                    # tensor parallelism as a transform of a model; the KV pool
+    ("planner",),                             # a model's (or a rank's shard's) kernel plan built, and the model
+                                              # prepared from it
     ("core",),                                # sequence, block manager, scheduler, model runner, engine, ranks
     ("llm", "checkpoint", "tuner"),           # offline generation; quantized checkpoints written by the engine;
                                               # the kernels a model's plan runs, tuned on this GPU

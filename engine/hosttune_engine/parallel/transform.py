@@ -46,6 +46,7 @@ def shard_model(model: nn.Module, layout: ShardLayout, group: TensorParallelGrou
     quantization `spec` its projections will be swapped for: ConfigError unless they split into whole FP8
     blocks and 4-bit groups (`parallel/quant_split.py`)."""
     cfg = model.config
+    model.shard_layout = layout  # what its kernel plan reads its projections' shapes from (planner/prepare.py)
     with torch.device("meta"):
         for layer in model.model.layers:
             _shard_attention(layer.self_attn, layout, group, cfg.head_dim)

@@ -23,6 +23,7 @@ from hosttune_engine.kernels.gemv import DEFAULT as GEMV_DEFAULT
 from hosttune_engine.kernels.int4_gemv import DEFAULT as INT4_GEMV_DEFAULT
 from hosttune_engine.kernels.race import launch_config as race_config
 from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.parallel.layout import ShardLayout
 from hosttune_engine.plan.gpus import GpuInfo
 from hosttune_engine.plan.kinds import (DECODE_BUCKETS, GEMV_ROWS, PREFILL_BUCKETS, PROJECTIONS, ROW_BUCKETS, Fusion,
                                         Kernel, Op, Reason, RowBucket)
@@ -51,6 +52,7 @@ class PlanInputs:
     use_triton: bool = True
     kv_cache_fp8: bool = False
     block_size: int = 16
+    shard: ShardLayout | None = None  # a tensor-parallel rank's shards of the model, None for the whole model
 
     @property
     def dt(self) -> str:
@@ -60,12 +62,23 @@ class PlanInputs:
     def on_kernels(self) -> bool:
         return self.use_triton  # on a CPU the kernels run under the Triton interpreter only where tests point them
 
+    @property
+    def rank(self) -> ShardLayout:
+        """What one rank holds: its shards under tensor parallelism, else the whole model."""
+        return self.shard if self.shard is not None else ShardLayout.of(self.model, 0, 1)
+
     def shape(self, op: Op) -> tuple[int, int]:
-        """(N, K) of a projection's weight."""
-        m = self.model
-        q, kv, inter = m.num_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.intermediate_size
-        return {Op.QKV: (q + 2 * kv, m.hidden_size), Op.O: (m.hidden_size, q), Op.GATE_UP: (2 * inter, m.hidden_size),
-                Op.DOWN: (m.hidden_size, inter), Op.LM_HEAD: (m.vocab_size, m.hidden_size)}[op]
+        """(N, K) of a projection's weight on one rank (column-parallel qkv and gate_up hold N / TP of its rows,
+        row-parallel o and down K / TP of its columns, the LM head its padded vocabulary rows)."""
+        r, hidden, d = self.rank, self.model.hidden_size, self.model.head_dim
+        q, kv, inter = r.num_heads * d, r.num_kv_heads * d, r.intermediate_size
+        return {Op.QKV: (q + 2 * kv, hidden), Op.O: (hidden, q), Op.GATE_UP: (2 * inter, hidden),
+                Op.DOWN: (hidden, inter), Op.LM_HEAD: (r.vocab_rows, hidden)}[op]
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head on one rank (a KV head replicated on several ranks serves fewer on each)."""
+        return self.rank.num_heads // self.rank.num_kv_heads
 
     def layout(self, op: Op) -> Layout | None:
         if self.spec is None or op is Op.LM_HEAD or not self.spec.is_quantized(MODULES[op]):
@@ -254,7 +267,7 @@ def _attention(inputs: PlanInputs, table: dict) -> OpPlan:
     if not inputs.on_kernels:
         buckets = DECODE_BUCKETS + PREFILL_BUCKETS
         return OpPlan(op, tuple(Choice(op, b, Kernel.TORCH, reason=Reason.FALLBACK) for b in buckets))
-    device, group = torch.device("cuda"), m.num_heads // m.num_kv_heads
+    device, group = torch.device("cuda"), inputs.group
     decode_default = decode_attention.default_config(inputs.dtype, device, inputs.kv_cache_fp8)
     prefill_default = prefill_attention.default_config(inputs.dtype, device)
     choices = []

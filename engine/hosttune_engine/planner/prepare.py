@@ -33,10 +33,12 @@ def table_and_name(gpu: GpuInfo) -> tuple[dict, str]:
 
 def plan_for_model(model: nn.Module, gpu: GpuInfo, use_triton: bool = True, kv_cache_fp8: bool = False,
                    block_size: int = 16, table: dict | None = None) -> KernelPlan:
-    """The plan of a built (possibly quantized) model on `gpu`, from its tuned table or the one given."""
+    """The plan of a built (possibly quantized, possibly a rank's sharded) model on `gpu`, from its tuned table or
+    the one given: a rank's reads the entries of its own shards' shapes."""
     spec = next((m.spec for m in model.modules() if isinstance(m, QuantLinear)), None)
     dtype = model.lm_head.weight.dtype
-    inputs = PlanInputs(model.config, gpu, dtype, spec, use_triton, kv_cache_fp8, block_size)
+    shard = getattr(model, "shard_layout", None)  # a tensor-parallel rank's (parallel/transform.py)
+    inputs = PlanInputs(model.config, gpu, dtype, spec, use_triton, kv_cache_fp8, block_size, shard)
     return build_plan(inputs, *((table, "given") if table is not None else table_and_name(gpu)))
 
 

@@ -1,0 +1,67 @@
+"""A tensor-parallel rank's kernel plan: the tuned-table entries it reads are those of its own shards' shapes
+(column-parallel qkv and gate_up: N / TP rows; row-parallel o and down: K / TP columns; the LM head: its padded
+vocabulary rows), and its attention's those of its own heads."""
+
+import dataclasses
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from hosttune_engine.kernels import tuning
+from hosttune_engine.model.loader import build_model
+from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.parallel.layout import ShardLayout
+from hosttune_engine.parallel.transform import shard_model
+from hosttune_engine.plan.gpus import named_gpu
+from hosttune_engine.plan.kinds import Op, Reason
+from hosttune_engine.planner.build import PlanInputs, build_plan
+from hosttune_engine.planner.prepare import plan_for_model, table_and_name
+from hosttune_engine.quant.dummy_specs import dummy_spec
+from hosttune_engine.quant.transform import apply_quantization
+
+QWEN7B = Path(__file__).parents[1] / "fixtures" / "qwen2.5-7b"
+# Qwen2.5-7B's projections (N x K), whole and on each of two ranks
+WHOLE = {Op.QKV: "4608x3584", Op.O: "3584x3584", Op.GATE_UP: "37888x3584", Op.DOWN: "3584x18944"}
+RANK_OF_2 = {Op.QKV: "2304x3584", Op.O: "3584x1792", Op.GATE_UP: "18944x3584", Op.DOWN: "3584x9472"}
+
+
+@pytest.fixture
+def no_user_tables(tmp_path, monkeypatch):
+    monkeypatch.setenv(tuning.USER_ENV, str(tmp_path / "none.json"))
+    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path / "cache"))
+    tuning.reload_tables()
+    yield tmp_path / "cache"
+    tuning.reload_tables()
+
+
+def _entries(shapes: dict, block_n: int) -> dict:
+    return {f"bfloat16-le1-{shape}": {"BLOCK_N": block_n} for shape in shapes.values()}
+
+
+# the whole model's shapes tuned to BLOCK_N 8, a rank's of two to 16
+TABLE = {"int4_gemv": {**_entries(WHOLE, 8), **_entries(RANK_OF_2, 16)}}
+
+
+def test_a_sharded_model_reads_the_entries_of_its_ranks_shapes(no_user_tables):
+    """The plan the model runner prepares a rank's model with (`plan_for_model` of its sharded model)."""
+    cfg, spec = ModelConfig.from_folder(QWEN7B), dummy_spec("awq")
+    shard = partial(shard_model, layout=ShardLayout.of(cfg, 0, 2), group=None, spec=spec)
+    quantize = partial(apply_quantization, spec=spec, dtype=torch.bfloat16)
+    model = build_model(cfg, torch.device("meta"), torch.bfloat16, shard, quantize)
+    plan = plan_for_model(model, named_gpu("NVIDIA H200"), table=TABLE)
+    for op, shape in RANK_OF_2.items():
+        one = plan.choice(op, 1)
+        assert (one.reason, one.entry, one.config.block_n) == (Reason.TUNED_SHAPE, f"int4_gemv bfloat16-le1-{shape}",
+                                                                 16), op
+
+
+
+def test_a_rank_whose_kv_head_is_replicated_plans_the_attention_of_its_own_heads(no_user_tables):
+    """28 query heads over 2 KV heads at TP=4: a rank holds 7 query heads and 1 KV head, so its decode attention
+    reads the g7 entries (Qwen2.5-7B's, shipped for the H200), not the whole model's g14."""
+    cfg = dataclasses.replace(ModelConfig.from_folder(QWEN7B), num_kv_heads=2)
+    inputs = PlanInputs(cfg, named_gpu("NVIDIA H200"), torch.bfloat16, shard=ShardLayout.of(cfg, 0, 4))
+    one = build_plan(inputs, *table_and_name(inputs.gpu)).choice(Op.ATTENTION, 1)
+    assert (one.reason, one.entry) == (Reason.TUNED_BUCKET, "decode_attention bfloat16-d128-g7-paged16-le1")
