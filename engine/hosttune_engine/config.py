@@ -99,8 +99,7 @@ class EngineConfig:
             raise ConfigError(f"max_cuda_graph_batch_size must be >= 1, got {self.max_cuda_graph_batch_size}")
         if self.max_step_ms is not None and not 0 <= self.max_step_ms < math.inf:  # NaN compares False
             raise ConfigError(f"max_step_ms must be >= 0 (0: measured), got {self.max_step_ms}")
-        if self.tensor_parallel_size < 1:
-            raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        check_tensor_parallel_size(self.tensor_parallel_size)
         if not 0 < self.cpu_kv_cache_gib < math.inf:
             raise ConfigError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
 
@@ -141,6 +140,11 @@ def check_block_size(block_size: int) -> None:
     """A KV-cache block holds a power of two of tokens (the attention kernels' tiles split it evenly)."""
     if block_size < 1 or block_size & (block_size - 1):
         raise ConfigError(f"block_size must be a power of two, got {block_size}")
+
+
+def check_tensor_parallel_size(tensor_parallel_size: int) -> None:
+    if tensor_parallel_size < 1:
+        raise ConfigError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

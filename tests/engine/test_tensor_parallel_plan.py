@@ -20,6 +20,7 @@ from hosttune_engine.planner.build import PlanInputs, build_plan
 from hosttune_engine.planner.prepare import plan_for_model, table_and_name
 from hosttune_engine.quant.dummy_specs import dummy_spec
 from hosttune_engine.quant.transform import apply_quantization
+from hosttune_engine.server.cli import main
 
 QWEN7B = Path(__file__).parents[1] / "fixtures" / "qwen2.5-7b"
 # Qwen2.5-7B's projections (N x K), whole and on each of two ranks
@@ -65,3 +66,24 @@ def test_a_rank_whose_kv_head_is_replicated_plans_the_attention_of_its_own_heads
     inputs = PlanInputs(cfg, named_gpu("NVIDIA H200"), torch.bfloat16, shard=ShardLayout.of(cfg, 0, 4))
     one = build_plan(inputs, *table_and_name(inputs.gpu)).choice(Op.ATTENTION, 1)
     assert (one.reason, one.entry) == (Reason.TUNED_BUCKET, "decode_attention bfloat16-d128-g7-paged16-le1")
+
+
+def test_the_plan_command_prints_the_plan_of_one_rank_of_serves_tensor_parallel_size(no_user_tables, capsys):
+    main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA H200", "--quantization", "awq",
+          "--tensor-parallel-size", "2"])
+    out = capsys.readouterr().out
+    assert "tensor parallel over 2 ranks: one rank's shards below, 14/2 heads, intermediate 9472, vocab rows 76032" in out
+    for op, shape in RANK_OF_2.items():
+        assert f"{op.value}: weight {shape} (N x K)" in out
+    assert not [shape for shape in WHOLE.values() if shape in out]  # no entry of the whole model's shapes is read
+    assert "lm_head: weight 76032x3584 (N x K)" in out
+
+
+@pytest.mark.parametrize("size, message", [
+    ("0", "tensor_parallel_size must be >= 1, got 0"),
+    ("3", "tensor_parallel_size=3 must divide the model's 28 attention heads (4 KV heads); use one of 1, 2, 4"),
+])
+def test_the_plan_command_refuses_a_tensor_parallel_size_serve_refuses(no_user_tables, capsys, size, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA H200", "--tensor-parallel-size", size])
+    assert exit_.value.code == 2 and capsys.readouterr().err == f"hosttune-engine: error: {message}\n"

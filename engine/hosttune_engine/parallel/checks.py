@@ -11,7 +11,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from hosttune_engine.config import EngineConfig
+from hosttune_engine.config import EngineConfig, check_tensor_parallel_size
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.parallel.layout import ShardLayout, check_divides_heads
@@ -60,6 +60,17 @@ def weight_bytes(model: nn.Module) -> int:
     stored = [t for m in model.modules() for name, t in m._buffers.items()
               if t is not None and name not in m._non_persistent_buffers_set]
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *stored))
+
+
+def planned_shard(cfg: ModelConfig, world_size: int, dtype: torch.dtype, spec: QuantSpec | None) -> ShardLayout | None:
+    """The shards one of `world_size` ranks holds (every rank's have the same shapes), for a plan or a tune of a
+    model config alone: None for one rank; refused as serve's start refuses the size (heads, the quantized
+    layers' blocks and groups)."""
+    check_tensor_parallel_size(world_size)
+    if world_size == 1:
+        return None
+    shard_bytes(cfg, world_size, dtype, spec)  # ConfigError where a rank's quantized layers are not whole
+    return ShardLayout.of(cfg, 0, world_size)
 
 
 def check_startup(config: EngineConfig, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> None:

@@ -39,6 +39,7 @@ class OpPlan:
 
     op: Op
     choices: tuple[Choice, ...]
+    shape: tuple[int, int] | None = None  # a projection's weight on one rank, (N, K)
     _by_kind: dict = field(init=False, compare=False, repr=False)  # prefill -> its choices, looked up per call
 
     def __post_init__(self):
@@ -78,12 +79,13 @@ class KernelPlan:
     def with_kernel(self, op: Op, kernel: Kernel) -> "KernelPlan":
         """This plan with `kernel` (no config, no fusion) for every row bucket of `op`: by hand, e.g. the torch
         reference for one projection while checking it."""
-        changed = OpPlan(op, tuple(Choice(op, c.bucket, kernel, reason=Reason.OVERRIDE) for c in self.op(op).choices))
+        choices = tuple(Choice(op, c.bucket, kernel, reason=Reason.OVERRIDE) for c in self.op(op).choices)
+        changed = OpPlan(op, choices, self.op(op).shape)
         return replace(self, ops=tuple(changed if p.op is op else p for p in self.ops))
 
     def unfused(self) -> "KernelPlan":
         """This plan with every norm and activation run by its own kernel (to check what fusion changes)."""
-        return replace(self, ops=tuple(OpPlan(p.op, tuple(_unfused(c) for c in p.choices)) for p in self.ops))
+        return replace(self, ops=tuple(OpPlan(p.op, tuple(_unfused(c) for c in p.choices), p.shape) for p in self.ops))
 
 
 def _unfused(c: Choice) -> Choice:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from hosttune_engine.plan.kinds import Op, Reason
-from hosttune_engine.plan.plan import Choice, KernelPlan
+from hosttune_engine.plan.plan import Choice, KernelPlan, OpPlan
 
 COLUMNS = ("rows", "kernel", "config", "why", "input / output fused")
 
@@ -15,11 +15,15 @@ def format_plan(plan: KernelPlan) -> str:
     lines = [f"Kernel plan for {plan.model}", f"{_device(plan)}; weights {plan.weights}, activations {plan.dtype}; "
              f"tuned table: {plan.table}"]
     for op_plan in plan.ops:
-        lines += ["", f"{op_plan.op.value}:"]
+        lines += ["", f"{op_plan.op.value}:{_shape(op_plan)}"]
         rows = [COLUMNS] + [_row(c) for c in op_plan.choices]
         widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
         lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     return "\n".join(lines)
+
+
+def _shape(op_plan: OpPlan) -> str:
+    return f" weight {op_plan.shape[0]}x{op_plan.shape[1]} (N x K)" if op_plan.shape else ""
 
 
 def _device(plan: KernelPlan) -> str:

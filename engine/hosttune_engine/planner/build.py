@@ -94,7 +94,7 @@ def build_plan(inputs: PlanInputs, table: dict, table_name: str) -> KernelPlan:
             _fused_input(inputs, ops, Op.POST_NORM, Op.GATE_UP, Kernel.RMSNORM),
             _fused_input(inputs, ops, Op.ACTIVATION, Op.DOWN, Kernel.SWIGLU), _sampler(inputs)]
     weights = inputs.spec.layout.value if inputs.spec is not None else inputs.dt
-    return KernelPlan(inputs.gpu, inputs.dt, weights, table_name if table else "none", tuple(ops), _describe(inputs.model))
+    return KernelPlan(inputs.gpu, inputs.dt, weights, table_name if table else "none", tuple(ops), _describe(inputs))
 
 
 def check_runs(inputs: PlanInputs) -> None:
@@ -112,9 +112,14 @@ def check_runs(inputs: PlanInputs) -> None:
         raise ConfigError(why)
 
 
-def _describe(m: ModelConfig) -> str:
-    return (f"{m.architecture}: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads}/{m.num_kv_heads} heads "
-            f"of {m.head_dim}, intermediate {m.intermediate_size}, vocab {m.vocab_size}")
+def _describe(inputs: PlanInputs) -> str:
+    m, s = inputs.model, inputs.shard
+    whole = (f"{m.architecture}: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads}/{m.num_kv_heads} heads "
+             f"of {m.head_dim}, intermediate {m.intermediate_size}, vocab {m.vocab_size}")
+    if s is None or s.world_size == 1:
+        return whole
+    return (f"{whole}; tensor parallel over {s.world_size} ranks: one rank's shards below, {s.num_heads}/"
+            f"{s.num_kv_heads} heads, intermediate {s.intermediate_size}, vocab rows {s.vocab_rows}")
 
 
 # -- tuned-table lookups -----------------------------------------------------------------------------------------
@@ -150,9 +155,10 @@ def _projection(inputs: PlanInputs, table: dict, op: Op) -> OpPlan:
     layout = inputs.layout(op)
     if not inputs.on_kernels:
         why = "torch backend" if inputs.gpu.is_cuda else "no GPU"
-        return OpPlan(op, tuple(Choice(op, b, Kernel.TORCH, reason=Reason.FALLBACK, note=why) for b in ROW_BUCKETS))
+        choices = tuple(Choice(op, b, Kernel.TORCH, reason=Reason.FALLBACK, note=why) for b in ROW_BUCKETS)
+        return OpPlan(op, choices, inputs.shape(op))
     pick = _bf16 if layout is None else (_fp8 if layout.is_fp8 else _int4)
-    return OpPlan(op, tuple(pick(inputs, table, op, b) for b in ROW_BUCKETS))
+    return OpPlan(op, tuple(pick(inputs, table, op, b) for b in ROW_BUCKETS), inputs.shape(op))
 
 
 def _bf16(inputs: PlanInputs, table: dict, op: Op, bucket: RowBucket) -> Choice:

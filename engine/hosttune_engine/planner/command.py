@@ -9,6 +9,7 @@ import torch
 from hosttune_engine.config import (DTYPES, KERNEL_BACKENDS, KV_CACHE_DTYPES, QUANTIZATIONS, activation_dtype,
                                     check_block_size, runs_triton)
 from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.parallel.checks import planned_shard
 from hosttune_engine.planner.build import PlanInputs, build_plan
 from hosttune_engine.plan.gpus import CPU, named_gpu, present_gpu
 from hosttune_engine.plan.plan import KernelPlan
@@ -39,6 +40,13 @@ def add_parser(commands) -> None:
                    help="as serve's: 'torch' plans the torch references on a GPU too")
     p.add_argument("--block-size", type=int, default=16,
                    help="as serve's: tokens per KV-cache block (decode attention's tuned entries are per size)")
+    add_tensor_parallel_argument(p, "plan the shards one rank runs: its projections' N x K and its heads, whose "
+                                    "tuned entries it reads")
+
+
+def add_tensor_parallel_argument(p, what: str) -> None:
+    """serve's --tensor-parallel-size, for `plan` and `tune` (`what`: what the command does with it)."""
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help=f"as serve's: GPUs that share the model; {what}")
 
 
 def plan_from_args(args: argparse.Namespace) -> KernelPlan:
@@ -49,8 +57,9 @@ def plan_from_args(args: argparse.Namespace) -> KernelPlan:
     spec = resolve_spec(cfg.quantization, args.quantization, load_format, args.model)
     gpu = named_gpu(table_name(args.gpu)) if args.gpu is not None else _this_gpu()  # --gpu '' is unknown
     dtype = getattr(torch, activation_dtype(args.dtype, cfg.dtype, gpu.is_cuda))
+    shard = planned_shard(cfg, args.tensor_parallel_size, dtype, spec)
     inputs = PlanInputs(cfg, gpu, dtype, spec, use_triton=runs_triton(args.kernel_backend, gpu.is_cuda),
-                        kv_cache_fp8=args.kv_cache_dtype == "fp8", block_size=args.block_size)
+                        kv_cache_fp8=args.kv_cache_dtype == "fp8", block_size=args.block_size, shard=shard)
     return build_plan(inputs, *table_and_name(gpu))
 
 
