@@ -151,7 +151,7 @@ def _plan_lines(job: HostJob, state: HostState, install: list[Op], keys: list[Op
 def _tune_ops(job: HostJob) -> list[Op]:
     if not job.tune_s or not job.placement.gpus:
         return []
-    return tune_ops(job.release.dir, job.settings, job.placement.gpus[0], job.tune_s)
+    return tune_ops(job.release.dir, job.settings, job.placement.gpus[0], job.tune_s, job.placement.tp)
 
 
 def _unchanged(transport: Transport, job: HostJob, state: HostState, dry_run: bool) -> HostDeploy | None:

@@ -26,12 +26,15 @@ def with_cache(settings: ServeSettings, engine: str) -> ServeSettings:
     return replace(settings, env={**settings.env, CACHE_ENV: CACHE})
 
 
-def tune_ops(release_dir: str, settings: ServeSettings, gpu: int, budget_s: float) -> list[Op]:
+def tune_ops(release_dir: str, settings: ServeSettings, gpu: int, budget_s: float,
+             tensor_parallel: int = 1) -> list[Op]:
     """The release's `hosttune-engine tune` on one of the service's GPUs, into the units' cache: for the weights,
-    the activations' dtype, the KV block size and the KV cache's dtype the service is given (the tables' keys
-    hold each: a float16 service reads no bfloat16 entry, an e4m3 cache none of a bf16 one)."""
+    the activations' dtype, the KV block size, the KV cache's dtype and the tensor parallelism the service is given
+    (the tables' keys hold each: a float16 service reads no bfloat16 entry, an e4m3 cache none of a bf16 one, a
+    rank of TP 2 the entries of its shards' shapes)."""
     same = tuple(arg for flag in ("quantization", "dtype", "block-size", "kv-cache-dtype") if settings.flags.get(flag)
                  for arg in (f"--{flag}", str(settings.flags[flag])))
+    same += ("--tensor-parallel-size", str(tensor_parallel)) if tensor_parallel > 1 else ()
     argv = ("env", f"{CACHE_ENV}={CACHE}", f"CUDA_VISIBLE_DEVICES={gpu}", f"{release_dir}/bin/hosttune-engine", "tune",
             "--model", settings.model, "--budget-s", f"{budget_s:g}", "--if-missing", *same)
     return [Command(("mkdir", "-p", CACHE)), Command(argv)]

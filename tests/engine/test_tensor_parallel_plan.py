@@ -72,7 +72,8 @@ def test_the_plan_command_prints_the_plan_of_one_rank_of_serves_tensor_parallel_
     main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA H200", "--quantization", "awq",
           "--tensor-parallel-size", "2"])
     out = capsys.readouterr().out
-    assert "tensor parallel over 2 ranks: one rank's shards below, 14/2 heads, intermediate 9472, vocab rows 76032" in out
+    assert ("tensor parallel over 2 ranks: one rank's shards below, 14/2 heads, intermediate 9472, vocab rows 76032"
+            in out)
     for op, shape in RANK_OF_2.items():
         assert f"{op.value}: weight {shape} (N x K)" in out
     assert not [shape for shape in WHOLE.values() if shape in out]  # no entry of the whole model's shapes is read
@@ -87,3 +88,51 @@ def test_the_plan_command_refuses_a_tensor_parallel_size_serve_refuses(no_user_t
     with pytest.raises(SystemExit) as exit_:
         main(["plan", "--model", str(QWEN7B), "--gpu", "NVIDIA H200", "--tensor-parallel-size", size])
     assert exit_.value.code == 2 and capsys.readouterr().err == f"hosttune-engine: error: {message}\n"
+
+
+def test_a_tensor_parallel_tune_times_and_keys_one_ranks_shards(no_user_tables, monkeypatch):
+    """At TP=4 over 2 KV heads a rank holds 7 query heads and 1 KV head: tune times its shards' shapes and its
+    attention, under the keys its plan reads (the sweeps stand in: the shapes and heads are what is checked)."""
+    from types import SimpleNamespace
+
+    from hosttune_engine.tuner import run
+
+    monkeypatch.setattr(run.cases, "quant_gemv", lambda kind, s, dtype, timer: s.name)
+    monkeypatch.setattr(run.cases, "gemm", lambda kind, s, m, dtype, timer: f"{s.name} m={m}")
+    monkeypatch.setattr(run.cases, "attention", lambda batch, ctx, hq, hkv, *rest: f"attention {hq}/{hkv}")
+    timed = []
+
+    def sweep(self, kernel, default, case_list, rows=1):
+        timed.extend(case_list)
+        return SimpleNamespace(best=SimpleNamespace(config={"BLOCK_N": 16}), tried=())
+
+    monkeypatch.setattr(run.Tuning, "run", sweep)
+    cfg = dataclasses.replace(ModelConfig.from_folder(QWEN7B), num_kv_heads=2)
+    inputs = PlanInputs(cfg, named_gpu("NVIDIA L40S"), torch.bfloat16, dummy_spec("awq"),
+                        shard=ShardLayout.of(cfg, 0, 4))
+    done = run.tune_model(inputs, budget_s=600)
+    rank = ["qkv_proj 1152x3584", "o_proj 3584x896", "gate_up_proj 9472x3584", "down_proj 3584x4736"]
+    assert timed[:4] == rank and timed[4:6] == ["attention 7/1"] * 2
+    assert set(done.table["int4_gemv"]) == {f"bfloat16-le1-{s.split()[1]}" for s in rank}
+    assert set(done.table["decode_attention"]) == {"bfloat16-d128-g7-paged16-le1", "bfloat16-d128-g7-paged16-le64"}
+
+
+def test_tune_takes_serves_tensor_parallel_size_and_tunes_its_shards_apart(no_user_tables, monkeypatch, capsys):
+    from hosttune_engine.tuner import command
+    from hosttune_engine.tuner.run import Tuning
+
+    from .test_tuner import _an_l40s
+
+    seen = []
+    _an_l40s(monkeypatch)
+    monkeypatch.setattr(command, "tune_model", lambda inputs, budget: seen.append(inputs) or Tuning(inputs, None, None))
+    main(["tune", "--model", str(QWEN7B), "--budget-s", "1", "--tensor-parallel-size", "2"])
+    assert [inputs.shape(Op.GATE_UP) for inputs in seen] == [(18944, 3584)]
+    capsys.readouterr()
+    main(["tune", "--model", str(QWEN7B), "--tensor-parallel-size", "2", "--if-missing"])
+    assert "has a table tuned for bf16 weights, 2-way tensor-parallel shards on this driver" in capsys.readouterr().out
+    main(["tune", "--model", str(QWEN7B), "--budget-s", "1", "--if-missing"])  # the whole model's are not tuned yet
+    assert [inputs.shape(Op.GATE_UP) for inputs in seen] == [(18944, 3584), (37888, 3584)]
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "--model", str(QWEN7B), "--tensor-parallel-size", "3"])
+    assert exit_.value.code == 2 and "tensor_parallel_size=3 must divide" in capsys.readouterr().err

@@ -32,7 +32,7 @@ def test_tune_runs_the_releases_engine_tune_before_the_units_and_they_read_its_c
     assert [op.argv for op in ops] == [
         ("mkdir", "-p", CACHE),
         ("env", f"{CACHE_ENV}={CACHE}", "CUDA_VISIBLE_DEVICES=0", f"{job.release.dir}/bin/hosttune-engine", "tune",
-         "--model", "/m", "--budget-s", "90", "--if-missing")]
+         "--model", "/m", "--budget-s", "90", "--if-missing", "--tensor-parallel-size", "2")]
     assert all(isinstance(op, Command) for op in ops)
     lines = _planned(job)
     tune_at = next(i for i, line in enumerate(lines) if "hosttune-engine tune" in line)
@@ -40,12 +40,13 @@ def test_tune_runs_the_releases_engine_tune_before_the_units_and_they_read_its_c
     assert f"{CACHE_ENV}={CACHE}".encode() in job.release.units["hosttune-serve.service"]
 
 
-def test_tune_times_the_kernels_for_the_weights_dtype_and_kv_blocks_the_service_runs(tmp_path):
+def test_tune_times_the_kernels_for_the_weights_dtype_kv_blocks_and_shards_the_service_runs(tmp_path):
+    """Each replica runs TP 2: tune times one rank's shards, whose tuned entries are the ones its ranks read."""
     job = _job(tmp_path, "custom", 30)
     job.settings.flags.update({"quantization": "fp8", "dtype": "float16", "block-size": 32, "kv-cache-dtype": "fp8"})
     argv = dhost._tune_ops(job)[1].argv
     assert argv[argv.index("--if-missing") + 1:] == ("--quantization", "fp8", "--dtype", "float16", "--block-size",
-                                                     "32", "--kv-cache-dtype", "fp8")
+                                                     "32", "--kv-cache-dtype", "fp8", "--tensor-parallel-size", "2")
 
 
 def test_no_tune_step_without_the_option(tmp_path):

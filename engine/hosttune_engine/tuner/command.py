@@ -12,9 +12,11 @@ from hosttune_engine.config import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, activ
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.kernels import tuning
 from hosttune_engine.model.model_config import ModelConfig
+from hosttune_engine.parallel.checks import planned_shard
 from hosttune_engine.plan.launch import LaunchConfig
 from hosttune_engine.plan.gpus import present_gpu
 from hosttune_engine.planner.build import PlanInputs, check_runs
+from hosttune_engine.planner.command import add_tensor_parallel_argument
 from hosttune_engine.planner.tables import check_tables
 from hosttune_engine.quant.spec import resolve_spec
 from hosttune_engine.tuner.run import Tuning, tune_model
@@ -38,6 +40,8 @@ def add_parser(commands) -> None:
                    help="as serve's: tokens per KV-cache block (decode attention's entries are per size)")
     p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                    help="as serve's: 'fp8' tunes decode attention on an e4m3 cache, whose entries are its own")
+    add_tensor_parallel_argument(p, "tune the shards one rank runs (its projections' N x K and its heads), whose "
+                                    "entries are their own")
     p.add_argument("--if-missing", action="store_true",
                    help="tune only if this GPU, driver and Triton have no cached table for these weights yet")
 
@@ -56,10 +60,12 @@ def tune_from_args(args: argparse.Namespace) -> str:
     gpu = present_gpu(torch.device("cuda"))
     dtype_name = activation_dtype(args.dtype, cfg.dtype, on_cuda=True)
     fp8_kv = args.kv_cache_dtype == "fp8"
-    inputs = PlanInputs(cfg, gpu, getattr(torch, dtype_name), spec, kv_cache_fp8=fp8_kv, block_size=args.block_size)
+    dtype, tp = getattr(torch, dtype_name), args.tensor_parallel_size
+    inputs = PlanInputs(cfg, gpu, dtype, spec, kv_cache_fp8=fp8_kv, block_size=args.block_size,
+                        shard=planned_shard(cfg, tp, dtype, spec))
     check_runs(inputs)  # what plan and serve refuse on this GPU, before a budget goes on configs that cannot compile
     check_tables(gpu.name)  # a table plan and serve refuse is not merged as empty and overwritten after the budget
-    key, weights = tuning.present_key(gpu.name), _tuned_for(spec, dtype_name, args.block_size, fp8_kv)
+    key, weights = tuning.present_key(gpu.name), _tuned_for(spec, dtype_name, args.block_size, fp8_kv, tp)
     tuned_for = tuning.cached_about(key).get("tuned_for", [])
     if args.if_missing and weights in tuned_for:
         return (f"{gpu.name} has a table tuned for {_described(weights)} on this driver and Triton: "
@@ -76,13 +82,14 @@ def tune_from_args(args: argparse.Namespace) -> str:
     return report(done, wall_s, str(tuning.write_cached_table(key, merged, about)))
 
 
-def _tuned_for(spec, dtype_name: str, block_size: int, fp8_kv: bool = False) -> str:
+def _tuned_for(spec, dtype_name: str, block_size: int, fp8_kv: bool = False, tensor_parallel_size: int = 1) -> str:
     """What a table's `tuned_for` list names these weights by: the layout (bf16 unquantized), then after slashes the
-    activations' dtype unless bfloat16, the KV block size unless 16 and kv8 for an e4m3 cache (the tables key
-    entries by each)."""
+    activations' dtype unless bfloat16, the KV block size unless 16, kv8 for an e4m3 cache and tpN for a rank's
+    shards of N (the tables key entries by each: a shard's shapes and heads are its own)."""
     weights = spec.layout.value if spec is not None else "bf16"
     dtype = "" if dtype_name == "bfloat16" else f"/{dtype_name}"
-    return weights + dtype + ("" if block_size == 16 else f"/paged{block_size}") + ("/kv8" if fp8_kv else "")
+    tp = "" if tensor_parallel_size == 1 else f"/tp{tensor_parallel_size}"
+    return weights + dtype + ("" if block_size == 16 else f"/paged{block_size}") + ("/kv8" if fp8_kv else "") + tp
 
 
 def _described(tuned_for: str) -> str:
@@ -94,6 +101,8 @@ def _described(tuned_for: str) -> str:
 def _part(part: str) -> str:
     if part == "kv8":
         return "an e4m3 KV cache"
+    if part.startswith("tp"):
+        return f"{part.removeprefix('tp')}-way tensor-parallel shards"
     return f"KV blocks of {part.removeprefix('paged')}" if part.startswith("paged") else f"{part} activations"
 
 

@@ -1,4 +1,5 @@
-"""What `hosttune-engine tune` tunes for a model: the kernels its plan runs, most important first (the one-row
+"""What `hosttune-engine tune` tunes for a model (one rank's shards of it under tensor parallelism): the kernels
+its plan runs, most important first (the one-row
 decode projections, decode attention, then batched and prefill GEMMs of quantized weights), each entry under
 the key the plan looks up, within a time budget."""
 
@@ -126,15 +127,14 @@ def _bucket_winner(t: Tuning, kernel: str, keys, results) -> None:
 
 
 def _attention(t: Tuning) -> None:
-    """Paged decode attention at one row and at 64 (the batched decode benchmarked), over 1K-token contexts, on the
-    cache the server keeps (an e4m3 one has entries of its own)."""
-    m, page, fp8_kv = t.inputs.model, t.inputs.block_size, t.inputs.kv_cache_fp8
+    """Paged decode attention of one rank's heads at one row and at 64 (the batched decode benchmarked), over
+    1K-token contexts, on the cache the server keeps (an e4m3 one has entries of its own)."""
+    rank, d, page, fp8_kv = t.inputs.rank, t.inputs.model.head_dim, t.inputs.block_size, t.inputs.kv_cache_fp8
     default = decode_attention.default_config(t.inputs.dtype, t.timer.device, fp8_kv)
     for batch in ((1, 4) if t.tiny else (1, 64)):
-        case = cases.attention(batch, 64 if t.tiny else 1024, m.num_heads, m.num_kv_heads, m.head_dim, page,
+        case = cases.attention(batch, 64 if t.tiny else 1024, rank.num_heads, rank.num_kv_heads, d, page,
                                t.inputs.dtype, t.timer, fp8_kv)
-        key = decode_attention.config_key(t.inputs.dtype, m.head_dim, m.num_heads // m.num_kv_heads, page, batch,
-                                          fp8_kv)
+        key = decode_attention.config_key(t.inputs.dtype, d, t.inputs.group, page, batch, fp8_kv)
         t.record("decode_attention", [key], t.run("decode_attention", default, [case]))
 
 
