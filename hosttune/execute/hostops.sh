@@ -1,10 +1,22 @@
 # hosttune host operations: the only shell code that changes files on a host.
-# Run as: sh -c "$SCRIPT" hosttune OP ARGS...  (every value arrives as argv, never as code)
+# Run as: sh -c "$SCRIPT" hosttune [-r ROOT] OP ARGS...  (every value arrives as argv, never as code)
+# With -r ROOT (an image, apply --root), every path under ROOT is resolved inside it first (in_root, sent in front
+# of this script): a link in the image, absolute or through `..`, never takes a change onto this machine's files.
 set -u
 umask 022
+root=
+if [ "$1" = -r ]; then root=${2%/}; shift 2; fi
 op=$1; shift
 
 die() { echo "hosttune: $*" >&2; exit 1; }
+# at PATH [all]: where PATH lands, its directories (with all, its last name too) resolved inside the image when it
+# lies under ROOT.
+at() {
+    case $1 in
+        "$root"/*) [ -n "$root" ] && { in_root "$root" "${1#"$root"}" ${2:-} || exit 1; return; } ;;
+    esac
+    printf '%s\n' "$1"
+}
 sha() { sha256sum < "$1" | cut -d' ' -f1; }
 current_sha() {
     if [ -L "$1" ]; then echo "link:$(readlink -- "$1")"
@@ -110,6 +122,19 @@ journals() {
 # runs-dir DIR: the journal folder, private to root.
 runs_dir() { mkdir -p -- "$1" && chmod 700 -- "$1"; }
 
+# sha PATH: the sha256 of the file PATH names (read-only); none, and a failure, when it is no file.
+sha_of() { [ -f "$1" ] && sha "$1"; }
+
+# The paths among an operation's arguments, resolved where they land (a link's target and the rest stay as given).
+case $op in
+    write) p=$(at "$1") && bk=$(at "$4") || exit 1; shift; set -- "$p" "$1" "$2" "$bk" "$4" ;;
+    restore|keep|move) p=$(at "$1") && q=$(at "$2") || exit 1; shift 2; set -- "$p" "$q" "$@" ;;
+    link) p=$(at "$1") && bk=$(at "$3") || exit 1; set -- "$p" "$2" "$bk" ;;
+    remove|mkdirs|runs-dir|journals) p=$(at "$1") || exit 1; shift; set -- "$p" "$@" ;;
+    sha) p=$(at "$1" all) || exit 1; set -- "$p" ;;
+    rmdirs) for d in "$@"; do q=$(at "$d") || exit 1; set -- "$@" "$q"; shift; done ;;
+esac
+
 case $op in
     write) write "$@" ;;
     restore) restore "$@" ;;
@@ -121,5 +146,6 @@ case $op in
     move) move "$@" ;;
     journals) journals "$@" ;;
     runs-dir) runs_dir "$@" ;;
+    sha) sha_of "$1" ;;
     *) die "unknown host operation $op" ;;
 esac

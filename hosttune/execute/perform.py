@@ -26,15 +26,15 @@ def perform(t: Transport, op: Op, rec: OpRecord | None = None, root: str | None 
     backup = rooted(root, rec.backup) if rec and rec.backup else ""
     if isinstance(op, FileWrite):
         expected = (rec.sha_before or "") if rec else ""
-        return write_file(t, rooted(root, op.path), op.body(), op.mode, backup=backup, expected=expected)
+        return write_file(t, rooted(root, op.path), op.body(), op.mode, backup=backup, expected=expected, root=root)
     if isinstance(op, Symlink):
-        return hostops(t, "link", rooted(root, op.path), op.target, backup)
+        return hostops(t, "link", rooted(root, op.path), op.target, backup, root=root)
     if isinstance(op, Directory):  # prints "created:DIR" for each one it made (rollback removes them)
-        return hostops(t, "mkdirs", rooted(root, op.path))
+        return hostops(t, "mkdirs", rooted(root, op.path), root=root)
     if isinstance(op, Remove):
         if rec:
-            return hostops(t, "move", rooted(root, op.path), rooted(root, rec.target))
-        return hostops(t, "remove", rooted(root, op.path))
+            return hostops(t, "move", rooted(root, op.path), rooted(root, rec.target), root=root)
+        return hostops(t, "remove", rooted(root, op.path), root=root)
     if isinstance(op, KernelWrite):
         return kernel_write(t, op.paths, op.value)
     if isinstance(op, Service):

@@ -6,28 +6,34 @@ import hashlib
 import re
 
 from hosttune.errors import HosttuneError
-from hosttune.transport.base import CommandResult, Transport, bundled_script
+from hosttune.transport.base import CommandResult, Transport, image_script
 
 OP_TIMEOUT_S = 120.0
 
 
 def hostops_script() -> str:
-    return bundled_script("hosttune.execute", "hostops.sh")
+    return image_script("hosttune.execute", "hostops.sh")
+
+
+def hostops_argv(op: str, *args: str, root: str | None = None) -> list[str]:
+    """hostops.sh's argv; with an image root, its paths under the root are resolved inside the image."""
+    image = ["-r", root] if root and root != "/" else []
+    return ["sh", "-c", hostops_script(), "hosttune", *image, op, *args]
 
 
 def hostops(transport: Transport, op: str, *args: str, stdin: bytes | None = None,
-            timeout: float = OP_TIMEOUT_S) -> CommandResult:
-    return transport.change(["sh", "-c", hostops_script(), "hosttune", op, *args], stdin=stdin, timeout=timeout)
+            timeout: float = OP_TIMEOUT_S, root: str | None = None) -> CommandResult:
+    return transport.change(hostops_argv(op, *args, root=root), stdin=stdin, timeout=timeout)
 
 
 def write_file(transport: Transport, path: str, content: bytes, mode: int, *, backup: str = "",
-               expected: str = "") -> CommandResult:
+               expected: str = "", root: str | None = None) -> CommandResult:
     """Atomically make path hold content (temp file + rename beside it), backing up what was there.
 
     expected: the sha256 (or "absent") the file must still have, else nothing is written.
     """
     digest = hashlib.sha256(content).hexdigest()
-    return hostops(transport, "write", path, f"{mode:04o}", digest, backup, expected, stdin=content)
+    return hostops(transport, "write", path, f"{mode:04o}", digest, backup, expected, stdin=content, root=root)
 
 
 def kernel_write(transport: Transport, paths: tuple[str, ...], value: str) -> CommandResult:
@@ -41,7 +47,7 @@ def read_journals(transport: Transport, runs_dir: str, root: str = "") -> dict[s
     """{file name: JSON text} of every journal in runs_dir (under the image root, when one is given).
 
     A root that is not there or a folder that cannot be read raises: that is not "no runs"."""
-    argv = ["sh", "-c", hostops_script(), "hosttune", "journals", runs_dir, *([root] if root else [])]
+    argv = hostops_argv("journals", runs_dir, *([root] if root else []), root=root)
     result = transport.read(argv, timeout=OP_TIMEOUT_S)
     if not result.ok:
         raise HosttuneError(result.stderr.strip().removeprefix("hosttune: ") or f"cannot read {runs_dir}")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.execute.journal import RUNS_DIR, Journal, journal_path, now
-from hosttune.execute.remote import hostops, read_journals, write_file
+from hosttune.execute.remote import hostops, hostops_argv, read_journals, write_file
 from hosttune.execute.undo import Undo, not_reversed, touched, undo_list
 from hosttune.config.inventory import Host
 from hosttune.fleet_runner import Outcome
@@ -82,7 +82,7 @@ def _is_due(transport: Transport, undo: Undo, root: str | None) -> bool:
     """Whether the undo has anything to do: read-only."""
     if undo.unless_sha:
         path, sha = undo.unless_sha
-        current = transport.read(["sha256sum", "--", rooted(root, path)])
+        current = transport.read(hostops_argv("sha", rooted(root, path), root=root))
         return current.ok and current.stdout.split()[:1] != [sha]
     if undo.hostop:
         return True
@@ -104,7 +104,7 @@ def _run_undo(transport: Transport, undo: Undo, root: str | None):
     if undo.hostop:
         op, *paths = undo.hostop
         args = [rooted(root, p) if p.startswith("/") else p for p in paths]
-        return hostops(transport, op, *args)
+        return hostops(transport, op, *args, root=root)
     if not _is_due(transport, undo, root):
         return None
     argv = undo.argv
@@ -138,7 +138,7 @@ def rollback_journal(transport: Transport, host: Host, journal: Journal, root: s
     # A failed rollback leaves the run live: what it could not undo is still on the host, and every undo is safe
     # to run again, so the next rollback takes this run again.
     marked = replace(journal, rolled_back=None if errors else now(), rollback_status=status.value)
-    written = write_file(transport, rooted(root, journal_path(journal.run)), marked.to_json(), 0o600)
+    written = write_file(transport, rooted(root, journal_path(journal.run)), marked.to_json(), 0o600, root=root)
     if not written.ok and not errors:  # else the run stays live and the next rollback takes it again, as it should
         status = Outcome.FAILED
         errors.append(f"rolled back, but the journal {journal_path(journal.run)} could not be marked so "

@@ -81,7 +81,8 @@ class Executor:
     # -- journal ---------------------------------------------------------------------
 
     def save(self) -> None:
-        result = write_file(self.transport, rooted(self.root, journal_path(self.run_id)), self.journal.to_json(), 0o600)
+        result = write_file(self.transport, rooted(self.root, journal_path(self.run_id)), self.journal.to_json(), 0o600,
+                            root=self.root)
         if not result.ok:
             raise JournalError(f"cannot write the journal {journal_path(self.run_id)}: {result.stderr.strip()}")
         self.num_saves += 1
@@ -116,7 +117,7 @@ class Executor:
     def run(self) -> HostRun:
         host = self.plan.host
         outcomes: list[StepOutcome] = []
-        made = hostops(self.transport, "runs-dir", rooted(self.root, RUNS_DIR))
+        made = hostops(self.transport, "runs-dir", rooted(self.root, RUNS_DIR), root=self.root)
         if not made.ok:
             raise JournalError(f"cannot create {RUNS_DIR}: {made.stderr.strip()}")
         self.save()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, Remove, Packages, Service, Step, Symlink
 from hosttune.errors import ProbeError
 from hosttune.probes.software import parse_packages
-from hosttune.transport.base import Transport, bundled_script
+from hosttune.transport.base import Transport, image_script
 
 @dataclass(frozen=True)
 class FileState:
@@ -62,7 +62,7 @@ def sha256(data: bytes) -> str:
 
 
 def state_script() -> str:
-    return bundled_script("hosttune.plan", "state.sh")
+    return image_script("hosttune.plan", "state.sh")
 
 
 def rooted(root: str | None, path: str) -> str:

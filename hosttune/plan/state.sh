@@ -8,24 +8,18 @@ root=$1; manager=$2; shift 2
 inroot() { if [ "$root" = / ]; then "$@"; else chroot "$root" "$@"; fi; }
 sysd() { if [ "$root" = / ]; then systemctl "$@"; else systemctl --root="$root" "$@"; fi; }
 
-# The file a path under the root names, through its links as the root resolves them: an absolute link in an image
-# names a file of the image, not of this machine.
-real() {
-    if [ "$root" = / ]; then readlink -f -- "$1"; return; fi
-    r=${root%/}; q=${1#"$r"}; hops=0
-    while [ -L "$r$q" ] && [ $hops -lt 40 ]; do
-        t=$(readlink -- "$r$q"); hops=$((hops + 1))
-        case $t in /*) q=$t ;; *) q=$(dirname -- "$q")/$t ;; esac
-    done
-    realpath -m -s -- "$r$q"
-}
+# The file a path under the root names, through its links as the root resolves them (in_root, sent in front of this
+# script): an absolute link in an image names a file of the image, not of this machine, and `..` stops at the root.
+real() { if [ "$root" = / ]; then readlink -f -- "$1"; else in_root "$root" "${1#"${root%/}"}" all; fi; }
 
 file() {
     p=$1
+    [ "$root" = / ] || p=$(in_root "$root" "${1#"${root%/}"}") || exit 1
     if [ -L "$p" ]; then
         printf 'link:%s\n' "$(readlink -- "$p")"
-        printf 'real:%s\n' "$(real "$p")"
-        [ "$root" = / ] || p=$(real "$p")
+        r=$(real "$1") || exit 1
+        printf 'real:%s\n' "$r"
+        [ "$root" = / ] || p=$r
     fi
     if [ -f "$p" ]; then
         stat -L -c 'stat:file %a %u %g' -- "$p"
@@ -59,7 +53,7 @@ pkg() {
 
 held() {
     case $manager in
-    apt) inroot apt-mark -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= showhold | sed 's/^/held:/' ;;
+    apt) inroot apt-mark -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= showhold 2>/dev/null | sed 's/^/held:/' ;;
     dnf) grep -hs . "$root/etc/dnf/plugins/versionlock.list" | sed 's/^/lock:/' ;;
     esac
     return 0

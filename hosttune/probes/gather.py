@@ -11,7 +11,7 @@ from hosttune.quoting import quote
 from hosttune.probes.facts import Facts
 from hosttune.probes import engine_access, gpu, health, monitor_state, pci, serve_health, software, system
 from hosttune.probes.sections import Section, split
-from hosttune.transport.base import Transport, bundled_script
+from hosttune.transport.base import Transport, bundled_script, image_script
 
 PROBE_TIMEOUT_S = 60.0
 ACTIVE_EXTRA_S = 480.0  # DCGM's quick diagnostic, the all-reduce and their start-up, at most
@@ -36,7 +36,7 @@ def probe_script(active_s: int = 0) -> bytes:
     """
     lines = [f"{var}={quote(embedded(name))}" for var, name in _EMBEDDED]
     lines.append(f"HOSTTUNE_ACTIVE={active_s or ''}")
-    body = bundled_script("hosttune.probes", "script.sh")
+    body = image_script("hosttune.probes", "script.sh")
     return ("\n".join(lines) + "\n" + body).encode()
 
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from hosttune.errors import ProbeError
-from hosttune.transport.base import Transport, bundled_script
+from hosttune.transport.base import Transport, image_script
 
 KINDS = ("cmd", "mcmd", "venv", "dir", "space", "port", "pkg")
 
@@ -90,7 +90,7 @@ def read_needs(transport: Transport, requests: list[tuple[str, str]], *, root: s
     """Ask the host (read-only) every question, in one command."""
     if not requests:
         return HostNeeds()
-    script = bundled_script("hosttune.probes", "needs.sh")
+    script = image_script("hosttune.probes", "needs.sh")
     output = transport.read_script(script, root or "/", manager or "none", *(f"{k}:{v}" for k, v in requests),
                                    what="reading what the plan needs")
     return parse_needs(output, requests)

@@ -5,14 +5,15 @@
 export LC_ALL=C
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 root=$1; manager=$2; shift 2
-inside() { if [ "$root" = / ]; then printf '%s' "$1"; else printf '%s%s' "${root%/}" "$1"; fi; }
+# inside PATH [all]: where the root's PATH lies here, resolved inside the root (in_root, sent in front of this script).
+inside() { if [ "$root" = / ]; then printf '%s' "$1"; else in_root "$root" "$1" ${2:-}; fi; }
 # A command run inside the root, as apply runs the image's own programs (plan/state.sh does the same).
 inroot() { if [ "$root" = / ]; then "$@"; else chroot "$root" "$@"; fi; }
 
 # A program inside the root: the directories chroot's PATH searches.
 cmd() {
     for d in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin; do
-        if [ -x "$(inside "$d/$1")" ] && [ ! -d "$(inside "$d/$1")" ]; then printf 'found:%s\n' "$d/$1"; return 0; fi
+        if [ -x "$(inside "$d/$1" all)" ] && [ ! -d "$(inside "$d/$1" all)" ]; then printf 'found:%s\n' "$d/$1"; return 0; fi
     done
     return 0
 }
@@ -22,7 +23,7 @@ mcmd() { p=$(command -v -- "$1" 2>/dev/null) && printf 'found:%s\n' "$p"; return
 # Whether the program NAME (or /PATH) is there: on the host's PATH, or in the root where chroot's PATH finds it.
 has() {
     if [ "$root" = / ]; then command -v -- "$1" >/dev/null 2>&1; return; fi
-    case $1 in /*) [ -x "$(inside "$1")" ] && [ ! -d "$(inside "$1")" ] ;; *) [ -n "$(cmd "$1")" ] ;; esac
+    case $1 in /*) [ -x "$(inside "$1" all)" ] && [ ! -d "$(inside "$1" all)" ] ;; *) [ -n "$(cmd "$1")" ] ;; esac
 }
 
 # Whether PYTHON (the root's, under --root) makes virtualenvs.
@@ -35,20 +36,20 @@ venv() {
 # What stands where `mkdir -p` must make the directory PATH: its nearest existing path, when that is not a
 # directory (a file, a dangling link), as the root sees it.
 blocker() {
-    p=$(inside "$1")
+    p=$(inside "$1") || exit 1
     while [ ! -e "$p" ] && [ ! -L "$p" ]; do p=$(dirname -- "$p"); done
     [ -d "$p" ] || printf 'blocked:%s\n' "${p#"${root%/}"}"
 }
 
 dir() {
-    p=$(inside "$1")
+    p=$(inside "$1") || exit 1
     if [ -d "$p" ]; then printf 'kind:dir\n'; elif [ -e "$p" ] || [ -L "$p" ]; then printf 'kind:other\n'
     else printf 'kind:absent\n'; blocker "$(dirname -- "$1")"; fi
 }
 
 # The filesystem that will hold PATH: that of its nearest existing directory; and what is in the way of its directory.
 space() {
-    p=$(inside "$1")
+    p=$(inside "$1") || exit 1
     while [ ! -d "$p" ]; do p=$(dirname -- "$p"); done
     df -Pk -- "$p" 2>/dev/null | awk 'NR == 2 {print "free-kb:" $4 " " $6}'
     blocker "$(dirname -- "$1")"

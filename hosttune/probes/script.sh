@@ -8,42 +8,44 @@ HT_PY0=$(command -v python3 2>/dev/null); HT_GPU=  # the caller's python3 may be
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 sec() { n=$1; shift; printf '@@ht:%s\n' "$n"; "$@" 2>/dev/null; r=$?; printf '\n@@ht-end:%s:%s\n' "$n" "$r"; return $r; }
 
+# Where a path of the image lies on this machine, through its links as the image resolves them (in_root, sent in
+# front of this script: absolute targets inside ROOT, `..` never above it); on the running system, the path itself.
+# Nothing, and a failure, for a path whose links loop: a folder read through it must be skipped, never globbed as /.
+at() { if [ -n "$R" ]; then in_root "$R" "$1" all; else printf '%s\n' "$1"; fi; }
+# The same path as the image names it (/usr/local/cuda-12.4, not ROOT/usr/local/cuda-12.4).
+rresolve() { rr_p=$(in_root "$R" "$1" all) && printf '%s' "${rr_p#"$R"}"; }  # sec() keeps n: the names here are rr_*
 # grep -H of paths inside the image, printed as the image sees them (/etc/x, not ROOT/etc/x).
-rgrep() { pat=$1; shift; (cd "$R/" && for f in "$@"; do grep -sH -- "$pat" ".$f"; done) | sed 's/^\.//'; }
-# A path resolved through symbolic links the way the image will resolve it (absolute targets inside ROOT).
-rresolve() {  # sec() keeps the section's name in n: the names here are rr_*
-  rr_p=$1 rr_n=0
-  while [ -L "$R$rr_p" ] && [ $rr_n -lt 40 ]; do
-    rr_t=$(readlink -- "$R$rr_p"); rr_n=$((rr_n + 1))
-    case $rr_t in /*) rr_p=$rr_t ;; *) rr_p=$(dirname -- "$rr_p")/$rr_t ;; esac
-  done
-  printf '%s' "$rr_p"
+rgrep() {
+  rg_pat=$1; shift
+  for rg_f in "$@"; do grep -s -- "$rg_pat" "$(at "$rg_f")" | while IFS= read -r rg_l; do printf '%s:%s\n' "$rg_f" "$rg_l"; done; done
 }
 inroot() { chroot "$R" "$@"; }
 # has NAME PATH: the tool is on this host's PATH, or (for an image) at PATH inside it.
-has() { if [ -n "$R" ]; then [ -x "$R$2" ]; else command -v "$1" >/dev/null; fi; }
+has() { if [ -n "$R" ]; then [ -x "$(at "$2")" ]; else command -v "$1" >/dev/null; fi; }
 
 image_meta() {
   printf 'image:%s\n' "$R"
   rgrep '' /etc/os-release /etc/hostname
-  [ -e "$R/etc/os-release" ] || rgrep '' /usr/lib/os-release | sed 's|^/usr/lib/os-release|/etc/os-release|'
+  [ -e "$(at /etc/os-release)" ] || rgrep '' /usr/lib/os-release | sed 's|^/usr/lib/os-release|/etc/os-release|'
   printf 'init:%s\n' "$(basename -- "$(rresolve /sbin/init)")"
-  printf 'kernel-image:%s\n' "$(ls "$R/lib/modules" 2>/dev/null | sort -V | tail -n 1)"
+  printf 'kernel-image:%s\n' "$(ls "$(at /lib/modules)" 2>/dev/null | sort -V | tail -n 1)"
   printf 'uid:%s\n' "$(id -u)"
 }
 
 image_system() {
   rgrep '^[[:space:]]*THP_MODE=' /etc/default/hosttune-thp
   for d in /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib/aarch64-linux-gnu; do
-    for f in "$R$d"/libnvidia-ml.so.*; do [ -e "$f" ] && printf 'nvml-lib:%s\n' "${f#"$R"}"; done
+    dd=$(at "$d") || continue
+    for f in "$dd"/libnvidia-ml.so.*; do [ -e "$f" ] && printf 'nvml-lib:%s\n' "$d/${f##*/}"; done
   done
   return 0
 }
 
 image_cuda() {
-  { [ -e "$R/usr/local/cuda" ] || [ -L "$R/usr/local/cuda" ]; } && printf 'symlink:%s\n' "$(rresolve /usr/local/cuda)"
-  for t in "$R"/usr/local/cuda-*; do [ -d "$t" ] && printf 'toolkit:%s\n' "${t#"$R"}"; done
-  [ -x "$R/usr/local/cuda/bin/nvcc" ] && printf 'symlink-nvcc:%s\n' "$(inroot /usr/local/cuda/bin/nvcc --version | tail -n 2 | tr '\n' ' ')"
+  c=$(in_root "$R" /usr/local/cuda) || return 1
+  { [ -e "$c" ] || [ -L "$c" ]; } && printf 'symlink:%s\n' "$(rresolve /usr/local/cuda)"
+  if d=$(at /usr/local); then for t in "$d"/cuda-*; do [ -d "$t" ] && printf 'toolkit:/usr/local/%s\n' "${t##*/}"; done; fi
+  [ -x "$(at /usr/local/cuda/bin/nvcc)" ] && printf 'symlink-nvcc:%s\n' "$(inroot /usr/local/cuda/bin/nvcc --version | tail -n 2 | tr '\n' ' ')"
   inroot env -i HOME=/root PATH=/usr/bin:/bin TERM=dumb sh -lc \
     'printf "path:%s\nld:%s\nnvcc:%s\n" "$PATH" "$LD_LIBRARY_PATH" "$(command -v nvcc)"; nvcc --version 2>/dev/null | tail -n 2 | sed "s/^/nvcc-version:/"' < /dev/null
   return 0
@@ -59,11 +61,14 @@ image_services() {
 }
 
 image_tools() {
-  for t in /usr/bin/numactl /bin/numactl /usr/local/bin/numactl; do [ -x "$R$t" ] && { printf 'numactl:%s\n' "$t"; break; }; done
+  for t in /usr/bin/numactl /bin/numactl /usr/local/bin/numactl; do [ -x "$(at "$t")" ] && { printf 'numactl:%s\n' "$t"; break; }; done
   printf 'python3:%s\n' "$(inroot python3 --version 2>&1)"
-  for p in "$R"/usr/bin/python3.* "$R"/usr/local/bin/python3.*; do
-    case $p in *-config|*m) continue ;; esac
-    [ -x "$p" ] && printf 'python:%s\n' "${p##*/}"
+  for d in /usr/bin /usr/local/bin; do
+    d=$(at "$d") || continue
+    for p in "$d"/python3.*; do
+      case $p in *-config|*m) continue ;; esac
+      [ -x "$p" ] && printf 'python:%s\n' "${p##*/}"
+    done
   done
   return 0
 }
@@ -74,20 +79,21 @@ meta() {
 }
 
 bootloader() {
-  if [ -r "$R/etc/default/grub" ]; then
-    ( . "$R/etc/default/grub"
-      for f in "$R"/etc/default/grub.d/*.cfg; do [ -r "$f" ] && . "$f"; done
+  g=$(at /etc/default/grub.d) || g=/nonexistent/grub.d  # a folder whose links loop holds no drop-in
+  if [ -r "$(at /etc/default/grub)" ]; then
+    ( . "$(at /etc/default/grub)"
+      for f in "$g"/*.cfg; do [ -r "$f" ] && . "$f"; done
       printf 'source:grub\nargs:%s %s\n' "$GRUB_CMDLINE_LINUX" "$GRUB_CMDLINE_LINUX_DEFAULT" )
     # drop-ins that set the default line anew (not appending to it): read after hosttune's, they drop its parameters
-    for f in "$R"/etc/default/grub.d/*.cfg; do
+    for f in "$g"/*.cfg; do
       grep -qs '^[[:space:]]*GRUB_CMDLINE_LINUX_DEFAULT=' "$f" || continue
-      grep -qs '^[[:space:]]*GRUB_CMDLINE_LINUX_DEFAULT=.*GRUB_CMDLINE_LINUX_DEFAULT' "$f" || printf 'resets:%s\n' "${f#"$R"}"
+      grep -qs '^[[:space:]]*GRUB_CMDLINE_LINUX_DEFAULT=.*GRUB_CMDLINE_LINUX_DEFAULT' "$f" || printf 'resets:/etc/default/grub.d/%s\n' "${f##*/}"
     done
   elif has grubby /usr/sbin/grubby; then
     printf 'source:grubby\n'
     if [ -n "$R" ]; then inroot grubby --info=DEFAULT; else grubby --info=DEFAULT; fi | sed -n 's/^args="\{0,1\}\([^"]*\)"\{0,1\}$/args:\1/p'
-  elif [ -r "$R/etc/kernel/cmdline" ]; then
-    printf 'source:/etc/kernel/cmdline\nargs:'; cat "$R/etc/kernel/cmdline"
+  elif [ -r "$(at /etc/kernel/cmdline)" ]; then
+    printf 'source:/etc/kernel/cmdline\nargs:'; cat "$(at /etc/kernel/cmdline)"
   fi
 }
 
@@ -116,7 +122,7 @@ cuda() {
 }
 
 packages() {
-  if [ -r "$R/var/lib/dpkg/status" ]; then
+  if [ -r "$(at /var/lib/dpkg/status)" ]; then
     printf 'manager:apt\n'
     # One awk pass over dpkg's database: stack packages with versions, and holds
     # (apt-mark hold sets the dpkg selection; apt-mark showhold would load the whole apt cache).
@@ -130,12 +136,12 @@ packages() {
       if (s ~ / installed$/ && p ~ /^(nvidia|libnvidia|cuda|libcuda|datacenter-gpu|libcublas|libcudnn|libnccl|irqbalance|numactl)/)
         printf "pkg:%s\t%s\t%s\n", p, v, (s ~ /^hold/ ? "hi" : "ii")
       if (s ~ /^hold/) print "held:" p
-    }' "$R/var/lib/dpkg/status"
+    }' "$(at /var/lib/dpkg/status)"
   elif has rpm /usr/bin/rpm; then
     printf 'manager:dnf\n'
     if [ -n "$R" ]; then inroot rpm -qa --qf "$HT_RPM_QF"; else rpm -qa --qf "$HT_RPM_QF"; fi \
       | grep -E '^pkg:(nvidia|libnvidia|cuda|libcuda|kmod-nvidia|datacenter-gpu|libcublas|libcudnn|libnccl|irqbalance|numactl)'
-    grep -hs . "$R/etc/dnf/plugins/versionlock.list" "$R/etc/yum/pluginconf.d/versionlock.list" | sed 's/^/lock:/'
+    grep -hs . "$(at /etc/dnf/plugins/versionlock.list)" "$(at /etc/yum/pluginconf.d/versionlock.list)" | sed 's/^/lock:/'
   fi
   return 0
 }
@@ -145,7 +151,8 @@ HT_UNITS="irqbalance nvidia-persistenced hosttune-irq-affinity hosttune-cpu-gove
 # The sha256 of each boot script hosttune's units run: the checks compare it with what apply would write now.
 boot_scripts() {
   for x in hosttune-irq-affinity hosttune-cpu-governor; do
-    [ -f "$R/usr/local/sbin/$x" ] && printf 'script:%s:%s\n' "$x" "$(sha256sum < "$R/usr/local/sbin/$x" | cut -d' ' -f1)"
+    f=$(at "/usr/local/sbin/$x") || continue
+    [ -f "$f" ] && printf 'script:%s:%s\n' "$x" "$(sha256sum < "$f" | cut -d' ' -f1)"
   done
   return 0
 }
@@ -173,11 +180,12 @@ system() {
 
 # Each file read through its links as the image resolves them (an absolute link names a file of the image, not of
 # this machine), printed under its own name.
+sc_one() { grep -s 'numa_balancing' -- "$(at "$1")" | while IFS= read -r line; do printf '%s:%s\n' "$1" "$line"; done; }
 sysctl_conf() {
-  for f in "$R"/etc/sysctl.conf "$R"/etc/sysctl.d/*.conf "$R"/run/sysctl.d/*.conf "$R"/usr/local/lib/sysctl.d/*.conf \
-           "$R"/usr/lib/sysctl.d/*.conf "$R"/lib/sysctl.d/*.conf; do
-    f=${f#"$R"}
-    grep -s 'numa_balancing' -- "$R$(rresolve "$f")" | while IFS= read -r line; do printf '%s:%s\n' "$f" "$line"; done
+  sc_one /etc/sysctl.conf
+  for d in /etc/sysctl.d /run/sysctl.d /usr/local/lib/sysctl.d /usr/lib/sysctl.d /lib/sysctl.d; do
+    dd=$(at "$d") || continue
+    for f in "$dd"/*.conf; do [ -e "$f" ] || [ -L "$f" ] && sc_one "$d/${f##*/}"; done
   done
   return 0
 }

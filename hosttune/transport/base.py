@@ -76,6 +76,11 @@ def bundled_script(package: str, name: str) -> str:
     return resources.files(package).joinpath(name).read_text(encoding="utf-8")
 
 
+def image_script(package: str, name: str) -> str:
+    """A bundled script with `in_root` in front: it resolves paths of an image (--root) inside the image."""
+    return bundled_script("hosttune.transport", "in_root.sh") + "\n" + bundled_script(package, name)
+
+
 def with_become(argv: Sequence[str], become: bool) -> tuple[str, ...]:
     """Prefix argv with non-interactive sudo when the host asks for privilege escalation."""
     return (*SUDO, *argv) if become else tuple(argv)

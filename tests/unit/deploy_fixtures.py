@@ -114,7 +114,7 @@ class ScriptedTransport(Transport):
         argv = tuple(argv)
         self.log.append((self.host_name, argv))
         out = ""
-        if argv[:2] == ("sh", "-c") and argv[2].startswith("# hosttune preconditions"):
+        if argv[:2] == ("sh", "-c") and "# hosttune preconditions" in argv[2]:
             out = needs_answers(argv[6:], self.needs)
         elif argv[:2] == ("sh", "-c") and argv[3:4] == ("hosttune",) and not argv[4].startswith(("write", "link", "remove")):
             out = self.state  # state.sh

@@ -29,7 +29,7 @@ def job_for(tmp_path, model_text=CONFIG, engine="vllm"):
 def sent(log) -> list[tuple]:
     """What changed the host: uploads, links, systemctl, commands; reads of state and needs aside."""
     reads = ("# hosttune preconditions", "# hosttune deploy")
-    return [a for _, a in log if not (a[:2] == ("sh", "-c") and a[2].startswith(reads)) and a[0] != "cat"
+    return [a for _, a in log if not (a[:2] == ("sh", "-c") and any(r in a[2] for r in reads)) and a[0] != "cat"
             and a[:2] != ("python3", "-c")]
 
 

@@ -1,0 +1,61 @@
+"""Links inside an image (`--root`) are resolved as the image resolves them: reads and writes stay inside it."""
+
+from __future__ import annotations
+
+import shutil
+
+from typer.testing import CliRunner
+
+from hosttune.cli import app
+from hosttune.probes.gather import gather
+from hosttune.transport.local import LocalTransport
+from test_image_probe import make_image, write
+
+
+def test_a_folder_linked_above_the_image_root_is_read_and_written_inside_the_image(tmp_path):
+    """/etc/sysctl.d -> ../../outside climbs, on this machine, out of the image into a folder of its own: the image's
+    `..` stops at its root, so its sysctl.d is ROOT/outside, and the machine's folder is neither read nor written."""
+    image, outside = tmp_path / "img", tmp_path / "outside"
+    make_image(image)
+    outside.mkdir()
+    (outside / "95-site.conf").write_text("kernel.numa_balancing = 1\n")
+    shutil.rmtree(image / "etc/sysctl.d")
+    (image / "etc/sysctl.d").symlink_to("../../outside")
+    facts = gather(LocalTransport(), root=str(image)).facts
+    assert facts.numa_balancing_source != "/etc/sysctl.d/95-site.conf"
+    result = CliRunner().invoke(app, ["apply", "--root", str(image), "--yes"])
+    assert "failed=0" in result.output, result.output
+    assert [p.name for p in outside.iterdir()] == ["95-site.conf"]
+    assert (image / "outside/90-hosttune.conf").read_text().strip().endswith("kernel.numa_balancing = 0")
+
+
+def test_an_absolute_link_names_the_images_folder_of_that_path_for_apply_and_rollback(tmp_path):
+    """/etc/default -> HOST (an absolute path that exists on this machine too) is ROOT/HOST in the image: its grub is
+    the one read, its grub.d gets the drop-in, and rollback takes it out there; the machine's folder stays as it was."""
+    image, host = tmp_path / "img", tmp_path / "host/default"
+    make_image(image)
+    write(host, "/grub", 'GRUB_CMDLINE_LINUX="from-the-build-machine"\n')
+    inside = image / str(host).lstrip("/")
+    inside.parent.mkdir(parents=True)
+    (image / "etc/default").rename(inside)
+    (image / "etc/default").symlink_to(host)
+    assert gather(LocalTransport(), root=str(image)).facts.cmdline_configured == ("console=ttyS0", "quiet")
+    applied = CliRunner().invoke(app, ["apply", "--root", str(image), "--yes"])
+    assert "failed=0" in applied.output, applied.output
+    assert "intel_idle.max_cstate=1" in (inside / "grub.d/90-hosttune.cfg").read_text()
+    assert [p.name for p in host.iterdir()] == ["grub"]
+    rolled = CliRunner().invoke(app, ["rollback", "--root", str(image), "--yes"])
+    assert rolled.exit_code == 0 and not (inside / "grub.d/90-hosttune.cfg").exists(), rolled.output
+    assert [p.name for p in host.iterdir()] == ["grub"]
+
+
+def test_a_folder_whose_link_loops_inside_the_image_is_refused_in_one_line_naming_the_path(tmp_path):
+    """/etc -> /etc is the build machine's /etc when followed here, and a loop inside the image."""
+    make_image(tmp_path / "img")
+    image = tmp_path / "img"
+    shutil.rmtree(image / "etc")
+    (image / "etc").symlink_to("/etc")
+    result = CliRunner().invoke(app, ["apply", "--root", str(image), "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert f"reading the current state failed (1): --root {image}: /etc/" in result.output, result.output
+    assert "goes through more than 40 links inside the image\n" in result.output
