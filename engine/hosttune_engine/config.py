@@ -124,16 +124,19 @@ def runs_triton(backend: str, on_cuda: bool) -> bool:
 
 
 def surely_cpu(device: str) -> bool:
-    """Whether `device` runs on the CPU, known before torch is imported: 'cpu', or 'auto' on a Linux machine where no
-    CUDA driver loads (torch reaches every GPU through libcuda.so.1). With a driver, whether torch sees a GPU is
-    torch's to say."""
+    """Whether `device` runs on the CPU, known before torch is imported: 'cpu', or 'auto' on a Linux machine whose
+    CUDA driver gives torch no GPU: none loads (torch reaches every GPU through libcuda.so.1), it fails to
+    initialize, or it counts no device (none present, or none in CUDA_VISIBLE_DEVICES). Otherwise whether torch
+    sees a GPU is torch's to say."""
     if device != "auto" or not sys.platform.startswith("linux"):
         return device == "cpu"
     try:
-        ctypes.CDLL("libcuda.so.1")  # loaded only: CUDA is not initialized, so forked ranks can still use it
+        driver = ctypes.CDLL("libcuda.so.1")
     except OSError:
         return True
-    return False
+    # the driver's first call, as torch's would be; tensor-parallel ranks are processes started afresh, not forks
+    count = ctypes.c_int(0)
+    return driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1
 
 
 def check_block_size(block_size: int) -> None:

@@ -156,7 +156,7 @@ def test_model_that_cannot_load_exits_1(tiny_qwen2, tmp_path):
     assert "Traceback" not in server.log()  # the error says what to fix; no stack for bad input
 
 
-# where no CUDA driver loads, --device auto is the CPU before torch says so
+# where the CUDA driver gives no GPU (or none loads), --device auto is the CPU before torch says so
 NO_CUDA_DRIVER = pytest.mark.skipif(not surely_cpu("auto"), reason="a CUDA driver loads: auto may be a GPU")
 
 
@@ -194,6 +194,41 @@ def test_a_model_folder_that_cannot_serve_is_one_line_exit_2(tiny_qwen2, tmp_pat
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and len(err.splitlines()) == 1 and message in err, err
     assert err.startswith("hosttune-engine: error: ")
+
+
+class _DriverWithoutGpus:
+    """libcuda.so.1 on a host whose driver gives torch no GPU: cuInit fails (100: no device), or it counts none."""
+
+    def __init__(self, init_rc: int, count: int):
+        self.init_rc, self.count = init_rc, count
+
+    def cuInit(self, flags):
+        return self.init_rc
+
+    def cuDeviceGetCount(self, count_ref):
+        count_ref._obj.value = self.count
+        return 0
+
+
+@pytest.mark.parametrize("init_rc, count", [(100, 0), (0, 0)])
+def test_auto_on_a_driver_without_a_usable_gpu_refuses_a_too_small_cpu_kv_cache_before_the_socket(
+        tiny_qwen2, capsys, monkeypatch, init_rc, count):
+    """--device auto runs on the CPU where the driver loads but gives no GPU (none present or visible): its CPU KV
+    cache is checked before the socket opens, not after the model loads behind a 503."""
+    from hosttune_engine import config
+    from hosttune_engine.server import serve
+    from hosttune_engine.server.cli import main
+
+    def opened(*args):
+        raise AssertionError("the socket opened before the refusal")
+
+    monkeypatch.setattr(config.ctypes, "CDLL", lambda name: _DriverWithoutGpus(init_rc, count))
+    monkeypatch.setattr(serve, "Server", opened)
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", str(tiny_qwen2), "--max-model-len", "1024", "--cpu-kv-cache-gib", "0.00001"])
+    assert exit_.value.code == 2 and capsys.readouterr().err == (
+        "hosttune-engine: error: the KV cache fits 16 tokens, fewer than max_model_len=1024; raise cpu_kv_cache_gib "
+        "or lower max_model_len\n")
 
 
 def test_missing_model_folder_is_one_line_exit_2(tmp_path):
