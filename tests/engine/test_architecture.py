@@ -10,6 +10,7 @@ PKG = Path(__file__).resolve().parents[2] / "engine" / "hosttune_engine"
 # of each other. `__init__` is the package itself (it hands out `Engine` and `LLM`).
 LAYERS = Layering(PKG, (
     ("errors",),                              # the typed errors every layer raises
+    ("stop_automaton",),                      # Aho-Corasick over stop strings: a state a new character
     ("stop_strings",),                        # a request's stop strings, indexed (what sampling holds)
     ("config", "sampling", "host_copy"),      # engine and request settings; device-to-host copies
     ("kernels",),                             # Triton kernels beside their torch references, tuned configs

@@ -47,7 +47,7 @@ def test_stop_string_kept_when_asked():
 def test_held_back_text_is_released_at_the_end():
     pieces, stop, _ = feed("abcST", SamplingParams(stop=["STOP"]))
     assert stop is None and "".join(pieces) == "abcST"
-    assert pieces == ["", "", "", "a", "bcST"]  # "bcS" could have begun "STOP" until the end
+    assert pieces == ["a", "b", "c", "", "ST"]  # only "S", then "ST", could have begun "STOP"
 
 
 def test_cut_character_at_the_end_is_flushed():

@@ -12,8 +12,9 @@ class IncrementalDetokenizer:
 
     Text is taken as the difference between decoding a window with and without
     the new tokens, and only once it no longer ends in an incomplete UTF-8
-    sequence. While stop strings are set, the last `max_stop_len - 1` characters
-    are held back, because they could still become the start of a stop string.
+    sequence. Stop strings are matched by the request's automaton, one state a
+    character; the characters that could still begin a stop string (as many as
+    the state's depth) are held back.
     """
 
     def __init__(self, tokenizer, prompt_token_ids, params: SamplingParams):
@@ -25,6 +26,7 @@ class IncrementalDetokenizer:
         self.text = ""
         self.num_emitted = 0
         self.stopped = False  # a stop string cut the text: nothing more is added
+        self.stop_state = 0  # the stop strings' automaton after the text so far
 
     def add_token(self, token_id: int) -> str | None:
         """Append a token; return the stop string it completed, if any (the text is cut there)."""
@@ -43,12 +45,13 @@ class IncrementalDetokenizer:
         if not self.params.stop:
             return None
         # a match ending before the new characters would have been found when they came
-        match = self.params.stop.earliest_match(self.text, num_new_chars)
-        if match is None:
+        self.stop_state, index, length = self.params.stop.automaton.scan(
+            self.stop_state, self.text, len(self.text) - num_new_chars)
+        if not length:
             return None
-        index, stop = match
+        stop = self.text[index : index + length]
         self.stopped = True
-        self.text = self.text[: index + (len(stop) if self.params.include_stop_str_in_output else 0)]
+        self.text = self.text[: index + (length if self.params.include_stop_str_in_output else 0)]
         return stop
 
     def _flush(self) -> None:
@@ -67,7 +70,7 @@ class IncrementalDetokenizer:
             self._flush()
         end = len(self.text)
         if not finished and self.params.stop:
-            end -= self.params.max_stop_len - 1
+            end -= self.params.stop.automaton.held(self.stop_state)
         if end <= self.num_emitted:
             return ""
         new, self.num_emitted = self.text[self.num_emitted : end], end
