@@ -11,8 +11,8 @@ from hosttune_engine.server.schemas.completion import Prompt
 
 OFFLOAD_CHARS = 20_000  # longer texts are tokenized off the event loop, so 429s stay fast meanwhile
 OFFLOAD_MESSAGES = 64  # chats with more messages (or OFFLOAD_CHARS of content) are rendered off the event loop
-# a text of more characters than this many per token of the context is first counted a piece at a time, so one far
-# over it is refused without tokenizing it all; few texts that fit average as many
+# a text of more characters than this many per token of the context is first bounded from its bytes, or counted a
+# piece at a time, so one far over it is refused without tokenizing it all; few texts that fit average as many
 EARLY_COUNT_CHARS_PER_TOKEN = 8
 
 

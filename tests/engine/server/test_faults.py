@@ -86,7 +86,7 @@ CHAT_BAD_INPUTS = [
     ("chat messages longer than context", {"messages": [{"role": "user", "content": "hello " * 3000}]},
      "Please reduce the length of the input messages"),
     ("chat far over the context", {"messages": [{"role": "user", "content": "hello"}] * 5000},
-     "However, your request has at least"),  # counted a piece at a time, refused before it is all tokenized
+     "However, your request has at least"),  # bounded from its bytes, refused before it is all tokenized
     ("top_logprobs without logprobs", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
      "top_logprobs needs logprobs"),
     ("tools", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
