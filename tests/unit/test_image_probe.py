@@ -116,6 +116,19 @@ def test_apply_dry_run_under_a_missing_root_plans_nothing_and_exits_2(tmp_path):
     assert "0 changes" in result.stdout and not (tmp_path / "typo").exists()
 
 
+@pytest.mark.parametrize("content", [(), ("boot/grub",)], ids=["empty", "a boot partition"])
+def test_apply_on_a_folder_that_is_no_os_root_refuses_in_one_line_and_plans_nothing(tmp_path, content):
+    """An image that failed to mount leaves an empty mount point: apply planned its files into it."""
+    for folder in content:
+        (tmp_path / "img" / folder).mkdir(parents=True)
+    (tmp_path / "img").mkdir(exist_ok=True)
+    result = CliRunner().invoke(app, ["apply", "--dry-run", "--root", str(tmp_path / "img")])
+    assert result.exit_code == 2, result.output
+    assert (f"  localhost: probe script exited 3: --root {tmp_path / 'img'}: does not look like an OS root (no etc "
+            "folder); give the folder the image's root is mounted at") in result.output.splitlines(), result.output
+    assert "0 changes" in result.output and [p.name for p in (tmp_path / "img").iterdir()] == list(content[:1] and ["boot"])
+
+
 def test_a_probe_past_its_time_says_so_and_what_to_do():
     with pytest.raises(CommandTimeout, match=r"^localhost: the probe did not finish within 0.01s: a command on the host "
                                              r"may hang \(nvidia-smi, a stale mount\), or raise the inventory's "
