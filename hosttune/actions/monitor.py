@@ -113,6 +113,14 @@ def unit_ops(profile: Profile) -> tuple[Op, ...]:
     )
 
 
+def not_in_image(facts: Facts, profile: Profile) -> str | None:
+    """With the monitor on, what an image's plan says it leaves out: the monitor runs on the host booted from it."""
+    if not (facts.image and profile.monitor.enabled):
+        return None
+    return ("monitor.installed: not baked into the image: `hosttune apply` installs the monitor (its virtualenv, "
+            "profile and timers) on each host once it runs from the image")
+
+
 def monitor(facts: Facts, profile: Profile, host: Host) -> list[Step]:
     if profile.monitor.wheels is None:
         return [blocked("monitor.installed", "monitor.wheels is not set: a folder of the hosttune wheel and its "

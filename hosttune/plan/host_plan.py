@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from hosttune.actions import steps_for
 from hosttune.actions.base import Step
+from hosttune.actions.monitor import not_in_image
 from hosttune.actions.platform import select
 from hosttune.checks import run_checks
 from hosttune.errors import HosttuneError, TransportError
@@ -57,6 +58,7 @@ class HostPlan:
     state: State = field(default_factory=State, hash=False)
     root: str | None = None
     preconditions: tuple[str, ...] = ()  # what was checked on the host before anything is sent, and how it holds
+    not_done: tuple[str, ...] = ()  # what the profile asks that this run leaves to another (an image: the monitor)
 
     @property
     def is_image(self) -> bool:
@@ -110,7 +112,8 @@ def build_plan(host: Host, profile: Profile, facts: Facts, findings: list[Findin
     blocked += _left_drifting(held, findings, kept + blocked + left_out)
     pending = () if options.is_offline else tuple(f.check_id for f in findings if f.status is Status.PENDING_REBOOT)
     return HostPlan(host, profile.name, True, _not_root(facts, kept, options), tuple(findings), tuple(kept), tuple(blocked),
-                    tuple(left_out), pending, _diffs(kept, state), state, options.root)
+                    tuple(left_out), pending, _diffs(kept, state), state, options.root,
+                    not_done=tuple(n for n in (not_in_image(facts, profile),) if n))
 
 
 def _not_root(facts: Facts, steps: list[Step], options: PlanOptions) -> str | None:

@@ -45,6 +45,7 @@ def render_host(plan: HostPlan) -> list[str]:
         lines.append(f"  - {', '.join(step.fixes)}: not fixed by apply: {step.blocked}")
     for step in plan.left_out:
         lines.append(f"  - {', '.join(step.fixes)}: {step.summary} (left out; pass --{step.opt_in})")
+    lines += [f"  - {line}" for line in plan.not_done]
     if plan.pending_reboot:
         lines.append(f"  - pending reboot (configured, not active yet): {', '.join(plan.pending_reboot)}")
     return lines
@@ -84,4 +85,5 @@ def plan_dict(plan: HostPlan) -> dict:
         "steps": [step_dict(s) for s in plan.steps], "blocked": [step_dict(s) for s in plan.blocked],
         "left_out": [step_dict(s) for s in plan.left_out], "pending_reboot": list(plan.pending_reboot),
         "needs_reboot": plan.needs_reboot, "diffs": plan.diffs, "preconditions": list(plan.preconditions),
+        "not_done": list(plan.not_done),
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -256,3 +257,24 @@ def test_an_image_that_does_not_boot_systemd_is_named_for_its_init_not_the_build
     assert "PID 1" not in text, text
     assert ("  - mm.thp: not fixed by apply: not persisted: the image's /sbin/init is init, not systemd; add "
             "transparent_hugepage=madvise to the kernel command line") in text.splitlines(), text
+
+
+def test_an_image_plan_says_the_monitor_is_left_to_the_host_booted_from_it(tmp_path):
+    """The monitor's timers run on a booted host, and apply installs them there: with the monitor on, an image's plan
+    said nothing of it, as if the image would come up monitored."""
+    from hosttune import __version__
+
+    make_image(tmp_path / "img")
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / f"hosttune-{__version__}-py3-none-any.whl").write_bytes(b"")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  localhost:\n    transport: local\n    profile: inference-latency-monitored\n"
+                   f"    tune:\n      monitor: {{wheels: {tmp_path / 'wheels'}}}\n")
+    line = ("  - monitor.installed: not baked into the image: `hosttune apply` installs the monitor (its virtualenv, "
+            "profile and timers) on each host once it runs from the image")
+    args = ["apply", "-i", str(inv), "--root", str(tmp_path / "img"), "--dry-run"]
+    assert line in CliRunner().invoke(app, args).output.splitlines()
+    (host,) = json.loads(CliRunner().invoke(app, [*args, "--format", "json"]).stdout)["hosts"]
+    assert host["plan"]["not_done"] == [line[4:]]
+    unmonitored = CliRunner().invoke(app, ["apply", "--root", str(tmp_path / "img"), "--dry-run"]).output
+    assert "monitor" not in unmonitored, unmonitored
