@@ -1,4 +1,4 @@
-"""A plain text far over the context, with no special token to cut it at, is refused from its UTF-8 length: the
+"""A plain text far over the context, with no special token to cut it at, is refused from its bytes: the
 real SmolLM2 tokenizer (byte-level BPE), never asked to tokenize it."""
 
 import asyncio
@@ -27,7 +27,7 @@ def test_a_text_megabytes_over_the_context_is_refused_untokenized(tok, monkeypat
         asyncio.run(PromptBuilder(tok, 8192, tok.vocab_size).encode(text, within_context=True))
     head = "This model's maximum context length is 8192 tokens. However, your request has at least "
     assert err.value.status == 400 and err.value.param == "prompt" and err.value.message.startswith(head)
-    assert int(err.value.message[len(head):].split()[0]) == -(-len(text) // 81)  # 81 bytes: its longest token
+    assert len(text) // 30 < int(err.value.message[len(head):].split()[0]) < 500_000  # letters weigh 1/25 each
     assert asked == []
 
 
@@ -42,6 +42,11 @@ def test_a_text_megabytes_over_the_context_is_refused_untokenized(tok, monkeypat
 ])
 def test_the_bound_is_never_above_the_count(tok, text):
     assert tok._byte_bound.fewest_tokens(text) <= len(tok.encode(text, add_special_tokens=False))
+
+
+def test_a_byte_weighs_one_over_the_longest_token_that_holds_it(tok):
+    assert tok._byte_bound.fewest_tokens("#" * 4000) == 50 <= len(tok.encode("#" * 4000))  # 80 #s, one token
+    assert tok._byte_bound.fewest_tokens("e" * 2500) == 100  # "ManagementPlaneProtection", 25 characters
 
 
 def test_no_bound_where_a_normalizer_may_drop_characters():
