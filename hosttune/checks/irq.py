@@ -21,7 +21,7 @@ def irqbalance(facts: Facts, profile: Profile) -> Verdict:
     installed = running or (enabled not in (None, "not-found", ""))
     active = "running" if running else "stopped"
     if not installed and not want_on:
-        return Verdict(Status.OK, desired, "not installed", active)
+        return Verdict(Status.OK, desired, "not installed", "-" if facts.image else active)
     configured = None if enabled is None else ("enabled" if enabled in ("enabled", "static", "alias") else "disabled")
     want_conf, want_active = ("enabled", "running") if want_on else ("disabled", "stopped")
     if facts.image:  # runs nothing: judged on what starts at its first boot

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+from dataclasses import replace
 
 import pytest
 from typer.testing import CliRunner
@@ -278,3 +279,19 @@ def test_an_image_plan_says_the_monitor_is_left_to_the_host_booted_from_it(tmp_p
     assert host["plan"]["not_done"] == [line[4:]]
     unmonitored = CliRunner().invoke(app, ["apply", "--root", str(tmp_path / "img"), "--dry-run"]).output
     assert "monitor" not in unmonitored, unmonitored
+
+
+def test_an_image_is_not_judged_on_a_gpu_count_it_cannot_show(tmp_path):
+    """No PCI bus is read for an image: with the profile expecting 8 GPUs, gpu.count said "PCI shows 0" and the plan
+    told the image's builder to reseat or replace a GPU, its exit code 1. Nor is irqbalance said to be stopped."""
+    make_image(tmp_path / "img")
+    facts = gather(LocalTransport(), root=str(tmp_path / "img")).facts
+    profile = load_profile("inference-latency")
+    profile = replace(profile, health=replace(profile.health, gpu_count=8))
+    found = {f.check_id: f for f in run_checks(facts, profile)}
+    assert found["gpu.count"].status is Status.NOT_APPLICABLE and found["gpu.count"].detail.startswith("an image: ")
+    assert (found["irq.irqbalance"].configured, found["irq.irqbalance"].active) == ("not installed", "-")
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("hosts:\n  localhost:\n    transport: local\n    tune:\n      health: {gpu_count: 8}\n")
+    planned = CliRunner().invoke(app, ["apply", "-i", str(inv), "--root", str(tmp_path / "img"), "--dry-run"]).output
+    assert "gpu.count" not in planned, planned
