@@ -130,9 +130,10 @@ case $op in
     write) p=$(at "$1") && bk=$(at "$4") || exit 1; shift; set -- "$p" "$1" "$2" "$bk" "$4" ;;
     restore|keep|move) p=$(at "$1") && q=$(at "$2") || exit 1; shift 2; set -- "$p" "$q" "$@" ;;
     link) p=$(at "$1") && bk=$(at "$3") || exit 1; set -- "$p" "$2" "$bk" ;;
-    remove|mkdirs|runs-dir|journals) p=$(at "$1") || exit 1; shift; set -- "$p" "$@" ;;
-    sha) p=$(at "$1" all) || exit 1; set -- "$p" ;;
-    rmdirs) for d in "$@"; do q=$(at "$d") || exit 1; set -- "$@" "$q"; shift; done ;;
+    remove) p=$(at "$1") || exit 1; set -- "$p" ;;
+    # folders and reads: through a last link too, so a folder linked elsewhere in the image is that one
+    mkdirs|runs-dir|journals|sha) p=$(at "$1" all) || exit 1; shift; set -- "$p" "$@" ;;
+    rmdirs) for d in "$@"; do q=$(at "$d" all) || exit 1; set -- "$@" "$q"; shift; done ;;
 esac
 
 case $op in

@@ -5,15 +5,16 @@
 export LC_ALL=C
 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 root=$1; manager=$2; shift 2
-# inside PATH [all]: where the root's PATH lies here, resolved inside the root (in_root, sent in front of this script).
-inside() { if [ "$root" = / ]; then printf '%s' "$1"; else in_root "$root" "$1" ${2:-}; fi; }
+# inside PATH: where the root's PATH lies here, through its links as the root resolves them (in_root, sent in front
+# of this script), so every test below is of the root's own file.
+inside() { if [ "$root" = / ]; then printf '%s' "$1"; else in_root "$root" "$1" all; fi; }
 # A command run inside the root, as apply runs the image's own programs (plan/state.sh does the same).
 inroot() { if [ "$root" = / ]; then "$@"; else chroot "$root" "$@"; fi; }
 
 # A program inside the root: the directories chroot's PATH searches.
 cmd() {
     for d in /usr/local/sbin /usr/local/bin /usr/sbin /usr/bin /sbin /bin; do
-        if [ -x "$(inside "$d/$1" all)" ] && [ ! -d "$(inside "$d/$1" all)" ]; then printf 'found:%s\n' "$d/$1"; return 0; fi
+        if [ -x "$(inside "$d/$1")" ] && [ ! -d "$(inside "$d/$1")" ]; then printf 'found:%s\n' "$d/$1"; return 0; fi
     done
     return 0
 }
@@ -23,7 +24,7 @@ mcmd() { p=$(command -v -- "$1" 2>/dev/null) && printf 'found:%s\n' "$p"; return
 # Whether the program NAME (or /PATH) is there: on the host's PATH, or in the root where chroot's PATH finds it.
 has() {
     if [ "$root" = / ]; then command -v -- "$1" >/dev/null 2>&1; return; fi
-    case $1 in /*) [ -x "$(inside "$1" all)" ] && [ ! -d "$(inside "$1" all)" ] ;; *) [ -n "$(cmd "$1")" ] ;; esac
+    case $1 in /*) [ -x "$(inside "$1")" ] && [ ! -d "$(inside "$1")" ] ;; *) [ -n "$(cmd "$1")" ] ;; esac
 }
 
 # Whether PYTHON (the root's, under --root) makes virtualenvs.

@@ -62,3 +62,20 @@ def test_a_folder_whose_link_loops_inside_the_image_is_refused_in_one_line_namin
     assert result.exit_code == 2, result.output
     (line,) = [line for line in result.output.splitlines() if "goes through more than 40 links" in line]
     assert f": --root {image}: /{folder}" in line and line.endswith(" goes through more than 40 links inside the image")
+
+
+def test_a_runs_folder_linked_to_an_absolute_path_is_the_images_folder_of_that_path(tmp_path):
+    """The journal folder itself a link (to a folder that this machine has too): made private, written and read back
+    for rollback in the image, never chmod-ed or read on this machine."""
+    image, machine = tmp_path / "img", tmp_path / "machine-runs"
+    make_image(image)
+    machine.mkdir(mode=0o755)
+    (image / "var/lib/hosttune").mkdir(parents=True)
+    (image / "var/lib/hosttune/runs").symlink_to(machine)
+    applied = CliRunner().invoke(app, ["apply", "--root", str(image), "--yes"])
+    assert "failed=0" in applied.output, applied.output
+    inside = image / str(machine).lstrip("/")
+    assert ".json" in {p.suffix for p in inside.iterdir()} and (inside.stat().st_mode & 0o777) == 0o700
+    rolled = CliRunner().invoke(app, ["rollback", "--root", str(image), "--yes"])
+    assert rolled.exit_code == 0 and "restored" in rolled.output, rolled.output
+    assert list(machine.iterdir()) == [] and (machine.stat().st_mode & 0o777) == 0o755
