@@ -54,7 +54,7 @@ pkg() {
 held() {
     case $manager in
     apt) inroot apt-mark -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache= showhold 2>/dev/null | sed 's/^/held:/' ;;
-    dnf) grep -hs . "$root/etc/dnf/plugins/versionlock.list" | sed 's/^/lock:/' ;;
+    dnf) grep -hs . "$(real "${root%/}/etc/dnf/plugins/versionlock.list")" | sed 's/^/lock:/' ;;
     esac
     return 0
 }

@@ -79,3 +79,18 @@ def test_a_runs_folder_linked_to_an_absolute_path_is_the_images_folder_of_that_p
     rolled = CliRunner().invoke(app, ["rollback", "--root", str(image), "--yes"])
     assert rolled.exit_code == 0 and "restored" in rolled.output, rolled.output
     assert list(machine.iterdir()) == [] and (machine.stat().st_mode & 0o777) == 0o755
+
+
+def test_the_dnf_lock_list_of_an_image_is_read_through_its_links_inside_the_image(tmp_path):
+    import subprocess
+
+    from hosttune.plan.state import state_script
+
+    image, machine = tmp_path / "img", tmp_path / "machine-dnf"
+    write(machine, "/plugins/versionlock.list", "the-build-machines-0:1-1.*\n")
+    write(image / str(machine).lstrip("/"), "/plugins/versionlock.list", "nvidia-driver-3:550.54-1.el9.*\n")
+    (image / "etc").mkdir()
+    (image / "etc/dnf").symlink_to(machine)
+    out = subprocess.run(["sh", "-c", state_script(), "s", str(image), "dnf", "held:"], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.splitlines() == ["@@s:0", "lock:nvidia-driver-3:550.54-1.el9.*", "@@s-end:0"]
