@@ -7,6 +7,8 @@ umask 022
 root=
 if [ "$1" = -r ]; then root=${2%/}; shift 2; fi
 op=$1; shift
+# a folder that is no image (not there, an empty mount point) is refused before anything is read or written in it
+[ -z "$root" ] || is_os_root "$root" || exit 1
 
 die() { echo "hosttune: $*" >&2; exit 1; }
 # at PATH [all]: where PATH lands, its directories (with all, its last name too) resolved inside the image when it
@@ -107,10 +109,9 @@ move() {
     mkdir -p -- "$(dirname -- "$2")" && mv -T -- "$1" "$2"
 }
 
-# journals DIR [ROOT]: every run journal in DIR, each after a "@@journal:NAME" line. No DIR is no run
-# yet; an image ROOT that is not there, or a DIR that cannot be read, is an error, never "no runs".
+# journals DIR: every run journal in DIR, each after a "@@journal:NAME" line. No DIR is no run yet; a DIR that
+# cannot be read is an error, never "no runs" (and so is an image root that is none, refused above).
 journals() {
-    [ -z "${2:-}" ] || [ -d "$2/" ] || die "--root $2: no such directory on this host; give the folder the image is mounted at"
     exists "$1" || return 0
     { [ -d "$1" ] && [ -r "$1" ] && [ -x "$1" ]; } || die "cannot read the journal folder $1 (ssh.become: true reads it as root)"
     for f in "$1"/*.json; do

@@ -46,8 +46,9 @@ _JOURNAL = re.compile(r"^@@journal:(?P<name>[\w.:-]+\.json)$", re.M)
 def read_journals(transport: Transport, runs_dir: str, root: str = "") -> dict[str, str]:
     """{file name: JSON text} of every journal in runs_dir (under the image root, when one is given).
 
-    A root that is not there or a folder that cannot be read raises: that is not "no runs"."""
-    argv = hostops_argv("journals", runs_dir, *([root] if root else []), root=root)
+    A root that is no OS root (not there, an empty mount point) or a folder that cannot be read raises: that is not
+    "no runs"."""
+    argv = hostops_argv("journals", runs_dir, root=root)
     result = transport.read(argv, timeout=OP_TIMEOUT_S)
     if not result.ok:
         raise HosttuneError(result.stderr.strip().removeprefix("hosttune: ") or f"cannot read {runs_dir}")

@@ -334,15 +334,8 @@ health_gpu_last() {
 # ---- end of health probes ----
 
 
-if [ -n "$R" ] && [ ! -d "$R/" ]; then
-  echo "--root $R: no such directory on this host; give the folder the image is mounted at" >&2
-  exit 3
-fi
-# Every OS root has /etc, and everything apply writes lives below it but /usr/local: a folder without it is an image
-# that did not mount (an empty mount point), or the wrong folder.
 if [ -n "$R" ]; then
-  etc=$(at /etc) || exit 3  # in_root has said which path loops
-  [ -d "$etc" ] || { echo "--root $R: does not look like an OS root (no etc folder); give the folder the image's root is mounted at" >&2; exit 3; }
+  is_os_root "$R" || exit 3  # it has said why not, in one line
 fi
 if [ -n "$R" ]; then
   # An image: no kernel, no devices, no processes; its files only.

@@ -168,6 +168,7 @@ def test_rollback_of_a_root_that_is_not_there_or_unreadable_journals_is_a_failur
     assert missing.error == f"--root {tmp_path / 'no-such-image'}: no such directory on this host; give the folder the image is mounted at"
     root = tmp_path / "img"
     (root / "var/lib/hosttune").mkdir(parents=True)
+    (root / "etc").mkdir()
     (root / "var/lib/hosttune/runs").write_text("not a folder")
     unreadable = rollback_host(local, HOST, None, str(root))
     assert unreadable.status == "failed" and "cannot read the journal folder" in unreadable.error
@@ -526,6 +527,7 @@ def test_a_damaged_journal_is_that_hosts_one_line_error_not_a_crash(local, tmp_p
     """Under --root the journal to move is the image's, not the build machine's /var/lib/hosttune/runs."""
     root = tmp_path / "img"
     (root / "var/lib/hosttune/runs").mkdir(parents=True)
+    (root / "etc").mkdir()
     (root / "var/lib/hosttune/runs/r0.json").write_text(text)
     result = rollback_host(local, HOST, None, str(root), dry_run=True)
     assert result.status == "failed" and result.exit_bits == 2
@@ -541,6 +543,7 @@ def test_a_run_whose_only_changes_have_no_reverse_says_so_instead_of_an_empty_pl
                                                         (install, failed), "failed"),))
     root = tmp_path / "img"
     (root / "var/lib/hosttune/runs").mkdir(parents=True)
+    (root / "etc").mkdir()
     (root / journal_path("r1").lstrip("/")).write_bytes(journal.to_json())
     said = ("not undone: $ apt-get install -y numactl (rollback has no reverse for a command; undo it by hand)",)
     plan = rollback_host(local, HOST, None, str(root), dry_run=True)

@@ -245,9 +245,19 @@ def test_a_dry_run_with_reboot_says_which_hosts_the_run_would_reboot_and_which_i
 
 
 def test_rollback_under_a_root_names_the_journal_folder_inside_it(tmp_path):
+    (tmp_path / "etc").mkdir()
     result = runner.invoke(app, ["rollback", "--dry-run", "--root", str(tmp_path)])
     assert result.exit_code == 0
     assert result.stdout == f"localhost: nothing: no run left to roll back in {tmp_path}/var/lib/hosttune/runs\n"
+
+
+@pytest.mark.parametrize("extra", [["--dry-run"], ["--yes"]])
+def test_rollback_on_a_folder_that_is_no_os_root_refuses_in_one_line_as_apply_does(tmp_path, extra):
+    """An image that did not mount leaves an empty mount point: rollback said it had no run to undo there, exit 0."""
+    result = runner.invoke(app, ["rollback", "--root", str(tmp_path), *extra])
+    assert result.exit_code == 2, result.output
+    assert result.stdout == (f"localhost: failed: --root {tmp_path}: does not look like an OS root (no etc folder); "
+                             "give the folder the image's root is mounted at\n")
 
 
 def _help(command: str) -> str:
@@ -270,6 +280,7 @@ def test_the_help_of_facts_apply_rollback_verify_and_bench_says_what_they_do():
 
 def test_rollback_of_a_run_no_host_has_is_one_line_and_exit_2(tmp_path):
     """A mistyped --run must not read as "nothing to roll back", exit 0."""
+    (tmp_path / "etc").mkdir()
     for extra in ([], ["--dry-run"]):
         result = runner.invoke(app, ["rollback", "--root", str(tmp_path), "--run", "20250102T030405Z-nosuch", *extra])
         assert result.exit_code == 2 and "no run 20250102T030405Z-nosuch in" in result.stdout
