@@ -15,12 +15,14 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from hosttune.actions.base import Command, Op, describe
+from hosttune.actions.needs import Need, NeedModel, NeedPort
 from hosttune.deploy import plan as dplan
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import GateResult, journal_tail, run_gate
 from hosttune.deploy.host import HostDeploy, HostJob
 from hosttune.deploy.plan import Role
-from hosttune.deploy.preconditions import check_job
+from hosttune.deploy.model import ModelShape, read_model
+from hosttune.deploy.preconditions import NOT_NGINX, check_job, serve_needs
 from hosttune.deploy.release import release_name, wheel_path
 from hosttune.deploy.restore import load_release
 from hosttune.deploy.state import HostState, read_state
@@ -55,26 +57,46 @@ def group_phases(jobs: list[HostJob], states: dict[str, HostState]) -> list[Phas
     return [
         Phase("install releases", {j.host.name: dplan.install_ops(j.release, j.entry, states[j.host.name], j.python)
                                    + dplan.verify_ops(j.release) for j in jobs}),
-        Phase("start the Ray head", {name: dplan.activate_ops(head.release, states[name], start=(RAY_UNIT,))}, "ray-head"),
-        Phase("start the Ray workers", {j.host.name: dplan.activate_ops(j.release, states[j.host.name]) for j in workers},
+        Phase("start the Ray head", {name: dplan.activate_ops(head.release, states[name], start=(RAY_UNIT,),
+                                                              requires=head_needs(head, states[name]))}, "ray-head"),
+        Phase("start the Ray workers", {j.host.name: dplan.activate_ops(j.release, states[j.host.name],
+                                                                        requires=model_needs(j)) for j in workers},
               "ray-cluster"),
         Phase("start the server on the head", {name: dplan.start_ops([SERVE_UNIT])}, "gate"),
     ]
 
 
-def checked_phases(phases: list[Phase], jobs: list[HostJob], transports) -> list[Phase]:
-    """Every host's operations with their preconditions checked (and what the plan adds for them);
-    DeployError naming the first host that cannot meet them, before anything is sent to any."""
+def model_needs(job: HostJob) -> tuple[Need, ...]:
+    """Every host of the group loads the model from its own folder (each Ray worker its part of the weights)."""
+    return (NeedModel(job.model.path, job.preset.name),) if job.model is not None else ()
+
+
+def head_needs(job: HostJob, state: HostState) -> tuple[Need, ...]:
+    """The head's model and ports: the server's (and its front's), and Ray's, which the workers join."""
+    return serve_needs(job, state) + (NeedPort(job.preset.multinode.ray_port, NOT_NGINX),)
+
+
+def checked_phases(phases: list[Phase], jobs: list[HostJob], transports) -> tuple[list[Phase], dict[str, tuple[str, ...]]]:
+    """Every host's operations with their preconditions checked (and what the plan adds for them), and each
+    host's checks as a plan shows them; DeployError naming the first host that cannot meet them, before
+    anything is sent to any."""
     out = [replace(p, ops=dict(p.ops)) for p in phases]
+    lines: dict[str, tuple[str, ...]] = {}
     for job in jobs:
         name = job.host.name
         checked = check_job(transports[name], job, [p.ops.get(name, []) for p in phases])
         if checked.error:
             raise DeployError(f"{name}: {checked.error}")
+        lines[name] = checked.lines
         for phase, ops in zip(out, checked.groups):
             if name in phase.ops:
                 phase.ops[name] = list(ops)
-    return out
+    return out, lines
+
+
+def _model(transport, path: str) -> ModelShape | None:
+    """The model folder as read on the host (None: a model id vLLM fetches, not a folder)."""
+    return read_model(transport, path) if path.startswith("/") else None
 
 
 def parse_ray_nodes(text: str) -> int:
@@ -114,16 +136,17 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
         return [HostDeploy(h, Outcome.UNREACHABLE, error=str(facts[h.name])) if h.name in lost
                 else HostDeploy(h, Outcome.FAILED, error=why) for h in hosts]
     try:
-        jobs = [make_job(h, facts[h.name], request, group_roles[h.name]) for h in hosts]
+        jobs = [make_job(h, facts[h.name], request, group_roles[h.name], model=_model(transports[h.name], request.model))
+                for h in hosts]
         states = {j.host.name: read_state(transports[j.host.name], j.release.id, [wheel_path(w) for w in j.release.wheels])
                   for j in jobs}
-        phases = checked_phases(group_phases(jobs, states), jobs, transports)
+        phases, checks = checked_phases(group_phases(jobs, states), jobs, transports)
     except HosttuneError as exc:
         return [HostDeploy(h, Outcome.FAILED, error=f"nothing changed on group {hosts[0].group}: {exc}") for h in hosts]
     if request.dry_run:
         return [HostDeploy(j.host, Outcome.PLANNED, j.release.id, ops=tuple(
-            f"[{p.description}] {describe(op)}" for p in phases for op in p.ops.get(j.host.name, [])))
-            for j in jobs]
+            f"[{p.description}] {describe(op)}" for p in phases for op in p.ops.get(j.host.name, [])),
+            checks=checks[j.host.name]) for j in jobs]
     head = jobs[0]
     gate = None
     for index, phase in enumerate(phases):

@@ -109,6 +109,7 @@ class ScriptedTransport(Transport):
         self.files: dict[str, bytes] = {}
         self.unknown_flags: list[str] = []
         self.needs: dict[str, str] = {}  # "kind:value" → the preconditions script's answer (default: all there)
+        self.models: dict[str, str] = {}  # model folder → what the model read prints (default: nothing, no folder)
 
     def _command(self, argv, stdin, timeout):
         argv = tuple(argv)
@@ -116,6 +117,8 @@ class ScriptedTransport(Transport):
         out = ""
         if argv[:2] == ("sh", "-c") and "# hosttune preconditions" in argv[2]:
             out = needs_answers(argv[6:], self.needs)
+        elif argv[:2] == ("sh", "-c") and "config-begin" in argv[2]:
+            out = self.models.get(argv[4], "")  # the model folder's read (hosttune.deploy.model)
         elif argv[:2] == ("sh", "-c") and argv[3:4] == ("hosttune",) and not argv[4].startswith(("write", "link", "remove")):
             out = self.state  # state.sh
         elif argv[:2] == ("python3", "-c") and "UNKNOWN" in argv[2]:

@@ -288,14 +288,24 @@ def test_failed_gate_shows_the_journal_and_restores_the_previous_release(tmp_pat
     assert exit_code([outcome]) == 2
 
 
-def test_multinode_starts_ray_head_then_workers_then_the_server(tmp_path, monkeypatch):
-    inv = inventory(tmp_path)
-    hosts = [h for h in inv.hosts if h.group == "ray"]
+MODEL = 'dir:\nconfig-begin:\n{"num_attention_heads": 8}\nconfig-end:\nweights:1000 model.safetensors\n'
+
+
+def ray_group(tmp_path, monkeypatch, log: list) -> tuple[list, dict]:
+    """The inventory's ray group over scripted hosts that hold the model folder /m."""
+    hosts = [h for h in inventory(tmp_path).hosts if h.group == "ray"]
     fake_entry(tmp_path / "wh")
-    log: list = []
     transports = {h.name: ScriptedTransport(h.name, log, ray_nodes=3) for h in hosts}
+    for t in transports.values():
+        t.models["/m"] = MODEL
     monkeypatch.setattr(multinode, "open_transport", lambda spec, **kw: transports[spec.host_name])
     monkeypatch.setattr(multinode, "gather", lambda t, **_: type("Run", (), {"facts": a100_facts()})())
+    return hosts, transports
+
+
+def test_multinode_starts_ray_head_then_workers_then_the_server(tmp_path, monkeypatch):
+    log: list = []
+    hosts, _ = ray_group(tmp_path, monkeypatch, log)
     request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3")
     outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
     assert [o.state for o in outcomes] == ["deployed"] * 3
@@ -310,17 +320,47 @@ def test_multinode_starts_ray_head_then_workers_then_the_server(tmp_path, monkey
 
 
 def test_a_multinode_group_stops_before_anything_is_sent_when_one_host_cannot_meet_its_preconditions(tmp_path, monkeypatch):
-    hosts = [h for h in inventory(tmp_path).hosts if h.group == "ray"]
-    fake_entry(tmp_path / "wh")
     log: list = []
-    transports = {h.name: ScriptedTransport(h.name, log, ray_nodes=3) for h in hosts}
+    hosts, transports = ray_group(tmp_path, monkeypatch, log)
     transports["node-2"].needs = {"venv:python3.10": "fail:No module named 'ensurepip'", "pkg:python3.10-venv": ""}
-    monkeypatch.setattr(multinode, "open_transport", lambda spec, **kw: transports[spec.host_name])
-    monkeypatch.setattr(multinode, "gather", lambda t, **_: type("Run", (), {"facts": a100_facts()})())
     outcomes = multinode.deploy_group(hosts, rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3"), rollout.make_job)
     assert [o.state for o in outcomes] == ["failed"] * 3
     assert outcomes[0].error.startswith("nothing changed on group ray: node-2: python3.10 cannot make a virtualenv")
     assert not [a for _, a in log if a[:2] == ("sh", "-c") and a[4:5] == ("write",) or a[0] == "systemctl"]
+
+
+@pytest.mark.parametrize("host, answer, error", [
+    ("node-2", {"model": ""}, "node-2: the model folder /m does not exist on the host"),
+    ("node-1", {"model": "dir:\nweights:1000 model.safetensors\n"}, "node-1: the model folder /m has no readable config.json"),
+    ("node-0", {"port:8000": "listen:apache2.service"}, "node-0: port 8000 is in use by apache2.service"),
+    ("node-0", {"port:6379": "listen:redis-server.service"}, "node-0: port 6379 is in use by redis-server.service"),
+])
+def test_a_multinode_group_checks_every_hosts_model_and_the_heads_ports_before_anything_is_sent(
+        tmp_path, monkeypatch, host, answer, error):
+    log: list = []
+    hosts, transports = ray_group(tmp_path, monkeypatch, log)
+    if "model" in answer:
+        transports[host].models["/m"] = answer["model"]
+    else:
+        transports[host].needs = answer
+    for dry_run in (True, False):
+        request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3", dry_run=dry_run)
+        outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
+        assert [o.state for o in outcomes] == ["failed"] * 3
+        assert outcomes[0].error.startswith(f"nothing changed on group ray: {error}")
+    assert not [a for _, a in log if a[:2] == ("sh", "-c") and a[4:5] == ("write",) or a[0] == "systemctl"]
+
+
+def test_a_multinode_dry_run_shows_each_hosts_checks(tmp_path, monkeypatch):
+    hosts, _ = ray_group(tmp_path, monkeypatch, [])
+    request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3", dry_run=True)
+    outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
+    assert [o.state for o in outcomes] == ["planned"] * 3
+    for o in outcomes:
+        assert "holds: model /m loadable by vllm (config.json and weights)" in o.checks
+    assert {"holds: port 8000 free", "holds: port 6379 free"} <= set(outcomes[0].checks)
+    assert not [c for o in outcomes[1:] for c in o.checks if c.startswith("holds: port")]  # a worker serves no port
+    assert "checked on the host before anything is sent:" in render(outcomes)
 
 
 def test_a_multinode_group_with_a_host_that_does_not_answer_says_which_and_changes_none(tmp_path, monkeypatch):
