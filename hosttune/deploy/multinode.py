@@ -18,7 +18,8 @@ from hosttune.actions.base import Command, Op, describe
 from hosttune.actions.needs import Need, NeedModel, NeedPort
 from hosttune.deploy import plan as dplan
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.gate import GateResult, journal_tail, run_gate
+from hosttune.deploy.flagcheck import check_flags, check_line
+from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
 from hosttune.deploy.host import HostDeploy, HostJob
 from hosttune.deploy.plan import Role
 from hosttune.deploy.model import ModelShape, read_model
@@ -35,6 +36,7 @@ from hosttune.probes.gather import gather
 from hosttune.transport import open_transport
 
 RAY_WAIT_S = 300.0
+FALLBACK = "every host of the group goes back to the release it had"
 _RAY_NODE = re.compile(r"^\s*\d+\s+node_[0-9a-f]+", re.M)
 
 
@@ -144,14 +146,15 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
     except HosttuneError as exc:
         return [HostDeploy(h, Outcome.FAILED, error=f"nothing changed on group {hosts[0].group}: {exc}") for h in hosts]
     if request.dry_run:
-        return [HostDeploy(j.host, Outcome.PLANNED, j.release.id, ops=tuple(
-            f"[{p.description}] {describe(op)}" for p in phases for op in p.ops.get(j.host.name, [])),
-            checks=checks[j.host.name]) for j in jobs]
+        return [HostDeploy(j.host, Outcome.PLANNED, j.release.id, ops=_plan_lines(phases, j, j is jobs[0]),
+                           checks=checks[j.host.name]) for j in jobs]
     head = jobs[0]
     gate = None
     for index, phase in enumerate(phases):
         try:
             together.map(lambda item: run_ops(transports[item[0]], item[1]), list(phase.ops.items()))
+            if index == 0:  # installed beside the live releases: the head's engine judges its flags
+                check_flags(transports[head.host.name], head, head.release.dir)
             if phase.wait in ("ray-head", "ray-cluster"):
                 wait_ray(transports[head.host.name], head, 1 if phase.wait == "ray-head" else len(jobs))
             elif phase.wait == "gate":
@@ -163,6 +166,18 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
                 return [HostDeploy(j.host, Outcome.FAILED, j.release.id, release_name(states[j.host.name].current), error=str(exc)) for j in jobs]
             return _restore_group(jobs, states, transports, gate or GateResult(False, phase.description, str(exc)))
     return [HostDeploy(j.host, Outcome.DEPLOYED, j.release.id, j.release.id, gate if j is head else None) for j in jobs]
+
+
+def _plan_lines(phases: list[Phase], job: HostJob, is_head: bool) -> tuple[str, ...]:
+    """What the run does on this host, phase by phase: the head checks its engine's flags after the install, and
+    its server's gate ends the group's start."""
+    lines = []
+    for index, phase in enumerate(phases):
+        lines += [f"[{phase.description}] {describe(op)}" for op in phase.ops.get(job.host.name, [])]
+        check = check_line(job, job.release.dir) if is_head and index == 0 else None
+        gate = gate_line(SERVE_UNIT, job.settings, FALLBACK) if is_head and phase.wait == "gate" else None
+        lines += [f"[{phase.description}] {line}" for line in (check, gate) if line]
+    return tuple(lines)
 
 
 def _facts_or_loss(transport, host):

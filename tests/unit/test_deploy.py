@@ -363,6 +363,24 @@ def test_a_multinode_dry_run_shows_each_hosts_checks(tmp_path, monkeypatch):
     assert "checked on the host before anything is sent:" in render(outcomes)
 
 
+def test_a_multinode_head_checks_its_flags_after_the_install_before_anything_live_changes(tmp_path, monkeypatch):
+    log: list = []
+    hosts, transports = ray_group(tmp_path, monkeypatch, log)
+    transports["node-0"].unknown_flags = ["--distributed-executor-backend"]
+    request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3")
+    planned = multinode.deploy_group(hosts, replace(request, dry_run=True), rollout.make_job)
+    check = next(i for i, op in enumerate(planned[0].ops) if "check the engine's flags" in op)
+    assert check == max(i for i, op in enumerate(planned[0].ops) if op.startswith("[install releases]"))
+    assert planned[0].ops[check].startswith("[install releases] check the engine's flags against `/opt/hosttune/releases/")
+    assert planned[0].ops[-1].startswith("[start the server on the head] gate hosttune-serve.service: /health within ")
+    assert planned[0].ops[-1].endswith("on failure every host of the group goes back to the release it had")
+    assert not [op for o in planned[1:] for op in o.ops if "check the engine's flags" in op or " gate " in op]
+    outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
+    assert [o.state for o in outcomes] == ["failed"] * 3
+    assert "does not know --distributed-executor-backend" in outcomes[0].error
+    assert not [a for _, a in log if a[0] == "systemctl"]  # installed beside the live release, nothing switched
+
+
 def test_a_multinode_group_with_a_host_that_does_not_answer_says_which_and_changes_none(tmp_path, monkeypatch):
     from hosttune.errors import TransportError
 
