@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune.checks.base import Check, na
+from hosttune.checks.base import Check, none_found
 from hosttune.probes.facts import EngineEndpoint, Facts
 from hosttune.checks.findings import Severity, Status, Verdict
 from hosttune.config.profile import Profile
@@ -22,7 +22,7 @@ def api_key(facts: Facts, profile: Profile) -> Verdict:
     """An engine (or its nginx front) that listens beyond loopback must refuse a request without a key."""
     endpoints = facts.engine_endpoints
     if not endpoints:
-        return na("no engine deployed by hosttune on this host")
+        return none_found(facts, "a deployed engine's state", "no engine deployed by hosttune on this host")
     open_to_all = [e for e in endpoints if e.status == "200" and e.is_exposed]
     active = "; ".join(_describe(e) for e in endpoints)
     if open_to_all:

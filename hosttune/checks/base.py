@@ -38,6 +38,14 @@ def na(reason: str, desired: str = "-") -> Verdict:
     return Verdict(Status.NOT_APPLICABLE, desired, detail=reason)
 
 
+def none_found(facts: Facts, what: str, reason: str) -> Verdict:
+    """not-applicable for hardware or running state the host has none of (reason); an image has none of either to
+    read, so it is told where `what` is read instead of being described as a host without it."""
+    if facts.image:
+        return na(f"an image: {what} is read on the running host (check it after the first boot)")
+    return na(reason)
+
+
 def has_gpus(facts: Facts) -> bool:
     return bool(facts.gpu.gpus or facts.gpu.pci_devices)
 
@@ -46,11 +54,9 @@ def gpu_unavailable(facts: Facts) -> Verdict | None:
     """not-applicable without NVIDIA hardware; error when the hardware is there but no driver answers."""
     if facts.gpu.gpus:
         return None
-    if facts.image:
-        return na("an image: GPU state is read on the running host (check it after the first boot)")
-    if facts.gpu.pci_devices:
+    if facts.gpu.pci_devices and not facts.image:
         return Verdict(Status.ERROR, "-", detail=f"NVIDIA GPUs on the PCI bus but NVML and nvidia-smi failed: {facts.gpu.error}")
-    return na("no NVIDIA GPU on this host")
+    return none_found(facts, "GPU state", "no NVIDIA GPU on this host")
 
 
 def is_systemd(facts: Facts) -> bool:

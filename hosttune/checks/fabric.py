@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune.checks.base import Check, gpu_unavailable, is_systemd, na
+from hosttune.checks.base import Check, gpu_unavailable, is_systemd, na, none_found
 from hosttune.probes.facts import Facts
 from hosttune.checks.findings import Severity, Status, Verdict, show
 from hosttune.config.profile import Profile
@@ -111,7 +111,7 @@ def _worst_first(counters: tuple[tuple[str, int], ...]) -> list[tuple[str, int]]
 def aer(facts: Facts, profile: Profile) -> Verdict:
     counts = facts.health.aer
     if not counts:
-        return na("no GPU, NVSwitch or NIC with AER counters in sysfs")
+        return none_found(facts, "PCIe error state", "no GPU, NVSwitch or NIC with AER counters in sysfs")
     bad = [a for a in counts if a.fatal or a.nonfatal]
     noisy = [a for a in counts if a.correctable and a not in bad]
     desired = "no AER error on GPU, NVSwitch and NIC links since boot"

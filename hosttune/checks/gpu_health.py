@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from hosttune import cpulist
-from hosttune.checks.base import Check, gpu_unavailable, has_gpus, na
+from hosttune.checks.base import Check, gpu_unavailable, has_gpus, none_found
 from hosttune.checks.xid_codes import FATAL, meaning
 from hosttune.probes.facts import Facts
 from hosttune.probes.facts_health import GpuHealth
@@ -27,7 +27,7 @@ def xid(facts: Facts, profile: Profile) -> Verdict:
     log = facts.health.kernel_log
     desired = "no Xid event since boot"
     if not log.events and not has_gpus(facts):
-        return na("no NVIDIA GPU on this host and no Xid in its kernel log")
+        return none_found(facts, "the kernel log", "no NVIDIA GPU on this host and no Xid in its kernel log")
     if log.source is None:
         return Verdict(Status.ERROR, desired, detail="cannot read the kernel log (dmesg or journalctl -k): run as root (become: true)")
     counts = Counter((e.bdf, e.code) for e in log.events)
@@ -64,10 +64,9 @@ def _node_problems(facts: Facts) -> list[str]:
 def count(facts: Facts, profile: Profile) -> Verdict:
     want = profile.health
     pci, nvml = facts.gpu.pci_devices, facts.gpu.gpus
-    if facts.image:  # no PCI bus read: the build machine's would be nobody's business, and there is no other
-        return na("an image: GPU state is read on the running host (check it after the first boot)")
-    if not pci and not nvml and not want.gpu_count:
-        return na("no NVIDIA GPU on this host")
+    # an image: no PCI bus read, the build machine's would be nobody's business, and there is no other
+    if facts.image or not pci and not nvml and not want.gpu_count:
+        return none_found(facts, "GPU state", "no NVIDIA GPU on this host")
     problems = []
     if len(pci) != len(nvml):
         lost = sorted(set(pci) - {g.bdf for g in nvml})

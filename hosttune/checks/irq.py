@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune import cores, cpulist
-from hosttune.checks.base import Check, is_systemd, na
+from hosttune.checks.base import Check, is_systemd, na, none_found
 from hosttune.checks.boot_scripts import IRQ_UNIT, NOT_PERSISTED, STALE_SCRIPT, irq_affinity_script, persisted, script_path
 from hosttune.probes.facts import Facts, PciDevice
 from hosttune.checks.findings import Severity, Status, Verdict
@@ -49,7 +49,7 @@ def gpu_affinity(facts: Facts, profile: Profile) -> Verdict:
         return na("GPU IRQ affinity not managed by the profile")
     devices = [d for d in facts.pci if d.irqs]
     if not devices:
-        return na("no GPU MSI interrupts on this host")
+        return none_found(facts, "GPU interrupt routing", "no GPU MSI interrupts on this host")
     outside, desired_text = [], []
     for dev in devices:
         wanted = desired_cores(dev, facts, setting)

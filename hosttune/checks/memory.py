@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune import cpulist
-from hosttune.checks.base import Check, image_verdict, na
+from hosttune.checks.base import Check, image_verdict, na, none_found
 from hosttune.probes.facts import Facts
 from hosttune.checks.findings import Severity, Status, Verdict, judge, show
 from hosttune.config.profile import Profile
@@ -62,7 +62,7 @@ def nvme_power(facts: Facts, profile: Profile) -> Verdict:
     if profile.nvme.apst is None:
         return na("NVMe power not managed by the profile")
     if not facts.nvme:
-        return na("no NVMe devices")
+        return none_found(facts, "NVMe power state", "no NVMe devices")
     want_latency = "0" if not profile.nvme.apst else None
     asleep = [f"{d.name} in {d.power_state}" for d in facts.nvme if d.power_state not in (None, "D0")]
     active = facts.nvme_ps_max_latency_us

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune.checks.base import Check, is_systemd, na
+from hosttune.checks.base import Check, is_systemd, na, none_found
 from hosttune.checks.findings import Severity, Status, Verdict
 from hosttune.config.profile import Profile
 from hosttune.probes.facts import Facts
@@ -15,7 +15,7 @@ KEY_UNREADABLE = "error: key unreadable"  # what the serve probe says when it ca
 def _deployed(facts: Facts) -> ServeFacts | Verdict:
     serve = facts.serve
     if serve is None or not (serve.release or serve.fronts):
-        return na("no engine or nginx front deployed by hosttune on this host")
+        return none_found(facts, "a deployed engine's state", "no engine or nginx front deployed by hosttune on this host")
     return serve
 
 

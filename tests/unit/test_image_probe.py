@@ -83,6 +83,19 @@ def test_image_findings_judge_its_configuration(tmp_path):
     assert not [f.check_id for f in found.values() if f.status is Status.ERROR]
 
 
+def test_what_only_a_running_host_has_is_said_to_be_read_there_not_to_be_missing_from_this_host(tmp_path):
+    """An image has no devices, interrupts or kernel log to read: "no NVMe devices" or "no NVIDIA GPU on this host"
+    described the build machine's view of the image as a host without them."""
+    make_image(tmp_path)
+    facts = gather(LocalTransport(), root=str(tmp_path)).facts
+    found = {f.check_id: f for f in run_checks(facts, load_profile("inference-latency"))}
+    image_na = {i: f.detail for i, f in found.items() if f.status is Status.NOT_APPLICABLE and "monitor" not in i}
+    assert not [d for d in image_na.values() if "this host" in d or "sysfs" in d or d == "no NVMe devices"], image_na
+    for check in ("gpu.xid", "irq.gpu_affinity", "nvme.power", "pci.aer", "serve.units", "serve.api_key"):
+        assert image_na[check].startswith("an image: ") and image_na[check].endswith(
+            " is read on the running host (check it after the first boot)"), (check, image_na[check])
+
+
 def test_the_governor_boot_script_of_an_image_is_read_and_compared_with_what_apply_would_write(tmp_path):
     """An image whose governor unit is enabled but whose script sets another governor than the profile's now."""
     import hashlib
