@@ -117,10 +117,12 @@ def _splits(regs: int, block_m: int) -> tuple[int, ...]:
 
 def _whole_batch() -> list[dict]:
     """256 rows of x a program on two warpgroups of 64 weight rows each: every weight unpacked once for the whole
-    batch, the MMA at its widest (64 x 256 x 16). Its accumulator takes 128 registers a thread, which fit (about
-    240 in all, checked compiled) only without split K, and x's tile of 64 KB a stage allows at most three."""
-    return [{"WGMMA": 1, "REGS": 1, "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": 1,
-             "num_warps": 8, "num_stages": stages} for stages in (2, 3)]
+    batch, the MMA at its widest (64 x 256 x 16). Its accumulator takes 128 registers a thread (about 240 in all,
+    checked compiled; split K's sum, a loop after the K loop, spills a few bytes there and none inside it), and
+    x's tile of 64 KB a stage allows at most three. One program fills an SM, so split K evens out the last wave
+    (gate_up's 296 tiles are 2.2 waves of an H100's or H200's 132 SMs)."""
+    return [{"WGMMA": 1, "REGS": 1, "BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "SPLIT_K": split,
+             "num_warps": 8, "num_stages": stages} for stages in (2, 3) for split in (1, 2, 4)]
 
 
 def _stages(regs: int, block_m: int) -> tuple[int, ...]:
