@@ -150,6 +150,8 @@ BF16, F16 = torch.bfloat16, torch.float16
     (96, 640, 24, 128, False, BF16, (32, 64, 128, 8, 4, 2)),  # more splits than the program has tiles
     (640, 1024, 64, 128, False, BF16, (64, 128, 128, 2, 8, 4)),  # a warpgroup each 64 of 128 weight rows
     (384, 1024, 200, 128, True, BF16, (256, 128, 128, 1, 8, 2)),  # every row of x in one program's tile, ragged
+    (320, 2048, 128, 128, False, BF16, (128, 64, 128, 4, 4, 2)),  # 64 accumulator registers a thread, split K
+    (384, 3072, 100, 128, True, BF16, (128, 128, 128, 4, 8, 2)),  # the same on two warpgroups, act-order, ragged
 ])
 @pytest.mark.parametrize("regs, scales", [(0, "x"), (1, "x"), (1, "fp16")])  # fp16 scales: bf16's split in two
 def test_wgmma_gemm_on_hopper(n, k, m, group, act_order, dtype, cfg, regs, scales):
