@@ -23,6 +23,7 @@ from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
 from hosttune.deploy.host import HostDeploy, HostJob
 from hosttune.deploy.plan import Role
 from hosttune.deploy.model import ModelShape, read_model
+from hosttune.deploy.placement import PER_GPU, Layout, divisors_of_heads, place
 from hosttune.deploy.preconditions import NOT_NGINX, check_job, serve_needs
 from hosttune.deploy.release import release_name, wheel_path
 from hosttune.deploy.restore import load_release
@@ -66,6 +67,34 @@ def group_phases(jobs: list[HostJob], states: dict[str, HostState]) -> list[Phas
               "ray-cluster"),
         Phase("start the server on the head", {name: dplan.start_ops([SERVE_UNIT])}, "gate"),
     ]
+
+
+def group_layout(host: Host, facts, request, model: ModelShape) -> Layout:
+    """The host's part of the group's one replica: tensor parallel over its GPUs, pipeline parallel over the
+    hosts. A shape the group would not serve (another TP, several replicas, a TP the heads refuse) is refused."""
+    gpus = request.gpus or host.gpus
+    placement = place(gpus, facts, host.name)
+    tp, given = placement.tp, f"--gpus {gpus} gives {placement.num_gpus}"
+    if request.tensor_parallel not in (None, tp):
+        raise DeployError(f"{host.name}: --tensor-parallel {request.tensor_parallel}: a multi-node group runs tensor "
+                          f"parallel over each host's GPUs ({given}) and pipeline parallel over its hosts; give --gpus "
+                          f"of {request.tensor_parallel} GPUs instead, or leave --tensor-parallel out")
+    for option, value, alone in (("--replicas", request.replicas, (None, PER_GPU, "1")),
+                                 ("--replicas-per-gpu", request.replicas_per_gpu, (None, 1))):
+        if value not in alone:
+            raise DeployError(f"{host.name}: {option} {value}: a multi-node group serves one replica over all its "
+                              f"hosts; leave {option} out")
+    fits = divisors_of_heads(model, len(facts.gpu.gpus) or tp)
+    if tp not in fits:
+        raise DeployError(f"{host.name}: a multi-node group runs tensor parallel over each host's GPUs ({given}), and "
+                          f"{tp} does not divide {model.path}'s {model.num_heads} attention heads ({model.num_kv_heads} "
+                          f"KV heads); give each host {_either(fits)} GPUs with --gpus")
+    return Layout((placement,), 0, "multi-node")
+
+
+def _either(values: list[int]) -> str:
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
 def model_needs(job: HostJob) -> tuple[Need, ...]:

@@ -18,7 +18,7 @@ from hosttune.deploy.front import LOOPBACK, on_loopback
 from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, guarded
 from hosttune.deploy.rollback import rollback_one
 from hosttune.deploy.model import ModelShape, read_model
-from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutRequest, host_abi, place, plan_layout, preflight,
+from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutRequest, host_abi, plan_layout, preflight,
                                        preflight_host)
 from hosttune.deploy.plan import Role, check_sharing, make_release
 from hosttune.deploy.ports import check_ports, listeners
@@ -95,7 +95,7 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
                              settings.port)
         check_sharing(preset, layout, host.name)
     else:  # a multi-node group: every GPU of the host is one rank set of vLLM's Ray runtime
-        layout = Layout((place(request.gpus or host.gpus, facts, host.name),), 0, "multi-node")
+        layout = multinode.group_layout(host, facts, request, model)
     placement = layout.replicas[0]
     access = access_for(host, request.keys_dir, makes_keys=request.makes_keys)
     if access.front or layout.is_balanced:

@@ -381,6 +381,28 @@ def test_a_multinode_head_checks_its_flags_after_the_install_before_anything_liv
     assert not [a for _, a in log if a[0] == "systemctl"]  # installed beside the live release, nothing switched
 
 
+@pytest.mark.parametrize("shape, error", [
+    ({"tensor_parallel": 2}, "node-0: --tensor-parallel 2: a multi-node group runs tensor parallel over "
+     "each host's GPUs (--gpus 0-3 gives 4) and pipeline parallel over its hosts; give --gpus of 2 GPUs instead, or "
+     "leave --tensor-parallel out"),
+    ({"replicas": "2"}, "node-0: --replicas 2: a multi-node group serves one replica over all its hosts; "
+     "leave --replicas out"),
+    ({"replicas_per_gpu": 2}, "node-0: --replicas-per-gpu 2: a multi-node group serves one replica over "
+     "all its hosts; leave --replicas-per-gpu out"),
+    ({"gpus": "0-2"}, "node-0: a multi-node group runs tensor parallel over each host's GPUs (--gpus 0-2 "
+     "gives 3), and 3 does not divide /m's 8 attention heads (8 KV heads); give each host 1, 2 or 4 GPUs with --gpus"),
+])
+def test_a_multinode_group_refuses_a_shape_it_would_not_serve(tmp_path, monkeypatch, shape, error):
+    log: list = []
+    hosts, _ = ray_group(tmp_path, monkeypatch, log)
+    request = replace(rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3", dry_run=True), **shape)
+    outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
+    assert [o.state for o in outcomes] == ["failed"] * 3
+    assert outcomes[0].error == f"nothing changed on group ray: {error}"
+    request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3", tensor_parallel=4, replicas="1", dry_run=True)
+    assert [o.state for o in multinode.deploy_group(hosts, request, rollout.make_job)] == ["planned"] * 3  # as it runs
+
+
 def test_a_multinode_group_with_a_host_that_does_not_answer_says_which_and_changes_none(tmp_path, monkeypatch):
     from hosttune.errors import TransportError
 
