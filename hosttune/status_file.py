@@ -92,7 +92,7 @@ def parse_status(text: str) -> StatusDoc:
         doc = StatusDoc(str(raw["host"]), str(raw["pass_name"]), float(raw["when"]), int(raw["interval_s"]),
                         float(raw["duration_s"]), {str(k): str(v) for k, v in raw["versions"].items()},
                         {str(k): int(v) for k, v in raw["counts"].items()}, findings, str(raw.get("error") or ""))
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:  # Overflow: int(Infinity)
         raise StatusError(f"unreadable status file: {type(exc).__name__}: {exc}") from None
     return _sensible(doc)
 

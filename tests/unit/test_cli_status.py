@@ -90,6 +90,10 @@ class StatusRead(Transport):
     ("@@ht:now\n%s\n@@ht-end:now:0\n", "the host's clock read '%s', not Unix seconds (`date +%s` on the host must print them)"),
     ("@@ht:now\n1000\n@@ht-end:now:0\n@@ht:regular\n{\"host\": \n@@ht-end:regular:0\n",
      "/var/lib/hosttune/monitor/status.json: unreadable status file: JSONDecodeError: "),
+    # JSON's Infinity as a whole number of seconds or a count: it stopped the whole fleet's status with an internal error
+    ("@@ht:now\n1000\n@@ht-end:now:0\n@@ht:regular\n{\"host\": \"h\", \"pass_name\": \"regular\", \"when\": 990, "
+     "\"interval_s\": Infinity, \"duration_s\": 1, \"versions\": {}, \"counts\": {}, \"findings\": []}\n@@ht-end:regular:0\n",
+     "/var/lib/hosttune/monitor/status.json: unreadable status file: OverflowError: cannot convert float infinity to integer"),
 ])
 def test_a_host_whose_status_read_makes_no_sense_is_that_hosts_error(monkeypatch, output, error):
     monkeypatch.setattr(status_module, "open_transport", lambda spec, read_only=False: StatusRead(output))
