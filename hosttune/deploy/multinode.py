@@ -171,6 +171,9 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
                 for h in hosts]
         states = {j.host.name: read_state(transports[j.host.name], j.release.id, [wheel_path(w) for w in j.release.wheels])
                   for j in jobs}
+        unchanged = _unchanged(jobs, states, transports, request.dry_run)
+        if unchanged:
+            return unchanged
         phases, checks = checked_phases(group_phases(jobs, states), jobs, transports)
     except HosttuneError as exc:
         return [HostDeploy(h, Outcome.FAILED, error=f"nothing changed on group {hosts[0].group}: {exc}") for h in hosts]
@@ -195,6 +198,19 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
                 return [HostDeploy(j.host, Outcome.FAILED, j.release.id, release_name(states[j.host.name].current), error=str(exc)) for j in jobs]
             return _restore_group(jobs, states, transports, gate or GateResult(False, phase.description, str(exc)))
     return [HostDeploy(j.host, Outcome.DEPLOYED, j.release.id, j.release.id, gate if j is head else None) for j in jobs]
+
+
+def _unchanged(jobs: list[HostJob], states: dict[str, HostState], transports, dry_run: bool) -> list[HostDeploy]:
+    """Every host's release is live with its units active, and the head serves (a dry run does not ask): nothing to
+    do, and nothing restarted; otherwise [] (a failed gate means: deploy the group again)."""
+    if not all(dplan.is_unchanged(j.release, states[j.host.name]) for j in jobs):
+        return []
+    head = jobs[0]
+    gate = None if dry_run else run_gate(transports[head.host.name], SERVE_UNIT, head.settings, head.preset.serve.health,
+                                         warmup=0, just_started=False, key_file=head.release.key_file)
+    if gate is not None and not gate.ok:
+        return []
+    return [HostDeploy(j.host, Outcome.UNCHANGED, j.release.id, j.release.id, gate if j is head else None) for j in jobs]
 
 
 def _plan_lines(phases: list[Phase], job: HostJob, is_head: bool) -> tuple[str, ...]:

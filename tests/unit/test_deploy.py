@@ -403,6 +403,27 @@ def test_a_multinode_group_refuses_a_shape_it_would_not_serve(tmp_path, monkeypa
     assert [o.state for o in multinode.deploy_group(hosts, request, rollout.make_job)] == ["planned"] * 3  # as it runs
 
 
+def test_a_multinode_group_that_serves_its_release_already_is_unchanged_and_not_restarted(tmp_path, monkeypatch):
+    import hashlib
+
+    from hosttune.deploy.model import parse_model
+
+    log: list = []
+    hosts, transports = ray_group(tmp_path, monkeypatch, log)
+    request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3")
+    roles = multinode.roles(hosts)
+    for host in hosts:
+        release = rollout.make_job(host, a100_facts(), request, roles[host.name], model=parse_model("/m", MODEL)).release
+        transports[host.name].state = f"current:{release.dir}\ncomplete:{release.id}\n" + "".join(
+            f"unit:{name} {hashlib.sha256(body).hexdigest()} active\n" for name, body in release.units.items())
+    for dry_run in (True, False):
+        outcomes = multinode.deploy_group(hosts, replace(request, dry_run=dry_run), rollout.make_job)
+        assert [o.state for o in outcomes] == ["unchanged"] * 3 and not any(o.ops for o in outcomes)
+    assert not [a for _, a in log if a[0] == "systemctl" or a[:2] == ("sh", "-c") and a[4:5] == ("write",)]
+    gates = [h for h, a in log if a[:2] == ("python3", "-c") and "UNKNOWN" not in a[2]]
+    assert gates == ["node-0"] and outcomes[0].gate.ok  # the real run asks the head's server to answer
+
+
 def test_a_multinode_group_with_a_host_that_does_not_answer_says_which_and_changes_none(tmp_path, monkeypatch):
     from hosttune.errors import TransportError
 
