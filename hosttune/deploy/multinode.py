@@ -27,7 +27,7 @@ from hosttune.deploy.placement import PER_GPU, Layout, divisors_of_heads, place
 from hosttune.deploy.preconditions import NOT_NGINX, check_job, serve_needs
 from hosttune.deploy.release import release_name, wheel_path
 from hosttune.deploy.restore import load_release
-from hosttune.deploy.state import HostState, read_state
+from hosttune.deploy.state import HostState, read_cordon, read_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
 from hosttune.execute.perform import run_ops
 from hosttune.errors import HosttuneError, TransportError
@@ -167,6 +167,7 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
         return [HostDeploy(h, Outcome.UNREACHABLE, error=str(facts[h.name])) if h.name in lost
                 else HostDeploy(h, Outcome.FAILED, error=why) for h in hosts]
     try:
+        _refuse_cordoned(hosts, transports)
         jobs = [make_job(h, facts[h.name], request, group_roles[h.name], model=_model(transports[h.name], request.model))
                 for h in hosts]
         states = {j.host.name: read_state(transports[j.host.name], j.release.id, [wheel_path(w) for w in j.release.wheels])
@@ -198,6 +199,14 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
                 return [HostDeploy(j.host, Outcome.FAILED, j.release.id, release_name(states[j.host.name].current), error=str(exc)) for j in jobs]
             return _restore_group(jobs, states, transports, gate or GateResult(False, phase.description, str(exc)))
     return [HostDeploy(j.host, Outcome.DEPLOYED, j.release.id, j.release.id, gate if j is head else None) for j in jobs]
+
+
+def _refuse_cordoned(hosts: list[Host], transports) -> None:
+    """A cordoned host (hosttune remediate) serves nothing, and its group cannot serve without it."""
+    for host in hosts:
+        cordoned = read_cordon(transports[host.name])
+        if cordoned:
+            raise DeployError(f"{host.name} is {cordoned}")
 
 
 def _unchanged(jobs: list[HostJob], states: dict[str, HostState], transports, dry_run: bool) -> list[HostDeploy]:

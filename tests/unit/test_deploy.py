@@ -424,6 +424,19 @@ def test_a_multinode_group_that_serves_its_release_already_is_unchanged_and_not_
     assert gates == ["node-0"] and outcomes[0].gate.ok  # the real run asks the head's server to answer
 
 
+def test_a_multinode_group_with_a_cordoned_host_changes_none(tmp_path, monkeypatch):
+    log: list = []
+    hosts, transports = ray_group(tmp_path, monkeypatch, log)
+    transports["node-1"].files["/var/lib/hosttune/cordon.json"] = b'{"at": 1, "reason": "GPU1: Xid 79", "run": "R"}\n'
+    for dry_run in (True, False):
+        request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3", dry_run=dry_run)
+        outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
+        assert [o.state for o in outcomes] == ["failed"] * 3
+        assert outcomes[0].error == ("nothing changed on group ray: node-1 is cordoned (GPU1: Xid 79); hosttune "
+                                     "uncordon takes it back")
+    assert not [a for _, a in log if a[0] == "systemctl" or a[:2] == ("sh", "-c") and a[4:5] == ("write",)]
+
+
 def test_a_multinode_group_with_a_host_that_does_not_answer_says_which_and_changes_none(tmp_path, monkeypatch):
     from hosttune.errors import TransportError
 
