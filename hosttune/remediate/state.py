@@ -50,13 +50,22 @@ class HostSnapshot:
         return () if self.replicas else tuple(u for u in self.units if not u.startswith("hosttune-engine@"))
 
 
-def _json(key: str, value: str) -> dict:
+REPLICAS_FILE = "/opt/hosttune/current/.hosttune/replicas.json"  # state.sh reads it there
+CORDON_FIX = "fix it, or remove it to uncordon the host"
+REPLICAS_FIX = "deploy the release again to rewrite it"
+
+
+def _json(what: str, value: str, fix: str) -> dict:
+    """A state file's one JSON object; what: the file, as the error names it; fix: what to do when it is not one."""
+    if not value.strip():
+        raise ProbeError(f"{what} is not a JSON object (it is empty); {fix}")
     try:
         doc = json.loads(value)
     except ValueError as exc:
-        raise ProbeError(f"the host's {key} file is not JSON: {exc}") from None
+        raise ProbeError(f"{what} is not JSON ({exc}); {fix}") from None
     if not isinstance(doc, dict):
-        raise ProbeError(f"the host's {key} file is not a JSON object")
+        kind = {list: "a list", str: "a string", bool: "true or false", type(None): "null"}.get(type(doc), "a number")
+        raise ProbeError(f"{what} is not a JSON object (it is {kind}); {fix}")
     return doc
 
 
@@ -72,21 +81,21 @@ def _cordon_time(raw: object) -> float | None:
 
 
 def parse_cordon(value: str) -> Cordon:
-    doc = _json("cordon", value)
+    doc = _json(f"the host's cordon file {CORDON_FILE}", value, CORDON_FIX)
     at = _cordon_time(doc.get("at"))
     if at is None:
         raise ProbeError(f"the host's cordon file {CORDON_FILE}: at must be Unix time in seconds "
-                         f"(got {doc.get('at')!r}); fix it, or remove it to uncordon the host")
+                         f"(got {doc.get('at')!r}); {CORDON_FIX}")
     return Cordon(at, str(doc.get("reason", "")), str(doc.get("run", "")))
 
 
 def _replicas(value: str) -> tuple[Replica, ...]:
-    doc = _json("replicas", value)
+    doc = _json(f"the live release's {REPLICAS_FILE}", value, REPLICAS_FIX)
     try:
         return tuple(Replica(int(r["index"]), int(r["port"]), tuple(int(g) for g in r.get("gpus", ()))) for r in doc["replicas"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ProbeError(f"the live release's replicas.json is not a list of replicas with index, port and gpus "
-                         f"({type(exc).__name__}: {exc}); deploy the release again to rewrite it") from None
+        raise ProbeError(f"the live release's {REPLICAS_FILE} is not a list of replicas with index, port and gpus "
+                         f"({type(exc).__name__}: {exc}); {REPLICAS_FIX}") from None
 
 
 def parse_snapshot(text: str, with_ledger: bool = True) -> HostSnapshot:

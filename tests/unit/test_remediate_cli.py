@@ -236,6 +236,26 @@ def test_a_cordon_time_that_is_no_time_is_that_hosts_one_line_error_and_the_othe
         assert "gpu-02: cordoned since 2027-01-15 08:00:00Z" in result.stdout and "gpu-03: " in result.stdout
 
 
+@pytest.mark.parametrize("state, said", [
+    ("cordon:\n", "the host's cordon file /var/lib/hosttune/cordon.json is not a JSON object (it is empty); fix it, "
+                   "or remove it to uncordon the host"),
+    ("cordon:yes\n", "the host's cordon file /var/lib/hosttune/cordon.json is not JSON (Expecting value: line 1 column "
+                      "1 (char 0)); fix it, or remove it to uncordon the host"),
+    ("cordon:[]\n", "the host's cordon file /var/lib/hosttune/cordon.json is not a JSON object (it is a list); fix it, "
+                     "or remove it to uncordon the host"),
+    ("replicas:\n", "the live release's /opt/hosttune/current/.hosttune/replicas.json is not a JSON object (it is empty); "
+                     "deploy the release again to rewrite it"),
+])
+def test_an_empty_or_garbled_state_file_is_named_with_what_to_do(fleet, state, said):
+    """An empty cordon file (touched by hand, a full disk) said "the host's cordon file is not JSON: Expecting value:
+    line 1 column 1 (char 0)": no path, and nothing to do about it."""
+    states, inv = fleet
+    states.update({"gpu-01": SERVING.replace(f"replicas:{REPLICAS}\n", "") + state, "gpu-02": SERVING, "gpu-03": SERVING})
+    for command in ("remediate", "uncordon"):
+        result = runner.invoke(app, [command, *inv, "--dry-run"])
+        assert result.exit_code == 2 and result.stdout.splitlines()[0] == f"gpu-01: error: {said}", result.output
+
+
 @pytest.mark.parametrize("seen", ['[["0000:3b:00", 79]]', '"0000:3b:00"', '[["0000:3b:00", 79, "twice"]]'])
 def test_a_ledger_whose_counts_are_garbled_is_that_hosts_one_line_error(fleet, seen):
     states, inv = fleet
