@@ -61,7 +61,7 @@ def parse_ledger(text: str) -> Ledger:
         return Ledger(str(doc["boot"]), tuple((str(b), int(c), int(n)) for b, c, n in doc["seen"]),
                       tuple(Occurrence(str(o["bdf"]), int(o["code"]), float(o["at"])) for o in doc["xids"]),
                       tuple((str(b), float(t)) for b, t in doc["recovered"]))
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:  # Overflow: int(Infinity)
         raise LedgerError(f"the remediation ledger {LEDGER_FILE} is not valid ({exc}): move it aside to start a new one") from None
 
 

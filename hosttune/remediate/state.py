@@ -93,7 +93,7 @@ def _replicas(value: str) -> tuple[Replica, ...]:
     doc = _json(f"the live release's {REPLICAS_FILE}", value, REPLICAS_FIX)
     try:
         return tuple(Replica(int(r["index"]), int(r["port"]), tuple(int(g) for g in r.get("gpus", ()))) for r in doc["replicas"])
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:  # Overflow: int(Infinity)
         raise ProbeError(f"the live release's {REPLICAS_FILE} is not a list of replicas with index, port and gpus "
                          f"({type(exc).__name__}: {exc}); {REPLICAS_FIX}") from None
 

@@ -256,7 +256,20 @@ def test_an_empty_or_garbled_state_file_is_named_with_what_to_do(fleet, state, s
         assert result.exit_code == 2 and result.stdout.splitlines()[0] == f"gpu-01: error: {said}", result.output
 
 
-@pytest.mark.parametrize("seen", ['[["0000:3b:00", 79]]', '"0000:3b:00"', '[["0000:3b:00", 79, "twice"]]'])
+def test_replicas_json_with_a_number_no_integer_holds_is_that_hosts_error_not_an_internal_one(fleet):
+    states, inv = fleet
+    states.update({"gpu-01": SERVING.replace(f"replicas:{REPLICAS}", 'replicas:{"replicas": [{"index": Infinity, '
+                                             '"port": 8101}]}'), "gpu-02": SERVING, "gpu-03": SERVING})
+    for command in ("remediate", "uncordon"):
+        result = runner.invoke(app, [command, *inv, "--dry-run"])
+        assert result.exit_code == 2 and result.stdout.splitlines()[0] == (
+            "gpu-01: error: the live release's /opt/hosttune/current/.hosttune/replicas.json is not a list of replicas "
+            "with index, port and gpus (OverflowError: cannot convert float infinity to integer); deploy the release "
+            "again to rewrite it"), result.output
+
+
+@pytest.mark.parametrize("seen", ['[["0000:3b:00", 79]]', '"0000:3b:00"', '[["0000:3b:00", 79, "twice"]]',
+                                  '[["0000:3b:00", 79, Infinity]]'])  # Infinity stopped every host with an internal error
 def test_a_ledger_whose_counts_are_garbled_is_that_hosts_one_line_error(fleet, seen):
     states, inv = fleet
     ledger = f'{{"boot": "b1/17", "seen": {seen}, "xids": [], "recovered": []}}'
