@@ -195,6 +195,7 @@ def resolve(host: Host, preset: EnginePreset, model: str, port: int | None, over
 
 
 SHAPE_OPTIONS = {"{model}": ("--model", "deploy.model"), "{port}": ("--port", "deploy.port")}
+ALIAS_OPTIONS = {"model": SHAPE_OPTIONS["{model}"], "tensor_parallel": ("--tensor-parallel", "deploy.tensor_parallel")}
 
 
 def _refuse_shape_flags(preset: EnginePreset, given: Mapping[str, Any], where: str) -> None:
@@ -203,12 +204,17 @@ def _refuse_shape_flags(preset: EnginePreset, given: Mapping[str, Any], where: s
     shaped = {name: option for name, value in preset.serve.flags.items()
               for holder, option in SHAPE_OPTIONS.items() if holder in str(value)}
     if preset.serve.tp_flag:
-        shaped[preset.serve.tp_flag] = ("--tensor-parallel", "deploy.tensor_parallel")
-    for name in given:
+        shaped[preset.serve.tp_flag] = ALIAS_OPTIONS["tensor_parallel"]
+    shaped.update({flag: ALIAS_OPTIONS[kind] for flag, kind in preset.serve.shape_aliases.items()})
+    for name, value in given.items():
         option = shaped.get(str(name).removeprefix("--"))
         if option:
             raise DeployError(f"{where}{name}: hosttune sets --{str(name).removeprefix('--')} from the deployment's "
                               f"shape; give {option[0]} (or {option[1]}) instead")
+        if str(name).removeprefix("--") in preset.serve.gpu_flags and value is not None and str(value) != "1":
+            raise DeployError(f"{where}{name}={value}: a replica runs on the --tensor-parallel GPUs hosttune places it "
+                              f"on, and --{str(name).removeprefix('--')} {value} would need {value} times as many; give "
+                              f"--tensor-parallel and --replicas (or deploy.tensor_parallel and deploy.replicas) instead")
 
 
 def _refuse_placement_env(given: Mapping[str, Any], where: str) -> None:

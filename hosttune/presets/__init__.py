@@ -54,6 +54,8 @@ class ServeSpec:
     architectures: tuple[str, ...] = ()  # config.json architectures the engine loads; () any
     memory_flag: str | None = None  # the engine's share of its GPUs' memory; replicas sharing a GPU split it
     memory_share: float = 0.9  # that flag's value when neither the preset's flags nor the inventory set it
+    shape_aliases: dict[str, str] = field(default_factory=dict, hash=False)  # flag → "model" | "tensor_parallel"
+    gpu_flags: tuple[str, ...] = ()  # flags (pipeline, data parallel) that would give a replica more GPUs than its TP
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,8 @@ def parse_preset(doc: dict, where: str) -> EnginePreset:
             serve.get("false_flag"), serve.get("tp_flag"), serve.get("api_key_env"), serve.get("api_key_flag"),
             _strings(serve.get("env")), dict(serve.get("flags") or {}), tuple(serve.get("help") or ()),
             tuple(str(a) for a in serve.get("architectures") or ()), serve.get("memory_flag"),
-            float(serve.get("memory_share", 0.9)),
+            float(serve.get("memory_share", 0.9)), dict(serve.get("shape_aliases") or {}),
+            tuple(serve.get("gpu_flags") or ()),
         )
         multi = doc.get("multinode")
         multi_spec = None if not multi else MultinodeSpec(

@@ -85,7 +85,10 @@ def test_bad_deploy_vars_name_the_inventory_line(tmp_path):
 
 @pytest.mark.parametrize("engine, flag, option", [("custom", "port", "--port"), ("custom", "model", "--model"),
                                                   ("sglang", "model-path", "--model"),
-                                                  ("vllm", "tensor-parallel-size", "--tensor-parallel")])
+                                                  ("vllm", "tensor-parallel-size", "--tensor-parallel"),
+                                                  # the same flags by their other names
+                                                  ("vllm", "model", "--model"), ("sglang", "model", "--model"),
+                                                  ("sglang", "tensor-parallel-size", "--tensor-parallel")])
 def test_flags_hosttune_sets_from_the_shape_are_refused_with_the_option_that_sets_them(tmp_path, engine, flag, option):
     host = inventory(tmp_path).hosts[0]
     with pytest.raises(DeployError, match=f"^--set {flag}: hosttune sets --{flag} from the deployment's shape; give "
@@ -93,6 +96,21 @@ def test_flags_hosttune_sets_from_the_shape_are_refused_with_the_option_that_set
         resolve(host, load_preset(engine), "/m", None, parse_sets([f"{flag}=2"]))
     with pytest.raises(DeployError, match=f"inventory.yaml:\\d+: deploy.{engine}.{flag}: hosttune sets"):
         resolve(replace(host, deploy={engine: {flag: 2}}), load_preset(engine), "/m", None, parse_sets([]))
+
+
+@pytest.mark.parametrize("engine, flag", [("vllm", "pipeline-parallel-size"), ("vllm", "data-parallel-size"),
+                                          ("sglang", "pp-size"), ("sglang", "pipeline-parallel-size"),
+                                          ("sglang", "dp-size"), ("sglang", "data-parallel-size")])
+def test_flags_that_would_give_a_replica_more_gpus_than_placed_are_refused(tmp_path, engine, flag):
+    """Each replica gets CUDA_VISIBLE_DEVICES of its TP GPUs: pipeline or data parallel inside it would ask for more."""
+    host = inventory(tmp_path).hosts[0]
+    with pytest.raises(DeployError, match=f"^--set {flag}=2: a replica runs on the --tensor-parallel GPUs hosttune "
+                                          f"places it on, and --{flag} 2 would need 2 times as many; give "
+                                          "--tensor-parallel and --replicas"):
+        resolve(host, load_preset(engine), "/m", None, parse_sets([f"{flag}=2"]))
+    with pytest.raises(DeployError, match=f"inventory.yaml:\\d+: deploy.{engine}.{flag}=2: a replica runs"):
+        resolve(replace(host, deploy={engine: {flag: 2}}), load_preset(engine), "/m", None, parse_sets([]))
+    assert resolve(host, load_preset(engine), "/m", None, parse_sets([f"{flag}=1"])).flags[flag] == 1
 
 
 def test_flag_argv_true_false_null():
