@@ -66,12 +66,14 @@ def load_journals(transport: Transport, root: str | None) -> list[Journal]:
     image = root if root and root != "/" else ""
     runs = rooted(root, RUNS_DIR)  # under --root, the image's folder: the one to move a damaged journal out of
     texts = read_journals(transport, runs, image)
-    return [_journal(runs, name, text) for name, text in texts.items() if text]
+    return [_journal(runs, name, text) for name, text in texts.items()]
 
 
 def _journal(runs: str, name: str, text: str) -> Journal:
     """One journal; a damaged one is the host's error (skipping it could roll another run back over its changes)."""
     try:
+        if not text:  # apply writes a journal whole (a temporary file renamed): an empty one was broken since
+            raise ValueError("the file is empty")
         return Journal.from_json(text)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise HosttuneError(f"{runs}/{name}: unreadable run journal ({type(exc).__name__}: {str(exc)[:200]}): move it "
