@@ -19,7 +19,8 @@ What each request says comes from a `Workload` (workload.py).
 
 The run sends requests for `warmup` seconds (not measured), then for `duration`
 seconds or until `num_requests` measured requests have been sent, then waits up to
-`drain_timeout` for the requests still running and cancels the rest. It always stops.
+`drain_timeout` (and a second's grace, for their own timeouts to end them as failures) for
+the requests still running and cancels the rest. It always stops.
 The measured window runs from the warm-up's end to where sending ended (an open loop's
 last measured arrival with `num_requests`), so requests offered and requests served cover
 the same time; a closed loop or a trace bounded by a count ends it at its last measured
@@ -49,6 +50,9 @@ from hosttune.errors import BenchError
 LAG_INTERVAL = 0.005  # seconds between two loop-lag samples
 MAX_IN_FLIGHT = 4096  # open loop without a cap: past this, arrivals wait (and show as send lag)
 MAX_USERS = 100_000  # closed loop: each user is a task and a connection; millions would exhaust memory first
+# The drain outwaits a request's own timeout by this much: a request past --timeout ends as a timeout failure, not
+# cancelled by a drain of the same length whose timer fires in the same loop turn (uvloop rounds timers to 1 ms).
+DRAIN_GRACE = 1.0
 
 
 @dataclass(frozen=True)
@@ -326,7 +330,7 @@ class LoadGenerator:
     async def _drain(self) -> None:
         self.is_stopping = True
         if self.tasks:
-            await asyncio.wait(set(self.tasks), timeout=self.load.drain_timeout)
+            await asyncio.wait(set(self.tasks), timeout=self.load.drain_timeout + DRAIN_GRACE)
         for task in list(self.tasks):
             task.cancel()
         if self.tasks:

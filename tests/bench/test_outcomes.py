@@ -55,6 +55,17 @@ def test_a_request_past_its_timeout_fails(server_factory):
     assert all(0.195 <= r.e2e < 0.4 for r in run.requests), [r.e2e for r in run.requests]
 
 
+def test_a_request_past_its_timeout_at_the_end_of_a_run_fails_rather_than_being_cancelled(server_factory):
+    """The run waits for its last requests as long as --timeout (the CLI sets both): each must end by its own
+    timeout, a failure the report counts, not by the run's cancelling it first, as if it never mattered."""
+    url = server_factory("--ttft", "0.5", "--itl", "0.01")
+    slow = BenchSpec(load=Load(users=3, num_requests=3, drain_timeout=0.2), prompt_lengths="8",
+                     output_lengths="4", timeout=0.2)
+    run = run_async(measure(slow, url))
+    assert [r.error.split(":")[0] for r in run.requests] == ["timeout"] * 3
+    assert summarize(run).num_failed == 3
+
+
 def test_unreachable_endpoint_is_a_user_error():
     with pytest.raises(BenchError, match="cannot reach"):
         run_async(measure(spec(users=1, num_requests=1), "http://127.0.0.1:9"))
