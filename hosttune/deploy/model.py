@@ -43,6 +43,9 @@ class ModelShape:
     other_weights: tuple[str, ...] = ()  # *.bin, *.pt, *.pth checkpoint files (vLLM and SGLang load them)
     shards: tuple[str, ...] | None = None  # the files INDEX lists; None without an index
     index_error: str = ""  # why INDEX could not be read, when it could not
+    quant_unit: int | None = None  # a tensor parallel shard of a row-parallel layer's input is whole units of this
+    quant: str = ""  # what those units are, e.g. "awq groups"
+    row_inputs: tuple[int, ...] = ()  # the input columns of the row-parallel layers (attention out, MLP down)
 
     @property
     def weight_gb(self) -> float:
@@ -93,7 +96,31 @@ def parse_model(path: str, text: str) -> ModelShape:
     heads = _positive(config.get("num_attention_heads"))
     kv = _positive(config.get("num_key_value_heads")) or heads
     return ModelShape(path, True, heads, kv, error="" if heads else "config.json has no num_attention_heads",
-                      architectures=archs, **weights)
+                      architectures=archs, row_inputs=_row_inputs(config, heads), **_quant(config), **weights)
+
+
+def _quant(config: dict) -> dict:
+    """The unit a row-parallel shard of a quantized checkpoint must be whole multiples of: a 4-bit layout's
+    group of input columns, an FP8 layout's block of them. vLLM, SGLang and the bundled engine refuse a
+    tensor parallel size that cuts one."""
+    raw = config.get("quantization_config")
+    method = str(raw.get("quant_method", "")) if isinstance(raw, dict) else ""
+    if method in ("awq", "gptq"):
+        group = _positive(raw.get("group_size", raw.get("q_group_size", 128)))  # -1: one group a row, any split
+        return dict(quant_unit=group, quant=f"{method} groups") if group else {}
+    block = raw.get("weight_block_size") if method == "fp8" else None
+    if isinstance(block, list) and len(block) == 2 and _positive(block[1]):
+        return dict(quant_unit=block[1], quant="fp8 blocks")
+    return {}
+
+
+def _row_inputs(config: dict, heads: int | None) -> tuple[int, ...]:
+    """The attention output projection's inputs (heads × head size) and the MLP down projection's."""
+    head_dim = _positive(config.get("head_dim"))
+    hidden = _positive(config.get("hidden_size"))
+    attention = heads * (head_dim or (hidden // heads if hidden else 0)) if heads else 0
+    sizes = (attention, _positive(config.get("intermediate_size")), _positive(config.get("moe_intermediate_size")))
+    return tuple(n for n in sizes if n)
 
 
 def model_problem(model: ModelShape, supported: tuple[str, ...], *, any_format: bool = True,

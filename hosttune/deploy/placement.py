@@ -182,17 +182,32 @@ def divisors_of_heads(model: ModelShape, limit: int) -> list[int]:
 
 
 def _splits(tp: int, model: ModelShape) -> bool:
+    return _heads_split(tp, model) and not quant_problem(tp, model)
+
+
+def _heads_split(tp: int, model: ModelShape) -> bool:
     if model.num_heads is None:
         return True
     kv = model.num_kv_heads or model.num_heads
     return model.num_heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
 
 
+def quant_problem(tp: int, model: ModelShape) -> str:
+    """Why a 1/tp shard of the model's row-parallel layers cuts its quantization groups (blocks); "" when not."""
+    unit = model.quant_unit
+    cut = [n for n in model.row_inputs if unit and (n % tp or (n // tp) % unit)]
+    return (f"a 1/{tp} shard of its {cut[0]} input columns ({cut[0] / tp:g}) is not whole {unit}-column {model.quant}"
+            if cut else "")
+
+
 def _check_heads(tp: int, model: ModelShape, host: str) -> None:
-    if not _splits(tp, model):
-        fits = ", ".join(map(str, divisors_of_heads(model, max(tp, 8))))
+    fits = ", ".join(map(str, divisors_of_heads(model, max(tp, 8))))
+    if not _heads_split(tp, model):
         raise DeployError(f"{host}: --tensor-parallel {tp} does not divide {model.path}'s {model.num_heads} attention heads "
                           f"({model.num_kv_heads} KV heads); use one of {fits}")
+    if quant_problem(tp, model):
+        raise DeployError(f"{host}: --tensor-parallel {tp} does not split {model.path}'s quantized weights: "
+                          f"{quant_problem(tp, model)}; use one of {fits}")
 
 
 def _gpu_bytes(gpus: tuple[int, ...], facts: Facts) -> int | None:
@@ -224,8 +239,9 @@ def choose_tp(requested: int | None, gpus: tuple[int, ...], facts: Facts, model:
         if _shard_fits(tp, model, gpu_bytes):
             return tp, (f"TP {tp}: the smallest that divides {model.num_heads or '?'} heads and fits "
                         f"{model.weight_gb / tp:.1f} GB of weights per GPU in {WEIGHT_SHARE:.0%} of {memory}")
+    whole = f" and keeps its {model.quant_unit}-column {model.quant} whole" if model.quant_unit else ""
     raise DeployError(f"{host}: {model.path} ({model.weight_gb:.1f} GB of weights) does not fit {len(gpus)} GPUs of "
-                      f"{memory} at any TP that divides its {model.num_heads} heads; give it more GPUs{fewer}")
+                      f"{memory} at any TP that divides its {model.num_heads} heads{whole}; give it more GPUs{fewer}")
 
 
 def gpu_groups(gpus: tuple[int, ...], tp: int, facts: Facts) -> list[tuple[int, ...]]:

@@ -109,6 +109,47 @@ def test_refusals_are_one_line_naming_what_to_change(kwargs, message):
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+def _quantized(quant: dict, intermediate: int, heads: int = 64, weights_gb: float = 41.0) -> ModelShape:
+    """A config.json with a quantization_config (Qwen2.5-72B's shape, 128-dim heads) and its weights."""
+    config = {"architectures": list(QWEN), "num_attention_heads": heads, "num_key_value_heads": 8,
+              "hidden_size": heads * 128, "intermediate_size": intermediate, "quantization_config": quant}
+    return parse_model("/models/q", "dir:\nconfig-begin:\n" + json.dumps(config) + "\nconfig-end:\n"
+                       f"weights:{int(weights_gb * GB)} model.safetensors\n")
+
+
+AWQ_72B = _quantized({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"}, 29568)
+
+
+def test_a_quantized_model_parses_to_the_columns_a_shard_must_be_whole_groups_of():
+    assert (AWQ_72B.quant_unit, AWQ_72B.quant, AWQ_72B.row_inputs) == (128, "awq groups", (8192, 29568))
+    fp8 = _quantized({"quant_method": "fp8", "weight_block_size": [128, 128]}, 29568)
+    assert (fp8.quant_unit, fp8.quant) == (128, "fp8 blocks")
+    per_row = _quantized({"quant_method": "gptq", "bits": 4, "group_size": -1}, 29568)  # one group a row: any split
+    assert per_row.quant_unit is None and QWEN_7B.quant_unit is None
+
+
+@pytest.mark.parametrize("model, tp, message", [
+    (AWQ_72B, 2, "gpu-01: --tensor-parallel 2 does not split /models/q's quantized weights: a 1/2 shard of its "
+                 "29568 input columns (14784) is not whole 128-column awq groups; use one of 1"),
+    (_quantized({"quant_method": "fp8", "weight_block_size": [128, 128]}, 29568, weights_gb=73), 4,
+     "gpu-01: --tensor-parallel 4 does not split /models/q's quantized weights: a 1/4 shard of its 29568 input "
+     "columns (7392) is not whole 128-column fp8 blocks; use one of 1"),
+])
+def test_a_tensor_parallel_that_cuts_quantized_groups_is_refused(model, tp, message):
+    """vLLM, SGLang and the bundled engine all refuse a row-parallel shard that is not whole groups (blocks)."""
+    with pytest.raises(DeployError) as info:
+        layout(a100_facts(), model, tp=tp)
+    assert str(info.value) == message
+
+
+def test_the_tensor_parallel_chosen_for_a_quantized_model_keeps_its_groups_whole():
+    padded = _quantized({"quant_method": "awq", "bits": 4, "group_size": 128}, 29696, weights_gb=120)  # 1 GPU: no
+    assert layout(a100_facts(), padded).tensor_parallel == 2  # 14848 = 116 groups
+    unpadded = replace(padded, row_inputs=(8192, 29568))
+    with pytest.raises(DeployError, match="does not fit 4 GPUs of 80 GiB at any TP that divides its 64 heads and keeps its 128-column awq groups whole"):
+        layout(a100_facts(), unpadded)
+
+
 def test_model_folder_parses_to_heads_and_weight_bytes():
     config = {"architectures": ["Qwen2ForCausalLM"], "num_attention_heads": 28, "num_key_value_heads": 4}
     text = ("dir:\nconfig-begin:\n" + json.dumps(config) +
