@@ -254,6 +254,7 @@ def test_ctrl_c_ends_a_run_early_and_still_reports_it(server_factory, tmp_path, 
     assert "SIGINT ended the run after" in output and "Traceback" not in output
     run = json.loads((out / "results.json").read_text())["runs"][0]
     assert run["stopped_by"] == "SIGINT" and run["window"][1] < 60
+    assert f"{url}: SIGINT ended the run after" in (out / "report.md").read_text()  # not read as a full run later
     measured = [r for r in run["requests"] if not r["is_warmup"]]
     assert measured and all(r["outcome"] == "ok" for r in measured)  # those in flight finished, not cut
 
