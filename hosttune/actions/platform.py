@@ -177,4 +177,7 @@ def select(facts: Facts) -> Platform:
         return Platform(packages, GrubDropIn())
     if facts.cmdline_source:
         return Platform(packages, None, f"boot loader configured through {facts.cmdline_source}, which hosttune does not edit")
+    if facts.image:
+        return Platform(packages, None, "the image has no boot loader configuration (no /etc/default/grub, grubby or "
+                                        "/etc/kernel/cmdline)")
     return Platform(packages, None, "no boot loader configuration found (a VM or container whose kernel command line is set by its host)")

@@ -131,6 +131,16 @@ def test_apply_dry_run_under_a_missing_root_plans_nothing_and_exits_2(tmp_path):
     assert "0 changes" in result.stdout and not (tmp_path / "typo").exists()
 
 
+def test_an_image_without_a_boot_loader_configuration_is_not_called_a_vm_or_container(tmp_path):
+    """An image without /etc/default/grub was told its kernel command line is set by its host, as a VM's is."""
+    (tmp_path / "img/etc").mkdir(parents=True)
+    result = CliRunner().invoke(app, ["apply", "--dry-run", "--root", str(tmp_path / "img")])
+    (line,) = [line for line in result.output.splitlines() if line.startswith("  - cpu.cstates: ")]
+    assert line == ("  - cpu.cstates: not fixed by apply: the image has no boot loader configuration (no "
+                    "/etc/default/grub, grubby or /etc/kernel/cmdline); add intel_idle.max_cstate=1 "
+                    "processor.max_cstate=1 to the kernel command line by hand"), result.output
+
+
 @pytest.mark.parametrize("content", [(), ("boot/grub",)], ids=["empty", "a boot partition"])
 def test_apply_on_a_folder_that_is_no_os_root_refuses_in_one_line_and_plans_nothing(tmp_path, content):
     """An image that failed to mount leaves an empty mount point: apply planned its files into it."""
