@@ -23,7 +23,7 @@ from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
 from hosttune.deploy.host import HostDeploy, HostJob
 from hosttune.deploy.plan import Role
 from hosttune.deploy.model import ModelShape, read_model
-from hosttune.deploy.placement import PER_GPU, Layout, divisors_of_heads, place
+from hosttune.deploy.placement import PER_GPU, Layout, divisors_of_heads, place, quant_problem
 from hosttune.deploy.preconditions import NOT_NGINX, check_job, serve_needs
 from hosttune.deploy.release import release_name, wheel_path
 from hosttune.deploy.restore import load_release
@@ -86,9 +86,10 @@ def group_layout(host: Host, facts, request, model: ModelShape) -> Layout:
                               f"hosts; leave {option} out")
     fits = divisors_of_heads(model, len(facts.gpu.gpus) or tp)
     if tp not in fits:
+        why = quant_problem(tp, model) or (f"{tp} does not divide {model.path}'s {model.num_heads} attention heads "
+                                           f"({model.num_kv_heads} KV heads)")
         raise DeployError(f"{host.name}: a multi-node group runs tensor parallel over each host's GPUs ({given}), and "
-                          f"{tp} does not divide {model.path}'s {model.num_heads} attention heads ({model.num_kv_heads} "
-                          f"KV heads); give each host {_either(fits)} GPUs with --gpus")
+                          f"{why}; give each host {_either(fits)} GPU{'' if fits == [1] else 's'} with --gpus")
     return Layout((placement,), 0, "multi-node")
 
 

@@ -455,6 +455,19 @@ def test_a_multinode_group_with_a_cordoned_host_changes_none(tmp_path, monkeypat
     assert not [a for _, a in log if a[0] == "systemctl" or a[:2] == ("sh", "-c") and a[4:5] == ("write",)]
 
 
+def test_a_multinode_group_whose_gpus_a_host_would_cut_quantized_groups_says_so(tmp_path, monkeypatch):
+    hosts, transports = ray_group(tmp_path, monkeypatch, [])
+    for t in transports.values():  # 128-column groups, 384 MLP columns: 2 ranks would get 1.5 groups each
+        t.models["/m"] = MODEL.replace('"num_attention_heads": 8}', '"num_attention_heads": 8, "hidden_size": 1024, '
+                                       '"intermediate_size": 384, "quantization_config": {"quant_method": "awq", '
+                                       '"group_size": 128}}')
+    request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-1", dry_run=True)
+    outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
+    assert outcomes[0].error == ("nothing changed on group ray: node-0: a multi-node group runs tensor parallel over each "
+                                 "host's GPUs (--gpus 0-1 gives 2), and a 1/2 shard of its 384 input columns (192) is "
+                                 "not whole 128-column awq groups; give each host 1 GPU with --gpus")
+
+
 def test_a_multinode_group_with_a_host_that_does_not_answer_says_which_and_changes_none(tmp_path, monkeypatch):
     from hosttune.errors import TransportError
 
