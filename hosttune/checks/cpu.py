@@ -104,8 +104,9 @@ def rcu_nocbs(facts: Facts, profile: Profile) -> Verdict:
         return na("rcu_nocbs not managed by the profile")
     want = cores.rcu_nocbs(facts, setting)
     if want is None:
-        return na("rcu_nocbs: auto needs the host's CPUs, and none were read (an image?): "
-                  "set rcu_nocbs for these hosts in the inventory", "rcu_nocbs=auto")
+        read = "an image has none to read" if facts.image else "none were read"
+        return na(f"rcu_nocbs: auto needs the host's CPUs, and {read}: set rcu_nocbs for these hosts in the inventory",
+                  "rcu_nocbs=auto")
     if not want:
         return na(f"too few CPUs ({len(cores.online(facts))}) to offload RCU callbacks from any", "rcu_nocbs=auto")
     if missing := cores.beyond(facts, want):

@@ -74,7 +74,8 @@ def test_image_findings_judge_its_configuration(tmp_path):
     found = {f.check_id: f for f in run_checks(facts, load_profile("inference-latency"))}
     assert found["cpu.cstates"].status is Status.DRIFT and found["cpu.cstates"].active == "-"
     assert found["kernel.rcu_nocbs"].status is Status.NOT_APPLICABLE  # auto needs CPUs; an image has none
-    assert "set rcu_nocbs" in found["kernel.rcu_nocbs"].detail
+    assert found["kernel.rcu_nocbs"].detail == ("rcu_nocbs: auto needs the host's CPUs, and an image has none to read: "
+                                                "set rcu_nocbs for these hosts in the inventory")
     assert found["mm.thp"].status is Status.DRIFT and found["mm.thp"].configured == "never"
     assert found["numa.topology"].status is Status.DRIFT
     assert found["driver.held"].status is Status.DRIFT and "cuda-toolkit-12-4" in found["driver.held"].detail
