@@ -284,6 +284,17 @@ def test_an_image_that_does_not_boot_systemd_is_named_for_its_init_not_the_build
             "transparent_hugepage=madvise to the kernel command line") in text.splitlines(), text
 
 
+def test_an_image_without_an_init_is_said_to_have_none_not_to_run_one_named_init(tmp_path):
+    """/sbin/init missing (or a dangling link) read as an init named "init": "/sbin/init is init, not systemd"."""
+    make_image(tmp_path)
+    (tmp_path / "sbin/init").unlink()
+    (tmp_path / "sbin/init").symlink_to("/lib/systemd/systemd-gone")
+    assert gather(LocalTransport(), root=str(tmp_path)).facts.pid1 == ""
+    text = CliRunner().invoke(app, ["apply", "--root", str(tmp_path), "--dry-run"]).output
+    assert ("  - mm.thp: not fixed by apply: not persisted: the image's /sbin/init is missing, not systemd; add "
+            "transparent_hugepage=madvise to the kernel command line") in text.splitlines(), text
+
+
 def test_an_image_plan_says_the_monitor_is_left_to_the_host_booted_from_it(tmp_path):
     """The monitor's timers run on a booted host, and apply installs them there: with the monitor on, an image's plan
     said nothing of it, as if the image would come up monitored."""
