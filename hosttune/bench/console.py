@@ -57,7 +57,7 @@ def sweep_point_line(url: str, point: SweepPoint) -> str:
     return (f"{url} rate {rate_text(point.rate):>8}/s: offered {rate_text(s.offered_rate)}/s, "
             f"served {rate_text(s.request_throughput)}/s, E2E P95 {e2e}, "
             f"errors {s.error_rate:.1%}, backlog {s.backlog_growth:+d} "
-            f"-> {'held' if point.is_held else 'broke'}{lag}")
+            f"-> {point.verdict}{lag}")
 
 
 def sweep_table(sweeps: list[SweepResult], render: TableRenderer = table) -> str:
@@ -66,4 +66,6 @@ def sweep_table(sweeps: list[SweepResult], render: TableRenderer = table) -> str
              "-" if s.first_broken is None else rate_text(s.first_broken),
              rate_text(max((p.summary.request_throughput for p in s.points), default=0.0)), str(len(s.points))]
             for s in sweeps]
-    return render(header, rows)
+    notes = [f"\nNOTE {s.url}: {s.stopped_by} ended the sweep; its answer is from the steps before it."
+             for s in sweeps if s.stopped_by]
+    return render(header, rows) + "".join(notes)

@@ -84,7 +84,7 @@ def _request_json(r: RequestRecord) -> dict:
 def _sweep_json(sweep: SweepResult) -> dict:
     return {
         "url": sweep.url, "slo": _plain(sweep.slo), "max_rate": sweep.max_rate,
-        "first_broken": sweep.first_broken, "is_capped": sweep.is_capped,
+        "first_broken": sweep.first_broken, "is_capped": sweep.is_capped, "stopped_by": sweep.stopped_by,
         "points": [{"rate": p.rate, "is_held": p.is_held, "is_client_bound": p.is_client_bound,
                     **_run_json(p.run, p.summary)} for p in sweep.points],
     }
@@ -243,6 +243,7 @@ def _sweep_section(sweep: SweepResult) -> list[str]:
              f"SLO: {slo}, errors <= {sweep.slo.max_error_rate:.0%}; a step also needs the server to "
              "keep up (backlog growth within chance).",
              f"Highest rate that held: {verdict}. Highest rate served in any step: {rate_text(served)} requests/s.", "",
+             *_sweep_stop(sweep),
              "A step's arrivals are random around its target rate: offered is what its window sent per second, served "
              "what ended in that window per second, above offered only by a backlog the step began with and cleared "
              "(its backlog growth is then negative).", "",
@@ -251,9 +252,20 @@ def _sweep_section(sweep: SweepResult) -> list[str]:
     for p in sorted(sweep.points, key=lambda p: p.rate):
         s = p.summary
         lines.append(f"| {rate_text(p.rate)} | {rate_text(s.offered_rate)} | {rate_text(s.request_throughput)} | {_ms(s.ttft, 95)} | {_ms(s.e2e, 95)} | "
-                     f"{s.error_rate:.1%} | {s.backlog_growth:+d} | {'yes' if p.is_held else 'no'} | "
+                     f"{s.error_rate:.1%} | {s.backlog_growth:+d} | {_held(p)} | "
                      f"{'BEHIND' if p.is_client_bound else 'ok'} |")
     return lines + [""]
+
+
+def _sweep_stop(sweep: SweepResult) -> list[str]:
+    if not sweep.stopped_by:
+        return []
+    return [f"> **{sweep.stopped_by} ended the sweep** during its step at {rate_text(sweep.points[-1].rate)} "
+            "requests/s: that step judges no rate, and the answer above is from the steps before it.", ""]
+
+
+def _held(point) -> str:
+    return {"held": "yes", "broke": "no"}.get(point.verdict, point.verdict)
 
 
 def write_markdown(outcome: Outcome, path: Path, plots: list[str]) -> None:

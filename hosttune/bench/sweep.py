@@ -9,7 +9,8 @@ then the gap between the highest rate that held and the lowest that broke is hal
 (in log space) until it is within `precision`. The answer is the highest rate that
 held. A step where the client fell behind is marked (`is_client_bound`): the client's
 lateness can only make latencies look worse, so a step that held still held, but a
-step that broke there may have broken because of the client.
+step that broke there may have broken because of the client. A signal (Ctrl-C, SIGTERM)
+that cuts a step short ends the sweep: that step is kept but judges no rate.
 """
 
 from __future__ import annotations
@@ -50,7 +51,14 @@ class SweepPoint:
 
     @property
     def is_held(self) -> bool:
-        return bool(self.summary.slo_met) and self.summary.is_kept_up
+        return not self.run.stopped_by and bool(self.summary.slo_met) and self.summary.is_kept_up
+
+    @property
+    def verdict(self) -> str:
+        """held, broke, or what stopped the step before its end (then it judges no rate)."""
+        if self.run.stopped_by:
+            return f"stopped by {self.run.stopped_by}"
+        return "held" if self.is_held else "broke"
 
     @property
     def is_client_bound(self) -> bool:
@@ -66,6 +74,7 @@ class SweepResult:
     max_rate: float | None  # highest rate that held; None if even the first broke
     first_broken: float | None  # lowest rate that broke; None if none did
     is_capped: bool  # reached max_rate without breaking
+    stopped_by: str | None = None  # the signal that ended the sweep before its answer
 
 
 def next_rate(held: float | None, broken: float | None, config: SweepConfig) -> float | None:
@@ -98,9 +107,12 @@ async def sweep(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig,
         points.append(point)
         if on_point:
             on_point(point)
+        if run.stopped_by:
+            break
         if point.is_held:
             held = rate
         else:
             broken = rate
     is_capped = broken is None and held is not None and held >= config.max_rate
-    return SweepResult(url, slo, tuple(points), held, broken, is_capped)
+    stopped_by = points[-1].run.stopped_by if points else None
+    return SweepResult(url, slo, tuple(points), held, broken, is_capped, stopped_by)

@@ -65,16 +65,31 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
     _check_answering(spec, url)
     command = "hosttune bench " + " ".join(shlex.quote(a) for a in redact_argv(sys.argv[2:]))
     if config is not None:
-        outcome = report.Outcome((), tuple(_sweep_one(spec, u, slo_value, config) for u in url), command, report.now_text())
+        sweeps = _until_stopped(url, lambda u: _sweep_one(spec, u, slo_value, config), lambda s: s.stopped_by)
+        outcome = report.Outcome((), sweeps, command, report.now_text())
         typer.echo(console.sweep_table(list(outcome.sweeps), table_renderer(console.table)))
     else:
-        outcome = report.Outcome(tuple(_run_one(spec, u) for u in url), (), command, report.now_text())
+        runs = _until_stopped(url, lambda u: _run_one(spec, u), lambda r: r[0].stopped_by)
+        outcome = report.Outcome(runs, (), command, report.now_text())
         typer.echo(console.summary_table(list(outcome.runs), table_renderer(console.table)))
     if out is not None:
         _write(outcome, out)
     for message in _unanswered(outcome):
         typer.secho(f"hosttune: {message}", err=True, fg="red")
     raise typer.Exit(_exit_code(outcome))
+
+
+def _until_stopped(urls: list[str], measure_one, stopped_by) -> tuple:
+    """Each endpoint's result in turn; a signal that ended one ends the bench: the endpoints after it are not
+    measured (Ctrl-C means stop, not skip to the next endpoint), and stderr names them."""
+    results = []
+    for url in urls:
+        results.append(measure_one(url))
+        if (signal_name := stopped_by(results[-1])) and (rest := urls[len(results):]):
+            typer.secho(f"hosttune: {signal_name} ended the bench: {', '.join(rest)} "
+                        f"{'was' if len(rest) == 1 else 'were'} not measured", err=True, fg="yellow")
+            break
+    return tuple(results)
 
 
 def _check_answering(spec: BenchSpec, urls: list[str]) -> None:

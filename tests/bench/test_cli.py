@@ -259,6 +259,31 @@ def test_ctrl_c_ends_a_run_early_and_still_reports_it(server_factory, tmp_path, 
     assert measured and all(r["outcome"] == "ok" for r in measured)  # those in flight finished, not cut
 
 
+def test_ctrl_c_ends_the_whole_bench_not_only_the_sweep_step_it_came_in(server_factory, tmp_path):
+    """Ctrl-C during a sweep's step ends the sweep, and the endpoints after it are not measured: it is not taken for
+    the end of one step, after which the sweep (and the next endpoint) would go on for minutes."""
+    first, second = server_factory("--ttft", "0.5", "--itl", "0.001"), server_factory()
+    out = tmp_path / "stopped"
+    argv = [sys.executable, "-m", "hosttune", "bench", "--url", first, "--url", second, "--sweep", "--sweep-start", "20",
+            "--duration", "120s", "--warmup", "0s", "--prompts", "8", "--max-tokens", "2", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    bench = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while _running(first) < 1 and time.monotonic() < deadline and bench.poll() is None:
+        time.sleep(0.05)
+    bench.send_signal(signal.SIGINT)
+    try:
+        stdout, stderr = bench.communicate(timeout=30)
+    finally:
+        bench.kill()
+    assert "Traceback" not in stderr and f"SIGINT ended the bench: {second} was not measured" in stderr, stderr
+    (sweep,) = json.loads((out / "results.json").read_text())["sweeps"]
+    assert sweep["stopped_by"] == "SIGINT" and len(sweep["points"]) == 1, sweep["points"]
+    assert sweep["max_rate"] is None and sweep["first_broken"] is None  # a step cut short judges no rate
+    assert "stopped by SIGINT" in stderr and "SIGINT ended the sweep" in (out / "report.md").read_text()
+    assert f"NOTE {first}: SIGINT ended the sweep" in stdout
+
+
 def test_ctrl_c_ends_an_open_loop_waiting_for_a_far_arrival(server_factory, tmp_path):
     """A trace (or a low rate) may leave minutes between two arrivals: a signal ends the wait at once, not at the
     next arrival."""
