@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from hosttune import cpulist
-from hosttune.deploy.errors import DeployError
+from hosttune.deploy.errors import DeployError, PlacementError
 from hosttune.deploy.model import ModelShape
 from hosttune.probes.facts import Facts
 
@@ -154,7 +154,7 @@ def plan_layout(request: LayoutRequest, facts: Facts, model: ModelShape, host: s
         wanted = int(request.replicas)
         if wanted > len(groups):
             sharing = f" and {request.per_gpu} replicas a GPU" if request.per_gpu > 1 else ""
-            raise DeployError(f"{host}: --replicas {wanted} at TP {tp}{sharing} needs "
+            raise PlacementError(f"{host}: --replicas {wanted} at TP {tp}{sharing} needs "
                               f"{-(-wanted // request.per_gpu) * tp} GPUs, but --gpus {request.gpus} gives {len(chosen)}")
         groups = groups[:wanted]
     replicas = tuple(replace(place_gpus(g, facts), index=i, share=request.per_gpu) for i, g in enumerate(groups))
@@ -203,10 +203,10 @@ def quant_problem(tp: int, model: ModelShape) -> str:
 def _check_heads(tp: int, model: ModelShape, host: str) -> None:
     fits = ", ".join(map(str, divisors_of_heads(model, max(tp, 8))))
     if not _heads_split(tp, model):
-        raise DeployError(f"{host}: --tensor-parallel {tp} does not divide {model.path}'s {model.num_heads} attention heads "
+        raise PlacementError(f"{host}: --tensor-parallel {tp} does not divide {model.path}'s {model.num_heads} attention heads "
                           f"({model.num_kv_heads} KV heads); use one of {fits}")
     if quant_problem(tp, model):
-        raise DeployError(f"{host}: --tensor-parallel {tp} does not split {model.path}'s quantized weights: "
+        raise PlacementError(f"{host}: --tensor-parallel {tp} does not split {model.path}'s quantized weights: "
                           f"{quant_problem(tp, model)}; use one of {fits}")
 
 
@@ -229,10 +229,10 @@ def choose_tp(requested: int | None, gpus: tuple[int, ...], facts: Facts, model:
     fewer = f" or fewer than {share} replicas a GPU" if share > 1 else ""
     if requested is not None:
         if requested > len(gpus):
-            raise DeployError(f"{host}: --tensor-parallel {requested} needs {requested} GPUs, but --gpus gives {len(gpus)}")
+            raise PlacementError(f"{host}: --tensor-parallel {requested} needs {requested} GPUs, but --gpus gives {len(gpus)}")
         _check_heads(requested, model, host)
         if not _shard_fits(requested, model, gpu_bytes):
-            raise DeployError(f"{host}: a 1/{requested} shard of {model.path} ({model.weight_gb / requested:.1f} GB) is more "
+            raise PlacementError(f"{host}: a 1/{requested} shard of {model.path} ({model.weight_gb / requested:.1f} GB) is more "
                               f"than {WEIGHT_SHARE:.0%} of a GPU's {memory}; use a larger --tensor-parallel{fewer}")
         return requested, f"TP {requested} as asked"
     for tp in divisors_of_heads(model, len(gpus)):
@@ -240,7 +240,7 @@ def choose_tp(requested: int | None, gpus: tuple[int, ...], facts: Facts, model:
             return tp, (f"TP {tp}: the smallest that divides {model.num_heads or '?'} heads and fits "
                         f"{model.weight_gb / tp:.1f} GB of weights per GPU in {WEIGHT_SHARE:.0%} of {memory}")
     whole = f" and keeps its {model.quant_unit}-column {model.quant} whole" if model.quant_unit else ""
-    raise DeployError(f"{host}: {model.path} ({model.weight_gb:.1f} GB of weights) does not fit {len(gpus)} GPUs of "
+    raise PlacementError(f"{host}: {model.path} ({model.weight_gb:.1f} GB of weights) does not fit {len(gpus)} GPUs of "
                       f"{memory} at any TP that divides its {model.num_heads} heads{whole}; give it more GPUs{fewer}")
 
 

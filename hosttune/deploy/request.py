@@ -39,6 +39,8 @@ class DeployRequest:
     tune_s: float = 0.0  # the bundled engine tunes its kernels on each host first, this long (0: no tune step)
     replicas_per_gpu: int | None = None  # replicas sharing each GPU (group) (default: declared, else live, else 1)
     makes_keys: bool = True  # False for --dry-run: a group's generated API key not made yet is not made
+    kept: tuple[str, ...] = ()  # the shape's replicas and tensor_parallel as the live release has them (no option
+    #                             or inventory key said otherwise)
 
     @property
     def shape(self) -> Shape:
@@ -52,5 +54,18 @@ def for_host(host: Host, request: DeployRequest, live: Shape | None = None) -> D
         missing = " and ".join(n for n, v in (("engine", shape.engine), ("model", shape.model)) if not v)
         raise DeployError(f"{host.name}: which {missing} to serve? Give --{missing.replace(' and ', ' and --')}, "
                           f"or declare deploy.{missing.replace(' and ', ' and deploy.')} in the inventory")
+    said = request.shape.over(declared(host))
+    kept = tuple(k for k in ("replicas", "tensor_parallel") if live and getattr(said, k) is None and getattr(live, k))
     return replace(request, engine=shape.engine, model=shape.model, replicas=shape.replicas or PER_GPU,
-                   tensor_parallel=shape.tensor_parallel, port=shape.port, replicas_per_gpu=shape.replicas_per_gpu or 1)
+                   tensor_parallel=shape.tensor_parallel, port=shape.port, replicas_per_gpu=shape.replicas_per_gpu or 1,
+                   kept=kept)
+
+
+def kept_note(request: DeployRequest) -> str:
+    """What a refused placement kept from the live release, so that the option it names is not taken for the user's."""
+    if not request.kept:
+        return ""
+    what = {"replicas": f"{request.replicas} replicas", "tensor_parallel": f"TP {request.tensor_parallel}"}
+    options = {"replicas": "--replicas", "tensor_parallel": "--tensor-parallel"}
+    return (f"; the host serves {' at '.join(what[k] for k in request.kept)} now and this deploy keeps that: give "
+            f"{' and '.join(options[k] for k in request.kept)} to change it")

@@ -13,7 +13,7 @@ from hosttune.build.source import safe_ref
 from hosttune.build.wheelhouse import Entry, entries, read_entry
 from hosttune.deploy import multinode
 from hosttune.deploy.access import access_for
-from hosttune.deploy.errors import DeployError
+from hosttune.deploy.errors import DeployError, PlacementError
 from hosttune.deploy.front import LOOPBACK, on_loopback
 from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, guarded
 from hosttune.deploy.rollback import rollback_one
@@ -23,7 +23,7 @@ from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutReques
 from hosttune.deploy.plan import Role, check_sharing, make_release
 from hosttune.deploy.ports import check_ports, listeners
 from hosttune.deploy.replicas import make_layout_release
-from hosttune.deploy.request import DeployRequest, for_host
+from hosttune.deploy.request import DeployRequest, for_host, kept_note
 from hosttune.deploy.router import router_ports
 from hosttune.deploy.settings import ServeSettings, Timeouts, inventory_vars, resolve
 from hosttune.deploy.shape import Guard, declared, read_live, record
@@ -90,9 +90,12 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
         raise DeployError(f"{host.name}: the bundled engine serves a model folder: give --model its absolute path on "
                           f"the host (got {model.path!r})")
     if role.kind == "single":
-        layout = plan_layout(LayoutRequest(request.gpus or host.gpus, request.tensor_parallel, request.replicas or PER_GPU,
-                                           _device(settings), request.replicas_per_gpu or 1), facts, model, host.name,
-                             settings.port)
+        try:
+            layout = plan_layout(LayoutRequest(request.gpus or host.gpus, request.tensor_parallel,
+                                               request.replicas or PER_GPU, _device(settings),
+                                               request.replicas_per_gpu or 1), facts, model, host.name, settings.port)
+        except PlacementError as exc:
+            raise PlacementError(f"{exc}{kept_note(request)}") from None
         check_sharing(preset, layout, host.name)
     else:  # a multi-node group: every GPU of the host is one rank set of vLLM's Ray runtime
         layout = multinode.group_layout(host, facts, request, model)

@@ -112,3 +112,32 @@ def test_the_plan_names_what_a_new_shape_takes_away():
     assert live.removals(Guard(1, False, None)) == (
         "removes 3 of the 4 replicas", "removes the host's nginx front on port 443",
         "removes the API key: the engine will answer anyone who reaches it")
+
+
+@pytest.mark.parametrize("shape, options, message", [
+    (Shape("vllm", MODEL.path, "4", 1), dict(gpus="0-1"),
+     "gpu-a: --replicas 4 at TP 1 needs 4 GPUs, but --gpus 0-1 gives 2; the host serves 4 replicas at TP 1 now and "
+     "this deploy keeps that: give --replicas and --tensor-parallel to change it"),
+    (Shape("vllm", MODEL.path, "2", 1), dict(model="/models/big"),
+     "gpu-a: a 1/1 shard of /models/big (145.0 GB) is more than 75% of a GPU's 80 GiB; use a larger --tensor-parallel; "
+     "the host serves 2 replicas at TP 1 now and this deploy keeps that: give --replicas and --tensor-parallel to "
+     "change it"),
+    (Shape("vllm", MODEL.path, "4", 1), dict(tensor_parallel=2),
+     "gpu-a: --replicas 4 at TP 2 needs 8 GPUs, but --gpus 0-3 gives 4; the host serves 4 replicas now and this "
+     "deploy keeps that: give --replicas to change it"),
+])
+def test_a_shape_kept_from_the_live_release_that_no_longer_fits_says_where_it_came_from(tmp_path, shape, options,
+                                                                                      message):
+    """The user gave no --replicas or --tensor-parallel: the refusal names the live release, not only the option."""
+    host = host_with(tmp_path, "vllm: {max-num-seqs: 64}\n")
+    fake_entry(tmp_path / "wh", "vllm", archs=("8.0",), abi="cp310")
+    request = rollout.DeployRequest(None, options.get("model"), tmp_path / "wh", gpus=options.get("gpus"),
+                                    tensor_parallel=options.get("tensor_parallel"))
+    model = ModelShape("/models/big", True, 64, 8, 145_000_000_000) if "model" in options else MODEL
+    with pytest.raises(DeployError) as info:
+        rollout.make_job(host, a100_facts(), rollout.for_host(host, request, shape), model=model)
+    assert str(info.value) == message
+    declared_host = host_with(tmp_path, "replicas: 4\ntensor_parallel: 1\n")  # the inventory's words: no note
+    with pytest.raises(DeployError) as info:
+        rollout.make_job(declared_host, a100_facts(), rollout.for_host(declared_host, request, shape), model=model)
+    assert "this deploy keeps that" not in str(info.value)
