@@ -105,7 +105,21 @@ class Journal:
     def from_json(cls, text: str) -> "Journal":
         doc = json.loads(text)
         steps = tuple(_step_from(s) for s in doc.pop("steps"))
-        return cls(steps=steps, **doc)
+        return _checked(cls(steps=steps, **doc))
+
+
+def _checked(journal: Journal) -> Journal:
+    """A journal rollback can order and act on: its run and times are text, and every path it names is absolute
+    (a relative one would be undone in whatever folder the host's shell starts in)."""
+    for name in ("run", "host", "root", "started"):
+        if not isinstance(getattr(journal, name), str):
+            raise TypeError(f"{name}: must be text, got {getattr(journal, name)!r}")
+    for step in journal.steps:
+        for op in step.ops:
+            for path in (op.path, op.backup, *op.paths, *op.created_dirs):
+                if path is not None and not (isinstance(path, str) and path.startswith("/")):
+                    raise ValueError(f"step {step.index}: {path!r} is not an absolute path")
+    return journal
 
 
 def _step_from(doc: dict) -> JournalStep:

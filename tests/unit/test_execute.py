@@ -522,7 +522,17 @@ def test_only_a_write_that_ran_has_edits_since_to_keep():
     assert [u.hostop[0] for u in undo_list(done)] == ["keep", "restore"]
 
 
-@pytest.mark.parametrize("text", ['{"run": "x", broken', '{"run": "x"}', "[]", ""])  # "": skipped, as if no run were there
+RELATIVE_WRITE = ('{"index": 0, "fixes": ["a"], "summary": "s", "needs_reboot": false, "is_live_kernel_write": false, '
+                  '"status": "done", "ops": [{"kind": "write", "description": "w", "path": "etc/x", "existed": false, '
+                  '"status": "done", "paths": [], "argv": [], "created_dirs": [], "undo": null, "before_values": []}]}')
+
+
+@pytest.mark.parametrize("text", [
+    '{"run": "x", broken', '{"run": "x"}', "[]",
+    "",  # skipped, as if no run were there
+    '{"run": "x", "host": "h", "root": "/", "started": 5, "steps": []}',  # beside another run: an internal error
+    '{"run": "x", "host": "h", "root": "/", "started": "t", "steps": [%s]}' % RELATIVE_WRITE,  # "remove etc/x" planned
+])
 def test_a_damaged_journal_is_that_hosts_one_line_error_not_a_crash(local, tmp_path, text):
     """Under --root the journal to move is the image's, not the build machine's /var/lib/hosttune/runs."""
     root = tmp_path / "img"
