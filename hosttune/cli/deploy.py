@@ -95,7 +95,7 @@ def deploy(
     if max_fail_percent is not None and serial is None:
         raise DeployError("--max-fail-percent stops starting batches once too many hosts failed, and without --serial "
                           "every host is in one batch: give --serial N too")
-    check_balancers(inv, nginx_dir)
+    check_balancers(inv, nginx_dir, router)
     request = DeployRequest(
         engine=engine.value if engine else None, model=model, wheelhouse=wheelhouse or default_wheelhouse(), gpus=gpus,
         port=port, overrides=parse_sets(set_ or ()), ref=ref, serial=serial, max_fail_percent=max_fail_percent,

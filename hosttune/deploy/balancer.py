@@ -48,14 +48,27 @@ def balanced_groups(inventory: Inventory) -> dict[str, list[Host]]:
             if len(hosts) > 1 and not (hosts[0].deploy.get("multinode") and declared(hosts[0]).engine in (None, "vllm"))}
 
 
-def check_balancers(inventory: Inventory, folder: Path | None = None) -> None:
+def check_balancers(inventory: Inventory, folder: Path | None = None, router: bool | None = None) -> None:
     """Before any host changes: every group's balancer can be written, with TLS where its hosts have it, into
-    `folder` (--nginx-dir) when given."""
+    `folder` (--nginx-dir) when given, and its prefix router (`router`: --router/--no-router) has ports."""
     groups = balanced_groups(inventory)
     for hosts in groups.values():
         _tls_of(hosts)
+        if routes_by_prefix(hosts, router):
+            _check_router_ports(hosts)
     if groups and folder is not None:
         _check_folder(folder)
+
+
+def _check_router_ports(hosts: list[Host]) -> None:
+    lb_port = hosts[0].deploy.get("lb_port")
+    if isinstance(lb_port, bool) or not isinstance(lb_port, int):
+        return  # the default, or a value the host's settings refuse (deploy.lb_port must be a port number)
+    if lb_port + ROUTER_OFFSET + 1 > 65535:
+        first = hosts[0]
+        raise DeployError(f"{first.source}: deploy.lb_port {lb_port}: group {first.group}'s prefix router would listen "
+                          f"on {lb_port + ROUTER_OFFSET} and {lb_port + ROUTER_OFFSET + 1}, past 65535; give a lb_port "
+                          f"of {65534 - ROUTER_OFFSET} or less, or --no-router")
 
 
 def _check_folder(folder: Path) -> None:

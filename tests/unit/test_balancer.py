@@ -152,6 +152,19 @@ def test_a_group_whose_hosts_route_by_prefix_routes_across_them_too(tmp_path):
     assert "location ~ ^/(add_worker|remove_worker|list_workers" in conf and "return 404;" in conf
 
 
+@pytest.mark.parametrize("deploy, option", [("router: true\nlb_port: 64535\n", None), ("lb_port: 65000\n", True)])
+def test_a_group_router_past_the_last_port_is_refused_before_any_host_changes(tmp_path, deploy, option):
+    """The group's router listens on lb_port + 1000 and its /metrics one above, on the balancing machine."""
+    inv = _inventory(tmp_path, deploy)
+    lb_port = int(deploy.split("lb_port: ")[1].split("\n")[0])
+    with pytest.raises(DeployError, match=f"deploy.lb_port {lb_port}: group prod's prefix router would listen on "
+                                          f"{lb_port + 1000} and {lb_port + 1001}, past 65535; give a lb_port of 64534 "
+                                          "or less, or --no-router"):
+        check_balancers(inv, None, option)
+    check_balancers(inv, None, False)  # least_conn: nginx alone, on lb_port
+    check_balancers(_inventory(tmp_path, "router: true\nlb_port: 64534\n"))
+
+
 @pytest.mark.parametrize("deploy, option", [("router: true\n", False), ("{}\n", None), ("router: false\n", None)])
 def test_a_group_keeps_least_conn_without_the_router(tmp_path, deploy, option):
     inv = _inventory(tmp_path, deploy)
