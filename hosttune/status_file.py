@@ -101,6 +101,8 @@ def _sensible(doc: StatusDoc) -> StatusDoc:
     """A document whose time, interval and pass can be judged: NaN or infinity would never go stale."""
     if not math.isfinite(doc.when):
         raise StatusError(f"unreadable status file: when: must be a finite number of Unix seconds (got {doc.when})")
+    if not math.isfinite(doc.duration_s):  # NaN would reach status --format json, which JSON cannot hold
+        raise StatusError(f"unreadable status file: duration_s: must be a finite number of seconds (got {doc.duration_s})")
     if doc.interval_s <= 0:
         raise StatusError(f"unreadable status file: interval_s: must be a positive number of seconds (got {doc.interval_s})")
     if doc.pass_name not in PASSES:

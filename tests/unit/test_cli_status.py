@@ -94,11 +94,16 @@ class StatusRead(Transport):
     ("@@ht:now\n1000\n@@ht-end:now:0\n@@ht:regular\n{\"host\": \"h\", \"pass_name\": \"regular\", \"when\": 990, "
      "\"interval_s\": Infinity, \"duration_s\": 1, \"versions\": {}, \"counts\": {}, \"findings\": []}\n@@ht-end:regular:0\n",
      "/var/lib/hosttune/monitor/status.json: unreadable status file: OverflowError: cannot convert float infinity to integer"),
+    # a NaN duration went into status --format json as NaN, which JSON has not (jq refuses the whole document)
+    ("@@ht:now\n1000\n@@ht-end:now:0\n@@ht:regular\n{\"host\": \"h\", \"pass_name\": \"regular\", \"when\": 990, "
+     "\"interval_s\": 60, \"duration_s\": NaN, \"versions\": {}, \"counts\": {}, \"findings\": []}\n@@ht-end:regular:0\n",
+     "/var/lib/hosttune/monitor/status.json: unreadable status file: duration_s: must be a finite number of seconds "
+     "(got nan)"),
 ])
 def test_a_host_whose_status_read_makes_no_sense_is_that_hosts_error(monkeypatch, output, error):
     monkeypatch.setattr(status_module, "open_transport", lambda spec, read_only=False: StatusRead(output))
     result = runner.invoke(app, ["status", "--format", "json"])
-    (host,) = json.loads(result.stdout)
+    (host,) = json.loads(result.stdout, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
     assert result.exit_code == 2 and host["state"] == "ERROR" and host["error"].startswith(error), result.output
 
 
