@@ -23,6 +23,9 @@ def with_cache(settings: ServeSettings, engine: str) -> ServeSettings:
     """The settings whose units read the tuned-table cache (refused for an engine other than the bundled one)."""
     if engine != ENGINE:
         raise DeployError(f"--tune tunes the bundled engine's kernels; --engine {engine} tunes its own: drop --tune")
+    if str(settings.flags.get("device")) == "cpu":  # no GPU to tune on: the step would be left out unsaid
+        raise DeployError("--tune tunes the bundled engine's kernels for a GPU, and it runs on CPU (device cpu): "
+                          "drop --tune")
     return replace(settings, env={**settings.env, CACHE_ENV: CACHE})
 
 

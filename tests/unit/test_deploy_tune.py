@@ -8,6 +8,7 @@ from hosttune.actions.base import Command
 from hosttune.deploy import host as dhost
 from hosttune.deploy import rollout
 from hosttune.deploy.errors import DeployError
+from hosttune.deploy.settings import parse_sets
 from hosttune.deploy.tune import CACHE, CACHE_ENV
 
 from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, inventory
@@ -58,3 +59,13 @@ def test_no_tune_step_without_the_option(tmp_path):
 def test_tune_is_refused_for_an_engine_that_tunes_its_own_kernels(tmp_path):
     with pytest.raises(DeployError, match="--engine vllm tunes its own: drop --tune"):
         _job(tmp_path, "vllm", 60)
+
+
+def test_tune_is_refused_for_the_bundled_engine_on_cpu(tmp_path):
+    """Its replicas have no GPU, so the step would be left out of the plan without a word."""
+    host = next(h for h in inventory(tmp_path).hosts if h.name == "gpu-a")
+    fake_entry(tmp_path / "wh", engine="custom", archs=())
+    request = rollout.DeployRequest("custom", "/m", tmp_path / "wh", tune_s=60, overrides=parse_sets(["device=cpu"]))
+    with pytest.raises(DeployError, match="^--tune tunes the bundled engine's kernels for a GPU, and it runs on CPU "
+                                          "\\(device cpu\\): drop --tune$"):
+        rollout.make_job(host, a100_facts(), request)
