@@ -22,9 +22,9 @@ seconds or until `num_requests` measured requests have been sent, then waits up 
 `drain_timeout` (and a second's grace, for their own timeouts to end them as failures) for
 the requests still running and cancels the rest. It always stops.
 The measured window runs from the warm-up's end to where sending ended (an open loop's
-last measured arrival with `num_requests`), so requests offered and requests served cover
-the same time; a closed loop or a trace bounded by a count ends it at its last measured
-response instead.
+last measured arrival with `num_requests`, unless no request had ended by then), so
+requests offered and requests served cover the same time; a closed loop or a trace
+bounded by a count ends it at its last measured response instead.
 SIGINT or SIGTERM ends the sending early, as the end of its duration would (the throughput
 window ends there); a second one cancels the requests still running.
 """
@@ -196,12 +196,18 @@ class LoadGenerator:
         """Warm-up end to where sending ended. A closed loop or a trace bounded by a count ends at its last
         measured response instead: its users send their last requests at once, or its arrivals end the replay."""
         start = self.load.warmup
-        if self.stopped_by is not None or (self.load.rate is not None and self.load.num_requests is not None):
+        is_counted_open = self.load.rate is not None and self.load.num_requests is not None
+        if self.stopped_by is not None or (is_counted_open and self._has_ended_within(start, stop)):
             return start, max(start, stop)
         if self.load.duration is not None:
             return start, start + self.load.duration
         ends = [r.end for r in self.records if not r.is_warmup and r.outcome != CANCELLED]
         return start, max(ends, default=stop)
+
+    def _has_ended_within(self, start: float, stop: float) -> bool:
+        """Some request ended between the warm-up's end and the last arrival: else (a few requests, each longer than
+        their arrivals took) a window ending there would count none served, and the last response ends it."""
+        return any(start <= r.end <= stop for r in self.records if r.outcome != CANCELLED)
 
     def _may_send(self, now: float) -> bool:
         if self.is_stopping or self.stop_requested.is_set():

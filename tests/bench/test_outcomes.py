@@ -114,6 +114,16 @@ def test_an_open_loop_bounded_by_a_request_count_serves_no_more_than_it_offered(
     assert abs(s.backlog_growth) <= 3
 
 
+def test_an_open_loop_of_a_few_requests_all_answered_after_the_last_arrival_reports_what_it_served(server_factory):
+    """--rate 100 --requests 5 against a 0.2 s TTFT: nothing ends before the last arrival, so a window ending there
+    would show 0 requests/s and 0 tokens/s for a server that served all 5; the window runs to the last response."""
+    url = server_factory("--ttft", "0.2", "--itl", "0.01")
+    run = run_async(measure(spec(rate=100, burstiness=1000, num_requests=5, seed=7), url))
+    s = summarize(run)
+    assert s.num_ok == 5 and run.window[1] == pytest.approx(max(r.end for r in run.requests))
+    assert s.request_throughput == pytest.approx(5 / run.window[1]) and s.output_token_throughput > 0
+
+
 def test_burstiness_above_one_makes_arrivals_steadier(server_factory):
     url = server_factory("--ttft", "0.005", "--itl", "0.002")
     run = run_async(measure(spec(rate=100, burstiness=16, duration=2.0, seed=7), url))
