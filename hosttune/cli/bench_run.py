@@ -18,6 +18,7 @@ from hosttune.bench.connection import tls_context
 from hosttune.bench.headers import redact_argv, request_headers
 from hosttune.bench.loadgen import Load, Progress as LoadProgress
 from hosttune.bench.metrics import Slo, summarize
+from hosttune.bench.record import FAILED
 from hosttune.bench.sweep import SweepConfig, sweep as run_sweep
 from hosttune.bench.trace import load_trace
 from hosttune.bench.units import parse_duration, parse_positive_duration, parse_shared_prefix, parse_slo
@@ -225,13 +226,27 @@ def _unanswered(outcome: report.Outcome) -> list[str]:
     """One line per run in which every measured request failed: such a run measured nothing."""
     return [f"all {s.num_requests} measured requests to {run.url} failed "
             f"({', '.join(f'{k}: {v}' for k, v in s.errors_by_status.items())}), so nothing was measured; "
-            f"the first {_first_failure(run)}; check --model and --api, and that it is an OpenAI-compatible server"
+            f"the first {_first_failure(run)}; {_what_to_check(_first_failed(run).status)}"
             for run, s in outcome.runs if s.num_requests and s.num_failed == s.num_requests]
 
 
+def _first_failed(run):
+    return min((r for r in run.requests if not r.is_warmup and r.outcome == FAILED), key=lambda r: r.sent)
+
+
 def _first_failure(run) -> str:
-    first = min((r for r in run.requests if not r.is_warmup), key=lambda r: r.sent)
+    first = _first_failed(run)
     return f"{'answered' if first.status else 'failed:'} {first.reason}"
+
+
+def _what_to_check(status: int) -> str:
+    """What to fix, by the status every request got: a missing key (--model skips /v1/models, which finds that
+    first), a prompt or output past the model's context, or a wrong model, route or server."""
+    if status in (401, 403):
+        return "pass the endpoint's key with --api-key (or $OPENAI_API_KEY)"
+    if status == 400:
+        return "check that --prompts and --max-tokens fit the model's context (and --model and --api)"
+    return "check --model and --api, and that it is an OpenAI-compatible server"
 
 
 def _exit_code(outcome: report.Outcome) -> int:

@@ -417,7 +417,20 @@ def test_a_run_in_which_every_request_failed_quotes_the_servers_reason():
                                      "--max-client-lag", "1s"])
     assert result.exit_code == 2
     assert ("failed (400: 2), so nothing was measured; the first answered 400: This model's maximum context length "
-            "is 1024 tokens. However you asked for 5008; check --model") in result.stderr.splitlines()[-1]
+            "is 1024 tokens. However you asked for 5008; check that --prompts and --max-tokens fit the model's context"
+            ) in result.stderr.splitlines()[-1]
+
+
+def test_a_run_refused_for_want_of_a_key_says_to_pass_the_key_not_to_check_the_model():
+    """--model skips /v1/models, where a missing key is found first: the requests' 401 must point at --api-key."""
+    with not_openai(401, b'{"error": {"message": "Incorrect or missing API key"}}') as url:
+        result = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "1", "--requests", "1",
+                                     "--warmup", "0", "--prompts", "8", "--max-tokens", "2", "--max-client-lag", "1s"],
+                               env={"OPENAI_API_KEY": ""})
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1].endswith("the first answered 401: Incorrect or missing API key; pass the "
+                                                   "endpoint's key with --api-key (or $OPENAI_API_KEY)"), result.stderr
+
 
 
 @contextmanager
