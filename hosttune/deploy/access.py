@@ -29,7 +29,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hosttune.deploy.certificates import certificates, check_pair
+from hosttune.deploy.certificates import check_pair, check_trust
 from hosttune.deploy.errors import DeployError
 from hosttune.config.inventory import Host
 
@@ -166,7 +166,7 @@ def _tls(host: Host, doc: dict) -> Tls | None:
               ca, name)
     check_pair(tls.cert, tls.key, host.source)
     if ca:
-        certificates(ca, f"{host.source}: deploy.nginx.tls_ca")
+        check_trust(tls.cert, ca, name, host.source)
     return tls
 
 

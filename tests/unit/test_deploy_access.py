@@ -118,6 +118,63 @@ def test_tls_files_nginx_could_not_load_are_refused_before_anything_is_sent(tmp_
     assert re.fullmatch(r"\S+\.yaml:\d+: " + re.escape(message.format(tmp=tmp_path)), str(err.value)), str(err.value)
 
 
+def _signed_pair(folder: Path, ca_name: str = "test CA") -> tuple[Path, Path, Path]:
+    """A CA, and a certificate for serve.test it signed with its key: (ca.pem, cert.pem, key.pem) in `folder`."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def cert(subject: str, key, issuer: str, signer, extensions):
+        builder = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)])).public_key(key.public_key())
+                   .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+                   .not_valid_after(now + datetime.timedelta(days=1)))
+        for extension in extensions:
+            builder = builder.add_extension(extension, critical=False)
+        return builder.sign(signer, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ca.pem").write_bytes(cert(ca_name, ca_key, ca_name, ca_key, [x509.BasicConstraints(True, None)]))
+    (folder / "cert.pem").write_bytes(cert("serve.test", key, ca_name, ca_key,
+                                           [x509.SubjectAlternativeName([x509.DNSName("serve.test")])]))
+    (folder / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    return folder / "ca.pem", folder / "cert.pem", folder / "key.pem"
+
+
+def test_a_ca_and_name_the_hosts_certificate_passes_are_taken(tmp_path):
+    ca, cert, key = _signed_pair(tmp_path / "signed")
+    for name in ("serve.test", "SERVE.test"):
+        (a, _) = _hosts(tmp_path, f"nginx: {{tls_cert: {cert}, tls_key: {key}, tls_ca: {ca}, tls_name: {name}}}\n")
+        assert access_for(a, tmp_path).front.tls.ca == ca
+    self_signed, own_key = tls_pair(tmp_path / "own")  # its own CA, as nginx trusts it
+    (a, _) = _hosts(tmp_path, f"nginx: {{tls_cert: {self_signed}, tls_key: {own_key}, tls_ca: {self_signed}}}\n")
+    assert access_for(a, tmp_path).front.tls.ca == self_signed
+
+
+@pytest.mark.parametrize("case, message", [
+    ("another ca", "deploy.nginx.tls_ca: {ca2} did not sign {cert} (nor a certificate of its chain), so the group "
+                   "balancer would refuse every host (and the canary bench every canary)"),
+    ("another name", "deploy.nginx.tls_name: {cert} is not for 'api.test' (it names serve.test), so the group "
+                     "balancer would refuse every host"),
+])
+def test_a_ca_or_name_the_hosts_certificate_fails_is_refused_before_anything_is_sent(tmp_path, case, message):
+    """The balancer verifies each host's certificate against tls_ca for tls_name (proxy_ssl_verify)."""
+    ca, cert, key = _signed_pair(tmp_path / "signed")
+    ca2, _, _ = _signed_pair(tmp_path / "other", ca_name="test CA")  # the same name, another key
+    ca_used, name = (ca2, "serve.test") if case == "another ca" else (ca, "api.test")
+    (a, _) = _hosts(tmp_path, f"nginx: {{tls_cert: {cert}, tls_key: {key}, tls_ca: {ca_used}, tls_name: {name}}}\n")
+    with pytest.raises(DeployError) as err:
+        access_for(a, tmp_path)
+    assert re.fullmatch(r"\S+\.yaml:\d+: " + re.escape(message.format(ca2=ca2, cert=cert)), str(err.value)), str(err.value)
+
+
 def test_no_key_by_default_and_bad_values_are_refused(tmp_path):
     (a, _) = _hosts(tmp_path, "port: 8000\n")
     assert access_for(a, tmp_path) == Access("prod")
@@ -402,7 +459,7 @@ def test_the_canary_bench_calls_a_host_as_its_callers_do_with_the_key_through_it
     (tmp_path / "prod.key").write_text(KEY + "\n")
     ca = tmp_path / "ca.pem"
     ca.write_text("CERT")
-    tls = _tls_files(tmp_path).replace("}\n", f", tls_ca: {ca}, tls_name: serve.example.net}}\n")
+    tls = _tls_files(tmp_path).replace("}\n", f", tls_ca: {ca}, tls_name: serve.test}}\n")
     request = rollout.DeployRequest("vllm", "/m", tmp_path, canary=1)
     (fronted, _) = _hosts(tmp_path / "a", f"api_key_file: {tmp_path / 'prod.key'}\n" + tls)
     with pytest.raises(DeployError, match=f"deploy.nginx.tls_ca: {ca} holds no PEM certificate"):
