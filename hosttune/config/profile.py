@@ -252,6 +252,9 @@ def find_playbook(name: str, base: Path | None = None) -> Path:
         looked = f" {as_path}" if str(as_path) != name else ""  # where a relative path was looked for
         raise ProfileError(f"unknown profile {name!r}: no such file{looked}; give the path of a playbook file, "
                            f"or one of {', '.join(known) or 'none'}")
+    if "/" in name:  # a path, to a folder or a file not named as a playbook: no name of a known profile has a slash
+        raise ProfileError(f"unknown profile {name!r}: a playbook file's name ends in .yaml or .yml; give one, or one "
+                           f"of {', '.join(known) or 'none'}")
     raise ProfileError(f"unknown profile {name!r}; known profiles: {', '.join(known) or 'none'}")
 
 

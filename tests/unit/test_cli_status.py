@@ -45,6 +45,18 @@ def test_a_missing_profile_is_one_line_and_exit_2(tmp_path):
     assert f"unknown profile '{tmp_path / 'none.yaml'}': no such file; give the path of a playbook file" in result.stderr
 
 
+@pytest.mark.parametrize("name", ["", "profile", "profile.yaml.bak"])
+def test_a_profile_path_that_names_no_playbook_file_says_so_not_that_no_such_profile_is_known(tmp_path, name):
+    """A folder, or a file without .yaml, read as "unknown profile '/tmp/x'; known profiles: ...", as if a name."""
+    (tmp_path / "profile").write_text("name: p\nsettings: {}\n")
+    (tmp_path / "profile.yaml.bak").write_text("name: p\nsettings: {}\n")
+    path = tmp_path / name
+    result = runner.invoke(app, ["monitor", "--profile", str(path), "--textfile-dir", str(tmp_path)])
+    assert result.exit_code == 2 and result.stderr.startswith(
+        f"hosttune: unknown profile '{path}': a playbook file's name ends in .yaml or .yml; give one, or one of "
+        "inference-latency, "), result.output
+
+
 def test_an_output_or_status_dir_that_cannot_be_written_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "f").write_text("a file, not a folder")
     cases = {("status", "-o", str(tmp_path)): f"cannot write {tmp_path}: Is a directory; choose another --output",
