@@ -75,6 +75,8 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         typer.echo(console.summary_table(list(outcome.runs), table_renderer(console.table)))
     if out is not None:
         _write(outcome, out)
+    for message in _partly_failed(outcome):
+        typer.secho(f"hosttune: {message}", err=True, fg="yellow")
     for message in _unanswered(outcome):
         typer.secho(f"hosttune: {message}", err=True, fg="red")
     raise typer.Exit(_exit_code(outcome))
@@ -228,6 +230,15 @@ def _unanswered(outcome: report.Outcome) -> list[str]:
             f"({', '.join(f'{k}: {v}' for k, v in s.errors_by_status.items())}), so nothing was measured; "
             f"the first {_first_failure(run)}; {_what_to_check(_first_failed(run).status)}"
             for run, s in outcome.runs if s.num_requests and s.num_failed == s.num_requests]
+
+
+def _partly_failed(outcome: report.Outcome) -> list[str]:
+    """One line per run in which some measured requests failed, quoting the first: the table counts them by
+    status, and the server's reason is otherwise only in requests.csv."""
+    return [f"{s.num_failed} of {s.num_requests} measured requests to {run.url} failed "
+            f"({', '.join(f'{k}: {v}' for k, v in s.errors_by_status.items() if k != '429')}); "
+            f"the first {_first_failure(run)}"
+            for run, s in outcome.runs if 0 < s.num_failed < s.num_requests]
 
 
 def _first_failed(run):

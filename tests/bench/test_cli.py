@@ -432,6 +432,16 @@ def test_a_run_refused_for_want_of_a_key_says_to_pass_the_key_not_to_check_the_m
                                                    "endpoint's key with --api-key (or $OPENAI_API_KEY)"), result.stderr
 
 
+def test_a_run_in_which_some_requests_failed_says_why_on_stderr(server_factory):
+    """Half the requests failing shows only as 'errors by status 500: 2' in the table; the reason was in no output
+    without --out (requests.csv): stderr quotes the first, as it does when all failed, and the exit code is kept."""
+    url = server_factory("--ttft", "0.01", "--itl", "0.001", "--fail-status-every", "2")
+    result = runner.invoke(app, ["bench", "--url", url, "--users", "1", "--requests", "4", "--warmup", "0",
+                                 "--prompts", "8", "--max-tokens", "2", "--max-client-lag", "1s"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[-1] == (f"hosttune: 2 of 4 measured requests to {url} failed (500: 2); the "
+                                              "first answered 500: scripted failure")
+
 
 @contextmanager
 def not_openai(status: int, body: bytes):
