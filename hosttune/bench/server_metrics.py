@@ -13,6 +13,7 @@ replica's.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import replace
 
@@ -41,13 +42,15 @@ def parse_metrics(text: str) -> dict[str, float]:
             continue
         name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
         name = line[:name_end]
-        if name not in WANTED:
+        if name_end < 0 or name not in WANTED:
             continue
+        after_labels = line.rsplit("}", 1)[-1] if line[name_end] == "{" else line[name_end:]
         try:
-            value = float(line.rsplit("}", 1)[-1].split()[0])
+            value = float(after_labels.split()[0])  # a timestamp may follow
         except (ValueError, IndexError):
             continue
-        totals[name] = totals.get(name, 0.0) + value
+        if math.isfinite(value):  # NaN is valid Prometheus text but no JSON number
+            totals[name] = totals.get(name, 0.0) + value
     return totals
 
 

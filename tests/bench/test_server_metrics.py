@@ -31,6 +31,15 @@ def test_parse_sums_label_sets_and_takes_the_older_kv_name():
     assert (sample.at, sample.running, sample.waiting, sample.kv_usage, sample.preemptions) == (1.5, 5.0, 7.0, 0.25, 4.0)
 
 
+def test_parse_reads_samples_without_labels_or_with_a_timestamp_and_skips_values_json_cannot_hold():
+    """Labels are optional in Prometheus text, and so is a sample's timestamp; NaN is a valid value there, but
+    results.json would then not be JSON."""
+    text = ("vllm:num_requests_running 3\nvllm:num_requests_waiting 7 1700000000000\n"
+            "vllm:kv_cache_usage_perc{model_name=\"m\"} NaN\nvllm:num_preemptions_total +Inf\n")
+    sample = sample_of(0.0, parse_metrics(text))
+    assert (sample.running, sample.waiting, sample.kv_usage, sample.preemptions) == (3.0, 7.0, None, None)
+
+
 def test_a_server_without_metrics_gives_no_samples():
     sample = sample_of(0.0, parse_metrics("# nothing here\nother_metric 3\n"))
     assert (sample.waiting, sample.running, sample.kv_usage, sample.preemptions) == (None,) * 4
