@@ -21,7 +21,9 @@ from hosttune.build.errors import BuildError
 # nvcc compiling vLLM's or SGLang's template-heavy kernels peaks at several GiB per job;
 # more parallel jobs than memory allows ends in the OOM killer, not in a faster build.
 GIB_PER_JOB = 6
-_PY_INFO = "import json, sys, sysconfig; print(json.dumps([sys.version_info[0], sys.version_info[1], sys.implementation.name, sysconfig.get_paths()['purelib'], sysconfig.get_paths()['platlib']]))"
+_PY_INFO = ("import importlib.util, json, sys, sysconfig; print(json.dumps([sys.version_info[0], sys.version_info[1], "
+            "sys.implementation.name, sysconfig.get_paths()['purelib'], sysconfig.get_paths()['platlib'], "
+            "importlib.util.find_spec('pip') is not None]))")
 
 
 @dataclass(frozen=True)
@@ -53,12 +55,15 @@ def python_info(python: str) -> tuple[str, tuple[str, ...]]:
     except (OSError, subprocess.SubprocessError) as exc:
         raise BuildError(f"--python {python}: cannot run it ({exc})") from None
     try:
-        major, minor, impl, purelib, platlib = json.loads(out)
-    except (ValueError, TypeError):  # not JSON, or not the five values _PY_INFO prints
+        major, minor, impl, purelib, platlib, has_pip = json.loads(out)
+    except (ValueError, TypeError):  # not JSON, or not the six values _PY_INFO prints
         raise BuildError(f"--python {python}: not a Python interpreter (it answered {out.strip()[:80]!r} "
                          f"to a Python one-liner)") from None
     if impl != "cpython":
         raise BuildError(f"--python {python}: {impl} is not CPython; engine wheels are built for CPython")
+    if not has_pip:  # every step that makes a wheel is its `pip wheel`
+        raise BuildError(f"--python {python}: has no pip, which builds the wheels; install it ({python} -m ensurepip, "
+                         "or the distribution's python3-pip), or give a Python that has it")
     return f"cp{major}{minor}", tuple(dict.fromkeys((purelib, platlib)))
 
 

@@ -225,3 +225,19 @@ def test_a_python_that_is_not_a_python_interpreter_is_one_line_not_a_crash(tmp_p
     result = CliRunner().invoke(app, ["build", "--engine", "custom", "--python", program, "-w", str(tmp_path), "--dry-run"])
     assert result.exit_code == 2 and len(result.output.splitlines()) == 1, result.output
     assert result.output.startswith(f"hosttune: --python {program}: not a Python interpreter (it answered ")
+
+
+def test_a_python_without_pip_is_refused_before_any_step_and_in_the_dry_run_too(tmp_path):
+    """Every build step that makes a wheel is that Python's `pip wheel`: without pip the plan could not run."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True, timeout=120)
+    python = str(tmp_path / "bare" / "bin" / "python")
+    for dry_run in (["--dry-run"], []):
+        result = CliRunner().invoke(app, ["build", "--engine", "custom", "--python", python, "-w", str(tmp_path / "wh"),
+                                          *dry_run])
+        assert result.exit_code == 2 and result.output == (
+            f"hosttune: --python {python}: has no pip, which builds the wheels; install it ({python} -m ensurepip, "
+            "or the distribution's python3-pip), or give a Python that has it\n")
+    assert not (tmp_path / "wh").exists()
