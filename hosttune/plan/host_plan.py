@@ -170,8 +170,8 @@ def plan_host(host: Host, profile: Profile, options: PlanOptions) -> HostPlan:
             plan = build_plan(host, profile, facts, findings, state, options, steps)
             asks = preconditions.requests_for((s.ops for s in plan.steps), manager, options.is_offline)
             needs = read_needs(transport, asks, root=options.root, manager=manager.name if manager else None)
-    except TransportError as exc:
-        return HostPlan(host, profile.name, reachable=False, error=str(exc))
+    except TransportError as exc:  # the plan names its root all the same: it is not one for the running system
+        return HostPlan(host, profile.name, reachable=False, error=str(exc), root=options.root)
     except HosttuneError as exc:
-        return HostPlan(host, profile.name, error=str(exc))
+        return HostPlan(host, profile.name, error=str(exc), root=options.root)
     return with_needs(plan, needs, manager)

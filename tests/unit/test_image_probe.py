@@ -155,6 +155,15 @@ def test_apply_on_a_folder_that_is_no_os_root_refuses_in_one_line_and_plans_noth
     assert "0 changes" in result.output and [p.name for p in (tmp_path / "img").iterdir()] == list(content[:1] and ["boot"])
 
 
+def test_the_json_plan_of_an_image_that_cannot_be_planned_names_the_image_not_the_running_system(tmp_path):
+    """A plan in error had "root": null, which is how a plan for the running system reads."""
+    (tmp_path / "img").mkdir()
+    result = CliRunner().invoke(app, ["apply", "--dry-run", "--format", "json", "--root", str(tmp_path / "img")])
+    (host,) = json.loads(result.stdout)["hosts"]
+    assert host["plan"]["error"].endswith("does not look like an OS root (no etc folder); give the folder the image's "
+                                          "root is mounted at") and host["plan"]["root"] == str(tmp_path / "img")
+
+
 def test_a_probe_past_its_time_says_so_and_what_to_do():
     with pytest.raises(CommandTimeout, match=r"^localhost: the probe did not finish within 0.01s: a command on the host "
                                              r"may hang \(nvidia-smi, a stale mount\), or raise the inventory's "
