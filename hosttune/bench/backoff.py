@@ -21,7 +21,7 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     if not value:
         return None
     text = value.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # str.isdigit takes '²' too, which float() refuses
         return float(text)
     try:
         when = email.utils.parsedate_to_datetime(text)

@@ -28,6 +28,8 @@ def test_waits_follow_retry_after_else_double_up_to_a_cap():
     assert retry_after_seconds("2") == 2.0 and retry_after_seconds(None) is None
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
     assert retry_after_seconds("soon") is None
+    # Headers are read as latin-1: '\xb2' (superscript two) passes str.isdigit but is no number to float().
+    assert retry_after_seconds("\xb2") is None and retry_after_seconds("1\xb9") is None
 
 
 def bench(url: str, out, *extra: str, seconds: float = 4.5):
