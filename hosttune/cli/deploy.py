@@ -22,7 +22,7 @@ from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.placement import parse_gpus, parse_replicas
 from hosttune.deploy.request import DeployRequest
-from hosttune.deploy.rollout import deploy_fleet, rollback_fleet, rollout_units
+from hosttune.deploy.rollout import check_whole_groups, deploy_fleet, rollback_fleet, rollout_units
 from hosttune.deploy.settings import Timeouts, parse_sets
 from hosttune.fleet_runner import Outcome, exit_code
 
@@ -87,11 +87,13 @@ def deploy(
     Example: hosttune deploy -i inventories/example.yaml --canary 1 --canary-slo e2e=2s --yes
     """
     _check_gpus(gpus)
-    inv = load(inventory, limit, accept_new_host_keys)
+    everyone = load(inventory, None, accept_new_host_keys)
+    inv = everyone.limit(limit)
     timeouts = Timeouts(warmup, health_timeout, gate_timeout)
     if rollback:
         _rollback_alone(ctx)
         _rollback(inv, timeouts, forks, yes=yes, dry_run=dry_run)
+    check_whole_groups(everyone, inv, engine.value if engine else None, limit)
     if max_fail_percent is not None and serial is None:
         raise DeployError("--max-fail-percent stops starting batches once too many hosts failed, and without --serial "
                           "every host is in one batch: give --serial N too")

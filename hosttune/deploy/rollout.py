@@ -210,6 +210,19 @@ def rollout_units(inventory: Inventory, engine: str | None) -> list[list[Host]]:
     return units
 
 
+def check_whole_groups(full: Inventory, chosen: Inventory, engine: str | None, limit: str | None) -> None:
+    """A multi-node group deploys as one: --limit takes all of its hosts or none (those it kept would become a
+    group of their own, the first one its Ray head, and the others would serve on as they were)."""
+    names = {h.name for h in chosen.hosts}
+    for group in dict.fromkeys(h.group for h in chosen.hosts):
+        members = [h for h in full.hosts if h.group == group]
+        kept = [h.name for h in members if h.name in names]
+        if len(kept) < len(members) and is_multinode(members[0], engine):
+            raise DeployError(f"--limit {limit} takes {', '.join(kept)} of the multi-node vLLM group {group}, which "
+                              f"serves as one ({', '.join(h.name for h in members)}): limit to all of its hosts or "
+                              f"to none")
+
+
 def _skipped(unit: list[Host], why: str) -> list[HostDeploy]:
     return [HostDeploy(h, Outcome.SKIPPED, error=why) for h in unit]
 

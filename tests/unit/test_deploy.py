@@ -468,6 +468,20 @@ def test_a_multinode_group_whose_gpus_a_host_would_cut_quantized_groups_says_so(
                                  "not whole 128-column awq groups; give each host 1 GPU with --gpus")
 
 
+def test_cli_a_limit_that_splits_a_multinode_group_is_refused_before_any_host_is_read(tmp_path, monkeypatch):
+    """The hosts it keeps would become a group of their own (the first one its Ray head), the others left as they were."""
+    opened = untouched(monkeypatch)
+    monkeypatch.setattr(multinode, "open_transport", rollout.open_transport)
+    inventory(tmp_path)
+    base = ["deploy", "-i", str(tmp_path / "inventory.yaml"), "--engine", "vllm", "--model", "/m", "--dry-run"]
+    result = runner.invoke(app, [*base, "--limit", "node-1,gpu-a"])
+    assert result.exit_code == 2 and not opened
+    assert result.output == ("hosttune: --limit node-1,gpu-a takes node-1 of the multi-node vLLM group ray, which "
+                             "serves as one (node-0, node-1, node-2): limit to all of its hosts or to none\n")
+    result = runner.invoke(app, [*base, "--engine", "sglang", "--limit", "node-1", "-w", str(tmp_path / "wh")])
+    assert "multi-node" not in result.output  # another engine serves host by host
+
+
 def test_a_multinode_group_with_a_host_that_does_not_answer_says_which_and_changes_none(tmp_path, monkeypatch):
     from hosttune.errors import TransportError
 
