@@ -92,6 +92,7 @@ def deploy(
     timeouts = Timeouts(warmup, health_timeout, gate_timeout)
     if rollback:
         _rollback_alone(ctx)
+        check_whole_groups(everyone, inv, None, limit)
         _rollback(inv, timeouts, forks, yes=yes, dry_run=dry_run)
     check_whole_groups(everyone, inv, engine.value if engine else None, limit)
     if max_fail_percent is not None and serial is None:

@@ -211,8 +211,8 @@ def rollout_units(inventory: Inventory, engine: str | None) -> list[list[Host]]:
 
 
 def check_whole_groups(full: Inventory, chosen: Inventory, engine: str | None, limit: str | None) -> None:
-    """A multi-node group deploys as one: --limit takes all of its hosts or none (those it kept would become a
-    group of their own, the first one its Ray head, and the others would serve on as they were)."""
+    """A multi-node group deploys (and rolls back) as one: --limit takes all of its hosts or none (those it kept
+    would become a group of their own, the first one its Ray head, and the others would serve on as they were)."""
     names = {h.name for h in chosen.hosts}
     for group in dict.fromkeys(h.group for h in chosen.hosts):
         members = [h for h in full.hosts if h.group == group]

@@ -30,7 +30,7 @@ from hosttune.probes.facts import Facts
 from hosttune.presets import load_preset
 from hosttune.transport.base import CommandResult
 
-from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, fleet_of, h200_facts, inventory
+from deploy_fixtures import INVENTORY, ScriptedTransport, a100_facts, fake_entry, fleet_of, h200_facts, inventory
 
 runner = CliRunner()
 
@@ -480,6 +480,13 @@ def test_cli_a_limit_that_splits_a_multinode_group_is_refused_before_any_host_is
                              "serves as one (node-0, node-1, node-2): limit to all of its hosts or to none\n")
     result = runner.invoke(app, [*base, "--engine", "sglang", "--limit", "node-1", "-w", str(tmp_path / "wh")])
     assert "multi-node" not in result.output  # another engine serves host by host
+    opened.clear()
+    (tmp_path / "inventory.yaml").write_text(INVENTORY.replace("deploy: {multinode: true}",
+                                                               "deploy: {multinode: true, engine: vllm}"))
+    result = runner.invoke(app, ["deploy", "-i", str(tmp_path / "inventory.yaml"), "--rollback", "--limit", "node-0",
+                                 "--dry-run"])
+    assert result.exit_code == 2 and result.output.startswith("hosttune: --limit node-0 takes node-0 of the multi-node "
+                                                              "vLLM group ray") and not opened
 
 
 def test_a_multinode_group_with_a_host_that_does_not_answer_says_which_and_changes_none(tmp_path, monkeypatch):
