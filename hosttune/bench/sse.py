@@ -96,9 +96,11 @@ def _read_event(payload: bytes, now: float, chunks: array, usage: dict,
         return f"stream-error: {_error_message(event['error'])}"
     if event.get("object") == "error":
         return f"stream-error: {_error_message(event)}"
-    if event.get("usage"):
-        usage.update(event["usage"])
-    outputs = [text for choice in event.get("choices") or () if (text := _output(choice))]
+    choices, event_usage = event.get("choices") or [], event.get("usage") or {}
+    if not _is_choice_list(choices) or not isinstance(event_usage, dict):
+        return f"stream-error: unexpected event {payload[:100]!r}"
+    usage.update(_counts(event_usage))
+    outputs = [text for choice in choices if (text := _output(choice))]
     if outputs:
         chunks.append(now)
         if texts is not None:
@@ -106,11 +108,33 @@ def _read_event(payload: bytes, now: float, chunks: array, usage: dict,
     return ""
 
 
+def _is_choice_list(choices: object) -> bool:
+    """OpenAI's shape: a list of objects, each with a string "text" or an object "delta" (when it has them)."""
+    return isinstance(choices, list) and all(
+        isinstance(c, dict) and isinstance(c.get("text", ""), (str, type(None)))
+        and isinstance(c.get("delta") or {}, dict) for c in choices)
+
+
 def _output(choice: dict) -> str:
     if choice.get("text"):
         return choice["text"]
     delta = choice.get("delta") or {}
-    return delta.get("content") or delta.get("reasoning_content") or ""
+    text = delta.get("content") or delta.get("reasoning_content") or ""
+    return text if isinstance(text, str) else ""
+
+
+def _counts(usage: dict) -> dict:
+    """The usage numbers a report can add up: whole token counts, and the cached ones among the prompt's (a
+    null or a text count is left out, as if not reported)."""
+    counts = {name: value for name, value in usage.items() if _is_count(value)}
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and _is_count(details.get("cached_tokens")):
+        counts["prompt_tokens_details"] = {"cached_tokens": details["cached_tokens"]}
+    return counts
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _error_message(error: object) -> str:

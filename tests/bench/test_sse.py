@@ -53,3 +53,21 @@ def test_a_stream_without_done_was_cut_short():
 @pytest.mark.parametrize("bad", [b"data: {not json\n\n", b"data: 42\n\n"])
 def test_garbage_events_fail_the_request(bad):
     assert parse_stream([(1.0, bad)], end=2.0).error.startswith("stream-error")
+
+
+@pytest.mark.parametrize("bad", [{"choices": ["a"]}, {"choices": "a"}, {"choices": [{"delta": "x"}]},
+                                 {"choices": [{"text": 5}]}, {"choices": [], "usage": [1, 2]}])
+def test_events_of_the_wrong_shape_fail_the_request_not_the_client(bad):
+    """A server that is not quite OpenAI's: its request fails, where the parser raised inside the socket callback
+    and the request ended as a closed connection, with a traceback on the terminal."""
+    assert parse_stream([(1.0, TEXT + ev(bad) + DONE)], end=2.0).error.startswith("stream-error: unexpected")
+
+
+def test_usage_keeps_only_whole_token_counts():
+    """null or text counts (and details that are not an object) would reach the sums and percentiles of the
+    report and end the run in a TypeError: they count as not reported."""
+    usage = {"prompt_tokens": "3", "completion_tokens": None, "total_tokens": True, "prompt_tokens_details": "x"}
+    assert parse_stream([(1.0, TEXT + ev({"choices": [], "usage": usage}) + DONE)], end=2.0).usage == {}
+    usage = {"prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 2, "other": "x"}}
+    assert parse_stream([(1.0, TEXT + ev({"choices": [], "usage": usage}) + DONE)], end=2.0).usage == {
+        "prompt_tokens": 3, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 2}}
