@@ -20,11 +20,13 @@ in_root() {
     done
     printf '%s%s\n' "$ir_r" "${ir_cur:-/}"
 }
-# is_os_root ROOT: whether the folder ROOT holds an OS root, else one line on stderr saying what to give instead. Every
+# is_os_root ROOT: whether the folder ROOT holds an image's OS root, else one line on stderr saying what to give instead. Every
 # OS root has /etc, and everything apply writes lives below it but /usr/local: a folder without it is an image that
 # did not mount (an empty mount point), or the wrong folder. Apply's probe and every host operation under --root ask.
 is_os_root() {
     [ -d "$1/" ] || { echo "--root $1: no such directory on this host; give the folder the image is mounted at" >&2; return 1; }
+    # //, /. or /tmp/..: the running system, which an image's plan would change without its live values or boot loader
+    ! [ "$1/" -ef / ] || { echo "--root $1: is this host's own root (/); leave --root out to change the running system, or give the folder an image is mounted at" >&2; return 1; }
     ir_etc=$(in_root "$1" /etc all) || return 1  # in_root has said which path loops
     [ -d "$ir_etc" ] || { echo "--root $1: does not look like an OS root (no etc folder); give the folder the image's root is mounted at" >&2; return 1; }
 }

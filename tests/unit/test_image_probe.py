@@ -155,6 +155,19 @@ def test_apply_on_a_folder_that_is_no_os_root_refuses_in_one_line_and_plans_noth
     assert "0 changes" in result.output and [p.name for p in (tmp_path / "img").iterdir()] == list(content[:1] and ["boot"])
 
 
+@pytest.mark.parametrize("root", ["//", "/.", "/tmp/.."])
+def test_a_root_that_is_this_hosts_own_root_is_refused_not_planned_as_an_image(root):
+    """`--root "$MNT/"` with MNT=/ planned the running system as an image: its changes "at the image's first boot", no
+    update-grub, no live kernel write, while the files written were the running system's."""
+    shown = root.removesuffix("/")  # "//" is named as "/", as every --root without its last slash
+    said = (f"--root {shown}: is this host's own root (/); leave --root out to change the running system, or give the "
+            "folder an image is mounted at")
+    applied = CliRunner().invoke(app, ["apply", "--dry-run", "--root", root])
+    assert applied.exit_code == 2 and f"  localhost: probe script exited 3: {said}" in applied.output.splitlines(), applied.output
+    rolled = CliRunner().invoke(app, ["rollback", "--dry-run", "--root", root])
+    assert rolled.exit_code == 2 and rolled.stdout == f"localhost: failed: {said}\n", rolled.output
+
+
 def test_the_json_plan_of_an_image_that_cannot_be_planned_names_the_image_not_the_running_system(tmp_path):
     """A plan in error had "root": null, which is how a plan for the running system reads."""
     (tmp_path / "img").mkdir()
