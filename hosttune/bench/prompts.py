@@ -150,11 +150,20 @@ def remote_counter(session: aiohttp.ClientSession, url: str, is_chat: bool = Fal
             if resp.status != 200:
                 raise BenchError(f"{endpoint} answered HTTP {resp.status}")
             body = await resp.json(content_type=None)
-        if "count" in body:
-            return int(body["count"])
-        return len(body["tokens"])
+        return _token_count(body, endpoint)
 
     return count
+
+
+def _token_count(body: object, endpoint: str) -> int:
+    """vLLM's {"count": N} or {"tokens": [...]}; another server's /tokenize (a list of token objects, say) is none."""
+    count = body.get("count") if isinstance(body, dict) else None
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+        return count
+    tokens = body.get("tokens") if isinstance(body, dict) else None
+    if isinstance(tokens, list):
+        return len(tokens)
+    raise BenchError(f"{endpoint} answered no token count (vLLM's \"count\" or \"tokens\")")
 
 
 async def has_tokenize(session: aiohttp.ClientSession, url: str, is_chat: bool = False) -> bool:
