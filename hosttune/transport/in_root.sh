@@ -24,6 +24,7 @@ in_root() {
 # OS root has /etc, and everything apply writes lives below it but /usr/local: a folder without it is an image that
 # did not mount (an empty mount point), or the wrong folder. Apply's probe and every host operation under --root ask.
 is_os_root() {
+    ! [ -e "$1" ] || [ -d "$1/" ] || { echo "--root $1: is a file, not a folder; mount the image and give the folder it is mounted at" >&2; return 1; }
     [ -d "$1/" ] || { echo "--root $1: no such directory on this host; give the folder the image is mounted at" >&2; return 1; }
     # //, /. or /tmp/..: the running system, which an image's plan would change without its live values or boot loader
     ! [ "$1/" -ef / ] || { echo "--root $1: is this host's own root (/); leave --root out to change the running system, or give the folder an image is mounted at" >&2; return 1; }

@@ -155,6 +155,17 @@ def test_apply_on_a_folder_that_is_no_os_root_refuses_in_one_line_and_plans_noth
     assert "0 changes" in result.output and [p.name for p in (tmp_path / "img").iterdir()] == list(content[:1] and ["boot"])
 
 
+def test_a_root_that_is_a_file_is_said_to_be_one_not_to_be_missing(tmp_path):
+    """An image file given for its mount point (disk.img) read as "no such directory on this host"."""
+    (tmp_path / "disk.img").write_bytes(b"\0")
+    said = (f"--root {tmp_path / 'disk.img'}: is a file, not a folder; mount the image and give the folder it is "
+            "mounted at")
+    applied = CliRunner().invoke(app, ["apply", "--dry-run", "--root", str(tmp_path / "disk.img")])
+    assert applied.exit_code == 2 and f"  localhost: probe script exited 3: {said}" in applied.output.splitlines(), applied.output
+    rolled = CliRunner().invoke(app, ["rollback", "--dry-run", "--root", str(tmp_path / "disk.img")])
+    assert rolled.exit_code == 2 and rolled.stdout == f"localhost: failed: {said}\n", rolled.output
+
+
 @pytest.mark.parametrize("root", ["//", "/.", "/tmp/.."])
 def test_a_root_that_is_this_hosts_own_root_is_refused_not_planned_as_an_image(root):
     """`--root "$MNT/"` with MNT=/ planned the running system as an image: its changes "at the image's first boot", no
