@@ -177,6 +177,13 @@ def listed_models(text: str) -> list[str] | None:
     return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
 
+def key_advice(headers) -> str:
+    """What a 401 asks of the user: a key, or, when one was sent, another one."""
+    if any(name.lower() == "authorization" for name, _ in dict(headers).items()):
+        return "it refused the key sent (--api-key, $OPENAI_API_KEY or --header Authorization); check that key"
+    return "pass the endpoint's key with --api-key (or $OPENAI_API_KEY)"
+
+
 async def discover_model(url: str, timeout: float = 10.0, headers: tuple[tuple[str, str], ...] = (),
                          tls: ssl.SSLContext | None = None) -> str:
     """The first model the endpoint lists at /v1/models."""
@@ -185,8 +192,7 @@ async def discover_model(url: str, timeout: float = 10.0, headers: tuple[tuple[s
         async with session(timeout, headers, tls) as session_:
             async with session_.get(endpoint) as resp:
                 if resp.status == 401:
-                    raise BenchError(f"{endpoint} answered 401: pass the endpoint's key with --api-key "
-                                     f"(or $OPENAI_API_KEY)")
+                    raise BenchError(f"{endpoint} answered 401: {key_advice(headers)}")
                 if resp.status != 200:
                     raise BenchError(f"{endpoint} answered {resp.status}: not an OpenAI-compatible server? "
                                      "(or pass --model NAME)")

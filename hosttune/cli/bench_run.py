@@ -13,7 +13,7 @@ import typer
 
 from hosttune.bench import console, plot, report, report_csv, result_files
 from hosttune.bench.benchmark import BenchSpec, check_url, measure, run_async
-from hosttune.bench.client import discover_model
+from hosttune.bench.client import discover_model, key_advice
 from hosttune.bench.connection import tls_context
 from hosttune.bench.headers import redact_argv, request_headers
 from hosttune.bench.loadgen import Load, Progress as LoadProgress
@@ -77,7 +77,7 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         _write(outcome, out)
     for message in _partly_failed(outcome):
         typer.secho(f"hosttune: {message}", err=True, fg="yellow")
-    for message in _unanswered(outcome):
+    for message in _unanswered(outcome, spec.headers):
         typer.secho(f"hosttune: {message}", err=True, fg="red")
     raise typer.Exit(_exit_code(outcome))
 
@@ -224,11 +224,11 @@ def _write_files(outcome: report.Outcome, folder: Path) -> None:
         typer.echo(f"removed {', '.join(earlier)}: an earlier run's, which this run does not replace", err=True)
 
 
-def _unanswered(outcome: report.Outcome) -> list[str]:
+def _unanswered(outcome: report.Outcome, headers=()) -> list[str]:
     """One line per run in which every measured request failed: such a run measured nothing."""
     return [f"all {s.num_requests} measured requests to {run.url} failed "
             f"({', '.join(f'{k}: {v}' for k, v in s.errors_by_status.items())}), so nothing was measured; "
-            f"the first {_first_failure(run)}; {_what_to_check(_first_failed(run).status)}"
+            f"the first {_first_failure(run)}; {_what_to_check(_first_failed(run).status, headers)}"
             for run, s in outcome.runs if s.num_requests and s.num_failed == s.num_requests]
 
 
@@ -250,11 +250,11 @@ def _first_failure(run) -> str:
     return f"{'answered' if first.status else 'failed:'} {first.reason}"
 
 
-def _what_to_check(status: int) -> str:
+def _what_to_check(status: int, headers) -> str:
     """What to fix, by the status every request got: a missing key (--model skips /v1/models, which finds that
     first), a prompt or output past the model's context, or a wrong model, route or server."""
     if status in (401, 403):
-        return "pass the endpoint's key with --api-key (or $OPENAI_API_KEY)"
+        return key_advice(headers)
     if status == 400:
         return "check that --prompts and --max-tokens fit the model's context (and --model and --api)"
     return "check --model and --api, and that it is an OpenAI-compatible server"

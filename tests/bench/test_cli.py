@@ -432,6 +432,25 @@ def test_a_run_refused_for_want_of_a_key_says_to_pass_the_key_not_to_check_the_m
                                                    "endpoint's key with --api-key (or $OPENAI_API_KEY)"), result.stderr
 
 
+def test_a_key_the_endpoint_refuses_is_said_to_be_refused_not_missing():
+    """With --api-key (or $OPENAI_API_KEY) given, a 401 means that key is wrong: 'pass the key' would send the user
+    looking for an option they already gave."""
+    with not_openai(401, b'{"error": {"message": "Incorrect API key"}}') as url:
+        given = runner.invoke(app, ["bench", "--url", url, "--users", "1", "--requests", "1", "--api-key", "wrong-key-1"])
+        missing = runner.invoke(app, ["bench", "--url", url, "--users", "1", "--requests", "1"],
+                                env={"OPENAI_API_KEY": ""})
+    assert given.exit_code == missing.exit_code == 2
+    assert given.output == (f"hosttune: {url}/v1/models answered 401: it refused the key sent (--api-key, "
+                            "$OPENAI_API_KEY or --header Authorization); check that key\n"), given.output
+    assert "answered 401: pass the endpoint's key with --api-key" in missing.output and "wrong-key-1" not in given.output
+    with not_openai(401, b"no") as url:  # --model skips /v1/models: the requests' 401s say the same
+        given = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "1", "--requests", "1",
+                                    "--warmup", "0", "--prompts", "8", "--max-tokens", "2", "--api-key", "wrong-key-1",
+                                    "--max-client-lag", "1s"])
+    assert given.exit_code == 2 and given.stderr.splitlines()[-1].endswith("it refused the key sent (--api-key, "
+                                                                           "$OPENAI_API_KEY or --header Authorization); check that key")
+
+
 def test_a_run_in_which_some_requests_failed_says_why_on_stderr(server_factory):
     """Half the requests failing shows only as 'errors by status 500: 2' in the table; the reason was in no output
     without --out (requests.csv): stderr quotes the first, as it does when all failed, and the exit code is kept."""
