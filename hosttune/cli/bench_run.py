@@ -3,7 +3,9 @@ aiohttp and uvloop cost ~0.3 s of start-up that `hosttune check` should not pay)
 
 from __future__ import annotations
 
+import contextlib
 import shlex
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -204,9 +206,28 @@ def _check_out(folder: Path) -> None:
 
 def _write(outcome: report.Outcome, folder: Path) -> None:
     try:
-        _write_files(outcome, folder)
+        with _writing(folder):
+            _write_files(outcome, folder)
     except OSError as exc:
         raise BenchError(f"cannot write the results to {folder}: {why_not_written(exc)}") from None
+
+
+@contextlib.contextmanager
+def _writing(folder: Path):
+    """Ctrl-C while the files are written (a second one soon after the first that ended the run, say) waits for
+    them: stopped there, the folder would hold some of this run's files beside none of the others."""
+    def say(*_) -> None:
+        typer.secho(f"hosttune: writing the results to {folder} first; a moment", err=True, fg="yellow")
+
+    try:
+        previous = signal.signal(signal.SIGINT, say)
+    except ValueError:  # not the main thread: no signal reaches this one anyway
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _write_files(outcome: report.Outcome, folder: Path) -> None:

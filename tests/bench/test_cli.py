@@ -487,3 +487,23 @@ def not_openai(status: int, body: bytes):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_ctrl_c_while_the_results_are_written_still_writes_them_all(server_factory, tmp_path, monkeypatch):
+    """A second Ctrl-C soon after the first lands while the files are written (the plots take a second): it must not
+    leave the folder with results.json and no report.md, and exit with no word of it."""
+    from hosttune.bench import plot
+
+    url = server_factory("--ttft", "0.01", "--itl", "0.001")
+    write_plots = plot.write_plots
+
+    def interrupted(*args):
+        os.kill(os.getpid(), signal.SIGINT)
+        return write_plots(*args)
+
+    monkeypatch.setattr(plot, "write_plots", interrupted)
+    result = runner.invoke(app, ["bench", "--url", url, "--users", "1", "--requests", "2", "--warmup", "0",
+                                 "--prompts", "8", "--max-tokens", "2", "--max-client-lag", "1s", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"hosttune: writing the results to {tmp_path} first" in result.stderr
+    assert {"results.json", "report.md", "requests.csv", "summary.csv"} <= {p.name for p in tmp_path.iterdir()}
