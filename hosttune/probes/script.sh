@@ -27,8 +27,9 @@ image_meta() {
   printf 'image:%s\n' "$R"
   rgrep '' /etc/os-release /etc/hostname
   [ -e "$(at /etc/os-release)" ] || rgrep '' /usr/lib/os-release | sed 's|^/usr/lib/os-release|/etc/os-release|'
-  # the program /sbin/init names; none when it is missing or a dangling link (read as "init" or the link's target)
-  im_init=$(at /sbin/init) && [ -e "$im_init" ] && printf 'init:%s\n' "$(basename -- "$(rresolve /sbin/init)")"
+  # the program /sbin/init names (a link's name even where its program is not in the image yet); none when it is
+  # missing, which read as an init named "init"
+  im_init=$(in_root "$R" /sbin/init) && { [ -e "$im_init" ] || [ -L "$im_init" ]; } && printf 'init:%s\n' "$(basename -- "$(rresolve /sbin/init)")"
   printf 'kernel-image:%s\n' "$(ls "$(at /lib/modules)" 2>/dev/null | sort -V | tail -n 1)"
   printf 'uid:%s\n' "$(id -u)"
 }
