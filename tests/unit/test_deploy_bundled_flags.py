@@ -124,3 +124,17 @@ def test_cli_a_plan_every_host_of_which_failed_is_its_failures_alone(monkeypatch
     assert result.exit_code == 2, result.output
     table, _, count = result.output.partition("\nplan: ")
     assert len(table.strip().splitlines()) == 1 and "does not exist" in table and count == "deploy to 0 of 1 host\n"
+
+
+def test_a_flag_set_false_turns_off_what_the_bundled_engine_turns_on(tmp_path):
+    """enable-prefix-caching is on unless serve is told --no-enable-prefix-caching; leaving it out keeps it on."""
+    from hosttune.deploy.settings import flag_argv
+    from hosttune.presets import load_preset
+
+    preset = load_preset("custom")
+    argv = flag_argv({"enable-prefix-caching": False, "skip-warmup": False, "enforce-eager": True}, {},
+                     preset.serve.false_flag)
+    assert argv == ["--no-enable-prefix-caching", "--no-skip-warmup", "--enforce-eager"]
+    assert refusals([tuple(argv)]) == [None]  # serve takes each false as its --no- form
+    inv, _ = _inventory(tmp_path)
+    assert _check(inv, ["enable-prefix-caching=false", "log-prompts=false", "protect-probes=false"]) is not None

@@ -40,8 +40,10 @@ def add_serve_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds sent with 429 and 503")
     s.add_argument("--max-body-bytes", type=int, default=8 * 2**20,
                    help="largest request body; a larger one gets HTTP 413")
-    s.add_argument("--skip-warmup", action="store_true", help="report healthy without a warmup generation")
-    s.add_argument("--log-prompts", action="store_true", help="put prompt text in the per-request log lines")
+    s.add_argument("--skip-warmup", action=argparse.BooleanOptionalAction, default=False,
+                   help="report healthy without a warmup generation")
+    s.add_argument("--log-prompts", action=argparse.BooleanOptionalAction, default=False,
+                   help="put prompt text in the per-request log lines")
     _auth_and_connection_args(s)
     s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
                    help="the least severe log lines written to stderr")
@@ -96,7 +98,7 @@ def _numerics_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--kernel-backend", choices=KERNEL_BACKENDS, default="auto",
                    help="'auto': the Triton kernels on CUDA, their torch references on the CPU; 'triton' on the CPU "
                         "needs TRITON_INTERPRET=1 (slow)")
-    s.add_argument("--enforce-eager", action="store_true",
+    s.add_argument("--enforce-eager", action=argparse.BooleanOptionalAction, default=False,
                    help="no CUDA graphs: decode, prompt-chunk and mixed steps all run eagerly")
 
 
@@ -107,7 +109,8 @@ def _auth_and_connection_args(s: argparse.ArgumentParser) -> None:
                         f"--api-key-file or ${KEY_ENV} (keys separated by commas)")
     s.add_argument("--api-key-file", action="append", default=[], metavar="PATH",
                    help="a file of API keys, one a line (repeatable)")
-    s.add_argument("--protect-probes", action="store_true", help="require the key for /health and /metrics too")
+    s.add_argument("--protect-probes", action=argparse.BooleanOptionalAction, default=False,
+                   help="require the key for /health and /metrics too")
     s.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a connection gets to send a request's headers")
     s.add_argument("--idle-timeout", type=float, default=75.0,

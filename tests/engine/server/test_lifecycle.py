@@ -408,7 +408,8 @@ def test_serve_help_says_what_the_memory_and_graph_options_do(capsys, monkeypatc
     text = " ".join(capsys.readouterr().out.split())
     assert exit_.value.code == 0
     # ModelRunner captures the decode, prompt-chunk and mixed-step graphs, or with --enforce-eager none of them
-    assert "--enforce-eager no CUDA graphs: decode, prompt-chunk and mixed steps all run eagerly" in text
+    assert ("--enforce-eager, --no-enforce-eager no CUDA graphs: decode, prompt-chunk and mixed steps all run eagerly"
+            in text)
     # the pool is what the GPU share leaves (replicas sharing a GPU get the same), not what is free
     assert ("--num-kv-blocks NUM_KV_BLOCKS KV-cache size in blocks (default: what --gpu-memory-utilization leaves "
             "on a GPU, --cpu-kv-cache-gib on CPU)") in text
