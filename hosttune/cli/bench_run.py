@@ -85,16 +85,26 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
 
 
 def _until_stopped(urls: list[str], measure_one, stopped_by) -> tuple:
-    """Each endpoint's result in turn; a signal that ended one ends the bench: the endpoints after it are not
-    measured (Ctrl-C means stop, not skip to the next endpoint), and stderr names them."""
+    """Each endpoint's result in turn; a signal that ended one (or came between two) ends the bench: the endpoints
+    after it are not measured (Ctrl-C means stop, not skip to the next endpoint), and stderr names them."""
     results = []
     for url in urls:
-        results.append(measure_one(url))
+        try:
+            results.append(measure_one(url))
+        except KeyboardInterrupt:  # between runs (the next one's model, its prompts): none of them caught it
+            if not results:
+                raise
+            _say_not_measured("SIGINT", urls[len(results):])
+            break
         if (signal_name := stopped_by(results[-1])) and (rest := urls[len(results):]):
-            typer.secho(f"hosttune: {signal_name} ended the bench: {', '.join(rest)} "
-                        f"{'was' if len(rest) == 1 else 'were'} not measured", err=True, fg="yellow")
+            _say_not_measured(signal_name, rest)
             break
     return tuple(results)
+
+
+def _say_not_measured(signal_name: str, rest: list[str]) -> None:
+    typer.secho(f"hosttune: {signal_name} ended the bench: {', '.join(rest)} "
+                f"{'was' if len(rest) == 1 else 'were'} not measured", err=True, fg="yellow")
 
 
 def _check_answering(spec: BenchSpec, urls: list[str]) -> None:

@@ -507,3 +507,26 @@ def test_ctrl_c_while_the_results_are_written_still_writes_them_all(server_facto
     assert result.exit_code == 0, result.output
     assert f"hosttune: writing the results to {tmp_path} first" in result.stderr
     assert {"results.json", "report.md", "requests.csv", "summary.csv"} <= {p.name for p in tmp_path.iterdir()}
+
+
+def test_ctrl_c_before_the_next_endpoint_is_measured_still_reports_those_measured(server_factory, tmp_path,
+                                                                                monkeypatch):
+    """Between two endpoints (finding the next one's model, calibrating its prompts) Ctrl-C is no run's to catch:
+    the endpoints measured so far are still reported and written, not lost to a KeyboardInterrupt."""
+    from hosttune.cli import bench_run
+
+    first, second = server_factory("--ttft", "0.01", "--itl", "0.001"), "http://127.0.0.1:9"
+    run_one = bench_run._run_one
+
+    def measure_or_interrupt(spec, url):
+        if url == second:
+            raise KeyboardInterrupt
+        return run_one(spec, url)
+
+    monkeypatch.setattr(bench_run, "_run_one", measure_or_interrupt)
+    result = runner.invoke(app, ["bench", "--url", first, "--url", second, "--model", "scripted", "--users", "1",
+                                 "--requests", "2", "--warmup", "0", "--prompts", "8", "--max-tokens", "2",
+                                 "--max-client-lag", "1s", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"hosttune: SIGINT ended the bench: {second} was not measured" in result.stderr
+    assert [run["url"] for run in json.loads((tmp_path / "results.json").read_text())["runs"]] == [first]
