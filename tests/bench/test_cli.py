@@ -530,3 +530,11 @@ def test_ctrl_c_before_the_next_endpoint_is_measured_still_reports_those_measure
     assert result.exit_code == 0, result.output
     assert f"hosttune: SIGINT ended the bench: {second} was not measured" in result.stderr
     assert [run["url"] for run in json.loads((tmp_path / "results.json").read_text())["runs"]] == [first]
+
+
+def test_help_gives_the_unit_of_every_length_rate_and_share():
+    """Lengths are tokens, rates requests/s, the error rate a fraction: the help says so beside each."""
+    help_text = " ".join(runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "300"}).stdout.replace("│", " ").split())
+    for phrase in ("Prompt lengths in tokens", "Output lengths in tokens (the max_tokens asked for)",
+                   "Highest rate the sweep tries, requests/s", "a fraction: 0.01 is 1%"):
+        assert phrase in help_text, phrase
