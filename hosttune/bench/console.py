@@ -47,6 +47,9 @@ def summary_table(runs: list[tuple[RunRecord, Summary]], render: TableRenderer =
         if run.stopped_by:
             text += (f"\nNOTE {run.url}: {run.stopped_by} ended the run after {run.window[1]:.1f} s; "
                      "the figures cover it until then.")
+        if s.num_cancelled:
+            text += (f"\nNOTE {run.url}: {s.num_cancelled} measured requests were still running at the stop and were "
+                     "cancelled (counted in none of ok, 429 or failed).")
     return text
 
 

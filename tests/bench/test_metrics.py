@@ -190,3 +190,15 @@ def test_backlog_growth_shows_a_server_falling_behind():
     b = summarize(run_of(behind, window=(1.0, 9.0)))
     # In flight at t: sent by t (10t+1) minus ended by t ((t-0.05)/0.15+1).
     assert b.backlog_growth == 27 and not b.is_kept_up
+
+
+def test_the_terminal_table_says_how_many_measured_requests_were_cancelled():
+    """A second Ctrl-C cancels the requests in flight: '3 (1 / 0 / 0)' alone does not add up, and report.md says
+    why; the terminal must too."""
+    from hosttune.bench.console import summary_table
+
+    run = run_of([record(0, 0.0, [0.1], 0.2), record(1, 0.0, [], 0.3, outcome=CANCELLED, status=0),
+                  record(2, 0.1, [], 0.3, outcome=CANCELLED, status=0)])
+    text = summary_table([(run, summarize(run))])
+    assert "3 (1 / 0 / 0)" in text
+    assert "NOTE http://127.0.0.1:1: 2 measured requests were still running at the stop and were cancelled" in text
