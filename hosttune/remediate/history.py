@@ -7,6 +7,7 @@ occurrences with a time, so repeats can be counted within a window across runs a
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 
@@ -53,14 +54,22 @@ class LedgerError(HosttuneError):
     """The ledger on a host cannot be read."""
 
 
+def _time(raw: object) -> float:
+    """Unix seconds; NaN or infinity would fall out of every window, and the Xids at it would never be counted."""
+    at = float(raw)  # type: ignore[arg-type]
+    if not math.isfinite(at):
+        raise ValueError(f"a time must be a finite number of Unix seconds, got {raw}")
+    return at
+
+
 def parse_ledger(text: str) -> Ledger:
     if not text.strip():
         return Ledger()
     try:
         doc = json.loads(text)
         return Ledger(str(doc["boot"]), tuple((str(b), int(c), int(n)) for b, c, n in doc["seen"]),
-                      tuple(Occurrence(str(o["bdf"]), int(o["code"]), float(o["at"])) for o in doc["xids"]),
-                      tuple((str(b), float(t)) for b, t in doc["recovered"]))
+                      tuple(Occurrence(str(o["bdf"]), int(o["code"]), _time(o["at"])) for o in doc["xids"]),
+                      tuple((str(b), _time(t)) for b, t in doc["recovered"]))
     except (ValueError, KeyError, TypeError, OverflowError) as exc:  # Overflow: int(Infinity)
         raise LedgerError(f"the remediation ledger {LEDGER_FILE} is not valid ({exc}): move it aside to start a new one") from None
 

@@ -268,11 +268,14 @@ def test_replicas_json_with_a_number_no_integer_holds_is_that_hosts_error_not_an
             "again to rewrite it"), result.output
 
 
-@pytest.mark.parametrize("seen", ['[["0000:3b:00", 79]]', '"0000:3b:00"', '[["0000:3b:00", 79, "twice"]]',
-                                  '[["0000:3b:00", 79, Infinity]]'])  # Infinity stopped every host with an internal error
-def test_a_ledger_whose_counts_are_garbled_is_that_hosts_one_line_error(fleet, seen):
+@pytest.mark.parametrize("seen, xids", [
+    ('[["0000:3b:00", 79]]', "[]"), ('"0000:3b:00"', "[]"), ('[["0000:3b:00", 79, "twice"]]', "[]"),
+    ('[["0000:3b:00", 79, Infinity]]', "[]"),  # Infinity stopped every host with an internal error
+    ("[]", '[{"bdf": "0000:3b:00", "code": 79, "at": NaN}]'),  # a NaN time fell out of every window: Xids not counted
+])
+def test_a_ledger_whose_counts_are_garbled_is_that_hosts_one_line_error(fleet, seen, xids):
     states, inv = fleet
-    ledger = f'{{"boot": "b1/17", "seen": {seen}, "xids": [], "recovered": []}}'
+    ledger = f'{{"boot": "b1/17", "seen": {seen}, "xids": {xids}, "recovered": []}}'
     states.update({"gpu-01": SERVING + f"ledger:{ledger}\n", "gpu-02": SERVING, "gpu-03": SERVING})
     result = runner.invoke(app, ["remediate", *inv, "--dry-run"])
     assert result.exit_code == 2 and "internal error" not in result.output, result.output
