@@ -15,6 +15,7 @@ from hosttune.actions.base import Op
 from hosttune.actions.needs import Need, NeedModel, NeedPort
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.flagcheck import check_installed_flags
+from hosttune.deploy.front import NGINX_CONF
 from hosttune.deploy.model import model_problem
 from hosttune.deploy.state import HostState
 from hosttune.deploy.router import router_ports
@@ -58,12 +59,45 @@ def _nginx_ports(job) -> set[int]:
 
 
 def refuse(transport: Transport, job, state: HostState) -> None:
-    """What only the host can tell, before anything changes: nginx for several replicas, the flags."""
+    """What only the host can tell, before anything changes: nginx for several replicas, no other default server
+    where the front listens, the flags."""
     if job.release.replicas and not state.nginx:
         raise DeployError(f"{job.host.name}: {len(job.release.replicas)} replicas need nginx on the host for their "
                           f"upstream on port {job.settings.port}; install nginx (apt-get install nginx-light) "
                           f"or deploy --replicas 1")
+    if state.nginx and _nginx_ports(job):
+        _refuse_other_default_server(transport, job)
     check_installed_flags(transport, job, state)
+
+
+# Where nginx's configuration has a `listen ... PORT ... default_server` (the files nginx.conf, conf.d and
+# sites-enabled give it on Debian and RHEL alike): one "default-server:PORT FILE" line each. Read-only.
+_DEFAULT_SERVERS = r"""# hosttune deploy: nginx's default servers
+set -u
+for port do
+    grep -RlE "^[[:space:]]*listen[[:space:]]+([^;#[:space:]]*:)?$port[[:space:]][^;#]*default_server" \
+        /etc/nginx/nginx.conf /etc/nginx/conf.d /etc/nginx/sites-enabled 2>/dev/null | sed "s|^|default-server:$port |"
+done
+exit 0
+"""
+
+
+def _refuse_other_default_server(transport: Transport, job) -> None:
+    """The front is its port's default_server (it answers whatever Host a client names), and nginx -t refuses a
+    second one: Debian's stock site is one on port 80, which would fail the front only once it goes live."""
+    ports = sorted(_nginx_ports(job))
+    text = transport.read_script(_DEFAULT_SERVERS, *map(str, ports), what="reading nginx's default servers")
+    for line in text.splitlines():
+        port, _, path = line.removeprefix("default-server:").partition(" ")
+        if line.startswith("default-server:") and _read_by_nginx(path) and path != NGINX_CONF:
+            raise DeployError(f"{job.host.name}: port {port}, where the host's nginx front would listen as its default "
+                              f"server, has one already in {path}, and nginx refuses two; disable that site or give "
+                              f"deploy.nginx a port of its own")
+
+
+def _read_by_nginx(path: str) -> bool:
+    """conf.d is included as *.conf: a file there by another name is not nginx's."""
+    return not path.startswith("/etc/nginx/conf.d/") or path.endswith(".conf")
 
 
 def check_job(transport: Transport, job, groups: list[list[Op]]) -> Checked:

@@ -110,6 +110,7 @@ class ScriptedTransport(Transport):
         self.unknown_flags: list[str] = []
         self.needs: dict[str, str] = {}  # "kind:value" → the preconditions script's answer (default: all there)
         self.models: dict[str, str] = {}  # model folder → what the model read prints (default: nothing, no folder)
+        self.nginx_defaults = ""  # what the read of nginx's default servers prints ("default-server:PORT FILE" lines)
 
     def _command(self, argv, stdin, timeout):
         argv = tuple(argv)
@@ -117,6 +118,8 @@ class ScriptedTransport(Transport):
         out = ""
         if argv[:2] == ("sh", "-c") and "# hosttune preconditions" in argv[2]:
             out = needs_answers(argv[6:], self.needs)
+        elif argv[:2] == ("sh", "-c") and "default_server" in argv[2]:
+            out = self.nginx_defaults
         elif argv[:2] == ("sh", "-c") and "config-begin" in argv[2]:
             out = self.models.get(argv[4], "")  # the model folder's read (hosttune.deploy.model)
         elif argv[:2] == ("sh", "-c") and argv[3:4] == ("hosttune",) and not argv[4].startswith(("write", "link", "remove")):

@@ -122,3 +122,31 @@ def test_too_little_space_for_the_wheels_and_the_virtualenv_is_refused(tmp_path)
     outcome = dhost.deploy_one(t, job)
     assert outcome.state == "failed" and "to write on /opt (0 bytes free): not enough for" in outcome.error
     assert sent(log) == []
+
+
+@pytest.mark.parametrize("files, refused", [
+    ("/etc/nginx/sites-enabled/default", True),  # Debian's stock site: listen 80 default_server
+    ("/etc/nginx/conf.d/hosttune-local.conf", False),  # this deployment's own front
+    ("/etc/nginx/conf.d/old.conf.disabled", False),  # conf.d holds *.conf for nginx; the rest is not read
+])
+def test_another_default_server_on_the_fronts_port_is_refused_before_anything_is_sent(tmp_path, files, refused):
+    """nginx -t refuses a second default_server on a port: the front (default_server) would fail once live."""
+    from dataclasses import replace as replaced
+
+    from hosttune.deploy.access import Access, Front
+
+    job = job_for(tmp_path)
+    job = replaced(job, access=Access(job.host.group, front=Front(80)))
+    log: list = []
+    t = ScriptedTransport("gpu-a", log, state="nginx:/usr/sbin/nginx\n")
+    t.nginx_defaults = f"default-server:80 {files}\n"
+    outcome = dhost.deploy_one(t, job, dry_run=True)
+    if refused:
+        assert outcome.state == "failed" and sent(log) == []
+        assert outcome.error == ("nothing changed: gpu-a: port 80, where the host's nginx front would listen as its "
+                                 "default server, has one already in /etc/nginx/sites-enabled/default, and nginx "
+                                 "refuses two; disable that site or give deploy.nginx a port of its own")
+    else:
+        assert outcome.state == "planned", outcome.error
+    reads = [a for _, a in log if a[:2] == ("sh", "-c") and "default_server" in a[2]]
+    assert [a[4:] for a in reads] == [("80",)]
