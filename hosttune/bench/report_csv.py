@@ -2,7 +2,8 @@
 (requests.csv), one per run (summary.csv) and one per /metrics sample (server_metrics.csv,
 when a server gave any). Times are seconds; a run is named by its endpoint URL, and in a
 sweep by its target rate too (`rate`: an open loop's target requests/s; summary.csv's
-`offered_rate`: the measured requests its window sent per second, random around it)."""
+`offered_rate`: the measured requests its window sent per second, random around it; `stopped_by`: the signal
+that ended a run early, blank for a full one)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ REQUEST_COLUMNS = ("url", "rate", "index", "scheduled", "sent", "end", "outcome"
                    "prompt_tokens", "reported_prompt_tokens", "cached_tokens", "max_tokens",
                    "output_tokens", "ttft", "tpot", "e2e", "conversation", "turn", "group", "is_warmup", "user",
                    "attempt")
-SUMMARY_COLUMNS = ("url", "rate", "offered_rate", "requests", "ok", "rejected", "failed", "retried", "ttft_p50", "ttft_p95",
-                   "ttft_p99", "itl_p50", "itl_p95", "itl_p99", "tpot_p50", "tpot_p95", "e2e_p50",
-                   "e2e_p95", "e2e_p99", "request_throughput", "output_token_throughput",
-                   "streamed_token_throughput", "input_token_throughput", "goodput", "slo_met", "client_behind")
+SUMMARY_COLUMNS = ("url", "rate", "offered_rate", "requests", "ok", "rejected", "failed", "cancelled", "retried",
+                   "ttft_p50", "ttft_p95", "ttft_p99", "itl_p50", "itl_p95", "itl_p99", "tpot_p50", "tpot_p95",
+                   "tpot_p99", "e2e_p50", "e2e_p95", "e2e_p99", "request_throughput", "output_token_throughput",
+                   "streamed_token_throughput", "input_token_throughput", "goodput", "slo_met", "client_behind",
+                   "stopped_by")
 REQUESTS_FILE = "requests.csv"
 SUMMARY_FILE = "summary.csv"
 SERVER_FILE = "server_metrics.csv"
@@ -60,11 +62,13 @@ def request_rows(run: RunRecord) -> list[tuple]:
 def summary_row(run: RunRecord, s: Summary) -> tuple:
     def at(stats, q: int) -> object:
         return "" if stats is None else _round(stats.at(q))
-    return (run.url, _blank(run.rate), _round(s.offered_rate), s.num_requests, s.num_ok, s.num_rejected, s.num_failed, s.num_retried,
+    return (run.url, _blank(run.rate), _round(s.offered_rate), s.num_requests, s.num_ok, s.num_rejected, s.num_failed,
+            s.num_cancelled, s.num_retried,
             at(s.ttft, 50), at(s.ttft, 95), at(s.ttft, 99), at(s.itl, 50), at(s.itl, 95), at(s.itl, 99),
-            at(s.tpot, 50), at(s.tpot, 95), at(s.e2e, 50), at(s.e2e, 95), at(s.e2e, 99),
+            at(s.tpot, 50), at(s.tpot, 95), at(s.tpot, 99), at(s.e2e, 50), at(s.e2e, 95), at(s.e2e, 99),
             _round(s.request_throughput), _round(s.output_token_throughput),
-            _round(s.streamed_token_throughput), _round(s.input_token_throughput), _blank(s.goodput), _blank(s.slo_met), int(s.lag.is_behind))
+            _round(s.streamed_token_throughput), _round(s.input_token_throughput), _blank(s.goodput), _blank(s.slo_met),
+            int(s.lag.is_behind), _blank(run.stopped_by))
 
 
 def server_row(run: RunRecord, sample) -> tuple:

@@ -202,3 +202,17 @@ def test_the_terminal_table_says_how_many_measured_requests_were_cancelled():
     text = summary_table([(run, summarize(run))])
     assert "3 (1 / 0 / 0)" in text
     assert "NOTE http://127.0.0.1:1: 2 measured requests were still running at the stop and were cancelled" in text
+
+
+def test_summary_csv_holds_what_the_table_shows_and_whether_the_run_was_cut_short():
+    """TPOT P99 is in the table and report.md; a run that a signal ended, or whose requests were cancelled, must be
+    told apart from a full one in a summary.csv of many runs."""
+    from dataclasses import replace
+
+    from hosttune.bench.report_csv import SUMMARY_COLUMNS, summary_row
+
+    run = replace(run_of([record(0, 0.0, [0.1, 0.2, 0.4], 0.4), record(1, 0.0, [], 0.3, outcome=CANCELLED, status=0)]),
+                  stopped_by="SIGINT")
+    row = dict(zip(SUMMARY_COLUMNS, summary_row(run, summarize(run))))
+    assert len(row) == len(SUMMARY_COLUMNS) == len(summary_row(run, summarize(run)))
+    assert (row["tpot_p99"], row["cancelled"], row["stopped_by"]) == (0.15, 1, "SIGINT")
