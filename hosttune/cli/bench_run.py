@@ -212,6 +212,9 @@ def _check_out(folder: Path) -> None:
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as exc:
         raise BenchError(f"cannot write to --out {folder}: {why_not_written(exc)}; choose another folder") from None
+    if taken := next((n for n in result_files.NAMES if (folder / n).exists() and not (folder / n).is_file()), None):
+        raise BenchError(f"--out {folder} holds a folder named {taken}, where the run writes its {taken}; move it, "
+                         "or choose another folder")
 
 
 def _write(outcome: report.Outcome, folder: Path) -> None:

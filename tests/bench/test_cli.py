@@ -373,6 +373,16 @@ def test_every_url_and_the_out_folder_are_checked_before_the_first_run(tmp_path)
                                                        "which the run fills with its result files\n")
 
 
+def test_an_out_folder_holding_a_folder_by_a_result_files_name_is_refused_before_the_run(tmp_path):
+    """A folder named report.md in --out: writing after the run would fail half-way ('Is a directory'), the run's
+    report lost; it is found before the run (port 9 has no server: a run would say "cannot reach")."""
+    (tmp_path / "report.md").mkdir()
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--users", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and result.output == (
+        f"hosttune: --out {tmp_path} holds a folder named report.md, where the run writes its report.md; move it, "
+        "or choose another folder\n")
+
+
 def test_one_endpoint_given_twice_is_a_user_error_not_a_comparison_with_itself():
     # Port 9 has no server: had a run started, the error would be "cannot reach".
     result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--url", "http://127.0.0.1:9/", "--users", "1"])
