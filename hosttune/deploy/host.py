@@ -140,7 +140,7 @@ def _plan_lines(job: HostJob, state: HostState, install: list[Op], keys: list[Op
     check = check_line(job, release.dir)
     lines = [describe(op) for op in install] + ([check] if check else [])
     if release.replicas:
-        return tuple(lines + [describe(op) for op in keys] + rolling.plan_lines(release, state))
+        return tuple(lines + [describe(op) for op in keys] + rolling.plan_lines(release, state, job.settings))
     lines += [describe(op) for op in activate]
     if SERVE_UNIT in release.units:
         fallback = "the release live before comes back" if state.current else "the service is stopped and disabled"

@@ -14,7 +14,7 @@ from typing import Callable
 
 from hosttune.actions.base import Command, FileWrite, Op, Remove, Symlink, describe
 from hosttune.actions.needs import Need
-from hosttune.deploy.gate import GateResult, run_gate
+from hosttune.deploy.gate import GateResult, gate_line, run_gate
 from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, meta_dir
 from hosttune.deploy.front import NGINX_CONF
 from hosttune.deploy.replicas import LB_SCRIPT
@@ -113,12 +113,17 @@ def leave_ops(state: HostState) -> list[Op]:
     return ops
 
 
-def plan_lines(release: Release, state: HostState) -> list[str]:
-    """What a roll does, for --dry-run."""
+def plan_lines(release: Release, state: HostState, settings: ServeSettings) -> list[str]:
+    """What a roll does, for --dry-run: each replica's gate with its deadlines and what a failed one leads to."""
+    fallback = "the replica stays out of nginx and " + (
+        "the release live before comes back on the replicas that moved, one at a time" if state.current
+        else "the replicas are stopped and disabled")
     lines = [describe(op) for op in switch_ops(release, state)]
     for index in indices(release):
+        replica = replica_settings(release, settings, index)
         lines += [describe(op) for op in restart_ops(release, index)]
-        lines += [f"gate {replica_unit(index)}", describe(lb_op(release, "in", index))]
+        lines += [gate_line(f"{replica_unit(index)} on port {replica.port}", replica, fallback),
+                  describe(lb_op(release, "in", index))]
     return lines + [describe(op) for op in retire_ops(release, state)]
 
 

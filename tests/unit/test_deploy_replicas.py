@@ -455,6 +455,14 @@ def test_dry_run_lists_the_roll(tmp_path):
     text = "\n".join(outcome.ops)
     assert outcome.state == "planned" and "gate hosttune-engine@0.service" in text and "replica_lb.py in 1" in text
     assert f"write {NGINX_CONF}" in text and "systemctl enable --now --quiet hosttune-probe.timer" in text
+    # each replica's gate as the run takes it: its own port's deadlines, and what a failed one leads to
+    port = j.release.replicas[1]["port"]
+    assert (f"gate hosttune-engine@1.service on port {port}: /health within 600 s, 3 warmup requests, a one-token "
+            "generation within 60 s; on failure the replica stays out of nginx and the replicas are stopped and "
+            "disabled") in outcome.ops
+    old = ScriptedTransport("gpu-a", [], state="nginx:/usr/sbin/nginx\ncurrent:/opt/hosttune/releases/custom-old\n")
+    assert any(line.endswith("on failure the replica stays out of nginx and the release live before comes back on the "
+                             "replicas that moved, one at a time") for line in dhost.deploy_one(old, j, dry_run=True).ops)
 
 
 # -- the host-side balancer script ---------------------------------------------------------------------
