@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import select
 import sys
 import tempfile
 import time
@@ -119,12 +120,28 @@ def user_errors(fn):
         except Exception as exc:  # noqa: BLE001 - the last line of defence against a traceback on the terminal
             if _is_cli_control(exc):
                 raise
+            if isinstance(exc, BrokenPipeError) and _output_closed():  # `hosttune status | head`: nobody reads on
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at the interpreter's last flush
+                raise typer.Exit(EXIT_SIGPIPE) from None
             where = write_traceback(exc)
             typer.secho(f"hosttune: internal error: {type(exc).__name__}: {str(exc)[:200]} (traceback in {where}; "
                         "please report it)", err=True, fg="red")
             raise typer.Exit(EXIT_ERROR) from None
 
     return wrapper
+
+
+EXIT_SIGPIPE = 141  # as a command killed by SIGPIPE exits (128 + 13), which shells expect of `| head`
+
+
+def _output_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (a write to it fails with EPIPE)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real file behind stdout (a test runner's buffer)
+        return False
 
 
 def _is_cli_control(exc: Exception) -> bool:

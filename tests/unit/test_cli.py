@@ -129,6 +129,21 @@ def test_facts_dumps_json():
     assert doc["localhost"]["kernel"] and "gpu" in doc["localhost"]
 
 
+def test_output_whose_reader_went_away_ends_quietly_not_as_an_internal_error(tmp_path):
+    """`hosttune rollback ... | head -2`: the rollback was done, then its recap met the closed pipe and the command
+    said "internal error: BrokenPipeError ... please report it", leaving a crash file."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-m", "hosttune", "explain", "gpu.xid"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # before the interpreter has started: its first write meets a pipe nobody reads
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141 and err == b"" and not list(tmp_path.iterdir()), err.decode()
+
+
 def test_unexpected_exception_is_one_line_naming_the_traceback_file(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise KeyError("a bug, not bad input")
