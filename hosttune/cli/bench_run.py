@@ -3,17 +3,13 @@ aiohttp and uvloop cost ~0.3 s of start-up that `hosttune check` should not pay)
 
 from __future__ import annotations
 
-import contextlib
 import shlex
-import signal
 import sys
-import tempfile
-from pathlib import Path
 from typing import Optional
 
 import typer
 
-from hosttune.bench import console, plot, report, report_csv, result_files
+from hosttune.bench import console, report
 from hosttune.bench.benchmark import BenchSpec, check_url, measure, run_async
 from hosttune.bench.client import discover_model, key_advice
 from hosttune.bench.connection import tls_context
@@ -24,7 +20,7 @@ from hosttune.bench.record import FAILED
 from hosttune.bench.sweep import SweepConfig, sweep as run_sweep
 from hosttune.bench.trace import load_trace
 from hosttune.bench.units import parse_duration, parse_positive_duration, parse_shared_prefix, parse_slo
-from hosttune.cli.common import why_not_written
+from hosttune.cli import bench_out
 from hosttune.cli.progress import Progress
 from hosttune.cli.tables import table_renderer
 from hosttune.errors import BenchError
@@ -64,7 +60,7 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         tls=tls_context(str(cacert) if cacert else None, insecure) if cacert or insecure else None,
     )
     if out is not None:
-        _check_out(out)
+        bench_out.check_out(out)
     _check_answering(spec, url)
     command = "hosttune bench " + " ".join(shlex.quote(a) for a in redact_argv(sys.argv[2:]))
     if config is not None:
@@ -76,7 +72,7 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         outcome = report.Outcome(runs, (), command, report.now_text())
         typer.echo(console.summary_table(list(outcome.runs), table_renderer(console.table)))
     if out is not None:
-        _write(outcome, out)
+        bench_out.write(outcome, out)
     for message in _partly_failed(outcome):
         typer.secho(f"hosttune: {message}", err=True, fg="yellow")
     for message in _unanswered(outcome, spec.headers):
@@ -200,62 +196,6 @@ def _planned(load: Load) -> tuple[float | None, str]:
 def _sweep_one(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig):
     return run_async(run_sweep(spec, url, slo, config,
                                on_point=lambda p: typer.echo(console.sweep_point_line(url, p), err=True)))
-
-
-def _check_out(folder: Path) -> None:
-    """--out is made and written to before the run: a folder that cannot be written fails now, not after it.
-    An earlier run's result files there are replaced or removed once this run is written (result_files)."""
-    if folder.is_file():
-        raise BenchError(f"--out {folder} is a file: give a folder, which the run fills with its result files")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as exc:
-        raise BenchError(f"cannot write to --out {folder}: {why_not_written(exc)}; choose another folder") from None
-    if taken := next((n for n in result_files.NAMES if (folder / n).exists() and not (folder / n).is_file()), None):
-        raise BenchError(f"--out {folder} holds a folder named {taken}, where the run writes its {taken}; move it, "
-                         "or choose another folder")
-
-
-def _write(outcome: report.Outcome, folder: Path) -> None:
-    try:
-        with _writing(folder):
-            _write_files(outcome, folder)
-    except OSError as exc:
-        raise BenchError(f"cannot write the results to {folder}: {why_not_written(exc)}") from None
-
-
-@contextlib.contextmanager
-def _writing(folder: Path):
-    """Ctrl-C while the files are written (a second one soon after the first that ended the run, say) waits for
-    them: stopped there, the folder would hold some of this run's files beside none of the others."""
-    def say(*_) -> None:
-        typer.secho(f"hosttune: writing the results to {folder} first; a moment", err=True, fg="yellow")
-
-    try:
-        previous = signal.signal(signal.SIGINT, say)
-    except ValueError:  # not the main thread: no signal reaches this one anyway
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _write_files(outcome: report.Outcome, folder: Path) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    report.write_json(outcome, folder / result_files.RESULTS_FILE)
-    csv_names = report_csv.write_csv(outcome, folder)
-    cdf_runs = list(outcome.runs) or [(p.run, p.summary) for s in outcome.sweeps for p in s.points
-                                      if s.max_rate is not None and p.rate == s.max_rate]
-    names = plot.write_plots(cdf_runs, list(outcome.sweeps), folder)
-    report.write_markdown(outcome, folder / result_files.REPORT_FILE, names)
-    written = [result_files.RESULTS_FILE, result_files.REPORT_FILE, *csv_names, *names]
-    typer.echo(f"wrote {folder}/{', '.join(written)}", err=True)
-    earlier = result_files.remove_earlier(folder, written)
-    if earlier:
-        typer.echo(f"removed {', '.join(earlier)}: an earlier run's, which this run does not replace", err=True)
 
 
 def _unanswered(outcome: report.Outcome, headers=()) -> list[str]:
