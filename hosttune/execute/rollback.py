@@ -16,6 +16,7 @@ from hosttune.config.inventory import Host
 from hosttune.fleet_runner import Outcome
 from hosttune.plan.resolve import kernel_value_holds
 from hosttune.plan.state import rooted, unrooted
+from hosttune.quoting import join
 from hosttune.transport.base import Transport
 
 @dataclass(frozen=True)
@@ -60,6 +61,11 @@ def later_runs(journals: list[Journal], journal: Journal) -> list[str]:
     mine = _subjects(journal)
     return sorted(j.run for j in journals
                   if _is_live(j) and (j.started, j.run) > (journal.started, journal.run) and mine & _subjects(j))
+
+
+def image_option(root: str | None) -> list[str]:
+    """`--root DIR` for a command that must act on the image again, none for the running system."""
+    return ["--root", root] if root and root != "/" else []
 
 
 def load_journals(transport: Transport, root: str | None) -> list[Journal]:
@@ -163,7 +169,8 @@ def rollback_host(transport: Transport, host: Host, run: str | None, root: str |
         if later := later_runs(journals, journal):
             return RollbackResult(host, run, Outcome.FAILED, error=(
                 f"run {run} was followed by {', '.join(later)}, not rolled back, which changed the same files, units or "
-                f"kernel values: roll those back first, the latest first, each by naming it: hosttune rollback --run {later[-1]}"))
+                f"kernel values: roll those back first, the latest first, each by naming it: "
+                f"{join(['hosttune', 'rollback', '--run', later[-1], *image_option(root)])}"))
         if dry_run:
             undos = undo_list(journal)
             due = [u.description for u in undos if _is_due(transport, u, root)]

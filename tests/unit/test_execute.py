@@ -682,4 +682,6 @@ def test_a_run_followed_by_a_remediation_step_on_the_same_file_says_to_name_that
     assert execute_plan(local, plan_for(local, root, again), "r2-1", command="remediate").status == "changed"
     refused = rollback_host(local, HOST, "r1", str(root), dry_run=True)
     assert refused.status == "failed" and "leave --run out" not in refused.error
-    assert refused.error.endswith("roll those back first, the latest first, each by naming it: hosttune rollback --run r2-1")
+    # under --root, the command it names is for the image: without --root it looked for the run on the running system
+    assert refused.error.endswith(f"roll those back first, the latest first, each by naming it: hosttune rollback --run "
+                                  f"r2-1 --root {root}")
