@@ -10,6 +10,7 @@ import typer
 
 from hosttune.plan import render as plan_render
 from hosttune.plan.host_plan import HostPlan
+from hosttune.plan.state import rooted
 from hosttune.cli.app import app
 from hosttune.cli.common import (ROOT_INSTEAD, AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt,
                                  check_writable, emit, go_ahead, load, named, only, path_option, plural,
@@ -128,8 +129,9 @@ def rollback(
                                dry_run=True)
     typer.echo(recap.render_rollback(plans))
     if run and plans and all(p.is_unknown_run for p in plans):  # a mistyped run is not "nothing to do"
+        where = f"{rooted(root, RUNS_DIR)} in the image" if root and root != "/" else f"{RUNS_DIR} on each host"
         raise HosttuneError(f"no host has run {run}: give a run apply's recap printed (its journals are under "
-                            f"{RUNS_DIR} on each host), or leave --run out for each host's latest")
+                            f"{where}), or leave --run out for each host's latest")
     due = [p for p in plans if p.status is Outcome.PLANNED]
     if not due or not go_ahead(f"Roll back {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):
         raise typer.Exit(exit_code(plans))

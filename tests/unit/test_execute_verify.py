@@ -285,5 +285,5 @@ def test_rollback_of_a_run_no_host_has_is_one_line_and_exit_2(tmp_path):
         result = runner.invoke(app, ["rollback", "--root", str(tmp_path), "--run", "20250102T030405Z-nosuch", *extra])
         assert result.exit_code == 2 and "no run 20250102T030405Z-nosuch in" in result.stdout
         assert result.stderr == ("hosttune: no host has run 20250102T030405Z-nosuch: give a run apply's recap printed "
-                                 "(its journals are under /var/lib/hosttune/runs on each host), or leave --run out for "
-                                 "each host's latest\n")
+                                 f"(its journals are under {tmp_path}/var/lib/hosttune/runs in the image), or leave "
+                                 "--run out for each host's latest\n")
