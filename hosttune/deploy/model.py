@@ -46,6 +46,8 @@ class ModelShape:
     quant_unit: int | None = None  # a tensor parallel shard of a row-parallel layer's input is whole units of this
     quant: str = ""  # what those units are, e.g. "awq groups"
     row_inputs: tuple[int, ...] = ()  # the input columns of the row-parallel layers (attention out, MLP down)
+    max_positions: int | None = None  # max_position_embeddings of config.json
+    rope_scaled: bool = False  # config.json scales the rotary positions (rope_scaling): the engines stretch them
 
     @property
     def weight_gb(self) -> float:
@@ -96,7 +98,18 @@ def parse_model(path: str, text: str) -> ModelShape:
     heads = _positive(config.get("num_attention_heads"))
     kv = _positive(config.get("num_key_value_heads")) or heads
     return ModelShape(path, True, heads, kv, error="" if heads else "config.json has no num_attention_heads",
-                      architectures=archs, row_inputs=_row_inputs(config, heads), **_quant(config), **weights)
+                      architectures=archs, row_inputs=_row_inputs(config, heads), **_quant(config), **weights,
+                      max_positions=_positive(config.get("max_position_embeddings")),
+                      rope_scaled=bool(config.get("rope_scaling")))
+
+
+def context_problem(model: ModelShape, length: int) -> str:
+    """Why an engine refuses a context of `length` tokens at start; "" when it takes it (or cannot be told: no
+    positions in config.json, or rope scaling, which vLLM and SGLang stretch them by)."""
+    positions = model.max_positions
+    if positions is None or model.rope_scaled or length <= positions:
+        return ""
+    return f"past the {positions} positions of {model.path} (max_position_embeddings in config.json)"
 
 
 def _quant(config: dict) -> dict:

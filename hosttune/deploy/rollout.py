@@ -17,7 +17,7 @@ from hosttune.deploy.errors import DeployError, PlacementError
 from hosttune.deploy.front import LOOPBACK, on_loopback
 from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, guarded
 from hosttune.deploy.rollback import rollback_one
-from hosttune.deploy.model import ModelShape, read_model
+from hosttune.deploy.model import ModelShape, context_problem, read_model
 from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutRequest, host_abi, plan_layout, preflight,
                                        preflight_host)
 from hosttune.deploy.plan import Role, check_sharing, make_release
@@ -25,7 +25,7 @@ from hosttune.deploy.ports import check_ports, listeners
 from hosttune.deploy.replicas import make_layout_release
 from hosttune.deploy.request import DeployRequest, for_host, kept_note
 from hosttune.deploy.router import router_ports
-from hosttune.deploy.settings import ServeSettings, Timeouts, inventory_vars, resolve
+from hosttune.deploy.settings import ServeSettings, Timeouts, flag_source, inventory_vars, resolve
 from hosttune.deploy.shape import Guard, declared, read_live, record
 from hosttune.deploy.state import read_cordon
 from hosttune.deploy.units import ROUTER_UNIT
@@ -89,6 +89,7 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
     if preset.is_bundled and not model.path.startswith("/"):  # vLLM and SGLang also take a Hugging Face model id
         raise DeployError(f"{host.name}: the bundled engine serves a model folder: give --model its absolute path on "
                           f"the host (got {model.path!r})")
+    _check_context(host, preset, settings, request, read)
     if role.kind == "single":
         try:
             layout = plan_layout(LayoutRequest(request.gpus or host.gpus, request.tensor_parallel,
@@ -118,6 +119,19 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
     _check_listeners(host, layout, settings, access, release)
     return HostJob(host, preset, settings, placement, entry, release, python, layout, access, read,
                    select(facts).packages, guard=guard, tune_s=request.tune_s)
+
+
+def _check_context(host: Host, preset, settings: ServeSettings, request: DeployRequest, model: ModelShape | None) -> None:
+    """A context length the engine refuses at start (past the model's positions) is refused here, before any change."""
+    flag = preset.serve.context_flag
+    value = settings.flags.get(flag) if flag else None
+    if model is None or isinstance(value, bool) or not isinstance(value, int) or preset.serve.context_env in settings.env:
+        return
+    problem = context_problem(model, value)
+    if problem:
+        engine = "the bundled engine" if preset.is_bundled else preset.name
+        raise DeployError(f"{host.name}: {flag_source(host, preset, request.overrides, flag, value)}: {problem}, which "
+                          f"{engine} refuses at start; give {flag} {model.max_positions} or less")
 
 
 def _refuse_exposed_host(host: Host, engine: str, request: DeployRequest) -> None:

@@ -251,3 +251,12 @@ def drain_seconds(preset: EnginePreset, flags: Mapping[str, Any]) -> float:
         except (TypeError, ValueError):
             raise DeployError(f"--{flag} must be a number of seconds (got {flags[flag]!r})") from None
     return float(preset.serve.drain_s or 30)
+
+
+def flag_source(host: Host, preset: EnginePreset, overrides: Overrides, name: str, value: Any) -> str:
+    """Where an engine flag's value comes from, as a refusal names it: --set, the inventory's line, or the preset."""
+    if name in overrides.flags:
+        return f"--set {name}={value}"
+    if name in (host.deploy.get(preset.name) or {}):
+        return f"{host.source}: deploy.{preset.name}.{name}={value}"
+    return f"the {preset.name} preset's {name}={value}"

@@ -56,6 +56,8 @@ class ServeSpec:
     memory_share: float = 0.9  # that flag's value when neither the preset's flags nor the inventory set it
     shape_aliases: dict[str, str] = field(default_factory=dict, hash=False)  # flag → "model" | "tensor_parallel"
     gpu_flags: tuple[str, ...] = ()  # flags (pipeline, data parallel) that would give a replica more GPUs than its TP
+    context_flag: str | None = None  # the context length, refused at start past the model's positions ...
+    context_env: str | None = None  # ... unless this variable is set
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ def parse_preset(doc: dict, where: str) -> EnginePreset:
             _strings(serve.get("env")), dict(serve.get("flags") or {}), tuple(serve.get("help") or ()),
             tuple(str(a) for a in serve.get("architectures") or ()), serve.get("memory_flag"),
             float(serve.get("memory_share", 0.9)), dict(serve.get("shape_aliases") or {}),
-            tuple(serve.get("gpu_flags") or ()),
+            tuple(serve.get("gpu_flags") or ()), serve.get("context_flag"), serve.get("context_env"),
         )
         multi = doc.get("multinode")
         multi_spec = None if not multi else MultinodeSpec(

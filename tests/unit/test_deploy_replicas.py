@@ -668,3 +668,35 @@ def test_gpus_for_an_engine_on_cpu_are_refused_not_ignored(tmp_path):
     assert str(err.value) == ("gpu-a: --gpus 0: the engine runs on CPU (device cpu) and would use no GPU; drop --gpus, "
                               "or the device flag")
     assert job(tmp_path / "b", a100_facts(), engine="custom", overrides=parse_sets(["device=cpu"])).layout.replicas
+
+
+def _positions(positions: int, **config) -> ModelShape:
+    base = {"architectures": list(QWEN), "num_attention_heads": 32, "num_key_value_heads": 4,
+            "max_position_embeddings": positions, **config}
+    return parse_model("/models/tiny", "dir:\nconfig-begin:\n" + json.dumps(base) + "\nconfig-end:\n"
+                       "weights:2200000000 model.safetensors\n")
+
+
+@pytest.mark.parametrize("engine, sets, where", [
+    ("vllm", (), "{tmp}/inventory.yaml:{line}: deploy.vllm.max-model-len=32768"),  # gpu-a's own, over the preset's
+    ("vllm", ("max-model-len=4096",), "--set max-model-len=4096"),
+    ("custom", ("max-model-len=3000",), "--set max-model-len=3000"),
+])
+def test_a_context_past_the_models_positions_is_refused_before_anything_is_sent(tmp_path, engine, sets, where):
+    """vLLM and the bundled engine refuse at start a max-model-len past max_position_embeddings (no rope scaling)."""
+    with pytest.raises(DeployError) as info:
+        job(tmp_path, a100_facts(), engine=engine, model=_positions(2048), gpus="0", overrides=parse_sets(list(sets)))
+    value = where.rsplit("=", 1)[1]
+    line = str(info.value).split("inventory.yaml:")[1].split(":")[0] if "inventory.yaml:" in str(info.value) else ""
+    assert str(info.value) == (f"gpu-a: {where.format(tmp=tmp_path, line=line)}: past the 2048 positions of /models/tiny "
+                               f"(max_position_embeddings in config.json), which {engine if engine != 'custom' else 'the bundled engine'} "
+                               f"refuses at start; give max-model-len 2048 or less")
+    assert int(value) > 2048
+
+
+def test_a_context_within_the_models_positions_or_stretched_by_rope_scaling_is_taken(tmp_path):
+    assert job(tmp_path / "a", a100_facts(), model=_positions(32768), gpus="0").settings.flags["max-model-len"] == 32768
+    yarn = _positions(2048, rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048})
+    assert job(tmp_path / "b", a100_facts(), model=yarn, gpus="0")  # vLLM stretches the positions by the factor
+    long_ok = parse_sets(["env.VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"])  # vLLM's own way past the check
+    assert job(tmp_path / "c", a100_facts(), model=_positions(2048), gpus="0", overrides=long_ok)
