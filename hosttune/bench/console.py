@@ -45,8 +45,7 @@ def summary_table(runs: list[tuple[RunRecord, Summary]], render: TableRenderer =
         if run.tokenizer.startswith("approximate"):
             text += f"\nNOTE {run.url}: prompt lengths are approximate (no /tokenize, no --tokenizer)."
         if run.stopped_by:
-            text += (f"\nNOTE {run.url}: {run.stopped_by} ended the run after {run.window[1]:.1f} s; "
-                     "the figures cover it until then.")
+            text += f"\nNOTE {run.url}: {run.stop_note()}."
         if s.num_cancelled:
             text += (f"\nNOTE {run.url}: {s.num_cancelled} measured requests were still running at the stop and were "
                      "cancelled (counted in none of ok, 429 or failed).")

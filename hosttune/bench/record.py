@@ -122,3 +122,11 @@ class RunRecord:
     max_concurrency: int | None = None
     server_metrics: tuple[ServerSample, ...] = ()  # /metrics sampled through the run
     stopped_by: str | None = None  # the signal (SIGINT, SIGTERM) that ended the run early
+
+    def stop_note(self) -> str:
+        """What the signal that ended the run early cut short, for the terminal and the report ('' if none did)."""
+        if not self.stopped_by:
+            return ""
+        if self.window[1] <= self.warmup_end:  # the window is empty: it would start where the warm-up ends
+            return f"{self.stopped_by} ended the run during its {self.warmup_end:g} s warm-up, before anything was measured"
+        return f"{self.stopped_by} ended the run after {self.window[1]:.1f} s; the figures cover it until then"

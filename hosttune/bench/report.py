@@ -227,8 +227,7 @@ def _warnings(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:
                          f"{s.lag.loop_p99 * 1e3:.1f} ms, send lag P99 {s.lag.send_p99 * 1e3:.1f} ms, "
                          f"limit {s.lag.limit * 1e3:.0f} ms): latencies may be the client's, not the server's.")
         if run.stopped_by:
-            lines.append(f"> **{run.url}: {run.stopped_by} ended the run after {run.window[1]:.1f} s**; the figures "
-                         "cover it until then.")
+            lines.append(f"> **{run.url}: {run.stop_note()}**.")
         if s.num_cancelled:
             lines.append(f"> {run.url}: {s.num_cancelled} requests were still running at the stop and were cancelled.")
     return lines + ([""] if lines else [])

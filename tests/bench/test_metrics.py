@@ -216,3 +216,17 @@ def test_summary_csv_holds_what_the_table_shows_and_whether_the_run_was_cut_shor
     row = dict(zip(SUMMARY_COLUMNS, summary_row(run, summarize(run))))
     assert len(row) == len(SUMMARY_COLUMNS) == len(summary_row(run, summarize(run)))
     assert (row["tpot_p99"], row["cancelled"], row["stopped_by"]) == (0.15, 1, "SIGINT")
+
+
+def test_a_run_stopped_in_its_warm_up_is_said_to_have_measured_nothing_not_to_have_run_the_whole_warm_up():
+    """Ctrl-C 4 s into a 30 s warm-up: the window is [30, 30], and 'ended the run after 30.0 s' was a wrong number."""
+    from dataclasses import replace
+
+    from hosttune.bench import report
+    from hosttune.bench.console import summary_table
+
+    run = replace(run_of([record(0, 0.0, [0.1], 0.2, is_warmup=True)], window=(30.0, 30.0)), stopped_by="SIGINT")
+    text = summary_table([(run, summarize(run))])
+    assert "SIGINT ended the run during its 30 s warm-up, before anything was measured" in text
+    assert "after 30.0 s" not in text
+    assert "SIGINT ended the run during its 30 s warm-up" in report.markdown(report.Outcome(((run, summarize(run)),), (), "c"), [])
