@@ -47,6 +47,7 @@ class ModelShape:
     quant: str = ""  # what those units are, e.g. "awq groups"
     row_inputs: tuple[int, ...] = ()  # the input columns of the row-parallel layers (attention out, MLP down)
     max_positions: int | None = None  # max_position_embeddings of config.json
+    quant_method: str = ""  # quantization_config's quant_method ("": not quantized)
     rope_scaled: bool = False  # config.json scales the rotary positions (rope_scaling): the engines stretch them
 
     @property
@@ -120,11 +121,12 @@ def _quant(config: dict) -> dict:
     method = str(raw.get("quant_method", "")) if isinstance(raw, dict) else ""
     if method in ("awq", "gptq"):
         group = _positive(raw.get("group_size", raw.get("q_group_size", 128)))  # -1: one group a row, any split
-        return dict(quant_unit=group, quant=f"{method} groups") if group else {}
+        return dict(quant_unit=group, quant=f"{method} groups", quant_method=method) if group else dict(
+            quant_method=method)
     block = raw.get("weight_block_size") if method == "fp8" else None
     if isinstance(block, list) and len(block) == 2 and _positive(block[1]):
-        return dict(quant_unit=block[1], quant="fp8 blocks")
-    return {}
+        return dict(quant_unit=block[1], quant="fp8 blocks", quant_method=method)
+    return dict(quant_method=method)
 
 
 def _row_inputs(config: dict, heads: int | None) -> tuple[int, ...]:
@@ -137,7 +139,7 @@ def _row_inputs(config: dict, heads: int | None) -> tuple[int, ...]:
 
 
 def model_problem(model: ModelShape, supported: tuple[str, ...], *, any_format: bool = True,
-                  needs_weights: bool = True) -> str:
+                  needs_weights: bool = True, quant_methods: tuple[str, ...] = ()) -> str:
     """Why an engine that loads `supported` architectures (() any) cannot load this folder; "" when it can.
     any_format: the engine loads .bin and .pt checkpoints besides safetensors; needs_weights False: it starts
     with random weights (load-format dummy)."""
@@ -148,6 +150,9 @@ def model_problem(model: ModelShape, supported: tuple[str, ...], *, any_format: 
     if supported and not set(model.architectures) & set(supported):
         named = ", ".join(model.architectures) or "no architecture"
         return f"is {named} (config.json), which the engine does not load (it loads {', '.join(supported)})"
+    if quant_methods and model.quant_method and model.quant_method not in quant_methods:
+        return (f"is quantized with {model.quant_method} (config.json quantization_config), which the engine does "
+                f"not load (it loads {', '.join(quant_methods)})")
     return weights_problem(model, any_format) if needs_weights else ""
 
 

@@ -105,7 +105,8 @@ def check_job(transport: Transport, job, groups: list[list[Op]]) -> Checked:
     asks = preconditions.requests_for(groups, job.packages, offline=False)
     needs = read_needs(transport, asks, root=None, manager=job.packages.name if job.packages else None)
     if job.model is not None:
-        problem = model_problem(job.model, job.preset.serve.architectures, any_format=not job.preset.is_bundled,
+        problem = model_problem(job.model, job.preset.serve.architectures, quant_methods=job.preset.serve.quant_methods,
+                                any_format=not job.preset.is_bundled,
                                 needs_weights=model_needs_weights(job))
         needs = replace(needs, models={job.model.path: problem})
     return preconditions.check(groups, needs, job.packages)

@@ -58,6 +58,7 @@ class ServeSpec:
     gpu_flags: tuple[str, ...] = ()  # flags (pipeline, data parallel) that would give a replica more GPUs than its TP
     context_flag: str | None = None  # the context length, refused at start past the model's positions ...
     context_env: str | None = None  # ... unless this variable is set
+    quant_methods: tuple[str, ...] = ()  # quantization_config quant_methods the engine loads; () any
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ def parse_preset(doc: dict, where: str) -> EnginePreset:
             tuple(str(a) for a in serve.get("architectures") or ()), serve.get("memory_flag"),
             float(serve.get("memory_share", 0.9)), dict(serve.get("shape_aliases") or {}),
             tuple(serve.get("gpu_flags") or ()), serve.get("context_flag"), serve.get("context_env"),
+            tuple(str(m) for m in serve.get("quant_methods") or ()),
         )
         multi = doc.get("multinode")
         multi_spec = None if not multi else MultinodeSpec(

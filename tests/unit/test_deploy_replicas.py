@@ -700,3 +700,15 @@ def test_a_context_within_the_models_positions_or_stretched_by_rope_scaling_is_t
     assert job(tmp_path / "b", a100_facts(), model=yarn, gpus="0")  # vLLM stretches the positions by the factor
     long_ok = parse_sets(["env.VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"])  # vLLM's own way past the check
     assert job(tmp_path / "c", a100_facts(), model=_positions(2048), gpus="0", overrides=long_ok)
+
+
+def test_a_quantization_the_bundled_engine_does_not_load_is_refused_as_its_model(tmp_path):
+    """Its loader takes fp8, compressed-tensors, awq and gptq checkpoints; vLLM and SGLang name none, so any."""
+    bnb = _quantized({"quant_method": "bitsandbytes", "load_in_4bit": True}, 29568)
+    assert bnb.quant_method == "bitsandbytes"
+    custom = load_preset("custom").serve
+    assert model_problem(bnb, custom.architectures, quant_methods=custom.quant_methods) == (
+        "is quantized with bitsandbytes (config.json quantization_config), which the engine does not load (it loads "
+        "fp8, compressed-tensors, awq, gptq)")
+    assert model_problem(AWQ_72B, custom.architectures, quant_methods=custom.quant_methods) == ""
+    assert model_problem(bnb, (), quant_methods=load_preset("vllm").serve.quant_methods) == ""
