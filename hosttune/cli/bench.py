@@ -68,8 +68,9 @@ def bench(
     Ctrl-C (or SIGTERM) ends a run early and still reports it, over the time it ran; a
     second one also cancels the requests in flight. It ends a sweep too (the step it cut
     short judges no rate), and the endpoints after the one it stopped are not measured.
-    Exit code bits: 1 SLO missed (or no rate held in a sweep), 2 usage error (or every
-    request of a run failed: nothing was measured), 4 the client fell behind.
+    Exit code bits: 1 SLO missed (or no rate held in a sweep), 2 usage error (or a run
+    measured nothing: every request failed, or none was sent after the warm-up), 4 the
+    client fell behind.
 
     Example: hosttune bench --url http://gpu-01:8000 --users 128 --duration 10m --slo e2e=2s --out bench/
     """

@@ -26,7 +26,7 @@ from hosttune.cli.tables import table_renderer
 from hosttune.errors import BenchError
 
 EXIT_SLO_MISSED = 1
-EXIT_NOTHING_MEASURED = 2  # every request failed: the endpoint, --model or --api is wrong
+EXIT_NOTHING_MEASURED = 2  # every request failed (the endpoint, --model or --api is wrong), or none was sent
 EXIT_CLIENT_BEHIND = 4
 DEFAULT_SWEEP_SLO = "e2e=2s"  # a sweep finds the highest rate whose E2E P95 stays under 2 s
 
@@ -199,11 +199,19 @@ def _sweep_one(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig):
 
 
 def _unanswered(outcome: report.Outcome, headers=()) -> list[str]:
-    """One line per run in which every measured request failed: such a run measured nothing."""
+    """One line per run that measured nothing: every measured request failed, or none was sent."""
     return [f"all {s.num_requests} measured requests to {run.url} failed "
             f"({', '.join(f'{k}: {v}' for k, v in s.errors_by_status.items())}), so nothing was measured; "
             f"the first {_first_failure(run)}; {_what_to_check(_first_failed(run).status, headers)}"
-            for run, s in outcome.runs if s.num_requests and s.num_failed == s.num_requests]
+            if s.num_requests else _none_sent(run)
+            for run, s in outcome.runs if s.num_failed == s.num_requests]
+
+
+def _none_sent(run) -> str:
+    if run.stopped_by:
+        return f"{run.stopped_by} ended the run to {run.url} during its warm-up, so nothing was measured"
+    return (f"no request to {run.url} was sent after its {run.warmup_end:g} s warm-up, so nothing was measured; "
+            "give a longer --duration (or more --users, or a higher --rate)")
 
 
 def _partly_failed(outcome: report.Outcome) -> list[str]:

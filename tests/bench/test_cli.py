@@ -548,3 +548,16 @@ def test_help_gives_the_unit_of_every_length_rate_and_share():
     for phrase in ("Prompt lengths in tokens", "Output lengths in tokens (the max_tokens asked for)",
                    "Highest rate the sweep tries, requests/s", "a fraction: 0.01 is 1%"):
         assert phrase in help_text, phrase
+
+
+def test_a_run_that_sent_no_request_after_its_warm_up_says_nothing_was_measured_and_exits_2(server_factory):
+    """One user whose warm-up request outlasts warm-up and duration sends no measured request: a table of zeros
+    and exit 0 would pass for a run that measured a server doing nothing."""
+    url = server_factory("--ttft", "1.0", "--itl", "0.001")
+    result = runner.invoke(app, ["bench", "--url", url, "--users", "1", "--warmup", "0.2s", "--duration", "0.2s",
+                                 "--prompts", "8", "--max-tokens", "2", "--max-client-lag", "1s"])
+    assert result.exit_code == 2, result.output
+    assert "0 (0 / 0 / 0)" in result.stdout
+    assert result.stderr.splitlines()[-1] == (f"hosttune: no request to {url} was sent after its 0.2 s warm-up, so "
+                                              "nothing was measured; give a longer --duration (or more --users, or a "
+                                              "higher --rate)")
