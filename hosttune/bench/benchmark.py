@@ -101,13 +101,21 @@ class BenchSpec:
 
 
 def check_url(url: str) -> str:
-    parsed = urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise BenchError(f"--url {url!r}: give a base URL like http://127.0.0.1:8000")
+    example = f"--url {url!r}: give a base URL like http://127.0.0.1:8000"
+    try:
+        parsed = urlparse(url)
+    except ValueError:  # an IPv6 host without its closing bracket
+        raise BenchError(example) from None
     if "@" in parsed.netloc:  # named without its user and password, which this line must not print either
         raise BenchError(f"--url {parsed.scheme}://…@{parsed.netloc.rpartition('@')[2]}: a user or password in the URL "
                          "would be saved in every report; send it with --header 'Authorization=Basic BASE64', which "
                          "reports redact")
+    try:
+        parsed.port  # noqa: B018 - raises on a port that is no number from 0 to 65535
+    except ValueError:
+        raise BenchError(example) from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise BenchError(example)
     if parsed.query or parsed.fragment or url.endswith(("?", "#")):
         raise BenchError(f"--url {url!r}: give the server's base URL, without a ?query or #fragment (bench adds "
                          "/v1/completions to it)")

@@ -383,6 +383,15 @@ def test_an_out_folder_holding_a_folder_by_a_result_files_name_is_refused_before
         "or choose another folder\n")
 
 
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:99999", "http://127.0.0.1:abc", "http://:80",
+                                 "http://127.0.0.1:-1"])
+def test_a_url_without_a_host_or_with_a_bad_port_is_a_user_error_naming_the_url(url):
+    """Not an internal error (an unclosed IPv6 bracket), nor "cannot reach URL: URL; is the server up?"."""
+    result = runner.invoke(app, ["bench", "--url", url, "--users", "1"])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"hosttune: --url {url!r}: give a base URL like http://127.0.0.1:8000"), result.output
+
+
 def test_one_endpoint_given_twice_is_a_user_error_not_a_comparison_with_itself():
     # Port 9 has no server: had a run started, the error would be "cannot reach".
     result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--url", "http://127.0.0.1:9/", "--users", "1"])
