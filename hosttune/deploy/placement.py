@@ -293,6 +293,12 @@ def preflight(facts: Facts, host: str, placed: Placement | Layout, device: str |
     """Refuse, before anything changes, a host that cannot run the service as placed."""
     preflight_host(facts, host, device)
     replicas = placed.replicas if isinstance(placed, Layout) else (placed,)
+    used = {i for r in replicas for i in r.gpus} if device != CPU_DEVICE else set()
+    mig = cpulist.format(tuple(sorted(g.index for g in facts.gpu.gpus if g.index in used and g.mig_enabled)))
+    if mig:  # CUDA runs on its instances only: a whole-GPU placement would see none, or a slice of it
+        raise DeployError(f"{host}: GPU {mig} {'is' if mig.isdigit() else 'are'} in MIG mode, and hosttune deploy runs "
+                          f"engines on whole GPUs; turn MIG off (the profile's gpu.mig: false, hosttune apply) or leave "
+                          f"GPU {mig} out of --gpus")
     nodes = sorted({n for r in replicas for n in r.numa_nodes})
     if nodes and not facts.numactl:
         raise DeployError(f"{host}: the GPUs are on NUMA node {','.join(map(str, nodes))}, but numactl is missing to bind "

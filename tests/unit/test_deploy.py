@@ -148,6 +148,19 @@ def test_preflight_needs_numactl_for_numa_binding_and_a_gpu_unless_cpu():
     preflight(no_gpu, "h", place("0", no_gpu, "h"), "cpu")
 
 
+def test_preflight_refuses_gpus_in_mig_mode():
+    """CUDA runs on a MIG-enabled GPU's instances only, not on the whole GPU the placement gave the engine."""
+    facts = a100_facts()
+    gpus = tuple(replace(g, mig_enabled=g.index == 1) for g in facts.gpu.gpus)
+    facts = replace(facts, gpu=replace(facts.gpu, gpus=gpus))
+    with pytest.raises(DeployError, match="^h: GPU 1 is in MIG mode, and hosttune deploy runs engines on whole GPUs; "
+                                          r"turn MIG off \(the profile's gpu.mig: false, hosttune apply\) or leave "
+                                          "GPU 1 out of --gpus$"):
+        preflight(facts, "h", place("0-1", facts, "h"), "cuda")
+    preflight(facts, "h", place("2-3", facts, "h"), "cuda")
+    preflight(facts, "h", place("0-1", facts, "h"), "cpu")  # a CPU engine uses none of them
+
+
 # -- release operations -----------------------------------------------------------------------
 
 
