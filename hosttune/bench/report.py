@@ -259,7 +259,11 @@ def _sweep_section(sweep: SweepResult) -> list[str]:
 def _sweep_stop(sweep: SweepResult) -> list[str]:
     if not sweep.stopped_by:
         return []
-    return [f"> **{sweep.stopped_by} ended the sweep** during its step at {rate_text(sweep.points[-1].rate)} "
+    last = sweep.points[-1]
+    if not last.run.stopped_by:  # it came between two steps
+        return [f"> **{sweep.stopped_by} ended the sweep** after its step at {rate_text(last.rate)} requests/s: the "
+                "answer above is from the steps run.", ""]
+    return [f"> **{sweep.stopped_by} ended the sweep** during its step at {rate_text(last.rate)} "
             "requests/s: that step judges no rate, and the answer above is from the steps before it.", ""]
 
 

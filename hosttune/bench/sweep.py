@@ -113,6 +113,14 @@ async def sweep(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig,
             held = rate
         else:
             broken = rate
+    return result_of(url, slo, points, config, points[-1].run.stopped_by if points else None)
+
+
+def result_of(url: str, slo: Slo, points: list[SweepPoint], config: SweepConfig,
+              stopped_by: str | None = None) -> SweepResult:
+    """The sweep's answer from the steps run: the bracket only narrows, so the highest rate that held and the
+    lowest that broke (a step a signal cut short judges neither)."""
+    held = max((p.rate for p in points if p.is_held), default=None)
+    broken = min((p.rate for p in points if not p.is_held and not p.run.stopped_by), default=None)
     is_capped = broken is None and held is not None and held >= config.max_rate
-    stopped_by = points[-1].run.stopped_by if points else None
     return SweepResult(url, slo, tuple(points), held, broken, is_capped, stopped_by)

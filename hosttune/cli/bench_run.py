@@ -17,7 +17,7 @@ from hosttune.bench.headers import redact_argv, request_headers
 from hosttune.bench.loadgen import Load, Progress as LoadProgress
 from hosttune.bench.metrics import Slo, summarize
 from hosttune.bench.record import FAILED
-from hosttune.bench.sweep import SweepConfig, sweep as run_sweep
+from hosttune.bench.sweep import SweepConfig, result_of as sweep_result_of, sweep as run_sweep
 from hosttune.bench.trace import load_trace
 from hosttune.bench.units import parse_duration, parse_positive_duration, parse_shared_prefix, parse_slo
 from hosttune.cli import bench_out
@@ -194,8 +194,17 @@ def _planned(load: Load) -> tuple[float | None, str]:
 
 
 def _sweep_one(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig):
-    return run_async(run_sweep(spec, url, slo, config,
-                               on_point=lambda p: typer.echo(console.sweep_point_line(url, p), err=True)))
+    points = []
+
+    def show(point) -> None:
+        points.append(point)
+        typer.echo(console.sweep_point_line(url, point), err=True)
+    try:
+        return run_async(run_sweep(spec, url, slo, config, on_point=show))
+    except KeyboardInterrupt:  # between steps (the next one's model, its prompts): no step caught it
+        if not points:
+            raise
+        return sweep_result_of(url, slo, points, config, "SIGINT")
 
 
 def _unanswered(outcome: report.Outcome, headers=()) -> list[str]:

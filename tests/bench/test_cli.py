@@ -570,3 +570,28 @@ def test_a_run_that_sent_no_request_after_its_warm_up_says_nothing_was_measured_
     assert result.stderr.splitlines()[-1] == (f"hosttune: no request to {url} was sent after its 0.2 s warm-up, so "
                                               "nothing was measured; give a longer --duration (or more --users, or a "
                                               "higher --rate)")
+
+
+def test_ctrl_c_between_two_sweep_steps_still_reports_the_steps_run(server_factory, tmp_path, monkeypatch):
+    """Between steps (the next one's model and prompts) no run catches Ctrl-C: the steps already run are still
+    reported and written, as a sweep that SIGINT ended, not lost to a KeyboardInterrupt."""
+    from hosttune.bench import sweep
+
+    url = server_factory("--ttft", "0.01", "--itl", "0.001")
+    measure, calls = sweep.measure, []
+
+    async def measure_or_interrupt(spec, url):
+        calls.append(spec.load.rate)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return await measure(spec, url)
+
+    monkeypatch.setattr(sweep, "measure", measure_or_interrupt)
+    result = runner.invoke(app, ["bench", "--url", url, "--sweep", "--sweep-start", "5", "--duration", "0.4s",
+                                 "--warmup", "0", "--prompts", "8", "--max-tokens", "2", "--max-client-lag", "1s",
+                                 "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"NOTE {url}: SIGINT ended the sweep" in result.stdout
+    (saved,) = json.loads((tmp_path / "results.json").read_text())["sweeps"]
+    assert saved["stopped_by"] == "SIGINT" and [p["rate"] for p in saved["points"]] == [5.0] and saved["max_rate"] == 5.0
+    assert "SIGINT ended the sweep** after its step at 5.00 requests/s" in (tmp_path / "report.md").read_text()
