@@ -8,11 +8,9 @@ from dataclasses import replace
 from typing import Callable
 
 from hosttune.actions.platform import select
-from hosttune.build.archs import covers
-from hosttune.build.source import safe_ref
-from hosttune.build.wheelhouse import Entry, entries, read_entry
 from hosttune.deploy import multinode
 from hosttune.deploy.access import access_for
+from hosttune.deploy.entry import pick_entry
 from hosttune.deploy.errors import DeployError, PlacementError
 from hosttune.deploy.front import LOOPBACK, on_loopback
 from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, guarded
@@ -40,31 +38,6 @@ from hosttune.transport import open_transport
 
 
 # -- deciding --------------------------------------------------------------------------
-
-
-def _of_ref(entry: Entry, ref: str) -> bool:
-    """The entry was built from `ref`: its key names it (as the key spells it), or its commit starts with it."""
-    name = safe_ref(ref)
-    return entry.key.ref in (ref, name) or entry.key.ref.startswith(name + "-") or (entry.commit or "").startswith(ref)
-
-
-def pick_entry(request: DeployRequest, abi: str | None, archs: tuple[str, ...], host: str) -> Entry:
-    """The newest wheelhouse entry of the engine that this host can install and run."""
-    built = entries(request.wheelhouse, request.engine)
-    candidates = [e for e in built if _of_ref(e, request.ref)] if request.ref else built
-    fitting = [e for e in candidates if (e.is_pure or e.key.python_abi == abi)
-               and all(covers(e.key.archs, a) for a in archs if e.key.archs)]
-    if not fitting:
-        have = ", ".join(e.key.name for e in built) or "none"
-        of_ref = f" of --ref {request.ref}" if request.ref else ""
-        raise DeployError(
-            f"{host}: no {request.engine} wheels{of_ref} in {request.wheelhouse} fit this host (Python {abi or '?'}"
-            f"{', GPUs ' + ','.join(archs) if archs else ''}; built: {have}). Run: hosttune build --engine {request.engine}"
-            f"{' --ref ' + request.ref if request.ref else ''} --arch auto -i INVENTORY")
-    entry = read_entry(fitting[0].path)  # hashed again: what gets shipped is what was built
-    if entry is None:
-        raise DeployError(f"{fitting[0].path}: a wheel no longer matches its recorded hash; build it again")
-    return entry
 
 
 def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role(), model: ModelShape | None = None) -> HostJob:
@@ -110,7 +83,7 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
     python, abi = _python(host, facts)
     used = {g for r in layout.replicas for g in r.gpus}
     archs = tuple(sorted({g.compute_cap for g in facts.gpu.gpus if g.index in used and g.compute_cap}))
-    entry = pick_entry(request, abi, archs, host.name)
+    entry = pick_entry(request, abi, archs, host.name, facts.gpu.cuda_driver_version if archs else None)
     guard = Guard(len(layout.replicas), bool(access.key), access.front.port if access.front else None)
     shape = record(preset.name, request.model, settings.port, len(layout.replicas), layout.tensor_parallel, guard,
                    layout.replicas_per_gpu)

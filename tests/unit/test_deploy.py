@@ -282,6 +282,21 @@ def test_pick_entry_fits_python_and_gpu(tmp_path):
         rollout.pick_entry(request, "cp310", ("7.5",), "h")
 
 
+def test_pick_entry_fits_the_cuda_the_hosts_driver_runs(tmp_path):
+    """Wheels compiled with CUDA 13's toolkit do not load on a driver of CUDA 12; 12.x wheels run on a 12.y or 13
+    driver (the driver is backward compatible, and within a major version so is the toolkit)."""
+    wh = tmp_path / "wh"
+    cuda12 = fake_entry(wh, archs=("8.0",), cuda="12.8", built_at=1)
+    cuda13 = fake_entry(wh, archs=("8.0",), cuda="13.0", ref="v0.11.0-bbbbbbbbbbbb", built_at=2)  # the newest
+    request = rollout.DeployRequest("vllm", "/m", wh)
+    assert rollout.pick_entry(request, "cp310", ("8.0",), "h", cuda="12.2").path == cuda12.path
+    assert rollout.pick_entry(request, "cp310", ("8.0",), "h", cuda="13.0").path == cuda13.path
+    assert rollout.pick_entry(request, "cp310", ("8.0",), "h", cuda=None).path == cuda13.path  # unknown: not judged
+    with pytest.raises(DeployError, match=r"no vllm wheels .* fit this host \(Python cp310, GPUs 8.0, a driver of "
+                                          r"CUDA 11.8; built: "):
+        rollout.pick_entry(request, "cp310", ("8.0",), "h", cuda="11.8")
+
+
 def test_multinode_groups_roll_as_one_unit(tmp_path):
     inv = inventory(tmp_path)
     assert [[h.name for h in u] for u in rollout.rollout_units(inv, "vllm")] == [["gpu-a"], ["gpu-b"], ["node-0", "node-1", "node-2"]]
