@@ -73,7 +73,7 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         typer.echo(console.summary_table(list(outcome.runs), table_renderer(console.table)))
     if out is not None:
         bench_out.write(outcome, out)
-    for message in _partly_failed(outcome):
+    for message in _partly_failed(outcome) + _tpot_unmeasured(outcome, slo_value):
         typer.secho(f"hosttune: {message}", err=True, fg="yellow")
     for message in _unanswered(outcome, spec.headers):
         typer.secho(f"hosttune: {message}", err=True, fg="red")
@@ -230,6 +230,14 @@ def _partly_failed(outcome: report.Outcome) -> list[str]:
             f"({', '.join(f'{k}: {v}' for k, v in s.errors_by_status.items() if k != '429')}); "
             f"the first {_first_failure(run)}"
             for run, s in outcome.runs if 0 < s.num_failed < s.num_requests]
+
+
+def _tpot_unmeasured(outcome: report.Outcome, slo: Optional[Slo]) -> list[str]:
+    """A TPOT limit no request could be measured by (one output token each) fails the SLO: say why."""
+    if slo is None or slo.tpot is None:
+        return []
+    return [f"the SLO limits TPOT, and no request to {run.url} had the two output tokens it takes to measure, so "
+            "the SLO is not met; ask for more with --max-tokens" for run, s in outcome.runs if s.num_ok and s.tpot is None]
 
 
 def _first_failed(run):

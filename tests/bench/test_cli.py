@@ -595,3 +595,15 @@ def test_ctrl_c_between_two_sweep_steps_still_reports_the_steps_run(server_facto
     (saved,) = json.loads((tmp_path / "results.json").read_text())["sweeps"]
     assert saved["stopped_by"] == "SIGINT" and [p["rate"] for p in saved["points"]] == [5.0] and saved["max_rate"] == 5.0
     assert "SIGINT ended the sweep** after its step at 5.00 requests/s" in (tmp_path / "report.md").read_text()
+
+
+def test_a_tpot_limit_no_request_could_be_measured_by_says_why_the_slo_is_not_met(server_factory):
+    """One output token has no TPOT: every request is 'within the SLO', and the verdict 'no' (exit 1) needs a
+    reason, or it reads as a bug."""
+    url = server_factory("--ttft", "0.01", "--itl", "0.001")
+    result = runner.invoke(app, ["bench", "--url", url, "--users", "1", "--requests", "2", "--warmup", "0",
+                                 "--prompts", "8", "--max-tokens", "1", "--slo", "tpot=50ms", "--max-client-lag", "1s"])
+    assert result.exit_code == 1, result.output
+    assert result.stderr.splitlines()[-1] == (f"hosttune: the SLO limits TPOT, and no request to {url} had the two "
+                                              "output tokens it takes to measure, so the SLO is not met; ask for more "
+                                              "with --max-tokens")
