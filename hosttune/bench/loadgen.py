@@ -159,8 +159,10 @@ class LoadGenerator:
         finally:
             for watcher in watchers:
                 watcher.cancel()
-            for sig in caught:
-                asyncio.get_running_loop().remove_signal_handler(sig)
+            for sig, previous in caught:
+                asyncio.get_running_loop().remove_signal_handler(sig)  # which leaves Python's default handler
+                if previous is not None:
+                    signal.signal(sig, previous)  # the caller's, for a signal between two runs
             gc.unfreeze()
         if self.crashes:
             raise self.crashes[0]
@@ -168,15 +170,17 @@ class LoadGenerator:
         return LoadResult(tuple(sorted(self.records, key=lambda r: r.index)), tuple(self.lag),
                           self.t0, self.load.warmup, self._window(stop), cpu, self.stopped_by)
 
-    def _catch_signals(self) -> list[signal.Signals]:
-        """SIGINT or SIGTERM ends the run early, its report intact (where this loop may take signals)."""
+    def _catch_signals(self) -> list[tuple[signal.Signals, object]]:
+        """SIGINT or SIGTERM ends the run early, its report intact (where this loop may take signals); each with
+        the handler it had before, to put back after."""
         caught = []
         for sig in (signal.SIGINT, signal.SIGTERM):
+            previous = signal.getsignal(sig)
             try:
                 asyncio.get_running_loop().add_signal_handler(sig, self.request_stop, sig)
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread's loop
                 continue
-            caught.append(sig)
+            caught.append((sig, previous))
         return caught
 
     def request_stop(self, sig: signal.Signals) -> None:

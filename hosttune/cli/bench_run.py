@@ -3,7 +3,9 @@ aiohttp and uvloop cost ~0.3 s of start-up that `hosttune check` should not pay)
 
 from __future__ import annotations
 
+import contextlib
 import shlex
+import signal
 import sys
 from typing import Optional
 
@@ -84,18 +86,41 @@ def _until_stopped(urls: list[str], measure_one, stopped_by) -> tuple:
     """Each endpoint's result in turn; a signal that ended one (or came between two) ends the bench: the endpoints
     after it are not measured (Ctrl-C means stop, not skip to the next endpoint), and stderr names them."""
     results = []
-    for url in urls:
-        try:
-            results.append(measure_one(url))
-        except KeyboardInterrupt:  # between runs (the next one's model, its prompts): none of them caught it
-            if not results:
-                raise
-            _say_not_measured("SIGINT", urls[len(results):])
-            break
-        if (signal_name := stopped_by(results[-1])) and (rest := urls[len(results):]):
-            _say_not_measured(signal_name, rest)
-            break
+    with _sigterm_interrupts():
+        for url in urls:
+            try:
+                results.append(measure_one(url))
+            except KeyboardInterrupt as exc:  # between runs (the next one's model, its prompts): no run caught it
+                if not results:
+                    raise
+                _say_not_measured(getattr(exc, "signal_name", "SIGINT"), urls[len(results):])
+                break
+            if (signal_name := stopped_by(results[-1])) and (rest := urls[len(results):]):
+                _say_not_measured(signal_name, rest)
+                break
     return tuple(results)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM outside a run (whose own handler ends it early): handled as Ctrl-C is there."""
+
+    signal_name = "SIGTERM"
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    def interrupt(*_) -> None:
+        raise _Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: no signal reaches this one anyway
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _say_not_measured(signal_name: str, rest: list[str]) -> None:
@@ -201,10 +226,10 @@ def _sweep_one(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig):
         typer.echo(console.sweep_point_line(url, point), err=True)
     try:
         return run_async(run_sweep(spec, url, slo, config, on_point=show))
-    except KeyboardInterrupt:  # between steps (the next one's model, its prompts): no step caught it
+    except KeyboardInterrupt as exc:  # between steps (the next one's model, its prompts): no step caught it
         if not points:
             raise
-        return sweep_result_of(url, slo, points, config, "SIGINT")
+        return sweep_result_of(url, slo, points, config, getattr(exc, "signal_name", "SIGINT"))
 
 
 def _unanswered(outcome: report.Outcome, headers=()) -> list[str]:

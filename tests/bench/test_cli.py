@@ -607,3 +607,29 @@ def test_a_tpot_limit_no_request_could_be_measured_by_says_why_the_slo_is_not_me
     assert result.stderr.splitlines()[-1] == (f"hosttune: the SLO limits TPOT, and no request to {url} had the two "
                                               "output tokens it takes to measure, so the SLO is not met; ask for more "
                                               "with --max-tokens")
+
+
+def test_sigterm_between_two_endpoints_still_reports_those_measured(server_factory, tmp_path, monkeypatch):
+    """A CI job's timeout sends SIGTERM: between two runs (after the first, whose own handler is gone) it must end
+    the bench as during a run does, the endpoints measured so far written, not kill it with nothing written."""
+    from hosttune.cli import bench_run
+
+    first, second = server_factory("--ttft", "0.01", "--itl", "0.001"), "http://127.0.0.1:9"
+    run_one = bench_run._run_one
+
+    def measure_or_terminate(spec, url):
+        if url == second:
+            handler = signal.getsignal(signal.SIGTERM)
+            assert callable(handler), handler  # SIG_DFL would kill this process (and the test run)
+            handler(signal.SIGTERM, None)
+        return run_one(spec, url)
+
+    monkeypatch.setattr(bench_run, "_run_one", measure_or_terminate)
+    before = signal.getsignal(signal.SIGTERM)
+    result = runner.invoke(app, ["bench", "--url", first, "--url", second, "--model", "scripted", "--users", "1",
+                                 "--requests", "2", "--warmup", "0", "--prompts", "8", "--max-tokens", "2",
+                                 "--max-client-lag", "1s", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"hosttune: SIGTERM ended the bench: {second} was not measured" in result.stderr
+    assert [run["url"] for run in json.loads((tmp_path / "results.json").read_text())["runs"]] == [first]
+    assert signal.getsignal(signal.SIGTERM) == before  # put back once the bench is done
