@@ -224,6 +224,9 @@ def _refuse_placement_env(given: Mapping[str, Any], where: str) -> None:
     if "CUDA_VISIBLE_DEVICES" in given:
         raise DeployError(f"{where}CUDA_VISIBLE_DEVICES: hosttune sets it from the deployment's GPUs; give --gpus "
                           "(or the inventory's gpus) instead")
+    if "CUDA_DEVICE_ORDER" in given:
+        raise DeployError(f"{where}CUDA_DEVICE_ORDER: hosttune sets it to PCI_BUS_ID, the order nvidia-smi numbers the "
+                          "GPUs in, which --gpus and the placement use; drop it")
 
 
 def flag_argv(flags: Mapping[str, Any], values: Mapping[str, Any], false_flag: str | None) -> list[str]:

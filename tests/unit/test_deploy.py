@@ -80,6 +80,10 @@ def test_bad_deploy_vars_name_the_inventory_line(tmp_path):
         declared(replace(host, deploy={"port": 70000}))  # the shape, which the run's port comes from
     with pytest.raises(DeployError, match="^--set env.CUDA_VISIBLE_DEVICES: hosttune sets it"):
         resolve(host, load_preset("vllm"), "/m", None, parse_sets(["env.CUDA_VISIBLE_DEVICES=0"]))
+    # the order the indices of --gpus are read in: another one gives each replica GPUs other than the placed ones
+    with pytest.raises(DeployError, match="^--set env.CUDA_DEVICE_ORDER: hosttune sets it to PCI_BUS_ID, the order "
+                                          "nvidia-smi numbers the GPUs in, which --gpus and the placement use; drop it"):
+        resolve(host, load_preset("vllm"), "/m", None, parse_sets(["env.CUDA_DEVICE_ORDER=FASTEST_FIRST"]))
 
 
 
