@@ -276,11 +276,13 @@ def _first_failure(run) -> str:
 
 def _what_to_check(status: int, headers) -> str:
     """What to fix, by the status every request got: a missing key (--model skips /v1/models, which finds that
-    first), a prompt or output past the model's context, or a wrong model, route or server."""
+    first), a prompt or output past the model's context or a field the server does not take (ignore_eos, a vLLM
+    extension, is sent by default), or a wrong model, route or server."""
     if status in (401, 403):
         return key_advice(headers)
     if status == 400:
-        return "check that --prompts and --max-tokens fit the model's context (and --model and --api)"
+        return ("check that --prompts and --max-tokens fit the model's context, or leave out a field the server does "
+                "not take: --no-ignore-eos, no --priority")
     return "check --model and --api, and that it is an OpenAI-compatible server"
 
 

@@ -436,8 +436,21 @@ def test_a_run_in_which_every_request_failed_quotes_the_servers_reason():
                                      "--max-client-lag", "1s"])
     assert result.exit_code == 2
     assert ("failed (400: 2), so nothing was measured; the first answered 400: This model's maximum context length "
-            "is 1024 tokens. However you asked for 5008; check that --prompts and --max-tokens fit the model's context"
-            ) in result.stderr.splitlines()[-1]
+            "is 1024 tokens. However you asked for 5008; check that --prompts and --max-tokens fit the model's context, "
+            "or leave out") in result.stderr.splitlines()[-1]
+
+
+def test_a_run_refused_for_a_field_the_server_does_not_take_points_at_the_option_that_sends_it():
+    """OpenAI's own API answers 400 to ignore_eos (a vLLM extension bench sends by default): the hint must name
+    --no-ignore-eos, not only the context length."""
+    body = b'{"error": {"message": "Unrecognized request argument supplied: ignore_eos"}}'
+    with not_openai(400, body) as url:
+        result = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "1", "--requests", "1",
+                                     "--warmup", "0", "--prompts", "8", "--max-tokens", "2", "--max-client-lag", "1s"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1].endswith(
+        "Unrecognized request argument supplied: ignore_eos; check that --prompts and --max-tokens fit the model's "
+        "context, or leave out a field the server does not take: --no-ignore-eos, no --priority"), result.stderr
 
 
 def test_a_run_refused_for_want_of_a_key_says_to_pass_the_key_not_to_check_the_model():
