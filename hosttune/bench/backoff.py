@@ -8,6 +8,7 @@ server.
 from __future__ import annotations
 
 import email.utils
+import math
 import time
 
 REFUSALS = (429, 503)  # the server shed the request on purpose and may say when to come back
@@ -22,7 +23,8 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
         return None
     text = value.strip()
     if text.isascii() and text.isdigit():  # str.isdigit takes '²' too, which float() refuses
-        return float(text)
+        seconds = float(text)
+        return seconds if math.isfinite(seconds) else None  # results.json holds it: no Infinity
     try:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError):

@@ -30,6 +30,8 @@ def test_waits_follow_retry_after_else_double_up_to_a_cap():
     assert retry_after_seconds("soon") is None
     # Headers are read as latin-1: '\xb2' (superscript two) passes str.isdigit but is no number to float().
     assert retry_after_seconds("\xb2") is None and retry_after_seconds("1\xb9") is None
+    # 400 digits are an infinite float: results.json would hold Infinity, which is no JSON.
+    assert retry_after_seconds("9" * 400) is None
 
 
 def bench(url: str, out, *extra: str, seconds: float = 4.5):
