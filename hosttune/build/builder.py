@@ -74,6 +74,15 @@ def resolve_source(preset: EnginePreset, request: BuildRequest) -> Source:
     return resolve_git(request.source or preset.build.source, ref)
 
 
+def check_build_python(preset: EnginePreset, toolchain: Toolchain, options: BuildOptions) -> None:
+    """Without build isolation a native engine builds against the build Python's torch (its setup imports it)."""
+    if options.build_isolation or preset.is_bundled or toolchain.has_torch:
+        return
+    raise BuildError(f"--no-build-isolation builds {preset.name} against {toolchain.python}'s own packages, and it has "
+                     f"no torch, which the build imports; install the torch {preset.name} is built for into it, or "
+                     "leave --no-build-isolation out")
+
+
 def check_nvcc_supports(toolchain: Toolchain, archs: tuple[str, ...]) -> None:
     if not toolchain.nvcc_archs:
         return
@@ -98,6 +107,7 @@ def plan(request: BuildRequest) -> tuple[BuildPlan, Toolchain]:
     """Everything decided, nothing built: the plan a dry run prints."""
     preset = load_preset(request.engine)
     toolchain = read_toolchain(request.python, need_cuda=not preset.is_bundled)
+    check_build_python(preset, toolchain, request.options)
     source = resolve_source(preset, request)
     key = make_key(preset, source, request.archs, toolchain)
     check_nvcc_supports(toolchain, key.archs)

@@ -23,7 +23,7 @@ from hosttune.build.errors import BuildError
 GIB_PER_JOB = 6
 _PY_INFO = ("import importlib.util, json, sys, sysconfig; print(json.dumps([sys.version_info[0], sys.version_info[1], "
             "sys.implementation.name, sysconfig.get_paths()['purelib'], sysconfig.get_paths()['platlib'], "
-            "importlib.util.find_spec('pip') is not None]))")
+            "importlib.util.find_spec('pip') is not None, importlib.util.find_spec('torch') is not None]))")
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class Toolchain:
     cuda_version: str | None = None  # "13.0", from nvcc --version
     cuda_home: str | None = None
     nvcc_archs: tuple[str, ...] = ()  # compute capabilities this nvcc can compile for
+    has_torch: bool = False  # the interpreter imports torch (what --no-build-isolation builds against)
 
     @property
     def max_jobs(self) -> int:
@@ -48,15 +49,15 @@ def _memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def python_info(python: str) -> tuple[str, tuple[str, ...]]:
-    """(ABI tag, site-packages dirs) of an interpreter."""
+def python_info(python: str) -> tuple[str, tuple[str, ...], bool]:
+    """(ABI tag, site-packages dirs, whether it has torch) of an interpreter."""
     try:
         out = subprocess.run([python, "-c", _PY_INFO], capture_output=True, text=True, check=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise BuildError(f"--python {python}: cannot run it ({exc})") from None
     try:
-        major, minor, impl, purelib, platlib, has_pip = json.loads(out)
-    except (ValueError, TypeError):  # not JSON, or not the six values _PY_INFO prints
+        major, minor, impl, purelib, platlib, has_pip, has_torch = json.loads(out)
+    except (ValueError, TypeError):  # not JSON, or not the seven values _PY_INFO prints
         raise BuildError(f"--python {python}: not a Python interpreter (it answered {out.strip()[:80]!r} "
                          f"to a Python one-liner)") from None
     if impl != "cpython":
@@ -64,7 +65,7 @@ def python_info(python: str) -> tuple[str, tuple[str, ...]]:
     if not has_pip:  # every step that makes a wheel is its `pip wheel`
         raise BuildError(f"--python {python}: has no pip, which builds the wheels; install it ({python} -m ensurepip, "
                          "or the distribution's python3-pip), or give a Python that has it")
-    return f"cp{major}{minor}", tuple(dict.fromkeys((purelib, platlib)))
+    return f"cp{major}{minor}", tuple(dict.fromkeys((purelib, platlib))), bool(has_torch)
 
 
 def find_nvcc() -> str | None:
@@ -110,8 +111,8 @@ def _run(argv: list[str]) -> str:
 
 def read_toolchain(python: str | None = None, *, need_cuda: bool) -> Toolchain:
     python = python or sys.executable
-    abi, site_dirs = python_info(python)
-    base = dict(python=python, python_abi=abi, site_dirs=site_dirs,
+    abi, site_dirs, has_torch = python_info(python)
+    base = dict(python=python, python_abi=abi, site_dirs=site_dirs, has_torch=has_torch,
                 cpu_count=os.cpu_count() or 1, mem_total_bytes=_memory_bytes())
     nvcc = find_nvcc()
     if nvcc is None:

@@ -241,3 +241,22 @@ def test_a_python_without_pip_is_refused_before_any_step_and_in_the_dry_run_too(
             f"hosttune: --python {python}: has no pip, which builds the wheels; install it ({python} -m ensurepip, "
             "or the distribution's python3-pip), or give a Python that has it\n")
     assert not (tmp_path / "wh").exists()
+
+
+def test_a_build_without_isolation_needs_torch_in_the_build_python(tmp_path):
+    """vLLM's and SGLang's builds import torch: --no-build-isolation takes the build Python's own, which must be there."""
+    from dataclasses import replace
+
+    alone = BuildOptions(build_isolation=False)
+    with pytest.raises(BuildError, match="^--no-build-isolation builds vllm against /usr/bin/python3's own packages, "
+                                         "and it has no torch, which the build imports; install the torch vllm is "
+                                         "built for into it, or leave --no-build-isolation out$"):
+        builder.check_build_python(load_preset("vllm"), TOOLS, alone)
+    builder.check_build_python(load_preset("vllm"), replace(TOOLS, has_torch=True), alone)
+    builder.check_build_python(load_preset("sglang"), TOOLS, BuildOptions())  # pip's isolated environment has it
+    builder.check_build_python(load_preset("custom"), TOOLS, alone)  # pure Python: no torch in its build
+    fake = tmp_path / "python"  # answers hosttune's one-liner as a Python with pip and torch would
+    fake.write_text('#!/bin/sh\necho \'[3, 11, "cpython", "/p", "/p", true, true]\'\n')
+    fake.chmod(0o755)
+    from hosttune.build.toolchain import read_toolchain
+    assert read_toolchain(str(fake), need_cuda=False).has_torch
