@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from hosttune.bench.distributions import LengthDistribution
+from hosttune.bench.distributions import MAX_LENGTH, LengthDistribution
 from hosttune.bench.input_file import read_input
 from hosttune.bench.workload import Messages, Prompt, Question
 from hosttune.errors import BenchError
@@ -87,8 +87,8 @@ def _jsonl_entry(line: str, path: Path, number: int) -> Entry:
     if not isinstance(item, dict):
         raise BenchError(f"{path}:{number}: not a JSON object")
     output = item.get("output_tokens")
-    if output is not None and (not isinstance(output, int) or output < 1):
-        raise BenchError(f"{path}:{number}: output_tokens must be a positive integer")
+    if output is not None and (not isinstance(output, int) or isinstance(output, bool) or not 1 <= output <= MAX_LENGTH):
+        raise BenchError(f"{path}:{number}: output_tokens must be an integer from 1 to {MAX_LENGTH}, got {output!r}")
     if isinstance(item.get("prompt"), str):
         return Entry((("user", item["prompt"]),), output)
     messages = item.get("messages")

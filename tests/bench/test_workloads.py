@@ -177,6 +177,11 @@ def test_bad_datasets_are_user_errors(tmp_path):
         load_dataset(tmp_path / "bad.jsonl")
     with pytest.raises(BenchError, match="does not exist"):
         load_dataset(tmp_path / "missing.json")
+    # As --max-tokens and a trace's lengths are: true is no length, and 10**21 tokens hang the server asked for them.
+    for value in ("true", "1000000000000000000000"):
+        (tmp_path / "long.jsonl").write_text(f'{{"prompt": "a b", "output_tokens": {value}}}\n')
+        with pytest.raises(BenchError, match=r"long.jsonl:1: output_tokens must be an integer from 1 to 10000000"):
+            load_dataset(tmp_path / "long.jsonl")
 
 
 def test_priority_and_messages_in_the_request_body():
