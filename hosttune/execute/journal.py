@@ -17,9 +17,8 @@ from pathlib import PurePosixPath
 from hosttune import __version__
 from hosttune.actions.base import Command, Directory, FileWrite, KernelWrite, Remove, Op, Service, Symlink, describe
 from hosttune.plan.host_plan import HostPlan
+from hosttune.plan.preconditions import RUNS_DIR  # the plan checks the folder before a run is started
 from hosttune.plan.state import State, sha256
-
-RUNS_DIR = "/var/lib/hosttune/runs"
 
 
 def new_run_id() -> str:

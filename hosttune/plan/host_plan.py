@@ -152,8 +152,18 @@ def with_needs(plan: HostPlan, needs: HostNeeds, flavour=None) -> HostPlan:
     checked = preconditions.check((s.ops for s in plan.steps), needs, flavour, offline)
     steps = tuple(replace(s, ops=ops, notes=s.notes + notes)
                   for s, ops, notes in zip(plan.steps, checked.groups, checked.notes) if ops)
-    error = f"nothing sent: {checked.error}" if checked.error else plan.error
-    return replace(plan, steps=steps, error=error, preconditions=checked.lines)
+    lines, errors = checked.lines, checked.errors
+    if steps:
+        answer = preconditions.journal(needs)
+        lines += (f"{answer.verdict}: {answer.text}",)
+        errors += (answer.text,) if answer.verdict is preconditions.Verdict.FAILS else ()
+    error = f"nothing sent: {'; '.join(errors)}" if errors else plan.error
+    return replace(plan, steps=steps, error=error, preconditions=lines)
+
+
+def journal_requests(plan: HostPlan) -> list[tuple[str, str]]:
+    """A plan with steps is run with a journal: where it goes is asked with the operations' needs."""
+    return [("dir", preconditions.RUNS_DIR)] if plan.steps else []
 
 
 def plan_host(host: Host, profile: Profile, options: PlanOptions) -> HostPlan:
@@ -169,6 +179,7 @@ def plan_host(host: Host, profile: Profile, options: PlanOptions) -> HostPlan:
                                manager=manager.name if manager else None)
             plan = build_plan(host, profile, facts, findings, state, options, steps)
             asks = preconditions.requests_for((s.ops for s in plan.steps), manager, options.is_offline)
+            asks = list(dict.fromkeys(asks + journal_requests(plan)))
             needs = read_needs(transport, asks, root=options.root, manager=manager.name if manager else None)
     except TransportError as exc:  # the plan names its root all the same: it is not one for the running system
         return HostPlan(host, profile.name, reachable=False, error=str(exc), root=options.root)

@@ -27,6 +27,8 @@ from hosttune.quoting import join
 
 Group = tuple[Op, ...]
 
+RUNS_DIR = "/var/lib/hosttune/runs"  # a run's journal and backups (`hosttune.execute.journal`), made before its first step
+
 
 class Verdict(str, Enum):
     HOLDS = "holds"
@@ -200,6 +202,16 @@ def _blocked_writes(groups: Iterable[Group], facts: HostNeeds, offline: bool) ->
     """A write makes its directories, except through a file where one of them must be."""
     paths = dict.fromkeys(n.path for n in _needs(groups, offline) if isinstance(n, NeedSpace))
     return [_in_the_way(blocked) for blocked in dict.fromkeys(facts.blocked[p] for p in paths if p in facts.blocked)]
+
+
+def journal(facts: HostNeeds) -> Answer:
+    """A run makes its journal's folder before its first step: `mkdir -p` cannot make it through a file."""
+    kind = facts.dirs.get(RUNS_DIR, "absent")
+    blocker = RUNS_DIR if kind == "other" else facts.blocked.get(RUNS_DIR)
+    if blocker:
+        return Answer(Verdict.FAILS, f"{blocker} is not a directory, and the run's journal goes in {RUNS_DIR}; "
+                                     f"move it away first")
+    return Answer(Verdict.HOLDS, f"the run's journal in {RUNS_DIR}{'' if kind == 'dir' else ' (made by the run)'}")
 
 
 # -- the whole plan ----------------------------------------------------------------------------

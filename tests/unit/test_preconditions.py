@@ -1,5 +1,6 @@
 """Preconditions as data: operations declare needs; facts and arguments give plan errors or added operations."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ from hosttune.actions.base import Command, Directory, FileWrite, KernelWrite, Re
 from hosttune.actions.needs import NeedCommand, NeedDir, NeedModel, NeedPort, NeedSpace, NeedVenv, parents, program
 from hosttune.actions.platform import Apt, Dnf
 from hosttune.config.inventory import Host
-from hosttune.plan.host_plan import HostPlan, with_needs
+from hosttune.plan.host_plan import HostPlan, journal_requests, with_needs
 from hosttune.plan.preconditions import check, requests_for
 from hosttune.probes.needs import HostNeeds, parse_needs
 from hosttune.transport.base import ConnectionSpec
@@ -239,3 +240,38 @@ def test_a_file_where_a_write_or_link_must_make_a_directory_stops_the_host_at_pl
     assert "    fails: /usr is not a directory; move it away first" in result.output.splitlines()
     assert result.output.splitlines()[-1] == "plan: 0 changes on 0 of 1 host"
     assert sorted(str(p.relative_to(image)) for p in image.rglob("*")) == before  # not even a journal
+
+
+@pytest.mark.parametrize("needs, blocker", [
+    (HostNeeds(dirs={"/var/lib/hosttune/runs": "absent"}, blocked={"/var/lib/hosttune/runs": "/var/lib/hosttune"}),
+     "/var/lib/hosttune"),
+    (HostNeeds(dirs={"/var/lib/hosttune/runs": "other"}), "/var/lib/hosttune/runs"),
+])
+def test_a_file_where_the_runs_journal_goes_is_a_plan_time_error(needs, blocker):
+    plan = HostPlan(HOST, "p", steps=(Step(("numa.topology",), "sysctl", (DROPIN,)),))
+    assert ("dir", "/var/lib/hosttune/runs") in journal_requests(plan)
+    planned = with_needs(plan, replace(needs, space={DROPIN.path: (10**9, "/")}))
+    assert planned.error == (f"nothing sent: {blocker} is not a directory, and the run's journal goes in "
+                             f"/var/lib/hosttune/runs; move it away first")
+    assert journal_requests(HostPlan(HOST, "p")) == []  # no steps, no run, no journal
+    fine = with_needs(plan, HostNeeds(dirs={"/var/lib/hosttune/runs": "absent"}, space={DROPIN.path: (10**9, "/")}))
+    assert fine.error is None
+
+
+def test_an_image_whose_var_lib_hosttune_is_a_file_stops_at_plan_time(tmp_path):
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+
+    image = tmp_path / "img"
+    (image / "etc/default").mkdir(parents=True)
+    (image / "etc/default/grub").write_text('GRUB_CMDLINE_LINUX=""\n')
+    (image / "var/lib").mkdir(parents=True)
+    (image / "var/lib/hosttune").write_text("x\n")
+    before = sorted(str(p.relative_to(image)) for p in image.rglob("*"))
+    for confirm in ("--dry-run", "--yes"):
+        result = CliRunner().invoke(app, ["apply", "--root", str(image), confirm])
+        assert result.exit_code == 2, result.output
+        assert result.output.splitlines()[1] == ("  nothing sent: /var/lib/hosttune is not a directory, and the run's "
+                                                 "journal goes in /var/lib/hosttune/runs; move it away first")
+    assert sorted(str(p.relative_to(image)) for p in image.rglob("*")) == before
