@@ -91,9 +91,12 @@ def _until_stopped(urls: list[str], measure_one, stopped_by) -> tuple:
             try:
                 results.append(measure_one(url))
             except KeyboardInterrupt as exc:  # between runs (the next one's model, its prompts): no run caught it
+                signal_name = getattr(exc, "signal_name", "SIGINT")
                 if not results:
-                    raise
-                _say_not_measured(getattr(exc, "signal_name", "SIGINT"), urls[len(results):])
+                    typer.secho(f"hosttune: {signal_name} ended the bench before anything was measured; nothing was "
+                                "written", err=True, fg="yellow")
+                    raise typer.Exit(128 + signal.Signals[signal_name]) from None
+                _say_not_measured(signal_name, urls[len(results):])
                 break
             if (signal_name := stopped_by(results[-1])) and (rest := urls[len(results):]):
                 _say_not_measured(signal_name, rest)

@@ -646,3 +646,18 @@ def test_sigterm_between_two_endpoints_still_reports_those_measured(server_facto
     assert f"hosttune: SIGTERM ended the bench: {second} was not measured" in result.stderr
     assert [run["url"] for run in json.loads((tmp_path / "results.json").read_text())["runs"]] == [first]
     assert signal.getsignal(signal.SIGTERM) == before  # put back once the bench is done
+
+
+def test_ctrl_c_before_anything_was_measured_says_so(tmp_path, monkeypatch):
+    """Ctrl-C while the first endpoint's model is looked up (a slow server) ended the bench with exit 130 and not a
+    word: say that nothing was measured or written."""
+    from hosttune.cli import bench_run
+
+    def interrupted(spec, url):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_run, "_run_one", interrupted)
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--users", "1", "--requests", "1",
+                                 "--out", str(tmp_path / "out")])
+    assert result.exit_code == 130
+    assert result.output == "hosttune: SIGINT ended the bench before anything was measured; nothing was written\n"
