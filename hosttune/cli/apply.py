@@ -12,8 +12,8 @@ from hosttune.plan import render as plan_render
 from hosttune.plan.host_plan import HostPlan
 from hosttune.plan.state import rooted
 from hosttune.cli.app import app
-from hosttune.cli.common import (ROOT_INSTEAD, AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt,
-                                 check_writable, emit, go_ahead, load, named, only, path_option, plural,
+from hosttune.cli.common import (AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt,
+                                 check_writable, emit, go_ahead, image_root, load, named, only, path_option, plural,
                                  user_errors)
 from hosttune.cli.progress import Progress
 from hosttune.execute import recap
@@ -59,7 +59,7 @@ def apply(
     Example: hosttune apply --inventory inventories/example.yaml --serial 5 --max-fail-percent 20 --reboot
     """
     check_writable(output)  # the recap of a real run must not be lost after the hosts changed
-    root = named(root, "--root", "directory", ROOT_INSTEAD)
+    root = image_root(root)
     root = None if root == "/" else root  # the running system, as without --root
     if reboot and root:
         raise HosttuneError(f"--reboot reboots running hosts, and --root {root} is an image: leave one of them out")
@@ -121,7 +121,7 @@ def rollback(
 
     Example: hosttune rollback --inventory inventories/example.yaml --run 20250102T030405Z-1a2b3c --yes
     """
-    root = named(root, "--root", "directory", ROOT_INSTEAD)
+    root = image_root(root)
     run = named(run, "--run", "run", "give a run apply's recap printed, or leave --run out for each host's latest")
     inv = load(inventory, limit, accept_new_host_keys)
     with Progress("reading journals", total=len(inv.hosts)) as progress:

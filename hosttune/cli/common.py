@@ -67,6 +67,12 @@ def named(value: Optional[str], option: str, names: str, instead: str) -> Option
 ROOT_INSTEAD = "give the folder the image is mounted at, or leave --root out to change the running system"
 
 
+def image_root(value: Optional[str]) -> Optional[str]:
+    """--root as an absolute path: the journal and the recap's undo line name it, and are used from any folder."""
+    value = named(value, "--root", "directory", ROOT_INSTEAD)
+    return os.path.abspath(value) if value is not None else None
+
+
 def only(inv: Inventory, names: set[str]) -> Inventory:
     """The inventory's hosts of these names, in its order."""
     return replace(inv, hosts=tuple(h for h in inv.hosts if h.name in names))

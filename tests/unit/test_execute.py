@@ -685,3 +685,22 @@ def test_a_run_followed_by_a_remediation_step_on_the_same_file_says_to_name_that
     # under --root, the command it names is for the image: without --root it looked for the run on the running system
     assert refused.error.endswith(f"roll those back first, the latest first, each by naming it: hosttune rollback --run "
                                   f"r2-1 --root {root}")
+
+
+def test_a_relative_root_is_recorded_and_printed_as_its_absolute_path(tmp_path, monkeypatch):
+    """The journal and the recap's undo line name the image so that they work from any folder."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+
+    (tmp_path / "img/etc/default").mkdir(parents=True)
+    (tmp_path / "img/etc/default/grub").write_text('GRUB_CMDLINE_LINUX=""\n')
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["apply", "--root", "img", "--yes"])
+    assert f"(files under {tmp_path}/img)" in result.output.splitlines()[0], result.output
+    [journal] = (tmp_path / "img/var/lib/hosttune/runs").glob("*.json")
+    assert json.loads(journal.read_text())["root"] == f"{tmp_path}/img"
+    later = CliRunner().invoke(app, ["rollback", "--root", "img", "--dry-run"])
+    assert later.exit_code == 0, later.output
