@@ -3,9 +3,7 @@ aiohttp and uvloop cost ~0.3 s of start-up that `hosttune check` should not pay)
 
 from __future__ import annotations
 
-import contextlib
 import shlex
-import signal
 import sys
 from typing import Optional
 
@@ -22,7 +20,7 @@ from hosttune.bench.record import FAILED
 from hosttune.bench.sweep import SweepConfig, result_of as sweep_result_of, sweep as run_sweep
 from hosttune.bench.trace import load_trace
 from hosttune.bench.units import parse_duration, parse_positive_duration, parse_shared_prefix, parse_slo
-from hosttune.cli import bench_out
+from hosttune.cli import bench_out, bench_stop
 from hosttune.cli.progress import Progress
 from hosttune.cli.tables import table_renderer
 from hosttune.errors import BenchError
@@ -66,11 +64,11 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
     _check_answering(spec, url)
     command = "hosttune bench " + " ".join(shlex.quote(a) for a in redact_argv(sys.argv[2:]))
     if config is not None:
-        sweeps = _until_stopped(url, lambda u: _sweep_one(spec, u, slo_value, config), lambda s: s.stopped_by)
+        sweeps = bench_stop.until_stopped(url, lambda u: _sweep_one(spec, u, slo_value, config), lambda s: s.stopped_by)
         outcome = report.Outcome((), sweeps, command, report.now_text())
         typer.echo(console.sweep_table(list(outcome.sweeps), table_renderer(console.table)))
     else:
-        runs = _until_stopped(url, lambda u: _run_one(spec, u), lambda r: r[0].stopped_by)
+        runs = bench_stop.until_stopped(url, lambda u: _run_one(spec, u), lambda r: r[0].stopped_by)
         outcome = report.Outcome(runs, (), command, report.now_text())
         typer.echo(console.summary_table(list(outcome.runs), table_renderer(console.table)))
     if out is not None:
@@ -80,55 +78,6 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
     for message in _unanswered(outcome, spec.headers):
         typer.secho(f"hosttune: {message}", err=True, fg="red")
     raise typer.Exit(_exit_code(outcome))
-
-
-def _until_stopped(urls: list[str], measure_one, stopped_by) -> tuple:
-    """Each endpoint's result in turn; a signal that ended one (or came between two) ends the bench: the endpoints
-    after it are not measured (Ctrl-C means stop, not skip to the next endpoint), and stderr names them."""
-    results = []
-    with _sigterm_interrupts():
-        for url in urls:
-            try:
-                results.append(measure_one(url))
-            except KeyboardInterrupt as exc:  # between runs (the next one's model, its prompts): no run caught it
-                signal_name = getattr(exc, "signal_name", "SIGINT")
-                if not results:
-                    typer.secho(f"hosttune: {signal_name} ended the bench before anything was measured; nothing was "
-                                "written", err=True, fg="yellow")
-                    raise typer.Exit(128 + signal.Signals[signal_name]) from None
-                _say_not_measured(signal_name, urls[len(results):])
-                break
-            if (signal_name := stopped_by(results[-1])) and (rest := urls[len(results):]):
-                _say_not_measured(signal_name, rest)
-                break
-    return tuple(results)
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM outside a run (whose own handler ends it early): handled as Ctrl-C is there."""
-
-    signal_name = "SIGTERM"
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    def interrupt(*_) -> None:
-        raise _Terminated()
-
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread: no signal reaches this one anyway
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _say_not_measured(signal_name: str, rest: list[str]) -> None:
-    typer.secho(f"hosttune: {signal_name} ended the bench: {', '.join(rest)} "
-                f"{'was' if len(rest) == 1 else 'were'} not measured", err=True, fg="yellow")
 
 
 def _check_answering(spec: BenchSpec, urls: list[str]) -> None:
