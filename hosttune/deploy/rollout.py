@@ -74,6 +74,8 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
     else:  # a multi-node group: every GPU of the host is one rank set of vLLM's Ray runtime
         layout = multinode.group_layout(host, facts, request, model)
     placement = layout.replicas[0]
+    if role.kind != "single":  # multinode.py writes neither the key file nor the front (and makes no key)
+        _refuse_guarded_group(host)
     access = access_for(host, request.keys_dir, makes_keys=request.makes_keys)
     if access.front or layout.is_balanced:
         _refuse_exposed_host(host, preset.name, request)
@@ -105,6 +107,15 @@ def _check_context(host: Host, preset, settings: ServeSettings, request: DeployR
         engine = "the bundled engine" if preset.is_bundled else preset.name
         raise DeployError(f"{host.name}: {flag_source(host, preset, request.overrides, flag, value)}: {problem}, which "
                           f"{engine} refuses at start; give {flag} {model.max_positions} or less")
+
+
+def _refuse_guarded_group(host: Host) -> None:
+    doc = host.deploy
+    named = next((k for k in ("api_key", "api_key_file", "nginx") if doc.get(k) not in (None, False)), None)
+    if named:
+        raise DeployError(f"{host.name}: deploy.{named}: a multi-node vLLM group gets neither the API key file nor "
+                          f"the host's nginx front (its units would not start, or not be reachable); leave it out for "
+                          f"group {host.group}")
 
 
 def _refuse_exposed_host(host: Host, engine: str, request: DeployRequest) -> None:

@@ -521,6 +521,28 @@ def test_cli_a_limit_that_splits_a_multinode_group_is_refused_before_any_host_is
                                                               "vLLM group ray") and not opened
 
 
+@pytest.mark.parametrize("deploy, named", [("{multinode: true, api_key: true}", "deploy.api_key"),
+                                           ("{multinode: true, nginx: {port: 8443}}", "deploy.nginx")])
+def test_a_multinode_group_with_a_key_or_a_front_is_refused_before_anything_is_sent(tmp_path, monkeypatch, deploy, named):
+    """Its hosts get neither the key file their units read nor the nginx front their loopback engine would need."""
+    log: list = []
+    (tmp_path / "inventory.yaml").parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "inventory.yaml").write_text(INVENTORY.replace("deploy: {multinode: true}", f"deploy: {deploy}"))
+    from hosttune.config.inventory import load_inventory
+
+    hosts = [h for h in load_inventory(tmp_path / "inventory.yaml").hosts if h.group == "ray"]
+    ray_group(tmp_path / "x", monkeypatch, log)  # scripted hosts of the same names, with the model
+    request = rollout.DeployRequest("vllm", "/m", tmp_path / "x" / "wh", "0-3", keys_dir=tmp_path / "keys",
+                                    dry_run=True)
+    outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
+    assert [o.state for o in outcomes] == ["failed"] * 3
+    assert outcomes[0].error.startswith(
+        f"nothing changed on group ray: node-0: {named}: a multi-node vLLM group gets neither the API key file nor the "
+        "host's nginx front (its units would not start, or not be reachable); leave it out for group ray")
+    assert not [a for _, a in log if a[0] == "systemctl" or a[:2] == ("sh", "-c") and a[4:5] == ("write",)]
+    assert not (tmp_path / "keys").exists()  # no key made for a run that cannot use it
+
+
 def test_a_multinode_group_with_a_host_that_does_not_answer_says_which_and_changes_none(tmp_path, monkeypatch):
     from hosttune.errors import TransportError
 
