@@ -124,9 +124,10 @@ def rollback(
     root = image_root(root)
     run = named(run, "--run", "run", "give a run apply's recap printed, or leave --run out for each host's latest")
     inv = load(inventory, limit, accept_new_host_keys)
+    inv_path = str(inventory) if inventory else None
     with Progress("reading journals", total=len(inv.hosts)) as progress:
         plans = rollback_fleet(inv, run, root, forks, on_host_done=lambda name, r: progress.advance(name, r.status),
-                               dry_run=True)
+                               dry_run=True, inventory_path=inv_path)
     typer.echo(recap.render_rollback(plans))
     if run and plans and all(p.is_unknown_run for p in plans):  # a mistyped run is not "nothing to do"
         where = f"{rooted(root, RUNS_DIR)} in the image" if root and root != "/" else f"{RUNS_DIR} on each host"
@@ -137,7 +138,7 @@ def rollback(
         raise typer.Exit(exit_code(plans))
     with Progress("rolling back", total=len(due)) as progress:
         results = rollback_fleet(only(inv, {p.host.name for p in due}), run, root, forks,
-                                 on_host_done=lambda name, r: progress.advance(name, r.status))
+                                 on_host_done=lambda name, r: progress.advance(name, r.status), inventory_path=inv_path)
     typer.echo(recap.render_rollback(results))
     raise typer.Exit(exit_code(results + [p for p in plans if p not in due]))
 

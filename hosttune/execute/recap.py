@@ -6,14 +6,13 @@ import json
 from dataclasses import dataclass
 
 from hosttune.execute.reboot import cannot_reboot
-from hosttune.execute.rollback import RollbackResult
+from hosttune.execute.rollback import RollbackResult, rollback_command
 from hosttune.execute.runner import HostRun, StepStatus
 from hosttune.execute.rollout import HostOutcome
 from hosttune.fleet_runner import Outcome, exit_code
 from hosttune.checks.findings import Status
 from hosttune.plan.host_plan import HostPlan
 from hosttune.plan.render import plan_dict
-from hosttune.quoting import join
 
 
 def _steps_done(run: HostRun) -> str:
@@ -26,8 +25,7 @@ def _steps_done(run: HostRun) -> str:
 
 def undo_command(run: HostRun, inventory: str | None) -> str:
     """The exact command that undoes this run on this host."""
-    argv = ["hosttune", "rollback", *(("-i", inventory) if inventory else ()), "--limit", run.host.name, "--run", run.run]
-    return join(argv + (["--root", run.root] if run.root else []) + ["--yes"])
+    return rollback_command(run.host.name, run.run, run.root, inventory, yes=True)
 
 
 def _failure_lines(o: HostOutcome, inventory: str | None, indent: str) -> list[str]:

@@ -68,6 +68,12 @@ def image_option(root: str | None) -> list[str]:
     return ["--root", root] if root and root != "/" else []
 
 
+def rollback_command(host: str, run: str, root: str | None, inventory: str | None, yes: bool = False) -> str:
+    """The command line that rolls back `run` on this one host: the recap's undo line, a later run's hint."""
+    argv = ["hosttune", "rollback", *(("-i", inventory) if inventory else ()), "--limit", host, "--run", run]
+    return join(argv + image_option(root) + (["--yes"] if yes else []))
+
+
 def load_journals(transport: Transport, root: str | None) -> list[Journal]:
     image = root if root and root != "/" else ""
     runs = rooted(root, RUNS_DIR)  # under --root, the image's folder: the one to move a damaged journal out of
@@ -155,8 +161,11 @@ def rollback_journal(transport: Transport, host: Host, journal: Journal, root: s
 
 
 def rollback_host(transport: Transport, host: Host, run: str | None, root: str | None,
-                  dry_run: bool = False) -> RollbackResult:
-    """Undo the run on one host; dry_run: only what it would do (PLANNED, each undo described), read-only."""
+                  dry_run: bool = False, inventory: str | None = None) -> RollbackResult:
+    """Undo the run on one host; dry_run: only what it would do (PLANNED, each undo described), read-only.
+
+    inventory: the file the hosts came from, named in the command a refusal gives.
+    """
     try:
         journals = load_journals(transport, root)
         journal = pick_journal(journals, run)
@@ -170,7 +179,7 @@ def rollback_host(transport: Transport, host: Host, run: str | None, root: str |
             return RollbackResult(host, run, Outcome.FAILED, error=(
                 f"run {run} was followed by {', '.join(later)}, not rolled back, which changed the same files, units or "
                 f"kernel values: roll those back first, the latest first, each by naming it: "
-                f"{join(['hosttune', 'rollback', '--run', later[-1], *image_option(root)])}"))
+                f"{rollback_command(host.name, later[-1], root, inventory)}"))
         if dry_run:
             undos = undo_list(journal)
             due = [u.description for u in undos if _is_due(transport, u, root)]

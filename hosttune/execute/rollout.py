@@ -117,10 +117,11 @@ def apply_plans(plans: list[HostPlan], profiles: dict[str, Profile], run: str, o
 
 
 def rollback_fleet(inventory: Inventory, run: str | None, root: str | None, forks: int = DEFAULT_FORKS,
-                   on_host_done: Callable[[str, object], None] | None = None, dry_run: bool = False) -> list[RollbackResult]:
-    """Each host's rollback; dry_run: what each would undo, read-only."""
+                   on_host_done: Callable[[str, object], None] | None = None, dry_run: bool = False,
+                   inventory_path: str | None = None) -> list[RollbackResult]:
+    """Each host's rollback; dry_run: what each would undo, read-only. inventory_path: named in a refusal's command."""
     def one(host: Host) -> RollbackResult:
         with open_transport(host.connection) as transport:
-            return rollback_host(transport, host, run, root, dry_run)
+            return rollback_host(transport, host, run, root, dry_run, inventory_path)
 
     return FleetRunner(forks, on_host_done=on_host_done).map(one, list(inventory.hosts), name=lambda h: h.name)

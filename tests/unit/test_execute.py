@@ -683,8 +683,11 @@ def test_a_run_followed_by_a_remediation_step_on_the_same_file_says_to_name_that
     refused = rollback_host(local, HOST, "r1", str(root), dry_run=True)
     assert refused.status == "failed" and "leave --run out" not in refused.error
     # under --root, the command it names is for the image: without --root it looked for the run on the running system
-    assert refused.error.endswith(f"roll those back first, the latest first, each by naming it: hosttune rollback --run "
-                                  f"r2-1 --root {root}")
+    assert refused.error.endswith(f"roll those back first, the latest first, each by naming it: hosttune rollback "
+                                  f"--limit h --run r2-1 --root {root}")
+    # the same command line as apply's undo line: the inventory and the host it was given
+    refused = rollback_host(local, HOST, "r1", str(root), dry_run=True, inventory="/srv/inv.yaml")
+    assert refused.error.endswith(f"each by naming it: hosttune rollback -i /srv/inv.yaml --limit h --run r2-1 --root {root}")
 
 
 def test_a_relative_root_is_recorded_and_printed_as_its_absolute_path(tmp_path, monkeypatch):
