@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from hosttune.checks.findings import Status
 from hosttune.checks.service_monitor import ACTIVE_TIMER, CHECKS, STATUS_DIR, STATUS_FILES, TIMER, stale, version_fault
-from hosttune.config.inventory import Host, Inventory
+from hosttune.config.inventory import Host, Inventory, local_inventory
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.fleet_runner import DEFAULT_FORKS, EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE, FleetRunner
 from hosttune.probes.sections import Section, split
@@ -22,6 +22,7 @@ READ_TIMEOUT_S = 20.0
 NOT_WRITTEN_RC = 3  # status_read.sh: no such file
 _TIMERS = {"regular": TIMER, "active": ACTIVE_TIMER}
 INSTALLED = next(c for c in CHECKS if c.id == "monitor.installed")
+UNNAMED = local_inventory().hosts[0].name  # the host a pass names when its probe read no hostname
 
 
 @dataclass(frozen=True)
@@ -70,11 +71,13 @@ def parse_read(host: Host, output: str) -> HostStatus:
     except ValueError:
         raise StatusError(f"the host's clock read {sections['now'].text.strip()[:40]!r}, not Unix seconds "
                           "(`date +%s` on the host must print them)") from None
-    docs = tuple(_parse_pass(p, sections[p]) for p in _TIMERS if p in sections and sections[p].rc != NOT_WRITTEN_RC)
+    hostname = sections["hostname"].text.strip() if "hostname" in sections else ""
+    docs = tuple(_parse_pass(p, sections[p], hostname) for p in _TIMERS
+                 if p in sections and sections[p].rc != NOT_WRITTEN_RC)
     return HostStatus(host, True, docs=docs, stale=judge_stale(docs, now), now=now, version=judge_version(docs))
 
 
-def _parse_pass(pass_name: str, section: Section) -> StatusDoc:
+def _parse_pass(pass_name: str, section: Section, hostname: str) -> StatusDoc:
     path = f"{STATUS_DIR}/{STATUS_FILES[_TIMERS[pass_name]]}"
     if section.rc != 0:  # there, but cat could not read it: not the same as a monitor never installed
         raise StatusError(f"{path}: cannot read it: {section.text.strip()[-300:]}")
@@ -84,6 +87,9 @@ def _parse_pass(pass_name: str, section: Section) -> StatusDoc:
         raise StatusError(f"{path}: {exc}; its monitor pass rewrites it (or remove it)") from None
     if doc.pass_name != pass_name:
         raise StatusError(f"{path}: it holds the {doc.pass_name} pass's status, not the {pass_name} pass's; "
+                          "its monitor pass rewrites it (or remove it)")
+    if hostname and doc.host not in (hostname, UNNAMED):
+        raise StatusError(f"{path}: written on {doc.host}, not on this host ({hostname}): a disk cloned from it? "
                           "its monitor pass rewrites it (or remove it)")
     return doc
 

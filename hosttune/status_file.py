@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from hosttune.checks.findings import Finding, Status
+from hosttune.config.monitor_spec import MAX_INTERVAL_S
 from hosttune.errors import HosttuneError
 from hosttune.fleet import HostReport
 
@@ -98,13 +99,15 @@ def parse_status(text: str) -> StatusDoc:
 
 
 def _sensible(doc: StatusDoc) -> StatusDoc:
-    """A document whose time, interval and pass can be judged: NaN or infinity would never go stale."""
+    """A document whose time, interval and pass can be judged: NaN, infinity or an interval of ages would never go
+    stale."""
     if not math.isfinite(doc.when):
         raise StatusError(f"unreadable status file: when: must be a finite number of Unix seconds (got {doc.when})")
     if not math.isfinite(doc.duration_s):  # NaN would reach status --format json, which JSON cannot hold
         raise StatusError(f"unreadable status file: duration_s: must be a finite number of seconds (got {doc.duration_s})")
-    if doc.interval_s <= 0:
-        raise StatusError(f"unreadable status file: interval_s: must be a positive number of seconds (got {doc.interval_s})")
+    if not 1 <= doc.interval_s <= MAX_INTERVAL_S:  # a profile's timers run at least weekly
+        raise StatusError(f"unreadable status file: interval_s: must be 1 to {MAX_INTERVAL_S} seconds "
+                          f"(got {doc.interval_s:.6g})")
     if doc.pass_name not in PASSES:
         raise StatusError(f"unreadable status file: pass_name: {doc.pass_name!r}, not 'regular' or 'active'")
     return doc

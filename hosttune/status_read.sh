@@ -3,6 +3,8 @@
 # A section's code: 0 the file read, 3 no such file (the pass never wrote one), else cat's (its error is the text).
 d=/var/lib/hosttune/monitor
 printf '@@ht:now\n%s\n@@ht-end:now:0\n' "$(date +%s)"
+# the name the monitor's probe reads (a status file must be this host's, not one a cloned disk brought along)
+printf '@@ht:hostname\n%s\n@@ht-end:hostname:0\n' "$(cat /proc/sys/kernel/hostname 2>/dev/null || cat /etc/hostname 2>/dev/null)"
 for p in regular active; do
   f=$d/status.json; [ $p = active ] && f=$d/status-active.json
   printf '@@ht:%s\n' $p

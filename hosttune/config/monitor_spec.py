@@ -10,6 +10,8 @@ from typing import Any
 from hosttune import __version__
 from hosttune.errors import ProfileError
 
+MAX_INTERVAL_S = 7 * 86400  # a pass's timer runs at least weekly
+
 
 @dataclass(frozen=True)
 class MonitorSpec:
@@ -38,8 +40,8 @@ class MonitorSpec:
 
 
 def _seconds(value: Any, where: str, least: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= 7 * 86400:
-        raise ProfileError(f"{where}: must be {least} to {7 * 86400} seconds (got {value!r})")
+    if not isinstance(value, int) or isinstance(value, bool) or not least <= value <= MAX_INTERVAL_S:
+        raise ProfileError(f"{where}: must be {least} to {MAX_INTERVAL_S} seconds (got {value!r})")
 
 
 def _wheels(folder: str) -> None:

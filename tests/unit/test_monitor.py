@@ -29,11 +29,12 @@ from hosttune.fleet import HostReport
 from hosttune.probes.facts import Facts
 from hosttune.probes.facts_serve import MonitorFacts
 from hosttune.probes.monitor_state import parse_monitor
+from hosttune.probes.sections import split
 from hosttune.report import status_metrics
 from hosttune.report.status_table import render_table
 from hosttune.status import parse_read
 from hosttune.status_file import StatusError, parse_status, status_doc, to_json
-from hosttune.transport.base import ConnectionSpec
+from hosttune.transport.base import ConnectionSpec, bundled_script
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "serve" / "monitor-section.txt"
 HOST = Host("h", "g", ConnectionSpec("h"))
@@ -281,13 +282,32 @@ def test_a_check_the_pass_could_not_judge_is_an_error_in_status_not_ok():
 @pytest.mark.parametrize("fields, why", [
     ({"when": float("nan")}, "when: must be a finite number of Unix seconds"),
     ({"when": "Infinity"}, "when: must be a finite number of Unix seconds"),
-    ({"interval_s": 0}, "interval_s: must be a positive number of seconds"),
+    ({"interval_s": 0}, "interval_s: must be 1 to 604800 seconds"),
+    ({"interval_s": 1e30}, "interval_s: must be 1 to 604800 seconds"),  # it would never go stale
     ({"pass_name": "weekly"}, "pass_name: 'weekly', not 'regular' or 'active'"),
 ])
 def test_a_status_file_whose_time_interval_or_pass_makes_no_sense_is_that_hosts_error(fields, why):
     regular = _with(to_json(status_doc(_report(), "regular", 60, 1000.0, 1.0, __version__)), **fields)
     with pytest.raises(StatusError, match=f"/var/lib/hosttune/monitor/status.json: .*{why}"):
         parse_read(HOST, _read_output({"regular": regular}, 1100))
+
+
+def test_a_status_file_another_host_wrote_is_that_hosts_error_not_its_status():
+    """A disk cloned from another host carries that host's status file: it says nothing of this one."""
+    regular = to_json(status_doc(_report(), "regular", 60, 1000.0, 1.0, __version__))  # written on gpu-01
+    output = _read_output({"regular": regular}, 1100)
+    with pytest.raises(StatusError, match=r"^/var/lib/hosttune/monitor/status.json: written on gpu-01, not on this host "
+                                          r"\(gpu-07\): a disk cloned from it\? its monitor pass rewrites it \(or remove it\)$"):
+        parse_read(HOST, output + "@@ht:hostname\ngpu-07\n@@ht-end:hostname:0\n")
+    assert parse_read(HOST, output + "@@ht:hostname\ngpu-01\n@@ht-end:hostname:0\n").docs
+    anonymous = _with(regular, host="localhost")  # a pass whose probe failed knows no hostname
+    assert parse_read(HOST, _read_output({"regular": anonymous}, 1100) + "@@ht:hostname\ngpu-07\n@@ht-end:hostname:0\n").docs
+
+
+def test_the_status_read_prints_the_hosts_name_beside_its_clock():
+    output = subprocess.run(["sh", "-s"], input=bundled_script("hosttune", "status_read.sh"), capture_output=True,
+                            text=True, check=True).stdout
+    assert split(output)["hostname"].text.strip() == Path("/proc/sys/kernel/hostname").read_text().strip()
 
 
 def test_the_active_pass_file_holding_the_regular_pass_is_that_hosts_error():
