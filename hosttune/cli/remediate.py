@@ -57,8 +57,8 @@ def remediate(
     plans, breaker = [planned(s) for s in surveys], breaker_for(surveys, breaker_policy)
     due = [s for s in surveys if s.faults and not s.is_cordoned]
     if fmt is Output.text or dry_run or not yes or not due:  # with --yes, JSON is the recap alone
-        typer.echo(render.render_json(plans, None, room=breaker.room, dry_run=dry_run or not yes) if fmt is Output.json
-                   else render.render_plan(plans, options, inv_path))
+        typer.echo(render.render_json(plans, None, room=breaker.room, dry_run=dry_run or not yes, options=options)
+                   if fmt is Output.json else render.render_plan(plans, options, inv_path))
     if fmt is Output.text and due:
         typer.echo(breaker.summary())
     if not due or not go_ahead(f"Remediate {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):

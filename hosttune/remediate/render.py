@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict, dataclass
 
 from hosttune.actions.base import describe
 from hosttune.config.inventory import Host
@@ -56,22 +57,39 @@ def _unjudged(survey: Survey) -> str:
         f"{f.check_id} cannot be judged ({f.detail})" for f in survey.unjudged)
 
 
-def _first_step(survey: Survey, result: FaultResult, options: LadderOptions) -> list[str]:
-    """The first rung the climb would act on: a reboot it would skip is passed over, as the climb does."""
-    skipped = []
+@dataclass(frozen=True)
+class FirstStep:
+    """The first rung the climb would act on, as the plan shows it (text and JSON alike)."""
+
+    summary: str | None  # None: no rung it would act on
+    operations: tuple[str, ...] = ()  # each described on one line
+    reboot_skipped: str | None = None  # why the climb passes over the reboot rung
+
+
+def first_step(survey: Survey, result: FaultResult, options: LadderOptions) -> FirstStep:
+    """A reboot the climb would skip is passed over, as the climb does."""
+    skipped = None
     for rung in result.fault.ladder:
         if rung is Rung.LOG:
-            return ["    first: log it in the host's ledger"]
+            return FirstStep("log it in the host's ledger", reboot_skipped=skipped)
         why = reboot_skipped(survey.host, options) if rung is Rung.REBOOT else None
         if why:
-            skipped = [f"    reboot: skipped: {why}"]
+            skipped = why
             continue
         if rung is Rung.REBOOT:
-            return [*skipped, "    first: reboot and wait"]
+            return FirstStep("reboot and wait", reboot_skipped=skipped)
         step = step_for(rung, result.fault, survey.snapshot, options)
         if step is not None:
-            return [*skipped, f"    first: {step.summary}", *(f"      {describe(op)}" for op in step.ops)]
-    return skipped
+            return FirstStep(step.summary, tuple(describe(op) for op in step.ops), skipped)
+    return FirstStep(None, reboot_skipped=skipped)
+
+
+def _first_step(survey: Survey, result: FaultResult, options: LadderOptions) -> list[str]:
+    first = first_step(survey, result, options)
+    lines = [f"    reboot: skipped: {first.reboot_skipped}"] if first.reboot_skipped else []
+    if first.summary is not None:
+        lines += [f"    first: {first.summary}", *(f"      {op}" for op in first.operations)]
+    return lines
 
 
 def render_plan(results: list[HostRemediation], options: LadderOptions, inventory: str | None = None) -> str:
@@ -125,23 +143,28 @@ def render_recap(results: list[HostRemediation], run: str, inventory: str | None
     return "\n".join(lines)
 
 
-def _fault_doc(f: FaultResult) -> dict:
+def _fault_doc(f: FaultResult, first: FirstStep | None) -> dict:
     return {"check_id": f.fault.check_id, "kind": f.fault.kind.value, "where": f.fault.where, "gpu": f.fault.gpu,
             "unit": f.fault.unit, "reason": f.fault.reason, "ladder": [str(r) for r in f.fault.ladder], "end": f.end.value,
+            "first": asdict(first) if first else None,
             "rungs": [{"rung": str(o.rung), "status": o.status, "detail": o.detail, "run": o.run} for o in f.rungs]}
 
 
-def _host_doc(r: HostRemediation) -> dict:
+def _host_doc(r: HostRemediation, options: LadderOptions | None) -> dict:
+    """options: the plan's, for a host the plan climbs (not cordoned, no error): each fault's first step."""
+    options = options if _header(r.survey) is None else None
     cordon = r.survey.snapshot.cordon
     return {"host": r.survey.host.name, "reachable": r.survey.reachable, "error": r.error or r.survey.error,
             "cordoned": {"at": cordon.at, "reason": cordon.reason, "run": cordon.run} if cordon else None,
             "cannot_judge": [{"check_id": f.check_id, "detail": f.detail} for f in r.survey.unjudged],
-            "faults": [_fault_doc(f) for f in r.results], "exit_bits": r.exit_bits}
+            "faults": [_fault_doc(f, first_step(r.survey, f, options) if options else None) for f in r.results],
+            "exit_bits": r.exit_bits}
 
 
 def render_json(results: list[HostRemediation], run: str | None, breaker: str = "", room: int | None = None,
-                dry_run: bool | None = None) -> str:
+                dry_run: bool | None = None, options: LadderOptions | None = None) -> str:
     """The plan (run None) or the recap as JSON, for automation; room: the cordons the breaker allows (the plan's);
-    dry_run: whether nothing was to change (default: a plan), False for a --yes run that found nothing to do."""
+    dry_run: whether nothing was to change (default: a plan), False for a --yes run that found nothing to do;
+    options: the plan's, whose first step of each fault it carries as the text plan shows it."""
     return json.dumps({"run": run, "dry_run": run is None if dry_run is None else dry_run, "breaker": breaker or None,
-                       "breaker_room": room, "hosts": [_host_doc(r) for r in results]}, indent=1)
+                       "breaker_room": room, "hosts": [_host_doc(r, options) for r in results]}, indent=1)

@@ -283,6 +283,20 @@ def test_the_plan_as_json(tmp_path):
     assert (fault["kind"], fault["gpu"], fault["ladder"], fault["end"]) == ("remap-pending", 1, ["drain", "reset", "reboot", "cordon"], "planned")
 
 
+def test_the_json_plan_carries_each_faults_first_step_as_the_text_plan_shows_it(tmp_path):
+    from hosttune.remediate.climb import planned
+    from hosttune.remediate.render import render_json, render_plan
+    from hosttune.remediate.survey import Survey
+
+    survey = Survey(inventory(tmp_path).hosts[0], "p", snapshot=parse_snapshot(snapshot()), faults=(fault_on(1),))
+    options = LadderOptions()
+    text = render_plan([planned(survey)], options).splitlines()
+    (fault,) = json.loads(render_json([planned(survey)], None, options=options))["hosts"][0]["faults"]
+    first = fault["first"]
+    assert text[3] == f"    first: {first['summary']}" and first["reboot_skipped"] is None
+    assert first["operations"] and [f"      {op}" for op in first["operations"]] == text[4:]
+
+
 def test_a_host_without_replicas_stops_serving_when_cordoned_and_serves_again_when_uncordoned(tmp_path):
     """Its one service has no front to take it out of: after a reboot rung it runs again at boot, on the bad GPU."""
     from hosttune.remediate.cordon import uncordon_step
