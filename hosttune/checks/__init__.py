@@ -25,7 +25,7 @@ def run_checks(facts: Facts, profile: Profile) -> list[Finding]:
 
 def get_check(check_id: str) -> Check:
     try:
-        return BY_ID[check_id.strip()]
+        return BY_ID[check_id.strip().lower()]  # ids are lower case: GPU.XID names gpu.xid
     except KeyError:
         close = difflib.get_close_matches(check_id.strip().lower(), BY_ID, n=1, cutoff=0.75)
         hint = f"did you mean {close[0]}? " if close else ""

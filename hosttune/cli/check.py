@@ -106,8 +106,8 @@ def explain(check_id: str = typer.Argument(..., help="A check id, e.g. irq.irqba
 
     Example: hosttune explain cpu.cstates
     """
-    if check_id.startswith("remediate."):
-        typer.echo("\n".join(explain_lines(rung_named(check_id.removeprefix("remediate.")))))
+    if check_id.strip().lower().startswith("remediate."):  # in any case, as a check id
+        typer.echo("\n".join(explain_lines(rung_named(check_id.strip()[len("remediate."):]))))
         return
     try:
         c = get_check(check_id)

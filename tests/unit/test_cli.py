@@ -76,6 +76,17 @@ def test_explain():
     assert runner.invoke(app, ["explain", "cpu.cstates "]).exit_code == 0  # pasted with a trailing space
 
 
+
+def test_explain_takes_an_id_in_any_case_as_its_hint_suggests():
+    from hosttune.checks import BY_ID
+
+    assert all(check_id == check_id.lower() for check_id in BY_ID)  # ids are lower case, so any case names one
+    shouted = runner.invoke(app, ["explain", "GPU.XID"])
+    assert shouted.exit_code == 0 and shouted.output.startswith("gpu.xid: "), shouted.output
+    step = runner.invoke(app, ["explain", "Remediate.Reset"])
+    assert step.exit_code == 0 and step.output.startswith("remediate.reset: "), step.output
+
+
 def test_explain_says_what_apply_does_and_names_the_files_it_writes():
     from hosttune.actions.cuda import PROFILE_D
     from hosttune.actions.memory import SYSCTL_FILE
