@@ -26,7 +26,8 @@ last measured arrival with `num_requests`, unless no request had ended by then),
 requests offered and requests served cover the same time; a closed loop or a trace
 bounded by a count ends it at its last measured response instead.
 SIGINT or SIGTERM ends the sending early, as the end of its duration would (the throughput
-window ends there); a second one cancels the requests still running.
+window ends there); a second one cancels the requests still running, as the first does once
+the sending has ended.
 """
 
 from __future__ import annotations
@@ -184,8 +185,9 @@ class LoadGenerator:
         return caught
 
     def request_stop(self, sig: signal.Signals) -> None:
-        """Send nothing more and let what is in flight finish; a second signal cancels that too."""
-        if self.stop_requested.is_set():
+        """Send nothing more and let what is in flight finish; a second signal cancels that too, as does the first
+        once everything is sent (the run was not cut short, only the wait for its last responses)."""
+        if self.stop_requested.is_set() or self.is_stopping:
             for task in list(self.tasks):
                 task.cancel()
             return

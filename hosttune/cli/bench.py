@@ -66,7 +66,7 @@ def bench(
     then holds this run's results only: an earlier run's result files are replaced, or
     removed where this run writes none of that name, and files of other names stay.
     Ctrl-C (or SIGTERM) ends a run early and still reports it, over the time it ran; a
-    second one also cancels the requests in flight. It ends a sweep too (the step it cut
+    second one (or the first, once every request is sent) also cancels those in flight. It ends a sweep too (the step it cut
     short judges no rate), and the endpoints after the one it stopped are not measured.
     Exit code bits: 1 SLO missed (or no rate held in a sweep), 2 usage error (or a run
     measured nothing: every request failed, or none was sent after the warm-up), 4 the

@@ -661,3 +661,24 @@ def test_ctrl_c_before_anything_was_measured_says_so(tmp_path, monkeypatch):
                                  "--out", str(tmp_path / "out")])
     assert result.exit_code == 130
     assert result.output == "hosttune: SIGINT ended the bench before anything was measured; nothing was written\n"
+
+
+def test_ctrl_c_once_everything_is_sent_ends_the_wait_for_the_last_responses(server_factory, tmp_path):
+    """With every request sent, Ctrl-C has no sending left to stop: it ends the wait for those in flight (which may
+    last --timeout), and is not taken to have cut the run short at the moment sending ended ('after 0.0 s')."""
+    url = server_factory("--ttft", "30", "--itl", "0.001")
+    argv = [sys.executable, "-m", "hosttune", "bench", "--url", url, "--users", "1", "--requests", "1",
+            "--warmup", "0s", "--prompts", "8", "--max-tokens", "2", "--out", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    bench = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while _running(url) < 1 and time.monotonic() < deadline and bench.poll() is None:
+        time.sleep(0.05)
+    bench.send_signal(signal.SIGINT)
+    try:
+        output, _ = bench.communicate(timeout=20)
+    finally:
+        bench.kill()
+    assert "ended the run after" not in output and "1 measured requests were still running at the stop" in output
+    run = json.loads((tmp_path / "results.json").read_text())["runs"][0]
+    assert run["stopped_by"] is None and [r["outcome"] for r in run["requests"]] == ["cancelled"]
