@@ -136,6 +136,16 @@ class Client:
         raise AssertionError("unreachable")
 
 
+def _stream_error(events, headers: dict[str, str]) -> str:
+    """The stream's error; a 200 that carried no event at all and is no event stream did not stream (a server that
+    ignores stream: true answers a whole JSON body), which 'ended without [DONE]' would hide."""
+    content_type = headers.get("content-type", "")
+    if events.error.startswith("stream-cut") and not events.chunks and "event-stream" not in content_type:
+        return (f"not-a-stream: the server answered {content_type or 'no Content-Type'}, not an event stream: bench "
+                "needs one that streams (stream: true)")
+    return events.error
+
+
 def _failure(sent: float, status: int, error: str) -> StreamResult:
     return StreamResult(sent, time.perf_counter(), array("d"), FAILED, status, error, 0, None)
 
@@ -150,7 +160,7 @@ def _result(sent: float, response: Response) -> StreamResult:
     events = response.events.result(last)
     return StreamResult(
         sent=sent, end=events.end, chunks=events.chunks,
-        outcome=FAILED if events.error else OK, status=200, error=events.error,
+        outcome=FAILED if events.error else OK, status=200, error=_stream_error(events, response.headers),
         output_tokens=events.usage.get("completion_tokens", len(events.chunks)),
         reported_prompt_tokens=events.usage.get("prompt_tokens"),
         cached_tokens=(events.usage.get("prompt_tokens_details") or {}).get("cached_tokens"),

@@ -453,6 +453,17 @@ def test_a_run_refused_for_a_field_the_server_does_not_take_points_at_the_option
         "context, or leave out a field the server does not take: --no-ignore-eos, no --priority"), result.stderr
 
 
+def test_a_server_that_answers_whole_json_bodies_is_said_not_to_stream():
+    """A server that ignores stream: true answers 200 with a JSON body: 'the stream ended without [DONE]' hides
+    that there was no stream at all."""
+    with not_openai(200, b'{"choices": [{"text": "hello"}], "usage": {"completion_tokens": 1}}') as url:
+        result = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "1", "--requests", "1",
+                                     "--warmup", "0", "--prompts", "8", "--max-tokens", "2", "--max-client-lag", "1s"])
+    assert result.exit_code == 2
+    assert ("failed (not-a-stream: 1), so nothing was measured; the first answered not-a-stream: the server answered "
+            "no Content-Type, not an event stream: bench needs one that streams (stream: true)") in result.stderr
+
+
 def test_a_run_refused_for_want_of_a_key_says_to_pass_the_key_not_to_check_the_model():
     """--model skips /v1/models, where a missing key is found first: the requests' 401 must point at --api-key."""
     with not_openai(401, b'{"error": {"message": "Incorrect or missing API key"}}') as url:
