@@ -68,9 +68,13 @@ ROOT_INSTEAD = "give the folder the image is mounted at, or leave --root out to 
 
 
 def image_root(value: Optional[str]) -> Optional[str]:
-    """--root as an absolute path: the journal and the recap's undo line name it, and are used from any folder."""
+    """A relative --root as an absolute path: the journal and the recap's undo line name it, and are used from any
+    folder. An absolute one is kept as given: `/.` is refused as this host's own root, never taken for `/`."""
     value = named(value, "--root", "directory", ROOT_INSTEAD)
-    return os.path.abspath(value) if value is not None else None
+    if value is None or value.startswith("/"):
+        return value
+    absolute = os.path.join(os.getcwd(), value)
+    return normal if (normal := os.path.normpath(absolute)) != "/" else absolute
 
 
 def only(inv: Inventory, names: set[str]) -> Inventory:

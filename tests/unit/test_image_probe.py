@@ -366,3 +366,9 @@ def test_an_image_is_not_judged_on_a_gpu_count_it_cannot_show(tmp_path):
     inv.write_text("hosts:\n  localhost:\n    transport: local\n    tune:\n      health: {gpu_count: 8}\n")
     planned = CliRunner().invoke(app, ["apply", "-i", str(inv), "--root", str(tmp_path / "img"), "--dry-run"]).output
     assert "gpu.count" not in planned, planned
+
+
+def test_a_relative_root_that_is_this_hosts_own_root_is_refused_too(monkeypatch):
+    monkeypatch.chdir("/")
+    applied = CliRunner().invoke(app, ["apply", "--dry-run", "--root", "."])
+    assert applied.exit_code == 2 and "--root /.: is this host's own root (/)" in applied.output, applied.output
