@@ -46,7 +46,7 @@ def acted(monkeypatch, request):
         done.append("apply")
         return [HostOutcome(p, Outcome.CHANGED) for p in plans]
 
-    def rollback_fleet(inv, run, root, forks, on_host_done=None, dry_run=False):
+    def rollback_fleet(inv, run, root, forks, on_host_done=None, dry_run=False, inventory_path=None):
         if not dry_run:
             done.append("rollback")
         return [RollbackResult(HOST, "r1", Outcome.RESTORED if not dry_run else Outcome.PLANNED,
