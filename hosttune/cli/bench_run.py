@@ -135,6 +135,9 @@ def _load(users, rate, burstiness, duration, requests, warmup, timeout, seed, is
         raise BenchError("--trace gives the arrivals, and --sweep offers its own rates: give one of them")
     if is_sweep and (users is not None or rate is not None):
         raise BenchError("--sweep offers open-loop rates from --sweep-start up: drop --users and --rate")
+    if is_sweep and max_concurrency is not None:
+        raise BenchError("--max-concurrency holds arrivals back in the client, where no latency counts their wait: a "
+                         "sweep's steps would hold at rates never offered; leave it out with --sweep")
     if is_sweep:
         users, rate = None, sweep_start
     if arrivals is not None and (users is not None or rate is not None):

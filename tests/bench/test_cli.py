@@ -316,6 +316,8 @@ def test_a_run_that_would_measure_nothing_is_a_user_error():
                           (["--users", "2", "--duration", "abc"], "--duration 'abc'"),
                           (["--sweep", "--users", "3"], "drop --users and --rate"),
                           (["--sweep", "--rate", "3"], "drop --users and --rate"),
+                          # arrivals held back in the client: a step held 50 req/s having offered 33 and served 27
+                          (["--sweep", "--max-concurrency", "2"], "--max-concurrency holds arrivals back in the client"),
                           (["--shared-prefix", "1x2", "--prefix-tokens", "1000000000"],
                            "--prefix-tokens 1000000000: give 1 to 10000000 tokens"),
                           (["--users", "1", "--prompts", "100000000"], "past the 10000000 bench builds"),
