@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from hosttune.actions.base import KernelWrite, Step
-from hosttune.actions.units import boot_unit, lasting, not_systemd
-from hosttune.checks.base import is_systemd
+from hosttune.actions.units import boot_unit, lasting
+from hosttune.checks.base import is_systemd, not_systemd
 from hosttune.checks.boot_scripts import GOVERNOR_UNIT as UNIT, governor_script
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host

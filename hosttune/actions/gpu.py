@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from hosttune.actions.base import Command, Service, Step, blocked
-from hosttune.actions.units import not_systemd
-from hosttune.checks.base import is_systemd
+from hosttune.checks.base import is_systemd, not_systemd
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host
 from hosttune.config.profile import Profile

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hosttune import cpulist
 from hosttune.actions.base import KernelWrite, Service, Step, blocked
-from hosttune.actions.units import boot_unit, lasting, not_systemd
-from hosttune.checks.base import is_systemd
+from hosttune.actions.units import boot_unit, lasting
+from hosttune.checks.base import is_systemd, not_systemd
 from hosttune.checks.boot_scripts import IRQ_UNIT as UNIT, irq_affinity_script
 from hosttune.checks.irq import wanted_pins
 from hosttune.probes.facts import Facts

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hosttune.actions.base import CommentOut, FileWrite, KernelWrite, Step, managed_header
 from hosttune.rendering import render
-from hosttune.actions.units import boot_unit, lasting, not_systemd
-from hosttune.checks.base import is_systemd
+from hosttune.actions.units import boot_unit, lasting
+from hosttune.checks.base import is_systemd, not_systemd
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host
 from hosttune.probes.system import parse_sysctl_conf

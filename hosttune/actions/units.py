@@ -37,8 +37,3 @@ def lasting(facts: Facts, *, is_by_unit: bool = True) -> str:
     return "now and at boot" if is_at_boot else "now, until the next boot"
 
 
-def not_systemd(facts: Facts) -> str:
-    """Why no boot unit can be written: the host's PID 1, or an image's /sbin/init (the build machine's is no part of it)."""
-    if facts.image:
-        return f"the image's /sbin/init is {facts.pid1 or 'missing'}, not systemd"
-    return f"PID 1 is {facts.pid1 or 'unknown'}, not systemd"

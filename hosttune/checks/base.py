@@ -63,6 +63,14 @@ def is_systemd(facts: Facts) -> bool:
     return facts.pid1 == "systemd"
 
 
+def not_systemd(facts: Facts) -> str:
+    """Why no boot unit can be written: the host's PID 1, or an image's /sbin/init (the build machine's is no part of it).
+    The checks and the actions say it in these same words."""
+    if facts.image:
+        return f"the image's /sbin/init is {facts.pid1 or 'missing'}, not systemd"
+    return f"PID 1 is {facts.pid1 or 'unknown'}, not systemd"
+
+
 def image_verdict(desired: object, configured: object, detail: str = "") -> Verdict:
     """apply --root: an image has no running kernel, so a setting is judged on what it configures."""
     status = Status.OK if configured == desired else Status.DRIFT

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune import cores, cpulist
-from hosttune.checks.base import Check, image_verdict, is_systemd, na
+from hosttune.checks.base import Check, image_verdict, is_systemd, na, not_systemd
 from hosttune.checks.boot_scripts import GOVERNOR_UNIT, NOT_PERSISTED, STALE_SCRIPT, governor_script, persisted, script_path
 from hosttune.probes.facts import Facts
 from hosttune.checks.findings import Severity, Status, Verdict, judge, show
@@ -19,7 +19,7 @@ def governor(facts: Facts, profile: Profile) -> Verdict:
         configured = persisted(facts, GOVERNOR_UNIT, governor_script(want)) or want
         return image_verdict(want, configured, _stale_script(want) if configured == STALE_SCRIPT else "")
     if facts.image:
-        return na(f"an image whose init is {facts.pid1 or 'unknown'}, not systemd: set the governor at boot another way", want)
+        return na(f"{not_systemd(facts)}: set the governor at boot another way", want)
     if not govs:
         return na("no cpufreq driver: frequency is controlled by firmware or the hypervisor", want)
     wrong = sorted(cpu for cpu, gov in govs.items() if gov != want)

@@ -251,3 +251,18 @@ def test_acpi_idle_is_judged_like_intel_idle(haltpoll_guest):
     facts = haltpoll_guest["before"]
     acpi = replace(facts, cpu=replace(facts.cpu, idle_driver="acpi_idle"))
     assert BY_ID["cpu.cstates"].run(acpi, load_profile("inference-latency")).status is Status.DRIFT
+
+
+@pytest.mark.parametrize("pid1, init", [("", "missing"), ("sysvinit", "sysvinit")])
+def test_an_image_without_systemd_is_described_alike_by_the_governor_check_and_the_boot_units(pid1, init):
+    from hosttune.actions import steps_for
+
+    latency = load_profile("inference-latency")
+    image = replace(Facts(), image="/img", pid1=pid1)
+    governor = get_check("cpu.governor").run(image, latency)
+    assert governor.status is Status.NOT_APPLICABLE
+    assert governor.detail == f"the image's /sbin/init is {init}, not systemd: set the governor at boot another way"
+    findings = run_checks(image, latency)
+    notes = [n for s in steps_for(findings, image, latency, host(), (Status.DRIFT, Status.PENDING_REBOOT, Status.OK))
+             for n in (*s.notes, s.blocked or "") if "/sbin/init" in n]
+    assert notes and all(f"the image's /sbin/init is {init}, not systemd" in n for n in notes)
