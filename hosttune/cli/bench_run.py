@@ -61,7 +61,8 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
     )
     if out is not None:
         bench_out.check_out(out)
-    _check_answering(spec, url)
+    with bench_stop.before_measuring():
+        _check_answering(spec, url)
     command = "hosttune bench " + " ".join(shlex.quote(a) for a in redact_argv(sys.argv[2:]))
     if config is not None:
         sweeps = bench_stop.until_stopped(url, lambda u: _sweep_one(spec, u, slo_value, config), lambda s: s.stopped_by)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from typing import NoReturn
 
 import typer
 
@@ -20,17 +21,31 @@ def until_stopped(urls: list[str], measure_one, stopped_by) -> tuple:
             try:
                 results.append(measure_one(url))
             except KeyboardInterrupt as exc:  # between runs (the next one's model, its prompts): no run caught it
-                signal_name = getattr(exc, "signal_name", "SIGINT")
                 if not results:
-                    typer.secho(f"hosttune: {signal_name} ended the bench before anything was measured; nothing was "
-                                "written", err=True, fg="yellow")
-                    raise typer.Exit(128 + signal.Signals[signal_name]) from None
-                _say_not_measured(signal_name, urls[len(results):])
+                    _exit_unmeasured(exc)
+                _say_not_measured(getattr(exc, "signal_name", "SIGINT"), urls[len(results):])
                 break
             if (signal_name := stopped_by(results[-1])) and (rest := urls[len(results):]):
                 _say_not_measured(signal_name, rest)
                 break
     return tuple(results)
+
+
+@contextlib.contextmanager
+def before_measuring():
+    """Checks before the first run (every endpoint's model, say): a signal there ends the bench, which says so."""
+    with _sigterm_interrupts():
+        try:
+            yield
+        except KeyboardInterrupt as exc:
+            _exit_unmeasured(exc)
+
+
+def _exit_unmeasured(exc: KeyboardInterrupt) -> NoReturn:
+    signal_name = getattr(exc, "signal_name", "SIGINT")
+    typer.secho(f"hosttune: {signal_name} ended the bench before anything was measured; nothing was written",
+                err=True, fg="yellow")
+    raise typer.Exit(128 + signal.Signals[signal_name]) from None
 
 
 class _Terminated(KeyboardInterrupt):

@@ -695,3 +695,18 @@ def test_ctrl_c_once_everything_is_sent_ends_the_wait_for_the_last_responses(ser
     finally:
         bench.kill()
     assert "ended the run after" not in output and "1 measured requests were still running at the stop" in output
+
+
+def test_ctrl_c_while_several_endpoints_are_checked_says_nothing_was_measured(monkeypatch):
+    """Several --url have their models looked up before the first run (a slow one may take seconds): Ctrl-C there
+    is said to have ended the bench before anything was measured, as it is during the first run's setup."""
+    from hosttune.cli import bench_run
+
+    def interrupted(spec, urls):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_run, "_check_answering", interrupted)
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--url", "http://127.0.0.1:8", "--users", "1",
+                                 "--requests", "1"])
+    assert result.exit_code == 130
+    assert result.output == "hosttune: SIGINT ended the bench before anything was measured; nothing was written\n"
