@@ -13,8 +13,8 @@ from hosttune.plan.host_plan import HostPlan
 from hosttune.plan.state import rooted
 from hosttune.cli.app import app
 from hosttune.cli.common import (AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, YesOpt,
-                                 check_writable, emit, go_ahead, image_root, load, named, only, path_option, plural,
-                                 user_errors)
+                                 check_writable, emit, go_ahead, image_root, inventory_arg, load, named, only,
+                                 path_option, plural, user_errors)
 from hosttune.cli.progress import Progress
 from hosttune.execute import recap
 from hosttune.errors import HosttuneError
@@ -92,7 +92,7 @@ def apply(
     run = new_run_id()
     with Progress("applying", total=len(plans)) as progress:
         outcomes = apply_plans(plans, wanted, run, options, on_host_done=lambda name, o: progress.advance(name, o.state))
-    inv_path = str(inventory) if inventory else None
+    inv_path = inventory_arg(inventory)
     emit(recap.render_json(outcomes, run, False, inv_path) if fmt is Output.json else recap.render(outcomes, run, inv_path), output)
     raise typer.Exit(exit_code(outcomes))
 
@@ -124,7 +124,7 @@ def rollback(
     root = image_root(root)
     run = named(run, "--run", "run", "give a run apply's recap printed, or leave --run out for each host's latest")
     inv = load(inventory, limit, accept_new_host_keys)
-    inv_path = str(inventory) if inventory else None
+    inv_path = inventory_arg(inventory)
     with Progress("reading journals", total=len(inv.hosts)) as progress:
         plans = rollback_fleet(inv, run, root, forks, on_host_done=lambda name, r: progress.advance(name, r.status),
                                dry_run=True, inventory_path=inv_path)

@@ -67,6 +67,11 @@ def named(value: Optional[str], option: str, names: str, instead: str) -> Option
 ROOT_INSTEAD = "give the folder the image is mounted at, or leave --root out to change the running system"
 
 
+def inventory_arg(inventory: Optional[Path]) -> Optional[str]:
+    """The inventory as the commands hosttune prints name it (undo, uncordon): absolute, so they work from any folder."""
+    return os.path.abspath(inventory) if inventory else None
+
+
 def image_root(value: Optional[str]) -> Optional[str]:
     """A relative --root as an absolute path: the journal and the recap's undo line name it, and are used from any
     folder. An absolute one is kept as given: `/.` is refused as this host's own root, never taken for `/`."""

@@ -9,7 +9,7 @@ import typer
 
 from hosttune.cli.app import app
 from hosttune.cli.apply import Output
-from hosttune.cli.common import AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, ReadForksOpt, YesOpt, go_ahead, load, plural, user_errors
+from hosttune.cli.common import AcceptKeysOpt, DryRunOpt, ForksOpt, InventoryOpt, LimitOpt, ReadForksOpt, YesOpt, go_ahead, inventory_arg, load, plural, user_errors
 from hosttune.cli.progress import Progress
 from hosttune.execute.journal import new_run_id
 from hosttune.fleet import profiles
@@ -49,7 +49,7 @@ def remediate(
     Example: hosttune remediate -i inventories/example.yaml --max-cordoned-percent 10 --yes
     """
     breaker_policy = BreakerPolicy(max_cordoned_percent, breaker_window * 60.0)
-    inv, inv_path = load(inventory, limit, accept_new_host_keys), str(inventory) if inventory else None
+    inv, inv_path = load(inventory, limit, accept_new_host_keys), inventory_arg(inventory)
     wanted, policy = profiles(inv), XidPolicy(window_s=xid_window * 3600.0)
     options = LadderOptions(drain_wait_s=drain_wait, reboot=reboot)
     with Progress("surveying", total=len(inv.hosts)) as progress:

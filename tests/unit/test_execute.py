@@ -707,3 +707,24 @@ def test_a_relative_root_is_recorded_and_printed_as_its_absolute_path(tmp_path, 
     assert json.loads(journal.read_text())["root"] == f"{tmp_path}/img"
     later = CliRunner().invoke(app, ["rollback", "--root", "img", "--dry-run"])
     assert later.exit_code == 0, later.output
+
+
+def test_a_relative_inventory_is_named_by_its_absolute_path_in_the_commands_printed(tmp_path, monkeypatch):
+    """The command a refusal gives works from any folder, as the run's --root does."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+
+    (tmp_path / "img/etc/default").mkdir(parents=True)
+    (tmp_path / "img/etc/default/grub").write_text('GRUB_CMDLINE_LINUX=""\n')
+    (tmp_path / "inv.yaml").write_text("hosts:\n  localhost:\n    transport: local\n")
+    monkeypatch.chdir(tmp_path)
+    apply = ["apply", "-i", "inv.yaml", "--root", "img", "--yes", "--format", "json"]
+    first = json.loads(CliRunner().invoke(app, apply).stdout)["run"]
+    (tmp_path / "img/etc/sysctl.d/90-hosttune.conf").write_text("edited by hand\n")
+    later = json.loads(CliRunner().invoke(app, apply).stdout)["run"]
+    refused = CliRunner().invoke(app, ["rollback", "-i", "inv.yaml", "--root", "img", "--run", first, "--dry-run"])
+    assert refused.stdout.rstrip().endswith(f"each by naming it: hosttune rollback -i {tmp_path}/inv.yaml --limit localhost "
+                                            f"--run {later} --root {tmp_path}/img"), refused.output
