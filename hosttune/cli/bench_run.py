@@ -13,6 +13,7 @@ from hosttune.bench import console, report
 from hosttune.bench.benchmark import BenchSpec, check_url, measure, run_async
 from hosttune.bench.client import discover_model, key_advice
 from hosttune.bench.connection import tls_context
+from hosttune.bench.file_limit import allow_load
 from hosttune.bench.headers import redact_argv, request_headers
 from hosttune.bench.loadgen import Load, Progress as LoadProgress
 from hosttune.bench.metrics import Slo, summarize
@@ -59,6 +60,7 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         metrics_interval=interval or None, priority=priority,
         tls=tls_context(str(cacert) if cacert else None, insecure) if cacert or insecure else None,
     )
+    allow_load(spec.load)
     if out is not None:
         bench_out.check_out(out)
     with bench_stop.before_measuring():

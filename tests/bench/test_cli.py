@@ -710,3 +710,29 @@ def test_ctrl_c_while_several_endpoints_are_checked_says_nothing_was_measured(mo
                                  "--requests", "1"])
     assert result.exit_code == 130
     assert result.output == "hosttune: SIGINT ended the bench before anything was measured; nothing was written\n"
+
+
+def test_users_past_the_open_file_limit_raise_it_before_the_run():
+    """400 users need 400 connections: under `ulimit -n 200` half of them failed as 'Too many open files', counted
+    as the endpoint's transport errors. The soft limit is raised (up to the hard one) before the run."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
+        result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--users", "400", "--requests", "1"])
+        assert "cannot reach" in result.output  # the run went on, to find no server on port 9
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 400
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_users_past_the_hard_open_file_limit_are_a_user_error(monkeypatch):
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (200, 300))
+    monkeypatch.setattr(resource, "setrlimit", lambda which, limits: None)
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--users", "400", "--requests", "1"])
+    assert result.exit_code == 2 and result.output == (
+        "hosttune: --users 400 needs a connection each, and this process may open 300 files (ulimit -Hn): raise "
+        "that limit, or give fewer --users\n")
