@@ -718,6 +718,8 @@ def test_users_past_the_open_file_limit_raise_it_before_the_run():
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1000:
+        pytest.skip(f"the hard open-file limit here, {hard}, is below what 400 users need")
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
         result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--users", "400", "--requests", "1"])
