@@ -32,10 +32,13 @@ class Trace:
 
 
 def load_trace(path: Path) -> Trace:
-    rows = [_row(line, path, number)
-            for number, line in enumerate(read_input(path, "trace file").splitlines(), start=1) if line.strip()]
+    lines = [(number, line) for number, line in enumerate(read_input(path, "trace file").splitlines(), start=1)
+             if line.strip()]
+    rows = [_row(line, path, number) for number, line in lines]
     if not rows:
         raise BenchError(f"trace file {path} has no requests")
+    _check_one_clock(rows, [number for number, _ in lines], path)
+    rows = [(at, n, m) for at, n, m, _ in rows]
     rows.sort(key=lambda row: row[0])
     start = rows[0][0]
     return Trace(tuple(at - start for at, _, _ in rows),
@@ -43,7 +46,16 @@ def load_trace(path: Path) -> Trace:
                  Replay(tuple(m for _, _, m in rows), str(path)))
 
 
-def _row(line: str, path: Path, number: int) -> tuple[float, int, int]:
+def _check_one_clock(rows: list[tuple[float, int, int, str]], numbers: list[int], path: Path) -> None:
+    """Seconds on one line and milliseconds on another would replay a request 1000 times too early or late."""
+    first = rows[0][3]
+    for (_, _, _, key), number in zip(rows, numbers):
+        if key != first:
+            raise BenchError(f"{path}:{number}: \"{key}\" here, where line {numbers[0]} gives \"{first}\": give one "
+                             "of them on every line")
+
+
+def _row(line: str, path: Path, number: int) -> tuple[float, int, int, str]:
     try:
         item = json.loads(line)
     except ValueError:
@@ -51,14 +63,14 @@ def _row(line: str, path: Path, number: int) -> tuple[float, int, int]:
     if not isinstance(item, dict):
         raise BenchError(f"{path}:{number}: not a JSON object")
     if isinstance(item.get("arrival"), (int, float)):
-        at = float(item["arrival"])
+        at, key = float(item["arrival"]), "arrival"
     elif isinstance(item.get("timestamp"), (int, float)):
-        at = item["timestamp"] / 1000.0
+        at, key = item["timestamp"] / 1000.0, "timestamp"
     else:
         raise BenchError(f"{path}:{number}: give \"arrival\" (seconds) or \"timestamp\" (milliseconds)")
     if not math.isfinite(at):
         raise BenchError(f"{path}:{number}: the arrival time must be a finite number")
-    return at, _length(item, INPUT_FIELDS, path, number), _length(item, OUTPUT_FIELDS, path, number)
+    return at, _length(item, INPUT_FIELDS, path, number), _length(item, OUTPUT_FIELDS, path, number), key
 
 
 def _length(item: dict, names: tuple[str, ...], path: Path, number: int) -> int:

@@ -108,6 +108,11 @@ def test_bad_trace_lines_are_user_errors(tmp_path):
     (tmp_path / "d.jsonl").write_text('{"arrival": NaN, "input_length": 3, "output_length": 2}\n')
     with pytest.raises(BenchError, match="d.jsonl:1: the arrival time must be a finite number"):
         load_trace(tmp_path / "d.jsonl")
+    # Seconds on one line and milliseconds on the next would replay the second request 1000 times too late.
+    mixed = [{"arrival": 0.5, "input_length": 3, "output_length": 2},
+             {"timestamp": 1500, "input_length": 3, "output_length": 2}]
+    with pytest.raises(BenchError, match='e.jsonl:2: "timestamp" here, where line 1 gives "arrival": give one of them on every line'):
+        load_trace(write_trace(tmp_path / "e.jsonl", mixed))
 
 
 def test_max_concurrency_caps_an_open_loop(server_factory):
