@@ -104,7 +104,7 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     needs = serve_needs(job, state) if serves or release.replicas else ()
     switch = rolling.switch_ops(release, state, requires=needs) if release.replicas else \
         rolling.leave_ops(state) + dplan.activate_ops(release, state, requires=needs)
-    checked = check_job(transport, job, [install, keys + switch, front])
+    checked = check_job(transport, job, [install, keys + switch, front], state)
     if checked.error:  # one line, nothing sent
         return HostDeploy(job.host, Outcome.FAILED, None, release_name(state.current),
                           error=f"nothing changed: {job.host.name}: {checked.error}", checks=checked.lines)

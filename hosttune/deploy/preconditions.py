@@ -17,6 +17,7 @@ from hosttune.deploy.errors import DeployError
 from hosttune.deploy.flagcheck import check_installed_flags
 from hosttune.deploy.front import NGINX_CONF
 from hosttune.deploy.model import model_problem
+from hosttune.deploy.ports import held_back, replica_index, roll_order
 from hosttune.deploy.state import HostState
 from hosttune.deploy.router import router_ports
 from hosttune.deploy.units import RAY_UNIT, ROUTER_UNIT, SERVE_UNIT
@@ -100,8 +101,9 @@ def _read_by_nginx(path: str) -> bool:
     return not path.startswith("/etc/nginx/conf.d/") or path.endswith(".conf")
 
 
-def check_job(transport: Transport, job, groups: list[list[Op]]) -> Checked:
-    """Read what the operations need (one read-only round trip) and judge it; nothing is changed."""
+def check_job(transport: Transport, job, groups: list[list[Op]], state: HostState | None = None) -> Checked:
+    """Read what the operations need (one read-only round trip) and judge it; nothing is changed. With the host's
+    `state`, a roll of its replicas onto ports they hold themselves is judged too (`_roll_ports`)."""
     asks = preconditions.requests_for(groups, job.packages, offline=False)
     needs = read_needs(transport, asks, root=None, manager=job.packages.name if job.packages else None)
     if job.model is not None:
@@ -109,4 +111,19 @@ def check_job(transport: Transport, job, groups: list[list[Op]]) -> Checked:
                                 any_format=not job.preset.is_bundled,
                                 needs_weights=model_needs_weights(job))
         needs = replace(needs, models={job.model.path: problem})
-    return preconditions.check(groups, needs, job.packages)
+    checked = preconditions.check(groups, needs, job.packages)
+    held = _roll_ports(job, state, needs.ports) if state is not None else None
+    if held:  # the port check found this deployment's replicas there; the roll's order finds them there too long
+        return replace(checked, lines=checked.lines + (f"fails: {held}",), errors=(held,) + checked.errors)
+    return checked
+
+
+def _roll_ports(job, state: HostState, ports: dict[int, tuple[str, ...] | None]) -> str | None:
+    """The ports the replicas hold are this deployment's, but a roll frees each only when it restarts its replica:
+    nginx (or a replica) moved onto one held later fails mid-roll."""
+    if not job.release.replicas or job.layout is None:
+        return None
+    router = router_ports(job.layout) if ROUTER_UNIT in job.release.units else None
+    front = job.access.front.port if job.access.front is not None else None
+    live = sorted(i for i in map(replica_index, state.instances) if i is not None)
+    return held_back(roll_order(job.layout, job.settings.port, front, router), ports, live)

@@ -150,3 +150,56 @@ def test_another_default_server_on_the_fronts_port_is_refused_before_anything_is
         assert outcome.state == "planned", outcome.error
     reads = [a for _, a in log if a[:2] == ("sh", "-c") and "default_server" in a[2]]
     assert [a[4:] for a in reads] == [("80",)]
+
+
+def replicas_job(tmp_path, port):
+    """Four replicas of the bundled engine on gpu-a's GPUs 0-3, nginx on `port`, replicas on the 4 ports after it."""
+    from hosttune.deploy.settings import parse_sets
+
+    host = next(h for h in inventory(tmp_path).hosts if h.name == "gpu-a")
+    fake_entry(tmp_path / "wh", "custom")
+    request = rollout.DeployRequest("custom", "/m", tmp_path / "wh", "0-3", port=port, replicas="4",
+                                    overrides=parse_sets(["device=cuda"]))
+    return rollout.make_job(host, a100_facts(), request, model=parse_model("/m", CONFIG))
+
+
+def four_live_replicas(log, port=8100):
+    """A host serving four replicas of the live release, on the ports after `port` (nginx on `port`)."""
+    running = "".join(f"instance:hosttune-engine@{i}.service active\n" for i in range(4))
+    t = ScriptedTransport("gpu-a", log, state=f"current:/opt/hosttune/releases/custom-old\n{running}nginx:/usr/sbin/nginx\n")
+    t.needs = {f"port:{port}": "listen:nginx.service",
+               **{f"port:{port + 1 + i}": f"listen:hosttune-engine@{i}.service" for i in range(4)}}
+    return t
+
+
+def test_nginx_moved_onto_a_live_replicas_port_is_refused_before_anything_is_sent(tmp_path):
+    """nginx takes its port at the switch, before the roll restarts any replica: one still holds 8102 then."""
+    log: list = []
+    outcome = dhost.deploy_one(four_live_replicas(log), replicas_job(tmp_path, 8102))
+    assert outcome.state == "failed" and sent(log) == [] and exit_code([outcome]) == 2
+    assert outcome.error == ("nothing changed: gpu-a: port 8102, where the host's nginx would listen, is held by live "
+                             "replica 1 (hosttune-engine@1.service) until the roll restarts it, after the port is "
+                             "needed; keep --port 8100, or give one whose ports miss the live replicas' 8101-8104")
+    planned = dhost.deploy_one(four_live_replicas([]), replicas_job(tmp_path / "dry", 8102), dry_run=True)
+    assert planned.state == "failed" and any(c.startswith("fails: port 8102, where the host's nginx") for c in planned.checks)
+
+
+def test_a_replica_moved_onto_a_port_a_later_replica_still_holds_is_refused(tmp_path):
+    """--port 8101: nginx on 8101 is replica 0's (live), and replica 0 restarts on 8102, replica 1's until its turn."""
+    outcome = dhost.deploy_one(four_live_replicas([]), replicas_job(tmp_path, 8101), dry_run=True)
+    assert outcome.error.startswith("nothing changed: gpu-a: port 8101, where the host's nginx would listen, is held "
+                                    "by live replica 0 (hosttune-engine@0.service)")
+    t = four_live_replicas([])
+    t.needs["port:8101"] = ""  # even were nginx's port free: replica 0 onto 8102 before replica 1 has let go of it
+    outcome = dhost.deploy_one(t, replicas_job(tmp_path / "b", 8101), dry_run=True)
+    assert outcome.error.startswith("nothing changed: gpu-a: port 8102, where replica 0 would listen, is held by live "
+                                    "replica 1 (hosttune-engine@1.service)")
+
+
+def test_moving_the_port_down_onto_replicas_that_moved_already_is_planned(tmp_path):
+    """--port 8098: replicas 2 and 3 restart on 8101 and 8102, let go of by replicas 0 and 1 earlier in the roll."""
+    t = four_live_replicas([])
+    t.needs["port:8100"] = ""  # nginx's now and replica 1's new port: the port check judges it, not the roll's order
+    outcome = dhost.deploy_one(t, replicas_job(tmp_path, 8098), dry_run=True)
+    assert outcome.state == "planned", outcome.error
+    assert "holds: port 8101 held by hosttune-engine@0.service (this deployment's)" in outcome.checks
