@@ -7,7 +7,8 @@ Formats, told apart by content:
   sends the first, a conversation (`--turns`) sends them one per turn.
 - JSONL, one object a line: `{"prompt": TEXT}` or `{"messages": [{"role": ...,
   "content": ...}, ...]}` (sent as they are to the chat API), each optionally with
-  `"output_tokens"` (the length to ask for instead of `--max-tokens`).
+  `"output_tokens"` (the length to ask for instead of `--max-tokens`). The same objects in
+  one JSON list are read too.
 
 Entries without a user message (ShareGPT entries with no human turn) are skipped; a file
 with none left is an error.
@@ -65,10 +66,12 @@ def _sharegpt(data: object, path: Path) -> list[Entry]:
     if not isinstance(data, list):
         raise BenchError(f"dataset {path}: a ShareGPT file is a JSON list of entries")
     entries = []
-    for item in data:
+    for index, item in enumerate(data, start=1):
         turns = item.get("conversations") or item.get("conversation") if isinstance(item, dict) else None
         if isinstance(turns, list):
             entries.append(Entry(tuple(_sharegpt_turn(t) for t in turns if _sharegpt_turn(t))))
+        elif isinstance(item, dict) and ("prompt" in item or "messages" in item):  # the JSONL objects, in a list
+            entries.append(_entry(item, f"{path}: entry {index}"))
     return entries
 
 
@@ -84,17 +87,22 @@ def _jsonl_entry(line: str, path: Path, number: int) -> Entry:
         item = json.loads(line)
     except ValueError:
         raise BenchError(f"{path}:{number}: not a JSON object") from None
+    return _entry(item, f"{path}:{number}")
+
+
+def _entry(item: object, where: str) -> Entry:
+    """A {"prompt"} or {"messages"} object, a JSONL line's or a JSON list's (`where` names it in errors)."""
     if not isinstance(item, dict):
-        raise BenchError(f"{path}:{number}: not a JSON object")
+        raise BenchError(f"{where}: not a JSON object")
     output = item.get("output_tokens")
     if output is not None and (not isinstance(output, int) or isinstance(output, bool) or not 1 <= output <= MAX_LENGTH):
-        raise BenchError(f"{path}:{number}: output_tokens must be an integer from 1 to {MAX_LENGTH}, got {output!r}")
+        raise BenchError(f"{where}: output_tokens must be an integer from 1 to {MAX_LENGTH}, got {output!r}")
     if isinstance(item.get("prompt"), str):
         return Entry((("user", item["prompt"]),), output)
     messages = item.get("messages")
     if isinstance(messages, list) and all(_is_message(m) for m in messages) and messages:
         return Entry(tuple((m["role"], m["content"]) for m in messages), output)
-    raise BenchError(f"{path}:{number}: give \"prompt\": TEXT or \"messages\": [{{\"role\", \"content\"}}, ...]")
+    raise BenchError(f"{where}: give \"prompt\": TEXT or \"messages\": [{{\"role\", \"content\"}}, ...]")
 
 
 def _is_message(message: object) -> bool:

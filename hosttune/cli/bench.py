@@ -25,7 +25,7 @@ def bench(
     warmup: Optional[str] = text_option(None, "--warmup", help="Requests sent in this first period are not measured (default 10s; with --trace 0s)."),
     prompts: str = typer.Option("chat-docs", "--prompts", help="Prompt lengths in tokens, a distribution: N, uniform:A-B, normal:MEAN,SIGMA[,MIN-MAX], mix:..., chat-docs, jsonl:PATH."),
     max_tokens: str = typer.Option("512", "--max-tokens", help="Output lengths in tokens (the max_tokens asked for), same syntax (jsonl field output_tokens)."),
-    dataset: Optional[Path] = path_option(None, "--dataset", help="Prompts from a file: ShareGPT JSON, or JSONL of {\"prompt\"} or {\"messages\"} (optional \"output_tokens\")."),
+    dataset: Optional[Path] = path_option(None, "--dataset", help="Prompts from a file: ShareGPT JSON, or JSONL (or a JSON list) of {\"prompt\"} or {\"messages\"} (optional \"output_tokens\")."),
     shared_prefix: Optional[str] = text_option(None, "--shared-prefix", help="NxM: N system prompts, each shared by M users (closed loop: N*M users)."),
     prefix_tokens: int = typer.Option(1024, "--prefix-tokens", help="Length of each shared system prompt, tokens."),
     turns: Optional[int] = typer.Option(None, "--turns", help="Multi-turn conversations: each user's history (with the real answers) grows for this many turns."),

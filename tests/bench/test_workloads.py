@@ -171,6 +171,21 @@ def test_dataset_questions_make_conversation_turns(server_factory, tmp_path):
     assert [r.reported_prompt_tokens for r in requests] == [1 + 3, 1 + 3 + 2 + 5, 1 + 3 + 2 + 5 + 2 + 7]
 
 
+def test_a_json_list_of_prompt_or_messages_objects_is_a_dataset(tmp_path):
+    """The JSONL objects saved as one JSON list (a common export) were 'no prompts': read them as the lines are."""
+    from hosttune.bench.dataset import load_dataset
+
+    (tmp_path / "list.json").write_text(json.dumps([
+        {"prompt": "hello there", "output_tokens": 3},
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}]))
+    entries = load_dataset(tmp_path / "list.json")
+    assert [(e.messages, e.output_tokens) for e in entries] == [
+        ((("user", "hello there"),), 3), ((("system", "be brief"), ("user", "hi")), None)]
+    (tmp_path / "bad.json").write_text(json.dumps([{"prompt": "a"}, {"prompt": "b", "output_tokens": 0}]))
+    with pytest.raises(BenchError, match="bad.json: entry 2: output_tokens must be an integer"):
+        load_dataset(tmp_path / "bad.json")
+
+
 def test_bad_datasets_are_user_errors(tmp_path):
     from hosttune.bench.dataset import load_dataset
 
