@@ -41,10 +41,14 @@ class NeedDir:
 
 @dataclass(frozen=True)
 class NeedSpace:
-    """`num_bytes` free on the filesystem that will hold `path` (summed over a plan per filesystem)."""
+    """`num_bytes` free on the filesystem that will hold `path` (summed over a plan per filesystem).
+
+    estimate: when num_bytes is not all known (what pip fetches from an index), how much is estimated and why.
+    """
 
     path: str
     num_bytes: int
+    estimate: str = ""
 
 
 @dataclass(frozen=True)

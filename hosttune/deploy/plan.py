@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from hosttune.actions.base import Command, FileWrite, Op, Remove, Symlink
-from hosttune.actions.needs import Need, NeedSpace, NeedVenv
+from hosttune.actions.needs import Need, NeedSpace, NeedVenv, size_text
 from hosttune.build.wheelhouse import Entry
 from hosttune.deploy.access import Access, launched_with_key
 from hosttune.deploy.errors import DeployError
@@ -25,6 +25,7 @@ from hosttune.presets import EnginePreset, substitute
 
 INSTALL_TIMEOUT_S = 1800.0
 INSTALLED_PER_WHEEL_BYTE = 3  # a virtualenv takes about this many bytes per byte of the wheels it is installed from
+GB = 10**9
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,8 @@ def named_release(preset: EnginePreset, entry: Entry, units: dict[str, bytes], s
     return Release(rid, preset.name, entry.key.name, entry.wheels, entry.has_deps,
                    {n: named(b) for n, b in units.items()}, summary,
                    tuple(p.replace(VENV_PLACEHOLDER, rid) for p in programs),
-                   {n: named(b) for n, b in meta.items()}, {p: named(b) for p, b in files.items()})
+                   {n: named(b) for n, b in meta.items()}, {p: named(b) for p, b in files.items()},
+                   0 if entry.has_deps else round(preset.build.index_deps_gb * GB))
 
 
 # Clone an installed virtualenv as hard links (seconds, no copy of torch), then point its scripts at
@@ -193,12 +195,22 @@ def _pip_ops(release: Release, python: str) -> list[Op]:
         install = (*pip, "--no-index", "--no-deps", *(wheel_path(w) for w in release.wheels))
     else:
         install = (*pip, *(wheel_path(w) for w in release.wheels if w.kind == "engine"))
-    room = NeedSpace(venv, INSTALLED_PER_WHEEL_BYTE * sum(w.size for w in release.wheels))
+    room = NeedSpace(venv, INSTALLED_PER_WHEEL_BYTE * sum(w.size for w in release.wheels) + release.index_deps,
+                     _estimated(release))
     ops: list[Op] = [Command(("rm", "-rf", "--", venv)), Command((python, "-m", "venv", venv), requires=(NeedVenv(python),)),
                      Command(install, timeout=INSTALL_TIMEOUT_S, requires=(room,))]
     if release.offline:
         ops.append(Command((f"{venv}/bin/pip", "check", "--disable-pip-version-check")))
     return ops
+
+
+def _estimated(release: Release) -> str:
+    """What of the space an install from the index takes is an estimate, and why."""
+    if not release.index_deps:
+        return ""
+    return (f"{size_text(release.index_deps)} of it an estimate of {release.engine}'s dependencies (torch and its CUDA "
+            f"libraries), which pip fetches from the package index into the virtualenv and its cache: the wheelhouse "
+            f"has no deps/ (hosttune build --deps puts them there, counted exactly)")
 
 
 _EXECUTABLE = 'for p do [ -x "$p" ] || { echo "$p is not executable" >&2; exit 1; }; done'

@@ -78,6 +78,7 @@ class Release:
     programs: tuple[str, ...] = ()  # what the units execute (behind numactl, which verify alone would check)
     meta: dict[str, bytes] = field(default_factory=dict, hash=False)  # more files of .hosttune/ (replica env files, ...)
     files: dict[str, bytes] = field(default_factory=dict, hash=False)  # host files outside the release (nginx), by path
+    index_deps: int = 0  # bytes pip takes for the dependencies it fetches from the index (an estimate; 0: offline)
 
     @property
     def replicas(self) -> list[dict]:

@@ -178,23 +178,25 @@ def judge(need: Need, op: Op, facts: HostNeeds, flavour: PackageFlavour | None, 
 
 def _space(groups: Iterable[Group], facts: HostNeeds, offline: bool) -> list[Answer]:
     """Free space, summed per filesystem over every write of the plan."""
-    wanted: dict[str, int] = {}
+    wanted: dict[str, NeedSpace] = {}
     for need in _needs(groups, offline):
-        if isinstance(need, NeedSpace):
-            wanted[need.path] = max(wanted.get(need.path, 0), need.num_bytes)
-    per_mount: dict[str, tuple[int, int, list[str]]] = {}
-    for path, num_bytes in wanted.items():
+        if isinstance(need, NeedSpace) and need.num_bytes >= getattr(wanted.get(need.path), "num_bytes", 0):
+            wanted[need.path] = need
+    per_mount: dict[str, tuple[int, int, list[str], list[str]]] = {}
+    for path, need in wanted.items():
         if path not in facts.space:
             continue
         free, mount = facts.space[path]
-        total, _, paths = per_mount.get(mount, (0, free, []))
-        per_mount[mount] = (total + num_bytes, free, paths + [path])
+        total, _, paths, estimates = per_mount.get(mount, (0, free, [], []))
+        per_mount[mount] = (total + need.num_bytes, free, paths + [path], estimates + [need.estimate] * bool(need.estimate))
     answers = []
-    for mount, (total, free, paths) in per_mount.items():
+    for mount, (total, free, paths, estimates) in per_mount.items():
         text = f"{size_text(total)} to write on {mount} ({size_text(free)} free)"
-        answers.append(Answer(Verdict.HOLDS, text) if total <= free else
+        why = "".join(f"; {e}" for e in estimates)
+        answers.append(Answer(Verdict.HOLDS, text + why) if total <= free else
                        Answer(Verdict.FAILS, f"{text}: not enough for {paths[0]}"
-                                             f"{f' and {len(paths) - 1} more' if len(paths) > 1 else ''}; free space there first"))
+                                             f"{f' and {len(paths) - 1} more' if len(paths) > 1 else ''}; free space there "
+                                             f"first{why}"))
     return answers
 
 

@@ -36,6 +36,7 @@ class BuildSpec:
     ref: str | None
     packages: tuple[Package, ...]
     env: dict[str, str] = field(default_factory=dict, hash=False)
+    index_deps_gb: float = 0.0  # free space pip's install of the dependencies from an index takes (an estimate)
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,8 @@ def parse_preset(doc: dict, where: str) -> EnginePreset:
     try:
         build, serve = doc["build"], doc["serve"]
         packages = tuple(Package(str(p["path"]), bool(p["native"])) for p in build["packages"])
-        build_spec = BuildSpec(str(build["source"]), build.get("ref"), packages, _strings(build.get("env")))
+        build_spec = BuildSpec(str(build["source"]), build.get("ref"), packages, _strings(build.get("env")),
+                               float(build.get("index_deps_gb", 0)))
         serve_spec = ServeSpec(
             tuple(serve["command"]), serve.get("health", "/health"), serve.get("drain_s"), serve.get("drain_flag"),
             serve.get("false_flag"), serve.get("tp_flag"), serve.get("api_key_env"), serve.get("api_key_flag"),

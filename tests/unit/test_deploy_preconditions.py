@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hosttune.actions.needs import NeedModel, NeedPort
@@ -10,6 +12,7 @@ from hosttune.deploy import rollout
 from hosttune.deploy.model import parse_model
 from hosttune.deploy.preconditions import NOT_NGINX, OWNERS, serve_needs
 from hosttune.deploy.recap import render
+from hosttune.deploy.release import wheel_path
 from hosttune.deploy.state import HostState
 from hosttune.fleet_runner import exit_code
 
@@ -203,3 +206,35 @@ def test_moving_the_port_down_onto_replicas_that_moved_already_is_planned(tmp_pa
     outcome = dhost.deploy_one(t, replicas_job(tmp_path, 8098), dry_run=True)
     assert outcome.state == "planned", outcome.error
     assert "holds: port 8101 held by hosttune-engine@0.service (this deployment's)" in outcome.checks
+
+
+def test_space_for_an_install_from_the_index_counts_the_dependencies_pip_fetches(tmp_path):
+    """No deps/ in the wheelhouse: pip fetches torch and its CUDA libraries, gigabytes beside a wheel of kilobytes."""
+    job = job_for(tmp_path)
+    t = ScriptedTransport("gpu-a", [])
+    paths = [job.release.dir] + [wheel_path(w) for w in job.release.wheels]
+    t.needs = {f"space:{p}": "free-kb:10000000 /opt" for p in paths}  # 10 GB free
+    outcome = dhost.deploy_one(t, job, dry_run=True)
+    assert outcome.state == "failed" and "to write on /opt (10.2 GB free): not enough for" in outcome.error
+    estimate = ("14.0 GB of it an estimate of vllm's dependencies (torch and its CUDA libraries), which pip fetches "
+                "from the package index into the virtualenv and its cache: the wheelhouse has no deps/ "
+                "(hosttune build --deps puts them there, counted exactly)")
+    assert outcome.error.endswith(estimate) and "\n" not in outcome.error
+    planned = dhost.deploy_one(ScriptedTransport("gpu-a", []), job, dry_run=True)
+    (space,) = [c for c in planned.checks if "to write on /" in c]
+    assert space.startswith("holds: 14.0 GB to write on / (102.4 GB free); ") and space.endswith(estimate)
+
+
+def test_space_for_an_install_from_the_wheelhouse_counts_its_wheels(tmp_path):
+    """With deps/ every wheel is in the wheelhouse: pip installs those alone (--no-index), counted from their sizes."""
+    job = job_for(tmp_path)
+    deps = replace(job.release, offline=True, index_deps=0)
+    planned = dhost.deploy_one(ScriptedTransport("gpu-a", []), replace(job, release=deps), dry_run=True)
+    (space,) = [c for c in planned.checks if "to write on /" in c]
+    assert space.startswith("holds: ") and "estimate" not in space and " kB to write on / " in space
+
+
+def test_every_engine_estimates_the_dependencies_pip_fetches_from_the_index():
+    from hosttune.presets import ENGINES, load_preset
+
+    assert {e: load_preset(e).build.index_deps_gb for e in ENGINES} == {"custom": 12, "vllm": 14, "sglang": 16}
