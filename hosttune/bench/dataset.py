@@ -11,7 +11,7 @@ Formats, told apart by content:
   one JSON list are read too.
 
 Entries without a user message (ShareGPT entries with no human turn) are skipped; a file
-with none left is an error.
+with none left is an error, as is a line whose prompt (or every message of it) is empty.
 """
 
 from __future__ import annotations
@@ -98,11 +98,18 @@ def _entry(item: object, where: str) -> Entry:
     if output is not None and (not isinstance(output, int) or isinstance(output, bool) or not 1 <= output <= MAX_LENGTH):
         raise BenchError(f"{where}: output_tokens must be an integer from 1 to {MAX_LENGTH}, got {output!r}")
     if isinstance(item.get("prompt"), str):
-        return Entry((("user", item["prompt"]),), output)
+        return _nonempty(Entry((("user", item["prompt"]),), output), where)
     messages = item.get("messages")
     if isinstance(messages, list) and all(_is_message(m) for m in messages) and messages:
-        return Entry(tuple((m["role"], m["content"]) for m in messages), output)
+        return _nonempty(Entry(tuple((m["role"], m["content"]) for m in messages), output), where)
     raise BenchError(f"{where}: give \"prompt\": TEXT or \"messages\": [{{\"role\", \"content\"}}, ...]")
+
+
+def _nonempty(entry: Entry, where: str) -> Entry:
+    """An entry with some text to send: an empty prompt measures nothing, or draws a 400 counted as a failure."""
+    if not any(text.strip() for _, text in entry.messages):
+        raise BenchError(f"{where}: the prompt is empty: give it some text, or delete the line")
+    return entry
 
 
 def _is_message(message: object) -> bool:

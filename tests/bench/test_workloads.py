@@ -204,6 +204,24 @@ def test_bad_datasets_are_user_errors(tmp_path):
             load_dataset(tmp_path / "long.jsonl")
 
 
+def test_an_empty_prompt_is_refused_at_load_naming_its_line(tmp_path):
+    """An empty prompt was sent as it was: a request that measures nothing, or a 400 counted as the server's failure."""
+    from hosttune.bench.dataset import load_dataset
+
+    empty_messages = {"messages": [{"role": "system", "content": ""}, {"role": "user", "content": " "}]}
+    for number, bad in ((2, {"prompt": ""}), (2, {"prompt": "  \n"}), (2, empty_messages)):
+        (tmp_path / "d.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(BenchError, match=rf"d.jsonl:{number}: the prompt is empty"):
+            load_dataset(tmp_path / "d.jsonl")
+    (tmp_path / "list.json").write_text(json.dumps([{"prompt": "hi"}, {"prompt": ""}]))
+    with pytest.raises(BenchError, match="list.json: entry 2: the prompt is empty"):
+        load_dataset(tmp_path / "list.json")
+    # An empty system message beside a question is a prompt.
+    (tmp_path / "ok.jsonl").write_text(json.dumps({"messages": [
+        {"role": "system", "content": ""}, {"role": "user", "content": "hi"}]}) + "\n")
+    assert load_dataset(tmp_path / "ok.jsonl")[0].messages == (("system", ""), ("user", "hi"))
+
+
 def test_priority_and_messages_in_the_request_body():
     from hosttune.bench.client import Client, Target
 
