@@ -55,7 +55,7 @@ def remediate(
     with Progress("surveying", total=len(inv.hosts)) as progress:
         surveys = survey_fleet(inv, wanted, policy, forks, on_host_done=lambda name, s: progress.advance(name, "done"))
     plans, breaker = [planned(s) for s in surveys], breaker_for(surveys, breaker_policy)
-    due = [s for s in surveys if s.faults and not s.is_cordoned]
+    due = [s for s in surveys if s.faults and not s.is_cordoned and not s.error]
     if fmt is Output.text or dry_run or not yes or not due:  # with --yes, JSON is the recap alone
         typer.echo(render.render_json(plans, None, room=breaker.room, dry_run=dry_run or not yes, options=options)
                    if fmt is Output.json else render.render_plan(plans, options, inv_path))

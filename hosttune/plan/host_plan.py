@@ -27,6 +27,7 @@ from hosttune.probes.gather import gather
 from hosttune.probes.needs import HostNeeds, read_needs
 from hosttune.config.profile import Profile
 from hosttune.transport import open_transport
+from hosttune.transport.base import Transport
 
 @dataclass(frozen=True)
 class PlanOptions:
@@ -161,9 +162,19 @@ def with_needs(plan: HostPlan, needs: HostNeeds, flavour=None) -> HostPlan:
     return replace(plan, steps=steps, error=error, preconditions=lines)
 
 
+JOURNAL_REQUESTS = [("dir", preconditions.RUNS_DIR)]
+
+
 def journal_requests(plan: HostPlan) -> list[tuple[str, str]]:
     """A plan with steps is run with a journal: where it goes is asked with the operations' needs."""
-    return [("dir", preconditions.RUNS_DIR)] if plan.steps else []
+    return list(JOURNAL_REQUESTS) if plan.steps else []
+
+
+def journal_error(transport: Transport) -> str | None:
+    """Where a run's journal goes, asked alone (remediate, uncordon: their steps are made as they climb):
+    the plan's one-line error when a run could not make its folder, else None."""
+    answer = preconditions.journal(read_needs(transport, list(JOURNAL_REQUESTS), root=None, manager=None))
+    return f"nothing sent: {answer.text}" if answer.verdict is preconditions.Verdict.FAILS else None
 
 
 def plan_host(host: Host, profile: Profile, options: PlanOptions) -> HostPlan:

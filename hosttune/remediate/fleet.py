@@ -18,7 +18,7 @@ from hosttune.remediate.xid import XidPolicy
 def survey_fleet(inventory: Inventory, profiles: dict[str, Profile], policy: XidPolicy, forks: int = DEFAULT_FORKS,
                  on_host_done: Callable[[str, object], None] | None = None) -> list[Survey]:
     return FleetRunner(forks, on_host_done=on_host_done).map(
-        lambda h: survey_host(h, profiles[h.name], policy), list(inventory.hosts), name=lambda h: h.name)
+        lambda h: survey_host(h, profiles[h.name], policy, is_plan=True), list(inventory.hosts), name=lambda h: h.name)
 
 
 def state_fleet(inventory: Inventory, forks: int = DEFAULT_FORKS) -> list[Survey]:

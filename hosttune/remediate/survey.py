@@ -12,6 +12,7 @@ from hosttune.checks.findings import Finding, Status
 from hosttune.config.inventory import Host
 from hosttune.config.profile import Profile
 from hosttune.errors import HosttuneError, TransportError
+from hosttune.plan.host_plan import journal_error
 from hosttune.probes.facts import Facts
 from hosttune.probes.gather import gather
 from hosttune.remediate.faults import WATCHED, Fault, find_faults
@@ -56,8 +57,9 @@ def _read(host: Host, profile: str, read: Callable[[Transport], Survey]) -> Surv
 
 
 def survey_host(host: Host, profile: Profile, policy: XidPolicy, ledger: Ledger | None = None,
-                now: float | None = None) -> Survey:
-    """Probe and read the host; `ledger`: the one this run keeps (else the host's own)."""
+                now: float | None = None, is_plan: bool = False) -> Survey:
+    """Probe and read the host; `ledger`: the one this run keeps (else the host's own); is_plan: the survey
+    a run is planned from, whose faults need the run's journal folder (a re-check's do not ask again)."""
     now = time.time() if now is None else now
 
     def read(transport: Transport) -> Survey:
@@ -66,12 +68,18 @@ def survey_host(host: Host, profile: Profile, policy: XidPolicy, ledger: Ledger 
         findings = tuple(run_checks(facts, profile))
         seen = observe(snapshot.ledger if ledger is None else ledger, snapshot.boot, facts.health.kernel_log.events, now)
         faults = tuple(find_faults(facts, findings, snapshot, seen, now, policy))
-        return Survey(host, profile.name, True, None, facts, findings, snapshot, seen, faults)
+        error = journal_error(transport) if is_plan and faults and snapshot.cordon is None else None
+        return Survey(host, profile.name, True, error, facts, findings, snapshot, seen, faults)
 
     return _read(host, profile.name, read)
 
 
 def survey_state(host: Host) -> Survey:
     """The host's serving state and cordon alone, without the probe: what uncordon needs, so a host whose GPUs
-    hang the probe can still be taken back."""
-    return _read(host, host.profile, lambda transport: Survey(host, host.profile, snapshot=read_snapshot(transport, False)))
+    hang the probe can still be taken back; a cordoned one, with its run's journal folder checked."""
+
+    def read(transport: Transport) -> Survey:
+        snapshot = read_snapshot(transport, False)
+        return Survey(host, host.profile, error=journal_error(transport) if snapshot.cordon else None, snapshot=snapshot)
+
+    return _read(host, host.profile, read)

@@ -46,13 +46,19 @@ UNREACHABLE = None
 
 
 
-class StateScript(Transport):
-    """A host that answers its one read (state.sh) with `state`; it is read-only, as a survey opens it."""
+RUNS_DIRS: dict[str, str] = {}  # host -> what needs.sh says of /var/lib/hosttune/runs there (default: a directory)
 
-    def __init__(self, host_name: str, state: str):
-        self.host_name, self.state, self.read_only = host_name, state, True
+
+class StateScript(Transport):
+    """A host that answers state.sh with `state` and the question where a run's journal goes (needs.sh) with
+    `runs`; it is read-only, as a survey opens it."""
+
+    def __init__(self, host_name: str, state: str, runs: str = "kind:dir"):
+        self.host_name, self.state, self.runs, self.read_only = host_name, state, runs, True
 
     def _command(self, argv, stdin, timeout):
+        if "dir:/var/lib/hosttune/runs" in argv:
+            return CommandResult(tuple(argv), 0, f"@@n:0\n{self.runs}\n@@n-end:0\n", "", 0.0)
         return CommandResult(tuple(argv), 0, self.state, "", 0.0)
 
 
@@ -67,8 +73,9 @@ def fleet(monkeypatch, tmp_path):
     def open_transport(spec, read_only=False):
         if states[spec.host_name] is UNREACHABLE:
             raise TransportError(f"{spec.host_name}: connection refused (is sshd running, and on this port?)")
-        return StateScript(spec.host_name, states[spec.host_name])
+        return StateScript(spec.host_name, states[spec.host_name], RUNS_DIRS.get(spec.host_name, "kind:dir"))
 
+    RUNS_DIRS.clear()
     monkeypatch.setattr(survey, "open_transport", open_transport)
     monkeypatch.setattr(survey, "gather", lambda transport, *a, **k: SimpleNamespace(facts=FACTS))
     (tmp_path / "inv.yaml").write_text(INVENTORY)
@@ -136,6 +143,25 @@ def test_a_cordon_file_written_by_hand_or_a_broken_ledger_is_that_hosts_one_line
             assert two.startswith("gpu-02: error: the remediation ledger /var/lib/hosttune/remediate/ledger.json is not valid")
         else:  # uncordon needs no ledger: a broken one does not keep a cordoned host out
             assert two == "gpu-02: cordoned since 2027-01-15 08:00:00Z (GPU0: Xid 79)"
+
+
+def test_a_file_where_the_runs_journal_goes_stops_remediate_and_uncordon_at_plan_time(fleet, monkeypatch):
+    states, inv = fleet
+    states.update({"gpu-01": SERVING.replace(" active", " failed"), "gpu-02": CORDONED, "gpu-03": SERVING})
+    RUNS_DIRS.update({"gpu-01": "kind:absent\nblocked:/var/lib/hosttune", "gpu-02": "kind:other"})
+    monkeypatch.setattr(climb, "execute_step", lambda *a, **k: pytest.fail("a step was sent"))
+    monkeypatch.setattr(remediate_cli, "uncordon_host", lambda *a: pytest.fail("an uncordon was sent"))
+    journal = "is not a directory, and the run's journal goes in /var/lib/hosttune/runs; move it away first"
+    for confirm in ("--dry-run", "--yes"):
+        remediate = runner.invoke(app, ["remediate", *inv, confirm])
+        assert remediate.exit_code & 2 and "ladder" not in remediate.stdout, remediate.output
+        assert remediate.stdout.splitlines()[0] == f"gpu-01: error: nothing sent: /var/lib/hosttune {journal}"
+        uncordon = runner.invoke(app, ["uncordon", *inv, confirm])
+        assert uncordon.exit_code == 2, uncordon.output
+        assert uncordon.stdout.splitlines()[1] == f"gpu-02: error: nothing sent: /var/lib/hosttune/runs {journal}"
+    RUNS_DIRS.clear()  # the same hosts, their journal's folder fine: a rung and a cordoned host to take back
+    assert "    ladder: restart" in runner.invoke(app, ["remediate", *inv, "--dry-run"]).stdout
+    assert "gpu-02: cordoned since" in runner.invoke(app, ["uncordon", *inv, "--dry-run"]).stdout
 
 
 @pytest.mark.parametrize("reboot, why", [
