@@ -188,29 +188,38 @@ def install_ops(release: Release, entry: Entry, state: HostState, python: str = 
     return ops
 
 
+def pip_tmp(release: Release) -> str:
+    """Where pip's temporary files (its downloads from an index) go: in the virtualenv, on the filesystem whose
+    space is checked, not /tmp or TMPDIR, which may be another."""
+    return f"{release.dir}/.pip-tmp"
+
+
 def _pip_ops(release: Release, python: str) -> list[Op]:
     venv = release.dir
     pip = (f"{venv}/bin/pip", "install", "--no-compile", "--disable-pip-version-check", "--quiet")
-    if release.offline:  # exactly the wheels resolved at build time, nothing from an index
-        install = (*pip, "--no-index", "--no-deps", *(wheel_path(w) for w in release.wheels))
-    else:
-        install = (*pip, *(wheel_path(w) for w in release.wheels if w.kind == "engine"))
     room = NeedSpace(venv, INSTALLED_PER_WHEEL_BYTE * sum(w.size for w in release.wheels) + release.index_deps,
                      _estimated(release))
-    ops: list[Op] = [Command(("rm", "-rf", "--", venv)), Command((python, "-m", "venv", venv), requires=(NeedVenv(python),)),
-                     Command(install, timeout=INSTALL_TIMEOUT_S, requires=(room,))]
-    if release.offline:
-        ops.append(Command((f"{venv}/bin/pip", "check", "--disable-pip-version-check")))
-    return ops
+    ops: list[Op] = [Command(("rm", "-rf", "--", venv)), Command((python, "-m", "venv", venv), requires=(NeedVenv(python),))]
+    if release.offline:  # exactly the wheels resolved at build time, nothing from an index
+        install = (*pip, "--no-index", "--no-deps", *(wheel_path(w) for w in release.wheels))
+        return ops + [Command(install, timeout=INSTALL_TIMEOUT_S, requires=(room,)),
+                      Command((f"{venv}/bin/pip", "check", "--disable-pip-version-check"))]
+    # From the index: no cache (~/.cache/pip) and temporary files in the virtualenv, so that all pip writes is
+    # on the filesystem `room` is checked on.
+    tmp = pip_tmp(release)
+    install = ("env", f"TMPDIR={tmp}", *pip, "--no-cache-dir", *(wheel_path(w) for w in release.wheels if w.kind == "engine"))
+    return ops + [Command(("mkdir", "-p", "--", tmp)), Command(install, timeout=INSTALL_TIMEOUT_S, requires=(room,)),
+                  Command(("rm", "-rf", "--", tmp))]
 
 
 def _estimated(release: Release) -> str:
-    """What of the space an install from the index takes is an estimate, and why."""
+    """What of the space an install from the index takes is an estimate, and why; and where pip writes it."""
     if not release.index_deps:
         return ""
     return (f"{size_text(release.index_deps)} of it an estimate of {release.engine}'s dependencies (torch and its CUDA "
-            f"libraries), which pip fetches from the package index into the virtualenv and its cache: the wheelhouse "
-            f"has no deps/ (hosttune build --deps puts them there, counted exactly)")
+            f"libraries), which pip fetches from the package index into the virtualenv: the wheelhouse has no deps/ "
+            f"(hosttune build --deps puts them there, counted exactly); pip keeps no cache and its temporary files in "
+            f"the virtualenv (--no-cache-dir, TMPDIR), not in ~/.cache/pip or /tmp, which may be other filesystems")
 
 
 _EXECUTABLE = 'for p do [ -x "$p" ] || { echo "$p is not executable" >&2; exit 1; }; done'

@@ -217,8 +217,9 @@ def test_space_for_an_install_from_the_index_counts_the_dependencies_pip_fetches
     outcome = dhost.deploy_one(t, job, dry_run=True)
     assert outcome.state == "failed" and "to write on /opt (10.2 GB free): not enough for" in outcome.error
     estimate = ("14.0 GB of it an estimate of vllm's dependencies (torch and its CUDA libraries), which pip fetches "
-                "from the package index into the virtualenv and its cache: the wheelhouse has no deps/ "
-                "(hosttune build --deps puts them there, counted exactly)")
+                "from the package index into the virtualenv: the wheelhouse has no deps/ "
+                "(hosttune build --deps puts them there, counted exactly); pip keeps no cache and its temporary files "
+                "in the virtualenv (--no-cache-dir, TMPDIR), not in ~/.cache/pip or /tmp, which may be other filesystems")
     assert outcome.error.endswith(estimate) and "\n" not in outcome.error
     planned = dhost.deploy_one(ScriptedTransport("gpu-a", []), job, dry_run=True)
     (space,) = [c for c in planned.checks if "to write on /" in c]
@@ -238,3 +239,20 @@ def test_every_engine_estimates_the_dependencies_pip_fetches_from_the_index():
     from hosttune.presets import ENGINES, load_preset
 
     assert {e: load_preset(e).build.index_deps_gb for e in ENGINES} == {"custom": 12, "vllm": 14, "sglang": 16}
+
+
+def test_an_install_from_the_index_writes_only_where_the_space_check_looks(tmp_path):
+    """pip's cache (~/.cache/pip) and temporary files (/tmp, TMPDIR) may be on other filesystems than the
+    virtualenv's: pip runs without its cache and with its temporary files in the virtualenv, and the plan says so."""
+    job = job_for(tmp_path)
+    log: list = []
+    outcome = dhost.deploy_one(ScriptedTransport("gpu-a", log), job)
+    assert outcome.state != "failed", outcome.error
+    venv, tmp = job.release.dir, f"{job.release.dir}/.pip-tmp"
+    commands = sent(log)
+    (install,) = [a for a in commands if f"{venv}/bin/pip" in a and "install" in a]
+    assert install[:3] == ("env", f"TMPDIR={tmp}", f"{venv}/bin/pip") and "--no-cache-dir" in install
+    assert commands.index(("mkdir", "-p", "--", tmp)) < commands.index(install) < commands.index(("rm", "-rf", "--", tmp))
+    (space,) = [c for c in dhost.deploy_one(ScriptedTransport("gpu-a", []), job, dry_run=True).checks if "to write on /" in c]
+    assert ("pip keeps no cache and its temporary files in the virtualenv (--no-cache-dir, TMPDIR), not in "
+            "~/.cache/pip or /tmp, which may be other filesystems") in space
