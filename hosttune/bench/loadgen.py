@@ -7,7 +7,8 @@ own lag.
   by its user after a wait: the Retry-After it gave, else an exponential one (backoff.py).
 - Open loop (`rate=R`): requests arrive at R per second whatever the server does;
   inter-arrival gaps are gamma-distributed with shape `burstiness` (1 is a Poisson
-  process; below 1 burstier, above 1 more regular), mean 1/R.
+  process; below 1 burstier, above 1 more regular), mean 1/R. The first arrival comes after
+  a wait, not at 0, as in a process already running: any span holds R x its length on average.
 - Trace (`arrivals=[...]`): requests arrive at the trace's times; the run ends after the
   last one unless a duration or request count ends it first.
 - `max_concurrency` caps the requests in flight of an open loop or a trace: an arrival
@@ -21,8 +22,8 @@ The run sends requests for `warmup` seconds (not measured), then for `duration`
 seconds or until `num_requests` measured requests have been sent, then waits up to
 `drain_timeout` (and a second's grace, for their own timeouts to end them as failures) for
 the requests still running and cancels the rest. It always stops.
-The measured window runs from the warm-up's end to where sending ended (an open loop's
-last measured arrival with `num_requests`, unless no request had ended by then), so
+The measured window runs from the warm-up's end to where sending ended (with `num_requests`,
+an open loop's arrival after its last measured one, unless no request had ended by then), so
 requests offered and requests served cover the same time; a closed loop or a trace
 bounded by a count ends it at its last measured response instead.
 SIGINT or SIGTERM ends the sending early, as the end of its duration would (the throughput
@@ -40,7 +41,7 @@ import signal
 import time
 from array import array
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from hosttune.bench.backoff import wait_after
 from hosttune.bench.client import Client, StreamResult
@@ -137,6 +138,7 @@ class LoadGenerator:
         self.tasks: set[asyncio.Task] = set()
         self.num_sent = 0
         self.num_measured_sent = 0
+        self.next_arrival = 0.0  # open loop: the arrival it is about to send, or the first it did not
         self.t0 = 0.0
         self.is_stopping = False
         self.stopped_by: str | None = None
@@ -199,20 +201,24 @@ class LoadGenerator:
         return time.perf_counter() - self.t0
 
     def _window(self, stop: float) -> tuple[float, float]:
-        """Warm-up end to where sending ended. A closed loop or a trace bounded by a count ends at its last
-        measured response instead: its users send their last requests at once, or its arrivals end the replay."""
+        """Warm-up end to where sending ended: an open loop bounded by a count, at the arrival after its last
+        measured one (N arrivals from the warm-up's end span N gaps). A closed loop or a trace bounded by a count
+        ends at its last measured response instead: its users send their last requests at once, or its arrivals
+        end the replay."""
         start = self.load.warmup
         is_counted_open = self.load.rate is not None and self.load.num_requests is not None
-        if self.stopped_by is not None or (is_counted_open and self._has_ended_within(start, stop)):
+        if self.stopped_by is not None:
             return start, max(start, stop)
+        if is_counted_open and self._has_ended_within(start, self.next_arrival):
+            return start, max(start, self.next_arrival)
         if self.load.duration is not None:
             return start, start + self.load.duration
         ends = [r.end for r in self.records if not r.is_warmup and r.outcome != CANCELLED]
         return start, max(ends, default=stop)
 
     def _has_ended_within(self, start: float, stop: float) -> bool:
-        """Some request ended between the warm-up's end and the last arrival: else (a few requests, each longer than
-        their arrivals took) a window ending there would count none served, and the last response ends it."""
+        """Some request ended between the warm-up's end and the arrival not sent: else (a few requests, each longer
+        than their arrivals took) a window ending there would count none served, and the last response ends it."""
         return any(start <= r.end <= stop for r in self.records if r.outcome != CANCELLED)
 
     def _may_send(self, now: float) -> bool:
@@ -260,6 +266,7 @@ class LoadGenerator:
     async def _open_loop(self) -> None:
         cap = self.load.max_concurrency or MAX_IN_FLIGHT
         for arrival in self._arrivals():
+            self.next_arrival = arrival
             if not self._may_send(arrival):
                 return
             await self._sleep_unless_stopped(arrival - self._now())
@@ -267,7 +274,7 @@ class LoadGenerator:
                 self.slot_freed.clear()
                 await self.slot_freed.wait()
             if self.load.max_concurrency:  # late because of the cap: due now, if still in time
-                arrival = max(arrival, self._now())
+                arrival = self.next_arrival = max(arrival, self._now())
             if not self._may_send(arrival):
                 return
             self._spawn(self._send(arrival, None))
@@ -284,11 +291,7 @@ class LoadGenerator:
         if self.load.arrivals is not None:
             yield from self.load.arrivals
             return
-        rate, shape = self.load.rate, self.load.burstiness
-        arrival = 0.0
-        while True:
-            yield arrival
-            arrival += self.arrival_rng.gammavariate(shape, 1.0 / (rate * shape))
+        yield from arrival_times(self.load.rate, self.load.burstiness, self.arrival_rng)
 
     def _spawn(self, coroutine) -> None:
         task = asyncio.create_task(coroutine)
@@ -368,6 +371,18 @@ class LoadGenerator:
         now = self._now()
         return Progress(now, self.num_sent, len(done), num_ok, len(done) - num_ok,
                         self.num_sent - len(done), now < self.load.warmup)
+
+
+def arrival_times(rate: float, shape: float, rng: random.Random) -> Iterator[float]:
+    """Arrivals at `rate`, gaps gamma-distributed with shape `shape`, of a process already running at the start:
+    the first comes after the wait from a random moment to the next arrival (a uniform part of a gap drawn by its
+    length, Gamma(shape + 1); exponential for a Poisson process), so any span holds rate x its length on average.
+    An arrival at 0 would add one to every run: a 1 s step at 0.5/s offered 1.5/s."""
+    scale = 1.0 / (rate * shape)
+    arrival = rng.random() * rng.gammavariate(shape + 1, scale)
+    while True:
+        yield arrival
+        arrival += rng.gammavariate(shape, scale)
 
 
 def _cancelled(index: int, scheduled: float, sent: float, end: float, prompt: Prompt,

@@ -18,10 +18,10 @@ Definitions (every time is measured by the client, in seconds):
 - Latency statistics cover *measured* requests: those sent after the warm-up period
   that succeeded. Throughput counts measured and warm-up requests alike that finished
   inside the throughput window (warm-up end to where sending stopped: the duration's end,
-  or an open loop's last measured arrival with --requests, unless none had ended by then;
-  a closed loop or a trace bounded by a count, or that open loop, its last measured
-  response), divided by its length; so it describes the steady state, not the ramp-up or
-  the drain.
+  or, with --requests, an open loop's arrival after its last measured one, unless none had
+  ended by then; a closed loop or a trace bounded by a count, or that open loop, its last
+  measured response), divided by its length; so it describes the steady state, not the
+  ramp-up or the drain.
 - **Offered rate**: the measured requests sent in the window, per second of it. An open
   loop's arrivals are random around its target rate, so this is what a step offered; the
   requests served in the window exceed it only by a backlog the window began with and

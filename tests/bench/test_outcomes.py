@@ -1,5 +1,7 @@
 """Failures, rejections and open-loop arrivals, against the scripted server."""
 
+import itertools
+import random
 import socket
 import statistics
 
@@ -7,7 +9,7 @@ import pytest
 
 from hosttune.bench.benchmark import BenchSpec, measure, run_async
 from hosttune.bench.client import Client, Target, discover_model
-from hosttune.bench.loadgen import Load
+from hosttune.bench.loadgen import Load, arrival_times
 from hosttune.bench.metrics import Slo, summarize
 from hosttune.bench.record import FAILED, OK, REJECTED
 from hosttune.errors import BenchError
@@ -122,6 +124,29 @@ def test_an_open_loop_of_a_few_requests_all_answered_after_the_last_arrival_repo
     s = summarize(run)
     assert s.num_ok == 5 and run.window[1] == pytest.approx(max(r.end for r in run.requests))
     assert s.request_throughput == pytest.approx(5 / run.window[1]) and s.output_token_throughput > 0
+
+
+@pytest.mark.parametrize("rate, burstiness, span", [(0.5, 1.0, 1.0), (1.0, 0.25, 2.0), (1.0, 4.0, 2.0)])
+def test_arrivals_in_any_span_from_the_start_average_the_rate_times_its_length(rate, burstiness, span):
+    """A 1 s sweep step at 0.5/s offered 2.00/s: the first arrival came at 0, so a short step always held one more
+    request than its rate. A process already running (Poisson: an exponential wait) offers rate x span on average."""
+    counts = []
+    for seed in range(3000):
+        arrivals = arrival_times(rate, burstiness, random.Random(seed))
+        counts.append(sum(1 for _ in itertools.takewhile(lambda t: t < span, arrivals)))
+    assert statistics.mean(counts) == pytest.approx(rate * span, abs=0.15 * rate * span)
+
+
+def test_an_open_loop_bounded_by_a_count_ends_its_window_where_the_next_arrival_would_have_come(server_factory):
+    """N arrivals span N gaps from the warm-up's end, the last to the arrival not sent: a window ending at the last
+    one sent spans N - 1 and offers N / (N - 1) times the rate, and one ending where the loop woke after the next
+    arrival, late by the client's lag, less (Poisson: exactly the rate on average at the next arrival)."""
+    url = server_factory("--ttft", "0.002", "--itl", "0.001")
+    run = run_async(measure(spec(rate=50, burstiness=1000, num_requests=6, seed=7), url))
+    arrivals = list(itertools.islice(arrival_times(50, 1000, random.Random("arrivals-7")), 7))
+    assert [r.scheduled for r in run.requests] == arrivals[:6]
+    assert run.window == (0.0, arrivals[6])
+    assert summarize(run).offered_rate == pytest.approx(6 / arrivals[6])
 
 
 def test_burstiness_above_one_makes_arrivals_steadier(server_factory):
