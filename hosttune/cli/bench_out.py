@@ -3,7 +3,6 @@ even through a Ctrl-C), and an earlier run's result files there removed (result_
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import tempfile
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import typer
 
 from hosttune.bench import plot, report, report_csv, result_files
+from hosttune.cli.bench_stop import handling
 from hosttune.cli.common import why_not_written
 from hosttune.errors import BenchError
 
@@ -38,22 +38,13 @@ def write(outcome: report.Outcome, folder: Path) -> None:
         raise BenchError(f"cannot write the results to {folder}: {why_not_written(exc)}") from None
 
 
-@contextlib.contextmanager
 def _writing(folder: Path):
     """Ctrl-C while the files are written (a second one soon after the first that ended the run, say) waits for
     them: stopped there, the folder would hold some of this run's files beside none of the others."""
     def say(*_) -> None:
         typer.secho(f"hosttune: writing the results to {folder} first; a moment", err=True, fg="yellow")
 
-    try:
-        previous = signal.signal(signal.SIGINT, say)
-    except ValueError:  # not the main thread: no signal reaches this one anyway
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    return handling(signal.SIGINT, say)
 
 
 def _write_files(outcome: report.Outcome, folder: Path) -> None:

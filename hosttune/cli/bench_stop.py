@@ -55,19 +55,25 @@ class _Terminated(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts():
-    def interrupt(*_) -> None:
-        raise _Terminated()
-
+def handling(signum: signal.Signals, handler):
+    """`handler` for `signum` inside the block, the caller's again after it (nothing off the main thread, which no
+    signal reaches)."""
     try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread: no signal reaches this one anyway
+        previous = signal.signal(signum, handler)
+    except ValueError:
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signum, previous)
+
+
+def _sigterm_interrupts():
+    def interrupt(*_) -> None:
+        raise _Terminated()
+
+    return handling(signal.SIGTERM, interrupt)
 
 
 def _say_not_measured(signal_name: str, rest: list[str]) -> None:
