@@ -4,12 +4,10 @@ vocabulary rows), and its attention's those of its own heads."""
 
 import dataclasses
 from functools import partial
-from pathlib import Path
 
 import pytest
 import torch
 
-from hosttune_engine.kernels import tuning
 from hosttune_engine.model.loader import build_model
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.parallel.layout import ShardLayout
@@ -22,19 +20,11 @@ from hosttune_engine.quant.dummy_specs import dummy_spec
 from hosttune_engine.quant.transform import apply_quantization
 from hosttune_engine.server.cli import main
 
-QWEN7B = Path(__file__).parents[1] / "fixtures" / "qwen2.5-7b"
+from .test_kernel_plan import QWEN7B, no_user_tables  # noqa: F401  (a fixture: no tuned tables but the shipped one)
+
 # Qwen2.5-7B's projections (N x K), whole and on each of two ranks
 WHOLE = {Op.QKV: "4608x3584", Op.O: "3584x3584", Op.GATE_UP: "37888x3584", Op.DOWN: "3584x18944"}
 RANK_OF_2 = {Op.QKV: "2304x3584", Op.O: "3584x1792", Op.GATE_UP: "18944x3584", Op.DOWN: "3584x9472"}
-
-
-@pytest.fixture
-def no_user_tables(tmp_path, monkeypatch):
-    monkeypatch.setenv(tuning.USER_ENV, str(tmp_path / "none.json"))
-    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path / "cache"))
-    tuning.reload_tables()
-    yield tmp_path / "cache"
-    tuning.reload_tables()
 
 
 def _entries(shapes: dict, block_n: int) -> dict:
