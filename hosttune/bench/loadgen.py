@@ -41,7 +41,7 @@ import signal
 import time
 from array import array
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Coroutine, Iterator
 
 from hosttune.bench.backoff import wait_after
 from hosttune.bench.client import Client, StreamResult
@@ -304,15 +304,22 @@ class LoadGenerator:
         if not task.cancelled() and task.exception() is not None:
             self.crashes.append(task.exception())
 
-    async def _send(self, scheduled: float, user: int | None, prompt: Prompt | None = None,
-                    attempt: int = 0) -> tuple[RequestRecord, Prompt]:
-        """Send one request (`prompt` again, when a refusal is retried); its record, and what it said."""
+    def _send(self, scheduled: float, user: int | None, prompt: Prompt | None = None,
+              attempt: int = 0) -> Coroutine[object, object, tuple[RequestRecord, Prompt]]:
+        """Count one request now, and return what sends it (`prompt` again, when a refusal is retried). Counted here,
+        not once its task runs: an open loop whose arrivals are already due spawns the next before it would have
+        run, and a count seen late sent past --requests."""
         index = self.num_sent
         is_warmup = scheduled < self.load.warmup
         self.num_sent += 1
         self.num_measured_sent += not is_warmup
         if self.load.num_requests is not None and self.num_measured_sent >= self.load.num_requests:
             self.all_sent.set()
+        return self._stream(index, scheduled, is_warmup, user, prompt, attempt)
+
+    async def _stream(self, index: int, scheduled: float, is_warmup: bool, user: int | None,
+                      prompt: Prompt | None, attempt: int) -> tuple[RequestRecord, Prompt]:
+        """Send request `index`; its record, and what it said."""
         prompt = prompt or self.workload.next(self.rng, index, user)
         sent = self._now()
         try:

@@ -78,6 +78,15 @@ def write_trace(path, rows):
     return path
 
 
+def test_arrivals_already_due_send_no_more_than_the_requests_asked_for(server_factory, tmp_path):
+    """Arrivals due at once (a trace's burst; --rate past what the client can send, its loop behind) were each sent
+    before the one before had counted itself: --requests 3 sent all 20 (a huge rate, thousands)."""
+    url = server_factory("--ttft", "0.002", "--itl", "0.001")
+    trace = load_trace(write_trace(tmp_path / "burst.jsonl", [{"arrival": 0, "input_length": 8, "output_length": 2}] * 20))
+    record = run(url, load=Load(arrivals=trace.arrivals, num_requests=3), trace=trace)
+    assert len(record.requests) == 3
+
+
 def test_a_trace_keeps_its_arrival_times(server_factory, tmp_path):
     url = server_factory("--realtime", "--ttft", "0.01", "--itl", "0.002")
     # Milliseconds, out of order, starting late: shifted to start at 0 and sorted.
