@@ -12,7 +12,7 @@ import difflib
 from dataclasses import dataclass, field, replace
 
 from hosttune.actions import steps_for
-from hosttune.actions.base import Step
+from hosttune.actions.base import Op, Step
 from hosttune.actions.monitor import not_in_image
 from hosttune.actions.platform import select
 from hosttune.checks import run_checks
@@ -170,11 +170,15 @@ def journal_requests(plan: HostPlan) -> list[tuple[str, str]]:
     return list(JOURNAL_REQUESTS) if plan.steps else []
 
 
-def journal_error(transport: Transport) -> str | None:
-    """Where a run's journal goes, asked alone (remediate, uncordon: their steps are made as they climb):
-    the plan's one-line error when a run could not make its folder, else None."""
-    answer = preconditions.journal(read_needs(transport, list(JOURNAL_REQUESTS), root=None, manager=None))
-    return f"nothing sent: {answer.text}" if answer.verdict is preconditions.Verdict.FAILS else None
+def journal_error(transport: Transport, writes: tuple[Op, ...] = ()) -> str | None:
+    """Where a run's journal goes and where its `writes` go, asked alone (remediate, uncordon: their steps are made
+    as they climb): the plan's one-line error when a run could not make their folders, else None."""
+    groups = [writes]
+    asks = list(dict.fromkeys(JOURNAL_REQUESTS + preconditions.requests_for(groups, None, False)))
+    facts = read_needs(transport, asks, root=None, manager=None)
+    failed = [a for a in (preconditions.journal(facts), *preconditions.blocked_writes(groups, facts, False))
+              if a.verdict is preconditions.Verdict.FAILS]
+    return f"nothing sent: {failed[0].text}" if failed else None  # the first: a file above both is named once
 
 
 def plan_host(host: Host, profile: Profile, options: PlanOptions) -> HostPlan:

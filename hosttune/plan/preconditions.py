@@ -200,7 +200,7 @@ def _space(groups: Iterable[Group], facts: HostNeeds, offline: bool) -> list[Ans
     return answers
 
 
-def _blocked_writes(groups: Iterable[Group], facts: HostNeeds, offline: bool) -> list[Answer]:
+def blocked_writes(groups: Iterable[Group], facts: HostNeeds, offline: bool) -> list[Answer]:
     """A write makes its directories, except through a file where one of them must be."""
     paths = dict.fromkeys(n.path for n in _needs(groups, offline) if isinstance(n, NeedSpace))
     return [_in_the_way(blocked) for blocked in dict.fromkeys(facts.blocked[p] for p in paths if p in facts.blocked)]
@@ -268,7 +268,7 @@ def check(groups: Iterable[Group], facts: HostNeeds, flavour: PackageFlavour | N
             walk.step(op, ops, group_notes)
         out.append(tuple(ops))
         notes.append(tuple(group_notes))
-    for answer in _space(groups, facts, offline) + _blocked_writes(groups, facts, offline):
+    for answer in _space(groups, facts, offline) + blocked_writes(groups, facts, offline):
         walk.record(answer)
     if walk.first and out:
         out[0] = tuple(walk.first) + out[0]

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from hosttune.actions.base import FileWrite
+from hosttune.actions.remediate import CORDON_FILE, ledger_op
 from hosttune.checks import run_checks
 from hosttune.checks.findings import Finding, Status
 from hosttune.config.inventory import Host
@@ -68,10 +70,14 @@ def survey_host(host: Host, profile: Profile, policy: XidPolicy, ledger: Ledger 
         findings = tuple(run_checks(facts, profile))
         seen = observe(snapshot.ledger if ledger is None else ledger, snapshot.boot, facts.health.kernel_log.events, now)
         faults = tuple(find_faults(facts, findings, snapshot, seen, now, policy))
-        error = journal_error(transport) if is_plan and faults and snapshot.cordon is None else None
+        error = journal_error(transport, CLIMB_WRITES) if is_plan and faults and snapshot.cordon is None else None
         return Survey(host, profile.name, True, error, facts, findings, snapshot, seen, faults)
 
     return _read(host, profile.name, read)
+
+
+# the files a climb writes beside its journal: its ledger, and the cordon a rung may take
+CLIMB_WRITES = (ledger_op(b""), FileWrite(CORDON_FILE, b"", 0o644))
 
 
 def survey_state(host: Host) -> Survey:

@@ -47,18 +47,22 @@ UNREACHABLE = None
 
 
 RUNS_DIRS: dict[str, str] = {}  # host -> what needs.sh says of /var/lib/hosttune/runs there (default: a directory)
+WRITES: dict[str, str] = {}  # host -> what needs.sh says of where the climb's files go (default: room, no blocker)
 
 
 class StateScript(Transport):
-    """A host that answers state.sh with `state` and the question where a run's journal goes (needs.sh) with
-    `runs`; it is read-only, as a survey opens it."""
+    """A host that answers state.sh with `state`, and needs.sh's questions where a run's journal goes with `runs`
+    and where its files go with `writes`; it is read-only, as a survey opens it."""
 
-    def __init__(self, host_name: str, state: str, runs: str = "kind:dir"):
-        self.host_name, self.state, self.runs, self.read_only = host_name, state, runs, True
+    def __init__(self, host_name: str, state: str, runs: str = "kind:dir", writes: str = "free-kb:1000000 /"):
+        self.host_name, self.state, self.runs, self.writes, self.read_only = host_name, state, runs, writes, True
 
     def _command(self, argv, stdin, timeout):
         if "dir:/var/lib/hosttune/runs" in argv:
-            return CommandResult(tuple(argv), 0, f"@@n:0\n{self.runs}\n@@n-end:0\n", "", 0.0)
+            asked = [a for a in argv if a.startswith(("dir:", "space:"))]
+            answers = (f"@@n:{i}\n{self.runs if a.startswith('dir:') else self.writes}\n@@n-end:{i}\n"
+                       for i, a in enumerate(asked))
+            return CommandResult(tuple(argv), 0, "".join(answers), "", 0.0)
         return CommandResult(tuple(argv), 0, self.state, "", 0.0)
 
 
@@ -73,9 +77,11 @@ def fleet(monkeypatch, tmp_path):
     def open_transport(spec, read_only=False):
         if states[spec.host_name] is UNREACHABLE:
             raise TransportError(f"{spec.host_name}: connection refused (is sshd running, and on this port?)")
-        return StateScript(spec.host_name, states[spec.host_name], RUNS_DIRS.get(spec.host_name, "kind:dir"))
+        return StateScript(spec.host_name, states[spec.host_name], RUNS_DIRS.get(spec.host_name, "kind:dir"),
+                           WRITES.get(spec.host_name, "free-kb:1000000 /"))
 
     RUNS_DIRS.clear()
+    WRITES.clear()
     monkeypatch.setattr(survey, "open_transport", open_transport)
     monkeypatch.setattr(survey, "gather", lambda transport, *a, **k: SimpleNamespace(facts=FACTS))
     (tmp_path / "inv.yaml").write_text(INVENTORY)
@@ -162,6 +168,22 @@ def test_a_file_where_the_runs_journal_goes_stops_remediate_and_uncordon_at_plan
     RUNS_DIRS.clear()  # the same hosts, their journal's folder fine: a rung and a cordoned host to take back
     assert "    ladder: restart" in runner.invoke(app, ["remediate", *inv, "--dry-run"]).stdout
     assert "gpu-02: cordoned since" in runner.invoke(app, ["uncordon", *inv, "--dry-run"]).stdout
+
+
+def test_a_file_where_the_ledger_goes_stops_remediate_at_plan_time(fleet, monkeypatch):
+    """The climb writes its ledger under /var/lib/hosttune/remediate, apart from the journal: a file there would
+    fail the run after its first rung."""
+    states, inv = fleet
+    states.update({"gpu-01": SERVING.replace(" active", " failed"), "gpu-02": SERVING, "gpu-03": SERVING})
+    WRITES["gpu-01"] = "free-kb:1000000 /\nblocked:/var/lib/hosttune/remediate"
+    monkeypatch.setattr(climb, "execute_step", lambda *a, **k: pytest.fail("a step was sent"))
+    for confirm in ("--dry-run", "--yes"):
+        remediate = runner.invoke(app, ["remediate", *inv, confirm])
+        assert remediate.exit_code & 2 and "ladder" not in remediate.stdout, remediate.output
+        assert remediate.stdout.splitlines()[0] == ("gpu-01: error: nothing sent: /var/lib/hosttune/remediate is not "
+                                                    "a directory; move it away first")
+    WRITES.clear()
+    assert "    ladder: restart" in runner.invoke(app, ["remediate", *inv, "--dry-run"]).stdout
 
 
 @pytest.mark.parametrize("reboot, why", [
