@@ -25,7 +25,8 @@ the requests still running and cancels the rest. It always stops.
 The measured window runs from the warm-up's end to where sending ended (with `num_requests`,
 an open loop's arrival after its last measured one, unless no request had ended by then), so
 requests offered and requests served cover the same time; a closed loop or a trace
-bounded by a count ends it at its last measured response instead.
+bounded by a count ends it at its last measured response instead (a closed loop's runs
+from its first measured request, and counts only the requests that began in it).
 SIGINT or SIGTERM ends the sending early, as the end of its duration would (the throughput
 window ends there); a second one cancels the requests still running, as the first does once
 the sending has ended.
@@ -204,7 +205,9 @@ class LoadGenerator:
         """Warm-up end to where sending ended: an open loop bounded by a count, at the arrival after its last
         measured one (N arrivals from the warm-up's end span N gaps). A closed loop or a trace bounded by a count
         ends at its last measured response instead: its users send their last requests at once, or its arrivals
-        end the replay."""
+        end the replay. A closed loop's then starts at its first measured request: its users in step end a round
+        of warm-up requests just after the warm-up, which a window from there would count as well (twice the
+        rate); metrics.py counts only the requests that began in such a window."""
         start = self.load.warmup
         is_counted_open = self.load.rate is not None and self.load.num_requests is not None
         if self.stopped_by is not None:
@@ -213,8 +216,10 @@ class LoadGenerator:
             return start, max(start, self.next_arrival)
         if self.load.duration is not None:
             return start, start + self.load.duration
-        ends = [r.end for r in self.records if not r.is_warmup and r.outcome != CANCELLED]
-        return start, max(ends, default=stop)
+        measured = [r for r in self.records if not r.is_warmup and r.outcome != CANCELLED]
+        if self.load.users is not None and measured:  # its requests only: see the docstring
+            start = min(r.sent for r in measured)
+        return start, max((r.end for r in measured), default=stop)
 
     def _has_ended_within(self, start: float, stop: float) -> bool:
         """Some request ended between the warm-up's end and the arrival not sent: else (a few requests, each longer

@@ -21,7 +21,10 @@ Definitions (every time is measured by the client, in seconds):
   or, with --requests, an open loop's arrival after its last measured one, unless none had
   ended by then; a closed loop or a trace bounded by a count, or that open loop, its last
   measured response), divided by its length; so it describes the steady state, not the
-  ramp-up or the drain.
+  ramp-up or the drain. A closed loop bounded by a count is the exception: its window runs
+  from its first measured request's start to its last one's end, and counts only the
+  requests that began in it (its users in step end a round of warm-up requests just after
+  the warm-up, which a window from the warm-up's end would count as well: twice the rate).
 - **Offered rate**: the measured requests sent in the window, per second of it. An open
   loop's arrivals are random around its target rate, so this is what a step offered; the
   requests served in the window exceed it only by a backlog the window began with and
@@ -265,13 +268,20 @@ def client_lag(run: RunRecord, limit: float) -> ClientLag:
     )
 
 
+def counted(run: RunRecord) -> Sequence[RequestRecord]:
+    """The requests whose responses the window's throughput counts: all, when it begins at the warm-up's end (a
+    steady state's); those that began in it, when it begins later (a closed loop bounded by a count)."""
+    start = run.window[0]
+    return run.requests if start <= run.warmup_end else [r for r in run.requests if r.sent >= start]
+
+
 def summarize(run: RunRecord, slo: Slo | None = None, lag_limit: float = 0.005) -> Summary:
     """Compute every statistic of a run (see the module docstring for definitions)."""
     requests = measured(run.requests)
     ok = [r for r in requests if r.outcome == OK]
     start, stop = run.window
     window_s = max(stop - start, 1e-9)
-    finished = [r for r in run.requests if r.outcome == OK and start <= r.end <= stop]
+    finished = [r for r in counted(run) if r.outcome == OK and start <= r.end <= stop]
     summary = Summary(
         num_requests=len(requests),
         num_ok=len(ok),
@@ -291,7 +301,7 @@ def summarize(run: RunRecord, slo: Slo | None = None, lag_limit: float = 0.005) 
         backlog_growth=in_flight(run.requests, stop) - in_flight(run.requests, start),
         request_throughput=len(finished) / window_s,
         output_token_throughput=sum(r.output_tokens for r in finished) / window_s,
-        streamed_token_throughput=streamed_tokens(run.requests, run.window) / window_s,
+        streamed_token_throughput=streamed_tokens(counted(run), run.window) / window_s,
         input_token_throughput=sum(_prompt_tokens(r) for r in finished) / window_s,
         goodput=None,
         goodput_fraction=None,

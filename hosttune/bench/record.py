@@ -112,7 +112,7 @@ class RunRecord:
     burstiness: float | None
     clock_origin: float  # time.perf_counter() at the run's start (CLOCK_MONOTONIC on Linux)
     warmup_end: float  # requests sent before this are warm-up
-    window: tuple[float, float]  # throughput window: warm-up end to stop (or last end)
+    window: tuple[float, float]  # throughput window: warm-up end (or first measured send) to stop (or last end)
     requests: tuple[RequestRecord, ...]
     loop_lag: tuple[LagSample, ...]
     client_cpu: float  # client process CPU seconds over the run, divided by wall seconds

@@ -1,4 +1,5 @@
 from array import array
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -230,3 +231,16 @@ def test_a_run_stopped_in_its_warm_up_is_said_to_have_measured_nothing_not_to_ha
     assert "SIGINT ended the run during its 30 s warm-up, before anything was measured" in text
     assert "after 30.0 s" not in text
     assert "SIGINT ended the run during its 30 s warm-up" in report.markdown(report.Outcome(((run, summarize(run)),), (), "c"), [])
+
+
+def test_a_window_that_begins_after_the_warm_up_counts_only_requests_that_began_in_it():
+    """Users in step: the warm-up's last round ends as the measured one starts. Counted, it doubled requests/s and
+    output tokens/s; a window that begins at the warm-up's end still counts its requests (the steady state's)."""
+    warm = [record(i, 0.24, [0.29, 0.3052], 0.3052 + i / 1e4, is_warmup=True) for i in range(3)]
+    measured = [record(3 + i, 0.3051 + i / 1e4, [0.35, 0.365], 0.365 + i / 1e4) for i in range(3)]
+    run = replace(run_of(warm + measured, window=(0.3051, 0.3652)), warmup_end=0.3)
+    s = summarize(run, Slo(e2e=1.0))
+    assert s.request_throughput == pytest.approx(3 / 0.0601) and s.goodput == s.request_throughput
+    assert s.output_token_throughput == s.streamed_token_throughput == pytest.approx(6 / 0.0601)
+    from_warmup_end = summarize(replace(run, window=(0.3, 0.3652)))
+    assert from_warmup_end.request_throughput == pytest.approx(6 / 0.0652)

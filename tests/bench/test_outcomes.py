@@ -157,6 +157,20 @@ def test_burstiness_above_one_makes_arrivals_steadier(server_factory):
     assert statistics.pstdev(gaps) / statistics.mean(gaps) == pytest.approx(0.25, abs=0.06)
 
 
+def test_a_closed_loop_bounded_by_a_count_counts_over_its_measured_requests_only(server_factory):
+    """--users 3 --requests 3 --warmup 0.3s, the users in step: the warm-up's last round ends just after the warm-up,
+    and a window from its end counted that round too, about twice the rate. The window runs from the first measured
+    request's start to the last one's end, and counts the requests that began in it."""
+    url = server_factory("--ttft", "0.03", "--itl", "0.01")
+    run = run_async(measure(spec(users=3, num_requests=3, warmup=0.3), url))
+    s = summarize(run)
+    measured = [r for r in run.requests if not r.is_warmup]
+    assert s.num_ok == 3 and any(r.end >= 0.3 for r in run.requests if r.is_warmup)
+    assert run.window == (min(r.sent for r in measured), max(r.end for r in measured))
+    assert s.request_throughput == pytest.approx(3 / (run.window[1] - run.window[0]))
+    assert s.request_throughput <= 3 / max(r.e2e for r in measured)
+
+
 def test_warmup_requests_are_kept_but_not_measured(server_factory):
     url = server_factory("--ttft", "0.01", "--itl", "0.002")
     run = run_async(measure(spec(users=2, duration=1.0, warmup=0.5), url))
