@@ -8,7 +8,7 @@ from hosttune.bench.loadgen import Progress
 from hosttune.bench.metrics import Summary, prefix_hit_rate
 from hosttune.bench.record import RunRecord
 from hosttune.bench.report import since_warmup, summary_rows
-from hosttune.bench.sweep import SweepPoint, SweepResult
+from hosttune.bench.sweep import SweepPoint, SweepResult, empty_note
 from hosttune.bench.units import rate_text
 
 
@@ -70,4 +70,5 @@ def sweep_table(sweeps: list[SweepResult], render: TableRenderer = table) -> str
             for s in sweeps]
     notes = [f"\nNOTE {s.url}: {s.stopped_by} ended the sweep; its answer is from the steps before it."
              for s in sweeps if s.stopped_by]
+    notes += [f"\nNOTE {s.url}: {note}." for s in sweeps if (note := empty_note(s))]
     return render(header, rows) + "".join(notes)

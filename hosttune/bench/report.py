@@ -14,7 +14,7 @@ from hosttune.bench import metrics
 from hosttune.bench.metrics import LatencyStats, Summary
 from hosttune.bench.plot import CDF_FILE, TIMELINE_FILE
 from hosttune.bench.record import RequestRecord, RunRecord
-from hosttune.bench.sweep import SweepResult
+from hosttune.bench.sweep import SweepResult, empty_note
 from hosttune.bench.units import rate_text
 
 METRICS = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"))
@@ -235,7 +235,8 @@ def _warnings(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:
 
 def _sweep_section(sweep: SweepResult) -> list[str]:
     slo = ", ".join(f"{k} P{sweep.slo.percentile:g} <= {v * 1e3:g} ms" for k, v in sweep.slo.limits().items())
-    verdict = ("even the lowest rate broke the SLO" if sweep.max_rate is None else
+    none_held = "even the lowest rate broke the SLO" if sweep.first_broken is not None else "none judged"
+    verdict = (none_held if sweep.max_rate is None else
                f"**{rate_text(sweep.max_rate)} requests/s**" + (" (the sweep's ceiling; it never broke)" if sweep.is_capped else ""))
     served = max((p.summary.request_throughput for p in sweep.points), default=0.0)
     lines = [f"## Rate sweep: {sweep.url}", "",
@@ -257,6 +258,8 @@ def _sweep_section(sweep: SweepResult) -> list[str]:
 
 
 def _sweep_stop(sweep: SweepResult) -> list[str]:
+    if note := empty_note(sweep):
+        return [f"> **A step judged nothing**: {note}.", ""]
     if not sweep.stopped_by:
         return []
     last = sweep.points[-1]

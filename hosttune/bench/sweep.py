@@ -10,7 +10,8 @@ then the gap between the highest rate that held and the lowest that broke is hal
 held. A step where the client fell behind is marked (`is_client_bound`): the client's
 lateness can only make latencies look worse, so a step that held still held, but a
 step that broke there may have broken because of the client. A signal (Ctrl-C, SIGTERM)
-that cuts a step short ends the sweep: that step is kept but judges no rate.
+that cuts a step short ends the sweep: that step is kept but judges no rate. So does a step
+no request arrived in (a low rate over a short step: a lower one would see fewer still).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Callable
 from hosttune.bench.benchmark import BenchSpec, measure
 from hosttune.bench.metrics import Slo, Summary, summarize
 from hosttune.bench.record import RunRecord
+from hosttune.bench.units import rate_text
 from hosttune.errors import BenchError
 
 
@@ -54,10 +56,17 @@ class SweepPoint:
         return not self.run.stopped_by and bool(self.summary.slo_met) and self.summary.is_kept_up
 
     @property
+    def is_empty(self) -> bool:
+        """No request arrived in the step's window: it judges no rate."""
+        return not self.run.stopped_by and self.summary.num_requests == 0
+
+    @property
     def verdict(self) -> str:
-        """held, broke, or what stopped the step before its end (then it judges no rate)."""
+        """held, broke, or why the step judges no rate."""
         if self.run.stopped_by:
             return f"stopped by {self.run.stopped_by}"
+        if self.is_empty:
+            return "no request arrived"
         return "held" if self.is_held else "broke"
 
     @property
@@ -75,6 +84,16 @@ class SweepResult:
     first_broken: float | None  # lowest rate that broke; None if none did
     is_capped: bool  # reached max_rate without breaking
     stopped_by: str | None = None  # the signal that ended the sweep before its answer
+
+
+def empty_note(result: SweepResult) -> str:
+    """What to do about a step no request arrived in ('' when none)."""
+    empty = [p for p in result.points if p.is_empty]
+    if not empty:
+        return ""
+    rate, duration = empty[0].rate, empty[0].run.window[1] - empty[0].run.window[0]
+    return (f"no request arrived in the step at {rate_text(rate)} requests/s (its {duration:g} s expect "
+            f"{rate * duration:.2g} on average): the sweep ended there; give a longer --duration")
 
 
 def next_rate(held: float | None, broken: float | None, config: SweepConfig) -> float | None:
@@ -107,7 +126,7 @@ async def sweep(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig,
         points.append(point)
         if on_point:
             on_point(point)
-        if run.stopped_by:
+        if run.stopped_by or point.is_empty:
             break
         if point.is_held:
             held = rate
@@ -119,8 +138,8 @@ async def sweep(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig,
 def result_of(url: str, slo: Slo, points: list[SweepPoint], config: SweepConfig,
               stopped_by: str | None = None) -> SweepResult:
     """The sweep's answer from the steps run: the bracket only narrows, so the highest rate that held and the
-    lowest that broke (a step a signal cut short judges neither)."""
+    lowest that broke (a step a signal cut short, or that no request arrived in, judges neither)."""
     held = max((p.rate for p in points if p.is_held), default=None)
-    broken = min((p.rate for p in points if not p.is_held and not p.run.stopped_by), default=None)
+    broken = min((p.rate for p in points if not p.is_held and not p.run.stopped_by and not p.is_empty), default=None)
     is_capped = broken is None and held is not None and held >= config.max_rate
     return SweepResult(url, slo, tuple(points), held, broken, is_capped, stopped_by)

@@ -152,3 +152,19 @@ def test_a_low_rate_keeps_its_significant_digits_wherever_a_sweep_prints_it():
         "| " + " | ".join(row) + " |" for row in rows))
     text = "\n".join(report._sweep_section(sweep))
     assert "**0.0040 requests/s**" in text and "| 0.0040 | 1.20 | 1.20 |" in text
+
+
+def test_a_step_no_request_arrived_in_judges_no_rate_and_ends_the_sweep(server_factory):
+    """A Poisson step at 0.5/s for 0.2 s usually sees no arrival: judged broke, it sent the sweep to ever lower rates,
+    each seeing fewer. It judges no rate, ends the sweep and says to lengthen the steps."""
+    from hosttune.bench.console import sweep_table
+    from hosttune.bench.report import _sweep_section
+
+    url = server_factory("--ttft", "0.002", "--itl", "0.001")
+    spec = BenchSpec(load=Load(rate=1, duration=0.2, seed=0), prompt_lengths="8", output_lengths="2")
+    result = run_async(sweep(spec, url, Slo(e2e=1.0), SweepConfig(start_rate=0.5, max_rate=0.5)))
+    assert [(p.rate, p.verdict) for p in result.points] == [(0.5, "no request arrived")]
+    assert result.max_rate is None and result.first_broken is None
+    for text in (sweep_table([result]), "\n".join(_sweep_section(result))):
+        assert "no request arrived in the step at 0.50 requests/s" in text and "give a longer --duration" in text
+    assert "even the lowest rate broke" not in "\n".join(_sweep_section(result))
