@@ -216,11 +216,16 @@ class Connection(asyncio.BufferedProtocol):
         stream's text when `is_keep_text`)."""
         assert self.transport is not None and self.waiter is None
         self.parser = ResponseParser(is_keep_text)
-        self.waiter = asyncio.get_running_loop().create_future()
+        waiter = self.waiter = asyncio.get_running_loop().create_future()
         self.num_requests += 1
         self.is_answered = False
-        self.transport.write(request)
-        return self.waiter
+        try:  # closed under us since the pool handed it out: asyncio would drop the bytes, uvloop raises
+            if self.transport.is_closing():
+                raise RuntimeError("the transport is closing")
+            self.transport.write(request)
+        except RuntimeError as exc:
+            self._fail(HttpError(f"connection closed before the request was sent ({exc})"))
+        return waiter
 
     def is_reusable(self) -> bool:
         return not self.is_closed and self.waiter is None and not self.transport.is_closing()

@@ -79,3 +79,29 @@ def test_connection_close_header_disables_keep_alive():
 def test_garbage_is_an_error(data, message):
     with pytest.raises(HttpError, match=message):
         ResponseParser().feed(data, 1.0)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_request_on_a_connection_closed_under_it_fails_that_request(loop):
+    """The server may close a kept-alive connection between the pool handing it out and the write: the request
+    fails with the transport error its caller retries on (uvloop's write raises there; asyncio's drops the bytes
+    and nothing would ever answer), not with an exception that ends the run."""
+    import asyncio
+
+    from hosttune.bench.connection import Connection
+
+    async def main():
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        _, connection = await asyncio.get_running_loop().create_connection(Connection, "127.0.0.1", port)
+        connection.transport.close()
+        await asyncio.sleep(0)
+        with pytest.raises(HttpError, match="closed before the request was sent"):
+            await asyncio.wait_for(connection.send(b"GET / HTTP/1.1\r\n\r\n"), 5)
+        server.close()
+
+    if loop == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
