@@ -237,17 +237,24 @@ def _running(url: str) -> float:
     return float(line.split()[-1])
 
 
+def _bench_sending(url: str, *args: str, stderr=subprocess.STDOUT) -> subprocess.Popen:
+    """`hosttune bench ARGS` in a process of its own, returned once a request of it runs on `url` (the run prints
+    nothing to a pipe: its requests on the server say it is sending), it ended, or a minute passed."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    bench = subprocess.Popen([sys.executable, "-m", "hosttune", "bench", *args], env=env, stdout=subprocess.PIPE,
+                             stderr=stderr, text=True)
+    deadline = time.monotonic() + 60
+    while _running(url) < 1 and time.monotonic() < deadline and bench.poll() is None:
+        time.sleep(0.05)
+    return bench
+
+
 @pytest.mark.parametrize("load", [["--rate", "20"], ["--users", "4"]])
 def test_ctrl_c_ends_a_run_early_and_still_reports_it(server_factory, tmp_path, load):
     url = server_factory("--ttft", "0.5", "--itl", "0.001")  # each request in flight half a second
     out = tmp_path / "stopped"
-    argv = [sys.executable, "-m", "hosttune", "bench", "--url", url, *load, "--duration", "120s", "--warmup", "0s",
-            "--prompts", "uniform:8-16", "--max-tokens", "4", "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    bench = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while _running(url) < 1 and time.monotonic() < deadline and bench.poll() is None:
-        time.sleep(0.1)  # the run prints nothing to a pipe: its requests on the server say it is sending
+    bench = _bench_sending(url, "--url", url, *load, "--duration", "120s", "--warmup", "0s", "--prompts",
+                           "uniform:8-16", "--max-tokens", "4", "--out", str(out))
     time.sleep(1)
     bench.send_signal(signal.SIGINT)
     output, _ = bench.communicate(timeout=60)
@@ -265,13 +272,9 @@ def test_ctrl_c_ends_the_whole_bench_not_only_the_sweep_step_it_came_in(server_f
     the end of one step, after which the sweep (and the next endpoint) would go on for minutes."""
     first, second = server_factory("--ttft", "0.5", "--itl", "0.001"), server_factory()
     out = tmp_path / "stopped"
-    argv = [sys.executable, "-m", "hosttune", "bench", "--url", first, "--url", second, "--sweep", "--sweep-start", "20",
-            "--duration", "120s", "--warmup", "0s", "--prompts", "8", "--max-tokens", "2", "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    bench = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while _running(first) < 1 and time.monotonic() < deadline and bench.poll() is None:
-        time.sleep(0.05)
+    bench = _bench_sending(first, "--url", first, "--url", second, "--sweep", "--sweep-start", "20", "--duration",
+                           "120s", "--warmup", "0s", "--prompts", "8", "--max-tokens", "2", "--out", str(out),
+                           stderr=subprocess.PIPE)
     bench.send_signal(signal.SIGINT)
     try:
         stdout, stderr = bench.communicate(timeout=30)
@@ -292,12 +295,8 @@ def test_ctrl_c_ends_an_open_loop_waiting_for_a_far_arrival(server_factory, tmp_
     trace = tmp_path / "trace.jsonl"
     trace.write_text('{"arrival": 0, "input_length": 8, "output_length": 2}\n'
                      '{"arrival": 600, "input_length": 8, "output_length": 2}\n')
-    argv = [sys.executable, "-m", "hosttune", "bench", "--url", url, "--trace", str(trace), "--out", str(tmp_path / "o")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    bench = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    bench = _bench_sending(url, "--url", url, "--trace", str(trace), "--out", str(tmp_path / "o"))  # the first sent
     deadline = time.monotonic() + 60
-    while _running(url) < 1 and time.monotonic() < deadline and bench.poll() is None:
-        time.sleep(0.05)  # the first request sent (however long the process took to start)
     while _running(url) > 0 and time.monotonic() < deadline:
         time.sleep(0.05)  # and answered: the run waits for the second
     started = time.monotonic()
@@ -682,13 +681,8 @@ def test_ctrl_c_once_everything_is_sent_ends_the_wait_for_the_last_responses(ser
     """With every request sent, Ctrl-C has no sending left to stop: it ends the wait for those in flight (which may
     last --timeout), and is not taken to have cut the run short at the moment sending ended ('after 0.0 s')."""
     url = server_factory("--ttft", "30", "--itl", "0.001")
-    argv = [sys.executable, "-m", "hosttune", "bench", "--url", url, "--users", "1", "--requests", "1",
-            "--warmup", "0s", "--prompts", "8", "--max-tokens", "2"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    bench = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 60
-    while _running(url) < 1 and time.monotonic() < deadline and bench.poll() is None:
-        time.sleep(0.05)
+    bench = _bench_sending(url, "--url", url, "--users", "1", "--requests", "1", "--warmup", "0s", "--prompts", "8",
+                           "--max-tokens", "2")
     bench.send_signal(signal.SIGINT)
     try:
         output, _ = bench.communicate(timeout=20)
