@@ -8,6 +8,7 @@ from hosttune.build.source import safe_ref
 from hosttune.build.wheelhouse import Entry, entries, read_entry
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.request import DeployRequest
+from hosttune.presets import cuda_major
 
 
 def _of_ref(entry: Entry, ref: str) -> bool:
@@ -16,16 +17,9 @@ def _of_ref(entry: Entry, ref: str) -> bool:
     return entry.key.ref in (ref, name) or entry.key.ref.startswith(name + "-") or (entry.commit or "").startswith(ref)
 
 
-def _cuda_major(version: str | None) -> int | None:
-    try:
-        return int(str(version).split(".")[0])
-    except ValueError:
-        return None
-
-
 def _driver_runs(built_with: str | None, driver: str | None) -> bool:
     """Wheels compiled with a CUDA toolkit run on a driver of that major version or a later one (None: not judged)."""
-    toolkit, runs = _cuda_major(built_with), _cuda_major(driver)
+    toolkit, runs = cuda_major(built_with), cuda_major(driver)
     return toolkit is None or runs is None or toolkit <= runs
 
 
@@ -40,7 +34,7 @@ def pick_entry(request: DeployRequest, abi: str | None, archs: tuple[str, ...], 
         have = ", ".join(e.key.name for e in built) or "none"
         of_ref = f" of --ref {request.ref}" if request.ref else ""
         driver = f", a driver of CUDA {cuda}" if cuda and archs else ""
-        toolkit = f" with a CUDA toolkit of {_cuda_major(cuda)}.x or older" if driver and _cuda_major(cuda) else ""
+        toolkit = f" with a CUDA toolkit of {cuda_major(cuda)}.x or older" if driver and cuda_major(cuda) else ""
         raise DeployError(
             f"{host}: no {request.engine} wheels{of_ref} in {request.wheelhouse} fit this host (Python {abi or '?'}"
             f"{', GPUs ' + ','.join(archs) if archs else ''}{driver}; built: {have}). Run: hosttune build --engine "

@@ -94,7 +94,7 @@ class EnginePreset:
         Raises PresetError naming what the host has and what the releases need."""
         if not self.releases:
             return None
-        major = _major(cuda)
+        major = cuda_major(cuda)
         fitting = [r for r in self.releases if r.cuda == major]
         if not fitting:
             known = ", ".join(f"CUDA {r.cuda}.x → {self.name} {r.ref}" for r in self.releases)
@@ -127,7 +127,8 @@ def load_preset(name: str) -> EnginePreset:
     return parse_preset(yaml.safe_load(text), f"presets/{name}.yaml")
 
 
-def _major(version: str | None) -> int | None:
+def cuda_major(version: str | None) -> int | None:
+    """The major of a CUDA version ("12.4" -> 12), None where there is none."""
     try:
         return int(str(version).split(".")[0])
     except ValueError:
