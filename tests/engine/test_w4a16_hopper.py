@@ -42,7 +42,8 @@ COMPILE_FOR_HOPPER = textwrap.dedent("""
             continue  # more splits change nothing compiled; fewer stages take less shared memory
         const = {"HAS_BIAS": True, "GROUP": 128, "BLOCK_M": cfg["BLOCK_M"],
                  "BLOCK_N": cfg["BLOCK_N"], "BLOCK_K": cfg["BLOCK_K"], "SPLIT_K": cfg["SPLIT_K"],
-                 "STAGES": cfg["num_stages"], "A_REGS": cfg["REGS"], "SPLIT_SCALE": True}
+                 "STAGES": cfg["num_stages"], "A_REGS": cfg["REGS"], "SPLIT_SCALE": True,
+                 "OVERLAP": cfg.get("OVERLAP", 0)}
         src = GluonASTSource(_w4a16_wgmma_kernel, {**sig, **{k: "constexpr" for k in const}}, constexprs=const,
                              attrs=attrs)
         options = {"num_warps": cfg["num_warps"], "maxnreg": register_cap(cfg) if cfg["REGS"] else None}
@@ -136,6 +137,27 @@ def test_wgmma_config_off_hopper_takes_the_dequantizing_path():
     _close(got, int4_gemv_ref(x, q, s, z, perm, 64), torch.float32)
 
 
+def test_overlap_configs_copy_at_least_one_tile_ahead():
+    """The next tile started under the last one's MMA copies STAGES - 2 tiles ahead: the tuner offers it only with
+    the register operand and three stages or more, and a table that asks it at two stages is refused at launch,
+    before anything runs, rather than copied zero tiles ahead."""
+    from hosttune_engine.errors import KernelInputError
+    from hosttune_engine.kernels.w4a16_hopper import launch
+    from hosttune_engine.tuner.candidates import wgmma_gemm
+
+    overlap = [c for rows in (64, 128, 256) for c in wgmma_gemm(rows) if c.get("OVERLAP")]
+    assert overlap and all(c["REGS"] and c["num_stages"] >= 3 and c["BLOCK_M"] >= 64 for c in overlap)
+    assert not any(c.get("OVERLAP") for c in wgmma_gemm(16))
+    assert any(c["BLOCK_M"] == 256 for c in overlap)  # the whole-batch tile too
+    q, s, z, _ = int4_weight(64, 256, 64, False)
+    x = torch.zeros(4, 256, dtype=torch.bfloat16)
+    cfg = {"WGMMA": 1, "REGS": 1, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4,
+           "num_stages": 2, "OVERLAP": 1}
+    with pytest.raises(KernelInputError, match="OVERLAP copies STAGES - 2 tiles ahead: it needs 3 stages or more, "
+                                               "got 2"):
+        launch(x, q, s.to(torch.bfloat16), z, 64, None, torch.empty(4, 64, dtype=torch.bfloat16), None, cfg)
+
+
 BF16, F16 = torch.bfloat16, torch.float16
 
 
@@ -152,6 +174,9 @@ BF16, F16 = torch.bfloat16, torch.float16
     (384, 1024, 200, 128, True, BF16, (256, 128, 128, 1, 8, 2)),  # every row of x in one program's tile, ragged
     (320, 2048, 128, 128, False, BF16, (128, 64, 128, 4, 4, 2)),  # 64 accumulator registers a thread, split K
     (384, 3072, 100, 128, True, BF16, (128, 128, 128, 4, 8, 2)),  # the same on two warpgroups, act-order, ragged
+    (320, 2048, 128, 128, False, BF16, (128, 64, 128, 1, 4, 3, 1)),  # the next tile under the last one's MMA
+    (384, 3072, 256, 128, True, BF16, (256, 128, 128, 2, 8, 3, 1)),  # the same, whole batch, two warpgroups, split
+    (256, 1024, 96, 128, False, F16, (128, 128, 128, 1, 8, 4, 1)),  # the same, two tiles copied ahead, fp16
 ])
 @pytest.mark.parametrize("regs, scales", [(0, "x"), (1, "x"), (1, "fp16")])  # fp16 scales: bf16's split in two
 def test_wgmma_gemm_on_hopper(n, k, m, group, act_order, dtype, cfg, regs, scales):
@@ -159,9 +184,9 @@ def test_wgmma_gemm_on_hopper(n, k, m, group, act_order, dtype, cfg, regs, scale
     q = torch.randint(-2**31, 2**31 - 1, q.shape, device=DEVICE, dtype=torch.int32)  # every nibble value, sign bit
     x = torch.randn(m, k, device=DEVICE).to(dtype)
     bias = torch.randn(n, device=DEVICE).to(dtype)
-    block_m, block_n, block_k, split, warps, stages = cfg
+    block_m, block_n, block_k, split, warps, stages, *overlap = cfg
     config = {"WGMMA": 1, "REGS": regs, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split,
-              "num_warps": warps, "num_stages": stages}
+              "num_warps": warps, "num_stages": stages, "OVERLAP": overlap[0] if overlap else 0}
     s = s.to(dtype if scales == "x" else F16)
     got = w4a16_gemm(x, q, s, z, perm, group, bias, config=config)
     _close(got, int4_gemv_ref(x, q, s, z, perm, group, bias), F16)

@@ -22,6 +22,10 @@ registers while the next step is unpacked. An MMA reads its register operand whi
 issuing a step retires the step before, whose registers the step after may take (tests/engine/sass_hazards.py
 checks the compiled kernel for a write under an MMA in flight).
 
+With OVERLAP (A_REGS, three stages or more) a tile starts while the last tile's last MMA still runs: the copies
+go STAGES - 2 tiles ahead, into the slot whose MMAs the last tile's first wait retired, so the MMA pipe does not
+drain at every tile (one tile less in flight for it).
+
 Split K over SPLIT_K programs adds their fp32 partials in the same launch (`_store`). Needs a Triton with
 Gluon (3.5 or later) and an sm_90 GPU (dequant_gemm's `wgmma_unfit` says where it cannot run).
 """
@@ -83,8 +87,9 @@ def _issue_tile(words_smem, x_smem, w_ptrs, w_mask, x_ptrs, x_mask, k0, live):
 def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_qn,
                         stride_ym, MAGIC, HAS_BIAS: gl.constexpr, GROUP: gl.constexpr, BLOCK_M: gl.constexpr,
                         BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr,
-                        A_REGS: gl.constexpr, SPLIT_SCALE: gl.constexpr):
+                        A_REGS: gl.constexpr, SPLIT_SCALE: gl.constexpr, OVERLAP: gl.constexpr):
     NUM_WARPS: gl.constexpr = gl.num_warps()
+    AHEAD: gl.constexpr = STAGES - 2 if OVERLAP and A_REGS else STAGES - 1  # tiles copied ahead of the one multiplied
     dtype: gl.constexpr = x_ptr.dtype.element_ty
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NUM_WARPS, 1],
                                                     instr_shape=[16, BLOCK_M, 16])
@@ -104,14 +109,14 @@ def _w4a16_wgmma_kernel(x_ptr, q_ptr, s_ptr, z_ptr, b_ptr, y_ptr, ws_ptr, cnt_pt
                                        gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], dtype))
     w_ptrs, w_mask, x_ptrs, x_mask = _tile_sources(q_ptr, x_ptr, rows, rows < N, offs_m, offs_m < M, stride_xm,
                                                    stride_qn, BLOCK_M, BLOCK_K, NUM_WARPS)
-    for t in gl.static_range(STAGES - 1):
+    for t in gl.static_range(AHEAD):
         _issue_tile(words_smem.index(t), x_smem.index(t), w_ptrs, w_mask, x_ptrs, x_mask, start + t * BLOCK_K,
                     t < tiles)
         async_copy.commit_group()
     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=acc_l)
     if A_REGS:
         acc = _mma_from_registers(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptrs, w_mask, x_ptrs, x_mask,
-                                  start, tiles, dtype, GROUP, BLOCK_N, BLOCK_K, STAGES, SPLIT_SCALE)
+                                  start, tiles, dtype, GROUP, BLOCK_N, BLOCK_K, STAGES, SPLIT_SCALE, AHEAD)
     else:
         acc = _mma_from_shared(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptrs, w_mask, x_ptrs, x_mask,
                                start, tiles, MAGIC, dtype, GROUP, BLOCK_N, BLOCK_K, STAGES)
@@ -160,11 +165,12 @@ def _mma_from_shared(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptrs, 
 @gluon.jit
 def _mma_from_registers(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptrs, w_mask, x_ptrs, x_mask, start,
                         tiles, dtype: gl.constexpr, GROUP: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                        STAGES: gl.constexpr, SPLIT_SCALE: gl.constexpr):
+                        STAGES: gl.constexpr, SPLIT_SCALE: gl.constexpr, AHEAD: gl.constexpr):
     """The K loop with the unpacked weights the MMA's register operand, 16 columns a step (`unpacked_step`): the
     MMA of a step runs while the next step is unpacked into other registers, the wait after issuing a step retiring
-    the one before (whose registers the step after may take). A tile starts once the last tile's MMAs are done,
-    which frees x's slot for the copy STAGES - 1 tiles ahead."""
+    the one before (whose registers the step after may take). With copies STAGES - 1 tiles ahead a tile starts once
+    the last tile's MMAs are done, which frees x's slot for that copy; STAGES - 2 ahead, the slot copied into is
+    the one before the last, whose MMAs every warpgroup retired in the last tile, so the MMA pipe runs on."""
     NUM_WARPS: gl.constexpr = gl.num_warps()
     step_l: gl.constexpr = step_layout(BLOCK_N, NUM_WARPS)
     words_l: gl.constexpr = gl.SliceLayout(1, step_l)  # [BLOCK_N, 8 words] of a pack block
@@ -180,10 +186,11 @@ def _mma_from_registers(acc, words_smem, x_smem, z_ptr, s_ptr, rows, N, K, w_ptr
     z2, s2 = tile_params(z_ptr, s_ptr, rows_g, n_mask, start + 2 * BLOCK_K, K, GROUP, BLOCK_K, params_l)
     for t in range(tiles):
         slot = t % STAGES
-        acc = warpgroup_mma_wait(0, deps=[acc])  # the last tile's MMAs done: x's slot is free
-        async_copy.wait_group(STAGES - 2)
-        _barrier()  # every thread's copies of tile t landed, every warpgroup's MMAs done
-        ahead = t + STAGES - 1
+        if AHEAD == STAGES - 1:
+            acc = warpgroup_mma_wait(0, deps=[acc])  # the last tile's MMAs done: x's slot is free
+        async_copy.wait_group(AHEAD - 1)
+        _barrier()  # every thread's copies of tile t landed, every warpgroup done with the slot copied into
+        ahead = t + AHEAD
         _issue_tile(words_smem.index(ahead % STAGES), x_smem.index(ahead % STAGES), w_ptrs, w_mask, x_ptrs, x_mask,
                     start + ahead * BLOCK_K, ahead < tiles)
         async_copy.commit_group()
@@ -276,6 +283,9 @@ def launch(x, qweight, scales, zeros, group_size: int, bias, y, ws, cfg: dict) -
     check(k % cfg["BLOCK_K"] == 0 and cfg["BLOCK_K"] % PACK == 0 and (cfg["BLOCK_K"] <= group_size
           or cfg["BLOCK_K"] % group_size == 0), "BLOCK_K {} must divide K {} into whole pack blocks and groups",
           cfg["BLOCK_K"], k)
+    overlap = bool(cfg.get("OVERLAP"))
+    check(not overlap or cfg["num_stages"] >= 3, "OVERLAP copies STAGES - 2 tiles ahead: it needs 3 stages or more, "
+          "got {}", cfg["num_stages"])
     grid = (triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"]), cfg.get("SPLIT_K", 1))
     # the paired unpacking splits a 16-bit scale exactly; an fp32 one only the fp32 unpacking rounds as the reference
     a_regs = bool(cfg.get("REGS")) and scales.element_size() == 2
@@ -284,5 +294,5 @@ def launch(x, qweight, scales, zeros, group_size: int, bias, y, ws, cfg: dict) -
         x.stride(0), qweight.stride(0), y.stride(0), 0x4B000000,
         HAS_BIAS=bias is not None, GROUP=group_size, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"],
         BLOCK_K=cfg["BLOCK_K"], SPLIT_K=cfg.get("SPLIT_K", 1), STAGES=cfg["num_stages"], A_REGS=a_regs,
-        SPLIT_SCALE=scales.dtype != x.dtype, num_warps=cfg["num_warps"],
+        SPLIT_SCALE=scales.dtype != x.dtype, OVERLAP=a_regs and overlap, num_warps=cfg["num_warps"],
         maxnreg=register_cap(cfg) if a_regs else None)

@@ -99,7 +99,8 @@ def wgmma_gemm(rows: int) -> list[dict]:
     kept in its registers (REGS: where the accumulator takes at most 64 registers a thread, 32 with K tiles of 256
     columns, past which ptxas spills inside the K loop; split K too, whose final sum is a loop after it), as many tiles in flight as the SM's shared memory holds (per stage
     the words and x's, and without REGS the weight tile in bf16; with REGS up to eight where x's tile is small,
-    `_stages`). Past 128 rows also one program for all 256 (`_whole_batch`)."""
+    `_stages`), and where few programs share an SM the next tile started under the last one's MMA
+    (`_with_overlap`). Past 128 rows also one program for all 256 (`_whole_batch`)."""
     block_m = max(8, min(128, 1 << (rows - 1).bit_length()))
     configs = [{"WGMMA": 1, "REGS": regs, "BLOCK_M": block_m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8,
                 "SPLIT_K": split, "num_warps": w, "num_stages": stages}
@@ -108,7 +109,15 @@ def wgmma_gemm(rows: int) -> list[dict]:
                for regs in (0, 1) for split in _splits(regs, block_m) for stages in _stages(regs, block_m)]
     configs = [c for c in configs if wgmma_shared_bytes(c) <= 220 * 1024 and (not c["REGS"] or (
         c["BLOCK_N"] * block_m <= (32 if c["BLOCK_K"] > 128 else 64) * 32 * c["num_warps"]))]
-    return configs + (_whole_batch() if rows > 128 else [])
+    return _with_overlap(configs + (_whole_batch() if rows > 128 else []))
+
+
+def _with_overlap(configs: list[dict]) -> list[dict]:
+    """Each REGS config of 64 rows of x or more and three stages or more, also with OVERLAP (the next tile's
+    unpacking under the last tile's last MMA, one tile less copied ahead): where one or two programs fill an SM, the
+    MMA pipe drained at every tile start is time no other program fills."""
+    return configs + [{**c, "OVERLAP": 1} for c in configs
+                      if c["REGS"] and c["BLOCK_M"] >= 64 and c["num_stages"] >= 3]
 
 
 def _splits(regs: int, block_m: int) -> tuple[int, ...]:
