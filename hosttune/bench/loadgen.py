@@ -26,7 +26,8 @@ The measured window runs from the warm-up's end to where sending ended (with `nu
 an open loop's arrival after its last measured one, unless no request had ended by then), so
 requests offered and requests served cover the same time; a closed loop or a trace
 bounded by a count ends it at its last measured response instead (a closed loop's runs
-from its first measured request, and counts only the requests that began in it).
+from its first measured request, counts only the requests that began in it, and its rates divide by
+its users' mean busy time: metrics.py).
 SIGINT or SIGTERM ends the sending early, as the end of its duration would (the throughput
 window ends there); a second one cancels the requests still running, as the first does once
 the sending has ended.

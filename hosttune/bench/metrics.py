@@ -25,6 +25,10 @@ Definitions (every time is measured by the client, in seconds):
   from its first measured request's start to its last one's end, and counts only the
   requests that began in it (its users in step end a round of warm-up requests just after
   the warm-up, which a window from the warm-up's end would count as well: twice the rate).
+  Its rates divide by its users' mean busy time (each user's first measured request's start
+  to its last one's end), not by the window's length: its users end at different times, and
+  the drain after its last request is sent, fewer and fewer users busy, read low by about
+  users / requests.
 - **Offered rate**: the measured requests sent in the window, per second of it. An open
   loop's arrivals are random around its target rate, so this is what a step offered; the
   requests served in the window exceed it only by a backlog the window began with and
@@ -268,11 +272,32 @@ def client_lag(run: RunRecord, limit: float) -> ClientLag:
     )
 
 
+def is_counted_by_user(run: RunRecord) -> bool:
+    """A closed loop bounded by a count: its window begins at its first measured request, after the warm-up."""
+    return run.mode == "users" and run.window[0] > run.warmup_end
+
+
 def counted(run: RunRecord) -> Sequence[RequestRecord]:
     """The requests whose responses the window's throughput counts: all, when it begins at the warm-up's end (a
     steady state's); those that began in it, when it begins later (a closed loop bounded by a count)."""
     start = run.window[0]
-    return run.requests if start <= run.warmup_end else [r for r in run.requests if r.sent >= start]
+    return [r for r in run.requests if r.sent >= start] if is_counted_by_user(run) else run.requests
+
+
+def rate_seconds(run: RunRecord) -> float:
+    """The seconds the window's rates divide by: its length; for a closed loop bounded by a count, its users' mean
+    busy time (each user's first measured request's start to its last one's end). Its users end at different times:
+    from the first start to the last end, the drain after the last send (fewer and fewer users busy) read low by
+    about users / requests."""
+    start, stop = run.window
+    if not is_counted_by_user(run):
+        return max(stop - start, 1e-9)
+    spans: dict[int | None, tuple[float, float]] = {}
+    for r in measured(run.requests):
+        first, last = spans.get(r.user, (r.sent, r.end))
+        spans[r.user] = (min(first, r.sent), max(last, r.end))
+    busy = [last - first for first, last in spans.values()]
+    return max(sum(busy) / len(busy), 1e-9) if busy else max(stop - start, 1e-9)
 
 
 def summarize(run: RunRecord, slo: Slo | None = None, lag_limit: float = 0.005) -> Summary:
@@ -280,7 +305,7 @@ def summarize(run: RunRecord, slo: Slo | None = None, lag_limit: float = 0.005) 
     requests = measured(run.requests)
     ok = [r for r in requests if r.outcome == OK]
     start, stop = run.window
-    window_s = max(stop - start, 1e-9)
+    window_s = rate_seconds(run)
     finished = [r for r in counted(run) if r.outcome == OK and start <= r.end <= stop]
     summary = Summary(
         num_requests=len(requests),
