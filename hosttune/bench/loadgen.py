@@ -23,9 +23,9 @@ seconds or until `num_requests` measured requests have been sent, then waits up 
 `drain_timeout` (and a second's grace, for their own timeouts to end them as failures) for
 the requests still running and cancels the rest. It always stops.
 The measured window runs from the warm-up's end to where sending ended (with `num_requests`,
-an open loop's arrival after its last measured one, unless no request had ended by then), so
-requests offered and requests served cover the same time; a closed loop or a trace
-bounded by a count ends it at its last measured response instead (a closed loop's runs
+an open loop's or a trace's arrival after its last measured one, unless no request had ended by
+then), so requests offered and requests served cover the same time; a closed loop, or a trace
+whose arrivals ran out before its count, ends it at its last measured response instead (a closed loop's runs
 from its first measured request, counts only the requests that began in it, and its rates divide by
 its users' mean busy time: metrics.py).
 SIGINT or SIGTERM ends the sending early, as the end of its duration would (the throughput
@@ -203,17 +203,17 @@ class LoadGenerator:
         return time.perf_counter() - self.t0
 
     def _window(self, stop: float) -> tuple[float, float]:
-        """Warm-up end to where sending ended: an open loop bounded by a count, at the arrival after its last
-        measured one (N arrivals from the warm-up's end span N gaps). A closed loop or a trace bounded by a count
-        ends at its last measured response instead: its users send their last requests at once, or its arrivals
-        end the replay. A closed loop's then starts at its first measured request: its users in step end a round
+        """Warm-up end to where sending ended: an open loop or a trace bounded by a count, at the arrival after its
+        last measured one (N arrivals from the warm-up's end span N gaps; its last response would make the window
+        short by a gap less the last request's latency, or long by its latency less a gap). A closed loop, or a
+        trace whose arrivals ran out first, ends at its last measured response instead. A closed loop's then starts at its first measured request: its users in step end a round
         of warm-up requests just after the warm-up, which a window from there would count as well (twice the
         rate); metrics.py counts only the requests that began in such a window."""
         start = self.load.warmup
-        is_counted_open = self.load.rate is not None and self.load.num_requests is not None
+        is_counted_open = self.load.users is None and self.load.num_requests is not None
         if self.stopped_by is not None:
             return start, max(start, stop)
-        if is_counted_open and self._has_ended_within(start, self.next_arrival):
+        if is_counted_open and self.next_arrival < math.inf and self._has_ended_within(start, self.next_arrival):
             return start, max(start, self.next_arrival)
         if self.load.duration is not None:
             return start, start + self.load.duration
@@ -284,6 +284,7 @@ class LoadGenerator:
             if not self._may_send(arrival):
                 return
             self._spawn(self._send(arrival, None))
+        self.next_arrival = math.inf  # a trace replayed to its end: no arrival after its last
 
     async def _sleep_unless_stopped(self, seconds: float) -> None:
         """Sleep, or less when a signal comes first: a trace may leave minutes between two arrivals, a refusal ask

@@ -87,6 +87,18 @@ def test_arrivals_already_due_send_no_more_than_the_requests_asked_for(server_fa
     assert len(record.requests) == 3
 
 
+def test_a_trace_bounded_by_a_count_measures_its_arrivals_up_to_the_next_one(server_factory, tmp_path):
+    """A trace every 50 ms (20/s), --requests 10: the window ends at the 11th arrival, 10 gaps. It ended at the last
+    response (0.46 s), which offered 21.6/s; requests longer than a gap would have stretched it instead."""
+    url = server_factory("--ttft", "0.01", "--itl", "0.01")
+    rows = [{"arrival": 0.05 * i, "input_length": 8, "output_length": 1} for i in range(20)]
+    trace = load_trace(write_trace(tmp_path / "steady.jsonl", rows))
+    record = run(url, load=Load(arrivals=trace.arrivals, num_requests=10), trace=trace)
+    s = summarize(record)
+    assert len(record.requests) == 10 and record.window == (0.0, pytest.approx(0.5))
+    assert s.offered_rate == pytest.approx(20) and s.request_throughput == pytest.approx(20)
+
+
 def test_a_trace_keeps_its_arrival_times(server_factory, tmp_path):
     url = server_factory("--realtime", "--ttft", "0.01", "--itl", "0.002")
     # Milliseconds, out of order, starting late: shifted to start at 0 and sorted.
