@@ -3,6 +3,7 @@
 vocabulary rows), and its attention's those of its own heads."""
 
 import dataclasses
+import json
 from functools import partial
 
 import pytest
@@ -126,3 +127,27 @@ def test_tune_takes_serves_tensor_parallel_size_and_tunes_its_shards_apart(no_us
     with pytest.raises(SystemExit) as exit_:
         main(["tune", "--model", str(QWEN7B), "--tensor-parallel-size", "3"])
     assert exit_.value.code == 2 and "tensor_parallel_size=3 must divide" in capsys.readouterr().err
+
+
+def _small_llama(tmp_path, **fields) -> str:
+    """A config.json alone (plan and tune read no weights): 2 layers, 8 heads, 8 KV heads, MLP 128, unless `fields`."""
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 8,
+           "num_key_value_heads": 8, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 1000,
+           "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16", **fields}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("fields, size, message", [
+    ({"num_attention_heads": 12, "num_key_value_heads": 3, "hidden_size": 96, "intermediate_size": 96}, "4",
+     "tensor_parallel_size=4 and the model's 3 KV heads must divide one another (12 attention heads); "
+     "use one of 1, 3, 6, 12"),
+    ({"intermediate_size": 100}, "8", "tensor_parallel_size=8 must divide the MLP width 100; use one of 1, 2, 4"),
+], ids=["kv-heads", "mlp"])
+@pytest.mark.parametrize("command", ["plan", "tune"])
+def test_plan_and_tune_refuse_a_size_the_heads_or_mlp_do_not_split_in_one_line(tmp_path, capsys, command, fields,
+                                                                              size, message):
+    """tune refuses it before it looks for a GPU, as it does a bad model folder: this machine has none."""
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--model", _small_llama(tmp_path, **fields), "--tensor-parallel-size", size])
+    assert exit_.value.code == 2 and capsys.readouterr().err == f"hosttune-engine: error: {message}\n"

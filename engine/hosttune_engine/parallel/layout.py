@@ -23,7 +23,8 @@ def check_divides_heads(cfg: ModelConfig, world_size: int) -> None:
         raise ConfigError(f"tensor_parallel_size={tp} and the model's {hkv} KV heads must divide one another "
                           f"({hq} attention heads); use one of {_sizes_that_split(cfg)}")
     if cfg.intermediate_size % tp:
-        raise ConfigError(f"tensor_parallel_size={tp} must divide the MLP width {cfg.intermediate_size}")
+        raise ConfigError(f"tensor_parallel_size={tp} must divide the MLP width {cfg.intermediate_size}; "
+                          f"use one of {_sizes_that_split(cfg)}")
 
 
 def _sizes_that_split(cfg: ModelConfig) -> str:

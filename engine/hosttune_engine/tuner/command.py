@@ -54,15 +54,15 @@ def tune_from_args(args: argparse.Namespace) -> str:
     cfg = ModelConfig.from_folder(args.model)  # the model and its quantization first: a typo shows on any machine
     load_format = "dummy" if args.quantization is not None else "auto"  # plan and tune name any layout
     spec = resolve_spec(cfg.quantization, args.quantization, load_format, args.model)
+    dtype_name = activation_dtype(args.dtype, cfg.dtype, on_cuda=True)
+    dtype, tp = getattr(torch, dtype_name), args.tensor_parallel_size
+    shard = planned_shard(cfg, tp, dtype, spec)  # a size the model does not split, as plain a typo as the model's
     if not torch.cuda.is_available():
         raise ConfigError("tune times kernels on this machine's GPU, and it has none: run it on the GPU host "
                           "that serves the model")
     gpu = present_gpu(torch.device("cuda"))
-    dtype_name = activation_dtype(args.dtype, cfg.dtype, on_cuda=True)
     fp8_kv = args.kv_cache_dtype == "fp8"
-    dtype, tp = getattr(torch, dtype_name), args.tensor_parallel_size
-    inputs = PlanInputs(cfg, gpu, dtype, spec, kv_cache_fp8=fp8_kv, block_size=args.block_size,
-                        shard=planned_shard(cfg, tp, dtype, spec))
+    inputs = PlanInputs(cfg, gpu, dtype, spec, kv_cache_fp8=fp8_kv, block_size=args.block_size, shard=shard)
     check_runs(inputs)  # what plan and serve refuse on this GPU, before a budget goes on configs that cannot compile
     check_tables(gpu.name)  # a table plan and serve refuse is not merged as empty and overwritten after the budget
     key, weights = tuning.present_key(gpu.name), _tuned_for(spec, dtype_name, args.block_size, fp8_kv, tp)
