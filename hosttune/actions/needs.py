@@ -43,12 +43,13 @@ class NeedDir:
 class NeedSpace:
     """`num_bytes` free on the filesystem that will hold `path` (summed over a plan per filesystem).
 
-    estimate: when num_bytes is not all known (what pip fetches from an index), how much is estimated and why.
+    note: how num_bytes is counted where that is not plain: how much is estimated and why (what pip fetches from
+    an index), and where the writer puts its files.
     """
 
     path: str
     num_bytes: int
-    estimate: str = ""
+    note: str = ""
 
 
 @dataclass(frozen=True)

@@ -195,31 +195,34 @@ def pip_tmp(release: Release) -> str:
 
 
 def _pip_ops(release: Release, python: str) -> list[Op]:
-    venv = release.dir
-    pip = (f"{venv}/bin/pip", "install", "--no-compile", "--disable-pip-version-check", "--quiet")
+    """A fresh virtualenv and pip's install into it. pip keeps no cache (~/.cache/pip) and its temporary files in
+    the virtualenv, so that all it writes is on the filesystem `room` is checked on."""
+    venv, tmp = release.dir, pip_tmp(release)
+    pip = ("env", f"TMPDIR={tmp}", f"{venv}/bin/pip", "install", "--no-compile", "--disable-pip-version-check",
+           "--quiet", "--no-cache-dir")
     room = NeedSpace(venv, INSTALLED_PER_WHEEL_BYTE * sum(w.size for w in release.wheels) + release.index_deps,
-                     _estimated(release))
-    ops: list[Op] = [Command(("rm", "-rf", "--", venv)), Command((python, "-m", "venv", venv), requires=(NeedVenv(python),))]
+                     _space_note(release))
     if release.offline:  # exactly the wheels resolved at build time, nothing from an index
         install = (*pip, "--no-index", "--no-deps", *(wheel_path(w) for w in release.wheels))
-        return ops + [Command(install, timeout=INSTALL_TIMEOUT_S, requires=(room,)),
-                      Command((f"{venv}/bin/pip", "check", "--disable-pip-version-check"))]
-    # From the index: no cache (~/.cache/pip) and temporary files in the virtualenv, so that all pip writes is
-    # on the filesystem `room` is checked on.
-    tmp = pip_tmp(release)
-    install = ("env", f"TMPDIR={tmp}", *pip, "--no-cache-dir", *(wheel_path(w) for w in release.wheels if w.kind == "engine"))
-    return ops + [Command(("mkdir", "-p", "--", tmp)), Command(install, timeout=INSTALL_TIMEOUT_S, requires=(room,)),
-                  Command(("rm", "-rf", "--", tmp))]
+        check = [Command((f"{venv}/bin/pip", "check", "--disable-pip-version-check"))]
+    else:
+        install, check = (*pip, *(wheel_path(w) for w in release.wheels if w.kind == "engine")), []
+    return [Command(("rm", "-rf", "--", venv)), Command((python, "-m", "venv", venv), requires=(NeedVenv(python),)),
+            Command(("mkdir", "-p", "--", tmp)), Command(install, timeout=INSTALL_TIMEOUT_S, requires=(room,)),
+            Command(("rm", "-rf", "--", tmp)), *check]
 
 
-def _estimated(release: Release) -> str:
-    """What of the space an install from the index takes is an estimate, and why; and where pip writes it."""
+_WHERE_PIP_WRITES = ("pip keeps no cache and its temporary files in the virtualenv (--no-cache-dir, TMPDIR), not in "
+                     "~/.cache/pip or /tmp, which may be other filesystems")
+
+
+def _space_note(release: Release) -> str:
+    """Where pip writes; from an index, also what of the space is an estimate, and why."""
     if not release.index_deps:
-        return ""
+        return _WHERE_PIP_WRITES
     return (f"{size_text(release.index_deps)} of it an estimate of {release.engine}'s dependencies (torch and its CUDA "
             f"libraries), which pip fetches from the package index into the virtualenv: the wheelhouse has no deps/ "
-            f"(hosttune build --deps puts them there, counted exactly); pip keeps no cache and its temporary files in "
-            f"the virtualenv (--no-cache-dir, TMPDIR), not in ~/.cache/pip or /tmp, which may be other filesystems")
+            f"(hosttune build --deps puts them there, counted exactly); {_WHERE_PIP_WRITES}")
 
 
 _EXECUTABLE = 'for p do [ -x "$p" ] || { echo "$p is not executable" >&2; exit 1; }; done'

@@ -187,12 +187,12 @@ def _space(groups: Iterable[Group], facts: HostNeeds, offline: bool) -> list[Ans
         if path not in facts.space:
             continue
         free, mount = facts.space[path]
-        total, _, paths, estimates = per_mount.get(mount, (0, free, [], []))
-        per_mount[mount] = (total + need.num_bytes, free, paths + [path], estimates + [need.estimate] * bool(need.estimate))
+        total, _, paths, notes = per_mount.get(mount, (0, free, [], []))
+        per_mount[mount] = (total + need.num_bytes, free, paths + [path], notes + [need.note] * bool(need.note))
     answers = []
-    for mount, (total, free, paths, estimates) in per_mount.items():
+    for mount, (total, free, paths, notes) in per_mount.items():
         text = f"{size_text(total)} to write on {mount} ({size_text(free)} free)"
-        why = "".join(f"; {e}" for e in estimates)
+        why = "".join(f"; {n}" for n in notes)
         answers.append(Answer(Verdict.HOLDS, text + why) if total <= free else
                        Answer(Verdict.FAILS, f"{text}: not enough for {paths[0]}"
                                              f"{f' and {len(paths) - 1} more' if len(paths) > 1 else ''}; free space there "

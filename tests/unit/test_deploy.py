@@ -188,8 +188,11 @@ def test_install_uploads_what_is_missing_and_builds_the_venv(tmp_path):
     venv = f"/opt/hosttune/releases/{release.id}"
     argvs = [op.argv for op in ops if isinstance(op, Command)]
     assert argvs[0] == ("rm", "-rf", "--", venv) and argvs[1] == ("python3", "-m", "venv", venv)
-    assert argvs[2][:2] == (f"{venv}/bin/pip", "install") and "--no-index" in argvs[2] and "--no-deps" in argvs[2]
-    assert argvs[3][1] == "check"
+    tmp = f"{venv}/.pip-tmp"
+    assert argvs[2] == ("mkdir", "-p", "--", tmp) and argvs[4] == ("rm", "-rf", "--", tmp)
+    assert argvs[3][:4] == ("env", f"TMPDIR={tmp}", f"{venv}/bin/pip", "install")
+    assert "--no-index" in argvs[3] and "--no-deps" in argvs[3] and "--no-cache-dir" in argvs[3]
+    assert argvs[5][1] == "check"
     assert isinstance(ops[-1], FileWrite) and ops[-1].path == f"{venv}/.hosttune/release.json"  # written last
     assert install_ops(release, entry, HostState(None, None, True, {wheel_path(w): w.sha256 for w in release.wheels})) == []
 

@@ -235,6 +235,26 @@ def test_space_for_an_install_from_the_wheelhouse_counts_its_wheels(tmp_path):
     assert space.startswith("holds: ") and "estimate" not in space and " kB to write on / " in space
 
 
+def test_an_install_from_the_wheelhouse_writes_only_where_the_space_check_looks(tmp_path):
+    """With deps/ pip unpacks and installs the wheelhouse's wheels: its temporary files are in the virtualenv and it
+    keeps no cache, as from the index, so the space checked on the virtualenv's filesystem is where pip writes."""
+    job = job_for(tmp_path)
+    job = replace(job, release=replace(job.release, offline=True, index_deps=0))
+    log: list = []
+    outcome = dhost.deploy_one(ScriptedTransport("gpu-a", log), job)
+    assert outcome.state != "failed", outcome.error
+    venv, tmp = job.release.dir, f"{job.release.dir}/.pip-tmp"
+    commands = sent(log)
+    (install,) = [a for a in commands if f"{venv}/bin/pip" in a and "install" in a]
+    assert install[:3] == ("env", f"TMPDIR={tmp}", f"{venv}/bin/pip") and "--no-cache-dir" in install
+    assert "--no-index" in install and "--no-deps" in install
+    assert commands.index(("mkdir", "-p", "--", tmp)) < commands.index(install) < commands.index(("rm", "-rf", "--", tmp))
+    (space,) = [c for c in dhost.deploy_one(ScriptedTransport("gpu-a", []), job, dry_run=True).checks if "to write on /" in c]
+    assert "estimate" not in space and space.endswith(
+        "pip keeps no cache and its temporary files in the virtualenv (--no-cache-dir, TMPDIR), not in ~/.cache/pip "
+        "or /tmp, which may be other filesystems")
+
+
 def test_every_engine_estimates_the_dependencies_pip_fetches_from_the_index():
     from hosttune.presets import ENGINES, load_preset
 
