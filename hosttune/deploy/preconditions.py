@@ -33,17 +33,27 @@ NOT_NGINX = tuple(o for o in OWNERS if o != "nginx.service")  # a port where thi
 
 def serve_needs(job, state: HostState) -> tuple[Need, ...]:
     """What the units of `job` (a HostJob) need to serve: the model folder read on the host, and their ports
-    free or already ours. nginx is ours on the ports this release's nginx listens on, and on the service port
-    of a host that runs replicas now (behind its local nginx, which going back to one service stops)."""
+    free or already ours. nginx is ours on the ports this release's nginx listens on, on the service port
+    of a host that runs replicas now (behind its local nginx, which going back to one service stops), and, for
+    replicas, on the ports the host's hosttune-local.conf names now: nginx lets go of them at the switch, before
+    the roll restarts any replica."""
     ports = {job.settings.port, *(r.port for r in (job.layout.replicas if job.layout else ()) if r.port)}
     if job.access.front is not None:
         ports.add(job.access.front.port)
     if ROUTER_UNIT in job.release.units:
         router = router_ports(job.layout)
         ports.update((router.listen, router.metrics))
-    ours = _nginx_ports(job) | ({job.settings.port} if state.instances else set())
+    ours = _nginx_ports(job) | ({job.settings.port} if state.instances else set()) | _freed_by_nginx(job, state)
     model = (NeedModel(job.model.path, job.preset.name),) if job.model is not None else ()
     return model + tuple(NeedPort(p, OWNERS if p in ours else NOT_NGINX) for p in sorted(ports))
+
+
+def _freed_by_nginx(job, state: HostState) -> set[int]:
+    """The replicas' ports where this deployment's nginx listens now and its new config does not: the switch
+    reloads nginx, which lets go of them, before the roll restarts the replicas that take them."""
+    if not job.release.replicas or job.layout is None:
+        return set()
+    return {r.port for r in job.layout.replicas if r.port in state.nginx_ports} - _nginx_ports(job)
 
 
 def model_needs_weights(job) -> bool:

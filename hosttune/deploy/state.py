@@ -27,6 +27,7 @@ class HostState:
     instances: dict[str, str] = field(default_factory=dict, hash=False)  # hosttune-engine@N.service → is-active
     nginx: str | None = None  # the nginx binary, when the host has one
     cordon: str | None = None  # why the host is cordoned (hosttune remediate); None: it is not
+    nginx_ports: frozenset[int] = frozenset()  # where this deployment's nginx (hosttune-local.conf) listens now
 
     @property
     def cordoned(self) -> str | None:
@@ -58,6 +59,7 @@ def parse_state(text: str) -> HostState:
     units: dict[str, UnitFile] = {}
     installed: dict[str, str] = {}
     instances: dict[str, str] = {}
+    nginx_ports: set[int] = set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key in ("wheel", "installed"):
@@ -69,10 +71,13 @@ def parse_state(text: str) -> HostState:
         elif key == "instance":
             name, _, active = value.partition(" ")
             instances[name] = active
+        elif key == "nginx-listen" and value.isdigit():
+            nginx_ports.add(int(value))
         else:
             values[key] = value
     return HostState(values.get("current") or None, values.get("previous") or None, bool(values.get("complete")),
-                     wheels, units, installed, instances, values.get("nginx") or None, values.get("cordon"))
+                     wheels, units, installed, instances, values.get("nginx") or None, values.get("cordon"),
+                     frozenset(nginx_ports))
 
 
 def read_state(transport: Transport, release_id: str, wheel_paths: list[str]) -> HostState:

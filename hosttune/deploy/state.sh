@@ -27,4 +27,8 @@ done
 # A host `hosttune remediate` cordoned: deploy refuses it until `hosttune uncordon`.
 [ -f /var/lib/hosttune/cordon.json ] && printf 'cordon:%s\n' "$(tr -d '\n' < /var/lib/hosttune/cordon.json)"
 printf 'nginx:%s\n' "$(command -v nginx || ls /usr/sbin/nginx 2>/dev/null)"
+# The ports this deployment's nginx listens on (hosttune-local.conf): nginx there is ours, and lets go of a port
+# the new release's config does not name when it reloads at the switch.
+conf=/etc/nginx/conf.d/hosttune-local.conf
+[ -f "$conf" ] && sed -n 's/^[[:space:]]*listen[[:space:]][[:space:]]*\([^;[:space:]]*\).*/\1/p' "$conf" | sed 's/.*://; s/^/nginx-listen:/'
 exit 0

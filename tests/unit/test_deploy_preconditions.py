@@ -167,9 +167,11 @@ def replicas_job(tmp_path, port):
 
 
 def four_live_replicas(log, port=8100):
-    """A host serving four replicas of the live release, on the ports after `port` (nginx on `port`)."""
+    """A host serving four replicas of the live release, on the ports after `port` (nginx on `port`, as the
+    host's hosttune-local.conf says)."""
     running = "".join(f"instance:hosttune-engine@{i}.service active\n" for i in range(4))
-    t = ScriptedTransport("gpu-a", log, state=f"current:/opt/hosttune/releases/custom-old\n{running}nginx:/usr/sbin/nginx\n")
+    t = ScriptedTransport("gpu-a", log, state=f"current:/opt/hosttune/releases/custom-old\n{running}nginx:/usr/sbin/nginx\n"
+                                              f"nginx-listen:{port}\n")
     t.needs = {f"port:{port}": "listen:nginx.service",
                **{f"port:{port + 1 + i}": f"listen:hosttune-engine@{i}.service" for i in range(4)}}
     return t
@@ -199,10 +201,26 @@ def test_a_replica_moved_onto_a_port_a_later_replica_still_holds_is_refused(tmp_
                                     "replica 1 (hosttune-engine@1.service)")
 
 
+@pytest.mark.parametrize("port", [8099, 8096])
+def test_moving_the_port_down_onto_the_port_of_the_deployments_nginx_is_planned(tmp_path, port):
+    """--port 8099: nginx moves to 8099 at the switch and lets go of 8100, where replica 0 restarts later in the
+    roll; the host's nginx there is this deployment's, as its hosttune-local.conf says."""
+    outcome = dhost.deploy_one(four_live_replicas([]), replicas_job(tmp_path, port), dry_run=True)
+    assert outcome.state == "planned", outcome.error
+    assert "holds: port 8100 held by nginx.service (this deployment's)" in outcome.checks
+
+
+def test_a_replica_moved_onto_the_port_of_an_nginx_not_the_deployments_is_refused(tmp_path):
+    """An nginx on 8100 that the host's hosttune-local.conf does not name is someone else's: it keeps the port."""
+    t = four_live_replicas([])
+    t.state = t.state.replace("nginx-listen:8100\n", "nginx-listen:80\n")
+    outcome = dhost.deploy_one(t, replicas_job(tmp_path, 8099), dry_run=True)
+    assert outcome.error == "nothing changed: gpu-a: port 8100 is in use by nginx.service; choose another port or stop it"
+
+
 def test_moving_the_port_down_onto_replicas_that_moved_already_is_planned(tmp_path):
     """--port 8098: replicas 2 and 3 restart on 8101 and 8102, let go of by replicas 0 and 1 earlier in the roll."""
     t = four_live_replicas([])
-    t.needs["port:8100"] = ""  # nginx's now and replica 1's new port: the port check judges it, not the roll's order
     outcome = dhost.deploy_one(t, replicas_job(tmp_path, 8098), dry_run=True)
     assert outcome.state == "planned", outcome.error
     assert "holds: port 8101 held by hosttune-engine@0.service (this deployment's)" in outcome.checks
