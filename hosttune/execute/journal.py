@@ -22,12 +22,15 @@ from hosttune.plan.state import State, sha256
 
 
 def new_run_id() -> str:
-    """Sortable by time, unique across a fleet run: 20250102T030405Z-1a2b3c."""
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+    """Unique across a fleet run, and named for its second: 20250102T030405Z-1a2b3c. Runs are ordered by when
+    their journal was started (`now`), which tells apart two in one second, as the random part cannot."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time())) + "-" + secrets.token_hex(3)
 
 
 def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    """UTC to the microsecond, sortable as text: 2025-01-02T03:04:05.123456Z."""
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1_000_000):06d}Z"
 
 
 def journal_path(run: str) -> str:

@@ -709,6 +709,35 @@ def test_a_relative_root_is_recorded_and_printed_as_its_absolute_path(tmp_path, 
     assert later.exit_code == 0, later.output
 
 
+def test_a_later_run_in_the_same_second_is_later_whatever_its_random_suffix(tmp_path, monkeypatch):
+    """Two applies within one second: the second is the later run, so rolling back the first is refused while the
+    second changed the same file, and rollback without --run takes the second."""
+    import itertools
+    import json
+
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+    from hosttune.execute import journal
+
+    clock = itertools.count()
+    monkeypatch.setattr(journal.time, "time", lambda: 1_800_000_000.1 + next(clock) / 1000)  # one second, ms apart
+    suffixes = iter(["ffffff", "000000"])  # the later run's random part sorts first
+    monkeypatch.setattr(journal.secrets, "token_hex", lambda n: next(suffixes))
+    (tmp_path / "img/etc/default").mkdir(parents=True)
+    (tmp_path / "img/etc/default/grub").write_text('GRUB_CMDLINE_LINUX=""\n')
+    (tmp_path / "inv.yaml").write_text("hosts:\n  localhost:\n    transport: local\n")
+    apply = ["apply", "-i", str(tmp_path / "inv.yaml"), "--root", str(tmp_path / "img"), "--yes", "--format", "json"]
+    first = json.loads(CliRunner().invoke(app, apply).stdout)["run"]
+    (tmp_path / "img/etc/sysctl.d/90-hosttune.conf").write_text("edited by hand\n")
+    later = json.loads(CliRunner().invoke(app, apply).stdout)["run"]
+    assert first[:16] == later[:16] and later < first
+    rollback = ["rollback", "-i", str(tmp_path / "inv.yaml"), "--root", str(tmp_path / "img"), "--dry-run"]
+    refused = CliRunner().invoke(app, [*rollback, "--run", first])
+    assert f"--run {later} --root" in refused.stdout, refused.output
+    assert f"run {later}" in CliRunner().invoke(app, rollback).stdout.splitlines()[0]
+
+
 def test_a_relative_inventory_is_named_by_its_absolute_path_in_the_commands_printed(tmp_path, monkeypatch):
     """The command a refusal gives works from any folder, as the run's --root does."""
     import json
