@@ -71,13 +71,31 @@ def parse_read(host: Host, output: str) -> HostStatus:
     except ValueError:
         raise StatusError(f"the host's clock read {sections['now'].text.strip()[:40]!r}, not Unix seconds "
                           "(`date +%s` on the host must print them)") from None
-    hostname = sections["hostname"].text.strip() if "hostname" in sections else ""
-    docs = tuple(_parse_pass(p, sections[p], hostname) for p in _TIMERS
+    here = Identity(*(sections[k].text.strip() if k in sections else "" for k in ("hostname", "machine_id")))
+    docs = tuple(_parse_pass(p, sections[p], here) for p in _TIMERS
                  if p in sections and sections[p].rc != NOT_WRITTEN_RC)
     return HostStatus(host, True, docs=docs, stale=judge_stale(docs, now), now=now, version=judge_version(docs))
 
 
-def _parse_pass(pass_name: str, section: Section, hostname: str) -> StatusDoc:
+@dataclass(frozen=True)
+class Identity:
+    """Which host the status read ran on ("": not read)."""
+
+    hostname: str = ""
+    machine_id: str = ""
+
+    def stranger(self, doc: StatusDoc) -> str | None:
+        """Where `doc` was written, in words, when that was another host; None when it is this one's or unknown.
+        A pass whose probe failed names UNNAMED and no machine-id."""
+        if self.hostname and doc.host not in (self.hostname, UNNAMED):
+            return f"{doc.host}, not on this host ({self.hostname})"
+        if self.machine_id and doc.machine_id and doc.machine_id != self.machine_id:
+            return (f"{doc.host} of machine-id {doc.machine_id}, not on this host ({self.hostname or doc.host}, "
+                    f"machine-id {self.machine_id})")
+        return None
+
+
+def _parse_pass(pass_name: str, section: Section, here: Identity) -> StatusDoc:
     path = f"{STATUS_DIR}/{STATUS_FILES[_TIMERS[pass_name]]}"
     if section.rc != 0:  # there, but cat could not read it: not the same as a monitor never installed
         raise StatusError(f"{path}: cannot read it: {section.text.strip()[-300:]}")
@@ -88,9 +106,10 @@ def _parse_pass(pass_name: str, section: Section, hostname: str) -> StatusDoc:
     if doc.pass_name != pass_name:
         raise StatusError(f"{path}: it holds the {doc.pass_name} pass's status, not the {pass_name} pass's; "
                           "its monitor pass rewrites it (or remove it)")
-    if hostname and doc.host not in (hostname, UNNAMED):
-        raise StatusError(f"{path}: written on {doc.host}, not on this host ({hostname}): a disk cloned from it? "
-                          "its monitor pass rewrites it (or remove it)")
+    stranger = here.stranger(doc)
+    if stranger:
+        raise StatusError(f"{path}: written on {stranger}: a disk cloned from it? its monitor pass rewrites it "
+                          "(or remove it)")
     return doc
 
 

@@ -46,6 +46,7 @@ class StatusDoc:
     counts: dict[str, int]  # findings per status
     findings: tuple[FindingBrief, ...]  # those not ok and not not-applicable
     error: str = ""  # why the probe failed, if it did
+    machine_id: str = ""  # the host's /etc/machine-id ("" unknown: a failed probe, or an older monitor's file)
 
     @property
     def failing(self) -> tuple[FindingBrief, ...]:
@@ -77,8 +78,9 @@ def status_doc(report: HostReport, pass_name: str, interval_s: int, when: float,
     shown = tuple(brief(f) for f in report.findings if f.status not in (Status.OK, Status.NOT_APPLICABLE))
     host = report.facts.hostname if report.facts and report.facts.hostname else report.host.name
     unread = "; ".join(report.facts.probe_errors) if report.facts else ""  # a part of the host the probe could not read
+    machine_id = report.facts.machine_id if report.facts else ""
     return StatusDoc(host, pass_name, round(when, 3), interval_s, round(duration_s, 3), versions(report, hosttune),
-                     counts, shown, report.error or unread)
+                     counts, shown, report.error or unread, machine_id)
 
 
 def to_json(doc: StatusDoc) -> str:
@@ -92,7 +94,8 @@ def parse_status(text: str) -> StatusDoc:
                                       tuple(str(s) for s in f.get("subjects") or ())) for f in raw["findings"])
         doc = StatusDoc(str(raw["host"]), str(raw["pass_name"]), float(raw["when"]), int(raw["interval_s"]),
                         float(raw["duration_s"]), {str(k): str(v) for k, v in raw["versions"].items()},
-                        {str(k): int(v) for k, v in raw["counts"].items()}, findings, str(raw.get("error") or ""))
+                        {str(k): int(v) for k, v in raw["counts"].items()}, findings, str(raw.get("error") or ""),
+                        str(raw.get("machine_id") or ""))
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:  # Overflow: int(Infinity)
         raise StatusError(f"unreadable status file: {type(exc).__name__}: {exc}") from None
     return _sensible(doc)

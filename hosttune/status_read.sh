@@ -3,8 +3,10 @@
 # A section's code: 0 the file read, 3 no such file (the pass never wrote one), else cat's (its error is the text).
 d=/var/lib/hosttune/monitor
 printf '@@ht:now\n%s\n@@ht-end:now:0\n' "$(date +%s)"
-# the name the monitor's probe reads (a status file must be this host's, not one a cloned disk brought along)
+# the name and machine-id the monitor's probe reads (a status file must be this host's, not one a cloned disk brought
+# along: a clone may keep the name, and is given its own machine-id where it is made as systemd asks)
 printf '@@ht:hostname\n%s\n@@ht-end:hostname:0\n' "$(cat /proc/sys/kernel/hostname 2>/dev/null || cat /etc/hostname 2>/dev/null)"
+printf '@@ht:machine_id\n%s\n@@ht-end:machine_id:0\n' "$(cat /etc/machine-id 2>/dev/null)"
 for p in regular active; do
   f=$d/status.json; [ $p = active ] && f=$d/status-active.json
   printf '@@ht:%s\n' $p

@@ -134,6 +134,7 @@ class Facts:
     """Everything one probe round trip learnt about a host."""
 
     hostname: str = ""
+    machine_id: str = ""  # /etc/machine-id: tells apart two hosts of one name (a disk cloned from another)
     image: str = ""  # apply --root: the image directory these facts were read from ("" for a running host)
     os_id: str = ""
     os_version: str = ""

@@ -76,7 +76,7 @@ image_tools() {
 }
 
 meta() {
-  grep -sH '' /etc/os-release /proc/sys/kernel/hostname /proc/sys/kernel/osrelease /proc/1/comm /proc/cmdline
+  grep -sH '' /etc/os-release /proc/sys/kernel/hostname /etc/machine-id /proc/sys/kernel/osrelease /proc/1/comm /proc/cmdline
   printf 'uid:%s\n' "$(id -u)"
 }
 

@@ -21,7 +21,7 @@ def _os_release(text: str) -> dict[str, str]:
 
 
 def parse_meta(text: str) -> dict:
-    """grep -H of /etc/os-release, hostname, osrelease, /proc/1/comm, /proc/cmdline; plus uid.
+    """grep -H of /etc/os-release, hostname, machine-id, osrelease, /proc/1/comm, /proc/cmdline; plus uid.
 
     For an image (`image:` line) the hostname is its /etc/hostname, the kernel the newest
     under /lib/modules and PID 1 the init /sbin/init resolves to; nothing is active.
@@ -34,6 +34,7 @@ def parse_meta(text: str) -> dict:
     first = lambda *keys: next((files[k][0].strip() for k in keys if k in files), "")  # noqa: E731
     return {
         "hostname": first("/proc/sys/kernel/hostname", "/etc/hostname"),
+        "machine_id": first("/etc/machine-id"),
         "image": first("image"),
         "kernel": first("/proc/sys/kernel/osrelease", "kernel-image"),
         "pid1": first("/proc/1/comm", "init"),

@@ -304,10 +304,38 @@ def test_a_status_file_another_host_wrote_is_that_hosts_error_not_its_status():
     assert parse_read(HOST, _read_output({"regular": anonymous}, 1100) + "@@ht:hostname\ngpu-07\n@@ht-end:hostname:0\n").docs
 
 
+def test_a_status_file_another_machine_of_the_same_name_wrote_is_that_hosts_error():
+    """A cloned disk whose clone kept the host name: the machine-id (where the clone was given its own) tells them
+    apart. A file of an older monitor, which recorded none, is judged by the name alone."""
+    ours, theirs = "3d1219c7c4c5404aaa1f6d2a48adfda4", "0f5e3a11b2c64d7e8f9a0b1c2d3e4f50"
+    report = _report()
+    report = dataclasses.replace(report, facts=dataclasses.replace(report.facts, machine_id=theirs))
+    regular = to_json(status_doc(report, "regular", 60, 1000.0, 1.0, __version__))  # gpu-01, the original
+    here = f"@@ht:hostname\ngpu-01\n@@ht-end:hostname:0\n@@ht:machine_id\n{ours}\n@@ht-end:machine_id:0\n"
+    with pytest.raises(StatusError, match=rf"^/var/lib/hosttune/monitor/status.json: written on gpu-01 of machine-id "
+                                          rf"{theirs}, not on this host \(gpu-01, machine-id {ours}\): a disk cloned "
+                                          rf"from it\? its monitor pass rewrites it \(or remove it\)$"):
+        parse_read(HOST, _read_output({"regular": regular}, 1100) + here)
+    assert parse_read(HOST, _read_output({"regular": regular}, 1100) + here.replace(ours, theirs)).docs
+    older = _with(regular)
+    older = json.dumps({k: v for k, v in json.loads(older).items() if k != "machine_id"})
+    assert parse_read(HOST, _read_output({"regular": older}, 1100) + here).docs
+
+
+def test_the_probe_reads_the_machine_id():
+    from hosttune.probes.system import parse_meta
+
+    meta = parse_meta("/proc/sys/kernel/hostname:gpu-01\n/etc/machine-id:3d1219c7c4c5404aaa1f6d2a48adfda4\nuid:0\n")
+    assert meta["hostname"] == "gpu-01" and meta["machine_id"] == "3d1219c7c4c5404aaa1f6d2a48adfda4"
+    assert parse_meta("uid:0\n")["machine_id"] == ""
+
+
 def test_the_status_read_prints_the_hosts_name_beside_its_clock():
     output = subprocess.run(["sh", "-s"], input=bundled_script("hosttune", "status_read.sh"), capture_output=True,
                             text=True, check=True).stdout
     assert split(output)["hostname"].text.strip() == Path("/proc/sys/kernel/hostname").read_text().strip()
+    machine_id = Path("/etc/machine-id")
+    assert split(output)["machine_id"].text.strip() == (machine_id.read_text().strip() if machine_id.exists() else "")
 
 
 def test_the_active_pass_file_holding_the_regular_pass_is_that_hosts_error():
