@@ -28,7 +28,8 @@ Definitions (every time is measured by the client, in seconds):
   Its rates divide by its users' mean busy time (each user's first measured request's start
   to its last one's end), not by the window's length: its users end at different times, and
   the drain after its last request is sent, fewer and fewer users busy, read low by about
-  users / requests.
+  users / requests. A window no request ended in (shorter than a request, with no warm-up)
+  measures no rate served: the report shows none (null in results.json) and says why.
 - **Offered rate**: the measured requests sent in the window, per second of it. An open
   loop's arrivals are random around its target rate, so this is what a step offered; the
   requests served in the window exceed it only by a backlog the window began with and
@@ -77,6 +78,8 @@ from hosttune.errors import BenchError
 from hosttune.bench.record import CANCELLED, FAILED, OK, REJECTED, RequestRecord, RunRecord, ServerSample
 
 PERCENTILES = (50, 90, 95, 99)
+# What a window measures only where some request ended in it (Summary.is_rate_measured).
+SERVED_RATES = ("request_throughput", "output_token_throughput", "input_token_throughput", "goodput")
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,13 @@ class Summary:
     goodput_fraction: float | None  # measured requests within the SLO / measured requests
     slo_met: bool | None  # whether the run as a whole met the SLO
     lag: ClientLag
+    num_ended_in_window: int = 0  # requests (any outcome) that ended inside the window, warm-up ones too
+
+    @property
+    def is_rate_measured(self) -> bool:
+        """Some request ended inside the window: else (a window shorter than a request, no warm-up) its rates of
+        requests and tokens served are no measurement, whatever zero they show."""
+        return self.num_ended_in_window > 0
 
     @property
     def is_kept_up(self) -> bool:
@@ -332,6 +342,7 @@ def summarize(run: RunRecord, slo: Slo | None = None, lag_limit: float = 0.005) 
         goodput_fraction=None,
         slo_met=None,
         lag=client_lag(run, lag_limit),
+        num_ended_in_window=sum(r.outcome != CANCELLED and start <= r.end <= stop for r in counted(run)),
     )
     return with_slo(summary, requests, finished, slo) if slo else summary
 

@@ -13,7 +13,7 @@ from hosttune import __version__
 from hosttune.bench import metrics
 from hosttune.bench.metrics import LatencyStats, Summary
 from hosttune.bench.plot import CDF_FILE, TIMELINE_FILE
-from hosttune.bench.record import RequestRecord, RunRecord
+from hosttune.bench.record import CANCELLED, RequestRecord, RunRecord
 from hosttune.bench.sweep import SweepResult, empty_note
 from hosttune.bench.units import rate_text
 
@@ -61,7 +61,7 @@ def _run_json(run: RunRecord, summary: Summary) -> dict:
               if f.name not in ("requests", "loop_lag", "server_metrics")}
     return {
         **fields,
-        "summary": _plain(summary),
+        "summary": {**_plain(summary), **{name: None for name in metrics.SERVED_RATES if not summary.is_rate_measured}},
         "server_metrics": [_plain(s) for s in run.server_metrics],
         "loop_lag": [[round(s.at, 6), round(s.lag, 7)] for s in run.loop_lag],
         "requests": [_request_json(r) for r in run.requests],
@@ -194,14 +194,14 @@ def summary_rows(summaries: list[Summary]) -> list[tuple[str, list[str]]]:
         for q in metrics.PERCENTILES:
             rows.append((f"{label} P{q} (ms)", [_ms(getattr(s, name), q) for s in summaries]))
     rows += [
-        ("requests/s", [rate_text(s.request_throughput) for s in summaries]),
+        ("requests/s", [_served(s, rate_text(s.request_throughput)) for s in summaries]),
         ("goodput: of them within the SLO (req/s)",
-         ["-" if s.goodput is None else rate_text(s.goodput) for s in summaries]),
+         ["-" if s.goodput is None else _served(s, rate_text(s.goodput)) for s in summaries]),
         ("measured requests within the SLO",
          ["-" if s.goodput_fraction is None else f"{s.goodput_fraction:.0%}" for s in summaries]),
-        ("output tokens/s", [f"{s.output_token_throughput:.1f}" for s in summaries]),
+        ("output tokens/s", [_served(s, f"{s.output_token_throughput:.1f}") for s in summaries]),
         ("output tokens/s streamed", [f"{s.streamed_token_throughput:.1f}" for s in summaries]),
-        ("input tokens/s", [f"{s.input_token_throughput:.1f}" for s in summaries]),
+        ("input tokens/s", [_served(s, f"{s.input_token_throughput:.1f}") for s in summaries]),
         ("errors by status", [_errors(s) for s in summaries]),
         ("SLO met", [{None: "-", True: "yes", False: "no"}[s.slo_met] for s in summaries]),
         ("client lag P99 loop / send (ms)",
@@ -209,6 +209,21 @@ def summary_rows(summaries: list[Summary]) -> list[tuple[str, list[str]]]:
         ("client CPU (cores)", [f"{s.lag.cpu:.2f}" for s in summaries]),
     ]
     return rows
+
+
+def _served(s: Summary, text: str) -> str:
+    """A rate of what the window served, or '-' where no request ended in it (see unmeasured_note)."""
+    return text if s.is_rate_measured else "-"
+
+
+def unmeasured_note(run: RunRecord, s: Summary) -> str:
+    """Why a run shows no requests/s: no request ended in its window ('' where some did, or none was sent)."""
+    ended = [r.e2e for r in metrics.measured(run.requests) if r.outcome != CANCELLED]
+    if s.is_rate_measured or not ended:
+        return ""
+    return (f"no request ended within the {s.window_s:g} s measured window (the quickest took {min(ended):.2f} s), "
+            "so requests/s and tokens/s served are not measured; give a --duration longer than a request, or a "
+            "--warmup")
 
 
 def _ms(stats: LatencyStats | None, q: int) -> str:
@@ -230,6 +245,8 @@ def _warnings(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:
             lines.append(f"> **{run.url}: {run.stop_note()}**.")
         if s.num_cancelled:
             lines.append(f"> {run.url}: {s.num_cancelled} requests were still running at the stop and were cancelled.")
+        if note := unmeasured_note(run, s):
+            lines.append(f"> **{run.url}: {note}**.")
     return lines + ([""] if lines else [])
 
 

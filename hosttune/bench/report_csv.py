@@ -3,7 +3,7 @@
 when a server gave any). Times are seconds; a run is named by its endpoint URL, and in a
 sweep by its target rate too (`rate`: an open loop's target requests/s; summary.csv's
 `offered_rate`: the measured requests its window sent per second, random around it; `stopped_by`: the signal
-that ended a run early, blank for a full one)."""
+that ended a run early, blank for a full one; the rates served are blank where no request ended in the window)."""
 
 from __future__ import annotations
 
@@ -66,8 +66,9 @@ def summary_row(run: RunRecord, s: Summary) -> tuple:
             s.num_cancelled, s.num_retried,
             at(s.ttft, 50), at(s.ttft, 95), at(s.ttft, 99), at(s.itl, 50), at(s.itl, 95), at(s.itl, 99),
             at(s.tpot, 50), at(s.tpot, 95), at(s.tpot, 99), at(s.e2e, 50), at(s.e2e, 95), at(s.e2e, 99),
-            _round(s.request_throughput), _round(s.output_token_throughput),
-            _round(s.streamed_token_throughput), _round(s.input_token_throughput), _blank(s.goodput), _blank(s.slo_met),
+            _served(s, s.request_throughput), _served(s, s.output_token_throughput),
+            _round(s.streamed_token_throughput), _served(s, s.input_token_throughput), _served(s, s.goodput),
+            _blank(s.slo_met),
             int(s.lag.is_behind), _blank(run.stopped_by))
 
 
@@ -75,6 +76,11 @@ def server_row(run: RunRecord, sample) -> tuple:
     return (run.url, _blank(run.rate), _round(sample.at), _blank(sample.waiting), _blank(sample.running),
             _blank(sample.kv_usage), _blank(sample.preemptions), _blank(sample.prefix_hits),
             _blank(sample.prefix_queries), _blank(sample.prefix_hit_rate))
+
+
+def _served(s: Summary, value: float | None) -> object:
+    """A rate of what the window served, blank where no request ended in it."""
+    return _round(value) if s.is_rate_measured else ""
 
 
 def _round(value: float | None) -> object:

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -595,6 +596,22 @@ def test_a_run_that_sent_no_request_after_its_warm_up_says_nothing_was_measured_
     assert result.stderr.splitlines()[-1] == (f"hosttune: no request to {url} was sent after its 0.2 s warm-up, so "
                                               "nothing was measured; give a longer --duration (or more --users, or a "
                                               "higher --rate)")
+
+
+def test_a_window_no_request_ended_in_shows_no_rate_and_says_why(server_factory, tmp_path, monkeypatch):
+    """--duration 0.2s --warmup 0s and requests of 0.5 s: nothing ended in the window. 0.00 requests/s read as a
+    measured server serving nothing; the rates are '-' (null in results.json), with the reason."""
+    url = server_factory("--ttft", "0.5", "--itl", "0.001")
+    monkeypatch.setattr(plot, "write_plots", lambda *args: [])  # not what this checks
+    result = runner.invoke(app, ["bench", "--url", url, "--users", "2", "--warmup", "0s", "--duration", "0.2s",
+                                 "--prompts", "8", "--max-tokens", "2", "--max-client-lag", "1s", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in result.stdout.splitlines() if "  " in line)
+    assert [rows[k] for k in ("requests/s", "output tokens/s", "input tokens/s")] == ["-", "-", "-"]
+    assert (f"NOTE {url}: no request ended within the 0.2 s measured window (the quickest took 0.50 s), so "
+            "requests/s and tokens/s served are not measured") in result.stdout
+    summary = json.loads((tmp_path / "results.json").read_text())["runs"][0]["summary"]
+    assert summary["num_ok"] == 2 and summary["request_throughput"] is None and summary["output_token_throughput"] is None
 
 
 def test_ctrl_c_between_two_sweep_steps_still_reports_the_steps_run(server_factory, tmp_path, monkeypatch):
