@@ -41,6 +41,7 @@ import asyncio
 import json
 import math
 import os
+import select
 import selectors
 import socket
 import ssl
@@ -245,7 +246,7 @@ def _parse_args(argv: list[str] | None) -> tuple[Script, argparse.Namespace]:
     parser.add_argument("--tls-cert", default=None, help="speak https with this certificate chain ...")
     parser.add_argument("--tls-key", default=None, help="... and this private key")
     parser.add_argument("--fast", action="store_true",
-                        help="epoll (or uvloop when installed): many connections, timers round to 1 ms")
+                        help="uvloop when installed (else asyncio's epoll): less overhead a token, timers round to 1 ms")
     parser.add_argument("--realtime", action="store_true",
                         help="run at real-time priority (SCHED_FIFO) when permitted, so other "
                              "processes on a shared machine cannot delay the scripted tokens")
@@ -272,6 +273,29 @@ async def serve(script: Script, port: int, lifetime: float, tls: ssl.SSLContext 
     print(f"listening on https://localhost:{bound}" if tls else f"listening on http://127.0.0.1:{bound}", flush=True)
     await asyncio.sleep(lifetime)
     listener.close()
+
+
+class PreciseSelector(selectors.EpollSelector if hasattr(selectors, "EpollSelector") else selectors.SelectSelector):
+    """epoll's registrations with select()'s timeout. epoll (asyncio's default) and uvloop round timer waits up to
+    whole milliseconds, and select() takes microseconds, so the scripted delays hold to a fraction of one; but
+    select() takes no descriptor past FD_SETSIZE (1,024), and a server past about 1,000 connections died. Here
+    select() waits on the one epoll descriptor, which turns readable when any registered one is ready."""
+
+    def select(self, timeout: float | None = None) -> list:
+        if not isinstance(self, selectors.EpollSelector):  # no epoll (not Linux): select() and its bound
+            return super().select(timeout)
+        if timeout is None or timeout > 0:
+            select.select([self.fileno()], [], [], timeout)
+        return super().select(0)
+
+
+def _allow_connections() -> None:
+    """Raise the open-file limit to its hard one: past the soft one (often 1,024) connections are not accepted."""
+    try:
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
+    except (ImportError, ValueError, OSError):
+        pass
 
 
 def raise_priority() -> str:
@@ -307,10 +331,8 @@ def main(argv: list[str] | None = None) -> None:
             run = asyncio.run
         run(serve(script, args.port, args.lifetime, tls_context(args)))
         return
-    # epoll (asyncio's default) and uvloop round timer waits up to whole milliseconds;
-    # select() takes microseconds, so the scripted delays hold to a fraction of a
-    # millisecond. select() is limited to about 1,000 open connections.
-    loop = asyncio.SelectorEventLoop(selectors.SelectSelector())
+    _allow_connections()
+    loop = asyncio.SelectorEventLoop(PreciseSelector())
     try:
         loop.run_until_complete(serve(script, args.port, args.lifetime, tls_context(args)))
     finally:
