@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from hosttune_engine.errors import ConfigError
 
@@ -126,17 +129,57 @@ def runs_triton(backend: str, on_cuda: bool) -> bool:
 def surely_cpu(device: str) -> bool:
     """Whether `device` runs on the CPU, known before torch is imported: 'cpu', or 'auto' on a Linux machine whose
     CUDA driver gives torch no GPU: none loads (torch reaches every GPU through libcuda.so.1), it fails to
-    initialize, or it counts no device (none present, or none in CUDA_VISIBLE_DEVICES). Otherwise whether torch
-    sees a GPU is torch's to say."""
+    initialize, or it counts no device (none present, or none in CUDA_VISIBLE_DEVICES); or where torch is a CPU
+    build. Otherwise whether torch sees a GPU is torch's to say."""
     if device != "auto" or not sys.platform.startswith("linux"):
         return device == "cpu"
+    return driver_gpus()[0] < 1 or torch_cuda() is None
+
+
+def check_cuda_driver(device: str) -> None:
+    """Refuse GPUs torch cannot use, before the model loads: a driver that counts GPUs but gives an older CUDA
+    than the one torch was built for (torch would see none, and 'auto' would serve on the CPU). A driver runs
+    any runtime of its CUDA major (minor version compatibility), so only the majors are compared."""
+    if device == "cpu" or not sys.platform.startswith("linux"):
+        return
+    (num_gpus, driver_cuda), built_for = driver_gpus(), torch_cuda()
+    if num_gpus < 1 or not built_for or not built_for.split(".")[0].isdigit():
+        return
+    if driver_cuda // 1000 < int(built_for.split(".")[0]):
+        raise ConfigError(f"the NVIDIA driver gives CUDA {driver_cuda // 1000}.{driver_cuda % 1000 // 10}, older "
+                          f"than the CUDA {built_for} torch was built for, so torch cannot use its {num_gpus} "
+                          f"GPU{'s' if num_gpus > 1 else ''}; update the driver, or use device='cpu'")
+
+
+def driver_gpus() -> tuple[int, int]:
+    """The GPUs the CUDA driver counts and its CUDA version (12040 for 12.4); (0, 0) where none loads or it fails
+    to initialize. The driver's first call, as torch's would be; tensor-parallel ranks are processes started
+    afresh, not forks."""
     try:
         driver = ctypes.CDLL("libcuda.so.1")
     except OSError:
-        return True
-    # the driver's first call, as torch's would be; tensor-parallel ranks are processes started afresh, not forks
-    count = ctypes.c_int(0)
-    return driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1
+        return 0, 0
+    count, version = ctypes.c_int(0), ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
+        return 0, 0
+    return count.value, version.value if driver.cuDriverGetVersion(ctypes.byref(version)) == 0 else 0
+
+
+TORCH_CUDA = re.compile(r"^cuda\b[^=\n]*=\s*(None|'[^']*')", re.MULTILINE)  # torch/version.py's line
+
+
+def torch_cuda() -> str | None:
+    """The CUDA version torch was built for ('12.8'), None for a build without CUDA, read from torch/version.py
+    without importing torch (seconds); '' where that file does not say."""
+    spec = importlib.util.find_spec("torch")
+    try:
+        text = Path(spec.submodule_search_locations[0], "version.py").read_text()
+    except (AttributeError, TypeError, IndexError, OSError, UnicodeDecodeError):
+        return ""
+    found = TORCH_CUDA.search(text)
+    if found is None:
+        return ""
+    return None if found.group(1) == "None" else found.group(1).strip("'")
 
 
 def check_block_size(block_size: int) -> None:

@@ -16,7 +16,7 @@ import sys
 
 from hosttune_engine import __version__
 from hosttune_engine.cache.kv_shape import DTYPE_BYTES, KVCacheShape, blocks_in_gib, check_holds_context
-from hosttune_engine.config import EngineConfig, activation_dtype, runs_triton, surely_cpu
+from hosttune_engine.config import EngineConfig, activation_dtype, check_cuda_driver, runs_triton, surely_cpu
 from hosttune_engine.errors import ConfigError, EngineError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.model.tokenizer import Tokenizer
@@ -114,12 +114,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def check_model_folder(engine: EngineConfig) -> None:
-    """What config.json, the options and the tokenizer folder alone say is wrong (a --quantization of weights
-    quantized already, Triton on the CPU, the context, the heads tensor parallelism splits, a CPU KV cache too
-    small for one context), refused before the socket opens as `plan` refuses the same folder; the weights are
-    read only by the load that follows."""
+    """What config.json, the options, the CUDA driver and the tokenizer folder alone say is wrong (a --quantization
+    of weights quantized already, GPUs whose driver is too old for torch, Triton on the CPU, the context, the heads
+    tensor parallelism splits, a CPU KV cache too small for one context), refused before the socket opens as `plan`
+    refuses the same folder; the weights are read only by the load that follows."""
     model = ModelConfig.from_folder(engine.model)
     resolve_spec(model.quantization, engine.quantization, engine.load_format, engine.model)
+    check_cuda_driver(engine.device)
     on_cpu = surely_cpu(engine.device)  # else, with "auto", whether there is a GPU is torch's to say, later
     if on_cpu:
         runs_triton(engine.kernel_backend, on_cuda=False)

@@ -196,11 +196,11 @@ def test_a_model_folder_that_cannot_serve_is_one_line_exit_2(tiny_qwen2, tmp_pat
     assert err.startswith("hosttune-engine: error: ")
 
 
-class _DriverWithoutGpus:
-    """libcuda.so.1 on a host whose driver gives torch no GPU: cuInit fails (100: no device), or it counts none."""
+class _Driver:
+    """libcuda.so.1: cuInit's code (100: no device), the GPUs it counts and its CUDA version (12040: 12.4)."""
 
-    def __init__(self, init_rc: int, count: int):
-        self.init_rc, self.count = init_rc, count
+    def __init__(self, init_rc: int, count: int, version: int = 12040):
+        self.init_rc, self.count, self.version = init_rc, count, version
 
     def cuInit(self, flags):
         return self.init_rc
@@ -209,12 +209,14 @@ class _DriverWithoutGpus:
         count_ref._obj.value = self.count
         return 0
 
+    def cuDriverGetVersion(self, version_ref):
+        version_ref._obj.value = self.version
+        return 0
 
-@pytest.mark.parametrize("init_rc, count", [(100, 0), (0, 0)])
-def test_auto_on_a_driver_without_a_usable_gpu_refuses_a_too_small_cpu_kv_cache_before_the_socket(
-        tiny_qwen2, capsys, monkeypatch, init_rc, count):
-    """--device auto runs on the CPU where the driver loads but gives no GPU (none present or visible): its CPU KV
-    cache is checked before the socket opens, not after the model loads behind a 503."""
+
+def _serve_before_the_socket(monkeypatch, driver: _Driver, torch_cuda: str | None, args: list[str]) -> SystemExit:
+    """serve's exit on a host with `driver` and a torch built for `torch_cuda`, where opening the socket fails the
+    test."""
     from hosttune_engine import config
     from hosttune_engine.server import serve
     from hosttune_engine.server.cli import main
@@ -222,13 +224,47 @@ def test_auto_on_a_driver_without_a_usable_gpu_refuses_a_too_small_cpu_kv_cache_
     def opened(*args):
         raise AssertionError("the socket opened before the refusal")
 
-    monkeypatch.setattr(config.ctypes, "CDLL", lambda name: _DriverWithoutGpus(init_rc, count))
+    monkeypatch.setattr(config.ctypes, "CDLL", lambda name: driver)
+    monkeypatch.setattr(config, "torch_cuda", lambda: torch_cuda)
     monkeypatch.setattr(serve, "Server", opened)
     with pytest.raises(SystemExit) as exit_:
-        main(["serve", "--model", str(tiny_qwen2), "--max-model-len", "1024", "--cpu-kv-cache-gib", "0.00001"])
-    assert exit_.value.code == 2 and capsys.readouterr().err == (
+        main(["serve", *args])
+    return exit_.value
+
+
+@pytest.mark.parametrize("driver, torch_cuda", [(_Driver(100, 0), "12.8"), (_Driver(0, 0), "12.8"),
+                                                (_Driver(0, 2), None)], ids=["no-device", "none-counted", "cpu-torch"])
+def test_auto_on_a_driver_without_a_usable_gpu_refuses_a_too_small_cpu_kv_cache_before_the_socket(
+        tiny_qwen2, capsys, monkeypatch, driver, torch_cuda):
+    """--device auto runs on the CPU where the driver loads but gives no GPU (none present or visible), or torch is
+    a CPU build: its CPU KV cache is checked before the socket opens, not after the model loads behind a 503."""
+    exit_ = _serve_before_the_socket(monkeypatch, driver, torch_cuda, [
+        "--model", str(tiny_qwen2), "--max-model-len", "1024", "--cpu-kv-cache-gib", "0.00001"])
+    assert exit_.code == 2 and capsys.readouterr().err == (
         "hosttune-engine: error: the KV cache fits 16 tokens, fewer than max_model_len=1024; raise cpu_kv_cache_gib "
         "or lower max_model_len\n")
+
+
+@pytest.mark.parametrize("device", ["auto", "cuda"])
+def test_gpus_whose_driver_is_older_than_torchs_cuda_are_refused_before_the_socket(tiny_qwen2, capsys, monkeypatch,
+                                                                                  device):
+    """Torch would see no GPU on it: 'auto' served on the CPU, 'cuda' failed behind a 503 after the socket opened."""
+    exit_ = _serve_before_the_socket(monkeypatch, _Driver(0, 8, version=11040), "12.8",
+                                     ["--model", str(tiny_qwen2), "--device", device])
+    assert exit_.code == 2 and capsys.readouterr().err == (
+        "hosttune-engine: error: the NVIDIA driver gives CUDA 11.4, older than the CUDA 12.8 torch was built for, "
+        "so torch cannot use its 8 GPUs; update the driver, or use device='cpu'\n")
+
+
+def test_a_driver_of_torchs_cuda_major_passes_the_check(monkeypatch):
+    """A 12.8 runtime runs on a 12.2 driver (minor version compatibility), and torch/version.py is read as written."""
+    from hosttune_engine import config
+
+    monkeypatch.setattr(config.ctypes, "CDLL", lambda name: _Driver(0, 1, version=12020))
+    monkeypatch.setattr(config, "torch_cuda", lambda: "12.8")
+    config.check_cuda_driver("auto")
+    assert not config.surely_cpu("auto")
+    assert config.TORCH_CUDA.search("__version__ = '2.8.0+cu128'\ncuda: Optional[str] = '12.8'\n").group(1) == "'12.8'"
 
 
 def test_missing_model_folder_is_one_line_exit_2(tmp_path):
