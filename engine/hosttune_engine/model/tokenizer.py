@@ -9,7 +9,7 @@ from functools import cached_property
 from pathlib import Path
 
 from hosttune_engine.errors import ModelLoadError
-from hosttune_engine.model.byte_bound import byte_bound
+from hosttune_engine.model.byte_bound import byte_bound, char_bound
 from hosttune_engine.model.text_cuts import text_cuts
 
 
@@ -134,10 +134,10 @@ class Tokenizer:
         return self._tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def count_past(self, text: str, limit: int) -> int | None:
-        """A count of more than `limit` tokens that `text` has at least: from its bytes where that shows it
-        (see `byte_bound`), else in its leading pieces, tokenizing a piece at a time and stopping there; None if
+        """A count of more than `limit` tokens that `text` has at least: from its bytes or characters where that
+        shows it (see `byte_bound`), else in its leading pieces, tokenizing a piece at a time and stopping there; None if
         none was found: the pieces hold no more, or this tokenizer gives no place to cut (see `text_cuts`)."""
-        if self._byte_bound is not None and (fewest := self._byte_bound.fewest_tokens(text)) > limit:
+        if self._token_bound is not None and (fewest := self._token_bound.fewest_tokens(text)) > limit:
             return fewest
         if self._text_cuts is None:
             return None
@@ -153,8 +153,9 @@ class Tokenizer:
         return text_cuts(self._tok)
 
     @cached_property
-    def _byte_bound(self):
-        return byte_bound(self._tok, BYTE_LEVEL)
+    def _token_bound(self):
+        """Byte-level BPE's bound from a text's bytes, else SentencePiece's from its characters, else None."""
+        return byte_bound(self._tok, BYTE_LEVEL) or char_bound(self._tok)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         if len(ids) < LONG_DECODE:  # the detokenizer's calls, a few ids each step
