@@ -27,7 +27,7 @@ def test_pieces_tokenize_to_the_whole_texts_tokens(tiny_models, name):
 
 def test_a_chat_far_over_the_context_is_refused_before_it_is_all_tokenized(tiny_models):
     tok = Tokenizer(tiny_models["qwen2"])
-    tok._token_bound = None  # its bytes would show it first (test_byte_bound.py): this counts pieces
+    tok._token_bound = tok._word_cuts = None  # its bytes, or its words, would show it first: this counts pieces
     messages = [{"role": "user", "content": f"message number {i} says hello"} for i in range(20_000)]  # 300k tokens
     with pytest.raises(ApiError) as err:
         asyncio.run(PromptBuilder(tok, 1024, tok.vocab_size).encode_chat(messages, within_context=True))

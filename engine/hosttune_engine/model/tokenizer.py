@@ -11,6 +11,7 @@ from pathlib import Path
 from hosttune_engine.errors import ModelLoadError
 from hosttune_engine.model.byte_bound import byte_bound, char_bound
 from hosttune_engine.model.text_cuts import text_cuts
+from hosttune_engine.model.word_cuts import word_cuts
 
 
 def _token_text(value, name: str, path: Path) -> str | None:
@@ -135,18 +136,33 @@ class Tokenizer:
 
     def count_past(self, text: str, limit: int) -> int | None:
         """A count of more than `limit` tokens that `text` has at least: from its bytes or characters where that
-        shows it (see `byte_bound`), else in its leading pieces, tokenizing a piece at a time and stopping there; None if
-        none was found: the pieces hold no more, or this tokenizer gives no place to cut (see `text_cuts`)."""
+        shows it (see `byte_bound`), else in its leading pieces, tokenizing a piece at a time and stopping there;
+        None if none was found: the pieces hold no more, or this tokenizer gives no place to cut (see
+        `word_cuts`, `text_cuts`)."""
         if self._token_bound is not None and (fewest := self._token_bound.fewest_tokens(text)) > limit:
             return fewest
-        if self._text_cuts is None:
-            return None
         count = 0
-        for piece in self._text_cuts.pieces(text, PIECE_CHARS):
-            count += len(self.encode(piece, add_special_tokens=False))  # the whole adds special tokens, never drops
+        for num_tokens in self._piece_counts(text):
+            count += num_tokens  # the whole adds special tokens, never drops any
             if count > limit:
                 return count
         return None
+
+    def _piece_counts(self, text: str):
+        """The tokens of a text's leading pieces, at spaces between words where the pre-tokenizer always splits
+        there, else after special tokens."""
+        if self._word_cuts is not None:
+            return (num for _, num in self._word_cuts.pieces(text, PIECE_CHARS))
+        if self._text_cuts is not None:
+            return (self._count(piece) for piece in self._text_cuts.pieces(text, PIECE_CHARS))
+        return ()
+
+    def _count(self, text: str) -> int:
+        return len(self.encode(text, add_special_tokens=False))
+
+    @cached_property
+    def _word_cuts(self):
+        return word_cuts(self._tok, self._count)
 
     @cached_property
     def _text_cuts(self):
