@@ -44,8 +44,8 @@ def batch_line(outcomes: list[HostDeploy]) -> str:
 def rollout_line(units: list[list[str]], serial: int | None, canary: int, max_fail_percent: float | None,
                  slo: str | None) -> str | None:
     """In what order the run takes the hosts it deploys (units: a host, or a multi-node group, in roll order);
-    None when it takes them all at once."""
-    if not canary and (not serial or serial >= len(units)):
+    None when it takes them all at once, or takes none."""
+    if not units or not canary and (not serial or serial >= len(units)):
         return None
     names = [", ".join(unit) for unit in units]
     first, rest = names[:canary], names[canary:]

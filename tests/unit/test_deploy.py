@@ -782,6 +782,13 @@ def test_the_plan_says_in_what_order_the_hosts_roll(serial, canary, budget, slo,
     assert rollout_line([["a"], ["b"], ["c"], ["d"], ["e"]], serial, canary, budget, slo) == line
 
 
+def test_a_plan_with_no_host_ready_says_no_rollout_order():
+    """--canary or --serial when every host's plan failed: no order to tell, not an empty 'rollout:' line."""
+    from hosttune.deploy.recap import rollout_line
+
+    assert rollout_line([], None, 3, None, None) is None and rollout_line([], 2, 0, 10.0, None) is None
+
+
 def test_cli_a_dry_run_with_canaries_and_batches_prints_the_rollout_order(monkeypatch):
     from hosttune.cli import deploy as deploy_cli
     from hosttune.config.inventory import local_inventory
