@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from hosttune.deploy.access import HOST_KEY_DIR, HOST_TLS_DIR, Access
-from hosttune.actions.base import Command, FileWrite, Op
+from hosttune.actions.base import Command, FileWrite, Op, Remove
 from hosttune.actions.needs import NeedCommand
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.units import Upstream, render_nginx
@@ -79,6 +79,12 @@ def refresh_tls_ops(access: Access) -> list[Op]:
     """A live release whose nginx config stays: the TLS files again (a renewed certificate), and nginx reloaded."""
     ops = tls_ops(access)
     return ops + [Command(("systemctl", "reload-or-restart", "nginx"))] if ops else []
+
+
+def unfront_ops() -> list[Op]:
+    """The host's front taken away: its config removed and nginx reloaded (nginx stays enabled: it may serve other
+    sites)."""
+    return [Remove(NGINX_CONF), Command(("systemctl", "try-reload-or-restart", "nginx.service"))]
 
 
 def front_ops(access: Access, engine: str, ports: tuple[int, ...]) -> list[Op]:

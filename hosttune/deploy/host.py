@@ -16,7 +16,7 @@ from hosttune.actions.platform import PackageFlavour
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
 from hosttune.deploy.access import Access
-from hosttune.deploy.front import front_ops, key_ops, refresh_tls_ops, tls_ops
+from hosttune.deploy.front import front_ops, key_ops, refresh_tls_ops, tls_ops, unfront_ops
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
 from hosttune.deploy.model import ModelShape
@@ -90,7 +90,7 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     if state.cordoned:  # its front serves nothing: the group balancer leaves it out (serving None)
         return HostDeploy(job.host, Outcome.FAILED, None, None, error=f"nothing changed: {job.host.name} is {state.cordoned}")
     serves = SERVE_UNIT in release.units
-    front = front_ops(job.access, job.preset.name, (job.settings.port,)) if serves else []
+    front = _front(job, state) if serves else []
     unchanged = _unchanged(transport, job, state, dry_run)
     if unchanged:
         return _fronted(transport, job, state, unchanged, _refront_ops(job, front) if not dry_run else [])
@@ -191,6 +191,16 @@ def _fronted(transport: Transport, job: HostJob, before: HostState, outcome: Hos
             return replace(outcome, state=Outcome.FAILED, error=f"nginx: {exc}")
         return _restore(transport, job, before, GateResult(False, "nginx", str(exc)))
     return outcome
+
+
+def _front(job: HostJob, state: HostState) -> list[Op]:
+    """The host's nginx front over the one service, once it serves: written; or, where the release has none and the
+    host still has this deployment's (hosttune-local.conf, over one service), removed, as the plan's removals say."""
+    if job.access.front is not None:
+        return front_ops(job.access, job.preset.name, (job.settings.port,))
+    if state.nginx_ports and not job.release.replicas and not state.instances:
+        return unfront_ops()  # replicas live now: their nginx config goes with them (rolling.leave_ops)
+    return []
 
 
 def _refront_ops(job: HostJob, front: list[Op]) -> list[Op]:

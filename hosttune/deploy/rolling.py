@@ -16,7 +16,7 @@ from hosttune.actions.base import Command, FileWrite, Op, Remove, Symlink, descr
 from hosttune.actions.needs import Need
 from hosttune.deploy.gate import GateResult, gate_line, run_gate
 from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, meta_dir
-from hosttune.deploy.front import NGINX_CONF
+from hosttune.deploy.front import unfront_ops
 from hosttune.deploy.replicas import LB_SCRIPT
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState
@@ -109,7 +109,7 @@ def leave_ops(state: HostState) -> list[Op]:
         ops.append(Command(("systemctl", "disable", "--now", *running)))
     ops += [Remove(f"{UNIT_DIR}/{n}") for n in present]
     if state.instances or present:
-        ops += [Remove(NGINX_CONF), Command(("systemctl", "try-reload-or-restart", NGINX))]
+        ops += unfront_ops()
     return ops
 
 

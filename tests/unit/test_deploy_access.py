@@ -393,6 +393,27 @@ def test_a_keyed_replica_deploy_writes_key_and_tls_before_the_roll_and_gates_wit
     assert all(job.access.key not in " ".join(a) for _, a in log)  # the key only in the key file's content
 
 
+def test_a_deploy_that_drops_the_front_of_one_service_removes_it_once_the_new_release_serves(tmp_path):
+    """The plan says it removes the host's nginx front (shape.Guard.removals): the run removes hosttune-local.conf and
+    reloads nginx after the new release's gate, where it left nginx on the old port in front of the engine."""
+    job = _job(tmp_path, "custom", "port: 8000\n")  # the inventory's nginx front is gone
+    assert job.access.front is None
+    state = ("current:/opt/hosttune/releases/custom-old\nunit:hosttune-serve.service abc active\n"
+             "nginx:/usr/sbin/nginx\nnginx-listen:8080\n")  # the live release behind a front on 8080
+    planned = deploy_one(ScriptedTransport("gpu-a", [], state=state), job, dry_run=True)
+    assert planned.state == "planned", planned.error
+    assert planned.ops[-2:] == (f"remove {NGINX_CONF}", "$ systemctl try-reload-or-restart nginx.service")
+    log: list = []
+    outcome = deploy_one(ScriptedTransport("gpu-a", log, state=state), job)
+    assert outcome.state == "deployed", outcome.error
+    argvs = [a for _, a in log]
+    gate = next(i for i, a in enumerate(argvs) if a[:2] == ("python3", "-c") and "UNKNOWN" not in a[2])
+    removed = next(i for i, a in enumerate(argvs) if a[:2] == ("sh", "-c") and a[4] == "remove" and a[5] == NGINX_CONF)
+    assert gate < removed and argvs[-1] == ("systemctl", "try-reload-or-restart", "nginx.service")
+    without = deploy_one(ScriptedTransport("gpu-a", [], state=state.replace("nginx-listen:8080\n", "")), job, dry_run=True)
+    assert not any(NGINX_CONF in line for line in without.ops)  # no front of this deployment's there: nothing to remove
+
+
 def test_rolling_back_from_replicas_to_a_fronted_service_puts_its_front_back(tmp_path):
     previous = _job(tmp_path, "custom", "api_key: true\nnginx: {port: 8080}\n").release
     (host, _) = _hosts(tmp_path, "api_key: true\nnginx: {port: 8080}\n")
