@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hosttune.actions.base import Symlink
+from hosttune.actions.base import Op, Symlink, describe
 from hosttune.config.inventory import Host
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
 from hosttune.deploy.access import Access, front_for
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.front import front_ops
+from hosttune.deploy.front import front_ops, unfront_ops
 from hosttune.deploy.gate import GateResult, gate_line, run_gate
 from hosttune.deploy.host import HostDeploy, gate_failure
 from hosttune.deploy.release import PREVIOUS, Release, release_name
@@ -40,9 +40,10 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_
         raise DeployError(f"{host.name}: no previous release to go back to ({release_name(state.current) or 'nothing'} is live)")
     previous = load_release(transport, state.previous)
     settings = settings_of(previous, timeouts)
+    front = [] if previous.replicas or SERVE_UNIT not in previous.units else _front(host, previous, state, settings.port)
     if dry_run:
         return HostDeploy(host, Outcome.PLANNED, previous.id, release_name(state.current),
-                          ops=_plan(previous, release_name(state.current), settings))
+                          ops=_plan(previous, release_name(state.current), settings) + tuple(map(describe, front)))
     health = load_preset(previous.engine).serve.health
     if previous.replicas:
         run_ops(transport, dplan.verify_ops(previous) + rolling.switch_ops(previous, state))
@@ -57,10 +58,26 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_
         return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id)
     gate = run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=previous.key_file)
     if gate.ok:
-        if leave:  # the replicas' nginx config went with them: the one service's front again
-            run_ops(transport, front_ops(Access(host.group, front=front_for(host)), previous.engine, (settings.port,)))
+        run_ops(transport, front)
         return HostDeploy(host, Outcome.ROLLED_BACK, previous.id, previous.id, gate)
     return _rollback_failed(transport, host, state, previous, timeouts, gate, None)
+
+
+def _front(host: Host, previous: Release, state: HostState, port: int) -> list[Op]:
+    """The host's nginx front as the one service rolled back to had it, once it passed its gate: the inventory's front
+    written again where it had one (the replicas' nginx config went with them, or a deploy without nginx: removed
+    it), removed where it had none. A release too old to record its front gets the inventory's where replicas go."""
+    shape = previous.settings.get("shape")
+    access = Access(host.group, front=front_for(host))
+    if not isinstance(shape, dict):
+        return front_ops(access, previous.engine, (port,)) if state.instances else []
+    if shape.get("front_port"):
+        if access.front is None:
+            raise DeployError(f"{host.name}: release {previous.id} served behind the host's nginx front on port "
+                              f"{shape['front_port']}, which the inventory's deploy.nginx no longer gives; give it "
+                              f"back to roll back to it")
+        return front_ops(access, previous.engine, (port,))
+    return unfront_ops() if state.nginx_ports and not state.instances else []
 
 
 def _plan(previous: Release, now: str | None, settings: ServeSettings) -> tuple[str, ...]:

@@ -434,6 +434,56 @@ def test_rolling_back_from_replicas_to_a_fronted_service_puts_its_front_back(tmp
     assert removed < written and argvs[-1] == ("systemctl", "reload-or-restart", "nginx")
 
 
+def _rollback_host(tmp_path, previous, deploy: str, state: str):
+    """A host where `previous` is the release before the live one; its inventory's deploy: vars are `deploy`."""
+    (host, _) = _hosts(tmp_path / "now", deploy)
+    log: list = []
+    t = ScriptedTransport("gpu-a", log, state=f"current:/opt/hosttune/releases/custom-now\nprevious:{previous.dir}\n{state}")
+    t.files[f"{previous.dir}/.hosttune/release.json"] = previous.manifest()
+    for name, body in previous.units.items():
+        t.files[f"{previous.dir}/.hosttune/{name}"] = body
+    return host, t, log
+
+
+def test_rolling_back_to_a_fronted_service_from_one_without_its_front_puts_the_front_back(tmp_path):
+    """The release left took the front away (a deploy without nginx:): the one rolled back to listens on the loopback
+    behind it, so its front comes back once it passed its gate, where it served the loopback alone."""
+    previous = _job(tmp_path, "custom", "api_key: true\nnginx: {port: 8080}\n").release
+    host, t, log = _rollback_host(tmp_path, previous, "api_key: true\nnginx: {port: 8080}\n",
+                                  "unit:hosttune-serve.service abc active\nnginx:/usr/sbin/nginx\n")
+    planned = rollback_one(t, host, ServeSettings("", "", 1, {}, {}), dry_run=True)
+    assert any(line == f"write {NGINX_CONF}.new" or line.startswith(f"write {NGINX_CONF}.new ") for line in planned.ops)
+    outcome = rollback_one(t, host, ServeSettings("", "", 1, {}, {}))
+    assert outcome.state == "rolled-back", outcome.error
+    argvs = [a for _, a in log]
+    gate = next(i for i, a in enumerate(argvs) if a[:2] == ("python3", "-c") and "UNKNOWN" not in a[2])
+    written = next(i for i, a in enumerate(argvs) if a[:2] == ("sh", "-c") and a[4] == "write" and a[5] == NGINX_CONF + ".new")
+    assert gate < written and argvs[-1] == ("systemctl", "reload-or-restart", "nginx")
+
+
+def test_rolling_back_to_a_fronted_service_whose_front_the_inventory_no_longer_has_is_refused(tmp_path):
+    previous = _job(tmp_path, "custom", "nginx: {port: 8080}\n").release
+    host, t, log = _rollback_host(tmp_path, previous, "port: 8000\n", "unit:hosttune-serve.service abc active\n")
+    with pytest.raises(DeployError, match=r"^gpu-a: release custom-\w+ served behind the host's nginx front on port 8080, "
+                                          r"which the inventory's deploy.nginx no longer gives; give it back to roll "
+                                          r"back to it$"):
+        rollback_one(t, host, ServeSettings("", "", 1, {}, {}), dry_run=True)
+    with pytest.raises(DeployError):
+        rollback_one(t, host, ServeSettings("", "", 1, {}, {}))
+    assert not [a for _, a in log if a[:2] == ("sh", "-c") and a[3:4] == ("hosttune",) and a[4] in ("write", "link", "remove")]
+
+
+def test_rolling_back_to_a_service_without_a_front_from_a_fronted_one_removes_the_front(tmp_path):
+    previous = _job(tmp_path, "custom", "port: 8000\n").release
+    host, t, log = _rollback_host(tmp_path, previous, "port: 8000\n", "unit:hosttune-serve.service abc active\n"
+                                  "nginx:/usr/sbin/nginx\nnginx-listen:8080\n")
+    outcome = rollback_one(t, host, ServeSettings("", "", 1, {}, {}))
+    assert outcome.state == "rolled-back", outcome.error
+    argvs = [a for _, a in log]
+    assert any(a[:2] == ("sh", "-c") and a[4] == "remove" and a[5] == NGINX_CONF for a in argvs)
+    assert argvs[-1] == ("systemctl", "try-reload-or-restart", "nginx.service")
+
+
 class FirstGateFails(ScriptedTransport):
     """The first gate fails (the release rolled back to does not come up), every later one passes."""
 
