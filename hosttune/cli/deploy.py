@@ -51,8 +51,8 @@ def deploy(
     max_fail_percent: Optional[float] = typer.Option(None, "--max-fail-percent", min=0, max=100, help="Stop starting batches once more than this share of hosts failed (default: no limit; needs --serial)."),
     canary: int = typer.Option(0, "--canary", min=0, help="Deploy the first N hosts first; the rest only when they succeed (and meet --canary-slo)."),
     canary_slo: Optional[str] = text_option(None, "--canary-slo", help="With --canary: a hosttune bench against each canary (needs the bench extra), e.g. e2e=2s,ttft=500ms; a miss stops the rollout."),
-    canary_rate: float = typer.Option(1.0, "--canary-rate", min=0.01, help="Requests per second of the canary bench."),
-    canary_duration: str = typer.Option("30s", "--canary-duration", help="How long the canary bench runs."),
+    canary_rate: float = typer.Option(1.0, "--canary-rate", min=0.01, help="With --canary-slo: requests per second of the canary bench."),
+    canary_duration: str = typer.Option("30s", "--canary-duration", help="With --canary-slo: how long the canary bench runs."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="FLAG=VALUE for an engine flag, env.NAME=VALUE for the environment; repeatable."),
     rollback: bool = typer.Option(False, "--rollback", help="Make each host's previous release live again, on every host at once (options that shape or batch a deploy are refused with it)."),
     wheelhouse: Optional[Path] = WheelhouseOpt,
@@ -98,6 +98,7 @@ def deploy(
     if max_fail_percent is not None and serial is None:
         raise DeployError("--max-fail-percent stops starting batches once too many hosts failed, and without --serial "
                           "every host is in one batch: give --serial N too")
+    _bench_alone(ctx, canary_slo)
     check_balancers(inv, nginx_dir, router)
     request = DeployRequest(
         engine=engine.value if engine else None, model=model, wheelhouse=wheelhouse or default_wheelhouse(), gpus=gpus,
@@ -158,6 +159,14 @@ def _rollback_alone(ctx: typer.Context) -> None:
     if given:
         raise DeployError(f"--rollback makes each host's previous release live again, as it was and on every host at "
                           f"once; it takes no {', '.join(given)}: drop {'it' if len(given) == 1 else 'them'}")
+
+
+def _bench_alone(ctx: typer.Context, slo: str | None) -> None:
+    """The canary bench's settings without the bench (--canary-slo) would change nothing: refused, not ignored."""
+    for name, option in (("canary_rate", "--canary-rate"), ("canary_duration", "--canary-duration")):
+        if _given(ctx, name) and not slo:
+            raise DeployError(f"{option} sets the canary bench, which only --canary-slo runs: give --canary-slo (and "
+                              f"--canary N) too, or drop {option}")
 
 
 def _given(ctx: typer.Context, name: str) -> bool:

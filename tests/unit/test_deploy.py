@@ -610,6 +610,19 @@ def test_cli_a_canary_slo_is_checked_before_any_plan_even_in_a_dry_run(monkeypat
     assert not opened
 
 
+@pytest.mark.parametrize("args, option", [
+    (["--canary", "1", "--canary-rate", "5"], "--canary-rate"),
+    (["--canary-duration", "2m"], "--canary-duration"),
+])
+def test_cli_a_canary_bench_setting_without_the_bench_is_refused_not_ignored(monkeypatch, args, option):
+    """The canary bench runs only with --canary-slo: its rate or duration alone would change nothing."""
+    opened = untouched(monkeypatch)
+    result = runner.invoke(app, ["deploy", "--engine", "custom", "--model", "/m", "--dry-run", *args])
+    assert result.exit_code == 2 and not opened and result.output == (
+        f"hosttune: {option} sets the canary bench, which only --canary-slo runs: give --canary-slo (and --canary N) "
+        f"too, or drop {option}\n")
+
+
 def test_cli_an_empty_gpus_is_an_error_not_every_gpu(monkeypatch):
     opened = untouched(monkeypatch)
     result = runner.invoke(app, ["deploy", "--engine", "custom", "--model", "/m", "--gpus", " ", "--dry-run"])
