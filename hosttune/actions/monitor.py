@@ -13,7 +13,7 @@ import yaml
 
 from hosttune import __version__
 from hosttune.actions.base import Command, Directory, FileWrite, Op, Remove, Service, Step, blocked
-from hosttune.actions.needs import NeedVenv
+from hosttune.actions.needs import VENV_BYTES_PER_WHEEL_BYTE, NeedSpace, NeedVenv
 from hosttune.rendering import render
 from hosttune.actions.units import DAEMON_RELOAD
 from hosttune.checks.service_monitor import ACTIVE_TIMER, METRICS_FILES, PASS_TIMEOUT_S, STATUS_DIR, STATUS_FILES, TIMER, wanted_timers
@@ -73,17 +73,20 @@ def timer_units(profile: Profile) -> dict[str, bytes]:
 
 
 def install_ops(facts: Facts, profile: Profile) -> tuple[Op, ...]:
-    """The wheels uploaded, the virtualenv made (rollback removes it only where this run made it), hosttune installed."""
+    """The wheels uploaded, the virtualenv made (rollback removes it only where this run made it), hosttune installed.
+    pip keeps no cache and its temporary files in the virtualenv, as deploy's does: all it writes is where `room` is
+    checked."""
     wheels = sorted(Path(profile.monitor.wheels).glob("*.whl"))
     undo = ("rm", "-rf", "--", VENV) if facts.monitor.installed is None else None
-    pip = (f"{VENV}/bin/pip", "install", "--disable-pip-version-check", "--no-index", "--find-links", WHEELS,
-           "--upgrade", f"hosttune=={__version__}")
+    pip = ("env", f"TMPDIR={VENV}", f"{VENV}/bin/pip", "install", "--disable-pip-version-check", "--no-cache-dir",
+           "--no-index", "--find-links", WHEELS, "--upgrade", f"hosttune=={__version__}")
+    room = NeedSpace(VENV, VENV_BYTES_PER_WHEEL_BYTE * sum(w.stat().st_size for w in wheels))
     return (
         Directory(WHEELS),
         *(FileWrite(f"{WHEELS}/{w.name}", source=w) for w in wheels),
         Command(("python3", "-m", "venv", VENV), undo=undo, offline=False,
                 requires=(NeedVenv("python3"),)),
-        Command(pip, offline=False, timeout=900),
+        Command(pip, offline=False, timeout=900, requires=(room,)),
     )
 
 

@@ -14,6 +14,9 @@ from posixpath import dirname
 from typing import Union
 
 
+VENV_BYTES_PER_WHEEL_BYTE = 3  # a virtualenv takes about this many bytes per byte of the wheels it is installed from
+
+
 @dataclass(frozen=True)
 class NeedCommand:
     """A program on the host's PATH (under --root: inside the image, which runs it with chroot).

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from hosttune.actions.base import Command, FileWrite, Op, Remove, Symlink
-from hosttune.actions.needs import Need, NeedSpace, NeedVenv, size_text
+from hosttune.actions.needs import VENV_BYTES_PER_WHEEL_BYTE, Need, NeedSpace, NeedVenv, size_text
 from hosttune.build.wheelhouse import Entry
 from hosttune.deploy.access import Access, launched_with_key
 from hosttune.deploy.errors import DeployError
@@ -24,7 +24,6 @@ from hosttune.deploy.units import RAY_UNIT, REPLICA_UNITS, SERVE_UNIT, UNIT_NAME
 from hosttune.presets import EnginePreset, substitute
 
 INSTALL_TIMEOUT_S = 1800.0
-INSTALLED_PER_WHEEL_BYTE = 3  # a virtualenv takes about this many bytes per byte of the wheels it is installed from
 GB = 10**9
 
 
@@ -200,7 +199,7 @@ def _pip_ops(release: Release, python: str) -> list[Op]:
     venv, tmp = release.dir, pip_tmp(release)
     pip = ("env", f"TMPDIR={tmp}", f"{venv}/bin/pip", "install", "--no-compile", "--disable-pip-version-check",
            "--quiet", "--no-cache-dir")
-    room = NeedSpace(venv, INSTALLED_PER_WHEEL_BYTE * sum(w.size for w in release.wheels) + release.index_deps,
+    room = NeedSpace(venv, VENV_BYTES_PER_WHEEL_BYTE * sum(w.size for w in release.wheels) + release.index_deps,
                      _space_note(release))
     if release.offline:  # exactly the wheels resolved at build time, nothing from an index
         install = (*pip, "--no-index", "--no-deps", *(wheel_path(w) for w in release.wheels))

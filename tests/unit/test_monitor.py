@@ -101,7 +101,7 @@ def test_apply_uploads_the_wheels_makes_the_venv_and_starts_both_timers(wheels):
     assert sorted(op.path.rsplit("/", 1)[1] for op in uploads) == sorted(p.name for p in wheels.glob("*.whl"))
     venv = next(op for op in ops if isinstance(op, Command) and "venv" in op.argv)
     assert venv.argv == ("python3", "-m", "venv", VENV) and venv.undo == ("rm", "-rf", "--", VENV)
-    pip = next(op for op in ops if isinstance(op, Command) and op.argv[0].endswith("/pip"))
+    pip = next(op for op in ops if isinstance(op, Command) and "install" in op.argv)
     assert "--no-index" in pip.argv and pip.argv[-1] == f"hosttune=={__version__}"
     assert Directory("/var/lib/node_exporter/textfile_collector") in ops
     services = [op for op in ops if isinstance(op, Service)]
@@ -113,7 +113,19 @@ def test_apply_uploads_the_wheels_makes_the_venv_and_starts_both_timers(wheels):
     assert next(op for op in again.ops if isinstance(op, Command) and "venv" in op.argv).undo is None  # rollback keeps it
 
 
-def test_the_units_run_each_pass_at_its_interval():
+def test_the_monitors_install_needs_room_for_its_virtualenv_and_writes_only_there(wheels):
+    """pip installs into the virtualenv with its temporary files there and no cache, as deploy's pip does: the space
+    the plan checks for the virtualenv is where it writes, before anything is sent."""
+    from hosttune.actions.needs import NeedSpace
+
+    (step,) = monitor(SYSTEMD, monitored(wheels), HOST)
+    pip = next(op for op in step.ops if isinstance(op, Command) and "install" in op.argv)
+    assert pip.argv[:3] == ("env", f"TMPDIR={VENV}", f"{VENV}/bin/pip") and "--no-cache-dir" in pip.argv
+    size = sum(w.stat().st_size for w in wheels.glob("*.whl"))
+    assert NeedSpace(VENV, 3 * size) in pip.needs
+
+
+
     units = timer_units(monitored(interval_s=30, active_interval_s=1800, textfile_dir="/srv/textfile"))
     assert sorted(units) == ["hosttune-monitor-active.service", "hosttune-monitor-active.timer",
                              "hosttune-monitor.service", "hosttune-monitor.timer"]
