@@ -26,12 +26,16 @@ test model on CPU; needs torch and the engine installed, as scripts/test.sh does
         --prompts uniform:16-256 --max-tokens uniform:8-32 --slo e2e=1s \
         --out docs/bench-example/engine-cpu-sweep
 
-Run: python benchmarks/bench_example_report.py [--engine] [--only-engine]
-(about eight minutes for the scripted part).
+Run: python benchmarks/bench_example_report.py [--engine] [--only-engine] [--sweeps]
+(about eight minutes for the scripted part; --sweeps runs only the two sweeps).
+
+A sweep's results.json (8-17 MB of timings) is not kept: each sweep folder keeps steps.json.gz, the
+same document with every step's per-request timings left out (each step's settings and summary).
 
 With --from-results it runs nothing: the report.md of each folder that keeps its results.json.gz
 (compare, engine-cpu) is written again from those recorded timings by the current report code,
-under the run's own command and date.
+under the run's own command and date; a sweep folder's report.md and latency_vs_rate.png from its
+steps.json.gz, by the current report and plot code (its steps' figures as they were measured).
 """
 
 from __future__ import annotations
@@ -102,15 +106,17 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def engine_runs() -> None:
+def engine_runs(is_sweep_only: bool = False) -> None:
     engine_load = ["--prompts", "uniform:16-256", "--max-tokens", "uniform:8-32"]
     with tempfile.TemporaryDirectory() as folder:
         process, url = start_engine(Path(folder))
         try:
-            bench("--url", url, "--users", "4", "--duration", "20s", "--warmup", "5s", *engine_load,
-                  "--slo", "ttft=250ms,e2e=1s", "--out", "docs/bench-example/engine-cpu")
+            if not is_sweep_only:
+                bench("--url", url, "--users", "4", "--duration", "20s", "--warmup", "5s", *engine_load,
+                      "--slo", "ttft=250ms,e2e=1s", "--out", "docs/bench-example/engine-cpu")
             bench("--url", url, "--sweep", "--sweep-start", "2", "--duration", "10s", "--warmup", "3s",
                   *engine_load, "--slo", "e2e=1s", "--out", "docs/bench-example/engine-cpu-sweep")
+            keep_steps(OUT / "engine-cpu-sweep")
         finally:
             process.terminate()
             process.wait(timeout=60)
@@ -155,6 +161,51 @@ def rendered(folder: Path) -> str:
     return report.markdown(report.Outcome(runs, (), doc["command"], doc["created"]), [CDF_FILE, TIMELINE_FILE])
 
 
+def keep_steps(folder: Path) -> None:
+    """steps.json.gz: the sweep's results.json without its per-request timings, loop lag and server samples."""
+    doc = json.loads((folder / "results.json").read_text())
+    for sweep in doc["sweeps"]:
+        for point in sweep["points"]:
+            point.update(requests=[], loop_lag=[], server_metrics=[])
+    (folder / "steps.json.gz").write_bytes(gzip.compress(json.dumps(doc, indent=1).encode() + b"\n", mtime=0))
+
+
+def _summary(doc: dict):
+    from hosttune.bench.metrics import ClientLag, LatencyStats, Summary
+
+    stats = {name: doc[name] and LatencyStats(**doc[name]) for name in ("ttft", "itl", "tpot", "e2e")}
+    return Summary(**{**doc, **stats, "lag": ClientLag(**doc["lag"])})
+
+
+def kept_sweeps(folder: Path) -> tuple[dict, list]:
+    """A sweep folder's steps.json.gz: the document, and its sweeps as the report and plot code take them."""
+    from hosttune.bench.metrics import Slo
+    from hosttune.bench.sweep import SweepPoint, SweepResult
+
+    doc = json.loads(gzip.decompress((folder / "steps.json.gz").read_bytes()))
+    sweeps = [SweepResult(s["url"], Slo(**s["slo"]),
+                          tuple(SweepPoint(p["rate"], _summary(p["summary"]), _run(
+                              {k: v for k, v in p.items() if k not in ("is_held", "is_client_bound")}))
+                                for p in s["points"]),
+                          s["max_rate"], s["first_broken"], s["is_capped"], s["stopped_by"]) for s in doc["sweeps"]]
+    return doc, sweeps
+
+
+def rendered_sweep(folder: Path) -> str:
+    """The sweep folder's report.md as the current report code writes it from its steps.json.gz."""
+    from hosttune.bench import report
+    from hosttune.bench.plot import CDF_FILE, SWEEP_FILE, TIMELINE_FILE
+
+    doc, sweeps = kept_sweeps(folder)
+    outcome = report.Outcome((), tuple(sweeps), doc["command"], doc["created"])
+    return report.markdown(outcome, [CDF_FILE, TIMELINE_FILE, SWEEP_FILE])
+
+
+def kept_steps() -> list[Path]:
+    """The sweep folders, each with its steps.json.gz."""
+    return sorted(steps.parent for steps in OUT.glob("*/steps.json.gz"))
+
+
 def kept_results() -> list[Path]:
     """The folders whose results.json.gz is committed (the single runs)."""
     return sorted(results.parent for results in OUT.glob("*/results.json.gz"))
@@ -165,18 +216,27 @@ def main() -> None:
         for folder in kept_results():
             (folder / "report.md").write_text(rendered(folder))
             print(f"wrote {folder / 'report.md'}", flush=True)
+        for folder in kept_steps():
+            from hosttune.bench.plot import SWEEP_FILE, latency_vs_rate
+
+            (folder / "report.md").write_text(rendered_sweep(folder))
+            latency_vs_rate(kept_sweeps(folder)[1], folder / SWEEP_FILE)
+            print(f"wrote {folder / 'report.md'} and {SWEEP_FILE}", flush=True)
         return
+    is_sweep_only = "--sweeps" in sys.argv
     if "--engine" in sys.argv or "--only-engine" in sys.argv:
-        engine_runs()
+        engine_runs(is_sweep_only)
     if "--only-engine" in sys.argv:
         return
     servers = [launch.start("--fast", *FAST, lifetime=900), launch.start("--fast", *SLOW, lifetime=900)]
     fast, slow = (url for _, url in servers)
     try:
-        bench("--url", fast, "--url", slow, "--users", "32", "--duration", "20s", "--warmup", "5s",
-              *LOAD, "--slo", "ttft=1s,e2e=2s", "--out", str((OUT / "compare").relative_to(ROOT)))
+        if not is_sweep_only:
+            bench("--url", fast, "--url", slow, "--users", "32", "--duration", "20s", "--warmup", "5s",
+                  *LOAD, "--slo", "ttft=1s,e2e=2s", "--out", str((OUT / "compare").relative_to(ROOT)))
         bench("--url", fast, "--url", slow, "--sweep", "--sweep-start", "4", "--duration", "15s",
               "--warmup", "3s", *LOAD, "--slo", "e2e=2s", "--out", str((OUT / "sweep").relative_to(ROOT)))
+        keep_steps(OUT / "sweep")
     finally:
         for process, _ in servers:
             launch.stop(process, timeout=10)
