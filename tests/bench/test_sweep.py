@@ -9,9 +9,9 @@ from hosttune.bench.sweep import SweepConfig, next_rate, sweep
 
 from .servers import realtime
 
-CAPACITY, TTFT, ITL, TOKENS = 32, 0.02, 0.02, 10
-SERVICE = TTFT + (TOKENS - 1) * ITL  # 0.2 s per request, whatever the load
-SATURATION = CAPACITY / SERVICE  # 160 requests/s
+CAPACITY, TTFT, ITL, TOKENS = 32, 0.01, 0.01, 10
+SERVICE = TTFT + (TOKENS - 1) * ITL  # 0.1 s per request, whatever the load
+SATURATION = CAPACITY / SERVICE  # 320 requests/s
 
 
 def test_next_rate_grows_then_bisects():
@@ -26,13 +26,16 @@ def test_next_rate_grows_then_bisects():
 
 def test_sweep_finds_the_saturation_rate(server_factory):
     # Real-time priority where permitted, as in test_known_timings: on a machine whose two
-    # cores other work shares, preemption would otherwise look like server latency.
+    # cores other work shares, preemption would otherwise look like server latency. A 0.1 s
+    # service lets 1.5 s steps see a 10% overload (its queue's wait passes the service time
+    # within the step); the first step at 0.75 x saturation, growing by 1.25, brackets it in
+    # about six steps.
     url = server_factory("--realtime", "--ttft", str(TTFT), "--itl", str(ITL), "--capacity", str(CAPACITY))
-    spec = BenchSpec(load=Load(rate=1, duration=3.0, warmup=0.5, drain_timeout=10, seed=1),
+    spec = BenchSpec(load=Load(rate=1, duration=1.5, warmup=0.25, drain_timeout=10, seed=1),
                      prompt_lengths="16", output_lengths=str(TOKENS))
     slo = Slo(e2e=2 * SERVICE)  # P95 E2E at most twice the unloaded service time
     with realtime():
-        result = run_async(sweep(spec, url, slo, SweepConfig(start_rate=80, growth=1.5)))
+        result = run_async(sweep(spec, url, slo, SweepConfig(start_rate=0.75 * SATURATION, growth=1.25)))
 
     rates = [p.rate for p in result.points]
     print("sweep:", [(round(p.rate, 1), round(p.summary.request_throughput, 1), p.is_held)
