@@ -6,8 +6,9 @@ from typing import Callable
 
 from hosttune.bench.loadgen import Progress
 from hosttune.bench.metrics import Summary, prefix_hit_rate
+from hosttune.bench.notes import unmeasured_note, usage_note
 from hosttune.bench.record import RunRecord
-from hosttune.bench.report import since_warmup, summary_rows, unmeasured_note
+from hosttune.bench.report import since_warmup, summary_rows
 from hosttune.bench.sweep import SweepPoint, SweepResult, empty_note
 from hosttune.bench.units import rate_text
 
@@ -50,6 +51,8 @@ def summary_table(runs: list[tuple[RunRecord, Summary]], render: TableRenderer =
             text += (f"\nNOTE {run.url}: {s.num_cancelled} measured requests were still running at the stop and were "
                      "cancelled (counted in none of ok, 429 or failed).")
         if note := unmeasured_note(run, s):
+            text += f"\nNOTE {run.url}: {note}."
+        if note := usage_note(run):
             text += f"\nNOTE {run.url}: {note}."
     return text
 

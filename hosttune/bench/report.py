@@ -12,8 +12,9 @@ from pathlib import Path
 from hosttune import __version__
 from hosttune.bench import metrics
 from hosttune.bench.metrics import LatencyStats, Summary
+from hosttune.bench.notes import unmeasured_note, usage_note
 from hosttune.bench.plot import CDF_FILE, TIMELINE_FILE
-from hosttune.bench.record import CANCELLED, RequestRecord, RunRecord
+from hosttune.bench.record import RequestRecord, RunRecord
 from hosttune.bench.sweep import SweepResult, empty_note
 from hosttune.bench.units import rate_text
 
@@ -216,16 +217,6 @@ def _served(s: Summary, text: str) -> str:
     return text if s.is_rate_measured else "-"
 
 
-def unmeasured_note(run: RunRecord, s: Summary) -> str:
-    """Why a run shows no requests/s: no request ended in its window ('' where some did, or none was sent)."""
-    ended = [r.e2e for r in metrics.measured(run.requests) if r.outcome != CANCELLED]
-    if s.is_rate_measured or not ended:
-        return ""
-    return (f"no request ended within the {s.window_s:g} s measured window (the quickest took {min(ended):.2f} s), "
-            "so requests/s and tokens/s served are not measured; give a --duration longer than a request, or a "
-            "--warmup")
-
-
 def _ms(stats: LatencyStats | None, q: int) -> str:
     return "-" if stats is None else f"{stats.at(q) * 1e3:.1f}"
 
@@ -247,6 +238,8 @@ def _warnings(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:
             lines.append(f"> {run.url}: {s.num_cancelled} requests were still running at the stop and were cancelled.")
         if note := unmeasured_note(run, s):
             lines.append(f"> **{run.url}: {note}**.")
+        if note := usage_note(run):
+            lines.append(f"> {run.url}: {note}.")
     return lines + ([""] if lines else [])
 
 

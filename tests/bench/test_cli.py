@@ -467,6 +467,18 @@ def test_a_server_that_answers_whole_json_bodies_is_said_not_to_stream():
             "no Content-Type, not an event stream: bench needs one that streams (stream: true)") in result.stderr
 
 
+def test_a_stream_without_usage_says_its_output_tokens_are_counted_as_events():
+    """No usage event, four tokens an event: output tokens/s read a quarter of the truth, and TPOT four times it,
+    with nothing to say so."""
+    body = b'data: {"choices":[{"text":" a b c d"}]}\n\ndata: {"choices":[{"text":" e f g h"}]}\n\ndata: [DONE]\n\n'
+    with not_openai(200, body) as url:
+        result = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "1", "--requests", "2",
+                                     "--warmup", "0", "--prompts", "8", "--max-tokens", "8", "--max-client-lag", "1s"])
+    assert result.exit_code == 0, result.output
+    assert (f"NOTE {url}: 2 of 2 requests streamed no usage (stream_options.include_usage), so their output tokens "
+            "are counted as the events that carried text") in result.stdout
+
+
 def test_a_run_refused_for_want_of_a_key_says_to_pass_the_key_not_to_check_the_model():
     """--model skips /v1/models, where a missing key is found first: the requests' 401 must point at --api-key."""
     with not_openai(401, b'{"error": {"message": "Incorrect or missing API key"}}') as url:
