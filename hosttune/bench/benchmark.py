@@ -119,8 +119,12 @@ def check_url(url: str) -> str:
     if parsed.query or parsed.fragment or url.endswith(("?", "#")):
         raise BenchError(f"--url {url!r}: give the server's base URL, without a ?query or #fragment (bench adds "
                          "/v1/completions to it)")
-    if parsed.path.rstrip("/").endswith("/v1"):
+    path = parsed.path.rstrip("/")
+    if path.endswith("/v1"):
         raise BenchError(f"--url {url!r}: give the server's base URL, without /v1 (bench adds /v1/completions)")
+    if (route := path.rpartition("/v1/")[2]) and "/v1/" in path:  # an endpoint's own URL, pasted whole
+        raise BenchError(f"--url {url!r}: give the server's base URL, without /v1/{route} (bench adds "
+                         "/v1/completions, or /v1/chat/completions with --api chat)")
     return url.rstrip("/")
 
 
