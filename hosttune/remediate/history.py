@@ -31,6 +31,7 @@ class Ledger:
     seen: tuple[tuple[str, int, int], ...] = ()  # (bdf, code, lines in this boot's kernel log)
     xids: tuple[Occurrence, ...] = ()
     recovered: tuple[tuple[str, float], ...] = ()  # (bdf, when its last recovery finished)
+    machine: str = ""  # the host's /etc/machine-id when written ("": unknown, or an older hosttune's ledger)
 
     def recovered_at(self, bdf: str) -> float:
         return dict(self.recovered).get(bdf, 0.0)
@@ -69,13 +70,19 @@ def parse_ledger(text: str) -> Ledger:
         doc = json.loads(text)
         return Ledger(str(doc["boot"]), tuple((str(b), int(c), int(n)) for b, c, n in doc["seen"]),
                       tuple(Occurrence(str(o["bdf"]), int(o["code"]), _time(o["at"])) for o in doc["xids"]),
-                      tuple((str(b), _time(t)) for b, t in doc["recovered"]))
+                      tuple((str(b), _time(t)) for b, t in doc["recovered"]), str(doc.get("machine") or ""))
     except (ValueError, KeyError, TypeError, OverflowError) as exc:  # Overflow: int(Infinity)
         raise LedgerError(f"the remediation ledger {LEDGER_FILE} is not valid ({exc}): move it aside to start a new one") from None
 
 
-def observe(ledger: Ledger, boot: str, events: tuple[XidEvent, ...], now: float) -> Ledger:
-    """The ledger after reading this boot's kernel log: lines not counted before become occurrences at `now`."""
+def observe(ledger: Ledger, boot: str, events: tuple[XidEvent, ...], now: float, machine: str = "") -> Ledger:
+    """The ledger after reading this boot's kernel log: lines not counted before become occurrences at `now`.
+
+    machine: the host's machine-id; a ledger another machine kept (a disk cloned from it) is not this host's
+    history, and this one starts anew."""
+    if machine and ledger.machine and ledger.machine != machine:
+        ledger = Ledger()
+    ledger = replace(ledger, machine=machine or ledger.machine)
     counts = Counter((e.bdf, e.code) for e in events)
     before = {(b, c): n for b, c, n in ledger.seen} if boot == ledger.boot else {}
     new = [Occurrence(bdf, code, now) for (bdf, code), n in sorted(counts.items())

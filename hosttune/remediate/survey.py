@@ -68,7 +68,8 @@ def survey_host(host: Host, profile: Profile, policy: XidPolicy, ledger: Ledger 
         facts = gather(transport, 0, timeout=host.probe_timeout_s).facts
         snapshot = read_snapshot(transport)
         findings = tuple(run_checks(facts, profile))
-        seen = observe(snapshot.ledger if ledger is None else ledger, snapshot.boot, facts.health.kernel_log.events, now)
+        seen = observe(snapshot.ledger if ledger is None else ledger, snapshot.boot, facts.health.kernel_log.events, now,
+                       facts.machine_id)
         faults = tuple(find_faults(facts, findings, snapshot, seen, now, policy))
         error = journal_error(transport, CLIMB_WRITES) if is_plan and faults and snapshot.cordon is None else None
         return Survey(host, profile.name, True, error, facts, findings, snapshot, seen, faults)

@@ -103,6 +103,21 @@ def test_the_ledger_counts_each_kernel_log_line_once_per_boot():
         parse_ledger("{not json")
 
 
+def test_a_ledger_another_machine_kept_is_not_this_hosts_history():
+    """A disk cloned from a host brings its ledger: that host's Xids would count as this one's repeats (four fatal
+    Xids there and one here would retire this GPU). A ledger of another machine-id starts anew; one of an older
+    hosttune, which recorded none, is kept."""
+    theirs = replace(ledger(*[(GPU1, 48, h * HOUR) for h in range(4)]), machine="aaaa")
+    event = (XidEvent(GPU1, 48, "x"),)
+    here = observe(theirs, "boot-b", event, NOW, machine="bbbb")
+    assert [(o.bdf, o.code, o.at) for o in here.xids] == [(GPU1, 48, NOW)] and here.machine == "bbbb"
+    assert len(observe(theirs, "boot-b", event, NOW, machine="aaaa").xids) == 5
+    assert len(observe(replace(theirs, machine=""), "boot-b", event, NOW, machine="bbbb").xids) == 5
+    assert parse_ledger(here.to_json().decode()) == here
+    f = facts(GpuHealth(0, GPU0 + ".0"), GpuHealth(1, GPU1 + ".0"), events=event)
+    assert faults_of(f, led=here)[0].ladder == GPU_LADDER  # not retired on the other machine's history
+
+
 # -- faults and their ladders ----------------------------------------------------------------------------
 
 
