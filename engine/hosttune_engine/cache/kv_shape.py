@@ -28,12 +28,14 @@ class KVCacheShape:
 
 
 def blocks_in_gib(gib: float, shape: KVCacheShape) -> int:
-    """Blocks of `shape` a pool of `gib` GiB holds (at least one)."""
-    return max(1, int(gib * 2**30) // shape.bytes_per_block)
+    """Blocks of `shape` a pool of `gib` GiB holds (none where one block is bigger)."""
+    return int(gib * 2**30) // shape.bytes_per_block
 
 
 def check_holds_context(blocks: int, block_size: int, max_model_len: int, size_option: str) -> int:
     """`blocks`, if they hold one sequence of max_model_len (else no request could use the whole context)."""
+    if blocks < 1:
+        raise ConfigError(f"the KV cache fits no block of {block_size} tokens; raise {size_option} or lower block_size")
     if blocks * block_size < max_model_len:
         raise ConfigError(
             f"the KV cache fits {blocks * block_size} tokens, fewer than max_model_len="

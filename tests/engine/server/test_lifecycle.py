@@ -172,9 +172,12 @@ NO_CUDA_DRIVER = pytest.mark.skipif(not surely_cpu("auto"), reason="a CUDA drive
     pytest.param("tiny", ["--kernel-backend", "triton"],
                  "kernel_backend='triton' on the CPU needs TRITON_INTERPRET=1 (Triton's interpreter, slow)",
                  marks=NO_CUDA_DRIVER),
-    pytest.param("tiny", ["--max-model-len", "1024", "--cpu-kv-cache-gib", "0.00001"],
-                 "the KV cache fits 16 tokens, fewer than max_model_len=1024; raise cpu_kv_cache_gib or lower "
+    pytest.param("tiny", ["--max-model-len", "1024", "--cpu-kv-cache-gib", "0.0001"],
+                 "the KV cache fits 128 tokens, fewer than max_model_len=1024; raise cpu_kv_cache_gib or lower "
                  "max_model_len", marks=NO_CUDA_DRIVER),
+    pytest.param("tiny", ["--block-size", "1048576"],  # 768 MiB a block, where the pool was one block whatever its size
+                 "the KV cache fits no block of 1048576 tokens; raise cpu_kv_cache_gib or lower block_size",
+                 marks=NO_CUDA_DRIVER),
 ])
 def test_a_model_folder_that_cannot_serve_is_one_line_exit_2(tiny_qwen2, tmp_path, capsys, monkeypatch, config_json,
                                                              flags, message):
@@ -239,9 +242,9 @@ def test_auto_on_a_driver_without_a_usable_gpu_refuses_a_too_small_cpu_kv_cache_
     """--device auto runs on the CPU where the driver loads but gives no GPU (none present or visible), or torch is
     a CPU build: its CPU KV cache is checked before the socket opens, not after the model loads behind a 503."""
     exit_ = _serve_before_the_socket(monkeypatch, driver, torch_cuda, [
-        "--model", str(tiny_qwen2), "--max-model-len", "1024", "--cpu-kv-cache-gib", "0.00001"])
+        "--model", str(tiny_qwen2), "--max-model-len", "1024", "--cpu-kv-cache-gib", "0.0001"])
     assert exit_.code == 2 and capsys.readouterr().err == (
-        "hosttune-engine: error: the KV cache fits 16 tokens, fewer than max_model_len=1024; raise cpu_kv_cache_gib "
+        "hosttune-engine: error: the KV cache fits 128 tokens, fewer than max_model_len=1024; raise cpu_kv_cache_gib "
         "or lower max_model_len\n")
 
 
