@@ -183,10 +183,9 @@ class Tokenizer:
         """Render `messages` with the model's chat template (Jinja, sandboxed, like transformers)."""
         if not self.chat_template:
             raise ModelLoadError("this tokenizer has no chat template (tokenizer_config.json chat_template)")
-        return self._template.render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs,
-        )
+        # the caller's arguments win over the special tokens, as in transformers
+        variables = {"bos_token": self.bos_token or "", "eos_token": self.eos_token or "", **kwargs}
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
 
     @cached_property
     def _template(self):

@@ -203,6 +203,21 @@ def test_chat_template_kwargs_may_set_the_templates_own_add_generation_prompt(ti
     assert rendered == builder.render_chat(req.messages, False) != builder.render_chat(req.messages, True)
 
 
+def test_chat_template_kwargs_may_set_the_special_tokens_but_not_the_messages(tiny_models):
+    """As in transformers, they win over bos_token; they were a 400 quoting jinja2's render() arguments."""
+    from hosttune_engine.model.tokenizer import Tokenizer
+    from hosttune_engine.server.schemas.tokenize import TokenizeRequest
+
+    builder = PromptBuilder(Tokenizer(tiny_models["llama"]), 1024, 256)
+    messages = [{"role": "user", "content": "hi"}]
+    assert builder.render_chat(messages, True, {"bos_token": "<X>"}).startswith("<X>[user] hi")
+    for request in (ChatRequest, TokenizeRequest):
+        with pytest.raises(ApiError) as err:
+            request.parse({"messages": messages, "chat_template_kwargs": {"messages": []}})
+        assert (err.value.param, err.value.message) == (
+            "chat_template_kwargs", "chat_template_kwargs must not set messages; send them as the request's messages")
+
+
 def test_continuous_usage_stats_is_a_boolean_that_counts_only_with_include_usage():
     def options(**stream_options):
         return CompletionRequest.parse({"prompt": "hi", "stream": True, "stream_options": stream_options}).options

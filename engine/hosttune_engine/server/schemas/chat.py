@@ -25,6 +25,14 @@ def read_messages(messages) -> tuple[dict, ...]:
     return tuple(out)
 
 
+def read_template_kwargs(kwargs: dict) -> dict:
+    """The chat template's own arguments (bos_token, a template's flags); the messages are the request's."""
+    if "messages" in kwargs:
+        raise fault("chat_template_kwargs must not set messages; send them as the request's messages",
+                    "chat_template_kwargs")
+    return kwargs
+
+
 def _message_text(content, i: int) -> str:
     if content is None or isinstance(content, str):
         return content or ""
@@ -83,6 +91,11 @@ class _ChatTail(RequestBody):
     continue_final_message: Any = None
     echo: Any = None
     chat_template: Any = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, kwargs: dict):
+        return read_template_kwargs(kwargs)
 
     @field_validator(*CHAT_UNSUPPORTED, mode="plain")
     @classmethod

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator
 
 from hosttune_engine.server.schemas.body import RequestBody, describe, fault, token_ids
-from hosttune_engine.server.schemas.chat import read_messages
+from hosttune_engine.server.schemas.chat import read_messages, read_template_kwargs
 
 
 class TokenizeRequest(RequestBody):
@@ -26,6 +26,11 @@ class TokenizeRequest(RequestBody):
         if ("prompt" in body) == ("messages" in body):
             raise fault("give exactly one of prompt (a string) or messages (an array)", None)
         return {**body, "is_chat": "messages" in body}
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, kwargs: dict):
+        return read_template_kwargs(kwargs)
 
     @field_validator("messages", mode="plain")
     @classmethod
