@@ -167,13 +167,6 @@ def complete(port: int, key: str) -> None:
     assert out.choices and out.usage.completion_tokens >= 1
 
 
-def finished(bench: subprocess.Popen, out: Path) -> list[dict]:
-    """The requests of a `hosttune bench --out out` run, once it has ended."""
-    output, _ = bench.communicate(timeout=400)
-    assert (out / "results.json").exists(), output[-2000:]
-    return bench_run(out)["requests"]
-
-
 def under_load(work: Callable[[], T], bench: subprocess.Popen, out: Path) -> tuple[T, float, list[dict]]:
     """`work()`'s result and seconds, and the requests of `bench` (`hosttune bench --out out` started before it
     for far longer than any change takes, steady_bench.LONGEST_S), stopped with Ctrl-C once the work is done:

@@ -1,14 +1,15 @@
-"""Live: three keyed CPU replicas of the bundled engine behind the prefix router (deploy.router)
+"""Live: two keyed CPU replicas of the bundled engine behind the prefix router (deploy.router)
 behind the host's nginx, on a real systemd host over SSH, the router's scripts shipped in the
 release and run by its python.
 
 - A shared-prefix workload (7 system prompts of 200 tokens, 4 requests a second) through nginx: the
   replicas' own prefix-cache counters show at least 80% of the prefix tokens they were sent found in
-  the cache, counted once each prompt's first request has been looked up (each replica keeps 72
-  blocks of 16 tokens: five of the seven prompts; the router splits them 3, 2 and 2).
+  the cache, counted once each prompt's first request has been looked up (each replica keeps 60
+  blocks of 16 tokens: the 12 full blocks of five of the seven prompts; the router splits them 4 and 3).
 - Killing one replica under that load fails at most the requests it held; the probe takes it out
-  of the router and puts it back once systemd has restarted it.
-- A rolling redeploy to a new release under 12 closed-loop users on 6 of the prompts (a bench that runs
+  of the router (the load goes on a few seconds more, all of it on the other replica) and puts it back
+  once systemd has restarted it.
+- A rolling redeploy to a new release under 6 closed-loop users on 3 of the prompts (a bench that runs
   until the roll is done) fails no request, and leaves the router running (its unit is
   the same text).
 - Back to nginx's least_conn (--no-router): the same workload finds far fewer prefixes cached, as
@@ -28,23 +29,23 @@ from pathlib import Path
 
 import pytest
 
-from .deploy_setup import (MODEL, REPO, complete, deploy, finished, group_key, replica_host, status, under_load,
+from .deploy_setup import (MODEL, REPO, complete, deploy, group_key, replica_host, status, under_load,
                            wait_for)
-from .steady_bench import LONGEST_S
+from .steady_bench import LONGEST_S, bench_run, stop_bench
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(900)]
-NUM_REPLICAS = 3
+NUM_REPLICAS = 2
 PREFIX_TOKENS = 200
 
 
 def shape(port: int) -> dict:
     return {"engine": "custom", "model": MODEL, "replicas": NUM_REPLICAS, "port": port, "router": True,
-            "custom": {"device": "cpu", "max-batch-size": 8, "num-kv-blocks": 72, "block-size": 16},
+            "custom": {"device": "cpu", "max-batch-size": 8, "num-kv-blocks": 60, "block-size": 16},
             "health_timeout": 240, "warmup": 1, "probe_interval": 2, "api_key": True}
 
 
-# Closed loop: 12 users on 6 system prompts, each user sending again as its answer comes.
-USERS = ("--shared-prefix", "6x2")
+# Closed loop: 6 users on 3 system prompts, each user sending again as its answer comes.
+USERS = ("--shared-prefix", "3x2")
 # Open loop: 4 requests a second on 7 system prompts in turn, as independent callers would send them. (A
 # closed-loop user's next request tends to land where its last one ended under least_conn too.)
 ARRIVALS = ("--shared-prefix", "7x2", "--rate", "4")
@@ -72,11 +73,11 @@ def counters(ports) -> dict[str, float]:
     return totals
 
 
-def cold_start_done(ports) -> dict[str, float] | None:
-    """The replicas' counters once they have looked up at least as many prompt tokens as the first request of
-    each of the 7 system prompts holds at most (the bench sends them in turn), else None."""
+def cold_start_done(ports, since: dict[str, float]) -> dict[str, float] | None:
+    """The replicas' counters once they have looked up, since `since`, at least as many prompt tokens as the first
+    request of each of the 7 system prompts holds at most (the bench sends them in turn), else None."""
     totals = counters(ports)
-    return totals if totals["queries"] >= 7 * (PREFIX_TOKENS + 16) else None
+    return totals if totals["queries"] - since["queries"] >= 7 * (PREFIX_TOKENS + 16) else None
 
 
 def routed(router_port: int) -> dict[str, float]:
@@ -139,10 +140,12 @@ def test_the_router_keeps_prefixes_on_their_replica_and_rolls_without_losing_a_r
     assert scrape[-1]["targets"] == [f"127.0.0.1:{router_port + 1}"]
 
     # 2. the shared-prefix workload: prefixes hit on their replica; then one replica killed under it
-    bench = start_bench(port, key, tmp_path / "shared", 40, ARRIVALS)
+    base = counters(replica_ports)
+    bench = start_bench(port, key, tmp_path / "shared", LONGEST_S, ARRIVALS)
     # counted from once every system prompt has been looked up (its first, cold, request admitted), however
     # long a loaded host takes to start
-    before = wait_for("the first request of every system prompt admitted", lambda: cold_start_done(replica_ports), 30)
+    before = wait_for("the first request of every system prompt admitted",
+                      lambda: cold_start_done(replica_ports, base), 30, every=0.2)
     time.sleep(12)
     after = counters(replica_ports)
     # should the share fall short: what each replica looked up and found, and what the router sent where
@@ -153,7 +156,9 @@ def test_the_router_keeps_prefixes_on_their_replica_and_rolls_without_losing_a_r
     wait_for("the probe takes the killed replica out of the router",
              lambda: f"http://127.0.0.1:{replica_ports[1]}" not in router_workers(router_port), 30, every=0.2)
     timings["out of the router"] = time.monotonic() - start
-    requests = finished(bench, tmp_path / "shared")
+    time.sleep(3)  # the load goes on with the killed replica out: all of it on the other one
+    stop_bench(bench)
+    requests = bench_run(tmp_path / "shared")["requests"]
     router_share = prefix_share(before, after, requests)
     timings["router: prefix tokens hit"] = f"{router_share:.0%}"
     assert router_share >= 0.8, f"{router_share:.0%} of prefix tokens hit; {spread}"
@@ -167,8 +172,9 @@ def test_the_router_keeps_prefixes_on_their_replica_and_rolls_without_losing_a_r
 
     # 3. a rolling redeploy to a new release under the same load: every request answered, the router left running
     router_pid = main_pid(host, "hosttune-router.service")
+    sent = sum(routed(router_port).values())
     bench = start_bench(port, key, tmp_path / "roll", LONGEST_S, USERS)
-    time.sleep(5)
+    wait_for("every user's first request routed", lambda: sum(routed(router_port).values()) >= sent + 6, 30, every=0.2)
     result, timings["rolling redeploy"], requests = under_load(
         lambda: deploy(inventory, wheelhouse, "--set", "max-queue=32"), bench, tmp_path / "roll")
     assert result.exit_code == 0, result.output
@@ -182,15 +188,17 @@ def test_the_router_keeps_prefixes_on_their_replica_and_rolls_without_losing_a_r
     assert result.exit_code == 0, result.output
     assert host.exec("systemctl is-active hosttune-router.service", check=False).stdout.strip() != "active"
     assert not host.path("/etc/systemd/system/hosttune-router.service").exists()
-    bench = start_bench(port, key, tmp_path / "least_conn", 16, ARRIVALS)
-    time.sleep(4)
-    before = counters(replica_ports)
+    base = counters(replica_ports)
+    bench = start_bench(port, key, tmp_path / "least_conn", LONGEST_S, ARRIVALS)
+    before = wait_for("the first request of every system prompt admitted",
+                      lambda: cold_start_done(replica_ports, base), 30, every=0.2)
     time.sleep(10)
     after = counters(replica_ports)
-    least_conn_share = prefix_share(before, after, finished(bench, tmp_path / "least_conn"))
+    stop_bench(bench)
+    least_conn_share = prefix_share(before, after, bench_run(tmp_path / "least_conn")["requests"])
     timings["least_conn: prefix tokens hit"] = f"{least_conn_share:.0%}"
     with capsys.disabled():
         print("\n  router timings: " + ", ".join(f"{k} {v:.1f}s" if isinstance(v, float) else f"{k} {v}"
                                              for k, v in timings.items()))
-    # each replica's cache holds about 5 of the 7 prompts, and under least_conn each sees all 7 in turn
+    # each replica's cache holds 5 of the 7 prompts, and under least_conn each sees all 7 in turn
     assert least_conn_share < router_share, timings
