@@ -148,6 +148,13 @@ def status(port: int, key: str | None) -> int:
         return e.code
 
 
+def served(port: int) -> float:
+    """Requests the live engine has finished, from its own /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        lines = resp.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:request_success_total"))
+
+
 def wait_for(what: str, check, timeout: float, every: float = 0.5):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -9,22 +9,14 @@ from __future__ import annotations
 
 import shutil
 import time
-import urllib.request
 
 import pytest
 
-from .deploy_setup import MODEL, free_port, wait_for
+from .deploy_setup import MODEL, free_port, served, wait_for
 from .steady_bench import bench_run, start_bench, stop_bench
 from .test_deploy_live import complete, deploy
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
-
-
-def served(port: int) -> float:
-    """Requests the live engine has finished, from its own /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        lines = resp.read().decode().splitlines()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("vllm:request_success_total"))
 
 
 def uploaded(host) -> int:

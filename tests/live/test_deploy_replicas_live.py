@@ -25,8 +25,8 @@ import time
 
 import pytest
 
-from .deploy_setup import (MODEL, complete, deploy, group_key, invoke_deploy, replica_host, status, under_load,
-                           wait_for)
+from .deploy_setup import (MODEL, complete, deploy, group_key, invoke_deploy, replica_host, served, status,
+                           under_load, wait_for)
 from .steady_bench import start_bench as steady_bench
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
@@ -85,8 +85,10 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
         live = host.exec("readlink /opt/hosttune/current").stdout.strip()
         return flagged, live, deploy(undeclared, wheelhouse)
 
+    replica_ports = (port + 1, port + 2)
+    answered = sum(map(served, replica_ports))
     bench = steady_bench(port, tmp_path / "bench", key)
-    time.sleep(8)
+    wait_for("the bench's first requests answered", lambda: sum(map(served, replica_ports)) >= answered + 6, 30, every=0.2)
     (flagged, live, back), timings["two rolling redeploys"], requests = under_load(rolls, bench, tmp_path / "bench")
     assert flagged.exit_code == 0, flagged.output
     second = flagged.stdout.split()[2]
@@ -95,7 +97,7 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     assert back.stdout.split()[1:3] == ["deployed", first] and "!" not in back.plan  # the plan takes nothing away
     assert host.exec("readlink /opt/hosttune/current").stdout.strip().endswith(first)
     bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
-    # 2 a second from 8 s before the rolls until they ended: the load covered them, however fast they went
+    # 2 a second from 3 s before the rolls until they ended: the load covered them, however fast they went
     assert len(requests) >= 2 * timings["two rolling redeploys"] and not bad, (len(requests), bad[:10])
     timings["requests during the rolls, all 200"] = len(requests)
     assert host.path(SERVERS).read_text().count("server 127.0.0.1:") == 2  # still the 2 replicas the host served
