@@ -19,14 +19,15 @@ from typer.testing import CliRunner
 
 from hosttune.cli import app
 
-from .deploy_setup import MODEL, free_port
+from .deploy_setup import MODEL, free_port, served, wait_for
 from .gpu_standin import XID_79, gpu_files, resets, set_faults, write_files
 from .steady_bench import bench_run, start_bench, stop_bench
 from .test_deploy_replicas_live import SERVERS, deploy, group_key, shape
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(900)]
 runner = CliRunner()
-MIN_LOAD_S = 52  # at 2 requests a second: the 100 requests asserted below, however fast remediate was
+RATE = 4  # requests a second
+MIN_LOAD_S = 25  # at RATE after its first 4 answers: the 100 requests asserted below, however fast remediate was
 
 
 def place_on_gpus(host) -> None:
@@ -52,8 +53,11 @@ def test_remediate_drains_and_restores_a_replica_under_load_without_a_failed_req
     set_faults(host, dmesg=XID_79)
     place_on_gpus(host)
 
-    bench, started = start_bench(port, tmp_path / "bench", group_key(inventory)), time.monotonic()
-    time.sleep(6)
+    answered = served(port + 1) + served(port + 2)
+    bench = start_bench(port, tmp_path / "bench", group_key(inventory), rate=RATE)
+    wait_for("the bench's first requests answered", lambda: served(port + 1) + served(port + 2) >= answered + 4, 30,
+             every=0.2)
+    started = time.monotonic()
     fixed = runner.invoke(app, ["remediate", "-i", str(inventory), "--yes", "--drain-wait", "30"])
     assert fixed.exit_code == 0, fixed.output
     assert "first: drain hosttune-engine@1.service off GPU1" in fixed.stdout
