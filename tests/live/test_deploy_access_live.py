@@ -5,7 +5,7 @@ engine listens on 127.0.0.1 only, nginx answers 401 without the key and 200 with
 client reaches it over https trusting the test CA, `hosttune bench --api-key` measures it (the key in
 no saved file) and `hosttune check` finds nothing open.
 
-The host gets nginx-light from Debian's mirror (its start held back until deploy configures it).
+nginx-light comes with the live image, not started and without Debian's default site (image.py).
 Uses the deploy live tests' wheelhouse and tiny model (conftest); ~2-3 minutes on a 2-core VM.
 """
 from __future__ import annotations
@@ -80,13 +80,6 @@ def make_test_ca(folder: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
-def install_nginx(host) -> None:
-    """nginx-light, not started and without Debian's default site (its port 80 is this machine's too)."""
-    host.exec("printf '#!/bin/sh\\nexit 101\\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d")
-    host.exec("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light", timeout=600)
-    host.exec("rm -f /usr/sbin/policy-rc.d /etc/nginx/sites-enabled/default && systemctl disable --now nginx")
-
-
 def get(url: str, key: str | None, ca: Path) -> int:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     context = ssl.create_default_context(cafile=str(ca))
@@ -111,7 +104,6 @@ def listen_addresses(host, port: int) -> set[str]:
 def test_keyed_deploy_behind_nginx_with_tls(live_fleet, fresh_hosts, tmp_path, wheelhouse, tiny_model, capsys):
     (host,) = fresh_hosts(["keyed1"])
     shutil.copytree(tiny_model, host.path(MODEL))
-    install_nginx(host)
     known = live_fleet.write_known_hosts(tmp_path / "known_hosts", [host])
     port, front = free_port(), free_port()
 
