@@ -12,6 +12,8 @@ every launch reads its weight from memory, as a model's step does.
 
 Example: python benchmarks/engine/w4a16_sweep.py --out /tmp/w4a16.json --table --precompile 14
          python benchmarks/engine/w4a16_sweep.py --batches 64 --projections gate_up --tiles 32x2 64x4
+         python benchmarks/engine/w4a16_sweep.py --kernels regs --batches 128 256 --hopper-split-k 1 2 4 \
+             --hopper-block-k 128 --table --precompile 14
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ class Axes:
     # wgmma: the Hopper GEMM's tile in shared memory, regs: in the MMA's registers (REGS 1); only where they run
     # (an sm_90 GPU, a Triton with Gluon)
     kernels: tuple = ("nibbles", "wgmma", "regs")
+    # the Hopper GEMM's grid narrowed to these SPLIT_K and BLOCK_K values (None: its whole grid)
+    hopper_split_k: tuple | None = None
+    hopper_block_k: tuple | None = None
 
 
 def configs(m: int, axes: Axes = Axes(), hopper: bool = False):
@@ -60,7 +65,9 @@ def configs(m: int, axes: Axes = Axes(), hopper: bool = False):
             yield {"NIBBLES": 1, "SWAP": swap, "BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8,
                    "SPLIT_K": split, "num_warps": warps, "num_stages": stages}
     if hopper:
-        yield from (c for c in wgmma_gemm(m) if ("regs" if c["REGS"] else "wgmma") in axes.kernels)
+        yield from (c for c in wgmma_gemm(m) if ("regs" if c["REGS"] else "wgmma") in axes.kernels
+                    and c["SPLIT_K"] in (axes.hopper_split_k or (c["SPLIT_K"],))
+                    and c["BLOCK_K"] in (axes.hopper_block_k or (c["BLOCK_K"],)))
 
 
 def weight(n: int, k: int, seed: int, device: str = "cuda"):
@@ -134,10 +141,15 @@ def main() -> None:
     parser.add_argument("--kernels", nargs="+", default=list(Axes.kernels), choices=Axes.kernels,
                         help="the fused kernels swept (wgmma, regs: the Hopper GEMM's tuner grid without and with "
                              "REGS, on Hopper only)")
+    parser.add_argument("--hopper-split-k", type=int, nargs="+", help="only the Hopper GEMM's configs of these "
+                        "SPLIT_K values (default: its whole grid)")
+    parser.add_argument("--hopper-block-k", type=int, nargs="+", help="only the Hopper GEMM's configs of these "
+                        "BLOCK_K values (default: its whole grid)")
     args = parser.parse_args()
     tiles = tuple(tuple(int(v) for v in t.split("x")) for t in args.tiles)
     axes = Axes(tiles, tuple(args.block_k), tuple(args.stages), tuple(args.split_k), tuple(args.swap),
-                tuple(args.kernels))
+                tuple(args.kernels), args.hopper_split_k and tuple(args.hopper_split_k),
+                args.hopper_block_k and tuple(args.hopper_block_k))
     # the configs --precompile compiles: the Hopper GEMM's too where it runs, as measure() times them
     hopper = hopper_gemm_runs(torch.device("cuda"))
     run_sweep(args, axes, lambda m, a: configs(m, a, hopper), measure, table, _compile)

@@ -47,6 +47,10 @@ def test_configs_sweep_every_combination_with_a_row_tile_for_the_batch(sweep):
     assert not list(sweep.configs(40, sweep.Axes(kernels=("nibbles",)), hopper=True))[-1].get("WGMMA")
     regs = list(sweep.configs(40, sweep.Axes(kernels=("regs",)), hopper=True))
     assert regs and all(c["WGMMA"] == 1 and c["REGS"] == 1 for c in regs)
+    narrowed = list(sweep.configs(256, sweep.Axes(kernels=("regs",), hopper_split_k=(1, 4), hopper_block_k=(128,)),
+                                  hopper=True))
+    assert narrowed and {(c["SPLIT_K"], c["BLOCK_K"]) for c in narrowed} == {(1, 128), (4, 128)}
+    assert any(c.get("OVERLAP") for c in narrowed) and any(c["BLOCK_M"] == 256 for c in narrowed)
 
 
 def test_timing_weights_are_in_the_kernels_layout(sweep):
