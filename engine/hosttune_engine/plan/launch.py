@@ -35,6 +35,7 @@ class LaunchConfig:
     swap: bool | None = None  # False: x first in the nibble GEMM's MMA
     wgmma: bool | None = None  # the W4A16 GEMM on Hopper's warpgroup MMA (kernels/w4a16_hopper.py)
     regs: bool | None = None  # that GEMM's unpacked weights the MMA's register operand (no shared-memory tile)
+    overlap: bool | None = None  # that GEMM's next K tile started under the last tile's MMA (REGS)
     packed: bool | None = None  # a quantized GEMV's fp16x2 products
     xb: bool | None = None  # the FP8 GEMV's activations in the weight tile's layout
     dot: bool | None = None  # the FP8 GEMV on the tensor cores
