@@ -9,6 +9,7 @@ which replica_lb.py checks and reloads; its TLS files come from here first).
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from hosttune.deploy.access import HOST_KEY_DIR, HOST_TLS_DIR, Access
@@ -34,6 +35,14 @@ if ! out=$(nginx -t 2>&1); then
 fi
 rm -f -- "$conf.old"
 """
+
+
+_LISTEN = re.compile(rb"^[ \t]*listen[ \t]+(?:[^;#\s]*:)?(\d+)[;\s]", re.M)
+
+
+def listen_ports(conf: bytes) -> set[int]:
+    """The ports an nginx config this deployment rendered listens on."""
+    return {int(port) for port in _LISTEN.findall(conf)}
 
 
 def on_loopback(settings: ServeSettings) -> ServeSettings:

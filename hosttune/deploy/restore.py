@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 
-from hosttune.actions.base import Op
+from hosttune.actions.base import Command, Op
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
 from hosttune.deploy.access import Access
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.front import front_ops
+from hosttune.deploy.front import NGINX_CONF, front_ops, listen_ports
 from hosttune.deploy.gate import GateResult, run_gate
 from hosttune.deploy.release import Release, manifest_path, meta_dir, release_name
 from hosttune.deploy.settings import ServeSettings
@@ -65,14 +65,30 @@ def bring_back(transport: Transport, back: Back, link: list[Op], failed_replica:
         if gate.ok and back.failed.replicas:  # leave_ops took the replicas' nginx config: the front again
             run_ops(transport, front_ops(back.access, previous.engine, (settings.port,)))
         return gate
-    run_ops(transport, rolling.switch_ops(previous, after, keep_previous=True) + link)
     # Replicas after the failed one never left the previous release: only those before it, and it, go back.
     moved = None
     if failed_replica is not None and rolling.indices(previous) == rolling.indices(back.failed):
         moved = [i for i in rolling.indices(previous) if i <= failed_replica]
+    run_ops(transport, out_of_the_way(previous, back.failed, failed_replica)
+            + rolling.switch_ops(previous, after, keep_previous=True) + link)
     gate, bad = rolling.roll(transport, previous, settings, health, only=moved)
     run_ops(transport, rolling.retire_ops(previous, read_state(transport, previous.id, [])))
     return gate if gate is not None else GateResult(True, "done")
+
+
+def out_of_the_way(previous: Release, failed: Release, failed_replica: int | None) -> list[Op]:
+    """Replicas the failed roll restarted onto a port the previous release takes before the way back restarts them
+    (its nginx's, at its switch, or another of its replicas', where the deploy moved the ports down): out of nginx
+    and stopped first, so that what comes back can bind its ports."""
+    ports = {int(r["index"]): int(r["port"]) for r in previous.replicas}
+    taken = set(ports.values()) | listen_ports(previous.files.get(NGINX_CONF, b""))
+    restarted = [r for r in failed.replicas if failed_replica is None or int(r["index"]) <= failed_replica]
+    blocking = [int(r["index"]) for r in restarted
+                if int(r["port"]) in taken and int(r["port"]) != ports.get(int(r["index"]))]
+    if not blocking:
+        return []
+    return [rolling.lb_op(failed, "out", *blocking),
+            Command(("systemctl", "stop", *(rolling.replica_unit(i) for i in blocking)), timeout=900.0)]
 
 
 def settings_of(release: Release, base: ServeSettings) -> ServeSettings:

@@ -15,7 +15,7 @@ from hosttune.deploy.front import front_ops, unfront_ops
 from hosttune.deploy.gate import GateResult, gate_line, run_gate
 from hosttune.deploy.host import HostDeploy, gate_failure
 from hosttune.deploy.release import PREVIOUS, Release, release_name
-from hosttune.deploy.restore import Back, bring_back, load_release, settings_of
+from hosttune.deploy.restore import Back, bring_back, load_release, out_of_the_way, settings_of
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.units import SERVE_UNIT
@@ -41,12 +41,14 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_
     previous = load_release(transport, state.previous)
     settings = settings_of(previous, timeouts)
     front = [] if previous.replicas or SERVE_UNIT not in previous.units else _front(host, previous, state, settings.port)
+    stop = _in_the_way(transport, previous, state) if previous.replicas else []
     if dry_run:
         return HostDeploy(host, Outcome.PLANNED, previous.id, release_name(state.current),
-                          ops=_plan(previous, release_name(state.current), settings) + tuple(map(describe, front)))
+                          ops=(*map(describe, stop), *_plan(previous, release_name(state.current), settings),
+                               *map(describe, front)))
     health = load_preset(previous.engine).serve.health
     if previous.replicas:
-        run_ops(transport, dplan.verify_ops(previous) + rolling.switch_ops(previous, state))
+        run_ops(transport, dplan.verify_ops(previous) + stop + rolling.switch_ops(previous, state))
         gate, bad = rolling.roll(transport, previous, settings, health)
         if bad is None:
             run_ops(transport, rolling.retire_ops(previous, state))
@@ -78,6 +80,17 @@ def _front(host: Host, previous: Release, state: HostState, port: int) -> list[O
                               f"back to roll back to it")
         return front_ops(access, previous.engine, (port,))
     return unfront_ops() if state.nginx_ports and not state.instances else []
+
+
+def _in_the_way(transport: Transport, previous: Release, state: HostState) -> list[Op]:
+    """The live replicas on ports the previous release takes before its roll restarts them (a deploy that moved the
+    ports down): stopped first. A live release that cannot be read is what a rollback leaves: nothing is stopped."""
+    if not (state.current and state.instances):
+        return []
+    try:
+        return out_of_the_way(previous, load_release(transport, state.current), None)
+    except (DeployError, ValueError, KeyError):
+        return []
 
 
 def _plan(previous: Release, now: str | None, settings: ServeSettings) -> tuple[str, ...]:

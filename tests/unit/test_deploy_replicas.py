@@ -399,13 +399,14 @@ class NewReplicaOneFails(ScriptedTransport):
     """Replica 1's gate fails while `current` is the new release; everything else passes."""
 
     new_dir = current = ""
+    failing_port = 8102
 
     def _command(self, argv, stdin, timeout):
         argv = tuple(argv)
         if argv[:2] == ("sh", "-c") and len(argv) > 6 and argv[4] == "link" and argv[5] == "/opt/hosttune/current":
             self.current = argv[6]
         if argv[:2] == ("python3", "-c") and "UNKNOWN" not in argv[2]:
-            self.gate_ok = not (json.loads(argv[3])["port"] == 8102 and self.current == self.new_dir)
+            self.gate_ok = not (json.loads(argv[3])["port"] == self.failing_port and self.current == self.new_dir)
         return super()._command(argv, stdin, timeout)
 
 
@@ -430,6 +431,62 @@ def test_a_replica_failing_its_gate_puts_back_the_replicas_that_moved(tmp_path):
     assert calls[6:] == [("sync", ()), ("out", ("0",)), ("restart", "hosttune-engine@0.service"), ("in", ("0",)),
                          ("out", ("1",)), ("restart", "hosttune-engine@1.service"), ("in", ("1",))]
     assert [a for _, a in log if a[0] == "journalctl"][0][2] == "hosttune-engine@1.service"
+
+
+def test_putting_back_replicas_whose_ports_moved_down_stops_the_new_ones_in_the_way_first(tmp_path):
+    """--port 8099 over nginx on 8100 and replicas on 8101-8102: new replica 0 took 8100 and replica 1 8101. Replica
+    1 fails its gate: the previous release's nginx takes 8100 at its switch and its replica 0 8101, so the new
+    replicas 0 and 1 are taken out and stopped before that switch, where nginx and replica 0 could not bind."""
+    old = replace(job(tmp_path / "old", a100_facts(), engine="custom", gpus="0-3", replicas="2", port=8100).release,
+                  id="custom-old")
+    j = job(tmp_path, a100_facts(), engine="custom", gpus="0-3", replicas="2", port=8099)
+    assert [r["port"] for r in old.replicas] == [8101, 8102] and [r["port"] for r in j.release.replicas] == [8100, 8101]
+    running = "".join(f"instance:hosttune-engine@{i}.service active\n" for i in range(2))
+    log: list = []
+    t = NewReplicaOneFails("gpu-a", log, state=f"current:{old.dir}\n{running}nginx:/usr/sbin/nginx\nnginx-listen:8100\n")
+    t.failing_port, t.new_dir = 8101, j.release.dir
+    t.files[f"{old.dir}/.hosttune/release.json"] = old.manifest()
+    for name, body in {**old.units, **old.meta, "host-hosttune-local.conf": old.files[NGINX_CONF],
+                       "host-hosttune-replicas.json": old.files[SCRAPE_FILE]}.items():
+        t.files[f"{old.dir}/.hosttune/{name}"] = body
+    outcome = dhost.deploy_one(t, j)
+    assert outcome.state == "failed" and outcome.restored == "custom-old", outcome.error
+    argvs = [a for _, a in log]
+    stop = argvs.index(("systemctl", "stop", "hosttune-engine@0.service", "hosttune-engine@1.service"))
+    out = argvs.index(("python3", f"{j.release.dir}/.hosttune/replica_lb.py", "out", "0", "1"))
+    back = next(i for i, a in enumerate(argvs) if a[:2] == ("sh", "-c") and a[4:6] == ("write", NGINX_CONF)
+                and i > argvs.index(("systemctl", "restart", "hosttune-engine@1.service")))
+    assert out < stop < back
+
+
+def test_rolling_back_replicas_whose_ports_moved_down_stops_the_live_ones_in_the_way_first(tmp_path):
+    """--rollback after --port 8099 moved the replicas down: the previous release's nginx takes 8100 at its switch
+    and its replica 0 8101, which live replicas 0 and 1 hold: out of nginx and stopped before that switch."""
+    from hosttune.deploy.rollback import rollback_one
+    from hosttune.deploy.settings import ServeSettings
+
+    old = replace(job(tmp_path / "old", a100_facts(), engine="custom", gpus="0-3", replicas="2", port=8100).release,
+                  id="custom-old")
+    new = replace(job(tmp_path, a100_facts(), engine="custom", gpus="0-3", replicas="2", port=8099).release,
+                  id="custom-new")
+    running = "".join(f"instance:hosttune-engine@{i}.service active\n" for i in range(2))
+    log: list = []
+    t = ScriptedTransport("gpu-a", log, state=f"current:{new.dir}\nprevious:{old.dir}\n{running}nginx:/usr/sbin/nginx\n")
+    for release in (old, new):
+        t.files[f"{release.dir}/.hosttune/release.json"] = release.manifest()
+        for name, body in {**release.units, **release.meta, "host-hosttune-local.conf": release.files[NGINX_CONF],
+                           "host-hosttune-replicas.json": release.files[SCRAPE_FILE]}.items():
+            t.files[f"{release.dir}/.hosttune/{name}"] = body
+    planned = rollback_one(t, inventory(tmp_path).hosts[0], ServeSettings("", "", 1, {}, {}), dry_run=True)
+    assert planned.ops[1] == "$ systemctl stop hosttune-engine@0.service hosttune-engine@1.service"
+    log.clear()
+    outcome = rollback_one(t, inventory(tmp_path).hosts[0], ServeSettings("", "", 1, {}, {}))
+    assert outcome.state == "rolled-back", outcome.error
+    argvs = [a for _, a in log]
+    stop = argvs.index(("systemctl", "stop", "hosttune-engine@0.service", "hosttune-engine@1.service"))
+    out = argvs.index(("python3", f"{new.dir}/.hosttune/replica_lb.py", "out", "0", "1"))
+    switch = next(i for i, a in enumerate(argvs) if a[:2] == ("sh", "-c") and a[4:6] == ("write", NGINX_CONF))
+    assert out < stop < switch
 
 
 def test_several_replicas_need_nginx_and_an_unknown_flag_is_refused_before_any_change(tmp_path):
