@@ -137,12 +137,19 @@ def surely_cpu(device: str) -> bool:
 
 
 def check_cuda_driver(device: str) -> None:
-    """Refuse GPUs torch cannot use, before the model loads: a driver that counts GPUs but gives an older CUDA
-    than the one torch was built for (torch would see none, and 'auto' would serve on the CPU). A driver runs
-    any runtime of its CUDA major (minor version compatibility), so only the majors are compared."""
+    """Refuse GPUs torch cannot use, before the model loads: 'cuda' where the driver gives no GPU or torch is a
+    build without CUDA, and a driver that counts GPUs but gives an older CUDA than the one torch was built for
+    (torch would see none, and 'auto' would serve on the CPU). A driver runs any runtime of its CUDA major (minor
+    version compatibility), so only the majors are compared."""
     if device == "cpu" or not sys.platform.startswith("linux"):
         return
     (num_gpus, driver_cuda), built_for = driver_gpus(), torch_cuda()
+    if device == "cuda" and num_gpus < 1:
+        raise ConfigError("device='cuda' but the CUDA driver gives no GPU (none loads, it fails to initialize, or it "
+                          "counts none in CUDA_VISIBLE_DEVICES); use device='cpu' or 'auto'")
+    if device == "cuda" and built_for is None:
+        raise ConfigError("device='cuda' but torch is a build without CUDA; install a CUDA build of torch, or use "
+                          "device='cpu' or 'auto'")
     if num_gpus < 1 or not built_for or not built_for.split(".")[0].isdigit():
         return
     if driver_cuda // 1000 < int(built_for.split(".")[0]):

@@ -259,6 +259,19 @@ def test_gpus_whose_driver_is_older_than_torchs_cuda_are_refused_before_the_sock
         "so torch cannot use its 8 GPUs; update the driver, or use device='cpu'\n")
 
 
+@pytest.mark.parametrize("driver, torch_cuda, message", [
+    (_Driver(100, 0), "12.8", "device='cuda' but the CUDA driver gives no GPU (none loads, it fails to initialize, or "
+                              "it counts none in CUDA_VISIBLE_DEVICES); use device='cpu' or 'auto'"),
+    (_Driver(0, 2), None, "device='cuda' but torch is a build without CUDA; install a CUDA build of torch, or use "
+                          "device='cpu' or 'auto'"),
+], ids=["no-gpu", "cpu-torch"])
+def test_device_cuda_without_a_gpu_torch_can_use_is_refused_before_the_socket(tiny_qwen2, capsys, monkeypatch, driver,
+                                                                             torch_cuda, message):
+    """It failed behind a 503 once the engine code had loaded, after the socket opened."""
+    exit_ = _serve_before_the_socket(monkeypatch, driver, torch_cuda, ["--model", str(tiny_qwen2), "--device", "cuda"])
+    assert exit_.code == 2 and capsys.readouterr().err == f"hosttune-engine: error: {message}\n"
+
+
 def test_a_driver_of_torchs_cuda_major_passes_the_check(monkeypatch):
     """A 12.8 runtime runs on a 12.2 driver (minor version compatibility), and torch/version.py is read as written."""
     from hosttune_engine import config
