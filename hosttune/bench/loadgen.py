@@ -4,7 +4,8 @@ own lag.
 
 - Closed loop (`users=N`): N users each send a request, wait for the whole response,
   and send the next one at once. A request the server refuses (429 or 503) is sent again
-  by its user after a wait: the Retry-After it gave, else an exponential one (backoff.py).
+  by its user after a wait: the Retry-After it gave, else an exponential one (backoff.py); after a
+  request whose connection failed (the server is down) the user waits so too, and sends a new one.
 - Open loop (`rate=R`): requests arrive at R per second whatever the server does;
   inter-arrival gaps are gamma-distributed with shape `burstiness` (1 is a Poisson
   process; below 1 burstier, above 1 more regular), mean 1/R. The first arrival comes after
@@ -45,7 +46,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Callable, Coroutine, Iterator
 
-from hosttune.bench.backoff import wait_after
+from hosttune.bench.backoff import REFUSALS, is_lost, wait_after
 from hosttune.bench.client import Client, StreamResult
 from hosttune.bench.record import CANCELLED, OK, LagSample, RequestRecord
 from hosttune.bench.workload import Prompt, Workload
@@ -255,11 +256,13 @@ class LoadGenerator:
         stop.cancel()
 
     async def _user(self, user: int) -> None:
-        refused, again = 0, None  # refusals in a row, and the prompt they refused
+        waits, again, attempt = 0, None, 0  # back-offs in a row; the prompt a refusal refused, and its try
         while self._may_send(self._now()):
-            record, prompt = await self._send(self._now(), user, again, refused)
-            wait = wait_after(record.status, record.retry_after, refused + 1)
-            refused, again = (refused + 1, prompt) if wait else (0, None)
+            record, prompt = await self._send(self._now(), user, again, attempt)
+            wait = wait_after(record.status, record.retry_after, waits + 1, is_connection_lost=is_lost(record))
+            is_refused = bool(wait) and record.status in REFUSALS  # sent again; after a lost one, a new one
+            waits = waits + 1 if wait else 0
+            again, attempt = (prompt, attempt + 1) if is_refused else (None, 0)
             if wait:
                 await self._sleep_unless_stopped(self._wait_within_run(wait))
 

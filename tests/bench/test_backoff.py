@@ -25,6 +25,7 @@ def test_waits_follow_retry_after_else_double_up_to_a_cap():
     assert wait_after(503, 1.0, 5) == 1.0 and wait_after(429, 2.0, 1) == 2.0
     assert [wait_after(503, None, n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
     assert wait_after(503, None, 30) == MAX_WAIT_S
+    assert wait_after(0, 3.0, 2, is_connection_lost=True) == 1.0  # no Retry-After came with it
     assert retry_after_seconds("2") == 2.0 and retry_after_seconds(None) is None
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
     assert retry_after_seconds("soon") is None
@@ -32,6 +33,27 @@ def test_waits_follow_retry_after_else_double_up_to_a_cap():
     assert retry_after_seconds("\xb2") is None and retry_after_seconds("1\xb9") is None
     # 400 digits are an infinite float: results.json would hold Infinity, which is no JSON.
     assert retry_after_seconds("9" * 400) is None
+
+
+def test_users_wait_after_a_failed_connection_as_after_a_refusal(tmp_path, monkeypatch):
+    """A server gone mid-run refuses connections at once: its users sent thousands of failing requests a second
+    (21,277 in 1.3 s), the client's loop lagging behind them. Each failure stands; its user waits 0.5, 1, 2 s."""
+    import socket
+
+    from hosttune.bench import plot
+
+    monkeypatch.setattr(plot, "write_plots", lambda *args: [])  # not what this checks
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = runner.invoke(app, ["bench", "--url", f"http://127.0.0.1:{port}", "--model", "m", "--users", "2",
+                                 "--duration", "1s", "--warmup", "0s", "--prompts", "8", "--max-tokens", "2",
+                                 "--max-client-lag", "1s", "--metrics-interval", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    summary = json.loads((tmp_path / "results.json").read_text())["runs"][0]["summary"]
+    # Each user sends at 0 and 0.5 s, and may at the end of its 1 s wait, which the run's end cuts to 0.5 s.
+    assert 4 <= summary["num_requests"] == summary["num_failed"] <= 6 and summary["num_retried"] == 0
+    assert list(summary["errors_by_status"]) == ["transport"]
 
 
 def bench(url: str, out, *extra: str, seconds: float = 4.5):
