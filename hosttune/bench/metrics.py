@@ -4,7 +4,8 @@ Definitions (every time is measured by the client, in seconds):
 
 - **TTFT** (time to first token): from the moment the client starts sending the request
   (opening a connection first when no kept-alive one is idle) to the arrival of the first
-  chunk that carries output text (a chat stream's opening role-only chunk does not count).
+  chunk that carries output text (a chat stream's opening role-only chunk does not count; a
+  reasoning model's thinking, `reasoning` or `reasoning_content`, does).
   Arrival times are taken in the socket callback, as the bytes are read.
 - **ITL** (inter-token latency): every gap between two consecutive output chunks of
   one request, pooled over all requests. A server that packs several tokens into one

@@ -2,7 +2,7 @@
 
 `EventStream.feed()` runs inside the socket callback for every piece of a response
 body, so it must be cheap: an event that carries a token is recognised by a regular
-expression over its bytes (a non-empty "text", "content" or "reasoning_content"
+expression over its bytes (a non-empty "text", "content", "reasoning_content" or "reasoning"
 string) instead of a JSON parse. Events that could mean anything else — an "error"
 or "usage" key, or no output at all — are parsed as JSON in full. A stream that keeps
 its text (a conversation needs the answer for its next turn) parses every event.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 # A JSON key for output text followed by a string that is not empty.
-_HAS_OUTPUT = re.compile(rb'"(?:text|content|reasoning_content)"\s*:\s*"(?!")')
+_HAS_OUTPUT = re.compile(rb'"(?:text|content|reasoning_content|reasoning)"\s*:\s*"(?!")')
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,8 @@ def _output(choice: dict) -> str:
     if choice.get("text"):
         return choice["text"]
     delta = choice.get("delta") or {}
-    text = delta.get("content") or delta.get("reasoning_content") or ""
+    # A reasoning model's thinking, named reasoning_content until vLLM renamed it reasoning: tokens, as content is
+    text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
     return text if isinstance(text, str) else ""
 
 

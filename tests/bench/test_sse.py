@@ -32,6 +32,21 @@ def test_chat_role_chunk_is_not_a_token():
     assert list(events.chunks) == [2.0, 3.0]
 
 
+@pytest.mark.parametrize("is_keep_text", [False, True])
+def test_a_reasoning_models_thinking_is_output_under_either_name(is_keep_text):
+    """vLLM streams a reasoning model's thinking as delta.reasoning (reasoning_content before its rename): read as no
+    output, TTFT ran to the first token of the answer after the thinking, and the thinking's gaps were lost."""
+    from hosttune.bench.sse import EventStream
+
+    thinking = [ev({"choices": [{"index": 0, "delta": {name: " hmm"}}]}) for name in ("reasoning", "reasoning_content")]
+    stream = EventStream(is_keep_text)
+    for at, piece in ((1.0, ROLE), (2.0, thinking[0]), (3.0, thinking[1]), (4.0, CHAT), (5.0, DONE)):
+        stream.feed(piece, at)
+    events = stream.result(9.0)
+    assert list(events.chunks) == [2.0, 3.0, 4.0] and events.error == ""
+    assert events.text == (" hmm hmm a" if is_keep_text else "")
+
+
 def test_crlf_and_comments_are_tolerated():
     body = b": keep-alive\r\n\r\n" + TEXT.replace(b"\n", b"\r\n") + DONE
     events = parse_stream([(1.0, body)], end=9.0)
