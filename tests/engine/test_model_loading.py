@@ -170,7 +170,7 @@ def test_a_cpu_kv_cache_that_cannot_hold_one_whole_context_is_refused(tiny_model
     from hosttune_engine import Engine, EngineConfig
     from hosttune_engine.errors import ConfigError
 
-    tiny = 1e-6  # GiB: a block or two of the tiny Llama's cache
+    tiny = 3e-5  # GiB: two blocks of the tiny Llama's cache (12 KiB each)
     with pytest.raises(ConfigError, match=r"^the KV cache fits \d+ tokens, fewer than max_model_len=1024; raise "
                                           r"cpu_kv_cache_gib or lower max_model_len$"):
         Engine(EngineConfig(model=str(tiny_models["llama"]), device="cpu", cpu_kv_cache_gib=tiny))
