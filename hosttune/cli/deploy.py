@@ -24,6 +24,7 @@ from hosttune.deploy.placement import parse_gpus, parse_replicas
 from hosttune.deploy.request import DeployRequest
 from hosttune.deploy.rollout import check_whole_groups, deploy_fleet, rollback_fleet, rollout_units
 from hosttune.deploy.settings import Timeouts, parse_sets
+from hosttune.deploy.shape import is_one_line
 from hosttune.fleet_runner import Outcome, exit_code
 
 # What --rollback uses, and the local folders a wrapper may pass every time; any other option is refused with it.
@@ -87,6 +88,7 @@ def deploy(
     Example: hosttune deploy -i inventories/example.yaml --canary 1 --canary-slo e2e=2s --yes
     """
     _check_gpus(gpus)
+    _check_model(model)
     everyone = load(inventory, None, accept_new_host_keys)
     inv = everyone.limit(limit)
     timeouts = Timeouts(warmup, health_timeout, gate_timeout)
@@ -142,6 +144,14 @@ def _check_gpus(gpus: str | None) -> None:
         raise DeployError("--gpus '': give GPU indices such as 0-3 or 0,2, or leave --gpus out for the inventory's gpus")
     if gpus != "all":
         parse_gpus(gpus)
+
+
+def _check_model(model: str | None) -> None:
+    """--model reaches the units' command line: a line break there (a model id is never read on the host) is refused
+    before any host, as the inventory's deploy.model is."""
+    if model is not None and not is_one_line(model):
+        raise DeployError(f"--model {model!r}: give the model folder on the hosts (or a model id for vLLM and SGLang), "
+                          f"on one line")
 
 
 def _taking_away(due: list[HostDeploy]) -> str:

@@ -75,13 +75,18 @@ def declared(host: Host) -> Shape:
     if engine is not None and engine not in ENGINES:
         raise DeployError(f"{where}: deploy.engine must be one of {', '.join(ENGINES)} (got {engine!r})")
     model = doc.get("model")
-    if model is not None and (not isinstance(model, str) or not model or "\n" in model):
+    if model is not None and (not isinstance(model, str) or not is_one_line(model)):
         raise DeployError(f"{where}: deploy.model must be the model folder on the hosts (got {model!r})")
     port = _count(doc, "port", where)
     if port is not None and port > 65535:
         raise DeployError(f"{where}: deploy.port must be a port number between 1 and 65535 (got {port})")
     return Shape(engine, model, _replicas(doc.get("replicas"), where), _count(doc, "tensor_parallel", where),
                  port, _count(doc, "replicas_per_gpu", where))
+
+
+def is_one_line(text: str) -> bool:
+    """Text a unit file can hold as one value: not empty, and no line break or NUL."""
+    return bool(text) and not any(c in text for c in "\n\r\0")
 
 
 def _replicas(value, where: str) -> str | None:

@@ -623,6 +623,16 @@ def test_cli_a_canary_bench_setting_without_the_bench_is_refused_not_ignored(mon
         f"too, or drop {option}\n")
 
 
+@pytest.mark.parametrize("model", ["org/m\nx", "/m\rx", "/m\0x"])
+def test_cli_a_model_no_unit_file_can_hold_is_refused_before_any_host_is_read(monkeypatch, model):
+    """A line break in --model (a Hugging Face id for vLLM is never read on the host) would reach the unit file."""
+    opened = untouched(monkeypatch)
+    result = runner.invoke(app, ["deploy", "--engine", "vllm", "--model", model, "--dry-run"])
+    assert result.exit_code == 2 and not opened and result.output == (
+        f"hosttune: --model {model!r}: give the model folder on the hosts (or a model id for vLLM and SGLang), on one "
+        f"line\n")
+
+
 def test_cli_an_empty_gpus_is_an_error_not_every_gpu(monkeypatch):
     opened = untouched(monkeypatch)
     result = runner.invoke(app, ["deploy", "--engine", "custom", "--model", "/m", "--gpus", " ", "--dry-run"])

@@ -51,6 +51,7 @@ def test_the_inventory_declares_the_shape(tmp_path):
     ("tensor_parallel: two\n", "deploy.tensor_parallel must be a positive integer (got 'two')"),
     ("replicas_per_gpu: 0\n", "deploy.replicas_per_gpu must be a positive integer (got 0)"),
     ("model: 7\n", "deploy.model must be the model folder on the hosts (got 7)"),
+    ('model: "org/m\\rx"\n', "deploy.model must be the model folder on the hosts (got 'org/m\\rx')"),  # no unit holds it
 ])
 def test_a_bad_shape_names_its_line(tmp_path, deploy, message):
     with pytest.raises(DeployError, match=r"inventory.yaml:\d+: ") as err:
