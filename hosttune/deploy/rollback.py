@@ -36,6 +36,9 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_
     if state.previous is None and state.current is None:  # a host never deployed to: not a failed rollback
         return HostDeploy(host, Outcome.NOTHING, error=f"{host.name}: nothing deployed by hosttune here, so nothing to "
                                                        "roll back")
+    if state.cordoned:  # a rollback starts replicas and puts them in nginx: the cordon keeps them out
+        return HostDeploy(host, Outcome.FAILED, None, release_name(state.current),
+                          error=f"nothing changed: {host.name} is {state.cordoned}")
     if state.previous is None:
         raise DeployError(f"{host.name}: no previous release to go back to ({release_name(state.current) or 'nothing'} is live)")
     previous = load_release(transport, state.previous)

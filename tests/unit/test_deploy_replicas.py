@@ -489,6 +489,29 @@ def test_rolling_back_replicas_whose_ports_moved_down_stops_the_live_ones_in_the
     assert out < stop < switch
 
 
+def test_rolling_back_a_cordoned_host_is_refused_before_anything_changes(tmp_path):
+    """--rollback restarts replicas and puts them in nginx: on a host remediate cordoned it would serve again from the
+    GPU it was taken out for. Refused as a deploy is, naming the cordon."""
+    from hosttune.deploy.rollback import rollback_one
+    from hosttune.deploy.settings import ServeSettings
+
+    old = replace(job(tmp_path, a100_facts(), engine="custom", gpus="0-3", replicas="2").release, id="custom-old")
+    cordon = 'cordon:{"at": 1, "reason": "GPU1: Xid 79", "run": "R"}\n'
+    log: list = []
+    t = ScriptedTransport("gpu-a", log, state=f"current:/opt/hosttune/releases/custom-new\nprevious:{old.dir}\n{cordon}")
+    t.files[f"{old.dir}/.hosttune/release.json"] = old.manifest()
+    for name, body in {**old.units, **old.meta, "host-hosttune-local.conf": old.files[NGINX_CONF],
+                       "host-hosttune-replicas.json": old.files[SCRAPE_FILE]}.items():
+        t.files[f"{old.dir}/.hosttune/{name}"] = body
+    for dry_run in (True, False):
+        outcome = rollback_one(t, inventory(tmp_path).hosts[0], ServeSettings("", "", 1, {}, {}), dry_run=dry_run)
+        assert outcome.state is Outcome.FAILED and outcome.error == (
+            "nothing changed: gpu-a is cordoned (GPU1: Xid 79); hosttune uncordon takes it back")
+    assert not any(a[:1] == ("systemctl",) or a[0] == "python3" or (a[:2] == ("sh", "-c") and a[3:4] == ("hosttune",)
+                                                                      and a[4] in ("write", "link", "remove"))
+                   for _, a in log)
+
+
 def test_several_replicas_need_nginx_and_an_unknown_flag_is_refused_before_any_change(tmp_path):
     j = job(tmp_path, a100_facts(), engine="custom", gpus="0-1")
     log: list = []
