@@ -26,7 +26,7 @@ the requests still running and cancels the rest. It always stops.
 The measured window runs from the warm-up's end to where sending ended (with `num_requests`,
 an open loop's or a trace's arrival after its last measured one, unless no request had ended by
 then), so requests offered and requests served cover the same time; a closed loop, or a trace
-whose arrivals ran out before its count, ends it at its last measured response instead (a closed loop's runs
+whose arrivals ran out before its count or duration, ends it at its last measured response instead (a closed loop's runs
 from its first measured request, counts only the requests that began in it, and its rates divide by
 its users' mean busy time: metrics.py).
 SIGINT or SIGTERM ends the sending early, as the end of its duration would (the throughput
@@ -207,7 +207,8 @@ class LoadGenerator:
         """Warm-up end to where sending ended: an open loop or a trace bounded by a count, at the arrival after its
         last measured one (N arrivals from the warm-up's end span N gaps; its last response would make the window
         short by a gap less the last request's latency, or long by its latency less a gap). A closed loop, or a
-        trace whose arrivals ran out first, ends at its last measured response instead. A closed loop's then starts at its first measured request: its users in step end a round
+        trace whose arrivals ran out first (before its count, or its duration: an idle tail would dilute its
+        rates), ends at its last measured response instead. A closed loop's then starts at its first measured request: its users in step end a round
         of warm-up requests just after the warm-up, which a window from there would count as well (twice the
         rate); metrics.py counts only the requests that began in such a window."""
         start = self.load.warmup
@@ -216,7 +217,7 @@ class LoadGenerator:
             return start, max(start, stop)
         if is_counted_open and self.next_arrival < math.inf and self._has_ended_within(start, self.next_arrival):
             return start, max(start, self.next_arrival)
-        if self.load.duration is not None:
+        if self.load.duration is not None and self.next_arrival < math.inf:
             return start, start + self.load.duration
         measured = [r for r in self.records if not r.is_warmup and r.outcome != CANCELLED]
         if self.load.users is not None and measured:  # its requests only: see the docstring

@@ -21,7 +21,8 @@ Definitions (every time is measured by the client, in seconds):
   inside the throughput window (warm-up end to where sending stopped: the duration's end,
   or, with --requests, an open loop's or a trace's arrival after its last measured one, unless
   none had ended by then; a closed loop bounded by a count, a trace whose arrivals ran out
-  first, or that open loop, its last measured response), divided by its length; so it describes the steady state, not the
+  before its count or duration, or that open loop, its last measured response), divided by
+  its length; so it describes the steady state, not the
   ramp-up or the drain. A closed loop bounded by a count is the exception: its window runs
   from its first measured request's start to its last one's end, and counts only the
   requests that began in it (its users in step end a round of warm-up requests just after

@@ -99,6 +99,18 @@ def test_a_trace_bounded_by_a_count_measures_its_arrivals_up_to_the_next_one(ser
     assert s.offered_rate == pytest.approx(20) and s.request_throughput == pytest.approx(20)
 
 
+def test_a_trace_shorter_than_its_duration_measures_its_arrivals_not_the_idle_tail(server_factory, tmp_path):
+    """A 1 s trace at 20/s under --duration 3s: the window ran to 3 s, two of them idle, and offered 6.7/s. Replayed
+    to its end before the duration, it ends at its last response, as a trace without a duration does."""
+    url = server_factory("--ttft", "0.01", "--itl", "0.01")
+    rows = [{"arrival": 0.05 * i, "input_length": 8, "output_length": 2} for i in range(20)]
+    trace = load_trace(write_trace(tmp_path / "short.jsonl", rows))
+    record = run(url, load=Load(arrivals=trace.arrivals, duration=3.0), trace=trace)
+    last_end = max(r.end for r in record.requests)
+    assert record.window == (0.0, last_end) and last_end < 1.5
+    assert summarize(record).offered_rate == pytest.approx(20 / last_end)
+
+
 def test_a_trace_keeps_its_arrival_times(server_factory, tmp_path):
     url = server_factory("--realtime", "--ttft", "0.01", "--itl", "0.002")
     # Milliseconds, out of order, starting late: shifted to start at 0 and sorted.
