@@ -8,7 +8,7 @@ from hosttune.bench.loadgen import Progress
 from hosttune.bench.metrics import Summary, prefix_hit_rate
 from hosttune.bench.notes import unmeasured_note, usage_note
 from hosttune.bench.record import RunRecord
-from hosttune.bench.report import since_warmup, summary_rows
+from hosttune.bench.report import max_served, served_rate, since_warmup, summary_rows
 from hosttune.bench.sweep import SweepPoint, SweepResult, empty_note
 from hosttune.bench.units import rate_text
 
@@ -62,7 +62,7 @@ def sweep_point_line(url: str, point: SweepPoint) -> str:
     e2e = "-" if s.e2e is None else f"{s.e2e.p95 * 1e3:.1f} ms"
     lag = " (client behind)" if point.is_client_bound else ""
     return (f"{url} rate {rate_text(point.rate):>8}/s: offered {rate_text(s.offered_rate)}/s, "
-            f"served {rate_text(s.request_throughput)}/s, E2E P95 {e2e}, "
+            f"served {served_rate(s)}/s, E2E P95 {e2e}, "
             f"errors {s.error_rate:.1%}, backlog {s.backlog_growth:+d} "
             f"-> {point.verdict}{lag}")
 
@@ -71,7 +71,7 @@ def sweep_table(sweeps: list[SweepResult], render: TableRenderer = table) -> str
     header = ["endpoint", "max rate held (req/s)", "lowest rate broken", "max served (req/s)", "steps"]
     rows = [[s.url, "-" if s.max_rate is None else rate_text(s.max_rate) + (" (ceiling)" if s.is_capped else ""),
              "-" if s.first_broken is None else rate_text(s.first_broken),
-             rate_text(max((p.summary.request_throughput for p in s.points), default=0.0)), str(len(s.points))]
+             max_served(s), str(len(s.points))]
             for s in sweeps]
     notes = [f"\nNOTE {s.url}: {s.stopped_by} ended the sweep; its answer is from the steps before it."
              for s in sweeps if s.stopped_by]

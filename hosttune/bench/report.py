@@ -195,7 +195,7 @@ def summary_rows(summaries: list[Summary]) -> list[tuple[str, list[str]]]:
         for q in metrics.PERCENTILES:
             rows.append((f"{label} P{q} (ms)", [_ms(getattr(s, name), q) for s in summaries]))
     rows += [
-        ("requests/s", [_served(s, rate_text(s.request_throughput)) for s in summaries]),
+        ("requests/s", [served_rate(s) for s in summaries]),
         ("goodput: of them within the SLO (req/s)",
          ["-" if s.goodput is None else _served(s, rate_text(s.goodput)) for s in summaries]),
         ("measured requests within the SLO",
@@ -210,6 +210,17 @@ def summary_rows(summaries: list[Summary]) -> list[tuple[str, list[str]]]:
         ("client CPU (cores)", [f"{s.lag.cpu:.2f}" for s in summaries]),
     ]
     return rows
+
+
+def served_rate(s: Summary) -> str:
+    """Requests/s served, or '-' where no request ended in the window (see notes.unmeasured_note)."""
+    return rate_text(s.request_throughput) if s.is_rate_measured else "-"
+
+
+def max_served(sweep: SweepResult) -> str:
+    """The highest rate any step of the sweep served, of those that measured one."""
+    rates = [p.summary.request_throughput for p in sweep.points if p.summary.is_rate_measured]
+    return rate_text(max(rates)) if rates else "-"
 
 
 def _served(s: Summary, text: str) -> str:
@@ -248,11 +259,10 @@ def _sweep_section(sweep: SweepResult) -> list[str]:
     none_held = "even the lowest rate broke the SLO" if sweep.first_broken is not None else "none judged"
     verdict = (none_held if sweep.max_rate is None else
                f"**{rate_text(sweep.max_rate)} requests/s**" + (" (the sweep's ceiling; it never broke)" if sweep.is_capped else ""))
-    served = max((p.summary.request_throughput for p in sweep.points), default=0.0)
     lines = [f"## Rate sweep: {sweep.url}", "",
              f"SLO: {slo}, errors <= {sweep.slo.max_error_rate:.0%}; a step also needs the server to "
              "keep up (backlog growth within chance).",
-             f"Highest rate that held: {verdict}. Highest rate served in any step: {rate_text(served)} requests/s.", "",
+             f"Highest rate that held: {verdict}. Highest rate served in any step: {max_served(sweep)} requests/s.", "",
              *_sweep_stop(sweep),
              "A step's arrivals are random around its target rate: offered is what its window sent per second, served "
              "what ended in that window per second, above offered only by a backlog the step began with and cleared "
@@ -261,7 +271,7 @@ def _sweep_section(sweep: SweepResult) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]
     for p in sorted(sweep.points, key=lambda p: p.rate):
         s = p.summary
-        lines.append(f"| {rate_text(p.rate)} | {rate_text(s.offered_rate)} | {rate_text(s.request_throughput)} | {_ms(s.ttft, 95)} | {_ms(s.e2e, 95)} | "
+        lines.append(f"| {rate_text(p.rate)} | {rate_text(s.offered_rate)} | {served_rate(s)} | {_ms(s.ttft, 95)} | {_ms(s.e2e, 95)} | "
                      f"{s.error_rate:.1%} | {s.backlog_growth:+d} | {_held(p)} | "
                      f"{'BEHIND' if p.is_client_bound else 'ok'} |")
     return lines + [""]

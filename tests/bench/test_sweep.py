@@ -72,6 +72,24 @@ def test_a_step_reports_the_rate_its_window_offered_beside_the_target_it_drew_fr
     assert any(row.startswith("| 1.00 | 1.20 | 1.20 |") for row in table)
 
 
+def test_a_step_no_request_ended_in_shows_no_rate_served():
+    """A step shorter than its requests (no warm-up) ended none in its window: '0.00 served' read as a measured
+    server serving nothing, in the step's line, its row and the sweep's highest rate served."""
+    from hosttune.bench.console import sweep_point_line, sweep_table
+    from hosttune.bench.report import _sweep_section
+    from hosttune.bench.sweep import SweepPoint, SweepResult
+
+    from .test_metrics import record, run_of
+
+    run = run_of([record(i, 0.1 * i, [1.5 + 0.1 * i], 1.6 + 0.1 * i) for i in range(3)], window=(0.0, 1.0))
+    point = SweepPoint(3.0, summarize(run, Slo(e2e=2.0)), run)
+    result = SweepResult("http://h:8000", Slo(e2e=2.0), (point,), 3.0, None, False)
+    assert "offered 3.00/s, served -/s," in sweep_point_line("http://h:8000", point)
+    assert any(row.startswith("| 3.00 | 3.00 | - |") for row in _sweep_section(result))
+    assert "Highest rate served in any step: - requests/s." in "\n".join(_sweep_section(result))
+    assert sweep_table([result]).splitlines()[2].split()[3] == "-"
+
+
 def test_the_latency_vs_rate_plot_puts_each_step_at_the_rate_it_offered(tmp_path, monkeypatch):
     """Steps of targets 1/s and 2/s that offered 1.2/s and 1.7/s: the curves and the held step's dotted line stand
     at 1.2 and 1.7 on an axis labelled offered, where the report's offered column puts them."""
