@@ -25,6 +25,8 @@ from hosttune.errors import BenchError
 
 COMPLETIONS = "completions"
 CHAT = "chat"
+REDIRECT_ADVICE = ("give --url the address it redirects to (bench follows no redirect: each would add a round trip to "
+                   "a request's latency)")
 ERROR_BYTES = 500  # of an error body kept in a record: an OpenAI error message whole, not a page of HTML
 
 
@@ -155,6 +157,8 @@ def _result(sent: float, response: Response) -> StreamResult:
     if response.events is None:
         outcome = REJECTED if response.status == 429 else FAILED
         error = f"http {response.status}: {bytes(response.body[:ERROR_BYTES]).decode(errors='replace')}"
+        if 300 <= response.status < 400 and "location" in response.headers:
+            error = f"http {response.status}: redirects to {response.headers['location'][:ERROR_BYTES]}"
         return StreamResult(sent, last, array("d"), outcome, response.status, error, 0, None,
                             retry_after=retry_after_seconds(response.headers.get("retry-after")))
     events = response.events.result(last)
@@ -200,9 +204,12 @@ async def discover_model(url: str, timeout: float = 10.0, headers: tuple[tuple[s
     endpoint = url.rstrip("/") + "/v1/models"
     try:
         async with session(timeout, headers, tls) as session_:
-            async with session_.get(endpoint) as resp:
+            async with session_.get(endpoint, allow_redirects=False) as resp:
                 if resp.status == 401:
                     raise BenchError(f"{endpoint} answered 401: {key_advice(headers)}")
+                if 300 <= resp.status < 400:
+                    raise BenchError(f"{endpoint} answered {resp.status}, a redirect to "
+                                     f"{resp.headers.get('Location', 'nowhere')}: {REDIRECT_ADVICE}")
                 if resp.status != 200:
                     raise BenchError(f"{endpoint} answered {resp.status}: not an OpenAI-compatible server? "
                                      "(or pass --model NAME)")

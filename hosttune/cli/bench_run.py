@@ -11,7 +11,7 @@ import typer
 
 from hosttune.bench import console, report
 from hosttune.bench.benchmark import BenchSpec, check_url, measure, run_async
-from hosttune.bench.client import discover_model, key_advice
+from hosttune.bench.client import REDIRECT_ADVICE, discover_model, key_advice
 from hosttune.bench.connection import tls_context
 from hosttune.bench.file_limit import allow_load
 from hosttune.bench.headers import redact_argv, request_headers
@@ -238,6 +238,8 @@ def _what_to_check(status: int, headers) -> str:
     extension, is sent by default), or a wrong model, route or server."""
     if status in (401, 403):
         return key_advice(headers)
+    if 300 <= status < 400:
+        return REDIRECT_ADVICE
     if status == 400:
         return ("check that --prompts and --max-tokens fit the model's context, or leave out a field the server does "
                 "not take: --no-ignore-eos, no --priority")

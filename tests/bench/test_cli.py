@@ -482,6 +482,40 @@ def test_a_stream_without_usage_says_its_output_tokens_are_counted_as_events():
             "are counted as the events that carried text") in result.stdout
 
 
+def test_a_server_that_redirects_is_named_with_where_it_redirects():
+    """An http:// URL a proxy sends on to https://: /v1/models was followed to a host it could not reach ('cannot
+    reach .../v1/models'), and with --model every request 'answered 301: ; check --model and --api'."""
+    class Redirect(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(301)
+            self.send_header("Location", "https://example.invalid" + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    args = ["--users", "1", "--requests", "1", "--warmup", "0", "--prompts", "8", "--max-tokens", "2"]
+    try:
+        found = runner.invoke(app, ["bench", "--url", url, *args])
+        sent = runner.invoke(app, ["bench", "--url", url, "--model", "m", *args, "--max-client-lag", "1s"])
+    finally:
+        server.shutdown()
+        server.server_close()
+    advice = "give --url the address it redirects to (bench follows no redirect"
+    assert found.exit_code == 2 and found.stderr.startswith(
+        f"hosttune: {url}/v1/models answered 301, a redirect to https://example.invalid/v1/models: {advice}")
+    assert sent.exit_code == 2 and (f"the first answered 301: redirects to https://example.invalid/v1/completions; "
+                                    f"{advice}") in sent.stderr
+
+
 def test_a_run_refused_for_want_of_a_key_says_to_pass_the_key_not_to_check_the_model():
     """--model skips /v1/models, where a missing key is found first: the requests' 401 must point at --api-key."""
     with not_openai(401, b'{"error": {"message": "Incorrect or missing API key"}}') as url:
