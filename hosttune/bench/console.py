@@ -8,7 +8,7 @@ from hosttune.bench.loadgen import Progress
 from hosttune.bench.metrics import Summary, prefix_hit_rate
 from hosttune.bench.notes import unmeasured_note, usage_note
 from hosttune.bench.record import RunRecord
-from hosttune.bench.report import max_served, served_rate, since_warmup, summary_rows
+from hosttune.bench.report import max_served, none_held, served_rate, since_warmup, summary_rows
 from hosttune.bench.sweep import SweepPoint, SweepResult, empty_note
 from hosttune.bench.units import rate_text
 
@@ -76,4 +76,5 @@ def sweep_table(sweeps: list[SweepResult], render: TableRenderer = table) -> str
     notes = [f"\nNOTE {s.url}: {s.stopped_by} ended the sweep; its answer is from the steps before it."
              for s in sweeps if s.stopped_by]
     notes += [f"\nNOTE {s.url}: {note}." for s in sweeps if (note := empty_note(s))]
+    notes += [f"\nNOTE {s.url}: no rate held: {none_held(s)}." for s in sweeps if s.max_rate is None and not s.stopped_by]
     return render(header, rows) + "".join(notes)

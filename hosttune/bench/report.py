@@ -256,8 +256,7 @@ def _warnings(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:
 
 def _sweep_section(sweep: SweepResult) -> list[str]:
     slo = ", ".join(f"{k} P{sweep.slo.percentile:g} <= {v * 1e3:g} ms" for k, v in sweep.slo.limits().items())
-    none_held = "even the lowest rate broke the SLO" if sweep.first_broken is not None else "none judged"
-    verdict = (none_held if sweep.max_rate is None else
+    verdict = (f"none, {none_held(sweep)}" if sweep.max_rate is None else
                f"**{rate_text(sweep.max_rate)} requests/s**" + (" (the sweep's ceiling; it never broke)" if sweep.is_capped else ""))
     lines = [f"## Rate sweep: {sweep.url}", "",
              f"SLO: {slo}, errors <= {sweep.slo.max_error_rate:.0%}; a step also needs the server to "
@@ -275,6 +274,17 @@ def _sweep_section(sweep: SweepResult) -> list[str]:
                      f"{s.error_rate:.1%} | {s.backlog_growth:+d} | {_held(p)} | "
                      f"{'BEHIND' if p.is_client_bound else 'ok'} |")
     return lines + [""]
+
+
+def none_held(sweep: SweepResult) -> str:
+    """Why a sweep held no rate: none was judged, or every rate judged broke; at the lowest with the server keeping
+    up, the SLO asks for less than its latency with no queue, which no lower rate gives."""
+    if sweep.first_broken is None:
+        return "no step judged a rate"
+    lowest = next(p for p in sweep.points if p.rate == sweep.first_broken)
+    kept_up = (", though the server kept up: the SLO asks for less than its latency with no queue"
+               if lowest.summary.is_kept_up and lowest.summary.num_ok else "")
+    return f"even the lowest rate judged ({rate_text(sweep.first_broken)} requests/s) broke the SLO{kept_up}"
 
 
 def _sweep_stop(sweep: SweepResult) -> list[str]:

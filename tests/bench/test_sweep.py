@@ -188,4 +188,25 @@ def test_a_step_no_request_arrived_in_judges_no_rate_and_ends_the_sweep(server_f
     assert result.max_rate is None and result.first_broken is None
     for text in (sweep_table([result]), "\n".join(_sweep_section(result))):
         assert "no request arrived in the step at 0.50 requests/s" in text and "give a longer --duration" in text
-    assert "even the lowest rate broke" not in "\n".join(_sweep_section(result))
+    assert "even the lowest rate" not in "\n".join(_sweep_section(result))
+
+
+def test_a_sweep_that_held_no_rate_names_the_lowest_rate_judged_and_an_slo_below_the_unloaded_latency():
+    """The SLO (E2E 50 ms) below what the server takes with no queue (0.3 s): every step broke down to a rate
+    that saw no request, and the report said 'even the lowest rate broke the SLO', of a lowest rate that judged
+    nothing, with no word that no rate could meet it."""
+    from hosttune.bench.console import sweep_table
+    from hosttune.bench.report import _sweep_section
+    from hosttune.bench.sweep import SweepPoint, SweepResult
+
+    from .test_metrics import record, run_of
+
+    slo = Slo(e2e=0.05)
+    run = run_of([record(i, 1.0 * i, [0.3 + i], 0.3 + i) for i in range(5)], window=(0.0, 5.0))
+    empty = run_of([], window=(0.0, 5.0))
+    points = (SweepPoint(1.0, summarize(run, slo), run), SweepPoint(0.25, summarize(empty, slo), empty))
+    result = SweepResult("http://h:8000", slo, points, None, 1.0, False)
+    why = ("even the lowest rate judged (1.00 requests/s) broke the SLO, though the server kept up: the SLO asks for "
+           "less than its latency with no queue.")
+    assert f"Highest rate that held: none, {why}" in "\n".join(_sweep_section(result))
+    assert f"NOTE http://h:8000: no rate held: {why}" in sweep_table([result])
