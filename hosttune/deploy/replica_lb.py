@@ -6,8 +6,8 @@
 # that is out is removed from it (its requests in flight finish), one that is in and answers its
 # health check is added; nginx sends everything to the router and is not reloaded.
 #   sync         write the servers file from the markers and reload nginx (or the router's workers)
-#   out INDEX    drain: take the replica out of nginx (deploy, before it restarts the replica)
-#   in INDEX     put it back (deploy, after its gate passed)
+#   out INDEX... drain: take the replicas out of nginx (deploy, before it restarts them, or new ones until their gate)
+#   in INDEX...  put them back (deploy, after their gate passed)
 #   probe        one one-token generation per replica; failing ones out, recovered ones back in
 #                (with the replicas' API key, read from their key file by host_key.py, sent in front)
 # Prints one JSON line.
@@ -175,10 +175,12 @@ def main():
         fcntl.flock(lock, fcntl.LOCK_EX)  # deploy and the probe timer never write the servers file at once
         try:
             if command in ("out", "in"):
-                index = int(sys.argv[2])
-                mark(conf, "drained", index, command == "out")
-                if command == "in":
-                    mark(conf, "failed", index, False)  # its gate just passed
+                if len(sys.argv) < 3:
+                    raise RuntimeError(f"{command} names no replica")
+                for index in map(int, sys.argv[2:]):
+                    mark(conf, "drained", index, command == "out")
+                    if command == "in":
+                        mark(conf, "failed", index, False)  # its gate just passed
             elif command == "probe":
                 out["replicas"] = probe(conf)
             elif command != "sync":

@@ -585,6 +585,18 @@ def test_replica_lb_marks_drained_and_failing_replicas_down(tmp_path):
     assert servers.read_text().count(" down;") == 1 and "127.0.0.1:2 max_fails=3 fail_timeout=10s;" in servers.read_text()
 
 
+def test_replica_lb_takes_every_replica_it_is_given_out_and_back_in(tmp_path):
+    """A first deploy marks all its new replicas out at once (`out 0 1 2`) until each passes its gate: every one of
+    them, where only the first was, and nginx sent requests to the others before they had started."""
+    lb = replica_lb(tmp_path, [{"index": i, "port": 1 + i} for i in range(3)])
+    servers = tmp_path / "servers.conf"
+    assert lb("out", "0", "1", "2")["ok"]
+    assert servers.read_text().count(" down;") == 3
+    assert lb("in", "1", "2")["ok"]
+    assert servers.read_text().count(" down;") == 1 and "127.0.0.1:1 max_fails=3 fail_timeout=10s down;" in servers.read_text()
+    assert not lb("out")["ok"]  # no replica named: an error, not a silent no-op
+
+
 class KeyedEngine(BaseHTTPRequestHandler):
     """/v1/models and /v1/completions for `Authorization: Bearer KEY` only, 401 otherwise."""
 
