@@ -208,15 +208,19 @@ def table_rows(res: dict) -> list[str]:
         tp = row["throughput"]
         bf16 = bf16_tp.get((tp["requests"], tp["in"], tp["out"]))
         lines.append(f"| {s} throughput {tp['requests']}x({tp['in']} in/{tp['out']} out) | {tp['output_tok_s']:.0f} "
-                     f"tok/s | bf16 {bf16 or 0:.0f} tok/s | {tp['output_tok_s'] / bf16 if bf16 else 0:.2f} | |")
+                     f"tok/s | {_against_bf16(tp['output_tok_s'], bf16)} | |")
     return lines
+
+
+def _against_bf16(tok_s: float, bf16: float | None) -> str:
+    """The reference and ratio cells: bf16's tok/s and the ratio, or that bf16 was not measured in this run."""
+    return f"bf16 {bf16:.0f} tok/s | {tok_s / bf16:.2f}" if bf16 else "bf16 not measured in this run |"
 
 
 def _bf16_row(scheme: str, b: dict, bf16_decode: dict) -> str:
     """A batched decode row against bf16's at the same batch."""
-    ref = bf16_decode.get(b["batch"])
-    return (f"| {scheme} decode b{b['batch']} | {b['tok_s']:.0f} tok/s ({b['step_ms']:.2f} ms/step) | bf16 "
-            f"{ref or 0:.0f} tok/s | {b['tok_s'] / ref if ref else 0:.2f} | |")
+    return (f"| {scheme} decode b{b['batch']} | {b['tok_s']:.0f} tok/s ({b['step_ms']:.2f} ms/step) | "
+            f"{_against_bf16(b['tok_s'], bf16_decode.get(b['batch']))} | |")
 
 
 def _long_row(row: dict, res: dict) -> str:

@@ -52,3 +52,7 @@ def test_every_row_is_measured_on_a_tiny_model(quant_bench):
     assert len(small) == 3 and all("| bf16 " in r and "| 0.00 |" not in r for r in small)
     bf16_b4 = next(r["tok_s"] for r in res["decode"] if r["batch"] == 4)
     assert f"| awq decode b4 | {awq['batched']['tok_s']:.0f} tok/s" in rows[8] and f"bf16 {bf16_b4:.0f}" in rows[8]
+    alone = quant_bench.table_rows({"quant": res["quant"]})  # run_all --skip engine: no bf16 rows to compare
+    assert len(alone) == 16 and all(r.count("|") == 6 for r in alone)
+    assert not any("bf16 0 tok/s" in r or "| 0.00 |" in r for r in alone)
+    assert sum("bf16 not measured in this run" in r for r in alone) == 7  # b2 and throughput each, awq b4
