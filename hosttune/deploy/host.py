@@ -227,8 +227,21 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
     except HosttuneError as exc:
         return replace(failed, error=f"{failed.error}; putting the previous release back failed too: {exc}")
     serving = previous.id if check.ok else None
-    note = "" if check.ok else f"; the previous release {previous.id} did not come back healthy: {check.error}"
+    note = _front_lost(previous, job) if check.ok else \
+        f"; the previous release {previous.id} did not come back healthy: {check.error}"
     return replace(failed, serving=serving, restored=previous.id, error=failed.error + note)
+
+
+def _front_lost(previous: Release, job: HostJob) -> str:
+    """A service that served behind the host's front, put back after replicas whose switch took the front's config:
+    the front comes back only as the inventory gives it, and where it gives none the service answers on the
+    loopback alone, which the outcome says."""
+    shape = previous.settings.get("shape")
+    port = shape.get("front_port") if isinstance(shape, dict) else None
+    if not port or previous.replicas or not job.release.replicas or job.access.front is not None:
+        return ""
+    return (f"; {previous.id} came back without its nginx front on port {port}, which the inventory's deploy.nginx "
+            f"gives no more: it answers on the loopback alone")
 
 
 def gate_failure(transport: Transport, host: Host, release: str, gate: GateResult,

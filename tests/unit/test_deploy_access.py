@@ -484,6 +484,39 @@ def test_rolling_back_to_a_service_without_a_front_from_a_fronted_one_removes_th
     assert argvs[-1] == ("systemctl", "try-reload-or-restart", "nginx.service")
 
 
+class GatesFail(ScriptedTransport):
+    """Every gate of a release other than `good` fails."""
+
+    good = current = ""
+
+    def _command(self, argv, stdin, timeout):
+        argv = tuple(argv)
+        if argv[:2] == ("sh", "-c") and len(argv) > 6 and argv[4] == "link" and argv[5] == "/opt/hosttune/current":
+            self.current = argv[6]
+        if argv[:2] == ("python3", "-c") and "UNKNOWN" not in argv[2]:
+            self.gate_ok = self.current == self.good
+        return super()._command(argv, stdin, timeout)
+
+
+def test_a_fronted_service_put_back_without_the_front_the_inventory_dropped_says_so(tmp_path):
+    """Replicas without nginx: over a service behind a front on 8080 fail their gate: the service comes back, but the
+    replicas' switch took its front, which the inventory no longer gives: the outcome says it answers on the
+    loopback alone, where it read as put back and serving as before."""
+    previous = _job(tmp_path / "was", "custom", "port: 8000\nnginx: {port: 8080}\n").release
+    job = _job(tmp_path, "custom", "port: 8000\nreplicas: 2\n", gpus="0-1")
+    assert job.access.front is None and len(job.release.replicas) == 2
+    t = GatesFail("gpu-a", [], state=f"current:{previous.dir}\nunit:hosttune-serve.service abc active\n"
+                                     "nginx:/usr/sbin/nginx\nnginx-listen:8080\n")
+    t.good = previous.dir
+    t.files[f"{previous.dir}/.hosttune/release.json"] = previous.manifest()
+    for name, body in previous.units.items():
+        t.files[f"{previous.dir}/.hosttune/{name}"] = body
+    outcome = deploy_one(t, job)
+    assert outcome.state == "failed" and outcome.restored == previous.id and outcome.serving == previous.id
+    assert outcome.error.endswith(f"; {previous.id} came back without its nginx front on port 8080, which the "
+                                  f"inventory's deploy.nginx gives no more: it answers on the loopback alone")
+
+
 class FirstGateFails(ScriptedTransport):
     """The first gate fails (the release rolled back to does not come up), every later one passes."""
 
