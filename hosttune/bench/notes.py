@@ -4,12 +4,12 @@ measurement, or not the one its name says."""
 from __future__ import annotations
 
 from hosttune.bench.metrics import Summary, measured
-from hosttune.bench.record import CANCELLED, OK, RunRecord
+from hosttune.bench.record import OK, RunRecord
 
 
 def unmeasured_note(run: RunRecord, s: Summary) -> str:
-    """Why a run shows no requests/s: no request ended in its window ('' where some did, or none was sent)."""
-    ended = [r.e2e for r in measured(run.requests) if r.outcome != CANCELLED]
+    """Why a run shows no requests/s: no request ended in its window ('' where some did, or none succeeded)."""
+    ended = [r.e2e for r in measured(run.requests) if r.outcome == OK]  # failures say why on their own
     if s.is_rate_measured or not ended:
         return ""
     return (f"no request ended within the {s.window_s:g} s measured window (the quickest took {min(ended):.2f} s), "

@@ -194,7 +194,7 @@ def _unanswered(outcome: report.Outcome, headers=()) -> list[str]:
     """One line per run that measured nothing: every measured request failed, or none was sent."""
     return [f"all {s.num_requests} measured requests to {run.url} failed "
             f"({', '.join(f'{k}: {v}' for k, v in s.errors_by_status.items())}), so nothing was measured; "
-            f"the first {_first_failure(run)}; {_what_to_check(_first_failed(run).status, headers)}"
+            f"the first {_first_failure(run)}; {_what_to_check(_first_failed(run), headers)}"
             if s.num_requests else _none_sent(run)
             for run, s in outcome.runs if s.num_failed == s.num_requests]
 
@@ -232,10 +232,16 @@ def _first_failure(run) -> str:
     return f"{'answered' if first.status else 'failed:'} {first.reason}"
 
 
-def _what_to_check(status: int, headers) -> str:
-    """What to fix, by the status every request got: a missing key (--model skips /v1/models, which finds that
-    first), a prompt or output past the model's context or a field the server does not take (ignore_eos, a vLLM
-    extension, is sent by default), or a wrong model, route or server."""
+def _what_to_check(first, headers) -> str:
+    """What to fix, by what the first failed request got: no answer (a server down or stuck), a missing key
+    (--model skips /v1/models, which finds that first), a redirect, a prompt or output past the model's context or
+    a field the server does not take (ignore_eos, a vLLM extension, is sent by default), or a wrong model, route or
+    server."""
+    status = first.status
+    if status == 0 and first.error.startswith("transport:"):  # no answer at all: not a model or route to fix
+        return "check that the server is up and listens at --url"
+    if status == 0 and first.error.startswith("timeout:"):
+        return "the server answered nothing within --timeout: check that it is up and not stuck, or give a longer one"
     if status in (401, 403):
         return key_advice(headers)
     if 300 <= status < 400:

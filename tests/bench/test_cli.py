@@ -516,6 +516,21 @@ def test_a_server_that_redirects_is_named_with_where_it_redirects():
                                     f"{advice}") in sent.stderr
 
 
+def test_a_server_that_is_down_is_said_to_be_down_not_to_have_the_wrong_model():
+    """--model skips the lookup that finds a server down: every request failed to connect, and bench said to check
+    --model and --api, beside a note that no request had ended in the window (of failures, each at once)."""
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    result = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "1", "--duration", "0.05s",
+                                 "--warmup", "0s", "--prompts", "8", "--max-tokens", "2", "--max-client-lag", "1s"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.rstrip().endswith("; check that the server is up and listens at --url"), result.stderr
+    assert "no request ended within" not in result.stdout
+
+
 def test_a_run_refused_for_want_of_a_key_says_to_pass_the_key_not_to_check_the_model():
     """--model skips /v1/models, where a missing key is found first: the requests' 401 must point at --api-key."""
     with not_openai(401, b'{"error": {"message": "Incorrect or missing API key"}}') as url:
