@@ -678,6 +678,21 @@ def test_a_window_no_request_ended_in_shows_no_rate_and_says_why(server_factory,
     assert summary["num_ok"] == 2 and summary["request_throughput"] is None and summary["output_token_throughput"] is None
 
 
+def test_ctrl_c_while_the_command_line_loads_exits_130_without_a_traceback():
+    """The first second of `hosttune bench` imports the command line; Ctrl-C there printed a KeyboardInterrupt
+    traceback. Here the interrupt comes as the deploy commands are imported, as it would from the terminal."""
+    interrupted = ("import importlib.abc, runpy, sys\n"
+                   "class Interrupt(importlib.abc.MetaPathFinder):\n"
+                   "    def find_spec(self, name, path, target=None):\n"
+                   "        if name == 'hosttune.cli.deploy':\n"
+                   "            raise KeyboardInterrupt\n"
+                   "sys.meta_path.insert(0, Interrupt())\n"
+                   "sys.argv = ['hosttune', 'bench', '--help']\n"
+                   "runpy.run_module('hosttune', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", interrupted], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
+
+
 def test_ctrl_c_between_two_sweep_steps_still_reports_the_steps_run(server_factory, tmp_path, monkeypatch):
     """Between steps (the next one's model and prompts) no run catches Ctrl-C: the steps already run are still
     reported and written, as a sweep that SIGINT ended, not lost to a KeyboardInterrupt."""
