@@ -202,8 +202,9 @@ def _unanswered(outcome: report.Outcome, headers=()) -> list[str]:
 def _none_sent(run) -> str:
     if run.stopped_by:
         return f"{run.stopped_by} ended the run to {run.url} during its warm-up, so nothing was measured"
-    return (f"no request to {run.url} was sent after its {run.warmup_end:g} s warm-up, so nothing was measured; "
-            "give a longer --duration (or more --users, or a higher --rate)")
+    advice = ("its trace's arrivals all came within it: give a shorter --warmup" if run.mode == "trace" else
+              "give a longer --duration (or more --users, or a higher --rate)")
+    return f"no request to {run.url} was sent after its {run.warmup_end:g} s warm-up, so nothing was measured; {advice}"
 
 
 def _partly_failed(outcome: report.Outcome) -> list[str]:

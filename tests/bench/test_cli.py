@@ -693,6 +693,20 @@ def test_ctrl_c_while_the_command_line_loads_exits_130_without_a_traceback():
     assert done.returncode == 130 and "Traceback" not in done.stderr, done.stderr
 
 
+def test_a_trace_whose_arrivals_all_came_in_the_warm_up_says_to_shorten_the_warm_up(server_factory, tmp_path):
+    """A 0.5 s trace under --warmup 1s measures nothing: bench said to give a longer --duration, more --users or a
+    higher --rate, none of which a trace takes."""
+    url = server_factory("--ttft", "0.01", "--itl", "0.001")
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"arrival": 0, "input_length": 8, "output_length": 2}\n'
+                     '{"arrival": 0.5, "input_length": 8, "output_length": 2}\n')
+    result = runner.invoke(app, ["bench", "--url", url, "--trace", str(trace), "--warmup", "1s", "--max-client-lag", "1s"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1] == (f"hosttune: no request to {url} was sent after its 1 s warm-up, so nothing "
+                                              "was measured; its trace's arrivals all came within it: give a shorter "
+                                              "--warmup")
+
+
 def test_ctrl_c_between_two_sweep_steps_still_reports_the_steps_run(server_factory, tmp_path, monkeypatch):
     """Between steps (the next one's model and prompts) no run catches Ctrl-C: the steps already run are still
     reported and written, as a sweep that SIGINT ended, not lost to a KeyboardInterrupt."""
