@@ -76,5 +76,6 @@ def sweep_table(sweeps: list[SweepResult], render: TableRenderer = table) -> str
     notes = [f"\nNOTE {s.url}: {s.stopped_by} ended the sweep; its answer is from the steps before it."
              for s in sweeps if s.stopped_by]
     notes += [f"\nNOTE {s.url}: {note}." for s in sweeps if (note := empty_note(s))]
-    notes += [f"\nNOTE {s.url}: no rate held: {none_held(s)}." for s in sweeps if s.max_rate is None and not s.stopped_by]
+    notes += [f"\nNOTE {s.url}: no rate held: {none_held(s)}." for s in sweeps
+              if s.max_rate is None and not s.stopped_by]
     return render(header, rows) + "".join(notes)

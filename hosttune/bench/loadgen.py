@@ -208,9 +208,10 @@ class LoadGenerator:
         last measured one (N arrivals from the warm-up's end span N gaps; its last response would make the window
         short by a gap less the last request's latency, or long by its latency less a gap). A closed loop, or a
         trace whose arrivals ran out first (before its count, or its duration: an idle tail would dilute its
-        rates), ends at its last measured response instead. A closed loop's then starts at its first measured request: its users in step end a round
-        of warm-up requests just after the warm-up, which a window from there would count as well (twice the
-        rate); metrics.py counts only the requests that began in such a window."""
+        rates), ends at its last measured response instead. A closed loop's then starts at its first measured
+        request: its users in step end a round of warm-up requests just after the warm-up, which a window from
+        there would count as well (twice the rate); metrics.py counts only the requests that began in such a
+        window, over its users' mean busy time."""
         start = self.load.warmup
         is_counted_open = self.load.users is None and self.load.num_requests is not None
         if self.stopped_by is not None:

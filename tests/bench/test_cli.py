@@ -361,7 +361,8 @@ def test_every_url_and_the_out_folder_are_checked_before_the_first_run(tmp_path)
     assert result.exit_code == 2 and "without /v1" in result.output
     for route in ("chat/completions", "completions", "models"):  # it asked http://host/v1/chat/completions/v1/models
         result = runner.invoke(app, ["bench", "--url", f"http://127.0.0.1:9/v1/{route}/", "--users", "1"])
-        assert result.exit_code == 2 and f"without /v1/{route} (bench adds /v1/completions" in result.output, result.output
+        assert result.exit_code == 2, result.output
+        assert f"without /v1/{route} (bench adds /v1/completions" in result.output, result.output
     for url in ("http://127.0.0.1:9?x=1", "http://127.0.0.1:9/#a", "http://127.0.0.1:9?"):
         result = runner.invoke(app, ["bench", "--url", url, "--users", "1"])
         assert result.exit_code == 2 and "without a ?query or #fragment" in result.output, result.output
