@@ -94,6 +94,7 @@ def parse_sets(items: tuple[str, ...] | list[str]) -> Overrides:
         key, sep, raw = item.partition("=")
         if not sep:
             raise DeployError(f"--set {item!r}: write KEY=VALUE (an engine flag, or env.NAME for the environment)")
+        _refuse_control(key, raw)
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
@@ -106,6 +107,14 @@ def parse_sets(items: tuple[str, ...] | list[str]) -> Overrides:
             flags[_flag_name(key, f"--set {item}")] = value
             _text(value, f"--set {item}")
     return Overrides(flags, env)
+
+
+def _refuse_control(key: str, raw: str) -> None:
+    """YAML would fold a newline to a space; a unit's Environment= or ExecStart= line holds one line of text."""
+    bad = next((c for c in raw if ord(c) < 0x20 or ord(c) == 0x7f), None)
+    if bad is not None:
+        raise DeployError(f"--set {key}: the value holds a control character ({bad!r}), which a systemd unit line "
+                          f"cannot carry: give it on one line of printable text")
 
 
 def _flag_name(name: str, where: str) -> str:

@@ -610,6 +610,16 @@ def test_cli_a_canary_slo_is_checked_before_any_plan_even_in_a_dry_run(monkeypat
     assert not opened
 
 
+@pytest.mark.parametrize("item, key", [("env.FOO=a\nb", "env.FOO"), ("served-model-name=a\rb", "served-model-name"),
+                                       ("env.FOO=a\tb", "env.FOO"), ("env.FOO=a\x1bb", "env.FOO")])
+def test_cli_a_set_value_with_a_control_character_is_refused_naming_its_key(monkeypatch, item, key):
+    """YAML would fold 'a\nb' to 'a b', and a unit's Environment= or ExecStart= line holds one line of text."""
+    opened = untouched(monkeypatch)
+    result = runner.invoke(app, ["deploy", "--engine", "custom", "--model", "/m", "--dry-run", "--set", item])
+    assert result.exit_code == 2 and not opened and len(result.output.splitlines()) == 1
+    assert result.output.startswith(f"hosttune: --set {key}: the value holds a control character")
+
+
 @pytest.mark.parametrize("args, option", [
     (["--canary", "1", "--canary-rate", "5"], "--canary-rate"),
     (["--canary-duration", "2m"], "--canary-duration"),
