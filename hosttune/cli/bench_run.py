@@ -239,6 +239,8 @@ def _what_to_check(first, headers) -> str:
     a field the server does not take (ignore_eos, a vLLM extension, is sent by default), or a wrong model, route or
     server."""
     status = first.status
+    if status == 0 and "SSL handshake" in first.error:  # an https:// URL to a port that speaks plain http
+        return "check that the server speaks https at --url (a plain http port never answers a TLS handshake)"
     if status == 0 and first.error.startswith("transport:"):  # no answer at all: not a model or route to fix
         return "check that the server is up and listens at --url"
     if status == 0 and first.error.startswith("timeout:"):

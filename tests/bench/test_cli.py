@@ -532,6 +532,24 @@ def test_a_server_that_is_down_is_said_to_be_down_not_to_have_the_wrong_model():
     assert "no request ended within" not in result.stdout
 
 
+def test_an_https_url_to_a_plain_http_port_is_said_to_need_https():
+    """The TLS handshake to a plain http port times out after a minute: 'check that the server is up' sent the user
+    to a server that was up, on the wrong scheme."""
+    from dataclasses import replace
+
+    from hosttune.cli.bench_run import _what_to_check
+
+    from .test_metrics import record
+
+    failed = record(0, 0.0, [], 60.0, outcome="failed", status=0, error=(
+        "transport: cannot connect to 127.0.0.1:8000: SSL handshake is taking longer than 60.0 seconds: aborting the "
+        "connection"))
+    assert _what_to_check(failed, ()) == ("check that the server speaks https at --url (a plain http port never "
+                                          "answers a TLS handshake)")
+    refused = replace(failed, error="transport: cannot connect to 127.0.0.1:8000: [Errno 111] Connection refused")
+    assert _what_to_check(refused, ()) == "check that the server is up and listens at --url"
+
+
 def test_a_run_refused_for_want_of_a_key_says_to_pass_the_key_not_to_check_the_model():
     """--model skips /v1/models, where a missing key is found first: the requests' 401 must point at --api-key."""
     with not_openai(401, b'{"error": {"message": "Incorrect or missing API key"}}') as url:
