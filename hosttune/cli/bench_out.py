@@ -1,8 +1,9 @@
 """The folder `hosttune bench --out` fills: checked writable before the run, written after it (all of its files,
-even through a Ctrl-C), and an earlier run's result files there removed (result_files)."""
+even through a Ctrl-C or SIGTERM), and an earlier run's result files there removed (result_files)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import tempfile
 from pathlib import Path
@@ -38,13 +39,16 @@ def write(outcome: report.Outcome, folder: Path) -> None:
         raise BenchError(f"cannot write the results to {folder}: {why_not_written(exc)}") from None
 
 
+@contextlib.contextmanager
 def _writing(folder: Path):
-    """Ctrl-C while the files are written (a second one soon after the first that ended the run, say) waits for
-    them: stopped there, the folder would hold some of this run's files beside none of the others."""
+    """Ctrl-C or SIGTERM while the files are written (a second one soon after the first that ended the run, a CI
+    job's timeout) waits for them: stopped there, the folder would hold some of this run's files beside none of the
+    others."""
     def say(*_) -> None:
         typer.secho(f"hosttune: writing the results to {folder} first; a moment", err=True, fg="yellow")
 
-    return handling(signal.SIGINT, say)
+    with handling(signal.SIGINT, say), handling(signal.SIGTERM, say):
+        yield
 
 
 def _write_files(outcome: report.Outcome, folder: Path) -> None:

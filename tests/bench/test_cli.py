@@ -618,14 +618,16 @@ def not_openai(status: int, body: bytes):
         server.server_close()
 
 
-def test_ctrl_c_while_the_results_are_written_still_writes_them_all(server_factory, tmp_path, monkeypatch):
-    """A second Ctrl-C soon after the first lands while the files are written (the plots take a second): it must not
-    leave the folder with results.json and no report.md, and exit with no word of it."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_results_are_written_still_writes_them_all(server_factory, tmp_path, monkeypatch, signum):
+    """A second Ctrl-C soon after the first, or a CI job's SIGTERM, lands while the files are written (the plots take
+    a second): it must not leave the folder with results.json and no report.md, and exit with no word of it (SIGTERM
+    killed the process there)."""
     url = server_factory("--ttft", "0.01", "--itl", "0.001")
     write_plots = plot.write_plots
 
     def interrupted(*args):
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signum)
         return write_plots(*args)
 
     monkeypatch.setattr(plot, "write_plots", interrupted)
