@@ -9,7 +9,8 @@ Fixtures
                          hosts for one test (~0.5 s) and removes them after it.
 - live_known_hosts (function): a known_hosts file for live_hosts in tmp_path.
 - tiny_model, wheelhouse (session): the deploy tests' tiny model folder and the bundled
-                         engine's wheelhouse with its dependency wheels (deploy_setup.py).
+                         engine's wheelhouse with its dependency wheels (deploy_setup.py), made
+                         once a run and shared by the xdist workers.
 
 Live tests skip when not root or systemd-nspawn is missing. With HOSTTUNE_REQUIRE_LIVE=1
 (scripts/test.sh sets it when it runs as root) a missing prerequisite fails instead, so CI
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from .deploy_setup import build_wheelhouse, make_tiny_model
+from .deploy_setup import build_wheelhouse, built_once, make_tiny_model
 from .hosts import Fleet, sweep_stale_runs
 from .image import ensure_image
 
@@ -99,9 +100,9 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    return make_tiny_model(tmp_path_factory)
+    return built_once(tmp_path_factory, "models", make_tiny_model)
 
 
 @pytest.fixture(scope="session")
 def wheelhouse(tmp_path_factory) -> Path:
-    return build_wheelhouse(tmp_path_factory)
+    return built_once(tmp_path_factory, "wheelhouse", build_wheelhouse)

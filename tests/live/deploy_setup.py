@@ -1,9 +1,11 @@
 """What the deploy live tests share: the tiny model (written once with torch on this machine), the
-bundled engine's wheelhouse with every dependency wheel (built once), free ports; a fresh host with the
+bundled engine's wheelhouse with every dependency wheel (built once; both once a run, whichever xdist
+worker needs them first), free ports; a fresh host with the
 tiny model and an inventory declaring its replicas, and what a test of keyed replicas does to them
 (deploy, read the group's key, ask through nginx, wait)."""
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import shutil
@@ -40,22 +42,38 @@ def _torch_python() -> str | None:
     return None
 
 
-def make_tiny_model(tmp_path_factory) -> Path:
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], Path]) -> Path:
+    """What `build(folder)` returns, made once a run: under pytest-xdist the workers share the run's temp folder (the
+    parent of each one's own), where the first to ask builds while any other waits for it and then takes the same."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent / "shared"
+    shared.mkdir(exist_ok=True)
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = shared / f"{name}.done"  # written last: a worker that failed building leaves none
+        if not done.exists():
+            folder = shared / name
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            done.write_text(str(build(folder)))
+        return Path(done.read_text())
+
+
+def make_tiny_model(out: Path) -> Path:
     python = _torch_python()
     if python is None:
         why = "no Python with torch to write the tiny model (scripts/test.sh installs it; or set HOSTTUNE_TORCH_PYTHON)"
         if os.environ.get("HOSTTUNE_REQUIRE_LIVE") == "1":
             pytest.fail(why)
         pytest.skip(why)
-    out = tmp_path_factory.mktemp("models")
     subprocess.run([python, str(REPO / "engine/scripts/make_tiny_models.py"), str(out)], check=True,
                    capture_output=True, timeout=600)
     return out / "tiny-qwen2"
 
 
-def build_wheelhouse(tmp_path_factory) -> Path:
-    """`hosttune build --engine custom --deps`: the engine wheel plus every dependency wheel."""
-    folder = tmp_path_factory.mktemp("wheelhouse")
+def build_wheelhouse(folder: Path) -> Path:
+    """`hosttune build --engine custom --deps` into folder: the engine wheel plus every dependency wheel."""
     constraints = folder / "constraints.txt"
     constraints.write_text("torch==2.13.0\n")  # the CPU wheel on disk (scripts/test.sh pins the same)
     result = runner.invoke(app, ["build", "--engine", "custom", "--deps", "-c", str(constraints), "-w", str(folder)])
