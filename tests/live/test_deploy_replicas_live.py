@@ -17,6 +17,14 @@ the inventory's deploy: vars.
   journal say hosttune.
 - Refusals (a TP that does not divide the heads, a model folder the host lacks, a flag the
   bundled engine does not have, refused before any host) are one line each, exit 2, and leave /etc and /opt as they were.
+- `hosttune remediate` drains and restores a replica under load, and not one request fails. The GPU fault
+  comes through the stand-ins of gpu_standin.py: the host shows two H200s, the release records replica N on
+  GPU N (the replicas really run on the CPU), and the kernel log has Xid 79 on GPU 1, which a reset clears.
+  While `hosttune bench` sends a steady rate through nginx, remediate drains replica 1 (out of nginx,
+  in-flight requests finished, stopped), resets GPU 1, sees the fault gone, starts the replica, waits for its
+  /health and puts it back into nginx. Every request is answered 200.
+
+The tests share the host and its first deploy, in this order.
 """
 from __future__ import annotations
 
@@ -24,13 +32,22 @@ import json
 import time
 
 import pytest
+from typer.testing import CliRunner
+
+from hosttune.cli import app
 
 from .deploy_setup import (MODEL, complete, deploy, group_key, invoke_deploy, replica_host, served, status,
                            under_load, wait_for)
+from .gpu_standin import XID_79, gpu_files, resets, set_faults, write_files
+from .steady_bench import bench_run, stop_bench
 from .steady_bench import start_bench as steady_bench
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
 SERVERS = "/etc/hosttune/nginx/local-servers.conf"
+runner = CliRunner()
+# remediate drains and restores a replica under 2 requests a second for at least MIN_LOAD_S from the bench's first 4
+# answers: the 100 requests asserted below, however fast remediate was
+MIN_LOAD_S = 49
 
 
 def shape(port: int) -> dict:
@@ -44,16 +61,32 @@ def tree_hash(host) -> str:
     return host.exec("find /etc /opt -printf '%p %y %s %T@ %l\\n' | sort | sha256sum").stdout.split()[0]
 
 
-def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_hosts, tmp_path, wheelhouse, tiny_model,
-                                                             capsys):
-    setup = replica_host(live_fleet, fresh_hosts, tmp_path, tiny_model, "replicas", shape, num_ports=3)
+@pytest.fixture(scope="module")
+def keyed_replicas(live_fleet, tmp_path_factory, wheelhouse, tiny_model):
+    """Host `replicas` with the two keyed replicas its inventory declares, deployed: (its ReplicaHost, the first
+    deploy's result, its seconds)."""
+    booted = []
+
+    def boot(names):
+        hosts = live_fleet.boot(names)
+        booted.extend(hosts)
+        return hosts
+
+    setup = replica_host(live_fleet, boot, tmp_path_factory.mktemp("replicas"), tiny_model, "replicas", shape,
+                         num_ports=3)
+    start = time.monotonic()
+    result = deploy(setup.inventory, wheelhouse)
+    yield setup, result, time.monotonic() - start
+    for host in booted:
+        live_fleet.remove(host)
+
+
+def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, keyed_replicas, tmp_path, wheelhouse, capsys):
+    setup, result, seconds = keyed_replicas
     host, port, inventory = setup.host, setup.port, setup.inventory
-    timings = {}
+    timings = {"first deploy": seconds}
 
     # 1. two keyed replicas on the ports after the service port, on loopback only; nginx on the service port
-    start = time.monotonic()
-    result = deploy(inventory, wheelhouse)
-    timings["first deploy"] = time.monotonic() - start
     assert result.exit_code == 0, result.output
     first = result.stdout.split()[2]
     for i in range(2):
@@ -77,8 +110,9 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     #    a flag for this run only, then a redeploy with no options from an inventory that declares only the
     #    flags: the engine, model, port and replicas are what the live release recorded
     flags_only = {k: v for k, v in shape(port).items() if k not in ("engine", "model", "port", "replicas")}
-    undeclared = live_fleet.write_inventory(tmp_path / "flags-only.yaml", tmp_path / "known_hosts", [host], user="deploy",
-                                            become=True, host_vars={host.name: {"deploy": flags_only}})
+    # beside the inventory: the same keys folder, so the same key
+    undeclared = live_fleet.write_inventory(inventory.parent / "flags-only.yaml", inventory.parent / "known_hosts", [host],
+                                            user="deploy", become=True, host_vars={host.name: {"deploy": flags_only}})
 
     def rolls():
         flagged = deploy(inventory, wheelhouse, "--set", "max-queue=16")
@@ -156,3 +190,48 @@ def test_replicas_behind_nginx_roll_without_losing_a_request(live_fleet, fresh_h
     with capsys.disabled():
         print("\n  replica timings: " + ", ".join(f"{k} {v:.1f}s" if isinstance(v, float) else f"{k} {v}"
                                               for k, v in timings.items()))
+
+
+def place_on_gpus(host) -> None:
+    """The live release records replica N on stand-in GPU N, as a deploy on a host with two GPUs does."""
+    meta = host.path(host.exec("readlink /opt/hosttune/current").stdout.strip()) / ".hosttune" / "replicas.json"
+    layout = json.loads(meta.read_text())
+    for replica in layout["replicas"]:
+        replica["gpus"] = [replica["index"]]
+    meta.write_text(json.dumps(layout))
+
+
+def test_remediate_drains_and_restores_a_replica_under_load_without_a_failed_request(keyed_replicas, tmp_path):
+    setup, result, _ = keyed_replicas
+    host, port, inventory = setup.host, setup.port, setup.inventory
+    assert result.exit_code == 0, result.output
+    write_files(host, gpu_files())
+    set_faults(host, dmesg=XID_79)
+    place_on_gpus(host)
+
+    answered = served(port + 1) + served(port + 2)
+    bench = steady_bench(port, tmp_path / "bench", group_key(inventory))
+    wait_for("the bench's first requests answered", lambda: served(port + 1) + served(port + 2) >= answered + 4, 30,
+             every=0.2)
+    started = time.monotonic()
+    fixed = runner.invoke(app, ["remediate", "-i", str(inventory), "--yes", "--drain-wait", "30"])
+    assert fixed.exit_code == 0, fixed.output
+    assert "first: drain hosttune-engine@1.service off GPU1" in fixed.stdout
+    recap = fixed.stdout[fixed.stdout.index("remediation run"):].splitlines()
+    assert [l.split(":")[0].strip() for l in recap if l.startswith("    ")] == ["drain", "reset", "drain"], fixed.stdout
+    assert "    drain: restored" in fixed.stdout and "  gpu.xid  GPU1: cleared" in fixed.stdout
+    assert resets(host) == ["1"]
+    servers = host.path(SERVERS).read_text()
+    assert f"127.0.0.1:{port + 2} " in servers and " down;" not in servers
+    assert host.exec("systemctl is-active hosttune-engine@0 hosttune-engine@1").stdout.split() == ["active", "active"]
+    runs = sorted(host.path("/var/lib/hosttune/runs").glob("*.json"))
+    ops = [json.loads(r.read_text())["steps"][0]["ops"] for r in runs]
+    statuses = [[op["status"] for op in step] for step in ops]
+    assert statuses == [["done"] * 3, ["done"], ["done"] * 3], ops  # drain (out, idle, stop); reset; restore (start, healthy, in)
+    assert ops[0][1]["stderr"] == ""  # its requests in flight had finished before it stopped (no "still had connections")
+
+    time.sleep(max(4.0, MIN_LOAD_S - (time.monotonic() - started)))  # the restored replica serves under load too
+    out = stop_bench(bench)
+    requests = bench_run(tmp_path / "bench")["requests"]
+    bad = [(r["outcome"], r["status"], r["error"]) for r in requests if r["outcome"] != "ok" or r["status"] != 200]
+    assert len(requests) >= 100 and not bad, (bad[:10], out[-2000:])
