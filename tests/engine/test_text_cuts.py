@@ -36,6 +36,18 @@ def test_a_chat_far_over_the_context_is_refused_before_it_is_all_tokenized(tiny_
     assert 1024 <= int(err.value.message[len(head):].split()[0]) < 60_000  # one piece's tokens, not them all
 
 
+def test_a_chat_without_word_cuts_is_counted_between_its_special_tokens(tiny_models):
+    """Qwen2's pattern gives word cuts, but Japanese has no spaces between ASCII letters: the chat is cut after its
+    special tokens instead, where it had no early count and was tokenized whole."""
+    tok = Tokenizer(tiny_models["qwen2"])
+    tok._token_bound = None
+    assert tok._word_cuts is not None
+    messages = [{"role": "user", "content": f"日本語のテキスト{i}です"} for i in range(20_000)]
+    with pytest.raises(ApiError) as err:
+        asyncio.run(PromptBuilder(tok, 1024, tok.vocab_size).encode_chat(messages, within_context=True))
+    assert "However, your request has at least " in err.value.message
+
+
 def _tokenizer(*added: AddedToken, pre_tokenizer=None) -> HFTokenizer:
     tok = HFTokenizer(models.BPE())
     tok.add_special_tokens(list(added))

@@ -150,12 +150,13 @@ class Tokenizer:
 
     def _piece_counts(self, text: str):
         """The tokens of a text's leading pieces, at spaces between words where the pre-tokenizer always splits
-        there, else after special tokens."""
+        there, else (a text with none, such as Japanese) after special tokens."""
+        num_pieces = 0
         if self._word_cuts is not None:
-            return (num for _, num in self._word_cuts.pieces(text, PIECE_CHARS))
-        if self._text_cuts is not None:
-            return (self._count(piece) for piece in self._text_cuts.pieces(text, PIECE_CHARS))
-        return ()
+            for num_pieces, (_, num_tokens) in enumerate(self._word_cuts.pieces(text, PIECE_CHARS), 1):
+                yield num_tokens
+        if self._text_cuts is not None and num_pieces == 0:
+            yield from (self._count(piece) for piece in self._text_cuts.pieces(text, PIECE_CHARS))
 
     def _count(self, text: str) -> int:
         return len(self.encode(text, add_special_tokens=False))
