@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer as HFTokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from hosttune_engine.model.byte_bound import byte_bound, char_bound
 from hosttune_engine.model.tokenizer import BYTE_LEVEL, Tokenizer
@@ -61,13 +61,17 @@ def test_no_bound_where_a_normalizer_may_drop_characters():
 
 def _sentencepiece(tmp_path, metaspace: bool) -> Tokenizer:
     """A Llama 2-style tokenizer folder: BPE on characters, spaces made U+2581 (by a normalizer that also puts one in
-    front, or by Metaspace), byte fallback through <0x00>..<0xFF> in its vocabulary. Trained on docs/design.md."""
+    front, or by Metaspace) and back (the decoder drops a leading one), byte fallback through <0x00>..<0xFF> in its
+    vocabulary. Trained on docs/design.md."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text().splitlines()
     hf = HFTokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
     if metaspace:
         hf.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
+        hf.decoder = decoders.Metaspace(prepend_scheme="first", split=False)
     else:
         hf.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+        hf.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                        decoders.Strip(" ", 1, 0)])
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
     hf.train_from_iterator(text, trainer=trainers.BpeTrainer(
         vocab_size=800, special_tokens=["<unk>", "<s>", "</s>", *byte_tokens], show_progress=False))

@@ -318,6 +318,21 @@ def test_token_bytes_join_into_the_text_parts_of_characters_included(tiny_models
     assert tok.token_bytes(0) == tok.decode([0], skip_special_tokens=False).encode()  # a special token: its text
 
 
+@pytest.mark.parametrize("metaspace", [False, True], ids=["replace-strip", "metaspace"])
+def test_sentencepiece_token_texts_and_bytes_keep_their_spaces(tmp_path, metaspace):
+    """Decoding one SentencePiece token drops its leading space: logprobs showed "the" for "\u2581the", their bytes
+    did not join into the text, and text_offset fell behind it."""
+    from .test_byte_bound import _sentencepiece
+
+    tok = _sentencepiece(tmp_path, metaspace)
+    text = "the engine never imports 日本"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert any(tok._tok.id_to_token(i).startswith("\u2581") for i in ids[1:])
+    assert b"".join(tok.token_bytes(i) for i in ids) == f" {text}".encode()  # the mark in front, as continuing text
+    assert "".join(tok.token_text(i) for i in ids if not tok._tok.id_to_token(i).startswith("<0x")) == " " + text[:-2]
+    assert tok.token_text(tok.token_to_id("</s>")) == "</s>"
+
+
 def test_chat_template_is_compiled_once_per_tokenizer(tiny_models, monkeypatch):
     from hosttune_engine.model import tokenizer as tokenizer_module
 

@@ -119,7 +119,30 @@ class Tokenizer:
         if self._is_byte_level and all(c in BYTE_LEVEL for c in token):
             return bytes(BYTE_LEVEL[c] for c in token)
         byte = BYTE_TOKEN.fullmatch(token)
-        return bytes([int(byte.group(1), 16)]) if byte else self.decode([token_id], skip_special_tokens=False).encode()
+        return bytes([int(byte.group(1), 16)]) if byte else self.token_text(token_id).encode()
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text as it stands in a longer text (logprobs' tokens, whose lengths make `text_offset`): a
+        SentencePiece token's space mark is a space, where decoding the token alone drops a leading one."""
+        token = self._tok.id_to_token(token_id)
+        if self._space_mark is None or token is None or token_id in self._added_ids or BYTE_TOKEN.fullmatch(token):
+            return self.decode([token_id], skip_special_tokens=False)
+        return token.replace(self._space_mark, " ")
+
+    @cached_property
+    def _space_mark(self) -> str | None:
+        """The character a SentencePiece decoder (Metaspace, or Replace then Strip) makes a space; None for others."""
+        try:
+            state = json.loads(self._tok.decoder.__getstate__()) if self._tok.decoder is not None else {}
+        except Exception:  # a custom (Python) decoder cannot be read
+            return None
+        for part in state.get("decoders", []) if state.get("type") == "Sequence" else [state]:
+            mark = part.get("replacement") if part.get("type") == "Metaspace" else None
+            if part.get("type") == "Replace" and part.get("content") == " ":
+                mark = (part.get("pattern") or {}).get("String")
+            if isinstance(mark, str) and len(mark) == 1:
+                return mark
+        return None
 
     @cached_property
     def _added_ids(self) -> frozenset[int]:

@@ -96,8 +96,7 @@ class ServerState:
         token = self._tokens.get(token_id)
         if token is None:
             tok = self.prompts.tokenizer
-            token = self._tokens[token_id] = TokenText(tok.decode([token_id], skip_special_tokens=False),
-                                                       tok.token_bytes(token_id))
+            token = self._tokens[token_id] = TokenText(tok.token_text(token_id), tok.token_bytes(token_id))
         return token
 
     def abort_all(self) -> None:
