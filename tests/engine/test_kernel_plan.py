@@ -80,6 +80,7 @@ def test_fp8_takes_per_shape_entries_on_the_h200_and_bf16_activations_where_the_
     h100 = _plan("NVIDIA H100 80GB HBM3", "fp8")  # the H200's shipped table, borrowed (the same architecture)
     assert h100.choice(Op.QKV, 64) == h200.choice(Op.QKV, 64)
     assert h100.table == "shipped, NVIDIA H200's (same architecture)"
+    assert _plan("NVIDIA H200 NVL", "fp8").table == h100.table  # the H200's chip on a PCIe card: it read none
 
 
 def test_awq_dequantizes_for_prefill_where_the_h200_table_says_so(no_user_tables):

@@ -157,8 +157,8 @@ def write_cached_table(key: TableKey, kernels: dict, about: dict) -> Path:
 # A GPU with no shipped table of its own reads the table of one with the same SMs and tensor cores, where the same
 # tiles win: on an H100 80GB HBM3 the H200's table against none gave AWQ decode 3.7x at 1 row and 4.2x at 64,
 # FP8 decode 1.1x, bf16 the same or better (benchmarks/history/NOTES.md). A tune for the GPU itself still wins
-# over it, entry by entry.
-BORROWS = (("H100", "NVIDIA H200"), ("H800", "NVIDIA H200"), ("GH200", "NVIDIA H200"))
+# over it, entry by entry. The H200 NVL is the H200's chip on a PCIe card.
+BORROWS = (("H100", "NVIDIA H200"), ("H800", "NVIDIA H200"), ("GH200", "NVIDIA H200"), ("H200", "NVIDIA H200"))
 
 
 def shipped_source(gpu: str) -> str | None:
