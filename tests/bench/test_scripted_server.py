@@ -28,3 +28,21 @@ def test_the_scripted_server_answers_past_a_thousand_connections(server_factory)
         for sock in sockets:
             sock.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_scripted_server_selects_where_there_is_no_epoll(monkeypatch):
+    """macOS has no epoll: the selector falls back to select(), whose wait it must still call (it named
+    selectors.EpollSelector, which is not there, on every wait)."""
+    import importlib
+    import selectors
+
+    from scripted_server import server
+
+    monkeypatch.delattr(selectors, "EpollSelector")
+    try:
+        fallback = importlib.reload(server).PreciseSelector()
+        assert isinstance(fallback, selectors.SelectSelector) and fallback.select(0.001) == []
+        fallback.close()
+    finally:
+        monkeypatch.undo()
+        importlib.reload(server)

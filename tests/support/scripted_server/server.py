@@ -275,14 +275,17 @@ async def serve(script: Script, port: int, lifetime: float, tls: ssl.SSLContext 
     listener.close()
 
 
-class PreciseSelector(selectors.EpollSelector if hasattr(selectors, "EpollSelector") else selectors.SelectSelector):
+HAS_EPOLL = hasattr(selectors, "EpollSelector")  # Linux; elsewhere select() and its bound
+
+
+class PreciseSelector(selectors.EpollSelector if HAS_EPOLL else selectors.SelectSelector):
     """epoll's registrations with select()'s timeout. epoll (asyncio's default) and uvloop round timer waits up to
     whole milliseconds, and select() takes microseconds, so the scripted delays hold to a fraction of one; but
     select() takes no descriptor past FD_SETSIZE (1,024), and a server past about 1,000 connections died. Here
     select() waits on the one epoll descriptor, which turns readable when any registered one is ready."""
 
     def select(self, timeout: float | None = None) -> list:
-        if not isinstance(self, selectors.EpollSelector):  # no epoll (not Linux): select() and its bound
+        if not HAS_EPOLL:
             return super().select(timeout)
         if timeout is None or timeout > 0:
             select.select([self.fileno()], [], [], timeout)
