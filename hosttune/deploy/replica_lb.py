@@ -62,21 +62,36 @@ def run(argv):
         raise RuntimeError(f"{' '.join(argv)} exited {result.returncode}: {(result.stderr or result.stdout).strip()[-400:]}")
 
 
-def sync(conf):
-    """Write the servers file (atomically) and have nginx load it; unchanged text changes nothing."""
-    path, text = conf["servers_file"], servers_text(conf)
-    try:
-        with open(path, encoding="utf-8") as f:
-            if f.read() == text and nginx_active():
-                return False
-    except FileNotFoundError:
-        pass
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+def put(path, text):
+    """The file whole or not at all (None: removed)."""
+    if text is None:
+        if os.path.exists(path):
+            os.unlink(path)
+        return
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
-    run(["nginx", "-t", "-q"])
+
+
+def sync(conf):
+    """Write the servers file (atomically) and have nginx load it; unchanged text changes nothing. nginx -t judges
+    the new file in place: refused, the one before comes back (or none), so the next reload of nginx still loads."""
+    path, text, before = conf["servers_file"], servers_text(conf), None
+    try:
+        with open(path, encoding="utf-8") as f:
+            before = f.read()
+        if before == text and nginx_active():
+            return False
+    except FileNotFoundError:
+        pass
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    put(path, text)
+    try:
+        run(["nginx", "-t", "-q"])
+    except RuntimeError:
+        put(path, before)
+        raise
     run(["systemctl", "reload-or-restart", "nginx.service"])
     time.sleep(SETTLE_S)
     return True

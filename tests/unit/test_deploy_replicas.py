@@ -597,6 +597,24 @@ def test_replica_lb_takes_every_replica_it_is_given_out_and_back_in(tmp_path):
     assert not lb("out")["ok"]  # no replica named: an error, not a silent no-op
 
 
+def test_replica_lb_leaves_the_servers_file_nginx_last_accepted_when_nginx_refuses_the_new_one(tmp_path):
+    """nginx -t judges the new file in place; refused, the one before comes back (or none), so the next reload of
+    nginx, by anyone, still loads: where the refused file stayed and every later reload failed."""
+    lb = replica_lb(tmp_path, [{"index": 0, "port": 1}, {"index": 1, "port": 2}])
+    servers = tmp_path / "servers.conf"
+    assert lb("out", "1")["ok"]
+    accepted = servers.read_text()
+    nginx = tmp_path / "bin" / "nginx"
+    nginx.write_text(f"#!/bin/sh\necho nginx \"$@\" >> {tmp_path}/calls\necho 'nginx: [emerg] bad' >&2\nexit 1\n")
+    out = lb("in", "1")
+    assert not out["ok"] and "[emerg] bad" in out["error"]
+    assert servers.read_text() == accepted and sorted(p.name for p in tmp_path.iterdir() if "servers" in p.name) == \
+        ["servers.conf"]
+    assert "systemctl reload-or-restart" not in (tmp_path / "calls").read_text().split("nginx -t -q")[-1]
+    servers.unlink()  # the first sync of a host: refused, no file is left for nginx to include
+    assert not lb("out", "0")["ok"] and not servers.exists()
+
+
 class KeyedEngine(BaseHTTPRequestHandler):
     """/v1/models and /v1/completions for `Authorization: Bearer KEY` only, 401 otherwise."""
 
