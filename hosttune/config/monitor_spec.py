@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hosttune import __version__
+from hosttune.config.monitor_wheels import missing_dependency
 from hosttune.errors import ProfileError
 
 MAX_INTERVAL_S = 7 * 86400  # a pass's timer runs at least weekly
@@ -45,9 +46,15 @@ def _seconds(value: Any, where: str, least: int) -> None:
 
 
 def _wheels(folder: str) -> None:
-    """The folder must hold the hosttune wheel of this very version (what the host's check is judged against)."""
+    """The folder must hold the hosttune wheel of this very version (what the host's check is judged against), and a
+    wheel of each dependency it needs: the host installs from the folder alone."""
     wanted = f"hosttune-{__version__}-"
     if not Path(folder).is_dir():
         raise ProfileError(f"monitor.wheels: {folder} is not a folder; make it with `pip wheel PATH-TO-HOSTTUNE -w {folder}`")
-    if not any(p.name.startswith(wanted) for p in Path(folder).glob("*.whl")):
+    root = next((p for p in sorted(Path(folder).glob("*.whl")) if p.name.startswith(wanted)), None)
+    if root is None:
         raise ProfileError(f"monitor.wheels: {folder} has no {wanted}*.whl; make it with `pip wheel PATH-TO-HOSTTUNE -w {folder}`")
+    missing = missing_dependency(Path(folder), root)
+    if missing:
+        raise ProfileError(f"monitor.wheels: {folder} has no wheel of {missing[1]}, which {missing[0]} needs; make the "
+                           f"folder with `pip wheel PATH-TO-HOSTTUNE -w {folder}`")

@@ -335,10 +335,10 @@ def test_an_image_plan_says_the_monitor_is_left_to_the_host_booted_from_it(tmp_p
     """The monitor's timers run on a booted host, and apply installs them there: with the monitor on, an image's plan
     said nothing of it, as if the image would come up monitored."""
     from hosttune import __version__
+    from wheels import make_wheel
 
     make_image(tmp_path / "img")
-    (tmp_path / "wheels").mkdir()
-    (tmp_path / "wheels" / f"hosttune-{__version__}-py3-none-any.whl").write_bytes(b"")
+    make_wheel(tmp_path / "wheels", "hosttune", __version__)
     inv = tmp_path / "inv.yaml"
     inv.write_text("hosts:\n  localhost:\n    transport: local\n    profile: inference-latency-monitored\n"
                    f"    tune:\n      monitor: {{wheels: {tmp_path / 'wheels'}}}\n")

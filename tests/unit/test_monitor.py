@@ -35,6 +35,7 @@ from hosttune.report.status_table import render_table
 from hosttune.status import parse_read
 from hosttune.status_file import StatusError, parse_status, status_doc, to_json
 from hosttune.transport.base import ConnectionSpec, bundled_script
+from wheels import make_wheel
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "serve" / "monitor-section.txt"
 HOST = Host("h", "g", ConnectionSpec("h"))
@@ -43,8 +44,9 @@ SYSTEMD = Facts(hostname="gpu-01", pid1="systemd", os_id="debian", kernel="6.1.0
 
 @pytest.fixture
 def wheels(tmp_path):
-    for name in (f"hosttune-{__version__}-py3-none-any.whl", "typer-0.12.0-py3-none-any.whl"):
-        (tmp_path / name).write_bytes(b"wheel")
+    make_wheel(tmp_path, "hosttune", __version__, ("typer>=0.12", 'aiohttp>=3.9; extra == "bench"'))
+    make_wheel(tmp_path, "typer", "0.12.0", ("click>=8", 'colorama; platform_system == "Windows"'))
+    make_wheel(tmp_path, "click", "8.1.7")
     return tmp_path
 
 
@@ -73,6 +75,25 @@ def test_bad_monitor_settings_name_the_setting(values, message):
 def test_a_wheel_folder_without_this_hosttune_is_refused(tmp_path):
     (tmp_path / "hosttune-0.0.1-py3-none-any.whl").write_bytes(b"")
     with pytest.raises(ProfileError, match=f"has no hosttune-{__version__}-"):
+        build("p", {"monitor": {"wheels": str(tmp_path)}})
+
+
+@pytest.mark.parametrize("requires, missing", [
+    (("typer>=0.12", "rich>=13"), f"hosttune-{__version__}-py3-none-any.whl needs rich>=13"),
+    (("typer>=0.12; python_version >= '3.0'",), "typer-0.12.0-py3-none-any.whl needs shellingham>=1.3"),
+])
+def test_a_wheel_folder_without_a_dependency_is_refused_naming_it(tmp_path, requires, missing):
+    """The host installs from the folder alone (pip --no-index): a dependency missing there failed pip in the middle
+    of the apply. Markers that do not hold here (an extra, another platform) need no wheel."""
+    make_wheel(tmp_path, "hosttune", __version__, (*requires, 'aiohttp; extra == "bench"'))
+    make_wheel(tmp_path, "typer", "0.12.0", ("shellingham>=1.3", 'colorama; sys_platform == "win32"'))
+    with pytest.raises(ProfileError) as caught:
+        build("p", {"monitor": {"wheels": str(tmp_path)}})
+    assert str(caught.value) == (f"monitor.wheels: {tmp_path} has no wheel of {missing.split(' needs ')[1]}, which "
+                                 f"{missing.split(' needs ')[0]} needs; make the folder with "
+                                 f"`pip wheel PATH-TO-HOSTTUNE -w {tmp_path}`")
+    (tmp_path / f"hosttune-{__version__}-py3-none-any.whl").write_bytes(b"")  # not a zip: refused, not a traceback
+    with pytest.raises(ProfileError, match="is not a wheel"):
         build("p", {"monitor": {"wheels": str(tmp_path)}})
 
 
