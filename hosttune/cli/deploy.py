@@ -121,17 +121,20 @@ def deploy(
     lines = [*checked, *([order] if order else []), *plan_lines(inv, plans, router, nginx_dir), recap.plan_line(plans)]
     typer.echo(recap.render(plans) + "\n" + "\n".join(lines))
     due = [o for o in plans if o.state is Outcome.PLANNED]
-    if not due or not go_ahead(f"Deploy to {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run,
-                               needs_yes=_taking_away(due)):
+    if dry_run or (due and not go_ahead(f"Deploy to {len(due)} {plural(len(due), 'host')}?", yes=yes,
+                                        dry_run=dry_run, needs_yes=_taking_away(due))):
         raise typer.Exit(exit_code(plans))
-    with Progress("deploying", total=len(ready)) as progress:
-        done = deploy_fleet(only(inv, ready), request, canary_check=check,
-                            on_batch=lambda batch: progress.note(recap.batch_line(batch)) if serial or canary else None,
-                            on_host_done=lambda name, d: progress.advance(name, d.state))
-    outcomes = after(plans, done)
-    typer.echo(recap.render(outcomes))
+    outcomes = plans  # no host to deploy: the balancer the plan names is written all the same
+    if due:
+        with Progress("deploying", total=len(ready)) as progress:
+            done = deploy_fleet(only(inv, ready), request, canary_check=check,
+                                on_batch=lambda batch: progress.note(recap.batch_line(batch)) if serial or canary else None,
+                                on_host_done=lambda name, d: progress.advance(name, d.state))
+        outcomes = after(plans, done)
+        typer.echo(recap.render(outcomes))
     found = upstreams(inv, outcomes, router)
-    for path in write_upstreams(found, nginx_dir) if found else []:
+    deployed = tuple(o.host.name for o in outcomes if o.state is Outcome.DEPLOYED)
+    for path in write_upstreams(found, nginx_dir, deployed) if found else []:
         typer.echo(f"{WRITTEN.get(path.suffix, 'nginx upstream')}: {path}", err=True)
     raise typer.Exit(exit_code(outcomes))
 

@@ -187,15 +187,38 @@ def plan_lines(inventory: Inventory, plans: list[HostDeploy], router: bool | Non
     return lines
 
 
-def write_upstreams(found: list[Upstream], folder: Path) -> list[Path]:
-    """Each group's nginx config, and its router's unit and scripts where it routes by prefix."""
+class BalancerWriteError(DeployError):
+    """The hosts are deployed, and a group balancer's file could not be written after them."""
+
+
+def write_upstreams(found: list[Upstream], folder: Path, deployed: tuple[str, ...] = ()) -> list[Path]:
+    """Each group's nginx config, and its router's unit and scripts where it routes by prefix; each file whole or
+    not at all. deployed: the hosts this run changed, which an error names."""
     files = {}
     for upstream in found:
         files[f"hosttune-{upstream.group}.conf"] = render_nginx(upstream)
         if is_routed(upstream):
             files[f"hosttune-router-{upstream.group}.service"] = router_unit(upstream)
             files.update(router_files(load_router()))  # the same scripts for every group
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (folder / name).write_bytes(text)
+    path = folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            path = folder / name
+            _write_whole(path, text)
+    except OSError as exc:
+        done = f"deployed to {', '.join(deployed)}, but the" if deployed else "the"
+        raise BalancerWriteError(
+            f"{done} group balancer was not written ({path}: {exc.strerror or exc}): it still sends where it did "
+            f"before; once {folder} takes it, deploy again: with every host unchanged it writes the balancer "
+            f"alone") from None
     return [folder / name for name in files]
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -210,3 +210,33 @@ def test_a_dry_run_names_the_group_balancer_the_run_would_write_and_writes_none(
                                       "--nginx-dir", str(folder)])
     assert result.exit_code == 0, result.output
     assert line.format(dir=folder) in result.output.splitlines() and not folder.exists()
+
+
+def test_a_balancer_that_cannot_be_written_after_the_deploy_says_what_was_deployed_and_what_is_left(tmp_path, monkeypatch):
+    """The hosts serve the new release by then: one line says so and how to write the balancer (deploy again, with
+    every host unchanged, writes it), where it was an internal error; no half-written or temporary file is left."""
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+    from hosttune.cli import deploy as deploy_cli
+
+    inventory = group_inventory(tmp_path, "port: 8100\n")
+    inv = load_inventory(inventory)
+    states = iter([Outcome.PLANNED, Outcome.DEPLOYED, Outcome.UNCHANGED])
+    monkeypatch.setattr(deploy_cli, "deploy_fleet", lambda inventory, request, **kw: (lambda state: [
+        HostDeploy(h, state, "custom-1", None if state is Outcome.PLANNED else "custom-1") for h in inv.hosts])(
+        next(states)))
+    folder = tmp_path / "lb"
+    (folder / "hosttune-prod.conf").mkdir(parents=True)  # what nginx reads cannot be replaced
+    args = ["deploy", "-i", str(inventory), "--engine", "custom", "--model", "/m", "--yes", "--nginx-dir", str(folder)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (
+        f"hosttune: deployed to gpu-a, gpu-b, but the group balancer was not written ({folder}/hosttune-prod.conf: "
+        f"Is a directory): it still sends where it did before; once {folder} takes it, deploy again: with every host "
+        f"unchanged it writes the balancer alone")
+    assert sorted(p.name for p in folder.iterdir()) == ["hosttune-prod.conf"]
+    (folder / "hosttune-prod.conf").rmdir()
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "10.0.0.1:8100" in (folder / "hosttune-prod.conf").read_text()
