@@ -120,7 +120,7 @@ def deploy(
     checked = [flag_check] if flag_check and ready else []  # where the flags are checked: for a run to come
     lines = [*checked, *([order] if order else []), *plan_lines(inv, plans, router, nginx_dir), recap.plan_line(plans)]
     typer.echo(recap.render(plans) + "\n" + "\n".join(lines))
-    due = [o for o in plans if o.state is Outcome.PLANNED]
+    due = [o for o in plans if o.state is Outcome.PLANNED or recap.is_refresh(o)]
     if dry_run or (due and not go_ahead(f"Deploy to {len(due)} {plural(len(due), 'host')}?", yes=yes,
                                         dry_run=dry_run, needs_yes=_taking_away(due))):
         raise typer.Exit(exit_code(plans))

@@ -84,6 +84,13 @@ def tls_ops(access: Access) -> list[Op]:
             Command(("chown", "root:root", "--", upstream.tls_key)), Command(("chmod", "0600", "--", upstream.tls_key))]
 
 
+def front_paths(access: Access) -> list[str]:
+    """The host's files of its front, for the state read to hash: an unchanged release writes only what differs."""
+    tls = [front_upstream(access, "").tls_cert, front_upstream(access, "").tls_key] if access.front and access.front.tls \
+        else []
+    return [NGINX_CONF, *tls]
+
+
 def refresh_tls_ops(access: Access) -> list[Op]:
     """A live release whose nginx config stays: the TLS files again (a renewed certificate), and nginx reloaded."""
     ops = tls_ops(access)

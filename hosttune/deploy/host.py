@@ -7,16 +7,17 @@ prints the unit's journal tail and activates the release that was live before.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from hosttune.build.wheelhouse import Entry
-from hosttune.actions.base import Command, Op, Remove, Symlink, describe
+from hosttune.actions.base import Command, FileWrite, Op, Remove, Symlink, describe
 from hosttune.actions.platform import PackageFlavour
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
 from hosttune.deploy.access import Access
-from hosttune.deploy.front import front_ops, key_ops, refresh_tls_ops, tls_ops, unfront_ops
+from hosttune.deploy.front import front_ops, front_paths, key_ops, refresh_tls_ops, tls_ops, unfront_ops
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
 from hosttune.deploy.model import ModelShape
@@ -86,14 +87,18 @@ class HostJob:
 def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
                on_op: Callable[[Op], None] | None = None) -> HostDeploy:
     release = job.release
-    state = read_state(transport, release.id, [wheel_path(w) for w in release.wheels] + list(release.files))
+    state = read_state(transport, release.id, [wheel_path(w) for w in release.wheels] + list(release.files)
+                       + front_paths(job.access))
     if state.cordoned:  # its front serves nothing: the group balancer leaves it out (serving None)
         return HostDeploy(job.host, Outcome.FAILED, None, None, error=f"nothing changed: {job.host.name} is {state.cordoned}")
     serves = SERVE_UNIT in release.units
     front = _front(job, state) if serves else []
     unchanged = _unchanged(transport, job, state, dry_run)
     if unchanged:
-        return _fronted(transport, job, state, unchanged, _refront_ops(job, front) if not dry_run else [])
+        refront = _refront_ops(job, front, state)
+        if dry_run:
+            return replace(unchanged, ops=tuple(describe(op) for op in refront))
+        return _fronted(transport, job, state, unchanged, refront, on_op)
     try:
         refuse(transport, job, state)
     except DeployError as exc:  # one line, and the host as it was
@@ -203,9 +208,20 @@ def _front(job: HostJob, state: HostState) -> list[Op]:
     return []
 
 
-def _refront_ops(job: HostJob, front: list[Op]) -> list[Op]:
-    """An unchanged release: its nginx front again (replicas: their nginx config is the release's, the TLS files not)."""
-    return refresh_tls_ops(job.access) if job.release.replicas else front
+def _refront_ops(job: HostJob, front: list[Op], state: HostState) -> list[Op]:
+    """An unchanged release: its nginx front again (replicas: their nginx config is the release's, the TLS files not),
+    where a file of it differs from the host's or goes; else nothing, and nginx is not reloaded."""
+    ops = refresh_tls_ops(job.access) if job.release.replicas else front
+    return ops if any(_differs(op, state) for op in ops) else []
+
+
+def _differs(op: Op, state: HostState) -> bool:
+    """A file the host lacks or holds otherwise (hashes read with the state; the front's config goes up as .new)."""
+    if isinstance(op, Remove):
+        return True
+    if not isinstance(op, FileWrite):
+        return False
+    return state.wheels.get(op.path.removesuffix(".new")) != hashlib.sha256(op.content).hexdigest()
 
 
 def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateResult,

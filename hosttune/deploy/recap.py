@@ -71,5 +71,13 @@ def plan_line(plans: list[HostDeploy], verb: str = "deploy to") -> str:
     due = sum(1 for o in plans if o.state is Outcome.PLANNED)
     removing = sum(1 for o in plans if o.state is Outcome.PLANNED and o.removals)
     hosts = "host" if len(plans) == 1 else "hosts"
+    refreshing = sum(1 for o in plans if is_refresh(o))
     return (f"plan: {verb} {due} of {len(plans)} {hosts}"
-            + (f"; {removing} of them lose what is marked !" if removing else ""))
+            + (f"; {removing} of them lose what is marked !" if removing else "")
+            + (f"; refresh the nginx front of {refreshing} unchanged {'host' if refreshing == 1 else 'hosts'}"
+               if refreshing else ""))
+
+
+def is_refresh(o: HostDeploy) -> bool:
+    """An unchanged release whose run writes its nginx front (or TLS files) again, or removes it: its operations."""
+    return o.state is Outcome.UNCHANGED and bool(o.ops)

@@ -4,6 +4,7 @@ its command line, the engine on 127.0.0.1 behind the host's nginx, and nginx con
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import os
@@ -23,12 +24,13 @@ from hosttune.deploy.access import Access, Front, _LAUNCHER, access_for, launche
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy, deploy_one
 from hosttune.deploy.rollback import rollback_one
-from hosttune.deploy.front import NGINX_CONF, front_ops, front_upstream, key_ops
+from hosttune.deploy.front import NGINX_CONF, front_ops, front_upstream, key_ops, tls_ops
 from hosttune.actions.base import Command, FileWrite, describe
 from hosttune.deploy.recap import render
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.shape import Shape
-from hosttune.deploy.units import REPLICA_TEMPLATE, Upstream, render_nginx
+from hosttune.deploy.rolling import indices
+from hosttune.deploy.units import REPLICA_TEMPLATE, Upstream, render_nginx, replica_unit
 from hosttune.config.inventory import load_inventory
 from hosttune.presets import load_preset
 
@@ -653,3 +655,63 @@ def test_rolling_back_a_host_never_deployed_is_nothing_to_do_not_a_failure(tmp_p
     with pytest.raises(DeployError, match=r"^gpu-a: no previous release to go back to \(custom-1 is live\)$"):
         rollback_one(ScriptedTransport("gpu-a", [], state="current:/opt/hosttune/releases/custom-1\n"), host,
                      ServeSettings("", "", 1, {}, {}), dry_run=True)
+
+
+def _live(job, files: dict[str, bytes]) -> str:
+    """The host's state with the job's release live and serving, and these files there."""
+    sha = lambda body: hashlib.sha256(body).hexdigest()  # noqa: E731
+    return (f"current:{job.release.dir}\ncomplete:yes\nnginx:/usr/sbin/nginx\nnginx-listen:8080\n"
+            + "".join(f"unit:{name} {sha(body)} active\n" for name, body in job.release.units.items())
+            + "".join(f"wheel:{sha(body)} {path}\n" for path, body in files.items())
+            + "".join(f"instance:{replica_unit(i)} active\n" for i in indices(job.release)))
+
+
+@pytest.mark.parametrize("engine, deploy, gpus", [("vllm", "nginx: {port: 8080}\n", "0"),  # its nginx front again
+                                                  ("custom", "nginx: {port: 8080, tls_cert: C, tls_key: K}\n", "0-1")])
+def test_an_unchanged_release_plans_the_front_refresh_its_run_does_and_none_where_the_host_has_it(tmp_path, engine,
+                                                                                                deploy, gpus):
+    """The run of an unchanged release wrote its front (or its replicas' TLS files) again and reloaded nginx, which its
+    dry run never showed; now both do it only where the host's files differ, and the plan says so."""
+    cert, key = tls_pair(tmp_path)
+    job = _job(tmp_path, engine, deploy.replace("C", str(cert)).replace("K", str(key)), gpus=gpus)
+    wanted = {op.path.removesuffix(".new"): op.content for op in
+              (tls_ops(job.access) if job.release.replicas else front_ops(job.access, "vllm", (job.settings.port,)))
+              if isinstance(op, FileWrite)}
+    for files in ({path: b"old" for path in wanted}, wanted):
+        state = _live(job, {**job.release.files, **files})
+        planned = deploy_one(ScriptedTransport("gpu-a", [], state=state), job, dry_run=True)
+        done: list = []
+        outcome = deploy_one(ScriptedTransport("gpu-a", [], state=state), job, on_op=done.append)
+        assert planned.state == outcome.state == "unchanged", outcome.error
+        assert list(planned.ops) == [describe(op) for op in done]
+        assert bool(done) == (files is not wanted) and (not done or done[-1].argv[:2] == ("systemctl", "reload-or-restart"))
+
+
+def test_a_plan_of_unchanged_hosts_whose_front_differs_runs_its_refresh(tmp_path, monkeypatch):
+    """Every host unchanged, one of them with its front to write again: the plan counts it and the run does it, where
+    nothing ran at all (its plan said nothing of it either)."""
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+    from hosttune.cli import deploy as deploy_cli
+
+    inventory = group_inventory(tmp_path, "port: 8100\n")
+    inv = load_inventory(inventory)
+    runs: list = []
+
+    def fleet(inventory, request, **kw):
+        runs.append(request.dry_run)
+        return [HostDeploy(h, Outcome.UNCHANGED, "custom-1", "custom-1", ops=("$ systemctl reload-or-restart nginx",)
+                           if h.name == "gpu-a" else ()) for h in inventory.hosts]
+
+    monkeypatch.setattr(deploy_cli, "deploy_fleet", fleet)
+    args = ["deploy", "-i", str(inventory), "--engine", "custom", "--model", "/m", "--nginx-dir", str(tmp_path / "lb")]
+    result = CliRunner().invoke(app, [*args, "--dry-run"])
+    assert result.exit_code == 0 and runs == [True], result.output
+    assert "plan: deploy to 0 of 2 hosts; refresh the nginx front of 1 unchanged host" in result.output.splitlines()
+    result = CliRunner().invoke(app, [*args, "--yes"])
+    assert result.exit_code == 0 and runs == [True, True, False], result.output
+    monkeypatch.setattr(deploy_cli, "deploy_fleet", lambda inventory, request, **kw: (runs.append(request.dry_run), [
+        HostDeploy(h, Outcome.UNCHANGED, "custom-1", "custom-1") for h in inventory.hosts])[1])
+    runs.clear()
+    assert CliRunner().invoke(app, [*args, "--yes"]).exit_code == 0 and runs == [True]  # nothing to do: nothing runs
