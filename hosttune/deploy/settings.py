@@ -21,7 +21,7 @@ Inventory layout (every key optional):
       router: false                      # a prefix router between the host's nginx and its replicas
 
 `--set FLAG=VALUE` sets an engine flag, `--set env.NAME=VALUE` an environment variable;
-values are read as YAML scalars (true, 0.9, 8192, null).
+values are read as YAML scalars (true, 0.9, 8192, null); unquoted text YAML would cut ('a #b') is taken as given.
 """
 
 from __future__ import annotations
@@ -99,14 +99,20 @@ def parse_sets(items: tuple[str, ...] | list[str]) -> Overrides:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
-        if not isinstance(value, _SCALARS):
-            value = raw  # "[a, b]" and the like stay text: flags take scalars
+        if not isinstance(value, _SCALARS) or _cut(raw, value):
+            value = raw  # "[a, b]" and the like stay text: flags take scalars; so does "a #b" (no comment here)
         if key.startswith("env."):
             env[_env_name(key[4:], f"--set {item}")] = None if value is None else _text(value, f"--set {item}")
         else:
             flags[_flag_name(key, f"--set {item}")] = value
             _text(value, f"--set {item}")
     return Overrides(flags, env)
+
+
+def _cut(raw: str, value: Any) -> bool:
+    """YAML read an unquoted text as less than it is (a ' #' comment dropped)."""
+    text = raw.strip()
+    return isinstance(value, str) and not text.startswith(("'", '"')) and value != text
 
 
 def _refuse_control(key: str, raw: str) -> None:

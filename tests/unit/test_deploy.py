@@ -21,7 +21,7 @@ from hosttune.deploy.plan import Role, activate_ops, install_ops, is_unchanged, 
 from hosttune.deploy.recap import render
 from hosttune.fleet_runner import Outcome, exit_code
 from hosttune.deploy.release import wheel_path
-from hosttune.deploy.settings import flag_argv, parse_sets, resolve
+from hosttune.deploy.settings import Overrides, flag_argv, parse_sets, resolve
 from hosttune.deploy.shape import declared
 from hosttune.deploy.state import HostState, UnitFile, parse_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
@@ -44,6 +44,9 @@ def test_parse_sets_reads_yaml_scalars():
     assert o.flags == {"max-num-seqs": 64, "enable-prefix-caching": False, "served-model-name": "m", "x": None,
                        "ratio": 0.9, "text": "a=b"}
     assert o.env == {"HF_HOME": "/cache", "DROP": None}
+    # text YAML would cut or fold as a plain scalar is the value as given: a '#' starts no comment on a command line
+    assert parse_sets(["env.FOO=a #b", "served-model-name=x # y", "env.Q='a #b'"]) == \
+        Overrides({"served-model-name": "x # y"}, {"FOO": "a #b", "Q": "a #b"})
     for bad in ("novalue", "bad flag=1", "env.1X=2"):
         with pytest.raises(DeployError):
             parse_sets([bad])
