@@ -73,7 +73,7 @@ async def _generate(request, state: ServerState, kind: _Kind, options: Generatio
                     encode, prompt_text: str | None, arrival: float) -> web.StreamResponse:
     state.check_model(options.model)
     state.check_serving()
-    with state.admitted(options.n * num_prompts):
+    with state.admitted(options.n, num_prompts):
         prompts = await encode()
         builder = state.usable_prompts()
         builder.check_logprobs(options.logprobs)

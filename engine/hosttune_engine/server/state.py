@@ -67,8 +67,12 @@ class ServerState:
         raise ApiError(503, message, "ServiceUnavailableError")
 
     @contextmanager
-    def admitted(self, num_seqs: int):
-        """Hold `num_seqs` admission slots for the block, or raise the 429 (or a 400 if it can never fit)."""
+    def admitted(self, n: int, num_prompts: int):
+        """Hold n times `num_prompts` admission slots for the block, or raise the 429 (or a 400 if it can never fit)."""
+        num_seqs = n * num_prompts
+        if not self.admission.fits_ever(num_prompts):
+            raise bad_request(f"this request sends {num_prompts} prompts; the server takes at most "
+                              f"{self.admission.capacity} at once", "prompt")
         if not self.admission.fits_ever(num_seqs):
             raise bad_request(f"this request asks for {num_seqs} sequences (n times prompts); the server takes at "
                               f"most {self.admission.capacity} at once", "n")

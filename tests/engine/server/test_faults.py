@@ -57,6 +57,8 @@ BAD_INPUTS = [
     ("top_k below -1", {"prompt": "hi", "top_k": -3}, "application/json", "top_k must be at least -1"),
     ("n zero", {"prompt": "hi", "n": 0}, "application/json", "n must be at least 1"),
     ("n past capacity", {"prompt": "hi", "n": 9}, "application/json", "the server takes at most 8"),
+    ("prompts past capacity", {"prompt": ["a"] * 400, "max_tokens": 1}, "application/json",
+     "this request sends 400 prompts; the server takes at most 8 at once"),
     ("stop of wrong type", {"prompt": "hi", "stop": [1, 2]}, "application/json", "stop must be a string or an array"),
     ("empty stop", {"prompt": "hi", "stop": ""}, "application/json", "stop strings must not be empty"),
     ("stop of too many distinct prefixes", {"prompt": "hi", "stop": ["a" * 2**19 + "a", "b" * 2**19 + "b"]},
@@ -113,6 +115,13 @@ def test_bad_completion_input_is_a_small_400(server, name, body, content_type, e
 def test_bad_chat_input_is_a_small_400(server, name, body, expected):
     status, headers, raw = post(server.url + "/v1/chat/completions", body)
     _check_400(status, headers, raw, expected)
+
+
+def test_a_400_names_the_field_at_fault(server):
+    for path, body, param in (("/v1/completions", {"prompt": ["a"] * 400, "max_tokens": 1}, "prompt"),
+                              ("/v1/completions", {"prompt": ["a", "b"], "n": 5}, "n")):
+        status, _, raw = post(server.url + path, body)
+        assert status == 400 and json.loads(raw)["error"]["param"] == param, raw
 
 
 def test_bad_tokenize_input_is_a_400(server):
