@@ -78,6 +78,7 @@ BAD_INPUTS = [
 CHAT_BAD_INPUTS = [
     ("no messages", {"max_tokens": 3}, "messages must be a non-empty array"),
     ("messages not a list", {"messages": "hi"}, "messages must be a non-empty array"),
+    ("empty messages", {"messages": []}, "messages must not be empty"),
     ("message without role", {"messages": [{"content": "hi"}]}, "must be an object with a string role"),
     ("content of wrong type", {"messages": [{"role": "user", "content": 5}]}, "content must be a string"),
     ("image part", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},

@@ -15,8 +15,10 @@ from hosttune_engine.server.schemas.options import MAX_LOGPROBS, GenerationField
 
 def read_messages(messages) -> tuple[dict, ...]:
     """Chat messages with string roles; content as a string or an array of text parts."""
-    if not isinstance(messages, list) or not messages:
+    if not isinstance(messages, list):
         raise fault(f"messages must be a non-empty array of objects, got {describe(messages)}", "messages")
+    if not messages:
+        raise fault("messages must not be empty", "messages")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
