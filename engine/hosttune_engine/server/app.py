@@ -63,8 +63,7 @@ async def health(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """GET /metrics: Prometheus text format with vLLM's metric names."""
     state = request.app[STATE]
-    stats = state.stats()
-    text = state.metrics.render(stats) if stats else ""
+    text = state.metrics.render(state.stats())
     return web.Response(text=text, content_type="text/plain", charset="utf-8",
                         headers={"X-Prometheus-Format": "0.0.4"})
 

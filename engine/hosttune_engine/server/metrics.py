@@ -143,13 +143,15 @@ class Metrics:
     def reject(self, reason: str) -> None:
         self.rejected.labels(self.model_name, reason).inc()
 
-    def _since_baseline(self, stats: EngineStats) -> EngineStats:
-        if self.baseline is None:
-            return stats
+    def _since_baseline(self, stats: EngineStats | None) -> EngineStats | None:
+        if self.baseline is None or stats is None:  # loading or warming up: no engine series yet
+            return None
         return replace(stats, **{f: getattr(stats, f) - (getattr(self.baseline, f) or 0) for f in BASELINED
                                  if getattr(stats, f) is not None})
 
-    def render(self, stats: EngineStats) -> str:
-        """The Prometheus text format: engine gauges and counters as of `stats`, then the server's own."""
+    def render(self, stats: EngineStats | None) -> str:
+        """The Prometheus text format: engine gauges and counters as of `stats`, then the server's own.
+        Before the baseline (ready) only the server's own: warmup's tokens shown then would fall at ready,
+        and a counter never falls."""
         self.engine_stats.stats = self._since_baseline(stats)
         return generate_latest(self.registry).decode()

@@ -17,7 +17,7 @@ import pytest
 
 from hosttune_engine.config import surely_cpu
 
-from .harness import ServerProcess, get_json, post
+from .harness import ServerProcess, get_json, metric, post
 
 LONG = {"prompt": "When memory runs short", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
 
@@ -73,6 +73,7 @@ def test_health_and_sigterm_during_load(tiny_qwen2, tmp_path):
         assert code == 503 and body["status"] == "starting"  # the socket opens before the model loads
         status, headers, raw = post(server.url + "/v1/completions", {"prompt": "hi"})
         assert status == 503 and headers["Retry-After"] == "1" and b"retry shortly" in raw
+        assert metric(server.metrics(), "vllm:num_requests_rejected_total", reason="starting") == 1
         seen = server.wait_ready()
         assert seen[0] == "starting" and seen[-1] == "ready"
         code, body = server.health()

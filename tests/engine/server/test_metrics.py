@@ -8,11 +8,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from hosttune_engine.core.messages import EngineStats
 from hosttune_engine.server.admission import Admission
 from hosttune_engine.server.health import TokenRate
-from hosttune_engine.server.metrics import Metrics, SequenceTiming
+from hosttune_engine.server.metrics import BASELINED, Metrics, SequenceTiming
 
 STATS = EngineStats(num_running=3, num_waiting=1, kv_usage=0.25, num_kv_blocks=100, num_free_kv_blocks=75,
                     prefix_cache_queries_total=50, prefix_cache_hits_total=16, num_preemptions_total=2,
                     prompt_tokens_total=120, generation_tokens_total=300, num_finished_total=4)
+NO_WARMUP = replace(STATS, **{field: 0 for field in BASELINED})  # a baseline that takes nothing off
 
 VLLM_NAMES = ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
               "vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
@@ -47,6 +48,7 @@ def test_render_has_vllm_names_and_valid_lines():
     m.observe(SequenceTiming(10, 5, "stop", e2e=1.0, ttft=0.2, queue_time=0.01, inter_token=(0.2,) * 4))
     m.observe(SequenceTiming(10, 0, "abort", e2e=0.5, ttft=None, queue_time=None, inter_token=()))
     m.reject("overload")
+    m.set_baseline(NO_WARMUP)  # ready: the engine's series are shown
     text = m.render(STATS)
     for name in VLLM_NAMES:
         assert re.search(rf"^{re.escape(name)}(_bucket|_count)?{{", text, re.M), name
@@ -72,6 +74,22 @@ def test_baseline_hides_warmup_tokens():
     samples = _samples(m.render(STATS))
     assert samples["vllm:generation_tokens_total", ()] == 0
     assert samples["vllm:num_requests_running", ()] == 3  # gauges are not offset
+
+
+def test_engine_counters_never_fall_when_warmup_ends():
+    """A scrape while the model loads or warms up shows the server's own counters and no engine counter,
+    so none of them falls when warmup's tokens become the baseline."""
+    m = Metrics("m")
+    m.reject("starting")
+    loading = _samples(m.render(None))
+    assert loading["vllm:num_requests_rejected_total", (("reason", "starting"),)] == 1
+    warming = _samples(m.render(STATS))
+    m.set_baseline(STATS)
+    ready = _samples(m.render(replace(STATS, generation_tokens_total=305)))
+    assert ready["vllm:generation_tokens_total", ()] == 5
+    for key, value in {**loading, **warming}.items():
+        if key[0].endswith("_total"):
+            assert ready[key] >= value, key
 
 
 def test_kernel_compiles_count_from_ready_and_only_where_counted():
