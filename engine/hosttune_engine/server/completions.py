@@ -78,7 +78,7 @@ async def _generate(request, state: ServerState, kind: _Kind, options: Generatio
         builder = state.usable_prompts()
         builder.check_logprobs(options.logprobs)
         samplings = [options.sampling(builder.max_tokens_for(len(p), options.max_tokens, kind.default_max_tokens,
-                                                             kind.what)) for p in prompts]
+                                                             kind.what, options.max_tokens_field)) for p in prompts]
         gen = Generation(state.client, state.new_request_id(kind.id_prefix), prompts, samplings, options.n,
                          options.priority, arrival)
         status = CLIENT_CLOSED

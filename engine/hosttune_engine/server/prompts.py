@@ -92,8 +92,9 @@ class PromptBuilder:
 
     # -- context length ------------------------------------------------------------------------
     def max_tokens_for(self, num_prompt_tokens: int, requested: int | None, default: int | None,
-                       what: str = "prompt") -> int:
-        """The max_tokens to run with; a 400 if the prompt, or prompt plus max_tokens, exceeds the context."""
+                       what: str = "prompt", field: str = "max_tokens") -> int:
+        """The max_tokens to run with; a 400 if the prompt, or prompt plus max_tokens, exceeds the context.
+        `field` is the body's field that asked for `requested`, the one the 400 names."""
         if num_prompt_tokens == 0:
             raise bad_request(f"the {what} is empty", "prompt" if what == "prompt" else what)
         room = self.max_model_len - num_prompt_tokens
@@ -105,7 +106,7 @@ class PromptBuilder:
             raise ApiError(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
                                 f"you requested {num_prompt_tokens + requested} tokens ({num_prompt_tokens} in "
                                 f"the {what}, {requested} in the completion). Please reduce the length of the "
-                                f"{what} or completion.", param="max_tokens")
+                                f"{what} or completion.", param=field)
         return requested
 
 

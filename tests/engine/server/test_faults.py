@@ -120,7 +120,9 @@ def test_bad_chat_input_is_a_small_400(server, name, body, expected):
 
 def test_a_400_names_the_field_at_fault(server):
     for path, body, param in (("/v1/completions", {"prompt": ["a"] * 400, "max_tokens": 1}, "prompt"),
-                              ("/v1/completions", {"prompt": ["a", "b"], "n": 5}, "n")):
+                              ("/v1/completions", {"prompt": ["a", "b"], "n": 5}, "n"),
+                              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                        "max_completion_tokens": 5000}, "max_completion_tokens")):
         status, _, raw = post(server.url + path, body)
         assert status == 400 and json.loads(raw)["error"]["param"] == param, raw
 

@@ -117,4 +117,6 @@ class ChatRequest(_ChatTail, GenerationFields, _ChatHead):  # checked head, shar
     @property
     def options(self) -> GenerationOptions:
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self.generation_options(self.max_completion_tokens or self.max_tokens, logprobs)
+        if self.max_completion_tokens is not None:
+            return self.generation_options(self.max_completion_tokens, logprobs, "max_completion_tokens")
+        return self.generation_options(self.max_tokens, logprobs)

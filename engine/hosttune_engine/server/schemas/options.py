@@ -28,6 +28,7 @@ class GenerationOptions:
     model: str | None = None
     n: int = 1
     max_tokens: int | None = None  # None: up to the context length
+    max_tokens_field: str = "max_tokens"  # the body's field that set it, which a context error names
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -159,10 +160,11 @@ class GenerationFields(RequestBody):
                 raise fault(f"{name} must be a boolean, got {describe(value)}", name)
         return options
 
-    def generation_options(self, max_tokens: int | None, logprobs: int | None) -> GenerationOptions:
+    def generation_options(self, max_tokens: int | None, logprobs: int | None,
+                           max_tokens_field: str = "max_tokens") -> GenerationOptions:
         stream_options = self.stream_options or {}
         usage = bool(stream_options.get("include_usage"))
         continuous = usage and bool(stream_options.get("continuous_usage_stats"))  # as in vLLM: only with usage
         same = {f.name: getattr(self, f.name) for f in fields(GenerationOptions) if f.name in type(self).model_fields}
-        return GenerationOptions(**{**same, "max_tokens": max_tokens, "logprobs": logprobs, "include_usage": usage,
-                                    "continuous_usage": continuous})
+        return GenerationOptions(**{**same, "max_tokens": max_tokens, "max_tokens_field": max_tokens_field,
+                                    "logprobs": logprobs, "include_usage": usage, "continuous_usage": continuous})
