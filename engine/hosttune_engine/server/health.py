@@ -78,6 +78,12 @@ class Health:
     def is_ready(self) -> bool:
         return self.phase is Phase.READY
 
+    def sample_tokens(self, total_tokens: int, now: float | None = None) -> None:
+        """Throughput counts traffic only: samples taken while loading or warming up are left out, so the rate
+        right after ready does not show warmup's generations."""
+        if self.phase in (Phase.READY, Phase.DRAINING):
+            self.tokens.sample(total_tokens, now)
+
     def status_code(self) -> int:
         return 200 if self.is_ready else 503
 

@@ -196,7 +196,7 @@ class Server:
         while True:
             stats = self.state.stats()
             if stats is not None:
-                self.state.health.tokens.sample(stats.generation_tokens_total)
+                self.state.health.sample_tokens(stats.generation_tokens_total)
             await asyncio.sleep(HEALTH_SAMPLE_S)
 
     # -- stopping ---------------------------------------------------------------------------

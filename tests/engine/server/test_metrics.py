@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hosttune_engine.core.messages import EngineStats
 from hosttune_engine.server.admission import Admission
-from hosttune_engine.server.health import TokenRate
+from hosttune_engine.server.health import Health, Phase, TokenRate
 from hosttune_engine.server.metrics import BASELINED, Metrics, SequenceTiming
 
 STATS = EngineStats(num_running=3, num_waiting=1, kv_usage=0.25, num_kv_blocks=100, num_free_kv_blocks=75,
@@ -121,3 +121,16 @@ def test_token_rate_window():
         rate.sample(total_tokens=100 * t, now=float(t))
     assert rate.rate() == 100.0
     assert len(rate._samples) <= 12
+
+
+def test_health_throughput_leaves_out_warmup():
+    """/health's tokens_per_second right after ready is traffic's, not warmup's generations."""
+    health = Health()
+    health.phase = Phase.WARMING_UP
+    health.sample_tokens(0, now=0.0)
+    health.sample_tokens(500, now=1.0)
+    health.phase = Phase.READY
+    health.sample_tokens(500, now=2.0)
+    assert health.tokens.rate() == 0.0
+    health.sample_tokens(510, now=3.0)
+    assert health.tokens.rate() == 10.0
