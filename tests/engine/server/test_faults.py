@@ -118,11 +118,18 @@ def test_bad_chat_input_is_a_small_400(server, name, body, expected):
     _check_400(status, headers, raw, expected)
 
 
+FIELD_AT_FAULT = [  # (path, body, the param its 400 names)
+    ("/v1/completions", {"prompt": ["a"] * 400, "max_tokens": 1}, "prompt"),
+    ("/v1/completions", {"prompt": ["a", "b"], "n": 5}, "n"),
+    ("/v1/completions", {"prompt": "hi", "stream": True, "stream_options": {"include_usage": 1}},
+     "stream_options.include_usage"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5000},
+     "max_completion_tokens"),
+]
+
+
 def test_a_400_names_the_field_at_fault(server):
-    for path, body, param in (("/v1/completions", {"prompt": ["a"] * 400, "max_tokens": 1}, "prompt"),
-                              ("/v1/completions", {"prompt": ["a", "b"], "n": 5}, "n"),
-                              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                                        "max_completion_tokens": 5000}, "max_completion_tokens")):
+    for path, body, param in FIELD_AT_FAULT:
         status, _, raw = post(server.url + path, body)
         assert status == 400 and json.loads(raw)["error"]["param"] == param, raw
 

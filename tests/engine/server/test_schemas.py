@@ -226,5 +226,5 @@ def test_continuous_usage_stats_is_a_boolean_that_counts_only_with_include_usage
     assert options(continuous_usage_stats=True).continuous_usage is False  # as in vLLM
     with pytest.raises(ApiError) as err:
         options(include_usage=True, continuous_usage_stats="yes")
-    assert (err.value.param, err.value.message) == ("continuous_usage_stats",
-                                                    "continuous_usage_stats must be a boolean, got a string")
+    assert (err.value.param, err.value.message) == (
+        "stream_options.continuous_usage_stats", "stream_options.continuous_usage_stats must be a boolean, got a string")

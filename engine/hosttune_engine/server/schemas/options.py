@@ -157,7 +157,7 @@ class GenerationFields(RequestBody):
         for name in ("include_usage", "continuous_usage_stats"):
             value = options.get(name)
             if value is not None and not isinstance(value, bool):
-                raise fault(f"{name} must be a boolean, got {describe(value)}", name)
+                raise fault(f"stream_options.{name} must be a boolean, got {describe(value)}", f"stream_options.{name}")
         return options
 
     def generation_options(self, max_tokens: int | None, logprobs: int | None,
