@@ -27,9 +27,10 @@ def off_loop(fn, *args):
 
 
 async def read_body(request: web.Request, model):
-    """The body as `model` (a `RequestBody` of `schemas/`) parses it. A big one (millions of token ids take a
-    second to check) is parsed and checked on a worker thread, so the event loop keeps answering meanwhile."""
-    if request.content_type != "application/json":
+    """The body as `model` (a `RequestBody` of `schemas/`) parses it. A body sent without a Content-Type is
+    read as JSON too, as vLLM reads it. A big one (millions of token ids take a second to check) is parsed
+    and checked on a worker thread, so the event loop keeps answering meanwhile."""
+    if request.content_type != "application/json" and "Content-Type" in request.headers:
         raise bad_request(f"Content-Type must be application/json, got {request.content_type[:60]!r}")
     raw = await request.read()  # aiohttp answers 413 past client_max_size
     if len(raw) > OFFLOAD_BYTES:

@@ -2,6 +2,7 @@
 429s (never a 5xx or a hang), and clients that vanish leave no KV blocks behind."""
 
 import asyncio
+import http.client
 import json
 import statistics
 import threading
@@ -140,6 +141,17 @@ def test_bad_tokenize_input_is_a_400(server):
                                  ("/detokenize", {"tokens": "abc"}, "tokens must be an array"),
                                  ("/detokenize", {"tokens": [10**9]}, "out of the vocabulary")):
         _check_400(*post(server.url + path, body), expected)
+
+
+def test_a_json_body_without_a_content_type_is_read_as_json(server):
+    """As vLLM (FastAPI) reads it; a browser's cross-site form always sends a Content-Type, so this opens
+    nothing to one. aiohttp calls a missing header application/octet-stream, which the client never sent."""
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "hi", "max_tokens": 1}).encode())
+    response = conn.getresponse()
+    assert response.status == 200 and json.loads(response.read())["usage"]["completion_tokens"] == 1
+    conn.close()
 
 
 def test_other_http_errors_are_json(server):
