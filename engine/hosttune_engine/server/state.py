@@ -74,8 +74,10 @@ class ServerState:
             raise bad_request(f"this request sends {num_prompts} prompts; the server takes at most "
                               f"{self.admission.capacity} at once", "prompt")
         if not self.admission.fits_ever(num_seqs):
-            raise bad_request(f"this request asks for {num_seqs} sequences (n times prompts); the server takes at "
-                              f"most {self.admission.capacity} at once", "n")
+            asked = (f"n={n} sequences" if num_prompts == 1
+                     else f"{num_seqs} sequences (n={n} times {num_prompts} prompts)")
+            raise bad_request(f"this request asks for {asked}; the server takes at most {self.admission.capacity} "
+                              "at once", "n")
         rejected = self.admission.admit(num_seqs)
         if rejected is not None:
             self.metrics.reject("overload")
