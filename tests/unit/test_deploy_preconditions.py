@@ -253,11 +253,9 @@ def test_space_for_an_install_from_the_wheelhouse_counts_its_wheels(tmp_path):
     assert space.startswith("holds: ") and "estimate" not in space and " kB to write on / " in space
 
 
-def test_an_install_from_the_wheelhouse_writes_only_where_the_space_check_looks(tmp_path):
-    """With deps/ pip unpacks and installs the wheelhouse's wheels: its temporary files are in the virtualenv and it
-    keeps no cache, as from the index, so the space checked on the virtualenv's filesystem is where pip writes."""
-    job = job_for(tmp_path)
-    job = replace(job, release=replace(job.release, offline=True, index_deps=0))
+def _pip_install_in_the_virtualenv(job) -> tuple[tuple, str]:
+    """The deploy's pip install (run with TMPDIR in the virtualenv and no cache, the folder made before it and
+    removed after) and the dry run's space line."""
     log: list = []
     outcome = dhost.deploy_one(ScriptedTransport("gpu-a", log), job)
     assert outcome.state != "failed", outcome.error
@@ -265,9 +263,18 @@ def test_an_install_from_the_wheelhouse_writes_only_where_the_space_check_looks(
     commands = sent(log)
     (install,) = [a for a in commands if f"{venv}/bin/pip" in a and "install" in a]
     assert install[:3] == ("env", f"TMPDIR={tmp}", f"{venv}/bin/pip") and "--no-cache-dir" in install
-    assert "--no-index" in install and "--no-deps" in install
     assert commands.index(("mkdir", "-p", "--", tmp)) < commands.index(install) < commands.index(("rm", "-rf", "--", tmp))
     (space,) = [c for c in dhost.deploy_one(ScriptedTransport("gpu-a", []), job, dry_run=True).checks if "to write on /" in c]
+    return install, space
+
+
+def test_an_install_from_the_wheelhouse_writes_only_where_the_space_check_looks(tmp_path):
+    """With deps/ pip unpacks and installs the wheelhouse's wheels: its temporary files are in the virtualenv and it
+    keeps no cache, as from the index, so the space checked on the virtualenv's filesystem is where pip writes."""
+    job = job_for(tmp_path)
+    job = replace(job, release=replace(job.release, offline=True, index_deps=0))
+    install, space = _pip_install_in_the_virtualenv(job)
+    assert "--no-index" in install and "--no-deps" in install
     assert "estimate" not in space and space.endswith(
         "pip keeps no cache and its temporary files in the virtualenv (--no-cache-dir, TMPDIR), not in ~/.cache/pip "
         "or /tmp, which may be other filesystems")
@@ -282,15 +289,6 @@ def test_every_engine_estimates_the_dependencies_pip_fetches_from_the_index():
 def test_an_install_from_the_index_writes_only_where_the_space_check_looks(tmp_path):
     """pip's cache (~/.cache/pip) and temporary files (/tmp, TMPDIR) may be on other filesystems than the
     virtualenv's: pip runs without its cache and with its temporary files in the virtualenv, and the plan says so."""
-    job = job_for(tmp_path)
-    log: list = []
-    outcome = dhost.deploy_one(ScriptedTransport("gpu-a", log), job)
-    assert outcome.state != "failed", outcome.error
-    venv, tmp = job.release.dir, f"{job.release.dir}/.pip-tmp"
-    commands = sent(log)
-    (install,) = [a for a in commands if f"{venv}/bin/pip" in a and "install" in a]
-    assert install[:3] == ("env", f"TMPDIR={tmp}", f"{venv}/bin/pip") and "--no-cache-dir" in install
-    assert commands.index(("mkdir", "-p", "--", tmp)) < commands.index(install) < commands.index(("rm", "-rf", "--", tmp))
-    (space,) = [c for c in dhost.deploy_one(ScriptedTransport("gpu-a", []), job, dry_run=True).checks if "to write on /" in c]
+    _, space = _pip_install_in_the_virtualenv(job_for(tmp_path))
     assert ("pip keeps no cache and its temporary files in the virtualenv (--no-cache-dir, TMPDIR), not in "
             "~/.cache/pip or /tmp, which may be other filesystems") in space
