@@ -48,8 +48,8 @@ class Cgroup:
     def pids(self) -> set[int]:
         pids: set[int] = set()
         for d in self.dirs:
-            for procs in d.rglob("cgroup.procs") if d.exists() else ():
-                pids.update(int(p) for p in _read(procs).split())
+            for sub in _tree(d):
+                pids.update(int(p) for p in _read(sub / "cgroup.procs").split())
         return pids
 
     def kill(self, timeout: float = 10.0) -> None:
@@ -72,14 +72,17 @@ class Cgroup:
     def remove(self) -> None:
         """rmdir the tree, deepest first; the processes must already be gone."""
         for d in self.dirs:
-            if not d.exists():
-                continue
-            for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+            for sub in reversed(_tree(d)):
                 _rmdir(sub)
-            _rmdir(d)
         for h in hierarchies():
             for parent in (h / Path(self.relative).parent, h / TOP):
                 _rmdir(parent)  # fails quietly while another container still uses it
+
+
+def _tree(top: Path) -> list[Path]:
+    """top and every cgroup under it, parents first. systemd inside a container removes its
+    cgroups while we walk, so a directory that vanishes mid-walk is skipped, never an error."""
+    return [Path(root) for root, _, _ in os.walk(top)]
 
 
 def _read(path: Path) -> str:
