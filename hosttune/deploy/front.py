@@ -16,6 +16,7 @@ from hosttune.deploy.access import HOST_KEY_DIR, HOST_TLS_DIR, Access
 from hosttune.actions.base import Command, FileWrite, Op, Remove
 from hosttune.actions.needs import NeedCommand
 from hosttune.deploy.settings import ServeSettings
+from hosttune.deploy.state import HostState
 from hosttune.deploy.units import Upstream, render_nginx
 from hosttune.presets import EnginePreset
 
@@ -101,6 +102,12 @@ def unfront_ops() -> list[Op]:
     """The host's front taken away: its config removed and nginx reloaded (nginx stays enabled: it may serve other
     sites)."""
     return [Remove(NGINX_CONF), Command(("systemctl", "try-reload-or-restart", "nginx.service"))]
+
+
+def stale_front_ops(state: HostState) -> list[Op]:
+    """This deployment's front over one service (hosttune-local.conf there, no replica live) taken away, for a
+    service going live without one; replicas live now take their nginx config with them (rolling.leave_ops)."""
+    return unfront_ops() if state.nginx_ports and not state.instances else []
 
 
 def front_ops(access: Access, engine: str, ports: tuple[int, ...]) -> list[Op]:

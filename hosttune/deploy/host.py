@@ -17,7 +17,7 @@ from hosttune.actions.platform import PackageFlavour
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
 from hosttune.deploy.access import Access
-from hosttune.deploy.front import front_ops, front_paths, key_ops, refresh_tls_ops, tls_ops, unfront_ops
+from hosttune.deploy.front import front_ops, front_paths, key_ops, refresh_tls_ops, stale_front_ops, tls_ops
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
 from hosttune.deploy.model import ModelShape
@@ -203,9 +203,7 @@ def _front(job: HostJob, state: HostState) -> list[Op]:
     host still has this deployment's (hosttune-local.conf, over one service), removed, as the plan's removals say."""
     if job.access.front is not None:
         return front_ops(job.access, job.preset.name, (job.settings.port,))
-    if state.nginx_ports and not job.release.replicas and not state.instances:
-        return unfront_ops()  # replicas live now: their nginx config goes with them (rolling.leave_ops)
-    return []
+    return [] if job.release.replicas else stale_front_ops(state)
 
 
 def _refront_ops(job: HostJob, front: list[Op], state: HostState) -> list[Op]:

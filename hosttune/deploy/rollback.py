@@ -11,7 +11,7 @@ from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
 from hosttune.deploy.access import Access, front_for
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.front import front_ops, unfront_ops
+from hosttune.deploy.front import front_ops, stale_front_ops
 from hosttune.deploy.gate import GateResult, gate_line, run_gate
 from hosttune.deploy.host import HostDeploy, gate_failure
 from hosttune.deploy.release import PREVIOUS, Release, release_name
@@ -82,7 +82,7 @@ def _front(host: Host, previous: Release, state: HostState, port: int) -> list[O
                               f"{shape['front_port']}, which the inventory's deploy.nginx no longer gives; give it "
                               f"back to roll back to it")
         return front_ops(access, previous.engine, (port,))
-    return unfront_ops() if state.nginx_ports and not state.instances else []
+    return stale_front_ops(state)
 
 
 def _in_the_way(transport: Transport, previous: Release, state: HostState) -> list[Op]:
