@@ -13,7 +13,8 @@ from hosttune.checks.service_monitor import ACTIVE_TIMER, CHECKS, STATUS_DIR, ST
 from hosttune.config.inventory import Host, Inventory, local_inventory
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.fleet_runner import DEFAULT_FORKS, EXIT_DRIFT, EXIT_ERROR, EXIT_UNREACHABLE, FleetRunner
-from hosttune.probes.sections import Section, split
+from hosttune.probes.machine import MachineIdentity, gpu_uuids, is_transient, other_machine, persistent_id
+from hosttune.probes.sections import Section, keyed, split
 from hosttune.status_file import FindingBrief, StatusDoc, StatusError, parse_status
 from hosttune.transport import open_transport
 from hosttune.transport.base import bundled_script
@@ -71,7 +72,7 @@ def parse_read(host: Host, output: str) -> HostStatus:
     except ValueError:
         raise StatusError(f"the host's clock read {sections['now'].text.strip()[:40]!r}, not Unix seconds "
                           "(`date +%s` on the host must print them)") from None
-    here = Identity(*(sections[k].text.strip() if k in sections else "" for k in ("hostname", "machine_id")))
+    here = read_identity(sections)
     docs = tuple(_parse_pass(p, sections[p], here) for p in _TIMERS
                  if p in sections and sections[p].rc != NOT_WRITTEN_RC)
     return HostStatus(host, True, docs=docs, stale=judge_stale(docs, now), now=now, version=judge_version(docs))
@@ -82,17 +83,27 @@ class Identity:
     """Which host the status read ran on ("": not read)."""
 
     hostname: str = ""
-    machine_id: str = ""
+    machine: MachineIdentity = MachineIdentity()
 
     def stranger(self, doc: StatusDoc) -> str | None:
         """Where `doc` was written, in words, when that was another host; None when it is this one's or unknown.
         A pass whose probe failed names UNNAMED and no machine-id."""
         if self.hostname and doc.host not in (self.hostname, UNNAMED):
             return f"{doc.host}, not on this host ({self.hostname})"
-        if self.machine_id and doc.machine_id and doc.machine_id != self.machine_id:
+        if other_machine(self.machine, doc.machine):
+            gpus = ", and other GPUs" if self.machine.gpus and doc.gpus else ""
             return (f"{doc.host} of machine-id {doc.machine_id}, not on this host ({self.hostname or doc.host}, "
-                    f"machine-id {self.machine_id})")
+                    f"machine-id {self.machine.machine_id}{gpus})")
         return None
+
+
+def read_identity(sections: dict[str, Section]) -> Identity:
+    """status_read.sh's name, machine-id and GPUs of the host, as the monitor's probe reads them."""
+    text = {k: sections[k].text if k in sections else "" for k in ("hostname", "machine_id", "machine_id_store", "gpus")}
+    store = dict(keyed(text["machine_id_store"]))
+    transient = is_transient("machine-id-mount" in store, store.get("machine-id-fs", "").strip())
+    machine = MachineIdentity(persistent_id(text["machine_id"], transient), gpu_uuids(text["gpus"].split()))
+    return Identity(text["hostname"].strip(), machine)
 
 
 def _parse_pass(pass_name: str, section: Section, here: Identity) -> StatusDoc:

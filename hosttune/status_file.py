@@ -14,6 +14,7 @@ from hosttune.checks.findings import Finding, Status
 from hosttune.config.monitor_spec import MAX_INTERVAL_S
 from hosttune.errors import HosttuneError
 from hosttune.fleet import HostReport
+from hosttune.probes.machine import MachineIdentity, identity
 
 FORMAT = 1
 PASSES = ("regular", "active")
@@ -46,7 +47,12 @@ class StatusDoc:
     counts: dict[str, int]  # findings per status
     findings: tuple[FindingBrief, ...]  # those not ok and not not-applicable
     error: str = ""  # why the probe failed, if it did
-    machine_id: str = ""  # the host's /etc/machine-id ("" unknown: a failed probe, or an older monitor's file)
+    machine_id: str = ""  # the host's persistent /etc/machine-id ("" none, or unknown: a failed probe, an older monitor)
+    gpus: tuple[str, ...] = ()  # the host's GPUs' UUIDs (() none, or unknown)
+
+    @property
+    def machine(self) -> MachineIdentity:
+        return MachineIdentity(self.machine_id, self.gpus)
 
     @property
     def failing(self) -> tuple[FindingBrief, ...]:
@@ -78,9 +84,9 @@ def status_doc(report: HostReport, pass_name: str, interval_s: int, when: float,
     shown = tuple(brief(f) for f in report.findings if f.status not in (Status.OK, Status.NOT_APPLICABLE))
     host = report.facts.hostname if report.facts and report.facts.hostname else report.host.name
     unread = "; ".join(report.facts.probe_errors) if report.facts else ""  # a part of the host the probe could not read
-    machine_id = report.facts.machine_id if report.facts else ""
+    machine = identity(report.facts) if report.facts else MachineIdentity()
     return StatusDoc(host, pass_name, round(when, 3), interval_s, round(duration_s, 3), versions(report, hosttune),
-                     counts, shown, report.error or unread, machine_id)
+                     counts, shown, report.error or unread, machine.machine_id, machine.gpus)
 
 
 def to_json(doc: StatusDoc) -> str:
@@ -95,7 +101,7 @@ def parse_status(text: str) -> StatusDoc:
         doc = StatusDoc(str(raw["host"]), str(raw["pass_name"]), float(raw["when"]), int(raw["interval_s"]),
                         float(raw["duration_s"]), {str(k): str(v) for k, v in raw["versions"].items()},
                         {str(k): int(v) for k, v in raw["counts"].items()}, findings, str(raw.get("error") or ""),
-                        str(raw.get("machine_id") or ""))
+                        str(raw.get("machine_id") or ""), tuple(str(u) for u in raw.get("gpus") or ()))
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:  # Overflow: int(Infinity)
         raise StatusError(f"unreadable status file: {type(exc).__name__}: {exc}") from None
     return _sensible(doc)

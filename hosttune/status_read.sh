@@ -7,6 +7,14 @@ printf '@@ht:now\n%s\n@@ht-end:now:0\n' "$(date +%s)"
 # along: a clone may keep the name, and is given its own machine-id where it is made as systemd asks)
 printf '@@ht:hostname\n%s\n@@ht-end:hostname:0\n' "$(cat /proc/sys/kernel/hostname 2>/dev/null || cat /etc/hostname 2>/dev/null)"
 printf '@@ht:machine_id\n%s\n@@ht-end:machine_id:0\n' "$(cat /etc/machine-id 2>/dev/null)"
+# as the probe reads them: where that id lives (one made up at every boot names no machine), and the GPUs' UUIDs
+# (a machine whose id was made anew keeps its GPUs; a clone runs on another machine's)
+printf '@@ht:machine_id_store\n'
+grep -qs '^[^ ]* [^ ]* [^ ]* [^ ]* /etc/machine-id ' /proc/self/mountinfo && printf 'machine-id-mount:1\n'
+printf 'machine-id-fs:%s\n@@ht-end:machine_id_store:0\n' "$(stat -f -c %T /etc/machine-id 2>/dev/null)"
+printf '@@ht:gpus\n'
+sed -n 's/^GPU UUID:[[:space:]]*//p' /proc/driver/nvidia/gpus/*/information 2>/dev/null
+printf '@@ht-end:gpus:0\n'
 for p in regular active; do
   f=$d/status.json; [ $p = active ] && f=$d/status-active.json
   printf '@@ht:%s\n' $p

@@ -1,11 +1,12 @@
-"""Host health for serving: /dev/shm and a real CUDA smoke test on every GPU."""
+"""Host health for serving: /dev/shm, a real CUDA smoke test on every GPU, and a machine-id that names the machine."""
 
 from __future__ import annotations
 
-from hosttune.checks.base import Check, gpu_unavailable, na
+from hosttune.checks.base import Check, gpu_unavailable, is_systemd, na, not_systemd
 from hosttune.probes.facts import Facts
 from hosttune.checks.findings import Severity, Status, Verdict
 from hosttune.config.profile import Profile
+from hosttune.probes.machine import persistent_id
 
 # cuInit errors whose cause the host shows elsewhere, with the check that explains it.
 _CUDA_HINTS = {
@@ -65,6 +66,39 @@ def cuda_smoke(facts: Facts, profile: Profile) -> Verdict:
     return Verdict(Status.DRIFT if problems else Status.OK, desired, None, active, "; ".join(problems + notes))
 
 
+_KEPT = "an id kept on disk, the same at every boot"
+
+
+def machine_id(facts: Facts, profile: Profile) -> Verdict:
+    if facts.image:
+        return na("an image: systemd gives it its id at its first boot (an image should hold none)", _KEPT)
+    if facts.machine_id_transient is None:  # the output of another hosttune's probe, which did not read it
+        if not facts.machine_id:
+            return na("the probe read no /etc/machine-id", _KEPT)
+        return Verdict(Status.ERROR, _KEPT, None, facts.machine_id, "the probe did not say where /etc/machine-id "
+                       "lives, so whether it lasts past this boot is unknown (the output of another hosttune version?)")
+    raw = facts.machine_id
+    if persistent_id(raw, facts.machine_id_transient):
+        return Verdict(Status.OK, _KEPT, raw, raw)
+    if not raw and not is_systemd(facts):
+        return na(f"no /etc/machine-id: {not_systemd(facts)}", _KEPT)
+    return Verdict(Status.DRIFT, _KEPT, "-", _shown(raw, facts.machine_id_transient), _why(raw, facts.machine_id_transient))
+
+
+def _shown(raw: str, transient: bool) -> str:
+    return f"{raw} (made anew at this boot)" if transient else repr(raw) if raw else "empty"
+
+
+def _why(raw: str, transient: bool) -> str:
+    if transient:
+        return ("/etc/machine-id is a new id at every boot (mounted over a file that is empty or 'uninitialized' and "
+                "could not be written, or on a tmpfs root): journald files each boot under another id (journalctl "
+                "shows earlier boots only with --merge), and hosttune tells this host's status files and Xid ledger "
+                "from a cloned disk's by its GPUs alone")
+    return (f"/etc/machine-id is {_shown(raw, transient)}, not a machine-id: systemd makes one at the next boot, a new "
+            "one at every boot where it cannot write the file")
+
+
 CHECKS = (
     Check("sys.shm", "shared memory (/dev/shm) size", Severity.WARNING,
           "NCCL's shared-memory transport and multi-GPU engines put their buffers in /dev/shm; the 64 MiB a container "
@@ -76,4 +110,11 @@ CHECKS = (
           "wedged GPU); only a real context, copy and kernel prove it can serve.",
           "read the CUDA error it names: start Fabric Manager for error 802, reset or reboot a wedged GPU, "
           "reinstall the driver for a library mismatch", False, cuda_smoke),
+    Check("sys.machine_id", "machine-id kept across boots", Severity.INFO,
+          "The machine-id names a machine for journald and for hosttune's monitor status files and Xid ledger, which "
+          "tell a disk cloned from another host by it; one made anew at every boot names nothing.",
+          "not changed by apply: systemd-machine-id-setup --commit writes this boot's id to /etc/machine-id (on a "
+          "read-only root, give the image a writable /etc/machine-id); a clone is given its own by emptying the file "
+          "before its first boot", False, machine_id,
+          "on an image (systemd gives it its id at its first boot) and on a host without systemd and without the file"),
 )

@@ -134,7 +134,9 @@ class Facts:
     """Everything one probe round trip learnt about a host."""
 
     hostname: str = ""
-    machine_id: str = ""  # /etc/machine-id: tells apart two hosts of one name (a disk cloned from another)
+    machine_id: str = ""  # /etc/machine-id as read (probes/machine.py: which machine this is, against a cloned disk)
+    machine_id_transient: bool | None = None  # that id is gone at the next boot (mounted over the file, or on a tmpfs
+    # root); None: not read (an image, or a probe of an older hosttune)
     image: str = ""  # apply --root: the image directory these facts were read from ("" for a running host)
     os_id: str = ""
     os_version: str = ""

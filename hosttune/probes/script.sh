@@ -77,7 +77,15 @@ image_tools() {
 
 meta() {
   grep -sH '' /etc/os-release /proc/sys/kernel/hostname /etc/machine-id /proc/sys/kernel/osrelease /proc/1/comm /proc/cmdline
+  machine_id_store
   printf 'uid:%s\n' "$(id -u)"
+}
+
+# Where /etc/machine-id lives: a file mounted over it (systemd's made-up id, from /run, where the file was empty or
+# 'uninitialized' and could not be written) or a tmpfs root is a new id at every boot, which names no machine.
+machine_id_store() {
+  grep -qs '^[^ ]* [^ ]* [^ ]* [^ ]* /etc/machine-id ' /proc/self/mountinfo && printf 'machine-id-mount:1\n'
+  printf 'machine-id-fs:%s\n' "$(stat -f -c %T /etc/machine-id 2>/dev/null)"
 }
 
 bootloader() {

@@ -8,6 +8,7 @@ from pathlib import PurePosixPath
 
 from hosttune import cpulist
 from hosttune.probes.facts import CpuFacts, NvmeDevice
+from hosttune.probes.machine import is_transient
 from hosttune.probes.sections import keyed
 
 
@@ -21,7 +22,8 @@ def _os_release(text: str) -> dict[str, str]:
 
 
 def parse_meta(text: str) -> dict:
-    """grep -H of /etc/os-release, hostname, machine-id, osrelease, /proc/1/comm, /proc/cmdline; plus uid.
+    """grep -H of /etc/os-release, hostname, machine-id, osrelease, /proc/1/comm, /proc/cmdline; plus where the
+    machine-id lives and uid.
 
     For an image (`image:` line) the hostname is its /etc/hostname, the kernel the newest
     under /lib/modules and PID 1 the init /sbin/init resolves to; nothing is active.
@@ -35,6 +37,8 @@ def parse_meta(text: str) -> dict:
     return {
         "hostname": first("/proc/sys/kernel/hostname", "/etc/hostname"),
         "machine_id": first("/etc/machine-id"),
+        "machine_id_transient": is_transient("machine-id-mount" in files, first("machine-id-fs"))
+        if "machine-id-fs" in files else None,
         "image": first("image"),
         "kernel": first("/proc/sys/kernel/osrelease", "kernel-image"),
         "pid1": first("/proc/1/comm", "init"),

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from hosttune.actions.remediate import LEDGER_FILE
 from hosttune.errors import HosttuneError
 from hosttune.probes.facts_health import XidEvent
+from hosttune.probes.machine import MachineIdentity, other_machine
 
 KEEP_S = 7 * 24 * 3600  # occurrences older than this are dropped
 
@@ -31,7 +32,8 @@ class Ledger:
     seen: tuple[tuple[str, int, int], ...] = ()  # (bdf, code, lines in this boot's kernel log)
     xids: tuple[Occurrence, ...] = ()
     recovered: tuple[tuple[str, float], ...] = ()  # (bdf, when its last recovery finished)
-    machine: str = ""  # the host's /etc/machine-id when written ("": unknown, or an older hosttune's ledger)
+    machine: str = ""  # the host's persistent /etc/machine-id when written ("": none, unknown, an older hosttune's)
+    gpus: tuple[str, ...] = ()  # its GPUs' UUIDs when written (a machine whose id was made anew keeps them)
 
     def recovered_at(self, bdf: str) -> float:
         return dict(self.recovered).get(bdf, 0.0)
@@ -70,19 +72,21 @@ def parse_ledger(text: str) -> Ledger:
         doc = json.loads(text)
         return Ledger(str(doc["boot"]), tuple((str(b), int(c), int(n)) for b, c, n in doc["seen"]),
                       tuple(Occurrence(str(o["bdf"]), int(o["code"]), _time(o["at"])) for o in doc["xids"]),
-                      tuple((str(b), _time(t)) for b, t in doc["recovered"]), str(doc.get("machine") or ""))
+                      tuple((str(b), _time(t)) for b, t in doc["recovered"]), str(doc.get("machine") or ""),
+                      tuple(str(u) for u in doc.get("gpus") or ()))
     except (ValueError, KeyError, TypeError, OverflowError) as exc:  # Overflow: int(Infinity)
         raise LedgerError(f"the remediation ledger {LEDGER_FILE} is not valid ({exc}): move it aside to start a new one") from None
 
 
-def observe(ledger: Ledger, boot: str, events: tuple[XidEvent, ...], now: float, machine: str = "") -> Ledger:
+def observe(ledger: Ledger, boot: str, events: tuple[XidEvent, ...], now: float,
+            machine: MachineIdentity = MachineIdentity()) -> Ledger:
     """The ledger after reading this boot's kernel log: lines not counted before become occurrences at `now`.
 
-    machine: the host's machine-id; a ledger another machine kept (a disk cloned from it) is not this host's
-    history, and this one starts anew."""
-    if machine and ledger.machine and ledger.machine != machine:
+    machine: the host's; a ledger another machine kept (a disk cloned from it) is not this host's history, and this
+    one starts anew. One kept under another machine-id on these GPUs is this machine's: its id was made anew."""
+    if other_machine(machine, MachineIdentity(ledger.machine, ledger.gpus)):
         ledger = Ledger()
-    ledger = replace(ledger, machine=machine or ledger.machine)
+    ledger = replace(ledger, machine=machine.machine_id or ledger.machine, gpus=machine.gpus or ledger.gpus)
     counts = Counter((e.bdf, e.code) for e in events)
     before = {(b, c): n for b, c, n in ledger.seen} if boot == ledger.boot else {}
     new = [Occurrence(bdf, code, now) for (bdf, code), n in sorted(counts.items())

@@ -17,6 +17,7 @@ from hosttune.errors import HosttuneError, TransportError
 from hosttune.plan.host_plan import journal_error
 from hosttune.probes.facts import Facts
 from hosttune.probes.gather import gather
+from hosttune.probes.machine import identity
 from hosttune.remediate.faults import WATCHED, Fault, find_faults
 from hosttune.remediate.history import Ledger, observe
 from hosttune.remediate.state import HostSnapshot, read_snapshot
@@ -69,7 +70,7 @@ def survey_host(host: Host, profile: Profile, policy: XidPolicy, ledger: Ledger 
         snapshot = read_snapshot(transport)
         findings = tuple(run_checks(facts, profile))
         seen = observe(snapshot.ledger if ledger is None else ledger, snapshot.boot, facts.health.kernel_log.events, now,
-                       facts.machine_id)
+                       identity(facts))
         faults = tuple(find_faults(facts, findings, snapshot, seen, now, policy))
         error = journal_error(transport, CLIMB_WRITES) if is_plan and faults and snapshot.cordon is None else None
         return Survey(host, profile.name, True, error, facts, findings, snapshot, seen, faults)

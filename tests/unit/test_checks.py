@@ -28,7 +28,7 @@ def test_catalogue_covers_design():
         "kernel.rcu_nocbs", "irq.irqbalance", "irq.gpu_affinity", "numa.topology", "mm.thp",
         "nvme.power", "tools.numactl", "python.version",
         "gpu.xid", "gpu.count", "cuda.smoke", "gpu.memory_health", "gpu.nvlink", "gpu.fabric", "pci.p2p",
-        "pci.aer", "gpu.clocks_power", "sys.shm", "gpu.load", "gpu.diag", "gpu.allreduce", "serve.api_key",
+        "pci.aer", "gpu.clocks_power", "sys.shm", "sys.machine_id", "gpu.load", "gpu.diag", "gpu.allreduce", "serve.api_key",
         "serve.units", "serve.health", "serve.front", "monitor.installed", "monitor.stale",
     }
     assert all(c.why.endswith(".") and c.remediation for c in CATALOGUE)

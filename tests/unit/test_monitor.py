@@ -26,7 +26,7 @@ from hosttune.config.inventory import Host
 from hosttune.config.profile import build, load_profile
 from hosttune.errors import ProfileError
 from hosttune.fleet import HostReport
-from hosttune.probes.facts import Facts
+from hosttune.probes.facts import Facts, GpuFacts, GpuInfo
 from hosttune.probes.facts_serve import MonitorFacts
 from hosttune.probes.monitor_state import parse_monitor
 from hosttune.probes.sections import split
@@ -355,6 +355,73 @@ def test_a_status_file_another_machine_of_the_same_name_wrote_is_that_hosts_erro
     assert parse_read(HOST, _read_output({"regular": older}, 1100) + here).docs
 
 
+UUIDS = ("GPU-4b794de7-279f-721d-5fe5-8f6fcbfb3cf4", "GPU-8e0b2d7a-1c5f-4a6e-9d3b-2f7c1a0e5b94")
+
+
+def _written_on(machine_id: str, *uuids: str) -> str:
+    """The regular pass's status file as gpu-01 of this machine-id and these GPUs wrote it."""
+    report = _report()
+    gpus = GpuFacts(gpus=tuple(GpuInfo(i, "H100", f"0000:{i:02x}:00.0", uuid=u) for i, u in enumerate(uuids)))
+    report = dataclasses.replace(report, facts=dataclasses.replace(report.facts, machine_id=machine_id,
+                                                                   machine_id_transient=False, gpu=gpus))
+    return to_json(status_doc(report, "regular", 60, 1000.0, 1.0, __version__))
+
+
+def _here(machine_id: str, *uuids: str, store: str = "machine-id-fs:ext2/ext3") -> str:
+    """status_read.sh's lines of the host it runs on."""
+    return (f"@@ht:hostname\ngpu-01\n@@ht-end:hostname:0\n@@ht:machine_id\n{machine_id}\n@@ht-end:machine_id:0\n"
+            f"@@ht:machine_id_store\n{store}\n@@ht-end:machine_id_store:0\n@@ht:gpus\n" + "".join(u + "\n" for u in uuids)
+            + "@@ht-end:gpus:0\n")
+
+
+def test_a_status_file_written_before_the_hosts_machine_id_was_made_anew_is_its_own():
+    """An image that writes a new /etc/machine-id at every boot runs on the same GPUs: its last boot's status file is
+    this host's, not a cloned disk's. A clone runs on another machine's GPUs, and is told so."""
+    ours, theirs = "3d1219c7c4c5404aaa1f6d2a48adfda4", "0f5e3a11b2c64d7e8f9a0b1c2d3e4f50"
+    regular = _read_output({"regular": _written_on(theirs, *UUIDS)}, 1100)
+    assert parse_read(HOST, regular + _here(ours, *reversed(UUIDS))).docs
+    with pytest.raises(StatusError, match=rf"written on gpu-01 of machine-id {theirs}, not on this host \(gpu-01, "
+                                          rf"machine-id {ours}, and other GPUs\): a disk cloned from it\?"):
+        parse_read(HOST, regular + _here(ours, "GPU-11111111-2222-3333-4444-555555555555"))
+
+
+def test_a_machine_id_made_up_at_every_boot_names_no_machine_in_status():
+    """An empty or 'uninitialized' /etc/machine-id that systemd cannot write gets a made-up id mounted over it at
+    every boot: the status file of the boot before is this host's. An uninitialised file is no id either."""
+    ours, theirs = "3d1219c7c4c5404aaa1f6d2a48adfda4", "0f5e3a11b2c64d7e8f9a0b1c2d3e4f50"
+    regular = _read_output({"regular": _written_on(theirs)}, 1100)
+    assert parse_read(HOST, regular + _here(ours, store="machine-id-mount:1\nmachine-id-fs:tmpfs")).docs
+    assert parse_read(HOST, regular + _here(ours, store="machine-id-fs:tmpfs")).docs  # a tmpfs root
+    assert parse_read(HOST, regular + _here("uninitialized")).docs
+    report = _report()
+    made_up = dataclasses.replace(report.facts, machine_id=ours, machine_id_transient=True)
+    doc = status_doc(dataclasses.replace(report, facts=made_up), "regular", 60, 1000.0, 1.0, __version__)
+    assert doc.machine_id == ""  # written under no id: the next boot's would differ
+
+
+def test_the_probe_reads_where_the_machine_id_lives():
+    from hosttune.probes.system import parse_meta
+
+    meta = parse_meta("/etc/machine-id:3d1219c7c4c5404aaa1f6d2a48adfda4\nmachine-id-mount:1\nmachine-id-fs:tmpfs\n")
+    assert meta["machine_id_transient"] is True
+    assert parse_meta("/etc/machine-id:3d1219c7c4c5404aaa1f6d2a48adfda4\nmachine-id-fs:xfs\n")["machine_id_transient"] is False
+    assert parse_meta("uid:0\n")["machine_id_transient"] is None  # an older probe's output: not read
+
+
+@pytest.mark.parametrize("machine_id, transient, pid1, status, words", [
+    ("3d1219c7c4c5404aaa1f6d2a48adfda4", False, "systemd", Status.OK, ""),
+    ("3d1219c7c4c5404aaa1f6d2a48adfda4", True, "systemd", Status.DRIFT, "a new id at every boot"),
+    ("uninitialized", False, "systemd", Status.DRIFT, "'uninitialized', not a machine-id"),
+    ("", False, "systemd", Status.DRIFT, "is empty, not a machine-id"),
+    ("", False, "tini", Status.NOT_APPLICABLE, "no /etc/machine-id: PID 1 is tini"),
+    ("3d1219c7c4c5404aaa1f6d2a48adfda4", None, "systemd", Status.ERROR, "did not say where /etc/machine-id lives"),
+])
+def test_a_machine_id_made_anew_at_boot_is_a_finding(machine_id, transient, pid1, status, words):
+    f = BY_ID["sys.machine_id"].run(Facts(machine_id=machine_id, machine_id_transient=transient, pid1=pid1),
+                                    monitored())
+    assert f.status is status and words in (f.detail or "") + (f.active or "")
+
+
 def test_the_probe_reads_the_machine_id():
     from hosttune.probes.system import parse_meta
 
@@ -369,6 +436,9 @@ def test_the_status_read_prints_the_hosts_name_beside_its_clock():
     assert split(output)["hostname"].text.strip() == Path("/proc/sys/kernel/hostname").read_text().strip()
     machine_id = Path("/etc/machine-id")
     assert split(output)["machine_id"].text.strip() == (machine_id.read_text().strip() if machine_id.exists() else "")
+    mounted = any(line.split()[4] == "/etc/machine-id" for line in Path("/proc/self/mountinfo").read_text().splitlines())
+    assert ("machine-id-mount:1" in split(output)["machine_id_store"].text) == mounted
+    assert "machine-id-fs:" in split(output)["machine_id_store"].text and "gpus" in split(output)
 
 
 def test_the_active_pass_file_holding_the_regular_pass_is_that_hosts_error():

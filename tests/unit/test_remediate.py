@@ -17,6 +17,7 @@ from hosttune.deploy import rollout
 from hosttune.deploy.host import deploy_one
 from hosttune.deploy.state import parse_state
 from hosttune.probes.facts import Facts, GpuFacts, GpuInfo
+from hosttune.probes.machine import MachineIdentity
 from hosttune.probes.facts_health import FabricManager, GpuHealth, HealthFacts, KernelLog, XidEvent
 from hosttune.remediate.breaker import Breaker, BreakerError, BreakerPolicy
 from hosttune.remediate.faults import FaultKind, find_faults
@@ -34,6 +35,8 @@ HOUR = 3600.0
 GPU0, GPU1 = "0000:3b:00", "0000:86:00"
 LB = "/opt/hosttune/releases/r1/.hosttune/replica_lb.py"
 runner = CliRunner()
+ID_A, ID_B = "0f5e3a11b2c64d7e8f9a0b1c2d3e4f50", "3d1219c7c4c5404aaa1f6d2a48adfda4"
+UUID_A, UUID_B = "GPU-4b794de7-279f-721d-5fe5-8f6fcbfb3cf4", "GPU-8e0b2d7a-1c5f-4a6e-9d3b-2f7c1a0e5b94"
 
 
 def ledger(*occurrences: tuple[str, int, float]) -> Ledger:
@@ -107,15 +110,40 @@ def test_a_ledger_another_machine_kept_is_not_this_hosts_history():
     """A disk cloned from a host brings its ledger: that host's Xids would count as this one's repeats (four fatal
     Xids there and one here would retire this GPU). A ledger of another machine-id starts anew; one of an older
     hosttune, which recorded none, is kept."""
-    theirs = replace(ledger(*[(GPU1, 48, h * HOUR) for h in range(4)]), machine="aaaa")
+    theirs = replace(ledger(*[(GPU1, 48, h * HOUR) for h in range(4)]), machine=ID_A, gpus=(UUID_A,))
     event = (XidEvent(GPU1, 48, "x"),)
-    here = observe(theirs, "boot-b", event, NOW, machine="bbbb")
-    assert [(o.bdf, o.code, o.at) for o in here.xids] == [(GPU1, 48, NOW)] and here.machine == "bbbb"
-    assert len(observe(theirs, "boot-b", event, NOW, machine="aaaa").xids) == 5
-    assert len(observe(replace(theirs, machine=""), "boot-b", event, NOW, machine="bbbb").xids) == 5
+    here = observe(theirs, "boot-b", event, NOW, machine=MachineIdentity(ID_B, (UUID_B,)))
+    assert [(o.bdf, o.code, o.at) for o in here.xids] == [(GPU1, 48, NOW)] and here.machine == ID_B
+    assert len(observe(theirs, "boot-b", event, NOW, machine=MachineIdentity(ID_A)).xids) == 5
+    assert len(observe(replace(theirs, machine=""), "boot-b", event, NOW, machine=MachineIdentity(ID_B)).xids) == 5
     assert parse_ledger(here.to_json().decode()) == here
     f = facts(GpuHealth(0, GPU0 + ".0"), GpuHealth(1, GPU1 + ".0"), events=event)
     assert faults_of(f, led=here)[0].ladder == GPU_LADDER  # not retired on the other machine's history
+
+
+def test_a_machine_whose_id_is_made_anew_at_every_boot_keeps_its_ledger():
+    """An image that writes a new /etc/machine-id at every boot is still this machine: its GPUs are the same, so the
+    four fatal Xids of earlier boots and this one retire the GPU instead of starting a new history at each reboot."""
+    before = replace(ledger(*[(GPU1, 48, h * HOUR) for h in range(4)]), machine=ID_A, gpus=(UUID_A, UUID_B))
+    event = (XidEvent(GPU1, 48, "x"),)
+    now = observe(before, "boot-b", event, NOW, machine=MachineIdentity(ID_B, (UUID_A, UUID_B)))
+    assert len(now.xids) == 5 and now.machine == ID_B
+    f = facts(GpuHealth(0, GPU0 + ".0"), GpuHealth(1, GPU1 + ".0"), events=event)
+    assert faults_of(f, led=now)[0].ladder == RETIRE_LADDER
+
+
+def test_the_ledger_is_kept_under_a_machine_id_only_where_it_lasts_past_the_boot():
+    """systemd mounts a made-up id over an empty or 'uninitialized' /etc/machine-id it cannot write: such an id (and
+    an uninitialised file) names no machine, so a ledger is neither set aside nor written under it."""
+    from hosttune.probes.machine import identity
+
+    gpus = GpuFacts(gpus=(GpuInfo(0, "H100", GPU0 + ".0", uuid=UUID_A),))
+    transient = Facts(machine_id=ID_B, machine_id_transient=True, gpu=gpus)
+    assert identity(transient) == MachineIdentity("", (UUID_A,))
+    assert identity(replace(transient, machine_id="uninitialized", machine_id_transient=False)).machine_id == ""
+    assert identity(replace(transient, machine_id_transient=False)).machine_id == ID_B
+    before = replace(ledger((GPU1, 48, HOUR)), machine=ID_A)
+    assert len(observe(before, "boot-b", (XidEvent(GPU1, 48, "x"),), NOW, identity(transient)).xids) == 2
 
 
 # -- faults and their ladders ----------------------------------------------------------------------------
