@@ -93,9 +93,11 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
         return HostDeploy(job.host, Outcome.FAILED, None, None, error=f"nothing changed: {job.host.name} is {state.cordoned}")
     serves = SERVE_UNIT in release.units
     front = _front(job, state) if serves else []
+    removals = front_removals(front, state)
     unchanged = _unchanged(transport, job, state, dry_run)
     if unchanged:
         refront = _refront_ops(job, front, state)
+        unchanged = replace(unchanged, removals=removals)
         if dry_run:
             return replace(unchanged, ops=tuple(describe(op) for op in refront))
         return _fronted(transport, job, state, unchanged, refront, on_op)
@@ -116,7 +118,8 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
     install, activate, front = (list(g) for g in checked.groups)
     if dry_run:
         return HostDeploy(job.host, Outcome.PLANNED, release.id, release_name(state.current),
-                          ops=_plan_lines(job, state, install, keys, activate, front), checks=checked.lines)
+                          ops=_plan_lines(job, state, install, keys, activate, front), checks=checked.lines,
+                          removals=removals)
     try:
         run_ops(transport, install, on_op)
         check_flags(transport, job, release.dir)
@@ -132,8 +135,8 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
         return HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id)
     gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health, key_file=release.key_file)
     if gate.ok:
-        return _fronted(transport, job, state, HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate), front,
-                        on_op)
+        return _fronted(transport, job, state, HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate,
+                                                          removals=removals), front, on_op)
     return _restore(transport, job, state, gate)
 
 
@@ -204,6 +207,14 @@ def _front(job: HostJob, state: HostState) -> list[Op]:
     if job.access.front is not None:
         return front_ops(job.access, job.preset.name, (job.settings.port,))
     return [] if job.release.replicas else stale_front_ops(state)
+
+
+def front_removals(front: list[Op], state: HostState) -> tuple[str, ...]:
+    """The host's front that the run removes, in the plan's words: marked ! as a deploy that drops it is."""
+    if not any(isinstance(op, Remove) for op in front):
+        return ()
+    ports = sorted(state.nginx_ports)
+    return (f"removes the host's nginx front on port{'s' if len(ports) > 1 else ''} {', '.join(map(str, ports))}",)
 
 
 def _refront_ops(job: HostJob, front: list[Op], state: HostState) -> list[Op]:

@@ -14,7 +14,7 @@ def render(outcomes: list[HostDeploy]) -> str:
     for o in outcomes:
         detail = o.gate.summary() if o.gate and o.gate.ok else (o.error or "")
         lines.append(f"{o.host.name:<{width}}  {o.state:<11} {o.release or '-':<20} {detail}".rstrip())
-        if o.state in (Outcome.PLANNED, Outcome.DEPLOYED):  # a failed host kept, or got back, what it had
+        if o.state in (Outcome.PLANNED, Outcome.DEPLOYED, Outcome.UNCHANGED):  # a failed host kept, or got back, what it had
             lines += [f"{'':<{width}}  ! {what}" for what in o.removals]
         if o.ops:
             lines += [f"{'':<{width}}    {op}" for op in o.ops]
@@ -71,11 +71,14 @@ def plan_line(plans: list[HostDeploy], verb: str = "deploy to") -> str:
     due = sum(1 for o in plans if o.state is Outcome.PLANNED)
     removing = sum(1 for o in plans if o.state is Outcome.PLANNED and o.removals)
     hosts = "host" if len(plans) == 1 else "hosts"
-    refreshing = sum(1 for o in plans if is_refresh(o))
+    refreshing = sum(1 for o in plans if is_refresh(o) and not o.removals)
+    unfronting = sum(1 for o in plans if is_refresh(o) and o.removals)
     return (f"plan: {verb} {due} of {len(plans)} {hosts}"
             + (f"; {removing} of them lose what is marked !" if removing else "")
             + (f"; refresh the nginx front of {refreshing} unchanged {'host' if refreshing == 1 else 'hosts'}"
-               if refreshing else ""))
+               if refreshing else "")
+            + (f"; remove the nginx front left on {unfronting} unchanged {'host' if unfronting == 1 else 'hosts'} (!)"
+               if unfronting else ""))
 
 
 def is_refresh(o: HostDeploy) -> bool:

@@ -182,8 +182,8 @@ def _single(host: Host, request: DeployRequest) -> HostDeploy:
             except HosttuneError as exc:
                 return HostDeploy(host, Outcome.FAILED, error=f"nothing changed: {exc}")
             removals = live[1].removals(job.guard) if live else ()
-            done = deploy_host(transport, job, dry_run=request.dry_run)
-            return replace(done, shape=wanted.shape, removals=removals)
+            done = deploy_host(transport, job, dry_run=request.dry_run)  # its own: a front left over one service
+            return replace(done, shape=wanted.shape, removals=tuple(dict.fromkeys(removals + done.removals)))
 
     return guarded(host, attempt)
 

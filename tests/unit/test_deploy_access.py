@@ -715,3 +715,30 @@ def test_a_plan_of_unchanged_hosts_whose_front_differs_runs_its_refresh(tmp_path
         HostDeploy(h, Outcome.UNCHANGED, "custom-1", "custom-1") for h in inventory.hosts])[1])
     runs.clear()
     assert CliRunner().invoke(app, [*args, "--yes"]).exit_code == 0 and runs == [True]  # nothing to do: nothing runs
+
+
+def test_an_unchanged_service_whose_host_keeps_a_stale_front_plans_its_removal_as_a_change_marked_bang(tmp_path,
+                                                                                                        monkeypatch):
+    """A front left from an earlier deploy (hosttune-local.conf over one service whose release has none) is removed by
+    the run of an otherwise unchanged release: the plan marks it ! and counts it as taken away, so it needs --yes, where
+    it read as a refresh of the front."""
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+    from hosttune.cli import deploy as deploy_cli
+    from hosttune.deploy.recap import plan_line
+
+    job = _job(tmp_path, "vllm", "port: 8000\n")
+    assert job.access.front is None
+    planned = deploy_one(ScriptedTransport("gpu-a", [], state=_live(job, job.release.files)), job, dry_run=True)
+    assert planned.state == "unchanged" and planned.ops[0] == f"remove {NGINX_CONF}", planned
+    assert planned.removals == ("removes the host's nginx front on port 8080",)
+    assert "       ! removes the host's nginx front on port 8080" in render([planned]).splitlines()
+    assert plan_line([planned]) == "plan: deploy to 0 of 1 host; remove the nginx front left on 1 unchanged host (!)"
+    monkeypatch.setattr(deploy_cli, "deploy_fleet", lambda inventory, request, **kw: [
+        replace(planned, host=h) for h in inventory.hosts])
+    monkeypatch.setattr("hosttune.cli.common.is_terminal", lambda: True)  # an answer on a terminal is not enough
+    args = ["deploy", "-i", str(group_inventory(tmp_path / "cli", "port: 8000\n")), "--limit", "gpu-a", "--engine",
+            "vllm", "--model", "/m", "--nginx-dir", str(tmp_path / "lb")]
+    result = CliRunner().invoke(app, args, input="y\n")
+    assert result.exit_code == 2 and "marked !" in result.output, result.output
