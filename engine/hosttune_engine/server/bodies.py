@@ -27,15 +27,22 @@ def off_loop(fn, *args):
 
 
 async def read_body(request: web.Request, model):
-    """The body as `model` (a `RequestBody` of `schemas/`) parses it. A body sent without a Content-Type is
-    read as JSON too, as vLLM reads it. A big one (millions of token ids take a second to check) is parsed
-    and checked on a worker thread, so the event loop keeps answering meanwhile."""
-    if request.content_type != "application/json" and "Content-Type" in request.headers:
+    """The body as `model` (a `RequestBody` of `schemas/`) parses it. A body sent without a Content-Type, or as
+    a JSON media type of its own (application/vnd.api+json), is read as JSON too, as vLLM reads it. A big one
+    (millions of token ids take a second to check) is parsed and checked on a worker thread, so the event loop
+    keeps answering meanwhile."""
+    if not _is_json(request.content_type) and "Content-Type" in request.headers:
         raise bad_request(f"Content-Type must be application/json, got {request.content_type[:60]!r}")
     raw = await request.read()  # aiohttp answers 413 past client_max_size
     if len(raw) > OFFLOAD_BYTES:
         return await off_loop(_parse_as, raw, model)
     return _parse_as(raw, model)
+
+
+def _is_json(content_type: str) -> bool:
+    """application/json, or an application/...+json type (RFC 6839's suffix), as FastAPI reads a body as JSON."""
+    kind, _, subtype = content_type.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
 
 
 def _parse_as(raw: bytes, model):

@@ -147,6 +147,14 @@ def test_bad_tokenize_input_is_a_400(server):
         _check_400(*post(server.url + path, body), expected)
 
 
+@pytest.mark.parametrize("content_type", ["application/vnd.api+json", "application/json; charset=utf-8",
+                                          "Application/JSON"])
+def test_json_media_types_are_read_as_json(server, content_type):
+    """As vLLM (FastAPI) reads them: application/json with parameters, and any application/...+json."""
+    status, _, raw = post(server.url + "/v1/completions", {"prompt": "hi", "max_tokens": 1.0}, content_type)
+    assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 1, raw
+
+
 def test_a_json_body_without_a_content_type_is_read_as_json(server):
     """As vLLM (FastAPI) reads it; a browser's cross-site form always sends a Content-Type, so this opens
     nothing to one. aiohttp calls a missing header application/octet-stream, which the client never sent."""

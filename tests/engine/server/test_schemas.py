@@ -71,6 +71,24 @@ def test_fields_that_change_the_output_are_refused_not_ignored(field, value):
         assert CompletionRequest.parse({"prompt": "hi", field: neutral[field]}).options.n == 1
 
 
+def test_integral_floats_are_read_as_integers_as_vllm_reads_them():
+    """A client that writes every number as a float (16.0) gets what 16 gets; 16.5 is still one line naming it."""
+    options = CompletionRequest.parse({"prompt": "hi", "max_tokens": 16.0, "n": 2.0, "seed": 3.0, "top_k": 5.0,
+                                       "priority": -1.0, "logprobs": 2.0, "best_of": 2.0}).options
+    got = (options.max_tokens, options.n, options.seed, options.top_k, options.priority, options.logprobs)
+    assert got == (16, 2, 3, 5, -1, 2) and all(type(v) is int for v in got)
+    chat = ChatRequest.parse({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 9.0,
+                              "logprobs": True, "top_logprobs": 3.0}).options
+    assert (chat.max_tokens, chat.logprobs) == (9, 3)
+    for field, value in (("max_tokens", 16.5), ("n", 2.5), ("seed", 3.25), ("top_k", float("inf")), ("n", 1e308)):
+        with pytest.raises(ApiError) as err:
+            CompletionRequest.parse({"prompt": "hi", field: value})
+        assert (err.value.message, err.value.param) == (f"{field} must be an integer, got number {value}", field)
+    with pytest.raises(ApiError) as err:
+        ChatRequest.parse({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0.5})
+    assert err.value.param == "max_completion_tokens" and "must be an integer" in err.value.message
+
+
 def test_chat_parsing():
     req = ChatRequest.parse({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
                                                                        {"type": "text", "text": "b"}]}],

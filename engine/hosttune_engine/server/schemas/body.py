@@ -10,7 +10,9 @@ readers here (`describe`, `fault`, `token_ids`) serve every endpoint's model.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, model_validator
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 from hosttune_engine.server.api_errors import ApiError, bad_request
@@ -57,6 +59,17 @@ def _as_api_error(error: dict) -> ApiError:
 def is_int(v) -> bool:
     """A JSON integer: an int that is not a boolean."""
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _integral(value):
+    """An integral float (16.0) as its int, as vLLM's lax pydantic reads one within 64 bits; 16.5 and 1e308 are
+    left to be refused."""
+    if isinstance(value, float) and value.is_integer() and -INT64 < value < INT64:
+        return int(value)
+    return value
+
+
+Integer = Annotated[int, BeforeValidator(_integral)]  # a JSON integer, written 16 or 16.0
 
 
 def token_ids(value, name: str) -> tuple[int, ...]:

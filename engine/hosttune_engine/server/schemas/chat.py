@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from hosttune_engine.server.schemas.body import RequestBody, describe, fault, positive_max_tokens
+from hosttune_engine.server.schemas.body import Integer, RequestBody, describe, fault, positive_max_tokens
 from hosttune_engine.server.schemas.options import MAX_LOGPROBS, GenerationFields, GenerationOptions
 
 
@@ -49,10 +49,10 @@ class _ChatHead(RequestBody):
     messages: Any = Field(None, validate_default=True)
     tool_choice: Any = "auto"
     tools: Any = None
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS)
     logprobs: bool = Field(False, validate_default=True)
-    max_completion_tokens: int | None = None
-    max_tokens: int | None = None
+    max_completion_tokens: Integer | None = None
+    max_tokens: Integer | None = None
 
     @field_validator("messages", mode="plain")
     @classmethod

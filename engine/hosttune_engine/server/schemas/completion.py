@@ -6,7 +6,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from hosttune_engine.server.schemas.body import RequestBody, describe, fault, is_int, positive_max_tokens, token_ids
+from hosttune_engine.server.schemas.body import (Integer, RequestBody, describe, fault, is_int, positive_max_tokens,
+                                                  token_ids)
 from hosttune_engine.server.schemas.options import MAX_LOGPROBS, GenerationFields, GenerationOptions
 
 Prompt = str | tuple[int, ...]
@@ -15,8 +16,8 @@ Prompt = str | tuple[int, ...]
 class _CompletionHead(RequestBody):
     echo: bool = False
     prompt: Any = Field(None, validate_default=True)
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    max_tokens: int | None = None
+    logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    max_tokens: Integer | None = None
     add_special_tokens: bool = True  # the tokenizer's BOS and the like around a text prompt, as vLLM's default
 
     @field_validator("echo")

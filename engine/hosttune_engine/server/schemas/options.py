@@ -16,7 +16,7 @@ from hosttune_engine.errors import ConfigError
 from hosttune_engine.sampling import SamplingParams
 from hosttune_engine.server.api_errors import bad_request
 from hosttune_engine.stop_strings import StopStrings
-from hosttune_engine.server.schemas.body import INT64, RequestBody, describe, fault, token_ids
+from hosttune_engine.server.schemas.body import INT64, Integer, RequestBody, describe, fault, token_ids
 
 MAX_LOGPROBS = 20
 
@@ -86,21 +86,21 @@ class GenerationFields(RequestBody):
     guided_grammar: Any = None
     structured_outputs: Any = None
     response_format: dict | None = None
-    n: int = Field(1, ge=1, le=128)
-    best_of: int | None = None
+    n: Integer = Field(1, ge=1, le=128)
+    best_of: Integer | None = None
     stream: bool = False
-    seed: int | None = Field(None, ge=-INT64, le=INT64 - 1)
+    seed: Integer | None = Field(None, ge=-INT64, le=INT64 - 1)
     model: str | None = None
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
     top_p: float = Field(1.0, allow_inf_nan=False)
-    top_k: int = Field(0, ge=-1, le=2**31)
+    top_k: Integer = Field(0, ge=-1, le=2**31)
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     stream_options: dict | None = None
-    priority: int = Field(0, ge=-INT64, le=INT64 - 1)
+    priority: Integer = Field(0, ge=-INT64, le=INT64 - 1)
     return_token_ids: bool = False
 
     @field_validator(*UNSUPPORTED, mode="plain")
