@@ -10,7 +10,10 @@ from contextlib import contextmanager
 
 from aiohttp import web
 
+from hosttune_engine.config import EngineConfig
 from hosttune_engine.core.messages import EngineStats, TokenLogprob
+from hosttune_engine.errors import EngineError
+from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.server.admission import Admission
 from hosttune_engine.server.config import ServerConfig
 from hosttune_engine.server.engine_client import EngineClient
@@ -39,7 +42,7 @@ class ServerState:
         self.created = int(time.time())
         self.client: EngineClient | None = None
         self.prompts: PromptBuilder | None = None
-        self.max_model_len = 0
+        self.max_model_len = planned_context(config.engine)  # known before the weights load; the engine's, once up
         self.generations: set[Generation] = set()  # in flight, so a drain that times out can abort them
         self._tokens: dict[int, TokenText] = {}  # by id, as logprobs show them
         self._settling: set[asyncio.Task] = set()  # metrics of requests whose client left, waiting for the engine
@@ -147,6 +150,15 @@ class ServerState:
         if self.config.log_prompts and prompt_text is not None:
             line += f" prompt={prompt_text[:4000]!r}"
         log.info(line)
+
+
+def planned_context(engine: EngineConfig) -> int | None:
+    """The context the engine will serve, from --max-model-len and config.json alone (as the model runner sizes
+    it), so /v1/models can say it while the weights load; None where config.json cannot say (the load fails)."""
+    try:
+        return ModelConfig.from_folder(engine.model).context_length(engine.max_model_len)
+    except EngineError:
+        return None
 
 
 STATE = web.AppKey("state", ServerState)

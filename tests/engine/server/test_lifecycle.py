@@ -452,6 +452,34 @@ def test_fatal_engine_error_fails_requests_and_exits_1(tiny_qwen2):
 
 
 
+def test_models_says_the_context_it_will_serve_while_the_model_loads(tiny_qwen2):
+    """--max-model-len and config.json say it before the weights load, where it was 0 until the engine was up."""
+    from hosttune_engine.config import EngineConfig
+    from hosttune_engine.server.config import ServerConfig
+    from hosttune_engine.server.serve import Server
+
+    loading, seen = threading.Event(), []
+
+    def factory(cfg):
+        loading.wait(30)
+        raise RuntimeError("the test's load ends here")
+
+    for max_model_len, expected in ((None, 1024), (512, 512)):
+        server = Server(ServerConfig(EngineConfig(model=str(tiny_qwen2), device="cpu", max_model_len=max_model_len),
+                                     port=0), engine_factory=factory)
+        thread = threading.Thread(target=lambda: asyncio.run(server.run()), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while server.port is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        status, models = get_json(f"http://127.0.0.1:{server.port}/v1/models")
+        seen.append((status, server.state.health.phase.value, models["data"][0]["max_model_len"]))
+        loading.set()
+        thread.join(30)
+        loading.clear()
+    assert seen == [(200, "starting", 1024), (200, "starting", 512)]
+
+
 def test_serve_help_says_what_the_memory_and_graph_options_do(capsys, monkeypatch):
     from hosttune_engine.server.cli import main
 
