@@ -126,24 +126,43 @@ def runs_triton(backend: str, on_cuda: bool) -> bool:
     return backend == "triton" or (backend == "auto" and on_cuda)
 
 
-def surely_cpu(device: str) -> bool:
+@dataclass(frozen=True)
+class CudaFacts:
+    """What the CUDA driver counts and gives, and the CUDA torch was built for, read before torch is imported."""
+
+    num_gpus: int
+    driver_cuda: int  # 12040 for 12.4; 0 where no driver loads
+    torch_cuda: str | None  # '12.8'; None for a build without CUDA, '' where torch does not say
+
+    @classmethod
+    def read(cls, device: str) -> "CudaFacts | None":
+        """The driver's answer, from its one probe (cuInit), where `device` may be a GPU; None where it cannot
+        (device='cpu', or not Linux)."""
+        if device == "cpu" or not sys.platform.startswith("linux"):
+            return None
+        return cls(*driver_gpus(), torch_cuda())
+
+
+def surely_cpu(device: str, cuda: CudaFacts | None = None) -> bool:
     """Whether `device` runs on the CPU, known before torch is imported: 'cpu', or 'auto' on a Linux machine whose
     CUDA driver gives torch no GPU: none loads (torch reaches every GPU through libcuda.so.1), it fails to
     initialize, or it counts no device (none present, or none in CUDA_VISIBLE_DEVICES); or where torch is a CPU
-    build. Otherwise whether torch sees a GPU is torch's to say."""
+    build. Otherwise whether torch sees a GPU is torch's to say. `cuda` is what `CudaFacts.read` gave, if read."""
     if device != "auto" or not sys.platform.startswith("linux"):
         return device == "cpu"
-    return driver_gpus()[0] < 1 or torch_cuda() is None
+    cuda = cuda or CudaFacts.read(device)
+    return cuda.num_gpus < 1 or cuda.torch_cuda is None
 
 
-def check_cuda_driver(device: str) -> None:
+def check_cuda_driver(device: str, cuda: CudaFacts | None = None) -> None:
     """Refuse GPUs torch cannot use, before the model loads: 'cuda' where the driver gives no GPU or torch is a
     build without CUDA, and a driver that counts GPUs but gives an older CUDA than the one torch was built for
     (torch would see none, and 'auto' would serve on the CPU). A driver runs any runtime of its CUDA major (minor
-    version compatibility), so only the majors are compared."""
+    version compatibility), so only the majors are compared. `cuda` is what `CudaFacts.read` gave, if read."""
     if device == "cpu" or not sys.platform.startswith("linux"):
         return
-    (num_gpus, driver_cuda), built_for = driver_gpus(), torch_cuda()
+    cuda = cuda or CudaFacts.read(device)
+    num_gpus, driver_cuda, built_for = cuda.num_gpus, cuda.driver_cuda, cuda.torch_cuda
     if device == "cuda" and num_gpus < 1:
         raise ConfigError("device='cuda' but the CUDA driver gives no GPU (none loads, it fails to initialize, or it "
                           "counts none in CUDA_VISIBLE_DEVICES); use device='cpu' or 'auto'")

@@ -16,7 +16,8 @@ import sys
 
 from hosttune_engine import __version__
 from hosttune_engine.cache.kv_shape import DTYPE_BYTES, KVCacheShape, blocks_in_gib, check_holds_context
-from hosttune_engine.config import EngineConfig, activation_dtype, check_cuda_driver, runs_triton, surely_cpu
+from hosttune_engine.config import (CudaFacts, EngineConfig, activation_dtype, check_cuda_driver, runs_triton,
+                                    surely_cpu)
 from hosttune_engine.errors import ConfigError, EngineError
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.model.tokenizer import Tokenizer
@@ -120,8 +121,9 @@ def check_model_folder(engine: EngineConfig) -> None:
     refuses the same folder; the weights are read only by the load that follows."""
     model = ModelConfig.from_folder(engine.model)
     resolve_spec(model.quantization, engine.quantization, engine.load_format, engine.model)
-    check_cuda_driver(engine.device)
-    on_cpu = surely_cpu(engine.device)  # else, with "auto", whether there is a GPU is torch's to say, later
+    cuda = CudaFacts.read(engine.device)  # the driver probed once, for both questions
+    check_cuda_driver(engine.device, cuda)
+    on_cpu = surely_cpu(engine.device, cuda)  # else, with "auto", whether there is a GPU is torch's to say, later
     if on_cpu:
         runs_triton(engine.kernel_backend, on_cuda=False)
     context = model.context_length(engine.max_model_len)

@@ -284,6 +284,24 @@ def test_a_driver_of_torchs_cuda_major_passes_the_check(monkeypatch):
     assert config.TORCH_CUDA.search("__version__ = '2.8.0+cu128'\ncuda: Optional[str] = '12.8'\n").group(1) == "'12.8'"
 
 
+@pytest.mark.parametrize("device", ["auto", "cuda"])
+def test_serve_probes_the_cuda_driver_once_before_the_socket(tiny_qwen2, monkeypatch, device):
+    """The driver check and the question whether 'auto' is the CPU share one cuInit and one read of torch's
+    build, where each made its own."""
+    from hosttune_engine import config
+    from hosttune_engine.server.cli import check_model_folder
+
+    driver, calls = _Driver(0, 1, version=12080), []
+    monkeypatch.setattr(config.ctypes, "CDLL", lambda name: calls.append("CDLL") or driver)
+    monkeypatch.setattr(driver, "cuInit", lambda flags: calls.append("cuInit") or 0)
+    monkeypatch.setattr(config, "torch_cuda", lambda: calls.append("torch_cuda") or "12.8")
+    check_model_folder(config.EngineConfig(model=str(tiny_qwen2), device=device))
+    assert calls == ["CDLL", "cuInit", "torch_cuda"]
+    calls.clear()
+    check_model_folder(config.EngineConfig(model=str(tiny_qwen2), device="cpu"))
+    assert calls == []
+
+
 def test_missing_model_folder_is_one_line_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hosttune_engine", "serve", "--model", str(tmp_path / "missing")],
                           capture_output=True, text=True, timeout=60)
