@@ -8,7 +8,7 @@ import torch
 from hosttune_engine.cache.kv_pool import KVCacheShape, KVPool, check_free_memory, num_blocks_for_memory
 from hosttune_engine.errors import ConfigError
 from hosttune_engine.layers.attention import Attention
-from hosttune_engine.layers.sampler import Sampler, SamplingBatch, filter_top_k_top_p
+from hosttune_engine.layers.sampler import Sampler, SamplingBatch, filter_top_k_top_p, seeded_generator
 from hosttune_engine.sampling import SamplingParams
 
 QWEN7B_KV = KVCacheShape(num_layers=28, block_size=16, num_kv_heads=4, head_dim=128, dtype_bytes=2)
@@ -67,6 +67,17 @@ def test_sampling_follows_the_distribution_and_seeds_repeat():
         return [Sampler()(logits[:1], b).token_ids[0] for _ in range(20)]
 
     assert seeded(5) == seeded(5)
+
+
+def test_every_64_bit_seed_has_its_own_cpu_stream_and_32_bit_seeds_keep_theirs():
+    def draws(gen):
+        return torch.empty(8).exponential_(generator=gen).tolist()
+
+    seeds = [5, 5 + 2**32, 5 + 2**33, 5 + 2**62, 2**32 - 1, -1, 2**63 - 1, -2**63, 0]
+    streams = [draws(seeded_generator(s, "cpu")) for s in seeds]
+    assert len({tuple(x) for x in streams}) == len(seeds)
+    assert streams == [draws(seeded_generator(s, "cpu")) for s in seeds]  # each repeats
+    assert streams[0] == draws(torch.Generator().manual_seed(5))  # seeded text of a 32-bit seed is as it was
 
 
 def test_greedy_rows_ignore_temperature_rows():

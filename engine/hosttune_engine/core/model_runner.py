@@ -43,7 +43,7 @@ from hosttune_engine.core.step_inputs import StepInputs, pack_step, plan_step
 from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.kernels.decode_attention import choose_num_splits
 from hosttune_engine.kernels.split_k import device_sms
-from hosttune_engine.layers.sampler import DeviceSample, Sampler, SamplerOutput, SamplingBatch
+from hosttune_engine.layers.sampler import DeviceSample, Sampler, SamplerOutput, SamplingBatch, seeded_generator
 from hosttune_engine.model.loader import load_model
 from hosttune_engine.model.model_config import ModelConfig
 from hosttune_engine.parallel.group import TensorParallelGroup
@@ -336,7 +336,7 @@ class ModelRunner:
             return None
         gen = self.generators.get(seq.request_id)
         if gen is None:
-            gen = self.generators[seq.request_id] = torch.Generator(self.device).manual_seed(seq.sampling.seed)
+            gen = self.generators[seq.request_id] = seeded_generator(seq.sampling.seed, self.device)
         return gen
 
     def release(self, request_id: str) -> None:

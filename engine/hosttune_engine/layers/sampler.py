@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from hosttune_engine.host_copy import HostCopy
@@ -22,6 +23,25 @@ from hosttune_engine.sampling import SamplingParams
 # Below this many rows, a batch with a row that sets both top-k and top-p sorts. H200, vocab 152K (ms,
 # race vs sort): 1.13 vs 0.27 at 1 row, 1.15 vs 1.64 at 64, 2.19 vs 5.21 at 256 (benchmarks/history/NOTES.md).
 SORT_TOP_K_AND_P_BELOW = 64
+
+
+MT_WORDS = 624  # mt19937's state
+MT_STATE_AT = 24  # byte offset of its words in a CPU generator's state (after seed, left, seeded, next)
+
+
+def seeded_generator(seed: int, device) -> torch.Generator:
+    """A request's generator: each seed of vLLM's range (64-bit, signed) its own stream. CUDA's Philox takes all
+    64 bits; the CPU's mt19937 seeds from the low 32 alone, so a seed past them (or negative) fills the state
+    from both halves (init_by_array, as Python's random seeds a big int), and a 32-bit seed keeps its stream."""
+    gen = torch.Generator(device)
+    bits = seed % 2**64
+    if gen.device.type != "cpu" or bits < 2**32:
+        return gen.manual_seed(bits)
+    state = gen.manual_seed(bits).get_state()  # its header: this seed, the state to be twisted before a draw
+    words = np.random.RandomState([bits & 0xFFFFFFFF, bits >> 32]).get_state()[1]
+    state.numpy()[MT_STATE_AT:MT_STATE_AT + 8 * MT_WORDS].view(np.uint64)[:] = words
+    gen.set_state(state)
+    return gen
 
 
 @dataclass

@@ -216,6 +216,19 @@ def test_seed_reproducible_and_sampling_options(client, model):
     assert a == b
 
 
+def test_seeds_differing_past_32_bits_sample_differently(client, model):
+    """Every seed vLLM takes (signed 64-bit) is its own stream, where the CPU's generator read the low 32 bits
+    alone: 5, 5 + 2**32 and 5 + 2**40 sampled the same text, as did -1 and 2**32 - 1."""
+    def text(seed):
+        return client.completions.create(model=model, prompt=PROMPT, max_tokens=16, temperature=1.0, seed=seed,
+                                         extra_body={"ignore_eos": True}).choices[0].text
+
+    seeds = [5, 5 + 2**32, 5 + 2**40, -1, 2**32 - 1, 2**63 - 1]
+    texts = [text(seed) for seed in seeds]
+    assert len(set(texts)) == len(seeds), texts
+    assert text(5 + 2**40) == texts[2] and text(-1) == texts[3]
+
+
 def test_bad_request_surfaces_as_openai_error(client, model):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=model, prompt=PROMPT, max_tokens=100_000)
