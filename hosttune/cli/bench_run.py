@@ -18,6 +18,7 @@ from hosttune.bench.headers import redact_argv, request_headers
 from hosttune.bench.loadgen import Load, Progress as LoadProgress
 from hosttune.bench.metrics import Slo, summarize
 from hosttune.bench.record import FAILED
+from hosttune.bench.scheme import check_scheme
 from hosttune.bench.sweep import SweepConfig, result_of as sweep_result_of, sweep as run_sweep
 from hosttune.bench.trace import load_trace
 from hosttune.bench.units import parse_duration, parse_positive_duration, parse_shared_prefix, parse_slo
@@ -84,9 +85,13 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
 
 
 def _check_answering(spec: BenchSpec, urls: list[str]) -> None:
-    """Several endpoints: each lists its model before the first is measured, so that one that is down or mistyped
-    fails now, not after the runs before it, whose results would go unreported. (--model skips the lookup: an
-    endpoint that is down then fails its requests, and its run says so beside the others.)"""
+    """Every endpoint speaks its URL's scheme (with a certificate this machine trusts), which takes seconds to tell,
+    where a run's every request would fail for its whole duration. Several endpoints: each lists its model before the
+    first is measured, so that one that is down or mistyped fails now, not after the runs before it, whose results
+    would go unreported. (--model skips the lookup: an endpoint that is down then fails its requests, and its run says
+    so beside the others.)"""
+    for url in urls:
+        run_async(check_scheme(url, spec.tls))
     if spec.model is None and len(urls) > 1:
         for url in urls:
             run_async(discover_model(url, headers=spec.headers, tls=spec.tls))

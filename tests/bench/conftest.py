@@ -21,3 +21,13 @@ def server_factory():
     yield start
     for manager in reversed(stack):
         manager.__exit__(None, None, None)
+
+
+@pytest.fixture
+def tls_server(server_factory, tmp_path):
+    """A scripted server speaking https with a self-signed certificate for localhost: its URL and the certificate."""
+    pytest.importorskip("cryptography.x509")
+    from .test_tls import self_signed
+
+    cert, key = self_signed(tmp_path)
+    return server_factory("--ttft", "0.01", "--itl", "0.002", "--tls-cert", str(cert), "--tls-key", str(key)), cert

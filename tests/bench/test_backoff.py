@@ -113,15 +113,6 @@ def test_without_retry_after_the_wait_doubles(server_factory, tmp_path):
         assert all(gap >= 0.45 * 2 ** i for i, gap in enumerate(gaps)), gaps
 
 
-@pytest.fixture
-def tls_server(server_factory, tmp_path):
-    pytest.importorskip("cryptography.x509")
-    from .test_tls import self_signed
-
-    cert, key = self_signed(tmp_path)
-    return server_factory("--ttft", "0.01", "--itl", "0.002", "--tls-cert", str(cert), "--tls-key", str(key)), cert
-
-
 def test_cacert_trusts_a_private_ca(tls_server, tmp_path):
     url, cert = tls_server
     assert url.startswith("https://localhost:")

@@ -3,6 +3,7 @@
 import asyncio
 import datetime as dt
 import ssl
+import time
 
 import pytest
 
@@ -65,3 +66,49 @@ def test_streams_over_https_with_a_trusted_certificate(tmp_path, monkeypatch):
     assert result.outcome == OK, result.error
     assert len(result.chunks) == 3
     assert result.chunks[2] - result.chunks[0] >= 0.015  # timed as they arrived, not at the end
+
+
+RUN_ARGS = ["--model", "m", "--users", "2", "--prompts", "8", "--max-tokens", "4", "--max-client-lag", "1s"]
+
+
+def _bench_within(url: str, seconds: float, *args: str):
+    """`hosttune bench` on `url` with --model (which skips /v1/models): its result, and that it ended in time."""
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+
+    start = time.monotonic()
+    result = CliRunner().invoke(app, ["bench", "--url", url, *RUN_ARGS, *args])
+    assert time.monotonic() - start < seconds, result.output
+    return result
+
+
+def test_an_https_url_to_a_plain_http_port_fails_in_seconds_saying_to_use_http(server_factory):
+    """The handshake hung for asyncio's 60 s a request, through a warm-up and a minute's run, before the run said
+    every request had failed: about two and a half minutes to learn the scheme was wrong."""
+    plain = server_factory("--ttft", "0.01", "--itl", "0.002")
+    port = plain.rpartition(":")[2]
+    result = _bench_within(f"https://127.0.0.1:{port}", 10)
+    assert result.exit_code == 2
+    assert result.output == (f"hosttune: the server at https://127.0.0.1:{port} answered plain HTTP to a TLS "
+                             f"handshake; use http://127.0.0.1:{port}\n")
+
+
+def test_an_http_url_to_a_tls_port_fails_in_seconds_saying_to_use_https(tls_server):
+    url, _ = tls_server
+    plain_url = url.replace("https://", "http://")
+    result = _bench_within(plain_url, 10)
+    assert result.exit_code == 2
+    assert result.output == (f"hosttune: the server at {plain_url} closed a plain HTTP request unanswered and took a "
+                             f"TLS handshake; use {url}\n")
+
+
+def test_a_certificate_this_machine_does_not_trust_fails_in_seconds_naming_cacert(tls_server):
+    """With --model every request failed its handshake for the minute's run, and the line said to check that the
+    server was up."""
+    url, _ = tls_server
+    result = _bench_within(url, 10)
+    assert result.exit_code == 2
+    assert result.output == (f"hosttune: the server at {url} presented a certificate this machine does not trust "
+                             "(certificate verify failed: self-signed certificate); give its CA with --cacert, or "
+                             "--insecure for a test endpoint\n")
