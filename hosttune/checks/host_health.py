@@ -116,5 +116,5 @@ CHECKS = (
           "not changed by apply: systemd-machine-id-setup --commit writes this boot's id to /etc/machine-id (on a "
           "read-only root, give the image a writable /etc/machine-id); a clone is given its own by emptying the file "
           "before its first boot", False, machine_id,
-          "on an image (systemd gives it its id at its first boot) and on a host without systemd and without the file"),
+          "an image (systemd gives it its id at its first boot), and a host without systemd and without the file"),
 )

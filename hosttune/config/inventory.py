@@ -24,6 +24,7 @@ from typing import Any, Callable
 from hosttune import cpulist
 from hosttune.errors import InventoryError
 from hosttune.transport.base import ConnectionSpec
+from hosttune.config.unit_text import unit_text_error
 from hosttune.config.yamlfile import LocatedDict, load
 
 DEFAULT_PROFILE = "inference-latency"
@@ -317,7 +318,21 @@ class _Reader:
     def vars(self, node: Any, field_path: str, line: int) -> dict:
         if not isinstance(node, LocatedDict):
             raise self.fail(line, field_path, "must be a mapping")
-        return self._validate(node, VARS_SCHEMA, field_path)
+        out = self._validate(node, VARS_SCHEMA, field_path)
+        self.deploy_env(out.get("deploy"), f"{field_path}.deploy")
+        return out
+
+    def deploy_env(self, deploy: Any, prefix: str) -> None:
+        """deploy.env's values go on the service's Environment= lines: `--set env.NAME=...`'s rule, with this line."""
+        env = deploy.get("env") if isinstance(deploy, LocatedDict) else None
+        if env is None:
+            return
+        if not isinstance(env, LocatedDict):
+            raise self.fail(deploy.line_of("env"), f"{prefix}.env", f"must be a mapping of names to values (got {_shown(env)})")
+        for name, value in env.items():
+            why = unit_text_error(value)
+            if why:
+                raise self.fail(env.line_of(name), f"{prefix}.env.{name}", why)
 
     def _validate(self, node: LocatedDict, schema: dict, prefix: str) -> LocatedDict:
         self.unknown_keys(node, set(schema), prefix)

@@ -34,12 +34,12 @@ import yaml
 
 from hosttune.deploy.errors import DeployError
 from hosttune.config.inventory import Host
+from hosttune.config.unit_text import SCALARS as _SCALARS, unit_text_error
 from hosttune.presets import ENGINES, EnginePreset, substitute
 
 DEFAULT_PORT = 8000
 _FLAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SCALARS = (str, int, float, bool, type(None))
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,10 @@ class Timeouts:
 
 
 def _text(value: Any, where: str) -> str:
-    if not isinstance(value, _SCALARS) or any(c in str(value) for c in "\n\r\0"):
-        raise DeployError(f"{where}: must be a single-line scalar (got {value!r})")
+    """The value as the unit line gets it; what no unit line can carry is refused (config/unit_text.py)."""
+    why = unit_text_error(value)
+    if why:
+        raise DeployError(f"{where}: {why}")
     return str(value)
 
 
@@ -116,11 +118,8 @@ def _cut(raw: str, value: Any) -> bool:
 
 
 def _refuse_control(key: str, raw: str) -> None:
-    """YAML would fold a newline to a space; a unit's Environment= or ExecStart= line holds one line of text."""
-    bad = next((c for c in raw if ord(c) < 0x20 or ord(c) == 0x7f), None)
-    if bad is not None:
-        raise DeployError(f"--set {key}: the value holds a control character ({bad!r}), which a systemd unit line "
-                          f"cannot carry: give it on one line of printable text")
+    """Before YAML reads it: YAML would fold a newline to a space, and a unit line holds one line of text."""
+    _text(raw, f"--set {key}")
 
 
 def _flag_name(name: str, where: str) -> str:

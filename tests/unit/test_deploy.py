@@ -69,7 +69,7 @@ def test_precedence_preset_group_host_set(tmp_path):
 def test_bad_deploy_vars_name_the_inventory_line(tmp_path):
     host = inventory(tmp_path).hosts[0]
     for bad, message in (({"portt": 1}, "deploy.portt: unknown key"), ({"vllm": [1]}, "deploy.vllm must be a mapping"),
-                         ({"port": "x"}, "deploy.port must be"), ({"vllm": {"x": "a\nb"}}, "single-line"),
+                         ({"port": "x"}, "deploy.port must be"), ({"vllm": {"x": "a\tb"}}, "control character"),
                          ({"port": 70000}, r"deploy.port must be a port number between 1 and 65535 \(got 70000\)"),
                          ({"lb_port": 0}, r"deploy.lb_port must be a port number between 1 and 65535 \(got 0\)"),
                          ({"health_timeout": 0}, r"deploy.health_timeout must be at least 1 second \(got 0\)"),

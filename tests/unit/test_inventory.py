@@ -264,3 +264,32 @@ def test_addresses_are_names_or_ips(tmp_path):
     for bad in ("-gpu.example", "gpu..example", "gpu_01 .example", "a" * 64 + ".example"):
         with pytest.raises(InventoryError, match=r"inv.yaml:3: hosts.a.address: must be a host name"):
             load_inventory(write(tmp_path, f"hosts:\n  a:\n    address: '{bad}'\n"))
+
+
+@pytest.mark.parametrize("value, line, field, why", [
+    ('"a\\tb"', 6, "groups.g.vars.deploy.env.FOO", r"the value holds a control character \('\\t'\), which a systemd "
+     r"unit line cannot carry: give it on one line of printable text$"),
+    ('"a\\x1bb"', 6, "groups.g.vars.deploy.env.FOO", r"the value holds a control character \('\\x1b'\)"),
+    ("[a, b]", 6, "groups.g.vars.deploy.env.FOO", r"must be a single-line scalar \(got list\)$"),
+])
+def test_a_deploy_env_value_no_unit_line_can_carry_is_refused_at_its_line(tmp_path, value, line, field, why):
+    """deploy --set env.FOO=... refuses a tab; the inventory's deploy.env applies the same rule, naming its line."""
+    path = write(tmp_path, f"""\
+        groups:
+          g:
+            vars:
+              deploy:
+                env:
+                  FOO: {value}
+            hosts: {{gpu-01: {{address: 10.0.0.5}}}}
+        """)
+    with pytest.raises(InventoryError, match=rf"^{path}:{line}: {field}: {why}"):
+        load_inventory(path)
+    assert load_inventory(write(tmp_path, path.read_text().replace(value, '"a b"'))).hosts[0].deploy["env"] == {"FOO": "a b"}
+
+
+def test_a_deploy_env_that_is_not_a_mapping_is_refused_at_its_line(tmp_path):
+    path = write(tmp_path, "hosts:\n  a:\n    address: 10.0.0.1\n    deploy:\n      env: [a, b]\n")
+    with pytest.raises(InventoryError, match=rf"^{path}:5: hosts.a.deploy.env: must be a mapping of names to values "
+                                             r"\(got \['a', 'b'\]\)$"):
+        load_inventory(path)
