@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hosttune.actions.base import Op, Symlink, describe
+from hosttune.actions.base import Command, Op, Symlink, describe
 from hosttune.config.inventory import Host
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
@@ -44,11 +44,11 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_
     previous = load_release(transport, state.previous)
     settings = settings_of(previous, timeouts)
     front = [] if previous.replicas or SERVE_UNIT not in previous.units else _front(host, previous, state, settings.port)
-    stop = _in_the_way(transport, previous, state) if previous.replicas else []
+    stop, why = _in_the_way(transport, previous, state) if previous.replicas else ([], "")
     if dry_run:
         return HostDeploy(host, Outcome.PLANNED, previous.id, release_name(state.current),
-                          ops=(*map(describe, stop), *_plan(previous, release_name(state.current), settings),
-                               *map(describe, front)))
+                          ops=(*([why] if why else []), *map(describe, stop),
+                               *_plan(previous, release_name(state.current), settings), *map(describe, front)))
     health = load_preset(previous.engine).serve.health
     if previous.replicas:
         run_ops(transport, dplan.verify_ops(previous) + stop + rolling.switch_ops(previous, state))
@@ -85,15 +85,19 @@ def _front(host: Host, previous: Release, state: HostState, port: int) -> list[O
     return stale_front_ops(state)
 
 
-def _in_the_way(transport: Transport, previous: Release, state: HostState) -> list[Op]:
+def _in_the_way(transport: Transport, previous: Release, state: HostState) -> tuple[list[Op], str]:
     """The live replicas on ports the previous release takes before its roll restarts them (a deploy that moved the
-    ports down): stopped first. A live release that cannot be read is what a rollback leaves: nothing is stopped."""
+    ports down): stopped first. A live release that cannot be read leaves which ones unknown: every live replica is
+    stopped first, and the second value, the plan's line, says why."""
     if not (state.current and state.instances):
-        return []
+        return [], ""
     try:
-        return out_of_the_way(previous, load_release(transport, state.current), None)
-    except (DeployError, ValueError, KeyError):
-        return []
+        live = load_release(transport, state.current)
+    except DeployError as exc:
+        return ([Command(("systemctl", "stop", *sorted(state.instances)), timeout=900.0)],
+                f"stop every replica of the live release before the switch (which of them hold the ports "
+                f"{previous.id} takes is unknown): {exc}")
+    return out_of_the_way(previous, live, None), ""
 
 
 def _plan(previous: Release, now: str | None, settings: ServeSettings) -> tuple[str, ...]:

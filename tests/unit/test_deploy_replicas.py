@@ -489,6 +489,38 @@ def test_rolling_back_replicas_whose_ports_moved_down_stops_the_live_ones_in_the
     assert out < stop < switch
 
 
+def test_rolling_back_replicas_over_a_live_release_that_cannot_be_read_stops_its_replicas_first_and_says_why(tmp_path):
+    """The live release's release.json is gone: which of its replicas hold the ports the previous release takes is
+    unknown, so every one is stopped before the switch and the plan says why in one line naming the file, where none
+    was stopped without a word and the previous release's replicas could not bind their ports."""
+    from hosttune.deploy.rollback import rollback_one
+    from hosttune.deploy.settings import ServeSettings
+
+    old = replace(job(tmp_path / "old", a100_facts(), engine="custom", gpus="0-3", replicas="2", port=8100).release,
+                  id="custom-old")
+    running = "".join(f"instance:hosttune-engine@{i}.service active\n" for i in range(2))
+    log: list = []
+    t = ScriptedTransport("gpu-a", log, state=f"current:/opt/hosttune/releases/custom-gone\nprevious:{old.dir}\n"
+                                              f"{running}nginx:/usr/sbin/nginx\n")
+    t.files[f"{old.dir}/.hosttune/release.json"] = old.manifest()
+    for name, body in {**old.units, **old.meta, "host-hosttune-local.conf": old.files[NGINX_CONF],
+                       "host-hosttune-replicas.json": old.files[SCRAPE_FILE]}.items():
+        t.files[f"{old.dir}/.hosttune/{name}"] = body
+    planned = rollback_one(t, inventory(tmp_path).hosts[0], ServeSettings("", "", 1, {}, {}), dry_run=True)
+    assert planned.ops[:2] == (
+        "stop every replica of the live release before the switch (which of them hold the ports custom-old takes is "
+        "unknown): gpu-a: release custom-gone has no readable release.json (cat: "
+        "/opt/hosttune/releases/custom-gone/.hosttune/release.json: No such file or directory)",
+        "$ systemctl stop hosttune-engine@0.service hosttune-engine@1.service")
+    log.clear()
+    outcome = rollback_one(t, inventory(tmp_path).hosts[0], ServeSettings("", "", 1, {}, {}))
+    assert outcome.state == "rolled-back", outcome.error
+    argvs = [a for _, a in log]
+    stop = argvs.index(("systemctl", "stop", "hosttune-engine@0.service", "hosttune-engine@1.service"))
+    switch = next(i for i, a in enumerate(argvs) if a[:2] == ("sh", "-c") and a[4:6] == ("write", NGINX_CONF))
+    assert stop < switch
+
+
 def test_rolling_back_a_cordoned_host_is_refused_before_anything_changes(tmp_path):
     """--rollback restarts replicas and puts them in nginx: on a host remediate cordoned it would serve again from the
     GPU it was taken out for. Refused as a deploy is, naming the cordon."""
