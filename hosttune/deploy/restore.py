@@ -29,12 +29,18 @@ def load_release(transport: Transport, release_dir: str) -> Release:
     text = transport.read(["cat", "--", manifest_path(rid)], timeout=60)
     if not text.ok:
         raise DeployError(f"{transport.host_name}: release {rid} has no readable release.json ({text.stderr.strip()})")
-    doc = json.loads(text.stdout)
-    units = {name: _meta_file(transport, rid, name) for name in doc["units"]}
-    meta = {name: _meta_file(transport, rid, name) for name in doc.get("meta", [])}
-    files = {path: _meta_file(transport, rid, copy) for path, copy in doc.get("files", {}).items()}
-    return Release(rid, doc["engine"], doc["entry"], (), doc["offline"], units, doc["settings"],
-                   tuple(doc.get("programs", ())), meta, files)
+    try:
+        doc = json.loads(text.stdout)
+        names, meta_names, copies = list(doc["units"]), list(doc.get("meta", [])), dict(doc.get("files", {}))
+        head = (doc["engine"], doc["entry"], (), doc["offline"])
+        settings, programs = dict(doc["settings"]), tuple(doc.get("programs", ()))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # cut short, edited, or not hosttune's
+        raise DeployError(f"{transport.host_name}: release {rid}'s {manifest_path(rid)} is not a release.json hosttune "
+                          f"wrote ({type(exc).__name__}: {exc})") from None
+    units = {name: _meta_file(transport, rid, name) for name in names}
+    meta = {name: _meta_file(transport, rid, name) for name in meta_names}
+    files = {path: _meta_file(transport, rid, copy) for path, copy in copies.items()}
+    return Release(rid, *head, units, settings, programs, meta, files)
 
 
 def _meta_file(transport: Transport, rid: str, name: str) -> bytes:

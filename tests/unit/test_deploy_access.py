@@ -742,3 +742,15 @@ def test_an_unchanged_service_whose_host_keeps_a_stale_front_plans_its_removal_a
             "vllm", "--model", "/m", "--nginx-dir", str(tmp_path / "lb")]
     result = CliRunner().invoke(app, args, input="y\n")
     assert result.exit_code == 2 and "marked !" in result.output, result.output
+
+
+@pytest.mark.parametrize("manifest", [b'{"id": "custom-old", "engi', b'{"id": "custom-old"}', b"[]"])
+def test_rolling_back_to_a_release_whose_release_json_is_not_hosttunes_is_one_line(tmp_path, manifest):
+    """A release.json cut short, or edited, is one line naming the file: the host failed, where a ValueError or
+    KeyError escaped as a bug."""
+    previous = _job(tmp_path, "custom", "port: 8000\n").release
+    host, t, log = _rollback_host(tmp_path, previous, "port: 8000\n", "unit:hosttune-serve.service abc active\n")
+    t.files[f"{previous.dir}/.hosttune/release.json"] = manifest
+    with pytest.raises(DeployError, match=rf"^gpu-a: release {previous.id}'s {previous.dir}/.hosttune/release.json is "
+                                          r"not a release.json hosttune wrote \(\w+: .*\)$"):
+        rollback_one(t, host, ServeSettings("", "", 1, {}, {}), dry_run=True)
