@@ -123,8 +123,9 @@ class Client:
                 response = await asyncio.wait_for(connection.send(request, is_keep_text),
                                                   deadline - time.perf_counter())
             except asyncio.TimeoutError:
+                partial = connection.parser.response if connection.parser is not None else None
                 connection.close()
-                return _failure(sent, 0, f"timeout: no complete response in {self.target.timeout:g}s")
+                return _timed_out(sent, partial, self.target.timeout)
             except HttpError as exc:
                 # A kept-alive connection the server closed as we wrote: send once more.
                 if not is_retry and connection.num_requests > 1 and not connection.is_answered:
@@ -150,6 +151,18 @@ def _stream_error(events, headers: dict[str, str]) -> str:
 
 def _failure(sent: float, status: int, error: str) -> StreamResult:
     return StreamResult(sent, time.perf_counter(), array("d"), FAILED, status, error, 0, None)
+
+
+def _timed_out(sent: float, response: Response | None, timeout: float) -> StreamResult:
+    """A request past its timeout, with what arrived of its stream: the tokens a slow server streamed count as
+    streamed, and the error says it was still going, not that nothing came."""
+    if response is None or response.events is None:
+        return _failure(sent, 0, f"timeout: no complete response in {timeout:g}s")
+    events = response.events.result(response.last_at or time.perf_counter())
+    error = (f"timeout: the stream was still going after {timeout:g}s ({len(events.chunks)} tokens)" if events.chunks
+             else f"timeout: the server answered 200 and streamed no token in {timeout:g}s")
+    return StreamResult(sent, time.perf_counter(), events.chunks, FAILED, 200, error,
+                        events.usage.get("completion_tokens", len(events.chunks)), events.usage.get("prompt_tokens"))
 
 
 def _result(sent: float, response: Response) -> StreamResult:

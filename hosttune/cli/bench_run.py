@@ -235,7 +235,8 @@ def _first_failed(run):
 
 def _first_failure(run) -> str:
     first = _first_failed(run)
-    return f"{'answered' if first.status else 'failed:'} {first.reason}"
+    is_answered = first.status and not first.error.startswith("timeout:")  # a stream cut at --timeout failed
+    return f"{'answered' if is_answered else 'failed:'} {first.reason}"
 
 
 def _what_to_check(first, headers) -> str:
@@ -248,6 +249,9 @@ def _what_to_check(first, headers) -> str:
         return "check that the server speaks https at --url (a plain http port never answers a TLS handshake)"
     if status == 0 and first.error.startswith("transport:"):  # no answer at all: not a model or route to fix
         return "check that the server is up and listens at --url"
+    if status == 200 and first.error.startswith("timeout:"):  # it answered, and streamed too slowly
+        return ("the server streams too slowly to finish within --timeout: give a longer one, or ask for fewer "
+                "--max-tokens")
     if status == 0 and first.error.startswith("timeout:"):
         return "the server answered nothing within --timeout: check that it is up and not stuck, or give a longer one"
     if status in (401, 403):

@@ -2,6 +2,7 @@
 
 import itertools
 import random
+import re
 import socket
 import statistics
 
@@ -264,3 +265,22 @@ def test_a_crash_in_the_load_generator_surfaces_instead_of_hanging(server_factor
 def test_a_bad_length_distribution_names_its_option(field, option):
     with pytest.raises(BenchError, match=f"^{option}: length distribution '0': '0' is not a positive integer$"):
         BenchSpec(load=Load(users=1, num_requests=1), **{field: "0"})
+
+
+def test_a_stream_still_going_at_its_timeout_keeps_its_tokens_and_is_not_said_unanswered(server_factory):
+    """A server streaming slowly answered, and its tokens arrived: the timed-out request lost them (streamed tokens/s
+    read 0) and the line said the server had answered nothing and might be down."""
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+
+    url = server_factory("--ttft", "0.05", "--itl", "0.1")
+    result = CliRunner().invoke(app, ["bench", "--url", url, "--users", "1", "--requests", "2", "--warmup", "0",
+                                      "--prompts", "8", "--max-tokens", "50", "--timeout", "0.4",
+                                      "--max-client-lag", "1s"])
+    assert result.exit_code == 2
+    assert re.search(r"the first failed: timeout: the stream was still going after 0.4s \([1-4] tokens\); the server "
+                     "streams too slowly to finish within --timeout: give a longer one, or ask for fewer --max-tokens$",
+                     result.stderr.splitlines()[-1]), result.stderr
+    streamed = next(line for line in result.stdout.splitlines() if line.startswith("output tokens/s streamed"))
+    assert float(streamed.split()[-1]) > 0, result.stdout
