@@ -63,7 +63,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     async def encode():
         return [await state.usable_prompts().encode_chat(req.messages, req.add_generation_prompt,
                                                          req.template_kwargs, req.add_special_tokens,
-                                                         within_context=True)]
+                                                         within_context=True,
+                                                         continue_final=req.continue_final_message)]
 
     text = req.messages[-1]["content"]
     return await _generate(request, state, CHAT, req.options, 1, encode, text, arrival)

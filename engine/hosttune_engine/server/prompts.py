@@ -50,22 +50,27 @@ class PromptBuilder:
         if count is not None:
             raise _context_error(self.max_model_len, f"at least {count}", what)
 
-    def render_chat(self, messages, add_generation_prompt: bool = True, template_kwargs: dict | None = None) -> str:
+    def render_chat(self, messages, add_generation_prompt: bool = True, template_kwargs: dict | None = None,
+                    continue_final: bool = False) -> str:
+        """The chat as the template writes it; with `continue_final`, cut after the final message's text, so the
+        model goes on with that message (vLLM's continue_final_message)."""
         tok = self._need_tokenizer("chat messages; send token ids to /v1/completions", "messages")
         if not tok.chat_template:
             raise bad_request("this model has no chat template; use /v1/completions", "messages")
         # the request's chat_template_kwargs are the template's own arguments: they win, as in vLLM
         arguments = {"add_generation_prompt": add_generation_prompt, **(template_kwargs or {})}
         try:
-            return tok.apply_chat_template(list(messages), **arguments)
+            text = tok.apply_chat_template(list(messages), **arguments)
         except Exception as e:  # the template is user-facing Jinja: any failure is about the messages
             raise bad_request(f"the chat template could not render these messages: {str(e)[:200]}",
                               "messages") from None
+        return _cut_after(text, messages[-1]["content"]) if continue_final else text
 
     async def encode_chat(self, messages, add_generation_prompt: bool = True, template_kwargs: dict | None = None,
-                          add_special_tokens: bool = False, within_context: bool = False) -> list[int]:
+                          add_special_tokens: bool = False, within_context: bool = False,
+                          continue_final: bool = False) -> list[int]:
         # The template writes BOS itself where the model wants one, as in vLLM: no special tokens unless asked.
-        args = (messages, add_generation_prompt, template_kwargs)
+        args = (messages, add_generation_prompt, template_kwargs, continue_final)
         text = await off_loop(self.render_chat, *args) if _is_long_chat(messages) else self.render_chat(*args)
         return await self.encode(text, add_special_tokens, "messages", within_context)
 
@@ -108,6 +113,17 @@ class PromptBuilder:
                                 f"the {what}, {requested} in the completion). Please reduce the length of the "
                                 f"{what} or completion.", param=field)
         return requested
+
+
+def _cut_after(text: str, final: str) -> str:
+    """`text` up to the end of its last copy of `final`, as transformers' continue_final_message cuts it: after the
+    message as sent where the template kept its spacing, else after it stripped."""
+    at = text.rfind(final.strip())
+    if at < 0:
+        raise bad_request("continue_final_message is set but the chat template does not write the final message "
+                          "as sent, so there is nothing to continue", "messages")
+    kept = len(final.lstrip())
+    return text[:at + kept] if text[at:at + kept] == final else text[:at + len(final.strip())]
 
 
 def _context_error(max_model_len: int, num_tokens: str, what: str) -> ApiError:

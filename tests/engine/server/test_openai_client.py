@@ -229,6 +229,20 @@ def test_seeds_differing_past_32_bits_sample_differently(client, model):
     assert text(5 + 2**40) == texts[2] and text(-1) == texts[3]
 
 
+def test_continue_final_message_continues_the_assistants_message(client, model, server):
+    """A prefilled assistant message is continued, not closed and answered: its prompt is the chat cut after it."""
+    messages = MESSAGES + [{"role": "assistant", "content": "The capital is"}]
+    chat = client.chat.completions.create(model=model, messages=messages, max_tokens=3, temperature=0,
+                                          extra_body={"continue_final_message": True, "add_generation_prompt": False,
+                                                      "return_token_ids": True})
+    prompt = chat.model_extra["prompt_token_ids"]
+    closed = json.loads(post(server.url + "/tokenize", {"messages": messages, "add_generation_prompt": False})[2])
+    assert len(prompt) < closed["count"] and closed["tokens"][:len(prompt)] == prompt
+    text = json.loads(post(server.url + "/detokenize", {"tokens": prompt})[2])["prompt"]
+    assert text.endswith("assistant\nThe capital is"), text
+    assert chat.choices[0].finish_reason == "length" and chat.usage.prompt_tokens == len(prompt)
+
+
 def test_bad_request_surfaces_as_openai_error(client, model):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=model, prompt=PROMPT, max_tokens=100_000)

@@ -115,15 +115,30 @@ def test_a_completion_prompt_gets_the_special_tokens_unless_told_not_to(tiny_mod
     assert ids[True] == [0, *ids[False]] and ids[False][0] != 0
 
 
-@pytest.mark.parametrize("field,value", [("continue_final_message", True), ("echo", True),
-                                         ("chat_template", "{{ messages }}")])
+@pytest.mark.parametrize("field,value", [("echo", True), ("chat_template", "{{ messages }}")])
 def test_chat_fields_that_change_the_prompt_are_refused_not_ignored(field, value):
     messages = [{"role": "user", "content": "x"}]
     with pytest.raises(ApiError) as err:
         ChatRequest.parse({"messages": messages, field: value})
     assert (err.value.param, err.value.message) == (field, f"{field} is not supported by this server")
-    neutral = {"continue_final_message": False, "echo": False, "chat_template": None}[field]
+    neutral = {"echo": False, "chat_template": None}[field]
     assert ChatRequest.parse({"messages": messages, field: neutral}).options.n == 1
+
+
+def test_continue_final_message_ends_the_prompt_inside_the_final_message(tiny_models):
+    from hosttune_engine.model.tokenizer import Tokenizer
+
+    builder = PromptBuilder(Tokenizer(tiny_models["qwen2"]), 1024, 256)
+    messages = ({"role": "user", "content": "hi"}, {"role": "assistant", "content": "The answer is"})
+    whole = builder.render_chat(messages, add_generation_prompt=False)
+    continued = builder.render_chat(messages, False, None, continue_final=True)
+    assert whole.startswith(continued) and continued.endswith("\nThe answer is") and len(continued) < len(whole)
+    with pytest.raises(ApiError) as err:  # vLLM's rule: the generation prompt would start a new message
+        ChatRequest.parse({"messages": list(messages), "continue_final_message": True})
+    assert err.value.param == "continue_final_message" and "add_generation_prompt" in err.value.message
+    req = ChatRequest.parse({"messages": list(messages), "continue_final_message": True,
+                             "add_generation_prompt": False})
+    assert req.continue_final_message and not req.add_generation_prompt
 
 
 def test_chat_and_tokenized_messages_get_special_tokens_only_when_asked(tiny_models):

@@ -83,14 +83,14 @@ class _ChatHead(RequestBody):
     _max_tokens = field_validator("max_tokens")(positive_max_tokens)
 
 
-CHAT_UNSUPPORTED = {"continue_final_message": (False,), "echo": (False,), "chat_template": ()}  # as UNSUPPORTED
+CHAT_UNSUPPORTED = {"echo": (False,), "chat_template": ()}  # as UNSUPPORTED
 
 
 class _ChatTail(RequestBody):
     add_generation_prompt: bool = True
     add_special_tokens: bool = False  # the template writes BOS itself where the model wants one, as in vLLM
     chat_template_kwargs: dict = Field(default_factory=dict)
-    continue_final_message: Any = None
+    continue_final_message: bool = False  # the prompt ends inside the final message, which the model continues
     echo: Any = None
     chat_template: Any = None
 
@@ -98,6 +98,14 @@ class _ChatTail(RequestBody):
     @classmethod
     def _template_kwargs(cls, kwargs: dict):
         return read_template_kwargs(kwargs)
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _continue_final(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("add_generation_prompt", True):
+            raise fault("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                        "continue_final_message")
+        return value
 
     @field_validator(*CHAT_UNSUPPORTED, mode="plain")
     @classmethod
