@@ -21,6 +21,9 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+# Says to the deploy that runs a release's copy of this script that `out` and `in` take several replicas: the copies
+# older hosttune versions installed mark only the first, and are given one replica a call (rolling.lb_ops).
+TAKES_SEVERAL = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 SETTLE_S = 1.0  # after a reload, for nginx's new workers to take over from the old ones
 ROUTER_WAIT_S = 60.0  # for a router that is starting to answer

@@ -29,6 +29,7 @@ SERVERS_FILE = "/etc/hosttune/nginx/local-servers.conf"
 SCRAPE_FILE = "/etc/hosttune/prometheus/hosttune-replicas.json"
 STATE_DIR = "/run/hosttune/lb"
 LB_SCRIPT = "replica_lb.py"
+SEVERAL_MARK = b"\nTAKES_SEVERAL = True\n"  # in a replica_lb.py whose out and in take several replicas
 REPLICAS_JSON = "replicas.json"
 PROBE_TIMEOUT_S = 30
 PORT_VAR, NUMA_VAR = "HOSTTUNE_PORT", "HOSTTUNE_NUMA"

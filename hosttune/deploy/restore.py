@@ -93,7 +93,7 @@ def out_of_the_way(previous: Release, failed: Release, failed_replica: int | Non
                 if int(r["port"]) in taken and int(r["port"]) != ports.get(int(r["index"]))]
     if not blocking:
         return []
-    return [rolling.lb_op(failed, "out", *blocking),
+    return [*rolling.lb_ops(failed, "out", *blocking),
             Command(("systemctl", "stop", *(rolling.replica_unit(i) for i in blocking)), timeout=900.0)]
 
 

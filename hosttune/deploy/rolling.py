@@ -17,7 +17,7 @@ from hosttune.actions.needs import Need
 from hosttune.deploy.gate import GateResult, gate_line, run_gate
 from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, meta_dir
 from hosttune.deploy.front import unfront_ops
-from hosttune.deploy.replicas import LB_SCRIPT
+from hosttune.deploy.replicas import LB_SCRIPT, SEVERAL_MARK
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.state import HostState
 from hosttune.execute.perform import run_ops
@@ -31,6 +31,14 @@ NGINX = "nginx.service"
 def lb_op(release: Release, command: str, *indices: int) -> Command:
     """The release's replica_lb.py on the host: out/in/sync of the host-local upstream."""
     return Command(("python3", f"{meta_dir(release.id)}/{LB_SCRIPT}", command, *map(str, indices)), timeout=120.0)
+
+
+def lb_ops(release: Release, command: str, *indices: int) -> list[Command]:
+    """lb_op over several replicas: one call, or one call each for a release whose replica_lb.py (an older hosttune's)
+    marks only the first replica it is given."""
+    if len(indices) > 1 and SEVERAL_MARK not in release.meta.get(LB_SCRIPT, b""):
+        return [lb_op(release, command, index) for index in indices]
+    return [lb_op(release, command, *indices)]
 
 
 def indices(release: Release) -> list[int]:
@@ -53,7 +61,7 @@ def switch_ops(release: Release, state: HostState, *, keep_previous: bool = Fals
     ops += [Symlink(CURRENT, release.dir), Command(("systemctl", "daemon-reload"))]
     ops += router_start_ops(release, state)
     new = [i for i in indices(release) if state.instances.get(replica_unit(i)) != "active"]
-    ops.append(lb_op(release, "out", *new) if new else lb_op(release, "sync"))
+    ops += lb_ops(release, "out", *new) if new else [lb_op(release, "sync")]
     units = [replica_unit(i) for i in indices(release)]
     ops += [Command(("systemctl", "enable", "--quiet", NGINX, *units), requires=requires),
             Command(("systemctl", "enable", "--now", "--quiet", PROBE_TIMER))]

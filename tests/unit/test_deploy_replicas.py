@@ -29,7 +29,7 @@ from hosttune.presets import PresetError, load_preset
 from hosttune.transport.base import CommandResult
 from scripted_server.launch import running
 
-from deploy_fixtures import ScriptedTransport, a100_facts, fake_entry, fleet_of, h100_facts, inventory
+from deploy_fixtures import FIXTURES, ScriptedTransport, a100_facts, fake_entry, fleet_of, h100_facts, inventory
 
 GB = 10**9
 QWEN = ("Qwen2ForCausalLM",)
@@ -580,8 +580,9 @@ def test_dry_run_lists_the_roll(tmp_path):
 # -- the host-side balancer script ---------------------------------------------------------------------
 
 
-def replica_lb(tmp_path, replicas, **conf):
-    """replica_lb.py as deploy installs it, beside its replicas.json, with nginx and systemctl recorded."""
+def replica_lb(tmp_path, replicas, script: bytes | None = None, **conf):
+    """replica_lb.py as deploy installs it (or `script`, an older one), beside its replicas.json, with nginx and
+    systemctl recorded."""
     from hosttune.deploy.replicas import lb_script
 
     bin_dir = tmp_path / "bin"
@@ -589,7 +590,7 @@ def replica_lb(tmp_path, replicas, **conf):
     for tool in ("nginx", "systemctl"):  # record what would reach nginx and systemd
         (bin_dir / tool).write_text(f"#!/bin/sh\necho {tool} \"$@\" >> {tmp_path}/calls\n")
         (bin_dir / tool).chmod(0o755)
-    (tmp_path / "replica_lb.py").write_bytes(lb_script())
+    (tmp_path / "replica_lb.py").write_bytes(script or lb_script())
     conf = {"replicas": replicas, "servers_file": str(tmp_path / "servers.conf"), "state_dir": str(tmp_path / "state"),
             "max_fails": 3, "fail_timeout_s": 10, "probe_timeout_s": 1, **conf}
     (tmp_path / "replicas.json").write_text(json.dumps(conf))
@@ -645,6 +646,33 @@ def test_replica_lb_leaves_the_servers_file_nginx_last_accepted_when_nginx_refus
     assert "systemctl reload-or-restart" not in (tmp_path / "calls").read_text().split("nginx -t -q")[-1]
     servers.unlink()  # the first sync of a host: refused, no file is left for nginx to include
     assert not lb("out", "0")["ok"] and not servers.exists()
+
+
+def test_a_release_whose_replica_lb_takes_one_replica_is_given_its_replicas_one_call_each(tmp_path):
+    """Releases older hosttune installed carry a replica_lb.py whose `out 0 1 2 3` marks only replica 0: rolling back
+    onto one (or putting it back) names each replica in a call of its own, so every new one stays out of nginx until
+    its gate, where the others took requests before they had started. This hosttune's script takes them in one call."""
+    from hosttune.deploy.replicas import LB_SCRIPT
+    from hosttune.deploy.restore import out_of_the_way
+    from hosttune.deploy.rolling import switch_ops
+    from hosttune.deploy.state import HostState
+
+    one_index = (FIXTURES / "replica_lb" / "one-index.py").read_bytes()
+    release = job(tmp_path, a100_facts(), engine="custom", gpus="0-3").release
+    old = replace(release, meta={**release.meta, LB_SCRIPT: one_index})
+    bare = HostState(None, None, False)
+
+    def lb_calls(ops):
+        return [op.argv[2:] for op in ops if op.argv[:1] == ("python3",) and op.argv[1].endswith(LB_SCRIPT)]
+
+    assert lb_calls(switch_ops(release, bare)) == [("out", "0", "1", "2", "3")]
+    calls = lb_calls(switch_ops(old, bare))
+    assert calls == [("out", "0"), ("out", "1"), ("out", "2"), ("out", "3")]
+    lb = replica_lb(tmp_path / "lb", [{"index": i, "port": 8101 + i} for i in range(4)], script=one_index)
+    assert all(lb(*argv)["ok"] for argv in calls)
+    assert (tmp_path / "lb" / "servers.conf").read_text().count(" down;") == 4
+    moved = replace(old, settings={**old.settings, "replicas": [{**r, "port": r["port"] - 1} for r in old.replicas]})
+    assert lb_calls(out_of_the_way(release, moved, None)) == calls  # each on a port the one put back takes
 
 
 class KeyedEngine(BaseHTTPRequestHandler):
