@@ -119,3 +119,11 @@ def front_ops(access: Access, engine: str, ports: tuple[int, ...]) -> list[Op]:
                               Command(("sh", "-c", _SWAP_CHECKED, "sh", conf), requires=(NeedCommand("nginx"),)),
                               Command(("systemctl", "enable", "--quiet", "nginx")),
                               Command(("systemctl", "reload-or-restart", "nginx"))]
+
+
+def front_removals(front: list[Op], state: HostState) -> tuple[str, ...]:
+    """The host's front that the run removes, in the plan's words: marked ! as a deploy that drops it is."""
+    if not any(isinstance(op, Remove) for op in front):
+        return ()
+    ports = sorted(state.nginx_ports)
+    return (f"removes the host's nginx front on port{'s' if len(ports) > 1 else ''} {', '.join(map(str, ports))}",)

@@ -17,7 +17,8 @@ from hosttune.actions.platform import PackageFlavour
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
 from hosttune.deploy.access import Access
-from hosttune.deploy.front import front_ops, front_paths, key_ops, refresh_tls_ops, stale_front_ops, tls_ops
+from hosttune.deploy.front import (front_ops, front_paths, front_removals, key_ops, refresh_tls_ops, stale_front_ops,
+                                   tls_ops)
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
 from hosttune.deploy.model import ModelShape
@@ -207,14 +208,6 @@ def _front(job: HostJob, state: HostState) -> list[Op]:
     if job.access.front is not None:
         return front_ops(job.access, job.preset.name, (job.settings.port,))
     return [] if job.release.replicas else stale_front_ops(state)
-
-
-def front_removals(front: list[Op], state: HostState) -> tuple[str, ...]:
-    """The host's front that the run removes, in the plan's words: marked ! as a deploy that drops it is."""
-    if not any(isinstance(op, Remove) for op in front):
-        return ()
-    ports = sorted(state.nginx_ports)
-    return (f"removes the host's nginx front on port{'s' if len(ports) > 1 else ''} {', '.join(map(str, ports))}",)
 
 
 def _refront_ops(job: HostJob, front: list[Op], state: HostState) -> list[Op]:
