@@ -47,7 +47,10 @@ def _indices(spec: str | None) -> tuple[int, ...]:
 
 
 def _node_problems(facts: Facts) -> list[str]:
+    """nvidia-uvm and the device nodes, where the probe read them (gpu-nodes)."""
     h = facts.health
+    if h.uvm_loaded is None:
+        return []
     problems = []
     if not h.uvm_loaded:
         problems.append("nvidia-uvm is not loaded: CUDA cannot start (modprobe nvidia-uvm)")
@@ -79,8 +82,14 @@ def count(facts: Facts, profile: Profile) -> Verdict:
     if nvml:
         problems += _node_problems(facts)
     desired = f"PCI = NVML{f' = {want.gpu_count}' if want.gpu_count is not None else ''}, nvidia-uvm loaded"
-    active = f"PCI {len(pci)}, NVML {len(nvml)}, nvidia-uvm {'loaded' if facts.health.uvm_loaded else 'not loaded'}"
-    return Verdict(Status.DRIFT if problems else Status.OK, desired, None, active, "; ".join(problems))
+    uvm = {True: "loaded", False: "not loaded", None: "not read"}[facts.health.uvm_loaded]
+    active = f"PCI {len(pci)}, NVML {len(nvml)}, nvidia-uvm {uvm}"
+    if problems:
+        return Verdict(Status.DRIFT, desired, None, active, "; ".join(problems))
+    if nvml and facts.health.uvm_loaded is None:  # the counts agree; what CUDA needs besides is unknown
+        return Verdict(Status.ERROR, desired, None, active, "nvidia-uvm and the device nodes were not read (the "
+                       "probe's output has no gpu-nodes section)")
+    return Verdict(Status.OK, desired, None, active)
 
 
 def _memory_problems(g: GpuHealth) -> tuple[list[str], list[str]]:

@@ -30,6 +30,9 @@ def shm(facts: Facts, profile: Profile) -> Verdict:
         return na("an image: /dev/shm is a tmpfs mounted at boot (check it on the running host)", f">= {want} MiB")
     s = facts.health.shm
     desired = f">= {want} MiB"
+    if s is None:
+        return Verdict(Status.ERROR, desired, detail="the probe did not read /dev/shm (its output has no health-host "
+                       "section)")
     if s.size_kib is None:
         return Verdict(Status.DRIFT, desired, None, "missing", "/dev/shm is not mounted: NCCL and the engines' shared-memory queues fail")
     size_mib = s.size_kib // 1024

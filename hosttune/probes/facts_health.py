@@ -163,6 +163,6 @@ class HealthFacts:
     iommu_types: dict[str, str] = field(default_factory=dict)  # GPU bdf -> iommu group type
     bridges: tuple[BridgeAcs, ...] = ()
     fabric: FabricManager = field(default_factory=FabricManager)
-    shm: ShmFacts = field(default_factory=ShmFacts)
+    shm: ShmFacts | None = None  # None: not read (the probe printed no health-host section)
     cuda: CudaRun | None = None  # None: the smoke test did not run
     active: ActiveRun | None = None

@@ -96,6 +96,8 @@ def parse_probe_output(output: str) -> Facts:
                 errors.append(f"{name}: {exc}")
     facts = _with_gpus(facts, sections, errors)
     facts = health.with_health(facts, sections, errors)
+    errors += [f"{name}: not in the probe's output (cut short, or written by another hosttune's probe): what it "
+               "reads is unknown" for name in (IMAGE_SECTIONS if facts.image else HOST_SECTIONS) if name not in sections]
     return replace(facts, probe_errors=tuple(errors))
 
 
@@ -134,6 +136,11 @@ def _sysctl(facts: Facts, sec: Section) -> Facts:
 def _interrupt_counts(sec: Section) -> dict[int, tuple[int, ...]]:
     return {irq: tuple(v["counts"]) for irq, v in pci.parse_interrupts(sec.text).items()}
 
+
+# The sections script.sh prints on every running host, and on every image (`--root`), whatever the host has.
+HOST_SECTIONS = ("bootloader", "system", "gpu-pci", "cuda", "packages", "services", "sysctl", "tools", "monitor",
+                 "health-host", "kernel-log", "pci-health")
+IMAGE_SECTIONS = ("bootloader", "system", "cuda", "packages", "services", "sysctl", "tools")
 
 _STEPS = (
     ("bootloader", _bootloader),

@@ -252,3 +252,25 @@ def test_p2p_unreadable_config_space_is_an_error(h200_ok):
     bare = health(_two_gpus(h200_ok), hypervisor=False, bridges=(BridgeAcs("0000:05:00.0", "0000:00:06.0", None, readable=False),))
     f = run("pci.p2p", bare)
     assert f.status is Status.ERROR and "run as root" in f.detail
+
+
+def test_a_probe_output_without_its_health_sections_is_not_read_not_a_fault(fixture_text):
+    """The recorded outputs were written by a probe that had no health-host, kernel-log, pci-health or monitor
+    section yet: the parts they read are unknown on such a host, not missing from it (no /dev/shm, no nvidia-uvm)."""
+    from hosttune.probes.gather import parse_probe_output
+
+    f = parse_probe_output(fixture_text("h200", "probe-output.txt"))
+    assert [e.split(":")[0] for e in f.probe_errors] == ["monitor", "health-host", "kernel-log", "pci-health"]
+    assert "not in the probe's output" in f.probe_errors[0]
+    shm, count = run("sys.shm", f), run("gpu.count", f)
+    assert shm.status is Status.ERROR and "did not read /dev/shm" in shm.detail
+    assert count.status is Status.ERROR and "nvidia-uvm and the device nodes were not read" in count.detail
+    assert "nvidia-uvm is not loaded" not in count.detail and "missing" not in count.detail
+    lost = replace(f, gpu=replace(f.gpu, pci_devices=(*f.gpu.pci_devices, "0000:00:07.0")))
+    assert run("gpu.count", lost).status is Status.DRIFT  # what was read fails on its own
+
+
+def test_a_probe_that_found_no_shm_is_still_a_missing_shm(h200_ok):
+    from hosttune.probes.host_health import parse_health_host
+
+    assert run("sys.shm", health(h200_ok, **parse_health_host("shm:\n"))).status is Status.DRIFT

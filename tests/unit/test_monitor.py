@@ -27,6 +27,7 @@ from hosttune.config.profile import build, load_profile
 from hosttune.errors import ProfileError
 from hosttune.fleet import HostReport
 from hosttune.probes.facts import Facts, GpuFacts, GpuInfo
+from hosttune.probes.facts_health import HealthFacts, ShmFacts
 from hosttune.probes.facts_serve import MonitorFacts
 from hosttune.probes.monitor_state import parse_monitor
 from hosttune.probes.sections import split
@@ -39,7 +40,8 @@ from wheels import make_wheel
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "serve" / "monitor-section.txt"
 HOST = Host("h", "g", ConnectionSpec("h"))
-SYSTEMD = Facts(hostname="gpu-01", pid1="systemd", os_id="debian", kernel="6.1.0")
+SYSTEMD = Facts(hostname="gpu-01", pid1="systemd", os_id="debian", kernel="6.1.0",
+                health=HealthFacts(shm=ShmFacts(1 << 24, 0, "tmpfs")))
 
 
 @pytest.fixture

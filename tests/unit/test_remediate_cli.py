@@ -36,7 +36,8 @@ from hosttune.remediate import survey
 runner = CliRunner()
 _RECORDED = a100_facts()  # recorded without root and without nvidia-smi -q -x: no kernel log, no health fields
 FACTS = dataclasses.replace(_RECORDED, health=dataclasses.replace(
-    _RECORDED.health, kernel_log=KernelLog("dmesg"), gpus=tuple(GpuHealth(g.index, g.bdf) for g in _RECORDED.gpu.gpus)))
+    _RECORDED.health, kernel_log=KernelLog("dmesg"), gpus=tuple(GpuHealth(g.index, g.bdf) for g in _RECORDED.gpu.gpus),
+    uvm_loaded=True, device_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm", *(f"/dev/nvidia{g.index}" for g in _RECORDED.gpu.gpus))))
 LB = "/opt/hosttune/releases/r1/.hosttune/replica_lb.py"
 REPLICAS = json.dumps({"replicas": [{"index": 0, "port": 8101, "gpus": [0]}]})
 SERVING = f"boot:b1/17\nreplicas:{REPLICAS}\nlb:{LB}\nunit:hosttune-engine@0.service active\n"
