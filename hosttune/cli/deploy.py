@@ -21,6 +21,7 @@ from hosttune.deploy.canary import CanaryBench, canary_check
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.placement import parse_gpus, parse_replicas
+from hosttune.deploy.prune import DEFAULT_KEEP, MIN_KEEP
 from hosttune.deploy.request import DeployRequest
 from hosttune.deploy.rollout import check_whole_groups, deploy_fleet, rollback_fleet, rollout_units
 from hosttune.deploy.settings import Timeouts, parse_sets
@@ -63,6 +64,7 @@ def deploy(
     gate_timeout: Optional[float] = typer.Option(None, "--gate-timeout", min=1, help="Seconds the one-token generation may take (default: the inventory's deploy.gate_timeout, else 60)."),
     nginx_dir: Path = path_option(Path("hosttune-nginx"), "--nginx-dir", help="Where each group of several hosts gets its balancer: hosttune-GROUP.conf for nginx (and, with --router, the router's unit and scripts)."),
     keys_dir: Path = path_option(Path("hosttune-keys"), "--keys-dir", help="Where a group with deploy.api_key: true keeps its generated key (GROUP.key, mode 0600; made by the first deploy, not by --dry-run)."),
+    keep_releases: int = typer.Option(DEFAULT_KEEP, "--keep-releases", min=MIN_KEEP, help="Release folders each host keeps under /opt/hosttune/releases once a new one serves: the live one, the one --rollback goes back to, and the newest others; older ones are removed."),
     tune: float = typer.Option(0, "--tune", min=0, help="Seconds the bundled engine (--engine custom) may tune its kernels on each host before its release starts; skipped where the host's GPU, driver and Triton already have a table (0: no tune step)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each host's release and operations; change nothing."),
     yes: bool = YesOpt,
@@ -108,7 +110,7 @@ def deploy(
         forks=forks, timeouts=timeouts, tensor_parallel=tensor_parallel,
         replicas=parse_replicas(replicas) if replicas else None, canary=canary, session_affinity=session_affinity,
         router=router, keys_dir=keys_dir, tune_s=tune, replicas_per_gpu=replicas_per_gpu,
-        makes_keys=not dry_run)
+        keep_releases=keep_releases, makes_keys=not dry_run)
     flag_check = check_bundled_flags(inv, request.engine, request.overrides, request.ref)
     check = canary_check(CanaryBench(canary_slo, canary_rate, canary_duration) if canary_slo else None, request)
     with Progress("planning", total=len(inv.hosts)) as progress:

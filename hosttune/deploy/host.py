@@ -24,6 +24,7 @@ from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
 from hosttune.deploy.model import ModelShape
 from hosttune.deploy.placement import Layout, Placement
 from hosttune.deploy.preconditions import check_job, refuse, serve_needs
+from hosttune.deploy.prune import DEFAULT_KEEP, prune, prune_ops
 from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, release_name, wheel_path
 from hosttune.deploy.restore import Back, bring_back, load_release
 from hosttune.deploy.settings import ServeSettings
@@ -83,6 +84,7 @@ class HostJob:
     packages: PackageFlavour | None = None  # the host's package manager, for what the plan installs
     guard: Guard = Guard()  # replicas, key and front, as the release records them
     tune_s: float = 0.0  # `hosttune-engine tune` on the host before the release starts, this long (0: none)
+    keep_releases: int = DEFAULT_KEEP  # release folders left on the host once the new one serves (prune.py)
 
 
 def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
@@ -136,8 +138,9 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
         return HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id)
     gate = run_gate(transport, SERVE_UNIT, job.settings, job.preset.serve.health, key_file=release.key_file)
     if gate.ok:
-        return _fronted(transport, job, state, HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate,
+        done = _fronted(transport, job, state, HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate,
                                                           removals=removals), front, on_op)
+        return _pruned(transport, job, state, done, on_op)
     return _restore(transport, job, state, gate)
 
 
@@ -148,13 +151,14 @@ def _plan_lines(job: HostJob, state: HostState, install: list[Op], keys: list[Op
     release = job.release
     check = check_line(job, release.dir)
     lines = [describe(op) for op in install] + ([check] if check else [])
+    prune = [describe(op) for op in prune_ops(state, release, job.keep_releases)]
     if release.replicas:
-        return tuple(lines + [describe(op) for op in keys] + rolling.plan_lines(release, state, job.settings))
+        return tuple(lines + [describe(op) for op in keys] + rolling.plan_lines(release, state, job.settings) + prune)
     lines += [describe(op) for op in activate]
     if SERVE_UNIT in release.units:
         fallback = "the release live before comes back" if state.current else "the service is stopped and disabled"
         lines.append(gate_line(SERVE_UNIT, job.settings, fallback))
-    return tuple(lines + [describe(op) for op in front])
+    return tuple(lines + [describe(op) for op in front] + prune)
 
 
 def _tune_ops(job: HostJob) -> list[Op]:
@@ -184,7 +188,8 @@ def _roll(transport: Transport, job: HostJob, state: HostState, on_op) -> HostDe
         gate, failed = rolling.roll(transport, release, job.settings, job.preset.serve.health, on_op=on_op)
         if failed is None:
             run_ops(transport, rolling.retire_ops(release, state), on_op)
-            return HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate)
+            return _pruned(transport, job, state, HostDeploy(job.host, Outcome.DEPLOYED, release.id, release.id, gate),
+                           on_op)
     except (DeployError, OperationFailed) as exc:
         gate, failed = GateResult(False, "roll", str(exc)), None
     return _restore(transport, job, state, gate, failed)
@@ -200,6 +205,13 @@ def _fronted(transport: Transport, job: HostJob, before: HostState, outcome: Hos
             return replace(outcome, state=Outcome.FAILED, error=f"nginx: {exc}")
         return _restore(transport, job, before, GateResult(False, "nginx", str(exc)))
     return outcome
+
+
+def _pruned(transport: Transport, job: HostJob, before: HostState, outcome: HostDeploy,
+            on_op: Callable[[Op], None] | None = None) -> HostDeploy:
+    """The new release serves: release folders past the ones kept go (one that cannot is said; the deploy stands)."""
+    why = prune(transport, before, job.release, job.keep_releases, on_op) if outcome.state is Outcome.DEPLOYED else ""
+    return replace(outcome, error=why) if why else outcome
 
 
 def _front(job: HostJob, state: HostState) -> list[Op]:

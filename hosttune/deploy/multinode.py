@@ -25,6 +25,7 @@ from hosttune.deploy.plan import Role
 from hosttune.deploy.model import ModelShape, read_model
 from hosttune.deploy.placement import PER_GPU, Layout, divisors_of_heads, place, quant_problem
 from hosttune.deploy.preconditions import NOT_NGINX, check_job, serve_needs
+from hosttune.deploy.prune import prune, prune_ops
 from hosttune.deploy.release import release_name, wheel_path
 from hosttune.deploy.restore import load_release
 from hosttune.deploy.state import HostState, read_cordon, read_state
@@ -180,8 +181,8 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
     except HosttuneError as exc:
         return [HostDeploy(h, Outcome.FAILED, error=f"nothing changed on group {hosts[0].group}: {exc}") for h in hosts]
     if request.dry_run:
-        return [HostDeploy(j.host, Outcome.PLANNED, j.release.id, ops=_plan_lines(phases, j, j is jobs[0]),
-                           checks=checks[j.host.name]) for j in jobs]
+        return [HostDeploy(j.host, Outcome.PLANNED, j.release.id, ops=_plan_lines(phases, j, j is jobs[0])
+                           + _prune_lines(j, states[j.host.name]), checks=checks[j.host.name]) for j in jobs]
     head = jobs[0]
     gate = None
     for index, phase in enumerate(phases):
@@ -199,7 +200,9 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
             if index == 0:  # only installs ran: nothing live changed
                 return [HostDeploy(j.host, Outcome.FAILED, j.release.id, release_name(states[j.host.name].current), error=str(exc)) for j in jobs]
             return _restore_group(jobs, states, transports, gate or GateResult(False, phase.description, str(exc)))
-    return [HostDeploy(j.host, Outcome.DEPLOYED, j.release.id, j.release.id, gate if j is head else None) for j in jobs]
+    pruned = together.map(lambda j: prune(transports[j.host.name], states[j.host.name], j.release, j.keep_releases), jobs)
+    return [HostDeploy(j.host, Outcome.DEPLOYED, j.release.id, j.release.id, gate if j is head else None, why or None)
+            for j, why in zip(jobs, pruned)]
 
 
 def _refuse_cordoned(hosts: list[Host], transports) -> None:
@@ -233,6 +236,11 @@ def _plan_lines(phases: list[Phase], job: HostJob, is_head: bool) -> tuple[str, 
         gate = gate_line(SERVE_UNIT, job.settings, FALLBACK) if is_head and phase.wait == "gate" else None
         lines += [f"[{phase.description}] {line}" for line in (check, gate) if line]
     return tuple(lines)
+
+
+def _prune_lines(job: HostJob, state: HostState) -> tuple[str, ...]:
+    """The old release folders this host removes once the group serves."""
+    return tuple(f"[remove old releases] {describe(op)}" for op in prune_ops(state, job.release, job.keep_releases))
 
 
 def _facts_or_loss(transport, host):

@@ -13,6 +13,8 @@ def render(outcomes: list[HostDeploy]) -> str:
     lines = []
     for o in outcomes:
         detail = o.gate.summary() if o.gate and o.gate.ok else (o.error or "")
+        if o.state is Outcome.DEPLOYED and o.error and detail != o.error:  # deployed, with what did not go as planned
+            detail = f"{detail}; {o.error}"
         lines.append(f"{o.host.name:<{width}}  {o.state:<11} {o.release or '-':<20} {detail}".rstrip())
         if o.state in (Outcome.PLANNED, Outcome.DEPLOYED, Outcome.UNCHANGED):  # a failed host kept, or got back, what it had
             lines += [f"{'':<{width}}  ! {what}" for what in o.removals]

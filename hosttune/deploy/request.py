@@ -8,6 +8,7 @@ from pathlib import Path
 from hosttune.config.inventory import Host
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.placement import PER_GPU
+from hosttune.deploy.prune import DEFAULT_KEEP
 from hosttune.deploy.settings import Overrides, Timeouts
 from hosttune.deploy.shape import Shape, declared
 from hosttune.fleet_runner import DEFAULT_FORKS
@@ -38,6 +39,7 @@ class DeployRequest:
     keys_dir: Path = Path("hosttune-keys")  # where deploy.api_key: true keeps each group's generated key
     tune_s: float = 0.0  # the bundled engine tunes its kernels on each host first, this long (0: no tune step)
     replicas_per_gpu: int | None = None  # replicas sharing each GPU (group) (default: declared, else live, else 1)
+    keep_releases: int = DEFAULT_KEEP  # release folders each host keeps once a new one serves
     makes_keys: bool = True  # False for --dry-run: a group's generated API key not made yet is not made
     kept: tuple[str, ...] = ()  # the shape's replicas and tensor_parallel as the live release has them (no option
     #                             or inventory key said otherwise)

@@ -93,7 +93,7 @@ def make_job(host: Host, facts: Facts, request: DeployRequest, role: Role = Role
         if role.kind == "single" else make_release(preset, settings, placement, entry, role, access, shape)
     _check_listeners(host, layout, settings, access, release)
     return HostJob(host, preset, settings, placement, entry, release, python, layout, access, read,
-                   select(facts).packages, guard=guard, tune_s=request.tune_s)
+                   select(facts).packages, guard=guard, tune_s=request.tune_s, keep_releases=request.keep_releases)
 
 
 def _check_context(host: Host, preset, settings: ServeSettings, request: DeployRequest, model: ModelShape | None) -> None:

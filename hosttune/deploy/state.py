@@ -28,6 +28,7 @@ class HostState:
     nginx: str | None = None  # the nginx binary, when the host has one
     cordon: str | None = None  # why the host is cordoned (hosttune remediate); None: it is not
     nginx_ports: frozenset[int] = frozenset()  # where this deployment's nginx (hosttune-local.conf) listens now
+    releases: dict[str, int] = field(default_factory=dict, hash=False)  # every release folder → when it was written
 
     @property
     def cordoned(self) -> str | None:
@@ -60,6 +61,7 @@ def parse_state(text: str) -> HostState:
     installed: dict[str, str] = {}
     instances: dict[str, str] = {}
     nginx_ports: set[int] = set()
+    releases: dict[str, int] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key in ("wheel", "installed"):
@@ -73,11 +75,14 @@ def parse_state(text: str) -> HostState:
             instances[name] = active
         elif key == "nginx-listen" and value.isdigit():
             nginx_ports.add(int(value))
+        elif key == "release":
+            written, _, path = value.partition(" ")
+            releases[path] = int(written) if written.isdigit() else 0
         else:
             values[key] = value
     return HostState(values.get("current") or None, values.get("previous") or None, bool(values.get("complete")),
                      wheels, units, installed, instances, values.get("nginx") or None, values.get("cordon"),
-                     frozenset(nginx_ports))
+                     frozenset(nginx_ports), releases)
 
 
 def read_state(transport: Transport, release_id: str, wheel_paths: list[str]) -> HostState:

@@ -12,6 +12,13 @@ for d in "$root"/releases/*/; do
     d=${d%/}
     [ -f "$d/.hosttune/release.json" ] && [ -f "$d/.hosttune/wheelset" ] && printf 'installed:%s %s\n' "$(cat -- "$d/.hosttune/wheelset")" "$d"
 done
+# Every release folder, complete or not, with when it was written (its release.json, else the folder): the oldest
+# beyond what deploy keeps are removed once a new release serves.
+for d in "$root"/releases/*/; do
+    [ -d "$d" ] || continue
+    d=${d%/}
+    printf 'release:%s %s\n' "$(stat -c %Y -- "$d/.hosttune/release.json" 2>/dev/null || stat -c %Y -- "$d")" "$d"
+done
 for p in "$@"; do
     [ -f "$p" ] && printf 'wheel:%s %s\n' "$(sha256sum < "$p" | cut -d' ' -f1)" "$p"
 done

@@ -375,6 +375,22 @@ def test_multinode_starts_ray_head_then_workers_then_the_server(tmp_path, monkey
     assert multinode.parse_ray_nodes("Active:\n 1 node_ab12\n 1 node_cd34\nPending:\n 1 node_ef56\n") == 2
 
 
+def test_a_multinode_group_removes_each_hosts_releases_past_those_kept_once_it_serves(tmp_path, monkeypatch):
+    log: list = []
+    hosts, transports = ray_group(tmp_path, monkeypatch, log)
+    root = "/opt/hosttune/releases"
+    for t in transports.values():
+        t.state = f"current:{root}/vllm-0\n" + "".join(f"release:{1000 + i} {root}/vllm-{i}\n" for i in range(4))
+    request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3", keep_releases=3)
+    planned = multinode.deploy_group(hosts, replace(request, dry_run=True), rollout.make_job)
+    assert {o.ops[-1] for o in planned} == {f"[remove old releases] $ rm -rf -- {root}/vllm-1 {root}/vllm-2"}
+    outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
+    assert [o.state for o in outcomes] == ["deployed"] * 3
+    removed = [h for h, a in log if a == ("rm", "-rf", "--", f"{root}/vllm-1", f"{root}/vllm-2")]
+    gate_at = max(i for i, (h, a) in enumerate(log) if a[:2] == ("python3", "-c"))
+    assert sorted(removed) == ["node-0", "node-1", "node-2"] and log.index(("node-0", ("rm", "-rf", "--", f"{root}/vllm-1", f"{root}/vllm-2"))) > gate_at
+
+
 def test_a_multinode_group_stops_before_anything_is_sent_when_one_host_cannot_meet_its_preconditions(tmp_path, monkeypatch):
     log: list = []
     hosts, transports = ray_group(tmp_path, monkeypatch, log)

@@ -754,3 +754,29 @@ def test_rolling_back_to_a_release_whose_release_json_is_not_hosttunes_is_one_li
     with pytest.raises(DeployError, match=rf"^gpu-a: release {previous.id}'s {previous.dir}/.hosttune/release.json is "
                                           r"not a release.json hosttune wrote \(\w+: .*\)$"):
         rollback_one(t, host, ServeSettings("", "", 1, {}, {}), dry_run=True)
+
+
+@pytest.mark.parametrize("engine, deploy, gpus", [("vllm", "port: 8000\n", "0"), ("custom", "port: 8000\n", "0-1")])
+def test_a_deploy_removes_the_releases_past_those_kept_once_the_new_one_serves(tmp_path, engine, deploy, gpus):
+    """Every deploy left one more virtualenv under /opt/hosttune/releases. Once the new release serves, all but the
+    --keep-releases newest go, as the plan says: never the new one, nor the one --rollback goes back to (live before,
+    however old); a deploy that failed its gate removes nothing."""
+    from hosttune.deploy.state import parse_state
+
+    job = replace(_job(tmp_path, engine, deploy, gpus=gpus), keep_releases=3)
+    root = "/opt/hosttune/releases"
+    state = (f"current:{root}/{engine}-0\nprevious:{root}/{engine}-1\nnginx:/usr/sbin/nginx\n"
+             + "".join(f"release:{1000 + i} {root}/{engine}-{i}\n" for i in range(6)))  # -0 the oldest
+    assert parse_state(state).releases[f"{root}/{engine}-5"] == 1005
+    rm = ("rm", "-rf", "--", *(f"{root}/{engine}-{i}" for i in (1, 2, 3, 4)))  # kept: the new one, -0 and -5
+    planned = deploy_one(ScriptedTransport("gpu-a", [], state=state), job, dry_run=True)
+    assert planned.ops[-1] == f"$ {' '.join(rm)}", planned.ops
+    log: list = []
+    outcome = deploy_one(ScriptedTransport("gpu-a", log, state=state), job)
+    assert outcome.state == "deployed", outcome.error
+    argvs = [a for _, a in log]
+    gates = [i for i, a in enumerate(argvs) if a[:2] == ("python3", "-c") and "UNKNOWN" not in a[2]]
+    assert argvs[-1] == rm and gates[-1] < len(argvs) - 1
+    log.clear()
+    failed = deploy_one(ScriptedTransport("gpu-a", log, state=state, gate_ok=False), job)
+    assert failed.state == "failed" and rm not in [a for _, a in log]

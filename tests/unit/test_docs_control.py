@@ -135,6 +135,7 @@ STATED_DEFAULTS = [
     ("docs/deploy.md", "`--health-timeout` ({} s)", "deploy", "health_timeout_s"),
     ("docs/deploy.md", "`--warmup` ({})", "deploy", "warmup"),
     ("docs/deploy.md", "`--gate-timeout` ({} s)", "deploy", "gate_timeout_s"),
+    ("docs/deploy.md", "`--keep-releases` ({})", "deploy", "keep_releases"),
 ]
 
 

@@ -1,0 +1,58 @@
+"""Old releases taken off a host. Every deploy of new settings installs one more folder under
+/opt/hosttune/releases; once a deploy has switched and its release serves, all but the newest
+`keep` go (a whole virtualenv each, gigabytes with torch). The live release and the one
+--rollback goes back to (the one live before it) are always among those kept.
+
+Operations as data, like plan.py: decided from the state read before the deploy, run after its gate.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from hosttune.actions.base import Command, Op
+from hosttune.deploy.errors import DeployError
+from hosttune.deploy.release import RELEASES, Release, release_name
+from hosttune.deploy.state import HostState
+from hosttune.execute.perform import OperationFailed, run_ops
+from hosttune.transport.base import Transport
+
+DEFAULT_KEEP = 5  # the live release, the one --rollback goes back to, and the three newest before them
+MIN_KEEP = 2
+
+
+def rollback_target(state: HostState, release: Release) -> str | None:
+    """The release --rollback goes back to once `release` is live: the one live before it (or, when the deploy
+    restarts the live release itself, the one `previous` names now)."""
+    live = release_name(state.current)
+    return live if live and live != release.id else release_name(state.previous)
+
+
+def pruned(state: HostState, release: Release, keep: int) -> list[str]:
+    """The release folders a deploy of `release` removes once it serves: all but the `keep` newest (by when their
+    release.json was written), never the live one nor the one --rollback goes back to."""
+    pinned = {release.id, rollback_target(state, release)} - {None}
+    others = [d for d in state.releases if release_name(d) not in pinned and _is_release_folder(d)]
+    others.sort(key=lambda d: (state.releases[d], d), reverse=True)  # newest first
+    return sorted(others[max(keep - len(pinned), 0):])
+
+
+def prune_ops(state: HostState, release: Release, keep: int) -> list[Op]:
+    folders = pruned(state, release, keep)
+    return [Command(("rm", "-rf", "--", *folders), timeout=600.0)] if folders else []
+
+
+def prune(transport: Transport, before: HostState, release: Release, keep: int,
+          on_op: Callable[[Op], None] | None = None) -> str:
+    """Remove the folders past those kept, `release` serving; what went wrong, in words for the recap, or ""."""
+    try:
+        run_ops(transport, prune_ops(before, release, keep), on_op)
+    except (DeployError, OperationFailed) as exc:  # the deploy stands: the folders stay, and the recap says so
+        return f"old releases not removed: {exc}"
+    return ""
+
+
+def _is_release_folder(path: str) -> bool:
+    """A folder right under /opt/hosttune/releases, as the state read lists them: nothing else is ever removed."""
+    name = path.removeprefix(RELEASES + "/")
+    return path.startswith(RELEASES + "/") and name not in ("", ".", "..") and "/" not in name
