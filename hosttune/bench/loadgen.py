@@ -104,6 +104,9 @@ class Load:
 
 @dataclass(frozen=True)
 class Progress:
+    """The run so far. The counts of done requests are of its phase: the warm-up's during it, then the measured
+    ones (the table's), not the warm-up's that end after it; sent and in flight are of every request."""
+
     elapsed: float
     num_sent: int
     num_done: int
@@ -385,11 +388,12 @@ class LoadGenerator:
             self.on_progress(self.progress())
 
     def progress(self) -> Progress:
-        done = self.records
-        num_ok = sum(r.outcome == OK for r in done)
         now = self._now()
+        is_warmup = now < self.load.warmup
+        done = [r for r in self.records if r.is_warmup == is_warmup]
+        num_ok = sum(r.outcome == OK for r in done)
         return Progress(now, self.num_sent, len(done), num_ok, len(done) - num_ok,
-                        self.num_sent - len(done), now < self.load.warmup)
+                        self.num_sent - len(self.records), is_warmup)
 
 
 def arrival_times(rate: float, shape: float, rng: random.Random) -> Iterator[float]:

@@ -164,7 +164,7 @@ def _run_one(spec: BenchSpec, url: str):
     # competes with the client for the interpreter while it timestamps tokens.
     with Progress(url, total=total, unit=unit, auto_refresh=False) as bar:
         def show(progress: LoadProgress) -> None:
-            position = progress.elapsed if unit == "s" else progress.num_done
+            position = progress.elapsed if unit == "s" else _position(spec.load, progress)
             bar.update(min(position, total) if total else position, status=console.progress_status(progress))
 
         run = run_async(measure(spec, url, show if bar.is_shown else None))
@@ -172,13 +172,20 @@ def _run_one(spec: BenchSpec, url: str):
 
 
 def _planned(load: Load) -> tuple[float | None, str]:
-    """The bar's length: seconds for a timed run, requests for a trace, unknown for --requests
-    (warm-up requests come first and are not counted in it)."""
+    """The bar's length: seconds for a timed run, a trace's arrivals, or --requests's measured requests (the
+    warm-up's come first, and are not counted in it)."""
     if load.duration:
         return load.warmup + load.duration, "s"
     if load.arrivals is not None:
         return len(load.arrivals), "requests"
-    return None, "requests"
+    return load.num_requests, "requests"
+
+
+def _position(load: Load, progress: LoadProgress) -> int:
+    """Where a bar of requests is: a trace's arrivals sent, or the measured requests done (none in the warm-up)."""
+    if load.arrivals is not None:
+        return progress.num_sent
+    return 0 if progress.is_warmup else progress.num_done
 
 
 def _sweep_one(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig):

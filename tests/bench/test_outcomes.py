@@ -284,3 +284,20 @@ def test_a_stream_still_going_at_its_timeout_keeps_its_tokens_and_is_not_said_un
                      result.stderr.splitlines()[-1]), result.stderr
     streamed = next(line for line in result.stdout.splitlines() if line.startswith("output tokens/s streamed"))
     assert float(streamed.split()[-1]) > 0, result.stdout
+
+
+def test_progress_while_measuring_counts_the_measured_requests_not_the_warm_ups(server_factory):
+    """The bar said 'measuring: 22 done' of a run of 16 measured requests: the warm-up's were counted as measured,
+    and --requests N showed a count past N that the table then did not."""
+    from hosttune.cli.bench_run import _planned
+
+    url = server_factory("--ttft", "0.1", "--itl", "0.01")
+    seen = []
+    load = Load(users=2, num_requests=16, warmup=0.7)
+    run = run_async(measure(BenchSpec(load=load, prompt_lengths="8", output_lengths="4", timeout=10), url,
+                            seen.append))
+    measuring = [p for p in seen if not p.is_warmup]
+    assert measuring and all(p.num_done <= 16 and p.num_ok + p.num_errors == p.num_done for p in measuring), seen
+    assert [p.num_done for p in seen if p.is_warmup][-1] > 0  # the warm-up shows its own
+    assert summarize(run).num_requests == 16
+    assert _planned(load) == (16, "requests")  # the bar's length: the measured requests
