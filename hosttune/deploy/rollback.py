@@ -102,6 +102,9 @@ def _in_the_way(transport: Transport, previous: Release, state: HostState) -> tu
 
 def _plan(previous: Release, now: str | None, settings: ServeSettings) -> tuple[str, ...]:
     """What a rollback does, for --dry-run: the switch, then the gate and what a failed one brings back."""
+    if not previous.replicas and SERVE_UNIT not in previous.units:  # the run gates nothing on a Ray worker
+        return (f"make {previous.id} live again in place of {now or 'nothing'} (the Ray worker: no gate here, the "
+                f"head's server is the group's)",)
     what = f"{len(previous.replicas)} replicas, one at a time" if previous.replicas else "the service"
     fallback = f"{now} comes back" if now else "nothing was live before to come back"
     unit = "each replica" if previous.replicas else SERVE_UNIT

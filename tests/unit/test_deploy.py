@@ -870,3 +870,23 @@ def test_deploy_probes_each_host_within_the_inventorys_probe_timeout(tmp_path, m
     fake_entry(tmp_path / "wh")
     rollout.deploy_fleet(slow, rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3", dry_run=True))
     assert seen == {h.name: 240.0 for h in slow.hosts}
+
+
+def test_rolling_back_a_ray_worker_plans_no_gate_the_run_never_runs(tmp_path):
+    """A Ray worker's release has no server: its rollback restarts Ray and gates nothing (the head's server is the
+    group's), and its plan says so, where it promised a gate of hosttune-serve.service on the worker."""
+    from hosttune.deploy.rollback import rollback_one
+    from hosttune.deploy.settings import ServeSettings
+
+    worker, _ = release_for(tmp_path, role=Role("worker", 2, "10.0.1.11", "10.0.1.10"))
+    assert set(worker.units) == {RAY_UNIT}
+    log: list = []
+    t = ScriptedTransport("node-1", log, state=f"current:/opt/hosttune/releases/vllm-now\nprevious:{worker.dir}\n")
+    t.files[f"{worker.dir}/.hosttune/release.json"] = worker.manifest()
+    t.files.update({f"{worker.dir}/.hosttune/{name}": body for name, body in worker.units.items()})
+    host = next(h for h in inventory(tmp_path).hosts if h.name == "node-1")
+    planned = rollback_one(t, host, ServeSettings("", "", 1, {}, {}), dry_run=True)
+    assert planned.ops == (f"make {worker.id} live again in place of vllm-now (the Ray worker: no gate here, the "
+                           "head's server is the group's)",)
+    outcome = rollback_one(t, host, ServeSettings("", "", 1, {}, {}))
+    assert outcome.state == "rolled-back" and not any(a[:2] == ("python3", "-c") for _, a in log)
