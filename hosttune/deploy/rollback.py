@@ -44,11 +44,13 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_
     previous = load_release(transport, state.previous)
     settings = settings_of(previous, timeouts)
     front = [] if previous.replicas or SERVE_UNIT not in previous.units else _front(host, previous, state, settings.port)
-    stop, why = _in_the_way(transport, previous, state) if previous.replicas else ([], "")
+    live, unreadable = _live(transport, state)
+    stop, why = _in_the_way(previous, state, live, unreadable) if previous.replicas else ([], "")
     if dry_run:
         return HostDeploy(host, Outcome.PLANNED, previous.id, release_name(state.current),
                           ops=(*([why] if why else []), *map(describe, stop),
-                               *_plan(previous, release_name(state.current), settings), *map(describe, front)))
+                               *_plan(previous, release_name(state.current), settings, bool(unreadable)),
+                               *map(describe, front)))
     health = load_preset(previous.engine).serve.health
     if previous.replicas:
         run_ops(transport, dplan.verify_ops(previous) + stop + rolling.switch_ops(previous, state))
@@ -85,28 +87,38 @@ def _front(host: Host, previous: Release, state: HostState, port: int) -> list[O
     return stale_front_ops(state)
 
 
-def _in_the_way(transport: Transport, previous: Release, state: HostState) -> tuple[list[Op], str]:
+def _live(transport: Transport, state: HostState) -> tuple[Release | None, str]:
+    """The live release as the host keeps it, or why it cannot be read ("": nothing is live)."""
+    if not state.current:
+        return None, ""
+    try:
+        return load_release(transport, state.current), ""
+    except DeployError as exc:
+        return None, str(exc)
+
+
+def _in_the_way(previous: Release, state: HostState, live: Release | None, unreadable: str) -> tuple[list[Op], str]:
     """The live replicas on ports the previous release takes before its roll restarts them (a deploy that moved the
     ports down): stopped first. A live release that cannot be read leaves which ones unknown: every live replica is
     stopped first, and the second value, the plan's line, says why."""
     if not (state.current and state.instances):
         return [], ""
-    try:
-        live = load_release(transport, state.current)
-    except DeployError as exc:
+    if live is None:
         return ([Command(("systemctl", "stop", *sorted(state.instances)), timeout=900.0)],
                 f"stop every replica of the live release before the switch (which of them hold the ports "
-                f"{previous.id} takes is unknown): {exc}")
+                f"{previous.id} takes is unknown): {unreadable}")
     return out_of_the_way(previous, live, None), ""
 
 
-def _plan(previous: Release, now: str | None, settings: ServeSettings) -> tuple[str, ...]:
-    """What a rollback does, for --dry-run: the switch, then the gate and what a failed one brings back."""
+def _plan(previous: Release, now: str | None, settings: ServeSettings, unreadable: bool) -> tuple[str, ...]:
+    """What a rollback does, for --dry-run: the switch, then the gate and what a failed one brings back (nothing where
+    the live release cannot be read)."""
     if not previous.replicas and SERVE_UNIT not in previous.units:  # the run gates nothing on a Ray worker
         return (f"make {previous.id} live again in place of {now or 'nothing'} (the Ray worker: no gate here, the "
                 f"head's server is the group's)",)
     what = f"{len(previous.replicas)} replicas, one at a time" if previous.replicas else "the service"
-    fallback = f"{now} comes back" if now else "nothing was live before to come back"
+    fallback = "nothing was live before to come back" if not now else \
+        f"{now} cannot come back, its release.json unreadable" if unreadable else f"{now} comes back"
     unit = "each replica" if previous.replicas else SERVE_UNIT
     gated = settings if previous.replicas else replace(settings, warmup=0)  # as the run gates each
     return (f"make {previous.id} live again in place of {now or 'nothing'} ({what})", gate_line(unit, gated, fallback))

@@ -551,12 +551,16 @@ def test_a_rollback_dry_run_says_how_the_release_is_gated_and_what_a_failed_gate
     live = _job(tmp_path / "c", "vllm", "port: 8000\nvllm: {max-num-seqs: 8}\n").release
     (host, _) = _hosts(tmp_path, "port: 8000\n")
     t = ScriptedTransport("gpu-a", [], state=f"current:{live.dir}\nprevious:{older.dir}\n")
-    t.files[f"{older.dir}/.hosttune/release.json"] = older.manifest()
-    t.files.update({f"{older.dir}/.hosttune/{name}": body for name, body in older.units.items()})
+    for release in (older, live):
+        t.files[f"{release.dir}/.hosttune/release.json"] = release.manifest()
+        t.files.update({f"{release.dir}/.hosttune/{name}": body for name, body in release.units.items()})
     outcome = rollback_one(t, host, ServeSettings("", "", 1, {}, {}, health_timeout_s=240), dry_run=True)
     assert outcome.ops == (f"make {older.id} live again in place of {live.id} (the service)",
                            "gate hosttune-serve.service: /health within 240 s, 0 warmup requests, a one-token generation "
                            f"within 60 s; on failure {live.id} comes back")
+    del t.files[f"{live.dir}/.hosttune/release.json"]  # what a failed gate would bring back cannot be read
+    unreadable = rollback_one(t, host, ServeSettings("", "", 1, {}, {}, health_timeout_s=240), dry_run=True)
+    assert unreadable.ops[-1].endswith(f"; on failure {live.id} cannot come back, its release.json unreadable")
 
 
 def test_the_canary_bench_calls_a_host_as_its_callers_do_with_the_key_through_its_front(tmp_path):

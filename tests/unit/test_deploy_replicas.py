@@ -512,6 +512,8 @@ def test_rolling_back_replicas_over_a_live_release_that_cannot_be_read_stops_its
         "unknown): gpu-a: release custom-gone has no readable release.json (cat: "
         "/opt/hosttune/releases/custom-gone/.hosttune/release.json: No such file or directory)",
         "$ systemctl stop hosttune-engine@0.service hosttune-engine@1.service")
+    assert planned.ops[-1].endswith("; on failure custom-gone cannot come back, its release.json unreadable")  # not
+    #                                 "custom-gone comes back", which the run cannot do
     log.clear()
     outcome = rollback_one(t, inventory(tmp_path).hosts[0], ServeSettings("", "", 1, {}, {}))
     assert outcome.state == "rolled-back", outcome.error
