@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from hosttune.probes.facts import Facts
 from hosttune.checks.findings import Finding, Severity, Status, Verdict, show
@@ -57,6 +57,17 @@ def gpu_unavailable(facts: Facts) -> Verdict | None:
     if facts.gpu.pci_devices and not facts.image:
         return Verdict(Status.ERROR, "-", detail=f"NVIDIA GPUs on the PCI bus but NVML and nvidia-smi failed: {facts.gpu.error}")
     return none_found(facts, "GPU state", "no NVIDIA GPU on this host")
+
+
+def unread(gpus: Iterable[object], *fields: str) -> list[str]:
+    """'GPU0', ... of the GPUs of which none of `fields` was read (N/A, or not in the output of this driver's tools)."""
+    return [f"GPU{g.index}" for g in gpus if all(getattr(g, f) is None for f in fields)]  # type: ignore[attr-defined]
+
+
+def not_read(desired: str, active: str | None, what: str, gpus: list[str]) -> Verdict:
+    """error: nothing wrong was read, and part of what the check judges was not read at all."""
+    return Verdict(Status.ERROR, desired, None, active, f"no {what} read for {', '.join(gpus)} (NVML and nvidia-smi "
+                   "gave none)")
 
 
 def is_systemd(facts: Facts) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune.checks.base import Check, gpu_unavailable, is_systemd, na
+from hosttune.checks.base import Check, gpu_unavailable, is_systemd, na, not_read, unread
 from hosttune.probes.facts import Facts, GpuInfo
 from hosttune.checks.findings import Severity, Status, Verdict, show
 from hosttune.config.profile import Profile
@@ -27,6 +27,8 @@ def pstate(facts: Facts, profile: Profile) -> Verdict:
     want = profile.gpu.pstate
     problems, notes = [], []
     for g in facts.gpu.gpus:
+        if g.pstate is None:
+            continue  # not read: said below unless something else already fails
         slow = [r for r in g.clock_event_reasons if r in SLOWDOWNS]
         if slow:
             problems.append(f"GPU{g.index} clocks held back by {', '.join(slow)}")
@@ -42,6 +44,8 @@ def pstate(facts: Facts, profile: Profile) -> Verdict:
                 notes.append(f"GPU{g.index} at its full power limit {g.power_limit_w} W under load (expected for dense math)")
     status = Status.DRIFT if problems else Status.OK
     active = show(_per_gpu(facts, lambda g: f"{g.pstate} {g.utilization_pct if g.utilization_pct is not None else '?'}% {g.sm_clock_mhz}/{g.sm_clock_max_mhz} MHz"))
+    if not problems and (blind := unread(facts.gpu.gpus, "pstate")):
+        return not_read(f"{want} under load, no slowdown", active, "P-state", blind)
     return Verdict(status, f"{want} under load, no slowdown", None, active, "; ".join(problems or notes))
 
 
@@ -50,7 +54,7 @@ def persistence(facts: Facts, profile: Profile) -> Verdict:
         return na("persistence mode not managed by the profile")
     if missing := gpu_unavailable(facts):
         return missing
-    off = [g.index for g in facts.gpu.gpus if g.persistence is not True]
+    off = [g.index for g in facts.gpu.gpus if g.persistence is False]
     daemon = facts.services.get("nvidia-persistenced")
     configured = daemon.enabled if daemon and is_systemd(facts) else None
     active = show(_per_gpu(facts, lambda g: show(g.persistence)))
@@ -59,8 +63,10 @@ def persistence(facts: Facts, profile: Profile) -> Verdict:
         problems.append(f"persistence off on GPU {', '.join(map(str, off))}: every process start re-initialises the GPU")
     if configured is not None and configured != "enabled":
         problems.append(f"nvidia-persistenced is {configured}: persistence will not survive a reboot")
-    elif daemon and daemon.running is False and not off:
+    elif daemon and daemon.running is False and all(g.persistence for g in facts.gpu.gpus):
         problems.append("persistence is on but nvidia-persistenced is not running (set by nvidia-smi -pm, which is deprecated)")
+    if not problems and (blind := unread(facts.gpu.gpus, "persistence")):
+        return not_read("on, owned by nvidia-persistenced", active, "persistence mode", blind)
     status = Status.DRIFT if problems else Status.OK
     return Verdict(status, "on, owned by nvidia-persistenced", configured, active, "; ".join(problems))
 
@@ -81,6 +87,8 @@ def pcie_link(facts: Facts, profile: Profile) -> Verdict:
         return missing
     problems = [p for g in facts.gpu.gpus for p in _link_problems(g)]
     active = show(_per_gpu(facts, lambda g: f"Gen{g.pcie_gen}/{g.pcie_gen_max} x{g.pcie_width}/{g.pcie_width_max}"))
+    if not problems and (blind := unread(facts.gpu.gpus, "pcie_gen", "pcie_gen_max", "pcie_width", "pcie_width_max")):
+        return not_read("maximum generation and width", active, "PCIe link", blind)
     status = Status.DRIFT if problems else Status.OK
     detail = "; ".join(problems) or "an idle GPU may train down its link generation to save power; width must be full"
     return Verdict(status, "maximum generation and width", None, active, detail)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from hosttune import cpulist
-from hosttune.checks.base import Check, gpu_unavailable, has_gpus, none_found
+from hosttune.checks.base import Check, gpu_unavailable, has_gpus, none_found, not_read, unread
 from hosttune.checks.xid_codes import FATAL, meaning
 from hosttune.probes.facts import Facts
 from hosttune.probes.facts_health import GpuHealth
@@ -163,6 +163,9 @@ def clocks_power(facts: Facts, profile: Profile) -> Verdict:
     problems += [f"{model}: VBIOS differ ({', '.join(sorted(v))})" for model, v in by_model.items() if len(v) > 1]
     active = show([f"GPU{g.index} {g.power_limit_w or '?'}/{g.power_default_w or '?'} W, margin {show(g.slowdown_margin_c)} C, VBIOS {g.vbios}" for g in gpus])
     desired = f"default clocks and power limit, >= {profile.health.thermal_margin_c} C thermal margin, one VBIOS"
+    blind = unread(gpus, "power_limit_w", "power_default_w", "app_clock_mhz", "slowdown_margin_c", "temp_c")
+    if not problems and blind:
+        return not_read(desired, active, "power limit, clocks or temperature", blind)
     return Verdict(Status.DRIFT if problems else Status.OK, desired, None, active, "; ".join(problems))
 
 

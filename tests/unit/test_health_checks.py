@@ -274,3 +274,28 @@ def test_a_probe_that_found_no_shm_is_still_a_missing_shm(h200_ok):
     from hosttune.probes.host_health import parse_health_host
 
     assert run("sys.shm", health(h200_ok, **parse_health_host("shm:\n"))).status is Status.DRIFT
+
+
+# nvidia-smi -q -x of another driver generation, as hosttune's parsers read it: a GPU, and none of the fields the
+# checks judge (no P-state, persistence, link, power or clocks elements)
+BARE_XML = """<?xml version="1.0" ?>
+<nvidia_smi_log><driver_version>999.1</driver_version><cuda_version>14.0</cuda_version>
+<gpu id="00000000:00:06.0"><product_name>NVIDIA Z100</product_name>
+<uuid>GPU-4b794de7-279f-721d-5fe5-8f6fcbfb3cf4</uuid><pci><pci_bus_id>00000000:00:06.0</pci_bus_id></pci></gpu>
+</nvidia_smi_log>"""
+
+
+@pytest.mark.parametrize("check_id, what", [
+    ("gpu.pstate", "no P-state read for GPU0"),
+    ("gpu.persistence", "no persistence mode read for GPU0"),
+    ("gpu.pcie_link", "no PCIe link read for GPU0"),
+    ("gpu.clocks_power", "no power limit, clocks or temperature read for GPU0"),
+])
+def test_a_gpu_whose_fields_nvidia_smi_did_not_give_cannot_be_judged_not_ok(h200_ok, check_id, what):
+    from hosttune.probes.gpu import parse_smi_xml
+
+    _, gpus = parse_smi_xml(BARE_XML)
+    bare = health(replace(h200_ok, gpu=replace(h200_ok.gpu, gpus=gpus)), gpus=gpu_health.parse_health_xml(BARE_XML))
+    f = run(check_id, bare)
+    assert f.status is Status.ERROR and what in f.detail, (f.status, f.detail)
+    assert run(check_id, h200_ok).status is not Status.ERROR  # the recorded H200 gave them

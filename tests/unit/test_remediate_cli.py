@@ -35,8 +35,9 @@ from hosttune.remediate import survey
 
 runner = CliRunner()
 _RECORDED = a100_facts()  # recorded without root and without nvidia-smi -q -x: no kernel log, no health fields
+_READ = dict(temp_c=40, slowdown_margin_c=40, power_limit_w=400.0, power_default_w=400.0)  # what -q -x adds
 FACTS = dataclasses.replace(_RECORDED, health=dataclasses.replace(
-    _RECORDED.health, kernel_log=KernelLog("dmesg"), gpus=tuple(GpuHealth(g.index, g.bdf) for g in _RECORDED.gpu.gpus),
+    _RECORDED.health, kernel_log=KernelLog("dmesg"), gpus=tuple(GpuHealth(g.index, g.bdf, **_READ) for g in _RECORDED.gpu.gpus),
     uvm_loaded=True, device_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm", *(f"/dev/nvidia{g.index}" for g in _RECORDED.gpu.gpus))))
 LB = "/opt/hosttune/releases/r1/.hosttune/replica_lb.py"
 REPLICAS = json.dumps({"replicas": [{"index": 0, "port": 8101, "gpus": [0]}]})
