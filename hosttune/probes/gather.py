@@ -92,7 +92,7 @@ def parse_probe_output(output: str) -> Facts:
         if name in sections:
             try:
                 facts = apply(facts, sections[name])
-            except (ValueError, KeyError, ProbeError) as exc:
+            except (ValueError, KeyError, TypeError, IndexError, AttributeError, ProbeError) as exc:
                 errors.append(f"{name}: {exc}")
     facts = _with_gpus(facts, sections, errors)
     facts = health.with_health(facts, sections, errors)
@@ -179,6 +179,9 @@ def _with_gpus(facts: Facts, sections: dict[str, Section], errors: list[str]) ->
             info, gpus = parse(sec.text)
         except ProbeError as exc:
             failures.append(str(exc))
+            continue
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # output this parser does not know
+            failures.append(f"{name}: unreadable ({type(exc).__name__}: {exc})")
             continue
         if name == "smi-xml":
             gpus = _with_compute_caps(gpus, sections.get("smi-csv"))

@@ -81,3 +81,21 @@ def test_whole_probe_output_through_nvml_on_h200(fixture_text):
     assert f.gpu.driver_version == f.gpu.kernel_module_version == "580.159.04"
     assert f.gpu.cuda_driver_version == "13.0"
     assert [i.irq for i in f.pci[0].irqs] == list(range(42, 50)) and f.pci[0].numa_node is None
+
+
+def test_gpu_output_of_another_tool_version_is_a_probe_error_not_a_crash(fixture_text):
+    """nvidia-smi XML whose bus id is not one (another driver's wording), or NVML JSON with a field this hosttune
+    does not know: the source fails like one that could not run, and the next is tried."""
+    from hosttune.probes.sections import split
+
+    recorded = fixture_text("h200", "probe-output.txt")
+    xml = split(recorded)["smi-xml"].text
+    odd_bus = recorded.replace(xml, xml.replace("<pci_bus_id>00000000:00:06.0</pci_bus_id>",
+                                                "<pci_bus_id>GPU 0000:00:06.0</pci_bus_id>"))
+    assert odd_bus != recorded
+    f = parse_probe_output(odd_bus)
+    assert f.gpu.gpus == () and "smi-xml" in f.gpu.error and any(e.startswith("gpu: ") for e in f.probe_errors)
+    newer = recorded.replace("@@ht:nvml\n\n@@ht-end:nvml:3", '@@ht:nvml\n{"driver_version": "999.1", "gpus": [{"index": 0, '
+                             '"name": "NVIDIA Z100", "bdf": "00000000:00:06.0", "fan_speed_pct": 30}]}\n@@ht-end:nvml:0')
+    assert newer != recorded
+    assert parse_probe_output(newer).gpu.source == "nvidia-smi-xml"  # NVML's JSON failed: the XML was read
