@@ -83,7 +83,7 @@ async def tokenize(request: web.Request) -> web.Response:
     prompts = state.usable_prompts()
     if req.messages is not None:
         ids = await prompts.encode_chat(req.messages, req.add_generation_prompt, req.chat_template_kwargs,
-                                        req.add_special_tokens)
+                                        req.add_special_tokens, continue_final=req.continue_final_message)
     else:
         ids = await prompts.encode(req.prompt, req.add_special_tokens)
     return await ids_response({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}, "tokens")

@@ -243,6 +243,17 @@ def test_continue_final_message_continues_the_assistants_message(client, model, 
     assert chat.choices[0].finish_reason == "length" and chat.usage.prompt_tokens == len(prompt)
 
 
+def test_tokenize_counts_a_continued_chat_as_chat_reads_it(server):
+    """/tokenize takes continue_final_message as chat does, where it ignored it and counted the closed message."""
+    messages = MESSAGES + [{"role": "assistant", "content": "The capital is"}]
+    body = {"messages": messages, "add_generation_prompt": False, "continue_final_message": True, "max_tokens": 1}
+    chat = json.loads(post(server.url + "/v1/chat/completions", {**body, "return_token_ids": True})[2])
+    tok = json.loads(post(server.url + "/tokenize", body)[2])
+    assert tok["tokens"] == chat["prompt_token_ids"] and tok["count"] == chat["usage"]["prompt_tokens"]
+    status, _, raw = post(server.url + "/tokenize", {"messages": messages, "continue_final_message": True})
+    assert status == 400 and json.loads(raw)["error"]["param"] == "continue_final_message"
+
+
 def test_bad_request_surfaces_as_openai_error(client, model):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=model, prompt=PROMPT, max_tokens=100_000)

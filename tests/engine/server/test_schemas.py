@@ -174,6 +174,9 @@ def test_tokenize_parsing():
     assert TokenizeRequest.parse({"messages": [{"role": "user", "content": "x"}]}).add_special_tokens is False
     with pytest.raises(ApiError):
         TokenizeRequest.parse({"prompt": "a", "messages": []})
+    chat = {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": False}
+    assert TokenizeRequest.parse({**chat, "continue_final_message": True}).continue_final_message is True
+    assert TokenizeRequest.parse({"prompt": "a", "continue_final_message": True}).continue_final_message is False
 
 
 @pytest.mark.parametrize("top_p", [0, 1.5, -1])

@@ -35,6 +35,15 @@ def read_template_kwargs(kwargs: dict) -> dict:
     return kwargs
 
 
+def continue_final(value: bool, info: ValidationInfo) -> bool:
+    """A validator for continue_final_message: not with add_generation_prompt, which would open a new message
+    after the one to continue (vLLM's rule and words)."""
+    if value and info.data.get("add_generation_prompt", True):
+        raise fault("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                    "continue_final_message")
+    return value
+
+
 def _message_text(content, i: int) -> str:
     if content is None or isinstance(content, str):
         return content or ""
@@ -99,13 +108,7 @@ class _ChatTail(RequestBody):
     def _template_kwargs(cls, kwargs: dict):
         return read_template_kwargs(kwargs)
 
-    @field_validator("continue_final_message")
-    @classmethod
-    def _continue_final(cls, value: bool, info: ValidationInfo) -> bool:
-        if value and info.data.get("add_generation_prompt", True):
-            raise fault("Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-                        "continue_final_message")
-        return value
+    _continue_final = field_validator("continue_final_message")(continue_final)
 
     @field_validator(*CHAT_UNSUPPORTED, mode="plain")
     @classmethod

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator
 
 from hosttune_engine.server.schemas.body import RequestBody, describe, fault, token_ids
-from hosttune_engine.server.schemas.chat import read_messages, read_template_kwargs
+from hosttune_engine.server.schemas.chat import continue_final, read_messages, read_template_kwargs
 
 
 class TokenizeRequest(RequestBody):
@@ -20,6 +20,7 @@ class TokenizeRequest(RequestBody):
     add_special_tokens: bool = Field(None, validate_default=True)  # unset: True for a prompt, False for messages
     add_generation_prompt: bool = True
     chat_template_kwargs: dict = Field(default_factory=dict)  # as chat's, so messages count as chat reads them
+    continue_final_message: bool = False  # as chat's
 
     @classmethod
     def _whole_body(cls, body: dict) -> dict:
@@ -55,6 +56,12 @@ class TokenizeRequest(RequestBody):
     @classmethod
     def _generation_prompt_for_chat(cls, value, info: ValidationInfo):
         return value if info.data.get("is_chat") else True  # a prompt's body is not checked for it
+
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _continue_final(cls, value: bool, info: ValidationInfo) -> bool:
+        return continue_final(value, info) if info.data.get("is_chat") else False
 
 
 class DetokenizeRequest(RequestBody):
