@@ -71,7 +71,7 @@ async def metrics(request: web.Request) -> web.Response:
 async def models(request: web.Request) -> web.Response:
     """GET /v1/models"""
     state = request.app[STATE]
-    return json_response(r.model_list(state.model_name, state.config.engine.model, state.max_model_len,
+    return json_response(r.model_list(state.model_names, state.config.engine.model, state.max_model_len,
                                       state.created))
 
 

@@ -105,7 +105,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         enforce_eager=args.enforce_eager, max_step_ms=args.max_step_ms,
         tensor_parallel_size=args.tensor_parallel_size, quantization=args.quantization, step_log=args.step_log,
         kv_cache_dtype=args.kv_cache_dtype, scheduling_policy="priority")  # equal priorities are first come, first served
-    return ServerConfig(engine=engine, host=args.host, port=args.port, served_model_name=args.served_model_name,
+    return ServerConfig(engine=engine, host=args.host, port=args.port, served_model_names=tuple(args.served_model_name or ()),
                         max_queue=args.max_queue, shutdown_timeout_s=args.shutdown_timeout,
                         retry_after_s=args.retry_after, max_body_bytes=args.max_body_bytes,
                         log_prompts=args.log_prompts, warmup=not args.skip_warmup,

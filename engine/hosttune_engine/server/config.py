@@ -18,7 +18,8 @@ class ServerConfig:
 
     The engine's batch size (`engine.max_num_seqs`) is the `--max-batch-size`;
     `max_queue` more sequences may wait, and past that requests get 429.
-    `served_model_name` defaults to the model path, as in vLLM.
+    `served_model_names` default to the model path, as in vLLM; a request may name any of them, and answers
+    and metrics name the first.
     With `api_keys`, every route but /health, /metrics and /version needs one of them
     (those too with `protect_probes`). A connection gets `header_timeout_s` to send a
     request's headers and may sit idle `idle_timeout_s` between requests; past
@@ -28,7 +29,7 @@ class ServerConfig:
     engine: EngineConfig
     host: str = "127.0.0.1"
     port: int = 8000
-    served_model_name: str | None = None
+    served_model_names: tuple[str, ...] = ()
     max_queue: int = 64
     shutdown_timeout_s: float = 30.0
     retry_after_s: int = 1
@@ -47,7 +48,7 @@ class ServerConfig:
         if not self.host.strip():
             raise ConfigError("host is empty; give an address to listen on (127.0.0.1, or 0.0.0.0 for every "
                               "interface)")
-        if self.served_model_name is not None and not self.served_model_name.strip():
+        if any(not name.strip() for name in self.served_model_names):
             raise ConfigError("served_model_name is empty; give the name clients send as 'model', or leave it out "
                               "to use the model path")
         if self.max_queue < 0:
@@ -72,7 +73,11 @@ class ServerConfig:
 
     @property
     def model_name(self) -> str:
-        return self.served_model_name or self.engine.model
+        return self.model_names[0]
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return self.served_model_names or (self.engine.model,)
 
     @property
     def max_batch_size(self) -> int:

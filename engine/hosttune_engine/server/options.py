@@ -24,7 +24,9 @@ KEY_ENV = "HOSTTUNE_ENGINE_API_KEY"  # one key, or several separated by commas
 def add_serve_arguments(s: argparse.ArgumentParser) -> None:
     """Every option of `hosttune-engine serve`."""
     s.add_argument("--model", required=True, help="Hugging Face model folder (config.json, safetensors, tokenizer)")
-    s.add_argument("--served-model-name", help="the name clients use in 'model' (default: the --model path)")
+    s.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the names clients use in 'model', any of them answered and the first named in answers, as "
+                        "in vLLM (default: the --model path)")
     s.add_argument("--tokenizer", help="tokenizer folder, if not the model folder")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for every interface)")
     s.add_argument("--port", type=int, default=8000, help="port to listen on")

@@ -128,6 +128,7 @@ def chat_delta_choice(index: int, delta: dict, logprobs: dict | None, finish_rea
             "stop_reason": stop_reason}
 
 
-def model_list(name: str, root: str, max_model_len: int | None, created: int) -> dict:
+def model_list(names: tuple[str, ...], root: str, max_model_len: int | None, created: int) -> dict:
     return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "hosttune",
-                                        "root": root, "parent": None, "max_model_len": max_model_len}]}
+                                        "root": root, "parent": None, "max_model_len": max_model_len}
+                                       for name in names]}

@@ -35,7 +35,8 @@ UNAVAILABLE = {Phase.STARTING: ("starting", "The server is loading the model; re
 class ServerState:
     def __init__(self, config: ServerConfig, health: Health | None = None):
         self.config = config
-        self.model_name = config.model_name
+        self.model_name = config.model_name  # the first served name: answers and metrics say it
+        self.model_names = config.model_names  # any of which a request may name
         self.health = health or Health()
         self.admission = Admission(config.max_batch_size, config.max_queue, config.retry_after_s)
         self.metrics = Metrics(self.model_name)
@@ -58,7 +59,7 @@ class ServerState:
 
     # -- gates, in the order a generation request meets them ----------------------------------
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
+        if name is not None and name not in self.model_names:
             raise ApiError(404, f"The model `{name[:100]}` does not exist.", "NotFoundError", "model")
 
     def check_serving(self) -> None:

@@ -470,32 +470,61 @@ def test_fatal_engine_error_fails_requests_and_exits_1(tiny_qwen2):
 
 
 
-def test_models_says_the_context_it_will_serve_while_the_model_loads(tiny_qwen2):
-    """--max-model-len and config.json say it before the weights load, where it was 0 until the engine was up."""
+def _while_loading(model, ask, max_model_len=None, served_model_names=()):
+    """What `ask(url)` returns from an in-process server whose model load waits until it has asked (then fails)."""
     from hosttune_engine.config import EngineConfig
     from hosttune_engine.server.config import ServerConfig
     from hosttune_engine.server.serve import Server
 
-    loading, seen = threading.Event(), []
+    asked = threading.Event()
 
     def factory(cfg):
-        loading.wait(30)
+        asked.wait(30)
         raise RuntimeError("the test's load ends here")
 
-    for max_model_len, expected in ((None, 1024), (512, 512)):
-        server = Server(ServerConfig(EngineConfig(model=str(tiny_qwen2), device="cpu", max_model_len=max_model_len),
-                                     port=0), engine_factory=factory)
-        thread = threading.Thread(target=lambda: asyncio.run(server.run()), daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while server.port is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        status, models = get_json(f"http://127.0.0.1:{server.port}/v1/models")
-        seen.append((status, server.state.health.phase.value, models["data"][0]["max_model_len"]))
-        loading.set()
+    server = Server(ServerConfig(EngineConfig(model=str(model), device="cpu", max_model_len=max_model_len), port=0,
+                                 served_model_names=served_model_names), engine_factory=factory)
+    thread = threading.Thread(target=lambda: asyncio.run(server.run()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while server.port is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        return ask(f"http://127.0.0.1:{server.port}"), server.state.health.phase.value
+    finally:
+        asked.set()
         thread.join(30)
-        loading.clear()
-    assert seen == [(200, "starting", 1024), (200, "starting", 512)]
+
+
+def test_models_says_the_context_it_will_serve_while_the_model_loads(tiny_qwen2):
+    """--max-model-len and config.json say it before the weights load, where it was 0 until the engine was up."""
+    def context(url):
+        status, models = get_json(url + "/v1/models")
+        return status, models["data"][0]["max_model_len"]
+
+    assert _while_loading(tiny_qwen2, context) == ((200, 1024), "starting")
+    assert _while_loading(tiny_qwen2, context, max_model_len=512) == ((200, 512), "starting")
+
+
+def test_every_served_model_name_is_listed_and_answered_as_in_vllm(tiny_qwen2, tmp_path):
+    """--served-model-name takes several names (vLLM's nargs='+'): /v1/models lists each, a request may name any,
+    and answers name the first; it took one, and a second was an unrecognized argument (exit 2)."""
+    from hosttune_engine.server.cli import _parser, config_from_args
+
+    def config(*flags):
+        return config_from_args(_parser().parse_args(["serve", "--model", str(tmp_path), *flags]))
+
+    assert config("--served-model-name", "main", "alias").model_names == ("main", "alias")
+    assert config("--served-model-name", "main").model_name == "main"
+    assert config().model_names == (str(tmp_path),)
+
+    def ask(url):
+        models = [m["id"] for m in get_json(url + "/v1/models")[1]["data"]]
+        return models, [post(url + "/v1/completions", {"model": name, "prompt": "hi"})[0]
+                        for name in ("main", "alias", "other")]
+
+    (models, statuses), _ = _while_loading(tiny_qwen2, ask, served_model_names=("main", "alias"))
+    assert models == ["main", "alias"] and statuses == [503, 503, 404]  # 503: a served name, still loading
 
 
 def test_serve_help_says_what_the_memory_and_graph_options_do(capsys, monkeypatch):
