@@ -74,6 +74,7 @@ async def _generate(request, state: ServerState, kind: _Kind, options: Generatio
                     encode, prompt_text: str | None, arrival: float) -> web.StreamResponse:
     state.check_model(options.model)
     state.check_serving()
+    options = state.sampling_defaults.fill(options)
     with state.admitted(options.n, num_prompts):
         prompts = await encode()
         builder = state.usable_prompts()

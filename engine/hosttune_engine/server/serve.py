@@ -83,6 +83,8 @@ class Server:
             return 1
         self.port = runner.addresses[0][1]  # the real one when --port 0 asked for any free port
         log.info("listening on http://%s:%s (loading %s)", self.config.host, self.port, self.config.engine.model)
+        if (defaults := self.state.sampling_defaults.describe()) is not None:
+            log.info(defaults)
         self._install_signal_handlers()
         sampler = asyncio.create_task(self._sample_health())
         try:

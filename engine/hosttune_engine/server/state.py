@@ -22,6 +22,7 @@ from hosttune_engine.server.health import Health, Phase
 from hosttune_engine.server.metrics import Metrics
 from hosttune_engine.server.prompts import PromptBuilder
 from hosttune_engine.server.responses import LogprobEntry, TokenText
+from hosttune_engine.server.sampling_defaults import SamplingDefaults
 from hosttune_engine.server.api_errors import ApiError, bad_request
 
 log = logging.getLogger("hosttune_engine.server")
@@ -43,6 +44,7 @@ class ServerState:
         self.created = int(time.time())
         self.client: EngineClient | None = None
         self.prompts: PromptBuilder | None = None
+        self.sampling_defaults = SamplingDefaults.read(config.engine.model)  # what requests leave out
         self.max_model_len = planned_context(config.engine)  # known before the weights load; the engine's, once up
         self.generations: set[Generation] = set()  # in flight, so a drain that times out can abort them
         self._tokens: dict[int, TokenText] = {}  # by id, as logprobs show them

@@ -2,10 +2,11 @@
 n, stop sequences, include_usage, logprobs, seeds, and streamed text equal to whole text when greedy."""
 
 import json
+import shutil
 
 import pytest
 
-from .harness import post
+from .harness import ServerProcess, post
 
 openai = pytest.importorskip("openai")
 
@@ -252,6 +253,32 @@ def test_tokenize_counts_a_continued_chat_as_chat_reads_it(server):
     assert tok["tokens"] == chat["prompt_token_ids"] and tok["count"] == chat["usage"]["prompt_tokens"]
     status, _, raw = post(server.url + "/tokenize", {"messages": messages, "continue_final_message": True})
     assert status == 400 and json.loads(raw)["error"]["param"] == "continue_final_message"
+
+
+def test_a_request_that_leaves_sampling_out_samples_as_generation_config_says(tiny_qwen2, tmp_path):
+    """As vLLM reads a model's generation_config.json: its temperature, top_p and top_k are the defaults of a
+    request that leaves them out (here temperature 0: greedy), where the API's own (temperature 1) were."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_qwen2, folder)
+    settings = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**settings, "temperature": 0.0, "top_k": 50,
+                                                               "repetition_penalty": 1.1}))
+    server = ServerProcess(folder, tmp_path, ["--skip-warmup"])
+    try:
+        server.wait_ready()
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        model = client.models.list().data[0].id
+        kwargs = dict(model=model, prompt=PROMPT, max_tokens=12, extra_body={"ignore_eos": True})
+        greedy = client.completions.create(temperature=0, **kwargs).choices[0].text
+        left_out = {client.completions.create(seed=seed, **kwargs).choices[0].text for seed in (1, 2, 3)}
+        sampled = {client.completions.create(seed=seed, temperature=1.0, **kwargs).choices[0].text
+                   for seed in (1, 2, 3)}
+    finally:
+        server.terminate()
+    assert left_out == {greedy} and len(sampled) > 1
+    log = server.log()
+    assert "sampling defaults from generation_config.json: temperature 0.0" in log
+    assert "not applied (this engine has no such sampler setting): repetition_penalty=1.1" in log
 
 
 def test_bad_request_surfaces_as_openai_error(client, model):

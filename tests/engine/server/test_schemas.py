@@ -1,6 +1,7 @@
 """Request parsing as data: this body gives these options, or this 400 message (no server needed)."""
 
 import asyncio
+import json
 
 import pytest
 
@@ -87,6 +88,21 @@ def test_integral_floats_are_read_as_integers_as_vllm_reads_them():
     with pytest.raises(ApiError) as err:
         ChatRequest.parse({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0.5})
     assert err.value.param == "max_completion_tokens" and "must be an integer" in err.value.message
+
+
+def test_the_models_sampling_defaults_fill_what_a_request_leaves_out(tmp_path):
+    from hosttune_engine.server.sampling_defaults import SamplingDefaults
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}))
+    defaults = SamplingDefaults.read(str(tmp_path))
+    assert defaults == SamplingDefaults(0.7, 0.8, 20, ("repetition_penalty=1.05",))
+    options = defaults.fill(CompletionRequest.parse({"prompt": "hi", "temperature": 0.2, "top_p": None}).options)
+    assert (options.temperature, options.top_p, options.top_k) == (0.2, 0.8, 20)  # null: left out, as in vLLM
+    # transformers' own defaults (top_k 50) are no model's default, as vLLM reads the file's difference from them
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 1.0, "top_k": 50, "top_p": 2}))
+    assert SamplingDefaults.read(str(tmp_path)) == SamplingDefaults()
+    assert SamplingDefaults.read(str(tmp_path / "missing")) == SamplingDefaults()
 
 
 def test_chat_parsing():

@@ -19,6 +19,7 @@ from hosttune_engine.stop_strings import StopStrings
 from hosttune_engine.server.schemas.body import INT64, Integer, RequestBody, describe, fault, token_ids
 
 MAX_LOGPROBS = 20
+DEFAULTED = frozenset({"temperature", "top_p", "top_k"})  # where a model's generation_config.json has a say
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class GenerationOptions:
     continuous_usage: bool = False  # usage in every chunk too, as vLLM's stream_options.continuous_usage_stats
     priority: int = 0  # lower runs first, as in vLLM
     return_token_ids: bool = False  # the prompt's and each choice's token ids in the response, as vLLM's field
+    unset: frozenset[str] = frozenset()  # of DEFAULTED, those the request left out: the model's defaults fill them
 
     def sampling(self, max_tokens: int) -> SamplingParams:
         try:
@@ -167,4 +169,5 @@ class GenerationFields(RequestBody):
         continuous = usage and bool(stream_options.get("continuous_usage_stats"))  # as in vLLM: only with usage
         same = {f.name: getattr(self, f.name) for f in fields(GenerationOptions) if f.name in type(self).model_fields}
         return GenerationOptions(**{**same, "max_tokens": max_tokens, "max_tokens_field": max_tokens_field,
-                                    "logprobs": logprobs, "include_usage": usage, "continuous_usage": continuous})
+                                    "logprobs": logprobs, "include_usage": usage, "continuous_usage": continuous,
+                                    "unset": DEFAULTED - self.model_fields_set})
