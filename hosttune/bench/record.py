@@ -52,12 +52,15 @@ class RequestRecord:
 
     @property
     def reason(self) -> str:
-        """The failure in one line: an error body's OpenAI `message` where it has one, after the status."""
-        head, sep, body = self.error.partition(": ")
-        if not (sep and head.startswith("http ")):
-            return _one_line(self.error)
-        return f"{head.removeprefix('http ')}: {_one_line(_message(body))}"
+        return reason_of(self.error)
 
+
+def reason_of(error: str) -> str:
+    """A failure in one line: an error body's OpenAI `message` where it has one, after the status."""
+    head, sep, body = error.partition(": ")
+    if not (sep and head.startswith("http ")):
+        return _one_line(error)
+    return f"{head.removeprefix('http ')}: {_one_line(_message(body))}"
 
 _MESSAGE = re.compile(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)')  # in a body cut short too
 

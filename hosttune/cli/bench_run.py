@@ -11,7 +11,7 @@ import typer
 
 from hosttune.bench import console, report
 from hosttune.bench.benchmark import BenchSpec, check_url, measure, run_async
-from hosttune.bench.client import REDIRECT_ADVICE, discover_model, key_advice
+from hosttune.bench.client import REDIRECT_ADVICE, Target, discover_model, key_advice
 from hosttune.bench.connection import tls_context
 from hosttune.bench.file_limit import allow_load
 from hosttune.bench.headers import redact_argv, request_headers
@@ -19,6 +19,7 @@ from hosttune.bench.loadgen import Load, Progress as LoadProgress
 from hosttune.bench.metrics import Slo, summarize
 from hosttune.bench.record import FAILED
 from hosttune.bench.scheme import check_scheme
+from hosttune.bench.served_models import check_model
 from hosttune.bench.sweep import SweepConfig, result_of as sweep_result_of, sweep as run_sweep
 from hosttune.bench.trace import load_trace
 from hosttune.bench.units import parse_duration, parse_positive_duration, parse_shared_prefix, parse_slo
@@ -89,9 +90,12 @@ def _check_answering(spec: BenchSpec, urls: list[str]) -> None:
     where a run's every request would fail for its whole duration. Several endpoints: each lists its model before the
     first is measured, so that one that is down or mistyped fails now, not after the runs before it, whose results
     would go unreported. (--model skips the lookup: an endpoint that is down then fails its requests, and its run says
-    so beside the others.)"""
+    so beside the others; but a name the endpoint refuses, where it lists others, fails now.)"""
     for url in urls:
         run_async(check_scheme(url, spec.tls))
+        if spec.model is not None:
+            run_async(check_model(Target(url, spec.model, spec.api, spec.timeout, spec.is_ignore_eos,
+                                         headers=spec.headers, priority=spec.priority, tls=spec.tls)))
     if spec.model is None and len(urls) > 1:
         for url in urls:
             run_async(discover_model(url, headers=spec.headers, tls=spec.tls))

@@ -863,3 +863,53 @@ def test_users_past_the_hard_open_file_limit_are_a_user_error(monkeypatch):
     assert result.exit_code == 2 and result.output == (
         "hosttune: --users 400 needs a connection each, and this process may open 300 files (ulimit -Hn): raise "
         "that limit, or give fewer --users\n")
+
+
+@contextmanager
+def serving_one_model(name: str):
+    """A loopback server that lists one model and answers a completion naming any other with vLLM's 404."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self._answer(200, json.dumps({"object": "list", "data": [{"id": name, "object": "model"}]}).encode())
+
+        def do_POST(self):
+            model = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))["model"]
+            self._answer(404, json.dumps({"error": {"message": f"The model `{model}` does not exist."}}).encode())
+
+        def _answer(self, status, body):
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_model_the_endpoint_does_not_serve_fails_before_the_run_naming_the_ones_it_lists():
+    """--model skips /v1/models: a mistyped name sent thousands of requests, each answered 404, for the whole
+    warm-up and duration (70 s by default) before the line said to check --model."""
+    with serving_one_model("Qwen/Qwen2.5-7B") as url:
+        start = time.monotonic()
+        result = runner.invoke(app, ["bench", "--url", url, "--model", "qwen2.5-7b", "--users", "4", "--prompts", "8",
+                                     "--max-tokens", "2"])
+    assert time.monotonic() - start < 10 and result.exit_code == 2, result.output
+    assert result.output == (f"hosttune: --model qwen2.5-7b: {url}/v1/completions answered 404: The model "
+                             "`qwen2.5-7b` does not exist.; the server lists Qwen/Qwen2.5-7B\n")
+
+
+def test_a_model_the_endpoint_does_not_list_but_serves_is_measured(server_factory):
+    """SGLang serves whatever name a request gives: a name /v1/models does not list is not refused for that."""
+    url = server_factory("--ttft", "0.01", "--itl", "0.002")  # lists 'scripted', takes any name
+    result = runner.invoke(app, ["bench", "--url", url, "--model", "another-name", "--users", "1", "--requests", "2",
+                                 "--warmup", "0", "--prompts", "8", "--max-tokens", "2", "--max-client-lag", "1s"])
+    assert result.exit_code == 0, result.output
+    assert "requests measured (ok / 429 / failed)    2 (2 / 0 / 0)" in result.stdout

@@ -1,0 +1,47 @@
+"""Whether an endpoint serves the model --model names, checked before a run.
+
+--model skips finding the model at /v1/models, so a mistyped name was found by the run: every request answered 404,
+thousands a second, for the whole warm-up and duration. Where /v1/models lists models and not this one, one request
+of one token asks the server itself (SGLang serves any name it is given), and a refusal of the name (vLLM's 404, or
+a 400 that names it) ends the bench before its run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import aiohttp
+
+from hosttune.bench.client import Client, Target, listed_models, session
+from hosttune.bench.record import reason_of
+from hosttune.errors import BenchError
+
+LIST_TIMEOUT = 10.0
+PROBE_TIMEOUT = 30.0  # one token from a server that is up, busy or not
+NUM_NAMED = 5  # models named in the error line, of a long list
+
+
+async def check_model(target: Target) -> None:
+    """Raise a BenchError where the endpoint lists other models than `target.model` and refuses a request naming
+    it; a server that lists nothing, or takes the name, is measured."""
+    listed = await _listed(target)
+    if not listed or target.model in listed:
+        return
+    async with Client(replace(target, timeout=min(target.timeout, PROBE_TIMEOUT))) as client:
+        result = await client.stream("hello", 1)
+    reason = reason_of(result.error)
+    if result.status == 404 or (result.status == 400 and target.model in reason):  # not a 400 for another field
+        more = f" and {len(listed) - NUM_NAMED} more" if len(listed) > NUM_NAMED else ""
+        raise BenchError(f"--model {target.model}: {target.endpoint} answered {reason}; the server "
+                         f"lists {', '.join(listed[:NUM_NAMED])}{more}")
+
+
+async def _listed(target: Target) -> list[str] | None:
+    """The models /v1/models lists, or None where it lists none (no such route, a key it wants, no answer)."""
+    try:
+        async with session(LIST_TIMEOUT, target.headers, target.tls) as client_session:
+            async with client_session.get(target.url.rstrip("/") + "/v1/models", allow_redirects=False) as resp:
+                return listed_models(await resp.text()) if resp.status == 200 else None
+    except (asyncio.TimeoutError, aiohttp.ClientError, ValueError):
+        return None
