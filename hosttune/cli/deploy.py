@@ -195,7 +195,8 @@ def _rollback(inv, timeouts: Timeouts, forks: int, *, yes: bool, dry_run: bool) 
         plans = rollback_fleet(inv, timeouts, forks, dry_run=True, on_host_done=lambda name, d: progress.advance(name, d.state))
     typer.echo(recap.render(plans) + "\n" + recap.plan_line(plans, "roll back"))
     due = [o for o in plans if o.state is Outcome.PLANNED]
-    if not due or not go_ahead(f"Roll back {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run):
+    if not due or not go_ahead(f"Roll back {len(due)} {plural(len(due), 'host')}?", yes=yes, dry_run=dry_run,
+                               needs_yes=_taking_away(due)):
         raise typer.Exit(exit_code(plans))
     with Progress("rolling back", total=len(due)) as progress:
         done = rollback_fleet(only(inv, {o.host.name for o in due}), timeouts, forks,

@@ -17,6 +17,7 @@ from hosttune.deploy.host import HostDeploy, gate_failure
 from hosttune.deploy.release import PREVIOUS, Release, release_name
 from hosttune.deploy.restore import Back, bring_back, load_release, out_of_the_way, settings_of
 from hosttune.deploy.settings import ServeSettings
+from hosttune.deploy.shape import shape_of
 from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.units import SERVE_UNIT
 from hosttune.errors import HosttuneError
@@ -50,7 +51,7 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_
         return HostDeploy(host, Outcome.PLANNED, previous.id, release_name(state.current),
                           ops=(*([why] if why else []), *map(describe, stop),
                                *_plan(previous, release_name(state.current), settings, bool(unreadable)),
-                               *map(describe, front)))
+                               *map(describe, front)), removals=_removals(live, previous))
     health = load_preset(previous.engine).serve.health
     if previous.replicas:
         run_ops(transport, dplan.verify_ops(previous) + stop + rolling.switch_ops(previous, state))
@@ -85,6 +86,13 @@ def _front(host: Host, previous: Release, state: HostState, port: int) -> list[O
                               f"back to roll back to it")
         return front_ops(access, previous.engine, (port,))
     return stale_front_ops(state)
+
+
+def _removals(live: Release | None, previous: Release) -> tuple[str, ...]:
+    """What going back takes away from the live release (replicas, its nginx front, its API key), in the plan's words,
+    marked ! and needing --yes as a deploy that takes them away does."""
+    now, back = (shape_of({"engine": r.engine, "settings": r.settings}) if r else None for r in (live, previous))
+    return now[1].removals(back[1]) if now and back else ()
 
 
 def _live(transport: Transport, state: HostState) -> tuple[Release | None, str]:

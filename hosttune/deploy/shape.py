@@ -118,7 +118,14 @@ def parse_live(text: str) -> tuple[Shape, Guard] | None:
     """The shape and guard of a live release from its release.json; older releases without a `shape`
     are read from their settings."""
     try:
-        doc = json.loads(text)
+        return shape_of(json.loads(text))
+    except ValueError:
+        return None
+
+
+def shape_of(doc: dict) -> tuple[Shape, Guard] | None:
+    """The shape and guard a release's release.json (as a dict: engine, settings) records; None: not readable."""
+    try:
         settings = doc.get("settings") or {}
         shape = settings.get("shape") or _older(doc.get("engine"), settings)
         replicas = int(shape.get("replicas") or 1)

@@ -784,3 +784,30 @@ def test_a_deploy_removes_the_releases_past_those_kept_once_the_new_one_serves(t
     log.clear()
     failed = deploy_one(ScriptedTransport("gpu-a", log, state=state, gate_ok=False), job)
     assert failed.state == "failed" and rm not in [a for _, a in log]
+
+
+def test_a_rollback_that_takes_the_api_key_away_marks_it_and_needs_yes(tmp_path, monkeypatch):
+    """Going back to a release without the key the live one has exposes the engine: the rollback's plan marks it ! and
+    a terminal's answer is not enough, as for a deploy that drops the key, where it rolled back on a plain y."""
+    from typer.testing import CliRunner
+
+    from hosttune.cli import app
+    from hosttune.cli import deploy as deploy_cli
+
+    older = _job(tmp_path / "p", "vllm", "port: 8000\n").release
+    live = _job(tmp_path / "c", "vllm", "port: 8000\napi_key: true\n").release
+    (host, _) = _hosts(tmp_path, "port: 8000\n")
+    t = ScriptedTransport("gpu-a", [], state=f"current:{live.dir}\nprevious:{older.dir}\n")
+    for release in (older, live):
+        t.files[f"{release.dir}/.hosttune/release.json"] = release.manifest()
+        t.files.update({f"{release.dir}/.hosttune/{name}": body for name, body in release.units.items()})
+    planned = rollback_one(t, host, ServeSettings("", "", 1, {}, {}), dry_run=True)
+    assert planned.removals == ("removes the API key: the engine will answer anyone who reaches it",)
+    assert "       ! removes the API key: the engine will answer anyone who reaches it" in render([planned]).splitlines()
+    runs: list = []
+    monkeypatch.setattr(deploy_cli, "rollback_fleet", lambda inv, *a, dry_run=False, **kw: (runs.append(dry_run), [
+        replace(planned, host=h) for h in inv.hosts])[1])
+    monkeypatch.setattr("hosttune.cli.common.is_terminal", lambda: True)
+    inventory = group_inventory(tmp_path / "cli", "port: 8000\n")
+    result = CliRunner().invoke(app, ["deploy", "--rollback", "-i", str(inventory), "--limit", "gpu-a"], input="y\n")
+    assert result.exit_code == 2 and "marked !" in result.output and runs == [True], result.output
