@@ -190,7 +190,10 @@ def _single(host: Host, request: DeployRequest) -> HostDeploy:
 
 def is_multinode(host: Host, engine: str | None) -> bool:
     """The host's group runs one vLLM over Ray (deploy.multinode); with another engine each host serves alone."""
-    return (engine or declared(host).engine) == "vllm" and bool(host.deploy.get("multinode"))
+    multinode = host.deploy.get("multinode", False)
+    if not isinstance(multinode, bool):  # "false" in quotes would read as true
+        raise DeployError(f"{host.source}: deploy.multinode must be true or false (got {multinode!r})")
+    return (engine or declared(host).engine) == "vllm" and multinode
 
 
 def rollout_units(inventory: Inventory, engine: str | None) -> list[list[Host]]:

@@ -890,3 +890,15 @@ def test_rolling_back_a_ray_worker_plans_no_gate_the_run_never_runs(tmp_path):
                            "head's server is the group's)",)
     outcome = rollback_one(t, host, ServeSettings("", "", 1, {}, {}))
     assert outcome.state == "rolled-back" and not any(a[:2] == ("python3", "-c") for _, a in log)
+
+
+@pytest.mark.parametrize("args", [[], ["--limit", "gpu-a"], ["--limit", "gpu-a", "--rollback"]])
+def test_a_multinode_key_that_is_not_true_or_false_is_one_line_naming_it(tmp_path, args):
+    """deploy.multinode: "false" (quoted) read as true: with --limit the run was refused for taking part of a
+    multi-node group that the inventory never declared; now the key itself is named, before any host."""
+    from deploy_fixtures import group_inventory
+
+    inventory = group_inventory(tmp_path, 'engine: vllm\nmodel: /m\nmultinode: "false"\n')
+    result = CliRunner().invoke(app, ["deploy", "-i", str(inventory), "--dry-run", *args])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().endswith("deploy.multinode must be true or false (got 'false')"), result.output
