@@ -53,8 +53,10 @@ def _unjudged(survey: Survey) -> str:
     """What remediate cannot see on this host (a check its faults come from that could not be judged), or ""."""
     if not survey.unjudged:
         return ""
-    return "remediate cannot see all it acts on: " + "; ".join(
-        f"{f.check_id} cannot be judged ({f.detail})" for f in survey.unjudged)
+    unread = [why for what, why in survey.unjudged if what == "probe"]
+    parts = [f"{what} cannot be judged ({why})" for what, why in survey.unjudged if what != "probe"]
+    parts += [f"the probe could not read all of the host ({'; '.join(unread)})"] if unread else []
+    return "remediate cannot see all it acts on: " + "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -156,7 +158,7 @@ def _host_doc(r: HostRemediation, options: LadderOptions | None) -> dict:
     cordon = r.survey.snapshot.cordon
     return {"host": r.survey.host.name, "reachable": r.survey.reachable, "error": r.error or r.survey.error,
             "cordoned": {"at": cordon.at, "reason": cordon.reason, "run": cordon.run} if cordon else None,
-            "cannot_judge": [{"check_id": f.check_id, "detail": f.detail} for f in r.survey.unjudged],
+            "cannot_judge": [{"check_id": what, "detail": why} for what, why in r.survey.unjudged],
             "faults": [_fault_doc(f, first_step(r.survey, f, options) if options else None) for f in r.results],
             "exit_bits": r.exit_bits}
 

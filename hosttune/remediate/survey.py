@@ -43,9 +43,12 @@ class Survey:
         return self.snapshot.cordon is not None
 
     @property
-    def unjudged(self) -> tuple[Finding, ...]:
-        """Checks that faults come from and that could not be judged: what remediate cannot see on this host."""
-        return tuple(f for f in self.findings if f.check_id in WATCHED and f.status is Status.ERROR)
+    def unjudged(self) -> tuple[tuple[str, str], ...]:
+        """What remediate cannot see on this host, as (check id, why): the checks faults come from that could not be
+        judged, and ("probe", why) for each part of the host the probe could not read (it may hide a fault)."""
+        checks = tuple((f.check_id, f.detail or "") for f in self.findings
+                       if f.check_id in WATCHED and f.status is Status.ERROR)
+        return checks + tuple(("probe", e) for e in (self.facts.probe_errors if self.facts else ()))
 
 
 def _read(host: Host, profile: str, read: Callable[[Transport], Survey]) -> Survey:

@@ -38,7 +38,8 @@ _RECORDED = a100_facts()  # recorded without root and without nvidia-smi -q -x: 
 _READ = dict(temp_c=40, slowdown_margin_c=40, power_limit_w=400.0, power_default_w=400.0)  # what -q -x adds
 FACTS = dataclasses.replace(_RECORDED, health=dataclasses.replace(
     _RECORDED.health, kernel_log=KernelLog("dmesg"), gpus=tuple(GpuHealth(g.index, g.bdf, **_READ) for g in _RECORDED.gpu.gpus),
-    uvm_loaded=True, device_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm", *(f"/dev/nvidia{g.index}" for g in _RECORDED.gpu.gpus))))
+    uvm_loaded=True, device_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm", *(f"/dev/nvidia{g.index}" for g in _RECORDED.gpu.gpus))),
+    probe_errors=())  # what the recording's older probe did not read, read
 LB = "/opt/hosttune/releases/r1/.hosttune/replica_lb.py"
 REPLICAS = json.dumps({"replicas": [{"index": 0, "port": 8101, "gpus": [0]}]})
 SERVING = f"boot:b1/17\nreplicas:{REPLICAS}\nlb:{LB}\nunit:hosttune-engine@0.service active\n"
@@ -350,6 +351,23 @@ def test_a_host_whose_kernel_log_cannot_be_read_is_not_called_ok_for_want_of_see
     (host, *_) = json.loads(runner.invoke(app, ["remediate", *inv, "--dry-run", "--format", "json"]).stdout)["hosts"]
     assert host["exit_bits"] == 2 and host["cannot_judge"] == [
         {"check_id": "gpu.xid", "detail": "cannot read the kernel log (dmesg or journalctl -k): run as root (become: true)"}]
+
+
+def test_a_host_the_probe_could_not_read_all_of_is_not_called_ok(fleet, monkeypatch):
+    """A part of the host the probe could not read (nvidia-smi output it cannot parse) may hide a fault: the plan
+    says so, as check does with exit 2, instead of `ok, nothing to remediate`."""
+    states, inv = fleet
+    states.update({"gpu-01": SERVING, "gpu-02": SERVING, "gpu-03": SERVING})
+    problem = "smi-xml: invalid literal for int() with base 16: 'gpu 0000'"
+    partial = dataclasses.replace(FACTS, probe_errors=(problem,))
+    monkeypatch.setattr(survey, "gather", lambda transport, *a, **k: SimpleNamespace(
+        facts=partial if transport.host_name == "gpu-01" else FACTS))
+    result = runner.invoke(app, ["remediate", *inv, "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert result.stdout.splitlines()[0] == (
+        f"gpu-01: no fault found, but remediate cannot see all it acts on: the probe could not read all of the host ({problem})")
+    (host, *_) = json.loads(runner.invoke(app, ["remediate", *inv, "--dry-run", "--format", "json"]).stdout)["hosts"]
+    assert host["exit_bits"] == 2 and host["cannot_judge"] == [{"check_id": "probe", "detail": problem}]
 
 
 def test_uncordon_goes_on_past_a_host_it_loses_and_reports_every_host_it_took_back(fleet, monkeypatch):
