@@ -26,7 +26,7 @@ from hosttune.deploy.placement import Layout, Placement
 from hosttune.deploy.preconditions import check_job, refuse, serve_needs
 from hosttune.deploy.prune import DEFAULT_KEEP, prune, prune_ops
 from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, release_name, wheel_path
-from hosttune.deploy.restore import Back, bring_back, load_release
+from hosttune.deploy.restore import Back, bring_back, fallback_dir, load_release, read_back
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.shape import Guard, Shape
 from hosttune.deploy.state import HostState, read_state
@@ -120,8 +120,9 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
                           error=f"nothing changed: {job.host.name}: {checked.error}", checks=checked.lines)
     install, activate, front = (list(g) for g in checked.groups)
     if dry_run:
+        back = not read_back(transport, fallback_dir(state, release))[1]  # what a failed gate can put back
         return HostDeploy(job.host, Outcome.PLANNED, release.id, release_name(state.current),
-                          ops=_plan_lines(job, state, install, keys, activate, front), checks=checked.lines,
+                          ops=_plan_lines(job, state, install, keys, activate, front, back), checks=checked.lines,
                           removals=removals)
     try:
         run_ops(transport, install, on_op)
@@ -145,18 +146,19 @@ def deploy_one(transport: Transport, job: HostJob, *, dry_run: bool = False,
 
 
 def _plan_lines(job: HostJob, state: HostState, install: list[Op], keys: list[Op], activate: list[Op],
-                front: list[Op]) -> tuple[str, ...]:
+                front: list[Op], back: bool = True) -> tuple[str, ...]:
     """What the run does, in its order: install, the flag check, the switch (a roll: each replica gated), the
-    gate of one service, its front."""
+    gate of one service, its front. back: the release live before can be read back, so a failed gate restores it."""
     release = job.release
     check = check_line(job, release.dir)
     lines = [describe(op) for op in install] + ([check] if check else [])
     prune = [describe(op) for op in prune_ops(state, release, job.keep_releases)]
     if release.replicas:
-        return tuple(lines + [describe(op) for op in keys] + rolling.plan_lines(release, state, job.settings) + prune)
+        return tuple(lines + [describe(op) for op in keys] + rolling.plan_lines(release, state, job.settings, back)
+                     + prune)
     lines += [describe(op) for op in activate]
     if SERVE_UNIT in release.units:
-        fallback = "the release live before comes back" if state.current else "the service is stopped and disabled"
+        fallback = rolling.fallback_text(back) if state.current else "the service is stopped and disabled"
         lines.append(gate_line(SERVE_UNIT, job.settings, fallback))
     return tuple(lines + [describe(op) for op in front] + prune)
 
@@ -243,7 +245,7 @@ def _restore(transport: Transport, job: HostJob, before: HostState, gate: GateRe
     """The gate failed: keep the evidence, then put back what was live before (or stop, if nothing was)."""
     failed = gate_failure(transport, job.host, job.release.id, gate, failed_replica)
     # The release live before; when this was a restart of the live release itself, the one before that.
-    target = before.current if before.current != job.release.dir else before.previous
+    target = fallback_dir(before, job.release)
     try:
         if target is None:
             now = read_state(transport, job.release.id, [])

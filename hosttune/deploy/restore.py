@@ -16,7 +16,7 @@ from hosttune.deploy.front import NGINX_CONF, front_ops, listen_ports
 from hosttune.deploy.gate import GateResult, run_gate
 from hosttune.deploy.release import Release, manifest_path, meta_dir, release_name
 from hosttune.deploy.settings import ServeSettings
-from hosttune.deploy.state import read_state
+from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.units import SERVE_UNIT
 from hosttune.execute.perform import run_ops
 from hosttune.presets import load_preset
@@ -41,6 +41,23 @@ def load_release(transport: Transport, release_dir: str) -> Release:
     meta = {name: _meta_file(transport, rid, name) for name in meta_names}
     files = {path: _meta_file(transport, rid, copy) for path, copy in copies.items()}
     return Release(rid, *head, units, settings, programs, meta, files)
+
+
+def read_back(transport: Transport, release_dir: str | None) -> tuple[Release | None, str]:
+    """The release in release_dir as the host keeps it, or why it cannot be read back ("": no release named): what a
+    plan says a failed gate can bring back."""
+    if not release_dir:
+        return None, ""
+    try:
+        return load_release(transport, release_dir), ""
+    except DeployError as exc:
+        return None, str(exc)
+
+
+def fallback_dir(before: HostState, release: Release) -> str | None:
+    """What a failed gate of `release` puts back: the release live before; when the deploy restarts the live release
+    itself, the one before that."""
+    return before.current if before.current != release.dir else before.previous
 
 
 def _meta_file(transport: Transport, rid: str, name: str) -> bytes:

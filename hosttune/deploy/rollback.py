@@ -15,7 +15,7 @@ from hosttune.deploy.front import front_ops, stale_front_ops
 from hosttune.deploy.gate import GateResult, gate_line, run_gate
 from hosttune.deploy.host import HostDeploy, gate_failure
 from hosttune.deploy.release import PREVIOUS, Release, release_name
-from hosttune.deploy.restore import Back, bring_back, load_release, out_of_the_way, settings_of
+from hosttune.deploy.restore import Back, bring_back, load_release, out_of_the_way, read_back, settings_of
 from hosttune.deploy.settings import ServeSettings
 from hosttune.deploy.shape import shape_of
 from hosttune.deploy.state import HostState, read_state
@@ -45,7 +45,7 @@ def rollback_one(transport: Transport, host: Host, timeouts: ServeSettings, dry_
     previous = load_release(transport, state.previous)
     settings = settings_of(previous, timeouts)
     front = [] if previous.replicas or SERVE_UNIT not in previous.units else _front(host, previous, state, settings.port)
-    live, unreadable = _live(transport, state)
+    live, unreadable = read_back(transport, state.current)
     stop, why = _in_the_way(previous, state, live, unreadable) if previous.replicas else ([], "")
     if dry_run:
         return HostDeploy(host, Outcome.PLANNED, previous.id, release_name(state.current),
@@ -93,16 +93,6 @@ def _removals(live: Release | None, previous: Release) -> tuple[str, ...]:
     marked ! and needing --yes as a deploy that takes them away does."""
     now, back = (shape_of({"engine": r.engine, "settings": r.settings}) if r else None for r in (live, previous))
     return now[1].removals(back[1]) if now and back else ()
-
-
-def _live(transport: Transport, state: HostState) -> tuple[Release | None, str]:
-    """The live release as the host keeps it, or why it cannot be read ("": nothing is live)."""
-    if not state.current:
-        return None, ""
-    try:
-        return load_release(transport, state.current), ""
-    except DeployError as exc:
-        return None, str(exc)
 
 
 def _in_the_way(previous: Release, state: HostState, live: Release | None, unreadable: str) -> tuple[list[Op], str]:

@@ -121,10 +121,17 @@ def leave_ops(state: HostState) -> list[Op]:
     return ops
 
 
-def plan_lines(release: Release, state: HostState, settings: ServeSettings) -> list[str]:
+def fallback_text(back: bool, how: str = "") -> str:
+    """What a failed gate brings back, in the plan's words (back: the release live before can be read back)."""
+    if not back:
+        return "the release live before cannot come back, its release.json unreadable"
+    return f"the release live before comes back{how}"
+
+
+def plan_lines(release: Release, state: HostState, settings: ServeSettings, back: bool = True) -> list[str]:
     """What a roll does, for --dry-run: each replica's gate with its deadlines and what a failed one leads to."""
     fallback = "the replica stays out of nginx and " + (
-        "the release live before comes back on the replicas that moved, one at a time" if state.current
+        fallback_text(back, " on the replicas that moved, one at a time") if state.current
         else "the replicas are stopped and disabled")
     lines = [describe(op) for op in switch_ops(release, state)]
     for index in indices(release):

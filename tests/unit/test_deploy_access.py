@@ -298,7 +298,11 @@ def test_nginx_accepts_the_rendered_front(tmp_path, tls):
 def test_a_dry_run_of_one_service_shows_the_flag_check_and_the_gate_where_the_run_does_them(tmp_path, engine, live,
                                                                                              fallback):
     job = _job(tmp_path, engine, "nginx: {port: 8080}\n")
-    outcome = deploy_one(ScriptedTransport("gpu-a", [], state="nginx:/usr/sbin/nginx\n" + live), job, dry_run=True)
+    t = ScriptedTransport("gpu-a", [], state="nginx:/usr/sbin/nginx\n" + live)
+    before = _job(tmp_path / "before", engine, "port: 8000\n").release
+    t.files[f"/opt/hosttune/releases/vllm-0123456789ab/.hosttune/release.json"] = before.manifest()
+    t.files.update({f"/opt/hosttune/releases/vllm-0123456789ab/.hosttune/{n}": body for n, body in before.units.items()})
+    outcome = deploy_one(t, job, dry_run=True)
     ops = list(outcome.ops)
     at = {what: next(i for i, op in enumerate(ops) if op.startswith(what)) for what in
           ("$ systemd-analyze verify", "check the engine's flags", "$ systemctl restart hosttune-serve.service",
@@ -308,6 +312,11 @@ def test_a_dry_run_of_one_service_shows_the_flag_check_and_the_gate_where_the_ru
         "gate hosttune-serve.service: /health within 600 s, 3 warmup requests, a one-token generation within 60 s; "
         f"on failure {fallback}")
     assert ops[at["check the engine's flags"]].endswith("` (before anything live changes)")
+    if live:  # its release.json gone: a failed gate cannot put it back, and the plan says so
+        t.files.clear()
+        unreadable = deploy_one(t, job, dry_run=True)
+        assert any(line.endswith("on failure the release live before cannot come back, its release.json unreadable")
+                   for line in unreadable.ops), unreadable.ops
 
 
 @pytest.mark.parametrize("engine, deploy, gpus, message", [

@@ -574,9 +574,18 @@ def test_dry_run_lists_the_roll(tmp_path):
     assert (f"gate hosttune-engine@1.service on port {port}: /health within 600 s, 3 warmup requests, a one-token "
             "generation within 60 s; on failure the replica stays out of nginx and the replicas are stopped and "
             "disabled") in outcome.ops
+    before = replace(job(tmp_path / "old", a100_facts(), engine="custom", gpus="0-1", port=8100).release,
+                     id="custom-old")
     old = ScriptedTransport("gpu-a", [], state="nginx:/usr/sbin/nginx\ncurrent:/opt/hosttune/releases/custom-old\n")
+    old.files = {f"{before.dir}/.hosttune/{name}": body for name, body in
+                 {**before.units, **before.meta, "release.json": before.manifest(),
+                  "host-hosttune-local.conf": before.files[NGINX_CONF],
+                  "host-hosttune-replicas.json": before.files[SCRAPE_FILE]}.items()}
     assert any(line.endswith("on failure the replica stays out of nginx and the release live before comes back on the "
                              "replicas that moved, one at a time") for line in dhost.deploy_one(old, j, dry_run=True).ops)
+    old.files.clear()  # what a failed gate would put back cannot be read: the plan does not promise it
+    assert any(line.endswith("on failure the replica stays out of nginx and the release live before cannot come back, "
+                             "its release.json unreadable") for line in dhost.deploy_one(old, j, dry_run=True).ops)
 
 
 # -- the host-side balancer script ---------------------------------------------------------------------
