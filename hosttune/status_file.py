@@ -14,7 +14,7 @@ from hosttune.checks.findings import Finding, Status
 from hosttune.config.monitor_spec import MAX_INTERVAL_S
 from hosttune.errors import HosttuneError
 from hosttune.fleet import HostReport
-from hosttune.probes.machine import MachineIdentity, identity
+from hosttune.probes.machine import MachineIdentity, identity, recorded_gpus
 
 FORMAT = 1
 PASSES = ("regular", "active")
@@ -101,7 +101,7 @@ def parse_status(text: str) -> StatusDoc:
         doc = StatusDoc(str(raw["host"]), str(raw["pass_name"]), float(raw["when"]), int(raw["interval_s"]),
                         float(raw["duration_s"]), {str(k): str(v) for k, v in raw["versions"].items()},
                         {str(k): int(v) for k, v in raw["counts"].items()}, findings, str(raw.get("error") or ""),
-                        str(raw.get("machine_id") or ""), tuple(str(u) for u in raw.get("gpus") or ()))
+                        str(raw.get("machine_id") or ""), recorded_gpus(raw.get("gpus")))
     except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:  # Overflow: int(Infinity)
         raise StatusError(f"unreadable status file: {type(exc).__name__}: {exc}") from None
     return _sensible(doc)

@@ -46,6 +46,15 @@ def gpu_uuids(uuids: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted({u.strip() for u in uuids if _names_gpu(u.strip())}))
 
 
+def recorded_gpus(raw: object) -> tuple[str, ...]:
+    """The GPU UUIDs a file recorded (a list, or nothing); ValueError for anything else."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(u, str) for u in raw):
+        raise ValueError(f"gpus: must be a list of GPU UUIDs (got {str(raw)[:60]!r})")
+    return tuple(raw)
+
+
 def identity(facts: Facts) -> MachineIdentity:
     return MachineIdentity(persistent_id(facts.machine_id, facts.machine_id_transient),
                            gpu_uuids(g.uuid for g in facts.gpu.gpus))

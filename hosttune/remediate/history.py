@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, replace
 from hosttune.actions.remediate import LEDGER_FILE
 from hosttune.errors import HosttuneError
 from hosttune.probes.facts_health import XidEvent
-from hosttune.probes.machine import MachineIdentity, other_machine
+from hosttune.probes.machine import MachineIdentity, other_machine, recorded_gpus
 
 KEEP_S = 7 * 24 * 3600  # occurrences older than this are dropped
 
@@ -73,7 +73,7 @@ def parse_ledger(text: str) -> Ledger:
         return Ledger(str(doc["boot"]), tuple((str(b), int(c), int(n)) for b, c, n in doc["seen"]),
                       tuple(Occurrence(str(o["bdf"]), int(o["code"]), _time(o["at"])) for o in doc["xids"]),
                       tuple((str(b), _time(t)) for b, t in doc["recovered"]), str(doc.get("machine") or ""),
-                      tuple(str(u) for u in doc.get("gpus") or ()))
+                      recorded_gpus(doc.get("gpus")))
     except (ValueError, KeyError, TypeError, OverflowError) as exc:  # Overflow: int(Infinity)
         raise LedgerError(f"the remediation ledger {LEDGER_FILE} is not valid ({exc}): move it aside to start a new one") from None
 

@@ -542,3 +542,11 @@ def test_a_pass_whose_probe_could_not_read_part_of_the_host_is_an_error_in_statu
     host = parse_read(HOST, _read_output({"regular": to_json(doc)}, 1100))
     assert host.exit_bits & 2 and f"regular pass: probe failed: {problem}" in render_table([host])
     assert 'hosttune_monitor_probe_ok{host="gpu-01",pass="regular"} 0' in status_metrics.render(broken, doc)
+
+
+@pytest.mark.parametrize("gpus", ["GPU-4b794de7-279f-721d-5fe5-8f6fcbfb3cf4", {"a": 1}, 7])
+def test_a_status_file_whose_gpus_are_not_a_list_is_unreadable(gpus):
+    """A text would read as one GPU per character, and match nothing: the file is broken, not another machine's."""
+    regular = _with(to_json(status_doc(_report(), "regular", 60, 1000.0, 1.0, __version__)), gpus=gpus)
+    with pytest.raises(StatusError, match="gpus: must be a list of GPU UUIDs"):
+        parse_status(regular)

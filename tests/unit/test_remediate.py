@@ -418,3 +418,9 @@ def test_a_host_lost_mid_ladder_keeps_the_rungs_done_in_its_recap_with_their_run
     assert [(o.rung, o.status, o.run) for o in result.rungs] == [
         (Rung.RESTART, "done", "R-1"), (Rung.DRAIN, "done", "R-2"), (Rung.RESET, "failed", "R-3")]
     assert result.end is climb.End.LEFT and result.leaves_drift
+
+
+def test_a_ledger_whose_gpus_are_not_a_list_is_not_valid():
+    doc = json.loads(replace(ledger((GPU1, 48, HOUR)), machine=ID_A, gpus=(UUID_A,)).to_json())
+    with pytest.raises(LedgerError, match="move it aside"):
+        parse_ledger(json.dumps({**doc, "gpus": UUID_A}))
