@@ -28,6 +28,8 @@ def xid(facts: Facts, profile: Profile) -> Verdict:
     desired = "no Xid event since boot"
     if not log.events and not has_gpus(facts):
         return none_found(facts, "the kernel log", "no NVIDIA GPU on this host and no Xid in its kernel log")
+    if not log.read:
+        return Verdict(Status.ERROR, desired, detail="the probe's output has no kernel-log section: no Xid can be seen")
     if log.source is None:
         return Verdict(Status.ERROR, desired, detail="cannot read the kernel log (dmesg or journalctl -k): run as root (become: true)")
     counts = Counter((e.bdf, e.code) for e in log.events)

@@ -51,6 +51,7 @@ class KernelLog:
     source: str | None = None  # "dmesg" | "journal"; None: unreadable
     events: tuple[XidEvent, ...] = ()
     total: int = 0  # Xid lines in the log; events keeps the last ones
+    read: bool = True  # False: the probe printed no kernel-log section (HealthFacts' default)
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class ActiveRun:
 class HealthFacts:
     hypervisor: bool | None = None
     gpus: tuple[GpuHealth, ...] = ()
-    kernel_log: KernelLog = field(default_factory=KernelLog)
+    kernel_log: KernelLog = field(default_factory=lambda: KernelLog(read=False))
     uvm_loaded: bool | None = None
     device_nodes: tuple[str, ...] = ()
     nvlinks: tuple[NvLink, ...] | None = None  # None: nvidia-smi nvlink not readable

@@ -299,3 +299,14 @@ def test_a_gpu_whose_fields_nvidia_smi_did_not_give_cannot_be_judged_not_ok(h200
     f = run(check_id, bare)
     assert f.status is Status.ERROR and what in f.detail, (f.status, f.detail)
     assert run(check_id, h200_ok).status is not Status.ERROR  # the recorded H200 gave them
+
+
+def test_a_kernel_log_the_probe_did_not_read_is_not_blamed_on_root(fixture_text):
+    """The recorded outputs have no kernel-log section: running as root would not change that."""
+    from hosttune.probes.gather import parse_probe_output
+
+    f = run("gpu.xid", parse_probe_output(fixture_text("h200", "probe-output.txt")))
+    assert f.status is Status.ERROR and f.detail == "the probe's output has no kernel-log section: no Xid can be seen"
+    denied = kernel_log.parse_kernel_log("", 1)  # neither dmesg nor journalctl -k could be read
+    assert "run as root" in run("gpu.xid", health(parse_probe_output(fixture_text("h200", "probe-output.txt")),
+                                                  kernel_log=denied)).detail
