@@ -81,8 +81,9 @@ async def _generate(request, state: ServerState, kind: _Kind, options: Generatio
         builder.check_logprobs(options.logprobs)
         samplings = [options.sampling(builder.max_tokens_for(len(p), options.max_tokens, kind.default_max_tokens,
                                                              kind.what, options.max_tokens_field)) for p in prompts]
-        gen = Generation(state.client, state.new_request_id(kind.id_prefix), prompts, samplings, options.n,
-                         options.priority, arrival)
+        request_id = state.new_request_id(kind.id_prefix)
+        gen = Generation(state.client, request_id, prompts, samplings, options.n, options.priority, arrival,
+                         state.shown_request_id(kind.id_prefix, request.headers.get("X-Request-Id")))
         status = CLIENT_CLOSED
         state.generations.add(gen)
         try:
@@ -118,7 +119,7 @@ async def _collect(state: ServerState, kind: _Kind, gen: Generation, with_ids: b
         raise _as_api_error(e) from None
     choices = [_whole_choice(state, kind, c, with_ids) for c in gen.choices]
     body = r.chat_completion if kind.chat else r.completion
-    whole = body(gen.request_id, created, state.model_name, choices,
+    whole = body(gen.shown_id, created, state.model_name, choices,
                  r.usage(gen.num_prompt_tokens, gen.num_output_tokens))
     # chat has one prompt, shown once for the response; completions show each choice's own (as vLLM does)
     return r.with_token_ids(whole, prompt_token_ids=gen.prompts[0]) if with_ids and kind.chat else whole

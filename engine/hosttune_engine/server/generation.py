@@ -66,9 +66,11 @@ class Choice:
 
 class Generation:
     def __init__(self, client: EngineClient, request_id: str, prompts: list[list[int]],
-                 samplings: list[SamplingParams], n: int = 1, priority: int = 0, arrival: float | None = None):
+                 samplings: list[SamplingParams], n: int = 1, priority: int = 0, arrival: float | None = None,
+                 shown_id: str | None = None):
         self.client = client
-        self.request_id = request_id
+        self.request_id = request_id  # unique: the engine runs its choices by it
+        self.shown_id = shown_id or request_id  # what answers and the log call it (a client's X-Request-Id)
         self.prompts = prompts
         self.priority = priority
         self.arrival = time.monotonic() if arrival is None else arrival  # when the HTTP request came in

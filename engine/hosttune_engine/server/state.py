@@ -100,6 +100,11 @@ class ServerState:
     def new_request_id(self, prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
 
+    def shown_request_id(self, prefix: str, given: str | None) -> str | None:
+        """The client's X-Request-Id as answers and the log name the request ("cmpl-" + it), as vLLM names it;
+        None where it sent none. Two requests may send one id: the engine runs each by its own."""
+        return f"{prefix}-{given}" if given else None
+
     def logprob_entries(self, logprobs: list[TokenLogprob]) -> list[LogprobEntry]:
         return [LogprobEntry(self._token(lp.token_id), lp.logprob, tuple((self._token(t), v) for t, v in lp.top))
                 for lp in logprobs]
@@ -148,7 +153,7 @@ class ServerState:
         firsts = [c.first_token_time for c in gen.choices if c.first_token_time]
         ttft = f"{min(firsts) - gen.arrival:.3f}s" if firsts else "-"
         reasons = ",".join(sorted({c.finish_reason or "abort" for c in gen.choices}))
-        line = (f"request {gen.request_id} status={status} n={len(gen.choices)} prompt_tokens={gen.num_prompt_tokens}"
+        line = (f"request {gen.shown_id} status={status} n={len(gen.choices)} prompt_tokens={gen.num_prompt_tokens}"
                 f" output_tokens={gen.num_output_tokens} ttft={ttft} total={now - gen.arrival:.3f}s finish={reasons}")
         if self.config.log_prompts and prompt_text is not None:
             line += f" prompt={prompt_text[:4000]!r}"

@@ -38,7 +38,7 @@ class ChunkWriter:
 
     def _chunk(self, choices: list[dict], usage_body: dict | None = None, prompt_token_ids=None) -> bytes:
         build = r.chat_chunk if self.chat else r.completion_chunk
-        body = build(self.gen.request_id, self.created, self.model, choices, self.include_usage, usage_body)
+        body = build(self.gen.shown_id, self.created, self.model, choices, self.include_usage, usage_body)
         return sse(r.with_token_ids(body, prompt_token_ids=prompt_token_ids))
 
     def opening(self) -> bytes:

@@ -3,6 +3,7 @@ n, stop sequences, include_usage, logprobs, seeds, and streamed text equal to wh
 
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -279,6 +280,25 @@ def test_a_request_that_leaves_sampling_out_samples_as_generation_config_says(ti
     log = server.log()
     assert "sampling defaults from generation_config.json: temperature 0.0" in log
     assert "not applied (this engine has no such sampler setting): repetition_penalty=1.1" in log
+
+
+def test_a_client_request_id_names_the_answer_as_vllm_names_it(client, model, server):
+    """X-Request-Id: the answer's id is "cmpl-" (or "chatcmpl-") + it, every chunk of a stream too, and the log line
+    names it; two requests that send the same id both run, each by its own id in the engine."""
+    def whole(request_id):
+        return client.completions.create(model=model, prompt=PROMPT, max_tokens=2,
+                                         extra_headers={"X-Request-Id": request_id})
+
+    with ThreadPoolExecutor(2) as pool:
+        ids = [c.id for c in pool.map(whole, ["trace-7", "trace-7"])]
+    chat = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=2,
+                                          extra_headers={"X-Request-Id": "trace-8"})
+    chunks = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=3, stream=True,
+                                            extra_headers={"X-Request-Id": "trace-9"}))
+    assert ids == ["cmpl-trace-7", "cmpl-trace-7"] and chat.id == "chatcmpl-trace-8"
+    assert {c.id for c in chunks} == {"cmpl-trace-9"}
+    assert "request cmpl-trace-9 status=200" in server.log()
+    assert whole("").id.startswith("cmpl-") and len(whole("").id) > len("cmpl-")  # empty: none sent
 
 
 def test_bad_request_surfaces_as_openai_error(client, model):
