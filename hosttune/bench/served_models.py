@@ -1,9 +1,9 @@
-"""Whether an endpoint serves the model --model names, checked before a run.
+"""Whether an endpoint serves the model --model names, and takes the key sent, checked before a run.
 
---model skips finding the model at /v1/models, so a mistyped name was found by the run: every request answered 404,
-thousands a second, for the whole warm-up and duration. Where /v1/models lists models and not this one, one request
-of one token asks the server itself (SGLang serves any name it is given), and a refusal of the name (vLLM's 404, or
-a 400 that names it) ends the bench before its run.
+--model skips finding the model at /v1/models, so a mistyped name or a key refused was found by the run: every
+request answered 404 (or 401), thousands a second, for the whole warm-up and duration. A 401 at /v1/models ends the
+bench before its run; where /v1/models lists models and not this one, one request of one token asks the server
+itself (SGLang serves any name it is given), and a refusal of the name (vLLM's 404, or a 400 that names it) does.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import aiohttp
 
-from hosttune.bench.client import Client, Target, listed_models, session
+from hosttune.bench.client import Client, Target, key_advice, listed_models, session
 from hosttune.bench.record import reason_of
 from hosttune.errors import BenchError
 
@@ -38,10 +38,15 @@ async def check_model(target: Target) -> None:
 
 
 async def _listed(target: Target) -> list[str] | None:
-    """The models /v1/models lists, or None where it lists none (no such route, a key it wants, no answer)."""
+    """The models /v1/models lists, or None where it lists none (no such route, no answer). A 401 there refuses the
+    key (or its want) that every request would send: a BenchError saying so."""
+    endpoint = target.url.rstrip("/") + "/v1/models"
     try:
         async with session(LIST_TIMEOUT, target.headers, target.tls) as client_session:
-            async with client_session.get(target.url.rstrip("/") + "/v1/models", allow_redirects=False) as resp:
-                return listed_models(await resp.text()) if resp.status == 200 else None
+            async with client_session.get(endpoint, allow_redirects=False) as resp:
+                status, text = resp.status, await resp.text()
     except (asyncio.TimeoutError, aiohttp.ClientError, ValueError):
         return None
+    if status == 401:
+        raise BenchError(f"{endpoint} answered 401: {key_advice(target.headers)}")
+    return listed_models(text) if status == 200 else None

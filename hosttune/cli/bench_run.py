@@ -90,7 +90,8 @@ def _check_answering(spec: BenchSpec, urls: list[str]) -> None:
     where a run's every request would fail for its whole duration. Several endpoints: each lists its model before the
     first is measured, so that one that is down or mistyped fails now, not after the runs before it, whose results
     would go unreported. (--model skips the lookup: an endpoint that is down then fails its requests, and its run says
-    so beside the others; but a name the endpoint refuses, where it lists others, fails now.)"""
+    so beside the others; but a key /v1/models refuses, or a name the endpoint refuses where it lists others, fails
+    now.)"""
     for url in urls:
         run_async(check_scheme(url, spec.tls))
         if spec.model is not None:
@@ -252,7 +253,7 @@ def _first_failure(run) -> str:
 
 def _what_to_check(first, headers) -> str:
     """What to fix, by what the first failed request got: no answer (a server down or stuck), a missing key
-    (--model skips /v1/models, which finds that first), a redirect, a prompt or output past the model's context or
+    (where /v1/models, which finds that first, needs none), a redirect, a prompt or output past the model's context or
     a field the server does not take (ignore_eos, a vLLM extension, is sent by default), or a wrong model, route or
     server."""
     status = first.status

@@ -550,9 +550,26 @@ def test_an_https_url_to_a_plain_http_port_is_said_to_need_https():
     assert _what_to_check(refused, ()) == "check that the server is up and listens at --url"
 
 
+def test_a_key_refused_with_model_given_fails_before_the_run():
+    """--model skipped /v1/models, where a missing or wrong key is found first: the run sent its requests, each
+    refused, for its warm-up and duration (tens of thousands a minute) before the line pointed at --api-key."""
+    with not_openai(401, b'{"error": {"message": "Incorrect API key"}}') as url:
+        start = time.monotonic()
+        missing = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "4", "--prompts", "8",
+                                      "--max-tokens", "2"], env={"OPENAI_API_KEY": ""})
+        given = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "4", "--prompts", "8",
+                                    "--max-tokens", "2", "--api-key", "wrong-key-1"])
+    assert time.monotonic() - start < 10 and missing.exit_code == given.exit_code == 2
+    assert missing.output == (f"hosttune: {url}/v1/models answered 401: pass the endpoint's key with --api-key (or "
+                              "$OPENAI_API_KEY)\n"), missing.output
+    assert given.output == (f"hosttune: {url}/v1/models answered 401: it refused the key sent (--api-key, "
+                            "$OPENAI_API_KEY or --header Authorization); check that key\n"), given.output
+
+
 def test_a_run_refused_for_want_of_a_key_says_to_pass_the_key_not_to_check_the_model():
-    """--model skips /v1/models, where a missing key is found first: the requests' 401 must point at --api-key."""
-    with not_openai(401, b'{"error": {"message": "Incorrect or missing API key"}}') as url:
+    """A server whose /v1/models needs no key (or has no such route) refuses the requests: their 401 must point at
+    --api-key, not at --model."""
+    with not_openai(401, b'{"error": {"message": "Incorrect or missing API key"}}', get_status=404) as url:
         result = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "1", "--requests", "1",
                                      "--warmup", "0", "--prompts", "8", "--max-tokens", "2", "--max-client-lag", "1s"],
                                env={"OPENAI_API_KEY": ""})
@@ -572,7 +589,7 @@ def test_a_key_the_endpoint_refuses_is_said_to_be_refused_not_missing():
     assert given.output == (f"hosttune: {url}/v1/models answered 401: it refused the key sent (--api-key, "
                             "$OPENAI_API_KEY or --header Authorization); check that key\n"), given.output
     assert "answered 401: pass the endpoint's key with --api-key" in missing.output and "wrong-key-1" not in given.output
-    with not_openai(401, b"no") as url:  # --model skips /v1/models: the requests' 401s say the same
+    with not_openai(401, b"no", get_status=404) as url:  # no /v1/models: the requests' 401s say the same
         given = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "1", "--requests", "1",
                                     "--warmup", "0", "--prompts", "8", "--max-tokens", "2", "--api-key", "wrong-key-1",
                                     "--max-client-lag", "1s"])
@@ -592,18 +609,22 @@ def test_a_run_in_which_some_requests_failed_says_why_on_stderr(server_factory):
 
 
 @contextmanager
-def not_openai(status: int, body: bytes):
-    """A loopback HTTP server that answers every GET and POST with this status and body."""
+def not_openai(status: int, body: bytes, get_status: int | None = None):
+    """A loopback HTTP server that answers every GET and POST with this status and body (a GET with `get_status`,
+    where given)."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self._answer(get_status or status)
 
         def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.do_GET()
+            self._answer(status)
+
+        def _answer(self, code):
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
         def log_message(self, *args):
             pass
