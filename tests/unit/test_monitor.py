@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -550,3 +551,27 @@ def test_a_status_file_whose_gpus_are_not_a_list_is_unreadable(gpus):
     regular = _with(to_json(status_doc(_report(), "regular", 60, 1000.0, 1.0, __version__)), gpus=gpus)
     with pytest.raises(StatusError, match="gpus: must be a list of GPU UUIDs"):
         parse_status(regular)
+
+
+def test_a_machine_id_mounted_over_the_file_is_read_as_made_up_at_boot(tmp_path):
+    """What systemd does where /etc/machine-id is empty or 'uninitialized' and cannot be written, in a mount
+    namespace of this test's own: the status read and the probe both see the mount, and name no machine by it."""
+    from hosttune.probes.gather import parse_probe_output, probe_script
+    from hosttune.status import read_identity
+
+    if os.geteuid() != 0 or not shutil.which("unshare") or not Path("/etc/machine-id").exists():
+        pytest.skip("needs root, unshare and /etc/machine-id")
+    made_up = tmp_path / "machine-id"
+    made_up.write_text("0123456789abcdef0123456789abcdef\n")
+    (tmp_path / "probe.sh").write_bytes(probe_script(0))
+    (tmp_path / "status_read.sh").write_text(bundled_script("hosttune", "status_read.sh"))
+    script = (f"mount --bind {made_up} /etc/machine-id && sh {tmp_path / 'status_read.sh'} && echo @@probe && "
+              f"sh {tmp_path / 'probe.sh'}")
+    run = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True)
+    if run.returncode != 0:
+        pytest.skip(f"no mount namespace here: {run.stderr.strip()[:200]}")
+    status, probe = run.stdout.split("@@probe\n", 1)
+    assert read_identity(split(status)).machine.machine_id == ""
+    facts = parse_probe_output(probe)
+    assert facts.machine_id == "0123456789abcdef0123456789abcdef" and facts.machine_id_transient is True
+    assert BY_ID["sys.machine_id"].run(facts, monitored()).status is Status.DRIFT
