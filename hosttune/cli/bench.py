@@ -59,15 +59,20 @@ def bench(
     Streams every request, reports TTFT/ITL/TPOT/E2E percentiles, throughput, errors by
     status, goodput under the SLO, and flags runs where the client fell behind. Several
     --url are measured one after another with the same lengths, prompts and arrivals.
+
     Workloads: random prompts of --prompts lengths (default), --dataset, --shared-prefix,
-    --turns (conversations; with --dataset its user turns) or --trace. --out writes
+    --turns (conversations; with --dataset its user turns) or --trace.
+
+    --out writes
     results.json, report.md, CSV files and PNG plots (latencies over time beside the
     server's queue, batch, KV-cache use and preemptions, when it has /metrics); the folder
     then holds this run's results only: an earlier run's result files are replaced, or
     removed where this run writes none of that name, and files of other names stay.
+
     Ctrl-C (or SIGTERM) ends a run early and still reports it, over the time it ran; a
     second one (or the first, once every request is sent) also cancels those in flight. It ends a sweep too (the step it cut
     short judges no rate), and the endpoints after the one it stopped are not measured.
+
     Exit code bits: 1 SLO missed (or no rate held in a sweep), 2 usage error (or a run
     measured nothing: every request failed, or none was sent after the warm-up), 4 the
     client fell behind.

@@ -691,6 +691,17 @@ def test_help_gives_the_unit_of_every_length_rate_and_share():
         assert phrase in help_text, phrase
 
 
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_help_flows_each_paragraph_to_the_terminal_width(columns):
+    """The docstring's own line breaks were kept: at 80 columns every line broke twice ('errors by' / 'status'), and
+    at 200 each broke where the source did."""
+    lines = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": columns}).stdout.splitlines()
+    prose = [line.strip() for line in lines[:lines.index(next(x for x in lines if "Options" in x))] if line.strip()]
+    short = [line for line, after in zip(prose[1:], prose[2:]) if len(line) < int(columns) * 0.6
+             and not line.endswith((".", ":")) and after[:1].islower()]
+    assert not short, short  # a line ended mid-sentence, well short of the width
+
+
 def test_a_run_that_sent_no_request_after_its_warm_up_says_nothing_was_measured_and_exits_2(server_factory):
     """One user whose warm-up request outlasts warm-up and duration sends no measured request: a table of zeros
     and exit 0 would pass for a run that measured a server doing nothing."""
