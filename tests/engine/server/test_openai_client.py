@@ -3,6 +3,7 @@ n, stop sequences, include_usage, logprobs, seeds, and streamed text equal to wh
 
 import json
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -297,6 +298,9 @@ def test_a_client_request_id_names_the_answer_as_vllm_names_it(client, model, se
                                             extra_headers={"X-Request-Id": "trace-9"}))
     assert ids == ["cmpl-trace-7", "cmpl-trace-7"] and chat.id == "chatcmpl-trace-8"
     assert {c.id for c in chunks} == {"cmpl-trace-9"}
+    deadline = time.monotonic() + 10  # the log line is written once the stream's last byte is out
+    while "request cmpl-trace-9 status=200" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert "request cmpl-trace-9 status=200" in server.log()
     assert whole("").id.startswith("cmpl-") and len(whole("").id) > len("cmpl-")  # empty: none sent
 
