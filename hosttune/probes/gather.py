@@ -178,7 +178,7 @@ def _with_gpus(facts: Facts, sections: dict[str, Section], errors: list[str]) ->
         try:
             info, gpus = parse(sec.text)
         except ProbeError as exc:
-            failures.append(str(exc))
+            failures.append(f"{name}: {exc}")
             continue
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # output this parser does not know
             failures.append(f"{name}: unreadable ({type(exc).__name__}: {exc})")
@@ -191,7 +191,7 @@ def _with_gpus(facts: Facts, sections: dict[str, Section], errors: list[str]) ->
         ))
     error = "; ".join(failures) if failures else None
     if error and facts.gpu.pci_devices:
-        errors.append(f"gpu: NVIDIA devices on the PCI bus but no driver answered: {error}")
+        errors.append(f"gpu: NVIDIA devices on the PCI bus, but neither NVML nor nvidia-smi listed them: {error}")
     return replace(facts, gpu=replace(facts.gpu, error=error))
 
 

@@ -14,10 +14,12 @@ from hosttune.probes.facts import GpuInfo
 
 def normalize_bdf(bus_id: str) -> str:
     """NVML's "00000000:00:06.0" and sysfs's "0000:00:06.0" both become "0000:00:06.0"."""
-    bus_id = bus_id.strip().lower()
-    domain, _, rest = bus_id.partition(":")
+    text = bus_id.strip().lower()
+    domain, _, rest = text.partition(":")
     if not rest:
-        return bus_id
+        return text
+    if not re.fullmatch(r"[0-9a-f]{1,8}", domain):
+        raise ProbeError(f"PCI bus id {bus_id.strip()!r} is not DOMAIN:BUS:DEVICE.FUNCTION")
     return f"{int(domain, 16):04x}:{rest}"
 
 

@@ -95,6 +95,7 @@ def test_gpu_output_of_another_tool_version_is_a_probe_error_not_a_crash(fixture
     assert odd_bus != recorded
     f = parse_probe_output(odd_bus)
     assert f.gpu.gpus == () and "smi-xml" in f.gpu.error and any(e.startswith("gpu: ") for e in f.probe_errors)
+    assert "smi-xml: PCI bus id 'GPU 0000:00:06.0' is not DOMAIN:BUS:DEVICE.FUNCTION" in f.probe_errors
     newer = recorded.replace("@@ht:nvml\n\n@@ht-end:nvml:3", '@@ht:nvml\n{"driver_version": "999.1", "gpus": [{"index": 0, '
                              '"name": "NVIDIA Z100", "bdf": "00000000:00:06.0", "fan_speed_pct": 30}]}\n@@ht-end:nvml:0')
     assert newer != recorded
