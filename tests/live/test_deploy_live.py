@@ -111,10 +111,14 @@ def test_deploy_custom_engine_gate_redeploy_broken_rollback(live_fleet, fresh_ho
     assert f"--model {MODEL}" in host.path("/etc/systemd/system/hosttune-serve.service").read_text()
     complete(port, MODEL)
 
-    # 4. a second good release, then --rollback to the first
-    result, timings["second release"] = deploy(inventory, wheelhouse, port, "--set", "max-queue=16")
+    # 4. a second good release, then --rollback to the first; keeping two releases, the broken one's folder goes
+    #    (never the first: --rollback goes back to it)
+    assert len(host.exec("ls /opt/hosttune/releases").stdout.split()) == 2
+    result, timings["second release"] = deploy(inventory, wheelhouse, port, "--set", "max-queue=16",
+                                               "--keep-releases", "2")
     assert result.exit_code == 0, result.output
     second = result.stdout.split()[2]
+    assert sorted(host.exec("ls /opt/hosttune/releases").stdout.split()) == sorted([release, second])
     assert second != release and "--max-queue 16" in host.path("/etc/systemd/system/hosttune-serve.service").read_text()
     # Same wheels, other flags: the virtualenv was cloned as hard links, its scripts re-pointed, the first left alone.
     torch_init = "lib/python3.11/site-packages/torch/__init__.py"
