@@ -217,8 +217,12 @@ def _unanswered(outcome: report.Outcome, headers=()) -> list[str]:
 
 
 def _none_sent(run) -> str:
-    if run.stopped_by:
-        return f"{run.stopped_by} ended the run to {run.url} during its warm-up, so nothing was measured"
+    if run.stopped_by and run.window[1] <= run.warmup_end:
+        return (f"{run.stopped_by} ended the run to {run.url} during its {run.warmup_end:g} s warm-up, so nothing "
+                "was measured")
+    if run.stopped_by:  # a far arrival of a low rate or a trace: no warm-up to name
+        return (f"{run.stopped_by} ended the run to {run.url} {run.window[1]:.1f} s in, before it sent a measured "
+                "request, so nothing was measured")
     advice = ("its trace's arrivals all came within it: give a shorter --warmup" if run.mode == "trace" else
               "give a longer --duration (or more --users, or a higher --rate)")
     return f"no request to {run.url} was sent after its {run.warmup_end:g} s warm-up, so nothing was measured; {advice}"

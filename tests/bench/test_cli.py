@@ -945,3 +945,20 @@ def test_a_model_the_endpoint_does_not_list_but_serves_is_measured(server_factor
                                  "--warmup", "0", "--prompts", "8", "--max-tokens", "2", "--max-client-lag", "1s"])
     assert result.exit_code == 0, result.output
     assert "requests measured (ok / 429 / failed)    2 (2 / 0 / 0)" in result.stdout
+
+
+def test_a_signal_before_any_measured_request_says_where_it_came_not_always_in_a_warm_up():
+    """A low --rate (or a trace) may send nothing for minutes: Ctrl-C there, with --warmup 0, was said to have come
+    during the warm-up, which the run did not have."""
+    from dataclasses import replace
+
+    from hosttune.cli.bench_run import _none_sent
+
+    from .test_metrics import run_of
+
+    waited = replace(run_of([], window=(0.0, 57.8)), stopped_by="SIGINT")
+    assert _none_sent(waited) == ("SIGINT ended the run to http://127.0.0.1:1 57.8 s in, before it sent a measured "
+                                  "request, so nothing was measured")
+    warming = replace(run_of([], window=(10.0, 10.0)), stopped_by="SIGTERM")
+    assert _none_sent(warming) == ("SIGTERM ended the run to http://127.0.0.1:1 during its 10 s warm-up, so nothing "
+                                   "was measured")
