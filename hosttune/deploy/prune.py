@@ -31,8 +31,10 @@ def rollback_target(state: HostState, release: Release) -> str | None:
 def pruned(state: HostState, release: Release, keep: int) -> list[str]:
     """The release folders a deploy of `release` removes once it serves: all but the `keep` newest (by when their
     release.json was written), never the live one nor the one --rollback goes back to."""
-    pinned = {release.id, rollback_target(state, release)} - {None}
-    others = [d for d in state.releases if release_name(d) not in pinned and _is_release_folder(d)]
+    names = {release_name(d) for d in state.releases}
+    back = rollback_target(state, release)
+    pinned = {release.id} | ({back} & names)  # a rollback target whose folder is gone takes no place of the kept
+    others = [d for d in state.releases if release_name(d) not in pinned | {back} and _is_release_folder(d)]
     others.sort(key=lambda d: (state.releases[d], d), reverse=True)  # newest first
     return sorted(others[max(keep - len(pinned), 0):])
 

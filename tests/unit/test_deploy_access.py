@@ -820,3 +820,18 @@ def test_a_rollback_that_takes_the_api_key_away_marks_it_and_needs_yes(tmp_path,
     inventory = group_inventory(tmp_path / "cli", "port: 8000\n")
     result = CliRunner().invoke(app, ["deploy", "--rollback", "-i", str(inventory), "--limit", "gpu-a"], input="y\n")
     assert result.exit_code == 2 and "marked !" in result.output and runs == [True], result.output
+
+
+def test_a_rollback_target_whose_folder_is_gone_takes_no_place_among_the_releases_kept():
+    """`current` names a folder someone removed: keeping two releases keeps the new one and the newest other, where
+    the missing one counted as kept and every other folder went."""
+    from hosttune.deploy.prune import pruned
+    from hosttune.deploy.release import Release
+    from hosttune.deploy.state import HostState
+
+    root = "/opt/hosttune/releases"
+    new = Release("custom-new", "custom", "e", (), True, {}, {})
+    state = HostState(f"{root}/custom-gone", None, False, releases={f"{root}/custom-{i}": 1000 + i for i in range(3)})
+    assert pruned(state, new, 2) == [f"{root}/custom-0", f"{root}/custom-1"]
+    there = HostState(f"{root}/custom-0", None, False, releases=state.releases)
+    assert pruned(there, new, 2) == [f"{root}/custom-1", f"{root}/custom-2"]  # the rollback target stays, however old
