@@ -116,7 +116,7 @@ CHECKS = (
     Check("sys.machine_id", "machine-id kept across boots", Severity.INFO,
           "The machine-id names a machine for journald and for hosttune's monitor status files and Xid ledger, which "
           "tell a disk cloned from another host by it; one made anew at every boot names nothing.",
-          "not changed by apply: systemd-machine-id-setup --commit writes this boot's id to /etc/machine-id (on a "
+          "systemd-machine-id-setup --commit writes this boot's id to /etc/machine-id (on a "
           "read-only root, give the image a writable /etc/machine-id); a clone is given its own by emptying the file "
           "before its first boot", False, machine_id,
           "an image (systemd gives it its id at its first boot), and a host without systemd and without the file"),

@@ -575,3 +575,13 @@ def test_a_machine_id_mounted_over_the_file_is_read_as_made_up_at_boot(tmp_path)
     facts = parse_probe_output(probe)
     assert facts.machine_id == "0123456789abcdef0123456789abcdef" and facts.machine_id_transient is True
     assert BY_ID["sys.machine_id"].run(facts, monitored()).status is Status.DRIFT
+
+
+def test_the_machine_id_fix_is_said_once_in_the_plan():
+    """The plan says apply does not fix it; the remediation says how, without saying so again."""
+    from hosttune.actions import steps_for as plan_steps
+
+    made_up = Facts(machine_id="0123456789abcdef0123456789abcdef", machine_id_transient=True, pid1="systemd")
+    finding = BY_ID["sys.machine_id"].run(made_up, monitored())
+    (step,) = [s for s in plan_steps([finding], made_up, monitored(), HOST) if "sys.machine_id" in s.fixes]
+    assert step.blocked.startswith("no automatic fix: systemd-machine-id-setup --commit") and "apply" not in step.blocked
