@@ -44,7 +44,9 @@ def remediate(
 
     The plan (each fault, its ladder and its first step) is printed first; --dry-run stops there, --yes or a terminal's answer acts on it.
 
-    Exit code bits as for check: 1 a fault left (cordoned, stopped by the breaker), 2 an error, 4 unreachable.
+    Exit code bits as for check: 1 a fault left (cordoned, stopped by the breaker), 2 an error, or a host remediate
+    cannot see all of (a check its faults come from not judged, a part the probe could not read: the plan names it),
+    4 unreachable.
 
     Example: hosttune remediate -i inventories/example.yaml --max-cordoned-percent 10 --yes
     """

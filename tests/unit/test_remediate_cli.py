@@ -404,3 +404,9 @@ def test_the_ladder_line_marks_a_reboot_this_machine_would_skip_even_with_reboot
     here = Survey(local_inventory().hosts[0], "inference-latency", snapshot=parse_snapshot(SERVING), faults=(fault,))
     plan = render.render_plan([planned(here)], LadderOptions(reboot=True)).splitlines()
     assert plan[2] == "    ladder: drain -> reset -> reboot (skipped: this machine runs hosttune) -> cordon"
+
+
+def test_the_help_says_a_host_remediate_cannot_see_all_of_exits_2():
+    """A fault check it cannot judge, or a part the probe could not read, sets bit 2 though nothing failed."""
+    text = " ".join(runner.invoke(app, ["remediate", "--help"], env={"COLUMNS": "300"}).stdout.replace("│", " ").split())
+    assert "2 an error, or a host remediate cannot see all of (a check its faults come from not judged" in text
