@@ -14,6 +14,9 @@ from hosttune.bench.units import rate_text
 
 
 def progress_status(progress: Progress) -> str:
+    if progress.is_draining:  # the bar stands full while the last streams end, which may take minutes
+        return (f"waiting for the last responses (up to --timeout): {progress.num_in_flight} in flight, "
+                f"{progress.num_done} done, {progress.num_ok} ok, {progress.num_errors} errors")
     phase = "warm-up" if progress.is_warmup else "measuring"
     return (f"{phase}: {progress.num_done} done, {progress.num_ok} ok, {progress.num_errors} errors, "
             f"{progress.num_in_flight} in flight")

@@ -114,6 +114,7 @@ class Progress:
     num_errors: int
     num_in_flight: int
     is_warmup: bool
+    is_draining: bool = False  # sending has ended: the run waits (up to its drain timeout) for those in flight
 
 
 @dataclass(frozen=True)
@@ -393,7 +394,7 @@ class LoadGenerator:
         done = [r for r in self.records if r.is_warmup == is_warmup]
         num_ok = sum(r.outcome == OK for r in done)
         return Progress(now, self.num_sent, len(done), num_ok, len(done) - num_ok,
-                        self.num_sent - len(self.records), is_warmup)
+                        self.num_sent - len(self.records), is_warmup, self.is_stopping)
 
 
 def arrival_times(rate: float, shape: float, rng: random.Random) -> Iterator[float]:

@@ -301,3 +301,18 @@ def test_progress_while_measuring_counts_the_measured_requests_not_the_warm_ups(
     assert [p.num_done for p in seen if p.is_warmup][-1] > 0  # the warm-up shows its own
     assert summarize(run).num_requests == 16
     assert _planned(load) == (16, "requests")  # the bar's length: the measured requests
+
+
+def test_progress_after_the_sending_ends_says_it_waits_for_the_last_responses(server_factory):
+    """Past its duration a run waits (up to --timeout) for the requests still streaming: the bar stood full at
+    'measuring', as if the run were ending, through a wait that may last minutes."""
+    from hosttune.bench.console import progress_status
+
+    url = server_factory("--ttft", "0.05", "--itl", "0.1")  # one request streams for about 1.5 s
+    seen = []
+    run_async(measure(BenchSpec(load=Load(users=1, duration=0.3), prompt_lengths="8", output_lengths="15",
+                                timeout=10), url, seen.append))
+    waiting = [p for p in seen if p.elapsed > 0.6]
+    assert waiting and all(p.is_draining for p in waiting), seen
+    assert progress_status(waiting[0]).startswith("waiting for the last responses (up to --timeout): 1 in flight")
+    assert not any(p.is_draining for p in seen if p.elapsed < 0.25)
