@@ -17,6 +17,7 @@ from hosttune_engine.server.bodies import error_response, ids_response, json_res
 from hosttune_engine.server.completions import create_chat_completion, create_completion
 from hosttune_engine.server.api_errors import ApiError
 from hosttune_engine.server.auth import KeyRing, auth_middleware
+from hosttune_engine.server.cors import Origins, allow_origin, cors_middleware
 from hosttune_engine.server.schemas.tokenize import DetokenizeRequest, TokenizeRequest
 from hosttune_engine.server.state import STATE, ServerState
 
@@ -103,12 +104,15 @@ async def version(request: web.Request) -> web.Response:
 
 def build_app(state: ServerState) -> web.Application:
     config = state.config
-    middlewares = [errors_as_json]
+    origins = Origins(config.allowed_origins)
+    middlewares = [cors_middleware(origins), errors_as_json] if config.allowed_origins else [errors_as_json]
     if config.api_keys:
         ring = KeyRing(tuple(k.encode("utf-8", "surrogateescape") for k in config.api_keys))
         middlewares.append(auth_middleware(ring, config.protect_probes))
     app = web.Application(middlewares=middlewares, client_max_size=config.max_body_bytes)
     app[STATE] = state
+    if config.allowed_origins:
+        app.on_response_prepare.append(allow_origin(origins))
     app.router.add_post("/v1/completions", create_completion)
     app.router.add_post("/v1/chat/completions", create_chat_completion)
     app.router.add_get("/v1/models", models)

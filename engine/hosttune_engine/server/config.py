@@ -41,6 +41,7 @@ class ServerConfig:
     header_timeout_s: float = 10.0
     idle_timeout_s: float = 75.0
     max_connections: int = 4096
+    allowed_origins: tuple[str, ...] = ()  # web pages' origins that may call the API (CORS); "*": any
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -119,6 +119,9 @@ def _auth_and_connection_args(s: argparse.ArgumentParser) -> None:
                    help="seconds a connection may stay open between requests")
     s.add_argument("--max-connections", type=int, default=4096,
                    help="open connections at most; past that a new one gets 503 and is closed")
+    s.add_argument("--allowed-origins", type=_origins, default=[], metavar="JSON",
+                   help="origins whose web pages may call the API (CORS), a JSON list as vLLM takes it: '[\"*\"]' "
+                        "for any, '[\"https://ui.example\"]'; none by default, where vLLM allows any")
 
 
 def _positive(text: str) -> int:
@@ -126,6 +129,16 @@ def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give a whole number > 0")
     return int(text)
+
+
+def _origins(text: str) -> list[str]:
+    try:
+        origins = json.loads(text)
+    except json.JSONDecodeError:
+        origins = None
+    if not isinstance(origins, list) or not all(isinstance(o, str) and o for o in origins):
+        raise argparse.ArgumentTypeError(f"{text[:60]!r}: give a JSON list of origins, as '[\"https://ui.example\"]'")
+    return origins
 
 
 def _step_ms(text: str) -> float | None:

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import aiohttp
 import pytest
@@ -470,7 +472,7 @@ def test_fatal_engine_error_fails_requests_and_exits_1(tiny_qwen2):
 
 
 
-def _while_loading(model, ask, max_model_len=None, served_model_names=()):
+def _while_loading(model, ask, max_model_len=None, **server_options):
     """What `ask(url)` returns from an in-process server whose model load waits until it has asked (then fails)."""
     from hosttune_engine.config import EngineConfig
     from hosttune_engine.server.config import ServerConfig
@@ -483,7 +485,7 @@ def _while_loading(model, ask, max_model_len=None, served_model_names=()):
         raise RuntimeError("the test's load ends here")
 
     server = Server(ServerConfig(EngineConfig(model=str(model), device="cpu", max_model_len=max_model_len), port=0,
-                                 served_model_names=served_model_names), engine_factory=factory)
+                                 **server_options), engine_factory=factory)
     thread = threading.Thread(target=lambda: asyncio.run(server.run()), daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -525,6 +527,49 @@ def test_every_served_model_name_is_listed_and_answered_as_in_vllm(tiny_qwen2, t
 
     (models, statuses), _ = _while_loading(tiny_qwen2, ask, served_model_names=("main", "alias"))
     assert models == ["main", "alias"] and statuses == [503, 503, 404]  # 503: a served name, still loading
+
+
+def _cors(url, method, origin, path="/v1/models", headers=None):
+    """(status, the answer's CORS headers) of one request from a page of `origin`."""
+    headers = {"Origin": origin, **(headers or {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url + path, method=method, headers=headers), timeout=30) as r:
+            status, got = r.status, r.headers
+    except urllib.error.HTTPError as e:
+        status, got = e.code, e.headers
+    return status, {k: v for k, v in got.items() if k.startswith("Access-Control") or k == "Vary"}
+
+
+PREFLIGHT = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type"}
+
+
+def test_allowed_origins_let_web_pages_call_the_api_as_vllm_lets_them(tiny_qwen2, tmp_path):
+    """--allowed-origins (vLLM's flag, a JSON list): a preflight is answered before the API key is asked for, and
+    each answer to an allowed origin, a 401 too, says the page may read it; where it was a 405 for any preflight.
+    Without the option nothing changes: no origin is allowed."""
+    from hosttune_engine.server.cli import _parser, config_from_args
+
+    flags = ["serve", "--model", str(tmp_path), "--allowed-origins", '["https://ui.example"]']
+    assert config_from_args(_parser().parse_args(flags)).allowed_origins == ("https://ui.example",)
+
+    def ask(url):
+        return [_cors(url, "OPTIONS", "https://ui.example", "/v1/chat/completions", PREFLIGHT),
+                _cors(url, "GET", "https://ui.example"),
+                _cors(url, "OPTIONS", "https://evil.example", "/v1/chat/completions", PREFLIGHT)]
+
+    (preflight, get, other), _ = _while_loading(tiny_qwen2, ask, allowed_origins=("https://ui.example",),
+                                                api_keys=("k" * 16,))
+    assert preflight[0] == 200 and preflight[1]["Access-Control-Allow-Origin"] == "https://ui.example"
+    assert preflight[1]["Access-Control-Allow-Headers"] == "authorization,content-type"
+    assert "POST" in preflight[1]["Access-Control-Allow-Methods"]
+    assert get == (401, {"Access-Control-Allow-Origin": "https://ui.example", "Vary": "Origin"})
+    assert other == (400, {})
+    (any_page, _), _ = _while_loading(tiny_qwen2, lambda url: (_cors(url, "GET", "https://a.example"), None),
+                                      allowed_origins=("*",))
+    assert any_page == (200, {"Access-Control-Allow-Origin": "*"})
+    (closed, _), _ = _while_loading(tiny_qwen2, lambda url: (_cors(url, "OPTIONS", "https://a.example",
+                                                                   "/v1/chat/completions", PREFLIGHT), None))
+    assert closed == (405, {})
 
 
 def test_serve_help_says_what_the_memory_and_graph_options_do(capsys, monkeypatch):
