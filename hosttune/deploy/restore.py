@@ -33,7 +33,7 @@ def load_release(transport: Transport, release_dir: str) -> Release:
         doc = json.loads(text.stdout)
         names, meta_names, copies = list(doc["units"]), list(doc.get("meta", [])), dict(doc.get("files", {}))
         head = (doc["engine"], doc["entry"], (), doc["offline"])
-        settings, programs = dict(doc["settings"]), tuple(doc.get("programs", ()))
+        settings, programs = _checked(dict(doc["settings"])), tuple(doc.get("programs", ()))
     except (ValueError, KeyError, TypeError, AttributeError) as exc:  # cut short, edited, or not hosttune's
         raise DeployError(f"{transport.host_name}: release {rid}'s {manifest_path(rid)} is not a release.json hosttune "
                           f"wrote ({type(exc).__name__}: {exc})") from None
@@ -41,6 +41,17 @@ def load_release(transport: Transport, release_dir: str) -> Release:
     meta = {name: _meta_file(transport, rid, name) for name in meta_names}
     files = {path: _meta_file(transport, rid, copy) for path, copy in copies.items()}
     return Release(rid, *head, units, settings, programs, meta, files)
+
+
+def _checked(settings: dict) -> dict:
+    """The settings a rollback and a restore read as numbers and mappings (the port, each replica's index and port,
+    the key file), each of the type they are read as; else the error load_release turns into one line."""
+    int(settings.get("port", 0))
+    for replica in settings.get("replicas", []):
+        int(replica["index"]), int(replica["port"])
+    if not isinstance(settings.get("api_key") or {}, dict):
+        raise TypeError(f"settings.api_key is {type(settings['api_key']).__name__}, not a mapping")
+    return settings
 
 
 def read_back(transport: Transport, release_dir: str | None) -> tuple[Release | None, str]:

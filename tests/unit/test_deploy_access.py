@@ -757,7 +757,15 @@ def test_an_unchanged_service_whose_host_keeps_a_stale_front_plans_its_removal_a
     assert result.exit_code == 2 and "marked !" in result.output, result.output
 
 
-@pytest.mark.parametrize("manifest", [b'{"id": "custom-old", "engi', b'{"id": "custom-old"}', b"[]"])
+def _edited(settings: dict) -> bytes:
+    """A release.json as hosttune writes it, but for these settings (an edit by hand)."""
+    doc = {"engine": "custom", "entry": "e", "offline": True, "units": [], "settings": settings}
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize("manifest", [b'{"id": "custom-old", "engi', b'{"id": "custom-old"}', b"[]",
+                                      _edited({"port": "eighty"}), _edited({"replicas": [{"index": 0}]}),
+                                      _edited({"api_key": "k"})])
 def test_rolling_back_to_a_release_whose_release_json_is_not_hosttunes_is_one_line(tmp_path, manifest):
     """A release.json cut short, or edited, is one line naming the file: the host failed, where a ValueError or
     KeyError escaped as a bug."""
