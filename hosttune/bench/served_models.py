@@ -3,7 +3,7 @@
 --model skips finding the model at /v1/models, so a mistyped name or a key refused was found by the run: every
 request answered 404 (or 401), thousands a second, for the whole warm-up and duration. A 401 at /v1/models ends the
 bench before its run; where /v1/models lists models and not this one, one request of one token asks the server
-itself (SGLang serves any name it is given), and a refusal of the name (vLLM's 404, or a 400 that names it) does.
+itself (SGLang serves any name it is given), and a 404 or 400 that names it (vLLM's) does.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ async def check_model(target: Target) -> None:
     async with Client(replace(target, timeout=min(target.timeout, PROBE_TIMEOUT))) as client:
         result = await client.stream("hello", 1)
     reason = reason_of(result.error)
-    if result.status == 404 or (result.status == 400 and target.model in reason):  # not a 400 for another field
+    if result.status in (400, 404) and target.model in reason:  # not a missing route, nor another field refused
         more = f" and {len(listed) - NUM_NAMED} more" if len(listed) > NUM_NAMED else ""
         raise BenchError(f"--model {target.model}: {target.endpoint} answered {reason}; the server "
                          f"lists {', '.join(listed[:NUM_NAMED])}{more}")

@@ -898,15 +898,16 @@ def test_users_past_the_hard_open_file_limit_are_a_user_error(monkeypatch):
 
 
 @contextmanager
-def serving_one_model(name: str):
-    """A loopback server that lists one model and answers a completion naming any other with vLLM's 404."""
+def serving_one_model(name: str, refusal: str = "The model `{model}` does not exist."):
+    """A loopback server that lists one model and answers a completion naming any other with vLLM's 404 (or another
+    `refusal` message)."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
             self._answer(200, json.dumps({"object": "list", "data": [{"id": name, "object": "model"}]}).encode())
 
         def do_POST(self):
             model = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))["model"]
-            self._answer(404, json.dumps({"error": {"message": f"The model `{model}` does not exist."}}).encode())
+            self._answer(404, json.dumps({"error": {"message": refusal.format(model=model)}}).encode())
 
         def _answer(self, status, body):
             self.send_response(status)
@@ -936,6 +937,18 @@ def test_a_model_the_endpoint_does_not_serve_fails_before_the_run_naming_the_one
     assert time.monotonic() - start < 10 and result.exit_code == 2, result.output
     assert result.output == (f"hosttune: --model qwen2.5-7b: {url}/v1/completions answered 404: The model "
                              "`qwen2.5-7b` does not exist.; the server lists Qwen/Qwen2.5-7B\n")
+
+
+def test_a_404_that_does_not_name_the_model_is_left_to_the_run_not_blamed_on_model():
+    """A server without the chat route answers 404 whatever the model: that is --api's to fix, and the run's line
+    says to check --model and --api, where the check before it blamed --model alone."""
+    with serving_one_model("served", refusal="Not Found") as url:
+        result = runner.invoke(app, ["bench", "--url", url, "--model", "other", "--api", "chat", "--users", "1",
+                                     "--requests", "1", "--warmup", "0", "--prompts", "8", "--max-tokens", "2",
+                                     "--max-client-lag", "1s"])
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1].endswith("the first answered 404: Not Found; check --model and --api, and "
+                                                   "that it is an OpenAI-compatible server"), result.stderr
 
 
 def test_a_model_the_endpoint_does_not_list_but_serves_is_measured(server_factory):
