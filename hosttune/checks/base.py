@@ -20,10 +20,11 @@ class Check:
     needs_reboot: bool
     evaluate: Callable[[Facts, Profile], Verdict]
     not_applicable: str = ""  # where the check reports not-applicable beyond the obvious (no GPU, no systemd), and why
+    reads: tuple[str, ...] = ()  # the probe's sections its facts come from (hosttune/probes/script.sh)
 
     def run(self, facts: Facts, profile: Profile) -> Finding:
         try:
-            verdict = self.evaluate(facts, profile)
+            verdict = unread_sections(self.evaluate(facts, profile), facts, self.reads)
         except Exception as exc:  # noqa: BLE001 - one broken parser must not hide the other checks
             verdict = Verdict(Status.ERROR, "-", detail=f"check failed on these facts: {type(exc).__name__}: {exc}")
         return Finding(
@@ -32,6 +33,16 @@ class Check:
             detail=verdict.detail, remediation=self.remediation, needs_reboot=self.needs_reboot, why=self.why,
             subjects=verdict.subjects,
         )
+
+
+def unread_sections(verdict: Verdict, facts: Facts, reads: tuple[str, ...]) -> Verdict:
+    """A judgement (ok, drift, pending reboot) made on defaults where a section it reads is not in the probe's output
+    cannot be judged: the host was not read there. not-applicable and error stand as they are."""
+    missing = [s for s in reads if s in facts.unread]
+    if not missing or verdict.status in (Status.NOT_APPLICABLE, Status.ERROR):
+        return verdict
+    return Verdict(Status.ERROR, verdict.desired, None, None, f"the probe's output has no {', '.join(missing)} "
+                   "section: what this check reads there is unknown")
 
 
 def na(reason: str, desired: str = "-") -> Verdict:

@@ -175,6 +175,7 @@ class Facts:
     monitor: MonitorFacts = field(default_factory=MonitorFacts)  # hosttune's own timers on the host (apply's monitor)
     serve: ServeFacts | None = None  # the deployed engine's units, ports and front; None: nothing deployed (or no python3)
     probe_errors: tuple[str, ...] = ()
+    unread: tuple[str, ...] = ()  # sections the probe always prints that its output lacks (cut short, another version)
 
     def cmdline_param(self, key: str, configured: bool = False) -> str | None:
         """The last value of key=... on the active (or configured) kernel command line."""

@@ -96,9 +96,10 @@ def parse_probe_output(output: str) -> Facts:
                 errors.append(f"{name}: {exc}")
     facts = _with_gpus(facts, sections, errors)
     facts = health.with_health(facts, sections, errors)
+    unread = tuple(n for n in (IMAGE_SECTIONS if facts.image else HOST_SECTIONS) if n not in sections)
     errors += [f"{name}: not in the probe's output (cut short, or written by another hosttune's probe): what it "
-               "reads is unknown" for name in (IMAGE_SECTIONS if facts.image else HOST_SECTIONS) if name not in sections]
-    return replace(facts, probe_errors=tuple(errors))
+               "reads is unknown" for name in unread]
+    return replace(facts, probe_errors=tuple(errors), unread=unread)
 
 
 def _bootloader(facts: Facts, sec: Section) -> Facts:

@@ -28,8 +28,9 @@ def health(facts, **fields):
 
 @pytest.fixture
 def h200_ok(h200):
-    """The recorded H200 plus what a healthy probe of it adds: uvm, nodes, a passing smoke test."""
-    return health(h200, uvm_loaded=True, device_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0"),
+    """The recorded H200 plus what a healthy probe of it adds: uvm, nodes, a passing smoke test (and the sections
+    its older probe did not print, read)."""
+    return health(replace(h200, unread=()), uvm_loaded=True, device_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0"),
                   cuda=CudaRun("libcuda", None, (CudaSmoke(0, "0000:00:06.0", True, ms=380.0),)),
                   kernel_log=KernelLog("dmesg"), shm=ShmFacts(64 << 20, 0, "tmpfs"), hypervisor=True)
 
@@ -310,3 +311,21 @@ def test_a_kernel_log_the_probe_did_not_read_is_not_blamed_on_root(fixture_text)
     denied = kernel_log.parse_kernel_log("", 1)  # neither dmesg nor journalctl -k could be read
     assert "run as root" in run("gpu.xid", health(parse_probe_output(fixture_text("h200", "probe-output.txt")),
                                                   kernel_log=denied)).detail
+
+
+@pytest.mark.parametrize("section, check_id", [("services", "irq.irqbalance"), ("tools", "tools.numactl"),
+                                                ("cuda", "cuda.toolkit"), ("sysctl", "numa.topology")])
+def test_a_check_whose_section_the_probe_output_lacks_cannot_be_judged(fixture_text, section, check_id):
+    """Without its section a check would judge defaults (no irqbalance, no numactl, nothing held) as the host."""
+    import re
+
+    from hosttune.probes.gather import parse_probe_output
+
+    recorded = fixture_text("h200", "probe-output.txt")
+    cut = re.sub(rf"^@@ht:{section}\n.*?^@@ht-end:{section}:\d+\n", "", recorded, count=1, flags=re.S | re.M)
+    assert cut != recorded
+    facts = parse_probe_output(cut)
+    assert section in facts.unread and run(check_id, parse_probe_output(recorded)).status is not Status.ERROR
+    f = run(check_id, facts)
+    assert f.status is Status.ERROR and f.detail == (f"the probe's output has no {section} section: what this check "
+                                                     "reads there is unknown")

@@ -39,7 +39,7 @@ _READ = dict(temp_c=40, slowdown_margin_c=40, power_limit_w=400.0, power_default
 FACTS = dataclasses.replace(_RECORDED, health=dataclasses.replace(
     _RECORDED.health, kernel_log=KernelLog("dmesg"), gpus=tuple(GpuHealth(g.index, g.bdf, **_READ) for g in _RECORDED.gpu.gpus),
     uvm_loaded=True, device_nodes=("/dev/nvidiactl", "/dev/nvidia-uvm", *(f"/dev/nvidia{g.index}" for g in _RECORDED.gpu.gpus))),
-    probe_errors=())  # what the recording's older probe did not read, read
+    probe_errors=(), unread=())  # what the recording's older probe did not read, read
 LB = "/opt/hosttune/releases/r1/.hosttune/replica_lb.py"
 REPLICAS = json.dumps({"replicas": [{"index": 0, "port": 8101, "gpus": [0]}]})
 SERVING = f"boot:b1/17\nreplicas:{REPLICAS}\nlb:{LB}\nunit:hosttune-engine@0.service active\n"
