@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections import Counter
 from typing import Optional
 
 import typer
@@ -80,7 +81,7 @@ def run(url, users, rate, burstiness, duration, requests, warmup, prompts, max_t
         bench_out.write(outcome, out)
     for message in _partly_failed(outcome) + _tpot_unmeasured(outcome, slo_value):
         typer.secho(f"hosttune: {message}", err=True, fg="yellow")
-    for message in _unanswered(outcome, spec.headers):
+    for message in _unanswered(outcome, spec.headers) + _sweep_unanswered(outcome, spec.headers):
         typer.secho(f"hosttune: {message}", err=True, fg="red")
     raise typer.Exit(_exit_code(outcome))
 
@@ -216,6 +217,21 @@ def _unanswered(outcome: report.Outcome, headers=()) -> list[str]:
             for run, s in outcome.runs if s.num_failed == s.num_requests]
 
 
+def _sweep_unanswered(outcome: report.Outcome, headers=()) -> list[str]:
+    """One line per sweep whose every measured request failed, at every rate: each step broke at 100% errors,
+    which reads as a server too slow unless the first failure says why."""
+    lines = []
+    for result in outcome.sweeps:
+        steps = [p for p in result.points if p.summary.num_requests]
+        if not steps or any(p.summary.num_failed < p.summary.num_requests for p in steps):
+            continue
+        errors = sum((Counter(p.summary.errors_by_status) for p in steps), Counter())
+        lines.append(f"all {sum(p.summary.num_requests for p in steps)} measured requests of the sweep of {result.url} "
+                     f"failed ({', '.join(f'{k}: {v}' for k, v in sorted(errors.items()))}), so no rate was measured; "
+                     f"the first {_first_failure(steps[0].run)}; {_what_to_check(_first_failed(steps[0].run), headers)}")
+    return lines
+
+
 def _none_sent(run) -> str:
     if run.stopped_by and run.window[1] <= run.warmup_end:
         return (f"{run.stopped_by} ended the run to {run.url} during its {run.warmup_end:g} s warm-up, so nothing "
@@ -281,7 +297,7 @@ def _what_to_check(first, headers) -> str:
 
 
 def _exit_code(outcome: report.Outcome) -> int:
-    code = EXIT_NOTHING_MEASURED if _unanswered(outcome) else 0
+    code = EXIT_NOTHING_MEASURED if _unanswered(outcome) or _sweep_unanswered(outcome) else 0
     if any(s.slo_met is False for _, s in outcome.runs) or any(s.max_rate is None for s in outcome.sweeps):
         code |= EXIT_SLO_MISSED
     if any(s.lag.is_behind for _, s in outcome.runs):

@@ -975,3 +975,18 @@ def test_a_signal_before_any_measured_request_says_where_it_came_not_always_in_a
     warming = replace(run_of([], window=(10.0, 10.0)), stopped_by="SIGTERM")
     assert _none_sent(warming) == ("SIGTERM ended the run to http://127.0.0.1:1 during its 10 s warm-up, so nothing "
                                    "was measured")
+
+
+def test_a_sweep_whose_every_request_failed_says_why_and_exits_2():
+    """Every request refused (a prompt past the context): each step 'broke' at 100% errors, and the sweep said only
+    that no rate held, as of a server too slow, with the server's reason in no output."""
+    body = b'{"error": {"message": "This model\'s maximum context length is 1024 tokens."}}'
+    with not_openai(400, body) as url:
+        result = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--sweep", "--sweep-start", "8",
+                                     "--duration", "0.5s", "--warmup", "0s", "--prompts", "8", "--max-tokens", "2",
+                                     "--max-client-lag", "1s"])
+    assert result.exit_code == 3, result.output  # nothing measured, and no rate held
+    assert re.fullmatch(rf"hosttune: all \d+ measured requests of the sweep of {url} failed \(400: \d+\), so no rate "
+                        r"was measured; the first answered 400: This model's maximum context length is 1024 tokens\.; "
+                        r"check that --prompts and --max-tokens fit the model's context, .*",
+                        result.stderr.splitlines()[-1]), result.stderr
