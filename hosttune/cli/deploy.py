@@ -64,7 +64,7 @@ def deploy(
     gate_timeout: Optional[float] = typer.Option(None, "--gate-timeout", min=1, help="Seconds the one-token generation may take (default: the inventory's deploy.gate_timeout, else 60)."),
     nginx_dir: Path = path_option(Path("hosttune-nginx"), "--nginx-dir", help="Where each group of several hosts gets its balancer: hosttune-GROUP.conf for nginx (and, with --router, the router's unit and scripts)."),
     keys_dir: Path = path_option(Path("hosttune-keys"), "--keys-dir", help="Where a group with deploy.api_key: true keeps its generated key (GROUP.key, mode 0600; made by the first deploy, not by --dry-run)."),
-    keep_releases: int = typer.Option(DEFAULT_KEEP, "--keep-releases", min=MIN_KEEP, help="Release folders each host keeps under /opt/hosttune/releases once a new one serves: the live one, the one --rollback goes back to, and the newest others; older ones are removed."),
+    keep_releases: int = typer.Option(DEFAULT_KEEP, "--keep-releases", min=MIN_KEEP, help="Release folders each host keeps under /opt/hosttune/releases once a new one serves: the live one, the one --rollback goes back to, and the newest others; older ones are removed, with the wheel sets under /opt/hosttune/wheels no kept release uses."),
     tune: float = typer.Option(0, "--tune", min=0, help="Seconds the bundled engine (--engine custom) may tune its kernels on each host before its release starts; skipped where the host's GPU, driver and Triton already have a table (0: no tune step)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print each host's release and operations; change nothing."),
     yes: bool = YesOpt,

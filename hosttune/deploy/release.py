@@ -9,7 +9,8 @@
 A release id is a hash of everything that makes it (wheels, units, settings), so the same
 deploy twice is the same release. release.json is written last: a folder without it is an
 install that did not finish, and is made again. Once a new release serves, the folders past
-the newest few go (prune.py), never the live one nor the one --rollback goes back to.
+the newest few go (prune.py), never the live one nor the one --rollback goes back to, and with them
+the wheel sets no release kept names in its release.json.
 """
 
 from __future__ import annotations

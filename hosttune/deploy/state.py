@@ -29,6 +29,8 @@ class HostState:
     cordon: str | None = None  # why the host is cordoned (hosttune remediate); None: it is not
     nginx_ports: frozenset[int] = frozenset()  # where this deployment's nginx (hosttune-local.conf) listens now
     releases: dict[str, int] = field(default_factory=dict, hash=False)  # every release folder → when it was written
+    wheel_sets: tuple[str, ...] = ()  # every folder under /opt/hosttune/wheels
+    uses: dict[str, tuple[str, ...]] = field(default_factory=dict, hash=False)  # complete release folder → its wheels' sha256
 
     @property
     def cordoned(self) -> str | None:
@@ -62,6 +64,8 @@ def parse_state(text: str) -> HostState:
     instances: dict[str, str] = {}
     nginx_ports: set[int] = set()
     releases: dict[str, int] = {}
+    wheel_sets: set[str] = set()
+    uses: dict[str, tuple[str, ...]] = {}
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key in ("wheel", "installed"):
@@ -78,11 +82,16 @@ def parse_state(text: str) -> HostState:
         elif key == "release":
             written, _, path = value.partition(" ")
             releases[path] = int(written) if written.isdigit() else 0
+        elif key == "wheelset":
+            wheel_sets.add(value)
+        elif key == "uses":
+            path, _, digests = value.partition(" ")
+            uses[path] = tuple(sorted(digests.split()))
         else:
             values[key] = value
     return HostState(values.get("current") or None, values.get("previous") or None, bool(values.get("complete")),
                      wheels, units, installed, instances, values.get("nginx") or None, values.get("cordon"),
-                     frozenset(nginx_ports), releases)
+                     frozenset(nginx_ports), releases, tuple(sorted(wheel_sets)), uses)
 
 
 def read_state(transport: Transport, release_id: str, wheel_paths: list[str]) -> HostState:

@@ -19,6 +19,16 @@ for d in "$root"/releases/*/; do
     d=${d%/}
     printf 'release:%s %s\n' "$(stat -c %Y -- "$d/.hosttune/release.json" 2>/dev/null || stat -c %Y -- "$d")" "$d"
 done
+# The wheel sets uploaded (a folder per wheel, named by its sha256[:16]) and the wheels each complete release's
+# release.json names: the sets no release kept names go with the old releases.
+for d in "$root"/wheels/*/; do
+    [ -d "$d" ] && printf 'wheelset:%s\n' "${d%/}"
+done
+for d in "$root"/releases/*/; do
+    d=${d%/}
+    [ -f "$d/.hosttune/release.json" ] || continue
+    printf 'uses:%s %s\n' "$d" "$(grep -o '"sha256": *"[0-9a-f]*"' -- "$d/.hosttune/release.json" | sed 's/.*"\([0-9a-f]*\)"$/\1/' | tr '\n' ' ')"
+done
 for p in "$@"; do
     [ -f "$p" ] && printf 'wheel:%s %s\n' "$(sha256sum < "$p" | cut -d' ' -f1)" "$p"
 done

@@ -843,3 +843,51 @@ def test_a_rollback_target_whose_folder_is_gone_takes_no_place_among_the_release
     assert pruned(state, new, 2) == [f"{root}/custom-0", f"{root}/custom-1"]
     there = HostState(f"{root}/custom-0", None, False, releases=state.releases)
     assert pruned(there, new, 2) == [f"{root}/custom-1", f"{root}/custom-2"]  # the rollback target stays, however old
+
+
+def test_a_deploy_removes_the_wheel_sets_no_kept_release_uses_with_the_old_releases(tmp_path):
+    """Every distinct build uploaded stayed under /opt/hosttune/wheels forever, torch-sized ones included. Once the
+    new release serves, the sets no release kept names in its release.json go with the old folders, as the plan
+    says; a set the new, the live or the rollback release uses stays, and a kept release whose release.json names
+    none leaves every set (which it needs is unknown)."""
+    job = replace(_job(tmp_path, "custom", "port: 8000\n", gpus="0-1"), keep_releases=3)
+    root, wheels = "/opt/hosttune/releases", "/opt/hosttune/wheels"
+    mine = {w.sha256[:16] for w in job.release.wheels}
+    sets = {i: f"{i:x}" * 16 for i in range(6)}  # release custom-i was installed from wheel set i
+    state = (f"current:{root}/custom-0\nprevious:{root}/custom-1\nnginx:/usr/sbin/nginx\n"
+             + "".join(f"release:{1000 + i} {root}/custom-{i}\nuses:{root}/custom-{i} {sets[i]}{'0' * 48} \n"
+                       for i in range(6))
+             + "".join(f"wheelset:{wheels}/{name}\n" for name in [*sets.values(), *mine, "0123456789abcdeg"]))
+    gone = ("rm", "-rf", "--", *(f"{wheels}/{sets[i]}" for i in (1, 2, 3, 4)))  # kept: -0 (live), -5, the new one
+    planned = deploy_one(ScriptedTransport("gpu-a", [], state=state), job, dry_run=True)
+    assert planned.ops[-2:] == (f"$ rm -rf -- {' '.join(f'{root}/custom-{i}' for i in (1, 2, 3, 4))}",
+                                f"$ {' '.join(gone)}"), planned.ops
+    log: list = []
+    assert deploy_one(ScriptedTransport("gpu-a", log, state=state), job).state == "deployed"
+    assert [a for _, a in log][-1] == gone
+    unknown = state.replace(f"uses:{root}/custom-5 {sets[5]}{'0' * 48} \n", f"uses:{root}/custom-5 \n")
+    planned = deploy_one(ScriptedTransport("gpu-a", [], state=unknown), job, dry_run=True)
+    assert not [op for op in planned.ops if op.startswith(f"$ rm -rf -- {wheels}/")]
+
+
+def test_the_state_read_names_each_wheel_set_and_the_wheels_each_release_json_names(tmp_path):
+    """state.sh, run over a folder laid out as /opt/hosttune: the wheel sets there, and each complete release's
+    wheels as its release.json names them (prune's evidence of what a kept release needs)."""
+    import subprocess
+
+    from hosttune.deploy.state import parse_state
+    from hosttune.transport.base import bundled_script
+
+    release = _job(tmp_path, "custom", "port: 8000\n", gpus="0-1").release
+    base = tmp_path / "opt"
+    meta = base / "releases" / release.id / ".hosttune"
+    meta.mkdir(parents=True)
+    (meta / "release.json").write_bytes(release.manifest())
+    (base / "releases" / "custom-half").mkdir()  # an install that did not finish: no release.json
+    for w in release.wheels:
+        (base / "wheels" / w.sha256[:16]).mkdir(parents=True)
+    script = bundled_script("hosttune.deploy", "state.sh").replace("root=/opt/hosttune", f"root={base}")
+    out = subprocess.run(["sh", "-c", script, "hosttune", "x"], capture_output=True, text=True, check=True).stdout
+    state = parse_state(out)
+    assert state.wheel_sets == tuple(sorted(f"{base}/wheels/{w.sha256[:16]}" for w in release.wheels))
+    assert state.uses == {f"{base}/releases/{release.id}": tuple(sorted(w.sha256 for w in release.wheels))}
