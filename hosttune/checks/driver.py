@@ -27,6 +27,11 @@ def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", version))
 
 
+def in_branch(version: str, pin: str) -> bool:
+    """535.129.03 meets pin 535.129.03, and pin 535 (the branch; the inventory takes a whole number)."""
+    return version == pin or version.startswith(pin + ".")
+
+
 def driver_version(facts: Facts, profile: Profile) -> Verdict:
     missing = gpu_unavailable(facts)
     if missing and not facts.gpu.kernel_module_version:
@@ -37,13 +42,13 @@ def driver_version(facts: Facts, profile: Profile) -> Verdict:
     loaded = g.kernel_module_version or g.driver_version
     userspace = g.library_version or g.driver_version
     if loaded and userspace and loaded != userspace:
-        status = Status.PENDING_REBOOT if pin and userspace == pin else Status.DRIFT
+        status = Status.PENDING_REBOOT if pin and in_branch(userspace, pin) else Status.DRIFT
         return Verdict(status, desired, userspace, loaded,
                        f"kernel module {loaded} but userspace library {userspace}: the next CUDA call fails with "
                        "'driver/library version mismatch' until the module is reloaded (reboot)")
     if pin is None:
         return Verdict(Status.OK, desired, userspace, loaded, "no driver pin in the profile or inventory")
-    status = Status.OK if loaded == pin else Status.DRIFT
+    status = Status.OK if loaded and in_branch(loaded, pin) else Status.DRIFT
     return Verdict(status, pin, userspace, loaded, "" if status is Status.OK else f"driver {loaded} is not the pinned {pin}")
 
 

@@ -28,9 +28,9 @@ class Blocked(Exception):
 
 
 def matches_pin(version: str, pin: str) -> bool:
-    """Package version 535.129.03-0ubuntu1 (or 3:535.129.03-1.el9) is pin 535.129.03."""
+    """Package version 535.129.03-0ubuntu1 (or 3:535.129.03-1.el9) is pin 535.129.03, and in pin 535 (a branch)."""
     bare = version.split(":", 1)[1] if re.match(r"^\d+:", version) else version
-    return bare == pin or any(bare.startswith(pin + sep) for sep in "-+~")
+    return bare == pin or any(bare.startswith(pin + sep) for sep in "-+~.")
 
 
 def kernel_value_holds(path: str, current: str | None, want: str, *, exact: bool = False) -> bool:

@@ -23,7 +23,7 @@ def cpus(text: str) -> set[int]:
 
 def version_matches(version: str, pin: str) -> bool:
     bare = version.split(":", 1)[-1]
-    return bare == pin or any(bare.startswith(pin + sep) for sep in "-+~")
+    return bare == pin or any(bare.startswith(pin + sep) for sep in "-+~.")  # "." : a branch pin (535)
 
 
 def skip_in_container(facts: dict, what: str) -> None:

@@ -266,3 +266,16 @@ def test_an_image_without_systemd_is_described_alike_by_the_governor_check_and_t
     notes = [n for s in steps_for(findings, image, latency, host(), (Status.DRIFT, Status.PENDING_REBOOT, Status.OK))
              for n in (*s.notes, s.blocked or "") if "/sbin/init" in n]
     assert notes and all(f"the image's /sbin/init is {init}, not systemd" in n for n in notes)
+
+
+def test_a_driver_pin_of_a_branch_is_met_by_its_releases(a100):
+    """pins: {driver: 535} pins the 535 branch: 535.129.03 is in it, 550.54.15 is not (where 535 drifted forever)."""
+    from dataclasses import replace
+
+    profile = load_profile("inference-latency")
+    branch = replace(profile, driver=replace(profile.driver, version="535"))
+    assert BY_ID["driver.version"].run(a100, branch).status is Status.OK
+    newer = replace(profile, driver=replace(profile.driver, version="550"))
+    assert BY_ID["driver.version"].run(a100, newer).status is Status.DRIFT
+    assert BY_ID["driver.version"].run(a100, replace(profile, driver=replace(profile.driver, version="53"))).status \
+        is Status.DRIFT

@@ -287,3 +287,12 @@ def test_rollback_of_a_run_no_host_has_is_one_line_and_exit_2(tmp_path):
         assert result.stderr == ("hosttune: no host has run 20250102T030405Z-nosuch: give a run apply's recap printed "
                                  f"(its journals are under {tmp_path}/var/lib/hosttune/runs in the image), or leave "
                                  "--run out for each host's latest\n")
+
+
+def test_verify_meets_a_driver_branch_pin_as_check_and_apply_do():
+    """pins: {driver: 535}: the independent suite takes 535.129.03 as the pin's, as check and apply's plan do."""
+    from hosttune.plan.resolve import matches_pin
+
+    for version, pin in (("535.129.03-0ubuntu1", "535"), ("535.129.03-0ubuntu1", "535.129.03"), ("5350.1-1", "535"),
+                         ("550.54.15-0ubuntu1", "535")):
+        assert _suite().version_matches(version, pin) == matches_pin(version, pin)

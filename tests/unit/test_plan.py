@@ -301,3 +301,11 @@ def test_a_login_that_is_not_root_is_the_hosts_error_in_the_plan_not_a_failure_a
     assert build_plan(HOST, LATENCY, Facts(is_root=True), [], State(), ONLINE, [s]).error is None
     assert build_plan(HOST, LATENCY, Facts(is_root=False), [], State(), PlanOptions(root="/img"), [s]).error is None
     assert build_plan(HOST, LATENCY, Facts(is_root=False), [], State(), ONLINE, []).error is None  # nothing to do
+
+
+def test_a_driver_pin_of_a_branch_matches_its_releases():
+    """The inventory accepts pins: {driver: 535} (a whole number): it pins the 535 branch, whose packages are
+    535.x.y, where no package could ever match it and apply's step was blocked."""
+    assert matches_pin("535.129.03-0ubuntu1", "535") and matches_pin("3:535.129.03-1.el9", "535")
+    assert matches_pin("535.129.03-0ubuntu1", "535.129") and not matches_pin("535.129.03-0ubuntu1", "535.12")
+    assert not matches_pin("5350.1-1", "535") and not matches_pin("550.54.15-0ubuntu1", "535")
