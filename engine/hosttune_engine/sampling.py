@@ -32,6 +32,9 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    presence_penalty: float = 0.0  # output tokens: logit -= presence * (seen) + frequency * count
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # prompt and output tokens: a positive logit / it, a negative one * it
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop or ()
@@ -58,10 +61,29 @@ class SamplingParams:
             raise ConfigError(costly)
         if any(t < 0 for t in self.stop_token_ids):
             raise ConfigError("stop_token_ids must be non-negative token ids")
+        self._validate_adjustments()
+
+    def _validate_adjustments(self) -> None:
+        """vLLM's ranges and words."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ConfigError(f"{name} must be in [-2, 2], got {getattr(self, name)}.")
+        if not self.repetition_penalty > 0.0:
+            raise ConfigError(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0 or self.top_k == 1
+
+    @property
+    def counts_tokens(self) -> bool:
+        """Its logits depend on the tokens so far (a penalty): the sequence keeps its output-token counts."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Some setting changes the logits before the sampler (a penalty)."""
+        return self.counts_tokens
 
     @property
     def max_stop_len(self) -> int:

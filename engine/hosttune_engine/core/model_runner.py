@@ -43,6 +43,7 @@ from hosttune_engine.core.step_inputs import StepInputs, pack_step, plan_step
 from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.kernels.decode_attention import choose_num_splits
 from hosttune_engine.kernels.split_k import device_sms
+from hosttune_engine.layers.logit_adjustments import TokenHistory
 from hosttune_engine.layers.sampler import DeviceSample, Sampler, SamplerOutput, SamplingBatch, seeded_generator
 from hosttune_engine.model.loader import load_model
 from hosttune_engine.model.model_config import ModelConfig
@@ -250,6 +251,8 @@ class ModelRunner:
         graphs = self.graphs
         if sample is None or graphs is None or self.group is not None or len(seqs) > graphs.tokens.shape[0]:
             return LaunchedStep(mask, None, sample)
+        if any(s.sampling.counts_tokens for s in seqs):  # its next step's penalties read this token on the host
+            return LaunchedStep(mask, None, sample)
         graphs.tokens[:len(seqs)].copy_(sample.tokens)
         return LaunchedStep(mask, None, sample, feeds_next=True, token_seqs=seqs)
 
@@ -310,8 +313,10 @@ class ModelRunner:
     def _sampling(self, seqs: list[Sequence]) -> SamplingBatch | None:
         if not seqs:
             return None
-        return SamplingBatch.build([s.sampling for s in seqs], [self._generator(s) for s in seqs],
-                                   self.model_config.vocab_size, self.device)
+        params = [s.sampling for s in seqs]
+        histories = [_history(s) for s in seqs] if any(p.adjusts_logits for p in params) else None
+        return SamplingBatch.build(params, [self._generator(s) for s in seqs], self.model_config.vocab_size,
+                                   self.device, histories)
 
     def _rows(self, mask: list[bool]) -> torch.Tensor:
         return torch.tensor([i for i, needs in enumerate(mask) if needs], device=self.device)
@@ -378,4 +383,11 @@ def context_length(config: EngineConfig, model_config: ModelConfig) -> int:
 
 
 def _plain_greedy(seq: Sequence) -> bool:
-    return seq.sampling.is_greedy and seq.sampling.logprobs is None
+    return seq.sampling.is_greedy and seq.sampling.logprobs is None and not seq.sampling.adjusts_logits
+
+
+def _history(seq: Sequence) -> TokenHistory:
+    """What its penalties read. A sequence that counts tokens never has one pending here: a step
+    that samples for it feeds no step launched ahead (`_sampled_step`)."""
+    assert not (seq.has_pending_token and seq.sampling.counts_tokens)
+    return TokenHistory(seq.prompt_ids, seq.output_counts or {}, seq.num_output_tokens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from enum import Enum
 
 from hosttune_engine.sampling import SamplingParams
@@ -52,6 +53,9 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
         self.has_pending_token = False
+        # what a penalty reads, kept only where the request sets one: each output token's count, the prompt's ids
+        self.output_counts: Counter[int] | None = Counter() if sampling.counts_tokens else None
+        self.prompt_ids = tuple(set(prompt_token_ids)) if sampling.counts_tokens else ()
 
     def __repr__(self) -> str:
         return (
@@ -86,6 +90,8 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+        if self.output_counts is not None:
+            self.output_counts[token_id] += 1
 
     def hold_pending_token(self, placeholder: int) -> None:
         """A token that a step in flight samples, appended before its id is known."""
@@ -95,6 +101,8 @@ class Sequence:
     def set_pending_token(self, token_id: int) -> None:
         self.token_ids[-1] = token_id
         self.has_pending_token = False
+        if self.output_counts is not None:
+            self.output_counts[token_id] += 1
 
     def block_tokens(self, block_index: int, block_size: int) -> tuple[int, ...]:
         start = block_index * block_size

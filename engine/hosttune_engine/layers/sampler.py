@@ -18,6 +18,7 @@ import torch
 
 from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.kernels.race import MIN_TEMPERATURE, race_sample, race_sample_ref
+from hosttune_engine.layers.logit_adjustments import LogitAdjustments, TokenHistory, adjust_logits
 from hosttune_engine.sampling import SamplingParams
 
 # Below this many rows, a batch with a row that sets both top-k and top-p sorts. H200, vocab 152K (ms,
@@ -56,11 +57,14 @@ class SamplingBatch:
     all_greedy: bool
     top_k_and_p: bool  # a sampled row sets both top-k and top-p
     num_logprobs: int | None  # the most alternatives any row asked for; None: no logprobs
+    adjustments: LogitAdjustments | None = None  # penalties; None: no row sets one
 
     @classmethod
-    def build(cls, params: list[SamplingParams], generators, vocab_size: int, device) -> "SamplingBatch":
+    def build(cls, params: list[SamplingParams], generators, vocab_size: int, device,
+              histories: list[TokenHistory | None] | None = None) -> "SamplingBatch":
         """All-greedy batches (the common decode case) skip the per-row tensors: no host-to-device copies.
-        The others go through pinned memory, so the copy does not wait for the device's earlier work."""
+        The others go through pinned memory, so the copy does not wait for the device's earlier work.
+        `histories` (per row; None where a row counts no tokens) are what penalties read."""
         greedy = [p.is_greedy for p in params]
         wanted = [p.logprobs for p in params if p.logprobs is not None]
         all_greedy = all(greedy)
@@ -75,6 +79,7 @@ class SamplingBatch:
             all_greedy=all_greedy,
             top_k_and_p=any(0 < p.top_k < vocab_size and p.top_p < 1 and not g for p, g in zip(params, greedy)),
             num_logprobs=max(wanted) if wanted else None,
+            adjustments=LogitAdjustments.build(params, histories or [None] * len(params), vocab_size, device),
         )
 
 
@@ -142,10 +147,12 @@ class Sampler:
         return self.sample(logits, batch).to_host()
 
     def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> DeviceSample:
-        """logits [N, V] fp32 -> one token per row, left on the device, its copy to the host enqueued (no sync)."""
-        tokens = logits.argmax(dim=-1)
+        """logits [N, V] fp32 -> one token per row, left on the device, its copy to the host enqueued (no sync).
+        Tokens are drawn from the adjusted logits (`batch.adjustments`); logprobs are the model's own."""
+        scores = logits if batch.adjustments is None else adjust_logits(logits, batch.adjustments)
+        tokens = scores.argmax(dim=-1)
         if not batch.all_greedy:
-            tokens = torch.where(batch.greedy, tokens, self._sample(logits, batch))
+            tokens = torch.where(batch.greedy, tokens, self._sample(scores, batch))
         if batch.num_logprobs is None:
             return DeviceSample(tokens)
         logprobs = logits.log_softmax(dim=-1)

@@ -71,6 +71,8 @@ MORE_CASES = [  # (name, path, body): valid requests of every kind, and bodies w
     ("two faults: best_of and stream", "/v1/completions", {"prompt": "hi", "best_of": 3, "stream": "x"}),
     ("two faults: stop and priority", "/v1/completions", {"prompt": "hi", "stop": 5, "priority": "x"}),
     ("two faults: messages and tools", "/v1/chat/completions", {"messages": [], "tools": [{}]}),
+    ("penalties", "/v1/completions",
+     {"prompt": "hi", **GREEDY, "frequency_penalty": 1, "presence_penalty": -0.5, "repetition_penalty": 1.2}),
     ("two faults: top_logprobs and penalty", "/v1/chat/completions",
      {"messages": USER, "top_logprobs": 2, "presence_penalty": 1}),
     ("stream_options include_usage not a bool", "/v1/completions",

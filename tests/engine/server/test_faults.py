@@ -73,7 +73,8 @@ BAD_INPUTS = [
      "application/json", "stream_options can only be set when stream is true"),
     ("priority a string", {"prompt": "hi", "priority": "high"}, "application/json", "priority must be an integer"),
     ("echo", {"prompt": "hi", "echo": True}, "application/json", "echo is not supported"),
-    ("presence penalty", {"prompt": "hi", "presence_penalty": 0.5}, "application/json", "presence_penalty is not"),
+    ("presence penalty past 2", {"prompt": "hi", "presence_penalty": 2.5}, "application/json",
+     "presence_penalty must be at most 2"),
     ("return_token_ids not a bool", {"prompt": "hi", "return_token_ids": "yes"}, "application/json",
      "return_token_ids must be a boolean, got a string"),
 ]
@@ -322,8 +323,8 @@ FUZZ_VALUES = [None, True, False, -1, 0, 1, 3, 2.5, 1e308, -(2**70), "", "s", "\
 COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream",
                      "stream_options", "stop", "stop_token_ids", "seed", "logprobs", "echo", "best_of", "priority",
                      "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "presence_penalty",
-                     "logit_bias", "suffix", "user", "min_p", "guided_json", "response_format",
-                     "add_special_tokens", "return_token_ids"]
+                     "frequency_penalty", "repetition_penalty", "logit_bias", "suffix", "user", "min_p",
+                     "guided_json", "response_format", "add_special_tokens", "return_token_ids"]
 CHAT_FIELDS = ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                "response_format", "add_generation_prompt", "chat_template_kwargs", "continue_final_message",
                "chat_template", "add_special_tokens"]

@@ -45,6 +45,9 @@ def test_prompt_forms(prompt, expected):
     ({"prompt": ["a", 1]}, "prompt must be a string, an array of strings"),
     ({"prompt": "hi", "best_of": 3}, "best_of is not supported"),
     ({"prompt": "hi", "logit_bias": {"1": 5}}, "logit_bias is not supported"),
+    ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty must be at most 2, got 2.5"),
+    ({"prompt": "hi", "frequency_penalty": -3}, "frequency_penalty must be at least -2, got -3"),
+    ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty must be greater than zero, got 0"),
     ({"prompt": "hi", "temperature": float("inf")}, "finite number, got number inf"),
     ({"prompt": "hi", "max_tokens": "x" * 100_000}, "max_tokens must be an integer, got a string"),
 ])
@@ -70,6 +73,13 @@ def test_fields_that_change_the_output_are_refused_not_ignored(field, value):
     neutral = {"min_p": 0, "use_beam_search": False, "bad_words": [], "response_format": {"type": "text"}}
     if field in neutral:
         assert CompletionRequest.parse({"prompt": "hi", field: neutral[field]}).options.n == 1
+
+
+def test_penalties_reach_the_sampling_params():
+    options = CompletionRequest.parse({"prompt": "hi", "presence_penalty": 0.5, "frequency_penalty": -1,
+                                       "repetition_penalty": 1.2}).options
+    params = options.sampling(16)
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -1.0, 1.2)
 
 
 def test_integral_floats_are_read_as_integers_as_vllm_reads_them():

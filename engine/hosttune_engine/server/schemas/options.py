@@ -40,6 +40,9 @@ class GenerationOptions:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # alternatives per token; None: no logprobs
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False  # usage in every chunk too, as vLLM's stream_options.continuous_usage_stats
@@ -53,15 +56,15 @@ class GenerationOptions:
                 max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                 seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
                 logprobs=self.logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
-                skip_special_tokens=self.skip_special_tokens)
+                skip_special_tokens=self.skip_special_tokens, presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty)
         except ConfigError as e:
             raise bad_request(str(e)) from None
 
 
 # Fields of OpenAI's or vLLM's API that change what is generated: ignoring one would answer 200 with output the
 # client did not ask for, so each is refused unless null or its neutral value. () refuses any value.
-UNSUPPORTED = {"presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,),
-               "logit_bias": ({},), "min_tokens": (0,), "suffix": ("",), "min_p": (0,), "use_beam_search": (False,),
+UNSUPPORTED = {"logit_bias": ({},), "min_tokens": (0,), "suffix": ("",), "min_p": (0,), "use_beam_search": (False,),
                "prompt_logprobs": (), "truncate_prompt_tokens": (), "allowed_token_ids": (), "bad_words": ([],),
                "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
                "structured_outputs": ()}
@@ -70,9 +73,6 @@ UNSUPPORTED = {"presence_penalty": (0,), "frequency_penalty": (0,), "repetition_
 class GenerationFields(RequestBody):
     """The shared fields as they come in a body; `generation_options` turns them into `GenerationOptions`."""
 
-    presence_penalty: Any = None
-    frequency_penalty: Any = None
-    repetition_penalty: Any = None
     logit_bias: Any = None
     min_tokens: Any = None
     suffix: Any = None
@@ -104,6 +104,9 @@ class GenerationFields(RequestBody):
     stream_options: dict | None = None
     priority: Integer = Field(0, ge=-INT64, le=INT64 - 1)
     return_token_ids: bool = False
+    presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
+    repetition_penalty: float = Field(1.0, allow_inf_nan=False)
 
     @field_validator(*UNSUPPORTED, mode="plain")
     @classmethod
@@ -132,6 +135,13 @@ class GenerationFields(RequestBody):
         if not 0 < top_p <= 1:
             raise fault(f"top_p must be in (0, 1], got {top_p}.", "top_p")
         return top_p
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _repetition_penalty(cls, penalty: float) -> float:
+        if not penalty > 0:
+            raise fault(f"repetition_penalty must be greater than zero, got {penalty:g}.", "repetition_penalty")
+        return penalty
 
     @field_validator("stop", mode="plain")
     @classmethod

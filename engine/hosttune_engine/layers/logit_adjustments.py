@@ -1,0 +1,84 @@
+"""What a request's settings do to its logits before the sampler: the repetition, frequency and presence
+penalties, with vLLM's semantics and in vLLM's order.
+
+Torch ops over the rows that ask for one, written into a copy of the step's logits; a batch where no row asks
+builds none (`LogitAdjustments.build` returns None) and the sampler runs as it would without this module. The
+sampler's argmax (greedy rows) and its race read the adjusted logits; logprobs stay the model's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from hosttune_engine.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class TokenHistory:
+    """What a row's penalties read of its sequence."""
+
+    prompt_ids: tuple[int, ...]  # each id once
+    output_counts: Mapping[int, int]
+    num_output_tokens: int
+
+
+@dataclass
+class LogitAdjustments:
+    """One step's adjustments, over `rows` of its logits (the rows that set something)."""
+
+    rows: torch.Tensor  # [R] int64
+    repetition: torch.Tensor | None  # [R] fp32, 1 where off
+    seen: torch.Tensor | None  # [R, V] bool: in the prompt or the output
+    presence: torch.Tensor | None  # [R] fp32
+    frequency: torch.Tensor | None  # [R] fp32
+    counts: torch.Tensor | None  # [R, V] fp32: each output token's count
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], histories: list[TokenHistory | None], vocab_size: int,
+              device) -> "LogitAdjustments | None":
+        """None where no row sets any. A row that counts tokens has its history."""
+        picked = [i for i, p in enumerate(params) if p.adjusts_logits]
+        if not picked:
+            return None
+        ps = [params[i] for i in picked]
+        hs = [histories[i] for i in picked]
+        tensor = lambda values, dtype: torch.tensor(values, dtype=dtype).to(device)  # noqa: E731
+        seen, counts = _histories(ps, hs, vocab_size, device) if any(p.counts_tokens for p in ps) else (None, None)
+        return cls(
+            rows=tensor(picked, torch.int64),
+            repetition=tensor([p.repetition_penalty for p in ps], torch.float32) if seen is not None else None,
+            seen=seen,
+            presence=tensor([p.presence_penalty for p in ps], torch.float32) if counts is not None else None,
+            frequency=tensor([p.frequency_penalty for p in ps], torch.float32) if counts is not None else None,
+            counts=counts,
+        )
+
+
+def _histories(ps: list[SamplingParams], hs: list[TokenHistory | None], vocab_size: int, device):
+    """[R, V] of the tokens seen (prompt or output) and of each output token's count."""
+    seen = torch.zeros(len(ps), vocab_size, dtype=torch.bool)
+    counts = torch.zeros(len(ps), vocab_size, dtype=torch.float32)
+    for r, h in enumerate(hs):
+        if h is None:
+            continue
+        seen[r, list(h.prompt_ids)] = True
+        if h.output_counts:
+            ids = torch.tensor(list(h.output_counts.keys()), dtype=torch.int64)
+            counts[r, ids] = torch.tensor(list(h.output_counts.values()), dtype=torch.float32)
+    seen |= counts > 0
+    return seen.to(device), counts.to(device)
+
+
+def adjust_logits(logits: torch.Tensor, adj: LogitAdjustments) -> torch.Tensor:
+    """logits [N, V] fp32 -> a copy with each adjusted row's settings applied (vLLM's order: repetition, then
+    frequency and presence)."""
+    sub = logits.index_select(0, adj.rows)  # [R, V]
+    if adj.seen is not None:
+        rep = adj.repetition[:, None]
+        sub = torch.where(adj.seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
+    if adj.counts is not None:
+        sub = sub - adj.frequency[:, None] * adj.counts - adj.presence[:, None] * (adj.counts > 0)
+    return logits.index_copy(0, adj.rows, sub)

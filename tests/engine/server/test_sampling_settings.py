@@ -1,0 +1,44 @@
+"""Penalties as the official `openai` client sees them, on the tiny Qwen2 server."""
+
+from collections import Counter
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+PROMPT = "The engine reads a prompt"
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+def _ids(client, model, max_tokens=16, **body):
+    kwargs = {k: body.pop(k) for k in ("logit_bias", "frequency_penalty", "presence_penalty") if k in body}
+    choice = client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens, temperature=0,
+                                       extra_body={"return_token_ids": True, **body}, **kwargs).choices[0]
+    return choice.model_extra["token_ids"], choice.finish_reason
+
+
+def test_a_strong_frequency_penalty_stops_greedy_repeating(client, model):
+    plain, _ = _ids(client, model, ignore_eos=True)
+    penalized, _ = _ids(client, model, ignore_eos=True, frequency_penalty=2.0)
+    assert max(Counter(plain).values()) > 1  # the tiny model repeats itself when greedy
+    assert penalized != plain and max(Counter(penalized).values()) == 1
+
+
+def test_repetition_penalty_changes_greedy_output(client, model):
+    plain, _ = _ids(client, model, ignore_eos=True)
+    assert _ids(client, model, ignore_eos=True, repetition_penalty=1e6)[0] != plain
+
+
+def test_a_seeded_request_with_a_penalty_repeats_itself(client, model):
+    body = dict(model=model, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=7, presence_penalty=1.0,
+                extra_body={"ignore_eos": True})
+    assert client.completions.create(**body).choices[0].text == client.completions.create(**body).choices[0].text
