@@ -16,7 +16,7 @@ from hosttune.bench.client import REDIRECT_ADVICE, Target, discover_model, key_a
 from hosttune.bench.connection import tls_context
 from hosttune.bench.file_limit import allow_load
 from hosttune.bench.headers import redact_argv, request_headers
-from hosttune.bench.loadgen import Load, Progress as LoadProgress
+from hosttune.bench.loadgen import MAX_USERS, Load, Progress as LoadProgress
 from hosttune.bench.metrics import Slo, summarize
 from hosttune.bench.record import FAILED
 from hosttune.bench.scheme import check_scheme
@@ -138,6 +138,9 @@ def _users(users, rate, grid, is_open) -> Optional[int]:
         raise BenchError(f"--shared-prefix {grid[0]}x{grid[1]} means {grid[0] * grid[1]} users; drop --users")
     if users is not None or rate is not None or is_open:
         return users
+    if grid and grid[0] * grid[1] > MAX_USERS:
+        raise BenchError(f"--shared-prefix {grid[0]}x{grid[1]} means {grid[0] * grid[1]} users, past the {MAX_USERS} "
+                         "bench runs: give fewer system prompts or users each")
     return grid[0] * grid[1] if grid else 128
 
 

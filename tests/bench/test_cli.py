@@ -990,3 +990,12 @@ def test_a_sweep_whose_every_request_failed_says_why_and_exits_2():
                         r"was measured; the first answered 400: This model's maximum context length is 1024 tokens\.; "
                         r"check that --prompts and --max-tokens fit the model's context, .*",
                         result.stderr.splitlines()[-1]), result.stderr
+
+
+def test_a_shared_prefix_grid_past_the_user_limit_is_named_as_given():
+    """--shared-prefix 1000x1000 was refused as '--users 1000000', an option the user had not given."""
+    result = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--shared-prefix", "1000x1000",
+                                 "--requests", "1"])
+    assert result.exit_code == 2
+    assert result.output == ("hosttune: --shared-prefix 1000x1000 means 1000000 users, past the 100000 bench runs: "
+                             "give fewer system prompts or users each\n")
