@@ -124,6 +124,11 @@ def _flavour(manager: str) -> Apt | Dnf:
     return Apt() if manager == "apt" else Dnf()
 
 
+def _version_key(version: str) -> tuple[int, ...]:
+    """Numbers in order, epoch first: enough to find the newest release of one package's pin."""
+    return tuple(int(n) for n in re.findall(r"\d+", version))
+
+
 def _install_spec(op: Packages, pkg: PackageState) -> tuple[str, str | None] | None:
     """(name, exact version or None) to install, or None when what is installed already fits."""
     if pkg.installed and (op.pin is None or matches_pin(pkg.installed, op.pin)):
@@ -132,7 +137,7 @@ def _install_spec(op: Packages, pkg: PackageState) -> tuple[str, str | None] | N
         if not pkg.available:
             raise Blocked(f"no installation candidate for {pkg.name} in the configured repositories")
         return pkg.name, None
-    version = next((v for v in pkg.available if matches_pin(v, op.pin)), None)
+    version = max((v for v in pkg.available if matches_pin(v, op.pin)), key=_version_key, default=None)
     if version is None:
         seen = f" (available: {', '.join(pkg.available[:4])})" if pkg.available else ""
         raise Blocked(f"no {pkg.name} {op.pin} in the package lists{seen}; refresh them or add the repository that has it")

@@ -309,3 +309,12 @@ def test_a_driver_pin_of_a_branch_matches_its_releases():
     assert matches_pin("535.129.03-0ubuntu1", "535") and matches_pin("3:535.129.03-1.el9", "535")
     assert matches_pin("535.129.03-0ubuntu1", "535.129") and not matches_pin("535.129.03-0ubuntu1", "535.12")
     assert not matches_pin("5350.1-1", "535") and not matches_pin("550.54.15-0ubuntu1", "535")
+
+
+def test_a_branch_pin_installs_the_branchs_newest_release_whatever_order_the_manager_lists():
+    """dnf --showduplicates lists oldest first, apt-cache madison newest first: the newest of the branch either way."""
+    for available in (("3:535.54.03-1.el9", "3:535.129.03-1.el9", "3:550.54.15-1.el9"),
+                      ("3:550.54.15-1.el9", "3:535.129.03-1.el9", "3:535.54.03-1.el9")):
+        state = State(packages={"nvidia-driver": PackageState("nvidia-driver", None, available)})
+        _, install = resolve_step(step(Packages("dnf", ("nvidia-driver",), "535")), state).ops
+        assert install.argv[-1].endswith("535.129.03-1.el9"), install.argv
