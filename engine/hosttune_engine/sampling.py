@@ -35,6 +35,8 @@ class SamplingParams:
     presence_penalty: float = 0.0  # output tokens: logit -= presence * (seen) + frequency * count
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # prompt and output tokens: a positive logit / it, a negative one * it
+    min_p: float = 0.0  # drop tokens less probable than min_p times the most probable (after temperature)
+    logit_bias: tuple[tuple[int, float], ...] = field(default=())  # (token id, bias), bias within +-100
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop or ()
@@ -42,6 +44,8 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias or ()
+        object.__setattr__(self, "logit_bias", tuple((int(t), max(-100.0, min(100.0, float(b)))) for t, b in bias))
         self._validate()
 
     def _validate(self) -> None:
@@ -70,6 +74,10 @@ class SamplingParams:
                 raise ConfigError(f"{name} must be in [-2, 2], got {getattr(self, name)}.")
         if not self.repetition_penalty > 0.0:
             raise ConfigError(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if any(t < 0 for t, _ in self.logit_bias):
+            raise ConfigError("logit_bias must map non-negative token ids to biases")
 
     @property
     def is_greedy(self) -> bool:
@@ -82,8 +90,8 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Some setting changes the logits before the sampler (a penalty)."""
-        return self.counts_tokens
+        """Some setting changes the logits before the sampler (penalties, min_p, logit_bias)."""
+        return self.counts_tokens or self.min_p > 0 or bool(self.logit_bias)
 
     @property
     def max_stop_len(self) -> int:

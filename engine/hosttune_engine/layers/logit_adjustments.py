@@ -1,5 +1,5 @@
-"""What a request's settings do to its logits before the sampler: the repetition, frequency and presence
-penalties, with vLLM's semantics and in vLLM's order.
+"""What a request's settings do to its logits before the sampler: logit_bias, the repetition,
+frequency and presence penalties, and min_p, with vLLM's semantics and in vLLM's order.
 
 Torch ops over the rows that ask for one, written into a copy of the step's logits; a batch where no row asks
 builds none (`LogitAdjustments.build` returns None) and the sampler runs as it would without this module. The
@@ -14,6 +14,8 @@ from typing import Mapping
 import torch
 
 from hosttune_engine.sampling import SamplingParams
+
+MIN_P_TEMPERATURE = 1e-5  # a greedy row keeps its most probable token whatever min_p says: no division by 0
 
 
 @dataclass(frozen=True)
@@ -30,11 +32,14 @@ class LogitAdjustments:
     """One step's adjustments, over `rows` of its logits (the rows that set something)."""
 
     rows: torch.Tensor  # [R] int64
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # row (of R), token id, bias: each [B]
     repetition: torch.Tensor | None  # [R] fp32, 1 where off
     seen: torch.Tensor | None  # [R, V] bool: in the prompt or the output
     presence: torch.Tensor | None  # [R] fp32
     frequency: torch.Tensor | None  # [R] fp32
     counts: torch.Tensor | None  # [R, V] fp32: each output token's count
+    min_p: torch.Tensor | None  # [R] fp32, 0 where off
+    temperatures: torch.Tensor | None  # [R] fp32, what min_p's probabilities are taken at
 
     @classmethod
     def build(cls, params: list[SamplingParams], histories: list[TokenHistory | None], vocab_size: int,
@@ -47,14 +52,27 @@ class LogitAdjustments:
         hs = [histories[i] for i in picked]
         tensor = lambda values, dtype: torch.tensor(values, dtype=dtype).to(device)  # noqa: E731
         seen, counts = _histories(ps, hs, vocab_size, device) if any(p.counts_tokens for p in ps) else (None, None)
+        sampled_min_p = [p.min_p if not p.is_greedy else 0.0 for p in ps]  # min_p never changes an argmax
         return cls(
             rows=tensor(picked, torch.int64),
+            bias=_bias(ps, vocab_size, tensor),
             repetition=tensor([p.repetition_penalty for p in ps], torch.float32) if seen is not None else None,
             seen=seen,
             presence=tensor([p.presence_penalty for p in ps], torch.float32) if counts is not None else None,
             frequency=tensor([p.frequency_penalty for p in ps], torch.float32) if counts is not None else None,
             counts=counts,
+            min_p=tensor(sampled_min_p, torch.float32) if any(sampled_min_p) else None,
+            temperatures=tensor([max(p.temperature, MIN_P_TEMPERATURE) for p in ps], torch.float32)
+            if any(sampled_min_p) else None,
         )
+
+
+def _bias(ps: list[SamplingParams], vocab_size: int, tensor):
+    entries = [(r, t, b) for r, p in enumerate(ps) for t, b in p.logit_bias if t < vocab_size]
+    if not entries:
+        return None
+    rows, ids, values = zip(*entries)
+    return tensor(rows, torch.int64), tensor(ids, torch.int64), tensor(values, torch.float32)
 
 
 def _histories(ps: list[SamplingParams], hs: list[TokenHistory | None], vocab_size: int, device):
@@ -73,12 +91,19 @@ def _histories(ps: list[SamplingParams], hs: list[TokenHistory | None], vocab_si
 
 
 def adjust_logits(logits: torch.Tensor, adj: LogitAdjustments) -> torch.Tensor:
-    """logits [N, V] fp32 -> a copy with each adjusted row's settings applied (vLLM's order: repetition, then
-    frequency and presence)."""
+    """logits [N, V] fp32 -> a copy with each adjusted row's settings applied (vLLM's order: logit_bias, then
+    the penalties, then min_p at the row's temperature)."""
     sub = logits.index_select(0, adj.rows)  # [R, V]
+    if adj.bias is not None:
+        rows, ids, values = adj.bias
+        sub.index_put_((rows, ids), values, accumulate=True)
     if adj.seen is not None:
         rep = adj.repetition[:, None]
         sub = torch.where(adj.seen, torch.where(sub > 0, sub / rep, sub * rep), sub)
     if adj.counts is not None:
         sub = sub - adj.frequency[:, None] * adj.counts - adj.presence[:, None] * (adj.counts > 0)
+    if adj.min_p is not None:
+        probs = (sub / adj.temperatures[:, None]).softmax(dim=-1)
+        cut = probs < adj.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        sub = sub.masked_fill(cut, float("-inf"))
     return logits.index_copy(0, adj.rows, sub)

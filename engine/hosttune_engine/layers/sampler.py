@@ -57,7 +57,7 @@ class SamplingBatch:
     all_greedy: bool
     top_k_and_p: bool  # a sampled row sets both top-k and top-p
     num_logprobs: int | None  # the most alternatives any row asked for; None: no logprobs
-    adjustments: LogitAdjustments | None = None  # penalties; None: no row sets one
+    adjustments: LogitAdjustments | None = None  # penalties, min_p, logit_bias; None: no row sets one
 
     @classmethod
     def build(cls, params: list[SamplingParams], generators, vocab_size: int, device,

@@ -79,6 +79,7 @@ async def _generate(request, state: ServerState, kind: _Kind, options: Generatio
         prompts = await encode()
         builder = state.usable_prompts()
         builder.check_logprobs(options.logprobs)
+        builder.check_logit_bias(options.logit_bias)
         samplings = [options.sampling(builder.max_tokens_for(len(p), options.max_tokens, kind.default_max_tokens,
                                                              kind.what, options.max_tokens_field)) for p in prompts]
         request_id = state.new_request_id(kind.id_prefix)

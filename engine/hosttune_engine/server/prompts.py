@@ -79,6 +79,12 @@ class PromptBuilder:
         if logprobs is not None:
             self._need_tokenizer("logprobs, which show each token as text; ask without logprobs", "logprobs")
 
+    def check_logit_bias(self, bias: tuple[tuple[int, float], ...]) -> None:
+        bad = next((t for t, _ in bias if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise bad_request(f"logit_bias: token id {str(bad)[:24]} is out of the vocabulary [0, {self.vocab_size})",
+                              "logit_bias")
+
     async def decode(self, ids) -> str:
         """The text of token ids (/detokenize); many ids are checked and decoded off the event loop."""
         tok = self._need_tokenizer("turning token ids into text", "tokens")

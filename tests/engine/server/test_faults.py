@@ -75,6 +75,8 @@ BAD_INPUTS = [
     ("echo", {"prompt": "hi", "echo": True}, "application/json", "echo is not supported"),
     ("presence penalty past 2", {"prompt": "hi", "presence_penalty": 2.5}, "application/json",
      "presence_penalty must be at most 2"),
+    ("logit_bias token outside the vocabulary", {"prompt": "hi", "logit_bias": {"999999": 5}}, "application/json",
+     "logit_bias: token id 999999 is out of the vocabulary"),
     ("return_token_ids not a bool", {"prompt": "hi", "return_token_ids": "yes"}, "application/json",
      "return_token_ids must be a boolean, got a string"),
 ]

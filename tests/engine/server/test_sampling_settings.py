@@ -1,4 +1,4 @@
-"""Penalties as the official `openai` client sees them, on the tiny Qwen2 server."""
+"""Penalties, min_p and logit_bias as the official `openai` client sees them, on the tiny Qwen2 server."""
 
 from collections import Counter
 
@@ -38,7 +38,12 @@ def test_repetition_penalty_changes_greedy_output(client, model):
     assert _ids(client, model, ignore_eos=True, repetition_penalty=1e6)[0] != plain
 
 
-def test_a_seeded_request_with_a_penalty_repeats_itself(client, model):
+def test_logit_bias_of_100_makes_greedy_output_that_token(client, model):
+    ids, _ = _ids(client, model, max_tokens=6, ignore_eos=True, logit_bias={"42": 100})
+    assert ids == [42] * 6
+
+
+def test_a_seeded_request_with_min_p_and_a_penalty_repeats_itself(client, model):
     body = dict(model=model, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=7, presence_penalty=1.0,
-                extra_body={"ignore_eos": True})
+                extra_body={"min_p": 0.05, "ignore_eos": True})
     assert client.completions.create(**body).choices[0].text == client.completions.create(**body).choices[0].text

@@ -44,10 +44,13 @@ def test_prompt_forms(prompt, expected):
 @pytest.mark.parametrize("body,message", [
     ({"prompt": ["a", 1]}, "prompt must be a string, an array of strings"),
     ({"prompt": "hi", "best_of": 3}, "best_of is not supported"),
-    ({"prompt": "hi", "logit_bias": {"1": 5}}, "logit_bias is not supported"),
+    ({"prompt": "hi", "logit_bias": {"x": 5}}, "logit_bias keys must be token ids"),
+    ({"prompt": "hi", "logit_bias": {"1": "5"}}, "logit_bias[1] must be a finite number, got a string"),
+    ({"prompt": "hi", "logit_bias": [1]}, "logit_bias must be an object of token ids to biases"),
     ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty must be at most 2, got 2.5"),
     ({"prompt": "hi", "frequency_penalty": -3}, "frequency_penalty must be at least -2, got -3"),
     ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty must be greater than zero, got 0"),
+    ({"prompt": "hi", "min_p": 1.5}, "min_p must be at most 1, got 1.5"),
     ({"prompt": "hi", "temperature": float("inf")}, "finite number, got number inf"),
     ({"prompt": "hi", "max_tokens": "x" * 100_000}, "max_tokens must be an integer, got a string"),
 ])
@@ -58,7 +61,7 @@ def test_completion_errors(body, message):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("min_p", 0.1), ("use_beam_search", True), ("prompt_logprobs", 0), ("truncate_prompt_tokens", 8),
+    ("use_beam_search", True), ("prompt_logprobs", 0), ("truncate_prompt_tokens", 8),
     ("allowed_token_ids", [1, 2]), ("bad_words", ["x"]), ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
     ("guided_choice", ["a", "b"]), ("guided_grammar", "root ::= 'a'"), ("structured_outputs", {"json": {}}),
     ("response_format", {"type": "json_object"}),
@@ -70,16 +73,27 @@ def test_fields_that_change_the_output_are_refused_not_ignored(field, value):
         with pytest.raises(ApiError) as err:
             parse({**body, field: value})
         assert err.value.param == field and "not supported" in err.value.message
-    neutral = {"min_p": 0, "use_beam_search": False, "bad_words": [], "response_format": {"type": "text"}}
+    neutral = {"use_beam_search": False, "bad_words": [], "response_format": {"type": "text"}}
     if field in neutral:
         assert CompletionRequest.parse({"prompt": "hi", field: neutral[field]}).options.n == 1
 
 
-def test_penalties_reach_the_sampling_params():
+def test_penalties_min_p_and_logit_bias_reach_the_sampling_params():
     options = CompletionRequest.parse({"prompt": "hi", "presence_penalty": 0.5, "frequency_penalty": -1,
-                                       "repetition_penalty": 1.2}).options
+                                       "repetition_penalty": 1.2, "min_p": 0.1,
+                                       "logit_bias": {"7": 250, "9": -1.5}}).options
     params = options.sampling(16)
-    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) == (0.5, -1.0, 1.2)
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty, params.min_p,
+            params.logit_bias) == (0.5, -1.0, 1.2, 0.1, ((7, 100.0), (9, -1.5)))
+
+
+def test_a_logit_bias_token_outside_the_vocabulary_is_one_line_naming_it():
+    options = CompletionRequest.parse({"prompt": "hi", "logit_bias": {"3": 1, "500": 1}}).options
+    with pytest.raises(ApiError) as err:
+        PromptBuilder(None, 64, 100).check_logit_bias(options.logit_bias)
+    assert (err.value.message, err.value.param) == ("logit_bias: token id 500 is out of the vocabulary [0, 100)",
+                                                    "logit_bias")
+    PromptBuilder(None, 64, 501).check_logit_bias(options.logit_bias)
 
 
 def test_integral_floats_are_read_as_integers_as_vllm_reads_them():

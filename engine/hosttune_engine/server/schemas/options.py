@@ -7,6 +7,7 @@ did not ask for. Each endpoint's model puts these fields after its own head.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -43,6 +44,8 @@ class GenerationOptions:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False  # usage in every chunk too, as vLLM's stream_options.continuous_usage_stats
@@ -57,14 +60,15 @@ class GenerationOptions:
                 seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
                 logprobs=self.logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens, presence_penalty=self.presence_penalty,
-                frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty)
+                frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
+                min_p=self.min_p, logit_bias=self.logit_bias)
         except ConfigError as e:
             raise bad_request(str(e)) from None
 
 
 # Fields of OpenAI's or vLLM's API that change what is generated: ignoring one would answer 200 with output the
 # client did not ask for, so each is refused unless null or its neutral value. () refuses any value.
-UNSUPPORTED = {"logit_bias": ({},), "min_tokens": (0,), "suffix": ("",), "min_p": (0,), "use_beam_search": (False,),
+UNSUPPORTED = {"min_tokens": (0,), "suffix": ("",), "use_beam_search": (False,),
                "prompt_logprobs": (), "truncate_prompt_tokens": (), "allowed_token_ids": (), "bad_words": ([],),
                "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
                "structured_outputs": ()}
@@ -73,10 +77,8 @@ UNSUPPORTED = {"logit_bias": ({},), "min_tokens": (0,), "suffix": ("",), "min_p"
 class GenerationFields(RequestBody):
     """The shared fields as they come in a body; `generation_options` turns them into `GenerationOptions`."""
 
-    logit_bias: Any = None
     min_tokens: Any = None
     suffix: Any = None
-    min_p: Any = None
     use_beam_search: Any = None
     prompt_logprobs: Any = None
     truncate_prompt_tokens: Any = None
@@ -107,6 +109,8 @@ class GenerationFields(RequestBody):
     presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
     frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
     repetition_penalty: float = Field(1.0, allow_inf_nan=False)
+    min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+    logit_bias: Any = ()
 
     @field_validator(*UNSUPPORTED, mode="plain")
     @classmethod
@@ -142,6 +146,23 @@ class GenerationFields(RequestBody):
         if not penalty > 0:
             raise fault(f"repetition_penalty must be greater than zero, got {penalty:g}.", "repetition_penalty")
         return penalty
+
+    @field_validator("logit_bias", mode="plain")
+    @classmethod
+    def _logit_bias(cls, bias) -> tuple[tuple[int, float], ...]:
+        """{"token id": bias}; each bias within [-100, 100] (clamped, as vLLM), ids checked against the vocabulary
+        once the model is known."""
+        if not isinstance(bias, dict):
+            raise fault(f"logit_bias must be an object of token ids to biases, got {describe(bias)}", "logit_bias")
+        pairs = []
+        for key, value in bias.items():
+            if not (key.isascii() and key.isdigit() and len(key) < 20):
+                raise fault(f"logit_bias keys must be token ids (non-negative integers), got {key[:24]!r}",
+                            "logit_bias")
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
+                raise fault(f"logit_bias[{key}] must be a finite number, got {describe(value)}", "logit_bias")
+            pairs.append((int(key), max(-100.0, min(100.0, float(value)))))
+        return tuple(pairs)
 
     @field_validator("stop", mode="plain")
     @classmethod
