@@ -56,7 +56,7 @@ def deploy(
     canary_rate: float = typer.Option(1.0, "--canary-rate", min=0.01, help="With --canary-slo: requests per second of the canary bench."),
     canary_duration: str = typer.Option("30s", "--canary-duration", help="With --canary-slo: how long the canary bench runs."),
     set_: Optional[List[str]] = typer.Option(None, "--set", help="FLAG=VALUE for an engine flag, env.NAME=VALUE for the environment; repeatable."),
-    rollback: bool = typer.Option(False, "--rollback", help="Make each host's previous release live again, on every host at once (options that shape or batch a deploy are refused with it)."),
+    rollback: bool = typer.Option(False, "--rollback", help="Make each host's previous release live again, on every host at once (a multi-node group in deploy's order: Ray head, workers, server; options that shape or batch a deploy are refused with it)."),
     wheelhouse: Optional[Path] = WheelhouseOpt,
     ref: Optional[str] = text_option(None, "--ref", help="Deploy the wheels built from this ref (default: the newest build)."),
     warmup: Optional[int] = typer.Option(None, "--warmup", min=0, help="Warmup requests before the gate (default: the inventory's deploy.warmup, else 3)."),

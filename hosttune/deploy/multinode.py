@@ -2,16 +2,15 @@
 serves; the others are Ray workers. Started in order: head Ray, workers' Ray, wait until the
 cluster has every node, then the server on the head, then the gate.
 
-The order is data (`group_phases`); `deploy_group` walks it. A failure in any phase puts
-every host of the group back on the release it had.
+The order is data (`group_phases`: the install, then ray_start.start_phases, which --rollback
+shares); `deploy_group` walks it. A failure in any phase puts every host of the group back on
+the release it had.
 """
 
 from __future__ import annotations
 
-import re
-import time
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable
 
 from hosttune.actions.base import Command, Op, describe
@@ -26,6 +25,7 @@ from hosttune.deploy.model import ModelShape, read_model
 from hosttune.deploy.placement import PER_GPU, Layout, divisors_of_heads, place, quant_problem
 from hosttune.deploy.preconditions import NOT_NGINX, check_job, serve_needs
 from hosttune.deploy.prune import prune, prune_ops
+from hosttune.deploy.ray_start import Phase, RayCheck, phase_lines, ray_notes, start_group, start_phases
 from hosttune.deploy.release import release_name, wheel_path
 from hosttune.deploy.restore import load_release
 from hosttune.deploy.state import HostState, read_cordon, read_state
@@ -37,16 +37,7 @@ from hosttune.fleet_runner import FleetRunner, Outcome
 from hosttune.probes.gather import gather
 from hosttune.transport import open_transport
 
-RAY_WAIT_S = 300.0
 FALLBACK = "every host of the group goes back to the release it had"
-_RAY_NODE = re.compile(r"^\s*\d+\s+node_[0-9a-f]+", re.M)
-
-
-@dataclass(frozen=True)
-class Phase:
-    description: str
-    ops: dict[str, list[Op]]  # host name → operations, run in parallel across hosts
-    wait: str = ""  # "ray-head" | "ray-cluster" | "gate": what must hold before the next phase
 
 
 def roles(hosts: list[Host]) -> dict[str, Role]:
@@ -56,18 +47,16 @@ def roles(hosts: list[Host]) -> dict[str, Role]:
 
 
 def group_phases(jobs: list[HostJob], states: dict[str, HostState]) -> list[Phase]:
-    head, workers = jobs[0], jobs[1:]
-    name = head.host.name
-    return [
-        Phase("install releases", {j.host.name: dplan.install_ops(j.release, j.entry, states[j.host.name], j.python)
-                                   + dplan.verify_ops(j.release) for j in jobs}),
-        Phase("start the Ray head", {name: dplan.activate_ops(head.release, states[name], start=(RAY_UNIT,),
-                                                              requires=head_needs(head, states[name]))}, "ray-head"),
-        Phase("start the Ray workers", {j.host.name: dplan.activate_ops(j.release, states[j.host.name],
-                                                                        requires=model_needs(j)) for j in workers},
-              "ray-cluster"),
-        Phase("start the server on the head", {name: dplan.start_ops([SERVE_UNIT])}, "gate"),
-    ]
+    head, by_name = jobs[0], {j.host.name: j for j in jobs}
+
+    def activate(name: str, start: tuple[str, ...] | None) -> list[Op]:
+        job = by_name[name]
+        needs = head_needs(job, states[name]) if job is head else model_needs(job)
+        return dplan.activate_ops(job.release, states[name], start=start, requires=needs)
+
+    install = Phase("install releases", {j.host.name: dplan.install_ops(j.release, j.entry, states[j.host.name], j.python)
+                                         + dplan.verify_ops(j.release) for j in jobs})
+    return [install, *start_phases(head.host.name, [j.host.name for j in jobs[1:]], activate)]
 
 
 def group_layout(host: Host, facts, request, model: ModelShape) -> Layout:
@@ -132,27 +121,6 @@ def _model(transport, path: str) -> ModelShape | None:
     return read_model(transport, path) if path.startswith("/") else None
 
 
-def parse_ray_nodes(text: str) -> int:
-    """Active nodes in `ray status` output."""
-    active = text.split("Active:", 1)[-1].split("Pending:", 1)[0] if "Active:" in text else ""
-    return len(_RAY_NODE.findall(active))
-
-
-def wait_ray(transport, job: HostJob, num_nodes: int, timeout: float = RAY_WAIT_S) -> None:
-    """Until `ray status` on the head counts num_nodes active nodes."""
-    port = job.preset.multinode.ray_port
-    ray = f"{job.release.dir}/bin/ray"
-    deadline = time.monotonic() + timeout
-    seen = 0
-    while time.monotonic() < deadline:
-        result = transport.read([ray, "status", f"--address=127.0.0.1:{port}"], timeout=60)
-        seen = parse_ray_nodes(result.stdout) if result.ok else 0
-        if seen >= num_nodes:
-            return
-        time.sleep(2.0)
-    raise DeployError(f"{job.host.name}: the Ray cluster has {seen} of {num_nodes} nodes after {timeout:.0f}s")
-
-
 def deploy_group(hosts: list[Host], request, make_job: Callable) -> list[HostDeploy]:
     with ExitStack() as stack:
         transports = {h.name: stack.enter_context(open_transport(h.connection)) for h in hosts}
@@ -181,25 +149,19 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
     except HosttuneError as exc:
         return [HostDeploy(h, Outcome.FAILED, error=f"nothing changed on group {hosts[0].group}: {exc}") for h in hosts]
     if request.dry_run:
-        return [HostDeploy(j.host, Outcome.PLANNED, j.release.id, ops=_plan_lines(phases, j, j is jobs[0])
+        return [HostDeploy(j.host, Outcome.PLANNED, j.release.id, ops=_plan_lines(phases, j, j is jobs[0], len(jobs))
                            + _prune_lines(j, states[j.host.name]), checks=checks[j.host.name]) for j in jobs]
     head = jobs[0]
-    gate = None
-    for index, phase in enumerate(phases):
-        try:
-            together.map(lambda item: run_ops(transports[item[0]], item[1]), list(phase.ops.items()))
-            if index == 0:  # installed beside the live releases: the head's engine judges its flags
-                check_flags(transports[head.host.name], head, head.release.dir)
-            if phase.wait in ("ray-head", "ray-cluster"):
-                wait_ray(transports[head.host.name], head, 1 if phase.wait == "ray-head" else len(jobs))
-            elif phase.wait == "gate":
-                gate = run_gate(transports[head.host.name], SERVE_UNIT, head.settings, head.preset.serve.health)
-                if not gate.ok:
-                    raise DeployError(gate.summary())
-        except HosttuneError as exc:
-            if index == 0:  # only installs ran: nothing live changed
-                return [HostDeploy(j.host, Outcome.FAILED, j.release.id, release_name(states[j.host.name].current), error=str(exc)) for j in jobs]
-            return _restore_group(jobs, states, transports, gate or GateResult(False, phase.description, str(exc)))
+    try:  # installed beside the live releases: the head's engine judges its flags; nothing live changed yet
+        together.map(lambda item: run_ops(transports[item[0]], item[1]), list(phases[0].ops.items()))
+        check_flags(transports[head.host.name], head, head.release.dir)
+    except HosttuneError as exc:
+        return [HostDeploy(j.host, Outcome.FAILED, j.release.id, release_name(states[j.host.name].current), error=str(exc))
+                for j in jobs]
+    gate = start_group(phases[1:], transports, _ray_check(head, len(jobs)),
+                       lambda: run_gate(transports[head.host.name], SERVE_UNIT, head.settings, head.preset.serve.health))
+    if not gate.ok:
+        return _restore_group(jobs, states, transports, gate)
     pruned = together.map(lambda j: prune(transports[j.host.name], states[j.host.name], j.release, j.keep_releases), jobs)
     return [HostDeploy(j.host, Outcome.DEPLOYED, j.release.id, j.release.id, gate if j is head else None, why or None)
             for j, why in zip(jobs, pruned)]
@@ -226,16 +188,18 @@ def _unchanged(jobs: list[HostJob], states: dict[str, HostState], transports, dr
     return [HostDeploy(j.host, Outcome.UNCHANGED, j.release.id, j.release.id, gate if j is head else None) for j in jobs]
 
 
-def _plan_lines(phases: list[Phase], job: HostJob, is_head: bool) -> tuple[str, ...]:
-    """What the run does on this host, phase by phase: the head checks its engine's flags after the install, and
-    its server's gate ends the group's start."""
-    lines = []
-    for index, phase in enumerate(phases):
-        lines += [f"[{phase.description}] {describe(op)}" for op in phase.ops.get(job.host.name, [])]
-        check = check_line(job, job.release.dir) if is_head and index == 0 else None
-        gate = gate_line(SERVE_UNIT, job.settings, FALLBACK) if is_head and phase.wait == "gate" else None
-        lines += [f"[{phase.description}] {line}" for line in (check, gate) if line]
-    return tuple(lines)
+def _plan_lines(phases: list[Phase], job: HostJob, is_head: bool, num_nodes: int) -> tuple[str, ...]:
+    """What the run does on this host, phase by phase: the head checks its engine's flags after the install, waits
+    for its Ray and then every node's, and its server's gate ends the group's start."""
+    if not is_head:
+        return phase_lines(phases, job.host.name, {})
+    notes = {**ray_notes(phases, _ray_check(job, num_nodes)), phases[0].description: check_line(job, job.release.dir),
+             phases[-1].description: gate_line(SERVE_UNIT, job.settings, FALLBACK)}
+    return phase_lines(phases, job.host.name, notes)
+
+
+def _ray_check(head: HostJob, num_nodes: int) -> RayCheck:
+    return RayCheck(head.host.name, head.release.dir, head.preset.multinode.ray_port, num_nodes)
 
 
 def _prune_lines(job: HostJob, state: HostState) -> tuple[str, ...]:

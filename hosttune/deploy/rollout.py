@@ -14,6 +14,7 @@ from hosttune.deploy.entry import pick_entry
 from hosttune.deploy.errors import DeployError, PlacementError
 from hosttune.deploy.front import LOOPBACK, on_loopback
 from hosttune.deploy.host import HostDeploy, HostJob, deploy_host, guarded
+from hosttune.deploy.group_rollback import rollback_group
 from hosttune.deploy.rollback import rollback_one
 from hosttune.deploy.model import ModelShape, context_problem, read_model
 from hosttune.deploy.placement import (CPU_DEVICE, PER_GPU, Layout, LayoutRequest, host_abi, plan_layout, preflight,
@@ -28,7 +29,7 @@ from hosttune.deploy.shape import Guard, declared, read_live, record
 from hosttune.deploy.state import read_cordon
 from hosttune.deploy.units import ROUTER_UNIT
 from hosttune.deploy import tune
-from hosttune.errors import HosttuneError
+from hosttune.errors import HosttuneError, TransportError
 from hosttune.probes.facts import Facts
 from hosttune.config.inventory import Host, Inventory
 from hosttune.fleet_runner import DEFAULT_FORKS, FleetRunner, Outcome
@@ -277,12 +278,28 @@ def _run_unit(unit: list[Host], request: DeployRequest, runner: FleetRunner) -> 
 
 def rollback_fleet(inventory: Inventory, timeouts: Timeouts = Timeouts(), forks: int = DEFAULT_FORKS,
                    on_host_done: Callable[[str, object], None] | None = None, dry_run: bool = False) -> list[HostDeploy]:
-    """Each host's previous release live again; dry_run: which release each would go back to, read-only."""
+    """Each host's previous release live again; dry_run: which release each would go back to, read-only. A group
+    with deploy.multinode goes back as one, in deploy's order, where its previous releases are a Ray group."""
     base = timeouts.apply(ServeSettings("", "", 1, {}, {}))
+    runner = FleetRunner(forks, on_host_done=on_host_done)
 
     def one(host: Host) -> HostDeploy:
         with open_transport(host.connection) as transport:
             return rollback_one(transport, host, base, dry_run=dry_run)
 
-    return FleetRunner(forks, on_host_done=on_host_done).map(lambda h: guarded(h, lambda: one(h)), list(inventory.hosts),
-                                                             name=lambda h: h.name)
+    def unit(hosts: list[Host]) -> list[HostDeploy]:
+        done = [guarded(hosts[0], lambda: one(hosts[0]))] if len(hosts) == 1 and not is_multinode(hosts[0], "vllm") \
+            else _group_or_lost(hosts, lambda: rollback_group(hosts, base, dry_run))
+        for outcome in done:
+            runner.done(outcome.host.name, outcome)
+        return done
+
+    return [o for done in runner.map(unit, rollout_units(inventory, "vllm")) for o in done]
+
+
+def _group_or_lost(hosts: list[Host], attempt: Callable[[], list[HostDeploy]]) -> list[HostDeploy]:
+    """attempt(), with a host that does not answer before anything changed as the group's outcome."""
+    try:
+        return attempt()
+    except TransportError as exc:
+        return [HostDeploy(h, Outcome.UNREACHABLE, error=f"nothing changed on group {h.group}: {exc}") for h in hosts]

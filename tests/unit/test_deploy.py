@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from hosttune.cli import app
 from hosttune.deploy import host as dhost
-from hosttune.deploy import multinode, rollout
+from hosttune.deploy import multinode, ray_start, rollout
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import parse_gate
 from hosttune.deploy.placement import place, preflight
@@ -372,7 +372,7 @@ def test_multinode_starts_ray_head_then_workers_then_the_server(tmp_path, monkey
     assert events[4:] == [("node-0", "ray status"), ("node-0", SERVE_UNIT)]
     gate_at = max(i for i, (h, a) in enumerate(log) if a[:2] == ("python3", "-c"))
     assert log[gate_at][0] == "node-0" and gate_at > max(i for i, (h, a) in enumerate(log) if a[-1:] == (SERVE_UNIT,))
-    assert multinode.parse_ray_nodes("Active:\n 1 node_ab12\n 1 node_cd34\nPending:\n 1 node_ef56\n") == 2
+    assert ray_start.parse_ray_nodes("Active:\n 1 node_ab12\n 1 node_cd34\nPending:\n 1 node_ef56\n") == 2
 
 
 def test_a_multinode_group_removes_each_hosts_releases_past_those_kept_once_it_serves(tmp_path, monkeypatch):
@@ -902,3 +902,87 @@ def test_a_multinode_key_that_is_not_true_or_false_is_one_line_naming_it(tmp_pat
     result = CliRunner().invoke(app, ["deploy", "-i", str(inventory), "--dry-run", *args])
     assert result.exit_code == 2, result.output
     assert result.output.strip().endswith("deploy.multinode must be true or false (got 'false')"), result.output
+
+
+def ray_rollback_group(tmp_path, monkeypatch, log: list, gate_ok=True):
+    """The ray group over scripted hosts, each live on a release of port 8001 with the group's release of port 8000
+    before it as `previous` (node-0 the Ray head of both)."""
+    from hosttune.deploy import group_rollback
+
+    inv = inventory(tmp_path)
+    hosts = [h for h in inv.hosts if h.group == "ray"]
+    group_roles, preset, entry = multinode.roles(hosts), load_preset("vllm"), fake_entry(tmp_path / "wh")
+    releases = {}
+    for h in hosts:
+        for port in (8000, 8001):
+            settings = resolve(inv.hosts[0], preset, "/m", port, parse_sets([]))
+            releases[h.name, port] = make_release(preset, settings, place("0-3", a100_facts(), "h"), entry,
+                                                  group_roles[h.name])
+    transports = {}
+    for h in hosts:
+        older, live = releases[h.name, 8000], releases[h.name, 8001]
+        t = ScriptedTransport(h.name, log, gate_ok=gate_ok, state=f"current:{live.dir}\nprevious:{older.dir}\n", ray_nodes=3)
+        for release in (older, live):
+            t.files[f"{release.dir}/.hosttune/release.json"] = release.manifest()
+            t.files.update({f"{release.dir}/.hosttune/{name}": body for name, body in release.units.items()})
+        transports[h.name] = t
+    for module in (rollout, group_rollback):
+        monkeypatch.setattr(module, "open_transport", lambda spec, **kw: transports[spec.host_name])
+    return inv.limit("ray"), releases
+
+
+def _ray_events(log: list) -> list:
+    """Each restart, `ray status` on the head and gate, in the order the hosts saw them."""
+    return [(h, a[2] if a[1] == "restart" else "ray status" if a[0].endswith("/bin/ray") else "gate") for h, a in log
+            if a[:2] == ("systemctl", "restart") or a[0].endswith("/bin/ray")
+            or a[:2] == ("python3", "-c") and "UNKNOWN" not in a[2]]
+
+
+def test_rolling_back_a_multinode_group_starts_the_ray_head_then_the_workers_then_the_server_as_deploy_does(
+        tmp_path, monkeypatch):
+    """--rollback rolled every host of a multi-node group back on its own and at once: the head restarted Ray and its
+    server together and was gated while the workers' Ray restarted, without `ray status`. Now it goes in deploy's order
+    and waits, and its plan shows them."""
+    from hosttune.deploy.settings import Timeouts
+
+    log: list = []
+    inv, releases = ray_rollback_group(tmp_path, monkeypatch, log)
+    planned = rollout.rollback_fleet(inv, Timeouts(), dry_run=True)
+    assert [o.state for o in planned] == ["planned"] * 3 and not [a for _, a in log if a[0] == "systemctl"]
+    head = planned[0].ops
+    phases = [op.split("] ")[0] + "]" for op in head]
+    assert phases == sorted(phases, key=["[start the Ray head]", "[start the Ray workers]",
+                                         "[start the server on the head]"].index)  # in the run's order
+    assert head[phases.index("[start the Ray workers]") - 1] == \
+        "[start the Ray head] wait until `ray status` on node-0 counts 1 node (at most 300 s)"
+    assert head[phases.index("[start the Ray workers]")] == \
+        "[start the Ray workers] wait until `ray status` on node-0 counts 3 nodes (at most 300 s)"
+    assert head[-1].startswith("[start the server on the head] gate hosttune-serve.service: /health within ")
+    assert head[-1].endswith("on failure every host of the group goes back to the release it left")
+    assert f"[start the Ray head] $ systemctl restart {RAY_UNIT}" in head
+    assert f"[start the Ray workers] $ systemctl restart {RAY_UNIT}" in planned[1].ops
+    assert not [op for o in planned[1:] for op in o.ops if "gate" in op or SERVE_UNIT in op]
+    log.clear()
+    done = rollout.rollback_fleet(inv, Timeouts())
+    assert [(o.state, o.serving) for o in done] == [("rolled-back", releases[h.name, 8000].id) for h in inv.hosts]
+    events = _ray_events(log)
+    assert events[:2] == [("node-0", RAY_UNIT), ("node-0", "ray status")]
+    assert sorted(events[2:4]) == [("node-1", RAY_UNIT), ("node-2", RAY_UNIT)]
+    assert events[4:] == [("node-0", "ray status"), ("node-0", SERVE_UNIT), ("node-0", "gate")]
+
+
+def test_a_multinode_rollback_whose_gate_fails_brings_back_what_it_left_in_the_same_order(tmp_path, monkeypatch):
+    from hosttune.deploy.settings import Timeouts
+
+    log: list = []
+    inv, releases = ray_rollback_group(tmp_path, monkeypatch, log, gate_ok=False)
+    done = rollout.rollback_fleet(inv, Timeouts())
+    assert [(o.state, o.restored) for o in done] == [("failed", releases[h.name, 8001].id) for h in inv.hosts]
+    assert "gate failed at health: boom" in done[0].error and done[0].journal == "engine: model not found"
+    events = _ray_events(log)
+    failed = events.index(("node-0", "gate"))
+    assert events[failed + 1:failed + 3] == [("node-0", RAY_UNIT), ("node-0", "ray status")]
+    assert sorted(events[failed + 3:failed + 5]) == [("node-1", RAY_UNIT), ("node-2", RAY_UNIT)]
+    assert events[failed + 5:] == [("node-0", "ray status"), ("node-0", SERVE_UNIT), ("node-0", "gate")]
+    last = {h: a[6] for h, a in log if a[:2] == ("sh", "-c") and a[4] == "link" and a[5] == "/opt/hosttune/previous"}
+    assert last == {h.name: releases[h.name, 8000].dir for h in inv.hosts}  # `previous` names the one it tried
