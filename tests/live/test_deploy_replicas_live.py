@@ -36,8 +36,8 @@ from typer.testing import CliRunner
 
 from hosttune.cli import app
 
-from .deploy_setup import (MODEL, complete, deploy, group_key, invoke_deploy, replica_host, served, status,
-                           under_load, wait_for)
+from .deploy_setup import (MODEL, QUICK_START, complete, deploy, group_key, invoke_deploy, replica_host, served,
+                           status, under_load, wait_for)
 from .gpu_standin import XID_79, gpu_files, resets, set_faults, write_files
 from .steady_bench import bench_run, stop_bench
 from .steady_bench import start_bench as steady_bench
@@ -52,7 +52,8 @@ MIN_LOAD_S = 49
 
 def shape(port: int) -> dict:
     """The deployment's shape as the inventory declares it."""
-    return {"engine": "custom", "model": MODEL, "replicas": 2, "port": port, "custom": {"device": "cpu", "max-batch-size": 8},
+    return {"engine": "custom", "model": MODEL, "replicas": 2, "port": port,
+            "custom": {"device": "cpu", "max-batch-size": 8, **QUICK_START},
             "health_timeout": 240, "warmup": 1, "probe_interval": 2, "api_key": True}
 
 
