@@ -1,15 +1,15 @@
 """A corpus of hostile or broken inventories: each one is exit 2 with FILE:LINE, in bounded time and memory.
 
-Every case runs the real CLI (`python -m hosttune check -i FILE`) in a child process under an
+Every case runs the real CLI (`python -m hosttune check -i FILE`) in a process of its own under an
 address-space limit, so a case that would allocate without bound fails here instead of taking
 the machine down; its CPU time and peak RSS are measured from the child's own rusage.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -70,45 +70,80 @@ CORPUS: dict[str, tuple[bytes, int, str]] = {
 }
 
 
-# The child reports its own peak: VmHWM of the process after exec. wait4's ru_maxrss would also count the
-# pages the child shared with this test process between fork and exec (a pytest worker that loaded torch).
-CHILD = """
-import atexit, runpy, sys
-peak_file, path = sys.argv[1:3]
-def peak():
-    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
-    open(peak_file, "w").write(line.split()[1])
-atexit.register(peak)
-sys.argv = ["hosttune", "check", "-i", path]
-runpy.run_module("hosttune", run_name="__main__")
+# One child loads the command line once; each case runs in a process forked from it, with its own address-space
+# and CPU limits, so a case costs what reading its file costs and not a Python start and hosttune's imports (half
+# a second of CPU, once per case). The forked process reports its own peak, VmHWM (the loaded command line's pages
+# included, as a child that imported it itself would count them), and its CPU time comes from wait4's rusage.
+# A pytest worker's own pages (torch) never count: the loader is a fresh interpreter.
+LOADER = """
+import json, os, resource, runpy, sys, traceback
+import hosttune.cli  # noqa: F401
+limit_s = int(sys.argv[1])
+
+
+def case(path):
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+    resource.setrlimit(resource.RLIMIT_CPU, (limit_s, limit_s))
+    os.chdir(os.path.dirname(path))
+    os.dup2(os.open(path + ".err", os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    sys.argv = ["hosttune", "check", "-i", path]
+    code = 1
+    try:
+        runpy.run_module("hosttune", run_name="__main__")
+        code = 0
+    except SystemExit as e:
+        code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        peak = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1]
+        open(path + ".peak", "w").write(peak)
+        os._exit(code)
+
+
+for line in sys.stdin:
+    path = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        case(path)
+    _, status, usage = os.wait4(pid, 0)
+    print(json.dumps([os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime]), flush=True)
 """
 
 
-def _bounded(path: Path) -> tuple[int, str, float, float]:
+@pytest.fixture(scope="module")
+def loader():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", LOADER, str(CPU_LIMIT_S)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env, text=True)
+    yield proc
+    proc.stdin.close()
+    proc.wait(30)
+
+
+def _bounded(loader: subprocess.Popen, path: Path) -> tuple[int, str, float, float]:
     """(exit code, stderr, CPU seconds, peak RSS MB) of the CLI on `path`. CPU time, not wall time: it is
     what a hostile file can cost the controller, and it holds on a machine busy with other work."""
-    def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-        resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT_S, CPU_LIMIT_S))
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    peak = path.with_suffix(".peak")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(peak), str(path)], capture_output=True,
-                          env=env, cwd=path.parent, preexec_fn=limit)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    loader.stdin.write(json.dumps(str(path)) + "\n")
+    loader.stdin.flush()
+    reply = loader.stdout.readline()
+    assert reply, f"the loader exited {loader.poll()}"
+    code, seconds = json.loads(reply)
+    peak = Path(f"{path}.peak")
     rss_mb = int(peak.read_text()) / 1024 if peak.exists() else float("inf")
-    return proc.returncode, proc.stderr.decode("utf-8", "replace"), seconds, rss_mb
+    return code, Path(f"{path}.err").read_text(encoding="utf-8", errors="replace"), seconds, rss_mb
 
 
 @pytest.mark.parametrize("name", list(CORPUS))
-def test_hostile_inventory_is_exit_2_with_file_line_in_bounded_time_and_memory(tmp_path, name):
-    """Each corpus entry through the CLI once, in its own child."""
+def test_hostile_inventory_is_exit_2_with_file_line_in_bounded_time_and_memory(loader, tmp_path, name):
+    """Each corpus entry through the CLI once, in its own process."""
     data, line, word = CORPUS[name]
     path = tmp_path / (re.sub(r"\W+", "-", name) + ".yaml")
     path.write_bytes(data)
-    code, err, seconds, rss_mb = _bounded(path)
+    code, err, seconds, rss_mb = _bounded(loader, path)
     assert code == 2, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert f"{path}:{line}: " in err and word in err, err
