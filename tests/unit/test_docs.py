@@ -68,6 +68,7 @@ def repository_file_names() -> frozenset[str]:
 
 
 # -- what the programs offer ----------------------------------------------------------------------------
+@lru_cache(maxsize=None)  # once a command: the documents show some dozens of times each
 def hosttune_help(*args: str) -> str:
     result = CliRunner().invoke(app, [*args, "--help"], env=HELP_ENV)
     assert result.exit_code == 0, f"hosttune {' '.join(args)} --help: {result.output}"
