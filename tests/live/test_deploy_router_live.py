@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from .deploy_setup import (MODEL, REPO, complete, deploy, group_key, replica_host, status, under_load,
+from .deploy_setup import (MODEL, QUICK_START, REPO, complete, deploy, group_key, replica_host, status, under_load,
                            wait_for)
 from .steady_bench import LONGEST_S, bench_run, stop_bench
 
@@ -40,7 +40,7 @@ PREFIX_TOKENS = 200
 
 def shape(port: int) -> dict:
     return {"engine": "custom", "model": MODEL, "replicas": NUM_REPLICAS, "port": port, "router": True,
-            "custom": {"device": "cpu", "max-batch-size": 8, "num-kv-blocks": 60, "block-size": 16},
+            "custom": {"device": "cpu", "max-batch-size": 8, "num-kv-blocks": 60, "block-size": 16, **QUICK_START},
             "health_timeout": 240, "warmup": 1, "probe_interval": 2, "api_key": True}
 
 
