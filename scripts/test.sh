@@ -40,7 +40,10 @@ fi
 status=0
 .venv/bin/python -m pytest -q -n "$(nproc)" --durations=15 --ignore=tests/live || status=$?
 # The live tests mostly wait (deploys, gates, rolling restarts, bench runs at a set rate), so two run at once,
-# a file each: its hosts and module fixtures stay in one worker. A container boot or the first image build
-# (debootstrap) counts against the first test that needs it.
-.venv/bin/python -m pytest -q -n 2 --dist loadfile --durations=15 --timeout=900 tests/live || status=$?
+# a file each: its hosts and module fixtures stay in one worker. Files go out in the order collected, which puts
+# the longest first (live_seconds, tests/live/conftest.py), not xdist's default of the most tests first, which
+# started the longest files last. A container boot or the first image build (debootstrap) counts against the
+# first test that needs it.
+.venv/bin/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 --timeout=900 tests/live \
+    || status=$?
 exit "$status"

@@ -12,6 +12,11 @@ Fixtures
                          engine's wheelhouse with its dependency wheels (deploy_setup.py), made
                          once a run and shared by the xdist workers.
 
+Order: scripts/test.sh runs the live files two at once (--dist loadfile, --no-loadscope-reorder), each handed
+whole to whichever worker asks next, in the order collected. The files that say how long they take (marked
+live_seconds(N), N their seconds on CI) come first, longest first, so none of them starts last while the
+other worker idles; the rest follow as collected.
+
 Live tests skip when not root or systemd-nspawn is missing. With HOSTTUNE_REQUIRE_LIVE=1
 (scripts/test.sh sets it when it runs as root) a missing prerequisite fails instead, so CI
 cannot silently skip them.
@@ -89,6 +94,19 @@ def fresh_hosts(live_fleet):
 @pytest.fixture
 def live_known_hosts(live_fleet, live_hosts, tmp_path) -> Path:
     return live_fleet.write_known_hosts(tmp_path / "known_hosts", live_hosts)
+
+
+def _longest_first(item) -> float:
+    marker = item.get_closest_marker("live_seconds")
+    return -marker.args[0] if marker else 0.0
+
+
+def pytest_collection_modifyitems(items):
+    """The live tests longest file first (see the module's docstring), where they were among the items."""
+    here = Path(__file__).parent
+    places = [i for i, item in enumerate(items) if item.path.is_relative_to(here)]
+    for i, item in zip(places, sorted((items[i] for i in places), key=_longest_first)):
+        items[i] = item
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -32,7 +32,7 @@ import yaml
 from .deploy_setup import MODEL, REPO, free_port
 from .test_deploy_live import deploy
 
-pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.live, pytest.mark.timeout(1500), pytest.mark.live_seconds(75)]
 x509 = pytest.importorskip("cryptography.x509")
 from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402

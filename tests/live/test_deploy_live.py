@@ -20,7 +20,7 @@ import pytest
 
 from .deploy_setup import MODEL, free_port, invoke_deploy
 
-pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.live, pytest.mark.timeout(1500), pytest.mark.live_seconds(95)]
 
 
 def deploy(inventory: Path, wheelhouse: Path, port: int, *extra: str, model: str = MODEL):

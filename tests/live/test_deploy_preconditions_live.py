@@ -16,7 +16,7 @@ from .deploy_setup import MODEL, free_port, served, wait_for
 from .steady_bench import bench_run, start_bench, stop_bench
 from .test_deploy_live import complete, deploy
 
-pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.live, pytest.mark.timeout(1500), pytest.mark.live_seconds(55)]
 
 
 def uploaded(host) -> int:

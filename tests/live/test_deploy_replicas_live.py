@@ -42,7 +42,7 @@ from .gpu_standin import XID_79, gpu_files, resets, set_faults, write_files
 from .steady_bench import bench_run, stop_bench
 from .steady_bench import start_bench as steady_bench
 
-pytestmark = [pytest.mark.live, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.live, pytest.mark.timeout(1500), pytest.mark.live_seconds(170)]
 SERVERS = "/etc/hosttune/nginx/local-servers.conf"
 runner = CliRunner()
 # seconds the load goes on once remediate has restored the replica: it serves under load too

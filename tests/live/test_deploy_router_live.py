@@ -33,7 +33,7 @@ from .deploy_setup import (MODEL, QUICK_START, REPO, complete, deploy, group_key
                            wait_for)
 from .steady_bench import LONGEST_S, bench_run, stop_bench
 
-pytestmark = [pytest.mark.live, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.live, pytest.mark.timeout(900), pytest.mark.live_seconds(140)]
 NUM_REPLICAS = 2
 PREFIX_TOKENS = 200
 

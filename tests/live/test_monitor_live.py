@@ -19,7 +19,7 @@ from hosttune.cli import app
 
 from .serve_setup import UNIT, install_standin_release
 
-pytestmark = pytest.mark.live
+pytestmark = [pytest.mark.live, pytest.mark.live_seconds(60)]
 runner = CliRunner()
 REPO = Path(__file__).resolve().parents[2]
 INTERVAL_S = 10
