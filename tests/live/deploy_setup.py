@@ -34,6 +34,7 @@ MODEL = "/srv/models/tiny-qwen2"
 # generations and the step-cost measurement of its step budget (together 4-8 s a start on 2 cores, and a replica
 # starts at every roll). hosttune's gate still waits for /health, sends its warmup requests and a one-token generation.
 QUICK_START = {"skip-warmup": True, "max-step-ms": "off"}
+QUICK_START_SETS = ("--set", "skip-warmup=true", "--set", "max-step-ms='off'")  # quoted: YAML reads a bare off as false
 runner = CliRunner()
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 
-from .deploy_setup import MODEL, free_port, invoke_deploy
+from .deploy_setup import MODEL, QUICK_START_SETS, free_port, invoke_deploy
 
 pytestmark = [pytest.mark.live, pytest.mark.timeout(1500), pytest.mark.live_seconds(95)]
 
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.live, pytest.mark.timeout(1500), pytest.mark.live_seco
 def deploy(inventory: Path, wheelhouse: Path, port: int, *extra: str, model: str = MODEL):
     argv = ["deploy", "--yes", "--engine", "custom", "--model", model, "-i", str(inventory),
             "-w", str(wheelhouse), "--port", str(port), "--set", "device=cpu", "--set", "max-batch-size=8",
-            "--health-timeout", "240", *extra]
+            "--health-timeout", "240", *QUICK_START_SETS, *extra]
     start = time.monotonic()
     result = invoke_deploy(*argv)
     return result, time.monotonic() - start
