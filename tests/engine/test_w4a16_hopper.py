@@ -37,7 +37,7 @@ COMPILE_FOR_HOPPER = textwrap.dedent("""
     attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in aligned}
     compiled = 0
     rows = int(sys.argv[2])
-    for cfg in (c for c in wgmma_gemm(rows) if c["REGS"] == int(sys.argv[3])):
+    for cfg in wgmma_gemm(rows):
         if cfg["SPLIT_K"] > 2 or {**cfg, "num_stages": cfg["num_stages"] + 1} in wgmma_gemm(rows):
             continue  # more splits change nothing compiled; fewer stages take less shared memory
         const = {"HAS_BIAS": True, "GROUP": 128, "BLOCK_M": cfg["BLOCK_M"],
@@ -57,21 +57,21 @@ COMPILE_FOR_HOPPER = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("regs", [0, 1])
 @pytest.mark.parametrize("rows", [8, 64, 256])  # x's tile of 8, 64 and 128 rows
-def test_every_tuner_config_compiles_for_hopper_and_fits(tmp_path, rows, regs):
+def test_every_tuner_config_compiles_for_hopper_and_fits(tmp_path, rows):
     """What only the compiler rejects (a layout it cannot lower, shared memory past the SM's 227 KB) would first
     fail in a tune on the GPU, and what it accepts but gets wrong (registers spilled, an MMA's register operand
     overwritten while it runs) would be slow or wrong there. Compiling and reading the SASS need no GPU. Each
-    tile shape at the most stages the grid takes, with and without split K, with and without REGS."""
+    tile shape at the most stages the grid takes, with and without split K, with and without REGS, in one child
+    (its imports once)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, str(tmp_path), str(rows), str(regs)], env=env,
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, str(tmp_path), str(rows)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     import json
 
     kernels = [json.loads(line) for line in done.stdout.splitlines()]
-    assert kernels and all(k["cfg"]["REGS"] == regs for k in kernels)
+    assert {k["cfg"]["REGS"] for k in kernels} == {0, 1}
     for k in kernels:
         assert k["wgmma"] > 0, k
         assert k["shared"] <= 227 * 1024, k
