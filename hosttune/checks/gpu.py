@@ -94,6 +94,11 @@ def pcie_link(facts: Facts, profile: Profile) -> Verdict:
     return Verdict(status, "maximum generation and width", None, active, detail)
 
 
+def _mode_unread(gpus, mode: str) -> list[str]:
+    """'GPU0', ... of the GPUs whose `mode` (ecc, mig) was not read, where their driver did not say they lack it."""
+    return [f"GPU{g.index}" for g in gpus if getattr(g, f"{mode}_enabled") is None and mode not in g.unsupported]
+
+
 def ecc(facts: Facts, profile: Profile) -> Verdict:
     if profile.gpu.ecc is None:
         return na("ECC not managed by the profile")
@@ -101,7 +106,8 @@ def ecc(facts: Facts, profile: Profile) -> Verdict:
         return missing
     want = profile.gpu.ecc
     gpus = facts.gpu.gpus
-    if all(g.ecc_enabled is None for g in gpus):
+    blind = _mode_unread(gpus, "ecc")
+    if not blind and all(g.ecc_enabled is None for g in gpus):
         return na("these GPUs do not support ECC", show(want))
     pending_retire = [g.index for g in gpus if g.retirement_pending]
     wrong = [g for g in gpus if g.ecc_enabled is not None and g.ecc_enabled != want]
@@ -112,6 +118,8 @@ def ecc(facts: Facts, profile: Profile) -> Verdict:
                        f"page retirement / row remap pending on GPU {', '.join(map(str, pending_retire))}: reset the GPU when drained")
     if wrong and len(pending_mode) == len(wrong):
         return Verdict(Status.PENDING_REBOOT, show(want), show(want), active, "ECC mode change pending until GPU reset or reboot")
+    if not wrong and blind:
+        return not_read(show(want), active, "ECC mode", blind)
     return Verdict(Status.DRIFT if wrong else Status.OK, show(want), None, active)
 
 
@@ -122,12 +130,15 @@ def mig(facts: Facts, profile: Profile) -> Verdict:
         return missing
     want = profile.gpu.mig
     gpus = [g for g in facts.gpu.gpus if g.mig_enabled is not None]
-    if not gpus:
+    blind = _mode_unread(facts.gpu.gpus, "mig")
+    if not gpus and not blind:
         return na("these GPUs do not support MIG", show(want))
     wrong = [g for g in gpus if g.mig_enabled != want]
     active = show(_per_gpu(facts, lambda g: show(g.mig_enabled)))
     if wrong and all(g.mig_pending for g in wrong):
         return Verdict(Status.PENDING_REBOOT, show(want), show(want), active, "MIG mode change pending until GPU reset")
+    if not wrong and blind:
+        return not_read(show(want), active, "MIG mode", blind)
     detail = f"MIG {show(not want)} on GPU {', '.join(str(g.index) for g in wrong)}" if wrong else ""
     return Verdict(Status.DRIFT if wrong else Status.OK, show(want), None, active, detail)
 

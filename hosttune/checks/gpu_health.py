@@ -140,6 +140,8 @@ def memory_health(facts: Facts, profile: Profile) -> Verdict:
         return Verdict(Status.DRIFT, desired, None, active, "; ".join(problems + pending))
     if pending:
         return Verdict(Status.PENDING_REBOOT, desired, desired, active, "; ".join(pending) + ": drain it, then nvidia-smi -r or reboot")
+    if blind := [f"GPU{g.index}" for g in gpus if g.memory_missing]:
+        return not_read(desired, active, "remapped rows, retired pages or ECC error counters", blind)
     return Verdict(Status.OK, desired, None, active)
 
 

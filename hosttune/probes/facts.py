@@ -36,6 +36,7 @@ class GpuInfo:
     mig_enabled: bool | None = None
     mig_pending: bool | None = None
     memory_total_mib: int | None = None
+    unsupported: tuple[str, ...] = ()  # modes the GPU's driver said it has none of ("ecc", "mig"): N/A, NOT_SUPPORTED
 
 
 @dataclass(frozen=True)

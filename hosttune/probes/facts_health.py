@@ -28,6 +28,7 @@ class GpuHealth:
     dram_unc_aggregate: int | None = None
     sram_threshold_exceeded: bool | None = None
     unrepairable_memory: bool | None = None
+    memory_missing: bool = False  # none of the remapped rows, retired pages or ECC errors in its output (N/A is read)
     recovery_action: str | None = None  # what the driver asks for: "None", "Reset", "Reboot", ...
     temp_c: int | None = None
     slowdown_margin_c: int | None = None  # degrees below the slowdown temperature

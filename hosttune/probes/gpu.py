@@ -42,6 +42,7 @@ def _gpu_from_json(g: dict) -> GpuInfo:
     fields["name"] = g.get("name") or "unknown"
     fields["uuid"] = g.get("uuid") or ""
     fields["clock_event_reasons"] = tuple(g.get("clock_event_reasons") or ())
+    fields["unsupported"] = tuple(g.get("unsupported") or ())
     return GpuInfo(**fields)
 
 
@@ -53,6 +54,12 @@ def _text(node: ET.Element | None, path: str) -> str | None:
         return None
     value = found.text.strip()
     return None if value in ("N/A", "", "[N/A]", "Unknown Error") else value
+
+
+def said_na(node: ET.Element, path: str) -> bool:
+    """The element is there and says N/A: the driver read it and the GPU has none (a missing element was not read)."""
+    found = node.find(path)
+    return found is not None and (found.text or "").strip() in ("N/A", "[N/A]")
 
 
 def _number(value: str | None, kind=int):
@@ -141,6 +148,7 @@ def _gpu_from_xml(index: int, gpu: ET.Element) -> GpuInfo:
         mig_enabled=_on(mig_now),
         mig_pending=None if mig_now is None or mig_next is None else mig_now != mig_next,
         memory_total_mib=_number(_text(gpu, "fb_memory_usage/total")),
+        unsupported=tuple(m for m in ("ecc", "mig") if said_na(gpu, f"{m}_mode/current_{m}")),
     )
 
 

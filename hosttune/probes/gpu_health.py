@@ -59,6 +59,7 @@ def _health(index: int, gpu: ET.Element) -> GpuHealth:
         dram_unc_aggregate=_int(gpu, "ecc_errors/aggregate/dram_uncorrectable"),
         sram_threshold_exceeded=_yes(gpu, "ecc_errors/aggregate/sram_threshold_exceeded"),
         unrepairable_memory=_yes(gpu, "ecc_errors/unrepairable_memory"),
+        memory_missing=all(gpu.find(tag) is None for tag in ("remapped_rows", "retired_pages", "ecc_errors")),
         recovery_action=_text(gpu, "gpu_recovery_action"),
         temp_c=_int(gpu, "temperature/gpu_temp"),
         slowdown_margin_c=_margin(gpu),

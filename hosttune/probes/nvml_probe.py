@@ -12,12 +12,19 @@ except ImportError:
     sys.exit(3)
 
 
-def get(fn, *args):
+def read(fn, *args):
+    """(value, not_supported): value None where NVML gave none; not_supported where it said the GPU has no such thing."""
     try:
         value = fn(*args)
+    except N.NVMLError as exc:
+        return None, exc.value == N.NVML_ERROR_NOT_SUPPORTED
     except Exception:
-        return None
-    return value.decode() if isinstance(value, bytes) else value
+        return None, False
+    return (value.decode() if isinstance(value, bytes) else value), False
+
+
+def get(fn, *args):
+    return read(fn, *args)[0]
 
 
 REASONS = {
@@ -31,8 +38,8 @@ def gpu(i):
     h = N.nvmlDeviceGetHandleByIndex(i)
     reasons_fn = getattr(N, "nvmlDeviceGetCurrentClocksEventReasons", None) or N.nvmlDeviceGetCurrentClocksThrottleReasons
     mask = get(reasons_fn, h)
-    ecc = get(N.nvmlDeviceGetEccMode, h)
-    mig = get(N.nvmlDeviceGetMigMode, h)
+    ecc, no_ecc = read(N.nvmlDeviceGetEccMode, h)
+    mig, no_mig = read(N.nvmlDeviceGetMigMode, h)
     remap = get(N.nvmlDeviceGetRemappedRows, h)
     retired = get(N.nvmlDeviceGetRetiredPagesPendingStatus, h)
     cc = get(N.nvmlDeviceGetCudaComputeCapability, h)
@@ -74,6 +81,7 @@ def gpu(i):
         "mig_enabled": None if mig is None else mig[0] == 1,
         "mig_pending": None if mig is None else mig[0] != mig[1],
         "memory_total_mib": None if mem is None else mem.total // (1024 * 1024),
+        "unsupported": [mode for mode, no in (("ecc", no_ecc), ("mig", no_mig)) if no],
     }
 
 

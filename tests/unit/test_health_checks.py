@@ -329,3 +329,66 @@ def test_a_check_whose_section_the_probe_output_lacks_cannot_be_judged(fixture_t
     f = run(check_id, facts)
     assert f.status is Status.ERROR and f.detail == (f"the probe's output has no {section} section: what this check "
                                                      "reads there is unknown")
+
+
+# The same GPU where its driver reads the modes and counters and says the GPU has none (a GPU without ECC or MIG)
+NA_XML = BARE_XML.replace("</pci></gpu>", "</pci><mig_mode><current_mig>N/A</current_mig><pending_mig>N/A</pending_mig>"
+                          "</mig_mode><ecc_mode><current_ecc>N/A</current_ecc><pending_ecc>N/A</pending_ecc></ecc_mode>"
+                          "<ecc_errors><volatile><dram_uncorrectable>N/A</dram_uncorrectable></volatile></ecc_errors>"
+                          "<retired_pages><pending_retirement>N/A</pending_retirement></retired_pages>"
+                          "<remapped_rows>N/A</remapped_rows></gpu>")
+
+
+def _from_xml(facts, xml):
+    from hosttune.probes.gpu import parse_smi_xml
+
+    _, gpus = parse_smi_xml(xml)
+    return health(replace(facts, gpu=replace(facts.gpu, gpus=gpus)), gpus=gpu_health.parse_health_xml(xml))
+
+
+@pytest.mark.parametrize("check_id, what", [
+    ("gpu.ecc", "no ECC mode read for GPU0"),
+    ("gpu.mig", "no MIG mode read for GPU0"),
+    ("gpu.memory_health", "no remapped rows, retired pages or ECC error counters read for GPU0"),
+])
+def test_modes_and_counters_not_read_are_not_a_gpu_without_them(h200_ok, check_id, what):
+    f = run(check_id, _from_xml(h200_ok, BARE_XML))
+    assert f.status is Status.ERROR and what in f.detail, (f.status, f.detail)
+    said_na = run(check_id, _from_xml(h200_ok, NA_XML))
+    assert said_na.status is (Status.OK if check_id == "gpu.memory_health" else Status.NOT_APPLICABLE), said_na.detail
+
+
+NVML_FAKE = '''
+class NVMLError(Exception):
+    def __init__(self, value):
+        self.value = value
+NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_UNKNOWN, NVML_CLOCK_SM = 3, 999, 1
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return 1
+def nvmlDeviceGetHandleByIndex(i): return i
+def nvmlDeviceGetEccMode(h): raise NVMLError({ecc})
+def nvmlDeviceGetMigMode(h): raise NVMLError({mig})
+def __getattr__(name):
+    def fail(*args):
+        raise NVMLError(NVML_ERROR_UNKNOWN)
+    return fail
+'''
+
+
+@pytest.mark.parametrize("ecc, mig, status", [(3, 3, Status.NOT_APPLICABLE), (999, 999, Status.ERROR)])
+def test_nvml_tells_a_mode_the_gpu_lacks_from_one_it_failed_to_read(h200_ok, tmp_path, ecc, mig, status):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import hosttune.probes
+    from hosttune.probes.gpu import parse_nvml_json
+
+    (tmp_path / "pynvml.py").write_text(NVML_FAKE.format(ecc=ecc, mig=mig))
+    script = Path(hosttune.probes.__file__).parent / "nvml_probe.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(tmp_path)}).stdout
+    _, gpus = parse_nvml_json(out)
+    facts = replace(h200_ok, gpu=replace(h200_ok.gpu, gpus=gpus))
+    assert run("gpu.ecc", facts).status is status and run("gpu.mig", facts).status is status
