@@ -156,6 +156,7 @@ async def measure(spec: BenchSpec, url: str,
         client_cpu=result.client_cpu, tokenizer=counts, prompt_lengths=workload.describe(),
         output_lengths=spec.output_dist.describe(), max_concurrency=load.max_concurrency,
         server_metrics=sampler.relative_to(result.clock_origin) if sampler else (), stopped_by=result.stopped_by,
+        server_gone_at=result.gone_at,
     )
 
 

@@ -48,7 +48,7 @@ def summary_table(runs: list[tuple[RunRecord, Summary]], render: TableRenderer =
                      "latencies may be the client's, not the server's.")
         if run.tokenizer.startswith("approximate"):
             text += f"\nNOTE {run.url}: prompt lengths are approximate (no /tokenize, no --tokenizer)."
-        if run.stopped_by:
+        if run.stop_note():
             text += f"\nNOTE {run.url}: {run.stop_note()}."
         if s.num_cancelled:
             text += (f"\nNOTE {run.url}: {s.num_cancelled} measured requests were still running at the stop and were "

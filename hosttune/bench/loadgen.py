@@ -29,7 +29,8 @@ then), so requests offered and requests served cover the same time; a closed loo
 whose arrivals ran out before its count or duration, ends it at its last measured response instead (a closed loop's runs
 from its first measured request, counts only the requests that began in it, and its rates divide by
 its users' mean busy time: metrics.py).
-SIGINT or SIGTERM ends the sending early, as the end of its duration would (the throughput
+A server that takes no connection for `gone_after` seconds (30) is gone: the sending ends there too, and
+the run says so. SIGINT or SIGTERM ends the sending early, as the end of its duration would (the throughput
 window ends there); a second one cancels the requests still running, as the first does once
 the sending has ended.
 """
@@ -58,6 +59,9 @@ MAX_USERS = 100_000  # closed loop: each user is a task and a connection; millio
 # The drain outwaits a request's own timeout by this much: a request past --timeout ends as a timeout failure, not
 # cancelled by a drain of the same length whose timer fires in the same loop turn (uvloop rounds timers to 1 ms).
 DRAIN_GRACE = 1.0
+# A server that took no connection for this long is gone (stopped, crashed): a run bounded by --requests sent one lost
+# request per user and back-off (up to 8 s) until its count was spent, an hour for 1,000 requests of a few users.
+GONE_AFTER_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class Load:
     max_concurrency: int | None = None  # open loop or trace: requests in flight at most
     arrivals: tuple[float, ...] | None = None  # a trace's arrival times, seconds from the start
     seed: int = 0
+    gone_after: float = GONE_AFTER_S  # no connection for this long: the server is gone, and sending stops
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.users, self.rate, self.arrivals)) != 1:
@@ -126,6 +131,7 @@ class LoadResult:
     window: tuple[float, float]
     client_cpu: float
     stopped_by: str | None = None  # the signal that ended the run before its duration or count did
+    gone_at: float | None = None  # the last answer of a server that then took no connection for `gone_after`
 
 
 class LoadGenerator:
@@ -149,6 +155,8 @@ class LoadGenerator:
         self.t0 = 0.0
         self.is_stopping = False
         self.stopped_by: str | None = None
+        self.last_answer = 0.0  # when a request last got a connection (any answer, or none in time)
+        self.gone_at: float | None = None
         self.stop_requested = asyncio.Event()
         self.all_sent = asyncio.Event()
         self.slot_freed = asyncio.Event()
@@ -178,7 +186,7 @@ class LoadGenerator:
             raise self.crashes[0]
         cpu = (time.process_time() - cpu0) / max(self._now(), 1e-9)
         return LoadResult(tuple(sorted(self.records, key=lambda r: r.index)), tuple(self.lag),
-                          self.t0, self.load.warmup, self._window(stop), cpu, self.stopped_by)
+                          self.t0, self.load.warmup, self._window(stop), cpu, self.stopped_by, self.gone_at)
 
     def _catch_signals(self) -> list[tuple[signal.Signals, object]]:
         """SIGINT or SIGTERM ends the run early, its report intact (where this loop may take signals); each with
@@ -218,7 +226,7 @@ class LoadGenerator:
         window, over its users' mean busy time."""
         start = self.load.warmup
         is_counted_open = self.load.users is None and self.load.num_requests is not None
-        if self.stopped_by is not None:
+        if self.stopped_by is not None or self.gone_at is not None:
             return start, max(start, stop)
         if is_counted_open and self.next_arrival < math.inf and self._has_ended_within(start, self.next_arrival):
             return start, max(start, self.next_arrival)
@@ -348,7 +356,18 @@ class LoadGenerator:
             self.workload.answered(user, prompt, result.text, result.output_tokens)
         record = self._record(result, index, scheduled, prompt, is_warmup, user, attempt)
         self.records.append(record)
+        self._note_connection(record)
         return record, prompt
+
+    def _note_connection(self, record: RequestRecord) -> None:
+        """A request that got a connection moves the last answer on; one lost past `gone_after` since then ends the
+        sending, as the end of the run would."""
+        if not is_lost(record):
+            self.last_answer = max(self.last_answer, record.end)
+        elif self.gone_at is None and record.end - self.last_answer >= self.load.gone_after:
+            self.gone_at = self.last_answer
+            self.stop_requested.set()
+            self.slot_freed.set()
 
     def _record(self, result: StreamResult, index: int, scheduled: float, prompt: Prompt,
                 is_warmup: bool, user: int | None = None, attempt: int = 0) -> RequestRecord:

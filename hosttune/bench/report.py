@@ -243,7 +243,7 @@ def _warnings(runs: tuple[tuple[RunRecord, Summary], ...]) -> list[str]:
             lines.append(f"> **{run.url}: the client fell behind** (loop lag P99 "
                          f"{s.lag.loop_p99 * 1e3:.1f} ms, send lag P99 {s.lag.send_p99 * 1e3:.1f} ms, "
                          f"limit {s.lag.limit * 1e3:.0f} ms): latencies may be the client's, not the server's.")
-        if run.stopped_by:
+        if run.stop_note():
             lines.append(f"> **{run.url}: {run.stop_note()}**.")
         if s.num_cancelled:
             lines.append(f"> {run.url}: {s.num_cancelled} requests were still running at the stop and were cancelled.")

@@ -1,5 +1,6 @@
 """Failures, rejections and open-loop arrivals, against the scripted server."""
 
+import asyncio
 import itertools
 import random
 import re
@@ -316,3 +317,32 @@ def test_progress_after_the_sending_ends_says_it_waits_for_the_last_responses(se
     assert waiting and all(p.is_draining for p in waiting), seen
     assert progress_status(waiting[0]).startswith("waiting for the last responses (up to --timeout): 1 in flight")
     assert not any(p.is_draining for p in seen if p.elapsed < 0.25)
+
+
+def test_a_server_gone_mid_run_ends_a_run_bounded_by_a_count():
+    """Each user sent one lost request per back-off (up to 8 s) until --requests was spent: 20 requests took a
+    minute against a server gone, 1,000 an hour. Past `gone_after` with no connection the sending stops, and the
+    run says why it ended early."""
+    import time
+
+    from scripted_server.launch import start, stop
+
+    process, url = start("--ttft", "0.05", "--itl", "0.01", lifetime=60)
+    try:
+        began = time.monotonic()
+        load = Load(users=2, num_requests=400, gone_after=1.0)
+        task = measure(BenchSpec(load=load, prompt_lengths="8", output_lengths="2", timeout=10), url)
+
+        async def run_and_kill():
+            running = asyncio.ensure_future(task)
+            await asyncio.sleep(1.0)
+            process.kill()  # the server goes mid-run
+            return await running
+        run = run_async(run_and_kill())
+    finally:
+        stop(process, timeout=10)
+    assert time.monotonic() - began < 20
+    s = summarize(run)
+    assert 0 < s.num_ok and s.num_requests < 400 and run.server_gone_at is not None
+    assert run.stop_note().startswith(f"the server took no connection after {run.server_gone_at:.1f} s, so the run "
+                                      "stopped sending at")
