@@ -36,6 +36,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0  # prompt and output tokens: a positive logit / it, a negative one * it
     min_p: float = 0.0  # drop tokens less probable than min_p times the most probable (after temperature)
+    min_tokens: int = 0  # EOS and stop token ids cannot be sampled before this many tokens are out
     logit_bias: tuple[tuple[int, float], ...] = field(default=())  # (token id, bias), bias within +-100
 
     def __post_init__(self) -> None:
@@ -76,6 +77,11 @@ class SamplingParams:
             raise ConfigError(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
         if not 0.0 <= self.min_p <= 1.0:
             raise ConfigError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise ConfigError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+        if self.min_tokens > self.max_tokens:
+            raise ConfigError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                              f"got {self.min_tokens}.")
         if any(t < 0 for t, _ in self.logit_bias):
             raise ConfigError("logit_bias must map non-negative token ids to biases")
 
@@ -90,8 +96,8 @@ class SamplingParams:
 
     @property
     def adjusts_logits(self) -> bool:
-        """Some setting changes the logits before the sampler (penalties, min_p, logit_bias)."""
-        return self.counts_tokens or self.min_p > 0 or bool(self.logit_bias)
+        """Some setting changes the logits before the sampler (penalties, min_p, min_tokens, logit_bias)."""
+        return self.counts_tokens or self.min_p > 0 or self.min_tokens > 0 or bool(self.logit_bias)
 
     @property
     def max_stop_len(self) -> int:

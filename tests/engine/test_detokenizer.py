@@ -90,3 +90,15 @@ def test_stop_strings_are_indexed_once_and_kept_by_replace():
     params = SamplingParams(stop=["ab", "c", "ab"])
     assert params.stop == ("ab", "c", "ab") and params.max_stop_len == 2
     assert dataclasses.replace(params, seed=3).stop is params.stop
+
+
+def test_stop_strings_are_looked_for_once_more_than_min_tokens_are_out():
+    """As vLLM: a stop string within the first min_tokens tokens is not one; one that ends after them is, even
+    when it began inside them."""
+    params = SamplingParams(stop=["ab"], min_tokens=4, max_tokens=16)
+    pieces, stop, _ = feed("abxab", params)
+    assert stop == "ab" and "".join(pieces) == "abx"
+    pieces, stop, _ = feed("xxxaby", params)  # "ab" ends with the 5th token
+    assert stop == "ab" and "".join(pieces) == "xxx"
+    pieces, stop, _ = feed("xxabyy", params)  # ends with the 4th: within min_tokens
+    assert stop is None and "".join(pieces) == "xxabyy"

@@ -1,4 +1,4 @@
-"""Penalties, min_p and logit_bias on small logits against a row-by-row reference (vLLM's rules)."""
+"""Penalties, min_p, min_tokens and logit_bias on small logits against a row-by-row reference (vLLM's rules)."""
 
 from collections import Counter
 
@@ -11,6 +11,7 @@ from hosttune_engine.layers.sampler import Sampler, SamplingBatch
 from hosttune_engine.sampling import SamplingParams
 
 V = 12
+EOS = (11,)
 
 
 def _reference(row: list[float], p: SamplingParams, h: TokenHistory) -> list[float]:
@@ -18,6 +19,9 @@ def _reference(row: list[float], p: SamplingParams, h: TokenHistory) -> list[flo
     row = list(row)
     for t, b in p.logit_bias:
         row[t] += b
+    if h.num_output_tokens < p.min_tokens:
+        for t in set(p.stop_token_ids) | (set() if p.ignore_eos else set(EOS)):
+            row[t] = float("-inf")
     seen = set(h.prompt_ids) | set(h.output_counts)
     for t in seen:
         row[t] = row[t] / p.repetition_penalty if row[t] > 0 else row[t] * p.repetition_penalty
@@ -40,6 +44,9 @@ CASES = [
     SamplingParams(frequency_penalty=-0.8, presence_penalty=0.3, temperature=0),
     SamplingParams(min_p=0.2, temperature=0.7),
     SamplingParams(min_p=0.5, temperature=0),  # greedy: min_p leaves it as it is
+    SamplingParams(min_tokens=3, stop_token_ids=(4,)),
+    SamplingParams(min_tokens=3, stop_token_ids=(4,), ignore_eos=True),
+    SamplingParams(min_tokens=2),  # two tokens out already: nothing held back
     SamplingParams(logit_bias={"3": 250.0, "5": -2.5}),
     SamplingParams(repetition_penalty=1.3, frequency_penalty=0.5, logit_bias={"1": 1.0}, min_p=0.1),
 ]
@@ -51,7 +58,7 @@ def test_each_setting_matches_the_row_by_row_reference(params):
     logits = torch.randn(3, V) * 3
     hist = [_history([0, 1, 2], [5, 5, 7]), _history([2, 3], [1, 8]), None]
     plain = SamplingParams()
-    adj = LogitAdjustments.build([params, params, plain], hist, V, "cpu")
+    adj = LogitAdjustments.build([params, params, plain], hist, EOS, V, "cpu")
     got = adjust_logits(logits, adj)
     for r in range(2):
         assert got[r].tolist() == pytest.approx(_reference(logits[r].tolist(), params, hist[r]))
@@ -91,6 +98,8 @@ def test_min_p_keeps_a_seeded_row_within_the_kept_tokens():
     (dict(frequency_penalty=-3), "frequency_penalty must be in [-2, 2]"),
     (dict(repetition_penalty=0), "repetition_penalty must be greater than zero"),
     (dict(min_p=1.5), "min_p must be in [0, 1]"),
+    (dict(min_tokens=-1), "min_tokens must be greater than or equal to 0"),
+    (dict(min_tokens=20, max_tokens=10), "min_tokens must be less than or equal to max_tokens=10"),
 ])
 def test_out_of_range_settings_are_refused(kwargs, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):

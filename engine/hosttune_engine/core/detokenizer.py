@@ -14,7 +14,8 @@ class IncrementalDetokenizer:
     the new tokens, and only once it no longer ends in an incomplete UTF-8
     sequence. Stop strings are matched by the request's automaton, one state a
     character; the characters that could still begin a stop string (as many as
-    the state's depth) are held back.
+    the state's depth) are held back. As in vLLM, none is looked for until more
+    than `min_tokens` tokens are out; then from just before the new text.
     """
 
     def __init__(self, tokenizer, prompt_token_ids, params: SamplingParams):
@@ -27,10 +28,13 @@ class IncrementalDetokenizer:
         self.num_emitted = 0
         self.stopped = False  # a stop string cut the text: nothing more is added
         self.stop_state = 0  # the stop strings' automaton after the text so far
+        self.num_tokens = 0
+        self.scanned = params.min_tokens == 0  # the automaton has read the text so far
 
     def add_token(self, token_id: int) -> str | None:
         """Append a token; return the stop string it completed, if any (the text is cut there)."""
         self.ids.append(token_id)
+        self.num_tokens += 1
         skip = self.params.skip_special_tokens
         before = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=skip)
         after = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=skip)
@@ -42,11 +46,13 @@ class IncrementalDetokenizer:
         return self._check_stop(len(new))
 
     def _check_stop(self, num_new_chars: int) -> str | None:
-        if not self.params.stop:
+        if not self.params.stop or self.num_tokens <= self.params.min_tokens:
             return None
         # a match ending before the new characters would have been found when they came
-        self.stop_state, index, length = self.params.stop.automaton.scan(
-            self.stop_state, self.text, len(self.text) - num_new_chars)
+        start = len(self.text) - num_new_chars
+        if not self.scanned:  # the first look after min_tokens: a match may end in the new characters
+            self.stop_state, start, self.scanned = 0, max(0, start - self.params.max_stop_len + 1), True
+        self.stop_state, index, length = self.params.stop.automaton.scan(self.stop_state, self.text, start)
         if not length:
             return None
         stop = self.text[index : index + length]
@@ -69,8 +75,8 @@ class IncrementalDetokenizer:
         if finished:
             self._flush()
         end = len(self.text)
-        if not finished and self.params.stop:
-            end -= self.params.stop.automaton.held(self.stop_state)
+        if not finished and self.params.stop:  # before the first look, what a match ending later may begin with
+            end -= self.params.stop.automaton.held(self.stop_state) if self.scanned else self.params.max_stop_len - 1
         if end <= self.num_emitted:
             return ""
         new, self.num_emitted = self.text[self.num_emitted : end], end

@@ -83,6 +83,7 @@ class Engine:
         eos = self.tokenizer.eos_token_id if self.tokenizer else None
         eos_ids = () if eos is None else (eos,)
         others = tuple(t for t in self.model_config.eos_token_ids if t != eos)
+        self.runner.eos_token_ids = eos_ids + others
         self.block_manager = BlockManager(self.runner.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,

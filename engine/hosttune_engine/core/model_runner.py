@@ -118,6 +118,7 @@ class ModelRunner:
         self.kv_pool = KVPool(self.kv_shape, self.num_kv_blocks, self.device, self.dtype)
         self.kv_pool.bind(self.model)
         self.sampler = Sampler()
+        self.eos_token_ids = tuple(model_config.eos_token_ids)  # min_tokens holds them back (+ the tokenizer's)
         self.generators: dict[str, torch.Generator] = {}
         self.graphs: DecodeGraphs | None = None
         self.prefill_graphs: PrefillGraphs | None = None
@@ -316,7 +317,7 @@ class ModelRunner:
         params = [s.sampling for s in seqs]
         histories = [_history(s) for s in seqs] if any(p.adjusts_logits for p in params) else None
         return SamplingBatch.build(params, [self._generator(s) for s in seqs], self.model_config.vocab_size,
-                                   self.device, histories)
+                                   self.device, histories, self.eos_token_ids)
 
     def _rows(self, mask: list[bool]) -> torch.Tensor:
         return torch.tensor([i for i, needs in enumerate(mask) if needs], device=self.device)
@@ -387,7 +388,7 @@ def _plain_greedy(seq: Sequence) -> bool:
 
 
 def _history(seq: Sequence) -> TokenHistory:
-    """What its penalties read. A sequence that counts tokens never has one pending here: a step
+    """What its penalties and min_tokens read. A sequence that counts tokens never has one pending here: a step
     that samples for it feeds no step launched ahead (`_sampled_step`)."""
     assert not (seq.has_pending_token and seq.sampling.counts_tokens)
     return TokenHistory(seq.prompt_ids, seq.output_counts or {}, seq.num_output_tokens)

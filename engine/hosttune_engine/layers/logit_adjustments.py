@@ -1,4 +1,4 @@
-"""What a request's settings do to its logits before the sampler: logit_bias, the repetition,
+"""What a request's settings do to its logits before the sampler: logit_bias, min_tokens, the repetition,
 frequency and presence penalties, and min_p, with vLLM's semantics and in vLLM's order.
 
 Torch ops over the rows that ask for one, written into a copy of the step's logits; a batch where no row asks
@@ -20,7 +20,7 @@ MIN_P_TEMPERATURE = 1e-5  # a greedy row keeps its most probable token whatever 
 
 @dataclass(frozen=True)
 class TokenHistory:
-    """What a row's penalties read of its sequence."""
+    """What a row's penalties and min_tokens read of its sequence."""
 
     prompt_ids: tuple[int, ...]  # each id once
     output_counts: Mapping[int, int]
@@ -33,6 +33,7 @@ class LogitAdjustments:
 
     rows: torch.Tensor  # [R] int64
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # row (of R), token id, bias: each [B]
+    banned: tuple[torch.Tensor, torch.Tensor] | None  # row (of R), token id: [M] each, set to -inf
     repetition: torch.Tensor | None  # [R] fp32, 1 where off
     seen: torch.Tensor | None  # [R, V] bool: in the prompt or the output
     presence: torch.Tensor | None  # [R] fp32
@@ -42,9 +43,10 @@ class LogitAdjustments:
     temperatures: torch.Tensor | None  # [R] fp32, what min_p's probabilities are taken at
 
     @classmethod
-    def build(cls, params: list[SamplingParams], histories: list[TokenHistory | None], vocab_size: int,
-              device) -> "LogitAdjustments | None":
-        """None where no row sets any. A row that counts tokens has its history."""
+    def build(cls, params: list[SamplingParams], histories: list[TokenHistory | None], stop_ids: tuple[int, ...],
+              vocab_size: int, device) -> "LogitAdjustments | None":
+        """None where no row sets any. `stop_ids`: the model's EOS ids, which min_tokens holds back (with each
+        row's stop_token_ids) unless the row ignores EOS. A row that counts tokens has its history."""
         picked = [i for i, p in enumerate(params) if p.adjusts_logits]
         if not picked:
             return None
@@ -56,6 +58,7 @@ class LogitAdjustments:
         return cls(
             rows=tensor(picked, torch.int64),
             bias=_bias(ps, vocab_size, tensor),
+            banned=_banned(ps, hs, stop_ids, vocab_size, tensor),
             repetition=tensor([p.repetition_penalty for p in ps], torch.float32) if seen is not None else None,
             seen=seen,
             presence=tensor([p.presence_penalty for p in ps], torch.float32) if counts is not None else None,
@@ -75,6 +78,20 @@ def _bias(ps: list[SamplingParams], vocab_size: int, tensor):
     return tensor(rows, torch.int64), tensor(ids, torch.int64), tensor(values, torch.float32)
 
 
+def _banned(ps: list[SamplingParams], hs: list[TokenHistory | None], stop_ids: tuple[int, ...], vocab_size: int,
+            tensor):
+    """min_tokens: the rows with fewer tokens out, and each one's EOS and stop token ids."""
+    entries = []
+    for r, (p, h) in enumerate(zip(ps, hs)):
+        if p.min_tokens and (h.num_output_tokens if h is not None else 0) < p.min_tokens:
+            ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(stop_ids))
+            entries += [(r, t) for t in sorted(ids) if t < vocab_size]
+    if not entries:
+        return None
+    rows, ids = zip(*entries)
+    return tensor(rows, torch.int64), tensor(ids, torch.int64)
+
+
 def _histories(ps: list[SamplingParams], hs: list[TokenHistory | None], vocab_size: int, device):
     """[R, V] of the tokens seen (prompt or output) and of each output token's count."""
     seen = torch.zeros(len(ps), vocab_size, dtype=torch.bool)
@@ -91,12 +108,14 @@ def _histories(ps: list[SamplingParams], hs: list[TokenHistory | None], vocab_si
 
 
 def adjust_logits(logits: torch.Tensor, adj: LogitAdjustments) -> torch.Tensor:
-    """logits [N, V] fp32 -> a copy with each adjusted row's settings applied (vLLM's order: logit_bias, then
-    the penalties, then min_p at the row's temperature)."""
+    """logits [N, V] fp32 -> a copy with each adjusted row's settings applied (vLLM's order: logit_bias and
+    min_tokens, then the penalties, then min_p at the row's temperature)."""
     sub = logits.index_select(0, adj.rows)  # [R, V]
     if adj.bias is not None:
         rows, ids, values = adj.bias
         sub.index_put_((rows, ids), values, accumulate=True)
+    if adj.banned is not None:
+        sub.index_put_(adj.banned, torch.tensor(float("-inf"), device=sub.device))
     if adj.seen is not None:
         rep = adj.repetition[:, None]
         sub = torch.where(adj.seen, torch.where(sub > 0, sub / rep, sub * rep), sub)

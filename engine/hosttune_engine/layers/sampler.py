@@ -57,14 +57,15 @@ class SamplingBatch:
     all_greedy: bool
     top_k_and_p: bool  # a sampled row sets both top-k and top-p
     num_logprobs: int | None  # the most alternatives any row asked for; None: no logprobs
-    adjustments: LogitAdjustments | None = None  # penalties, min_p, logit_bias; None: no row sets one
+    adjustments: LogitAdjustments | None = None  # penalties, min_p, min_tokens, logit_bias; None: no row sets one
 
     @classmethod
     def build(cls, params: list[SamplingParams], generators, vocab_size: int, device,
-              histories: list[TokenHistory | None] | None = None) -> "SamplingBatch":
+              histories: list[TokenHistory | None] | None = None, stop_ids: tuple[int, ...] = ()) -> "SamplingBatch":
         """All-greedy batches (the common decode case) skip the per-row tensors: no host-to-device copies.
         The others go through pinned memory, so the copy does not wait for the device's earlier work.
-        `histories` (per row; None where a row counts no tokens) are what penalties read."""
+        `histories` (per row; None where a row counts no tokens) and `stop_ids` (the model's EOS ids) are what
+        penalties and min_tokens read."""
         greedy = [p.is_greedy for p in params]
         wanted = [p.logprobs for p in params if p.logprobs is not None]
         all_greedy = all(greedy)
@@ -79,7 +80,8 @@ class SamplingBatch:
             all_greedy=all_greedy,
             top_k_and_p=any(0 < p.top_k < vocab_size and p.top_p < 1 and not g for p, g in zip(params, greedy)),
             num_logprobs=max(wanted) if wanted else None,
-            adjustments=LogitAdjustments.build(params, histories or [None] * len(params), vocab_size, device),
+            adjustments=LogitAdjustments.build(params, histories or [None] * len(params), stop_ids, vocab_size,
+                                               device),
         )
 
 

@@ -325,7 +325,7 @@ FUZZ_VALUES = [None, True, False, -1, 0, 1, 3, 2.5, 1e308, -(2**70), "", "s", "\
 COMPLETION_FIELDS = ["model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "n", "stream",
                      "stream_options", "stop", "stop_token_ids", "seed", "logprobs", "echo", "best_of", "priority",
                      "ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "presence_penalty",
-                     "frequency_penalty", "repetition_penalty", "logit_bias", "suffix", "user", "min_p",
+                     "frequency_penalty", "repetition_penalty", "min_tokens", "logit_bias", "suffix", "user", "min_p",
                      "guided_json", "response_format", "add_special_tokens", "return_token_ids"]
 CHAT_FIELDS = ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                "response_format", "add_generation_prompt", "chat_template_kwargs", "continue_final_message",

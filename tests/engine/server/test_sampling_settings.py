@@ -1,5 +1,6 @@
-"""Penalties, min_p and logit_bias as the official `openai` client sees them, on the tiny Qwen2 server."""
+"""Penalties, logit_bias and min_tokens as the official `openai` client sees them, on the tiny Qwen2 server."""
 
+import json
 from collections import Counter
 
 import pytest
@@ -41,6 +42,16 @@ def test_repetition_penalty_changes_greedy_output(client, model):
 def test_logit_bias_of_100_makes_greedy_output_that_token(client, model):
     ids, _ = _ids(client, model, max_tokens=6, ignore_eos=True, logit_bias={"42": 100})
     assert ids == [42] * 6
+
+
+def test_min_tokens_holds_back_eos(client, model, tiny_qwen2):
+    eos = json.loads((tiny_qwen2 / "config.json").read_text())["eos_token_id"]
+    eos = eos[0] if isinstance(eos, list) else eos
+    bias = {str(eos): 100}
+    ids, reason = _ids(client, model, logit_bias=bias)
+    assert (ids, reason) == ([eos], "stop")
+    ids, reason = _ids(client, model, logit_bias=bias, min_tokens=4)
+    assert len(ids) == 5 and ids[-1] == eos and eos not in ids[:4] and reason == "stop"
 
 
 def test_a_seeded_request_with_min_p_and_a_penalty_repeats_itself(client, model):

@@ -51,6 +51,7 @@ def test_prompt_forms(prompt, expected):
     ({"prompt": "hi", "frequency_penalty": -3}, "frequency_penalty must be at least -2, got -3"),
     ({"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty must be greater than zero, got 0"),
     ({"prompt": "hi", "min_p": 1.5}, "min_p must be at most 1, got 1.5"),
+    ({"prompt": "hi", "min_tokens": -1}, "min_tokens must be at least 0, got -1"),
     ({"prompt": "hi", "temperature": float("inf")}, "finite number, got number inf"),
     ({"prompt": "hi", "max_tokens": "x" * 100_000}, "max_tokens must be an integer, got a string"),
 ])
@@ -78,13 +79,16 @@ def test_fields_that_change_the_output_are_refused_not_ignored(field, value):
         assert CompletionRequest.parse({"prompt": "hi", field: neutral[field]}).options.n == 1
 
 
-def test_penalties_min_p_and_logit_bias_reach_the_sampling_params():
+def test_penalties_min_p_min_tokens_and_logit_bias_reach_the_sampling_params():
     options = CompletionRequest.parse({"prompt": "hi", "presence_penalty": 0.5, "frequency_penalty": -1,
-                                       "repetition_penalty": 1.2, "min_p": 0.1,
+                                       "repetition_penalty": 1.2, "min_p": 0.1, "min_tokens": 3,
                                        "logit_bias": {"7": 250, "9": -1.5}}).options
     params = options.sampling(16)
     assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty, params.min_p,
-            params.logit_bias) == (0.5, -1.0, 1.2, 0.1, ((7, 100.0), (9, -1.5)))
+            params.min_tokens, params.logit_bias) == (0.5, -1.0, 1.2, 0.1, 3, ((7, 100.0), (9, -1.5)))
+    with pytest.raises(ApiError) as err:
+        options.sampling(2)
+    assert err.value.message == "min_tokens must be less than or equal to max_tokens=2, got 3."
 
 
 def test_a_logit_bias_token_outside_the_vocabulary_is_one_line_naming_it():

@@ -45,6 +45,7 @@ class GenerationOptions:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     min_p: float = 0.0
+    min_tokens: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     stream: bool = False
     include_usage: bool = False
@@ -61,14 +62,14 @@ class GenerationOptions:
                 logprobs=self.logprobs, include_stop_str_in_output=self.include_stop_str_in_output,
                 skip_special_tokens=self.skip_special_tokens, presence_penalty=self.presence_penalty,
                 frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-                min_p=self.min_p, logit_bias=self.logit_bias)
+                min_p=self.min_p, min_tokens=self.min_tokens, logit_bias=self.logit_bias)
         except ConfigError as e:
             raise bad_request(str(e)) from None
 
 
 # Fields of OpenAI's or vLLM's API that change what is generated: ignoring one would answer 200 with output the
 # client did not ask for, so each is refused unless null or its neutral value. () refuses any value.
-UNSUPPORTED = {"min_tokens": (0,), "suffix": ("",), "use_beam_search": (False,),
+UNSUPPORTED = {"suffix": ("",), "use_beam_search": (False,),
                "prompt_logprobs": (), "truncate_prompt_tokens": (), "allowed_token_ids": (), "bad_words": ([],),
                "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
                "structured_outputs": ()}
@@ -77,7 +78,6 @@ UNSUPPORTED = {"min_tokens": (0,), "suffix": ("",), "use_beam_search": (False,),
 class GenerationFields(RequestBody):
     """The shared fields as they come in a body; `generation_options` turns them into `GenerationOptions`."""
 
-    min_tokens: Any = None
     suffix: Any = None
     use_beam_search: Any = None
     prompt_logprobs: Any = None
@@ -110,6 +110,7 @@ class GenerationFields(RequestBody):
     frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
     repetition_penalty: float = Field(1.0, allow_inf_nan=False)
     min_p: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+    min_tokens: Integer = Field(0, ge=0, le=INT64 - 1)
     logit_bias: Any = ()
 
     @field_validator(*UNSUPPORTED, mode="plain")
