@@ -10,15 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
-from hosttune.actions.base import Op, Symlink
+from hosttune.actions.base import Symlink
 from hosttune.config.inventory import Host
 from hosttune.deploy import plan as dplan
 from hosttune.deploy import rolling
 from hosttune.deploy.access import Access, front_for
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
+from hosttune.deploy.gate import GateResult, gate_line, journal_tail
 from hosttune.deploy.host import HostDeploy, guarded
-from hosttune.deploy.ray_start import RayCheck, phase_lines, ray_notes, start_group, start_phases
+from hosttune.deploy.ray_start import (Comeback, gate_head, is_ray_group, phase_lines, ray_check, ray_notes, start_again,
+                                       start_group, start_phases)
 from hosttune.deploy.release import PREVIOUS, Release, release_name
 from hosttune.deploy.restore import Back, bring_back, load_release, read_back, settings_of
 from hosttune.deploy.rollback import rollback_one
@@ -27,7 +28,6 @@ from hosttune.deploy.state import HostState, read_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
 from hosttune.errors import HosttuneError, TransportError
 from hosttune.fleet_runner import Outcome
-from hosttune.presets import load_preset
 from hosttune.transport import open_transport
 
 FALLBACK = "every host of the group goes back to the release it left"
@@ -74,12 +74,12 @@ def _go_back(members: list[Member], transports, base: ServeSettings, dry_run: bo
     phases = _phases(head, members[1:], lambda m, start: rolling.leave_ops(m.state) + dplan.activate_ops(
         m.previous, m.state, start=start))
     settings = replace(settings_of(head.previous, base), warmup=0)  # as a rollback of one host gates it
-    ray = _ray(head.previous, head, len(members))
+    ray = ray_check(head.host.name, head.previous, len(members))
     if dry_run:
         notes = {**ray_notes(phases, ray), phases[-1].description: gate_line(SERVE_UNIT, settings, _fallback(members))}
         return [HostDeploy(m.host, Outcome.PLANNED, m.previous.id, release_name(m.state.current),
                            ops=phase_lines(phases, m.host.name, notes if m is head else {})) for m in members]
-    gate = start_group(phases, transports, ray, lambda: _gate(transports[head.host.name], head.previous, settings))
+    gate = start_group(phases, transports, ray, lambda: gate_head(transports[head.host.name], head.previous, settings))
     if not gate.ok:
         return _put_back(members, transports, base, gate)
     return [HostDeploy(m.host, Outcome.ROLLED_BACK, m.previous.id, m.previous.id, gate if m is head else None)
@@ -119,15 +119,6 @@ def _phases(head: Member, workers: list[Member], activate) -> list:
                         lambda name, start: activate(by_name[name], start))
 
 
-def _ray(release: Release, head: Member, num_nodes: int) -> RayCheck:
-    return RayCheck(head.host.name, release.dir, load_preset(release.engine).multinode.ray_port, num_nodes)
-
-
-def _gate(transport, release: Release, settings: ServeSettings) -> GateResult:
-    health = load_preset(release.engine).serve.health
-    return run_gate(transport, SERVE_UNIT, settings, health, warmup=0, key_file=release.key_file)
-
-
 def _fallback(members: list[Member]) -> str:
     """What a failed gate leads to, as the plan says it."""
     lost = [m for m in members if m.left is None]
@@ -162,9 +153,7 @@ def _cannot_put_back(members: list[Member]) -> str:
     lost = ", ".join(m.host.name for m in members if m.left is None)
     if lost:
         return f"{lost} had no readable release live before, so the group cannot come back as it was"
-    ray = [m for m in members if RAY_UNIT in m.left.units]
-    heads = [m for m in ray if SERVE_UNIT in m.left.units]
-    if ray and (len(ray) < len(members) or len(heads) != 1):
+    if any(RAY_UNIT in m.left.units for m in members) and not is_ray_group([m.left for m in members]):
         return "the releases it left are not one Ray head and its workers"
     return ""
 
@@ -174,16 +163,8 @@ def _put_back_group(members: list[Member], transports, base: ServeSettings) -> G
     own as a failed rollback of one host puts it back."""
     if not any(RAY_UNIT in m.left.units for m in members):
         return _put_back_each(members, transports, base)
-    head = next(m for m in members if SERVE_UNIT in m.left.units)
-
-    def activate(m: Member, start) -> list[Op]:
-        now = read_state(transports[m.host.name], m.left.id, [])
-        return dplan.activate_ops(m.left, now, keep_previous=True, start=start) + [Symlink(PREVIOUS, m.previous.dir)]
-
-    phases = _phases(head, [m for m in members if m is not head], activate)
-    settings = replace(settings_of(head.left, base), warmup=0)
-    return start_group(phases, transports, _ray(head.left, head, len(members)),
-                       lambda: _gate(transports[head.host.name], head.left, settings))
+    return start_again([Comeback(m.host.name, m.left, (Symlink(PREVIOUS, m.previous.dir),)) for m in members],
+                       transports, base)
 
 
 def _put_back_each(members: list[Member], transports, base: ServeSettings) -> GateResult:

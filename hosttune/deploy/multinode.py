@@ -4,7 +4,7 @@ cluster has every node, then the server on the head, then the gate.
 
 The order is data (`group_phases`: the install, then ray_start.start_phases, which --rollback
 shares); `deploy_group` walks it. A failure in any phase puts every host of the group back on
-the release it had.
+the release it had, in the same order, gated on the head again.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import Callable
 
-from hosttune.actions.base import Command, Op, describe
+from hosttune.actions.base import Command, Op, Remove, Symlink, describe
 from hosttune.actions.needs import Need, NeedModel, NeedPort
 from hosttune.deploy import plan as dplan
 from hosttune.deploy.errors import DeployError
@@ -25,9 +25,10 @@ from hosttune.deploy.model import ModelShape, read_model
 from hosttune.deploy.placement import PER_GPU, Layout, divisors_of_heads, place, quant_problem
 from hosttune.deploy.preconditions import NOT_NGINX, check_job, serve_needs
 from hosttune.deploy.prune import prune, prune_ops
-from hosttune.deploy.ray_start import Phase, RayCheck, phase_lines, ray_notes, start_group, start_phases
-from hosttune.deploy.release import release_name, wheel_path
-from hosttune.deploy.restore import load_release
+from hosttune.deploy.ray_start import (Comeback, Phase, RayCheck, is_ray_group, phase_lines, ray_notes, start_again,
+                                       start_group, start_phases)
+from hosttune.deploy.release import PREVIOUS, Release, release_name, wheel_path
+from hosttune.deploy.restore import read_back
 from hosttune.deploy.state import HostState, read_cordon, read_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
 from hosttune.execute.perform import run_ops
@@ -215,22 +216,47 @@ def _facts_or_loss(transport, host):
 
 
 def _restore_group(jobs, states, transports, gate: GateResult) -> list[HostDeploy]:
+    """The group's gate (or a phase) failed: keep the head's journal, then put back what each host had. Releases that
+    were a Ray group come back in the group's order and are gated on the head, serving only if it passes; else each
+    host's comes back on its own (its units stopped where it had none), workers first."""
     journal = journal_tail(transports[jobs[0].host.name], SERVE_UNIT)
-    outcomes = []
-    for job in reversed(jobs):  # workers first, the head (and its server) last
-        before = states[job.host.name]
-        transport = transports[job.host.name]
-        try:
-            if before.current and before.current != job.release.dir:
-                previous = load_release(transport, before.current)
-                run_ops(transport, dplan.activate_ops(previous, read_state(transport, previous.id, []), keep_previous=True))
-                restored = previous.id
-            else:
-                names = [n for n in (SERVE_UNIT, RAY_UNIT) if n in job.release.units]
-                run_ops(transport, [Command(("systemctl", "disable", "--now", *names))])
-                restored = None
-        except HosttuneError as exc:
-            restored, gate = None, GateResult(False, gate.phase, f"{gate.error}; restoring failed: {exc}")
-        outcomes.append(HostDeploy(job.host, Outcome.FAILED, job.release.id, restored, gate, gate.summary(),
-                                   journal if job is jobs[0] else "", restored))
+    read = {j.host.name: read_back(transports[j.host.name], states[j.host.name].current) for j in jobs}
+    had = {name: release for name, (release, _) in read.items() if release is not None}
+    if len(had) == len(jobs) and is_ray_group(list(had.values())):
+        comebacks = [Comeback(j.host.name, had[j.host.name], _previous_link(states[j.host.name], j.release)) for j in jobs]
+        back = start_again(comebacks, transports, jobs[0].settings)
+        note = "" if back.ok else f"; the release it had did not come back healthy: {back.error}"
+        return [HostDeploy(j.host, Outcome.FAILED, j.release.id, had[j.host.name].id if back.ok else None, gate,
+                           gate.summary() + note, journal if j is jobs[0] else "", had[j.host.name].id) for j in jobs]
+    outcomes = [_restore_alone(j, states[j.host.name], transports[j.host.name], read[j.host.name], gate,
+                               journal if j is jobs[0] else "") for j in reversed(jobs)]  # workers first, the head last
     return list(reversed(outcomes))
+
+
+def _previous_link(before: HostState, release: Release) -> tuple[Op, ...]:
+    """`previous` as it was before the deploy (never the release live again)."""
+    keep = before.previous if before.previous not in (None, before.current) else None
+    if before.current == release.dir:  # the deploy restarted the live release: it never moved `previous`
+        return ()
+    return (Symlink(PREVIOUS, keep),) if keep else (Remove(PREVIOUS),)
+
+
+def _restore_alone(job, before: HostState, transport, read: tuple[Release | None, str], gate: GateResult,
+                   journal: str) -> HostDeploy:
+    """One host's release back on its own, ungated (what it had was no Ray group), or its units stopped where it had
+    none; read: what it had, or why that cannot be read back."""
+    had, unreadable = read
+    try:
+        if unreadable:
+            raise DeployError(unreadable)
+        if had is not None:
+            run_ops(transport, dplan.activate_ops(had, read_state(transport, had.id, []), keep_previous=True)
+                    + list(_previous_link(before, job.release)))
+            restored = had.id
+        else:
+            names = [n for n in (SERVE_UNIT, RAY_UNIT) if n in job.release.units]
+            run_ops(transport, [Command(("systemctl", "disable", "--now", *names))])
+            restored = None
+    except HosttuneError as exc:
+        restored, gate = None, GateResult(False, gate.phase, f"{gate.error}; restoring failed: {exc}")
+    return HostDeploy(job.host, Outcome.FAILED, job.release.id, restored, gate, gate.summary(), journal, restored)

@@ -7,17 +7,22 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from hosttune.actions.base import Op, describe
 from hosttune.deploy import plan as dplan
 from hosttune.deploy.errors import DeployError
-from hosttune.deploy.gate import GateResult
+from hosttune.deploy.gate import GateResult, run_gate
+from hosttune.deploy.release import Release
+from hosttune.deploy.restore import settings_of
+from hosttune.deploy.settings import ServeSettings
+from hosttune.deploy.state import read_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
 from hosttune.errors import HosttuneError
 from hosttune.execute.perform import run_ops
 from hosttune.fleet_runner import FleetRunner
+from hosttune.presets import load_preset
 
 RAY_WAIT_S = 300.0
 _RAY_NODE = re.compile(r"^\s*\d+\s+node_[0-9a-f]+", re.M)
@@ -102,3 +107,46 @@ def wait_ray(transport, ray: RayCheck, num_nodes: int, timeout: float = RAY_WAIT
             return
         time.sleep(2.0)
     raise DeployError(f"{ray.head}: the Ray cluster has {seen} of {num_nodes} nodes after {timeout:.0f}s")
+
+
+@dataclass(frozen=True)
+class Comeback:
+    """A release a host had, to make live again, and what `previous` names once it is."""
+
+    host: str
+    release: Release
+    link: tuple[Op, ...]
+
+
+def is_ray_group(releases: list[Release]) -> bool:
+    """One Ray head (Ray and the server) and Ray workers."""
+    heads = [r for r in releases if SERVE_UNIT in r.units]
+    return len(heads) == 1 and all(RAY_UNIT in r.units for r in releases)
+
+
+def ray_check(head: str, release: Release, num_nodes: int) -> RayCheck:
+    return RayCheck(head, release.dir, load_preset(release.engine).multinode.ray_port, num_nodes)
+
+
+def gate_head(transport, release: Release, settings: ServeSettings) -> GateResult:
+    """The head's server, gated as a release brought back is: no warmup."""
+    health = load_preset(release.engine).serve.health
+    return run_gate(transport, SERVE_UNIT, replace(settings, warmup=0), health, warmup=0, key_file=release.key_file)
+
+
+def start_again(comebacks: list[Comeback], transports, base: ServeSettings) -> GateResult:
+    """Releases that were a Ray group (is_ray_group) live again in the group's order, gated on the head; base: the
+    run's deadlines (each release's port is its own)."""
+    head = next(c for c in comebacks if SERVE_UNIT in c.release.units)
+    by_name = {c.host: c for c in comebacks}
+
+    def activate(name: str, start: tuple[str, ...] | None) -> list[Op]:
+        c = by_name[name]
+        now = read_state(transports[name], c.release.id, [])
+        return dplan.activate_ops(c.release, now, keep_previous=True, start=start) + list(c.link)
+
+    phases = start_phases(head.host, [c.host for c in comebacks if c is not head], activate)
+    settings = settings_of(head.release, base)
+    return start_group(phases, transports, ray_check(head.host, head.release, len(comebacks)),
+                       lambda: gate_head(transports[head.host], head.release, settings))
+

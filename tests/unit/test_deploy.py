@@ -986,3 +986,31 @@ def test_a_multinode_rollback_whose_gate_fails_brings_back_what_it_left_in_the_s
     assert events[failed + 5:] == [("node-0", "ray status"), ("node-0", SERVE_UNIT), ("node-0", "gate")]
     last = {h: a[6] for h, a in log if a[:2] == ("sh", "-c") and a[4] == "link" and a[5] == "/opt/hosttune/previous"}
     assert last == {h.name: releases[h.name, 8000].dir for h in inv.hosts}  # `previous` names the one it tried
+
+
+def test_a_multinode_deploy_whose_gate_fails_puts_the_group_back_in_order_and_gates_it(tmp_path, monkeypatch):
+    """A failed group deploy restarted each host's old release at once, workers before their head, gated nothing and
+    still said 'put back and serving'; `previous` was left naming the release that came back. Now the group comes
+    back in deploy's order, is gated on the head, and serves only if that gate passes."""
+    log: list = []
+    hosts, transports = ray_group(tmp_path, monkeypatch, log)
+    group_roles, preset, entry = multinode.roles(hosts), load_preset("vllm"), fake_entry(tmp_path / "old-wh")
+    old = {}
+    for h in hosts:
+        settings = resolve(h, preset, "/m", 8001, parse_sets([]))
+        old[h.name] = make_release(preset, settings, place("0-3", a100_facts(), "h"), entry, group_roles[h.name])
+        t = transports[h.name]
+        t.gate_ok, t.state = False, f"current:{old[h.name].dir}\n"
+        t.files[f"{old[h.name].dir}/.hosttune/release.json"] = old[h.name].manifest()
+        t.files.update({f"{old[h.name].dir}/.hosttune/{n}": body for n, body in old[h.name].units.items()})
+    outcomes = multinode.deploy_group(hosts, rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3"), rollout.make_job)
+    assert [(o.state, o.restored, o.serving) for o in outcomes] == [("failed", old[h.name].id, None) for h in hosts]
+    assert "NOT serving" in render(outcomes)
+    events = _ray_events(log)
+    failed = events.index(("node-0", "gate"))
+    assert events[failed + 1:failed + 3] == [("node-0", RAY_UNIT), ("node-0", "ray status")]
+    assert sorted(events[failed + 3:failed + 5]) == [("node-1", RAY_UNIT), ("node-2", RAY_UNIT)]
+    assert events[failed + 5:] == [("node-0", "ray status"), ("node-0", SERVE_UNIT), ("node-0", "gate")]
+    previous = [(h, a[4]) for h, a in log if a[:2] == ("sh", "-c") and a[4] in ("link", "remove")
+                and a[5] == "/opt/hosttune/previous"]
+    assert previous[-3:] and all(what == "remove" for _, what in previous[-3:])  # none was named before the deploy
