@@ -24,6 +24,7 @@ from typing import Any, Callable
 from hosttune import cpulist
 from hosttune.errors import InventoryError
 from hosttune.transport.base import ConnectionSpec
+from hosttune.config.pins import pin_problem
 from hosttune.config.unit_text import unit_text_error
 from hosttune.config.yamlfile import LocatedDict, load
 
@@ -40,12 +41,18 @@ def _string(value: Any) -> str:
     return str(value)
 
 
-def _version(value: Any) -> str:
-    """A pin: text, or a whole number. A YAML float has lost its trailing zeros already (3.10 reads as 3.1)."""
-    if isinstance(value, float):
-        raise ValueError("YAML read it as a number, which drops trailing zeros (3.10 becomes 3.1); write the version "
-                         "in quotes")
-    return _string(value)
+def _pin(kind: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        """A pin: text, or a whole number. A YAML float has lost its trailing zeros already (3.10 reads as 3.1)."""
+        if isinstance(value, float):
+            raise ValueError("YAML read it as a number, which drops trailing zeros (3.10 becomes 3.1); write the "
+                             "version in quotes")
+        text = _string(value)
+        if problem := pin_problem(kind, text):
+            raise ValueError(problem)
+        return text
+
+    return check
 
 
 def _address(value: Any) -> str:
@@ -131,7 +138,7 @@ VARS_SCHEMA: dict[str, Any] = {
     },
     "profile": _string,
     "probe_timeout": _positive,
-    "pins": {"driver": _version, "cuda": _version, "python": _version},
+    "pins": {"driver": _pin("driver"), "cuda": _pin("cuda"), "python": _pin("python")},
     "gpus": _gpus,
     "irq_cores": _cpus,
     "rcu_nocbs": _cpus,

@@ -20,6 +20,7 @@ from hosttune import cpulist
 from hosttune.errors import ProfileError
 from hosttune.config.inventory import Host
 from hosttune.config.monitor_spec import MonitorSpec
+from hosttune.config.pins import pin_problem
 from hosttune.config.yamlfile import LocatedDict, load
 
 PSTATES = tuple(f"P{i}" for i in range(16))
@@ -34,7 +35,7 @@ class DriverSpec:
     packages: tuple[str, ...] | None = None  # None: the distribution's usual names for the pin
 
     def __post_init__(self):
-        object.__setattr__(self, "version", _version(self.version, "driver.version"))
+        object.__setattr__(self, "version", _version(self.version, "driver.version", "driver"))
         _flags(self, "driver", "held")
         object.__setattr__(self, "packages", _names(self.packages, "driver.packages"))
 
@@ -45,7 +46,7 @@ class CudaSpec:
     packages: tuple[str, ...] | None = None  # None: cuda-toolkit-X-Y for the pinned X.Y
 
     def __post_init__(self):
-        object.__setattr__(self, "toolkit", _version(self.toolkit, "cuda.toolkit"))
+        object.__setattr__(self, "toolkit", _version(self.toolkit, "cuda.toolkit", "cuda"))
         object.__setattr__(self, "packages", _names(self.packages, "cuda.packages"))
 
 
@@ -128,7 +129,7 @@ class ToolsSpec:
 
     def __post_init__(self):
         _flags(self, "tools", "numactl")
-        object.__setattr__(self, "python", _version(self.python, "tools.python"))
+        object.__setattr__(self, "python", _version(self.python, "tools.python", "python"))
 
 
 @dataclass(frozen=True)
@@ -191,12 +192,14 @@ def _flags(spec: Any, section: str, *names: str) -> None:
             raise ProfileError(f"{section}.{name}: must be true, false or null (got {value!r})")
 
 
-def _version(value: Any, where: str) -> str | None:
+def _version(value: Any, where: str, kind: str) -> str | None:
     """A version pin as text. A YAML number has lost its trailing zeros already (3.10 reads as 3.1)."""
-    if value is None or isinstance(value, str):
-        return value
     if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
+        value = str(value)
+    if value is None or isinstance(value, str):
+        if value is not None and (problem := pin_problem(kind, value)):
+            raise ProfileError(f"{where}: {problem} (got {value!r})")
+        return value
     if isinstance(value, float):
         raise ProfileError(f"{where}: YAML read {value!r} as a number, which drops trailing zeros (3.10 becomes 3.1); "
                            "write the version in quotes")

@@ -39,11 +39,19 @@ def test_check_with_hostile_inventory_executes_nothing(tmp_path):
     marker, values = hostile_values(tmp_path)
     inv = tmp_path / "inv.yaml"
     for v in (v.replace("\n", " ").replace("\t", " ") for v in values):  # one local host per file: it is one machine
-        inv.write_text(f"defaults:\n  pins: {{driver: {values[0]!r}, cuda: {values[1]!r}, python: {values[2]!r}}}\n"
-                       f"hosts:\n  h:\n    transport: local\n    ssh: {{user: {v!r}, key: {v!r}, known_hosts: {v!r}}}\n")
+        inv.write_text(f"hosts:\n  h:\n    transport: local\n    ssh: {{user: {v!r}, key: {v!r}, known_hosts: {v!r}}}\n")
         result = CliRunner().invoke(app, ["check", "-i", str(inv), "--format", "json"])
         assert result.exit_code in (0, 1), result.output
-        assert values[1] in result.stdout  # the CUDA pin is reported back literally as the desired value
+    assert not marker.exists()
+
+
+def test_hostile_pins_are_refused_when_the_inventory_is_read(tmp_path):
+    marker, values = hostile_values(tmp_path)
+    inv = tmp_path / "inv.yaml"
+    for kind, value in ((k, v.replace("\n", " ")) for v in values for k in ("driver", "cuda", "python")):
+        inv.write_text(f"defaults:\n  pins: {{{kind}: {value!r}}}\nhosts:\n  h:\n    transport: local\n")
+        result = CliRunner().invoke(app, ["check", "-i", str(inv)])
+        assert result.exit_code == 2 and f"{inv}:2: defaults.pins.{kind}: must be " in result.output, result.output
     assert not marker.exists()
 
 

@@ -293,3 +293,25 @@ def test_a_deploy_env_that_is_not_a_mapping_is_refused_at_its_line(tmp_path):
     with pytest.raises(InventoryError, match=rf"^{path}:5: hosts.a.deploy.env: must be a mapping of names to values "
                                              r"\(got \['a', 'b'\]\)$"):
         load_inventory(path)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('pins: {driver: "abc def"}', r"inv.yaml:3: hosts.a.pins.driver: must be a driver branch such as 535 or a release "
+                                  r"such as 580.159.04 \(got 'abc def'\)"),
+    ('pins: {cuda: "12"}', r"inv.yaml:3: hosts.a.pins.cuda: must be a CUDA toolkit version such as '12.4' \(got '12'\)"),
+    ("pins: {python: 'python3.11'}", r"inv.yaml:3: hosts.a.pins.python: must be a Python version such as '3.11'"),
+    ("pins: {driver: '535; reboot'}", r"inv.yaml:3: hosts.a.pins.driver: must be a driver branch"),
+    ("tune: {cuda: {toolkit: '12.4 '}}", r"inv.yaml:3: tune.cuda.toolkit: must be a CUDA toolkit version"),
+    ("tune: {driver: {version: ''}}", r"inv.yaml:3: tune.driver.version: must be a driver branch"),
+])
+def test_a_pin_that_is_no_version_is_an_error_at_its_line(tmp_path, text, message):
+    """Left to apply, such a pin names packages no repository has: its plan is blocked at package resolution."""
+    with pytest.raises((InventoryError, ProfileError), match=message):
+        profile_for(load_inventory(write(tmp_path, f"hosts:\n  a:\n    {text}\n")).hosts[0])
+
+
+@pytest.mark.parametrize("pins", ["{driver: 535}", "{driver: '535.129'}", "{driver: '580.159.04'}", "{driver: '570.26'}",
+                                  "{cuda: '12.4'}", "{cuda: '13.0'}", "{python: '3.10'}", "{python: 3}",
+                                  "{python: '3.11.4'}"])
+def test_every_pin_form_the_pin_matchers_take_loads(tmp_path, pins):
+    profile_for(load_inventory(write(tmp_path, f"hosts:\n  a:\n    pins: {pins}\n")).hosts[0])
