@@ -226,7 +226,9 @@ class LoadGenerator:
         window, over its users' mean busy time."""
         start = self.load.warmup
         is_counted_open = self.load.users is None and self.load.num_requests is not None
-        if self.stopped_by is not None or self.gone_at is not None:
+        if self.gone_at is not None and self.stopped_by is None:  # its rates are of the time it answered
+            return start, max(start, self.gone_at)
+        if self.stopped_by is not None:
             return start, max(start, stop)
         if is_counted_open and self.next_arrival < math.inf and self._has_ended_within(start, self.next_arrival):
             return start, max(start, self.next_arrival)

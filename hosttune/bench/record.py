@@ -131,8 +131,8 @@ class RunRecord:
         """What the signal (or a server gone) that ended the run early cut short, for the terminal and the report ('' if
         nothing did)."""
         if self.server_gone_at is not None and not self.stopped_by:
-            return (f"the server took no connection after {self.server_gone_at:.1f} s, so the run stopped sending at "
-                    f"{self.window[1]:.1f} s; the figures cover it until then")
+            return (f"the server took no connection after {self.server_gone_at:.1f} s, so the run stopped sending; the "
+                    "figures cover it until then")
         if not self.stopped_by:
             return ""
         if self.window[1] <= self.warmup_end:  # the window is empty: it would start where the warm-up ends
