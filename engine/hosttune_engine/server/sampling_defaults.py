@@ -1,9 +1,8 @@
 """The model's own sampling defaults: what its generation_config.json says a request that leaves temperature,
-top_p or top_k out samples with, as vLLM reads it (its `--generation-config auto`).
+top_p, top_k, repetition_penalty or min_p out samples with, as vLLM reads it (its `--generation-config auto`).
 
 Only values that differ from transformers' defaults count (vLLM reads the file's diff against them), and
-do_sample is not read. The settings the engine has no sampler for (repetition_penalty, min_p) and
-max_new_tokens are not applied; `Server` logs that once at start.
+do_sample is not read. max_new_tokens is not applied; `Server` logs what is used once at start.
 """
 
 from __future__ import annotations
@@ -17,17 +16,21 @@ from hosttune_engine.server.schemas.options import GenerationOptions
 
 # transformers' GenerationConfig defaults: a file's value equal to one of them is no default of the model's
 TRANSFORMERS_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 50, "repetition_penalty": 1.0}
-NOT_APPLIED = ("repetition_penalty", "min_p", "max_new_tokens")
+NOT_APPLIED = ("max_new_tokens",)
+APPLIED = ("temperature", "top_p", "top_k", "repetition_penalty", "min_p")
 
 
 @dataclass(frozen=True)
 class SamplingDefaults:
-    """temperature, top_p and top_k for requests that leave them out (None: the API's own default)."""
+    """temperature, top_p, top_k, repetition_penalty and min_p for requests that leave them out (None: the API's
+    own default)."""
 
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    not_applied: tuple[str, ...] = ()  # "repetition_penalty=1.05": what the file sets that is not applied
+    not_applied: tuple[str, ...] = ()  # "max_new_tokens=64": what the file sets that is not applied
+    repetition_penalty: float | None = None
+    min_p: float | None = None
 
     @classmethod
     def read(cls, folder: str) -> "SamplingDefaults":
@@ -43,21 +46,24 @@ class SamplingDefaults:
         top_k = given.get("top_k")
         return cls(_within(given, "temperature", lambda t: t >= 0), _within(given, "top_p", lambda p: 0 < p <= 1),
                    int(top_k) if top_k is not None and float(top_k).is_integer() and top_k >= -1 else None,
-                   tuple(f"{k}={given[k]}" for k in NOT_APPLIED if k in given))
+                   tuple(f"{k}={given[k]}" for k in NOT_APPLIED if k in given),
+                   _within(given, "repetition_penalty", lambda r: r > 0),
+                   _within(given, "min_p", lambda m: 0 <= m <= 1))
 
     def fill(self, options: GenerationOptions) -> GenerationOptions:
-        """`options` with the model's default in each of temperature, top_p and top_k the request left out."""
+        """`options` with the model's default in each of temperature, top_p, top_k, repetition_penalty and min_p
+        the request left out."""
         mine = {k: getattr(self, k) for k in options.unset if getattr(self, k) is not None}
         return replace(options, **mine) if mine else options
 
     def describe(self) -> str | None:
         """One log line on what requests get from the model's file, or None where it gives nothing."""
-        used = [f"{k} {getattr(self, k)}" for k in ("temperature", "top_p", "top_k") if getattr(self, k) is not None]
+        used = [f"{k} {getattr(self, k)}" for k in APPLIED if getattr(self, k) is not None]
         if not used and not self.not_applied:
             return None
         line = f"sampling defaults from generation_config.json: {', '.join(used) or 'none used'}"
         if self.not_applied:
-            line += f"; not applied (this engine has no such sampler setting): {', '.join(self.not_applied)}"
+            line += f"; not applied: {', '.join(self.not_applied)}"
         return line
 
 

@@ -280,7 +280,7 @@ def test_a_request_that_leaves_sampling_out_samples_as_generation_config_says(ti
     assert left_out == {greedy} and len(sampled) > 1
     log = server.log()
     assert "sampling defaults from generation_config.json: temperature 0.0" in log
-    assert "not applied (this engine has no such sampler setting): repetition_penalty=1.1" in log
+    assert "sampling defaults from generation_config.json: temperature 0.0, repetition_penalty 1.1" in log
 
 
 def test_a_client_request_id_names_the_answer_as_vllm_names_it(client, model, server):

@@ -122,11 +122,15 @@ def test_the_models_sampling_defaults_fill_what_a_request_leaves_out(tmp_path):
     from hosttune_engine.server.sampling_defaults import SamplingDefaults
 
     (tmp_path / "generation_config.json").write_text(json.dumps(
-        {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}))
+        {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05,
+         "min_p": 0.05, "max_new_tokens": 64}))
     defaults = SamplingDefaults.read(str(tmp_path))
-    assert defaults == SamplingDefaults(0.7, 0.8, 20, ("repetition_penalty=1.05",))
+    assert defaults == SamplingDefaults(0.7, 0.8, 20, ("max_new_tokens=64",), 1.05, 0.05)
     options = defaults.fill(CompletionRequest.parse({"prompt": "hi", "temperature": 0.2, "top_p": None}).options)
     assert (options.temperature, options.top_p, options.top_k) == (0.2, 0.8, 20)  # null: left out, as in vLLM
+    assert (options.repetition_penalty, options.min_p) == (1.05, 0.05)
+    options = defaults.fill(CompletionRequest.parse({"prompt": "hi", "repetition_penalty": 1, "min_p": 0}).options)
+    assert (options.repetition_penalty, options.min_p) == (1.0, 0.0)
     # transformers' own defaults (top_k 50) are no model's default, as vLLM reads the file's difference from them
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 1.0, "top_k": 50, "top_p": 2}))
     assert SamplingDefaults.read(str(tmp_path)) == SamplingDefaults()

@@ -20,7 +20,8 @@ from hosttune_engine.stop_strings import StopStrings
 from hosttune_engine.server.schemas.body import INT64, Integer, RequestBody, describe, fault, token_ids
 
 MAX_LOGPROBS = 20
-DEFAULTED = frozenset({"temperature", "top_p", "top_k"})  # where a model's generation_config.json has a say
+# where a model's generation_config.json has a say
+DEFAULTED = frozenset({"temperature", "top_p", "top_k", "repetition_penalty", "min_p"})
 
 
 @dataclass(frozen=True)
