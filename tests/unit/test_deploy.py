@@ -20,7 +20,7 @@ from hosttune.actions.base import Command, FileWrite, Remove, Symlink
 from hosttune.deploy.plan import Role, activate_ops, install_ops, is_unchanged, make_release
 from hosttune.deploy.recap import render
 from hosttune.fleet_runner import Outcome, exit_code
-from hosttune.deploy.release import wheel_path
+from hosttune.deploy.release import release_name, wheel_path
 from hosttune.deploy.settings import Overrides, flag_argv, parse_sets, resolve
 from hosttune.deploy.shape import declared
 from hosttune.deploy.state import HostState, UnitFile, parse_state
@@ -1014,3 +1014,32 @@ def test_a_multinode_deploy_whose_gate_fails_puts_the_group_back_in_order_and_ga
     previous = [(h, a[4]) for h, a in log if a[:2] == ("sh", "-c") and a[4] in ("link", "remove")
                 and a[5] == "/opt/hosttune/previous"]
     assert previous[-3:] and all(what == "remove" for _, what in previous[-3:])  # none was named before the deploy
+
+
+def test_a_failed_multinode_deploy_restarts_a_host_whose_release_did_not_change_rather_than_stopping_it(
+        tmp_path, monkeypatch):
+    """A worker already live on the release the deploy gives it had its Ray stopped when the head's gate failed, so
+    the group put back could not serve; it comes back in the group's order like the others."""
+    from hosttune.deploy.model import read_model
+
+    log: list = []
+    hosts, transports = ray_group(tmp_path, monkeypatch, log)
+    request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3")
+    group_roles, preset, entry = multinode.roles(hosts), load_preset("vllm"), fake_entry(tmp_path / "old-wh")
+    for h in hosts:
+        t = transports[h.name]
+        if h.name == "node-2":  # live on the very release this deploy gives it
+            release = rollout.make_job(h, a100_facts(), request, group_roles[h.name], model=read_model(t, "/m")).release
+        else:
+            settings = resolve(h, preset, "/m", 8001, parse_sets([]))
+            release = make_release(preset, settings, place("0-3", a100_facts(), "h"), entry, group_roles[h.name])
+        t.gate_ok, t.state = False, f"current:{release.dir}\n"
+        t.files[f"{release.dir}/.hosttune/release.json"] = release.manifest()
+        t.files.update({f"{release.dir}/.hosttune/{n}": body for n, body in release.units.items()})
+    planned = multinode.deploy_group(hosts, replace(request, dry_run=True), rollout.make_job)
+    assert planned[2].release == release_name(transports["node-2"].state.strip().removeprefix("current:"))
+    log.clear()
+    multinode.deploy_group(hosts, request, rollout.make_job)
+    assert not [a for h, a in log if h == "node-2" and a[:2] == ("systemctl", "disable")]
+    failed = _ray_events(log).index(("node-0", "gate"))
+    assert ("node-2", RAY_UNIT) in _ray_events(log)[failed:]
