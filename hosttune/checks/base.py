@@ -36,10 +36,11 @@ class Check:
 
 
 def unread_sections(verdict: Verdict, facts: Facts, reads: tuple[str, ...]) -> Verdict:
-    """A judgement (ok, drift, pending reboot) made on defaults where a section it reads is not in the probe's output
-    cannot be judged: the host was not read there. not-applicable and error stand as they are."""
+    """A judgement (ok, drift, pending reboot, or a host without the thing) made on defaults where a section it reads is
+    not in the probe's output cannot be judged: the host was not read there. An error stands, and so does a setting
+    the profile does not manage."""
     missing = [s for s in reads if s in facts.unread]
-    if not missing or verdict.status in (Status.NOT_APPLICABLE, Status.ERROR):
+    if not missing or verdict.status is Status.ERROR or verdict.unmanaged:
         return verdict
     return Verdict(Status.ERROR, verdict.desired, None, None, f"the probe's output has no {', '.join(missing)} "
                    "section: what this check reads there is unknown")
@@ -47,6 +48,11 @@ def unread_sections(verdict: Verdict, facts: Facts, reads: tuple[str, ...]) -> V
 
 def na(reason: str, desired: str = "-") -> Verdict:
     return Verdict(Status.NOT_APPLICABLE, desired, detail=reason)
+
+
+def unmanaged(reason: str) -> Verdict:
+    """not-applicable because the profile does not manage the setting, whatever the host is."""
+    return Verdict(Status.NOT_APPLICABLE, "-", detail=reason, unmanaged=True)
 
 
 def none_found(facts: Facts, what: str, reason: str) -> Verdict:

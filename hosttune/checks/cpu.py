@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune import cores, cpulist
-from hosttune.checks.base import Check, image_verdict, is_systemd, na, not_systemd
+from hosttune.checks.base import Check, image_verdict, is_systemd, na, not_systemd, unmanaged
 from hosttune.checks.boot_scripts import GOVERNOR_UNIT, NOT_PERSISTED, STALE_SCRIPT, governor_script, persisted, script_path
 from hosttune.probes.facts import Facts
 from hosttune.checks.findings import Severity, Status, Verdict, judge, show
@@ -13,7 +13,7 @@ from hosttune.config.profile import Profile
 def governor(facts: Facts, profile: Profile) -> Verdict:
     want = profile.cpu.governor
     if want is None:
-        return na("CPU governor not managed by the profile")
+        return unmanaged("CPU governor not managed by the profile")
     govs = facts.cpu.governors
     if facts.image and is_systemd(facts):
         configured = persisted(facts, GOVERNOR_UNIT, governor_script(want)) or want
@@ -87,7 +87,7 @@ def cstates(facts: Facts, profile: Profile) -> Verdict:
     """Deep idle states capped on the kernel command line and off now; not-applicable where no limit can matter."""
     limit = profile.cpu.max_cstate
     if limit is None:
-        return na("C-states not managed by the profile")
+        return unmanaged("C-states not managed by the profile")
     if moot := cstate_limit_moot(facts):
         return na(moot, f"max_cstate={limit}")
     verdict = _param_verdict(facts, {"intel_idle.max_cstate": str(limit), "processor.max_cstate": str(limit)})
@@ -101,7 +101,7 @@ def cstates(facts: Facts, profile: Profile) -> Verdict:
 def rcu_nocbs(facts: Facts, profile: Profile) -> Verdict:
     setting = profile.kernel.rcu_nocbs
     if setting is None:
-        return na("rcu_nocbs not managed by the profile")
+        return unmanaged("rcu_nocbs not managed by the profile")
     want = cores.rcu_nocbs(facts, setting)
     if want is None:
         read = "an image has none to read" if facts.image else "none were read"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from hosttune.checks.base import Check, gpu_unavailable, na
+from hosttune.checks.base import Check, gpu_unavailable, na, unmanaged
 from hosttune.probes.facts import Facts
 from hosttune.checks.findings import Severity, Status, Verdict, show
 from hosttune.config.profile import Profile
@@ -54,7 +54,7 @@ def driver_version(facts: Facts, profile: Profile) -> Verdict:
 
 def driver_held(facts: Facts, profile: Profile) -> Verdict:
     if not profile.driver.held:
-        return na("the profile does not ask for held packages")
+        return unmanaged("the profile does not ask for held packages")
     stack = sorted({p for p in (*facts.packages, *facts.held) if STACK_PACKAGE.match(p)})
     if not stack:
         return na("no driver or CUDA packages installed (a .run installer, or no GPU stack)", "held")
@@ -78,7 +78,7 @@ def _stale_toolkits(facts: Facts, pin: str) -> list[str]:
 def cuda_toolkit(facts: Facts, profile: Profile) -> Verdict:
     pin = profile.cuda.toolkit
     if pin is None:
-        return na("no CUDA toolkit pin in the profile or inventory")
+        return unmanaged("no CUDA toolkit pin in the profile or inventory")
     c = facts.cuda
     stale = _stale_toolkits(facts, pin)
     others = [t for t in c.toolkits if not t.endswith(f"cuda-{pin}")]
@@ -100,7 +100,7 @@ def cuda_driver_compat(facts: Facts, profile: Profile) -> Verdict:
     pin = profile.cuda.toolkit
     driver = facts.gpu.kernel_module_version or facts.gpu.driver_version
     if pin is None:
-        return na("no CUDA toolkit pin")
+        return unmanaged("no CUDA toolkit pin")
     if driver is None:
         return gpu_unavailable(facts) or na("no NVIDIA driver loaded")
     full = FULL_SUPPORT.get(pin)

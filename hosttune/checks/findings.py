@@ -31,6 +31,7 @@ class Verdict:
     detail: str = ""
     severity: Severity | None = None  # overrides the check's severity for this finding
     subjects: tuple[str, ...] = ()  # what on the host the finding is about (unit names), for a remedy to act on
+    unmanaged: bool = False  # not-applicable because the profile leaves it alone: so on any host, read or not
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune.checks.base import Check, gpu_unavailable, is_systemd, na, not_read, unread
+from hosttune.checks.base import Check, gpu_unavailable, is_systemd, na, not_read, unmanaged, unread
 from hosttune.probes.facts import Facts, GpuInfo
 from hosttune.checks.findings import Severity, Status, Verdict, show
 from hosttune.config.profile import Profile
@@ -21,7 +21,7 @@ def _per_gpu(facts: Facts, fn) -> list[str]:
 
 def pstate(facts: Facts, profile: Profile) -> Verdict:
     if profile.gpu.pstate is None:
-        return na("P-state not managed by the profile")
+        return unmanaged("P-state not managed by the profile")
     if missing := gpu_unavailable(facts):
         return missing
     want = profile.gpu.pstate
@@ -51,7 +51,7 @@ def pstate(facts: Facts, profile: Profile) -> Verdict:
 
 def persistence(facts: Facts, profile: Profile) -> Verdict:
     if not profile.gpu.persistence:
-        return na("persistence mode not managed by the profile")
+        return unmanaged("persistence mode not managed by the profile")
     if missing := gpu_unavailable(facts):
         return missing
     off = [g.index for g in facts.gpu.gpus if g.persistence is False]
@@ -82,7 +82,7 @@ def _link_problems(g: GpuInfo) -> list[str]:
 
 def pcie_link(facts: Facts, profile: Profile) -> Verdict:
     if profile.gpu.pcie_link is None:
-        return na("PCIe link not managed by the profile")
+        return unmanaged("PCIe link not managed by the profile")
     if missing := gpu_unavailable(facts):
         return missing
     problems = [p for g in facts.gpu.gpus for p in _link_problems(g)]
@@ -101,7 +101,7 @@ def _mode_unread(gpus, mode: str) -> list[str]:
 
 def ecc(facts: Facts, profile: Profile) -> Verdict:
     if profile.gpu.ecc is None:
-        return na("ECC not managed by the profile")
+        return unmanaged("ECC not managed by the profile")
     if missing := gpu_unavailable(facts):
         return missing
     want = profile.gpu.ecc
@@ -125,7 +125,7 @@ def ecc(facts: Facts, profile: Profile) -> Verdict:
 
 def mig(facts: Facts, profile: Profile) -> Verdict:
     if profile.gpu.mig is None:
-        return na("MIG not managed by the profile")
+        return unmanaged("MIG not managed by the profile")
     if missing := gpu_unavailable(facts):
         return missing
     want = profile.gpu.mig

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune.checks.base import Check, gpu_unavailable, is_systemd, na, not_systemd
+from hosttune.checks.base import Check, gpu_unavailable, is_systemd, na, not_systemd, unmanaged
 from hosttune.probes.facts import Facts
 from hosttune.checks.findings import Severity, Status, Verdict
 from hosttune.config.profile import Profile
@@ -25,7 +25,7 @@ _BUSY = ("CUDA_ERROR_DEVICES_UNAVAILABLE", "CUDA_ERROR_OUT_OF_MEMORY")
 def shm(facts: Facts, profile: Profile) -> Verdict:
     want = profile.health.shm_min_mib
     if want is None:
-        return na("/dev/shm size not managed by the profile")
+        return unmanaged("/dev/shm size not managed by the profile")
     if facts.image:
         return na("an image: /dev/shm is a tmpfs mounted at boot (check it on the running host)", f">= {want} MiB")
     s = facts.health.shm

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune import cores, cpulist
-from hosttune.checks.base import Check, is_systemd, na, none_found
+from hosttune.checks.base import Check, is_systemd, none_found, unmanaged
 from hosttune.checks.boot_scripts import IRQ_UNIT, NOT_PERSISTED, STALE_SCRIPT, irq_affinity_script, persisted, script_path
 from hosttune.probes.facts import Facts, PciDevice
 from hosttune.checks.findings import Severity, Status, Verdict
@@ -12,7 +12,7 @@ from hosttune.config.profile import Profile
 
 def irqbalance(facts: Facts, profile: Profile) -> Verdict:
     if profile.irq.irqbalance is None:
-        return na("irqbalance not managed by the profile")
+        return unmanaged("irqbalance not managed by the profile")
     want_on = profile.irq.irqbalance
     desired = "running, enabled" if want_on else "stopped, disabled"
     svc = facts.services.get("irqbalance")
@@ -46,7 +46,7 @@ def wanted_pins(facts: Facts, setting: str) -> list[tuple[str, str]]:
 def gpu_affinity(facts: Facts, profile: Profile) -> Verdict:
     setting = profile.irq.gpu_affinity
     if setting is None:
-        return na("GPU IRQ affinity not managed by the profile")
+        return unmanaged("GPU IRQ affinity not managed by the profile")
     devices = [d for d in facts.pci if d.irqs]
     if not devices:
         return none_found(facts, "GPU interrupt routing", "no GPU MSI interrupts on this host")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune import cpulist
-from hosttune.checks.base import Check, image_verdict, na, none_found
+from hosttune.checks.base import Check, image_verdict, na, none_found, unmanaged
 from hosttune.probes.facts import Facts
 from hosttune.checks.findings import Severity, Status, Verdict, judge, show
 from hosttune.config.profile import Profile
@@ -24,7 +24,7 @@ def topology_text(facts: Facts) -> str:
 def numa(facts: Facts, profile: Profile) -> Verdict:
     want = profile.numa.balancing
     if want is None:
-        return na("NUMA balancing not managed by the profile")
+        return unmanaged("NUMA balancing not managed by the profile")
     desired = int(want)
     active, configured = facts.numa_balancing, facts.numa_balancing_configured
     if facts.image:
@@ -48,7 +48,7 @@ def numa(facts: Facts, profile: Profile) -> Verdict:
 def thp(facts: Facts, profile: Profile) -> Verdict:
     want = profile.memory.thp
     if want is None:
-        return na("transparent hugepages not managed by the profile")
+        return unmanaged("transparent hugepages not managed by the profile")
     configured = facts.cmdline_param("transparent_hugepage", configured=True) or facts.thp_configured
     if facts.image:
         return image_verdict(want, configured)
@@ -60,7 +60,7 @@ def thp(facts: Facts, profile: Profile) -> Verdict:
 
 def nvme_power(facts: Facts, profile: Profile) -> Verdict:
     if profile.nvme.apst is None:
-        return na("NVMe power not managed by the profile")
+        return unmanaged("NVMe power not managed by the profile")
     if not facts.nvme:
         return none_found(facts, "NVMe power state", "no NVMe devices")
     want_latency = "0" if not profile.nvme.apst else None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hosttune import __version__
-from hosttune.checks.base import Check, is_systemd, na
+from hosttune.checks.base import Check, is_systemd, na, unmanaged
 from hosttune.checks.findings import Severity, Status, Verdict
 from hosttune.config.profile import Profile
 from hosttune.probes.facts import Facts
@@ -73,7 +73,7 @@ def _unwanted_active(timer: TimerState, wanted: dict[str, str]) -> str | None:
 def installed(facts: Facts, profile: Profile) -> Verdict:
     """hosttune of this version is in its virtualenv on the host and its timers run at the profile's intervals."""
     if not profile.monitor.enabled:
-        return na("monitor.enabled is off in the profile")
+        return unmanaged("monitor.enabled is off in the profile")
     if facts.image or not is_systemd(facts):
         return na("the monitor runs on systemd timers: a running systemd host only")
     wanted = wanted_timers(profile)
@@ -97,7 +97,7 @@ def _age(monitor, name: str) -> float | None:
 def fresh(facts: Facts, profile: Profile) -> Verdict:
     """Each pass of the monitor wrote its status within two of its intervals (plus the time a pass may take)."""
     if not profile.monitor.enabled:
-        return na("monitor.enabled is off in the profile")
+        return unmanaged("monitor.enabled is off in the profile")
     monitor = facts.monitor
     wanted = {n: int(i.removesuffix("s")) for n, i in wanted_timers(profile).items() if monitor.timer(n).load == "loaded"}
     if facts.image or not is_systemd(facts) or not wanted:

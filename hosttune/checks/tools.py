@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hosttune.checks.base import Check, na
+from hosttune.checks.base import Check, unmanaged
 from hosttune.probes.facts import Facts
 from hosttune.checks.findings import Severity, Status, Verdict
 from hosttune.config.profile import Profile
@@ -10,7 +10,7 @@ from hosttune.config.profile import Profile
 
 def numactl(facts: Facts, profile: Profile) -> Verdict:
     if not profile.tools.numactl:
-        return na("numactl not required by the profile")
+        return unmanaged("numactl not required by the profile")
     status = Status.OK if facts.numactl else Status.DRIFT
     return Verdict(status, "installed", None, facts.numactl or "missing",
                    "" if facts.numactl else "deploy pins engines to their GPU's NUMA node with numactl")
@@ -19,7 +19,7 @@ def numactl(facts: Facts, profile: Profile) -> Verdict:
 def python_version(facts: Facts, profile: Profile) -> Verdict:
     want = profile.tools.python
     if want is None:
-        return na("no Python pin")
+        return unmanaged("no Python pin")
     have = facts.python_version or ""
     found = have.startswith(want + ".") or have == want or f"python{want}" in facts.pythons
     active = ", ".join(facts.pythons) or have or "missing"

@@ -392,3 +392,23 @@ def test_nvml_tells_a_mode_the_gpu_lacks_from_one_it_failed_to_read(h200_ok, tmp
     _, gpus = parse_nvml_json(out)
     facts = replace(h200_ok, gpu=replace(h200_ok.gpu, gpus=gpus))
     assert run("gpu.ecc", facts).status is status and run("gpu.mig", facts).status is status
+
+
+@pytest.mark.parametrize("section, check_id", [("packages", "driver.held"), ("gpu-pci", "gpu.count")])
+def test_a_host_without_the_thing_is_not_a_probe_output_without_its_section(fixture_text, section, check_id):
+    """Without its section a check would say the host has none (no driver packages, no GPU); a check the profile
+    does not manage stays not-applicable, on any output."""
+    import re
+
+    from hosttune.probes.facts import Facts
+    from hosttune.probes.gather import parse_probe_output
+
+    recorded = fixture_text("h200", "probe-output.txt")
+    cut = re.sub(rf"^@@ht:{section}\n.*?^@@ht-end:{section}:\d+\n", "", recorded, count=1, flags=re.S | re.M)
+    facts = replace(parse_probe_output(cut), packages=(), held=(), gpu=replace(Facts().gpu, pci_devices=()))
+    assert section in facts.unread and run(check_id, replace(facts, unread=())).status is Status.NOT_APPLICABLE
+    f = run(check_id, facts)
+    assert f.status is Status.ERROR and f.detail == (f"the probe's output has no {section} section: what this check "
+                                                     "reads there is unknown")
+    unmanaged = replace(PROFILE, driver=replace(PROFILE.driver, held=False))
+    assert run("driver.held", facts, unmanaged).status is Status.NOT_APPLICABLE
