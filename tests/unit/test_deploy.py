@@ -445,7 +445,7 @@ def test_a_multinode_head_checks_its_flags_after_the_install_before_anything_liv
     assert check == max(i for i, op in enumerate(planned[0].ops) if op.startswith("[install releases]"))
     assert planned[0].ops[check].startswith("[install releases] check the engine's flags against `/opt/hosttune/releases/")
     assert planned[0].ops[-1].startswith("[start the server on the head] gate hosttune-serve.service: /health within ")
-    assert planned[0].ops[-1].endswith("on failure every host of the group goes back to the release it had")
+    assert planned[0].ops[-1].endswith("on failure the group's units are stopped and disabled (nothing was live before)")
     assert not [op for o in planned[1:] for op in o.ops if "check the engine's flags" in op or " gate " in op]
     outcomes = multinode.deploy_group(hosts, request, rollout.make_job)
     assert [o.state for o in outcomes] == ["failed"] * 3
@@ -1043,3 +1043,28 @@ def test_a_failed_multinode_deploy_restarts_a_host_whose_release_did_not_change_
     assert not [a for h, a in log if h == "node-2" and a[:2] == ("systemctl", "disable")]
     failed = _ray_events(log).index(("node-0", "gate"))
     assert ("node-2", RAY_UNIT) in _ray_events(log)[failed:]
+
+
+def test_a_multinode_plan_says_what_a_failed_gate_leads_to_where_a_host_had_nothing_live(tmp_path, monkeypatch):
+    """A group's first deploy planned 'every host of the group goes back to the release it had' while a failed gate
+    stops the units it started, as the run does; a host with nothing live before is said the same way."""
+    log: list = []
+    hosts, transports = ray_group(tmp_path, monkeypatch, log)
+    request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3", dry_run=True)
+    first = multinode.deploy_group(hosts, request, rollout.make_job)
+    assert first[0].ops[-1].endswith("on failure the group's units are stopped and disabled (nothing was live before)")
+    transports["node-0"].state = transports["node-1"].state = "current:/opt/hosttune/releases/vllm-old\n"
+    some = multinode.deploy_group(hosts, request, rollout.make_job)
+    assert some[0].ops[-1].endswith("on failure each host goes back on its own to the release it had, ungated, and "
+                                    "node-2, which had none, stops its units")
+    for t in transports.values():
+        t.state = "current:/opt/hosttune/releases/vllm-old\n"
+    every = multinode.deploy_group(hosts, request, rollout.make_job)
+    assert every[0].ops[-1].endswith("on failure every host of the group goes back to the release it had")
+    log.clear()
+    transports["node-0"].state = ""
+    for t in transports.values():
+        t.gate_ok = False
+    done = multinode.deploy_group(hosts, replace(request, dry_run=False), rollout.make_job)
+    assert [a for h, a in log if h == "node-0" and a[:3] == ("systemctl", "disable", "--now")]
+    assert [o.state for o in done] == ["failed"] * 3
