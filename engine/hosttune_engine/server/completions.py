@@ -32,12 +32,11 @@ CLIENT_CLOSED = 499  # nginx's status for a client that went away; only ever log
 class _Kind:
     id_prefix: str
     chat: bool
-    default_max_tokens: int | None  # None: whatever room the context leaves
     what: str  # how context errors name the prompt
 
 
-COMPLETION = _Kind("cmpl", False, 16, "prompt")
-CHAT = _Kind("chatcmpl", True, None, "messages")
+COMPLETION = _Kind("cmpl", False, "prompt")
+CHAT = _Kind("chatcmpl", True, "messages")
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
@@ -80,7 +79,7 @@ async def _generate(request, state: ServerState, kind: _Kind, options: Generatio
         builder = state.usable_prompts()
         builder.check_logprobs(options.logprobs)
         builder.check_logit_bias(options.logit_bias)
-        samplings = [options.sampling(builder.max_tokens_for(len(p), options.max_tokens, kind.default_max_tokens,
+        samplings = [options.sampling(builder.max_tokens_for(len(p), options.max_tokens, options.default_max_tokens,
                                                              kind.what, options.max_tokens_field)) for p in prompts]
         request_id = state.new_request_id(kind.id_prefix)
         gen = Generation(state.client, request_id, prompts, samplings, options.n, options.priority, arrival,

@@ -83,6 +83,17 @@ def test_chat_default_max_tokens_fills_the_context(client, model, server):
     assert r.usage.completion_tokens == 40
 
 
+def test_a_completion_with_max_tokens_null_runs_to_the_end_of_the_context(client, model, server):
+    """As vLLM: max_tokens left out is 16, null is whatever room the context leaves (chat's are both the room)."""
+    body = {"model": model, "prompt": PROMPT, "temperature": 0, "ignore_eos": True}
+    status, _, raw = post(server.url + "/v1/completions", {**body, "max_tokens": None})
+    usage = json.loads(raw)["usage"]
+    context = client.models.list().data[0].model_extra["max_model_len"]
+    assert status == 200 and usage["prompt_tokens"] + usage["completion_tokens"] == context
+    status, _, raw = post(server.url + "/v1/completions", body)
+    assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 16
+
+
 def test_n_choices_streamed_and_whole(client, model):
     whole = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, n=3, temperature=1.0, seed=7,
                                       extra_body={"ignore_eos": True})

@@ -12,7 +12,9 @@ from hosttune_engine.server.schemas.completion import CompletionRequest
 from hosttune_engine.server.schemas.tokenize import TokenizeRequest
 
 PARSED = [
-    ({"prompt": "hi"}, dict(n=1, max_tokens=None, temperature=1.0, top_k=0, stop=(), stream=False)),
+    ({"prompt": "hi"}, dict(n=1, max_tokens=None, default_max_tokens=16, temperature=1.0, top_k=0, stop=(),
+                            stream=False)),
+    ({"prompt": "hi", "max_tokens": None}, dict(max_tokens=None, default_max_tokens=None)),  # vLLM: the context's
     ({"prompt": "hi", "max_tokens": 7, "temperature": 0, "top_k": -1, "top_p": 0.5, "seed": -3, "n": 2},
      dict(max_tokens=7, temperature=0.0, top_k=-1, top_p=0.5, seed=-3, n=2)),
     ({"prompt": "hi", "stop": "x"}, dict(stop=("x",))),

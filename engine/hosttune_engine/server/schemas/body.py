@@ -1,6 +1,6 @@
 """What every request body shares: the pydantic base model, and the 400 a body that breaks a rule gets.
 
-A model takes decoded JSON. Null means "use the default", as in OpenAI's API;
+A model takes decoded JSON. Null means "use the default", as in OpenAI's API (but for a model's `NULL_IS_A_VALUE` fields);
 unknown fields are ignored (as vLLM does). Fields are checked in the order they
 are declared and the first fault is the answer: an `ApiError` (HTTP 400) whose
 message names the field and what it must be, in vLLM's wording where vLLM has
@@ -10,7 +10,7 @@ readers here (`describe`, `fault`, `token_ids`) serve every endpoint's model.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
@@ -90,13 +90,14 @@ class RequestBody(BaseModel):
     """A request body: strict types, unknown fields ignored, nulls dropped, frozen once parsed."""
 
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    NULL_IS_A_VALUE: ClassVar[frozenset[str]] = frozenset()  # fields whose null is not their default
 
     @model_validator(mode="before")
     @classmethod
     def _nulls_are_defaults(cls, body):
         if not isinstance(body, dict):
             raise fault(f"the request body must be a JSON object, got {describe(body)}", None)
-        return {k: v for k, v in cls._whole_body(body).items() if v is not None}
+        return {k: v for k, v in cls._whole_body(body).items() if v is not None or k in cls.NULL_IS_A_VALUE}
 
     @classmethod
     def _whole_body(cls, body: dict) -> dict:

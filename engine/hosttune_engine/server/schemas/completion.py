@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -11,9 +12,12 @@ from hosttune_engine.server.schemas.body import (Integer, RequestBody, describe,
 from hosttune_engine.server.schemas.options import MAX_LOGPROBS, GenerationFields, GenerationOptions
 
 Prompt = str | tuple[int, ...]
+DEFAULT_MAX_TOKENS = 16  # vLLM's, for a completion that leaves max_tokens out (as many as the context leaves)
 
 
 class _CompletionHead(RequestBody):
+    NULL_IS_A_VALUE = frozenset({"max_tokens"})  # as in vLLM: left out, 16; null, up to the context length
+
     echo: bool = False
     prompt: Any = Field(None, validate_default=True)
     logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -58,4 +62,6 @@ class CompletionRequest(GenerationFields, _CompletionHead):  # checked head firs
 
     @property
     def options(self) -> GenerationOptions:
-        return self.generation_options(self.max_tokens, self.logprobs)
+        left_out = "max_tokens" not in self.model_fields_set
+        return replace(self.generation_options(self.max_tokens, self.logprobs),
+                       default_max_tokens=DEFAULT_MAX_TOKENS if left_out else None)

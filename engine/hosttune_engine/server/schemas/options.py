@@ -30,7 +30,8 @@ class GenerationOptions:
 
     model: str | None = None
     n: int = 1
-    max_tokens: int | None = None  # None: up to the context length
+    max_tokens: int | None = None  # None: up to the context length, or default_max_tokens
+    default_max_tokens: int | None = None  # where max_tokens is None: at most this many (None: the context length)
     max_tokens_field: str = "max_tokens"  # the body's field that set it, which a context error names
     temperature: float = 1.0
     top_p: float = 1.0
