@@ -290,6 +290,9 @@ def none_held(sweep: SweepResult) -> str:
 def _sweep_stop(sweep: SweepResult) -> list[str]:
     if note := empty_note(sweep):
         return [f"> **A step judged nothing**: {note}.", ""]
+    if sweep.points and (last := sweep.points[-1]).is_failed:
+        return [f"> **Every request failed** in the step at {rate_text(last.rate)} requests/s: the sweep ended there, "
+                "and the answer above is from the steps before it (requests.csv has each failure's reason).", ""]
     if not sweep.stopped_by:
         return []
     last = sweep.points[-1]

@@ -11,7 +11,8 @@ held. A step where the client fell behind is marked (`is_client_bound`): the cli
 lateness can only make latencies look worse, so a step that held still held, but a
 step that broke there may have broken because of the client. A signal (Ctrl-C, SIGTERM)
 that cuts a step short ends the sweep: that step is kept but judges no rate. So does a step
-no request arrived in (a low rate over a short step: a lower one would see fewer still).
+no request arrived in (a low rate over a short step: a lower one would see fewer still), and one whose every
+request failed (a server gone or refusing: its rate is not what broke it, and each later step would fail alike).
 """
 
 from __future__ import annotations
@@ -61,12 +62,19 @@ class SweepPoint:
         return not self.run.stopped_by and self.summary.num_requests == 0
 
     @property
+    def is_failed(self) -> bool:
+        """Every measured request failed: the step judges no rate, and the sweep ends there."""
+        return not self.run.stopped_by and 0 < self.summary.num_requests == self.summary.num_failed
+
+    @property
     def verdict(self) -> str:
         """held, broke, or why the step judges no rate."""
         if self.run.stopped_by:
             return f"stopped by {self.run.stopped_by}"
         if self.is_empty:
             return "no request arrived"
+        if self.is_failed:
+            return "every request failed"
         return "held" if self.is_held else "broke"
 
     @property
@@ -126,7 +134,7 @@ async def sweep(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig,
         points.append(point)
         if on_point:
             on_point(point)
-        if run.stopped_by or point.is_empty:
+        if run.stopped_by or point.is_empty or point.is_failed:
             break
         if point.is_held:
             held = rate
@@ -138,8 +146,9 @@ async def sweep(spec: BenchSpec, url: str, slo: Slo, config: SweepConfig,
 def result_of(url: str, slo: Slo, points: list[SweepPoint], config: SweepConfig,
               stopped_by: str | None = None) -> SweepResult:
     """The sweep's answer from the steps run: the bracket only narrows, so the highest rate that held and the
-    lowest that broke (a step a signal cut short, or that no request arrived in, judges neither)."""
+    lowest that broke (a step a signal cut short, that no request arrived in or whose every request failed, judges
+    neither)."""
     held = max((p.rate for p in points if p.is_held), default=None)
-    broken = min((p.rate for p in points if not p.is_held and not p.run.stopped_by and not p.is_empty), default=None)
+    broken = min((p.rate for p in points if p.verdict == "broke"), default=None)
     is_capped = broken is None and held is not None and held >= config.max_rate
     return SweepResult(url, slo, tuple(points), held, broken, is_capped, stopped_by)

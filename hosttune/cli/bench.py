@@ -74,7 +74,8 @@ def bench(
     short judges no rate), and the endpoints after the one it stopped are not measured.
 
     Exit code bits: 1 SLO missed (or no rate held in a sweep), 2 usage error (or a run
-    measured nothing: every request failed, or none was sent after the warm-up), 4 the
+    measured nothing: every request failed, or none was sent after the warm-up; or a sweep's
+    step had every request fail, which ends that sweep, its steps before kept), 4 the
     client fell behind.
 
     Example: hosttune bench --url http://gpu-01:8000 --users 128 --duration 10m --slo e2e=2s --out bench/

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-from collections import Counter
 from typing import Optional
 
 import typer
@@ -23,14 +22,15 @@ from hosttune.bench.scheme import check_scheme
 from hosttune.bench.served_models import check_model
 from hosttune.bench.sweep import SweepConfig, result_of as sweep_result_of, sweep as run_sweep
 from hosttune.bench.trace import load_trace
-from hosttune.bench.units import parse_duration, parse_positive_duration, parse_shared_prefix, parse_slo
+from hosttune.bench.units import (parse_duration, parse_positive_duration, parse_shared_prefix, parse_slo,
+                                  rate_text)
 from hosttune.cli import bench_out, bench_stop
 from hosttune.cli.progress import Progress
 from hosttune.cli.tables import table_renderer
 from hosttune.errors import BenchError
 
 EXIT_SLO_MISSED = 1
-EXIT_NOTHING_MEASURED = 2  # every request failed (the endpoint, --model or --api is wrong), or none was sent
+EXIT_NOTHING_MEASURED = 2  # every request (of a run, or of a sweep's step) failed, or none was sent
 EXIT_CLIENT_BEHIND = 4
 DEFAULT_SWEEP_SLO = "e2e=2s"  # a sweep finds the highest rate whose E2E P95 stays under 2 s
 
@@ -221,17 +221,20 @@ def _unanswered(outcome: report.Outcome, headers=()) -> list[str]:
 
 
 def _sweep_unanswered(outcome: report.Outcome, headers=()) -> list[str]:
-    """One line per sweep whose every measured request failed, at every rate: each step broke at 100% errors,
-    which reads as a server too slow unless the first failure says why."""
+    """One line per sweep that a step whose every measured request failed ended (a server gone or refusing): it
+    judges no rate, which reads as a server too slow, or goes unnoticed beside the steps before it, unless the first
+    failure says why."""
     lines = []
     for result in outcome.sweeps:
-        steps = [p for p in result.points if p.summary.num_requests]
-        if not steps or any(p.summary.num_failed < p.summary.num_requests for p in steps):
+        if not result.points or not (step := result.points[-1]).is_failed:
             continue
-        errors = sum((Counter(p.summary.errors_by_status) for p in steps), Counter())
-        lines.append(f"all {sum(p.summary.num_requests for p in steps)} measured requests of the sweep of {result.url} "
-                     f"failed ({', '.join(f'{k}: {v}' for k, v in sorted(errors.items()))}), so no rate was measured; "
-                     f"the first {_first_failure(steps[0].run)}; {_what_to_check(_first_failed(steps[0].run), headers)}")
+        s, before = step.summary, len(result.points) - 1
+        where = (f" at {rate_text(step.rate)} requests/s" if before else "")
+        ended = (f"so the sweep ended there, its answer from the {before} step{'s' if before > 1 else ''} before it"
+                 if before else "so no rate was measured")
+        lines.append(f"all {s.num_requests} measured requests of the sweep of {result.url}{where} failed "
+                     f"({', '.join(f'{k}: {v}' for k, v in sorted(s.errors_by_status.items()))}), {ended}; "
+                     f"the first {_first_failure(step.run)}; {_what_to_check(_first_failed(step.run), headers)}")
     return lines
 
 

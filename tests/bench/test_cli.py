@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hosttune.bench import plot
+from hosttune.bench import console, plot
 from hosttune.cli import app
 from hosttune.cli.bench_run import EXIT_CLIENT_BEHIND
 
@@ -999,3 +999,30 @@ def test_a_shared_prefix_grid_past_the_user_limit_is_named_as_given():
     assert result.exit_code == 2
     assert result.output == ("hosttune: --shared-prefix 1000x1000 means 1000000 users, past the 100000 bench runs: "
                              "give fewer system prompts or users each\n")
+
+
+def test_a_sweep_step_whose_every_request_failed_ends_the_sweep_and_says_why(monkeypatch):
+    """The server dies after the first step: each later step failed wholly and 'broke', the sweep bisected down to
+    its precision against a dead server, and exited 0 with the reason in no output."""
+    from scripted_server.launch import start, stop
+    process, url = start("--ttft", "0.002", "--itl", "0.001")
+    shown = console.sweep_point_line
+
+    def dies_after_the_first_step(*args):
+        process.kill()
+        process.wait()
+        return shown(*args)
+
+    monkeypatch.setattr(console, "sweep_point_line", dies_after_the_first_step)
+    try:
+        result = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--sweep", "--sweep-start", "8",
+                                     "--duration", "0.5s", "--warmup", "0s", "--prompts", "8", "--max-tokens", "2",
+                                     "--max-client-lag", "1s"])
+    finally:
+        stop(process, timeout=10)
+    assert result.exit_code == 2, result.output  # a step measured nothing; the rate before it held
+    assert re.search(r"\n\S+ +8\.00 +- +\S+ +2 *\n", result.stdout), result.stdout  # held 8/s, two steps
+    assert re.fullmatch(rf"hosttune: all \d+ measured requests of the sweep of {url} at 16\.00 requests/s failed "
+                        r"\(transport: \d+\), so the sweep ended there, its answer from the 1 step before it; the first "
+                        r"failed: .+; check that the server is up and listens at --url",
+                        result.stderr.splitlines()[-1]), result.stderr
