@@ -77,7 +77,7 @@ MORE_CASES = [  # (name, path, body): valid requests of every kind, and bodies w
     ("two faults: top_logprobs and penalty", "/v1/chat/completions",
      {"messages": USER, "top_logprobs": 2, "presence_penalty": 1}),
     ("stream_options include_usage not a bool", "/v1/completions",
-     {"prompt": "hi", "stream": True, "stream_options": {"include_usage": 1}}),
+     {"prompt": "hi", "stream": True, "stream_options": {"include_usage": 2}}),
     ("chat_template_kwargs not an object", "/v1/chat/completions", {"messages": USER, "chat_template_kwargs": []}),
     ("response_format json", "/v1/chat/completions", {"messages": USER, "response_format": {"type": "json_object"}}),
     ("seed at the int64 edge", "/v1/completions", {"prompt": "hi", "seed": 2**63, "max_tokens": 1}),

@@ -129,7 +129,7 @@ def test_bad_chat_input_is_a_small_400(server, name, body, expected):
 FIELD_AT_FAULT = [  # (path, body, the param its 400 names)
     ("/v1/completions", {"prompt": ["a"] * 400, "max_tokens": 1}, "prompt"),
     ("/v1/completions", {"prompt": ["a", "b"], "n": 5}, "n"),
-    ("/v1/completions", {"prompt": "hi", "stream": True, "stream_options": {"include_usage": 1}},
+    ("/v1/completions", {"prompt": "hi", "stream": True, "stream_options": {"include_usage": 2}},
      "stream_options.include_usage"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5000},
      "max_completion_tokens"),

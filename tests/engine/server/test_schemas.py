@@ -102,6 +102,26 @@ def test_a_logit_bias_token_outside_the_vocabulary_is_one_line_naming_it():
     PromptBuilder(None, 64, 501).check_logit_bias(options.logit_bias)
 
 
+def test_every_boolean_field_takes_0_and_1_as_vllm_does():
+    """continue_final_message: 0 is false wherever vLLM's lax booleans read it so; 2 and "yes" stay one-line 400s."""
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    req = ChatRequest.parse({**chat, "continue_final_message": 1, "add_generation_prompt": 0, "logprobs": 1,
+                             "add_special_tokens": 1.0, "stream": 1, "stream_options": {"include_usage": 1}})
+    assert (req.continue_final_message, req.add_generation_prompt, req.add_special_tokens) == (True, False, True)
+    assert (req.options.logprobs, req.options.stream, req.options.include_usage) == (0, True, True)
+    req = CompletionRequest.parse({"prompt": "hi", "echo": 0, "ignore_eos": 1, "skip_special_tokens": 0,
+                                   "include_stop_str_in_output": 1, "return_token_ids": 1})
+    got = (req.echo, req.options.ignore_eos, req.options.skip_special_tokens, req.options.include_stop_str_in_output,
+           req.options.return_token_ids)
+    assert got == (False, True, False, True, True) and all(type(v) is bool for v in got)
+    assert TokenizeRequest.parse({**chat, "continue_final_message": 0}).continue_final_message is False
+    for value, what in ((2, "number 2"), ("yes", "a string"), (0.5, "number 0.5")):
+        with pytest.raises(ApiError) as err:
+            ChatRequest.parse({**chat, "continue_final_message": value})
+        assert (err.value.message, err.value.param) == (f"continue_final_message must be a boolean, got {what}",
+                                                        "continue_final_message")
+
+
 def test_integral_floats_are_read_as_integers_as_vllm_reads_them():
     """A client that writes every number as a float (16.0) gets what 16 gets; 16.5 is still one line naming it."""
     options = CompletionRequest.parse({"prompt": "hi", "max_tokens": 16.0, "n": 2.0, "seed": 3.0, "top_k": 5.0,

@@ -122,7 +122,7 @@ def test_chat_returns_the_prompt_once_and_each_choices_ids(client, server):
 
 @pytest.mark.parametrize("value, message", [
     ("yes", "return_token_ids must be a boolean, got a string"),
-    (1, "return_token_ids must be a boolean, got number 1"),
+    (2, "return_token_ids must be a boolean, got number 2"),
     ([True], "return_token_ids must be a boolean, got an array"),
 ])
 def test_a_value_that_is_not_a_boolean_is_a_400(client, value, message):

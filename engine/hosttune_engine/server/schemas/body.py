@@ -72,6 +72,17 @@ def _integral(value):
 Integer = Annotated[int, BeforeValidator(_integral)]  # a JSON integer, written 16 or 16.0
 
 
+def zero_or_one(value):
+    """0 and 1 (or 0.0 and 1.0) as false and true, as vLLM's lax pydantic reads a boolean; any other number is
+    left to be refused."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value in (0, 1):
+        return bool(value)
+    return value
+
+
+Boolean = Annotated[bool, BeforeValidator(zero_or_one)]  # a JSON boolean, or 0 or 1
+
+
 def token_ids(value, name: str) -> tuple[int, ...]:
     """An array of token ids, or the 400 naming `name`."""
     if not isinstance(value, list) or not all(is_int(t) and 0 <= t < INT64 for t in value):

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from hosttune_engine.server.schemas.body import Integer, RequestBody, describe, fault, positive_max_tokens
+from hosttune_engine.server.schemas.body import Boolean, Integer, RequestBody, describe, fault, positive_max_tokens
 from hosttune_engine.server.schemas.options import MAX_LOGPROBS, GenerationFields, GenerationOptions
 
 
@@ -59,7 +59,7 @@ class _ChatHead(RequestBody):
     tool_choice: Any = "auto"
     tools: Any = None
     top_logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    logprobs: bool = Field(False, validate_default=True)
+    logprobs: Boolean = Field(False, validate_default=True)
     max_completion_tokens: Integer | None = None
     max_tokens: Integer | None = None
 
@@ -96,10 +96,10 @@ CHAT_UNSUPPORTED = {"echo": (False,), "chat_template": ()}  # as UNSUPPORTED
 
 
 class _ChatTail(RequestBody):
-    add_generation_prompt: bool = True
-    add_special_tokens: bool = False  # the template writes BOS itself where the model wants one, as in vLLM
+    add_generation_prompt: Boolean = True
+    add_special_tokens: Boolean = False  # the template writes BOS itself where the model wants one, as in vLLM
     chat_template_kwargs: dict = Field(default_factory=dict)
-    continue_final_message: bool = False  # the prompt ends inside the final message, which the model continues
+    continue_final_message: Boolean = False  # the prompt ends inside the final message, which the model continues
     echo: Any = None
     chat_template: Any = None
 

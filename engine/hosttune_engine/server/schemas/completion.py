@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from hosttune_engine.server.schemas.body import (Integer, RequestBody, describe, fault, is_int, positive_max_tokens,
-                                                  token_ids)
+from hosttune_engine.server.schemas.body import (Boolean, Integer, RequestBody, describe, fault, is_int,
+                                                  positive_max_tokens, token_ids)
 from hosttune_engine.server.schemas.options import MAX_LOGPROBS, GenerationFields, GenerationOptions
 
 Prompt = str | tuple[int, ...]
@@ -18,11 +18,11 @@ DEFAULT_MAX_TOKENS = 16  # vLLM's, for a completion that leaves max_tokens out (
 class _CompletionHead(RequestBody):
     NULL_IS_A_VALUE = frozenset({"max_tokens"})  # as in vLLM: left out, 16; null, up to the context length
 
-    echo: bool = False
+    echo: Boolean = False
     prompt: Any = Field(None, validate_default=True)
     logprobs: Integer | None = Field(None, ge=0, le=MAX_LOGPROBS)
     max_tokens: Integer | None = None
-    add_special_tokens: bool = True  # the tokenizer's BOS and the like around a text prompt, as vLLM's default
+    add_special_tokens: Boolean = True  # the tokenizer's BOS and the like around a text prompt, as vLLM's default
 
     @field_validator("echo")
     @classmethod

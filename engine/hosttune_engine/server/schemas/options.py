@@ -17,7 +17,8 @@ from hosttune_engine.errors import ConfigError
 from hosttune_engine.sampling import SamplingParams
 from hosttune_engine.server.api_errors import bad_request
 from hosttune_engine.stop_strings import StopStrings
-from hosttune_engine.server.schemas.body import INT64, Integer, RequestBody, describe, fault, token_ids
+from hosttune_engine.server.schemas.body import (INT64, Boolean, Integer, RequestBody, zero_or_one, describe, fault,
+                                                  token_ids)
 
 MAX_LOGPROBS = 20
 # where a model's generation_config.json has a say
@@ -94,7 +95,7 @@ class GenerationFields(RequestBody):
     response_format: dict | None = None
     n: Integer = Field(1, ge=1, le=128)
     best_of: Integer | None = None
-    stream: bool = False
+    stream: Boolean = False
     seed: Integer | None = Field(None, ge=-INT64, le=INT64 - 1)
     model: str | None = None
     temperature: float = Field(1.0, ge=0, allow_inf_nan=False)
@@ -102,12 +103,12 @@ class GenerationFields(RequestBody):
     top_k: Integer = Field(0, ge=-1, le=2**31)
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
+    ignore_eos: Boolean = False
+    skip_special_tokens: Boolean = True
+    include_stop_str_in_output: Boolean = False
     stream_options: dict | None = None
     priority: Integer = Field(0, ge=-INT64, le=INT64 - 1)
-    return_token_ids: bool = False
+    return_token_ids: Boolean = False
     presence_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
     frequency_penalty: float = Field(0.0, ge=-2, le=2, allow_inf_nan=False)
     repetition_penalty: float = Field(1.0, allow_inf_nan=False)
@@ -192,7 +193,7 @@ class GenerationFields(RequestBody):
             raise fault("stream_options can only be set when stream is true", "stream_options")
         for name in ("include_usage", "continuous_usage_stats"):
             value = options.get(name)
-            if value is not None and not isinstance(value, bool):
+            if value is not None and not isinstance(zero_or_one(value), bool):
                 raise fault(f"stream_options.{name} must be a boolean, got {describe(value)}", f"stream_options.{name}")
         return options
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from hosttune_engine.server.schemas.body import RequestBody, describe, fault, token_ids
+from hosttune_engine.server.schemas.body import Boolean, RequestBody, describe, fault, token_ids
 from hosttune_engine.server.schemas.chat import continue_final, read_messages, read_template_kwargs
 
 
@@ -17,10 +17,10 @@ class TokenizeRequest(RequestBody):
     model: str | None = None
     messages: Any = Field(None, validate_default=True)
     prompt: Any = Field(None, validate_default=True)
-    add_special_tokens: bool = Field(None, validate_default=True)  # unset: True for a prompt, False for messages
-    add_generation_prompt: bool = True
+    add_special_tokens: Boolean = Field(None, validate_default=True)  # unset: True for a prompt, False for messages
+    add_generation_prompt: Boolean = True
     chat_template_kwargs: dict = Field(default_factory=dict)  # as chat's, so messages count as chat reads them
-    continue_final_message: bool = False  # as chat's
+    continue_final_message: Boolean = False  # as chat's
 
     @classmethod
     def _whole_body(cls, body: dict) -> dict:
