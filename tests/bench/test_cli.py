@@ -537,17 +537,17 @@ def test_an_https_url_to_a_plain_http_port_is_said_to_need_https():
     to a server that was up, on the wrong scheme."""
     from dataclasses import replace
 
-    from hosttune.cli.bench_run import _what_to_check
+    from hosttune.cli.bench_failures import what_to_check
 
     from .test_metrics import record
 
     failed = record(0, 0.0, [], 60.0, outcome="failed", status=0, error=(
         "transport: cannot connect to 127.0.0.1:8000: SSL handshake is taking longer than 60.0 seconds: aborting the "
         "connection"))
-    assert _what_to_check(failed, ()) == ("check that the server speaks https at --url (a plain http port never "
+    assert what_to_check(failed, ()) == ("check that the server speaks https at --url (a plain http port never "
                                           "answers a TLS handshake)")
     refused = replace(failed, error="transport: cannot connect to 127.0.0.1:8000: [Errno 111] Connection refused")
-    assert _what_to_check(refused, ()) == "check that the server is up and listens at --url"
+    assert what_to_check(refused, ()) == "check that the server is up and listens at --url"
 
 
 def test_a_key_refused_with_model_given_fails_before_the_run():
@@ -965,15 +965,15 @@ def test_a_signal_before_any_measured_request_says_where_it_came_not_always_in_a
     during the warm-up, which the run did not have."""
     from dataclasses import replace
 
-    from hosttune.cli.bench_run import _none_sent
+    from hosttune.cli.bench_failures import none_sent
 
     from .test_metrics import run_of
 
     waited = replace(run_of([], window=(0.0, 57.8)), stopped_by="SIGINT")
-    assert _none_sent(waited) == ("SIGINT ended the run to http://127.0.0.1:1 57.8 s in, before it sent a measured "
+    assert none_sent(waited) == ("SIGINT ended the run to http://127.0.0.1:1 57.8 s in, before it sent a measured "
                                   "request, so nothing was measured")
     warming = replace(run_of([], window=(10.0, 10.0)), stopped_by="SIGTERM")
-    assert _none_sent(warming) == ("SIGTERM ended the run to http://127.0.0.1:1 during its 10 s warm-up, so nothing "
+    assert none_sent(warming) == ("SIGTERM ended the run to http://127.0.0.1:1 during its 10 s warm-up, so nothing "
                                    "was measured")
 
 
