@@ -93,18 +93,25 @@ def _banned(ps: list[SamplingParams], hs: list[TokenHistory | None], stop_ids: t
 
 
 def _histories(ps: list[SamplingParams], hs: list[TokenHistory | None], vocab_size: int, device):
-    """[R, V] of the tokens seen (prompt or output) and of each output token's count."""
-    seen = torch.zeros(len(ps), vocab_size, dtype=torch.bool)
-    counts = torch.zeros(len(ps), vocab_size, dtype=torch.float32)
+    """[R, V] of the tokens seen (prompt or output) and of each output token's count, made on the device from
+    the ids alone (a dense [R, V] copied over would be tens of MB a step at a 150K vocabulary)."""
+    prompt_rows, prompt_ids, out_rows, out_ids, out_counts = [], [], [], [], []
     for r, h in enumerate(hs):
         if h is None:
             continue
-        seen[r, list(h.prompt_ids)] = True
-        if h.output_counts:
-            ids = torch.tensor(list(h.output_counts.keys()), dtype=torch.int64)
-            counts[r, ids] = torch.tensor(list(h.output_counts.values()), dtype=torch.float32)
-    seen |= counts > 0
-    return seen.to(device), counts.to(device)
+        prompt_rows += [r] * len(h.prompt_ids)
+        prompt_ids += h.prompt_ids
+        out_rows += [r] * len(h.output_counts)
+        out_ids += h.output_counts.keys()
+        out_counts += h.output_counts.values()
+    host = torch.tensor(prompt_rows + prompt_ids + out_rows + out_ids, dtype=torch.int64)
+    host = host.pin_memory() if torch.device(device).type == "cuda" else host
+    rows_ids = host.to(device, non_blocking=True).split([len(prompt_rows)] * 2 + [len(out_rows)] * 2)
+    counts = torch.zeros(len(ps), vocab_size, dtype=torch.float32, device=device)
+    counts.index_put_((rows_ids[2], rows_ids[3]), torch.tensor(out_counts, dtype=torch.float32).to(device))
+    seen = counts > 0
+    seen.index_put_((rows_ids[0], rows_ids[1]), torch.tensor(True, device=device))
+    return seen, counts
 
 
 def adjust_logits(logits: torch.Tensor, adj: LogitAdjustments) -> torch.Tensor:
