@@ -111,7 +111,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                         log_prompts=args.log_prompts, warmup=not args.skip_warmup,
                         api_keys=load_keys(args.api_key, args.api_key_file), protect_probes=args.protect_probes,
                         header_timeout_s=args.header_timeout, idle_timeout_s=args.idle_timeout,
-                        max_connections=args.max_connections, allowed_origins=tuple(args.allowed_origins))
+                        max_connections=args.max_connections, allowed_origins=tuple(args.allowed_origins),
+                        generation_config=args.generation_config)
 
 
 def check_model_folder(engine: EngineConfig) -> None:

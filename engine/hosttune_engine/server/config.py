@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hosttune_engine.config import EngineConfig
 from hosttune_engine.errors import ConfigError
@@ -42,6 +43,7 @@ class ServerConfig:
     idle_timeout_s: float = 75.0
     max_connections: int = 4096
     allowed_origins: tuple[str, ...] = ()  # web pages' origins that may call the API (CORS); "*": any
+    generation_config: str = "auto"  # sampling defaults: "auto" the model folder's, "vllm" none, or a folder
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -58,6 +60,14 @@ class ServerConfig:
             raise ConfigError(f"shutdown_timeout must be >= 0 seconds, got {self.shutdown_timeout_s}")
         if self.retry_after_s < 1:
             raise ConfigError(f"retry_after must be >= 1 second, got {self.retry_after_s}")
+        if self.generation_config not in ("auto", "vllm") and not Path(self.generation_config).is_dir():
+            raise ConfigError(f"generation_config {self.generation_config!r} is no folder: give auto (the model "
+                              "folder's generation_config.json), vllm (none) or a folder holding one")
+
+    @property
+    def sampling_defaults_folder(self) -> str | None:
+        """The folder whose generation_config.json gives requests their sampling defaults (None: no file's)."""
+        return {"auto": self.engine.model, "vllm": None}.get(self.generation_config, self.generation_config)
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if not (0 < self.header_timeout_s < math.inf and 0 < self.idle_timeout_s < math.inf):

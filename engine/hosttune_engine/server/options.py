@@ -44,6 +44,10 @@ def add_serve_arguments(s: argparse.ArgumentParser) -> None:
                    help="largest request body; a larger one gets HTTP 413")
     s.add_argument("--skip-warmup", action=argparse.BooleanOptionalAction, default=False,
                    help="report healthy without a warmup generation")
+    s.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
+                   help="where the sampling defaults of requests that leave temperature, top_p, top_k, "
+                        "repetition_penalty or min_p out come from, as in vLLM: 'auto' the model folder's "
+                        "generation_config.json, 'vllm' none (the API's defaults), or a folder holding one")
     s.add_argument("--log-prompts", action=argparse.BooleanOptionalAction, default=False,
                    help="put prompt text in the per-request log lines")
     _auth_and_connection_args(s)

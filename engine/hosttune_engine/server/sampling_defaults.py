@@ -33,9 +33,11 @@ class SamplingDefaults:
     min_p: float | None = None
 
     @classmethod
-    def read(cls, folder: str) -> "SamplingDefaults":
-        """From the model folder's generation_config.json; none where it is missing or unreadable (the model load
-        names what is wrong with it)."""
+    def read(cls, folder: str | None) -> "SamplingDefaults":
+        """From the folder's generation_config.json; none where there is no folder (`--generation-config vllm`) or
+        the file is missing or unreadable (the model load names what is wrong with it)."""
+        if folder is None:
+            return cls()
         try:
             raw = json.loads((Path(folder) / "generation_config.json").read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):

@@ -44,7 +44,7 @@ class ServerState:
         self.created = int(time.time())
         self.client: EngineClient | None = None
         self.prompts: PromptBuilder | None = None
-        self.sampling_defaults = SamplingDefaults.read(config.engine.model)  # what requests leave out
+        self.sampling_defaults = SamplingDefaults.read(config.sampling_defaults_folder)  # what requests leave out
         self.max_model_len = planned_context(config.engine)  # known before the weights load; the engine's, once up
         self.generations: set[Generation] = set()  # in flight, so a drain that times out can abort them
         self._tokens: dict[int, TokenText] = {}  # by id, as logprobs show them

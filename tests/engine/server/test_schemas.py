@@ -334,3 +334,26 @@ def test_continuous_usage_stats_is_a_boolean_that_counts_only_with_include_usage
         options(include_usage=True, continuous_usage_stats="yes")
     assert (err.value.param, err.value.message) == (
         "stream_options.continuous_usage_stats", "stream_options.continuous_usage_stats must be a boolean, got a string")
+
+
+def test_generation_config_says_whose_sampling_defaults_requests_get(tmp_path):
+    """--generation-config as vLLM takes it: auto (the model folder's file), vllm (none) or another folder; a value
+    that is neither is one line at start."""
+    from hosttune_engine.errors import ConfigError
+    from hosttune_engine.server.cli import _parser, config_from_args
+    from hosttune_engine.server.state import ServerState
+
+    model, other = tmp_path / "model", tmp_path / "other"
+    for folder, temperature in ((model, 0.7), (other, 0.3)):
+        folder.mkdir()
+        (folder / "generation_config.json").write_text(json.dumps({"temperature": temperature}))
+
+    def temperature(*flags):
+        config = config_from_args(_parser().parse_args(["serve", "--model", str(model), *flags]))
+        return ServerState(config).sampling_defaults.temperature
+
+    assert temperature() == temperature("--generation-config", "auto") == 0.7
+    assert temperature("--generation-config", "vllm") is None
+    assert temperature("--generation-config", str(other)) == 0.3
+    with pytest.raises(ConfigError, match=r"^generation_config '/nowhere' is no folder: give auto"):
+        temperature("--generation-config", "/nowhere")
