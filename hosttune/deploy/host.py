@@ -24,7 +24,7 @@ from hosttune.deploy.gate import GateResult, gate_line, journal_tail, run_gate
 from hosttune.deploy.model import ModelShape
 from hosttune.deploy.placement import Layout, Placement
 from hosttune.deploy.preconditions import check_job, refuse, serve_needs
-from hosttune.deploy.prune import DEFAULT_KEEP, prune, prune_ops
+from hosttune.deploy.prune import DEFAULT_KEEP, prune, prune_lines
 from hosttune.deploy.release import CURRENT, PREVIOUS, UNIT_DIR, Release, release_name, wheel_path
 from hosttune.deploy.restore import Back, bring_back, fallback_dir, load_release, read_back
 from hosttune.deploy.settings import ServeSettings
@@ -152,7 +152,7 @@ def _plan_lines(job: HostJob, state: HostState, install: list[Op], keys: list[Op
     release = job.release
     check = check_line(job, release.dir)
     lines = [describe(op) for op in install] + ([check] if check else [])
-    prune = [describe(op) for op in prune_ops(state, release, job.keep_releases)]
+    prune = prune_lines(state, release, job.keep_releases)
     if release.replicas:
         return tuple(lines + [describe(op) for op in keys] + rolling.plan_lines(release, state, job.settings, back)
                      + prune)

@@ -24,7 +24,7 @@ from hosttune.deploy.plan import Role
 from hosttune.deploy.model import ModelShape, read_model
 from hosttune.deploy.placement import PER_GPU, Layout, divisors_of_heads, place, quant_problem
 from hosttune.deploy.preconditions import NOT_NGINX, check_job, serve_needs
-from hosttune.deploy.prune import prune, prune_ops
+from hosttune.deploy.prune import prune, prune_lines
 from hosttune.deploy.ray_start import (Comeback, Phase, RayCheck, is_ray_group, phase_lines, ray_notes, start_again,
                                        start_group, start_phases)
 from hosttune.deploy.release import PREVIOUS, Release, release_name, wheel_path
@@ -217,7 +217,7 @@ def _ray_check(head: HostJob, num_nodes: int) -> RayCheck:
 
 def _prune_lines(job: HostJob, state: HostState) -> tuple[str, ...]:
     """The old release folders this host removes once the group serves."""
-    return tuple(f"[remove old releases] {describe(op)}" for op in prune_ops(state, job.release, job.keep_releases))
+    return tuple(prune_lines(state, job.release, job.keep_releases))
 
 
 def _facts_or_loss(transport, host):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from hosttune.actions.base import Command, Op
+from hosttune.actions.base import Command, Op, describe
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.release import RELEASES, WHEELS, Release, release_name
 from hosttune.deploy.state import HostState
@@ -58,6 +58,11 @@ def prune_ops(state: HostState, release: Release, keep: int) -> list[Op]:
     """The old release folders, then the wheel sets none of those kept uses."""
     return [Command(("rm", "-rf", "--", *paths), timeout=600.0)
             for paths in (pruned(state, release, keep), pruned_wheels(state, release, keep)) if paths]
+
+
+def prune_lines(state: HostState, release: Release, keep: int) -> list[str]:
+    """prune_ops as a plan shows them, labelled as run once the new release serves (never after a failed gate)."""
+    return [f"[remove old releases] {describe(op)}" for op in prune_ops(state, release, keep)]
 
 
 def prune(transport: Transport, before: HostState, release: Release, keep: int,

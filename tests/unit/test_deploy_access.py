@@ -791,7 +791,7 @@ def test_a_deploy_removes_the_releases_past_those_kept_once_the_new_one_serves(t
     assert parse_state(state).releases[f"{root}/{engine}-5"] == 1005
     rm = ("rm", "-rf", "--", *(f"{root}/{engine}-{i}" for i in (1, 2, 3, 4)))  # kept: the new one, -0 and -5
     planned = deploy_one(ScriptedTransport("gpu-a", [], state=state), job, dry_run=True)
-    assert planned.ops[-1] == f"$ {' '.join(rm)}", planned.ops
+    assert planned.ops[-1] == f"[remove old releases] $ {' '.join(rm)}", planned.ops  # only once it serves
     log: list = []
     outcome = deploy_one(ScriptedTransport("gpu-a", log, state=state), job)
     assert outcome.state == "deployed", outcome.error
@@ -860,14 +860,15 @@ def test_a_deploy_removes_the_wheel_sets_no_kept_release_uses_with_the_old_relea
              + "".join(f"wheelset:{wheels}/{name}\n" for name in [*sets.values(), *mine, "0123456789abcdeg"]))
     gone = ("rm", "-rf", "--", *(f"{wheels}/{sets[i]}" for i in (1, 2, 3, 4)))  # kept: -0 (live), -5, the new one
     planned = deploy_one(ScriptedTransport("gpu-a", [], state=state), job, dry_run=True)
-    assert planned.ops[-2:] == (f"$ rm -rf -- {' '.join(f'{root}/custom-{i}' for i in (1, 2, 3, 4))}",
-                                f"$ {' '.join(gone)}"), planned.ops
+    assert planned.ops[-2:] == (  # after the gate, and said to run only once the new release serves
+        f"[remove old releases] $ rm -rf -- {' '.join(f'{root}/custom-{i}' for i in (1, 2, 3, 4))}",
+        f"[remove old releases] $ {' '.join(gone)}"), planned.ops
     log: list = []
     assert deploy_one(ScriptedTransport("gpu-a", log, state=state), job).state == "deployed"
     assert [a for _, a in log][-1] == gone
     unknown = state.replace(f"uses:{root}/custom-5 {sets[5]}{'0' * 48} \n", f"uses:{root}/custom-5 \n")
     planned = deploy_one(ScriptedTransport("gpu-a", [], state=unknown), job, dry_run=True)
-    assert not [op for op in planned.ops if op.startswith(f"$ rm -rf -- {wheels}/")]
+    assert not [op for op in planned.ops if f"$ rm -rf -- {wheels}/" in op]
 
 
 def test_the_state_read_names_each_wheel_set_and_the_wheels_each_release_json_names(tmp_path):
