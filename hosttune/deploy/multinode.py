@@ -29,6 +29,7 @@ from hosttune.deploy.ray_start import (Comeback, Phase, RayCheck, is_ray_group, 
                                        start_group, start_phases)
 from hosttune.deploy.release import PREVIOUS, Release, release_name, wheel_path
 from hosttune.deploy.restore import read_back
+from hosttune.deploy.rolling import fallback_text
 from hosttune.deploy.state import HostState, read_cordon, read_state
 from hosttune.deploy.units import RAY_UNIT, SERVE_UNIT
 from hosttune.execute.perform import run_ops
@@ -150,7 +151,8 @@ def _deploy_group(hosts, request, make_job, transports) -> list[HostDeploy]:
     except HosttuneError as exc:
         return [HostDeploy(h, Outcome.FAILED, error=f"nothing changed on group {hosts[0].group}: {exc}") for h in hosts]
     if request.dry_run:
-        return [HostDeploy(j.host, Outcome.PLANNED, j.release.id, ops=_plan_lines(phases, j, j is jobs[0], states)
+        lost = [n for n, s in states.items() if read_back(transports[n], s.current)[1]]  # what a failed gate cannot put back
+        return [HostDeploy(j.host, Outcome.PLANNED, j.release.id, ops=_plan_lines(phases, j, j is jobs[0], states, lost)
                            + _prune_lines(j, states[j.host.name]), checks=checks[j.host.name]) for j in jobs]
     head = jobs[0]
     try:  # installed beside the live releases: the head's engine judges its flags; nothing live changed yet
@@ -189,26 +191,30 @@ def _unchanged(jobs: list[HostJob], states: dict[str, HostState], transports, dr
     return [HostDeploy(j.host, Outcome.UNCHANGED, j.release.id, j.release.id, gate if j is head else None) for j in jobs]
 
 
-def _plan_lines(phases: list[Phase], job: HostJob, is_head: bool, states: dict[str, HostState]) -> tuple[str, ...]:
+def _plan_lines(phases: list[Phase], job: HostJob, is_head: bool, states: dict[str, HostState],
+                lost: list[str]) -> tuple[str, ...]:
     """What the run does on this host, phase by phase: the head checks its engine's flags after the install, waits
-    for its Ray and then every node's, and its server's gate ends the group's start."""
+    for its Ray and then every node's, and its server's gate ends the group's start. lost: the hosts whose live
+    release's release.json cannot be read back."""
     if not is_head:
         return phase_lines(phases, job.host.name, {})
     notes = {**ray_notes(phases, _ray_check(job, len(states))), phases[0].description: check_line(job, job.release.dir),
-             phases[-1].description: gate_line(SERVE_UNIT, job.settings, _fallback(states))}
+             phases[-1].description: gate_line(SERVE_UNIT, job.settings, _fallback(states, lost))}
     return phase_lines(phases, job.host.name, notes)
 
 
-def _fallback(states: dict[str, HostState]) -> str:
-    """What a failed gate leads to, as _restore_group does it: the group back as it was, or the units stopped on the
-    hosts that had nothing live."""
+def _fallback(states: dict[str, HostState], lost: list[str]) -> str:
+    """What a failed gate leads to, as _restore_group does it: the group back as it was, or each host on its own, the
+    units stopped on the hosts that had nothing live and the release left unread where its release.json is (lost)."""
     none = [name for name, state in states.items() if not state.current]
-    if not none:
+    if not none and not lost:
         return FALLBACK
     if len(none) == len(states):
         return "the group's units are stopped and disabled (nothing was live before)"
-    return (f"each host goes back on its own to the release it had, ungated, and {', '.join(none)}, which had none, "
-            f"{'stops its' if len(none) == 1 else 'stop their'} units")
+    text = "each host goes back on its own to the release it had, ungated"
+    if none:
+        text += f", and {', '.join(none)}, which had none, {'stops its' if len(none) == 1 else 'stop their'} units"
+    return text + (f"; on {', '.join(lost)} {fallback_text(False)}" if lost else "")
 
 
 def _ray_check(head: HostJob, num_nodes: int) -> RayCheck:

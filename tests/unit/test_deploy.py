@@ -1045,6 +1045,36 @@ def test_a_failed_multinode_deploy_restarts_a_host_whose_release_did_not_change_
     assert ("node-2", RAY_UNIT) in _ray_events(log)[failed:]
 
 
+def _live_on_old_releases(tmp_path, hosts, transports) -> dict:
+    """Each host of the ray group live on a release of the group's (port 8001), its release.json readable."""
+    group_roles, preset, entry = multinode.roles(hosts), load_preset("vllm"), fake_entry(tmp_path / "old-wh")
+    old = {}
+    for h in hosts:
+        settings = resolve(h, preset, "/m", 8001, parse_sets([]))
+        old[h.name] = make_release(preset, settings, place("0-3", a100_facts(), "h"), entry, group_roles[h.name])
+        t = transports[h.name]
+        t.state = f"current:{old[h.name].dir}\n"
+        t.files[f"{old[h.name].dir}/.hosttune/release.json"] = old[h.name].manifest()
+        t.files.update({f"{old[h.name].dir}/.hosttune/{n}": body for n, body in old[h.name].units.items()})
+    return old
+
+
+def test_a_multinode_plan_says_a_hosts_live_release_whose_release_json_is_unreadable_cannot_come_back(
+        tmp_path, monkeypatch):
+    """One host's live release.json gone: the plan promised every host would go back to the release it had, where a
+    failed gate leaves that host's release unread and the group comes back host by host; it says so, as the
+    single-host plan does."""
+    log: list = []
+    hosts, transports = ray_group(tmp_path, monkeypatch, log)
+    old = _live_on_old_releases(tmp_path, hosts, transports)
+    del transports["node-1"].files[f"{old['node-1'].dir}/.hosttune/release.json"]
+    request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3", dry_run=True)
+    planned = multinode.deploy_group(hosts, request, rollout.make_job)
+    assert planned[0].ops[-1].endswith("on failure each host goes back on its own to the release it had, ungated; on "
+                                       "node-1 the release live before cannot come back, its release.json unreadable")
+    assert not [a for _, a in log if a[0] == "systemctl"]
+
+
 def test_a_multinode_plan_says_what_a_failed_gate_leads_to_where_a_host_had_nothing_live(tmp_path, monkeypatch):
     """A group's first deploy planned 'every host of the group goes back to the release it had' while a failed gate
     stops the units it started, as the run does; a host with nothing live before is said the same way."""
@@ -1053,12 +1083,12 @@ def test_a_multinode_plan_says_what_a_failed_gate_leads_to_where_a_host_had_noth
     request = rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3", dry_run=True)
     first = multinode.deploy_group(hosts, request, rollout.make_job)
     assert first[0].ops[-1].endswith("on failure the group's units are stopped and disabled (nothing was live before)")
-    transports["node-0"].state = transports["node-1"].state = "current:/opt/hosttune/releases/vllm-old\n"
+    old = _live_on_old_releases(tmp_path, hosts, transports)
+    transports["node-2"].state = ""
     some = multinode.deploy_group(hosts, request, rollout.make_job)
     assert some[0].ops[-1].endswith("on failure each host goes back on its own to the release it had, ungated, and "
                                     "node-2, which had none, stops its units")
-    for t in transports.values():
-        t.state = "current:/opt/hosttune/releases/vllm-old\n"
+    transports["node-2"].state = f"current:{old['node-2'].dir}\n"
     every = multinode.deploy_group(hosts, request, rollout.make_job)
     assert every[0].ops[-1].endswith("on failure every host of the group goes back to the release it had")
     log.clear()
