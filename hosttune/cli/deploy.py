@@ -23,7 +23,8 @@ from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.placement import parse_gpus, parse_replicas
 from hosttune.deploy.prune import DEFAULT_KEEP, MIN_KEEP
 from hosttune.deploy.request import DeployRequest
-from hosttune.deploy.rollout import check_whole_groups, deploy_fleet, rollback_fleet, rollout_units
+from hosttune.deploy.rollout import (check_whole_groups, check_whole_ray_groups, deploy_fleet, rollback_fleet,
+                                     rollout_units)
 from hosttune.deploy.settings import Timeouts, parse_sets
 from hosttune.deploy.shape import is_one_line
 from hosttune.fleet_runner import Outcome, exit_code
@@ -97,6 +98,7 @@ def deploy(
     if rollback:
         _rollback_alone(ctx)
         check_whole_groups(everyone, inv, None, limit)
+        check_whole_ray_groups(everyone, inv, limit)
         _rollback(inv, timeouts, forks, yes=yes, dry_run=dry_run)
     check_whole_groups(everyone, inv, engine.value if engine else None, limit)
     if max_fail_percent is not None and serial is None:

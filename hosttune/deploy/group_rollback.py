@@ -68,6 +68,19 @@ def rollback_group(hosts: list[Host], base: ServeSettings, dry_run: bool = False
         return _go_back(members, transports, base, dry_run)
 
 
+def refuse_split(group: str, kept: list[Host], left_out: list[str], limit: str | None) -> None:
+    """--limit took some of the group's hosts: DeployError where a kept host's live or rollback release is part of a
+    Ray group (a head and its workers go back as one, the hosts left out with them)."""
+    for host in kept:
+        with open_transport(host.connection) as transport:
+            state = read_state(transport, "-", [])
+            releases = [read_back(transport, d)[0] for d in (state.current, state.previous)]
+        if any(r is not None and RAY_UNIT in r.units for r in releases):
+            raise DeployError(f"--limit {limit} leaves {', '.join(left_out)} out of group {group}, whose releases are "
+                              f"a multi-node vLLM group (a Ray head and its workers) that goes back as one: limit to "
+                              f"all of its hosts or to none")
+
+
 def _go_back(members: list[Member], transports, base: ServeSettings, dry_run: bool) -> list[HostDeploy]:
     """Every host's previous release live again in deploy's order (dry_run: the plan of it, read-only)."""
     head = members[0]

@@ -904,9 +904,9 @@ def test_a_multinode_key_that_is_not_true_or_false_is_one_line_naming_it(tmp_pat
     assert result.output.strip().endswith("deploy.multinode must be true or false (got 'false')"), result.output
 
 
-def ray_rollback_group(tmp_path, monkeypatch, log: list, gate_ok=True):
+def ray_rollback_group(tmp_path, monkeypatch, log: list, gate_ok=True, alone=False):
     """The ray group over scripted hosts, each live on a release of port 8001 with the group's release of port 8000
-    before it as `previous` (node-0 the Ray head of both)."""
+    before it as `previous` (node-0 the Ray head of both; alone: releases that serve host by host, no Ray)."""
     from hosttune.deploy import group_rollback
 
     inv = inventory(tmp_path)
@@ -917,7 +917,7 @@ def ray_rollback_group(tmp_path, monkeypatch, log: list, gate_ok=True):
         for port in (8000, 8001):
             settings = resolve(inv.hosts[0], preset, "/m", port, parse_sets([]))
             releases[h.name, port] = make_release(preset, settings, place("0-3", a100_facts(), "h"), entry,
-                                                  group_roles[h.name])
+                                                  Role() if alone else group_roles[h.name])
     transports = {}
     for h in hosts:
         older, live = releases[h.name, 8000], releases[h.name, 8001]
@@ -969,6 +969,26 @@ def test_rolling_back_a_multinode_group_starts_the_ray_head_then_the_workers_the
     assert events[:2] == [("node-0", RAY_UNIT), ("node-0", "ray status")]
     assert sorted(events[2:4]) == [("node-1", RAY_UNIT), ("node-2", RAY_UNIT)]
     assert events[4:] == [("node-0", "ray status"), ("node-0", SERVE_UNIT), ("node-0", "gate")]
+
+
+def test_cli_a_rollback_limit_that_splits_a_group_whose_releases_are_a_ray_group_is_refused_without_an_engine(
+        tmp_path, monkeypatch):
+    """The inventory's ray group sets deploy.multinode but no deploy.engine: --rollback --limit node-0,node-1 planned
+    a Ray group of two hosts, node-2 left running a worker of the old one. The releases decide: refused in one line
+    naming the group and the hosts left out; releases that serve host by host still go back per host."""
+    log: list = []
+    inv, _ = ray_rollback_group(tmp_path, monkeypatch, log)
+    args = ["deploy", "--rollback", "--dry-run", "-i", str(tmp_path / "inventory.yaml"), "--limit", "node-0,node-1"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and result.output == (
+        "hosttune: --limit node-0,node-1 leaves node-2 out of group ray, whose releases are a multi-node vLLM group "
+        "(a Ray head and its workers) that goes back as one: limit to all of its hosts or to none\n"), result.output
+    assert not [a for _, a in log if a[0] == "systemctl"]
+    log.clear()
+    ray_rollback_group(tmp_path / "alone", monkeypatch, log, alone=True)
+    result = runner.invoke(app, [*args[:4], str(tmp_path / "alone" / "inventory.yaml"), *args[5:]])
+    assert result.exit_code == 0 and "multi-node" not in result.output, result.output
+    assert {h for h, _ in log} == {"node-0", "node-1"}
 
 
 def test_a_multinode_rollback_whose_gate_fails_brings_back_what_it_left_in_the_same_order(tmp_path, monkeypatch):
