@@ -2,8 +2,9 @@
 
 --model skips finding the model at /v1/models, so a mistyped name or a key refused was found by the run: every
 request answered 404 (or 401), thousands a second, for the whole warm-up and duration. A 401 at /v1/models ends the
-bench before its run; where /v1/models lists models and not this one, one request of one token asks the server
-itself (SGLang serves any name it is given), and a 404 or 400 that names it (vLLM's) does.
+bench before its run. Then one request of one token asks the server itself: a 401 or 403 refuses the key (a server
+may guard the completion routes and leave /v1/models open); where /v1/models lists models and not this one, a 404 or
+400 that names it (vLLM's) refuses the name (SGLang serves any name it is given).
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ NUM_NAMED = 5  # models named in the error line, of a long list
 
 
 async def check_model(target: Target) -> None:
-    """Raise a BenchError where the endpoint lists other models than `target.model` and refuses a request naming
-    it; a server that lists nothing, or takes the name, is measured."""
+    """Raise a BenchError where the endpoint refuses the key a request sends, or lists other models than
+    `target.model` and refuses a request naming it; a server that lists nothing, or takes the name, is measured."""
     listed = await _listed(target)
-    if not listed or target.model in listed:
-        return
     async with Client(replace(target, timeout=min(target.timeout, PROBE_TIMEOUT))) as client:
         result = await client.stream("hello", 1)
+    if result.status in (401, 403):
+        raise BenchError(f"{target.endpoint} answered {result.status}: {key_advice(target.headers)}")
+    if not listed or target.model in listed:
+        return
     reason = reason_of(result.error)
     if result.status in (400, 404) and target.model in reason:  # not a missing route, nor another field refused
         more = f" and {len(listed) - NUM_NAMED} more" if len(listed) > NUM_NAMED else ""

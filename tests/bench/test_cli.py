@@ -566,16 +566,23 @@ def test_a_key_refused_with_model_given_fails_before_the_run():
                             "$OPENAI_API_KEY or --header Authorization); check that key\n"), given.output
 
 
-def test_a_run_refused_for_want_of_a_key_says_to_pass_the_key_not_to_check_the_model():
-    """A server whose /v1/models needs no key (or has no such route) refuses the requests: their 401 must point at
-    --api-key, not at --model."""
-    with not_openai(401, b'{"error": {"message": "Incorrect or missing API key"}}', get_status=404) as url:
-        result = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "1", "--requests", "1",
-                                     "--warmup", "0", "--prompts", "8", "--max-tokens", "2", "--max-client-lag", "1s"],
-                               env={"OPENAI_API_KEY": ""})
-    assert result.exit_code == 2
-    assert result.stderr.splitlines()[-1].endswith("the first answered 401: Incorrect or missing API key; pass the "
-                                                   "endpoint's key with --api-key (or $OPENAI_API_KEY)"), result.stderr
+@pytest.mark.parametrize("get_status", [404, 200])
+def test_a_key_refused_by_the_completion_routes_alone_fails_before_the_run(get_status):
+    """A server whose /v1/models needs no key (or has no such route) refuses the requests: they were sent, each
+    answered 401, for the whole warm-up and duration before the line pointed at --api-key."""
+    with not_openai(401, b'{"error": {"message": "Incorrect or missing API key"}}', get_status=get_status) as url:
+        start = time.monotonic()
+        missing = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "4", "--prompts", "8",
+                                      "--max-tokens", "2"], env={"OPENAI_API_KEY": ""})
+    assert time.monotonic() - start < 10 and missing.exit_code == 2, missing.output
+    assert missing.output == (f"hosttune: {url}/v1/completions answered 401: pass the endpoint's key with --api-key "
+                              "(or $OPENAI_API_KEY)\n"), missing.output
+    with not_openai(403, b'{"error": {"message": "Forbidden"}}', get_status=get_status) as url:
+        given = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "4", "--prompts", "8",
+                                    "--max-tokens", "2", "--api", "chat", "--api-key", "wrong-key-1"])
+    assert given.exit_code == 2 and given.output == (
+        f"hosttune: {url}/v1/chat/completions answered 403: it refused the key sent (--api-key, $OPENAI_API_KEY or "
+        "--header Authorization); check that key\n"), given.output
 
 
 def test_a_key_the_endpoint_refuses_is_said_to_be_refused_not_missing():
@@ -589,12 +596,13 @@ def test_a_key_the_endpoint_refuses_is_said_to_be_refused_not_missing():
     assert given.output == (f"hosttune: {url}/v1/models answered 401: it refused the key sent (--api-key, "
                             "$OPENAI_API_KEY or --header Authorization); check that key\n"), given.output
     assert "answered 401: pass the endpoint's key with --api-key" in missing.output and "wrong-key-1" not in given.output
-    with not_openai(401, b"no", get_status=404) as url:  # no /v1/models: the requests' 401s say the same
+    with not_openai(401, b"no", get_status=404) as url:  # no /v1/models: the request before the run says the same
         given = runner.invoke(app, ["bench", "--url", url, "--model", "m", "--users", "1", "--requests", "1",
                                     "--warmup", "0", "--prompts", "8", "--max-tokens", "2", "--api-key", "wrong-key-1",
                                     "--max-client-lag", "1s"])
-    assert given.exit_code == 2 and given.stderr.splitlines()[-1].endswith("it refused the key sent (--api-key, "
-                                                                           "$OPENAI_API_KEY or --header Authorization); check that key")
+    assert given.exit_code == 2 and given.output == (f"hosttune: {url}/v1/completions answered 401: it refused the key "
+                                                     "sent (--api-key, $OPENAI_API_KEY or --header Authorization); "
+                                                     "check that key\n"), given.output
 
 
 def test_a_run_in_which_some_requests_failed_says_why_on_stderr(server_factory):
