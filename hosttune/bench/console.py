@@ -79,6 +79,9 @@ def sweep_table(sweeps: list[SweepResult], render: TableRenderer = table) -> str
     notes = [f"\nNOTE {s.url}: {s.stopped_by} ended the sweep; its answer is from the steps before it."
              for s in sweeps if s.stopped_by]
     notes += [f"\nNOTE {s.url}: {note}." for s in sweeps if (note := empty_note(s))]
+    notes += [f"\nNOTE {s.url}: every request failed in the step at {rate_text(s.points[-1].rate)} requests/s: the "
+              "sweep ended there, and the answer above is from the steps before it." for s in sweeps
+              if s.points and s.points[-1].is_failed]
     notes += [f"\nNOTE {s.url}: no rate held: {none_held(s)}." for s in sweeps
               if s.max_rate is None and not s.stopped_by]
     return render(header, rows) + "".join(notes)

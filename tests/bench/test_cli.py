@@ -1030,6 +1030,8 @@ def test_a_sweep_step_whose_every_request_failed_ends_the_sweep_and_says_why(mon
         stop(process, timeout=10)
     assert result.exit_code == 2, result.output  # a step measured nothing; the rate before it held
     assert re.search(r"\n\S+ +8\.00 +- +\S+ +2 *\n", result.stdout), result.stdout  # held 8/s, two steps
+    assert f"\nNOTE {url}: every request failed in the step at 16.00 requests/s: the sweep ended there, and the " \
+           "answer above is from the steps before it.\n" in result.stdout, result.stdout
     assert re.fullmatch(rf"hosttune: all \d+ measured requests of the sweep of {url} at 16\.00 requests/s failed "
                         r"\(transport: \d+\), so the sweep ended there, its answer from the 1 step before it; the first "
                         r"failed: .+; check that the server is up and listens at --url",
