@@ -7,11 +7,9 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ from hosttune.bench import console, plot
 from hosttune.cli import app
 from hosttune.cli.bench_run import EXIT_CLIENT_BEHIND
 
-from .servers import realtime
+from .servers import loopback_http, realtime
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -486,30 +484,13 @@ def test_a_stream_without_usage_says_its_output_tokens_are_counted_as_events():
 def test_a_server_that_redirects_is_named_with_where_it_redirects():
     """An http:// URL a proxy sends on to https://: /v1/models was followed to a host it could not reach ('cannot
     reach .../v1/models'), and with --model every request 'answered 301: ; check --model and --api'."""
-    class Redirect(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(301)
-            self.send_header("Location", "https://example.invalid" + self.path)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+    def redirect(method, path, body):
+        return 301, b"", {"Location": "https://example.invalid" + path}
 
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.do_GET()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
     args = ["--users", "1", "--requests", "1", "--warmup", "0", "--prompts", "8", "--max-tokens", "2"]
-    try:
+    with loopback_http(redirect) as url:
         found = runner.invoke(app, ["bench", "--url", url, *args])
         sent = runner.invoke(app, ["bench", "--url", url, "--model", "m", *args, "--max-client-lag", "1s"])
-    finally:
-        server.shutdown()
-        server.server_close()
     advice = "give --url the address it redirects to (bench follows no redirect"
     assert found.exit_code == 2 and found.stderr.startswith(
         f"hosttune: {url}/v1/models answered 301, a redirect to https://example.invalid/v1/models: {advice}")
@@ -620,31 +601,8 @@ def test_a_run_in_which_some_requests_failed_says_why_on_stderr(server_factory):
 def not_openai(status: int, body: bytes, get_status: int | None = None):
     """A loopback HTTP server that answers every GET and POST with this status and body (a GET with `get_status`,
     where given)."""
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self._answer(get_status or status)
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self._answer(status)
-
-        def _answer(self, code):
-            self.send_response(code)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_http(lambda method, path, _: ((get_status or status) if method == "GET" else status, body)) as url:
+        yield url
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -909,30 +867,14 @@ def test_users_past_the_hard_open_file_limit_are_a_user_error(monkeypatch):
 def serving_one_model(name: str, refusal: str = "The model `{model}` does not exist."):
     """A loopback server that lists one model and answers a completion naming any other with vLLM's 404 (or another
     `refusal` message)."""
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self._answer(200, json.dumps({"object": "list", "data": [{"id": name, "object": "model"}]}).encode())
+    def answer(method, path, body):
+        if method == "GET":
+            return 200, json.dumps({"object": "list", "data": [{"id": name, "object": "model"}]}).encode()
+        model = json.loads(body)["model"]
+        return 404, json.dumps({"error": {"message": refusal.format(model=model)}}).encode()
 
-        def do_POST(self):
-            model = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))["model"]
-            self._answer(404, json.dumps({"error": {"message": refusal.format(model=model)}}).encode())
-
-        def _answer(self, status, body):
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_http(answer) as url:
+        yield url
 
 
 def test_a_model_the_endpoint_does_not_serve_fails_before_the_run_naming_the_ones_it_lists():

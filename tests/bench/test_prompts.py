@@ -6,6 +6,8 @@ from hosttune.bench import prompts
 from hosttune.bench.prompts import FALLBACK_WORDS, WORDS, PromptBuilder, calibrate
 from hosttune.errors import BenchError
 
+from .servers import loopback_http
+
 
 def counter_of(tokens_of_word, num_specials=1):
     """A tokenizer that splits on spaces and gives each word a fixed token count."""
@@ -102,31 +104,12 @@ def test_a_file_that_is_not_a_tokenizer_is_a_user_error(tmp_path):
 def test_a_tokenize_route_that_gives_no_token_count_is_no_tokenize(body):
     """Another server's /tokenize (a list of token objects, say) leaves prompt lengths approximate, as none does:
     reading its answer as a count must not end the run in a TypeError."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from hosttune.bench.client import session
     from hosttune.bench.prompts import has_tokenize
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-
-    async def probe():
+    async def probe(url):
         async with session(5.0) as client:
-            return await has_tokenize(client, f"http://127.0.0.1:{server.server_address[1]}")
-    try:
-        assert asyncio.run(probe()) is False
-    finally:
-        server.shutdown()
-        server.server_close()
+            return await has_tokenize(client, url)
+
+    with loopback_http(lambda method, path, _: (200, body)) as url:
+        assert asyncio.run(probe(url)) is False
