@@ -23,8 +23,8 @@ from hosttune.deploy.host import HostDeploy
 from hosttune.deploy.placement import parse_gpus, parse_replicas
 from hosttune.deploy.prune import DEFAULT_KEEP, MIN_KEEP
 from hosttune.deploy.request import DeployRequest
-from hosttune.deploy.rollout import (check_whole_groups, check_whole_ray_groups, deploy_fleet, rollback_fleet,
-                                     rollout_units)
+from hosttune.deploy.groups import check_whole_groups, check_whole_ray_groups, rollout_units
+from hosttune.deploy.rollout import deploy_fleet, rollback_fleet
 from hosttune.deploy.settings import Timeouts, parse_sets
 from hosttune.deploy.shape import is_one_line
 from hosttune.fleet_runner import Outcome, exit_code

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from hosttune.cli import app
 from hosttune.deploy import host as dhost
-from hosttune.deploy import multinode, ray_start, rollout
+from hosttune.deploy import groups, multinode, ray_start, rollout
 from hosttune.deploy.errors import DeployError
 from hosttune.deploy.gate import parse_gate
 from hosttune.deploy.placement import place, preflight
@@ -309,8 +309,8 @@ def test_pick_entry_fits_the_cuda_the_hosts_driver_runs(tmp_path):
 
 def test_multinode_groups_roll_as_one_unit(tmp_path):
     inv = inventory(tmp_path)
-    assert [[h.name for h in u] for u in rollout.rollout_units(inv, "vllm")] == [["gpu-a"], ["gpu-b"], ["node-0", "node-1", "node-2"]]
-    assert len(rollout.rollout_units(inv, "sglang")) == 5  # multi-node is vLLM's (Ray)
+    assert [[h.name for h in u] for u in groups.rollout_units(inv, "vllm")] == [["gpu-a"], ["gpu-b"], ["node-0", "node-1", "node-2"]]
+    assert len(groups.rollout_units(inv, "sglang")) == 5  # multi-node is vLLM's (Ray)
 
 
 # -- flows over a scripted transport ---------------------------------------------------------------
@@ -742,7 +742,7 @@ def test_a_multinode_group_deployed_with_another_engine_serves_host_by_host(tmp_
     outcomes = rollout.deploy_fleet(ray, request)
     assert [o.state for o in outcomes] == [Outcome.PLANNED] * 3, [o.error for o in outcomes]
     assert all("hosttune-serve.service" in "\n".join(o.ops) and "ray" not in "\n".join(o.ops) for o in outcomes)
-    assert rollout.rollout_units(ray, "vllm") == [list(ray.hosts)]
+    assert groups.rollout_units(ray, "vllm") == [list(ray.hosts)]
 
 def test_batches_stop_once_the_failure_budget_is_spent(tmp_path, monkeypatch):
     inv = fleet_of(tmp_path, 4)
