@@ -63,11 +63,6 @@ class ServerConfig:
         if self.generation_config not in ("auto", "vllm") and not Path(self.generation_config).is_dir():
             raise ConfigError(f"generation_config {self.generation_config!r} is no folder: give auto (the model "
                               "folder's generation_config.json), vllm (none) or a folder holding one")
-
-    @property
-    def sampling_defaults_folder(self) -> str | None:
-        """The folder whose generation_config.json gives requests their sampling defaults (None: no file's)."""
-        return {"auto": self.engine.model, "vllm": None}.get(self.generation_config, self.generation_config)
         if self.max_body_bytes < 1024:
             raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if not (0 < self.header_timeout_s < math.inf and 0 < self.idle_timeout_s < math.inf):
@@ -81,6 +76,11 @@ class ServerConfig:
         if self.protect_probes and not self.api_keys:
             raise ConfigError("protecting /health and /metrics needs an API key (--api-key, --api-key-file or "
                               "$HOSTTUNE_ENGINE_API_KEY)")
+
+    @property
+    def sampling_defaults_folder(self) -> str | None:
+        """The folder whose generation_config.json gives requests their sampling defaults (None: no file's)."""
+        return {"auto": self.engine.model, "vllm": None}.get(self.generation_config, self.generation_config)
 
     @property
     def model_name(self) -> str:
