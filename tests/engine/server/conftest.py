@@ -21,3 +21,16 @@ def server(tiny_qwen2, tmp_path_factory):
     proc.wait_ready()
     yield proc
     proc.terminate()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The official `openai` client on the shared server (the test skips where the package is missing)."""
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    """The name the shared server serves, as /v1/models lists it."""
+    return client.models.list().data[0].id

@@ -16,16 +16,6 @@ PROMPT = "The engine reads a prompt"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "what is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 def _stream_completion(client, **kwargs):
     chunks = list(client.completions.create(stream=True, **kwargs))
     texts = {}

@@ -10,16 +10,6 @@ openai = pytest.importorskip("openai")
 PROMPT = "The engine reads a prompt"
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def model(client):
-    return client.models.list().data[0].id
-
-
 def _ids(client, model, max_tokens=16, **body):
     kwargs = {k: body.pop(k) for k in ("logit_bias", "frequency_penalty", "presence_penalty") if k in body}
     choice = client.completions.create(model=model, prompt=PROMPT, max_tokens=max_tokens, temperature=0,
