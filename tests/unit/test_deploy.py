@@ -1014,15 +1014,9 @@ def test_a_multinode_deploy_whose_gate_fails_puts_the_group_back_in_order_and_ga
     back in deploy's order, is gated on the head, and serves only if that gate passes."""
     log: list = []
     hosts, transports = ray_group(tmp_path, monkeypatch, log)
-    group_roles, preset, entry = multinode.roles(hosts), load_preset("vllm"), fake_entry(tmp_path / "old-wh")
-    old = {}
-    for h in hosts:
-        settings = resolve(h, preset, "/m", 8001, parse_sets([]))
-        old[h.name] = make_release(preset, settings, place("0-3", a100_facts(), "h"), entry, group_roles[h.name])
-        t = transports[h.name]
-        t.gate_ok, t.state = False, f"current:{old[h.name].dir}\n"
-        t.files[f"{old[h.name].dir}/.hosttune/release.json"] = old[h.name].manifest()
-        t.files.update({f"{old[h.name].dir}/.hosttune/{n}": body for n, body in old[h.name].units.items()})
+    old = _live_on_old_releases(tmp_path, hosts, transports)
+    for t in transports.values():
+        t.gate_ok = False
     outcomes = multinode.deploy_group(hosts, rollout.DeployRequest("vllm", "/m", tmp_path / "wh", "0-3"), rollout.make_job)
     assert [(o.state, o.restored, o.serving) for o in outcomes] == [("failed", old[h.name].id, None) for h in hosts]
     assert "NOT serving" in render(outcomes)
@@ -1053,9 +1047,8 @@ def test_a_failed_multinode_deploy_restarts_a_host_whose_release_did_not_change_
         else:
             settings = resolve(h, preset, "/m", 8001, parse_sets([]))
             release = make_release(preset, settings, place("0-3", a100_facts(), "h"), entry, group_roles[h.name])
-        t.gate_ok, t.state = False, f"current:{release.dir}\n"
-        t.files[f"{release.dir}/.hosttune/release.json"] = release.manifest()
-        t.files.update({f"{release.dir}/.hosttune/{n}": body for n, body in release.units.items()})
+        t.gate_ok = False
+        _make_live(t, release)
     planned = multinode.deploy_group(hosts, replace(request, dry_run=True), rollout.make_job)
     assert planned[2].release == release_name(transports["node-2"].state.strip().removeprefix("current:"))
     log.clear()
@@ -1072,11 +1065,15 @@ def _live_on_old_releases(tmp_path, hosts, transports) -> dict:
     for h in hosts:
         settings = resolve(h, preset, "/m", 8001, parse_sets([]))
         old[h.name] = make_release(preset, settings, place("0-3", a100_facts(), "h"), entry, group_roles[h.name])
-        t = transports[h.name]
-        t.state = f"current:{old[h.name].dir}\n"
-        t.files[f"{old[h.name].dir}/.hosttune/release.json"] = old[h.name].manifest()
-        t.files.update({f"{old[h.name].dir}/.hosttune/{n}": body for n, body in old[h.name].units.items()})
+        _make_live(transports[h.name], old[h.name])
     return old
+
+
+def _make_live(t, release) -> None:
+    """The host's current release is `release`, its release.json and units readable."""
+    t.state = f"current:{release.dir}\n"
+    t.files[f"{release.dir}/.hosttune/release.json"] = release.manifest()
+    t.files.update({f"{release.dir}/.hosttune/{n}": body for n, body in release.units.items()})
 
 
 def test_a_multinode_plan_says_a_hosts_live_release_whose_release_json_is_unreadable_cannot_come_back(
