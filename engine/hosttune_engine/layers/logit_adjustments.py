@@ -52,7 +52,7 @@ class LogitAdjustments:
             return None
         ps = [params[i] for i in picked]
         hs = [histories[i] for i in picked]
-        tensor = lambda values, dtype: torch.tensor(values, dtype=dtype).to(device)  # noqa: E731
+        tensor = lambda values, dtype: to_device(torch.tensor(values, dtype=dtype), device)  # noqa: E731
         seen, counts = _histories(ps, hs, vocab_size, device) if any(p.counts_tokens for p in ps) else (None, None)
         sampled_min_p = [p.min_p if not p.is_greedy else 0.0 for p in ps]  # min_p never changes an argmax
         return cls(
@@ -105,13 +105,20 @@ def _histories(ps: list[SamplingParams], hs: list[TokenHistory | None], vocab_si
         out_ids += h.output_counts.keys()
         out_counts += h.output_counts.values()
     host = torch.tensor(prompt_rows + prompt_ids + out_rows + out_ids, dtype=torch.int64)
-    host = host.pin_memory() if torch.device(device).type == "cuda" else host
-    rows_ids = host.to(device, non_blocking=True).split([len(prompt_rows)] * 2 + [len(out_rows)] * 2)
+    rows_ids = to_device(host, device).split([len(prompt_rows)] * 2 + [len(out_rows)] * 2)
     counts = torch.zeros(len(ps), vocab_size, dtype=torch.float32, device=device)
-    counts.index_put_((rows_ids[2], rows_ids[3]), torch.tensor(out_counts, dtype=torch.float32).to(device))
+    counts.index_put_((rows_ids[2], rows_ids[3]), to_device(torch.tensor(out_counts, dtype=torch.float32), device))
     seen = counts > 0
     seen.index_put_((rows_ids[0], rows_ids[1]), torch.tensor(True, device=device))
     return seen, counts
+
+
+def to_device(values: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on `device`; to a GPU through pinned memory, so the copy does not wait for the device's
+    earlier work."""
+    if torch.device(device).type != "cuda":
+        return values.to(device)
+    return values.pin_memory().to(device, non_blocking=True)  # the pinned block is kept until the copy ran
 
 
 def adjust_logits(logits: torch.Tensor, adj: LogitAdjustments) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 
 from hosttune_engine.host_copy import HostCopy
 from hosttune_engine.kernels.race import MIN_TEMPERATURE, race_sample, race_sample_ref
-from hosttune_engine.layers.logit_adjustments import LogitAdjustments, TokenHistory, adjust_logits
+from hosttune_engine.layers.logit_adjustments import LogitAdjustments, TokenHistory, adjust_logits, to_device
 from hosttune_engine.sampling import SamplingParams
 
 # Below this many rows, a batch with a row that sets both top-k and top-p sorts. H200, vocab 152K (ms,
@@ -70,7 +70,7 @@ class SamplingBatch:
         wanted = [p.logprobs for p in params if p.logprobs is not None]
         all_greedy = all(greedy)
         tensor = (lambda values, dtype: None) if all_greedy else (
-            lambda values, dtype: _to_device(torch.tensor(values, dtype=dtype), device))
+            lambda values, dtype: to_device(torch.tensor(values, dtype=dtype), device))
         return cls(
             temperatures=tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], torch.float32),
             top_k=tensor([p.top_k or vocab_size for p in params], torch.int64),
@@ -83,12 +83,6 @@ class SamplingBatch:
             adjustments=LogitAdjustments.build(params, histories or [None] * len(params), stop_ids, vocab_size,
                                                device),
         )
-
-
-def _to_device(values: torch.Tensor, device) -> torch.Tensor:
-    if torch.device(device).type != "cuda":
-        return values.to(device)
-    return values.pin_memory().to(device, non_blocking=True)  # the pinned block is kept until the copy ran
 
 
 @dataclass
